@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages te-cpp builds with, only those missing; silent when all are there.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake ninja-build ccache pkg-config
+  libtorch-dev          # LibTorch 1.13 (CPU)
+  libopenblas0-openmp   # replaces the reference BLAS (~50x slower GEMMs)
+  libgtest-dev libgmock-dev libbenchmark-dev
+  libeigen3-dev libcli11-dev nlohmann-json3-dev
+)
+
+missing=()
+for pkg in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$pkg")
+  fi
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "te: missing Debian packages: ${missing[*]}; run this as root (or install them)" >&2
+  exit 1
+fi
+echo "te: installing ${missing[*]} (apt-get, once)"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq "${missing[@]}" >/dev/null

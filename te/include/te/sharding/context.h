@@ -1,0 +1,199 @@
+#pragma once
+
+// Scoped, thread-local sharding context: the user's rules (Flax's logical_axis_rules) and the
+// MeshResource (Transformer Engine's dp/tp/tpsp/fsdp/pp/cp/ep roles), and how a logical
+// constraint is resolved against them.
+//
+// Scopes are RAII guards on a per-thread stack: the innermost one is in force, and it replaces
+// (does not merge with) the ones around it, as Flax's context manager does. A new thread starts
+// with no scope at all; capture_sharding_context() / ShardingContextScope carry the current one
+// into a worker thread.
+
+#include <functional>
+#include <initializer_list>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "te/sharding/axis_rules.h"
+
+namespace te {
+
+// ---------------------------------------------------------------------------------------------
+// User rules
+
+/// Makes `rules` the rules in force on this thread until the guard is destroyed.
+///
+/// Example:
+///   te::AxisRulesScope rules(te::parse_axis_rules("batch=data,heads=model"));
+///   auto spec = te::resolve_logical_axes({"batch", "seqlen", "heads"});
+class AxisRulesScope {
+ public:
+  explicit AxisRulesScope(AxisRules rules);
+  /// AxisRulesScope scope({{"batch", {"data"}}, {"heads", {"model"}}});
+  explicit AxisRulesScope(std::initializer_list<AxisRule> rules)
+      : AxisRulesScope(AxisRules(rules)) {}
+  ~AxisRulesScope();
+  AxisRulesScope(const AxisRulesScope&) = delete;
+  AxisRulesScope& operator=(const AxisRulesScope&) = delete;
+
+ private:
+  AxisRules rules_;
+};
+
+/// The rules of the innermost AxisRulesScope on this thread; empty when there is none.
+const AxisRules& current_axis_rules();
+
+// ---------------------------------------------------------------------------------------------
+// MeshResource and Transformer Engine's default table
+
+/// Which mesh axis plays which parallelism role. Unset roles are not used.
+struct MeshResource {
+  std::optional<std::string> dp;    ///< data parallel: shards the batch
+  std::optional<std::string> tp;    ///< tensor parallel (Megatron): shards heads and hidden_tp
+  std::optional<std::string> tpsp;  ///< tensor + sequence parallel: also shards seqlen_tp
+  std::optional<std::string> fsdp;  ///< fully sharded data parallel: batch and w_fsdp weights
+  std::optional<std::string> pp;    ///< pipeline parallel (excluded from amax reduction)
+  std::optional<std::string> cp;    ///< context parallel: shards seqlen_cp
+  std::optional<std::string> ep;    ///< expert parallel
+
+  friend bool operator==(const MeshResource& a, const MeshResource& b) {
+    return a.dp == b.dp && a.tp == b.tp && a.tpsp == b.tpsp && a.fsdp == b.fsdp && a.pp == b.pp &&
+           a.cp == b.cp && a.ep == b.ep;
+  }
+  friend bool operator!=(const MeshResource& a, const MeshResource& b) { return !(a == b); }
+};
+
+/// "MeshResource(dp='data', tp='model')"; unset roles are left out.
+std::string to_string(const MeshResource& resource);
+
+/// Reads "dp=data,tp=model" (roles dp, tp, tpsp, fsdp, pp, cp, ep; one mesh axis each). Throws
+/// te::Error naming an unknown or repeated role, or a role given a tuple, and validates the result.
+MeshResource parse_mesh_resource(std::string_view text);
+
+/// Throws te::Error when tp and tpsp are both set, when a role names the empty string, or when
+/// two of dp/fsdp/tp/tpsp/cp/pp name the same mesh axis.
+void validate_mesh_resource(const MeshResource& resource);
+
+/// Makes `resource` the MeshResource in force on this thread until the guard is destroyed.
+/// Validates it first (see validate_mesh_resource).
+class MeshResourceScope {
+ public:
+  explicit MeshResourceScope(MeshResource resource);
+  ~MeshResourceScope();
+  MeshResourceScope(const MeshResourceScope&) = delete;
+  MeshResourceScope& operator=(const MeshResourceScope&) = delete;
+
+ private:
+  MeshResource resource_;
+};
+
+/// The MeshResource of the innermost MeshResourceScope on this thread, if any.
+std::optional<MeshResource> current_mesh_resource();
+
+/// Transformer Engine's built-in logical names.
+namespace axis {
+inline constexpr const char* kBatch = "batch";
+inline constexpr const char* kSeqlen = "seqlen";
+inline constexpr const char* kSeqlenTp = "seqlen_tp";
+inline constexpr const char* kSeqlenCp = "seqlen_cp";
+inline constexpr const char* kHeads = "heads";
+inline constexpr const char* kHidden = "hidden";
+inline constexpr const char* kHiddenTp = "hidden_tp";
+inline constexpr const char* kJoined = "joined";
+inline constexpr const char* kWNoShard = "w_no_shard";
+inline constexpr const char* kWFsdp = "w_fsdp";
+inline constexpr const char* kWTp = "w_tp";
+inline constexpr const char* kWJoined = "w_joined";
+}  // namespace axis
+
+/// TE's table for `resource`: batch->(dp,fsdp) (the set ones), seqlen->{}, seqlen_tp->tpsp,
+/// seqlen_cp->cp, heads->tpsp or tp, hidden->{}, hidden_tp->tpsp or tp, joined->{},
+/// w_no_shard->{}, w_fsdp->fsdp, w_tp->tpsp or tp, w_joined->{}. Unset roles give {}.
+AxisRules te_default_axis_rules(const MeshResource& resource);
+
+/// The TE table for the MeshResource in scope; throws te::Error when none is.
+AxisRules te_default_axis_rules();
+
+/// The user's rules followed by every TE entry the user did not name. A user entry for a TE name
+/// must agree with TE's (one entry, same mesh axes); a diverging one throws naming the axis and
+/// both values. Needs a MeshResource in scope (open a MeshResourceScope, or an Fp8Autocast with a
+/// MeshResource, first).
+AxisRules extend_logical_axis_rules(const AxisRules& rules);
+
+// ---------------------------------------------------------------------------------------------
+// Resolution of a constraint against the context
+
+/// What a constraint does with a named dim that no rule assigns (Flax's RulesFallback).
+enum class RulesFallback {
+  kAxisIsUnsharded,  ///< the dim is not sharded
+  kRaiseError,       ///< throw te::Error naming every such axis
+  kNoConstraint,     ///< drop the whole constraint (resolve returns nullopt)
+};
+
+/// The layout a constraint on `axes` asks for in the current context:
+///  - user rules in scope: Flax resolution with `fallback`;
+///  - otherwise a MeshResource in scope: TE's default table, same algorithm, and a one-time
+///    deprecation warning (through the warning handler);
+///  - otherwise nullopt (no constraint: single device).
+/// A logical name repeated in `axes` throws in every case.
+std::optional<PartitionSpec> resolve_logical_axes(
+    const LogicalAxes& axes, RulesFallback fallback = RulesFallback::kAxisIsUnsharded);
+
+// ---------------------------------------------------------------------------------------------
+// Warnings
+
+/// Receives library warnings (e.g. the deprecated TE-table fallback). The default prints
+/// "te: warning: <message>" to stderr.
+using WarningHandler = std::function<void(std::string_view message)>;
+
+/// Installs `handler` process-wide (nullptr restores the default) and returns the previous one.
+/// Thread-safe; the handler itself may be called from any thread.
+WarningHandler set_warning_handler(WarningHandler handler);
+
+/// Makes the next TE-table fallback warn again (the warning is otherwise once per process).
+void reset_deprecation_warnings();
+
+// ---------------------------------------------------------------------------------------------
+// Carrying the context into worker threads
+
+/// A snapshot of this thread's sharding context.
+struct ShardingContext {
+  std::optional<AxisRules> rules;  ///< nullopt: no AxisRulesScope was open
+  std::optional<MeshResource> mesh_resource;
+};
+
+/// The rules and MeshResource in force on this thread now.
+ShardingContext capture_sharding_context();
+
+/// Re-opens a captured context on the current thread (typically a pool worker) for its lifetime.
+/// It replaces whatever that thread had in scope: a context captured with no rules or no
+/// MeshResource masks the worker's own.
+///
+/// Example:
+///   auto ctx = te::capture_sharding_context();
+///   pool.submit([ctx] { te::ShardingContextScope scope(ctx); model->forward(x); });
+class ShardingContextScope {
+ public:
+  explicit ShardingContextScope(const ShardingContext& context);
+  ~ShardingContextScope();
+  ShardingContextScope(const ShardingContextScope&) = delete;
+  ShardingContextScope& operator=(const ShardingContextScope&) = delete;
+
+ private:
+  AxisRules rules_;
+  std::optional<MeshResource> resource_;
+};
+
+/// Wraps `fn` so that it runs inside the sharding context captured now, on whatever thread calls
+/// it.
+template <typename Fn>
+auto bind_sharding_context(Fn fn) {
+  return [context = capture_sharding_context(), fn = std::move(fn)](auto&&... args) mutable {
+    ShardingContextScope scope(context);
+    return fn(std::forward<decltype(args)>(args)...);
+  };
+}
+
+}  // namespace te

@@ -1,0 +1,296 @@
+#include "te/sharding/context.h"
+
+#include <algorithm>
+#include <atomic>
+#include <iostream>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "te/error.h"
+
+namespace te {
+
+namespace {
+
+// Each scope pushes (itself, the value it owns); the innermost (last) entry is in force, and a
+// null value masks the outer ones ("none here"). Scopes are RAII guards, so they normally leave in
+// reverse order; one that leaves out of order (held in an optional, say) is removed wherever it is
+// rather than corrupting the stack.
+template <typename T>
+struct ScopeStack {
+  std::vector<std::pair<const void*, const T*>> entries;
+
+  void push(const void* owner, const T* value) { entries.emplace_back(owner, value); }
+  void pop(const void* owner) {
+    auto it = std::find_if(entries.rbegin(), entries.rend(),
+                           [owner](const auto& e) { return e.first == owner; });
+    if (it != entries.rend()) entries.erase(std::next(it).base());
+  }
+  const T* top() const { return entries.empty() ? nullptr : entries.back().second; }
+};
+
+ScopeStack<AxisRules>& rules_stack() {
+  thread_local ScopeStack<AxisRules> stack;
+  return stack;
+}
+
+ScopeStack<MeshResource>& resource_stack() {
+  thread_local ScopeStack<MeshResource> stack;
+  return stack;
+}
+
+// Process-wide warning state: the handler (guarded) and the once-per-process flag.
+struct WarningState {
+  std::mutex mutex;
+  WarningHandler handler;
+  std::atomic<bool> te_table_warned{false};
+};
+
+WarningState& warning_state() {
+  static WarningState state;
+  return state;
+}
+
+void default_warning(std::string_view message) {
+  std::cerr << "te: warning: " << message << std::endl;
+}
+
+void emit_warning(std::string_view message) {
+  WarningHandler handler;
+  {
+    std::lock_guard<std::mutex> lock(warning_state().mutex);
+    handler = warning_state().handler;
+  }
+  if (handler) {
+    handler(message);
+  } else {
+    default_warning(message);
+  }
+}
+
+void warn_te_table_once() {
+  if (warning_state().te_table_warned.exchange(true)) return;
+  emit_warning(
+      "resolving logical axes with Transformer Engine's built-in table (batch, seqlen, heads, "
+      "hidden, w_fsdp, w_tp, ...) derived from the MeshResource is deprecated: no AxisRulesScope "
+      "is open. Open a te::AxisRulesScope with your own rules, and call "
+      "te::extend_logical_axis_rules(rules) to add TE's names to them.");
+}
+
+std::string quoted(const std::string& s) { return "'" + s + "'"; }
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+
+AxisRulesScope::AxisRulesScope(AxisRules rules) : rules_(std::move(rules)) {
+  validate_axis_rules(rules_);
+  rules_stack().push(this, &rules_);
+}
+
+AxisRulesScope::~AxisRulesScope() { rules_stack().pop(this); }
+
+const AxisRules& current_axis_rules() {
+  static const AxisRules kNone;
+  const AxisRules* top = rules_stack().top();
+  return top ? *top : kNone;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+std::string to_string(const MeshResource& r) {
+  std::string out = "MeshResource(";
+  bool first = true;
+  auto add = [&](const char* role, const std::optional<std::string>& axis) {
+    if (!axis) return;
+    out += (first ? "" : ", ") + std::string(role) + "=" + quoted(*axis);
+    first = false;
+  };
+  add("dp", r.dp);
+  add("tp", r.tp);
+  add("tpsp", r.tpsp);
+  add("fsdp", r.fsdp);
+  add("pp", r.pp);
+  add("cp", r.cp);
+  add("ep", r.ep);
+  return out + ")";
+}
+
+void validate_mesh_resource(const MeshResource& r) {
+  TE_CHECK(!(r.tp && r.tpsp), to_string(r), ": tp and tpsp are both set; tensor parallelism ",
+           "(tp) and tensor + sequence parallelism (tpsp) exclude each other, set only one");
+  const std::pair<const char*, const std::optional<std::string>*> roles[] = {
+      {"dp", &r.dp}, {"fsdp", &r.fsdp}, {"tp", &r.tp}, {"tpsp", &r.tpsp},
+      {"cp", &r.cp}, {"pp", &r.pp},     {"ep", &r.ep}};
+  for (const auto& [role, axis] : roles) {
+    TE_CHECK(!*axis || !(*axis)->empty(), to_string(r), ": role ", role,
+             " names the empty mesh axis; leave it unset or name a mesh axis");
+  }
+  // ep may share a mesh axis with another role (experts over the data axis); the others may not.
+  const std::size_t n = sizeof(roles) / sizeof(roles[0]) - 1;
+  for (std::size_t i = 0; i < n; ++i) {
+    for (std::size_t j = 0; j < i; ++j) {
+      const auto& a = *roles[i].second;
+      const auto& b = *roles[j].second;
+      TE_CHECK(!(a && b && *a == *b), to_string(r), ": roles ", roles[j].first, " and ",
+               roles[i].first, " both name mesh axis ", quoted(*a),
+               "; give each parallelism role its own mesh axis");
+    }
+  }
+}
+
+MeshResource parse_mesh_resource(std::string_view text) {
+  MeshResource r;
+  const std::pair<const char*, std::optional<std::string>*> roles[] = {
+      {"dp", &r.dp}, {"tp", &r.tp}, {"tpsp", &r.tpsp}, {"fsdp", &r.fsdp},
+      {"pp", &r.pp}, {"cp", &r.cp}, {"ep", &r.ep}};
+  for (const AxisRule& entry : parse_axis_rules(text)) {
+    auto it = std::find_if(std::begin(roles), std::end(roles),
+                           [&](const auto& role) { return entry.logical == role.first; });
+    TE_CHECK(it != std::end(roles), "parse_mesh_resource: unknown role ", quoted(entry.logical),
+             " in \"", text, "\"; the roles are dp, tp, tpsp, fsdp, pp, cp, ep");
+    TE_CHECK(!*it->second, "parse_mesh_resource: role ", quoted(entry.logical), " given twice in \"",
+             text, "\"; give each role once");
+    TE_CHECK(entry.mesh.size() == 1, "parse_mesh_resource: role ", quoted(entry.logical),
+             " must name exactly one mesh axis (got ", to_string(entry),
+             "); write e.g. dp=data");
+    *it->second = entry.mesh[0];
+  }
+  validate_mesh_resource(r);
+  return r;
+}
+
+MeshResourceScope::MeshResourceScope(MeshResource resource) : resource_(std::move(resource)) {
+  validate_mesh_resource(resource_);
+  resource_stack().push(this, &resource_);
+}
+
+MeshResourceScope::~MeshResourceScope() { resource_stack().pop(this); }
+
+std::optional<MeshResource> current_mesh_resource() {
+  const MeshResource* top = resource_stack().top();
+  if (!top) return std::nullopt;
+  return *top;
+}
+
+AxisRules te_default_axis_rules(const MeshResource& r) {
+  validate_mesh_resource(r);
+  auto axes = [](const std::optional<std::string>& a) { return a ? MeshAxes{*a} : MeshAxes{}; };
+  MeshAxes batch;
+  if (r.dp) batch.push_back(*r.dp);
+  if (r.fsdp) batch.push_back(*r.fsdp);
+  const MeshAxes tensor = axes(r.tpsp ? r.tpsp : r.tp);
+  return {
+      {axis::kBatch, batch},         {axis::kSeqlen, {}},     {axis::kSeqlenTp, axes(r.tpsp)},
+      {axis::kSeqlenCp, axes(r.cp)}, {axis::kHeads, tensor},  {axis::kHidden, {}},
+      {axis::kHiddenTp, tensor},     {axis::kJoined, {}},     {axis::kWNoShard, {}},
+      {axis::kWFsdp, axes(r.fsdp)},  {axis::kWTp, tensor},    {axis::kWJoined, {}},
+  };
+}
+
+AxisRules te_default_axis_rules() {
+  const MeshResource* top = resource_stack().top();
+  TE_CHECK(top != nullptr,
+           "te_default_axis_rules: no MeshResource is in scope on this thread; open a "
+           "te::MeshResourceScope (or an Fp8Autocast with a MeshResource) first");
+  return te_default_axis_rules(*top);
+}
+
+AxisRules extend_logical_axis_rules(const AxisRules& rules) {
+  const MeshResource* top = resource_stack().top();
+  TE_CHECK(top != nullptr,
+           "extend_logical_axis_rules needs a MeshResource in scope to know TE's table; call it "
+           "inside a te::MeshResourceScope or an Fp8Autocast that is given a MeshResource");
+  validate_axis_rules(rules);
+  AxisRules extended = rules;
+  for (const AxisRule& te_rule : te_default_axis_rules(*top)) {
+    std::vector<const AxisRule*> user;
+    for (const AxisRule& r : rules) {
+      if (r.logical == te_rule.logical) user.push_back(&r);
+    }
+    if (user.empty()) {
+      extended.push_back(te_rule);
+      continue;
+    }
+    std::string given;
+    for (const AxisRule* u : user) given += (given.empty() ? "" : " and ") + to_string(*u);
+    TE_CHECK(user.size() == 1 && user[0]->mesh == te_rule.mesh,
+             "extend_logical_axis_rules: the rules diverge from TE's on axis ",
+             quoted(te_rule.logical), ": given ", given, ", but TE's table under ", to_string(*top),
+             " has ", to_string(te_rule),
+             "; drop your entry for it, or make it equal to TE's (a single entry)");
+  }
+  return extended;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+std::optional<PartitionSpec> resolve_logical_axes(const LogicalAxes& axes,
+                                                  RulesFallback fallback) {
+  const AxisRules* rules = rules_stack().top();
+  AxisRules te_table;
+  if (rules == nullptr || rules->empty()) {
+    const MeshResource* resource = resource_stack().top();
+    if (resource == nullptr) {
+      // No constraint, but a malformed one is still a bug in the caller: report it on one
+      // device too, not only once the model runs sharded.
+      validate_logical_axes(axes);
+      return std::nullopt;
+    }
+    te_table = te_default_axis_rules(*resource);
+    rules = &te_table;
+    warn_te_table_once();
+  }
+  const Resolution res = resolve_with_rules(axes, *rules);
+  if (fallback != RulesFallback::kAxisIsUnsharded) {
+    const std::vector<std::string> unmatched = res.unassigned();
+    if (!unmatched.empty()) {
+      if (fallback == RulesFallback::kNoConstraint) return std::nullopt;
+      std::string names;
+      for (const std::string& n : unmatched) names += (names.empty() ? "" : ", ") + quoted(n);
+      TE_FAIL("logical axes ", to_string(axes), ": ", names,
+              unmatched.size() == 1 ? " matches" : " match",
+              " no applicable rule in [", to_string(*rules),
+              "]; add a rule for each (name= pins it replicated), or use "
+              "RulesFallback::kAxisIsUnsharded");
+    }
+  }
+  return res.spec();
+}
+
+// ---------------------------------------------------------------------------------------------
+
+WarningHandler set_warning_handler(WarningHandler handler) {
+  std::lock_guard<std::mutex> lock(warning_state().mutex);
+  WarningHandler previous = std::move(warning_state().handler);
+  warning_state().handler = std::move(handler);
+  return previous;
+}
+
+void reset_deprecation_warnings() { warning_state().te_table_warned.store(false); }
+
+// ---------------------------------------------------------------------------------------------
+
+ShardingContext capture_sharding_context() {
+  ShardingContext context;
+  if (const AxisRules* rules = rules_stack().top()) context.rules = *rules;
+  if (const MeshResource* resource = resource_stack().top()) context.mesh_resource = *resource;
+  return context;
+}
+
+ShardingContextScope::ShardingContextScope(const ShardingContext& context)
+    : rules_(context.rules.value_or(AxisRules{})), resource_(context.mesh_resource) {
+  validate_axis_rules(rules_);
+  if (resource_) validate_mesh_resource(*resource_);
+  // Push both, even when empty: the captured context replaces whatever this thread had.
+  rules_stack().push(this, &rules_);
+  resource_stack().push(this, resource_ ? &*resource_ : nullptr);
+}
+
+ShardingContextScope::~ShardingContextScope() {
+  resource_stack().pop(this);
+  rules_stack().pop(this);
+}
+
+}  // namespace te

@@ -1,0 +1,112 @@
+// parse_axis_rules / parse_mesh_resource and their printers.
+
+#include <gtest/gtest.h>
+
+#include "te/sharding.h"
+
+namespace te {
+namespace {
+
+TEST(ParseAxisRules, ReadsTheDocumentedForm) {
+  const AxisRules rules = parse_axis_rules("batch=(data,fsdp),heads=model,hidden=");
+  const AxisRules expected = {{"batch", {"data", "fsdp"}}, {"heads", {"model"}}, {"hidden", {}}};
+  EXPECT_EQ(rules, expected);
+}
+
+TEST(ParseAxisRules, IgnoresWhitespaceAndAcceptsEmptyTuples) {
+  const AxisRules rules = parse_axis_rules("  batch = ( data , fsdp ) ,\n w_tp=( ) , x.y-1=z_2 ");
+  const AxisRules expected = {{"batch", {"data", "fsdp"}}, {"w_tp", {}}, {"x.y-1", {"z_2"}}};
+  EXPECT_EQ(rules, expected);
+  EXPECT_TRUE(parse_axis_rules("").empty());
+  EXPECT_TRUE(parse_axis_rules("   ").empty());
+}
+
+TEST(ParseAxisRules, RoundTripsWithThePrinter) {
+  const std::vector<std::string> texts = {
+      "batch=(data,fsdp),heads=model,hidden=",
+      "a=x",
+      "a=,b=,c=(x,y,z)",
+      "",
+  };
+  for (const std::string& text : texts) {
+    EXPECT_EQ(to_string(parse_axis_rules(text)), text);
+  }
+  // Non-canonical spellings print canonically, and the canonical form parses back the same.
+  const AxisRules rules = parse_axis_rules("a=(x), b=()");
+  EXPECT_EQ(to_string(rules), "a=x,b=");
+  EXPECT_EQ(parse_axis_rules(to_string(rules)), rules);
+  // And the printer of any rule set parses back to it.
+  const AxisRules te_table = te_default_axis_rules(MeshResource{"data", {}, "model", "fsdp"});
+  EXPECT_EQ(parse_axis_rules(to_string(te_table)), te_table);
+}
+
+struct BadRules {
+  std::string text;
+  std::size_t position;
+  std::string expected;
+};
+
+void PrintTo(const BadRules& bad, std::ostream* os) { *os << '"' << bad.text << '"'; }
+
+class ParseAxisRulesErrors : public ::testing::TestWithParam<BadRules> {};
+
+TEST_P(ParseAxisRulesErrors, ReportPositionAndReason) {
+  const BadRules& bad = GetParam();
+  try {
+    parse_axis_rules(bad.text);
+    FAIL() << "parsed: " << bad.text;
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("at position " + std::to_string(bad.position) + " expected " + bad.expected),
+              std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find("name=mesh_axis"), std::string::npos) << msg;  // says how to write it
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Syntax, ParseAxisRulesErrors,
+    ::testing::Values(BadRules{"batch", 5, "'='"}, BadRules{"=data", 0, "a logical axis name"},
+                      BadRules{"batch=(data", 11, "')'"},
+                      BadRules{"batch=(data,)", 12, "a mesh axis name"},
+                      BadRules{"batch=data,", 11, "a logical axis name"},
+                      BadRules{"batch=data heads=model", 11, "','"},
+                      BadRules{"batch=da$ta", 8, "','"}, BadRules{"ba tch=data", 3, "'='"},
+                      BadRules{"batch==data", 6, "','"}),
+    [](const ::testing::TestParamInfo<BadRules>& info) {
+      return "at" + std::to_string(info.param.position) + "_" + std::to_string(info.index);
+    });
+
+TEST(ParseAxisRules, RejectsARuleRepeatingAMeshAxis) {
+  EXPECT_THROW(parse_axis_rules("batch=(data,data)"), Error);
+}
+
+TEST(ParseMeshResource, ReadsRoles) {
+  const MeshResource r = parse_mesh_resource("dp=data, tpsp=model, fsdp=f, pp=p, cp=c, ep=e");
+  EXPECT_EQ(r.dp, "data");
+  EXPECT_EQ(r.tpsp, "model");
+  EXPECT_EQ(r.fsdp, "f");
+  EXPECT_EQ(r.pp, "p");
+  EXPECT_EQ(r.cp, "c");
+  EXPECT_EQ(r.ep, "e");
+  EXPECT_FALSE(r.tp);
+  EXPECT_EQ(to_string(r),
+            "MeshResource(dp='data', tpsp='model', fsdp='f', pp='p', cp='c', ep='e')");
+  EXPECT_EQ(parse_mesh_resource(""), MeshResource{});
+}
+
+TEST(ParseMeshResource, RejectsBadInput) {
+  EXPECT_THROW(parse_mesh_resource("dq=data"), Error);          // unknown role
+  EXPECT_THROW(parse_mesh_resource("dp=data,dp=x"), Error);     // role twice
+  EXPECT_THROW(parse_mesh_resource("dp=(data,fsdp)"), Error);   // tuple
+  EXPECT_THROW(parse_mesh_resource("dp="), Error);              // no axis
+  EXPECT_THROW(parse_mesh_resource("tp=model,tpsp=m2"), Error);  // tp and tpsp
+  try {
+    parse_mesh_resource("dq=data");
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown role 'dq'"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace te
