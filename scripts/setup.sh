@@ -4,7 +4,7 @@ set -euo pipefail
 
 PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config
-  libtorch-dev          # LibTorch 1.13 (CPU)
+  libtorch-dev libgloo-dev   # LibTorch 1.13 (CPU); Gloo headers for c10d
   libopenblas0-openmp   # replaces the reference BLAS (~50x slower GEMMs)
   libgtest-dev libgmock-dev libbenchmark-dev
   libeigen3-dev libcli11-dev nlohmann-json3-dev

@@ -1,0 +1,72 @@
+#pragma once
+
+// A named, row-major grid of the world's ranks, with one process group per row of each axis.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace te {
+
+namespace detail {
+struct MeshState;
+}
+
+/// DeviceMesh({2, 2}, {"data", "model"}): rank r sits at coordinates (r / 2, r % 2). Created
+/// collectively: every rank of the world constructs the same meshes in the same order. The
+/// product of the shape must equal the world size (1 when not distributed).
+class DeviceMesh {
+ public:
+  DeviceMesh(std::vector<int64_t> shape, std::vector<std::string> axis_names);
+
+  int64_t ndim() const;
+  /// The number of ranks in the mesh.
+  int64_t size() const;
+  int64_t size(const std::string& axis) const;
+  int64_t size(int64_t dim) const;
+  const std::vector<int64_t>& shape() const;
+  const std::vector<std::string>& axis_names() const;
+  /// The mesh dim of `axis`; throws te::Error listing the mesh's axes when it has none such.
+  int64_t axis_index(const std::string& axis) const;
+  bool has_axis(const std::string& axis) const;
+
+  /// This rank's world rank and its index along each axis.
+  int64_t rank() const;
+  int64_t coordinate(const std::string& axis) const;
+  int64_t coordinate(int64_t dim) const;
+  std::vector<int64_t> coordinates_of(int64_t rank) const;
+  /// The world ranks of this rank's row along mesh dim `dim`, in coordinate order.
+  std::vector<int64_t> group_ranks(int64_t dim) const;
+
+  /// "DeviceMesh(data=2, model=2)".
+  std::string to_string() const;
+
+  /// Meshes are equal when they are the same collective object (copies share it).
+  friend bool operator==(const DeviceMesh& a, const DeviceMesh& b) { return a.state_ == b.state_; }
+  friend bool operator!=(const DeviceMesh& a, const DeviceMesh& b) { return !(a == b); }
+
+  /// Internal state (process groups), shared by copies and kept alive by autograd graphs.
+  const detail::MeshState& state() const { return *state_; }
+  const std::shared_ptr<const detail::MeshState>& shared_state() const { return state_; }
+
+ private:
+  std::shared_ptr<const detail::MeshState> state_;
+};
+
+/// Makes `mesh` the current mesh of this thread until the guard is destroyed (nests).
+class MeshScope {
+ public:
+  explicit MeshScope(const DeviceMesh& mesh);
+  ~MeshScope();
+  MeshScope(const MeshScope&) = delete;
+  MeshScope& operator=(const MeshScope&) = delete;
+
+ private:
+  DeviceMesh mesh_;
+};
+
+/// The innermost MeshScope's mesh on this thread, or nullptr.
+const DeviceMesh* current_mesh();
+
+}  // namespace te

@@ -1,0 +1,56 @@
+#pragma once
+
+// The set of ranks that exchange data: started from the environment (torchrun / mpirun / te-run),
+// or as threads of this process (tests, single-machine experiments).
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+
+namespace te {
+
+/// Which c10d primitive carries a transition on Gloo. Gloo (LibTorch 1.13) has no reduce-scatter
+/// and a slow all-gather, so the defaults were chosen by bench/bench_collectives (README).
+enum class GatherAlgorithm {
+  kPaddedAllReduce,  ///< each rank writes its chunk into a zeroed full buffer; all-reduce(sum)
+  kAllGather,        ///< c10d allgather of equal (padded) chunks
+  kAllToAll,         ///< c10d alltoall_base, each rank sending its chunk to every rank
+};
+enum class ReduceScatterAlgorithm {
+  kAllReduceSlice,  ///< all-reduce the full tensor, keep this rank's chunk
+  kAllToAllSum,     ///< alltoall_base the chunks, reduce locally
+};
+
+struct DistributedOptions {
+  /// How long a collective (or joining the group) may wait for a peer before failing with
+  /// te::Error. Overridden by TE_DIST_TIMEOUT_S when set.
+  std::chrono::milliseconds timeout = std::chrono::seconds(120);
+  GatherAlgorithm gather = GatherAlgorithm::kPaddedAllReduce;
+  ReduceScatterAlgorithm reduce_scatter = ReduceScatterAlgorithm::kAllReduceSlice;
+};
+
+/// Joins the process group described by the environment: RANK, WORLD_SIZE, MASTER_ADDR,
+/// MASTER_PORT (and LOCAL_RANK) as torchrun and te-run set them, or OMPI_COMM_WORLD_RANK/SIZE
+/// under mpirun (MASTER_ADDR/MASTER_PORT still name the rendezvous). Rank 0 hosts the TCP store.
+/// Uses Gloo. Throws te::Error naming a missing or malformed variable. A second call is an error.
+void init_distributed(const DistributedOptions& options = {});
+
+/// Leaves the process group joined by init_distributed (no-op when none).
+void shutdown_distributed();
+
+/// Runs fn(rank) on `world_size` threads of this process, each a rank with its own Gloo process
+/// group over a shared in-memory store. The caller's sharding context (rules, MeshResource) is
+/// carried into every rank. Waits for all ranks; if any threw, rethrows the first exception
+/// raised (in time) after all have finished.
+void run_local_ranks(int world_size, const std::function<void(int rank)>& fn,
+                     const DistributedOptions& options = {});
+
+/// This thread's rank: its local rank inside run_local_ranks, else the process's rank after
+/// init_distributed, else 0.
+int world_rank();
+/// The number of ranks this thread belongs to (1 when not distributed).
+int world_size();
+/// True when this thread belongs to a world of more than one rank.
+bool is_distributed();
+
+}  // namespace te

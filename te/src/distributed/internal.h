@@ -1,0 +1,87 @@
+#pragma once
+
+// Internals of the distributed layer shared by its .cpp files: the world, mesh state, process
+// groups and the collectives that move DTensor data.
+
+#include <ATen/Tensor.h>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "te/distributed/placement.h"
+#include "te/distributed/world.h"
+
+namespace te::detail {
+
+using GlooGroup = c10::intrusive_ptr<c10d::ProcessGroupGloo>;
+
+/// One rank's membership of a world: its store, its world process group, and the counter that
+/// keeps collectively created sub-groups in step across ranks.
+class World {
+ public:
+  World(c10::intrusive_ptr<c10d::Store> store, int rank, int size, DistributedOptions options,
+        std::string gloo_host);
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const DistributedOptions& options() const { return options_; }
+
+  /// A Gloo group over `ranks` (world ranks, this rank among them) rendezvousing under `key`.
+  GlooGroup create_group(const std::string& key, const std::vector<int64_t>& ranks) const;
+  /// Collective: every rank calls it in the same order and gets the same id.
+  int64_t next_mesh_id() { return next_mesh_id_++; }
+
+ private:
+  c10::intrusive_ptr<c10d::Store> store_;
+  int rank_;
+  int size_;
+  DistributedOptions options_;
+  std::string gloo_host_;
+  int64_t next_mesh_id_ = 0;
+};
+
+/// The world of this thread (run_local_ranks), else of the process (init_distributed), else null.
+std::shared_ptr<World> current_world();
+
+/// This rank's row of one mesh dim: who is in it and the process group that connects them.
+struct Group {
+  GlooGroup pg;  ///< null when the row has one rank
+  int64_t size = 1;
+  int64_t rank = 0;  ///< index within the row
+  std::string axis;
+  std::vector<int64_t> ranks;  ///< world ranks of the row
+  int64_t world_rank = 0;
+  DistributedOptions options;
+};
+
+}  // namespace te::detail
+
+namespace te::detail {
+
+struct MeshState {
+  std::vector<int64_t> shape;
+  std::vector<std::string> names;
+  int64_t rank = 0;
+  std::vector<int64_t> coords;
+  std::vector<Group> groups;  ///< one per mesh dim
+  std::shared_ptr<World> world;
+};
+
+// ---- collectives over one mesh dim's row (all record into CommTrace) ----------------------
+
+/// Concatenates each rank's chunk of `dim` (torch.chunk of `full` over the row) on every rank.
+at::Tensor all_gather(const Group& g, const at::Tensor& local, int64_t dim, int64_t full);
+/// Reduces full-shaped tensors across the row; returns a new tensor.
+at::Tensor all_reduce(const Group& g, const at::Tensor& t, ReduceOp op);
+/// Reduces (sum or avg) and keeps this rank's chunk of `dim`.
+at::Tensor reduce_scatter(const Group& g, const at::Tensor& t, ReduceOp op, int64_t dim);
+/// From `local` chunked on `from_dim` (whole size `from_full`) and whole on `to_dim`, to whole on
+/// `from_dim` and chunked on `to_dim`.
+at::Tensor all_to_all(const Group& g, const at::Tensor& local, int64_t from_dim, int64_t from_full,
+                      int64_t to_dim);
+
+}  // namespace te::detail

@@ -1,0 +1,158 @@
+#include "te/distributed/mesh.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "internal.h"
+#include "te/error.h"
+
+namespace te {
+
+namespace {
+
+std::string list_axes(const std::vector<std::string>& names) {
+  std::string out;
+  for (const std::string& n : names) out += (out.empty() ? "'" : ", '") + n + "'";
+  return out;
+}
+
+// World ranks of the row through `rank` along mesh dim `dim` (row-major layout).
+std::vector<int64_t> row_ranks(const std::vector<int64_t>& shape, const std::vector<int64_t>& coords,
+                               int64_t rank, int64_t dim) {
+  int64_t stride = 1;
+  for (int64_t d = static_cast<int64_t>(shape.size()) - 1; d > dim; --d) stride *= shape[d];
+  const int64_t base = rank - coords[dim] * stride;
+  std::vector<int64_t> ranks;
+  for (int64_t i = 0; i < shape[dim]; ++i) ranks.push_back(base + i * stride);
+  return ranks;
+}
+
+std::vector<const DeviceMesh*>& mesh_stack() {
+  thread_local std::vector<const DeviceMesh*> stack;
+  return stack;
+}
+
+}  // namespace
+
+DeviceMesh::DeviceMesh(std::vector<int64_t> shape, std::vector<std::string> axis_names) {
+  TE_CHECK(!shape.empty(), "DeviceMesh: the shape is empty; give at least one axis, e.g. "
+                           "DeviceMesh({world_size()}, {\"data\"})");
+  TE_CHECK(shape.size() == axis_names.size(), "DeviceMesh: ", shape.size(), " sizes but ",
+           axis_names.size(), " axis names; give one name per mesh axis");
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    TE_CHECK(shape[i] >= 1, "DeviceMesh: axis '", axis_names[i], "' has size ", shape[i],
+             "; every axis needs at least one rank");
+    TE_CHECK(!axis_names[i].empty(), "DeviceMesh: axis ", i, " has an empty name");
+    for (std::size_t j = 0; j < i; ++j) {
+      TE_CHECK(axis_names[i] != axis_names[j], "DeviceMesh: axis name '", axis_names[i],
+               "' is used twice; name each mesh axis once");
+    }
+  }
+  auto state = std::make_shared<detail::MeshState>();
+  state->world = detail::current_world();
+  const int64_t world = state->world ? state->world->size() : 1;
+  const int64_t product =
+      std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<int64_t>());
+  TE_CHECK(product == world, "DeviceMesh: the mesh (", list_axes(axis_names), ") has ", product,
+           " ranks but the world has ", world,
+           "; make the product of the mesh shape equal world_size()");
+  state->shape = std::move(shape);
+  state->names = std::move(axis_names);
+  state->rank = state->world ? state->world->rank() : 0;
+  state->coords = std::vector<int64_t>(state->shape.size());
+  int64_t rest = state->rank;
+  for (int64_t d = static_cast<int64_t>(state->shape.size()) - 1; d >= 0; --d) {
+    state->coords[d] = rest % state->shape[d];
+    rest /= state->shape[d];
+  }
+  // One process group per row of each axis. Every rank walks the dims in the same order and
+  // bumps the same counter, so the rendezvous keys agree; only a row's members connect.
+  const int64_t mesh_id = state->world ? state->world->next_mesh_id() : 0;
+  state->groups.resize(state->shape.size());
+  for (std::size_t d = 0; d < state->shape.size(); ++d) {
+    detail::Group& g = state->groups[d];
+    g.size = state->shape[d];
+    g.rank = state->coords[d];
+    g.axis = state->names[d];
+    g.ranks = row_ranks(state->shape, state->coords, state->rank, static_cast<int64_t>(d));
+    g.world_rank = state->rank;
+    if (state->world) g.options = state->world->options();
+    if (g.size > 1) {
+      g.pg = state->world->create_group(
+          "mesh" + std::to_string(mesh_id) + "/" + state->names[d], g.ranks);
+    }
+  }
+  state_ = std::move(state);
+}
+
+int64_t DeviceMesh::ndim() const { return static_cast<int64_t>(state_->shape.size()); }
+int64_t DeviceMesh::size() const {
+  return std::accumulate(state_->shape.begin(), state_->shape.end(), int64_t{1},
+                         std::multiplies<int64_t>());
+}
+int64_t DeviceMesh::size(const std::string& axis) const { return size(axis_index(axis)); }
+int64_t DeviceMesh::size(int64_t dim) const {
+  TE_CHECK(dim >= 0 && dim < ndim(), to_string(), " has no dim ", dim);
+  return state_->shape[static_cast<std::size_t>(dim)];
+}
+const std::vector<int64_t>& DeviceMesh::shape() const { return state_->shape; }
+const std::vector<std::string>& DeviceMesh::axis_names() const { return state_->names; }
+
+int64_t DeviceMesh::axis_index(const std::string& axis) const {
+  const auto& names = state_->names;
+  const auto it = std::find(names.begin(), names.end(), axis);
+  TE_CHECK(it != names.end(), "mesh axis '", axis, "' is not in ", to_string(),
+           "; its axes are ", list_axes(names));
+  return static_cast<int64_t>(it - names.begin());
+}
+
+bool DeviceMesh::has_axis(const std::string& axis) const {
+  return std::find(state_->names.begin(), state_->names.end(), axis) != state_->names.end();
+}
+
+int64_t DeviceMesh::rank() const { return state_->rank; }
+int64_t DeviceMesh::coordinate(const std::string& axis) const {
+  return coordinate(axis_index(axis));
+}
+int64_t DeviceMesh::coordinate(int64_t dim) const {
+  TE_CHECK(dim >= 0 && dim < ndim(), to_string(), " has no dim ", dim);
+  return state_->coords[static_cast<std::size_t>(dim)];
+}
+
+std::vector<int64_t> DeviceMesh::coordinates_of(int64_t rank) const {
+  TE_CHECK(rank >= 0 && rank < size(), to_string(), " has no rank ", rank);
+  std::vector<int64_t> coords(state_->shape.size());
+  for (int64_t d = ndim() - 1; d >= 0; --d) {
+    coords[d] = rank % state_->shape[d];
+    rank /= state_->shape[d];
+  }
+  return coords;
+}
+
+std::vector<int64_t> DeviceMesh::group_ranks(int64_t dim) const {
+  TE_CHECK(dim >= 0 && dim < ndim(), to_string(), " has no dim ", dim);
+  return row_ranks(state_->shape, state_->coords, state_->rank, dim);
+}
+
+std::string DeviceMesh::to_string() const {
+  std::string out = "DeviceMesh(";
+  for (std::size_t i = 0; i < state_->shape.size(); ++i) {
+    out += (i ? ", " : "") + state_->names[i] + "=" + std::to_string(state_->shape[i]);
+  }
+  return out + ")";
+}
+
+MeshScope::MeshScope(const DeviceMesh& mesh) : mesh_(mesh) { mesh_stack().push_back(&mesh_); }
+
+MeshScope::~MeshScope() {
+  auto& stack = mesh_stack();
+  auto it = std::find(stack.rbegin(), stack.rend(), &mesh_);
+  if (it != stack.rend()) stack.erase(std::next(it).base());
+}
+
+const DeviceMesh* current_mesh() {
+  const auto& stack = mesh_stack();
+  return stack.empty() ? nullptr : stack.back();
+}
+
+}  // namespace te

@@ -1,0 +1,209 @@
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <atomic>
+#include <cstdlib>
+#include <exception>
+#include <mutex>
+#include <thread>
+
+#include "internal.h"
+#include "te/error.h"
+#include "te/sharding/context.h"
+
+namespace te {
+namespace detail {
+
+namespace {
+
+thread_local std::shared_ptr<World> tls_world;
+
+struct ProcessWorld {
+  std::mutex mutex;
+  std::shared_ptr<World> world;
+};
+ProcessWorld& process_world() {
+  static ProcessWorld pw;
+  return pw;
+}
+
+std::string join(const std::vector<int64_t>& v) {
+  std::string out;
+  for (std::size_t i = 0; i < v.size(); ++i) out += (i ? "," : "") + std::to_string(v[i]);
+  return out;
+}
+
+DistributedOptions with_env_overrides(DistributedOptions options) {
+  if (const char* env = std::getenv("TE_DIST_TIMEOUT_S"); env != nullptr && *env != '\0') {
+    char* end = nullptr;
+    const double seconds = std::strtod(env, &end);
+    TE_CHECK(end != env && *end == '\0' && seconds > 0, "TE_DIST_TIMEOUT_S='", env,
+             "' is not a positive number of seconds; set e.g. TE_DIST_TIMEOUT_S=60");
+    options.timeout = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+  }
+  return options;
+}
+
+}  // namespace
+
+World::World(c10::intrusive_ptr<c10d::Store> store, int rank, int size,
+             DistributedOptions options, std::string gloo_host)
+    : store_(std::move(store)),
+      rank_(rank),
+      size_(size),
+      options_(options),
+      gloo_host_(std::move(gloo_host)) {}
+
+GlooGroup World::create_group(const std::string& key, const std::vector<int64_t>& ranks) const {
+  const auto it = std::find(ranks.begin(), ranks.end(), int64_t{rank_});
+  TE_CHECK(it != ranks.end(), "internal: rank ", rank_, " is not in group ", key);
+  auto gloo_options = c10d::ProcessGroupGloo::Options::create(options_.timeout);
+  gloo_options->devices.push_back(
+      gloo_host_.empty() ? c10d::ProcessGroupGloo::createDefaultDevice()
+                         : c10d::ProcessGroupGloo::createDeviceForHostname(gloo_host_));
+  // Collectives are issued synchronously by one thread per rank: one worker is enough.
+  gloo_options->threads = 1;
+  auto prefixed = c10::make_intrusive<c10d::PrefixStore>(key + "/" + join(ranks), store_);
+  try {
+    return c10::make_intrusive<c10d::ProcessGroupGloo>(
+        prefixed, static_cast<int>(it - ranks.begin()), static_cast<int>(ranks.size()),
+        gloo_options);
+  } catch (const te::Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    TE_FAIL("rank ", rank_, " could not connect the process group of ranks [", join(ranks),
+            "] (", key, ") within ", options_.timeout.count() / 1000.0,
+            " s: a peer rank did not join or died; check that every rank constructs the same "
+            "meshes in the same order. c10d said: ",
+            e.what());
+  }
+}
+
+std::shared_ptr<World> current_world() {
+  if (tls_world) return tls_world;
+  ProcessWorld& pw = process_world();
+  std::lock_guard<std::mutex> lock(pw.mutex);
+  return pw.world;
+}
+
+}  // namespace detail
+
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+std::string env_or_empty(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? std::string(v) : std::string();
+}
+
+int64_t env_int(const char* name, const std::string& value, int64_t lo, int64_t hi) {
+  char* end = nullptr;
+  const long long parsed = std::strtoll(value.c_str(), &end, 10);
+  TE_CHECK(!value.empty() && *end == '\0' && parsed >= lo && parsed <= hi, name, "='", value,
+           "' is not an integer in [", lo, ", ", hi, "]");
+  return parsed;
+}
+
+}  // namespace
+
+void init_distributed(const DistributedOptions& options_in) {
+  const DistributedOptions options = detail::with_env_overrides(options_in);
+  std::string rank_text = env_or_empty("RANK");
+  std::string size_text = env_or_empty("WORLD_SIZE");
+  const char* rank_var = "RANK";
+  const char* size_var = "WORLD_SIZE";
+  if (rank_text.empty() && size_text.empty()) {
+    rank_text = env_or_empty("OMPI_COMM_WORLD_RANK");
+    size_text = env_or_empty("OMPI_COMM_WORLD_SIZE");
+    rank_var = "OMPI_COMM_WORLD_RANK";
+    size_var = "OMPI_COMM_WORLD_SIZE";
+  }
+  TE_CHECK(!rank_text.empty() && !size_text.empty(),
+           "init_distributed: RANK and WORLD_SIZE (or OMPI_COMM_WORLD_RANK/SIZE) are not set; "
+           "start the program with te-run --nproc N -- prog (or torchrun / mpirun)");
+  const int size = static_cast<int>(env_int(size_var, size_text, 1, 1 << 20));
+  const int rank = static_cast<int>(env_int(rank_var, rank_text, 0, size - 1));
+  std::string addr = env_or_empty("MASTER_ADDR");
+  const std::string port_text = env_or_empty("MASTER_PORT");
+  TE_CHECK(!addr.empty() && !port_text.empty(),
+           "init_distributed: MASTER_ADDR and MASTER_PORT must name the rendezvous (rank 0's "
+           "address and a free port); te-run sets them");
+  const auto port = static_cast<std::uint16_t>(env_int("MASTER_PORT", port_text, 1, 65535));
+
+  detail::ProcessWorld& pw = detail::process_world();
+  std::lock_guard<std::mutex> lock(pw.mutex);
+  TE_CHECK(pw.world == nullptr, "init_distributed was already called in this process (rank ",
+           pw.world ? pw.world->rank() : -1, "); call shutdown_distributed() first");
+
+  c10d::TCPStoreOptions store_options;
+  store_options.port = port;
+  store_options.isServer = rank == 0;
+  store_options.numWorkers = static_cast<std::size_t>(size);
+  store_options.waitWorkers = true;
+  store_options.timeout = options.timeout;
+  c10::intrusive_ptr<c10d::Store> store;
+  try {
+    store = c10::make_intrusive<c10d::TCPStore>(addr, store_options);
+  } catch (const std::exception& e) {
+    TE_FAIL("init_distributed: rank ", rank, " could not reach the store at ", addr, ":", port,
+            " within ", options.timeout.count() / 1000.0,
+            " s (rank 0 hosts it; is it running, and is the port free?): ", e.what());
+  }
+  const bool loopback = addr == "127.0.0.1" || addr == "localhost" || addr == "::1";
+  auto world = std::make_shared<detail::World>(
+      c10::make_intrusive<c10d::PrefixStore>("te", store), rank, size, options,
+      loopback ? "127.0.0.1" : std::string());
+  pw.world = std::move(world);
+}
+
+void shutdown_distributed() {
+  detail::ProcessWorld& pw = detail::process_world();
+  std::lock_guard<std::mutex> lock(pw.mutex);
+  pw.world.reset();
+}
+
+void run_local_ranks(int world_size, const std::function<void(int rank)>& fn,
+                     const DistributedOptions& options_in) {
+  TE_CHECK(world_size >= 1, "run_local_ranks: world_size must be at least 1, got ", world_size);
+  const DistributedOptions options = detail::with_env_overrides(options_in);
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  const ShardingContext context = capture_sharding_context();
+
+  std::mutex mutex;
+  std::exception_ptr first;
+  std::vector<std::thread> threads;
+  threads.reserve(static_cast<std::size_t>(world_size));
+  for (int rank = 0; rank < world_size; ++rank) {
+    threads.emplace_back([&, rank] {
+      try {
+        ShardingContextScope scope(context);
+        detail::tls_world = std::make_shared<detail::World>(store, rank, world_size, options,
+                                                            "127.0.0.1");
+        fn(rank);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mutex);
+        if (!first) first = std::current_exception();
+      }
+      // Dropping the world closes this rank's connections, so peers blocked on it fail fast.
+      detail::tls_world.reset();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  if (first) std::rethrow_exception(first);
+}
+
+int world_rank() {
+  auto world = detail::current_world();
+  return world ? world->rank() : 0;
+}
+
+int world_size() {
+  auto world = detail::current_world();
+  return world ? world->size() : 1;
+}
+
+bool is_distributed() { return world_size() > 1; }
+
+}  // namespace te

@@ -1,0 +1,281 @@
+// Every transition of every placement pair on meshes {2}, {4}, {2,2}, even and uneven shapes:
+// values and gradients against the same math on one process. Ranks are threads with their own
+// Gloo groups (run_local_ranks).
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <sstream>
+
+#include "dist_test_util.h"
+#include "te/distributed.h"
+
+namespace te {
+namespace {
+
+using test::piece_of;
+
+// Per-rank weights along a Partial mesh dim whose reduction gives back the value exactly.
+double partial_weight(ReduceOp op, int64_t coord, int64_t n) {
+  static const double two[] = {3, -2};
+  static const double four[] = {3, -1, -2, 1};
+  const double w = n == 1 ? 1.0 : (n == 2 ? two[coord] : four[coord]);
+  return op == ReduceOp::kAvg ? w * static_cast<double>(n) : w;
+}
+
+// This rank's local tensor for `placements` such that the DTensor's value is `global`.
+at::Tensor make_local(const at::Tensor& global, const DeviceMesh& mesh,
+                      const std::vector<Placement>& placements) {
+  at::Tensor local = piece_of(global, mesh, placements, mesh.rank());
+  for (std::size_t i = 0; i < placements.size(); ++i) {
+    if (const auto* p = std::get_if<Partial>(&placements[i])) {
+      const int64_t c = mesh.coordinate(static_cast<int64_t>(i));
+      const int64_t n = mesh.size(static_cast<int64_t>(i));
+      if (p->op == ReduceOp::kSum || p->op == ReduceOp::kAvg) {
+        local = local * partial_weight(p->op, c, n);
+      } else {
+        // Every rank but one per element holds a smaller (max) / larger (min) value.
+        at::Tensor idx = at::arange(local.numel(), local.options()).view(local.sizes());
+        at::Tensor offset = at::remainder(idx + static_cast<double>(c), static_cast<double>(n));
+        local = p->op == ReduceOp::kMax ? local - offset : local + offset;
+      }
+    }
+  }
+  return local;
+}
+
+// d(value)/d(local) for the Partial dims of `placements`, times the incoming gradient piece.
+at::Tensor expected_grad(const at::Tensor& grad_global, const DeviceMesh& mesh,
+                         const std::vector<Placement>& placements) {
+  std::vector<Placement> layout = placements;
+  double scale = 1.0;
+  for (std::size_t i = 0; i < layout.size(); ++i) {
+    if (const auto* p = std::get_if<Partial>(&layout[i])) {
+      // The value is sum_c local_c (or that over n for avg): each local's weight in it.
+      if (p->op == ReduceOp::kAvg) scale /= static_cast<double>(mesh.size(static_cast<int64_t>(i)));
+      layout[i] = Replicate{};
+    }
+  }
+  return piece_of(grad_global, mesh, layout, mesh.rank()) * scale;
+}
+
+std::vector<std::vector<Placement>> all_layouts(int64_t mesh_ndim, bool with_partial,
+                                                ReduceOp op) {
+  std::vector<Placement> choices = {Replicate{}, Shard{0}, Shard{1}};
+  if (with_partial) choices.push_back(Partial{op});
+  std::vector<std::vector<Placement>> out = {{}};
+  for (int64_t d = 0; d < mesh_ndim; ++d) {
+    std::vector<std::vector<Placement>> next;
+    for (const auto& prefix : out) {
+      for (const Placement& c : choices) {
+        auto p = prefix;
+        p.push_back(c);
+        next.push_back(p);
+      }
+    }
+    out = next;
+  }
+  return out;
+}
+
+struct MeshCase {
+  std::vector<int64_t> shape;
+  std::vector<std::string> names;
+  ReduceOp op;
+};
+
+class RedistributeAllPairs : public ::testing::TestWithParam<MeshCase> {};
+
+TEST_P(RedistributeAllPairs, ValuesAndGradientsMatchOneProcess) {
+  const MeshCase& mc = GetParam();
+  int64_t world = 1;
+  for (int64_t s : mc.shape) world *= s;
+  run_local_ranks(static_cast<int>(world), [&](int rank) {
+    DeviceMesh mesh(mc.shape, mc.names);
+    const auto srcs = all_layouts(mesh.ndim(), true, mc.op);
+    const auto dsts = all_layouts(mesh.ndim(), false, mc.op);
+    // Even, uneven (torch.chunk: 5 over 4 -> 2,2,1,0) and smaller-than-mesh shapes.
+    const std::vector<std::vector<int64_t>> shapes = {{4, 8}, {5, 3}, {7, 2}};
+    for (const auto& shape : shapes) {
+      at::Tensor global = test::seeded_integers(shape, 11);
+      at::Tensor grad_global = test::seeded_integers(shape, 12);
+      for (const auto& src : srcs) {
+        for (const auto& dst : dsts) {
+          const std::string what = "shape " + test::text(shape) + " " + to_string(src) +
+                                   " -> " + to_string(dst) + " on rank " + std::to_string(rank);
+          at::Tensor local = make_local(global, mesh, src).requires_grad_(true);
+          DTensor x = DTensor::from_local(local, mesh, src, shape);
+          DTensor y = x.redistribute(dst);
+          ASSERT_EQ(y.sizes(), shape) << what;
+          ASSERT_EQ(y.placements(), dst) << what;
+          at::Tensor want = make_local(global, mesh, dst);
+          ASSERT_TRUE(at::equal(y.to_local(), want))
+              << what << "\n got " << y.to_local() << "\n want " << want;
+
+          const bool has_extreme = std::any_of(src.begin(), src.end(), [](const Placement& p) {
+            return is_partial(p) && (std::get<Partial>(p).op == ReduceOp::kMax ||
+                                     std::get<Partial>(p).op == ReduceOp::kMin);
+          });
+          if (has_extreme) continue;  // their gradient has its own test below
+          at::Tensor grad_in = piece_of(grad_global, mesh, dst, mesh.rank());
+          torch::autograd::backward({y.to_local()}, {grad_in});
+          ASSERT_TRUE(local.grad().defined()) << what;
+          at::Tensor want_grad = expected_grad(grad_global, mesh, src);
+          ASSERT_TRUE(at::allclose(local.grad(), want_grad, 0, 0))
+              << what << "\n got " << local.grad() << "\n want " << want_grad;
+        }
+      }
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Meshes, RedistributeAllPairs,
+    ::testing::Values(MeshCase{{2}, {"x"}, ReduceOp::kSum}, MeshCase{{4}, {"x"}, ReduceOp::kSum},
+                      MeshCase{{2, 2}, {"a", "b"}, ReduceOp::kSum},
+                      MeshCase{{2}, {"x"}, ReduceOp::kAvg},
+                      MeshCase{{2, 2}, {"a", "b"}, ReduceOp::kAvg},
+                      MeshCase{{4}, {"x"}, ReduceOp::kMax},
+                      MeshCase{{2, 2}, {"a", "b"}, ReduceOp::kMin}),
+    [](const ::testing::TestParamInfo<MeshCase>& info) {
+      std::string name;
+      for (int64_t s : info.param.shape) name += (name.empty() ? "" : "x") + std::to_string(s);
+      return name + "_" + to_string(info.param.op);
+    });
+
+TEST(Redistribute, UnevenRowsRoundTripExactly) {
+  // 5 rows over 4 ranks: 2, 2, 1, 0.
+  run_local_ranks(4, [](int rank) {
+    DeviceMesh mesh({4}, {"x"});
+    at::Tensor global = at::randn({5, 3}, at::TensorOptions().dtype(at::kFloat));
+    // The same tensor everywhere: broadcast rank 0's through a Replicate round trip.
+    global = DTensor::from_local(rank == 0 ? global : at::zeros_like(global), mesh,
+                                 {Partial{}}, std::vector<int64_t>{5, 3})
+                 .full_tensor();
+    DTensor x = DTensor::distribute(global, mesh, {Shard{0}});
+    const int64_t expected_rows[] = {2, 2, 1, 0};
+    EXPECT_EQ(x.to_local().size(0), expected_rows[rank]);
+    EXPECT_TRUE(at::equal(x.full_tensor(), global));
+    EXPECT_TRUE(at::equal(x.redistribute({Shard{1}}).redistribute({Shard{0}}).to_local(),
+                          x.to_local()));
+  });
+}
+
+TEST(Redistribute, PartialMaxGradientGoesToTheHolderSplitAmongTies) {
+  run_local_ranks(2, [](int rank) {
+    DeviceMesh mesh({2}, {"x"});
+    // Element 0: rank 0 holds the max; element 1: rank 1; element 2: a tie.
+    at::Tensor local = (rank == 0 ? at::tensor({5.0, 1.0, 4.0}) : at::tensor({2.0, 3.0, 4.0}))
+                           .requires_grad_(true);
+    DTensor x = DTensor::from_local(local, mesh, {Partial{ReduceOp::kMax}});
+    at::Tensor y = x.full_tensor();
+    EXPECT_TRUE(at::equal(y, at::tensor({5.0, 3.0, 4.0})));
+    torch::autograd::backward({y}, {at::tensor({10.0, 20.0, 30.0})});
+    const at::Tensor want = rank == 0 ? at::tensor({10.0, 0.0, 15.0}) : at::tensor({0.0, 20.0, 15.0});
+    EXPECT_TRUE(at::equal(local.grad(), want)) << local.grad();
+  });
+}
+
+TEST(Redistribute, ToPartialIsAnErrorThatSaysWhy) {
+  run_local_ranks(2, [](int) {
+    DeviceMesh mesh({2}, {"x"});
+    DTensor x = DTensor::distribute(at::ones({4}), mesh, {Replicate{}});
+    try {
+      x.redistribute({Partial{}});
+      FAIL();
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("Partial values arise from computation"),
+                std::string::npos)
+          << e.what();
+    }
+    DTensor p = DTensor::from_local(at::ones({4}), mesh, {Partial{ReduceOp::kSum}});
+    EXPECT_THROW(p.redistribute({Partial{ReduceOp::kMax}}), Error);
+    EXPECT_NO_THROW(p.redistribute({Partial{ReduceOp::kSum}}));
+  });
+}
+
+TEST(Redistribute, AvgOfIntegersIsRefused) {
+  run_local_ranks(2, [](int) {
+    DeviceMesh mesh({2}, {"x"});
+    DTensor p = DTensor::from_local(at::ones({4}, at::kLong), mesh, {Partial{ReduceOp::kAvg}});
+    EXPECT_THROW(p.full_tensor(), Error);
+  });
+}
+
+TEST(Redistribute, EveryCollectiveAlgorithmGivesTheSameResult) {
+  for (GatherAlgorithm gather :
+       {GatherAlgorithm::kPaddedAllReduce, GatherAlgorithm::kAllGather, GatherAlgorithm::kAllToAll}) {
+    for (ReduceScatterAlgorithm rs :
+         {ReduceScatterAlgorithm::kAllReduceSlice, ReduceScatterAlgorithm::kAllToAllSum}) {
+      DistributedOptions options;
+      options.gather = gather;
+      options.reduce_scatter = rs;
+      run_local_ranks(
+          4,
+          [](int rank) {
+            DeviceMesh mesh({4}, {"x"});
+            for (const std::vector<int64_t>& shape :
+                 std::vector<std::vector<int64_t>>{{8, 3}, {5, 3}, {3, 2}}) {
+              at::Tensor global = test::seeded_integers(shape, 3);
+              DTensor s = DTensor::distribute(global, mesh, {Shard{0}});
+              EXPECT_TRUE(at::equal(s.full_tensor(), global));
+              at::Tensor part = global * (rank == 0 ? 4.0 : -1.0);
+              DTensor p = DTensor::from_local(part, mesh, {Partial{}});
+              EXPECT_TRUE(at::equal(p.redistribute({Shard{0}}).to_local(),
+                                    piece_of(global, mesh, {Shard{0}}, rank)));
+              EXPECT_TRUE(at::equal(p.redistribute({Shard{1}}).to_local(),
+                                    piece_of(global, mesh, {Shard{1}}, rank)));
+              // Bool and integer tensors travel too.
+              at::Tensor flags = global.gt(0);
+              EXPECT_TRUE(at::equal(DTensor::distribute(flags, mesh, {Shard{0}}).full_tensor(),
+                                    flags));
+            }
+          },
+          options);
+    }
+  }
+}
+
+TEST(DTensorApi, ToLocalWithPartialGradPlacementsAllReducesInBackward) {
+  // Megatron's f: identity forward, all-reduce of the partial input gradients backward.
+  run_local_ranks(2, [](int rank) {
+    DeviceMesh mesh({2}, {"tp"});
+    at::Tensor x = at::tensor({1.0, 2.0}).requires_grad_(true);
+    DTensor dx = DTensor::from_local(x, mesh, {Replicate{}});
+    CommTrace trace;
+    at::Tensor local = dx.to_local({Partial{}});
+    EXPECT_EQ(trace.total_count(), 0);
+    torch::autograd::backward({local}, {at::tensor({1.0, 1.0}) * (rank + 1)});
+    EXPECT_TRUE(at::equal(x.grad(), at::tensor({3.0, 3.0})));
+    EXPECT_EQ(trace.count(Collective::kAllReduce, "tp"), 1);
+  });
+}
+
+TEST(DTensorApi, FromLocalChecksPieceSizes) {
+  run_local_ranks(4, [](int rank) {
+    DeviceMesh mesh({4}, {"x"});
+    const int64_t rows = rank < 2 ? 2 : (rank == 2 ? 1 : 0);
+    DTensor ok = DTensor::from_local(at::zeros({rows, 3}), mesh, {Shard{0}},
+                                     std::vector<int64_t>{5, 3});
+    EXPECT_EQ(ok.sizes(), (std::vector<int64_t>{5, 3}));
+    // Without a global shape, pieces are taken as even.
+    DTensor even = DTensor::from_local(at::zeros({2, 3}), mesh, {Shard{-2}});
+    EXPECT_EQ(even.sizes(), (std::vector<int64_t>{8, 3}));
+    EXPECT_EQ(std::get<Shard>(even.placements()[0]).dim, 0);
+    try {
+      DTensor::from_local(at::zeros({2, 3}), mesh, {Shard{0}}, std::vector<int64_t>{5, 3});
+      if (rank >= 2) FAIL();
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("rank " + std::to_string(rank) + " holds 2 of dim 0"),
+                std::string::npos)
+          << e.what();
+    }
+    EXPECT_THROW(DTensor::from_local(at::zeros({2}), mesh, {Shard{1}}), Error);
+    EXPECT_THROW(DTensor::from_local(at::zeros({2}), mesh, {Shard{0}, Replicate{}}), Error);
+    EXPECT_THROW(DTensor::distribute(at::zeros({2}), mesh, {Partial{}}), Error);
+  });
+}
+
+}  // namespace
+}  // namespace te
