@@ -140,9 +140,12 @@ TEST(RunLocalRanks, RethrowsTheFirstFailureAfterAllRanksFinish) {
           try {
             DTensor::from_local(at::ones({2}), mesh, {Partial{}}).full_tensor();
           } catch (const Error& e) {
-            EXPECT_NE(std::string(e.what()).find("all_reduce over mesh axis 'x'"),
+            const std::string msg = e.what();
+            EXPECT_NE(msg.find("all_reduce over mesh axis 'x' (ranks [0, 1, 2]) failed on rank " +
+                               std::to_string(rank) +
+                               ": missing rank 1 left with an error: rank 1 gave up"),
                       std::string::npos)
-                << e.what();
+                << msg;
             finished.fetch_add(1);
             throw;
           }

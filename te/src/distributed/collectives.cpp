@@ -36,11 +36,14 @@ void run(const Group& g, const char* what, Launch launch) {
   } catch (const te::Error&) {
     throw;
   } catch (const std::exception& e) {
+    const std::string missing = g.world ? g.world->describe_missing(g.ranks) : std::string();
     TE_FAIL(what, " over mesh axis '", g.axis, "' (ranks ", ranks_text(g), ") failed on rank ",
-            g.world_rank, ": a peer rank died or did not arrive within ",
-            g.options.timeout.count() / 1000.0,
-            " s (every rank must run the same collectives in the same order). c10d said: ",
-            e.what());
+            g.world_rank, ": ",
+            missing.empty() ? "a peer rank did not arrive within " +
+                                  std::to_string(g.options.timeout.count() / 1000.0) +
+                                  " s (every rank must run the same collectives in the same order)"
+                            : "missing " + missing,
+            ". c10d said: ", e.what());
   }
 }
 

@@ -19,12 +19,27 @@ namespace te::detail {
 
 using GlooGroup = c10::intrusive_ptr<c10d::ProcessGroupGloo>;
 
-/// One rank's membership of a world: its store, its world process group, and the counter that
-/// keeps collectively created sub-groups in step across ranks.
+/// One rank's membership of a world: its store, the counter that keeps collectively created
+/// sub-groups in step across ranks, and the liveness records that let a failed collective name
+/// the rank that is missing.
+///
+/// Store keys: joined/<r> when rank r has joined; left/<r> (the reason) when it left on an
+/// error; hb/<r>, a counter a heartbeat thread bumps every 250 ms (process worlds only).
 class World {
  public:
   World(c10::intrusive_ptr<c10d::Store> store, int rank, int size, DistributedOptions options,
-        std::string gloo_host);
+        std::string gloo_host, bool heartbeat);
+  ~World();
+  World(const World&) = delete;
+  World& operator=(const World&) = delete;
+
+  /// Blocks until every rank has joined; te::Error lists those that did not within the timeout.
+  void wait_for_all_ranks() const;
+  /// Records why this rank is leaving, for its peers' error messages (best effort).
+  void mark_left(const std::string& reason) const;
+  /// Which of `ranks` (other than this one) look missing, and why: never joined, left with an
+  /// error, or stopped responding (heartbeat stalled). Best effort; never throws.
+  std::string describe_missing(const std::vector<int64_t>& ranks) const;
 
   int rank() const { return rank_; }
   int size() const { return size_; }
@@ -42,6 +57,8 @@ class World {
   DistributedOptions options_;
   std::string gloo_host_;
   int64_t next_mesh_id_ = 0;
+  struct Heartbeat;
+  std::unique_ptr<Heartbeat> heartbeat_;
 };
 
 /// The world of this thread (run_local_ranks), else of the process (init_distributed), else null.
@@ -56,6 +73,7 @@ struct Group {
   std::vector<int64_t> ranks;  ///< world ranks of the row
   int64_t world_rank = 0;
   DistributedOptions options;
+  const World* world = nullptr;  ///< owned by the mesh state that owns this group
 };
 
 }  // namespace te::detail

@@ -77,6 +77,7 @@ DeviceMesh::DeviceMesh(std::vector<int64_t> shape, std::vector<std::string> axis
     g.ranks = row_ranks(state->shape, state->coords, state->rank, static_cast<int64_t>(d));
     g.world_rank = state->rank;
     if (state->world) g.options = state->world->options();
+    g.world = state->world.get();
     if (g.size > 1) {
       g.pg = state->world->create_group(
           "mesh" + std::to_string(mesh_id) + "/" + state->names[d], g.ranks);

@@ -3,6 +3,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdlib>
 #include <exception>
 #include <mutex>
@@ -47,13 +48,125 @@ DistributedOptions with_env_overrides(DistributedOptions options) {
 
 }  // namespace
 
+struct World::Heartbeat {
+  std::mutex mutex;
+  std::condition_variable wake;
+  bool stop = false;
+  std::thread thread;
+};
+
+namespace {
+constexpr auto kHeartbeatPeriod = std::chrono::milliseconds(250);
+std::string key(const char* what, int64_t rank) { return std::string(what) + std::to_string(rank); }
+}  // namespace
+
 World::World(c10::intrusive_ptr<c10d::Store> store, int rank, int size,
-             DistributedOptions options, std::string gloo_host)
+             DistributedOptions options, std::string gloo_host, bool heartbeat)
     : store_(std::move(store)),
       rank_(rank),
       size_(size),
       options_(options),
-      gloo_host_(std::move(gloo_host)) {}
+      gloo_host_(std::move(gloo_host)) {
+  store_->set(key("joined/", rank_), std::vector<uint8_t>{1});
+  if (!heartbeat) return;
+  heartbeat_ = std::make_unique<Heartbeat>();
+  heartbeat_->thread = std::thread([this, hb = heartbeat_.get()] {
+    std::unique_lock<std::mutex> lock(hb->mutex);
+    while (!hb->stop) {
+      lock.unlock();
+      try {
+        store_->add(key("hb/", rank_), 1);
+      } catch (const std::exception&) {
+        // The store is gone (rank 0 exited): nothing left to tell.
+      }
+      lock.lock();
+      hb->wake.wait_for(lock, kHeartbeatPeriod, [hb] { return hb->stop; });
+    }
+  });
+}
+
+World::~World() {
+  if (heartbeat_) {
+    {
+      std::lock_guard<std::mutex> lock(heartbeat_->mutex);
+      heartbeat_->stop = true;
+    }
+    heartbeat_->wake.notify_all();
+    heartbeat_->thread.join();
+  }
+}
+
+void World::wait_for_all_ranks() const {
+  std::vector<std::string> keys;
+  for (int r = 0; r < size_; ++r) keys.push_back(key("joined/", r));
+  try {
+    store_->wait(keys, options_.timeout);
+  } catch (const std::exception&) {
+    std::string missing;
+    for (int r = 0; r < size_; ++r) {
+      bool joined = false;
+      try {
+        joined = store_->check({key("joined/", r)});
+      } catch (const std::exception&) {
+      }
+      if (!joined) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+    }
+    TE_FAIL("rank ", rank_, ": rank(s) ", missing, " of ", size_, " did not join within ",
+            options_.timeout.count() / 1000.0,
+            " s; start every rank (te-run --nproc ", size_,
+            " starts them all), or raise the timeout (TE_DIST_TIMEOUT_S)");
+  }
+}
+
+void World::mark_left(const std::string& reason) const {
+  try {
+    const std::string text = reason.substr(0, 300);
+    store_->set(key("left/", rank_), std::vector<uint8_t>(text.begin(), text.end()));
+  } catch (const std::exception&) {
+  }
+}
+
+std::string World::describe_missing(const std::vector<int64_t>& ranks) const {
+  std::string out;
+  auto note = [&out](int64_t r, const std::string& why) {
+    out += (out.empty() ? "rank " : "; rank ") + std::to_string(r) + " " + why;
+  };
+  try {
+    // A peer that failed records why as it leaves, which may land just after our own error:
+    // look a few times before calling it silent.
+    std::vector<int64_t> silent;
+    for (int attempt = 0; attempt < 4 && out.empty(); ++attempt) {
+      if (attempt > 0) std::this_thread::sleep_for(kHeartbeatPeriod);
+      silent.clear();
+      for (int64_t r : ranks) {
+        if (r == rank_) continue;
+        if (!store_->check({key("joined/", r)})) {
+          note(r, "never joined");
+        } else if (store_->check({key("left/", r)})) {
+          const auto bytes = store_->get(key("left/", r));
+          note(r, "left with an error: " + std::string(bytes.begin(), bytes.end()));
+        } else {
+          silent.push_back(r);
+        }
+      }
+    }
+    if (out.empty() && heartbeat_ && !silent.empty()) {
+      // A live rank's heartbeat advances within a few periods; a dead one's does not.
+      std::vector<int64_t> before;
+      for (int64_t r : silent) before.push_back(store_->add(key("hb/", r), 0));
+      std::this_thread::sleep_for(kHeartbeatPeriod * 6);
+      for (std::size_t i = 0; i < silent.size(); ++i) {
+        if (store_->add(key("hb/", silent[i]), 0) == before[i]) {
+          note(silent[i], "stopped responding (its process died or hangs)");
+        }
+      }
+    }
+  } catch (const std::exception&) {
+    out += (out.empty() ? "" : "; ") +
+           std::string("the store is unreachable, so rank 0 (which hosts it) is gone");
+  }
+  return out;
+}
 
 GlooGroup World::create_group(const std::string& key, const std::vector<int64_t>& ranks) const {
   const auto it = std::find(ranks.begin(), ranks.end(), int64_t{rank_});
@@ -72,10 +185,11 @@ GlooGroup World::create_group(const std::string& key, const std::vector<int64_t>
   } catch (const te::Error&) {
     throw;
   } catch (const std::exception& e) {
+    const std::string missing = describe_missing(ranks);
     TE_FAIL("rank ", rank_, " could not connect the process group of ranks [", join(ranks),
-            "] (", key, ") within ", options_.timeout.count() / 1000.0,
-            " s: a peer rank did not join or died; check that every rank constructs the same "
-            "meshes in the same order. c10d said: ",
+            "] (", key, ") within ", options_.timeout.count() / 1000.0, " s: ",
+            missing.empty() ? std::string("a peer rank did not join") : "missing " + missing,
+            "; every rank must construct the same meshes in the same order. c10d said: ",
             e.what());
   }
 }
@@ -141,7 +255,8 @@ void init_distributed(const DistributedOptions& options_in) {
   store_options.port = port;
   store_options.isServer = rank == 0;
   store_options.numWorkers = static_cast<std::size_t>(size);
-  store_options.waitWorkers = true;
+  // Joining is checked below with per-rank keys, which can say who is missing.
+  store_options.waitWorkers = false;
   store_options.timeout = options.timeout;
   c10::intrusive_ptr<c10d::Store> store;
   try {
@@ -154,7 +269,8 @@ void init_distributed(const DistributedOptions& options_in) {
   const bool loopback = addr == "127.0.0.1" || addr == "localhost" || addr == "::1";
   auto world = std::make_shared<detail::World>(
       c10::make_intrusive<c10d::PrefixStore>("te", store), rank, size, options,
-      loopback ? "127.0.0.1" : std::string());
+      loopback ? "127.0.0.1" : std::string(), /*heartbeat=*/true);
+  world->wait_for_all_ranks();
   pw.world = std::move(world);
 }
 
@@ -180,9 +296,19 @@ void run_local_ranks(int world_size, const std::function<void(int rank)>& fn,
       try {
         ShardingContextScope scope(context);
         detail::tls_world = std::make_shared<detail::World>(store, rank, world_size, options,
-                                                            "127.0.0.1");
+                                                            "127.0.0.1", /*heartbeat=*/false);
         fn(rank);
       } catch (...) {
+        if (detail::tls_world) {
+          std::string reason = "unknown exception";
+          try {
+            throw;
+          } catch (const std::exception& e) {
+            reason = e.what();
+          } catch (...) {
+          }
+          detail::tls_world->mark_left(reason);
+        }
         std::lock_guard<std::mutex> lock(mutex);
         if (!first) first = std::current_exception();
       }

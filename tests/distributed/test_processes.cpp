@@ -1,0 +1,108 @@
+// Ranks as processes: te-run starts them, init_distributed joins them over a TCP store on
+// loopback. Checks values across processes, the launcher's contract, and faults.
+
+#include <gtest/gtest.h>
+
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <sys/wait.h>
+
+namespace {
+
+struct Result {
+  int status = -1;
+  std::string output;
+  double seconds = 0;
+};
+
+Result run(const std::string& command) {
+  Result r;
+  const auto start = std::chrono::steady_clock::now();
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return r;
+  std::array<char, 4096> buf{};
+  while (fgets(buf.data(), buf.size(), pipe) != nullptr) r.output += buf.data();
+  const int status = pclose(pipe);
+  r.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return r;
+}
+
+const std::string kRun = TE_RUN_PATH;
+const std::string kWorker = TE_WORKER_PATH;
+
+TEST(Processes, TwoAndFourRanksAgreeWithOneProcessMath) {
+  for (int n : {2, 4}) {
+    const Result r = run(kRun + " --nproc " + std::to_string(n) + " -- " + kWorker + " check");
+    EXPECT_EQ(r.status, 0) << r.output;
+    for (int k = 0; k < n; ++k) {
+      const std::string line =
+          "[rank " + std::to_string(k) + "] rank " + std::to_string(k) + " of " +
+          std::to_string(n) + " ok";
+      EXPECT_NE(r.output.find(line), std::string::npos) << r.output;
+    }
+  }
+}
+
+TEST(Processes, AKilledRankIsNamedByTheSurvivorsWithinTheTimeout) {
+  const Result r = run("TE_DIST_TIMEOUT_S=20 " + kRun + " --nproc 3 --grace 15 -- " + kWorker +
+                       " die");
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("te-run: rank 1 was killed by signal 9; stopping the other ranks"),
+            std::string::npos)
+      << r.output;
+  for (int k : {0, 2}) {
+    const std::string line = "[rank " + std::to_string(k) + "] rank " + std::to_string(k) +
+                             " error: all_reduce over mesh axis 'x' (ranks [0, 1, 2]) failed on "
+                             "rank " + std::to_string(k) + ": missing rank 1 stopped responding";
+    EXPECT_NE(r.output.find(line), std::string::npos) << r.output;
+  }
+  EXPECT_LT(r.seconds, 20.0) << r.output;
+}
+
+TEST(Processes, LauncherStopsTheOthersAndReturnsTheFailedStatus) {
+  // Rank 1 exits 7 while ranks 0 and 2 wait in a collective; with a short grace they are
+  // stopped (or fail on their own) and te-run returns 7.
+  const Result r =
+      run("TE_DIST_TIMEOUT_S=60 " + kRun + " --nproc 3 --grace 1 -- " + kWorker + " exit 7");
+  EXPECT_EQ(r.status, 7) << r.output;
+  EXPECT_NE(r.output.find("te-run: rank 1 exited with status 7"), std::string::npos) << r.output;
+  EXPECT_LT(r.seconds, 30.0) << r.output;
+}
+
+TEST(Processes, ARankThatNeverJoinsIsNamed) {
+  // Only rank 0 of 2 starts: it hosts the store and waits for rank 1 until the timeout.
+  const Result r = run("RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29731 "
+                       "TE_DIST_TIMEOUT_S=2 " + kWorker + " check");
+  EXPECT_EQ(r.status, 4) << r.output;
+  EXPECT_NE(r.output.find("rank 0: rank(s) 1 of 2 did not join within 2 s"), std::string::npos)
+      << r.output;
+  EXPECT_LT(r.seconds, 15.0);
+}
+
+TEST(Processes, MissingEnvironmentIsReported) {
+  const Result r = run("env -u RANK -u WORLD_SIZE " + kWorker + " check");
+  EXPECT_EQ(r.status, 4) << r.output;
+  EXPECT_NE(r.output.find("RANK and WORLD_SIZE"), std::string::npos) << r.output;
+  const Result bad = run("RANK=3 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 " + kWorker);
+  EXPECT_NE(bad.output.find("RANK='3' is not an integer in [0, 1]"), std::string::npos)
+      << bad.output;
+}
+
+TEST(Processes, LauncherPrefixesAndPassesArguments) {
+  const Result r = run(kRun + " --nproc 2 -- sh -c 'echo rank=$RANK of $WORLD_SIZE local=$LOCAL_RANK "
+                              "at $MASTER_ADDR:$MASTER_PORT'");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("[rank 0] rank=0 of 2 local=0 at 127.0.0.1:"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("[rank 1] rank=1 of 2 local=1 at 127.0.0.1:"), std::string::npos)
+      << r.output;
+  const Result missing = run(kRun + " --nproc 1 -- /nonexistent/program");
+  EXPECT_EQ(missing.status, 127) << missing.output;
+  EXPECT_NE(missing.output.find("cannot run /nonexistent/program"), std::string::npos);
+}
+
+}  // namespace

@@ -1,0 +1,97 @@
+// A rank program for the process tests, started by te-run (or directly with RANK etc. set).
+//   te_dist_worker check   every transition on a {world} mesh (and {2, world/2}), against
+//                          one-process math, values and gradients
+//   te_dist_worker die     rank 1 kills itself (SIGKILL) while the others enter an all-reduce
+//   te_dist_worker exit N  rank 1 exits with status N, the others wait in a collective
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <csignal>
+#include <cstdlib>
+#include <iostream>
+#include <string>
+#include <thread>
+
+#include "dist_test_util.h"
+#include "te/distributed.h"
+
+namespace {
+
+int check() {
+  const int rank = te::world_rank();
+  const int world = te::world_size();
+  te::DeviceMesh flat({world}, {"x"});
+  for (const std::vector<int64_t>& shape :
+       std::vector<std::vector<int64_t>>{{8, 4}, {5, 3}, {3, 2}}) {
+    const at::Tensor global = te::test::seeded_integers(shape, 7);
+    const at::Tensor grad = te::test::seeded_integers(shape, 8);
+    for (const te::Placement& src : {te::Placement{te::Shard{0}}, te::Placement{te::Shard{1}},
+                                     te::Placement{te::Replicate{}}}) {
+      for (const te::Placement& dst : {te::Placement{te::Shard{0}}, te::Placement{te::Shard{1}},
+                                       te::Placement{te::Replicate{}}}) {
+        at::Tensor local =
+            te::test::piece_of(global, flat, {src}, rank).clone().requires_grad_(true);
+        te::DTensor x = te::DTensor::from_local(local, flat, {src}, shape);
+        te::DTensor y = x.redistribute({dst});
+        TE_CHECK(at::equal(y.to_local(), te::test::piece_of(global, flat, {dst}, rank)),
+                 "value mismatch ", te::to_string(src), " -> ", te::to_string(dst));
+        torch::autograd::backward({y.to_local()}, {te::test::piece_of(grad, flat, {dst}, rank)});
+        TE_CHECK(at::equal(local.grad(), te::test::piece_of(grad, flat, {src}, rank)),
+                 "gradient mismatch ", te::to_string(src), " -> ", te::to_string(dst));
+      }
+    }
+    // Partial sum -> Shard / Replicate.
+    at::Tensor part = global * (rank == 0 ? static_cast<double>(world) : 0.0) -
+                      global * (rank == 0 ? static_cast<double>(world - 1) : -1.0);
+    te::DTensor p = te::DTensor::from_local(part, flat, {te::Partial{}});
+    TE_CHECK(at::equal(p.full_tensor(), global * world), "partial sum mismatch");
+  }
+  if (world % 2 == 0 && world > 2) {
+    te::DeviceMesh grid({2, world / 2}, {"data", "model"});
+    const at::Tensor global = te::test::seeded_integers({6, 4}, 9);
+    te::DTensor x = te::DTensor::distribute(global, grid, {te::Shard{0}, te::Shard{1}});
+    TE_CHECK(at::equal(x.redistribute({te::Shard{1}, te::Shard{0}}).full_tensor(), global),
+             "2-D mesh round trip mismatch");
+  }
+  std::cout << "rank " << rank << " of " << world << " ok" << std::endl;
+  return 0;
+}
+
+int die_or_exit(bool die, int status) {
+  const int rank = te::world_rank();
+  te::DeviceMesh mesh({te::world_size()}, {"x"});
+  at::Tensor one = at::ones({1024});
+  // Everybody is connected and has run one collective before the failure.
+  te::DTensor::from_local(one, mesh, {te::Partial{}}).full_tensor();
+  if (rank == 1) {
+    std::cout << "rank 1 leaving" << std::endl;
+    if (die) std::raise(SIGKILL);
+    std::exit(status);
+  }
+  try {
+    te::DTensor::from_local(one, mesh, {te::Partial{}}).full_tensor();
+  } catch (const te::Error& e) {
+    std::cout << "rank " << rank << " error: " << e.what() << std::endl;
+    return 3;
+  }
+  std::cout << "rank " << rank << " finished without noticing" << std::endl;
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "check";
+  try {
+    te::init_distributed();
+    if (mode == "check") return check();
+    if (mode == "die") return die_or_exit(true, 0);
+    if (mode == "exit") return die_or_exit(false, argc > 2 ? std::atoi(argv[2]) : 1);
+    std::cerr << "unknown mode " << mode << "\n";
+    return 2;
+  } catch (const te::Error& e) {
+    std::cout << "rank " << te::world_rank() << " error: " << e.what() << std::endl;
+    return 4;
+  }
+}

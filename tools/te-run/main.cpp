@@ -1,0 +1,223 @@
+// te-run: starts N ranks of a program on this machine the way torchrun does (RANK, WORLD_SIZE,
+// LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), prefixes each rank's output lines,
+// and when one rank fails stops the others and exits with that rank's status.
+
+#include <CLI/CLI.hpp>
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <string>
+#include <vector>
+
+namespace {
+
+volatile sig_atomic_t g_interrupted = 0;
+void on_signal(int sig) { g_interrupted = sig; }
+
+// A port the kernel considers free right now on loopback.
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  int port = -1;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  ::close(fd);
+  return port;
+}
+
+struct Rank {
+  int index = 0;
+  pid_t pid = -1;
+  int out_fd = -1;      // read end of the rank's merged stdout + stderr
+  std::string pending;  // a partial line not yet printed
+  bool running = true;
+  int status = 0;       // exit code, or 128 + signal
+};
+
+void emit(const Rank& r, const std::string& line, bool prefix) {
+  std::string text = prefix ? "[rank " + std::to_string(r.index) + "] " + line : line;
+  text += '\n';
+  // One write per line keeps lines of different ranks from interleaving.
+  ssize_t off = 0;
+  while (off < static_cast<ssize_t>(text.size())) {
+    const ssize_t n = ::write(STDOUT_FILENO, text.data() + off, text.size() - off);
+    if (n <= 0) break;
+    off += n;
+  }
+}
+
+void drain(Rank& r, bool prefix, bool final) {
+  char buf[65536];
+  while (true) {
+    const ssize_t n = ::read(r.out_fd, buf, sizeof(buf));
+    if (n <= 0) break;
+    r.pending.append(buf, static_cast<std::size_t>(n));
+    std::size_t nl;
+    while ((nl = r.pending.find('\n')) != std::string::npos) {
+      emit(r, r.pending.substr(0, nl), prefix);
+      r.pending.erase(0, nl + 1);
+    }
+  }
+  if (final && !r.pending.empty()) {
+    emit(r, r.pending, prefix);
+    r.pending.clear();
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "te-run: start N ranks of a program on this machine (the torchrun contract).\n\n"
+      "Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1 and\n"
+      "MASTER_PORT (a free port unless --master-port is given); te::init_distributed() reads\n"
+      "them. Output lines are prefixed with [rank k]. When a rank fails, the others have\n"
+      "--grace seconds to stop on their own (reporting the failure), then get SIGTERM, then\n"
+      "SIGKILL after --grace more; te-run exits with the failed rank's status.\n\n"
+      "Example:\n  te-run --nproc 2 -- ./build/examples/encoder/te-encoder --mesh data=2"};
+  int nproc = 1;
+  int master_port = 0;
+  double grace = 5.0;
+  bool no_prefix = false;
+  std::vector<std::string> command;
+  app.add_option("--nproc,-n", nproc, "number of ranks to start")->required()->check(
+      CLI::Range(1, 1024));
+  app.add_option("--master-port", master_port, "rendezvous port (default: a free one)")
+      ->check(CLI::Range(1, 65535));
+  app.add_option("--grace", grace, "seconds before SIGTERM, and again before SIGKILL, when stopping")
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--no-prefix", no_prefix, "print rank output as it is");
+  app.add_option("command", command, "the program and its arguments (after --)")->required();
+  CLI11_PARSE(app, argc, argv);
+
+  if (master_port == 0) master_port = free_port();
+  if (master_port <= 0) {
+    std::cerr << "te-run: could not find a free port on 127.0.0.1; pass --master-port\n";
+    return 2;
+  }
+
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+
+  std::vector<Rank> ranks(static_cast<std::size_t>(nproc));
+  for (int i = 0; i < nproc; ++i) {
+    int fds[2];
+    if (::pipe(fds) != 0) {
+      std::perror("te-run: pipe");
+      return 2;
+    }
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+      std::perror("te-run: fork");
+      return 2;
+    }
+    if (pid == 0) {
+      ::dup2(fds[1], STDOUT_FILENO);
+      ::dup2(fds[1], STDERR_FILENO);
+      ::close(fds[0]);
+      ::close(fds[1]);
+      ::setenv("RANK", std::to_string(i).c_str(), 1);
+      ::setenv("LOCAL_RANK", std::to_string(i).c_str(), 1);
+      ::setenv("WORLD_SIZE", std::to_string(nproc).c_str(), 1);
+      ::setenv("LOCAL_WORLD_SIZE", std::to_string(nproc).c_str(), 1);
+      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+      ::setenv("MASTER_PORT", std::to_string(master_port).c_str(), 1);
+      std::vector<char*> args;
+      for (std::string& a : command) args.push_back(a.data());
+      args.push_back(nullptr);
+      ::execvp(args[0], args.data());
+      std::fprintf(stderr, "te-run: cannot run %s: %s\n", args[0], std::strerror(errno));
+      ::_exit(127);
+    }
+    ::close(fds[1]);
+    ::fcntl(fds[0], F_SETFL, ::fcntl(fds[0], F_GETFL) | O_NONBLOCK);
+    ranks[static_cast<std::size_t>(i)] = Rank{i, pid, fds[0], {}, true, 0};
+  }
+
+  int failed = -1;  // the first rank that failed; -2: te-run was interrupted
+  // Stopping: first the survivors get `grace` seconds to fail on their own (a library error
+  // naming the missing rank is worth more than a SIGTERM), then SIGTERM, then SIGKILL.
+  enum class Stop { kNone, kWaiting, kTerminated, kKilled } stop = Stop::kNone;
+  auto deadline = std::chrono::steady_clock::time_point::max();
+  const auto grace_period = std::chrono::milliseconds(static_cast<int64_t>(grace * 1000));
+  auto stop_all = [&](int sig) {
+    for (Rank& r : ranks) {
+      if (r.running) ::kill(r.pid, sig);
+    }
+  };
+
+  while (true) {
+    std::vector<pollfd> fds;
+    for (Rank& r : ranks) {
+      if (r.out_fd >= 0) fds.push_back({r.out_fd, POLLIN, 0});
+    }
+    if (!fds.empty()) ::poll(fds.data(), fds.size(), 100);
+    for (Rank& r : ranks) {
+      if (r.out_fd >= 0) drain(r, !no_prefix, false);
+    }
+    bool any_running = false;
+    for (Rank& r : ranks) {
+      if (!r.running) continue;
+      int status = 0;
+      const pid_t done = ::waitpid(r.pid, &status, WNOHANG);
+      if (done == r.pid) {
+        r.running = false;
+        r.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        drain(r, !no_prefix, true);
+        ::close(r.out_fd);
+        r.out_fd = -1;
+        if (r.status != 0 && failed < 0) {
+          failed = r.index;
+          std::cerr << "te-run: rank " << r.index
+                    << (WIFEXITED(status) ? " exited with status " : " was killed by signal ")
+                    << (WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status))
+                    << "; stopping the other ranks\n";
+        }
+      } else {
+        any_running = true;
+      }
+    }
+    if (!any_running) break;
+    const auto now = std::chrono::steady_clock::now();
+    if (g_interrupted && stop < Stop::kTerminated) {
+      std::cerr << "te-run: interrupted; stopping the ranks\n";
+      if (failed < 0) failed = -2;
+      stop_all(SIGTERM);
+      stop = Stop::kTerminated;
+      deadline = now + grace_period;
+    } else if (failed >= 0 && stop == Stop::kNone) {
+      stop = Stop::kWaiting;
+      deadline = now + grace_period;
+    } else if (stop == Stop::kWaiting && now > deadline) {
+      stop_all(SIGTERM);
+      stop = Stop::kTerminated;
+      deadline = now + grace_period;
+    } else if (stop == Stop::kTerminated && now > deadline) {
+      stop_all(SIGKILL);
+      stop = Stop::kKilled;
+    }
+  }
+  if (failed == -2) return 130;
+  if (failed >= 0) return ranks[static_cast<std::size_t>(failed)].status;
+  return 0;
+}
