@@ -209,8 +209,8 @@ TEST(Redistribute, EveryCollectiveAlgorithmGivesTheSameResult) {
     for (ReduceScatterAlgorithm rs :
          {ReduceScatterAlgorithm::kAllReduceSlice, ReduceScatterAlgorithm::kAllToAllSum}) {
       DistributedOptions options;
-      options.gather = gather;
-      options.reduce_scatter = rs;
+      options.algorithms.gather = gather;
+      options.algorithms.reduce_scatter = rs;
       run_local_ranks(
           4,
           [](int rank) {

@@ -12,7 +12,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -89,7 +91,7 @@ int main(int argc, char** argv) {
       "te-run: start N ranks of a program on this machine (the torchrun contract).\n\n"
       "Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1 and\n"
       "MASTER_PORT (a free port unless --master-port is given); te::init_distributed() reads\n"
-      "them. Output lines are prefixed with [rank k]. When a rank fails, the others have\n"
+      "them, and OMP_NUM_THREADS (cores / N) unless it is set. Output lines are prefixed with [rank k]. When a rank fails, the others have\n"
       "--grace seconds to stop on their own (reporting the failure), then get SIGTERM, then\n"
       "SIGKILL after --grace more; te-run exits with the failed rank's status.\n\n"
       "Example:\n  te-run --nproc 2 -- ./build/examples/encoder/te-encoder --mesh data=2"};
@@ -142,6 +144,11 @@ int main(int argc, char** argv) {
       ::setenv("LOCAL_WORLD_SIZE", std::to_string(nproc).c_str(), 1);
       ::setenv("MASTER_ADDR", "127.0.0.1", 1);
       ::setenv("MASTER_PORT", std::to_string(master_port).c_str(), 1);
+      // N ranks share the cores: without a choice of the user's, each gets cores / N threads.
+      if (std::getenv("OMP_NUM_THREADS") == nullptr) {
+        const long cores = ::sysconf(_SC_NPROCESSORS_ONLN);
+        ::setenv("OMP_NUM_THREADS", std::to_string(std::max(1L, cores / nproc)).c_str(), 1);
+      }
       std::vector<char*> args;
       for (std::string& a : command) args.push_back(a.data());
       args.push_back(nullptr);

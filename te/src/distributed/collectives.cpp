@@ -40,7 +40,7 @@ void run(const Group& g, const char* what, Launch launch) {
     TE_FAIL(what, " over mesh axis '", g.axis, "' (ranks ", ranks_text(g), ") failed on rank ",
             g.world_rank, ": ",
             missing.empty() ? "a peer rank did not arrive within " +
-                                  std::to_string(g.options.timeout.count() / 1000.0) +
+                                  std::to_string(g.timeout.count() / 1000.0) +
                                   " s (every rank must run the same collectives in the same order)"
                             : "missing " + missing,
             ". c10d said: ", e.what());
@@ -114,7 +114,7 @@ at::Tensor all_gather(const Group& g, const at::Tensor& local_in, int64_t dim, i
   const at::ScalarType dtype = local.scalar_type();
   at::Tensor out;
   std::string primitive;
-  switch (g.options.gather) {
+  switch (g.algorithms.gather) {
     case GatherAlgorithm::kPaddedAllReduce: {
       // Zeros everywhere but this rank's chunk; the sum is the concatenation (x + 0 == x).
       out = at::zeros(full_shape, local.options());
@@ -191,7 +191,7 @@ at::Tensor reduce_scatter(const Group& g, const at::Tensor& t, ReduceOp op, int6
   const at::ScalarType dtype = t.scalar_type();
   at::Tensor out;
   std::string primitive;
-  switch (g.options.reduce_scatter) {
+  switch (g.algorithms.reduce_scatter) {
     case ReduceScatterAlgorithm::kAllReduceSlice: {
       at::Tensor reduced = reducible(t).contiguous().clone();
       allreduce_inplace(g, reduced, c10d::ReduceOp::SUM, "reduce_scatter");

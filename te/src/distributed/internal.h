@@ -72,7 +72,8 @@ struct Group {
   std::string axis;
   std::vector<int64_t> ranks;  ///< world ranks of the row
   int64_t world_rank = 0;
-  DistributedOptions options;
+  std::chrono::milliseconds timeout{0};
+  CollectiveAlgorithms algorithms;
   const World* world = nullptr;  ///< owned by the mesh state that owns this group
 };
 

@@ -34,7 +34,8 @@ std::vector<const DeviceMesh*>& mesh_stack() {
 
 }  // namespace
 
-DeviceMesh::DeviceMesh(std::vector<int64_t> shape, std::vector<std::string> axis_names) {
+DeviceMesh::DeviceMesh(std::vector<int64_t> shape, std::vector<std::string> axis_names,
+                       std::optional<CollectiveAlgorithms> algorithms) {
   TE_CHECK(!shape.empty(), "DeviceMesh: the shape is empty; give at least one axis, e.g. "
                            "DeviceMesh({world_size()}, {\"data\"})");
   TE_CHECK(shape.size() == axis_names.size(), "DeviceMesh: ", shape.size(), " sizes but ",
@@ -76,7 +77,11 @@ DeviceMesh::DeviceMesh(std::vector<int64_t> shape, std::vector<std::string> axis
     g.axis = state->names[d];
     g.ranks = row_ranks(state->shape, state->coords, state->rank, static_cast<int64_t>(d));
     g.world_rank = state->rank;
-    if (state->world) g.options = state->world->options();
+    if (state->world) {
+      g.timeout = state->world->options().timeout;
+      g.algorithms = state->world->options().algorithms;
+    }
+    if (algorithms) g.algorithms = *algorithms;
     g.world = state->world.get();
     if (g.size > 1) {
       g.pg = state->world->create_group(

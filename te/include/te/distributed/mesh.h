@@ -4,8 +4,11 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "te/distributed/world.h"
 
 namespace te {
 
@@ -15,10 +18,12 @@ struct MeshState;
 
 /// DeviceMesh({2, 2}, {"data", "model"}): rank r sits at coordinates (r / 2, r % 2). Created
 /// collectively: every rank of the world constructs the same meshes in the same order. The
-/// product of the shape must equal the world size (1 when not distributed).
+/// product of the shape must equal the world size (1 when not distributed). `algorithms`
+/// overrides the world's choice of primitives for this mesh.
 class DeviceMesh {
  public:
-  DeviceMesh(std::vector<int64_t> shape, std::vector<std::string> axis_names);
+  DeviceMesh(std::vector<int64_t> shape, std::vector<std::string> axis_names,
+             std::optional<CollectiveAlgorithms> algorithms = std::nullopt);
 
   int64_t ndim() const;
   /// The number of ranks in the mesh.

@@ -21,12 +21,18 @@ enum class ReduceScatterAlgorithm {
   kAllToAllSum,     ///< alltoall_base the chunks, reduce locally
 };
 
+/// The primitives behind all-gather and reduce-scatter (all-reduce and all-to-all are direct).
+struct CollectiveAlgorithms {
+  GatherAlgorithm gather = GatherAlgorithm::kPaddedAllReduce;
+  ReduceScatterAlgorithm reduce_scatter = ReduceScatterAlgorithm::kAllReduceSlice;
+};
+
 struct DistributedOptions {
   /// How long a collective (or joining the group) may wait for a peer before failing with
   /// te::Error. Overridden by TE_DIST_TIMEOUT_S when set.
   std::chrono::milliseconds timeout = std::chrono::seconds(120);
-  GatherAlgorithm gather = GatherAlgorithm::kPaddedAllReduce;
-  ReduceScatterAlgorithm reduce_scatter = ReduceScatterAlgorithm::kAllReduceSlice;
+  /// The default for every mesh of this world (a DeviceMesh may override it).
+  CollectiveAlgorithms algorithms;
 };
 
 /// Joins the process group described by the environment: RANK, WORLD_SIZE, MASTER_ADDR,
