@@ -150,6 +150,17 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   mesh();
   plain_group();
+  // Warm up every group (Gloo connects and caches algorithms on first use).
+  for (auto g : {te::GatherAlgorithm::kPaddedAllReduce, te::GatherAlgorithm::kAllGather,
+                 te::GatherAlgorithm::kAllToAll}) {
+    for (auto r : {te::ReduceScatterAlgorithm::kAllReduceSlice,
+                   te::ReduceScatterAlgorithm::kAllToAllSum}) {
+      te::DTensor x = te::DTensor::from_local(global_of(1), mesh(g, r), {te::Partial{}});
+      x.redistribute({te::Shard{0}}).redistribute({te::Shard{1}}).full_tensor();
+    }
+  }
+  std::vector<at::Tensor> warm{global_of(1)};
+  plain_group().allreduce(warm)->wait();
   if (te::world_rank() == 0) {
     benchmark::RunSpecifiedBenchmarks();
   } else {

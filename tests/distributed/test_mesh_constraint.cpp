@@ -6,6 +6,7 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include <atomic>
+#include <thread>
 
 #include "dist_test_util.h"
 #include "te/distributed.h"
@@ -156,6 +157,30 @@ TEST(RunLocalRanks, RethrowsTheFirstFailureAfterAllRanksFinish) {
     EXPECT_STREQ(e.what(), "rank 1 gave up");
   }
   EXPECT_EQ(finished.load(), 3);
+}
+
+TEST(RunLocalRanks, ACapturedContextCarriesRankMeshAndRulesIntoAWorker) {
+  run_local_ranks(2, [](int rank) {
+    DeviceMesh mesh({2}, {"data"});
+    MeshScope scope(mesh);
+    AxisRulesScope rules(parse_axis_rules("batch=data"));
+    const DistributedContext context = capture_distributed_context();
+    at::Tensor result;
+    std::thread worker([&] {
+      EXPECT_EQ(current_mesh(), nullptr);  // a new thread starts bare
+      DistributedContextScope in(context);
+      EXPECT_EQ(world_rank(), rank);
+      EXPECT_EQ(*current_mesh(), mesh);
+      DTensor x = DTensor::distribute(seeded_integers({4, 2}, 9), mesh, {Replicate{}});
+      result = with_sharding_constraint(x, {"batch", std::nullopt}).to_local();
+    });
+    worker.join();
+    EXPECT_TRUE(at::equal(result, piece_of(seeded_integers({4, 2}, 9), mesh, {Shard{0}}, rank)));
+    // An empty context masks the thread's own.
+    DistributedContextScope none(DistributedContext{});
+    EXPECT_EQ(current_mesh(), nullptr);
+    EXPECT_TRUE(current_axis_rules().empty());
+  });
 }
 
 // ---- CommTrace: exact counts and bytes per transition ------------------------------------------

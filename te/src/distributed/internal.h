@@ -63,6 +63,10 @@ class World {
 
 /// The world of this thread (run_local_ranks), else of the process (init_distributed), else null.
 std::shared_ptr<World> current_world();
+/// This thread's own world (null when it uses the process's); set_thread_world returns the
+/// previous one.
+std::shared_ptr<World> thread_world();
+std::shared_ptr<World> set_thread_world(std::shared_ptr<World> world);
 
 /// This rank's row of one mesh dim: who is in it and the process group that connects them.
 struct Group {

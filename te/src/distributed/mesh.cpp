@@ -161,4 +161,34 @@ const DeviceMesh* current_mesh() {
   return stack.empty() ? nullptr : stack.back();
 }
 
+DistributedContext capture_distributed_context() {
+  DistributedContext context;
+  context.sharding = capture_sharding_context();
+  if (const DeviceMesh* mesh = current_mesh()) context.mesh = *mesh;
+  context.world = detail::current_world();
+  return context;
+}
+
+DistributedContextScope::DistributedContextScope(const DistributedContext& context)
+    : sharding_(context.sharding),
+      previous_world_(
+          detail::set_thread_world(std::static_pointer_cast<detail::World>(context.world))) {
+  if (context.mesh) {
+    mesh_.emplace(*context.mesh);
+  } else {
+    mesh_stack().push_back(nullptr);  // no mesh there: none here either
+  }
+}
+
+DistributedContextScope::~DistributedContextScope() {
+  if (mesh_) {
+    mesh_.reset();
+  } else {
+    auto& stack = mesh_stack();
+    auto it = std::find(stack.rbegin(), stack.rend(), nullptr);
+    if (it != stack.rend()) stack.erase(std::next(it).base());
+  }
+  detail::set_thread_world(std::static_pointer_cast<detail::World>(previous_world_));
+}
+
 }  // namespace te

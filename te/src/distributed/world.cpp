@@ -194,6 +194,13 @@ GlooGroup World::create_group(const std::string& key, const std::vector<int64_t>
   }
 }
 
+std::shared_ptr<World> thread_world() { return tls_world; }
+
+std::shared_ptr<World> set_thread_world(std::shared_ptr<World> world) {
+  std::swap(world, tls_world);
+  return world;
+}
+
 std::shared_ptr<World> current_world() {
   if (tls_world) return tls_world;
   ProcessWorld& pw = process_world();

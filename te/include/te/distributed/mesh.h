@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "te/distributed/world.h"
+#include "te/sharding/context.h"
 
 namespace te {
 
@@ -73,5 +74,34 @@ class MeshScope {
 
 /// The innermost MeshScope's mesh on this thread, or nullptr.
 const DeviceMesh* current_mesh();
+
+/// Everything a thread's constraints depend on: the sharding context (rules, MeshResource), the
+/// current mesh and the world this thread is a rank of.
+struct DistributedContext {
+  ShardingContext sharding;
+  std::optional<DeviceMesh> mesh;
+  std::shared_ptr<void> world;  ///< opaque: the rank membership of the capturing thread
+};
+
+/// Captures this thread's context, to be re-opened on a worker thread (thread pools, servers).
+DistributedContext capture_distributed_context();
+
+/// Re-opens a captured context on this thread for the guard's lifetime.
+///
+/// Example:
+///   auto ctx = te::capture_distributed_context();
+///   pool.submit([ctx] { te::DistributedContextScope scope(ctx); layer->forward(x); });
+class DistributedContextScope {
+ public:
+  explicit DistributedContextScope(const DistributedContext& context);
+  ~DistributedContextScope();
+  DistributedContextScope(const DistributedContextScope&) = delete;
+  DistributedContextScope& operator=(const DistributedContextScope&) = delete;
+
+ private:
+  ShardingContextScope sharding_;
+  std::optional<MeshScope> mesh_;
+  std::shared_ptr<void> previous_world_;
+};
 
 }  // namespace te
