@@ -229,7 +229,6 @@ AxisRules extend_logical_axis_rules(const AxisRules& rules) {
 std::optional<PartitionSpec> resolve_logical_axes(const LogicalAxes& axes,
                                                   RulesFallback fallback) {
   const AxisRules* rules = rules_stack().top();
-  AxisRules te_table;
   if (rules == nullptr || rules->empty()) {
     const MeshResource* resource = resource_stack().top();
     if (resource == nullptr) {
@@ -238,8 +237,12 @@ std::optional<PartitionSpec> resolve_logical_axes(const LogicalAxes& axes,
       validate_logical_axes(axes);
       return std::nullopt;
     }
-    te_table = te_default_axis_rules(*resource);
-    rules = &te_table;
+    // Constraints resolve on every forward: keep this thread's last table.
+    thread_local std::optional<std::pair<MeshResource, AxisRules>> cached;
+    if (!cached || cached->first != *resource) {
+      cached.emplace(*resource, te_default_axis_rules(*resource));
+    }
+    rules = &cached->second;
     warn_te_table_once();
   }
   const Resolution res = resolve_with_rules(axes, *rules);
