@@ -252,6 +252,27 @@ TEST(DTensorApi, ToLocalWithPartialGradPlacementsAllReducesInBackward) {
   });
 }
 
+TEST(DTensorApi, GatherWithPartialGradientsReduceScattersInBackward) {
+  // FSDP: the weight is gathered for use; each rank's weight gradient is a partial sum, which
+  // goes straight back to the weight's shard as one reduce-scatter.
+  run_local_ranks(2, [](int rank) {
+    DeviceMesh mesh({2}, {"fsdp"});
+    const at::Tensor w_global = test::seeded_integers({4, 3}, 1);
+    at::Tensor w_local = piece_of(w_global, mesh, {Shard{0}}, rank).requires_grad_(true);
+    DTensor w = DTensor::from_local(w_local, mesh, {Shard{0}});
+    CommTrace trace;
+    at::Tensor full = w.redistribute({Replicate{}}, {Partial{}}).to_local();
+    EXPECT_TRUE(at::equal(full, w_global));
+    EXPECT_EQ(trace.count(Collective::kAllGather, "fsdp"), 1);
+    torch::autograd::backward({full}, {at::ones({4, 3}, at::kDouble) * (rank + 1)});
+    EXPECT_EQ(trace.count(Collective::kReduceScatter, "fsdp"), 1);
+    EXPECT_EQ(trace.bytes(Collective::kReduceScatter, "fsdp"), 4 * 3 * 8);
+    EXPECT_EQ(trace.total_count(), 2);
+    EXPECT_TRUE(at::equal(w_local.grad(), at::full({2, 3}, 3.0, at::kDouble)));
+    EXPECT_THROW(w.redistribute({Partial{}}, {Replicate{}}), Error);
+  });
+}
+
 TEST(DTensorApi, FromLocalChecksPieceSizes) {
   run_local_ranks(4, [](int rank) {
     DeviceMesh mesh({4}, {"x"});

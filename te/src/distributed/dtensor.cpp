@@ -50,28 +50,29 @@ std::vector<Placement> gradient_layout(std::vector<Placement> placements) {
   return placements;
 }
 
-struct GradLayoutState : torch::CustomClassHolder {
+struct RelayoutState : torch::CustomClassHolder {
   std::vector<int64_t> global_shape;
   std::optional<DeviceMesh> mesh;
-  std::vector<Placement> grad_placements;  // the layout gradients arrive in
-  std::vector<Placement> own;              // the layout they must leave in
+  std::vector<Placement> src, dst;
+  std::vector<Placement> grad_in;   // the layout gradients arrive in
+  std::vector<Placement> grad_out;  // the layout they must leave in (the source's)
 };
 
-// Identity forward; backward moves the incoming gradient from the declared layout to the
-// tensor's own gradient layout.
-class GradLayout : public torch::autograd::Function<GradLayout> {
+// Moves data src -> dst; backward moves the gradient grad_in -> grad_out in one transition.
+class Relayout : public torch::autograd::Function<Relayout> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
-                            c10::intrusive_ptr<GradLayoutState> state) {
+                            c10::intrusive_ptr<RelayoutState> state) {
     ctx->saved_data["state"] = c10::IValue::make_capsule(state);
-    return x.view_as(x);
+    if (state->src == state->dst) return x.view_as(x);
+    return detail::run_redistribute(x, state->global_shape, *state->mesh, state->src, state->dst);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    auto s = c10::static_intrusive_pointer_cast<GradLayoutState>(
+    auto s = c10::static_intrusive_pointer_cast<RelayoutState>(
         ctx->saved_data["state"].toCapsule());
-    return {detail::run_redistribute(grads[0], s->global_shape, *s->mesh, s->grad_placements,
-                                     s->own),
+    return {detail::run_redistribute(grads[0], s->global_shape, *s->mesh, s->grad_in,
+                                     s->grad_out),
             at::Tensor()};
   }
 };
@@ -163,12 +164,7 @@ DTensor DTensor::from_local(const at::Tensor& local, const DeviceMesh& mesh,
 }
 
 at::Tensor DTensor::to_local(const std::vector<Placement>& grad_placements) const {
-  auto state = c10::make_intrusive<GradLayoutState>();
-  state->global_shape = global_shape_;
-  state->mesh = mesh();
-  state->grad_placements = normalized(grad_placements, mesh(), dim(), "DTensor::to_local");
-  state->own = gradient_layout(placements_);
-  return GradLayout::apply(local_, state);
+  return redistribute(placements_, grad_placements).to_local();
 }
 
 at::Tensor DTensor::full_tensor() const {
@@ -181,6 +177,21 @@ DTensor DTensor::redistribute(std::vector<Placement> placements) const {
   at::Tensor local =
       detail::run_redistribute(local_, global_shape_, mesh(), placements_, placements);
   return DTensor(std::move(local), mesh(), std::move(placements), global_shape_);
+}
+
+DTensor DTensor::redistribute(std::vector<Placement> placements,
+                              std::vector<Placement> grad_placements) const {
+  auto state = c10::make_intrusive<RelayoutState>();
+  state->global_shape = global_shape_;
+  state->mesh = mesh();
+  state->src = placements_;
+  state->dst = normalized(std::move(placements), mesh(), dim(), "DTensor::redistribute");
+  state->grad_in =
+      normalized(std::move(grad_placements), mesh(), dim(), "DTensor::redistribute (gradients)");
+  state->grad_out = gradient_layout(placements_);
+  detail::plan_redistribute(state->src, state->dst);  // report a bad target before running
+  at::Tensor local = Relayout::apply(local_, state);
+  return DTensor(std::move(local), mesh(), state->dst, global_shape_);
 }
 
 std::string DTensor::to_string() const {

@@ -49,6 +49,13 @@ class DTensor {
   /// runs the reverse transitions. Redistributing to Partial is an error.
   DTensor redistribute(std::vector<Placement> placements) const;
 
+  /// Like redistribute, but the gradients that reach the result are declared to be in
+  /// `grad_placements` and go straight to this tensor's own layout in one transition. An FSDP
+  /// weight gathered with {Replicate()} for a matmul over a batch-sharded input gets
+  /// grad_placements {Partial()}: its gradient is then reduce-scattered, not all-reduced.
+  DTensor redistribute(std::vector<Placement> placements,
+                       std::vector<Placement> grad_placements) const;
+
   const std::vector<int64_t>& sizes() const { return global_shape_; }
   int64_t size(int64_t dim) const;
   int64_t dim() const { return static_cast<int64_t>(global_shape_.size()); }
