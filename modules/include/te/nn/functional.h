@@ -1,0 +1,54 @@
+#pragma once
+
+// The computations of te::nn modules, on plain tensors (one device) and on DTensors (any mesh).
+// The DTensor forms choose, per mesh dim, the layout each operand needs from the layouts they
+// have, and declare which gradients are partial sums, so data parallel, FSDP, tensor and
+// sequence parallel all follow from placements: no layout-specific code in the modules.
+
+#include <ATen/Tensor.h>
+
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "te/distributed/dtensor.h"
+
+namespace te::nn::functional {
+
+/// y = x @ w, contracting x's last dim with w's first: x [..., K], w [K, *out] -> [..., *out].
+at::Tensor dense(const at::Tensor& x, const at::Tensor& w);
+
+/// DTensor form. Per mesh dim: w Shard on an output dim -> x replicated (its gradient is a
+/// partial sum: Megatron's column parallel); w Shard on K -> x split on K and a Partial result
+/// (row parallel), unless x is batch-sharded there, in which case w is gathered with a
+/// reduce-scattered gradient (FSDP); w replicated and x batch-sharded -> w's gradient is a
+/// partial sum (data parallel).
+DTensor dense(const DTensor& x, const DTensor& w);
+
+/// y + b with b broadcast over y's leading dims (b's dims are y's last b.dim() dims). A Partial y
+/// is reduced first (a bias is added once, not once per partial).
+DTensor add_bias(const DTensor& y, const DTensor& b);
+
+/// Layer norm (or RMS norm) over the last dim: gamma * norm(x) + beta; with
+/// zero_centered_gamma the scale applied is (1 + gamma). `beta` may be undefined (rmsnorm).
+at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& gamma, const at::Tensor& beta,
+                      double epsilon, bool zero_centered_gamma, bool rms);
+
+/// DTensor form: x is made whole on its last dim (gathered / reduced when needed).
+DTensor layer_norm(const DTensor& x, const DTensor& gamma, const std::optional<DTensor>& beta,
+                   double epsilon, bool zero_centered_gamma, bool rms);
+
+/// An activation by TE's name: "gelu" (tanh form), "relu", "silu", "quick_gelu", "squared_relu",
+/// "linear". Throws te::Error naming an unknown one.
+at::Tensor activation(const at::Tensor& x, const std::string& name);
+
+/// TE's MLP activation over a [..., A, N] tensor: one activation per slot A, multiplied
+/// together (gated for {"gelu", "linear"}, {"silu", "linear"}), giving [..., N].
+at::Tensor mlp_activation(const at::Tensor& h, const std::vector<std::string>& activations);
+DTensor mlp_activation(const DTensor& h, const std::vector<std::string>& activations);
+
+/// Applies an elementwise `fn` to x's local piece (a Partial x is reduced first: f(sum) is not
+/// the sum of f).
+DTensor elementwise(const DTensor& x, const std::function<at::Tensor(const at::Tensor&)>& fn);
+
+}  // namespace te::nn::functional

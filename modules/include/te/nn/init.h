@@ -1,0 +1,32 @@
+#pragma once
+
+// Parameter initialisation: a per-thread generator (so ranks that are threads of one process
+// initialise identically) and the Flax / TE initialisers the modules default to.
+
+#include <ATen/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace te::nn {
+
+/// Seeds this thread's parameter generator (every rank calls it with the same seed to build the
+/// same global weights). Threads start seeded with 0.
+void manual_seed(uint64_t seed);
+
+/// Flax's variance_scaling(scale, mode, distribution) for a kernel whose first `in_dims` dims are
+/// the inputs (fan_in) and the rest the outputs (fan_out). mode: "fan_in" | "fan_out" |
+/// "fan_avg"; distribution: "normal" | "truncated_normal" | "uniform". Uses this thread's
+/// generator.
+at::Tensor variance_scaling(const std::vector<int64_t>& shape, int64_t in_dims, double scale,
+                            const std::string& mode, const std::string& distribution);
+
+/// Normal(0, stddev) truncated to [-2, 2] standard deviations, as jax.random.truncated_normal
+/// (the stddev given is that of the truncated distribution, as Flax's initialisers do).
+at::Tensor truncated_normal(const std::vector<int64_t>& shape, double stddev);
+
+/// Flax's default embedding init: variance_scaling(1, fan_in, normal) over the embedding dim.
+at::Tensor normal(const std::vector<int64_t>& shape, double stddev);
+
+}  // namespace te::nn

@@ -1,0 +1,78 @@
+#pragma once
+
+// Parameters with logical axes: a te::nn module registers each parameter with its axes; built
+// while a mesh and rules (or a MeshResource) are in scope, it keeps only this rank's shard.
+
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "te/distributed/dtensor.h"
+#include "te/sharding/axis_rules.h"
+
+/// Like TORCH_MODULE, for te::nn modules whose forward takes an at::Tensor or a te::DTensor:
+/// `module(x)` calls the matching overload (LibTorch's holder cannot see overloaded forwards).
+#define TE_MODULE(Name)                                                              \
+  class Name : public torch::nn::ModuleHolder<Name##Impl> { /* NOLINT */             \
+   public:                                                                           \
+    using torch::nn::ModuleHolder<Name##Impl>::ModuleHolder;                         \
+    using Impl = Name##Impl;                                                         \
+    at::Tensor operator()(const at::Tensor& input) { return get()->forward(input); } \
+    ::te::DTensor operator()(const ::te::DTensor& input) { return get()->forward(input); } \
+  }
+
+namespace te::nn {
+
+/// How one parameter is laid out: its logical axes, its global shape, and, when the module is
+/// sharded, the mesh and placements of the local shard the module holds.
+struct ParameterLayout {
+  LogicalAxes axes;
+  std::vector<int64_t> global_shape;
+  std::optional<DeviceMesh> mesh;
+  std::vector<Placement> placements;
+};
+
+/// Base of te::nn module implementations (next to torch::nn::Cloneable).
+class ShardedModule {
+ public:
+  virtual ~ShardedModule() = default;
+
+  /// Layouts of this module's own parameters, by name.
+  const std::map<std::string, ParameterLayout>& parameter_layouts() const { return layouts_; }
+
+  /// True when some parameter is sharded over more than one rank.
+  bool is_sharded() const;
+
+ protected:
+  /// Registers `name` on `self` from the whole initial value `full` (the same on every rank).
+  /// With a mesh in scope and a constraint resolved for `axes` (rules or TE table), keeps this
+  /// rank's shard; otherwise the whole tensor. A clone reuses the original's layout.
+  at::Tensor register_sharded(torch::nn::Module& self, const std::string& name, at::Tensor full,
+                              LogicalAxes axes);
+
+  /// The registered parameter `local` as a DTensor on `mesh`: its own layout when sharded there,
+  /// Replicate when the module holds it whole.
+  DTensor as_dtensor(const std::string& name, const at::Tensor& local,
+                     const DeviceMesh& mesh) const;
+
+ private:
+  std::map<std::string, ParameterLayout> layouts_;
+};
+
+/// Every parameter's logical axes in `module` and its children, by the names named_parameters()
+/// uses.
+std::map<std::string, LogicalAxes> named_parameter_axes(const torch::nn::Module& module);
+
+/// Sets parameter `name` (as named_parameters() names it) from its whole value `global`, the same
+/// on every rank: a sharded module keeps this rank's piece. Not differentiable (a load).
+void set_parameter_from_global(torch::nn::Module& module, const std::string& name,
+                               const at::Tensor& global);
+
+/// Every parameter's layout in `module` and its children, by the names named_parameters() uses.
+std::map<std::string, ParameterLayout> named_parameter_layouts(const torch::nn::Module& module);
+
+}  // namespace te::nn

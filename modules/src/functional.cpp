@@ -1,0 +1,241 @@
+#include "te/nn/functional.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+
+#include "te/error.h"
+
+namespace te::nn::functional {
+
+namespace {
+
+using Placements = std::vector<Placement>;
+
+std::vector<int64_t> shape_of(const at::Tensor& t) { return {t.sizes().begin(), t.sizes().end()}; }
+
+// The layout gradients take (Partial becomes Replicate).
+Placement grad_of(const Placement& p) { return is_partial(p) ? Placement{Replicate{}} : p; }
+
+// Reduces every Partial mesh dim (to Replicate).
+DTensor reduced(const DTensor& x) {
+  Placements target = x.placements();
+  bool any = false;
+  for (Placement& p : target) {
+    if (is_partial(p)) {
+      p = Replicate{};
+      any = true;
+    }
+  }
+  return any ? x.redistribute(target) : x;
+}
+
+void check_same_mesh(const DTensor& a, const DTensor& b, const char* what) {
+  TE_CHECK(a.mesh() == b.mesh(), what, ": operands live on different meshes (",
+           a.mesh().to_string(), " and ", b.mesh().to_string(), ")");
+}
+
+// Aligns a parameter whose dims are `y`'s last p.dim() dims to y's layout: sharded where y is
+// sharded on one of those dims, replicated elsewhere; where y is sharded on a leading (batch)
+// dim, every rank's gradient of the replicated parameter is a partial sum.
+at::Tensor aligned_param(const DTensor& p, const Placements& y, int64_t y_dim, const char* what) {
+  const int64_t offset = y_dim - p.dim();
+  Placements use(y.size()), grads(y.size());
+  for (std::size_t m = 0; m < y.size(); ++m) {
+    TE_CHECK(!is_partial(y[m]), "internal: ", what, " on a Partial tensor");
+    if (const auto* s = std::get_if<Shard>(&y[m])) {
+      if (s->dim >= offset) {
+        use[m] = Shard{s->dim - offset};
+        grads[m] = use[m];
+      } else {
+        use[m] = Replicate{};
+        grads[m] = Partial{};
+      }
+    } else {
+      use[m] = Replicate{};
+      grads[m] = Replicate{};
+    }
+  }
+  return p.redistribute(use, grads).to_local();
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+
+at::Tensor dense(const at::Tensor& x, const at::Tensor& w) {
+  TE_CHECK(x.dim() >= 1 && w.dim() >= 2 && x.size(-1) == w.size(0), "dense: input ",
+           x.sizes(), " and kernel ", w.sizes(),
+           " do not contract (the input's last dim must equal the kernel's first)");
+  std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end() - 1);
+  out_shape.insert(out_shape.end(), w.sizes().begin() + 1, w.sizes().end());
+  return at::matmul(x, w.reshape({w.size(0), -1})).reshape(out_shape);
+}
+
+DTensor dense(const DTensor& x, const DTensor& w) {
+  check_same_mesh(x, w, "dense");
+  TE_CHECK(x.dim() >= 1 && w.dim() >= 2 && x.size(-1) == w.size(0), "dense: input ",
+           x.to_string(), " and kernel ", w.to_string(), " do not contract");
+  const int64_t k = x.dim() - 1;  // x's contracted dim
+  const std::size_t n = static_cast<std::size_t>(x.mesh().ndim());
+  Placements xa(n), wa(n), out(n), xg(n), wg(n);
+  for (std::size_t m = 0; m < n; ++m) {
+    const Placement& px = x.placements()[m];
+    const Placement& pw = w.placements()[m];
+    TE_CHECK(!is_partial(pw), "dense: kernel ", w.to_string(),
+             " is Partial; reduce it before using it");
+    const bool x_batch = is_shard(px) && std::get<Shard>(px).dim < k;
+    if (is_shard(pw) && std::get<Shard>(pw).dim >= 1) {
+      // Column parallel: whole input, output sharded like the kernel's output dim.
+      xa[m] = Replicate{};
+      xg[m] = Partial{};
+      wa[m] = wg[m] = pw;
+      out[m] = Shard{k + std::get<Shard>(pw).dim - 1};
+    } else if (is_shard(pw)) {  // kernel sharded on K
+      if (x_batch) {
+        // FSDP: gather the kernel for use; its gradient is reduce-scattered back.
+        xa[m] = xg[m] = px;
+        wa[m] = Replicate{};
+        wg[m] = Partial{};
+        out[m] = px;
+      } else {
+        // Row parallel: x split on K (free when x is replicated), partial sums out.
+        xa[m] = xg[m] = Shard{k};
+        wa[m] = wg[m] = pw;
+        out[m] = Partial{};
+      }
+    } else if (x_batch) {
+      // Data parallel: the replicated kernel's gradient is a partial sum.
+      xa[m] = xg[m] = px;
+      wa[m] = Replicate{};
+      wg[m] = Partial{};
+      out[m] = px;
+    } else if (is_partial(px) && (std::get<Partial>(px).op == ReduceOp::kSum ||
+                                  std::get<Partial>(px).op == ReduceOp::kAvg)) {
+      // Linear in x: partial in, partial out.
+      xa[m] = px;
+      xg[m] = Replicate{};
+      wa[m] = Replicate{};
+      wg[m] = Partial{};
+      out[m] = px;
+    } else {
+      // x replicated (or sharded on K, or a max/min partial): use it whole.
+      xa[m] = xg[m] = Replicate{};
+      wa[m] = wg[m] = Replicate{};
+      out[m] = Replicate{};
+    }
+  }
+  const at::Tensor x_local = x.redistribute(xa, xg).to_local();
+  const at::Tensor w_local = w.redistribute(wa, wg).to_local();
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end() - 1);
+  shape.insert(shape.end(), w.sizes().begin() + 1, w.sizes().end());
+  return DTensor::from_local(dense(x_local, w_local), x.mesh(), out, shape);
+}
+
+DTensor add_bias(const DTensor& y_in, const DTensor& b) {
+  check_same_mesh(y_in, b, "add_bias");
+  const DTensor y = reduced(y_in);
+  TE_CHECK(b.dim() <= y.dim(), "add_bias: bias ", b.to_string(), " has more dims than ",
+           y.to_string());
+  for (int64_t i = 0; i < b.dim(); ++i) {
+    TE_CHECK(b.size(i) == y.size(y.dim() - b.dim() + i), "add_bias: bias ", b.to_string(),
+             " does not match the trailing dims of ", y.to_string());
+  }
+  const at::Tensor b_local = aligned_param(b, y.placements(), y.dim(), "add_bias");
+  return DTensor::from_local(y.to_local() + b_local, y.mesh(), y.placements(), y.sizes());
+}
+
+// ---------------------------------------------------------------------------------------------
+
+at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& gamma, const at::Tensor& beta,
+                      double epsilon, bool zero_centered_gamma, bool rms) {
+  const at::Tensor scale = zero_centered_gamma ? gamma + 1.0 : gamma;
+  at::Tensor normed;
+  if (rms) {
+    normed = x * at::rsqrt(x.pow(2).mean({-1}, /*keepdim=*/true) + epsilon);
+  } else {
+    const at::Tensor mean = x.mean({-1}, true);
+    const at::Tensor centered = x - mean;
+    normed = centered * at::rsqrt(centered.pow(2).mean({-1}, true) + epsilon);
+  }
+  at::Tensor y = normed * scale;
+  if (beta.defined()) y = y + beta;
+  return y;
+}
+
+DTensor layer_norm(const DTensor& x_in, const DTensor& gamma, const std::optional<DTensor>& beta,
+                   double epsilon, bool zero_centered_gamma, bool rms) {
+  check_same_mesh(x_in, gamma, "layer_norm");
+  // Normalisation needs the whole hidden dim of each row, and real (not partial) values.
+  Placements whole = x_in.placements();
+  bool change = false;
+  for (Placement& p : whole) {
+    if (is_partial(p) || is_shard(p, x_in.dim() - 1)) {
+      p = Replicate{};
+      change = true;
+    }
+  }
+  const DTensor x = change ? x_in.redistribute(whole) : x_in;
+  const at::Tensor g = aligned_param(gamma, x.placements(), x.dim(), "layer_norm");
+  const at::Tensor b =
+      beta ? aligned_param(*beta, x.placements(), x.dim(), "layer_norm") : at::Tensor();
+  return DTensor::from_local(layer_norm(x.to_local(), g, b, epsilon, zero_centered_gamma, rms),
+                             x.mesh(), x.placements(), x.sizes());
+}
+
+// ---------------------------------------------------------------------------------------------
+
+at::Tensor activation(const at::Tensor& x, const std::string& name) {
+  if (name == "gelu") {
+    // The tanh form (jax.nn.gelu(approximate=True), TE's default).
+    constexpr double kSqrt2OverPi = 0.7978845608028654;
+    return 0.5 * x * (1.0 + at::tanh(kSqrt2OverPi * (x + 0.044715 * x.pow(3))));
+  }
+  if (name == "relu") return at::relu(x);
+  if (name == "silu") return at::silu(x);
+  if (name == "quick_gelu") return x * at::sigmoid(1.702 * x);
+  if (name == "squared_relu") return at::relu(x).pow(2);
+  if (name == "linear") return x;
+  TE_FAIL("activation '", name,
+          "' is not one of gelu, relu, silu, quick_gelu, squared_relu, linear");
+}
+
+at::Tensor mlp_activation(const at::Tensor& h, const std::vector<std::string>& activations) {
+  TE_CHECK(!activations.empty(), "mlp_activation: no activations given; use e.g. {\"gelu\"}");
+  TE_CHECK(h.dim() >= 2 && h.size(-2) == static_cast<int64_t>(activations.size()),
+           "mlp_activation: ", activations.size(), " activations for a tensor of shape ",
+           h.sizes(), " (its second-to-last dim holds one slot per activation)");
+  at::Tensor out = activation(h.select(-2, 0), activations[0]);
+  for (std::size_t i = 1; i < activations.size(); ++i) {
+    out = out * activation(h.select(-2, static_cast<int64_t>(i)), activations[i]);
+  }
+  return out;
+}
+
+DTensor mlp_activation(const DTensor& h_in, const std::vector<std::string>& activations) {
+  const DTensor h = reduced(h_in);
+  const int64_t slot = h.dim() - 2;
+  Placements out = h.placements();
+  Placements whole = h.placements();
+  bool gather = false;
+  for (std::size_t m = 0; m < out.size(); ++m) {
+    if (is_shard(out[m], slot)) {
+      whole[m] = Replicate{};
+      out[m] = Replicate{};
+      gather = true;
+    } else if (is_shard(out[m], slot + 1)) {
+      out[m] = Shard{slot};
+    }
+  }
+  const DTensor src = gather ? h.redistribute(whole) : h;
+  std::vector<int64_t> shape = src.sizes();
+  shape.erase(shape.begin() + slot);
+  return DTensor::from_local(mlp_activation(src.to_local(), activations), src.mesh(), out, shape);
+}
+
+DTensor elementwise(const DTensor& x_in, const std::function<at::Tensor(const at::Tensor&)>& fn) {
+  const DTensor x = reduced(x_in);
+  return DTensor::from_local(fn(x.to_local()), x.mesh(), x.placements(), x.sizes());
+}
+
+}  // namespace te::nn::functional

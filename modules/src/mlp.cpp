@@ -1,0 +1,87 @@
+#include "te/nn/mlp.h"
+
+#include <ATen/ATen.h>
+
+#include <sstream>
+
+#include "constrain.h"
+#include "te/error.h"
+#include "te/nn/functional.h"
+#include "te/nn/init.h"
+
+namespace te::nn {
+
+namespace F = functional;
+
+LayerNormMLPImpl::LayerNormMLPImpl(const LayerNormMLPOptions& options_) : options(options_) {
+  reset();
+}
+
+void LayerNormMLPImpl::reset() {
+  const int64_t h = options.hidden_size(), f = options.ffn_hidden_size();
+  const int64_t a = static_cast<int64_t>(options.activations().size());
+  TE_CHECK(h > 0 && f > 0, "LayerNormMLP: hidden_size (", h, ") and ffn_hidden_size (", f,
+           ") must be positive");
+  TE_CHECK(a > 0, "LayerNormMLP: activations is empty; use e.g. {\"gelu\"}");
+  for (const std::string& name : options.activations()) F::activation(at::zeros({1}), name);
+  TE_CHECK(options.intermediate_dropout_rate() >= 0 && options.intermediate_dropout_rate() < 1,
+           "LayerNormMLP: intermediate_dropout_rate ", options.intermediate_dropout_rate(),
+           " is not in [0, 1)");
+  TE_CHECK(options.layernorm().hidden_size() == h, "LayerNormMLP: the norm's hidden_size ",
+           options.layernorm().hidden_size(), " differs from hidden_size ", h);
+  layernorm = register_module("layernorm", LayerNorm(options.layernorm()));
+  wi_kernel = register_sharded(*this, "wi_kernel",
+                               variance_scaling({h, a, f}, 1, 1.0, "fan_in", "truncated_normal"),
+                               options.kernel_axes_1());
+  wo_kernel = register_sharded(*this, "wo_kernel",
+                               variance_scaling({f, h}, 1, 1.0, "fan_in", "truncated_normal"),
+                               options.kernel_axes_2());
+  if (options.use_bias()) {
+    wi_bias = register_sharded(*this, "wi_bias", at::zeros({a, f}), options.bias_axes_1());
+    wo_bias = register_sharded(*this, "wo_bias", at::zeros({h}), options.bias_axes_2());
+  } else {
+    wi_bias = wo_bias = at::Tensor();
+  }
+}
+
+void LayerNormMLPImpl::pretty_print(std::ostream& stream) const {
+  stream << "te::nn::LayerNormMLP(hidden_size=" << options.hidden_size()
+         << ", ffn_hidden_size=" << options.ffn_hidden_size() << ", activations=(";
+  for (std::size_t i = 0; i < options.activations().size(); ++i) {
+    stream << (i ? ", " : "") << options.activations()[i];
+  }
+  stream << "), dropout=" << options.intermediate_dropout_rate()
+         << ", bias=" << (options.use_bias() ? "true" : "false") << ")";
+}
+
+at::Tensor LayerNormMLPImpl::forward(const at::Tensor& input) {
+  require_unsharded(*this, "LayerNormMLP");
+  const at::Tensor ln = layernorm->forward(constrain(input, options.layernorm_input_axes()));
+  at::Tensor h = F::dense(constrain(ln, options.dot_1_input_axes()), wi_kernel);
+  if (wi_bias.defined()) h = h + wi_bias;
+  at::Tensor act = F::mlp_activation(h, options.activations());
+  act = at::dropout(act, options.intermediate_dropout_rate(), is_training());
+  at::Tensor y = F::dense(constrain(act, options.dot_2_input_axes()), wo_kernel);
+  if (wo_bias.defined()) y = y + wo_bias;
+  return constrain(y, options.output_axes());
+}
+
+DTensor LayerNormMLPImpl::forward(const DTensor& input) {
+  const DeviceMesh& mesh = input.mesh();
+  const DTensor ln = layernorm->forward(constrain(input, options.layernorm_input_axes()));
+  DTensor h = F::dense(constrain(ln, options.dot_1_input_axes()),
+                       as_dtensor("wi_kernel", wi_kernel, mesh));
+  if (wi_bias.defined()) h = F::add_bias(h, as_dtensor("wi_bias", wi_bias, mesh));
+  DTensor act = F::mlp_activation(h, options.activations());
+  const double rate = options.intermediate_dropout_rate();
+  if (is_training() && rate > 0) {
+    act = F::elementwise(act, [rate](const at::Tensor& t) { return at::dropout(t, rate, true); });
+  }
+  DTensor y = F::dense(constrain(act, options.dot_2_input_axes()),
+                       as_dtensor("wo_kernel", wo_kernel, mesh));
+  y = constrain(y, options.output_axes());
+  if (wo_bias.defined()) y = F::add_bias(y, as_dtensor("wo_bias", wo_bias, mesh));
+  return y;
+}
+
+}  // namespace te::nn

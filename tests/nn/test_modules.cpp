@@ -1,0 +1,277 @@
+// te::nn modules on one process: each equals a reference written with plain LibTorch ops on the
+// same weights (forward and every gradient), and behaves as a LibTorch module should.
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/serialize.h>
+
+#include <sstream>
+
+#include "te/nn.h"
+
+namespace te::nn {
+namespace {
+
+// Relative closeness for fp32: max |a - b| <= tol * max(1, max |b|).
+::testing::AssertionResult Close(const at::Tensor& a, const at::Tensor& b, double tol = 1e-6) {
+  if (a.sizes() != b.sizes()) {
+    return ::testing::AssertionFailure() << "shapes " << a.sizes() << " vs " << b.sizes();
+  }
+  const double err = (a - b).abs().max().item<double>();
+  const double scale = std::max(1.0, b.abs().max().item<double>());
+  if (err <= tol * scale) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "max abs error " << err << " > " << tol * scale;
+}
+
+at::Tensor leaf(const at::Tensor& t) { return t.detach().clone().requires_grad_(true); }
+
+at::Tensor input(std::vector<int64_t> shape, uint64_t seed) {
+  at::Generator g = at::detail::createCPUGenerator(seed);
+  return at::randn(shape, g).requires_grad_(true);
+}
+
+std::string printed(const torch::nn::Module& m) {
+  std::ostringstream os;
+  m.pretty_print(os);
+  return os.str();
+}
+
+// ---- Dense -------------------------------------------------------------------------------------
+
+TEST(Dense, EqualsMatmulPlusBiasWithAllGradients) {
+  manual_seed(1);
+  Dense dense(DenseOptions(16, 8));
+  at::Tensor x = input({2, 3, 16}, 2);
+  at::Tensor y = dense(x);
+  at::Tensor xr = leaf(x), w = leaf(dense->kernel), b = leaf(dense->bias);
+  at::Tensor yr = at::matmul(xr, w) + b;
+  EXPECT_TRUE(Close(y, yr));
+  at::Tensor g = at::randn_like(y);
+  torch::autograd::backward({y}, {g});
+  torch::autograd::backward({yr}, {g});
+  EXPECT_TRUE(Close(x.grad(), xr.grad()));
+  EXPECT_TRUE(Close(dense->kernel.grad(), w.grad()));
+  EXPECT_TRUE(Close(dense->bias.grad(), b.grad()));
+}
+
+TEST(Dense, InitialisesWithTruncatedNormalFanIn) {
+  manual_seed(3);
+  Dense dense(DenseOptions(512, 256));
+  const double std = dense->kernel.std().item<double>();
+  EXPECT_NEAR(std, 1.0 / std::sqrt(512.0), 0.05 / std::sqrt(512.0));
+  EXPECT_LE(dense->kernel.abs().max().item<double>(), 2.0 / 0.8796 / std::sqrt(512.0) + 1e-6);
+  EXPECT_TRUE(at::equal(dense->bias, at::zeros({256})));
+  // The same seed gives the same weights, on any thread.
+  manual_seed(3);
+  Dense again(DenseOptions(512, 256));
+  EXPECT_TRUE(at::equal(dense->kernel, again->kernel));
+}
+
+TEST(Dense, IdiomsOfLibTorch) {
+  manual_seed(4);
+  Dense dense(DenseOptions(4, 3).kernel_axes({"w_fsdp", "w_tp"}));
+  EXPECT_EQ(printed(*dense),
+            "te::nn::Dense(in_features=4, out_features=3, bias=true, kernel_axes=('w_fsdp', "
+            "'w_tp'))");
+  std::vector<std::string> names;
+  for (const auto& p : dense->named_parameters()) names.push_back(p.key());
+  EXPECT_EQ(names, (std::vector<std::string>{"kernel", "bias"}));
+  const auto axes = named_parameter_axes(*dense);
+  EXPECT_EQ(to_string(axes.at("kernel")), "('w_fsdp', 'w_tp')");
+  EXPECT_EQ(to_string(axes.at("bias")), "(None)");
+
+  auto copy = std::dynamic_pointer_cast<DenseImpl>(dense->clone());
+  ASSERT_TRUE(copy);
+  EXPECT_TRUE(at::equal(copy->kernel, dense->kernel));
+  copy->kernel.data().add_(1.0);
+  EXPECT_FALSE(at::equal(copy->kernel, dense->kernel));  // a deep copy
+
+  at::Tensor x = at::randn({2, 4});
+  {
+    torch::NoGradGuard no_grad;
+    EXPECT_FALSE(dense(x).requires_grad());
+  }
+  {
+    c10::InferenceMode inference;
+    EXPECT_TRUE(Close(dense(x), at::matmul(x, dense->kernel) + dense->bias));
+  }
+  dense->to(at::kDouble);
+  EXPECT_EQ(dense->kernel.scalar_type(), at::kDouble);
+  EXPECT_EQ(dense(x.to(at::kDouble)).scalar_type(), at::kDouble);
+}
+
+TEST(Dense, SaveAndLoadRoundTrip) {
+  manual_seed(5);
+  Dense dense(DenseOptions(6, 5));
+  std::stringstream stream;
+  torch::save(dense, stream);
+  manual_seed(6);
+  Dense loaded(DenseOptions(6, 5));
+  EXPECT_FALSE(at::equal(loaded->kernel, dense->kernel));
+  torch::load(loaded, stream);
+  EXPECT_TRUE(at::equal(loaded->kernel, dense->kernel));
+  EXPECT_TRUE(at::equal(loaded->bias, dense->bias));
+}
+
+TEST(Dense, ReportsBadInput) {
+  EXPECT_THROW(Dense(DenseOptions(0, 3)), Error);
+  EXPECT_THROW(Dense(DenseOptions(4, 3).kernel_axes({"w_fsdp"})), Error);  // 1 axis, 2 dims
+  EXPECT_THROW(Dense(DenseOptions(4, 3).kernel_axes({"w_tp", "w_tp"})), Error);  // repeated
+  Dense dense(DenseOptions(4, 3));
+  try {
+    dense(at::randn({2, 5}));
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("do not contract"), std::string::npos) << e.what();
+  }
+}
+
+// ---- LayerNorm ---------------------------------------------------------------------------------
+
+TEST(LayerNorm, EqualsAtLayerNormWithAllGradients) {
+  LayerNorm ln(LayerNormOptions(8));
+  ln->scale.data().copy_(at::rand({8}) + 0.5);
+  ln->ln_bias.data().copy_(at::randn({8}));
+  at::Tensor x = input({3, 5, 8}, 7);
+  at::Tensor y = ln(x);
+  at::Tensor xr = leaf(x), g = leaf(ln->scale), b = leaf(ln->ln_bias);
+  at::Tensor yr = at::layer_norm(xr, {8}, g, b, 1e-6);
+  EXPECT_TRUE(Close(y, yr));
+  at::Tensor dy = at::randn_like(y);
+  torch::autograd::backward({y}, {dy});
+  torch::autograd::backward({yr}, {dy});
+  EXPECT_TRUE(Close(x.grad(), xr.grad(), 1e-5));
+  EXPECT_TRUE(Close(ln->scale.grad(), g.grad()));
+  EXPECT_TRUE(Close(ln->ln_bias.grad(), b.grad()));
+  EXPECT_EQ(printed(*ln),
+            "te::nn::LayerNorm(hidden_size=8, type=layernorm, epsilon=1e-06, "
+            "zero_centered_gamma=false)");
+}
+
+TEST(LayerNorm, RmsNormAndZeroCenteredGamma) {
+  LayerNorm rms(LayerNormOptions(8).layernorm_type("rmsnorm").zero_centered_gamma(true));
+  EXPECT_FALSE(rms->ln_bias.defined());
+  EXPECT_TRUE(at::equal(rms->scale, at::zeros({8})));  // gamma - 1
+  rms->scale.data().copy_(at::randn({8}));
+  at::Tensor x = input({4, 8}, 8);
+  at::Tensor xr = leaf(x), g = leaf(rms->scale);
+  at::Tensor yr = xr / at::sqrt((xr * xr).mean({-1}, true) + 1e-6) * (1 + g);
+  at::Tensor y = rms(x);
+  EXPECT_TRUE(Close(y, yr));
+  at::Tensor dy = at::randn_like(y);
+  torch::autograd::backward({y}, {dy});
+  torch::autograd::backward({yr}, {dy});
+  EXPECT_TRUE(Close(x.grad(), xr.grad(), 1e-5));
+  EXPECT_TRUE(Close(rms->scale.grad(), g.grad()));
+  EXPECT_THROW(LayerNorm(LayerNormOptions(8).layernorm_type("batchnorm")), Error);
+}
+
+// ---- LayerNormDense ----------------------------------------------------------------------------
+
+TEST(LayerNormDense, EqualsNormThenMatmul) {
+  manual_seed(9);
+  LayerNormDense lnd(LayerNormDenseOptions(8, 6).return_layernorm_output(true));
+  at::Tensor x = input({2, 3, 8}, 10);
+  auto [y, ln_out] = lnd->forward_with_layernorm_output(x);
+  ASSERT_TRUE(ln_out.has_value());
+  at::Tensor xr = leaf(x), w = leaf(lnd->dense->kernel), b = leaf(lnd->dense->bias);
+  at::Tensor g = leaf(lnd->layernorm->scale), beta = leaf(lnd->layernorm->ln_bias);
+  at::Tensor lnr = at::layer_norm(xr, {8}, g, beta, 1e-6);
+  at::Tensor yr = at::matmul(lnr, w) + b;
+  EXPECT_TRUE(Close(*ln_out, lnr));
+  EXPECT_TRUE(Close(y, yr));
+  at::Tensor dy = at::randn_like(y);
+  torch::autograd::backward({y}, {dy});
+  torch::autograd::backward({yr}, {dy});
+  EXPECT_TRUE(Close(x.grad(), xr.grad(), 1e-5));
+  EXPECT_TRUE(Close(lnd->dense->kernel.grad(), w.grad()));
+  EXPECT_TRUE(Close(lnd->layernorm->scale.grad(), g.grad()));
+  std::vector<std::string> names;
+  for (const auto& p : lnd->named_parameters()) names.push_back(p.key());
+  EXPECT_EQ(names, (std::vector<std::string>{"layernorm.scale", "layernorm.ln_bias",
+                                             "dense.kernel", "dense.bias"}));
+  EXPECT_FALSE(LayerNormDense(LayerNormDenseOptions(8, 6))->forward_with_layernorm_output(x)
+                   .second.has_value());
+}
+
+// ---- LayerNormMLP ------------------------------------------------------------------------------
+
+at::Tensor reference_activation(const at::Tensor& x, const std::string& name) {
+  if (name == "gelu") return at::gelu(x, "tanh");
+  if (name == "relu") return at::relu(x);
+  if (name == "silu") return x * at::sigmoid(x);
+  return x;  // linear
+}
+
+class LayerNormMLPActivations : public ::testing::TestWithParam<std::vector<std::string>> {};
+
+TEST_P(LayerNormMLPActivations, EqualsTheComposition) {
+  const auto& acts = GetParam();
+  manual_seed(11);
+  LayerNormMLP mlp(LayerNormMLPOptions(8, 12).activations(acts).use_bias(true));
+  mlp->eval();  // no dropout
+  mlp->wi_bias.data().copy_(at::randn_like(mlp->wi_bias));
+  mlp->wo_bias.data().copy_(at::randn_like(mlp->wo_bias));
+  at::Tensor x = input({2, 3, 8}, 12);
+  at::Tensor y = mlp(x);
+
+  at::Tensor xr = leaf(x), g = leaf(mlp->layernorm->scale), beta = leaf(mlp->layernorm->ln_bias);
+  at::Tensor w1 = leaf(mlp->wi_kernel), b1 = leaf(mlp->wi_bias);
+  at::Tensor w2 = leaf(mlp->wo_kernel), b2 = leaf(mlp->wo_bias);
+  at::Tensor h = at::einsum("bsh,haf->bsaf", {at::layer_norm(xr, {8}, g, beta, 1e-6), w1}) + b1;
+  at::Tensor act = reference_activation(h.select(-2, 0), acts[0]);
+  for (std::size_t i = 1; i < acts.size(); ++i) {
+    act = act * reference_activation(h.select(-2, static_cast<int64_t>(i)), acts[i]);
+  }
+  at::Tensor yr = at::matmul(act, w2) + b2;
+  EXPECT_TRUE(Close(y, yr));
+  at::Tensor dy = at::randn_like(y);
+  torch::autograd::backward({y}, {dy});
+  torch::autograd::backward({yr}, {dy});
+  EXPECT_TRUE(Close(x.grad(), xr.grad(), 1e-5));
+  EXPECT_TRUE(Close(mlp->wi_kernel.grad(), w1.grad()));
+  EXPECT_TRUE(Close(mlp->wi_bias.grad(), b1.grad()));
+  EXPECT_TRUE(Close(mlp->wo_kernel.grad(), w2.grad()));
+  EXPECT_TRUE(Close(mlp->wo_bias.grad(), b2.grad()));
+  EXPECT_TRUE(Close(mlp->layernorm->scale.grad(), g.grad()));
+  EXPECT_TRUE(Close(mlp->layernorm->ln_bias.grad(), beta.grad()));
+}
+
+INSTANTIATE_TEST_SUITE_P(Activations, LayerNormMLPActivations,
+                         ::testing::Values(std::vector<std::string>{"gelu"},
+                                           std::vector<std::string>{"relu"},
+                                           std::vector<std::string>{"gelu", "linear"},
+                                           std::vector<std::string>{"silu", "linear"}),
+                         [](const auto& info) {
+                           std::string name;
+                           for (const auto& a : info.param) name += (name.empty() ? "" : "_") + a;
+                           return name;
+                         });
+
+TEST(LayerNormMLP, DropoutOnlyInTraining) {
+  manual_seed(13);
+  LayerNormMLP mlp(LayerNormMLPOptions(8, 16).intermediate_dropout_rate(0.5));
+  at::Tensor x = at::randn({4, 8});
+  mlp->eval();
+  EXPECT_TRUE(at::equal(mlp(x), mlp(x)));
+  mlp->train();
+  EXPECT_FALSE(at::equal(mlp(x), mlp(x)));
+  EXPECT_EQ(printed(*mlp),
+            "te::nn::LayerNormMLP(hidden_size=8, ffn_hidden_size=16, activations=(relu), "
+            "dropout=0.5, bias=false)");
+  const auto axes = named_parameter_axes(*mlp);
+  EXPECT_EQ(to_string(axes.at("wi_kernel")), "('w_fsdp', 'w_joined', 'w_tp')");
+  EXPECT_EQ(to_string(axes.at("wo_kernel")), "('w_tp', 'w_fsdp')");
+  EXPECT_EQ(to_string(axes.at("layernorm.scale")), "('w_no_shard')");
+}
+
+TEST(LayerNormMLP, ReportsBadOptions) {
+  EXPECT_THROW(LayerNormMLP(LayerNormMLPOptions(8, 16).activations({"swish"})), Error);
+  EXPECT_THROW(LayerNormMLP(LayerNormMLPOptions(8, 16).activations({})), Error);
+  EXPECT_THROW(LayerNormMLP(LayerNormMLPOptions(8, 16).intermediate_dropout_rate(1.0)), Error);
+  EXPECT_THROW(LayerNormMLP(LayerNormMLPOptions(8, 16).kernel_axes_2({"w_tp"})), Error);
+}
+
+}  // namespace
+}  // namespace te::nn

@@ -1,0 +1,234 @@
+// The equivalence matrix: {Dense column- and row-parallel, LayerNormMLP gelu and gated} x {DP2,
+// FSDP2, TP2, TP2+SP, DP2xTP2} x {TE table from the MeshResource, user rules extended with TE's,
+// custom axis names in the kernels}: outputs and the gradients of the input and of every
+// parameter equal one process within 1e-5. Ranks are threads with their own Gloo groups.
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <functional>
+#include <map>
+
+#include "../distributed/dist_test_util.h"
+#include "te/nn.h"
+
+namespace te::nn {
+namespace {
+
+using test::piece_of;
+
+struct Layout {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<std::string> axes;
+  std::string mesh_resource;
+  bool sequence_parallel = false;
+};
+
+const std::vector<Layout>& layouts() {
+  static const std::vector<Layout> all = {
+      {"DP2", {2}, {"data"}, "dp=data"},
+      {"FSDP2", {2}, {"fsdp"}, "fsdp=fsdp"},
+      {"TP2", {2}, {"tp"}, "tp=tp"},
+      {"TP2SP", {2}, {"tp"}, "tpsp=tp", true},
+      {"DP2xTP2", {2, 2}, {"data", "tp"}, "dp=data,tp=tp"},
+  };
+  return all;
+}
+
+enum class Way { kTeTable, kExtendedRules, kCustomNames };
+enum class Kind { kDenseColumn, kDenseRow, kMlpGelu, kMlpGated };
+
+// Rules mapping the custom kernel names onto the layout's mesh axes.
+AxisRules custom_rules(const MeshResource& r) {
+  AxisRules rules;
+  MeshAxes batch;
+  if (r.dp) batch.push_back(*r.dp);
+  if (r.fsdp) batch.push_back(*r.fsdp);
+  rules.push_back({"batch", batch});
+  const auto tensor = r.tpsp ? r.tpsp : r.tp;
+  rules.push_back({"seqlen_tp", r.tpsp ? MeshAxes{*r.tpsp} : MeshAxes{}});
+  rules.push_back({"embed", r.fsdp ? MeshAxes{*r.fsdp} : MeshAxes{}});
+  rules.push_back({"mlp", tensor ? MeshAxes{*tensor} : MeshAxes{}});
+  rules.push_back({"act", {}});
+  rules.push_back({"hidden_tp", tensor ? MeshAxes{*tensor} : MeshAxes{}});
+  return rules;
+}
+
+struct Model {
+  std::shared_ptr<torch::nn::Module> module;
+  std::function<at::Tensor(const at::Tensor&)> forward;
+  std::function<DTensor(const DTensor&)> forward_d;
+};
+
+Model make(Kind kind, bool sp, Way way) {
+  const bool custom = way == Way::kCustomNames;
+  const LogicalAxes act = {"batch", sp ? "seqlen_tp" : "seqlen", "hidden"};
+  const LogicalAxes whole = {"batch", "seqlen", "hidden"};
+  const LogicalAxes inner = {"batch", "seqlen", "hidden_tp"};
+  const std::string w_in = custom ? "embed" : "w_fsdp";
+  const std::string w_out = custom ? "mlp" : "w_tp";
+  const std::string joined = custom ? "act" : "w_joined";
+  Model m;
+  switch (kind) {
+    case Kind::kDenseColumn: {
+      Dense d(DenseOptions(16, 12).kernel_axes({w_in, w_out}).bias_axes({w_out}).input_axes(
+          whole));
+      set_parameter_from_global(*d, "bias", at::linspace(-1, 1, 12));
+      m = {d.ptr(), [d](const at::Tensor& x) mutable { return d->forward(x); },
+           [d](const DTensor& x) mutable { return d->forward(x); }};
+      break;
+    }
+    case Kind::kDenseRow: {
+      Dense d(DenseOptions(16, 12).kernel_axes({w_out, w_in}).output_axes(act));
+      set_parameter_from_global(*d, "bias", at::linspace(-1, 1, 12));
+      m = {d.ptr(), [d](const at::Tensor& x) mutable { return d->forward(x); },
+           [d](const DTensor& x) mutable { return d->forward(x); }};
+      break;
+    }
+    case Kind::kMlpGelu:
+    case Kind::kMlpGated: {
+      auto options = LayerNormMLPOptions(16, 24)
+                         .activations(kind == Kind::kMlpGelu ? std::vector<std::string>{"gelu"}
+                                                             : std::vector<std::string>{"gelu",
+                                                                                        "linear"})
+                         .intermediate_dropout_rate(0)
+                         .use_bias(true)
+                         .kernel_axes_1({w_in, joined, w_out})
+                         .kernel_axes_2({w_out, w_in})
+                         .bias_axes_1({joined, w_out})
+                         .layernorm_input_axes(act)
+                         .dot_1_input_axes(whole)
+                         .dot_2_input_axes(inner)
+                         .output_axes(act);
+      LayerNormMLP mlp(options);
+      const int64_t slots = kind == Kind::kMlpGelu ? 1 : 2;
+      set_parameter_from_global(*mlp, "wi_bias", at::linspace(-1, 1, slots * 24).view({slots, 24}));
+      set_parameter_from_global(*mlp, "wo_bias", at::linspace(1, -1, 16));
+      m = {mlp.ptr(), [mlp](const at::Tensor& x) mutable { return mlp->forward(x); },
+           [mlp](const DTensor& x) mutable { return mlp->forward(x); }};
+      break;
+    }
+  }
+  return m;
+}
+
+// What one process computes: output and every gradient.
+struct Reference {
+  at::Tensor y, x_grad;
+  std::map<std::string, at::Tensor> grads;
+};
+
+const at::Tensor& global_input() {
+  static const at::Tensor x = test::seeded_integers({4, 6, 16}, 31).to(at::kFloat) / 7.0;
+  return x;
+}
+const at::Tensor& output_weight(int64_t width) {
+  static std::map<int64_t, at::Tensor> cache;
+  auto it = cache.find(width);
+  if (it == cache.end()) {
+    it = cache.emplace(width, test::seeded_integers({4, 6, width}, 32).to(at::kFloat) / 5.0)
+             .first;
+  }
+  return it->second;
+}
+
+Reference reference(Kind kind) {
+  manual_seed(21);
+  Model m = make(kind, false, Way::kTeTable);
+  at::Tensor x = global_input().clone().requires_grad_(true);
+  at::Tensor y = m.forward(x);
+  (y * output_weight(y.size(-1))).sum().backward();
+  Reference r{y.detach(), x.grad(), {}};
+  for (const auto& p : m.module->named_parameters()) r.grads[p.key()] = p.value().grad();
+  return r;
+}
+
+struct Case {
+  Kind kind;
+  std::string layout;
+  Way way;
+};
+
+class Equivalence : public ::testing::TestWithParam<Case> {};
+
+TEST_P(Equivalence, OutputsAndEveryGradientMatchOneProcess) {
+  const Case& c = GetParam();
+  const Layout& layout = *std::find_if(layouts().begin(), layouts().end(),
+                                       [&](const Layout& l) { return l.name == c.layout; });
+  const Reference ref = reference(c.kind);
+  set_warning_handler([](std::string_view) {});
+  int64_t world = 1;
+  for (int64_t s : layout.shape) world *= s;
+  run_local_ranks(static_cast<int>(world), [&](int rank) {
+    DeviceMesh mesh(layout.shape, layout.axes);
+    MeshScope mesh_scope(mesh);
+    const MeshResource resource = parse_mesh_resource(layout.mesh_resource);
+    MeshResourceScope resource_scope(resource);
+    std::optional<AxisRulesScope> rules;
+    if (c.way == Way::kExtendedRules) {
+      rules.emplace(extend_logical_axis_rules(parse_axis_rules("vocab=,embed=")));
+    } else if (c.way == Way::kCustomNames) {
+      rules.emplace(custom_rules(resource));
+    }
+    manual_seed(21);
+    Model m = make(c.kind, layout.sequence_parallel, c.way);
+
+    const LogicalAxes in_axes = {"batch", layout.sequence_parallel ? "seqlen_tp" : "seqlen",
+                                 "hidden"};
+    const auto in_placements = placements_for(*resolve_logical_axes(in_axes), mesh);
+    at::Tensor x_local =
+        piece_of(global_input(), mesh, in_placements, rank).clone().requires_grad_(true);
+    DTensor x = DTensor::from_local(x_local, mesh, in_placements, std::vector<int64_t>{4, 6, 16});
+    DTensor y = m.forward_d(x);
+    at::Tensor y_full = y.full_tensor();
+    ASSERT_TRUE(at::allclose(y_full, ref.y, 1e-5, 1e-5))
+        << "rank " << rank << " max err " << (y_full - ref.y).abs().max().item<double>();
+    (y_full * output_weight(y_full.size(-1))).sum().backward();
+    EXPECT_TRUE(at::allclose(x_local.grad(), piece_of(ref.x_grad, mesh, in_placements, rank),
+                             1e-5, 1e-5))
+        << "input gradient on rank " << rank;
+
+    const auto param_layouts = named_parameter_layouts(*m.module);
+    bool any_sharded = false;
+    for (const auto& p : m.module->named_parameters()) {
+      const ParameterLayout& pl = param_layouts.at(p.key());
+      const at::Tensor want =
+          pl.mesh ? piece_of(ref.grads.at(p.key()), mesh, pl.placements, rank)
+                  : ref.grads.at(p.key());
+      any_sharded = any_sharded || p.value().sizes() != ref.grads.at(p.key()).sizes();
+      ASSERT_TRUE(p.value().grad().defined()) << p.key();
+      EXPECT_TRUE(at::allclose(p.value().grad(), want, 1e-5, 1e-5))
+          << p.key() << " on rank " << rank << " max err "
+          << (p.value().grad() - want).abs().max().item<double>();
+    }
+    // Data parallel keeps whole weights; every other layout shards some.
+    EXPECT_EQ(any_sharded, layout.name != "DP2") << layout.name;
+  });
+  set_warning_handler(nullptr);
+}
+
+std::vector<Case> all_cases() {
+  std::vector<Case> cases;
+  for (Kind kind : {Kind::kDenseColumn, Kind::kDenseRow, Kind::kMlpGelu, Kind::kMlpGated}) {
+    for (const Layout& l : layouts()) {
+      for (Way way : {Way::kTeTable, Way::kExtendedRules, Way::kCustomNames}) {
+        cases.push_back({kind, l.name, way});
+      }
+    }
+  }
+  return cases;
+}
+
+std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  static const char* kinds[] = {"DenseColumn", "DenseRow", "MlpGelu", "MlpGated"};
+  static const char* ways[] = {"TeTable", "ExtendedRules", "CustomNames"};
+  return std::string(kinds[static_cast<int>(info.param.kind)]) + "_" + info.param.layout + "_" +
+         ways[static_cast<int>(info.param.way)];
+}
+
+INSTANTIATE_TEST_SUITE_P(Matrix, Equivalence, ::testing::ValuesIn(all_cases()), case_name);
+
+}  // namespace
+}  // namespace te::nn
