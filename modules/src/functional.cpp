@@ -4,6 +4,8 @@
 
 #include <cmath>
 
+#include "te/compat.h"
+
 #include "te/error.h"
 
 namespace te::nn::functional {
@@ -231,6 +233,143 @@ DTensor mlp_activation(const DTensor& h_in, const std::vector<std::string>& acti
   std::vector<int64_t> shape = src.sizes();
   shape.erase(shape.begin() + slot);
   return DTensor::from_local(mlp_activation(src.to_local(), activations), src.mesh(), out, shape);
+}
+
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+// Replaces Shard(dim) by Replicate (gathering) where `bad` says so.
+DTensor gathered_where(const DTensor& x, const std::function<bool(const Shard&, std::size_t)>& bad) {
+  Placements target = x.placements();
+  bool change = false;
+  for (std::size_t m = 0; m < target.size(); ++m) {
+    if (const auto* s = std::get_if<Shard>(&target[m]); s != nullptr && bad(*s, m)) {
+      target[m] = Replicate{};
+      change = true;
+    }
+  }
+  return change ? x.redistribute(target) : x;
+}
+
+// Product of the mesh dims sharding tensor dim `dim`.
+int64_t shard_parts(const DTensor& x, int64_t dim) {
+  int64_t parts = 1;
+  for (std::size_t m = 0; m < x.placements().size(); ++m) {
+    if (is_shard(x.placements()[m], dim)) parts *= x.mesh().size(static_cast<int64_t>(m));
+  }
+  return parts;
+}
+
+}  // namespace
+
+DTensor select(const DTensor& x_in, int64_t dim, int64_t index) {
+  const DTensor x = gathered_where(x_in, [dim](const Shard& s, std::size_t) { return s.dim == dim; });
+  Placements out = x.placements();
+  for (Placement& p : out) {
+    if (auto* s = std::get_if<Shard>(&p); s != nullptr && s->dim > dim) --s->dim;
+  }
+  std::vector<int64_t> shape = x.sizes();
+  shape.erase(shape.begin() + dim);
+  return DTensor::from_local(x.to_local().select(dim, index), x.mesh(), out, shape);
+}
+
+DTensor unflatten(const DTensor& x_in, int64_t dim, int64_t outer, int64_t inner) {
+  TE_CHECK(x_in.size(dim) == outer * inner, "unflatten: dim ", dim, " of ", x_in.to_string(),
+           " is not ", outer, " x ", inner);
+  const int64_t parts = shard_parts(x_in, dim);
+  const DTensor x = outer % parts == 0
+                        ? x_in
+                        : gathered_where(x_in, [dim](const Shard& s, std::size_t) {
+                            return s.dim == dim;
+                          });
+  Placements out = x.placements();
+  for (Placement& p : out) {
+    if (auto* s = std::get_if<Shard>(&p); s != nullptr && s->dim > dim) ++s->dim;
+  }
+  std::vector<int64_t> shape = x.sizes();
+  shape[static_cast<std::size_t>(dim)] = outer;
+  shape.insert(shape.begin() + dim + 1, inner);
+  std::vector<int64_t> local_shape(x.to_local().sizes().begin(), x.to_local().sizes().end());
+  local_shape[static_cast<std::size_t>(dim)] = x.to_local().size(dim) / inner;
+  local_shape.insert(local_shape.begin() + dim + 1, inner);
+  return DTensor::from_local(x.to_local().reshape(local_shape), x.mesh(), out, shape);
+}
+
+DTensor flatten(const DTensor& x_in, int64_t dim) {
+  const int64_t parts = shard_parts(x_in, dim);
+  const DTensor x = gathered_where(x_in, [&](const Shard& s, std::size_t) {
+    return s.dim == dim + 1 || (s.dim == dim && x_in.size(dim) % parts != 0);
+  });
+  Placements out = x.placements();
+  for (Placement& p : out) {
+    if (auto* s = std::get_if<Shard>(&p); s != nullptr && s->dim > dim + 1) --s->dim;
+  }
+  std::vector<int64_t> shape = x.sizes();
+  shape[static_cast<std::size_t>(dim)] *= shape[static_cast<std::size_t>(dim) + 1];
+  shape.erase(shape.begin() + dim + 1);
+  return DTensor::from_local(x.to_local().flatten(dim, dim + 1), x.mesh(), out, shape);
+}
+
+DTensor add(const DTensor& a, const DTensor& b) {
+  check_same_mesh(a, b, "add");
+  TE_CHECK(a.sizes() == b.sizes(), "add: ", a.to_string(), " and ", b.to_string(),
+           " differ in shape");
+  const DTensor bb = b.placements() == a.placements() ? b : b.redistribute(a.placements());
+  return DTensor::from_local(a.to_local() + bb.to_local(), a.mesh(), a.placements(), a.sizes());
+}
+
+at::Tensor attention(const at::Tensor& q, const at::Tensor& k_in, const at::Tensor& v_in,
+                     const at::Tensor& mask, bool causal, double scale, double dropout,
+                     bool training, bool fused,
+                     const std::function<at::Tensor(const at::Tensor&)>& on_logits) {
+  TE_CHECK(q.dim() == 4 && k_in.dim() == 4 && v_in.dim() == 4,
+           "attention: q, k, v must be [batch, seqlen, heads, head_dim], got ", q.sizes(), ", ",
+           k_in.sizes(), ", ", v_in.sizes());
+  TE_CHECK(k_in.sizes() == v_in.sizes() && q.size(0) == k_in.size(0) && q.size(3) == k_in.size(3),
+           "attention: q ", q.sizes(), " k ", k_in.sizes(), " v ", v_in.sizes(),
+           " disagree on batch, head_dim or key/value shape");
+  const int64_t heads = q.size(2), kv_heads = k_in.size(2);
+  TE_CHECK(kv_heads > 0 && heads % kv_heads == 0, "attention: ", heads,
+           " query heads are not a multiple of ", kv_heads, " key/value heads (GQA groups)");
+  at::Tensor k = k_in, v = v_in;
+  if (kv_heads != heads) {
+    k = k.repeat_interleave(heads / kv_heads, 2);
+    v = v.repeat_interleave(heads / kv_heads, 2);
+  }
+  const int64_t sq = q.size(1), sk = k.size(1);
+  // Masked logits get a large negative value rather than -inf, as TE does: a fully masked row
+  // then attends uniformly instead of producing NaN.
+  at::Tensor masked;
+  if (causal) masked = at::ones({sq, sk}, q.options().dtype(at::kBool)).triu(1).view({1, 1, sq, sk});
+  if (mask.defined()) masked = masked.defined() ? masked.logical_or(mask) : mask.to(at::kBool);
+#if TE_HAS_SDPA
+  if (fused && !on_logits && (dropout == 0.0 || !training)) {
+    c10::optional<at::Tensor> bias;
+    if (masked.defined()) {
+      bias = at::zeros(masked.sizes(), q.options()).masked_fill(masked, -1e10);
+    }
+#if TE_TORCH_VERSION_AT_LEAST(2, 1)
+    return at::scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                            v.transpose(1, 2), bias, 0.0, false, scale)
+        .transpose(1, 2);
+#else
+    const double default_scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
+    return at::scaled_dot_product_attention((q * (scale / default_scale)).transpose(1, 2),
+                                            k.transpose(1, 2), v.transpose(1, 2), bias, 0.0,
+                                            false)
+        .transpose(1, 2);
+#endif
+  }
+#else
+  (void)fused;
+#endif
+  at::Tensor logits = at::matmul(q.transpose(1, 2), k.permute({0, 2, 3, 1})) * scale;
+  if (on_logits) logits = on_logits(logits);
+  if (masked.defined()) logits = logits.masked_fill(masked, -1e10);
+  at::Tensor probs = at::softmax(logits, -1, at::kFloat).to(q.scalar_type());
+  if (training && dropout > 0) probs = at::dropout(probs, dropout, true);
+  return at::matmul(probs, v.transpose(1, 2)).transpose(1, 2);
 }
 
 DTensor elementwise(const DTensor& x_in, const std::function<at::Tensor(const at::Tensor&)>& fn) {

@@ -38,7 +38,7 @@ const std::vector<Layout>& layouts() {
 }
 
 enum class Way { kTeTable, kExtendedRules, kCustomNames };
-enum class Kind { kDenseColumn, kDenseRow, kMlpGelu, kMlpGated };
+enum class Kind { kDenseColumn, kDenseRow, kMlpGelu, kMlpGated, kMhaFused, kMhaGqa, kEncoder, kDecoder };
 
 // Rules mapping the custom kernel names onto the layout's mesh axes.
 AxisRules custom_rules(const MeshResource& r) {
@@ -61,6 +61,12 @@ struct Model {
   std::function<at::Tensor(const at::Tensor&)> forward;
   std::function<DTensor(const DTensor&)> forward_d;
 };
+
+// Rows of lengths 6, 4, 5, 3: [batch, 1, seqlen, seqlen], true where a key is padding.
+at::Tensor padding_mask() {
+  at::Tensor len = at::tensor(std::vector<int64_t>{6, 4, 5, 3}).view({-1, 1, 1, 1});
+  return at::arange(6).view({1, 1, 1, 6}).ge(len).expand({4, 1, 6, 6});
+}
 
 Model make(Kind kind, bool sp, Way way) {
   const bool custom = way == Way::kCustomNames;
@@ -108,6 +114,46 @@ Model make(Kind kind, bool sp, Way way) {
       set_parameter_from_global(*mlp, "wo_bias", at::linspace(1, -1, 16));
       m = {mlp.ptr(), [mlp](const at::Tensor& x) mutable { return mlp->forward(x); },
            [mlp](const DTensor& x) mutable { return mlp->forward(x); }};
+      break;
+    }
+    case Kind::kMhaFused:
+    case Kind::kMhaGqa: {
+      auto options = MultiHeadAttentionOptions(16, 4).enable_sequence_parallel(sp);
+      if (kind == Kind::kMhaGqa) {
+        options.num_gqa_groups(2).attn_mask_type("padding_causal");
+      }
+      MultiHeadAttention mha(options);
+      const at::Tensor mask = kind == Kind::kMhaGqa ? padding_mask() : at::Tensor();
+      m = {mha.ptr(), [mha, mask](const at::Tensor& x) mutable { return mha(x, {}, mask); },
+           [mha, mask](const DTensor& x) mutable { return mha(x, std::nullopt, mask); }};
+      break;
+    }
+    case Kind::kEncoder:
+    case Kind::kDecoder: {
+      TransformerLayer layer(TransformerLayerOptions(16, 24, 4)
+                                 .layer_type(kind == Kind::kEncoder ? "encoder" : "decoder")
+                                 .self_attn_mask_type(kind == Kind::kEncoder ? "padding" : "causal")
+                                 .mlp_activations({"gelu"})
+                                 .hidden_dropout(0)
+                                 .attention_dropout(0)
+                                 .intermediate_dropout(0)
+                                 .enable_sequence_parallel(sp));
+      const at::Tensor mask = padding_mask();
+      if (kind == Kind::kEncoder) {
+        m = {layer.ptr(), [layer, mask](const at::Tensor& x) mutable { return layer(x, mask); },
+             [layer, mask](const DTensor& x) mutable { return layer(x, mask); }};
+      } else {
+        const at::Tensor memory = test::seeded_integers({4, 6, 16}, 33).to(at::kFloat) / 9.0;
+        m = {layer.ptr(),
+             [layer, memory, mask](const at::Tensor& x) mutable {
+               return layer(x, {}, memory, mask);
+             },
+             [layer, memory, mask](const DTensor& x) mutable {
+               std::vector<Placement> whole(static_cast<std::size_t>(x.mesh().ndim()),
+                                            Replicate{});
+               return layer(x, {}, DTensor::distribute(memory, x.mesh(), whole), mask);
+             }};
+      }
       break;
     }
   }
@@ -211,10 +257,13 @@ TEST_P(Equivalence, OutputsAndEveryGradientMatchOneProcess) {
 
 std::vector<Case> all_cases() {
   std::vector<Case> cases;
-  for (Kind kind : {Kind::kDenseColumn, Kind::kDenseRow, Kind::kMlpGelu, Kind::kMlpGated}) {
+  for (Kind kind : {Kind::kDenseColumn, Kind::kDenseRow, Kind::kMlpGelu, Kind::kMlpGated,
+                    Kind::kMhaFused, Kind::kMhaGqa, Kind::kEncoder, Kind::kDecoder}) {
+    // Attention modules use TE's kernel axis names (they take no kernel_axes options).
+    const bool names = kind <= Kind::kMlpGated;
     for (const Layout& l : layouts()) {
       for (Way way : {Way::kTeTable, Way::kExtendedRules, Way::kCustomNames}) {
-        cases.push_back({kind, l.name, way});
+        if (way != Way::kCustomNames || names) cases.push_back({kind, l.name, way});
       }
     }
   }
@@ -222,7 +271,8 @@ std::vector<Case> all_cases() {
 }
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
-  static const char* kinds[] = {"DenseColumn", "DenseRow", "MlpGelu", "MlpGated"};
+  static const char* kinds[] = {"DenseColumn", "DenseRow", "MlpGelu",  "MlpGated",
+                                "MhaFusedQkv", "MhaGqa",   "Encoder",  "Decoder"};
   static const char* ways[] = {"TeTable", "ExtendedRules", "CustomNames"};
   return std::string(kinds[static_cast<int>(info.param.kind)]) + "_" + info.param.layout + "_" +
          ways[static_cast<int>(info.param.way)];

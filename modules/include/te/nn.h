@@ -3,8 +3,10 @@
 // Umbrella header of te::nn: modules whose tensors are sharded by logical axis names.
 
 #include "te/distributed.h"
+#include "te/nn/attention.h"
 #include "te/nn/dense.h"
 #include "te/nn/functional.h"
 #include "te/nn/init.h"
 #include "te/nn/mlp.h"
 #include "te/nn/sharded.h"
+#include "te/nn/transformer.h"

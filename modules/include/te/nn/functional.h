@@ -47,6 +47,26 @@ at::Tensor activation(const at::Tensor& x, const std::string& name);
 at::Tensor mlp_activation(const at::Tensor& h, const std::vector<std::string>& activations);
 DTensor mlp_activation(const DTensor& h, const std::vector<std::string>& activations);
 
+/// x.select(dim, index) as a DTensor (a dim sharded there is gathered first).
+DTensor select(const DTensor& x, int64_t dim, int64_t index);
+/// Splits dim `dim` into (outer, inner); a shard of `dim` becomes a shard of `outer` when it
+/// divides it evenly (else the dim is gathered first).
+DTensor unflatten(const DTensor& x, int64_t dim, int64_t outer, int64_t inner);
+/// Merges dims `dim` and `dim + 1`; a shard of `dim` stays a shard of the merged dim when even.
+DTensor flatten(const DTensor& x, int64_t dim);
+/// a + b (b is moved to a's layout first).
+DTensor add(const DTensor& a, const DTensor& b);
+
+/// Attention on local [batch, seqlen, heads, head_dim] tensors: softmax(q k^T * scale, masked) v.
+/// `mask`: bool, broadcastable to [batch, 1, seqlen_q, seqlen_kv], true = masked out (may be
+/// undefined). `causal` masks keys after the query position. `on_logits` may rewrite the
+/// [batch, heads, seqlen_q, seqlen_kv] logits (the sharding constraint). Key/value heads may be
+/// fewer (GQA): each serves heads / kv_heads query heads.
+at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                     const at::Tensor& mask, bool causal, double scale, double dropout,
+                     bool training, bool fused,
+                     const std::function<at::Tensor(const at::Tensor&)>& on_logits = {});
+
 /// Applies an elementwise `fn` to x's local piece (a Partial x is reduced first: f(sum) is not
 /// the sum of f).
 DTensor elementwise(const DTensor& x, const std::function<at::Tensor(const at::Tensor&)>& fn);

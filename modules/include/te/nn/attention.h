@@ -1,0 +1,152 @@
+#pragma once
+
+// te::nn::DotProductAttention and MultiHeadAttention: Transformer Engine's attention modules in
+// LibTorch's module idiom. Tensors are [batch, seqlen, heads, head_dim] (BSHD).
+
+#include <torch/arg.h>
+#include <torch/nn/cloneable.h>
+#include <torch/nn/pimpl.h>
+
+#include <optional>
+#include <string>
+
+#include "te/nn/dense.h"
+#include "te/nn/sharded.h"
+
+namespace te::nn {
+
+/// Options for DotProductAttention over `num_attention_heads` heads of `head_dim`.
+///
+/// Example:
+///   te::nn::DotProductAttention dpa(
+///       te::nn::DotProductAttentionOptions(8, 32).attn_mask_type("padding_causal"));
+struct DotProductAttentionOptions {
+  DotProductAttentionOptions(int64_t num_attention_heads, int64_t head_dim)
+      : num_attention_heads_(num_attention_heads), head_dim_(head_dim) {}
+  TORCH_ARG(int64_t, num_attention_heads);
+  TORCH_ARG(int64_t, head_dim);
+  /// Key/value heads (GQA); 0 means num_attention_heads (plain multi-head attention).
+  TORCH_ARG(int64_t, num_gqa_groups) = 0;
+  /// "no_mask", "padding", "causal" or "padding_causal".
+  TORCH_ARG(std::string, attn_mask_type) = "causal";
+  /// Dropout on the attention probabilities (training only).
+  TORCH_ARG(double, attention_dropout) = 0.0;
+  /// Multiplies the logits; 0 means 1/sqrt(head_dim).
+  TORCH_ARG(double, scale_factor) = 0.0;
+  /// Use at::scaled_dot_product_attention where this LibTorch has it (2.0+); same numbers.
+  TORCH_ARG(bool, fused) = true;
+};
+
+/// softmax(q k^T * scale + mask) v per head. `mask` (for the padding types) is a bool tensor
+/// broadcastable to [batch, 1, seqlen_q, seqlen_kv] whose true entries are masked out. The
+/// unfused path constrains the attention weights to (batch, heads, None, None).
+class DotProductAttentionImpl : public torch::nn::Cloneable<DotProductAttentionImpl>,
+                                public ShardedModule {
+ public:
+  DotProductAttentionImpl(int64_t heads, int64_t head_dim)
+      : DotProductAttentionImpl(DotProductAttentionOptions(heads, head_dim)) {}
+  explicit DotProductAttentionImpl(const DotProductAttentionOptions& options);
+
+  void reset() override;
+  void pretty_print(std::ostream& stream) const override;
+
+  at::Tensor forward(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                     const at::Tensor& mask = {});
+  DTensor forward(const DTensor& query, const DTensor& key, const DTensor& value,
+                  const at::Tensor& mask = {});
+
+  DotProductAttentionOptions options;
+};
+
+/// `dpa(q, k, v)` / `dpa(q, k, v, mask)` on tensors or DTensors.
+class DotProductAttention : public torch::nn::ModuleHolder<DotProductAttentionImpl> {
+ public:
+  using torch::nn::ModuleHolder<DotProductAttentionImpl>::ModuleHolder;
+  using Impl = DotProductAttentionImpl;
+  at::Tensor operator()(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                        const at::Tensor& mask = {}) {
+    return get()->forward(q, k, v, mask);
+  }
+  DTensor operator()(const DTensor& q, const DTensor& k, const DTensor& v,
+                     const at::Tensor& mask = {}) {
+    return get()->forward(q, k, v, mask);
+  }
+};
+
+/// Options for MultiHeadAttention(hidden, heads).
+struct MultiHeadAttentionOptions {
+  MultiHeadAttentionOptions(int64_t hidden_size, int64_t num_attention_heads)
+      : hidden_size_(hidden_size),
+        num_attention_heads_(num_attention_heads),
+        layernorm_(hidden_size) {}
+  TORCH_ARG(int64_t, hidden_size);
+  TORCH_ARG(int64_t, num_attention_heads);
+  /// 0: hidden_size / num_attention_heads.
+  TORCH_ARG(int64_t, head_dim) = 0;
+  /// 0: num_attention_heads (no GQA).
+  TORCH_ARG(int64_t, num_gqa_groups) = 0;
+  TORCH_ARG(std::string, attn_mask_type) = "causal";
+  TORCH_ARG(double, attention_dropout) = 0.0;
+  /// Normalise the input first (pre-LN); the norm's options.
+  TORCH_ARG(bool, input_layernorm) = true;
+  TORCH_ARG(LayerNormOptions, layernorm);
+  /// One (hidden, 3, heads * head_dim) projection for self attention; otherwise Q and KV apart.
+  TORCH_ARG(bool, fuse_qkv) = true;
+  /// Self attention (forward(x)); false: cross attention (forward(x, memory)), which projects
+  /// queries and keys/values with separate kernels.
+  TORCH_ARG(bool, self_attention) = true;
+  TORCH_ARG(bool, use_bias) = false;
+  /// Initialise the query kernel divided by sqrt(head_dim) ...
+  TORCH_ARG(bool, scaled_query_init) = true;
+  /// ... and leave the logits unscaled, as TE does by default.
+  TORCH_ARG(bool, scale_attn_logits) = false;
+  /// Sequence parallel: activations outside the attention are sharded on seqlen (seqlen_tp).
+  TORCH_ARG(bool, enable_sequence_parallel) = false;
+  TORCH_ARG(bool, fused_attention) = true;
+};
+
+/// Self or cross attention with TE's kernel axes (w_fsdp, w_joined, w_tp) and activation axes
+/// (batch, seqlen / seqlen_tp, heads, hidden). forward(x) is self attention;
+/// forward(x, memory) attends from x to memory.
+class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImpl>,
+                               public ShardedModule {
+ public:
+  MultiHeadAttentionImpl(int64_t hidden_size, int64_t heads)
+      : MultiHeadAttentionImpl(MultiHeadAttentionOptions(hidden_size, heads)) {}
+  explicit MultiHeadAttentionImpl(const MultiHeadAttentionOptions& options);
+
+  void reset() override;
+  void pretty_print(std::ostream& stream) const override;
+
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& memory = {},
+                     const at::Tensor& mask = {});
+  DTensor forward(const DTensor& x, const std::optional<DTensor>& memory = std::nullopt,
+                  const at::Tensor& mask = {});
+
+  MultiHeadAttentionOptions options;
+  LayerNorm layernorm{nullptr};
+  DotProductAttention attention{nullptr};
+  at::Tensor qkv_kernel, qkv_bias;  // fused
+  at::Tensor q_kernel, q_bias, kv_kernel, kv_bias;  // separate
+  at::Tensor out_kernel, out_bias;
+
+  int64_t head_dim() const;
+  int64_t kv_heads() const;
+};
+
+/// `mha(x)` and `mha(x, memory, mask)`: self or cross attention.
+class MultiHeadAttention : public torch::nn::ModuleHolder<MultiHeadAttentionImpl> {
+ public:
+  using torch::nn::ModuleHolder<MultiHeadAttentionImpl>::ModuleHolder;
+  using Impl = MultiHeadAttentionImpl;
+  at::Tensor operator()(const at::Tensor& x, const at::Tensor& memory = {},
+                        const at::Tensor& mask = {}) {
+    return get()->forward(x, memory, mask);
+  }
+  DTensor operator()(const DTensor& x, const std::optional<DTensor>& memory = std::nullopt,
+                     const at::Tensor& mask = {}) {
+    return get()->forward(x, memory, mask);
+  }
+};
+
+}  // namespace te::nn

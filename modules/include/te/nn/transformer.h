@@ -1,0 +1,95 @@
+#pragma once
+
+// te::nn::TransformerLayer: Transformer Engine's TransformerLayer (pre-LN residual blocks of
+// self attention, cross attention for decoders, and an MLP) in LibTorch's module idiom.
+
+#include <torch/arg.h>
+#include <torch/nn/cloneable.h>
+#include <torch/nn/pimpl.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "te/nn/attention.h"
+#include "te/nn/mlp.h"
+
+namespace te::nn {
+
+/// Options for TransformerLayer(hidden, ffn_hidden, heads).
+///
+/// Example:
+///   te::nn::TransformerLayer layer(te::nn::TransformerLayerOptions(256, 1024, 8)
+///                                      .self_attn_mask_type("padding")
+///                                      .mlp_activations({"gelu"}));
+struct TransformerLayerOptions {
+  TransformerLayerOptions(int64_t hidden_size, int64_t mlp_hidden_size,
+                          int64_t num_attention_heads)
+      : hidden_size_(hidden_size),
+        mlp_hidden_size_(mlp_hidden_size),
+        num_attention_heads_(num_attention_heads) {}
+  TORCH_ARG(int64_t, hidden_size);
+  TORCH_ARG(int64_t, mlp_hidden_size);
+  TORCH_ARG(int64_t, num_attention_heads);
+  TORCH_ARG(int64_t, num_gqa_groups) = 0;
+  /// "encoder" or "decoder" (adds cross attention to the encoder's output).
+  TORCH_ARG(std::string, layer_type) = "encoder";
+  TORCH_ARG(std::string, self_attn_mask_type) = "causal";
+  TORCH_ARG(std::string, layernorm_type) = "layernorm";
+  TORCH_ARG(double, layernorm_epsilon) = 1e-6;
+  TORCH_ARG(bool, zero_centered_gamma) = false;
+  /// Dropout after each block, before the residual add (training only).
+  TORCH_ARG(double, hidden_dropout) = 0.1;
+  TORCH_ARG(double, attention_dropout) = 0.1;
+  TORCH_ARG(double, intermediate_dropout) = 0.1;
+  TORCH_ARG(std::vector<std::string>, mlp_activations) = {"relu"};
+  TORCH_ARG(bool, use_bias) = false;
+  TORCH_ARG(bool, fuse_qkv) = true;
+  TORCH_ARG(bool, scaled_query_init) = true;
+  TORCH_ARG(bool, scale_attn_logits) = false;
+  /// Sequence parallel (with a tpsp MeshResource or rules for seqlen_tp).
+  TORCH_ARG(bool, enable_sequence_parallel) = false;
+  TORCH_ARG(bool, fused_attention) = true;
+};
+
+/// x -> x + drop(attn(ln(x))) [-> + drop(cross_attn(ln(.), memory))] -> + drop(mlp(ln(.))).
+class TransformerLayerImpl : public torch::nn::Cloneable<TransformerLayerImpl>,
+                             public ShardedModule {
+ public:
+  TransformerLayerImpl(int64_t hidden, int64_t ffn, int64_t heads)
+      : TransformerLayerImpl(TransformerLayerOptions(hidden, ffn, heads)) {}
+  explicit TransformerLayerImpl(const TransformerLayerOptions& options);
+
+  void reset() override;
+  void pretty_print(std::ostream& stream) const override;
+
+  /// `mask`: padding mask of the self attention; `memory` and `memory_mask`: the encoder
+  /// output and its padding mask, for decoders.
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& mask = {},
+                     const at::Tensor& memory = {}, const at::Tensor& memory_mask = {});
+  DTensor forward(const DTensor& x, const at::Tensor& mask = {},
+                  const std::optional<DTensor>& memory = std::nullopt,
+                  const at::Tensor& memory_mask = {});
+
+  TransformerLayerOptions options;
+  MultiHeadAttention self_attention{nullptr};
+  MultiHeadAttention cross_attention{nullptr};
+  LayerNormMLP mlp{nullptr};
+};
+
+class TransformerLayer : public torch::nn::ModuleHolder<TransformerLayerImpl> {
+ public:
+  using torch::nn::ModuleHolder<TransformerLayerImpl>::ModuleHolder;
+  using Impl = TransformerLayerImpl;
+  at::Tensor operator()(const at::Tensor& x, const at::Tensor& mask = {},
+                        const at::Tensor& memory = {}, const at::Tensor& memory_mask = {}) {
+    return get()->forward(x, mask, memory, memory_mask);
+  }
+  DTensor operator()(const DTensor& x, const at::Tensor& mask = {},
+                     const std::optional<DTensor>& memory = std::nullopt,
+                     const at::Tensor& memory_mask = {}) {
+    return get()->forward(x, mask, memory, memory_mask);
+  }
+};
+
+}  // namespace te::nn

@@ -1,0 +1,323 @@
+#include "te/nn/attention.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <cmath>
+
+#include "constrain.h"
+#include "te/compat.h"
+#include "te/error.h"
+#include "te/nn/functional.h"
+#include "te/nn/init.h"
+
+namespace te::nn {
+
+namespace F = functional;
+
+namespace {
+
+const char* const kMaskTypes[] = {"no_mask", "padding", "causal", "padding_causal"};
+
+bool is_causal(const std::string& t) { return t == "causal" || t == "padding_causal"; }
+bool uses_mask(const std::string& t) { return t == "padding" || t == "padding_causal"; }
+
+void check_mask_type(const std::string& t) {
+  for (const char* m : kMaskTypes) {
+    if (t == m) return;
+  }
+  TE_FAIL("attn_mask_type '", t, "' is not one of no_mask, padding, causal, padding_causal");
+}
+
+// The padding mask as given, or undefined when the mask type ignores it.
+at::Tensor effective_mask(const std::string& type, const at::Tensor& mask) {
+  if (!uses_mask(type)) return at::Tensor();
+  TE_CHECK(mask.defined(), "attention with attn_mask_type '", type,
+           "' needs a mask: a bool tensor broadcastable to [batch, 1, seqlen_q, seqlen_kv], "
+           "true where a key is masked out");
+  TE_CHECK(mask.dim() == 4, "attention mask must have 4 dims [batch, 1, seqlen_q, seqlen_kv], "
+                            "got ", mask.sizes());
+  return mask.to(at::kBool);
+}
+
+bool fused_available(bool wanted) {
+#if TE_HAS_SDPA
+  return wanted;
+#else
+  (void)wanted;
+  return false;
+#endif
+}
+
+}  // namespace
+
+// ---- DotProductAttention ---------------------------------------------------------------------
+
+DotProductAttentionImpl::DotProductAttentionImpl(const DotProductAttentionOptions& options_)
+    : options(options_) {
+  reset();
+}
+
+void DotProductAttentionImpl::reset() {
+  TE_CHECK(options.num_attention_heads() > 0 && options.head_dim() > 0,
+           "DotProductAttention: num_attention_heads (", options.num_attention_heads(),
+           ") and head_dim (", options.head_dim(), ") must be positive");
+  const int64_t groups =
+      options.num_gqa_groups() == 0 ? options.num_attention_heads() : options.num_gqa_groups();
+  TE_CHECK(groups > 0 && options.num_attention_heads() % groups == 0, "DotProductAttention: ",
+           options.num_attention_heads(), " heads are not a multiple of num_gqa_groups ",
+           groups);
+  check_mask_type(options.attn_mask_type());
+  TE_CHECK(options.attention_dropout() >= 0 && options.attention_dropout() < 1,
+           "DotProductAttention: attention_dropout ", options.attention_dropout(),
+           " is not in [0, 1)");
+}
+
+void DotProductAttentionImpl::pretty_print(std::ostream& stream) const {
+  stream << "te::nn::DotProductAttention(heads=" << options.num_attention_heads()
+         << ", head_dim=" << options.head_dim();
+  if (options.num_gqa_groups() != 0) stream << ", gqa_groups=" << options.num_gqa_groups();
+  stream << ", mask=" << options.attn_mask_type() << ", dropout=" << options.attention_dropout()
+         << ")";
+}
+
+at::Tensor DotProductAttentionImpl::forward(const at::Tensor& query, const at::Tensor& key,
+                                            const at::Tensor& value, const at::Tensor& mask) {
+  const double scale = options.scale_factor() != 0.0
+                           ? options.scale_factor()
+                           : 1.0 / std::sqrt(static_cast<double>(options.head_dim()));
+  const bool fused = fused_available(options.fused());
+  return F::attention(query, key, value, effective_mask(options.attn_mask_type(), mask),
+                      is_causal(options.attn_mask_type()), scale, options.attention_dropout(),
+                      is_training(), fused,
+                      fused ? std::function<at::Tensor(const at::Tensor&)>()
+                            : [](const at::Tensor& logits) {
+                                // Validates the constraint on one device (never a repeated
+                                // name: the seed's seqlen, seqlen bug).
+                                return with_sharding_constraint(
+                                    logits, {"batch", "heads", std::nullopt, std::nullopt});
+                              });
+}
+
+DTensor DotProductAttentionImpl::forward(const DTensor& query, const DTensor& key,
+                                         const DTensor& value, const at::Tensor& mask) {
+  // Attention is local to each (batch, head): whole sequences and head dims, batch and heads
+  // sharded alike on q, k and v.
+  auto whole = [](const DTensor& t) {
+    std::vector<Placement> target = t.placements();
+    bool change = false;
+    for (Placement& p : target) {
+      if (is_partial(p) || is_shard(p, 1) || is_shard(p, 3)) {
+        p = Replicate{};
+        change = true;
+      }
+    }
+    return change ? t.redistribute(target) : t;
+  };
+  const DTensor q = whole(query);
+  const DTensor k = whole(key).redistribute(q.placements());
+  const DTensor v = whole(value).redistribute(q.placements());
+  at::Tensor local_mask = effective_mask(options.attn_mask_type(), mask);
+  if (local_mask.defined() && local_mask.size(0) > 1) {
+    // This rank's batch rows of the mask.
+    const auto chunks = local_chunks(q.sizes(), q.mesh(), q.placements(), q.mesh().rank());
+    local_mask = local_mask.narrow(0, chunks[0].offset, chunks[0].length);
+  }
+  const double scale = options.scale_factor() != 0.0
+                           ? options.scale_factor()
+                           : 1.0 / std::sqrt(static_cast<double>(options.head_dim()));
+  const bool fused = fused_available(options.fused());
+  std::function<at::Tensor(const at::Tensor&)> on_logits;
+  if (!fused) {
+    // The attention weights [batch, heads, sq, sk] carry q's batch and head shards.
+    std::vector<Placement> weights = q.placements();
+    for (Placement& p : weights) {
+      if (is_shard(p, 2)) p = Shard{1};
+    }
+    const std::vector<int64_t> shape = {q.size(0), q.size(2), q.size(1), k.size(1)};
+    const DeviceMesh mesh = q.mesh();
+    on_logits = [weights, shape, mesh](const at::Tensor& logits) {
+      return with_sharding_constraint(DTensor::from_local(logits, mesh, weights, shape),
+                                      {"batch", "heads", std::nullopt, std::nullopt})
+          .redistribute(weights)
+          .to_local();
+    };
+  }
+  at::Tensor out = F::attention(q.to_local(), k.to_local(), v.to_local(), local_mask,
+                                is_causal(options.attn_mask_type()), scale,
+                                options.attention_dropout(), is_training(), fused, on_logits);
+  return DTensor::from_local(out, q.mesh(), q.placements(), q.sizes());
+}
+
+// ---- MultiHeadAttention ----------------------------------------------------------------------
+
+MultiHeadAttentionImpl::MultiHeadAttentionImpl(const MultiHeadAttentionOptions& options_)
+    : options(options_) {
+  reset();
+}
+
+int64_t MultiHeadAttentionImpl::head_dim() const {
+  return options.head_dim() != 0 ? options.head_dim()
+                                 : options.hidden_size() / options.num_attention_heads();
+}
+
+int64_t MultiHeadAttentionImpl::kv_heads() const {
+  return options.num_gqa_groups() != 0 ? options.num_gqa_groups()
+                                       : options.num_attention_heads();
+}
+
+void MultiHeadAttentionImpl::reset() {
+  const int64_t hidden = options.hidden_size(), heads = options.num_attention_heads();
+  TE_CHECK(hidden > 0 && heads > 0, "MultiHeadAttention: hidden_size (", hidden,
+           ") and num_attention_heads (", heads, ") must be positive");
+  TE_CHECK(options.head_dim() != 0 || hidden % heads == 0, "MultiHeadAttention: hidden_size ",
+           hidden, " is not a multiple of num_attention_heads ", heads,
+           "; set head_dim explicitly");
+  const int64_t d = head_dim(), g = kv_heads();
+  TE_CHECK(g > 0 && heads % g == 0, "MultiHeadAttention: ", heads,
+           " heads are not a multiple of num_gqa_groups ", g);
+  check_mask_type(options.attn_mask_type());
+  if (options.input_layernorm()) {
+    TE_CHECK(options.layernorm().hidden_size() == hidden, "MultiHeadAttention: the norm's "
+             "hidden_size ", options.layernorm().hidden_size(), " differs from ", hidden);
+    layernorm = register_module("layernorm", LayerNorm(options.layernorm()));
+  }
+  attention = register_module(
+      "attention", DotProductAttention(DotProductAttentionOptions(heads, d)
+                                           .num_gqa_groups(g)
+                                           .attn_mask_type(options.attn_mask_type())
+                                           .attention_dropout(options.attention_dropout())
+                                           .scale_factor(options.scale_attn_logits()
+                                                             ? 1.0 / std::sqrt(double(d))
+                                                             : 1.0)
+                                           .fused(options.fused_attention())));
+  // TE's attention kernels: variance_scaling(1, fan_in, normal); the query part divided by
+  // sqrt(head_dim) when scaled_query_init (then the logits are not scaled).
+  const double query_scale = options.scaled_query_init() ? 1.0 / std::sqrt(double(d)) : 1.0;
+  auto kernel = [&](std::vector<int64_t> shape) {
+    return variance_scaling(shape, 1, 1.0, "fan_in", "normal");
+  };
+  if (options.self_attention() && options.fuse_qkv() && g == heads) {
+    at::Tensor w = kernel({hidden, 3, heads * d});
+    w.select(1, 0).mul_(query_scale);
+    qkv_kernel = register_sharded(*this, "qkv_kernel", w, {"w_fsdp", "w_joined", "w_tp"});
+    if (options.use_bias()) {
+      qkv_bias = register_sharded(*this, "qkv_bias", at::zeros({3, heads * d}),
+                                  {"w_joined", "w_tp"});
+    }
+  } else {
+    q_kernel = register_sharded(*this, "q_kernel", kernel({hidden, heads * d}) * query_scale,
+                                {"w_fsdp", "w_tp"});
+    kv_kernel = register_sharded(*this, "kv_kernel", kernel({hidden, 2, g * d}),
+                                 {"w_fsdp", "w_joined", "w_tp"});
+    if (options.use_bias()) {
+      q_bias = register_sharded(*this, "q_bias", at::zeros({heads * d}), {"w_tp"});
+      kv_bias = register_sharded(*this, "kv_bias", at::zeros({2, g * d}), {"w_joined", "w_tp"});
+    }
+  }
+  out_kernel = register_sharded(*this, "out_kernel", kernel({heads * d, hidden}),
+                                {"w_tp", "w_fsdp"});
+  if (options.use_bias()) {
+    out_bias = register_sharded(*this, "out_bias", at::zeros({hidden}), {"w_no_shard"});
+  }
+}
+
+void MultiHeadAttentionImpl::pretty_print(std::ostream& stream) const {
+  stream << "te::nn::MultiHeadAttention(hidden_size=" << options.hidden_size()
+         << ", heads=" << options.num_attention_heads() << ", head_dim=" << head_dim();
+  if (kv_heads() != options.num_attention_heads()) stream << ", gqa_groups=" << kv_heads();
+  stream << ", mask=" << options.attn_mask_type()
+         << ", " << (options.self_attention() ? "self" : "cross")
+         << (qkv_kernel.defined() ? ", fused_qkv" : "")
+         << (options.enable_sequence_parallel() ? ", sequence_parallel" : "") << ")";
+}
+
+at::Tensor MultiHeadAttentionImpl::forward(const at::Tensor& x, const at::Tensor& memory,
+                                           const at::Tensor& mask) {
+  require_unsharded(*this, "MultiHeadAttention");
+  TE_CHECK(x.dim() == 3 && x.size(2) == options.hidden_size(), "MultiHeadAttention: input ",
+           x.sizes(), " is not [batch, seqlen, ", options.hidden_size(), "]");
+  TE_CHECK(options.self_attention() != memory.defined(), "MultiHeadAttention: ",
+           options.self_attention() ? "self attention takes no memory; build it with "
+                                      "self_attention(false) for cross attention"
+                                    : "cross attention needs the memory to attend to");
+  const int64_t b = x.size(0), s = x.size(1), heads = options.num_attention_heads();
+  const int64_t d = head_dim(), g = kv_heads();
+  const at::Tensor ln = options.input_layernorm() ? layernorm->forward(x) : x;
+  at::Tensor q, k, v;
+  if (qkv_kernel.defined()) {
+    at::Tensor qkv = F::dense(ln, qkv_kernel);
+    if (qkv_bias.defined()) qkv = qkv + qkv_bias;
+    qkv = qkv.view({b, s, 3, heads, d});
+    q = qkv.select(2, 0);
+    k = qkv.select(2, 1);
+    v = qkv.select(2, 2);
+  } else {
+    const at::Tensor& src = options.self_attention() ? ln : memory;
+    q = F::dense(ln, q_kernel);
+    if (q_bias.defined()) q = q + q_bias;
+    q = q.view({b, s, heads, d});
+    at::Tensor kv = F::dense(src, kv_kernel);
+    if (kv_bias.defined()) kv = kv + kv_bias;
+    kv = kv.view({b, src.size(1), 2, g, d});
+    k = kv.select(2, 0);
+    v = kv.select(2, 1);
+  }
+  at::Tensor out = attention->forward(q, k, v, mask).reshape({b, s, heads * d});
+  at::Tensor y = F::dense(out, out_kernel);
+  if (out_bias.defined()) y = y + out_bias;
+  return y;
+}
+
+DTensor MultiHeadAttentionImpl::forward(const DTensor& x_in, const std::optional<DTensor>& memory,
+                                        const at::Tensor& mask) {
+  TE_CHECK(x_in.dim() == 3 && x_in.size(2) == options.hidden_size(),
+           "MultiHeadAttention: input ", x_in.to_string(), " is not [batch, seqlen, ",
+           options.hidden_size(), "]");
+  TE_CHECK(options.self_attention() != memory.has_value(), "MultiHeadAttention: ",
+           options.self_attention() ? "self attention takes no memory; build it with "
+                                      "self_attention(false) for cross attention"
+                                    : "cross attention needs the memory to attend to");
+  const DeviceMesh& mesh = x_in.mesh();
+  const char* seq = options.enable_sequence_parallel() ? "seqlen_tp" : "seqlen";
+  const int64_t heads = options.num_attention_heads(), d = head_dim(), g = kv_heads();
+  const LogicalAxes act = {"batch", seq, "hidden"};
+  const LogicalAxes whole = {"batch", "seqlen", "hidden"};
+  const LogicalAxes per_head = {"batch", "seqlen", "heads", std::nullopt};
+
+  const DTensor x = with_sharding_constraint(x_in, act);
+  DTensor ln = options.input_layernorm() ? layernorm->forward(x) : x;
+  ln = with_sharding_constraint(ln, whole);  // sequence parallel: the gather
+  DTensor q, k, v;
+  if (qkv_kernel.defined()) {
+    DTensor qkv = F::dense(ln, as_dtensor("qkv_kernel", qkv_kernel, mesh));
+    if (qkv_bias.defined()) qkv = F::add_bias(qkv, as_dtensor("qkv_bias", qkv_bias, mesh));
+    qkv = F::unflatten(qkv, 3, heads, d);
+    qkv = with_sharding_constraint(qkv, {"batch", "seqlen", "joined", "heads", std::nullopt});
+    q = F::select(qkv, 2, 0);
+    k = F::select(qkv, 2, 1);
+    v = F::select(qkv, 2, 2);
+  } else {
+    const DTensor src =
+        options.self_attention() ? ln : with_sharding_constraint(*memory, whole);
+    DTensor qp = F::dense(ln, as_dtensor("q_kernel", q_kernel, mesh));
+    if (q_bias.defined()) qp = F::add_bias(qp, as_dtensor("q_bias", q_bias, mesh));
+    q = F::unflatten(qp, 2, heads, d);
+    DTensor kv = F::dense(src, as_dtensor("kv_kernel", kv_kernel, mesh));
+    if (kv_bias.defined()) kv = F::add_bias(kv, as_dtensor("kv_bias", kv_bias, mesh));
+    kv = F::unflatten(kv, 3, g, d);
+    k = F::select(kv, 2, 0);
+    v = F::select(kv, 2, 1);
+  }
+  q = with_sharding_constraint(q, per_head);
+  k = with_sharding_constraint(k, per_head);
+  v = with_sharding_constraint(v, per_head);
+  DTensor out = F::flatten(attention->forward(q, k, v, mask), 2);
+  out = with_sharding_constraint(out, {"batch", "seqlen", "hidden_tp"});
+  DTensor y = F::dense(out, as_dtensor("out_kernel", out_kernel, mesh));
+  y = with_sharding_constraint(y, act);  // tensor parallel: the all-reduce (or reduce-scatter)
+  if (out_bias.defined()) y = F::add_bias(y, as_dtensor("out_bias", out_bias, mesh));
+  return y;
+}
+
+}  // namespace te::nn

@@ -1,0 +1,292 @@
+// DotProductAttention, MultiHeadAttention and TransformerLayer on one process against references
+// written with plain LibTorch ops on the same weights (forward and every gradient).
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <sstream>
+
+#include "te/nn.h"
+
+namespace te::nn {
+namespace {
+
+::testing::AssertionResult Close(const at::Tensor& a, const at::Tensor& b, double tol = 1e-6) {
+  if (a.sizes() != b.sizes()) {
+    return ::testing::AssertionFailure() << "shapes " << a.sizes() << " vs " << b.sizes();
+  }
+  const double err = (a - b).abs().max().item<double>();
+  const double scale = std::max(1.0, b.abs().max().item<double>());
+  if (err <= tol * scale) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "max abs error " << err << " > " << tol * scale;
+}
+
+at::Tensor leaf(const at::Tensor& t) { return t.detach().clone().requires_grad_(true); }
+
+at::Tensor randn(std::vector<int64_t> shape, uint64_t seed) {
+  at::Generator g = at::detail::createCPUGenerator(seed);
+  return at::randn(shape, g);
+}
+
+// Key positions at or beyond each row's length are masked out: [batch, 1, sq, sk].
+at::Tensor padding_mask(const std::vector<int64_t>& lengths, int64_t sq, int64_t sk) {
+  at::Tensor len = at::tensor(lengths).view({-1, 1, 1, 1});
+  return at::arange(sk).view({1, 1, 1, sk}).ge(len).expand(
+      {static_cast<int64_t>(lengths.size()), 1, sq, sk});
+}
+
+// softmax(q k^T * scale + mask) v with einsum, GQA by repeating key/value heads.
+at::Tensor reference_attention(const at::Tensor& q, at::Tensor k, at::Tensor v,
+                               const at::Tensor& mask, bool causal, double scale) {
+  const int64_t rep = q.size(2) / k.size(2);
+  k = k.repeat_interleave(rep, 2);
+  v = v.repeat_interleave(rep, 2);
+  at::Tensor logits = at::einsum("bqhd,bkhd->bhqk", {q, k}) * scale;
+  const int64_t sq = q.size(1), sk = k.size(1);
+  at::Tensor masked = at::zeros({1, 1, sq, sk}, at::kBool);
+  if (causal) masked = at::ones({sq, sk}, at::kBool).triu(1).view({1, 1, sq, sk});
+  if (mask.defined()) masked = masked.logical_or(mask);
+  logits = logits.masked_fill(masked, -1e10);
+  return at::einsum("bhqk,bkhd->bqhd", {at::softmax(logits, -1), v});
+}
+
+struct MaskCase {
+  std::string type;
+  int64_t gqa;
+};
+
+class DotProductAttentionCases : public ::testing::TestWithParam<MaskCase> {};
+
+TEST_P(DotProductAttentionCases, EqualsSoftmaxAttention) {
+  const auto& c = GetParam();
+  DotProductAttention dpa(
+      DotProductAttentionOptions(4, 8).attn_mask_type(c.type).num_gqa_groups(c.gqa));
+  at::Tensor q = randn({3, 5, 4, 8}, 1).requires_grad_(true);
+  at::Tensor k = randn({3, 5, c.gqa, 8}, 2).requires_grad_(true);
+  at::Tensor v = randn({3, 5, c.gqa, 8}, 3).requires_grad_(true);
+  const at::Tensor mask = padding_mask({5, 3, 1}, 5, 5);
+  at::Tensor y = dpa(q, k, v, mask);
+  at::Tensor qr = leaf(q), kr = leaf(k), vr = leaf(v);
+  const bool padding = c.type == "padding" || c.type == "padding_causal";
+  const bool causal = c.type == "causal" || c.type == "padding_causal";
+  at::Tensor yr = reference_attention(qr, kr, vr, padding ? mask : at::Tensor(), causal,
+                                      1.0 / std::sqrt(8.0));
+  EXPECT_TRUE(Close(y, yr, 1e-5));
+  at::Tensor g = randn(y.sizes().vec(), 4);
+  torch::autograd::backward({y}, {g});
+  torch::autograd::backward({yr}, {g});
+  EXPECT_TRUE(Close(q.grad(), qr.grad(), 1e-5));
+  EXPECT_TRUE(Close(k.grad(), kr.grad(), 1e-5));
+  EXPECT_TRUE(Close(v.grad(), vr.grad(), 1e-5));
+}
+
+INSTANTIATE_TEST_SUITE_P(Masks, DotProductAttentionCases,
+                         ::testing::Values(MaskCase{"no_mask", 4}, MaskCase{"padding", 4},
+                                           MaskCase{"causal", 4}, MaskCase{"padding_causal", 4},
+                                           MaskCase{"padding_causal", 2},
+                                           MaskCase{"causal", 1}),
+                         [](const auto& info) {
+                           return info.param.type + "_gqa" + std::to_string(info.param.gqa);
+                         });
+
+TEST(DotProductAttention, ReportsBadInput) {
+  EXPECT_THROW(DotProductAttention(DotProductAttentionOptions(4, 8).attn_mask_type("sliding")),
+               Error);
+  EXPECT_THROW(DotProductAttention(DotProductAttentionOptions(4, 8).num_gqa_groups(3)), Error);
+  DotProductAttention dpa(DotProductAttentionOptions(4, 8).attn_mask_type("padding"));
+  at::Tensor q = at::randn({1, 2, 4, 8});
+  try {
+    dpa(q, q, q);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("needs a mask"), std::string::npos) << e.what();
+  }
+}
+
+TEST(DotProductAttention, TheSeedsRepeatedSeqlenConstraintIsImpossible) {
+  // TE's seed constrained the attention weights (batch, heads, seqlen, seqlen); a repeated name
+  // now throws wherever it is used, with or without rules, on one device or many.
+  AxisRulesScope rules(parse_axis_rules("batch=data,heads=model"));
+  const at::Tensor weights = at::zeros({2, 4, 5, 5});
+  try {
+    with_sharding_constraint(weights, {"batch", "heads", "seqlen", "seqlen"});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'seqlen' occurs more than once"), std::string::npos);
+  }
+  // The module's own constraint names each dim once, so it runs.
+  DotProductAttention dpa(DotProductAttentionOptions(4, 8).attn_mask_type("causal"));
+  EXPECT_NO_THROW(dpa(at::randn({2, 5, 4, 8}), at::randn({2, 5, 4, 8}), at::randn({2, 5, 4, 8})));
+}
+
+// ---- MultiHeadAttention ----------------------------------------------------------------------
+
+// The same computation from the module's weights, with plain ops.
+at::Tensor reference_mha(MultiHeadAttentionImpl& m, const at::Tensor& x, const at::Tensor& memory,
+                         const at::Tensor& mask, std::map<std::string, at::Tensor>& leaves) {
+  for (const auto& p : m.named_parameters()) leaves[p.key()] = leaf(p.value());
+  const int64_t b = x.size(0), s = x.size(1), h = m.options.num_attention_heads();
+  const int64_t d = m.head_dim(), g = m.kv_heads();
+  at::Tensor ln = at::layer_norm(x, {x.size(2)}, leaves["layernorm.scale"],
+                                 leaves["layernorm.ln_bias"], 1e-6);
+  at::Tensor q, k, v;
+  if (leaves.count("qkv_kernel")) {
+    at::Tensor qkv = at::einsum("bsh,hjn->bsjn", {ln, leaves["qkv_kernel"]});
+    qkv = qkv.view({b, s, 3, h, d});
+    q = qkv.select(2, 0);
+    k = qkv.select(2, 1);
+    v = qkv.select(2, 2);
+  } else {
+    const at::Tensor& src = memory.defined() ? memory : ln;
+    q = at::matmul(ln, leaves["q_kernel"]).view({b, s, h, d});
+    at::Tensor kv = at::einsum("bsh,hjn->bsjn", {src, leaves["kv_kernel"]})
+                        .view({b, src.size(1), 2, g, d});
+    k = kv.select(2, 0);
+    v = kv.select(2, 1);
+  }
+  const std::string type = m.options.attn_mask_type();
+  const bool padding = type == "padding" || type == "padding_causal";
+  const bool causal = type == "causal" || type == "padding_causal";
+  at::Tensor out = reference_attention(q, k, v, padding ? mask : at::Tensor(), causal, 1.0);
+  return at::matmul(out.reshape({b, s, h * d}), leaves["out_kernel"]);
+}
+
+struct MhaCase {
+  std::string name;
+  MultiHeadAttentionOptions options;
+  bool cross;
+};
+
+class MultiHeadAttentionCases : public ::testing::TestWithParam<MhaCase> {};
+
+TEST_P(MultiHeadAttentionCases, EqualsTheComposition) {
+  const MhaCase& c = GetParam();
+  manual_seed(7);
+  MultiHeadAttention mha(c.options);
+  at::Tensor x = randn({3, 5, 16}, 8).requires_grad_(true);
+  at::Tensor memory = c.cross ? randn({3, 7, 16}, 9).requires_grad_(true) : at::Tensor();
+  const at::Tensor mask = padding_mask({5, 2, 4}, 5, c.cross ? 7 : 5);
+  at::Tensor y = mha(x, memory, mask);
+  std::map<std::string, at::Tensor> leaves;
+  at::Tensor xr = leaf(x);
+  at::Tensor mr = c.cross ? leaf(memory) : at::Tensor();
+  at::Tensor yr = reference_mha(*mha, xr, mr, mask, leaves);
+  EXPECT_TRUE(Close(y, yr, 1e-5));
+  at::Tensor g = randn(y.sizes().vec(), 10);
+  torch::autograd::backward({y}, {g});
+  torch::autograd::backward({yr}, {g});
+  EXPECT_TRUE(Close(x.grad(), xr.grad(), 1e-5));
+  if (c.cross) EXPECT_TRUE(Close(memory.grad(), mr.grad(), 1e-5));
+  for (const auto& p : mha->named_parameters()) {
+    EXPECT_TRUE(Close(p.value().grad(), leaves[p.key()].grad(), 1e-5)) << p.key();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Variants, MultiHeadAttentionCases,
+    ::testing::Values(
+        MhaCase{"FusedQkvCausal", MultiHeadAttentionOptions(16, 4), false},
+        MhaCase{"FusedQkvPaddingCausal",
+                MultiHeadAttentionOptions(16, 4).attn_mask_type("padding_causal"), false},
+        MhaCase{"GqaPadding",
+                MultiHeadAttentionOptions(16, 4).num_gqa_groups(2).attn_mask_type("padding"),
+                false},
+        MhaCase{"SeparateQkv", MultiHeadAttentionOptions(16, 4).fuse_qkv(false), false},
+        MhaCase{"CrossPadding",
+                MultiHeadAttentionOptions(16, 4).self_attention(false).attn_mask_type("padding"),
+                true}),
+    [](const auto& info) { return info.param.name; });
+
+TEST(MultiHeadAttention, ScaledQueryInitAndNames) {
+  manual_seed(11);
+  MultiHeadAttention mha(MultiHeadAttentionOptions(64, 4));
+  // Query kernel ~ N(0, 1/64) / sqrt(16); key kernel ~ N(0, 1/64).
+  const double q_std = mha->qkv_kernel.select(1, 0).std().item<double>();
+  const double k_std = mha->qkv_kernel.select(1, 1).std().item<double>();
+  EXPECT_NEAR(q_std * std::sqrt(16.0), 1.0 / 8.0, 0.01);
+  EXPECT_NEAR(k_std, 1.0 / 8.0, 0.01);
+  std::vector<std::string> names;
+  for (const auto& p : mha->named_parameters()) names.push_back(p.key());
+  // LibTorch lists a module's own parameters before its children's.
+  EXPECT_EQ(names, (std::vector<std::string>{"qkv_kernel", "out_kernel", "layernorm.scale",
+                                             "layernorm.ln_bias"}));
+  std::ostringstream os;
+  mha->pretty_print(os);
+  EXPECT_EQ(os.str(),
+            "te::nn::MultiHeadAttention(hidden_size=64, heads=4, head_dim=16, mask=causal, self, "
+            "fused_qkv)");
+  EXPECT_THROW(MultiHeadAttention(MultiHeadAttentionOptions(10, 4)), Error);
+  EXPECT_THROW(mha(at::randn({2, 3, 64}), at::randn({2, 3, 64})), Error);  // self + memory
+}
+
+// ---- TransformerLayer ------------------------------------------------------------------------
+
+TEST(TransformerLayer, EncoderEqualsResidualComposition) {
+  manual_seed(12);
+  TransformerLayer layer(TransformerLayerOptions(16, 32, 4)
+                             .self_attn_mask_type("padding")
+                             .mlp_activations({"gelu"})
+                             .hidden_dropout(0)
+                             .attention_dropout(0)
+                             .intermediate_dropout(0));
+  at::Tensor x = randn({3, 5, 16}, 13).requires_grad_(true);
+  const at::Tensor mask = padding_mask({5, 3, 4}, 5, 5);
+  at::Tensor y = layer(x, mask);
+  // Reference: the blocks by hand (each checked against plain ops above).
+  at::Tensor xr = leaf(x);
+  std::map<std::string, at::Tensor> leaves;
+  at::Tensor h = xr + reference_mha(*layer->self_attention, xr, {}, mask, leaves);
+  const auto& mlp = *layer->mlp;
+  at::Tensor w1 = leaf(mlp.wi_kernel), w2 = leaf(mlp.wo_kernel);
+  at::Tensor g = leaf(mlp.layernorm->scale), beta = leaf(mlp.layernorm->ln_bias);
+  at::Tensor inner = at::einsum("bsh,haf->bsaf", {at::layer_norm(h, {16}, g, beta, 1e-6), w1});
+  at::Tensor yr = h + at::matmul(at::gelu(inner.select(-2, 0), "tanh"), w2);
+  EXPECT_TRUE(Close(y, yr, 1e-5));
+  at::Tensor dy = randn(y.sizes().vec(), 14);
+  torch::autograd::backward({y}, {dy});
+  torch::autograd::backward({yr}, {dy});
+  EXPECT_TRUE(Close(x.grad(), xr.grad(), 1e-5));
+  EXPECT_TRUE(Close(mlp.wi_kernel.grad(), w1.grad(), 1e-5));
+  EXPECT_TRUE(Close(layer->self_attention->qkv_kernel.grad(), leaves["qkv_kernel"].grad(), 1e-5));
+}
+
+TEST(TransformerLayer, DecoderAddsCrossAttention) {
+  manual_seed(15);
+  TransformerLayer layer(TransformerLayerOptions(16, 32, 4)
+                             .layer_type("decoder")
+                             .hidden_dropout(0)
+                             .attention_dropout(0)
+                             .intermediate_dropout(0));
+  at::Tensor x = randn({2, 5, 16}, 16);
+  at::Tensor memory = randn({2, 6, 16}, 17);
+  const at::Tensor memory_mask = padding_mask({6, 4}, 5, 6);
+  at::Tensor y = layer(x, {}, memory, memory_mask);
+  std::map<std::string, at::Tensor> l1, l2;
+  at::Tensor h = x + reference_mha(*layer->self_attention, x, {}, {}, l1);
+  h = h + reference_mha(*layer->cross_attention, h, memory, memory_mask, l2);
+  EXPECT_TRUE(Close(y, h + layer->mlp(h), 1e-5));
+  EXPECT_THROW(layer(x), Error);  // a decoder needs memory
+  std::ostringstream os;
+  layer->pretty_print(os);
+  EXPECT_EQ(os.str(),
+            "te::nn::TransformerLayer(decoder, hidden_size=16, mlp_hidden_size=32, heads=4, "
+            "self_attn_mask=causal, hidden_dropout=0)");
+}
+
+TEST(TransformerLayer, DropoutOffInEvalAndInference) {
+  manual_seed(18);
+  TransformerLayer layer(TransformerLayerOptions(16, 32, 4));
+  at::Tensor x = randn({2, 5, 16}, 19);
+  layer->eval();
+  at::Tensor a = layer(x);
+  {
+    c10::InferenceMode inference;
+    EXPECT_TRUE(at::allclose(layer(x), a));
+  }
+  layer->train();
+  EXPECT_FALSE(at::allclose(layer(x), a));
+}
+
+}  // namespace
+}  // namespace te::nn
