@@ -286,11 +286,12 @@ DTensor MultiHeadAttentionImpl::forward(const DTensor& x_in, const std::optional
   const LogicalAxes per_head = {"batch", "seqlen", "heads", std::nullopt};
 
   const DTensor x = with_sharding_constraint(x_in, act);
-  DTensor ln = options.input_layernorm() ? layernorm->forward(x) : x;
-  ln = with_sharding_constraint(ln, whole);  // sequence parallel: the gather
+  // The projections' input constraint (whole sequences: sequence parallel's gather) is folded
+  // into their matmuls, so its backward is a reduce-scatter.
+  const DTensor ln = options.input_layernorm() ? layernorm->forward(x) : x;
   DTensor q, k, v;
   if (qkv_kernel.defined()) {
-    DTensor qkv = F::dense(ln, as_dtensor("qkv_kernel", qkv_kernel, mesh));
+    DTensor qkv = F::dense(ln, as_dtensor("qkv_kernel", qkv_kernel, mesh), whole);
     if (qkv_bias.defined()) qkv = F::add_bias(qkv, as_dtensor("qkv_bias", qkv_bias, mesh));
     qkv = F::unflatten(qkv, 3, heads, d);
     qkv = with_sharding_constraint(qkv, {"batch", "seqlen", "joined", "heads", std::nullopt});
@@ -298,12 +299,11 @@ DTensor MultiHeadAttentionImpl::forward(const DTensor& x_in, const std::optional
     k = F::select(qkv, 2, 1);
     v = F::select(qkv, 2, 2);
   } else {
-    const DTensor src =
-        options.self_attention() ? ln : with_sharding_constraint(*memory, whole);
-    DTensor qp = F::dense(ln, as_dtensor("q_kernel", q_kernel, mesh));
+    const DTensor& src = options.self_attention() ? ln : *memory;
+    DTensor qp = F::dense(ln, as_dtensor("q_kernel", q_kernel, mesh), whole);
     if (q_bias.defined()) qp = F::add_bias(qp, as_dtensor("q_bias", q_bias, mesh));
     q = F::unflatten(qp, 2, heads, d);
-    DTensor kv = F::dense(src, as_dtensor("kv_kernel", kv_kernel, mesh));
+    DTensor kv = F::dense(src, as_dtensor("kv_kernel", kv_kernel, mesh), whole);
     if (kv_bias.defined()) kv = F::add_bias(kv, as_dtensor("kv_bias", kv_bias, mesh));
     kv = F::unflatten(kv, 3, g, d);
     k = F::select(kv, 2, 0);
@@ -312,9 +312,9 @@ DTensor MultiHeadAttentionImpl::forward(const DTensor& x_in, const std::optional
   q = with_sharding_constraint(q, per_head);
   k = with_sharding_constraint(k, per_head);
   v = with_sharding_constraint(v, per_head);
-  DTensor out = F::flatten(attention->forward(q, k, v, mask), 2);
-  out = with_sharding_constraint(out, {"batch", "seqlen", "hidden_tp"});
-  DTensor y = F::dense(out, as_dtensor("out_kernel", out_kernel, mesh));
+  const DTensor out = F::flatten(attention->forward(q, k, v, mask), 2);
+  DTensor y = F::dense(out, as_dtensor("out_kernel", out_kernel, mesh),
+                       {"batch", "seqlen", "hidden_tp"});
   y = with_sharding_constraint(y, act);  // tensor parallel: the all-reduce (or reduce-scatter)
   if (out_bias.defined()) y = F::add_bias(y, as_dtensor("out_bias", out_bias, mesh));
   return y;

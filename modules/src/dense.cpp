@@ -46,9 +46,11 @@ at::Tensor DenseImpl::forward(const at::Tensor& input) {
   return constrain(y, options.output_axes());
 }
 
-DTensor DenseImpl::forward(const DTensor& input) {
-  const DTensor x = constrain(input, options.input_axes());
-  DTensor y = F::dense(x, as_dtensor("kernel", kernel, x.mesh()));
+DTensor DenseImpl::forward(const DTensor& input) { return project(input, options.input_axes()); }
+
+DTensor DenseImpl::project(const DTensor& x, const LogicalAxes& input_axes) {
+  // The input constraint is folded into the matmul's redistribution (see F::dense).
+  DTensor y = F::dense(x, as_dtensor("kernel", kernel, x.mesh()), input_axes);
   // Constrain before the bias: a partial result then reduces straight into the requested
   // layout (e.g. reduce-scattered under sequence parallelism) instead of all-reduced first.
   y = constrain(y, options.output_axes());
@@ -132,7 +134,8 @@ std::pair<at::Tensor, std::optional<at::Tensor>> LayerNormDenseImpl::forward_wit
 std::pair<DTensor, std::optional<DTensor>> LayerNormDenseImpl::forward_with_layernorm_output(
     const DTensor& input) {
   const DTensor ln = layernorm->forward(constrain(input, options.layernorm_input_axes()));
-  DTensor y = dense->forward(constrain(ln, options.dot_input_axes()));
+  DTensor y = dense->project(
+      ln, options.dot_input_axes().empty() ? dense->options.input_axes() : options.dot_input_axes());
   return {y, options.return_layernorm_output() ? std::optional<DTensor>(ln) : std::nullopt};
 }
 

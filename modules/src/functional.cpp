@@ -74,38 +74,52 @@ at::Tensor dense(const at::Tensor& x, const at::Tensor& w) {
   return at::matmul(x, w.reshape({w.size(0), -1})).reshape(out_shape);
 }
 
-DTensor dense(const DTensor& x, const DTensor& w) {
+DTensor dense(const DTensor& x, const DTensor& w, const LogicalAxes& input_axes) {
   check_same_mesh(x, w, "dense");
   TE_CHECK(x.dim() >= 1 && w.dim() >= 2 && x.size(-1) == w.size(0), "dense: input ",
            x.to_string(), " and kernel ", w.to_string(), " do not contract");
   const int64_t k = x.dim() - 1;  // x's contracted dim
   const std::size_t n = static_cast<std::size_t>(x.mesh().ndim());
+  // The layout the constraint asks x to take (its own when there is none).
+  Placements wanted = x.placements();
+  if (!input_axes.empty()) {
+    TE_CHECK(static_cast<int64_t>(input_axes.size()) == x.dim(), "dense: ", input_axes.size(),
+             " input axes ", to_string(input_axes), " for ", x.to_string());
+    const DeviceMesh* mesh = current_mesh();
+    if (mesh == nullptr) {
+      validate_logical_axes(input_axes);
+    } else if (auto spec = resolve_logical_axes(input_axes)) {
+      TE_CHECK(*mesh == x.mesh(), "dense: the input lives on ", x.mesh().to_string(),
+               " but the current mesh is another (", mesh->to_string(), ")");
+      wanted = placements_for(*spec, *mesh);
+    }
+  }
   Placements xa(n), wa(n), out(n), xg(n), wg(n);
   for (std::size_t m = 0; m < n; ++m) {
-    const Placement& px = x.placements()[m];
+    const Placement& px = wanted[m];
     const Placement& pw = w.placements()[m];
     TE_CHECK(!is_partial(pw), "dense: kernel ", w.to_string(),
              " is Partial; reduce it before using it");
     const bool x_batch = is_shard(px) && std::get<Shard>(px).dim < k;
-    if (is_shard(pw) && std::get<Shard>(pw).dim >= 1) {
+    if (is_shard(pw) && x_batch) {
+      // FSDP: x is split by rows here, so the kernel (whichever dim it is split on) is gathered
+      // for use and its gradient reduce-scattered back; activations never move.
+      xa[m] = xg[m] = px;
+      wa[m] = Replicate{};
+      wg[m] = Partial{};
+      out[m] = px;
+    } else if (is_shard(pw) && std::get<Shard>(pw).dim >= 1) {
       // Column parallel: whole input, output sharded like the kernel's output dim.
       xa[m] = Replicate{};
       xg[m] = Partial{};
       wa[m] = wg[m] = pw;
       out[m] = Shard{k + std::get<Shard>(pw).dim - 1};
-    } else if (is_shard(pw)) {  // kernel sharded on K
-      if (x_batch) {
-        // FSDP: gather the kernel for use; its gradient is reduce-scattered back.
-        xa[m] = xg[m] = px;
-        wa[m] = Replicate{};
-        wg[m] = Partial{};
-        out[m] = px;
-      } else {
-        // Row parallel: x split on K (free when x is replicated), partial sums out.
-        xa[m] = xg[m] = Shard{k};
-        wa[m] = wg[m] = pw;
-        out[m] = Partial{};
-      }
+    } else if (is_shard(pw)) {
+      // Row parallel (kernel split on K): x split on K (free when x is replicated), partial
+      // sums out.
+      xa[m] = xg[m] = Shard{k};
+      wa[m] = wg[m] = pw;
+      out[m] = Partial{};
     } else if (x_batch) {
       // Data parallel: the replicated kernel's gradient is a partial sum.
       xa[m] = xg[m] = px;

@@ -69,16 +69,15 @@ at::Tensor LayerNormMLPImpl::forward(const at::Tensor& input) {
 DTensor LayerNormMLPImpl::forward(const DTensor& input) {
   const DeviceMesh& mesh = input.mesh();
   const DTensor ln = layernorm->forward(constrain(input, options.layernorm_input_axes()));
-  DTensor h = F::dense(constrain(ln, options.dot_1_input_axes()),
-                       as_dtensor("wi_kernel", wi_kernel, mesh));
+  DTensor h = F::dense(ln, as_dtensor("wi_kernel", wi_kernel, mesh), options.dot_1_input_axes());
   if (wi_bias.defined()) h = F::add_bias(h, as_dtensor("wi_bias", wi_bias, mesh));
   DTensor act = F::mlp_activation(h, options.activations());
   const double rate = options.intermediate_dropout_rate();
   if (is_training() && rate > 0) {
     act = F::elementwise(act, [rate](const at::Tensor& t) { return at::dropout(t, rate, true); });
   }
-  DTensor y = F::dense(constrain(act, options.dot_2_input_axes()),
-                       as_dtensor("wo_kernel", wo_kernel, mesh));
+  DTensor y =
+      F::dense(act, as_dtensor("wo_kernel", wo_kernel, mesh), options.dot_2_input_axes());
   y = constrain(y, options.output_axes());
   if (wo_bias.defined()) y = F::add_bias(y, as_dtensor("wo_bias", wo_bias, mesh));
   return y;

@@ -52,6 +52,8 @@ class DenseImpl : public torch::nn::Cloneable<DenseImpl>, public ShardedModule {
 
   at::Tensor forward(const at::Tensor& input);
   DTensor forward(const DTensor& input);
+  /// forward with `input_axes` in place of options().input_axes() (LayerNormDense's dot input).
+  DTensor project(const DTensor& input, const LogicalAxes& input_axes);
 
   DenseOptions options;
   at::Tensor kernel;

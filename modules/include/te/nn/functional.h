@@ -18,12 +18,17 @@ namespace te::nn::functional {
 /// y = x @ w, contracting x's last dim with w's first: x [..., K], w [K, *out] -> [..., *out].
 at::Tensor dense(const at::Tensor& x, const at::Tensor& w);
 
-/// DTensor form. Per mesh dim: w Shard on an output dim -> x replicated (its gradient is a
-/// partial sum: Megatron's column parallel); w Shard on K -> x split on K and a Partial result
-/// (row parallel), unless x is batch-sharded there, in which case w is gathered with a
-/// reduce-scattered gradient (FSDP); w replicated and x batch-sharded -> w's gradient is a
-/// partial sum (data parallel).
-DTensor dense(const DTensor& x, const DTensor& w);
+/// DTensor form. Per mesh dim: x batch-sharded and w sharded -> w is gathered for use and its
+/// gradient reduce-scattered back (FSDP); w sharded on an output dim -> x replicated (its
+/// gradient is a partial sum: Megatron's column parallel); w sharded on K -> x split on K and a
+/// Partial result (row parallel); w replicated and x batch-sharded -> w's gradient is a partial
+/// sum (data parallel).
+///
+/// `input_axes` is the constraint on x (TE's dot input axes). It is resolved here and folded
+/// into the one redistribution x goes through, so that its backward fuses with the gradient's:
+/// under sequence parallelism x is all-gathered forward and its gradient reduce-scattered
+/// backward, where a separate constraint would all-reduce and then slice.
+DTensor dense(const DTensor& x, const DTensor& w, const LogicalAxes& input_axes = {});
 
 /// y + b with b broadcast over y's leading dims (b's dims are y's last b.dim() dims). A Partial y
 /// is reduced first (a bias is added once, not once per partial).
