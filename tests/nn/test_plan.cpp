@@ -32,6 +32,7 @@ struct PlanCase {
   std::string axis;
   bool sequence_parallel;
   Plan forward, backward;
+  bool bucketed = false;
 };
 
 void expect_plan(const CommTrace& trace, const Plan& plan, const std::string& axis,
@@ -77,7 +78,12 @@ TEST_P(TransformerPlan, CountsAndBytesMatchTheAnalyticPlan) {
 
     CommTrace backward;
     const at::Tensor grad = test::seeded_integers({kB, kS, kH}, 4).to(at::kFloat) / 5;
-    torch::autograd::backward({y.to_local()}, {piece_of(grad, mesh, layout, rank)});
+    {
+      std::optional<GradientBuckets> buckets;
+      if (c.bucketed) buckets.emplace();
+      torch::autograd::backward({y.to_local()}, {piece_of(grad, mesh, layout, rank)});
+      if (buckets) buckets->finish();
+    }
     expect_plan(backward, c.backward, c.axis, c.name + " backward");
   });
   set_warning_handler(nullptr);
@@ -102,7 +108,12 @@ INSTANTIATE_TEST_SUITE_P(
                  Plan{4, kNorms, 0, 0, 4, kKernels}},
         // Data parallel: nothing forward; every parameter's gradient all-reduced, once.
         PlanCase{"DP2", "dp=data", "data", false, Plan{},
-                 Plan{8, kKernels + kNorms, 0, 0, 0, 0}}),
+                 Plan{8, kKernels + kNorms, 0, 0, 0, 0}},
+        // With GradientBuckets the same bytes go in one bucketed all-reduce.
+        PlanCase{"DP2Bucketed", "dp=data", "data", false, Plan{},
+                 Plan{1, kKernels + kNorms, 0, 0, 0, 0}, true},
+        PlanCase{"FSDP2Bucketed", "fsdp=fsdp", "fsdp", false, Plan{0, 0, 4, kKernels, 0, 0},
+                 Plan{1, kNorms, 0, 0, 4, kKernels}, true}),
     [](const auto& info) { return info.param.name; });
 
 }  // namespace

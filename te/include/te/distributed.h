@@ -5,6 +5,7 @@
 
 #include "te/distributed/comm_trace.h"
 #include "te/distributed/dtensor.h"
+#include "te/distributed/gradients.h"
 #include "te/distributed/mesh.h"
 #include "te/distributed/placement.h"
 #include "te/distributed/world.h"

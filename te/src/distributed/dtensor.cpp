@@ -56,6 +56,7 @@ struct RelayoutState : torch::CustomClassHolder {
   std::vector<Placement> src, dst;
   std::vector<Placement> grad_in;   // the layout gradients arrive in
   std::vector<Placement> grad_out;  // the layout they must leave in (the source's)
+  at::Tensor param;                 // the source, when it is a parameter (a leaf with grad)
 };
 
 // Moves data src -> dst; backward moves the gradient grad_in -> grad_out in one transition.
@@ -71,6 +72,26 @@ class Relayout : public torch::autograd::Function<Relayout> {
                                                  torch::autograd::variable_list grads) {
     auto s = c10::static_intrusive_pointer_cast<RelayoutState>(
         ctx->saved_data["state"].toCapsule());
+    if (s->param.defined()) {
+      // Data parallel: a parameter whose gradient only needs summing over some rows may wait
+      // for a GradientBuckets scope to sum it with others.
+      std::vector<int64_t> sums;
+      bool only_sums = true;
+      for (std::size_t m = 0; m < s->grad_in.size(); ++m) {
+        if (s->grad_in[m] == s->grad_out[m]) continue;
+        if (is_partial(s->grad_in[m]) && std::get<Partial>(s->grad_in[m]).op == ReduceOp::kSum &&
+            is_replicate(s->grad_out[m])) {
+          sums.push_back(static_cast<int64_t>(m));
+        } else {
+          only_sums = false;
+        }
+      }
+      if (only_sums && !sums.empty() &&
+          detail::defer_gradient_reduction(s->param, s->mesh->state(), s->mesh->shared_state(),
+                                           sums)) {
+        return {grads[0], at::Tensor()};
+      }
+    }
     return {detail::run_redistribute(grads[0], s->global_shape, *s->mesh, s->grad_in,
                                      s->grad_out),
             at::Tensor()};
@@ -190,6 +211,7 @@ DTensor DTensor::redistribute(std::vector<Placement> placements,
       normalized(std::move(grad_placements), mesh(), dim(), "DTensor::redistribute (gradients)");
   state->grad_out = gradient_layout(placements_);
   detail::plan_redistribute(state->src, state->dst);  // report a bad target before running
+  if (local_.is_leaf() && local_.requires_grad()) state->param = local_;
   at::Tensor local = Relayout::apply(local_, state);
   return DTensor(std::move(local), mesh(), state->dst, global_shape_);
 }

@@ -94,6 +94,12 @@ struct MeshState {
   std::shared_ptr<World> world;
 };
 
+/// Inside a GradientBuckets scope: records that `param`'s gradient still needs summing over the
+/// rows of `mesh_dims`, and returns true (the caller then leaves the gradient partial).
+bool defer_gradient_reduction(const at::Tensor& param, const MeshState& mesh,
+                              const std::shared_ptr<const MeshState>& keep,
+                              const std::vector<int64_t>& mesh_dims);
+
 // ---- collectives over one mesh dim's row (all record into CommTrace) ----------------------
 
 /// Concatenates each rank's chunk of `dim` (torch.chunk of `full` over the row) on every rank.
