@@ -1,9 +1,12 @@
 #include "te/nn/sharded.h"
 
 #include <ATen/ATen.h>
+
+#include <algorithm>
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "te/error.h"
+#include "te/distributed/mesh.h"
 #include "te/sharding/context.h"
 
 namespace te::nn {
@@ -61,6 +64,125 @@ bool ShardedModule::is_sharded() const {
     }
   }
   return false;
+}
+
+void ShardedModule::shard_own_parameters(torch::nn::Module& self, const DeviceMesh& mesh) {
+  torch::NoGradGuard no_grad;
+  for (auto& [name, layout] : layouts_) {
+    if (layout.mesh) {
+      TE_CHECK(*layout.mesh == mesh, self.name(), ": parameter '", name,
+               "' is already sharded on another mesh; gather_module first");
+      continue;
+    }
+    auto spec = resolve_logical_axes(layout.axes);
+    if (!spec) continue;
+    const std::vector<Placement> placements = placements_for(*spec, mesh);
+    at::Tensor param = self.named_parameters(/*recurse=*/false)[name];
+    param.set_data(DTensor::distribute(param.detach(), mesh, placements).to_local());
+    layout.mesh = mesh;
+    layout.placements = placements;
+  }
+}
+
+void ShardedModule::gather_own_parameters(torch::nn::Module& self) {
+  torch::NoGradGuard no_grad;
+  for (auto& [name, layout] : layouts_) {
+    if (!layout.mesh) continue;
+    at::Tensor param = self.named_parameters(/*recurse=*/false)[name];
+    param.set_data(DTensor::from_local(param.detach(), *layout.mesh, layout.placements,
+                                       layout.global_shape)
+                       .full_tensor());
+    layout.mesh.reset();
+    layout.placements.clear();
+  }
+}
+
+namespace {
+template <typename Fn>
+void for_each_sharded(torch::nn::Module& module, Fn fn) {
+  for (const auto& item : module.named_modules("", /*include_self=*/true)) {
+    if (auto* sharded = dynamic_cast<ShardedModule*>(item.value().get())) fn(*item.value(), *sharded);
+  }
+}
+}  // namespace
+
+void shard_module(torch::nn::Module& module, const DeviceMesh& mesh) {
+  for_each_sharded(module, [&](torch::nn::Module& m, ShardedModule& s) {
+    s.shard_own_parameters(m, mesh);
+  });
+}
+
+void gather_module(torch::nn::Module& module) {
+  for_each_sharded(module, [](torch::nn::Module& m, ShardedModule& s) {
+    s.gather_own_parameters(m);
+  });
+}
+
+std::string ShardingReport::to_string() const {
+  if (ok()) return "sharding: no problems\n";
+  std::string out = "sharding problems:\n";
+  for (const std::string& u : uneven) out += "  uneven: " + u + "\n";
+  for (const std::string& u : unmatched) out += "  no rule: " + u + "\n";
+  return out;
+}
+
+ShardingReport check_sharding(const torch::nn::Module& module) {
+  ShardingReport report;
+  const AxisRules* rules = &current_axis_rules();
+  AxisRules table;
+  if (rules->empty() && current_mesh_resource()) {
+    table = te_default_axis_rules();
+    rules = &table;
+  }
+  const DeviceMesh* mesh = current_mesh();
+  for (const auto& [name, layout] : named_parameter_layouts(module)) {
+    for (std::size_t d = 0; d < layout.axes.size(); ++d) {
+      const auto& axis = layout.axes[d];
+      if (!axis || rules->empty()) continue;
+      const bool named = std::any_of(rules->begin(), rules->end(),
+                                     [&](const AxisRule& r) { return r.logical == *axis; });
+      if (!named) {
+        report.unmatched.push_back(name + " dim " + std::to_string(d) + ": logical axis '" +
+                                   *axis + "'");
+      }
+    }
+    std::optional<DeviceMesh> on;
+    std::vector<Placement> placements;
+    if (layout.mesh) {
+      on = layout.mesh;
+      placements = layout.placements;
+    } else if (mesh != nullptr) {
+      if (auto spec = resolve_logical_axes(layout.axes)) {
+        on = *mesh;
+        placements = placements_for(*spec, *mesh);
+      }
+    }
+    if (!on) continue;
+    for (std::size_t d = 0; d < layout.global_shape.size(); ++d) {
+      int64_t parts = 1;
+      std::string axes;
+      for (std::size_t m = 0; m < placements.size(); ++m) {
+        if (is_shard(placements[m], static_cast<int64_t>(d))) {
+          parts *= on->size(static_cast<int64_t>(m));
+          axes += (axes.empty() ? "'" : ", '") + on->axis_names()[m] + "'";
+        }
+      }
+      if (layout.global_shape[d] % parts != 0) {
+        report.uneven.push_back(name + " dim " + std::to_string(d) + " ('" +
+                                layout.axes[d].value_or("?") + "') of size " +
+                                std::to_string(layout.global_shape[d]) + " over mesh axes " +
+                                axes + " (" + std::to_string(parts) + " ranks)");
+      }
+    }
+  }
+  return report;
+}
+
+void validate_sharding(const torch::nn::Module& module) {
+  const ShardingReport report = check_sharding(module);
+  TE_CHECK(report.ok(), module.name(), ": ", report.to_string(),
+           "make each sharded dim a multiple of its ranks and give every logical axis a rule "
+           "(name= pins it replicated)");
 }
 
 std::map<std::string, ParameterLayout> named_parameter_layouts(const torch::nn::Module& module) {

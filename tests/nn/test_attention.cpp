@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/serialize.h>
 
 #include <sstream>
 
@@ -272,6 +273,33 @@ TEST(TransformerLayer, DecoderAddsCrossAttention) {
   EXPECT_EQ(os.str(),
             "te::nn::TransformerLayer(decoder, hidden_size=16, mlp_hidden_size=32, heads=4, "
             "self_attn_mask=causal, hidden_dropout=0)");
+}
+
+TEST(TransformerLayer, SaveLoadCloneAndDtype) {
+  manual_seed(20);
+  TransformerLayer layer(TransformerLayerOptions(16, 32, 4).layer_type("decoder"));
+  std::stringstream stream;
+  torch::save(layer, stream);
+  manual_seed(21);
+  TransformerLayer loaded(TransformerLayerOptions(16, 32, 4).layer_type("decoder"));
+  torch::load(loaded, stream);
+  auto clone = std::dynamic_pointer_cast<TransformerLayerImpl>(layer->clone());
+  ASSERT_TRUE(clone);
+  auto mine = layer->named_parameters();
+  for (const auto& p : loaded->named_parameters()) {
+    EXPECT_TRUE(at::equal(p.value(), mine[p.key()])) << p.key();
+  }
+  for (const auto& p : clone->named_parameters()) {
+    EXPECT_TRUE(at::equal(p.value(), mine[p.key()])) << p.key();
+  }
+  EXPECT_EQ(named_parameter_axes(*layer).at("self_attention.qkv_kernel"),
+            (LogicalAxes{"w_fsdp", "w_joined", "w_tp"}));
+  layer->to(at::kDouble);
+  layer->eval();
+  EXPECT_EQ(layer(at::randn({1, 3, 16}, at::kDouble), {}, at::randn({1, 2, 16}, at::kDouble),
+                  at::zeros({1, 1, 3, 2}, at::kBool))
+                .scalar_type(),
+            at::kDouble);
 }
 
 TEST(TransformerLayer, DropoutOffInEvalAndInference) {

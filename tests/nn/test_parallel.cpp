@@ -288,3 +288,75 @@ INSTANTIATE_TEST_SUITE_P(Matrix, Equivalence, ::testing::ValuesIn(all_cases()), 
 
 }  // namespace
 }  // namespace te::nn
+
+namespace te::nn {
+namespace {
+
+TEST(ShardedModules, AWholeModuleShardsOntoAMeshAndGathersBack) {
+  set_warning_handler([](std::string_view) {});
+  run_local_ranks(2, [](int rank) {
+    DeviceMesh mesh({2}, {"tp"});
+    manual_seed(3);
+    TransformerLayer whole(TransformerLayerOptions(16, 24, 4).hidden_dropout(0).attention_dropout(
+        0).intermediate_dropout(0));  // built on one process: whole weights
+    std::map<std::string, at::Tensor> original;
+    for (const auto& p : whole->named_parameters()) original[p.key()] = p.value().detach().clone();
+
+    MeshScope scope(mesh);
+    MeshResourceScope resource(parse_mesh_resource("tp=tp"));
+    manual_seed(3);
+    TransformerLayer direct(TransformerLayerOptions(16, 24, 4).hidden_dropout(0).attention_dropout(
+        0).intermediate_dropout(0));
+    EXPECT_FALSE(whole->is_sharded());
+    shard_module(*whole, mesh);
+    EXPECT_TRUE(whole->mlp->is_sharded());
+    auto direct_params = direct->named_parameters();
+    for (const auto& p : whole->named_parameters()) {
+      EXPECT_TRUE(at::equal(p.value(), direct_params[p.key()])) << p.key() << " on rank " << rank;
+    }
+    const at::Tensor x = test::seeded_integers({2, 6, 16}, 5).to(at::kFloat) / 7;
+    DTensor dx = DTensor::distribute(x, mesh, {Replicate{}});
+    EXPECT_TRUE(at::equal(whole(dx).full_tensor(), direct(dx).full_tensor()));
+
+    gather_module(*whole);
+    for (const auto& p : whole->named_parameters()) {
+      EXPECT_TRUE(at::equal(p.value(), original[p.key()])) << p.key();
+    }
+    EXPECT_FALSE(whole->mlp->is_sharded());
+  });
+  set_warning_handler(nullptr);
+}
+
+TEST(ShardedModules, ValidateShardingReportsEverythingAtOnce) {
+  run_local_ranks(2, [](int) {
+    DeviceMesh mesh({2}, {"tp"});
+    MeshScope scope(mesh);
+    AxisRulesScope rules(parse_axis_rules("w_tp=tp,w_fsdp="));
+    LayerNormMLP mlp(LayerNormMLPOptions(8, 7));  // 7 does not split over 2 ranks
+    const ShardingReport report = check_sharding(*mlp);
+    EXPECT_EQ(report.uneven,
+              (std::vector<std::string>{
+                  "wi_kernel dim 2 ('w_tp') of size 7 over mesh axes 'tp' (2 ranks)",
+                  "wo_kernel dim 0 ('w_tp') of size 7 over mesh axes 'tp' (2 ranks)"}));
+    EXPECT_EQ(report.unmatched,
+              (std::vector<std::string>{"layernorm.ln_bias dim 0: logical axis 'w_no_shard'",
+                                        "layernorm.scale dim 0: logical axis 'w_no_shard'",
+                                        "wi_kernel dim 1: logical axis 'w_joined'"}));
+    try {
+      validate_sharding(*mlp);
+      FAIL();
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("uneven: wi_kernel dim 2"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("no rule: wi_kernel dim 1: logical axis 'w_joined'"), std::string::npos)
+          << msg;
+    }
+    AxisRulesScope complete(parse_axis_rules("w_tp=tp,w_fsdp=,w_joined=,w_no_shard="));
+    LayerNormMLP even(LayerNormMLPOptions(8, 16));
+    EXPECT_TRUE(check_sharding(*even).ok()) << check_sharding(*even).to_string();
+    EXPECT_NO_THROW(validate_sharding(*even));
+  });
+}
+
+}  // namespace
+}  // namespace te::nn

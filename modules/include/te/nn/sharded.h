@@ -47,6 +47,12 @@ class ShardedModule {
   /// True when some parameter is sharded over more than one rank.
   bool is_sharded() const;
 
+  /// Lays this module's own whole parameters out on `mesh` under the rules in scope (keeping
+  /// this rank's pieces); see shard_module.
+  void shard_own_parameters(torch::nn::Module& self, const DeviceMesh& mesh);
+  /// Collective: makes this module's own sharded parameters whole again; see gather_module.
+  void gather_own_parameters(torch::nn::Module& self);
+
  protected:
   /// Registers `name` on `self` from the whole initial value `full` (the same on every rank).
   /// With a mesh in scope and a constraint resolved for `axes` (rules or TE table), keeps this
@@ -71,6 +77,33 @@ std::map<std::string, LogicalAxes> named_parameter_axes(const torch::nn::Module&
 /// on every rank: a sharded module keeps this rank's piece. Not differentiable (a load).
 void set_parameter_from_global(torch::nn::Module& module, const std::string& name,
                                const at::Tensor& global);
+
+/// Shards a module built whole (on one process, or loaded) onto `mesh`: every te::nn parameter
+/// is laid out by its logical axes under the rules (or MeshResource) in scope, and this rank
+/// keeps its piece. Every rank calls it with the same whole weights.
+void shard_module(torch::nn::Module& module, const DeviceMesh& mesh);
+
+/// Collective: gathers every sharded te::nn parameter of `module` back to its whole value on
+/// every rank (e.g. to save it with torch::save).
+void gather_module(torch::nn::Module& module);
+
+/// What validate_sharding found.
+struct ShardingReport {
+  /// Parameter dims whose mesh axes do not divide them (torch.chunk would give uneven pieces).
+  std::vector<std::string> uneven;
+  /// Parameter logical axes that no rule in scope names.
+  std::vector<std::string> unmatched;
+  bool ok() const { return uneven.empty() && unmatched.empty(); }
+  std::string to_string() const;
+};
+
+/// Checks every te::nn parameter of `module` (and its children) against its mesh layout, or the
+/// current mesh and rules when it is whole: lists every dim its mesh axes do not divide and
+/// every logical axis no rule names, all in one report.
+ShardingReport check_sharding(const torch::nn::Module& module);
+
+/// Throws te::Error carrying the whole report when check_sharding finds anything.
+void validate_sharding(const torch::nn::Module& module);
 
 /// Every parameter's layout in `module` and its children, by the names named_parameters() uses.
 std::map<std::string, ParameterLayout> named_parameter_layouts(const torch::nn::Module& module);
