@@ -197,26 +197,32 @@ void MultiHeadAttentionImpl::reset() {
   auto kernel = [&](std::vector<int64_t> shape) {
     return variance_scaling(shape, 1, 1.0, "fan_in", "normal");
   };
+  // A bias takes its kernel's output axes (all but the first).
+  auto output_axes = [](const LogicalAxes& kernel_axes) {
+    return LogicalAxes(kernel_axes.begin() + 1, kernel_axes.end());
+  };
   if (options.self_attention() && options.fuse_qkv() && g == heads) {
     at::Tensor w = kernel({hidden, 3, heads * d});
     w.select(1, 0).mul_(query_scale);
-    qkv_kernel = register_sharded(*this, "qkv_kernel", w, {"w_fsdp", "w_joined", "w_tp"});
+    qkv_kernel = register_sharded(*this, "qkv_kernel", w, options.qkv_kernel_axes());
     if (options.use_bias()) {
       qkv_bias = register_sharded(*this, "qkv_bias", at::zeros({3, heads * d}),
-                                  {"w_joined", "w_tp"});
+                                  output_axes(options.qkv_kernel_axes()));
     }
   } else {
     q_kernel = register_sharded(*this, "q_kernel", kernel({hidden, heads * d}) * query_scale,
-                                {"w_fsdp", "w_tp"});
+                                options.q_kernel_axes());
     kv_kernel = register_sharded(*this, "kv_kernel", kernel({hidden, 2, g * d}),
-                                 {"w_fsdp", "w_joined", "w_tp"});
+                                 options.kv_kernel_axes());
     if (options.use_bias()) {
-      q_bias = register_sharded(*this, "q_bias", at::zeros({heads * d}), {"w_tp"});
-      kv_bias = register_sharded(*this, "kv_bias", at::zeros({2, g * d}), {"w_joined", "w_tp"});
+      q_bias = register_sharded(*this, "q_bias", at::zeros({heads * d}),
+                                output_axes(options.q_kernel_axes()));
+      kv_bias = register_sharded(*this, "kv_bias", at::zeros({2, g * d}),
+                                 output_axes(options.kv_kernel_axes()));
     }
   }
   out_kernel = register_sharded(*this, "out_kernel", kernel({heads * d, hidden}),
-                                {"w_tp", "w_fsdp"});
+                                options.out_kernel_axes());
   if (options.use_bias()) {
     out_bias = register_sharded(*this, "out_bias", at::zeros({hidden}), {"w_no_shard"});
   }

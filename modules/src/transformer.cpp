@@ -34,7 +34,13 @@ void TransformerLayerImpl::reset() {
                        .scaled_query_init(options.scaled_query_init())
                        .scale_attn_logits(options.scale_attn_logits())
                        .enable_sequence_parallel(options.enable_sequence_parallel())
-                       .fused_attention(options.fused_attention());
+                       .fused_attention(options.fused_attention())
+                       .qkv_kernel_axes(options.qkv_kernel_axes())
+                       .kv_kernel_axes(options.qkv_kernel_axes())
+                       .out_kernel_axes(options.out_kernel_axes());
+  TE_CHECK(options.qkv_kernel_axes().size() == 3, "TransformerLayer: qkv_kernel_axes needs 3 "
+           "axes (hidden, 3, heads*head_dim), got ", to_string(options.qkv_kernel_axes()));
+  attention.q_kernel_axes({options.qkv_kernel_axes()[0], options.qkv_kernel_axes()[2]});
   self_attention = register_module(
       "self_attention",
       MultiHeadAttention(MultiHeadAttentionOptions(attention).attn_mask_type(
@@ -52,6 +58,8 @@ void TransformerLayerImpl::reset() {
                               .activations(options.mlp_activations())
                               .intermediate_dropout_rate(options.intermediate_dropout())
                               .use_bias(options.use_bias())
+                              .kernel_axes_1(options.mlp_kernel_axes_1())
+                              .kernel_axes_2(options.mlp_kernel_axes_2())
                               .layernorm_input_axes({"batch", seq, "hidden"})
                               .dot_1_input_axes({"batch", "seqlen", "hidden"})
                               .dot_2_input_axes({"batch", "seqlen", "hidden_tp"})

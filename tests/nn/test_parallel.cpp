@@ -53,6 +53,7 @@ AxisRules custom_rules(const MeshResource& r) {
   rules.push_back({"mlp", tensor ? MeshAxes{*tensor} : MeshAxes{}});
   rules.push_back({"act", {}});
   rules.push_back({"hidden_tp", tensor ? MeshAxes{*tensor} : MeshAxes{}});
+  rules.push_back({"heads", tensor ? MeshAxes{*tensor} : MeshAxes{}});
   return rules;
 }
 
@@ -118,7 +119,12 @@ Model make(Kind kind, bool sp, Way way) {
     }
     case Kind::kMhaFused:
     case Kind::kMhaGqa: {
-      auto options = MultiHeadAttentionOptions(16, 4).enable_sequence_parallel(sp);
+      auto options = MultiHeadAttentionOptions(16, 4)
+                         .enable_sequence_parallel(sp)
+                         .qkv_kernel_axes({w_in, joined, w_out})
+                         .q_kernel_axes({w_in, w_out})
+                         .kv_kernel_axes({w_in, joined, w_out})
+                         .out_kernel_axes({w_out, w_in});
       if (kind == Kind::kMhaGqa) {
         options.num_gqa_groups(2).attn_mask_type("padding_causal");
       }
@@ -137,7 +143,11 @@ Model make(Kind kind, bool sp, Way way) {
                                  .hidden_dropout(0)
                                  .attention_dropout(0)
                                  .intermediate_dropout(0)
-                                 .enable_sequence_parallel(sp));
+                                 .enable_sequence_parallel(sp)
+                                 .qkv_kernel_axes({w_in, joined, w_out})
+                                 .out_kernel_axes({w_out, w_in})
+                                 .mlp_kernel_axes_1({w_in, joined, w_out})
+                                 .mlp_kernel_axes_2({w_out, w_in}));
       const at::Tensor mask = padding_mask();
       if (kind == Kind::kEncoder) {
         m = {layer.ptr(), [layer, mask](const at::Tensor& x) mutable { return layer(x, mask); },
@@ -265,11 +275,9 @@ std::vector<Case> all_cases() {
   std::vector<Case> cases;
   for (Kind kind : {Kind::kDenseColumn, Kind::kDenseRow, Kind::kMlpGelu, Kind::kMlpGated,
                     Kind::kMhaFused, Kind::kMhaGqa, Kind::kEncoder, Kind::kDecoder}) {
-    // Attention modules use TE's kernel axis names (they take no kernel_axes options).
-    const bool names = kind <= Kind::kMlpGated;
     for (const Layout& l : layouts()) {
       for (Way way : {Way::kTeTable, Way::kExtendedRules, Way::kCustomNames}) {
-        if (way != Way::kCustomNames || names) cases.push_back({kind, l.name, way});
+        cases.push_back({kind, l.name, way});
       }
     }
   }
