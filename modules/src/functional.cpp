@@ -1,6 +1,7 @@
 #include "te/nn/functional.h"
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include <cmath>
 
@@ -60,6 +61,52 @@ at::Tensor aligned_param(const DTensor& p, const Placements& y, int64_t y_dim, c
   }
   return p.redistribute(use, grads).to_local();
 }
+
+// A kernel sharded on the mesh and gathered for one matmul.
+struct GatheredKernel : torch::CustomClassHolder {
+  std::optional<DeviceMesh> mesh;
+  Placements placements;             // the kernel's own layout
+  std::vector<int64_t> global_shape;
+  Placements use;                    // the layout the matmul uses (gathered where FSDP)
+  Placements grads;                  // how each rank's kernel gradient arrives (Partial)
+};
+
+at::Tensor gather_kernel(const GatheredKernel& k, const at::Tensor& local) {
+  return DTensor::from_local(local, *k.mesh, k.placements, k.global_shape)
+      .redistribute(k.use)
+      .to_local();
+}
+
+// y = x @ gather(w): saves only this rank's shard of w, gathering again in backward, and sends
+// the kernel's gradient straight back to its shard (reduce-scatter).
+class GatheredDense : public torch::autograd::Function<GatheredDense> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                            const at::Tensor& w_shard, c10::intrusive_ptr<GatheredKernel> k) {
+    ctx->save_for_backward({x, w_shard});
+    ctx->saved_data["kernel"] = c10::IValue::make_capsule(k);
+    return functional::dense(x, gather_kernel(*k, w_shard));
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto k = c10::static_intrusive_pointer_cast<GatheredKernel>(
+        ctx->saved_data["kernel"].toCapsule());
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& x = saved[0];
+    const at::Tensor w = gather_kernel(*k, saved[1]);
+    const at::Tensor g = grads[0].reshape({-1, w.numel() / w.size(0)});
+    const at::Tensor w2 = w.reshape({w.size(0), -1});
+    const at::Tensor grad_x = at::matmul(g, w2.t()).reshape(x.sizes());
+    const at::Tensor grad_w = at::matmul(x.reshape({-1, x.size(-1)}).t(), g).reshape(w.sizes());
+    Placements own = k->placements;
+    for (Placement& p : own) {
+      if (is_partial(p)) p = Replicate{};
+    }
+    const at::Tensor grad_shard =
+        DTensor::from_local(grad_w, *k->mesh, k->grads, k->global_shape).redistribute(own).to_local();
+    return {grad_x, grad_shard, at::Tensor()};
+  }
+};
 
 }  // namespace
 
@@ -142,9 +189,24 @@ DTensor dense(const DTensor& x, const DTensor& w, const LogicalAxes& input_axes)
     }
   }
   const at::Tensor x_local = x.redistribute(xa, xg).to_local();
-  const at::Tensor w_local = w.redistribute(wa, wg).to_local();
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end() - 1);
   shape.insert(shape.end(), w.sizes().begin() + 1, w.sizes().end());
+  bool gathers_kernel = false;
+  for (std::size_t m = 0; m < n; ++m) {
+    gathers_kernel = gathers_kernel || (is_shard(w.placements()[m]) && is_replicate(wa[m]));
+  }
+  if (gathers_kernel) {
+    // FSDP: the gathered kernel lives only for the matmul; backward gathers it again.
+    auto state = c10::make_intrusive<GatheredKernel>();
+    state->mesh = w.mesh();
+    state->placements = w.placements();
+    state->global_shape = w.sizes();
+    state->use = wa;
+    state->grads = wg;
+    return DTensor::from_local(GatheredDense::apply(x_local, w.to_local(), state), x.mesh(), out,
+                               shape);
+  }
+  const at::Tensor w_local = w.redistribute(wa, wg).to_local();
   return DTensor::from_local(dense(x_local, w_local), x.mesh(), out, shape);
 }
 

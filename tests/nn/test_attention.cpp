@@ -8,6 +8,7 @@
 
 #include <sstream>
 
+#include "te/compat.h"
 #include "te/nn.h"
 
 namespace te::nn {
@@ -90,6 +91,23 @@ INSTANTIATE_TEST_SUITE_P(Masks, DotProductAttentionCases,
                          [](const auto& info) {
                            return info.param.type + "_gqa" + std::to_string(info.param.gqa);
                          });
+
+TEST(DotProductAttention, FusedAndUnfusedPathsAgree) {
+#if TE_HAS_SDPA
+  for (const std::string type : {"no_mask", "padding", "causal", "padding_causal"}) {
+    DotProductAttention fused(
+        DotProductAttentionOptions(4, 8).attn_mask_type(type).num_gqa_groups(2).fused(true));
+    DotProductAttention unfused(
+        DotProductAttentionOptions(4, 8).attn_mask_type(type).num_gqa_groups(2).fused(false));
+    at::Tensor q = randn({3, 5, 4, 8}, 21), k = randn({3, 5, 2, 8}, 22), v = randn({3, 5, 2, 8}, 23);
+    const at::Tensor mask = padding_mask({5, 3, 1}, 5, 5);
+    EXPECT_TRUE(Close(fused(q, k, v, mask), unfused(q, k, v, mask), 1e-5)) << type;
+  }
+#else
+  GTEST_SKIP() << "this LibTorch (" << TORCH_VERSION_MAJOR << "." << TORCH_VERSION_MINOR
+               << ") has no at::scaled_dot_product_attention: the fused path needs 2.0+";
+#endif
+}
 
 TEST(DotProductAttention, ReportsBadInput) {
   EXPECT_THROW(DotProductAttention(DotProductAttentionOptions(4, 8).attn_mask_type("sliding")),

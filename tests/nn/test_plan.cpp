@@ -102,10 +102,11 @@ INSTANTIATE_TEST_SUITE_P(
         PlanCase{"TP2SP", "tpsp=tp", "tp", true,
                  Plan{0, 0, 2, 2 * kActivation, 2, 2 * kActivation},
                  Plan{4, kNorms, 2, 2 * kActivation, 2, 2 * kActivation}},
-        // FSDP: every kernel is all-gathered for use and its gradient reduce-scattered; the
-        // replicated norms all-reduce their gradients as in data parallelism.
+        // FSDP: every kernel is all-gathered for use (and freed: gathered again in backward)
+        // and its gradient reduce-scattered; the replicated norms all-reduce their gradients as
+        // in data parallelism.
         PlanCase{"FSDP2", "fsdp=fsdp", "fsdp", false, Plan{0, 0, 4, kKernels, 0, 0},
-                 Plan{4, kNorms, 0, 0, 4, kKernels}},
+                 Plan{4, kNorms, 4, kKernels, 4, kKernels}},
         // Data parallel: nothing forward; every parameter's gradient all-reduced, once.
         PlanCase{"DP2", "dp=data", "data", false, Plan{},
                  Plan{8, kKernels + kNorms, 0, 0, 0, 0}},
@@ -113,7 +114,7 @@ INSTANTIATE_TEST_SUITE_P(
         PlanCase{"DP2Bucketed", "dp=data", "data", false, Plan{},
                  Plan{1, kKernels + kNorms, 0, 0, 0, 0}, true},
         PlanCase{"FSDP2Bucketed", "fsdp=fsdp", "fsdp", false, Plan{0, 0, 4, kKernels, 0, 0},
-                 Plan{1, kNorms, 0, 0, 4, kKernels}, true}),
+                 Plan{1, kNorms, 4, kKernels, 4, kKernels}, true}),
     [](const auto& info) { return info.param.name; });
 
 }  // namespace
