@@ -9,27 +9,15 @@
 #include <sstream>
 
 #include "te/compat.h"
+#include "nn_test_util.h"
 #include "te/nn.h"
 
 namespace te::nn {
 namespace {
 
-::testing::AssertionResult Close(const at::Tensor& a, const at::Tensor& b, double tol = 1e-6) {
-  if (a.sizes() != b.sizes()) {
-    return ::testing::AssertionFailure() << "shapes " << a.sizes() << " vs " << b.sizes();
-  }
-  const double err = (a - b).abs().max().item<double>();
-  const double scale = std::max(1.0, b.abs().max().item<double>());
-  if (err <= tol * scale) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "max abs error " << err << " > " << tol * scale;
-}
-
-at::Tensor leaf(const at::Tensor& t) { return t.detach().clone().requires_grad_(true); }
-
-at::Tensor randn(std::vector<int64_t> shape, uint64_t seed) {
-  at::Generator g = at::detail::createCPUGenerator(seed);
-  return at::randn(shape, g);
-}
+using test::Close;
+using test::leaf;
+using test::randn;
 
 // Key positions at or beyond each row's length are masked out: [batch, 1, sq, sk].
 at::Tensor padding_mask(const std::vector<int64_t>& lengths, int64_t sq, int64_t sk) {

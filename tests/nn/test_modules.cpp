@@ -8,27 +8,18 @@
 
 #include <sstream>
 
+#include "nn_test_util.h"
 #include "te/nn.h"
 
 namespace te::nn {
 namespace {
 
-// Relative closeness for fp32: max |a - b| <= tol * max(1, max |b|).
-::testing::AssertionResult Close(const at::Tensor& a, const at::Tensor& b, double tol = 1e-6) {
-  if (a.sizes() != b.sizes()) {
-    return ::testing::AssertionFailure() << "shapes " << a.sizes() << " vs " << b.sizes();
-  }
-  const double err = (a - b).abs().max().item<double>();
-  const double scale = std::max(1.0, b.abs().max().item<double>());
-  if (err <= tol * scale) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "max abs error " << err << " > " << tol * scale;
-}
-
-at::Tensor leaf(const at::Tensor& t) { return t.detach().clone().requires_grad_(true); }
+using test::Close;
+using test::leaf;
+using test::randn;
 
 at::Tensor input(std::vector<int64_t> shape, uint64_t seed) {
-  at::Generator g = at::detail::createCPUGenerator(seed);
-  return at::randn(shape, g).requires_grad_(true);
+  return randn(std::move(shape), seed).requires_grad_(true);
 }
 
 std::string printed(const torch::nn::Module& m) {
