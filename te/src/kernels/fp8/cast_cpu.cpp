@@ -81,17 +81,75 @@ float cast_from_fp8(uint8_t bits, DType type) {
   return negative ? -magnitude : magnitude;
 }
 
-float quantize(const float* in, uint8_t* out, int64_t n, float scale, DType type) {
-  const Format f = format_of(type);
-  float amax = 0.0f;
-  bool nan = false;
+namespace {
+
+// Branch-free encode for the quantize loop, with the same results as encode(): the float unit
+// rounds to nearest-even by adding and removing 2^(quantum exponent + 23), after which the value
+// is an FP8 value (or beyond the largest) whose bits are read off directly. Compiles to SIMD.
+template <int kMantissa, int kBias, uint32_t kMaxCode>
+inline uint8_t encode_fast(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof bits);
+  const uint32_t sign = (bits >> 24) & 0x80u;
+  const uint32_t abs_bits = bits & 0x7FFFFFFFu;
+  constexpr int32_t kMinNormal = 1 - kBias;
+  // Exponent of the quantum at this magnitude: max(e, min normal) - mantissa bits.
+  const int32_t e = static_cast<int32_t>(abs_bits >> 23) - 127;
+  const int32_t q = (e > kMinNormal ? e : kMinNormal) - kMantissa;
+  float magic;
+  const uint32_t magic_bits = static_cast<uint32_t>(q + 23 + 127) << 23;
+  std::memcpy(&magic, &magic_bits, sizeof magic);
+  float a;
+  std::memcpy(&a, &abs_bits, sizeof a);
+  const float r = (a + magic) - magic;  // rounded to the quantum, ties to even
+  uint32_t rb;
+  std::memcpy(&rb, &r, sizeof rb);
+  const int32_t re = static_cast<int32_t>(rb >> 23) - 127;
+  // Subnormal: r / smallest subnormal; normal: biased exponent and top mantissa bits.
+  const uint32_t sub = static_cast<uint32_t>(
+      static_cast<int32_t>(r * static_cast<float>(1 << (kMantissa - kMinNormal))));
+  const uint32_t normal = (static_cast<uint32_t>(re + kBias) << kMantissa) |
+                          ((rb >> (23 - kMantissa)) & ((1u << kMantissa) - 1u));
+  // Plain selects, so the loop stays free of branches.
+  const bool subnormal = re < kMinNormal;
+  uint32_t code = subnormal ? sub : normal;
+  code = re + kBias >= (1 << (7 - kMantissa)) ? kMaxCode : code;  // exponent overflow
+  code = code > kMaxCode ? kMaxCode : code;                         // past the largest
+  code = abs_bits >= 0x7F800000u ? kMaxCode : code;                 // infinities
+  code = e < -126 ? 0u : code;  // zeros and float subnormals
+  const uint32_t out = abs_bits > 0x7F800000u ? 0x7Fu : (sign | code);  // NaN
+  return static_cast<uint8_t>(out);
+}
+
+template <int kMantissa, int kBias, uint32_t kMaxCode>
+void quantize_loop(const float* in, uint8_t* out, int64_t n, float scale) {
+  for (int64_t i = 0; i < n; ++i) out[i] = encode_fast<kMantissa, kBias, kMaxCode>(in[i] * scale);
+}
+
+// max |x| as the largest magnitude bit pattern: integer order is float order for |x|, the loop
+// vectorises, and a NaN (above +inf's pattern) comes out as NaN.
+float abs_max(const float* in, int64_t n) {
+  uint32_t top = 0;
   for (int64_t i = 0; i < n; ++i) {
-    const float a = std::fabs(in[i]);
-    nan = nan || a != a;
-    amax = a > amax ? a : amax;
-    out[i] = encode(in[i] * scale, f);
+    uint32_t b;
+    std::memcpy(&b, &in[i], sizeof b);
+    b &= 0x7FFFFFFFu;
+    top = b > top ? b : top;
   }
-  return nan ? std::nanf("") : amax;
+  float amax;
+  std::memcpy(&amax, &top, sizeof amax);
+  return amax;
+}
+
+}  // namespace
+
+float quantize(const float* in, uint8_t* out, int64_t n, float scale, DType type) {
+  if (type == DType::kE4M3) {
+    quantize_loop<3, 7, 0x7E>(in, out, n, scale);
+  } else {
+    quantize_loop<2, 15, 0x7B>(in, out, n, scale);
+  }
+  return abs_max(in, n);
 }
 
 void dequantize(const uint8_t* in, float* out, int64_t n, float scale_inv, DType type) {
