@@ -2,6 +2,8 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <signal.h>
+
 #include <atomic>
 #include <condition_variable>
 #include <cstdlib>
@@ -27,6 +29,21 @@ struct ProcessWorld {
 ProcessWorld& process_world() {
   static ProcessWorld pw;
   return pw;
+}
+
+// A peer that closes its sockets must surface as an error from the collective, not kill this
+// process with SIGPIPE on the next write. Only the default disposition is replaced: a handler
+// the program installed stays.
+void ignore_sigpipe() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction current {};
+    if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+      struct sigaction ignore {};
+      ignore.sa_handler = SIG_IGN;
+      sigaction(SIGPIPE, &ignore, nullptr);
+    }
+  });
 }
 
 std::string join(const std::vector<int64_t>& v) {
@@ -67,6 +84,7 @@ World::World(c10::intrusive_ptr<c10d::Store> store, int rank, int size,
       size_(size),
       options_(options),
       gloo_host_(std::move(gloo_host)) {
+  ignore_sigpipe();
   store_->set(key("joined/", rank_), std::vector<uint8_t>{1});
   if (!heartbeat) return;
   heartbeat_ = std::make_unique<Heartbeat>();

@@ -41,6 +41,8 @@ struct DistributedOptions {
 /// MASTER_PORT (and LOCAL_RANK) as torchrun and te-run set them, or OMPI_COMM_WORLD_RANK/SIZE
 /// under mpirun (MASTER_ADDR/MASTER_PORT still name the rendezvous). Rank 0 hosts the TCP store.
 /// Uses Gloo. Throws te::Error naming a missing or malformed variable. A second call is an error.
+/// Joining a world (here or in run_local_ranks) sets SIGPIPE to ignored if it had the default
+/// disposition, so a peer that dies shows up as a te::Error from the collective.
 void init_distributed(const DistributedOptions& options = {});
 
 /// Leaves the process group joined by init_distributed (no-op when none).
