@@ -81,6 +81,10 @@ void GradientBuckets::finish() {
   state_->waiting.clear();
   state_->finished = true;
   for (auto& [group, params] : rows) {
+    for (const at::Tensor& p : params) {
+      TE_CHECK(p.grad().defined(), "GradientBuckets: a deferred parameter has no gradient; call "
+                                   "finish() after backward");
+    }
     std::size_t i = 0;
     while (i < params.size()) {
       // One bucket: parameters of one dtype up to bucket_bytes (at least one).
@@ -91,8 +95,6 @@ void GradientBuckets::finish() {
              (bucket.empty() ||
               bytes + params[i].grad().numel() * params[i].grad().element_size() <=
                   state_->bucket_bytes)) {
-        TE_CHECK(params[i].grad().defined(), "GradientBuckets: a deferred parameter has no "
-                                             "gradient; call finish() after backward");
         bucket.push_back(params[i]);
         bytes += params[i].grad().numel() * static_cast<int64_t>(params[i].grad().element_size());
         ++i;
