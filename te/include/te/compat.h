@@ -2,6 +2,9 @@
 
 // The one place where LibTorch versions differ for te-cpp. Debian 12 ships LibTorch 1.13 (CPU);
 // GPU machines use an official LibTorch 2.x. Code elsewhere tests these macros, never versions.
+//
+// The distributed layer calls c10d::ProcessGroupGloo directly: its collectives have the same
+// signatures whether it derives from c10d::ProcessGroup (1.13) or c10d::Backend (2.x).
 
 #include <torch/csrc/api/include/torch/version.h>
 
@@ -9,10 +12,5 @@
   (TORCH_VERSION_MAJOR > (major) ||             \
    (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
 
-/// at::scaled_dot_product_attention exists from 2.0 on.
+/// at::scaled_dot_product_attention exists from 2.0 on (with a `scale` argument from 2.1).
 #define TE_HAS_SDPA TE_TORCH_VERSION_AT_LEAST(2, 0)
-/// Float8 dtypes (at::kFloat8_e4m3fn, at::kFloat8_e5m2) exist from 2.1 on.
-#define TE_HAS_FLOAT8_DTYPES TE_TORCH_VERSION_AT_LEAST(2, 1)
-/// From 2.0 on c10d's process-group implementations derive from c10d::Backend; before, from
-/// c10d::ProcessGroup.
-#define TE_C10D_HAS_BACKEND TE_TORCH_VERSION_AT_LEAST(2, 0)
