@@ -83,79 +83,85 @@ float cast_from_fp8(uint8_t bits, DType type) {
 
 namespace {
 
-// Branch-free encode for the quantize loop, with the same results as encode(): the float unit
-// rounds to nearest-even by adding and removing 2^(quantum exponent + 23), after which the value
-// is an FP8 value (or beyond the largest) whose bits are read off directly. Compiles to SIMD.
+// Branch-free encode for the quantize loop, with the same results as encode(). Normal results
+// round on the integer bits (add half a quantum minus one, plus the lowest kept bit: ties go to
+// even); subnormal results come from the float unit, which rounds |x| + 2^k to nearest-even when
+// 2^k's quantum is the format's smallest subnormal, leaving the code in the low bits. Only
+// integer ops, one float add and selects: the loop compiles to SIMD.
 template <int kMantissa, int kBias, uint32_t kMaxCode>
-inline uint8_t encode_fast(float value) {
-  uint32_t bits;
-  std::memcpy(&bits, &value, sizeof bits);
+inline uint8_t encode_fast(uint32_t bits) {
+  constexpr uint32_t kShift = 23 - kMantissa;
+  constexpr uint32_t kRebias = static_cast<uint32_t>(127 - kBias) << kMantissa;
+  constexpr uint32_t kMinNormalBits = static_cast<uint32_t>(127 + 1 - kBias) << 23;
+  constexpr uint32_t kMagicBits = static_cast<uint32_t>(127 - kBias + kShift + 1) << 23;
   const uint32_t sign = (bits >> 24) & 0x80u;
   const uint32_t abs_bits = bits & 0x7FFFFFFFu;
-  constexpr int32_t kMinNormal = 1 - kBias;
-  // Exponent of the quantum at this magnitude: max(e, min normal) - mantissa bits.
-  const int32_t e = static_cast<int32_t>(abs_bits >> 23) - 127;
-  const int32_t q = (e > kMinNormal ? e : kMinNormal) - kMantissa;
-  float magic;
-  const uint32_t magic_bits = static_cast<uint32_t>(q + 23 + 127) << 23;
-  std::memcpy(&magic, &magic_bits, sizeof magic);
-  float a;
+  const uint32_t rounded = abs_bits + ((1u << (kShift - 1)) - 1u) + ((abs_bits >> kShift) & 1u);
+  const uint32_t normal = (rounded >> kShift) - kRebias;  // wraps below the normals: unused there
+  float a, magic, sum;
   std::memcpy(&a, &abs_bits, sizeof a);
-  const float r = (a + magic) - magic;  // rounded to the quantum, ties to even
-  uint32_t rb;
-  std::memcpy(&rb, &r, sizeof rb);
-  const int32_t re = static_cast<int32_t>(rb >> 23) - 127;
-  // Subnormal: r / smallest subnormal; normal: biased exponent and top mantissa bits.
-  const uint32_t sub = static_cast<uint32_t>(
-      static_cast<int32_t>(r * static_cast<float>(1 << (kMantissa - kMinNormal))));
-  const uint32_t normal = (static_cast<uint32_t>(re + kBias) << kMantissa) |
-                          ((rb >> (23 - kMantissa)) & ((1u << kMantissa) - 1u));
-  // Plain selects, so the loop stays free of branches.
-  const bool subnormal = re < kMinNormal;
-  uint32_t code = subnormal ? sub : normal;
-  code = re + kBias >= (1 << (7 - kMantissa)) ? kMaxCode : code;  // exponent overflow
-  code = code > kMaxCode ? kMaxCode : code;                         // past the largest
-  code = abs_bits >= 0x7F800000u ? kMaxCode : code;                 // infinities
-  code = e < -126 ? 0u : code;  // zeros and float subnormals
-  const uint32_t out = abs_bits > 0x7F800000u ? 0x7Fu : (sign | code);  // NaN
-  return static_cast<uint8_t>(out);
+  std::memcpy(&magic, &kMagicBits, sizeof magic);
+  sum = a + magic;
+  uint32_t sum_bits;
+  std::memcpy(&sum_bits, &sum, sizeof sum_bits);
+  const uint32_t sub = sum_bits - kMagicBits;
+  uint32_t code = abs_bits < kMinNormalBits ? sub : normal;
+  code = code > kMaxCode ? kMaxCode : code;  // past the largest finite, infinities included
+  return static_cast<uint8_t>(abs_bits > 0x7F800000u ? 0x7Fu : (sign | code));  // NaN
 }
 
+// One pass: the codes of in[i] * scale, and max |in[i]| as the largest magnitude bit pattern
+// (integer order is float order for |x|; a NaN sorts above +inf and comes out as NaN).
+// Built for AVX-512, AVX2 and the baseline; the loader picks the best the CPU runs.
 template <int kMantissa, int kBias, uint32_t kMaxCode>
-void quantize_loop(const float* in, uint8_t* out, int64_t n, float scale) {
-  for (int64_t i = 0; i < n; ++i) out[i] = encode_fast<kMantissa, kBias, kMaxCode>(in[i] * scale);
-}
-
-// max |x| as the largest magnitude bit pattern: integer order is float order for |x|, the loop
-// vectorises, and a NaN (above +inf's pattern) comes out as NaN.
-float abs_max(const float* in, int64_t n) {
+float quantize_loop(const float* __restrict in, uint8_t* __restrict out, int64_t n,
+                    float scale) {
   uint32_t top = 0;
   for (int64_t i = 0; i < n; ++i) {
     uint32_t b;
     std::memcpy(&b, &in[i], sizeof b);
-    b &= 0x7FFFFFFFu;
-    top = b > top ? b : top;
+    const uint32_t abs_bits = b & 0x7FFFFFFFu;
+    top = abs_bits > top ? abs_bits : top;
+    const float scaled = in[i] * scale;
+    uint32_t sb;
+    std::memcpy(&sb, &scaled, sizeof sb);
+    out[i] = encode_fast<kMantissa, kBias, kMaxCode>(sb);
   }
   float amax;
   std::memcpy(&amax, &top, sizeof amax);
   return amax;
 }
 
+#if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__)
+#define TE_SIMD_CLONES __attribute__((target_clones("arch=skylake-avx512", "avx2", "default")))
+#else
+#define TE_SIMD_CLONES
+#endif
+
+TE_SIMD_CLONES float quantize_e4m3(const float* in, uint8_t* out, int64_t n, float scale) {
+  return quantize_loop<3, 7, 0x7E>(in, out, n, scale);
+}
+
+TE_SIMD_CLONES float quantize_e5m2(const float* in, uint8_t* out, int64_t n, float scale) {
+  return quantize_loop<2, 15, 0x7B>(in, out, n, scale);
+}
+
+TE_SIMD_CLONES void dequantize_loop(const uint8_t* __restrict in, float* __restrict out,
+                                    int64_t n, const float* __restrict table) {
+  for (int64_t i = 0; i < n; ++i) out[i] = table[in[i]];
+}
+
 }  // namespace
 
 float quantize(const float* in, uint8_t* out, int64_t n, float scale, DType type) {
-  if (type == DType::kE4M3) {
-    quantize_loop<3, 7, 0x7E>(in, out, n, scale);
-  } else {
-    quantize_loop<2, 15, 0x7B>(in, out, n, scale);
-  }
-  return abs_max(in, n);
+  return type == DType::kE4M3 ? quantize_e4m3(in, out, n, scale)
+                              : quantize_e5m2(in, out, n, scale);
 }
 
 void dequantize(const uint8_t* in, float* out, int64_t n, float scale_inv, DType type) {
   float table[256];
-  for (int c = 0; c < 256; ++c) table[c] = cast_from_fp8(static_cast<uint8_t>(c), type);
-  for (int64_t i = 0; i < n; ++i) out[i] = table[in[i]] * scale_inv;
+  for (int c = 0; c < 256; ++c) table[c] = cast_from_fp8(static_cast<uint8_t>(c), type) * scale_inv;
+  dequantize_loop(in, out, n, table);
 }
 
 }  // namespace te::fp8
