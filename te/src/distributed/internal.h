@@ -8,6 +8,8 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <memory>
 #include <string>
 #include <vector>
@@ -92,7 +94,16 @@ struct MeshState {
   std::vector<int64_t> coords;
   std::vector<Group> groups;  ///< one per mesh dim
   std::shared_ptr<World> world;
+  int64_t id = 0;  ///< the world's collective counter at creation (rendezvous keys)
+  /// Groups over several mesh dims (group_over), created on first use.
+  mutable std::mutex flat_mutex;
+  mutable std::map<std::vector<int64_t>, std::shared_ptr<Group>> flat_groups;
 };
+
+/// This rank's group spanning mesh dims `dims` (its sub-grid, row-major). For one dim, that dim's
+/// group; for several, created on first use (collectively by the sub-grid's ranks, which must
+/// all ask for it in the same order) and cached.
+const Group& group_over(const MeshState& mesh, const std::vector<int64_t>& dims);
 
 /// Inside a GradientBuckets scope: records that `param`'s gradient still needs summing over the
 /// rows of `mesh_dims`, and returns true (the caller then leaves the gradient partial).

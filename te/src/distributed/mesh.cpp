@@ -69,6 +69,7 @@ DeviceMesh::DeviceMesh(std::vector<int64_t> shape, std::vector<std::string> axis
   // One process group per row of each axis. Every rank walks the dims in the same order and
   // bumps the same counter, so the rendezvous keys agree; only a row's members connect.
   const int64_t mesh_id = state->world ? state->world->next_mesh_id() : 0;
+  state->id = mesh_id;
   state->groups.resize(state->shape.size());
   for (std::size_t d = 0; d < state->shape.size(); ++d) {
     detail::Group& g = state->groups[d];
@@ -191,4 +192,45 @@ DistributedContextScope::~DistributedContextScope() {
   detail::set_thread_world(std::static_pointer_cast<detail::World>(previous_world_));
 }
 
+namespace detail {
+
+const Group& group_over(const MeshState& mesh, const std::vector<int64_t>& dims) {
+  if (dims.size() == 1) return mesh.groups.at(static_cast<std::size_t>(dims[0]));
+  std::lock_guard<std::mutex> lock(mesh.flat_mutex);
+  auto& slot = mesh.flat_groups[dims];
+  if (slot) return *slot;
+  auto g = std::make_shared<Group>();
+  // The sub-grid through this rank: every combination of coordinates on `dims`, the others
+  // fixed at this rank's, in row-major order of `dims`.
+  std::vector<int64_t> strides(mesh.shape.size(), 1);
+  for (int64_t d = static_cast<int64_t>(mesh.shape.size()) - 2; d >= 0; --d) {
+    strides[d] = strides[d + 1] * mesh.shape[d + 1];
+  }
+  int64_t base = mesh.rank;
+  for (int64_t d : dims) base -= mesh.coords[d] * strides[d];
+  g->ranks = {base};
+  g->rank = 0;
+  for (int64_t d : dims) {
+    std::vector<int64_t> next;
+    for (int64_t r : g->ranks) {
+      for (int64_t i = 0; i < mesh.shape[d]; ++i) next.push_back(r + i * strides[d]);
+    }
+    g->ranks = std::move(next);
+    g->rank = g->rank * mesh.shape[d] + mesh.coords[d];
+  }
+  g->size = static_cast<int64_t>(g->ranks.size());
+  for (int64_t d : dims) g->axis += (g->axis.empty() ? "" : "+") + mesh.names[d];
+  g->world_rank = mesh.rank;
+  const Group& first = mesh.groups.at(static_cast<std::size_t>(dims.empty() ? 0 : dims[0]));
+  g->timeout = first.timeout;
+  g->algorithms = first.algorithms;
+  g->world = mesh.world.get();
+  if (g->size > 1) {
+    g->pg = mesh.world->create_group("mesh" + std::to_string(mesh.id) + "/" + g->axis, g->ranks);
+  }
+  slot = std::move(g);
+  return *slot;
+}
+
+}  // namespace detail
 }  // namespace te

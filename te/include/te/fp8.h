@@ -1,0 +1,179 @@
+#pragma once
+
+// FP8: formats, tensors, scaling recipes and the autocast region (DESIGN.md §3).
+//
+//   te::Fp8Autocast fp8(true, te::fp8::DelayedScaling{}, te::MeshResource{.dp = "data"});
+//   auto y = layer(x);   // Dense, LayerNormDense, LayerNormMLP, attention: GEMMs in FP8
+//   y.sum().backward();  // gradients in E5M2 (HYBRID); backward amaxes reduced at its end
+//
+// FP8 data is uint8 storage with a scale_inv, so it runs on every LibTorch; with LibTorch's
+// Float8 dtypes (2.1 on) it converts both ways. The CPU code is the reference the CUDA kernels
+// are held to.
+
+#include <ATen/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "te/compat.h"
+#include "te/distributed/mesh.h"
+#include "te/kernels/fp8_cast.h"
+#include "te/sharding/context.h"
+
+namespace torch::nn {
+class Module;
+}
+
+namespace te::fp8 {
+
+/// E4M3 everywhere, or HYBRID: E4M3 forward (activations, weights), E5M2 gradients.
+enum class Format { kE4M3, kHybrid };
+
+DType forward_dtype(Format format);
+DType backward_dtype(Format format);
+
+/// Scales from a history of amaxes (DESIGN §3). Per update: the new amax is in history[0];
+/// amax = max(history) ("max") or history[0] ("most_recent"); scale = (fp8_max / amax) / 2^margin,
+/// keeping the old scale when amax <= 0 or is not finite; then the history rolls by -1 and
+/// history[0] is zeroed for the next step's amax.
+struct DelayedScaling {
+  int margin = 0;
+  Format fp8_format = Format::kHybrid;
+  int amax_history_len = 1024;
+  std::string amax_compute_algo = "max";
+};
+
+/// Scales from each tensor's own amax, computed as it is cast (scale = fp8_max / amax; 1 when
+/// amax <= 0 or not finite). Under a mesh the amax is that of the whole tensor (reduced over the
+/// mesh axes it is split on), so every rank casts as one process would.
+struct CurrentScaling {
+  Format fp8_format = Format::kHybrid;
+};
+
+using Recipe = std::variant<DelayedScaling, CurrentScaling>;
+
+/// Throws te::Error naming the field: amax_history_len < 1, margin < 0, an unknown algorithm.
+void validate_recipe(const Recipe& recipe);
+/// "DelayedScaling(margin=0, format=HYBRID, amax_history_len=1024, amax_compute_algo=max)".
+std::string to_string(const Recipe& recipe);
+Format format_of(const Recipe& recipe);
+
+/// The scale for `amax`: (fp8_max / amax) / 2^margin, or `old_scale` when amax <= 0, amax is not
+/// finite, or the quotient is not finite (amax below fp8_max / FLT_MAX).
+float compute_scale(float amax, float old_scale, float fp8_max, int margin);
+
+/// One DelayedScaling update of n tensors' state, in place: amax_history [L, n] (row 0 holds
+/// this step's amaxes), scale [n], scale_inv [n] (1 / scale), all fp32 on one device.
+void update_scales(const at::Tensor& amax_history, const at::Tensor& scale,
+                   const at::Tensor& scale_inv, const DelayedScaling& recipe, DType dtype);
+
+// ---- tensors ----------------------------------------------------------------------------------
+
+/// FP8 data: codes (uint8, the shape of the value) and scale_inv (fp32, one element): the value
+/// of code c is cast_from_fp8(c) * scale_inv.
+struct Fp8Tensor {
+  at::Tensor data;
+  at::Tensor scale_inv;
+  DType dtype = DType::kE4M3;
+
+  /// The fp32 values.
+  at::Tensor dequantize() const;
+};
+
+/// Casts x * scale (RNE, saturating) to `dtype`; `scale` is an fp32 one-element tensor. When
+/// `amax` (fp32, one element) is given, max |x| is folded into it (amax = max(amax, |x|)).
+/// CPU and CUDA tensors.
+Fp8Tensor quantize(const at::Tensor& x, const at::Tensor& scale, DType dtype,
+                   const at::Tensor& amax = {});
+/// A 2-D x cast once into both layouts: codes of x and of x^T (contiguous), one scale_inv.
+std::pair<Fp8Tensor, Fp8Tensor> cast_transpose(const at::Tensor& x, const at::Tensor& scale,
+                                               DType dtype, const at::Tensor& amax = {});
+/// max |x| as an fp32 one-element tensor (NaN when x holds a NaN).
+at::Tensor amax(const at::Tensor& x);
+
+/// D = (a @ b) * a.scale_inv * b.scale_inv in fp32, for a [M, K] and b [K, N]: FP8 products are
+/// exact in fp32 (4 x 4 significant bits) and sums accumulate in fp32. CPU: the reference
+/// (exact decode, fp32 GEMM, output scaling); CUDA: cuBLASLt FP8 with scale pointers (sm_89+).
+at::Tensor gemm(const Fp8Tensor& a, const Fp8Tensor& b);
+
+#if TE_HAS_FLOAT8
+/// The codes as LibTorch's float8_e4m3fn / float8_e5m2 (the same bits; no scale applied).
+at::Tensor to_torch_float8(const Fp8Tensor& t);
+/// Wraps a Float8 tensor's bits, with `scale_inv`, as an Fp8Tensor.
+Fp8Tensor from_torch_float8(const at::Tensor& t, const at::Tensor& scale_inv);
+#endif
+
+// ---- modules ----------------------------------------------------------------------------------
+
+/// The FP8 state of one GEMM y = x @ w, kept by its module as registered buffers (saved, loaded
+/// and cloned with it): forward slots [input, kernel] and backward slot [grad output], each with
+/// scale, scale_inv and an amax history of the recipe's length (resized when a recipe with
+/// another length first runs). Also caches the kernel's codes while the kernel and its scale are
+/// unchanged (micro-steps, inference).
+class GemmMeta {
+ public:
+  at::Tensor fwd_scale, fwd_scale_inv, fwd_amax_history;  // [2], [2], [L, 2]
+  at::Tensor bwd_scale, bwd_scale_inv, bwd_amax_history;  // [1], [1], [L, 1]
+
+  /// Registers the six buffers on `module` as <prefix>fp8_{fwd,bwd}_{scale,scale_inv,amax_history}.
+  static std::shared_ptr<GemmMeta> registered(torch::nn::Module& module, const std::string& prefix,
+                                              int64_t history_len = 1024);
+
+  struct KernelCache {
+    const void* impl = nullptr;
+    const void* data = nullptr;
+    int64_t version = -1;
+    float scale = 0.0f;
+    DType dtype = DType::kE4M3;
+    Fp8Tensor codes;       // [K, N]
+    Fp8Tensor transposed;  // [N, K]
+    at::Tensor amax;
+  };
+  KernelCache kernel_cache;  ///< internal; guarded by its module's single-threaded use
+  int64_t kernel_cache_hits = 0;
+};
+
+/// y = x @ w (x [..., K], w [K, N]) with autograd, its GEMMs in FP8 per the current
+/// Fp8Autocast: x and w cast to the forward format, the output gradient to the backward format,
+/// dgrad and wgrad both FP8 GEMMs. Records amaxes into `meta` and schedules their reduction over
+/// `mesh` (the current mesh when null) and update: at the end of the autocast region and at the
+/// end of backward. x and w are this rank's local pieces. Needs fp8_enabled().
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::shared_ptr<GemmMeta>& meta,
+                  const DeviceMesh* mesh = nullptr);
+
+}  // namespace te::fp8
+
+namespace te {
+
+/// RAII: makes FP8 (enabled or not) and `recipe` current on this thread until destroyed; nests
+/// (the innermost wins). With a MeshResource it also opens that MeshResourceScope, so
+/// extend_logical_axis_rules works inside. When the outermost enabled region ends, the forward
+/// amaxes its GEMMs recorded are reduced (MAX, one all-reduce over every axis of the current
+/// mesh except the MeshResource's pp) and the DelayedScaling scales updated; backward amaxes are
+/// reduced and their scales updated when the backward pass ends.
+class Fp8Autocast {
+ public:
+  explicit Fp8Autocast(bool enabled = true, fp8::Recipe recipe = fp8::DelayedScaling{},
+                       std::optional<MeshResource> mesh_resource = std::nullopt);
+  ~Fp8Autocast() noexcept(false);
+  Fp8Autocast(const Fp8Autocast&) = delete;
+  Fp8Autocast& operator=(const Fp8Autocast&) = delete;
+
+ private:
+  std::optional<MeshResourceScope> resource_scope_;
+  std::shared_ptr<void> region_;
+  std::shared_ptr<void> previous_;
+  int uncaught_ = 0;
+};
+
+/// True inside an enabled Fp8Autocast (the innermost one decides).
+bool fp8_enabled();
+/// The recipe of the innermost Fp8Autocast, if any.
+std::optional<fp8::Recipe> fp8_recipe();
+
+}  // namespace te

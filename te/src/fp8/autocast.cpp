@@ -1,0 +1,310 @@
+// Fp8Autocast, the FP8 state of a GEMM, the FP8 linear op and the amax reduction (DESIGN §3).
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/nn/module.h>
+
+#include <algorithm>
+#include <exception>
+#include <mutex>
+
+#include "../distributed/internal.h"
+#include "te/error.h"
+#include "te/fp8.h"
+
+namespace te::fp8 {
+
+namespace {
+
+// A GEMM whose amaxes wait to be reduced (MAX over `dims` of `mesh`) and turned into scales.
+struct Pending {
+  std::shared_ptr<GemmMeta> meta;
+  DelayedScaling recipe;
+  std::shared_ptr<const te::detail::MeshState> mesh;  // null: one process
+  std::vector<int64_t> dims;
+};
+
+void add_pending(std::vector<Pending>& list, Pending p) {
+  for (const Pending& q : list) {
+    if (q.meta == p.meta) return;
+  }
+  list.push_back(std::move(p));
+}
+
+// One fused all-reduce (MAX) per (mesh, dims) over every pending GEMM's newest amax row, then
+// each GEMM's DelayedScaling update.
+void reduce_and_update(const std::vector<Pending>& items, bool forward) {
+  std::vector<bool> done(items.size(), false);
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    if (done[i]) continue;
+    std::vector<const Pending*> batch;
+    for (std::size_t j = i; j < items.size(); ++j) {
+      if (!done[j] && items[j].mesh == items[i].mesh && items[j].dims == items[i].dims) {
+        batch.push_back(&items[j]);
+        done[j] = true;
+      }
+    }
+    auto history = [forward](const Pending* p) {
+      return forward ? p->meta->fwd_amax_history : p->meta->bwd_amax_history;
+    };
+    at::NoGradGuard no_grad;
+    if (items[i].mesh && !items[i].dims.empty()) {
+      std::vector<at::Tensor> rows;
+      for (const Pending* p : batch) rows.push_back(history(p)[0]);
+      const at::Tensor reduced = te::detail::all_reduce(
+          te::detail::group_over(*items[i].mesh, items[i].dims), at::cat(rows), ReduceOp::kMax);
+      int64_t offset = 0;
+      for (const Pending* p : batch) {
+        at::Tensor row = history(p)[0];
+        row.copy_(reduced.narrow(0, offset, row.numel()));
+        offset += row.numel();
+      }
+    }
+    for (const Pending* p : batch) {
+      const Format format = p->recipe.fp8_format;
+      if (forward) {
+        update_scales(p->meta->fwd_amax_history, p->meta->fwd_scale, p->meta->fwd_scale_inv,
+                      p->recipe, forward_dtype(format));
+      } else {
+        update_scales(p->meta->bwd_amax_history, p->meta->bwd_scale, p->meta->bwd_scale_inv,
+                      p->recipe, backward_dtype(format));
+      }
+    }
+  }
+}
+
+// Backward amaxes of the GEMMs of one (outermost) autocast region: reduced and applied by a
+// callback the autograd engine runs when the backward pass ends.
+struct BackwardReduction {
+  std::mutex mu;
+  std::vector<Pending> pending;
+  bool queued = false;
+
+  static void add(const std::shared_ptr<BackwardReduction>& self, Pending p) {
+    std::lock_guard<std::mutex> lock(self->mu);
+    add_pending(self->pending, std::move(p));
+    if (self->queued) return;
+    self->queued = true;
+    torch::autograd::Engine::get_default_engine().queue_callback([self] {
+      std::vector<Pending> items;
+      {
+        std::lock_guard<std::mutex> lock(self->mu);
+        items.swap(self->pending);
+        self->queued = false;
+      }
+      reduce_and_update(items, /*forward=*/false);
+    });
+  }
+};
+
+struct Region {
+  bool enabled = false;
+  Recipe recipe;
+  std::shared_ptr<Region> parent;
+  std::vector<Pending> forward;
+  std::shared_ptr<BackwardReduction> backward;
+};
+
+std::shared_ptr<Region>& current_region() {
+  thread_local std::shared_ptr<Region> region;
+  return region;
+}
+
+// Everything one FP8 GEMM's backward needs.
+struct LinearState : torch::CustomClassHolder {
+  std::shared_ptr<GemmMeta> meta;
+  Recipe recipe;
+  std::shared_ptr<const te::detail::MeshState> mesh;
+  std::vector<int64_t> dims;
+  std::shared_ptr<BackwardReduction> backward;
+  Fp8Tensor x_t;  // x^T codes [K, M]
+  Fp8Tensor w_t;  // w^T codes [N, K]
+  std::vector<int64_t> x_shape;
+  at::ScalarType x_dtype = at::kFloat, w_dtype = at::kFloat;
+};
+
+// CurrentScaling: the whole tensor's amax (MAX over the mesh dims), then its scale.
+at::Tensor current_scale(const at::Tensor& x, const LinearState& s, DType dtype) {
+  at::Tensor a = fp8::amax(x);
+  if (s.mesh && !s.dims.empty()) {
+    a = te::detail::all_reduce(te::detail::group_over(*s.mesh, s.dims), a, ReduceOp::kMax);
+  }
+  const float scale = compute_scale(a.item<float>(), 1.0f, max_finite(dtype), 0);
+  return at::full({1}, scale, x.options().dtype(at::kFloat));
+}
+
+void fold_amax(const at::Tensor& slot, const at::Tensor& amax) {
+  const float a = amax.item<float>(), b = slot.item<float>();
+  slot.fill_(std::isnan(a) || a > b ? a : b);
+}
+
+void ensure_history(GemmMeta& meta, int64_t len) {
+  if (meta.fwd_amax_history.size(0) != len) {
+    meta.fwd_amax_history.set_data(at::zeros({len, 2}, meta.fwd_amax_history.options()));
+  }
+  if (meta.bwd_amax_history.size(0) != len) {
+    meta.bwd_amax_history.set_data(at::zeros({len, 1}, meta.bwd_amax_history.options()));
+  }
+}
+
+class Fp8Linear : public torch::autograd::Function<Fp8Linear> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                            const at::Tensor& w, c10::intrusive_ptr<LinearState> s) {
+    const int64_t k = w.size(0);
+    const at::Tensor x2 = x.reshape({-1, k});
+    const DType dtype = forward_dtype(format_of(s->recipe));
+    GemmMeta& meta = *s->meta;
+    std::pair<Fp8Tensor, Fp8Tensor> xq, wq;
+    if (const auto* d = std::get_if<DelayedScaling>(&s->recipe)) {
+      ensure_history(meta, d->amax_history_len);
+      const at::Tensor newest = meta.fwd_amax_history[0];
+      xq = cast_transpose(x2, meta.fwd_scale.narrow(0, 0, 1), dtype, newest.narrow(0, 0, 1));
+      // The kernel's codes are reused while the kernel and its scale are unchanged.
+      auto& c = meta.kernel_cache;
+      const float scale = meta.fwd_scale[1].item<float>();
+      if (c.impl == w.unsafeGetTensorImpl() && c.data == w.data_ptr() &&
+          c.version == static_cast<int64_t>(w._version()) && c.scale == scale &&
+          c.dtype == dtype && c.codes.data.sizes() == w.sizes()) {
+        ++meta.kernel_cache_hits;
+      } else {
+        c.amax = at::zeros({1}, newest.options());
+        auto fresh = cast_transpose(w, meta.fwd_scale.narrow(0, 1, 1), dtype, c.amax);
+        c.codes = fresh.first;
+        c.impl = w.unsafeGetTensorImpl();
+        c.data = w.data_ptr();
+        c.version = static_cast<int64_t>(w._version());
+        c.scale = scale;
+        c.dtype = dtype;
+        c.transposed = fresh.second;
+      }
+      wq = {c.codes, c.transposed};
+      fold_amax(newest.narrow(0, 1, 1), c.amax);
+      Region* region = current_region().get();
+      if (region != nullptr) add_pending(region->forward, {s->meta, *d, s->mesh, s->dims});
+    } else {
+      xq = cast_transpose(x2, current_scale(x2, *s, dtype), dtype);
+      wq = cast_transpose(w, current_scale(w, *s, dtype), dtype);
+    }
+    s->x_t = xq.second;
+    s->w_t = wq.second;
+    s->x_shape = {x.sizes().begin(), x.sizes().end()};
+    s->x_dtype = x.scalar_type();
+    s->w_dtype = w.scalar_type();
+    ctx->saved_data["state"] = c10::IValue::make_capsule(s);
+    std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end() - 1);
+    out_shape.push_back(w.size(1));
+    return gemm(xq.first, wq.first).reshape(out_shape).to(x.scalar_type());
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto s = c10::static_intrusive_pointer_cast<LinearState>(ctx->saved_data["state"].toCapsule());
+    const int64_t n = s->w_t.data.size(0);
+    const at::Tensor g2 = grads[0].reshape({-1, n});
+    const DType dtype = backward_dtype(format_of(s->recipe));
+    Fp8Tensor gq;
+    if (const auto* d = std::get_if<DelayedScaling>(&s->recipe)) {
+      GemmMeta& meta = *s->meta;
+      gq = quantize(g2, meta.bwd_scale.narrow(0, 0, 1), dtype,
+                    meta.bwd_amax_history[0].narrow(0, 0, 1));
+      BackwardReduction::add(s->backward, {s->meta, *d, s->mesh, s->dims});
+    } else {
+      gq = quantize(g2, current_scale(g2, *s, dtype), dtype);
+    }
+    const at::Tensor grad_x = gemm(gq, s->w_t).reshape(s->x_shape).to(s->x_dtype);
+    const at::Tensor grad_w = gemm(s->x_t, gq).to(s->w_dtype);
+    return {grad_x, grad_w, at::Tensor()};
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<GemmMeta> GemmMeta::registered(torch::nn::Module& module,
+                                               const std::string& prefix, int64_t history_len) {
+  TE_CHECK(history_len >= 1, "GemmMeta: history_len is ", history_len, "; it needs at least 1");
+  auto m = std::make_shared<GemmMeta>();
+  m->fwd_scale = module.register_buffer(prefix + "fp8_fwd_scale", at::ones({2}));
+  m->fwd_scale_inv = module.register_buffer(prefix + "fp8_fwd_scale_inv", at::ones({2}));
+  m->fwd_amax_history =
+      module.register_buffer(prefix + "fp8_fwd_amax_history", at::zeros({history_len, 2}));
+  m->bwd_scale = module.register_buffer(prefix + "fp8_bwd_scale", at::ones({1}));
+  m->bwd_scale_inv = module.register_buffer(prefix + "fp8_bwd_scale_inv", at::ones({1}));
+  m->bwd_amax_history =
+      module.register_buffer(prefix + "fp8_bwd_amax_history", at::zeros({history_len, 1}));
+  return m;
+}
+
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::shared_ptr<GemmMeta>& meta,
+                  const DeviceMesh* mesh) {
+  const auto region = current_region();
+  TE_CHECK(region && region->enabled,
+           "fp8::linear runs inside an enabled te::Fp8Autocast; open one (or call the fp32 path)");
+  TE_CHECK(meta != nullptr, "fp8::linear: no FP8 state given for this GEMM");
+  TE_CHECK(w.dim() == 2 && x.dim() >= 1 && x.size(-1) == w.size(0), "fp8::linear: input ",
+           x.sizes(), " and kernel ", w.sizes(),
+           " do not contract (the input's last dim must equal the kernel's first)");
+  auto s = c10::make_intrusive<LinearState>();
+  s->meta = meta;
+  s->recipe = region->recipe;
+  s->backward = region->backward;
+  if (mesh == nullptr) mesh = current_mesh();
+  if (mesh != nullptr) {
+    // Every mesh axis but the pipeline's: stages hold different layers.
+    const auto resource = current_mesh_resource();
+    const std::optional<std::string> pp = resource ? resource->pp : std::nullopt;
+    for (int64_t d = 0; d < mesh->ndim(); ++d) {
+      if (mesh->size(d) > 1 && (!pp || mesh->axis_names()[d] != *pp)) s->dims.push_back(d);
+    }
+    s->mesh = mesh->shared_state();
+  }
+  return Fp8Linear::apply(x, w, s);
+}
+
+}  // namespace te::fp8
+
+namespace te {
+
+Fp8Autocast::Fp8Autocast(bool enabled, fp8::Recipe recipe,
+                         std::optional<MeshResource> mesh_resource) {
+  fp8::validate_recipe(recipe);
+  if (mesh_resource) resource_scope_.emplace(*mesh_resource);
+  auto region = std::make_shared<fp8::Region>();
+  region->enabled = enabled;
+  region->recipe = std::move(recipe);
+  region->parent = fp8::current_region();
+  region->backward = region->parent ? region->parent->backward
+                                    : std::make_shared<fp8::BackwardReduction>();
+  fp8::current_region() = region;
+  region_ = region;
+  uncaught_ = std::uncaught_exceptions();
+}
+
+Fp8Autocast::~Fp8Autocast() noexcept(false) {
+  auto region = std::static_pointer_cast<fp8::Region>(region_);
+  fp8::current_region() = region->parent;
+  if (region->forward.empty()) return;
+  // Unwinding: the other ranks may not reach their reduction; drop this step's amaxes.
+  if (std::uncaught_exceptions() > uncaught_) return;
+  for (fp8::Region* r = region->parent.get(); r != nullptr; r = r->parent.get()) {
+    if (r->enabled) {
+      for (auto& p : region->forward) fp8::add_pending(r->forward, std::move(p));
+      return;
+    }
+  }
+  fp8::reduce_and_update(region->forward, /*forward=*/true);
+}
+
+bool fp8_enabled() {
+  const auto& region = fp8::current_region();
+  return region && region->enabled;
+}
+
+std::optional<fp8::Recipe> fp8_recipe() {
+  const auto& region = fp8::current_region();
+  if (!region) return std::nullopt;
+  return region->recipe;
+}
+
+}  // namespace te

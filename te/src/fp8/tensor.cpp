@@ -1,0 +1,187 @@
+// FP8 tensors: casts, amax and the GEMM, on CPU (the reference) and CUDA.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <mutex>
+
+#include "te/error.h"
+#include "te/fp8.h"
+
+#ifdef TE_WITH_CUDA
+#include "te/kernels/fp8_cuda.h"
+#endif
+
+namespace te::fp8 {
+
+namespace {
+
+constexpr int64_t kGrain = 1 << 16;
+
+// NaN wins; otherwise the larger.
+float max_amax(float a, float b) { return std::isnan(a) || a > b ? a : b; }
+
+void check_scale(const at::Tensor& t, const char* what, const at::Tensor& x) {
+  TE_CHECK(t.defined() && t.numel() == 1 && t.scalar_type() == at::kFloat,
+           "fp8: ", what, " must be an fp32 tensor of one element");
+  TE_CHECK(t.device() == x.device(), "fp8: ", what, " is on ", t.device(), " but the data on ",
+           x.device(), "; keep the FP8 state with the tensors it scales");
+}
+
+at::Tensor as_float(const at::Tensor& x) {
+  TE_CHECK(at::isFloatingType(x.scalar_type()), "fp8: cannot cast a ", x.scalar_type(),
+           " tensor to FP8; give a floating-point tensor");
+  return x.to(at::kFloat).contiguous();
+}
+
+#ifdef TE_WITH_CUDA
+cuda::Format kernel_format(DType t) { return t == DType::kE4M3 ? cuda::kE4M3 : cuda::kE5M2; }
+#endif
+
+[[noreturn]] void no_cuda(const char* what) {
+  TE_FAIL("fp8::", what, ": the tensor is on a CUDA device but te-cpp was built without CUDA; "
+          "configure with the CUDA toolkit (-DTE_CUDA=ON)");
+}
+
+}  // namespace
+
+at::Tensor Fp8Tensor::dequantize() const {
+  TE_CHECK(data.defined() && data.scalar_type() == at::kByte,
+           "Fp8Tensor::dequantize: the codes must be a uint8 tensor");
+  const at::Tensor codes = data.contiguous();
+  at::Tensor out = at::empty(codes.sizes(), codes.options().dtype(at::kFloat));
+  if (codes.is_cuda()) {
+#ifdef TE_WITH_CUDA
+    cuda::dequantize(codes.data_ptr<uint8_t>(), out.data_ptr<float>(), codes.numel(),
+                     scale_inv.data_ptr<float>(), kernel_format(dtype), nullptr);
+    return out;
+#else
+    no_cuda("dequantize");
+#endif
+  }
+  const float s = scale_inv.item<float>();
+  const uint8_t* in = codes.data_ptr<uint8_t>();
+  float* o = out.data_ptr<float>();
+  const DType t = dtype;
+  at::parallel_for(0, codes.numel(), kGrain, [&](int64_t begin, int64_t end) {
+    fp8::dequantize(in + begin, o + begin, end - begin, s, t);
+  });
+  return out;
+}
+
+at::Tensor amax(const at::Tensor& x_in) {
+  const at::Tensor x = as_float(x_in);
+  if (x.numel() == 0) return at::zeros({1}, x.options());
+  // max |x| with NaN propagating (at::max does).
+  return x.abs().max().reshape({1});
+}
+
+Fp8Tensor quantize(const at::Tensor& x_in, const at::Tensor& scale, DType dtype,
+                   const at::Tensor& amax) {
+  const at::Tensor x = as_float(x_in);
+  check_scale(scale, "scale", x);
+  if (amax.defined()) check_scale(amax, "amax", x);
+  Fp8Tensor out;
+  out.dtype = dtype;
+  out.data = at::empty(x.sizes(), x.options().dtype(at::kByte));
+  at::NoGradGuard no_grad;
+  if (x.is_cuda()) {
+#ifdef TE_WITH_CUDA
+    out.scale_inv = at::reciprocal(scale);
+    cuda::quantize(x.data_ptr<float>(), out.data.data_ptr<uint8_t>(), x.numel(),
+                   scale.data_ptr<float>(), amax.defined() ? amax.data_ptr<float>() : nullptr,
+                   kernel_format(dtype), nullptr);
+    return out;
+#else
+    no_cuda("quantize");
+#endif
+  }
+  const float s = scale.item<float>();
+  const float* in = x.data_ptr<float>();
+  uint8_t* codes = out.data.data_ptr<uint8_t>();
+  std::mutex mu;
+  float top = 0.0f;
+  at::parallel_for(0, x.numel(), kGrain, [&](int64_t begin, int64_t end) {
+    const float part = fp8::quantize(in + begin, codes + begin, end - begin, s, dtype);
+    std::lock_guard<std::mutex> lock(mu);
+    top = max_amax(top, part);
+  });
+  out.scale_inv = at::reciprocal(scale);
+  if (amax.defined()) amax.fill_(max_amax(amax.item<float>(), top));
+  return out;
+}
+
+std::pair<Fp8Tensor, Fp8Tensor> cast_transpose(const at::Tensor& x, const at::Tensor& scale,
+                                               DType dtype, const at::Tensor& amax) {
+  TE_CHECK(x.dim() == 2, "fp8::cast_transpose: x has shape ", x.sizes(), "; it takes a 2-D tensor");
+  if (x.is_cuda()) {
+#ifdef TE_WITH_CUDA
+    const at::Tensor xf = as_float(x);
+    check_scale(scale, "scale", xf);
+    if (amax.defined()) check_scale(amax, "amax", xf);
+    Fp8Tensor a{at::empty(xf.sizes(), xf.options().dtype(at::kByte)), at::reciprocal(scale), dtype};
+    Fp8Tensor t{at::empty({xf.size(1), xf.size(0)}, xf.options().dtype(at::kByte)), a.scale_inv,
+                dtype};
+    cuda::cast_transpose(xf.data_ptr<float>(), a.data.data_ptr<uint8_t>(),
+                         t.data.data_ptr<uint8_t>(), xf.size(0), xf.size(1),
+                         scale.data_ptr<float>(), amax.defined() ? amax.data_ptr<float>() : nullptr,
+                         kernel_format(dtype), nullptr);
+    return {a, t};
+#else
+    no_cuda("cast_transpose");
+#endif
+  }
+  Fp8Tensor a = quantize(x, scale, dtype, amax);
+  Fp8Tensor t{a.data.t().contiguous(), a.scale_inv, dtype};
+  return {a, t};
+}
+
+at::Tensor gemm(const Fp8Tensor& a, const Fp8Tensor& b) {
+  TE_CHECK(a.data.dim() == 2 && b.data.dim() == 2 && a.data.size(1) == b.data.size(0),
+           "fp8::gemm: a ", a.data.sizes(), " and b ", b.data.sizes(),
+           " do not multiply; give a [M, K] and b [K, N]");
+  TE_CHECK(a.data.scalar_type() == at::kByte && b.data.scalar_type() == at::kByte,
+           "fp8::gemm: the operands must be FP8 codes (uint8)");
+  TE_CHECK(!(a.dtype == DType::kE5M2 && b.dtype == DType::kE5M2),
+           "fp8::gemm: both operands are E5M2, which FP8 tensor cores do not multiply; cast one "
+           "to E4M3 (HYBRID keeps forward tensors in E4M3)");
+  TE_CHECK(a.data.device() == b.data.device(), "fp8::gemm: a is on ", a.data.device(),
+           " and b on ", b.data.device());
+  if (a.data.is_cuda()) {
+#ifdef TE_WITH_CUDA
+    const at::Tensor ad = a.data.contiguous(), bt = b.data.t().contiguous();
+    at::Tensor d = at::empty({ad.size(0), bt.size(0)}, ad.options().dtype(at::kFloat));
+    cuda::gemm(ad.data_ptr<uint8_t>(), kernel_format(a.dtype), a.scale_inv.data_ptr<float>(),
+               bt.data_ptr<uint8_t>(), kernel_format(b.dtype), b.scale_inv.data_ptr<float>(),
+               d.data_ptr<float>(), ad.size(0), bt.size(0), ad.size(1), nullptr);
+    return d;
+#else
+    no_cuda("gemm");
+#endif
+  }
+  // The exact values of the codes (no scale), an fp32 GEMM (exact products, fp32 sums), then
+  // the two scales on the output.
+  const Fp8Tensor a1{a.data, at::ones({1}), a.dtype};
+  const Fp8Tensor b1{b.data, at::ones({1}), b.dtype};
+  at::Tensor d = at::mm(a1.dequantize(), b1.dequantize());
+  d.mul_(a.scale_inv.item<float>()).mul_(b.scale_inv.item<float>());
+  return d;
+}
+
+#if TE_HAS_FLOAT8
+at::Tensor to_torch_float8(const Fp8Tensor& t) {
+  return t.data.view(t.dtype == DType::kE4M3 ? at::kFloat8_e4m3fn : at::kFloat8_e5m2);
+}
+
+Fp8Tensor from_torch_float8(const at::Tensor& t, const at::Tensor& scale_inv) {
+  TE_CHECK(t.scalar_type() == at::kFloat8_e4m3fn || t.scalar_type() == at::kFloat8_e5m2,
+           "from_torch_float8: a ", t.scalar_type(),
+           " tensor is not float8_e4m3fn or float8_e5m2");
+  return {t.view(at::kByte),
+          scale_inv, t.scalar_type() == at::kFloat8_e4m3fn ? DType::kE4M3 : DType::kE5M2};
+}
+#endif
+
+}  // namespace te::fp8
