@@ -8,6 +8,7 @@
 #include "constrain.h"
 #include "te/compat.h"
 #include "te/error.h"
+#include "te/fp8.h"
 #include "te/nn/functional.h"
 #include "te/nn/init.h"
 
@@ -205,6 +206,7 @@ void MultiHeadAttentionImpl::reset() {
     at::Tensor w = kernel({hidden, 3, heads * d});
     w.select(1, 0).mul_(query_scale);
     qkv_kernel = register_sharded(*this, "qkv_kernel", w, options.qkv_kernel_axes());
+    qkv_fp8 = fp8::GemmMeta::registered(*this, "qkv_");
     if (options.use_bias()) {
       qkv_bias = register_sharded(*this, "qkv_bias", at::zeros({3, heads * d}),
                                   output_axes(options.qkv_kernel_axes()));
@@ -214,6 +216,8 @@ void MultiHeadAttentionImpl::reset() {
                                 options.q_kernel_axes());
     kv_kernel = register_sharded(*this, "kv_kernel", kernel({hidden, 2, g * d}),
                                  options.kv_kernel_axes());
+    q_fp8 = fp8::GemmMeta::registered(*this, "q_");
+    kv_fp8 = fp8::GemmMeta::registered(*this, "kv_");
     if (options.use_bias()) {
       q_bias = register_sharded(*this, "q_bias", at::zeros({heads * d}),
                                 output_axes(options.q_kernel_axes()));
@@ -223,6 +227,7 @@ void MultiHeadAttentionImpl::reset() {
   }
   out_kernel = register_sharded(*this, "out_kernel", kernel({heads * d, hidden}),
                                 options.out_kernel_axes());
+  out_fp8 = fp8::GemmMeta::registered(*this, "out_");
   if (options.use_bias()) {
     out_bias = register_sharded(*this, "out_bias", at::zeros({hidden}), {"w_no_shard"});
   }
@@ -252,7 +257,7 @@ at::Tensor MultiHeadAttentionImpl::forward(const at::Tensor& x, const at::Tensor
   const at::Tensor ln = options.input_layernorm() ? layernorm->forward(x) : x;
   at::Tensor q, k, v;
   if (qkv_kernel.defined()) {
-    at::Tensor qkv = F::dense(ln, qkv_kernel);
+    at::Tensor qkv = F::dense(ln, qkv_kernel, qkv_fp8);
     if (qkv_bias.defined()) qkv = qkv + qkv_bias;
     qkv = qkv.view({b, s, 3, heads, d});
     q = qkv.select(2, 0);
@@ -260,17 +265,17 @@ at::Tensor MultiHeadAttentionImpl::forward(const at::Tensor& x, const at::Tensor
     v = qkv.select(2, 2);
   } else {
     const at::Tensor& src = options.self_attention() ? ln : memory;
-    q = F::dense(ln, q_kernel);
+    q = F::dense(ln, q_kernel, q_fp8);
     if (q_bias.defined()) q = q + q_bias;
     q = q.view({b, s, heads, d});
-    at::Tensor kv = F::dense(src, kv_kernel);
+    at::Tensor kv = F::dense(src, kv_kernel, kv_fp8);
     if (kv_bias.defined()) kv = kv + kv_bias;
     kv = kv.view({b, src.size(1), 2, g, d});
     k = kv.select(2, 0);
     v = kv.select(2, 1);
   }
   at::Tensor out = attention->forward(q, k, v, mask).reshape({b, s, heads * d});
-  at::Tensor y = F::dense(out, out_kernel);
+  at::Tensor y = F::dense(out, out_kernel, out_fp8);
   if (out_bias.defined()) y = y + out_bias;
   return y;
 }
@@ -297,7 +302,7 @@ DTensor MultiHeadAttentionImpl::forward(const DTensor& x_in, const std::optional
   const DTensor ln = options.input_layernorm() ? layernorm->forward(x) : x;
   DTensor q, k, v;
   if (qkv_kernel.defined()) {
-    DTensor qkv = F::dense(ln, as_dtensor("qkv_kernel", qkv_kernel, mesh), whole);
+    DTensor qkv = F::dense(ln, as_dtensor("qkv_kernel", qkv_kernel, mesh), whole, qkv_fp8);
     if (qkv_bias.defined()) qkv = F::add_bias(qkv, as_dtensor("qkv_bias", qkv_bias, mesh));
     qkv = F::unflatten(qkv, 3, heads, d);
     qkv = with_sharding_constraint(qkv, {"batch", "seqlen", "joined", "heads", std::nullopt});
@@ -306,10 +311,10 @@ DTensor MultiHeadAttentionImpl::forward(const DTensor& x_in, const std::optional
     v = F::select(qkv, 2, 2);
   } else {
     const DTensor& src = options.self_attention() ? ln : *memory;
-    DTensor qp = F::dense(ln, as_dtensor("q_kernel", q_kernel, mesh), whole);
+    DTensor qp = F::dense(ln, as_dtensor("q_kernel", q_kernel, mesh), whole, q_fp8);
     if (q_bias.defined()) qp = F::add_bias(qp, as_dtensor("q_bias", q_bias, mesh));
     q = F::unflatten(qp, 2, heads, d);
-    DTensor kv = F::dense(src, as_dtensor("kv_kernel", kv_kernel, mesh), whole);
+    DTensor kv = F::dense(src, as_dtensor("kv_kernel", kv_kernel, mesh), whole, kv_fp8);
     if (kv_bias.defined()) kv = F::add_bias(kv, as_dtensor("kv_bias", kv_bias, mesh));
     kv = F::unflatten(kv, 3, g, d);
     k = F::select(kv, 2, 0);
@@ -320,7 +325,7 @@ DTensor MultiHeadAttentionImpl::forward(const DTensor& x_in, const std::optional
   v = with_sharding_constraint(v, per_head);
   const DTensor out = F::flatten(attention->forward(q, k, v, mask), 2);
   DTensor y = F::dense(out, as_dtensor("out_kernel", out_kernel, mesh),
-                       {"batch", "seqlen", "hidden_tp"});
+                       {"batch", "seqlen", "hidden_tp"}, out_fp8);
   y = with_sharding_constraint(y, act);  // tensor parallel: the all-reduce (or reduce-scatter)
   if (out_bias.defined()) y = F::add_bias(y, as_dtensor("out_bias", out_bias, mesh));
   return y;

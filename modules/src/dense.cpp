@@ -4,6 +4,7 @@
 
 #include "constrain.h"
 #include "te/error.h"
+#include "te/fp8.h"
 #include "te/nn/functional.h"
 #include "te/nn/init.h"
 
@@ -23,6 +24,7 @@ void DenseImpl::reset() {
   kernel = register_sharded(*this, "kernel",
                             variance_scaling({in, out}, 1, 1.0, "fan_in", "truncated_normal"),
                             axes_or_unnamed(options.kernel_axes(), 2));
+  fp8_meta = fp8::GemmMeta::registered(*this, "");
   if (options.use_bias()) {
     bias = register_sharded(*this, "bias", at::zeros({out}), axes_or_unnamed(options.bias_axes(), 1));
   } else {
@@ -41,7 +43,7 @@ void DenseImpl::pretty_print(std::ostream& stream) const {
 at::Tensor DenseImpl::forward(const at::Tensor& input) {
   require_unsharded(*this, "Dense");
   at::Tensor x = constrain(input, options.input_axes());
-  at::Tensor y = F::dense(x, kernel);
+  at::Tensor y = F::dense(x, kernel, fp8_meta);
   if (bias.defined()) y = y + bias;
   return constrain(y, options.output_axes());
 }
@@ -50,7 +52,7 @@ DTensor DenseImpl::forward(const DTensor& input) { return project(input, options
 
 DTensor DenseImpl::project(const DTensor& x, const LogicalAxes& input_axes) {
   // The input constraint is folded into the matmul's redistribution (see F::dense).
-  DTensor y = F::dense(x, as_dtensor("kernel", kernel, x.mesh()), input_axes);
+  DTensor y = F::dense(x, as_dtensor("kernel", kernel, x.mesh()), input_axes, fp8_meta);
   // Constrain before the bias: a partial result then reduces straight into the requested
   // layout (e.g. reduce-scattered under sequence parallelism) instead of all-reduced first.
   y = constrain(y, options.output_axes());

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "te/compat.h"
+#include "te/fp8.h"
 
 #include "te/error.h"
 
@@ -112,16 +113,20 @@ class GatheredDense : public torch::autograd::Function<GatheredDense> {
 
 // ---------------------------------------------------------------------------------------------
 
-at::Tensor dense(const at::Tensor& x, const at::Tensor& w) {
+at::Tensor dense(const at::Tensor& x, const at::Tensor& w,
+                 const std::shared_ptr<fp8::GemmMeta>& fp8, const DeviceMesh* mesh) {
   TE_CHECK(x.dim() >= 1 && w.dim() >= 2 && x.size(-1) == w.size(0), "dense: input ",
            x.sizes(), " and kernel ", w.sizes(),
            " do not contract (the input's last dim must equal the kernel's first)");
   std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end() - 1);
   out_shape.insert(out_shape.end(), w.sizes().begin() + 1, w.sizes().end());
-  return at::matmul(x, w.reshape({w.size(0), -1})).reshape(out_shape);
+  const at::Tensor w2 = w.reshape({w.size(0), -1});
+  if (fp8 != nullptr && fp8_enabled()) return fp8::linear(x, w2, fp8, mesh).reshape(out_shape);
+  return at::matmul(x, w2).reshape(out_shape);
 }
 
-DTensor dense(const DTensor& x, const DTensor& w, const LogicalAxes& input_axes) {
+DTensor dense(const DTensor& x, const DTensor& w, const LogicalAxes& input_axes,
+              const std::shared_ptr<fp8::GemmMeta>& fp8) {
   check_same_mesh(x, w, "dense");
   TE_CHECK(x.dim() >= 1 && w.dim() >= 2 && x.size(-1) == w.size(0), "dense: input ",
            x.to_string(), " and kernel ", w.to_string(), " do not contract");
@@ -191,8 +196,10 @@ DTensor dense(const DTensor& x, const DTensor& w, const LogicalAxes& input_axes)
   const at::Tensor x_local = x.redistribute(xa, xg).to_local();
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end() - 1);
   shape.insert(shape.end(), w.sizes().begin() + 1, w.sizes().end());
+  // FP8 keeps the gathered kernel's codes for backward, so it takes the plain path.
+  const bool use_fp8 = fp8 != nullptr && fp8_enabled();
   bool gathers_kernel = false;
-  for (std::size_t m = 0; m < n; ++m) {
+  for (std::size_t m = 0; m < n && !use_fp8; ++m) {
     gathers_kernel = gathers_kernel || (is_shard(w.placements()[m]) && is_replicate(wa[m]));
   }
   if (gathers_kernel) {
@@ -207,7 +214,9 @@ DTensor dense(const DTensor& x, const DTensor& w, const LogicalAxes& input_axes)
                                shape);
   }
   const at::Tensor w_local = w.redistribute(wa, wg).to_local();
-  return DTensor::from_local(dense(x_local, w_local), x.mesh(), out, shape);
+  const DeviceMesh& mesh = x.mesh();
+  return DTensor::from_local(dense(x_local, w_local, use_fp8 ? fp8 : nullptr, &mesh), mesh, out,
+                             shape);
 }
 
 DTensor add_bias(const DTensor& y_in, const DTensor& b) {

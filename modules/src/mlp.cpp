@@ -6,6 +6,7 @@
 
 #include "constrain.h"
 #include "te/error.h"
+#include "te/fp8.h"
 #include "te/nn/functional.h"
 #include "te/nn/init.h"
 
@@ -36,6 +37,8 @@ void LayerNormMLPImpl::reset() {
   wo_kernel = register_sharded(*this, "wo_kernel",
                                variance_scaling({f, h}, 1, 1.0, "fan_in", "truncated_normal"),
                                options.kernel_axes_2());
+  wi_fp8 = fp8::GemmMeta::registered(*this, "wi_");
+  wo_fp8 = fp8::GemmMeta::registered(*this, "wo_");
   if (options.use_bias()) {
     wi_bias = register_sharded(*this, "wi_bias", at::zeros({a, f}), options.bias_axes_1());
     wo_bias = register_sharded(*this, "wo_bias", at::zeros({h}), options.bias_axes_2());
@@ -57,11 +60,11 @@ void LayerNormMLPImpl::pretty_print(std::ostream& stream) const {
 at::Tensor LayerNormMLPImpl::forward(const at::Tensor& input) {
   require_unsharded(*this, "LayerNormMLP");
   const at::Tensor ln = layernorm->forward(constrain(input, options.layernorm_input_axes()));
-  at::Tensor h = F::dense(constrain(ln, options.dot_1_input_axes()), wi_kernel);
+  at::Tensor h = F::dense(constrain(ln, options.dot_1_input_axes()), wi_kernel, wi_fp8);
   if (wi_bias.defined()) h = h + wi_bias;
   at::Tensor act = F::mlp_activation(h, options.activations());
   act = at::dropout(act, options.intermediate_dropout_rate(), is_training());
-  at::Tensor y = F::dense(constrain(act, options.dot_2_input_axes()), wo_kernel);
+  at::Tensor y = F::dense(constrain(act, options.dot_2_input_axes()), wo_kernel, wo_fp8);
   if (wo_bias.defined()) y = y + wo_bias;
   return constrain(y, options.output_axes());
 }
@@ -69,7 +72,7 @@ at::Tensor LayerNormMLPImpl::forward(const at::Tensor& input) {
 DTensor LayerNormMLPImpl::forward(const DTensor& input) {
   const DeviceMesh& mesh = input.mesh();
   const DTensor ln = layernorm->forward(constrain(input, options.layernorm_input_axes()));
-  DTensor h = F::dense(ln, as_dtensor("wi_kernel", wi_kernel, mesh), options.dot_1_input_axes());
+  DTensor h = F::dense(ln, as_dtensor("wi_kernel", wi_kernel, mesh), options.dot_1_input_axes(), wi_fp8);
   if (wi_bias.defined()) h = F::add_bias(h, as_dtensor("wi_bias", wi_bias, mesh));
   DTensor act = F::mlp_activation(h, options.activations());
   const double rate = options.intermediate_dropout_rate();
@@ -77,7 +80,7 @@ DTensor LayerNormMLPImpl::forward(const DTensor& input) {
     act = F::elementwise(act, [rate](const at::Tensor& t) { return at::dropout(t, rate, true); });
   }
   DTensor y =
-      F::dense(act, as_dtensor("wo_kernel", wo_kernel, mesh), options.dot_2_input_axes());
+      F::dense(act, as_dtensor("wo_kernel", wo_kernel, mesh), options.dot_2_input_axes(), wo_fp8);
   y = constrain(y, options.output_axes());
   if (wo_bias.defined()) y = F::add_bias(y, as_dtensor("wo_bias", wo_bias, mesh));
   return y;

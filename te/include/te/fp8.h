@@ -22,6 +22,7 @@
 
 #include "te/compat.h"
 #include "te/distributed/mesh.h"
+#include "te/error.h"
 #include "te/kernels/fp8_cast.h"
 #include "te/sharding/context.h"
 
@@ -125,8 +126,9 @@ class GemmMeta {
                                               int64_t history_len = 1024);
 
   struct KernelCache {
-    const void* impl = nullptr;
+    at::Storage storage;  // held, so its address cannot be reused by another tensor
     const void* data = nullptr;
+    std::vector<int64_t> strides;
     int64_t version = -1;
     float scale = 0.0f;
     DType dtype = DType::kE4M3;

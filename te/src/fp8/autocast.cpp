@@ -164,16 +164,19 @@ class Fp8Linear : public torch::autograd::Function<Fp8Linear> {
       // The kernel's codes are reused while the kernel and its scale are unchanged.
       auto& c = meta.kernel_cache;
       const float scale = meta.fwd_scale[1].item<float>();
-      if (c.impl == w.unsafeGetTensorImpl() && c.data == w.data_ptr() &&
-          c.version == static_cast<int64_t>(w._version()) && c.scale == scale &&
-          c.dtype == dtype && c.codes.data.sizes() == w.sizes()) {
+      const std::vector<int64_t> strides(w.strides().begin(), w.strides().end());
+      if (c.storage.unsafeGetStorageImpl() == w.storage().unsafeGetStorageImpl() &&
+          c.data == w.data_ptr() && c.version == static_cast<int64_t>(w._version()) &&
+          c.scale == scale && c.dtype == dtype && c.codes.data.sizes() == w.sizes() &&
+          c.strides == strides) {
         ++meta.kernel_cache_hits;
       } else {
         c.amax = at::zeros({1}, newest.options());
         auto fresh = cast_transpose(w, meta.fwd_scale.narrow(0, 1, 1), dtype, c.amax);
         c.codes = fresh.first;
-        c.impl = w.unsafeGetTensorImpl();
+        c.storage = w.storage();
         c.data = w.data_ptr();
+        c.strides = strides;
         c.version = static_cast<int64_t>(w._version());
         c.scale = scale;
         c.dtype = dtype;

@@ -136,6 +136,8 @@ class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImp
   at::Tensor qkv_kernel, qkv_bias;  // fused
   at::Tensor q_kernel, q_bias, kv_kernel, kv_bias;  // separate
   at::Tensor out_kernel, out_bias;
+  /// FP8 state of the projections (buffers qkv_fp8_*, q_fp8_*, kv_fp8_*, out_fp8_*).
+  std::shared_ptr<fp8::GemmMeta> qkv_fp8, q_fp8, kv_fp8, out_fp8;
 
   int64_t head_dim() const;
   int64_t kv_heads() const;

@@ -12,6 +12,7 @@
 #include <string>
 #include <utility>
 
+#include "te/fp8.h"
 #include "te/nn/sharded.h"
 
 namespace te::nn {
@@ -58,6 +59,8 @@ class DenseImpl : public torch::nn::Cloneable<DenseImpl>, public ShardedModule {
   DenseOptions options;
   at::Tensor kernel;
   at::Tensor bias;
+  /// The kernel GEMM's FP8 state (buffers fp8_{fwd,bwd}_{scale,scale_inv,amax_history}).
+  std::shared_ptr<fp8::GemmMeta> fp8_meta;
 };
 TE_MODULE(Dense);
 

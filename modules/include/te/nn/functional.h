@@ -8,15 +8,24 @@
 #include <ATen/Tensor.h>
 
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 
 #include "te/distributed/dtensor.h"
 
+namespace te::fp8 {
+class GemmMeta;
+}
+
 namespace te::nn::functional {
 
 /// y = x @ w, contracting x's last dim with w's first: x [..., K], w [K, *out] -> [..., *out].
-at::Tensor dense(const at::Tensor& x, const at::Tensor& w);
+/// With `fp8` (the GEMM's FP8 state) inside an enabled te::Fp8Autocast the GEMM runs in FP8
+/// (te::fp8::linear), its amaxes reduced over `mesh` (the current mesh when null).
+at::Tensor dense(const at::Tensor& x, const at::Tensor& w,
+                 const std::shared_ptr<fp8::GemmMeta>& fp8 = nullptr,
+                 const DeviceMesh* mesh = nullptr);
 
 /// DTensor form. Per mesh dim: x batch-sharded and w sharded -> w is gathered for use and its
 /// gradient reduce-scattered back (FSDP); w sharded on an output dim -> x replicated (its
@@ -28,7 +37,12 @@ at::Tensor dense(const at::Tensor& x, const at::Tensor& w);
 /// into the one redistribution x goes through, so that its backward fuses with the gradient's:
 /// under sequence parallelism x is all-gathered forward and its gradient reduce-scattered
 /// backward, where a separate constraint would all-reduce and then slice.
-DTensor dense(const DTensor& x, const DTensor& w, const LogicalAxes& input_axes = {});
+///
+/// With `fp8` inside an enabled Fp8Autocast, each rank's GEMM runs in FP8 on its pieces (an
+/// FSDP kernel is gathered and kept for backward as FP8 codes) and the amaxes are reduced over
+/// x's mesh, so every rank casts with the scales one process would use.
+DTensor dense(const DTensor& x, const DTensor& w, const LogicalAxes& input_axes = {},
+              const std::shared_ptr<fp8::GemmMeta>& fp8 = nullptr);
 
 /// y + b with b broadcast over y's leading dims (b's dims are y's last b.dim() dims). A Partial y
 /// is reduced first (a bias is added once, not once per partial).

@@ -1,0 +1,113 @@
+// FP8 tensors on CPU: quantize/dequantize/cast_transpose agree with the scalar casts, amax is
+// exact, the reference GEMM equals exact products summed, and bad input is refused.
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "te/fp8.h"
+
+namespace te::fp8 {
+namespace {
+
+at::Tensor randn(std::vector<int64_t> shape, uint64_t seed) {
+  at::Generator g = at::detail::createCPUGenerator(seed);
+  return at::randn(shape, g);
+}
+
+TEST(Fp8Tensor, QuantizeIsTheScalarCastOfScaledValuesAndFoldsAmax) {
+  const at::Tensor x = randn({300, 70}, 1) * 30;  // more than one parallel chunk
+  const at::Tensor scale = at::full({1}, 2.5f);
+  at::Tensor amax = at::full({1}, 1.0f);
+  for (DType t : {DType::kE4M3, DType::kE5M2}) {
+    const Fp8Tensor q = quantize(x, scale, t, amax);
+    ASSERT_EQ(q.data.scalar_type(), at::kByte);
+    ASSERT_EQ(q.data.sizes(), x.sizes());
+    EXPECT_EQ(q.scale_inv.item<float>(), 1.0f / 2.5f);
+    const float* xs = x.data_ptr<float>();
+    const uint8_t* cs = q.data.data_ptr<uint8_t>();
+    int bad = 0;
+    for (int64_t i = 0; i < x.numel(); ++i) bad += cs[i] != cast_to_fp8(xs[i] * 2.5f, t);
+    EXPECT_EQ(bad, 0);
+    const at::Tensor back = q.dequantize();
+    for (int64_t i = 0; i < 50; ++i) {
+      EXPECT_EQ(back.view(-1)[i].item<float>(), cast_from_fp8(cs[i], t) * (1.0f / 2.5f));
+    }
+  }
+  EXPECT_EQ(amax.item<float>(), x.abs().max().item<float>());
+  // An amax already larger stays.
+  at::Tensor big = at::full({1}, 1e6f);
+  quantize(x, scale, DType::kE4M3, big);
+  EXPECT_EQ(big.item<float>(), 1e6f);
+  EXPECT_EQ(fp8::amax(x).item<float>(), x.abs().max().item<float>());
+  at::Tensor with_nan = x.clone();
+  with_nan[3][4] = NAN;
+  EXPECT_TRUE(std::isnan(fp8::amax(with_nan).item<float>()));
+}
+
+TEST(Fp8Tensor, CastTransposeGivesBothLayoutsOfTheSameCodes) {
+  const at::Tensor x = randn({37, 53}, 2) * 4;
+  at::Tensor amax = at::zeros({1});
+  const auto [a, t] = cast_transpose(x, at::full({1}, 8.0f), DType::kE4M3, amax);
+  EXPECT_TRUE(at::equal(t.data, a.data.t().contiguous()));
+  EXPECT_TRUE(t.data.is_contiguous());
+  EXPECT_TRUE(at::equal(a.data, quantize(x, at::full({1}, 8.0f), DType::kE4M3).data));
+  EXPECT_EQ(amax.item<float>(), x.abs().max().item<float>());
+  EXPECT_THROW(cast_transpose(x.view(-1), at::ones({1}), DType::kE4M3), te::Error);
+}
+
+TEST(Fp8Tensor, ReferenceGemmIsExactProductsSummedInFp32AndScaled) {
+  const at::Tensor a_val = randn({9, 40}, 3), b_val = randn({40, 11}, 4);
+  const Fp8Tensor a = quantize(a_val, at::full({1}, 16.0f), DType::kE4M3);
+  const Fp8Tensor b = quantize(b_val, at::full({1}, 64.0f), DType::kE5M2);
+  const at::Tensor d = gemm(a, b);
+  // In double: the same products (exact in fp32 too) summed, then the two scale_invs.
+  const at::Tensor da = Fp8Tensor{a.data, at::ones({1}), a.dtype}.dequantize().to(at::kDouble);
+  const at::Tensor db = Fp8Tensor{b.data, at::ones({1}), b.dtype}.dequantize().to(at::kDouble);
+  const at::Tensor want = at::mm(da, db) / 16.0 / 64.0;
+  EXPECT_LE((d.to(at::kDouble) - want).abs().max().item<double>(),
+            1e-6 * want.abs().max().item<double>());
+  // And close to the fp32 product of the originals, within E4M3/E5M2 rounding.
+  const at::Tensor exact = at::mm(a_val, b_val);
+  const double bound = (0.0625 + 0.125 + 0.0625 * 0.125) *
+                       at::mm(a_val.abs(), b_val.abs()).max().item<double>() * 1.01;
+  EXPECT_LE((d - exact).abs().max().item<double>(), bound);
+}
+
+TEST(Fp8Tensor, BadInputIsRefusedWithTheReason) {
+  const Fp8Tensor a = quantize(randn({4, 8}, 5), at::ones({1}), DType::kE5M2);
+  const Fp8Tensor b = quantize(randn({8, 3}, 6), at::ones({1}), DType::kE5M2);
+  try {
+    gemm(a, b);
+    FAIL() << "E5M2 x E5M2 accepted";
+  } catch (const te::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("both operands are E5M2"), std::string::npos);
+  }
+  const Fp8Tensor c = quantize(randn({4, 8}, 7), at::ones({1}), DType::kE4M3);
+  try {
+    gemm(c, c);
+    FAIL() << "[4, 8] x [4, 8] accepted";
+  } catch (const te::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("do not multiply"), std::string::npos);
+  }
+  EXPECT_THROW(quantize(at::ones({3}, at::kLong), at::ones({1}), DType::kE4M3), te::Error);
+  EXPECT_THROW(quantize(at::ones({3}), at::ones({2}), DType::kE4M3), te::Error);
+  EXPECT_THROW(quantize(at::ones({3}), at::ones({1}, at::kDouble), DType::kE4M3), te::Error);
+}
+
+#if TE_HAS_FLOAT8
+TEST(Fp8Tensor, ConvertsToAndFromLibTorchFloat8) {
+  const Fp8Tensor q = quantize(randn({5, 6}, 8), at::full({1}, 4.0f), DType::kE4M3);
+  const at::Tensor f8 = to_torch_float8(q);
+  EXPECT_EQ(f8.scalar_type(), at::kFloat8_e4m3fn);
+  EXPECT_TRUE(at::equal(f8.to(at::kFloat) * q.scale_inv, q.dequantize()));
+  const Fp8Tensor back = from_torch_float8(f8, q.scale_inv);
+  EXPECT_TRUE(at::equal(back.data, q.data));
+  EXPECT_EQ(back.dtype, DType::kE4M3);
+}
+#endif
+
+}  // namespace
+}  // namespace te::fp8
