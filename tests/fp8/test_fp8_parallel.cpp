@@ -1,0 +1,197 @@
+// FP8 training steps on Gloo ranks against one process: the same outputs, weights and FP8 scales
+// (within 1e-5), scales identical on every rank, one fused amax all-reduce per direction, and
+// the pipeline axis left out of the reduction.
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <map>
+#include <mutex>
+#include <optional>
+
+#include "../distributed/dist_test_util.h"
+#include "te/fp8.h"
+#include "te/nn.h"
+
+namespace te::nn {
+namespace {
+
+using test::piece_of;
+
+constexpr int kSteps = 3;
+constexpr double kLr = 0.05;
+const std::vector<int64_t> kShape = {4, 6, 32};
+
+fp8::DelayedScaling recipe() {
+  fp8::DelayedScaling r;
+  r.amax_history_len = 4;
+  return r;
+}
+
+LayerNormMLP make_mlp() {
+  manual_seed(31);
+  return LayerNormMLP(LayerNormMLPOptions(32, 64).activations({"gelu"}).intermediate_dropout_rate(0));
+}
+
+at::Tensor input(int step) {
+  return test::seeded_integers(kShape, 40 + step).to(at::kFloat) / 7.0;
+}
+at::Tensor output_weight(int step) {
+  return test::seeded_integers(kShape, 60 + step).to(at::kFloat) / 50.0;
+}
+
+// After each step: the output, every parameter and every FP8 buffer.
+struct Snapshot {
+  at::Tensor y;
+  std::map<std::string, at::Tensor> params, buffers;
+};
+
+void sgd(torch::nn::Module& m) {
+  at::NoGradGuard no_grad;
+  for (auto& p : m.parameters()) {
+    p.sub_(p.grad() * kLr);
+    p.mutable_grad() = at::Tensor();
+  }
+}
+
+std::vector<Snapshot> one_process() {
+  LayerNormMLP mlp = make_mlp();
+  std::vector<Snapshot> out;
+  for (int step = 0; step < kSteps; ++step) {
+    Snapshot s;
+    {
+      Fp8Autocast fp8(true, recipe());
+      at::Tensor y = mlp(input(step));
+      (y * output_weight(step)).sum().backward();
+      s.y = y.detach();
+    }
+    sgd(*mlp);
+    for (const auto& p : mlp->named_parameters()) s.params[p.key()] = p.value().detach().clone();
+    for (const auto& b : mlp->named_buffers()) s.buffers[b.key()] = b.value().clone();
+    out.push_back(s);
+  }
+  return out;
+}
+
+struct Layout {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<std::string> axes;
+  std::string mesh_resource;
+  std::string reduced_axis;  // the group the amax all-reduce runs over
+};
+
+void PrintTo(const Layout& layout, std::ostream* os) { *os << layout.name; }
+
+class Fp8Parallel : public ::testing::TestWithParam<Layout> {};
+
+TEST_P(Fp8Parallel, TrainingStepsMatchOneProcessWithIdenticalScalesOnEveryRank) {
+  const Layout& layout = GetParam();
+  const std::vector<Snapshot> ref = one_process();
+  set_warning_handler([](std::string_view) {});
+  int64_t world = 1;
+  for (int64_t s : layout.shape) world *= s;
+  std::mutex mu;
+  std::vector<std::map<std::string, at::Tensor>> rank_buffers(static_cast<std::size_t>(world));
+  run_local_ranks(static_cast<int>(world), [&](int rank) {
+    DeviceMesh mesh(layout.shape, layout.axes);
+    MeshScope mesh_scope(mesh);
+    const MeshResource resource = parse_mesh_resource(layout.mesh_resource);
+    std::optional<LayerNormMLP> built;
+    {
+      MeshResourceScope scope(resource);  // the module shards under the TE table
+      built.emplace(make_mlp());
+    }
+    LayerNormMLP mlp = *built;
+    const auto layouts = named_parameter_layouts(*mlp);
+    for (int step = 0; step < kSteps; ++step) {
+      CommTrace trace;
+      std::optional<Fp8Autocast> fp8;
+      fp8.emplace(true, recipe(), resource);  // opens the MeshResource too
+      const auto in_placements =
+          placements_for(*resolve_logical_axes({"batch", "seqlen", "hidden"}), mesh);
+      const DTensor x = DTensor::from_local(piece_of(input(step), mesh, in_placements, rank),
+                                            mesh, in_placements, kShape);
+      const DTensor y = mlp(x);
+      const at::Tensor y_full = y.full_tensor();
+      ASSERT_TRUE(at::allclose(y_full, ref[step].y, 1e-5, 1e-5))
+          << "step " << step << " rank " << rank << " max err "
+          << (y_full - ref[step].y).abs().max().item<double>();
+      // Backward: exactly one amax all-reduce of both GEMMs' gradient amaxes (2 floats).
+      trace.clear();
+      (y_full * output_weight(step)).sum().backward();
+      int64_t amax_reductions = 0;
+      for (const CommRecord& r : trace.records()) {
+        amax_reductions += r.kind == Collective::kAllReduce && r.bytes == 8 &&
+                           r.mesh_axis == layout.reduced_axis;
+      }
+      EXPECT_EQ(amax_reductions, 1) << trace.table();
+      // Forward: at the region's end, one all-reduce of 2 GEMMs x (input, kernel) amaxes.
+      trace.clear();
+      fp8.reset();
+      ASSERT_EQ(trace.total_count(), 1) << trace.table();
+      EXPECT_EQ(trace.records()[0].bytes, 16);
+      EXPECT_EQ(trace.records()[0].mesh_axis, layout.reduced_axis);
+      sgd(*mlp);
+      for (const auto& p : mlp->named_parameters()) {
+        const ParameterLayout& pl = layouts.at(p.key());
+        const at::Tensor want = pl.mesh ? piece_of(ref[step].params.at(p.key()), mesh,
+                                                   pl.placements, rank)
+                                        : ref[step].params.at(p.key());
+        EXPECT_TRUE(at::allclose(p.value(), want, 1e-5, 1e-5))
+            << p.key() << " step " << step << " rank " << rank;
+      }
+      for (const auto& b : mlp->named_buffers()) {
+        EXPECT_TRUE(at::allclose(b.value(), ref[step].buffers.at(b.key()), 1e-5, 0))
+            << b.key() << " step " << step << " rank " << rank;
+      }
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    for (const auto& b : mlp->named_buffers()) {
+      rank_buffers[static_cast<std::size_t>(rank)][b.key()] = b.value().clone();
+    }
+  });
+  set_warning_handler(nullptr);
+  for (int64_t r = 1; r < world; ++r) {
+    for (const auto& [name, value] : rank_buffers[0]) {
+      EXPECT_TRUE(at::equal(rank_buffers[static_cast<std::size_t>(r)].at(name), value))
+          << name << " differs between rank 0 and rank " << r;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, Fp8Parallel,
+    ::testing::Values(Layout{"DP2", {2}, {"data"}, "dp=data", "data"},
+                      Layout{"TP2", {2}, {"tp"}, "tp=tp", "tp"},
+                      Layout{"FSDP2", {2}, {"fsdp"}, "fsdp=fsdp", "fsdp"},
+                      Layout{"DP2xTP2", {2, 2}, {"data", "tp"}, "dp=data,tp=tp", "data+tp"}),
+    [](const ::testing::TestParamInfo<Layout>& info) { return info.param.name; });
+
+TEST(Fp8Parallel, ThePipelineAxisIsLeftOutOfTheAmaxReduction) {
+  // Two pipeline rows see different data: each keeps its own scales, agreed within its row.
+  std::vector<float> scales(4);
+  run_local_ranks(4, [&](int rank) {
+    DeviceMesh mesh({2, 2}, {"pipe", "data"});
+    MeshScope mesh_scope(mesh);
+    MeshResource resource;
+    resource.pp = "pipe";
+    resource.dp = "data";
+    manual_seed(3);
+    Dense dense(8, 8);
+    {
+      Fp8Autocast fp8(true, recipe(), resource);
+      const at::Tensor x = at::full({2, 8}, 1.0f + rank);  // amax 1 + rank
+      fp8::linear(x, dense->kernel, dense->fp8_meta);
+    }
+    scales[static_cast<std::size_t>(rank)] = dense->fp8_meta->fwd_scale[0].item<float>();
+  });
+  // Ranks 0, 1 (pipe 0) reduce to amax 2; ranks 2, 3 (pipe 1) to amax 4.
+  EXPECT_EQ(scales[0], 224.0f);
+  EXPECT_EQ(scales[1], 224.0f);
+  EXPECT_EQ(scales[2], 112.0f);
+  EXPECT_EQ(scales[3], 112.0f);
+}
+
+}  // namespace
+}  // namespace te::nn
