@@ -1,12 +1,16 @@
-// CPU FP8 quantize throughput as a fraction of memcpy bandwidth on the same buffer (issue: goal
-// >= 0.5). Bytes are the fp32 input's. Run: build/bench/bench_fp8
+// CPU FP8: quantize throughput as a fraction of memcpy bandwidth on the same buffer (goal >= 0.5;
+// bytes are the fp32 input's), and the reference FP8 GEMM against LibTorch's fp32 GEMM.
+// Run: build/bench/bench_fp8   (counters: fraction_of_memcpy, ratio_vs_fp32)
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <benchmark/benchmark.h>
 
+#include <chrono>
 #include <cstring>
 #include <random>
 #include <vector>
 
-#include "te/kernels/fp8_cast.h"
+#include "te/fp8.h"
 
 namespace {
 
@@ -16,6 +20,19 @@ std::vector<float> data(int64_t n) {
   std::vector<float> v(static_cast<std::size_t>(n));
   for (float& x : v) x = dist(gen);
   return v;
+}
+
+// Seconds per memcpy of n floats (best of 20), the yardstick of the quantize figures.
+double memcpy_seconds(const std::vector<float>& in) {
+  std::vector<float> out(in.size());
+  double best = 1e9;
+  for (int i = 0; i < 20; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::memcpy(out.data(), in.data(), in.size() * sizeof(float));
+    benchmark::ClobberMemory();
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return best;
 }
 
 void BM_Memcpy(benchmark::State& state) {
@@ -31,12 +48,17 @@ void BM_Memcpy(benchmark::State& state) {
 void BM_Quantize(benchmark::State& state, te::fp8::DType type) {
   const auto in = data(state.range(0));
   std::vector<uint8_t> out(in.size());
+  const double copy = memcpy_seconds(in);
+  double best = 1e9;
   for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
     benchmark::DoNotOptimize(
         te::fp8::quantize(in.data(), out.data(), state.range(0), 2.0f, type));
     benchmark::ClobberMemory();
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   state.SetBytesProcessed(state.iterations() * state.range(0) * 4);
+  state.counters["fraction_of_memcpy"] = copy / best;  // best against best
 }
 
 void BM_Dequantize(benchmark::State& state) {
@@ -49,10 +71,48 @@ void BM_Dequantize(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * state.range(0) * 4);
 }
 
+at::Tensor randn(int64_t rows, int64_t cols, uint64_t seed) {
+  at::Generator g = at::detail::createCPUGenerator(seed);
+  return at::randn({rows, cols}, g);
+}
+
+// Best-of time of fn over `reps` runs.
+template <typename Fn>
+double best_seconds(Fn&& fn, int reps) {
+  double best = 1e9;
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return best;
+}
+
+// The CPU reference FP8 GEMM (operands already FP8, as in a layer) and LibTorch's fp32 at::mm on
+// the same sizes, alternated call by call so both see the same machine state (this VM's speed
+// drifts); ratio_vs_fp32 = best FP8 time / best fp32 time.
+void BM_GemmFp8Reference(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  const at::Tensor a = randn(n, n, 1), b = randn(n, n, 2);
+  const auto qa = te::fp8::quantize(a, at::full({1}, 16.0f), te::fp8::DType::kE4M3);
+  const auto qb = te::fp8::quantize(b, at::full({1}, 16.0f), te::fp8::DType::kE4M3);
+  double fp8 = 1e9, fp32 = 1e9;
+  for (auto _ : state) {
+    fp32 = std::min(fp32, best_seconds([&] { benchmark::DoNotOptimize(at::mm(a, b)); }, 1));
+    fp8 = std::min(fp8, best_seconds([&] { benchmark::DoNotOptimize(te::fp8::gemm(qa, qb)); }, 1));
+  }
+  state.counters["fp8_ms"] = fp8 * 1e3;
+  state.counters["fp32_ms"] = fp32 * 1e3;
+  state.counters["ratio_vs_fp32"] = fp8 / fp32;
+  state.counters["fp8_GFLOP/s"] = 2.0 * n * n * n / fp8 / 1e9;
+}
+
 BENCHMARK(BM_Memcpy)->Arg(1 << 24);
 BENCHMARK_CAPTURE(BM_Quantize, e4m3, te::fp8::DType::kE4M3)->Arg(1 << 24);
 BENCHMARK_CAPTURE(BM_Quantize, e5m2, te::fp8::DType::kE5M2)->Arg(1 << 24);
 BENCHMARK(BM_Dequantize)->Arg(1 << 24);
+BENCHMARK(BM_GemmFp8Reference)->Arg(1024)->Arg(2048)->Unit(benchmark::kMillisecond)
+    ->Iterations(8);
 
 }  // namespace
 
