@@ -97,6 +97,27 @@ TEST(Fp8Tensor, BadInputIsRefusedWithTheReason) {
   EXPECT_THROW(quantize(at::ones({3}), at::ones({1}, at::kDouble), DType::kE4M3), te::Error);
 }
 
+TEST(Fp8Tensor, CudaTensorsMatchTheCpuReference) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "LibTorch sees no CUDA device (or is a CPU build)";
+  const at::Tensor x = randn({128, 96}, 20) * 5;
+  const at::Tensor scale = at::full({1}, 4.0f);
+  at::Tensor amax_cpu = at::zeros({1}), amax_gpu = at::zeros({1}, at::kCUDA);
+  const auto [a_cpu, t_cpu] = cast_transpose(x, scale, DType::kE4M3, amax_cpu);
+  const auto [a_gpu, t_gpu] = cast_transpose(x.cuda(), scale.cuda(), DType::kE4M3, amax_gpu);
+  EXPECT_TRUE(at::equal(a_gpu.data.cpu(), a_cpu.data));
+  EXPECT_TRUE(at::equal(t_gpu.data.cpu(), t_cpu.data));
+  EXPECT_EQ(amax_gpu.item<float>(), amax_cpu.item<float>());
+  EXPECT_TRUE(at::equal(a_gpu.dequantize().cpu(), a_cpu.dequantize()));
+  const Fp8Tensor b_cpu = quantize(randn({96, 48}, 21), at::full({1}, 8.0f), DType::kE5M2);
+  const Fp8Tensor b_gpu{b_cpu.data.cuda(), b_cpu.scale_inv.cuda(), DType::kE5M2};
+  const at::Tensor d_cpu = gemm(a_cpu, b_cpu);
+  // Tensor cores sum in fp32 in another order: within 2^-16 of the sum of |products|.
+  const at::Tensor abs_sum = at::mm(a_cpu.dequantize().abs(), b_cpu.dequantize().abs());
+  EXPECT_TRUE(((gemm(a_gpu, b_gpu).cpu() - d_cpu).abs() <= abs_sum * std::ldexp(1.0, -16))
+                  .all()
+                  .item<bool>());
+}
+
 #if TE_HAS_FLOAT8
 TEST(Fp8Tensor, ConvertsToAndFromLibTorchFloat8) {
   const Fp8Tensor q = quantize(randn({5, 6}, 8), at::full({1}, 4.0f), DType::kE4M3);

@@ -1,0 +1,110 @@
+// GPU GEMM throughput: te::fp8::cuda::gemm (cuBLASLt FP8, E4M3 x E4M3, fp32 out) against a BF16
+// cuBLAS GEMM (fp32 accumulate) at 4096^3 and 8192^3, in TFLOP/s; ratio = FP8 / BF16 throughput.
+// Needs a GPU with compute capability 8.9+; prints why and exits 0 without one.
+// Run: build/bench/bench_gemm_cuda [sizes...]
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "te/kernels/fp8_cuda.h"
+
+namespace {
+
+void check(cudaError_t s, const char* what) {
+  if (s != cudaSuccess) {
+    std::fprintf(stderr, "bench_gemm_cuda: %s: %s\n", what, cudaGetErrorString(s));
+    std::exit(1);
+  }
+}
+
+// Milliseconds per call, the median-free best of `reps` after a warm-up.
+template <typename Fn>
+float time_ms(Fn&& fn, int reps) {
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  fn();
+  check(cudaDeviceSynchronize(), "warm-up");
+  float best = 1e30f;
+  for (int i = 0; i < reps; ++i) {
+    cudaEventRecord(start);
+    fn();
+    cudaEventRecord(stop);
+    cudaEventSynchronize(stop);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, start, stop);
+    best = ms < best ? ms : best;
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return best;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (te::fp8::cuda::device_count() == 0) {
+    std::printf("bench_gemm_cuda: no CUDA device; nothing to measure\n");
+    return 0;
+  }
+  if (!te::fp8::cuda::fp8_gemm_supported()) {
+    std::printf("bench_gemm_cuda: device 0 is older than sm_89; no FP8 GEMM\n");
+    return 0;
+  }
+  std::vector<long> sizes;
+  for (int i = 1; i < argc; ++i) sizes.push_back(std::atol(argv[i]));
+  if (sizes.empty()) sizes = {4096, 8192};
+  cudaDeviceProp prop{};
+  cudaGetDeviceProperties(&prop, 0);
+  std::printf("device: %s (sm_%d%d)\n", prop.name, prop.major, prop.minor);
+  cublasHandle_t blas;
+  cublasCreate(&blas);
+  std::printf("%8s %12s %12s %10s\n", "n", "FP8 TFLOP/s", "BF16 TFLOP/s", "FP8/BF16");
+  for (long n : sizes) {
+    const size_t elems = static_cast<size_t>(n) * n;
+    uint8_t *a8, *b8;
+    __nv_bfloat16 *a16, *b16;
+    float *d, *scales;
+    check(cudaMalloc(&a8, elems), "malloc");
+    check(cudaMalloc(&b8, elems), "malloc");
+    check(cudaMalloc(&a16, elems * 2), "malloc");
+    check(cudaMalloc(&b16, elems * 2), "malloc");
+    check(cudaMalloc(&d, elems * 4), "malloc");
+    check(cudaMalloc(&scales, 2 * sizeof(float)), "malloc");
+    cudaMemset(a8, 0x38, elems);  // 1.0 in E4M3
+    cudaMemset(b8, 0x38, elems);
+    cudaMemset(a16, 0, elems * 2);
+    cudaMemset(b16, 0, elems * 2);
+    const float ones[2] = {1.0f, 1.0f};
+    cudaMemcpy(scales, ones, sizeof ones, cudaMemcpyHostToDevice);
+    const float fp8_ms = time_ms(
+        [&] {
+          te::fp8::cuda::gemm(a8, te::fp8::cuda::kE4M3, scales, b8, te::fp8::cuda::kE4M3,
+                              scales + 1, d, n, n, n, nullptr);
+        },
+        10);
+    const float alpha = 1.0f, beta = 0.0f;
+    const float bf16_ms = time_ms(
+        [&] {
+          cublasGemmEx(blas, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, b16, CUDA_R_16BF, n, a16,
+                       CUDA_R_16BF, n, &beta, d, CUDA_R_32F, n, CUBLAS_COMPUTE_32F,
+                       CUBLAS_GEMM_DEFAULT);
+        },
+        10);
+    const double flops = 2.0 * n * n * n;
+    const double fp8 = flops / (fp8_ms * 1e-3) / 1e12, bf16 = flops / (bf16_ms * 1e-3) / 1e12;
+    std::printf("%8ld %12.1f %12.1f %10.2f\n", n, fp8, bf16, fp8 / bf16);
+    cudaFree(a8);
+    cudaFree(b8);
+    cudaFree(a16);
+    cudaFree(b16);
+    cudaFree(d);
+    cudaFree(scales);
+  }
+  cublasDestroy(blas);
+  return 0;
+}

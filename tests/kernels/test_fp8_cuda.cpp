@@ -1,0 +1,209 @@
+// CUDA FP8 kernels against the CPU reference: casts and amax bit-exact, cast+transpose exact,
+// the cuBLASLt FP8 GEMM within a stated tolerance. Needs a GPU (sm_89+ for the GEMM); without
+// one the device tests skip, and only the argument checks run.
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "te/error.h"
+#include "te/kernels/fp8_cast.h"
+#include "te/kernels/fp8_cuda.h"
+
+namespace te::fp8 {
+namespace {
+
+#define SKIP_WITHOUT_GPU()                                                  \
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device visible"
+
+template <typename T>
+struct DeviceBuffer {
+  T* ptr = nullptr;
+  explicit DeviceBuffer(std::size_t n) {
+    EXPECT_EQ(cudaMalloc(&ptr, std::max<std::size_t>(n, 1) * sizeof(T)), cudaSuccess);
+  }
+  DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.size()) {
+    cudaMemcpy(ptr, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice);
+  }
+  ~DeviceBuffer() { cudaFree(ptr); }
+  std::vector<T> get(std::size_t n) const {
+    std::vector<T> out(n);
+    cudaDeviceSynchronize();
+    cudaMemcpy(out.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost);
+    return out;
+  }
+};
+
+float from_bits(uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, sizeof f);
+  return f;
+}
+uint32_t bits_of(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, sizeof b);
+  return b;
+}
+
+cuda::Format fmt(DType t) { return t == DType::kE4M3 ? cuda::kE4M3 : cuda::kE5M2; }
+
+std::vector<float> awkward_values() {
+  std::vector<float> v;
+  std::mt19937 gen(3);
+  std::uniform_int_distribution<uint32_t> any_bits;
+  std::normal_distribution<float> near(0.0f, 100.0f);
+  for (int i = 0; i < 500000; ++i) {
+    v.push_back(from_bits(any_bits(gen)));
+    v.push_back(near(gen));
+  }
+  for (int c = 0; c < 256; ++c) {
+    for (DType t : {DType::kE4M3, DType::kE5M2}) {
+      const float x = cast_from_fp8(static_cast<uint8_t>(c), t);
+      v.push_back(x);
+      v.push_back(std::nextafter(x, INFINITY));
+      v.push_back(std::nextafter(x, -INFINITY));
+      v.push_back(x * 1.0625f);  // between neighbours
+    }
+  }
+  for (float x : {0.0f, -0.0f, INFINITY, -INFINITY, std::nanf(""), 448.0f, 464.0f, 57344.0f,
+                  61440.0f}) {
+    v.push_back(x);
+  }
+  return v;
+}
+
+TEST(Fp8Cuda, QuantizeAndAmaxAreBitExactWithTheCpuReference) {
+  SKIP_WITHOUT_GPU();
+  std::vector<float> in = awkward_values();
+  in.erase(std::remove_if(in.begin(), in.end(), [](float x) { return std::isnan(x); }), in.end());
+  const int64_t n = static_cast<int64_t>(in.size());
+  DeviceBuffer<float> d_in(in);
+  for (DType t : {DType::kE4M3, DType::kE5M2}) {
+    for (float scale : {1.0f, 0.37f, 1024.0f}) {
+      std::vector<uint8_t> want(in.size());
+      const float want_amax = quantize(in.data(), want.data(), n, scale, t);
+      DeviceBuffer<uint8_t> d_out(in.size());
+      DeviceBuffer<float> d_scale(std::vector<float>{scale});
+      DeviceBuffer<float> d_amax(std::vector<float>{0.0f});
+      cuda::quantize(d_in.ptr, d_out.ptr, n, d_scale.ptr, d_amax.ptr, fmt(t), nullptr);
+      const std::vector<uint8_t> got = d_out.get(in.size());
+      int bad = 0;
+      for (std::size_t i = 0; i < in.size(); ++i) {
+        if (got[i] != want[i] && bad++ < 5) {
+          ADD_FAILURE() << "x = " << in[i] << " (0x" << std::hex << bits_of(in[i]) << ") scale "
+                        << scale << ": GPU 0x" << int(got[i]) << ", CPU 0x" << int(want[i]);
+        }
+      }
+      EXPECT_EQ(bad, 0);
+      EXPECT_EQ(bits_of(d_amax.get(1)[0]), bits_of(want_amax));
+    }
+  }
+}
+
+TEST(Fp8Cuda, DequantizeAndCastTransposeMatchTheCpu) {
+  SKIP_WITHOUT_GPU();
+  std::vector<uint8_t> codes(256);
+  for (int c = 0; c < 256; ++c) codes[c] = static_cast<uint8_t>(c);
+  DeviceBuffer<uint8_t> d_codes(codes);
+  DeviceBuffer<float> d_scale_inv(std::vector<float>{0.5f});
+  for (DType t : {DType::kE4M3, DType::kE5M2}) {
+    std::vector<float> want(256);
+    dequantize(codes.data(), want.data(), 256, 0.5f, t);
+    DeviceBuffer<float> d_out(256);
+    cuda::dequantize(d_codes.ptr, d_out.ptr, 256, d_scale_inv.ptr, fmt(t), nullptr);
+    const auto got = d_out.get(256);
+    for (int c = 0; c < 256; ++c) {
+      if (std::isnan(want[c])) {
+        EXPECT_TRUE(std::isnan(got[c])) << c;
+      } else {
+        EXPECT_EQ(got[c], want[c]) << "code " << c;
+      }
+    }
+  }
+  // Odd sizes: partial tiles on both edges.
+  const int64_t rows = 67, cols = 45;
+  std::mt19937 gen(5);
+  std::normal_distribution<float> dist(0.0f, 3.0f);
+  std::vector<float> x(rows * cols);
+  for (float& v : x) v = dist(gen);
+  std::vector<uint8_t> want(x.size());
+  const float want_amax = quantize(x.data(), want.data(), rows * cols, 8.0f, DType::kE4M3);
+  DeviceBuffer<float> d_x(x), d_scale(std::vector<float>{8.0f}), d_amax(std::vector<float>{0});
+  DeviceBuffer<uint8_t> d_a(x.size()), d_t(x.size());
+  cuda::cast_transpose(d_x.ptr, d_a.ptr, d_t.ptr, rows, cols, d_scale.ptr, d_amax.ptr, cuda::kE4M3,
+                       nullptr);
+  const auto a = d_a.get(x.size()), tr = d_t.get(x.size());
+  EXPECT_EQ(a, want);
+  int bad = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) bad += tr[c * rows + r] != want[r * cols + c];
+  }
+  EXPECT_EQ(bad, 0);
+  EXPECT_EQ(d_amax.get(1)[0], want_amax);
+}
+
+TEST(Fp8Cuda, GemmMatchesTheCpuReferenceWithinTolerance) {
+  SKIP_WITHOUT_GPU();
+  if (!cuda::fp8_gemm_supported()) GTEST_SKIP() << "FP8 GEMM needs compute capability 8.9+";
+  const int64_t m = 64, n = 48, k = 96;
+  std::mt19937 gen(7);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> af(m * k), bf(k * n);
+  for (float& v : af) v = dist(gen);
+  for (float& v : bf) v = dist(gen);
+  for (DType bt : {DType::kE4M3, DType::kE5M2}) {
+    std::vector<uint8_t> a(af.size()), b(bf.size()), b_t(bf.size());
+    quantize(af.data(), a.data(), m * k, 16.0f, DType::kE4M3);
+    quantize(bf.data(), b.data(), k * n, 32.0f, bt);
+    for (int64_t r = 0; r < k; ++r) {
+      for (int64_t c = 0; c < n; ++c) b_t[c * k + r] = b[r * n + c];
+    }
+    DeviceBuffer<uint8_t> d_a(a), d_bt(b_t);
+    DeviceBuffer<float> d_sa(std::vector<float>{1.0f / 16}), d_sb(std::vector<float>{1.0f / 32});
+    DeviceBuffer<float> d_d(m * n);
+    cuda::gemm(d_a.ptr, cuda::kE4M3, d_sa.ptr, d_bt.ptr, fmt(bt), d_sb.ptr, d_d.ptr, m, n, k,
+               nullptr);
+    const auto got = d_d.get(m * n);
+    // The reference: exact products summed in double, then both scales. Tensor cores sum in
+    // fp32 (or wider); allow 2^-16 of the sum of |products| (fp32 accumulation over k = 96 terms
+    // loses at most ~k * 2^-24 of it).
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        double sum = 0, abs_sum = 0;
+        for (int64_t p = 0; p < k; ++p) {
+          const double prod = double(cast_from_fp8(a[i * k + p], DType::kE4M3)) *
+                              cast_from_fp8(b[p * n + j], bt);
+          sum += prod;
+          abs_sum += std::abs(prod);
+        }
+        const double want = sum / 16 / 32;
+        EXPECT_NEAR(got[i * n + j], want, std::ldexp(abs_sum / 16 / 32, -16) + 1e-30)
+            << "d[" << i << "][" << j << "]";
+      }
+    }
+  }
+}
+
+TEST(Fp8Cuda, GemmRefusesE5M2TimesE5M2WithoutTouchingTheDevice) {
+  try {
+    cuda::gemm(nullptr, cuda::kE5M2, nullptr, nullptr, cuda::kE5M2, nullptr, nullptr, 16, 16, 16,
+               nullptr);
+    FAIL() << "accepted";
+  } catch (const te::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("E5M2 x E5M2"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Fp8Cuda, DeviceCountIsZeroNotAnErrorWithoutAGpu) {
+  const int count = cuda::device_count();
+  EXPECT_GE(count, 0);
+  if (count == 0) EXPECT_FALSE(cuda::fp8_gemm_supported());
+}
+
+}  // namespace
+}  // namespace te::fp8
