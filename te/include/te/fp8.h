@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
@@ -136,8 +137,11 @@ class GemmMeta {
     Fp8Tensor transposed;  // [N, K]
     at::Tensor amax;
   };
-  KernelCache kernel_cache;  ///< internal; guarded by its module's single-threaded use
+  KernelCache kernel_cache;  ///< internal
   int64_t kernel_cache_hits = 0;
+  /// Guards the cache and every read or write of the buffers by te::fp8 (threads may share a
+  /// module, e.g. in an inference server); the casts themselves run outside it.
+  std::mutex mutex;
 };
 
 /// y = x @ w (x [..., K], w [K, N]) with autograd, its GEMMs in FP8 per the current

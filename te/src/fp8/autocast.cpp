@@ -51,17 +51,22 @@ void reduce_and_update(const std::vector<Pending>& items, bool forward) {
     at::NoGradGuard no_grad;
     if (items[i].mesh && !items[i].dims.empty()) {
       std::vector<at::Tensor> rows;
-      for (const Pending* p : batch) rows.push_back(history(p)[0]);
+      for (const Pending* p : batch) {
+        std::lock_guard<std::mutex> lock(p->meta->mutex);
+        rows.push_back(history(p)[0].clone());
+      }
       const at::Tensor reduced = te::detail::all_reduce(
           te::detail::group_over(*items[i].mesh, items[i].dims), at::cat(rows), ReduceOp::kMax);
       int64_t offset = 0;
       for (const Pending* p : batch) {
+        std::lock_guard<std::mutex> lock(p->meta->mutex);
         at::Tensor row = history(p)[0];
         row.copy_(reduced.narrow(0, offset, row.numel()));
         offset += row.numel();
       }
     }
     for (const Pending* p : batch) {
+      std::lock_guard<std::mutex> lock(p->meta->mutex);
       const Format format = p->recipe.fp8_format;
       if (forward) {
         update_scales(p->meta->fwd_amax_history, p->meta->fwd_scale, p->meta->fwd_scale_inv,
@@ -158,9 +163,17 @@ class Fp8Linear : public torch::autograd::Function<Fp8Linear> {
     GemmMeta& meta = *s->meta;
     std::pair<Fp8Tensor, Fp8Tensor> xq, wq;
     if (const auto* d = std::get_if<DelayedScaling>(&s->recipe)) {
-      ensure_history(meta, d->amax_history_len);
+      at::Tensor x_scale;
+      {
+        std::lock_guard<std::mutex> lock(meta.mutex);
+        ensure_history(meta, d->amax_history_len);
+        x_scale = meta.fwd_scale.narrow(0, 0, 1).clone();
+      }
+      const at::Tensor x_amax = at::zeros({1}, x_scale.options());
+      xq = cast_transpose(x2, x_scale, dtype, x_amax);
+      std::lock_guard<std::mutex> lock(meta.mutex);
       const at::Tensor newest = meta.fwd_amax_history[0];
-      xq = cast_transpose(x2, meta.fwd_scale.narrow(0, 0, 1), dtype, newest.narrow(0, 0, 1));
+      fold_amax(newest.narrow(0, 0, 1), x_amax);
       // The kernel's codes are reused while the kernel and its scale are unchanged.
       auto& c = meta.kernel_cache;
       const float scale = meta.fwd_scale[1].item<float>();
@@ -210,8 +223,17 @@ class Fp8Linear : public torch::autograd::Function<Fp8Linear> {
     Fp8Tensor gq;
     if (const auto* d = std::get_if<DelayedScaling>(&s->recipe)) {
       GemmMeta& meta = *s->meta;
-      gq = quantize(g2, meta.bwd_scale.narrow(0, 0, 1), dtype,
-                    meta.bwd_amax_history[0].narrow(0, 0, 1));
+      at::Tensor g_scale;
+      {
+        std::lock_guard<std::mutex> lock(meta.mutex);
+        g_scale = meta.bwd_scale.narrow(0, 0, 1).clone();
+      }
+      const at::Tensor g_amax = at::zeros({1}, g_scale.options());
+      gq = quantize(g2, g_scale, dtype, g_amax);
+      {
+        std::lock_guard<std::mutex> lock(meta.mutex);
+        fold_amax(meta.bwd_amax_history[0].narrow(0, 0, 1), g_amax);
+      }
       BackwardReduction::add(s->backward, {s->meta, *d, s->mesh, s->dims});
     } else {
       gq = quantize(g2, current_scale(g2, *s, dtype), dtype);
