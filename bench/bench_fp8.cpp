@@ -30,7 +30,8 @@ double memcpy_seconds(const std::vector<float>& in) {
     const auto t0 = std::chrono::steady_clock::now();
     std::memcpy(out.data(), in.data(), in.size() * sizeof(float));
     benchmark::ClobberMemory();
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    best = std::min(best,
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   return best;
 }
@@ -52,10 +53,10 @@ void BM_Quantize(benchmark::State& state, te::fp8::DType type) {
   double best = 1e9;
   for (auto _ : state) {
     const auto t0 = std::chrono::steady_clock::now();
-    benchmark::DoNotOptimize(
-        te::fp8::quantize(in.data(), out.data(), state.range(0), 2.0f, type));
+    benchmark::DoNotOptimize(te::fp8::quantize(in.data(), out.data(), state.range(0), 2.0f, type));
     benchmark::ClobberMemory();
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    best = std::min(best,
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   state.SetBytesProcessed(state.iterations() * state.range(0) * 4);
   state.counters["fraction_of_memcpy"] = copy / best;  // best against best
@@ -83,7 +84,8 @@ double best_seconds(Fn&& fn, int reps) {
   for (int i = 0; i < reps; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
     fn();
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    best = std::min(best,
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   return best;
 }
@@ -111,8 +113,7 @@ BENCHMARK(BM_Memcpy)->Arg(1 << 24);
 BENCHMARK_CAPTURE(BM_Quantize, e4m3, te::fp8::DType::kE4M3)->Arg(1 << 24);
 BENCHMARK_CAPTURE(BM_Quantize, e5m2, te::fp8::DType::kE5M2)->Arg(1 << 24);
 BENCHMARK(BM_Dequantize)->Arg(1 << 24);
-BENCHMARK(BM_GemmFp8Reference)->Arg(1024)->Arg(2048)->Unit(benchmark::kMillisecond)
-    ->Iterations(8);
+BENCHMARK(BM_GemmFp8Reference)->Arg(1024)->Arg(2048)->Unit(benchmark::kMillisecond)->Iterations(8);
 
 }  // namespace
 

@@ -36,8 +36,10 @@ at::Tensor effective_mask(const std::string& type, const at::Tensor& mask) {
   TE_CHECK(mask.defined(), "attention with attn_mask_type '", type,
            "' needs a mask: a bool tensor broadcastable to [batch, 1, seqlen_q, seqlen_kv], "
            "true where a key is masked out");
-  TE_CHECK(mask.dim() == 4, "attention mask must have 4 dims [batch, 1, seqlen_q, seqlen_kv], "
-                            "got ", mask.sizes());
+  TE_CHECK(mask.dim() == 4,
+           "attention mask must have 4 dims [batch, 1, seqlen_q, seqlen_kv], "
+           "got ",
+           mask.sizes());
   return mask.to(at::kBool);
 }
 
@@ -65,9 +67,9 @@ void DotProductAttentionImpl::reset() {
            ") and head_dim (", options.head_dim(), ") must be positive");
   const int64_t groups =
       options.num_gqa_groups() == 0 ? options.num_attention_heads() : options.num_gqa_groups();
-  TE_CHECK(groups > 0 && options.num_attention_heads() % groups == 0, "DotProductAttention: ",
-           options.num_attention_heads(), " heads are not a multiple of num_gqa_groups ",
-           groups);
+  TE_CHECK(groups > 0 && options.num_attention_heads() % groups == 0,
+           "DotProductAttention: ", options.num_attention_heads(),
+           " heads are not a multiple of num_gqa_groups ", groups);
   check_mask_type(options.attn_mask_type());
   TE_CHECK(options.attention_dropout() >= 0 && options.attention_dropout() < 1,
            "DotProductAttention: attention_dropout ", options.attention_dropout(),
@@ -88,16 +90,14 @@ at::Tensor DotProductAttentionImpl::forward(const at::Tensor& query, const at::T
                            ? options.scale_factor()
                            : 1.0 / std::sqrt(static_cast<double>(options.head_dim()));
   const bool fused = fused_available(options.fused());
-  return F::attention(query, key, value, effective_mask(options.attn_mask_type(), mask),
-                      is_causal(options.attn_mask_type()), scale, options.attention_dropout(),
-                      is_training(), fused,
-                      fused ? std::function<at::Tensor(const at::Tensor&)>()
-                            : [](const at::Tensor& logits) {
-                                // Validates the constraint on one device (never a repeated
-                                // name: the seed's seqlen, seqlen bug).
-                                return with_sharding_constraint(
-                                    logits, {"batch", "heads", std::nullopt, std::nullopt});
-                              });
+  return F::attention(
+      query, key, value, effective_mask(options.attn_mask_type(), mask),
+      is_causal(options.attn_mask_type()), scale, options.attention_dropout(), is_training(), fused,
+      fused ? std::function<at::Tensor(const at::Tensor&)>() : [](const at::Tensor& logits) {
+        // Validates the constraint on one device (never a repeated
+        // name: the seed's seqlen, seqlen bug).
+        return with_sharding_constraint(logits, {"batch", "heads", std::nullopt, std::nullopt});
+      });
 }
 
 DTensor DotProductAttentionImpl::forward(const DTensor& query, const DTensor& key,
@@ -163,8 +163,7 @@ int64_t MultiHeadAttentionImpl::head_dim() const {
 }
 
 int64_t MultiHeadAttentionImpl::kv_heads() const {
-  return options.num_gqa_groups() != 0 ? options.num_gqa_groups()
-                                       : options.num_attention_heads();
+  return options.num_gqa_groups() != 0 ? options.num_gqa_groups() : options.num_attention_heads();
 }
 
 void MultiHeadAttentionImpl::reset() {
@@ -179,19 +178,21 @@ void MultiHeadAttentionImpl::reset() {
            " heads are not a multiple of num_gqa_groups ", g);
   check_mask_type(options.attn_mask_type());
   if (options.input_layernorm()) {
-    TE_CHECK(options.layernorm().hidden_size() == hidden, "MultiHeadAttention: the norm's "
-             "hidden_size ", options.layernorm().hidden_size(), " differs from ", hidden);
+    TE_CHECK(options.layernorm().hidden_size() == hidden,
+             "MultiHeadAttention: the norm's "
+             "hidden_size ",
+             options.layernorm().hidden_size(), " differs from ", hidden);
     layernorm = register_module("layernorm", LayerNorm(options.layernorm()));
   }
   attention = register_module(
-      "attention", DotProductAttention(DotProductAttentionOptions(heads, d)
-                                           .num_gqa_groups(g)
-                                           .attn_mask_type(options.attn_mask_type())
-                                           .attention_dropout(options.attention_dropout())
-                                           .scale_factor(options.scale_attn_logits()
-                                                             ? 1.0 / std::sqrt(double(d))
-                                                             : 1.0)
-                                           .fused(options.fused_attention())));
+      "attention",
+      DotProductAttention(
+          DotProductAttentionOptions(heads, d)
+              .num_gqa_groups(g)
+              .attn_mask_type(options.attn_mask_type())
+              .attention_dropout(options.attention_dropout())
+              .scale_factor(options.scale_attn_logits() ? 1.0 / std::sqrt(double(d)) : 1.0)
+              .fused(options.fused_attention())));
   // TE's attention kernels: variance_scaling(1, fan_in, normal); the query part divided by
   // sqrt(head_dim) when scaled_query_init (then the logits are not scaled).
   const double query_scale = options.scaled_query_init() ? 1.0 / std::sqrt(double(d)) : 1.0;
@@ -214,8 +215,8 @@ void MultiHeadAttentionImpl::reset() {
   } else {
     q_kernel = register_sharded(*this, "q_kernel", kernel({hidden, heads * d}) * query_scale,
                                 options.q_kernel_axes());
-    kv_kernel = register_sharded(*this, "kv_kernel", kernel({hidden, 2, g * d}),
-                                 options.kv_kernel_axes());
+    kv_kernel =
+        register_sharded(*this, "kv_kernel", kernel({hidden, 2, g * d}), options.kv_kernel_axes());
     q_fp8 = fp8::GemmMeta::registered(*this, "q_");
     kv_fp8 = fp8::GemmMeta::registered(*this, "kv_");
     if (options.use_bias()) {
@@ -225,8 +226,8 @@ void MultiHeadAttentionImpl::reset() {
                                  output_axes(options.kv_kernel_axes()));
     }
   }
-  out_kernel = register_sharded(*this, "out_kernel", kernel({heads * d, hidden}),
-                                options.out_kernel_axes());
+  out_kernel =
+      register_sharded(*this, "out_kernel", kernel({heads * d, hidden}), options.out_kernel_axes());
   out_fp8 = fp8::GemmMeta::registered(*this, "out_");
   if (options.use_bias()) {
     out_bias = register_sharded(*this, "out_bias", at::zeros({hidden}), {"w_no_shard"});
@@ -237,8 +238,8 @@ void MultiHeadAttentionImpl::pretty_print(std::ostream& stream) const {
   stream << "te::nn::MultiHeadAttention(hidden_size=" << options.hidden_size()
          << ", heads=" << options.num_attention_heads() << ", head_dim=" << head_dim();
   if (kv_heads() != options.num_attention_heads()) stream << ", gqa_groups=" << kv_heads();
-  stream << ", mask=" << options.attn_mask_type()
-         << ", " << (options.self_attention() ? "self" : "cross")
+  stream << ", mask=" << options.attn_mask_type() << ", "
+         << (options.self_attention() ? "self" : "cross")
          << (qkv_kernel.defined() ? ", fused_qkv" : "")
          << (options.enable_sequence_parallel() ? ", sequence_parallel" : "") << ")";
 }
@@ -282,9 +283,8 @@ at::Tensor MultiHeadAttentionImpl::forward(const at::Tensor& x, const at::Tensor
 
 DTensor MultiHeadAttentionImpl::forward(const DTensor& x_in, const std::optional<DTensor>& memory,
                                         const at::Tensor& mask) {
-  TE_CHECK(x_in.dim() == 3 && x_in.size(2) == options.hidden_size(),
-           "MultiHeadAttention: input ", x_in.to_string(), " is not [batch, seqlen, ",
-           options.hidden_size(), "]");
+  TE_CHECK(x_in.dim() == 3 && x_in.size(2) == options.hidden_size(), "MultiHeadAttention: input ",
+           x_in.to_string(), " is not [batch, seqlen, ", options.hidden_size(), "]");
   TE_CHECK(options.self_attention() != memory.has_value(), "MultiHeadAttention: ",
            options.self_attention() ? "self attention takes no memory; build it with "
                                       "self_attention(false) for cross attention"

@@ -26,7 +26,8 @@ void DenseImpl::reset() {
                             axes_or_unnamed(options.kernel_axes(), 2));
   fp8_meta = fp8::GemmMeta::registered(*this, "");
   if (options.use_bias()) {
-    bias = register_sharded(*this, "bias", at::zeros({out}), axes_or_unnamed(options.bias_axes(), 1));
+    bias =
+        register_sharded(*this, "bias", at::zeros({out}), axes_or_unnamed(options.bias_axes(), 1));
   } else {
     bias = at::Tensor();
   }
@@ -36,7 +37,8 @@ void DenseImpl::pretty_print(std::ostream& stream) const {
   stream << "te::nn::Dense(in_features=" << options.in_features()
          << ", out_features=" << options.out_features()
          << ", bias=" << (options.use_bias() ? "true" : "false");
-  if (!options.kernel_axes().empty()) stream << ", kernel_axes=" << to_string(options.kernel_axes());
+  if (!options.kernel_axes().empty())
+    stream << ", kernel_axes=" << to_string(options.kernel_axes());
   stream << ")";
 }
 
@@ -75,8 +77,8 @@ void LayerNormImpl::reset() {
                            options.zero_centered_gamma() ? at::zeros({h}) : at::ones({h}),
                            axes_or_unnamed(options.scale_axes(), 1));
   if (options.layernorm_type() == "layernorm") {
-    ln_bias = register_sharded(*this, "ln_bias", at::zeros({h}),
-                               axes_or_unnamed(options.bias_axes(), 1));
+    ln_bias =
+        register_sharded(*this, "ln_bias", at::zeros({h}), axes_or_unnamed(options.bias_axes(), 1));
   } else {
     ln_bias = at::Tensor();
   }
@@ -107,8 +109,7 @@ DTensor LayerNormImpl::forward(const DTensor& input) {
 
 // ---- LayerNormDense ----------------------------------------------------------------------------
 
-LayerNormDenseImpl::LayerNormDenseImpl(const LayerNormDenseOptions& options_)
-    : options(options_) {
+LayerNormDenseImpl::LayerNormDenseImpl(const LayerNormDenseOptions& options_) : options(options_) {
   reset();
 }
 
@@ -136,8 +137,8 @@ std::pair<at::Tensor, std::optional<at::Tensor>> LayerNormDenseImpl::forward_wit
 std::pair<DTensor, std::optional<DTensor>> LayerNormDenseImpl::forward_with_layernorm_output(
     const DTensor& input) {
   const DTensor ln = layernorm->forward(constrain(input, options.layernorm_input_axes()));
-  DTensor y = dense->project(
-      ln, options.dot_input_axes().empty() ? dense->options.input_axes() : options.dot_input_axes());
+  DTensor y = dense->project(ln, options.dot_input_axes().empty() ? dense->options.input_axes()
+                                                                  : options.dot_input_axes());
   return {y, options.return_layernorm_output() ? std::optional<DTensor>(ln) : std::nullopt};
 }
 

@@ -66,10 +66,10 @@ at::Tensor aligned_param(const DTensor& p, const Placements& y, int64_t y_dim, c
 // A kernel sharded on the mesh and gathered for one matmul.
 struct GatheredKernel : torch::CustomClassHolder {
   std::optional<DeviceMesh> mesh;
-  Placements placements;             // the kernel's own layout
+  Placements placements;  // the kernel's own layout
   std::vector<int64_t> global_shape;
-  Placements use;                    // the layout the matmul uses (gathered where FSDP)
-  Placements grads;                  // how each rank's kernel gradient arrives (Partial)
+  Placements use;    // the layout the matmul uses (gathered where FSDP)
+  Placements grads;  // how each rank's kernel gradient arrives (Partial)
 };
 
 at::Tensor gather_kernel(const GatheredKernel& k, const at::Tensor& local) {
@@ -90,8 +90,8 @@ class GatheredDense : public torch::autograd::Function<GatheredDense> {
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    auto k = c10::static_intrusive_pointer_cast<GatheredKernel>(
-        ctx->saved_data["kernel"].toCapsule());
+    auto k =
+        c10::static_intrusive_pointer_cast<GatheredKernel>(ctx->saved_data["kernel"].toCapsule());
     const auto saved = ctx->get_saved_variables();
     const at::Tensor& x = saved[0];
     const at::Tensor w = gather_kernel(*k, saved[1]);
@@ -103,8 +103,9 @@ class GatheredDense : public torch::autograd::Function<GatheredDense> {
     for (Placement& p : own) {
       if (is_partial(p)) p = Replicate{};
     }
-    const at::Tensor grad_shard =
-        DTensor::from_local(grad_w, *k->mesh, k->grads, k->global_shape).redistribute(own).to_local();
+    const at::Tensor grad_shard = DTensor::from_local(grad_w, *k->mesh, k->grads, k->global_shape)
+                                      .redistribute(own)
+                                      .to_local();
     return {grad_x, grad_shard, at::Tensor()};
   }
 };
@@ -115,8 +116,8 @@ class GatheredDense : public torch::autograd::Function<GatheredDense> {
 
 at::Tensor dense(const at::Tensor& x, const at::Tensor& w,
                  const std::shared_ptr<fp8::GemmMeta>& fp8, const DeviceMesh* mesh) {
-  TE_CHECK(x.dim() >= 1 && w.dim() >= 2 && x.size(-1) == w.size(0), "dense: input ",
-           x.sizes(), " and kernel ", w.sizes(),
+  TE_CHECK(x.dim() >= 1 && w.dim() >= 2 && x.size(-1) == w.size(0), "dense: input ", x.sizes(),
+           " and kernel ", w.sizes(),
            " do not contract (the input's last dim must equal the kernel's first)");
   std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end() - 1);
   out_shape.insert(out_shape.end(), w.sizes().begin() + 1, w.sizes().end());
@@ -128,8 +129,8 @@ at::Tensor dense(const at::Tensor& x, const at::Tensor& w,
 DTensor dense(const DTensor& x, const DTensor& w, const LogicalAxes& input_axes,
               const std::shared_ptr<fp8::GemmMeta>& fp8) {
   check_same_mesh(x, w, "dense");
-  TE_CHECK(x.dim() >= 1 && w.dim() >= 2 && x.size(-1) == w.size(0), "dense: input ",
-           x.to_string(), " and kernel ", w.to_string(), " do not contract");
+  TE_CHECK(x.dim() >= 1 && w.dim() >= 2 && x.size(-1) == w.size(0), "dense: input ", x.to_string(),
+           " and kernel ", w.to_string(), " do not contract");
   const int64_t k = x.dim() - 1;  // x's contracted dim
   const std::size_t n = static_cast<std::size_t>(x.mesh().ndim());
   // The layout the constraint asks x to take (its own when there is none).
@@ -290,8 +291,8 @@ at::Tensor activation(const at::Tensor& x, const std::string& name) {
 at::Tensor mlp_activation(const at::Tensor& h, const std::vector<std::string>& activations) {
   TE_CHECK(!activations.empty(), "mlp_activation: no activations given; use e.g. {\"gelu\"}");
   TE_CHECK(h.dim() >= 2 && h.size(-2) == static_cast<int64_t>(activations.size()),
-           "mlp_activation: ", activations.size(), " activations for a tensor of shape ",
-           h.sizes(), " (its second-to-last dim holds one slot per activation)");
+           "mlp_activation: ", activations.size(), " activations for a tensor of shape ", h.sizes(),
+           " (its second-to-last dim holds one slot per activation)");
   at::Tensor out = activation(h.select(-2, 0), activations[0]);
   for (std::size_t i = 1; i < activations.size(); ++i) {
     out = out * activation(h.select(-2, static_cast<int64_t>(i)), activations[i]);
@@ -325,7 +326,8 @@ DTensor mlp_activation(const DTensor& h_in, const std::vector<std::string>& acti
 namespace {
 
 // Replaces Shard(dim) by Replicate (gathering) where `bad` says so.
-DTensor gathered_where(const DTensor& x, const std::function<bool(const Shard&, std::size_t)>& bad) {
+DTensor gathered_where(const DTensor& x,
+                       const std::function<bool(const Shard&, std::size_t)>& bad) {
   Placements target = x.placements();
   bool change = false;
   for (std::size_t m = 0; m < target.size(); ++m) {
@@ -349,7 +351,8 @@ int64_t shard_parts(const DTensor& x, int64_t dim) {
 }  // namespace
 
 DTensor select(const DTensor& x_in, int64_t dim, int64_t index) {
-  const DTensor x = gathered_where(x_in, [dim](const Shard& s, std::size_t) { return s.dim == dim; });
+  const DTensor x =
+      gathered_where(x_in, [dim](const Shard& s, std::size_t) { return s.dim == dim; });
   Placements out = x.placements();
   for (Placement& p : out) {
     if (auto* s = std::get_if<Shard>(&p); s != nullptr && s->dim > dim) --s->dim;
@@ -363,11 +366,10 @@ DTensor unflatten(const DTensor& x_in, int64_t dim, int64_t outer, int64_t inner
   TE_CHECK(x_in.size(dim) == outer * inner, "unflatten: dim ", dim, " of ", x_in.to_string(),
            " is not ", outer, " x ", inner);
   const int64_t parts = shard_parts(x_in, dim);
-  const DTensor x = outer % parts == 0
-                        ? x_in
-                        : gathered_where(x_in, [dim](const Shard& s, std::size_t) {
-                            return s.dim == dim;
-                          });
+  const DTensor x =
+      outer % parts == 0
+          ? x_in
+          : gathered_where(x_in, [dim](const Shard& s, std::size_t) { return s.dim == dim; });
   Placements out = x.placements();
   for (Placement& p : out) {
     if (auto* s = std::get_if<Shard>(&p); s != nullptr && s->dim > dim) ++s->dim;
@@ -426,7 +428,8 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k_in, const at::Tens
   // Masked logits get a large negative value rather than -inf, as TE does: a fully masked row
   // then attends uniformly instead of producing NaN.
   at::Tensor masked;
-  if (causal) masked = at::ones({sq, sk}, q.options().dtype(at::kBool)).triu(1).view({1, 1, sq, sk});
+  if (causal)
+    masked = at::ones({sq, sk}, q.options().dtype(at::kBool)).triu(1).view({1, 1, sq, sk});
   if (mask.defined()) masked = masked.defined() ? masked.logical_or(mask) : mask.to(at::kBool);
 #if TE_HAS_SDPA
   if (fused && !on_logits && (dropout == 0.0 || !training)) {
@@ -435,14 +438,13 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k_in, const at::Tens
       bias = at::zeros(masked.sizes(), q.options()).masked_fill(masked, -1e10);
     }
 #if TE_TORCH_VERSION_AT_LEAST(2, 1)
-    return at::scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
-                                            v.transpose(1, 2), bias, 0.0, false, scale)
+    return at::scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                            bias, 0.0, false, scale)
         .transpose(1, 2);
 #else
     const double default_scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
     return at::scaled_dot_product_attention((q * (scale / default_scale)).transpose(1, 2),
-                                            k.transpose(1, 2), v.transpose(1, 2), bias, 0.0,
-                                            false)
+                                            k.transpose(1, 2), v.transpose(1, 2), bias, 0.0, false)
         .transpose(1, 2);
 #endif
   }

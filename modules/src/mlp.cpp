@@ -72,7 +72,8 @@ at::Tensor LayerNormMLPImpl::forward(const at::Tensor& input) {
 DTensor LayerNormMLPImpl::forward(const DTensor& input) {
   const DeviceMesh& mesh = input.mesh();
   const DTensor ln = layernorm->forward(constrain(input, options.layernorm_input_axes()));
-  DTensor h = F::dense(ln, as_dtensor("wi_kernel", wi_kernel, mesh), options.dot_1_input_axes(), wi_fp8);
+  DTensor h =
+      F::dense(ln, as_dtensor("wi_kernel", wi_kernel, mesh), options.dot_1_input_axes(), wi_fp8);
   if (wi_bias.defined()) h = F::add_bias(h, as_dtensor("wi_bias", wi_bias, mesh));
   DTensor act = F::mlp_activation(h, options.activations());
   const double rate = options.intermediate_dropout_rate();

@@ -9,8 +9,8 @@
 
 #include <atomic>
 #include <cmath>
-#include <thread>
 #include <sstream>
+#include <thread>
 
 #include "te/fp8.h"
 #include "te/nn.h"
@@ -40,8 +40,7 @@ TEST(Fp8Modules, DenseForwardIsWithinTheE4M3BoundOfFp32) {
     Fp8Autocast fp8(true, fp8::DelayedScaling{});
     y = dense(x).detach();
     // The amaxes of this step sit in history row 0 until the region ends.
-    EXPECT_EQ(dense->fp8_meta->fwd_amax_history[0][0].item<float>(),
-              x.abs().max().item<float>());
+    EXPECT_EQ(dense->fp8_meta->fwd_amax_history[0][0].item<float>(), x.abs().max().item<float>());
     EXPECT_EQ(dense->fp8_meta->fwd_amax_history[0][1].item<float>(),
               dense->kernel.abs().max().item<float>());
   }
@@ -49,8 +48,8 @@ TEST(Fp8Modules, DenseForwardIsWithinTheE4M3BoundOfFp32) {
   // |x8 w8 - x w| <= ex |w| + |x| ew + ex ew per product; summed over K, plus fp32 rounding.
   const at::Tensor ex = e4m3_error(x, 1.0f), ew = e4m3_error(dense->kernel.detach(), 1.0f);
   const at::Tensor ax = x.abs(), aw = dense->kernel.detach().abs();
-  const at::Tensor bound = at::matmul(ex, aw) + at::matmul(ax, ew) + at::matmul(ex, ew) +
-                           1e-5 * at::matmul(ax, aw);
+  const at::Tensor bound =
+      at::matmul(ex, aw) + at::matmul(ax, ew) + at::matmul(ex, ew) + 1e-5 * at::matmul(ax, aw);
   EXPECT_TRUE(((y - ref).abs() <= bound).all().item<bool>())
       << "worst excess " << ((y - ref).abs() - bound).max().item<double>();
   EXPECT_FALSE(at::equal(y, ref));  // it did run in FP8
@@ -69,9 +68,15 @@ TEST(Fp8Modules, LayerNormMlpForwardIsCloseToFp32) {
   // Calibrate the delayed scales with one step, then measure with them.
   fp8::DelayedScaling recipe;
   recipe.amax_history_len = 16;
-  { Fp8Autocast fp8(true, recipe); mlp(x); }
+  {
+    Fp8Autocast fp8(true, recipe);
+    mlp(x);
+  }
   at::Tensor y;
-  { Fp8Autocast fp8(true, recipe); y = mlp(x).detach(); }
+  {
+    Fp8Autocast fp8(true, recipe);
+    y = mlp(x).detach();
+  }
   // Each operand carries a relative rounding error of at most 2^-4 (3 mantissa bits), about
   // 2^-4 / sqrt(3) ~ 3.6% RMS; a GEMM's output sums K such errors of both operands with random
   // signs, so its relative RMS error is about sqrt(2) * 3.6% ~ 5% of the typical product and
@@ -97,7 +102,10 @@ TEST(Fp8Modules, AttentionProjectionsAndTheTransformerLayerRunInFp8) {
   const at::Tensor ref = layer(x).detach();
   fp8::DelayedScaling recipe;
   recipe.amax_history_len = 4;
-  { Fp8Autocast fp8(true, recipe); layer(x); }  // calibrate
+  {
+    Fp8Autocast fp8(true, recipe);
+    layer(x);
+  }  // calibrate
   at::Tensor y;
   {
     Fp8Autocast fp8(true, recipe);
@@ -193,12 +201,21 @@ TEST(Fp8Modules, KernelCodesAreCachedWhileKernelAndScaleAreUnchanged) {
     (y1.sum() + y2.sum()).backward();
   }
   // The scale changed at the region's end: cast again.
-  { Fp8Autocast fp8(true, recipe); dense(x); }
+  {
+    Fp8Autocast fp8(true, recipe);
+    dense(x);
+  }
   EXPECT_EQ(dense->fp8_meta->kernel_cache_hits, 1);
-  { Fp8Autocast fp8(true, recipe); dense(x); }  // same kernel, same scale (max of history)
+  {
+    Fp8Autocast fp8(true, recipe);
+    dense(x);
+  }  // same kernel, same scale (max of history)
   EXPECT_EQ(dense->fp8_meta->kernel_cache_hits, 2);
   opt.step();  // the kernel changes in place
-  { Fp8Autocast fp8(true, recipe); dense(x); }
+  {
+    Fp8Autocast fp8(true, recipe);
+    dense(x);
+  }
   EXPECT_EQ(dense->fp8_meta->kernel_cache_hits, 2);
 }
 
@@ -287,9 +304,8 @@ TEST(Fp8Modules, AnMlpTrainsUnderFp8ToWithinFivePercentOfFp32) {
   const double fp32 = fp32_run.last;
   const double delayed_loss = train(true, delayed).last;
   const double current_loss = train(true, fp8::CurrentScaling{}).last;
-  std::cout << "loss: first step (fp32) " << fp32_run.first
-            << "; last 50 steps: fp32 " << fp32 << ", FP8 delayed " << delayed_loss
-            << ", FP8 current " << current_loss << "\n";
+  std::cout << "loss: first step (fp32) " << fp32_run.first << "; last 50 steps: fp32 " << fp32
+            << ", FP8 delayed " << delayed_loss << ", FP8 current " << current_loss << "\n";
   EXPECT_LT(fp32, 0.5 * fp32_run.first);  // it learned
   EXPECT_LE(std::abs(delayed_loss - fp32), 0.05 * fp32);
   EXPECT_LE(std::abs(current_loss - fp32), 0.05 * fp32);

@@ -30,12 +30,11 @@ fp8::DelayedScaling recipe() {
 
 LayerNormMLP make_mlp() {
   manual_seed(31);
-  return LayerNormMLP(LayerNormMLPOptions(32, 64).activations({"gelu"}).intermediate_dropout_rate(0));
+  return LayerNormMLP(
+      LayerNormMLPOptions(32, 64).activations({"gelu"}).intermediate_dropout_rate(0));
 }
 
-at::Tensor input(int step) {
-  return test::seeded_integers(kShape, 40 + step).to(at::kFloat) / 7.0;
-}
+at::Tensor input(int step) { return test::seeded_integers(kShape, 40 + step).to(at::kFloat) / 7.0; }
 at::Tensor output_weight(int step) {
   return test::seeded_integers(kShape, 60 + step).to(at::kFloat) / 50.0;
 }
@@ -110,8 +109,8 @@ TEST_P(Fp8Parallel, TrainingStepsMatchOneProcessWithIdenticalScalesOnEveryRank) 
       fp8.emplace(true, recipe(), resource);  // opens the MeshResource too
       const auto in_placements =
           placements_for(*resolve_logical_axes({"batch", "seqlen", "hidden"}), mesh);
-      const DTensor x = DTensor::from_local(piece_of(input(step), mesh, in_placements, rank),
-                                            mesh, in_placements, kShape);
+      const DTensor x = DTensor::from_local(piece_of(input(step), mesh, in_placements, rank), mesh,
+                                            in_placements, kShape);
       const DTensor y = mlp(x);
       const at::Tensor y_full = y.full_tensor();
       ASSERT_TRUE(at::allclose(y_full, ref[step].y, 1e-5, 1e-5))
@@ -122,8 +121,8 @@ TEST_P(Fp8Parallel, TrainingStepsMatchOneProcessWithIdenticalScalesOnEveryRank) 
       (y_full * output_weight(step)).sum().backward();
       int64_t amax_reductions = 0;
       for (const CommRecord& r : trace.records()) {
-        amax_reductions += r.kind == Collective::kAllReduce && r.bytes == 8 &&
-                           r.mesh_axis == layout.reduced_axis;
+        amax_reductions +=
+            r.kind == Collective::kAllReduce && r.bytes == 8 && r.mesh_axis == layout.reduced_axis;
       }
       EXPECT_EQ(amax_reductions, 1) << trace.table();
       // Forward: at the region's end, one all-reduce of 2 GEMMs x (input, kernel) amaxes.
@@ -135,9 +134,9 @@ TEST_P(Fp8Parallel, TrainingStepsMatchOneProcessWithIdenticalScalesOnEveryRank) 
       sgd(*mlp);
       for (const auto& p : mlp->named_parameters()) {
         const ParameterLayout& pl = layouts.at(p.key());
-        const at::Tensor want = pl.mesh ? piece_of(ref[step].params.at(p.key()), mesh,
-                                                   pl.placements, rank)
-                                        : ref[step].params.at(p.key());
+        const at::Tensor want =
+            pl.mesh ? piece_of(ref[step].params.at(p.key()), mesh, pl.placements, rank)
+                    : ref[step].params.at(p.key());
         EXPECT_TRUE(at::allclose(p.value(), want, 1e-5, 1e-5))
             << p.key() << " step " << step << " rank " << rank;
       }

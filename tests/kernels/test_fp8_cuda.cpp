@@ -18,7 +18,7 @@
 namespace te::fp8 {
 namespace {
 
-#define SKIP_WITHOUT_GPU()                                                  \
+#define SKIP_WITHOUT_GPU() \
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device visible"
 
 template <typename T>
@@ -70,8 +70,8 @@ std::vector<float> awkward_values() {
       v.push_back(x * 1.0625f);  // between neighbours
     }
   }
-  for (float x : {0.0f, -0.0f, INFINITY, -INFINITY, std::nanf(""), 448.0f, 464.0f, 57344.0f,
-                  61440.0f}) {
+  for (float x :
+       {0.0f, -0.0f, INFINITY, -INFINITY, std::nanf(""), 448.0f, 464.0f, 57344.0f, 61440.0f}) {
     v.push_back(x);
   }
   return v;
@@ -176,8 +176,8 @@ TEST(Fp8Cuda, GemmMatchesTheCpuReferenceWithinTolerance) {
       for (int64_t j = 0; j < n; ++j) {
         double sum = 0, abs_sum = 0;
         for (int64_t p = 0; p < k; ++p) {
-          const double prod = double(cast_from_fp8(a[i * k + p], DType::kE4M3)) *
-                              cast_from_fp8(b[p * n + j], bt);
+          const double prod =
+              double(cast_from_fp8(a[i * k + p], DType::kE4M3)) * cast_from_fp8(b[p * n + j], bt);
           sum += prod;
           abs_sum += std::abs(prod);
         }

@@ -17,8 +17,8 @@ std::string list_axes(const std::vector<std::string>& names) {
 }
 
 // World ranks of the row through `rank` along mesh dim `dim` (row-major layout).
-std::vector<int64_t> row_ranks(const std::vector<int64_t>& shape, const std::vector<int64_t>& coords,
-                               int64_t rank, int64_t dim) {
+std::vector<int64_t> row_ranks(const std::vector<int64_t>& shape,
+                               const std::vector<int64_t>& coords, int64_t rank, int64_t dim) {
   int64_t stride = 1;
   for (int64_t d = static_cast<int64_t>(shape.size()) - 1; d > dim; --d) stride *= shape[d];
   const int64_t base = rank - coords[dim] * stride;
@@ -36,8 +36,9 @@ std::vector<const DeviceMesh*>& mesh_stack() {
 
 DeviceMesh::DeviceMesh(std::vector<int64_t> shape, std::vector<std::string> axis_names,
                        std::optional<CollectiveAlgorithms> algorithms) {
-  TE_CHECK(!shape.empty(), "DeviceMesh: the shape is empty; give at least one axis, e.g. "
-                           "DeviceMesh({world_size()}, {\"data\"})");
+  TE_CHECK(!shape.empty(),
+           "DeviceMesh: the shape is empty; give at least one axis, e.g. "
+           "DeviceMesh({world_size()}, {\"data\"})");
   TE_CHECK(shape.size() == axis_names.size(), "DeviceMesh: ", shape.size(), " sizes but ",
            axis_names.size(), " axis names; give one name per mesh axis");
   for (std::size_t i = 0; i < shape.size(); ++i) {
@@ -85,8 +86,8 @@ DeviceMesh::DeviceMesh(std::vector<int64_t> shape, std::vector<std::string> axis
     if (algorithms) g.algorithms = *algorithms;
     g.world = state->world.get();
     if (g.size > 1) {
-      g.pg = state->world->create_group(
-          "mesh" + std::to_string(mesh_id) + "/" + state->names[d], g.ranks);
+      g.pg = state->world->create_group("mesh" + std::to_string(mesh_id) + "/" + state->names[d],
+                                        g.ranks);
     }
   }
   state_ = std::move(state);
@@ -108,8 +109,8 @@ const std::vector<std::string>& DeviceMesh::axis_names() const { return state_->
 int64_t DeviceMesh::axis_index(const std::string& axis) const {
   const auto& names = state_->names;
   const auto it = std::find(names.begin(), names.end(), axis);
-  TE_CHECK(it != names.end(), "mesh axis '", axis, "' is not in ", to_string(),
-           "; its axes are ", list_axes(names));
+  TE_CHECK(it != names.end(), "mesh axis '", axis, "' is not in ", to_string(), "; its axes are ",
+           list_axes(names));
   return static_cast<int64_t>(it - names.begin());
 }
 

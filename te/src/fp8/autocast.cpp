@@ -246,8 +246,8 @@ class Fp8Linear : public torch::autograd::Function<Fp8Linear> {
 
 }  // namespace
 
-std::shared_ptr<GemmMeta> GemmMeta::registered(torch::nn::Module& module,
-                                               const std::string& prefix, int64_t history_len) {
+std::shared_ptr<GemmMeta> GemmMeta::registered(torch::nn::Module& module, const std::string& prefix,
+                                               int64_t history_len) {
   TE_CHECK(history_len >= 1, "GemmMeta: history_len is ", history_len, "; it needs at least 1");
   auto m = std::make_shared<GemmMeta>();
   m->fwd_scale = module.register_buffer(prefix + "fp8_fwd_scale", at::ones({2}));
@@ -299,8 +299,8 @@ Fp8Autocast::Fp8Autocast(bool enabled, fp8::Recipe recipe,
   region->enabled = enabled;
   region->recipe = std::move(recipe);
   region->parent = fp8::current_region();
-  region->backward = region->parent ? region->parent->backward
-                                    : std::make_shared<fp8::BackwardReduction>();
+  region->backward =
+      region->parent ? region->parent->backward : std::make_shared<fp8::BackwardReduction>();
   fp8::current_region() = region;
   region_ = region;
   uncaught_ = std::uncaught_exceptions();

@@ -21,8 +21,8 @@ Format format_of(const Recipe& recipe) {
 
 void validate_recipe(const Recipe& recipe) {
   if (const auto* d = std::get_if<DelayedScaling>(&recipe)) {
-    TE_CHECK(d->amax_history_len >= 1, "DelayedScaling: amax_history_len is ",
-             d->amax_history_len, "; it needs at least 1 (TE's default is 1024)");
+    TE_CHECK(d->amax_history_len >= 1, "DelayedScaling: amax_history_len is ", d->amax_history_len,
+             "; it needs at least 1 (TE's default is 1024)");
     TE_CHECK(d->margin >= 0, "DelayedScaling: margin is ", d->margin,
              "; it is a non-negative power-of-two backoff (0 by default)");
     TE_CHECK(d->amax_compute_algo == "max" || d->amax_compute_algo == "most_recent",

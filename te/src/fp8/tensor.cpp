@@ -24,8 +24,8 @@ constexpr int64_t kGrain = 1 << 16;
 float max_amax(float a, float b) { return std::isnan(a) || a > b ? a : b; }
 
 void check_scale(const at::Tensor& t, const char* what, const at::Tensor& x) {
-  TE_CHECK(t.defined() && t.numel() == 1 && t.scalar_type() == at::kFloat,
-           "fp8: ", what, " must be an fp32 tensor of one element");
+  TE_CHECK(t.defined() && t.numel() == 1 && t.scalar_type() == at::kFloat, "fp8: ", what,
+           " must be an fp32 tensor of one element");
   TE_CHECK(t.device() == x.device(), "fp8: ", what, " is on ", t.device(), " but the data on ",
            x.device(), "; keep the FP8 state with the tensors it scales");
 }
@@ -41,7 +41,8 @@ cuda::Format kernel_format(DType t) { return t == DType::kE4M3 ? cuda::kE4M3 : c
 #endif
 
 [[noreturn]] void no_cuda(const char* what) {
-  TE_FAIL("fp8::", what, ": the tensor is on a CUDA device but te-cpp was built without CUDA; "
+  TE_FAIL("fp8::", what,
+          ": the tensor is on a CUDA device but te-cpp was built without CUDA; "
           "configure with the CUDA toolkit (-DTE_CUDA=ON)");
 }
 
@@ -167,8 +168,8 @@ at::Tensor gemm(const Fp8Tensor& a, const Fp8Tensor& b) {
   TE_CHECK(!(a.dtype == DType::kE5M2 && b.dtype == DType::kE5M2),
            "fp8::gemm: both operands are E5M2, which FP8 tensor cores do not multiply; cast one "
            "to E4M3 (HYBRID keeps forward tensors in E4M3)");
-  TE_CHECK(a.data.device() == b.data.device(), "fp8::gemm: a is on ", a.data.device(),
-           " and b on ", b.data.device());
+  TE_CHECK(a.data.device() == b.data.device(), "fp8::gemm: a is on ", a.data.device(), " and b on ",
+           b.data.device());
   if (a.data.is_cuda()) {
 #ifdef TE_WITH_CUDA
     const at::Tensor ad = a.data.contiguous(), bt = b.data.t().contiguous();
@@ -182,8 +183,8 @@ at::Tensor gemm(const Fp8Tensor& a, const Fp8Tensor& b) {
 #endif
   }
   // The exact values of the codes (no scale), an fp32 GEMM (exact products, fp32 sums), then
-  // the product of the two scales on the output. The decoded operands go to this thread's scratch buffers, which
-  // only grow: fresh pages cost more than the decode on a VM.
+  // the product of the two scales on the output. The decoded operands go to this thread's scratch
+  // buffers, which only grow: fresh pages cost more than the decode on a VM.
   thread_local at::Tensor scratch_a, scratch_b;
   at::Tensor d = at::mm(decode_into(a, scratch_a), decode_into(b, scratch_b));
   d.mul_(a.scale_inv.item<float>() * b.scale_inv.item<float>());
@@ -197,10 +198,9 @@ at::Tensor to_torch_float8(const Fp8Tensor& t) {
 
 Fp8Tensor from_torch_float8(const at::Tensor& t, const at::Tensor& scale_inv) {
   TE_CHECK(t.scalar_type() == at::kFloat8_e4m3fn || t.scalar_type() == at::kFloat8_e5m2,
-           "from_torch_float8: a ", t.scalar_type(),
-           " tensor is not float8_e4m3fn or float8_e5m2");
-  return {t.view(at::kByte),
-          scale_inv, t.scalar_type() == at::kFloat8_e4m3fn ? DType::kE4M3 : DType::kE5M2};
+           "from_torch_float8: a ", t.scalar_type(), " tensor is not float8_e4m3fn or float8_e5m2");
+  return {t.view(at::kByte), scale_inv,
+          t.scalar_type() == at::kFloat8_e4m3fn ? DType::kE4M3 : DType::kE5M2};
 }
 #endif
 

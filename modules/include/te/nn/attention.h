@@ -133,7 +133,7 @@ class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImp
   MultiHeadAttentionOptions options;
   LayerNorm layernorm{nullptr};
   DotProductAttention attention{nullptr};
-  at::Tensor qkv_kernel, qkv_bias;  // fused
+  at::Tensor qkv_kernel, qkv_bias;                  // fused
   at::Tensor q_kernel, q_bias, kv_kernel, kv_bias;  // separate
   at::Tensor out_kernel, out_bias;
   /// FP8 state of the projections (buffers qkv_fp8_*, q_fp8_*, kv_fp8_*, out_fp8_*).

@@ -16,12 +16,12 @@
 
 /// Like TORCH_MODULE, for te::nn modules whose forward takes an at::Tensor or a te::DTensor:
 /// `module(x)` calls the matching overload (LibTorch's holder cannot see overloaded forwards).
-#define TE_MODULE(Name)                                                              \
-  class Name : public torch::nn::ModuleHolder<Name##Impl> { /* NOLINT */             \
-   public:                                                                           \
-    using torch::nn::ModuleHolder<Name##Impl>::ModuleHolder;                         \
-    using Impl = Name##Impl;                                                         \
-    at::Tensor operator()(const at::Tensor& input) { return get()->forward(input); } \
+#define TE_MODULE(Name)                                                                    \
+  class Name : public torch::nn::ModuleHolder<Name##Impl> { /* NOLINT */                   \
+   public:                                                                                 \
+    using torch::nn::ModuleHolder<Name##Impl>::ModuleHolder;                               \
+    using Impl = Name##Impl;                                                               \
+    at::Tensor operator()(const at::Tensor& input) { return get()->forward(input); }       \
     ::te::DTensor operator()(const ::te::DTensor& input) { return get()->forward(input); } \
   }
 

@@ -23,8 +23,7 @@ namespace te::nn {
 ///                                      .self_attn_mask_type("padding")
 ///                                      .mlp_activations({"gelu"}));
 struct TransformerLayerOptions {
-  TransformerLayerOptions(int64_t hidden_size, int64_t mlp_hidden_size,
-                          int64_t num_attention_heads)
+  TransformerLayerOptions(int64_t hidden_size, int64_t mlp_hidden_size, int64_t num_attention_heads)
       : hidden_size_(hidden_size),
         mlp_hidden_size_(mlp_hidden_size),
         num_attention_heads_(num_attention_heads) {}

@@ -114,8 +114,7 @@ inline uint8_t encode_fast(uint32_t bits) {
 // (integer order is float order for |x|; a NaN sorts above +inf and comes out as NaN).
 // Built for AVX-512, AVX2 and the baseline; the loader picks the best the CPU runs.
 template <int kMantissa, int kBias, uint32_t kMaxCode>
-float quantize_loop(const float* __restrict in, uint8_t* __restrict out, int64_t n,
-                    float scale) {
+float quantize_loop(const float* __restrict in, uint8_t* __restrict out, int64_t n, float scale) {
   uint32_t top = 0;
   for (int64_t i = 0; i < n; ++i) {
     uint32_t b;
@@ -146,16 +145,15 @@ TE_SIMD_CLONES float quantize_e5m2(const float* in, uint8_t* out, int64_t n, flo
   return quantize_loop<2, 15, 0x7B>(in, out, n, scale);
 }
 
-TE_SIMD_CLONES void dequantize_loop(const uint8_t* __restrict in, float* __restrict out,
-                                    int64_t n, const float* __restrict table) {
+TE_SIMD_CLONES void dequantize_loop(const uint8_t* __restrict in, float* __restrict out, int64_t n,
+                                    const float* __restrict table) {
   for (int64_t i = 0; i < n; ++i) out[i] = table[in[i]];
 }
 
 }  // namespace
 
 float quantize(const float* in, uint8_t* out, int64_t n, float scale, DType type) {
-  return type == DType::kE4M3 ? quantize_e4m3(in, out, n, scale)
-                              : quantize_e5m2(in, out, n, scale);
+  return type == DType::kE4M3 ? quantize_e4m3(in, out, n, scale) : quantize_e5m2(in, out, n, scale);
 }
 
 void dequantize(const uint8_t* in, float* out, int64_t n, float scale_inv, DType type) {

@@ -71,8 +71,8 @@ __global__ void quantize_kernel(const float* in, uint8_t* out, int64_t n, const 
   block_amax(top, amax);
 }
 
-__global__ void dequantize_kernel(const uint8_t* in, float* out, int64_t n,
-                                  const float* scale_inv, __nv_fp8_interpretation_t f) {
+__global__ void dequantize_kernel(const uint8_t* in, float* out, int64_t n, const float* scale_inv,
+                                  __nv_fp8_interpretation_t f) {
   const float s = *scale_inv;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -236,8 +236,8 @@ void gemm(const uint8_t* a, Format a_format, const float* a_scale_inv, const uin
              k, "; k and n must be multiples of 16 on sm_89+");
     check(cudaMallocAsync(&workspace, kWorkspace, as_stream(stream)), "workspace");
     const float alpha = 1.0f, beta = 0.0f;
-    check(cublasLtMatmul(handle, op, &alpha, b_t, la, a, lb, &beta, d, lc, d, lc,
-                         &heuristic.algo, workspace, kWorkspace, as_stream(stream)),
+    check(cublasLtMatmul(handle, op, &alpha, b_t, la, a, lb, &beta, d, lc, d, lc, &heuristic.algo,
+                         workspace, kWorkspace, as_stream(stream)),
           "cublasLtMatmul");
   } catch (...) {
     cleanup();
