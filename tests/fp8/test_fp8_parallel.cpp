@@ -167,6 +167,47 @@ INSTANTIATE_TEST_SUITE_P(
                       Layout{"DP2xTP2", {2, 2}, {"data", "tp"}, "dp=data,tp=tp", "data+tp"}),
     [](const ::testing::TestParamInfo<Layout>& info) { return info.param.name; });
 
+TEST(Fp8Parallel, CurrentScalingCastsWithTheWholeTensorsAmaxOnEveryLayout) {
+  // Each rank holds a piece; the amax (and so the scale) must be the whole tensor's.
+  at::Tensor want, want_grad;
+  {
+    LayerNormMLP mlp = make_mlp();
+    Fp8Autocast fp8(true, fp8::CurrentScaling{});
+    const at::Tensor x = input(0).requires_grad_(true);
+    want = mlp(x);
+    (want * output_weight(0)).sum().backward();
+    want = want.detach();
+    want_grad = x.grad();
+  }
+  set_warning_handler([](std::string_view) {});
+  for (const char* spec : {"dp=data", "tp=data"}) {
+    run_local_ranks(2, [&](int rank) {
+      DeviceMesh mesh({2}, {"data"});
+      MeshScope mesh_scope(mesh);
+      const MeshResource resource = parse_mesh_resource(spec);
+      std::optional<LayerNormMLP> built;
+      {
+        MeshResourceScope scope(resource);
+        built.emplace(make_mlp());
+      }
+      Fp8Autocast fp8(true, fp8::CurrentScaling{}, resource);
+      const auto placements =
+          placements_for(*resolve_logical_axes({"batch", "seqlen", "hidden"}), mesh);
+      at::Tensor x_local = piece_of(input(0), mesh, placements, rank).requires_grad_(true);
+      const DTensor y =
+          (*built)(DTensor::from_local(x_local, mesh, placements, kShape));
+      const at::Tensor y_full = y.full_tensor();
+      EXPECT_TRUE(at::allclose(y_full, want, 1e-5, 1e-5))
+          << spec << " rank " << rank << " max err " << (y_full - want).abs().max().item<double>();
+      (y_full * output_weight(0)).sum().backward();
+      EXPECT_TRUE(at::allclose(x_local.grad(), piece_of(want_grad, mesh, placements, rank), 1e-5,
+                               1e-5))
+          << spec << " rank " << rank;
+    });
+  }
+  set_warning_handler(nullptr);
+}
+
 TEST(Fp8Parallel, ThePipelineAxisIsLeftOutOfTheAmaxReduction) {
   // Two pipeline rows see different data: each keeps its own scales, agreed within its row.
   std::vector<float> scales(4);

@@ -15,19 +15,13 @@
 #include <cuda_fp8.h>
 #endif
 
+#include "float_bits.h"
+
 namespace te::fp8 {
 namespace {
 
-float from_bits(uint32_t b) {
-  float f;
-  std::memcpy(&f, &b, sizeof f);
-  return f;
-}
-uint32_t bits_of(float f) {
-  uint32_t b;
-  std::memcpy(&b, &f, sizeof b);
-  return b;
-}
+using test::bits_of;
+using test::from_bits;
 
 const DType kTypes[] = {DType::kE4M3, DType::kE5M2};
 

@@ -15,6 +15,8 @@
 #include "te/kernels/fp8_cast.h"
 #include "te/kernels/fp8_cuda.h"
 
+#include "float_bits.h"
+
 namespace te::fp8 {
 namespace {
 
@@ -39,16 +41,8 @@ struct DeviceBuffer {
   }
 };
 
-float from_bits(uint32_t b) {
-  float f;
-  std::memcpy(&f, &b, sizeof f);
-  return f;
-}
-uint32_t bits_of(float f) {
-  uint32_t b;
-  std::memcpy(&b, &f, sizeof b);
-  return b;
-}
+using test::bits_of;
+using test::from_bits;
 
 cuda::Format fmt(DType t) { return t == DType::kE4M3 ? cuda::kE4M3 : cuda::kE5M2; }
 
