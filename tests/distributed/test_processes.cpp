@@ -3,12 +3,12 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
 #include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
-#include <sys/wait.h>
 
 namespace {
 
@@ -39,17 +39,32 @@ TEST(Processes, TwoAndFourRanksAgreeWithOneProcessMath) {
     const Result r = run(kRun + " --nproc " + std::to_string(n) + " -- " + kWorker + " check");
     EXPECT_EQ(r.status, 0) << r.output;
     for (int k = 0; k < n; ++k) {
-      const std::string line =
-          "[rank " + std::to_string(k) + "] rank " + std::to_string(k) + " of " +
-          std::to_string(n) + " ok";
+      const std::string line = "[rank " + std::to_string(k) + "] rank " + std::to_string(k) +
+                               " of " + std::to_string(n) + " ok";
       EXPECT_NE(r.output.find(line), std::string::npos) << r.output;
     }
   }
 }
 
+TEST(Processes, Fp8DataParallelStepsAgreeWithOneProcessAndAcrossRanks) {
+  const Result r = run(kRun + " --nproc 2 -- " + kWorker + " fp8");
+  ASSERT_EQ(r.status, 0) << r.output;
+  // Each rank prints its scales; they must be the same text.
+  std::string scales[2];
+  for (int k = 0; k < 2; ++k) {
+    const std::string head =
+        "[rank " + std::to_string(k) + "] rank " + std::to_string(k) + " fp8 ok scales";
+    const auto at = r.output.find(head);
+    ASSERT_NE(at, std::string::npos) << r.output;
+    scales[k] = r.output.substr(at + head.size(), r.output.find('\n', at) - at - head.size());
+  }
+  EXPECT_EQ(scales[0], scales[1]);
+  EXPECT_NE(scales[0].find("wi_fp8_fwd_scale="), std::string::npos) << scales[0];
+}
+
 TEST(Processes, AKilledRankIsNamedByTheSurvivorsWithinTheTimeout) {
-  const Result r = run("TE_DIST_TIMEOUT_S=20 " + kRun + " --nproc 3 --grace 15 -- " + kWorker +
-                       " die");
+  const Result r =
+      run("TE_DIST_TIMEOUT_S=20 " + kRun + " --nproc 3 --grace 15 -- " + kWorker + " die");
   EXPECT_NE(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("te-run: rank 1 was killed by signal 9; stopping the other ranks"),
             std::string::npos)
@@ -57,7 +72,8 @@ TEST(Processes, AKilledRankIsNamedByTheSurvivorsWithinTheTimeout) {
   for (int k : {0, 2}) {
     const std::string line = "[rank " + std::to_string(k) + "] rank " + std::to_string(k) +
                              " error: all_reduce over mesh axis 'x' (ranks [0, 1, 2]) failed on "
-                             "rank " + std::to_string(k) + ": missing rank 1 stopped responding";
+                             "rank " +
+                             std::to_string(k) + ": missing rank 1 stopped responding";
     EXPECT_NE(r.output.find(line), std::string::npos) << r.output;
   }
   EXPECT_LT(r.seconds, 20.0) << r.output;
@@ -75,8 +91,10 @@ TEST(Processes, LauncherStopsTheOthersAndReturnsTheFailedStatus) {
 
 TEST(Processes, ARankThatNeverJoinsIsNamed) {
   // Only rank 0 of 2 starts: it hosts the store and waits for rank 1 until the timeout.
-  const Result r = run("RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29731 "
-                       "TE_DIST_TIMEOUT_S=2 " + kWorker + " check");
+  const Result r =
+      run("RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29731 "
+          "TE_DIST_TIMEOUT_S=2 " +
+          kWorker + " check");
   EXPECT_EQ(r.status, 4) << r.output;
   EXPECT_NE(r.output.find("rank 0: rank(s) 1 of 2 did not join within 2 s"), std::string::npos)
       << r.output;
@@ -93,8 +111,9 @@ TEST(Processes, MissingEnvironmentIsReported) {
 }
 
 TEST(Processes, LauncherPrefixesAndPassesArguments) {
-  const Result r = run(kRun + " --nproc 2 -- sh -c 'echo rank=$RANK of $WORLD_SIZE local=$LOCAL_RANK "
-                              "at $MASTER_ADDR:$MASTER_PORT'");
+  const Result r = run(kRun +
+                       " --nproc 2 -- sh -c 'echo rank=$RANK of $WORLD_SIZE local=$LOCAL_RANK "
+                       "at $MASTER_ADDR:$MASTER_PORT'");
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("[rank 0] rank=0 of 2 local=0 at 127.0.0.1:"), std::string::npos)
       << r.output;

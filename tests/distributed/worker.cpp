@@ -3,6 +3,8 @@
 //                          one-process math, values and gradients
 //   te_dist_worker die     rank 1 kills itself (SIGKILL) while the others enter an all-reduce
 //   te_dist_worker exit N  rank 1 exits with status N, the others wait in a collective
+//   te_dist_worker fp8     data-parallel FP8 training steps of a LayerNormMLP against the same
+//                          steps on this process alone; prints the final FP8 scales
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -10,13 +12,18 @@
 #include <csignal>
 #include <cstdlib>
 #include <iostream>
+#include <sstream>
 #include <string>
 #include <thread>
 
 #include "dist_test_util.h"
 #include "te/distributed.h"
+#include "te/fp8.h"
+#include "te/nn.h"
 
 namespace {
+
+namespace fp8 = te::fp8;
 
 int check() {
   const int rank = te::world_rank();
@@ -79,6 +86,76 @@ int die_or_exit(bool die, int status) {
   return 0;
 }
 
+// Three SGD steps under DelayedScaling, data parallel over every rank, checked against the same
+// steps on this process alone; the scales are printed so the caller can compare ranks.
+int fp8_steps() {
+  const int rank = te::world_rank();
+  const int world = te::world_size();
+  const std::vector<int64_t> shape = {2 * world, 4, 32};
+  fp8::DelayedScaling recipe;
+  recipe.amax_history_len = 4;
+  auto make = [] {
+    te::nn::manual_seed(5);
+    return te::nn::LayerNormMLP(
+        te::nn::LayerNormMLPOptions(32, 64).activations({"gelu"}).intermediate_dropout_rate(0));
+  };
+  auto sgd = [](torch::nn::Module& m) {
+    at::NoGradGuard no_grad;
+    for (auto& p : m.parameters()) {
+      p.sub_(p.grad() * 0.05);
+      p.mutable_grad() = at::Tensor();
+    }
+  };
+  auto x_at = [&](int step) {
+    return te::test::seeded_integers(shape, 70 + step).to(at::kFloat) / 7.0;
+  };
+  auto w_at = [&](int step) {
+    return te::test::seeded_integers(shape, 80 + step).to(at::kFloat) / 50.0;
+  };
+  // This process alone (no mesh in scope), whole batches.
+  te::nn::LayerNormMLP alone = make();
+  std::vector<at::Tensor> want;
+  for (int step = 0; step < 3; ++step) {
+    {
+      te::Fp8Autocast fp8(true, recipe);
+      const at::Tensor y = alone(x_at(step));
+      (y * w_at(step)).sum().backward();
+      want.push_back(y.detach());
+    }
+    sgd(*alone);
+  }
+  // Every rank, a slice of each batch.
+  te::DeviceMesh mesh({world}, {"data"});
+  te::MeshScope on_mesh(mesh);
+  const te::MeshResource resource = te::parse_mesh_resource("dp=data");
+  te::nn::LayerNormMLP ranked = make();
+  const std::vector<te::Placement> batch = {te::Shard{0}};
+  for (int step = 0; step < 3; ++step) {
+    {
+      te::Fp8Autocast fp8(true, recipe, resource);
+      te::DTensor y = ranked(te::DTensor::from_local(
+          te::test::piece_of(x_at(step), mesh, batch, rank), mesh, batch, shape));
+      const at::Tensor y_full = y.full_tensor();
+      TE_CHECK(at::allclose(y_full, want[step], 1e-5, 1e-5), "FP8 step ", step,
+               " output differs by ", (y_full - want[step]).abs().max().item<double>());
+      (y_full * w_at(step)).sum().backward();
+    }
+    sgd(*ranked);
+  }
+  std::ostringstream scales;
+  scales << std::hexfloat;  // exact, so equal text means equal bits
+  for (const auto& b : ranked->named_buffers()) {
+    const at::Tensor mine = b.value(), one = alone->named_buffers()[b.key()];
+    TE_CHECK(at::allclose(mine, one, 1e-5, 0), "FP8 buffer ", b.key(), " differs from one process");
+    if (b.key().find("_scale") != std::string::npos && b.key().find("inv") == std::string::npos) {
+      scales << ' ' << b.key() << '=';
+      for (int64_t i = 0; i < mine.numel(); ++i) scales << (i ? "," : "") << mine[i].item<float>();
+    }
+  }
+  std::cout << "rank " << rank << " fp8 ok scales" << scales.str() << std::endl;
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -88,6 +165,7 @@ int main(int argc, char** argv) {
     if (mode == "check") return check();
     if (mode == "die") return die_or_exit(true, 0);
     if (mode == "exit") return die_or_exit(false, argc > 2 ? std::atoi(argv[2]) : 1);
+    if (mode == "fp8") return fp8_steps();
     std::cerr << "unknown mode " << mode << "\n";
     return 2;
   } catch (const te::Error& e) {
