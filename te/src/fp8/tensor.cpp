@@ -13,6 +13,10 @@
 #ifdef TE_WITH_CUDA
 #include "te/kernels/fp8_cuda.h"
 #endif
+#ifdef TE_TORCH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
 
 namespace te::fp8 {
 
@@ -38,6 +42,19 @@ at::Tensor as_float(const at::Tensor& x) {
 
 #ifdef TE_WITH_CUDA
 cuda::Format kernel_format(DType t) { return t == DType::kE4M3 ? cuda::kE4M3 : cuda::kE5M2; }
+
+// Kernels run on `t`'s device and LibTorch's current stream there (with a CUDA LibTorch; the
+// default stream of the current device otherwise).
+struct OnDevice {
+#ifdef TE_TORCH_CUDA
+  explicit OnDevice(const at::Tensor& t) : guard(t.device()) {}
+  void* stream() const { return c10::cuda::getCurrentCUDAStream().stream(); }
+  c10::cuda::CUDAGuard guard;
+#else
+  explicit OnDevice(const at::Tensor&) {}
+  void* stream() const { return nullptr; }
+#endif
+};
 #endif
 
 [[noreturn]] void no_cuda(const char* what) {
@@ -75,8 +92,9 @@ at::Tensor Fp8Tensor::dequantize() const {
   at::Tensor out = at::empty(codes.sizes(), codes.options().dtype(at::kFloat));
   if (codes.is_cuda()) {
 #ifdef TE_WITH_CUDA
+    const OnDevice on(codes);
     cuda::dequantize(codes.data_ptr<uint8_t>(), out.data_ptr<float>(), codes.numel(),
-                     scale_inv.data_ptr<float>(), kernel_format(dtype), nullptr);
+                     scale_inv.data_ptr<float>(), kernel_format(dtype), on.stream());
     return out;
 #else
     no_cuda("dequantize");
@@ -111,9 +129,10 @@ Fp8Tensor quantize(const at::Tensor& x_in, const at::Tensor& scale, DType dtype,
   if (x.is_cuda()) {
 #ifdef TE_WITH_CUDA
     out.scale_inv = at::reciprocal(scale);
+    const OnDevice on(x);
     cuda::quantize(x.data_ptr<float>(), out.data.data_ptr<uint8_t>(), x.numel(),
                    scale.data_ptr<float>(), amax.defined() ? amax.data_ptr<float>() : nullptr,
-                   kernel_format(dtype), nullptr);
+                   kernel_format(dtype), on.stream());
     return out;
 #else
     no_cuda("quantize");
@@ -145,10 +164,11 @@ std::pair<Fp8Tensor, Fp8Tensor> cast_transpose(const at::Tensor& x, const at::Te
     Fp8Tensor a{at::empty(xf.sizes(), xf.options().dtype(at::kByte)), at::reciprocal(scale), dtype};
     Fp8Tensor t{at::empty({xf.size(1), xf.size(0)}, xf.options().dtype(at::kByte)), a.scale_inv,
                 dtype};
+    const OnDevice on(xf);
     cuda::cast_transpose(xf.data_ptr<float>(), a.data.data_ptr<uint8_t>(),
                          t.data.data_ptr<uint8_t>(), xf.size(0), xf.size(1),
                          scale.data_ptr<float>(), amax.defined() ? amax.data_ptr<float>() : nullptr,
-                         kernel_format(dtype), nullptr);
+                         kernel_format(dtype), on.stream());
     return {a, t};
 #else
     no_cuda("cast_transpose");
@@ -174,9 +194,10 @@ at::Tensor gemm(const Fp8Tensor& a, const Fp8Tensor& b) {
 #ifdef TE_WITH_CUDA
     const at::Tensor ad = a.data.contiguous(), bt = b.data.t().contiguous();
     at::Tensor d = at::empty({ad.size(0), bt.size(0)}, ad.options().dtype(at::kFloat));
+    const OnDevice on(ad);
     cuda::gemm(ad.data_ptr<uint8_t>(), kernel_format(a.dtype), a.scale_inv.data_ptr<float>(),
                bt.data_ptr<uint8_t>(), kernel_format(b.dtype), b.scale_inv.data_ptr<float>(),
-               d.data_ptr<float>(), ad.size(0), bt.size(0), ad.size(1), nullptr);
+               d.data_ptr<float>(), ad.size(0), bt.size(0), ad.size(1), on.stream());
     return d;
 #else
     no_cuda("gemm");
