@@ -127,6 +127,24 @@ TEST(Fp8Modules, AttentionProjectionsAndTheTransformerLayerRunInFp8) {
   EXPECT_EQ(attention.q_fp8, nullptr);  // fused QKV: no separate Q projection
 }
 
+TEST(Fp8Modules, LayerNormDenseRunsItsGemmInFp8) {
+  manual_seed(32);
+  LayerNormDense ln_dense(32, 16);
+  const at::Tensor x = randn({4, 32}, 33);
+  const at::Tensor ref = ln_dense(x).detach();
+  at::Tensor y;
+  {
+    Fp8Autocast fp8(true, fp8::DelayedScaling{});
+    y = ln_dense(x).detach();
+    // The input amax is the normalised input's (what the GEMM casts), not x's.
+    const at::Tensor normed = ln_dense->layernorm(x).detach();
+    EXPECT_EQ(ln_dense->dense->fp8_meta->fwd_amax_history[0][0].item<float>(),
+              normed.abs().max().item<float>());
+  }
+  EXPECT_FALSE(at::equal(y, ref));
+  EXPECT_LT(((y - ref).norm() / ref.norm()).item<double>(), 0.10);
+}
+
 TEST(Fp8Modules, BackwardRunsInE5M2AndUpdatesTheGradientScaleWhenItEnds) {
   manual_seed(5);
   Dense dense(32, 16);
