@@ -60,6 +60,7 @@ void BM_Quantize(benchmark::State& state, te::fp8::DType type) {
   }
   state.SetBytesProcessed(state.iterations() * state.range(0) * 4);
   state.counters["fraction_of_memcpy"] = copy / best;  // best against best
+  state.SetLabel(te::fp8::kernel_isa());
 }
 
 void BM_Dequantize(benchmark::State& state) {

@@ -5,8 +5,10 @@
 
 #include <cmath>
 #include <cstring>
+#include <iostream>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "te/kernels/fp8_cast.h"
@@ -98,6 +100,12 @@ TEST(Fp8Format, QuantizeEqualsTheScalarCastEverywhere) {
   }
 }
 
+TEST(Fp8Isa, ReportsTheInstructionSetInUse) {
+  const std::string isa = kernel_isa();
+  std::cout << "instruction set: " << isa << "\n";
+  EXPECT_TRUE(isa == "avx512" || isa == "avx2" || isa == "baseline") << isa;
+}
+
 TEST(Fp8Format, QuantizeAppliesTheScaleAndReportsAmax) {
   const std::vector<float> in = {1.0f, -2.0f, 0.5f, 300.0f};
   std::vector<uint8_t> out(in.size());
@@ -160,9 +168,16 @@ TEST(Fp8Oracle, AllDecodesMatchCudaFp8) {
 TEST(Fp8Oracle, ValuesMidpointsNeighboursAndSpecialsMatchCudaFp8) {
   for (DType t : kTypes) {
     int reported = 0;
-    std::vector<float> values = {0.0f, -0.0f, INFINITY, -INFINITY, std::nanf(""),
-                                 -std::nanf(""), std::numeric_limits<float>::denorm_min(),
-                                 std::numeric_limits<float>::max(), 1e-30f, -1e-30f};
+    std::vector<float> values = {0.0f,
+                                 -0.0f,
+                                 INFINITY,
+                                 -INFINITY,
+                                 std::nanf(""),
+                                 -std::nanf(""),
+                                 std::numeric_limits<float>::denorm_min(),
+                                 std::numeric_limits<float>::max(),
+                                 1e-30f,
+                                 -1e-30f};
     std::vector<float> finite;
     for (int c = 0; c < 256; ++c) {
       const float v = cast_from_fp8(static_cast<uint8_t>(c), t);

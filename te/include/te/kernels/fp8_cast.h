@@ -28,4 +28,9 @@ float quantize(const float* in, uint8_t* out, int64_t n, float scale, DType type
 /// out[i] = cast_from_fp8(in[i]) * scale_inv.
 void dequantize(const uint8_t* in, float* out, int64_t n, float scale_inv, DType type);
 
+/// The instruction set quantize and dequantize run with: "avx512", "avx2" or "baseline", the
+/// best this CPU runs unless the environment variable TE_FP8_ISA names another it runs (chosen
+/// once, at first use; te::Error for one it cannot).
+const char* kernel_isa();
+
 }  // namespace te::fp8
