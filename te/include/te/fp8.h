@@ -2,7 +2,7 @@
 
 // FP8: formats, tensors, scaling recipes and the autocast region (DESIGN.md §3).
 //
-//   te::Fp8Autocast fp8(true, te::fp8::DelayedScaling{}, te::MeshResource{.dp = "data"});
+//   te::Fp8Autocast fp8(true, te::fp8::DelayedScaling{}, te::parse_mesh_resource("dp=data"));
 //   auto y = layer(x);   // Dense, LayerNormDense, LayerNormMLP, attention: GEMMs in FP8
 //   y.sum().backward();  // gradients in E5M2 (HYBRID); backward amaxes reduced at its end
 //
@@ -51,8 +51,9 @@ struct DelayedScaling {
 };
 
 /// Scales from each tensor's own amax, computed as it is cast (scale = fp8_max / amax; 1 when
-/// amax <= 0 or not finite). Under a mesh the amax is that of the whole tensor (reduced over the
-/// mesh axes it is split on), so every rank casts as one process would.
+/// amax <= 0 or not finite). Under a mesh each cast's amax is reduced (MAX) over every mesh axis
+/// but pp, so a rank holding a piece casts with the whole tensor's amax, as one process would
+/// (one small all-reduce per cast).
 struct CurrentScaling {
   Format fp8_format = Format::kHybrid;
 };
@@ -159,9 +160,10 @@ namespace te {
 /// RAII: makes FP8 (enabled or not) and `recipe` current on this thread until destroyed; nests
 /// (the innermost wins). With a MeshResource it also opens that MeshResourceScope, so
 /// extend_logical_axis_rules works inside. When the outermost enabled region ends, the forward
-/// amaxes its GEMMs recorded are reduced (MAX, one all-reduce over every axis of the current
-/// mesh except the MeshResource's pp) and the DelayedScaling scales updated; backward amaxes are
-/// reduced and their scales updated when the backward pass ends.
+/// amaxes its GEMMs recorded are reduced (MAX, one all-reduce over every axis of the mesh they
+/// ran on except the MeshResource's pp) and the DelayedScaling scales updated; backward amaxes
+/// are reduced and their scales updated when the backward pass ends. Destroyed while an
+/// exception unwinds, it skips its reduction (the other ranks may never reach theirs).
 class Fp8Autocast {
  public:
   explicit Fp8Autocast(bool enabled = true, fp8::Recipe recipe = fp8::DelayedScaling{},
