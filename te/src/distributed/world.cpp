@@ -197,9 +197,14 @@ GlooGroup World::create_group(const std::string& key, const std::vector<int64_t>
   gloo_options->threads = 1;
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>(key + "/" + join(ranks), store_);
   try {
-    return c10::make_intrusive<c10d::ProcessGroupGloo>(
+    auto group = c10::make_intrusive<c10d::ProcessGroupGloo>(
         prefixed, static_cast<int>(it - ranks.begin()), static_cast<int>(ranks.size()),
         gloo_options);
+    // Connecting is done for this rank when its own pairs are up, not its peers'. Without this
+    // barrier a rank that returns at once and drops the group (a test with no collective) can
+    // close a pair another rank is still handshaking on ("Connection closed by peer").
+    group->barrier()->wait();
+    return group;
   } catch (const te::Error&) {
     throw;
   } catch (const std::exception& e) {
