@@ -22,18 +22,28 @@ std::vector<float> data(int64_t n) {
   return v;
 }
 
-// Seconds per memcpy of n floats (best of 20), the yardstick of the quantize figures.
-double memcpy_seconds(const std::vector<float>& in) {
-  std::vector<float> out(in.size());
+// Best-of time of fn over `reps` runs.
+template <typename Fn>
+double best_seconds(Fn&& fn, int reps) {
   double best = 1e9;
-  for (int i = 0; i < 20; ++i) {
+  for (int i = 0; i < reps; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
-    std::memcpy(out.data(), in.data(), in.size() * sizeof(float));
-    benchmark::ClobberMemory();
+    fn();
     best = std::min(best,
                     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   return best;
+}
+
+// Seconds per memcpy of n floats (best of 20), the yardstick of the quantize figures.
+double memcpy_seconds(const std::vector<float>& in) {
+  std::vector<float> out(in.size());
+  return best_seconds(
+      [&] {
+        std::memcpy(out.data(), in.data(), in.size() * sizeof(float));
+        benchmark::ClobberMemory();
+      },
+      20);
 }
 
 void BM_Memcpy(benchmark::State& state) {
@@ -52,11 +62,13 @@ void BM_Quantize(benchmark::State& state, te::fp8::DType type) {
   const double copy = memcpy_seconds(in);
   double best = 1e9;
   for (auto _ : state) {
-    const auto t0 = std::chrono::steady_clock::now();
-    benchmark::DoNotOptimize(te::fp8::quantize(in.data(), out.data(), state.range(0), 2.0f, type));
-    benchmark::ClobberMemory();
-    best = std::min(best,
-                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    best = std::min(best, best_seconds(
+                              [&] {
+                                benchmark::DoNotOptimize(te::fp8::quantize(
+                                    in.data(), out.data(), state.range(0), 2.0f, type));
+                                benchmark::ClobberMemory();
+                              },
+                              1));
   }
   state.SetBytesProcessed(state.iterations() * state.range(0) * 4);
   state.counters["fraction_of_memcpy"] = copy / best;  // best against best
@@ -76,19 +88,6 @@ void BM_Dequantize(benchmark::State& state) {
 at::Tensor randn(int64_t rows, int64_t cols, uint64_t seed) {
   at::Generator g = at::detail::createCPUGenerator(seed);
   return at::randn({rows, cols}, g);
-}
-
-// Best-of time of fn over `reps` runs.
-template <typename Fn>
-double best_seconds(Fn&& fn, int reps) {
-  double best = 1e9;
-  for (int i = 0; i < reps; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    fn();
-    best = std::min(best,
-                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  return best;
 }
 
 // The CPU reference FP8 GEMM (operands already FP8, as in a layer) and LibTorch's fp32 at::mm on

@@ -63,6 +63,15 @@ struct OnDevice {
           "configure with the CUDA toolkit (-DTE_CUDA=ON)");
 }
 
+// out = value(codes) * scale_inv, in parallel chunks (contiguous CPU tensors of one shape).
+void decode(const at::Tensor& codes, const at::Tensor& out, float scale_inv, DType dtype) {
+  const uint8_t* in = codes.data_ptr<uint8_t>();
+  float* o = out.data_ptr<float>();
+  at::parallel_for(0, codes.numel(), kGrain, [&](int64_t begin, int64_t end) {
+    fp8::dequantize(in + begin, o + begin, end - begin, scale_inv, dtype);
+  });
+}
+
 // The exact values of t's codes (no scale) as an fp32 tensor of t's shape in `scratch`'s memory.
 at::Tensor decode_into(const Fp8Tensor& t, at::Tensor& scratch) {
   const at::Tensor codes = t.data.contiguous();
@@ -75,11 +84,7 @@ at::Tensor decode_into(const Fp8Tensor& t, at::Tensor& scratch) {
   const auto address = reinterpret_cast<uintptr_t>(scratch.data_ptr<float>());
   const int64_t skip = static_cast<int64_t>((4096 - address % 4096) % 4096 / sizeof(float));
   at::Tensor out = scratch.narrow(0, skip, codes.numel()).view(codes.sizes());
-  const uint8_t* in = codes.data_ptr<uint8_t>();
-  float* o = out.data_ptr<float>();
-  at::parallel_for(0, codes.numel(), kGrain, [&](int64_t begin, int64_t end) {
-    fp8::dequantize(in + begin, o + begin, end - begin, 1.0f, t.dtype);
-  });
+  decode(codes, out, 1.0f, t.dtype);
   return out;
 }
 
@@ -100,13 +105,7 @@ at::Tensor Fp8Tensor::dequantize() const {
     no_cuda("dequantize");
 #endif
   }
-  const float s = scale_inv.item<float>();
-  const uint8_t* in = codes.data_ptr<uint8_t>();
-  float* o = out.data_ptr<float>();
-  const DType t = dtype;
-  at::parallel_for(0, codes.numel(), kGrain, [&](int64_t begin, int64_t end) {
-    fp8::dequantize(in + begin, o + begin, end - begin, s, t);
-  });
+  decode(codes, out, scale_inv.item<float>(), dtype);
   return out;
 }
 
