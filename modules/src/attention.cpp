@@ -144,9 +144,12 @@ DTensor DotProductAttentionImpl::forward(const DTensor& query, const DTensor& ke
           .to_local();
     };
   }
+  // Where this rank's [batch, seqlen, heads, head_dim] piece sits, for the probabilities' dropout.
+  const auto piece = local_chunks(q.sizes(), q.mesh(), q.placements(), q.mesh().rank());
   at::Tensor out = F::attention(q.to_local(), k.to_local(), v.to_local(), local_mask,
                                 is_causal(options.attn_mask_type()), scale,
-                                options.attention_dropout(), is_training(), fused, on_logits);
+                                options.attention_dropout(), is_training(), fused, on_logits,
+                                q.size(0), piece[0].offset, q.size(2), piece[2].offset);
   return DTensor::from_local(out, q.mesh(), q.placements(), q.sizes());
 }
 

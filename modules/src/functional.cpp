@@ -9,6 +9,7 @@
 #include "te/fp8.h"
 
 #include "te/error.h"
+#include "te/nn/random.h"
 
 namespace te::nn::functional {
 
@@ -409,7 +410,9 @@ DTensor add(const DTensor& a, const DTensor& b) {
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k_in, const at::Tensor& v_in,
                      const at::Tensor& mask, bool causal, double scale, double dropout,
                      bool training, bool fused,
-                     const std::function<at::Tensor(const at::Tensor&)>& on_logits) {
+                     const std::function<at::Tensor(const at::Tensor&)>& on_logits,
+                     int64_t global_batch, int64_t batch_offset, int64_t global_heads,
+                     int64_t head_offset) {
   TE_CHECK(q.dim() == 4 && k_in.dim() == 4 && v_in.dim() == 4,
            "attention: q, k, v must be [batch, seqlen, heads, head_dim], got ", q.sizes(), ", ",
            k_in.sizes(), ", ", v_in.sizes());
@@ -455,7 +458,11 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k_in, const at::Tens
   if (on_logits) logits = on_logits(logits);
   if (masked.defined()) logits = logits.masked_fill(masked, -1e10);
   at::Tensor probs = at::softmax(logits, -1, at::kFloat).to(q.scalar_type());
-  if (training && dropout > 0) probs = at::dropout(probs, dropout, true);
+  if (training && dropout > 0) {
+    const std::vector<int64_t> global = {global_batch ? global_batch : probs.size(0),
+                                         global_heads ? global_heads : probs.size(1), sq, sk};
+    probs = functional::dropout(probs, dropout, true, global, {batch_offset, head_offset, 0, 0});
+  }
   return at::matmul(probs, v.transpose(1, 2)).transpose(1, 2);
 }
 

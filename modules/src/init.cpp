@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "te/error.h"
+#include "te/nn/random.h"
 
 namespace te::nn {
 
@@ -24,7 +25,10 @@ std::vector<int64_t> checked(const std::vector<int64_t>& shape) {
 
 }  // namespace
 
-void manual_seed(uint64_t seed) { generator() = at::detail::createCPUGenerator(seed); }
+void manual_seed(uint64_t seed) {
+  generator() = at::detail::createCPUGenerator(seed);
+  set_rng_state({seed, 0});
+}
 
 at::Tensor normal(const std::vector<int64_t>& shape, double stddev) {
   return at::normal(0.0, stddev, checked(shape), generator());

@@ -9,6 +9,7 @@
 #include "te/fp8.h"
 #include "te/nn/functional.h"
 #include "te/nn/init.h"
+#include "te/nn/random.h"
 
 namespace te::nn {
 
@@ -63,7 +64,7 @@ at::Tensor LayerNormMLPImpl::forward(const at::Tensor& input) {
   at::Tensor h = F::dense(constrain(ln, options.dot_1_input_axes()), wi_kernel, wi_fp8);
   if (wi_bias.defined()) h = h + wi_bias;
   at::Tensor act = F::mlp_activation(h, options.activations());
-  act = at::dropout(act, options.intermediate_dropout_rate(), is_training());
+  act = F::dropout(act, options.intermediate_dropout_rate(), is_training());
   at::Tensor y = F::dense(constrain(act, options.dot_2_input_axes()), wo_kernel, wo_fp8);
   if (wo_bias.defined()) y = y + wo_bias;
   return constrain(y, options.output_axes());
@@ -76,10 +77,7 @@ DTensor LayerNormMLPImpl::forward(const DTensor& input) {
       F::dense(ln, as_dtensor("wi_kernel", wi_kernel, mesh), options.dot_1_input_axes(), wi_fp8);
   if (wi_bias.defined()) h = F::add_bias(h, as_dtensor("wi_bias", wi_bias, mesh));
   DTensor act = F::mlp_activation(h, options.activations());
-  const double rate = options.intermediate_dropout_rate();
-  if (is_training() && rate > 0) {
-    act = F::elementwise(act, [rate](const at::Tensor& t) { return at::dropout(t, rate, true); });
-  }
+  act = F::dropout(act, options.intermediate_dropout_rate(), is_training());
   DTensor y =
       F::dense(act, as_dtensor("wo_kernel", wo_kernel, mesh), options.dot_2_input_axes(), wo_fp8);
   y = constrain(y, options.output_axes());

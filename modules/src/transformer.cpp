@@ -5,6 +5,7 @@
 #include "constrain.h"
 #include "te/error.h"
 #include "te/nn/functional.h"
+#include "te/nn/random.h"
 
 namespace te::nn {
 
@@ -38,18 +39,19 @@ void TransformerLayerImpl::reset() {
                        .qkv_kernel_axes(options.qkv_kernel_axes())
                        .kv_kernel_axes(options.qkv_kernel_axes())
                        .out_kernel_axes(options.out_kernel_axes());
-  TE_CHECK(options.qkv_kernel_axes().size() == 3, "TransformerLayer: qkv_kernel_axes needs 3 "
-           "axes (hidden, 3, heads*head_dim), got ", to_string(options.qkv_kernel_axes()));
+  TE_CHECK(options.qkv_kernel_axes().size() == 3,
+           "TransformerLayer: qkv_kernel_axes needs 3 "
+           "axes (hidden, 3, heads*head_dim), got ",
+           to_string(options.qkv_kernel_axes()));
   attention.q_kernel_axes({options.qkv_kernel_axes()[0], options.qkv_kernel_axes()[2]});
   self_attention = register_module(
-      "self_attention",
-      MultiHeadAttention(MultiHeadAttentionOptions(attention).attn_mask_type(
-          options.self_attn_mask_type())));
+      "self_attention", MultiHeadAttention(MultiHeadAttentionOptions(attention).attn_mask_type(
+                            options.self_attn_mask_type())));
   if (options.layer_type() == "decoder") {
     cross_attention = register_module(
-        "cross_attention", MultiHeadAttention(MultiHeadAttentionOptions(attention)
-                                                  .attn_mask_type("padding")
-                                                  .self_attention(false)));
+        "cross_attention",
+        MultiHeadAttention(
+            MultiHeadAttentionOptions(attention).attn_mask_type("padding").self_attention(false)));
   }
   const char* seq = options.enable_sequence_parallel() ? "seqlen_tp" : "seqlen";
   mlp = register_module(
@@ -76,18 +78,18 @@ void TransformerLayerImpl::pretty_print(std::ostream& stream) const {
 }
 
 at::Tensor TransformerLayerImpl::forward(const at::Tensor& x, const at::Tensor& mask,
-                                         const at::Tensor& memory,
-                                         const at::Tensor& memory_mask) {
+                                         const at::Tensor& memory, const at::Tensor& memory_mask) {
   TE_CHECK(options.layer_type() == "decoder" || !memory.defined(),
            "TransformerLayer: an encoder takes no memory; build it with layer_type(\"decoder\")");
   TE_CHECK(options.layer_type() == "encoder" || memory.defined(),
            "TransformerLayer: a decoder needs the encoder output (memory)");
   const double p = options.hidden_dropout();
-  at::Tensor h = x + at::dropout(self_attention->forward(x, {}, mask), p, is_training());
+  const bool training = is_training();
+  at::Tensor h = x + F::dropout(self_attention->forward(x, {}, mask), p, training);
   if (cross_attention) {
-    h = h + at::dropout(cross_attention->forward(h, memory, memory_mask), p, is_training());
+    h = h + F::dropout(cross_attention->forward(h, memory, memory_mask), p, training);
   }
-  return h + at::dropout(mlp->forward(h), p, is_training());
+  return h + F::dropout(mlp->forward(h), p, training);
 }
 
 DTensor TransformerLayerImpl::forward(const DTensor& x_in, const at::Tensor& mask,
@@ -101,10 +103,7 @@ DTensor TransformerLayerImpl::forward(const DTensor& x_in, const at::Tensor& mas
   const LogicalAxes act = {"batch", seq, "hidden"};
   const double p = options.hidden_dropout();
   const bool training = is_training();
-  auto drop = [p, training](const DTensor& t) {
-    if (!training || p == 0) return t;
-    return F::elementwise(t, [p](const at::Tensor& l) { return at::dropout(l, p, true); });
-  };
+  auto drop = [p, training](const DTensor& t) { return F::dropout(t, p, training); };
   const DTensor x = with_sharding_constraint(x_in, act);
   DTensor h = F::add(drop(self_attention->forward(x, std::nullopt, mask)), x);
   if (cross_attention) {

@@ -1,7 +1,9 @@
 // The equivalence matrix: {Dense column- and row-parallel, LayerNormMLP gelu and gated} x {DP2,
 // FSDP2, TP2, TP2+SP, DP2xTP2} x {TE table from the MeshResource, user rules extended with TE's,
 // custom axis names in the kernels}: outputs and the gradients of the input and of every
-// parameter equal one process within 1e-5. Ranks are threads with their own Gloo groups.
+// parameter equal one process within 1e-5. Ranks are threads with their own Gloo groups. The
+// modules with dropout run the matrix a second time in training mode with rates 0.1-0.3: te's
+// dropout draws each element's mask from its global position, so every layout still matches.
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -38,7 +40,16 @@ const std::vector<Layout>& layouts() {
 }
 
 enum class Way { kTeTable, kExtendedRules, kCustomNames };
-enum class Kind { kDenseColumn, kDenseRow, kMlpGelu, kMlpGated, kMhaFused, kMhaGqa, kEncoder, kDecoder };
+enum class Kind {
+  kDenseColumn,
+  kDenseRow,
+  kMlpGelu,
+  kMlpGated,
+  kMhaFused,
+  kMhaGqa,
+  kEncoder,
+  kDecoder
+};
 
 // Rules mapping the custom kernel names onto the layout's mesh axes.
 AxisRules custom_rules(const MeshResource& r) {
@@ -69,7 +80,14 @@ at::Tensor padding_mask() {
   return at::arange(6).view({1, 1, 1, 6}).ge(len).expand({4, 1, 6, 6});
 }
 
-Model make(Kind kind, bool sp, Way way) {
+// Dropout rates of the second run (0 in the first).
+struct Rates {
+  double hidden = 0, attention = 0, intermediate = 0;
+};
+Rates rates(bool dropout) { return dropout ? Rates{0.1, 0.3, 0.2} : Rates{}; }
+
+Model make(Kind kind, bool sp, Way way, bool dropout) {
+  const Rates r = rates(dropout);
   const bool custom = way == Way::kCustomNames;
   const LogicalAxes act = {"batch", sp ? "seqlen_tp" : "seqlen", "hidden"};
   const LogicalAxes whole = {"batch", "seqlen", "hidden"};
@@ -80,8 +98,7 @@ Model make(Kind kind, bool sp, Way way) {
   Model m;
   switch (kind) {
     case Kind::kDenseColumn: {
-      Dense d(DenseOptions(16, 12).kernel_axes({w_in, w_out}).bias_axes({w_out}).input_axes(
-          whole));
+      Dense d(DenseOptions(16, 12).kernel_axes({w_in, w_out}).bias_axes({w_out}).input_axes(whole));
       set_parameter_from_global(*d, "bias", at::linspace(-1, 1, 12));
       m = {d.ptr(), [d](const at::Tensor& x) mutable { return d->forward(x); },
            [d](const DTensor& x) mutable { return d->forward(x); }};
@@ -96,19 +113,19 @@ Model make(Kind kind, bool sp, Way way) {
     }
     case Kind::kMlpGelu:
     case Kind::kMlpGated: {
-      auto options = LayerNormMLPOptions(16, 24)
-                         .activations(kind == Kind::kMlpGelu ? std::vector<std::string>{"gelu"}
-                                                             : std::vector<std::string>{"gelu",
-                                                                                        "linear"})
-                         .intermediate_dropout_rate(0)
-                         .use_bias(true)
-                         .kernel_axes_1({w_in, joined, w_out})
-                         .kernel_axes_2({w_out, w_in})
-                         .bias_axes_1({joined, w_out})
-                         .layernorm_input_axes(act)
-                         .dot_1_input_axes(whole)
-                         .dot_2_input_axes(inner)
-                         .output_axes(act);
+      auto options =
+          LayerNormMLPOptions(16, 24)
+              .activations(kind == Kind::kMlpGelu ? std::vector<std::string>{"gelu"}
+                                                  : std::vector<std::string>{"gelu", "linear"})
+              .intermediate_dropout_rate(r.intermediate)
+              .use_bias(true)
+              .kernel_axes_1({w_in, joined, w_out})
+              .kernel_axes_2({w_out, w_in})
+              .bias_axes_1({joined, w_out})
+              .layernorm_input_axes(act)
+              .dot_1_input_axes(whole)
+              .dot_2_input_axes(inner)
+              .output_axes(act);
       LayerNormMLP mlp(options);
       const int64_t slots = kind == Kind::kMlpGelu ? 1 : 2;
       set_parameter_from_global(*mlp, "wi_bias", at::linspace(-1, 1, slots * 24).view({slots, 24}));
@@ -120,6 +137,7 @@ Model make(Kind kind, bool sp, Way way) {
     case Kind::kMhaFused:
     case Kind::kMhaGqa: {
       auto options = MultiHeadAttentionOptions(16, 4)
+                         .attention_dropout(r.attention)
                          .enable_sequence_parallel(sp)
                          .qkv_kernel_axes({w_in, joined, w_out})
                          .q_kernel_axes({w_in, w_out})
@@ -140,9 +158,9 @@ Model make(Kind kind, bool sp, Way way) {
                                  .layer_type(kind == Kind::kEncoder ? "encoder" : "decoder")
                                  .self_attn_mask_type(kind == Kind::kEncoder ? "padding" : "causal")
                                  .mlp_activations({"gelu"})
-                                 .hidden_dropout(0)
-                                 .attention_dropout(0)
-                                 .intermediate_dropout(0)
+                                 .hidden_dropout(r.hidden)
+                                 .attention_dropout(r.attention)
+                                 .intermediate_dropout(r.intermediate)
                                  .enable_sequence_parallel(sp)
                                  .qkv_kernel_axes({w_in, joined, w_out})
                                  .out_kernel_axes({w_out, w_in})
@@ -159,8 +177,7 @@ Model make(Kind kind, bool sp, Way way) {
                return layer(x, {}, memory, mask);
              },
              [layer, memory, mask](const DTensor& x) mutable {
-               std::vector<Placement> whole(static_cast<std::size_t>(x.mesh().ndim()),
-                                            Replicate{});
+               std::vector<Placement> whole(static_cast<std::size_t>(x.mesh().ndim()), Replicate{});
                return layer(x, {}, DTensor::distribute(memory, x.mesh(), whole), mask);
              }};
       }
@@ -184,15 +201,14 @@ const at::Tensor& output_weight(int64_t width) {
   static std::map<int64_t, at::Tensor> cache;
   auto it = cache.find(width);
   if (it == cache.end()) {
-    it = cache.emplace(width, test::seeded_integers({4, 6, width}, 32).to(at::kFloat) / 5.0)
-             .first;
+    it = cache.emplace(width, test::seeded_integers({4, 6, width}, 32).to(at::kFloat) / 5.0).first;
   }
   return it->second;
 }
 
-Reference reference(Kind kind) {
+Reference reference(Kind kind, bool dropout) {
   manual_seed(21);
-  Model m = make(kind, false, Way::kTeTable);
+  Model m = make(kind, false, Way::kTeTable, dropout);
   at::Tensor x = global_input().clone().requires_grad_(true);
   at::Tensor y = m.forward(x);
   (y * output_weight(y.size(-1))).sum().backward();
@@ -205,6 +221,7 @@ struct Case {
   Kind kind;
   std::string layout;
   Way way;
+  bool dropout = false;
 };
 
 class Equivalence : public ::testing::TestWithParam<Case> {};
@@ -213,7 +230,7 @@ TEST_P(Equivalence, OutputsAndEveryGradientMatchOneProcess) {
   const Case& c = GetParam();
   const Layout& layout = *std::find_if(layouts().begin(), layouts().end(),
                                        [&](const Layout& l) { return l.name == c.layout; });
-  const Reference ref = reference(c.kind);
+  const Reference ref = reference(c.kind, c.dropout);
   set_warning_handler([](std::string_view) {});
   int64_t world = 1;
   for (int64_t s : layout.shape) world *= s;
@@ -229,7 +246,7 @@ TEST_P(Equivalence, OutputsAndEveryGradientMatchOneProcess) {
       rules.emplace(custom_rules(resource));
     }
     manual_seed(21);
-    Model m = make(c.kind, layout.sequence_parallel, c.way);
+    Model m = make(c.kind, layout.sequence_parallel, c.way, c.dropout);
 
     const LogicalAxes in_axes = {"batch", layout.sequence_parallel ? "seqlen_tp" : "seqlen",
                                  "hidden"};
@@ -248,17 +265,16 @@ TEST_P(Equivalence, OutputsAndEveryGradientMatchOneProcess) {
       (y_full * output_weight(y_full.size(-1))).sum().backward();
       if (buckets) buckets->finish();
     }
-    EXPECT_TRUE(at::allclose(x_local.grad(), piece_of(ref.x_grad, mesh, in_placements, rank),
-                             1e-5, 1e-5))
+    EXPECT_TRUE(
+        at::allclose(x_local.grad(), piece_of(ref.x_grad, mesh, in_placements, rank), 1e-5, 1e-5))
         << "input gradient on rank " << rank;
 
     const auto param_layouts = named_parameter_layouts(*m.module);
     bool any_sharded = false;
     for (const auto& p : m.module->named_parameters()) {
       const ParameterLayout& pl = param_layouts.at(p.key());
-      const at::Tensor want =
-          pl.mesh ? piece_of(ref.grads.at(p.key()), mesh, pl.placements, rank)
-                  : ref.grads.at(p.key());
+      const at::Tensor want = pl.mesh ? piece_of(ref.grads.at(p.key()), mesh, pl.placements, rank)
+                                      : ref.grads.at(p.key());
       any_sharded = any_sharded || p.value().sizes() != ref.grads.at(p.key()).sizes();
       ASSERT_TRUE(p.value().grad().defined()) << p.key();
       EXPECT_TRUE(at::allclose(p.value().grad(), want, 1e-5, 1e-5))
@@ -278,6 +294,9 @@ std::vector<Case> all_cases() {
     for (const Layout& l : layouts()) {
       for (Way way : {Way::kTeTable, Way::kExtendedRules, Way::kCustomNames}) {
         cases.push_back({kind, l.name, way});
+        if (kind != Kind::kDenseColumn && kind != Kind::kDenseRow) {
+          cases.push_back({kind, l.name, way, true});
+        }
       }
     }
   }
@@ -285,11 +304,11 @@ std::vector<Case> all_cases() {
 }
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
-  static const char* kinds[] = {"DenseColumn", "DenseRow", "MlpGelu",  "MlpGated",
-                                "MhaFusedQkv", "MhaGqa",   "Encoder",  "Decoder"};
+  static const char* kinds[] = {"DenseColumn", "DenseRow", "MlpGelu", "MlpGated",
+                                "MhaFusedQkv", "MhaGqa",   "Encoder", "Decoder"};
   static const char* ways[] = {"TeTable", "ExtendedRules", "CustomNames"};
   return std::string(kinds[static_cast<int>(info.param.kind)]) + "_" + info.param.layout + "_" +
-         ways[static_cast<int>(info.param.way)];
+         ways[static_cast<int>(info.param.way)] + (info.param.dropout ? "_Dropout" : "");
 }
 
 INSTANTIATE_TEST_SUITE_P(Matrix, Equivalence, ::testing::ValuesIn(all_cases()), case_name);
@@ -305,16 +324,20 @@ TEST(ShardedModules, AWholeModuleShardsOntoAMeshAndGathersBack) {
   run_local_ranks(2, [](int rank) {
     DeviceMesh mesh({2}, {"tp"});
     manual_seed(3);
-    TransformerLayer whole(TransformerLayerOptions(16, 24, 4).hidden_dropout(0).attention_dropout(
-        0).intermediate_dropout(0));  // built on one process: whole weights
+    TransformerLayer whole(TransformerLayerOptions(16, 24, 4)
+                               .hidden_dropout(0)
+                               .attention_dropout(0)
+                               .intermediate_dropout(0));  // built on one process: whole weights
     std::map<std::string, at::Tensor> original;
     for (const auto& p : whole->named_parameters()) original[p.key()] = p.value().detach().clone();
 
     MeshScope scope(mesh);
     MeshResourceScope resource(parse_mesh_resource("tp=tp"));
     manual_seed(3);
-    TransformerLayer direct(TransformerLayerOptions(16, 24, 4).hidden_dropout(0).attention_dropout(
-        0).intermediate_dropout(0));
+    TransformerLayer direct(TransformerLayerOptions(16, 24, 4)
+                                .hidden_dropout(0)
+                                .attention_dropout(0)
+                                .intermediate_dropout(0));
     EXPECT_FALSE(whole->is_sharded());
     shard_module(*whole, mesh);
     EXPECT_TRUE(whole->mlp->is_sharded());

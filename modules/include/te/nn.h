@@ -8,5 +8,6 @@
 #include "te/nn/functional.h"
 #include "te/nn/init.h"
 #include "te/nn/mlp.h"
+#include "te/nn/random.h"
 #include "te/nn/sharded.h"
 #include "te/nn/transformer.h"

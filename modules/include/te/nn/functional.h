@@ -81,10 +81,16 @@ DTensor add(const DTensor& a, const DTensor& b);
 /// undefined). `causal` masks keys after the query position. `on_logits` may rewrite the
 /// [batch, heads, seqlen_q, seqlen_kv] logits (the sharding constraint). Key/value heads may be
 /// fewer (GQA): each serves heads / kv_heads query heads.
+///
+/// Dropout on the probabilities (training, dropout > 0) is te::nn's layout-invariant dropout:
+/// q, k, v may be the piece at (batch_offset, head_offset) of a tensor of `global_batch` rows
+/// and `global_heads` heads (0: the local sizes), and the mask is that slice of the global one.
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                      const at::Tensor& mask, bool causal, double scale, double dropout,
                      bool training, bool fused,
-                     const std::function<at::Tensor(const at::Tensor&)>& on_logits = {});
+                     const std::function<at::Tensor(const at::Tensor&)>& on_logits = {},
+                     int64_t global_batch = 0, int64_t batch_offset = 0, int64_t global_heads = 0,
+                     int64_t head_offset = 0);
 
 /// Applies an elementwise `fn` to x's local piece (a Partial x is reduced first: f(sum) is not
 /// the sum of f).

@@ -12,7 +12,8 @@
 namespace te::nn {
 
 /// Seeds this thread's parameter generator (every rank calls it with the same seed to build the
-/// same global weights). Threads start seeded with 0.
+/// same global weights) and restarts its dropout stream at {seed, 0} (te/nn/random.h), so every
+/// rank also draws the same global dropout masks. Threads start seeded with 0.
 void manual_seed(uint64_t seed);
 
 /// Flax's variance_scaling(scale, mode, distribution) for a kernel whose first `in_dims` dims are

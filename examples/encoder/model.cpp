@@ -1,0 +1,85 @@
+#include "model.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+
+namespace encoder {
+
+namespace F = te::nn::functional;
+
+EncoderClassifierImpl::EncoderClassifierImpl(const EncoderOptions& options_) : options(options_) {
+  reset();
+}
+
+void EncoderClassifierImpl::reset() {
+  const int64_t h = options.hidden_size;
+  TE_CHECK(options.vocab_size > 0, "EncoderClassifier: vocab_size must be positive");
+  // Flax's nn.Embed default: variance_scaling(1, fan_in, normal) with fan_in = features.
+  embedding = register_parameter(
+      "embedding", te::nn::normal({options.vocab_size, h}, 1.0 / std::sqrt(double(h))));
+  layer = register_module(
+      "layer", te::nn::TransformerLayer(te::nn::TransformerLayerOptions(h, options.mlp_hidden_size,
+                                                                        options.num_attention_heads)
+                                            .layer_type("encoder")
+                                            .self_attn_mask_type("padding")
+                                            .hidden_dropout(options.hidden_dropout)
+                                            .attention_dropout(options.attention_dropout)
+                                            .intermediate_dropout(options.intermediate_dropout)
+                                            .mlp_activations(options.mlp_activations)
+                                            .enable_sequence_parallel(options.sequence_parallel)));
+  // TE's DenseGeneral defaults (variance_scaling(1, fan_in, truncated_normal) kernels, zero
+  // biases); the head is Flax's nn.Dense (lecun_normal: the same distribution).
+  dense_1 =
+      register_module("dense_1", te::nn::Dense(te::nn::DenseOptions(options.max_seq_len * h, h)
+                                                   .kernel_axes({"my_broadcast_axis", "my_tp_axis"})
+                                                   .bias_axes({"my_tp_axis"})));
+  dense_2 =
+      register_module("dense_2", te::nn::Dense(te::nn::DenseOptions(h, h)
+                                                   .kernel_axes({"my_tp_axis", "my_broadcast_axis"})
+                                                   .bias_axes({"my_broadcast_axis"})));
+  head = register_module("head", te::nn::Dense(te::nn::DenseOptions(h, 2)));
+}
+
+void EncoderClassifierImpl::pretty_print(std::ostream& stream) const {
+  stream << "encoder::EncoderClassifier(vocab=" << options.vocab_size
+         << ", seq=" << options.max_seq_len << ", hidden=" << options.hidden_size
+         << ", mlp=" << options.mlp_hidden_size << ", heads=" << options.num_attention_heads << ")";
+}
+
+at::Tensor EncoderClassifierImpl::forward(const at::Tensor& ids, const at::Tensor& mask) {
+  at::Tensor x = at::embedding(embedding, ids);
+  x = layer(x, mask);
+  x = x.reshape({x.size(0), -1});
+  return head(dense_2(dense_1(x)));
+}
+
+te::DTensor EncoderClassifierImpl::forward_on_mesh(const at::Tensor& ids, const at::Tensor& mask) {
+  const te::DeviceMesh* mesh = te::current_mesh();
+  TE_CHECK(mesh != nullptr, "EncoderClassifier::forward_on_mesh: no mesh in scope");
+  const int64_t b = ids.size(0), s = ids.size(1), h = options.hidden_size;
+  const te::LogicalAxes act = {"batch", "seqlen", "hidden"};
+  const std::vector<int64_t> shape = {b, s, h};
+  std::vector<te::Placement> layout(static_cast<std::size_t>(mesh->ndim()), te::Replicate{});
+  if (const auto spec = te::resolve_logical_axes(act)) layout = te::placements_for(*spec, *mesh);
+  // The table is used whole on every rank; where the batch (or sequence) is split, each rank's
+  // gradient of it is a partial sum (data parallel), reduced in backward.
+  std::vector<te::Placement> whole(layout.size(), te::Replicate{}), grads(layout.size());
+  for (std::size_t m = 0; m < layout.size(); ++m) {
+    grads[m] = te::is_shard(layout[m]) ? te::Placement{te::Partial{}} : te::Replicate{};
+  }
+  const at::Tensor table =
+      te::DTensor::from_local(embedding, *mesh, whole).redistribute(whole, grads).to_local();
+  const auto piece = te::local_chunks(shape, *mesh, layout, mesh->rank());
+  const at::Tensor local_ids =
+      ids.narrow(0, piece[0].offset, piece[0].length).narrow(1, piece[1].offset, piece[1].length);
+  te::DTensor x = te::DTensor::from_local(at::embedding(table, local_ids), *mesh, layout, shape);
+  x = layer(x, mask);
+  // Whole sequences before flattening (sequence parallel gathers here), then TE's (batch, None).
+  x = te::with_sharding_constraint(x, act);
+  x = F::flatten(x, 1);
+  x = te::with_sharding_constraint(x, {"batch", std::nullopt});
+  return head(dense_2(dense_1(x)));
+}
+
+}  // namespace encoder

@@ -1,0 +1,52 @@
+#pragma once
+
+// The classifier of Transformer Engine's encoder example, as a te::nn module:
+// Embedding(vocab, hidden) -> TransformerLayer (encoder, padding mask) -> flatten (B, S * hidden)
+// -> Dense(hidden) -> Dense(hidden) -> Dense(2). The two wide Dense layers carry the custom
+// logical axes of TE's model-parallel example (my_broadcast_axis, my_tp_axis), so rules that map
+// my_tp_axis onto a mesh axis split them column- then row-parallel.
+
+#include <torch/nn/cloneable.h>
+#include <torch/nn/pimpl.h>
+
+#include <string>
+#include <vector>
+
+#include "te/nn.h"
+
+namespace encoder {
+
+struct EncoderOptions {
+  int64_t vocab_size = 0;
+  int64_t max_seq_len = 32;
+  int64_t hidden_size = 256;
+  int64_t mlp_hidden_size = 1024;
+  int64_t num_attention_heads = 8;
+  double hidden_dropout = 0.1;
+  double attention_dropout = 0.1;
+  double intermediate_dropout = 0.1;
+  /// TE's TransformerLayer default {"relu"}; its model-parallel example uses {"gelu", "linear"}.
+  std::vector<std::string> mlp_activations = {"relu"};
+  bool sequence_parallel = false;
+};
+
+class EncoderClassifierImpl : public torch::nn::Cloneable<EncoderClassifierImpl> {
+ public:
+  explicit EncoderClassifierImpl(const EncoderOptions& options);
+  void reset() override;
+  void pretty_print(std::ostream& stream) const override;
+
+  /// One process: ids [B, S] (int64), mask [B, 1, S, S] (true = masked) -> logits [B, 2].
+  at::Tensor forward(const at::Tensor& ids, const at::Tensor& mask);
+  /// On the current mesh: the global batch (the same on every rank); each rank embeds only its
+  /// batch rows (under the rules in scope) and the logits come back as a DTensor.
+  te::DTensor forward_on_mesh(const at::Tensor& ids, const at::Tensor& mask);
+
+  EncoderOptions options;
+  at::Tensor embedding;  // [vocab, hidden], replicated
+  te::nn::TransformerLayer layer{nullptr};
+  te::nn::Dense dense_1{nullptr}, dense_2{nullptr}, head{nullptr};
+};
+TORCH_MODULE(EncoderClassifier);
+
+}  // namespace encoder

@@ -1,0 +1,88 @@
+#include "te/nn/random.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include "te/error.h"
+#include "te/kernels/philox.h"
+
+namespace te::nn {
+
+namespace {
+
+RngState& stream() {
+  thread_local RngState state;
+  return state;
+}
+
+}  // namespace
+
+RngState rng_state() { return stream(); }
+void set_rng_state(const RngState& state) { stream() = state; }
+
+}  // namespace te::nn
+
+namespace te::nn::functional {
+
+at::Tensor dropout(const at::Tensor& x, double p, bool training) {
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  return dropout(x, p, training, shape, std::vector<int64_t>(shape.size(), 0));
+}
+
+at::Tensor dropout(const at::Tensor& local, double p, bool training,
+                   const std::vector<int64_t>& global_shape, const std::vector<int64_t>& offsets) {
+  TE_CHECK(p >= 0 && p < 1, "dropout: probability ", p, " is not in [0, 1)");
+  if (!training || p == 0) return local;
+  const int64_t ndim = local.dim();
+  TE_CHECK(static_cast<int64_t>(global_shape.size()) == ndim &&
+               static_cast<int64_t>(offsets.size()) == ndim,
+           "dropout: the piece ", local.sizes(), " needs a global shape and offsets of ", ndim,
+           " dims, got ", global_shape.size(), " and ", offsets.size());
+  std::vector<int64_t> lengths(local.sizes().begin(), local.sizes().end());
+  for (int64_t d = 0; d < ndim; ++d) {
+    TE_CHECK(offsets[d] >= 0 && offsets[d] + lengths[d] <= global_shape[d], "dropout: dim ", d,
+             " of the piece (offset ", offsets[d], ", length ", lengths[d],
+             ") lies outside the global size ", global_shape[d]);
+  }
+  RngState& s = stream();
+  const uint64_t call = s.calls++;
+  if (local.numel() == 0) return local;
+  // A 0-dim tensor is one row of one element.
+  const std::vector<int64_t> one = {1}, zero = {0};
+  const bool scalar = ndim == 0;
+  const kernels::GlobalBox box{
+      scalar ? one.data() : global_shape.data(), scalar ? zero.data() : offsets.data(),
+      scalar ? one.data() : lengths.data(), scalar ? 1 : static_cast<int>(ndim)};
+  const int64_t row_len = scalar ? 1 : lengths.back();
+  const int64_t rows = local.numel() / row_len;
+  at::Tensor mask = at::empty(local.sizes(), local.options().dtype(at::kFloat).device(at::kCPU));
+  float* out = mask.data_ptr<float>();
+  const uint32_t threshold = kernels::drop_threshold(p);
+  const float scale = static_cast<float>(1.0 / (1.0 - p));
+  const uint64_t seed = s.seed;
+  // About 32K elements per task.
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(row_len, 1));
+  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+    kernels::dropout_multipliers(box, begin, end, seed, call, threshold, scale,
+                                 out + begin * row_len);
+  });
+  // The mask is drawn on the CPU for every device: a CUDA tensor gets it copied over (a CUDA
+  // Philox kernel is part of the GPU work still open; the values would be the same).
+  if (local.scalar_type() != at::kFloat || !local.device().is_cpu()) {
+    mask = mask.to(local.device(), local.scalar_type());
+  }
+  return local * mask;
+}
+
+DTensor dropout(const DTensor& x, double p, bool training) {
+  TE_CHECK(p >= 0 && p < 1, "dropout: probability ", p, " is not in [0, 1)");
+  if (!training || p == 0) return x;
+  const auto chunks = local_chunks(x.sizes(), x.mesh(), x.placements(), x.mesh().rank());
+  std::vector<int64_t> offsets;
+  offsets.reserve(chunks.size());
+  for (const Chunk& c : chunks) offsets.push_back(c.offset);
+  return DTensor::from_local(dropout(x.to_local(), p, true, x.sizes(), offsets), x.mesh(),
+                             x.placements(), x.sizes());
+}
+
+}  // namespace te::nn::functional
