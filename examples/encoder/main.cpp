@@ -61,6 +61,24 @@ struct Args {
   bool quiet = false;
 };
 
+// A library message for the command line: one line (a parse error's caret picture dropped,
+// its explanation kept), without the [file:line] tag.
+std::string one_line(const std::string& message) {
+  std::vector<std::string> lines;
+  std::stringstream in(message);
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto start = line.find_first_not_of(' ');
+    if (start != std::string::npos) lines.push_back(line.substr(start));
+  }
+  if (lines.empty()) return message;
+  std::string out = lines.front();
+  if (lines.size() > 1) out += "; " + lines.back();
+  const auto tag = out.rfind(" [");
+  if (tag != std::string::npos && out.back() == ']') out.erase(tag);
+  return out;
+}
+
 // ---- layout ------------------------------------------------------------------------------
 
 struct MeshSpec {
@@ -143,7 +161,7 @@ Layout make_layout(const Args& args, int world_size) {
     try {
       layout.resource = te::parse_mesh_resource(args.mesh_resource);
     } catch (const te::Error& e) {
-      throw InputError(std::string("--mesh-resource: ") + e.what());
+      throw InputError("--mesh-resource: " + one_line(e.what()));
     }
   } else if (layout.mesh && args.mesh.empty() && args.rules.empty()) {
     layout.resource = te::parse_mesh_resource("dp=data");
@@ -152,7 +170,7 @@ Layout make_layout(const Args& args, int world_size) {
     try {
       layout.rules = te::parse_axis_rules(args.rules);
     } catch (const te::Error& e) {
-      throw InputError(std::string("--rules: ") + e.what());
+      throw InputError("--rules: " + one_line(e.what()));
     }
   }
   if (args.extend_te_rules && !layout.resource) {
@@ -194,7 +212,7 @@ Layout make_layout(const Args& args, int world_size) {
     try {
       layout.rules = te::extend_logical_axis_rules(base);
     } catch (const te::Error& e) {
-      throw InputError(std::string("--rules: ") + e.what());
+      throw InputError("--rules: " + one_line(e.what()));
     }
   }
   if (layout.mesh) {
@@ -373,7 +391,7 @@ std::vector<std::string> activations_of(const std::string& text, bool tensor_par
   try {
     te::nn::functional::mlp_activation(at::zeros({1, static_cast<int64_t>(out.size()), 1}), out);
   } catch (const te::Error& e) {
-    throw InputError("--mlp-activations '" + text + "': " + e.what());
+    throw InputError("--mlp-activations '" + text + "': " + one_line(e.what()));
   }
   return out;
 }
@@ -478,7 +496,16 @@ int train(const Args& args, const Layout& layout, int rank, int world_size) {
   options.sequence_parallel = args.sequence_parallel;
   te::nn::manual_seed(args.seed);  // the same global weights (and dropout stream) everywhere
   encoder::EncoderClassifier model(options);
-  if (mesh) te::nn::validate_sharding(*model);
+  if (mesh) {
+    // Logical axes no rule names stay replicated (Flax's fallback); uneven splits are errors.
+    const te::nn::ShardingReport report = te::nn::check_sharding(*model);
+    if (!report.uneven.empty()) {
+      std::string what;
+      for (const auto& u : report.uneven) what += (what.empty() ? "" : "; ") + u;
+      throw InputError("the layout splits parameters unevenly: " + what +
+                       "; choose sizes the mesh axes divide");
+    }
+  }
 
   torch::optim::AdamW optimizer(
       model->parameters(),
@@ -670,7 +697,8 @@ int main(int argc, char** argv) {
       "  te-encoder --nproc 2 --mesh data=2 --mesh-resource fsdp=data --batch-size 512 --epochs 5\n"
       "  te-encoder --fp8 delayed --metrics-json metrics.json --log-steps steps.csv",
       "te-encoder"};
-  app.option_defaults()->always_capture_default();
+  app.option_defaults()->always_capture_default()->multi_option_policy(
+      CLI::MultiOptionPolicy::TakeLast);
   app.add_option("--data", args.data_dir,
                  "GLUE-style CoLA directory: in_domain_train.tsv + in_domain_dev.tsv, or "
                  "train.tsv + dev.tsv (no header; label in column 2, sentence in column 4). "

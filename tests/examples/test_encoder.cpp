@@ -1,0 +1,256 @@
+// te-encoder as a user runs it: short trainings on one process and on every layout (ranks are
+// processes started through te-run), whose per-step losses must match one process with the same
+// global batch and seed (dropout on: te::nn's dropout does not depend on the layout); the metrics
+// and step logs it writes; and every kind of bad input, which must exit 2 with one line naming
+// the problem and leave no output file behind.
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Result {
+  int status = -1;
+  std::string out, err;
+};
+
+// Runs te-encoder with `args` (a shell-quoted string), capturing stdout and stderr apart.
+Result encoder(const std::string& args) {
+  static int counter = 0;
+  const fs::path err_file =
+      fs::temp_directory_path() /
+      ("te_encoder_err_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+  const std::string cmd =
+      std::string(TE_ENCODER_PATH) + " " + args + " 2>" + err_file.string() + " </dev/null";
+  Result r;
+  FILE* pipe = ::popen(cmd.c_str(), "r");
+  if (pipe == nullptr) return r;
+  char buf[4096];
+  std::size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), pipe)) > 0) r.out.append(buf, n);
+  const int status = ::pclose(pipe);
+  r.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  std::ifstream in(err_file);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  r.err = ss.str();
+  fs::remove(err_file);
+  return r;
+}
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "te_encoder_test_XXXXXX").string();
+    path_ = ::mkdtemp(tmpl.data());
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  fs::path operator/(const std::string& name) const { return path_ / name; }
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+void write(const fs::path& path, const std::string& text) { std::ofstream(path) << text; }
+
+// The loss column of a --log-steps file.
+std::vector<double> losses(const fs::path& csv) {
+  std::ifstream in(csv);
+  std::string line;
+  std::getline(in, line);
+  EXPECT_EQ(line, "step,epoch,loss,accuracy,samples_per_second");
+  std::vector<double> out;
+  while (std::getline(in, line)) {
+    std::stringstream row(line);
+    std::string step, epoch, loss;
+    std::getline(row, step, ',');
+    std::getline(row, epoch, ',');
+    std::getline(row, loss, ',');
+    out.push_back(std::stod(loss));
+  }
+  return out;
+}
+
+// A small model (the layouts, not the size, are under test) for 100 steps of one epoch.
+const std::string kSmall =
+    "--epochs 1 --max-steps 100 --batch-size 32 --max-seq-len 16 --hidden-size 32 "
+    "--mlp-hidden-size 64 --heads 4 --mlp-activations gelu,linear --quiet --seed 3";
+
+std::vector<double> run_steps(const TempDir& dir, const std::string& name,
+                              const std::string& layout) {
+  const fs::path csv = dir / (name + ".csv");
+  const Result r = encoder(kSmall + " " + layout + " --log-steps " + csv.string());
+  EXPECT_EQ(r.status, 0) << name << ": " << r.err << r.out;
+  return losses(csv);
+}
+
+TEST(Encoder, EveryLayoutMatchesOneProcessStepByStep) {
+  TempDir dir;
+  const std::vector<double> one = run_steps(dir, "one", "");
+  ASSERT_EQ(one.size(), 100u);
+  const std::vector<std::pair<std::string, std::string>> layouts = {
+      {"dp2", "--nproc 2 --mesh data=2 --mesh-resource dp=data"},
+      {"fsdp2", "--nproc 2 --mesh data=2 --mesh-resource fsdp=data"},
+      {"dp2xtp2", "--nproc 4 --mesh data=2,model=2 --mesh-resource dp=data,tpsp=model"},
+      {"dp2xtp2_sp",
+       "--nproc 4 --mesh data=2,model=2 --mesh-resource dp=data,tpsp=model --sequence-parallel"},
+      {"tp2_rules",
+       "--nproc 2 --mesh model=2 --rules "
+       "'heads=model,hidden_tp=model,w_tp=model,my_tp_axis=model'"},
+  };
+  for (const auto& [name, layout] : layouts) {
+    const std::vector<double> got = run_steps(dir, name, layout);
+    ASSERT_EQ(got.size(), one.size()) << name;
+    double worst = 0;
+    for (std::size_t i = 0; i < one.size(); ++i) {
+      worst = std::max(worst, std::abs(got[i] - one[i]) / std::abs(one[i]));
+    }
+    EXPECT_LT(worst, 1e-4) << name << ": per-step losses differ from one process by up to " << worst
+                           << " (relative)";
+  }
+  // The losses move: a run that did not train would match trivially.
+  EXPECT_GT(std::abs(one.front() - one.back()), 1e-3);
+}
+
+TEST(Encoder, WritesMetricsAndStepLogs) {
+  TempDir dir;
+  const Result r = encoder(kSmall + " --max-steps 12 --metrics-json " + (dir / "m.json").string() +
+                           " --log-steps " + (dir / "s.csv").string() + " --eval-data " +
+                           std::string(TE_ENCODER_DATA) + "/in_domain_dev.tsv");
+  ASSERT_EQ(r.status, 0) << r.err;
+  nlohmann::json m = nlohmann::json::parse(std::ifstream(dir / "m.json"));
+  for (const char* key : {"train_loss", "train_accuracy", "dev_loss", "dev_accuracy", "dev_mcc",
+                          "seconds", "samples_per_second"}) {
+    ASSERT_TRUE(m.contains(key)) << key;
+    EXPECT_TRUE(std::isfinite(m[key].get<double>())) << key;
+  }
+  EXPECT_EQ(m["epochs"], 1);
+  EXPECT_EQ(m["steps"], 12);
+  EXPECT_EQ(m["world_size"], 1);
+  EXPECT_EQ(m["fp8"], "none");
+  EXPECT_GE(m["dev_accuracy"].get<double>(), 0.0);
+  EXPECT_LE(m["dev_accuracy"].get<double>(), 1.0);
+  // --eval-data on the dev file: the same figures as the dev set.
+  EXPECT_DOUBLE_EQ(m["eval"]["accuracy"].get<double>(), m["dev_accuracy"].get<double>());
+  EXPECT_EQ(losses(dir / "s.csv").size(), 12u);
+  EXPECT_FALSE(fs::exists(dir / "m.json.tmp"));
+}
+
+TEST(Encoder, PrintsEpochLinesAndFp8Runs) {
+  TempDir dir;
+  const Result r = encoder(
+      "--epochs 1 --max-steps 4 --batch-size 16 --max-seq-len 16 "
+      "--hidden-size 32 --mlp-hidden-size 64 --heads 4 --fp8 delayed "
+      "--metrics-json " +
+      (dir / "m.json").string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("fp8 delayed"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("epoch 1: train_loss "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" dev_mcc "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("metrics: " + (dir / "m.json").string()), std::string::npos) << r.out;
+  EXPECT_EQ(nlohmann::json::parse(std::ifstream(dir / "m.json"))["fp8"], "delayed");
+}
+
+TEST(Encoder, HelpDescribesEveryOption) {
+  const Result r = encoder("--help");
+  EXPECT_EQ(r.status, 0);
+  for (const char* opt :
+       {"--data", "--eval-data", "--epochs", "--batch-size", "--max-seq-len", "--lr", "--seed",
+        "--dropout", "--fp8", "--mesh", "--mesh-resource", "--rules", "--extend-te-rules",
+        "--sequence-parallel", "--nproc", "--metrics-json", "--log-steps", "--threads"}) {
+    EXPECT_NE(r.out.find(opt), std::string::npos) << opt;
+  }
+}
+
+// Bad input: exit code 2, one line on stderr that names the culprit, no output files.
+void expect_rejected(const std::string& args, const std::string& words) {
+  TempDir dir;
+  const Result r = encoder(args + " --metrics-json " + (dir / "m.json").string() + " --log-steps " +
+                           (dir / "s.csv").string());
+  EXPECT_EQ(r.status, 2) << args << "\n" << r.err << r.out;
+  EXPECT_NE(r.err.find(words), std::string::npos) << args << "\nstderr: " << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_TRUE(fs::is_empty(dir.path())) << args << " left files behind";
+}
+
+TEST(EncoderBadInput, MissingDataDirectory) {
+  expect_rejected("--data /nonexistent/cola", "--data '/nonexistent/cola' is not a directory");
+}
+
+TEST(EncoderBadInput, DirectoryWithoutColaFiles) {
+  TempDir data;
+  expect_rejected("--data " + data.path().string(), "holds neither in_domain_train.tsv");
+}
+
+TEST(EncoderBadInput, MalformedLineIsNamedWithFileAndLine) {
+  TempDir data;
+  write(data / "train.tsv", "src\t1\t\tA fine sentence.\nsrc\t1\tonly three columns\n");
+  write(data / "dev.tsv", "src\t0\t*\tSentence fine a.\n");
+  expect_rejected("--data " + data.path().string(),
+                  (data / "train.tsv").string() + ":2: expected 4 tab-separated columns");
+}
+
+TEST(EncoderBadInput, LabelOtherThanZeroOrOne) {
+  TempDir data;
+  write(data / "train.tsv", "src\t1\t\tA fine sentence.\n");
+  write(data / "dev.tsv", "src\t0\t*\tOne.\nsrc\tyes\t\tTwo.\n");
+  expect_rejected("--data " + data.path().string(),
+                  (data / "dev.tsv").string() + ":2: label 'yes' is not 0 or 1");
+}
+
+TEST(EncoderBadInput, EmptyDataFile) {
+  TempDir data;
+  write(data / "train.tsv", "");
+  write(data / "dev.tsv", "src\t0\t*\tOne.\n");
+  expect_rejected("--data " + data.path().string(), "holds no examples");
+}
+
+TEST(EncoderBadInput, MissingEvalFile) {
+  expect_rejected("--eval-data /nonexistent.tsv", "cannot read data file '/nonexistent.tsv'");
+}
+
+TEST(EncoderBadInput, UnknownOptionValues) {
+  expect_rejected("--fp8 hybrid", "--fp8");
+  expect_rejected("--mlp-activations gelu,swish", "'swish'");
+  expect_rejected("--mesh data=two", "size 'two' of axis 'data' is not a positive integer");
+  expect_rejected("--mesh-resource dq=data", "dq");
+  expect_rejected("--rules 'batch=(data'", "--rules");
+}
+
+TEST(EncoderBadInput, RulesNameAMeshAxisTheMeshLacks) {
+  expect_rejected("--nproc 2 --mesh data=2 --rules batch=model",
+                  "--rules entry 'batch=model' names mesh axis 'model', which the mesh "
+                  "(data=2) lacks");
+  expect_rejected("--nproc 2 --mesh data=2 --mesh-resource dp=data,tp=model",
+                  "--mesh-resource names mesh axis 'model'");
+}
+
+TEST(EncoderBadInput, MeshSizeDiffersFromWorldSize) {
+  expect_rejected("--mesh data=4", "--mesh data=4 has 4 ranks but the world has 1");
+  expect_rejected("--nproc 2 --mesh data=2,model=2 --mesh-resource dp=data",
+                  "has 4 ranks but the world has 2");
+}
+
+TEST(EncoderBadInput, BatchNotDivisibleByDataParallelSize) {
+  expect_rejected("--nproc 2 --mesh data=2 --mesh-resource dp=data --batch-size 63",
+                  "--batch-size 63 (the global batch) is not divisible by the data-parallel "
+                  "size 2");
+}
+
+TEST(EncoderBadInput, MeshWithoutAnythingMappingOntoIt) {
+  expect_rejected("--nproc 2 --mesh data=2", "needs --mesh-resource or --rules");
+}
+
+}  // namespace
