@@ -239,15 +239,21 @@ DTensor add_bias(const DTensor& y_in, const DTensor& b) {
 at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& gamma, const at::Tensor& beta,
                       double epsilon, bool zero_centered_gamma, bool rms) {
   const at::Tensor scale = zero_centered_gamma ? gamma + 1.0 : gamma;
-  at::Tensor normed;
-  if (rms) {
-    normed = x * at::rsqrt(x.pow(2).mean({-1}, /*keepdim=*/true) + epsilon);
-  } else {
-    const at::Tensor mean = x.mean({-1}, true);
-    const at::Tensor centered = x - mean;
-    normed = centered * at::rsqrt(centered.pow(2).mean({-1}, true) + epsilon);
+  if (!rms) {
+    // LibTorch's fused kernel (forward and backward in one pass each: the element-wise form
+    // costs several passes and autograd nodes). Statistics in fp32 for narrower inputs, as TE.
+    const int64_t h = x.size(-1);
+    if (x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble) {
+      return at::layer_norm(x, {h}, scale, beta, epsilon);
+    }
+    return at::layer_norm(x.to(at::kFloat), {h}, scale.to(at::kFloat),
+                          beta.defined() ? beta.to(at::kFloat) : beta, epsilon)
+        .to(x.scalar_type());
   }
-  at::Tensor y = normed * scale;
+  const at::Tensor xf = x.scalar_type() == at::kDouble ? x : x.to(at::kFloat);
+  at::Tensor y = (xf * at::rsqrt(xf.pow(2).mean({-1}, /*keepdim=*/true) + epsilon)).to(
+                     x.scalar_type()) *
+                 scale;
   if (beta.defined()) y = y + beta;
   return y;
 }
@@ -277,8 +283,7 @@ DTensor layer_norm(const DTensor& x_in, const DTensor& gamma, const std::optiona
 at::Tensor activation(const at::Tensor& x, const std::string& name) {
   if (name == "gelu") {
     // The tanh form (jax.nn.gelu(approximate=True), TE's default).
-    constexpr double kSqrt2OverPi = 0.7978845608028654;
-    return 0.5 * x * (1.0 + at::tanh(kSqrt2OverPi * (x + 0.044715 * x.pow(3))));
+    return at::gelu(x, "tanh");
   }
   if (name == "relu") return at::relu(x);
   if (name == "silu") return at::silu(x);
@@ -454,7 +459,9 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k_in, const at::Tens
 #else
   (void)fused;
 #endif
-  at::Tensor logits = at::matmul(q.transpose(1, 2), k.permute({0, 2, 3, 1})) * scale;
+  at::Tensor logits = at::matmul(q.transpose(1, 2), k.permute({0, 2, 3, 1}));
+  // TE's default (scaled query init, unscaled logits) multiplies by 1: skip the pass.
+  if (scale != 1.0) logits = logits * scale;
   if (on_logits) logits = on_logits(logits);
   if (masked.defined()) logits = logits.masked_fill(masked, -1e10);
   at::Tensor probs = at::softmax(logits, -1, at::kFloat).to(q.scalar_type());

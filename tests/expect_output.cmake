@@ -1,0 +1,28 @@
+# Runs a command and passes only when it exits with EXPECT_EXIT (default 0) AND its output
+# (stdout and stderr together) matches REGEX. CTest's PASS_REGULAR_EXPRESSION alone ignores the
+# exit code; this checks both. Included by the per-test scripts te_output_test() writes (which
+# set EXPECT_EXIT and REGEX); the command follows "--" on the cmake -P command line.
+set(args)
+math(EXPR last "${CMAKE_ARGC} - 1")
+set(seen_separator FALSE)
+foreach(i RANGE ${last})
+  if(seen_separator)
+    list(APPEND args "${CMAKE_ARGV${i}}")
+  elseif("${CMAKE_ARGV${i}}" STREQUAL "--")
+    set(seen_separator TRUE)
+  endif()
+endforeach()
+if(NOT args)
+  message(FATAL_ERROR "expect_output.cmake: no command after --")
+endif()
+if(NOT DEFINED EXPECT_EXIT)
+  set(EXPECT_EXIT 0)
+endif()
+execute_process(COMMAND ${args} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+message("${out}")
+if(NOT "${rc}" STREQUAL "${EXPECT_EXIT}")
+  message(FATAL_ERROR "exit status ${rc}, expected ${EXPECT_EXIT}")
+endif()
+if(DEFINED REGEX AND NOT out MATCHES "${REGEX}")
+  message(FATAL_ERROR "output does not match: ${REGEX}")
+endif()
