@@ -58,6 +58,7 @@ struct Args {
   int64_t mlp_hidden_size = 1024;
   int64_t heads = 8;
   std::string mlp_activations = "auto";
+  std::string dropout_masks = "per-step";
   bool quiet = false;
 };
 
@@ -525,7 +526,7 @@ int train(const Args& args, const Layout& layout, int rank, int world_size) {
               << ") -> TransformerLayer(hidden " << args.hidden_size << ", mlp "
               << args.mlp_hidden_size << " " << activations << ", " << args.heads
               << " heads, dropout " << options.hidden_dropout << "/" << options.attention_dropout
-              << "/" << options.intermediate_dropout
+              << "/" << options.intermediate_dropout << " " << args.dropout_masks
               << (args.sequence_parallel ? ", sequence parallel" : "") << ") -> Dense("
               << args.hidden_size << ") x2 -> Dense(2); " << params << " parameters on rank 0\n"
               << "  layout: " << world_size << (world_size == 1 ? " rank, " : " ranks, ")
@@ -561,6 +562,12 @@ int train(const Args& args, const Layout& layout, int rank, int world_size) {
       const auto step_start = Clock::now();
       const Batch b = batch_of(train_set, perm.narrow(0, step * args.batch_size, args.batch_size),
                                args.max_seq_len);
+      if (args.dropout_masks == "per-epoch") {
+        // Every step of the epoch restarts the dropout stream at the same point, so it draws
+        // the masks of the epoch's first step again (TE's multi-device examples pass one dropout
+        // key for the whole epoch).
+        te::nn::set_rng_state({args.seed * 1000003u + static_cast<uint64_t>(epoch), 0});
+      }
       at::Tensor loss, out;
       optimizer.zero_grad();
       {
@@ -644,6 +651,7 @@ int train(const Args& args, const Layout& layout, int rank, int world_size) {
                         {"sequence_parallel", args.sequence_parallel},
                         {"mlp_activations", activations},
                         {"fp8", args.fp8},
+                        {"dropout_masks", args.dropout_masks},
                         {"seed", args.seed},
                         {"batch_size", args.batch_size},
                         {"max_seq_len", args.max_seq_len},
@@ -755,6 +763,12 @@ int main(int argc, char** argv) {
                  "TransformerLayer default, kept by its single-GPU, data-parallel and "
                  "multi-process examples), gelu,linear when the layout is tensor parallel (TE's "
                  "model-parallel example)");
+  app.add_option("--dropout-masks", args.dropout_masks,
+                 "per-step: fresh dropout masks every step (TE's single-GPU example); per-epoch: "
+                 "the same masks for every step of an epoch, as TE's data-parallel, "
+                 "model-parallel and multi-process examples draw them (one dropout key per "
+                 "epoch)")
+      ->check(CLI::IsMember({"per-step", "per-epoch"}));
   app.add_flag("--quiet", args.quiet, "Print nothing but errors");
   try {
     app.parse(argc, argv);

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <thread>
 
+#include "../expect_error.h"
 #include "dist_test_util.h"
 #include "te/distributed.h"
 
@@ -27,7 +28,7 @@ TEST(Chunks, FollowTorchChunk) {
   EXPECT_EQ(chunk_of(8, 4, 3).offset, 6);
   EXPECT_EQ(chunk_of(0, 2, 1).length, 0);
   EXPECT_EQ(chunk_of(3, 1, 0).length, 3);
-  EXPECT_THROW(chunk_of(3, 2, 2), Error);
+  EXPECT_ERROR(chunk_of(3, 2, 2), "chunk_of(size=3, parts=2, index=2)");
 }
 
 // ---- mesh ------------------------------------------------------------------------------------
@@ -66,7 +67,7 @@ TEST(DeviceMeshTest, SizeMismatchNamesBoth) {
     }
   });
   // Not distributed: a world of one.
-  EXPECT_THROW(DeviceMesh({2}, {"data"}), Error);
+  EXPECT_ERROR(DeviceMesh({2}, {"data"}), "the mesh ('data') has 2 ranks but the world has 1");
   DeviceMesh single({1, 1}, {"data", "model"});
   EXPECT_EQ(single.size(), 1);
 }
@@ -82,9 +83,9 @@ TEST(DeviceMeshTest, UnknownAxisListsTheAxes) {
               std::string::npos)
         << e.what();
   }
-  EXPECT_THROW(DeviceMesh({2}, {"a", "b"}), Error);
-  EXPECT_THROW(DeviceMesh({1, 1}, {"a", "a"}), Error);
-  EXPECT_THROW(DeviceMesh({0}, {"a"}), Error);
+  EXPECT_ERROR(DeviceMesh({2}, {"a", "b"}), "1 sizes but 2 axis names");
+  EXPECT_ERROR(DeviceMesh({1, 1}, {"a", "a"}), "axis name 'a' is used twice");
+  EXPECT_ERROR(DeviceMesh({0}, {"a"}), "axis 'a' has size 0");
 }
 
 TEST(DeviceMeshTest, MeshScopeNests) {
@@ -258,8 +259,8 @@ TEST(CommTraceTest, TwoDimMeshPlan) {
     EXPECT_EQ(trace.count(Collective::kAllGather, "model"), 1);
     EXPECT_EQ(trace.count(Collective::kAllGather, "data"), 1);
     EXPECT_EQ(trace.total_count(), 2);
-    EXPECT_TRUE(at::equal(z.to_local(), piece_of(t * 2, mesh, {Replicate{}, Shard{0}},
-                                                  mesh.rank())));
+    EXPECT_TRUE(
+        at::equal(z.to_local(), piece_of(t * 2, mesh, {Replicate{}, Shard{0}}, mesh.rank())));
   });
 }
 
@@ -283,8 +284,8 @@ TEST(WithShardingConstraint, FollowsTheRulesOnTheCurrentMesh) {
     DTensor r = with_sharding_constraint(y, {"seqlen", std::nullopt, std::nullopt});
     EXPECT_EQ(to_string(r.placements()), "[Replicate(), Replicate()]");
     // kNoConstraint leaves the layout alone when a name matches nothing.
-    DTensor same =
-        with_sharding_constraint(y, {"seqlen", "heads", std::nullopt}, RulesFallback::kNoConstraint);
+    DTensor same = with_sharding_constraint(y, {"seqlen", "heads", std::nullopt},
+                                            RulesFallback::kNoConstraint);
     EXPECT_EQ(same.placements(), y.placements());
   });
 }
@@ -356,8 +357,10 @@ TEST(WithShardingConstraint, ReportsBadInput) {
     }
     EXPECT_NO_THROW(with_sharding_constraint(x, {"batch", std::nullopt}));  // torch.chunk: 2, 1
     DTensor y = DTensor::distribute(at::zeros({3, 4}), other, {Replicate{}});
-    EXPECT_THROW(with_sharding_constraint(y, {"batch", std::nullopt}), Error);
-    EXPECT_THROW(with_sharding_constraint(x, {"batch", "batch"}), Error);
+    EXPECT_ERROR(with_sharding_constraint(y, {"batch", std::nullopt}),
+                 "the tensor lives on DeviceMesh(data=2) but the current mesh is another");
+    EXPECT_ERROR(with_sharding_constraint(x, {"batch", "batch"}),
+                 "logical axis 'batch' occurs more than once");
   });
 }
 
@@ -366,8 +369,10 @@ TEST(WithShardingConstraint, NoMeshOrPlainTensor) {
   at::Tensor t = at::zeros({2, 3});
   // One device: the plain overload validates and returns the tensor itself.
   EXPECT_TRUE(with_sharding_constraint(t, {"batch", std::nullopt}).is_same(t));
-  EXPECT_THROW(with_sharding_constraint(t, {"batch"}), Error);
-  EXPECT_THROW(with_sharding_constraint(t, {"batch", "batch"}), Error);
+  EXPECT_ERROR(with_sharding_constraint(t, {"batch"}),
+               "1 logical axes ('batch') for a 2-dim tensor");
+  EXPECT_ERROR(with_sharding_constraint(t, {"batch", "batch"}),
+               "logical axis 'batch' occurs more than once");
   DeviceMesh single({1}, {"data"});
   DTensor x = DTensor::distribute(t, single, {Replicate{}});
   // No mesh in scope: unchanged.
@@ -401,8 +406,8 @@ TEST(VisualizeSharding, PinnedOutput) {
               "rank 2 (data=1, model=0): [3:5, 0:2]\n"
               "rank 3 (data=1, model=1): [3:5, 2:4]\n")
         << "rank " << rank;
-    DTensor p = DTensor::from_local(at::zeros({rank % 2 == 0 ? 1 : 0, 4}), mesh, {Partial{}, Shard{0}},
-                                    std::vector<int64_t>{1, 4});
+    DTensor p = DTensor::from_local(at::zeros({rank % 2 == 0 ? 1 : 0, 4}), mesh,
+                                    {Partial{}, Shard{0}}, std::vector<int64_t>{1, 4});
     EXPECT_EQ(visualize_sharding(p),
               "DTensor(sizes=[1, 4], mesh=DeviceMesh(data=2, model=2), placements=[Partial(sum), "
               "Shard(0)])\n"

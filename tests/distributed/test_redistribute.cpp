@@ -8,6 +8,7 @@
 
 #include <sstream>
 
+#include "../expect_error.h"
 #include "dist_test_util.h"
 #include "te/distributed.h"
 
@@ -60,8 +61,7 @@ at::Tensor expected_grad(const at::Tensor& grad_global, const DeviceMesh& mesh,
   return piece_of(grad_global, mesh, layout, mesh.rank()) * scale;
 }
 
-std::vector<std::vector<Placement>> all_layouts(int64_t mesh_ndim, bool with_partial,
-                                                ReduceOp op) {
+std::vector<std::vector<Placement>> all_layouts(int64_t mesh_ndim, bool with_partial, ReduceOp op) {
   std::vector<Placement> choices = {Replicate{}, Shard{0}, Shard{1}};
   if (with_partial) choices.push_back(Partial{op});
   std::vector<std::vector<Placement>> out = {{}};
@@ -102,8 +102,8 @@ TEST_P(RedistributeAllPairs, ValuesAndGradientsMatchOneProcess) {
       at::Tensor grad_global = test::seeded_integers(shape, 12);
       for (const auto& src : srcs) {
         for (const auto& dst : dsts) {
-          const std::string what = "shape " + test::text(shape) + " " + to_string(src) +
-                                   " -> " + to_string(dst) + " on rank " + std::to_string(rank);
+          const std::string what = "shape " + test::text(shape) + " " + to_string(src) + " -> " +
+                                   to_string(dst) + " on rank " + std::to_string(rank);
           at::Tensor local = make_local(global, mesh, src).requires_grad_(true);
           DTensor x = DTensor::from_local(local, mesh, src, shape);
           DTensor y = x.redistribute(dst);
@@ -130,19 +130,20 @@ TEST_P(RedistributeAllPairs, ValuesAndGradientsMatchOneProcess) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Meshes, RedistributeAllPairs,
-    ::testing::Values(MeshCase{{2}, {"x"}, ReduceOp::kSum}, MeshCase{{4}, {"x"}, ReduceOp::kSum},
-                      MeshCase{{2, 2}, {"a", "b"}, ReduceOp::kSum},
-                      MeshCase{{2}, {"x"}, ReduceOp::kAvg},
-                      MeshCase{{2, 2}, {"a", "b"}, ReduceOp::kAvg},
-                      MeshCase{{4}, {"x"}, ReduceOp::kMax},
-                      MeshCase{{2, 2}, {"a", "b"}, ReduceOp::kMin}),
-    [](const ::testing::TestParamInfo<MeshCase>& info) {
-      std::string name;
-      for (int64_t s : info.param.shape) name += (name.empty() ? "" : "x") + std::to_string(s);
-      return name + "_" + to_string(info.param.op);
-    });
+INSTANTIATE_TEST_SUITE_P(Meshes, RedistributeAllPairs,
+                         ::testing::Values(MeshCase{{2}, {"x"}, ReduceOp::kSum},
+                                           MeshCase{{4}, {"x"}, ReduceOp::kSum},
+                                           MeshCase{{2, 2}, {"a", "b"}, ReduceOp::kSum},
+                                           MeshCase{{2}, {"x"}, ReduceOp::kAvg},
+                                           MeshCase{{2, 2}, {"a", "b"}, ReduceOp::kAvg},
+                                           MeshCase{{4}, {"x"}, ReduceOp::kMax},
+                                           MeshCase{{2, 2}, {"a", "b"}, ReduceOp::kMin}),
+                         [](const ::testing::TestParamInfo<MeshCase>& info) {
+                           std::string name;
+                           for (int64_t s : info.param.shape)
+                             name += (name.empty() ? "" : "x") + std::to_string(s);
+                           return name + "_" + to_string(info.param.op);
+                         });
 
 TEST(Redistribute, UnevenRowsRoundTripExactly) {
   // 5 rows over 4 ranks: 2, 2, 1, 0.
@@ -150,15 +151,15 @@ TEST(Redistribute, UnevenRowsRoundTripExactly) {
     DeviceMesh mesh({4}, {"x"});
     at::Tensor global = at::randn({5, 3}, at::TensorOptions().dtype(at::kFloat));
     // The same tensor everywhere: broadcast rank 0's through a Replicate round trip.
-    global = DTensor::from_local(rank == 0 ? global : at::zeros_like(global), mesh,
-                                 {Partial{}}, std::vector<int64_t>{5, 3})
+    global = DTensor::from_local(rank == 0 ? global : at::zeros_like(global), mesh, {Partial{}},
+                                 std::vector<int64_t>{5, 3})
                  .full_tensor();
     DTensor x = DTensor::distribute(global, mesh, {Shard{0}});
     const int64_t expected_rows[] = {2, 2, 1, 0};
     EXPECT_EQ(x.to_local().size(0), expected_rows[rank]);
     EXPECT_TRUE(at::equal(x.full_tensor(), global));
-    EXPECT_TRUE(at::equal(x.redistribute({Shard{1}}).redistribute({Shard{0}}).to_local(),
-                          x.to_local()));
+    EXPECT_TRUE(
+        at::equal(x.redistribute({Shard{1}}).redistribute({Shard{0}}).to_local(), x.to_local()));
   });
 }
 
@@ -172,7 +173,8 @@ TEST(Redistribute, PartialMaxGradientGoesToTheHolderSplitAmongTies) {
     at::Tensor y = x.full_tensor();
     EXPECT_TRUE(at::equal(y, at::tensor({5.0, 3.0, 4.0})));
     torch::autograd::backward({y}, {at::tensor({10.0, 20.0, 30.0})});
-    const at::Tensor want = rank == 0 ? at::tensor({10.0, 0.0, 15.0}) : at::tensor({0.0, 20.0, 15.0});
+    const at::Tensor want =
+        rank == 0 ? at::tensor({10.0, 0.0, 15.0}) : at::tensor({0.0, 20.0, 15.0});
     EXPECT_TRUE(at::equal(local.grad(), want)) << local.grad();
   });
 }
@@ -190,7 +192,8 @@ TEST(Redistribute, ToPartialIsAnErrorThatSaysWhy) {
           << e.what();
     }
     DTensor p = DTensor::from_local(at::ones({4}), mesh, {Partial{ReduceOp::kSum}});
-    EXPECT_THROW(p.redistribute({Partial{ReduceOp::kMax}}), Error);
+    EXPECT_ERROR(p.redistribute({Partial{ReduceOp::kMax}}),
+                 "redistribute to Partial(max) on mesh dim 0 (from Partial(sum)) is not possible");
     EXPECT_NO_THROW(p.redistribute({Partial{ReduceOp::kSum}}));
   });
 }
@@ -199,13 +202,14 @@ TEST(Redistribute, AvgOfIntegersIsRefused) {
   run_local_ranks(2, [](int) {
     DeviceMesh mesh({2}, {"x"});
     DTensor p = DTensor::from_local(at::ones({4}, at::kLong), mesh, {Partial{ReduceOp::kAvg}});
-    EXPECT_THROW(p.full_tensor(), Error);
+    EXPECT_ERROR(p.full_tensor(),
+                 "all_reduce over mesh axis 'x': Partial(avg) of a Long tensor would truncate");
   });
 }
 
 TEST(Redistribute, EveryCollectiveAlgorithmGivesTheSameResult) {
-  for (GatherAlgorithm gather :
-       {GatherAlgorithm::kPaddedAllReduce, GatherAlgorithm::kAllGather, GatherAlgorithm::kAllToAll}) {
+  for (GatherAlgorithm gather : {GatherAlgorithm::kPaddedAllReduce, GatherAlgorithm::kAllGather,
+                                 GatherAlgorithm::kAllToAll}) {
     for (ReduceScatterAlgorithm rs :
          {ReduceScatterAlgorithm::kAllReduceSlice, ReduceScatterAlgorithm::kAllToAllSum}) {
       DistributedOptions options;
@@ -228,8 +232,8 @@ TEST(Redistribute, EveryCollectiveAlgorithmGivesTheSameResult) {
                                     piece_of(global, mesh, {Shard{1}}, rank)));
               // Bool and integer tensors travel too.
               at::Tensor flags = global.gt(0);
-              EXPECT_TRUE(at::equal(DTensor::distribute(flags, mesh, {Shard{0}}).full_tensor(),
-                                    flags));
+              EXPECT_TRUE(
+                  at::equal(DTensor::distribute(flags, mesh, {Shard{0}}).full_tensor(), flags));
             }
           },
           options);
@@ -269,7 +273,8 @@ TEST(DTensorApi, GatherWithPartialGradientsReduceScattersInBackward) {
     EXPECT_EQ(trace.bytes(Collective::kReduceScatter, "fsdp"), 4 * 3 * 8);
     EXPECT_EQ(trace.total_count(), 2);
     EXPECT_TRUE(at::equal(w_local.grad(), at::full({2, 3}, 3.0, at::kDouble)));
-    EXPECT_THROW(w.redistribute({Partial{}}, {Replicate{}}), Error);
+    EXPECT_ERROR(w.redistribute({Partial{}}, {Replicate{}}),
+                 "redistribute to Partial(sum) on mesh dim 0 (from Shard(0)) is not possible");
   });
 }
 
@@ -277,8 +282,8 @@ TEST(DTensorApi, FromLocalChecksPieceSizes) {
   run_local_ranks(4, [](int rank) {
     DeviceMesh mesh({4}, {"x"});
     const int64_t rows = rank < 2 ? 2 : (rank == 2 ? 1 : 0);
-    DTensor ok = DTensor::from_local(at::zeros({rows, 3}), mesh, {Shard{0}},
-                                     std::vector<int64_t>{5, 3});
+    DTensor ok =
+        DTensor::from_local(at::zeros({rows, 3}), mesh, {Shard{0}}, std::vector<int64_t>{5, 3});
     EXPECT_EQ(ok.sizes(), (std::vector<int64_t>{5, 3}));
     // Without a global shape, pieces are taken as even.
     DTensor even = DTensor::from_local(at::zeros({2, 3}), mesh, {Shard{-2}});
@@ -292,9 +297,12 @@ TEST(DTensorApi, FromLocalChecksPieceSizes) {
                 std::string::npos)
           << e.what();
     }
-    EXPECT_THROW(DTensor::from_local(at::zeros({2}), mesh, {Shard{1}}), Error);
-    EXPECT_THROW(DTensor::from_local(at::zeros({2}), mesh, {Shard{0}, Replicate{}}), Error);
-    EXPECT_THROW(DTensor::distribute(at::zeros({2}), mesh, {Partial{}}), Error);
+    EXPECT_ERROR(DTensor::from_local(at::zeros({2}), mesh, {Shard{1}}),
+                 "Shard(1) on mesh axis 'x' names dim 1 of a 1-dim tensor");
+    EXPECT_ERROR(DTensor::from_local(at::zeros({2}), mesh, {Shard{0}, Replicate{}}),
+                 "2 placements [Shard(0), Replicate()] for DeviceMesh(x=4)");
+    EXPECT_ERROR(DTensor::distribute(at::zeros({2}), mesh, {Partial{}}),
+                 "Partial(sum) on mesh axis 'x': a whole tensor cannot be split");
   });
 }
 

@@ -194,14 +194,13 @@ TEST(Fp8Parallel, CurrentScalingCastsWithTheWholeTensorsAmaxOnEveryLayout) {
       const auto placements =
           placements_for(*resolve_logical_axes({"batch", "seqlen", "hidden"}), mesh);
       at::Tensor x_local = piece_of(input(0), mesh, placements, rank).requires_grad_(true);
-      const DTensor y =
-          (*built)(DTensor::from_local(x_local, mesh, placements, kShape));
+      const DTensor y = (*built)(DTensor::from_local(x_local, mesh, placements, kShape));
       const at::Tensor y_full = y.full_tensor();
       EXPECT_TRUE(at::allclose(y_full, want, 1e-5, 1e-5))
           << spec << " rank " << rank << " max err " << (y_full - want).abs().max().item<double>();
       (y_full * output_weight(0)).sum().backward();
-      EXPECT_TRUE(at::allclose(x_local.grad(), piece_of(want_grad, mesh, placements, rank), 1e-5,
-                               1e-5))
+      EXPECT_TRUE(
+          at::allclose(x_local.grad(), piece_of(want_grad, mesh, placements, rank), 1e-5, 1e-5))
           << spec << " rank " << rank;
     });
   }

@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "../expect_error.h"
 #include "te/fp8.h"
 #include "te/sharding.h"
 
@@ -143,7 +144,7 @@ TEST(Fp8Recipe, BadRecipesAreRefusedByName) {
   d = DelayedScaling{};
   d.amax_compute_algo = "mean";
   EXPECT_NE(message(d).find("amax_compute_algo 'mean'"), std::string::npos) << message(d);
-  EXPECT_THROW(Fp8Autocast(true, d), te::Error);
+  EXPECT_ERROR(Fp8Autocast(true, d), "amax_compute_algo 'mean' is not 'max' or 'most_recent'");
   EXPECT_EQ(message(CurrentScaling{}), "");
   EXPECT_EQ(to_string(Recipe{DelayedScaling{}}),
             "DelayedScaling(margin=0, format=HYBRID, amax_history_len=1024, "
@@ -181,7 +182,8 @@ TEST(Fp8Autocast, IsThreadLocalNestsAndOpensTheMeshResource) {
   EXPECT_FALSE(fp8_enabled());
   EXPECT_FALSE(current_mesh_resource().has_value());
   // Outside, TE's advice.
-  EXPECT_THROW(extend_logical_axis_rules(parse_axis_rules("vocab=model")), te::Error);
+  EXPECT_ERROR(extend_logical_axis_rules(parse_axis_rules("vocab=model")),
+               "needs a MeshResource in scope");
 }
 
 }  // namespace

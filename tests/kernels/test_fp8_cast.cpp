@@ -106,9 +106,9 @@ TEST(Fp8Format, QuantizeEqualsTheScalarCastEverywhere) {
 // set this CPU lacks skips; an unknown name is an error that names it and the choices.
 TEST(Fp8Isa, ReportsTheInstructionSetInUse) {
   const char* forced = std::getenv("TE_FP8_ISA");
-  const bool known = forced != nullptr && (std::string(forced) == "avx512" ||
-                                           std::string(forced) == "avx2" ||
-                                           std::string(forced) == "baseline");
+  const bool known =
+      forced != nullptr && (std::string(forced) == "avx512" || std::string(forced) == "avx2" ||
+                            std::string(forced) == "baseline");
   std::string isa;
   try {
     isa = kernel_isa();
@@ -116,9 +116,9 @@ TEST(Fp8Isa, ReportsTheInstructionSetInUse) {
     const std::string msg = e.what();
     ASSERT_NE(forced, nullptr) << "kernel_isa failed without TE_FP8_ISA: " << msg;
     if (known) GTEST_SKIP() << msg;
-    EXPECT_NE(msg.find(std::string("TE_FP8_ISA=") + forced +
-                       " is not an instruction set this CPU runs"),
-              std::string::npos)
+    EXPECT_NE(
+        msg.find(std::string("TE_FP8_ISA=") + forced + " is not an instruction set this CPU runs"),
+        std::string::npos)
         << msg;
     EXPECT_NE(msg.find("use one of"), std::string::npos) << msg;
     return;

@@ -8,8 +8,9 @@
 
 #include <sstream>
 
-#include "te/compat.h"
+#include "../expect_error.h"
 #include "nn_test_util.h"
+#include "te/compat.h"
 #include "te/nn.h"
 
 namespace te::nn {
@@ -22,8 +23,10 @@ using test::randn;
 // Key positions at or beyond each row's length are masked out: [batch, 1, sq, sk].
 at::Tensor padding_mask(const std::vector<int64_t>& lengths, int64_t sq, int64_t sk) {
   at::Tensor len = at::tensor(lengths).view({-1, 1, 1, 1});
-  return at::arange(sk).view({1, 1, 1, sk}).ge(len).expand(
-      {static_cast<int64_t>(lengths.size()), 1, sq, sk});
+  return at::arange(sk)
+      .view({1, 1, 1, sk})
+      .ge(len)
+      .expand({static_cast<int64_t>(lengths.size()), 1, sq, sk});
 }
 
 // softmax(q k^T * scale + mask) v with einsum, GQA by repeating key/value heads.
@@ -60,8 +63,8 @@ TEST_P(DotProductAttentionCases, EqualsSoftmaxAttention) {
   at::Tensor qr = leaf(q), kr = leaf(k), vr = leaf(v);
   const bool padding = c.type == "padding" || c.type == "padding_causal";
   const bool causal = c.type == "causal" || c.type == "padding_causal";
-  at::Tensor yr = reference_attention(qr, kr, vr, padding ? mask : at::Tensor(), causal,
-                                      1.0 / std::sqrt(8.0));
+  at::Tensor yr =
+      reference_attention(qr, kr, vr, padding ? mask : at::Tensor(), causal, 1.0 / std::sqrt(8.0));
   EXPECT_TRUE(Close(y, yr, 1e-5));
   at::Tensor g = randn(y.sizes().vec(), 4);
   torch::autograd::backward({y}, {g});
@@ -74,8 +77,7 @@ TEST_P(DotProductAttentionCases, EqualsSoftmaxAttention) {
 INSTANTIATE_TEST_SUITE_P(Masks, DotProductAttentionCases,
                          ::testing::Values(MaskCase{"no_mask", 4}, MaskCase{"padding", 4},
                                            MaskCase{"causal", 4}, MaskCase{"padding_causal", 4},
-                                           MaskCase{"padding_causal", 2},
-                                           MaskCase{"causal", 1}),
+                                           MaskCase{"padding_causal", 2}, MaskCase{"causal", 1}),
                          [](const auto& info) {
                            return info.param.type + "_gqa" + std::to_string(info.param.gqa);
                          });
@@ -87,7 +89,8 @@ TEST(DotProductAttention, FusedAndUnfusedPathsAgree) {
         DotProductAttentionOptions(4, 8).attn_mask_type(type).num_gqa_groups(2).fused(true));
     DotProductAttention unfused(
         DotProductAttentionOptions(4, 8).attn_mask_type(type).num_gqa_groups(2).fused(false));
-    at::Tensor q = randn({3, 5, 4, 8}, 21), k = randn({3, 5, 2, 8}, 22), v = randn({3, 5, 2, 8}, 23);
+    at::Tensor q = randn({3, 5, 4, 8}, 21), k = randn({3, 5, 2, 8}, 22),
+               v = randn({3, 5, 2, 8}, 23);
     const at::Tensor mask = padding_mask({5, 3, 1}, 5, 5);
     EXPECT_TRUE(Close(fused(q, k, v, mask), unfused(q, k, v, mask), 1e-5)) << type;
   }
@@ -98,9 +101,10 @@ TEST(DotProductAttention, FusedAndUnfusedPathsAgree) {
 }
 
 TEST(DotProductAttention, ReportsBadInput) {
-  EXPECT_THROW(DotProductAttention(DotProductAttentionOptions(4, 8).attn_mask_type("sliding")),
-               Error);
-  EXPECT_THROW(DotProductAttention(DotProductAttentionOptions(4, 8).num_gqa_groups(3)), Error);
+  EXPECT_ERROR(DotProductAttention(DotProductAttentionOptions(4, 8).attn_mask_type("sliding")),
+               "attn_mask_type 'sliding' is not one of");
+  EXPECT_ERROR(DotProductAttention(DotProductAttentionOptions(4, 8).num_gqa_groups(3)),
+               "4 heads are not a multiple of num_gqa_groups 3");
   DotProductAttention dpa(DotProductAttentionOptions(4, 8).attn_mask_type("padding"));
   at::Tensor q = at::randn({1, 2, 4, 8});
   try {
@@ -135,8 +139,8 @@ at::Tensor reference_mha(MultiHeadAttentionImpl& m, const at::Tensor& x, const a
   for (const auto& p : m.named_parameters()) leaves[p.key()] = leaf(p.value());
   const int64_t b = x.size(0), s = x.size(1), h = m.options.num_attention_heads();
   const int64_t d = m.head_dim(), g = m.kv_heads();
-  at::Tensor ln = at::layer_norm(x, {x.size(2)}, leaves["layernorm.scale"],
-                                 leaves["layernorm.ln_bias"], 1e-6);
+  at::Tensor ln =
+      at::layer_norm(x, {x.size(2)}, leaves["layernorm.scale"], leaves["layernorm.ln_bias"], 1e-6);
   at::Tensor q, k, v;
   if (leaves.count("qkv_kernel")) {
     at::Tensor qkv = at::einsum("bsh,hjn->bsjn", {ln, leaves["qkv_kernel"]});
@@ -147,8 +151,8 @@ at::Tensor reference_mha(MultiHeadAttentionImpl& m, const at::Tensor& x, const a
   } else {
     const at::Tensor& src = memory.defined() ? memory : ln;
     q = at::matmul(ln, leaves["q_kernel"]).view({b, s, h, d});
-    at::Tensor kv = at::einsum("bsh,hjn->bsjn", {src, leaves["kv_kernel"]})
-                        .view({b, src.size(1), 2, g, d});
+    at::Tensor kv =
+        at::einsum("bsh,hjn->bsjn", {src, leaves["kv_kernel"]}).view({b, src.size(1), 2, g, d});
     k = kv.select(2, 0);
     v = kv.select(2, 1);
   }
@@ -223,39 +227,77 @@ TEST(MultiHeadAttention, ScaledQueryInitAndNames) {
   EXPECT_EQ(os.str(),
             "te::nn::MultiHeadAttention(hidden_size=64, heads=4, head_dim=16, mask=causal, self, "
             "fused_qkv)");
-  EXPECT_THROW(MultiHeadAttention(MultiHeadAttentionOptions(10, 4)), Error);
-  EXPECT_THROW(mha(at::randn({2, 3, 64}), at::randn({2, 3, 64})), Error);  // self + memory
+  EXPECT_ERROR(MultiHeadAttention(MultiHeadAttentionOptions(10, 4)),
+               "hidden_size 10 is not a multiple of num_attention_heads 4");
+  EXPECT_ERROR(mha(at::randn({2, 3, 64}), at::randn({2, 3, 64})),
+               "self attention takes no memory");  // self + memory
 }
 
 // ---- TransformerLayer ------------------------------------------------------------------------
 
+// The MLP block from the module's weights with plain ops: layer norm, [h, A, f] kernel, one
+// activation per slot multiplied together, [f, h] kernel.
+at::Tensor reference_mlp(LayerNormMLPImpl& m, const at::Tensor& x,
+                         std::map<std::string, at::Tensor>& leaves) {
+  for (const auto& p : m.named_parameters()) leaves[p.key()] = leaf(p.value());
+  at::Tensor ln =
+      at::layer_norm(x, {x.size(-1)}, leaves["layernorm.scale"], leaves["layernorm.ln_bias"], 1e-6);
+  at::Tensor inner = at::einsum("bsh,haf->bsaf", {ln, leaves["wi_kernel"]});
+  at::Tensor act;
+  const auto& names = m.options.activations();
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    at::Tensor slot = inner.select(-2, static_cast<int64_t>(i));
+    at::Tensor a = names[i] == "gelu"   ? at::gelu(slot, "tanh")
+                   : names[i] == "relu" ? at::relu(slot)
+                                        : slot;  // "linear"
+    act = act.defined() ? act * a : a;
+  }
+  return at::matmul(act, leaves["wo_kernel"]);
+}
+
+// Every gradient of `layer` against the reference leaves, prefixed as named_parameters() names
+// them ("self_attention.", "cross_attention.", "mlp.").
+void expect_every_gradient(TransformerLayerImpl& layer,
+                           const std::map<std::string, std::map<std::string, at::Tensor>>& refs) {
+  int64_t checked = 0;
+  for (const auto& p : layer.named_parameters()) {
+    const std::string& name = p.key();
+    const auto dot = name.find('.');
+    const auto& leaves = refs.at(name.substr(0, dot));
+    const at::Tensor& want = leaves.at(name.substr(dot + 1)).grad();
+    ASSERT_TRUE(p.value().grad().defined()) << name;
+    ASSERT_TRUE(want.defined()) << name;
+    EXPECT_TRUE(Close(p.value().grad(), want, 1e-5)) << name;
+    ++checked;
+  }
+  EXPECT_EQ(checked, static_cast<int64_t>(layer.parameters().size()));
+}
+
 TEST(TransformerLayer, EncoderEqualsResidualComposition) {
-  manual_seed(12);
-  TransformerLayer layer(TransformerLayerOptions(16, 32, 4)
-                             .self_attn_mask_type("padding")
-                             .mlp_activations({"gelu"})
-                             .hidden_dropout(0)
-                             .attention_dropout(0)
-                             .intermediate_dropout(0));
-  at::Tensor x = randn({3, 5, 16}, 13).requires_grad_(true);
-  const at::Tensor mask = padding_mask({5, 3, 4}, 5, 5);
-  at::Tensor y = layer(x, mask);
-  // Reference: the blocks by hand (each checked against plain ops above).
-  at::Tensor xr = leaf(x);
-  std::map<std::string, at::Tensor> leaves;
-  at::Tensor h = xr + reference_mha(*layer->self_attention, xr, {}, mask, leaves);
-  const auto& mlp = *layer->mlp;
-  at::Tensor w1 = leaf(mlp.wi_kernel), w2 = leaf(mlp.wo_kernel);
-  at::Tensor g = leaf(mlp.layernorm->scale), beta = leaf(mlp.layernorm->ln_bias);
-  at::Tensor inner = at::einsum("bsh,haf->bsaf", {at::layer_norm(h, {16}, g, beta, 1e-6), w1});
-  at::Tensor yr = h + at::matmul(at::gelu(inner.select(-2, 0), "tanh"), w2);
-  EXPECT_TRUE(Close(y, yr, 1e-5));
-  at::Tensor dy = randn(y.sizes().vec(), 14);
-  torch::autograd::backward({y}, {dy});
-  torch::autograd::backward({yr}, {dy});
-  EXPECT_TRUE(Close(x.grad(), xr.grad(), 1e-5));
-  EXPECT_TRUE(Close(mlp.wi_kernel.grad(), w1.grad(), 1e-5));
-  EXPECT_TRUE(Close(layer->self_attention->qkv_kernel.grad(), leaves["qkv_kernel"].grad(), 1e-5));
+  for (const std::vector<std::string>& acts :
+       {std::vector<std::string>{"relu"}, std::vector<std::string>{"gelu", "linear"}}) {
+    manual_seed(12);
+    TransformerLayer layer(TransformerLayerOptions(16, 32, 4)
+                               .self_attn_mask_type("padding")
+                               .mlp_activations(acts)
+                               .hidden_dropout(0)
+                               .attention_dropout(0)
+                               .intermediate_dropout(0));
+    at::Tensor x = randn({3, 5, 16}, 13).requires_grad_(true);
+    const at::Tensor mask = padding_mask({5, 3, 4}, 5, 5);
+    at::Tensor y = layer(x, mask);
+    // Reference: plain ops on leaf copies of every weight.
+    at::Tensor xr = leaf(x);
+    std::map<std::string, std::map<std::string, at::Tensor>> refs;
+    at::Tensor h = xr + reference_mha(*layer->self_attention, xr, {}, mask, refs["self_attention"]);
+    at::Tensor yr = h + reference_mlp(*layer->mlp, h, refs["mlp"]);
+    EXPECT_TRUE(Close(y, yr, 1e-5)) << acts[0];
+    at::Tensor dy = randn(y.sizes().vec(), 14);
+    torch::autograd::backward({y}, {dy});
+    torch::autograd::backward({yr}, {dy});
+    EXPECT_TRUE(Close(x.grad(), xr.grad(), 1e-5));
+    expect_every_gradient(*layer, refs);
+  }
 }
 
 TEST(TransformerLayer, DecoderAddsCrossAttention) {
@@ -265,15 +307,23 @@ TEST(TransformerLayer, DecoderAddsCrossAttention) {
                              .hidden_dropout(0)
                              .attention_dropout(0)
                              .intermediate_dropout(0));
-  at::Tensor x = randn({2, 5, 16}, 16);
-  at::Tensor memory = randn({2, 6, 16}, 17);
+  at::Tensor x = randn({2, 5, 16}, 16).requires_grad_(true);
+  at::Tensor memory = randn({2, 6, 16}, 17).requires_grad_(true);
   const at::Tensor memory_mask = padding_mask({6, 4}, 5, 6);
   at::Tensor y = layer(x, {}, memory, memory_mask);
-  std::map<std::string, at::Tensor> l1, l2;
-  at::Tensor h = x + reference_mha(*layer->self_attention, x, {}, {}, l1);
-  h = h + reference_mha(*layer->cross_attention, h, memory, memory_mask, l2);
-  EXPECT_TRUE(Close(y, h + layer->mlp(h), 1e-5));
-  EXPECT_THROW(layer(x), Error);  // a decoder needs memory
+  at::Tensor xr = leaf(x), mr = leaf(memory);
+  std::map<std::string, std::map<std::string, at::Tensor>> refs;
+  at::Tensor h = xr + reference_mha(*layer->self_attention, xr, {}, {}, refs["self_attention"]);
+  h = h + reference_mha(*layer->cross_attention, h, mr, memory_mask, refs["cross_attention"]);
+  at::Tensor yr = h + reference_mlp(*layer->mlp, h, refs["mlp"]);
+  EXPECT_TRUE(Close(y, yr, 1e-5));
+  at::Tensor dy = randn(y.sizes().vec(), 18);
+  torch::autograd::backward({y}, {dy});
+  torch::autograd::backward({yr}, {dy});
+  EXPECT_TRUE(Close(x.grad(), xr.grad(), 1e-5));
+  EXPECT_TRUE(Close(memory.grad(), mr.grad(), 1e-5));
+  expect_every_gradient(*layer, refs);
+  EXPECT_ERROR(layer(x), "a decoder needs the encoder output (memory)");
   std::ostringstream os;
   layer->pretty_print(os);
   EXPECT_EQ(os.str(),

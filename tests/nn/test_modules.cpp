@@ -8,6 +8,7 @@
 
 #include <sstream>
 
+#include "../expect_error.h"
 #include "nn_test_util.h"
 #include "te/nn.h"
 
@@ -106,9 +107,11 @@ TEST(Dense, SaveAndLoadRoundTrip) {
 }
 
 TEST(Dense, ReportsBadInput) {
-  EXPECT_THROW(Dense(DenseOptions(0, 3)), Error);
-  EXPECT_THROW(Dense(DenseOptions(4, 3).kernel_axes({"w_fsdp"})), Error);  // 1 axis, 2 dims
-  EXPECT_THROW(Dense(DenseOptions(4, 3).kernel_axes({"w_tp", "w_tp"})), Error);  // repeated
+  EXPECT_ERROR(Dense(DenseOptions(0, 3)), "in_features (0) and out_features (3) must be positive");
+  EXPECT_ERROR(Dense(DenseOptions(4, 3).kernel_axes({"w_fsdp"})),
+               "parameter 'kernel' has 2 dims but 1 logical axes ('w_fsdp')");  // 1 axis, 2 dims
+  EXPECT_ERROR(Dense(DenseOptions(4, 3).kernel_axes({"w_tp", "w_tp"})),
+               "logical axis 'w_tp' occurs more than once");  // repeated
   Dense dense(DenseOptions(4, 3));
   try {
     dense(at::randn({2, 5}));
@@ -155,7 +158,8 @@ TEST(LayerNorm, RmsNormAndZeroCenteredGamma) {
   torch::autograd::backward({yr}, {dy});
   EXPECT_TRUE(Close(x.grad(), xr.grad(), 1e-5));
   EXPECT_TRUE(Close(rms->scale.grad(), g.grad()));
-  EXPECT_THROW(LayerNorm(LayerNormOptions(8).layernorm_type("batchnorm")), Error);
+  EXPECT_ERROR(LayerNorm(LayerNormOptions(8).layernorm_type("batchnorm")),
+               "layernorm_type 'batchnorm' is not 'layernorm' or 'rmsnorm'");
 }
 
 // ---- LayerNormDense ----------------------------------------------------------------------------
@@ -180,9 +184,10 @@ TEST(LayerNormDense, EqualsNormThenMatmul) {
   EXPECT_TRUE(Close(lnd->layernorm->scale.grad(), g.grad()));
   std::vector<std::string> names;
   for (const auto& p : lnd->named_parameters()) names.push_back(p.key());
-  EXPECT_EQ(names, (std::vector<std::string>{"layernorm.scale", "layernorm.ln_bias",
-                                             "dense.kernel", "dense.bias"}));
-  EXPECT_FALSE(LayerNormDense(LayerNormDenseOptions(8, 6))->forward_with_layernorm_output(x)
+  EXPECT_EQ(names, (std::vector<std::string>{"layernorm.scale", "layernorm.ln_bias", "dense.kernel",
+                                             "dense.bias"}));
+  EXPECT_FALSE(LayerNormDense(LayerNormDenseOptions(8, 6))
+                   ->forward_with_layernorm_output(x)
                    .second.has_value());
 }
 
@@ -258,10 +263,13 @@ TEST(LayerNormMLP, DropoutOnlyInTraining) {
 }
 
 TEST(LayerNormMLP, ReportsBadOptions) {
-  EXPECT_THROW(LayerNormMLP(LayerNormMLPOptions(8, 16).activations({"swish"})), Error);
-  EXPECT_THROW(LayerNormMLP(LayerNormMLPOptions(8, 16).activations({})), Error);
-  EXPECT_THROW(LayerNormMLP(LayerNormMLPOptions(8, 16).intermediate_dropout_rate(1.0)), Error);
-  EXPECT_THROW(LayerNormMLP(LayerNormMLPOptions(8, 16).kernel_axes_2({"w_tp"})), Error);
+  EXPECT_ERROR(LayerNormMLP(LayerNormMLPOptions(8, 16).activations({"swish"})),
+               "activation 'swish' is not one of");
+  EXPECT_ERROR(LayerNormMLP(LayerNormMLPOptions(8, 16).activations({})), "activations is empty");
+  EXPECT_ERROR(LayerNormMLP(LayerNormMLPOptions(8, 16).intermediate_dropout_rate(1.0)),
+               "intermediate_dropout_rate 1 is not in [0, 1)");
+  EXPECT_ERROR(LayerNormMLP(LayerNormMLPOptions(8, 16).kernel_axes_2({"w_tp"})),
+               "parameter 'wo_kernel' has 2 dims but 1 logical axes ('w_tp')");
 }
 
 }  // namespace

@@ -94,13 +94,12 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         // Megatron: the attention and MLP outputs are all-reduced forward; the inputs of their
         // column-parallel projections are all-reduced backward.
-        PlanCase{"TP2", "tp=tp", "tp", false,
-                 Plan{2, 2 * kActivation, 0, 0, 0, 0}, Plan{2, 2 * kActivation, 0, 0, 0, 0}},
+        PlanCase{"TP2", "tp=tp", "tp", false, Plan{2, 2 * kActivation, 0, 0, 0, 0},
+                 Plan{2, 2 * kActivation, 0, 0, 0, 0}},
         // Megatron-SP: each all-reduce becomes an all-gather before the block and a
         // reduce-scatter after it, of the same bytes, both ways; the norms, now applied to
         // sequence shards, all-reduce their gradients.
-        PlanCase{"TP2SP", "tpsp=tp", "tp", true,
-                 Plan{0, 0, 2, 2 * kActivation, 2, 2 * kActivation},
+        PlanCase{"TP2SP", "tpsp=tp", "tp", true, Plan{0, 0, 2, 2 * kActivation, 2, 2 * kActivation},
                  Plan{4, kNorms, 2, 2 * kActivation, 2, 2 * kActivation}},
         // FSDP: every kernel is all-gathered for use (and freed: gathered again in backward)
         // and its gradient reduce-scattered; the replicated norms all-reduce their gradients as
@@ -108,8 +107,7 @@ INSTANTIATE_TEST_SUITE_P(
         PlanCase{"FSDP2", "fsdp=fsdp", "fsdp", false, Plan{0, 0, 4, kKernels, 0, 0},
                  Plan{4, kNorms, 4, kKernels, 4, kKernels}},
         // Data parallel: nothing forward; every parameter's gradient all-reduced, once.
-        PlanCase{"DP2", "dp=data", "data", false, Plan{},
-                 Plan{8, kKernels + kNorms, 0, 0, 0, 0}},
+        PlanCase{"DP2", "dp=data", "data", false, Plan{}, Plan{8, kKernels + kNorms, 0, 0, 0, 0}},
         // With GradientBuckets the same bytes go in one bucketed all-reduce.
         PlanCase{"DP2Bucketed", "dp=data", "data", false, Plan{},
                  Plan{1, kKernels + kNorms, 0, 0, 0, 0}, true},

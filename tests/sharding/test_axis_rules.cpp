@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include "../expect_error.h"
 #include "te/sharding.h"
 
 namespace te {
@@ -23,8 +24,7 @@ TEST(LogicalToMeshAxes, FlaxPriorityExamples) {
 
 TEST(LogicalToMeshAxes, FlaxOverrideExamples) {
   // ('bar', None) pins bar; the second foo rule never applies because foo is already assigned.
-  const AxisRules rules = {
-      {"baz", {"data"}}, {"bar", {}}, {"foo", {"model"}}, {"foo", {"data"}}};
+  const AxisRules rules = {{"baz", {"data"}}, {"bar", {}}, {"foo", {"model"}}, {"foo", {"data"}}};
   EXPECT_EQ(logical_to_mesh_axes({"baz", "bar", "foo"}, rules), P({{"data"}, None, {"model"}}));
   EXPECT_EQ(logical_to_mesh_axes({"baz", "bar", "foo"}, {{"baz", {"model"}}}),
             P({{"model"}, None, None}));
@@ -111,19 +111,21 @@ TEST(LogicalToMeshAxes, RepeatedNameThrowsNamingIt) {
     EXPECT_NE(msg.find("std::nullopt"), std::string::npos) << msg;  // says what to do
   }
   // A repeated name throws even with no rules at all (Flax checks names first).
-  EXPECT_THROW(logical_to_mesh_axes({"a", "a"}, {}), Error);
+  EXPECT_ERROR(logical_to_mesh_axes({"a", "a"}, {}), "logical axis 'a' occurs more than once");
 }
 
 TEST(LogicalToMeshAxes, MalformedRulesThrow) {
-  EXPECT_THROW(logical_to_mesh_axes({"a"}, {{"", {"x"}}}), Error);
-  EXPECT_THROW(logical_to_mesh_axes({"a"}, {{"a", {""}}}), Error);
+  EXPECT_ERROR(logical_to_mesh_axes({"a"}, {{"", {"x"}}}),
+               "axis rule 0 (=x) has an empty logical name");
+  EXPECT_ERROR(logical_to_mesh_axes({"a"}, {{"a", {""}}}),
+               "axis rule 0 for 'a' has an empty mesh axis name");
   try {
     logical_to_mesh_axes({"a"}, {{"a", {"x", "x"}}});
     FAIL() << "expected te::Error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("names mesh axis 'x' twice"), std::string::npos);
   }
-  EXPECT_THROW(logical_to_mesh_axes({std::string()}, {}), Error);
+  EXPECT_ERROR(logical_to_mesh_axes({std::string()}, {}), "dim 0 has an empty name");
 }
 
 // ---- the trace -------------------------------------------------------------------------------
@@ -165,9 +167,8 @@ TEST(PartitionSpecPrinting, JaxSpelling) {
 // ---- explain ---------------------------------------------------------------------------------
 
 TEST(ExplainLogicalAxes, SaysWhichRuleAssignedAndWhyOthersWereSkipped) {
-  const AxisRules rules = {
-      {"batch", {"data"}}, {"hidden", {}},      {"heads", {"data"}},
-      {"heads", {"model"}}, {"batch", {"model"}}, {"vocab", {"x"}}};
+  const AxisRules rules = {{"batch", {"data"}},  {"hidden", {}},       {"heads", {"data"}},
+                           {"heads", {"model"}}, {"batch", {"model"}}, {"vocab", {"x"}}};
   const std::string text =
       explain_logical_axes({"batch", "seqlen", "heads", "hidden", std::nullopt}, rules);
   const std::string expected =

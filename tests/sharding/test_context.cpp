@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "../expect_error.h"
 #include "te/sharding.h"
 
 namespace te {
@@ -66,7 +67,7 @@ TEST(AxisRulesScope, OutOfOrderDestructionKeepsTheStackConsistent) {
 }
 
 TEST(AxisRulesScope, ValidatesRules) {
-  EXPECT_THROW(AxisRulesScope({{"a", {"x", "x"}}}), Error);
+  EXPECT_ERROR(AxisRulesScope({{"a", {"x", "x"}}}), "names mesh axis 'x' twice");
   EXPECT_TRUE(current_axis_rules().empty());
 }
 
@@ -96,16 +97,17 @@ TEST(MeshResourceScope, RejectsTpAndTpspTogether) {
     EXPECT_NE(std::string(e.what()).find("tp and tpsp are both set"), std::string::npos);
   }
   EXPECT_FALSE(current_mesh_resource());
-  EXPECT_THROW(te_default_axis_rules(r), Error);
+  EXPECT_ERROR(te_default_axis_rules(r),
+               "MeshResource(tp='model', tpsp='model2'): tp and tpsp are both set");
 }
 
 TEST(MeshResourceScope, RejectsTwoRolesOnOneAxisAndEmptyNames) {
   MeshResource both{"data"};
   both.fsdp = "data";
-  EXPECT_THROW(MeshResourceScope scope(both), Error);
+  EXPECT_ERROR(MeshResourceScope scope(both), "roles dp and fsdp both name mesh axis 'data'");
   MeshResource empty_name;
   empty_name.cp = "";
-  EXPECT_THROW(MeshResourceScope scope(empty_name), Error);
+  EXPECT_ERROR(MeshResourceScope scope(empty_name), "role cp names the empty mesh axis");
   // ep may share the data axis.
   MeshResource ep_on_data{"data"};
   ep_on_data.ep = "data";
@@ -180,7 +182,8 @@ TEST(ExtendLogicalAxisRules, ThrowsOnADivergingEntryNamingBothValues) {
     EXPECT_NE(msg.find("has heads=model"), std::string::npos) << msg;
   }
   // Two entries for a TE name diverge even if one of them agrees.
-  EXPECT_THROW(extend_logical_axis_rules(parse_axis_rules("heads=model,heads=")), Error);
+  EXPECT_ERROR(extend_logical_axis_rules(parse_axis_rules("heads=model,heads=")),
+               "the rules diverge from TE's on axis 'heads'");
   // An agreeing single entry is kept in place, not duplicated.
   const AxisRules extended = extend_logical_axis_rules(parse_axis_rules("seqlen=,heads=model"));
   EXPECT_EQ(std::count_if(extended.begin(), extended.end(),
@@ -205,7 +208,8 @@ TEST(ResolveLogicalAxes, NothingInScopeMeansNoConstraint) {
   EXPECT_FALSE(resolve_logical_axes({"batch", "seqlen"}));
   EXPECT_TRUE(warnings.messages().empty());
   // ... but a repeated name is reported on one device too.
-  EXPECT_THROW(resolve_logical_axes({"batch", "heads", "seqlen", "seqlen"}), Error);
+  EXPECT_ERROR(resolve_logical_axes({"batch", "heads", "seqlen", "seqlen"}),
+               "logical axis 'seqlen' occurs more than once");
 }
 
 TEST(ResolveLogicalAxes, UserRulesWithEachFallback) {
@@ -235,7 +239,8 @@ TEST(ResolveLogicalAxes, UserRulesWithEachFallback) {
 TEST(ResolveLogicalAxes, RaiseErrorNamesAxesWhoseRulesWereAllSkipped) {
   // Flax counts a dim whose rules were all skipped as unassigned, hence unmatched.
   AxisRulesScope rules(parse_axis_rules("batch=data,heads=data"));
-  EXPECT_THROW(resolve_logical_axes({"batch", "heads"}, RulesFallback::kRaiseError), Error);
+  EXPECT_ERROR(resolve_logical_axes({"batch", "heads"}, RulesFallback::kRaiseError),
+               "'heads' matches no applicable rule");
 }
 
 TEST(ResolveLogicalAxes, UserRulesWinOverTheMeshResource) {
@@ -261,21 +266,25 @@ TEST(ResolveLogicalAxes, TeTableFallbackWarnsOncePerProcess) {
             P({{"data"}, {"model"}, None}));
   EXPECT_EQ(*resolve_logical_axes({"batch", "seqlen", "heads", std::nullopt}),
             P({{"data"}, None, {"model"}, None}));
-  std::thread([] { MeshResourceScope r(MeshResource{"d"}); resolve_logical_axes({"batch"}); })
-      .join();
+  std::thread([] {
+    MeshResourceScope r(MeshResource{"d"});
+    resolve_logical_axes({"batch"});
+  }).join();
   const auto messages = warnings.messages();
   ASSERT_EQ(messages.size(), 1u);
   EXPECT_NE(messages[0].find("deprecated"), std::string::npos);
   EXPECT_NE(messages[0].find("extend_logical_axis_rules"), std::string::npos);
   // The TE table also applies the fallback: a name outside it is unmatched.
-  EXPECT_THROW(resolve_logical_axes({"batch", "embed"}, RulesFallback::kRaiseError), Error);
+  EXPECT_ERROR(resolve_logical_axes({"batch", "embed"}, RulesFallback::kRaiseError),
+               "'embed' matches no applicable rule");
   EXPECT_FALSE(resolve_logical_axes({"batch", "embed"}, RulesFallback::kNoConstraint));
 }
 
 TEST(ResolveLogicalAxes, RepeatedNameThrowsUnderTheTeTableToo) {
   WarningCapture warnings;
   MeshResourceScope resource(parse_mesh_resource("dp=data"));
-  EXPECT_THROW(resolve_logical_axes({"batch", "heads", "seqlen", "seqlen"}), Error);
+  EXPECT_ERROR(resolve_logical_axes({"batch", "heads", "seqlen", "seqlen"}),
+               "logical axis 'seqlen' occurs more than once");
 }
 
 TEST(WarningHandler, NullRestoresTheDefaultAndReturnsThePrevious) {
@@ -351,9 +360,8 @@ TEST(Threads, CapturedContextCarriesIntoAWorker) {
     EXPECT_EQ(current_mesh_resource()->tp, "model");
   }).join();
 
-  auto task = bind_sharding_context([](const LogicalAxes& axes) {
-    return resolve_logical_axes(axes);
-  });
+  auto task =
+      bind_sharding_context([](const LogicalAxes& axes) { return resolve_logical_axes(axes); });
   std::optional<PartitionSpec> from_worker;
   std::thread([&] { from_worker = task(LogicalAxes{"batch", "heads"}); }).join();
   ASSERT_TRUE(from_worker);
@@ -402,7 +410,8 @@ TEST(ExceptionSafety, AFailedScopeConstructionLeavesNothingBehind) {
   }
   ShardingContext ctx;
   ctx.mesh_resource = bad;
-  EXPECT_THROW(ShardingContextScope scope(ctx), Error);
+  EXPECT_ERROR(ShardingContextScope scope(ctx),
+               "MeshResource(tp='a', tpsp='b'): tp and tpsp are both set");
   EXPECT_FALSE(current_mesh_resource());
   EXPECT_TRUE(current_axis_rules().empty());
 }

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include "../expect_error.h"
 #include "te/sharding.h"
 
 namespace te {
@@ -78,7 +79,7 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 TEST(ParseAxisRules, RejectsARuleRepeatingAMeshAxis) {
-  EXPECT_THROW(parse_axis_rules("batch=(data,data)"), Error);
+  EXPECT_ERROR(parse_axis_rules("batch=(data,data)"), "names mesh axis 'data' twice");
 }
 
 TEST(ParseMeshResource, ReadsRoles) {
@@ -96,11 +97,13 @@ TEST(ParseMeshResource, ReadsRoles) {
 }
 
 TEST(ParseMeshResource, RejectsBadInput) {
-  EXPECT_THROW(parse_mesh_resource("dq=data"), Error);          // unknown role
-  EXPECT_THROW(parse_mesh_resource("dp=data,dp=x"), Error);     // role twice
-  EXPECT_THROW(parse_mesh_resource("dp=(data,fsdp)"), Error);   // tuple
-  EXPECT_THROW(parse_mesh_resource("dp="), Error);              // no axis
-  EXPECT_THROW(parse_mesh_resource("tp=model,tpsp=m2"), Error);  // tp and tpsp
+  EXPECT_ERROR(parse_mesh_resource("dq=data"), "unknown role 'dq'");           // unknown role
+  EXPECT_ERROR(parse_mesh_resource("dp=data,dp=x"), "role 'dp' given twice");  // role twice
+  EXPECT_ERROR(parse_mesh_resource("dp=(data,fsdp)"),
+               "role 'dp' must name exactly one mesh axis (got dp=(data,fsdp))");  // tuple
+  EXPECT_ERROR(parse_mesh_resource("dp="),
+               "role 'dp' must name exactly one mesh axis (got dp=)");                // no axis
+  EXPECT_ERROR(parse_mesh_resource("tp=model,tpsp=m2"), "tp and tpsp are both set");  // tp and tpsp
   try {
     parse_mesh_resource("dq=data");
   } catch (const Error& e) {
