@@ -116,6 +116,24 @@ DTensor DotProductAttentionImpl::forward(const DTensor& query, const DTensor& ke
     return change ? t.redistribute(target) : t;
   };
   const DTensor q = whole(query);
+  // Heads split over mesh axes must split whole query and key/value heads (GQA groups), the
+  // same on every rank; checked before any collective so every rank stops here alike.
+  int64_t head_ranks = 1;
+  std::string head_axes;
+  for (int64_t m = 0; m < q.mesh().ndim(); ++m) {
+    if (is_shard(q.placements()[static_cast<std::size_t>(m)], 2)) {
+      head_ranks *= q.mesh().size(m);
+      head_axes += (head_axes.empty() ? "'" : ", '") +
+                   q.mesh().axis_names()[static_cast<std::size_t>(m)] + "'";
+    }
+  }
+  TE_CHECK(q.size(2) % head_ranks == 0 && key.size(2) % head_ranks == 0,
+           "DotProductAttention: ", q.size(2), " query heads and ", key.size(2),
+           " key/value heads (num_gqa_groups) cannot be split evenly over the ", head_ranks,
+           " ranks of mesh axes ", head_axes,
+           " that shard the heads; use head counts that are "
+           "multiples of ",
+           head_ranks, " or shard the heads over fewer ranks");
   const DTensor k = whole(key).redistribute(q.placements());
   const DTensor v = whole(value).redistribute(q.placements());
   at::Tensor local_mask = effective_mask(options.attn_mask_type(), mask);

@@ -290,6 +290,37 @@ TEST(WithShardingConstraint, FollowsTheRulesOnTheCurrentMesh) {
   });
 }
 
+// One dim over a tuple of mesh axes, (data, model) on a 2x2 mesh: data splits the rows first
+// (major), model splits each half again (minor). The pieces are written out by hand, not derived
+// from local_chunks, for an even dim (8 rows) and an uneven one (7 rows: torch.chunk gives data
+// 4 + 3, then model 2 + 2 and 2 + 1).
+TEST(WithShardingConstraint, ATupleShardsMajorToMinorByHand) {
+  run_local_ranks(4, [](int rank) {
+    DeviceMesh mesh({2, 2}, {"data", "model"});
+    MeshScope scope(mesh);
+    AxisRulesScope rules(parse_axis_rules("vocab=(data,model)"));
+    // rank = 2 * data + model; rows [begin, end) per rank.
+    const int64_t even[4][2] = {{0, 2}, {2, 4}, {4, 6}, {6, 8}};
+    const int64_t uneven[4][2] = {{0, 2}, {2, 4}, {4, 6}, {6, 7}};
+    for (const auto& [rows, want] : {std::pair<int64_t, const int64_t(*)[2]>{8, even},
+                                     std::pair<int64_t, const int64_t(*)[2]>{7, uneven}}) {
+      const at::Tensor t = at::arange(rows * 3, at::kFloat).view({rows, 3});
+      DTensor x = DTensor::distribute(t, mesh, {Replicate{}, Replicate{}});
+      DTensor v = with_sharding_constraint(x, {"vocab", std::nullopt});
+      EXPECT_EQ(to_string(v.placements()), "[Shard(0), Shard(0)]");
+      const int64_t begin = want[rank][0], end = want[rank][1];
+      EXPECT_TRUE(at::equal(v.to_local(), t.slice(0, begin, end)))
+          << rows << " rows, rank " << rank << ": got " << v.to_local();
+      EXPECT_TRUE(at::equal(v.full_tensor(), t));
+    }
+    // The tuple the other way round is out of the mesh's order.
+    AxisRulesScope reversed(parse_axis_rules("vocab=(model,data)"));
+    DTensor x = DTensor::distribute(at::zeros({8, 3}), mesh, {Replicate{}, Replicate{}});
+    EXPECT_ERROR(with_sharding_constraint(x, {"vocab", std::nullopt}),
+                 "over mesh axes out of the mesh's order");
+  });
+}
+
 TEST(WithShardingConstraint, UsesTheTeTableUnderAMeshResource) {
   set_warning_handler([](std::string_view) {});
   run_local_ranks(2, [](int) {

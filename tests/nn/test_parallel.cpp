@@ -1,9 +1,11 @@
-// The equivalence matrix: {Dense column- and row-parallel, LayerNormMLP gelu and gated} x {DP2,
-// FSDP2, TP2, TP2+SP, DP2xTP2} x {TE table from the MeshResource, user rules extended with TE's,
-// custom axis names in the kernels}: outputs and the gradients of the input and of every
-// parameter equal one process within 1e-5. Ranks are threads with their own Gloo groups. The
-// modules with dropout run the matrix a second time in training mode with rates 0.1-0.3: te's
-// dropout draws each element's mask from its global position, so every layout still matches.
+// The equivalence matrix: {Dense column- and row-parallel, LayerNormMLP gelu and gated, attention,
+// encoder and decoder layers} x {DP2, FSDP2, TP2, TP2+SP, DP2xTP2, TP4, FSDP2xTP2, DP2xFSDP2 (batch
+// over the tuple)} x {TE table from the MeshResource, user rules extended with TE's, custom axis
+// names in the kernels}, plus an uneven batch and sequence (3 x 5) on DP2, TP2+SP and DP2xTP2:
+// outputs and the gradients of the input and of every parameter equal one process within 1e-5.
+// Ranks are threads with their own Gloo groups. The modules with dropout run the matrix a second
+// time in training mode with rates 0.1-0.3: te's dropout draws each element's mask from its global
+// position, so every layout still matches.
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -13,6 +15,7 @@
 #include <map>
 
 #include "../distributed/dist_test_util.h"
+#include "../expect_error.h"
 #include "te/nn.h"
 
 namespace te::nn {
@@ -35,6 +38,10 @@ const std::vector<Layout>& layouts() {
       {"TP2", {2}, {"tp"}, "tp=tp"},
       {"TP2SP", {2}, {"tp"}, "tpsp=tp", true},
       {"DP2xTP2", {2, 2}, {"data", "tp"}, "dp=data,tp=tp"},
+      {"TP4", {4}, {"tp"}, "tp=tp"},
+      {"FSDP2xTP2", {2, 2}, {"fsdp", "tp"}, "fsdp=fsdp,tp=tp"},
+      // batch over the tuple (data, fsdp): TE's table maps it to both.
+      {"DP2xFSDP2", {2, 2}, {"data", "fsdp"}, "dp=data,fsdp=fsdp"},
   };
   return all;
 }
@@ -74,10 +81,21 @@ struct Model {
   std::function<DTensor(const DTensor&)> forward_d;
 };
 
-// Rows of lengths 6, 4, 5, 3: [batch, 1, seqlen, seqlen], true where a key is padding.
-at::Tensor padding_mask() {
-  at::Tensor len = at::tensor(std::vector<int64_t>{6, 4, 5, 3}).view({-1, 1, 1, 1});
-  return at::arange(6).view({1, 1, 1, 6}).ge(len).expand({4, 1, 6, 6});
+// The global input's batch and sequence: even (4 x 6), or uneven over two ranks (3 x 5: the
+// batch splits 2 + 1, the sequence 3 + 2).
+struct Shape {
+  int64_t batch, seq;
+};
+Shape shape_of(bool uneven) { return uneven ? Shape{3, 5} : Shape{4, 6}; }
+
+// Rows of lengths 6, 4, 5, 3 (cut to the shape): [batch, 1, seqlen, seqlen], true where a key
+// is padding.
+at::Tensor padding_mask(Shape sh) {
+  at::Tensor len = at::tensor(std::vector<int64_t>{6, 4, 5, 3})
+                       .narrow(0, 0, sh.batch)
+                       .clamp_max(sh.seq)
+                       .view({-1, 1, 1, 1});
+  return at::arange(sh.seq).view({1, 1, 1, sh.seq}).ge(len).expand({sh.batch, 1, sh.seq, sh.seq});
 }
 
 // Dropout rates of the second run (0 in the first).
@@ -86,7 +104,7 @@ struct Rates {
 };
 Rates rates(bool dropout) { return dropout ? Rates{0.1, 0.3, 0.2} : Rates{}; }
 
-Model make(Kind kind, bool sp, Way way, bool dropout) {
+Model make(Kind kind, bool sp, Way way, bool dropout, Shape sh) {
   const Rates r = rates(dropout);
   const bool custom = way == Way::kCustomNames;
   const LogicalAxes act = {"batch", sp ? "seqlen_tp" : "seqlen", "hidden"};
@@ -147,7 +165,7 @@ Model make(Kind kind, bool sp, Way way, bool dropout) {
         options.num_gqa_groups(2).attn_mask_type("padding_causal");
       }
       MultiHeadAttention mha(options);
-      const at::Tensor mask = kind == Kind::kMhaGqa ? padding_mask() : at::Tensor();
+      const at::Tensor mask = kind == Kind::kMhaGqa ? padding_mask(sh) : at::Tensor();
       m = {mha.ptr(), [mha, mask](const at::Tensor& x) mutable { return mha(x, {}, mask); },
            [mha, mask](const DTensor& x) mutable { return mha(x, std::nullopt, mask); }};
       break;
@@ -166,12 +184,13 @@ Model make(Kind kind, bool sp, Way way, bool dropout) {
                                  .out_kernel_axes({w_out, w_in})
                                  .mlp_kernel_axes_1({w_in, joined, w_out})
                                  .mlp_kernel_axes_2({w_out, w_in}));
-      const at::Tensor mask = padding_mask();
+      const at::Tensor mask = padding_mask(sh);
       if (kind == Kind::kEncoder) {
         m = {layer.ptr(), [layer, mask](const at::Tensor& x) mutable { return layer(x, mask); },
              [layer, mask](const DTensor& x) mutable { return layer(x, mask); }};
       } else {
-        const at::Tensor memory = test::seeded_integers({4, 6, 16}, 33).to(at::kFloat) / 9.0;
+        const at::Tensor memory =
+            test::seeded_integers({sh.batch, sh.seq, 16}, 33).to(at::kFloat) / 9.0;
         m = {layer.ptr(),
              [layer, memory, mask](const at::Tensor& x) mutable {
                return layer(x, {}, memory, mask);
@@ -193,25 +212,19 @@ struct Reference {
   std::map<std::string, at::Tensor> grads;
 };
 
-const at::Tensor& global_input() {
-  static const at::Tensor x = test::seeded_integers({4, 6, 16}, 31).to(at::kFloat) / 7.0;
-  return x;
+at::Tensor global_input(Shape sh) {
+  return test::seeded_integers({sh.batch, sh.seq, 16}, 31).to(at::kFloat) / 7.0;
 }
-const at::Tensor& output_weight(int64_t width) {
-  static std::map<int64_t, at::Tensor> cache;
-  auto it = cache.find(width);
-  if (it == cache.end()) {
-    it = cache.emplace(width, test::seeded_integers({4, 6, width}, 32).to(at::kFloat) / 5.0).first;
-  }
-  return it->second;
+at::Tensor output_weight(Shape sh, int64_t width) {
+  return test::seeded_integers({sh.batch, sh.seq, width}, 32).to(at::kFloat) / 5.0;
 }
 
-Reference reference(Kind kind, bool dropout) {
+Reference reference(Kind kind, bool dropout, Shape sh) {
   manual_seed(21);
-  Model m = make(kind, false, Way::kTeTable, dropout);
-  at::Tensor x = global_input().clone().requires_grad_(true);
+  Model m = make(kind, false, Way::kTeTable, dropout, sh);
+  at::Tensor x = global_input(sh).requires_grad_(true);
   at::Tensor y = m.forward(x);
-  (y * output_weight(y.size(-1))).sum().backward();
+  (y * output_weight(sh, y.size(-1))).sum().backward();
   Reference r{y.detach(), x.grad(), {}};
   for (const auto& p : m.module->named_parameters()) r.grads[p.key()] = p.value().grad();
   return r;
@@ -222,6 +235,7 @@ struct Case {
   std::string layout;
   Way way;
   bool dropout = false;
+  bool uneven = false;
 };
 
 class Equivalence : public ::testing::TestWithParam<Case> {};
@@ -230,7 +244,8 @@ TEST_P(Equivalence, OutputsAndEveryGradientMatchOneProcess) {
   const Case& c = GetParam();
   const Layout& layout = *std::find_if(layouts().begin(), layouts().end(),
                                        [&](const Layout& l) { return l.name == c.layout; });
-  const Reference ref = reference(c.kind, c.dropout);
+  const Shape sh = shape_of(c.uneven);
+  const Reference ref = reference(c.kind, c.dropout, sh);
   set_warning_handler([](std::string_view) {});
   int64_t world = 1;
   for (int64_t s : layout.shape) world *= s;
@@ -246,14 +261,15 @@ TEST_P(Equivalence, OutputsAndEveryGradientMatchOneProcess) {
       rules.emplace(custom_rules(resource));
     }
     manual_seed(21);
-    Model m = make(c.kind, layout.sequence_parallel, c.way, c.dropout);
+    Model m = make(c.kind, layout.sequence_parallel, c.way, c.dropout, sh);
 
     const LogicalAxes in_axes = {"batch", layout.sequence_parallel ? "seqlen_tp" : "seqlen",
                                  "hidden"};
     const auto in_placements = placements_for(*resolve_logical_axes(in_axes), mesh);
     at::Tensor x_local =
-        piece_of(global_input(), mesh, in_placements, rank).clone().requires_grad_(true);
-    DTensor x = DTensor::from_local(x_local, mesh, in_placements, std::vector<int64_t>{4, 6, 16});
+        piece_of(global_input(sh), mesh, in_placements, rank).clone().requires_grad_(true);
+    DTensor x = DTensor::from_local(x_local, mesh, in_placements,
+                                    std::vector<int64_t>{sh.batch, sh.seq, 16});
     DTensor y = m.forward_d(x);
     at::Tensor y_full = y.full_tensor();
     ASSERT_TRUE(at::allclose(y_full, ref.y, 1e-5, 1e-5))
@@ -262,7 +278,7 @@ TEST_P(Equivalence, OutputsAndEveryGradientMatchOneProcess) {
       // Half the cases sum data-parallel gradients in buckets after backward.
       std::optional<GradientBuckets> buckets;
       if (c.way == Way::kExtendedRules) buckets.emplace(256);  // small: several buckets
-      (y_full * output_weight(y_full.size(-1))).sum().backward();
+      (y_full * output_weight(sh, y_full.size(-1))).sum().backward();
       if (buckets) buckets->finish();
     }
     EXPECT_TRUE(
@@ -292,10 +308,19 @@ std::vector<Case> all_cases() {
   for (Kind kind : {Kind::kDenseColumn, Kind::kDenseRow, Kind::kMlpGelu, Kind::kMlpGated,
                     Kind::kMhaFused, Kind::kMhaGqa, Kind::kEncoder, Kind::kDecoder}) {
     for (const Layout& l : layouts()) {
+      // 2 key/value heads do not split over 4 ranks (GqaHeadsMustSplitEvenly below).
+      if (kind == Kind::kMhaGqa && l.name == "TP4") continue;
       for (Way way : {Way::kTeTable, Way::kExtendedRules, Way::kCustomNames}) {
         cases.push_back({kind, l.name, way});
         if (kind != Kind::kDenseColumn && kind != Kind::kDenseRow) {
           cases.push_back({kind, l.name, way, true});
+        }
+      }
+      // Batch and sequence that two ranks split unevenly (torch.chunk pieces of 2 + 1, 3 + 2).
+      if (l.name == "DP2" || l.name == "TP2SP" || l.name == "DP2xTP2") {
+        cases.push_back({kind, l.name, Way::kTeTable, false, true});
+        if (kind != Kind::kDenseColumn && kind != Kind::kDenseRow) {
+          cases.push_back({kind, l.name, Way::kTeTable, true, true});
         }
       }
     }
@@ -308,10 +333,28 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
                                 "MhaFusedQkv", "MhaGqa",   "Encoder", "Decoder"};
   static const char* ways[] = {"TeTable", "ExtendedRules", "CustomNames"};
   return std::string(kinds[static_cast<int>(info.param.kind)]) + "_" + info.param.layout + "_" +
-         ways[static_cast<int>(info.param.way)] + (info.param.dropout ? "_Dropout" : "");
+         ways[static_cast<int>(info.param.way)] + (info.param.dropout ? "_Dropout" : "") +
+         (info.param.uneven ? "_Uneven" : "");
 }
 
 INSTANTIATE_TEST_SUITE_P(Matrix, Equivalence, ::testing::ValuesIn(all_cases()), case_name);
+
+// GQA under tensor parallelism needs the key/value heads to split as evenly as the query heads:
+// 2 groups over 4 ranks stop every rank with the same message, before any collective hangs.
+TEST(Attention, GqaHeadsMustSplitEvenly) {
+  set_warning_handler([](std::string_view) {});
+  run_local_ranks(4, [](int) {
+    DeviceMesh mesh({4}, {"tp"});
+    MeshScope scope(mesh);
+    MeshResourceScope resource(parse_mesh_resource("tp=tp"));
+    MultiHeadAttention mha(MultiHeadAttentionOptions(16, 4).num_gqa_groups(2));
+    const DTensor x = DTensor::distribute(global_input(shape_of(false)), mesh, {Replicate{}});
+    EXPECT_ERROR(mha(x),
+                 "4 query heads and 2 key/value heads (num_gqa_groups) cannot be split "
+                 "evenly over the 4 ranks of mesh axes 'tp'");
+  });
+  set_warning_handler(nullptr);
+}
 
 }  // namespace
 }  // namespace te::nn
