@@ -22,6 +22,17 @@ std::vector<int64_t> shape_of(const at::Tensor& t) { return {t.sizes().begin(), 
 // The layout gradients take (Partial becomes Replicate).
 Placement grad_of(const Placement& p) { return is_partial(p) ? Placement{Replicate{}} : p; }
 
+// a @ b for any floating dtype. LibTorch 1.13's CPU has no fp16 GEMM ("addmm_impl_cpu_" not
+// implemented for 'Half'): fp16 operands on the CPU are widened to fp32 (exact), multiplied
+// there (fp32 accumulation, as TE's GEMMs do) and the result rounded to fp16 once. Autograd
+// follows the casts, so the gradients take the same route.
+at::Tensor mm_any(const at::Tensor& a, const at::Tensor& b) {
+  if (a.scalar_type() == at::kHalf && a.device().is_cpu()) {
+    return at::matmul(a.to(at::kFloat), b.to(at::kFloat)).to(at::kHalf);
+  }
+  return at::matmul(a, b);
+}
+
 // Reduces every Partial mesh dim (to Replicate).
 DTensor reduced(const DTensor& x) {
   Placements target = x.placements();
@@ -98,8 +109,8 @@ class GatheredDense : public torch::autograd::Function<GatheredDense> {
     const at::Tensor w = gather_kernel(*k, saved[1]);
     const at::Tensor g = grads[0].reshape({-1, w.numel() / w.size(0)});
     const at::Tensor w2 = w.reshape({w.size(0), -1});
-    const at::Tensor grad_x = at::matmul(g, w2.t()).reshape(x.sizes());
-    const at::Tensor grad_w = at::matmul(x.reshape({-1, x.size(-1)}).t(), g).reshape(w.sizes());
+    const at::Tensor grad_x = mm_any(g, w2.t()).reshape(x.sizes());
+    const at::Tensor grad_w = mm_any(x.reshape({-1, x.size(-1)}).t(), g).reshape(w.sizes());
     Placements own = k->placements;
     for (Placement& p : own) {
       if (is_partial(p)) p = Replicate{};
@@ -124,7 +135,7 @@ at::Tensor dense(const at::Tensor& x, const at::Tensor& w,
   out_shape.insert(out_shape.end(), w.sizes().begin() + 1, w.sizes().end());
   const at::Tensor w2 = w.reshape({w.size(0), -1});
   if (fp8 != nullptr && fp8_enabled()) return fp8::linear(x, w2, fp8, mesh).reshape(out_shape);
-  return at::matmul(x, w2).reshape(out_shape);
+  return mm_any(x, w2).reshape(out_shape);
 }
 
 DTensor dense(const DTensor& x, const DTensor& w, const LogicalAxes& input_axes,
@@ -281,6 +292,10 @@ DTensor layer_norm(const DTensor& x_in, const DTensor& gamma, const std::optiona
 // ---------------------------------------------------------------------------------------------
 
 at::Tensor activation(const at::Tensor& x, const std::string& name) {
+  // LibTorch 1.13 lacks some CPU fp16 kernels (gelu among them): compute those in fp32.
+  if (x.scalar_type() == at::kHalf && x.device().is_cpu() && name != "linear") {
+    return activation(x.to(at::kFloat), name).to(at::kHalf);
+  }
   if (name == "gelu") {
     // The tanh form (jax.nn.gelu(approximate=True), TE's default).
     return at::gelu(x, "tanh");
@@ -433,6 +448,8 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k_in, const at::Tens
     v = v.repeat_interleave(heads / kv_heads, 2);
   }
   const int64_t sq = q.size(1), sk = k.size(1);
+  // -1e10 as TE fills masked logits, or fp16's lowest finite value where -1e10 does not fit.
+  const double masked_value = q.scalar_type() == at::kHalf ? -65504.0 : -1e10;
   // Masked logits get a large negative value rather than -inf, as TE does: a fully masked row
   // then attends uniformly instead of producing NaN.
   at::Tensor masked;
@@ -443,7 +460,7 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k_in, const at::Tens
   if (fused && !on_logits && (dropout == 0.0 || !training)) {
     c10::optional<at::Tensor> bias;
     if (masked.defined()) {
-      bias = at::zeros(masked.sizes(), q.options()).masked_fill(masked, -1e10);
+      bias = at::zeros(masked.sizes(), q.options()).masked_fill(masked, masked_value);
     }
 #if TE_TORCH_VERSION_AT_LEAST(2, 1)
     return at::scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
@@ -459,18 +476,18 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k_in, const at::Tens
 #else
   (void)fused;
 #endif
-  at::Tensor logits = at::matmul(q.transpose(1, 2), k.permute({0, 2, 3, 1}));
+  at::Tensor logits = mm_any(q.transpose(1, 2), k.permute({0, 2, 3, 1}));
   // TE's default (scaled query init, unscaled logits) multiplies by 1: skip the pass.
   if (scale != 1.0) logits = logits * scale;
   if (on_logits) logits = on_logits(logits);
-  if (masked.defined()) logits = logits.masked_fill(masked, -1e10);
+  if (masked.defined()) logits = logits.masked_fill(masked, masked_value);
   at::Tensor probs = at::softmax(logits, -1, at::kFloat).to(q.scalar_type());
   if (training && dropout > 0) {
     const std::vector<int64_t> global = {global_batch ? global_batch : probs.size(0),
                                          global_heads ? global_heads : probs.size(1), sq, sk};
     probs = functional::dropout(probs, dropout, true, global, {batch_offset, head_offset, 0, 0});
   }
-  return at::matmul(probs, v.transpose(1, 2)).transpose(1, 2);
+  return mm_any(probs, v.transpose(1, 2)).transpose(1, 2);
 }
 
 DTensor elementwise(const DTensor& x_in, const std::function<at::Tensor(const at::Tensor&)>& fn) {

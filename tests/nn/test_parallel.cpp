@@ -193,11 +193,14 @@ Model make(Kind kind, bool sp, Way way, bool dropout, Shape sh) {
             test::seeded_integers({sh.batch, sh.seq, 16}, 33).to(at::kFloat) / 9.0;
         m = {layer.ptr(),
              [layer, memory, mask](const at::Tensor& x) mutable {
-               return layer(x, {}, memory, mask);
+               return layer(x, {}, memory.to(x.scalar_type()), mask);
              },
              [layer, memory, mask](const DTensor& x) mutable {
                std::vector<Placement> whole(static_cast<std::size_t>(x.mesh().ndim()), Replicate{});
-               return layer(x, {}, DTensor::distribute(memory, x.mesh(), whole), mask);
+               return layer(
+                   x, {},
+                   DTensor::distribute(memory.to(x.to_local().scalar_type()), x.mesh(), whole),
+                   mask);
              }};
       }
       break;
@@ -219,12 +222,13 @@ at::Tensor output_weight(Shape sh, int64_t width) {
   return test::seeded_integers({sh.batch, sh.seq, width}, 32).to(at::kFloat) / 5.0;
 }
 
-Reference reference(Kind kind, bool dropout, Shape sh) {
+Reference reference(Kind kind, bool dropout, Shape sh, at::ScalarType dtype) {
   manual_seed(21);
   Model m = make(kind, false, Way::kTeTable, dropout, sh);
-  at::Tensor x = global_input(sh).requires_grad_(true);
+  m.module->to(dtype);
+  at::Tensor x = global_input(sh).to(dtype).requires_grad_(true);
   at::Tensor y = m.forward(x);
-  (y * output_weight(sh, y.size(-1))).sum().backward();
+  (y * output_weight(sh, y.size(-1)).to(dtype)).sum().backward();
   Reference r{y.detach(), x.grad(), {}};
   for (const auto& p : m.module->named_parameters()) r.grads[p.key()] = p.value().grad();
   return r;
@@ -236,7 +240,33 @@ struct Case {
   Way way;
   bool dropout = false;
   bool uneven = false;
+  at::ScalarType dtype = at::kFloat;
 };
+
+// How far a layout may move a result from one process's. fp32: 1e-5. bf16 and fp16 round every
+// op's output to 8 (bf16) or 11 (fp16) significant bits; a layout rounds partial results at other
+// points (per-rank partial sums rounded, then summed in fp32 and rounded again), so each op can
+// differ by about two roundings, 2 * 2^-9 = 2^-8 relative for bf16. A module chains up to ~8 such
+// ops (projections, softmax, products, residual adds), so 8 * 2^-8 = 2^-5 of the tensor's
+// magnitude bounds bf16; fp16's 3 more bits make 2^-8.
+double tolerance(at::ScalarType dtype) {
+  if (dtype == at::kBFloat16) return 1.0 / 32;
+  if (dtype == at::kHalf) return 1.0 / 256;
+  return 1e-5;
+}
+
+// max |a - b| <= tol * max(1, max |b|), in fp32.
+::testing::AssertionResult Near(const at::Tensor& a_in, const at::Tensor& b_in, double tol) {
+  const at::Tensor a = a_in.to(at::kFloat), b = b_in.to(at::kFloat);
+  if (a.sizes() != b.sizes()) {
+    return ::testing::AssertionFailure() << "shapes " << a.sizes() << " vs " << b.sizes();
+  }
+  const double err = (a - b).abs().max().item<double>();
+  const double scale = std::max(1.0, b.abs().max().item<double>());
+  if (err <= tol * scale) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << "max abs error " << err << " > " << tol * scale << " (relative " << err / scale << ")";
+}
 
 class Equivalence : public ::testing::TestWithParam<Case> {};
 
@@ -245,7 +275,8 @@ TEST_P(Equivalence, OutputsAndEveryGradientMatchOneProcess) {
   const Layout& layout = *std::find_if(layouts().begin(), layouts().end(),
                                        [&](const Layout& l) { return l.name == c.layout; });
   const Shape sh = shape_of(c.uneven);
-  const Reference ref = reference(c.kind, c.dropout, sh);
+  const Reference ref = reference(c.kind, c.dropout, sh, c.dtype);
+  const double tol = tolerance(c.dtype);
   set_warning_handler([](std::string_view) {});
   int64_t world = 1;
   for (int64_t s : layout.shape) world *= s;
@@ -262,27 +293,27 @@ TEST_P(Equivalence, OutputsAndEveryGradientMatchOneProcess) {
     }
     manual_seed(21);
     Model m = make(c.kind, layout.sequence_parallel, c.way, c.dropout, sh);
+    m.module->to(c.dtype);
 
     const LogicalAxes in_axes = {"batch", layout.sequence_parallel ? "seqlen_tp" : "seqlen",
                                  "hidden"};
     const auto in_placements = placements_for(*resolve_logical_axes(in_axes), mesh);
     at::Tensor x_local =
-        piece_of(global_input(sh), mesh, in_placements, rank).clone().requires_grad_(true);
+        piece_of(global_input(sh).to(c.dtype), mesh, in_placements, rank).requires_grad_(true);
     DTensor x = DTensor::from_local(x_local, mesh, in_placements,
                                     std::vector<int64_t>{sh.batch, sh.seq, 16});
     DTensor y = m.forward_d(x);
     at::Tensor y_full = y.full_tensor();
-    ASSERT_TRUE(at::allclose(y_full, ref.y, 1e-5, 1e-5))
-        << "rank " << rank << " max err " << (y_full - ref.y).abs().max().item<double>();
+    ASSERT_EQ(y_full.scalar_type(), c.dtype);
+    ASSERT_TRUE(Near(y_full, ref.y, tol)) << "rank " << rank;
     {
       // Half the cases sum data-parallel gradients in buckets after backward.
       std::optional<GradientBuckets> buckets;
       if (c.way == Way::kExtendedRules) buckets.emplace(256);  // small: several buckets
-      (y_full * output_weight(sh, y_full.size(-1))).sum().backward();
+      (y_full * output_weight(sh, y_full.size(-1)).to(c.dtype)).sum().backward();
       if (buckets) buckets->finish();
     }
-    EXPECT_TRUE(
-        at::allclose(x_local.grad(), piece_of(ref.x_grad, mesh, in_placements, rank), 1e-5, 1e-5))
+    EXPECT_TRUE(Near(x_local.grad(), piece_of(ref.x_grad, mesh, in_placements, rank), tol))
         << "input gradient on rank " << rank;
 
     const auto param_layouts = named_parameter_layouts(*m.module);
@@ -293,9 +324,8 @@ TEST_P(Equivalence, OutputsAndEveryGradientMatchOneProcess) {
                                       : ref.grads.at(p.key());
       any_sharded = any_sharded || p.value().sizes() != ref.grads.at(p.key()).sizes();
       ASSERT_TRUE(p.value().grad().defined()) << p.key();
-      EXPECT_TRUE(at::allclose(p.value().grad(), want, 1e-5, 1e-5))
-          << p.key() << " on rank " << rank << " max err "
-          << (p.value().grad() - want).abs().max().item<double>();
+      EXPECT_EQ(p.value().grad().scalar_type(), c.dtype) << p.key();
+      EXPECT_TRUE(Near(p.value().grad(), want, tol)) << p.key() << " on rank " << rank;
     }
     // Data parallel keeps whole weights; every other layout shards some.
     EXPECT_EQ(any_sharded, layout.name != "DP2") << layout.name;
@@ -316,6 +346,14 @@ std::vector<Case> all_cases() {
           cases.push_back({kind, l.name, way, true});
         }
       }
+      // bf16 on every base layout, fp16 on three.
+      if (l.name == "DP2" || l.name == "FSDP2" || l.name == "TP2" || l.name == "TP2SP" ||
+          l.name == "DP2xTP2") {
+        cases.push_back({kind, l.name, Way::kTeTable, false, false, at::kBFloat16});
+      }
+      if (l.name == "DP2" || l.name == "TP2SP" || l.name == "DP2xTP2") {
+        cases.push_back({kind, l.name, Way::kTeTable, false, false, at::kHalf});
+      }
       // Batch and sequence that two ranks split unevenly (torch.chunk pieces of 2 + 1, 3 + 2).
       if (l.name == "DP2" || l.name == "TP2SP" || l.name == "DP2xTP2") {
         cases.push_back({kind, l.name, Way::kTeTable, false, true});
@@ -334,7 +372,10 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   static const char* ways[] = {"TeTable", "ExtendedRules", "CustomNames"};
   return std::string(kinds[static_cast<int>(info.param.kind)]) + "_" + info.param.layout + "_" +
          ways[static_cast<int>(info.param.way)] + (info.param.dropout ? "_Dropout" : "") +
-         (info.param.uneven ? "_Uneven" : "");
+         (info.param.uneven ? "_Uneven" : "") +
+         (info.param.dtype == at::kBFloat16 ? "_BF16"
+          : info.param.dtype == at::kHalf   ? "_FP16"
+                                            : "");
 }
 
 INSTANTIATE_TEST_SUITE_P(Matrix, Equivalence, ::testing::ValuesIn(all_cases()), case_name);

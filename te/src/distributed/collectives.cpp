@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 
+#include <chrono>
 #include <sstream>
 
 #include "internal.h"
@@ -27,9 +28,12 @@ std::string ranks_text(const Group& g) {
 }
 
 // Runs one c10d call and waits for it; any failure becomes a te::Error that names the
-// collective, the mesh axis, the ranks of the row and this rank.
+// collective, the mesh axis, the ranks of the row and this rank, and says what went wrong: a
+// peer known to be gone, a wait that ran out the timeout, or (failing sooner, with every peer
+// alive) an error of the backend itself, reported as such rather than blamed on the peers.
 template <typename Launch>
 void run(const Group& g, const char* what, Launch launch) {
+  const auto start = std::chrono::steady_clock::now();
   try {
     auto work = launch();
     work->wait();
@@ -37,19 +41,37 @@ void run(const Group& g, const char* what, Launch launch) {
     throw;
   } catch (const std::exception& e) {
     const std::string missing = g.world ? g.world->describe_missing(g.ranks) : std::string();
+    const auto waited = std::chrono::steady_clock::now() - start;
+    const bool timed_out = waited >= g.timeout * 9 / 10;
+    std::string cause;
+    if (!missing.empty()) {
+      cause = "missing " + missing;
+    } else if (timed_out) {
+      cause = "a peer rank did not arrive within " + std::to_string(g.timeout.count() / 1000.0) +
+              " s (every rank must run the same collectives in the same order)";
+    } else {
+      cause = "the communication backend rejected the call (every peer is alive and it failed "
+              "before the timeout)";
+    }
     TE_FAIL(what, " over mesh axis '", g.axis, "' (ranks ", ranks_text(g), ") failed on rank ",
-            g.world_rank, ": ",
-            missing.empty() ? "a peer rank did not arrive within " +
-                                  std::to_string(g.timeout.count() / 1000.0) +
-                                  " s (every rank must run the same collectives in the same order)"
-                            : "missing " + missing,
-            ". c10d said: ", e.what());
+            g.world_rank, ": ", cause, ". c10d said: ", e.what());
   }
 }
 
-// Gloo reduces no bools; 0/1 in uint8 reduce the same way under sum, max and min.
+// The dtype a tensor crosses Gloo in. Gloo reduces no bools: 0/1 in uint8 reduce the same way
+// under sum, max and min. LibTorch 1.13's Gloo has no bfloat16 at all, and would sum fp16 in fp16
+// at every hop: both travel as fp32 (exact for them), are reduced there, and are rounded back
+// once (restore_dtype), so every rank gets the same bits one process's fp32 sum would round to.
 at::Tensor reducible(const at::Tensor& t) {
-  return t.scalar_type() == at::kBool ? t.to(at::kByte) : t;
+  switch (t.scalar_type()) {
+    case at::kBool:
+      return t.to(at::kByte);
+    case at::kBFloat16:
+    case at::kHalf:
+      return t.to(at::kFloat);
+    default:
+      return t;
+  }
 }
 at::Tensor restore_dtype(const at::Tensor& t, at::ScalarType dtype) {
   return t.scalar_type() == dtype ? t : t.to(dtype);
@@ -175,7 +197,7 @@ at::Tensor all_reduce(const Group& g, const at::Tensor& t, ReduceOp op) {
   at::Tensor out = reducible(t).contiguous().clone();
   allreduce_inplace(g, out, c10d_op(op), "all_reduce");
   if (op == ReduceOp::kAvg) out.div_(static_cast<double>(g.size));
-  CommTrace::record({Collective::kAllReduce, g.axis, bytes_of(out), "allreduce"});
+  CommTrace::record({Collective::kAllReduce, g.axis, bytes_of(t), "allreduce"});
   return restore_dtype(out, dtype);
 }
 

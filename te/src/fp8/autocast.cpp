@@ -144,7 +144,18 @@ void fold_amax(const at::Tensor& slot, const at::Tensor& amax) {
   slot.fill_(std::isnan(a) || a > b ? a : b);
 }
 
+// The FP8 state stays fp32 whatever the module's dtype: module->to(at::kBFloat16) converts every
+// floating buffer, these included, and scales or amaxes rounded to 8 mantissa bits would change
+// the casts. Converted back here on first use (values that went through bf16 keep that rounding).
+void keep_fp32(GemmMeta& meta) {
+  for (at::Tensor* t : {&meta.fwd_scale, &meta.fwd_scale_inv, &meta.fwd_amax_history,
+                        &meta.bwd_scale, &meta.bwd_scale_inv, &meta.bwd_amax_history}) {
+    if (t->scalar_type() != at::kFloat) t->set_data(t->to(at::kFloat));
+  }
+}
+
 void ensure_history(GemmMeta& meta, int64_t len) {
+  keep_fp32(meta);
   if (meta.fwd_amax_history.size(0) != len) {
     meta.fwd_amax_history.set_data(at::zeros({len, 2}, meta.fwd_amax_history.options()));
   }
