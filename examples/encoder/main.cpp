@@ -4,6 +4,7 @@
 // layout chosen only by the mesh, MeshResource and rules on the command line.
 
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
 #include <torch/csrc/autograd/grad_mode.h>
 #include <torch/optim/adamw.h>
 #include <unistd.h>
@@ -58,7 +59,7 @@ struct Args {
   int64_t mlp_hidden_size = 1024;
   int64_t heads = 8;
   std::string mlp_activations = "auto";
-  std::string dropout_masks = "per-step";
+  std::string dtype = "fp32";
   bool quiet = false;
 };
 
@@ -312,6 +313,29 @@ struct Batch {
   at::Tensor ids, mask, labels;
 };
 
+// bf16 compute with fp32 weights and optimiser state (TE's bf16 runs keep fp32 parameters): the
+// GEMMs and attention run in bf16 under LibTorch's CPU autocast for the region's lifetime.
+class ComputeDtype {
+ public:
+  explicit ComputeDtype(bool bf16) : bf16_(bf16) {
+    if (bf16_) {
+      at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+      at::autocast::set_cpu_enabled(true);
+    }
+  }
+  ~ComputeDtype() {
+    if (bf16_) {
+      at::autocast::set_cpu_enabled(false);
+      at::autocast::clear_cache();
+    }
+  }
+  ComputeDtype(const ComputeDtype&) = delete;
+  ComputeDtype& operator=(const ComputeDtype&) = delete;
+
+ private:
+  bool bf16_;
+};
+
 Batch batch_of(const encoder::Encoded& data, const at::Tensor& index, int64_t max_seq_len) {
   return {data.ids.index_select(0, index),
           encoder::padding_mask(data.lengths.index_select(0, index), max_seq_len),
@@ -336,8 +360,9 @@ class Trainer {
 
   // Logits of a global batch: [B, 2], the same on every rank.
   at::Tensor logits(const Batch& b) {
-    if (!mesh_) return model_->forward(b.ids, b.mask);
-    return model_->forward_on_mesh(b.ids, b.mask).full_tensor();
+    ComputeDtype compute(args_.dtype == "bf16");
+    if (!mesh_) return model_->forward(b.ids, b.mask).to(at::kFloat);
+    return model_->forward_on_mesh(b.ids, b.mask).full_tensor().to(at::kFloat);
   }
 
   Evaluation evaluate(const encoder::Encoded& data) {
@@ -526,15 +551,15 @@ int train(const Args& args, const Layout& layout, int rank, int world_size) {
               << ") -> TransformerLayer(hidden " << args.hidden_size << ", mlp "
               << args.mlp_hidden_size << " " << activations << ", " << args.heads
               << " heads, dropout " << options.hidden_dropout << "/" << options.attention_dropout
-              << "/" << options.intermediate_dropout << " " << args.dropout_masks
+              << "/" << options.intermediate_dropout
               << (args.sequence_parallel ? ", sequence parallel" : "") << ") -> Dense("
               << args.hidden_size << ") x2 -> Dense(2); " << params << " parameters on rank 0\n"
               << "  layout: " << world_size << (world_size == 1 ? " rank, " : " ranks, ")
               << layout.description << ", data-parallel size " << dp << "\n"
               << "  training: " << args.epochs << " epochs, global batch " << args.batch_size
               << ", AdamW lr " << args.lr << " (betas 0.9/0.999, eps 1e-8, weight decay 1e-4), "
-              << "seed " << args.seed << ", fp8 " << args.fp8 << ", " << at::get_num_threads()
-              << " threads per rank" << std::endl;
+              << "seed " << args.seed << ", " << args.dtype << ", fp8 " << args.fp8 << ", "
+              << at::get_num_threads() << " threads per rank" << std::endl;
   }
 
   std::ofstream steps_csv;
@@ -562,12 +587,6 @@ int train(const Args& args, const Layout& layout, int rank, int world_size) {
       const auto step_start = Clock::now();
       const Batch b = batch_of(train_set, perm.narrow(0, step * args.batch_size, args.batch_size),
                                args.max_seq_len);
-      if (args.dropout_masks == "per-epoch") {
-        // Every step of the epoch restarts the dropout stream at the same point, so it draws
-        // the masks of the epoch's first step again (TE's multi-device examples pass one dropout
-        // key for the whole epoch).
-        te::nn::set_rng_state({args.seed * 1000003u + static_cast<uint64_t>(epoch), 0});
-      }
       at::Tensor loss, out;
       optimizer.zero_grad();
       {
@@ -651,7 +670,7 @@ int train(const Args& args, const Layout& layout, int rank, int world_size) {
                         {"sequence_parallel", args.sequence_parallel},
                         {"mlp_activations", activations},
                         {"fp8", args.fp8},
-                        {"dropout_masks", args.dropout_masks},
+                        {"dtype", args.dtype},
                         {"seed", args.seed},
                         {"batch_size", args.batch_size},
                         {"max_seq_len", args.max_seq_len},
@@ -763,12 +782,10 @@ int main(int argc, char** argv) {
                  "TransformerLayer default, kept by its single-GPU, data-parallel and "
                  "multi-process examples), gelu,linear when the layout is tensor parallel (TE's "
                  "model-parallel example)");
-  app.add_option("--dropout-masks", args.dropout_masks,
-                 "per-step: fresh dropout masks every step (TE's single-GPU example); per-epoch: "
-                 "the same masks for every step of an epoch, as TE's data-parallel, "
-                 "model-parallel and multi-process examples draw them (one dropout key per "
-                 "epoch)")
-      ->check(CLI::IsMember({"per-step", "per-epoch"}));
+  app.add_option("--dtype", args.dtype,
+                 "Compute dtype: fp32, or bf16 (GEMMs and attention in bf16 under LibTorch's CPU "
+                 "autocast; weights, optimiser state and loss stay fp32)")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
   app.add_flag("--quiet", args.quiet, "Print nothing but errors");
   try {
     app.parse(argc, argv);

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -122,6 +123,27 @@ TEST(Encoder, EveryLayoutMatchesOneProcessStepByStep) {
   }
   // The losses move: a run that did not train would match trivially.
   EXPECT_GT(std::abs(one.front() - one.back()), 1e-3);
+}
+
+// TE trains this model in bf16. bf16 compute (fp32 weights and optimiser) must track fp32: the
+// mean loss of steps 251-300 of the full-size model within 2%, same seed, batches and masks.
+TEST(Encoder, Bf16TracksFp32Over300Steps) {
+  TempDir dir;
+  const std::string common = "--epochs 3 --max-steps 300 --quiet --log-steps ";
+  ASSERT_EQ(encoder(common + (dir / "fp32.csv").string()).status, 0);
+  ASSERT_EQ(encoder(common + (dir / "bf16.csv").string() + " --dtype bf16").status, 0);
+  const std::vector<double> fp32 = losses(dir / "fp32.csv"), bf16 = losses(dir / "bf16.csv");
+  ASSERT_EQ(fp32.size(), 300u);
+  ASSERT_EQ(bf16.size(), 300u);
+  double a = 0, b = 0;
+  for (std::size_t i = 250; i < 300; ++i) {
+    a += fp32[i] / 50;
+    b += bf16[i] / 50;
+  }
+  std::cout << "mean loss of steps 251-300: fp32 " << a << ", bf16 " << b << " ("
+            << 100 * (b - a) / a << "%)\n";
+  EXPECT_LT(std::abs(b - a), 0.02 * a);
+  EXPECT_FALSE(fp32 == bf16);  // bf16 really ran
 }
 
 TEST(Encoder, WritesMetricsAndStepLogs) {

@@ -274,3 +274,103 @@ TEST(LayerNormMLP, ReportsBadOptions) {
 
 }  // namespace
 }  // namespace te::nn
+
+namespace te::nn {
+namespace {
+
+// Every module in bf16 and fp16 (module->to(dtype), input in dtype) against the same module in
+// fp32: outputs and input gradients within a bound from the format's precision. Each op rounds
+// its output to p significant bits (bf16: 8, fp16: 11), a relative error of at most 2^-p; the
+// modules chain at most ~8 rounding steps (norm, projections, softmax, activation, residual add),
+// so 8 * 2^-p of the output's magnitude bounds the difference: 2^-5 for bf16, 2^-8 for fp16.
+// Normalisation statistics and softmax run in fp32 inside, as TE does.
+TEST(ReducedPrecision, EveryModuleInBf16AndFp16IsWithinItsBoundOfFp32) {
+  struct Made {
+    std::shared_ptr<torch::nn::Module> module;
+    std::function<at::Tensor(const at::Tensor&)> forward;
+  };
+  const at::Tensor mask = at::arange(6)
+                              .view({1, 1, 1, 6})
+                              .ge(at::tensor(std::vector<int64_t>{6, 4, 5}).view({-1, 1, 1, 1}));
+  auto make = [&](int kind) -> Made {
+    manual_seed(40);
+    switch (kind) {
+      case 0: {
+        Dense m(DenseOptions(32, 24));
+        return {m.ptr(), [m](const at::Tensor& x) mutable { return m(x); }};
+      }
+      case 1: {
+        LayerNorm m(LayerNormOptions(32));
+        return {m.ptr(), [m](const at::Tensor& x) mutable { return m(x); }};
+      }
+      case 2: {
+        LayerNormMLP m(LayerNormMLPOptions(32, 48).activations({"gelu", "linear"}));
+        m->eval();
+        return {m.ptr(), [m](const at::Tensor& x) mutable { return m(x); }};
+      }
+      case 3: {
+        MultiHeadAttention m(MultiHeadAttentionOptions(32, 4).attn_mask_type("padding"));
+        return {m.ptr(), [m, mask](const at::Tensor& x) mutable { return m(x, {}, mask); }};
+      }
+      default: {
+        TransformerLayer m(TransformerLayerOptions(32, 48, 4).self_attn_mask_type("padding"));
+        m->eval();
+        return {m.ptr(), [m, mask](const at::Tensor& x) mutable { return m(x, mask); }};
+      }
+    }
+  };
+  const char* names[] = {"Dense", "LayerNorm", "LayerNormMLP", "MultiHeadAttention",
+                         "TransformerLayer"};
+  const at::Tensor x32 = test::randn({3, 6, 32}, 41);
+  for (int kind = 0; kind < 5; ++kind) {
+    Made ref = make(kind);
+    at::Tensor xr = x32.clone().requires_grad_(true);
+    at::Tensor yr = ref.forward(xr);
+    yr.backward(at::ones_like(yr));
+    for (const auto& [dtype, bound] : {std::pair<at::ScalarType, double>{at::kBFloat16, 1.0 / 32},
+                                       std::pair<at::ScalarType, double>{at::kHalf, 1.0 / 256}}) {
+      Made m = make(kind);
+      m.module->to(dtype);
+      at::Tensor x = x32.to(dtype).requires_grad_(true);
+      at::Tensor y = m.forward(x);
+      EXPECT_EQ(y.scalar_type(), dtype) << names[kind];
+      y.backward(at::ones_like(y));
+      EXPECT_EQ(x.grad().scalar_type(), dtype) << names[kind];
+      const double scale = std::max(1.0, yr.abs().max().item<double>());
+      const double err = (y.to(at::kFloat) - yr).abs().max().item<double>() / scale;
+      EXPECT_LE(err, bound) << names[kind] << " " << dtype;
+      EXPECT_GT(err, 0.0) << names[kind] << " " << dtype << " ran in fp32";
+      const double gscale = std::max(1.0, xr.grad().abs().max().item<double>());
+      const double gerr = (x.grad().to(at::kFloat) - xr.grad()).abs().max().item<double>() / gscale;
+      EXPECT_LE(gerr, bound) << names[kind] << " " << dtype << " input gradient";
+    }
+  }
+}
+
+// FP8 GEMMs take bf16 inputs and give bf16 outputs and gradients; their state stays fp32.
+TEST(ReducedPrecision, Fp8TakesAndGivesBf16) {
+  manual_seed(42);
+  LayerNormMLP mlp(LayerNormMLPOptions(32, 64).intermediate_dropout_rate(0));
+  const at::Tensor x32 = test::randn({4, 16, 32}, 43);
+  const at::Tensor ref = mlp(x32).detach();
+  mlp->to(at::kBFloat16);
+  at::Tensor x = x32.to(at::kBFloat16).requires_grad_(true);
+  at::Tensor y;
+  {
+    Fp8Autocast fp8(true, fp8::DelayedScaling{});
+    y = mlp(x);
+    y.sum().backward();
+  }
+  EXPECT_EQ(y.scalar_type(), at::kBFloat16);
+  EXPECT_EQ(x.grad().scalar_type(), at::kBFloat16);
+  EXPECT_EQ(mlp->wi_kernel.grad().scalar_type(), at::kBFloat16);
+  EXPECT_EQ(mlp->wi_fp8->fwd_scale.scalar_type(), at::kFloat);
+  EXPECT_EQ(mlp->wi_fp8->fwd_amax_history.scalar_type(), at::kFloat);
+  // Two FP8 GEMMs (see the FP8 module tests' 10% bound) plus bf16 rounding.
+  const double rel = ((y.detach().to(at::kFloat) - ref).norm() / ref.norm()).item<double>();
+  EXPECT_LT(rel, 0.12);
+  EXPECT_GT(rel, 1e-4);
+}
+
+}  // namespace
+}  // namespace te::nn
