@@ -46,6 +46,18 @@ TEST(Processes, TwoAndFourRanksAgreeWithOneProcessMath) {
   }
 }
 
+// The DP2xTP2 TransformerLayer case of the equivalence matrix, in training with dropout, as four
+// processes: output and every gradient equal the same layer on one process.
+TEST(Processes, TransformerLayerWithDropoutOnDp2xTp2MatchesOneProcess) {
+  const Result r = run(kRun + " --nproc 4 -- " + kWorker + " layer");
+  EXPECT_EQ(r.status, 0) << r.output;
+  for (int k = 0; k < 4; ++k) {
+    const std::string line =
+        "[rank " + std::to_string(k) + "] rank " + std::to_string(k) + " layer ok (8 gradients)";
+    EXPECT_NE(r.output.find(line), std::string::npos) << r.output;
+  }
+}
+
 TEST(Processes, Fp8DataParallelStepsAgreeWithOneProcessAndAcrossRanks) {
   const Result r = run(kRun + " --nproc 2 -- " + kWorker + " fp8");
   ASSERT_EQ(r.status, 0) << r.output;
