@@ -6,12 +6,12 @@
 #include <ATen/ATen.h>
 #include <benchmark/benchmark.h>
 
-#include <algorithm>
 #include <chrono>
+#include <functional>
 #include <vector>
 
+#include "alternate.h"
 #include "te/nn/random.h"
-#include "te/runtime.h"
 
 namespace {
 
@@ -33,21 +33,9 @@ void Dropout(benchmark::State& state) {
     if (backward) y.backward(at::ones_like(y));
     benchmark::DoNotOptimize(y.data_ptr());
   };
-  for (int i = 0; i < 3; ++i) {
-    run(true);
-    run(false);
-  }
-  std::vector<double> te_s, at_s;
-  for (auto _ : state) {
-    te_s.push_back(seconds_of([&] { run(true); }, 3));
-    at_s.push_back(seconds_of([&] { run(false); }, 3));
-  }
-  std::sort(te_s.begin(), te_s.end());
-  std::sort(at_s.begin(), at_s.end());
-  const double te_med = te_s[te_s.size() / 2], at_med = at_s[at_s.size() / 2];
-  state.counters["te_ms"] = te_med * 1e3;
-  state.counters["at_dropout_ms"] = at_med * 1e3;
-  state.counters["ratio_vs_at_dropout"] = te_med / at_med;
+  te::bench::alternate(
+      state, [&] { return seconds_of([&] { run(true); }, 3); },
+      [&] { return seconds_of([&] { run(false); }, 3); }, "at_dropout");
   state.SetItemsProcessed(state.iterations() * 3 * rows * 1024);
 }
 BENCHMARK(Dropout)
@@ -58,9 +46,4 @@ BENCHMARK(Dropout)
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  te::configure_threads();
-  benchmark::Initialize(&argc, argv);
-  benchmark::RunSpecifiedBenchmarks();
-  return 0;
-}
+int main(int argc, char** argv) { return te::bench::run_benchmarks(argc, argv); }

@@ -17,9 +17,9 @@
 #include <cmath>
 #include <vector>
 
+#include "alternate.h"
 #include "data.h"
 #include "model.h"
-#include "te/runtime.h"
 
 namespace {
 
@@ -29,18 +29,18 @@ struct PlainEncoderImpl : torch::nn::Module {
   PlainEncoderImpl(int64_t vocab, int64_t seq, int64_t hidden, int64_t ffn, int64_t heads)
       : heads(heads),
         embed(register_module("embed", torch::nn::Embedding(vocab, hidden))),
-        ln1(register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({hidden})
-                                                            .eps(1e-6)))),
-        ln2(register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({hidden})
-                                                            .eps(1e-6)))),
-        qkv(register_module("qkv", torch::nn::Linear(torch::nn::LinearOptions(hidden, 3 * hidden)
-                                                         .bias(false)))),
-        out(register_module("out", torch::nn::Linear(torch::nn::LinearOptions(hidden, hidden)
-                                                         .bias(false)))),
-        fc1(register_module("fc1", torch::nn::Linear(torch::nn::LinearOptions(hidden, ffn)
-                                                         .bias(false)))),
-        fc2(register_module("fc2", torch::nn::Linear(torch::nn::LinearOptions(ffn, hidden)
-                                                         .bias(false)))),
+        ln1(register_module("ln1",
+                            torch::nn::LayerNorm(torch::nn::LayerNormOptions({hidden}).eps(1e-6)))),
+        ln2(register_module("ln2",
+                            torch::nn::LayerNorm(torch::nn::LayerNormOptions({hidden}).eps(1e-6)))),
+        qkv(register_module(
+            "qkv", torch::nn::Linear(torch::nn::LinearOptions(hidden, 3 * hidden).bias(false)))),
+        out(register_module(
+            "out", torch::nn::Linear(torch::nn::LinearOptions(hidden, hidden).bias(false)))),
+        fc1(register_module("fc1",
+                            torch::nn::Linear(torch::nn::LinearOptions(hidden, ffn).bias(false)))),
+        fc2(register_module("fc2",
+                            torch::nn::Linear(torch::nn::LinearOptions(ffn, hidden).bias(false)))),
         d1(register_module("d1", torch::nn::Linear(seq * hidden, hidden))),
         d2(register_module("d2", torch::nn::Linear(hidden, hidden))),
         head(register_module("head", torch::nn::Linear(hidden, 2))),
@@ -91,8 +91,8 @@ void EncoderTrainingStep(benchmark::State& state) {
   encoder::EncoderClassifier te_model(options);
   PlainEncoder plain(vocab, seq, hidden, ffn, heads);
   auto adamw = [](std::vector<at::Tensor> params) {
-    return torch::optim::AdamW(std::move(params), torch::optim::AdamWOptions(1e-4).weight_decay(
-                                                      1e-4));
+    return torch::optim::AdamW(std::move(params),
+                               torch::optim::AdamWOptions(1e-4).weight_decay(1e-4));
   };
   torch::optim::AdamW te_opt = adamw(te_model->parameters());
   torch::optim::AdamW plain_opt = adamw(plain->parameters());
@@ -101,21 +101,9 @@ void EncoderTrainingStep(benchmark::State& state) {
   const at::Tensor lengths = at::randint(4, seq + 1, {batch}, gen, at::kLong);
   const at::Tensor mask = encoder::padding_mask(lengths, seq);
   const at::Tensor labels = at::randint(0, 2, {batch}, gen, at::kLong);
-  for (int i = 0; i < 3; ++i) {
-    step(te_model, te_opt, ids, mask, labels);
-    step(plain, plain_opt, ids, mask, labels);
-  }
-  std::vector<double> te_s, plain_s;
-  for (auto _ : state) {
-    te_s.push_back(step(te_model, te_opt, ids, mask, labels));
-    plain_s.push_back(step(plain, plain_opt, ids, mask, labels));
-  }
-  std::sort(te_s.begin(), te_s.end());
-  std::sort(plain_s.begin(), plain_s.end());
-  const double te_med = te_s[te_s.size() / 2], plain_med = plain_s[plain_s.size() / 2];
-  state.counters["te_ms"] = te_med * 1e3;
-  state.counters["libtorch_ms"] = plain_med * 1e3;
-  state.counters["ratio_vs_libtorch"] = te_med / plain_med;
+  const double te_med = te::bench::alternate(
+      state, [&] { return step(te_model, te_opt, ids, mask, labels); },
+      [&] { return step(plain, plain_opt, ids, mask, labels); }, "libtorch");
   state.counters["te_samples_per_s"] = batch / te_med;
 }
 BENCHMARK(EncoderTrainingStep)
@@ -127,9 +115,4 @@ BENCHMARK(EncoderTrainingStep)
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  te::configure_threads();
-  benchmark::Initialize(&argc, argv);
-  benchmark::RunSpecifiedBenchmarks();
-  return 0;
-}
+int main(int argc, char** argv) { return te::bench::run_benchmarks(argc, argv); }
