@@ -59,6 +59,9 @@ struct Args {
   int64_t mlp_hidden_size = 1024;
   int64_t heads = 8;
   std::string mlp_activations = "auto";
+  std::string save_dir;
+  std::string load_dir;
+  bool eval_only = false;
   std::string dtype = "fp32";
   bool quiet = false;
 };
@@ -533,14 +536,36 @@ int train(const Args& args, const Layout& layout, int rank, int world_size) {
     }
   }
 
+  std::string activations;
+  for (const auto& a : options.mlp_activations) activations += (activations.empty() ? "" : ",") + a;
+  // What a checkpoint must agree on with this run to be loaded into its model.
+  const nlohmann::json config = {{"vocabulary", vocab.words()},
+                                 {"max_seq_len", args.max_seq_len},
+                                 {"hidden_size", args.hidden_size},
+                                 {"mlp_hidden_size", args.mlp_hidden_size},
+                                 {"heads", args.heads},
+                                 {"mlp_activations", activations}};
+  if (!args.load_dir.empty()) {
+    const auto saved = nlohmann::json::parse(te::nn::load_checkpoint(*model, args.load_dir));
+    for (const auto& [key, value] : config.items()) {
+      if (!saved.contains(key) || saved[key] != value) {
+        throw InputError("--load " + args.load_dir + ": the checkpoint's " + key +
+                         " differs from this run's (" +
+                         (key == "vocabulary"
+                              ? std::string("built from other data")
+                              : saved.value(key, nlohmann::json()).dump() + " vs " + value.dump()) +
+                         "); use the options and data it was trained with");
+      }
+    }
+    if (lead) std::cout << "loaded " << args.load_dir << std::endl;
+  }
+
   torch::optim::AdamW optimizer(
       model->parameters(),
       torch::optim::AdamWOptions(args.lr).betas({0.9, 0.999}).eps(1e-8).weight_decay(1e-4));
   Trainer trainer(args, layout, model, mesh);
   const auto recipe = recipe_of(args.fp8);
 
-  std::string activations;
-  for (const auto& a : options.mlp_activations) activations += (activations.empty() ? "" : ",") + a;
   int64_t params = 0;
   for (const auto& p : model->parameters()) params += p.numel();
   if (lead) {
@@ -577,7 +602,16 @@ int train(const Args& args, const Layout& layout, int rank, int world_size) {
   const auto run_start = Clock::now();
   int64_t samples_total = 0;
   bool stop = false;
-  for (int64_t epoch = 1; epoch <= args.epochs && !stop; ++epoch) {
+  if (args.eval_only) {
+    summary.dev = trainer.evaluate(dev_set);
+    summary.train_loss = summary.train_accuracy = std::nan("");
+    if (lead) {
+      std::cout << "eval: dev_loss " << fmt("%.4f", summary.dev.loss) << " dev_acc "
+                << fmt("%.4f", summary.dev.accuracy) << " dev_mcc " << fmt("%.4f", summary.dev.mcc)
+                << std::endl;
+    }
+  }
+  for (int64_t epoch = 1; epoch <= args.epochs && !stop && !args.eval_only; ++epoch) {
     const auto epoch_start = Clock::now();
     const at::Tensor perm = at::randperm(train_set.size(), shuffle, at::kLong);
     Progress progress(lead, epoch, args.epochs, steps_per_epoch);
@@ -646,6 +680,13 @@ int train(const Args& args, const Layout& layout, int rank, int world_size) {
                 << " acc " << fmt("%.4f", summary.extra.accuracy) << " mcc "
                 << fmt("%.4f", summary.extra.mcc) << std::endl;
     }
+  }
+  if (!args.save_dir.empty() && !args.eval_only) {
+    nlohmann::json extra = config;
+    extra["steps"] = summary.steps;
+    extra["seed"] = args.seed;
+    te::nn::save_checkpoint(*model, args.save_dir, extra.dump());
+    if (lead) std::cout << "saved " << args.save_dir << std::endl;
   }
   if (lead) {
     std::cout << "done: " << summary.steps << " steps in " << fmt("%.1f", summary.seconds) << "s, "
@@ -786,6 +827,14 @@ int main(int argc, char** argv) {
                  "Compute dtype: fp32, or bf16 (GEMMs and attention in bf16 under LibTorch's CPU "
                  "autocast; weights, optimiser state and loss stay fp32)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
+  app.add_option("--save", args.save_dir,
+                 "Save the trained model here (te::nn::save_checkpoint: safetensors pieces written "
+                 "by every rank, an index, atomically; with the vocabulary and model options)");
+  app.add_option("--load", args.load_dir,
+                 "Load a checkpoint before training (any layout it was saved on; the data and "
+                 "model options must be the ones it was trained with). Weights only: the "
+                 "optimiser starts afresh");
+  app.add_flag("--eval-only", args.eval_only, "With --load: evaluate the dev set, do not train");
   app.add_flag("--quiet", args.quiet, "Print nothing but errors");
   try {
     app.parse(argc, argv);
@@ -809,6 +858,14 @@ int main(int argc, char** argv) {
                        " is not a multiple of --heads " + std::to_string(args.heads));
     }
     layout = make_layout(args, world_size);
+    if (args.eval_only && args.load_dir.empty()) {
+      throw InputError("--eval-only needs --load DIR (a checkpoint to evaluate)");
+    }
+    if (!args.load_dir.empty() && !std::filesystem::exists(std::filesystem::path(args.load_dir) /
+                                                           "model.safetensors.index.json")) {
+      throw InputError("--load '" + args.load_dir + "' holds no checkpoint (no " +
+                       "model.safetensors.index.json); give a directory --save wrote");
+    }
     // Read the data before starting ranks: a bad file is one message, not one per rank.
     const auto files = encoder::cola_files(args.data_dir);
     encoder::read_cola_tsv(files.first);

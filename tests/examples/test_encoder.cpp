@@ -170,6 +170,34 @@ TEST(Encoder, WritesMetricsAndStepLogs) {
   EXPECT_FALSE(fs::exists(dir / "m.json.tmp"));
 }
 
+// Trained on DP2, saved; loaded on one process and evaluated: the same dev figures.
+TEST(Encoder, SavesOnAMeshAndEvaluatesTheCheckpointOnOneProcess) {
+  TempDir dir;
+  const std::string model = "--max-seq-len 16 --hidden-size 32 --mlp-hidden-size 64 --heads 4 ";
+  ASSERT_EQ(encoder(model +
+                    "--epochs 1 --max-steps 20 --batch-size 32 --quiet --nproc 2 --mesh "
+                    "data=2 --mesh-resource dp=data --save " +
+                    (dir / "ckpt").string() + " --metrics-json " + (dir / "train.json").string())
+                .status,
+            0);
+  EXPECT_TRUE(fs::exists(dir / "ckpt/model.safetensors.index.json"));
+  const Result r = encoder(model + "--load " + (dir / "ckpt").string() + " --eval-only " +
+                           "--metrics-json " + (dir / "eval.json").string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("eval: dev_loss"), std::string::npos) << r.out;
+  const auto trained = nlohmann::json::parse(std::ifstream(dir / "train.json"));
+  const auto evaluated = nlohmann::json::parse(std::ifstream(dir / "eval.json"));
+  EXPECT_EQ(evaluated["dev_accuracy"], trained["dev_accuracy"]);
+  EXPECT_NEAR(evaluated["dev_loss"].get<double>(), trained["dev_loss"].get<double>(), 1e-5);
+  // A model of another size cannot take it.
+  const Result wrong = encoder(
+      "--max-seq-len 16 --hidden-size 64 --mlp-hidden-size 64 --heads 4 "
+      "--eval-only --load " +
+      (dir / "ckpt").string());
+  EXPECT_EQ(wrong.status, 1) << wrong.err;
+  EXPECT_NE(wrong.err.find("in the checkpoint at"), std::string::npos) << wrong.err;
+}
+
 TEST(Encoder, PrintsEpochLinesAndFp8Runs) {
   TempDir dir;
   const Result r = encoder(
@@ -269,6 +297,11 @@ TEST(EncoderBadInput, BatchNotDivisibleByDataParallelSize) {
   expect_rejected("--nproc 2 --mesh data=2 --mesh-resource dp=data --batch-size 63",
                   "--batch-size 63 (the global batch) is not divisible by the data-parallel "
                   "size 2");
+}
+
+TEST(EncoderBadInput, EvalOnlyWithoutACheckpoint) {
+  expect_rejected("--eval-only", "--eval-only needs --load DIR");
+  expect_rejected("--load /nonexistent --eval-only", "--load '/nonexistent' holds no checkpoint");
 }
 
 TEST(EncoderBadInput, MeshWithoutAnythingMappingOntoIt) {

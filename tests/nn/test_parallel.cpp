@@ -346,12 +346,10 @@ std::vector<Case> all_cases() {
           cases.push_back({kind, l.name, way, true});
         }
       }
-      // bf16 on every base layout, fp16 on three.
+      // bf16 and fp16 on every base layout.
       if (l.name == "DP2" || l.name == "FSDP2" || l.name == "TP2" || l.name == "TP2SP" ||
           l.name == "DP2xTP2") {
         cases.push_back({kind, l.name, Way::kTeTable, false, false, at::kBFloat16});
-      }
-      if (l.name == "DP2" || l.name == "TP2SP" || l.name == "DP2xTP2") {
         cases.push_back({kind, l.name, Way::kTeTable, false, false, at::kHalf});
       }
       // Batch and sequence that two ranks split unevenly (torch.chunk pieces of 2 + 1, 3 + 2).

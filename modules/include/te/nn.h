@@ -4,6 +4,7 @@
 
 #include "te/distributed.h"
 #include "te/nn/attention.h"
+#include "te/nn/checkpoint.h"
 #include "te/nn/dense.h"
 #include "te/nn/functional.h"
 #include "te/nn/init.h"

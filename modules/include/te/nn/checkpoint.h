@@ -1,0 +1,46 @@
+#pragma once
+
+// Checkpoints of te::nn modules as safetensors files: every rank writes the pieces of the
+// parameters and buffers it owns (a replicated piece once, by the lowest coordinate holding it),
+// one index JSON maps each tensor to its global shape, dtype, logical axes and the file, global
+// offsets, shape and CRC-32 of each piece. Loading reshards onto whatever mesh and rules the
+// module was built under now: each rank reads only the pieces that overlap its own. A checkpoint
+// is written into a temporary directory, fsynced and renamed into place, so a crash leaves the
+// previous one intact. On one process the result is a single model.safetensors whose tensors
+// are the whole parameters under the names named_parameters() uses (readable by Python's
+// safetensors.torch.load_file).
+//
+// Example:
+//   te::nn::save_checkpoint(*model, "ckpt", R"({"step": 100})");   // every rank calls it
+//   ...
+//   const std::string extra = te::nn::load_checkpoint(*model, "ckpt");
+
+#include <torch/nn/module.h>
+
+#include <string>
+
+namespace te::nn {
+
+/// Options of load_checkpoint.
+struct CheckpointLoadOptions {
+  /// Every parameter and buffer of the module must be in the checkpoint and the checkpoint must
+  /// hold nothing else (LibTorch's load_state_dict(strict=true)); false skips both kinds.
+  bool strict = true;
+};
+
+/// Collective over this thread's world (every rank calls it, with the same module structure):
+/// writes `module`'s parameters and buffers to directory `dir`, replacing a previous checkpoint
+/// there atomically. `extra_json` (a JSON value: model config, vocabulary, step) is stored in the
+/// index. te::Error for a directory that cannot be written or an extra that is not JSON.
+void save_checkpoint(const torch::nn::Module& module, const std::string& dir,
+                     const std::string& extra_json = "{}");
+
+/// Collective: loads `dir` into `module` (its parameters keep their layout: each rank reads the
+/// pieces overlapping its own and verifies their checksums). Returns the extra JSON the
+/// checkpoint was saved with. te::Error naming the file and the tensor for a missing, truncated
+/// or corrupt file, a shape or dtype that differs from the module's, and (strict) a tensor one
+/// side lacks.
+std::string load_checkpoint(torch::nn::Module& module, const std::string& dir,
+                            const CheckpointLoadOptions& options = {});
+
+}  // namespace te::nn

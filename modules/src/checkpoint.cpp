@@ -1,0 +1,464 @@
+#include "te/nn/checkpoint.h"
+
+#include <ATen/ATen.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <vector>
+
+#include "te/distributed.h"
+#include "te/error.h"
+#include "te/nn/sharded.h"
+
+namespace te::nn {
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+constexpr const char* kIndexName = "model.safetensors.index.json";
+
+// ---- safetensors dtypes ------------------------------------------------------------------
+
+const char* dtype_name(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat:
+      return "F32";
+    case at::kDouble:
+      return "F64";
+    case at::kHalf:
+      return "F16";
+    case at::kBFloat16:
+      return "BF16";
+    case at::kLong:
+      return "I64";
+    case at::kInt:
+      return "I32";
+    case at::kShort:
+      return "I16";
+    case at::kChar:
+      return "I8";
+    case at::kByte:
+      return "U8";
+    case at::kBool:
+      return "BOOL";
+    default:
+      TE_FAIL("checkpoint: dtype ", t, " has no safetensors name");
+  }
+}
+
+// ---- files -------------------------------------------------------------------------------
+
+struct Fd {
+  int fd = -1;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+void write_all(int fd, const void* data, std::size_t n, const std::string& path) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    TE_CHECK(w > 0, "checkpoint: writing '", path, "' failed: ", std::strerror(errno));
+    p += w;
+    n -= static_cast<std::size_t>(w);
+  }
+}
+
+void read_at(int fd, void* data, std::size_t n, int64_t offset, const std::string& path) {
+  char* p = static_cast<char*>(data);
+  while (n > 0) {
+    const ssize_t r = ::pread(fd, p, n, offset);
+    if (r < 0 && errno == EINTR) continue;
+    TE_CHECK(r >= 0, "checkpoint: reading '", path, "' failed: ", std::strerror(errno));
+    TE_CHECK(r > 0, "checkpoint: '", path, "' is truncated: it ends before byte ", offset + n,
+             "; the checkpoint is incomplete or damaged");
+    p += r;
+    n -= static_cast<std::size_t>(r);
+    offset += r;
+  }
+}
+
+void fsync_path(const fs::path& path, bool directory) {
+  Fd f;
+  f.fd = ::open(path.c_str(), directory ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
+  TE_CHECK(f.fd >= 0, "checkpoint: cannot open '", path.string(),
+           "' to sync it: ", std::strerror(errno));
+  TE_CHECK(::fsync(f.fd) == 0, "checkpoint: fsync of '", path.string(),
+           "' failed: ", std::strerror(errno));
+}
+
+uint32_t crc32_of(const void* data, std::size_t n) {
+  uLong crc = ::crc32(0L, Z_NULL, 0);
+  const auto* p = static_cast<const Bytef*>(data);
+  while (n > 0) {
+    const uInt chunk = static_cast<uInt>(std::min<std::size_t>(n, 1u << 30));
+    crc = ::crc32(crc, p, chunk);
+    p += chunk;
+    n -= chunk;
+  }
+  return static_cast<uint32_t>(crc);
+}
+
+// ---- the module's tensors ----------------------------------------------------------------
+
+// One tensor of the module on this rank: its local piece and where it sits globally.
+struct Entry {
+  at::Tensor local;
+  std::vector<int64_t> global_shape, offsets;
+  LogicalAxes axes;
+  bool owner = true;  // this rank writes the piece (replicas: the lowest coordinate)
+};
+
+std::map<std::string, Entry> entries_of(const torch::nn::Module& module) {
+  const auto layouts = named_parameter_layouts(module);
+  std::map<std::string, Entry> out;
+  auto add = [&](const std::string& name, const at::Tensor& t) {
+    Entry e;
+    e.local = t;
+    e.global_shape.assign(t.sizes().begin(), t.sizes().end());
+    e.offsets.assign(static_cast<std::size_t>(t.dim()), 0);
+    e.owner = world_rank() == 0;
+    const auto it = layouts.find(name);
+    if (it != layouts.end()) {
+      e.axes = it->second.axes;
+      e.global_shape = it->second.global_shape;
+      if (it->second.mesh) {
+        const DeviceMesh& mesh = *it->second.mesh;
+        const auto& placements = it->second.placements;
+        const auto chunks = local_chunks(e.global_shape, mesh, placements, mesh.rank());
+        for (std::size_t d = 0; d < chunks.size(); ++d) e.offsets[d] = chunks[d].offset;
+        e.owner = true;
+        for (int64_t m = 0; m < mesh.ndim(); ++m) {
+          if (!is_shard(placements[static_cast<std::size_t>(m)]) && mesh.coordinate(m) != 0) {
+            e.owner = false;
+          }
+        }
+      }
+    }
+    out.emplace(name, std::move(e));
+  };
+  for (const auto& p : module.named_parameters(/*recurse=*/true)) add(p.key(), p.value());
+  for (const auto& b : module.named_buffers(/*recurse=*/true)) add(b.key(), b.value());
+  return out;
+}
+
+// ---- collectives over the world ----------------------------------------------------------
+
+// Every rank's string, in rank order (one process: just this one).
+std::vector<std::string> all_gather_strings(const std::optional<DeviceMesh>& world,
+                                            const std::string& mine) {
+  if (!world) return {mine};
+  const int64_t n = world->size();
+  const at::Tensor lengths =
+      DTensor::from_local(at::full({1}, static_cast<int64_t>(mine.size()), at::kLong), *world,
+                          {Shard{0}}, std::vector<int64_t>{n})
+          .full_tensor();
+  const int64_t longest = lengths.max().item<int64_t>();
+  at::Tensor bytes = at::zeros({longest}, at::kByte);
+  std::memcpy(bytes.data_ptr<uint8_t>(), mine.data(), mine.size());
+  const at::Tensor all =
+      DTensor::from_local(bytes, *world, {Shard{0}}, std::vector<int64_t>{n * longest})
+          .full_tensor();
+  std::vector<std::string> out;
+  for (int64_t r = 0; r < n; ++r) {
+    const auto* p = all.data_ptr<uint8_t>() + r * longest;
+    out.emplace_back(reinterpret_cast<const char*>(p),
+                     static_cast<std::size_t>(lengths[r].item<int64_t>()));
+  }
+  return out;
+}
+
+void barrier(const std::optional<DeviceMesh>& world) {
+  if (world) DTensor::from_local(at::zeros({1}), *world, {Partial{}}).full_tensor();
+}
+
+std::optional<DeviceMesh> world_mesh() {
+  if (world_size() <= 1) return std::nullopt;
+  return DeviceMesh({world_size()}, {"checkpoint"});
+}
+
+std::string file_name(int rank, int world) {
+  if (world == 1) return "model.safetensors";
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "model-%05d-of-%05d.safetensors", rank + 1, world);
+  return buf;
+}
+
+// Writes this rank's owned pieces as one safetensors file; returns the index records of them.
+json write_pieces(const std::map<std::string, Entry>& entries, const fs::path& path) {
+  json header = json::object();
+  header["__metadata__"] = {{"format", "pt"}};
+  json records = json::object();
+  std::vector<std::pair<std::string, at::Tensor>> pieces;
+  int64_t offset = 0;
+  for (const auto& [name, e] : entries) {
+    if (!e.owner) continue;
+    const at::Tensor data = e.local.detach().contiguous().cpu();
+    const int64_t bytes = data.numel() * static_cast<int64_t>(data.element_size());
+    header[name] = {{"dtype", dtype_name(data.scalar_type())},
+                    {"shape", std::vector<int64_t>(data.sizes().begin(), data.sizes().end())},
+                    {"data_offsets", {offset, offset + bytes}}};
+    records[name] = {{"file", path.filename().string()},
+                     {"offsets", e.offsets},
+                     {"shape", std::vector<int64_t>(data.sizes().begin(), data.sizes().end())},
+                     {"crc32", crc32_of(data.data_ptr(), static_cast<std::size_t>(bytes))}};
+    pieces.emplace_back(name, data);
+    offset += bytes;
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
+  const uint64_t n = text.size();
+  unsigned char le[8];
+  for (int i = 0; i < 8; ++i) le[i] = static_cast<unsigned char>(n >> (8 * i));
+  Fd f;
+  f.fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  TE_CHECK(f.fd >= 0, "checkpoint: cannot create '", path.string(), "': ", std::strerror(errno));
+  write_all(f.fd, le, 8, path.string());
+  write_all(f.fd, text.data(), text.size(), path.string());
+  for (const auto& [name, data] : pieces) {
+    write_all(f.fd, data.data_ptr(), static_cast<std::size_t>(data.numel()) * data.element_size(),
+              path.string());
+  }
+  TE_CHECK(::fsync(f.fd) == 0, "checkpoint: fsync of '", path.string(), "' failed");
+  return records;
+}
+
+// A safetensors file opened for reading pieces: its header, checked against its size.
+struct SafetensorsFile {
+  Fd f;
+  std::string path;
+  json header;
+  int64_t data_start = 0, size = 0;
+};
+
+std::unique_ptr<SafetensorsFile> open_safetensors(const fs::path& path) {
+  auto st = std::make_unique<SafetensorsFile>();
+  st->path = path.string();
+  st->f.fd = ::open(path.c_str(), O_RDONLY);
+  TE_CHECK(st->f.fd >= 0, "checkpoint: cannot open '", st->path, "': ", std::strerror(errno),
+           "; the checkpoint is missing a file its index names");
+  struct stat s {};
+  TE_CHECK(::fstat(st->f.fd, &s) == 0, "checkpoint: cannot stat '", st->path, "'");
+  st->size = s.st_size;
+  TE_CHECK(st->size >= 8, "checkpoint: '", st->path, "' is truncated (", st->size,
+           " bytes; a safetensors file starts with an 8-byte header length)");
+  unsigned char le[8];
+  read_at(st->f.fd, le, 8, 0, st->path);
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | le[i];
+  TE_CHECK(n <= static_cast<uint64_t>(st->size - 8), "checkpoint: '", st->path,
+           "' has a header length of ", n, " bytes but only ", st->size - 8,
+           " follow; the file is truncated or not safetensors");
+  std::string text(n, '\0');
+  read_at(st->f.fd, text.data(), n, 8, st->path);
+  try {
+    st->header = json::parse(text);
+  } catch (const json::exception& e) {
+    TE_FAIL("checkpoint: the header of '", st->path, "' is not JSON (", e.what(), ")");
+  }
+  st->data_start = 8 + static_cast<int64_t>(n);
+  return st;
+}
+
+// Reads tensor `name`'s piece from `file` whole and checks it against the index record.
+at::Tensor read_piece(SafetensorsFile& file, const std::string& name, const json& record,
+                      at::ScalarType dtype) {
+  TE_CHECK(file.header.contains(name), "checkpoint: '", file.path, "' lacks tensor '", name,
+           "' that the index places there");
+  const json& h = file.header[name];
+  const std::vector<int64_t> shape = record["shape"].get<std::vector<int64_t>>();
+  TE_CHECK(h["shape"].get<std::vector<int64_t>>() == shape && h["dtype"] == dtype_name(dtype),
+           "checkpoint: tensor '", name, "' in '", file.path, "' is ", h["dtype"].dump(), " ",
+           h["shape"].dump(), " but the index says ", dtype_name(dtype), " ",
+           record["shape"].dump());
+  const auto range = h["data_offsets"].get<std::vector<int64_t>>();
+  at::Tensor out = at::empty(shape, at::TensorOptions().dtype(dtype));
+  const int64_t bytes = out.numel() * static_cast<int64_t>(out.element_size());
+  TE_CHECK(range.size() == 2 && range[1] - range[0] == bytes && range[0] >= 0 &&
+               file.data_start + range[1] <= file.size,
+           "checkpoint: tensor '", name, "' in '", file.path, "' has data offsets ",
+           h["data_offsets"].dump(), " outside the file's ", file.size - file.data_start,
+           " data bytes (or not matching its ", bytes, "-byte size); the file is damaged");
+  read_at(file.f.fd, out.data_ptr(), static_cast<std::size_t>(bytes), file.data_start + range[0],
+          file.path);
+  const uint32_t crc = crc32_of(out.data_ptr(), static_cast<std::size_t>(bytes));
+  TE_CHECK(crc == record["crc32"].get<uint32_t>(), "checkpoint: tensor '", name, "' in '",
+           file.path, "' fails its checksum (CRC-32 ", crc, ", the index says ",
+           record["crc32"].get<uint32_t>(), "); the file is damaged");
+  return out;
+}
+
+}  // namespace
+
+void save_checkpoint(const torch::nn::Module& module, const std::string& dir,
+                     const std::string& extra_json) {
+  json extra;
+  try {
+    extra = json::parse(extra_json);
+  } catch (const json::exception& e) {
+    TE_FAIL("save_checkpoint: extra is not JSON (", e.what(), "): ", extra_json);
+  }
+  const std::optional<DeviceMesh> world = world_mesh();
+  const int rank = world_rank(), n = world_size();
+  const fs::path target = fs::absolute(dir);
+  const fs::path tmp = target.string() + ".saving";
+  if (rank == 0) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);  // what a save that died left behind
+    fs::create_directories(tmp, ec);
+    TE_CHECK(!ec, "save_checkpoint: cannot create '", tmp.string(), "': ", ec.message());
+  }
+  barrier(world);
+  const auto entries = entries_of(module);
+  const json mine = write_pieces(entries, tmp / file_name(rank, n));
+  const std::vector<std::string> all = all_gather_strings(world, mine.dump());
+  if (rank == 0) {
+    json tensors = json::object();
+    for (const auto& [name, e] : entries) {
+      json axes = json::array();
+      for (const auto& a : e.axes) axes.push_back(a ? json(*a) : json(nullptr));
+      tensors[name] = {{"shape", e.global_shape},
+                       {"dtype", dtype_name(e.local.scalar_type())},
+                       {"axes", axes},
+                       {"pieces", json::array()}};
+    }
+    int64_t total = 0;
+    for (const std::string& text : all) {
+      const json records = json::parse(text);
+      for (const auto& [name, record] : records.items()) {
+        tensors[name]["pieces"].push_back(record);
+        int64_t numel = 1;
+        for (int64_t s : record["shape"].get<std::vector<int64_t>>()) numel *= s;
+        total += numel * static_cast<int64_t>(entries.at(name).local.element_size());
+      }
+    }
+    // Hugging Face's index maps each tensor to the one file that holds it whole.
+    json weight_map = json::object();
+    bool whole = true;
+    for (const auto& [name, t] : tensors.items()) {
+      whole = whole && t["pieces"].size() == 1 && t["pieces"][0]["shape"] == t["shape"];
+      weight_map[name] = t["pieces"][0]["file"];
+    }
+    json index = {{"metadata", {{"total_size", total}, {"format", "te-cpp"}}},
+                  {"te", {{"world_size", n}, {"tensors", tensors}}},
+                  {"extra", extra}};
+    if (whole) index["weight_map"] = weight_map;
+    const fs::path index_path = tmp / kIndexName;
+    {
+      Fd f;
+      f.fd = ::open(index_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      TE_CHECK(f.fd >= 0, "save_checkpoint: cannot create '", index_path.string(), "'");
+      const std::string text = index.dump(1);
+      write_all(f.fd, text.data(), text.size(), index_path.string());
+      TE_CHECK(::fsync(f.fd) == 0, "save_checkpoint: fsync of '", index_path.string(), "' failed");
+    }
+  }
+  barrier(world);  // every rank's file is written and synced
+  if (rank == 0) {
+    fsync_path(tmp, true);
+    const fs::path old = target.string() + ".old";
+    std::error_code ec;
+    fs::remove_all(old, ec);
+    if (fs::exists(target)) fs::rename(target, old);
+    fs::rename(tmp, target);
+    fsync_path(target.parent_path(), true);
+    fs::remove_all(old, ec);
+  }
+  barrier(world);
+}
+
+std::string load_checkpoint(torch::nn::Module& module, const std::string& dir,
+                            const CheckpointLoadOptions& options) {
+  const fs::path root = fs::absolute(dir);
+  const fs::path index_path = root / kIndexName;
+  json index;
+  {
+    std::ifstream in(index_path);
+    TE_CHECK(in.good(), "load_checkpoint: no checkpoint at '", root.string(), "' (cannot read '",
+             index_path.string(), "')");
+    try {
+      index = json::parse(in);
+    } catch (const json::exception& e) {
+      TE_FAIL("load_checkpoint: '", index_path.string(), "' is not JSON (", e.what(),
+              "); the checkpoint is damaged");
+    }
+  }
+  TE_CHECK(index.contains("te") && index["te"].contains("tensors"), "load_checkpoint: '",
+           index_path.string(), "' is not a te-cpp checkpoint index (no te.tensors)");
+  const json& tensors = index["te"]["tensors"];
+  const auto entries = entries_of(module);
+  if (options.strict) {
+    for (const auto& [name, e] : entries) {
+      TE_CHECK(tensors.contains(name), "load_checkpoint: the checkpoint at '", root.string(),
+               "' lacks '", name, "', which the module has (load with strict = false to skip it)");
+    }
+    for (const auto& [name, t] : tensors.items()) {
+      TE_CHECK(entries.count(name), "load_checkpoint: the checkpoint at '", root.string(),
+               "' holds '", name,
+               "', which the module lacks (load with strict = false to skip it)");
+    }
+  }
+  std::map<std::string, std::unique_ptr<SafetensorsFile>> files;
+  torch::NoGradGuard no_grad;
+  for (const auto& [name, e] : entries) {
+    if (!tensors.contains(name)) continue;
+    const json& t = tensors[name];
+    const auto shape = t["shape"].get<std::vector<int64_t>>();
+    TE_CHECK(shape == e.global_shape, "load_checkpoint: '", name, "' is ", t["shape"].dump(),
+             " in the checkpoint at '", root.string(), "' but ", json(e.global_shape).dump(),
+             " in the module; build the module with the checkpoint's sizes");
+    const at::ScalarType dtype = e.local.scalar_type();
+    TE_CHECK(t["dtype"] == dtype_name(dtype), "load_checkpoint: '", name, "' is ",
+             t["dtype"].get<std::string>(), " in the checkpoint at '", root.string(), "' but ",
+             dtype_name(dtype), " in the module; convert the module (module->to(...)) first");
+    // This rank's box, and every saved piece that overlaps it.
+    const int64_t nd = static_cast<int64_t>(shape.size());
+    at::Tensor filled = at::empty(e.local.sizes(), e.local.options().device(at::kCPU));
+    int64_t covered = 0;
+    for (const json& piece : t["pieces"]) {
+      const auto p_off = piece["offsets"].get<std::vector<int64_t>>();
+      const auto p_shape = piece["shape"].get<std::vector<int64_t>>();
+      bool overlaps = true;
+      std::vector<int64_t> lo(static_cast<std::size_t>(nd)), hi(static_cast<std::size_t>(nd));
+      for (int64_t d = 0; d < nd; ++d) {
+        lo[d] = std::max(p_off[d], e.offsets[d]);
+        hi[d] = std::min(p_off[d] + p_shape[d], e.offsets[d] + e.local.size(d));
+        overlaps = overlaps && lo[d] < hi[d];
+      }
+      if (!overlaps && nd > 0) continue;
+      const std::string file = piece["file"].get<std::string>();
+      auto& handle = files[file];
+      if (!handle) handle = open_safetensors(root / file);
+      const at::Tensor data = read_piece(*handle, name, piece, dtype);
+      at::Tensor src = data, dst = filled;
+      int64_t count = 1;
+      for (int64_t d = 0; d < nd; ++d) {
+        src = src.narrow(d, lo[d] - p_off[d], hi[d] - lo[d]);
+        dst = dst.narrow(d, lo[d] - e.offsets[d], hi[d] - lo[d]);
+        count *= hi[d] - lo[d];
+      }
+      dst.copy_(src);
+      covered += count;
+    }
+    TE_CHECK(covered == e.local.numel(), "load_checkpoint: the pieces of '", name,
+             "' in the checkpoint at '", root.string(), "' cover ", covered, " of the ",
+             e.local.numel(), " elements this rank needs; the index is damaged");
+    e.local.copy_(filled);
+  }
+  return index.contains("extra") ? index["extra"].dump() : std::string("{}");
+}
+
+}  // namespace te::nn

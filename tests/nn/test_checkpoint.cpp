@@ -1,0 +1,258 @@
+// Checkpoints: the one-process file is safetensors by the specification (checked byte by byte);
+// a model trained on DP2xTP2 loads bit for bit on one process, on TP2 and on FSDP2; bad files
+// (missing, truncated, a flipped byte, a wrong shape, names one side lacks) are named.
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/optim/adamw.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+
+#include "../distributed/dist_test_util.h"
+#include "../expect_error.h"
+#include "nn_test_util.h"
+#include "te/nn.h"
+
+namespace te::nn {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "te_ckpt_XXXXXX").string();
+    path_ = ::mkdtemp(tmpl.data());
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  std::string operator/(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  fs::path path_;
+};
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+TransformerLayerOptions layer_options() {
+  return TransformerLayerOptions(16, 32, 4)
+      .self_attn_mask_type("padding")
+      .hidden_dropout(0)
+      .attention_dropout(0)
+      .intermediate_dropout(0);
+}
+
+std::map<std::string, at::Tensor> state_of(const torch::nn::Module& m) {
+  std::map<std::string, at::Tensor> out;
+  for (const auto& p : m.named_parameters()) out[p.key()] = p.value().detach().clone();
+  for (const auto& b : m.named_buffers()) out[b.key()] = b.value().detach().clone();
+  return out;
+}
+
+TEST(Checkpoint, OneProcessWritesOneSafetensorsFileByTheSpecification) {
+  TempDir dir;
+  manual_seed(1);
+  TransformerLayer layer(layer_options());
+  save_checkpoint(*layer, dir / "ckpt", R"({"step": 7, "vocab": ["a", "b"]})");
+  const fs::path file = dir / "ckpt/model.safetensors";
+  ASSERT_TRUE(fs::exists(file));
+  EXPECT_FALSE(fs::exists(dir / "ckpt.saving"));
+  // The specification: 8 bytes little-endian N, N bytes of JSON header, then the data; each
+  // tensor's data_offsets are relative to the data and together cover it without gaps.
+  const std::string bytes = read_file(file);
+  ASSERT_GE(bytes.size(), 8u);
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(bytes[i]);
+  ASSERT_LE(8 + n, bytes.size());
+  const json header = json::parse(bytes.substr(8, n));
+  ASSERT_TRUE(header.contains("__metadata__"));
+  for (const auto& [k, v] : header["__metadata__"].items()) EXPECT_TRUE(v.is_string()) << k;
+  const std::string data = bytes.substr(8 + n);
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  const auto state = state_of(*layer);
+  for (const auto& [name, t] : state) {
+    ASSERT_TRUE(header.contains(name)) << name;
+    const json& h = header[name];
+    EXPECT_EQ(h["dtype"], "F32") << name;
+    EXPECT_EQ(h["shape"].get<std::vector<int64_t>>(), t.sizes().vec()) << name;
+    const auto r = h["data_offsets"].get<std::vector<int64_t>>();
+    ranges.emplace_back(r[0], r[1]);
+    ASSERT_EQ(r[1] - r[0], t.numel() * 4) << name;
+    // Raw little-endian fp32, the parameter's own bits.
+    EXPECT_EQ(std::memcmp(data.data() + r[0], t.contiguous().data_ptr(), t.numel() * 4), 0) << name;
+  }
+  EXPECT_EQ(header.size(), state.size() + 1);  // the tensors and __metadata__, nothing else
+  std::sort(ranges.begin(), ranges.end());
+  int64_t at = 0;
+  for (const auto& [b, e] : ranges) {
+    EXPECT_EQ(b, at);
+    at = e;
+  }
+  EXPECT_EQ(at, static_cast<int64_t>(data.size()));
+  // The index: Hugging Face's weight_map, plus te-cpp's layout and the caller's extra.
+  const json index = json::parse(read_file(dir / "ckpt/model.safetensors.index.json"));
+  EXPECT_EQ(index["weight_map"]["mlp.wi_kernel"], "model.safetensors");
+  EXPECT_EQ(index["te"]["tensors"]["mlp.wi_kernel"]["axes"],
+            json::parse(R"(["w_fsdp", "w_joined", "w_tp"])"));
+  EXPECT_EQ(index["extra"]["step"], 7);
+
+  manual_seed(2);
+  TransformerLayer other(layer_options());
+  EXPECT_EQ(json::parse(load_checkpoint(*other, dir / "ckpt")), index["extra"]);
+  for (const auto& [name, t] : state_of(*other)) {
+    EXPECT_TRUE(at::equal(t, state.at(name))) << name;
+  }
+}
+
+// Trained on DP2xTP2, saved; loaded on one process, TP2 and FSDP2: every tensor bit for bit.
+TEST(Checkpoint, ReshardsOntoAnyMesh) {
+  TempDir dir;
+  set_warning_handler([](std::string_view) {});
+  const at::Tensor x = test::randn({4, 6, 16}, 3);
+  const at::Tensor mask = at::zeros({4, 1, 6, 6}, at::kBool);
+  std::map<std::string, at::Tensor> saved;
+  at::Tensor mesh_output;
+  std::mutex mu;
+  run_local_ranks(4, [&](int rank) {
+    DeviceMesh mesh({2, 2}, {"data", "model"});
+    MeshScope on_mesh(mesh);
+    MeshResourceScope roles(parse_mesh_resource("dp=data,tp=model"));
+    manual_seed(4);
+    TransformerLayer layer(layer_options());
+    torch::optim::AdamW opt(layer->parameters(), torch::optim::AdamWOptions(1e-2));
+    for (int step = 0; step < 2; ++step) {
+      opt.zero_grad();
+      GradientBuckets buckets;
+      layer(DTensor::distribute(x, mesh, {Replicate{}, Replicate{}}), mask)
+          .full_tensor()
+          .pow(2)
+          .mean()
+          .backward();
+      buckets.finish();
+      opt.step();
+    }
+    save_checkpoint(*layer, dir / "ckpt", "{}");
+    const at::Tensor y =
+        layer(DTensor::distribute(x, mesh, {Replicate{}, Replicate{}}), mask).full_tensor();
+    gather_module(*layer);
+    if (rank == 0) {
+      std::lock_guard<std::mutex> lock(mu);
+      saved = state_of(*layer);
+      mesh_output = y.detach();
+    }
+  });
+  // Each rank wrote its own file; the index lists the pieces.
+  const json index = json::parse(read_file(dir / "ckpt/model.safetensors.index.json"));
+  EXPECT_EQ(index["te"]["world_size"], 4);
+  EXPECT_EQ(index["te"]["tensors"]["mlp.wi_kernel"]["pieces"].size(), 2u);  // split on model
+  EXPECT_FALSE(index.contains("weight_map"));
+
+  // One process.
+  manual_seed(9);
+  TransformerLayer single(layer_options());
+  load_checkpoint(*single, dir / "ckpt");
+  for (const auto& [name, t] : state_of(*single)) {
+    EXPECT_TRUE(at::equal(t, saved.at(name))) << name;
+  }
+  EXPECT_TRUE(test::Close(single(x, mask), mesh_output, 1e-5));
+  // TP2 and FSDP2 (thread ranks): each rank holds exactly its piece of the saved tensors.
+  for (const char* roles : {"tp=x", "fsdp=x"}) {
+    run_local_ranks(2, [&](int rank) {
+      DeviceMesh mesh({2}, {"x"});
+      MeshScope on_mesh(mesh);
+      MeshResourceScope resource(parse_mesh_resource(roles));
+      manual_seed(10);
+      TransformerLayer layer(layer_options());
+      load_checkpoint(*layer, dir / "ckpt");
+      const auto layouts = named_parameter_layouts(*layer);
+      bool any_sharded = false;
+      for (const auto& [name, t] : state_of(*layer)) {
+        const auto it = layouts.find(name);
+        const at::Tensor want =
+            it != layouts.end() && it->second.mesh
+                ? te::test::piece_of(saved.at(name), mesh, it->second.placements, rank)
+                : saved.at(name);
+        any_sharded = any_sharded || t.sizes() != saved.at(name).sizes();
+        EXPECT_TRUE(at::equal(t, want)) << roles << " " << name << " on rank " << rank;
+      }
+      EXPECT_TRUE(any_sharded) << roles;
+    });
+  }
+  set_warning_handler(nullptr);
+}
+
+TEST(Checkpoint, BadFilesAndMismatchesAreNamed) {
+  TempDir dir;
+  manual_seed(1);
+  TransformerLayer layer(layer_options());
+  save_checkpoint(*layer, dir / "ckpt");
+  const std::string file = dir / "ckpt/model.safetensors";
+  const std::string good = read_file(file);
+  auto write = [&](const std::string& bytes) { std::ofstream(file, std::ios::binary) << bytes; };
+  TransformerLayer target(layer_options());
+
+  EXPECT_ERROR(load_checkpoint(*target, dir / "nothing"), "no checkpoint at");
+  // A flipped byte in the data of the last tensor.
+  std::string flipped = good;
+  flipped[flipped.size() - 3] ^= 0x10;
+  write(flipped);
+  EXPECT_ERROR(load_checkpoint(*target, dir / "ckpt"), "fails its checksum");
+  // Truncated: the data, then the header.
+  write(good.substr(0, good.size() - 100));
+  EXPECT_ERROR(load_checkpoint(*target, dir / "ckpt"), "model.safetensors");
+  write(good.substr(0, 20));
+  EXPECT_ERROR(load_checkpoint(*target, dir / "ckpt"), "is truncated or not safetensors");
+  fs::remove(file);
+  EXPECT_ERROR(load_checkpoint(*target, dir / "ckpt"), "missing a file its index names");
+  write(good);
+  EXPECT_NO_THROW(load_checkpoint(*target, dir / "ckpt"));
+
+  // A module of another size: both shapes named.
+  TransformerLayer wider(TransformerLayerOptions(16, 48, 4));
+  EXPECT_ERROR(load_checkpoint(*wider, dir / "ckpt"),
+               "'mlp.wi_kernel' is [16,1,32] in the checkpoint at");
+  EXPECT_ERROR(load_checkpoint(*wider, dir / "ckpt"), "but [16,1,48] in the module");
+  // Names one side lacks: strict by default, skipped on request.
+  TransformerLayer decoder(layer_options().layer_type("decoder"));
+  EXPECT_ERROR(load_checkpoint(*decoder, dir / "ckpt"), "lacks 'cross_attention.");
+  EXPECT_ERROR(load_checkpoint(*decoder, dir / "ckpt"), "which the module has");
+  save_checkpoint(*decoder, dir / "decoder");
+  EXPECT_ERROR(load_checkpoint(*target, dir / "decoder"), "holds 'cross_attention.");
+  EXPECT_ERROR(load_checkpoint(*target, dir / "decoder"), "which the module lacks");
+  EXPECT_NO_THROW(load_checkpoint(*decoder, dir / "ckpt", CheckpointLoadOptions{false}));
+  EXPECT_TRUE(at::equal(decoder->mlp->wi_kernel, layer->mlp->wi_kernel));
+  // dtype.
+  TransformerLayer bf16(layer_options());
+  bf16->to(at::kBFloat16);
+  EXPECT_ERROR(load_checkpoint(*bf16, dir / "ckpt"), "is F32 in the checkpoint");
+  EXPECT_ERROR(save_checkpoint(*layer, dir / "ckpt", "{not json"), "extra is not JSON");
+}
+
+TEST(Checkpoint, ASaveReplacesThePreviousOneAtomically) {
+  TempDir dir;
+  manual_seed(1);
+  TransformerLayer first(layer_options());
+  save_checkpoint(*first, dir / "ckpt", R"({"n": 1})");
+  // What a save that died leaves behind does not disturb the next one.
+  fs::create_directories(dir / "ckpt.saving");
+  std::ofstream(dir / "ckpt.saving/model.safetensors") << "torn";
+  manual_seed(2);
+  TransformerLayer second(layer_options());
+  save_checkpoint(*second, dir / "ckpt", R"({"n": 2})");
+  EXPECT_FALSE(fs::exists(dir / "ckpt.saving"));
+  EXPECT_FALSE(fs::exists(dir / "ckpt.old"));
+  TransformerLayer loaded(layer_options());
+  EXPECT_EQ(json::parse(load_checkpoint(*loaded, dir / "ckpt"))["n"], 2);
+  EXPECT_TRUE(at::equal(loaded->mlp->wi_kernel, second->mlp->wi_kernel));
+}
+
+}  // namespace
+}  // namespace te::nn
