@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <torch/optim/adamw.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -13,10 +14,12 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <vector>
 
 #include "te/distributed.h"
 #include "te/error.h"
+#include "te/nn/random.h"
 #include "te/nn/sharded.h"
 
 namespace te::nn {
@@ -122,7 +125,29 @@ struct Entry {
   bool owner = true;  // this rank writes the piece (replicas: the lowest coordinate)
 };
 
-std::map<std::string, Entry> entries_of(const torch::nn::Module& module) {
+// The optimizer's per-parameter state, created empty (as AdamW's first step would) when the
+// optimizer has none yet and `create` is set: a load fills it.
+torch::optim::AdamWParamState* adamw_state(torch::optim::AdamW& opt, const at::Tensor& p,
+                                           bool create) {
+  const std::string key = c10::guts::to_string(p.unsafeGetTensorImpl());
+  auto& states = opt.state();
+  auto it = states.find(key);
+  if (it == states.end()) {
+    if (!create) return nullptr;
+    auto st = std::make_unique<torch::optim::AdamWParamState>();
+    st->exp_avg(at::zeros_like(p, at::MemoryFormat::Preserve));
+    st->exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
+    it = states.emplace(key, std::move(st)).first;
+  }
+  return static_cast<torch::optim::AdamWParamState*>(it->second.get());
+}
+
+// Optimizer steps live in the state as integers; they travel as one-element int64 tensors.
+using StepSlots = std::map<std::string, torch::optim::AdamWParamState*>;
+
+std::map<std::string, Entry> entries_of(const torch::nn::Module& module,
+                                        const torch::optim::AdamW* optimizer = nullptr,
+                                        bool create_state = false, StepSlots* steps = nullptr) {
   const auto layouts = named_parameter_layouts(module);
   std::map<std::string, Entry> out;
   auto add = [&](const std::string& name, const at::Tensor& t) {
@@ -152,6 +177,35 @@ std::map<std::string, Entry> entries_of(const torch::nn::Module& module) {
   };
   for (const auto& p : module.named_parameters(/*recurse=*/true)) add(p.key(), p.value());
   for (const auto& b : module.named_buffers(/*recurse=*/true)) add(b.key(), b.value());
+  if (optimizer != nullptr) {
+    auto& opt = const_cast<torch::optim::AdamW&>(*optimizer);
+    std::set<const void*> owned;
+    for (const auto& group : opt.param_groups()) {
+      for (const auto& p : group.params()) owned.insert(p.unsafeGetTensorImpl());
+    }
+    for (const auto& p : module.named_parameters(/*recurse=*/true)) {
+      if (!owned.count(p.value().unsafeGetTensorImpl())) continue;
+      torch::optim::AdamWParamState* st = adamw_state(opt, p.value(), create_state);
+      TE_CHECK(st != nullptr, "save_checkpoint: the optimizer has no state for '", p.key(),
+               "' yet; save after its first step, or without the optimizer");
+      // The moments are laid out like their parameter.
+      const std::string prefix = "optimizer." + p.key() + ".";
+      for (const auto& [suffix, moment] :
+           {std::pair<const char*, at::Tensor>{"exp_avg", st->exp_avg()},
+            {"exp_avg_sq", st->exp_avg_sq()}}) {
+        Entry e = out.at(p.key());
+        e.local = moment;
+        out.emplace(prefix + suffix, std::move(e));
+      }
+      Entry step;
+      step.local = at::full({1}, st->step(), at::kLong);
+      step.global_shape = {1};
+      step.offsets = {0};
+      step.owner = world_rank() == 0;
+      out.emplace(prefix + "step", std::move(step));
+      if (steps != nullptr) (*steps)[prefix + "step"] = st;
+    }
+  }
   return out;
 }
 
@@ -304,7 +358,7 @@ at::Tensor read_piece(SafetensorsFile& file, const std::string& name, const json
 }  // namespace
 
 void save_checkpoint(const torch::nn::Module& module, const std::string& dir,
-                     const std::string& extra_json) {
+                     const std::string& extra_json, const torch::optim::AdamW* optimizer) {
   json extra;
   try {
     extra = json::parse(extra_json);
@@ -322,7 +376,7 @@ void save_checkpoint(const torch::nn::Module& module, const std::string& dir,
     TE_CHECK(!ec, "save_checkpoint: cannot create '", tmp.string(), "': ", ec.message());
   }
   barrier(world);
-  const auto entries = entries_of(module);
+  const auto entries = entries_of(module, optimizer);
   const json mine = write_pieces(entries, tmp / file_name(rank, n));
   const std::vector<std::string> all = all_gather_strings(world, mine.dump());
   if (rank == 0) {
@@ -352,8 +406,12 @@ void save_checkpoint(const torch::nn::Module& module, const std::string& dir,
       whole = whole && t["pieces"].size() == 1 && t["pieces"][0]["shape"] == t["shape"];
       weight_map[name] = t["pieces"][0]["file"];
     }
+    const RngState rng = rng_state();
     json index = {{"metadata", {{"total_size", total}, {"format", "te-cpp"}}},
-                  {"te", {{"world_size", n}, {"tensors", tensors}}},
+                  {"te",
+                   {{"world_size", n},
+                    {"tensors", tensors},
+                    {"rng", {{"seed", rng.seed}, {"calls", rng.calls}}}}},
                   {"extra", extra}};
     if (whole) index["weight_map"] = weight_map;
     const fs::path index_path = tmp / kIndexName;
@@ -381,7 +439,7 @@ void save_checkpoint(const torch::nn::Module& module, const std::string& dir,
 }
 
 std::string load_checkpoint(torch::nn::Module& module, const std::string& dir,
-                            const CheckpointLoadOptions& options) {
+                            const CheckpointLoadOptions& options, torch::optim::AdamW* optimizer) {
   const fs::path root = fs::absolute(dir);
   const fs::path index_path = root / kIndexName;
   json index;
@@ -399,13 +457,16 @@ std::string load_checkpoint(torch::nn::Module& module, const std::string& dir,
   TE_CHECK(index.contains("te") && index["te"].contains("tensors"), "load_checkpoint: '",
            index_path.string(), "' is not a te-cpp checkpoint index (no te.tensors)");
   const json& tensors = index["te"]["tensors"];
-  const auto entries = entries_of(module);
+  StepSlots steps;
+  const auto entries = entries_of(module, optimizer, /*create_state=*/true, &steps);
   if (options.strict) {
     for (const auto& [name, e] : entries) {
       TE_CHECK(tensors.contains(name), "load_checkpoint: the checkpoint at '", root.string(),
                "' lacks '", name, "', which the module has (load with strict = false to skip it)");
     }
     for (const auto& [name, t] : tensors.items()) {
+      // Optimizer state is there for resuming; a load without an optimizer leaves it.
+      if (optimizer == nullptr && name.rfind("optimizer.", 0) == 0) continue;
       TE_CHECK(entries.count(name), "load_checkpoint: the checkpoint at '", root.string(),
                "' holds '", name,
                "', which the module lacks (load with strict = false to skip it)");
@@ -457,6 +518,12 @@ std::string load_checkpoint(torch::nn::Module& module, const std::string& dir,
              "' in the checkpoint at '", root.string(), "' cover ", covered, " of the ",
              e.local.numel(), " elements this rank needs; the index is damaged");
     e.local.copy_(filled);
+    const auto slot = steps.find(name);
+    if (slot != steps.end()) slot->second->step(filled.item<int64_t>());
+  }
+  if (options.restore_rng_state && index["te"].contains("rng")) {
+    set_rng_state(
+        {index["te"]["rng"]["seed"].get<uint64_t>(), index["te"]["rng"]["calls"].get<uint64_t>()});
   }
   return index.contains("extra") ? index["extra"].dump() : std::string("{}");
 }

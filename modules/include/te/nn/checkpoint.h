@@ -19,6 +19,10 @@
 
 #include <string>
 
+namespace torch::optim {
+class AdamW;
+}
+
 namespace te::nn {
 
 /// Options of load_checkpoint.
@@ -26,21 +30,33 @@ struct CheckpointLoadOptions {
   /// Every parameter and buffer of the module must be in the checkpoint and the checkpoint must
   /// hold nothing else (LibTorch's load_state_dict(strict=true)); false skips both kinds.
   bool strict = true;
+  /// Restore this thread's dropout stream (te::nn::rng_state) to where it was at the save, so a
+  /// resumed run draws the masks the uninterrupted one would.
+  bool restore_rng_state = true;
 };
 
 /// Collective over this thread's world (every rank calls it, with the same module structure):
 /// writes `module`'s parameters and buffers to directory `dir`, replacing a previous checkpoint
 /// there atomically. `extra_json` (a JSON value: model config, vocabulary, step) is stored in the
 /// index. te::Error for a directory that cannot be written or an extra that is not JSON.
+///
+/// With `optimizer`, its state for the module's parameters is saved too ("optimizer.<name>.
+/// exp_avg" / "exp_avg_sq", laid out like the parameter, and ".step"), so a run resumed with
+/// load_checkpoint continues bit for bit. The dropout stream's position is recorded as well.
 void save_checkpoint(const torch::nn::Module& module, const std::string& dir,
-                     const std::string& extra_json = "{}");
+                     const std::string& extra_json = "{}",
+                     const torch::optim::AdamW* optimizer = nullptr);
 
 /// Collective: loads `dir` into `module` (its parameters keep their layout: each rank reads the
 /// pieces overlapping its own and verifies their checksums). Returns the extra JSON the
 /// checkpoint was saved with. te::Error naming the file and the tensor for a missing, truncated
 /// or corrupt file, a shape or dtype that differs from the module's, and (strict) a tensor one
 /// side lacks.
+///
+/// With `optimizer` (built over the module's parameters), its state is loaded as well, onto
+/// this layout like the parameters.
 std::string load_checkpoint(torch::nn::Module& module, const std::string& dir,
-                            const CheckpointLoadOptions& options = {});
+                            const CheckpointLoadOptions& options = {},
+                            torch::optim::AdamW* optimizer = nullptr);
 
 }  // namespace te::nn
