@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
+#include <unistd.h>
 #include <array>
 #include <chrono>
 #include <cstdio>
@@ -89,6 +90,31 @@ TEST(Processes, AKilledRankIsNamedByTheSurvivorsWithinTheTimeout) {
     EXPECT_NE(r.output.find(line), std::string::npos) << r.output;
   }
   EXPECT_LT(r.seconds, 20.0) << r.output;
+}
+
+// A rank killed in the middle of a save: the survivors fail with the missing rank named, and the
+// previous checkpoint is still there, whole, and loads with the weights it was saved with.
+TEST(Processes, ARankKilledDuringASaveLeavesThePreviousCheckpoint) {
+  char tmpl[] = "/tmp/te_ckpt_kill_XXXXXX";
+  const std::string root = ::mkdtemp(tmpl);
+  const std::string dir = root + "/ckpt";
+  const Result r = run("TE_DIST_TIMEOUT_S=10 " + kRun + " --nproc 2 --grace 15 -- " + kWorker +
+                       " ckpt_kill " + dir);
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("te-run: rank 1 was killed by signal 9"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[rank 0] rank 0 error: "), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("second save returned"), std::string::npos) << r.output;
+  const std::string head = "[rank 0] first checkpoint sum ";
+  const auto at = r.output.find(head);
+  ASSERT_NE(at, std::string::npos) << r.output;
+  const std::string first =
+      r.output.substr(at + head.size(), r.output.find('\n', at) - at - head.size());
+  const Result load = run(kRun + " --nproc 1 -- " + kWorker + " ckpt_sum " + dir);
+  ASSERT_EQ(load.status, 0) << load.output;
+  EXPECT_NE(load.output.find("loaded checkpoint sum " + first), std::string::npos)
+      << "first save's sum " << first << "\n"
+      << load.output;
+  std::system(("rm -rf " + root).c_str());
 }
 
 TEST(Processes, LauncherStopsTheOthersAndReturnsTheFailedStatus) {

@@ -5,6 +5,10 @@
 //   te_dist_worker exit N  rank 1 exits with status N, the others wait in a collective
 //   te_dist_worker fp8     data-parallel FP8 training steps of a LayerNormMLP against the same
 //                          steps on this process alone; prints the final FP8 scales
+//   te_dist_worker ckpt_kill DIR   saves a TransformerLayer to DIR (2 ranks), changes it, saves
+//                          again, and rank 1 kills itself (SIGKILL) once its file of that second
+//                          save is written; prints the first checkpoint's parameter sum
+//   te_dist_worker ckpt_sum DIR    loads DIR into the same layer and prints its parameter sum
 //   te_dist_worker layer   a TransformerLayer in training (dropout 0.1-0.3) on a DP2xTP2 mesh of
 //                          4 processes: output and every gradient against the same layer run on
 //                          this process alone
@@ -12,8 +16,11 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <chrono>
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <sstream>
 #include <string>
@@ -218,6 +225,56 @@ int layer_step() {
   return 0;
 }
 
+// The sum of every parameter, printed with all its digits (a fingerprint of the weights).
+std::string parameter_sum(torch::nn::Module& m) {
+  double sum = 0;
+  for (const auto& p : m.parameters()) sum += p.to(at::kDouble).sum().item<double>();
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.17g", sum);
+  return buf;
+}
+
+te::nn::TransformerLayerOptions checkpoint_layer() {
+  return te::nn::TransformerLayerOptions(64, 256, 4);
+}
+
+int checkpoint_kill(const std::string& dir) {
+  const int rank = te::world_rank();
+  te::DeviceMesh mesh({te::world_size()}, {"data"});
+  te::MeshScope on_mesh(mesh);
+  te::MeshResourceScope roles(te::parse_mesh_resource("dp=data"));
+  te::nn::manual_seed(1);
+  te::nn::TransformerLayer layer(checkpoint_layer());
+  te::nn::save_checkpoint(*layer, dir);
+  if (rank == 0) std::cout << "first checkpoint sum " << parameter_sum(*layer) << std::endl;
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : layer->parameters()) p.add_(1.0);
+  }
+  std::thread killer;
+  if (rank == 1) {
+    // Dies in the middle of the save: its own file is written, the others' may not be, the
+    // index and the rename are not done.
+    const std::string mine = dir + ".saving/model-00002-of-00002.safetensors";
+    killer = std::thread([mine] {
+      while (!std::ifstream(mine).good())
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      std::raise(SIGKILL);
+    });
+  }
+  te::nn::save_checkpoint(*layer, dir);
+  if (killer.joinable()) killer.join();
+  std::cout << "rank " << rank << " second save returned" << std::endl;
+  return 0;
+}
+
+int checkpoint_sum(const std::string& dir) {
+  te::nn::TransformerLayer layer(checkpoint_layer());
+  te::nn::load_checkpoint(*layer, dir);
+  std::cout << "loaded checkpoint sum " << parameter_sum(*layer) << std::endl;
+  return 0;
+}
+
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "check";
   try {
@@ -227,6 +284,8 @@ int main(int argc, char** argv) {
     if (mode == "exit") return die_or_exit(false, argc > 2 ? std::atoi(argv[2]) : 1);
     if (mode == "fp8") return fp8_steps();
     if (mode == "layer") return layer_step();
+    if (mode == "ckpt_kill" && argc > 2) return checkpoint_kill(argv[2]);
+    if (mode == "ckpt_sum" && argc > 2) return checkpoint_sum(argv[2]);
     std::cerr << "unknown mode " << mode << "\n";
     return 2;
   } catch (const te::Error& e) {
