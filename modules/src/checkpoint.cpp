@@ -367,7 +367,8 @@ void save_checkpoint(const torch::nn::Module& module, const std::string& dir,
   }
   const std::optional<DeviceMesh> world = world_mesh();
   const int rank = world_rank(), n = world_size();
-  const fs::path target = fs::absolute(dir);
+  fs::path target = fs::absolute(dir).lexically_normal();
+  if (target.filename().empty()) target = target.parent_path();  // "ckpt/" names "ckpt"
   const fs::path tmp = target.string() + ".saving";
   if (rank == 0) {
     std::error_code ec;
