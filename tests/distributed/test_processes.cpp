@@ -117,6 +117,31 @@ TEST(Processes, ARankKilledDuringASaveLeavesThePreviousCheckpoint) {
   std::system(("rm -rf " + root).c_str());
 }
 
+// Trained and saved by 4 processes on DP2xTP2; loaded by 1 process, and by 2 processes on TP2
+// and on FSDP2: every parameter and buffer bit for bit (a fingerprint of all their bytes).
+TEST(Processes, ACheckpointSavedOnDp2xTp2LoadsBitForBitOnOtherMeshes) {
+  char tmpl[] = "/tmp/te_ckpt_mesh_XXXXXX";
+  const std::string root = ::mkdtemp(tmpl);
+  const std::string dir = root + "/ckpt";
+  const Result save = run(kRun + " --nproc 4 -- " + kWorker + " ckpt_save4 " + dir);
+  ASSERT_EQ(save.status, 0) << save.output;
+  const std::string head = "[rank 0] saved checkpoint sum ";
+  const auto at = save.output.find(head);
+  ASSERT_NE(at, std::string::npos) << save.output;
+  const std::string saved = save.output.substr(at + head.size(), 16);
+  const std::pair<std::string, std::string> loads[] = {{"", "--nproc 1"},
+                                                       {"TE_CKPT_ROLES=tp=x ", "--nproc 2"},
+                                                       {"TE_CKPT_ROLES=fsdp=x ", "--nproc 2"}};
+  for (const auto& [roles, layout] : loads) {
+    const Result load = run(roles + kRun + " " + layout + " -- " + kWorker + " ckpt_sum " + dir);
+    ASSERT_EQ(load.status, 0) << load.output;
+    EXPECT_NE(load.output.find("loaded checkpoint sum " + saved), std::string::npos)
+        << roles << layout << ": saved " << saved << "\n"
+        << load.output;
+  }
+  std::system(("rm -rf " + root).c_str());
+}
+
 TEST(Processes, LauncherStopsTheOthersAndReturnsTheFailedStatus) {
   // Rank 1 exits 7 while ranks 0 and 2 wait in a collective; with a short grace they are
   // stopped (or fail on their own) and te-run returns 7.

@@ -8,13 +8,17 @@
 //   te_dist_worker ckpt_kill DIR   saves a TransformerLayer to DIR (2 ranks), changes it, saves
 //                          again, and rank 1 kills itself (SIGKILL) once its file of that second
 //                          save is written; prints the first checkpoint's parameter sum
-//   te_dist_worker ckpt_sum DIR    loads DIR into the same layer and prints its parameter sum
+//   te_dist_worker ckpt_save4 DIR  trains a TransformerLayer 2 steps on DP2xTP2 (4 ranks), saves it
+//                          and prints the fingerprint of its whole weights
+//   te_dist_worker ckpt_sum DIR    loads DIR into the same layer on this process's world and prints
+//                          the fingerprint of its weights (gathered when sharded)
 //   te_dist_worker layer   a TransformerLayer in training (dropout 0.1-0.3) on a DP2xTP2 mesh of
 //                          4 processes: output and every gradient against the same layer run on
 //                          this process alone
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/optim/adamw.h>
 
 #include <chrono>
 #include <csignal>
@@ -22,6 +26,8 @@
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -225,12 +231,23 @@ int layer_step() {
   return 0;
 }
 
-// The sum of every parameter, printed with all its digits (a fingerprint of the weights).
-std::string parameter_sum(torch::nn::Module& m) {
-  double sum = 0;
-  for (const auto& p : m.parameters()) sum += p.to(at::kDouble).sum().item<double>();
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), "%.17g", sum);
+// A fingerprint of every parameter and buffer, bit for bit: FNV-1a over names and bytes.
+std::string fingerprint(torch::nn::Module& m) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](const void* data, std::size_t n) {
+    const auto* p = static_cast<const unsigned char*>(data);
+    for (std::size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  };
+  std::map<std::string, at::Tensor> all;
+  for (const auto& p : m.named_parameters()) all[p.key()] = p.value();
+  for (const auto& b : m.named_buffers()) all[b.key()] = b.value();
+  for (const auto& [name, t] : all) {
+    const at::Tensor c = t.detach().contiguous();
+    mix(name.data(), name.size());
+    mix(c.data_ptr(), static_cast<std::size_t>(c.numel()) * c.element_size());
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(h));
   return buf;
 }
 
@@ -246,7 +263,7 @@ int checkpoint_kill(const std::string& dir) {
   te::nn::manual_seed(1);
   te::nn::TransformerLayer layer(checkpoint_layer());
   te::nn::save_checkpoint(*layer, dir);
-  if (rank == 0) std::cout << "first checkpoint sum " << parameter_sum(*layer) << std::endl;
+  if (rank == 0) std::cout << "first checkpoint sum " << fingerprint(*layer) << std::endl;
   {
     torch::NoGradGuard no_grad;
     for (auto& p : layer->parameters()) p.add_(1.0);
@@ -268,10 +285,51 @@ int checkpoint_kill(const std::string& dir) {
   return 0;
 }
 
+// DP2xTP2 on 4 processes: two AdamW steps, save, then the whole weights' fingerprint.
+int checkpoint_save4(const std::string& dir) {
+  const int rank = te::world_rank();
+  TE_CHECK(te::world_size() == 4, "ckpt_save4 runs on 4 ranks");
+  te::DeviceMesh mesh({2, 2}, {"data", "model"});
+  te::MeshScope on_mesh(mesh);
+  te::MeshResourceScope roles(te::parse_mesh_resource("dp=data,tp=model"));
+  te::nn::manual_seed(2);
+  te::nn::TransformerLayer layer(checkpoint_layer());
+  torch::optim::AdamW opt(layer->parameters(), torch::optim::AdamWOptions(1e-2));
+  const at::Tensor x = te::test::seeded_integers({4, 6, 64}, 3).to(at::kFloat) / 9.0;
+  for (int step = 0; step < 2; ++step) {
+    opt.zero_grad();
+    te::GradientBuckets buckets;
+    layer(te::DTensor::distribute(x, mesh, {te::Shard{0}, te::Replicate{}}))
+        .full_tensor()
+        .pow(2)
+        .mean()
+        .backward();
+    buckets.finish();
+    opt.step();
+  }
+  te::nn::save_checkpoint(*layer, dir);
+  te::nn::gather_module(*layer);
+  if (rank == 0) std::cout << "saved checkpoint sum " << fingerprint(*layer) << std::endl;
+  return 0;
+}
+
 int checkpoint_sum(const std::string& dir) {
+  std::optional<te::DeviceMesh> mesh;
+  std::optional<te::MeshScope> on_mesh;
+  std::optional<te::MeshResourceScope> roles;
+  if (te::world_size() > 1) {
+    mesh.emplace(std::vector<int64_t>{te::world_size()}, std::vector<std::string>{"x"});
+    on_mesh.emplace(*mesh);
+    roles.emplace(te::parse_mesh_resource(
+        std::getenv("TE_CKPT_ROLES") ? std::getenv("TE_CKPT_ROLES") : "tp=x"));
+  }
+  te::nn::manual_seed(77);
   te::nn::TransformerLayer layer(checkpoint_layer());
   te::nn::load_checkpoint(*layer, dir);
-  std::cout << "loaded checkpoint sum " << parameter_sum(*layer) << std::endl;
+  if (mesh) te::nn::gather_module(*layer);
+  if (te::world_rank() == 0) {
+    std::cout << "loaded checkpoint sum " << fingerprint(*layer) << std::endl;
+  }
   return 0;
 }
 
@@ -286,6 +344,7 @@ int main(int argc, char** argv) {
     if (mode == "layer") return layer_step();
     if (mode == "ckpt_kill" && argc > 2) return checkpoint_kill(argv[2]);
     if (mode == "ckpt_sum" && argc > 2) return checkpoint_sum(argv[2]);
+    if (mode == "ckpt_save4" && argc > 2) return checkpoint_save4(argv[2]);
     std::cerr << "unknown mode " << mode << "\n";
     return 2;
   } catch (const te::Error& e) {
