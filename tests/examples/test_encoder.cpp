@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "../temp_dir.h"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -50,19 +52,7 @@ Result encoder(const std::string& args) {
   return r;
 }
 
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "te_encoder_test_XXXXXX").string();
-    path_ = ::mkdtemp(tmpl.data());
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  fs::path operator/(const std::string& name) const { return path_ / name; }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
+using te::test::TempDir;
 
 void write(const fs::path& path, const std::string& text) { std::ofstream(path) << text; }
 

@@ -15,6 +15,7 @@
 
 #include "../distributed/dist_test_util.h"
 #include "../expect_error.h"
+#include "../temp_dir.h"
 #include "nn_test_util.h"
 #include "te/nn.h"
 
@@ -24,18 +25,7 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "te_ckpt_XXXXXX").string();
-    path_ = ::mkdtemp(tmpl.data());
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  std::string operator/(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
-};
+using te::test::TempDir;
 
 std::string read_file(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
