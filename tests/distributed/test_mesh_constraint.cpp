@@ -389,7 +389,8 @@ TEST(WithShardingConstraint, ReportsBadInput) {
     EXPECT_NO_THROW(with_sharding_constraint(x, {"batch", std::nullopt}));  // torch.chunk: 2, 1
     DTensor y = DTensor::distribute(at::zeros({3, 4}), other, {Replicate{}});
     EXPECT_ERROR(with_sharding_constraint(y, {"batch", std::nullopt}),
-                 "the tensor lives on DeviceMesh(data=2) but the current mesh is another");
+                 "the tensor lives on DeviceMesh(data=2) but the current mesh is another "
+                 "(DeviceMesh(data=2), the same shape but a separate DeviceMesh");
     EXPECT_ERROR(with_sharding_constraint(x, {"batch", "batch"}),
                  "logical axis 'batch' occurs more than once");
   });

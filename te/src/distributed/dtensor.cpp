@@ -70,8 +70,8 @@ class Relayout : public torch::autograd::Function<Relayout> {
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    auto s = c10::static_intrusive_pointer_cast<RelayoutState>(
-        ctx->saved_data["state"].toCapsule());
+    auto s =
+        c10::static_intrusive_pointer_cast<RelayoutState>(ctx->saved_data["state"].toCapsule());
     if (s->param.defined()) {
       // Data parallel: a parameter whose gradient only needs summing over some rows may wait
       // for a GradientBuckets scope to sum it with others.
@@ -92,8 +92,7 @@ class Relayout : public torch::autograd::Function<Relayout> {
         return {grads[0], at::Tensor()};
       }
     }
-    return {detail::run_redistribute(grads[0], s->global_shape, *s->mesh, s->grad_in,
-                                     s->grad_out),
+    return {detail::run_redistribute(grads[0], s->global_shape, *s->mesh, s->grad_in, s->grad_out),
             at::Tensor()};
   }
 };
@@ -123,8 +122,9 @@ DTensor::DTensor(at::Tensor local, DeviceMesh mesh, std::vector<Placement> place
       global_shape_(std::move(global_shape)) {}
 
 const DeviceMesh& DTensor::mesh() const {
-  TE_CHECK(mesh_.has_value(), "this DTensor is empty (default-constructed); create one with "
-                              "DTensor::distribute or DTensor::from_local");
+  TE_CHECK(mesh_.has_value(),
+           "this DTensor is empty (default-constructed); create one with "
+           "DTensor::distribute or DTensor::from_local");
   return *mesh_;
 }
 
@@ -162,13 +162,15 @@ DTensor DTensor::from_local(const at::Tensor& local, const DeviceMesh& mesh,
   std::vector<int64_t> shape;
   if (global_shape) {
     shape = *global_shape;
-    TE_CHECK(static_cast<int64_t>(shape.size()) == local.dim(), "DTensor::from_local: global "
-             "shape ", shape_text(shape), " has ", shape.size(), " dims but the local tensor ",
-             local.dim());
+    TE_CHECK(static_cast<int64_t>(shape.size()) == local.dim(),
+             "DTensor::from_local: global "
+             "shape ",
+             shape_text(shape), " has ", shape.size(), " dims but the local tensor ", local.dim());
     const auto chunks = local_chunks(shape, mesh, placements, mesh.rank());
     for (std::size_t d = 0; d < chunks.size(); ++d) {
-      TE_CHECK(local.size(static_cast<int64_t>(d)) == chunks[d].length, "DTensor::from_local: rank ",
-               mesh.rank(), " holds ", local.size(static_cast<int64_t>(d)), " of dim ", d,
+      TE_CHECK(local.size(static_cast<int64_t>(d)) == chunks[d].length,
+               "DTensor::from_local: rank ", mesh.rank(), " holds ",
+               local.size(static_cast<int64_t>(d)), " of dim ", d,
                " but its torch.chunk piece of a global ", shape_text(shape), " under ",
                te::to_string(placements), " on ", mesh.to_string(), " is ", chunks[d].length,
                "; pass the right global_shape or local piece");
@@ -229,8 +231,8 @@ std::vector<Placement> placements_for(const PartitionSpec& spec, const DeviceMes
   for (std::size_t d = 0; d < spec.dims.size(); ++d) {
     int64_t previous = -1;
     for (const std::string& axis : spec.dims[d]) {
-      TE_CHECK(mesh.has_axis(axis), to_string(spec), " shards dim ", d, " over mesh axis '",
-               axis, "', which ", mesh.to_string(),
+      TE_CHECK(mesh.has_axis(axis), to_string(spec), " shards dim ", d, " over mesh axis '", axis,
+               "', which ", mesh.to_string(),
                " does not have; rename the mesh axis in your rules or MeshResource");
       const int64_t i = mesh.axis_index(axis);
       TE_CHECK(is_replicate(placements[static_cast<std::size_t>(i)]), to_string(spec),
@@ -254,9 +256,9 @@ DTensor with_sharding_constraint(const DTensor& x, const LogicalAxes& axes,
 
 DTensor with_sharding_constraint(const DTensor& x, const LogicalAxes& axes,
                                  const ConstraintOptions& options) {
-  TE_CHECK(static_cast<int64_t>(axes.size()) == x.dim(), "with_sharding_constraint: ",
-           axes.size(), " logical axes ", to_string(axes), " for a ", x.dim(), "-dim tensor ",
-           x.to_string(), "; give one name (or std::nullopt) per dim");
+  TE_CHECK(static_cast<int64_t>(axes.size()) == x.dim(), "with_sharding_constraint: ", axes.size(),
+           " logical axes ", to_string(axes), " for a ", x.dim(), "-dim tensor ", x.to_string(),
+           "; give one name (or std::nullopt) per dim");
   const DeviceMesh* mesh = current_mesh();
   if (mesh == nullptr) {
     validate_logical_axes(axes);
@@ -264,6 +266,9 @@ DTensor with_sharding_constraint(const DTensor& x, const LogicalAxes& axes,
   }
   TE_CHECK(x.mesh() == *mesh, "with_sharding_constraint: the tensor lives on ",
            x.mesh().to_string(), " but the current mesh is another (", mesh->to_string(),
+           x.mesh().to_string() == mesh->to_string()
+               ? ", the same shape but a separate DeviceMesh with process groups of its own"
+               : "",
            "); redistribute within one mesh, or open a MeshScope of the tensor's mesh");
   const std::optional<PartitionSpec> spec = resolve_logical_axes(axes, options.fallback);
   if (!spec) return x;
@@ -283,8 +288,8 @@ DTensor with_sharding_constraint(const DTensor& x, const LogicalAxes& axes,
 
 at::Tensor with_sharding_constraint(const at::Tensor& x, const LogicalAxes& axes,
                                     RulesFallback fallback) {
-  TE_CHECK(static_cast<int64_t>(axes.size()) == x.dim(), "with_sharding_constraint: ",
-           axes.size(), " logical axes ", to_string(axes), " for a ", x.dim(),
+  TE_CHECK(static_cast<int64_t>(axes.size()) == x.dim(), "with_sharding_constraint: ", axes.size(),
+           " logical axes ", to_string(axes), " for a ", x.dim(),
            "-dim tensor; give one name (or std::nullopt) per dim");
   const std::optional<PartitionSpec> spec = resolve_logical_axes(axes, fallback);
   const DeviceMesh* mesh = current_mesh();
