@@ -216,16 +216,17 @@ std::vector<std::string> all_gather_strings(const std::optional<DeviceMesh>& wor
                                             const std::string& mine) {
   if (!world) return {mine};
   const int64_t n = world->size();
+  // Shard(0) on every mesh dim: the global tensor is the ranks' pieces in rank order.
+  const std::vector<Placement> by_rank(static_cast<std::size_t>(world->ndim()), Shard{0});
   const at::Tensor lengths =
       DTensor::from_local(at::full({1}, static_cast<int64_t>(mine.size()), at::kLong), *world,
-                          {Shard{0}}, std::vector<int64_t>{n})
+                          by_rank, std::vector<int64_t>{n})
           .full_tensor();
   const int64_t longest = lengths.max().item<int64_t>();
   at::Tensor bytes = at::zeros({longest}, at::kByte);
   std::memcpy(bytes.data_ptr<uint8_t>(), mine.data(), mine.size());
   const at::Tensor all =
-      DTensor::from_local(bytes, *world, {Shard{0}}, std::vector<int64_t>{n * longest})
-          .full_tensor();
+      DTensor::from_local(bytes, *world, by_rank, std::vector<int64_t>{n * longest}).full_tensor();
   std::vector<std::string> out;
   for (int64_t r = 0; r < n; ++r) {
     const auto* p = all.data_ptr<uint8_t>() + r * longest;
@@ -236,11 +237,18 @@ std::vector<std::string> all_gather_strings(const std::optional<DeviceMesh>& wor
 }
 
 void barrier(const std::optional<DeviceMesh>& world) {
-  if (world) DTensor::from_local(at::zeros({1}), *world, {Partial{}}).full_tensor();
+  if (!world) return;
+  const std::vector<Placement> partial(static_cast<std::size_t>(world->ndim()), Partial{});
+  DTensor::from_local(at::zeros({1}), *world, partial).full_tensor();
 }
 
-std::optional<DeviceMesh> world_mesh() {
+// A mesh over every rank of the world: the one the module's sharded parameters live on when it
+// spans the world (its groups exist already), else a new one-dimensional mesh.
+std::optional<DeviceMesh> world_mesh(const torch::nn::Module& module) {
   if (world_size() <= 1) return std::nullopt;
+  for (const auto& [name, layout] : named_parameter_layouts(module)) {
+    if (layout.mesh && layout.mesh->size() == world_size()) return *layout.mesh;
+  }
   return DeviceMesh({world_size()}, {"checkpoint"});
 }
 
@@ -365,7 +373,7 @@ void save_checkpoint(const torch::nn::Module& module, const std::string& dir,
   } catch (const json::exception& e) {
     TE_FAIL("save_checkpoint: extra is not JSON (", e.what(), "): ", extra_json);
   }
-  const std::optional<DeviceMesh> world = world_mesh();
+  const std::optional<DeviceMesh> world = world_mesh(module);
   const int rank = world_rank(), n = world_size();
   fs::path target = fs::absolute(dir).lexically_normal();
   if (target.filename().empty()) target = target.parent_path();  // "ckpt/" names "ckpt"
