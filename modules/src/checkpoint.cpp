@@ -30,6 +30,9 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 constexpr const char* kIndexName = "model.safetensors.index.json";
+// Each piece's bytes carry one CRC-32 per block of this size, so a load that needs part of a
+// piece reads and verifies only the blocks holding that part.
+constexpr int64_t kBlockBytes = int64_t{1} << 20;
 
 // ---- safetensors dtypes ------------------------------------------------------------------
 
@@ -69,10 +72,12 @@ struct Fd {
   }
 };
 
+// Writes in 1 MiB calls: one write() of a whole 100 MB tensor made the second of two ranks
+// saving side by side 3x slower (bench_checkpoint: 0.45x -> 0.65-1.0x of cp + sync).
 void write_all(int fd, const void* data, std::size_t n, const std::string& path) {
   const char* p = static_cast<const char*>(data);
   while (n > 0) {
-    const ssize_t w = ::write(fd, p, n);
+    const ssize_t w = ::write(fd, p, std::min<std::size_t>(n, 1 << 20));
     if (w < 0 && errno == EINTR) continue;
     TE_CHECK(w > 0, "checkpoint: writing '", path, "' failed: ", std::strerror(errno));
     p += w;
@@ -113,6 +118,15 @@ uint32_t crc32_of(const void* data, std::size_t n) {
     n -= chunk;
   }
   return static_cast<uint32_t>(crc);
+}
+
+std::vector<uint32_t> block_crcs(const void* data, int64_t bytes) {
+  std::vector<uint32_t> out;
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (int64_t b = 0; b < bytes; b += kBlockBytes) {
+    out.push_back(crc32_of(p + b, static_cast<std::size_t>(std::min(kBlockBytes, bytes - b))));
+  }
+  return out;
 }
 
 // ---- the module's tensors ----------------------------------------------------------------
@@ -276,7 +290,7 @@ json write_pieces(const std::map<std::string, Entry>& entries, const fs::path& p
     records[name] = {{"file", path.filename().string()},
                      {"offsets", e.offsets},
                      {"shape", std::vector<int64_t>(data.sizes().begin(), data.sizes().end())},
-                     {"crc32", crc32_of(data.data_ptr(), static_cast<std::size_t>(bytes))}};
+                     {"crc32_blocks", block_crcs(data.data_ptr(), bytes)}};
     pieces.emplace_back(name, data);
     offset += bytes;
   }
@@ -335,9 +349,14 @@ std::unique_ptr<SafetensorsFile> open_safetensors(const fs::path& path) {
   return st;
 }
 
-// Reads tensor `name`'s piece from `file` whole and checks it against the index record.
+// Reads from tensor `name`'s piece in `file` the elements of the box [lo, hi) (global
+// coordinates; the piece starts at `p_off`): only the checksum blocks that hold them are read,
+// and each is verified against the index record. Returns the piece's shape with those elements
+// filled (the rest is not read). Adds the bytes read to `bytes_read`.
 at::Tensor read_piece(SafetensorsFile& file, const std::string& name, const json& record,
-                      at::ScalarType dtype) {
+                      at::ScalarType dtype, const std::vector<int64_t>& p_off,
+                      const std::vector<int64_t>& lo, const std::vector<int64_t>& hi,
+                      int64_t& bytes_read) {
   TE_CHECK(file.header.contains(name), "checkpoint: '", file.path, "' lacks tensor '", name,
            "' that the index places there");
   const json& h = file.header[name];
@@ -348,18 +367,63 @@ at::Tensor read_piece(SafetensorsFile& file, const std::string& name, const json
            record["shape"].dump());
   const auto range = h["data_offsets"].get<std::vector<int64_t>>();
   at::Tensor out = at::empty(shape, at::TensorOptions().dtype(dtype));
-  const int64_t bytes = out.numel() * static_cast<int64_t>(out.element_size());
+  const int64_t es = static_cast<int64_t>(out.element_size());
+  const int64_t bytes = out.numel() * es;
   TE_CHECK(range.size() == 2 && range[1] - range[0] == bytes && range[0] >= 0 &&
                file.data_start + range[1] <= file.size,
            "checkpoint: tensor '", name, "' in '", file.path, "' has data offsets ",
            h["data_offsets"].dump(), " outside the file's ", file.size - file.data_start,
            " data bytes (or not matching its ", bytes, "-byte size); the file is damaged");
-  read_at(file.f.fd, out.data_ptr(), static_cast<std::size_t>(bytes), file.data_start + range[0],
-          file.path);
-  const uint32_t crc = crc32_of(out.data_ptr(), static_cast<std::size_t>(bytes));
-  TE_CHECK(crc == record["crc32"].get<uint32_t>(), "checkpoint: tensor '", name, "' in '",
-           file.path, "' fails its checksum (CRC-32 ", crc, ", the index says ",
-           record["crc32"].get<uint32_t>(), "); the file is damaged");
+  const auto crcs = record["crc32_blocks"].get<std::vector<uint32_t>>();
+  const int64_t blocks = (bytes + kBlockBytes - 1) / kBlockBytes;
+  TE_CHECK(static_cast<int64_t>(crcs.size()) == blocks, "checkpoint: the index lists ", crcs.size(),
+           " checksum blocks for tensor '", name, "' in '", file.path, "', whose ", bytes,
+           " bytes make ", blocks, "; the index is damaged");
+  // The blocks holding the box: walk its rows (all dims but the last), row-major in the piece.
+  const int64_t nd = static_cast<int64_t>(shape.size());
+  std::vector<char> wanted(static_cast<std::size_t>(blocks), 0);
+  if (nd == 0) {
+    std::fill(wanted.begin(), wanted.end(), 1);
+  } else {
+    std::vector<int64_t> stride(static_cast<std::size_t>(nd), 1);
+    for (int64_t d = nd - 2; d >= 0; --d) stride[d] = stride[d + 1] * shape[d + 1];
+    std::vector<int64_t> idx(lo.begin(), lo.end());
+    const int64_t last = nd - 1;
+    while (true) {
+      int64_t first = 0;
+      for (int64_t d = 0; d < nd; ++d) first += (idx[d] - p_off[d]) * stride[d];
+      const int64_t b0 = first * es, b1 = (first + hi[last] - lo[last]) * es;
+      for (int64_t b = b0 / kBlockBytes; b * kBlockBytes < b1; ++b) wanted[b] = 1;
+      int64_t d = last - 1;
+      for (; d >= 0; --d) {
+        if (++idx[d] < hi[d]) break;
+        idx[d] = lo[d];
+      }
+      if (d < 0) break;
+    }
+  }
+  auto* data = static_cast<unsigned char*>(out.data_ptr());
+  for (int64_t b = 0; b < blocks;) {
+    if (!wanted[b]) {
+      ++b;
+      continue;
+    }
+    int64_t e = b;
+    while (e < blocks && wanted[e]) ++e;  // one read per run of wanted blocks
+    const int64_t begin = b * kBlockBytes, end = std::min(e * kBlockBytes, bytes);
+    read_at(file.f.fd, data + begin, static_cast<std::size_t>(end - begin),
+            file.data_start + range[0] + begin, file.path);
+    bytes_read += end - begin;
+    for (int64_t k = b; k < e; ++k) {
+      const int64_t kb = k * kBlockBytes;
+      const uint32_t crc =
+          crc32_of(data + kb, static_cast<std::size_t>(std::min(kBlockBytes, bytes - kb)));
+      TE_CHECK(crc == crcs[k], "checkpoint: tensor '", name, "' in '", file.path,
+               "' fails its checksum in block ", k, " (bytes ", kb, "..): CRC-32 ", crc,
+               ", the index says ", crcs[k], "; the file is damaged");
+    }
+    b = e;
+  }
   return out;
 }
 
@@ -482,6 +546,7 @@ std::string load_checkpoint(torch::nn::Module& module, const std::string& dir,
     }
   }
   std::map<std::string, std::unique_ptr<SafetensorsFile>> files;
+  int64_t bytes_read = 0;
   torch::NoGradGuard no_grad;
   for (const auto& [name, e] : entries) {
     if (!tensors.contains(name)) continue;
@@ -512,7 +577,7 @@ std::string load_checkpoint(torch::nn::Module& module, const std::string& dir,
       const std::string file = piece["file"].get<std::string>();
       auto& handle = files[file];
       if (!handle) handle = open_safetensors(root / file);
-      const at::Tensor data = read_piece(*handle, name, piece, dtype);
+      const at::Tensor data = read_piece(*handle, name, piece, dtype, p_off, lo, hi, bytes_read);
       at::Tensor src = data, dst = filled;
       int64_t count = 1;
       for (int64_t d = 0; d < nd; ++d) {
@@ -530,6 +595,7 @@ std::string load_checkpoint(torch::nn::Module& module, const std::string& dir,
     const auto slot = steps.find(name);
     if (slot != steps.end()) slot->second->step(filled.item<int64_t>());
   }
+  if (options.bytes_read != nullptr) *options.bytes_read += bytes_read;
   if (options.restore_rng_state && index["te"].contains("rng")) {
     set_rng_state(
         {index["te"]["rng"]["seed"].get<uint64_t>(), index["te"]["rng"]["calls"].get<uint64_t>()});

@@ -244,6 +244,37 @@ TEST(Checkpoint, AResumedRunContinuesBitForBit) {
   set_warning_handler(nullptr);
 }
 
+// A one-process checkpoint loaded on TP2: no rank reads the whole model. The row-split kernel
+// (wo, split on its first dim) is read half by each rank; the column-split one (wi) lies in every
+// 1 MiB checksum block, so it is read whole.
+TEST(Checkpoint, EachRankReadsOnlyTheBlocksItNeeds) {
+  TempDir dir;
+  manual_seed(1);
+  LayerNormMLP whole(LayerNormMLPOptions(256, 4096));  // wi and wo: 4 MiB each
+  save_checkpoint(*whole, dir / "ckpt");
+  int64_t total = 0;
+  for (const auto& [name, t] : state_of(*whole)) total += t.numel() * 4;
+  std::vector<int64_t> read(2, 0);
+  set_warning_handler([](std::string_view) {});
+  run_local_ranks(2, [&](int rank) {
+    DeviceMesh mesh({2}, {"tp"});
+    MeshScope on_mesh(mesh);
+    MeshResourceScope roles(parse_mesh_resource("tp=tp"));
+    LayerNormMLP mlp(LayerNormMLPOptions(256, 4096));
+    CheckpointLoadOptions options;
+    options.bytes_read = &read[static_cast<std::size_t>(rank)];
+    load_checkpoint(*mlp, dir / "ckpt", options);
+    EXPECT_TRUE(at::equal(mlp->wo_kernel, whole->wo_kernel.narrow(0, 2048 * rank, 2048)));
+    EXPECT_TRUE(at::equal(mlp->wi_kernel, whole->wi_kernel.narrow(2, 2048 * rank, 2048)));
+  });
+  set_warning_handler(nullptr);
+  const int64_t wo = 4096 * 256 * 4;
+  for (int64_t r : read) {
+    EXPECT_LT(r, total);
+    EXPECT_EQ(r, total - wo / 2) << "every byte but the other half of wo";
+  }
+}
+
 TEST(Checkpoint, BadFilesAndMismatchesAreNamed) {
   TempDir dir;
   manual_seed(1);

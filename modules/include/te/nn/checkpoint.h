@@ -3,11 +3,11 @@
 // Checkpoints of te::nn modules as safetensors files: every rank writes the pieces of the
 // parameters and buffers it owns (a replicated piece once, by the lowest coordinate holding it),
 // one index JSON maps each tensor to its global shape, dtype, logical axes and the file, global
-// offsets, shape and CRC-32 of each piece. Loading reshards onto whatever mesh and rules the
-// module was built under now: each rank reads only the pieces that overlap its own. A checkpoint
-// is written into a temporary directory, fsynced and renamed into place, so a crash leaves the
-// previous one intact. On one process the result is a single model.safetensors whose tensors
-// are the whole parameters under the names named_parameters() uses (readable by Python's
+// offsets, shape and CRC-32s (one per MiB) of each piece. Loading reshards onto whatever mesh and
+// rules the module was built under now: each rank reads only the blocks holding its own elements. A
+// checkpoint is written into a temporary directory, fsynced and renamed into place, so a crash
+// leaves the previous one intact. On one process the result is a single model.safetensors whose
+// tensors are the whole parameters under the names named_parameters() uses (readable by Python's
 // safetensors.torch.load_file).
 //
 // Example:
@@ -33,6 +33,9 @@ struct CheckpointLoadOptions {
   /// Restore this thread's dropout stream (te::nn::rng_state) to where it was at the save, so a
   /// resumed run draws the masks the uninterrupted one would.
   bool restore_rng_state = true;
+  /// When set, the tensor data bytes this rank read are added here (monitoring; each rank reads
+  /// only the 1 MiB checksum blocks holding its own elements).
+  int64_t* bytes_read = nullptr;
 };
 
 /// Collective over this thread's world (every rank calls it, with the same module structure):
