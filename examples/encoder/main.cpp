@@ -321,14 +321,11 @@ struct Batch {
 class ComputeDtype {
  public:
   explicit ComputeDtype(bool bf16) : bf16_(bf16) {
-    if (bf16_) {
-      at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
-      at::autocast::set_cpu_enabled(true);
-    }
+    if (bf16_) enable(true);
   }
   ~ComputeDtype() {
     if (bf16_) {
-      at::autocast::set_cpu_enabled(false);
+      enable(false);
       at::autocast::clear_cache();
     }
   }
@@ -336,6 +333,15 @@ class ComputeDtype {
   ComputeDtype& operator=(const ComputeDtype&) = delete;
 
  private:
+  static void enable(bool on) {
+#if TE_AUTOCAST_BY_DEVICE
+    at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+    at::autocast::set_autocast_enabled(at::kCPU, on);
+#else
+    at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+    at::autocast::set_cpu_enabled(on);
+#endif
+  }
   bool bf16_;
 };
 

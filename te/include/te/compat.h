@@ -17,3 +17,7 @@
 
 /// LibTorch's float8_e4m3fn / float8_e5m2 dtypes exist from 2.1 on.
 #define TE_HAS_FLOAT8 TE_TORCH_VERSION_AT_LEAST(2, 1)
+
+/// Autocast is switched per device type (at::autocast::set_autocast_enabled(at::kCPU, ...)) from
+/// 2.4 on; before, through the CPU-specific set_cpu_enabled / set_autocast_cpu_dtype.
+#define TE_AUTOCAST_BY_DEVICE TE_TORCH_VERSION_AT_LEAST(2, 4)
