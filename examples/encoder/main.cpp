@@ -363,9 +363,8 @@ double matthews(int64_t tp, int64_t tn, int64_t fp, int64_t fn) {
 
 class Trainer {
  public:
-  Trainer(const Args& args, const Layout& layout, encoder::EncoderClassifier model,
-          std::optional<te::DeviceMesh> mesh)
-      : args_(args), layout_(layout), model_(std::move(model)), mesh_(std::move(mesh)) {}
+  Trainer(const Args& args, encoder::EncoderClassifier model, std::optional<te::DeviceMesh> mesh)
+      : args_(args), model_(std::move(model)), mesh_(std::move(mesh)) {}
 
   // Logits of a global batch: [B, 2], the same on every rank.
   at::Tensor logits(const Batch& b) {
@@ -403,7 +402,6 @@ class Trainer {
 
  private:
   const Args& args_;
-  const Layout& layout_;
   encoder::EncoderClassifier model_;
   std::optional<te::DeviceMesh> mesh_;
 };
@@ -484,14 +482,29 @@ struct RunSummary {
   int64_t steps = 0;
 };
 
-int train(const Args& args, const Layout& layout, int rank, int world_size) {
-  const bool lead = rank == 0 && !args.quiet;
-  // Data: every rank reads and tokenises the whole set (0.45 MB); shuffles are seeded alike.
+// The data files of a run, read (and so checked) once, before any rank starts training.
+struct ColaData {
+  std::string train_file;
+  std::vector<encoder::Example> train, dev, extra;
+};
+
+ColaData read_data(const Args& args) {
+  ColaData d;
   const auto [train_file, dev_file] = encoder::cola_files(args.data_dir);
-  const auto train_examples = encoder::read_cola_tsv(train_file);
-  const auto dev_examples = encoder::read_cola_tsv(dev_file);
-  std::vector<encoder::Example> extra_examples;
-  if (!args.eval_data.empty()) extra_examples = encoder::read_cola_tsv(args.eval_data);
+  d.train_file = train_file;
+  d.train = encoder::read_cola_tsv(train_file);
+  d.dev = encoder::read_cola_tsv(dev_file);
+  if (!args.eval_data.empty()) d.extra = encoder::read_cola_tsv(args.eval_data);
+  return d;
+}
+
+int train(const Args& args, const Layout& layout, const ColaData& data, int rank, int world_size) {
+  const bool lead = rank == 0 && !args.quiet;
+  // Every rank holds and tokenises the whole set (0.45 MB); shuffles are seeded alike.
+  const auto& train_file = data.train_file;
+  const auto& train_examples = data.train;
+  const auto& dev_examples = data.dev;
+  const auto& extra_examples = data.extra;
   encoder::Vocabulary vocab;
   vocab.add(train_examples);
   vocab.add(dev_examples);
@@ -569,7 +582,7 @@ int train(const Args& args, const Layout& layout, int rank, int world_size) {
   torch::optim::AdamW optimizer(
       model->parameters(),
       torch::optim::AdamWOptions(args.lr).betas({0.9, 0.999}).eps(1e-8).weight_decay(1e-4));
-  Trainer trainer(args, layout, model, mesh);
+  Trainer trainer(args, model, mesh);
   const auto recipe = recipe_of(args.fp8);
 
   int64_t params = 0;
@@ -858,6 +871,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   Layout layout;
+  ColaData data;
   try {
     if (args.hidden_size % args.heads != 0) {
       throw InputError("--hidden-size " + std::to_string(args.hidden_size) +
@@ -872,11 +886,9 @@ int main(int argc, char** argv) {
       throw InputError("--load '" + args.load_dir + "' holds no checkpoint (no " +
                        "model.safetensors.index.json); give a directory --save wrote");
     }
-    // Read the data before starting ranks: a bad file is one message, not one per rank.
-    const auto files = encoder::cola_files(args.data_dir);
-    encoder::read_cola_tsv(files.first);
-    encoder::read_cola_tsv(files.second);
-    if (!args.eval_data.empty()) encoder::read_cola_tsv(args.eval_data);
+    // Read the data before starting ranks: a bad file is one message, not one per rank. (te-run's
+    // ranks read it again, each in its own process.)
+    data = read_data(args);
     if (args.mlp_activations != "auto") activations_of(args.mlp_activations, false);
   } catch (const InputError& e) {
     std::cerr << "te-encoder: " << e.what() << "\n";
@@ -895,7 +907,7 @@ int main(int argc, char** argv) {
       te::init_distributed();
       rank = te::world_rank();
     }
-    const int status = train(args, layout, rank, world_size);
+    const int status = train(args, layout, data, rank, world_size);
     if (launched && world_size > 1) te::shutdown_distributed();
     return status;
   } catch (const InputError& e) {

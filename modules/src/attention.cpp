@@ -136,11 +136,12 @@ DTensor DotProductAttentionImpl::forward(const DTensor& query, const DTensor& ke
            head_ranks, " or shard the heads over fewer ranks");
   const DTensor k = whole(key).redistribute(q.placements());
   const DTensor v = whole(value).redistribute(q.placements());
+  // Where this rank's [batch, seqlen, heads, head_dim] piece sits: its batch rows of the mask,
+  // and its slice of the probabilities' dropout mask.
+  const auto piece = local_chunks(q.sizes(), q.mesh(), q.placements(), q.mesh().rank());
   at::Tensor local_mask = effective_mask(options.attn_mask_type(), mask);
   if (local_mask.defined() && local_mask.size(0) > 1) {
-    // This rank's batch rows of the mask.
-    const auto chunks = local_chunks(q.sizes(), q.mesh(), q.placements(), q.mesh().rank());
-    local_mask = local_mask.narrow(0, chunks[0].offset, chunks[0].length);
+    local_mask = local_mask.narrow(0, piece[0].offset, piece[0].length);
   }
   const double scale = options.scale_factor() != 0.0
                            ? options.scale_factor()
@@ -162,8 +163,6 @@ DTensor DotProductAttentionImpl::forward(const DTensor& query, const DTensor& ke
           .to_local();
     };
   }
-  // Where this rank's [batch, seqlen, heads, head_dim] piece sits, for the probabilities' dropout.
-  const auto piece = local_chunks(q.sizes(), q.mesh(), q.placements(), q.mesh().rank());
   at::Tensor out = F::attention(q.to_local(), k.to_local(), v.to_local(), local_mask,
                                 is_causal(options.attn_mask_type()), scale,
                                 options.attention_dropout(), is_training(), fused, on_logits,
