@@ -176,6 +176,14 @@ void Vocabulary::add(const std::vector<Example>& examples) {
   }
 }
 
+void Vocabulary::add_words(const std::vector<std::string>& words) {
+  for (const std::string& w : words) {
+    if (ids_.count(w)) throw InputError("the vocabulary lists the word '" + w + "' twice");
+    ids_.emplace(w, size());
+    words_.push_back(w);
+  }
+}
+
 int64_t Vocabulary::id(const std::string& word) const {
   const auto it = ids_.find(word);
   return it == ids_.end() ? kUnknown : it->second;
@@ -195,7 +203,8 @@ Encoded encode(const std::vector<Example>& examples, const Vocabulary& vocab, in
   for (int64_t i = 0; i < n; ++i) {
     const auto tokens = tokenize(examples[static_cast<std::size_t>(i)].sentence);
     const int64_t len = std::min<int64_t>(static_cast<int64_t>(tokens.size()), max_seq_len);
-    if (static_cast<int64_t>(tokens.size()) > max_seq_len) ++out.truncated;
+    out.was_truncated.push_back(static_cast<int64_t>(tokens.size()) > max_seq_len);
+    if (out.was_truncated.back()) ++out.truncated;
     for (int64_t j = 0; j < len; ++j) ids[i][j] = vocab.id(tokens[static_cast<std::size_t>(j)]);
     lengths[i] = len;
     labels[i] = examples[static_cast<std::size_t>(i)].label;

@@ -45,6 +45,8 @@ class Vocabulary {
   static constexpr int64_t kUnknown = 1;
   /// Adds the words of `examples` not yet known.
   void add(const std::vector<Example>& examples);
+  /// Adds `words` (from words() of a saved vocabulary) in order; InputError for a repeated word.
+  void add_words(const std::vector<std::string>& words);
   int64_t id(const std::string& word) const;
   int64_t size() const { return static_cast<int64_t>(words_.size()) + 2; }
   const std::vector<std::string>& words() const { return words_; }
@@ -57,7 +59,8 @@ class Vocabulary {
 /// A tokenized, padded data set: ids [n, max_seq_len] (int64), lengths [n], labels [n].
 struct Encoded {
   at::Tensor ids, lengths, labels;
-  int64_t truncated = 0;  // sentences longer than max_seq_len
+  int64_t truncated = 0;            // sentences longer than max_seq_len
+  std::vector<bool> was_truncated;  // per sentence
   int64_t size() const;
 };
 Encoded encode(const std::vector<Example>& examples, const Vocabulary& vocab, int64_t max_seq_len);

@@ -32,6 +32,9 @@
 
 namespace {
 
+// Training batches run through the model before a save to set its FP8 input scales.
+constexpr int64_t kCalibrationBatches = 8;
+
 using encoder::InputError;
 using Clock = std::chrono::steady_clock;
 
@@ -398,6 +401,25 @@ class Trainer {
     return {loss_sum / double(n), double(tp + tn) / double(n), matthews(tp, tn, fp, fn), n};
   }
 
+  /// FP8 calibration: every GEMM's input and kernel amaxes over the first `batches` training
+  /// batches, in eval mode and high precision, become its DelayedScaling scales, so a saved
+  /// checkpoint can be served with FP8 weights (te-serve --fp8-weights).
+  void calibrate_fp8(const encoder::Encoded& data, int64_t batches,
+                     const std::optional<te::MeshResource>& resource) {
+    model_->eval();
+    torch::NoGradGuard no_grad;
+    {
+      te::Fp8Autocast calibrate(/*enabled=*/false, te::fp8::DelayedScaling{}, resource,
+                                /*calibrating=*/true);
+      const int64_t n = data.size(), bs = args_.batch_size;
+      for (int64_t i = 0; i < batches && i * bs < n; ++i) {
+        at::Tensor index = at::arange(i * bs, (i + 1) * bs, at::kLong).clamp_max(n - 1);
+        logits(batch_of(data, index, args_.max_seq_len));
+      }
+    }
+    model_->train();
+  }
+
   encoder::EncoderClassifier& model() { return model_; }
 
  private:
@@ -704,6 +726,7 @@ int train(const Args& args, const Layout& layout, const ColaData& data, int rank
     nlohmann::json extra = config;
     extra["steps"] = summary.steps;
     extra["seed"] = args.seed;
+    trainer.calibrate_fp8(train_set, kCalibrationBatches, layout.resource);
     te::nn::save_checkpoint(*model, args.save_dir, extra.dump());
     if (lead) std::cout << "saved " << args.save_dir << std::endl;
   }
@@ -848,7 +871,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"fp32", "bf16"}));
   app.add_option("--save", args.save_dir,
                  "Save the trained model here (te::nn::save_checkpoint: safetensors pieces written "
-                 "by every rank, an index, atomically; with the vocabulary and model options)");
+                 "by every rank, an index, atomically; with the vocabulary, the model options and "
+                 "FP8 input scales calibrated on 8 training batches, for te-serve --fp8-weights)");
   app.add_option("--load", args.load_dir,
                  "Load a checkpoint before training (any layout it was saved on; the data and "
                  "model options must be the ones it was trained with). Weights only: the "

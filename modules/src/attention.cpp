@@ -260,7 +260,7 @@ void MultiHeadAttentionImpl::pretty_print(std::ostream& stream) const {
   if (kv_heads() != options.num_attention_heads()) stream << ", gqa_groups=" << kv_heads();
   stream << ", mask=" << options.attn_mask_type() << ", "
          << (options.self_attention() ? "self" : "cross")
-         << (qkv_kernel.defined() ? ", fused_qkv" : "")
+         << (qkv_fp8 ? ", fused_qkv" : "")
          << (options.enable_sequence_parallel() ? ", sequence_parallel" : "") << ")";
 }
 
@@ -277,7 +277,7 @@ at::Tensor MultiHeadAttentionImpl::forward(const at::Tensor& x, const at::Tensor
   const int64_t d = head_dim(), g = kv_heads();
   const at::Tensor ln = options.input_layernorm() ? layernorm->forward(x) : x;
   at::Tensor q, k, v;
-  if (qkv_kernel.defined()) {
+  if (qkv_fp8) {  // fused (its kernel may be held in FP8)
     at::Tensor qkv = F::dense(ln, qkv_kernel, qkv_fp8);
     if (qkv_bias.defined()) qkv = qkv + qkv_bias;
     qkv = qkv.view({b, s, 3, heads, d});
@@ -321,7 +321,7 @@ DTensor MultiHeadAttentionImpl::forward(const DTensor& x_in, const std::optional
   // into their matmuls, so its backward is a reduce-scatter.
   const DTensor ln = options.input_layernorm() ? layernorm->forward(x) : x;
   DTensor q, k, v;
-  if (qkv_kernel.defined()) {
+  if (qkv_fp8) {
     DTensor qkv = F::dense(ln, as_dtensor("qkv_kernel", qkv_kernel, mesh), whole, qkv_fp8);
     if (qkv_bias.defined()) qkv = F::add_bias(qkv, as_dtensor("qkv_bias", qkv_bias, mesh));
     qkv = F::unflatten(qkv, 3, heads, d);
@@ -349,6 +349,15 @@ DTensor MultiHeadAttentionImpl::forward(const DTensor& x_in, const std::optional
   y = with_sharding_constraint(y, act);  // tensor parallel: the all-reduce (or reduce-scatter)
   if (out_bias.defined()) y = F::add_bias(y, as_dtensor("out_bias", out_bias, mesh));
   return y;
+}
+
+std::vector<ShardedModule::Fp8Gemm> MultiHeadAttentionImpl::fp8_gemms() {
+  std::vector<Fp8Gemm> out;
+  if (qkv_fp8) out.push_back({"qkv_kernel", &qkv_kernel, qkv_fp8});
+  if (q_fp8) out.push_back({"q_kernel", &q_kernel, q_fp8});
+  if (kv_fp8) out.push_back({"kv_kernel", &kv_kernel, kv_fp8});
+  out.push_back({"out_kernel", &out_kernel, out_fp8});
+  return out;
 }
 
 }  // namespace te::nn

@@ -511,24 +511,55 @@ void save_checkpoint(const torch::nn::Module& module, const std::string& dir,
   barrier(world);
 }
 
+namespace {
+
+json read_index(const fs::path& root, const char* what) {
+  const fs::path index_path = root / kIndexName;
+  json index;
+  std::ifstream in(index_path);
+  TE_CHECK(in.good(), what, ": no checkpoint at '", root.string(), "' (cannot read '",
+           index_path.string(), "')");
+  try {
+    index = json::parse(in);
+  } catch (const json::exception& e) {
+    TE_FAIL(what, ": '", index_path.string(), "' is not JSON (", e.what(),
+            "); the checkpoint is damaged");
+  }
+  TE_CHECK(index.is_object() && index.contains("te") && index["te"].is_object() &&
+               index["te"].contains("tensors") && index["te"]["tensors"].is_object(),
+           what, ": '", index_path.string(), "' is not a te-cpp checkpoint index (no te.tensors)");
+  return index;
+}
+
+}  // namespace
+
+CheckpointInfo read_checkpoint_info(const std::string& dir) {
+  const fs::path root = fs::absolute(dir);
+  const json index = read_index(root, "read_checkpoint_info");
+  CheckpointInfo info;
+  info.extra_json = index.contains("extra") ? index["extra"].dump() : std::string("{}");
+  std::set<std::string> files;
+  for (const auto& [name, t] : index["te"]["tensors"].items()) {
+    info.tensors.push_back(name);
+    if (!t.contains("pieces")) continue;
+    for (const json& piece : t["pieces"]) {
+      if (piece.contains("file") && piece["file"].is_string()) files.insert(piece["file"]);
+    }
+  }
+  for (const std::string& f : files) {
+    std::error_code ec;
+    const auto size = fs::file_size(root / f, ec);
+    TE_CHECK(!ec, "read_checkpoint_info: the checkpoint at '", root.string(), "' lacks its file '",
+             f, "'; the checkpoint is incomplete");
+    info.bytes += static_cast<int64_t>(size);
+  }
+  return info;
+}
+
 std::string load_checkpoint(torch::nn::Module& module, const std::string& dir,
                             const CheckpointLoadOptions& options, torch::optim::AdamW* optimizer) {
   const fs::path root = fs::absolute(dir);
-  const fs::path index_path = root / kIndexName;
-  json index;
-  {
-    std::ifstream in(index_path);
-    TE_CHECK(in.good(), "load_checkpoint: no checkpoint at '", root.string(), "' (cannot read '",
-             index_path.string(), "')");
-    try {
-      index = json::parse(in);
-    } catch (const json::exception& e) {
-      TE_FAIL("load_checkpoint: '", index_path.string(), "' is not JSON (", e.what(),
-              "); the checkpoint is damaged");
-    }
-  }
-  TE_CHECK(index.contains("te") && index["te"].contains("tensors"), "load_checkpoint: '",
-           index_path.string(), "' is not a te-cpp checkpoint index (no te.tensors)");
+  const json index = read_index(root, "load_checkpoint");
   const json& tensors = index["te"]["tensors"];
   StepSlots steps;
   const auto entries = entries_of(module, optimizer, /*create_state=*/true, &steps);

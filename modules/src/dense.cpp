@@ -150,4 +150,8 @@ DTensor LayerNormDenseImpl::forward(const DTensor& input) {
   return forward_with_layernorm_output(input).first;
 }
 
+std::vector<ShardedModule::Fp8Gemm> DenseImpl::fp8_gemms() {
+  return {{"kernel", &kernel, fp8_meta}};
+}
+
 }  // namespace te::nn

@@ -128,13 +128,16 @@ class GatheredDense : public torch::autograd::Function<GatheredDense> {
 
 at::Tensor dense(const at::Tensor& x, const at::Tensor& w,
                  const std::shared_ptr<fp8::GemmMeta>& fp8, const DeviceMesh* mesh) {
+  if (fp8 != nullptr && fp8->frozen()) return fp8::frozen_linear(x, *fp8);
   TE_CHECK(x.dim() >= 1 && w.dim() >= 2 && x.size(-1) == w.size(0), "dense: input ", x.sizes(),
            " and kernel ", w.sizes(),
            " do not contract (the input's last dim must equal the kernel's first)");
   std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end() - 1);
   out_shape.insert(out_shape.end(), w.sizes().begin() + 1, w.sizes().end());
   const at::Tensor w2 = w.reshape({w.size(0), -1});
-  if (fp8 != nullptr && fp8_enabled()) return fp8::linear(x, w2, fp8, mesh).reshape(out_shape);
+  if (fp8 != nullptr && (fp8_enabled() || fp8_calibrating())) {
+    return fp8::linear(x, w2, fp8, mesh).reshape(out_shape);
+  }
   return mm_any(x, w2).reshape(out_shape);
 }
 
@@ -210,7 +213,7 @@ DTensor dense(const DTensor& x, const DTensor& w, const LogicalAxes& input_axes,
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end() - 1);
   shape.insert(shape.end(), w.sizes().begin() + 1, w.sizes().end());
   // FP8 keeps the gathered kernel's codes for backward, so it takes the plain path.
-  const bool use_fp8 = fp8 != nullptr && fp8_enabled();
+  const bool use_fp8 = fp8 != nullptr && (fp8_enabled() || fp8_calibrating());
   bool gathers_kernel = false;
   for (std::size_t m = 0; m < n && !use_fp8; ++m) {
     gathers_kernel = gathers_kernel || (is_shard(w.placements()[m]) && is_replicate(wa[m]));

@@ -85,4 +85,8 @@ DTensor LayerNormMLPImpl::forward(const DTensor& input) {
   return y;
 }
 
+std::vector<ShardedModule::Fp8Gemm> LayerNormMLPImpl::fp8_gemms() {
+  return {{"wi_kernel", &wi_kernel, wi_fp8}, {"wo_kernel", &wo_kernel, wo_fp8}};
+}
+
 }  // namespace te::nn

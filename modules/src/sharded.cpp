@@ -40,8 +40,30 @@ at::Tensor ShardedModule::register_sharded(torch::nn::Module& self, const std::s
   return self.register_parameter(name, value);
 }
 
+namespace {
+
+// torch::nn::Module keeps its parameters in a protected dictionary with no public way to remove
+// one; a member pointer named through a derived class reaches it.
+struct ParameterDict : torch::nn::Module {
+  static void erase(torch::nn::Module& m, const std::string& name) {
+    (m.*(&ParameterDict::parameters_)).erase(name);
+  }
+};
+
+}  // namespace
+
+void ShardedModule::release_parameter(torch::nn::Module& self, const std::string& name) {
+  TE_CHECK(self.named_parameters(/*recurse=*/false).contains(name), self.name(),
+           ": no parameter '", name, "' to release");
+  ParameterDict::erase(self, name);
+  layouts_.erase(name);
+}
+
 DTensor ShardedModule::as_dtensor(const std::string& name, const at::Tensor& local,
                                   const DeviceMesh& mesh) const {
+  TE_CHECK(local.defined() && layouts_.count(name) != 0, "parameter '", name,
+           "' was released: its weights are held in FP8 for inference (freeze_fp8_weights), "
+           "which serves through the module's at::Tensor forward on one process");
   const ParameterLayout& layout = layouts_.at(name);
   if (layout.mesh) {
     TE_CHECK(*layout.mesh == mesh, "parameter '", name, "' is sharded on ", layout.mesh->to_string(),

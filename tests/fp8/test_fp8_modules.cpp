@@ -97,7 +97,8 @@ TEST(Fp8Modules, AttentionProjectionsAndTheTransformerLayerRunInFp8) {
                              .hidden_dropout(0)
                              .attention_dropout(0)
                              .intermediate_dropout(0));
-  layer->eval();
+  // Training mode (no dropout to draw): only training records amaxes and moves the scales.
+  layer->train();
   const at::Tensor x = randn({2, 8, 64}, 31).requires_grad_(true);
   const at::Tensor ref = layer(x).detach();
   fp8::DelayedScaling recipe;

@@ -143,13 +143,45 @@ class GemmMeta {
   /// Guards the cache and every read or write of the buffers by te::fp8 (threads may share a
   /// module, e.g. in an inference server); the casts themselves run outside it.
   std::mutex mutex;
+
+  /// FP8 weights for inference (see freeze_kernel): the kernel's E4M3 codes (its shape) and their
+  /// scale_inv [1], registered on the owner as <prefix>fp8_kernel and <prefix>fp8_kernel_scale_inv.
+  /// Undefined until frozen.
+  at::Tensor frozen_kernel, frozen_kernel_scale_inv;
+  bool frozen() const { return frozen_kernel.defined(); }
+
+  /// The module that registered this state and the prefix of its buffers (set by registered()).
+  torch::nn::Module* owner = nullptr;
+  std::string prefix;
 };
+
+/// Whether a GEMM of `meta` records its amaxes (and so moves the scales) now: in training (the
+/// owning module in train mode, outside c10::InferenceMode) and while calibrating. Otherwise the
+/// FP8 path casts with the stored scales and records nothing, so a call's result never depends on
+/// other calls or their order (threads sharing a module in a server).
+bool records(const GemmMeta& meta);
+
+/// Inference with FP8 weights: quantizes the kernel `w` [K, ...] to E4M3 with a scale from its own
+/// amax, registers the codes and scale_inv as buffers on meta.owner (a quarter of fp32's bytes),
+/// and makes every later GEMM of `meta` use them (frozen_linear). Needs stored input scales, from
+/// FP8 training or calibration; throws te::Error naming the buffer when they are missing.
+/// The caller releases its fp32 kernel (see te::nn::freeze_fp8_weights).
+void freeze_kernel(GemmMeta& meta, const at::Tensor& w);
+/// Registers empty frozen buffers of the kernel's shape on meta.owner, for load_checkpoint to
+/// fill from a checkpoint saved after freezing.
+void prepare_frozen_kernel(GemmMeta& meta, const std::vector<int64_t>& shape);
+
+/// y = x @ kernel with the frozen FP8 kernel: x cast to E4M3 with the stored input scale
+/// (fwd_scale[0]); an FP8 GEMM; nothing recorded. Inference only: throws when x requires grad.
+at::Tensor frozen_linear(const at::Tensor& x, const GemmMeta& meta);
 
 /// y = x @ w (x [..., K], w [K, N]) with autograd, its GEMMs in FP8 per the current
 /// Fp8Autocast: x and w cast to the forward format, the output gradient to the backward format,
-/// dgrad and wgrad both FP8 GEMMs. Records amaxes into `meta` and schedules their reduction over
-/// `mesh` (the current mesh when null) and update: at the end of the autocast region and at the
-/// end of backward. x and w are this rank's local pieces. Needs fp8_enabled().
+/// dgrad and wgrad both FP8 GEMMs. When records(meta), records amaxes into `meta` and schedules
+/// their reduction over `mesh` (the current mesh when null) and update: at the end of the autocast
+/// region and at the end of backward; otherwise casts with the stored scales. x and w are this
+/// rank's local pieces. Needs fp8_enabled(), or fp8_calibrating() (then only the amaxes are
+/// recorded and y = x @ w in high precision).
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::shared_ptr<GemmMeta>& meta,
                   const DeviceMesh* mesh = nullptr);
 
@@ -166,8 +198,13 @@ namespace te {
 /// exception unwinds, it skips its reduction (the other ranks may never reach theirs).
 class Fp8Autocast {
  public:
+  /// With `calibrating`, the GEMMs of modules with FP8 state record their amaxes even in eval
+  /// mode or under InferenceMode, and the region's end turns them into DelayedScaling scales, as
+  /// training does; with `enabled` false the GEMMs themselves stay in high precision (calibrate a
+  /// model trained without FP8 before serving it in FP8).
   explicit Fp8Autocast(bool enabled = true, fp8::Recipe recipe = fp8::DelayedScaling{},
-                       std::optional<MeshResource> mesh_resource = std::nullopt);
+                       std::optional<MeshResource> mesh_resource = std::nullopt,
+                       bool calibrating = false);
   ~Fp8Autocast() noexcept(false);
   Fp8Autocast(const Fp8Autocast&) = delete;
   Fp8Autocast& operator=(const Fp8Autocast&) = delete;
@@ -175,12 +212,13 @@ class Fp8Autocast {
  private:
   std::optional<MeshResourceScope> resource_scope_;
   std::shared_ptr<void> region_;
-  std::shared_ptr<void> previous_;
   int uncaught_ = 0;
 };
 
 /// True inside an enabled Fp8Autocast (the innermost one decides).
 bool fp8_enabled();
+/// True inside a calibrating Fp8Autocast (the innermost one decides).
+bool fp8_calibrating();
 /// The recipe of the innermost Fp8Autocast, if any.
 std::optional<fp8::Recipe> fp8_recipe();
 

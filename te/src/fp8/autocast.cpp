@@ -1,6 +1,7 @@
 // Fp8Autocast, the FP8 state of a GEMM, the FP8 linear op and the amax reduction (DESIGN §3).
 
 #include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/nn/module.h>
@@ -105,6 +106,7 @@ struct BackwardReduction {
 
 struct Region {
   bool enabled = false;
+  bool calibrating = false;
   Recipe recipe;
   std::shared_ptr<Region> parent;
   std::vector<Pending> forward;
@@ -123,6 +125,7 @@ struct LinearState : torch::CustomClassHolder {
   std::shared_ptr<const te::detail::MeshState> mesh;
   std::vector<int64_t> dims;
   std::shared_ptr<BackwardReduction> backward;
+  bool record = true;  // records(meta) when the GEMM ran
   Fp8Tensor x_t;  // x^T codes [K, M]
   Fp8Tensor w_t;  // w^T codes [N, K]
   std::vector<int64_t> x_shape;
@@ -177,14 +180,16 @@ class Fp8Linear : public torch::autograd::Function<Fp8Linear> {
       at::Tensor x_scale;
       {
         std::lock_guard<std::mutex> lock(meta.mutex);
-        ensure_history(meta, d->amax_history_len);
+        // Outside training the history keeps its length: nothing is recorded into it.
+        if (s->record) ensure_history(meta, d->amax_history_len);
+        else keep_fp32(meta);
         x_scale = meta.fwd_scale.narrow(0, 0, 1).clone();
       }
-      const at::Tensor x_amax = at::zeros({1}, x_scale.options());
+      const at::Tensor x_amax = s->record ? at::zeros({1}, x_scale.options()) : at::Tensor();
       xq = cast_transpose(x2, x_scale, dtype, x_amax);
       std::lock_guard<std::mutex> lock(meta.mutex);
       const at::Tensor newest = meta.fwd_amax_history[0];
-      fold_amax(newest.narrow(0, 0, 1), x_amax);
+      if (s->record) fold_amax(newest.narrow(0, 0, 1), x_amax);
       // The kernel's codes are reused while the kernel and its scale are unchanged.
       auto& c = meta.kernel_cache;
       const float scale = meta.fwd_scale[1].item<float>();
@@ -207,9 +212,11 @@ class Fp8Linear : public torch::autograd::Function<Fp8Linear> {
         c.transposed = fresh.second;
       }
       wq = {c.codes, c.transposed};
-      fold_amax(newest.narrow(0, 1, 1), c.amax);
-      Region* region = current_region().get();
-      if (region != nullptr) add_pending(region->forward, {s->meta, *d, s->mesh, s->dims});
+      if (s->record) {
+        fold_amax(newest.narrow(0, 1, 1), c.amax);
+        Region* region = current_region().get();
+        if (region != nullptr) add_pending(region->forward, {s->meta, *d, s->mesh, s->dims});
+      }
     } else {
       xq = cast_transpose(x2, current_scale(x2, *s, dtype), dtype);
       wq = cast_transpose(w, current_scale(w, *s, dtype), dtype);
@@ -239,13 +246,15 @@ class Fp8Linear : public torch::autograd::Function<Fp8Linear> {
         std::lock_guard<std::mutex> lock(meta.mutex);
         g_scale = meta.bwd_scale.narrow(0, 0, 1).clone();
       }
-      const at::Tensor g_amax = at::zeros({1}, g_scale.options());
+      const at::Tensor g_amax = s->record ? at::zeros({1}, g_scale.options()) : at::Tensor();
       gq = quantize(g2, g_scale, dtype, g_amax);
-      {
-        std::lock_guard<std::mutex> lock(meta.mutex);
-        fold_amax(meta.bwd_amax_history[0].narrow(0, 0, 1), g_amax);
+      if (s->record) {
+        {
+          std::lock_guard<std::mutex> lock(meta.mutex);
+          fold_amax(meta.bwd_amax_history[0].narrow(0, 0, 1), g_amax);
+        }
+        BackwardReduction::add(s->backward, {s->meta, *d, s->mesh, s->dims});
       }
-      BackwardReduction::add(s->backward, {s->meta, *d, s->mesh, s->dims});
     } else {
       gq = quantize(g2, current_scale(g2, *s, dtype), dtype);
     }
@@ -261,6 +270,8 @@ std::shared_ptr<GemmMeta> GemmMeta::registered(torch::nn::Module& module, const 
                                                int64_t history_len) {
   TE_CHECK(history_len >= 1, "GemmMeta: history_len is ", history_len, "; it needs at least 1");
   auto m = std::make_shared<GemmMeta>();
+  m->owner = &module;
+  m->prefix = prefix;
   m->fwd_scale = module.register_buffer(prefix + "fp8_fwd_scale", at::ones({2}));
   m->fwd_scale_inv = module.register_buffer(prefix + "fp8_fwd_scale_inv", at::ones({2}));
   m->fwd_amax_history =
@@ -275,8 +286,9 @@ std::shared_ptr<GemmMeta> GemmMeta::registered(torch::nn::Module& module, const 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::shared_ptr<GemmMeta>& meta,
                   const DeviceMesh* mesh) {
   const auto region = current_region();
-  TE_CHECK(region && region->enabled,
-           "fp8::linear runs inside an enabled te::Fp8Autocast; open one (or call the fp32 path)");
+  TE_CHECK(region && (region->enabled || region->calibrating),
+           "fp8::linear runs inside an enabled te::Fp8Autocast (or a calibrating one); open one "
+           "(or call the fp32 path)");
   TE_CHECK(meta != nullptr, "fp8::linear: no FP8 state given for this GEMM");
   TE_CHECK(w.dim() == 2 && x.dim() >= 1 && x.size(-1) == w.size(0), "fp8::linear: input ",
            x.sizes(), " and kernel ", w.sizes(),
@@ -285,6 +297,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::shared_pt
   s->meta = meta;
   s->recipe = region->recipe;
   s->backward = region->backward;
+  s->record = records(*meta);
   if (mesh == nullptr) mesh = current_mesh();
   if (mesh != nullptr) {
     // Every mesh axis but the pipeline's: stages hold different layers.
@@ -295,7 +308,89 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::shared_pt
     }
     s->mesh = mesh->shared_state();
   }
+  if (!region->enabled) {
+    // Calibrating in high precision: only the amaxes are recorded (DelayedScaling; a
+    // CurrentScaling recipe keeps no scales to calibrate).
+    if (const auto* d = std::get_if<DelayedScaling>(&s->recipe)) {
+      at::NoGradGuard no_grad;
+      const at::Tensor x_amax = fp8::amax(x.detach()), w_amax = fp8::amax(w.detach());
+      std::lock_guard<std::mutex> lock(meta->mutex);
+      ensure_history(*meta, d->amax_history_len);
+      const at::Tensor newest = meta->fwd_amax_history[0];
+      fold_amax(newest.narrow(0, 0, 1), x_amax);
+      fold_amax(newest.narrow(0, 1, 1), w_amax);
+      add_pending(region->forward, {s->meta, *d, s->mesh, s->dims});
+    }
+    return at::matmul(x, w);
+  }
   return Fp8Linear::apply(x, w, s);
+}
+
+bool records(const GemmMeta& meta) {
+  const auto& region = current_region();
+  if (region && region->calibrating) return true;
+  if (c10::InferenceMode::is_enabled()) return false;
+  return meta.owner == nullptr || meta.owner->is_training();
+}
+
+void freeze_kernel(GemmMeta& meta, const at::Tensor& w) {
+  TE_CHECK(meta.owner != nullptr, "fp8::freeze_kernel: this FP8 state belongs to no module");
+  TE_CHECK(w.dim() >= 2, "fp8::freeze_kernel: the kernel '", meta.prefix, "kernel' is ",
+           w.sizes(), "; FP8 weights need a kernel of 2 or more dims");
+  at::NoGradGuard no_grad;
+  std::lock_guard<std::mutex> lock(meta.mutex);
+  keep_fp32(meta);
+  TE_CHECK(meta.fwd_amax_history.defined() && meta.fwd_amax_history.select(1, 0).max().item<float>() > 0,
+           "FP8 weights: the GEMM '", meta.prefix, "kernel' has no input scale (buffer '",
+           meta.prefix, "fp8_fwd_amax_history' holds no amax); train with FP8 (DelayedScaling) "
+           "or calibrate (te::Fp8Autocast with calibrating = true) before freezing");
+  const at::Tensor kernel = w.detach().to(at::kFloat).contiguous();
+  const float a = fp8::amax(kernel).item<float>();
+  const float scale = compute_scale(a, 1.0f, max_finite(DType::kE4M3), 0);
+  const Fp8Tensor q = quantize(kernel, at::full({1}, scale, kernel.options()), DType::kE4M3);
+  if (meta.frozen()) {
+    meta.frozen_kernel.set_data(q.data);
+    meta.frozen_kernel_scale_inv.set_data(q.scale_inv);
+  } else {
+    meta.frozen_kernel = meta.owner->register_buffer(meta.prefix + "fp8_kernel", q.data);
+    meta.frozen_kernel_scale_inv =
+        meta.owner->register_buffer(meta.prefix + "fp8_kernel_scale_inv", q.scale_inv);
+  }
+  meta.kernel_cache = GemmMeta::KernelCache{};
+}
+
+void prepare_frozen_kernel(GemmMeta& meta, const std::vector<int64_t>& shape) {
+  TE_CHECK(meta.owner != nullptr, "fp8::prepare_frozen_kernel: this FP8 state belongs to no module");
+  std::lock_guard<std::mutex> lock(meta.mutex);
+  if (meta.frozen()) return;
+  meta.frozen_kernel =
+      meta.owner->register_buffer(meta.prefix + "fp8_kernel", at::zeros(shape, at::kByte));
+  meta.frozen_kernel_scale_inv =
+      meta.owner->register_buffer(meta.prefix + "fp8_kernel_scale_inv", at::ones({1}));
+  meta.kernel_cache = GemmMeta::KernelCache{};
+}
+
+at::Tensor frozen_linear(const at::Tensor& x, const GemmMeta& meta) {
+  TE_CHECK(meta.frozen(), "fp8::frozen_linear: the GEMM '", meta.prefix,
+           "kernel' holds no FP8 weights (see freeze_kernel)");
+  TE_CHECK(!(at::GradMode::is_enabled() && x.requires_grad()), "the GEMM '", meta.prefix,
+           "kernel' holds FP8 weights (inference only) but its input requires grad; run under "
+           "c10::InferenceMode or torch::NoGradGuard, or load the fp32 weights to train");
+  const at::Tensor& codes = meta.frozen_kernel;
+  TE_CHECK(x.dim() >= 1 && x.size(-1) == codes.size(0), "FP8 GEMM '", meta.prefix,
+           "kernel': input ", x.sizes(), " and kernel ", codes.sizes(), " do not contract");
+  const at::Tensor x2 = x.reshape({-1, codes.size(0)});
+  at::Tensor x_scale;
+  {
+    std::lock_guard<std::mutex> lock(const_cast<GemmMeta&>(meta).mutex);
+    x_scale = meta.fwd_scale.narrow(0, 0, 1).to(at::kFloat).clone();
+  }
+  const Fp8Tensor xq = quantize(x2.to(at::kFloat), x_scale, DType::kE4M3);
+  const Fp8Tensor wq{codes.reshape({codes.size(0), -1}), meta.frozen_kernel_scale_inv,
+                     DType::kE4M3};
+  std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end() - 1);
+  out_shape.insert(out_shape.end(), codes.sizes().begin() + 1, codes.sizes().end());
+  return gemm(xq, wq).reshape(out_shape).to(x.scalar_type());
 }
 
 }  // namespace te::fp8
@@ -303,11 +398,12 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::shared_pt
 namespace te {
 
 Fp8Autocast::Fp8Autocast(bool enabled, fp8::Recipe recipe,
-                         std::optional<MeshResource> mesh_resource) {
+                         std::optional<MeshResource> mesh_resource, bool calibrating) {
   fp8::validate_recipe(recipe);
   if (mesh_resource) resource_scope_.emplace(*mesh_resource);
   auto region = std::make_shared<fp8::Region>();
   region->enabled = enabled;
+  region->calibrating = calibrating;
   region->recipe = std::move(recipe);
   region->parent = fp8::current_region();
   region->backward =
@@ -324,7 +420,7 @@ Fp8Autocast::~Fp8Autocast() noexcept(false) {
   // Unwinding: the other ranks may not reach their reduction; drop this step's amaxes.
   if (std::uncaught_exceptions() > uncaught_) return;
   for (fp8::Region* r = region->parent.get(); r != nullptr; r = r->parent.get()) {
-    if (r->enabled) {
+    if (r->enabled || r->calibrating) {
       for (auto& p : region->forward) fp8::add_pending(r->forward, std::move(p));
       return;
     }
@@ -335,6 +431,11 @@ Fp8Autocast::~Fp8Autocast() noexcept(false) {
 bool fp8_enabled() {
   const auto& region = fp8::current_region();
   return region && region->enabled;
+}
+
+bool fp8_calibrating() {
+  const auto& region = fp8::current_region();
+  return region && region->calibrating;
 }
 
 std::optional<fp8::Recipe> fp8_recipe() {

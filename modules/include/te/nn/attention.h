@@ -129,6 +129,7 @@ class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImp
                      const at::Tensor& mask = {});
   DTensor forward(const DTensor& x, const std::optional<DTensor>& memory = std::nullopt,
                   const at::Tensor& mask = {});
+  std::vector<Fp8Gemm> fp8_gemms() override;
 
   MultiHeadAttentionOptions options;
   LayerNorm layernorm{nullptr};

@@ -17,7 +17,9 @@
 
 #include <torch/nn/module.h>
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 namespace torch::optim {
 class AdamW;
@@ -61,5 +63,15 @@ void save_checkpoint(const torch::nn::Module& module, const std::string& dir,
 std::string load_checkpoint(torch::nn::Module& module, const std::string& dir,
                             const CheckpointLoadOptions& options = {},
                             torch::optim::AdamW* optimizer = nullptr);
+
+/// What a checkpoint holds, read from its index alone (no tensor data): for building the model
+/// to load it into.
+struct CheckpointInfo {
+  std::string extra_json;            ///< the extra JSON it was saved with
+  std::vector<std::string> tensors;  ///< every tensor name, sorted
+  int64_t bytes = 0;                 ///< the sizes of its safetensors files, added up
+};
+/// te::Error naming the path for a missing or damaged index or a missing data file.
+CheckpointInfo read_checkpoint_info(const std::string& dir);
 
 }  // namespace te::nn

@@ -55,6 +55,7 @@ class DenseImpl : public torch::nn::Cloneable<DenseImpl>, public ShardedModule {
   DTensor forward(const DTensor& input);
   /// forward with `input_axes` in place of options().input_axes() (LayerNormDense's dot input).
   DTensor project(const DTensor& input, const LogicalAxes& input_axes);
+  std::vector<Fp8Gemm> fp8_gemms() override;
 
   DenseOptions options;
   at::Tensor kernel;

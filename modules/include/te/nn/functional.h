@@ -22,7 +22,9 @@ namespace te::nn::functional {
 
 /// y = x @ w, contracting x's last dim with w's first: x [..., K], w [K, *out] -> [..., *out].
 /// With `fp8` (the GEMM's FP8 state) inside an enabled te::Fp8Autocast the GEMM runs in FP8
-/// (te::fp8::linear), its amaxes reduced over `mesh` (the current mesh when null).
+/// (te::fp8::linear), its amaxes reduced over `mesh` (the current mesh when null); inside a
+/// calibrating one it records amaxes only. When `fp8` holds frozen FP8 weights (see
+/// freeze_fp8_weights), `w` is ignored (it may be undefined) and the FP8 kernel is used.
 at::Tensor dense(const at::Tensor& x, const at::Tensor& w,
                  const std::shared_ptr<fp8::GemmMeta>& fp8 = nullptr,
                  const DeviceMesh* mesh = nullptr);

@@ -55,6 +55,7 @@ class LayerNormMLPImpl : public torch::nn::Cloneable<LayerNormMLPImpl>, public S
 
   at::Tensor forward(const at::Tensor& input);
   DTensor forward(const DTensor& input);
+  std::vector<Fp8Gemm> fp8_gemms() override;
 
   LayerNormMLPOptions options;
   LayerNorm layernorm{nullptr};

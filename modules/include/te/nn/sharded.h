@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "te/distributed/dtensor.h"
+#include "te/fp8.h"
 #include "te/sharding/axis_rules.h"
 
 /// Like TORCH_MODULE, for te::nn modules whose forward takes an at::Tensor or a te::DTensor:
@@ -52,6 +53,20 @@ class ShardedModule {
   void shard_own_parameters(torch::nn::Module& self, const DeviceMesh& mesh);
   /// Collective: makes this module's own sharded parameters whole again; see gather_module.
   void gather_own_parameters(torch::nn::Module& self);
+
+  /// One GEMM whose kernel freeze_fp8_weights can hold in FP8: the kernel parameter's name, the
+  /// member that holds it, and the GEMM's FP8 state.
+  struct Fp8Gemm {
+    std::string kernel_name;
+    at::Tensor* kernel;
+    std::shared_ptr<fp8::GemmMeta> meta;
+  };
+  /// This module's own FP8-capable GEMMs (none by default).
+  virtual std::vector<Fp8Gemm> fp8_gemms() { return {}; }
+
+  /// Removes parameter `name` from `self` and from the layouts (its memory goes with the last
+  /// reference): for weights now held in another form, e.g. FP8 codes.
+  void release_parameter(torch::nn::Module& self, const std::string& name);
 
  protected:
   /// Registers `name` on `self` from the whole initial value `full` (the same on every rank).

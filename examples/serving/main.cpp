@@ -1,0 +1,268 @@
+// te-serve: the te-encoder classifier behind HTTP, with dynamic batching (see README.md).
+//
+//   te-serve --load ckpt --port 8080
+//   curl -s localhost:8080/v1/classify -d '{"sentences": ["The cat sat on the mat."]}'
+
+#include <CLI/CLI.hpp>
+#include <httplib.h>
+#include <pthread.h>
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <thread>
+
+#include "data.h"
+#include "service.h"
+#include "te/error.h"
+
+namespace {
+
+struct Args {
+  std::string load_dir;
+  std::string host = "127.0.0.1";
+  int port = 8080;
+  int workers = 1;
+  int64_t max_batch = 32;
+  double max_wait_ms = 5;
+  int64_t max_queue = 256;
+  int64_t max_request_sentences = 0;  // 0: 8 x max_batch
+  std::size_t max_body_bytes = std::size_t{1} << 20;
+  int http_threads = 128;
+  int threads_per_worker = 0;
+  bool fp8_weights = false;
+  std::string export_fp8;
+  std::string eval_tsv;
+};
+
+double mib(int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
+
+// Classifies a CoLA TSV in batches and prints the accuracy (the numbers te-encoder prints).
+int evaluate(const serve::Classifier& classifier, const std::string& path, int64_t batch) {
+  const auto examples = encoder::read_cola_tsv(path);
+  int64_t correct = 0, tp = 0, tn = 0, fp = 0, fn = 0;
+  for (std::size_t start = 0; start < examples.size(); start += static_cast<std::size_t>(batch)) {
+    const std::size_t end = std::min(examples.size(), start + static_cast<std::size_t>(batch));
+    std::vector<std::string> sentences;
+    for (std::size_t i = start; i < end; ++i) sentences.push_back(examples[i].sentence);
+    const serve::Classification c = classifier.classify(sentences);
+    for (std::size_t i = start; i < end; ++i) {
+      const int64_t label = examples[i].label, pred = c.labels[i - start];
+      correct += label == pred;
+      tp += pred == 1 && label == 1;
+      tn += pred == 0 && label == 0;
+      fp += pred == 1 && label == 0;
+      fn += pred == 0 && label == 1;
+    }
+  }
+  const double n = static_cast<double>(examples.size());
+  const double denom = std::sqrt(double(tp + fp) * double(tp + fn) * double(tn + fp) * double(tn + fn));
+  std::printf("eval %s: %zu sentences, accuracy %.4f, mcc %.4f (%s weights)\n", path.c_str(),
+              examples.size(), double(correct) / n,
+              denom > 0 ? (double(tp) * double(tn) - double(fp) * double(fn)) / denom : 0.0,
+              classifier.fp8_weights() ? "fp8" : "fp32");
+  return 0;
+}
+
+int serve_http(const serve::Classifier& classifier, const Args& args) {
+  serve::Metrics metrics;
+  metrics.set_gauge("te_serve_weight_bytes", "Bytes of the model's parameters and buffers.",
+                    static_cast<double>(classifier.weight_bytes()));
+  metrics.set_gauge("te_serve_checkpoint_bytes", "Bytes of the loaded checkpoint's data files.",
+                    static_cast<double>(classifier.checkpoint_bytes()));
+  serve::BatcherOptions options;
+  options.workers = args.workers;
+  options.max_batch = args.max_batch;
+  options.max_wait_ms = args.max_wait_ms;
+  options.max_queue = args.max_queue;
+  options.threads_per_worker = args.threads_per_worker;
+  serve::Batcher batcher(classifier, options, metrics);
+  const std::size_t max_sentences = static_cast<std::size_t>(
+      args.max_request_sentences > 0 ? args.max_request_sentences : 8 * args.max_batch);
+
+  httplib::Server server;
+  const int pool = args.http_threads;
+  server.new_task_queue = [pool] { return new httplib::ThreadPool(static_cast<std::size_t>(pool)); };
+  server.set_payload_max_length(args.max_body_bytes);
+  server.set_keep_alive_max_count(1000);
+  auto json_error = [](httplib::Response& res, int status, const std::string& message) {
+    res.status = status;
+    res.set_content(serve::error_body(message), "application/json");
+  };
+  server.Post("/v1/classify", [&](const httplib::Request& req, httplib::Response& res) {
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      auto answer = batcher.submit(serve::decode_classify(req.body, max_sentences));
+      res.set_content(serve::encode_classification(answer.get()), "application/json");
+    } catch (const serve::HttpError& e) {
+      json_error(res, e.status, e.what());
+      if (e.status == 503) res.set_header("Retry-After", "1");
+    } catch (const std::exception& e) {
+      json_error(res, 500, std::string("classification failed: ") + e.what());
+    }
+    metrics.latency(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  });
+  server.Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content("{\"status\":\"ok\"}", "application/json");
+  });
+  server.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
+    metrics.set_gauge("te_serve_resident_bytes", "Resident memory of the process (VmRSS).",
+                      static_cast<double>(serve::resident_bytes()));
+    res.set_content(metrics.render(), "text/plain; version=0.0.4");
+  });
+  server.set_error_handler([&](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    if (res.status == 413) {
+      json_error(res, 413, "the body is over " + std::to_string(args.max_body_bytes) +
+                               " bytes (--max-body-bytes); split the request");
+    } else if (res.status == 404) {
+      json_error(res, 404, "no endpoint " + req.method + " " + req.path +
+                               "; use POST /v1/classify, GET /healthz or GET /metrics");
+    } else {
+      json_error(res, res.status, "the request could not be served (HTTP " +
+                                      std::to_string(res.status) + ")");
+    }
+  });
+  server.set_logger([&](const httplib::Request& req, const httplib::Response& res) {
+    metrics.request(req.path, res.status);
+  });
+
+  int port = args.port;
+  if (port == 0) {
+    port = server.bind_to_any_port(args.host);
+  } else if (!server.bind_to_port(args.host, port)) {
+    port = -1;
+  }
+  if (port < 0) {
+    std::cerr << "te-serve: error: cannot listen on " << args.host << ":" << args.port
+              << " (in use, or not an address of this machine); choose another --host/--port"
+              << std::endl;
+    return 2;
+  }
+
+  // SIGTERM/SIGINT: stop accepting, answer what is in flight, exit 0. The signals are blocked in
+  // every thread and taken by one waiting thread, so nothing runs in a signal handler.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  std::atomic<bool> done{false};
+  std::thread waiter([&] {
+    int sig = 0;
+    while (sigwait(&signals, &sig) == 0) {
+      if (done.load() || sig == SIGTERM || sig == SIGINT) break;
+    }
+    if (!done.load()) {
+      std::cout << "te-serve: " << (sig == SIGINT ? "SIGINT" : "SIGTERM")
+                << ": draining in-flight requests" << std::endl;
+    }
+    server.stop();
+  });
+
+  std::cout << "te-serve: listening on http://" << args.host << ":" << port << " ("
+            << args.workers << " worker" << (args.workers == 1 ? "" : "s") << ", max batch "
+            << args.max_batch << ", max wait " << args.max_wait_ms << " ms, queue "
+            << args.max_queue << ")" << std::endl;
+  const bool ok = server.listen_after_bind();
+  // The HTTP threads have finished their requests; the batcher answers anything still queued.
+  batcher.stop();
+  done.store(true);
+  pthread_kill(waiter.native_handle(), SIGTERM);
+  waiter.join();
+  std::cout << "te-serve: stopped" << std::endl;
+  return ok ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Block the stop signals before any thread starts, so every thread inherits the mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  Args args;
+  CLI::App app{
+      "te-serve: serves the classifier of a te-encoder checkpoint over HTTP.\n"
+      "  POST /v1/classify {\"sentences\": [\"...\"]} -> {\"labels\", \"probabilities\", "
+      "\"truncated\"}\n"
+      "  GET /healthz, GET /metrics (Prometheus text)\n"
+      "Requests from all connections are batched dynamically and run under c10::InferenceMode;\n"
+      "SIGTERM stops accepting, answers in-flight requests and exits 0."};
+  app.add_option("--load", args.load_dir,
+                 "Checkpoint directory written by te-encoder --save (any layout), or by "
+                 "te-serve --export-fp8")
+      ->required();
+  app.add_option("--host", args.host, "Address to listen on")->capture_default_str();
+  app.add_option("--port", args.port, "Port (0: any free port, printed at start)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 65535));
+  app.add_option("--workers", args.workers, "Model workers (each runs one batch at a time)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
+  app.add_option("--max-batch", args.max_batch, "Sentences per model call")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{4096}));
+  app.add_option("--max-wait-ms", args.max_wait_ms,
+                 "How long a batch waits for more requests after its first")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 10000.0));
+  app.add_option("--max-queue", args.max_queue,
+                 "Requests waiting for a worker; more are answered 503 with Retry-After")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  app.add_option("--max-request-sentences", args.max_request_sentences,
+                 "Sentences one request may hold (more: 413); default 8 x --max-batch")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  app.add_option("--max-body-bytes", args.max_body_bytes, "Largest request body (more: 413)")
+      ->capture_default_str()
+      ->check(CLI::Range(std::size_t{64}, std::size_t{1} << 30));
+  app.add_option("--http-threads", args.http_threads,
+                 "Connection threads (a keep-alive connection holds one)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 4096));
+  app.add_option("--threads-per-worker", args.threads_per_worker,
+                 "Intra-op threads of each worker (default: cores / workers)")
+      ->check(CLI::Range(1, 1024));
+  app.add_flag("--fp8-weights", args.fp8_weights,
+               "Hold the GEMM kernels as FP8 (E4M3 codes and a scale: a quarter of fp32's bytes) "
+               "and run those GEMMs in FP8 with the checkpoint's calibrated input scales");
+  app.add_option("--export-fp8", args.export_fp8,
+                 "Write the model with FP8 weights as a checkpoint here and exit (te-serve "
+                 "--load loads it as FP8)");
+  app.add_option("--eval", args.eval_tsv,
+                 "Classify a CoLA TSV file, print accuracy and MCC, and exit (no server)");
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    const auto start = std::chrono::steady_clock::now();
+    const serve::Classifier classifier(args.load_dir,
+                                       args.fp8_weights || !args.export_fp8.empty());
+    const double load_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::printf("te-serve: loaded %s in %.2f s: weights %.2f MiB (%s), checkpoint %.2f MiB, "
+                "resident %.1f MiB\n",
+                args.load_dir.c_str(), load_s, mib(classifier.weight_bytes()),
+                classifier.fp8_weights() ? "fp8 kernels" : "fp32",
+                mib(classifier.checkpoint_bytes()), mib(serve::resident_bytes()));
+    std::fflush(stdout);
+    if (!args.export_fp8.empty()) {
+      classifier.save(args.export_fp8);
+      std::printf("te-serve: wrote %s\n", args.export_fp8.c_str());
+      return 0;
+    }
+    if (!args.eval_tsv.empty()) return evaluate(classifier, args.eval_tsv, args.max_batch);
+    return serve_http(classifier, args);
+  } catch (const encoder::InputError& e) {
+    std::cerr << "te-serve: error: " << e.what() << std::endl;
+    return 2;
+  } catch (const te::Error& e) {
+    std::cerr << "te-serve: error: " << e.what() << std::endl;
+    return 2;
+  }
+}

@@ -1,0 +1,39 @@
+#pragma once
+
+// Serving te::nn modules: FP8 weights, and the rules for calling one module from many threads.
+//
+// Threads. Every te::nn module's forward may be called from many threads at once on one shared
+// module in eval mode (module->eval()): a forward changes nothing in the module, except
+//   - FP8 GEMMs, which record amaxes and move their DelayedScaling scales only in training
+//     (te::fp8::records): in eval mode or under c10::InferenceMode they cast with the stored
+//     scales, so an answer never depends on other calls or their order;
+//   - the FP8 kernel cache, which is guarded by its GemmMeta's mutex.
+// Rules, MeshResource, mesh and FP8 autocast scopes are thread-local: open them in each worker
+// thread (see docs/embedding.md).
+//
+// FP8 weights. freeze_fp8_weights(model) holds every Dense / LayerNormMLP / MultiHeadAttention
+// kernel as E4M3 codes and a scale (a quarter of fp32's bytes) and drops the fp32 kernel; the
+// module's at::Tensor forward then runs those GEMMs in FP8 (inputs cast with the stored input
+// scales) with no autocast needed. save_checkpoint writes the codes; prepare_fp8_weights lays out
+// a fresh model to load such a checkpoint.
+
+#include <torch/nn/module.h>
+
+#include <cstdint>
+
+namespace te::nn {
+
+/// Holds every FP8-capable GEMM kernel of `module` (and its children) as FP8 codes and releases
+/// the fp32 kernel parameters. The model must be whole on this process and its input scales set
+/// (trained with FP8 DelayedScaling, or calibrated: see te::Fp8Autocast's `calibrating`);
+/// te::Error names the first GEMM without them. Returns the number of kernels frozen.
+int64_t freeze_fp8_weights(torch::nn::Module& module);
+
+/// Lays out a freshly built `module` as freeze_fp8_weights would, with empty FP8 kernels, so
+/// load_checkpoint can fill it from a checkpoint saved after freezing.
+int64_t prepare_fp8_weights(torch::nn::Module& module);
+
+/// True when some GEMM of `module` holds FP8 weights.
+bool has_fp8_weights(const torch::nn::Module& module);
+
+}  // namespace te::nn
