@@ -7,6 +7,7 @@
 #include <httplib.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/socket.h>
 
 #include <atomic>
 #include <chrono>
@@ -130,6 +131,15 @@ int serve_http(const serve::Classifier& classifier, const Args& args) {
     metrics.request(req.path, res.status);
   });
 
+  // The listening socket: SO_REUSEADDR only (httplib's default adds SO_REUSEPORT, under which a
+  // second server binds the same port without an error), and a deep accept queue (httplib
+  // listens with a backlog of 5, so a burst of connections loses SYNs and waits 1 s to retry).
+  std::atomic<int> listen_fd{-1};
+  server.set_socket_options([&listen_fd](socket_t sock) {
+    const int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    listen_fd = sock;
+  });
   int port = args.port;
   if (port == 0) {
     port = server.bind_to_any_port(args.host);
@@ -142,6 +152,7 @@ int serve_http(const serve::Classifier& classifier, const Args& args) {
               << std::endl;
     return 2;
   }
+  if (listen_fd >= 0) ::listen(listen_fd, SOMAXCONN);
 
   // SIGTERM/SIGINT: stop accepting, answer what is in flight, exit 0. The signals are blocked in
   // every thread and taken by one waiting thread, so nothing runs in a signal handler.

@@ -1,0 +1,454 @@
+// te-serve as a client sees it: a real server process on a free loopback port, serving a small
+// checkpoint te-encoder trains here; every good and bad request with its status and body, the
+// queue limit, metrics, FP8 weights, bad checkpoints at start, and SIGTERM draining in-flight
+// requests.
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../temp_dir.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+// Runs a command to its end; returns the exit code and stdout+stderr.
+std::pair<int, std::string> run(const std::string& cmd) {
+  std::string out;
+  FILE* pipe = ::popen((cmd + " 2>&1 </dev/null").c_str(), "r");
+  if (pipe == nullptr) return {-1, out};
+  char buf[4096];
+  std::size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), pipe)) > 0) out.append(buf, n);
+  const int status = ::pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out};
+}
+
+std::string shell_quoted(const std::string& s) { return "'" + s + "'"; }
+
+// A te-serve process; its stdout is read until it says where it listens.
+class Server {
+ public:
+  explicit Server(const std::vector<std::string>& args) {
+    int fds[2];
+    if (::pipe(fds) != 0) return;
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::dup2(fds[1], 1);
+      ::dup2(fds[1], 2);
+      ::close(fds[0]);
+      std::vector<std::string> all = {TE_SERVE_PATH, "--port", "0"};
+      all.insert(all.end(), args.begin(), args.end());
+      std::vector<char*> argv;
+      for (auto& a : all) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execv(argv[0], argv.data());
+      ::_exit(127);
+    }
+    ::close(fds[1]);
+    out_ = ::fdopen(fds[0], "r");
+    char line[4096];
+    while (std::fgets(line, sizeof(line), out_) != nullptr) {
+      log_ += line;
+      const std::string text = line;
+      const auto at = text.find("listening on http://127.0.0.1:");
+      if (at != std::string::npos) {
+        port_ = std::stoi(text.substr(at + 30));
+        break;
+      }
+    }
+  }
+  ~Server() {
+    if (pid_ > 0 && !stopped_) stop(SIGKILL);
+    if (out_ != nullptr) std::fclose(out_);
+  }
+
+  int port() const { return port_; }
+  const std::string& log() const { return log_; }
+  httplib::Client client() const {
+    httplib::Client c("127.0.0.1", port_);
+    c.set_read_timeout(60, 0);
+    return c;
+  }
+  /// Sends `sig`, reads the rest of the output, returns the exit code.
+  int stop(int sig = SIGTERM) {
+    ::kill(pid_, sig);
+    char line[4096];
+    while (out_ != nullptr && std::fgets(line, sizeof(line), out_) != nullptr) log_ += line;
+    int status = 0;
+    ::waitpid(pid_, &status, 0);
+    stopped_ = true;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+
+ private:
+  pid_t pid_ = -1;
+  FILE* out_ = nullptr;
+  int port_ = -1;
+  bool stopped_ = false;
+  std::string log_;
+};
+
+std::string sentences_body(const std::vector<std::string>& sentences) {
+  return json{{"sentences", sentences}}.dump();
+}
+
+class Serve : public ::testing::Test {
+ protected:
+  // One small checkpoint for the suite: a short te-encoder training.
+  static void SetUpTestSuite() {
+    dir_ = new te::test::TempDir("te_serve");
+    checkpoint_ = (dir_->path() / "ckpt").string();
+    const auto [code, out] =
+        run(std::string(TE_ENCODER_PATH) + " --data " + shell_quoted(TE_ENCODER_DATA) +
+            " --max-steps 10 --batch-size 32 --hidden-size 32 --mlp-hidden-size 64 --heads 4 "
+            "--max-seq-len 16 --save " +
+            shell_quoted(checkpoint_));
+    ASSERT_EQ(code, 0) << out;
+  }
+  static void TearDownTestSuite() { delete dir_; }
+
+  static te::test::TempDir* dir_;
+  static std::string checkpoint_;
+};
+te::test::TempDir* Serve::dir_ = nullptr;
+std::string Serve::checkpoint_;
+
+void expect_error(const httplib::Result& r, int status, const std::string& words) {
+  ASSERT_TRUE(r) << "no response (" << httplib::to_string(r.error()) << ")";
+  EXPECT_EQ(r->status, status) << r->body;
+  const json body = json::parse(r->body, nullptr, false);
+  ASSERT_TRUE(body.is_object() && body.contains("error")) << r->body;
+  EXPECT_NE(body["error"].get<std::string>().find(words), std::string::npos)
+      << "error " << body["error"] << " should name: " << words;
+}
+
+TEST_F(Serve, AnswersGoodRequestsAndRefusesBadOnesWithTheirStatus) {
+  Server server({"--load", checkpoint_, "--max-batch", "4", "--max-body-bytes", "4096"});
+  ASSERT_GT(server.port(), 0) << server.log();
+  auto c = server.client();
+
+  auto ok = c.Post("/v1/classify", sentences_body({"The cat sat on the mat.", "Mat the on sat."}),
+                   "application/json");
+  ASSERT_TRUE(ok);
+  ASSERT_EQ(ok->status, 200) << ok->body;
+  const json answer = json::parse(ok->body);
+  ASSERT_EQ(answer["labels"].size(), 2u);
+  ASSERT_EQ(answer["probabilities"].size(), 2u);
+  for (int i = 0; i < 2; ++i) {
+    const double p0 = answer["probabilities"][i][0], p1 = answer["probabilities"][i][1];
+    EXPECT_NEAR(p0 + p1, 1.0, 1e-6);
+    EXPECT_EQ(answer["labels"][i].get<int>(), p1 > p0 ? 1 : 0);
+  }
+  EXPECT_EQ(answer["truncated"], json({false, false}));
+
+  // Over-long sentences are read up to max_seq_len (16 words here) and flagged.
+  std::string long_sentence;
+  for (int i = 0; i < 40; ++i) long_sentence += "word ";
+  auto truncated = c.Post("/v1/classify", sentences_body({"Short one.", long_sentence}),
+                          "application/json");
+  ASSERT_TRUE(truncated);
+  EXPECT_EQ(truncated->status, 200);
+  EXPECT_EQ(json::parse(truncated->body)["truncated"], json({false, true}));
+
+  expect_error(c.Post("/v1/classify", "{\"sentences\": [", "application/json"), 400,
+               "not JSON");
+  expect_error(c.Post("/v1/classify", "[1, 2]", "application/json"), 400, "JSON array");
+  expect_error(c.Post("/v1/classify", "{\"text\": [\"a\"]}", "application/json"), 400,
+               "no \"sentences\"");
+  expect_error(c.Post("/v1/classify", "{\"sentences\": \"a b\"}", "application/json"), 400,
+               "\"sentences\" is a JSON string");
+  expect_error(c.Post("/v1/classify", "{\"sentences\": [\"ok\", 7]}", "application/json"), 400,
+               "sentences[1] is a JSON number");
+  expect_error(c.Post("/v1/classify", "{\"sentences\": []}", "application/json"), 400,
+               "\"sentences\" is empty");
+  expect_error(c.Post("/v1/classify", "{\"sentences\": [\"  \"]}", "application/json"), 400,
+               "sentences[0] has no words");
+  expect_error(c.Post("/v1/classify", "{\"sentences\": [\"caf\xc3\"]}", "application/json"), 400,
+               "not valid UTF-8");
+  // 8 x max-batch sentences per request at most.
+  expect_error(c.Post("/v1/classify", sentences_body(std::vector<std::string>(33, "A cat.")),
+                      "application/json"),
+               413, "at most 32 per request");
+  expect_error(c.Post("/v1/classify", sentences_body({std::string(5000, 'a')}), "application/json"),
+               413, "over 4096 bytes");
+  expect_error(c.Get("/v2/classify"), 404, "no endpoint GET /v2/classify");
+
+  // A request of more than max_batch sentences runs in several calls and is answered whole.
+  std::vector<std::string> many;
+  for (int i = 0; i < 30; ++i) many.push_back("Sentence number " + std::to_string(i) + ".");
+  auto big = c.Post("/v1/classify", sentences_body(many), "application/json");
+  ASSERT_TRUE(big);
+  EXPECT_EQ(big->status, 200);
+  EXPECT_EQ(json::parse(big->body)["labels"].size(), 30u);
+
+  auto health = c.Get("/healthz");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+  EXPECT_EQ(json::parse(health->body)["status"], "ok");
+
+  auto metrics = c.Get("/metrics");
+  ASSERT_TRUE(metrics);
+  EXPECT_EQ(metrics->status, 200);
+  for (const char* line :
+       {"te_serve_requests_total{path=\"/v1/classify\",status=\"200\"} 3",
+        "te_serve_requests_total{path=\"/v1/classify\",status=\"400\"} 8",
+        "te_serve_requests_total{path=\"/v1/classify\",status=\"413\"} 2",
+        "te_serve_requests_total{path=\"/v2/classify\",status=\"404\"} 1",
+        "# TYPE te_serve_request_duration_seconds histogram", "te_serve_batch_size_count 10",
+        "te_serve_batch_size_bucket{le=\"4\"} 10", "te_serve_queue_depth 0",
+        "te_serve_resident_bytes ", "te_serve_weight_bytes "}) {
+    EXPECT_NE(metrics->body.find(line), std::string::npos) << "missing: " << line << "\n"
+                                                           << metrics->body;
+  }
+  EXPECT_EQ(server.stop(SIGTERM), 0) << server.log();
+}
+
+TEST_F(Serve, ConcurrentRequestsAreBatchedAndEachGetsItsOwnRows) {
+  Server server({"--load", checkpoint_, "--max-batch", "16", "--max-wait-ms", "20"});
+  ASSERT_GT(server.port(), 0) << server.log();
+  // Each sentence alone, one request at a time: the reference.
+  std::vector<std::string> sentences;
+  for (int i = 0; i < 24; ++i) {
+    sentences.push_back(i % 2 ? "The book was read by " + std::to_string(i) + " students."
+                              : "Read book the students " + std::to_string(i));
+  }
+  std::vector<json> alone(sentences.size());
+  {
+    auto c = server.client();
+    for (std::size_t i = 0; i < sentences.size(); ++i) {
+      auto r = c.Post("/v1/classify", sentences_body({sentences[i]}), "application/json");
+      ASSERT_TRUE(r && r->status == 200);
+      alone[i] = json::parse(r->body);
+    }
+  }
+  std::vector<json> together(sentences.size());
+  std::vector<std::thread> threads;
+  for (std::size_t i = 0; i < sentences.size(); ++i) {
+    threads.emplace_back([&, i] {
+      auto c = server.client();
+      auto r = c.Post("/v1/classify", sentences_body({sentences[i]}), "application/json");
+      if (r && r->status == 200) {
+        together[i] = json::parse(r->body);
+      } else {
+        together[i] = r ? json(r->status) : json(httplib::to_string(r.error()));
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (std::size_t i = 0; i < sentences.size(); ++i) {
+    ASSERT_TRUE(together[i].is_object()) << "request " << i << " failed: " << together[i];
+    EXPECT_EQ(together[i]["labels"], alone[i]["labels"]) << sentences[i];
+    // The same rows in a bigger GEMM: equal up to the summation order of the BLAS.
+    EXPECT_NEAR(together[i]["probabilities"][0][1].get<double>(),
+                alone[i]["probabilities"][0][1].get<double>(), 1e-5);
+  }
+  auto metrics = server.client().Get("/metrics");
+  ASSERT_TRUE(metrics);
+  // 24 + 24 sentences in fewer than 24 + 24 model calls: some calls took several requests.
+  const auto at = metrics->body.find("te_serve_batch_size_count ");
+  ASSERT_NE(at, std::string::npos);
+  EXPECT_LT(std::stoi(metrics->body.substr(at + 26)), 48) << metrics->body;
+  EXPECT_EQ(server.stop(SIGTERM), 0);
+}
+
+TEST_F(Serve, AFullQueueAnswers503WithRetryAfter) {
+  Server server({"--load", checkpoint_, "--max-batch", "4", "--max-queue", "1", "--max-wait-ms",
+                 "0", "--workers", "1"});
+  ASSERT_GT(server.port(), 0) << server.log();
+  std::vector<std::string> heavy(32, "A sentence that keeps the worker busy for a while.");
+  std::atomic<int> ok{0}, full{0}, other{0};
+  std::atomic<bool> retry_after{true};
+  std::mutex mu;
+  std::string others;
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 24; ++i) {
+    threads.emplace_back([&] {
+      auto c = server.client();
+      auto r = c.Post("/v1/classify", sentences_body(heavy), "application/json");
+      if (r && r->status == 200) {
+        ++ok;
+      } else if (r && r->status == 503) {
+        ++full;
+        if (r->get_header_value("Retry-After") != "1" ||
+            r->body.find("the queue is full") == std::string::npos) {
+          retry_after = false;
+        }
+      } else {
+        ++other;
+        std::lock_guard<std::mutex> lock(mu);
+        others += (r ? std::to_string(r->status) + " " + r->body : httplib::to_string(r.error())) +
+                  "; ";
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_GT(full.load(), 0);
+  EXPECT_GT(ok.load(), 0);
+  EXPECT_EQ(other.load(), 0) << others;
+  EXPECT_TRUE(retry_after.load());
+  // The server still answers afterwards.
+  auto r = server.client().Post("/v1/classify", sentences_body({"Still here."}), "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(server.stop(SIGTERM), 0);
+}
+
+TEST_F(Serve, SigtermAnswersInFlightRequestsThenExitsZero) {
+  // A batch waits 400 ms for company, so every request below is in flight at the signal.
+  Server server({"--load", checkpoint_, "--max-batch", "64", "--max-wait-ms", "400"});
+  ASSERT_GT(server.port(), 0) << server.log();
+  std::atomic<int> ok{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 8; ++i) {
+    threads.emplace_back([&, i] {
+      auto c = server.client();
+      auto r = c.Post("/v1/classify", sentences_body({"Request " + std::to_string(i) + "."}),
+                      "application/json");
+      if (r && r->status == 200) ++ok;
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  EXPECT_EQ(server.stop(SIGTERM), 0) << server.log();
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(ok.load(), 8);
+  EXPECT_NE(server.log().find("draining in-flight requests"), std::string::npos) << server.log();
+  // Nothing listens any more.
+  httplib::Client after("127.0.0.1", server.port());
+  after.set_connection_timeout(1, 0);
+  EXPECT_FALSE(after.Get("/healthz"));
+}
+
+TEST_F(Serve, Fp8WeightsServeFromAQuarterOfTheKernelBytes) {
+  const std::string fp8_dir = (dir_->path() / "ckpt-fp8").string();
+  const auto [code, out] = run(std::string(TE_SERVE_PATH) + " --load " + shell_quoted(checkpoint_) +
+                               " --export-fp8 " + shell_quoted(fp8_dir));
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("(fp8 kernels)"), std::string::npos) << out;
+  std::ifstream index(fs::path(fp8_dir) / "model.safetensors.index.json");
+  const json tensors = json::parse(index)["te"]["tensors"];
+  ASSERT_TRUE(tensors.contains("layer.mlp.wi_fp8_kernel"));
+  EXPECT_EQ(tensors["layer.mlp.wi_fp8_kernel"]["dtype"], "U8");
+  EXPECT_FALSE(tensors.contains("layer.mlp.wi_kernel"));
+
+  const std::vector<std::string> sentences = {"The cat sat on the mat.", "Mat the on sat.",
+                                              "John seems to be happy.", "John seems happy be."};
+  auto classify = [&](const std::vector<std::string>& args) {
+    Server server(args);
+    EXPECT_GT(server.port(), 0) << server.log();
+    auto r = server.client().Post("/v1/classify", sentences_body(sentences), "application/json");
+    EXPECT_TRUE(r && r->status == 200);
+    EXPECT_EQ(server.stop(SIGTERM), 0);
+    return std::make_pair(json::parse(r ? r->body : "{}"), server.log());
+  };
+  const auto [fp32, fp32_log] = classify({"--load", checkpoint_});
+  const auto [frozen, frozen_log] = classify({"--load", checkpoint_, "--fp8-weights"});
+  const auto [exported, exported_log] = classify({"--load", fp8_dir});
+  EXPECT_NE(frozen_log.find("(fp8 kernels)"), std::string::npos) << frozen_log;
+  EXPECT_NE(exported_log.find("(fp8 kernels)"), std::string::npos) << exported_log;
+  // Loading the exported codes gives exactly what freezing at load gives.
+  EXPECT_EQ(exported["probabilities"], frozen["probabilities"]);
+  for (std::size_t i = 0; i < sentences.size(); ++i) {
+    // E4M3 GEMMs move the probabilities by a few percent at most on this small model.
+    EXPECT_NEAR(frozen["probabilities"][i][1].get<double>(),
+                fp32["probabilities"][i][1].get<double>(), 0.05);
+    EXPECT_NE(frozen["probabilities"][i][1], fp32["probabilities"][i][1]);
+  }
+}
+
+TEST_F(Serve, BadCheckpointsAndPortsStopTheStartWithOneLineAndExitCode2) {
+  auto serve = [](const std::string& args) {
+    return run(std::string(TE_SERVE_PATH) + " --port 0 " + args);
+  };
+  const fs::path root = dir_->path();
+  auto expect_one_line = [](const std::pair<int, std::string>& r, const std::string& words) {
+    EXPECT_EQ(r.first, 2) << r.second;
+    EXPECT_NE(r.second.find("te-serve: error: "), std::string::npos) << r.second;
+    EXPECT_NE(r.second.find(words), std::string::npos) << r.second;
+    EXPECT_EQ(std::count(r.second.begin(), r.second.end(), '\n'), 1) << r.second;
+  };
+  expect_one_line(serve("--load " + shell_quoted((root / "missing").string())), "no checkpoint at");
+
+  // A damaged index.
+  fs::create_directories(root / "corrupt");
+  fs::copy(checkpoint_, root / "corrupt", fs::copy_options::recursive |
+                                               fs::copy_options::overwrite_existing);
+  std::ofstream(root / "corrupt" / "model.safetensors.index.json") << "{\"te\": {\"tens";
+  expect_one_line(serve("--load " + shell_quoted((root / "corrupt").string())), "is not JSON");
+
+  // Damaged data: a flipped byte deep in the file fails its checksum.
+  fs::create_directories(root / "flipped");
+  fs::copy(checkpoint_, root / "flipped", fs::copy_options::recursive |
+                                               fs::copy_options::overwrite_existing);
+  {
+    std::fstream f(root / "flipped" / "model.safetensors",
+                   std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-100, std::ios::end);
+    f.put('\x5a');
+  }
+  expect_one_line(serve("--load " + shell_quoted((root / "flipped").string())), "CRC");
+
+  // Another config: the index says hidden 48, the tensors are hidden 32.
+  fs::create_directories(root / "other");
+  fs::copy(checkpoint_, root / "other", fs::copy_options::recursive |
+                                             fs::copy_options::overwrite_existing);
+  {
+    const fs::path path = root / "other" / "model.safetensors.index.json";
+    json index = json::parse(std::ifstream(path));
+    index["extra"]["hidden_size"] = 48;
+    std::ofstream(path) << index.dump();
+  }
+  expect_one_line(serve("--load " + shell_quoted((root / "other").string())),
+                  "build the module with the checkpoint's sizes");
+
+  // Not a te-encoder checkpoint: no config.
+  fs::create_directories(root / "plain");
+  fs::copy(checkpoint_, root / "plain", fs::copy_options::recursive |
+                                             fs::copy_options::overwrite_existing);
+  {
+    const fs::path path = root / "plain" / "model.safetensors.index.json";
+    json index = json::parse(std::ifstream(path));
+    index["extra"] = json::object();
+    std::ofstream(path) << index.dump();
+  }
+  expect_one_line(serve("--load " + shell_quoted((root / "plain").string())), "'max_seq_len'");
+
+  // A port someone else holds.
+  Server holder({"--load", checkpoint_});
+  ASSERT_GT(holder.port(), 0);
+  const auto busy = run(std::string(TE_SERVE_PATH) + " --load " + shell_quoted(checkpoint_) +
+                        " --port " + std::to_string(holder.port()));
+  EXPECT_EQ(busy.first, 2) << busy.second;
+  EXPECT_NE(busy.second.find("cannot listen on 127.0.0.1:" + std::to_string(holder.port())),
+            std::string::npos)
+      << busy.second;
+  EXPECT_EQ(holder.stop(SIGTERM), 0);
+}
+
+TEST(ServeHelp, DescribesEveryOption) {
+  const auto [code, out] = run(std::string(TE_SERVE_PATH) + " --help");
+  EXPECT_EQ(code, 0);
+  for (const char* option :
+       {"--load", "--host", "--port", "--workers", "--max-batch", "--max-wait-ms", "--max-queue",
+        "--max-request-sentences", "--max-body-bytes", "--fp8-weights", "--export-fp8", "--eval",
+        "POST /v1/classify", "GET /metrics", "SIGTERM"}) {
+    EXPECT_NE(out.find(option), std::string::npos) << option;
+  }
+}
+
+}  // namespace
