@@ -47,8 +47,32 @@ void EncoderClassifierImpl::pretty_print(std::ostream& stream) const {
          << ", mlp=" << options.mlp_hidden_size << ", heads=" << options.num_attention_heads << ")";
 }
 
+void EncoderClassifierImpl::freeze_fp8_embedding(bool empty) {
+  if (embedding_fp8.defined()) return;
+  TE_CHECK(embedding.defined(), "EncoderClassifier: no embedding table to freeze");
+  te::fp8::Fp8Tensor q;
+  if (empty) {
+    q.data = at::zeros(embedding.sizes(), at::kByte);
+    q.scale_inv = at::ones({1});
+  } else {
+    at::NoGradGuard no_grad;
+    const at::Tensor table = embedding.detach().to(at::kFloat).contiguous();
+    const float amax = te::fp8::amax(table).item<float>();
+    const float scale = te::fp8::compute_scale(amax, 1.0f, te::fp8::max_finite(te::fp8::DType::kE4M3), 0);
+    q = te::fp8::quantize(table, at::full({1}, scale), te::fp8::DType::kE4M3);
+  }
+  embedding_fp8 = register_buffer("embedding_fp8", q.data);
+  embedding_fp8_scale_inv = register_buffer("embedding_fp8_scale_inv", q.scale_inv);
+  parameters_.erase("embedding");
+  embedding = at::Tensor();
+}
+
 at::Tensor EncoderClassifierImpl::forward(const at::Tensor& ids, const at::Tensor& mask) {
-  at::Tensor x = at::embedding(embedding, ids);
+  at::Tensor x = embedding_fp8.defined()
+                     ? te::fp8::Fp8Tensor{at::embedding(embedding_fp8, ids),
+                                          embedding_fp8_scale_inv, te::fp8::DType::kE4M3}
+                           .dequantize()
+                     : at::embedding(embedding, ids);
   x = layer(x, mask);
   x = x.reshape({x.size(0), -1});
   return head(dense_2(dense_1(x)));

@@ -42,8 +42,14 @@ class EncoderClassifierImpl : public torch::nn::Cloneable<EncoderClassifierImpl>
   /// batch rows (under the rules in scope) and the logits come back as a DTensor.
   te::DTensor forward_on_mesh(const at::Tensor& ids, const at::Tensor& mask);
 
+  /// Serving: holds the embedding table as E4M3 codes and a scale (buffers embedding_fp8 and
+  /// embedding_fp8_scale_inv; rows are decoded as they are looked up) and releases the fp32
+  /// table. With `empty`, lays the buffers out for a checkpoint saved after this call.
+  void freeze_fp8_embedding(bool empty = false);
+
   EncoderOptions options;
   at::Tensor embedding;  // [vocab, hidden], replicated
+  at::Tensor embedding_fp8, embedding_fp8_scale_inv;  // after freeze_fp8_embedding
   te::nn::TransformerLayer layer{nullptr};
   te::nn::Dense dense_1{nullptr}, dense_2{nullptr}, head{nullptr};
 };

@@ -156,11 +156,17 @@ Classifier::Classifier(const std::string& dir, bool fp8_weights) {
   });
   try {
     model_ = encoder::EncoderClassifier(options_);
-    if (saved_fp8) te::nn::prepare_fp8_weights(*model_);
+    if (saved_fp8) {
+      te::nn::prepare_fp8_weights(*model_);
+      model_->freeze_fp8_embedding(/*empty=*/true);
+    }
     te::nn::CheckpointLoadOptions load;
     load.restore_rng_state = false;
     te::nn::load_checkpoint(*model_, dir, load);
-    if (fp8_weights && !saved_fp8) te::nn::freeze_fp8_weights(*model_);
+    if (fp8_weights && !saved_fp8) {
+      te::nn::freeze_fp8_weights(*model_);
+      model_->freeze_fp8_embedding();
+    }
   } catch (const te::Error& e) {
     throw encoder::InputError("--load " + dir + ": " + e.what());
   }
@@ -233,9 +239,10 @@ void Metrics::latency(double seconds) {
   latency_.observe(seconds);
 }
 
-void Metrics::batch(int64_t sentences) {
+void Metrics::batch(int64_t sentences, double seconds) {
   std::lock_guard<std::mutex> lock(mu_);
   batch_.observe(static_cast<double>(sentences));
+  model_seconds_ += seconds;
 }
 
 void Metrics::set_queue_depth(int64_t requests) {
@@ -252,7 +259,7 @@ namespace {
 
 std::string number(double v) {
   std::ostringstream s;
-  s.precision(17);
+  s.precision(10);
   s << v;
   return s.str();
 }
@@ -287,6 +294,10 @@ std::string Metrics::render() const {
                    latency_.counts, latency_.sum, latency_.count);
   render_histogram(out, "te_serve_batch_size", "Sentences per model call.", batch_.bounds,
                    batch_.counts, batch_.sum, batch_.count);
+  out << "# HELP te_serve_model_seconds_total Time the workers spent in model calls.\n"
+         "# TYPE te_serve_model_seconds_total counter\n"
+         "te_serve_model_seconds_total "
+      << number(model_seconds_) << "\n";
   out << "# HELP te_serve_queue_depth Requests waiting for a worker.\n"
          "# TYPE te_serve_queue_depth gauge\n"
          "te_serve_queue_depth "
@@ -387,8 +398,11 @@ void Batcher::work(int /*index*/) {
             std::min(all.size(), start + static_cast<std::size_t>(options_.max_batch));
         const std::vector<std::string> part(all.begin() + static_cast<std::ptrdiff_t>(start),
                                             all.begin() + static_cast<std::ptrdiff_t>(end));
+        const auto began = std::chrono::steady_clock::now();
         Classification c = classifier_.classify(part);
-        metrics_.batch(static_cast<int64_t>(part.size()));
+        metrics_.batch(static_cast<int64_t>(part.size()),
+                       std::chrono::duration<double>(std::chrono::steady_clock::now() - began)
+                           .count());
         result.labels.insert(result.labels.end(), c.labels.begin(), c.labels.end());
         result.probabilities.insert(result.probabilities.end(), c.probabilities.begin(),
                                     c.probabilities.end());

@@ -55,7 +55,8 @@ struct Classification {
 class Classifier {
  public:
   /// Loads `dir` (a checkpoint te-encoder saved on any layout, or one exported with FP8
-  /// weights). With `fp8_weights` the GEMM kernels are held in FP8 (te::nn::freeze_fp8_weights).
+  /// weights). With `fp8_weights` the GEMM kernels (te::nn::freeze_fp8_weights) and the
+  /// embedding table are held in FP8.
   /// encoder::InputError naming the problem for a missing or damaged checkpoint or one whose
   /// config is not a te-encoder classifier's.
   Classifier(const std::string& dir, bool fp8_weights);
@@ -88,7 +89,8 @@ class Metrics {
   Metrics();
   void request(const std::string& path, int status);
   void latency(double seconds);
-  void batch(int64_t sentences);
+  /// One model call: its sentences and its duration.
+  void batch(int64_t sentences, double seconds);
   void set_queue_depth(int64_t requests);
   void set_gauge(const std::string& name, const std::string& help, double value);
   std::string render() const;
@@ -104,6 +106,7 @@ class Metrics {
   mutable std::mutex mu_;
   std::map<std::pair<std::string, int>, int64_t> requests_;
   Histogram latency_, batch_;
+  double model_seconds_ = 0;
   int64_t queue_depth_ = 0;
   std::map<std::string, std::pair<std::string, double>> gauges_;
 };

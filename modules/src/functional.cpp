@@ -1,8 +1,11 @@
 #include "te/nn/functional.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <Eigen/Core>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "te/compat.h"
@@ -31,6 +34,69 @@ at::Tensor mm_any(const at::Tensor& a, const at::Tensor& b) {
     return at::matmul(a.to(at::kFloat), b.to(at::kFloat)).to(at::kHalf);
   }
   return at::matmul(a, b);
+}
+
+// Batched a @ b (a [..., M, K], b [..., K, N], the same leading dims) for attention's many small
+// fp32 GEMMs on the CPU. LibTorch's CPU bmm without MKL runs one select + mm per batch item
+// (~10 us each: most of an attention's time at B x H = 256); here each item is one Eigen product
+// on mapped memory, the items spread over the intra-op threads. Forward and backward (which is
+// two more such products) take this path with or without autograd, so a result does not depend
+// on whether gradients are being recorded.
+bool small_bmm_applies(const at::Tensor& a, const at::Tensor& b) {
+  return a.device().is_cpu() && a.scalar_type() == at::kFloat &&
+         b.scalar_type() == at::kFloat && a.dim() >= 3 && a.dim() == b.dim() &&
+         a.sizes().slice(0, a.dim() - 2) == b.sizes().slice(0, b.dim() - 2);
+}
+
+at::Tensor small_bmm(const at::Tensor& a_in, const at::Tensor& b_in) {
+  using Matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  const at::Tensor a = a_in.contiguous(), b = b_in.contiguous();
+  const int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
+  std::vector<int64_t> sizes(a.sizes().begin(), a.sizes().end());
+  sizes.back() = n;
+  at::Tensor c = at::empty(sizes, a.options());
+  const int64_t items = m * k == 0 ? 0 : a.numel() / (m * k);
+  const float* pa = a.data_ptr<float>();
+  const float* pb = b.data_ptr<float>();
+  float* pc = c.data_ptr<float>();
+  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, m * n * k));
+  at::parallel_for(0, items, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      Eigen::Map<const Matrix> ma(pa + i * m * k, m, k);
+      Eigen::Map<const Matrix> mb(pb + i * k * n, k, n);
+      Eigen::Map<Matrix> mc(pc + i * m * n, m, n);
+      mc.noalias() = ma * mb;
+    }
+  });
+  return c;
+}
+
+class SmallBmm : public torch::autograd::Function<SmallBmm> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& a,
+                            const at::Tensor& b) {
+    ctx->save_for_backward({a, b});
+    return small_bmm(a, b);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& a = saved[0];
+    const at::Tensor& b = saved[1];
+    const at::Tensor& g = grads[0];
+    at::Tensor ga, gb;
+    if (ctx->needs_input_grad(0)) ga = small_bmm(g, b.transpose(-1, -2));
+    if (ctx->needs_input_grad(1)) gb = small_bmm(a.transpose(-1, -2), g);
+    return {ga, gb};
+  }
+};
+
+at::Tensor attention_mm(const at::Tensor& a, const at::Tensor& b) {
+  if (!small_bmm_applies(a, b)) return mm_any(a, b);
+  if (at::GradMode::is_enabled() && (a.requires_grad() || b.requires_grad())) {
+    return SmallBmm::apply(a, b);
+  }
+  return small_bmm(a, b);
 }
 
 // Reduces every Partial mesh dim (to Replicate).
@@ -479,7 +545,7 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k_in, const at::Tens
 #else
   (void)fused;
 #endif
-  at::Tensor logits = mm_any(q.transpose(1, 2), k.permute({0, 2, 3, 1}));
+  at::Tensor logits = attention_mm(q.transpose(1, 2), k.permute({0, 2, 3, 1}));
   // TE's default (scaled query init, unscaled logits) multiplies by 1: skip the pass.
   if (scale != 1.0) logits = logits * scale;
   if (on_logits) logits = on_logits(logits);
@@ -490,7 +556,7 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k_in, const at::Tens
                                          global_heads ? global_heads : probs.size(1), sq, sk};
     probs = functional::dropout(probs, dropout, true, global, {batch_offset, head_offset, 0, 0});
   }
-  return mm_any(probs, v.transpose(1, 2)).transpose(1, 2);
+  return attention_mm(probs, v.transpose(1, 2)).transpose(1, 2);
 }
 
 DTensor elementwise(const DTensor& x_in, const std::function<at::Tensor(const at::Tensor&)>& fn) {

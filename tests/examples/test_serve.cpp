@@ -211,7 +211,7 @@ TEST_F(Serve, AnswersGoodRequestsAndRefusesBadOnesWithTheirStatus) {
         "te_serve_requests_total{path=\"/v1/classify\",status=\"413\"} 2",
         "te_serve_requests_total{path=\"/v2/classify\",status=\"404\"} 1",
         "# TYPE te_serve_request_duration_seconds histogram", "te_serve_batch_size_count 10",
-        "te_serve_batch_size_bucket{le=\"4\"} 10", "te_serve_queue_depth 0",
+        "te_serve_batch_size_bucket{le=\"4\"} 10", "te_serve_queue_depth 0", "te_serve_model_seconds_total ",
         "te_serve_resident_bytes ", "te_serve_weight_bytes "}) {
     EXPECT_NE(metrics->body.find(line), std::string::npos) << "missing: " << line << "\n"
                                                            << metrics->body;
@@ -334,17 +334,19 @@ TEST_F(Serve, SigtermAnswersInFlightRequestsThenExitsZero) {
   EXPECT_FALSE(after.Get("/healthz"));
 }
 
-TEST_F(Serve, Fp8WeightsServeFromAQuarterOfTheKernelBytes) {
+TEST_F(Serve, Fp8WeightsServeFromAQuarterOfTheBytes) {
   const std::string fp8_dir = (dir_->path() / "ckpt-fp8").string();
   const auto [code, out] = run(std::string(TE_SERVE_PATH) + " --load " + shell_quoted(checkpoint_) +
                                " --export-fp8 " + shell_quoted(fp8_dir));
   ASSERT_EQ(code, 0) << out;
-  EXPECT_NE(out.find("(fp8 kernels)"), std::string::npos) << out;
+  EXPECT_NE(out.find("(fp8)"), std::string::npos) << out;
   std::ifstream index(fs::path(fp8_dir) / "model.safetensors.index.json");
   const json tensors = json::parse(index)["te"]["tensors"];
   ASSERT_TRUE(tensors.contains("layer.mlp.wi_fp8_kernel"));
   EXPECT_EQ(tensors["layer.mlp.wi_fp8_kernel"]["dtype"], "U8");
   EXPECT_FALSE(tensors.contains("layer.mlp.wi_kernel"));
+  EXPECT_EQ(tensors["embedding_fp8"]["dtype"], "U8");
+  EXPECT_FALSE(tensors.contains("embedding"));
 
   const std::vector<std::string> sentences = {"The cat sat on the mat.", "Mat the on sat.",
                                               "John seems to be happy.", "John seems happy be."};
@@ -359,8 +361,8 @@ TEST_F(Serve, Fp8WeightsServeFromAQuarterOfTheKernelBytes) {
   const auto [fp32, fp32_log] = classify({"--load", checkpoint_});
   const auto [frozen, frozen_log] = classify({"--load", checkpoint_, "--fp8-weights"});
   const auto [exported, exported_log] = classify({"--load", fp8_dir});
-  EXPECT_NE(frozen_log.find("(fp8 kernels)"), std::string::npos) << frozen_log;
-  EXPECT_NE(exported_log.find("(fp8 kernels)"), std::string::npos) << exported_log;
+  EXPECT_NE(frozen_log.find("(fp8)"), std::string::npos) << frozen_log;
+  EXPECT_NE(exported_log.find("(fp8)"), std::string::npos) << exported_log;
   // Loading the exported codes gives exactly what freezing at load gives.
   EXPECT_EQ(exported["probabilities"], frozen["probabilities"]);
   for (std::size_t i = 0; i < sentences.size(); ++i) {

@@ -6,6 +6,8 @@
 #include <c10/core/InferenceMode.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -101,6 +103,62 @@ TEST(SharedModule, ThirtyTwoThreadsUnderTheirOwnScopesGetTheSequentialResults) {
     EXPECT_EQ(rules_seen[i], "PartitionSpec('axis" + std::to_string(i) + "', None)");
   }
   expect_unchanged(before, *layer);
+}
+
+// Every te::nn module, shared by 32 threads: even threads under their own rules, odd ones under a
+// MeshResource alone (Transformer Engine's table, the deprecated fallback that warns once).
+TEST(SharedModule, EveryModuleTypeIsSafeToCallFromManyThreads) {
+  manual_seed(11);
+  Dense dense(DenseOptions(64, 96).input_axes({"batch", "seqlen", "hidden"}));
+  LayerNormDense ln_dense(64, 96);
+  LayerNormMLP mlp(LayerNormMLPOptions(64, 128).activations({"gelu", "linear"}));
+  MultiHeadAttention mha(64, 4);
+  TransformerLayer decoder(
+      TransformerLayerOptions(64, 128, 4).layer_type("decoder").self_attn_mask_type("causal"));
+  std::vector<std::pair<std::string, std::function<at::Tensor(const at::Tensor&)>>> modules = {
+      {"Dense", [&](const at::Tensor& x) { return dense(x); }},
+      {"LayerNormDense", [&](const at::Tensor& x) { return ln_dense(x); }},
+      {"LayerNormMLP", [&](const at::Tensor& x) { return mlp(x); }},
+      {"MultiHeadAttention", [&](const at::Tensor& x) { return mha(x); }},
+      {"TransformerLayer(decoder)", [&](const at::Tensor& x) { return decoder(x, at::Tensor(), x, at::zeros({2, 1, 8, 8}, at::kBool)); }}};
+  for (torch::nn::Module* m :
+       {static_cast<torch::nn::Module*>(dense.get()), static_cast<torch::nn::Module*>(ln_dense.get()),
+        static_cast<torch::nn::Module*>(mlp.get()), static_cast<torch::nn::Module*>(mha.get()),
+        static_cast<torch::nn::Module*>(decoder.get())}) {
+    m->eval();
+  }
+  reset_deprecation_warnings();
+  std::atomic<int> warnings{0};
+  const WarningHandler previous = set_warning_handler([&](std::string_view) { ++warnings; });
+  auto scoped = [](int i, const std::function<at::Tensor()>& fn) {
+    const std::string name = "axis" + std::to_string(i);
+    DeviceMesh mesh({1}, {name});
+    MeshScope mesh_scope(mesh);
+    if (i % 2 == 0) {
+      AxisRulesScope rules(AxisRules{{"batch", {name}}, {"hidden", {name}}});
+      return fn();
+    }
+    MeshResourceScope resource(parse_mesh_resource("dp=" + name));
+    return fn();
+  };
+  for (const auto& [what, forward] : modules) {
+    std::vector<at::Tensor> inputs, expected(kThreads), got(kThreads);
+    for (int i = 0; i < kThreads; ++i) inputs.push_back(randn({2, 8, 64}, 400 + i));
+    for (int i = 0; i < kThreads; ++i) {
+      expected[i] = scoped(i, [&, i] { return forward(inputs[i]); });
+    }
+    on_threads([&](int i) {
+      c10::InferenceMode inference;
+      got[i] = scoped(i, [&, i] { return forward(inputs[i]); });
+    });
+    for (int i = 0; i < kThreads; ++i) {
+      EXPECT_TRUE(at::equal(got[i], expected[i]))
+          << what << ", thread " << i << ": largest difference "
+          << (got[i] - expected[i]).abs().max().item<float>();
+    }
+  }
+  set_warning_handler(previous);
+  EXPECT_EQ(warnings.load(), 1);  // the fallback warns once per process, whatever the threads
 }
 
 TEST(SharedModule, Fp8DelayedScalingUnderInferenceModeGetsTheSequentialResults) {
