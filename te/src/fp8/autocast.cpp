@@ -386,8 +386,9 @@ at::Tensor frozen_linear(const at::Tensor& x, const GemmMeta& meta) {
     x_scale = meta.fwd_scale.narrow(0, 0, 1).to(at::kFloat).clone();
   }
   const Fp8Tensor xq = quantize(x2.to(at::kFloat), x_scale, DType::kE4M3);
-  const Fp8Tensor wq{codes.reshape({codes.size(0), -1}), meta.frozen_kernel_scale_inv,
-                     DType::kE4M3};
+  // module->to(dtype) converts floating buffers; the scale stays fp32 here.
+  const Fp8Tensor wq{codes.reshape({codes.size(0), -1}),
+                     meta.frozen_kernel_scale_inv.to(at::kFloat), DType::kE4M3};
   std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end() - 1);
   out_shape.insert(out_shape.end(), codes.sizes().begin() + 1, codes.sizes().end());
   return gemm(xq, wq).reshape(out_shape).to(x.scalar_type());
