@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The te-serve load test: wrk on loopback, 64 connections, one sentence per request (CoLA dev
-# sentences in turn), 30 s per configuration: dynamic batching with fp32 and FP8 weights on 1 and
-# 2 workers, and batch size 1 beside them. Prints a Markdown table; exits 1 on any error.
+# sentences in turn), 30 s per configuration: fp32 and FP8 weights on 1 and 2 workers, batch size
+# 1 (--max-batch 1) beside dynamic batching (the defaults: max batch 32, max wait 5 ms). Prints a
+# Markdown table; exits 1 on any error.
 #   scripts/serve-load.sh CHECKPOINT [SECONDS]     (build first: scripts/build.sh)
+#   TE_LOAD_ONLY=name TE_LOAD_ARGS='--workers 2' scripts/serve-load.sh CHECKPOINT   (one row)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ckpt=${1:?usage: scripts/serve-load.sh CHECKPOINT [SECONDS]}
@@ -57,8 +59,10 @@ echo "|---|---|---|---|---|---|---|---|"
 [ -n "${TE_LOAD_ONLY:-}" ] && { run "$TE_LOAD_ONLY" ${TE_LOAD_ARGS}; exit $errors; }
 run "fp32, 1 worker, batch size 1" --workers 1 --max-batch 1 --max-wait-ms 0
 run "fp32, 1 worker, dynamic batching" --workers 1
+run "fp32, 2 workers, batch size 1" --workers 2 --max-batch 1 --max-wait-ms 0
 run "fp32, 2 workers, dynamic batching" --workers 2
 run "fp8 weights, 1 worker, batch size 1" --workers 1 --max-batch 1 --max-wait-ms 0 --fp8-weights
 run "fp8 weights, 1 worker, dynamic batching" --workers 1 --fp8-weights
+run "fp8 weights, 2 workers, batch size 1" --workers 2 --max-batch 1 --max-wait-ms 0 --fp8-weights
 run "fp8 weights, 2 workers, dynamic batching" --workers 2 --fp8-weights
 exit $errors
