@@ -22,9 +22,6 @@ using Placements = std::vector<Placement>;
 
 std::vector<int64_t> shape_of(const at::Tensor& t) { return {t.sizes().begin(), t.sizes().end()}; }
 
-// The layout gradients take (Partial becomes Replicate).
-Placement grad_of(const Placement& p) { return is_partial(p) ? Placement{Replicate{}} : p; }
-
 // a @ b for any floating dtype. LibTorch 1.13's CPU has no fp16 GEMM ("addmm_impl_cpu_" not
 // implemented for 'Half'): fp16 operands on the CPU are widened to fp32 (exact), multiplied
 // there (fp32 accumulation, as TE's GEMMs do) and the result rounded to fp16 once. Autograd

@@ -59,9 +59,16 @@ void print_layout(const char* title, const te::MeshResource& resource) {
 }
 
 int demo() {
+  // The table fallback warns once per process. Let it warn here, before any of the table is
+  // printed: stderr is unbuffered and stdout is not, so a warning raised by the first row would
+  // land in the middle of the table.
+  {
+    te::MeshResourceScope resource(te::parse_mesh_resource("dp=data"));
+    te::resolve_logical_axes({"batch"});
+  }
+  std::cerr.flush();
   std::cout << "How a TransformerLayer's logical constraints resolve under each parallel layout\n"
                "(TE's default table from the MeshResource alone):\n\n";
-  // The table fallback warns once; the demo shows that warning deliberately, once, up front.
   print_layout("data parallel", te::parse_mesh_resource("dp=data"));
   print_layout("FSDP", te::parse_mesh_resource("fsdp=fsdp"));
   print_layout("tensor parallel", te::parse_mesh_resource("tp=model"));
