@@ -1,6 +1,6 @@
 #pragma once
 
-// FP8: formats, tensors, scaling recipes and the autocast region (DESIGN.md §3).
+// FP8: formats, tensors, scaling recipes and the autocast region (docs/ARCHITECTURE.md §5).
 //
 //   te::Fp8Autocast fp8(true, te::fp8::DelayedScaling{}, te::parse_mesh_resource("dp=data"));
 //   auto y = layer(x);   // Dense, LayerNormDense, LayerNormMLP, attention: GEMMs in FP8
@@ -39,7 +39,7 @@ enum class Format { kE4M3, kHybrid };
 DType forward_dtype(Format format);
 DType backward_dtype(Format format);
 
-/// Scales from a history of amaxes (DESIGN §3). Per update: the new amax is in history[0];
+/// Scales from a history of amaxes (docs/ARCHITECTURE.md §5). Per update: the new amax is in history[0];
 /// amax = max(history) ("max") or history[0] ("most_recent"); scale = (fp8_max / amax) / 2^margin,
 /// keeping the old scale when amax <= 0 or is not finite; then the history rolls by -1 and
 /// history[0] is zeroed for the next step's amax.

@@ -1,4 +1,4 @@
-// Fp8Autocast, the FP8 state of a GEMM, the FP8 linear op and the amax reduction (DESIGN §3).
+// Fp8Autocast, the FP8 state of a GEMM, the FP8 linear op and the amax reduction (docs/ARCHITECTURE.md §5).
 
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>

@@ -1,4 +1,4 @@
-// FP8 formats and the scaling recipes' arithmetic (DESIGN.md §3).
+// FP8 formats and the scaling recipes' arithmetic (docs/ARCHITECTURE.md §5).
 
 #include <ATen/ATen.h>
 
