@@ -1,7 +1,8 @@
 // te-serve's model call (tokenize, pad, forward under InferenceMode, softmax) per batch size, for
 // fp32 and FP8 weights, on 1 and 2 intra-op threads: sentences/s (items_per_second). The rate at
-// batch 32 over the rate at batch 1 is the most dynamic batching can gain on this machine. The model is te-encoder's CoLA classifier (random
-// weights with calibrated FP8 scales, written to a temporary checkpoint), on CoLA dev sentences.
+// batch 32 over the rate at batch 1 is the most dynamic batching can gain on this machine. The
+// model is te-encoder's CoLA classifier (random weights with calibrated FP8 scales, written to a
+// temporary checkpoint), on CoLA dev sentences.
 #include <ATen/ATen.h>
 #include <benchmark/benchmark.h>
 #include <c10/core/InferenceMode.h>
@@ -35,15 +36,13 @@ struct Fixture {
       te::Fp8Autocast calibrate(false, te::fp8::DelayedScaling{}, std::nullopt, true);
       const auto batch = encoder::encode(train, vocab, options.max_seq_len);
       const at::Tensor ids = batch.ids.narrow(0, 0, 256);
-      model->forward(ids, encoder::padding_mask(batch.lengths.narrow(0, 0, 256),
-                                                options.max_seq_len));
+      model->forward(ids,
+                     encoder::padding_mask(batch.lengths.narrow(0, 0, 256), options.max_seq_len));
     }
-    const nlohmann::json config = {{"vocabulary", vocab.words()},
-                                   {"max_seq_len", options.max_seq_len},
-                                   {"hidden_size", options.hidden_size},
-                                   {"mlp_hidden_size", options.mlp_hidden_size},
-                                   {"heads", options.num_attention_heads},
-                                   {"mlp_activations", "relu"}};
+    const nlohmann::json config = {
+        {"vocabulary", vocab.words()},          {"max_seq_len", options.max_seq_len},
+        {"hidden_size", options.hidden_size},   {"mlp_hidden_size", options.mlp_hidden_size},
+        {"heads", options.num_attention_heads}, {"mlp_activations", "relu"}};
     te::nn::save_checkpoint(*model, dir.string(), config.dump());
     fp32 = std::make_unique<serve::Classifier>(dir.string(), false);
     fp8 = std::make_unique<serve::Classifier>(dir.string(), true);

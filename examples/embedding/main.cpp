@@ -81,8 +81,9 @@ int main() {
 
   int same = 0;
   for (std::size_t i = 0; i < requests.size(); ++i) same += at::equal(shared[i], alone[i]);
-  std::printf("embedding: %d FP8 kernels; %d of %zu requests on %d threads equal the calls made "
-              "alone; worker rules: %s\n",
-              static_cast<int>(frozen), same, requests.size(), kThreads, seen[0].c_str());
+  std::printf(
+      "embedding: %d FP8 kernels; %d of %zu requests on %d threads equal the calls made "
+      "alone; worker rules: %s\n",
+      static_cast<int>(frozen), same, requests.size(), kThreads, seen[0].c_str());
   return same == static_cast<int>(requests.size()) ? 0 : 1;
 }

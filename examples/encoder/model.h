@@ -48,7 +48,7 @@ class EncoderClassifierImpl : public torch::nn::Cloneable<EncoderClassifierImpl>
   void freeze_fp8_embedding(bool empty = false);
 
   EncoderOptions options;
-  at::Tensor embedding;  // [vocab, hidden], replicated
+  at::Tensor embedding;                               // [vocab, hidden], replicated
   at::Tensor embedding_fp8, embedding_fp8_scale_inv;  // after freeze_fp8_embedding
   te::nn::TransformerLayer layer{nullptr};
   te::nn::Dense dense_1{nullptr}, dense_2{nullptr}, head{nullptr};

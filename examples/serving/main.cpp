@@ -3,14 +3,16 @@
 //   te-serve --load ckpt --port 8080
 //   curl -s localhost:8080/v1/classify -d '{"sentences": ["The cat sat on the mat."]}'
 
-#include <CLI/CLI.hpp>
 #include <httplib.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <string>
@@ -60,7 +62,8 @@ int evaluate(const serve::Classifier& classifier, const std::string& path, int64
     }
   }
   const double n = static_cast<double>(examples.size());
-  const double denom = std::sqrt(double(tp + fp) * double(tp + fn) * double(tn + fp) * double(tn + fn));
+  const double denom =
+      std::sqrt(double(tp + fp) * double(tp + fn) * double(tn + fp) * double(tn + fn));
   std::printf("eval %s: %zu sentences, accuracy %.4f, mcc %.4f (%s weights)\n", path.c_str(),
               examples.size(), double(correct) / n,
               denom > 0 ? (double(tp) * double(tn) - double(fp) * double(fn)) / denom : 0.0,
@@ -86,7 +89,9 @@ int serve_http(const serve::Classifier& classifier, const Args& args) {
 
   httplib::Server server;
   const int pool = args.http_threads;
-  server.new_task_queue = [pool] { return new httplib::ThreadPool(static_cast<std::size_t>(pool)); };
+  server.new_task_queue = [pool] {
+    return new httplib::ThreadPool(static_cast<std::size_t>(pool));
+  };
   server.set_payload_max_length(args.max_body_bytes);
   server.set_keep_alive_max_count(1000);
   // Headers and body go out in two writes; with Nagle on, the second waits for the client's
@@ -108,7 +113,8 @@ int serve_http(const serve::Classifier& classifier, const Args& args) {
     } catch (const std::exception& e) {
       json_error(res, 500, std::string("classification failed: ") + e.what());
     }
-    metrics.latency(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    metrics.latency(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   });
   server.Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
     res.set_content("{\"status\":\"ok\"}", "application/json");
@@ -121,14 +127,16 @@ int serve_http(const serve::Classifier& classifier, const Args& args) {
   server.set_error_handler([&](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
     if (res.status == 413) {
-      json_error(res, 413, "the body is over " + std::to_string(args.max_body_bytes) +
-                               " bytes (--max-body-bytes); split the request");
+      json_error(res, 413,
+                 "the body is over " + std::to_string(args.max_body_bytes) +
+                     " bytes (--max-body-bytes); split the request");
     } else if (res.status == 404) {
-      json_error(res, 404, "no endpoint " + req.method + " " + req.path +
-                               "; use POST /v1/classify, GET /healthz or GET /metrics");
+      json_error(res, 404,
+                 "no endpoint " + req.method + " " + req.path +
+                     "; use POST /v1/classify, GET /healthz or GET /metrics");
     } else {
-      json_error(res, res.status, "the request could not be served (HTTP " +
-                                      std::to_string(res.status) + ")");
+      json_error(res, res.status,
+                 "the request could not be served (HTTP " + std::to_string(res.status) + ")");
     }
   });
   server.set_logger([&](const httplib::Request& req, const httplib::Response& res) {
@@ -177,10 +185,10 @@ int serve_http(const serve::Classifier& classifier, const Args& args) {
     server.stop();
   });
 
-  std::cout << "te-serve: listening on http://" << args.host << ":" << port << " ("
-            << args.workers << " worker" << (args.workers == 1 ? "" : "s") << ", max batch "
-            << args.max_batch << ", max wait " << args.max_wait_ms << " ms, queue "
-            << args.max_queue << ")" << std::endl;
+  std::cout << "te-serve: listening on http://" << args.host << ":" << port << " (" << args.workers
+            << " worker" << (args.workers == 1 ? "" : "s") << ", max batch " << args.max_batch
+            << ", max wait " << args.max_wait_ms << " ms, queue " << args.max_queue << ")"
+            << std::endl;
   const bool ok = server.listen_after_bind();
   // The HTTP threads have finished their requests; the batcher answers anything still queued.
   batcher.stop();
@@ -258,16 +266,16 @@ int main(int argc, char** argv) {
   try {
     const auto start = std::chrono::steady_clock::now();
     const int64_t resident_before = serve::resident_bytes();
-    const serve::Classifier classifier(args.load_dir,
-                                       args.fp8_weights || !args.export_fp8.empty());
+    const serve::Classifier classifier(args.load_dir, args.fp8_weights || !args.export_fp8.empty());
     const double load_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const int64_t resident = serve::resident_bytes();
-    std::printf("te-serve: loaded %s in %.2f s: weights %.2f MiB (%s), checkpoint %.2f MiB, "
-                "resident %.1f MiB (%+.1f MiB for loading)\n",
-                args.load_dir.c_str(), load_s, mib(classifier.weight_bytes()),
-                classifier.fp8_weights() ? "fp8" : "fp32", mib(classifier.checkpoint_bytes()),
-                mib(resident), mib(resident - resident_before));
+    std::printf(
+        "te-serve: loaded %s in %.2f s: weights %.2f MiB (%s), checkpoint %.2f MiB, "
+        "resident %.1f MiB (%+.1f MiB for loading)\n",
+        args.load_dir.c_str(), load_s, mib(classifier.weight_bytes()),
+        classifier.fp8_weights() ? "fp8" : "fp32", mib(classifier.checkpoint_bytes()),
+        mib(resident), mib(resident - resident_before));
     std::fflush(stdout);
     if (!args.export_fp8.empty()) {
       classifier.save(args.export_fp8);

@@ -286,8 +286,8 @@ std::string Metrics::render() const {
   out << "# HELP te_serve_requests_total HTTP requests answered, by path and status.\n"
          "# TYPE te_serve_requests_total counter\n";
   for (const auto& [key, n] : requests_) {
-    out << "te_serve_requests_total{path=\"" << key.first << "\",status=\"" << key.second
-        << "\"} " << n << "\n";
+    out << "te_serve_requests_total{path=\"" << key.first << "\",status=\"" << key.second << "\"} "
+        << n << "\n";
   }
   render_histogram(out, "te_serve_request_duration_seconds",
                    "Time from receiving a classify request to its answer.", latency_.bounds,
@@ -376,8 +376,8 @@ void Batcher::work(int /*index*/) {
           batch.push_back(std::move(queue_.front()));
           queue_.pop_front();
         }
-        const bool full = sentences >= options_.max_batch ||
-                          (!queue_.empty());  // the next request does not fit
+        const bool full =
+            sentences >= options_.max_batch || (!queue_.empty());  // the next request does not fit
         if (full || stopping_ ||
             !ready_.wait_until(lock, deadline, [this] { return stopping_ || !queue_.empty(); })) {
           break;
@@ -400,9 +400,9 @@ void Batcher::work(int /*index*/) {
                                             all.begin() + static_cast<std::ptrdiff_t>(end));
         const auto began = std::chrono::steady_clock::now();
         Classification c = classifier_.classify(part);
-        metrics_.batch(static_cast<int64_t>(part.size()),
-                       std::chrono::duration<double>(std::chrono::steady_clock::now() - began)
-                           .count());
+        metrics_.batch(
+            static_cast<int64_t>(part.size()),
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count());
         result.labels.insert(result.labels.end(), c.labels.begin(), c.labels.end());
         result.probabilities.insert(result.probabilities.end(), c.probabilities.begin(),
                                     c.probabilities.end());

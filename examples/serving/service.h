@@ -113,10 +113,10 @@ class Metrics {
 
 struct BatcherOptions {
   int workers = 1;
-  int64_t max_batch = 32;       // sentences per model call
-  double max_wait_ms = 5;       // how long a batch waits for more requests after its first
-  int64_t max_queue = 256;      // requests waiting; more are refused (503)
-  int threads_per_worker = 0;   // intra-op threads of each worker (0: cores / workers)
+  int64_t max_batch = 32;      // sentences per model call
+  double max_wait_ms = 5;      // how long a batch waits for more requests after its first
+  int64_t max_queue = 256;     // requests waiting; more are refused (503)
+  int threads_per_worker = 0;  // intra-op threads of each worker (0: cores / workers)
 };
 
 /// Dynamic batching: requests from many connections wait in one bounded queue; each worker takes

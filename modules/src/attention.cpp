@@ -259,8 +259,7 @@ void MultiHeadAttentionImpl::pretty_print(std::ostream& stream) const {
          << ", heads=" << options.num_attention_heads() << ", head_dim=" << head_dim();
   if (kv_heads() != options.num_attention_heads()) stream << ", gqa_groups=" << kv_heads();
   stream << ", mask=" << options.attn_mask_type() << ", "
-         << (options.self_attention() ? "self" : "cross")
-         << (qkv_fp8 ? ", fused_qkv" : "")
+         << (options.self_attention() ? "self" : "cross") << (qkv_fp8 ? ", fused_qkv" : "")
          << (options.enable_sequence_parallel() ? ", sequence_parallel" : "") << ")";
 }
 

@@ -2,8 +2,8 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <Eigen/Core>
 #include <torch/csrc/autograd/custom_function.h>
+#include <Eigen/Core>
 
 #include <algorithm>
 #include <cmath>
@@ -39,8 +39,8 @@ at::Tensor mm_any(const at::Tensor& a, const at::Tensor& b) {
 // on mapped memory, the items spread over the intra-op threads. The forward takes this path with
 // or without autograd, so an output does not depend on whether gradients are being recorded.
 bool small_bmm_applies(const at::Tensor& a, const at::Tensor& b) {
-  return a.device().is_cpu() && a.scalar_type() == at::kFloat &&
-         b.scalar_type() == at::kFloat && a.dim() >= 3 && a.dim() == b.dim() &&
+  return a.device().is_cpu() && a.scalar_type() == at::kFloat && b.scalar_type() == at::kFloat &&
+         a.dim() >= 3 && a.dim() == b.dim() &&
          a.sizes().slice(0, a.dim() - 2) == b.sizes().slice(0, b.dim() - 2);
 }
 
@@ -329,9 +329,9 @@ at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& gamma, const at::Te
         .to(x.scalar_type());
   }
   const at::Tensor xf = x.scalar_type() == at::kDouble ? x : x.to(at::kFloat);
-  at::Tensor y = (xf * at::rsqrt(xf.pow(2).mean({-1}, /*keepdim=*/true) + epsilon)).to(
-                     x.scalar_type()) *
-                 scale;
+  at::Tensor y =
+      (xf * at::rsqrt(xf.pow(2).mean({-1}, /*keepdim=*/true) + epsilon)).to(x.scalar_type()) *
+      scale;
   if (beta.defined()) y = y + beta;
   return y;
 }

@@ -2,11 +2,11 @@
 
 #include <ATen/ATen.h>
 
-#include <algorithm>
 #include <torch/csrc/autograd/grad_mode.h>
+#include <algorithm>
 
-#include "te/error.h"
 #include "te/distributed/mesh.h"
+#include "te/error.h"
 #include "te/sharding/context.h"
 
 namespace te::nn {
@@ -53,8 +53,8 @@ struct ParameterDict : torch::nn::Module {
 }  // namespace
 
 void ShardedModule::release_parameter(torch::nn::Module& self, const std::string& name) {
-  TE_CHECK(self.named_parameters(/*recurse=*/false).contains(name), self.name(),
-           ": no parameter '", name, "' to release");
+  TE_CHECK(self.named_parameters(/*recurse=*/false).contains(name), self.name(), ": no parameter '",
+           name, "' to release");
   ParameterDict::erase(self, name);
   layouts_.erase(name);
 }
@@ -66,15 +66,14 @@ DTensor ShardedModule::as_dtensor(const std::string& name, const at::Tensor& loc
            "which serves through the module's at::Tensor forward on one process");
   const ParameterLayout& layout = layouts_.at(name);
   if (layout.mesh) {
-    TE_CHECK(*layout.mesh == mesh, "parameter '", name, "' is sharded on ", layout.mesh->to_string(),
-             " but the input lives on another mesh (", mesh.to_string(),
+    TE_CHECK(*layout.mesh == mesh, "parameter '", name, "' is sharded on ",
+             layout.mesh->to_string(), " but the input lives on another mesh (", mesh.to_string(),
              "); build the module under the input's mesh");
     return DTensor::from_local(local, mesh, layout.placements, layout.global_shape);
   }
-  return DTensor::from_local(local, mesh,
-                             std::vector<Placement>(static_cast<std::size_t>(mesh.ndim()),
-                                                    Replicate{}),
-                             layout.global_shape);
+  return DTensor::from_local(
+      local, mesh, std::vector<Placement>(static_cast<std::size_t>(mesh.ndim()), Replicate{}),
+      layout.global_shape);
 }
 
 bool ShardedModule::is_sharded() const {
@@ -111,9 +110,9 @@ void ShardedModule::gather_own_parameters(torch::nn::Module& self) {
   for (auto& [name, layout] : layouts_) {
     if (!layout.mesh) continue;
     at::Tensor param = self.named_parameters(/*recurse=*/false)[name];
-    param.set_data(DTensor::from_local(param.detach(), *layout.mesh, layout.placements,
-                                       layout.global_shape)
-                       .full_tensor());
+    param.set_data(
+        DTensor::from_local(param.detach(), *layout.mesh, layout.placements, layout.global_shape)
+            .full_tensor());
     layout.mesh.reset();
     layout.placements.clear();
   }
@@ -123,21 +122,20 @@ namespace {
 template <typename Fn>
 void for_each_sharded(torch::nn::Module& module, Fn fn) {
   for (const auto& item : module.named_modules("", /*include_self=*/true)) {
-    if (auto* sharded = dynamic_cast<ShardedModule*>(item.value().get())) fn(*item.value(), *sharded);
+    if (auto* sharded = dynamic_cast<ShardedModule*>(item.value().get()))
+      fn(*item.value(), *sharded);
   }
 }
 }  // namespace
 
 void shard_module(torch::nn::Module& module, const DeviceMesh& mesh) {
-  for_each_sharded(module, [&](torch::nn::Module& m, ShardedModule& s) {
-    s.shard_own_parameters(m, mesh);
-  });
+  for_each_sharded(
+      module, [&](torch::nn::Module& m, ShardedModule& s) { s.shard_own_parameters(m, mesh); });
 }
 
 void gather_module(torch::nn::Module& module) {
-  for_each_sharded(module, [](torch::nn::Module& m, ShardedModule& s) {
-    s.gather_own_parameters(m);
-  });
+  for_each_sharded(module,
+                   [](torch::nn::Module& m, ShardedModule& s) { s.gather_own_parameters(m); });
 }
 
 std::string ShardingReport::to_string() const {
@@ -164,8 +162,8 @@ ShardingReport check_sharding(const torch::nn::Module& module) {
       const bool named = std::any_of(rules->begin(), rules->end(),
                                      [&](const AxisRule& r) { return r.logical == *axis; });
       if (!named) {
-        report.unmatched.push_back(name + " dim " + std::to_string(d) + ": logical axis '" +
-                                   *axis + "'");
+        report.unmatched.push_back(name + " dim " + std::to_string(d) + ": logical axis '" + *axis +
+                                   "'");
       }
     }
     std::optional<DeviceMesh> on;
@@ -192,8 +190,8 @@ ShardingReport check_sharding(const torch::nn::Module& module) {
       if (layout.global_shape[d] % parts != 0) {
         report.uneven.push_back(name + " dim " + std::to_string(d) + " ('" +
                                 layout.axes[d].value_or("?") + "') of size " +
-                                std::to_string(layout.global_shape[d]) + " over mesh axes " +
-                                axes + " (" + std::to_string(parts) + " ranks)");
+                                std::to_string(layout.global_shape[d]) + " over mesh axes " + axes +
+                                " (" + std::to_string(parts) + " ranks)");
       }
     }
   }
@@ -226,10 +224,10 @@ void set_parameter_from_global(torch::nn::Module& module, const std::string& nam
   TE_CHECK(it != layouts.end(), module.name(), " has no te::nn parameter '", name,
            "'; named_parameters() lists its parameters");
   const ParameterLayout& layout = it->second;
-  TE_CHECK(std::vector<int64_t>(global.sizes().begin(), global.sizes().end()) ==
-               layout.global_shape,
-           "parameter '", name, "' has global shape ", at::IntArrayRef(layout.global_shape),
-           " but the value given has shape ", global.sizes());
+  TE_CHECK(
+      std::vector<int64_t>(global.sizes().begin(), global.sizes().end()) == layout.global_shape,
+      "parameter '", name, "' has global shape ", at::IntArrayRef(layout.global_shape),
+      " but the value given has shape ", global.sizes());
   at::Tensor piece = global;
   if (layout.mesh) piece = DTensor::distribute(global, *layout.mesh, layout.placements).to_local();
   torch::NoGradGuard no_grad;

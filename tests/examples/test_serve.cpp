@@ -4,10 +4,10 @@
 // requests.
 #include <gtest/gtest.h>
 #include <httplib.h>
-#include <nlohmann/json.hpp>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <nlohmann/json.hpp>
 
 #include <atomic>
 #include <chrono>
@@ -160,14 +160,13 @@ TEST_F(Serve, AnswersGoodRequestsAndRefusesBadOnesWithTheirStatus) {
   // Over-long sentences are read up to max_seq_len (16 words here) and flagged.
   std::string long_sentence;
   for (int i = 0; i < 40; ++i) long_sentence += "word ";
-  auto truncated = c.Post("/v1/classify", sentences_body({"Short one.", long_sentence}),
-                          "application/json");
+  auto truncated =
+      c.Post("/v1/classify", sentences_body({"Short one.", long_sentence}), "application/json");
   ASSERT_TRUE(truncated);
   EXPECT_EQ(truncated->status, 200);
   EXPECT_EQ(json::parse(truncated->body)["truncated"], json({false, true}));
 
-  expect_error(c.Post("/v1/classify", "{\"sentences\": [", "application/json"), 400,
-               "not JSON");
+  expect_error(c.Post("/v1/classify", "{\"sentences\": [", "application/json"), 400, "not JSON");
   expect_error(c.Post("/v1/classify", "[1, 2]", "application/json"), 400, "JSON array");
   expect_error(c.Post("/v1/classify", "{\"text\": [\"a\"]}", "application/json"), 400,
                "no \"sentences\"");
@@ -211,8 +210,8 @@ TEST_F(Serve, AnswersGoodRequestsAndRefusesBadOnesWithTheirStatus) {
         "te_serve_requests_total{path=\"/v1/classify\",status=\"413\"} 2",
         "te_serve_requests_total{path=\"/v2/classify\",status=\"404\"} 1",
         "# TYPE te_serve_request_duration_seconds histogram", "te_serve_batch_size_count 10",
-        "te_serve_batch_size_bucket{le=\"4\"} 10", "te_serve_queue_depth 0", "te_serve_model_seconds_total ",
-        "te_serve_resident_bytes ", "te_serve_weight_bytes "}) {
+        "te_serve_batch_size_bucket{le=\"4\"} 10", "te_serve_queue_depth 0",
+        "te_serve_model_seconds_total ", "te_serve_resident_bytes ", "te_serve_weight_bytes "}) {
     EXPECT_NE(metrics->body.find(line), std::string::npos) << "missing: " << line << "\n"
                                                            << metrics->body;
   }
@@ -292,8 +291,8 @@ TEST_F(Serve, AFullQueueAnswers503WithRetryAfter) {
       } else {
         ++other;
         std::lock_guard<std::mutex> lock(mu);
-        others += (r ? std::to_string(r->status) + " " + r->body : httplib::to_string(r.error())) +
-                  "; ";
+        others +=
+            (r ? std::to_string(r->status) + " " + r->body : httplib::to_string(r.error())) + "; ";
       }
     });
   }
@@ -303,7 +302,8 @@ TEST_F(Serve, AFullQueueAnswers503WithRetryAfter) {
   EXPECT_EQ(other.load(), 0) << others;
   EXPECT_TRUE(retry_after.load());
   // The server still answers afterwards.
-  auto r = server.client().Post("/v1/classify", sentences_body({"Still here."}), "application/json");
+  auto r =
+      server.client().Post("/v1/classify", sentences_body({"Still here."}), "application/json");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 200);
   EXPECT_EQ(server.stop(SIGTERM), 0);
@@ -388,15 +388,15 @@ TEST_F(Serve, BadCheckpointsAndPortsStopTheStartWithOneLineAndExitCode2) {
 
   // A damaged index.
   fs::create_directories(root / "corrupt");
-  fs::copy(checkpoint_, root / "corrupt", fs::copy_options::recursive |
-                                               fs::copy_options::overwrite_existing);
+  fs::copy(checkpoint_, root / "corrupt",
+           fs::copy_options::recursive | fs::copy_options::overwrite_existing);
   std::ofstream(root / "corrupt" / "model.safetensors.index.json") << "{\"te\": {\"tens";
   expect_one_line(serve("--load " + shell_quoted((root / "corrupt").string())), "is not JSON");
 
   // Damaged data: a flipped byte deep in the file fails its checksum.
   fs::create_directories(root / "flipped");
-  fs::copy(checkpoint_, root / "flipped", fs::copy_options::recursive |
-                                               fs::copy_options::overwrite_existing);
+  fs::copy(checkpoint_, root / "flipped",
+           fs::copy_options::recursive | fs::copy_options::overwrite_existing);
   {
     std::fstream f(root / "flipped" / "model.safetensors",
                    std::ios::in | std::ios::out | std::ios::binary);
@@ -407,8 +407,8 @@ TEST_F(Serve, BadCheckpointsAndPortsStopTheStartWithOneLineAndExitCode2) {
 
   // Another config: the index says hidden 48, the tensors are hidden 32.
   fs::create_directories(root / "other");
-  fs::copy(checkpoint_, root / "other", fs::copy_options::recursive |
-                                             fs::copy_options::overwrite_existing);
+  fs::copy(checkpoint_, root / "other",
+           fs::copy_options::recursive | fs::copy_options::overwrite_existing);
   {
     const fs::path path = root / "other" / "model.safetensors.index.json";
     json index = json::parse(std::ifstream(path));
@@ -420,8 +420,8 @@ TEST_F(Serve, BadCheckpointsAndPortsStopTheStartWithOneLineAndExitCode2) {
 
   // Not a te-encoder checkpoint: no config.
   fs::create_directories(root / "plain");
-  fs::copy(checkpoint_, root / "plain", fs::copy_options::recursive |
-                                             fs::copy_options::overwrite_existing);
+  fs::copy(checkpoint_, root / "plain",
+           fs::copy_options::recursive | fs::copy_options::overwrite_existing);
   {
     const fs::path path = root / "plain" / "model.safetensors.index.json";
     json index = json::parse(std::ifstream(path));

@@ -120,10 +120,13 @@ TEST(SharedModule, EveryModuleTypeIsSafeToCallFromManyThreads) {
       {"LayerNormDense", [&](const at::Tensor& x) { return ln_dense(x); }},
       {"LayerNormMLP", [&](const at::Tensor& x) { return mlp(x); }},
       {"MultiHeadAttention", [&](const at::Tensor& x) { return mha(x); }},
-      {"TransformerLayer(decoder)", [&](const at::Tensor& x) { return decoder(x, at::Tensor(), x, at::zeros({2, 1, 8, 8}, at::kBool)); }}};
+      {"TransformerLayer(decoder)", [&](const at::Tensor& x) {
+         return decoder(x, at::Tensor(), x, at::zeros({2, 1, 8, 8}, at::kBool));
+       }}};
   for (torch::nn::Module* m :
-       {static_cast<torch::nn::Module*>(dense.get()), static_cast<torch::nn::Module*>(ln_dense.get()),
-        static_cast<torch::nn::Module*>(mlp.get()), static_cast<torch::nn::Module*>(mha.get()),
+       {static_cast<torch::nn::Module*>(dense.get()),
+        static_cast<torch::nn::Module*>(ln_dense.get()), static_cast<torch::nn::Module*>(mlp.get()),
+        static_cast<torch::nn::Module*>(mha.get()),
         static_cast<torch::nn::Module*>(decoder.get())}) {
     m->eval();
   }
@@ -322,7 +325,8 @@ TEST(Fp8Weights, MisuseIsNamed) {
   DeviceMesh mesh({1}, {"dp"});
   EXPECT_ERROR(dense(DTensor::from_local(x.detach(), mesh, {Replicate{}})),
                "parameter 'kernel' was released");
-  EXPECT_ERROR(read_checkpoint_info("/nonexistent/te-ckpt"), "no checkpoint at '/nonexistent/te-ckpt'");
+  EXPECT_ERROR(read_checkpoint_info("/nonexistent/te-ckpt"),
+               "no checkpoint at '/nonexistent/te-ckpt'");
 }
 
 }  // namespace

@@ -151,8 +151,8 @@ int main(int argc, char** argv) {
         continue;
       }
       // The explanation's first line is the resolution itself.
-      std::cout << te::explain_logical_axes(
-          axes, !rules.empty() ? rules : te::te_default_axis_rules());
+      std::cout << te::explain_logical_axes(axes,
+                                            !rules.empty() ? rules : te::te_default_axis_rules());
     }
   } catch (const te::Error& e) {
     std::cerr << "te-explain: " << e.what() << "\n";

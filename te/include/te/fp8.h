@@ -39,10 +39,10 @@ enum class Format { kE4M3, kHybrid };
 DType forward_dtype(Format format);
 DType backward_dtype(Format format);
 
-/// Scales from a history of amaxes (docs/ARCHITECTURE.md §5). Per update: the new amax is in history[0];
-/// amax = max(history) ("max") or history[0] ("most_recent"); scale = (fp8_max / amax) / 2^margin,
-/// keeping the old scale when amax <= 0 or is not finite; then the history rolls by -1 and
-/// history[0] is zeroed for the next step's amax.
+/// Scales from a history of amaxes (docs/ARCHITECTURE.md §5). Per update: the new amax is in
+/// history[0]; amax = max(history) ("max") or history[0] ("most_recent");
+/// scale = (fp8_max / amax) / 2^margin, keeping the old scale when amax <= 0 or is not finite;
+/// then the history rolls by -1 and history[0] is zeroed for the next step's amax.
 struct DelayedScaling {
   int margin = 0;
   Format fp8_format = Format::kHybrid;

@@ -1,4 +1,5 @@
-// Fp8Autocast, the FP8 state of a GEMM, the FP8 linear op and the amax reduction (docs/ARCHITECTURE.md §5).
+// Fp8Autocast, the FP8 state of a GEMM, the FP8 linear op and the amax reduction
+// (docs/ARCHITECTURE.md §5).
 
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
@@ -126,8 +127,8 @@ struct LinearState : torch::CustomClassHolder {
   std::vector<int64_t> dims;
   std::shared_ptr<BackwardReduction> backward;
   bool record = true;  // records(meta) when the GEMM ran
-  Fp8Tensor x_t;  // x^T codes [K, M]
-  Fp8Tensor w_t;  // w^T codes [N, K]
+  Fp8Tensor x_t;       // x^T codes [K, M]
+  Fp8Tensor w_t;       // w^T codes [N, K]
   std::vector<int64_t> x_shape;
   at::ScalarType x_dtype = at::kFloat, w_dtype = at::kFloat;
 };
@@ -181,8 +182,10 @@ class Fp8Linear : public torch::autograd::Function<Fp8Linear> {
       {
         std::lock_guard<std::mutex> lock(meta.mutex);
         // Outside training the history keeps its length: nothing is recorded into it.
-        if (s->record) ensure_history(meta, d->amax_history_len);
-        else keep_fp32(meta);
+        if (s->record)
+          ensure_history(meta, d->amax_history_len);
+        else
+          keep_fp32(meta);
         x_scale = meta.fwd_scale.narrow(0, 0, 1).clone();
       }
       const at::Tensor x_amax = s->record ? at::zeros({1}, x_scale.options()) : at::Tensor();
@@ -335,15 +338,16 @@ bool records(const GemmMeta& meta) {
 
 void freeze_kernel(GemmMeta& meta, const at::Tensor& w) {
   TE_CHECK(meta.owner != nullptr, "fp8::freeze_kernel: this FP8 state belongs to no module");
-  TE_CHECK(w.dim() >= 2, "fp8::freeze_kernel: the kernel '", meta.prefix, "kernel' is ",
-           w.sizes(), "; FP8 weights need a kernel of 2 or more dims");
+  TE_CHECK(w.dim() >= 2, "fp8::freeze_kernel: the kernel '", meta.prefix, "kernel' is ", w.sizes(),
+           "; FP8 weights need a kernel of 2 or more dims");
   at::NoGradGuard no_grad;
   std::lock_guard<std::mutex> lock(meta.mutex);
   keep_fp32(meta);
-  TE_CHECK(meta.fwd_amax_history.defined() && meta.fwd_amax_history.select(1, 0).max().item<float>() > 0,
-           "FP8 weights: the GEMM '", meta.prefix, "kernel' has no input scale (buffer '",
-           meta.prefix, "fp8_fwd_amax_history' holds no amax); train with FP8 (DelayedScaling) "
-           "or calibrate (te::Fp8Autocast with calibrating = true) before freezing");
+  TE_CHECK(
+      meta.fwd_amax_history.defined() && meta.fwd_amax_history.select(1, 0).max().item<float>() > 0,
+      "FP8 weights: the GEMM '", meta.prefix, "kernel' has no input scale (buffer '", meta.prefix,
+      "fp8_fwd_amax_history' holds no amax); train with FP8 (DelayedScaling) "
+      "or calibrate (te::Fp8Autocast with calibrating = true) before freezing");
   const at::Tensor kernel = w.detach().to(at::kFloat).contiguous();
   const float a = fp8::amax(kernel).item<float>();
   const float scale = compute_scale(a, 1.0f, max_finite(DType::kE4M3), 0);
@@ -360,7 +364,8 @@ void freeze_kernel(GemmMeta& meta, const at::Tensor& w) {
 }
 
 void prepare_frozen_kernel(GemmMeta& meta, const std::vector<int64_t>& shape) {
-  TE_CHECK(meta.owner != nullptr, "fp8::prepare_frozen_kernel: this FP8 state belongs to no module");
+  TE_CHECK(meta.owner != nullptr,
+           "fp8::prepare_frozen_kernel: this FP8 state belongs to no module");
   std::lock_guard<std::mutex> lock(meta.mutex);
   if (meta.frozen()) return;
   meta.frozen_kernel =
