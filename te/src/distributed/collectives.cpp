@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 
 #include <chrono>
+#include <cstring>
 #include <sstream>
 
 #include "internal.h"
@@ -55,6 +56,52 @@ void run(const Group& g, const char* what, Launch launch) {
     }
     TE_FAIL(what, " over mesh axis '", g.axis, "' (ranks ", ranks_text(g), ") failed on rank ",
             g.world_rank, ": ", cause, ". c10d said: ", e.what());
+  }
+}
+
+// What a collective is, in terms every rank of the row must agree on: the kind and its
+// arguments, the dtype, and the shape with the dim whose pieces differ between ranks (uneven
+// chunks) given whole.
+std::string describe(const std::string& kind, const at::Tensor& t, int64_t whole_dim = -1,
+                     int64_t whole = 0) {
+  std::ostringstream os;
+  os << kind << " of " << c10::toString(t.scalar_type()) << " [";
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    os << (d ? ", " : "") << (d == whole_dim ? whole : t.size(d));
+  }
+  os << "]";
+  return os.str();
+}
+
+// Desync detection (DistributedOptions::check_collectives): each rank of the row states the
+// collective it is about to run; the statements are all-gathered in a fixed-size buffer (so the
+// exchange itself always matches) and compared. A mismatch stops every rank with both calls.
+void check_same_call(const Group& g, const std::string& call) {
+  if (g.pg == nullptr || g.size <= 1 || g.world == nullptr ||
+      !g.world->options().check_collectives) {
+    return;
+  }
+  constexpr int64_t kBytes = 256;
+  std::string mine = call + ", collective #" + std::to_string(g.calls->fetch_add(1) + 1) +
+                     " on this row";
+  if (static_cast<int64_t>(mine.size()) > kBytes) mine.resize(static_cast<std::size_t>(kBytes));
+  at::Tensor buffer = at::zeros({kBytes}, at::kByte);
+  std::memcpy(buffer.data_ptr<uint8_t>(), mine.data(), mine.size());
+  std::vector<at::Tensor> inputs{buffer};
+  std::vector<std::vector<at::Tensor>> outputs(1);
+  for (int64_t r = 0; r < g.size; ++r) outputs[0].push_back(at::empty({kBytes}, at::kByte));
+  run(g, "the collective check (check_collectives)", [&] {
+    return g.pg->allgather(outputs, inputs);
+  });
+  for (int64_t r = 0; r < g.size; ++r) {
+    const char* text = reinterpret_cast<const char*>(outputs[0][r].data_ptr<uint8_t>());
+    const std::string theirs(text, strnlen(text, static_cast<std::size_t>(kBytes)));
+    if (theirs != mine) {
+      TE_FAIL("collectives out of step over mesh axis '", g.axis, "' (ranks ", ranks_text(g),
+              "): rank ", g.world_rank, " runs ", mine, ", but rank ", g.ranks[r], " runs ",
+              theirs, ". Every rank must run the same collectives in the same order on the same "
+              "shapes: look for a constraint or collective only some ranks reach");
+    }
   }
 }
 
@@ -125,6 +172,7 @@ std::vector<int64_t> shape_with(at::IntArrayRef sizes, int64_t dim, int64_t valu
 }  // namespace
 
 at::Tensor all_gather(const Group& g, const at::Tensor& local_in, int64_t dim, int64_t full) {
+  check_same_call(g, describe("all_gather(dim " + std::to_string(dim) + ")", local_in, dim, full));
   // Gloo moves no bools: carry them as uint8.
   const at::Tensor local = reducible(local_in);
   const Chunk mine = chunk_of(full, g.size, g.rank);
@@ -189,6 +237,7 @@ at::Tensor all_gather(const Group& g, const at::Tensor& local_in, int64_t dim, i
 }
 
 at::Tensor all_reduce(const Group& g, const at::Tensor& t, ReduceOp op) {
+  check_same_call(g, describe("all_reduce(" + to_string(op) + ")", t));
   TE_CHECK(op != ReduceOp::kAvg || at::isFloatingType(t.scalar_type()),
            "all_reduce over mesh axis '", g.axis, "': Partial(avg) of a ", t.scalar_type(),
            " tensor would truncate; use a floating dtype or Partial(sum)");
@@ -202,6 +251,9 @@ at::Tensor all_reduce(const Group& g, const at::Tensor& t, ReduceOp op) {
 }
 
 at::Tensor reduce_scatter(const Group& g, const at::Tensor& t, ReduceOp op, int64_t dim) {
+  check_same_call(g, describe("reduce_scatter(" + to_string(op) + ", dim " + std::to_string(dim) +
+                                  ")",
+                              t));
   TE_CHECK(op == ReduceOp::kSum || op == ReduceOp::kAvg,
            "internal: reduce_scatter takes sum or avg, got ", to_string(op));
   TE_CHECK(op != ReduceOp::kAvg || at::isFloatingType(t.scalar_type()),
@@ -249,6 +301,9 @@ at::Tensor reduce_scatter(const Group& g, const at::Tensor& t, ReduceOp op, int6
 
 at::Tensor all_to_all(const Group& g, const at::Tensor& local_in, int64_t from_dim,
                       int64_t from_full, int64_t to_dim) {
+  check_same_call(g, describe("all_to_all(dim " + std::to_string(from_dim) + " -> " +
+                                  std::to_string(to_dim) + ")",
+                              local_in, from_dim, from_full));
   const at::Tensor local = reducible(local_in);
   const Chunk mine_from = chunk_of(from_full, g.size, g.rank);
   TE_CHECK(local.size(from_dim) == mine_from.length, "all_to_all over mesh axis '", g.axis,

@@ -7,6 +7,8 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -81,6 +83,8 @@ struct Group {
   std::chrono::milliseconds timeout{0};
   CollectiveAlgorithms algorithms;
   const World* world = nullptr;  ///< owned by the mesh state that owns this group
+  /// Collectives run on this row so far (desync detection numbers them); shared by copies.
+  std::shared_ptr<std::atomic<int64_t>> calls = std::make_shared<std::atomic<int64_t>>(0);
 };
 
 }  // namespace te::detail

@@ -60,6 +60,13 @@ DistributedOptions with_env_overrides(DistributedOptions options) {
              "' is not a positive number of seconds; set e.g. TE_DIST_TIMEOUT_S=60");
     options.timeout = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
   }
+  if (const char* env = std::getenv("TE_CHECK_COLLECTIVES"); env != nullptr && *env != '\0') {
+    const std::string v = env;
+    TE_CHECK(v == "0" || v == "1", "TE_CHECK_COLLECTIVES='", v,
+             "' is not 0 or 1; set TE_CHECK_COLLECTIVES=1 to compare every collective across "
+             "ranks before running it");
+    options.check_collectives = v == "1";
+  }
   return options;
 }
 

@@ -35,6 +35,12 @@ struct DistributedOptions {
   std::chrono::milliseconds timeout = std::chrono::seconds(120);
   /// The default for every mesh of this world (a DeviceMesh may override it).
   CollectiveAlgorithms algorithms;
+  /// Desync detection: before every collective the ranks of its row first compare what each is
+  /// about to run (kind, mesh axis, dtype, shape in rank-independent terms, and how many
+  /// collectives the row has run). A rank that calls another collective, or the same one on
+  /// another shape, then gets a te::Error on every rank naming both calls, instead of a hang or
+  /// garbage. Costs one small all-gather per collective. TE_CHECK_COLLECTIVES=1 turns it on.
+  bool check_collectives = false;
 };
 
 /// Joins the process group described by the environment: RANK, WORLD_SIZE, MASTER_ADDR,
