@@ -442,6 +442,28 @@ TEST_F(Serve, BadCheckpointsAndPortsStopTheStartWithOneLineAndExitCode2) {
   EXPECT_EQ(holder.stop(SIGTERM), 0);
 }
 
+TEST_F(Serve, ACheckpointSavedOnAMeshServesOnOneProcess) {
+  // DP2 x TP2 (gated gelu MLP, Dense layers split column- then row-wise), 4 ranks as processes.
+  const std::string tp_dir = (dir_->path() / "ckpt-tp").string();
+  const auto [code, out] =
+      run(std::string(TE_ENCODER_PATH) + " --data " + shell_quoted(TE_ENCODER_DATA) +
+          " --nproc 4 --mesh data=2,model=2 --mesh-resource dp=data,tpsp=model --max-steps 6 "
+          "--epochs 1 --batch-size 32 --hidden-size 32 --mlp-hidden-size 64 --heads 4 "
+          "--max-seq-len 16 --save " +
+          shell_quoted(tp_dir));
+  ASSERT_EQ(code, 0) << out;
+  // The dev accuracy the mesh computed at the end of training.
+  const auto at = out.find("dev_acc ");
+  ASSERT_NE(at, std::string::npos) << out;
+  const std::string on_mesh = out.substr(at + 8, 6);
+  const auto [eval_code, eval_out] =
+      run(std::string(TE_SERVE_PATH) + " --load " + shell_quoted(tp_dir) + " --eval " +
+          shell_quoted(std::string(TE_ENCODER_DATA) + "/in_domain_dev.tsv"));
+  ASSERT_EQ(eval_code, 0) << eval_out;
+  EXPECT_NE(eval_out.find("accuracy " + on_mesh), std::string::npos)
+      << "te-encoder on the mesh: dev_acc " << on_mesh << "\n" << eval_out;
+}
+
 TEST(ServeHelp, DescribesEveryOption) {
   const auto [code, out] = run(std::string(TE_SERVE_PATH) + " --help");
   EXPECT_EQ(code, 0);
