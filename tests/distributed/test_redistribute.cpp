@@ -280,6 +280,51 @@ TEST(DTensorApi, GatherWithPartialGradientsReduceScattersInBackward) {
   });
 }
 
+TEST(DTensorApi, StepByStepGradientHintMovesNoMoreThanTheFusedForm) {
+  // PyTorch's test_to_local_grad_hint idiom: x.redistribute({Replicate}).to_local({Partial}).
+  // Its backward must reduce-scatter, as redistribute({Replicate}, {Partial}) does, not
+  // all-reduce the whole gradient and slice it.
+  run_local_ranks(2, [](int rank) {
+    DeviceMesh mesh({2}, {"fsdp"});
+    const at::Tensor w_global = test::seeded_integers({4, 3}, 1);
+    at::Tensor w_local = piece_of(w_global, mesh, {Shard{0}}, rank).requires_grad_(true);
+    const DTensor w = DTensor::from_local(w_local, mesh, {Shard{0}});
+    const at::Tensor g = at::ones({4, 3}, at::kDouble) * (rank + 1);
+
+    int64_t step_count = 0, step_bytes = 0;
+    {
+      CommTrace step_by_step;
+      const at::Tensor full = w.redistribute({Replicate{}}).to_local({Partial{}});
+      EXPECT_TRUE(at::equal(full, w_global));
+      torch::autograd::backward({full}, {g});
+      EXPECT_EQ(step_by_step.count(Collective::kAllGather, "fsdp"), 1);
+      EXPECT_EQ(step_by_step.count(Collective::kReduceScatter, "fsdp"), 1);
+      EXPECT_EQ(step_by_step.count(Collective::kAllReduce, "fsdp"), 0);
+      EXPECT_EQ(step_by_step.total_count(), 2);
+      step_count = step_by_step.total_count();
+      step_bytes = step_by_step.bytes(Collective::kReduceScatter, "fsdp");
+    }
+    const at::Tensor grad = w_local.grad().clone();
+    EXPECT_TRUE(at::equal(grad, at::full({2, 3}, 3.0, at::kDouble)));
+
+    w_local.mutable_grad() = at::Tensor();
+    {
+      CommTrace fused;
+      torch::autograd::backward({w.redistribute({Replicate{}}, {Partial{}}).to_local()}, {g});
+      EXPECT_TRUE(at::equal(w_local.grad(), grad));
+      EXPECT_EQ(fused.bytes(Collective::kReduceScatter, "fsdp"), step_bytes);
+      EXPECT_EQ(fused.total_count(), step_count);
+    }
+
+    // Without a gradient hint, the step-by-step form keeps its own backward (slice).
+    w_local.mutable_grad() = at::Tensor();
+    CommTrace plain;
+    torch::autograd::backward({w.redistribute({Replicate{}}).to_local()}, {g});
+    EXPECT_EQ(plain.total_count(), 1);  // the forward all-gather only
+    EXPECT_TRUE(at::equal(w_local.grad(), piece_of(g, mesh, {Shard{0}}, rank)));
+  });
+}
+
 TEST(DTensorApi, FromLocalChecksPieceSizes) {
   run_local_ranks(4, [](int rank) {
     DeviceMesh mesh({4}, {"x"});

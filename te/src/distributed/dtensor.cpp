@@ -57,6 +57,7 @@ struct RelayoutState : torch::CustomClassHolder {
   std::vector<Placement> grad_in;   // the layout gradients arrive in
   std::vector<Placement> grad_out;  // the layout they must leave in (the source's)
   at::Tensor param;                 // the source, when it is a parameter (a leaf with grad)
+  at::Tensor done;                  // the forward's result when it already ran (to_local)
 };
 
 // Moves data src -> dst; backward moves the gradient grad_in -> grad_out in one transition.
@@ -65,6 +66,12 @@ class Relayout : public torch::autograd::Function<Relayout> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
                             c10::intrusive_ptr<RelayoutState> state) {
     ctx->saved_data["state"] = c10::IValue::make_capsule(state);
+    if (state->done.defined()) {
+      // The data moved already (DTensor::to_local re-planning the backward of a redistribute).
+      at::Tensor out = state->done.detach();
+      state->done = at::Tensor();  // the output holds it; the state must not
+      return out;
+    }
     if (state->src == state->dst) return x.view_as(x);
     return detail::run_redistribute(x, state->global_shape, *state->mesh, state->src, state->dst);
   }
@@ -186,8 +193,28 @@ DTensor DTensor::from_local(const at::Tensor& local, const DeviceMesh& mesh,
   return DTensor(local, mesh, std::move(placements), std::move(shape));
 }
 
+struct DTensor::Origin {
+  at::Tensor local;
+  std::vector<Placement> placements;
+};
+
 at::Tensor DTensor::to_local(const std::vector<Placement>& grad_placements) const {
-  return redistribute(placements_, grad_placements).to_local();
+  if (origin_ == nullptr || !at::GradMode::is_enabled()) {
+    return redistribute(placements_, grad_placements).to_local();
+  }
+  // Straight from redistribute: one node from its source to this data, whose backward takes
+  // the declared gradients to the source's layout in one transition.
+  auto state = c10::make_intrusive<RelayoutState>();
+  state->global_shape = global_shape_;
+  state->mesh = mesh();
+  state->src = origin_->placements;
+  state->dst = placements_;
+  state->grad_in = normalized(grad_placements, mesh(), dim(), "DTensor::to_local (gradients)");
+  state->grad_out = gradient_layout(origin_->placements);
+  state->done = local_;
+  const at::Tensor& source = origin_->local;
+  if (source.is_leaf() && source.requires_grad()) state->param = source;
+  return Relayout::apply(source, state);
 }
 
 at::Tensor DTensor::full_tensor() const {
@@ -199,7 +226,11 @@ DTensor DTensor::redistribute(std::vector<Placement> placements) const {
   placements = normalized(std::move(placements), mesh(), dim(), "DTensor::redistribute");
   at::Tensor local =
       detail::run_redistribute(local_, global_shape_, mesh(), placements_, placements);
-  return DTensor(std::move(local), mesh(), std::move(placements), global_shape_);
+  DTensor out(std::move(local), mesh(), std::move(placements), global_shape_);
+  if (at::GradMode::is_enabled() && local_.requires_grad()) {
+    out.origin_ = std::make_shared<const Origin>(Origin{local_, placements_});
+  }
+  return out;
 }
 
 DTensor DTensor::redistribute(std::vector<Placement> placements,

@@ -6,6 +6,7 @@
 #include <ATen/Tensor.h>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -39,7 +40,10 @@ class DTensor {
   /// This rank's piece, for computing on locally with gradients that arrive in
   /// `grad_placements` (e.g. {Partial()} when each rank's gradient is a partial sum, as for the
   /// replicated input of a column-parallel matmul): backward redistributes them to this tensor's
-  /// own layout (there: one all-reduce).
+  /// own layout (there: one all-reduce). When this tensor came straight from redistribute, the
+  /// gradients go to that redistribute's source in one transition, as redistribute(placements,
+  /// grad_placements) would send them: x.redistribute({Replicate}).to_local({Partial}) from
+  /// Shard(0) reduce-scatters its gradient instead of all-reducing and slicing it.
   at::Tensor to_local(const std::vector<Placement>& grad_placements) const;
 
   /// The whole tensor on every rank (redistribute to all-Replicate). Differentiable.
@@ -74,6 +78,10 @@ class DTensor {
   std::optional<DeviceMesh> mesh_;
   std::vector<Placement> placements_;
   std::vector<int64_t> global_shape_;
+  /// Set by redistribute (when gradients are recorded): the tensor it started from, so
+  /// to_local(grad_placements) can send gradients straight back to it in one transition.
+  struct Origin;
+  std::shared_ptr<const Origin> origin_;
 };
 
 /// This rank's piece of a dim-`global_shape` tensor under `placements` on `mesh`, as
