@@ -244,6 +244,17 @@ TEST(Fp8Inference, CalibrationRecordsInEvalModeAndKeepsTheOutputInHighPrecision)
   const float w_amax = dense->kernel.abs().max().item<float>();
   EXPECT_FLOAT_EQ(dense->fp8_meta->fwd_scale[0].item<float>(), 448.0f / x_amax);
   EXPECT_FLOAT_EQ(dense->fp8_meta->fwd_scale[1].item<float>(), 448.0f / w_amax);
+  // An fp16 model calibrates too (its GEMM widened on the CPU), and the scales stay fp32.
+  Dense half(32, 16);
+  half->to(at::kHalf);
+  half->eval();
+  {
+    Fp8Autocast calibrate(false, fp8::DelayedScaling{}, std::nullopt, /*calibrating=*/true);
+    torch::NoGradGuard no_grad;
+    EXPECT_EQ(half(x.to(at::kHalf)).scalar_type(), at::kHalf);
+  }
+  EXPECT_EQ(half->fp8_meta->fwd_scale.scalar_type(), at::kFloat);
+  EXPECT_NE(half->fp8_meta->fwd_scale[0].item<float>(), 1.0f);
 }
 
 // A TransformerLayer with calibrated scales, and the same inputs.

@@ -324,6 +324,10 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::shared_pt
       fold_amax(newest.narrow(0, 1, 1), w_amax);
       add_pending(region->forward, {s->meta, *d, s->mesh, s->dims});
     }
+    // LibTorch 1.13 has no CPU fp16 GEMM: widen (exact), multiply in fp32, round once.
+    if (x.scalar_type() == at::kHalf && x.device().is_cpu()) {
+      return at::matmul(x.to(at::kFloat), w.to(at::kFloat)).to(at::kHalf);
+    }
     return at::matmul(x, w);
   }
   return Fp8Linear::apply(x, w, s);
