@@ -1,6 +1,7 @@
 #include "data.h"
 
 #include <ATen/ATen.h>
+#include <cmath>
 
 #include <algorithm>
 #include <cctype>
@@ -210,6 +211,11 @@ Encoded encode(const std::vector<Example>& examples, const Vocabulary& vocab, in
     labels[i] = examples[static_cast<std::size_t>(i)].label;
   }
   return out;
+}
+
+double matthews(int64_t tp, int64_t tn, int64_t fp, int64_t fn) {
+  const double d = std::sqrt(double(tp + fp) * double(tp + fn) * double(tn + fp) * double(tn + fn));
+  return d > 0 ? (double(tp) * double(tn) - double(fp) * double(fn)) / d : 0.0;
 }
 
 at::Tensor padding_mask(const at::Tensor& lengths, int64_t max_seq_len) {

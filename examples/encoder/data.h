@@ -65,6 +65,10 @@ struct Encoded {
 };
 Encoded encode(const std::vector<Example>& examples, const Vocabulary& vocab, int64_t max_seq_len);
 
+/// Matthews correlation coefficient of a binary confusion matrix (GLUE's CoLA metric); 0 when a
+/// row or column of the matrix is empty.
+double matthews(int64_t tp, int64_t tn, int64_t fp, int64_t fn);
+
 /// The attention mask of a batch: [batch, 1, seq, seq] bool, true where the query or the key is
 /// padding (TE's encoder example masks both).
 at::Tensor padding_mask(const at::Tensor& lengths, int64_t max_seq_len);

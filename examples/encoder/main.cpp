@@ -359,11 +359,6 @@ struct Evaluation {
   int64_t examples = 0;
 };
 
-double matthews(int64_t tp, int64_t tn, int64_t fp, int64_t fn) {
-  const double d = std::sqrt(double(tp + fp) * double(tp + fn) * double(tn + fp) * double(tn + fn));
-  return d > 0 ? (double(tp) * double(tn) - double(fp) * double(fn)) / d : 0.0;
-}
-
 class Trainer {
  public:
   Trainer(const Args& args, encoder::EncoderClassifier model, std::optional<te::DeviceMesh> mesh)
@@ -398,7 +393,8 @@ class Trainer {
       fn += (pred.eq(0) & labels.eq(1)).sum().item<int64_t>();
     }
     model_->train();
-    return {loss_sum / double(n), double(tp + tn) / double(n), matthews(tp, tn, fp, fn), n};
+    return {loss_sum / double(n), double(tp + tn) / double(n), encoder::matthews(tp, tn, fp, fn),
+            n};
   }
 
   /// FP8 calibration: every GEMM's input and kernel amaxes over the first `batches` training

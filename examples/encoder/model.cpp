@@ -55,12 +55,7 @@ void EncoderClassifierImpl::freeze_fp8_embedding(bool empty) {
     q.data = at::zeros(embedding.sizes(), at::kByte);
     q.scale_inv = at::ones({1});
   } else {
-    at::NoGradGuard no_grad;
-    const at::Tensor table = embedding.detach().to(at::kFloat).contiguous();
-    const float amax = te::fp8::amax(table).item<float>();
-    const float scale =
-        te::fp8::compute_scale(amax, 1.0f, te::fp8::max_finite(te::fp8::DType::kE4M3), 0);
-    q = te::fp8::quantize(table, at::full({1}, scale), te::fp8::DType::kE4M3);
+    q = te::fp8::quantize_to_own_scale(embedding, te::fp8::DType::kE4M3);
   }
   embedding_fp8 = register_buffer("embedding_fp8", q.data);
   embedding_fp8_scale_inv = register_buffer("embedding_fp8_scale_inv", q.scale_inv);

@@ -12,7 +12,6 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <string>
@@ -61,13 +60,9 @@ int evaluate(const serve::Classifier& classifier, const std::string& path, int64
       fn += pred == 0 && label == 1;
     }
   }
-  const double n = static_cast<double>(examples.size());
-  const double denom =
-      std::sqrt(double(tp + fp) * double(tp + fn) * double(tn + fp) * double(tn + fn));
   std::printf("eval %s: %zu sentences, accuracy %.4f, mcc %.4f (%s weights)\n", path.c_str(),
-              examples.size(), double(correct) / n,
-              denom > 0 ? (double(tp) * double(tn) - double(fp) * double(fn)) / denom : 0.0,
-              classifier.fp8_weights() ? "fp8" : "fp32");
+              examples.size(), double(correct) / static_cast<double>(examples.size()),
+              encoder::matthews(tp, tn, fp, fn), classifier.fp8_weights() ? "fp8" : "fp32");
   return 0;
 }
 

@@ -93,6 +93,9 @@ struct Fp8Tensor {
 /// CPU and CUDA tensors.
 Fp8Tensor quantize(const at::Tensor& x, const at::Tensor& scale, DType dtype,
                    const at::Tensor& amax = {});
+/// x cast to `dtype` with the scale its own amax gives (fp8_max / amax; 1 when amax <= 0 or not
+/// finite): static data such as weights, quantized once.
+Fp8Tensor quantize_to_own_scale(const at::Tensor& x, DType dtype);
 /// A 2-D x cast once into both layouts: codes of x and of x^T (contiguous), one scale_inv.
 std::pair<Fp8Tensor, Fp8Tensor> cast_transpose(const at::Tensor& x, const at::Tensor& scale,
                                                DType dtype, const at::Tensor& amax = {});

@@ -352,10 +352,7 @@ void freeze_kernel(GemmMeta& meta, const at::Tensor& w) {
       "FP8 weights: the GEMM '", meta.prefix, "kernel' has no input scale (buffer '", meta.prefix,
       "fp8_fwd_amax_history' holds no amax); train with FP8 (DelayedScaling) "
       "or calibrate (te::Fp8Autocast with calibrating = true) before freezing");
-  const at::Tensor kernel = w.detach().to(at::kFloat).contiguous();
-  const float a = fp8::amax(kernel).item<float>();
-  const float scale = compute_scale(a, 1.0f, max_finite(DType::kE4M3), 0);
-  const Fp8Tensor q = quantize(kernel, at::full({1}, scale, kernel.options()), DType::kE4M3);
+  const Fp8Tensor q = quantize_to_own_scale(w, DType::kE4M3);
   if (meta.frozen()) {
     meta.frozen_kernel.set_data(q.data);
     meta.frozen_kernel_scale_inv.set_data(q.scale_inv);

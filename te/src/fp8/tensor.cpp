@@ -152,6 +152,13 @@ Fp8Tensor quantize(const at::Tensor& x_in, const at::Tensor& scale, DType dtype,
   return out;
 }
 
+Fp8Tensor quantize_to_own_scale(const at::Tensor& x, DType dtype) {
+  at::NoGradGuard no_grad;
+  const at::Tensor data = x.detach().to(at::kFloat).contiguous();
+  const float scale = compute_scale(fp8::amax(data).item<float>(), 1.0f, max_finite(dtype), 0);
+  return quantize(data, at::full({1}, scale, data.options()), dtype);
+}
+
 std::pair<Fp8Tensor, Fp8Tensor> cast_transpose(const at::Tensor& x, const at::Tensor& scale,
                                                DType dtype, const at::Tensor& amax) {
   TE_CHECK(x.dim() == 2, "fp8::cast_transpose: x has shape ", x.sizes(), "; it takes a 2-D tensor");
