@@ -17,6 +17,7 @@
 #include <set>
 #include <vector>
 
+#include "te/compat.h"
 #include "te/distributed.h"
 #include "te/error.h"
 #include "te/nn/random.h"
@@ -143,8 +144,9 @@ struct Entry {
 // optimizer has none yet and `create` is set: a load fills it.
 torch::optim::AdamWParamState* adamw_state(torch::optim::AdamW& opt, const at::Tensor& p,
                                            bool create) {
-  const std::string key = c10::guts::to_string(p.unsafeGetTensorImpl());
   auto& states = opt.state();
+  using Key = typename std::decay_t<decltype(states)>::key_type;
+  const Key key = compat::optimizer_state_key<Key>(p.unsafeGetTensorImpl());
   auto it = states.find(key);
   if (it == states.end()) {
     if (!create) return nullptr;

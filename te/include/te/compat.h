@@ -3,10 +3,14 @@
 // The one place where LibTorch versions differ for te-cpp. Debian 12 ships LibTorch 1.13 (CPU);
 // GPU machines use an official LibTorch 2.x. Code elsewhere tests these macros, never versions.
 //
-// The distributed layer calls c10d::ProcessGroupGloo directly: its collectives have the same
+// The Gloo backend calls c10d::ProcessGroupGloo directly: its collectives have the same
 // signatures whether it derives from c10d::ProcessGroup (1.13) or c10d::Backend (2.x).
 
 #include <torch/csrc/api/include/torch/version.h>
+
+#include <sstream>
+#include <string>
+#include <type_traits>
 
 #define TE_TORCH_VERSION_AT_LEAST(major, minor) \
   (TORCH_VERSION_MAJOR > (major) ||             \
@@ -18,6 +22,27 @@
 /// LibTorch's float8_e4m3fn / float8_e5m2 dtypes exist from 2.1 on.
 #define TE_HAS_FLOAT8 TE_TORCH_VERSION_AT_LEAST(2, 1)
 
+/// c10d::TCPStoreOptions::useLibUV exists from 2.3 on (and defaults to true from 2.4).
+#define TE_TCPSTORE_HAS_LIBUV TE_TORCH_VERSION_AT_LEAST(2, 3)
+
 /// Autocast is switched per device type (at::autocast::set_autocast_enabled(at::kCPU, ...)) from
 /// 2.4 on; before, through the CPU-specific set_cpu_enabled / set_autocast_cpu_dtype.
 #define TE_AUTOCAST_BY_DEVICE TE_TORCH_VERSION_AT_LEAST(2, 4)
+
+namespace te::compat {
+
+/// The key torch::optim keeps a parameter's state under (`Key`: the state map's key_type): the
+/// address of its TensorImpl, printed to a string in LibTorch 1.13 (c10::guts::to_string), the
+/// pointer itself in 2.x.
+template <typename Key>
+Key optimizer_state_key(void* tensor_impl) {
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream os;
+    os << tensor_impl;
+    return os.str();
+  } else {
+    return tensor_impl;
+  }
+}
+
+}  // namespace te::compat

@@ -1,10 +1,10 @@
 #pragma once
 
-// Internals of the distributed layer shared by its .cpp files: the world, mesh state, process
-// groups and the collectives that move DTensor data.
+// Internals of the distributed layer shared by its .cpp files: the world, mesh state, the
+// communicators of mesh rows and the collectives that move DTensor data. Nothing here names a
+// backend: Gloo and NCCL sit behind backend.h.
 
 #include <ATen/Tensor.h>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <atomic>
@@ -16,12 +16,11 @@
 #include <string>
 #include <vector>
 
+#include "backend.h"
 #include "te/distributed/placement.h"
 #include "te/distributed/world.h"
 
 namespace te::detail {
-
-using GlooGroup = c10::intrusive_ptr<c10d::ProcessGroupGloo>;
 
 /// One rank's membership of a world: its store, the counter that keeps collectively created
 /// sub-groups in step across ranks, and the liveness records that let a failed collective name
@@ -31,8 +30,8 @@ using GlooGroup = c10::intrusive_ptr<c10d::ProcessGroupGloo>;
 /// error; hb/<r>, a counter a heartbeat thread bumps every 250 ms (process worlds only).
 class World {
  public:
-  World(c10::intrusive_ptr<c10d::Store> store, int rank, int size, DistributedOptions options,
-        std::string gloo_host, bool heartbeat);
+  World(c10::intrusive_ptr<c10d::Store> store, int rank, int size, int local_rank,
+        DistributedOptions options, std::string gloo_host, bool heartbeat);
   ~World();
   World(const World&) = delete;
   World& operator=(const World&) = delete;
@@ -47,10 +46,14 @@ class World {
 
   int rank() const { return rank_; }
   int size() const { return size_; }
+  int local_rank() const { return local_rank_; }
   const DistributedOptions& options() const { return options_; }
 
-  /// A Gloo group over `ranks` (world ranks, this rank among them) rendezvousing under `key`.
-  GlooGroup create_group(const std::string& key, const std::vector<int64_t>& ranks) const;
+  /// A communicator of `kind` over `ranks` (world ranks, this rank among them) rendezvousing
+  /// under `key`; `cuda_device` is the GPU of an NCCL one. Collective over `ranks`.
+  std::unique_ptr<Backend> connect(CommBackend kind, const std::string& key,
+                                   const std::vector<int64_t>& ranks,
+                                   const CollectiveAlgorithms& algorithms, int cuda_device) const;
   /// Collective: every rank calls it in the same order and gets the same id.
   int64_t next_mesh_id() { return next_mesh_id_++; }
 
@@ -58,6 +61,7 @@ class World {
   c10::intrusive_ptr<c10d::Store> store_;
   int rank_;
   int size_;
+  int local_rank_;
   DistributedOptions options_;
   std::string gloo_host_;
   int64_t next_mesh_id_ = 0;
@@ -72,9 +76,31 @@ std::shared_ptr<World> current_world();
 std::shared_ptr<World> thread_world();
 std::shared_ptr<World> set_thread_world(std::shared_ptr<World> world);
 
-/// This rank's row of one mesh dim: who is in it and the process group that connects them.
+/// The communicators of one row, one per backend, made on demand: the one the world's options
+/// name when the row is made, NCCL on the row's first CUDA collective under CommBackend::kAuto.
+/// Every rank of the row asks in the same collective, so making one is collective too.
+class RowComm {
+ public:
+  RowComm(const World* world, std::string key, std::vector<int64_t> ranks,
+          CollectiveAlgorithms algorithms);
+  /// The backend that carries tensors on `device` (te::Error when the options rule it out).
+  Backend& for_device(const c10::Device& device, const std::string& axis);
+
+ private:
+  Backend& make(CommBackend kind, int cuda_device);
+
+  const World* world_;
+  std::string key_;
+  std::vector<int64_t> ranks_;
+  CollectiveAlgorithms algorithms_;
+  std::mutex mutex_;
+  std::unique_ptr<Backend> gloo_;
+  std::unique_ptr<Backend> nccl_;
+};
+
+/// This rank's row of one mesh dim: who is in it and the communicators that connect them.
 struct Group {
-  GlooGroup pg;  ///< null when the row has one rank
+  std::shared_ptr<RowComm> comm;  ///< null when the row has one rank
   int64_t size = 1;
   int64_t rank = 0;  ///< index within the row
   std::string axis;

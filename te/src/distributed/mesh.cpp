@@ -86,8 +86,9 @@ DeviceMesh::DeviceMesh(std::vector<int64_t> shape, std::vector<std::string> axis
     if (algorithms) g.algorithms = *algorithms;
     g.world = state->world.get();
     if (g.size > 1) {
-      g.pg = state->world->create_group("mesh" + std::to_string(mesh_id) + "/" + state->names[d],
-                                        g.ranks);
+      g.comm = std::make_shared<detail::RowComm>(
+          state->world.get(), "mesh" + std::to_string(mesh_id) + "/" + state->names[d], g.ranks,
+          g.algorithms);
     }
   }
   state_ = std::move(state);
@@ -112,6 +113,15 @@ int64_t DeviceMesh::axis_index(const std::string& axis) const {
   TE_CHECK(it != names.end(), "mesh axis '", axis, "' is not in ", to_string(), "; its axes are ",
            list_axes(names));
   return static_cast<int64_t>(it - names.begin());
+}
+
+at::Tensor DeviceMesh::all_reduce(const at::Tensor& t, ReduceOp op,
+                                  const std::vector<int64_t>& dims) const {
+  for (int64_t d : dims) {
+    TE_CHECK(d >= 0 && d < ndim(), to_string(), " has no dim ", d, " to reduce over");
+  }
+  if (dims.empty()) return t.clone();
+  return detail::all_reduce(detail::group_over(*state_, dims), t, op);
 }
 
 bool DeviceMesh::has_axis(const std::string& axis) const {
@@ -227,7 +237,9 @@ const Group& group_over(const MeshState& mesh, const std::vector<int64_t>& dims)
   g->algorithms = first.algorithms;
   g->world = mesh.world.get();
   if (g->size > 1) {
-    g->pg = mesh.world->create_group("mesh" + std::to_string(mesh.id) + "/" + g->axis, g->ranks);
+    g->comm = std::make_shared<RowComm>(mesh.world.get(),
+                                        "mesh" + std::to_string(mesh.id) + "/" + g->axis, g->ranks,
+                                        g->algorithms);
   }
   slot = std::move(g);
   return *slot;

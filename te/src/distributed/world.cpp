@@ -1,3 +1,4 @@
+#include <ATen/Context.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -12,6 +13,7 @@
 #include <thread>
 
 #include "internal.h"
+#include "te/compat.h"
 #include "te/error.h"
 #include "te/sharding/context.h"
 
@@ -67,6 +69,17 @@ DistributedOptions with_env_overrides(DistributedOptions options) {
              "ranks before running it");
     options.check_collectives = v == "1";
   }
+  if (const char* env = std::getenv("TE_COMM_BACKEND"); env != nullptr && *env != '\0') {
+    const std::string v = env;
+    bool known = false;
+    for (CommBackend b : {CommBackend::kAuto, CommBackend::kGloo, CommBackend::kNccl}) {
+      if (v == to_string(b)) {
+        options.backend = b;
+        known = true;
+      }
+    }
+    TE_CHECK(known, "TE_COMM_BACKEND='", v, "' is not auto, gloo or nccl");
+  }
   return options;
 }
 
@@ -84,11 +97,12 @@ constexpr auto kHeartbeatPeriod = std::chrono::milliseconds(250);
 std::string key(const char* what, int64_t rank) { return std::string(what) + std::to_string(rank); }
 }  // namespace
 
-World::World(c10::intrusive_ptr<c10d::Store> store, int rank, int size,
+World::World(c10::intrusive_ptr<c10d::Store> store, int rank, int size, int local_rank,
              DistributedOptions options, std::string gloo_host, bool heartbeat)
     : store_(std::move(store)),
       rank_(rank),
       size_(size),
+      local_rank_(local_rank),
       options_(options),
       gloo_host_(std::move(gloo_host)) {
   ignore_sigpipe();
@@ -193,35 +207,73 @@ std::string World::describe_missing(const std::vector<int64_t>& ranks) const {
   return out;
 }
 
-GlooGroup World::create_group(const std::string& key, const std::vector<int64_t>& ranks) const {
+std::unique_ptr<Backend> World::connect(CommBackend kind, const std::string& key,
+                                       const std::vector<int64_t>& ranks,
+                                       const CollectiveAlgorithms& algorithms,
+                                       int cuda_device) const {
   const auto it = std::find(ranks.begin(), ranks.end(), int64_t{rank_});
   TE_CHECK(it != ranks.end(), "internal: rank ", rank_, " is not in group ", key);
-  auto gloo_options = c10d::ProcessGroupGloo::Options::create(options_.timeout);
-  gloo_options->devices.push_back(
-      gloo_host_.empty() ? c10d::ProcessGroupGloo::createDefaultDevice()
-                         : c10d::ProcessGroupGloo::createDeviceForHostname(gloo_host_));
-  // Collectives are issued synchronously by one thread per rank: one worker is enough.
-  gloo_options->threads = 1;
-  auto prefixed = c10::make_intrusive<c10d::PrefixStore>(key + "/" + join(ranks), store_);
+  BackendSetup setup;
+  setup.key = key + "/" + to_string(kind);
+  setup.store = c10::make_intrusive<c10d::PrefixStore>(setup.key + "/" + join(ranks), store_);
+  setup.ranks = ranks;
+  setup.rank = static_cast<int>(it - ranks.begin());
+  setup.size = static_cast<int>(ranks.size());
+  setup.timeout = options_.timeout;
+  setup.algorithms = algorithms;
+  setup.gloo_host = gloo_host_;
+  setup.cuda_device = cuda_device;
   try {
-    auto group = c10::make_intrusive<c10d::ProcessGroupGloo>(
-        prefixed, static_cast<int>(it - ranks.begin()), static_cast<int>(ranks.size()),
-        gloo_options);
-    // Connecting is done for this rank when its own pairs are up, not its peers'. Without this
-    // barrier a rank that returns at once and drops the group (a test with no collective) can
-    // close a pair another rank is still handshaking on ("Connection closed by peer").
-    group->barrier()->wait();
-    return group;
+    return kind == CommBackend::kNccl ? make_nccl_backend(setup) : make_gloo_backend(setup);
   } catch (const te::Error&) {
     throw;
   } catch (const std::exception& e) {
     const std::string missing = describe_missing(ranks);
-    TE_FAIL("rank ", rank_, " could not connect the process group of ranks [", join(ranks),
-            "] (", key, ") within ", options_.timeout.count() / 1000.0, " s: ",
+    TE_FAIL("rank ", rank_, " could not connect the ", to_string(kind), " communicator of ranks [",
+            join(ranks), "] (", key, ") within ", options_.timeout.count() / 1000.0, " s: ",
             missing.empty() ? std::string("a peer rank did not join") : "missing " + missing,
-            "; every rank must construct the same meshes in the same order. c10d said: ",
+            "; every rank must construct the same meshes in the same order. The backend said: ",
             e.what());
   }
+}
+
+RowComm::RowComm(const World* world, std::string key, std::vector<int64_t> ranks,
+                 CollectiveAlgorithms algorithms)
+    : world_(world), key_(std::move(key)), ranks_(std::move(ranks)), algorithms_(algorithms) {
+  // The communicator the options name is made with the row, so a world that cannot make it
+  // (no GPU for NCCL, a peer that never joins) fails at the mesh, on every rank alike.
+  if (world_->options().backend == CommBackend::kNccl) {
+    make(CommBackend::kNccl, world_->local_rank());
+  } else {
+    make(CommBackend::kGloo, -1);
+  }
+}
+
+Backend& RowComm::make(CommBackend kind, int cuda_device) {
+  std::unique_ptr<Backend>& slot = kind == CommBackend::kNccl ? nccl_ : gloo_;
+  if (!slot) slot = world_->connect(kind, key_, ranks_, algorithms_, cuda_device);
+  return *slot;
+}
+
+Backend& RowComm::for_device(const c10::Device& device, const std::string& axis) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const CommBackend wanted = world_->options().backend;
+  if (device.is_cpu()) {
+    TE_CHECK(wanted != CommBackend::kNccl, "a collective over mesh axis '", axis,
+             "' got a CPU tensor, but this world's backend is NCCL, which moves CUDA tensors "
+             "only: put the tensor on te::local_device(), or use CommBackend::kAuto");
+    return make(CommBackend::kGloo, -1);
+  }
+  TE_CHECK(device.is_cuda(), "a collective over mesh axis '", axis, "' got a tensor on ", device,
+           "; te-cpp moves CPU tensors (Gloo) and CUDA tensors (NCCL)");
+  if (wanted == CommBackend::kGloo || (wanted == CommBackend::kAuto && !nccl_built())) {
+    return make(CommBackend::kGloo, -1);
+  }
+  Backend& nccl = make(CommBackend::kNccl, device.has_index() ? device.index() : 0);
+  TE_CHECK(nccl.moves(device), "a collective over mesh axis '", axis, "' got a tensor on ",
+           device, ", but this rank's NCCL communicator runs on another GPU: keep every tensor of "
+           "a rank on its te::local_device()");
+  return nccl;
 }
 
 std::shared_ptr<World> thread_world() { return tls_world; }
@@ -295,6 +347,12 @@ void init_distributed(const DistributedOptions& options_in) {
   // Joining is checked below with per-rank keys, which can say who is missing.
   store_options.waitWorkers = false;
   store_options.timeout = options.timeout;
+#if TE_TCPSTORE_HAS_LIBUV
+  // LibTorch 2.4+ asks for a libuv store by default; Debian's LibTorch 2.6 is built without
+  // libuv and would refuse to start ("use_libuv was requested"). The classic store serves the
+  // few keys a te-cpp world uses just as well.
+  store_options.useLibUV = false;
+#endif
   c10::intrusive_ptr<c10d::Store> store;
   try {
     store = c10::make_intrusive<c10d::TCPStore>(addr, store_options);
@@ -304,8 +362,11 @@ void init_distributed(const DistributedOptions& options_in) {
             " s (rank 0 hosts it; is it running, and is the port free?): ", e.what());
   }
   const bool loopback = addr == "127.0.0.1" || addr == "localhost" || addr == "::1";
+  const std::string local_text = env_or_empty("LOCAL_RANK");
+  const int local =
+      local_text.empty() ? rank : static_cast<int>(env_int("LOCAL_RANK", local_text, 0, size - 1));
   auto world = std::make_shared<detail::World>(
-      c10::make_intrusive<c10d::PrefixStore>("te", store), rank, size, options,
+      c10::make_intrusive<c10d::PrefixStore>("te", store), rank, size, local, options,
       loopback ? "127.0.0.1" : std::string(), /*heartbeat=*/true);
   world->wait_for_all_ranks();
   pw.world = std::move(world);
@@ -332,7 +393,7 @@ void run_local_ranks(int world_size, const std::function<void(int rank)>& fn,
     threads.emplace_back([&, rank] {
       try {
         ShardingContextScope scope(context);
-        detail::tls_world = std::make_shared<detail::World>(store, rank, world_size, options,
+        detail::tls_world = std::make_shared<detail::World>(store, rank, world_size, rank, options,
                                                             "127.0.0.1", /*heartbeat=*/false);
         fn(rank);
       } catch (...) {
@@ -368,5 +429,27 @@ int world_size() {
 }
 
 bool is_distributed() { return world_size() > 1; }
+
+int local_rank() {
+  auto world = detail::current_world();
+  return world ? world->local_rank() : 0;
+}
+
+c10::Device local_device() {
+  if (at::hasCUDA()) return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(local_rank()));
+  return c10::Device(c10::kCPU);
+}
+
+const char* to_string(CommBackend backend) {
+  switch (backend) {
+    case CommBackend::kAuto:
+      return "auto";
+    case CommBackend::kGloo:
+      return "gloo";
+    case CommBackend::kNccl:
+      return "nccl";
+  }
+  return "?";
+}
 
 }  // namespace te

@@ -11,7 +11,7 @@
 #include <exception>
 #include <mutex>
 
-#include "../distributed/internal.h"
+#include "te/distributed/mesh.h"
 #include "te/error.h"
 #include "te/fp8.h"
 
@@ -23,7 +23,7 @@ namespace {
 struct Pending {
   std::shared_ptr<GemmMeta> meta;
   DelayedScaling recipe;
-  std::shared_ptr<const te::detail::MeshState> mesh;  // null: one process
+  std::optional<DeviceMesh> mesh;  // none: one process
   std::vector<int64_t> dims;
 };
 
@@ -57,8 +57,8 @@ void reduce_and_update(const std::vector<Pending>& items, bool forward) {
         std::lock_guard<std::mutex> lock(p->meta->mutex);
         rows.push_back(history(p)[0].clone());
       }
-      const at::Tensor reduced = te::detail::all_reduce(
-          te::detail::group_over(*items[i].mesh, items[i].dims), at::cat(rows), ReduceOp::kMax);
+      const at::Tensor reduced =
+          items[i].mesh->all_reduce(at::cat(rows), ReduceOp::kMax, items[i].dims);
       int64_t offset = 0;
       for (const Pending* p : batch) {
         std::lock_guard<std::mutex> lock(p->meta->mutex);
@@ -123,7 +123,7 @@ std::shared_ptr<Region>& current_region() {
 struct LinearState : torch::CustomClassHolder {
   std::shared_ptr<GemmMeta> meta;
   Recipe recipe;
-  std::shared_ptr<const te::detail::MeshState> mesh;
+  std::optional<DeviceMesh> mesh;
   std::vector<int64_t> dims;
   std::shared_ptr<BackwardReduction> backward;
   bool record = true;  // records(meta) when the GEMM ran
@@ -137,7 +137,7 @@ struct LinearState : torch::CustomClassHolder {
 at::Tensor current_scale(const at::Tensor& x, const LinearState& s, DType dtype) {
   at::Tensor a = fp8::amax(x);
   if (s.mesh && !s.dims.empty()) {
-    a = te::detail::all_reduce(te::detail::group_over(*s.mesh, s.dims), a, ReduceOp::kMax);
+    a = s.mesh->all_reduce(a, ReduceOp::kMax, s.dims);
   }
   const float scale = compute_scale(a.item<float>(), 1.0f, max_finite(dtype), 0);
   return at::full({1}, scale, x.options().dtype(at::kFloat));
@@ -309,7 +309,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::shared_pt
     for (int64_t d = 0; d < mesh->ndim(); ++d) {
       if (mesh->size(d) > 1 && (!pp || mesh->axis_names()[d] != *pp)) s->dims.push_back(d);
     }
-    s->mesh = mesh->shared_state();
+    s->mesh = *mesh;
   }
   if (!region->enabled) {
     // Calibrating in high precision: only the amaxes are recorded (DelayedScaling; a

@@ -2,12 +2,15 @@
 
 // A named, row-major grid of the world's ranks, with one process group per row of each axis.
 
+#include <ATen/Tensor.h>
+
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "te/distributed/placement.h"
 #include "te/distributed/world.h"
 #include "te/sharding/context.h"
 
@@ -44,6 +47,11 @@ class DeviceMesh {
   std::vector<int64_t> coordinates_of(int64_t rank) const;
   /// The world ranks of this rank's row along mesh dim `dim`, in coordinate order.
   std::vector<int64_t> group_ranks(int64_t dim) const;
+
+  /// Reduces `t` (whole on every rank) over the sub-grid of mesh dims `dims` through this rank
+  /// and returns the result (a new tensor). Collective: every rank of the mesh calls it with the
+  /// same dims, in the same order.
+  at::Tensor all_reduce(const at::Tensor& t, ReduceOp op, const std::vector<int64_t>& dims) const;
 
   /// "DeviceMesh(data=2, model=2)".
   std::string to_string() const;

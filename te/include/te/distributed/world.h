@@ -3,6 +3,8 @@
 // The set of ranks that exchange data: started from the environment (torchrun / mpirun / te-run),
 // or as threads of this process (tests, single-machine experiments).
 
+#include <c10/core/Device.h>
+
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -29,6 +31,17 @@ struct CollectiveAlgorithms {
   ReduceScatterAlgorithm reduce_scatter = ReduceScatterAlgorithm::kAllToAllSum;
 };
 
+/// What carries a mesh row's collectives (docs/ARCHITECTURE.md §3).
+enum class CommBackend {
+  kAuto,  ///< by the tensor's device: CPU tensors on Gloo, CUDA tensors on NCCL (made on first use;
+          ///< Gloo through host memory when this build has no NCCL)
+  kGloo,  ///< everything on Gloo (CUDA tensors through host memory)
+  kNccl,  ///< everything on NCCL: CUDA tensors only; each row's communicator is made with the mesh
+};
+
+/// "auto", "gloo", "nccl".
+const char* to_string(CommBackend backend);
+
 struct DistributedOptions {
   /// How long a collective (or joining the group) may wait for a peer before failing with
   /// te::Error. Overridden by TE_DIST_TIMEOUT_S when set.
@@ -41,6 +54,8 @@ struct DistributedOptions {
   /// another shape, then gets a te::Error on every rank naming both calls, instead of a hang or
   /// garbage. Costs one small all-gather per collective. TE_CHECK_COLLECTIVES=1 turns it on.
   bool check_collectives = false;
+  /// Which backend carries the collectives. TE_COMM_BACKEND=auto|gloo|nccl overrides it.
+  CommBackend backend = CommBackend::kAuto;
 };
 
 /// Joins the process group described by the environment: RANK, WORLD_SIZE, MASTER_ADDR,
@@ -68,5 +83,11 @@ int world_rank();
 int world_size();
 /// True when this thread belongs to a world of more than one rank.
 bool is_distributed();
+/// This rank's index on its machine: LOCAL_RANK as te-run / torchrun set it (the rank when unset),
+/// a thread rank's own rank, 0 when not distributed.
+int local_rank();
+/// The device this rank computes on: cuda:local_rank() when this LibTorch has CUDA and a GPU,
+/// else the CPU. One GPU per rank, as NCCL requires.
+c10::Device local_device();
 
 }  // namespace te
