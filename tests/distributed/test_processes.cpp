@@ -59,6 +59,19 @@ TEST(Processes, TransformerLayerWithDropoutOnDp2xTp2MatchesOneProcess) {
   }
 }
 
+// The NCCL unique id travels between processes through the world's TCP store (the GPU part of
+// making a communicator is scripts/gpu-check.sh's).
+TEST(Processes, NcclUniqueIdIsSharedThroughTheStore) {
+  const Result r = run(kRun + " --nproc 3 -- " + kWorker + " nccl_id");
+  ASSERT_EQ(r.status, 0) << r.output;
+  if (r.output.find("nccl not built") != std::string::npos) GTEST_SKIP() << "built without NCCL";
+  for (int k = 0; k < 3; ++k) {
+    const std::string line = "[rank " + std::to_string(k) + "] rank " + std::to_string(k) +
+                             " nccl id shared by 3 ranks";
+    EXPECT_NE(r.output.find(line), std::string::npos) << r.output;
+  }
+}
+
 TEST(Processes, Fp8DataParallelStepsAgreeWithOneProcessAndAcrossRanks) {
   const Result r = run(kRun + " --nproc 2 -- " + kWorker + " fp8");
   ASSERT_EQ(r.status, 0) << r.output;

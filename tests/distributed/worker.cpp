@@ -12,6 +12,8 @@
 //                          and prints the fingerprint of its whole weights
 //   te_dist_worker ckpt_sum DIR    loads DIR into the same layer on this process's world and prints
 //                          the fingerprint of its weights (gathered when sharded)
+//   te_dist_worker nccl_id each rank takes the NCCL unique id rank 0 made through the world's TCP
+//                          store; the ranks all-gather what they got and rank 0 compares
 //   te_dist_worker layer   a TransformerLayer in training (dropout 0.1-0.3) on a DP2xTP2 mesh of
 //                          4 processes: output and every gradient against the same layer run on
 //                          this process alone
@@ -24,6 +26,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -33,9 +36,16 @@
 #include <thread>
 
 #include "dist_test_util.h"
+#include "distributed/internal.h"
 #include "te/distributed.h"
 #include "te/fp8.h"
 #include "te/nn.h"
+
+#ifdef TE_WITH_NCCL
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
+#include "distributed/nccl_support.h"
+#endif
 
 namespace {
 
@@ -333,6 +343,28 @@ int checkpoint_sum(const std::string& dir) {
   return 0;
 }
 
+int nccl_id() {
+#ifdef TE_WITH_NCCL
+  const int rank = te::world_rank();
+  auto store = c10::make_intrusive<c10d::PrefixStore>("nccl-id-test",
+                                                      te::detail::current_world()->store());
+  const ncclUniqueId id = te::detail::nccl::share_unique_id(*store, rank);
+  at::Tensor mine = at::empty({static_cast<int64_t>(sizeof(id))}, at::kByte);
+  std::memcpy(mine.data_ptr(), &id, sizeof(id));
+  te::DeviceMesh mesh({te::world_size()}, {"x"});
+  const at::Tensor all =
+      te::DTensor::from_local(mine.unsqueeze(0), mesh, {te::Shard{0}}).full_tensor();
+  for (int r = 0; r < te::world_size(); ++r) {
+    TE_CHECK(at::equal(all[r], all[0]), "rank ", r, " got another NCCL id than rank 0");
+  }
+  std::cout << "rank " << rank << " nccl id shared by " << te::world_size() << " ranks"
+            << std::endl;
+#else
+  std::cout << "rank " << te::world_rank() << " nccl not built" << std::endl;
+#endif
+  return 0;
+}
+
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "check";
   try {
@@ -342,6 +374,7 @@ int main(int argc, char** argv) {
     if (mode == "exit") return die_or_exit(false, argc > 2 ? std::atoi(argv[2]) : 1);
     if (mode == "fp8") return fp8_steps();
     if (mode == "layer") return layer_step();
+    if (mode == "nccl_id") return nccl_id();
     if (mode == "ckpt_kill" && argc > 2) return checkpoint_kill(argv[2]);
     if (mode == "ckpt_sum" && argc > 2) return checkpoint_sum(argv[2]);
     if (mode == "ckpt_save4" && argc > 2) return checkpoint_save4(argv[2]);

@@ -47,6 +47,8 @@ class World {
   int rank() const { return rank_; }
   int size() const { return size_; }
   int local_rank() const { return local_rank_; }
+  /// The world's rendezvous store (keys of te-cpp live under prefixes of their own).
+  const c10::intrusive_ptr<c10d::Store>& store() const { return store_; }
   const DistributedOptions& options() const { return options_; }
 
   /// A communicator of `kind` over `ranks` (world ranks, this rank among them) rendezvousing

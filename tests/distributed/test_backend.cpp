@@ -1,0 +1,154 @@
+// The communication backend boundary: choosing a backend (options, environment), the errors for a
+// backend this machine or build cannot give, and what the NCCL backend decides before touching a
+// GPU (type and operator mappings, the unique-id exchange over the world's store, the check for
+// two ranks on one GPU). NCCL collectives themselves need a GPU: scripts/gpu-check.sh runs them.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../expect_error.h"
+#include "distributed/internal.h"
+#include "te/distributed.h"
+
+#ifdef TE_WITH_NCCL
+#include <cuda_runtime.h>
+
+#include "distributed/nccl_support.h"
+#endif
+
+namespace te {
+namespace {
+
+struct EnvScope {
+  EnvScope(const char* name, const char* value) : name_(name) { ::setenv(name, value, 1); }
+  ~EnvScope() { ::unsetenv(name_); }
+  const char* name_;
+};
+
+TEST(CommBackendOption, NamesAndEnvironment) {
+  EXPECT_STREQ(to_string(CommBackend::kAuto), "auto");
+  EXPECT_STREQ(to_string(CommBackend::kGloo), "gloo");
+  EXPECT_STREQ(to_string(CommBackend::kNccl), "nccl");
+  EnvScope env("TE_COMM_BACKEND", "mpi");
+  EXPECT_ERROR(run_local_ranks(1, [](int) {}), "TE_COMM_BACKEND='mpi' is not auto, gloo or nccl");
+}
+
+// Forcing Gloo moves CPU tensors exactly as the default does.
+TEST(CommBackendOption, GlooByOptionAndByEnvironmentMovesCpuTensors) {
+  for (bool by_env : {false, true}) {
+    DistributedOptions options;
+    std::unique_ptr<EnvScope> env;
+    if (by_env) {
+      env = std::make_unique<EnvScope>("TE_COMM_BACKEND", "gloo");
+    } else {
+      options.backend = CommBackend::kGloo;
+    }
+    run_local_ranks(
+        2,
+        [](int rank) {
+          DeviceMesh mesh({2}, {"x"});
+          const DTensor p = DTensor::from_local(at::full({3}, rank + 1.0), mesh, {Partial{}});
+          EXPECT_TRUE(at::equal(p.full_tensor(), at::full({3}, 3.0)));
+        },
+        options);
+  }
+}
+
+// NCCL asked for where it cannot run: the mesh fails on every rank with a sentence that says why.
+TEST(CommBackendOption, NcclWithoutAGpuOrWithoutNcclIsNamed) {
+  std::string expected;
+#ifdef TE_WITH_NCCL
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) count = 0;
+  if (count >= 2) GTEST_SKIP() << count << " GPUs: two thread ranks can run NCCL here";
+  expected = count == 0 ? "NCCL needs a CUDA GPU on every rank, and rank"
+                        : "would run NCCL on cuda:1, but this machine has 1 GPU(s)";
+#else
+  expected = "this te-cpp was built without NCCL";
+#endif
+  DistributedOptions options;
+  options.backend = CommBackend::kNccl;
+  options.timeout = std::chrono::seconds(20);
+  std::vector<std::string> errors(2);
+  EXPECT_THROW(run_local_ranks(
+                   2,
+                   [&](int rank) {
+                     try {
+                       DeviceMesh mesh({2}, {"x"});
+                     } catch (const Error& e) {
+                       errors[static_cast<std::size_t>(rank)] = e.what();
+                       throw;
+                     }
+                   },
+                   options),
+               Error);
+  bool named = false;
+  for (const std::string& e : errors) named = named || e.find(expected) != std::string::npos;
+  EXPECT_TRUE(named) << "expected: " << expected << "\nrank 0: " << errors[0]
+                     << "\nrank 1: " << errors[1];
+}
+
+#ifdef TE_WITH_NCCL
+
+TEST(NcclSupport, TypesAndOperators) {
+  EXPECT_EQ(detail::nccl::reduce_type(at::kFloat), ncclFloat32);
+  EXPECT_EQ(detail::nccl::reduce_type(at::kDouble), ncclFloat64);
+  EXPECT_EQ(detail::nccl::reduce_type(at::kHalf), ncclFloat16);
+  EXPECT_EQ(detail::nccl::reduce_type(at::kBFloat16), ncclBfloat16);
+  EXPECT_EQ(detail::nccl::reduce_type(at::kInt), ncclInt32);
+  EXPECT_EQ(detail::nccl::reduce_type(at::kLong), ncclInt64);
+  EXPECT_EQ(detail::nccl::reduce_type(at::kChar), ncclInt8);
+  EXPECT_EQ(detail::nccl::reduce_type(at::kByte), ncclUint8);
+  EXPECT_EQ(detail::nccl::reduce_type(at::kBool), ncclUint8);
+  EXPECT_ERROR(detail::nccl::reduce_type(at::kShort), "NCCL cannot reduce Short tensors");
+  EXPECT_ERROR(detail::nccl::reduce_type(at::kComplexFloat),
+               "NCCL cannot reduce ComplexFloat tensors");
+  EXPECT_EQ(detail::nccl::reduce_op(ReduceOp::kSum), ncclSum);
+  EXPECT_EQ(detail::nccl::reduce_op(ReduceOp::kAvg), ncclAvg);
+  EXPECT_EQ(detail::nccl::reduce_op(ReduceOp::kMax), ncclMax);
+  EXPECT_EQ(detail::nccl::reduce_op(ReduceOp::kMin), ncclMin);
+}
+
+TEST(NcclSupport, TwoRanksOnOneGpuAreFound) {
+  EXPECT_FALSE(detail::nccl::shared_gpu({"0000:01:00.0", "0000:02:00.0"}).has_value());
+  const auto dup =
+      detail::nccl::shared_gpu({"0000:01:00.0", "0000:02:00.0", "0000:01:00.0"});
+  ASSERT_TRUE(dup.has_value());
+  EXPECT_EQ(dup->first, 0);
+  EXPECT_EQ(dup->second, 2);
+}
+
+std::vector<uint8_t> bytes_of(const ncclUniqueId& id) {
+  const auto* p = reinterpret_cast<const uint8_t*>(&id);
+  return {p, p + sizeof(id)};
+}
+
+// Thread ranks share the id rank 0 made through their world's store; another key, another id.
+TEST(NcclSupport, ThreadRanksShareRankZerosUniqueIdThroughTheWorldStore) {
+  std::vector<std::vector<uint8_t>> first(3), second(3);
+  run_local_ranks(3, [&](int rank) {
+    const auto& store = detail::current_world()->store();
+    auto a = c10::make_intrusive<c10d::PrefixStore>("nccl-test/a", store);
+    auto b = c10::make_intrusive<c10d::PrefixStore>("nccl-test/b", store);
+    first[static_cast<std::size_t>(rank)] = bytes_of(detail::nccl::share_unique_id(*a, rank));
+    second[static_cast<std::size_t>(rank)] = bytes_of(detail::nccl::share_unique_id(*b, rank));
+  });
+  EXPECT_EQ(first[0].size(), sizeof(ncclUniqueId));
+  EXPECT_EQ(first[1], first[0]);
+  EXPECT_EQ(first[2], first[0]);
+  EXPECT_EQ(second[1], second[0]);
+  EXPECT_EQ(second[2], second[0]);
+  EXPECT_NE(first[0], second[0]);
+}
+
+#endif  // TE_WITH_NCCL
+
+}  // namespace
+}  // namespace te
