@@ -7,6 +7,7 @@
 #include <benchmark/benchmark.h>
 #include <c10/core/InferenceMode.h>
 #include <nlohmann/json.hpp>
+#include <unistd.h>
 
 #include <filesystem>
 #include <memory>

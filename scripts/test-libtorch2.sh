@@ -27,7 +27,9 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 if ! command -v mmdebstrap >/dev/null; then
   echo "te: installing mmdebstrap (apt-get, once)"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mmdebstrap >/dev/null
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq mmdebstrap >/dev/null
 fi
 
 # The root is (re)made when missing or when the package list changed; made beside and moved in,
@@ -52,7 +54,7 @@ export CCACHE_DIR=/var/cache/ccache CCACHE_MAXSIZE=2G
 if [ ! -f "$BUILD_DIR/build.ninja" ]; then
   cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTE_CUDA=OFF --log-level=WARNING
 fi
-cmake --build "$BUILD_DIR"
+cmake --build "$BUILD_DIR" -- -k 0  # every error at once
 ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$(nproc)" "$@"
 EOF
 )

@@ -66,6 +66,7 @@ struct Args {
   std::string load_dir;
   bool eval_only = false;
   std::string dtype = "fp32";
+  std::string device = "cpu";
   bool quiet = false;
 };
 
@@ -321,9 +322,10 @@ struct Batch {
 
 // bf16 compute with fp32 weights and optimiser state (TE's bf16 runs keep fp32 parameters): the
 // GEMMs and attention run in bf16 under LibTorch's CPU autocast for the region's lifetime.
+// On a GPU, the same through LibTorch's CUDA autocast.
 class ComputeDtype {
  public:
-  explicit ComputeDtype(bool bf16) : bf16_(bf16) {
+  ComputeDtype(bool bf16, bool cuda) : bf16_(bf16), cuda_(cuda) {
     if (bf16_) enable(true);
   }
   ~ComputeDtype() {
@@ -336,22 +338,43 @@ class ComputeDtype {
   ComputeDtype& operator=(const ComputeDtype&) = delete;
 
  private:
-  static void enable(bool on) {
+  void enable(bool on) const {
 #if TE_AUTOCAST_BY_DEVICE
-    at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
-    at::autocast::set_autocast_enabled(at::kCPU, on);
+    const at::DeviceType type = cuda_ ? at::kCUDA : at::kCPU;
+    at::autocast::set_autocast_dtype(type, at::kBFloat16);
+    at::autocast::set_autocast_enabled(type, on);
 #else
-    at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
-    at::autocast::set_cpu_enabled(on);
+    if (cuda_) {
+      at::autocast::set_autocast_gpu_dtype(at::kBFloat16);
+      at::autocast::set_enabled(on);
+    } else {
+      at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+      at::autocast::set_cpu_enabled(on);
+    }
 #endif
   }
   bool bf16_;
+  bool cuda_;
 };
 
-Batch batch_of(const encoder::Encoded& data, const at::Tensor& index, int64_t max_seq_len) {
-  return {data.ids.index_select(0, index),
-          encoder::padding_mask(data.lengths.index_select(0, index), max_seq_len),
-          data.labels.index_select(0, index)};
+// The device of --device: the CPU, or this rank's GPU (te::local_device(): cuda:LOCAL_RANK).
+at::Device device_of(const Args& args) {
+  if (args.device == "cpu") return at::Device(at::kCPU);
+  const at::Device gpu = te::local_device();
+  if (!gpu.is_cuda()) {
+    throw encoder::InputError(
+        "--device cuda: this LibTorch has no CUDA, or no GPU is visible; "
+        "use --device cpu");
+  }
+  return gpu;
+}
+
+// The batch on the run's device (--device).
+Batch batch_of(const encoder::Encoded& data, const at::Tensor& index, int64_t max_seq_len,
+               const at::Device& device) {
+  return {data.ids.index_select(0, index).to(device),
+          encoder::padding_mask(data.lengths.index_select(0, index), max_seq_len).to(device),
+          data.labels.index_select(0, index).to(device)};
 }
 
 struct Evaluation {
@@ -366,7 +389,7 @@ class Trainer {
 
   // Logits of a global batch: [B, 2], the same on every rank.
   at::Tensor logits(const Batch& b) {
-    ComputeDtype compute(args_.dtype == "bf16");
+    ComputeDtype compute(args_.dtype == "bf16", device_of(args_).is_cuda());
     if (!mesh_) return model_->forward(b.ids, b.mask).to(at::kFloat);
     return model_->forward_on_mesh(b.ids, b.mask).full_tensor().to(at::kFloat);
   }
@@ -382,7 +405,7 @@ class Trainer {
       // A short last batch is padded to the full batch (its extra rows are ignored), so every
       // layout splits the batch as in training.
       at::Tensor index = at::arange(start, start + bs, at::kLong).clamp_max(n - 1);
-      const Batch b = batch_of(data, index, args_.max_seq_len);
+      const Batch b = batch_of(data, index, args_.max_seq_len, device_of(args_));
       const at::Tensor out = logits(b).narrow(0, 0, len);
       const at::Tensor labels = b.labels.narrow(0, 0, len);
       loss_sum += at::cross_entropy_loss(out, labels, {}, at::Reduction::Sum).item<double>();
@@ -410,7 +433,7 @@ class Trainer {
       const int64_t n = data.size(), bs = args_.batch_size;
       for (int64_t i = 0; i < batches && i * bs < n; ++i) {
         at::Tensor index = at::arange(i * bs, (i + 1) * bs, at::kLong).clamp_max(n - 1);
-        logits(batch_of(data, index, args_.max_seq_len));
+        logits(batch_of(data, index, args_.max_seq_len, device_of(args_)));
       }
     }
     model_->train();
@@ -597,6 +620,7 @@ int train(const Args& args, const Layout& layout, const ColaData& data, int rank
     if (lead) std::cout << "loaded " << args.load_dir << std::endl;
   }
 
+  model->to(device_of(args));
   torch::optim::AdamW optimizer(
       model->parameters(),
       torch::optim::AdamWOptions(args.lr).betas({0.9, 0.999}).eps(1e-8).weight_decay(1e-4));
@@ -657,7 +681,7 @@ int train(const Args& args, const Layout& layout, const ColaData& data, int rank
     for (int64_t step = 0; step < steps_per_epoch; ++step) {
       const auto step_start = Clock::now();
       const Batch b = batch_of(train_set, perm.narrow(0, step * args.batch_size, args.batch_size),
-                               args.max_seq_len);
+                               args.max_seq_len, device_of(args));
       at::Tensor loss, out;
       optimizer.zero_grad();
       {
@@ -874,6 +898,10 @@ int main(int argc, char** argv) {
                  "model options must be the ones it was trained with). Weights only: the "
                  "optimiser starts afresh");
   app.add_flag("--eval-only", args.eval_only, "With --load: evaluate the dev set, do not train");
+  app.add_option("--device", args.device,
+                 "cpu, or cuda: this rank's GPU (cuda:LOCAL_RANK under te-run); collectives of "
+                 "CUDA tensors run on NCCL")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_flag("--quiet", args.quiet, "Print nothing but errors");
   try {
     app.parse(argc, argv);

@@ -9,6 +9,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <iostream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -118,8 +119,7 @@ TEST(NcclSupport, TypesAndOperators) {
 
 TEST(NcclSupport, TwoRanksOnOneGpuAreFound) {
   EXPECT_FALSE(detail::nccl::shared_gpu({"0000:01:00.0", "0000:02:00.0"}).has_value());
-  const auto dup =
-      detail::nccl::shared_gpu({"0000:01:00.0", "0000:02:00.0", "0000:01:00.0"});
+  const auto dup = detail::nccl::shared_gpu({"0000:01:00.0", "0000:02:00.0", "0000:01:00.0"});
   ASSERT_TRUE(dup.has_value());
   EXPECT_EQ(dup->first, 0);
   EXPECT_EQ(dup->second, 2);
@@ -146,6 +146,83 @@ TEST(NcclSupport, ThreadRanksShareRankZerosUniqueIdThroughTheWorldStore) {
   EXPECT_EQ(second[1], second[0]);
   EXPECT_EQ(second[2], second[0]);
   EXPECT_NE(first[0], second[0]);
+}
+
+// ---- on a GPU (scripts/gpu-check.sh): skipped where LibTorch has no CUDA or sees no GPU ----
+
+std::unique_ptr<detail::Backend> one_rank_nccl(const std::string& key) {
+  detail::BackendSetup setup;
+  setup.store = c10::make_intrusive<c10d::HashStore>();
+  setup.key = key;
+  setup.ranks = {0};
+  setup.timeout = std::chrono::seconds(60);
+  setup.cuda_device = 0;
+  return detail::make_nccl_backend(setup);
+}
+
+// Every primitive and every dtype NCCL takes, on one-rank communicators; two of them at once on
+// one GPU (a one-rank communicator's collectives are copies, so the results are the inputs).
+TEST(NcclGpu, EveryCollectiveAndDtypeOnTwoOneRankCommunicators) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA tensors here (LibTorch without CUDA, or no GPU)";
+  auto a = one_rank_nccl("a");
+  auto b = one_rank_nccl("b");
+  const at::Device gpu(at::kCUDA, 0);
+  for (detail::Backend* backend : {a.get(), b.get()}) {
+    EXPECT_TRUE(backend->moves(gpu));
+    EXPECT_FALSE(backend->moves(at::Device(at::kCPU)));
+    for (at::ScalarType dtype : {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16, at::kInt,
+                                 at::kLong, at::kChar, at::kByte}) {
+      const at::Tensor t = at::arange(12).to(gpu, dtype);
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin}) {
+        at::Tensor r = t.clone();
+        EXPECT_STREQ(backend->all_reduce(r, op), "ncclAllReduce");
+        EXPECT_TRUE(at::equal(r, t)) << dtype << " " << to_string(op);
+      }
+      at::Tensor gathered = at::empty_like(t).view(at::kByte);
+      EXPECT_STREQ(backend->all_gather(t.view(at::kByte), gathered), "ncclAllGather");
+      EXPECT_TRUE(at::equal(gathered.view(dtype), t)) << dtype;
+      at::Tensor scattered = at::empty_like(t);
+      EXPECT_STREQ(backend->reduce_scatter(t, scattered, ReduceOp::kSum), "ncclReduceScatter");
+      EXPECT_TRUE(at::equal(scattered, t)) << dtype;
+      at::Tensor exchanged = at::empty_like(t).view(at::kByte);
+      const std::vector<int64_t> sizes{t.numel() * static_cast<int64_t>(t.element_size())};
+      EXPECT_STREQ(backend->all_to_all(t.view(at::kByte), exchanged, sizes, sizes),
+                   "ncclSend/ncclRecv");
+      EXPECT_TRUE(at::equal(exchanged.view(dtype), t)) << dtype;
+    }
+    at::Tensor f = at::full({4}, 3.0, at::TensorOptions().device(gpu));
+    backend->all_reduce(f, ReduceOp::kAvg);
+    EXPECT_TRUE(at::equal(f.cpu(), at::full({4}, 3.0)));
+    backend->barrier();
+  }
+  std::cout << "nccl: 4 primitives x 8 dtypes on two one-rank communicators of cuda:0 ok"
+            << std::endl;
+}
+
+// Two thread ranks whose CUDA tensors sit on one GPU: NCCL would refuse the communicator; the
+// ranks stop with a sentence that says so.
+TEST(NcclGpu, TwoRanksOnOneGpuAreRefusedWithAReason) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA tensors here (LibTorch without CUDA, or no GPU)";
+  DistributedOptions options;
+  options.timeout = std::chrono::seconds(30);
+  std::vector<std::string> errors(2);
+  run_local_ranks(
+      2,
+      [&](int rank) {
+        DeviceMesh mesh({2}, {"x"});
+        const at::Tensor local = at::full({4}, rank + 1.0).to(at::Device(at::kCUDA, 0));
+        try {
+          DTensor::from_local(local, mesh, {Partial{}}).full_tensor();
+        } catch (const Error& e) {
+          errors[static_cast<std::size_t>(rank)] = e.what();
+        }
+      },
+      options);
+  for (const std::string& e : errors) {
+    EXPECT_NE(e.find("NCCL refuses two ranks of one communicator on one GPU"), std::string::npos)
+        << e;
+  }
+  std::cout << "two ranks on one GPU: " << errors[0] << std::endl;
 }
 
 #endif  // TE_WITH_NCCL

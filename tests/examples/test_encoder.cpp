@@ -206,10 +206,10 @@ TEST(Encoder, PrintsEpochLinesAndFp8Runs) {
 TEST(Encoder, HelpDescribesEveryOption) {
   const Result r = encoder("--help");
   EXPECT_EQ(r.status, 0);
-  for (const char* opt :
-       {"--data", "--eval-data", "--epochs", "--batch-size", "--max-seq-len", "--lr", "--seed",
-        "--dropout", "--fp8", "--mesh", "--mesh-resource", "--rules", "--extend-te-rules",
-        "--sequence-parallel", "--nproc", "--metrics-json", "--log-steps", "--threads"}) {
+  for (const char* opt : {"--data", "--eval-data", "--epochs", "--batch-size", "--max-seq-len",
+                          "--lr", "--seed", "--dropout", "--fp8", "--mesh", "--mesh-resource",
+                          "--rules", "--extend-te-rules", "--sequence-parallel", "--nproc",
+                          "--metrics-json", "--log-steps", "--threads", "--device"}) {
     EXPECT_NE(r.out.find(opt), std::string::npos) << opt;
   }
 }
@@ -267,6 +267,15 @@ TEST(EncoderBadInput, UnknownOptionValues) {
   expect_rejected("--mesh data=two", "size 'two' of axis 'data' is not a positive integer");
   expect_rejected("--mesh-resource dq=data", "dq");
   expect_rejected("--rules 'batch=(data'", "--rules");
+}
+
+// --device cuda where LibTorch has no CUDA or no GPU is visible (this CI machine); on a GPU
+// machine the run would go ahead, so the test only applies where there is none.
+TEST(EncoderBadInput, CudaDeviceWithoutAGpu) {
+  expect_rejected("--device tpu", "--device");
+  if (fs::exists("/dev/nvidiactl")) GTEST_SKIP() << "an NVIDIA driver is here";
+  expect_rejected("--device cuda --max-steps 1",
+                  "--device cuda: this LibTorch has no CUDA, or no GPU is visible");
 }
 
 TEST(EncoderBadInput, RulesNameAMeshAxisTheMeshLacks) {

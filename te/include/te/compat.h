@@ -22,6 +22,10 @@
 /// LibTorch's float8_e4m3fn / float8_e5m2 dtypes exist from 2.1 on.
 #define TE_HAS_FLOAT8 TE_TORCH_VERSION_AT_LEAST(2, 1)
 
+/// scaled_dot_product_attention has a cuDNN backend, switched by at::Context::setSDPUseCuDNN,
+/// from 2.5 on.
+#define TE_HAS_CUDNN_SDPA TE_TORCH_VERSION_AT_LEAST(2, 5)
+
 /// c10d::TCPStoreOptions::useLibUV exists from 2.3 on (and defaults to true from 2.4).
 #define TE_TCPSTORE_HAS_LIBUV TE_TORCH_VERSION_AT_LEAST(2, 3)
 
@@ -42,6 +46,24 @@ Key optimizer_state_key(void* tensor_impl) {
     return os.str();
   } else {
     return tensor_impl;
+  }
+}
+
+/// The name of a backend number at::_fused_sdp_choice returns (sdp::SDPBackend).
+inline const char* sdp_backend_name(int64_t choice) {
+  switch (choice) {
+    case 0:
+      return "math";
+    case 1:
+      return "flash_attention";
+    case 2:
+      return "efficient_attention";
+    case 3:
+      return "cudnn_attention";
+    case 4:
+      return "overrideable";
+    default:
+      return "error";
   }
 }
 

@@ -1,10 +1,10 @@
 #pragma once
 
-// The communication backend boundary (docs/ARCHITECTURE.md §3): the primitives one row of a mesh
-// runs, whatever carries them. The collectives of collectives.cpp (uneven torch.chunk pieces,
-// layouts, CommTrace, desync checks, error wording) are written against this interface only;
-// Gloo (gloo_backend.cpp) and NCCL (nccl_backend.cpp) implement it with their own primitives and
-// keep their own workarounds.
+// The communication backend boundary (docs/ARCHITECTURE.md §2, Backends): the primitives one row of
+// a mesh runs, whatever carries them. The collectives of collectives.cpp (uneven torch.chunk
+// pieces, layouts, CommTrace, desync checks, error wording) are written against this interface
+// only; Gloo (gloo_backend.cpp) and NCCL (nccl_backend.cpp) implement it with their own primitives
+// and keep their own workarounds.
 
 #include <ATen/Tensor.h>
 #include <c10/core/Device.h>
@@ -56,8 +56,8 @@ class Backend {
 /// `size`, the timeout for every call, and the Gloo-specific choices.
 struct BackendSetup {
   c10::intrusive_ptr<c10d::Store> store;  ///< a prefix store private to this communicator
-  std::string key;               ///< for messages: the row's rendezvous key
-  std::vector<int64_t> ranks;    ///< for messages: the world ranks of the row
+  std::string key;                        ///< for messages: the row's rendezvous key
+  std::vector<int64_t> ranks;             ///< for messages: the world ranks of the row
   int rank = 0;
   int size = 1;
   std::chrono::milliseconds timeout{0};
@@ -71,6 +71,8 @@ std::unique_ptr<Backend> make_gloo_backend(const BackendSetup& setup);
 /// A connected NCCL communicator (rank 0 makes the unique id and shares it through the store).
 /// Throws te::Error when this build has no NCCL or the machine has no usable GPU.
 std::unique_ptr<Backend> make_nccl_backend(const BackendSetup& setup);
+/// Whether this build can make Gloo communicators (LibTorch with c10d Gloo and Gloo's headers).
+bool gloo_built();
 /// Whether this build can make NCCL communicators (found with the CUDA toolkit at configure).
 bool nccl_built();
 

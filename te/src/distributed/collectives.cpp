@@ -18,9 +18,7 @@ namespace te::detail {
 
 namespace {
 
-int64_t bytes_of(const at::Tensor& t) {
-  return t.numel() * static_cast<int64_t>(t.element_size());
-}
+int64_t bytes_of(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
 
 std::string ranks_text(const Group& g) {
   std::ostringstream os;
@@ -52,8 +50,9 @@ const char* run(const Group& g, const char* what, Call call) {
       cause = "a peer rank did not arrive within " + std::to_string(g.timeout.count() / 1000.0) +
               " s (every rank must run the same collectives in the same order)";
     } else {
-      cause = "the communication backend rejected the call (every peer is alive and it failed "
-              "before the timeout)";
+      cause =
+          "the communication backend rejected the call (every peer is alive and it failed "
+          "before the timeout)";
     }
     TE_FAIL(what, " over mesh axis '", g.axis, "' (ranks ", ranks_text(g), ") failed on rank ",
             g.world_rank, ": ", cause, ". The backend said: ", e.what());
@@ -66,9 +65,7 @@ Backend& backend_for(const Group& g, const at::Tensor& t) {
 
 // Moves carry raw bytes, so any dtype crosses any backend unchanged: a contiguous tensor's flat
 // bytes, and back.
-at::Tensor as_bytes(const at::Tensor& t) {
-  return t.contiguous().reshape({-1}).view(at::kByte);
-}
+at::Tensor as_bytes(const at::Tensor& t) { return t.contiguous().reshape({-1}).view(at::kByte); }
 at::Tensor from_bytes(const at::Tensor& bytes, at::ScalarType dtype, at::IntArrayRef shape) {
   return bytes.view(dtype).view(shape);
 }
@@ -96,8 +93,8 @@ void check_same_call(const Group& g, const std::string& call, const at::Tensor& 
     return;
   }
   constexpr int64_t kBytes = 256;
-  std::string mine = call + ", collective #" + std::to_string(g.calls->fetch_add(1) + 1) +
-                     " on this row";
+  std::string mine =
+      call + ", collective #" + std::to_string(g.calls->fetch_add(1) + 1) + " on this row";
   if (static_cast<int64_t>(mine.size()) > kBytes) mine.resize(static_cast<std::size_t>(kBytes));
   at::Tensor buffer = at::zeros({kBytes}, at::kByte);
   std::memcpy(buffer.data_ptr<uint8_t>(), mine.data(), mine.size());
@@ -113,8 +110,8 @@ void check_same_call(const Group& g, const std::string& call, const at::Tensor& 
     const std::string theirs(text, strnlen(text, static_cast<std::size_t>(kBytes)));
     if (theirs != mine) {
       TE_FAIL("collectives out of step over mesh axis '", g.axis, "' (ranks ", ranks_text(g),
-              "): rank ", g.world_rank, " runs ", mine, ", but rank ", g.ranks[r], " runs ",
-              theirs, ". Every rank must run the same collectives in the same order on the same "
+              "): rank ", g.world_rank, " runs ", mine, ", but rank ", g.ranks[r], " runs ", theirs,
+              ". Every rank must run the same collectives in the same order on the same "
               "shapes: look for a constraint or collective only some ranks reach");
     }
   }
@@ -195,11 +192,8 @@ at::Tensor all_reduce(const Group& g, const at::Tensor& t, ReduceOp op) {
 // Reduces, then keeps this rank's torch.chunk piece of `dim`: pieces padded to the longest go in,
 // the padding of this rank's is dropped.
 at::Tensor reduce_scatter(const Group& g, const at::Tensor& t, ReduceOp op, int64_t dim) {
-  check_same_call(g,
-                  describe("reduce_scatter(" + to_string(op) + ", dim " + std::to_string(dim) +
-                               ")",
-                           t),
-                  t);
+  check_same_call(
+      g, describe("reduce_scatter(" + to_string(op) + ", dim " + std::to_string(dim) + ")", t), t);
   TE_CHECK(op == ReduceOp::kSum || op == ReduceOp::kAvg,
            "internal: reduce_scatter takes sum or avg, got ", to_string(op));
   TE_CHECK(op != ReduceOp::kAvg || at::isFloatingType(t.scalar_type()),
@@ -219,7 +213,8 @@ at::Tensor reduce_scatter(const Group& g, const at::Tensor& t, ReduceOp op, int6
     padded = at::zeros(shape_with(moved.sizes(), 0, g.size * longest), moved.options());
     for (int64_t s = 0; s < g.size; ++s) {
       const Chunk c = chunk_of(full, g.size, s);
-      if (c.length > 0) padded.narrow(0, s * longest, c.length).copy_(moved.narrow(0, c.offset, c.length));
+      if (c.length > 0)
+        padded.narrow(0, s * longest, c.length).copy_(moved.narrow(0, c.offset, c.length));
     }
   }
   const auto piece_shape = shape_with(moved.sizes(), 0, longest);
@@ -234,13 +229,13 @@ at::Tensor reduce_scatter(const Group& g, const at::Tensor& t, ReduceOp op, int6
   return restore_dtype(result, t.scalar_type());
 }
 
-at::Tensor all_to_all(const Group& g, const at::Tensor& local, int64_t from_dim,
-                      int64_t from_full, int64_t to_dim) {
-  check_same_call(g,
-                  describe("all_to_all(dim " + std::to_string(from_dim) + " -> " +
-                               std::to_string(to_dim) + ")",
-                           local, from_dim, from_full),
-                  local);
+at::Tensor all_to_all(const Group& g, const at::Tensor& local, int64_t from_dim, int64_t from_full,
+                      int64_t to_dim) {
+  check_same_call(
+      g,
+      describe("all_to_all(dim " + std::to_string(from_dim) + " -> " + std::to_string(to_dim) + ")",
+               local, from_dim, from_full),
+      local);
   const Chunk mine_from = chunk_of(from_full, g.size, g.rank);
   TE_CHECK(local.size(from_dim) == mine_from.length, "all_to_all over mesh axis '", g.axis,
            "': rank ", g.world_rank, " holds ", local.size(from_dim), " of dim ", from_dim,
@@ -267,16 +262,15 @@ at::Tensor all_to_all(const Group& g, const at::Tensor& local, int64_t from_dim,
     shapes.push_back(shape);
   }
   const at::Tensor in = at::cat(send);
-  at::Tensor received = at::empty(
-      {std::accumulate(out_sizes.begin(), out_sizes.end(), int64_t{0})}, in.options());
-  const char* primitive = run(g, "all_to_all", [&] {
-    return backend.all_to_all(in, received, in_sizes, out_sizes);
-  });
+  at::Tensor received =
+      at::empty({std::accumulate(out_sizes.begin(), out_sizes.end(), int64_t{0})}, in.options());
+  const char* primitive =
+      run(g, "all_to_all", [&] { return backend.all_to_all(in, received, in_sizes, out_sizes); });
   std::vector<at::Tensor> pieces;
   int64_t offset = 0;
   for (int64_t s = 0; s < g.size; ++s) {
-    pieces.push_back(from_bytes(received.narrow(0, offset, out_sizes[s]), local.scalar_type(),
-                                shapes[s]));
+    pieces.push_back(
+        from_bytes(received.narrow(0, offset, out_sizes[s]), local.scalar_type(), shapes[s]));
     offset += out_sizes[s];
   }
   at::Tensor out = at::cat(pieces, from_dim);

@@ -2,12 +2,13 @@
 // memory). Gloo in LibTorch 1.13 has no reduce-scatter and a slow all-gather, so both run on the
 // primitive CollectiveAlgorithms names (bench/bench_collectives measured the defaults).
 
-#include <ATen/ATen.h>
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-
 #include "backend.h"
 #include "te/error.h"
+
+#ifdef TE_WITH_GLOO
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 namespace te::detail {
 
@@ -172,8 +173,8 @@ std::unique_ptr<Backend> make_gloo_backend(const BackendSetup& setup) {
                               : c10d::ProcessGroupGloo::createDeviceForHostname(setup.gloo_host));
   // Collectives are issued synchronously by one thread per rank: one worker is enough.
   options->threads = 1;
-  auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(setup.store, setup.rank, setup.size,
-                                                         options);
+  auto pg =
+      c10::make_intrusive<c10d::ProcessGroupGloo>(setup.store, setup.rank, setup.size, options);
   // Connecting is done for this rank when its own pairs are up, not its peers'. Without this
   // barrier a rank that returns at once and drops the group (a test with no collective) can
   // close a pair another rank is still handshaking on ("Connection closed by peer").
@@ -181,4 +182,23 @@ std::unique_ptr<Backend> make_gloo_backend(const BackendSetup& setup) {
   return std::make_unique<GlooBackend>(std::move(pg), setup);
 }
 
+bool gloo_built() { return true; }
+
 }  // namespace te::detail
+
+#else  // no Gloo in this LibTorch
+
+namespace te::detail {
+
+std::unique_ptr<Backend> make_gloo_backend(const BackendSetup& setup) {
+  TE_FAIL("rank ", setup.ranks.at(static_cast<std::size_t>(setup.rank)),
+          " needs a Gloo communicator (CPU tensors), but this te-cpp was built without Gloo (its "
+          "LibTorch has no c10d Gloo, or Gloo's headers were missing); keep tensors on the GPU "
+          "(NCCL), or build against a LibTorch with Gloo");
+}
+
+bool gloo_built() { return false; }
+
+}  // namespace te::detail
+
+#endif

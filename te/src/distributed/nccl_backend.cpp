@@ -136,12 +136,12 @@ class NcclBackend final : public Backend {
     const cudaError_t e = cudaGetDeviceCount(&count);
     const int world_rank = static_cast<int>(setup.ranks.at(static_cast<std::size_t>(setup.rank)));
     TE_CHECK(e == cudaSuccess && count > 0, "NCCL needs a CUDA GPU on every rank, and rank ",
-             world_rank, " has none (CUDA says: ",
-             e == cudaSuccess ? "no devices" : cudaGetErrorString(e),
+             world_rank,
+             " has none (CUDA says: ", e == cudaSuccess ? "no devices" : cudaGetErrorString(e),
              "); run on a GPU machine, or move CPU tensors on Gloo (CommBackend::kGloo or "
              "kAuto; TE_COMM_BACKEND=gloo)");
-    TE_CHECK(device_ >= 0 && device_ < count, "rank ", world_rank, " would run NCCL on cuda:",
-             device_, ", but this machine has ", count,
+    TE_CHECK(device_ >= 0 && device_ < count, "rank ", world_rank,
+             " would run NCCL on cuda:", device_, ", but this machine has ", count,
              " GPU(s): start at most one rank per GPU (te-run --nproc ", count,
              "); LOCAL_RANK picks a process rank's GPU, a thread rank's is its rank");
     // NCCL refuses two ranks of one communicator on one GPU; say so before it does.
@@ -156,8 +156,10 @@ class NcclBackend final : public Backend {
     }
     if (const auto dup = nccl::shared_gpu(gpus)) {
       TE_FAIL("ranks ", setup.ranks[static_cast<std::size_t>(dup->first)], " and ",
-              setup.ranks[static_cast<std::size_t>(dup->second)], " of the NCCL communicator of "
-              "ranks [", join_ranks(setup.ranks), "] are both on GPU ", gpus[dup->first],
+              setup.ranks[static_cast<std::size_t>(dup->second)],
+              " of the NCCL communicator of "
+              "ranks [",
+              join_ranks(setup.ranks), "] are both on GPU ", gpus[dup->first],
               ": NCCL refuses two ranks of one communicator on one GPU. Start one rank per GPU "
               "(LOCAL_RANK picks it; te::local_device()), or use Gloo (CommBackend::kGloo)");
     }
@@ -216,8 +218,7 @@ class NcclBackend final : public Backend {
   const char* reduce_scatter(const at::Tensor& in, at::Tensor& out, ReduceOp op) override {
     run("ncclReduceScatter", [&](cudaStream_t s) {
       return ncclReduceScatter(in.data_ptr(), out.data_ptr(), static_cast<size_t>(out.numel()),
-                               nccl::reduce_type(in.scalar_type()), nccl::reduce_op(op), comm_,
-                               s);
+                               nccl::reduce_type(in.scalar_type()), nccl::reduce_op(op), comm_, s);
     });
     return "ncclReduceScatter";
   }

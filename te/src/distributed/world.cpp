@@ -151,8 +151,7 @@ void World::wait_for_all_ranks() const {
       if (!joined) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
     }
     TE_FAIL("rank ", rank_, ": rank(s) ", missing, " of ", size_, " did not join within ",
-            options_.timeout.count() / 1000.0,
-            " s; start every rank (te-run --nproc ", size_,
+            options_.timeout.count() / 1000.0, " s; start every rank (te-run --nproc ", size_,
             " starts them all), or raise the timeout (TE_DIST_TIMEOUT_S)");
   }
 }
@@ -208,9 +207,9 @@ std::string World::describe_missing(const std::vector<int64_t>& ranks) const {
 }
 
 std::unique_ptr<Backend> World::connect(CommBackend kind, const std::string& key,
-                                       const std::vector<int64_t>& ranks,
-                                       const CollectiveAlgorithms& algorithms,
-                                       int cuda_device) const {
+                                        const std::vector<int64_t>& ranks,
+                                        const CollectiveAlgorithms& algorithms,
+                                        int cuda_device) const {
   const auto it = std::find(ranks.begin(), ranks.end(), int64_t{rank_});
   TE_CHECK(it != ranks.end(), "internal: rank ", rank_, " is not in group ", key);
   BackendSetup setup;
@@ -242,9 +241,10 @@ RowComm::RowComm(const World* world, std::string key, std::vector<int64_t> ranks
     : world_(world), key_(std::move(key)), ranks_(std::move(ranks)), algorithms_(algorithms) {
   // The communicator the options name is made with the row, so a world that cannot make it
   // (no GPU for NCCL, a peer that never joins) fails at the mesh, on every rank alike.
+  // Under kAuto without Gloo in this build, NCCL is made on the first CUDA collective instead.
   if (world_->options().backend == CommBackend::kNccl) {
     make(CommBackend::kNccl, world_->local_rank());
-  } else {
+  } else if (world_->options().backend == CommBackend::kGloo || gloo_built()) {
     make(CommBackend::kGloo, -1);
   }
 }
@@ -270,8 +270,8 @@ Backend& RowComm::for_device(const c10::Device& device, const std::string& axis)
     return make(CommBackend::kGloo, -1);
   }
   Backend& nccl = make(CommBackend::kNccl, device.has_index() ? device.index() : 0);
-  TE_CHECK(nccl.moves(device), "a collective over mesh axis '", axis, "' got a tensor on ",
-           device, ", but this rank's NCCL communicator runs on another GPU: keep every tensor of "
+  TE_CHECK(nccl.moves(device), "a collective over mesh axis '", axis, "' got a tensor on ", device,
+           ", but this rank's NCCL communicator runs on another GPU: keep every tensor of "
            "a rank on its te::local_device()");
   return nccl;
 }

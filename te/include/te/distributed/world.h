@@ -31,7 +31,7 @@ struct CollectiveAlgorithms {
   ReduceScatterAlgorithm reduce_scatter = ReduceScatterAlgorithm::kAllToAllSum;
 };
 
-/// What carries a mesh row's collectives (docs/ARCHITECTURE.md §3).
+/// What carries a mesh row's collectives (docs/ARCHITECTURE.md §2, Backends).
 enum class CommBackend {
   kAuto,  ///< by the tensor's device: CPU tensors on Gloo, CUDA tensors on NCCL (made on first use;
           ///< Gloo through host memory when this build has no NCCL)

@@ -1,0 +1,79 @@
+// One TransformerLayer forward+backward on a GPU: in BF16, and in BF16 with its GEMMs in FP8 under
+// Fp8Autocast (DelayedScaling: E4M3 forward, E5M2 backward). Prints milliseconds per step (median
+// of 20 after 5 warm-up steps), the model TFLOP/s of each and their ratio.
+//   bench_layer_gpu [tokens_per_sequence=2048] [batch=4] [hidden=4096] [ffn=16384] [heads=32]
+#include <ATen/ATen.h>
+#include <ATen/Context.h>
+#include <ATen/detail/CUDAHooksInterface.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <vector>
+
+#include "te/fp8.h"
+#include "te/nn.h"
+
+namespace {
+
+double median_ms(const std::function<void()>& step) {
+  for (int i = 0; i < 5; ++i) step();
+  std::vector<double> ms;
+  for (int i = 0; i < 20; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    step();
+    at::detail::getCUDAHooks().deviceSynchronize(0);
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+                     .count());
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (!at::hasCUDA()) {
+    std::printf(
+        "bench_layer_gpu: no CUDA device (or this LibTorch has no CUDA); nothing to time\n");
+    return 0;
+  }
+  auto arg = [&](int i, int64_t fallback) { return argc > i ? std::atoll(argv[i]) : fallback; };
+  const int64_t seq = arg(1, 2048), batch = arg(2, 4), hidden = arg(3, 4096), ffn = arg(4, 16384),
+                heads = arg(5, 32);
+  const auto bf16 = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
+  te::nn::TransformerLayer layer(te::nn::TransformerLayerOptions(hidden, ffn, heads)
+                                     .hidden_dropout(0.0)
+                                     .attention_dropout(0.0)
+                                     .intermediate_dropout(0.0)
+                                     .mlp_activations({"gelu"}));
+  layer->to(at::kCUDA, at::kBFloat16);
+  const at::Tensor x = at::randn({batch, seq, hidden}, bf16).requires_grad_(true);
+  const at::Tensor dy = at::randn({batch, seq, hidden}, bf16);
+
+  const double t_bf16 = median_ms([&] {
+    layer->zero_grad();
+    layer->forward(x).backward(dy);
+  });
+  const double t_fp8 = median_ms([&] {
+    layer->zero_grad();
+    at::Tensor y;
+    {
+      te::Fp8Autocast autocast(true);
+      y = layer->forward(x);
+    }
+    y.backward(dy);
+  });
+  const double flops =
+      2.0 * 3 * batch * seq * (4.0 * hidden * hidden + 2.0 * hidden * ffn + 2.0 * seq * hidden);
+  std::printf(
+      "TransformerLayer fwd+bwd, batch %lld x seq %lld, hidden %lld, ffn %lld, heads %lld\n",
+      static_cast<long long>(batch), static_cast<long long>(seq), static_cast<long long>(hidden),
+      static_cast<long long>(ffn), static_cast<long long>(heads));
+  std::printf("  bf16: %8.2f ms  (%.0f TFLOP/s)\n", t_bf16, flops / t_bf16 / 1e9);
+  std::printf("  fp8 : %8.2f ms  (%.0f TFLOP/s)  fp8/bf16 = %.2fx\n", t_fp8, flops / t_fp8 / 1e9,
+              t_fp8 / t_bf16);
+  return 0;
+}
