@@ -15,7 +15,7 @@ build_dir=${TE_LIBTORCH2_BUILD_DIR:-build-libtorch2}
 
 # What the root holds: the Debian 13 names of scripts/setup.sh's build and test packages.
 PACKAGES=(
-  build-essential cmake ninja-build ccache pkg-config git python3
+  build-essential cmake ninja-build ccache pkg-config git python3 python3-numpy python3-safetensors
   libtorch-dev libgloo-dev libopenblas0-openmp
   libgtest-dev libgmock-dev libbenchmark-dev
   libeigen3-dev libcli11-dev nlohmann-json3-dev zlib1g-dev libcpp-httplib-dev

@@ -6,6 +6,7 @@
 // and check that every request gets what the same call made alone gets.
 
 #include <c10/core/InferenceMode.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>

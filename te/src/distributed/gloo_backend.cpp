@@ -121,7 +121,7 @@ class GlooBackend final : public Backend {
         // Piece s goes to row rank s; what arrives is everyone's copy of this rank's piece.
         at::Tensor received = at::empty_like(in);
         exchange(in, received, std::vector<int64_t>(size_, n), std::vector<int64_t>(size_, n));
-        at::sum_out(h.cpu, received.view({size_, n}), {0});
+        at::sum_out(h.cpu, received.view({size_, n}), {0}, false, h.cpu.scalar_type());
         if (op == ReduceOp::kAvg) h.cpu.div_(static_cast<double>(size_));
         primitive = "alltoall_base";
         break;

@@ -53,7 +53,8 @@ bool defer_gradient_reduction(const at::Tensor& param, const MeshState& mesh,
 }  // namespace detail
 
 GradientBuckets::GradientBuckets(int64_t bucket_bytes) : state_(std::make_unique<State>()) {
-  TE_CHECK(bucket_bytes > 0, "GradientBuckets: bucket_bytes must be positive, got ", bucket_bytes);
+  TE_CHECK(bucket_bytes > 0, "GradientBuckets: bucket_bytes must be positive, got ",
+           bucket_bytes);
   state_->bucket_bytes = bucket_bytes;
   detail::active().push_back(state_.get());
 }
@@ -81,9 +82,8 @@ void GradientBuckets::finish() {
   state_->finished = true;
   for (auto& [group, params] : rows) {
     for (const at::Tensor& p : params) {
-      TE_CHECK(p.grad().defined(),
-               "GradientBuckets: a deferred parameter has no gradient; call "
-               "finish() after backward");
+      TE_CHECK(p.grad().defined(), "GradientBuckets: a deferred parameter has no gradient; call "
+                                   "finish() after backward");
     }
     std::size_t i = 0;
     while (i < params.size()) {
@@ -91,10 +91,10 @@ void GradientBuckets::finish() {
       std::vector<at::Tensor> bucket;
       int64_t bytes = 0;
       const auto dtype = params[i].grad().scalar_type();
-      while (
-          i < params.size() && params[i].grad().scalar_type() == dtype &&
-          (bucket.empty() || bytes + params[i].grad().numel() * params[i].grad().element_size() <=
-                                 state_->bucket_bytes)) {
+      while (i < params.size() && params[i].grad().scalar_type() == dtype &&
+             (bucket.empty() ||
+              bytes + params[i].grad().numel() * params[i].grad().element_size() <=
+                  state_->bucket_bytes)) {
         bucket.push_back(params[i]);
         bytes += params[i].grad().numel() * static_cast<int64_t>(params[i].grad().element_size());
         ++i;

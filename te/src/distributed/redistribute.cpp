@@ -93,8 +93,9 @@ std::vector<Step> plan_redistribute(const std::vector<Placement>& src,
     if (cur[i] == dst[i]) continue;
     TE_CHECK(is_replicate(cur[i]) && is_shard(dst[i]), "internal: redistribute plan reached ",
              to_string(cur[i]), " -> ", to_string(dst[i]), " on mesh dim ", i);
-    steps.push_back({Step::Kind::kSlice, static_cast<int64_t>(i), std::get<Shard>(dst[i]).dim, -1,
-                     ReduceOp::kSum});
+    steps.push_back(
+        {Step::Kind::kSlice, static_cast<int64_t>(i), std::get<Shard>(dst[i]).dim, -1,
+         ReduceOp::kSum});
     cur[i] = dst[i];
   }
   return steps;
@@ -148,8 +149,8 @@ class RedistributeStep : public torch::autograd::Function<RedistributeStep> {
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    auto state =
-        c10::static_intrusive_pointer_cast<StepState>(ctx->saved_data["state"].toCapsule());
+    auto state = c10::static_intrusive_pointer_cast<StepState>(
+        ctx->saved_data["state"].toCapsule());
     const StepState& s = *state;
     const Group& g = *s.group;
     at::Tensor grad = grads[0];
