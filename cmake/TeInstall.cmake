@@ -5,7 +5,7 @@ include(CMakePackageConfigHelpers)
 
 set(TE_INSTALL_CMAKEDIR "${CMAKE_INSTALL_LIBDIR}/cmake/te")
 
-install(TARGETS te_sharding te_kernels te_runtime te_distributed te_fp8 te_nn te_te
+install(TARGETS te_core te_sharding te_kernels te_runtime te_distributed te_fp8 te_nn te_te
   EXPORT teTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}

@@ -193,8 +193,8 @@ Layout make_layout(const Args& args, int world_size) {
     }
     if (layout.resource) {
       const te::MeshResource& r = *layout.resource;
-      for (const auto* role : {&r.dp, &r.tp, &r.tpsp, &r.fsdp, &r.pp, &r.cp, &r.ep}) {
-        if (*role) check_axis(*layout.mesh, **role, "--mesh-resource");
+      for (const te::MeshRole& role : te::kMeshRoles) {
+        if (r.*role.axis) check_axis(*layout.mesh, *(r.*role.axis), "--mesh-resource");
       }
     }
     if (layout.rules) {

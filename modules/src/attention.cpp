@@ -250,7 +250,7 @@ void MultiHeadAttentionImpl::reset() {
       register_sharded(*this, "out_kernel", kernel({heads * d, hidden}), options.out_kernel_axes());
   out_fp8 = fp8::GemmMeta::registered(*this, "out_");
   if (options.use_bias()) {
-    out_bias = register_sharded(*this, "out_bias", at::zeros({hidden}), {"w_no_shard"});
+    out_bias = register_sharded(*this, "out_bias", at::zeros({hidden}), axis::replicated_1d());
   }
 }
 
@@ -309,7 +309,7 @@ DTensor MultiHeadAttentionImpl::forward(const DTensor& x_in, const std::optional
                                       "self_attention(false) for cross attention"
                                     : "cross attention needs the memory to attend to");
   const DeviceMesh& mesh = x_in.mesh();
-  const char* seq = options.enable_sequence_parallel() ? "seqlen_tp" : "seqlen";
+  const char* seq = axis::seqlen(options.enable_sequence_parallel());
   const int64_t heads = options.num_attention_heads(), d = head_dim(), g = kv_heads();
   const LogicalAxes act = {"batch", seq, "hidden"};
   const LogicalAxes whole = {"batch", "seqlen", "hidden"};

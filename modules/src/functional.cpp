@@ -220,10 +220,10 @@ DTensor dense(const DTensor& x, const DTensor& w, const LogicalAxes& input_axes,
     const DeviceMesh* mesh = current_mesh();
     if (mesh == nullptr) {
       validate_logical_axes(input_axes);
-    } else if (auto spec = resolve_logical_axes(input_axes)) {
+    } else if (auto resolved = resolve_placements(input_axes, *mesh)) {
       TE_CHECK(*mesh == x.mesh(), "dense: the input lives on ", x.mesh().to_string(),
                " but the current mesh is another (", mesh->to_string(), ")");
-      wanted = placements_for(*spec, *mesh);
+      wanted = std::move(*resolved);
     }
   }
   Placements xa(n), wa(n), out(n), xg(n), wg(n);

@@ -25,9 +25,9 @@ at::Tensor ShardedModule::register_sharded(torch::nn::Module& self, const std::s
     layout.placements = it->second.placements;
   } else if (const DeviceMesh* mesh = current_mesh()) {
     validate_logical_axes(axes);
-    if (auto spec = resolve_logical_axes(axes)) {
+    if (auto wanted = resolve_placements(axes, *mesh)) {
       layout.mesh = *mesh;
-      layout.placements = placements_for(*spec, *mesh);
+      layout.placements = std::move(*wanted);
     }
   } else {
     validate_logical_axes(axes);
@@ -95,9 +95,9 @@ void ShardedModule::shard_own_parameters(torch::nn::Module& self, const DeviceMe
                "' is already sharded on another mesh; gather_module first");
       continue;
     }
-    auto spec = resolve_logical_axes(layout.axes);
-    if (!spec) continue;
-    const std::vector<Placement> placements = placements_for(*spec, mesh);
+    auto wanted = resolve_placements(layout.axes, mesh);
+    if (!wanted) continue;
+    const std::vector<Placement> placements = std::move(*wanted);
     at::Tensor param = self.named_parameters(/*recurse=*/false)[name];
     param.set_data(DTensor::distribute(param.detach(), mesh, placements).to_local());
     layout.mesh = mesh;
@@ -148,12 +148,8 @@ std::string ShardingReport::to_string() const {
 
 ShardingReport check_sharding(const torch::nn::Module& module) {
   ShardingReport report;
-  const AxisRules* rules = &current_axis_rules();
-  AxisRules table;
-  if (rules->empty() && current_mesh_resource()) {
-    table = te_default_axis_rules();
-    rules = &table;
-  }
+  static const AxisRules kNone;
+  const AxisRules* rules = rules_in_effect() ? rules_in_effect() : &kNone;
   const DeviceMesh* mesh = current_mesh();
   for (const auto& [name, layout] : named_parameter_layouts(module)) {
     for (std::size_t d = 0; d < layout.axes.size(); ++d) {
@@ -172,9 +168,9 @@ ShardingReport check_sharding(const torch::nn::Module& module) {
       on = layout.mesh;
       placements = layout.placements;
     } else if (mesh != nullptr) {
-      if (auto spec = resolve_logical_axes(layout.axes)) {
+      if (auto wanted = resolve_placements(layout.axes, *mesh)) {
         on = *mesh;
-        placements = placements_for(*spec, *mesh);
+        placements = std::move(*wanted);
       }
     }
     if (!on) continue;

@@ -53,7 +53,7 @@ void TransformerLayerImpl::reset() {
         MultiHeadAttention(
             MultiHeadAttentionOptions(attention).attn_mask_type("padding").self_attention(false)));
   }
-  const char* seq = options.enable_sequence_parallel() ? "seqlen_tp" : "seqlen";
+  const char* seq = axis::seqlen(options.enable_sequence_parallel());
   mlp = register_module(
       "mlp", LayerNormMLP(LayerNormMLPOptions(options.hidden_size(), options.mlp_hidden_size())
                               .layernorm(norm)
@@ -99,7 +99,7 @@ DTensor TransformerLayerImpl::forward(const DTensor& x_in, const at::Tensor& mas
            "TransformerLayer: an encoder takes no memory; build it with layer_type(\"decoder\")");
   TE_CHECK(options.layer_type() == "encoder" || memory,
            "TransformerLayer: a decoder needs the encoder output (memory)");
-  const char* seq = options.enable_sequence_parallel() ? "seqlen_tp" : "seqlen";
+  const char* seq = axis::seqlen(options.enable_sequence_parallel());
   const LogicalAxes act = {"batch", seq, "hidden"};
   const double p = options.hidden_dropout();
   const bool training = is_training();

@@ -188,6 +188,9 @@ at::Tensor frozen_linear(const at::Tensor& x, const GemmMeta& meta);
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::shared_ptr<GemmMeta>& meta,
                   const DeviceMesh* mesh = nullptr);
 
+/// The state of one Fp8Autocast region (defined in autocast.cpp).
+struct Region;
+
 }  // namespace te::fp8
 
 namespace te {
@@ -214,7 +217,7 @@ class Fp8Autocast {
 
  private:
   std::optional<MeshResourceScope> resource_scope_;
-  std::shared_ptr<void> region_;
+  std::shared_ptr<fp8::Region> region_;
   int uncaught_ = 0;
 };
 

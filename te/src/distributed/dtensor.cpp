@@ -1,8 +1,8 @@
 #include "te/distributed/dtensor.h"
 
 #include <ATen/ATen.h>
-#include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
 #include <sstream>
 
 #include "internal.h"
@@ -41,68 +41,6 @@ std::vector<Placement> normalized(std::vector<Placement> placements, const Devic
 std::vector<Placement> all_replicate(const DeviceMesh& mesh) {
   return std::vector<Placement>(static_cast<std::size_t>(mesh.ndim()), Replicate{});
 }
-
-// The layout gradients take: that of the tensor, with Partial replaced by Replicate.
-std::vector<Placement> gradient_layout(std::vector<Placement> placements) {
-  for (Placement& p : placements) {
-    if (is_partial(p)) p = Replicate{};
-  }
-  return placements;
-}
-
-struct RelayoutState : torch::CustomClassHolder {
-  std::vector<int64_t> global_shape;
-  std::optional<DeviceMesh> mesh;
-  std::vector<Placement> src, dst;
-  std::vector<Placement> grad_in;   // the layout gradients arrive in
-  std::vector<Placement> grad_out;  // the layout they must leave in (the source's)
-  at::Tensor param;                 // the source, when it is a parameter (a leaf with grad)
-  at::Tensor done;                  // the forward's result when it already ran (to_local)
-};
-
-// Moves data src -> dst; backward moves the gradient grad_in -> grad_out in one transition.
-class Relayout : public torch::autograd::Function<Relayout> {
- public:
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
-                            c10::intrusive_ptr<RelayoutState> state) {
-    ctx->saved_data["state"] = c10::IValue::make_capsule(state);
-    if (state->done.defined()) {
-      // The data moved already (DTensor::to_local re-planning the backward of a redistribute).
-      at::Tensor out = state->done.detach();
-      state->done = at::Tensor();  // the output holds it; the state must not
-      return out;
-    }
-    if (state->src == state->dst) return x.view_as(x);
-    return detail::run_redistribute(x, state->global_shape, *state->mesh, state->src, state->dst);
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    auto s =
-        c10::static_intrusive_pointer_cast<RelayoutState>(ctx->saved_data["state"].toCapsule());
-    if (s->param.defined()) {
-      // Data parallel: a parameter whose gradient only needs summing over some rows may wait
-      // for a GradientBuckets scope to sum it with others.
-      std::vector<int64_t> sums;
-      bool only_sums = true;
-      for (std::size_t m = 0; m < s->grad_in.size(); ++m) {
-        if (s->grad_in[m] == s->grad_out[m]) continue;
-        if (is_partial(s->grad_in[m]) && std::get<Partial>(s->grad_in[m]).op == ReduceOp::kSum &&
-            is_replicate(s->grad_out[m])) {
-          sums.push_back(static_cast<int64_t>(m));
-        } else {
-          only_sums = false;
-        }
-      }
-      if (only_sums && !sums.empty() &&
-          detail::defer_gradient_reduction(s->param, s->mesh->state(), s->mesh->shared_state(),
-                                           sums)) {
-        return {grads[0], at::Tensor()};
-      }
-    }
-    return {detail::run_redistribute(grads[0], s->global_shape, *s->mesh, s->grad_in, s->grad_out),
-            at::Tensor()};
-  }
-};
 
 }  // namespace
 
@@ -203,29 +141,24 @@ at::Tensor DTensor::to_local(const std::vector<Placement>& grad_placements) cons
     return redistribute(placements_, grad_placements).to_local();
   }
   // Straight from redistribute: one node from its source to this data, whose backward takes
-  // the declared gradients to the source's layout in one transition.
-  auto state = c10::make_intrusive<RelayoutState>();
-  state->global_shape = global_shape_;
-  state->mesh = mesh();
-  state->src = origin_->placements;
-  state->dst = placements_;
-  state->grad_in = normalized(grad_placements, mesh(), dim(), "DTensor::to_local (gradients)");
-  state->grad_out = gradient_layout(origin_->placements);
-  state->done = local_;
-  const at::Tensor& source = origin_->local;
-  if (source.is_leaf() && source.requires_grad()) state->param = source;
-  return Relayout::apply(source, state);
+  // the declared gradients to the source's layout in one move.
+  detail::RelayoutSpec spec;
+  spec.global_shape = global_shape_;
+  spec.mesh = mesh();
+  spec.src = origin_->placements;
+  spec.dst = placements_;
+  spec.grad_in = normalized(grad_placements, mesh(), dim(), "DTensor::to_local (gradients)");
+  spec.done = local_;
+  return detail::relayout(origin_->local, std::move(spec));
 }
 
 at::Tensor DTensor::full_tensor() const {
-  return detail::run_redistribute(local_, global_shape_, mesh(), placements_,
-                                  all_replicate(mesh()));
+  return detail::relayout(local_, {global_shape_, mesh(), placements_, all_replicate(mesh())});
 }
 
 DTensor DTensor::redistribute(std::vector<Placement> placements) const {
   placements = normalized(std::move(placements), mesh(), dim(), "DTensor::redistribute");
-  at::Tensor local =
-      detail::run_redistribute(local_, global_shape_, mesh(), placements_, placements);
+  at::Tensor local = detail::relayout(local_, {global_shape_, mesh(), placements_, placements});
   DTensor out(std::move(local), mesh(), std::move(placements), global_shape_);
   if (at::GradMode::is_enabled() && local_.requires_grad()) {
     out.origin_ = std::make_shared<const Origin>(Origin{local_, placements_});
@@ -235,18 +168,17 @@ DTensor DTensor::redistribute(std::vector<Placement> placements) const {
 
 DTensor DTensor::redistribute(std::vector<Placement> placements,
                               std::vector<Placement> grad_placements) const {
-  auto state = c10::make_intrusive<RelayoutState>();
-  state->global_shape = global_shape_;
-  state->mesh = mesh();
-  state->src = placements_;
-  state->dst = normalized(std::move(placements), mesh(), dim(), "DTensor::redistribute");
-  state->grad_in =
+  detail::RelayoutSpec spec;
+  spec.global_shape = global_shape_;
+  spec.mesh = mesh();
+  spec.src = placements_;
+  spec.dst = normalized(std::move(placements), mesh(), dim(), "DTensor::redistribute");
+  spec.grad_in =
       normalized(std::move(grad_placements), mesh(), dim(), "DTensor::redistribute (gradients)");
-  state->grad_out = gradient_layout(placements_);
-  detail::plan_redistribute(state->src, state->dst);  // report a bad target before running
-  if (local_.is_leaf() && local_.requires_grad()) state->param = local_;
-  at::Tensor local = Relayout::apply(local_, state);
-  return DTensor(std::move(local), mesh(), state->dst, global_shape_);
+  detail::check_reachable(spec.src, spec.dst);  // report a bad target before running
+  std::vector<Placement> dst = spec.dst;
+  at::Tensor local = detail::relayout(local_, std::move(spec));
+  return DTensor(std::move(local), mesh(), std::move(dst), global_shape_);
 }
 
 std::string DTensor::to_string() const {
@@ -276,6 +208,14 @@ std::vector<Placement> placements_for(const PartitionSpec& spec, const DeviceMes
     }
   }
   return placements;
+}
+
+std::optional<std::vector<Placement>> resolve_placements(const LogicalAxes& axes,
+                                                         const DeviceMesh& mesh,
+                                                         RulesFallback fallback) {
+  const std::optional<PartitionSpec> spec = resolve_logical_axes(axes, fallback);
+  if (!spec) return std::nullopt;
+  return placements_for(*spec, mesh);
 }
 
 DTensor with_sharding_constraint(const DTensor& x, const LogicalAxes& axes,
@@ -361,5 +301,28 @@ std::string visualize_sharding(const DTensor& x) {
   }
   return os.str();
 }
+
+namespace detail {
+
+namespace {
+std::vector<GradientReductionHook*>& gradient_hooks() {
+  thread_local std::vector<GradientReductionHook*> hooks;
+  return hooks;
+}
+}  // namespace
+
+void install_gradient_hook(GradientReductionHook* hook) { gradient_hooks().push_back(hook); }
+
+void remove_gradient_hook(GradientReductionHook* hook) {
+  auto& hooks = gradient_hooks();
+  hooks.erase(std::remove(hooks.begin(), hooks.end(), hook), hooks.end());
+}
+
+GradientReductionHook* current_gradient_hook() {
+  const auto& hooks = gradient_hooks();
+  return hooks.empty() ? nullptr : hooks.back();
+}
+
+}  // namespace detail
 
 }  // namespace te

@@ -10,58 +10,43 @@
 
 namespace te {
 
-struct GradientBuckets::State {
-  int64_t bucket_bytes;
+// The buckets' state is the hook the DTensor core hands deferred gradient sums to.
+struct GradientBuckets::State : detail::GradientReductionHook {
+  int64_t bucket_bytes = 0;
   // Per mesh row: the parameters whose gradients wait for its all-reduce. Rows and parameters
   // keep their order of arrival, which the same backward makes the same on every rank.
   std::vector<std::pair<const detail::Group*, std::vector<at::Tensor>>> waiting;
-  std::vector<std::shared_ptr<const detail::MeshState>> meshes;  // keep the groups alive
+  std::vector<DeviceMesh> meshes;  // keep the groups alive
   bool finished = false;
+
+  bool defer(const at::Tensor& param, const DeviceMesh& mesh,
+             const std::vector<int64_t>& mesh_dims) override {
+    for (int64_t m : mesh_dims) {
+      const detail::Group* group = &mesh.state().groups[static_cast<std::size_t>(m)];
+      auto row = std::find_if(waiting.begin(), waiting.end(),
+                              [group](const auto& r) { return r.first == group; });
+      if (row == waiting.end()) {
+        waiting.emplace_back(group, std::vector<at::Tensor>{});
+        row = std::prev(waiting.end());
+      }
+      auto& list = row->second;
+      bool known = false;
+      for (const at::Tensor& p : list) known = known || p.is_same(param);
+      if (!known) list.push_back(param);
+    }
+    meshes.push_back(mesh);
+    return true;
+  }
 };
 
-namespace detail {
-
-namespace {
-std::vector<GradientBuckets::State*>& active() {
-  thread_local std::vector<GradientBuckets::State*> stack;
-  return stack;
-}
-}  // namespace
-
-bool defer_gradient_reduction(const at::Tensor& param, const MeshState& mesh,
-                              const std::shared_ptr<const MeshState>& keep,
-                              const std::vector<int64_t>& mesh_dims) {
-  if (active().empty()) return false;
-  GradientBuckets::State* state = active().back();
-  for (int64_t m : mesh_dims) {
-    const Group* group = &mesh.groups[static_cast<std::size_t>(m)];
-    auto row = std::find_if(state->waiting.begin(), state->waiting.end(),
-                            [group](const auto& r) { return r.first == group; });
-    if (row == state->waiting.end()) {
-      state->waiting.emplace_back(group, std::vector<at::Tensor>{});
-      row = std::prev(state->waiting.end());
-    }
-    auto& list = row->second;
-    bool known = false;
-    for (const at::Tensor& p : list) known = known || p.is_same(param);
-    if (!known) list.push_back(param);
-  }
-  state->meshes.push_back(keep);
-  return true;
-}
-
-}  // namespace detail
-
 GradientBuckets::GradientBuckets(int64_t bucket_bytes) : state_(std::make_unique<State>()) {
-  TE_CHECK(bucket_bytes > 0, "GradientBuckets: bucket_bytes must be positive, got ",
-           bucket_bytes);
+  TE_CHECK(bucket_bytes > 0, "GradientBuckets: bucket_bytes must be positive, got ", bucket_bytes);
   state_->bucket_bytes = bucket_bytes;
-  detail::active().push_back(state_.get());
+  detail::install_gradient_hook(state_.get());
 }
 
 GradientBuckets::~GradientBuckets() {
-  auto& stack = detail::active();
-  stack.erase(std::remove(stack.begin(), stack.end(), state_.get()), stack.end());
+  detail::remove_gradient_hook(state_.get());
   if (!state_->finished) {
     try {
       finish();
@@ -82,8 +67,9 @@ void GradientBuckets::finish() {
   state_->finished = true;
   for (auto& [group, params] : rows) {
     for (const at::Tensor& p : params) {
-      TE_CHECK(p.grad().defined(), "GradientBuckets: a deferred parameter has no gradient; call "
-                                   "finish() after backward");
+      TE_CHECK(p.grad().defined(),
+               "GradientBuckets: a deferred parameter has no gradient; call "
+               "finish() after backward");
     }
     std::size_t i = 0;
     while (i < params.size()) {
@@ -91,10 +77,10 @@ void GradientBuckets::finish() {
       std::vector<at::Tensor> bucket;
       int64_t bytes = 0;
       const auto dtype = params[i].grad().scalar_type();
-      while (i < params.size() && params[i].grad().scalar_type() == dtype &&
-             (bucket.empty() ||
-              bytes + params[i].grad().numel() * params[i].grad().element_size() <=
-                  state_->bucket_bytes)) {
+      while (
+          i < params.size() && params[i].grad().scalar_type() == dtype &&
+          (bucket.empty() || bytes + params[i].grad().numel() * params[i].grad().element_size() <=
+                                 state_->bucket_bytes)) {
         bucket.push_back(params[i]);
         bytes += params[i].grad().numel() * static_cast<int64_t>(params[i].grad().element_size());
         ++i;

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "backend.h"
+#include "te/distributed/mesh.h"
 #include "te/distributed/placement.h"
 #include "te/distributed/world.h"
 
@@ -137,11 +138,22 @@ struct MeshState {
 /// all ask for it in the same order) and cached.
 const Group& group_over(const MeshState& mesh, const std::vector<int64_t>& dims);
 
-/// Inside a GradientBuckets scope: records that `param`'s gradient still needs summing over the
-/// rows of `mesh_dims`, and returns true (the caller then leaves the gradient partial).
-bool defer_gradient_reduction(const at::Tensor& param, const MeshState& mesh,
-                              const std::shared_ptr<const MeshState>& keep,
-                              const std::vector<int64_t>& mesh_dims);
+/// Where the DTensor core hands off a parameter's gradient that only needs summing over some
+/// mesh rows (data parallelism). The gradients code owns the implementation (GradientBuckets);
+/// the core only asks the innermost hook installed on this thread.
+class GradientReductionHook {
+ public:
+  virtual ~GradientReductionHook() = default;
+  /// True when the hook took the sums of `param`'s gradient over the rows of `mesh_dims` (it
+  /// runs them later); the core then leaves the gradient partial.
+  virtual bool defer(const at::Tensor& param, const DeviceMesh& mesh,
+                     const std::vector<int64_t>& mesh_dims) = 0;
+};
+/// Installs `hook` on this thread (innermost first) until removed.
+void install_gradient_hook(GradientReductionHook* hook);
+void remove_gradient_hook(GradientReductionHook* hook);
+/// The innermost hook of this thread, or null.
+GradientReductionHook* current_gradient_hook();
 
 // ---- collectives over one mesh dim's row (all record into CommTrace) ----------------------
 

@@ -184,7 +184,7 @@ DistributedContext capture_distributed_context() {
 DistributedContextScope::DistributedContextScope(const DistributedContext& context)
     : sharding_(context.sharding),
       previous_world_(
-          detail::set_thread_world(std::static_pointer_cast<detail::World>(context.world))) {
+          detail::set_thread_world(context.world)) {
   if (context.mesh) {
     mesh_.emplace(*context.mesh);
   } else {
@@ -200,7 +200,7 @@ DistributedContextScope::~DistributedContextScope() {
     auto it = std::find(stack.rbegin(), stack.rend(), nullptr);
     if (it != stack.rend()) stack.erase(std::next(it).base());
   }
-  detail::set_thread_world(std::static_pointer_cast<detail::World>(previous_world_));
+  detail::set_thread_world(previous_world_);
 }
 
 namespace detail {

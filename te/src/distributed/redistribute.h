@@ -1,40 +1,48 @@
 #pragma once
 
-// The redistribute planner and executor (internal).
+// Moving a DTensor's data from one layout to another (internal): the planner, the table of moves
+// and the one autograd function that runs a plan (docs/ARCHITECTURE.md §3). Everything a
+// placement-level move is lives in redistribute.cpp.
 
 #include <ATen/Tensor.h>
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "te/distributed/dtensor.h"
 
 namespace te::detail {
 
-/// One per-mesh-dim transition.
-struct Step {
-  enum class Kind {
-    kGather,         ///< Shard(dim) -> Replicate: all-gather
-    kSlice,          ///< Replicate -> Shard(dim): keep this rank's chunk, no communication
-    kAllToAll,       ///< Shard(dim) -> Shard(dim2): all-to-all
-    kReduce,         ///< Partial(op) -> Replicate: all-reduce
-    kReduceScatter,  ///< Partial(op) -> Shard(dim): reduce-scatter (sum / avg)
-  };
-  Kind kind;
-  int64_t mesh_dim;
-  int64_t dim;
-  int64_t dim2;
-  ReduceOp op;
+/// One relayout of this rank's local tensor.
+struct RelayoutSpec {
+  std::vector<int64_t> global_shape;
+  std::optional<DeviceMesh> mesh;
+  std::vector<Placement> src, dst;
+  /// The layout the gradient arrives in, when declared (DTensor::to_local(grad_placements),
+  /// redistribute(placements, grad_placements)): backward then takes it to the source's gradient
+  /// layout in one planned move. Otherwise backward runs each move's reverse.
+  std::optional<std::vector<Placement>> grad_in;
+  /// The result when the data already moved (to_local re-planning a redistribute's backward):
+  /// forward returns it instead of moving the input again.
+  at::Tensor done;
 };
 
-/// The transitions, in order, that take `src` placements to `dst` (same mesh). Throws te::Error
-/// for a target Partial that differs from the source.
-std::vector<Step> plan_redistribute(const std::vector<Placement>& src,
-                                    const std::vector<Placement>& dst);
+/// Runs `spec` on `local` as one autograd node (see RelayoutSpec for its backward). A parameter
+/// (a leaf that requires grad) whose declared gradient only needs sums over some mesh rows may
+/// have them taken over by the thread's GradientReductionHook.
+at::Tensor relayout(const at::Tensor& local, RelayoutSpec spec);
 
-/// Runs the plan on this rank's local tensor, differentiably.
-at::Tensor run_redistribute(const at::Tensor& local, const std::vector<int64_t>& global_shape,
-                            const DeviceMesh& mesh, const std::vector<Placement>& src,
-                            const std::vector<Placement>& dst);
+/// Moves data from `src` to `dst` without recording anything for autograd.
+at::Tensor move_data(const at::Tensor& local, const std::vector<int64_t>& global_shape,
+                     const DeviceMesh& mesh, const std::vector<Placement>& src,
+                     const std::vector<Placement>& dst);
+
+/// Throws te::Error when `dst` cannot be reached from `src` (a target Partial that differs from
+/// the source).
+void check_reachable(const std::vector<Placement>& src, const std::vector<Placement>& dst);
+
+/// The layout gradients take: that of the tensor, with Partial replaced by Replicate.
+std::vector<Placement> gradient_layout(std::vector<Placement> placements);
 
 }  // namespace te::detail

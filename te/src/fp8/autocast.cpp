@@ -105,6 +105,10 @@ struct BackwardReduction {
   }
 };
 
+}  // namespace
+
+// One Fp8Autocast region: its switches, the region it nests in, the forward GEMMs whose amaxes
+// its end reduces, and the backward reduction its GEMMs share.
 struct Region {
   bool enabled = false;
   bool calibrating = false;
@@ -113,6 +117,8 @@ struct Region {
   std::vector<Pending> forward;
   std::shared_ptr<BackwardReduction> backward;
 };
+
+namespace {
 
 std::shared_ptr<Region>& current_region() {
   thread_local std::shared_ptr<Region> region;
@@ -421,7 +427,7 @@ Fp8Autocast::Fp8Autocast(bool enabled, fp8::Recipe recipe,
 }
 
 Fp8Autocast::~Fp8Autocast() noexcept(false) {
-  auto region = std::static_pointer_cast<fp8::Region>(region_);
+  const std::shared_ptr<fp8::Region>& region = region_;
   fp8::current_region() = region->parent;
   if (region->forward.empty()) return;
   // Unwinding: the other ranks may not reach their reduction; drop this step's amaxes.

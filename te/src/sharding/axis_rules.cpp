@@ -9,17 +9,6 @@
 
 namespace te {
 
-namespace detail {
-const char* short_source_path(const char* file) noexcept {
-  const char* last = std::strrchr(file, '/');
-  if (last == nullptr) return file;
-  for (const char* p = last - 1; p >= file; --p) {
-    if (*p == '/') return p + 1;
-  }
-  return file;
-}
-}  // namespace detail
-
 namespace {
 
 std::string quoted(const std::string& s) { return "'" + s + "'"; }

@@ -107,34 +107,27 @@ std::string to_string(const MeshResource& r) {
     out += (first ? "" : ", ") + std::string(role) + "=" + quoted(*axis);
     first = false;
   };
-  add("dp", r.dp);
-  add("tp", r.tp);
-  add("tpsp", r.tpsp);
-  add("fsdp", r.fsdp);
-  add("pp", r.pp);
-  add("cp", r.cp);
-  add("ep", r.ep);
+  for (const MeshRole& role : kMeshRoles) add(role.name, r.*role.axis);
   return out + ")";
 }
 
 void validate_mesh_resource(const MeshResource& r) {
   TE_CHECK(!(r.tp && r.tpsp), to_string(r), ": tp and tpsp are both set; tensor parallelism ",
            "(tp) and tensor + sequence parallelism (tpsp) exclude each other, set only one");
-  const std::pair<const char*, const std::optional<std::string>*> roles[] = {
-      {"dp", &r.dp}, {"fsdp", &r.fsdp}, {"tp", &r.tp}, {"tpsp", &r.tpsp},
-      {"cp", &r.cp}, {"pp", &r.pp},     {"ep", &r.ep}};
-  for (const auto& [role, axis] : roles) {
-    TE_CHECK(!*axis || !(*axis)->empty(), to_string(r), ": role ", role,
+  for (const MeshRole& role : kMeshRoles) {
+    const auto& axis = r.*role.axis;
+    TE_CHECK(!axis || !axis->empty(), to_string(r), ": role ", role.name,
              " names the empty mesh axis; leave it unset or name a mesh axis");
   }
-  // ep may share a mesh axis with another role (experts over the data axis); the others may not.
-  const std::size_t n = sizeof(roles) / sizeof(roles[0]) - 1;
+  // ep (last) may share a mesh axis with another role (experts over the data axis); the others
+  // may not.
+  const std::size_t n = std::size(kMeshRoles) - 1;
   for (std::size_t i = 0; i < n; ++i) {
     for (std::size_t j = 0; j < i; ++j) {
-      const auto& a = *roles[i].second;
-      const auto& b = *roles[j].second;
-      TE_CHECK(!(a && b && *a == *b), to_string(r), ": roles ", roles[j].first, " and ",
-               roles[i].first, " both name mesh axis ", quoted(*a),
+      const auto& a = r.*kMeshRoles[i].axis;
+      const auto& b = r.*kMeshRoles[j].axis;
+      TE_CHECK(!(a && b && *a == *b), to_string(r), ": roles ", kMeshRoles[j].name, " and ",
+               kMeshRoles[i].name, " both name mesh axis ", quoted(*a),
                "; give each parallelism role its own mesh axis");
     }
   }
@@ -142,20 +135,19 @@ void validate_mesh_resource(const MeshResource& r) {
 
 MeshResource parse_mesh_resource(std::string_view text) {
   MeshResource r;
-  const std::pair<const char*, std::optional<std::string>*> roles[] = {
-      {"dp", &r.dp}, {"tp", &r.tp}, {"tpsp", &r.tpsp}, {"fsdp", &r.fsdp},
-      {"pp", &r.pp}, {"cp", &r.cp}, {"ep", &r.ep}};
+  std::string names;
+  for (const MeshRole& role : kMeshRoles)
+    names += (names.empty() ? "" : ", ") + std::string(role.name);
   for (const AxisRule& entry : parse_axis_rules(text)) {
-    auto it = std::find_if(std::begin(roles), std::end(roles),
-                           [&](const auto& role) { return entry.logical == role.first; });
-    TE_CHECK(it != std::end(roles), "parse_mesh_resource: unknown role ", quoted(entry.logical),
-             " in \"", text, "\"; the roles are dp, tp, tpsp, fsdp, pp, cp, ep");
-    TE_CHECK(!*it->second, "parse_mesh_resource: role ", quoted(entry.logical), " given twice in \"",
-             text, "\"; give each role once");
+    auto it = std::find_if(std::begin(kMeshRoles), std::end(kMeshRoles),
+                           [&](const MeshRole& role) { return entry.logical == role.name; });
+    TE_CHECK(it != std::end(kMeshRoles), "parse_mesh_resource: unknown role ",
+             quoted(entry.logical), " in \"", text, "\"; the roles are ", names);
+    TE_CHECK(!(r.*it->axis), "parse_mesh_resource: role ", quoted(entry.logical),
+             " given twice in \"", text, "\"; give each role once");
     TE_CHECK(entry.mesh.size() == 1, "parse_mesh_resource: role ", quoted(entry.logical),
-             " must name exactly one mesh axis (got ", to_string(entry),
-             "); write e.g. dp=data");
-    *it->second = entry.mesh[0];
+             " must name exactly one mesh axis (got ", to_string(entry), "); write e.g. dp=data");
+    r.*it->axis = entry.mesh[0];
   }
   validate_mesh_resource(r);
   return r;
@@ -182,10 +174,10 @@ AxisRules te_default_axis_rules(const MeshResource& r) {
   if (r.fsdp) batch.push_back(*r.fsdp);
   const MeshAxes tensor = axes(r.tpsp ? r.tpsp : r.tp);
   return {
-      {axis::kBatch, batch},         {axis::kSeqlen, {}},     {axis::kSeqlenTp, axes(r.tpsp)},
-      {axis::kSeqlenCp, axes(r.cp)}, {axis::kHeads, tensor},  {axis::kHidden, {}},
-      {axis::kHiddenTp, tensor},     {axis::kJoined, {}},     {axis::kWNoShard, {}},
-      {axis::kWFsdp, axes(r.fsdp)},  {axis::kWTp, tensor},    {axis::kWJoined, {}},
+      {axis::kBatch, batch},         {axis::kSeqlen, {}},    {axis::kSeqlenTp, axes(r.tpsp)},
+      {axis::kSeqlenCp, axes(r.cp)}, {axis::kHeads, tensor}, {axis::kHidden, {}},
+      {axis::kHiddenTp, tensor},     {axis::kJoined, {}},    {axis::kWNoShard, {}},
+      {axis::kWFsdp, axes(r.fsdp)},  {axis::kWTp, tensor},   {axis::kWJoined, {}},
   };
 }
 
@@ -226,25 +218,29 @@ AxisRules extend_logical_axis_rules(const AxisRules& rules) {
 
 // ---------------------------------------------------------------------------------------------
 
-std::optional<PartitionSpec> resolve_logical_axes(const LogicalAxes& axes,
-                                                  RulesFallback fallback) {
+const AxisRules* rules_in_effect() {
   const AxisRules* rules = rules_stack().top();
-  if (rules == nullptr || rules->empty()) {
-    const MeshResource* resource = resource_stack().top();
-    if (resource == nullptr) {
-      // No constraint, but a malformed one is still a bug in the caller: report it on one
-      // device too, not only once the model runs sharded.
-      validate_logical_axes(axes);
-      return std::nullopt;
-    }
-    // Constraints resolve on every forward: keep this thread's last table.
-    thread_local std::optional<std::pair<MeshResource, AxisRules>> cached;
-    if (!cached || cached->first != *resource) {
-      cached.emplace(*resource, te_default_axis_rules(*resource));
-    }
-    rules = &cached->second;
-    warn_te_table_once();
+  if (rules != nullptr && !rules->empty()) return rules;
+  const MeshResource* resource = resource_stack().top();
+  if (resource == nullptr) return nullptr;
+  // Constraints resolve on every forward: keep this thread's last table.
+  thread_local std::optional<std::pair<MeshResource, AxisRules>> cached;
+  if (!cached || cached->first != *resource) {
+    cached.emplace(*resource, te_default_axis_rules(*resource));
   }
+  return &cached->second;
+}
+
+std::optional<PartitionSpec> resolve_logical_axes(const LogicalAxes& axes, RulesFallback fallback) {
+  const AxisRules* rules = rules_in_effect();
+  if (rules == nullptr) {
+    // No constraint, but a malformed one is still a bug in the caller: report it on one
+    // device too, not only once the model runs sharded.
+    validate_logical_axes(axes);
+    return std::nullopt;
+  }
+  const AxisRules* user = rules_stack().top();
+  if (user == nullptr || user->empty()) warn_te_table_once();
   const Resolution res = resolve_with_rules(axes, *rules);
   if (fallback != RulesFallback::kAxisIsUnsharded) {
     const std::vector<std::string> unmatched = res.unassigned();
@@ -253,8 +249,8 @@ std::optional<PartitionSpec> resolve_logical_axes(const LogicalAxes& axes,
       std::string names;
       for (const std::string& n : unmatched) names += (names.empty() ? "" : ", ") + quoted(n);
       TE_FAIL("logical axes ", to_string(axes), ": ", names,
-              unmatched.size() == 1 ? " matches" : " match",
-              " no applicable rule in [", to_string(*rules),
+              unmatched.size() == 1 ? " matches" : " match", " no applicable rule in [",
+              to_string(*rules),
               "]; add a rule for each (name= pins it replicated), or use "
               "RulesFallback::kAxisIsUnsharded");
     }

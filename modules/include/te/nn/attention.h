@@ -99,10 +99,10 @@ struct MultiHeadAttentionOptions {
   /// Logical axes of the kernels: fused (hidden, 3, heads*head_dim); separate query
   /// (hidden, heads*head_dim) and key/value (hidden, 2, kv_heads*head_dim); output
   /// (heads*head_dim, hidden). Biases take the kernels' output axes.
-  TORCH_ARG(LogicalAxes, qkv_kernel_axes) = {"w_fsdp", "w_joined", "w_tp"};
-  TORCH_ARG(LogicalAxes, q_kernel_axes) = {"w_fsdp", "w_tp"};
-  TORCH_ARG(LogicalAxes, kv_kernel_axes) = {"w_fsdp", "w_joined", "w_tp"};
-  TORCH_ARG(LogicalAxes, out_kernel_axes) = {"w_tp", "w_fsdp"};
+  TORCH_ARG(LogicalAxes, qkv_kernel_axes) = axis::joined_in_kernel();
+  TORCH_ARG(LogicalAxes, q_kernel_axes) = axis::in_kernel();
+  TORCH_ARG(LogicalAxes, kv_kernel_axes) = axis::joined_in_kernel();
+  TORCH_ARG(LogicalAxes, out_kernel_axes) = axis::out_kernel();
   /// Initialise the query kernel divided by sqrt(head_dim) ...
   TORCH_ARG(bool, scaled_query_init) = true;
   /// ... and leave the logits unscaled, as TE does by default.

@@ -74,8 +74,8 @@ struct LayerNormOptions {
   TORCH_ARG(double, epsilon) = 1e-6;
   /// Learn gamma - 1 (initialised to zero) instead of gamma (initialised to one).
   TORCH_ARG(bool, zero_centered_gamma) = false;
-  TORCH_ARG(LogicalAxes, scale_axes) = {"w_no_shard"};
-  TORCH_ARG(LogicalAxes, bias_axes) = {"w_no_shard"};
+  TORCH_ARG(LogicalAxes, scale_axes) = axis::replicated_1d();
+  TORCH_ARG(LogicalAxes, bias_axes) = axis::replicated_1d();
 };
 
 /// Layer (or RMS) normalisation over the last dim, with learned scale ("scale") and, for

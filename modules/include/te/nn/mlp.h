@@ -33,10 +33,10 @@ struct LayerNormMLPOptions {
   TORCH_ARG(double, intermediate_dropout_rate) = 0.1;
   TORCH_ARG(bool, use_bias) = false;
   /// fc1 kernel (hidden, activations, ffn) and fc2 kernel (ffn, hidden) logical axes.
-  TORCH_ARG(LogicalAxes, kernel_axes_1) = {"w_fsdp", "w_joined", "w_tp"};
-  TORCH_ARG(LogicalAxes, kernel_axes_2) = {"w_tp", "w_fsdp"};
+  TORCH_ARG(LogicalAxes, kernel_axes_1) = axis::joined_in_kernel();
+  TORCH_ARG(LogicalAxes, kernel_axes_2) = axis::out_kernel();
   TORCH_ARG(LogicalAxes, bias_axes_1) = {"w_joined", "w_tp"};
-  TORCH_ARG(LogicalAxes, bias_axes_2) = {"w_no_shard"};
+  TORCH_ARG(LogicalAxes, bias_axes_2) = axis::replicated_1d();
   /// Constraints on the norm's input, fc1's input, fc2's input and the output; empty: none.
   TORCH_ARG(LogicalAxes, layernorm_input_axes) = {};
   TORCH_ARG(LogicalAxes, dot_1_input_axes) = {};

@@ -47,10 +47,10 @@ struct TransformerLayerOptions {
   /// Kernel logical axes: attention QKV (hidden, 3, heads*head_dim) and output
   /// (heads*head_dim, hidden); MLP fc1 (hidden, activations, ffn) and fc2 (ffn, hidden). Cross
   /// attention derives its query (first and last of qkv) and key/value (qkv) axes.
-  TORCH_ARG(LogicalAxes, qkv_kernel_axes) = {"w_fsdp", "w_joined", "w_tp"};
-  TORCH_ARG(LogicalAxes, out_kernel_axes) = {"w_tp", "w_fsdp"};
-  TORCH_ARG(LogicalAxes, mlp_kernel_axes_1) = {"w_fsdp", "w_joined", "w_tp"};
-  TORCH_ARG(LogicalAxes, mlp_kernel_axes_2) = {"w_tp", "w_fsdp"};
+  TORCH_ARG(LogicalAxes, qkv_kernel_axes) = axis::joined_in_kernel();
+  TORCH_ARG(LogicalAxes, out_kernel_axes) = axis::out_kernel();
+  TORCH_ARG(LogicalAxes, mlp_kernel_axes_1) = axis::joined_in_kernel();
+  TORCH_ARG(LogicalAxes, mlp_kernel_axes_2) = axis::out_kernel();
   TORCH_ARG(bool, scaled_query_init) = true;
   TORCH_ARG(bool, scale_attn_logits) = false;
   /// Sequence parallel (with a tpsp MeshResource or rules for seqlen_tp).

@@ -102,6 +102,14 @@ struct ConstraintOptions {
 /// out of mesh order.
 std::vector<Placement> placements_for(const PartitionSpec& spec, const DeviceMesh& mesh);
 
+/// The placements logical `axes` ask for on `mesh`: resolved with the rules in effect
+/// (resolve_logical_axes) and mapped onto the mesh (placements_for). nullopt when there is no
+/// constraint (no rules and no MeshResource in scope, or `fallback` dropped it). Every module
+/// and constraint resolves through this.
+std::optional<std::vector<Placement>> resolve_placements(
+    const LogicalAxes& axes, const DeviceMesh& mesh,
+    RulesFallback fallback = RulesFallback::kAxisIsUnsharded);
+
 /// Resolves `axes` in the current sharding context (rules, or TE's table under a MeshResource)
 /// and redistributes `x` to that layout on the current mesh; Partial inputs are reduced
 /// (reduce-scattered where the spec shards a dim). No mesh in scope, or no constraint, returns

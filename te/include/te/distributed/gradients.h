@@ -33,9 +33,8 @@ class GradientBuckets {
   /// How many parameter gradients are waiting.
   int64_t pending() const;
 
-  struct State;
-
  private:
+  struct State;
   std::unique_ptr<State> state_;
 };
 

@@ -18,7 +18,8 @@ namespace te {
 
 namespace detail {
 struct MeshState;
-}
+class World;
+}  // namespace detail
 
 /// DeviceMesh({2, 2}, {"data", "model"}): rank r sits at coordinates (r / 2, r % 2). Created
 /// collectively: every rank of the world constructs the same meshes in the same order. The
@@ -88,7 +89,7 @@ const DeviceMesh* current_mesh();
 struct DistributedContext {
   ShardingContext sharding;
   std::optional<DeviceMesh> mesh;
-  std::shared_ptr<void> world;  ///< opaque: the rank membership of the capturing thread
+  std::shared_ptr<detail::World> world;  ///< the rank membership of the capturing thread
 };
 
 /// Captures this thread's context, to be re-opened on a worker thread (thread pools, servers).
@@ -109,7 +110,7 @@ class DistributedContextScope {
  private:
   ShardingContextScope sharding_;
   std::optional<MeshScope> mesh_;
-  std::shared_ptr<void> previous_world_;
+  std::shared_ptr<detail::World> previous_world_;
 };
 
 }  // namespace te

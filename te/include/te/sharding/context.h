@@ -65,6 +65,18 @@ struct MeshResource {
   friend bool operator!=(const MeshResource& a, const MeshResource& b) { return !(a == b); }
 };
 
+/// A parallelism role of MeshResource: its name and its member.
+struct MeshRole {
+  const char* name;
+  std::optional<std::string> MeshResource::*axis;
+};
+/// Every role, in the order printers and parsers use; ep, which may share a mesh axis with
+/// another role, last.
+inline constexpr MeshRole kMeshRoles[] = {
+    {"dp", &MeshResource::dp},     {"tp", &MeshResource::tp}, {"tpsp", &MeshResource::tpsp},
+    {"fsdp", &MeshResource::fsdp}, {"pp", &MeshResource::pp}, {"cp", &MeshResource::cp},
+    {"ep", &MeshResource::ep}};
+
 /// "MeshResource(dp='data', tp='model')"; unset roles are left out.
 std::string to_string(const MeshResource& resource);
 
@@ -106,6 +118,23 @@ inline constexpr const char* kWNoShard = "w_no_shard";
 inline constexpr const char* kWFsdp = "w_fsdp";
 inline constexpr const char* kWTp = "w_tp";
 inline constexpr const char* kWJoined = "w_joined";
+
+/// The sequence axis of activations: seqlen_tp under sequence parallelism, else seqlen.
+inline const char* seqlen(bool sequence_parallel) {
+  return sequence_parallel ? kSeqlenTp : kSeqlen;
+}
+/// Activations [batch, seq, hidden] (seq as above).
+inline LogicalAxes activations(bool sequence_parallel) {
+  return {kBatch, seqlen(sequence_parallel), kHidden};
+}
+/// The default kernel axes of TE's modules: a kernel from hidden into a joined, tensor-parallel
+/// output ([hidden, joined, out]: fused QKV, the MLP's first GEMM), and a kernel from the
+/// tensor-parallel dim back to hidden ([in, hidden]: attention's output, the MLP's second GEMM).
+inline LogicalAxes joined_in_kernel() { return {kWFsdp, kWJoined, kWTp}; }
+inline LogicalAxes in_kernel() { return {kWFsdp, kWTp}; }
+inline LogicalAxes out_kernel() { return {kWTp, kWFsdp}; }
+/// A replicated parameter (layer-norm scales, output biases).
+inline LogicalAxes replicated_1d() { return {kWNoShard}; }
 }  // namespace axis
 
 /// TE's table for `resource`: batch->(dp,fsdp) (the set ones), seqlen->{}, seqlen_tp->tpsp,
@@ -124,6 +153,11 @@ AxisRules extend_logical_axis_rules(const AxisRules& rules);
 
 // ---------------------------------------------------------------------------------------------
 // Resolution of a constraint against the context
+
+/// The rules constraints resolve with on this thread: the user's rules in scope when there are
+/// any, else TE's table for the MeshResource in scope, else none (null). Valid until the scopes
+/// change.
+const AxisRules* rules_in_effect();
 
 /// What a constraint does with a named dim that no rule assigns (Flax's RulesFallback).
 enum class RulesFallback {
