@@ -8,6 +8,8 @@
 #ifdef TE_WITH_GLOO
 
 #include <ATen/ATen.h>
+
+#include <cstdint>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 namespace te::detail {
@@ -78,13 +80,25 @@ class GlooBackend final : public Backend {
     const int64_t n = in.numel();
     const char* primitive = "";
     switch (algorithms_.gather) {
-      case GatherAlgorithm::kPaddedAllReduce:
-        // Zeros everywhere but this rank's piece; the sum is the concatenation (x + 0 == x).
+      case GatherAlgorithm::kPaddedAllReduce: {
+        // Zeros everywhere but this rank's piece; the sum is the concatenation (x + 0 == x,
+        // exactly, for integers of any bits). Summed as the widest integer that tiles the
+        // bytes: Gloo sums uint8 about 2x slower than int64 (bench_collectives).
         h.cpu.zero_();
         h.cpu.narrow(0, rank_ * n, n).copy_(in);
-        reduce_in_place(h.cpu, ReduceOp::kSum);
+        at::Tensor words = h.cpu;
+        for (at::ScalarType wide : {at::kLong, at::kInt}) {
+          const int64_t size = static_cast<int64_t>(c10::elementSize(wide));
+          if (h.cpu.scalar_type() == at::kByte && h.cpu.numel() % size == 0 &&
+              reinterpret_cast<std::uintptr_t>(h.cpu.data_ptr()) % size == 0) {
+            words = h.cpu.view(wide);
+            break;
+          }
+        }
+        reduce_in_place(words, ReduceOp::kSum);
         primitive = "allreduce";
         break;
+      }
       case GatherAlgorithm::kAllGather: {
         std::vector<at::Tensor> inputs{in};
         std::vector<std::vector<at::Tensor>> outputs(1);
