@@ -15,13 +15,12 @@
 #include <vector>
 
 #include "../expect_error.h"
-#include "distributed/internal.h"
 #include "te/distributed.h"
+#include "te/distributed/backend.h"
 
 #ifdef TE_WITH_NCCL
 #include <cuda_runtime.h>
-
-#include "distributed/nccl_support.h"
+#include <nccl.h>
 #endif
 
 namespace te {
@@ -99,46 +98,41 @@ TEST(CommBackendOption, NcclWithoutAGpuOrWithoutNcclIsNamed) {
 #ifdef TE_WITH_NCCL
 
 TEST(NcclSupport, TypesAndOperators) {
-  EXPECT_EQ(detail::nccl::reduce_type(at::kFloat), ncclFloat32);
-  EXPECT_EQ(detail::nccl::reduce_type(at::kDouble), ncclFloat64);
-  EXPECT_EQ(detail::nccl::reduce_type(at::kHalf), ncclFloat16);
-  EXPECT_EQ(detail::nccl::reduce_type(at::kBFloat16), ncclBfloat16);
-  EXPECT_EQ(detail::nccl::reduce_type(at::kInt), ncclInt32);
-  EXPECT_EQ(detail::nccl::reduce_type(at::kLong), ncclInt64);
-  EXPECT_EQ(detail::nccl::reduce_type(at::kChar), ncclInt8);
-  EXPECT_EQ(detail::nccl::reduce_type(at::kByte), ncclUint8);
-  EXPECT_EQ(detail::nccl::reduce_type(at::kBool), ncclUint8);
-  EXPECT_ERROR(detail::nccl::reduce_type(at::kShort), "NCCL cannot reduce Short tensors");
-  EXPECT_ERROR(detail::nccl::reduce_type(at::kComplexFloat),
+  EXPECT_EQ(comm::nccl_reduce_type(at::kFloat), ncclFloat32);
+  EXPECT_EQ(comm::nccl_reduce_type(at::kDouble), ncclFloat64);
+  EXPECT_EQ(comm::nccl_reduce_type(at::kHalf), ncclFloat16);
+  EXPECT_EQ(comm::nccl_reduce_type(at::kBFloat16), ncclBfloat16);
+  EXPECT_EQ(comm::nccl_reduce_type(at::kInt), ncclInt32);
+  EXPECT_EQ(comm::nccl_reduce_type(at::kLong), ncclInt64);
+  EXPECT_EQ(comm::nccl_reduce_type(at::kChar), ncclInt8);
+  EXPECT_EQ(comm::nccl_reduce_type(at::kByte), ncclUint8);
+  EXPECT_EQ(comm::nccl_reduce_type(at::kBool), ncclUint8);
+  EXPECT_ERROR(comm::nccl_reduce_type(at::kShort), "NCCL cannot reduce Short tensors");
+  EXPECT_ERROR(comm::nccl_reduce_type(at::kComplexFloat),
                "NCCL cannot reduce ComplexFloat tensors");
-  EXPECT_EQ(detail::nccl::reduce_op(ReduceOp::kSum), ncclSum);
-  EXPECT_EQ(detail::nccl::reduce_op(ReduceOp::kAvg), ncclAvg);
-  EXPECT_EQ(detail::nccl::reduce_op(ReduceOp::kMax), ncclMax);
-  EXPECT_EQ(detail::nccl::reduce_op(ReduceOp::kMin), ncclMin);
+  EXPECT_EQ(comm::nccl_reduce_op(ReduceOp::kSum), ncclSum);
+  EXPECT_EQ(comm::nccl_reduce_op(ReduceOp::kAvg), ncclAvg);
+  EXPECT_EQ(comm::nccl_reduce_op(ReduceOp::kMax), ncclMax);
+  EXPECT_EQ(comm::nccl_reduce_op(ReduceOp::kMin), ncclMin);
 }
 
 TEST(NcclSupport, TwoRanksOnOneGpuAreFound) {
-  EXPECT_FALSE(detail::nccl::shared_gpu({"0000:01:00.0", "0000:02:00.0"}).has_value());
-  const auto dup = detail::nccl::shared_gpu({"0000:01:00.0", "0000:02:00.0", "0000:01:00.0"});
+  EXPECT_FALSE(comm::shared_gpu({"0000:01:00.0", "0000:02:00.0"}).has_value());
+  const auto dup = comm::shared_gpu({"0000:01:00.0", "0000:02:00.0", "0000:01:00.0"});
   ASSERT_TRUE(dup.has_value());
   EXPECT_EQ(dup->first, 0);
   EXPECT_EQ(dup->second, 2);
-}
-
-std::vector<uint8_t> bytes_of(const ncclUniqueId& id) {
-  const auto* p = reinterpret_cast<const uint8_t*>(&id);
-  return {p, p + sizeof(id)};
 }
 
 // Thread ranks share the id rank 0 made through their world's store; another key, another id.
 TEST(NcclSupport, ThreadRanksShareRankZerosUniqueIdThroughTheWorldStore) {
   std::vector<std::vector<uint8_t>> first(3), second(3);
   run_local_ranks(3, [&](int rank) {
-    const auto& store = detail::current_world()->store();
+    const auto store = comm::world_store();
     auto a = c10::make_intrusive<c10d::PrefixStore>("nccl-test/a", store);
     auto b = c10::make_intrusive<c10d::PrefixStore>("nccl-test/b", store);
-    first[static_cast<std::size_t>(rank)] = bytes_of(detail::nccl::share_unique_id(*a, rank));
-    second[static_cast<std::size_t>(rank)] = bytes_of(detail::nccl::share_unique_id(*b, rank));
+    first[static_cast<std::size_t>(rank)] = comm::nccl_share_unique_id(*a, rank);
+    second[static_cast<std::size_t>(rank)] = comm::nccl_share_unique_id(*b, rank);
   });
   EXPECT_EQ(first[0].size(), sizeof(ncclUniqueId));
   EXPECT_EQ(first[1], first[0]);
@@ -150,14 +144,14 @@ TEST(NcclSupport, ThreadRanksShareRankZerosUniqueIdThroughTheWorldStore) {
 
 // ---- on a GPU (scripts/gpu-check.sh): skipped where LibTorch has no CUDA or sees no GPU ----
 
-std::unique_ptr<detail::Backend> one_rank_nccl(const std::string& key) {
-  detail::BackendSetup setup;
+std::unique_ptr<comm::Backend> one_rank_nccl(const std::string& key) {
+  comm::BackendSetup setup;
   setup.store = c10::make_intrusive<c10d::HashStore>();
   setup.key = key;
   setup.ranks = {0};
   setup.timeout = std::chrono::seconds(60);
   setup.cuda_device = 0;
-  return detail::make_nccl_backend(setup);
+  return comm::make_nccl_backend(setup);
 }
 
 // Every primitive and every dtype NCCL takes, on one-rank communicators; two of them at once on
@@ -167,7 +161,7 @@ TEST(NcclGpu, EveryCollectiveAndDtypeOnTwoOneRankCommunicators) {
   auto a = one_rank_nccl("a");
   auto b = one_rank_nccl("b");
   const at::Device gpu(at::kCUDA, 0);
-  for (detail::Backend* backend : {a.get(), b.get()}) {
+  for (comm::Backend* backend : {a.get(), b.get()}) {
     EXPECT_TRUE(backend->moves(gpu));
     EXPECT_FALSE(backend->moves(at::Device(at::kCPU)));
     for (at::ScalarType dtype : {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16, at::kInt,

@@ -36,16 +36,12 @@
 #include <thread>
 
 #include "dist_test_util.h"
-#include "distributed/internal.h"
 #include "te/distributed.h"
+#include "te/distributed/backend.h"
 #include "te/fp8.h"
 #include "te/nn.h"
 
-#ifdef TE_WITH_NCCL
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-
-#include "distributed/nccl_support.h"
-#endif
 
 namespace {
 
@@ -344,24 +340,23 @@ int checkpoint_sum(const std::string& dir) {
 }
 
 int nccl_id() {
-#ifdef TE_WITH_NCCL
-  const int rank = te::world_rank();
-  auto store = c10::make_intrusive<c10d::PrefixStore>("nccl-id-test",
-                                                      te::detail::current_world()->store());
-  const ncclUniqueId id = te::detail::nccl::share_unique_id(*store, rank);
-  at::Tensor mine = at::empty({static_cast<int64_t>(sizeof(id))}, at::kByte);
-  std::memcpy(mine.data_ptr(), &id, sizeof(id));
-  te::DeviceMesh mesh({te::world_size()}, {"x"});
-  const at::Tensor all =
-      te::DTensor::from_local(mine.unsqueeze(0), mesh, {te::Shard{0}}).full_tensor();
-  for (int r = 0; r < te::world_size(); ++r) {
-    TE_CHECK(at::equal(all[r], all[0]), "rank ", r, " got another NCCL id than rank 0");
+  if (te::comm::nccl_built()) {
+    const int rank = te::world_rank();
+    auto store = c10::make_intrusive<c10d::PrefixStore>("nccl-id-test", te::comm::world_store());
+    const std::vector<uint8_t> id = te::comm::nccl_share_unique_id(*store, rank);
+    at::Tensor mine = at::empty({static_cast<int64_t>(id.size())}, at::kByte);
+    std::memcpy(mine.data_ptr(), id.data(), id.size());
+    te::DeviceMesh mesh({te::world_size()}, {"x"});
+    const at::Tensor all =
+        te::DTensor::from_local(mine.unsqueeze(0), mesh, {te::Shard{0}}).full_tensor();
+    for (int r = 0; r < te::world_size(); ++r) {
+      TE_CHECK(at::equal(all[r], all[0]), "rank ", r, " got another NCCL id than rank 0");
+    }
+    std::cout << "rank " << rank << " nccl id shared by " << te::world_size() << " ranks"
+              << std::endl;
+  } else {
+    std::cout << "rank " << te::world_rank() << " nccl not built" << std::endl;
   }
-  std::cout << "rank " << rank << " nccl id shared by " << te::world_size() << " ranks"
-            << std::endl;
-#else
-  std::cout << "rank " << te::world_rank() << " nccl not built" << std::endl;
-#endif
   return 0;
 }
 

@@ -2,7 +2,7 @@
 // memory). Gloo in LibTorch 1.13 has no reduce-scatter and a slow all-gather, so both run on the
 // primitive CollectiveAlgorithms names (bench/bench_collectives measured the defaults).
 
-#include "backend.h"
+#include "te/distributed/backend.h"
 #include "te/error.h"
 
 #ifdef TE_WITH_GLOO
@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
-namespace te::detail {
+namespace te::comm {
 
 namespace {
 
@@ -198,11 +198,11 @@ std::unique_ptr<Backend> make_gloo_backend(const BackendSetup& setup) {
 
 bool gloo_built() { return true; }
 
-}  // namespace te::detail
+}  // namespace te::comm
 
 #else  // no Gloo in this LibTorch
 
-namespace te::detail {
+namespace te::comm {
 
 std::unique_ptr<Backend> make_gloo_backend(const BackendSetup& setup) {
   TE_FAIL("rank ", setup.ranks.at(static_cast<std::size_t>(setup.rank)),
@@ -213,6 +213,6 @@ std::unique_ptr<Backend> make_gloo_backend(const BackendSetup& setup) {
 
 bool gloo_built() { return false; }
 
-}  // namespace te::detail
+}  // namespace te::comm
 
 #endif

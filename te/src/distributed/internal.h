@@ -16,12 +16,14 @@
 #include <string>
 #include <vector>
 
-#include "backend.h"
+#include "te/distributed/backend.h"
 #include "te/distributed/mesh.h"
 #include "te/distributed/placement.h"
 #include "te/distributed/world.h"
 
 namespace te::detail {
+
+using comm::Backend;
 
 /// One rank's membership of a world: its store, the counter that keeps collectively created
 /// sub-groups in step across ranks, and the liveness records that let a failed collective name

@@ -8,7 +8,7 @@
 // Built when CMake finds NCCL with the CUDA toolkit (TE_WITH_NCCL); otherwise only the stubs at
 // the end, which say so.
 
-#include "backend.h"
+#include "te/distributed/backend.h"
 #include "te/error.h"
 
 #ifdef TE_WITH_NCCL
@@ -20,16 +20,15 @@
 #include <stdexcept>
 #include <thread>
 
-#include "nccl_support.h"
 #include "te/compat.h"
 
 #ifdef TE_TORCH_CUDA
 #include <c10/cuda/CUDAStream.h>
 #endif
 
-namespace te::detail {
+namespace te::comm {
 
-namespace nccl {
+namespace nccl {  // the mappings and the id exchange, in NCCL types
 
 ncclDataType_t reduce_type(at::ScalarType dtype) {
   switch (dtype) {
@@ -94,17 +93,6 @@ ncclUniqueId share_unique_id(c10d::Store& store, int rank) {
   return id;
 }
 
-std::optional<std::pair<int, int>> shared_gpu(const std::vector<std::string>& gpu_of_rank) {
-  for (std::size_t a = 0; a < gpu_of_rank.size(); ++a) {
-    for (std::size_t b = a + 1; b < gpu_of_rank.size(); ++b) {
-      if (gpu_of_rank[a] == gpu_of_rank[b]) {
-        return std::make_pair(static_cast<int>(a), static_cast<int>(b));
-      }
-    }
-  }
-  return std::nullopt;
-}
-
 }  // namespace nccl
 
 namespace {
@@ -154,7 +142,7 @@ class NcclBackend final : public Backend {
       const auto v = setup.store->get("gpu/" + std::to_string(r));
       gpus.emplace_back(v.begin(), v.end());
     }
-    if (const auto dup = nccl::shared_gpu(gpus)) {
+    if (const auto dup = shared_gpu(gpus)) {
       TE_FAIL("ranks ", setup.ranks[static_cast<std::size_t>(dup->first)], " and ",
               setup.ranks[static_cast<std::size_t>(dup->second)],
               " of the NCCL communicator of "
@@ -340,11 +328,21 @@ std::unique_ptr<Backend> make_nccl_backend(const BackendSetup& setup) {
 
 bool nccl_built() { return true; }
 
-}  // namespace te::detail
+int nccl_reduce_type(at::ScalarType dtype) { return static_cast<int>(nccl::reduce_type(dtype)); }
+
+int nccl_reduce_op(ReduceOp op) { return static_cast<int>(nccl::reduce_op(op)); }
+
+std::vector<uint8_t> nccl_share_unique_id(c10d::Store& store, int rank) {
+  const ncclUniqueId id = nccl::share_unique_id(store, rank);
+  const auto* bytes = reinterpret_cast<const uint8_t*>(&id);
+  return {bytes, bytes + sizeof(id)};
+}
+
+}  // namespace te::comm
 
 #else  // no NCCL in this build
 
-namespace te::detail {
+namespace te::comm {
 
 std::unique_ptr<Backend> make_nccl_backend(const BackendSetup& setup) {
   TE_FAIL("rank ", setup.ranks.at(static_cast<std::size_t>(setup.rank)),
@@ -355,6 +353,31 @@ std::unique_ptr<Backend> make_nccl_backend(const BackendSetup& setup) {
 
 bool nccl_built() { return false; }
 
-}  // namespace te::detail
+namespace {
+[[noreturn]] void no_nccl() {
+  TE_FAIL("this te-cpp was built without NCCL (CMake found no CUDA toolkit with nccl.h)");
+}
+}  // namespace
+
+int nccl_reduce_type(at::ScalarType) { no_nccl(); }
+int nccl_reduce_op(ReduceOp) { no_nccl(); }
+std::vector<uint8_t> nccl_share_unique_id(c10d::Store&, int) { no_nccl(); }
+
+}  // namespace te::comm
 
 #endif
+
+namespace te::comm {
+
+std::optional<std::pair<int, int>> shared_gpu(const std::vector<std::string>& gpu_of_rank) {
+  for (std::size_t a = 0; a < gpu_of_rank.size(); ++a) {
+    for (std::size_t b = a + 1; b < gpu_of_rank.size(); ++b) {
+      if (gpu_of_rank[a] == gpu_of_rank[b]) {
+        return std::make_pair(static_cast<int>(a), static_cast<int>(b));
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace te::comm

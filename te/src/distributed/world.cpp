@@ -212,7 +212,7 @@ std::unique_ptr<Backend> World::connect(CommBackend kind, const std::string& key
                                         int cuda_device) const {
   const auto it = std::find(ranks.begin(), ranks.end(), int64_t{rank_});
   TE_CHECK(it != ranks.end(), "internal: rank ", rank_, " is not in group ", key);
-  BackendSetup setup;
+  comm::BackendSetup setup;
   setup.key = key + "/" + to_string(kind);
   setup.store = c10::make_intrusive<c10d::PrefixStore>(setup.key + "/" + join(ranks), store_);
   setup.ranks = ranks;
@@ -223,7 +223,8 @@ std::unique_ptr<Backend> World::connect(CommBackend kind, const std::string& key
   setup.gloo_host = gloo_host_;
   setup.cuda_device = cuda_device;
   try {
-    return kind == CommBackend::kNccl ? make_nccl_backend(setup) : make_gloo_backend(setup);
+    return kind == CommBackend::kNccl ? comm::make_nccl_backend(setup)
+                                      : comm::make_gloo_backend(setup);
   } catch (const te::Error&) {
     throw;
   } catch (const std::exception& e) {
@@ -244,7 +245,7 @@ RowComm::RowComm(const World* world, std::string key, std::vector<int64_t> ranks
   // Under kAuto without Gloo in this build, NCCL is made on the first CUDA collective instead.
   if (world_->options().backend == CommBackend::kNccl) {
     make(CommBackend::kNccl, world_->local_rank());
-  } else if (world_->options().backend == CommBackend::kGloo || gloo_built()) {
+  } else if (world_->options().backend == CommBackend::kGloo || comm::gloo_built()) {
     make(CommBackend::kGloo, -1);
   }
 }
@@ -266,7 +267,7 @@ Backend& RowComm::for_device(const c10::Device& device, const std::string& axis)
   }
   TE_CHECK(device.is_cuda(), "a collective over mesh axis '", axis, "' got a tensor on ", device,
            "; te-cpp moves CPU tensors (Gloo) and CUDA tensors (NCCL)");
-  if (wanted == CommBackend::kGloo || (wanted == CommBackend::kAuto && !nccl_built())) {
+  if (wanted == CommBackend::kGloo || (wanted == CommBackend::kAuto && !comm::nccl_built())) {
     return make(CommBackend::kGloo, -1);
   }
   Backend& nccl = make(CommBackend::kNccl, device.has_index() ? device.index() : 0);
@@ -429,6 +430,13 @@ int world_size() {
 }
 
 bool is_distributed() { return world_size() > 1; }
+
+namespace comm {
+c10::intrusive_ptr<c10d::Store> world_store() {
+  auto world = detail::current_world();
+  return world ? world->store() : c10::intrusive_ptr<c10d::Store>();
+}
+}  // namespace comm
 
 int local_rank() {
   auto world = detail::current_world();

@@ -13,13 +13,15 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "te/distributed/placement.h"
 #include "te/distributed/world.h"
 
-namespace te::detail {
+namespace te::comm {
 
 /// One rank's end of a communicator over a row's ranks. Every call blocks until this rank's part
 /// is done (its output written) or fails: a std::exception whose text says what the backend saw;
@@ -76,4 +78,22 @@ bool gloo_built();
 /// Whether this build can make NCCL communicators (found with the CUDA toolkit at configure).
 bool nccl_built();
 
-}  // namespace te::detail
+/// This thread's world's rendezvous store (run_local_ranks, else init_distributed), to set up
+/// communicators of one's own next to te's (use keys of your own prefix); null when not
+/// distributed.
+c10::intrusive_ptr<c10d::Store> world_store();
+
+// What the NCCL backend decides before it touches a GPU (te::Error where nccl_built() is false).
+
+/// The ncclDataType_t a reduction of `dtype` runs in (bools travel as uint8); te::Error naming
+/// the dtype for one NCCL cannot reduce.
+int nccl_reduce_type(at::ScalarType dtype);
+/// The ncclRedOp_t of `op` (avg is native).
+int nccl_reduce_op(ReduceOp op);
+/// Rank 0 makes an ncclUniqueId and sets it under "nccl_id" in `store`; every rank gets it from
+/// there (waiting up to the store's timeout) and returns its bytes.
+std::vector<uint8_t> nccl_share_unique_id(c10d::Store& store, int rank);
+/// The first two ranks whose GPU identity (PCI bus id) is the same, if any: NCCL refuses them.
+std::optional<std::pair<int, int>> shared_gpu(const std::vector<std::string>& gpu_of_rank);
+
+}  // namespace te::comm
