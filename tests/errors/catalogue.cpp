@@ -1,0 +1,304 @@
+// The misuse catalogue (docs/errors.md): each case does one thing wrong, the message it gets is
+// recorded verbatim (less the [file:line] tag), and the words that name the culprit must be in it.
+//
+//   te_error_catalogue --check docs/errors.md   exit 1 when the file differs from what the
+//                                               library says today, or a case's words are missing
+//   te_error_catalogue --write docs/errors.md   regenerate it
+#include <ATen/ATen.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "data.h"
+#include "service.h"
+#include "te/distributed.h"
+#include "te/fp8.h"
+#include "te/nn.h"
+
+namespace {
+
+using namespace te;
+using namespace te::nn;
+
+struct Case {
+  const char* area;
+  const char* misuse;
+  const char* words;  // what the message must contain: the culprit, named
+  std::function<void()> run;
+};
+
+// The message without its " [file:line]" tag, which moves with every edit.
+std::string untagged(std::string m) {
+  const auto at = m.rfind(" [");
+  if (at != std::string::npos && !m.empty() && m.back() == ']') m.erase(at);
+  return m;
+}
+
+// Runs `fn` on `n` thread ranks; rank 0's te::Error is the case's message.
+std::function<void()> on_ranks(int n, std::function<void(int)> fn) {
+  return [n, fn] {
+    std::string message;
+    run_local_ranks(n, [&](int rank) {
+      try {
+        fn(rank);
+      } catch (const Error& e) {
+        if (rank == 0) message = e.what();
+      }
+    });
+    if (!message.empty()) throw Error(message);
+  };
+}
+
+std::vector<Case> cases() {
+  // Fixed paths (not TMPDIR's), so the messages are the same on every machine.
+  const std::string no_dir = "/nonexistent/te-checkpoint";
+  const std::string empty_dir = "/tmp/te-error-catalogue-empty";
+  return {
+      // ---- rules and MeshResource ----
+      {"rules", "a logical axis named on two dims", "logical axis 'a' occurs more than once",
+       [] {
+         logical_to_mesh_axes({"a", "a"}, {});
+       }},
+      {"rules", "a rule with an empty logical name", "axis rule 0 (=x) has an empty logical name",
+       [] {
+         logical_to_mesh_axes({"a"}, {{"", {"x"}}});
+       }},
+      {"rules", "a tuple naming one mesh axis twice", "names mesh axis 'data' twice",
+       [] { parse_axis_rules("batch=(data,data)"); }},
+      {"rules", "an unbalanced tuple", "batch=(data", [] { parse_axis_rules("batch=(data"); }},
+      {"rules", "a dim no rule assigns, under RulesFallback::kRaiseError",
+       "'heads' matches no applicable rule",
+       [] {
+         AxisRulesScope scope(parse_axis_rules("batch=data"));
+         resolve_logical_axes({"batch", "heads"}, RulesFallback::kRaiseError);
+       }},
+      {"rules", "extending TE's table with an entry that diverges from it",
+       "the rules diverge from TE's on axis 'heads'",
+       [] {
+         MeshResource r;
+         r.tp = "model";
+         MeshResourceScope scope(r);
+         extend_logical_axis_rules(parse_axis_rules("heads=model,heads="));
+       }},
+      {"rules", "extending TE's table with no MeshResource in scope",
+       "needs a MeshResource in scope",
+       [] { extend_logical_axis_rules(parse_axis_rules("vocab=model")); }},
+      {"MeshResource", "an unknown role", "unknown role 'dq'",
+       [] { parse_mesh_resource("dq=data"); }},
+      {"MeshResource", "a role given twice", "role 'dp' given twice",
+       [] { parse_mesh_resource("dp=data,dp=x"); }},
+      {"MeshResource", "tp and tpsp together", "tp and tpsp are both set",
+       [] { parse_mesh_resource("tp=model,tpsp=m2"); }},
+      {"MeshResource", "two roles on one mesh axis", "roles dp and fsdp both name mesh axis 'data'",
+       [] {
+         MeshResource r;
+         r.dp = r.fsdp = "data";
+         MeshResourceScope scope(r);
+       }},
+      // ---- meshes, worlds, placements ----
+      {"mesh", "a mesh larger than the world", "the mesh ('data') has 2 ranks but the world has 1",
+       [] { DeviceMesh({2}, {"data"}); }},
+      {"mesh", "an axis name used twice", "axis name 'a' is used twice",
+       [] {
+         DeviceMesh({1, 1}, {"a", "a"});
+       }},
+      {"mesh", "asking a mesh for an axis it lacks", "mesh axis 'model' is not in",
+       [] { DeviceMesh({1}, {"data"}).axis_index("model"); }},
+      {"world", "init_distributed without the launcher's environment",
+       "RANK and WORLD_SIZE (or OMPI_COMM_WORLD_RANK/SIZE) are not set",
+       [] { init_distributed(); }},
+      {"world", "a malformed TE_COMM_BACKEND", "TE_COMM_BACKEND='mpi' is not auto, gloo or nccl",
+       [] {
+         ::setenv("TE_COMM_BACKEND", "mpi", 1);
+         try {
+           run_local_ranks(1, [](int) {});
+         } catch (...) {
+           ::unsetenv("TE_COMM_BACKEND");
+           throw;
+         }
+         ::unsetenv("TE_COMM_BACKEND");
+       }},
+      {"placements", "a Shard dim the tensor does not have",
+       "Shard(1) on mesh axis 'x' names dim 1 of a 1-dim tensor",
+       on_ranks(2,
+                [](int) {
+                  DeviceMesh mesh({2}, {"x"});
+                  DTensor::from_local(at::zeros({2}), mesh, {Shard{1}});
+                })},
+      {"placements", "more placements than mesh dims", "2 placements [Shard(0), Replicate()] for",
+       on_ranks(2,
+                [](int) {
+                  DeviceMesh mesh({2}, {"x"});
+                  DTensor::from_local(at::zeros({2}), mesh, {Shard{0}, Replicate{}});
+                })},
+      {"placements", "distributing a whole tensor as Partial",
+       "Partial(sum) on mesh axis 'x': a whole tensor cannot be split",
+       on_ranks(2,
+                [](int) {
+                  DeviceMesh mesh({2}, {"x"});
+                  DTensor::distribute(at::zeros({2}), mesh, {Partial{}});
+                })},
+      {"placements", "redistributing to a Partial the source is not",
+       "redistribute to Partial(sum) on mesh dim 0 (from Shard(0)) is not possible",
+       on_ranks(2,
+                [](int) {
+                  DeviceMesh mesh({2}, {"x"});
+                  DTensor::distribute(at::zeros({4}), mesh, {Shard{0}}).redistribute({Partial{}});
+                })},
+      {"placements", "averaging integers", "Partial(avg) of a Long tensor would truncate",
+       on_ranks(2,
+                [](int) {
+                  DeviceMesh mesh({2}, {"x"});
+                  DTensor::from_local(at::ones({2}, at::kLong), mesh, {Partial{ReduceOp::kAvg}})
+                      .full_tensor();
+                })},
+      {"constraints", "fewer logical axes than dims", "1 logical axes ('batch') for a 2-dim tensor",
+       [] {
+         with_sharding_constraint(at::zeros({2, 3}), {"batch"});
+       }},
+      {"constraints", "a rule naming a mesh axis the mesh lacks", "over mesh axis 'model', which",
+       on_ranks(2,
+                [](int) {
+                  DeviceMesh mesh({2}, {"data"});
+                  MeshScope scope(mesh);
+                  AxisRulesScope rules(parse_axis_rules("batch=model"));
+                  with_sharding_constraint(
+                      DTensor::distribute(at::zeros({2, 2}), mesh, {Replicate{}}),
+                      {"batch", std::nullopt});
+                })},
+      {"constraints", "a tensor of one mesh constrained under another",
+       "but the current mesh is another",
+       on_ranks(2,
+                [](int) {
+                  DeviceMesh a({2}, {"data"});
+                  DeviceMesh b({2}, {"data"});
+                  MeshScope scope(b);
+                  AxisRulesScope rules(parse_axis_rules("batch=data"));
+                  with_sharding_constraint(DTensor::distribute(at::zeros({2, 2}), a, {Replicate{}}),
+                                           {"batch", std::nullopt});
+                })},
+      // ---- modules ----
+      {"modules", "a Dense of zero width", "in_features (0) and out_features (3) must be positive",
+       [] { Dense(DenseOptions(0, 3)); }},
+      {"modules", "kernel axes of the wrong rank",
+       "parameter 'kernel' has 2 dims but 1 logical axes ('w_fsdp')",
+       [] { Dense(DenseOptions(4, 3).kernel_axes({"w_fsdp"})); }},
+      {"modules", "an unknown layer-norm type",
+       "layernorm_type 'batchnorm' is not 'layernorm' or 'rmsnorm'",
+       [] { LayerNorm(LayerNormOptions(8).layernorm_type("batchnorm")); }},
+      {"modules", "an unknown MLP activation", "activation 'swish' is not one of",
+       [] { LayerNormMLP(LayerNormMLPOptions(8, 16).activations({"swish"})); }},
+      {"modules", "a dropout rate of 1", "intermediate_dropout_rate 1 is not in [0, 1)",
+       [] { LayerNormMLP(LayerNormMLPOptions(8, 16).intermediate_dropout_rate(1.0)); }},
+      {"modules", "an unknown attention mask type", "attn_mask_type 'sliding' is not one of",
+       [] { DotProductAttention(DotProductAttentionOptions(4, 8).attn_mask_type("sliding")); }},
+      {"modules", "heads that GQA groups do not divide",
+       "4 heads are not a multiple of num_gqa_groups 3",
+       [] { DotProductAttention(DotProductAttentionOptions(4, 8).num_gqa_groups(3)); }},
+      {"modules", "a padding mask type called without a mask", "needs a mask",
+       [] {
+         DotProductAttention dpa(DotProductAttentionOptions(4, 8).attn_mask_type("padding"));
+         const at::Tensor q = at::zeros({1, 2, 4, 8});
+         dpa(q, q, q);
+       }},
+      // ---- FP8 ----
+      {"FP8", "an unknown amax algorithm", "amax_compute_algo 'mean' is not 'max' or 'most_recent'",
+       [] {
+         fp8::DelayedScaling d;
+         d.amax_compute_algo = "mean";
+         Fp8Autocast autocast(true, d);
+       }},
+      {"FP8", "quantizing integers", "cannot cast a Long tensor to FP8",
+       [] { fp8::quantize(at::ones({3}, at::kLong), at::ones({1}), fp8::DType::kE4M3); }},
+      {"FP8", "a scale that is not one fp32 element", "scale must be an fp32 tensor of one element",
+       [] { fp8::quantize(at::ones({3}), at::ones({2}), fp8::DType::kE4M3); }},
+      // ---- checkpoints ----
+      {"checkpoints", "loading from a directory with no checkpoint", "no checkpoint at",
+       [no_dir] {
+         Dense dense(DenseOptions(4, 3));
+         load_checkpoint(*dense, no_dir);
+       }},
+      // ---- te-encoder, te-serve ----
+      {"te-encoder", "a data directory without CoLA files", "holds neither in_domain_train.tsv",
+       [empty_dir] {
+         std::filesystem::create_directories(empty_dir);
+         encoder::cola_files(empty_dir);
+       }},
+      {"te-serve", "a request without \"sentences\"", "\"sentences\"",
+       [] { serve::decode_classify(R"({"text": "hi"})", 8); }},
+      {"te-serve", "a request body that is not UTF-8", "UTF-8",
+       [] { serve::decode_classify("{\"sentences\": [\"\xff\"]}", 8); }},
+  };
+}
+
+std::string catalogue(bool& words_ok) {
+  std::ostringstream md;
+  md << "# te-cpp misuse catalogue\n\n"
+     << "What te-cpp says when it is used wrongly: each case below does one thing wrong and "
+        "shows the message it gets, verbatim (less the `[file:line]` tag every library "
+        "message ends with). Library errors are `te::Error`; te-encoder and te-serve turn theirs "
+        "into one line on stderr (exit 2) and an HTTP status with a JSON message.\n\n"
+     << "Generated by `tests/errors/catalogue.cpp`; the test `errors.catalogue` fails when this "
+        "file and the library disagree. Regenerate with "
+        "`build/tests/te_error_catalogue --write docs/errors.md`.\n";
+  std::string area;
+  int n = 0;
+  words_ok = true;
+  for (const Case& c : cases()) {
+    std::string message = "(no error)";
+    try {
+      c.run();
+    } catch (const std::exception& e) {
+      message = untagged(e.what());
+    }
+    if (message.find(c.words) == std::string::npos) {
+      std::cerr << "case " << n + 1 << " (" << c.misuse << "): the message does not contain \""
+                << c.words << "\": " << message << "\n";
+      words_ok = false;
+    }
+    if (c.area != area) {
+      area = c.area;
+      md << "\n## " << area << "\n";
+    }
+    std::string indented;  // every line inside the list item's code block
+    std::istringstream lines(message);
+    for (std::string line; std::getline(lines, line);) indented += "   " + line + "\n";
+    md << "\n" << ++n << ". **" << c.misuse << "**\n\n   ```\n" << indented << "   ```\n";
+  }
+  md << "\n" << n << " cases.\n";
+  return md.str();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "";
+  if (argc != 3 || (mode != "--check" && mode != "--write")) {
+    std::cerr << "usage: te_error_catalogue --check|--write docs/errors.md\n";
+    return 2;
+  }
+  set_warning_handler([](std::string_view) {});  // the TE-table deprecation notice
+  bool words_ok = true;
+  const std::string text = catalogue(words_ok);
+  if (mode == "--write") {
+    std::ofstream(argv[2]) << text;
+    std::cout << "wrote " << argv[2] << "\n";
+    return words_ok ? 0 : 1;
+  }
+  std::ifstream in(argv[2]);
+  std::stringstream committed;
+  committed << in.rdbuf();
+  if (committed.str() != text) {
+    std::cerr << argv[2] << " differs from what the library says now; regenerate it with "
+              << "te_error_catalogue --write " << argv[2] << ". Expected:\n"
+              << text;
+    return 1;
+  }
+  std::cout << argv[2] << " matches the library\n";
+  return words_ok ? 0 : 1;
+}
