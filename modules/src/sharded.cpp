@@ -149,7 +149,8 @@ std::string ShardingReport::to_string() const {
 ShardingReport check_sharding(const torch::nn::Module& module) {
   ShardingReport report;
   static const AxisRules kNone;
-  const AxisRules* rules = rules_in_effect() ? rules_in_effect() : &kNone;
+  const AxisRules* in_effect = rules_in_effect();
+  const AxisRules* rules = in_effect != nullptr ? in_effect : &kNone;
   const DeviceMesh* mesh = current_mesh();
   for (const auto& [name, layout] : named_parameter_layouts(module)) {
     for (std::size_t d = 0; d < layout.axes.size(); ++d) {

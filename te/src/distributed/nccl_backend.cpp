@@ -5,8 +5,8 @@
 // the communicator's asynchronous error and an event on the stream until the timeout, and then
 // ncclCommAbort. Calls run on LibTorch's current CUDA stream when LibTorch has CUDA.
 //
-// Built when CMake finds NCCL with the CUDA toolkit (TE_WITH_NCCL); otherwise only the stubs at
-// the end, which say so.
+// Built when CMake finds NCCL with the CUDA toolkit (TE_WITH_NCCL); otherwise the functions at
+// the end throw a te::Error saying this build has no NCCL.
 
 #include "te/distributed/backend.h"
 #include "te/error.h"
