@@ -15,19 +15,27 @@
 namespace te::bench {
 
 /// Runs `te_seconds()` and `plain_seconds()` (each returns the seconds one measurement took)
-/// three times each to warm up, then once each per benchmark iteration. Reports te_ms,
+/// `warmup` times each (three by default) to warm up, then once each per benchmark iteration,
+/// in turns (te first, then the other first). Reports te_ms,
 /// <plain>_ms and ratio_vs_<plain> (te median / plain median); returns the te median.
 template <typename Te, typename Plain>
 double alternate(benchmark::State& state, Te te_seconds, Plain plain_seconds,
-                 const std::string& plain) {
-  for (int i = 0; i < 3; ++i) {
+                 const std::string& plain, int warmup = 3) {
+  for (int i = 0; i < warmup; ++i) {
     te_seconds();
     plain_seconds();
   }
   std::vector<double> te, other;
+  bool te_first = true;  // which goes first alternates too: neither always runs on a cold cache
   for (auto _ : state) {
-    te.push_back(te_seconds());
-    other.push_back(plain_seconds());
+    if (te_first) {
+      te.push_back(te_seconds());
+      other.push_back(plain_seconds());
+    } else {
+      other.push_back(plain_seconds());
+      te.push_back(te_seconds());
+    }
+    te_first = !te_first;
   }
   std::sort(te.begin(), te.end());
   std::sort(other.begin(), other.end());

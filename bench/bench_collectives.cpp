@@ -59,7 +59,9 @@ c10d::ProcessGroupGloo& plain_group() {
 }
 
 // A [rows, 256] float tensor of `megabytes` in all.
-at::Tensor global_of(int64_t megabytes) { return at::ones({megabytes * 1024 * 1024 / 4 / 256, 256}); }
+at::Tensor global_of(int64_t megabytes) {
+  return at::ones({megabytes * 1024 * 1024 / 4 / 256, 256});
+}
 
 void set_bytes(benchmark::State& state, int64_t megabytes) {
   state.SetBytesProcessed(state.iterations() * megabytes * 1024 * 1024);
@@ -119,8 +121,13 @@ void BM_PlainC10dAllreduce(benchmark::State& state) {
 }
 
 void sizes(benchmark::internal::Benchmark* b) {
-  b->ArgName("MB")->Arg(1)->Arg(16)->Arg(64)->Iterations(kIterations)->UseRealTime()->Unit(
-      benchmark::kMillisecond);
+  b->ArgName("MB")
+      ->Arg(1)
+      ->Arg(16)
+      ->Arg(64)
+      ->Iterations(kIterations)
+      ->UseRealTime()
+      ->Unit(benchmark::kMillisecond);
 }
 
 BENCHMARK_CAPTURE(BM_ShardToReplicate, padded_allreduce, te::GatherAlgorithm::kPaddedAllReduce)
@@ -153,8 +160,8 @@ int main(int argc, char** argv) {
   // Warm up every group (Gloo connects and caches algorithms on first use).
   for (auto g : {te::GatherAlgorithm::kPaddedAllReduce, te::GatherAlgorithm::kAllGather,
                  te::GatherAlgorithm::kAllToAll}) {
-    for (auto r : {te::ReduceScatterAlgorithm::kAllReduceSlice,
-                   te::ReduceScatterAlgorithm::kAllToAllSum}) {
+    for (auto r :
+         {te::ReduceScatterAlgorithm::kAllReduceSlice, te::ReduceScatterAlgorithm::kAllToAllSum}) {
       te::DTensor x = te::DTensor::from_local(global_of(1), mesh(g, r), {te::Partial{}});
       x.redistribute({te::Shard{0}}).redistribute({te::Shard{1}}).full_tensor();
     }

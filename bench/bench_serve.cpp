@@ -6,8 +6,8 @@
 #include <ATen/ATen.h>
 #include <benchmark/benchmark.h>
 #include <c10/core/InferenceMode.h>
-#include <nlohmann/json.hpp>
 #include <unistd.h>
+#include <nlohmann/json.hpp>
 
 #include <filesystem>
 #include <memory>

@@ -7,7 +7,7 @@ PACKAGES=(
   libtorch-dev libgloo-dev   # LibTorch 1.13 (CPU); Gloo headers for c10d
   libopenblas0-openmp   # replaces the reference BLAS (~50x slower GEMMs)
   libgtest-dev libgmock-dev libbenchmark-dev
-  libeigen3-dev libcli11-dev nlohmann-json3-dev zlib1g-dev
+  libcli11-dev nlohmann-json3-dev zlib1g-dev
   libcpp-httplib-dev wrk   # examples/serving (te-serve) and its load test
   python3-matplotlib   # examples/encoder/plot_losses
 )

@@ -277,27 +277,21 @@ at::Tensor MultiHeadAttentionImpl::forward(const at::Tensor& x, const at::Tensor
   const at::Tensor ln = options.input_layernorm() ? layernorm->forward(x) : x;
   at::Tensor q, k, v;
   if (qkv_fp8) {  // fused (its kernel may be held in FP8)
-    at::Tensor qkv = F::dense(ln, qkv_kernel, qkv_fp8);
-    if (qkv_bias.defined()) qkv = qkv + qkv_bias;
-    qkv = qkv.view({b, s, 3, heads, d});
+    const at::Tensor qkv =
+        F::dense(ln, qkv_kernel, qkv_fp8, nullptr, qkv_bias).view({b, s, 3, heads, d});
     q = qkv.select(2, 0);
     k = qkv.select(2, 1);
     v = qkv.select(2, 2);
   } else {
     const at::Tensor& src = options.self_attention() ? ln : memory;
-    q = F::dense(ln, q_kernel, q_fp8);
-    if (q_bias.defined()) q = q + q_bias;
-    q = q.view({b, s, heads, d});
-    at::Tensor kv = F::dense(src, kv_kernel, kv_fp8);
-    if (kv_bias.defined()) kv = kv + kv_bias;
-    kv = kv.view({b, src.size(1), 2, g, d});
+    q = F::dense(ln, q_kernel, q_fp8, nullptr, q_bias).view({b, s, heads, d});
+    const at::Tensor kv =
+        F::dense(src, kv_kernel, kv_fp8, nullptr, kv_bias).view({b, src.size(1), 2, g, d});
     k = kv.select(2, 0);
     v = kv.select(2, 1);
   }
   at::Tensor out = attention->forward(q, k, v, mask).reshape({b, s, heads * d});
-  at::Tensor y = F::dense(out, out_kernel, out_fp8);
-  if (out_bias.defined()) y = y + out_bias;
-  return y;
+  return F::dense(out, out_kernel, out_fp8, nullptr, out_bias);
 }
 
 DTensor MultiHeadAttentionImpl::forward(const DTensor& x_in, const std::optional<DTensor>& memory,

@@ -45,9 +45,9 @@ void DenseImpl::pretty_print(std::ostream& stream) const {
 at::Tensor DenseImpl::forward(const at::Tensor& input) {
   require_unsharded(*this, "Dense");
   at::Tensor x = constrain(input, options.input_axes());
-  // The same order as the DTensor forward: the output constraint, then the bias.
-  at::Tensor y = constrain(F::dense(x, kernel, fp8_meta), options.output_axes());
-  return bias.defined() ? y + bias : y;
+  // The bias goes into the GEMM: on a plain tensor the output constraint only checks the axes, so
+  // adding it before the constraint is the DTensor forward's order in effect.
+  return constrain(F::dense(x, kernel, fp8_meta, nullptr, bias), options.output_axes());
 }
 
 DTensor DenseImpl::forward(const DTensor& input) { return project(input, options.input_axes()); }

@@ -1,9 +1,7 @@
 #include "te/nn/functional.h"
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 #include <torch/csrc/autograd/custom_function.h>
-#include <Eigen/Core>
 
 #include <algorithm>
 #include <cmath>
@@ -31,70 +29,6 @@ at::Tensor mm_any(const at::Tensor& a, const at::Tensor& b) {
     return at::matmul(a.to(at::kFloat), b.to(at::kFloat)).to(at::kHalf);
   }
   return at::matmul(a, b);
-}
-
-// Batched a @ b (a [..., M, K], b [..., K, N], the same leading dims) for attention's many small
-// fp32 GEMMs on the CPU. LibTorch's CPU bmm without MKL runs one select + mm per batch item
-// (~10 us each: most of an attention's time at B x H = 256); here each item is one Eigen product
-// on mapped memory, the items spread over the intra-op threads. The forward takes this path with
-// or without autograd, so an output does not depend on whether gradients are being recorded.
-bool small_bmm_applies(const at::Tensor& a, const at::Tensor& b) {
-  return a.device().is_cpu() && a.scalar_type() == at::kFloat && b.scalar_type() == at::kFloat &&
-         a.dim() >= 3 && a.dim() == b.dim() &&
-         a.sizes().slice(0, a.dim() - 2) == b.sizes().slice(0, b.dim() - 2);
-}
-
-at::Tensor small_bmm(const at::Tensor& a_in, const at::Tensor& b_in) {
-  using Matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-  const at::Tensor a = a_in.contiguous(), b = b_in.contiguous();
-  const int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
-  std::vector<int64_t> sizes(a.sizes().begin(), a.sizes().end());
-  sizes.back() = n;
-  at::Tensor c = at::empty(sizes, a.options());
-  const int64_t items = m * k == 0 ? 0 : a.numel() / (m * k);
-  const float* pa = a.data_ptr<float>();
-  const float* pb = b.data_ptr<float>();
-  float* pc = c.data_ptr<float>();
-  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, m * n * k));
-  at::parallel_for(0, items, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      Eigen::Map<const Matrix> ma(pa + i * m * k, m, k);
-      Eigen::Map<const Matrix> mb(pb + i * k * n, k, n);
-      Eigen::Map<Matrix> mc(pc + i * m * n, m, n);
-      mc.noalias() = ma * mb;
-    }
-  });
-  return c;
-}
-
-class SmallBmm : public torch::autograd::Function<SmallBmm> {
- public:
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& a,
-                            const at::Tensor& b) {
-    ctx->save_for_backward({a, b});
-    return small_bmm(a, b);
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    const auto saved = ctx->get_saved_variables();
-    const at::Tensor& a = saved[0];
-    const at::Tensor& b = saved[1];
-    const at::Tensor& g = grads[0];
-    at::Tensor ga, gb;
-    // LibTorch's bmm: its per-item overhead matters less beside the rest of backward, and it is
-    // faster than Eigen at the larger per-head shapes of training (64 x 64 and up).
-    if (ctx->needs_input_grad(0)) ga = at::matmul(g, b.transpose(-1, -2));
-    if (ctx->needs_input_grad(1)) gb = at::matmul(a.transpose(-1, -2), g);
-    return {ga, gb};
-  }
-};
-
-at::Tensor attention_mm(const at::Tensor& a, const at::Tensor& b) {
-  if (!small_bmm_applies(a, b)) return mm_any(a, b);
-  if (at::GradMode::is_enabled() && (a.requires_grad() || b.requires_grad())) {
-    return SmallBmm::apply(a, b);
-  }
-  return small_bmm(a, b);
 }
 
 // Reduces every Partial mesh dim (to Replicate).
@@ -191,8 +125,10 @@ class GatheredDense : public torch::autograd::Function<GatheredDense> {
 // ---------------------------------------------------------------------------------------------
 
 at::Tensor dense(const at::Tensor& x, const at::Tensor& w,
-                 const std::shared_ptr<fp8::GemmMeta>& fp8, const DeviceMesh* mesh) {
-  if (fp8 != nullptr && fp8->frozen()) return fp8::frozen_linear(x, *fp8);
+                 const std::shared_ptr<fp8::GemmMeta>& fp8, const DeviceMesh* mesh,
+                 const at::Tensor& bias) {
+  auto with_bias = [&bias](const at::Tensor& y) { return bias.defined() ? y + bias : y; };
+  if (fp8 != nullptr && fp8->frozen()) return with_bias(fp8::frozen_linear(x, *fp8));
   TE_CHECK(x.dim() >= 1 && w.dim() >= 2 && x.size(-1) == w.size(0), "dense: input ", x.sizes(),
            " and kernel ", w.sizes(),
            " do not contract (the input's last dim must equal the kernel's first)");
@@ -200,9 +136,13 @@ at::Tensor dense(const at::Tensor& x, const at::Tensor& w,
   out_shape.insert(out_shape.end(), w.sizes().begin() + 1, w.sizes().end());
   const at::Tensor w2 = w.reshape({w.size(0), -1});
   if (fp8 != nullptr && (fp8_enabled() || fp8_calibrating())) {
-    return fp8::linear(x, w2, fp8, mesh).reshape(out_shape);
+    return with_bias(fp8::linear(x, w2, fp8, mesh).reshape(out_shape));
   }
-  return mm_any(x, w2).reshape(out_shape);
+  const bool cpu_half = x.scalar_type() == at::kHalf && x.device().is_cpu();
+  if (bias.defined() && !cpu_half && bias.numel() == w2.size(1)) {
+    return at::addmm(bias.reshape({-1}), x.reshape({-1, w.size(0)}), w2).view(out_shape);
+  }
+  return with_bias(mm_any(x, w2).reshape(out_shape));
 }
 
 DTensor dense(const DTensor& x, const DTensor& w, const LogicalAxes& input_axes,
@@ -381,9 +321,13 @@ at::Tensor mlp_activation(const at::Tensor& h, const std::vector<std::string>& a
   TE_CHECK(h.dim() >= 2 && h.size(-2) == static_cast<int64_t>(activations.size()),
            "mlp_activation: ", activations.size(), " activations for a tensor of shape ", h.sizes(),
            " (its second-to-last dim holds one slot per activation)");
-  at::Tensor out = activation(h.select(-2, 0), activations[0]);
+  // One slot: a view whose backward is a view too (select's backward writes its gradient into a
+  // zero-filled tensor of the input's shape: a whole extra pass over the activations).
+  if (activations.size() == 1) return activation(h.squeeze(-2), activations[0]);
+  const std::vector<at::Tensor> slots = h.unbind(-2);
+  at::Tensor out = activation(slots[0], activations[0]);
   for (std::size_t i = 1; i < activations.size(); ++i) {
-    out = out * activation(h.select(-2, static_cast<int64_t>(i)), activations[i]);
+    out = out * activation(slots[i], activations[i]);
   }
   return out;
 }
@@ -543,7 +487,7 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k_in, const at::Tens
 #else
   (void)fused;
 #endif
-  at::Tensor logits = attention_mm(q.transpose(1, 2), k.permute({0, 2, 3, 1}));
+  at::Tensor logits = mm_any(q.transpose(1, 2), k.permute({0, 2, 3, 1}));
   // TE's default (scaled query init, unscaled logits) multiplies by 1: skip the pass.
   if (scale != 1.0) logits = logits * scale;
   if (on_logits) logits = on_logits(logits);
@@ -554,7 +498,7 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k_in, const at::Tens
                                          global_heads ? global_heads : probs.size(1), sq, sk};
     probs = functional::dropout(probs, dropout, true, global, {batch_offset, head_offset, 0, 0});
   }
-  return attention_mm(probs, v.transpose(1, 2)).transpose(1, 2);
+  return mm_any(probs, v.transpose(1, 2)).transpose(1, 2);
 }
 
 DTensor elementwise(const DTensor& x_in, const std::function<at::Tensor(const at::Tensor&)>& fn) {

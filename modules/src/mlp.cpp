@@ -61,12 +61,12 @@ void LayerNormMLPImpl::pretty_print(std::ostream& stream) const {
 at::Tensor LayerNormMLPImpl::forward(const at::Tensor& input) {
   require_unsharded(*this, "LayerNormMLP");
   const at::Tensor ln = layernorm->forward(constrain(input, options.layernorm_input_axes()));
-  at::Tensor h = F::dense(constrain(ln, options.dot_1_input_axes()), wi_kernel, wi_fp8);
-  if (wi_bias.defined()) h = h + wi_bias;
+  at::Tensor h =
+      F::dense(constrain(ln, options.dot_1_input_axes()), wi_kernel, wi_fp8, nullptr, wi_bias);
   at::Tensor act = F::mlp_activation(h, options.activations());
   act = F::dropout(act, options.intermediate_dropout_rate(), is_training());
-  at::Tensor y = F::dense(constrain(act, options.dot_2_input_axes()), wo_kernel, wo_fp8);
-  if (wo_bias.defined()) y = y + wo_bias;
+  at::Tensor y =
+      F::dense(constrain(act, options.dot_2_input_axes()), wo_kernel, wo_fp8, nullptr, wo_bias);
   return constrain(y, options.output_axes());
 }
 

@@ -25,9 +25,11 @@ namespace te::nn::functional {
 /// (te::fp8::linear), its amaxes reduced over `mesh` (the current mesh when null); inside a
 /// calibrating one it records amaxes only. When `fp8` holds frozen FP8 weights (see
 /// freeze_fp8_weights), `w` is ignored (it may be undefined) and the FP8 kernel is used.
+/// `bias` (shaped like w's output dims), when given, is added in the GEMM where LibTorch can
+/// (addmm: one pass less over the output, forward and backward).
 at::Tensor dense(const at::Tensor& x, const at::Tensor& w,
                  const std::shared_ptr<fp8::GemmMeta>& fp8 = nullptr,
-                 const DeviceMesh* mesh = nullptr);
+                 const DeviceMesh* mesh = nullptr, const at::Tensor& bias = {});
 
 /// DTensor form. Per mesh dim: x batch-sharded and w sharded -> w is gathered for use and its
 /// gradient reduce-scattered back (FSDP); w sharded on an output dim -> x replicated (its

@@ -1,0 +1,302 @@
+// Module overhead on one process: each te::nn module against the same math written in plain
+// LibTorch ops (its parameters copied, its output checked equal before timing), and
+// MultiHeadAttention / TransformerLayer also against LibTorch's own torch::nn modules of the
+// same size. Forward (under InferenceMode) and forward+backward; fp32 and bf16; alternated call
+// by call (alternate.h); ratio_vs_<anchor> = te median / anchor median.
+//   bench_modules [--benchmark_filter=...]
+// Arguments of each case: tokens, hidden, ffn, dtype (0 fp32, 1 bf16), pass (0 forward, 1
+// forward+backward). Tokens are sequences of 128; heads are hidden / 64 (at least 4).
+#include <ATen/ATen.h>
+#include <benchmark/benchmark.h>
+#include <c10/core/InferenceMode.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/transformerlayer.h>
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <string>
+
+#include "alternate.h"
+#include "te/nn.h"
+
+namespace {
+
+constexpr int64_t kSeq = 128;
+using Forward = std::function<at::Tensor(const at::Tensor&)>;
+
+struct Shape {
+  int64_t tokens, hidden, ffn, heads;
+  at::ScalarType dtype;
+  bool backward;
+  explicit Shape(const benchmark::State& s)
+      : tokens(s.range(0)),
+        hidden(s.range(1)),
+        ffn(s.range(2)),
+        heads(std::max<int64_t>(4, s.range(1) / 64)),
+        dtype(s.range(3) ? at::kBFloat16 : at::kFloat),
+        backward(s.range(4) != 0) {}
+  int64_t batch() const { return tokens / kSeq; }
+};
+
+// The module's parameters by name, copied as leaves for the plain version.
+std::map<std::string, at::Tensor> copy_parameters(torch::nn::Module& module) {
+  std::map<std::string, at::Tensor> out;
+  for (const auto& p : module.named_parameters()) {
+    out[p.key()] = p.value().detach().clone().requires_grad_(true);
+  }
+  return out;
+}
+
+at::Tensor param(const std::map<std::string, at::Tensor>& params, const std::string& name) {
+  const auto it = params.find(name);
+  if (it == params.end()) throw std::runtime_error("bench_modules: no parameter " + name);
+  return it->second;
+}
+
+void clear_grads(std::vector<at::Tensor>& tensors) {
+  for (at::Tensor& t : tensors) t.mutable_grad().reset();
+}
+
+// Times `te` against `anchor` on the same input, after checking (when `same_math`) that they
+// compute the same output.
+void compare(benchmark::State& state, const Shape& shape, const Forward& te,
+             std::vector<at::Tensor> te_params, const Forward& anchor,
+             std::vector<at::Tensor> anchor_params, const at::Tensor& x_te,
+             const at::Tensor& x_anchor, const std::string& anchor_name, bool same_math) {
+  if (same_math) {
+    c10::InferenceMode guard;
+    const at::Tensor a = te(x_te).to(at::kFloat), b = anchor(x_anchor).to(at::kFloat);
+    const double tol = shape.dtype == at::kFloat ? 1e-3 : 5e-2;
+    const double diff = (a - b).abs().max().item<double>();
+    const double scale = b.abs().max().item<double>() + 1e-6;
+    if (!(diff <= tol * scale)) {
+      state.SkipWithError(("the plain version differs from te: max |diff| " + std::to_string(diff) +
+                           " against max |y| " + std::to_string(scale))
+                              .c_str());
+      return;
+    }
+  }
+  auto timed = [&](const Forward& f, const at::Tensor& x, std::vector<at::Tensor>& params) {
+    return [&f, &x, &params, &shape] {
+      const auto start = std::chrono::steady_clock::now();
+      if (shape.backward) {
+        clear_grads(params);
+        f(x).sum().backward();
+      } else {
+        c10::InferenceMode guard;
+        benchmark::DoNotOptimize(f(x).data_ptr());
+      }
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    };
+  };
+  te::bench::alternate(state, timed(te, x_te, te_params), timed(anchor, x_anchor, anchor_params),
+                       anchor_name, shape.tokens >= 8192 ? 1 : 3);
+}
+
+at::Tensor input(const Shape& shape) {
+  at::manual_seed(0);
+  return at::randn({shape.batch(), kSeq, shape.hidden}).to(shape.dtype).requires_grad_(true);
+}
+
+std::vector<at::Tensor> params_of(torch::nn::Module& module) { return module.parameters(); }
+std::vector<at::Tensor> values(const std::map<std::string, at::Tensor>& params) {
+  std::vector<at::Tensor> out;
+  for (const auto& [name, t] : params) out.push_back(t);
+  return out;
+}
+
+constexpr double kEps = 1e-6;
+
+// ---- the same math in plain LibTorch -----------------------------------------------------------
+
+at::Tensor plain_layer_norm(const at::Tensor& x, const at::Tensor& g, const at::Tensor& b) {
+  return at::layer_norm(x, {x.size(-1)}, g, b, kEps);
+}
+
+// Causal self attention on [batch, seq, hidden] with a fused [hidden, 3, hidden] kernel.
+at::Tensor plain_attention(const at::Tensor& ln, const at::Tensor& w_qkv, const at::Tensor& w_out,
+                           int64_t heads) {
+  const int64_t b = ln.size(0), s = ln.size(1), h = ln.size(2), d = h / heads;
+  const at::Tensor qkv = at::matmul(ln, w_qkv.reshape({h, 3 * h})).view({b, s, 3, heads, d});
+  const at::Tensor q = qkv.select(2, 0).transpose(1, 2), k = qkv.select(2, 1).transpose(1, 2),
+                   v = qkv.select(2, 2).transpose(1, 2);
+  const at::Tensor causal = at::ones({s, s}, ln.options().dtype(at::kBool)).triu(1);
+  const at::Tensor logits = at::matmul(q, k.transpose(-1, -2)).masked_fill(causal, -1e10);
+  const at::Tensor probs = at::softmax(logits, -1, at::kFloat).to(ln.scalar_type());
+  const at::Tensor out = at::matmul(probs, v).transpose(1, 2).reshape({b, s, h});
+  return at::matmul(out, w_out);
+}
+
+at::Tensor plain_mlp(const at::Tensor& x, const std::map<std::string, at::Tensor>& p,
+                     const std::string& prefix) {
+  const at::Tensor ln = plain_layer_norm(x, param(p, prefix + "layernorm.scale"),
+                                         param(p, prefix + "layernorm.ln_bias"));
+  const at::Tensor wi = param(p, prefix + "wi_kernel");
+  const at::Tensor h = at::gelu(at::matmul(ln, wi.reshape({wi.size(0), -1})), "tanh");
+  return at::matmul(h, param(p, prefix + "wo_kernel"));
+}
+
+at::Tensor plain_mha(const at::Tensor& x, const std::map<std::string, at::Tensor>& p,
+                     const std::string& prefix, int64_t heads) {
+  const at::Tensor ln = plain_layer_norm(x, param(p, prefix + "layernorm.scale"),
+                                         param(p, prefix + "layernorm.ln_bias"));
+  return plain_attention(ln, param(p, prefix + "qkv_kernel"), param(p, prefix + "out_kernel"),
+                         heads);
+}
+
+// ---- cases
+// ---------------------------------------------------------------------------------------
+
+void BM_Dense(benchmark::State& state) {
+  const Shape shape(state);
+  te::nn::Dense dense(te::nn::DenseOptions(shape.hidden, shape.ffn));
+  dense->to(shape.dtype);
+  const auto p = copy_parameters(*dense);
+  const at::Tensor x = input(shape);
+  compare(
+      state, shape, [&](const at::Tensor& in) { return dense->forward(in); }, params_of(*dense),
+      [&](const at::Tensor& in) { return at::matmul(in, param(p, "kernel")) + param(p, "bias"); },
+      values(p), x, x, "plain", true);
+}
+
+void BM_LayerNormDense(benchmark::State& state) {
+  const Shape shape(state);
+  te::nn::LayerNormDense module(te::nn::LayerNormDenseOptions(shape.hidden, shape.ffn));
+  module->to(shape.dtype);
+  const auto p = copy_parameters(*module);
+  const at::Tensor x = input(shape);
+  compare(
+      state, shape, [&](const at::Tensor& in) { return module->forward(in); }, params_of(*module),
+      [&](const at::Tensor& in) {
+        const at::Tensor ln =
+            plain_layer_norm(in, param(p, "layernorm.scale"), param(p, "layernorm.ln_bias"));
+        return at::matmul(ln, param(p, "dense.kernel")) + param(p, "dense.bias");
+      },
+      values(p), x, x, "plain", true);
+}
+
+void BM_LayerNormMLP(benchmark::State& state) {
+  const Shape shape(state);
+  te::nn::LayerNormMLP mlp(te::nn::LayerNormMLPOptions(shape.hidden, shape.ffn)
+                               .activations({"gelu"})
+                               .intermediate_dropout_rate(0.0));
+  mlp->to(shape.dtype);
+  const auto p = copy_parameters(*mlp);
+  const at::Tensor x = input(shape);
+  compare(
+      state, shape, [&](const at::Tensor& in) { return mlp->forward(in); }, params_of(*mlp),
+      [&](const at::Tensor& in) { return plain_mlp(in, p, ""); }, values(p), x, x, "plain", true);
+}
+
+void BM_MultiHeadAttention(benchmark::State& state) {
+  const Shape shape(state);
+  te::nn::MultiHeadAttention mha(te::nn::MultiHeadAttentionOptions(shape.hidden, shape.heads));
+  mha->to(shape.dtype);
+  const auto p = copy_parameters(*mha);
+  const at::Tensor x = input(shape);
+  compare(
+      state, shape, [&](const at::Tensor& in) { return mha->forward(in); }, params_of(*mha),
+      [&](const at::Tensor& in) { return plain_mha(in, p, "", shape.heads); }, values(p), x, x,
+      "plain", true);
+}
+
+// Against torch::nn::MultiheadAttention: both with biases and no input norm, causal; LibTorch's
+// takes [seq, batch, hidden] (its input is made in that layout, outside the timing).
+void BM_MultiHeadAttentionVsTorch(benchmark::State& state) {
+  const Shape shape(state);
+  te::nn::MultiHeadAttention mha(te::nn::MultiHeadAttentionOptions(shape.hidden, shape.heads)
+                                     .input_layernorm(false)
+                                     .use_bias(true));
+  mha->to(shape.dtype);
+  torch::nn::MultiheadAttention torch_mha(shape.hidden, shape.heads);
+  torch_mha->to(shape.dtype);
+  const at::Tensor x = input(shape);
+  const at::Tensor x_sbh = x.detach().transpose(0, 1).contiguous().requires_grad_(true);
+  const at::Tensor causal = at::ones({kSeq, kSeq}, at::TensorOptions(at::kBool)).triu(1);
+  compare(
+      state, shape, [&](const at::Tensor& in) { return mha->forward(in); }, params_of(*mha),
+      [&](const at::Tensor& in) {
+        return std::get<0>(torch_mha->forward(in, in, in, {}, /*need_weights=*/false, causal));
+      },
+      params_of(*torch_mha), x, x_sbh, "torch_nn", false);
+}
+
+te::nn::TransformerLayerOptions layer_options(const Shape& shape) {
+  return te::nn::TransformerLayerOptions(shape.hidden, shape.ffn, shape.heads)
+      .hidden_dropout(0.0)
+      .attention_dropout(0.0)
+      .intermediate_dropout(0.0)
+      .mlp_activations({"gelu"});
+}
+
+void BM_TransformerLayer(benchmark::State& state) {
+  const Shape shape(state);
+  te::nn::TransformerLayer layer(layer_options(shape));
+  layer->to(shape.dtype);
+  const auto p = copy_parameters(*layer);
+  const at::Tensor x = input(shape);
+  compare(
+      state, shape, [&](const at::Tensor& in) { return layer->forward(in); }, params_of(*layer),
+      [&](const at::Tensor& in) {
+        const at::Tensor h = in + plain_mha(in, p, "self_attention.", shape.heads);
+        return h + plain_mlp(h, p, "mlp.");
+      },
+      values(p), x, x, "plain", true);
+}
+
+// Against torch::nn::TransformerEncoderLayer (post-norm, exact gelu, biases): the same sizes,
+// te's layer with biases too; causal.
+void BM_TransformerLayerVsTorch(benchmark::State& state) {
+  const Shape shape(state);
+  te::nn::TransformerLayer layer(layer_options(shape).use_bias(true));
+  layer->to(shape.dtype);
+  torch::nn::TransformerEncoderLayer torch_layer(
+      torch::nn::TransformerEncoderLayerOptions(shape.hidden, shape.heads)
+          .dim_feedforward(shape.ffn)
+          .dropout(0.0)
+          .activation(torch::kGELU));
+  torch_layer->to(shape.dtype);
+  const at::Tensor x = input(shape);
+  const at::Tensor x_sbh = x.detach().transpose(0, 1).contiguous().requires_grad_(true);
+  const at::Tensor causal = at::zeros({kSeq, kSeq}, at::TensorOptions(shape.dtype))
+                                .masked_fill(at::ones({kSeq, kSeq}, at::kBool).triu(1), -1e10);
+  compare(
+      state, shape, [&](const at::Tensor& in) { return layer->forward(in); }, params_of(*layer),
+      [&](const at::Tensor& in) { return torch_layer->forward(in, causal); },
+      params_of(*torch_layer), x, x_sbh, "torch_nn", false);
+}
+
+// Google Benchmark fixes iterations per family: the small shape's cases and the large shape's
+// cases are registered separately so the large ones run fewer rounds.
+#define TE_BENCH_MODULE(fn)                                                     \
+  BENCHMARK(fn)                                                                 \
+      ->Apply([](benchmark::internal::Benchmark* b) {                           \
+        for (int64_t dtype : {0, 1})                                            \
+          for (int64_t pass : {0, 1}) b->Args({2048, 256, 1024, dtype, pass});  \
+        b->ArgNames({"tokens", "hidden", "ffn", "bf16", "backward"});           \
+      })                                                                        \
+      ->Iterations(15)                                                          \
+      ->UseRealTime()                                                           \
+      ->Unit(benchmark::kMillisecond);                                          \
+  BENCHMARK(fn)                                                                 \
+      ->Apply([](benchmark::internal::Benchmark* b) {                           \
+        for (int64_t dtype : {0, 1})                                            \
+          for (int64_t pass : {0, 1}) b->Args({8192, 1024, 4096, dtype, pass}); \
+        b->ArgNames({"tokens", "hidden", "ffn", "bf16", "backward"});           \
+      })                                                                        \
+      ->Iterations(3)                                                           \
+      ->UseRealTime()                                                           \
+      ->Unit(benchmark::kMillisecond)
+
+TE_BENCH_MODULE(BM_Dense);
+TE_BENCH_MODULE(BM_LayerNormDense);
+TE_BENCH_MODULE(BM_LayerNormMLP);
+TE_BENCH_MODULE(BM_MultiHeadAttention);
+TE_BENCH_MODULE(BM_MultiHeadAttentionVsTorch);
+TE_BENCH_MODULE(BM_TransformerLayer);
+TE_BENCH_MODULE(BM_TransformerLayerVsTorch);
+
+}  // namespace
+
+int main(int argc, char** argv) { return te::bench::run_benchmarks(argc, argv); }
