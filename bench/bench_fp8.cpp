@@ -1,5 +1,6 @@
 // CPU FP8: quantize throughput as a fraction of memcpy bandwidth on the same buffer (goal >= 0.5;
 // bytes are the fp32 input's), and the reference FP8 GEMM against LibTorch's fp32 GEMM.
+// Cast-transpose (both layouts in one cast) against memcpy too.
 // Run: build/bench/bench_fp8   (counters: fraction_of_memcpy, ratio_vs_fp32)
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -75,6 +76,28 @@ void BM_Quantize(benchmark::State& state, te::fp8::DType type) {
   state.SetLabel(te::fp8::kernel_isa());
 }
 
+// One cast into both layouts (codes of x and of x^T, amax recorded) of a square fp32 matrix,
+// against one memcpy of it: the cast reads x once and writes 2 bytes per element.
+void BM_CastTranspose(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  const auto values = data(n * n);
+  const at::Tensor x = at::from_blob(const_cast<float*>(values.data()), {n, n}).clone();
+  const at::Tensor scale = at::full({1}, 2.0f), amax = at::zeros({1});
+  const double copy = memcpy_seconds(values);
+  double best = 1e9;
+  for (auto _ : state) {
+    best = std::min(best, best_seconds(
+                              [&] {
+                                auto both =
+                                    te::fp8::cast_transpose(x, scale, te::fp8::DType::kE4M3, amax);
+                                benchmark::DoNotOptimize(both.first.data.data_ptr());
+                              },
+                              1));
+  }
+  state.SetBytesProcessed(state.iterations() * n * n * 4);
+  state.counters["fraction_of_memcpy"] = copy / best;
+}
+
 void BM_Dequantize(benchmark::State& state) {
   std::vector<uint8_t> in(static_cast<std::size_t>(state.range(0)), 0x38);
   std::vector<float> out(in.size());
@@ -112,6 +135,7 @@ void BM_GemmFp8Reference(benchmark::State& state) {
 BENCHMARK(BM_Memcpy)->Arg(1 << 24);
 BENCHMARK_CAPTURE(BM_Quantize, e4m3, te::fp8::DType::kE4M3)->Arg(1 << 24);
 BENCHMARK_CAPTURE(BM_Quantize, e5m2, te::fp8::DType::kE5M2)->Arg(1 << 24);
+BENCHMARK(BM_CastTranspose)->Arg(4096);
 BENCHMARK(BM_Dequantize)->Arg(1 << 24);
 BENCHMARK(BM_GemmFp8Reference)->Arg(1024)->Arg(2048)->Unit(benchmark::kMillisecond)->Iterations(8);
 

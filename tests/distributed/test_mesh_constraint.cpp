@@ -2,6 +2,7 @@
 // with_sharding_constraint through rules and the TE table, visualize_sharding.
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
 
@@ -117,6 +118,27 @@ TEST(RunLocalRanks, RanksAreThreadsWithTheirOwnWorld) {
   EXPECT_EQ(seen.load(), 7);
   EXPECT_EQ(world_size(), 1);
   EXPECT_EQ(world_rank(), 0);
+}
+
+TEST(RunLocalRanks, EachRankGetsItsShareOfTheIntraOpThreads) {
+  const int caller = at::get_num_threads();
+  at::set_num_threads(4);
+  std::vector<int> seen(2, 0);
+  run_local_ranks(2,
+                  [&](int rank) { seen[static_cast<std::size_t>(rank)] = at::get_num_threads(); });
+  EXPECT_EQ(seen, std::vector<int>({2, 2}));
+  EXPECT_EQ(at::get_num_threads(), 4);  // the caller's count is back
+  DistributedOptions options;
+  options.threads_per_rank = 3;
+  run_local_ranks(
+      2, [&](int rank) { seen[static_cast<std::size_t>(rank)] = at::get_num_threads(); }, options);
+  EXPECT_EQ(seen, std::vector<int>({3, 3}));
+  run_local_ranks(3, [&](int) { EXPECT_EQ(at::get_num_threads(), 1); });  // at least one each
+  options.threads_per_rank = -1;
+  EXPECT_ERROR(run_local_ranks(
+                   2, [](int) {}, options),
+               "threads_per_rank must be 0");
+  at::set_num_threads(caller);
 }
 
 TEST(RunLocalRanks, CarriesTheCallersShardingContext) {

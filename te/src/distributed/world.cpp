@@ -1,10 +1,12 @@
 #include <ATen/Context.h>
+#include <ATen/Parallel.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdlib>
@@ -382,7 +384,16 @@ void shutdown_distributed() {
 void run_local_ranks(int world_size, const std::function<void(int rank)>& fn,
                      const DistributedOptions& options_in) {
   TE_CHECK(world_size >= 1, "run_local_ranks: world_size must be at least 1, got ", world_size);
+  TE_CHECK(options_in.threads_per_rank >= 0,
+           "run_local_ranks: threads_per_rank must be 0 (split "
+           "the caller's threads among the ranks) or positive, got ",
+           options_in.threads_per_rank);
   const DistributedOptions options = detail::with_env_overrides(options_in);
+  // at::set_num_threads sets the calling thread's OpenMP team size (and a process-wide default
+  // that threads LibTorch starts later read): each rank sets its own, the caller's is put back.
+  const int caller_threads = at::get_num_threads();
+  const int per_rank = options.threads_per_rank > 0 ? options.threads_per_rank
+                                                    : std::max(1, caller_threads / world_size);
   auto store = c10::make_intrusive<c10d::HashStore>();
   const ShardingContext context = capture_sharding_context();
 
@@ -394,6 +405,7 @@ void run_local_ranks(int world_size, const std::function<void(int rank)>& fn,
     threads.emplace_back([&, rank] {
       try {
         ShardingContextScope scope(context);
+        at::set_num_threads(per_rank);
         detail::tls_world = std::make_shared<detail::World>(store, rank, world_size, rank, options,
                                                             "127.0.0.1", /*heartbeat=*/false);
         fn(rank);
@@ -416,6 +428,7 @@ void run_local_ranks(int world_size, const std::function<void(int rank)>& fn,
     });
   }
   for (std::thread& t : threads) t.join();
+  at::set_num_threads(caller_threads);
   if (first) std::rethrow_exception(first);
 }
 

@@ -56,6 +56,11 @@ struct DistributedOptions {
   bool check_collectives = false;
   /// Which backend carries the collectives. TE_COMM_BACKEND=auto|gloo|nccl overrides it.
   CommBackend backend = CommBackend::kAuto;
+  /// run_local_ranks: the LibTorch intra-op threads of each rank thread. 0 divides the caller's
+  /// count among the ranks (at least one each), as te-run divides the cores among processes:
+  /// ranks that each start a team of every core's threads oversubscribe the machine (4 ranks
+  /// on 2 cores ran a TransformerLayer step 14x slower, bench/bench_layouts).
+  int threads_per_rank = 0;
 };
 
 /// Joins the process group described by the environment: RANK, WORLD_SIZE, MASTER_ADDR,
@@ -71,8 +76,9 @@ void shutdown_distributed();
 
 /// Runs fn(rank) on `world_size` threads of this process, each a rank with its own Gloo process
 /// group over a shared in-memory store. The caller's sharding context (rules, MeshResource) is
-/// carried into every rank. Waits for all ranks; if any threw, rethrows the first exception
-/// raised (in time) after all have finished.
+/// carried into every rank, and each rank thread gets its share of the intra-op threads
+/// (DistributedOptions::threads_per_rank; the caller's count is restored after). Waits for all
+/// ranks; if any threw, rethrows the first exception raised (in time) after all have finished.
 void run_local_ranks(int world_size, const std::function<void(int rank)>& fn,
                      const DistributedOptions& options = {});
 
