@@ -226,7 +226,7 @@ void BM_TransformerLayerVsTorch(benchmark::State& state) {
 }
 
 // Google Benchmark fixes iterations per family: the small shape's cases and the large shape's
-// cases are registered separately so the large ones (1-6 s a call here) run fewer rounds, and
+// cases are registered separately so the large ones (1-6 s a call here) run 5 rounds, and
 // forward+backward only.
 #define TE_BENCH_MODULE(fn)                                                    \
   BENCHMARK(fn)                                                                \
@@ -243,7 +243,7 @@ void BM_TransformerLayerVsTorch(benchmark::State& state) {
         for (int64_t dtype : {0, 1}) b->Args({8192, 1024, 4096, dtype, 1});    \
         b->ArgNames({"tokens", "hidden", "ffn", "bf16", "backward"});          \
       })                                                                       \
-      ->Iterations(3)                                                          \
+      ->Iterations(5)                                                          \
       ->UseRealTime()                                                          \
       ->Unit(benchmark::kMillisecond)
 
