@@ -225,6 +225,26 @@ void BM_TransformerLayerVsTorch(benchmark::State& state) {
       params_of(*torch_layer), x, x_sbh, "torch_nn", false);
 }
 
+// Why the torch::nn rows differ in bf16: TE's tanh-form gelu (the plain anchor uses it too)
+// against the exact (erf) gelu torch::nn::TransformerEncoderLayer uses, on [tokens, ffn].
+void BM_GeluTanhVsExact(benchmark::State& state) {
+  const Shape shape(state);
+  at::manual_seed(0);
+  const at::Tensor x =
+      at::randn({shape.tokens, shape.ffn}).to(shape.dtype).requires_grad_(shape.backward);
+  std::vector<at::Tensor> none;
+  compare(
+      state, shape, [](const at::Tensor& in) { return at::gelu(in, "tanh"); }, none,
+      [](const at::Tensor& in) { return at::gelu(in); }, none, x, x, "exact_gelu", false);
+}
+BENCHMARK(BM_GeluTanhVsExact)
+    ->Args({2048, 256, 1024, 0, 1})
+    ->Args({2048, 256, 1024, 1, 1})
+    ->ArgNames({"tokens", "hidden", "ffn", "bf16", "backward"})
+    ->Iterations(15)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
 // Google Benchmark fixes iterations per family: the small shape's cases and the large shape's
 // cases are registered separately so the large ones (1-6 s a call here) run 5 rounds, and
 // forward+backward only.
