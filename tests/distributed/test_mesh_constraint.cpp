@@ -182,6 +182,36 @@ TEST(RunLocalRanks, RethrowsTheFirstFailureAfterAllRanksFinish) {
   EXPECT_EQ(finished.load(), 3);
 }
 
+TEST(RunLocalRanks, ASurvivorNamesTheFirstRankToLeaveFirst) {
+  // Rank 1 gives up; rank 0 fails on it and leaves too; rank 2 comes to the collective late and
+  // finds both gone. It must name rank 1, the cause, before rank 0.
+  DistributedOptions options;
+  options.timeout = std::chrono::seconds(20);
+  std::string late;
+  try {
+    run_local_ranks(
+        3,
+        [&](int rank) {
+          DeviceMesh mesh({3}, {"x"});
+          if (rank == 1) throw Error("rank 1 gave up");
+          if (rank == 2) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+          try {
+            DTensor::from_local(at::ones({2}), mesh, {Partial{}}).full_tensor();
+          } catch (const Error& e) {
+            if (rank == 2) late = e.what();
+            throw;
+          }
+        },
+        options);
+    FAIL();
+  } catch (const Error&) {
+  }
+  const auto first = late.find("rank 1 left with an error: rank 1 gave up");
+  const auto second = late.find("rank 0 left with an error");
+  ASSERT_NE(first, std::string::npos) << late;
+  if (second != std::string::npos) EXPECT_LT(first, second) << late;
+}
+
 TEST(RunLocalRanks, ACapturedContextCarriesRankMeshAndRulesIntoAWorker) {
   run_local_ranks(2, [](int rank) {
     DeviceMesh mesh({2}, {"data"});

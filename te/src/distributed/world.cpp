@@ -13,6 +13,7 @@
 #include <exception>
 #include <mutex>
 #include <thread>
+#include <tuple>
 
 #include "internal.h"
 #include "te/compat.h"
@@ -160,7 +161,9 @@ void World::wait_for_all_ranks() const {
 
 void World::mark_left(const std::string& reason) const {
   try {
-    const std::string text = reason.substr(0, 300);
+    // Numbered in the order ranks leave, so a survivor can name the first (the cause) first.
+    const int64_t order = store_->add("left_count", 1);
+    const std::string text = std::to_string(order) + "\n" + reason.substr(0, 300);
     store_->set(key("left/", rank_), std::vector<uint8_t>(text.begin(), text.end()));
   } catch (const std::exception&) {
   }
@@ -178,17 +181,23 @@ std::string World::describe_missing(const std::vector<int64_t>& ranks) const {
     for (int attempt = 0; attempt < 4 && out.empty(); ++attempt) {
       if (attempt > 0) std::this_thread::sleep_for(kHeartbeatPeriod);
       silent.clear();
+      std::vector<std::tuple<int64_t, int64_t, std::string>> left;  // (order, rank, reason)
       for (int64_t r : ranks) {
         if (r == rank_) continue;
         if (!store_->check({key("joined/", r)})) {
           note(r, "never joined");
         } else if (store_->check({key("left/", r)})) {
           const auto bytes = store_->get(key("left/", r));
-          note(r, "left with an error: " + std::string(bytes.begin(), bytes.end()));
+          const std::string text(bytes.begin(), bytes.end());
+          const auto newline = text.find('\n');
+          left.emplace_back(std::stoll(text.substr(0, newline)), r, text.substr(newline + 1));
         } else {
           silent.push_back(r);
         }
       }
+      // The first to leave first: the others usually left because of it.
+      std::sort(left.begin(), left.end());
+      for (const auto& [order, r, why] : left) note(r, "left with an error: " + why);
     }
     if (out.empty() && heartbeat_ && !silent.empty()) {
       // A live rank's heartbeat advances within a few periods; a dead one's does not.
