@@ -10,6 +10,7 @@ PACKAGES=(
   libcli11-dev nlohmann-json3-dev zlib1g-dev
   libcpp-httplib-dev wrk   # examples/serving (te-serve) and its load test
   python3-matplotlib   # examples/encoder/plot_losses
+  clang libclang-rt-14-dev   # scripts/fuzz.sh (libFuzzer)
 )
 
 missing=()

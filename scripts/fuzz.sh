@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets in fuzz/ with clang (ASan + UBSan; the code under test is compiled
+# with coverage instrumentation, not linked from the GCC build) and runs each for a fixed time,
+# starting from its seed corpus in fuzz/corpus/<target>/. Any crash or sanitizer report fails
+# the run; libFuzzer writes the input that caused it as crash-* in build-fuzz/.
+#
+#   bash scripts/fuzz.sh          # 30 s per target (CI)
+#   bash scripts/fuzz.sh 600      # longer
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seconds=${1:-30}
+bash scripts/setup.sh
+out=${TE_FUZZ_BUILD_DIR:-build-fuzz}
+mkdir -p "$out"
+flags=(-std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
+       -Ite/include)
+
+# fuzz_sharding: the rule and MeshResource parsers and resolution (te_core + te_sharding).
+sources=(fuzz/fuzz_sharding.cpp te/src/core/error.cpp te/src/sharding/axis_rules.cpp
+         te/src/sharding/context.cpp)
+if [ ! -x "$out/fuzz_sharding" ] || [ -n "$(find "${sources[@]}" te/include/te/sharding* \
+     te/include/te/error.h -newer "$out/fuzz_sharding" 2>/dev/null)" ]; then
+  clang++ "${flags[@]}" "${sources[@]}" -o "$out/fuzz_sharding"
+fi
+
+for target in fuzz_sharding; do
+  corpus="$out/corpus-$target"
+  mkdir -p "$corpus"
+  log="$out/$target.log"
+  if ! (cd "$out" && "./$target" -max_total_time="$seconds" -print_final_stats=1 \
+        "corpus-$target" "../fuzz/corpus/${target#fuzz_}") >"$log" 2>&1; then
+    tail -40 "$log" >&2
+    echo "fuzz: $target failed; the input is in $out/crash-* (make it a regression test)" >&2
+    exit 1
+  fi
+  runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")
+  echo "fuzz: $target: $runs executions in ${seconds}s, no crash"
+done
