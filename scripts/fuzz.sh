@@ -15,15 +15,27 @@ mkdir -p "$out"
 flags=(-std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
        -Ite/include)
 
+# Each target: its sources (the code under test compiled here, instrumented) and include dirs.
 # fuzz_sharding: the rule and MeshResource parsers and resolution (te_core + te_sharding).
-sources=(fuzz/fuzz_sharding.cpp te/src/core/error.cpp te/src/sharding/axis_rules.cpp
-         te/src/sharding/context.cpp)
-if [ ! -x "$out/fuzz_sharding" ] || [ -n "$(find "${sources[@]}" te/include/te/sharding* \
-     te/include/te/error.h -newer "$out/fuzz_sharding" 2>/dev/null)" ]; then
-  clang++ "${flags[@]}" "${sources[@]}" -o "$out/fuzz_sharding"
-fi
+# fuzz_cola: te-encoder's CoLA TSV reader, tokenizer and vocabulary (examples/encoder/text.cpp).
+# fuzz_request: te-serve's request decoder (examples/serving/request.cpp, nlohmann-json).
+declare -A sources=(
+  [fuzz_sharding]="fuzz/fuzz_sharding.cpp te/src/core/error.cpp te/src/sharding/axis_rules.cpp
+                   te/src/sharding/context.cpp"
+  [fuzz_cola]="fuzz/fuzz_cola.cpp examples/encoder/text.cpp"
+  [fuzz_request]="fuzz/fuzz_request.cpp examples/serving/request.cpp examples/encoder/text.cpp"
+)
+targets=(fuzz_sharding fuzz_cola fuzz_request)
+for target in "${targets[@]}"; do
+  read -r -a src <<<"$(echo ${sources[$target]})"
+  headers=(te/include examples/encoder/text.h examples/serving/request.h)
+  if [ ! -x "$out/$target" ] || [ -n "$(find "${src[@]}" "${headers[@]}" -newer "$out/$target" \
+       2>/dev/null | head -1)" ]; then
+    clang++ "${flags[@]}" -Iexamples/encoder -Iexamples/serving "${src[@]}" -o "$out/$target"
+  fi
+done
 
-for target in fuzz_sharding; do
+for target in "${targets[@]}"; do
   corpus="$out/corpus-$target"
   mkdir -p "$corpus"
   log="$out/$target.log"

@@ -23,25 +23,9 @@
 
 #include "data.h"
 #include "model.h"
+#include "request.h"
 
 namespace serve {
-
-/// A request the server answers with an HTTP error: the status and a sentence naming the problem.
-struct HttpError : std::runtime_error {
-  HttpError(int status_, const std::string& message)
-      : std::runtime_error(message), status(status_) {}
-  int status;
-};
-
-/// True when `text` is well-formed UTF-8 (no overlong forms, surrogates or code points past
-/// U+10FFFF).
-bool valid_utf8(std::string_view text);
-
-/// The sentences of a `POST /v1/classify` body: {"sentences": ["...", ...]}. HttpError 400 for a
-/// body that is not UTF-8 or not JSON, a missing "sentences", one that is not a non-empty list of
-/// strings, or an empty sentence (each message names the field or the index); 413 for more than
-/// `max_sentences`.
-std::vector<std::string> decode_classify(std::string_view body, std::size_t max_sentences);
 
 /// What the classifier says about each sentence.
 struct Classification {

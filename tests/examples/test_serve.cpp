@@ -167,6 +167,9 @@ TEST_F(Serve, AnswersGoodRequestsAndRefusesBadOnesWithTheirStatus) {
   EXPECT_EQ(json::parse(truncated->body)["truncated"], json({false, true}));
 
   expect_error(c.Post("/v1/classify", "{\"sentences\": [", "application/json"), 400, "not JSON");
+  // A number no double holds (found by fuzz/fuzz_request; it was a 500).
+  expect_error(c.Post("/v1/classify", "{\"sentences\": [1e999]}", "application/json"), 400,
+               "number overflow");
   expect_error(c.Post("/v1/classify", "[1, 2]", "application/json"), 400, "JSON array");
   expect_error(c.Post("/v1/classify", "{\"text\": [\"a\"]}", "application/json"), 400,
                "no \"sentences\"");
@@ -206,7 +209,7 @@ TEST_F(Serve, AnswersGoodRequestsAndRefusesBadOnesWithTheirStatus) {
   EXPECT_EQ(metrics->status, 200);
   for (const char* line :
        {"te_serve_requests_total{path=\"/v1/classify\",status=\"200\"} 3",
-        "te_serve_requests_total{path=\"/v1/classify\",status=\"400\"} 8",
+        "te_serve_requests_total{path=\"/v1/classify\",status=\"400\"} 9",
         "te_serve_requests_total{path=\"/v1/classify\",status=\"413\"} 2",
         "te_serve_requests_total{path=\"/v2/classify\",status=\"404\"} 1",
         "# TYPE te_serve_request_duration_seconds histogram", "te_serve_batch_size_count 10",
@@ -461,7 +464,8 @@ TEST_F(Serve, ACheckpointSavedOnAMeshServesOnOneProcess) {
           shell_quoted(std::string(TE_ENCODER_DATA) + "/in_domain_dev.tsv"));
   ASSERT_EQ(eval_code, 0) << eval_out;
   EXPECT_NE(eval_out.find("accuracy " + on_mesh), std::string::npos)
-      << "te-encoder on the mesh: dev_acc " << on_mesh << "\n" << eval_out;
+      << "te-encoder on the mesh: dev_acc " << on_mesh << "\n"
+      << eval_out;
 }
 
 TEST(ServeHelp, DescribesEveryOption) {

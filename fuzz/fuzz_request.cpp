@@ -1,0 +1,25 @@
+// libFuzzer target: te-serve's request decoder (POST /v1/classify bodies). Every body either
+// decodes or throws HttpError 400/413 (the status te-serve answers with); anything else is a bug.
+// What it accepts must be valid UTF-8 sentences with words, at most the limit.
+//   bash scripts/fuzz.sh [seconds per target]
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+#include "request.h"
+#include "text.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
+  constexpr std::size_t kMax = 16;
+  const std::string_view body(reinterpret_cast<const char*>(data), size);
+  try {
+    const std::vector<std::string> sentences = serve::decode_classify(body, kMax);
+    if (sentences.empty() || sentences.size() > kMax) __builtin_trap();
+    for (const std::string& s : sentences) {
+      if (!serve::valid_utf8(s) || encoder::tokenize(s).empty()) __builtin_trap();
+    }
+  } catch (const serve::HttpError& e) {
+    if (e.status != 400 && e.status != 413) __builtin_trap();
+  }
+  return 0;
+}
