@@ -64,7 +64,6 @@ struct Layout {
 
 Layout layout_of(const std::string& name) {
   Layout l;
-  l.name = name;
   if (name == "dp2") {
     l = {name, "DP2", {2}, {"data"}, {}, false};
     l.resource.dp = "data";
@@ -300,7 +299,12 @@ int main(int argc, char** argv) {
   te::configure_threads();
   const bool processes = std::getenv("WORLD_SIZE") != nullptr;
   std::vector<Layout> chosen;
-  for (const std::string& name : a.layouts) chosen.push_back(layout_of(name));
+  try {
+    for (const std::string& name : a.layouts) chosen.push_back(layout_of(name));
+  } catch (const std::exception& e) {
+    std::cerr << e.what() << "\n";
+    return 2;
+  }
 
   double t1 = 0;
   int rank = 0;
