@@ -63,28 +63,19 @@ struct Layout {
 };
 
 Layout layout_of(const std::string& name) {
-  Layout l;
-  if (name == "dp2") {
-    l = {name, "DP2", {2}, {"data"}, {}, false};
-    l.resource.dp = "data";
-  } else if (name == "fsdp2") {
-    l = {name, "FSDP2", {2}, {"data"}, {}, false};
-    l.resource.fsdp = "data";
-  } else if (name == "tp2") {
-    l = {name, "TP2", {2}, {"model"}, {}, false};
-    l.resource.tp = "model";
-  } else if (name == "tp2sp") {
-    l = {name, "TP2+SP", {2}, {"model"}, {}, true};
-    l.resource.tpsp = "model";
-  } else if (name == "dp2tp2") {
-    l = {name, "DP2×TP2", {2, 2}, {"data", "model"}, {}, false};
-    l.resource.dp = "data";
-    l.resource.tp = "model";
-  } else {
-    throw std::runtime_error("bench_layouts: unknown layout '" + name +
-                             "'; choose from dp2, fsdp2, tp2, tp2sp, dp2tp2");
+  auto roles = [](const char* text) { return te::parse_mesh_resource(text); };
+  const std::vector<Layout> known = {
+      {"dp2", "DP2", {2}, {"data"}, roles("dp=data"), false},
+      {"fsdp2", "FSDP2", {2}, {"data"}, roles("fsdp=data"), false},
+      {"tp2", "TP2", {2}, {"model"}, roles("tp=model"), false},
+      {"tp2sp", "TP2+SP", {2}, {"model"}, roles("tpsp=model"), true},
+      {"dp2tp2", "DP2×TP2", {2, 2}, {"data", "model"}, roles("dp=data,tp=model"), false},
+  };
+  for (const Layout& l : known) {
+    if (l.name == name) return l;
   }
-  return l;
+  throw std::runtime_error("bench_layouts: unknown layout '" + name +
+                           "'; choose from dp2, fsdp2, tp2, tp2sp, dp2tp2");
 }
 
 // The bytes a layout must move in one step, fp32 (see the header comment for how each
@@ -237,12 +228,9 @@ RankResult run_rank(const Layout& l, const Args& a) {
   at::Tensor local_x;
   const bool compare_plain = l.name == "dp2";
   if (compare_plain) {
-    te::bench::Params params;
     te::nn::manual_seed(0);
     te::nn::TransformerLayer reference(layer_options(a, false));
-    for (const auto& p : reference->named_parameters()) {
-      params[p.key()] = p.value().detach().clone().requires_grad_(true);
-    }
+    const te::bench::Params params = te::bench::copy_parameters(*reference);
     const int64_t half = x.size(0) / 2;
     local_x = x.narrow(0, mesh.rank() * half, half);
     plain.emplace(params, static_cast<int>(mesh.rank()), 2);

@@ -14,7 +14,6 @@
 
 #include <chrono>
 #include <functional>
-#include <map>
 #include <string>
 
 #include "alternate.h"
@@ -23,6 +22,7 @@
 
 namespace {
 
+using te::bench::copy_parameters;
 using te::bench::param;
 using te::bench::plain_layer_norm;
 using te::bench::plain_mha;
@@ -44,15 +44,6 @@ struct Shape {
         backward(s.range(4) != 0) {}
   int64_t batch() const { return tokens / kSeq; }
 };
-
-// The module's parameters by name, copied as leaves for the plain version.
-std::map<std::string, at::Tensor> copy_parameters(torch::nn::Module& module) {
-  std::map<std::string, at::Tensor> out;
-  for (const auto& p : module.named_parameters()) {
-    out[p.key()] = p.value().detach().clone().requires_grad_(true);
-  }
-  return out;
-}
 
 void clear_grads(std::vector<at::Tensor>& tensors) {
   for (at::Tensor& t : tensors) t.mutable_grad().reset();
@@ -100,66 +91,62 @@ at::Tensor input(const Shape& shape) {
 }
 
 std::vector<at::Tensor> params_of(torch::nn::Module& module) { return module.parameters(); }
-std::vector<at::Tensor> values(const std::map<std::string, at::Tensor>& params) {
+std::vector<at::Tensor> values(const te::bench::Params& params) {
   std::vector<at::Tensor> out;
   for (const auto& [name, t] : params) out.push_back(t);
   return out;
 }
 
-// ---- cases
-// ---------------------------------------------------------------------------------------
+// `module` (in the case's dtype) against `plain(x, its copied parameters)`, the same math.
+template <typename Module, typename Plain>
+void against_plain(benchmark::State& state, const Shape& shape, Module module, Plain plain) {
+  module->to(shape.dtype);
+  const te::bench::Params p = copy_parameters(*module);
+  const at::Tensor x = input(shape);
+  compare(
+      state, shape, [&](const at::Tensor& in) { return module->forward(in); }, params_of(*module),
+      [&](const at::Tensor& in) { return plain(in, p); }, values(p), x, x, "plain", true);
+}
+
+// ---- cases ---------------------------------------------------------------------------------
 
 void BM_Dense(benchmark::State& state) {
   const Shape shape(state);
-  te::nn::Dense dense(te::nn::DenseOptions(shape.hidden, shape.ffn));
-  dense->to(shape.dtype);
-  const auto p = copy_parameters(*dense);
-  const at::Tensor x = input(shape);
-  compare(
-      state, shape, [&](const at::Tensor& in) { return dense->forward(in); }, params_of(*dense),
-      [&](const at::Tensor& in) { return at::matmul(in, param(p, "kernel")) + param(p, "bias"); },
-      values(p), x, x, "plain", true);
+  against_plain(state, shape, te::nn::Dense(te::nn::DenseOptions(shape.hidden, shape.ffn)),
+                [](const at::Tensor& x, const te::bench::Params& p) {
+                  return at::matmul(x, param(p, "kernel")) + param(p, "bias");
+                });
 }
 
 void BM_LayerNormDense(benchmark::State& state) {
   const Shape shape(state);
-  te::nn::LayerNormDense module(te::nn::LayerNormDenseOptions(shape.hidden, shape.ffn));
-  module->to(shape.dtype);
-  const auto p = copy_parameters(*module);
-  const at::Tensor x = input(shape);
-  compare(
-      state, shape, [&](const at::Tensor& in) { return module->forward(in); }, params_of(*module),
-      [&](const at::Tensor& in) {
+  against_plain(
+      state, shape, te::nn::LayerNormDense(te::nn::LayerNormDenseOptions(shape.hidden, shape.ffn)),
+      [](const at::Tensor& x, const te::bench::Params& p) {
         const at::Tensor ln =
-            plain_layer_norm(in, param(p, "layernorm.scale"), param(p, "layernorm.ln_bias"));
+            plain_layer_norm(x, param(p, "layernorm.scale"), param(p, "layernorm.ln_bias"));
         return at::matmul(ln, param(p, "dense.kernel")) + param(p, "dense.bias");
-      },
-      values(p), x, x, "plain", true);
+      });
 }
 
 void BM_LayerNormMLP(benchmark::State& state) {
   const Shape shape(state);
-  te::nn::LayerNormMLP mlp(te::nn::LayerNormMLPOptions(shape.hidden, shape.ffn)
+  against_plain(
+      state, shape,
+      te::nn::LayerNormMLP(te::nn::LayerNormMLPOptions(shape.hidden, shape.ffn)
                                .activations({"gelu"})
-                               .intermediate_dropout_rate(0.0));
-  mlp->to(shape.dtype);
-  const auto p = copy_parameters(*mlp);
-  const at::Tensor x = input(shape);
-  compare(
-      state, shape, [&](const at::Tensor& in) { return mlp->forward(in); }, params_of(*mlp),
-      [&](const at::Tensor& in) { return plain_mlp(in, p, ""); }, values(p), x, x, "plain", true);
+                               .intermediate_dropout_rate(0.0)),
+      [](const at::Tensor& x, const te::bench::Params& p) { return plain_mlp(x, p, ""); });
 }
 
 void BM_MultiHeadAttention(benchmark::State& state) {
   const Shape shape(state);
-  te::nn::MultiHeadAttention mha(te::nn::MultiHeadAttentionOptions(shape.hidden, shape.heads));
-  mha->to(shape.dtype);
-  const auto p = copy_parameters(*mha);
-  const at::Tensor x = input(shape);
-  compare(
-      state, shape, [&](const at::Tensor& in) { return mha->forward(in); }, params_of(*mha),
-      [&](const at::Tensor& in) { return plain_mha(in, p, "", shape.heads); }, values(p), x, x,
-      "plain", true);
+  against_plain(
+      state, shape,
+      te::nn::MultiHeadAttention(te::nn::MultiHeadAttentionOptions(shape.hidden, shape.heads)),
+      [&](const at::Tensor& x, const te::bench::Params& p) {
+        return plain_mha(x, p, "", shape.heads);
+      });
 }
 
 // Against torch::nn::MultiheadAttention: both with biases and no input norm, causal; LibTorch's
@@ -193,14 +180,10 @@ te::nn::TransformerLayerOptions layer_options(const Shape& shape) {
 
 void BM_TransformerLayer(benchmark::State& state) {
   const Shape shape(state);
-  te::nn::TransformerLayer layer(layer_options(shape));
-  layer->to(shape.dtype);
-  const auto p = copy_parameters(*layer);
-  const at::Tensor x = input(shape);
-  compare(
-      state, shape, [&](const at::Tensor& in) { return layer->forward(in); }, params_of(*layer),
-      [&](const at::Tensor& in) { return te::bench::plain_layer(in, p, shape.heads); }, values(p),
-      x, x, "plain", true);
+  against_plain(state, shape, te::nn::TransformerLayer(layer_options(shape)),
+                [&](const at::Tensor& x, const te::bench::Params& p) {
+                  return te::bench::plain_layer(x, p, shape.heads);
+                });
 }
 
 // Against torch::nn::TransformerEncoderLayer (post-norm, exact gelu, biases): the same sizes,

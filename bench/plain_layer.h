@@ -4,6 +4,7 @@
 // same math on the module's parameters (copied by name), so outputs can be checked equal first.
 
 #include <ATen/ATen.h>
+#include <torch/nn/module.h>
 
 #include <map>
 #include <stdexcept>
@@ -12,6 +13,15 @@
 namespace te::bench {
 
 using Params = std::map<std::string, at::Tensor>;
+
+/// The module's parameters by name, copied as leaves (requiring grad) for the plain version.
+inline Params copy_parameters(const torch::nn::Module& module) {
+  Params out;
+  for (const auto& p : module.named_parameters()) {
+    out[p.key()] = p.value().detach().clone().requires_grad_(true);
+  }
+  return out;
+}
 
 inline at::Tensor param(const Params& params, const std::string& name) {
   const auto it = params.find(name);

@@ -26,9 +26,9 @@ declare -A sources=(
   [fuzz_request]="fuzz/fuzz_request.cpp examples/serving/request.cpp examples/encoder/text.cpp"
 )
 targets=(fuzz_sharding fuzz_cola fuzz_request)
+headers=(te/include examples/encoder/text.h examples/serving/request.h)  # a change rebuilds all
 for target in "${targets[@]}"; do
   read -r -a src <<<"$(echo ${sources[$target]})"
-  headers=(te/include examples/encoder/text.h examples/serving/request.h)
   if [ ! -x "$out/$target" ] || [ -n "$(find "${src[@]}" "${headers[@]}" -newer "$out/$target" \
        2>/dev/null | head -1)" ]; then
     clang++ "${flags[@]}" -Iexamples/encoder -Iexamples/serving "${src[@]}" -o "$out/$target"
