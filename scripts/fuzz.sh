@@ -19,19 +19,23 @@ flags=(-std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recov
 # fuzz_sharding: the rule and MeshResource parsers and resolution (te_core + te_sharding).
 # fuzz_cola: te-encoder's CoLA TSV reader, tokenizer and vocabulary (examples/encoder/text.cpp).
 # fuzz_request: te-serve's request decoder (examples/serving/request.cpp, nlohmann-json).
+# fuzz_checkpoint: the checkpoint index and safetensors header reader (modules/src/checkpoint_format).
 declare -A sources=(
   [fuzz_sharding]="fuzz/fuzz_sharding.cpp te/src/core/error.cpp te/src/sharding/axis_rules.cpp
                    te/src/sharding/context.cpp"
   [fuzz_cola]="fuzz/fuzz_cola.cpp examples/encoder/text.cpp"
   [fuzz_request]="fuzz/fuzz_request.cpp examples/serving/request.cpp examples/encoder/text.cpp"
+  [fuzz_checkpoint]="fuzz/fuzz_checkpoint.cpp modules/src/checkpoint_format.cpp
+                     te/src/core/error.cpp"
 )
-targets=(fuzz_sharding fuzz_cola fuzz_request)
-headers=(te/include examples/encoder/text.h examples/serving/request.h)  # a change rebuilds all
+targets=(fuzz_sharding fuzz_cola fuzz_request fuzz_checkpoint)
+headers=(te/include examples/encoder/text.h examples/serving/request.h
+         modules/src/checkpoint_format.h)  # a change rebuilds all
 for target in "${targets[@]}"; do
   read -r -a src <<<"$(echo ${sources[$target]})"
   if [ ! -x "$out/$target" ] || [ -n "$(find "${src[@]}" "${headers[@]}" -newer "$out/$target" \
        2>/dev/null | head -1)" ]; then
-    clang++ "${flags[@]}" -Iexamples/encoder -Iexamples/serving "${src[@]}" -o "$out/$target"
+    clang++ "${flags[@]}" -Iexamples/encoder -Iexamples/serving -Imodules/src "${src[@]}" -o "$out/$target"
   fi
 done
 

@@ -17,6 +17,7 @@
 #include <set>
 #include <vector>
 
+#include "checkpoint_format.h"
 #include "te/compat.h"
 #include "te/distributed.h"
 #include "te/error.h"
@@ -28,12 +29,7 @@ namespace te::nn {
 namespace {
 
 namespace fs = std::filesystem;
-using nlohmann::json;
-
-constexpr const char* kIndexName = "model.safetensors.index.json";
-// Each piece's bytes carry one CRC-32 per block of this size, so a load that needs part of a
-// piece reads and verifies only the blocks holding that part.
-constexpr int64_t kBlockBytes = int64_t{1} << 20;
+using format::kBlockBytes;
 
 // ---- safetensors dtypes ------------------------------------------------------------------
 
@@ -75,12 +71,16 @@ struct Fd {
 
 // Writes in 1 MiB calls: one write() of a whole 100 MB tensor made the second of two ranks
 // saving side by side 3x slower (bench_checkpoint: 0.45x -> 0.65-1.0x of cp + sync).
+// A write that fails (a full disk, a file-size limit) ends the save before the rename, so the
+// previous checkpoint stays in place.
 void write_all(int fd, const void* data, std::size_t n, const std::string& path) {
   const char* p = static_cast<const char*>(data);
   while (n > 0) {
     const ssize_t w = ::write(fd, p, std::min<std::size_t>(n, 1 << 20));
     if (w < 0 && errno == EINTR) continue;
-    TE_CHECK(w > 0, "checkpoint: writing '", path, "' failed: ", std::strerror(errno));
+    TE_CHECK(w > 0, "checkpoint: writing '", path, "' failed: ", std::strerror(errno),
+             "; make room there (free disk space, raise the file-size limit) and save again. "
+             "The save is abandoned: the previous checkpoint, if any, is left as it was");
     p += w;
     n -= static_cast<std::size_t>(w);
   }
@@ -276,37 +276,30 @@ std::string file_name(int rank, int world) {
 }
 
 // Writes this rank's owned pieces as one safetensors file; returns the index records of them.
-json write_pieces(const std::map<std::string, Entry>& entries, const fs::path& path) {
-  json header = json::object();
-  header["__metadata__"] = {{"format", "pt"}};
-  json records = json::object();
-  std::vector<std::pair<std::string, at::Tensor>> pieces;
+std::map<std::string, format::RankPiece> write_pieces(const std::map<std::string, Entry>& entries,
+                                                      const fs::path& path) {
+  std::map<std::string, format::HeaderEntry> header;
+  std::map<std::string, format::RankPiece> records;
+  std::vector<at::Tensor> pieces;
   int64_t offset = 0;
   for (const auto& [name, e] : entries) {
     if (!e.owner) continue;
     const at::Tensor data = e.local.detach().contiguous().cpu();
     const int64_t bytes = data.numel() * static_cast<int64_t>(data.element_size());
-    header[name] = {{"dtype", dtype_name(data.scalar_type())},
-                    {"shape", std::vector<int64_t>(data.sizes().begin(), data.sizes().end())},
-                    {"data_offsets", {offset, offset + bytes}}};
-    records[name] = {{"file", path.filename().string()},
-                     {"offsets", e.offsets},
-                     {"shape", std::vector<int64_t>(data.sizes().begin(), data.sizes().end())},
-                     {"crc32_blocks", block_crcs(data.data_ptr(), bytes)}};
-    pieces.emplace_back(name, data);
+    const std::vector<int64_t> shape(data.sizes().begin(), data.sizes().end());
+    header[name] = {dtype_name(data.scalar_type()), shape, offset, offset + bytes};
+    records[name] = {
+        dtype_name(data.scalar_type()),
+        {path.filename().string(), e.offsets, shape, block_crcs(data.data_ptr(), bytes)}};
+    pieces.push_back(data);  // in name order, as the header's offsets
     offset += bytes;
   }
-  std::string text = header.dump();
-  text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
-  const uint64_t n = text.size();
-  unsigned char le[8];
-  for (int i = 0; i < 8; ++i) le[i] = static_cast<unsigned char>(n >> (8 * i));
+  const std::string head = format::header_bytes(header);
   Fd f;
   f.fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   TE_CHECK(f.fd >= 0, "checkpoint: cannot create '", path.string(), "': ", std::strerror(errno));
-  write_all(f.fd, le, 8, path.string());
-  write_all(f.fd, text.data(), text.size(), path.string());
-  for (const auto& [name, data] : pieces) {
+  write_all(f.fd, head.data(), head.size(), path.string());
+  for (const at::Tensor& data : pieces) {
     write_all(f.fd, data.data_ptr(), static_cast<std::size_t>(data.numel()) * data.element_size(),
               path.string());
   }
@@ -318,8 +311,8 @@ json write_pieces(const std::map<std::string, Entry>& entries, const fs::path& p
 struct SafetensorsFile {
   Fd f;
   std::string path;
-  json header;
-  int64_t data_start = 0, size = 0;
+  format::SafetensorsHeader header;
+  int64_t size = 0;
 };
 
 std::unique_ptr<SafetensorsFile> open_safetensors(const fs::path& path) {
@@ -331,58 +324,37 @@ std::unique_ptr<SafetensorsFile> open_safetensors(const fs::path& path) {
   struct stat s {};
   TE_CHECK(::fstat(st->f.fd, &s) == 0, "checkpoint: cannot stat '", st->path, "'");
   st->size = s.st_size;
-  TE_CHECK(st->size >= 8, "checkpoint: '", st->path, "' is truncated (", st->size,
-           " bytes; a safetensors file starts with an 8-byte header length)");
-  unsigned char le[8];
-  read_at(st->f.fd, le, 8, 0, st->path);
-  uint64_t n = 0;
-  for (int i = 7; i >= 0; --i) n = (n << 8) | le[i];
-  TE_CHECK(n <= static_cast<uint64_t>(st->size - 8), "checkpoint: '", st->path,
-           "' has a header length of ", n, " bytes but only ", st->size - 8,
-           " follow; the file is truncated or not safetensors");
+  unsigned char le[8] = {};
+  if (st->size >= 8) read_at(st->f.fd, le, 8, 0, st->path);
+  const uint64_t n = format::header_length(le, st->size, st->path);
   std::string text(n, '\0');
   read_at(st->f.fd, text.data(), n, 8, st->path);
-  try {
-    st->header = json::parse(text);
-  } catch (const json::exception& e) {
-    TE_FAIL("checkpoint: the header of '", st->path, "' is not JSON (", e.what(), ")");
-  }
-  st->data_start = 8 + static_cast<int64_t>(n);
+  st->header = format::parse_header(text, st->size, st->path);
   return st;
 }
 
 // Reads from tensor `name`'s piece in `file` the elements of the box [lo, hi) (global
-// coordinates; the piece starts at `p_off`): only the checksum blocks that hold them are read,
-// and each is verified against the index record. Returns the piece's shape with those elements
-// filled (the rest is not read). Adds the bytes read to `bytes_read`.
-at::Tensor read_piece(SafetensorsFile& file, const std::string& name, const json& record,
-                      at::ScalarType dtype, const std::vector<int64_t>& p_off,
-                      const std::vector<int64_t>& lo, const std::vector<int64_t>& hi,
-                      int64_t& bytes_read) {
-  TE_CHECK(file.header.contains(name), "checkpoint: '", file.path, "' lacks tensor '", name,
+// coordinates; the piece starts at piece.offsets): only the checksum blocks that hold them are
+// read, and each is verified against the index record. Returns the piece's shape with those
+// elements filled (the rest is not read). Adds the bytes read to `bytes_read`.
+at::Tensor read_piece(SafetensorsFile& file, const std::string& name, const format::Piece& piece,
+                      at::ScalarType dtype, const std::vector<int64_t>& lo,
+                      const std::vector<int64_t>& hi, int64_t& bytes_read) {
+  const auto it = file.header.tensors.find(name);
+  TE_CHECK(it != file.header.tensors.end(), "checkpoint: '", file.path, "' lacks tensor '", name,
            "' that the index places there");
-  const json& h = file.header[name];
-  const std::vector<int64_t> shape = record["shape"].get<std::vector<int64_t>>();
-  TE_CHECK(h["shape"].get<std::vector<int64_t>>() == shape && h["dtype"] == dtype_name(dtype),
-           "checkpoint: tensor '", name, "' in '", file.path, "' is ", h["dtype"].dump(), " ",
-           h["shape"].dump(), " but the index says ", dtype_name(dtype), " ",
-           record["shape"].dump());
-  const auto range = h["data_offsets"].get<std::vector<int64_t>>();
+  const format::HeaderEntry& h = it->second;
+  const std::vector<int64_t>& shape = piece.shape;
+  TE_CHECK(h.shape == shape && h.dtype == dtype_name(dtype), "checkpoint: tensor '", name, "' in '",
+           file.path, "' is ", h.dtype, " ", format::shape_text(h.shape), " but the index says ",
+           dtype_name(dtype), " ", format::shape_text(shape));
   at::Tensor out = at::empty(shape, at::TensorOptions().dtype(dtype));
   const int64_t es = static_cast<int64_t>(out.element_size());
-  const int64_t bytes = out.numel() * es;
-  TE_CHECK(range.size() == 2 && range[1] - range[0] == bytes && range[0] >= 0 &&
-               file.data_start + range[1] <= file.size,
-           "checkpoint: tensor '", name, "' in '", file.path, "' has data offsets ",
-           h["data_offsets"].dump(), " outside the file's ", file.size - file.data_start,
-           " data bytes (or not matching its ", bytes, "-byte size); the file is damaged");
-  const auto crcs = record["crc32_blocks"].get<std::vector<uint32_t>>();
-  const int64_t blocks = (bytes + kBlockBytes - 1) / kBlockBytes;
-  TE_CHECK(static_cast<int64_t>(crcs.size()) == blocks, "checkpoint: the index lists ", crcs.size(),
-           " checksum blocks for tensor '", name, "' in '", file.path, "', whose ", bytes,
-           " bytes make ", blocks, "; the index is damaged");
+  const int64_t bytes = out.numel() * es;             // == h.end - h.begin, checked by parse_header
+  const int64_t blocks = format::block_count(bytes);  // == the checksums, checked by parse_index
   // The blocks holding the box: walk its rows (all dims but the last), row-major in the piece.
   const int64_t nd = static_cast<int64_t>(shape.size());
+  const std::vector<int64_t>& p_off = piece.offsets;
   std::vector<char> wanted(static_cast<std::size_t>(blocks), 0);
   if (nd == 0) {
     std::fill(wanted.begin(), wanted.end(), 1);
@@ -414,15 +386,15 @@ at::Tensor read_piece(SafetensorsFile& file, const std::string& name, const json
     while (e < blocks && wanted[e]) ++e;  // one read per run of wanted blocks
     const int64_t begin = b * kBlockBytes, end = std::min(e * kBlockBytes, bytes);
     read_at(file.f.fd, data + begin, static_cast<std::size_t>(end - begin),
-            file.data_start + range[0] + begin, file.path);
+            file.header.data_start + h.begin + begin, file.path);
     bytes_read += end - begin;
     for (int64_t k = b; k < e; ++k) {
       const int64_t kb = k * kBlockBytes;
       const uint32_t crc =
           crc32_of(data + kb, static_cast<std::size_t>(std::min(kBlockBytes, bytes - kb)));
-      TE_CHECK(crc == crcs[k], "checkpoint: tensor '", name, "' in '", file.path,
+      TE_CHECK(crc == piece.crc32_blocks[k], "checkpoint: tensor '", name, "' in '", file.path,
                "' fails its checksum in block ", k, " (bytes ", kb, "..): CRC-32 ", crc,
-               ", the index says ", crcs[k], "; the file is damaged");
+               ", the index says ", piece.crc32_blocks[k], "; the file is damaged");
     }
     b = e;
   }
@@ -433,10 +405,10 @@ at::Tensor read_piece(SafetensorsFile& file, const std::string& name, const json
 
 void save_checkpoint(const torch::nn::Module& module, const std::string& dir,
                      const std::string& extra_json, const torch::optim::AdamW* optimizer) {
-  json extra;
+  format::Index index;
   try {
-    extra = json::parse(extra_json);
-  } catch (const json::exception& e) {
+    index.extra_json = nlohmann::json::parse(extra_json).dump();
+  } catch (const nlohmann::json::exception& e) {
     TE_FAIL("save_checkpoint: extra is not JSON (", e.what(), "): ", extra_json);
   }
   const std::optional<DeviceMesh> world = world_mesh(module);
@@ -452,49 +424,29 @@ void save_checkpoint(const torch::nn::Module& module, const std::string& dir,
   }
   barrier(world);
   const auto entries = entries_of(module, optimizer);
-  const json mine = write_pieces(entries, tmp / file_name(rank, n));
-  const std::vector<std::string> all = all_gather_strings(world, mine.dump());
+  const auto mine = write_pieces(entries, tmp / file_name(rank, n));
+  const std::vector<std::string> all = all_gather_strings(world, format::pieces_text(mine));
   if (rank == 0) {
-    json tensors = json::object();
+    index.world_size = n;
     for (const auto& [name, e] : entries) {
-      json axes = json::array();
-      for (const auto& a : e.axes) axes.push_back(a ? json(*a) : json(nullptr));
-      tensors[name] = {{"shape", e.global_shape},
-                       {"dtype", dtype_name(e.local.scalar_type())},
-                       {"axes", axes},
-                       {"pieces", json::array()}};
+      format::TensorRecord& t = index.tensors[name];
+      t.shape = e.global_shape;
+      t.dtype = dtype_name(e.local.scalar_type());
+      t.axes.assign(e.axes.begin(), e.axes.end());
     }
-    int64_t total = 0;
-    for (const std::string& text : all) {
-      const json records = json::parse(text);
-      for (const auto& [name, record] : records.items()) {
-        tensors[name]["pieces"].push_back(record);
-        int64_t numel = 1;
-        for (int64_t s : record["shape"].get<std::vector<int64_t>>()) numel *= s;
-        total += numel * static_cast<int64_t>(entries.at(name).local.element_size());
+    for (std::size_t r = 0; r < all.size(); ++r) {
+      for (auto& [name, record] : format::parse_pieces(all[r], "rank " + std::to_string(r))) {
+        index.tensors.at(name).pieces.push_back(std::move(record.piece));
       }
     }
-    // Hugging Face's index maps each tensor to the one file that holds it whole.
-    json weight_map = json::object();
-    bool whole = true;
-    for (const auto& [name, t] : tensors.items()) {
-      whole = whole && t["pieces"].size() == 1 && t["pieces"][0]["shape"] == t["shape"];
-      weight_map[name] = t["pieces"][0]["file"];
-    }
     const RngState rng = rng_state();
-    json index = {{"metadata", {{"total_size", total}, {"format", "te-cpp"}}},
-                  {"te",
-                   {{"world_size", n},
-                    {"tensors", tensors},
-                    {"rng", {{"seed", rng.seed}, {"calls", rng.calls}}}}},
-                  {"extra", extra}};
-    if (whole) index["weight_map"] = weight_map;
-    const fs::path index_path = tmp / kIndexName;
+    index.rng.emplace(rng.seed, rng.calls);
+    const fs::path index_path = tmp / format::kIndexName;
     {
       Fd f;
       f.fd = ::open(index_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       TE_CHECK(f.fd >= 0, "save_checkpoint: cannot create '", index_path.string(), "'");
-      const std::string text = index.dump(1);
+      const std::string text = format::index_text(index);
       write_all(f.fd, text.data(), text.size(), index_path.string());
       TE_CHECK(::fsync(f.fd) == 0, "save_checkpoint: fsync of '", index_path.string(), "' failed");
     }
@@ -515,38 +467,26 @@ void save_checkpoint(const torch::nn::Module& module, const std::string& dir,
 
 namespace {
 
-json read_index(const fs::path& root, const char* what) {
-  const fs::path index_path = root / kIndexName;
-  json index;
-  std::ifstream in(index_path);
+format::Index read_index(const fs::path& root, const char* what) {
+  const fs::path index_path = root / format::kIndexName;
+  std::ifstream in(index_path, std::ios::binary);
   TE_CHECK(in.good(), what, ": no checkpoint at '", root.string(), "' (cannot read '",
            index_path.string(), "')");
-  try {
-    index = json::parse(in);
-  } catch (const json::exception& e) {
-    TE_FAIL(what, ": '", index_path.string(), "' is not JSON (", e.what(),
-            "); the checkpoint is damaged");
-  }
-  TE_CHECK(index.is_object() && index.contains("te") && index["te"].is_object() &&
-               index["te"].contains("tensors") && index["te"]["tensors"].is_object(),
-           what, ": '", index_path.string(), "' is not a te-cpp checkpoint index (no te.tensors)");
-  return index;
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return format::parse_index(text, index_path.string(), what);
 }
 
 }  // namespace
 
 CheckpointInfo read_checkpoint_info(const std::string& dir) {
   const fs::path root = fs::absolute(dir);
-  const json index = read_index(root, "read_checkpoint_info");
+  const format::Index index = read_index(root, "read_checkpoint_info");
   CheckpointInfo info;
-  info.extra_json = index.contains("extra") ? index["extra"].dump() : std::string("{}");
+  info.extra_json = index.extra_json;
   std::set<std::string> files;
-  for (const auto& [name, t] : index["te"]["tensors"].items()) {
+  for (const auto& [name, t] : index.tensors) {
     info.tensors.push_back(name);
-    if (!t.contains("pieces")) continue;
-    for (const json& piece : t["pieces"]) {
-      if (piece.contains("file") && piece["file"].is_string()) files.insert(piece["file"]);
-    }
+    for (const format::Piece& piece : t.pieces) files.insert(piece.file);
   }
   for (const std::string& f : files) {
     std::error_code ec;
@@ -561,16 +501,15 @@ CheckpointInfo read_checkpoint_info(const std::string& dir) {
 std::string load_checkpoint(torch::nn::Module& module, const std::string& dir,
                             const CheckpointLoadOptions& options, torch::optim::AdamW* optimizer) {
   const fs::path root = fs::absolute(dir);
-  const json index = read_index(root, "load_checkpoint");
-  const json& tensors = index["te"]["tensors"];
+  const format::Index index = read_index(root, "load_checkpoint");
   StepSlots steps;
   const auto entries = entries_of(module, optimizer, /*create_state=*/true, &steps);
   if (options.strict) {
     for (const auto& [name, e] : entries) {
-      TE_CHECK(tensors.contains(name), "load_checkpoint: the checkpoint at '", root.string(),
+      TE_CHECK(index.tensors.count(name), "load_checkpoint: the checkpoint at '", root.string(),
                "' lacks '", name, "', which the module has (load with strict = false to skip it)");
     }
-    for (const auto& [name, t] : tensors.items()) {
+    for (const auto& [name, t] : index.tensors) {
       // Optimizer state is there for resuming; a load without an optimizer leaves it.
       if (optimizer == nullptr && name.rfind("optimizer.", 0) == 0) continue;
       TE_CHECK(entries.count(name), "load_checkpoint: the checkpoint at '", root.string(),
@@ -582,58 +521,56 @@ std::string load_checkpoint(torch::nn::Module& module, const std::string& dir,
   int64_t bytes_read = 0;
   torch::NoGradGuard no_grad;
   for (const auto& [name, e] : entries) {
-    if (!tensors.contains(name)) continue;
-    const json& t = tensors[name];
-    const auto shape = t["shape"].get<std::vector<int64_t>>();
-    TE_CHECK(shape == e.global_shape, "load_checkpoint: '", name, "' is ", t["shape"].dump(),
-             " in the checkpoint at '", root.string(), "' but ", json(e.global_shape).dump(),
+    const auto found = index.tensors.find(name);
+    if (found == index.tensors.end()) continue;
+    const format::TensorRecord& t = found->second;
+    TE_CHECK(t.shape == e.global_shape, "load_checkpoint: '", name, "' is ",
+             format::shape_text(t.shape), " in the checkpoint at '", root.string(), "' but ",
+             format::shape_text(e.global_shape),
              " in the module; build the module with the checkpoint's sizes");
     const at::ScalarType dtype = e.local.scalar_type();
-    TE_CHECK(t["dtype"] == dtype_name(dtype), "load_checkpoint: '", name, "' is ",
-             t["dtype"].get<std::string>(), " in the checkpoint at '", root.string(), "' but ",
-             dtype_name(dtype), " in the module; convert the module (module->to(...)) first");
-    // This rank's box, and every saved piece that overlaps it.
-    const int64_t nd = static_cast<int64_t>(shape.size());
+    TE_CHECK(t.dtype == dtype_name(dtype), "load_checkpoint: '", name, "' is ", t.dtype,
+             " in the checkpoint at '", root.string(), "' but ", dtype_name(dtype),
+             " in the module; convert the module (module->to(...)) first");
+    // This rank's box, and every saved piece that overlaps it. parse_index checked that the
+    // pieces tile the tensor, so together they fill the box.
+    const int64_t nd = static_cast<int64_t>(t.shape.size());
     at::Tensor filled = at::empty(e.local.sizes(), e.local.options().device(at::kCPU));
     int64_t covered = 0;
-    for (const json& piece : t["pieces"]) {
-      const auto p_off = piece["offsets"].get<std::vector<int64_t>>();
-      const auto p_shape = piece["shape"].get<std::vector<int64_t>>();
+    for (const format::Piece& piece : t.pieces) {
       bool overlaps = true;
       std::vector<int64_t> lo(static_cast<std::size_t>(nd)), hi(static_cast<std::size_t>(nd));
       for (int64_t d = 0; d < nd; ++d) {
-        lo[d] = std::max(p_off[d], e.offsets[d]);
-        hi[d] = std::min(p_off[d] + p_shape[d], e.offsets[d] + e.local.size(d));
+        lo[d] = std::max(piece.offsets[d], e.offsets[d]);
+        hi[d] = std::min(piece.offsets[d] + piece.shape[d], e.offsets[d] + e.local.size(d));
         overlaps = overlaps && lo[d] < hi[d];
       }
       if (!overlaps && nd > 0) continue;
-      const std::string file = piece["file"].get<std::string>();
-      auto& handle = files[file];
-      if (!handle) handle = open_safetensors(root / file);
-      const at::Tensor data = read_piece(*handle, name, piece, dtype, p_off, lo, hi, bytes_read);
+      auto& handle = files[piece.file];
+      if (!handle) handle = open_safetensors(root / piece.file);
+      const at::Tensor data = read_piece(*handle, name, piece, dtype, lo, hi, bytes_read);
       at::Tensor src = data, dst = filled;
       int64_t count = 1;
       for (int64_t d = 0; d < nd; ++d) {
-        src = src.narrow(d, lo[d] - p_off[d], hi[d] - lo[d]);
+        src = src.narrow(d, lo[d] - piece.offsets[d], hi[d] - lo[d]);
         dst = dst.narrow(d, lo[d] - e.offsets[d], hi[d] - lo[d]);
         count *= hi[d] - lo[d];
       }
       dst.copy_(src);
       covered += count;
     }
-    TE_CHECK(covered == e.local.numel(), "load_checkpoint: the pieces of '", name,
+    TE_CHECK(covered == e.local.numel(), "internal: load_checkpoint: the pieces of '", name,
              "' in the checkpoint at '", root.string(), "' cover ", covered, " of the ",
-             e.local.numel(), " elements this rank needs; the index is damaged");
+             e.local.numel(), " elements this rank needs");
     e.local.copy_(filled);
     const auto slot = steps.find(name);
     if (slot != steps.end()) slot->second->step(filled.item<int64_t>());
   }
   if (options.bytes_read != nullptr) *options.bytes_read += bytes_read;
-  if (options.restore_rng_state && index["te"].contains("rng")) {
-    set_rng_state(
-        {index["te"]["rng"]["seed"].get<uint64_t>(), index["te"]["rng"]["calls"].get<uint64_t>()});
+  if (options.restore_rng_state && index.rng) {
+    set_rng_state({index.rng->first, index.rng->second});
   }
-  return index.contains("extra") ? index["extra"].dump() : std::string("{}");
+  return index.extra_json;
 }
 
 }  // namespace te::nn

@@ -89,8 +89,8 @@ TEST(Desync, MatchingRanksRunAsBeforeUnevenPiecesIncluded) {
   const auto errors = errors_of([&](int rank, const DeviceMesh& mesh) {
     // 5 rows over 2 ranks: pieces of 3 and 2 rows, the same collective in whole terms.
     const at::Tensor piece = at::arange(rank == 0 ? 0 : 24, rank == 0 ? 24 : 40).view({-1, 8});
-    const DTensor x = DTensor::from_local(piece.to(at::kFloat), mesh, {Shard{0}},
-                                          std::vector<int64_t>{5, 8});
+    const DTensor x =
+        DTensor::from_local(piece.to(at::kFloat), mesh, {Shard{0}}, std::vector<int64_t>{5, 8});
     const DTensor y = x.redistribute({Replicate{}}).redistribute({Shard{1}});
     out[static_cast<std::size_t>(rank)] = y.full_tensor();
   });
@@ -111,6 +111,58 @@ TEST(Desync, TheEnvironmentVariableTurnsItOnAndIsChecked) {
   ::setenv("TE_CHECK_COLLECTIVES", "yes", 1);
   EXPECT_ERROR(run_local_ranks(2, [](int) {}), "TE_CHECK_COLLECTIVES='yes' is not 0 or 1");
   ::unsetenv("TE_CHECK_COLLECTIVES");
+}
+
+// Meshes are compared whatever check_collectives says: a rank that builds another mesh would
+// otherwise wait on rows nobody joins until the timeout.
+TEST(Desync, RanksThatBuildDifferentMeshesAreNamedAtOnce) {
+  DistributedOptions options;
+  options.timeout = std::chrono::seconds(60);
+  std::vector<std::string> errors(3);
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_ERROR(run_local_ranks(
+                   3,
+                   [&](int rank) {
+                     DeviceMesh same({3}, {"x"});  // mesh #0 agrees
+                     try {
+                       DeviceMesh grid({rank == 2 ? 3 : 1, rank == 2 ? 1 : 3}, {"data", "model"});
+                     } catch (const te::Error& e) {
+                       errors[static_cast<std::size_t>(rank)] = e.what();
+                       throw;
+                     }
+                   },
+                   options),
+               "DeviceMesh #1 differs between ranks");
+  for (const auto& e : errors) {
+    expect_names(e, {"rank(s) 0, 1 built DeviceMesh(data=1, model=3)",
+                     "rank(s) 2 built DeviceMesh(data=3, model=1)",
+                     "every rank must construct the same meshes"});
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+}
+
+// A rank that fails before it reaches a mesh (here its own mesh is invalid) is named by the
+// ranks waiting at that mesh as soon as it leaves, with its reason, not at the timeout.
+TEST(Desync, ARankThatNeverReachesAMeshIsNamedWithItsReason) {
+  DistributedOptions options;
+  options.timeout = std::chrono::seconds(60);
+  std::string waiting;
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_ERROR(run_local_ranks(
+                   2,
+                   [&](int rank) {
+                     if (rank == 1) TE_FAIL("rank 1 could not read its data");
+                     try {
+                       DeviceMesh mesh({2}, {"data"});
+                     } catch (const te::Error& e) {
+                       waiting = e.what();
+                     }
+                   },
+                   options),
+               "could not read its data");
+  expect_names(waiting, {"rank 0: rank(s) 1 of 2 did not reach DeviceMesh #0",
+                         "rank 1 left with an error: rank 1 could not read its data"});
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
 }
 
 }  // namespace

@@ -66,8 +66,8 @@ TEST(Processes, NcclUniqueIdIsSharedThroughTheStore) {
   ASSERT_EQ(r.status, 0) << r.output;
   if (r.output.find("nccl not built") != std::string::npos) GTEST_SKIP() << "built without NCCL";
   for (int k = 0; k < 3; ++k) {
-    const std::string line = "[rank " + std::to_string(k) + "] rank " + std::to_string(k) +
-                             " nccl id shared by 3 ranks";
+    const std::string line =
+        "[rank " + std::to_string(k) + "] rank " + std::to_string(k) + " nccl id shared by 3 ranks";
     EXPECT_NE(r.output.find(line), std::string::npos) << r.output;
   }
 }
@@ -152,6 +152,104 @@ TEST(Processes, ACheckpointSavedOnDp2xTp2LoadsBitForBitOnOtherMeshes) {
         << roles << layout << ": saved " << saved << "\n"
         << load.output;
   }
+  std::system(("rm -rf " + root).c_str());
+}
+
+// Fault injection: a rank killed inside a tensor-parallel model's forward, and inside its
+// backward (from a gradient hook). The survivor is in a collective of the next layer; it names
+// the dead rank well within the timeout, and never finishes the step.
+TEST(Processes, ARankKilledInForwardOrBackwardIsNamedByTheSurvivor) {
+  for (const std::string where : {"forward", "backward"}) {
+    const Result r = run("TE_DIST_TIMEOUT_S=20 " + kRun + " --nproc 2 --grace 15 -- " + kWorker +
+                         " fault " + where);
+    EXPECT_NE(r.status, 0) << r.output;
+    EXPECT_NE(r.output.find("te-run: rank 1 was killed by signal 9"), std::string::npos)
+        << r.output;
+    EXPECT_NE(r.output.find("[rank 0] rank 0 ran the first layer"), std::string::npos) << r.output;
+    if (where == "forward") {
+      EXPECT_EQ(r.output.find("ran the second layer"), std::string::npos) << r.output;
+    } else {
+      EXPECT_NE(r.output.find("[rank 1] rank 1 dies in backward"), std::string::npos) << r.output;
+    }
+    EXPECT_NE(r.output.find("[rank 0] rank 0 error: all_reduce over mesh axis 'model' (ranks [0, "
+                            "1]) failed on rank 0: missing rank 1 stopped responding"),
+              std::string::npos)
+        << where << "\n"
+        << r.output;
+    EXPECT_EQ(r.output.find("finished the step"), std::string::npos) << r.output;
+    EXPECT_LT(r.seconds, 20.0) << where << "\n" << r.output;
+  }
+}
+
+// Ranks that build different meshes: every rank names both meshes at once, long before the
+// rows that would never connect time out.
+TEST(Processes, RanksThatBuildDifferentMeshesAreNamedAtOnce) {
+  const Result r =
+      run("TE_DIST_TIMEOUT_S=60 " + kRun + " --nproc 2 --grace 15 -- " + kWorker + " fault mesh");
+  EXPECT_EQ(r.status, 4) << r.output;
+  for (int k : {0, 1}) {
+    const std::string line = "[rank " + std::to_string(k) + "] rank " + std::to_string(k) +
+                             " error: DeviceMesh #0 differs between ranks: rank(s) 0 built "
+                             "DeviceMesh(data=2); rank(s) 1 built DeviceMesh(model=2)";
+    EXPECT_NE(r.output.find(line), std::string::npos) << r.output;
+  }
+  EXPECT_EQ(r.output.find("built its mesh"), std::string::npos) << r.output;
+  EXPECT_LT(r.seconds, 30.0) << r.output;
+}
+
+// A rank that skips a constraint (rank 0 gathers the output for its loss, rank 1 does not and
+// goes on to the gradient all-reduce): under TE_CHECK_COLLECTIVES=1 both ranks stop naming both
+// calls. (Without the check Gloo aborts rank 0 on the mismatched sizes, from its own thread.)
+TEST(Processes, ARankThatSkipsAConstraintIsCaughtByTheCollectiveCheck) {
+  const Result r = run("TE_CHECK_COLLECTIVES=1 TE_DIST_TIMEOUT_S=20 " + kRun +
+                       " --nproc 2 --grace 15 -- " + kWorker + " fault skip");
+  EXPECT_EQ(r.status, 4) << r.output;
+  for (int k : {0, 1}) {
+    const std::string head = "[rank " + std::to_string(k) + "] rank " + std::to_string(k) +
+                             " error: collectives out of step over mesh axis 'data' (ranks [0, 1])";
+    const auto at = r.output.find(head);
+    ASSERT_NE(at, std::string::npos) << r.output;
+    const std::string line = r.output.substr(at, r.output.find('\n', at) - at);
+    EXPECT_NE(line.find("all_gather(dim 0) of Float [4, 6, 16], collective #1"), std::string::npos)
+        << line;
+    EXPECT_NE(line.find("all_reduce(sum) of Float ["), std::string::npos) << line;
+  }
+  EXPECT_EQ(r.output.find("finished the step"), std::string::npos) << r.output;
+  EXPECT_LT(r.seconds, 20.0) << r.output;
+}
+
+// A full disk during a save, as a file-size limit (ulimit -f, SIGXFSZ ignored so write() fails
+// with EFBIG): each rank names the file it could not write, and the previous checkpoint is
+// still there, whole, with the weights it was saved with.
+TEST(Processes, AFullDiskDuringASaveLeavesThePreviousCheckpoint) {
+  char tmpl[] = "/tmp/te_ckpt_full_XXXXXX";
+  const std::string root = ::mkdtemp(tmpl);
+  const std::string dir = root + "/ckpt";
+  const Result first = run(kRun + " --nproc 2 -- " + kWorker + " ckpt_write " + dir + " 1");
+  ASSERT_EQ(first.status, 0) << first.output;
+  const std::string head = "[rank 0] saved checkpoint sum ";
+  const auto at = first.output.find(head);
+  ASSERT_NE(at, std::string::npos) << first.output;
+  const std::string saved = first.output.substr(at + head.size(), 16);
+  // 64 blocks of 512 bytes: 32 KiB, less than either rank's file (about 100 and 150 KB).
+  const Result full =
+      run("sh -c \"trap '' XFSZ; ulimit -f 64; exec env TE_DIST_TIMEOUT_S=20 " + kRun +
+          " --nproc 2 --grace 15 -- " + kWorker + " ckpt_write " + dir + " 2\"");
+  EXPECT_EQ(full.status, 4) << full.output;
+  for (int k : {0, 1}) {
+    char file[64];
+    std::snprintf(file, sizeof(file), "model-%05d-of-00002.safetensors", k + 1);
+    const std::string line = "[rank " + std::to_string(k) + "] rank " + std::to_string(k) +
+                             " error: checkpoint: writing '" + dir + ".saving/" + file +
+                             "' failed: File too large; make room there";
+    EXPECT_NE(full.output.find(line), std::string::npos) << full.output;
+  }
+  EXPECT_EQ(full.output.find("saved checkpoint sum"), std::string::npos) << full.output;
+  const Result load = run(kRun + " --nproc 1 -- " + kWorker + " ckpt_sum " + dir);
+  ASSERT_EQ(load.status, 0) << load.output;
+  EXPECT_NE(load.output.find("loaded checkpoint sum " + saved), std::string::npos)
+      << "first save's sum " << saved << "\n"
+      << load.output;
   std::system(("rm -rf " + root).c_str());
 }
 

@@ -17,6 +17,12 @@
 //   te_dist_worker layer   a TransformerLayer in training (dropout 0.1-0.3) on a DP2xTP2 mesh of
 //                          4 processes: output and every gradient against the same layer run on
 //                          this process alone
+//   te_dist_worker ckpt_write DIR SEED  saves a TransformerLayer made with SEED on a TP mesh of
+//                          every rank (each rank writes a file) and prints its fingerprint
+//   te_dist_worker fault forward|backward|mesh|skip   faults for the survivors to name (2 ranks):
+//                          rank 1 is killed (SIGKILL) inside a TP2 model's forward, or inside its
+//                          backward; the ranks build different meshes; rank 1 skips a
+//                          constraint that gathers the batch (run with TE_CHECK_COLLECTIVES=1)
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -339,6 +345,75 @@ int checkpoint_sum(const std::string& dir) {
   return 0;
 }
 
+int checkpoint_write(const std::string& dir, int seed) {
+  te::DeviceMesh mesh({te::world_size()}, {"x"});
+  te::MeshScope on_mesh(mesh);
+  te::MeshResourceScope roles(te::parse_mesh_resource("tp=x"));
+  te::nn::manual_seed(static_cast<uint64_t>(seed));
+  te::nn::TransformerLayer layer(checkpoint_layer());
+  te::nn::save_checkpoint(*layer, dir);
+  te::nn::gather_module(*layer);
+  if (te::world_rank() == 0)
+    std::cout << "saved checkpoint sum " << fingerprint(*layer) << std::endl;
+  return 0;
+}
+
+// Faults inside real work, for the survivors to name. Each prints "reached" lines so the test
+// can tell the fault happened where it should.
+int fault(const std::string& kind) {
+  const int rank = te::world_rank();
+  TE_CHECK(te::world_size() == 2, "fault mode runs on 2 ranks");
+  if (kind == "mesh") {
+    // Rank 1 names its axis differently: its rows would never meet rank 0's.
+    te::DeviceMesh mesh({2}, {rank == 0 ? "data" : "model"});
+    std::cout << "rank " << rank << " built its mesh" << std::endl;
+    return 0;
+  }
+  const at::Tensor x_global = te::test::seeded_integers({4, 6, 16}, 41).to(at::kFloat) / 7.0;
+  if (kind == "skip") {
+    // Data parallel: the batch is sharded; rank 0 gathers the output for its loss through a
+    // constraint, rank 1 skips that line and goes on to the gradient all-reduce.
+    te::DeviceMesh mesh({2}, {"data"});
+    te::MeshScope on_mesh(mesh);
+    te::MeshResourceScope roles(te::parse_mesh_resource("dp=data"));
+    te::nn::manual_seed(3);
+    te::nn::TransformerLayer layer(te::nn::TransformerLayerOptions(16, 32, 4));
+    te::DTensor y = layer(te::DTensor::distribute(x_global, mesh, {te::Shard{0}}));
+    if (rank == 0) y = te::with_sharding_constraint(y, {std::nullopt, "seqlen", "hidden"});
+    te::GradientBuckets buckets;
+    y.to_local().pow(2).mean().backward();
+    buckets.finish();
+    std::cout << "rank " << rank << " finished the step" << std::endl;
+    return 0;
+  }
+  TE_CHECK(kind == "forward" || kind == "backward", "unknown fault ", kind);
+  // Two TransformerLayers, tensor parallel over both ranks: every layer all-reduces forward and
+  // backward, so the survivor is inside a collective when its peer dies.
+  te::DeviceMesh mesh({2}, {"model"});
+  te::MeshScope on_mesh(mesh);
+  te::MeshResourceScope roles(te::parse_mesh_resource("tp=model"));
+  te::nn::manual_seed(4);
+  te::nn::TransformerLayer first(te::nn::TransformerLayerOptions(16, 32, 4));
+  te::nn::TransformerLayer second(te::nn::TransformerLayerOptions(16, 32, 4));
+  const te::DTensor x = te::DTensor::distribute(x_global, mesh, {te::Replicate{}});
+  const te::DTensor h = first(x);
+  std::cout << "rank " << rank << " ran the first layer" << std::endl;
+  if (kind == "forward" && rank == 1) std::raise(SIGKILL);
+  if (kind == "backward" && rank == 1) {
+    // Fires once the second layer's backward has run: the first layer's is next.
+    h.to_local().register_hook([](const at::Tensor& g) {
+      std::cout << "rank 1 dies in backward" << std::endl;
+      std::raise(SIGKILL);
+      return g;
+    });
+  }
+  const te::DTensor y = second(h);
+  std::cout << "rank " << rank << " ran the second layer" << std::endl;
+  y.to_local().pow(2).mean().backward();
+  std::cout << "rank " << rank << " finished the step" << std::endl;
+  return 0;
+}
+
 int nccl_id() {
   if (te::comm::nccl_built()) {
     const int rank = te::world_rank();
@@ -373,6 +448,8 @@ int main(int argc, char** argv) {
     if (mode == "ckpt_kill" && argc > 2) return checkpoint_kill(argv[2]);
     if (mode == "ckpt_sum" && argc > 2) return checkpoint_sum(argv[2]);
     if (mode == "ckpt_save4" && argc > 2) return checkpoint_save4(argv[2]);
+    if (mode == "ckpt_write" && argc > 3) return checkpoint_write(argv[2], std::atoi(argv[3]));
+    if (mode == "fault" && argc > 2) return fault(argv[2]);
     std::cerr << "unknown mode " << mode << "\n";
     return 2;
   } catch (const te::Error& e) {

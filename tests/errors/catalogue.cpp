@@ -6,6 +6,9 @@
 //   te_error_catalogue --write docs/errors.md   regenerate it
 #include <ATen/ATen.h>
 
+#include <sys/resource.h>
+
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -13,6 +16,8 @@
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "data.h"
 #include "service.h"
@@ -58,6 +63,8 @@ std::vector<Case> cases() {
   // Fixed paths (not TMPDIR's), so the messages are the same on every machine.
   const std::string no_dir = "/nonexistent/te-checkpoint";
   const std::string empty_dir = "/tmp/te-error-catalogue-empty";
+  const std::string damaged_dir = "/tmp/te-error-catalogue-damaged";
+  const std::string full_dir = "/tmp/te-error-catalogue-full";
   return {
       // ---- rules and MeshResource ----
       {"rules", "a logical axis named on two dims", "logical axis 'a' occurs more than once",
@@ -109,6 +116,10 @@ std::vector<Case> cases() {
        }},
       {"mesh", "asking a mesh for an axis it lacks", "mesh axis 'model' is not in",
        [] { DeviceMesh({1}, {"data"}).axis_index("model"); }},
+      {"mesh", "ranks that build different meshes",
+       "DeviceMesh #0 differs between ranks: rank(s) 0 built DeviceMesh(data=2); rank(s) 1 "
+       "built DeviceMesh(model=2)",
+       on_ranks(2, [](int rank) { DeviceMesh({2}, {rank == 0 ? "data" : "model"}); })},
       {"world", "init_distributed without the launcher's environment",
        "RANK and WORLD_SIZE (or OMPI_COMM_WORLD_RANK/SIZE) are not set",
        [] { init_distributed(); }},
@@ -222,6 +233,40 @@ std::vector<Case> cases() {
        [no_dir] {
          Dense dense(DenseOptions(4, 3));
          load_checkpoint(*dense, no_dir);
+       }},
+      {"checkpoints", "an index whose piece lies outside its tensor",
+       "is damaged at te.tensors.'kernel'.pieces[0]: it reaches element 5 of dim 0, which has 4",
+       [damaged_dir] {
+         Dense dense(DenseOptions(4, 3));
+         save_checkpoint(*dense, damaged_dir);
+         const std::string path = damaged_dir + "/model.safetensors.index.json";
+         nlohmann::json index = nlohmann::json::parse(std::ifstream(path));
+         index["te"]["tensors"]["kernel"]["pieces"][0]["offsets"][0] = 1;
+         std::ofstream(path) << index.dump(1);
+         load_checkpoint(*dense, damaged_dir);
+       }},
+      {"checkpoints", "a save onto a full disk (here: a 4 KiB file-size limit)",
+       "writing '/tmp/te-error-catalogue-full.saving/model.safetensors' failed: File too large",
+       [full_dir] {
+         // write() fails with EFBIG instead of raising SIGXFSZ; both are put back after.
+         struct rlimit before {};
+         ::getrlimit(RLIMIT_FSIZE, &before);
+         struct rlimit small = before;
+         small.rlim_cur = 4096;
+         auto* previous = std::signal(SIGXFSZ, SIG_IGN);
+         ::setrlimit(RLIMIT_FSIZE, &small);
+         auto restore = [&] {
+           ::setrlimit(RLIMIT_FSIZE, &before);
+           std::signal(SIGXFSZ, previous);
+         };
+         try {
+           Dense dense(DenseOptions(64, 64));
+           save_checkpoint(*dense, full_dir);
+         } catch (...) {
+           restore();
+           throw;
+         }
+         restore();
        }},
       // ---- te-encoder, te-serve ----
       {"te-encoder", "a data directory without CoLA files", "holds neither in_domain_train.tsv",

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <mutex>
 
@@ -320,6 +321,66 @@ TEST(Checkpoint, BadFilesAndMismatchesAreNamed) {
   bf16->to(at::kBFloat16);
   EXPECT_ERROR(load_checkpoint(*bf16, dir / "ckpt"), "is F32 in the checkpoint");
   EXPECT_ERROR(save_checkpoint(*layer, dir / "ckpt", "{not json"), "extra is not JSON");
+}
+
+// The index is checked field by field before a byte of data is read: each damage is named by
+// its field, never a crash or a read outside the files (fuzz/fuzz_checkpoint.cpp goes further).
+TEST(Checkpoint, ADamagedIndexIsNamedByItsField) {
+  TempDir dir;
+  manual_seed(1);
+  TransformerLayer layer(layer_options());
+  save_checkpoint(*layer, dir / "ckpt");
+  const fs::path index_path = dir / "ckpt/model.safetensors.index.json";
+  const json good = json::parse(read_file(index_path));
+  TransformerLayer target(layer_options());
+  auto damaged = [&](const std::function<void(json&)>& edit) {
+    json index = good;
+    edit(index);
+    std::ofstream(index_path) << index.dump(1);
+  };
+  auto piece = [](json& index) -> json& {
+    return index["te"]["tensors"]["mlp.wi_kernel"]["pieces"][0];
+  };
+  damaged([&](json& i) { piece(i)["offsets"][0] = 3; });
+  EXPECT_ERROR(load_checkpoint(*target, dir / "ckpt"),
+               "is damaged at te.tensors.'mlp.wi_kernel'.pieces[0]: it reaches element 19 of "
+               "dim 0, which has 16");
+  damaged([&](json& i) { piece(i)["offsets"] = {0, 0}; });
+  EXPECT_ERROR(load_checkpoint(*target, dir / "ckpt"),
+               "te.tensors.'mlp.wi_kernel'.pieces[0].offsets: expected 3 entries");
+  damaged([&](json& i) { piece(i)["shape"][2] = "32"; });
+  EXPECT_ERROR(load_checkpoint(*target, dir / "ckpt"),
+               "te.tensors.'mlp.wi_kernel'.pieces[0].shape[2]: expected an integer, got \"32\"");
+  damaged([&](json& i) { piece(i)["file"] = "../model.safetensors"; });
+  EXPECT_ERROR(load_checkpoint(*target, dir / "ckpt"),
+               "'../model.safetensors' is not a file name inside the checkpoint");
+  damaged([&](json& i) { piece(i)["crc32_blocks"] = json::array(); });
+  EXPECT_ERROR(load_checkpoint(*target, dir / "ckpt"), "crc32_blocks: expected 1 checksums");
+  damaged([&](json& i) { piece(i).erase("file"); });
+  EXPECT_ERROR(load_checkpoint(*target, dir / "ckpt"), "pieces[0]: 'file' is missing");
+  damaged([&](json& i) {  // the same piece twice: overlapping, and too many elements
+    auto& pieces = i["te"]["tensors"]["mlp.wi_kernel"]["pieces"];
+    pieces.push_back(pieces[0]);
+  });
+  EXPECT_ERROR(load_checkpoint(*target, dir / "ckpt"), "pieces 0 and 1 overlap");
+  damaged([&](json& i) { i["te"]["tensors"]["mlp.wi_kernel"]["pieces"] = json::array(); });
+  EXPECT_ERROR(load_checkpoint(*target, dir / "ckpt"), "they hold 0 of the tensor's 512 elements");
+  damaged([&](json& i) { i["te"]["tensors"]["mlp.wi_kernel"]["dtype"] = "F31"; });
+  EXPECT_ERROR(load_checkpoint(*target, dir / "ckpt"), "'F31' is not a safetensors dtype");
+  damaged([&](json& i) { i["te"]["rng"]["seed"] = -1; });
+  EXPECT_ERROR(load_checkpoint(*target, dir / "ckpt"), "te.rng.seed: expected an unsigned");
+  damaged([](json&) {});
+  EXPECT_NO_THROW(load_checkpoint(*target, dir / "ckpt"));
+  // The safetensors header: offsets past the data.
+  const fs::path file = dir / "ckpt/model.safetensors";
+  const std::string bytes = read_file(file);
+  const std::string text = bytes.substr(8, bytes.find('}', 8));
+  std::string bad = bytes;
+  const auto at = bad.find("\"data_offsets\":[0,");
+  ASSERT_NE(at, std::string::npos) << text;
+  bad[at + 16] = '9';  // [0,N] -> [9,N]: the size no longer matches
+  std::ofstream(file, std::ios::binary) << bad;
+  EXPECT_ERROR(load_checkpoint(*target, dir / "ckpt"), "has data offsets [9,");
 }
 
 TEST(Checkpoint, ASaveReplacesThePreviousOneAtomically) {

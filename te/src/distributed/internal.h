@@ -61,6 +61,15 @@ class World {
                                    const CollectiveAlgorithms& algorithms, int cuda_device) const;
   /// Collective: every rank calls it in the same order and gets the same id.
   int64_t next_mesh_id() { return next_mesh_id_++; }
+  /// Collective over the world: publishes this rank's `mine` under `topic` and returns every
+  /// rank's, in rank order. A rank that does not arrive within the timeout, or that has left
+  /// (an error recorded, a stalled heartbeat) before, is named in a te::Error that says it did
+  /// not reach `what`.
+  std::vector<std::string> exchange(const std::string& topic, const std::string& mine,
+                                    const std::string& what) const;
+  /// After an exchange that every rank will fail on: waits (5 s at most) until every rank has
+  /// read it, so rank 0, which hosts the store, does not leave before its peers have seen why.
+  void linger(const std::string& topic) const;
 
  private:
   c10::intrusive_ptr<c10d::Store> store_;
@@ -70,6 +79,8 @@ class World {
   DistributedOptions options_;
   std::string gloo_host_;
   int64_t next_mesh_id_ = 0;
+  std::vector<std::string> exchange_or_throw(const std::string& topic, const std::string& mine,
+                                             const std::string& what) const;
   struct Heartbeat;
   std::unique_ptr<Heartbeat> heartbeat_;
 };

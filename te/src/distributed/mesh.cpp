@@ -53,6 +53,39 @@ DeviceMesh::DeviceMesh(std::vector<int64_t> shape, std::vector<std::string> axis
   auto state = std::make_shared<detail::MeshState>();
   state->world = detail::current_world();
   const int64_t world = state->world ? state->world->size() : 1;
+  // Every rank must build the same meshes in the same order; one that does not would wait on
+  // rows nobody else joins. The descriptions are compared first, so every rank names the
+  // difference at once.
+  const int64_t mesh_id = state->world ? state->world->next_mesh_id() : 0;
+  if (world > 1) {
+    std::string mine = "(";
+    for (std::size_t i = 0; i < shape.size(); ++i) {
+      mine += (i ? ", " : "") + axis_names[i] + "=" + std::to_string(shape[i]);
+    }
+    mine += ")";
+    const std::string topic = "mesh_desc/" + std::to_string(mesh_id);
+    const std::vector<std::string> all = state->world->exchange(
+        topic, mine,
+        "DeviceMesh #" + std::to_string(mesh_id) + " (this rank built DeviceMesh" + mine + ")");
+    std::vector<std::pair<std::string, std::string>> kinds;  // (description, its ranks)
+    for (std::size_t r = 0; r < all.size(); ++r) {
+      auto it = std::find_if(kinds.begin(), kinds.end(),
+                             [&](const auto& k) { return k.first == all[r]; });
+      if (it == kinds.end()) it = kinds.insert(kinds.end(), {all[r], std::string()});
+      it->second += (it->second.empty() ? "" : ", ") + std::to_string(r);
+    }
+    if (kinds.size() > 1) {
+      state->world->linger(topic);
+      std::string differ;
+      for (const auto& [description, ranks] : kinds) {
+        differ += (differ.empty() ? "" : "; ") + std::string("rank(s) ") + ranks +
+                  " built DeviceMesh" + description;
+      }
+      TE_FAIL("DeviceMesh #", mesh_id, " differs between ranks: ", differ,
+              "; every rank must construct the same meshes (shape and axis names) in the same "
+              "order");
+    }
+  }
   const int64_t product =
       std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<int64_t>());
   TE_CHECK(product == world, "DeviceMesh: the mesh (", list_axes(axis_names), ") has ", product,
@@ -69,7 +102,6 @@ DeviceMesh::DeviceMesh(std::vector<int64_t> shape, std::vector<std::string> axis
   }
   // One process group per row of each axis. Every rank walks the dims in the same order and
   // bumps the same counter, so the rendezvous keys agree; only a row's members connect.
-  const int64_t mesh_id = state->world ? state->world->next_mesh_id() : 0;
   state->id = mesh_id;
   state->groups.resize(state->shape.size());
   for (std::size_t d = 0; d < state->shape.size(); ++d) {
@@ -182,9 +214,7 @@ DistributedContext capture_distributed_context() {
 }
 
 DistributedContextScope::DistributedContextScope(const DistributedContext& context)
-    : sharding_(context.sharding),
-      previous_world_(
-          detail::set_thread_world(context.world)) {
+    : sharding_(context.sharding), previous_world_(detail::set_thread_world(context.world)) {
   if (context.mesh) {
     mesh_.emplace(*context.mesh);
   } else {

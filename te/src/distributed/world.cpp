@@ -11,6 +11,7 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <exception>
+#include <map>
 #include <mutex>
 #include <thread>
 #include <tuple>
@@ -212,7 +213,83 @@ std::string World::describe_missing(const std::vector<int64_t>& ranks) const {
     }
   } catch (const std::exception&) {
     out += (out.empty() ? "" : "; ") +
-           std::string("the store is unreachable, so rank 0 (which hosts it) is gone");
+           std::string("rank 0 is gone (the store it hosts is unreachable)");
+  }
+  return out;
+}
+
+std::vector<std::string> World::exchange(const std::string& topic, const std::string& mine,
+                                         const std::string& what) const {
+  try {
+    return exchange_or_throw(topic, mine, what);
+  } catch (const te::Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    TE_FAIL("rank ", rank_, ": ", what,
+            " failed: rank 0 is gone (the store it hosts is "
+            "unreachable: ",
+            e.what(), ")");
+  }
+}
+
+void World::linger(const std::string& topic) const {
+  try {
+    store_->set(topic + "/seen/" + std::to_string(rank_), std::vector<uint8_t>{1});
+    std::vector<std::string> keys;
+    for (int r = 0; r < size_; ++r) keys.push_back(topic + "/seen/" + std::to_string(r));
+    store_->wait(keys,
+                 std::min<std::chrono::milliseconds>(options_.timeout, std::chrono::seconds(5)));
+  } catch (const std::exception&) {
+  }
+}
+
+std::vector<std::string> World::exchange_or_throw(const std::string& topic, const std::string& mine,
+                                                  const std::string& what) const {
+  store_->set(topic + "/" + std::to_string(rank_), std::vector<uint8_t>(mine.begin(), mine.end()));
+  std::vector<std::string> keys;
+  for (int r = 0; r < size_; ++r) keys.push_back(topic + "/" + std::to_string(r));
+  // Waits in slices, so a peer that has already failed is named now rather than at the timeout.
+  const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
+  // Of each absent rank: its last heartbeat count seen, and for how many slices it stood still.
+  // Two still slices (4 s, 16 periods) mean a dead process, not a slow one.
+  std::map<int64_t, std::pair<int64_t, int>> beats;
+  while (true) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    try {
+      store_->wait(keys, std::max(std::chrono::milliseconds(1),
+                                  std::min<std::chrono::milliseconds>(left, kHeartbeatPeriod * 8)));
+      break;
+    } catch (const std::exception&) {
+    }
+    std::vector<int64_t> absent;
+    bool gone = false;
+    for (int r = 0; r < size_; ++r) {
+      if (store_->check({keys[static_cast<std::size_t>(r)]})) continue;
+      absent.push_back(r);
+      gone = gone || store_->check({key("left/", r)});
+      if (heartbeat_) {
+        const int64_t beat = store_->add(key("hb/", r), 0);
+        const auto [seen, first_look] = beats.try_emplace(r, beat, 0);
+        auto& [last, still] = seen->second;
+        still = !first_look && last == beat ? still + 1 : 0;
+        last = beat;
+        gone = gone || still >= 2;
+      }
+    }
+    if (gone || std::chrono::steady_clock::now() >= deadline) {
+      const std::string why = describe_missing(absent);
+      TE_FAIL("rank ", rank_, ": rank(s) ", join(absent), " of ", size_, " did not reach ", what,
+              gone ? std::string()
+                   : " within " + std::to_string(options_.timeout.count() / 1000) + " s",
+              why.empty() ? std::string() : " (" + why + ")",
+              "; every rank must run the same collective steps in the same order");
+    }
+  }
+  std::vector<std::string> out;
+  for (const std::string& k : keys) {
+    const auto bytes = store_->get(k);
+    out.emplace_back(bytes.begin(), bytes.end());
   }
   return out;
 }
