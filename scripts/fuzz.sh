@@ -19,7 +19,8 @@ flags=(-std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recov
 # fuzz_sharding: the rule and MeshResource parsers and resolution (te_core + te_sharding).
 # fuzz_cola: te-encoder's CoLA TSV reader, tokenizer and vocabulary (examples/encoder/text.cpp).
 # fuzz_request: te-serve's request decoder (examples/serving/request.cpp, nlohmann-json).
-# fuzz_checkpoint: the checkpoint index and safetensors header reader (modules/src/checkpoint_format).
+# fuzz_checkpoint: the checkpoint index and safetensors header reader
+#   (modules/src/checkpoint_format.cpp, no LibTorch).
 declare -A sources=(
   [fuzz_sharding]="fuzz/fuzz_sharding.cpp te/src/core/error.cpp te/src/sharding/axis_rules.cpp
                    te/src/sharding/context.cpp"
@@ -35,7 +36,8 @@ for target in "${targets[@]}"; do
   read -r -a src <<<"$(echo ${sources[$target]})"
   if [ ! -x "$out/$target" ] || [ -n "$(find "${src[@]}" "${headers[@]}" -newer "$out/$target" \
        2>/dev/null | head -1)" ]; then
-    clang++ "${flags[@]}" -Iexamples/encoder -Iexamples/serving -Imodules/src "${src[@]}" -o "$out/$target"
+    clang++ "${flags[@]}" -Iexamples/encoder -Iexamples/serving -Imodules/src "${src[@]}" \
+      -o "$out/$target"
   fi
 done
 

@@ -177,6 +177,7 @@ int serve_http(const serve::Classifier& classifier, const Args& args) {
       std::cout << "te-serve: " << (sig == SIGINT ? "SIGINT" : "SIGTERM")
                 << ": draining in-flight requests" << std::endl;
     }
+    batcher.drain();  // gathering batches run now; server.stop() waits for their answers
     server.stop();
   });
 

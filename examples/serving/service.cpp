@@ -218,7 +218,8 @@ std::string Metrics::render() const {
          "# TYPE te_serve_model_seconds_total counter\n"
          "te_serve_model_seconds_total "
       << number(model_seconds_) << "\n";
-  out << "# HELP te_serve_queue_depth Requests waiting for a worker.\n"
+  out << "# HELP te_serve_queue_depth Requests waiting for a model call (queued, or in a batch "
+         "still gathering).\n"
          "# TYPE te_serve_queue_depth gauge\n"
          "te_serve_queue_depth "
       << queue_depth_ << "\n";
@@ -254,10 +255,18 @@ std::future<Classification> Batcher::submit(std::vector<std::string> sentences) 
                                " requests waiting); retry shortly");
     }
     queue_.push_back(std::move(p));
-    metrics_.set_queue_depth(static_cast<int64_t>(queue_.size()));
+    metrics_.set_queue_depth(++waiting_);
   }
   ready_.notify_one();
   return answer;
+}
+
+void Batcher::drain() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    draining_ = true;
+  }
+  ready_.notify_all();
 }
 
 void Batcher::stop() {
@@ -298,12 +307,14 @@ void Batcher::work(int /*index*/) {
         }
         const bool full =
             sentences >= options_.max_batch || (!queue_.empty());  // the next request does not fit
-        if (full || stopping_ ||
-            !ready_.wait_until(lock, deadline, [this] { return stopping_ || !queue_.empty(); })) {
+        if (full || stopping_ || draining_ || !ready_.wait_until(lock, deadline, [this] {
+              return stopping_ || draining_ || !queue_.empty();
+            })) {
           break;
         }
       }
-      metrics_.set_queue_depth(static_cast<int64_t>(queue_.size()));
+      waiting_ -= static_cast<int64_t>(batch.size());
+      metrics_.set_queue_depth(waiting_);
       more = !queue_.empty();
     }
     if (more) ready_.notify_one();  // another worker can start the next batch

@@ -117,6 +117,9 @@ class Batcher {
   /// Queues `sentences`; the future holds the answer or the error. HttpError 503 when the queue
   /// is full or the batcher is stopping.
   std::future<Classification> submit(std::vector<std::string> sentences);
+  /// Batches stop waiting for company: what is queued or gathering runs now (a server that is
+  /// draining on SIGTERM should not wait out max_wait_ms). Requests are still taken.
+  void drain();
   /// Refuses new requests, answers every queued one, joins the workers.
   void stop();
 
@@ -134,6 +137,8 @@ class Batcher {
   std::condition_variable ready_;
   std::deque<Pending> queue_;
   bool stopping_ = false;
+  bool draining_ = false;
+  int64_t waiting_ = 0;  // requests not yet in a model call: queued, or in a gathering batch
   std::vector<std::thread> workers_;
 };
 

@@ -199,7 +199,8 @@ TEST(Processes, RanksThatBuildDifferentMeshesAreNamedAtOnce) {
 
 // A rank that skips a constraint (rank 0 gathers the output for its loss, rank 1 does not and
 // goes on to the gradient all-reduce): under TE_CHECK_COLLECTIVES=1 both ranks stop naming both
-// calls. (Without the check Gloo aborts rank 0 on the mismatched sizes, from its own thread.)
+// calls. (Without the check, what happens depends on the sizes; here Gloo aborts rank 0 from
+// its own I/O thread on the mismatched byte counts, and rank 1 names rank 0 as gone.)
 TEST(Processes, ARankThatSkipsAConstraintIsCaughtByTheCollectiveCheck) {
   const Result r = run("TE_CHECK_COLLECTIVES=1 TE_DIST_TIMEOUT_S=20 " + kRun +
                        " --nproc 2 --grace 15 -- " + kWorker + " fault skip");

@@ -9,6 +9,7 @@
 #include <unistd.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -204,19 +205,34 @@ TEST_F(Serve, AnswersGoodRequestsAndRefusesBadOnesWithTheirStatus) {
   EXPECT_EQ(health->status, 200);
   EXPECT_EQ(json::parse(health->body)["status"], "ok");
 
-  auto metrics = c.Get("/metrics");
-  ASSERT_TRUE(metrics);
-  EXPECT_EQ(metrics->status, 200);
-  for (const char* line :
-       {"te_serve_requests_total{path=\"/v1/classify\",status=\"200\"} 3",
-        "te_serve_requests_total{path=\"/v1/classify\",status=\"400\"} 9",
-        "te_serve_requests_total{path=\"/v1/classify\",status=\"413\"} 2",
-        "te_serve_requests_total{path=\"/v2/classify\",status=\"404\"} 1",
-        "# TYPE te_serve_request_duration_seconds histogram", "te_serve_batch_size_count 10",
-        "te_serve_batch_size_bucket{le=\"4\"} 10", "te_serve_queue_depth 0",
-        "te_serve_model_seconds_total ", "te_serve_resident_bytes ", "te_serve_weight_bytes "}) {
-    EXPECT_NE(metrics->body.find(line), std::string::npos) << "missing: " << line << "\n"
-                                                           << metrics->body;
+  // A request is counted once its response is written (httplib's logger), which may be just
+  // after the client has read it: look again for a moment before calling a count wrong.
+  const std::vector<std::string> lines = {
+      "te_serve_requests_total{path=\"/v1/classify\",status=\"200\"} 3",
+      "te_serve_requests_total{path=\"/v1/classify\",status=\"400\"} 9",
+      "te_serve_requests_total{path=\"/v1/classify\",status=\"413\"} 2",
+      "te_serve_requests_total{path=\"/v2/classify\",status=\"404\"} 1",
+      "# TYPE te_serve_request_duration_seconds histogram",
+      "te_serve_batch_size_count 10",
+      "te_serve_batch_size_bucket{le=\"4\"} 10",
+      "te_serve_queue_depth 0",
+      "te_serve_model_seconds_total ",
+      "te_serve_resident_bytes ",
+      "te_serve_weight_bytes "};
+  std::string body;
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    auto metrics = c.Get("/metrics");
+    ASSERT_TRUE(metrics);
+    EXPECT_EQ(metrics->status, 200);
+    body = metrics->body;
+    if (std::all_of(lines.begin(), lines.end(),
+                    [&](const std::string& l) { return body.find(l) != std::string::npos; })) {
+      break;
+    }
+  }
+  for (const std::string& line : lines) {
+    EXPECT_NE(body.find(line), std::string::npos) << "missing: " << line << "\n" << body;
   }
   EXPECT_EQ(server.stop(SIGTERM), 0) << server.log();
 }
@@ -313,8 +329,10 @@ TEST_F(Serve, AFullQueueAnswers503WithRetryAfter) {
 }
 
 TEST_F(Serve, SigtermAnswersInFlightRequestsThenExitsZero) {
-  // A batch waits 400 ms for company, so every request below is in flight at the signal.
-  Server server({"--load", checkpoint_, "--max-batch", "64", "--max-wait-ms", "400"});
+  // A batch waits up to 10 s for company, and the signal comes once all 8 requests wait in it
+  // (the queue-depth gauge says so), so every request is in flight at the signal however slow
+  // the machine (a fixed 150 ms pause was not enough under TSan).
+  Server server({"--load", checkpoint_, "--max-batch", "64", "--max-wait-ms", "10000"});
   ASSERT_GT(server.port(), 0) << server.log();
   std::atomic<int> ok{0};
   std::vector<std::thread> threads;
@@ -326,10 +344,21 @@ TEST_F(Serve, SigtermAnswersInFlightRequestsThenExitsZero) {
       if (r && r->status == 200) ++ok;
     });
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(9);
+  std::string metrics;
+  while (metrics.find("te_serve_queue_depth 8\n") == std::string::npos &&
+         std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    auto m = server.client().Get("/metrics");
+    metrics = m ? m->body : std::string();
+  }
+  EXPECT_NE(metrics.find("te_serve_queue_depth 8\n"), std::string::npos) << metrics;
+  const auto signalled = std::chrono::steady_clock::now();
   EXPECT_EQ(server.stop(SIGTERM), 0) << server.log();
   for (auto& t : threads) t.join();
   EXPECT_EQ(ok.load(), 8);
+  // The signal closes the gathering batch: nobody waits out the 10 s.
+  EXPECT_LT(std::chrono::steady_clock::now() - signalled, std::chrono::seconds(8));
   EXPECT_NE(server.log().find("draining in-flight requests"), std::string::npos) << server.log();
   // Nothing listens any more.
   httplib::Client after("127.0.0.1", server.port());
