@@ -1,7 +1,6 @@
 #include "checkpoint_format.h"
 
 #include <algorithm>
-#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "te/error.h"
@@ -16,9 +15,16 @@ using nlohmann::json;
 constexpr int64_t kMaxDim = int64_t{1} << 48;
 constexpr int64_t kMaxBytes = int64_t{1} << 62;
 
+// A value as it appears in a message: its JSON, cut at 80 characters.
+std::string brief(const json& v) {
+  std::string text = v.dump(-1, ' ', false, json::error_handler_t::replace);
+  if (text.size() > 80) text = text.substr(0, 77) + "...";
+  return text;
+}
+
 // Reads one document's fields, naming the document and the field in every complaint.
 struct Fields {
-  std::string document;  // "the index '/x/model.safetensors.index.json'"
+  std::string document;  // "'/x/model.safetensors.index.json'", "the header of '/x/a.safetensors'"
   std::string what;      // "load_checkpoint: " or "checkpoint: "
 
   [[noreturn]] void fail(const std::string& field, const std::string& why) const {
@@ -31,23 +37,23 @@ struct Fields {
     return *it;
   }
   int64_t integer(const json& v, const std::string& field, int64_t lo, int64_t hi) const {
-    if (!v.is_number_integer()) fail(field, "expected an integer, got " + v.dump());
+    if (!v.is_number_integer()) fail(field, "expected an integer, got " + brief(v));
     if (v.is_number_unsigned() ? v.get<uint64_t>() > static_cast<uint64_t>(hi)
                                : v.get<int64_t>() < lo || v.get<int64_t>() > hi) {
       fail(field,
-           v.dump() + " is outside [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+           brief(v) + " is outside [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
     }
     return v.get<int64_t>();
   }
   std::string string(const json& v, const std::string& field) const {
-    if (!v.is_string()) fail(field, "expected a string, got " + v.dump());
+    if (!v.is_string()) fail(field, "expected a string, got " + brief(v));
     return v.get<std::string>();
   }
   // An array of `count` (any count when negative) integers in [0, kMaxDim].
   std::vector<int64_t> dims(const json& v, const std::string& field, int64_t count) const {
-    if (!v.is_array()) fail(field, "expected an array of integers, got " + v.dump());
+    if (!v.is_array()) fail(field, "expected an array of integers, got " + brief(v));
     if (count >= 0 && static_cast<int64_t>(v.size()) != count) {
-      fail(field, "expected " + std::to_string(count) + " entries, got " + v.dump());
+      fail(field, "expected " + std::to_string(count) + " entries, got " + brief(v));
     }
     std::vector<int64_t> out;
     for (std::size_t i = 0; i < v.size(); ++i) {
@@ -81,7 +87,7 @@ std::string quoted(const std::string& name) { return "'" + name + "'"; }
 
 Piece parse_piece(const json& v, const std::string& field, const std::string& dtype, int64_t rank,
                   const Fields& f) {
-  if (!v.is_object()) f.fail(field, "expected an object, got " + v.dump());
+  if (!v.is_object()) f.fail(field, "expected an object, got " + brief(v));
   Piece p;
   p.file = f.string(f.member(v, field, "file"), field + ".file");
   if (p.file.empty() || p.file == "." || p.file == ".." ||
@@ -193,7 +199,7 @@ SafetensorsHeader parse_header(std::string_view text, int64_t file_size, const s
   for (const auto& [name, v] : header.items()) {
     if (name == "__metadata__") continue;
     const std::string field = quoted(name);
-    if (!v.is_object()) f.fail(field, "expected an object, got " + v.dump());
+    if (!v.is_object()) f.fail(field, "expected an object, got " + brief(v));
     HeaderEntry e;
     e.dtype = f.string(f.member(v, field, "dtype"), field + ".dtype");
     e.shape = f.dims(f.member(v, field, "shape"), field + ".shape", -1);
@@ -240,7 +246,7 @@ Index parse_index(std::string_view text, const std::string& path, const char* wh
   }
   for (const auto& [name, v] : te["tensors"].items()) {
     const std::string field = "te.tensors." + quoted(name);
-    if (!v.is_object()) f.fail(field, "expected an object, got " + v.dump());
+    if (!v.is_object()) f.fail(field, "expected an object, got " + brief(v));
     TensorRecord t;
     t.shape = f.dims(f.member(v, field, "shape"), field + ".shape", -1);
     t.dtype = f.string(f.member(v, field, "dtype"), field + ".dtype");
@@ -249,7 +255,7 @@ Index parse_index(std::string_view text, const std::string& path, const char* wh
       const json& axes = v["axes"];
       if (!axes.is_array() || (!axes.empty() && axes.size() != t.shape.size())) {
         f.fail(field + ".axes", "expected none or " + std::to_string(t.shape.size()) +
-                                    " entries (a name or null per dim), got " + axes.dump());
+                                    " entries (a name or null per dim), got " + brief(axes));
       }
       for (std::size_t d = 0; d < axes.size(); ++d) {
         if (axes[d].is_null()) {
@@ -274,7 +280,7 @@ Index parse_index(std::string_view text, const std::string& path, const char* wh
     for (const char* key : {"seed", "calls"}) {
       const json& n = f.member(rng, "te.rng", key);
       if (!n.is_number_unsigned() && !(n.is_number_integer() && n.get<int64_t>() >= 0)) {
-        f.fail(std::string("te.rng.") + key, "expected an unsigned integer, got " + n.dump());
+        f.fail(std::string("te.rng.") + key, "expected an unsigned integer, got " + brief(n));
       }
     }
     out.rng.emplace(rng["seed"].get<uint64_t>(), rng["calls"].get<uint64_t>());
@@ -325,7 +331,7 @@ std::map<std::string, RankPiece> parse_pieces(std::string_view text, const std::
   if (!all.is_object()) f.fail("the top level", "expected an object");
   std::map<std::string, RankPiece> out;
   for (const auto& [name, v] : all.items()) {
-    if (!v.is_object()) f.fail(quoted(name), "expected an object, got " + v.dump());
+    if (!v.is_object()) f.fail(quoted(name), "expected an object, got " + brief(v));
     RankPiece p;
     p.dtype = f.string(f.member(v, quoted(name), "dtype"), quoted(name) + ".dtype");
     p.piece = parse_piece(v, quoted(name), p.dtype, -1, f);

@@ -165,5 +165,27 @@ TEST(Desync, ARankThatNeverReachesAMeshIsNamedWithItsReason) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
 }
 
+// A rank that stays alive but never builds the mesh: the others give up at the timeout and say
+// so, naming it.
+TEST(Desync, ARankThatNeverBuildsTheMeshIsNamedAtTheTimeout) {
+  DistributedOptions options;
+  options.timeout = std::chrono::milliseconds(1500);
+  std::string waiting;
+  run_local_ranks(
+      2,
+      [&](int rank) {
+        if (rank == 1) return;  // busy elsewhere: no error recorded, just absent
+        try {
+          DeviceMesh mesh({2}, {"data"});
+        } catch (const te::Error& e) {
+          waiting = e.what();
+        }
+      },
+      options);
+  expect_names(waiting, {"rank 0: rank(s) 1 of 2 did not reach DeviceMesh #0 (this rank built "
+                         "DeviceMesh(data=2)) within 1.5 s",
+                         "every rank must run the same collective steps in the same order"});
+}
+
 }  // namespace
 }  // namespace te

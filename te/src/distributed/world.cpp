@@ -13,6 +13,7 @@
 #include <exception>
 #include <map>
 #include <mutex>
+#include <sstream>
 #include <thread>
 #include <tuple>
 
@@ -226,9 +227,7 @@ std::vector<std::string> World::exchange(const std::string& topic, const std::st
     throw;
   } catch (const std::exception& e) {
     TE_FAIL("rank ", rank_, ": ", what,
-            " failed: rank 0 is gone (the store it hosts is "
-            "unreachable: ",
-            e.what(), ")");
+            " failed: rank 0 is gone (the store it hosts is unreachable: ", e.what(), ")");
   }
 }
 
@@ -278,11 +277,11 @@ std::vector<std::string> World::exchange_or_throw(const std::string& topic, cons
       }
     }
     if (gone || std::chrono::steady_clock::now() >= deadline) {
+      std::ostringstream when;
+      if (!gone) when << " within " << options_.timeout.count() / 1000.0 << " s";
       const std::string why = describe_missing(absent);
       TE_FAIL("rank ", rank_, ": rank(s) ", join(absent), " of ", size_, " did not reach ", what,
-              gone ? std::string()
-                   : " within " + std::to_string(options_.timeout.count() / 1000) + " s",
-              why.empty() ? std::string() : " (" + why + ")",
+              when.str(), why.empty() ? std::string() : " (" + why + ")",
               "; every rank must run the same collective steps in the same order");
     }
   }
