@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -141,48 +142,51 @@ TEST(Desync, RanksThatBuildDifferentMeshesAreNamedAtOnce) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
 }
 
-// A rank that fails before it reaches a mesh (here its own mesh is invalid) is named by the
-// ranks waiting at that mesh as soon as it leaves, with its reason, not at the timeout.
-TEST(Desync, ARankThatNeverReachesAMeshIsNamedWithItsReason) {
+// Rank 1 runs `elsewhere` instead of building the mesh rank 0 builds. Returns rank 0's
+// te::Error, and what run_local_ranks rethrew (rank 1's own error, if any).
+struct Waited {
+  std::string rank0, rethrown;
+};
+Waited rank0_waiting_for_rank1(std::chrono::milliseconds timeout,
+                               const std::function<void()>& elsewhere) {
   DistributedOptions options;
-  options.timeout = std::chrono::seconds(60);
-  std::string waiting;
+  options.timeout = timeout;
+  Waited out;
+  try {
+    run_local_ranks(
+        2,
+        [&](int rank) {
+          if (rank == 1) return elsewhere();
+          try {
+            DeviceMesh mesh({2}, {"data"});
+          } catch (const te::Error& e) {
+            out.rank0 = e.what();
+          }
+        },
+        options);
+  } catch (const te::Error& e) {
+    out.rethrown = e.what();
+  }
+  return out;
+}
+
+// A rank that fails before it reaches a mesh is named by the ranks waiting at that mesh as soon
+// as it leaves, with its reason, not at the timeout.
+TEST(Desync, ARankThatNeverReachesAMeshIsNamedWithItsReason) {
   const auto start = std::chrono::steady_clock::now();
-  EXPECT_ERROR(run_local_ranks(
-                   2,
-                   [&](int rank) {
-                     if (rank == 1) TE_FAIL("rank 1 could not read its data");
-                     try {
-                       DeviceMesh mesh({2}, {"data"});
-                     } catch (const te::Error& e) {
-                       waiting = e.what();
-                     }
-                   },
-                   options),
-               "could not read its data");
-  expect_names(waiting, {"rank 0: rank(s) 1 of 2 did not reach DeviceMesh #0",
+  const Waited w = rank0_waiting_for_rank1(std::chrono::seconds(60),
+                                           [] { TE_FAIL("rank 1 could not read its data"); });
+  expect_names(w.rethrown, {"could not read its data"});
+  expect_names(w.rank0, {"rank 0: rank(s) 1 of 2 did not reach DeviceMesh #0",
                          "rank 1 left with an error: rank 1 could not read its data"});
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
 }
 
-// A rank that stays alive but never builds the mesh: the others give up at the timeout and say
-// so, naming it.
+// A rank that stays alive but never builds the mesh (busy elsewhere: no error recorded, just
+// absent): the others give up at the timeout and say so, naming it.
 TEST(Desync, ARankThatNeverBuildsTheMeshIsNamedAtTheTimeout) {
-  DistributedOptions options;
-  options.timeout = std::chrono::milliseconds(1500);
-  std::string waiting;
-  run_local_ranks(
-      2,
-      [&](int rank) {
-        if (rank == 1) return;  // busy elsewhere: no error recorded, just absent
-        try {
-          DeviceMesh mesh({2}, {"data"});
-        } catch (const te::Error& e) {
-          waiting = e.what();
-        }
-      },
-      options);
-  expect_names(waiting, {"rank 0: rank(s) 1 of 2 did not reach DeviceMesh #0 (this rank built "
+  const Waited w = rank0_waiting_for_rank1(std::chrono::milliseconds(1500), [] {});
+  expect_names(w.rank0, {"rank 0: rank(s) 1 of 2 did not reach DeviceMesh #0 (this rank built "
                          "DeviceMesh(data=2)) within 1.5 s",
                          "every rank must run the same collective steps in the same order"});
 }

@@ -8,10 +8,13 @@
 #include <array>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <string>
 
+#include "../temp_dir.h"
+
 namespace {
+
+using te::test::TempDir;
 
 struct Result {
   int status = -1;
@@ -34,6 +37,25 @@ Result run(const std::string& command) {
 
 const std::string kRun = TE_RUN_PATH;
 const std::string kWorker = TE_WORKER_PATH;
+
+// What follows `head` on the output line that has it; empty when no line has it.
+std::string rest_of_line(const std::string& output, const std::string& head) {
+  const auto at = output.find(head);
+  if (at == std::string::npos) return std::string();
+  const auto from = at + head.size();
+  return output.substr(from, output.find('\n', from) - from);
+}
+
+// Loads the checkpoint at `dir` into the worker's layer (ckpt_sum), started as
+// `env te-run options`, and expects the fingerprint `sum` of its weights.
+void expect_loads_with_sum(const std::string& dir, const std::string& sum,
+                           const std::string& env = "", const std::string& options = "--nproc 1") {
+  const Result load = run(env + kRun + " " + options + " -- " + kWorker + " ckpt_sum " + dir);
+  ASSERT_EQ(load.status, 0) << load.output;
+  EXPECT_NE(load.output.find("loaded checkpoint sum " + sum), std::string::npos)
+      << env << options << ": saved " << sum << "\n"
+      << load.output;
+}
 
 TEST(Processes, TwoAndFourRanksAgreeWithOneProcessMath) {
   for (int n : {2, 4}) {
@@ -80,9 +102,8 @@ TEST(Processes, Fp8DataParallelStepsAgreeWithOneProcessAndAcrossRanks) {
   for (int k = 0; k < 2; ++k) {
     const std::string head =
         "[rank " + std::to_string(k) + "] rank " + std::to_string(k) + " fp8 ok scales";
-    const auto at = r.output.find(head);
-    ASSERT_NE(at, std::string::npos) << r.output;
-    scales[k] = r.output.substr(at + head.size(), r.output.find('\n', at) - at - head.size());
+    ASSERT_NE(r.output.find(head), std::string::npos) << r.output;
+    scales[k] = rest_of_line(r.output, head);
   }
   EXPECT_EQ(scales[0], scales[1]);
   EXPECT_NE(scales[0].find("wi_fp8_fwd_scale="), std::string::npos) << scales[0];
@@ -108,51 +129,31 @@ TEST(Processes, AKilledRankIsNamedByTheSurvivorsWithinTheTimeout) {
 // A rank killed in the middle of a save: the survivors fail with the missing rank named, and the
 // previous checkpoint is still there, whole, and loads with the weights it was saved with.
 TEST(Processes, ARankKilledDuringASaveLeavesThePreviousCheckpoint) {
-  char tmpl[] = "/tmp/te_ckpt_kill_XXXXXX";
-  const std::string root = ::mkdtemp(tmpl);
-  const std::string dir = root + "/ckpt";
+  const TempDir root("te_ckpt_kill");
+  const std::string dir = root / "ckpt";
   const Result r = run("TE_DIST_TIMEOUT_S=10 " + kRun + " --nproc 2 --grace 15 -- " + kWorker +
                        " ckpt_kill " + dir);
   EXPECT_NE(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("te-run: rank 1 was killed by signal 9"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("[rank 0] rank 0 error: "), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("second save returned"), std::string::npos) << r.output;
-  const std::string head = "[rank 0] first checkpoint sum ";
-  const auto at = r.output.find(head);
-  ASSERT_NE(at, std::string::npos) << r.output;
-  const std::string first =
-      r.output.substr(at + head.size(), r.output.find('\n', at) - at - head.size());
-  const Result load = run(kRun + " --nproc 1 -- " + kWorker + " ckpt_sum " + dir);
-  ASSERT_EQ(load.status, 0) << load.output;
-  EXPECT_NE(load.output.find("loaded checkpoint sum " + first), std::string::npos)
-      << "first save's sum " << first << "\n"
-      << load.output;
-  std::system(("rm -rf " + root).c_str());
+  const std::string first = rest_of_line(r.output, "[rank 0] first checkpoint sum ");
+  ASSERT_FALSE(first.empty()) << r.output;
+  expect_loads_with_sum(dir, first);
 }
 
 // Trained and saved by 4 processes on DP2xTP2; loaded by 1 process, and by 2 processes on TP2
 // and on FSDP2: every parameter and buffer bit for bit (a fingerprint of all their bytes).
 TEST(Processes, ACheckpointSavedOnDp2xTp2LoadsBitForBitOnOtherMeshes) {
-  char tmpl[] = "/tmp/te_ckpt_mesh_XXXXXX";
-  const std::string root = ::mkdtemp(tmpl);
-  const std::string dir = root + "/ckpt";
+  const TempDir root("te_ckpt_mesh");
+  const std::string dir = root / "ckpt";
   const Result save = run(kRun + " --nproc 4 -- " + kWorker + " ckpt_save4 " + dir);
   ASSERT_EQ(save.status, 0) << save.output;
-  const std::string head = "[rank 0] saved checkpoint sum ";
-  const auto at = save.output.find(head);
-  ASSERT_NE(at, std::string::npos) << save.output;
-  const std::string saved = save.output.substr(at + head.size(), 16);
-  const std::pair<std::string, std::string> loads[] = {{"", "--nproc 1"},
-                                                       {"TE_CKPT_ROLES=tp=x ", "--nproc 2"},
-                                                       {"TE_CKPT_ROLES=fsdp=x ", "--nproc 2"}};
-  for (const auto& [roles, layout] : loads) {
-    const Result load = run(roles + kRun + " " + layout + " -- " + kWorker + " ckpt_sum " + dir);
-    ASSERT_EQ(load.status, 0) << load.output;
-    EXPECT_NE(load.output.find("loaded checkpoint sum " + saved), std::string::npos)
-        << roles << layout << ": saved " << saved << "\n"
-        << load.output;
-  }
-  std::system(("rm -rf " + root).c_str());
+  const std::string saved = rest_of_line(save.output, "[rank 0] saved checkpoint sum ");
+  ASSERT_FALSE(saved.empty()) << save.output;
+  expect_loads_with_sum(dir, saved);
+  expect_loads_with_sum(dir, saved, "TE_CKPT_ROLES=tp=x ", "--nproc 2");
+  expect_loads_with_sum(dir, saved, "TE_CKPT_ROLES=fsdp=x ", "--nproc 2");
 }
 
 // Fault injection: a rank killed inside a tensor-parallel model's forward, and inside its
@@ -223,15 +224,12 @@ TEST(Processes, ARankThatSkipsAConstraintIsCaughtByTheCollectiveCheck) {
 // with EFBIG): each rank names the file it could not write, and the previous checkpoint is
 // still there, whole, with the weights it was saved with.
 TEST(Processes, AFullDiskDuringASaveLeavesThePreviousCheckpoint) {
-  char tmpl[] = "/tmp/te_ckpt_full_XXXXXX";
-  const std::string root = ::mkdtemp(tmpl);
-  const std::string dir = root + "/ckpt";
+  const TempDir root("te_ckpt_full");
+  const std::string dir = root / "ckpt";
   const Result first = run(kRun + " --nproc 2 -- " + kWorker + " ckpt_write " + dir + " 1");
   ASSERT_EQ(first.status, 0) << first.output;
-  const std::string head = "[rank 0] saved checkpoint sum ";
-  const auto at = first.output.find(head);
-  ASSERT_NE(at, std::string::npos) << first.output;
-  const std::string saved = first.output.substr(at + head.size(), 16);
+  const std::string saved = rest_of_line(first.output, "[rank 0] saved checkpoint sum ");
+  ASSERT_FALSE(saved.empty()) << first.output;
   // 64 blocks of 512 bytes: 32 KiB, less than either rank's file (about 100 and 150 KB).
   const Result full =
       run("sh -c \"trap '' XFSZ; ulimit -f 64; exec env TE_DIST_TIMEOUT_S=20 " + kRun +
@@ -246,12 +244,7 @@ TEST(Processes, AFullDiskDuringASaveLeavesThePreviousCheckpoint) {
     EXPECT_NE(full.output.find(line), std::string::npos) << full.output;
   }
   EXPECT_EQ(full.output.find("saved checkpoint sum"), std::string::npos) << full.output;
-  const Result load = run(kRun + " --nproc 1 -- " + kWorker + " ckpt_sum " + dir);
-  ASSERT_EQ(load.status, 0) << load.output;
-  EXPECT_NE(load.output.find("loaded checkpoint sum " + saved), std::string::npos)
-      << "first save's sum " << saved << "\n"
-      << load.output;
-  std::system(("rm -rf " + root).c_str());
+  expect_loads_with_sum(dir, saved);
 }
 
 TEST(Processes, LauncherStopsTheOthersAndReturnsTheFailedStatus) {

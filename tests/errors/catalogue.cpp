@@ -59,6 +59,29 @@ std::function<void()> on_ranks(int n, std::function<void(int)> fn) {
   };
 }
 
+// A full disk, in this process: files stop growing at `bytes`, and write() fails with EFBIG
+// instead of raising SIGXFSZ. The limit and the signal's disposition are put back after.
+class FileSizeLimit {
+ public:
+  explicit FileSizeLimit(rlim_t bytes) {
+    ::getrlimit(RLIMIT_FSIZE, &before_);
+    struct rlimit small = before_;
+    small.rlim_cur = bytes;
+    previous_ = std::signal(SIGXFSZ, SIG_IGN);
+    ::setrlimit(RLIMIT_FSIZE, &small);
+  }
+  ~FileSizeLimit() {
+    ::setrlimit(RLIMIT_FSIZE, &before_);
+    std::signal(SIGXFSZ, previous_);
+  }
+  FileSizeLimit(const FileSizeLimit&) = delete;
+  FileSizeLimit& operator=(const FileSizeLimit&) = delete;
+
+ private:
+  struct rlimit before_ {};
+  void (*previous_)(int) = nullptr;
+};
+
 std::vector<Case> cases() {
   // Fixed paths (not TMPDIR's), so the messages are the same on every machine.
   const std::string no_dir = "/nonexistent/te-checkpoint";
@@ -248,25 +271,9 @@ std::vector<Case> cases() {
       {"checkpoints", "a save onto a full disk (here: a 4 KiB file-size limit)",
        "writing '/tmp/te-error-catalogue-full.saving/model.safetensors' failed: File too large",
        [full_dir] {
-         // write() fails with EFBIG instead of raising SIGXFSZ; both are put back after.
-         struct rlimit before {};
-         ::getrlimit(RLIMIT_FSIZE, &before);
-         struct rlimit small = before;
-         small.rlim_cur = 4096;
-         auto* previous = std::signal(SIGXFSZ, SIG_IGN);
-         ::setrlimit(RLIMIT_FSIZE, &small);
-         auto restore = [&] {
-           ::setrlimit(RLIMIT_FSIZE, &before);
-           std::signal(SIGXFSZ, previous);
-         };
-         try {
-           Dense dense(DenseOptions(64, 64));
-           save_checkpoint(*dense, full_dir);
-         } catch (...) {
-           restore();
-           throw;
-         }
-         restore();
+         FileSizeLimit limit(4096);
+         Dense dense(DenseOptions(64, 64));
+         save_checkpoint(*dense, full_dir);
        }},
       // ---- te-encoder, te-serve ----
       {"te-encoder", "a data directory without CoLA files", "holds neither in_domain_train.tsv",

@@ -16,6 +16,15 @@ std::string list_axes(const std::vector<std::string>& names) {
   return out;
 }
 
+// "DeviceMesh(data=2, model=2)".
+std::string mesh_text(const std::vector<int64_t>& shape, const std::vector<std::string>& names) {
+  std::string out = "DeviceMesh(";
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    out += (i ? ", " : "") + names[i] + "=" + std::to_string(shape[i]);
+  }
+  return out + ")";
+}
+
 // World ranks of the row through `rank` along mesh dim `dim` (row-major layout).
 std::vector<int64_t> row_ranks(const std::vector<int64_t>& shape,
                                const std::vector<int64_t>& coords, int64_t rank, int64_t dim) {
@@ -58,15 +67,10 @@ DeviceMesh::DeviceMesh(std::vector<int64_t> shape, std::vector<std::string> axis
   // difference at once.
   const int64_t mesh_id = state->world ? state->world->next_mesh_id() : 0;
   if (world > 1) {
-    std::string mine = "(";
-    for (std::size_t i = 0; i < shape.size(); ++i) {
-      mine += (i ? ", " : "") + axis_names[i] + "=" + std::to_string(shape[i]);
-    }
-    mine += ")";
+    const std::string mine = mesh_text(shape, axis_names);
     const std::string topic = "mesh_desc/" + std::to_string(mesh_id);
     const std::vector<std::string> all = state->world->exchange(
-        topic, mine,
-        "DeviceMesh #" + std::to_string(mesh_id) + " (this rank built DeviceMesh" + mine + ")");
+        topic, mine, "DeviceMesh #" + std::to_string(mesh_id) + " (this rank built " + mine + ")");
     std::vector<std::pair<std::string, std::string>> kinds;  // (description, its ranks)
     for (std::size_t r = 0; r < all.size(); ++r) {
       auto it = std::find_if(kinds.begin(), kinds.end(),
@@ -78,8 +82,8 @@ DeviceMesh::DeviceMesh(std::vector<int64_t> shape, std::vector<std::string> axis
       state->world->linger(topic);
       std::string differ;
       for (const auto& [description, ranks] : kinds) {
-        differ += (differ.empty() ? "" : "; ") + std::string("rank(s) ") + ranks +
-                  " built DeviceMesh" + description;
+        differ += (differ.empty() ? "" : "; ") + std::string("rank(s) ") + ranks + " built " +
+                  description;
       }
       TE_FAIL("DeviceMesh #", mesh_id, " differs between ranks: ", differ,
               "; every rank must construct the same meshes (shape and axis names) in the same "
@@ -184,13 +188,7 @@ std::vector<int64_t> DeviceMesh::group_ranks(int64_t dim) const {
   return row_ranks(state_->shape, state_->coords, state_->rank, dim);
 }
 
-std::string DeviceMesh::to_string() const {
-  std::string out = "DeviceMesh(";
-  for (std::size_t i = 0; i < state_->shape.size(); ++i) {
-    out += (i ? ", " : "") + state_->names[i] + "=" + std::to_string(state_->shape[i]);
-  }
-  return out + ")";
-}
+std::string DeviceMesh::to_string() const { return mesh_text(state_->shape, state_->names); }
 
 MeshScope::MeshScope(const DeviceMesh& mesh) : mesh_(mesh) { mesh_stack().push_back(&mesh_); }
 
