@@ -1,6 +1,7 @@
-// One TransformerLayer forward+backward on a GPU: in BF16, and in BF16 with its GEMMs in FP8 under
-// Fp8Autocast (DelayedScaling: E4M3 forward, E5M2 backward). Prints milliseconds per step (median
-// of 20 after 5 warm-up steps), the model TFLOP/s of each and their ratio.
+// One TransformerLayer forward+backward on a GPU: the same layer written in plain LibTorch BF16
+// (SDPA with is_causal; outputs checked close first), te's in BF16, and te's with its GEMMs in
+// FP8 under Fp8Autocast (DelayedScaling: E4M3 forward, E5M2 backward). Prints milliseconds per
+// step (median of 20 after 5 warm-up steps), the model TFLOP/s of each and the ratios.
 //   bench_layer_gpu [tokens_per_sequence=2048] [batch=4] [hidden=4096] [ffn=16384] [heads=32]
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
@@ -13,6 +14,7 @@
 #include <functional>
 #include <vector>
 
+#include "plain_layer.h"
 #include "te/fp8.h"
 #include "te/nn.h"
 
@@ -53,6 +55,26 @@ int main(int argc, char** argv) {
   const at::Tensor x = at::randn({batch, seq, hidden}, bf16).requires_grad_(true);
   const at::Tensor dy = at::randn({batch, seq, hidden}, bf16);
 
+  // The plain peer on the module's own parameters (gelu tanh form, as te's).
+  const te::bench::Params params = te::bench::copy_parameters(*layer);
+  const at::Tensor x_plain = x.detach().clone().requires_grad_(true);
+  {
+    at::NoGradGuard no_grad;
+    const at::Tensor a = layer->forward(x), b = te::bench::plain_layer(x, params, heads, true);
+    const double err = ((a - b).abs().max() / b.abs().max()).item<double>();
+    std::printf("plain LibTorch layer vs te: max relative difference %.2e\n", err);
+    if (err > 5e-2) {
+      std::printf("bench_layer_gpu: the plain layer does not compute te's layer\n");
+      return 1;
+    }
+  }
+  auto plain_params = [&] {
+    for (const auto& [name, p] : params) p.mutable_grad() = at::Tensor();
+  };
+  const double t_plain = median_ms([&] {
+    plain_params();
+    te::bench::plain_layer(x_plain, params, heads, true).backward(dy);
+  });
   const double t_bf16 = median_ms([&] {
     layer->zero_grad();
     layer->forward(x).backward(dy);
@@ -72,8 +94,10 @@ int main(int argc, char** argv) {
       "TransformerLayer fwd+bwd, batch %lld x seq %lld, hidden %lld, ffn %lld, heads %lld\n",
       static_cast<long long>(batch), static_cast<long long>(seq), static_cast<long long>(hidden),
       static_cast<long long>(ffn), static_cast<long long>(heads));
-  std::printf("  bf16: %8.2f ms  (%.0f TFLOP/s)\n", t_bf16, flops / t_bf16 / 1e9);
-  std::printf("  fp8 : %8.2f ms  (%.0f TFLOP/s)  fp8/bf16 = %.2fx\n", t_fp8, flops / t_fp8 / 1e9,
-              t_fp8 / t_bf16);
+  std::printf("  plain LibTorch bf16: %8.2f ms  (%.0f TFLOP/s)\n", t_plain, flops / t_plain / 1e9);
+  std::printf("  te bf16           : %8.2f ms  (%.0f TFLOP/s)  te/plain = %.3fx\n", t_bf16,
+              flops / t_bf16 / 1e9, t_bf16 / t_plain);
+  std::printf("  te fp8            : %8.2f ms  (%.0f TFLOP/s)  fp8/te bf16 = %.3fx\n", t_fp8,
+              flops / t_fp8 / 1e9, t_fp8 / t_bf16);
   return 0;
 }

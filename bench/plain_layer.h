@@ -10,6 +10,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "te/compat.h"
+
 namespace te::bench {
 
 using Params = std::map<std::string, at::Tensor>;
@@ -37,13 +39,23 @@ inline at::Tensor plain_layer_norm(const at::Tensor& x, const at::Tensor& g, con
   return at::layer_norm(x, {x.size(-1)}, g, b, kEps);
 }
 
-// Causal self attention on [batch, seq, hidden] with a fused [hidden, 3, hidden] kernel.
+// Causal self attention on [batch, seq, hidden] with a fused [hidden, 3, hidden] kernel, logits
+// unscaled (the query kernel carries 1/sqrt(d), as te's default). `sdpa`: through LibTorch's
+// scaled_dot_product_attention with is_causal, as a plain-LibTorch user writes it on a GPU.
 inline at::Tensor plain_attention(const at::Tensor& ln, const at::Tensor& w_qkv,
-                                  const at::Tensor& w_out, int64_t heads) {
+                                  const at::Tensor& w_out, int64_t heads, bool sdpa = false) {
   const int64_t b = ln.size(0), s = ln.size(1), h = ln.size(2), d = h / heads;
   const at::Tensor qkv = at::matmul(ln, w_qkv.reshape({h, 3 * h})).view({b, s, 3, heads, d});
   const at::Tensor q = qkv.select(2, 0).transpose(1, 2), k = qkv.select(2, 1).transpose(1, 2),
                    v = qkv.select(2, 2).transpose(1, 2);
+#if TE_TORCH_VERSION_AT_LEAST(2, 1)
+  if (sdpa) {
+    const at::Tensor out = at::scaled_dot_product_attention(q, k, v, {}, 0.0, true, 1.0);
+    return at::matmul(out.transpose(1, 2).reshape({b, s, h}), w_out);
+  }
+#else
+  if (sdpa) throw std::runtime_error("plain_attention: SDPA with a scale needs LibTorch 2.1+");
+#endif
   const at::Tensor causal = at::ones({s, s}, ln.options().dtype(at::kBool)).triu(1);
   const at::Tensor logits = at::matmul(q, k.transpose(-1, -2)).masked_fill(causal, -1e10);
   const at::Tensor probs = at::softmax(logits, -1, at::kFloat).to(ln.scalar_type());
@@ -60,16 +72,17 @@ inline at::Tensor plain_mlp(const at::Tensor& x, const Params& p, const std::str
 }
 
 inline at::Tensor plain_mha(const at::Tensor& x, const Params& p, const std::string& prefix,
-                            int64_t heads) {
+                            int64_t heads, bool sdpa = false) {
   const at::Tensor ln = plain_layer_norm(x, param(p, prefix + "layernorm.scale"),
                                          param(p, prefix + "layernorm.ln_bias"));
   return plain_attention(ln, param(p, prefix + "qkv_kernel"), param(p, prefix + "out_kernel"),
-                         heads);
+                         heads, sdpa);
 }
 
 /// A pre-norm TransformerLayer without biases: x + attention(ln(x)), then + mlp(ln(.)).
-inline at::Tensor plain_layer(const at::Tensor& x, const Params& p, int64_t heads) {
-  const at::Tensor h = x + plain_mha(x, p, "self_attention.", heads);
+inline at::Tensor plain_layer(const at::Tensor& x, const Params& p, int64_t heads,
+                              bool sdpa = false) {
+  const at::Tensor h = x + plain_mha(x, p, "self_attention.", heads, sdpa);
   return h + plain_mlp(h, p, "mlp.");
 }
 

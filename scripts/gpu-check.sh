@@ -1,65 +1,191 @@
 #!/usr/bin/env bash
-# The GPU check, on a machine with an NVIDIA GPU and the CUDA toolkit (nvcc, nccl.h): builds te-cpp
-# against a CUDA LibTorch and runs everything that needs the device:
-#   - the CUDA FP8 kernels against the CPU reference (casts bit-exact, GEMM within its tolerance)
-#     and the FP8 tensor and module tests on CUDA tensors;
-#   - the modules on CUDA against the same modules on the CPU (outputs and every gradient), and
-#     fused attention through cuDNN held to the unfused path (it prints which backend ran);
-#   - NCCL: every primitive and dtype on one-rank communicators (two of them on one GPU), and the
-#     error for two ranks on one GPU;
-#   - benchmarks: FP8 vs BF16 GEMM TFLOP/s, and a TransformerLayer forward+backward in BF16 and FP8.
-# Everything it prints also goes to one results file: ${TE_GPU_RESULTS:-gpu-check-results.txt}.
+# The GPU check: everything in te-cpp that needs a device, against a CUDA LibTorch, each check
+# under a timeout with its GoogleTest XML and log, and a table of check, result and seconds.
+#   - the CUDA FP8 kernels against the CPU reference (casts bit-exact, GEMM within the bound of
+#     the tensor cores' accumulator) and the FP8 tensor and module tests on CUDA tensors;
+#   - the modules on CUDA against the same modules on the CPU (outputs and every gradient),
+#     fused attention through cuDNN held to the unfused path, and which SDPA backend each of the
+#     module's calls gets;
+#   - NCCL: every primitive and dtype on one-rank communicators (two of them on one GPU), the
+#     errors for two ranks on one GPU and for a rank without a GPU (named at once, not after a
+#     timeout);
+#   - benchmarks: FP8 vs BF16 GEMM TFLOP/s (4096^3, 8192^3), a TransformerLayer forward+backward
+#     in BF16 and FP8 against the same layer in plain LibTorch BF16.
 #
-#   bash scripts/gpu-check.sh                     # LibTorch of the python3 on PATH (torch wheel)
-#   TORCH_DIR=/opt/libtorch/share/cmake/Torch bash scripts/gpu-check.sh   # another LibTorch
+#   bash scripts/gpu-check.sh --rehearse   # here (no GPU): every step that needs none
+#   bash scripts/gpu-check.sh              # on the GPU machine, with what --rehearse left in .gpu/
+#   bash scripts/gpu-check.sh --build      # on a GPU machine that has the -dev packages: build there
+#   options: --out DIR (results; default build-gpu/check)
 #
-# Without TORCH_DIR it asks `python3 -c 'import torch; print(torch.utils.cmake_prefix_path)'`.
-# A LibTorch without Gloo's headers builds without the Gloo backend (CPU tensors stay on one
-# rank; NCCL carries the CUDA ones). Build directory: ${TE_GPU_BUILD_DIR:-build-gpu}.
-# Exits non-zero if any check fails.
+# Why prebuilt binaries: the GPU machines have the CUDA LibTorch (python3's torch 2.11.0+cu130),
+# nvcc and CMake, but none of the Debian -dev packages the tests and benchmarks build with
+# (GoogleTest, Google Benchmark, CLI11, nlohmann-json, zlib headers), and building there would
+# spend minutes of a 15-minute lease. --rehearse builds against the same LibTorch here (the PyPI
+# wheel, scripts/cuda-libtorch.sh, TORCH_CUDA_ARCH_LIST=9.0), runs every check (their GPU parts
+# skip), and leaves the stripped binaries and the few shared libraries they need beyond LibTorch,
+# CUDA and glibc in .gpu/ (ignored by git, carried by the device tool: `carry: [".gpu"]`). On the
+# GPU machine the script runs them with LibTorch's and pip's CUDA libraries on LD_LIBRARY_PATH.
+# Exits non-zero when any check fails, times out, or NCCL/cuDNN are missing.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+mode=device
+out=build-gpu/check
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --rehearse) mode=rehearse ;;
+    --build) mode=build ;;
+    --out) out=$2; shift ;;
+    -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
+    *) echo "gpu-check: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
 build_dir=${TE_GPU_BUILD_DIR:-build-gpu}
-results=${TE_GPU_RESULTS:-gpu-check-results.txt}
+carry=.gpu
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+rm -f "$out"/*.xml "$out"/*.log "$out"/summary.txt
+exec > >(tee "$out/gpu-check.log") 2>&1
 command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
-exec > >(tee "$results") 2>&1
 
-echo "== te-cpp GPU check, $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
-nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total --format=csv,noheader || true
-nvcc --version | tail -1
+echo "== te-cpp GPU check ($mode), $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total --format=csv,noheader 2>/dev/null ||
+  echo "no GPU here (nvidia-smi: none)"
+nvcc --version 2>/dev/null | tail -1
 
-if [ -z "${TORCH_DIR:-}" ]; then
-  prefix=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null) || prefix=
-  [ -n "$prefix" ] && TORCH_DIR=$prefix/Torch
-fi
-args=(-DTE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${TE_CUDA_ARCHS:-90}" -DTE_BUILD_EXAMPLES=OFF)
-if [ -n "${TORCH_DIR:-}" ]; then
-  args+=(-DTorch_DIR="$TORCH_DIR")
-  include=$(cd "$TORCH_DIR/../../../include" 2>/dev/null && pwd) || include=
-  if [ -n "$include" ] && [ ! -f "$include/gloo/algorithm.h" ] && [ ! -f /usr/include/gloo/algorithm.h ]; then
-    echo "LibTorch at $TORCH_DIR ships no Gloo headers: building without the Gloo backend"
-    args+=(-DTE_GLOO=OFF)
-  fi
-fi
-echo "LibTorch: ${TORCH_DIR:-Debian's}"
+# The targets the checks run, and the checks: name, timeout (s), command (relative to the bin dir).
+targets=(te_kernels_tests te_fp8_tests te_nn_tests te_distributed_tests bench_gemm_cuda bench_fp8
+         bench_layer_gpu)
+# The timeouts add up to 8 minutes, the most of a 15-minute lease the check may take.
+checks=(
+  "kernels|45|te_kernels_tests --gtest_filter=Fp8Cuda.*:Fp8Oracle.*:Philox.*"
+  "fp8|90|te_fp8_tests --gtest_filter=-*Fp8Parallel.*"
+  "modules_cuda|90|te_nn_tests --gtest_filter=ModulesOnCuda.*"
+  "nccl|90|te_distributed_tests --gtest_filter=NcclGpu.*:CommBackendOption.*:NcclSupport.*:PeerStatus.*"
+  "bench_gemm|60|bench_gemm_cuda 4096 8192"
+  "bench_layer|75|bench_layer_gpu 2048 2"
+  "bench_fp8|30|bench_fp8 --benchmark_filter=Quantize|Memcpy --benchmark_min_time=0.05"
+)
 
-start=$(date +%s)
-cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release --log-level=WARNING "${args[@]}" || exit 1
-cmake --build "$build_dir" --target te_kernels_tests te_fp8_tests te_nn_tests te_distributed_tests \
-  bench_gemm_cuda bench_fp8 bench_layer_gpu || exit 1
-echo "== build: $(( $(date +%s) - start )) s on $(nproc) cores"
-
-status=0
-check() {
-  echo "== $*"
-  "$@" || { echo "!! FAILED: $*"; status=1; }
+configure_and_build() {  # $1: CMake prefix path of the CUDA LibTorch
+  local start args
+  start=$(date +%s)
+  args=(-DTE_CUDA=ON -DTE_REQUIRE_NCCL=ON -DTE_REQUIRE_CUDNN=ON "-DCMAKE_PREFIX_PATH=$1")
+  [ -n "${NCCL_ROOT:-}" ] && args+=("-DNCCL_ROOT=$NCCL_ROOT")
+  # Torch's CMake takes the architectures from TORCH_CUDA_ARCH_LIST (9.0: H100/H200) and ignores
+  # CMAKE_CUDA_ARCHITECTURES; te's own .cu files get the same.
+  export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
+  cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
+    "${args[@]}" >"$out/configure.log" 2>&1 || { cat "$out/configure.log"; return 1; }
+  # What CMake found, for the record.
+  grep -E "^-- (te:|Found (NCCL|CUDNN|CUDAToolkit|Torch))|Added CUDA NVCC flags" "$out/configure.log"
+  cmake --build "$build_dir" "${@:2}" >"$out/build.log" 2>&1 || { tail -40 "$out/build.log"; return 1; }
+  local cu
+  cu=$(grep -c '\.cu\.o$' <(ninja -C "$build_dir" -t targets all 2>/dev/null | cut -d: -f1))
+  echo "== build: $(( $(date +%s) - start )) s on $(nproc) cores; $cu CUDA translation units"
 }
-check "$build_dir/tests/te_kernels_tests" --gtest_filter='Fp8Cuda.*:Fp8Oracle.*'
-check "$build_dir/tests/te_fp8_tests"
-check "$build_dir/tests/te_nn_tests" --gtest_filter='ModulesOnCuda.*'
-check "$build_dir/tests/te_distributed_tests" --gtest_filter='NcclGpu.*:CommBackendOption.*:NcclSupport.*'
-check "$build_dir/bench/bench_gemm_cuda" 4096 8192
-check "$build_dir/bench/bench_layer_gpu"
-check "$build_dir/bench/bench_fp8" --benchmark_filter='Quantize|Memcpy'
-echo "== GPU check done: status $status; results in $results"
+
+results=()
+status=0
+run_checks() {  # $1: the folder of the binaries
+  local entry name limit cmd start rc secs result
+  for entry in "${checks[@]}"; do
+    IFS='|' read -r name limit cmd <<<"$entry"
+    # bench_fp8's filter holds a '|': the rest of the entry is the command.
+    cmd=${entry#*|*|}
+    echo "== $name: $cmd (timeout ${limit} s)"
+    local exe=${cmd%% *} rest=${cmd#* }
+    [ "$rest" = "$cmd" ] && rest=
+    local xml=()
+    [[ $exe == te_*_tests ]] && xml=("--gtest_output=xml:$out/$name.xml")
+    start=$(date +%s)
+    # shellcheck disable=SC2086
+    timeout --kill-after=10 "$limit" "$1/$exe" $rest "${xml[@]}" >"$out/$name.log" 2>&1
+    rc=$?
+    secs=$(( $(date +%s) - start ))
+    cat "$out/$name.log"
+    case $rc in
+      0) result=passed ;;
+      124|137) result="TIMED OUT"; status=1 ;;
+      *) result="FAILED ($rc)"; status=1 ;;
+    esac
+    if [ $rc -eq 0 ] && [ ${#xml[@]} -gt 0 ]; then
+      local skipped
+      skipped=$(grep -c '<skipped' "$out/$name.xml" 2>/dev/null || true)
+      [ "${skipped:-0}" -gt 0 ] && result="passed ($skipped skipped)"
+    fi
+    results+=("$(printf '%-14s %-22s %5s s' "$name" "$result" "$secs")")
+  done
+}
+
+summary() {
+  local passed failed
+  passed=$(printf '%s\n' "${results[@]}" | grep -c ' passed') || true
+  failed=$(( ${#results[@]} - passed ))
+  {
+    echo "== summary ($mode): check, result, seconds"
+    printf '%s\n' "${results[@]}"
+    echo "gpu-check: $passed passed, $failed failed"
+  } | tee "$out/summary.txt"
+}
+
+# The CUDA LibTorch: the wheel's here (its venv imports no torch: no Python dependencies), the
+# python3's on a GPU machine.
+if [ "$mode" = rehearse ]; then
+  prefix=$(bash scripts/cuda-libtorch.sh) || exit 1
+  torch_dir=${prefix#*;}
+  echo "LibTorch: $torch_dir (PyPI wheel torch 2.11.0, CUDA 13.0)"
+else
+  torch_dir=$(python3 -c 'import os, torch; print(os.path.dirname(torch.__file__))') || {
+    echo "!! python3 has no torch: its CUDA LibTorch runs the checks"; exit 1; }
+  echo "LibTorch: $torch_dir ($(python3 -c 'import torch; print(torch.__version__)'))"
+  prefix="$torch_dir/share/cmake;$torch_dir"
+fi
+site=$(dirname "$torch_dir")
+case $mode in
+  rehearse)
+    # Everything: the library, every test, the benchmarks, the examples.
+    configure_and_build "$prefix" || { echo "!! configure or build failed"; exit 1; }
+    ;;
+  build)
+    [ -d "$site/nvidia/nccl" ] && export NCCL_ROOT=$site/nvidia/nccl
+    configure_and_build "$prefix" --target "${targets[@]}" || exit 1
+    ;;
+esac
+
+if [ "$mode" != device ]; then
+  # The binaries the checks run, stripped, and what they need beyond LibTorch, CUDA and glibc.
+  rm -rf "$carry" && mkdir -p "$carry/bin" "$carry/lib"
+  for t in "${targets[@]}"; do
+    f=$(find "$build_dir" -name "$t" -type f -perm -u+x | head -1)
+    [ -n "$f" ] || { echo "!! $t was not built"; exit 1; }
+    strip -o "$carry/bin/$t" "$f"
+    ldd "$f" | awk '$3 ~ /^\// {print $3}' | while read -r lib; do
+      case "$lib" in
+        */torch/lib/*|*/nvidia/*|*/cuda*|*/libc.so*|*/libm.so*|*/libstdc++*|*/libgcc_s*|\
+        */libpthread*|*/libdl.so*|*/librt.so*|*/ld-linux*|*/libz.so*) ;;
+        *) cp -L "$lib" "$carry/lib/" ;;
+      esac
+    done
+  done
+  git rev-parse HEAD >"$carry/commit" 2>/dev/null || true
+  size=$(du -sm "$carry" | cut -f1)
+  echo "== carried: $carry, ${size} MiB ($(ls "$carry/bin" | wc -l) binaries; libs: $(ls "$carry/lib" | tr '\n' ' '))"
+  [ "$size" -lt 64 ] || { echo "!! $carry is ${size} MiB: over the device tool's 64 MiB"; status=1; }
+elif [ ! -d "$carry/bin" ]; then
+  echo "!! no $carry/bin: run --rehearse here first and carry $carry, or use --build"
+  exit 1
+elif [ "$(cat "$carry/commit" 2>/dev/null)" != "$(git rev-parse HEAD 2>/dev/null)" ]; then
+  echo "note: $carry was built from $(cat "$carry/commit" 2>/dev/null || echo '?'), not HEAD"
+fi
+
+# The checks run the carried binaries as the GPU machine does: LibTorch's and pip's CUDA
+# libraries first on the path (here the GPU parts skip).
+libs=$(pwd)/$carry/lib:$torch_dir/lib
+for d in "$site"/nvidia/*/lib "$site"/nvidia/*/*/lib; do [ -d "$d" ] && libs=$libs:$d; done
+export LD_LIBRARY_PATH=$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+missing=$(for b in "$carry"/bin/*; do ldd "$b" | grep 'not found'; done | sort -u)
+[ -z "$missing" ] || { echo "!! libraries not found:"; echo "$missing"; exit 1; }
+run_checks "$carry/bin"
+summary
 exit $status

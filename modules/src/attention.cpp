@@ -84,11 +84,25 @@ void DotProductAttentionImpl::pretty_print(std::ostream& stream) const {
          << ")";
 }
 
+namespace {
+double logit_scale(const DotProductAttentionOptions& options) {
+  return options.scale_factor() != 0.0 ? options.scale_factor()
+                                       : 1.0 / std::sqrt(static_cast<double>(options.head_dim()));
+}
+}  // namespace
+
+std::string DotProductAttentionImpl::fused_backend(const at::Tensor& query, const at::Tensor& key,
+                                                   const at::Tensor& value,
+                                                   const at::Tensor& mask) const {
+  return F::fused_attention_backend(
+      query, key, value, effective_mask(options.attn_mask_type(), mask),
+      is_causal(options.attn_mask_type()), logit_scale(options), options.attention_dropout(),
+      is_training(), fused_available(options.fused()));
+}
+
 at::Tensor DotProductAttentionImpl::forward(const at::Tensor& query, const at::Tensor& key,
                                             const at::Tensor& value, const at::Tensor& mask) {
-  const double scale = options.scale_factor() != 0.0
-                           ? options.scale_factor()
-                           : 1.0 / std::sqrt(static_cast<double>(options.head_dim()));
+  const double scale = logit_scale(options);
   const bool fused = fused_available(options.fused());
   return F::attention(
       query, key, value, effective_mask(options.attn_mask_type(), mask),
@@ -143,9 +157,7 @@ DTensor DotProductAttentionImpl::forward(const DTensor& query, const DTensor& ke
   if (local_mask.defined() && local_mask.size(0) > 1) {
     local_mask = local_mask.narrow(0, piece[0].offset, piece[0].length);
   }
-  const double scale = options.scale_factor() != 0.0
-                           ? options.scale_factor()
-                           : 1.0 / std::sqrt(static_cast<double>(options.head_dim()));
+  const double scale = logit_scale(options);
   const bool fused = fused_available(options.fused());
   std::function<at::Tensor(const at::Tensor&)> on_logits;
   if (!fused) {

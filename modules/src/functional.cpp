@@ -1,12 +1,16 @@
 #include "te/nn/functional.h"
 
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
+#include <string>
 
 #include "te/compat.h"
+#include "te/distributed/scopes.h"
 #include "te/fp8.h"
 
 #include "te/error.h"
@@ -24,9 +28,41 @@ std::vector<int64_t> shape_of(const at::Tensor& t) { return {t.sizes().begin(), 
 // implemented for 'Half'): fp16 operands on the CPU are widened to fp32 (exact), multiplied
 // there (fp32 accumulation, as TE's GEMMs do) and the result rounded to fp16 once. Autograd
 // follows the casts, so the gradients take the same route.
+// LibTorch's CPU GEMM of bf16 runs on oneDNN only where the CPU has AVX-512 (BW, VL, DQ), as
+// its mkldnn_bf16_device_check asks; elsewhere in a scalar loop over 40x slower than fp32 BLAS
+// (a 300-step `te-encoder --dtype bf16` went from about a minute to over 10 on an AVX2 EPYC).
+// fp16 has no fast CPU GEMM at all. Such GEMMs, whether the operands are low precision or CPU
+// autocast would make them so, compute in fp32 from the operands' low-precision values and round
+// the result once: what oneDNN's bf16 GEMM (fp32 accumulation) and autocast's output give.
+std::optional<at::ScalarType> slow_cpu_gemm_dtype(const at::Tensor& a) {
+  if (!a.device().is_cpu()) return std::nullopt;
+  at::ScalarType dtype = a.scalar_type();
+  if (dtype == at::kFloat) {
+#if TE_AUTOCAST_BY_DEVICE
+    if (!at::autocast::is_autocast_enabled(at::kCPU)) return std::nullopt;
+    dtype = at::autocast::get_autocast_dtype(at::kCPU);
+#else
+    if (!at::autocast::is_cpu_enabled()) return std::nullopt;
+    dtype = at::autocast::get_autocast_cpu_dtype();
+#endif
+  }
+  if (dtype == at::kHalf) return dtype;
+  if (dtype != at::kBFloat16) return std::nullopt;
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  static const bool avx512 = __builtin_cpu_supports("avx512bw") &&
+                             __builtin_cpu_supports("avx512vl") &&
+                             __builtin_cpu_supports("avx512dq");
+  if (avx512) return std::nullopt;
+  return dtype;
+#else
+  return std::nullopt;
+#endif
+}
+
 at::Tensor mm_any(const at::Tensor& a, const at::Tensor& b) {
-  if (a.scalar_type() == at::kHalf && a.device().is_cpu()) {
-    return at::matmul(a.to(at::kFloat), b.to(at::kFloat)).to(at::kHalf);
+  if (const auto low = slow_cpu_gemm_dtype(a)) {
+    const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCPU);
+    return at::matmul(a.to(*low).to(at::kFloat), b.to(*low).to(at::kFloat)).to(*low);
   }
   return at::matmul(a, b);
 }
@@ -96,12 +132,14 @@ class GatheredDense : public torch::autograd::Function<GatheredDense> {
                             const at::Tensor& w_shard, c10::intrusive_ptr<GatheredKernel> k) {
     ctx->save_for_backward({x, w_shard});
     ctx->saved_data["kernel"] = c10::IValue::make_capsule(k);
+    ctx->saved_data["scopes"] = ScopeCapture::current().to_ivalue();
     return functional::dense(x, gather_kernel(*k, w_shard));
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     auto k =
         c10::static_intrusive_pointer_cast<GatheredKernel>(ctx->saved_data["kernel"].toCapsule());
+    const ScopeLoan loan(ScopeCapture::from_ivalue(ctx->saved_data["scopes"]));
     const auto saved = ctx->get_saved_variables();
     const at::Tensor& x = saved[0];
     const at::Tensor w = gather_kernel(*k, saved[1]);
@@ -138,8 +176,7 @@ at::Tensor dense(const at::Tensor& x, const at::Tensor& w,
   if (fp8 != nullptr && (fp8_enabled() || fp8_calibrating())) {
     return with_bias(fp8::linear(x, w2, fp8, mesh).reshape(out_shape));
   }
-  const bool cpu_half = x.scalar_type() == at::kHalf && x.device().is_cpu();
-  if (bias.defined() && !cpu_half && bias.numel() == w2.size(1)) {
+  if (bias.defined() && !slow_cpu_gemm_dtype(x) && bias.numel() == w2.size(1)) {
     return at::addmm(bias.reshape({-1}), x.reshape({-1, w.size(0)}), w2).view(out_shape);
   }
   return with_bias(mm_any(x, w2).reshape(out_shape));
@@ -438,60 +475,120 @@ DTensor add(const DTensor& a, const DTensor& b) {
   return DTensor::from_local(a.to_local() + bb.to_local(), a.mesh(), a.placements(), a.sizes());
 }
 
+namespace {
+
+void check_attention_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  TE_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
+           "attention: q, k, v must be [batch, seqlen, heads, head_dim], got ", q.sizes(), ", ",
+           k.sizes(), ", ", v.sizes());
+  TE_CHECK(k.sizes() == v.sizes() && q.size(0) == k.size(0) && q.size(3) == k.size(3),
+           "attention: q ", q.sizes(), " k ", k.sizes(), " v ", v.sizes(),
+           " disagree on batch, head_dim or key/value shape");
+  TE_CHECK(k.size(2) > 0 && q.size(2) % k.size(2) == 0, "attention: ", q.size(2),
+           " query heads are not a multiple of ", k.size(2), " key/value heads (GQA groups)");
+}
+
+// -1e10 as TE fills masked logits, or fp16's lowest finite value where -1e10 does not fit.
+double masked_value(const at::Tensor& q) { return q.scalar_type() == at::kHalf ? -65504.0 : -1e10; }
+
+// The masked positions of [*, *, sq, sk] logits (true = hidden), or undefined when none are.
+// Causal is top-left aligned (query i sees keys 0..i), as SDPA's is_causal is.
+at::Tensor masked_positions(const at::Tensor& mask, bool causal, int64_t sq, int64_t sk,
+                            const at::TensorOptions& options) {
+  at::Tensor masked;
+  if (causal) masked = at::ones({sq, sk}, options.dtype(at::kBool)).triu(1).view({1, 1, sq, sk});
+  if (mask.defined()) masked = masked.defined() ? masked.logical_or(mask) : mask.to(at::kBool);
+  return masked;
+}
+
+#if TE_HAS_SDPA
+// The one call attention() makes to at::scaled_dot_product_attention, in its [b, h, s, d]
+// layout; fused_attention_backend asks LibTorch about the same call.
+struct SdpaCall {
+  at::Tensor q, k, v;
+  c10::optional<at::Tensor> bias;
+  bool causal = false;  // is_causal: no bias tensor, so flash and cuDNN stay eligible
+  c10::optional<double> scale;
+  bool gqa = false;  // enable_gqa: fewer key/value heads, not repeated
+};
+
+std::optional<SdpaCall> sdpa_call(const at::Tensor& q, const at::Tensor& k_in,
+                                  const at::Tensor& v_in, const at::Tensor& mask, bool causal,
+                                  double scale, double dropout, bool training, bool fused,
+                                  bool on_logits) {
+  if (!fused || on_logits || (dropout > 0.0 && training)) return std::nullopt;
+  SdpaCall call;
+  at::Tensor k = k_in, v = v_in;
+  if (k.size(2) != q.size(2)) {
+#if TE_SDPA_HAS_GQA
+    call.gqa = true;
+#else
+    k = k.repeat_interleave(q.size(2) / k.size(2), 2);
+    v = v.repeat_interleave(q.size(2) / k_in.size(2), 2);
+#endif
+  }
+  at::Tensor qq = q;
+#if TE_TORCH_VERSION_AT_LEAST(2, 1)
+  call.scale = scale;
+#else
+  // No `scale` argument before 2.1: fold the ratio to SDPA's default 1/sqrt(d) into q.
+  qq = q * (scale / (1.0 / std::sqrt(static_cast<double>(q.size(3)))));
+#endif
+  call.q = qq.transpose(1, 2);
+  call.k = k.transpose(1, 2);
+  call.v = v.transpose(1, 2);
+  if (!mask.defined()) {
+    call.causal = causal;
+  } else {
+    const at::Tensor masked = masked_positions(mask, causal, q.size(1), k.size(1), q.options());
+    call.bias = at::zeros(masked.sizes(), q.options()).masked_fill(masked, masked_value(q));
+  }
+  return call;
+}
+
+at::Tensor run_sdpa(const SdpaCall& c) {
+#if TE_SDPA_HAS_GQA
+  return at::scaled_dot_product_attention(c.q, c.k, c.v, c.bias, 0.0, c.causal, c.scale, c.gqa);
+#elif TE_TORCH_VERSION_AT_LEAST(2, 1)
+  return at::scaled_dot_product_attention(c.q, c.k, c.v, c.bias, 0.0, c.causal, c.scale);
+#else
+  return at::scaled_dot_product_attention(c.q, c.k, c.v, c.bias, 0.0, c.causal);
+#endif
+}
+#endif
+
+}  // namespace
+
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k_in, const at::Tensor& v_in,
                      const at::Tensor& mask, bool causal, double scale, double dropout,
                      bool training, bool fused,
                      const std::function<at::Tensor(const at::Tensor&)>& on_logits,
                      int64_t global_batch, int64_t batch_offset, int64_t global_heads,
                      int64_t head_offset) {
-  TE_CHECK(q.dim() == 4 && k_in.dim() == 4 && v_in.dim() == 4,
-           "attention: q, k, v must be [batch, seqlen, heads, head_dim], got ", q.sizes(), ", ",
-           k_in.sizes(), ", ", v_in.sizes());
-  TE_CHECK(k_in.sizes() == v_in.sizes() && q.size(0) == k_in.size(0) && q.size(3) == k_in.size(3),
-           "attention: q ", q.sizes(), " k ", k_in.sizes(), " v ", v_in.sizes(),
-           " disagree on batch, head_dim or key/value shape");
+  check_attention_inputs(q, k_in, v_in);
+#if TE_HAS_SDPA
+  if (const auto call = sdpa_call(q, k_in, v_in, mask, causal, scale, dropout, training, fused,
+                                  static_cast<bool>(on_logits))) {
+    return run_sdpa(*call).transpose(1, 2);
+  }
+#else
+  (void)fused;
+#endif
   const int64_t heads = q.size(2), kv_heads = k_in.size(2);
-  TE_CHECK(kv_heads > 0 && heads % kv_heads == 0, "attention: ", heads,
-           " query heads are not a multiple of ", kv_heads, " key/value heads (GQA groups)");
   at::Tensor k = k_in, v = v_in;
   if (kv_heads != heads) {
     k = k.repeat_interleave(heads / kv_heads, 2);
     v = v.repeat_interleave(heads / kv_heads, 2);
   }
   const int64_t sq = q.size(1), sk = k.size(1);
-  // -1e10 as TE fills masked logits, or fp16's lowest finite value where -1e10 does not fit.
-  const double masked_value = q.scalar_type() == at::kHalf ? -65504.0 : -1e10;
   // Masked logits get a large negative value rather than -inf, as TE does: a fully masked row
   // then attends uniformly instead of producing NaN.
-  at::Tensor masked;
-  if (causal)
-    masked = at::ones({sq, sk}, q.options().dtype(at::kBool)).triu(1).view({1, 1, sq, sk});
-  if (mask.defined()) masked = masked.defined() ? masked.logical_or(mask) : mask.to(at::kBool);
-#if TE_HAS_SDPA
-  if (fused && !on_logits && (dropout == 0.0 || !training)) {
-    c10::optional<at::Tensor> bias;
-    if (masked.defined()) {
-      bias = at::zeros(masked.sizes(), q.options()).masked_fill(masked, masked_value);
-    }
-#if TE_TORCH_VERSION_AT_LEAST(2, 1)
-    return at::scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                            bias, 0.0, false, scale)
-        .transpose(1, 2);
-#else
-    const double default_scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
-    return at::scaled_dot_product_attention((q * (scale / default_scale)).transpose(1, 2),
-                                            k.transpose(1, 2), v.transpose(1, 2), bias, 0.0, false)
-        .transpose(1, 2);
-#endif
-  }
-#else
-  (void)fused;
-#endif
+  const at::Tensor masked = masked_positions(mask, causal, sq, sk, q.options());
   at::Tensor logits = mm_any(q.transpose(1, 2), k.permute({0, 2, 3, 1}));
   // TE's default (scaled query init, unscaled logits) multiplies by 1: skip the pass.
   if (scale != 1.0) logits = logits * scale;
   if (on_logits) logits = on_logits(logits);
-  if (masked.defined()) logits = logits.masked_fill(masked, masked_value);
+  if (masked.defined()) logits = logits.masked_fill(masked, masked_value(q));
   at::Tensor probs = at::softmax(logits, -1, at::kFloat).to(q.scalar_type());
   if (training && dropout > 0) {
     const std::vector<int64_t> global = {global_batch ? global_batch : probs.size(0),
@@ -499,6 +596,28 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k_in, const at::Tens
     probs = functional::dropout(probs, dropout, true, global, {batch_offset, head_offset, 0, 0});
   }
   return mm_any(probs, v.transpose(1, 2)).transpose(1, 2);
+}
+
+std::string fused_attention_backend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                    const at::Tensor& mask, bool causal, double scale,
+                                    double dropout, bool training, bool fused) {
+  check_attention_inputs(q, k, v);
+#if TE_HAS_SDPA
+  if (const auto c =
+          sdpa_call(q, k, v, mask, causal, scale, dropout, training, fused, /*on_logits=*/false)) {
+#if TE_SDPA_HAS_GQA
+    return compat::sdp_backend_name(
+        at::_fused_sdp_choice(c->q, c->k, c->v, c->bias, 0.0, c->causal, c->scale, c->gqa));
+#elif TE_TORCH_VERSION_AT_LEAST(2, 1)
+    return compat::sdp_backend_name(
+        at::_fused_sdp_choice(c->q, c->k, c->v, c->bias, 0.0, c->causal, c->scale));
+#else
+    return compat::sdp_backend_name(
+        at::_fused_sdp_choice(c->q, c->k, c->v, c->bias, 0.0, c->causal));
+#endif
+  }
+#endif
+  return "unfused";
 }
 
 DTensor elementwise(const DTensor& x_in, const std::function<at::Tensor(const at::Tensor&)>& fn) {

@@ -3,8 +3,15 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <torch/csrc/autograd/custom_function.h>
+
 #include "te/error.h"
 #include "te/kernels/philox.h"
+
+#ifdef TE_TORCH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
 
 namespace te::nn {
 
@@ -23,6 +30,53 @@ void set_rng_state(const RngState& state) { stream() = state; }
 }  // namespace te::nn
 
 namespace te::nn::functional {
+
+namespace {
+
+#ifdef TE_TORCH_CUDA
+// One dropout call on a CUDA piece: the multipliers are recomputed from (seed, call, box) by the
+// kernel in forward and again for the gradient, so no mask is drawn on the host or stored.
+struct DeviceDropoutCall : torch::CustomClassHolder {
+  std::vector<int64_t> global, offsets, lengths;
+  uint64_t seed = 0, call = 0;
+  uint32_t threshold = 0;
+  float scale = 1.0f;
+
+  at::Tensor apply(const at::Tensor& x_in) const {
+    const at::Tensor x = x_in.contiguous();
+    at::Tensor out = at::empty_like(x);
+    const int code = x.scalar_type() == at::kFloat      ? 0
+                     : x.scalar_type() == at::kHalf     ? 1
+                     : x.scalar_type() == at::kBFloat16 ? 2
+                                                        : -1;
+    TE_CHECK(code >= 0, "dropout: a CUDA tensor of ", x.scalar_type(),
+             " (dropout on CUDA takes float, half or bfloat16)");
+    const kernels::GlobalBox box{global.data(), offsets.data(), lengths.data(),
+                                 static_cast<int>(lengths.size())};
+    const c10::cuda::CUDAGuard guard(x.device());
+    kernels::cuda::dropout_apply(box, seed, call, threshold, scale, x.data_ptr(), out.data_ptr(),
+                                 code, c10::cuda::getCurrentCUDAStream().stream());
+    return out;
+  }
+};
+
+class DeviceDropout : public torch::autograd::Function<DeviceDropout> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                            c10::intrusive_ptr<DeviceDropoutCall> call) {
+    ctx->saved_data["call"] = c10::IValue::make_capsule(call);
+    return call->apply(x);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto call =
+        c10::static_intrusive_pointer_cast<DeviceDropoutCall>(ctx->saved_data["call"].toCapsule());
+    return {call->apply(grads[0]), at::Tensor()};
+  }
+};
+#endif
+
+}  // namespace
 
 at::Tensor dropout(const at::Tensor& x, double p, bool training) {
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
@@ -53,21 +107,34 @@ at::Tensor dropout(const at::Tensor& local, double p, bool training,
   const kernels::GlobalBox box{
       scalar ? one.data() : global_shape.data(), scalar ? zero.data() : offsets.data(),
       scalar ? one.data() : lengths.data(), scalar ? 1 : static_cast<int>(ndim)};
+  const uint32_t threshold = kernels::drop_threshold(p);
+  const float scale = static_cast<float>(1.0 / (1.0 - p));
+  const uint64_t seed = s.seed;
+#ifdef TE_TORCH_CUDA
+  if (local.is_cuda()) {
+    auto c = c10::make_intrusive<DeviceDropoutCall>();
+    c->global.assign(box.global_sizes, box.global_sizes + box.ndim);
+    c->offsets.assign(box.offsets, box.offsets + box.ndim);
+    c->lengths.assign(box.lengths, box.lengths + box.ndim);
+    c->seed = seed;
+    c->call = call;
+    c->threshold = threshold;
+    c->scale = scale;
+    return DeviceDropout::apply(local, c);
+  }
+#endif
   const int64_t row_len = scalar ? 1 : lengths.back();
   const int64_t rows = local.numel() / row_len;
   at::Tensor mask = at::empty(local.sizes(), local.options().dtype(at::kFloat).device(at::kCPU));
   float* out = mask.data_ptr<float>();
-  const uint32_t threshold = kernels::drop_threshold(p);
-  const float scale = static_cast<float>(1.0 / (1.0 - p));
-  const uint64_t seed = s.seed;
   // About 32K elements per task.
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(row_len, 1));
   at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
     kernels::dropout_multipliers(box, begin, end, seed, call, threshold, scale,
                                  out + begin * row_len);
   });
-  // The mask is drawn on the CPU for every device: a CUDA tensor gets it copied over (a CUDA
-  // Philox kernel is part of the GPU work still open; the values would be the same).
+  // A CUDA tensor without te's CUDA kernels (a CPU-only te over a CUDA LibTorch) gets the mask
+  // copied over; the values are the same.
   if (local.scalar_type() != at::kFloat || !local.device().is_cpu()) {
     mask = mask.to(local.device(), local.scalar_type());
   }

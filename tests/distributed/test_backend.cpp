@@ -42,6 +42,7 @@ TEST(CommBackendOption, NamesAndEnvironment) {
 
 // Forcing Gloo moves CPU tensors exactly as the default does.
 TEST(CommBackendOption, GlooByOptionAndByEnvironmentMovesCpuTensors) {
+  if (!comm::gloo_built()) GTEST_SKIP() << "this te-cpp was built without Gloo";
   for (bool by_env : {false, true}) {
     DistributedOptions options;
     std::unique_ptr<EnvScope> env;
@@ -75,8 +76,9 @@ TEST(CommBackendOption, NcclWithoutAGpuOrWithoutNcclIsNamed) {
 #endif
   DistributedOptions options;
   options.backend = CommBackend::kNccl;
-  options.timeout = std::chrono::seconds(20);
+  options.timeout = std::chrono::seconds(60);
   std::vector<std::string> errors(2);
+  const auto start = std::chrono::steady_clock::now();
   EXPECT_THROW(run_local_ranks(
                    2,
                    [&](int rank) {
@@ -89,10 +91,80 @@ TEST(CommBackendOption, NcclWithoutAGpuOrWithoutNcclIsNamed) {
                    },
                    options),
                Error);
+  // Every rank learns why at once: no rank waits out the timeout for a peer that stopped.
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 30.0);
   bool named = false;
   for (const std::string& e : errors) named = named || e.find(expected) != std::string::npos;
   EXPECT_TRUE(named) << "expected: " << expected << "\nrank 0: " << errors[0]
                      << "\nrank 1: " << errors[1];
+}
+
+// Before an NCCL communicator is made, each rank posts its GPU or why it has none. A rank that
+// cannot join stops its peers at once with its reason (before, a peer waited in the store's
+// get for c10d's default 300 s); a rank that posts nothing is named at the world's timeout.
+std::vector<std::string> peer_status_errors(const std::vector<comm::PeerStatus>& statuses,
+                                            std::chrono::milliseconds timeout,
+                                            std::vector<std::vector<comm::PeerStatus>>* got) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  const int n = static_cast<int>(statuses.size());
+  std::vector<int64_t> ranks;
+  for (int r = 0; r < n; ++r) ranks.push_back(10 + r);  // world ranks differ from row ranks
+  std::vector<std::string> errors(statuses.size());
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    if (statuses[r].gpu == "absent") continue;  // this rank never posts
+    threads.emplace_back([&, r] {
+      try {
+        auto all = comm::exchange_peer_status(*store, r, ranks, statuses[r], timeout);
+        if (got) (*got)[r] = all;
+      } catch (const Error& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+TEST(PeerStatus, EveryRankGetsEveryGpuInRankOrder) {
+  std::vector<std::vector<comm::PeerStatus>> got(3);
+  const auto errors =
+      peer_status_errors({{"0000:01:00.0", ""}, {"0000:02:00.0", ""}, {"0000:03:00.0", ""}},
+                         std::chrono::seconds(20), &got);
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(errors[r], "");
+    ASSERT_EQ(got[r].size(), 3u);
+    for (int k = 0; k < 3; ++k)
+      EXPECT_EQ(got[r][k].gpu, "0000:0" + std::to_string(k + 1) + ":00.0");
+  }
+}
+
+TEST(PeerStatus, ARankThatCannotJoinStopsItsPeersAtOnceWithItsReason) {
+  const auto start = std::chrono::steady_clock::now();
+  const auto errors =
+      peer_status_errors({{"0000:01:00.0", ""},
+                          {"", "rank 11 would run NCCL on cuda:1, but this machine has 1 GPU(s)"}},
+                         std::chrono::seconds(60), nullptr);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(seconds, 30.0) << "a peer's reason must not wait out the 60 s timeout";
+  EXPECT_NE(errors[0].find("rank 10 cannot join the NCCL communicator of ranks [10, 11]: rank 11 "
+                           "cannot: rank 11 would run NCCL on cuda:1, but this machine has 1 GPU"),
+            std::string::npos)
+      << errors[0];
+  EXPECT_NE(errors[1].find("rank 11 would run NCCL on cuda:1"), std::string::npos) << errors[1];
+}
+
+TEST(PeerStatus, ARankThatPostsNothingIsNamedAtTheTimeout) {
+  const auto errors =
+      peer_status_errors({{"0000:01:00.0", ""}, {"absent", ""}, {"0000:03:00.0", ""}},
+                         std::chrono::milliseconds(300), nullptr);
+  for (int r : {0, 2}) {
+    EXPECT_NE(errors[r].find("rank(s) 11 of the NCCL communicator of ranks [10, 11, 12] posted "
+                             "nothing within 0.3 s"),
+              std::string::npos)
+        << errors[r];
+  }
 }
 
 #ifdef TE_WITH_NCCL
@@ -131,8 +203,10 @@ TEST(NcclSupport, ThreadRanksShareRankZerosUniqueIdThroughTheWorldStore) {
     const auto store = comm::world_store();
     auto a = c10::make_intrusive<c10d::PrefixStore>("nccl-test/a", store);
     auto b = c10::make_intrusive<c10d::PrefixStore>("nccl-test/b", store);
-    first[static_cast<std::size_t>(rank)] = comm::nccl_share_unique_id(*a, rank);
-    second[static_cast<std::size_t>(rank)] = comm::nccl_share_unique_id(*b, rank);
+    first[static_cast<std::size_t>(rank)] =
+        comm::nccl_share_unique_id(*a, rank, std::chrono::seconds(30));
+    second[static_cast<std::size_t>(rank)] =
+        comm::nccl_share_unique_id(*b, rank, std::chrono::seconds(30));
   });
   EXPECT_EQ(first[0].size(), sizeof(ncclUniqueId));
   EXPECT_EQ(first[1], first[0]);

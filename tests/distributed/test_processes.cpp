@@ -81,6 +81,16 @@ TEST(Processes, TransformerLayerWithDropoutOnDp2xTp2MatchesOneProcess) {
   }
 }
 
+// Ranks 0 and 1 finish while rank 2 still talks to the store rank 0 hosts: rank 0 waits for it
+// (before, rank 2 failed with 'Broken pipe' once rank 0 had exited).
+TEST(Processes, RanksThatFinishEarlyDoNotCutOffOneStillUsingTheStore) {
+  const Result r = run(kRun + " --nproc 3 -- " + kWorker + " early_exit");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("[rank 2] rank 2 used the store after its peers finished"),
+            std::string::npos)
+      << r.output;
+}
+
 // The NCCL unique id travels between processes through the world's TCP store (the GPU part of
 // making a communicator is scripts/gpu-check.sh's).
 TEST(Processes, NcclUniqueIdIsSharedThroughTheStore) {

@@ -14,6 +14,8 @@
 //                          the fingerprint of its weights (gathered when sharded)
 //   te_dist_worker nccl_id each rank takes the NCCL unique id rank 0 made through the world's TCP
 //                          store; the ranks all-gather what they got and rank 0 compares
+//   te_dist_worker early_exit  every rank but the last returns at once; the last waits 1.5 s,
+//                          then uses the world's store (hosted by rank 0) for a second
 //   te_dist_worker layer   a TransformerLayer in training (dropout 0.1-0.3) on a DP2xTP2 mesh of
 //                          4 processes: output and every gradient against the same layer run on
 //                          this process alone
@@ -418,7 +420,8 @@ int nccl_id() {
   if (te::comm::nccl_built()) {
     const int rank = te::world_rank();
     auto store = c10::make_intrusive<c10d::PrefixStore>("nccl-id-test", te::comm::world_store());
-    const std::vector<uint8_t> id = te::comm::nccl_share_unique_id(*store, rank);
+    const std::vector<uint8_t> id =
+        te::comm::nccl_share_unique_id(*store, rank, std::chrono::seconds(30));
     at::Tensor mine = at::empty({static_cast<int64_t>(id.size())}, at::kByte);
     std::memcpy(mine.data_ptr(), id.data(), id.size());
     te::DeviceMesh mesh({te::world_size()}, {"x"});
@@ -435,6 +438,24 @@ int nccl_id() {
   return 0;
 }
 
+// Ranks that finish early must not cut off one still using rank 0's store.
+int early_exit() {
+  const int rank = te::world_rank();
+  if (rank + 1 < te::world_size()) return 0;
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  const auto store = te::comm::world_store();
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  int64_t calls = 0;
+  while (std::chrono::steady_clock::now() < until) {
+    store->set("early-exit/probe", std::vector<uint8_t>{1});
+    store->get("early-exit/probe");
+    ++calls;
+  }
+  std::cout << "rank " << rank << " used the store "
+            << (calls > 0 ? "after its peers finished" : "") << std::endl;
+  return 0;
+}
+
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "check";
   try {
@@ -445,6 +466,7 @@ int main(int argc, char** argv) {
     if (mode == "fp8") return fp8_steps();
     if (mode == "layer") return layer_step();
     if (mode == "nccl_id") return nccl_id();
+    if (mode == "early_exit") return early_exit();
     if (mode == "ckpt_kill" && argc > 2) return checkpoint_kill(argv[2]);
     if (mode == "ckpt_sum" && argc > 2) return checkpoint_sum(argv[2]);
     if (mode == "ckpt_save4" && argc > 2) return checkpoint_save4(argv[2]);

@@ -5,6 +5,7 @@
 //                                               library says today, or a case's words are missing
 //   te_error_catalogue --write docs/errors.md   regenerate it
 #include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include <sys/resource.h>
 
@@ -15,6 +16,7 @@
 #include <iostream>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -22,6 +24,7 @@
 #include "data.h"
 #include "service.h"
 #include "te/distributed.h"
+#include "te/distributed/backend.h"
 #include "te/fp8.h"
 #include "te/nn.h"
 
@@ -157,6 +160,29 @@ std::vector<Case> cases() {
          }
          ::unsetenv("TE_COMM_BACKEND");
        }},
+      {"world", "an NCCL communicator one of whose ranks cannot join",
+       "rank 1 cannot: rank 1 would run NCCL on cuda:1, but this machine has 1 GPU(s)",
+       [] {
+         auto store = c10::make_intrusive<c10d::HashStore>();
+         std::string message;
+         std::thread peer([&] {
+           try {
+             comm::exchange_peer_status(
+                 *store, 1, {0, 1},
+                 {"", "rank 1 would run NCCL on cuda:1, but this machine has 1 GPU(s)"},
+                 std::chrono::seconds(30));
+           } catch (const Error&) {
+           }
+         });
+         try {
+           comm::exchange_peer_status(*store, 0, {0, 1}, {"0000:01:00.0", ""},
+                                      std::chrono::seconds(30));
+         } catch (const Error& e) {
+           message = e.what();
+         }
+         peer.join();
+         if (!message.empty()) throw Error(message);
+       }},
       {"placements", "a Shard dim the tensor does not have",
        "Shard(1) on mesh axis 'x' names dim 1 of a 1-dim tensor",
        on_ranks(2,
@@ -251,6 +277,13 @@ std::vector<Case> cases() {
        [] { fp8::quantize(at::ones({3}, at::kLong), at::ones({1}), fp8::DType::kE4M3); }},
       {"FP8", "a scale that is not one fp32 element", "scale must be an fp32 tensor of one element",
        [] { fp8::quantize(at::ones({3}), at::ones({2}), fp8::DType::kE4M3); }},
+      {"FP8", "a scale_inv that is not on its codes' device",
+       "scale_inv is on meta but the data on cpu",
+       [] {
+         fp8::Fp8Tensor t = fp8::quantize(at::ones({4, 16}), at::ones({1}), fp8::DType::kE4M3);
+         t.scale_inv = at::empty({1}, at::TensorOptions().device(at::kMeta).dtype(at::kFloat));
+         t.dequantize();
+       }},
       // ---- checkpoints ----
       {"checkpoints", "loading from a directory with no checkpoint", "no checkpoint at",
        [no_dir] {

@@ -3,11 +3,13 @@
 // the pipeline axis left out of the reduction.
 
 #include <ATen/ATen.h>
+#include <ATen/ThreadLocalState.h>
 #include <gtest/gtest.h>
 
 #include <map>
 #include <mutex>
 #include <optional>
+#include <thread>
 
 #include "../distributed/dist_test_util.h"
 #include "te/fp8.h"
@@ -230,6 +232,85 @@ TEST(Fp8Parallel, ThePipelineAxisIsLeftOutOfTheAmaxReduction) {
   EXPECT_EQ(scales[1], 224.0f);
   EXPECT_EQ(scales[2], 112.0f);
   EXPECT_EQ(scales[3], 112.0f);
+}
+
+// LibTorch runs the backward of CUDA tensors on a thread of its own per device, handing it the
+// caller's at::ThreadLocalState, not te's thread-local scopes. Here exactly that: each rank
+// thread (A) builds the step with its scopes open (GradientBuckets, CommTrace, an FP8 region),
+// and another thread (B) runs backward() under A's at::ThreadLocalStateGuard. Deferred gradients,
+// the trace (backward collectives and the FP8 amax reduction included), every gradient and the
+// FP8 scales must be those of the same step with backward on A. (Before the scopes were lent to
+// backward, B bucketed nothing and its collectives were missing from A's trace.)
+struct BackwardSeen {
+  int64_t pending = 0;
+  std::string trace;
+  std::map<std::string, at::Tensor> grads, buffers;
+};
+
+BackwardSeen step_with_backward_on(bool other_thread, const char* spec, int rank) {
+  DeviceMesh mesh({2}, {"data"});
+  MeshScope mesh_scope(mesh);
+  const MeshResource resource = parse_mesh_resource(spec);
+  std::optional<LayerNormMLP> built;
+  {
+    MeshResourceScope scope(resource);
+    built.emplace(make_mlp());
+  }
+  LayerNormMLP mlp = *built;
+  BackwardSeen seen;
+  CommTrace trace;
+  GradientBuckets buckets;
+  {
+    Fp8Autocast fp8(true, recipe(), resource);
+    const auto placements =
+        placements_for(*resolve_logical_axes({"batch", "seqlen", "hidden"}), mesh);
+    const DTensor x =
+        DTensor::from_local(piece_of(input(0), mesh, placements, rank), mesh, placements, kShape);
+    const at::Tensor loss =
+        (mlp(x).to_local() * piece_of(output_weight(0), mesh, placements, rank)).sum();
+    if (other_thread) {
+      const at::ThreadLocalState state;  // what the engine hands its device threads
+      std::exception_ptr failed;
+      std::thread([&] {
+        try {
+          const at::ThreadLocalStateGuard guard(state);
+          loss.backward();
+        } catch (...) {
+          failed = std::current_exception();
+        }
+      }).join();
+      if (failed) std::rethrow_exception(failed);
+    } else {
+      loss.backward();
+    }
+    seen.pending = buckets.pending();
+  }
+  buckets.finish();
+  seen.trace = trace.table();
+  for (const auto& p : mlp->named_parameters()) seen.grads[p.key()] = p.value().grad().clone();
+  for (const auto& b : mlp->named_buffers()) seen.buffers[b.key()] = b.value().clone();
+  return seen;
+}
+
+TEST(Fp8Parallel, BackwardOnAnotherThreadUnderTheCallersStateSeesTheCallersScopes) {
+  set_warning_handler([](std::string_view) {});
+  for (const char* spec : {"dp=data", "fsdp=data"}) {
+    run_local_ranks(2, [&](int rank) {
+      const BackwardSeen here = step_with_backward_on(false, spec, rank);
+      const BackwardSeen there = step_with_backward_on(true, spec, rank);
+      if (std::string(spec) == "dp=data") EXPECT_GT(here.pending, 0) << spec;
+      EXPECT_EQ(there.pending, here.pending) << spec;
+      EXPECT_EQ(there.trace, here.trace) << spec;
+      EXPECT_NE(here.trace.find("all_reduce"), std::string::npos) << here.trace;
+      for (const auto& [name, g] : here.grads) {
+        EXPECT_TRUE(at::equal(there.grads.at(name), g)) << spec << " gradient of " << name;
+      }
+      for (const auto& [name, b] : here.buffers) {
+        EXPECT_TRUE(at::equal(there.buffers.at(name), b)) << spec << " " << name;
+      }
+    });
+  }
+  set_warning_handler(nullptr);
 }
 
 }  // namespace

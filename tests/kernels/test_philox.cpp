@@ -65,6 +65,9 @@ TEST(Philox, MultipliersOfABoxAreThoseOfTheGlobalElements) {
       for (int d = 0; d < nd; ++d) g = g * c.global[d] + c.offset[d] + idx[d];
       ASSERT_EQ(out[i], expected(g, seed, call, threshold, scale))
           << "element " << i << " (global " << g << ") of box " << i;
+      // The element mapping the CUDA kernel compiles draws the same word.
+      ASSERT_EQ(out[i], dropout_word(g, seed, call) >= threshold ? scale : 0.0f)
+          << "element " << i << " (global " << g << ")";
       for (int d = nd - 1; d >= 0; --d) {
         if (++idx[d] < c.length[d]) break;
         idx[d] = 0;

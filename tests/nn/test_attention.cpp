@@ -84,16 +84,40 @@ INSTANTIATE_TEST_SUITE_P(Masks, DotProductAttentionCases,
 
 TEST(DotProductAttention, FusedAndUnfusedPathsAgree) {
 #if TE_HAS_SDPA
+  // Values and gradients, GQA, and fewer queries than keys (causal is top-left aligned on both
+  // paths); without a padding mask causal goes to SDPA as is_causal, with one as a bias.
   for (const std::string type : {"no_mask", "padding", "causal", "padding_causal"}) {
-    DotProductAttention fused(
-        DotProductAttentionOptions(4, 8).attn_mask_type(type).num_gqa_groups(2).fused(true));
-    DotProductAttention unfused(
-        DotProductAttentionOptions(4, 8).attn_mask_type(type).num_gqa_groups(2).fused(false));
-    at::Tensor q = randn({3, 5, 4, 8}, 21), k = randn({3, 5, 2, 8}, 22),
-               v = randn({3, 5, 2, 8}, 23);
-    const at::Tensor mask = padding_mask({5, 3, 1}, 5, 5);
-    EXPECT_TRUE(Close(fused(q, k, v, mask), unfused(q, k, v, mask), 1e-5)) << type;
+    for (int64_t sq : {5, 3}) {
+      DotProductAttention fused(
+          DotProductAttentionOptions(4, 8).attn_mask_type(type).num_gqa_groups(2).fused(true));
+      DotProductAttention unfused(
+          DotProductAttentionOptions(4, 8).attn_mask_type(type).num_gqa_groups(2).fused(false));
+      fused->eval();
+      unfused->eval();
+      const at::Tensor q0 = randn({3, sq, 4, 8}, 21), k0 = randn({3, 5, 2, 8}, 22),
+                       v0 = randn({3, 5, 2, 8}, 23);
+      const at::Tensor mask = padding_mask({5, 3, 1}, sq, 5);
+      EXPECT_NE(fused->fused_backend(q0, k0, v0, mask), "unfused") << type;
+      EXPECT_EQ(unfused->fused_backend(q0, k0, v0, mask), "unfused") << type;
+      std::vector<at::Tensor> grads[2];
+      at::Tensor out[2];
+      for (int i = 0; i < 2; ++i) {
+        at::Tensor q = q0.clone().requires_grad_(), k = k0.clone().requires_grad_(),
+                   v = v0.clone().requires_grad_();
+        out[i] = (i == 0 ? fused : unfused)(q, k, v, mask);
+        (out[i] * randn(out[i].sizes(), 24)).sum().backward();
+        grads[i] = {q.grad(), k.grad(), v.grad()};
+      }
+      EXPECT_TRUE(Close(out[0], out[1], 1e-5)) << type << " sq " << sq;
+      for (int g = 0; g < 3; ++g) {
+        EXPECT_TRUE(Close(grads[0][g], grads[1][g], 1e-5)) << type << " sq " << sq << " grad " << g;
+      }
+    }
   }
+  // Dropout in training is drawn by te::nn's layout-invariant stream: never through SDPA.
+  DotProductAttention train(DotProductAttentionOptions(4, 8).attention_dropout(0.1).fused(true));
+  const at::Tensor x = randn({2, 5, 4, 8}, 25);
+  EXPECT_EQ(train->fused_backend(x, x, x), "unfused");
 #else
   GTEST_SKIP() << "this LibTorch (" << TORCH_VERSION_MAJOR << "." << TORCH_VERSION_MINOR
                << ") has no at::scaled_dot_product_attention: the fused path needs 2.0+";

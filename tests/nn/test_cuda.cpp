@@ -10,6 +10,7 @@
 #include <iostream>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "te/compat.h"
 #include "te/nn.h"
@@ -93,13 +94,14 @@ TEST(ModulesOnCuda, FusedAttentionRunsCudnnAndMatchesTheUnfusedPath) {
   at::Tensor q = randn({2, 128, 8, 64}, 11).to(at::kCUDA, at::kBFloat16);
   at::Tensor k = randn({2, 128, 8, 64}, 12).to(at::kCUDA, at::kBFloat16);
   at::Tensor v = randn({2, 128, 8, 64}, 13).to(at::kCUDA, at::kBFloat16);
-  const int64_t choice =
-      at::_fused_sdp_choice(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), {}, 0.0, true);
-  std::cout << "attention backend: " << compat::sdp_backend_name(choice) << std::endl;
-  EXPECT_EQ(std::string(compat::sdp_backend_name(choice)), "cudnn_attention");
   DotProductAttention fused(DotProductAttentionOptions(8, 64).attn_mask_type("causal").fused(true));
   DotProductAttention unfused(
       DotProductAttentionOptions(8, 64).attn_mask_type("causal").fused(false));
+  fused->eval();
+  // The backend of the module's own call (causal without a padding mask: is_causal, no bias).
+  const std::string backend = fused->fused_backend(q, k, v);
+  std::cout << "attention backend: " << backend << std::endl;
+  EXPECT_EQ(backend, "cudnn_attention");
   EXPECT_LT(max_rel(fused(q, k, v), unfused(q, k, v)), 2e-2);
   ctx.setSDPUseFlash(true);
   ctx.setSDPUseMemEfficient(true);
@@ -107,6 +109,59 @@ TEST(ModulesOnCuda, FusedAttentionRunsCudnnAndMatchesTheUnfusedPath) {
   GTEST_SKIP() << "this LibTorch (" << TORCH_VERSION_MAJOR << "." << TORCH_VERSION_MINOR
                << ") has no cuDNN backend in scaled_dot_product_attention (2.5+)";
 #endif
+}
+
+// Dropout on the device draws the CPU's mask (te's Philox kernel, no host mask): a piece of a
+// global tensor, in float and bf16, forward and gradient; and a TransformerLayer in training.
+TEST(ModulesOnCuda, DropoutOnTheDeviceDrawsTheCpusMask) {
+  if (!have_cuda()) GTEST_SKIP() << "no CUDA device (or this LibTorch has no CUDA)";
+  const std::vector<int64_t> global = {4, 6, 130}, offsets = {1, 2, 3};
+  const at::Tensor x = randn({2, 3, 101}, 31);
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    at::Tensor out[2], grad[2];
+    for (int on_gpu = 0; on_gpu < 2; ++on_gpu) {
+      set_rng_state({1234, 7});
+      at::Tensor in = x.to(on_gpu ? at::kCUDA : at::kCPU, dtype).requires_grad_(true);
+      out[on_gpu] = functional::dropout(in, 0.3, true, global, offsets);
+      out[on_gpu].sum().backward();
+      grad[on_gpu] = in.grad();
+    }
+    EXPECT_TRUE(at::equal(out[1].cpu(), out[0])) << dtype;
+    EXPECT_TRUE(at::equal(grad[1].cpu(), grad[0])) << dtype;
+  }
+  manual_seed(6);
+  TransformerLayer layer(TransformerLayerOptions(64, 128, 8).fused_attention(false));
+  at::globalContext().setAllowTF32CuBLAS(false);
+  const at::Tensor h = randn({2, 16, 64}, 32);
+  at::Tensor y[2];
+  for (int on_gpu = 0; on_gpu < 2; ++on_gpu) {
+    auto m = std::dynamic_pointer_cast<TransformerLayerImpl>(layer->clone());
+    m->to(on_gpu ? at::kCUDA : at::kCPU);
+    m->train();
+    set_rng_state({99, 0});
+    y[on_gpu] = m->forward(h.to(on_gpu ? at::kCUDA : at::kCPU));
+  }
+  EXPECT_LT(max_rel(y[1], y[0]), 1e-4) << "same dropout masks on both devices";
+}
+
+// Which backend each of the module's calls gets with LibTorch's default switches, for the record
+// (gpu-check.sh prints it): a causal call without a padding mask must not be sent as a bias
+// tensor, which rules out flash and cuDNN.
+TEST(ModulesOnCuda, CausalAttentionWithoutAPaddingMaskGetsAFusedKernel) {
+  if (!have_cuda()) GTEST_SKIP() << "no CUDA device (or this LibTorch has no CUDA)";
+  at::Tensor q = randn({2, 2048, 32, 128}, 21).to(at::kCUDA, at::kBFloat16);
+  at::Tensor k = randn({2, 2048, 32, 128}, 22).to(at::kCUDA, at::kBFloat16);
+  at::Tensor kv8 = randn({2, 2048, 8, 128}, 23).to(at::kCUDA, at::kBFloat16);
+  DotProductAttention causal(DotProductAttentionOptions(32, 128).attn_mask_type("causal"));
+  DotProductAttention gqa(
+      DotProductAttentionOptions(32, 128).num_gqa_groups(8).attn_mask_type("causal"));
+  causal->eval();
+  gqa->eval();
+  const std::string b1 = causal->fused_backend(q, k, k), b2 = gqa->fused_backend(q, kv8, kv8);
+  std::cout << "attention backend: causal bf16 [2, 2048, 32, 128]: " << b1
+            << "; GQA 32/8 heads: " << b2 << std::endl;
+  EXPECT_NE(b1, "math");
+  EXPECT_NE(b1, "unfused");
 }
 
 }  // namespace

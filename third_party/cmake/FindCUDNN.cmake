@@ -5,7 +5,7 @@
 set(_cudnn_hints ${CUDNN_ROOT} $ENV{CUDNN_ROOT} ${CUDAToolkit_LIBRARY_ROOT} ${CUDAToolkit_ROOT})
 find_path(CUDNN_INCLUDE_DIR cudnn_version.h cudnn.h
   HINTS ${_cudnn_hints} ${CUDAToolkit_INCLUDE_DIRS} PATH_SUFFIXES include)
-find_library(CUDNN_LIBRARY NAMES cudnn
+find_library(CUDNN_LIBRARY NAMES cudnn libcudnn.so.9
   HINTS ${_cudnn_hints} ${CUDAToolkit_LIBRARY_DIR} PATH_SUFFIXES lib lib64 lib/x86_64-linux-gnu)
 
 # cuDNN 8+ keeps the version in cudnn_version.h; older ones in cudnn.h.

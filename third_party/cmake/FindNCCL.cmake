@@ -1,11 +1,12 @@
 # FindNCCL: NVIDIA's collective library, used by the CUDA build of the distributed layer.
 #
-# Looks in NCCL_ROOT / $ENV{NCCL_ROOT}, then the CUDA toolkit, then system paths.
+# Looks in NCCL_ROOT / $ENV{NCCL_ROOT}, then the CUDA toolkit, then system paths. pip's NCCL
+# (site-packages/nvidia/nccl: point NCCL_ROOT there) ships only libnccl.so.2, hence that name too.
 # Defines NCCL_FOUND, NCCL_VERSION, NCCL_INCLUDE_DIR, NCCL_LIBRARY and the target NCCL::nccl.
 set(_nccl_hints ${NCCL_ROOT} $ENV{NCCL_ROOT} ${CUDAToolkit_LIBRARY_ROOT} ${CUDAToolkit_ROOT})
 find_path(NCCL_INCLUDE_DIR nccl.h
   HINTS ${_nccl_hints} ${CUDAToolkit_INCLUDE_DIRS} PATH_SUFFIXES include)
-find_library(NCCL_LIBRARY NAMES nccl
+find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2
   HINTS ${_nccl_hints} ${CUDAToolkit_LIBRARY_DIR} PATH_SUFFIXES lib lib64 lib/x86_64-linux-gnu)
 
 if(NCCL_INCLUDE_DIR AND EXISTS "${NCCL_INCLUDE_DIR}/nccl.h")

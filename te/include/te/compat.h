@@ -19,6 +19,10 @@
 /// at::scaled_dot_product_attention exists from 2.0 on (with a `scale` argument from 2.1).
 #define TE_HAS_SDPA TE_TORCH_VERSION_AT_LEAST(2, 0)
 
+/// scaled_dot_product_attention takes `enable_gqa` (fewer key/value heads than query heads)
+/// from 2.5 on.
+#define TE_SDPA_HAS_GQA TE_TORCH_VERSION_AT_LEAST(2, 5)
+
 /// LibTorch's float8_e4m3fn / float8_e5m2 dtypes exist from 2.1 on.
 #define TE_HAS_FLOAT8 TE_TORCH_VERSION_AT_LEAST(2, 1)
 

@@ -103,9 +103,14 @@ std::pair<Fp8Tensor, Fp8Tensor> cast_transpose(const at::Tensor& x, const at::Te
 at::Tensor amax(const at::Tensor& x);
 
 /// D = (a @ b) * a.scale_inv * b.scale_inv in fp32, for a [M, K] and b [K, N]: FP8 products are
-/// exact in fp32 (4 x 4 significant bits) and sums accumulate in fp32. CPU: the reference
-/// (exact decode, fp32 GEMM, output scaling); CUDA: cuBLASLt FP8 with scale pointers (sm_89+).
-at::Tensor gemm(const Fp8Tensor& a, const Fp8Tensor& b);
+/// exact in fp32 (4 x 4 significant bits). CPU: the reference (exact decode, fp32 GEMM, output
+/// scaling); CUDA: cuBLASLt FP8 with scale pointers (sm_89+), whose tensor cores accumulate in
+/// ~13 mantissa bits, all of K with `fast_accumulation` (TE's forward GEMM), else promoting
+/// partial sums to fp32 (TE's gradient GEMMs).
+at::Tensor gemm(const Fp8Tensor& a, const Fp8Tensor& b, bool fast_accumulation = false);
+/// The same GEMM with b given transposed, b_t [N, K]: the layout FP8 tensor cores take, so a
+/// caller that holds it (cast_transpose's second tensor) spares the transpose.
+at::Tensor gemm_nt(const Fp8Tensor& a, const Fp8Tensor& b_t, bool fast_accumulation = false);
 
 #if TE_HAS_FLOAT8
 /// The codes as LibTorch's float8_e4m3fn / float8_e5m2 (the same bits; no scale applied).
@@ -119,8 +124,8 @@ Fp8Tensor from_torch_float8(const at::Tensor& t, const at::Tensor& scale_inv);
 /// The FP8 state of one GEMM y = x @ w, kept by its module as registered buffers (saved, loaded
 /// and cloned with it): forward slots [input, kernel] and backward slot [grad output], each with
 /// scale, scale_inv and an amax history of the recipe's length (resized when a recipe with
-/// another length first runs). Also caches the kernel's codes while the kernel and its scale are
-/// unchanged (micro-steps, inference).
+/// another length first runs). Also caches the kernel's codes while the kernel and its scale
+/// buffer are unchanged (micro-steps of one region, inference); a scale update casts again.
 class GemmMeta {
  public:
   at::Tensor fwd_scale, fwd_scale_inv, fwd_amax_history;  // [2], [2], [L, 2]
@@ -135,7 +140,8 @@ class GemmMeta {
     const void* data = nullptr;
     std::vector<int64_t> strides;
     int64_t version = -1;
-    float scale = 0.0f;
+    const void* scale_data = nullptr;  // fwd_scale's buffer and its version when cast
+    int64_t scale_version = -1;
     DType dtype = DType::kE4M3;
     Fp8Tensor codes;       // [K, N]
     Fp8Tensor transposed;  // [N, K]

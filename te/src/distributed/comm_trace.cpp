@@ -4,14 +4,9 @@
 #include <sstream>
 #include <utility>
 
-namespace te {
+#include "internal.h"
 
-namespace {
-std::vector<CommTrace*>& live_traces() {
-  thread_local std::vector<CommTrace*> traces;
-  return traces;
-}
-}  // namespace
+namespace te {
 
 std::string to_string(Collective kind) {
   switch (kind) {
@@ -27,15 +22,21 @@ std::string to_string(Collective kind) {
   return "?";
 }
 
-CommTrace::CommTrace() { live_traces().push_back(this); }
+CommTrace::CommTrace() : scopes_(detail::scopes_in_effect()) {
+  std::lock_guard<std::mutex> lock(scopes_->mutex);
+  scopes_->traces.push_back(this);
+}
 
 CommTrace::~CommTrace() {
-  auto& traces = live_traces();
+  std::lock_guard<std::mutex> lock(scopes_->mutex);
+  auto& traces = scopes_->traces;
   traces.erase(std::remove(traces.begin(), traces.end(), this), traces.end());
 }
 
 void CommTrace::record(const CommRecord& record) {
-  for (CommTrace* trace : live_traces()) trace->records_.push_back(record);
+  const auto scopes = detail::scopes_in_effect();
+  std::lock_guard<std::mutex> lock(scopes->mutex);
+  for (CommTrace* trace : scopes->traces) trace->records_.push_back(record);
 }
 
 int64_t CommTrace::count(Collective kind, const std::string& axis) const {

@@ -304,23 +304,23 @@ std::string visualize_sharding(const DTensor& x) {
 
 namespace detail {
 
-namespace {
-std::vector<GradientReductionHook*>& gradient_hooks() {
-  thread_local std::vector<GradientReductionHook*> hooks;
-  return hooks;
+std::shared_ptr<ThreadScopes> install_gradient_hook(GradientReductionHook* hook) {
+  auto scopes = scopes_in_effect();
+  std::lock_guard<std::mutex> lock(scopes->mutex);
+  scopes->hooks.push_back(hook);
+  return scopes;
 }
-}  // namespace
 
-void install_gradient_hook(GradientReductionHook* hook) { gradient_hooks().push_back(hook); }
-
-void remove_gradient_hook(GradientReductionHook* hook) {
-  auto& hooks = gradient_hooks();
+void remove_gradient_hook(ThreadScopes& scopes, GradientReductionHook* hook) {
+  std::lock_guard<std::mutex> lock(scopes.mutex);
+  auto& hooks = scopes.hooks;
   hooks.erase(std::remove(hooks.begin(), hooks.end(), hook), hooks.end());
 }
 
 GradientReductionHook* current_gradient_hook() {
-  const auto& hooks = gradient_hooks();
-  return hooks.empty() ? nullptr : hooks.back();
+  const auto scopes = scopes_in_effect();
+  std::lock_guard<std::mutex> lock(scopes->mutex);
+  return scopes->hooks.empty() ? nullptr : scopes->hooks.back();
 }
 
 }  // namespace detail

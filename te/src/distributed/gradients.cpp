@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <mutex>
 #include <vector>
 
 #include "internal.h"
@@ -18,9 +19,13 @@ struct GradientBuckets::State : detail::GradientReductionHook {
   std::vector<std::pair<const detail::Group*, std::vector<at::Tensor>>> waiting;
   std::vector<DeviceMesh> meshes;  // keep the groups alive
   bool finished = false;
+  std::shared_ptr<detail::ThreadScopes> scopes;  // where the hook is installed
+  // Autograd may run CPU and CUDA nodes of one backward on two threads at once.
+  std::mutex mutex;
 
   bool defer(const at::Tensor& param, const DeviceMesh& mesh,
              const std::vector<int64_t>& mesh_dims) override {
+    std::lock_guard<std::mutex> lock(mutex);
     for (int64_t m : mesh_dims) {
       const detail::Group* group = &mesh.state().groups[static_cast<std::size_t>(m)];
       auto row = std::find_if(waiting.begin(), waiting.end(),
@@ -42,11 +47,11 @@ struct GradientBuckets::State : detail::GradientReductionHook {
 GradientBuckets::GradientBuckets(int64_t bucket_bytes) : state_(std::make_unique<State>()) {
   TE_CHECK(bucket_bytes > 0, "GradientBuckets: bucket_bytes must be positive, got ", bucket_bytes);
   state_->bucket_bytes = bucket_bytes;
-  detail::install_gradient_hook(state_.get());
+  state_->scopes = detail::install_gradient_hook(state_.get());
 }
 
 GradientBuckets::~GradientBuckets() {
-  detail::remove_gradient_hook(state_.get());
+  detail::remove_gradient_hook(*state_->scopes, state_.get());
   if (!state_->finished) {
     try {
       finish();

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "te/distributed/backend.h"
+#include "te/distributed/comm_trace.h"
 #include "te/distributed/mesh.h"
 #include "te/distributed/placement.h"
 #include "te/distributed/world.h"
@@ -83,6 +84,10 @@ class World {
                                              const std::string& what) const;
   struct Heartbeat;
   std::unique_ptr<Heartbeat> heartbeat_;
+  void stop_heartbeat();
+  /// Leaving a process world: rank 0, which hosts the store, waits until every peer has left,
+  /// failed or died (at most the timeout, 10 s at most), so no rank is cut off mid-call.
+  void leave_together();
 };
 
 /// The world of this thread (run_local_ranks), else of the process (init_distributed), else null.
@@ -162,10 +167,22 @@ class GradientReductionHook {
   virtual bool defer(const at::Tensor& param, const DeviceMesh& mesh,
                      const std::vector<int64_t>& mesh_dims) = 0;
 };
-/// Installs `hook` on this thread (innermost first) until removed.
-void install_gradient_hook(GradientReductionHook* hook);
-void remove_gradient_hook(GradientReductionHook* hook);
-/// The innermost hook of this thread, or null.
+
+/// What one thread has in scope that backward reads (te/distributed/scopes.h): shared with the
+/// autograd nodes the thread builds, which lend it to whichever thread runs their backward
+/// (several CUDA device threads at once: hence the mutex).
+struct ThreadScopes {
+  std::mutex mutex;
+  std::vector<GradientReductionHook*> hooks;  // innermost last
+  std::vector<CommTrace*> traces;
+};
+/// The scopes lent to this thread (ScopeLoan), else its own (made on first use).
+std::shared_ptr<ThreadScopes> scopes_in_effect();
+
+/// Installs `hook` in the scopes in effect (innermost first) until removed from the same.
+std::shared_ptr<ThreadScopes> install_gradient_hook(GradientReductionHook* hook);
+void remove_gradient_hook(ThreadScopes& scopes, GradientReductionHook* hook);
+/// The innermost hook in effect on this thread, or null.
 GradientReductionHook* current_gradient_hook();
 
 // ---- collectives over one mesh dim's row (all record into CommTrace) ----------------------

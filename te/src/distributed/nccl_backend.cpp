@@ -9,16 +9,29 @@
 // the end throw a te::Error saying this build has no NCCL.
 
 #include "te/distributed/backend.h"
+
+#include <chrono>
+#include <cstring>
+#include <optional>
+#include <stdexcept>
+#include <thread>
+
 #include "te/error.h"
+
+namespace te::comm {
+namespace {
+std::string join_ranks(const std::vector<int64_t>& ranks) {
+  std::string out;
+  for (std::size_t i = 0; i < ranks.size(); ++i) out += (i ? ", " : "") + std::to_string(ranks[i]);
+  return out;
+}
+}  // namespace
+}  // namespace te::comm
 
 #ifdef TE_WITH_NCCL
 
 #include <cuda_runtime.h>
 #include <nccl.h>
-
-#include <cstring>
-#include <stdexcept>
-#include <thread>
 
 #include "te/compat.h"
 
@@ -77,7 +90,7 @@ ncclRedOp_t reduce_op(ReduceOp op) {
   return ncclSum;
 }
 
-ncclUniqueId share_unique_id(c10d::Store& store, int rank) {
+ncclUniqueId share_unique_id(c10d::Store& store, int rank, std::chrono::milliseconds timeout) {
   ncclUniqueId id;
   if (rank == 0) {
     const ncclResult_t r = ncclGetUniqueId(&id);
@@ -85,6 +98,13 @@ ncclUniqueId share_unique_id(c10d::Store& store, int rank) {
     const auto* bytes = reinterpret_cast<const uint8_t*>(&id);
     store.set("nccl_id", std::vector<uint8_t>(bytes, bytes + sizeof(id)));
     return id;
+  }
+  try {
+    store.wait({"nccl_id"}, timeout);
+  } catch (const std::exception&) {
+    TE_FAIL("rank ", rank, " of an NCCL communicator waited ", timeout.count() / 1000.0,
+            " s for rank 0's unique id, which never came: rank 0 stopped before making it, or "
+            "runs other collective steps; every rank must build the same meshes in order");
   }
   const std::vector<uint8_t> bytes = store.get("nccl_id");
   TE_CHECK(bytes.size() == sizeof(id), "internal: the NCCL unique id in the store has ",
@@ -110,38 +130,43 @@ class DeviceScope {
   int previous_ = 0;
 };
 
-std::string join_ranks(const std::vector<int64_t>& ranks) {
-  std::string out;
-  for (std::size_t i = 0; i < ranks.size(); ++i) out += (i ? ", " : "") + std::to_string(ranks[i]);
-  return out;
+// The GPU this rank's communicator would run on, or why it cannot have one.
+PeerStatus own_status(const BackendSetup& setup) {
+  const int world_rank = static_cast<int>(setup.ranks.at(static_cast<std::size_t>(setup.rank)));
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  PeerStatus status;
+  if (e != cudaSuccess || count == 0) {
+    status.error = "NCCL needs a CUDA GPU on every rank, and rank " + std::to_string(world_rank) +
+                   " has none (CUDA says: " +
+                   (e == cudaSuccess ? std::string("no devices") : cudaGetErrorString(e)) +
+                   "); run on a GPU machine, or move CPU tensors on Gloo (CommBackend::kGloo or "
+                   "kAuto; TE_COMM_BACKEND=gloo)";
+  } else if (setup.cuda_device < 0 || setup.cuda_device >= count) {
+    status.error = "rank " + std::to_string(world_rank) +
+                   " would run NCCL on cuda:" + std::to_string(setup.cuda_device) +
+                   ", but this machine has " + std::to_string(count) +
+                   " GPU(s): start at most one rank per GPU (te-run --nproc " +
+                   std::to_string(count) +
+                   "); LOCAL_RANK picks a process rank's GPU, a thread rank's is its rank";
+  } else {
+    char bus[64] = {0};
+    cudaDeviceGetPCIBusId(bus, sizeof(bus), setup.cuda_device);
+    status.gpu = bus;
+  }
+  return status;
 }
 
 class NcclBackend final : public Backend {
  public:
   explicit NcclBackend(const BackendSetup& setup)
       : device_(setup.cuda_device), size_(setup.size), timeout_(setup.timeout) {
-    int count = 0;
-    const cudaError_t e = cudaGetDeviceCount(&count);
-    const int world_rank = static_cast<int>(setup.ranks.at(static_cast<std::size_t>(setup.rank)));
-    TE_CHECK(e == cudaSuccess && count > 0, "NCCL needs a CUDA GPU on every rank, and rank ",
-             world_rank,
-             " has none (CUDA says: ", e == cudaSuccess ? "no devices" : cudaGetErrorString(e),
-             "); run on a GPU machine, or move CPU tensors on Gloo (CommBackend::kGloo or "
-             "kAuto; TE_COMM_BACKEND=gloo)");
-    TE_CHECK(device_ >= 0 && device_ < count, "rank ", world_rank,
-             " would run NCCL on cuda:", device_, ", but this machine has ", count,
-             " GPU(s): start at most one rank per GPU (te-run --nproc ", count,
-             "); LOCAL_RANK picks a process rank's GPU, a thread rank's is its rank");
-    // NCCL refuses two ranks of one communicator on one GPU; say so before it does.
-    char bus[64] = {0};
-    cudaDeviceGetPCIBusId(bus, sizeof(bus), device_);
-    setup.store->set("gpu/" + std::to_string(setup.rank),
-                     std::vector<uint8_t>(bus, bus + std::strlen(bus)));
+    // Every rank posts its GPU or why it has none before anything can stop it, so a rank that
+    // cannot join names itself to its peers at once (they would otherwise wait on its key).
+    const std::vector<PeerStatus> peers = exchange_peer_status(
+        *setup.store, setup.rank, setup.ranks, own_status(setup), setup.timeout);
     std::vector<std::string> gpus;
-    for (int r = 0; r < size_; ++r) {
-      const auto v = setup.store->get("gpu/" + std::to_string(r));
-      gpus.emplace_back(v.begin(), v.end());
-    }
+    for (const PeerStatus& p : peers) gpus.push_back(p.gpu);
     if (const auto dup = shared_gpu(gpus)) {
       TE_FAIL("ranks ", setup.ranks[static_cast<std::size_t>(dup->first)], " and ",
               setup.ranks[static_cast<std::size_t>(dup->second)],
@@ -151,7 +176,7 @@ class NcclBackend final : public Backend {
               ": NCCL refuses two ranks of one communicator on one GPU. Start one rank per GPU "
               "(LOCAL_RANK picks it; te::local_device()), or use Gloo (CommBackend::kGloo)");
     }
-    const ncclUniqueId id = nccl::share_unique_id(*setup.store, setup.rank);
+    const ncclUniqueId id = nccl::share_unique_id(*setup.store, setup.rank, timeout_);
     DeviceScope scope(device_);
 #ifndef TE_TORCH_CUDA
     cudaStreamCreateWithFlags(&own_stream_, cudaStreamNonBlocking);
@@ -332,8 +357,9 @@ int nccl_reduce_type(at::ScalarType dtype) { return static_cast<int>(nccl::reduc
 
 int nccl_reduce_op(ReduceOp op) { return static_cast<int>(nccl::reduce_op(op)); }
 
-std::vector<uint8_t> nccl_share_unique_id(c10d::Store& store, int rank) {
-  const ncclUniqueId id = nccl::share_unique_id(store, rank);
+std::vector<uint8_t> nccl_share_unique_id(c10d::Store& store, int rank,
+                                          std::chrono::milliseconds timeout) {
+  const ncclUniqueId id = nccl::share_unique_id(store, rank, timeout);
   const auto* bytes = reinterpret_cast<const uint8_t*>(&id);
   return {bytes, bytes + sizeof(id)};
 }
@@ -361,7 +387,9 @@ namespace {
 
 int nccl_reduce_type(at::ScalarType) { no_nccl(); }
 int nccl_reduce_op(ReduceOp) { no_nccl(); }
-std::vector<uint8_t> nccl_share_unique_id(c10d::Store&, int) { no_nccl(); }
+std::vector<uint8_t> nccl_share_unique_id(c10d::Store&, int, std::chrono::milliseconds) {
+  no_nccl();
+}
 
 }  // namespace te::comm
 
@@ -378,6 +406,49 @@ std::optional<std::pair<int, int>> shared_gpu(const std::vector<std::string>& gp
     }
   }
   return std::nullopt;
+}
+
+std::vector<PeerStatus> exchange_peer_status(c10d::Store& store, int rank,
+                                             const std::vector<int64_t>& ranks,
+                                             const PeerStatus& mine,
+                                             std::chrono::milliseconds timeout) {
+  // One key per rank: "g<bus id>" or "e<reason>".
+  const std::string text = mine.error.empty() ? "g" + mine.gpu : "e" + mine.error;
+  store.set("status/" + std::to_string(rank), std::vector<uint8_t>(text.begin(), text.end()));
+  if (!mine.error.empty()) TE_FAIL(mine.error);
+  const int size = static_cast<int>(ranks.size());
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::vector<std::optional<PeerStatus>> all(static_cast<std::size_t>(size));
+  // Polled in short slices: a peer's error is named as soon as it is posted.
+  while (true) {
+    std::string missing;
+    for (int r = 0; r < size; ++r) {
+      auto& slot = all[static_cast<std::size_t>(r)];
+      const std::string k = "status/" + std::to_string(r);
+      if (!slot && store.check({k})) {
+        const auto bytes = store.get(k);
+        const std::string v(bytes.begin(), bytes.end());
+        PeerStatus p;
+        (v.rfind('e', 0) == 0 ? p.error : p.gpu) = v.substr(1);
+        TE_CHECK(p.error.empty(), "rank ", ranks.at(static_cast<std::size_t>(rank)),
+                 " cannot join the NCCL communicator of ranks [", join_ranks(ranks), "]: rank ",
+                 ranks.at(static_cast<std::size_t>(r)), " cannot: ", p.error);
+        slot = p;
+      }
+      if (!slot) missing += (missing.empty() ? "" : ", ") + std::to_string(ranks[r]);
+    }
+    if (missing.empty()) break;
+    TE_CHECK(std::chrono::steady_clock::now() < deadline, "rank ",
+             ranks.at(static_cast<std::size_t>(rank)), ": rank(s) ", missing,
+             " of the NCCL communicator of ranks [", join_ranks(ranks), "] posted nothing within ",
+             timeout.count() / 1000.0,
+             " s; every rank must build the same meshes in the same order (raise the timeout "
+             "with TE_DIST_TIMEOUT_S if they are only slow)");
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  std::vector<PeerStatus> out;
+  for (auto& p : all) out.push_back(*p);
+  return out;
 }
 
 }  // namespace te::comm

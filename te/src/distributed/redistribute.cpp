@@ -9,6 +9,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "internal.h"
+#include "te/distributed/scopes.h"
 #include "te/error.h"
 
 namespace te::detail {
@@ -238,6 +239,7 @@ struct RelayoutState : torch::CustomClassHolder {
   std::vector<Run> runs;
   std::vector<Placement> grad_out;  // the source's gradient layout
   at::Tensor param;                 // the source, when it is a parameter (a leaf with grad)
+  ScopeCapture scopes;              // of the thread that built the node, for its backward
 };
 
 // Moves data src -> dst; backward runs each move's reverse, or, with a declared gradient layout,
@@ -247,6 +249,7 @@ class Relayout : public torch::autograd::Function<Relayout> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
                             c10::intrusive_ptr<RelayoutState> state) {
     ctx->saved_data["state"] = c10::IValue::make_capsule(state);
+    state->scopes = ScopeCapture::current();
     RelayoutSpec& spec = state->spec;
     if (spec.done.defined()) {
       at::Tensor out = spec.done.detach();
@@ -275,6 +278,8 @@ class Relayout : public torch::autograd::Function<Relayout> {
                                                  torch::autograd::variable_list grads) {
     auto s =
         c10::static_intrusive_pointer_cast<RelayoutState>(ctx->saved_data["state"].toCapsule());
+    // Autograd may run this on a thread of its own (CUDA): record and defer as the builder would.
+    const ScopeLoan loan(s->scopes);
     const RelayoutSpec& spec = s->spec;
     if (spec.grad_in) return {declared_backward(*s, grads[0]), at::Tensor()};
     if (spec.src == spec.dst) return {grads[0], at::Tensor()};

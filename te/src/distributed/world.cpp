@@ -130,13 +130,48 @@ World::World(c10::intrusive_ptr<c10d::Store> store, int rank, int size, int loca
 }
 
 World::~World() {
-  if (heartbeat_) {
-    {
-      std::lock_guard<std::mutex> lock(heartbeat_->mutex);
-      heartbeat_->stop = true;
+  if (!heartbeat_) return;  // thread ranks share an in-process store that outlives them all
+  if (rank_ != 0) stop_heartbeat();
+  leave_together();
+  stop_heartbeat();
+}
+
+void World::stop_heartbeat() {
+  if (!heartbeat_ || !heartbeat_->thread.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(heartbeat_->mutex);
+    heartbeat_->stop = true;
+  }
+  heartbeat_->wake.notify_all();
+  heartbeat_->thread.join();
+}
+
+void World::leave_together() {
+  try {
+    store_->set(key("done/", rank_), std::vector<uint8_t>{1});
+    if (rank_ != 0) return;
+    // A peer that is still working uses the store; one that died would be waited for in vain,
+    // so its heartbeat is watched: standing still for 8 periods means it is gone.
+    const auto deadline =
+        std::chrono::steady_clock::now() +
+        std::min<std::chrono::milliseconds>(options_.timeout, std::chrono::seconds(10));
+    std::map<int, std::pair<int64_t, int>> beats;  // rank -> (last count, periods unchanged)
+    while (std::chrono::steady_clock::now() < deadline) {
+      bool waiting = false;
+      for (int r = 1; r < size_; ++r) {
+        if (store_->check({key("done/", r)}) || store_->check({key("left/", r)})) continue;
+        const int64_t beat = store_->add(key("hb/", r), 0);
+        auto [it, first] = beats.try_emplace(r, beat, 0);
+        auto& [last, still] = it->second;
+        still = !first && last == beat ? still + 1 : 0;
+        last = beat;
+        waiting = waiting || still < 8;
+      }
+      if (!waiting) return;
+      std::this_thread::sleep_for(kHeartbeatPeriod);
     }
-    heartbeat_->wake.notify_all();
-    heartbeat_->thread.join();
+  } catch (const std::exception&) {
+    // The store is already unreachable: nobody is left to cut off.
   }
 }
 
@@ -542,8 +577,14 @@ int local_rank() {
 }
 
 c10::Device local_device() {
-  if (at::hasCUDA()) return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(local_rank()));
-  return c10::Device(c10::kCPU);
+  if (!at::hasCUDA()) return c10::Device(c10::kCPU);
+  const int local = local_rank();
+  const auto gpus = static_cast<int>(at::getNumGPUs());
+  TE_CHECK(local < gpus, "local_device: rank ", world_rank(), " has LOCAL_RANK ", local,
+           ", but this host has ", gpus,
+           " GPU(s): start at most one rank per GPU on each host (te-run --nproc ", gpus,
+           "), or set LOCAL_RANK to the rank's index on its host");
+  return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(local));
 }
 
 const char* to_string(CommBackend backend) {

@@ -12,6 +12,7 @@
 #include <mutex>
 
 #include "te/distributed/mesh.h"
+#include "te/distributed/scopes.h"
 #include "te/error.h"
 #include "te/fp8.h"
 
@@ -87,13 +88,16 @@ struct BackwardReduction {
   std::mutex mu;
   std::vector<Pending> pending;
   bool queued = false;
+  ScopeCapture scopes;  // of the backward that queued the callback (its trace sees the reduce)
 
   static void add(const std::shared_ptr<BackwardReduction>& self, Pending p) {
     std::lock_guard<std::mutex> lock(self->mu);
     add_pending(self->pending, std::move(p));
     if (self->queued) return;
     self->queued = true;
+    self->scopes = ScopeCapture::current();
     torch::autograd::Engine::get_default_engine().queue_callback([self] {
+      const ScopeLoan loan(self->scopes);
       std::vector<Pending> items;
       {
         std::lock_guard<std::mutex> lock(self->mu);
@@ -134,24 +138,26 @@ struct LinearState : torch::CustomClassHolder {
   std::shared_ptr<BackwardReduction> backward;
   bool record = true;  // records(meta) when the GEMM ran
   Fp8Tensor x_t;       // x^T codes [K, M]
-  Fp8Tensor w_t;       // w^T codes [N, K]
+  Fp8Tensor w;         // w codes [K, N] (dgrad's b_t)
   std::vector<int64_t> x_shape;
   at::ScalarType x_dtype = at::kFloat, w_dtype = at::kFloat;
+  ScopeCapture scopes;  // of the thread that ran forward, lent to the one running backward
 };
 
-// CurrentScaling: the whole tensor's amax (MAX over the mesh dims), then its scale.
+// CurrentScaling: the whole tensor's amax (MAX over the mesh dims), then its scale: on the
+// tensor's device, compute_scale's fp32 operations elementwise (no host round trip).
 at::Tensor current_scale(const at::Tensor& x, const LinearState& s, DType dtype) {
   at::Tensor a = fp8::amax(x);
   if (s.mesh && !s.dims.empty()) {
     a = s.mesh->all_reduce(a, ReduceOp::kMax, s.dims);
   }
-  const float scale = compute_scale(a.item<float>(), 1.0f, max_finite(dtype), 0);
-  return at::full({1}, scale, x.options().dtype(at::kFloat));
+  const at::Tensor quotient = at::div(at::full_like(a, max_finite(dtype)), a);
+  return at::where((a > 0) & at::isfinite(a) & at::isfinite(quotient), quotient, at::ones_like(a));
 }
 
+// slot = max(slot, amax), NaN winning (at::maximum propagates it), on the device.
 void fold_amax(const at::Tensor& slot, const at::Tensor& amax) {
-  const float a = amax.item<float>(), b = slot.item<float>();
-  slot.fill_(std::isnan(a) || a > b ? a : b);
+  slot.copy_(at::maximum(slot, amax));
 }
 
 // The FP8 state stays fp32 whatever the module's dtype: module->to(at::kBFloat16) converts every
@@ -199,14 +205,17 @@ class Fp8Linear : public torch::autograd::Function<Fp8Linear> {
       std::lock_guard<std::mutex> lock(meta.mutex);
       const at::Tensor newest = meta.fwd_amax_history[0];
       if (s->record) fold_amax(newest.narrow(0, 0, 1), x_amax);
-      // The kernel's codes are reused while the kernel and its scale are unchanged.
+      // The kernel's codes are reused while the kernel and its scale are unchanged: the scale
+      // is known unchanged while its buffer is not written (its version), so no value is read
+      // back from the device. (A scale update rewrites it, and the kernel is cast again.)
       auto& c = meta.kernel_cache;
-      const float scale = meta.fwd_scale[1].item<float>();
+      const auto scale_version = static_cast<int64_t>(meta.fwd_scale._version());
+      const void* scale_data = meta.fwd_scale.data_ptr();
       const std::vector<int64_t> strides(w.strides().begin(), w.strides().end());
       if (c.storage.unsafeGetStorageImpl() == w.storage().unsafeGetStorageImpl() &&
           c.data == w.data_ptr() && c.version == static_cast<int64_t>(w._version()) &&
-          c.scale == scale && c.dtype == dtype && c.codes.data.sizes() == w.sizes() &&
-          c.strides == strides) {
+          c.scale_data == scale_data && c.scale_version == scale_version && c.dtype == dtype &&
+          c.codes.data.sizes() == w.sizes() && c.strides == strides) {
         ++meta.kernel_cache_hits;
       } else {
         c.amax = at::zeros({1}, newest.options());
@@ -216,7 +225,8 @@ class Fp8Linear : public torch::autograd::Function<Fp8Linear> {
         c.data = w.data_ptr();
         c.strides = strides;
         c.version = static_cast<int64_t>(w._version());
-        c.scale = scale;
+        c.scale_data = scale_data;
+        c.scale_version = scale_version;
         c.dtype = dtype;
         c.transposed = fresh.second;
       }
@@ -231,23 +241,27 @@ class Fp8Linear : public torch::autograd::Function<Fp8Linear> {
       wq = cast_transpose(w, current_scale(w, *s, dtype), dtype);
     }
     s->x_t = xq.second;
-    s->w_t = wq.second;
+    s->w = wq.first;
     s->x_shape = {x.sizes().begin(), x.sizes().end()};
     s->x_dtype = x.scalar_type();
     s->w_dtype = w.scalar_type();
+    s->scopes = ScopeCapture::current();
     ctx->saved_data["state"] = c10::IValue::make_capsule(s);
     std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end() - 1);
     out_shape.push_back(w.size(1));
-    return gemm(xq.first, wq.first).reshape(out_shape).to(x.scalar_type());
+    return gemm_nt(xq.first, wq.second, /*fast_accumulation=*/true)
+        .reshape(out_shape)
+        .to(x.scalar_type());
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     auto s = c10::static_intrusive_pointer_cast<LinearState>(ctx->saved_data["state"].toCapsule());
-    const int64_t n = s->w_t.data.size(0);
+    const ScopeLoan loan(s->scopes);
+    const int64_t n = s->w.data.size(1);
     const at::Tensor g2 = grads[0].reshape({-1, n});
     const DType dtype = backward_dtype(format_of(s->recipe));
-    Fp8Tensor gq;
+    std::pair<Fp8Tensor, Fp8Tensor> gq;  // g [M, N] and g^T [N, M]
     if (const auto* d = std::get_if<DelayedScaling>(&s->recipe)) {
       GemmMeta& meta = *s->meta;
       at::Tensor g_scale;
@@ -256,7 +270,7 @@ class Fp8Linear : public torch::autograd::Function<Fp8Linear> {
         g_scale = meta.bwd_scale.narrow(0, 0, 1).clone();
       }
       const at::Tensor g_amax = s->record ? at::zeros({1}, g_scale.options()) : at::Tensor();
-      gq = quantize(g2, g_scale, dtype, g_amax);
+      gq = cast_transpose(g2, g_scale, dtype, g_amax);
       if (s->record) {
         {
           std::lock_guard<std::mutex> lock(meta.mutex);
@@ -265,10 +279,11 @@ class Fp8Linear : public torch::autograd::Function<Fp8Linear> {
         BackwardReduction::add(s->backward, {s->meta, *d, s->mesh, s->dims});
       }
     } else {
-      gq = quantize(g2, current_scale(g2, *s, dtype), dtype);
+      gq = cast_transpose(g2, current_scale(g2, *s, dtype), dtype);
     }
-    const at::Tensor grad_x = gemm(gq, s->w_t).reshape(s->x_shape).to(s->x_dtype);
-    const at::Tensor grad_w = gemm(s->x_t, gq).to(s->w_dtype);
+    // dgrad = g w^T and wgrad = x^T g, each with the transposed codes it takes at hand.
+    const at::Tensor grad_x = gemm_nt(gq.first, s->w).reshape(s->x_shape).to(s->x_dtype);
+    const at::Tensor grad_w = gemm_nt(s->x_t, gq.second).to(s->w_dtype);
     return {grad_x, grad_w, at::Tensor()};
   }
 };
@@ -403,7 +418,7 @@ at::Tensor frozen_linear(const at::Tensor& x, const GemmMeta& meta) {
                      meta.frozen_kernel_scale_inv.to(at::kFloat), DType::kE4M3};
   std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end() - 1);
   out_shape.insert(out_shape.end(), codes.sizes().begin() + 1, codes.sizes().end());
-  return gemm(xq, wq).reshape(out_shape).to(x.scalar_type());
+  return gemm(xq, wq, /*fast_accumulation=*/true).reshape(out_shape).to(x.scalar_type());
 }
 
 }  // namespace te::fp8

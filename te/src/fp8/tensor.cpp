@@ -94,6 +94,7 @@ at::Tensor Fp8Tensor::dequantize() const {
   TE_CHECK(data.defined() && data.scalar_type() == at::kByte,
            "Fp8Tensor::dequantize: the codes must be a uint8 tensor");
   const at::Tensor codes = data.contiguous();
+  check_scale(scale_inv, "Fp8Tensor::dequantize: scale_inv", codes);
   at::Tensor out = at::empty(codes.sizes(), codes.options().dtype(at::kFloat));
   if (codes.is_cuda()) {
 #ifdef TE_WITH_CUDA
@@ -185,10 +186,17 @@ std::pair<Fp8Tensor, Fp8Tensor> cast_transpose(const at::Tensor& x, const at::Te
   return {a, t};
 }
 
-at::Tensor gemm(const Fp8Tensor& a, const Fp8Tensor& b) {
-  TE_CHECK(a.data.dim() == 2 && b.data.dim() == 2 && a.data.size(1) == b.data.size(0),
-           "fp8::gemm: a ", a.data.sizes(), " and b ", b.data.sizes(),
-           " do not multiply; give a [M, K] and b [K, N]");
+namespace {
+
+// a [M, K] times b, given as b [K, N] or (transposed) as b_t [N, K], the layout FP8 tensor
+// cores take: a caller holding both layouts (cast_transpose) passes b_t, and nothing is
+// transposed on the way.
+at::Tensor gemm_of(const Fp8Tensor& a, const Fp8Tensor& b, bool b_is_transposed,
+                   bool fast_accumulation) {
+  const int64_t bk = b_is_transposed ? 1 : 0;  // b's contracted dim
+  TE_CHECK(a.data.dim() == 2 && b.data.dim() == 2 && a.data.size(1) == b.data.size(bk),
+           "fp8::gemm: a ", a.data.sizes(), " and b", b_is_transposed ? "_t " : " ", b.data.sizes(),
+           " do not multiply; give a [M, K] and b [K, N] (b_t [N, K])");
   TE_CHECK(a.data.scalar_type() == at::kByte && b.data.scalar_type() == at::kByte,
            "fp8::gemm: the operands must be FP8 codes (uint8)");
   TE_CHECK(!(a.dtype == DType::kE5M2 && b.dtype == DType::kE5M2),
@@ -196,26 +204,44 @@ at::Tensor gemm(const Fp8Tensor& a, const Fp8Tensor& b) {
            "to E4M3 (HYBRID keeps forward tensors in E4M3)");
   TE_CHECK(a.data.device() == b.data.device(), "fp8::gemm: a is on ", a.data.device(), " and b on ",
            b.data.device());
+  // The CUDA GEMM reads both scales on the device; a host pointer there would be undefined.
+  check_scale(a.scale_inv, "gemm: a.scale_inv", a.data);
+  check_scale(b.scale_inv, "gemm: b.scale_inv", b.data);
   if (a.data.is_cuda()) {
 #ifdef TE_WITH_CUDA
-    const at::Tensor ad = a.data.contiguous(), bt = b.data.t().contiguous();
+    const at::Tensor ad = a.data.contiguous();
+    const at::Tensor bt = b_is_transposed ? b.data.contiguous() : b.data.t().contiguous();
     at::Tensor d = at::empty({ad.size(0), bt.size(0)}, ad.options().dtype(at::kFloat));
     const OnDevice on(ad);
     cuda::gemm(ad.data_ptr<uint8_t>(), kernel_format(a.dtype), a.scale_inv.data_ptr<float>(),
                bt.data_ptr<uint8_t>(), kernel_format(b.dtype), b.scale_inv.data_ptr<float>(),
-               d.data_ptr<float>(), ad.size(0), bt.size(0), ad.size(1), on.stream());
+               d.data_ptr<float>(), ad.size(0), bt.size(0), ad.size(1), fast_accumulation,
+               on.stream());
     return d;
 #else
+    (void)fast_accumulation;
     no_cuda("gemm");
 #endif
   }
-  // The exact values of the codes (no scale), an fp32 GEMM (exact products, fp32 sums), then
-  // the product of the two scales on the output. The decoded operands go to this thread's scratch
-  // buffers, which only grow: fresh pages cost more than the decode on a VM.
+  // The exact values of the codes (no scale), an fp32 GEMM (exact products, fp32 sums; fast
+  // accumulation is a tensor-core mode with nothing to choose here), then the product of the two
+  // scales on the output. The decoded operands go to this thread's scratch buffers, which only
+  // grow: fresh pages cost more than the decode on a VM.
   thread_local at::Tensor scratch_a, scratch_b;
-  at::Tensor d = at::mm(decode_into(a, scratch_a), decode_into(b, scratch_b));
+  const at::Tensor bd = decode_into(b, scratch_b);
+  at::Tensor d = at::mm(decode_into(a, scratch_a), b_is_transposed ? bd.t() : bd);
   d.mul_(a.scale_inv.item<float>() * b.scale_inv.item<float>());
   return d;
+}
+
+}  // namespace
+
+at::Tensor gemm(const Fp8Tensor& a, const Fp8Tensor& b, bool fast_accumulation) {
+  return gemm_of(a, b, /*b_is_transposed=*/false, fast_accumulation);
+}
+
+at::Tensor gemm_nt(const Fp8Tensor& a, const Fp8Tensor& b_t, bool fast_accumulation) {
+  return gemm_of(a, b_t, /*b_is_transposed=*/true, fast_accumulation);
 }
 
 #if TE_HAS_FLOAT8

@@ -54,6 +54,10 @@ class DotProductAttentionImpl : public torch::nn::Cloneable<DotProductAttentionI
                      const at::Tensor& mask = {});
   DTensor forward(const DTensor& query, const DTensor& key, const DTensor& value,
                   const at::Tensor& mask = {});
+  /// The scaled-dot-product backend forward(query, key, value, mask) would run now
+  /// ("flash_attention", "cudnn_attention", "efficient_attention", "math"), or "unfused".
+  std::string fused_backend(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                            const at::Tensor& mask = {}) const;
 
   DotProductAttentionOptions options;
 };

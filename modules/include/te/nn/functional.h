@@ -96,6 +96,14 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
                      int64_t global_batch = 0, int64_t batch_offset = 0, int64_t global_heads = 0,
                      int64_t head_offset = 0);
 
+/// The backend LibTorch's scaled_dot_product_attention chooses for the call attention() makes
+/// with these arguments ("flash_attention", "cudnn_attention", "efficient_attention", "math"),
+/// or "unfused" where attention() computes without it (no SDPA in this LibTorch, `fused` off, or
+/// dropout in training). Asks at::_fused_sdp_choice with exactly that call's arguments.
+std::string fused_attention_backend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                    const at::Tensor& mask, bool causal, double scale,
+                                    double dropout, bool training, bool fused);
+
 /// Applies an elementwise `fn` to x's local piece (a Partial x is reduced first: f(sum) is not
 /// the sum of f).
 DTensor elementwise(const DTensor& x, const std::function<at::Tensor(const at::Tensor&)>& fn);

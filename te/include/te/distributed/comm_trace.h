@@ -3,10 +3,15 @@
 // Records the collectives this thread runs: per kind and mesh axis, how many and how many bytes.
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 namespace te {
+
+namespace detail {
+struct ThreadScopes;
+}
 
 enum class Collective { kAllGather, kAllReduce, kReduceScatter, kAllToAll };
 std::string to_string(Collective kind);  ///< "all_gather", "all_reduce", ...
@@ -22,7 +27,8 @@ struct CommRecord {
 };
 
 /// RAII recorder: while alive, every collective this thread runs is appended to it (recorders
-/// nest; each sees everything run during its life).
+/// nest; each sees everything run during its life), the collectives of the backward of what
+/// this thread built included, on whichever thread autograd runs it (te/distributed/scopes.h).
 class CommTrace {
  public:
   CommTrace();
@@ -39,10 +45,11 @@ class CommTrace {
   /// One line per (kind, axis): count and bytes, in first-seen order.
   std::string table() const;
 
-  /// Called by the collectives; appends to every live recorder of this thread.
+  /// Called by the collectives; appends to every live recorder of the scopes in effect.
   static void record(const CommRecord& record);
 
  private:
+  std::shared_ptr<detail::ThreadScopes> scopes_;  // where it is registered
   std::vector<CommRecord> records_;
 };
 

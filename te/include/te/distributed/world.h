@@ -71,7 +71,10 @@ struct DistributedOptions {
 /// disposition, so a peer that dies shows up as a te::Error from the collective.
 void init_distributed(const DistributedOptions& options = {});
 
-/// Leaves the process group joined by init_distributed (no-op when none).
+/// Leaves the process group joined by init_distributed (no-op when none); also done at exit.
+/// Rank 0 hosts the rendezvous store, so it leaves last: it waits until every peer has left,
+/// failed or died (heartbeat stalled), for at most the timeout (10 s at most). A rank that
+/// finishes early therefore never cuts off a peer still talking to the store.
 void shutdown_distributed();
 
 /// Runs fn(rank) on `world_size` threads of this process, each a rank with its own Gloo process

@@ -36,4 +36,23 @@ void dropout_multipliers(const GlobalBox& box, int64_t row_begin, int64_t row_en
 /// The drop threshold of probability p in [0, 1): round(p * 2^32), so P(drop) = p within 2^-33.
 uint32_t drop_threshold(double p);
 
+/// The Philox word of global element g in call `call` under `seed`, from the element mapping the
+/// CUDA kernel compiles too (dropout_multipliers computes the same words many at a time).
+uint32_t dropout_word(uint64_t g, uint64_t seed, uint64_t call);
+
+namespace cuda {
+
+/// The most dims dropout_apply takes.
+constexpr int kMaxDropoutDims = 8;
+
+/// out = in * multiplier, elementwise over `box` (contiguous, row-major, on the device), with
+/// exactly dropout_multipliers' multipliers: a CUDA tensor's dropout draws what the CPU draws,
+/// and backward (the same call on the gradient) needs no stored mask. `dtype`: 0 float,
+/// 1 half, 2 bfloat16; in may equal out. `stream` is a cudaStream_t (null: the default stream).
+/// Built with the CUDA toolkit (TE_WITH_CUDA).
+void dropout_apply(const GlobalBox& box, uint64_t seed, uint64_t call, uint32_t drop_threshold,
+                   float scale, const void* in, void* out, int dtype, void* stream);
+
+}  // namespace cuda
+
 }  // namespace te::kernels

@@ -5,7 +5,10 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
+#include <map>
+#include <memory>
 #include <string>
+#include <tuple>
 
 #include "te/error.h"
 #include "te/kernels/fp8_cuda.h"
@@ -179,71 +182,168 @@ void cast_transpose(const float* in, uint8_t* out, uint8_t* out_t, int64_t rows,
   check(cudaGetLastError(), "cast_transpose");
 }
 
-void gemm(const uint8_t* a, Format a_format, const float* a_scale_inv, const uint8_t* b_t,
-          Format b_format, const float* b_scale_inv, float* d, int64_t m, int64_t n, int64_t k,
-          void* stream) {
-  TE_CHECK(!(a_format == kE5M2 && b_format == kE5M2),
-           "fp8::cuda::gemm: E5M2 x E5M2 has no FP8 tensor-core GEMM; cast one operand to E4M3");
-  // Row-major D[m, n] = A[m, k] B[k, n] is column-major D^T[n, m] = (B^T)[n, k] A^T[k, m]. FP8
-  // cuBLASLt takes only the "TN" form: the first operand transposed, stored [n, k] row-major
-  // (b_t, B transposed), the second as is (A's rows are the columns of A^T).
-  // One handle per thread and device, kept for the thread's life (creating one costs more than
-  // a small GEMM).
-  int device = 0;
-  check(cudaGetDevice(&device), "gemm (cudaGetDevice)");
-  thread_local cublasLtHandle_t handles[64] = {};
-  TE_CHECK(device < 64, "fp8::cuda::gemm: device ", device, " is beyond the 64 supported");
-  if (handles[device] == nullptr) check(cublasLtCreate(&handles[device]), "cublasLtCreate");
-  cublasLtHandle_t handle = handles[device];
+namespace {
+
+// The alignment cuBLASLt may assume of a pointer: the largest power of two dividing its address,
+// up to 256 bytes. Told to the heuristic, so it never picks a kernel for a better alignment.
+uint32_t alignment_of(const void* p) {
+  const auto address = reinterpret_cast<uintptr_t>(p);
+  uint32_t a = 256;
+  while (a > 1 && address % a != 0) a /= 2;
+  return a;
+}
+
+// One GEMM shape's cuBLASLt plan: its descriptors and the algorithm the heuristic chose, made
+// once per (device, shape, formats, accumulation, alignments) and kept for the thread's life.
+struct PlanKey {
+  int device;
+  int64_t m, n, k;
+  int a_format, b_format;
+  bool fast_accumulation;
+  uint32_t align_a, align_b, align_d;
+  bool operator<(const PlanKey& o) const {
+    return std::tie(device, m, n, k, a_format, b_format, fast_accumulation, align_a, align_b,
+                    align_d) < std::tie(o.device, o.m, o.n, o.k, o.a_format, o.b_format,
+                                        o.fast_accumulation, o.align_a, o.align_b, o.align_d);
+  }
+};
+
+struct Plan {
   cublasLtMatmulDesc_t op = nullptr;
-  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
-  cublasLtMatmulPreference_t pref = nullptr;
-  void* workspace = nullptr;
-  constexpr size_t kWorkspace = 32u << 20;
-  auto cleanup = [&] {
-    if (workspace != nullptr) cudaFreeAsync(workspace, as_stream(stream));
-    if (pref != nullptr) cublasLtMatmulPreferenceDestroy(pref);
-    if (lc != nullptr) cublasLtMatrixLayoutDestroy(lc);
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  Plan() = default;
+  Plan(const Plan&) = delete;
+  Plan& operator=(const Plan&) = delete;
+  ~Plan() {
+    if (ld != nullptr) cublasLtMatrixLayoutDestroy(ld);
     if (lb != nullptr) cublasLtMatrixLayoutDestroy(lb);
     if (la != nullptr) cublasLtMatrixLayoutDestroy(la);
     if (op != nullptr) cublasLtMatmulDescDestroy(op);
-  };
+  }
+};
+
+constexpr size_t kWorkspace = 32u << 20;  // what cuBLASLt's Hopper kernels ask for at most
+
+// This thread's handle and workspace on one device, made on first use (creating a handle costs
+// more than a small GEMM; a workspace per call cost an allocation and a free each time).
+struct DeviceState {
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;
+  std::map<PlanKey, std::unique_ptr<Plan>> plans;
+  ~DeviceState() {
+    plans.clear();
+    if (workspace != nullptr) cudaFree(workspace);
+    if (handle != nullptr) cublasLtDestroy(handle);
+  }
+};
+
+DeviceState& device_state(int device) {
+  thread_local std::map<int, DeviceState> states;
+  DeviceState& st = states[device];
+  if (st.handle == nullptr) check(cublasLtCreate(&st.handle), "cublasLtCreate");
+  if (st.workspace == nullptr) check(cudaMalloc(&st.workspace, kWorkspace), "workspace");
+  return st;
+}
+
+const Plan& plan_for(DeviceState& st, const PlanKey& key) {
+  auto& slot = st.plans[key];
+  if (slot) return *slot;
+  auto plan = std::make_unique<Plan>();
+  cublasLtMatmulPreference_t pref = nullptr;
   try {
-    check(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate");
+    check(cublasLtMatmulDescCreate(&plan->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate");
     const cublasOperation_t transa = CUBLAS_OP_T, transb = CUBLAS_OP_N;
-    check(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &transa, sizeof transa),
+    check(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSA, &transa,
+                                         sizeof transa),
           "TRANSA");
-    check(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &transb, sizeof transb),
+    check(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSB, &transb,
+                                         sizeof transb),
           "TRANSB");
-    check(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_scale_inv,
-                                         sizeof b_scale_inv),
-          "A_SCALE_POINTER");
-    check(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_scale_inv,
-                                         sizeof a_scale_inv),
-          "B_SCALE_POINTER");
-    check(cublasLtMatrixLayoutCreate(&la, data_type(b_format), k, n, k), "layout A");
-    check(cublasLtMatrixLayoutCreate(&lb, data_type(a_format), k, m, k), "layout B");
-    check(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, n, m, n), "layout D");
+    // Fast accumulation keeps the tensor cores' FP8 accumulator over the whole reduction
+    // (TE's forward GEMM); off, partial sums are promoted to fp32 (TE's dgrad and wgrad).
+    const int8_t fast = key.fast_accumulation ? 1 : 0;
+    check(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast,
+                                         sizeof fast),
+          "FAST_ACCUM");
+    const auto n = static_cast<uint64_t>(key.n), m = static_cast<uint64_t>(key.m),
+               k = static_cast<uint64_t>(key.k);
+    check(cublasLtMatrixLayoutCreate(&plan->la, data_type(static_cast<Format>(key.b_format)), k, n,
+                                     static_cast<int64_t>(k)),
+          "layout A");
+    check(cublasLtMatrixLayoutCreate(&plan->lb, data_type(static_cast<Format>(key.a_format)), k, m,
+                                     static_cast<int64_t>(k)),
+          "layout B");
+    check(cublasLtMatrixLayoutCreate(&plan->ld, CUDA_R_32F, n, m, static_cast<int64_t>(n)),
+          "layout D");
     check(cublasLtMatmulPreferenceCreate(&pref), "PreferenceCreate");
     check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                &kWorkspace, sizeof kWorkspace),
           "workspace preference");
+    // cuBLASLt's A is our b_t, its B our a.
+    const uint32_t aligns[3] = {key.align_b, key.align_a, key.align_d};
+    const cublasLtMatmulPreferenceAttributes_t names[3] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    for (int i = 0; i < 3; ++i) {
+      check(cublasLtMatmulPreferenceSetAttribute(pref, names[i], &aligns[i], sizeof aligns[i]),
+            "alignment preference");
+    }
     cublasLtMatmulHeuristicResult_t heuristic{};
     int found = 0;
-    check(cublasLtMatmulAlgoGetHeuristic(handle, op, la, lb, lc, lc, pref, 1, &heuristic, &found),
+    check(cublasLtMatmulAlgoGetHeuristic(st.handle, plan->op, plan->la, plan->lb, plan->ld,
+                                         plan->ld, pref, 1, &heuristic, &found),
           "AlgoGetHeuristic");
-    TE_CHECK(found > 0, "fp8::cuda::gemm: cuBLASLt has no FP8 algorithm for ", m, " x ", n, " x ",
-             k, "; k and n must be multiples of 16 on sm_89+");
-    check(cudaMallocAsync(&workspace, kWorkspace, as_stream(stream)), "workspace");
-    const float alpha = 1.0f, beta = 0.0f;
-    check(cublasLtMatmul(handle, op, &alpha, b_t, la, a, lb, &beta, d, lc, d, lc, &heuristic.algo,
-                         workspace, kWorkspace, as_stream(stream)),
-          "cublasLtMatmul");
+    TE_CHECK(found > 0, "fp8::cuda::gemm: cuBLASLt has no FP8 algorithm for ", key.m, " x ", key.n,
+             " x ", key.k, " with operands aligned to ", key.align_a, " and ", key.align_b,
+             " bytes; k and n must be multiples of 16 on sm_89+");
+    plan->algo = heuristic.algo;
   } catch (...) {
-    cleanup();
+    if (pref != nullptr) cublasLtMatmulPreferenceDestroy(pref);
     throw;
   }
-  cleanup();
+  cublasLtMatmulPreferenceDestroy(pref);
+  slot = std::move(plan);
+  return *slot;
+}
+
+}  // namespace
+
+void gemm(const uint8_t* a, Format a_format, const float* a_scale_inv, const uint8_t* b_t,
+          Format b_format, const float* b_scale_inv, float* d, int64_t m, int64_t n, int64_t k,
+          bool fast_accumulation, void* stream) {
+  TE_CHECK(!(a_format == kE5M2 && b_format == kE5M2),
+           "fp8::cuda::gemm: E5M2 x E5M2 has no FP8 tensor-core GEMM; cast one operand to E4M3");
+  TE_CHECK(k % 16 == 0 && n % 16 == 0, "fp8::cuda::gemm: ", m, " x ", n, " x ", k,
+           ": FP8 cuBLASLt needs k and n to be multiples of 16 (rows of 16 bytes)");
+  // Row-major D[m, n] = A[m, k] B[k, n] is column-major D^T[n, m] = (B^T)[n, k] A^T[k, m]. FP8
+  // cuBLASLt takes only the "TN" form: the first operand transposed, stored [n, k] row-major
+  // (b_t, B transposed), the second as is (A's rows are the columns of A^T).
+  int device = 0;
+  check(cudaGetDevice(&device), "gemm (cudaGetDevice)");
+  DeviceState& st = device_state(device);
+  const PlanKey key{device,
+                    m,
+                    n,
+                    k,
+                    a_format,
+                    b_format,
+                    fast_accumulation,
+                    alignment_of(a),
+                    alignment_of(b_t),
+                    alignment_of(d)};
+  const Plan& plan = plan_for(st, key);
+  // The scales are pointers, set per call: the plan is shared by every call of its shape.
+  check(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_scale_inv,
+                                       sizeof b_scale_inv),
+        "A_SCALE_POINTER");
+  check(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_scale_inv,
+                                       sizeof a_scale_inv),
+        "B_SCALE_POINTER");
+  const float alpha = 1.0f, beta = 0.0f;
+  check(cublasLtMatmul(st.handle, plan.op, &alpha, b_t, plan.la, a, plan.lb, &beta, d, plan.ld, d,
+                       plan.ld, &plan.algo, st.workspace, kWorkspace, as_stream(stream)),
+        "cublasLtMatmul");
 }
 
 }  // namespace te::fp8::cuda

@@ -2,6 +2,7 @@
 #include <cmath>
 #include <vector>
 
+#include "philox_core.h"
 #include "te/error.h"
 #include "te/kernels/philox.h"
 
@@ -9,8 +10,8 @@ namespace te::kernels {
 
 namespace {
 
-constexpr uint32_t kMul0 = 0xD2511F53u, kMul1 = 0xCD9E8D57u;    // round multipliers
-constexpr uint32_t kWeyl0 = 0x9E3779B9u, kWeyl1 = 0xBB67AE85u;  // key schedule increments
+using philox::kWeyl0;
+using philox::kWeyl1;
 
 // Blocks computed together: the rounds run over arrays of this many counters, which the
 // compiler turns into vector multiplies (32x32 -> 64-bit lanes).
@@ -28,17 +29,8 @@ void philox_lanes(uint64_t first_block, uint32_t call_lo, uint32_t call_hi, uint
     x3[i] = call_hi;
   }
   uint32_t k0 = key_lo, k1 = key_hi;
-  for (int round = 0; round < 10; ++round) {
-    for (int i = 0; i < kLanes; ++i) {
-      const uint64_t p0 = static_cast<uint64_t>(kMul0) * x0[i];
-      const uint64_t p1 = static_cast<uint64_t>(kMul1) * x2[i];
-      const uint32_t n0 = static_cast<uint32_t>(p1 >> 32) ^ x1[i] ^ k0;
-      const uint32_t n2 = static_cast<uint32_t>(p0 >> 32) ^ x3[i] ^ k1;
-      x1[i] = static_cast<uint32_t>(p1);
-      x3[i] = static_cast<uint32_t>(p0);
-      x0[i] = n0;
-      x2[i] = n2;
-    }
+  for (int round = 0; round < philox::kRounds; ++round) {
+    for (int i = 0; i < kLanes; ++i) philox::round(x0[i], x1[i], x2[i], x3[i], k0, k1);
     k0 += kWeyl0;
     k1 += kWeyl1;
   }
@@ -53,15 +45,16 @@ void philox_lanes(uint64_t first_block, uint32_t call_lo, uint32_t call_hi, uint
 }  // namespace
 
 std::array<uint32_t, 4> philox4x32_10(std::array<uint32_t, 4> c, std::array<uint32_t, 2> k) {
-  for (int round = 0; round < 10; ++round) {
-    const uint64_t p0 = static_cast<uint64_t>(kMul0) * c[0];
-    const uint64_t p1 = static_cast<uint64_t>(kMul1) * c[2];
-    c = {static_cast<uint32_t>(p1 >> 32) ^ c[1] ^ k[0], static_cast<uint32_t>(p1),
-         static_cast<uint32_t>(p0 >> 32) ^ c[3] ^ k[1], static_cast<uint32_t>(p0)};
+  for (int round = 0; round < philox::kRounds; ++round) {
+    philox::round(c[0], c[1], c[2], c[3], k[0], k[1]);
     k[0] += kWeyl0;
     k[1] += kWeyl1;
   }
   return c;
+}
+
+uint32_t dropout_word(uint64_t g, uint64_t seed, uint64_t call) {
+  return philox::word_of(g, seed, call);
 }
 
 uint32_t drop_threshold(double p) {

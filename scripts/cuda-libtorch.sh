@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The CUDA LibTorch that the GPU machines run (PyTorch 2.11.0 for CUDA 13.0, the wheel on PyPI),
+# in a virtual environment under build/ with pinned versions, for compiling and linking te-cpp's
+# CUDA code here, where there is no GPU. Only what compiling, linking and loading needs: the torch
+# wheel without its Python dependencies, and the three CUDA libraries its libtorch_cuda.so needs
+# that this machine's CUDA 13 toolkit lacks (cuSPARSELt, NVSHMEM, cuFile); the toolkit provides
+# the rest (cudart, cuBLAS, cuDNN, NCCL, ...). pip's cache keeps the wheels (~760 MB) between runs.
+# Idempotent and quiet; prints the CMake prefix path of that LibTorch on stdout.
+#   bash scripts/cuda-libtorch.sh      # -> .../torch/share/cmake;.../torch
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv=${TE_CUDA_VENV:-build/venv-cuda}
+pins="torch==2.11.0 nvidia-cusparselt-cu13==0.8.0 nvidia-nvshmem-cu13==3.4.5 nvidia-cufile==1.15.1.6"
+if [ ! -f "$venv/.te-pins" ] || [ "$(cat "$venv/.te-pins")" != "$pins" ]; then
+  if ! /usr/bin/python3 -c 'import ensurepip' 2>/dev/null; then
+    echo "te: installing python3-venv (apt-get, once)" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+  fi
+  echo "te: making $venv with $pins (pip, once)" >&2
+  rm -rf "$venv"
+  /usr/bin/python3 -m venv "$venv"
+  # shellcheck disable=SC2086
+  "$venv/bin/pip" install -q --disable-pip-version-check --no-deps $pins >&2
+  echo "$pins" >"$venv/.te-pins"
+fi
+torch=$(cd "$venv" && echo "$PWD"/lib/python3*/site-packages/torch)
+[ -f "$torch/share/cmake/Torch/TorchConfig.cmake" ] || {
+  echo "te: $venv has no LibTorch at $torch; remove $venv and run again" >&2
+  exit 1
+}
+echo "$torch/share/cmake;$torch"
