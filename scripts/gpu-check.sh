@@ -46,6 +46,13 @@ mkdir -p "$out"
 out=$(cd "$out" && pwd)
 rm -f "$out"/*.xml "$out"/*.log "$out"/summary.txt
 exec > >(tee "$out/gpu-check.log") 2>&1
+tee_pid=$!
+# Every exit closes the pipe and waits for tee, so the log and the summary are whole on return.
+finish() {
+  exec 1>&- 2>&-
+  wait "$tee_pid" 2>/dev/null
+  exit "$1"
+}
 command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
 
 echo "== te-cpp GPU check ($mode), $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
@@ -80,13 +87,18 @@ configure_and_build() {  # $1: CMake prefix path of the CUDA LibTorch
   # What CMake found, for the record.
   grep -E "^-- (te:|Found (NCCL|CUDNN|CUDAToolkit|Torch))|Added CUDA NVCC flags" "$out/configure.log"
   cmake --build "$build_dir" "${@:2}" >"$out/build.log" 2>&1 || { tail -40 "$out/build.log"; return 1; }
-  local cu
-  cu=$(grep -c '\.cu\.o$' <(ninja -C "$build_dir" -t targets all 2>/dev/null | cut -d: -f1))
-  echo "== build: $(( $(date +%s) - start )) s on $(nproc) cores; $cu CUDA translation units"
+  # Translation units: CUDA (.cu), and C++ compiled with the CUDA LibTorch's branches on.
+  local cu torch_cuda all
+  cu=$(grep -c '"file": "[^"]*\.cu"' "$build_dir/compile_commands.json" || true)
+  torch_cuda=$(grep -c 'DTE_TORCH_CUDA' "$build_dir/compile_commands.json" || true)
+  all=$(grep -c '"file":' "$build_dir/compile_commands.json" || true)
+  echo "== build: $(( $(date +%s) - start )) s on $(nproc) cores; $all translation units against" \
+    "the CUDA LibTorch: $cu CUDA (.cu), $torch_cuda with TE_TORCH_CUDA"
 }
 
 results=()
 status=0
+allowed_skips=GlooByOptionAndByEnvironmentMovesCpuTensors
 run_checks() {  # $1: the folder of the binaries
   local entry name limit cmd start rc secs result
   for entry in "${checks[@]}"; do
@@ -110,9 +122,21 @@ run_checks() {  # $1: the folder of the binaries
       *) result="FAILED ($rc)"; status=1 ;;
     esac
     if [ $rc -eq 0 ] && [ ${#xml[@]} -gt 0 ]; then
-      local skipped
-      skipped=$(grep -c '<skipped' "$out/$name.xml" 2>/dev/null || true)
-      [ "${skipped:-0}" -gt 0 ] && result="passed ($skipped skipped)"
+      # Skipped tests, less those this build skips by design (it has no Gloo).
+      local skipped unexpected
+      skipped=$(grep -B1 '<skipped' "$out/$name.xml" 2>/dev/null | grep -o ' name="[^"]*"' |
+                sed 's/ name="//; s/"$//' | sort -u | grep -v "^$allowed_skips\$" || true)
+      unexpected=$(printf '%s' "$skipped" | grep -c . || true)
+      if [ "$unexpected" -gt 0 ]; then
+        if [ "$mode" = device ]; then
+          # On a GPU nothing may skip: a skip there means the check did not test the device.
+          result="SKIPPED $unexpected"
+          status=1
+          echo "!! skipped on the GPU machine: $(echo $skipped)"
+        else
+          result="passed ($unexpected skipped)"
+        fi
+      fi
     fi
     results+=("$(printf '%-14s %-22s %5s s' "$name" "$result" "$secs")")
   done
@@ -132,24 +156,26 @@ summary() {
 # The CUDA LibTorch: the wheel's here (its venv imports no torch: no Python dependencies), the
 # python3's on a GPU machine.
 if [ "$mode" = rehearse ]; then
-  prefix=$(bash scripts/cuda-libtorch.sh) || exit 1
+  prefix=$(bash scripts/cuda-libtorch.sh) || finish 1
   torch_dir=${prefix#*;}
   echo "LibTorch: $torch_dir (PyPI wheel torch 2.11.0, CUDA 13.0)"
 else
   torch_dir=$(python3 -c 'import os, torch; print(os.path.dirname(torch.__file__))') || {
-    echo "!! python3 has no torch: its CUDA LibTorch runs the checks"; exit 1; }
+    echo "!! python3 has no torch: its CUDA LibTorch runs the checks"; finish 1; }
   echo "LibTorch: $torch_dir ($(python3 -c 'import torch; print(torch.__version__)'))"
+  python3 -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' || {
+    echo "!! python3's torch sees no CUDA device: nothing here would test the GPU"; finish 1; }
   prefix="$torch_dir/share/cmake;$torch_dir"
 fi
 site=$(dirname "$torch_dir")
 case $mode in
   rehearse)
     # Everything: the library, every test, the benchmarks, the examples.
-    configure_and_build "$prefix" || { echo "!! configure or build failed"; exit 1; }
+    configure_and_build "$prefix" || { echo "!! configure or build failed"; finish 1; }
     ;;
   build)
     [ -d "$site/nvidia/nccl" ] && export NCCL_ROOT=$site/nvidia/nccl
-    configure_and_build "$prefix" --target "${targets[@]}" || exit 1
+    configure_and_build "$prefix" --target "${targets[@]}" || finish 1
     ;;
 esac
 
@@ -158,12 +184,12 @@ if [ "$mode" != device ]; then
   rm -rf "$carry" && mkdir -p "$carry/bin" "$carry/lib"
   for t in "${targets[@]}"; do
     f=$(find "$build_dir" -name "$t" -type f -perm -u+x | head -1)
-    [ -n "$f" ] || { echo "!! $t was not built"; exit 1; }
+    [ -n "$f" ] || { echo "!! $t was not built"; finish 1; }
     strip -o "$carry/bin/$t" "$f"
     ldd "$f" | awk '$3 ~ /^\// {print $3}' | while read -r lib; do
       case "$lib" in
         */torch/lib/*|*/nvidia/*|*/cuda*|*/libc.so*|*/libm.so*|*/libstdc++*|*/libgcc_s*|\
-        */libpthread*|*/libdl.so*|*/librt.so*|*/ld-linux*|*/libz.so*) ;;
+        */libpthread*|*/libdl.so*|*/librt.so*|*/libutil.so*|*/ld-linux*|*/libz.so*) ;;
         *) cp -L "$lib" "$carry/lib/" ;;
       esac
     done
@@ -174,7 +200,7 @@ if [ "$mode" != device ]; then
   [ "$size" -lt 64 ] || { echo "!! $carry is ${size} MiB: over the device tool's 64 MiB"; status=1; }
 elif [ ! -d "$carry/bin" ]; then
   echo "!! no $carry/bin: run --rehearse here first and carry $carry, or use --build"
-  exit 1
+  finish 1
 elif [ "$(cat "$carry/commit" 2>/dev/null)" != "$(git rev-parse HEAD 2>/dev/null)" ]; then
   echo "note: $carry was built from $(cat "$carry/commit" 2>/dev/null || echo '?'), not HEAD"
 fi
@@ -185,7 +211,22 @@ libs=$(pwd)/$carry/lib:$torch_dir/lib
 for d in "$site"/nvidia/*/lib "$site"/nvidia/*/*/lib; do [ -d "$d" ] && libs=$libs:$d; done
 export LD_LIBRARY_PATH=$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 missing=$(for b in "$carry"/bin/*; do ldd "$b" | grep 'not found'; done | sort -u)
-[ -z "$missing" ] || { echo "!! libraries not found:"; echo "$missing"; exit 1; }
+[ -z "$missing" ] || { echo "!! libraries not found:"; echo "$missing"; finish 1; }
 run_checks "$carry/bin"
+if [ "$mode" = rehearse ]; then
+  # The CPU suite on the wheel's LibTorch as well, as far as a build without Gloo can run it:
+  # every test that needs no second rank (thread ranks move CPU tensors on Gloo only).
+  echo "== cpu_suite: ctest on $build_dir, the tests that need no Gloo"
+  start=$(date +%s)
+  ctest --test-dir "$build_dir" -j "$(nproc)" --timeout 300 --output-on-failure \
+    -R '^(sharding|runtime|kernels|fp8|nn)\.' \
+    -E 'Fp8Parallel|Matrix/|Parallel|Plan|Checkpoint|Random|ShardedModules|GqaHeadsMustSplit|EveryPlacementDraws' \
+    >"$out/cpu_suite.log" 2>&1
+  rc=$?
+  tail -3 "$out/cpu_suite.log"
+  result=passed
+  [ $rc -eq 0 ] || { result="FAILED ($rc)"; status=1; grep -A3 'tests FAILED' "$out/cpu_suite.log"; }
+  results+=("$(printf '%-14s %-22s %5s s' cpu_suite "$result" "$(( $(date +%s) - start ))")")
+fi
 summary
-exit $status
+finish $status

@@ -176,7 +176,12 @@ at::Tensor dense(const at::Tensor& x, const at::Tensor& w,
   if (fp8 != nullptr && (fp8_enabled() || fp8_calibrating())) {
     return with_bias(fp8::linear(x, w2, fp8, mesh).reshape(out_shape));
   }
-  if (bias.defined() && !slow_cpu_gemm_dtype(x) && bias.numel() == w2.size(1)) {
+  if (!bias.defined()) return mm_any(x, w2).reshape(out_shape);
+  if (const auto low = slow_cpu_gemm_dtype(x)) {
+    // In the GEMM's dtype, as addmm under autocast gives it.
+    return mm_any(x, w2).reshape(out_shape) + bias.to(*low);
+  }
+  if (bias.numel() == w2.size(1)) {
     return at::addmm(bias.reshape({-1}), x.reshape({-1, w.size(0)}), w2).view(out_shape);
   }
   return with_bias(mm_any(x, w2).reshape(out_shape));
@@ -520,12 +525,19 @@ std::optional<SdpaCall> sdpa_call(const at::Tensor& q, const at::Tensor& k_in,
   SdpaCall call;
   at::Tensor k = k_in, v = v_in;
   if (k.size(2) != q.size(2)) {
+    // enable_gqa spares the repeat, but of LibTorch's fused kernels only CUDA flash (half/bf16,
+    // no mask) and cuDNN take it: elsewhere it would fall to the math backend.
+    bool gqa = false;
 #if TE_SDPA_HAS_GQA
-    call.gqa = true;
-#else
-    k = k.repeat_interleave(q.size(2) / k.size(2), 2);
-    v = v.repeat_interleave(q.size(2) / k_in.size(2), 2);
+    gqa = q.is_cuda() && !mask.defined() &&
+          (q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16);
 #endif
+    if (gqa) {
+      call.gqa = true;
+    } else {
+      k = k.repeat_interleave(q.size(2) / k_in.size(2), 2);
+      v = v.repeat_interleave(q.size(2) / k_in.size(2), 2);
+    }
   }
   at::Tensor qq = q;
 #if TE_TORCH_VERSION_AT_LEAST(2, 1)

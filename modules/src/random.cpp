@@ -45,18 +45,23 @@ struct DeviceDropoutCall : torch::CustomClassHolder {
   at::Tensor apply(const at::Tensor& x_in) const {
     const at::Tensor x = x_in.contiguous();
     at::Tensor out = at::empty_like(x);
-    const int code = x.scalar_type() == at::kFloat      ? 0
-                     : x.scalar_type() == at::kHalf     ? 1
-                     : x.scalar_type() == at::kBFloat16 ? 2
-                                                        : -1;
-    TE_CHECK(code >= 0, "dropout: a CUDA tensor of ", x.scalar_type(),
-             " (dropout on CUDA takes float, half or bfloat16)");
+    // The CPU path multiplies by its mask converted to x's dtype: the kept value is
+    // x * (scale rounded to that dtype), so the kernel takes the same rounded scale.
+    const int code = kernel_code(x.scalar_type());
+    const float s = code == 1   ? static_cast<float>(c10::Half(scale))
+                    : code == 2 ? static_cast<float>(c10::BFloat16(scale))
+                                : scale;
     const kernels::GlobalBox box{global.data(), offsets.data(), lengths.data(),
                                  static_cast<int>(lengths.size())};
     const c10::cuda::CUDAGuard guard(x.device());
-    kernels::cuda::dropout_apply(box, seed, call, threshold, scale, x.data_ptr(), out.data_ptr(),
-                                 code, c10::cuda::getCurrentCUDAStream().stream());
+    kernels::cuda::dropout_apply(box, seed, call, threshold, s, x.data_ptr(), out.data_ptr(), code,
+                                 c10::cuda::getCurrentCUDAStream().stream());
     return out;
+  }
+
+  // The kernel's dtype code, or -1 for a dtype it does not take.
+  static int kernel_code(at::ScalarType t) {
+    return t == at::kFloat ? 0 : t == at::kHalf ? 1 : t == at::kBFloat16 ? 2 : -1;
   }
 };
 
@@ -111,7 +116,9 @@ at::Tensor dropout(const at::Tensor& local, double p, bool training,
   const float scale = static_cast<float>(1.0 / (1.0 - p));
   const uint64_t seed = s.seed;
 #ifdef TE_TORCH_CUDA
-  if (local.is_cuda()) {
+  // Other dtypes (double) and more dims than the kernel takes draw the mask on the host.
+  if (local.is_cuda() && DeviceDropoutCall::kernel_code(local.scalar_type()) >= 0 &&
+      box.ndim <= kernels::cuda::kMaxDropoutDims) {
     auto c = c10::make_intrusive<DeviceDropoutCall>();
     c->global.assign(box.global_sizes, box.global_sizes + box.ndim);
     c->offsets.assign(box.offsets, box.offsets + box.ndim);
@@ -133,8 +140,8 @@ at::Tensor dropout(const at::Tensor& local, double p, bool training,
     kernels::dropout_multipliers(box, begin, end, seed, call, threshold, scale,
                                  out + begin * row_len);
   });
-  // A CUDA tensor without te's CUDA kernels (a CPU-only te over a CUDA LibTorch) gets the mask
-  // copied over; the values are the same.
+  // Any other CUDA tensor (a te built without CUDA over a CUDA LibTorch, doubles, over 8 dims)
+  // gets the mask copied over; the values are the same.
   if (local.scalar_type() != at::kFloat || !local.device().is_cpu()) {
     mask = mask.to(local.device(), local.scalar_type());
   }

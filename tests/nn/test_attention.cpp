@@ -105,7 +105,7 @@ TEST(DotProductAttention, FusedAndUnfusedPathsAgree) {
         at::Tensor q = q0.clone().requires_grad_(), k = k0.clone().requires_grad_(),
                    v = v0.clone().requires_grad_();
         out[i] = (i == 0 ? fused : unfused)(q, k, v, mask);
-        (out[i] * randn(out[i].sizes(), 24)).sum().backward();
+        (out[i] * randn(out[i].sizes().vec(), 24)).sum().backward();
         grads[i] = {q.grad(), k.grad(), v.grad()};
       }
       EXPECT_TRUE(Close(out[0], out[1], 1e-5)) << type << " sq " << sq;

@@ -5,14 +5,17 @@
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
 #include <gtest/gtest.h>
+#include <torch/csrc/autograd/custom_function.h>
 #include <torch/nn/module.h>
 
 #include <iostream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "te/compat.h"
+#include "te/distributed.h"
 #include "te/nn.h"
 
 namespace te::nn {
@@ -142,6 +145,36 @@ TEST(ModulesOnCuda, DropoutOnTheDeviceDrawsTheCpusMask) {
     y[on_gpu] = m->forward(h.to(on_gpu ? at::kCUDA : at::kCPU));
   }
   EXPECT_LT(max_rel(y[1], y[0]), 1e-4) << "same dropout masks on both devices";
+}
+
+// LibTorch runs the backward of CUDA tensors on a device thread of its own. A node that keeps
+// the builder's scopes and lends them in backward, as te's nodes do, records into the builder's
+// CommTrace from there (on the CPU, Fp8Parallel.BackwardOnAnotherThread... covers te's own
+// nodes with real collectives; one GPU cannot run two NCCL ranks).
+std::thread::id backward_thread;
+
+struct RecordsInBackward : torch::autograd::Function<RecordsInBackward> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x) {
+    ctx->saved_data["scopes"] = ScopeCapture::current().to_ivalue();
+    return x.clone();
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const ScopeLoan loan(ScopeCapture::from_ivalue(ctx->saved_data["scopes"]));
+    backward_thread = std::this_thread::get_id();
+    CommTrace::record({Collective::kAllReduce, "probe", 4, "test"});
+    return {grads[0]};
+  }
+};
+
+TEST(ModulesOnCuda, BackwardOnTheDeviceThreadSeesTheBuildersScopes) {
+  if (!have_cuda()) GTEST_SKIP() << "no CUDA device (or this LibTorch has no CUDA)";
+  CommTrace trace;
+  const at::Tensor x = at::ones({4}, at::kCUDA).requires_grad_(true);
+  RecordsInBackward::apply(x).sum().backward();
+  EXPECT_NE(backward_thread, std::this_thread::get_id())
+      << "the engine ran this CUDA backward on the calling thread";
+  EXPECT_EQ(trace.count(Collective::kAllReduce, "probe"), 1) << trace.table();
 }
 
 // Which backend each of the module's calls gets with LibTorch's default switches, for the record

@@ -10,6 +10,7 @@
 
 #include "te/distributed/backend.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <optional>
@@ -418,14 +419,26 @@ std::vector<PeerStatus> exchange_peer_status(c10d::Store& store, int rank,
   if (!mine.error.empty()) TE_FAIL(mine.error);
   const int size = static_cast<int>(ranks.size());
   const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::vector<std::string> keys;
+  for (int r = 0; r < size; ++r) keys.push_back("status/" + std::to_string(r));
   std::vector<std::optional<PeerStatus>> all(static_cast<std::size_t>(size));
-  // Polled in short slices: a peer's error is named as soon as it is posted.
+  // Waits in slices of 250 ms; after each, what has been posted is read, so a peer's error is
+  // named within a slice of its posting, and the store sees one look per absent peer per slice.
   while (true) {
+    bool complete = false;
+    try {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      store.wait(keys, std::max(std::chrono::milliseconds(1),
+                                std::min(left, std::chrono::milliseconds(250))));
+      complete = true;
+    } catch (const std::exception&) {
+    }
     std::string missing;
     for (int r = 0; r < size; ++r) {
       auto& slot = all[static_cast<std::size_t>(r)];
-      const std::string k = "status/" + std::to_string(r);
-      if (!slot && store.check({k})) {
+      const std::string& k = keys[static_cast<std::size_t>(r)];
+      if (!slot && (complete || store.check({k}))) {
         const auto bytes = store.get(k);
         const std::string v(bytes.begin(), bytes.end());
         PeerStatus p;
@@ -444,7 +457,6 @@ std::vector<PeerStatus> exchange_peer_status(c10d::Store& store, int rank,
              timeout.count() / 1000.0,
              " s; every rank must build the same meshes in the same order (raise the timeout "
              "with TE_DIST_TIMEOUT_S if they are only slow)");
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   std::vector<PeerStatus> out;
   for (auto& p : all) out.push_back(*p);

@@ -32,8 +32,9 @@ void cast_transpose(const float* in, uint8_t* out, uint8_t* out_t, int64_t rows,
 /// transposed: b_t is [n, k] row-major (the only layout FP8 cuBLASLt takes).
 /// `fast_accumulation` keeps the tensor cores' FP8-precision accumulator over all of k (faster;
 /// TE's forward GEMM); without it partial sums are promoted to fp32 (TE's gradient GEMMs).
-/// Each thread keeps, per device, one handle, one 32 MiB workspace and a plan per shape
-/// (descriptors and the algorithm chosen for the pointers' real alignment).
+/// Each thread holds, per device, one handle, a 32 MiB workspace per stream and a plan per shape
+/// (descriptors and the algorithm chosen for the pointers' real alignment), taken from a
+/// process-wide pool and given back when the thread ends.
 void gemm(const uint8_t* a, Format a_format, const float* a_scale_inv, const uint8_t* b_t,
           Format b_format, const float* b_scale_inv, float* d, int64_t m, int64_t n, int64_t k,
           bool fast_accumulation, void* stream);

@@ -5,10 +5,13 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "te/error.h"
 #include "te/kernels/fp8_cuda.h"
@@ -225,25 +228,63 @@ struct Plan {
 
 constexpr size_t kWorkspace = 32u << 20;  // what cuBLASLt's Hopper kernels ask for at most
 
-// This thread's handle and workspace on one device, made on first use (creating a handle costs
-// more than a small GEMM; a workspace per call cost an allocation and a free each time).
+// One thread's handle, plans and workspaces on one device (creating a handle costs more than a
+// small GEMM; a workspace per call cost an allocation and a free). One workspace per stream:
+// GEMMs queued on two streams must not share one. A thread takes a state from a process-wide
+// pool on first use and gives it back when it ends, so threads that come and go (thread ranks,
+// server workers) reuse states instead of leaking them; the pool is never destroyed, since at
+// exit the CUDA context may be gone before static destructors run (LibTorch's cuBLAS handle pool
+// does the same).
 struct DeviceState {
+  int device = 0;
   cublasLtHandle_t handle = nullptr;
-  void* workspace = nullptr;
+  std::map<cudaStream_t, void*> workspaces;
   std::map<PlanKey, std::unique_ptr<Plan>> plans;
-  ~DeviceState() {
-    plans.clear();
-    if (workspace != nullptr) cudaFree(workspace);
-    if (handle != nullptr) cublasLtDestroy(handle);
+};
+
+struct StatePool {
+  std::mutex mutex;
+  std::vector<DeviceState*> idle;
+};
+StatePool& state_pool() {
+  static auto* pool = new StatePool();
+  return *pool;
+}
+
+// This thread's states, one per device, returned to the pool at thread exit.
+struct ThreadStates {
+  std::map<int, DeviceState*> by_device;
+  ~ThreadStates() {
+    StatePool& pool = state_pool();
+    std::lock_guard<std::mutex> lock(pool.mutex);
+    for (auto& [device, st] : by_device) pool.idle.push_back(st);
   }
 };
 
 DeviceState& device_state(int device) {
-  thread_local std::map<int, DeviceState> states;
-  DeviceState& st = states[device];
-  if (st.handle == nullptr) check(cublasLtCreate(&st.handle), "cublasLtCreate");
-  if (st.workspace == nullptr) check(cudaMalloc(&st.workspace, kWorkspace), "workspace");
-  return st;
+  thread_local ThreadStates mine;
+  DeviceState*& st = mine.by_device[device];
+  if (st == nullptr) {
+    StatePool& pool = state_pool();
+    std::lock_guard<std::mutex> lock(pool.mutex);
+    const auto it = std::find_if(pool.idle.begin(), pool.idle.end(),
+                                 [device](const DeviceState* s) { return s->device == device; });
+    if (it != pool.idle.end()) {
+      st = *it;
+      pool.idle.erase(it);
+    } else {
+      st = new DeviceState();
+      st->device = device;
+    }
+  }
+  if (st->handle == nullptr) check(cublasLtCreate(&st->handle), "cublasLtCreate");
+  return *st;
+}
+
+void* workspace_for(DeviceState& st, cudaStream_t stream) {
+  void*& w = st.workspaces[stream];
+  if (w == nullptr) check(cudaMalloc(&w, kWorkspace), "workspace");
+  return w;
 }
 
 const Plan& plan_for(DeviceState& st, const PlanKey& key) {
@@ -342,7 +383,8 @@ void gemm(const uint8_t* a, Format a_format, const float* a_scale_inv, const uin
         "B_SCALE_POINTER");
   const float alpha = 1.0f, beta = 0.0f;
   check(cublasLtMatmul(st.handle, plan.op, &alpha, b_t, plan.la, a, plan.lb, &beta, d, plan.ld, d,
-                       plan.ld, &plan.algo, st.workspace, kWorkspace, as_stream(stream)),
+                       plan.ld, &plan.algo, workspace_for(st, as_stream(stream)), kWorkspace,
+                       as_stream(stream)),
         "cublasLtMatmul");
 }
 
