@@ -36,6 +36,12 @@ LayerNormMLP make_mlp() {
       LayerNormMLPOptions(32, 64).activations({"gelu"}).intermediate_dropout_rate(0));
 }
 
+// The same MLP, its parameters sharded as TE's table maps `resource` onto the current mesh.
+LayerNormMLP make_mlp(const MeshResource& resource) {
+  MeshResourceScope scope(resource);
+  return make_mlp();
+}
+
 at::Tensor input(int step) { return test::seeded_integers(kShape, 40 + step).to(at::kFloat) / 7.0; }
 at::Tensor output_weight(int step) {
   return test::seeded_integers(kShape, 60 + step).to(at::kFloat) / 50.0;
@@ -98,12 +104,7 @@ TEST_P(Fp8Parallel, TrainingStepsMatchOneProcessWithIdenticalScalesOnEveryRank) 
     DeviceMesh mesh(layout.shape, layout.axes);
     MeshScope mesh_scope(mesh);
     const MeshResource resource = parse_mesh_resource(layout.mesh_resource);
-    std::optional<LayerNormMLP> built;
-    {
-      MeshResourceScope scope(resource);  // the module shards under the TE table
-      built.emplace(make_mlp());
-    }
-    LayerNormMLP mlp = *built;
+    LayerNormMLP mlp = make_mlp(resource);
     const auto layouts = named_parameter_layouts(*mlp);
     for (int step = 0; step < kSteps; ++step) {
       CommTrace trace;
@@ -187,16 +188,12 @@ TEST(Fp8Parallel, CurrentScalingCastsWithTheWholeTensorsAmaxOnEveryLayout) {
       DeviceMesh mesh({2}, {"data"});
       MeshScope mesh_scope(mesh);
       const MeshResource resource = parse_mesh_resource(spec);
-      std::optional<LayerNormMLP> built;
-      {
-        MeshResourceScope scope(resource);
-        built.emplace(make_mlp());
-      }
+      LayerNormMLP built = make_mlp(resource);
       Fp8Autocast fp8(true, fp8::CurrentScaling{}, resource);
       const auto placements =
           placements_for(*resolve_logical_axes({"batch", "seqlen", "hidden"}), mesh);
       at::Tensor x_local = piece_of(input(0), mesh, placements, rank).requires_grad_(true);
-      const DTensor y = (*built)(DTensor::from_local(x_local, mesh, placements, kShape));
+      const DTensor y = built(DTensor::from_local(x_local, mesh, placements, kShape));
       const at::Tensor y_full = y.full_tensor();
       EXPECT_TRUE(at::allclose(y_full, want, 1e-5, 1e-5))
           << spec << " rank " << rank << " max err " << (y_full - want).abs().max().item<double>();
@@ -251,12 +248,7 @@ BackwardSeen step_with_backward_on(bool other_thread, const char* spec, int rank
   DeviceMesh mesh({2}, {"data"});
   MeshScope mesh_scope(mesh);
   const MeshResource resource = parse_mesh_resource(spec);
-  std::optional<LayerNormMLP> built;
-  {
-    MeshResourceScope scope(resource);
-    built.emplace(make_mlp());
-  }
-  LayerNormMLP mlp = *built;
+  LayerNormMLP mlp = make_mlp(resource);
   BackwardSeen seen;
   CommTrace trace;
   GradientBuckets buckets;
