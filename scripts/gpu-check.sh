@@ -24,8 +24,9 @@
 # wheel, scripts/cuda-libtorch.sh, TORCH_CUDA_ARCH_LIST=9.0), runs every check (their GPU parts
 # skip), and leaves the stripped binaries and the few shared libraries they need beyond LibTorch,
 # CUDA and glibc in .gpu/ (ignored by git, carried by the device tool: `carry: [".gpu"]`). On the
-# GPU machine the script runs them with LibTorch's and pip's CUDA libraries on LD_LIBRARY_PATH.
-# Exits non-zero when any check fails, times out, or NCCL/cuDNN are missing.
+# GPU machine the script runs them with LibTorch's and pip's CUDA libraries on LD_LIBRARY_PATH,
+# after checking that python3's torch sees the device; a test that skips there fails its check.
+# Exits non-zero when any check fails, times out, or NCCL/cuDNN are missing. docs/gpu.md has more.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mode=device
@@ -35,7 +36,7 @@ while [ $# -gt 0 ]; do
     --rehearse) mode=rehearse ;;
     --build) mode=build ;;
     --out) out=$2; shift ;;
-    -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu-check: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
