@@ -301,8 +301,10 @@ const Plan& plan_for(DeviceState& st, const PlanKey& key) {
     check(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSB, &transb,
                                          sizeof transb),
           "TRANSB");
-    // Fast accumulation keeps the tensor cores' FP8 accumulator over the whole reduction
-    // (TE's forward GEMM); off, partial sums are promoted to fp32 (TE's dgrad and wgrad).
+    // Fast accumulation keeps the tensor cores' FP8 accumulator over the whole reduction; off,
+    // partial sums are promoted to fp32. TE (d0067d0da) turns it on for fprop and off for dgrad
+    // and wgrad: pytorch/module/base.py:83-85 (_2X_ACC_FPROP = False, _2X_ACC_DGRAD/WGRAD =
+    // True), applied as FAST_ACCUM = !use_split_accumulator in common/gemm/cublaslt_gemm.cu:478.
     const int8_t fast = key.fast_accumulation ? 1 : 0;
     check(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast,
                                          sizeof fast),
