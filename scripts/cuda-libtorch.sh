@@ -5,12 +5,19 @@
 # wheel without its Python dependencies, and the three CUDA libraries its libtorch_cuda.so needs
 # that this machine's CUDA 13 toolkit lacks (cuSPARSELt, NVSHMEM, cuFile); the toolkit provides
 # the rest (cudart, cuBLAS, cuDNN, NCCL, ...). pip's cache keeps the wheels (~760 MB) between runs.
-# Idempotent and quiet; prints the CMake prefix path of that LibTorch on stdout.
-#   bash scripts/cuda-libtorch.sh      # -> .../torch/share/cmake;.../torch
+# The same venv is the PyTorch reference tests/interop/ holds te-cpp to (on the CPU): torch's pure
+# Python dependencies are pinned here too.
+# Idempotent and quiet; prints the CMake prefix path of that LibTorch on stdout, or with --python
+# the venv's Python.
+#   bash scripts/cuda-libtorch.sh            # -> .../torch/share/cmake;.../torch
+#   bash scripts/cuda-libtorch.sh --python   # -> .../build/venv-cuda/bin/python
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${TE_CUDA_VENV:-build/venv-cuda}
 pins="torch==2.11.0 nvidia-cusparselt-cu13==0.8.0 nvidia-nvshmem-cu13==3.4.5 nvidia-cufile==1.15.1.6"
+# torch 2.11.0's own requirements (its METADATA), for `import torch` in tests/interop/.
+pins+=" typing_extensions==4.15.0 filelock==3.20.0 sympy==1.14.0 mpmath==1.3.0 networkx==3.5"
+pins+=" jinja2==3.1.6 MarkupSafe==3.0.3 fsspec==2025.9.0"
 if [ ! -f "$venv/.te-pins" ] || [ "$(cat "$venv/.te-pins")" != "$pins" ]; then
   if ! /usr/bin/python3 -c 'import ensurepip' 2>/dev/null; then
     echo "te: installing python3-venv (apt-get, once)" >&2
@@ -28,4 +35,8 @@ torch=$(cd "$venv" && echo "$PWD"/lib/python3*/site-packages/torch)
   echo "te: $venv has no LibTorch at $torch; remove $venv and run again" >&2
   exit 1
 }
-echo "$torch/share/cmake;$torch"
+if [ "${1:-}" = --python ]; then
+  echo "$(cd "$venv" && pwd)/bin/python"
+else
+  echo "$torch/share/cmake;$torch"
+fi

@@ -22,11 +22,13 @@ struct EncoderOptions {
   int64_t hidden_size = 256;
   int64_t mlp_hidden_size = 1024;
   int64_t num_attention_heads = 8;
+  // TE's examples/jax/encoder at d0067d0da: hidden and attention dropout 0.1, and the
+  // TransformerLayer defaults since 7a5859834 (2025-11-10): intermediate dropout 0 and {"gelu"}
+  // (its model-parallel example sets {"gelu", "linear"}).
   double hidden_dropout = 0.1;
   double attention_dropout = 0.1;
-  double intermediate_dropout = 0.1;
-  /// TE's TransformerLayer default {"relu"}; its model-parallel example uses {"gelu", "linear"}.
-  std::vector<std::string> mlp_activations = {"relu"};
+  double intermediate_dropout = 0.0;
+  std::vector<std::string> mlp_activations = {"gelu"};
   bool sequence_parallel = false;
 };
 

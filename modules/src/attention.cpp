@@ -18,28 +18,16 @@ namespace F = functional;
 
 namespace {
 
-const char* const kMaskTypes[] = {"no_mask", "padding", "causal", "padding_causal"};
-
-bool is_causal(const std::string& t) { return t == "causal" || t == "padding_causal"; }
-bool uses_mask(const std::string& t) { return t == "padding" || t == "padding_causal"; }
-
-void check_mask_type(const std::string& t) {
-  for (const char* m : kMaskTypes) {
-    if (t == m) return;
-  }
-  TE_FAIL("attn_mask_type '", t, "' is not one of no_mask, padding, causal, padding_causal");
-}
-
-// The padding mask as given, or undefined when the mask type ignores it.
-at::Tensor effective_mask(const std::string& type, const at::Tensor& mask) {
-  if (!uses_mask(type)) return at::Tensor();
-  TE_CHECK(mask.defined(), "attention with attn_mask_type '", type,
-           "' needs a mask: a bool tensor broadcastable to [batch, 1, seqlen_q, seqlen_kv], "
-           "true where a key is masked out");
-  TE_CHECK(mask.dim() == 4,
-           "attention mask must have 4 dims [batch, 1, seqlen_q, seqlen_kv], "
-           "got ",
-           mask.sizes());
+// The mask as given, or undefined when the mask type ignores it (functional::attention checks
+// its shape).
+at::Tensor effective_mask(const F::MaskSpec& spec, const at::Tensor& mask) {
+  if (!spec.takes_mask()) return at::Tensor();
+  TE_CHECK(mask.defined(), "attention with attn_mask_type '", spec.type,
+           "' needs a mask: a bool tensor broadcastable to [batch, ",
+           spec.padding() ? "1" : "heads",
+           ", seqlen_q, seqlen_kv], true where a key is masked out");
+  TE_CHECK(mask.dim() == 4, "attention mask must have 4 dims [batch, ",
+           spec.padding() ? "1" : "heads", ", seqlen_q, seqlen_kv], got ", mask.sizes());
   return mask.to(at::kBool);
 }
 
@@ -70,7 +58,8 @@ void DotProductAttentionImpl::reset() {
   TE_CHECK(groups > 0 && options.num_attention_heads() % groups == 0,
            "DotProductAttention: ", options.num_attention_heads(),
            " heads are not a multiple of num_gqa_groups ", groups);
-  check_mask_type(options.attn_mask_type());
+  mask_spec = F::mask_spec(options.attn_mask_type(), options.window_size(),
+                           options.bottom_right_diagonal());
   TE_CHECK(options.attention_dropout() >= 0 && options.attention_dropout() < 1,
            "DotProductAttention: attention_dropout ", options.attention_dropout(),
            " is not in [0, 1)");
@@ -80,8 +69,11 @@ void DotProductAttentionImpl::pretty_print(std::ostream& stream) const {
   stream << "te::nn::DotProductAttention(heads=" << options.num_attention_heads()
          << ", head_dim=" << options.head_dim();
   if (options.num_gqa_groups() != 0) stream << ", gqa_groups=" << options.num_gqa_groups();
-  stream << ", mask=" << options.attn_mask_type() << ", dropout=" << options.attention_dropout()
-         << ")";
+  stream << ", mask=" << options.attn_mask_type();
+  if (mask_spec.window_left >= 0 || (!mask_spec.causal() && mask_spec.window_right >= 0)) {
+    stream << ", window=(" << mask_spec.window_left << ", " << mask_spec.window_right << ")";
+  }
+  stream << ", dropout=" << options.attention_dropout() << ")";
 }
 
 namespace {
@@ -94,10 +86,10 @@ double logit_scale(const DotProductAttentionOptions& options) {
 std::string DotProductAttentionImpl::fused_backend(const at::Tensor& query, const at::Tensor& key,
                                                    const at::Tensor& value,
                                                    const at::Tensor& mask) const {
-  return F::fused_attention_backend(
-      query, key, value, effective_mask(options.attn_mask_type(), mask),
-      is_causal(options.attn_mask_type()), logit_scale(options), options.attention_dropout(),
-      is_training(), fused_available(options.fused()));
+  return F::attention_plan(query, key, value, effective_mask(mask_spec, mask), mask_spec,
+                           logit_scale(options), options.attention_dropout(), is_training(),
+                           fused_available(options.fused()))
+      .backend;
 }
 
 at::Tensor DotProductAttentionImpl::forward(const at::Tensor& query, const at::Tensor& key,
@@ -105,8 +97,8 @@ at::Tensor DotProductAttentionImpl::forward(const at::Tensor& query, const at::T
   const double scale = logit_scale(options);
   const bool fused = fused_available(options.fused());
   return F::attention(
-      query, key, value, effective_mask(options.attn_mask_type(), mask),
-      is_causal(options.attn_mask_type()), scale, options.attention_dropout(), is_training(), fused,
+      query, key, value, effective_mask(mask_spec, mask), mask_spec, scale,
+      options.attention_dropout(), is_training(), fused,
       fused ? std::function<at::Tensor(const at::Tensor&)>() : [](const at::Tensor& logits) {
         // Validates the constraint on one device (never a repeated
         // name: the seed's seqlen, seqlen bug).
@@ -153,9 +145,12 @@ DTensor DotProductAttentionImpl::forward(const DTensor& query, const DTensor& ke
   // Where this rank's [batch, seqlen, heads, head_dim] piece sits: its batch rows of the mask,
   // and its slice of the probabilities' dropout mask.
   const auto piece = local_chunks(q.sizes(), q.mesh(), q.placements(), q.mesh().rank());
-  at::Tensor local_mask = effective_mask(options.attn_mask_type(), mask);
-  if (local_mask.defined() && local_mask.size(0) > 1) {
-    local_mask = local_mask.narrow(0, piece[0].offset, piece[0].length);
+  at::Tensor local_mask = effective_mask(mask_spec, mask);
+  if (local_mask.defined()) {
+    // The global mask, checked before any rank narrows it to its batch rows and heads.
+    F::check_attention_mask(local_mask, q.size(0), q.size(2), q.size(1), k.size(1));
+    if (local_mask.size(0) > 1) local_mask = local_mask.narrow(0, piece[0].offset, piece[0].length);
+    if (local_mask.size(1) > 1) local_mask = local_mask.narrow(1, piece[2].offset, piece[2].length);
   }
   const double scale = logit_scale(options);
   const bool fused = fused_available(options.fused());
@@ -175,9 +170,8 @@ DTensor DotProductAttentionImpl::forward(const DTensor& query, const DTensor& ke
           .to_local();
     };
   }
-  at::Tensor out = F::attention(q.to_local(), k.to_local(), v.to_local(), local_mask,
-                                is_causal(options.attn_mask_type()), scale,
-                                options.attention_dropout(), is_training(), fused, on_logits,
+  at::Tensor out = F::attention(q.to_local(), k.to_local(), v.to_local(), local_mask, mask_spec,
+                                scale, options.attention_dropout(), is_training(), fused, on_logits,
                                 q.size(0), piece[0].offset, q.size(2), piece[2].offset);
   return DTensor::from_local(out, q.mesh(), q.placements(), q.sizes());
 }
@@ -208,7 +202,7 @@ void MultiHeadAttentionImpl::reset() {
   const int64_t d = head_dim(), g = kv_heads();
   TE_CHECK(g > 0 && heads % g == 0, "MultiHeadAttention: ", heads,
            " heads are not a multiple of num_gqa_groups ", g);
-  check_mask_type(options.attn_mask_type());
+  F::mask_spec(options.attn_mask_type(), options.window_size(), options.bottom_right_diagonal());
   if (options.input_layernorm()) {
     TE_CHECK(options.layernorm().hidden_size() == hidden,
              "MultiHeadAttention: the norm's "
@@ -222,6 +216,8 @@ void MultiHeadAttentionImpl::reset() {
           DotProductAttentionOptions(heads, d)
               .num_gqa_groups(g)
               .attn_mask_type(options.attn_mask_type())
+              .window_size(options.window_size())
+              .bottom_right_diagonal(options.bottom_right_diagonal())
               .attention_dropout(options.attention_dropout())
               .scale_factor(options.scale_attn_logits() ? 1.0 / std::sqrt(double(d)) : 1.0)
               .fused(options.fused_attention())));

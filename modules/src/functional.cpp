@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 
+#include "matmul.h"
 #include "te/compat.h"
 #include "te/distributed/scopes.h"
 #include "te/fp8.h"
@@ -29,11 +30,12 @@ std::vector<int64_t> shape_of(const at::Tensor& t) { return {t.sizes().begin(), 
 // there (fp32 accumulation, as TE's GEMMs do) and the result rounded to fp16 once. Autograd
 // follows the casts, so the gradients take the same route.
 // LibTorch's CPU GEMM of bf16 runs on oneDNN only where the CPU has AVX-512 (BW, VL, DQ), as
-// its mkldnn_bf16_device_check (aten/src/ATen/native/mkldnn/Utils.h, v1.13.1) asks; elsewhere in a scalar loop over 40x slower than fp32 BLAS
-// (a 300-step `te-encoder --dtype bf16` went from about a minute to over 10 on an AVX2 EPYC).
-// fp16 has no fast CPU GEMM at all. Such GEMMs, whether the operands are low precision or CPU
-// autocast would make them so, compute in fp32 from the operands' low-precision values and round
-// the result once: what oneDNN's bf16 GEMM (fp32 accumulation) and autocast's output give.
+// its mkldnn_bf16_device_check (aten/src/ATen/native/mkldnn/Utils.h, v1.13.1) asks; elsewhere in a
+// scalar loop over 40x slower than fp32 BLAS (a 300-step `te-encoder --dtype bf16` went from about
+// a minute to over 10 on an AVX2 EPYC). fp16 has no fast CPU GEMM at all. Such GEMMs, whether the
+// operands are low precision or CPU autocast would make them so, compute in fp32 from the operands'
+// low-precision values and round the result once: what oneDNN's bf16 GEMM (fp32 accumulation) and
+// autocast's output give.
 std::optional<at::ScalarType> slow_cpu_gemm_dtype(const at::Tensor& a) {
   if (!a.device().is_cpu()) return std::nullopt;
   at::ScalarType dtype = a.scalar_type();
@@ -59,6 +61,9 @@ std::optional<at::ScalarType> slow_cpu_gemm_dtype(const at::Tensor& a) {
 #endif
 }
 
+}  // namespace
+
+namespace detail {
 at::Tensor mm_any(const at::Tensor& a, const at::Tensor& b) {
   if (const auto low = slow_cpu_gemm_dtype(a)) {
     const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCPU);
@@ -66,6 +71,11 @@ at::Tensor mm_any(const at::Tensor& a, const at::Tensor& b) {
   }
   return at::matmul(a, b);
 }
+}  // namespace detail
+
+namespace {
+
+using detail::mm_any;
 
 // Reduces every Partial mesh dim (to Replicate).
 DTensor reduced(const DTensor& x) {
@@ -478,158 +488,6 @@ DTensor add(const DTensor& a, const DTensor& b) {
            " differ in shape");
   const DTensor bb = b.placements() == a.placements() ? b : b.redistribute(a.placements());
   return DTensor::from_local(a.to_local() + bb.to_local(), a.mesh(), a.placements(), a.sizes());
-}
-
-namespace {
-
-void check_attention_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-  TE_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
-           "attention: q, k, v must be [batch, seqlen, heads, head_dim], got ", q.sizes(), ", ",
-           k.sizes(), ", ", v.sizes());
-  TE_CHECK(k.sizes() == v.sizes() && q.size(0) == k.size(0) && q.size(3) == k.size(3),
-           "attention: q ", q.sizes(), " k ", k.sizes(), " v ", v.sizes(),
-           " disagree on batch, head_dim or key/value shape");
-  TE_CHECK(k.size(2) > 0 && q.size(2) % k.size(2) == 0, "attention: ", q.size(2),
-           " query heads are not a multiple of ", k.size(2), " key/value heads (GQA groups)");
-}
-
-// -1e10 as TE fills masked logits, or fp16's lowest finite value where -1e10 does not fit.
-double masked_value(const at::Tensor& q) { return q.scalar_type() == at::kHalf ? -65504.0 : -1e10; }
-
-// The masked positions of [*, *, sq, sk] logits (true = hidden), or undefined when none are.
-// Causal is top-left aligned (query i sees keys 0..i), as SDPA's is_causal is.
-at::Tensor masked_positions(const at::Tensor& mask, bool causal, int64_t sq, int64_t sk,
-                            const at::TensorOptions& options) {
-  at::Tensor masked;
-  if (causal) masked = at::ones({sq, sk}, options.dtype(at::kBool)).triu(1).view({1, 1, sq, sk});
-  if (mask.defined()) masked = masked.defined() ? masked.logical_or(mask) : mask.to(at::kBool);
-  return masked;
-}
-
-#if TE_HAS_SDPA
-// The one call attention() makes to at::scaled_dot_product_attention, in its [b, h, s, d]
-// layout; fused_attention_backend asks LibTorch about the same call.
-struct SdpaCall {
-  at::Tensor q, k, v;
-  c10::optional<at::Tensor> bias;
-  bool causal = false;  // is_causal: no bias tensor, so flash and cuDNN stay eligible
-  c10::optional<double> scale;
-  bool gqa = false;  // enable_gqa: fewer key/value heads, not repeated
-};
-
-std::optional<SdpaCall> sdpa_call(const at::Tensor& q, const at::Tensor& k_in,
-                                  const at::Tensor& v_in, const at::Tensor& mask, bool causal,
-                                  double scale, double dropout, bool training, bool fused,
-                                  bool on_logits) {
-  if (!fused || on_logits || (dropout > 0.0 && training)) return std::nullopt;
-  SdpaCall call;
-  at::Tensor k = k_in, v = v_in;
-  if (k.size(2) != q.size(2)) {
-    // enable_gqa spares the repeat, but of LibTorch's fused kernels only CUDA flash (half/bf16,
-    // no mask) and cuDNN take it: elsewhere it would fall to the math backend.
-    bool gqa = false;
-#if TE_SDPA_HAS_GQA
-    gqa = q.is_cuda() && !mask.defined() &&
-          (q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16);
-#endif
-    if (gqa) {
-      call.gqa = true;
-    } else {
-      k = k.repeat_interleave(q.size(2) / k_in.size(2), 2);
-      v = v.repeat_interleave(q.size(2) / k_in.size(2), 2);
-    }
-  }
-  at::Tensor qq = q;
-#if TE_TORCH_VERSION_AT_LEAST(2, 1)
-  call.scale = scale;
-#else
-  // No `scale` argument before 2.1: fold the ratio to SDPA's default 1/sqrt(d) into q.
-  qq = q * (scale / (1.0 / std::sqrt(static_cast<double>(q.size(3)))));
-#endif
-  call.q = qq.transpose(1, 2);
-  call.k = k.transpose(1, 2);
-  call.v = v.transpose(1, 2);
-  if (!mask.defined()) {
-    call.causal = causal;
-  } else {
-    const at::Tensor masked = masked_positions(mask, causal, q.size(1), k.size(1), q.options());
-    call.bias = at::zeros(masked.sizes(), q.options()).masked_fill(masked, masked_value(q));
-  }
-  return call;
-}
-
-at::Tensor run_sdpa(const SdpaCall& c) {
-#if TE_SDPA_HAS_GQA
-  return at::scaled_dot_product_attention(c.q, c.k, c.v, c.bias, 0.0, c.causal, c.scale, c.gqa);
-#elif TE_TORCH_VERSION_AT_LEAST(2, 1)
-  return at::scaled_dot_product_attention(c.q, c.k, c.v, c.bias, 0.0, c.causal, c.scale);
-#else
-  return at::scaled_dot_product_attention(c.q, c.k, c.v, c.bias, 0.0, c.causal);
-#endif
-}
-#endif
-
-}  // namespace
-
-at::Tensor attention(const at::Tensor& q, const at::Tensor& k_in, const at::Tensor& v_in,
-                     const at::Tensor& mask, bool causal, double scale, double dropout,
-                     bool training, bool fused,
-                     const std::function<at::Tensor(const at::Tensor&)>& on_logits,
-                     int64_t global_batch, int64_t batch_offset, int64_t global_heads,
-                     int64_t head_offset) {
-  check_attention_inputs(q, k_in, v_in);
-#if TE_HAS_SDPA
-  if (const auto call = sdpa_call(q, k_in, v_in, mask, causal, scale, dropout, training, fused,
-                                  static_cast<bool>(on_logits))) {
-    return run_sdpa(*call).transpose(1, 2);
-  }
-#else
-  (void)fused;
-#endif
-  const int64_t heads = q.size(2), kv_heads = k_in.size(2);
-  at::Tensor k = k_in, v = v_in;
-  if (kv_heads != heads) {
-    k = k.repeat_interleave(heads / kv_heads, 2);
-    v = v.repeat_interleave(heads / kv_heads, 2);
-  }
-  const int64_t sq = q.size(1), sk = k.size(1);
-  // Masked logits get a large negative value rather than -inf, as TE does: a fully masked row
-  // then attends uniformly instead of producing NaN.
-  const at::Tensor masked = masked_positions(mask, causal, sq, sk, q.options());
-  at::Tensor logits = mm_any(q.transpose(1, 2), k.permute({0, 2, 3, 1}));
-  // TE's default (scaled query init, unscaled logits) multiplies by 1: skip the pass.
-  if (scale != 1.0) logits = logits * scale;
-  if (on_logits) logits = on_logits(logits);
-  if (masked.defined()) logits = logits.masked_fill(masked, masked_value(q));
-  at::Tensor probs = at::softmax(logits, -1, at::kFloat).to(q.scalar_type());
-  if (training && dropout > 0) {
-    const std::vector<int64_t> global = {global_batch ? global_batch : probs.size(0),
-                                         global_heads ? global_heads : probs.size(1), sq, sk};
-    probs = functional::dropout(probs, dropout, true, global, {batch_offset, head_offset, 0, 0});
-  }
-  return mm_any(probs, v.transpose(1, 2)).transpose(1, 2);
-}
-
-std::string fused_attention_backend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                    const at::Tensor& mask, bool causal, double scale,
-                                    double dropout, bool training, bool fused) {
-  check_attention_inputs(q, k, v);
-#if TE_HAS_SDPA
-  if (const auto c =
-          sdpa_call(q, k, v, mask, causal, scale, dropout, training, fused, /*on_logits=*/false)) {
-#if TE_SDPA_HAS_GQA
-    return compat::sdp_backend_name(
-        at::_fused_sdp_choice(c->q, c->k, c->v, c->bias, 0.0, c->causal, c->scale, c->gqa));
-#elif TE_TORCH_VERSION_AT_LEAST(2, 1)
-    return compat::sdp_backend_name(
-        at::_fused_sdp_choice(c->q, c->k, c->v, c->bias, 0.0, c->causal, c->scale));
-#else
-    return compat::sdp_backend_name(
-        at::_fused_sdp_choice(c->q, c->k, c->v, c->bias, 0.0, c->causal));
-#endif
-  }
-#endif
-  return "unfused";
 }
 
 DTensor elementwise(const DTensor& x_in, const std::function<at::Tensor(const at::Tensor&)>& fn) {

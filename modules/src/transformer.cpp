@@ -45,8 +45,11 @@ void TransformerLayerImpl::reset() {
            to_string(options.qkv_kernel_axes()));
   attention.q_kernel_axes({options.qkv_kernel_axes()[0], options.qkv_kernel_axes()[2]});
   self_attention = register_module(
-      "self_attention", MultiHeadAttention(MultiHeadAttentionOptions(attention).attn_mask_type(
-                            options.self_attn_mask_type())));
+      "self_attention",
+      MultiHeadAttention(MultiHeadAttentionOptions(attention)
+                             .attn_mask_type(options.self_attn_mask_type())
+                             .window_size(options.window_size())
+                             .bottom_right_diagonal(options.bottom_right_diagonal())));
   if (options.layer_type() == "decoder") {
     cross_attention = register_module(
         "cross_attention",

@@ -40,6 +40,21 @@ TEST(CommBackendOption, NamesAndEnvironment) {
   EXPECT_ERROR(run_local_ranks(1, [](int) {}), "TE_COMM_BACKEND='mpi' is not auto, gloo or nccl");
 }
 
+// One GPU per rank: LOCAL_RANK picks it, the CPU when the host has none, and a rank beyond the
+// host's GPUs is refused with what to do (te-run starting more ranks than GPUs).
+TEST(LocalDevice, LocalRankPicksTheGpuAndMoreRanksThanGpusAreRefused) {
+  EXPECT_EQ(device_for_local_rank(0, 0), c10::Device(c10::kCPU));
+  EXPECT_EQ(device_for_local_rank(3, 0), c10::Device(c10::kCPU));
+  EXPECT_EQ(device_for_local_rank(0, 8), c10::Device(c10::kCUDA, 0));
+  EXPECT_EQ(device_for_local_rank(7, 8), c10::Device(c10::kCUDA, 7));
+  EXPECT_ERROR(device_for_local_rank(1, 1),
+               "has LOCAL_RANK 1, but this host has 1 GPU(s): start at most one rank per GPU on "
+               "each host (te-run --nproc 1)");
+  EXPECT_ERROR(device_for_local_rank(-1, 2), "has LOCAL_RANK -1");
+  // Without CUDA in this LibTorch, every rank computes on the CPU.
+  if (!at::hasCUDA()) EXPECT_EQ(local_device(), c10::Device(c10::kCPU));
+}
+
 // Forcing Gloo moves CPU tensors exactly as the default does.
 TEST(CommBackendOption, GlooByOptionAndByEnvironmentMovesCpuTensors) {
   if (!comm::gloo_built()) GTEST_SKIP() << "this te-cpp was built without Gloo";

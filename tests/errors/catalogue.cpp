@@ -266,6 +266,43 @@ std::vector<Case> cases() {
          const at::Tensor q = at::zeros({1, 2, 4, 8});
          dpa(q, q, q);
        }},
+      {"modules", "a sliding window a causal mask type cannot have",
+       "window_size (-1, 3) is not valid for attn_mask_type 'causal_bottom_right'",
+       [] {
+         DotProductAttention(DotProductAttentionOptions(4, 8)
+                                 .attn_mask_type("causal_bottom_right")
+                                 .window_size(WindowSize{-1, 3}));
+       }},
+      {"modules", "a sliding window with one unbounded side on a non-causal type",
+       "window_size (2, -1) is not valid for attn_mask_type 'padding'",
+       [] {
+         DotProductAttention(DotProductAttentionOptions(4, 8).attn_mask_type("padding").window_size(
+             WindowSize{2, -1}));
+       }},
+      {"modules", "an attention mask that does not broadcast to the logits",
+       "attention mask [2, 4, 2, 2] does not broadcast to the logits [batch 1",
+       [] {
+         DotProductAttention dpa(DotProductAttentionOptions(4, 8).attn_mask_type("arbitrary"));
+         const at::Tensor q = at::zeros({1, 2, 4, 8});
+         dpa(q, q, q, at::zeros({2, 4, 2, 2}, at::kBool));
+       }},
+      {"modules", "a padding mask with a head dim",
+       "the padding mask of attn_mask_type 'padding' has 4 heads",
+       [] {
+         DotProductAttention dpa(DotProductAttentionOptions(4, 8).attn_mask_type("padding"));
+         const at::Tensor q = at::zeros({1, 2, 4, 8});
+         dpa(q, q, q, at::zeros({1, 4, 2, 2}, at::kBool));
+       }},
+      {"modules", "an attention mask that is not bool",
+       "attention mask is Float: give a bool tensor",
+       [] {
+         DotProductAttention dpa(DotProductAttentionOptions(4, 8).attn_mask_type("arbitrary"));
+         const at::Tensor q = at::zeros({1, 2, 4, 8});
+         functional::attention(q, q, q, at::zeros({1, 1, 2, 2}), dpa->mask_spec, 1.0, 0.0, false,
+                               false);
+       }},
+      {"distributed", "more ranks on a host than it has GPUs",
+       "has LOCAL_RANK 2, but this host has 2 GPU(s)", [] { device_for_local_rank(2, 2); }},
       // ---- FP8 ----
       {"FP8", "an unknown amax algorithm", "amax_compute_algo 'mean' is not 'max' or 'most_recent'",
        [] {

@@ -153,6 +153,9 @@ TEST(Encoder, WritesMetricsAndStepLogs) {
   EXPECT_EQ(m["steps"], 12);
   EXPECT_EQ(m["world_size"], 1);
   EXPECT_EQ(m["fp8"], "none");
+  // The TE commit mirrored, and its defaults (kSmall chooses the activations).
+  EXPECT_EQ(m["te_commit"], "d0067d0da");
+  EXPECT_EQ(m["intermediate_dropout"], 0.0);
   EXPECT_GE(m["dev_accuracy"].get<double>(), 0.0);
   EXPECT_LE(m["dev_accuracy"].get<double>(), 1.0);
   // --eval-data on the dev file: the same figures as the dev set.
@@ -207,12 +210,30 @@ TEST(Encoder, PrintsEpochLinesAndFp8Runs) {
 TEST(Encoder, HelpDescribesEveryOption) {
   const Result r = encoder("--help");
   EXPECT_EQ(r.status, 0);
-  for (const char* opt : {"--data", "--eval-data", "--epochs", "--batch-size", "--max-seq-len",
-                          "--lr", "--seed", "--dropout", "--fp8", "--mesh", "--mesh-resource",
-                          "--rules", "--extend-te-rules", "--sequence-parallel", "--nproc",
-                          "--metrics-json", "--log-steps", "--threads", "--device"}) {
+  for (const char* opt : {"--data",
+                          "--eval-data",
+                          "--epochs",
+                          "--batch-size",
+                          "--max-seq-len",
+                          "--lr",
+                          "--seed",
+                          "--dropout",
+                          "--fp8",
+                          "--mesh",
+                          "--mesh-resource",
+                          "--rules",
+                          "--extend-te-rules",
+                          "--sequence-parallel",
+                          "--nproc",
+                          "--metrics-json",
+                          "--log-steps",
+                          "--threads",
+                          "--device",
+                          "--intermediate-dropout"}) {
     EXPECT_NE(r.out.find(opt), std::string::npos) << opt;
   }
+  // The TE commit it mirrors.
+  EXPECT_NE(r.out.find("examples/jax/encoder at commit d0067d0da"), std::string::npos) << r.out;
 }
 
 // Bad input: exit code 2, one line on stderr that names the culprit, no output files.
@@ -265,6 +286,7 @@ TEST(EncoderBadInput, MissingEvalFile) {
 TEST(EncoderBadInput, UnknownOptionValues) {
   expect_rejected("--fp8 hybrid", "--fp8");
   expect_rejected("--mlp-activations gelu,swish", "'swish'");
+  expect_rejected("--intermediate-dropout 1.5", "--intermediate-dropout");
   expect_rejected("--mesh data=two", "size 'two' of axis 'data' is not a positive integer");
   expect_rejected("--mesh-resource dq=data", "dq");
   expect_rejected("--rules 'batch=(data'", "--rules");

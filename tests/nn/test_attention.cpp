@@ -6,6 +6,7 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/serialize.h>
 
+#include <limits>
 #include <sstream>
 
 #include "../expect_error.h"
@@ -20,14 +21,18 @@ using test::Close;
 using test::leaf;
 using test::randn;
 
-// Key positions at or beyond each row's length are masked out: [batch, 1, sq, sk].
+// TE's encoder padding mask, [batch, 1, sq, sk]: a key at or beyond its row's length is masked,
+// and so is every key of a query at or beyond it (a padded query row attends to nothing).
 at::Tensor padding_mask(const std::vector<int64_t>& lengths, int64_t sq, int64_t sk) {
   at::Tensor len = at::tensor(lengths).view({-1, 1, 1, 1});
   return at::arange(sk)
       .view({1, 1, 1, sk})
       .ge(len)
-      .expand({static_cast<int64_t>(lengths.size()), 1, sq, sk});
+      .logical_or(at::arange(sq).view({1, 1, sq, 1}).ge(len));
 }
+
+// The query rows of a [batch, 1, sq, sk] mask with no key left: [batch, sq] bool.
+at::Tensor dead_queries(const at::Tensor& mask) { return mask.all(-1).squeeze(1); }
 
 // softmax(q k^T * scale + mask) v with einsum, GQA by repeating key/value heads.
 at::Tensor reference_attention(const at::Tensor& q, at::Tensor k, at::Tensor v,
@@ -40,8 +45,13 @@ at::Tensor reference_attention(const at::Tensor& q, at::Tensor k, at::Tensor v,
   at::Tensor masked = at::zeros({1, 1, sq, sk}, at::kBool);
   if (causal) masked = at::ones({sq, sk}, at::kBool).triu(1).view({1, 1, sq, sk});
   if (mask.defined()) masked = masked.logical_or(mask);
-  logits = logits.masked_fill(masked, -1e10);
-  return at::einsum("bhqk,bkhd->bqhd", {at::softmax(logits, -1), v});
+  // softmax over the unmasked keys only (jax.nn.softmax(..., where=) as TE's JAX fallback
+  // takes it): a row with no key left sums to 0 and gets zero probabilities.
+  const at::Tensor row_max = logits.masked_fill(masked, -1e30).amax(-1, /*keepdim=*/true).detach();
+  const at::Tensor e =
+      (logits.masked_fill(masked, -std::numeric_limits<double>::infinity()) - row_max).exp();
+  const at::Tensor probs = e / e.sum(-1, /*keepdim=*/true).clamp_min(1e-30);
+  return at::einsum("bhqk,bkhd->bqhd", {probs, v});
 }
 
 struct MaskCase {
@@ -124,6 +134,282 @@ TEST(DotProductAttention, FusedAndUnfusedPathsAgree) {
 #endif
 }
 
+// A padded query row (every key masked) has zero probabilities, as every TE backend gives it:
+// a zero output row, no gradient into its query, and no share in the keys' and values'
+// gradients, on the fused and unfused paths, with GQA, dropout, and in bf16.
+TEST(DotProductAttention, PaddedQueryRowsAttendToNothing) {
+  const at::Tensor mask = padding_mask({5, 3, 1}, 5, 5);
+  const at::Tensor dead = dead_queries(mask);  // [3, 5]
+  ASSERT_EQ(dead.sum().item<int64_t>(), 6);
+  struct Path {
+    const char* name;
+    bool fused;
+    double dropout;
+    at::ScalarType dtype;
+  };
+  for (const Path& p :
+       {Path{"fused", true, 0.0, at::kFloat}, Path{"unfused", false, 0.0, at::kFloat},
+        Path{"dropout", true, 0.3, at::kFloat}, Path{"bf16", true, 0.0, at::kBFloat16},
+        Path{"bf16 unfused", false, 0.0, at::kBFloat16}}) {
+    for (const std::string type : {"padding", "padding_causal"}) {
+      DotProductAttention dpa(DotProductAttentionOptions(4, 8)
+                                  .attn_mask_type(type)
+                                  .num_gqa_groups(2)
+                                  .attention_dropout(p.dropout)
+                                  .fused(p.fused));
+      if (p.dropout == 0.0) dpa->eval();
+      const at::Tensor k0 = randn({3, 5, 2, 8}, 42).to(p.dtype),
+                       v0 = randn({3, 5, 2, 8}, 43).to(p.dtype);
+      // Two queries that differ only in the padded rows: nothing else may see the difference.
+      const at::Tensor q0 = randn({3, 5, 4, 8}, 41).to(p.dtype);
+      const at::Tensor q1 =
+          q0.where(dead.view({3, 5, 1, 1}).logical_not(), randn({3, 5, 4, 8}, 44).to(p.dtype) * 7);
+      at::Tensor out[2], grads[2][3];
+      for (int i = 0; i < 2; ++i) {
+        manual_seed(5);  // the same dropout mask for both
+        at::Tensor q = (i == 0 ? q0 : q1).clone().requires_grad_(), k = k0.clone().requires_grad_(),
+                   v = v0.clone().requires_grad_();
+        out[i] = dpa(q, k, v, mask);
+        (out[i].to(at::kFloat) * randn({3, 5, 4, 8}, 45)).sum().backward();
+        grads[i][0] = q.grad();
+        grads[i][1] = k.grad();
+        grads[i][2] = v.grad();
+      }
+      const std::string what = std::string(p.name) + " " + type;
+      const at::Tensor rows = dead.view({3, 5, 1, 1}).expand({3, 5, 4, 8});
+      EXPECT_EQ(out[0].masked_select(rows).abs().max().item<double>(), 0.0) << what;
+      EXPECT_EQ(grads[0][0].masked_select(rows).abs().max().item<double>(), 0.0) << what;
+      EXPECT_GT(out[0].masked_select(rows.logical_not()).abs().max().item<double>(), 0.0) << what;
+      EXPECT_TRUE(out[0].equal(out[1])) << what;
+      for (int g = 0; g < 3; ++g) {
+        EXPECT_TRUE(grads[0][g].equal(grads[1][g])) << what << " grad " << g;
+      }
+    }
+  }
+}
+
+// The same rows under FP8 (MultiHeadAttention's projections run as FP8 GEMMs): the attention
+// output of a padded position is zero, so is its projection, and no gradient reaches its input.
+TEST(DotProductAttention, PaddedRowsStayZeroUnderFp8) {
+  manual_seed(3);
+  MultiHeadAttention mha(MultiHeadAttentionOptions(32, 4).attn_mask_type("padding"));
+  const at::Tensor mask = padding_mask({5, 3, 1}, 5, 5);
+  const at::Tensor rows = dead_queries(mask).view({3, 5, 1}).expand({3, 5, 32});
+  at::Tensor x = randn({3, 5, 32}, 46).requires_grad_();
+  at::Tensor y;
+  {
+    Fp8Autocast fp8(true, fp8::DelayedScaling{});
+    y = mha(x, {}, mask);
+    (y * randn({3, 5, 32}, 47)).sum().backward();
+  }
+  EXPECT_EQ(y.masked_select(rows).abs().max().item<double>(), 0.0);
+  EXPECT_EQ(x.grad().masked_select(rows).abs().max().item<double>(), 0.0);
+  EXPECT_GT(x.grad().masked_select(rows.logical_not()).abs().max().item<double>(), 0.0);
+}
+
+// What attention() hands to SDPA: causal alone as its is_causal flag (no mask tensor, so flash
+// and cuDNN stay eligible on a GPU), a padding mask as an additive tensor with causal folded in,
+// and key/value heads repeated on the CPU (enable_gqa is taken only by CUDA's half/bf16 kernels).
+TEST(DotProductAttention, TheSdpaCallCarriesCausalAsAFlag) {
+#if TE_HAS_SDPA
+  const at::Tensor q = randn({2, 5, 4, 8}, 48), kv = randn({2, 5, 2, 8}, 49);
+  const at::Tensor mask = padding_mask({5, 3}, 5, 5);
+  using functional::attention_plan;
+  using functional::mask_spec;
+  const auto causal = attention_plan(q, kv, kv, {}, mask_spec("causal"), 0.35, 0.0, false, true);
+  EXPECT_NE(causal.backend, "unfused");
+  EXPECT_TRUE(causal.is_causal);
+  EXPECT_FALSE(causal.mask_tensor);
+  EXPECT_FALSE(causal.enable_gqa);
+  // Bottom-right is the same diagonal when there are as many queries as keys.
+  EXPECT_TRUE(
+      attention_plan(q, kv, kv, {}, mask_spec("causal_bottom_right"), 0.35, 0.0, false, true)
+          .is_causal);
+  const auto padded =
+      attention_plan(q, kv, kv, mask, mask_spec("padding_causal"), 0.35, 0.0, false, true);
+  EXPECT_FALSE(padded.is_causal);
+  EXPECT_TRUE(padded.mask_tensor);
+  // A window, or a bottom-right diagonal with fewer queries, is a mask tensor.
+  const auto windowed =
+      attention_plan(q, kv, kv, {}, mask_spec("causal", WindowSize{2, 0}), 0.35, 0.0, false, true);
+  EXPECT_FALSE(windowed.is_causal);
+  EXPECT_TRUE(windowed.mask_tensor);
+  const auto lower_right = attention_plan(q.narrow(1, 0, 3), kv, kv, {},
+                                          mask_spec("causal_bottom_right"), 0.35, 0.0, false, true);
+  EXPECT_FALSE(lower_right.is_causal);
+  EXPECT_TRUE(lower_right.mask_tensor);
+  const auto unfused = attention_plan(q, kv, kv, {}, mask_spec("causal"), 0.35, 0.0, false, false);
+  EXPECT_EQ(unfused.backend, "unfused");
+  EXPECT_FALSE(unfused.is_causal);
+#else
+  GTEST_SKIP() << "this LibTorch has no at::scaled_dot_product_attention";
+#endif
+}
+
+// TE's get_full_mask written out element by element (dot_product_attention/utils.py at
+// d0067d0da): query i of sequence b sees key j when i + off - left <= j <= i + off + right and,
+// under a padding type, both are within the sequence's length. [batch, 1, sq, sk], true = hidden.
+struct TeMaskCase {
+  std::string type;
+  std::optional<WindowSize> window;
+  std::optional<bool> bottom_right_diagonal;
+  int64_t sq, sk;
+};
+
+at::Tensor te_full_mask(const TeMaskCase& c, const std::vector<int64_t>& lengths) {
+  const bool causal = c.type.find("causal") != std::string::npos;
+  const bool padding = c.type.rfind("padding", 0) == 0;
+  const bool bottom_right =
+      c.type.find("bottom_right") != std::string::npos ||
+      (c.type != "causal" && c.type != "padding_causal" && c.bottom_right_diagonal.value_or(true));
+  const int64_t left = c.window ? c.window->first : -1;  // -1: unbounded
+  const int64_t right = causal ? 0 : (c.window ? c.window->second : -1);
+  const auto b = static_cast<int64_t>(lengths.size());
+  at::Tensor hidden = at::zeros({b, 1, c.sq, c.sk}, at::kBool);
+  auto h = hidden.accessor<bool, 4>();
+  for (int64_t n = 0; n < b; ++n) {
+    const int64_t lq = std::min(lengths[n], c.sq), lk = std::min(lengths[n], c.sk);
+    const int64_t off = !bottom_right ? 0 : (padding ? lk - lq : c.sk - c.sq);
+    for (int64_t i = 0; i < c.sq; ++i) {
+      for (int64_t j = 0; j < c.sk; ++j) {
+        const bool in_window =
+            (left < 0 || j >= i + off - left) && (right < 0 || j <= i + off + right);
+        const bool valid = !padding || (i < lq && j < lk);
+        h[n][0][i][j] = !(in_window && valid);
+      }
+    }
+  }
+  return hidden;
+}
+
+// Every mask type, with and without sliding windows, both diagonals, and more or fewer queries
+// than keys: values and gradients against softmax attention under TE's full mask, on the fused
+// and unfused paths, with GQA.
+TEST(DotProductAttention, EveryMaskTypeAndWindowIsTesFullMask) {
+  std::vector<TeMaskCase> cases;
+  for (const std::string type : {"no_mask", "padding", "causal", "padding_causal",
+                                 "causal_bottom_right", "padding_causal_bottom_right"}) {
+    const bool causal = type.find("causal") != std::string::npos;
+    for (const auto& [sq, sk] : std::vector<std::pair<int64_t, int64_t>>{{5, 5}, {3, 6}, {6, 3}}) {
+      for (const std::optional<WindowSize>& w :
+           {std::optional<WindowSize>{}, std::optional<WindowSize>{WindowSize{2, causal ? 0 : 1}},
+            std::optional<WindowSize>{WindowSize{0, 0}}}) {
+        for (const std::optional<bool>& br : {std::optional<bool>{}, std::optional<bool>{false}}) {
+          cases.push_back({type, w, br, sq, sk});
+        }
+      }
+    }
+  }
+  const std::vector<int64_t> lengths = {6, 3, 1};
+  int64_t dead_rows_seen = 0;
+  for (const TeMaskCase& c : cases) {
+    std::ostringstream what;
+    what << c.type << " sq " << c.sq << " sk " << c.sk << " window "
+         << (c.window ? std::to_string(c.window->first) + "," + std::to_string(c.window->second)
+                      : "unset")
+         << " bottom_right_diagonal "
+         << (c.bottom_right_diagonal ? std::to_string(*c.bottom_right_diagonal) : "unset");
+    const at::Tensor full = te_full_mask(c, lengths);
+    dead_rows_seen += full.all(-1).sum().item<int64_t>();
+    const at::Tensor given = padding_mask(lengths, c.sq, c.sk);
+    const at::Tensor q0 = randn({3, c.sq, 4, 8}, 51), k0 = randn({3, c.sk, 2, 8}, 52),
+                     v0 = randn({3, c.sk, 2, 8}, 53), g = randn({3, c.sq, 4, 8}, 54);
+    at::Tensor qr = leaf(q0), kr = leaf(k0), vr = leaf(v0);
+    const at::Tensor yr = reference_attention(qr, kr, vr, full, false, 0.3);
+    torch::autograd::backward({yr}, {g});
+    for (bool fused : {true, false}) {
+      set_warning_handler([](std::string_view) {});
+      DotProductAttention dpa(DotProductAttentionOptions(4, 8)
+                                  .attn_mask_type(c.type)
+                                  .window_size(c.window)
+                                  .bottom_right_diagonal(c.bottom_right_diagonal)
+                                  .num_gqa_groups(2)
+                                  .scale_factor(0.3)
+                                  .fused(fused));
+      set_warning_handler(nullptr);
+      dpa->eval();
+      at::Tensor q = leaf(q0), k = leaf(k0), v = leaf(v0);
+      const at::Tensor y = dpa(q, k, v, given);
+      torch::autograd::backward({y}, {g});
+      EXPECT_TRUE(Close(y, yr, 1e-5)) << what.str() << (fused ? " fused" : " unfused");
+      EXPECT_TRUE(Close(q.grad(), qr.grad(), 1e-5)) << what.str() << " dq";
+      EXPECT_TRUE(Close(k.grad(), kr.grad(), 1e-5)) << what.str() << " dk";
+      EXPECT_TRUE(Close(v.grad(), vr.grad(), 1e-5)) << what.str() << " dv";
+    }
+  }
+  EXPECT_GT(dead_rows_seen, 0);  // the cases include queries that see no key
+}
+
+// "arbitrary": the caller's mask of any broadcastable shape, per head, rows left without a key
+// included; with a window it combines (bottom-right by default).
+TEST(DotProductAttention, ArbitraryMaskOfAnyBroadcastableShape) {
+  at::Generator gen = at::detail::createCPUGenerator(55);
+  at::Tensor per_head = at::rand({3, 4, 5, 6}, gen).lt(0.3);
+  per_head.select(0, 1).select(0, 2).select(0, 3).fill_(true);  // a row with no key
+  for (const at::Tensor& mask :
+       {per_head, per_head.narrow(1, 0, 1).contiguous(), per_head.narrow(0, 0, 1).contiguous()}) {
+    for (bool fused : {true, false}) {
+      DotProductAttention dpa(DotProductAttentionOptions(4, 8)
+                                  .attn_mask_type("arbitrary")
+                                  .num_gqa_groups(2)
+                                  .fused(fused));
+      const at::Tensor q0 = randn({3, 5, 4, 8}, 56), k0 = randn({3, 6, 2, 8}, 57),
+                       v0 = randn({3, 6, 2, 8}, 58);
+      at::Tensor q = leaf(q0), k = leaf(k0), v = leaf(v0), qr = leaf(q0), kr = leaf(k0),
+                 vr = leaf(v0);
+      const at::Tensor y = dpa(q, k, v, mask);
+      const at::Tensor yr = reference_attention(qr, kr, vr, mask, false, 1.0 / std::sqrt(8.0));
+      EXPECT_TRUE(Close(y, yr, 1e-5)) << mask.sizes() << fused;
+      const at::Tensor g = randn(y.sizes().vec(), 59);
+      torch::autograd::backward({y}, {g});
+      torch::autograd::backward({yr}, {g});
+      EXPECT_TRUE(Close(q.grad(), qr.grad(), 1e-5)) << mask.sizes();
+      EXPECT_TRUE(Close(k.grad(), kr.grad(), 1e-5)) << mask.sizes();
+    }
+  }
+  // With a window (3, 0), bottom-right: offset sk - sq = 1.
+  DotProductAttention windowed(
+      DotProductAttentionOptions(4, 8).attn_mask_type("arbitrary").window_size(WindowSize{3, 0}));
+  const at::Tensor q = randn({3, 5, 4, 8}, 60), kv = randn({3, 6, 4, 8}, 61);
+  const at::Tensor full =
+      per_head.logical_or(te_full_mask({"no_mask", WindowSize{3, 0}, {}, 5, 6}, {6, 6, 6}));
+  EXPECT_TRUE(Close(windowed(q, kv, kv, per_head),
+                    reference_attention(q, kv, kv, full, false, 1.0 / std::sqrt(8.0)), 1e-5));
+}
+
+// TE's check_set_window_size: a window a mask type contradicts is corrected with a warning, as
+// TE warns; one with no meaning is refused, naming it.
+TEST(DotProductAttention, WindowSizesTeCorrectsWarnAndTheOthersAreRefused) {
+  std::vector<std::string> warnings;
+  set_warning_handler([&](std::string_view m) { warnings.emplace_back(m); });
+  const auto causal = functional::mask_spec("causal", WindowSize{4, 2});
+  EXPECT_EQ(causal.window_left, 4);
+  EXPECT_EQ(causal.window_right, 0);
+  const auto open = functional::mask_spec("padding", WindowSize{-1, 0});
+  EXPECT_EQ(open.window_left, -1);
+  EXPECT_EQ(open.window_right, -1);
+  set_warning_handler(nullptr);
+  ASSERT_EQ(warnings.size(), 2u);
+  EXPECT_NE(warnings[0].find("window_size (4, 2) should be (-1, 0) or (>=0, 0)"), std::string::npos)
+      << warnings[0];
+  EXPECT_NE(warnings[1].find("window_size (-1, 0) should be (-1, -1) or (>=0, >=0)"),
+            std::string::npos)
+      << warnings[1];
+  EXPECT_ERROR(functional::mask_spec("causal_bottom_right", WindowSize{-1, 3}),
+               "window_size (-1, 3) is not valid for attn_mask_type 'causal_bottom_right'");
+  EXPECT_ERROR(functional::mask_spec("no_mask", WindowSize{2, -1}),
+               "window_size (2, -1) is not valid for attn_mask_type 'no_mask'");
+  EXPECT_ERROR(
+      DotProductAttention(
+          DotProductAttentionOptions(4, 8).attn_mask_type("causal").window_size(WindowSize{-3, 0})),
+      "window_size (-3, 0) is not valid");
+  // The alignment: causal and padding_causal are always top-left.
+  EXPECT_FALSE(functional::mask_spec("causal", std::nullopt, true).bottom_right);
+  EXPECT_TRUE(functional::mask_spec("causal_bottom_right", std::nullopt, false).bottom_right);
+  EXPECT_TRUE(functional::mask_spec("padding").bottom_right);
+  EXPECT_FALSE(functional::mask_spec("padding", std::nullopt, false).bottom_right);
+}
+
 TEST(DotProductAttention, ReportsBadInput) {
   EXPECT_ERROR(DotProductAttention(DotProductAttentionOptions(4, 8).attn_mask_type("sliding")),
                "attn_mask_type 'sliding' is not one of");
@@ -137,6 +423,16 @@ TEST(DotProductAttention, ReportsBadInput) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("needs a mask"), std::string::npos) << e.what();
   }
+  // A mask that does not broadcast to the logits, a per-head padding mask, a non-bool mask.
+  EXPECT_ERROR(dpa(q, q, q, at::zeros({1, 1, 3, 2}, at::kBool)),
+               "attention mask [1, 1, 3, 2] does not broadcast to the logits [batch 1, heads 4, "
+               "seqlen_q 2, seqlen_kv 2]");
+  EXPECT_ERROR(dpa(q, q, q, at::zeros({1, 4, 2, 2}, at::kBool)),
+               "the padding mask of attn_mask_type 'padding' has 4 heads");
+  DotProductAttention arbitrary(DotProductAttentionOptions(4, 8).attn_mask_type("arbitrary"));
+  EXPECT_ERROR(arbitrary(q, q, q), "needs a mask: a bool tensor broadcastable to [batch, heads,");
+  EXPECT_ERROR(arbitrary(q, q, q, at::zeros({2, 4, 2, 2}, at::kBool)),
+               "attention mask [2, 4, 2, 2] does not broadcast");
 }
 
 TEST(DotProductAttention, TheSeedsRepeatedSeqlenConstraintIsImpossible) {

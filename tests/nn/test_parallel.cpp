@@ -54,6 +54,8 @@ enum class Kind {
   kMlpGated,
   kMhaFused,
   kMhaGqa,
+  kMhaWindow,     // padding_causal_bottom_right with a sliding window: per-sequence diagonals
+  kMhaArbitrary,  // a per-head arbitrary mask: its heads shard with the heads
   kEncoder,
   kDecoder
 };
@@ -88,14 +90,18 @@ struct Shape {
 };
 Shape shape_of(bool uneven) { return uneven ? Shape{3, 5} : Shape{4, 6}; }
 
-// Rows of lengths 6, 4, 5, 3 (cut to the shape): [batch, 1, seqlen, seqlen], true where a key
-// is padding.
+// Rows of lengths 6, 4, 5, 3 (cut to the shape), masked as TE's encoder masks them:
+// [batch, 1, seqlen, seqlen], true where the key or the query is padding, so every layout also
+// holds the padded query rows (no key left: zero probabilities) to one process.
 at::Tensor padding_mask(Shape sh) {
   at::Tensor len = at::tensor(std::vector<int64_t>{6, 4, 5, 3})
                        .narrow(0, 0, sh.batch)
                        .clamp_max(sh.seq)
                        .view({-1, 1, 1, 1});
-  return at::arange(sh.seq).view({1, 1, 1, sh.seq}).ge(len).expand({sh.batch, 1, sh.seq, sh.seq});
+  return at::arange(sh.seq)
+      .view({1, 1, 1, sh.seq})
+      .ge(len)
+      .logical_or(at::arange(sh.seq).view({1, 1, sh.seq, 1}).ge(len));
 }
 
 // Dropout rates of the second run (0 in the first).
@@ -153,7 +159,9 @@ Model make(Kind kind, bool sp, Way way, bool dropout, Shape sh) {
       break;
     }
     case Kind::kMhaFused:
-    case Kind::kMhaGqa: {
+    case Kind::kMhaGqa:
+    case Kind::kMhaWindow:
+    case Kind::kMhaArbitrary: {
       auto options = MultiHeadAttentionOptions(16, 4)
                          .attention_dropout(r.attention)
                          .enable_sequence_parallel(sp)
@@ -161,11 +169,18 @@ Model make(Kind kind, bool sp, Way way, bool dropout, Shape sh) {
                          .q_kernel_axes({w_in, w_out})
                          .kv_kernel_axes({w_in, joined, w_out})
                          .out_kernel_axes({w_out, w_in});
+      at::Tensor mask;
       if (kind == Kind::kMhaGqa) {
         options.num_gqa_groups(2).attn_mask_type("padding_causal");
+        mask = padding_mask(sh);
+      } else if (kind == Kind::kMhaWindow) {
+        options.attn_mask_type("padding_causal_bottom_right").window_size(WindowSize{2, 0});
+        mask = padding_mask(sh);
+      } else if (kind == Kind::kMhaArbitrary) {
+        options.attn_mask_type("arbitrary");
+        mask = test::seeded_integers({sh.batch, 4, sh.seq, sh.seq}, 34).remainder(3).eq(0);
       }
       MultiHeadAttention mha(options);
-      const at::Tensor mask = kind == Kind::kMhaGqa ? padding_mask(sh) : at::Tensor();
       m = {mha.ptr(), [mha, mask](const at::Tensor& x) mutable { return mha(x, {}, mask); },
            [mha, mask](const DTensor& x) mutable { return mha(x, std::nullopt, mask); }};
       break;
@@ -335,8 +350,9 @@ TEST_P(Equivalence, OutputsAndEveryGradientMatchOneProcess) {
 
 std::vector<Case> all_cases() {
   std::vector<Case> cases;
-  for (Kind kind : {Kind::kDenseColumn, Kind::kDenseRow, Kind::kMlpGelu, Kind::kMlpGated,
-                    Kind::kMhaFused, Kind::kMhaGqa, Kind::kEncoder, Kind::kDecoder}) {
+  for (Kind kind :
+       {Kind::kDenseColumn, Kind::kDenseRow, Kind::kMlpGelu, Kind::kMlpGated, Kind::kMhaFused,
+        Kind::kMhaGqa, Kind::kMhaWindow, Kind::kMhaArbitrary, Kind::kEncoder, Kind::kDecoder}) {
     for (const Layout& l : layouts()) {
       // 2 key/value heads do not split over 4 ranks (GqaHeadsMustSplitEvenly below).
       if (kind == Kind::kMhaGqa && l.name == "TP4") continue;
@@ -365,8 +381,9 @@ std::vector<Case> all_cases() {
 }
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
-  static const char* kinds[] = {"DenseColumn", "DenseRow", "MlpGelu", "MlpGated",
-                                "MhaFusedQkv", "MhaGqa",   "Encoder", "Decoder"};
+  static const char* kinds[] = {"DenseColumn", "DenseRow", "MlpGelu",   "MlpGated",
+                                "MhaFusedQkv", "MhaGqa",   "MhaWindow", "MhaArbitrary",
+                                "Encoder",     "Decoder"};
   static const char* ways[] = {"TeTable", "ExtendedRules", "CustomNames"};
   return std::string(kinds[static_cast<int>(info.param.kind)]) + "_" + info.param.layout + "_" +
          ways[static_cast<int>(info.param.way)] + (info.param.dropout ? "_Dropout" : "") +

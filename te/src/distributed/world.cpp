@@ -576,15 +576,18 @@ int local_rank() {
   return world ? world->local_rank() : 0;
 }
 
-c10::Device local_device() {
-  if (!at::hasCUDA()) return c10::Device(c10::kCPU);
-  const int local = local_rank();
-  const auto gpus = static_cast<int>(at::getNumGPUs());
-  TE_CHECK(local < gpus, "local_device: rank ", world_rank(), " has LOCAL_RANK ", local,
-           ", but this host has ", gpus,
+c10::Device device_for_local_rank(int local_rank, int gpus) {
+  if (gpus <= 0) return c10::Device(c10::kCPU);
+  TE_CHECK(local_rank >= 0 && local_rank < gpus, "local_device: rank ", world_rank(),
+           " has LOCAL_RANK ", local_rank, ", but this host has ", gpus,
            " GPU(s): start at most one rank per GPU on each host (te-run --nproc ", gpus,
            "), or set LOCAL_RANK to the rank's index on its host");
-  return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(local));
+  return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(local_rank));
+}
+
+c10::Device local_device() {
+  return device_for_local_rank(local_rank(),
+                               at::hasCUDA() ? static_cast<int>(at::getNumGPUs()) : 0);
 }
 
 const char* to_string(CommBackend backend) {

@@ -292,4 +292,6 @@ ShardingContextScope::~ShardingContextScope() {
   rules_stack().pop(this);
 }
 
+void warn(std::string_view message) { emit_warning(message); }
+
 }  // namespace te

@@ -9,11 +9,16 @@
 
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "te/nn/dense.h"
+#include "te/nn/functional.h"
 #include "te/nn/sharded.h"
 
 namespace te::nn {
+
+/// A sliding window (left, right), as TE's window_size.
+using WindowSize = std::pair<int64_t, int64_t>;
 
 /// Options for DotProductAttention over `num_attention_heads` heads of `head_dim`.
 ///
@@ -27,8 +32,18 @@ struct DotProductAttentionOptions {
   TORCH_ARG(int64_t, head_dim);
   /// Key/value heads (GQA); 0 means num_attention_heads (plain multi-head attention).
   TORCH_ARG(int64_t, num_gqa_groups) = 0;
-  /// "no_mask", "padding", "causal" or "padding_causal".
+  /// TE's attn_mask_type: "no_mask", "padding", "causal", "padding_causal" (top-left
+  /// diagonal), "causal_bottom_right", "padding_causal_bottom_right" (bottom-right diagonal:
+  /// the last query sees the last key, as when decoding with a cache), or "arbitrary" (the mask
+  /// given to forward, broadcastable to [batch, heads, seqlen_q, seqlen_kv]).
   TORCH_ARG(std::string, attn_mask_type) = "causal";
+  /// Sliding window (left, right): query i sees keys i + offset - left ... i + offset + right,
+  /// -1 unbounded (TE's window_size). Unset: (-1, 0) for the causal types, (-1, -1) otherwise.
+  TORCH_ARG(std::optional<WindowSize>, window_size) = std::nullopt;
+  /// Aligns the window's diagonal to the bottom-right corner (true) or the top-left one (false);
+  /// unset: bottom-right. "causal" and "padding_causal" are always top-left, the bottom_right
+  /// types always bottom-right (TE's bottom_right_diagonal).
+  TORCH_ARG(std::optional<bool>, bottom_right_diagonal) = std::nullopt;
   /// Dropout on the attention probabilities (training only).
   TORCH_ARG(double, attention_dropout) = 0.0;
   /// Multiplies the logits; 0 means 1/sqrt(head_dim).
@@ -37,8 +52,11 @@ struct DotProductAttentionOptions {
   TORCH_ARG(bool, fused) = true;
 };
 
-/// softmax(q k^T * scale + mask) v per head. `mask` (for the padding types) is a bool tensor
-/// broadcastable to [batch, 1, seqlen_q, seqlen_kv] whose true entries are masked out. The
+/// softmax(q k^T * scale + mask) v per head, with TE's masks (functional::MaskSpec). `mask` (for
+/// the padding types and arbitrary) is a bool tensor whose true entries are masked out: the
+/// padding types' [batch, 1, seqlen_q, seqlen_kv] (1s broadcast), arbitrary's broadcastable to
+/// [batch, heads, seqlen_q, seqlen_kv] (its heads shard with the heads). A query that sees no key
+/// (a padded position) gets zero probabilities: a zero output and no gradient, as in TE. The
 /// unfused path constrains the attention weights to (batch, heads, None, None).
 class DotProductAttentionImpl : public torch::nn::Cloneable<DotProductAttentionImpl>,
                                 public ShardedModule {
@@ -60,6 +78,8 @@ class DotProductAttentionImpl : public torch::nn::Cloneable<DotProductAttentionI
                             const at::Tensor& mask = {}) const;
 
   DotProductAttentionOptions options;
+  /// The mask semantics the options resolve to (set by reset(), which warns where TE warns).
+  functional::MaskSpec mask_spec;
 };
 
 /// `dpa(q, k, v)` / `dpa(q, k, v, mask)` on tensors or DTensors.
@@ -89,7 +109,15 @@ struct MultiHeadAttentionOptions {
   TORCH_ARG(int64_t, head_dim) = 0;
   /// 0: num_attention_heads (no GQA).
   TORCH_ARG(int64_t, num_gqa_groups) = 0;
+  /// DotProductAttentionOptions' attn_mask_type, window_size and bottom_right_diagonal.
   TORCH_ARG(std::string, attn_mask_type) = "causal";
+  /// Sliding window (left, right): query i sees keys i + offset - left ... i + offset + right,
+  /// -1 unbounded (TE's window_size). Unset: (-1, 0) for the causal types, (-1, -1) otherwise.
+  TORCH_ARG(std::optional<WindowSize>, window_size) = std::nullopt;
+  /// Aligns the window's diagonal to the bottom-right corner (true) or the top-left one (false);
+  /// unset: bottom-right. "causal" and "padding_causal" are always top-left, the bottom_right
+  /// types always bottom-right (TE's bottom_right_diagonal).
+  TORCH_ARG(std::optional<bool>, bottom_right_diagonal) = std::nullopt;
   TORCH_ARG(double, attention_dropout) = 0.0;
   /// Normalise the input first (pre-LN); the norm's options.
   TORCH_ARG(bool, input_layernorm) = true;

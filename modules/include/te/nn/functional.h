@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "te/distributed/dtensor.h"
 
@@ -80,29 +81,88 @@ DTensor flatten(const DTensor& x, int64_t dim);
 /// a + b (b is moved to a's layout first).
 DTensor add(const DTensor& a, const DTensor& b);
 
+/// Which keys each query sees: Transformer Engine's attn_mask_type, window_size and
+/// bottom_right_diagonal, resolved by mask_spec() as TE's DotProductAttention resolves them
+/// (transformer_engine/pytorch/attention/dot_product_attention/dot_product_attention.py and
+/// utils.py get_full_mask / check_set_window_size, at d0067d0da).
+struct MaskSpec {
+  /// "no_mask", "padding", "causal", "padding_causal", "causal_bottom_right",
+  /// "padding_causal_bottom_right" or "arbitrary".
+  std::string type = "no_mask";
+  /// Query i sees keys i + offset - window_left ... i + offset + window_right (-1: unbounded);
+  /// the causal types have window_right 0.
+  int64_t window_left = -1, window_right = -1;
+  /// The diagonal's alignment (offset): false, the top-left corner (offset 0); true, the
+  /// bottom-right corner (offset seqlen_kv - seqlen_q, or per sequence its valid keys minus its
+  /// valid queries under a padding type).
+  bool bottom_right = false;
+
+  bool causal() const;      ///< the causal types
+  bool padding() const;     ///< the padding types (a padding mask is required)
+  bool takes_mask() const;  ///< padding types and arbitrary: forward needs a mask
+  bool windowed() const;    ///< a sliding window or a causal diagonal hides keys
+};
+
+/// The spec TE's DotProductAttention uses for these arguments. `window_size` (left, right):
+/// unset means (-1, 0) for the causal types and (-1, -1) for the others; a causal type with
+/// (-1, -1) or (>= 0, != 0) gets right = 0, and the others' (-1, 0) becomes (-1, -1), each with a
+/// te::warn as TE warns; any other negative bound is a te::Error. `bottom_right_diagonal` (unset:
+/// true but for "causal" and "padding_causal", which are always top-left; the bottom_right types
+/// are always bottom-right) aligns the window. Throws te::Error naming an unknown mask type.
+MaskSpec mask_spec(const std::string& attn_mask_type,
+                   std::optional<std::pair<int64_t, int64_t>> window_size = std::nullopt,
+                   std::optional<bool> bottom_right_diagonal = std::nullopt);
+
+/// Checks that `mask` (bool, true = masked out) broadcasts to the [batch, heads, seqlen_q,
+/// seqlen_kv] logits: 4 dims, each 1 or the logits' size. Throws te::Error naming both shapes.
+void check_attention_mask(const at::Tensor& mask, int64_t batch, int64_t heads, int64_t seqlen_q,
+                          int64_t seqlen_kv);
+
+/// The positions spec and mask hide from each query of [*, *, seqlen_q, seqlen_kv] logits (true =
+/// hidden), or undefined when nothing is hidden; `mask` is read only by the types that take one.
+at::Tensor masked_positions(const at::Tensor& mask, const MaskSpec& spec, int64_t seqlen_q,
+                            int64_t seqlen_kv, const at::TensorOptions& options);
+
 /// Attention on local [batch, seqlen, heads, head_dim] tensors: softmax(q k^T * scale, masked) v.
-/// `mask`: bool, broadcastable to [batch, 1, seqlen_q, seqlen_kv], true = masked out (may be
-/// undefined). `causal` masks keys after the query position. `on_logits` may rewrite the
-/// [batch, heads, seqlen_q, seqlen_kv] logits (the sharding constraint). Key/value heads may be
-/// fewer (GQA): each serves heads / kv_heads query heads.
+/// `spec` says which keys each query sees (MaskSpec); `mask` is the types' bool tensor (true =
+/// masked out): the padding types' [batch, 1, seqlen_q, seqlen_kv] padding mask, or arbitrary's
+/// mask broadcastable to [batch, heads, seqlen_q, seqlen_kv] (undefined for the other types). A
+/// query that sees no key (a padded position, or the first rows of a bottom-right causal mask
+/// with more queries than keys) gets zero probabilities: a zero output row and no gradient, as
+/// every TE backend gives it. `on_logits` may rewrite the [batch, heads, seqlen_q, seqlen_kv]
+/// logits (the sharding constraint). Key/value heads may be fewer (GQA): each serves
+/// heads / kv_heads query heads.
 ///
 /// Dropout on the probabilities (training, dropout > 0) is te::nn's layout-invariant dropout:
 /// q, k, v may be the piece at (batch_offset, head_offset) of a tensor of `global_batch` rows
 /// and `global_heads` heads (0: the local sizes), and the mask is that slice of the global one.
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                     const at::Tensor& mask, bool causal, double scale, double dropout,
+                     const at::Tensor& mask, const MaskSpec& spec, double scale, double dropout,
                      bool training, bool fused,
                      const std::function<at::Tensor(const at::Tensor&)>& on_logits = {},
                      int64_t global_batch = 0, int64_t batch_offset = 0, int64_t global_heads = 0,
                      int64_t head_offset = 0);
 
-/// The backend LibTorch's scaled_dot_product_attention chooses for the call attention() makes
-/// with these arguments ("flash_attention", "cudnn_attention", "efficient_attention", "math"),
-/// or "unfused" where attention() computes without it (no SDPA in this LibTorch, `fused` off, or
-/// dropout in training). Asks at::_fused_sdp_choice with exactly that call's arguments.
-std::string fused_attention_backend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                    const at::Tensor& mask, bool causal, double scale,
-                                    double dropout, bool training, bool fused);
+/// What attention() runs for a set of arguments.
+struct AttentionPlan {
+  /// The backend LibTorch's scaled_dot_product_attention chooses for the call attention() makes
+  /// ("flash_attention", "cudnn_attention", "efficient_attention", "math"), asked of
+  /// at::_fused_sdp_choice with exactly that call's arguments; or "unfused" where attention()
+  /// computes without it (no SDPA in this LibTorch, `fused` off, or dropout in training).
+  std::string backend;
+  /// The causal mask goes to SDPA as its is_causal flag, with no mask tensor (the flash and
+  /// cuDNN kernels stay eligible on a GPU).
+  bool is_causal = false;
+  /// The mask goes to SDPA as an additive tensor (a mask, a window or a bottom-right diagonal,
+  /// with causal folded into it).
+  bool mask_tensor = false;
+  /// Fewer key/value heads go to SDPA unrepeated (enable_gqa: CUDA half/bf16 without a mask).
+  bool enable_gqa = false;
+};
+/// The plan attention() follows for these arguments (the same checks as attention()).
+AttentionPlan attention_plan(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                             const at::Tensor& mask, const MaskSpec& spec, double scale,
+                             double dropout, bool training, bool fused);
 
 /// Applies an elementwise `fn` to x's local piece (a Partial x is reduced first: f(sum) is not
 /// the sum of f).

@@ -33,7 +33,11 @@ struct TransformerLayerOptions {
   TORCH_ARG(int64_t, num_gqa_groups) = 0;
   /// "encoder" or "decoder" (adds cross attention to the encoder's output).
   TORCH_ARG(std::string, layer_type) = "encoder";
+  /// The self attention's attn_mask_type, window_size and bottom_right_diagonal
+  /// (DotProductAttentionOptions), as TE's TransformerLayer takes them.
   TORCH_ARG(std::string, self_attn_mask_type) = "causal";
+  TORCH_ARG(std::optional<WindowSize>, window_size) = std::nullopt;
+  TORCH_ARG(std::optional<bool>, bottom_right_diagonal) = std::nullopt;
   TORCH_ARG(std::string, layernorm_type) = "layernorm";
   TORCH_ARG(double, layernorm_epsilon) = 1e-6;
   TORCH_ARG(bool, zero_centered_gamma) = false;

@@ -95,8 +95,12 @@ bool is_distributed();
 /// This rank's index on its machine: LOCAL_RANK as te-run / torchrun set it (the rank when unset),
 /// a thread rank's own rank, 0 when not distributed.
 int local_rank();
-/// The device this rank computes on: cuda:local_rank() when this LibTorch has CUDA and a GPU,
-/// else the CPU. One GPU per rank, as NCCL requires.
+/// The device this rank computes on: device_for_local_rank(local_rank(), the GPUs this LibTorch
+/// sees). One GPU per rank, as NCCL requires.
 c10::Device local_device();
+/// The device of the rank with this LOCAL_RANK on a host with `gpus` GPUs: cuda:local_rank, or
+/// the CPU when there are none. Throws te::Error naming the rank when local_rank is not one of
+/// the host's GPUs (more ranks started on a host than it has GPUs).
+c10::Device device_for_local_rank(int local_rank, int gpus);
 
 }  // namespace te

@@ -186,6 +186,10 @@ using WarningHandler = std::function<void(std::string_view message)>;
 /// Thread-safe; the handler itself may be called from any thread.
 WarningHandler set_warning_handler(WarningHandler handler);
 
+/// Sends a library warning to the installed handler (or stderr): a request te-cpp honours after
+/// changing it, as Transformer Engine warns for the same request.
+void warn(std::string_view message);
+
 /// Makes the next TE-table fallback warn again (the warning is otherwise once per process).
 void reset_deprecation_warnings();
 

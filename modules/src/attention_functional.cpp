@@ -1,0 +1,326 @@
+// functional::attention and what decides it: Transformer Engine's mask semantics (MaskSpec), the
+// padded-row rule, and the one call to at::scaled_dot_product_attention.
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <optional>
+#include <string>
+
+#include "matmul.h"
+#include "te/compat.h"
+#include "te/error.h"
+#include "te/nn/functional.h"
+#include "te/nn/random.h"
+#include "te/sharding/context.h"
+
+namespace te::nn::functional {
+
+namespace {
+
+const char* const kMaskTypes[] = {"no_mask",
+                                  "padding",
+                                  "causal",
+                                  "padding_causal",
+                                  "causal_bottom_right",
+                                  "padding_causal_bottom_right",
+                                  "arbitrary"};
+
+void check_attention_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& mask, const MaskSpec& spec) {
+  TE_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
+           "attention: q, k, v must be [batch, seqlen, heads, head_dim], got ", q.sizes(), ", ",
+           k.sizes(), ", ", v.sizes());
+  TE_CHECK(k.sizes() == v.sizes() && q.size(0) == k.size(0) && q.size(3) == k.size(3),
+           "attention: q ", q.sizes(), " k ", k.sizes(), " v ", v.sizes(),
+           " disagree on batch, head_dim or key/value shape");
+  TE_CHECK(k.size(2) > 0 && q.size(2) % k.size(2) == 0, "attention: ", q.size(2),
+           " query heads are not a multiple of ", k.size(2), " key/value heads (GQA groups)");
+  if (spec.takes_mask()) {
+    TE_CHECK(mask.defined(), "attention with attn_mask_type '", spec.type,
+             "' needs a mask: a bool tensor broadcastable to [batch, ",
+             spec.padding() ? "1" : "heads",
+             ", seqlen_q, seqlen_kv], true where a key is masked out");
+    check_attention_mask(mask, q.size(0), q.size(2), q.size(1), k.size(1));
+    TE_CHECK(!spec.padding() || mask.size(1) == 1,
+             "attention: the padding mask of attn_mask_type '", spec.type, "' has ", mask.size(1),
+             " heads; it is [batch, 1, seqlen_q, seqlen_kv] (a mask per head is 'arbitrary')");
+  }
+}
+
+// -1e10 as TE fills masked logits, or fp16's lowest finite value where -1e10 does not fit. A
+// finite fill keeps every row's softmax finite; the rows it would leave attending uniformly (no
+// key left) are zeroed after, by zero_dead_rows.
+double masked_value(const at::Tensor& q) { return q.scalar_type() == at::kHalf ? -65504.0 : -1e10; }
+
+// The query rows of [*, *, sq, sk] masked positions that have no key left ([*, *, sq, 1]).
+at::Tensor dead_rows(const at::Tensor& masked) { return masked.all(-1, /*keepdim=*/true); }
+
+// A query row whose keys are all masked (a padded position under a padding mask) has zero
+// probabilities, hence a zero output and zero gradients into q, k and v, as every TE backend
+// gives it: scaled_masked_softmax scales a row whose max is the mask value by 0
+// (transformer_engine/common/fused_softmax/scaled_masked_softmax.cu L313 at d0067d0da), the JAX
+// fallback's softmax(..., where=) and cuDNN fused attention (tests/jax/test_fused_attn.py
+// L1013-1019 requires the padded query rows of its output to be zeros). Zeroing the output row is
+// the same function as zeroing the row's probabilities: nothing else reads them, and its gradient
+// stops there. `out` is [b, h, sq, d]; `dead` is undefined when no row can be dead.
+at::Tensor zero_dead_rows(const at::Tensor& out, const at::Tensor& dead) {
+  return dead.defined() ? out.masked_fill(dead, 0) : out;
+}
+
+// Top-left causal with nothing else: SDPA's is_causal flag, and no query is ever left without a
+// key (query i sees key 0). Bottom-right is the same diagonal when seqlen_q == seqlen_kv.
+bool plain_causal(const MaskSpec& spec, int64_t sq, int64_t sk) {
+  return spec.causal() && !spec.takes_mask() && spec.window_left < 0 &&
+         (!spec.bottom_right || sq == sk);
+}
+
+#if TE_HAS_SDPA
+// The one call attention() makes to at::scaled_dot_product_attention, in its [b, h, s, d]
+// layout; attention_plan asks LibTorch about the same call.
+struct SdpaCall {
+  at::Tensor q, k, v;
+  c10::optional<at::Tensor> bias;
+  bool causal = false;  // is_causal: no bias tensor, so flash and cuDNN stay eligible
+  c10::optional<double> scale;
+  bool gqa = false;  // enable_gqa: fewer key/value heads, not repeated
+  at::Tensor dead;   // the query rows to zero after the call (see zero_dead_rows)
+};
+
+std::optional<SdpaCall> sdpa_call(const at::Tensor& q, const at::Tensor& k_in,
+                                  const at::Tensor& v_in, const at::Tensor& mask,
+                                  const MaskSpec& spec, double scale, double dropout, bool training,
+                                  bool fused, bool on_logits) {
+  if (!fused || on_logits || (dropout > 0.0 && training)) return std::nullopt;
+  const int64_t sq = q.size(1), sk = k_in.size(1);
+  SdpaCall call;
+  at::Tensor masked;
+  if (plain_causal(spec, sq, sk)) {
+    call.causal = true;
+  } else {
+    masked = masked_positions(mask, spec, sq, sk, q.options());
+  }
+  at::Tensor k = k_in, v = v_in;
+  if (k.size(2) != q.size(2)) {
+    // enable_gqa spares the repeat, but of LibTorch's fused kernels only CUDA flash (half/bf16,
+    // no mask) and cuDNN take it: elsewhere it would fall to the math backend.
+    bool gqa = false;
+#if TE_SDPA_HAS_GQA
+    gqa = q.is_cuda() && !masked.defined() &&
+          (q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16);
+#endif
+    if (gqa) {
+      call.gqa = true;
+    } else {
+      k = k.repeat_interleave(q.size(2) / k_in.size(2), 2);
+      v = v.repeat_interleave(q.size(2) / k_in.size(2), 2);
+    }
+  }
+  at::Tensor qq = q;
+#if TE_TORCH_VERSION_AT_LEAST(2, 1)
+  call.scale = scale;
+#else
+  // No `scale` argument before 2.1: fold the ratio to SDPA's default 1/sqrt(d) into q.
+  qq = q * (scale / (1.0 / std::sqrt(static_cast<double>(q.size(3)))));
+#endif
+  call.q = qq.transpose(1, 2);
+  call.k = k.transpose(1, 2);
+  call.v = v.transpose(1, 2);
+  if (masked.defined()) {
+    call.bias = at::zeros(masked.sizes(), q.options()).masked_fill(masked, masked_value(q));
+    call.dead = dead_rows(masked);
+  }
+  return call;
+}
+
+at::Tensor run_sdpa(const SdpaCall& c) {
+#if TE_SDPA_HAS_GQA
+  return at::scaled_dot_product_attention(c.q, c.k, c.v, c.bias, 0.0, c.causal, c.scale, c.gqa);
+#elif TE_TORCH_VERSION_AT_LEAST(2, 1)
+  return at::scaled_dot_product_attention(c.q, c.k, c.v, c.bias, 0.0, c.causal, c.scale);
+#else
+  return at::scaled_dot_product_attention(c.q, c.k, c.v, c.bias, 0.0, c.causal);
+#endif
+}
+#endif
+
+std::string window_text(const std::pair<int64_t, int64_t>& w) {
+  return "(" + std::to_string(w.first) + ", " + std::to_string(w.second) + ")";
+}
+
+}  // namespace
+
+// ---- MaskSpec --------------------------------------------------------------------------------
+
+bool MaskSpec::causal() const { return type.find("causal") != std::string::npos; }
+bool MaskSpec::padding() const { return type.rfind("padding", 0) == 0; }
+bool MaskSpec::takes_mask() const { return padding() || type == "arbitrary"; }
+bool MaskSpec::windowed() const { return causal() || window_left >= 0 || window_right >= 0; }
+
+MaskSpec mask_spec(const std::string& attn_mask_type,
+                   std::optional<std::pair<int64_t, int64_t>> window_size,
+                   std::optional<bool> bottom_right_diagonal) {
+  bool known = false;
+  for (const char* t : kMaskTypes) known = known || attn_mask_type == t;
+  TE_CHECK(known, "attn_mask_type '", attn_mask_type,
+           "' is not one of no_mask, padding, causal, padding_causal, causal_bottom_right, "
+           "padding_causal_bottom_right, arbitrary");
+  MaskSpec spec;
+  spec.type = attn_mask_type;
+  // check_set_window_size (dot_product_attention/utils.py at d0067d0da).
+  std::pair<int64_t, int64_t> w =
+      spec.causal() ? std::pair<int64_t, int64_t>{-1, 0} : std::pair<int64_t, int64_t>{-1, -1};
+  if (window_size) {
+    const auto given = *window_size;
+    if (spec.causal()) {
+      if (given == std::pair<int64_t, int64_t>{-1, -1} || (given.first >= 0 && given.second != 0)) {
+        w = {given.first, 0};
+        warn("window_size " + window_text(given) +
+             " should be (-1, 0) or (>=0, 0) for "
+             "attn_mask_type=" +
+             attn_mask_type + ": using " + window_text(w) + ", as TE does");
+      } else {
+        TE_CHECK(given.first >= -1 && given.second == 0, "window_size ", window_text(given),
+                 " is not valid for attn_mask_type '", attn_mask_type,
+                 "': give (-1, 0) (no window) or (left >= 0, 0)");
+        w = given;
+      }
+    } else {
+      if (given == std::pair<int64_t, int64_t>{-1, 0}) {
+        warn("window_size (-1, 0) should be (-1, -1) or (>=0, >=0) for attn_mask_type=" +
+             attn_mask_type + ": using (-1, -1), as TE does (a causal mask is a causal type)");
+      } else {
+        TE_CHECK(given == (std::pair<int64_t, int64_t>{-1, -1}) ||
+                     (given.first >= 0 && given.second >= 0),
+                 "window_size ", window_text(given), " is not valid for attn_mask_type '",
+                 attn_mask_type, "': give (-1, -1) (no window) or (left >= 0, right >= 0)");
+        w = given;
+      }
+    }
+  }
+  spec.window_left = w.first;
+  spec.window_right = w.second;
+  // DotProductAttention.forward: causal and padding_causal are always top-left, the
+  // bottom_right types always bottom-right, the others follow bottom_right_diagonal (unset:
+  // bottom-right).
+  if (attn_mask_type == "causal" || attn_mask_type == "padding_causal") {
+    spec.bottom_right = false;
+  } else if (attn_mask_type.find("bottom_right") != std::string::npos) {
+    spec.bottom_right = true;
+  } else {
+    spec.bottom_right = bottom_right_diagonal.value_or(true);
+  }
+  return spec;
+}
+
+void check_attention_mask(const at::Tensor& mask, int64_t batch, int64_t heads, int64_t seqlen_q,
+                          int64_t seqlen_kv) {
+  const int64_t want[4] = {batch, heads, seqlen_q, seqlen_kv};
+  bool ok = mask.dim() == 4;
+  for (int64_t d = 0; ok && d < 4; ++d) ok = mask.size(d) == 1 || mask.size(d) == want[d];
+  TE_CHECK(ok, "attention mask ", mask.sizes(), " does not broadcast to the logits [batch ", batch,
+           ", heads ", heads, ", seqlen_q ", seqlen_q, ", seqlen_kv ", seqlen_kv,
+           "]: give 4 dims, each 1 or the logits' size");
+  TE_CHECK(mask.scalar_type() == at::kBool, "attention mask is ", mask.scalar_type(),
+           ": give a bool tensor, true where a key is masked out");
+}
+
+// get_full_mask (dot_product_attention/utils.py at d0067d0da): query i sees key j when
+// i + offset - left <= j <= i + offset + right, offset 0 (top-left), seqlen_kv - seqlen_q
+// (bottom-right), or, bottom-right under a padding type, each sequence's valid keys minus its
+// valid queries (counted as TE counts them: the queries that see key 0, the keys query 0 sees).
+// A bound of -1 is no bound, as TE documents window_size (-1 = unbounded). get_full_mask itself
+// substitutes seqlen_q for an unbounded right bound, which hides keys beyond i + seqlen_q in its
+// unfused backend when a top-left diagonal meets seqlen_kv > seqlen_q without a window (flash and
+// cuDNN, given no window, hide nothing): te-cpp follows the documented meaning.
+at::Tensor masked_positions(const at::Tensor& mask, const MaskSpec& spec, int64_t sq, int64_t sk,
+                            const at::TensorOptions& options) {
+  at::Tensor masked;
+  if (spec.takes_mask() && mask.defined()) masked = mask;
+  if (!spec.windowed()) return masked;
+  const int64_t right = spec.causal() ? 0 : spec.window_right;
+  const auto index = options.dtype(at::kLong);
+  at::Tensor diff =  // i - j (- offset)
+      at::arange(sq, index).view({1, 1, sq, 1}) - at::arange(sk, index).view({1, 1, 1, sk});
+  if (spec.bottom_right && spec.padding() && masked.defined()) {
+    const at::Tensor valid = masked.expand({masked.size(0), 1, sq, sk}).logical_not();
+    const at::Tensor seq_q = valid.select(3, 0).sum(-1), seq_kv = valid.select(2, 0).sum(-1);
+    diff = diff + (seq_kv - seq_q).view({-1, 1, 1, 1});
+  } else if (spec.bottom_right) {
+    diff = diff + (sk - sq);
+  }
+  at::Tensor window;
+  if (spec.window_left >= 0) window = diff.gt(spec.window_left);
+  if (right >= 0) window = window.defined() ? window.logical_or(diff.lt(-right)) : diff.lt(-right);
+  return masked.defined() ? window.logical_or(masked) : window;
+}
+
+at::Tensor attention(const at::Tensor& q, const at::Tensor& k_in, const at::Tensor& v_in,
+                     const at::Tensor& mask, const MaskSpec& spec, double scale, double dropout,
+                     bool training, bool fused,
+                     const std::function<at::Tensor(const at::Tensor&)>& on_logits,
+                     int64_t global_batch, int64_t batch_offset, int64_t global_heads,
+                     int64_t head_offset) {
+  check_attention_inputs(q, k_in, v_in, mask, spec);
+#if TE_HAS_SDPA
+  if (const auto call = sdpa_call(q, k_in, v_in, mask, spec, scale, dropout, training, fused,
+                                  static_cast<bool>(on_logits))) {
+    return zero_dead_rows(run_sdpa(*call), call->dead).transpose(1, 2);
+  }
+#else
+  (void)fused;
+#endif
+  const int64_t heads = q.size(2), kv_heads = k_in.size(2);
+  at::Tensor k = k_in, v = v_in;
+  if (kv_heads != heads) {
+    k = k.repeat_interleave(heads / kv_heads, 2);
+    v = v.repeat_interleave(heads / kv_heads, 2);
+  }
+  const int64_t sq = q.size(1), sk = k.size(1);
+  const at::Tensor masked = masked_positions(mask, spec, sq, sk, q.options());
+  at::Tensor logits = detail::mm_any(q.transpose(1, 2), k.permute({0, 2, 3, 1}));
+  // TE's default (scaled query init, unscaled logits) multiplies by 1: skip the pass.
+  if (scale != 1.0) logits = logits * scale;
+  if (on_logits) logits = on_logits(logits);
+  if (masked.defined()) logits = logits.masked_fill(masked, masked_value(q));
+  at::Tensor probs = at::softmax(logits, -1, at::kFloat).to(q.scalar_type());
+  if (training && dropout > 0) {
+    const std::vector<int64_t> global = {global_batch ? global_batch : probs.size(0),
+                                         global_heads ? global_heads : probs.size(1), sq, sk};
+    probs = functional::dropout(probs, dropout, true, global, {batch_offset, head_offset, 0, 0});
+  }
+  const bool can_be_dead = masked.defined() && !plain_causal(spec, sq, sk);
+  return zero_dead_rows(detail::mm_any(probs, v.transpose(1, 2)),
+                        can_be_dead ? dead_rows(masked) : at::Tensor())
+      .transpose(1, 2);
+}
+
+AttentionPlan attention_plan(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                             const at::Tensor& mask, const MaskSpec& spec, double scale,
+                             double dropout, bool training, bool fused) {
+  check_attention_inputs(q, k, v, mask, spec);
+  AttentionPlan plan;
+#if TE_HAS_SDPA
+  if (const auto c =
+          sdpa_call(q, k, v, mask, spec, scale, dropout, training, fused, /*on_logits=*/false)) {
+    plan.is_causal = c->causal;
+    plan.mask_tensor = c->bias.has_value();
+    plan.enable_gqa = c->gqa;
+#if TE_SDPA_HAS_GQA
+    plan.backend = compat::sdp_backend_name(
+        at::_fused_sdp_choice(c->q, c->k, c->v, c->bias, 0.0, c->causal, c->scale, c->gqa));
+#elif TE_TORCH_VERSION_AT_LEAST(2, 1)
+    plan.backend = compat::sdp_backend_name(
+        at::_fused_sdp_choice(c->q, c->k, c->v, c->bias, 0.0, c->causal, c->scale));
+#else
+    plan.backend =
+        compat::sdp_backend_name(at::_fused_sdp_choice(c->q, c->k, c->v, c->bias, 0.0, c->causal));
+#endif
+    return plan;
+  }
+#endif
+  plan.backend = "unfused";
+  return plan;
+}
+
+}  // namespace te::nn::functional
