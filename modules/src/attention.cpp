@@ -19,16 +19,9 @@ namespace F = functional;
 namespace {
 
 // The mask as given, or undefined when the mask type ignores it (functional::attention checks
-// its shape).
+// it: functional::check_attention_mask).
 at::Tensor effective_mask(const F::MaskSpec& spec, const at::Tensor& mask) {
-  if (!spec.takes_mask()) return at::Tensor();
-  TE_CHECK(mask.defined(), "attention with attn_mask_type '", spec.type,
-           "' needs a mask: a bool tensor broadcastable to [batch, ",
-           spec.padding() ? "1" : "heads",
-           ", seqlen_q, seqlen_kv], true where a key is masked out");
-  TE_CHECK(mask.dim() == 4, "attention mask must have 4 dims [batch, ",
-           spec.padding() ? "1" : "heads", ", seqlen_q, seqlen_kv], got ", mask.sizes());
-  return mask.to(at::kBool);
+  return spec.takes_mask() ? mask : at::Tensor();
 }
 
 bool fused_available(bool wanted) {
@@ -146,9 +139,9 @@ DTensor DotProductAttentionImpl::forward(const DTensor& query, const DTensor& ke
   // and its slice of the probabilities' dropout mask.
   const auto piece = local_chunks(q.sizes(), q.mesh(), q.placements(), q.mesh().rank());
   at::Tensor local_mask = effective_mask(mask_spec, mask);
+  // The global mask, checked before any rank narrows it to its batch rows and heads.
+  F::check_attention_mask(local_mask, mask_spec, q.size(0), q.size(2), q.size(1), k.size(1));
   if (local_mask.defined()) {
-    // The global mask, checked before any rank narrows it to its batch rows and heads.
-    F::check_attention_mask(local_mask, q.size(0), q.size(2), q.size(1), k.size(1));
     if (local_mask.size(0) > 1) local_mask = local_mask.narrow(0, piece[0].offset, piece[0].length);
     if (local_mask.size(1) > 1) local_mask = local_mask.narrow(1, piece[2].offset, piece[2].length);
   }
@@ -202,7 +195,9 @@ void MultiHeadAttentionImpl::reset() {
   const int64_t d = head_dim(), g = kv_heads();
   TE_CHECK(g > 0 && heads % g == 0, "MultiHeadAttention: ", heads,
            " heads are not a multiple of num_gqa_groups ", g);
-  F::mask_spec(options.attn_mask_type(), options.window_size(), options.bottom_right_diagonal());
+  // Resolved (and warned about) once here; the attention gets the resolved window.
+  const F::MaskSpec spec = F::mask_spec(options.attn_mask_type(), options.window_size(),
+                                        options.bottom_right_diagonal());
   if (options.input_layernorm()) {
     TE_CHECK(options.layernorm().hidden_size() == hidden,
              "MultiHeadAttention: the norm's "
@@ -216,7 +211,7 @@ void MultiHeadAttentionImpl::reset() {
           DotProductAttentionOptions(heads, d)
               .num_gqa_groups(g)
               .attn_mask_type(options.attn_mask_type())
-              .window_size(options.window_size())
+              .window_size(WindowSize{spec.window_left, spec.window_right})
               .bottom_right_diagonal(options.bottom_right_diagonal())
               .attention_dropout(options.attention_dropout())
               .scale_factor(options.scale_attn_logits() ? 1.0 / std::sqrt(double(d)) : 1.0)

@@ -36,16 +36,7 @@ void check_attention_inputs(const at::Tensor& q, const at::Tensor& k, const at::
            " disagree on batch, head_dim or key/value shape");
   TE_CHECK(k.size(2) > 0 && q.size(2) % k.size(2) == 0, "attention: ", q.size(2),
            " query heads are not a multiple of ", k.size(2), " key/value heads (GQA groups)");
-  if (spec.takes_mask()) {
-    TE_CHECK(mask.defined(), "attention with attn_mask_type '", spec.type,
-             "' needs a mask: a bool tensor broadcastable to [batch, ",
-             spec.padding() ? "1" : "heads",
-             ", seqlen_q, seqlen_kv], true where a key is masked out");
-    check_attention_mask(mask, q.size(0), q.size(2), q.size(1), k.size(1));
-    TE_CHECK(!spec.padding() || mask.size(1) == 1,
-             "attention: the padding mask of attn_mask_type '", spec.type, "' has ", mask.size(1),
-             " heads; it is [batch, 1, seqlen_q, seqlen_kv] (a mask per head is 'arbitrary')");
-  }
+  check_attention_mask(mask, spec, q.size(0), q.size(2), q.size(1), k.size(1));
 }
 
 // -1e10 as TE fills masked logits, or fp16's lowest finite value where -1e10 does not fit. A
@@ -213,8 +204,13 @@ MaskSpec mask_spec(const std::string& attn_mask_type,
   return spec;
 }
 
-void check_attention_mask(const at::Tensor& mask, int64_t batch, int64_t heads, int64_t seqlen_q,
-                          int64_t seqlen_kv) {
+void check_attention_mask(const at::Tensor& mask, const MaskSpec& spec, int64_t batch,
+                          int64_t heads, int64_t seqlen_q, int64_t seqlen_kv) {
+  if (!spec.takes_mask()) return;
+  TE_CHECK(mask.defined(), "attention with attn_mask_type '", spec.type,
+           "' needs a mask: a bool tensor broadcastable to [batch, ",
+           spec.padding() ? "1" : "heads",
+           ", seqlen_q, seqlen_kv], true where a key is masked out");
   const int64_t want[4] = {batch, heads, seqlen_q, seqlen_kv};
   bool ok = mask.dim() == 4;
   for (int64_t d = 0; ok && d < 4; ++d) ok = mask.size(d) == 1 || mask.size(d) == want[d];
@@ -223,6 +219,16 @@ void check_attention_mask(const at::Tensor& mask, int64_t batch, int64_t heads, 
            "]: give 4 dims, each 1 or the logits' size");
   TE_CHECK(mask.scalar_type() == at::kBool, "attention mask is ", mask.scalar_type(),
            ": give a bool tensor, true where a key is masked out");
+  if (!spec.padding()) return;
+  TE_CHECK(mask.size(1) == 1, "attention: the padding mask of attn_mask_type '", spec.type,
+           "' has ", mask.size(1),
+           " heads; it is [batch, 1, seqlen_q, seqlen_kv] (a mask per head is 'arbitrary')");
+  TE_CHECK(mask.size(2) == seqlen_q || seqlen_q == seqlen_kv, "attention: the padding mask ",
+           mask.sizes(), " of attn_mask_type '", spec.type,
+           "' says which keys are padding but not which of the ", seqlen_q, " queries are (",
+           seqlen_kv,
+           " keys): give [batch, 1, seqlen_q, seqlen_kv], true where the query or the key is "
+           "padding");
 }
 
 // get_full_mask (dot_product_attention/utils.py at d0067d0da): query i sees key j when
@@ -230,13 +236,19 @@ void check_attention_mask(const at::Tensor& mask, int64_t batch, int64_t heads, 
 // (bottom-right), or, bottom-right under a padding type, each sequence's valid keys minus its
 // valid queries (counted as TE counts them: the queries that see key 0, the keys query 0 sees).
 // A bound of -1 is no bound, as TE documents window_size (-1 = unbounded). get_full_mask itself
-// substitutes seqlen_q for an unbounded right bound, which hides keys beyond i + seqlen_q in its
-// unfused backend when a top-left diagonal meets seqlen_kv > seqlen_q without a window (flash and
-// cuDNN, given no window, hide nothing): te-cpp follows the documented meaning.
+// substitutes seqlen_kv for an unbounded left bound and seqlen_q for an unbounded right one, so
+// its unfused backend hides keys j < i - seqlen_kv or j > i + seqlen_q on a top-left diagonal
+// when seqlen_q > seqlen_kv + 1 or seqlen_kv > seqlen_q (flash and cuDNN, given no window, hide
+// nothing there): te-cpp follows the documented meaning.
 at::Tensor masked_positions(const at::Tensor& mask, const MaskSpec& spec, int64_t sq, int64_t sk,
                             const at::TensorOptions& options) {
   at::Tensor masked;
   if (spec.takes_mask() && mask.defined()) masked = mask;
+  // A self-attention padding mask of keys only, [batch, 1, 1, s] (TE-PyTorch's form), also
+  // hides the padded queries, as get_full_mask ORs it with its transpose.
+  if (spec.padding() && masked.defined() && masked.size(2) == 1 && sq > 1) {
+    masked = masked.logical_or(masked.transpose(2, 3));
+  }
   if (!spec.windowed()) return masked;
   const int64_t right = spec.causal() ? 0 : spec.window_right;
   const auto index = options.dtype(at::kLong);

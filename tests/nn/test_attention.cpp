@@ -188,6 +188,28 @@ TEST(DotProductAttention, PaddedQueryRowsAttendToNothing) {
   }
 }
 
+// TE-PyTorch's self-attention padding mask, keys only ([batch, 1, 1, s]), masks the padded
+// queries too (get_full_mask ORs it with its transpose): the same as the full mask, per-sequence
+// bottom-right diagonals included.
+TEST(DotProductAttention, AKeyOnlyPaddingMaskAlsoHidesThePaddedQueries) {
+  const std::vector<int64_t> lengths = {5, 3, 1};
+  const at::Tensor full = padding_mask(lengths, 5, 5);
+  const at::Tensor keys = full.narrow(2, 0, 1).contiguous();  // row 0 sees exactly the valid keys
+  ASSERT_EQ(keys.sizes(), (std::vector<int64_t>{3, 1, 1, 5}));
+  for (const std::string type : {"padding", "padding_causal", "padding_causal_bottom_right"}) {
+    for (bool fused : {true, false}) {
+      DotProductAttention dpa(DotProductAttentionOptions(4, 8)
+                                  .attn_mask_type(type)
+                                  .window_size(WindowSize{2, 0})
+                                  .fused(fused));
+      const at::Tensor q = randn({3, 5, 4, 8}, 62), kv = randn({3, 5, 4, 8}, 63);
+      const at::Tensor y = dpa(q, kv, kv, keys);
+      EXPECT_TRUE(y.equal(dpa(q, kv, kv, full))) << type << fused;
+      EXPECT_EQ(y.select(0, 2).narrow(0, 1, 4).abs().max().item<double>(), 0.0) << type;
+    }
+  }
+}
+
 // The same rows under FP8 (MultiHeadAttention's projections run as FP8 GEMMs): the attention
 // output of a padded position is zero, so is its projection, and no gradient reaches its input.
 TEST(DotProductAttention, PaddedRowsStayZeroUnderFp8) {
@@ -246,9 +268,10 @@ TEST(DotProductAttention, TheSdpaCallCarriesCausalAsAFlag) {
 #endif
 }
 
-// TE's get_full_mask written out element by element (dot_product_attention/utils.py at
-// d0067d0da): query i of sequence b sees key j when i + off - left <= j <= i + off + right and,
-// under a padding type, both are within the sequence's length. [batch, 1, sq, sk], true = hidden.
+// TE's documented window semantics written out element by element (window_size in
+// dot_product_attention.py, get_full_mask's alignments in utils.py, at d0067d0da): query i of
+// sequence b sees key j when i + off - left <= j <= i + off + right (-1: no bound) and, under a
+// padding type, both are within the sequence's length. [batch, 1, sq, sk], true = hidden.
 struct TeMaskCase {
   std::string type;
   std::optional<WindowSize> window;
@@ -429,6 +452,12 @@ TEST(DotProductAttention, ReportsBadInput) {
                "seqlen_q 2, seqlen_kv 2]");
   EXPECT_ERROR(dpa(q, q, q, at::zeros({1, 4, 2, 2}, at::kBool)),
                "the padding mask of attn_mask_type 'padding' has 4 heads");
+  EXPECT_ERROR(dpa(q, q, q, at::zeros({1, 1, 2, 2})),
+               "attention mask is Float: give a bool tensor, true where a key is masked out");
+  // Keys only is self attention's form: with fewer queries it cannot say which are padding.
+  const at::Tensor kv3 = at::randn({1, 3, 4, 8});
+  EXPECT_ERROR(dpa(q, kv3, kv3, at::zeros({1, 1, 1, 3}, at::kBool)),
+               "says which keys are padding but not which of the 2 queries are (3 keys)");
   DotProductAttention arbitrary(DotProductAttentionOptions(4, 8).attn_mask_type("arbitrary"));
   EXPECT_ERROR(arbitrary(q, q, q), "needs a mask: a bool tensor broadcastable to [batch, heads,");
   EXPECT_ERROR(arbitrary(q, q, q, at::zeros({2, 4, 2, 2}, at::kBool)),

@@ -174,8 +174,17 @@ Model make(Kind kind, bool sp, Way way, bool dropout, Shape sh) {
         options.num_gqa_groups(2).attn_mask_type("padding_causal");
         mask = padding_mask(sh);
       } else if (kind == Kind::kMhaWindow) {
+        // Query and key lengths that differ per row, so every row's bottom-right diagonal has
+        // its own offset (valid keys - valid queries: 2, -2, 2, -2).
         options.attn_mask_type("padding_causal_bottom_right").window_size(WindowSize{2, 0});
-        mask = padding_mask(sh);
+        const auto lengths = [&](std::vector<int64_t> l) {
+          return at::tensor(l).narrow(0, 0, sh.batch).clamp_max(sh.seq).view({-1, 1, 1, 1});
+        };
+        const at::Tensor lq = lengths({4, 6, 3, 5}), lk = lengths({6, 4, 5, 3});
+        mask = at::arange(sh.seq)
+                   .view({1, 1, 1, sh.seq})
+                   .ge(lk)
+                   .logical_or(at::arange(sh.seq).view({1, 1, sh.seq, 1}).ge(lq));
       } else if (kind == Kind::kMhaArbitrary) {
         options.attn_mask_type("arbitrary");
         mask = test::seeded_integers({sh.batch, 4, sh.seq, sh.seq}, 34).remainder(3).eq(0);
@@ -394,6 +403,23 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Matrix, Equivalence, ::testing::ValuesIn(all_cases()), case_name);
+
+// A padding mask with a head dim is refused on a mesh as on one process, before a rank narrows
+// it to its heads (where it would look like a one-head mask).
+TEST(Attention, APerHeadPaddingMaskIsRefusedBeforeTheHeadsSplit) {
+  set_warning_handler([](std::string_view) {});
+  run_local_ranks(4, [](int) {
+    DeviceMesh mesh({4}, {"tp"});
+    MeshScope scope(mesh);
+    MeshResourceScope resource(parse_mesh_resource("tp=tp"));
+    MultiHeadAttention mha(MultiHeadAttentionOptions(16, 4).attn_mask_type("padding"));
+    const Shape sh = shape_of(false);
+    const DTensor x = DTensor::distribute(global_input(sh), mesh, {Replicate{}});
+    EXPECT_ERROR(mha(x, std::nullopt, at::zeros({sh.batch, 4, sh.seq, sh.seq}, at::kBool)),
+                 "the padding mask of attn_mask_type 'padding' has 4 heads");
+  });
+  set_warning_handler(nullptr);
+}
 
 // GQA under tensor parallelism needs the key/value heads to split as evenly as the query heads:
 // 2 groups over 4 ranks stop every rank with the same message, before any collective hangs.

@@ -578,8 +578,10 @@ int local_rank() {
 
 c10::Device device_for_local_rank(int local_rank, int gpus) {
   if (gpus <= 0) return c10::Device(c10::kCPU);
-  TE_CHECK(local_rank >= 0 && local_rank < gpus, "local_device: rank ", world_rank(),
-           " has LOCAL_RANK ", local_rank, ", but this host has ", gpus,
+  TE_CHECK(local_rank >= 0, "local_device: rank ", world_rank(), " has LOCAL_RANK ", local_rank,
+           ": set LOCAL_RANK to the rank's index on its host (0, 1, ...)");
+  TE_CHECK(local_rank < gpus, "local_device: rank ", world_rank(), " has LOCAL_RANK ", local_rank,
+           ", but this host has ", gpus,
            " GPU(s): start at most one rank per GPU on each host (te-run --nproc ", gpus,
            "), or set LOCAL_RANK to the rank's index on its host");
   return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(local_rank));

@@ -113,10 +113,13 @@ MaskSpec mask_spec(const std::string& attn_mask_type,
                    std::optional<std::pair<int64_t, int64_t>> window_size = std::nullopt,
                    std::optional<bool> bottom_right_diagonal = std::nullopt);
 
-/// Checks that `mask` (bool, true = masked out) broadcasts to the [batch, heads, seqlen_q,
-/// seqlen_kv] logits: 4 dims, each 1 or the logits' size. Throws te::Error naming both shapes.
-void check_attention_mask(const at::Tensor& mask, int64_t batch, int64_t heads, int64_t seqlen_q,
-                          int64_t seqlen_kv);
+/// Checks the mask a type takes (nothing for the others): present, bool (true = masked out), and
+/// broadcasting to the [batch, heads, seqlen_q, seqlen_kv] logits (4 dims, each 1 or the logits'
+/// size); a padding type's has one head, and may be keys only ([batch, 1, 1, seqlen]) only in
+/// self attention (seqlen_q == seqlen_kv: the padded queries are then the padded keys, as TE
+/// takes it). Throws te::Error naming both shapes.
+void check_attention_mask(const at::Tensor& mask, const MaskSpec& spec, int64_t batch,
+                          int64_t heads, int64_t seqlen_q, int64_t seqlen_kv);
 
 /// The positions spec and mask hide from each query of [*, *, seqlen_q, seqlen_kv] logits (true =
 /// hidden), or undefined when nothing is hidden; `mask` is read only by the types that take one.
