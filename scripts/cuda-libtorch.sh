@@ -5,8 +5,8 @@
 # wheel without its Python dependencies, and the three CUDA libraries its libtorch_cuda.so needs
 # that this machine's CUDA 13 toolkit lacks (cuSPARSELt, NVSHMEM, cuFile); the toolkit provides
 # the rest (cudart, cuBLAS, cuDNN, NCCL, ...). pip's cache keeps the wheels (~760 MB) between runs.
-# The same venv is the PyTorch reference tests/interop/ holds te-cpp to (on the CPU): torch's pure
-# Python dependencies are pinned here too.
+# The same venv is the PyTorch and Hugging Face reference tests/interop/ holds te-cpp to (on the
+# CPU): torch's pure Python dependencies and transformers with its own are pinned here too.
 # Idempotent and quiet; prints the CMake prefix path of that LibTorch on stdout, or with --python
 # the venv's Python.
 #   bash scripts/cuda-libtorch.sh            # -> .../torch/share/cmake;.../torch
@@ -18,6 +18,14 @@ pins="torch==2.11.0 nvidia-cusparselt-cu13==0.8.0 nvidia-nvshmem-cu13==3.4.5 nvi
 # torch 2.11.0's own requirements (its METADATA), for `import torch` in tests/interop/.
 pins+=" typing_extensions==4.15.0 filelock==3.20.0 sympy==1.14.0 mpmath==1.3.0 networkx==3.5"
 pins+=" jinja2==3.1.6 MarkupSafe==3.0.3 fsspec==2025.9.0"
+# Hugging Face transformers 5.23.0 and what it and huggingface_hub require (their METADATA), for
+# the tests/interop/ checks against Llama's and GPT-J's rotations (and, later, whole models).
+pins+=" transformers==5.23.0 huggingface_hub==2.4.0 tokenizers==0.23.3 safetensors==0.8.0"
+pins+=" numpy==2.4.6 packaging==26.4 PyYAML==6.0.4 regex==2026.11.19 tqdm==4.70.1 hf-xet==1.8.0"
+pins+=" httpx2==2.16.2 httpcore2==2.16.2 h11==0.16.0 anyio==4.16.0 idna==3.20 truststore==0.10.5"
+pins+=" typer==0.29.2 click==8.5.1 rich==15.0.0 shellingham==1.5.4 markdown-it-py==4.3.0"
+pins+=" mdurl==0.1.2 Pygments==2.21.0 annotated-doc==0.0.7 pydantic==2.14.4 pydantic_core==2.50.5"
+pins+=" annotated-types==0.8.0 typing-inspection==0.4.5"
 if [ ! -f "$venv/.te-pins" ] || [ "$(cat "$venv/.te-pins")" != "$pins" ]; then
   if ! /usr/bin/python3 -c 'import ensurepip' 2>/dev/null; then
     echo "te: installing python3-venv (apt-get, once)" >&2

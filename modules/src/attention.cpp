@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "constrain.h"
+#include "forward.h"
 #include "te/compat.h"
 #include "te/error.h"
 #include "te/fp8.h"
@@ -85,24 +86,24 @@ std::string DotProductAttentionImpl::fused_backend(const at::Tensor& query, cons
       .backend;
 }
 
-at::Tensor DotProductAttentionImpl::forward(const at::Tensor& query, const at::Tensor& key,
-                                            const at::Tensor& value, const at::Tensor& mask) {
-  const double scale = logit_scale(options);
-  const bool fused = fused_available(options.fused());
-  return F::attention(
-      query, key, value, effective_mask(mask_spec, mask), mask_spec, scale,
-      options.attention_dropout(), is_training(), fused,
-      fused ? std::function<at::Tensor(const at::Tensor&)>() : [](const at::Tensor& logits) {
-        // Validates the constraint on one device (never a repeated
-        // name: the seed's seqlen, seqlen bug).
-        return with_sharding_constraint(logits, {"batch", "heads", std::nullopt, std::nullopt});
-      });
+namespace {
+
+// Where attention runs: q, k, v in the layout attention computes in, and this process's piece of
+// the global [batch, seqlen, heads, head_dim] (its batch rows and heads). On one device that is
+// everything.
+template <typename T>
+struct Arranged {
+  T q, k, v;
+  int64_t batch_offset = 0, head_offset = 0;
+};
+
+Arranged<at::Tensor> arrange(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  return {q, k, v};
 }
 
-DTensor DotProductAttentionImpl::forward(const DTensor& query, const DTensor& key,
-                                         const DTensor& value, const at::Tensor& mask) {
-  // Attention is local to each (batch, head): whole sequences and head dims, batch and heads
-  // sharded alike on q, k and v.
+// On a mesh attention is local to each (batch, head): whole sequences and head dims, batch and
+// heads sharded alike on q, k and v.
+Arranged<DTensor> arrange(const DTensor& query, const DTensor& key, const DTensor& value) {
   auto whole = [](const DTensor& t) {
     std::vector<Placement> target = t.placements();
     bool change = false;
@@ -133,40 +134,81 @@ DTensor DotProductAttentionImpl::forward(const DTensor& query, const DTensor& ke
            " that shard the heads; use head counts that are "
            "multiples of ",
            head_ranks, " or shard the heads over fewer ranks");
-  const DTensor k = whole(key).redistribute(q.placements());
-  const DTensor v = whole(value).redistribute(q.placements());
-  // Where this rank's [batch, seqlen, heads, head_dim] piece sits: its batch rows of the mask,
-  // and its slice of the probabilities' dropout mask.
   const auto piece = local_chunks(q.sizes(), q.mesh(), q.placements(), q.mesh().rank());
-  at::Tensor local_mask = effective_mask(mask_spec, mask);
-  // The global mask, checked before any rank narrows it to its batch rows and heads.
-  F::check_attention_mask(local_mask, mask_spec, q.size(0), q.size(2), q.size(1), k.size(1));
-  if (local_mask.defined()) {
-    if (local_mask.size(0) > 1) local_mask = local_mask.narrow(0, piece[0].offset, piece[0].length);
-    if (local_mask.size(1) > 1) local_mask = local_mask.narrow(1, piece[2].offset, piece[2].length);
-  }
-  const double scale = logit_scale(options);
-  const bool fused = fused_available(options.fused());
-  std::function<at::Tensor(const at::Tensor&)> on_logits;
-  if (!fused) {
-    // The attention weights [batch, heads, sq, sk] carry q's batch and head shards.
-    std::vector<Placement> weights = q.placements();
-    for (Placement& p : weights) {
-      if (is_shard(p, 2)) p = Shard{1};
-    }
-    const std::vector<int64_t> shape = {q.size(0), q.size(2), q.size(1), k.size(1)};
-    const DeviceMesh mesh = q.mesh();
-    on_logits = [weights, shape, mesh](const at::Tensor& logits) {
-      return with_sharding_constraint(DTensor::from_local(logits, mesh, weights, shape),
-                                      {"batch", "heads", std::nullopt, std::nullopt})
-          .redistribute(weights)
-          .to_local();
-    };
-  }
-  at::Tensor out = F::attention(q.to_local(), k.to_local(), v.to_local(), local_mask, mask_spec,
-                                scale, options.attention_dropout(), is_training(), fused, on_logits,
-                                q.size(0), piece[0].offset, q.size(2), piece[2].offset);
+  return {q, whole(key).redistribute(q.placements()), whole(value).redistribute(q.placements()),
+          piece[0].offset, piece[2].offset};
+}
+
+const at::Tensor& local(const at::Tensor& t) { return t; }
+at::Tensor local(const DTensor& t) { return t.to_local(); }
+
+// The attention output in q's layout.
+at::Tensor in_layout_of(const at::Tensor& out, const at::Tensor&) { return out; }
+DTensor in_layout_of(const at::Tensor& out, const DTensor& q) {
   return DTensor::from_local(out, q.mesh(), q.placements(), q.sizes());
+}
+
+// The unfused path's constraint on the attention weights [batch, heads, sq, sk], which carry
+// q's batch and head shards. On one device it validates the constraint (never a repeated name:
+// the seed's seqlen, seqlen bug).
+std::function<at::Tensor(const at::Tensor&)> logits_constraint(const at::Tensor&,
+                                                               const at::Tensor&) {
+  return [](const at::Tensor& logits) {
+    return with_sharding_constraint(logits, {"batch", "heads", std::nullopt, std::nullopt});
+  };
+}
+std::function<at::Tensor(const at::Tensor&)> logits_constraint(const DTensor& q, const DTensor& k) {
+  std::vector<Placement> weights = q.placements();
+  for (Placement& p : weights) {
+    if (is_shard(p, 2)) p = Shard{1};
+  }
+  const std::vector<int64_t> shape = {q.size(0), q.size(2), q.size(1), k.size(1)};
+  const DeviceMesh mesh = q.mesh();
+  return [weights, shape, mesh](const at::Tensor& logits) {
+    return with_sharding_constraint(DTensor::from_local(logits, mesh, weights, shape),
+                                    {"batch", "heads", std::nullopt, std::nullopt})
+        .redistribute(weights)
+        .to_local();
+  };
+}
+
+// DotProductAttention's one forward.
+template <typename T>
+T attention_forward(const DotProductAttentionImpl& self, const T& query, const T& key,
+                    const T& value, const at::Tensor& mask, bool training) {
+  const Arranged<T> a = arrange(query, key, value);
+  at::Tensor piece_mask = effective_mask(self.mask_spec, mask);
+  // The global mask, checked before a mesh narrows it to this rank's batch rows and heads.
+  F::check_attention_mask(piece_mask, self.mask_spec, a.q.size(0), a.q.size(2), a.q.size(1),
+                          a.k.size(1));
+  const at::Tensor q = local(a.q), k = local(a.k), v = local(a.v);
+  if (piece_mask.defined()) {
+    // A dim of one broadcasts; a whole one is this rank's rows when they are all of them.
+    if (piece_mask.size(0) > 1 && piece_mask.size(0) != q.size(0)) {
+      piece_mask = piece_mask.narrow(0, a.batch_offset, q.size(0));
+    }
+    if (piece_mask.size(1) > 1 && piece_mask.size(1) != q.size(2)) {
+      piece_mask = piece_mask.narrow(1, a.head_offset, q.size(2));
+    }
+  }
+  const bool fused = fused_available(self.options.fused());
+  return in_layout_of(F::attention(q, k, v, piece_mask, self.mask_spec, logit_scale(self.options),
+                                   self.options.attention_dropout(), training, fused,
+                                   fused ? nullptr : logits_constraint(a.q, a.k), a.q.size(0),
+                                   a.batch_offset, a.q.size(2), a.head_offset),
+                      a.q);
+}
+
+}  // namespace
+
+at::Tensor DotProductAttentionImpl::forward(const at::Tensor& query, const at::Tensor& key,
+                                            const at::Tensor& value, const at::Tensor& mask) {
+  return attention_forward(*this, query, key, value, mask, is_training());
+}
+
+DTensor DotProductAttentionImpl::forward(const DTensor& query, const DTensor& key,
+                                         const DTensor& value, const at::Tensor& mask) {
+  return attention_forward(*this, query, key, value, mask, is_training());
 }
 
 // ---- MultiHeadAttention ----------------------------------------------------------------------
@@ -266,85 +308,73 @@ void MultiHeadAttentionImpl::pretty_print(std::ostream& stream) const {
          << (options.enable_sequence_parallel() ? ", sequence_parallel" : "") << ")";
 }
 
-at::Tensor MultiHeadAttentionImpl::forward(const at::Tensor& x, const at::Tensor& memory,
-                                           const at::Tensor& mask) {
-  require_unsharded(*this, "MultiHeadAttention");
-  TE_CHECK(x.dim() == 3 && x.size(2) == options.hidden_size(), "MultiHeadAttention: input ",
-           x.sizes(), " is not [batch, seqlen, ", options.hidden_size(), "]");
-  TE_CHECK(options.self_attention() != memory.defined(), "MultiHeadAttention: ",
-           options.self_attention() ? "self attention takes no memory; build it with "
-                                      "self_attention(false) for cross attention"
-                                    : "cross attention needs the memory to attend to");
-  const int64_t b = x.size(0), s = x.size(1), heads = options.num_attention_heads();
-  const int64_t d = head_dim(), g = kv_heads();
-  const at::Tensor ln = options.input_layernorm() ? layernorm->forward(x) : x;
-  at::Tensor q, k, v;
-  if (qkv_fp8) {  // fused (its kernel may be held in FP8)
-    const at::Tensor qkv =
-        F::dense(ln, qkv_kernel, qkv_fp8, nullptr, qkv_bias).view({b, s, 3, heads, d});
-    q = qkv.select(2, 0);
-    k = qkv.select(2, 1);
-    v = qkv.select(2, 2);
-  } else {
-    const at::Tensor& src = options.self_attention() ? ln : memory;
-    q = F::dense(ln, q_kernel, q_fp8, nullptr, q_bias).view({b, s, heads, d});
-    const at::Tensor kv =
-        F::dense(src, kv_kernel, kv_fp8, nullptr, kv_bias).view({b, src.size(1), 2, g, d});
-    k = kv.select(2, 0);
-    v = kv.select(2, 1);
-  }
-  at::Tensor out = attention->forward(q, k, v, mask).reshape({b, s, heads * d});
-  return F::dense(out, out_kernel, out_fp8, nullptr, out_bias);
-}
+namespace {
 
-DTensor MultiHeadAttentionImpl::forward(const DTensor& x_in, const std::optional<DTensor>& memory,
-                                        const at::Tensor& mask) {
-  TE_CHECK(x_in.dim() == 3 && x_in.size(2) == options.hidden_size(), "MultiHeadAttention: input ",
-           x_in.to_string(), " is not [batch, seqlen, ", options.hidden_size(), "]");
-  TE_CHECK(options.self_attention() != memory.has_value(), "MultiHeadAttention: ",
-           options.self_attention() ? "self attention takes no memory; build it with "
-                                      "self_attention(false) for cross attention"
-                                    : "cross attention needs the memory to attend to");
-  const DeviceMesh& mesh = x_in.mesh();
-  const char* seq = axis::seqlen(options.enable_sequence_parallel());
-  const int64_t heads = options.num_attention_heads(), d = head_dim(), g = kv_heads();
-  const LogicalAxes act = {"batch", seq, "hidden"};
+// MultiHeadAttention's one forward (modules/src/forward.h).
+template <typename T>
+T mha_forward(MultiHeadAttentionImpl& self, const T& x_in, const detail::Memory<T>& memory,
+              const at::Tensor& mask, const at::Tensor& rotary_pos_emb) {
+  detail::enter(self, "MultiHeadAttention", x_in);
+  const MultiHeadAttentionOptions& o = self.options;
+  TE_CHECK(x_in.dim() == 3 && x_in.size(2) == o.hidden_size(), "MultiHeadAttention: input ",
+           detail::shape_of(x_in), " is not [batch, seqlen, ", o.hidden_size(), "]");
+  TE_CHECK(o.self_attention() != detail::has(memory), "MultiHeadAttention: ",
+           o.self_attention() ? "self attention takes no memory; build it with "
+                                "self_attention(false) for cross attention"
+                              : "cross attention needs the memory to attend to");
+  const int64_t heads = o.num_attention_heads(), d = self.head_dim(), g = self.kv_heads();
+  const LogicalAxes act = {"batch", axis::seqlen(o.enable_sequence_parallel()), "hidden"};
+  // The projections take whole sequences (sequence parallel's gather, folded into their
+  // matmuls on a mesh, so its backward is a reduce-scatter).
   const LogicalAxes whole = {"batch", "seqlen", "hidden"};
   const LogicalAxes per_head = {"batch", "seqlen", "heads", std::nullopt};
 
-  const DTensor x = with_sharding_constraint(x_in, act);
-  // The projections' input constraint (whole sequences: sequence parallel's gather) is folded
-  // into their matmuls, so its backward is a reduce-scatter.
-  const DTensor ln = options.input_layernorm() ? layernorm->forward(x) : x;
-  DTensor q, k, v;
-  if (qkv_fp8) {
-    DTensor qkv = F::dense(ln, as_dtensor("qkv_kernel", qkv_kernel, mesh), whole, qkv_fp8);
-    if (qkv_bias.defined()) qkv = F::add_bias(qkv, as_dtensor("qkv_bias", qkv_bias, mesh));
-    qkv = F::unflatten(qkv, 3, heads, d);
-    qkv = with_sharding_constraint(qkv, {"batch", "seqlen", "joined", "heads", std::nullopt});
+  const T x = with_sharding_constraint(x_in, act);
+  const T ln = o.input_layernorm() ? self.layernorm->forward(x) : x;
+  T q, k, v;
+  if (self.qkv_fp8) {  // fused (its kernel may be held in FP8)
+    T qkv =
+        detail::project(self, ln, "qkv_", self.qkv_kernel, self.qkv_bias, self.qkv_fp8, whole, {});
+    qkv = with_sharding_constraint(F::unflatten(qkv, 3, heads, d),
+                                   {"batch", "seqlen", "joined", "heads", std::nullopt});
     q = F::select(qkv, 2, 0);
     k = F::select(qkv, 2, 1);
     v = F::select(qkv, 2, 2);
   } else {
-    const DTensor& src = options.self_attention() ? ln : *memory;
-    DTensor qp = F::dense(ln, as_dtensor("q_kernel", q_kernel, mesh), whole, q_fp8);
-    if (q_bias.defined()) qp = F::add_bias(qp, as_dtensor("q_bias", q_bias, mesh));
-    q = F::unflatten(qp, 2, heads, d);
-    DTensor kv = F::dense(src, as_dtensor("kv_kernel", kv_kernel, mesh), whole, kv_fp8);
-    if (kv_bias.defined()) kv = F::add_bias(kv, as_dtensor("kv_bias", kv_bias, mesh));
-    kv = F::unflatten(kv, 3, g, d);
+    const T& src = o.self_attention() ? ln : detail::get(memory);
+    q = F::unflatten(
+        detail::project(self, ln, "q_", self.q_kernel, self.q_bias, self.q_fp8, whole, {}), 2,
+        heads, d);
+    const T kv = F::unflatten(
+        detail::project(self, src, "kv_", self.kv_kernel, self.kv_bias, self.kv_fp8, whole, {}), 3,
+        g, d);
     k = F::select(kv, 2, 0);
     v = F::select(kv, 2, 1);
   }
   q = with_sharding_constraint(q, per_head);
   k = with_sharding_constraint(k, per_head);
   v = with_sharding_constraint(v, per_head);
-  const DTensor out = F::flatten(attention->forward(q, k, v, mask), 2);
-  DTensor y = F::dense(out, as_dtensor("out_kernel", out_kernel, mesh),
-                       {"batch", "seqlen", "hidden_tp"}, out_fp8);
-  y = with_sharding_constraint(y, act);  // tensor parallel: the all-reduce (or reduce-scatter)
-  if (out_bias.defined()) y = F::add_bias(y, as_dtensor("out_bias", out_bias, mesh));
-  return y;
+  if (rotary_pos_emb.defined()) {  // TE: after the projections (and qk-norm), before attention
+    q = F::apply_rotary_pos_emb(q, rotary_pos_emb, "bshd", o.rotary_pos_interleaved());
+    k = F::apply_rotary_pos_emb(k, rotary_pos_emb, "bshd", o.rotary_pos_interleaved());
+  }
+  const T out = F::flatten(self.attention->forward(q, k, v, mask), 2);
+  // Tensor parallel: the output constraint is the all-reduce (or reduce-scatter).
+  return detail::project(self, out, "out_", self.out_kernel, self.out_bias, self.out_fp8,
+                         {"batch", "seqlen", "hidden_tp"}, act);
+}
+
+}  // namespace
+
+at::Tensor MultiHeadAttentionImpl::forward(const at::Tensor& x, const at::Tensor& memory,
+                                           const at::Tensor& mask,
+                                           const at::Tensor& rotary_pos_emb) {
+  return mha_forward(*this, x, memory, mask, rotary_pos_emb);
+}
+
+DTensor MultiHeadAttentionImpl::forward(const DTensor& x, const std::optional<DTensor>& memory,
+                                        const at::Tensor& mask, const at::Tensor& rotary_pos_emb) {
+  return mha_forward(*this, x, memory, mask, rotary_pos_emb);
 }
 
 std::vector<ShardedModule::Fp8Gemm> MultiHeadAttentionImpl::fp8_gemms() {

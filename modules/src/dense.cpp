@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include "constrain.h"
+#include "forward.h"
 #include "te/error.h"
 #include "te/fp8.h"
 #include "te/nn/functional.h"
@@ -42,24 +43,31 @@ void DenseImpl::pretty_print(std::ostream& stream) const {
   stream << ")";
 }
 
-at::Tensor DenseImpl::forward(const at::Tensor& input) {
-  require_unsharded(*this, "Dense");
-  at::Tensor x = constrain(input, options.input_axes());
-  // The bias goes into the GEMM: on a plain tensor the output constraint only checks the axes, so
-  // adding it before the constraint is the DTensor forward's order in effect.
-  return constrain(F::dense(x, kernel, fp8_meta, nullptr, bias), options.output_axes());
+namespace {
+
+// Dense's one forward (modules/src/forward.h): the input constraint folds into the matmul on a
+// mesh; the bias follows the output constraint there (a partial product reduces straight into
+// the requested layout, e.g. reduce-scattered under sequence parallelism).
+template <typename T>
+T dense_forward(DenseImpl& self, const T& x, const LogicalAxes& input_axes) {
+  detail::enter(self, "Dense", x);
+  return detail::project(self, x, "", self.kernel, self.bias, self.fp8_meta, input_axes,
+                         self.options.output_axes());
 }
 
-DTensor DenseImpl::forward(const DTensor& input) { return project(input, options.input_axes()); }
+}  // namespace
 
+at::Tensor DenseImpl::forward(const at::Tensor& input) {
+  return dense_forward(*this, input, options.input_axes());
+}
+DTensor DenseImpl::forward(const DTensor& input) {
+  return dense_forward(*this, input, options.input_axes());
+}
+at::Tensor DenseImpl::project(const at::Tensor& x, const LogicalAxes& input_axes) {
+  return dense_forward(*this, x, input_axes);
+}
 DTensor DenseImpl::project(const DTensor& x, const LogicalAxes& input_axes) {
-  // The input constraint is folded into the matmul's redistribution (see F::dense).
-  DTensor y = F::dense(x, as_dtensor("kernel", kernel, x.mesh()), input_axes, fp8_meta);
-  // Constrain before the bias: a partial result then reduces straight into the requested
-  // layout (e.g. reduce-scattered under sequence parallelism) instead of all-reduced first.
-  y = constrain(y, options.output_axes());
-  if (bias.defined()) y = F::add_bias(y, as_dtensor("bias", bias, x.mesh()));
-  return y;
+  return dense_forward(*this, x, input_axes);
 }
 
 // ---- LayerNorm ---------------------------------------------------------------------------------
@@ -90,22 +98,25 @@ void LayerNormImpl::pretty_print(std::ostream& stream) const {
          << ", zero_centered_gamma=" << (options.zero_centered_gamma() ? "true" : "false") << ")";
 }
 
-at::Tensor LayerNormImpl::forward(const at::Tensor& input) {
-  require_unsharded(*this, "LayerNorm");
-  TE_CHECK(input.dim() >= 1 && input.size(-1) == options.hidden_size(), "LayerNorm: input ",
-           input.sizes(), " does not end in hidden_size ", options.hidden_size());
-  return F::layer_norm(input, scale, ln_bias, options.epsilon(), options.zero_centered_gamma(),
-                       options.layernorm_type() == "rmsnorm");
+namespace {
+
+template <typename T>
+T layer_norm_forward(LayerNormImpl& self, const T& x) {
+  detail::enter(self, "LayerNorm", x);
+  TE_CHECK(x.dim() >= 1 && x.size(-1) == self.options.hidden_size(), "LayerNorm: input ",
+           detail::shape_of(x), " does not end in hidden_size ", self.options.hidden_size());
+  return F::layer_norm(x, detail::param(self, "scale", self.scale, x),
+                       detail::param_or_none(self, "ln_bias", self.ln_bias, x),
+                       self.options.epsilon(), self.options.zero_centered_gamma(),
+                       self.options.layernorm_type() == "rmsnorm");
 }
 
-DTensor LayerNormImpl::forward(const DTensor& input) {
-  TE_CHECK(input.dim() >= 1 && input.size(-1) == options.hidden_size(), "LayerNorm: input ",
-           input.to_string(), " does not end in hidden_size ", options.hidden_size());
-  std::optional<DTensor> beta;
-  if (ln_bias.defined()) beta = as_dtensor("ln_bias", ln_bias, input.mesh());
-  return F::layer_norm(input, as_dtensor("scale", scale, input.mesh()), beta, options.epsilon(),
-                       options.zero_centered_gamma(), options.layernorm_type() == "rmsnorm");
+}  // namespace
+
+at::Tensor LayerNormImpl::forward(const at::Tensor& input) {
+  return layer_norm_forward(*this, input);
 }
+DTensor LayerNormImpl::forward(const DTensor& input) { return layer_norm_forward(*this, input); }
 
 // ---- LayerNormDense ----------------------------------------------------------------------------
 
@@ -127,25 +138,32 @@ void LayerNormDenseImpl::pretty_print(std::ostream& stream) const {
          << ", type=" << options.layernorm().layernorm_type() << ")";
 }
 
-std::pair<at::Tensor, std::optional<at::Tensor>> LayerNormDenseImpl::forward_with_layernorm_output(
-    const at::Tensor& input) {
-  const at::Tensor ln = layernorm->forward(constrain(input, options.layernorm_input_axes()));
-  at::Tensor y = dense->forward(constrain(ln, options.dot_input_axes()));
-  return {y, options.return_layernorm_output() ? std::optional<at::Tensor>(ln) : std::nullopt};
+namespace {
+
+template <typename T>
+std::pair<T, std::optional<T>> layer_norm_dense_forward(LayerNormDenseImpl& self, const T& x) {
+  const T ln = self.layernorm->forward(constrain(x, self.options.layernorm_input_axes()));
+  const LogicalAxes& dot_axes = self.options.dot_input_axes().empty()
+                                    ? self.dense->options.input_axes()
+                                    : self.options.dot_input_axes();
+  T y = self.dense->project(ln, dot_axes);
+  return {y, self.options.return_layernorm_output() ? std::optional<T>(ln) : std::nullopt};
 }
 
+}  // namespace
+
+std::pair<at::Tensor, std::optional<at::Tensor>> LayerNormDenseImpl::forward_with_layernorm_output(
+    const at::Tensor& input) {
+  return layer_norm_dense_forward(*this, input);
+}
 std::pair<DTensor, std::optional<DTensor>> LayerNormDenseImpl::forward_with_layernorm_output(
     const DTensor& input) {
-  const DTensor ln = layernorm->forward(constrain(input, options.layernorm_input_axes()));
-  DTensor y = dense->project(ln, options.dot_input_axes().empty() ? dense->options.input_axes()
-                                                                  : options.dot_input_axes());
-  return {y, options.return_layernorm_output() ? std::optional<DTensor>(ln) : std::nullopt};
+  return layer_norm_dense_forward(*this, input);
 }
 
 at::Tensor LayerNormDenseImpl::forward(const at::Tensor& input) {
   return forward_with_layernorm_output(input).first;
 }
-
 DTensor LayerNormDenseImpl::forward(const DTensor& input) {
   return forward_with_layernorm_output(input).first;
 }

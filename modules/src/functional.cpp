@@ -434,6 +434,24 @@ int64_t shard_parts(const DTensor& x, int64_t dim) {
 
 }  // namespace
 
+at::Tensor select(const at::Tensor& x, int64_t dim, int64_t index) { return x.select(dim, index); }
+
+at::Tensor unflatten(const at::Tensor& x, int64_t dim, int64_t outer, int64_t inner) {
+  TE_CHECK(x.size(dim) == outer * inner, "unflatten: dim ", dim, " of ", x.sizes(), " is not ",
+           outer, " x ", inner);
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape[static_cast<std::size_t>(dim)] = outer;
+  shape.insert(shape.begin() + dim + 1, inner);
+  return x.reshape(shape);
+}
+
+at::Tensor flatten(const at::Tensor& x, int64_t dim) { return x.flatten(dim, dim + 1); }
+
+at::Tensor add(const at::Tensor& a, const at::Tensor& b) {
+  TE_CHECK(a.sizes() == b.sizes(), "add: ", a.sizes(), " and ", b.sizes(), " differ in shape");
+  return a + b;
+}
+
 DTensor select(const DTensor& x_in, int64_t dim, int64_t index) {
   const DTensor x =
       gathered_where(x_in, [dim](const Shard& s, std::size_t) { return s.dim == dim; });

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "constrain.h"
+#include "forward.h"
 #include "te/error.h"
 #include "te/fp8.h"
 #include "te/nn/functional.h"
@@ -58,32 +59,26 @@ void LayerNormMLPImpl::pretty_print(std::ostream& stream) const {
          << ", bias=" << (options.use_bias() ? "true" : "false") << ")";
 }
 
-at::Tensor LayerNormMLPImpl::forward(const at::Tensor& input) {
-  require_unsharded(*this, "LayerNormMLP");
-  const at::Tensor ln = layernorm->forward(constrain(input, options.layernorm_input_axes()));
-  at::Tensor h =
-      F::dense(constrain(ln, options.dot_1_input_axes()), wi_kernel, wi_fp8, nullptr, wi_bias);
-  at::Tensor act = F::mlp_activation(h, options.activations());
-  act = F::dropout(act, options.intermediate_dropout_rate(), is_training());
-  at::Tensor y =
-      F::dense(constrain(act, options.dot_2_input_axes()), wo_kernel, wo_fp8, nullptr, wo_bias);
-  return constrain(y, options.output_axes());
+namespace {
+
+// LayerNormMLP's one forward (modules/src/forward.h).
+template <typename T>
+T mlp_forward(LayerNormMLPImpl& self, const T& input) {
+  detail::enter(self, "LayerNormMLP", input);
+  const LayerNormMLPOptions& o = self.options;
+  const T ln = self.layernorm->forward(constrain(input, o.layernorm_input_axes()));
+  const T h = detail::project(self, ln, "wi_", self.wi_kernel, self.wi_bias, self.wi_fp8,
+                              o.dot_1_input_axes(), {});
+  T act = F::mlp_activation(h, o.activations());
+  act = F::dropout(act, o.intermediate_dropout_rate(), self.is_training());
+  return detail::project(self, act, "wo_", self.wo_kernel, self.wo_bias, self.wo_fp8,
+                         o.dot_2_input_axes(), o.output_axes());
 }
 
-DTensor LayerNormMLPImpl::forward(const DTensor& input) {
-  const DeviceMesh& mesh = input.mesh();
-  const DTensor ln = layernorm->forward(constrain(input, options.layernorm_input_axes()));
-  DTensor h =
-      F::dense(ln, as_dtensor("wi_kernel", wi_kernel, mesh), options.dot_1_input_axes(), wi_fp8);
-  if (wi_bias.defined()) h = F::add_bias(h, as_dtensor("wi_bias", wi_bias, mesh));
-  DTensor act = F::mlp_activation(h, options.activations());
-  act = F::dropout(act, options.intermediate_dropout_rate(), is_training());
-  DTensor y =
-      F::dense(act, as_dtensor("wo_kernel", wo_kernel, mesh), options.dot_2_input_axes(), wo_fp8);
-  y = constrain(y, options.output_axes());
-  if (wo_bias.defined()) y = F::add_bias(y, as_dtensor("wo_bias", wo_bias, mesh));
-  return y;
-}
+}  // namespace
+
+at::Tensor LayerNormMLPImpl::forward(const at::Tensor& input) { return mlp_forward(*this, input); }
+DTensor LayerNormMLPImpl::forward(const DTensor& input) { return mlp_forward(*this, input); }
 
 std::vector<ShardedModule::Fp8Gemm> LayerNormMLPImpl::fp8_gemms() {
   return {{"wi_kernel", &wi_kernel, wi_fp8}, {"wo_kernel", &wo_kernel, wo_fp8}};

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include "constrain.h"
+#include "forward.h"
 #include "te/error.h"
 #include "te/nn/functional.h"
 #include "te/nn/random.h"
@@ -36,6 +37,7 @@ void TransformerLayerImpl::reset() {
                        .scale_attn_logits(options.scale_attn_logits())
                        .enable_sequence_parallel(options.enable_sequence_parallel())
                        .fused_attention(options.fused_attention())
+                       .rotary_pos_interleaved(options.rotary_pos_interleaved())
                        .qkv_kernel_axes(options.qkv_kernel_axes())
                        .kv_kernel_axes(options.qkv_kernel_axes())
                        .out_kernel_axes(options.out_kernel_axes());
@@ -80,39 +82,43 @@ void TransformerLayerImpl::pretty_print(std::ostream& stream) const {
          << ", hidden_dropout=" << options.hidden_dropout() << ")";
 }
 
-at::Tensor TransformerLayerImpl::forward(const at::Tensor& x, const at::Tensor& mask,
-                                         const at::Tensor& memory, const at::Tensor& memory_mask) {
-  TE_CHECK(options.layer_type() == "decoder" || !memory.defined(),
+namespace {
+
+// TransformerLayer's one forward (modules/src/forward.h).
+template <typename T>
+T layer_forward(TransformerLayerImpl& self, const T& x_in, const at::Tensor& mask,
+                const detail::Memory<T>& memory, const at::Tensor& memory_mask,
+                const at::Tensor& rotary_pos_emb) {
+  const TransformerLayerOptions& o = self.options;
+  TE_CHECK(o.layer_type() == "decoder" || !detail::has(memory),
            "TransformerLayer: an encoder takes no memory; build it with layer_type(\"decoder\")");
-  TE_CHECK(options.layer_type() == "encoder" || memory.defined(),
+  TE_CHECK(o.layer_type() == "encoder" || detail::has(memory),
            "TransformerLayer: a decoder needs the encoder output (memory)");
-  const double p = options.hidden_dropout();
-  const bool training = is_training();
-  at::Tensor h = x + F::dropout(self_attention->forward(x, {}, mask), p, training);
-  if (cross_attention) {
-    h = h + F::dropout(cross_attention->forward(h, memory, memory_mask), p, training);
+  const double p = o.hidden_dropout();
+  const bool training = self.is_training();
+  auto drop = [p, training](const T& t) { return F::dropout(t, p, training); };
+  const T x = with_sharding_constraint(
+      x_in, {"batch", axis::seqlen(o.enable_sequence_parallel()), "hidden"});
+  T h = F::add(drop(self.self_attention->forward(x, detail::Memory<T>(), mask, rotary_pos_emb)), x);
+  if (self.cross_attention) {
+    h = F::add(drop(self.cross_attention->forward(h, memory, memory_mask, rotary_pos_emb)), h);
   }
-  return h + F::dropout(mlp->forward(h), p, training);
+  return F::add(drop(self.mlp->forward(h)), h);
 }
 
-DTensor TransformerLayerImpl::forward(const DTensor& x_in, const at::Tensor& mask,
+}  // namespace
+
+at::Tensor TransformerLayerImpl::forward(const at::Tensor& x, const at::Tensor& mask,
+                                         const at::Tensor& memory, const at::Tensor& memory_mask,
+                                         const at::Tensor& rotary_pos_emb) {
+  return layer_forward(*this, x, mask, memory, memory_mask, rotary_pos_emb);
+}
+
+DTensor TransformerLayerImpl::forward(const DTensor& x, const at::Tensor& mask,
                                       const std::optional<DTensor>& memory,
-                                      const at::Tensor& memory_mask) {
-  TE_CHECK(options.layer_type() == "decoder" || !memory,
-           "TransformerLayer: an encoder takes no memory; build it with layer_type(\"decoder\")");
-  TE_CHECK(options.layer_type() == "encoder" || memory,
-           "TransformerLayer: a decoder needs the encoder output (memory)");
-  const char* seq = axis::seqlen(options.enable_sequence_parallel());
-  const LogicalAxes act = {"batch", seq, "hidden"};
-  const double p = options.hidden_dropout();
-  const bool training = is_training();
-  auto drop = [p, training](const DTensor& t) { return F::dropout(t, p, training); };
-  const DTensor x = with_sharding_constraint(x_in, act);
-  DTensor h = F::add(drop(self_attention->forward(x, std::nullopt, mask)), x);
-  if (cross_attention) {
-    h = F::add(drop(cross_attention->forward(h, memory, memory_mask)), h);
-  }
-  return F::add(drop(mlp->forward(h)), h);
+                                      const at::Tensor& memory_mask,
+                                      const at::Tensor& rotary_pos_emb) {
+  return layer_forward(*this, x, mask, memory, memory_mask, rotary_pos_emb);
 }
 
 }  // namespace te::nn

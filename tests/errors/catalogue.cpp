@@ -279,6 +279,59 @@ std::vector<Case> cases() {
          DotProductAttention(DotProductAttentionOptions(4, 8).attn_mask_type("padding").window_size(
              WindowSize{2, -1}));
        }},
+      {"modules", "an odd rotary dim", "the rotary dim 7 is not a positive even number",
+       [] { RotaryPositionEmbedding(RotaryPositionEmbeddingOptions(7)); }},
+      {"modules", "rotary frequencies wider than the heads",
+       "the rotary dim 16 of freqs [4, 1, 1, 16] must be even and at most the head dim 8",
+       [] {
+         functional::apply_rotary_pos_emb(at::zeros({1, 4, 2, 8}),
+                                          RotaryPositionEmbedding(16)->forward(4), "bshd");
+       }},
+      {"modules", "rotary frequencies for fewer positions than the sequence",
+       "positions up to 5 need freqs for 6 positions, but freqs has 4",
+       [] {
+         functional::apply_rotary_pos_emb(at::zeros({1, 6, 2, 8}),
+                                          RotaryPositionEmbedding(8)->forward(4), "bshd");
+       }},
+      {"modules", "cu_seqlens that do not start at 0", "cu_seqlens starts at 2, not 0",
+       [] {
+         functional::apply_rotary_pos_emb(at::zeros({6, 2, 8}),
+                                          RotaryPositionEmbedding(8)->forward(8), "thd", false,
+                                          at::tensor({2, 6}));
+       }},
+      {"modules", "cu_seqlens that decrease", "cu_seqlens decreases at entry 2 (4 -> 3)",
+       [] {
+         functional::apply_rotary_pos_emb(at::zeros({6, 2, 8}),
+                                          RotaryPositionEmbedding(8)->forward(8), "thd", false,
+                                          at::tensor({0, 4, 3, 6}));
+       }},
+      {"modules", "cu_seqlens that do not match the token count",
+       "cu_seqlens ends at 5 but t has 6 tokens",
+       [] {
+         functional::apply_rotary_pos_emb(at::zeros({6, 2, 8}),
+                                          RotaryPositionEmbedding(8)->forward(8), "thd", false,
+                                          at::tensor({0, 5}));
+       }},
+      {"modules", "start_positions of the wrong length",
+       "start_positions has 1 entries for 2 sequences",
+       [] {
+         functional::apply_rotary_pos_emb(at::zeros({2, 4, 2, 8}),
+                                          RotaryPositionEmbedding(8)->forward(8), "bshd", false, {},
+                                          at::tensor(std::vector<int64_t>{1}));
+       }},
+      {"modules", "thd split on its token dim", "is sharded on its token dim over mesh axis 'sp'",
+       on_ranks(2,
+                [](int) {
+                  DeviceMesh mesh({2}, {"sp"});
+                  functional::apply_rotary_pos_emb(
+                      DTensor::distribute(at::zeros({6, 2, 8}), mesh, {Shard{0}}),
+                      RotaryPositionEmbedding(8)->forward(8), "thd", false, at::tensor({0, 6}));
+                })},
+      {"modules", "an interpolation factor without the pretrained length",
+       "needs pretrained_max_position_embeddings",
+       [] {
+         RotaryPositionEmbedding(RotaryPositionEmbeddingOptions(8).seq_len_interpolation_factor(4));
+       }},
       {"modules", "an attention mask that does not broadcast to the logits",
        "attention mask [2, 4, 2, 2] does not broadcast to the logits [batch 1",
        [] {

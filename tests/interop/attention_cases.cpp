@@ -6,7 +6,6 @@
 //   te_interop_attention OUT.json
 
 #include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
 #include <torch/csrc/autograd/autograd.h>
 
 #include <cstdio>
@@ -17,22 +16,13 @@
 #include <string>
 #include <vector>
 
+#include "cases.h"
 #include "te/nn.h"
 
 namespace {
 
-at::Tensor randn(std::vector<int64_t> shape, uint64_t seed) {
-  at::Generator g = at::detail::createCPUGenerator(seed);
-  return at::randn(shape, g);
-}
-
-nlohmann::json as_json(const at::Tensor& t_in) {
-  const at::Tensor t = t_in.detach().to(at::kDouble).contiguous();
-  nlohmann::json values = nlohmann::json::array();
-  const double* p = t.data_ptr<double>();
-  for (int64_t i = 0; i < t.numel(); ++i) values.push_back(p[i]);
-  return {{"shape", t.sizes().vec()}, {"values", values}};
-}
+using te::interop::as_json;
+using te::interop::randn;
 
 // TE's encoder padding mask: [batch, 1, sq, sk], true where the key or the query is padding.
 at::Tensor padding_mask(const std::vector<int64_t>& lengths, int64_t sq, int64_t sk) {

@@ -53,11 +53,11 @@ enum class Kind {
   kMlpGelu,
   kMlpGated,
   kMhaFused,
-  kMhaGqa,
+  kMhaGqa,        // Llama's attention: GQA, padding_causal, RoPE (half rotation)
   kMhaWindow,     // padding_causal_bottom_right with a sliding window: per-sequence diagonals
   kMhaArbitrary,  // a per-head arbitrary mask: its heads shard with the heads
   kEncoder,
-  kDecoder
+  kDecoder  // causal self and cross attention, both with interleaved RoPE (GPT-J's)
 };
 
 // Rules mapping the custom kernel names onto the layout's mesh axes.
@@ -89,6 +89,13 @@ struct Shape {
   int64_t batch, seq;
 };
 Shape shape_of(bool uneven) { return uneven ? Shape{3, 5} : Shape{4, 6}; }
+
+// RoPE frequencies for the 4-dim heads (base 100: angles that turn within 6 positions).
+at::Tensor rope(Shape sh, bool interleaved) {
+  return RotaryPositionEmbedding(
+             RotaryPositionEmbeddingOptions(4).rotary_base(100.0).interleaved(interleaved))
+      ->forward(sh.seq);
+}
 
 // Rows of lengths 6, 4, 5, 3 (cut to the shape), masked as TE's encoder masks them:
 // [batch, 1, seqlen, seqlen], true where the key or the query is padding, so every layout also
@@ -169,10 +176,11 @@ Model make(Kind kind, bool sp, Way way, bool dropout, Shape sh) {
                          .q_kernel_axes({w_in, w_out})
                          .kv_kernel_axes({w_in, joined, w_out})
                          .out_kernel_axes({w_out, w_in});
-      at::Tensor mask;
+      at::Tensor mask, freqs;
       if (kind == Kind::kMhaGqa) {
         options.num_gqa_groups(2).attn_mask_type("padding_causal");
         mask = padding_mask(sh);
+        freqs = rope(sh, false);
       } else if (kind == Kind::kMhaWindow) {
         // Query and key lengths that differ per row, so every row's bottom-right diagonal has
         // its own offset (valid keys - valid queries: 2, -2, 2, -2).
@@ -190,8 +198,11 @@ Model make(Kind kind, bool sp, Way way, bool dropout, Shape sh) {
         mask = test::seeded_integers({sh.batch, 4, sh.seq, sh.seq}, 34).remainder(3).eq(0);
       }
       MultiHeadAttention mha(options);
-      m = {mha.ptr(), [mha, mask](const at::Tensor& x) mutable { return mha(x, {}, mask); },
-           [mha, mask](const DTensor& x) mutable { return mha(x, std::nullopt, mask); }};
+      m = {mha.ptr(),
+           [mha, mask, freqs](const at::Tensor& x) mutable { return mha(x, {}, mask, freqs); },
+           [mha, mask, freqs](const DTensor& x) mutable {
+             return mha(x, std::nullopt, mask, freqs);
+           }};
       break;
     }
     case Kind::kEncoder:
@@ -204,6 +215,7 @@ Model make(Kind kind, bool sp, Way way, bool dropout, Shape sh) {
                                  .attention_dropout(r.attention)
                                  .intermediate_dropout(r.intermediate)
                                  .enable_sequence_parallel(sp)
+                                 .rotary_pos_interleaved(kind == Kind::kDecoder)
                                  .qkv_kernel_axes({w_in, joined, w_out})
                                  .out_kernel_axes({w_out, w_in})
                                  .mlp_kernel_axes_1({w_in, joined, w_out})
@@ -215,16 +227,17 @@ Model make(Kind kind, bool sp, Way way, bool dropout, Shape sh) {
       } else {
         const at::Tensor memory =
             test::seeded_integers({sh.batch, sh.seq, 16}, 33).to(at::kFloat) / 9.0;
+        const at::Tensor freqs = rope(sh, true);
         m = {layer.ptr(),
-             [layer, memory, mask](const at::Tensor& x) mutable {
-               return layer(x, {}, memory.to(x.scalar_type()), mask);
+             [layer, memory, mask, freqs](const at::Tensor& x) mutable {
+               return layer(x, {}, memory.to(x.scalar_type()), mask, freqs);
              },
-             [layer, memory, mask](const DTensor& x) mutable {
+             [layer, memory, mask, freqs](const DTensor& x) mutable {
                std::vector<Placement> whole(static_cast<std::size_t>(x.mesh().ndim()), Replicate{});
                return layer(
                    x, {},
                    DTensor::distribute(memory.to(x.to_local().scalar_type()), x.mesh(), whole),
-                   mask);
+                   mask, freqs);
              }};
       }
       break;
@@ -390,9 +403,9 @@ std::vector<Case> all_cases() {
 }
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
-  static const char* kinds[] = {"DenseColumn", "DenseRow", "MlpGelu",   "MlpGated",
-                                "MhaFusedQkv", "MhaGqa",   "MhaWindow", "MhaArbitrary",
-                                "Encoder",     "Decoder"};
+  static const char* kinds[] = {"DenseColumn", "DenseRow",   "MlpGelu",   "MlpGated",
+                                "MhaFusedQkv", "MhaGqaRope", "MhaWindow", "MhaArbitrary",
+                                "Encoder",     "DecoderRope"};
   static const char* ways[] = {"TeTable", "ExtendedRules", "CustomNames"};
   return std::string(kinds[static_cast<int>(info.param.kind)]) + "_" + info.param.layout + "_" +
          ways[static_cast<int>(info.param.way)] + (info.param.dropout ? "_Dropout" : "") +

@@ -11,5 +11,6 @@
 #include "te/nn/init.h"
 #include "te/nn/mlp.h"
 #include "te/nn/random.h"
+#include "te/nn/rope.h"
 #include "te/nn/sharded.h"
 #include "te/nn/transformer.h"

@@ -142,6 +142,10 @@ struct MultiHeadAttentionOptions {
   /// Sequence parallel: activations outside the attention are sharded on seqlen (seqlen_tp).
   TORCH_ARG(bool, enable_sequence_parallel) = false;
   TORCH_ARG(bool, fused_attention) = true;
+  /// The rotary_pos_emb given to forward rotates interleaved pairs (GPT-J) instead of halves
+  /// (Llama); TE's rotary_pos_interleaved. Make the frequencies with the same choice
+  /// (RotaryPositionEmbeddingOptions::interleaved).
+  TORCH_ARG(bool, rotary_pos_interleaved) = false;
 };
 
 /// Self or cross attention with TE's kernel axes (w_fsdp, w_joined, w_tp) and activation axes
@@ -157,10 +161,14 @@ class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImp
   void reset() override;
   void pretty_print(std::ostream& stream) const override;
 
+  /// `mask`: the attention's mask (DotProductAttention's); `rotary_pos_emb`: RoPE frequencies
+  /// [s, 1, 1, rotary_dim] (RotaryPositionEmbedding's output, covering the query and the
+  /// key/value lengths) that rotate the queries and keys after their projections, as TE's
+  /// MultiHeadAttention does (apply_rotary_pos_emb, bshd); undefined: none.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& memory = {},
-                     const at::Tensor& mask = {});
+                     const at::Tensor& mask = {}, const at::Tensor& rotary_pos_emb = {});
   DTensor forward(const DTensor& x, const std::optional<DTensor>& memory = std::nullopt,
-                  const at::Tensor& mask = {});
+                  const at::Tensor& mask = {}, const at::Tensor& rotary_pos_emb = {});
   std::vector<Fp8Gemm> fp8_gemms() override;
 
   MultiHeadAttentionOptions options;
@@ -182,12 +190,12 @@ class MultiHeadAttention : public torch::nn::ModuleHolder<MultiHeadAttentionImpl
   using torch::nn::ModuleHolder<MultiHeadAttentionImpl>::ModuleHolder;
   using Impl = MultiHeadAttentionImpl;
   at::Tensor operator()(const at::Tensor& x, const at::Tensor& memory = {},
-                        const at::Tensor& mask = {}) {
-    return get()->forward(x, memory, mask);
+                        const at::Tensor& mask = {}, const at::Tensor& rotary_pos_emb = {}) {
+    return get()->forward(x, memory, mask, rotary_pos_emb);
   }
   DTensor operator()(const DTensor& x, const std::optional<DTensor>& memory = std::nullopt,
-                     const at::Tensor& mask = {}) {
-    return get()->forward(x, memory, mask);
+                     const at::Tensor& mask = {}, const at::Tensor& rotary_pos_emb = {}) {
+    return get()->forward(x, memory, mask, rotary_pos_emb);
   }
 };
 

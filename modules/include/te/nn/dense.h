@@ -54,6 +54,7 @@ class DenseImpl : public torch::nn::Cloneable<DenseImpl>, public ShardedModule {
   at::Tensor forward(const at::Tensor& input);
   DTensor forward(const DTensor& input);
   /// forward with `input_axes` in place of options().input_axes() (LayerNormDense's dot input).
+  at::Tensor project(const at::Tensor& input, const LogicalAxes& input_axes);
   DTensor project(const DTensor& input, const LogicalAxes& input_axes);
   std::vector<Fp8Gemm> fp8_gemms() override;
 

@@ -71,14 +71,19 @@ at::Tensor activation(const at::Tensor& x, const std::string& name);
 at::Tensor mlp_activation(const at::Tensor& h, const std::vector<std::string>& activations);
 DTensor mlp_activation(const DTensor& h, const std::vector<std::string>& activations);
 
-/// x.select(dim, index) as a DTensor (a dim sharded there is gathered first).
+/// x.select(dim, index); as a DTensor, a dim sharded there is gathered first.
+at::Tensor select(const at::Tensor& x, int64_t dim, int64_t index);
 DTensor select(const DTensor& x, int64_t dim, int64_t index);
-/// Splits dim `dim` into (outer, inner); a shard of `dim` becomes a shard of `outer` when it
-/// divides it evenly (else the dim is gathered first).
+/// Splits dim `dim` into (outer, inner); on a DTensor a shard of `dim` becomes a shard of
+/// `outer` when it divides it evenly (else the dim is gathered first).
+at::Tensor unflatten(const at::Tensor& x, int64_t dim, int64_t outer, int64_t inner);
 DTensor unflatten(const DTensor& x, int64_t dim, int64_t outer, int64_t inner);
-/// Merges dims `dim` and `dim + 1`; a shard of `dim` stays a shard of the merged dim when even.
+/// Merges dims `dim` and `dim + 1`; on a DTensor a shard of `dim` stays a shard of the merged
+/// dim when even.
+at::Tensor flatten(const at::Tensor& x, int64_t dim);
 DTensor flatten(const DTensor& x, int64_t dim);
-/// a + b (b is moved to a's layout first).
+/// a + b; on DTensors b is moved to a's layout first.
+at::Tensor add(const at::Tensor& a, const at::Tensor& b);
 DTensor add(const DTensor& a, const DTensor& b);
 
 /// Which keys each query sees: Transformer Engine's attn_mask_type, window_size and
@@ -166,6 +171,32 @@ struct AttentionPlan {
 AttentionPlan attention_plan(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                              const at::Tensor& mask, const MaskSpec& spec, double scale,
                              double dropout, bool training, bool fused);
+
+/// Rotates `t` by the rotary frequencies `freqs` (TE's apply_rotary_pos_emb,
+/// transformer_engine/pytorch/attention/rope.py at d0067d0da): each token at position p has the
+/// first freqs.size(-1) dims of each head rotated by the angles freqs[p] (the rest pass through),
+/// in halves (x_i with x_{i + d2/2}) or, `interleaved`, in pairs (x_{2i} with x_{2i+1}). The
+/// arithmetic is in float32 as TE's fused kernel does it (common/fused_rope/fused_rope.cu), and
+/// the result has t's dtype.
+///   t: [s, b, h, d] ("sbhd"), [b, s, h, d] ("bshd") or packed [tokens, h, d] ("thd", with
+///      `cu_seqlens` [sequences + 1]: sequence i is tokens cu_seqlens[i] ... cu_seqlens[i+1] - 1,
+///      its positions restart at 0).
+///   freqs: [s2, 1, 1, d2], the output of RotaryPositionEmbedding, with d2 even and <= d and s2
+///      covering every position used.
+///   start_positions: [b] (or [sequences] under thd): sequence i's positions start at
+///      start_positions[i] (decoding with a cache); undefined: at 0.
+/// Throws te::Error naming a bad format, shape, cu_seqlens or start_positions.
+at::Tensor apply_rotary_pos_emb(const at::Tensor& t, const at::Tensor& freqs,
+                                const std::string& tensor_format = "sbhd", bool interleaved = false,
+                                const at::Tensor& cu_seqlens = {},
+                                const at::Tensor& start_positions = {});
+/// DTensor form: each rank rotates its piece by the global positions of its tokens, so a
+/// sequence-sharded t (sequence parallel) gives what one process gives; batch and heads may be
+/// sharded too (start_positions is the global [b]). A thd t's token dim must not be sharded.
+DTensor apply_rotary_pos_emb(const DTensor& t, const at::Tensor& freqs,
+                             const std::string& tensor_format = "sbhd", bool interleaved = false,
+                             const at::Tensor& cu_seqlens = {},
+                             const at::Tensor& start_positions = {});
 
 /// Applies an elementwise `fn` to x's local piece (a Partial x is reduced first: f(sum) is not
 /// the sum of f).

@@ -68,17 +68,17 @@ class ShardedModule {
   /// reference): for weights now held in another form, e.g. FP8 codes.
   void release_parameter(torch::nn::Module& self, const std::string& name);
 
+  /// The registered parameter `local` as a DTensor on `mesh`: its own layout when sharded there,
+  /// Replicate when the module holds it whole.
+  DTensor as_dtensor(const std::string& name, const at::Tensor& local,
+                     const DeviceMesh& mesh) const;
+
  protected:
   /// Registers `name` on `self` from the whole initial value `full` (the same on every rank).
   /// With a mesh in scope and a constraint resolved for `axes` (rules or TE table), keeps this
   /// rank's shard; otherwise the whole tensor. A clone reuses the original's layout.
   at::Tensor register_sharded(torch::nn::Module& self, const std::string& name, at::Tensor full,
                               LogicalAxes axes);
-
-  /// The registered parameter `local` as a DTensor on `mesh`: its own layout when sharded there,
-  /// Replicate when the module holds it whole.
-  DTensor as_dtensor(const std::string& name, const at::Tensor& local,
-                     const DeviceMesh& mesh) const;
 
  private:
   std::map<std::string, ParameterLayout> layouts_;

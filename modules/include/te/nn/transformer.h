@@ -60,6 +60,8 @@ struct TransformerLayerOptions {
   /// Sequence parallel (with a tpsp MeshResource or rules for seqlen_tp).
   TORCH_ARG(bool, enable_sequence_parallel) = false;
   TORCH_ARG(bool, fused_attention) = true;
+  /// MultiHeadAttentionOptions::rotary_pos_interleaved for both attentions.
+  TORCH_ARG(bool, rotary_pos_interleaved) = false;
 };
 
 /// x -> x + drop(attn(ln(x))) [-> + drop(cross_attn(ln(.), memory))] -> + drop(mlp(ln(.))).
@@ -74,12 +76,14 @@ class TransformerLayerImpl : public torch::nn::Cloneable<TransformerLayerImpl>,
   void pretty_print(std::ostream& stream) const override;
 
   /// `mask`: padding mask of the self attention; `memory` and `memory_mask`: the encoder
-  /// output and its padding mask, for decoders.
+  /// output and its padding mask, for decoders; `rotary_pos_emb`: RoPE frequencies for the self
+  /// and the cross attention (MultiHeadAttention's), as TE's TransformerLayer passes them.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& mask = {},
-                     const at::Tensor& memory = {}, const at::Tensor& memory_mask = {});
+                     const at::Tensor& memory = {}, const at::Tensor& memory_mask = {},
+                     const at::Tensor& rotary_pos_emb = {});
   DTensor forward(const DTensor& x, const at::Tensor& mask = {},
                   const std::optional<DTensor>& memory = std::nullopt,
-                  const at::Tensor& memory_mask = {});
+                  const at::Tensor& memory_mask = {}, const at::Tensor& rotary_pos_emb = {});
 
   TransformerLayerOptions options;
   MultiHeadAttention self_attention{nullptr};
@@ -92,13 +96,14 @@ class TransformerLayer : public torch::nn::ModuleHolder<TransformerLayerImpl> {
   using torch::nn::ModuleHolder<TransformerLayerImpl>::ModuleHolder;
   using Impl = TransformerLayerImpl;
   at::Tensor operator()(const at::Tensor& x, const at::Tensor& mask = {},
-                        const at::Tensor& memory = {}, const at::Tensor& memory_mask = {}) {
-    return get()->forward(x, mask, memory, memory_mask);
+                        const at::Tensor& memory = {}, const at::Tensor& memory_mask = {},
+                        const at::Tensor& rotary_pos_emb = {}) {
+    return get()->forward(x, mask, memory, memory_mask, rotary_pos_emb);
   }
   DTensor operator()(const DTensor& x, const at::Tensor& mask = {},
                      const std::optional<DTensor>& memory = std::nullopt,
-                     const at::Tensor& memory_mask = {}) {
-    return get()->forward(x, mask, memory, memory_mask);
+                     const at::Tensor& memory_mask = {}, const at::Tensor& rotary_pos_emb = {}) {
+    return get()->forward(x, mask, memory, memory_mask, rotary_pos_emb);
   }
 };
 

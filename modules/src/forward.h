@@ -1,0 +1,104 @@
+#pragma once
+
+// One forward body per module (internal). Each module's forward is one function template over
+// the tensor type, instantiated for at::Tensor (one device: the module holds whole parameters)
+// and for DTensor (any mesh: the layouts follow from placements). The few things that differ
+// between the two live here, once, as overloads the bodies call:
+//   - a parameter as the forward's tensor type (param, param_or_none);
+//   - a projection: x @ kernel + bias between two constraints (project): on one device the
+//     bias goes into the GEMM and the constraints only check their axes; on a mesh the input
+//     constraint is folded into the matmul's redistribution and the bias is added after the
+//     output constraint, so a partial product reduces straight into the requested layout;
+//   - what a plain forward refuses (enter: a module holding only its shards) and how a shape
+//     reads in an error (shape_of);
+//   - a cross attention's memory (Memory<T>: an undefined at::Tensor or std::nullopt for none).
+// An option written into a module body is therefore written once for both, and the
+// at::Tensor instantiation does what the hand-written one-device forward did (bench/
+// bench_one_forward measures te-serve's 32-token forward against the commit before this one).
+
+#include <ATen/Tensor.h>
+
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <type_traits>
+
+#include "constrain.h"
+#include "te/distributed/dtensor.h"
+#include "te/nn/functional.h"
+#include "te/nn/sharded.h"
+
+namespace te::nn::detail {
+
+template <typename T>
+inline constexpr bool kPlain = std::is_same_v<T, at::Tensor>;
+
+/// A cross attention's memory in the forward's tensor type (none: undefined / nullopt).
+template <typename T>
+using Memory = std::conditional_t<kPlain<T>, at::Tensor, std::optional<DTensor>>;
+inline bool has(const at::Tensor& memory) { return memory.defined(); }
+inline bool has(const std::optional<DTensor>& memory) { return memory.has_value(); }
+inline const at::Tensor& get(const at::Tensor& memory) { return memory; }
+inline const DTensor& get(const std::optional<DTensor>& memory) { return *memory; }
+
+/// The parameter `local` (this process's piece of `name`) as the tensor type of `like`.
+inline const at::Tensor& param(const ShardedModule&, const char*, const at::Tensor& local,
+                               const at::Tensor&) {
+  return local;
+}
+inline DTensor param(const ShardedModule& module, const char* name, const at::Tensor& local,
+                     const DTensor& like) {
+  return module.as_dtensor(name, local, like.mesh());
+}
+/// An optional parameter (undefined when the module has none): an at::Tensor that may be
+/// undefined, or a std::optional<DTensor>.
+inline const at::Tensor& param_or_none(const ShardedModule&, const char*, const at::Tensor& local,
+                                       const at::Tensor&) {
+  return local;
+}
+inline std::optional<DTensor> param_or_none(const ShardedModule& module, const char* name,
+                                            const at::Tensor& local, const DTensor& like) {
+  if (!local.defined()) return std::nullopt;
+  return module.as_dtensor(name, local, like.mesh());
+}
+
+/// A module's forward on a plain tensor needs its whole parameters (it was not built under a
+/// mesh); a DTensor forward takes any.
+inline void enter(const ShardedModule& module, const char* what, const at::Tensor&) {
+  require_unsharded(module, what);
+}
+inline void enter(const ShardedModule&, const char*, const DTensor&) {}
+
+inline std::string shape_of(const at::Tensor& x) {
+  std::ostringstream os;
+  os << x.sizes();
+  return os.str();
+}
+inline std::string shape_of(const DTensor& x) { return x.to_string(); }
+
+/// x @ kernel (+ bias), with x constrained to `input_axes` and the product to `output_axes`
+/// (either may be empty: no constraint). The module's parameters are `<prefix>kernel` and
+/// `<prefix>bias` (bias undefined: none) and `fp8` the GEMM's FP8 state.
+inline at::Tensor project(const ShardedModule&, const at::Tensor& x, const char* /*prefix*/,
+                          const at::Tensor& kernel, const at::Tensor& bias,
+                          const std::shared_ptr<fp8::GemmMeta>& fp8, const LogicalAxes& input_axes,
+                          const LogicalAxes& output_axes) {
+  return constrain(functional::dense(constrain(x, input_axes), kernel, fp8, nullptr, bias),
+                   output_axes);
+}
+inline DTensor project(const ShardedModule& module, const DTensor& x, const char* prefix,
+                       const at::Tensor& kernel, const at::Tensor& bias,
+                       const std::shared_ptr<fp8::GemmMeta>& fp8, const LogicalAxes& input_axes,
+                       const LogicalAxes& output_axes) {
+  const std::string name(prefix);
+  DTensor y =
+      functional::dense(x, module.as_dtensor(name + "kernel", kernel, x.mesh()), input_axes, fp8);
+  y = constrain(y, output_axes);
+  if (bias.defined()) {
+    y = functional::add_bias(y, module.as_dtensor(name + "bias", bias, x.mesh()));
+  }
+  return y;
+}
+
+}  // namespace te::nn::detail

@@ -1,0 +1,263 @@
+// Rotary position embeddings: TE's RotaryPositionEmbedding and apply_rotary_pos_emb
+// (transformer_engine/pytorch/attention/rope.py at d0067d0da), on tensors and DTensors.
+#include "te/nn/rope.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "te/error.h"
+#include "te/nn/functional.h"
+
+namespace te::nn {
+
+// ---- RotaryPositionEmbedding -------------------------------------------------------------------
+
+RotaryPositionEmbeddingImpl::RotaryPositionEmbeddingImpl(
+    const RotaryPositionEmbeddingOptions& options_)
+    : options(options_) {
+  reset();
+}
+
+void RotaryPositionEmbeddingImpl::reset() {
+  TE_CHECK(options.rotary_percent() > 0 && options.rotary_percent() <= 1,
+           "RotaryPositionEmbedding: rotary_percent ", options.rotary_percent(),
+           " is not in (0, 1]");
+  // TE: dim = int(dim * rotary_percent) when rotary_percent < 1.
+  const int64_t dim =
+      options.rotary_percent() < 1.0
+          ? static_cast<int64_t>(static_cast<double>(options.dim()) * options.rotary_percent())
+          : options.dim();
+  TE_CHECK(dim > 0 && dim % 2 == 0, "RotaryPositionEmbedding: the rotary dim ", dim,
+           (options.rotary_percent() < 1.0 ? " (dim * rotary_percent)" : ""),
+           " is not a positive even number; rotation turns pairs of dims");
+  TE_CHECK(options.rotary_base() > 0, "RotaryPositionEmbedding: rotary_base ",
+           options.rotary_base(), " is not positive");
+  if (const auto& f = options.seq_len_interpolation_factor()) {
+    TE_CHECK(*f > 0, "RotaryPositionEmbedding: seq_len_interpolation_factor ", *f,
+             " is not positive");
+    // TE scales the positions only when both are given (rope.py forward); the factor alone
+    // would be ignored there, so it is refused here rather than silently dropped.
+    TE_CHECK(options.pretrained_max_position_embeddings().has_value(),
+             "RotaryPositionEmbedding: seq_len_interpolation_factor ", *f,
+             " needs pretrained_max_position_embeddings (the length the model was trained on), "
+             "as in Transformer Engine, where the factor alone does nothing");
+  }
+  if (const auto& m = options.pretrained_max_position_embeddings()) {
+    TE_CHECK(*m > 0, "RotaryPositionEmbedding: pretrained_max_position_embeddings ", *m,
+             " is not positive");
+  }
+  // 1 / base^(arange(0, dim, 2) / dim), in float32 as TE computes it.
+  const at::Tensor exponent = at::arange(0, dim, 2, at::kFloat) / static_cast<double>(dim);
+  inv_freq = register_buffer("inv_freq", at::pow(options.rotary_base(), exponent).reciprocal());
+}
+
+void RotaryPositionEmbeddingImpl::pretty_print(std::ostream& stream) const {
+  stream << "te::nn::RotaryPositionEmbedding(dim=" << inv_freq.size(0) * 2
+         << ", base=" << options.rotary_base() << (options.interleaved() ? ", interleaved" : "")
+         << ")";
+}
+
+at::Tensor RotaryPositionEmbeddingImpl::forward(int64_t max_seq_len, int64_t offset) {
+  TE_CHECK(max_seq_len > 0 && offset >= 0, "RotaryPositionEmbedding: max_seq_len (", max_seq_len,
+           ") must be positive and offset (", offset, ") not negative");
+  at::Tensor seq = at::arange(max_seq_len, inv_freq.options()) + static_cast<double>(offset);
+  if (options.pretrained_max_position_embeddings() && options.seq_len_interpolation_factor()) {
+    const double pretrained = static_cast<double>(*options.pretrained_max_position_embeddings());
+    const double factor = *options.seq_len_interpolation_factor();
+    if (static_cast<double>(max_seq_len) > pretrained * factor) {
+      seq = seq * (1.0 / (static_cast<double>(max_seq_len) / pretrained));  // dynamic
+    } else {
+      seq = seq * (1.0 / factor);  // fixed linear scaling
+    }
+  }
+  const at::Tensor freqs = at::outer(seq, inv_freq);  // [s, dim / 2]
+  const at::Tensor emb = options.interleaved()
+                             ? at::stack({freqs, freqs}, -1).flatten(-2)  // f0 f0 f1 f1 ...
+                             : at::cat({freqs, freqs}, -1);               // f0 f1 ... f0 f1 ...
+  return emb.reshape({emb.size(0), 1, 1, emb.size(1)});
+}
+
+// ---- apply_rotary_pos_emb ----------------------------------------------------------------------
+
+namespace functional {
+
+namespace {
+
+// Where a format keeps the sequence and batch dims (thd: tokens, no batch dim).
+struct RopeLayout {
+  int64_t seq_dim = 0;
+  int64_t batch_dim = -1;
+  int64_t dims = 4;
+  bool packed = false;
+};
+
+RopeLayout rope_layout(const std::string& format) {
+  if (format == "bshd") return {1, 0, 4, false};
+  if (format == "sbhd") return {0, 1, 4, false};
+  if (format == "thd") return {0, -1, 3, true};
+  TE_FAIL("apply_rotary_pos_emb: tensor_format '", format, "' is not 'sbhd', 'bshd' or 'thd'");
+}
+
+// The checked arguments, on the CPU as int64 where they are indices.
+struct RopeArgs {
+  RopeLayout layout;
+  at::Tensor freqs;  // [s2, d2], float32
+  int64_t d2 = 0;
+  at::Tensor cu_seqlens;       // [sequences + 1] (thd)
+  at::Tensor start_positions;  // [batch or sequences], or undefined
+};
+
+at::Tensor index_vector(const at::Tensor& t, const char* what) {
+  TE_CHECK(t.dim() == 1 && !at::isFloatingType(t.scalar_type()) && t.scalar_type() != at::kBool,
+           "apply_rotary_pos_emb: ", what, " must be a 1-D integer tensor, got ", t.sizes(), " ",
+           t.scalar_type());
+  return t.to(at::kCPU, at::kLong).contiguous();
+}
+
+RopeArgs check_rope(at::IntArrayRef sizes, const at::Tensor& freqs, const std::string& format,
+                    const at::Tensor& cu_seqlens, const at::Tensor& start_positions) {
+  RopeArgs a;
+  a.layout = rope_layout(format);
+  const std::vector<int64_t> shape(sizes.begin(), sizes.end());
+  TE_CHECK(static_cast<int64_t>(shape.size()) == a.layout.dims, "apply_rotary_pos_emb: t ", sizes,
+           " is not ", format == "thd" ? "[tokens, heads, head_dim]" : "4-dim ", format);
+  TE_CHECK(freqs.defined() && freqs.dim() == 4 && freqs.size(1) == 1 && freqs.size(2) == 1,
+           "apply_rotary_pos_emb: freqs ", freqs.defined() ? freqs.sizes() : at::IntArrayRef{},
+           " is not [s, 1, 1, rotary_dim] (RotaryPositionEmbedding's output)");
+  a.d2 = freqs.size(3);
+  const int64_t d = shape.back();
+  TE_CHECK(a.d2 > 0 && a.d2 % 2 == 0 && a.d2 <= d, "apply_rotary_pos_emb: the rotary dim ", a.d2,
+           " of freqs ", freqs.sizes(), " must be even and at most the head dim ", d);
+  a.freqs = freqs.reshape({freqs.size(0), a.d2}).to(at::kFloat);
+  int64_t longest = 0, sequences = 0;
+  if (a.layout.packed) {
+    TE_CHECK(cu_seqlens.defined(), "apply_rotary_pos_emb: tensor_format 'thd' needs cu_seqlens");
+    a.cu_seqlens = index_vector(cu_seqlens, "cu_seqlens");
+    const auto n = a.cu_seqlens.size(0);
+    TE_CHECK(n >= 2, "apply_rotary_pos_emb: cu_seqlens ", cu_seqlens.sizes(),
+             " needs at least 2 entries ([sequences + 1])");
+    const int64_t* cu = a.cu_seqlens.data_ptr<int64_t>();
+    TE_CHECK(cu[0] == 0, "apply_rotary_pos_emb: cu_seqlens starts at ", cu[0], ", not 0");
+    for (int64_t i = 1; i < n; ++i) {
+      TE_CHECK(cu[i] >= cu[i - 1], "apply_rotary_pos_emb: cu_seqlens decreases at entry ", i, " (",
+               cu[i - 1], " -> ", cu[i], ")");
+      longest = std::max(longest, cu[i] - cu[i - 1]);
+    }
+    TE_CHECK(cu[n - 1] == shape[0], "apply_rotary_pos_emb: cu_seqlens ends at ", cu[n - 1],
+             " but t has ", shape[0], " tokens");
+    sequences = n - 1;
+  } else {
+    TE_CHECK(!cu_seqlens.defined(),
+             "apply_rotary_pos_emb: cu_seqlens is for tensor_format "
+             "'thd'; ",
+             format, " has whole sequences");
+    longest = shape[static_cast<std::size_t>(a.layout.seq_dim)];
+    sequences = shape[static_cast<std::size_t>(a.layout.batch_dim)];
+  }
+  int64_t max_start = 0;
+  if (start_positions.defined()) {
+    a.start_positions = index_vector(start_positions, "start_positions");
+    TE_CHECK(a.start_positions.size(0) == sequences, "apply_rotary_pos_emb: start_positions has ",
+             a.start_positions.size(0), " entries for ", sequences, " sequences");
+    if (sequences > 0) {
+      TE_CHECK(a.start_positions.min().item<int64_t>() >= 0,
+               "apply_rotary_pos_emb: start_positions has a negative entry");
+      max_start = a.start_positions.max().item<int64_t>();
+    }
+  }
+  TE_CHECK(max_start + longest <= a.freqs.size(0), "apply_rotary_pos_emb: positions up to ",
+           max_start + longest - 1, " need freqs for ", max_start + longest,
+           " positions, but freqs has ", a.freqs.size(0),
+           "; make RotaryPositionEmbedding's max_seq_len larger");
+  return a;
+}
+
+// Rotates the first d2 dims of each head of `t` by `angles` (float32, broadcasting to
+// t[..., :d2]), in halves or interleaved pairs; the arithmetic in float32 as TE's fused kernel.
+at::Tensor rotate(const at::Tensor& t, const at::Tensor& angles, int64_t d2, bool interleaved) {
+  const at::Tensor x = t.narrow(-1, 0, d2).to(at::kFloat);
+  at::Tensor turned;
+  if (interleaved) {  // (x0, x1, x2, x3, ...) -> (-x1, x0, -x3, x2, ...)
+    turned = at::stack({-x.slice(-1, 1, d2, 2), x.slice(-1, 0, d2, 2)}, -1).flatten(-2);
+  } else {  // (x_a, x_b) -> (-x_b, x_a)
+    turned = at::cat({-x.narrow(-1, d2 / 2, d2 / 2), x.narrow(-1, 0, d2 / 2)}, -1);
+  }
+  at::Tensor out = (x * angles.cos() + turned * angles.sin()).to(t.scalar_type());
+  const int64_t d = t.size(-1);
+  return d2 < d ? at::cat({out, t.narrow(-1, d2, d - d2)}, -1) : out;
+}
+
+// The piece of a tensor of global `sizes` whose sequence dim starts at `seq_offset` and batch
+// dim at `batch_offset`, rotated by its global positions.
+at::Tensor rotate_piece(const at::Tensor& t, const RopeArgs& a, bool interleaved,
+                        int64_t seq_offset, int64_t batch_offset) {
+  const at::Tensor freqs = a.freqs.to(t.device());
+  const int64_t d2 = a.d2;
+  if (a.layout.packed) {
+    // Token j of sequence i sits at position j - cu_seqlens[i] (+ start_positions[i]).
+    const at::Tensor cu = a.cu_seqlens;
+    const at::Tensor seq_id = at::repeat_interleave(cu.diff());
+    at::Tensor pos = at::arange(t.size(0), cu.options()) - cu.index_select(0, seq_id);
+    if (a.start_positions.defined()) pos = pos + a.start_positions.index_select(0, seq_id);
+    return rotate(t, freqs.index_select(0, pos.to(t.device())).view({t.size(0), 1, d2}), d2,
+                  interleaved);
+  }
+  const int64_t s = t.size(a.layout.seq_dim), b = t.size(a.layout.batch_dim);
+  const bool bshd = a.layout.seq_dim == 1;
+  if (!a.start_positions.defined()) {
+    const at::Tensor angles = freqs.narrow(0, seq_offset, s);
+    return rotate(t, bshd ? angles.view({1, s, 1, d2}) : angles.view({s, 1, 1, d2}), d2,
+                  interleaved);
+  }
+  // Per sequence: positions start_positions[i] + seq_offset + j.
+  const at::Tensor start = a.start_positions.narrow(0, batch_offset, b);
+  const at::Tensor steps = at::arange(seq_offset, seq_offset + s, start.options());
+  const at::Tensor pos = bshd ? start.view({b, 1}) + steps.view({1, s})   // [b, s]
+                              : steps.view({s, 1}) + start.view({1, b});  // [s, b]
+  const at::Tensor angles = freqs.index_select(0, pos.flatten().to(t.device()));
+  return rotate(t, bshd ? angles.view({b, s, 1, d2}) : angles.view({s, b, 1, d2}), d2, interleaved);
+}
+
+}  // namespace
+
+at::Tensor apply_rotary_pos_emb(const at::Tensor& t, const at::Tensor& freqs,
+                                const std::string& tensor_format, bool interleaved,
+                                const at::Tensor& cu_seqlens, const at::Tensor& start_positions) {
+  TE_CHECK(t.defined(), "apply_rotary_pos_emb: t is undefined");
+  const RopeArgs a = check_rope(t.sizes(), freqs, tensor_format, cu_seqlens, start_positions);
+  return rotate_piece(t, a, interleaved, 0, 0);
+}
+
+DTensor apply_rotary_pos_emb(const DTensor& t_in, const at::Tensor& freqs,
+                             const std::string& tensor_format, bool interleaved,
+                             const at::Tensor& cu_seqlens, const at::Tensor& start_positions) {
+  const RopeArgs a = check_rope(t_in.sizes(), freqs, tensor_format, cu_seqlens, start_positions);
+  const int64_t last = t_in.dim() - 1;
+  // Whole head dims (the rotation pairs dims within a head); a partial sum is reduced first.
+  std::vector<Placement> target = t_in.placements();
+  bool change = false;
+  for (std::size_t m = 0; m < target.size(); ++m) {
+    TE_CHECK(!(a.layout.packed && is_shard(target[m], 0)), "apply_rotary_pos_emb: a thd t ",
+             t_in.to_string(), " is sharded on its token dim over mesh axis '",
+             t_in.mesh().axis_names()[m],
+             "', which would split sequences at unknown places; shard the heads instead");
+    if (is_partial(target[m]) || is_shard(target[m], last)) {
+      target[m] = Replicate{};
+      change = true;
+    }
+  }
+  const DTensor t = change ? t_in.redistribute(target) : t_in;
+  const auto piece = local_chunks(t.sizes(), t.mesh(), t.placements(), t.mesh().rank());
+  const int64_t seq_offset = piece[static_cast<std::size_t>(a.layout.seq_dim)].offset;
+  const int64_t batch_offset =
+      a.layout.packed ? 0 : piece[static_cast<std::size_t>(a.layout.batch_dim)].offset;
+  return DTensor::from_local(rotate_piece(t.to_local(), a, interleaved, seq_offset, batch_offset),
+                             t.mesh(), t.placements(), t.sizes());
+}
+
+}  // namespace functional
+
+}  // namespace te::nn
