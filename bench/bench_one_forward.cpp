@@ -56,6 +56,18 @@ void BM_TransformerLayer(benchmark::State& state) {
 }
 BENCHMARK(BM_TransformerLayer)->Args({2048, 256})->Args({4096, 512})->Iterations(15)->UseRealTime();
 
+// Seconds one serving call takes: `forward()` under InferenceMode, its result read back.
+template <typename Forward>
+auto serving_call(Forward forward) {
+  return [forward] {
+    c10::InferenceMode guard;
+    const auto start = std::chrono::steady_clock::now();
+    const float s = forward().sum().template item<float>();
+    benchmark::DoNotOptimize(s);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+}
+
 // Serving-sized: one sentence of 32 tokens, forward only under InferenceMode (te-serve's call).
 void BM_TransformerLayerServing(benchmark::State& state) {
   const int64_t tokens = state.range(0), hidden = state.range(1);
@@ -64,20 +76,11 @@ void BM_TransformerLayerServing(benchmark::State& state) {
   const te::DeviceMesh mesh({1}, {"one"});
   at::manual_seed(0);
   const at::Tensor x = at::randn({1, tokens, hidden});
-  auto time = [&](auto forward) {
-    return [&, forward] {
-      c10::InferenceMode guard;
-      const auto start = std::chrono::steady_clock::now();
-      const float s = forward().sum().template item<float>();
-      benchmark::DoNotOptimize(s);
-      return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    };
-  };
   te::bench::alternate(
-      state, time([&] {
+      state, serving_call([&] {
         return layer->forward(te::DTensor::from_local(x, mesh, {te::Replicate{}})).to_local();
       }),
-      time([&] { return layer->forward(x); }), "plain_forward");
+      serving_call([&] { return layer->forward(x); }), "plain_forward");
 }
 BENCHMARK(BM_TransformerLayerServing)->Args({32, 256})->Iterations(200)->UseRealTime();
 
@@ -103,17 +106,9 @@ void BM_TransformerLayerServingVsPlain(benchmark::State& state) {
       return;
     }
   }
-  auto time = [&](auto forward) {
-    return [&, forward] {
-      c10::InferenceMode guard;
-      const auto start = std::chrono::steady_clock::now();
-      const float s = forward().sum().template item<float>();
-      benchmark::DoNotOptimize(s);
-      return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    };
-  };
-  te::bench::alternate(state, time([&] { return layer->forward(x); }),
-                       time([&] { return te::bench::plain_layer(x, p, heads); }), "plain_libtorch");
+  te::bench::alternate(state, serving_call([&] { return layer->forward(x); }),
+                       serving_call([&] { return te::bench::plain_layer(x, p, heads); }),
+                       "plain_libtorch");
 }
 BENCHMARK(BM_TransformerLayerServingVsPlain)->Args({32, 256})->Iterations(400)->UseRealTime();
 

@@ -50,7 +50,7 @@ mkdir -p "$root/src"
 inner=$(cat <<'EOF'
 set -euo pipefail
 cd /src
-export CCACHE_DIR=/var/cache/ccache CCACHE_MAXSIZE=2G
+export CCACHE_DIR=/var/cache/ccache CCACHE_MAXSIZE=4G
 if [ ! -f "$BUILD_DIR/build.ninja" ]; then
   cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTE_CUDA=OFF --log-level=WARNING
 fi

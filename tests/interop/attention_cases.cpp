@@ -9,8 +9,6 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -89,9 +87,6 @@ int main(int argc, char** argv) {
       }
     }
   }
-  const std::filesystem::path out(argv[1]);
-  if (out.has_parent_path()) std::filesystem::create_directories(out.parent_path());
-  std::ofstream(out) << cases.dump();
-  std::printf("te_interop_attention: %zu cases written to %s\n", cases.size(), argv[1]);
+  te::interop::write_cases("te_interop_attention", argv[1], cases);
   return 0;
 }

@@ -7,6 +7,9 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -25,6 +28,14 @@ inline nlohmann::json as_json(const at::Tensor& t_in) {
   const double* p = t.data_ptr<double>();
   for (int64_t i = 0; i < t.numel(); ++i) values.push_back(p[i]);
   return {{"shape", t.sizes().vec()}, {"values", values}};
+}
+
+/// Writes `cases` to `path` (making its directory) and says so as `program`.
+inline void write_cases(const char* program, const char* path, const nlohmann::json& cases) {
+  const std::filesystem::path out(path);
+  if (out.has_parent_path()) std::filesystem::create_directories(out.parent_path());
+  std::ofstream(out) << cases.dump();
+  std::printf("%s: %zu cases written to %s\n", program, cases.size(), path);
 }
 
 }  // namespace te::interop

@@ -10,8 +10,6 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -77,9 +75,6 @@ int main(int argc, char** argv) {
     if (thd) j["lengths"] = lengths;
     cases.push_back(j);
   }
-  const std::filesystem::path out(argv[1]);
-  if (out.has_parent_path()) std::filesystem::create_directories(out.parent_path());
-  std::ofstream(out) << cases.dump();
-  std::printf("te_interop_rope: %zu cases written to %s\n", cases.size(), argv[1]);
+  te::interop::write_cases("te_interop_rope", argv[1], cases);
   return 0;
 }

@@ -160,7 +160,7 @@ TEST(ApplyRotaryPosEmb, PackedSequencesRestartTheirPositions) {
 
 // A sequence-sharded t (sequence parallel) and batch/head shards: every rank rotates by its
 // tokens' global positions, so the pieces are one process's result and so are the gradients.
-TEST(ApplyRotaryPosEmb, ASequenceShardedDTensorRotatesByGlobalPositions) {
+TEST(RopeParallel, ASequenceShardedDTensorRotatesByGlobalPositions) {
   const at::Tensor global = randn({4, 6, 4, 8}, 7), g = randn({4, 6, 4, 8}, 8);
   const at::Tensor start = at::tensor(std::vector<int64_t>{0, 3, 1, 2});
   const at::Tensor freqs = freqs_of(8, 9);
