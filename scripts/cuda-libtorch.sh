@@ -8,7 +8,7 @@
 # The same venv is the PyTorch and Hugging Face reference tests/interop/ holds te-cpp to (on the
 # CPU): torch's pure Python dependencies and transformers with its own are pinned here too.
 # Idempotent and quiet; prints the CMake prefix path of that LibTorch on stdout, or with --python
-# the venv's Python.
+# the venv's Python (build/venv-cuda, a link to the shared cache; see below).
 #   bash scripts/cuda-libtorch.sh            # -> .../torch/share/cmake;.../torch
 #   bash scripts/cuda-libtorch.sh --python   # -> .../build/venv-cuda/bin/python
 set -euo pipefail
@@ -26,17 +26,35 @@ pins+=" httpx2==2.16.2 httpcore2==2.16.2 h11==0.16.0 anyio==4.16.0 idna==3.20 tr
 pins+=" typer==0.29.2 click==8.5.1 rich==15.0.0 shellingham==1.5.4 markdown-it-py==4.3.0"
 pins+=" mdurl==0.1.2 Pygments==2.21.0 annotated-doc==0.0.7 pydantic==2.14.4 pydantic_core==2.50.5"
 pins+=" annotated-types==0.8.0 typing-inspection==0.4.5"
-if [ ! -f "$venv/.te-pins" ] || [ "$(cat "$venv/.te-pins")" != "$pins" ]; then
+# The environment itself is kept once per set of pins in a shared cache
+# (${TE_VENV_CACHE:-~/.cache/te-cpp}/venv-cuda-<hash of the pins>) and build/venv-cuda links to
+# it: every fresh clone (CI makes one per run) then finds it made instead of spending ~100 s
+# installing 800 MB of wheels again. A venv is not relocatable, so it is made in place there.
+cache=${TE_VENV_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/te-cpp}
+made="$cache/venv-cuda-$(echo "$pins" | sha256sum | cut -c1-16)"
+if [ ! -f "$made/.te-pins" ] || [ "$(cat "$made/.te-pins")" != "$pins" ]; then
   if ! /usr/bin/python3 -c 'import ensurepip' 2>/dev/null; then
     echo "te: installing python3-venv (apt-get, once)" >&2
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
   fi
-  echo "te: making $venv with $pins (pip, once)" >&2
+  mkdir -p "$cache"
+  # One maker at a time (two CI runs, or a build and a test, may start together).
+  exec 9>"$made.lock"
+  flock 9
+  if [ ! -f "$made/.te-pins" ] || [ "$(cat "$made/.te-pins")" != "$pins" ]; then
+    echo "te: making $made with $pins (pip, once)" >&2
+    rm -rf "$made"
+    /usr/bin/python3 -m venv "$made"
+    # shellcheck disable=SC2086
+    "$made/bin/pip" install -q --disable-pip-version-check --no-deps $pins >&2
+    echo "$pins" >"$made/.te-pins"
+  fi
+  flock -u 9
+fi
+if [ "$(readlink "$venv" 2>/dev/null)" != "$made" ]; then
+  mkdir -p "$(dirname "$venv")"
   rm -rf "$venv"
-  /usr/bin/python3 -m venv "$venv"
-  # shellcheck disable=SC2086
-  "$venv/bin/pip" install -q --disable-pip-version-check --no-deps $pins >&2
-  echo "$pins" >"$venv/.te-pins"
+  ln -s "$made" "$venv"
 fi
 torch=$(cd "$venv" && echo "$PWD"/lib/python3*/site-packages/torch)
 [ -f "$torch/share/cmake/Torch/TorchConfig.cmake" ] || {

@@ -154,8 +154,8 @@ summary() {
   } | tee "$out/summary.txt"
 }
 
-# The CUDA LibTorch: the wheel's here (its venv imports no torch: no Python dependencies), the
-# python3's on a GPU machine.
+# The CUDA LibTorch: the wheel's here (scripts/cuda-libtorch.sh's pinned venv), the python3's
+# on a GPU machine.
 if [ "$mode" = rehearse ]; then
   prefix=$(bash scripts/cuda-libtorch.sh) || finish 1
   torch_dir=${prefix#*;}

@@ -3,7 +3,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-# The PyTorch reference of tests/interop/ (a pinned venv under build/, pip's cache keeps it).
+# The PyTorch and transformers reference of tests/interop/ (build/venv-cuda: a pinned venv, made
+# once per set of pins in ~/.cache/te-cpp and linked).
 bash scripts/cuda-libtorch.sh --python >/dev/null
 export TE_REQUIRE_INTEROP=1
 bash scripts/build.sh
