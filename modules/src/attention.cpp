@@ -57,6 +57,13 @@ void DotProductAttentionImpl::reset() {
   TE_CHECK(options.attention_dropout() >= 0 && options.attention_dropout() < 1,
            "DotProductAttention: attention_dropout ", options.attention_dropout(),
            " is not in [0, 1)");
+  F::check_softmax_type(options.softmax_type());
+  // TE's softmax_offset (dot_product_attention.py L772-783 at d0067d0da): zeros, one per head,
+  // a parameter for "learnable" ("off-by-one" adds a constant zero, no parameter).
+  if (options.softmax_type() == "learnable") {
+    softmax_offset = register_sharded(*this, "softmax_offset",
+                                      at::zeros({options.num_attention_heads()}), {"heads"});
+  }
 }
 
 void DotProductAttentionImpl::pretty_print(std::ostream& stream) const {
@@ -67,6 +74,7 @@ void DotProductAttentionImpl::pretty_print(std::ostream& stream) const {
   if (mask_spec.window_left >= 0 || (!mask_spec.causal() && mask_spec.window_right >= 0)) {
     stream << ", window=(" << mask_spec.window_left << ", " << mask_spec.window_right << ")";
   }
+  if (options.softmax_type() != "vanilla") stream << ", softmax=" << options.softmax_type();
   stream << ", dropout=" << options.attention_dropout() << ")";
 }
 
@@ -76,15 +84,6 @@ double logit_scale(const DotProductAttentionOptions& options) {
                                        : 1.0 / std::sqrt(static_cast<double>(options.head_dim()));
 }
 }  // namespace
-
-std::string DotProductAttentionImpl::fused_backend(const at::Tensor& query, const at::Tensor& key,
-                                                   const at::Tensor& value,
-                                                   const at::Tensor& mask) const {
-  return F::attention_plan(query, key, value, effective_mask(mask_spec, mask), mask_spec,
-                           logit_scale(options), options.attention_dropout(), is_training(),
-                           fused_available(options.fused()))
-      .backend;
-}
 
 namespace {
 
@@ -148,6 +147,39 @@ DTensor in_layout_of(const at::Tensor& out, const DTensor& q) {
   return DTensor::from_local(out, q.mesh(), q.placements(), q.sizes());
 }
 
+// A tensor the logits [batch, heads, seqlen_q, seqlen_kv] read (a mask, a bias, ALiBi's slopes,
+// the sink logits) as this rank's operand: `batch_dim` and `head_dim` are its dims that broadcast
+// against the logits' batch and heads (-1: none). On one device it is the tensor itself. On a
+// mesh, given whole (the same on every rank) or as a parameter's DTensor: where q splits its
+// batch (dim 0) or heads (dim 2) over a mesh axis, a full-size batch or head dim is split alike
+// (its gradient gathered back), and a dim of one or an absent one stays whole, its gradient a
+// partial sum over that axis (reduced): every rank gets the whole gradient one process computes.
+at::Tensor logits_operand(const at::Tensor& t, const at::Tensor&, int64_t, int64_t) { return t; }
+at::Tensor logits_operand(const DTensor& t, const DTensor& q, int64_t batch_dim, int64_t head_dim) {
+  std::vector<Placement> target, grads;
+  for (const Placement& p : q.placements()) {
+    const int64_t dim = is_shard(p, 0) ? batch_dim : is_shard(p, 2) ? head_dim : -2;
+    if (dim == -2) {
+      target.push_back(Replicate{});
+      grads.push_back(Replicate{});
+    } else if (dim >= 0 && t.size(dim) > 1) {
+      target.push_back(Shard{dim});
+      grads.push_back(Shard{dim});
+    } else {
+      target.push_back(Replicate{});
+      grads.push_back(Partial{});
+    }
+  }
+  return t.redistribute(target, grads).to_local();
+}
+at::Tensor logits_operand(const at::Tensor& t, const DTensor& q, int64_t batch_dim,
+                          int64_t head_dim) {
+  if (!t.defined()) return t;
+  const std::vector<Placement> whole(static_cast<std::size_t>(q.mesh().ndim()), Replicate{});
+  return logits_operand(DTensor::from_local(t, q.mesh(), whole, t.sizes().vec()), q, batch_dim,
+                        head_dim);
+}
+
 // The unfused path's constraint on the attention weights [batch, heads, sq, sk], which carry
 // q's batch and head shards. On one device it validates the constraint (never a repeated name:
 // the seed's seqlen, seqlen bug).
@@ -172,43 +204,82 @@ std::function<at::Tensor(const at::Tensor&)> logits_constraint(const DTensor& q,
   };
 }
 
+// What F::attention computes with on this rank: the options' and the args' terms, checked whole
+// and then taken as this rank's operands.
+template <typename T>
+F::AttentionCall attention_call(const DotProductAttentionImpl& self, const Arranged<T>& a,
+                                const at::Tensor& mask, const AttentionArgs& args, bool training) {
+  TE_CHECK(!args.rotary_pos_emb().defined(),
+           "DotProductAttention takes no rotary_pos_emb: rotate q and k first "
+           "(functional::apply_rotary_pos_emb), or give it to MultiHeadAttention or "
+           "TransformerLayer");
+  const int64_t batch = a.q.size(0), heads = a.q.size(2), sq = a.q.size(1), sk = a.k.size(1);
+  F::AttentionCall call;
+  call.spec = self.mask_spec;
+  // The global mask and bias, checked before a mesh narrows them to this rank's batch rows and
+  // heads.
+  call.mask = effective_mask(self.mask_spec, mask);
+  F::check_attention_mask(call.mask, call.spec, batch, heads, sq, sk);
+  F::check_attention_bias(args.core_attention_bias_type(), args.core_attention_bias(),
+                          args.alibi_slopes(), batch, heads, sq, sk);
+  call.mask = logits_operand(call.mask, a.q, 0, 1);
+  call.bias_type = args.core_attention_bias_type();
+  call.bias = logits_operand(args.core_attention_bias(), a.q, 0, 1);
+  if (call.bias_type == "alibi") {
+    // Every layout takes its share of the global heads' slopes (TE computes its default slopes
+    // for the heads of its partition: under tensor parallelism they would differ by layout).
+    const at::Tensor slopes =
+        args.alibi_slopes().defined() ? args.alibi_slopes() : F::alibi_slopes(heads);
+    call.alibi_slopes =
+        slopes.dim() == 1 ? logits_operand(slopes, a.q, -1, 0) : logits_operand(slopes, a.q, 0, 1);
+  }
+  call.softmax_type = self.options.softmax_type();
+  if (self.softmax_offset.defined()) {
+    call.softmax_offset =
+        logits_operand(detail::param(self, "softmax_offset", self.softmax_offset, a.q), a.q, -1, 0);
+  }
+  call.scale = logit_scale(self.options);
+  call.dropout = self.options.attention_dropout();
+  call.training = training;
+  call.fused = fused_available(self.options.fused());
+  call.global_batch = batch;
+  call.batch_offset = a.batch_offset;
+  call.global_heads = heads;
+  call.head_offset = a.head_offset;
+  return call;
+}
+
 // DotProductAttention's one forward.
 template <typename T>
 T attention_forward(const DotProductAttentionImpl& self, const T& query, const T& key,
-                    const T& value, const at::Tensor& mask, bool training) {
+                    const T& value, const at::Tensor& mask, const AttentionArgs& args,
+                    bool training) {
   const Arranged<T> a = arrange(query, key, value);
-  at::Tensor piece_mask = effective_mask(self.mask_spec, mask);
-  // The global mask, checked before a mesh narrows it to this rank's batch rows and heads.
-  F::check_attention_mask(piece_mask, self.mask_spec, a.q.size(0), a.q.size(2), a.q.size(1),
-                          a.k.size(1));
-  const at::Tensor q = local(a.q), k = local(a.k), v = local(a.v);
-  if (piece_mask.defined()) {
-    // A dim of one broadcasts; a whole one is this rank's rows when they are all of them.
-    if (piece_mask.size(0) > 1 && piece_mask.size(0) != q.size(0)) {
-      piece_mask = piece_mask.narrow(0, a.batch_offset, q.size(0));
-    }
-    if (piece_mask.size(1) > 1 && piece_mask.size(1) != q.size(2)) {
-      piece_mask = piece_mask.narrow(1, a.head_offset, q.size(2));
-    }
-  }
-  const bool fused = fused_available(self.options.fused());
-  return in_layout_of(F::attention(q, k, v, piece_mask, self.mask_spec, logit_scale(self.options),
-                                   self.options.attention_dropout(), training, fused,
-                                   fused ? nullptr : logits_constraint(a.q, a.k), a.q.size(0),
-                                   a.batch_offset, a.q.size(2), a.head_offset),
-                      a.q);
+  F::AttentionCall call = attention_call(self, a, mask, args, training);
+  if (!call.fused) call.on_logits = logits_constraint(a.q, a.k);
+  return in_layout_of(F::attention(local(a.q), local(a.k), local(a.v), call), a.q);
 }
 
 }  // namespace
 
 at::Tensor DotProductAttentionImpl::forward(const at::Tensor& query, const at::Tensor& key,
-                                            const at::Tensor& value, const at::Tensor& mask) {
-  return attention_forward(*this, query, key, value, mask, is_training());
+                                            const at::Tensor& value, const at::Tensor& mask,
+                                            const AttentionArgs& args) {
+  return attention_forward(*this, query, key, value, mask, args, is_training());
 }
 
 DTensor DotProductAttentionImpl::forward(const DTensor& query, const DTensor& key,
-                                         const DTensor& value, const at::Tensor& mask) {
-  return attention_forward(*this, query, key, value, mask, is_training());
+                                         const DTensor& value, const at::Tensor& mask,
+                                         const AttentionArgs& args) {
+  return attention_forward(*this, query, key, value, mask, args, is_training());
+}
+
+std::string DotProductAttentionImpl::fused_backend(const at::Tensor& query, const at::Tensor& key,
+                                                   const at::Tensor& value, const at::Tensor& mask,
+                                                   const AttentionArgs& args) const {
+  const F::AttentionCall call =
+      attention_call(*this, arrange(query, key, value), mask, args, is_training());
+  return F::attention_plan(query, key, value, call).backend;
 }
 
 // ---- MultiHeadAttention ----------------------------------------------------------------------
@@ -256,6 +327,7 @@ void MultiHeadAttentionImpl::reset() {
               .window_size(WindowSize{spec.window_left, spec.window_right})
               .bottom_right_diagonal(options.bottom_right_diagonal())
               .attention_dropout(options.attention_dropout())
+              .softmax_type(options.softmax_type())
               .scale_factor(options.scale_attn_logits() ? 1.0 / std::sqrt(double(d)) : 1.0)
               .fused(options.fused_attention())));
   // TE's attention kernels: variance_scaling(1, fan_in, normal); the query part divided by
@@ -313,7 +385,7 @@ namespace {
 // MultiHeadAttention's one forward (modules/src/forward.h).
 template <typename T>
 T mha_forward(MultiHeadAttentionImpl& self, const T& x_in, const detail::Memory<T>& memory,
-              const at::Tensor& mask, const at::Tensor& rotary_pos_emb) {
+              const at::Tensor& mask, const AttentionArgs& args) {
   detail::enter(self, "MultiHeadAttention", x_in);
   const MultiHeadAttentionOptions& o = self.options;
   TE_CHECK(x_in.dim() == 3 && x_in.size(2) == o.hidden_size(), "MultiHeadAttention: input ",
@@ -354,11 +426,15 @@ T mha_forward(MultiHeadAttentionImpl& self, const T& x_in, const detail::Memory<
   q = with_sharding_constraint(q, per_head);
   k = with_sharding_constraint(k, per_head);
   v = with_sharding_constraint(v, per_head);
-  if (rotary_pos_emb.defined()) {  // TE: after the projections (and qk-norm), before attention
-    q = F::apply_rotary_pos_emb(q, rotary_pos_emb, "bshd", o.rotary_pos_interleaved());
-    k = F::apply_rotary_pos_emb(k, rotary_pos_emb, "bshd", o.rotary_pos_interleaved());
+  // RoPE after the projections (and qk-norm), before attention (multi_head_attention.py
+  // L1130-1185 at d0067d0da); the attention takes the rest of the args.
+  AttentionArgs attention_args = args;
+  if (args.rotary_pos_emb().defined()) {
+    q = F::apply_rotary_pos_emb(q, args.rotary_pos_emb(), "bshd", o.rotary_pos_interleaved());
+    k = F::apply_rotary_pos_emb(k, args.rotary_pos_emb(), "bshd", o.rotary_pos_interleaved());
+    attention_args.rotary_pos_emb(at::Tensor());
   }
-  const T out = F::flatten(self.attention->forward(q, k, v, mask), 2);
+  const T out = F::flatten(self.attention->forward(q, k, v, mask, attention_args), 2);
   // Tensor parallel: the output constraint is the all-reduce (or reduce-scatter).
   return detail::project(self, out, "out_", self.out_kernel, self.out_bias, self.out_fp8,
                          {"batch", "seqlen", "hidden_tp"}, act);
@@ -367,14 +443,13 @@ T mha_forward(MultiHeadAttentionImpl& self, const T& x_in, const detail::Memory<
 }  // namespace
 
 at::Tensor MultiHeadAttentionImpl::forward(const at::Tensor& x, const at::Tensor& memory,
-                                           const at::Tensor& mask,
-                                           const at::Tensor& rotary_pos_emb) {
-  return mha_forward(*this, x, memory, mask, rotary_pos_emb);
+                                           const at::Tensor& mask, const AttentionArgs& args) {
+  return mha_forward(*this, x, memory, mask, args);
 }
 
 DTensor MultiHeadAttentionImpl::forward(const DTensor& x, const std::optional<DTensor>& memory,
-                                        const at::Tensor& mask, const at::Tensor& rotary_pos_emb) {
-  return mha_forward(*this, x, memory, mask, rotary_pos_emb);
+                                        const at::Tensor& mask, const AttentionArgs& args) {
+  return mha_forward(*this, x, memory, mask, args);
 }
 
 std::vector<ShardedModule::Fp8Gemm> MultiHeadAttentionImpl::fp8_gemms() {

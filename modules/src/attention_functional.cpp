@@ -27,7 +27,7 @@ const char* const kMaskTypes[] = {"no_mask",
                                   "arbitrary"};
 
 void check_attention_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            const at::Tensor& mask, const MaskSpec& spec) {
+                            const AttentionCall& call) {
   TE_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
            "attention: q, k, v must be [batch, seqlen, heads, head_dim], got ", q.sizes(), ", ",
            k.sizes(), ", ", v.sizes());
@@ -36,7 +36,37 @@ void check_attention_inputs(const at::Tensor& q, const at::Tensor& k, const at::
            " disagree on batch, head_dim or key/value shape");
   TE_CHECK(k.size(2) > 0 && q.size(2) % k.size(2) == 0, "attention: ", q.size(2),
            " query heads are not a multiple of ", k.size(2), " key/value heads (GQA groups)");
-  check_attention_mask(mask, spec, q.size(0), q.size(2), q.size(1), k.size(1));
+  const int64_t b = q.size(0), h = q.size(2), sq = q.size(1), sk = k.size(1);
+  check_attention_mask(call.mask, call.spec, b, h, sq, sk);
+  check_attention_bias(call.bias_type, call.bias, call.alibi_slopes, b, h, sq, sk);
+  check_softmax_type(call.softmax_type);
+  if (call.softmax_type == "learnable") {
+    TE_CHECK(call.softmax_offset.defined() && call.softmax_offset.dim() == 1 &&
+                 call.softmax_offset.size(0) == h,
+             "attention: softmax_type 'learnable' needs softmax_offset of shape [", h,
+             "] (one sink logit per head), got ",
+             call.softmax_offset.defined() ? call.softmax_offset.sizes() : at::IntArrayRef{});
+  } else {
+    TE_CHECK(!call.softmax_offset.defined(), "attention: softmax_type '", call.softmax_type,
+             "' takes no softmax_offset (only 'learnable' does)");
+  }
+}
+
+bool has_sink(const AttentionCall& call) { return call.softmax_type != "vanilla"; }
+bool biased(const AttentionCall& call) { return call.bias_type != "no_bias"; }
+
+// The additive term of the logits after scaling ([1 | b, 1 | h, 1 | sq, sk], q's dtype), or
+// undefined: a post-scale bias or ALiBi's as they are, a pre-scale one times the scale
+// ((qk + bias) * scale = qk * scale + bias * scale).
+at::Tensor scaled_bias(const at::Tensor& q, const AttentionCall& call, int64_t sq, int64_t sk) {
+  if (call.bias_type == "alibi") {
+    const at::Tensor slopes =
+        call.alibi_slopes.defined() ? call.alibi_slopes : alibi_slopes(q.size(2));
+    return alibi_bias(slopes.to(q.device()), call.spec, call.mask, sq, sk).to(q.scalar_type());
+  }
+  if (call.bias_type == "pre_scale_bias") return (call.bias * call.scale).to(q.scalar_type());
+  if (call.bias_type == "post_scale_bias") return call.bias.to(q.scalar_type());
+  return {};
 }
 
 // -1e10 as TE fills masked logits, or fp16's lowest finite value where -1e10 does not fit. A
@@ -79,17 +109,22 @@ struct SdpaCall {
 };
 
 std::optional<SdpaCall> sdpa_call(const at::Tensor& q, const at::Tensor& k_in,
-                                  const at::Tensor& v_in, const at::Tensor& mask,
-                                  const MaskSpec& spec, double scale, double dropout, bool training,
-                                  bool fused, bool on_logits) {
-  if (!fused || on_logits || (dropout > 0.0 && training)) return std::nullopt;
+                                  const at::Tensor& v_in, const AttentionCall& c) {
+  // A sink has no SDPA form; dropout and a logits constraint need the probabilities; LibTorch's
+  // CPU flash kernel gives its additive mask no gradient (2.11 picks math for one that requires
+  // it; the unfused path does the same math on every version).
+  const bool bias_grad = c.bias.defined() && c.bias.requires_grad() && !q.is_cuda();
+  if (!c.fused || c.on_logits || (c.dropout > 0.0 && c.training) || has_sink(c) || bias_grad) {
+    return std::nullopt;
+  }
   const int64_t sq = q.size(1), sk = k_in.size(1);
   SdpaCall call;
   at::Tensor masked;
-  if (plain_causal(spec, sq, sk)) {
+  const at::Tensor bias = scaled_bias(q, c, sq, sk);
+  if (plain_causal(c.spec, sq, sk) && !bias.defined()) {
     call.causal = true;
   } else {
-    masked = masked_positions(mask, spec, sq, sk, q.options());
+    masked = masked_positions(c.mask, c.spec, sq, sk, q.options());
   }
   at::Tensor k = k_in, v = v_in;
   if (k.size(2) != q.size(2)) {
@@ -109,17 +144,21 @@ std::optional<SdpaCall> sdpa_call(const at::Tensor& q, const at::Tensor& k_in,
   }
   at::Tensor qq = q;
 #if TE_TORCH_VERSION_AT_LEAST(2, 1)
-  call.scale = scale;
+  call.scale = c.scale;
 #else
   // No `scale` argument before 2.1: fold the ratio to SDPA's default 1/sqrt(d) into q.
-  qq = q * (scale / (1.0 / std::sqrt(static_cast<double>(q.size(3)))));
+  qq = q * (c.scale / (1.0 / std::sqrt(static_cast<double>(q.size(3)))));
 #endif
   call.q = qq.transpose(1, 2);
   call.k = k.transpose(1, 2);
   call.v = v.transpose(1, 2);
   if (masked.defined()) {
-    call.bias = at::zeros(masked.sizes(), q.options()).masked_fill(masked, masked_value(q));
+    call.bias = bias.defined()
+                    ? at::where(masked, at::scalar_tensor(masked_value(q), q.options()), bias)
+                    : at::zeros(masked.sizes(), q.options()).masked_fill(masked, masked_value(q));
     call.dead = dead_rows(masked);
+  } else if (bias.defined()) {
+    call.bias = bias;
   }
   return call;
 }
@@ -231,56 +270,140 @@ void check_attention_mask(const at::Tensor& mask, const MaskSpec& spec, int64_t 
            "padding");
 }
 
-// get_full_mask (dot_product_attention/utils.py at d0067d0da): query i sees key j when
-// i + offset - left <= j <= i + offset + right, offset 0 (top-left), seqlen_kv - seqlen_q
-// (bottom-right), or, bottom-right under a padding type, each sequence's valid keys minus its
-// valid queries (counted as TE counts them: the queries that see key 0, the keys query 0 sees).
-// A bound of -1 is no bound, as TE documents window_size (-1 = unbounded). get_full_mask itself
-// substitutes seqlen_kv for an unbounded left bound and seqlen_q for an unbounded right one, so
-// its unfused backend hides keys j < i - seqlen_kv or j > i + seqlen_q on a top-left diagonal
-// when seqlen_q > seqlen_kv + 1 or seqlen_kv > seqlen_q (flash and cuDNN, given no window, hide
-// nothing there): te-cpp follows the documented meaning.
-at::Tensor masked_positions(const at::Tensor& mask, const MaskSpec& spec, int64_t sq, int64_t sk,
-                            const at::TensorOptions& options) {
-  at::Tensor masked;
-  if (spec.takes_mask() && mask.defined()) masked = mask;
-  // A self-attention padding mask of keys only, [batch, 1, 1, s] (TE-PyTorch's form), also
-  // hides the padded queries, as get_full_mask ORs it with its transpose.
-  if (spec.padding() && masked.defined() && masked.size(2) == 1 && sq > 1) {
-    masked = masked.logical_or(masked.transpose(2, 3));
-  }
-  if (!spec.windowed()) return masked;
-  const int64_t right = spec.causal() ? 0 : spec.window_right;
+namespace {
+
+// The padding (or arbitrary) mask as the types read it, or undefined. A self-attention padding
+// mask of keys only, [batch, 1, 1, s] (TE-PyTorch's form), also hides the padded queries, as
+// get_full_mask ORs it with its transpose (utils.py L1821-1827 at d0067d0da).
+at::Tensor given_mask(const at::Tensor& mask, const MaskSpec& spec, int64_t sq) {
+  if (!spec.takes_mask() || !mask.defined()) return {};
+  if (spec.padding() && mask.size(2) == 1 && sq > 1) return mask.logical_or(mask.transpose(2, 3));
+  return mask;
+}
+
+// i - j - offset for [*, *, sq, sk] logits ([1 | batch, 1, sq, sk], int64): MaskSpec's diagonal,
+// as get_full_mask places the window (utils.py L1833-1861) and get_alibi its bias (L1951-1960):
+// offset 0 (top-left), seqlen_kv - seqlen_q (bottom-right), or, bottom-right under a padding
+// type, each sequence's valid keys minus its valid queries (counted as TE counts them: the
+// queries that see key 0, the keys query 0 sees). `given` is given_mask's.
+at::Tensor diagonal_distance(const at::Tensor& given, const MaskSpec& spec, int64_t sq, int64_t sk,
+                             const at::TensorOptions& options) {
   const auto index = options.dtype(at::kLong);
-  at::Tensor diff =  // i - j (- offset)
+  at::Tensor diff =
       at::arange(sq, index).view({1, 1, sq, 1}) - at::arange(sk, index).view({1, 1, 1, sk});
-  if (spec.bottom_right && spec.padding() && masked.defined()) {
-    const at::Tensor valid = masked.expand({masked.size(0), 1, sq, sk}).logical_not();
+  if (spec.bottom_right && spec.padding() && given.defined()) {
+    const at::Tensor valid = given.expand({given.size(0), 1, sq, sk}).logical_not();
     const at::Tensor seq_q = valid.select(3, 0).sum(-1), seq_kv = valid.select(2, 0).sum(-1);
     diff = diff + (seq_kv - seq_q).view({-1, 1, 1, 1});
   } else if (spec.bottom_right) {
     diff = diff + (sk - sq);
   }
+  return diff;
+}
+
+}  // namespace
+
+// get_full_mask (dot_product_attention/utils.py at d0067d0da): query i sees key j when
+// i + offset - left <= j <= i + offset + right (diagonal_distance's offset). A bound of -1 is no
+// bound, as TE documents window_size (-1 = unbounded). get_full_mask itself substitutes
+// seqlen_kv for an unbounded left bound and seqlen_q for an unbounded right one, so its unfused
+// backend hides keys j < i - seqlen_kv or j > i + seqlen_q on a top-left diagonal when
+// seqlen_q > seqlen_kv + 1 or seqlen_kv > seqlen_q (flash and cuDNN, given no window, hide
+// nothing there): te-cpp follows the documented meaning.
+at::Tensor masked_positions(const at::Tensor& mask, const MaskSpec& spec, int64_t sq, int64_t sk,
+                            const at::TensorOptions& options) {
+  const at::Tensor masked = given_mask(mask, spec, sq);
+  if (!spec.windowed()) return masked;
+  const int64_t right = spec.causal() ? 0 : spec.window_right;
+  const at::Tensor diff = diagonal_distance(masked, spec, sq, sk, options);
   at::Tensor window;
   if (spec.window_left >= 0) window = diff.gt(spec.window_left);
   if (right >= 0) window = window.defined() ? window.logical_or(diff.lt(-right)) : diff.lt(-right);
   return masked.defined() ? window.logical_or(masked) : window;
 }
 
-at::Tensor attention(const at::Tensor& q, const at::Tensor& k_in, const at::Tensor& v_in,
-                     const at::Tensor& mask, const MaskSpec& spec, double scale, double dropout,
-                     bool training, bool fused,
-                     const std::function<at::Tensor(const at::Tensor&)>& on_logits,
-                     int64_t global_batch, int64_t batch_offset, int64_t global_heads,
-                     int64_t head_offset) {
-  check_attention_inputs(q, k_in, v_in, mask, spec);
-#if TE_HAS_SDPA
-  if (const auto call = sdpa_call(q, k_in, v_in, mask, spec, scale, dropout, training, fused,
-                                  static_cast<bool>(on_logits))) {
-    return zero_dead_rows(run_sdpa(*call), call->dead).transpose(1, 2);
+// ---- biases and softmax types ----------------------------------------------------------------
+
+void check_bias_type(const std::string& t) {
+  TE_CHECK(t == "no_bias" || t == "pre_scale_bias" || t == "post_scale_bias" || t == "alibi",
+           "core_attention_bias_type '", t,
+           "' is not one of no_bias, pre_scale_bias, post_scale_bias, alibi");
+}
+
+void check_softmax_type(const std::string& t) {
+  TE_CHECK(t == "vanilla" || t == "off-by-one" || t == "learnable", "softmax_type '", t,
+           "' is not one of vanilla, off-by-one, learnable");
+}
+
+at::Tensor alibi_slopes(int64_t num_heads) {
+  TE_CHECK(num_heads > 0, "alibi_slopes: num_heads ", num_heads, " must be positive");
+  int64_t n = 1;
+  while (n * 2 <= num_heads) n *= 2;
+  std::vector<float> slopes;
+  for (int64_t k = 1; k <= n; ++k) {
+    slopes.push_back(static_cast<float>(std::pow(std::pow(2.0, -8.0 / double(n)), double(k))));
   }
-#else
-  (void)fused;
+  for (int64_t k = 1; k <= 2 * (num_heads - n); k += 2) {
+    slopes.push_back(static_cast<float>(std::pow(std::pow(2.0, -4.0 / double(n)), double(k))));
+  }
+  return at::tensor(slopes);
+}
+
+at::Tensor alibi_bias(const at::Tensor& slopes, const MaskSpec& spec, const at::Tensor& mask,
+                      int64_t sq, int64_t sk) {
+  TE_CHECK(slopes.dim() == 1 || slopes.dim() == 2,
+           "alibi_bias: the slopes are [heads] or [batch, heads], got ", slopes.sizes());
+  const at::Tensor distance =
+      diagonal_distance(given_mask(mask, spec, sq), spec, sq, sk, slopes.options());
+  const at::Tensor s = slopes.to(at::kFloat);
+  const at::Tensor per_head =
+      slopes.dim() == 1 ? s.view({1, -1, 1, 1}) : s.view({s.size(0), s.size(1), 1, 1});
+  return distance.abs().neg().to(at::kFloat) * per_head;
+}
+
+void check_attention_bias(const std::string& bias_type, const at::Tensor& bias,
+                          const at::Tensor& slopes, int64_t batch, int64_t heads, int64_t sq,
+                          int64_t sk) {
+  check_bias_type(bias_type);
+  const bool takes_bias = bias_type == "pre_scale_bias" || bias_type == "post_scale_bias";
+  if (!takes_bias) {
+    TE_CHECK(!bias.defined(), "attention: core_attention_bias_type '", bias_type,
+             "' takes no core_attention_bias (give pre_scale_bias or post_scale_bias to add it)");
+  } else {
+    TE_CHECK(bias.defined(), "attention: core_attention_bias_type '", bias_type,
+             "' needs core_attention_bias, [1 | batch, 1 | heads, seqlen_q, seqlen_kv]");
+    bool ok =
+        bias.dim() == 4 && (bias.size(0) == 1 || bias.size(0) == batch) &&
+        (bias.size(1) == 1 || bias.size(1) == heads) &&
+        (bias.size(2) == sq || (bias.size(2) == 1 && bias.size(0) == 1 && bias.size(1) == 1)) &&
+        bias.size(3) == sk;
+    TE_CHECK(ok, "attention: core_attention_bias ", bias.sizes(),
+             " does not fit the logits [batch ", batch, ", heads ", heads, ", seqlen_q ", sq,
+             ", seqlen_kv ", sk, "]: give [1 | batch, 1 | heads, seqlen_q, seqlen_kv] (or [1, 1, ",
+             "1, seqlen_kv]), as TE's bhss, 1hss, b1ss, 11ss and 111s");
+    TE_CHECK(bias.is_floating_point(), "attention: core_attention_bias is ", bias.scalar_type(),
+             ": give a floating-point tensor");
+  }
+  if (slopes.defined()) {
+    TE_CHECK(bias_type == "alibi",
+             "attention: alibi_slopes are given with core_attention_bias_type '", bias_type,
+             "': they need 'alibi'");
+    const bool ok = (slopes.dim() == 1 && slopes.size(0) == heads) ||
+                    (slopes.dim() == 2 && slopes.size(0) == batch && slopes.size(1) == heads);
+    TE_CHECK(ok, "attention: alibi_slopes ", slopes.sizes(), " are not [heads ", heads,
+             "] or [batch ", batch, ", heads ", heads, "]");
+    TE_CHECK(slopes.is_floating_point(), "attention: alibi_slopes are ", slopes.scalar_type(),
+             ": give a floating-point tensor");
+  }
+}
+
+at::Tensor attention(const at::Tensor& q, const at::Tensor& k_in, const at::Tensor& v_in,
+                     const AttentionCall& call) {
+  check_attention_inputs(q, k_in, v_in, call);
+#if TE_HAS_SDPA
+  if (const auto c = sdpa_call(q, k_in, v_in, call)) {
+    return zero_dead_rows(run_sdpa(*c), c->dead).transpose(1, 2);
+  }
 #endif
   const int64_t heads = q.size(2), kv_heads = k_in.size(2);
   at::Tensor k = k_in, v = v_in;
@@ -289,32 +412,48 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k_in, const at::Tens
     v = v.repeat_interleave(heads / kv_heads, 2);
   }
   const int64_t sq = q.size(1), sk = k.size(1);
-  const at::Tensor masked = masked_positions(mask, spec, sq, sk, q.options());
+  const at::Tensor masked = masked_positions(call.mask, call.spec, sq, sk, q.options());
+  // backends.py L619-666 at d0067d0da: (qk + bias) * scale, or qk * scale (+ bias).
   at::Tensor logits = detail::mm_any(q.transpose(1, 2), k.permute({0, 2, 3, 1}));
-  // TE's default (scaled query init, unscaled logits) multiplies by 1: skip the pass.
-  if (scale != 1.0) logits = logits * scale;
-  if (on_logits) logits = on_logits(logits);
-  if (masked.defined()) logits = logits.masked_fill(masked, masked_value(q));
-  at::Tensor probs = at::softmax(logits, -1, at::kFloat).to(q.scalar_type());
-  if (training && dropout > 0) {
-    const std::vector<int64_t> global = {global_batch ? global_batch : probs.size(0),
-                                         global_heads ? global_heads : probs.size(1), sq, sk};
-    probs = functional::dropout(probs, dropout, true, global, {batch_offset, head_offset, 0, 0});
+  if (call.bias_type == "pre_scale_bias") {
+    logits = ((logits + call.bias) * call.scale).to(q.scalar_type());
+  } else {
+    // TE's default (scaled query init, unscaled logits) multiplies by 1: skip the pass.
+    if (call.scale != 1.0) logits = logits * call.scale;
+    if (biased(call)) logits = (logits + scaled_bias(q, call, sq, sk)).to(q.scalar_type());
   }
-  const bool can_be_dead = masked.defined() && !plain_causal(spec, sq, sk);
+  if (call.on_logits) logits = call.on_logits(logits);
+  if (masked.defined()) logits = logits.masked_fill(masked, masked_value(q));
+  // A sink (L683-711): one more logit per row, never masked, taking no value: 0 (off-by-one)
+  // or the head's softmax_offset (learnable); its probability is dropped after the softmax.
+  if (has_sink(call)) {
+    const at::Tensor offset = call.softmax_type == "learnable"
+                                  ? call.softmax_offset.to(logits.scalar_type())
+                                  : at::zeros({heads}, logits.options());
+    logits =
+        at::cat({logits, offset.view({1, heads, 1, 1}).expand({logits.size(0), heads, sq, 1})}, -1);
+  }
+  at::Tensor probs = at::softmax(logits, -1, at::kFloat).to(q.scalar_type());
+  if (has_sink(call)) probs = probs.narrow(-1, 0, sk);
+  if (call.training && call.dropout > 0) {
+    const std::vector<int64_t> global = {call.global_batch ? call.global_batch : probs.size(0),
+                                         call.global_heads ? call.global_heads : probs.size(1), sq,
+                                         sk};
+    probs = functional::dropout(probs, call.dropout, true, global,
+                                {call.batch_offset, call.head_offset, 0, 0});
+  }
+  const bool can_be_dead = masked.defined() && !plain_causal(call.spec, sq, sk);
   return zero_dead_rows(detail::mm_any(probs, v.transpose(1, 2)),
                         can_be_dead ? dead_rows(masked) : at::Tensor())
       .transpose(1, 2);
 }
 
 AttentionPlan attention_plan(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                             const at::Tensor& mask, const MaskSpec& spec, double scale,
-                             double dropout, bool training, bool fused) {
-  check_attention_inputs(q, k, v, mask, spec);
+                             const AttentionCall& call) {
+  check_attention_inputs(q, k, v, call);
   AttentionPlan plan;
 #if TE_HAS_SDPA
-  if (const auto c =
-          sdpa_call(q, k, v, mask, spec, scale, dropout, training, fused, /*on_logits=*/false)) {
+  if (const auto c = sdpa_call(q, k, v, call)) {
     plan.is_causal = c->causal;
     plan.mask_tensor = c->bias.has_value();
     plan.enable_gqa = c->gqa;

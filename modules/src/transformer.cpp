@@ -30,6 +30,7 @@ void TransformerLayerImpl::reset() {
   auto attention = MultiHeadAttentionOptions(options.hidden_size(), options.num_attention_heads())
                        .num_gqa_groups(options.num_gqa_groups())
                        .attention_dropout(options.attention_dropout())
+                       .softmax_type(options.softmax_type())
                        .layernorm(norm)
                        .use_bias(options.use_bias())
                        .fuse_qkv(options.fuse_qkv())
@@ -88,7 +89,7 @@ namespace {
 template <typename T>
 T layer_forward(TransformerLayerImpl& self, const T& x_in, const at::Tensor& mask,
                 const detail::Memory<T>& memory, const at::Tensor& memory_mask,
-                const at::Tensor& rotary_pos_emb) {
+                const AttentionArgs& args) {
   const TransformerLayerOptions& o = self.options;
   TE_CHECK(o.layer_type() == "decoder" || !detail::has(memory),
            "TransformerLayer: an encoder takes no memory; build it with layer_type(\"decoder\")");
@@ -99,9 +100,9 @@ T layer_forward(TransformerLayerImpl& self, const T& x_in, const at::Tensor& mas
   auto drop = [p, training](const T& t) { return F::dropout(t, p, training); };
   const T x = with_sharding_constraint(
       x_in, {"batch", axis::seqlen(o.enable_sequence_parallel()), "hidden"});
-  T h = F::add(drop(self.self_attention->forward(x, detail::Memory<T>(), mask, rotary_pos_emb)), x);
+  T h = F::add(drop(self.self_attention->forward(x, detail::Memory<T>(), mask, args)), x);
   if (self.cross_attention) {
-    h = F::add(drop(self.cross_attention->forward(h, memory, memory_mask, rotary_pos_emb)), h);
+    h = F::add(drop(self.cross_attention->forward(h, memory, memory_mask, args)), h);
   }
   return F::add(drop(self.mlp->forward(h)), h);
 }
@@ -110,15 +111,14 @@ T layer_forward(TransformerLayerImpl& self, const T& x_in, const at::Tensor& mas
 
 at::Tensor TransformerLayerImpl::forward(const at::Tensor& x, const at::Tensor& mask,
                                          const at::Tensor& memory, const at::Tensor& memory_mask,
-                                         const at::Tensor& rotary_pos_emb) {
-  return layer_forward(*this, x, mask, memory, memory_mask, rotary_pos_emb);
+                                         const AttentionArgs& args) {
+  return layer_forward(*this, x, mask, memory, memory_mask, args);
 }
 
 DTensor TransformerLayerImpl::forward(const DTensor& x, const at::Tensor& mask,
                                       const std::optional<DTensor>& memory,
-                                      const at::Tensor& memory_mask,
-                                      const at::Tensor& rotary_pos_emb) {
-  return layer_forward(*this, x, mask, memory, memory_mask, rotary_pos_emb);
+                                      const at::Tensor& memory_mask, const AttentionArgs& args) {
+  return layer_forward(*this, x, mask, memory, memory_mask, args);
 }
 
 }  // namespace te::nn

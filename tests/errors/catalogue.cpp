@@ -351,8 +351,54 @@ std::vector<Case> cases() {
        [] {
          DotProductAttention dpa(DotProductAttentionOptions(4, 8).attn_mask_type("arbitrary"));
          const at::Tensor q = at::zeros({1, 2, 4, 8});
-         functional::attention(q, q, q, at::zeros({1, 1, 2, 2}), dpa->mask_spec, 1.0, 0.0, false,
-                               false);
+         functional::AttentionCall call;
+         call.mask = at::zeros({1, 1, 2, 2});
+         call.spec = dpa->mask_spec;
+         functional::attention(q, q, q, call);
+       }},
+      {"modules", "an unknown attention bias type",
+       "core_attention_bias_type 'relative' is not one of no_bias, pre_scale_bias, "
+       "post_scale_bias, alibi",
+       [] {
+         DotProductAttention dpa(DotProductAttentionOptions(4, 8).attn_mask_type("no_mask"));
+         const at::Tensor q = at::zeros({1, 2, 4, 8});
+         dpa(q, q, q, {}, AttentionArgs().core_attention_bias_type("relative"));
+       }},
+      {"modules", "an attention bias that does not fit the logits",
+       "core_attention_bias [1, 3, 2, 2] does not fit the logits [batch 1, heads 4, seqlen_q 2, "
+       "seqlen_kv 2]",
+       [] {
+         DotProductAttention dpa(DotProductAttentionOptions(4, 8).attn_mask_type("no_mask"));
+         const at::Tensor q = at::zeros({1, 2, 4, 8});
+         dpa(q, q, q, {},
+             AttentionArgs()
+                 .core_attention_bias_type("post_scale_bias")
+                 .core_attention_bias(at::zeros({1, 3, 2, 2})));
+       }},
+      {"modules", "a bias given with a bias type that takes none",
+       "core_attention_bias_type 'no_bias' takes no core_attention_bias",
+       [] {
+         DotProductAttention dpa(DotProductAttentionOptions(4, 8).attn_mask_type("no_mask"));
+         const at::Tensor q = at::zeros({1, 2, 4, 8});
+         dpa(q, q, q, {}, AttentionArgs().core_attention_bias(at::zeros({1, 4, 2, 2})));
+       }},
+      {"modules", "ALiBi slopes of the wrong shape",
+       "alibi_slopes [3] are not [heads 4] or [batch 1, heads 4]",
+       [] {
+         DotProductAttention dpa(DotProductAttentionOptions(4, 8).attn_mask_type("no_mask"));
+         const at::Tensor q = at::zeros({1, 2, 4, 8});
+         dpa(q, q, q, {},
+             AttentionArgs().core_attention_bias_type("alibi").alibi_slopes(at::ones({3})));
+       }},
+      {"modules", "an unknown softmax type",
+       "softmax_type 'sink' is not one of vanilla, off-by-one, learnable",
+       [] { DotProductAttention(DotProductAttentionOptions(4, 8).softmax_type("sink")); }},
+      {"modules", "rotary frequencies given to DotProductAttention",
+       "DotProductAttention takes no rotary_pos_emb",
+       [] {
+         DotProductAttention dpa(DotProductAttentionOptions(4, 8).attn_mask_type("no_mask"));
+         const at::Tensor q = at::zeros({1, 2, 4, 8});
+         dpa(q, q, q, {}, AttentionArgs().rotary_pos_emb(at::zeros({2, 1, 1, 8})));
        }},
       {"distributed", "more ranks on a host than it has GPUs",
        "has LOCAL_RANK 2, but this host has 2 GPU(s)", [] { device_for_local_rank(2, 2); }},

@@ -236,31 +236,38 @@ TEST(DotProductAttention, TheSdpaCallCarriesCausalAsAFlag) {
 #if TE_HAS_SDPA
   const at::Tensor q = randn({2, 5, 4, 8}, 48), kv = randn({2, 5, 2, 8}, 49);
   const at::Tensor mask = padding_mask({5, 3}, 5, 5);
-  using functional::attention_plan;
   using functional::mask_spec;
-  const auto causal = attention_plan(q, kv, kv, {}, mask_spec("causal"), 0.35, 0.0, false, true);
+  const auto attention_plan = [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                 const at::Tensor& mask, const functional::MaskSpec& spec,
+                                 double scale, bool fused) {
+    functional::AttentionCall call;
+    call.mask = mask;
+    call.spec = spec;
+    call.scale = scale;
+    call.fused = fused;
+    return functional::attention_plan(q, k, v, call);
+  };
+  const auto causal = attention_plan(q, kv, kv, {}, mask_spec("causal"), 0.35, true);
   EXPECT_NE(causal.backend, "unfused");
   EXPECT_TRUE(causal.is_causal);
   EXPECT_FALSE(causal.mask_tensor);
   EXPECT_FALSE(causal.enable_gqa);
   // Bottom-right is the same diagonal when there are as many queries as keys.
   EXPECT_TRUE(
-      attention_plan(q, kv, kv, {}, mask_spec("causal_bottom_right"), 0.35, 0.0, false, true)
-          .is_causal);
-  const auto padded =
-      attention_plan(q, kv, kv, mask, mask_spec("padding_causal"), 0.35, 0.0, false, true);
+      attention_plan(q, kv, kv, {}, mask_spec("causal_bottom_right"), 0.35, true).is_causal);
+  const auto padded = attention_plan(q, kv, kv, mask, mask_spec("padding_causal"), 0.35, true);
   EXPECT_FALSE(padded.is_causal);
   EXPECT_TRUE(padded.mask_tensor);
   // A window, or a bottom-right diagonal with fewer queries, is a mask tensor.
   const auto windowed =
-      attention_plan(q, kv, kv, {}, mask_spec("causal", WindowSize{2, 0}), 0.35, 0.0, false, true);
+      attention_plan(q, kv, kv, {}, mask_spec("causal", WindowSize{2, 0}), 0.35, true);
   EXPECT_FALSE(windowed.is_causal);
   EXPECT_TRUE(windowed.mask_tensor);
-  const auto lower_right = attention_plan(q.narrow(1, 0, 3), kv, kv, {},
-                                          mask_spec("causal_bottom_right"), 0.35, 0.0, false, true);
+  const auto lower_right =
+      attention_plan(q.narrow(1, 0, 3), kv, kv, {}, mask_spec("causal_bottom_right"), 0.35, true);
   EXPECT_FALSE(lower_right.is_causal);
   EXPECT_TRUE(lower_right.mask_tensor);
-  const auto unfused = attention_plan(q, kv, kv, {}, mask_spec("causal"), 0.35, 0.0, false, false);
+  const auto unfused = attention_plan(q, kv, kv, {}, mask_spec("causal"), 0.35, false);
   EXPECT_EQ(unfused.backend, "unfused");
   EXPECT_FALSE(unfused.is_causal);
 #else

@@ -54,8 +54,10 @@ enum class Kind {
   kMlpGated,
   kMhaFused,
   kMhaGqa,        // Llama's attention: GQA, padding_causal, RoPE (half rotation)
-  kMhaWindow,     // padding_causal_bottom_right with a sliding window: per-sequence diagonals
-  kMhaArbitrary,  // a per-head arbitrary mask: its heads shard with the heads
+  kMhaWindow,     // padding_causal_bottom_right with a sliding window and ALiBi: per-sequence
+                  // diagonals
+  kMhaArbitrary,  // a per-head arbitrary mask, a per-head post-scale bias and learnable sinks:
+                  // their heads shard with the heads
   kEncoder,
   kDecoder  // causal self and cross attention, both with interleaved RoPE (GPT-J's)
 };
@@ -176,15 +178,17 @@ Model make(Kind kind, bool sp, Way way, bool dropout, Shape sh) {
                          .q_kernel_axes({w_in, w_out})
                          .kv_kernel_axes({w_in, joined, w_out})
                          .out_kernel_axes({w_out, w_in});
-      at::Tensor mask, freqs;
+      at::Tensor mask;
+      AttentionArgs args;
       if (kind == Kind::kMhaGqa) {
         options.num_gqa_groups(2).attn_mask_type("padding_causal");
         mask = padding_mask(sh);
-        freqs = rope(sh, false);
+        args.rotary_pos_emb(rope(sh, false));
       } else if (kind == Kind::kMhaWindow) {
         // Query and key lengths that differ per row, so every row's bottom-right diagonal has
         // its own offset (valid keys - valid queries: 2, -2, 2, -2).
         options.attn_mask_type("padding_causal_bottom_right").window_size(WindowSize{2, 0});
+        args.core_attention_bias_type("alibi");
         const auto lengths = [&](std::vector<int64_t> l) {
           return at::tensor(l).narrow(0, 0, sh.batch).clamp_max(sh.seq).view({-1, 1, 1, 1});
         };
@@ -194,15 +198,20 @@ Model make(Kind kind, bool sp, Way way, bool dropout, Shape sh) {
                    .ge(lk)
                    .logical_or(at::arange(sh.seq).view({1, 1, sh.seq, 1}).ge(lq));
       } else if (kind == Kind::kMhaArbitrary) {
-        options.attn_mask_type("arbitrary");
+        options.attn_mask_type("arbitrary").softmax_type("learnable");
         mask = test::seeded_integers({sh.batch, 4, sh.seq, sh.seq}, 34).remainder(3).eq(0);
+        args.core_attention_bias_type("post_scale_bias")
+            .core_attention_bias(test::seeded_integers({1, 4, sh.seq, sh.seq}, 35).to(at::kFloat) /
+                                 4.0);
       }
       MultiHeadAttention mha(options);
-      m = {mha.ptr(),
-           [mha, mask, freqs](const at::Tensor& x) mutable { return mha(x, {}, mask, freqs); },
-           [mha, mask, freqs](const DTensor& x) mutable {
-             return mha(x, std::nullopt, mask, freqs);
-           }};
+      if (kind == Kind::kMhaArbitrary) {
+        set_parameter_from_global(*mha->attention, "softmax_offset", at::linspace(-1, 2, 4));
+      }
+      m = {
+          mha.ptr(),
+          [mha, mask, args](const at::Tensor& x) mutable { return mha(x, {}, mask, args); },
+          [mha, mask, args](const DTensor& x) mutable { return mha(x, std::nullopt, mask, args); }};
       break;
     }
     case Kind::kEncoder:
@@ -230,14 +239,15 @@ Model make(Kind kind, bool sp, Way way, bool dropout, Shape sh) {
         const at::Tensor freqs = rope(sh, true);
         m = {layer.ptr(),
              [layer, memory, mask, freqs](const at::Tensor& x) mutable {
-               return layer(x, {}, memory.to(x.scalar_type()), mask, freqs);
+               return layer(x, {}, memory.to(x.scalar_type()), mask,
+                            AttentionArgs().rotary_pos_emb(freqs));
              },
              [layer, memory, mask, freqs](const DTensor& x) mutable {
                std::vector<Placement> whole(static_cast<std::size_t>(x.mesh().ndim()), Replicate{});
                return layer(
                    x, {},
                    DTensor::distribute(memory.to(x.to_local().scalar_type()), x.mesh(), whole),
-                   mask, freqs);
+                   mask, AttentionArgs().rotary_pos_emb(freqs));
              }};
       }
       break;
@@ -403,9 +413,10 @@ std::vector<Case> all_cases() {
 }
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
-  static const char* kinds[] = {"DenseColumn", "DenseRow",   "MlpGelu",   "MlpGated",
-                                "MhaFusedQkv", "MhaGqaRope", "MhaWindow", "MhaArbitrary",
-                                "Encoder",     "DecoderRope"};
+  static const char* kinds[] = {
+      "DenseColumn", "DenseRow",   "MlpGelu",        "MlpGated",
+      "MhaFusedQkv", "MhaGqaRope", "MhaWindowAlibi", "MhaArbitraryBiasSink",
+      "Encoder",     "DecoderRope"};
   static const char* ways[] = {"TeTable", "ExtendedRules", "CustomNames"};
   return std::string(kinds[static_cast<int>(info.param.kind)]) + "_" + info.param.layout + "_" +
          ways[static_cast<int>(info.param.way)] + (info.param.dropout ? "_Dropout" : "") +
@@ -432,6 +443,40 @@ TEST(Attention, APerHeadPaddingMaskIsRefusedBeforeTheHeadsSplit) {
                  "the padding mask of attn_mask_type 'padding' has 4 heads");
   });
   set_warning_handler(nullptr);
+}
+
+// A core_attention_bias that requires grad gets, on every rank of DP2xTP2, the whole gradient
+// one process computes: a full-size batch or head dim is split with the attention's and gathered
+// back, a broadcast one is a partial sum over the ranks that split it, reduced.
+TEST(Attention, ABiasGetsTheWholeGradientOnEveryRank) {
+  const Shape sh = shape_of(false);
+  for (const std::vector<int64_t>& shape :
+       {std::vector<int64_t>{sh.batch, 4, sh.seq, sh.seq}, std::vector<int64_t>{1, 1, 1, sh.seq},
+        std::vector<int64_t>{sh.batch, 1, sh.seq, sh.seq}}) {
+    const at::Tensor bias0 = test::seeded_integers(shape, 36).to(at::kFloat) / 4.0;
+    const auto args = [](const at::Tensor& bias) {
+      return AttentionArgs().core_attention_bias_type("post_scale_bias").core_attention_bias(bias);
+    };
+    manual_seed(21);
+    MultiHeadAttention one(MultiHeadAttentionOptions(16, 4).attn_mask_type("causal"));
+    at::Tensor bias_ref = bias0.clone().requires_grad_(true);
+    (one(global_input(sh), {}, {}, args(bias_ref)) * output_weight(sh, 16)).sum().backward();
+    run_local_ranks(4, [&](int rank) {
+      DeviceMesh mesh({2, 2}, {"data", "tp"});
+      MeshScope scope(mesh);
+      MeshResourceScope resource(parse_mesh_resource("dp=data,tp=tp"));
+      manual_seed(21);
+      MultiHeadAttention mha(MultiHeadAttentionOptions(16, 4).attn_mask_type("causal"));
+      const std::vector<Placement> in = {Shard{0}, Replicate{}};
+      const DTensor x = DTensor::distribute(global_input(sh), mesh, in);
+      at::Tensor bias = bias0.clone().requires_grad_(true);
+      const at::Tensor y = mha(x, std::nullopt, {}, args(bias)).full_tensor();
+      (y * output_weight(sh, 16)).sum().backward();
+      ASSERT_TRUE(bias.grad().defined());
+      EXPECT_TRUE(Near(bias.grad(), bias_ref.grad(), 1e-5))
+          << "bias " << bias0.sizes() << " on rank " << rank;
+    });
+  }
 }
 
 // GQA under tensor parallelism needs the key/value heads to split as evenly as the query heads:

@@ -204,14 +204,15 @@ TEST(MultiHeadAttentionRope, SelfAttentionSeesRelativePositionsOnly) {
     const at::Tensor x = randn({2, 5, 16}, 9);
     RotaryPositionEmbedding rope(
         RotaryPositionEmbeddingOptions(4).rotary_base(50.0).interleaved(interleaved));
-    const at::Tensor at0 = mha(x, {}, {}, rope->forward(5));
-    const at::Tensor at7 = mha(x, {}, {}, rope->forward(5, 7));
+    const at::Tensor at0 = mha(x, {}, {}, AttentionArgs().rotary_pos_emb(rope->forward(5)));
+    const at::Tensor at7 = mha(x, {}, {}, AttentionArgs().rotary_pos_emb(rope->forward(5, 7)));
     EXPECT_TRUE(Close(at0, at7, 1e-5)) << "interleaved " << interleaved;
     EXPECT_FALSE(Close(at0, mha(x), 1e-3));
     // The other pairing is another rotation.
     RotaryPositionEmbedding other(
         RotaryPositionEmbeddingOptions(4).rotary_base(50.0).interleaved(!interleaved));
-    EXPECT_FALSE(Close(at0, mha(x, {}, {}, other->forward(5)), 1e-3));
+    EXPECT_FALSE(
+        Close(at0, mha(x, {}, {}, AttentionArgs().rotary_pos_emb(other->forward(5))), 1e-3));
   }
 }
 
@@ -228,7 +229,7 @@ TEST(MultiHeadAttentionRope, TheQueriesAndKeysAreRotatedBeforeAttention) {
       mha->attention(F::apply_rotary_pos_emb(q, freqs, "bshd"),
                      F::apply_rotary_pos_emb(kv.select(2, 0), freqs, "bshd"), kv.select(2, 1));
   const at::Tensor want = at::matmul(attn.reshape({2, 5, 16}), mha->out_kernel);
-  EXPECT_TRUE(Close(mha(x, {}, {}, freqs), want, 1e-5));
+  EXPECT_TRUE(Close(mha(x, {}, {}, AttentionArgs().rotary_pos_emb(freqs)), want, 1e-5));
 }
 
 TEST(ApplyRotaryPosEmb, ReportsBadInput) {
@@ -277,7 +278,7 @@ TEST(ApplyRotaryPosEmb, ReportsBadInput) {
                "max_seq_len (0) must be positive");
   // Through MultiHeadAttention: frequencies wider than its heads.
   MultiHeadAttention mha(MultiHeadAttentionOptions(16, 4));
-  EXPECT_ERROR(mha(randn({1, 3, 16}, 13), {}, {}, freqs_of(8, 3)),
+  EXPECT_ERROR(mha(randn({1, 3, 16}, 13), {}, {}, AttentionArgs().rotary_pos_emb(freqs_of(8, 3))),
                "the rotary dim 8 of freqs [3, 1, 1, 8] must be even and at most the head dim 4");
 }
 

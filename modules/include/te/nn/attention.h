@@ -20,6 +20,36 @@ namespace te::nn {
 /// A sliding window (left, right), as TE's window_size.
 using WindowSize = std::pair<int64_t, int64_t>;
 
+/// The per-call inputs of attention beside q, k, v and the mask: TE's forward keyword arguments
+/// of DotProductAttention, MultiHeadAttention and TransformerLayer
+/// (transformer_engine/pytorch/attention/dot_product_attention/dot_product_attention.py
+/// L1581-1589 at d0067d0da). On a mesh the tensors are the global ones, the same on every rank;
+/// their batch rows and heads shard with the attention's.
+///
+/// Example (BLOOM's ALiBi, Llama's RoPE):
+///   mha(x, {}, mask, te::nn::AttentionArgs().core_attention_bias_type("alibi"));
+///   mha(x, {}, mask, te::nn::AttentionArgs().rotary_pos_emb(rope->forward(seqlen)));
+struct AttentionArgs {
+  /// "no_bias", "pre_scale_bias" (softmax((q k^T + bias) * scale)), "post_scale_bias"
+  /// (softmax(q k^T * scale + bias)) or "alibi" (-slope * |i - j + offset| per head, offset the
+  /// mask's diagonal: bottom-right unless the mask type is causal or padding_causal, per
+  /// sequence under a padding type, as TE's get_alibi).
+  TORCH_ARG(std::string, core_attention_bias_type) = "no_bias";
+  /// The pre- or post-scale bias, [1 | batch, 1 | heads, seqlen_q, seqlen_kv] (or
+  /// [1, 1, 1, seqlen_kv]); when it requires grad it gets its gradient (on a mesh, the whole
+  /// gradient on every rank).
+  TORCH_ARG(at::Tensor, core_attention_bias);
+  /// ALiBi's slopes, [heads] or [batch, heads]; undefined: TE's slopes for the heads
+  /// (functional::alibi_slopes), for all the heads (a sharded attention takes its heads' share,
+  /// so every layout computes what one process does).
+  TORCH_ARG(at::Tensor, alibi_slopes);
+  /// RoPE frequencies [s, 1, 1, rotary_dim] (RotaryPositionEmbedding's output, covering the query
+  /// and key/value lengths) that rotate the queries and keys after their projections, as TE's
+  /// MultiHeadAttention does (apply_rotary_pos_emb, bshd). MultiHeadAttention and
+  /// TransformerLayer only: DotProductAttention takes q and k as they are.
+  TORCH_ARG(at::Tensor, rotary_pos_emb);
+};
+
 /// Options for DotProductAttention over `num_attention_heads` heads of `head_dim`.
 ///
 /// Example:
@@ -48,7 +78,12 @@ struct DotProductAttentionOptions {
   TORCH_ARG(double, attention_dropout) = 0.0;
   /// Multiplies the logits; 0 means 1/sqrt(head_dim).
   TORCH_ARG(double, scale_factor) = 0.0;
-  /// Use at::scaled_dot_product_attention where this LibTorch has it (2.0+); same numbers.
+  /// TE's softmax_type: "vanilla", "off-by-one" (each row's denominator gains exp(0): an
+  /// attention sink) or "learnable" (gains exp(softmax_offset[h]), a parameter of shape [heads]
+  /// with logical axis "heads", initialised to zeros, as gpt-oss's sinks).
+  TORCH_ARG(std::string, softmax_type) = "vanilla";
+  /// Use at::scaled_dot_product_attention where this LibTorch has it (2.0+) and it computes the
+  /// same (vanilla softmax); same numbers.
   TORCH_ARG(bool, fused) = true;
 };
 
@@ -56,8 +91,9 @@ struct DotProductAttentionOptions {
 /// the padding types and arbitrary) is a bool tensor whose true entries are masked out: the
 /// padding types' [batch, 1, seqlen_q, seqlen_kv] (1s broadcast), arbitrary's broadcastable to
 /// [batch, heads, seqlen_q, seqlen_kv] (its heads shard with the heads). A query that sees no key
-/// (a padded position) gets zero probabilities: a zero output and no gradient, as in TE. The
-/// unfused path constrains the attention weights to (batch, heads, None, None).
+/// (a padded position) gets zero probabilities: a zero output and no gradient, as in TE. `args`
+/// add a bias (AttentionArgs). The unfused path constrains the attention weights to (batch,
+/// heads, None, None).
 class DotProductAttentionImpl : public torch::nn::Cloneable<DotProductAttentionImpl>,
                                 public ShardedModule {
  public:
@@ -69,17 +105,19 @@ class DotProductAttentionImpl : public torch::nn::Cloneable<DotProductAttentionI
   void pretty_print(std::ostream& stream) const override;
 
   at::Tensor forward(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
-                     const at::Tensor& mask = {});
+                     const at::Tensor& mask = {}, const AttentionArgs& args = {});
   DTensor forward(const DTensor& query, const DTensor& key, const DTensor& value,
-                  const at::Tensor& mask = {});
-  /// The scaled-dot-product backend forward(query, key, value, mask) would run now
+                  const at::Tensor& mask = {}, const AttentionArgs& args = {});
+  /// The scaled-dot-product backend forward(query, key, value, mask, args) would run now
   /// ("flash_attention", "cudnn_attention", "efficient_attention", "math"), or "unfused".
   std::string fused_backend(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
-                            const at::Tensor& mask = {}) const;
+                            const at::Tensor& mask = {}, const AttentionArgs& args = {}) const;
 
   DotProductAttentionOptions options;
   /// The mask semantics the options resolve to (set by reset(), which warns where TE warns).
   functional::MaskSpec mask_spec;
+  /// softmax_type "learnable": the sink logits, [heads] (TE's softmax_offset); else undefined.
+  at::Tensor softmax_offset;
 };
 
 /// `dpa(q, k, v)` / `dpa(q, k, v, mask)` on tensors or DTensors.
@@ -88,12 +126,12 @@ class DotProductAttention : public torch::nn::ModuleHolder<DotProductAttentionIm
   using torch::nn::ModuleHolder<DotProductAttentionImpl>::ModuleHolder;
   using Impl = DotProductAttentionImpl;
   at::Tensor operator()(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                        const at::Tensor& mask = {}) {
-    return get()->forward(q, k, v, mask);
+                        const at::Tensor& mask = {}, const AttentionArgs& args = {}) {
+    return get()->forward(q, k, v, mask, args);
   }
   DTensor operator()(const DTensor& q, const DTensor& k, const DTensor& v,
-                     const at::Tensor& mask = {}) {
-    return get()->forward(q, k, v, mask);
+                     const at::Tensor& mask = {}, const AttentionArgs& args = {}) {
+    return get()->forward(q, k, v, mask, args);
   }
 };
 
@@ -119,6 +157,9 @@ struct MultiHeadAttentionOptions {
   /// types always bottom-right (TE's bottom_right_diagonal).
   TORCH_ARG(std::optional<bool>, bottom_right_diagonal) = std::nullopt;
   TORCH_ARG(double, attention_dropout) = 0.0;
+  /// DotProductAttentionOptions' softmax_type ("learnable": the parameter
+  /// attention.softmax_offset).
+  TORCH_ARG(std::string, softmax_type) = "vanilla";
   /// Normalise the input first (pre-LN); the norm's options.
   TORCH_ARG(bool, input_layernorm) = true;
   TORCH_ARG(LayerNormOptions, layernorm);
@@ -142,8 +183,8 @@ struct MultiHeadAttentionOptions {
   /// Sequence parallel: activations outside the attention are sharded on seqlen (seqlen_tp).
   TORCH_ARG(bool, enable_sequence_parallel) = false;
   TORCH_ARG(bool, fused_attention) = true;
-  /// The rotary_pos_emb given to forward rotates interleaved pairs (GPT-J) instead of halves
-  /// (Llama); TE's rotary_pos_interleaved. Make the frequencies with the same choice
+  /// The rotary_pos_emb given to forward (AttentionArgs) rotates interleaved pairs (GPT-J) instead
+  /// of halves (Llama); TE's rotary_pos_interleaved. Make the frequencies with the same choice
   /// (RotaryPositionEmbeddingOptions::interleaved).
   TORCH_ARG(bool, rotary_pos_interleaved) = false;
 };
@@ -161,14 +202,12 @@ class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImp
   void reset() override;
   void pretty_print(std::ostream& stream) const override;
 
-  /// `mask`: the attention's mask (DotProductAttention's); `rotary_pos_emb`: RoPE frequencies
-  /// [s, 1, 1, rotary_dim] (RotaryPositionEmbedding's output, covering the query and the
-  /// key/value lengths) that rotate the queries and keys after their projections, as TE's
-  /// MultiHeadAttention does (apply_rotary_pos_emb, bshd); undefined: none.
+  /// `mask`: the attention's mask (DotProductAttention's); `args`: its bias and the RoPE
+  /// frequencies (AttentionArgs).
   at::Tensor forward(const at::Tensor& x, const at::Tensor& memory = {},
-                     const at::Tensor& mask = {}, const at::Tensor& rotary_pos_emb = {});
+                     const at::Tensor& mask = {}, const AttentionArgs& args = {});
   DTensor forward(const DTensor& x, const std::optional<DTensor>& memory = std::nullopt,
-                  const at::Tensor& mask = {}, const at::Tensor& rotary_pos_emb = {});
+                  const at::Tensor& mask = {}, const AttentionArgs& args = {});
   std::vector<Fp8Gemm> fp8_gemms() override;
 
   MultiHeadAttentionOptions options;
@@ -190,12 +229,12 @@ class MultiHeadAttention : public torch::nn::ModuleHolder<MultiHeadAttentionImpl
   using torch::nn::ModuleHolder<MultiHeadAttentionImpl>::ModuleHolder;
   using Impl = MultiHeadAttentionImpl;
   at::Tensor operator()(const at::Tensor& x, const at::Tensor& memory = {},
-                        const at::Tensor& mask = {}, const at::Tensor& rotary_pos_emb = {}) {
-    return get()->forward(x, memory, mask, rotary_pos_emb);
+                        const at::Tensor& mask = {}, const AttentionArgs& args = {}) {
+    return get()->forward(x, memory, mask, args);
   }
   DTensor operator()(const DTensor& x, const std::optional<DTensor>& memory = std::nullopt,
-                     const at::Tensor& mask = {}, const at::Tensor& rotary_pos_emb = {}) {
-    return get()->forward(x, memory, mask, rotary_pos_emb);
+                     const at::Tensor& mask = {}, const AttentionArgs& args = {}) {
+    return get()->forward(x, memory, mask, args);
   }
 };
 

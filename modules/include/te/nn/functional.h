@@ -131,46 +131,101 @@ void check_attention_mask(const at::Tensor& mask, const MaskSpec& spec, int64_t 
 at::Tensor masked_positions(const at::Tensor& mask, const MaskSpec& spec, int64_t seqlen_q,
                             int64_t seqlen_kv, const at::TensorOptions& options);
 
-/// Attention on local [batch, seqlen, heads, head_dim] tensors: softmax(q k^T * scale, masked) v.
-/// `spec` says which keys each query sees (MaskSpec); `mask` is the types' bool tensor (true =
-/// masked out): the padding types' [batch, 1, seqlen_q, seqlen_kv] padding mask, or arbitrary's
-/// mask broadcastable to [batch, heads, seqlen_q, seqlen_kv] (undefined for the other types). A
-/// query that sees no key (a padded position, or the first rows of a bottom-right causal mask
-/// with more queries than keys) gets zero probabilities: a zero output row and no gradient, as
-/// every TE backend gives it. `on_logits` may rewrite the [batch, heads, seqlen_q, seqlen_kv]
-/// logits (the sharding constraint). Key/value heads may be fewer (GQA): each serves
-/// heads / kv_heads query heads.
-///
-/// Dropout on the probabilities (training, dropout > 0) is te::nn's layout-invariant dropout:
-/// q, k, v may be the piece at (batch_offset, head_offset) of a tensor of `global_batch` rows
-/// and `global_heads` heads (0: the local sizes), and the mask is that slice of the global one.
+/// TE's core_attention_bias_type: "no_bias", "pre_scale_bias" (softmax((q k^T + bias) * scale)),
+/// "post_scale_bias" (softmax(q k^T * scale + bias)) or "alibi" (a post-scale bias built from
+/// ALiBi slopes: alibi_bias). Throws te::Error naming any other.
+void check_bias_type(const std::string& core_attention_bias_type);
+
+/// TE's softmax_type: "vanilla", "off-by-one" (a zero logit joins each row's denominator: an
+/// attention sink that takes no value) or "learnable" (one such logit per head, a parameter).
+/// Throws te::Error naming any other.
+void check_softmax_type(const std::string& softmax_type);
+
+/// ALiBi's default slopes for `num_heads` heads (TE's get_alibi, dot_product_attention/utils.py
+/// L1926-1937 at d0067d0da; Press et al.): with n the largest power of two <= num_heads, head k
+/// (1-based) of the first n has 2^(-8k/n); the remaining heads take every other slope of
+/// 2n heads, 2^(-4(2k-1)/n) for k = 1 ... num_heads - n. Float32 [num_heads].
+at::Tensor alibi_slopes(int64_t num_heads);
+
+/// ALiBi's bias for [*, heads, seqlen_q, seqlen_kv] logits (TE's get_alibi, L1939-1970): query i
+/// and key j get -slope * |i - j + offset|, the offset being MaskSpec's diagonal (spec's
+/// bottom_right: seqlen_kv - seqlen_q, or per sequence its valid keys minus its valid queries
+/// under a padding type, read from `mask`). `slopes`: [heads] or [batch, heads] (float). Result
+/// float32, [1 | batch, heads, seqlen_q, seqlen_kv].
+at::Tensor alibi_bias(const at::Tensor& slopes, const MaskSpec& spec, const at::Tensor& mask,
+                      int64_t seqlen_q, int64_t seqlen_kv);
+
+/// Checks a bias and its type as TE's DotProductAttention does: pre_scale_bias and
+/// post_scale_bias need a `bias` of shape [1 | batch, 1 | heads, 1 | seqlen_q, seqlen_kv] (TE's
+/// bhss, 1hss, b1ss, 11ss, 111s), the others take none; `slopes` only with "alibi", [heads] or
+/// [batch, heads]. Throws te::Error naming the culprit.
+void check_attention_bias(const std::string& bias_type, const at::Tensor& bias,
+                          const at::Tensor& slopes, int64_t batch, int64_t heads, int64_t seqlen_q,
+                          int64_t seqlen_kv);
+
+/// What functional::attention computes with besides q, k and v.
+struct AttentionCall {
+  /// Which keys each query sees (MaskSpec), and the types' bool mask (true = masked out): the
+  /// padding types' [batch, 1, seqlen_q, seqlen_kv] padding mask, or arbitrary's mask
+  /// broadcastable to [batch, heads, seqlen_q, seqlen_kv] (undefined for the other types).
+  at::Tensor mask;
+  MaskSpec spec;
+  /// Multiplies q k^T (TE's softmax_scale).
+  double scale = 1.0;
+  /// core_attention_bias_type (check_bias_type) and its tensors: `bias` for the pre- and
+  /// post-scale types, `alibi_slopes` (undefined: alibi_slopes(heads)) for "alibi". A bias that
+  /// requires grad gets its gradient.
+  std::string bias_type = "no_bias";
+  at::Tensor bias, alibi_slopes;
+  /// softmax_type (check_softmax_type) and, for "learnable", the [heads] sink logits (TE's
+  /// softmax_offset parameter; "off-by-one" uses zeros).
+  std::string softmax_type = "vanilla";
+  at::Tensor softmax_offset;
+  /// Dropout on the probabilities (training, dropout > 0): te::nn's layout-invariant dropout.
+  double dropout = 0.0;
+  bool training = false;
+  /// Use at::scaled_dot_product_attention where it computes the same (vanilla softmax).
+  bool fused = true;
+  /// Rewrites the [batch, heads, seqlen_q, seqlen_kv] logits of the unfused path (the sharding
+  /// constraint).
+  std::function<at::Tensor(const at::Tensor&)> on_logits;
+  /// q, k, v may be the piece at (batch_offset, head_offset) of a tensor of `global_batch` rows
+  /// and `global_heads` heads (0: the local sizes), the mask, bias, slopes and softmax offset
+  /// being that slice of the global ones: dropout draws from the global positions.
+  int64_t global_batch = 0, batch_offset = 0, global_heads = 0, head_offset = 0;
+};
+
+/// Attention on local [batch, seqlen, heads, head_dim] tensors, as TE's unfused backend computes
+/// it (dot_product_attention/backends.py L619-709 at d0067d0da): logits q k^T scaled and biased
+/// as `call.bias_type` says, masked, a sink column appended for the non-vanilla softmax types
+/// (and dropped after the softmax), softmax, dropout, times v. A query that sees no key (a padded
+/// position, or the first rows of a bottom-right causal mask with more queries than keys) gets
+/// zero probabilities: a zero output row and no gradient, as every TE backend gives it. Key/value
+/// heads may be fewer (GQA): each serves heads / kv_heads query heads. Throws te::Error naming
+/// a bad shape, mask, bias type, bias, slopes or softmax offset.
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                     const at::Tensor& mask, const MaskSpec& spec, double scale, double dropout,
-                     bool training, bool fused,
-                     const std::function<at::Tensor(const at::Tensor&)>& on_logits = {},
-                     int64_t global_batch = 0, int64_t batch_offset = 0, int64_t global_heads = 0,
-                     int64_t head_offset = 0);
+                     const AttentionCall& call);
 
 /// What attention() runs for a set of arguments.
 struct AttentionPlan {
   /// The backend LibTorch's scaled_dot_product_attention chooses for the call attention() makes
   /// ("flash_attention", "cudnn_attention", "efficient_attention", "math"), asked of
   /// at::_fused_sdp_choice with exactly that call's arguments; or "unfused" where attention()
-  /// computes without it (no SDPA in this LibTorch, `fused` off, or dropout in training).
+  /// computes without it (no SDPA in this LibTorch, `fused` off, dropout in training, or a
+  /// softmax with a sink).
   std::string backend;
   /// The causal mask goes to SDPA as its is_causal flag, with no mask tensor (the flash and
   /// cuDNN kernels stay eligible on a GPU).
   bool is_causal = false;
-  /// The mask goes to SDPA as an additive tensor (a mask, a window or a bottom-right diagonal,
-  /// with causal folded into it).
+  /// The mask or bias goes to SDPA as an additive tensor (a mask, a window, a bottom-right
+  /// diagonal or a bias, with causal folded into it).
   bool mask_tensor = false;
   /// Fewer key/value heads go to SDPA unrepeated (enable_gqa: CUDA half/bf16 without a mask).
   bool enable_gqa = false;
 };
 /// The plan attention() follows for these arguments (the same checks as attention()).
 AttentionPlan attention_plan(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                             const at::Tensor& mask, const MaskSpec& spec, double scale,
-                             double dropout, bool training, bool fused);
+                             const AttentionCall& call);
 
 /// Rotates `t` by the rotary frequencies `freqs` (TE's apply_rotary_pos_emb,
 /// transformer_engine/pytorch/attention/rope.py at d0067d0da): each token at position p has the

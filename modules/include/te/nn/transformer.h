@@ -45,6 +45,8 @@ struct TransformerLayerOptions {
   TORCH_ARG(double, hidden_dropout) = 0.1;
   TORCH_ARG(double, attention_dropout) = 0.1;
   TORCH_ARG(double, intermediate_dropout) = 0.1;
+  /// DotProductAttentionOptions::softmax_type for both attentions (TE's softmax_type).
+  TORCH_ARG(std::string, softmax_type) = "vanilla";
   TORCH_ARG(std::vector<std::string>, mlp_activations) = {"relu"};
   TORCH_ARG(bool, use_bias) = false;
   TORCH_ARG(bool, fuse_qkv) = true;
@@ -76,14 +78,14 @@ class TransformerLayerImpl : public torch::nn::Cloneable<TransformerLayerImpl>,
   void pretty_print(std::ostream& stream) const override;
 
   /// `mask`: padding mask of the self attention; `memory` and `memory_mask`: the encoder
-  /// output and its padding mask, for decoders; `rotary_pos_emb`: RoPE frequencies for the self
-  /// and the cross attention (MultiHeadAttention's), as TE's TransformerLayer passes them.
+  /// output and its padding mask, for decoders; `args`: the bias and the RoPE frequencies
+  /// (AttentionArgs) for the self and the cross attention, as TE's TransformerLayer passes them.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& mask = {},
                      const at::Tensor& memory = {}, const at::Tensor& memory_mask = {},
-                     const at::Tensor& rotary_pos_emb = {});
+                     const AttentionArgs& args = {});
   DTensor forward(const DTensor& x, const at::Tensor& mask = {},
                   const std::optional<DTensor>& memory = std::nullopt,
-                  const at::Tensor& memory_mask = {}, const at::Tensor& rotary_pos_emb = {});
+                  const at::Tensor& memory_mask = {}, const AttentionArgs& args = {});
 
   TransformerLayerOptions options;
   MultiHeadAttention self_attention{nullptr};
@@ -97,13 +99,13 @@ class TransformerLayer : public torch::nn::ModuleHolder<TransformerLayerImpl> {
   using Impl = TransformerLayerImpl;
   at::Tensor operator()(const at::Tensor& x, const at::Tensor& mask = {},
                         const at::Tensor& memory = {}, const at::Tensor& memory_mask = {},
-                        const at::Tensor& rotary_pos_emb = {}) {
-    return get()->forward(x, mask, memory, memory_mask, rotary_pos_emb);
+                        const AttentionArgs& args = {}) {
+    return get()->forward(x, mask, memory, memory_mask, args);
   }
   DTensor operator()(const DTensor& x, const at::Tensor& mask = {},
                      const std::optional<DTensor>& memory = std::nullopt,
-                     const at::Tensor& memory_mask = {}, const at::Tensor& rotary_pos_emb = {}) {
-    return get()->forward(x, mask, memory, memory_mask, rotary_pos_emb);
+                     const at::Tensor& memory_mask = {}, const AttentionArgs& args = {}) {
+    return get()->forward(x, mask, memory, memory_mask, args);
   }
 };
 
