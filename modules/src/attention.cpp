@@ -311,6 +311,18 @@ void MultiHeadAttentionImpl::reset() {
   // Resolved (and warned about) once here; the attention gets the resolved window.
   const F::MaskSpec spec = F::mask_spec(options.attn_mask_type(), options.window_size(),
                                         options.bottom_right_diagonal());
+  if (const auto& type = options.qk_norm_type()) {
+    TE_CHECK(*type == "RMSNorm" || *type == "LayerNorm" || *type == "L2Normalization",
+             "MultiHeadAttention: qk_norm_type '", *type,
+             "' is not one of RMSNorm, LayerNorm, L2Normalization");
+    if (*type != "L2Normalization") {
+      const auto norm = LayerNormOptions(d)
+                            .layernorm_type(*type == "RMSNorm" ? "rmsnorm" : "layernorm")
+                            .epsilon(options.qk_norm_eps());
+      q_norm = register_module("q_norm", LayerNorm(norm));
+      k_norm = register_module("k_norm", LayerNorm(norm));
+    }
+  }
   if (options.input_layernorm()) {
     TE_CHECK(options.layernorm().hidden_size() == hidden,
              "MultiHeadAttention: the norm's "
@@ -382,10 +394,28 @@ void MultiHeadAttentionImpl::pretty_print(std::ostream& stream) const {
 
 namespace {
 
-// MultiHeadAttention's one forward (modules/src/forward.h).
+// L2Normalization (TE's ops/basic/l2normalization.py at d0067d0da): x / sqrt(sum x^2 + eps) over
+// the last dim, which the per-head constraint keeps whole.
+at::Tensor l2_normalize(const at::Tensor& x, double eps) {
+  const at::Tensor f = x.to(at::kFloat);  // in float32, as TE's kernel (and for CPU fp16)
+  return (f * at::rsqrt(f.pow(2).sum(-1, /*keepdim=*/true) + eps)).to(x.scalar_type());
+}
+DTensor l2_normalize(const DTensor& x, double eps) {
+  return F::elementwise(x, [eps](const at::Tensor& t) { return l2_normalize(t, eps); });
+}
+
+// TE's qk-norm on a query or key [batch, seqlen, heads, head_dim].
 template <typename T>
-T mha_forward(MultiHeadAttentionImpl& self, const T& x_in, const detail::Memory<T>& memory,
-              const at::Tensor& mask, const AttentionArgs& args) {
+T qk_normalized(const MultiHeadAttentionImpl& self, LayerNorm norm, const T& t) {
+  if (!self.options.qk_norm_type()) return t;
+  return norm ? norm->forward(t) : l2_normalize(t, self.options.qk_norm_eps());
+}
+
+// MultiHeadAttention's one forward (modules/src/forward.h): the output and the input norm's.
+template <typename T>
+std::pair<T, T> mha_forward(MultiHeadAttentionImpl& self, const T& x_in,
+                            const detail::Memory<T>& memory, const at::Tensor& mask,
+                            const AttentionArgs& args) {
   detail::enter(self, "MultiHeadAttention", x_in);
   const MultiHeadAttentionOptions& o = self.options;
   TE_CHECK(x_in.dim() == 3 && x_in.size(2) == o.hidden_size(), "MultiHeadAttention: input ",
@@ -426,30 +456,51 @@ T mha_forward(MultiHeadAttentionImpl& self, const T& x_in, const detail::Memory<
   q = with_sharding_constraint(q, per_head);
   k = with_sharding_constraint(k, per_head);
   v = with_sharding_constraint(v, per_head);
-  // RoPE after the projections (and qk-norm), before attention (multi_head_attention.py
-  // L1130-1185 at d0067d0da); the attention takes the rest of the args.
+  // qk-norm before or after RoPE, RoPE after the projections, then attention
+  // (multi_head_attention.py L1130-1192 at d0067d0da); the attention takes the rest of the args.
+  if (o.qk_norm_before_rope()) {
+    q = qk_normalized(self, self.q_norm, q);
+    k = qk_normalized(self, self.k_norm, k);
+  }
   AttentionArgs attention_args = args;
   if (args.rotary_pos_emb().defined()) {
     q = F::apply_rotary_pos_emb(q, args.rotary_pos_emb(), "bshd", o.rotary_pos_interleaved());
     k = F::apply_rotary_pos_emb(k, args.rotary_pos_emb(), "bshd", o.rotary_pos_interleaved());
     attention_args.rotary_pos_emb(at::Tensor());
   }
+  if (!o.qk_norm_before_rope()) {
+    q = qk_normalized(self, self.q_norm, q);
+    k = qk_normalized(self, self.k_norm, k);
+  }
   const T out = F::flatten(self.attention->forward(q, k, v, mask, attention_args), 2);
   // Tensor parallel: the output constraint is the all-reduce (or reduce-scatter).
-  return detail::project(self, out, "out_", self.out_kernel, self.out_bias, self.out_fp8,
-                         {"batch", "seqlen", "hidden_tp"}, act);
+  return {detail::project(self, out, "out_", self.out_kernel, self.out_bias, self.out_fp8,
+                          {"batch", "seqlen", "hidden_tp"}, act),
+          ln};
 }
 
 }  // namespace
 
 at::Tensor MultiHeadAttentionImpl::forward(const at::Tensor& x, const at::Tensor& memory,
                                            const at::Tensor& mask, const AttentionArgs& args) {
+  return mha_forward(*this, x, memory, mask, args).first;
+}
+
+std::pair<at::Tensor, at::Tensor> MultiHeadAttentionImpl::forward_with_layernorm_output(
+    const at::Tensor& x, const at::Tensor& memory, const at::Tensor& mask,
+    const AttentionArgs& args) {
+  return mha_forward(*this, x, memory, mask, args);
+}
+
+std::pair<DTensor, DTensor> MultiHeadAttentionImpl::forward_with_layernorm_output(
+    const DTensor& x, const std::optional<DTensor>& memory, const at::Tensor& mask,
+    const AttentionArgs& args) {
   return mha_forward(*this, x, memory, mask, args);
 }
 
 DTensor MultiHeadAttentionImpl::forward(const DTensor& x, const std::optional<DTensor>& memory,
                                         const at::Tensor& mask, const AttentionArgs& args) {
-  return mha_forward(*this, x, memory, mask, args);
+  return mha_forward(*this, x, memory, mask, args).first;
 }
 
 std::vector<ShardedModule::Fp8Gemm> MultiHeadAttentionImpl::fp8_gemms() {

@@ -39,6 +39,10 @@ void check_attention_inputs(const at::Tensor& q, const at::Tensor& k, const at::
   const int64_t b = q.size(0), h = q.size(2), sq = q.size(1), sk = k.size(1);
   check_attention_mask(call.mask, call.spec, b, h, sq, sk);
   check_attention_bias(call.bias_type, call.bias, call.alibi_slopes, b, h, sq, sk);
+  TE_CHECK(!call.bias.defined() || call.bias.device() == q.device(),
+           "attention: core_attention_bias is on ",
+           call.bias.defined() ? call.bias.device() : q.device(), " but q is on ", q.device(),
+           ": move the bias to q's device");
   check_softmax_type(call.softmax_type);
   if (call.softmax_type == "learnable") {
     TE_CHECK(call.softmax_offset.defined() && call.softmax_offset.dim() == 1 &&
@@ -55,17 +59,23 @@ void check_attention_inputs(const at::Tensor& q, const at::Tensor& k, const at::
 bool has_sink(const AttentionCall& call) { return call.softmax_type != "vanilla"; }
 bool biased(const AttentionCall& call) { return call.bias_type != "no_bias"; }
 
-// The additive term of the logits after scaling ([1 | b, 1 | h, 1 | sq, sk], q's dtype), or
-// undefined: a post-scale bias or ALiBi's as they are, a pre-scale one times the scale
-// ((qk + bias) * scale = qk * scale + bias * scale).
+// The additive term of the logits after scaling ([1 | b, 1 | h, 1 | sq, sk], in the bias's own
+// dtype: ALiBi's is float32, and the sum is rounded once, as TE adds it), or undefined: a
+// post-scale bias or ALiBi's as they are, a pre-scale one times the scale ((qk + bias) * scale =
+// qk * scale + bias * scale). ALiBi's slopes take no gradient (TE's get_alibi runs under
+// no_grad); a piece of the heads (global_heads set) takes its share of the global heads' slopes.
 at::Tensor scaled_bias(const at::Tensor& q, const AttentionCall& call, int64_t sq, int64_t sk) {
   if (call.bias_type == "alibi") {
-    const at::Tensor slopes =
-        call.alibi_slopes.defined() ? call.alibi_slopes : alibi_slopes(q.size(2));
-    return alibi_bias(slopes.to(q.device()), call.spec, call.mask, sq, sk).to(q.scalar_type());
+    at::Tensor slopes = call.alibi_slopes.detach();
+    if (!slopes.defined()) {
+      slopes = call.global_heads
+                   ? alibi_slopes(call.global_heads).narrow(0, call.head_offset, q.size(2))
+                   : alibi_slopes(q.size(2));
+    }
+    return alibi_bias(slopes.to(q.device()), call.spec, call.mask, sq, sk);
   }
-  if (call.bias_type == "pre_scale_bias") return (call.bias * call.scale).to(q.scalar_type());
-  if (call.bias_type == "post_scale_bias") return call.bias.to(q.scalar_type());
+  if (call.bias_type == "pre_scale_bias") return call.bias * call.scale;
+  if (call.bias_type == "post_scale_bias") return call.bias;
   return {};
 }
 
@@ -110,17 +120,17 @@ struct SdpaCall {
 
 std::optional<SdpaCall> sdpa_call(const at::Tensor& q, const at::Tensor& k_in,
                                   const at::Tensor& v_in, const AttentionCall& c) {
-  // A sink has no SDPA form; dropout and a logits constraint need the probabilities; LibTorch's
-  // CPU flash kernel gives its additive mask no gradient (2.11 picks math for one that requires
-  // it; the unfused path does the same math on every version).
-  const bool bias_grad = c.bias.defined() && c.bias.requires_grad() && !q.is_cuda();
+  // A sink has no SDPA form; dropout and a logits constraint need the probabilities; a bias that
+  // needs its gradient goes the unfused way too: LibTorch's CPU flash kernel gives its additive
+  // mask none (2.11 picks math for one that requires it) and not every CUDA kernel does either.
+  const bool bias_grad = c.bias.defined() && c.bias.requires_grad();
   if (!c.fused || c.on_logits || (c.dropout > 0.0 && c.training) || has_sink(c) || bias_grad) {
     return std::nullopt;
   }
   const int64_t sq = q.size(1), sk = k_in.size(1);
   SdpaCall call;
   at::Tensor masked;
-  const at::Tensor bias = scaled_bias(q, c, sq, sk);
+  const at::Tensor bias = biased(c) ? scaled_bias(q, c, sq, sk).to(q.scalar_type()) : at::Tensor();
   if (plain_causal(c.spec, sq, sk) && !bias.defined()) {
     call.causal = true;
   } else {
@@ -132,7 +142,7 @@ std::optional<SdpaCall> sdpa_call(const at::Tensor& q, const at::Tensor& k_in,
     // no mask) and cuDNN take it: elsewhere it would fall to the math backend.
     bool gqa = false;
 #if TE_SDPA_HAS_GQA
-    gqa = q.is_cuda() && !masked.defined() &&
+    gqa = q.is_cuda() && !masked.defined() && !bias.defined() &&
           (q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16);
 #endif
     if (gqa) {
@@ -353,6 +363,8 @@ at::Tensor alibi_bias(const at::Tensor& slopes, const MaskSpec& spec, const at::
                       int64_t sq, int64_t sk) {
   TE_CHECK(slopes.dim() == 1 || slopes.dim() == 2,
            "alibi_bias: the slopes are [heads] or [batch, heads], got ", slopes.sizes());
+  TE_CHECK(!(spec.padding() && spec.bottom_right) || mask.defined(), "alibi_bias: attn_mask_type '",
+           spec.type, "' aligns each sequence's bottom-right corner: give its padding mask");
   const at::Tensor distance =
       diagonal_distance(given_mask(mask, spec, sq), spec, sq, sk, slopes.options());
   const at::Tensor s = slopes.to(at::kFloat);

@@ -350,10 +350,11 @@ DTensor layer_norm(const DTensor& x_in, const DTensor& gamma, const std::optiona
 
 // ---------------------------------------------------------------------------------------------
 
-at::Tensor activation(const at::Tensor& x, const std::string& name) {
+at::Tensor activation(const at::Tensor& x, const std::string& name,
+                      const ActivationParams& params) {
   // LibTorch 1.13 lacks some CPU fp16 kernels (gelu among them): compute those in fp32.
   if (x.scalar_type() == at::kHalf && x.device().is_cpu() && name != "linear") {
-    return activation(x.to(at::kFloat), name).to(at::kHalf);
+    return activation(x.to(at::kFloat), name, params).to(at::kHalf);
   }
   if (name == "gelu") {
     // The tanh form (jax.nn.gelu(approximate=True), TE's default).
@@ -363,28 +364,67 @@ at::Tensor activation(const at::Tensor& x, const std::string& name) {
   if (name == "silu") return at::silu(x);
   if (name == "quick_gelu") return x * at::sigmoid(1.702 * x);
   if (name == "squared_relu") return at::relu(x).pow(2);
+  if (name == "sigmoid") return at::sigmoid(x);
   if (name == "linear") return x;
+  if (name == "clamped_silu") {
+    const at::Tensor c = x.clamp_max(params.limit);
+    return c * at::sigmoid(params.alpha * c);
+  }
+  if (name == "clamped_linear") {
+    return x.clamp(-params.limit, params.limit) + params.glu_linear_offset;
+  }
   TE_FAIL("activation '", name,
-          "' is not one of gelu, relu, silu, quick_gelu, squared_relu, linear");
+          "' is not one of gelu, relu, silu, quick_gelu, squared_relu, sigmoid, linear, "
+          "clamped_silu, clamped_linear (or, alone, a TE-PyTorch name: geglu, qgelu, qgeglu, "
+          "reglu, srelu, sreglu, swiglu, glu, clamped_swiglu)");
 }
 
-at::Tensor mlp_activation(const at::Tensor& h, const std::vector<std::string>& activations) {
-  TE_CHECK(!activations.empty(), "mlp_activation: no activations given; use e.g. {\"gelu\"}");
+std::vector<std::string> activation_slots(const std::vector<std::string>& activations) {
+  TE_CHECK(!activations.empty(), "mlp activations: none given; use e.g. {\"gelu\"}");
+  // TE-PyTorch's names (layernorm_mlp.py's activation, its kernels in
+  // transformer_engine/common/util/math.h at d0067d0da) as TE-JAX slot lists.
+  static const std::vector<std::pair<std::string, std::vector<std::string>>> kPyTorch = {
+      {"geglu", {"gelu", "linear"}},
+      {"qgelu", {"quick_gelu"}},
+      {"qgeglu", {"quick_gelu", "linear"}},
+      {"reglu", {"relu", "linear"}},
+      {"srelu", {"squared_relu"}},
+      {"sreglu", {"squared_relu", "linear"}},
+      {"swiglu", {"silu", "linear"}},
+      {"glu", {"sigmoid", "linear"}},
+      {"clamped_swiglu", {"clamped_silu", "clamped_linear"}}};
+  for (const auto& [name, slots] : kPyTorch) {
+    for (const std::string& a : activations) {
+      if (a != name) continue;
+      TE_CHECK(activations.size() == 1, "mlp activations: '", name,
+               "' is a whole TE-PyTorch activation (", slots.size(),
+               " slots); give it alone, or give TE-JAX's slots instead");
+      return slots;
+    }
+  }
+  for (const std::string& a : activations) activation(at::zeros({1}), a);  // names a slot
+  return activations;
+}
+
+at::Tensor mlp_activation(const at::Tensor& h, const std::vector<std::string>& activations_in,
+                          const ActivationParams& params) {
+  const std::vector<std::string> activations = activation_slots(activations_in);
   TE_CHECK(h.dim() >= 2 && h.size(-2) == static_cast<int64_t>(activations.size()),
            "mlp_activation: ", activations.size(), " activations for a tensor of shape ", h.sizes(),
            " (its second-to-last dim holds one slot per activation)");
   // One slot: a view whose backward is a view too (select's backward writes its gradient into a
   // zero-filled tensor of the input's shape: a whole extra pass over the activations).
-  if (activations.size() == 1) return activation(h.squeeze(-2), activations[0]);
+  if (activations.size() == 1) return activation(h.squeeze(-2), activations[0], params);
   const std::vector<at::Tensor> slots = h.unbind(-2);
-  at::Tensor out = activation(slots[0], activations[0]);
+  at::Tensor out = activation(slots[0], activations[0], params);
   for (std::size_t i = 1; i < activations.size(); ++i) {
-    out = out * activation(slots[i], activations[i]);
+    out = out * activation(slots[i], activations[i], params);
   }
   return out;
 }
 
-DTensor mlp_activation(const DTensor& h_in, const std::vector<std::string>& activations) {
+DTensor mlp_activation(const DTensor& h_in, const std::vector<std::string>& activations,
+                       const ActivationParams& params) {
   const DTensor h = reduced(h_in);
   const int64_t slot = h.dim() - 2;
   Placements out = h.placements();
@@ -402,7 +442,8 @@ DTensor mlp_activation(const DTensor& h_in, const std::vector<std::string>& acti
   const DTensor src = gather ? h.redistribute(whole) : h;
   std::vector<int64_t> shape = src.sizes();
   shape.erase(shape.begin() + slot);
-  return DTensor::from_local(mlp_activation(src.to_local(), activations), src.mesh(), out, shape);
+  return DTensor::from_local(mlp_activation(src.to_local(), activations, params), src.mesh(), out,
+                             shape);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -22,11 +22,11 @@ LayerNormMLPImpl::LayerNormMLPImpl(const LayerNormMLPOptions& options_) : option
 
 void LayerNormMLPImpl::reset() {
   const int64_t h = options.hidden_size(), f = options.ffn_hidden_size();
-  const int64_t a = static_cast<int64_t>(options.activations().size());
   TE_CHECK(h > 0 && f > 0, "LayerNormMLP: hidden_size (", h, ") and ffn_hidden_size (", f,
            ") must be positive");
-  TE_CHECK(a > 0, "LayerNormMLP: activations is empty; use e.g. {\"gelu\"}");
-  for (const std::string& name : options.activations()) F::activation(at::zeros({1}), name);
+  TE_CHECK(!options.activations().empty(),
+           "LayerNormMLP: activations is empty; use e.g. {\"gelu\"}");
+  const int64_t a = static_cast<int64_t>(F::activation_slots(options.activations()).size());
   TE_CHECK(options.intermediate_dropout_rate() >= 0 && options.intermediate_dropout_rate() < 1,
            "LayerNormMLP: intermediate_dropout_rate ", options.intermediate_dropout_rate(),
            " is not in [0, 1)");
@@ -63,22 +63,32 @@ namespace {
 
 // LayerNormMLP's one forward (modules/src/forward.h).
 template <typename T>
-T mlp_forward(LayerNormMLPImpl& self, const T& input) {
+std::pair<T, T> mlp_forward(LayerNormMLPImpl& self, const T& input) {
   detail::enter(self, "LayerNormMLP", input);
   const LayerNormMLPOptions& o = self.options;
   const T ln = self.layernorm->forward(constrain(input, o.layernorm_input_axes()));
   const T h = detail::project(self, ln, "wi_", self.wi_kernel, self.wi_bias, self.wi_fp8,
                               o.dot_1_input_axes(), {});
-  T act = F::mlp_activation(h, o.activations());
+  T act = F::mlp_activation(h, o.activations(), o.activation_params());
   act = F::dropout(act, o.intermediate_dropout_rate(), self.is_training());
-  return detail::project(self, act, "wo_", self.wo_kernel, self.wo_bias, self.wo_fp8,
-                         o.dot_2_input_axes(), o.output_axes());
+  return {detail::project(self, act, "wo_", self.wo_kernel, self.wo_bias, self.wo_fp8,
+                          o.dot_2_input_axes(), o.output_axes()),
+          ln};
 }
 
 }  // namespace
 
-at::Tensor LayerNormMLPImpl::forward(const at::Tensor& input) { return mlp_forward(*this, input); }
-DTensor LayerNormMLPImpl::forward(const DTensor& input) { return mlp_forward(*this, input); }
+at::Tensor LayerNormMLPImpl::forward(const at::Tensor& input) {
+  return mlp_forward(*this, input).first;
+}
+DTensor LayerNormMLPImpl::forward(const DTensor& input) { return mlp_forward(*this, input).first; }
+std::pair<at::Tensor, at::Tensor> LayerNormMLPImpl::forward_with_layernorm_output(
+    const at::Tensor& input) {
+  return mlp_forward(*this, input);
+}
+std::pair<DTensor, DTensor> LayerNormMLPImpl::forward_with_layernorm_output(const DTensor& input) {
+  return mlp_forward(*this, input);
+}
 
 std::vector<ShardedModule::Fp8Gemm> LayerNormMLPImpl::fp8_gemms() {
   return {{"wi_kernel", &wi_kernel, wi_fp8}, {"wo_kernel", &wo_kernel, wo_fp8}};

@@ -159,4 +159,39 @@ DTensor dropout(const DTensor& x, double p, bool training) {
                              x.placements(), x.sizes());
 }
 
+namespace {
+
+// The drop_path multipliers of the `rows` samples at `offset` of `batch`: [rows, 1, ..., 1].
+at::Tensor sample_multipliers(const at::Tensor& x, double p, int64_t batch, int64_t offset) {
+  std::vector<int64_t> local(static_cast<std::size_t>(x.dim()), 1), global = local,
+                                                                    offsets(local.size(), 0);
+  local[0] = x.size(0);
+  global[0] = batch;
+  offsets[0] = offset;
+  return dropout(at::ones(local, x.options().requires_grad(false)), p, true, global, offsets);
+}
+
+void check_drop_path(int64_t dim, double p) {
+  TE_CHECK(p >= 0 && p < 1, "drop_path: probability ", p, " is not in [0, 1)");
+  TE_CHECK(dim >= 1, "drop_path: the input needs a batch dim (dim 0)");
+}
+
+}  // namespace
+
+at::Tensor drop_path(const at::Tensor& x, double p, bool training) {
+  check_drop_path(x.dim(), p);
+  if (!training || p == 0) return x;
+  return x * sample_multipliers(x, p, x.size(0), 0);
+}
+
+DTensor drop_path(const DTensor& x, double p, bool training) {
+  check_drop_path(x.dim(), p);
+  if (!training || p == 0) return x;
+  // Linear in x, so a Partial x keeps its placement (each summand gets the same multipliers).
+  const auto chunks = local_chunks(x.sizes(), x.mesh(), x.placements(), x.mesh().rank());
+  const at::Tensor& local = x.to_local();
+  return DTensor::from_local(local * sample_multipliers(local, p, x.size(0), chunks[0].offset),
+                             x.mesh(), x.placements(), x.sizes());
+}
+
 }  // namespace te::nn::functional

@@ -23,6 +23,16 @@ void TransformerLayerImpl::reset() {
            "' is not 'encoder' or 'decoder'");
   TE_CHECK(options.hidden_dropout() >= 0 && options.hidden_dropout() < 1,
            "TransformerLayer: hidden_dropout ", options.hidden_dropout(), " is not in [0, 1)");
+  TE_CHECK(options.drop_path_rate() >= 0 && options.drop_path_rate() < 1,
+           "TransformerLayer: drop_path_rate ", options.drop_path_rate(), " is not in [0, 1)");
+  if (options.parallel_attention_mlp()) {  // transformer.py L376-390 at d0067d0da
+    TE_CHECK(options.layer_type() == "encoder",
+             "TransformerLayer: parallel_attention_mlp needs layer_type 'encoder', got '",
+             options.layer_type(), "'");
+    TE_CHECK(!options.apply_residual_connection_post_layernorm() && !options.output_layernorm(),
+             "TransformerLayer: parallel_attention_mlp cannot be combined with "
+             "apply_residual_connection_post_layernorm or output_layernorm");
+  }
   const auto norm = LayerNormOptions(options.hidden_size())
                         .layernorm_type(options.layernorm_type())
                         .epsilon(options.layernorm_epsilon())
@@ -31,6 +41,9 @@ void TransformerLayerImpl::reset() {
                        .num_gqa_groups(options.num_gqa_groups())
                        .attention_dropout(options.attention_dropout())
                        .softmax_type(options.softmax_type())
+                       .qk_norm_type(options.qk_norm_type())
+                       .qk_norm_eps(options.qk_norm_eps())
+                       .qk_norm_before_rope(options.qk_norm_before_rope())
                        .layernorm(norm)
                        .use_bias(options.use_bias())
                        .fuse_qkv(options.fuse_qkv())
@@ -50,6 +63,7 @@ void TransformerLayerImpl::reset() {
   self_attention = register_module(
       "self_attention",
       MultiHeadAttention(MultiHeadAttentionOptions(attention)
+                             .input_layernorm(!options.output_layernorm())
                              .attn_mask_type(options.self_attn_mask_type())
                              .window_size(options.window_size())
                              .bottom_right_diagonal(options.bottom_right_diagonal())));
@@ -60,10 +74,14 @@ void TransformerLayerImpl::reset() {
             MultiHeadAttentionOptions(attention).attn_mask_type("padding").self_attention(false)));
   }
   const char* seq = axis::seqlen(options.enable_sequence_parallel());
+  if (options.output_layernorm()) {
+    layernorm = register_module("layernorm", LayerNorm(norm));
+  }
   mlp = register_module(
       "mlp", LayerNormMLP(LayerNormMLPOptions(options.hidden_size(), options.mlp_hidden_size())
                               .layernorm(norm)
                               .activations(options.mlp_activations())
+                              .activation_params(options.activation_params())
                               .intermediate_dropout_rate(options.intermediate_dropout())
                               .use_bias(options.use_bias())
                               .kernel_axes_1(options.mlp_kernel_axes_1())
@@ -95,16 +113,36 @@ T layer_forward(TransformerLayerImpl& self, const T& x_in, const at::Tensor& mas
            "TransformerLayer: an encoder takes no memory; build it with layer_type(\"decoder\")");
   TE_CHECK(o.layer_type() == "encoder" || detail::has(memory),
            "TransformerLayer: a decoder needs the encoder output (memory)");
-  const double p = o.hidden_dropout();
   const bool training = self.is_training();
-  auto drop = [p, training](const T& t) { return F::dropout(t, p, training); };
+  // TE's _bias_dropout_add (transformer.py L976-998 at d0067d0da): hidden dropout, then drop
+  // path on the self attention's and the MLP's branches, then the residual.
+  auto add = [&](const T& branch, const T& residual, bool drop_path) {
+    T out = F::dropout(branch, o.hidden_dropout(), training);
+    if (drop_path) out = F::drop_path(out, o.drop_path_rate(), training);
+    return F::add(out, residual);
+  };
+  const bool post_ln_residual = o.apply_residual_connection_post_layernorm();
   const T x = with_sharding_constraint(
       x_in, {"batch", axis::seqlen(o.enable_sequence_parallel()), "hidden"});
-  T h = F::add(drop(self.self_attention->forward(x, detail::Memory<T>(), mask, args)), x);
-  if (self.cross_attention) {
-    h = F::add(drop(self.cross_attention->forward(h, memory, memory_mask, args)), h);
+  // transformer.py L869-975: the residual of each block is its input, or with
+  // apply_residual_connection_post_layernorm its norm's output (the self attention has none
+  // under output_layernorm: its residual stays x).
+  const auto [attn, attn_ln] =
+      self.self_attention->forward_with_layernorm_output(x, detail::Memory<T>(), mask, args);
+  T h = x;
+  if (!o.parallel_attention_mlp()) {
+    h = add(attn, post_ln_residual && !o.output_layernorm() ? attn_ln : x, true);
   }
-  return F::add(drop(self.mlp->forward(h)), h);
+  if (self.cross_attention) {
+    const auto [cross, cross_ln] =
+        self.cross_attention->forward_with_layernorm_output(h, memory, memory_mask, args);
+    h = add(cross, post_ln_residual ? cross_ln : h, false);
+  }
+  const auto [mlp, mlp_ln] = self.mlp->forward_with_layernorm_output(h);
+  T out = o.parallel_attention_mlp() ? add(F::add(attn, mlp), h, true)
+                                     : add(mlp, post_ln_residual ? mlp_ln : h, true);
+  if (self.layernorm) out = self.layernorm->forward(out);
+  return out;
 }
 
 }  // namespace

@@ -400,6 +400,24 @@ std::vector<Case> cases() {
          const at::Tensor q = at::zeros({1, 2, 4, 8});
          dpa(q, q, q, {}, AttentionArgs().rotary_pos_emb(at::zeros({2, 1, 1, 8})));
        }},
+      {"modules", "parallel attention and MLP with a post-LN structure",
+       "parallel_attention_mlp cannot be combined with apply_residual_connection_post_layernorm "
+       "or output_layernorm",
+       [] {
+         TransformerLayer(
+             TransformerLayerOptions(16, 24, 4).parallel_attention_mlp(true).output_layernorm(
+                 true));
+       }},
+      {"modules", "an unknown qk-norm type",
+       "qk_norm_type 'BatchNorm' is not one of RMSNorm, LayerNorm, L2Normalization",
+       [] { MultiHeadAttention(MultiHeadAttentionOptions(16, 4).qk_norm_type("BatchNorm")); }},
+      {"modules", "a gated TE-PyTorch activation inside a slot list",
+       "'swiglu' is a whole TE-PyTorch activation (2 slots); give it alone",
+       [] {
+         LayerNormMLP(LayerNormMLPOptions(8, 12).activations({"swiglu", "linear"}));
+       }},
+      {"modules", "a drop path rate outside [0, 1)", "drop_path_rate 1 is not in [0, 1)",
+       [] { TransformerLayer(TransformerLayerOptions(16, 24, 4).drop_path_rate(1.0)); }},
       {"distributed", "more ranks on a host than it has GPUs",
        "has LOCAL_RANK 2, but this host has 2 GPU(s)", [] { device_for_local_rank(2, 2); }},
       // ---- FP8 ----

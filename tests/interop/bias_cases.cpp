@@ -81,14 +81,16 @@ nlohmann::json alibi_case(int64_t heads, int64_t d, bool fused, uint64_t seed) {
           {"d_out_kernel", as_json(mha->out_kernel.grad())}};
 }
 
-nlohmann::json sink_case(const std::string& softmax_type, int64_t groups, bool fused,
+// Sinks under a causal mask, or a padding_causal one whose padded query rows see no key (zero
+// in te as in TE; in gpt-oss the sink takes the whole row, so zero too).
+nlohmann::json sink_case(const std::string& softmax_type, int64_t groups, bool padding,
                          uint64_t seed) {
   const int64_t b = 2, s = 5, heads = 4, d = 8;
+  const std::vector<int64_t> lengths = {5, 3};
   nn::DotProductAttention dpa(nn::DotProductAttentionOptions(heads, d)
                                   .num_gqa_groups(groups)
-                                  .attn_mask_type("causal")
-                                  .softmax_type(softmax_type)
-                                  .fused(fused));
+                                  .attn_mask_type(padding ? "padding_causal" : "causal")
+                                  .softmax_type(softmax_type));
   if (softmax_type == "learnable") {
     torch::NoGradGuard no_grad;
     dpa->softmax_offset.copy_(randn({heads}, seed + 1));
@@ -97,21 +99,15 @@ nlohmann::json sink_case(const std::string& softmax_type, int64_t groups, bool f
                    v0 = randn({b, s, groups, d}, seed + 4), dy = randn({b, s, heads, d}, seed + 5);
   const at::Tensor q = q0.clone().requires_grad_(true), k = k0.clone().requires_grad_(true),
                    v = v0.clone().requires_grad_(true);
-  const at::Tensor y = dpa(q, k, v);
+  const at::Tensor y = dpa(q, k, v, padding ? padding_mask(lengths, s) : at::Tensor());
   torch::autograd::backward({y}, {dy});
-  nlohmann::json j = {{"kind", "sink"},
-                      {"softmax_type", softmax_type},
-                      {"groups", groups},
-                      {"fused", fused},
-                      {"scale", 1.0 / std::sqrt(double(d))},
-                      {"q", as_json(q0)},
-                      {"k", as_json(k0)},
-                      {"v", as_json(v0)},
-                      {"dy", as_json(dy)},
-                      {"y", as_json(y)},
-                      {"dq", as_json(q.grad())},
-                      {"dk", as_json(k.grad())},
-                      {"dv", as_json(v.grad())}};
+  nlohmann::json j = {{"kind", "sink"},          {"softmax_type", softmax_type},
+                      {"groups", groups},        {"scale", 1.0 / std::sqrt(double(d))},
+                      {"q", as_json(q0)},        {"k", as_json(k0)},
+                      {"v", as_json(v0)},        {"dy", as_json(dy)},
+                      {"y", as_json(y)},         {"dq", as_json(q.grad())},
+                      {"dk", as_json(k.grad())}, {"dv", as_json(v.grad())}};
+  if (padding) j["lengths"] = lengths;
   if (softmax_type == "learnable") {
     j["sinks"] = as_json(dpa->softmax_offset);
     j["dsinks"] = as_json(dpa->softmax_offset.grad());
@@ -137,7 +133,9 @@ int main(int argc, char** argv) {
     for (bool fused : {true, false}) cases.push_back(alibi_case(heads, 4, fused, seed += 10));
   }
   for (const std::string type : {"learnable", "off-by-one"}) {
-    for (int64_t groups : {4, 2}) cases.push_back(sink_case(type, groups, true, seed += 10));
+    for (int64_t groups : {4, 2}) {
+      cases.push_back(sink_case(type, groups, (groups == 2) == (type == "learnable"), seed += 10));
+    }
   }
   te::interop::write_cases("te_interop_bias", argv[1], cases);
   return 0;

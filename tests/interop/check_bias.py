@@ -9,7 +9,8 @@ Face transformers, in float64 on te's inputs and weights:
     outputs are equal on the valid query rows (a padded query's row is zero in te, as in TE, and
     arbitrary in BLOOM; the gradients given zero there);
   - DotProductAttention with softmax_type "learnable" (and "off-by-one": zero sinks) to gpt-oss's
-    eager_attention_forward with module.sinks, with and without GQA.
+    eager_attention_forward with module.sinks, with and without GQA, causal and padding_causal
+    (a padded query's row: the sink takes it whole in gpt-oss, zero in te, the same output).
 Outputs and gradients within 1e-5.
 
   python check_bias.py CASES.json
@@ -102,9 +103,15 @@ def check_sink(c):
     module = types.SimpleNamespace(sinks=sinks, num_key_value_groups=heads // c["groups"],
                                    training=False)
     s = q.shape[2]
-    causal = torch.zeros(1, 1, s, s, dtype=torch.float64).masked_fill(
-        torch.ones(s, s, dtype=torch.bool).triu(1), torch.finfo(torch.float64).min)
-    out, _ = modeling_gpt_oss.eager_attention_forward(module, q, k, v, causal, c["scale"])
+    if "lengths" in c:
+        mask = causal_padding_mask(c["lengths"], s)
+        # A padded query sees no key at all (te's padding mask hides the padded queries too).
+        padded_q = torch.arange(s).view(1, 1, s, 1) >= torch.tensor(c["lengths"]).view(-1, 1, 1, 1)
+        mask = mask.masked_fill(padded_q, torch.finfo(torch.float64).min)
+    else:
+        mask = torch.zeros(1, 1, s, s, dtype=torch.float64).masked_fill(
+            torch.ones(s, s, dtype=torch.bool).triu(1), torch.finfo(torch.float64).min)
+    out, _ = modeling_gpt_oss.eager_attention_forward(module, q, k, v, mask, c["scale"])
     out.backward(tensor(c["dy"]))  # out is [b, s, h, d], as te's
     result = {
         "y": err(tensor(c["y"]), out.detach()),
@@ -127,7 +134,8 @@ def main(path):
             name = "ALiBi (BLOOM) %d heads %s" % (c["heads"], "fused" if c["fused"] else "unfused")
             errors = check_alibi(c)
         else:
-            name = "softmax %s (gpt-oss sinks) %d kv heads" % (c["softmax_type"], c["groups"])
+            name = "softmax %s (gpt-oss sinks) %d kv heads, %s" % (
+                c["softmax_type"], c["groups"], "padding_causal" if "lengths" in c else "causal")
             errors = check_sink(c)
         bad = {k: e for k, e in errors.items() if not e <= TOL}
         failures += bool(bad)

@@ -160,16 +160,24 @@ TEST_P(AttentionBias, EqualsTheReferenceWithItsGradient) {
     EXPECT_TRUE(Close(k.grad(), kr.grad(), 1e-5)) << what;
     EXPECT_TRUE(Close(v.grad(), vr.grad(), 1e-5)) << what;
     EXPECT_TRUE(Close(bias.grad(), br.grad(), 1e-5)) << what;
-#if TE_HAS_SDPA
-    // Through SDPA, but for a bias that needs its gradient on the CPU (LibTorch's CPU flash
-    // kernel gives its mask none).
-    const auto given =
-        AttentionArgs().core_attention_bias_type(c.bias_type).core_attention_bias(bias0);
-    EXPECT_EQ(dpa->fused_backend(q0, k0, v0, mask, given) != "unfused", fused) << what;
-    EXPECT_EQ(dpa->fused_backend(q0, k0, v0, mask, args), "unfused") << what;
-#endif
     // The padded query rows (query 3 of row 0) are still zero.
     EXPECT_EQ(y[0][3].abs().max().item<float>(), 0.0f) << what;
+    // A bias that needs its gradient goes the unfused way (LibTorch's CPU flash kernel gives its
+    // mask none); one that does not goes through SDPA, with the same values and q, k, v
+    // gradients.
+    EXPECT_EQ(dpa->fused_backend(q0, k0, v0, mask, args), "unfused") << what;
+    const auto given =
+        AttentionArgs().core_attention_bias_type(c.bias_type).core_attention_bias(bias0);
+#if TE_HAS_SDPA
+    EXPECT_EQ(dpa->fused_backend(q0, k0, v0, mask, given) != "unfused", fused) << what;
+#endif
+    at::Tensor q2 = leaf(q0), k2 = leaf(k0), v2 = leaf(v0);
+    const at::Tensor y2 = dpa(q2, k2, v2, mask, given);
+    (y2 * w).sum().backward();
+    EXPECT_TRUE(Close(y2, want, 1e-5)) << what << " (bias without grad)";
+    EXPECT_TRUE(Close(q2.grad(), qr.grad(), 1e-5)) << what << " (bias without grad)";
+    EXPECT_TRUE(Close(k2.grad(), kr.grad(), 1e-5)) << what << " (bias without grad)";
+    EXPECT_TRUE(Close(v2.grad(), vr.grad(), 1e-5)) << what << " (bias without grad)";
   }
 }
 
@@ -286,13 +294,16 @@ TEST(SoftmaxType, LayersPassItAndTheArgsToTheirAttention) {
   EXPECT_TRUE(params.contains("self_attention.attention.softmax_offset"));
   EXPECT_TRUE(params.contains("cross_attention.attention.softmax_offset"));
   EXPECT_EQ(params["self_attention.attention.softmax_offset"].sizes(), at::IntArrayRef({4}));
-  // ALiBi reaches the self and the cross attention (as TE's TransformerLayer passes it).
+  // ALiBi reaches the self and the cross attention (as TE's TransformerLayer passes it): the
+  // layer equals its blocks composed, each given the args.
   const at::Tensor x = randn({2, 5, 16}, 15), memory = randn({2, 5, 16}, 16);
   const at::Tensor memory_mask = at::zeros({2, 1, 5, 5}, at::kBool);
-  const at::Tensor plain = layer(x, {}, memory, memory_mask);
-  const at::Tensor alibi =
-      layer(x, {}, memory, memory_mask, AttentionArgs().core_attention_bias_type("alibi"));
-  EXPECT_FALSE(Close(plain, alibi, 1e-4));
+  const auto alibi = AttentionArgs().core_attention_bias_type("alibi");
+  const at::Tensor h1 = x + layer->self_attention(x, {}, {}, alibi);
+  const at::Tensor h2 = h1 + layer->cross_attention(h1, memory, memory_mask, alibi);
+  EXPECT_TRUE(Close(layer(x, {}, memory, memory_mask, alibi), h2 + layer->mlp(h2), 1e-6));
+  const at::Tensor h2_plain = h1 + layer->cross_attention(h1, memory, memory_mask);
+  EXPECT_FALSE(Close(h2, h2_plain, 1e-4));
   // MultiHeadAttention with ALiBi = with the same bias given as post_scale_bias.
   MultiHeadAttention mha(MultiHeadAttentionOptions(16, 4).attn_mask_type("causal"));
   const at::Tensor bias = F::alibi_bias(F::alibi_slopes(4), F::mask_spec("causal"), {}, 5, 5);

@@ -58,8 +58,10 @@ enum class Kind {
                   // diagonals
   kMhaArbitrary,  // a per-head arbitrary mask, a per-head post-scale bias and learnable sinks:
                   // their heads shard with the heads
-  kEncoder,
-  kDecoder  // causal self and cross attention, both with interleaved RoPE (GPT-J's)
+  kEncoder,       // BERT's post-LN layer (output_layernorm, residuals from the norms), drop path
+  kDecoder,       // causal self and cross attention, interleaved RoPE (GPT-J's), RMSNorm qk-norm,
+                  // swiglu
+  kParallel,      // parallel attention and MLP, L2 qk-norm, clamped_swiglu, drop path
 };
 
 // Rules mapping the custom kernel names onto the layout's mesh axes.
@@ -215,11 +217,25 @@ Model make(Kind kind, bool sp, Way way, bool dropout, Shape sh) {
       break;
     }
     case Kind::kEncoder:
-    case Kind::kDecoder: {
-      TransformerLayer layer(TransformerLayerOptions(16, 24, 4)
-                                 .layer_type(kind == Kind::kEncoder ? "encoder" : "decoder")
-                                 .self_attn_mask_type(kind == Kind::kEncoder ? "padding" : "causal")
-                                 .mlp_activations({"gelu"})
+    case Kind::kDecoder:
+    case Kind::kParallel: {
+      const bool decoder = kind == Kind::kDecoder;
+      auto options = TransformerLayerOptions(16, 24, 4);
+      if (kind == Kind::kEncoder) {
+        options.output_layernorm(true)
+            .apply_residual_connection_post_layernorm(true)
+            .mlp_activations({"gelu"});
+      } else if (decoder) {
+        options.qk_norm_type("RMSNorm").mlp_activations({"swiglu"});
+      } else {
+        options.parallel_attention_mlp(true)
+            .qk_norm_type("L2Normalization")
+            .mlp_activations({"clamped_swiglu"})
+            .activation_params({1.5, 1.702, 1.0});
+      }
+      if (!decoder) options.drop_path_rate(r.hidden * 2);
+      TransformerLayer layer(options.layer_type(decoder ? "decoder" : "encoder")
+                                 .self_attn_mask_type(decoder ? "causal" : "padding")
                                  .hidden_dropout(r.hidden)
                                  .attention_dropout(r.attention)
                                  .intermediate_dropout(r.intermediate)
@@ -229,8 +245,10 @@ Model make(Kind kind, bool sp, Way way, bool dropout, Shape sh) {
                                  .out_kernel_axes({w_out, w_in})
                                  .mlp_kernel_axes_1({w_in, joined, w_out})
                                  .mlp_kernel_axes_2({w_out, w_in}));
+      // A norm scale other than one, so a residual taken before or after it differs.
+      set_parameter_from_global(*layer->mlp->layernorm, "scale", at::linspace(0.5, 1.5, 16));
       const at::Tensor mask = padding_mask(sh);
-      if (kind == Kind::kEncoder) {
+      if (!decoder) {
         m = {layer.ptr(), [layer, mask](const at::Tensor& x) mutable { return layer(x, mask); },
              [layer, mask](const DTensor& x) mutable { return layer(x, mask); }};
       } else {
@@ -382,9 +400,9 @@ TEST_P(Equivalence, OutputsAndEveryGradientMatchOneProcess) {
 
 std::vector<Case> all_cases() {
   std::vector<Case> cases;
-  for (Kind kind :
-       {Kind::kDenseColumn, Kind::kDenseRow, Kind::kMlpGelu, Kind::kMlpGated, Kind::kMhaFused,
-        Kind::kMhaGqa, Kind::kMhaWindow, Kind::kMhaArbitrary, Kind::kEncoder, Kind::kDecoder}) {
+  for (Kind kind : {Kind::kDenseColumn, Kind::kDenseRow, Kind::kMlpGelu, Kind::kMlpGated,
+                    Kind::kMhaFused, Kind::kMhaGqa, Kind::kMhaWindow, Kind::kMhaArbitrary,
+                    Kind::kEncoder, Kind::kDecoder, Kind::kParallel}) {
     for (const Layout& l : layouts()) {
       // 2 key/value heads do not split over 4 ranks (GqaHeadsMustSplitEvenly below).
       if (kind == Kind::kMhaGqa && l.name == "TP4") continue;
@@ -414,9 +432,9 @@ std::vector<Case> all_cases() {
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   static const char* kinds[] = {
-      "DenseColumn", "DenseRow",   "MlpGelu",        "MlpGated",
-      "MhaFusedQkv", "MhaGqaRope", "MhaWindowAlibi", "MhaArbitraryBiasSink",
-      "Encoder",     "DecoderRope"};
+      "DenseColumn",   "DenseRow",          "MlpGelu",         "MlpGated",
+      "MhaFusedQkv",   "MhaGqaRope",        "MhaWindowAlibi",  "MhaArbitraryBiasSink",
+      "EncoderPostLn", "DecoderRopeQkNorm", "ParallelL2QkNorm"};
   static const char* ways[] = {"TeTable", "ExtendedRules", "CustomNames"};
   return std::string(kinds[static_cast<int>(info.param.kind)]) + "_" + info.param.layout + "_" +
          ways[static_cast<int>(info.param.way)] + (info.param.dropout ? "_Dropout" : "") +
@@ -452,7 +470,8 @@ TEST(Attention, ABiasGetsTheWholeGradientOnEveryRank) {
   const Shape sh = shape_of(false);
   for (const std::vector<int64_t>& shape :
        {std::vector<int64_t>{sh.batch, 4, sh.seq, sh.seq}, std::vector<int64_t>{1, 1, 1, sh.seq},
-        std::vector<int64_t>{sh.batch, 1, sh.seq, sh.seq}}) {
+        std::vector<int64_t>{sh.batch, 1, sh.seq, sh.seq},
+        std::vector<int64_t>{1, 4, sh.seq, sh.seq}}) {
     const at::Tensor bias0 = test::seeded_integers(shape, 36).to(at::kFloat) / 4.0;
     const auto args = [](const at::Tensor& bias) {
       return AttentionArgs().core_attention_bias_type("post_scale_bias").core_attention_bias(bias);
@@ -477,6 +496,43 @@ TEST(Attention, ABiasGetsTheWholeGradientOnEveryRank) {
           << "bias " << bias0.sizes() << " on rank " << rank;
     });
   }
+}
+
+// GradientBuckets sums only what it deferred: a parameter's gradient from earlier
+// micro-batches, and from a use the DTensor core does not reduce (a tied weight used locally as
+// well), stay as they are. Was: finish() all-reduced the whole .grad(), counting those once per
+// rank.
+TEST(GradientBuckets, SumOnlyTheDeferredContributions) {
+  const Shape sh = shape_of(false);
+  manual_seed(21);
+  Dense one(DenseOptions(16, 12).use_bias(false));
+  for (int step = 0; step < 2; ++step) {
+    (one(global_input(sh)) * output_weight(sh, 12)).sum().backward();
+  }
+  const at::Tensor want = one->kernel.grad().clone();
+  run_local_ranks(2, [&](int rank) {
+    DeviceMesh mesh({2}, {"data"});
+    MeshScope scope(mesh);
+    MeshResourceScope resource(parse_mesh_resource("dp=data"));
+    manual_seed(21);
+    Dense dense(DenseOptions(16, 12).use_bias(false));
+    const DTensor x = DTensor::distribute(global_input(sh), mesh, {Shard{0}});
+    for (int step = 0; step < 2; ++step) {  // two micro-batches, one bucket each
+      GradientBuckets buckets;
+      (dense(x).full_tensor() * output_weight(sh, 12)).sum().backward();
+      buckets.finish();
+    }
+    EXPECT_TRUE(Near(dense->kernel.grad(), want, 1e-5)) << "accumulated, rank " << rank;
+    // A tied use: the same kernel read locally, its gradient (here 1 per element on each rank,
+    // as each rank adds it) is not summed by the buckets.
+    dense->kernel.mutable_grad() = at::Tensor();
+    {
+      GradientBuckets buckets;
+      ((dense(x).full_tensor() * output_weight(sh, 12)).sum() + dense->kernel.sum()).backward();
+      buckets.finish();
+    }
+    EXPECT_TRUE(Near(dense->kernel.grad(), want / 2 + 1, 1e-5)) << "tied, rank " << rank;
+  });
 }
 
 // GQA under tensor parallelism needs the key/value heads to split as evenly as the query heads:

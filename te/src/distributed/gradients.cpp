@@ -11,12 +11,19 @@
 
 namespace te {
 
-// The buckets' state is the hook the DTensor core hands deferred gradient sums to.
+// The buckets' state is the hook the DTensor core hands deferred gradient sums to. It keeps
+// each parameter's deferred contributions apart from its .grad(), so a parameter that also
+// gets gradient another way (a tied weight, accumulation over micro-batches) has only the
+// deferred part summed over the rows.
 struct GradientBuckets::State : detail::GradientReductionHook {
   int64_t bucket_bytes = 0;
-  // Per mesh row: the parameters whose gradients wait for its all-reduce. Rows and parameters
-  // keep their order of arrival, which the same backward makes the same on every rank.
-  std::vector<std::pair<const detail::Group*, std::vector<at::Tensor>>> waiting;
+  struct Deferred {
+    at::Tensor param, grad;  // grad: the sum of this backward's deferred contributions
+  };
+  std::vector<Deferred> deferred;  // in order of arrival, the same on every rank
+  // Per mesh row: indices into `deferred` whose sums wait for its all-reduce. Rows keep their
+  // order of arrival, which the same backward makes the same on every rank.
+  std::vector<std::pair<const detail::Group*, std::vector<std::size_t>>> waiting;
   std::vector<DeviceMesh> meshes;  // keep the groups alive
   bool finished = false;
   std::shared_ptr<detail::ThreadScopes> scopes;  // where the hook is installed
@@ -24,20 +31,28 @@ struct GradientBuckets::State : detail::GradientReductionHook {
   std::mutex mutex;
 
   bool defer(const at::Tensor& param, const DeviceMesh& mesh,
-             const std::vector<int64_t>& mesh_dims) override {
+             const std::vector<int64_t>& mesh_dims, const at::Tensor& grad) override {
     std::lock_guard<std::mutex> lock(mutex);
+    auto it = std::find_if(deferred.begin(), deferred.end(),
+                           [&](const Deferred& d) { return d.param.is_same(param); });
+    // Out of place: autograd may hand the same gradient tensor to other inputs.
+    if (it == deferred.end()) {
+      deferred.push_back({param, grad.detach()});
+      it = std::prev(deferred.end());
+    } else {
+      it->grad = it->grad + grad.detach();
+    }
+    const std::size_t index = static_cast<std::size_t>(it - deferred.begin());
     for (int64_t m : mesh_dims) {
       const detail::Group* group = &mesh.state().groups[static_cast<std::size_t>(m)];
       auto row = std::find_if(waiting.begin(), waiting.end(),
                               [group](const auto& r) { return r.first == group; });
       if (row == waiting.end()) {
-        waiting.emplace_back(group, std::vector<at::Tensor>{});
+        waiting.emplace_back(group, std::vector<std::size_t>{});
         row = std::prev(waiting.end());
       }
       auto& list = row->second;
-      bool known = false;
-      for (const at::Tensor& p : list) known = known || p.is_same(param);
-      if (!known) list.push_back(param);
+      if (std::find(list.begin(), list.end(), index) == list.end()) list.push_back(index);
     }
     meshes.push_back(mesh);
     return true;
@@ -61,44 +76,50 @@ GradientBuckets::~GradientBuckets() {
 }
 
 int64_t GradientBuckets::pending() const {
-  int64_t n = 0;
-  for (const auto& [group, params] : state_->waiting) n += static_cast<int64_t>(params.size());
-  return n;
+  return static_cast<int64_t>(state_->deferred.size());
 }
 
 void GradientBuckets::finish() {
   auto rows = std::move(state_->waiting);
+  auto deferred = std::move(state_->deferred);
   state_->waiting.clear();
+  state_->deferred.clear();
   state_->finished = true;
-  for (auto& [group, params] : rows) {
-    for (const at::Tensor& p : params) {
-      TE_CHECK(p.grad().defined(),
-               "GradientBuckets: a deferred parameter has no gradient; call "
-               "finish() after backward");
-    }
+  for (auto& [group, indices] : rows) {
     std::size_t i = 0;
-    while (i < params.size()) {
-      // One bucket: parameters of one dtype up to bucket_bytes (at least one).
-      std::vector<at::Tensor> bucket;
+    while (i < indices.size()) {
+      // One bucket: gradients of one dtype up to bucket_bytes (at least one).
+      std::vector<at::Tensor*> bucket;
       int64_t bytes = 0;
-      const auto dtype = params[i].grad().scalar_type();
-      while (
-          i < params.size() && params[i].grad().scalar_type() == dtype &&
-          (bucket.empty() || bytes + params[i].grad().numel() * params[i].grad().element_size() <=
-                                 state_->bucket_bytes)) {
-        bucket.push_back(params[i]);
-        bytes += params[i].grad().numel() * static_cast<int64_t>(params[i].grad().element_size());
+      const auto dtype = deferred[indices[i]].grad.scalar_type();
+      while (i < indices.size()) {
+        at::Tensor& g = deferred[indices[i]].grad;
+        const int64_t n = g.numel() * static_cast<int64_t>(g.element_size());
+        if (g.scalar_type() != dtype || (!bucket.empty() && bytes + n > state_->bucket_bytes)) {
+          break;
+        }
+        bucket.push_back(&g);
+        bytes += n;
         ++i;
       }
       std::vector<at::Tensor> flat;
-      for (const at::Tensor& p : bucket) flat.push_back(p.grad().reshape({-1}));
+      for (const at::Tensor* g : bucket) flat.push_back(g->reshape({-1}));
       const at::Tensor summed = detail::all_reduce(*group, at::cat(flat), ReduceOp::kSum);
       int64_t offset = 0;
-      for (const at::Tensor& p : bucket) {
-        const int64_t n = p.grad().numel();
-        p.mutable_grad().copy_(summed.narrow(0, offset, n).view_as(p.grad()));
+      for (at::Tensor* g : bucket) {
+        const int64_t n = g->numel();
+        *g = summed.narrow(0, offset, n).view_as(*g);
         offset += n;
       }
+    }
+  }
+  // Whole now: added to what the parameters' .grad() got otherwise.
+  for (State::Deferred& d : deferred) {
+    at::Tensor& grad = d.param.mutable_grad();
+    if (grad.defined()) {
+      grad.add_(d.grad);
+    } else {
+      grad = d.grad.clone();  // its own storage, not a piece of the bucket
     }
   }
   state_->meshes.clear();

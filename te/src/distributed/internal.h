@@ -162,10 +162,11 @@ const Group& group_over(const MeshState& mesh, const std::vector<int64_t>& dims)
 class GradientReductionHook {
  public:
   virtual ~GradientReductionHook() = default;
-  /// True when the hook took the sums of `param`'s gradient over the rows of `mesh_dims` (it
-  /// runs them later); the core then leaves the gradient partial.
+  /// True when the hook took `grad`, this backward's partial contribution to `param`'s gradient,
+  /// to sum over the rows of `mesh_dims` later and add to param.grad(); the core then passes
+  /// no gradient on (other contributions to param, e.g. of a tied use, accumulate as usual).
   virtual bool defer(const at::Tensor& param, const DeviceMesh& mesh,
-                     const std::vector<int64_t>& mesh_dims) = 0;
+                     const std::vector<int64_t>& mesh_dims, const at::Tensor& grad) = 0;
 };
 
 /// What one thread has in scope that backward reads (te/distributed/scopes.h): shared with the

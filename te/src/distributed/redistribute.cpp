@@ -318,8 +318,8 @@ class Relayout : public torch::autograd::Function<Relayout> {
       }
       GradientReductionHook* hook = current_gradient_hook();
       if (only_sums && !sums.empty() && hook != nullptr &&
-          hook->defer(s.param, *s.spec.mesh, sums)) {
-        return grad;
+          hook->defer(s.param, *s.spec.mesh, sums, grad)) {
+        return at::Tensor();
       }
     }
     return move_data(grad, s.spec.global_shape, *s.spec.mesh, in, s.grad_out);

@@ -32,8 +32,11 @@ using WindowSize = std::pair<int64_t, int64_t>;
 struct AttentionArgs {
   /// "no_bias", "pre_scale_bias" (softmax((q k^T + bias) * scale)), "post_scale_bias"
   /// (softmax(q k^T * scale + bias)) or "alibi" (-slope * |i - j + offset| per head, offset the
-  /// mask's diagonal: bottom-right unless the mask type is causal or padding_causal, per
-  /// sequence under a padding type, as TE's get_alibi).
+  /// mask's diagonal: bottom-right unless the mask type is causal or padding_causal or
+  /// bottom_right_diagonal is false, per sequence under a padding type, as TE's get_alibi).
+  /// `scale` is DotProductAttention's scale_factor: under MultiHeadAttention's defaults (TE-JAX's
+  /// scaled_query_init, unscaled logits) it is 1 and pre- equals post-scale; TE-PyTorch's
+  /// (q k^T + bias) / sqrt(head_dim) is scaled_query_init(false).scale_attn_logits(true).
   TORCH_ARG(std::string, core_attention_bias_type) = "no_bias";
   /// The pre- or post-scale bias, [1 | batch, 1 | heads, seqlen_q, seqlen_kv] (or
   /// [1, 1, 1, seqlen_kv]); when it requires grad it gets its gradient (on a mesh, the whole
@@ -183,6 +186,13 @@ struct MultiHeadAttentionOptions {
   /// Sequence parallel: activations outside the attention are sharded on seqlen (seqlen_tp).
   TORCH_ARG(bool, enable_sequence_parallel) = false;
   TORCH_ARG(bool, fused_attention) = true;
+  /// TE's qk_norm_type: normalise each query and key head over head_dim, "RMSNorm" or
+  /// "LayerNorm" (modules q_norm and k_norm, a scale of head_dim each, shared by the heads) or
+  /// "L2Normalization" (x / sqrt(sum x^2 + eps), no parameters); unset: none. After RoPE unless
+  /// qk_norm_before_rope (multi_head_attention.py L1130-1192 at d0067d0da).
+  TORCH_ARG(std::optional<std::string>, qk_norm_type) = std::nullopt;
+  TORCH_ARG(double, qk_norm_eps) = 1e-6;
+  TORCH_ARG(bool, qk_norm_before_rope) = false;
   /// The rotary_pos_emb given to forward (AttentionArgs) rotates interleaved pairs (GPT-J) instead
   /// of halves (Llama); TE's rotary_pos_interleaved. Make the frequencies with the same choice
   /// (RotaryPositionEmbeddingOptions::interleaved).
@@ -208,10 +218,21 @@ class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImp
                      const at::Tensor& mask = {}, const AttentionArgs& args = {});
   DTensor forward(const DTensor& x, const std::optional<DTensor>& memory = std::nullopt,
                   const at::Tensor& mask = {}, const AttentionArgs& args = {});
+  /// The output and the input norm's output (TE's return_layernorm_output: the residual of a
+  /// layer with apply_residual_connection_post_layernorm); x itself without input_layernorm.
+  std::pair<at::Tensor, at::Tensor> forward_with_layernorm_output(const at::Tensor& x,
+                                                                  const at::Tensor& memory = {},
+                                                                  const at::Tensor& mask = {},
+                                                                  const AttentionArgs& args = {});
+  std::pair<DTensor, DTensor> forward_with_layernorm_output(
+      const DTensor& x, const std::optional<DTensor>& memory = std::nullopt,
+      const at::Tensor& mask = {}, const AttentionArgs& args = {});
   std::vector<Fp8Gemm> fp8_gemms() override;
 
   MultiHeadAttentionOptions options;
   LayerNorm layernorm{nullptr};
+  /// qk_norm_type RMSNorm or LayerNorm: the query and key norms (else null).
+  LayerNorm q_norm{nullptr}, k_norm{nullptr};
   DotProductAttention attention{nullptr};
   at::Tensor qkv_kernel, qkv_bias;                  // fused
   at::Tensor q_kernel, q_bias, kv_kernel, kv_bias;  // separate

@@ -62,14 +62,36 @@ at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& gamma, const at::Te
 DTensor layer_norm(const DTensor& x, const DTensor& gamma, const std::optional<DTensor>& beta,
                    double epsilon, bool zero_centered_gamma, bool rms);
 
-/// An activation by TE's name: "gelu" (tanh form), "relu", "silu", "quick_gelu", "squared_relu",
-/// "linear". Throws te::Error naming an unknown one.
-at::Tensor activation(const at::Tensor& x, const std::string& name);
+/// The parameters of TE's clamped_swiglu (gpt-oss's activation; TE's activation_params,
+/// transformer_engine/pytorch/module/layernorm_mlp.py L2590-2601 at d0067d0da): the gate
+/// min(x, limit) * sigmoid(alpha * min(x, limit)) times clamp(x_linear, -limit, limit) +
+/// glu_linear_offset.
+struct ActivationParams {
+  double limit = 7.0;
+  double alpha = 1.702;
+  double glu_linear_offset = 1.0;
+};
 
-/// TE's MLP activation over a [..., A, N] tensor: one activation per slot A, multiplied
-/// together (gated for {"gelu", "linear"}, {"silu", "linear"}), giving [..., N].
-at::Tensor mlp_activation(const at::Tensor& h, const std::vector<std::string>& activations);
-DTensor mlp_activation(const DTensor& h, const std::vector<std::string>& activations);
+/// An activation of one fc1 slot by TE-JAX's name: "gelu" (tanh form, as TE's kernels), "relu",
+/// "silu", "quick_gelu" (x * sigmoid(1.702 x)), "squared_relu", "sigmoid", "linear", and the
+/// two slots of clamped_swiglu, "clamped_silu" and "clamped_linear" (with `params`). Throws
+/// te::Error naming an unknown one.
+at::Tensor activation(const at::Tensor& x, const std::string& name,
+                      const ActivationParams& params = {});
+
+/// The per-slot activations an MLP's activation list names: TE-JAX's lists as they are
+/// ({"gelu"}, gated {"gelu", "linear"}, ...), or one TE-PyTorch name (its `activation`: gelu,
+/// geglu, qgelu, qgeglu, relu, reglu, srelu, sreglu, silu, swiglu, glu, clamped_swiglu), whose
+/// gated forms take two slots, the first activated: "swiglu" is {"silu", "linear"}. Throws
+/// te::Error naming an unknown name or a gated TE-PyTorch name inside a longer list.
+std::vector<std::string> activation_slots(const std::vector<std::string>& activations);
+
+/// TE's MLP activation over a [..., A, N] tensor: one activation per slot A
+/// (activation_slots(activations)), multiplied together, giving [..., N].
+at::Tensor mlp_activation(const at::Tensor& h, const std::vector<std::string>& activations,
+                          const ActivationParams& params = {});
+DTensor mlp_activation(const DTensor& h, const std::vector<std::string>& activations,
+                       const ActivationParams& params = {});
 
 /// x.select(dim, index); as a DTensor, a dim sharded there is gathered first.
 at::Tensor select(const at::Tensor& x, int64_t dim, int64_t index);
@@ -150,14 +172,18 @@ at::Tensor alibi_slopes(int64_t num_heads);
 /// ALiBi's bias for [*, heads, seqlen_q, seqlen_kv] logits (TE's get_alibi, L1939-1970): query i
 /// and key j get -slope * |i - j + offset|, the offset being MaskSpec's diagonal (spec's
 /// bottom_right: seqlen_kv - seqlen_q, or per sequence its valid keys minus its valid queries
-/// under a padding type, read from `mask`). `slopes`: [heads] or [batch, heads] (float). Result
-/// float32, [1 | batch, heads, seqlen_q, seqlen_kv].
+/// under a padding type, read from `mask`, which that needs). Under a padding type with a
+/// sliding window TE's unfused backend falls back to the global offset (get_full_mask renames
+/// the type "arbitrary"), its flash backend keeps each sequence's: te keeps each sequence's.
+/// `slopes`: [heads] or [batch, heads] (float). Result float32, [1 | batch, heads, seqlen_q,
+/// seqlen_kv].
 at::Tensor alibi_bias(const at::Tensor& slopes, const MaskSpec& spec, const at::Tensor& mask,
                       int64_t seqlen_q, int64_t seqlen_kv);
 
 /// Checks a bias and its type as TE's DotProductAttention does: pre_scale_bias and
-/// post_scale_bias need a `bias` of shape [1 | batch, 1 | heads, 1 | seqlen_q, seqlen_kv] (TE's
-/// bhss, 1hss, b1ss, 11ss, 111s), the others take none; `slopes` only with "alibi", [heads] or
+/// post_scale_bias need a `bias` of shape [1 | batch, 1 | heads, seqlen_q, seqlen_kv] or
+/// [1, 1, 1, seqlen_kv] (TE's bhss, 1hss, b1ss, 11ss, 111s; dot_product_attention.py
+/// L1981-2005 at d0067d0da), the others take none; `slopes` only with "alibi", [heads] or
 /// [batch, heads]. Throws te::Error naming the culprit.
 void check_attention_bias(const std::string& bias_type, const at::Tensor& bias,
                           const at::Tensor& slopes, int64_t batch, int64_t heads, int64_t seqlen_q,

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "te/nn/dense.h"
+#include "te/nn/functional.h"
 #include "te/nn/sharded.h"
 
 namespace te::nn {
@@ -26,9 +27,12 @@ struct LayerNormMLPOptions {
   TORCH_ARG(int64_t, ffn_hidden_size);
   /// The norm in front (its hidden_size must equal hidden_size).
   TORCH_ARG(LayerNormOptions, layernorm);
-  /// One per fc1 output slot, multiplied together: {"relu"}, {"gelu"}, gated {"gelu", "linear"},
-  /// {"silu", "linear"}.
+  /// One per fc1 output slot, multiplied together (TE-JAX's lists): {"relu"}, {"gelu"}, gated
+  /// {"gelu", "linear"}, {"silu", "linear"}; or one TE-PyTorch name, gated ones taking two slots:
+  /// {"swiglu"}, {"geglu"}, {"clamped_swiglu"}, ... (functional::activation_slots).
   TORCH_ARG(std::vector<std::string>, activations) = {"relu"};
+  /// clamped_swiglu's limit, alpha and glu_linear_offset (TE's activation_params).
+  TORCH_ARG(functional::ActivationParams, activation_params) = {};
   /// Dropout on the activation output (training only).
   TORCH_ARG(double, intermediate_dropout_rate) = 0.1;
   TORCH_ARG(bool, use_bias) = false;
@@ -55,6 +59,10 @@ class LayerNormMLPImpl : public torch::nn::Cloneable<LayerNormMLPImpl>, public S
 
   at::Tensor forward(const at::Tensor& input);
   DTensor forward(const DTensor& input);
+  /// The output and the norm's output (TE's return_layernorm_output: the residual of a layer
+  /// with apply_residual_connection_post_layernorm).
+  std::pair<at::Tensor, at::Tensor> forward_with_layernorm_output(const at::Tensor& input);
+  std::pair<DTensor, DTensor> forward_with_layernorm_output(const DTensor& input);
   std::vector<Fp8Gemm> fp8_gemms() override;
 
   LayerNormMLPOptions options;

@@ -50,4 +50,13 @@ at::Tensor dropout(const at::Tensor& local, double p, bool training,
 /// communication is needed.
 DTensor dropout(const DTensor& x, double p, bool training);
 
+/// Stochastic depth (TE's DropPath, transformer_engine/pytorch/transformer.py L45-67 at
+/// d0067d0da): each sample (row of dim 0, the batch) of x is zeroed with probability p, the rest
+/// multiplied by 1 / (1 - p); the identity when !training or p == 0. The per-sample draw is
+/// dropout's on a [batch, 1, ...] tensor, so every layout drops the samples one process drops.
+/// TE draws over dim 0 of its [seqlen, batch, hidden] default, i.e. per position; te's inputs are
+/// [batch, seqlen, hidden], so te drops whole samples, as TE does with bshd inputs.
+at::Tensor drop_path(const at::Tensor& x, double p, bool training);
+DTensor drop_path(const DTensor& x, double p, bool training);
+
 }  // namespace te::nn::functional

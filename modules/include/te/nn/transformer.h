@@ -47,7 +47,25 @@ struct TransformerLayerOptions {
   TORCH_ARG(double, intermediate_dropout) = 0.1;
   /// DotProductAttentionOptions::softmax_type for both attentions (TE's softmax_type).
   TORCH_ARG(std::string, softmax_type) = "vanilla";
+  /// The MLP's activations: TE-JAX's slot list or one TE-PyTorch name (LayerNormMLPOptions), and
+  /// clamped_swiglu's parameters.
   TORCH_ARG(std::vector<std::string>, mlp_activations) = {"relu"};
+  TORCH_ARG(functional::ActivationParams, activation_params) = {};
+  /// Layer structure, as TE's TransformerLayer (transformer.py L860-975 at d0067d0da):
+  /// output_layernorm: no norm before the attention, a norm ("layernorm") after the layer, the
+  /// post-LN layer of BERT when combined with apply_residual_connection_post_layernorm, which
+  /// makes each block's residual its norm's output instead of its input.
+  TORCH_ARG(bool, apply_residual_connection_post_layernorm) = false;
+  TORCH_ARG(bool, output_layernorm) = false;
+  /// x + drop(attn(ln(x)) + mlp(ln'(x))) (GPT-J, PaLM): encoders only, neither of the above.
+  TORCH_ARG(bool, parallel_attention_mlp) = false;
+  /// Stochastic depth on the self attention's and the MLP's branch (functional::drop_path).
+  TORCH_ARG(double, drop_path_rate) = 0.0;
+  /// MultiHeadAttentionOptions' qk_norm_type, qk_norm_eps, qk_norm_before_rope for both
+  /// attentions.
+  TORCH_ARG(std::optional<std::string>, qk_norm_type) = std::nullopt;
+  TORCH_ARG(double, qk_norm_eps) = 1e-6;
+  TORCH_ARG(bool, qk_norm_before_rope) = false;
   TORCH_ARG(bool, use_bias) = false;
   TORCH_ARG(bool, fuse_qkv) = true;
   /// Kernel logical axes: attention QKV (hidden, 3, heads*head_dim) and output
@@ -66,7 +84,8 @@ struct TransformerLayerOptions {
   TORCH_ARG(bool, rotary_pos_interleaved) = false;
 };
 
-/// x -> x + drop(attn(ln(x))) [-> + drop(cross_attn(ln(.), memory))] -> + drop(mlp(ln(.))).
+/// x -> x + drop(attn(ln(x))) [-> + drop(cross_attn(ln(.), memory))] -> + drop(mlp(ln(.))), or
+/// the post-LN and parallel structures the options choose.
 class TransformerLayerImpl : public torch::nn::Cloneable<TransformerLayerImpl>,
                              public ShardedModule {
  public:
@@ -91,6 +110,8 @@ class TransformerLayerImpl : public torch::nn::Cloneable<TransformerLayerImpl>,
   MultiHeadAttention self_attention{nullptr};
   MultiHeadAttention cross_attention{nullptr};
   LayerNormMLP mlp{nullptr};
+  /// output_layernorm: the norm after the layer (else null).
+  LayerNorm layernorm{nullptr};
 };
 
 class TransformerLayer : public torch::nn::ModuleHolder<TransformerLayerImpl> {

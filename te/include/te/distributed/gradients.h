@@ -10,8 +10,9 @@ namespace te {
 
 /// While alive on this thread, the all-reduces that make replicated parameters' gradients whole
 /// (data parallel: a parameter used on batch-sharded inputs) are deferred; finish() runs them as
-/// all-reduces of flat buckets of up to `bucket_bytes` per mesh row, in place on each
-/// parameter's .grad(). Other gradient collectives (FSDP reduce-scatters, tensor-parallel
+/// all-reduces of flat buckets of up to `bucket_bytes` per mesh row and adds the sums to each
+/// parameter's .grad(). Only the deferred contributions are summed: a gradient a parameter gets
+/// otherwise (a tied use, earlier micro-batches) is left as it is. Other gradient collectives (FSDP reduce-scatters, tensor-parallel
 /// all-reduces of activations) run as usual.
 ///
 /// Example:

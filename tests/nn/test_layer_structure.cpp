@@ -1,0 +1,209 @@
+// TransformerLayer's structures (post-LN, residual from the norm, parallel attention and MLP,
+// stochastic depth), MultiHeadAttention's qk-norm, and TE-PyTorch's activation names, on one
+// process against the same blocks composed by hand or the formulas written out.
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include "../expect_error.h"
+#include "nn_test_util.h"
+#include "te/nn.h"
+
+namespace te::nn {
+namespace {
+
+namespace F = functional;
+using test::Close;
+using test::randn;
+
+TEST(Activations, TePyTorchNamesAreTheirFormulas) {
+  // transformer_engine/common/util/math.h and layernorm_mlp.py at d0067d0da: the gated forms
+  // activate the first half and multiply by the second.
+  const at::Tensor h = randn({3, 2, 5}, 1) * 3;  // [..., slots, n]
+  const at::Tensor a = h.select(-2, 0), b = h.select(-2, 1);
+  const auto gelu = [](const at::Tensor& x) { return at::gelu(x, "tanh"); };
+  EXPECT_TRUE(Close(F::mlp_activation(h, {"swiglu"}), at::silu(a) * b));
+  EXPECT_TRUE(Close(F::mlp_activation(h, {"geglu"}), gelu(a) * b));
+  EXPECT_TRUE(Close(F::mlp_activation(h, {"qgeglu"}), a * at::sigmoid(1.702 * a) * b));
+  EXPECT_TRUE(Close(F::mlp_activation(h, {"reglu"}), at::relu(a) * b));
+  EXPECT_TRUE(Close(F::mlp_activation(h, {"sreglu"}), at::relu(a).pow(2) * b));
+  EXPECT_TRUE(Close(F::mlp_activation(h, {"glu"}), at::sigmoid(a) * b));
+  const at::Tensor one = h.narrow(-2, 0, 1);
+  EXPECT_TRUE(Close(F::mlp_activation(one, {"qgelu"}), a * at::sigmoid(1.702 * a)));
+  EXPECT_TRUE(Close(F::mlp_activation(one, {"srelu"}), at::relu(a).pow(2)));
+  EXPECT_TRUE(Close(F::mlp_activation(one, {"silu"}), at::silu(a)));
+  // clamped_swiglu (gpt-oss): the gate clamped above at limit, the linear half to +-limit, plus
+  // glu_linear_offset.
+  for (const F::ActivationParams& p : {F::ActivationParams{}, F::ActivationParams{2.0, 1.0, 0.5}}) {
+    const at::Tensor g = a.clamp_max(p.limit);
+    EXPECT_TRUE(
+        Close(F::mlp_activation(h, {"clamped_swiglu"}, p),
+              g * at::sigmoid(p.alpha * g) * (b.clamp(-p.limit, p.limit) + p.glu_linear_offset)))
+        << p.limit;
+  }
+  EXPECT_EQ(F::activation_slots({"clamped_swiglu"}),
+            (std::vector<std::string>{"clamped_silu", "clamped_linear"}));
+  EXPECT_EQ(F::activation_slots({"gelu", "linear"}), (std::vector<std::string>{"gelu", "linear"}));
+  // A LayerNormMLP with a gated TE-PyTorch name has two fc1 slots.
+  LayerNormMLP mlp(LayerNormMLPOptions(8, 12).activations({"swiglu"}));
+  EXPECT_EQ(mlp->wi_kernel.sizes(), at::IntArrayRef({8, 2, 12}));
+  EXPECT_ERROR(F::activation_slots({"swiglu", "linear"}),
+               "'swiglu' is a whole TE-PyTorch activation (2 slots); give it alone");
+  EXPECT_ERROR(LayerNormMLP(LayerNormMLPOptions(8, 12).activations({"mish"})),
+               "activation 'mish' is not one of gelu, relu, silu");
+}
+
+struct QkNormCase {
+  std::string type;
+  bool before_rope;
+};
+
+class QkNorm : public ::testing::TestWithParam<QkNormCase> {};
+
+// MultiHeadAttention with qk-norm = its projections, the norm of each query and key head over
+// head_dim, before or after RoPE, then attention and the output projection.
+TEST_P(QkNorm, NormalisesEachHeadAroundRope) {
+  const QkNormCase& c = GetParam();
+  manual_seed(5);
+  MultiHeadAttention mha(MultiHeadAttentionOptions(16, 4)
+                             .attn_mask_type("causal")
+                             .fuse_qkv(false)
+                             .qk_norm_type(c.type)
+                             .qk_norm_eps(1e-5)
+                             .qk_norm_before_rope(c.before_rope));
+  const auto params = mha->named_parameters();
+  EXPECT_EQ(params.contains("q_norm.scale"), c.type != "L2Normalization");
+  if (mha->q_norm) {
+    EXPECT_EQ(mha->q_norm->scale.sizes(), at::IntArrayRef({4}));  // head_dim, shared by heads
+    torch::NoGradGuard no_grad;
+    mha->q_norm->scale.copy_(randn({4}, 2));
+    mha->k_norm->scale.copy_(randn({4}, 3));
+    if (mha->q_norm->ln_bias.defined()) mha->k_norm->ln_bias.copy_(randn({4}, 4));
+  }
+  const at::Tensor x = randn({2, 5, 16}, 6);
+  RotaryPositionEmbedding rope(RotaryPositionEmbeddingOptions(4).rotary_base(50.0));
+  const at::Tensor freqs = rope->forward(5);
+  const auto norm = [&](LayerNorm n, const at::Tensor& t) {
+    if (c.type == "L2Normalization") return t / (t.pow(2).sum(-1, true) + 1e-5).sqrt();
+    return n->forward(t);
+  };
+  const at::Tensor ln = mha->layernorm(x);
+  at::Tensor q = at::matmul(ln, mha->q_kernel).view({2, 5, 4, 4});
+  const at::Tensor kv = at::matmul(ln, mha->kv_kernel.reshape({16, 32})).view({2, 5, 2, 4, 4});
+  at::Tensor k = kv.select(2, 0);
+  if (c.before_rope) {
+    q = norm(mha->q_norm, q);
+    k = norm(mha->k_norm, k);
+  }
+  q = F::apply_rotary_pos_emb(q, freqs, "bshd");
+  k = F::apply_rotary_pos_emb(k, freqs, "bshd");
+  if (!c.before_rope) {
+    q = norm(mha->q_norm, q);
+    k = norm(mha->k_norm, k);
+  }
+  const at::Tensor want =
+      at::matmul(mha->attention(q, k, kv.select(2, 1)).reshape({2, 5, 16}), mha->out_kernel);
+  const at::Tensor y = mha(x, {}, {}, AttentionArgs().rotary_pos_emb(freqs));
+  EXPECT_TRUE(Close(y, want, 1e-5)) << c.type;
+  MultiHeadAttention plain(
+      MultiHeadAttentionOptions(16, 4).attn_mask_type("causal").fuse_qkv(false));
+  EXPECT_FALSE(Close(y, plain(x, {}, {}, AttentionArgs().rotary_pos_emb(freqs)), 1e-3));
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, QkNorm,
+                         ::testing::Values(QkNormCase{"RMSNorm", false},
+                                           QkNormCase{"RMSNorm", true},
+                                           QkNormCase{"LayerNorm", false},
+                                           QkNormCase{"L2Normalization", true}),
+                         [](const ::testing::TestParamInfo<QkNormCase>& info) {
+                           return info.param.type + (info.param.before_rope ? "BeforeRope" : "");
+                         });
+
+TransformerLayerOptions layer_options() {
+  return TransformerLayerOptions(16, 24, 4)
+      .self_attn_mask_type("padding")
+      .hidden_dropout(0)
+      .attention_dropout(0)
+      .intermediate_dropout(0)
+      .use_bias(true);
+}
+
+at::Tensor mask_of(const std::vector<int64_t>& lengths, int64_t s) {
+  const at::Tensor len = at::tensor(lengths).view({-1, 1, 1, 1});
+  return at::arange(s)
+      .view({1, 1, 1, s})
+      .ge(len)
+      .logical_or(at::arange(s).view({1, 1, s, 1}).ge(len));
+}
+
+TEST(LayerStructure, PostLnIsBertsLayer) {
+  // output_layernorm + apply_residual_connection_post_layernorm (transformer.py L892-975 at
+  // d0067d0da): h = x + attn(x) (no norm in front), then out = LN(mlp(LN'(h)) + LN'(h)).
+  manual_seed(7);
+  TransformerLayer layer(
+      layer_options().output_layernorm(true).apply_residual_connection_post_layernorm(true));
+  EXPECT_FALSE(layer->self_attention->layernorm);
+  ASSERT_TRUE(layer->layernorm);
+  const at::Tensor x = randn({2, 5, 16}, 8), mask = mask_of({5, 3}, 5);
+  const at::Tensor h = x + layer->self_attention(x, {}, mask);
+  const auto [m, ln] = layer->mlp->forward_with_layernorm_output(h);
+  EXPECT_TRUE(Close(ln, layer->mlp->layernorm(h)));
+  EXPECT_TRUE(Close(layer(x, mask), layer->layernorm(m + ln), 1e-6));
+  // The residual from the norm alone (Megatron's option): each block's residual is its norm's
+  // output.
+  manual_seed(7);
+  TransformerLayer from_norm(layer_options().apply_residual_connection_post_layernorm(true));
+  const at::Tensor h2 =
+      from_norm->self_attention(x, {}, mask) + from_norm->self_attention->layernorm(x);
+  EXPECT_TRUE(Close(from_norm(x, mask), from_norm->mlp(h2) + from_norm->mlp->layernorm(h2), 1e-6));
+}
+
+TEST(LayerStructure, ParallelAttentionAndMlpShareTheInput) {
+  manual_seed(9);
+  TransformerLayer layer(layer_options().parallel_attention_mlp(true));
+  const at::Tensor x = randn({2, 5, 16}, 10), mask = mask_of({5, 2}, 5);
+  EXPECT_TRUE(Close(layer(x, mask), x + layer->self_attention(x, {}, mask) + layer->mlp(x), 1e-6));
+  EXPECT_ERROR(TransformerLayer(layer_options().parallel_attention_mlp(true).layer_type("decoder")),
+               "parallel_attention_mlp needs layer_type 'encoder', got 'decoder'");
+  EXPECT_ERROR(
+      TransformerLayer(layer_options().parallel_attention_mlp(true).output_layernorm(true)),
+      "parallel_attention_mlp cannot be combined with "
+      "apply_residual_connection_post_layernorm or output_layernorm");
+}
+
+TEST(LayerStructure, DropPathDropsWholeSamples) {
+  manual_seed(11);
+  const at::Tensor x = at::ones({64, 3, 4});
+  const at::Tensor y = F::drop_path(x, 0.5, true);
+  // Each sample is all 0 or all 1 / (1 - p) = 2, about half of each.
+  const at::Tensor per_sample = y.view({64, -1});
+  EXPECT_TRUE(at::equal(per_sample.amin(1), per_sample.amax(1)));
+  EXPECT_TRUE(
+      per_sample.select(1, 0).eq(0).logical_or(per_sample.select(1, 0).eq(2)).all().item<bool>());
+  const int64_t kept = per_sample.select(1, 0).eq(2).sum().item<int64_t>();
+  EXPECT_GT(kept, 16);
+  EXPECT_LT(kept, 48);
+  EXPECT_TRUE(at::equal(F::drop_path(x, 0.5, false), x));
+  EXPECT_TRUE(at::equal(F::drop_path(x, 0.0, true), x));
+  // A layer's drop path: with everything else off, each sample's output is the residual alone or
+  // the residual plus twice the branch.
+  manual_seed(12);
+  TransformerLayer layer(layer_options().self_attn_mask_type("no_mask").drop_path_rate(0.5));
+  const at::Tensor xs = randn({32, 3, 16}, 13);
+  layer->eval();
+  const at::Tensor full = layer(xs);
+  layer->train();
+  const at::Tensor dropped = layer(xs);
+  EXPECT_FALSE(Close(full, dropped, 1e-3));
+  EXPECT_ERROR(TransformerLayer(layer_options().drop_path_rate(1.0)),
+               "drop_path_rate 1 is not in [0, 1)");
+  EXPECT_ERROR(F::drop_path(x, -0.1, true), "drop_path: probability -0.1 is not in [0, 1)");
+}
+
+TEST(LayerStructure, ReportsAnUnknownQkNorm) {
+  EXPECT_ERROR(MultiHeadAttention(MultiHeadAttentionOptions(16, 4).qk_norm_type("BatchNorm")),
+               "qk_norm_type 'BatchNorm' is not one of RMSNorm, LayerNorm, L2Normalization");
+}
+
+}  // namespace
+}  // namespace te::nn
