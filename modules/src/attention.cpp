@@ -400,7 +400,18 @@ at::Tensor l2_normalize(const at::Tensor& x, double eps) {
   const at::Tensor f = x.to(at::kFloat);  // in float32, as TE's kernel (and for CPU fp16)
   return (f * at::rsqrt(f.pow(2).sum(-1, /*keepdim=*/true) + eps)).to(x.scalar_type());
 }
-DTensor l2_normalize(const DTensor& x, double eps) {
+DTensor l2_normalize(const DTensor& x_in, double eps) {
+  // A norm over the last dim: made whole there first (the per-head constraint keeps it whole
+  // under rules; without them nothing else would).
+  std::vector<Placement> whole = x_in.placements();
+  bool change = false;
+  for (Placement& p : whole) {
+    if (is_shard(p, x_in.dim() - 1)) {
+      p = Replicate{};
+      change = true;
+    }
+  }
+  const DTensor x = change ? x_in.redistribute(whole) : x_in;
   return F::elementwise(x, [eps](const at::Tensor& t) { return l2_normalize(t, eps); });
 }
 

@@ -27,6 +27,9 @@ void LayerNormMLPImpl::reset() {
   TE_CHECK(!options.activations().empty(),
            "LayerNormMLP: activations is empty; use e.g. {\"gelu\"}");
   const int64_t a = static_cast<int64_t>(F::activation_slots(options.activations()).size());
+  TE_CHECK(options.activation_params().limit > 0 && options.activation_params().alpha > 0,
+           "LayerNormMLP: activation_params limit (", options.activation_params().limit,
+           ") and alpha (", options.activation_params().alpha, ") must be positive");
   TE_CHECK(options.intermediate_dropout_rate() >= 0 && options.intermediate_dropout_rate() < 1,
            "LayerNormMLP: intermediate_dropout_rate ", options.intermediate_dropout_rate(),
            " is not in [0, 1)");

@@ -20,14 +20,9 @@ import json
 import sys
 
 import torch
+from interop_common import TOL, tensor
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
-
-TOL = 1e-5
-
-
-def tensor(j, dtype=torch.float64):
-    return torch.tensor(j["values"], dtype=dtype).reshape(j["shape"])
 
 
 def window_allowed(sq, sk, window, bottom_right, causal):

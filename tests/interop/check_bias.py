@@ -16,25 +16,16 @@ Outputs and gradients within 1e-5.
   python check_bias.py CASES.json
 """
 
-import json
 import sys
 import types
 
 import torch
 import transformers
+from interop_common import rel_err as err
+from interop_common import run_cases, tensor
 from transformers import BloomConfig
 from transformers.models.bloom import modeling_bloom
 from transformers.models.gpt_oss import modeling_gpt_oss
-
-TOL = 1e-5
-
-
-def tensor(j):
-    return torch.tensor(j["values"], dtype=torch.float64).reshape(j["shape"])
-
-
-def err(a, b):
-    return (a - b).abs().max().item() / max(1.0, b.abs().max().item())
 
 
 def check_slopes(c):
@@ -124,27 +115,16 @@ def check_sink(c):
     return result
 
 
-def main(path):
-    cases = json.load(open(path))
-    failures = 0
-    for c in cases:
-        if c["kind"] == "slopes":
-            name, errors = "ALiBi slopes for %s heads" % ", ".join(c["slopes"]), check_slopes(c)
-        elif c["kind"] == "alibi":
-            name = "ALiBi (BLOOM) %d heads %s" % (c["heads"], "fused" if c["fused"] else "unfused")
-            errors = check_alibi(c)
-        else:
-            name = "softmax %s (gpt-oss sinks) %d kv heads, %s" % (
-                c["softmax_type"], c["groups"], "padding_causal" if "lengths" in c else "causal")
-            errors = check_sink(c)
-        bad = {k: e for k, e in errors.items() if not e <= TOL}
-        failures += bool(bad)
-        print("%s %s: %s" % ("FAIL" if bad else "ok  ", name,
-                             ", ".join("%s %.2g" % kv for kv in errors.items())))
-    print("%d of %d cases differ from transformers %s (tolerance %g)" % (
-        failures, len(cases), transformers.__version__, TOL))
-    return 1 if failures else 0
+def check(c):
+    if c["kind"] == "slopes":
+        return "ALiBi slopes for %s heads" % ", ".join(c["slopes"]), check_slopes(c)
+    if c["kind"] == "alibi":
+        return ("ALiBi (BLOOM) %d heads %s" % (c["heads"], "fused" if c["fused"] else "unfused"),
+                check_alibi(c))
+    return ("softmax %s (gpt-oss sinks) %d kv heads, %s" % (
+        c["softmax_type"], c["groups"], "padding_causal" if "lengths" in c else "causal"),
+        check_sink(c))
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(run_cases(sys.argv[1], check, "transformers " + transformers.__version__))

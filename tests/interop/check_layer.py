@@ -11,24 +11,15 @@ Within 1e-5.
   python check_layer.py CASES.json
 """
 
-import json
 import sys
 
 import torch
 import transformers
+from interop_common import rel_err as err
+from interop_common import run_cases, tensor
 from transformers import BertConfig, Qwen3Config
 from transformers.models.bert import modeling_bert
 from transformers.models.qwen3 import modeling_qwen3
-
-TOL = 1e-5
-
-
-def tensor(j):
-    return torch.tensor(j["values"], dtype=torch.float64).reshape(j["shape"])
-
-
-def err(a, b):
-    return (a - b).abs().max().item() / max(1.0, b.abs().max().item())
 
 
 def copy(dst, src):
@@ -140,22 +131,11 @@ def check_qwen3(c):
     return out
 
 
-def main(path):
-    cases = json.load(open(path))
-    failures = 0
-    for c in cases:
-        if c["kind"] == "bert":
-            name, errors = "post-LN layer (BertLayer)", check_bert(c)
-        else:
-            name, errors = "RMSNorm qk-norm before RoPE, GQA (Qwen3Attention)", check_qwen3(c)
-        bad = {k: e for k, e in errors.items() if not e <= TOL}
-        failures += bool(bad)
-        print("%s %s: %s" % ("FAIL" if bad else "ok  ", name,
-                             ", ".join("%s %.2g" % kv for kv in errors.items())))
-    print("%d of %d cases differ from transformers %s (tolerance %g)" % (
-        failures, len(cases), transformers.__version__, TOL))
-    return 1 if failures else 0
+def check(c):
+    if c["kind"] == "bert":
+        return "post-LN layer (BertLayer)", check_bert(c)
+    return "RMSNorm qk-norm before RoPE, GQA (Qwen3Attention)", check_qwen3(c)
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(run_cases(sys.argv[1], check, "transformers " + transformers.__version__))

@@ -13,16 +13,11 @@ import json
 import sys
 
 import torch
+from interop_common import TOL, tensor
 import transformers
 from transformers import LlamaConfig
 from transformers.models.gptj import modeling_gptj
 from transformers.models.llama import modeling_llama
-
-TOL = 1e-5
-
-
-def tensor(j, dtype=torch.float64):
-    return torch.tensor(j["values"], dtype=dtype).reshape(j["shape"])
 
 
 def rotate(x, position_ids, c):

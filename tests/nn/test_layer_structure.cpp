@@ -105,6 +105,7 @@ TEST_P(QkNorm, NormalisesEachHeadAroundRope) {
       at::matmul(mha->attention(q, k, kv.select(2, 1)).reshape({2, 5, 16}), mha->out_kernel);
   const at::Tensor y = mha(x, {}, {}, AttentionArgs().rotary_pos_emb(freqs));
   EXPECT_TRUE(Close(y, want, 1e-5)) << c.type;
+  manual_seed(5);  // the same weights, no qk-norm
   MultiHeadAttention plain(
       MultiHeadAttentionOptions(16, 4).attn_mask_type("causal").fuse_qkv(false));
   EXPECT_FALSE(Close(y, plain(x, {}, {}, AttentionArgs().rotary_pos_emb(freqs)), 1e-3));
@@ -158,6 +159,28 @@ TEST(LayerStructure, PostLnIsBertsLayer) {
   EXPECT_TRUE(Close(from_norm(x, mask), from_norm->mlp(h2) + from_norm->mlp->layernorm(h2), 1e-6));
 }
 
+TEST(LayerStructure, OutputLayernormAloneAndADecodersNormResiduals) {
+  // output_layernorm alone: no norm before the self attention, every residual the block's
+  // input, the norm last.
+  manual_seed(14);
+  TransformerLayer out_ln(layer_options().output_layernorm(true));
+  const at::Tensor x = randn({2, 5, 16}, 15), mask = mask_of({5, 3}, 5);
+  const at::Tensor h = x + out_ln->self_attention(x, {}, mask);
+  EXPECT_TRUE(Close(out_ln(x, mask), out_ln->layernorm(h + out_ln->mlp(h)), 1e-6));
+  // A decoder with residuals from the norms: the cross attention's residual is its norm's
+  // output too.
+  manual_seed(16);
+  TransformerLayer dec(layer_options()
+                           .layer_type("decoder")
+                           .self_attn_mask_type("causal")
+                           .apply_residual_connection_post_layernorm(true));
+  const at::Tensor memory = randn({2, 5, 16}, 17), memory_mask = mask_of({5, 4}, 5);
+  const at::Tensor h1 = dec->self_attention(x) + dec->self_attention->layernorm(x);
+  const at::Tensor h2 =
+      dec->cross_attention(h1, memory, memory_mask) + dec->cross_attention->layernorm(h1);
+  EXPECT_TRUE(Close(dec(x, {}, memory, memory_mask), dec->mlp(h2) + dec->mlp->layernorm(h2), 1e-6));
+}
+
 TEST(LayerStructure, ParallelAttentionAndMlpShareTheInput) {
   manual_seed(9);
   TransformerLayer layer(layer_options().parallel_attention_mlp(true));
@@ -185,16 +208,33 @@ TEST(LayerStructure, DropPathDropsWholeSamples) {
   EXPECT_LT(kept, 48);
   EXPECT_TRUE(at::equal(F::drop_path(x, 0.5, false), x));
   EXPECT_TRUE(at::equal(F::drop_path(x, 0.0, true), x));
-  // A layer's drop path: with everything else off, each sample's output is the residual alone or
-  // the residual plus twice the branch.
+  // A layer's drop path, everything else off: each sample keeps or drops the self attention's
+  // and the MLP's branch, a kept one doubled (1 / (1 - p)); both happen across the batch.
   manual_seed(12);
   TransformerLayer layer(layer_options().self_attn_mask_type("no_mask").drop_path_rate(0.5));
-  const at::Tensor xs = randn({32, 3, 16}, 13);
-  layer->eval();
-  const at::Tensor full = layer(xs);
-  layer->train();
-  const at::Tensor dropped = layer(xs);
-  EXPECT_FALSE(Close(full, dropped, 1e-3));
+  const at::Tensor xs = randn({16, 3, 16}, 13);
+  const at::Tensor ys = layer(xs);  // training
+  const at::Tensor attn = layer->self_attention(xs);
+  int64_t kept_attn = 0, kept_mlp = 0;
+  for (int64_t n = 0; n < 16; ++n) {
+    int matches = 0;
+    for (int a = 0; a < 2; ++a) {
+      const at::Tensor h = xs[n] + 2.0 * a * attn[n];
+      const at::Tensor mlp_h = layer->mlp(h.unsqueeze(0))[0];
+      for (int m = 0; m < 2; ++m) {
+        if (Close(ys[n], h + 2.0 * m * mlp_h, 1e-5)) {
+          ++matches;
+          kept_attn += a;
+          kept_mlp += m;
+        }
+      }
+    }
+    EXPECT_EQ(matches, 1) << "sample " << n;
+  }
+  EXPECT_GT(kept_attn, 0);
+  EXPECT_LT(kept_attn, 16);
+  EXPECT_GT(kept_mlp, 0);
+  EXPECT_LT(kept_mlp, 16);
   EXPECT_ERROR(TransformerLayer(layer_options().drop_path_rate(1.0)),
                "drop_path_rate 1 is not in [0, 1)");
   EXPECT_ERROR(F::drop_path(x, -0.1, true), "drop_path: probability -0.1 is not in [0, 1)");

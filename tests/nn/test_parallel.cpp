@@ -532,6 +532,16 @@ TEST(GradientBuckets, SumOnlyTheDeferredContributions) {
       buckets.finish();
     }
     EXPECT_TRUE(Near(dense->kernel.grad(), want / 2 + 1, 1e-5)) << "tied, rank " << rank;
+    // A backward after finish() (the buckets still in scope) is reduced at once, not lost.
+    dense->kernel.mutable_grad() = at::Tensor();
+    {
+      GradientBuckets buckets;
+      buckets.finish();
+      (dense(x).full_tensor() * output_weight(sh, 12)).sum().backward();
+      EXPECT_EQ(buckets.pending(), 0);
+    }
+    ASSERT_TRUE(dense->kernel.grad().defined());
+    EXPECT_TRUE(Near(dense->kernel.grad(), want / 2, 1e-5)) << "after finish, rank " << rank;
   });
 }
 

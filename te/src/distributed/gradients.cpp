@@ -18,7 +18,8 @@ namespace te {
 struct GradientBuckets::State : detail::GradientReductionHook {
   int64_t bucket_bytes = 0;
   struct Deferred {
-    at::Tensor param, grad;  // grad: the sum of this backward's deferred contributions
+    at::Tensor param, grad;          // grad: the sum of this backward's deferred contributions
+    std::vector<int64_t> mesh_dims;  // the rows it is summed over (one entry per set)
   };
   std::vector<Deferred> deferred;  // in order of arrival, the same on every rank
   // Per mesh row: indices into `deferred` whose sums wait for its all-reduce. Rows keep their
@@ -30,14 +31,19 @@ struct GradientBuckets::State : detail::GradientReductionHook {
   // Autograd may run CPU and CUDA nodes of one backward on two threads at once.
   std::mutex mutex;
 
-  bool defer(const at::Tensor& param, const DeviceMesh& mesh,
-             const std::vector<int64_t>& mesh_dims, const at::Tensor& grad) override {
+  bool defer(const at::Tensor& param, const DeviceMesh& mesh, const std::vector<int64_t>& mesh_dims,
+             const at::Tensor& grad) override {
     std::lock_guard<std::mutex> lock(mutex);
-    auto it = std::find_if(deferred.begin(), deferred.end(),
-                           [&](const Deferred& d) { return d.param.is_same(param); });
+    // After finish() nothing would run these sums: the core reduces them itself.
+    if (finished) return false;
+    // One entry per parameter and set of rows: contributions summed over other rows (a tied
+    // use under another layout) are summed apart.
+    auto it = std::find_if(deferred.begin(), deferred.end(), [&](const Deferred& d) {
+      return d.param.is_same(param) && d.mesh_dims == mesh_dims;
+    });
     // Out of place: autograd may hand the same gradient tensor to other inputs.
     if (it == deferred.end()) {
-      deferred.push_back({param, grad.detach()});
+      deferred.push_back({param, grad.detach(), mesh_dims});
       it = std::prev(deferred.end());
     } else {
       it->grad = it->grad + grad.detach();
@@ -76,15 +82,21 @@ GradientBuckets::~GradientBuckets() {
 }
 
 int64_t GradientBuckets::pending() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
   return static_cast<int64_t>(state_->deferred.size());
 }
 
 void GradientBuckets::finish() {
-  auto rows = std::move(state_->waiting);
-  auto deferred = std::move(state_->deferred);
-  state_->waiting.clear();
-  state_->deferred.clear();
-  state_->finished = true;
+  std::vector<std::pair<const detail::Group*, std::vector<std::size_t>>> rows;
+  std::vector<State::Deferred> deferred;
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    rows = std::move(state_->waiting);
+    deferred = std::move(state_->deferred);
+    state_->waiting.clear();
+    state_->deferred.clear();
+    state_->finished = true;
+  }
   for (auto& [group, indices] : rows) {
     std::size_t i = 0;
     while (i < indices.size()) {

@@ -12,8 +12,11 @@ namespace te {
 /// (data parallel: a parameter used on batch-sharded inputs) are deferred; finish() runs them as
 /// all-reduces of flat buckets of up to `bucket_bytes` per mesh row and adds the sums to each
 /// parameter's .grad(). Only the deferred contributions are summed: a gradient a parameter gets
-/// otherwise (a tied use, earlier micro-batches) is left as it is. Other gradient collectives (FSDP reduce-scatters, tensor-parallel
-/// all-reduces of activations) run as usual.
+/// otherwise (a tied use, earlier micro-batches) is left as it is. The deferred part reaches
+/// .grad() only in finish(), so it is for loss.backward(): torch::autograd::grad and parameter
+/// hooks do not see it. After finish() the gradients of a further backward are reduced at once.
+/// Other gradient collectives (FSDP reduce-scatters, tensor-parallel all-reduces of activations)
+/// run as usual.
 ///
 /// Example:
 ///   {
