@@ -466,7 +466,7 @@ TEST(Attention, APerHeadPaddingMaskIsRefusedBeforeTheHeadsSplit) {
 // A core_attention_bias that requires grad gets, on every rank of DP2xTP2, the whole gradient
 // one process computes: a full-size batch or head dim is split with the attention's and gathered
 // back, a broadcast one is a partial sum over the ranks that split it, reduced.
-TEST(Attention, ABiasGetsTheWholeGradientOnEveryRank) {
+TEST(AttentionParallel, ABiasGetsTheWholeGradientOnEveryRank) {
   const Shape sh = shape_of(false);
   for (const std::vector<int64_t>& shape :
        {std::vector<int64_t>{sh.batch, 4, sh.seq, sh.seq}, std::vector<int64_t>{1, 1, 1, sh.seq},
@@ -502,7 +502,7 @@ TEST(Attention, ABiasGetsTheWholeGradientOnEveryRank) {
 // micro-batches, and from a use the DTensor core does not reduce (a tied weight used locally as
 // well), stay as they are. Was: finish() all-reduced the whole .grad(), counting those once per
 // rank.
-TEST(GradientBuckets, SumOnlyTheDeferredContributions) {
+TEST(GradientBucketsParallel, SumOnlyTheDeferredContributions) {
   const Shape sh = shape_of(false);
   manual_seed(21);
   Dense one(DenseOptions(16, 12).use_bias(false));
