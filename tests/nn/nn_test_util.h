@@ -32,4 +32,15 @@ inline at::Tensor randn(std::vector<int64_t> shape, uint64_t seed) {
   return at::randn(shape, g);
 }
 
+/// A padding mask [batch, 1, sq, sk] as TE's encoder builds it: true where the key is at or
+/// beyond its row's key length `lk`, or the query at or beyond its query length `lq`.
+inline at::Tensor padding_mask(const std::vector<int64_t>& lq, const std::vector<int64_t>& lk,
+                               int64_t sq, int64_t sk) {
+  const at::Tensor q = at::tensor(lq).view({-1, 1, 1, 1}), k = at::tensor(lk).view({-1, 1, 1, 1});
+  return at::arange(sk)
+      .view({1, 1, 1, sk})
+      .ge(k)
+      .logical_or(at::arange(sq).view({1, 1, sq, 1}).ge(q));
+}
+
 }  // namespace te::nn::test

@@ -19,17 +19,8 @@ namespace {
 namespace F = functional;
 using test::Close;
 using test::leaf;
+using test::padding_mask;
 using test::randn;
-
-// [batch, 1, sq, sk], true where the key or the query is at or beyond its row's length.
-at::Tensor padding_mask(const std::vector<int64_t>& lq, const std::vector<int64_t>& lk, int64_t sq,
-                        int64_t sk) {
-  const at::Tensor q = at::tensor(lq).view({-1, 1, 1, 1}), k = at::tensor(lk).view({-1, 1, 1, 1});
-  return at::arange(sk)
-      .view({1, 1, 1, sk})
-      .ge(k)
-      .logical_or(at::arange(sq).view({1, 1, sq, 1}).ge(q));
-}
 
 // What TE's unfused backend computes (backends.py L619-711 at d0067d0da), written out: logits
 // (q k^T + pre) * scale + post, hidden positions removed from the softmax, whose denominator

@@ -129,12 +129,9 @@ TransformerLayerOptions layer_options() {
       .use_bias(true);
 }
 
+// Rows of the given lengths in self attention (queries and keys alike).
 at::Tensor mask_of(const std::vector<int64_t>& lengths, int64_t s) {
-  const at::Tensor len = at::tensor(lengths).view({-1, 1, 1, 1});
-  return at::arange(s)
-      .view({1, 1, 1, s})
-      .ge(len)
-      .logical_or(at::arange(s).view({1, 1, s, 1}).ge(len));
+  return test::padding_mask(lengths, lengths, s, s);
 }
 
 TEST(LayerStructure, PostLnIsBertsLayer) {
