@@ -17,6 +17,44 @@ namespace te::nn {
 
 namespace F = functional;
 
+namespace detail {
+
+namespace {
+void check_whole_tokens(const DTensor& t, int64_t dim) {
+  for (std::size_t m = 0; m < t.placements().size(); ++m) {
+    TE_CHECK(!is_shard(t.placements()[m], dim), "qkv_format 'thd': the packed tokens ",
+             t.to_string(), " are split over mesh axis '", t.mesh().axis_names()[m],
+             "' (each sequence needs all its keys on one rank): replicate the tokens and shard "
+             "the heads, or give each rank its own packed batch (rules that shard 'batch' or "
+             "'seqlen' there split them)");
+  }
+}
+std::vector<Placement> shifted(std::vector<Placement> p, int64_t by) {
+  for (Placement& x : p) {
+    if (is_shard(x)) x = Shard{std::get<Shard>(x).dim + by};
+  }
+  return p;
+}
+}  // namespace
+
+DTensor batch_of_one(const DTensor& t) {
+  check_whole_tokens(t, 0);
+  std::vector<int64_t> shape = t.sizes();
+  shape.insert(shape.begin(), 1);
+  return DTensor::from_local(t.to_local().unsqueeze(0), t.mesh(), shifted(t.placements(), 1),
+                             shape);
+}
+
+DTensor tokens_only(const DTensor& t) {
+  check_whole_tokens(t, 0);
+  check_whole_tokens(t, 1);
+  std::vector<int64_t> shape = t.sizes();
+  shape.erase(shape.begin());
+  return DTensor::from_local(t.to_local().squeeze(0), t.mesh(), shifted(t.placements(), -1), shape);
+}
+
+}  // namespace detail
+
 namespace {
 
 // The mask as given, or undefined when the mask type ignores it (functional::attention checks
@@ -58,6 +96,13 @@ void DotProductAttentionImpl::reset() {
            "DotProductAttention: attention_dropout ", options.attention_dropout(),
            " is not in [0, 1)");
   F::check_softmax_type(options.softmax_type());
+  const std::string& format = options.qkv_format();
+  TE_CHECK(format == "bshd" || format == "sbhd" || format == "thd",
+           "DotProductAttention: qkv_format '", format, "' is not 'bshd', 'sbhd' or 'thd'");
+  TE_CHECK(format != "thd" || mask_spec.padding(),
+           "DotProductAttention: qkv_format 'thd' needs a padding attn_mask_type (padding, "
+           "padding_causal or padding_causal_bottom_right), as TE's; got '",
+           options.attn_mask_type(), "'");
   // TE's softmax_offset (dot_product_attention.py L772-783 at d0067d0da): zeros, one per head,
   // a parameter for "learnable" ("off-by-one" adds a constant zero, no parameter).
   if (options.softmax_type() == "learnable") {
@@ -138,6 +183,21 @@ Arranged<DTensor> arrange(const DTensor& query, const DTensor& key, const DTenso
           piece[0].offset, piece[2].offset};
 }
 
+// q, k, v in sbhd as bshd and back (dims 0 and 1 swapped); on a DTensor the shards follow.
+at::Tensor swapped(const at::Tensor& t) { return t.transpose(0, 1); }
+DTensor swapped(const DTensor& t) {
+  std::vector<Placement> p = t.placements();
+  for (Placement& x : p) {
+    if (is_shard(x, 0)) {
+      x = Shard{1};
+    } else if (is_shard(x, 1)) {
+      x = Shard{0};
+    }
+  }
+  std::vector<int64_t> shape = t.sizes();
+  std::swap(shape[0], shape[1]);
+  return DTensor::from_local(t.to_local().transpose(0, 1), t.mesh(), p, shape);
+}
 const at::Tensor& local(const at::Tensor& t) { return t; }
 at::Tensor local(const DTensor& t) { return t.to_local(); }
 
@@ -214,14 +274,38 @@ F::AttentionCall attention_call(const DotProductAttentionImpl& self, const Arran
            "(functional::apply_rotary_pos_emb), or give it to MultiHeadAttention or "
            "TransformerLayer");
   const int64_t batch = a.q.size(0), heads = a.q.size(2), sq = a.q.size(1), sk = a.k.size(1);
+  const bool packed = self.options.qkv_format() == "thd";
   F::AttentionCall call;
   call.spec = self.mask_spec;
-  // The global mask and bias, checked before a mesh narrows them to this rank's batch rows and
-  // heads.
-  call.mask = effective_mask(self.mask_spec, mask);
-  F::check_attention_mask(call.mask, call.spec, batch, heads, sq, sk);
-  F::check_attention_bias(args.core_attention_bias_type(), args.core_attention_bias(),
-                          args.alibi_slopes(), batch, heads, sq, sk);
+  if (packed) {
+    // Packed sequences (a batch of one here): F::attention checks them and the bias per
+    // sequence; there is no mask.
+    TE_CHECK(!mask.defined(),
+             "DotProductAttention: qkv_format 'thd' takes no mask: "
+             "AttentionArgs' cu_seqlens_q and cu_seqlens_kv say where each sequence is");
+    call.packed = {args.cu_seqlens_q(),         args.cu_seqlens_kv(), args.cu_seqlens_q_padded(),
+                   args.cu_seqlens_kv_padded(), args.max_seqlen_q(),  args.max_seqlen_kv()};
+    TE_CHECK(call.packed.cu_seqlens_q.defined() && call.packed.cu_seqlens_kv.defined(),
+             "DotProductAttention: qkv_format 'thd' needs AttentionArgs' cu_seqlens_q and "
+             "cu_seqlens_kv");
+  } else {
+    TE_CHECK(!args.cu_seqlens_q().defined() && !args.cu_seqlens_kv().defined() &&
+                 !args.cu_seqlens_q_padded().defined() && !args.cu_seqlens_kv_padded().defined(),
+             "DotProductAttention: cu_seqlens are for qkv_format 'thd'; this one's is '",
+             self.options.qkv_format(),
+             "' (whole sequences; a padding mask says which are padding)");
+    TE_CHECK((args.max_seqlen_q() == 0 || args.max_seqlen_q() == sq) &&
+                 (args.max_seqlen_kv() == 0 || args.max_seqlen_kv() == sk),
+             "DotProductAttention: max_seqlen_q ", args.max_seqlen_q(), " / max_seqlen_kv ",
+             args.max_seqlen_kv(), " differ from the ", sq, " queries and ", sk,
+             " keys of qkv_format '", self.options.qkv_format(), "' (give 0 or the seqlen dims)");
+    // The global mask and bias, checked before a mesh narrows them to this rank's batch rows
+    // and heads.
+    call.mask = effective_mask(self.mask_spec, mask);
+    F::check_attention_mask(call.mask, call.spec, batch, heads, sq, sk);
+    F::check_attention_bias(args.core_attention_bias_type(), args.core_attention_bias(),
+                            args.alibi_slopes(), batch, heads, sq, sk);
+  }
   call.mask = logits_operand(call.mask, a.q, 0, 1);
   call.bias_type = args.core_attention_bias_type();
   call.bias = logits_operand(args.core_attention_bias(), a.q, 0, 1);
@@ -249,15 +333,39 @@ F::AttentionCall attention_call(const DotProductAttentionImpl& self, const Arran
   return call;
 }
 
-// DotProductAttention's one forward.
+// DotProductAttention's one forward, on [batch, seqlen, heads, head_dim] (packed sequences: a
+// batch of one, which F::attention takes as [tokens, heads, head_dim]).
+template <typename T>
+T bshd_forward(const DotProductAttentionImpl& self, const T& query, const T& key, const T& value,
+               const at::Tensor& mask, const AttentionArgs& args, bool training) {
+  const Arranged<T> a = arrange(query, key, value);
+  F::AttentionCall call = attention_call(self, a, mask, args, training);
+  if (call.packed.defined()) {
+    return in_layout_of(
+        F::attention(local(a.q).squeeze(0), local(a.k).squeeze(0), local(a.v).squeeze(0), call)
+            .unsqueeze(0),
+        a.q);
+  }
+  if (!call.fused) call.on_logits = logits_constraint(a.q, a.k);
+  return in_layout_of(F::attention(local(a.q), local(a.k), local(a.v), call), a.q);
+}
+
+// In the options' qkv_format.
 template <typename T>
 T attention_forward(const DotProductAttentionImpl& self, const T& query, const T& key,
                     const T& value, const at::Tensor& mask, const AttentionArgs& args,
                     bool training) {
-  const Arranged<T> a = arrange(query, key, value);
-  F::AttentionCall call = attention_call(self, a, mask, args, training);
-  if (!call.fused) call.on_logits = logits_constraint(a.q, a.k);
-  return in_layout_of(F::attention(local(a.q), local(a.k), local(a.v), call), a.q);
+  const std::string& format = self.options.qkv_format();
+  if (format == "sbhd") {
+    return swapped(
+        bshd_forward(self, swapped(query), swapped(key), swapped(value), mask, args, training));
+  }
+  if (format == "thd") {
+    return detail::tokens_only(bshd_forward(self, detail::batch_of_one(query),
+                                            detail::batch_of_one(key), detail::batch_of_one(value),
+                                            mask, args, training));
+  }
+  return bshd_forward(self, query, key, value, mask, args, training);
 }
 
 }  // namespace
@@ -277,9 +385,21 @@ DTensor DotProductAttentionImpl::forward(const DTensor& query, const DTensor& ke
 std::string DotProductAttentionImpl::fused_backend(const at::Tensor& query, const at::Tensor& key,
                                                    const at::Tensor& value, const at::Tensor& mask,
                                                    const AttentionArgs& args) const {
-  const F::AttentionCall call =
-      attention_call(*this, arrange(query, key, value), mask, args, is_training());
-  return F::attention_plan(query, key, value, call).backend;
+  const std::string& format = options.qkv_format();
+  const at::Tensor q = format == "sbhd"  ? swapped(query)
+                       : format == "thd" ? detail::batch_of_one(query)
+                                         : query;
+  const at::Tensor k = format == "sbhd"  ? swapped(key)
+                       : format == "thd" ? detail::batch_of_one(key)
+                                         : key;
+  const at::Tensor v = format == "sbhd"  ? swapped(value)
+                       : format == "thd" ? detail::batch_of_one(value)
+                                         : value;
+  const F::AttentionCall call = attention_call(*this, arrange(q, k, v), mask, args, is_training());
+  if (call.packed.defined()) {
+    return F::attention_plan(q.squeeze(0), k.squeeze(0), v.squeeze(0), call).backend;
+  }
+  return F::attention_plan(q, k, v, call).backend;
 }
 
 // ---- MultiHeadAttention ----------------------------------------------------------------------
@@ -308,6 +428,12 @@ void MultiHeadAttentionImpl::reset() {
   const int64_t d = head_dim(), g = kv_heads();
   TE_CHECK(g > 0 && heads % g == 0, "MultiHeadAttention: ", heads,
            " heads are not a multiple of num_gqa_groups ", g);
+  TE_CHECK(options.qkv_format() == "bshd" || options.qkv_format() == "thd",
+           "MultiHeadAttention: qkv_format '", options.qkv_format(),
+           "' is not 'bshd' or 'thd' ('sbhd' is DotProductAttention's only)");
+  TE_CHECK(options.qkv_format() != "thd" || options.self_attention(),
+           "MultiHeadAttention: qkv_format 'thd' is for self attention; cross attention takes "
+           "bshd here");
   // Resolved (and warned about) once here; the attention gets the resolved window.
   const F::MaskSpec spec = F::mask_spec(options.attn_mask_type(), options.window_size(),
                                         options.bottom_right_diagonal());
@@ -341,7 +467,8 @@ void MultiHeadAttentionImpl::reset() {
               .attention_dropout(options.attention_dropout())
               .softmax_type(options.softmax_type())
               .scale_factor(options.scale_attn_logits() ? 1.0 / std::sqrt(double(d)) : 1.0)
-              .fused(options.fused_attention())));
+              .fused(options.fused_attention())
+              .qkv_format(options.qkv_format())));
   // TE's attention kernels: variance_scaling(1, fan_in, normal); the query part divided by
   // sqrt(head_dim) when scaled_query_init (then the logits are not scaled).
   const double query_scale = options.scaled_query_init() ? 1.0 / std::sqrt(double(d)) : 1.0;
@@ -429,8 +556,15 @@ std::pair<T, T> mha_forward(MultiHeadAttentionImpl& self, const T& x_in,
                             const AttentionArgs& args) {
   detail::enter(self, "MultiHeadAttention", x_in);
   const MultiHeadAttentionOptions& o = self.options;
-  TE_CHECK(x_in.dim() == 3 && x_in.size(2) == o.hidden_size(), "MultiHeadAttention: input ",
-           detail::shape_of(x_in), " is not [batch, seqlen, ", o.hidden_size(), "]");
+  const bool packed = o.qkv_format() == "thd";
+  if (packed && x_in.dim() == 2) {  // [tokens, hidden]: run as a batch of one
+    const auto [y, ln] = mha_forward(self, detail::batch_of_one(x_in), memory, mask, args);
+    return {detail::tokens_only(y), detail::tokens_only(ln)};
+  }
+  TE_CHECK(x_in.dim() == 3 && x_in.size(2) == o.hidden_size() && (!packed || x_in.size(0) == 1),
+           "MultiHeadAttention: input ", detail::shape_of(x_in), " is not ",
+           packed ? "[tokens, " : "[batch, seqlen, ", o.hidden_size(), "]",
+           packed ? " (or [1, tokens, hidden]) for qkv_format 'thd'" : "");
   TE_CHECK(o.self_attention() != detail::has(memory), "MultiHeadAttention: ",
            o.self_attention() ? "self attention takes no memory; build it with "
                                 "self_attention(false) for cross attention"
@@ -474,7 +608,21 @@ std::pair<T, T> mha_forward(MultiHeadAttentionImpl& self, const T& x_in,
     k = qk_normalized(self, self.k_norm, k);
   }
   AttentionArgs attention_args = args;
-  if (args.rotary_pos_emb().defined()) {
+  if (args.rotary_pos_emb().defined() && packed) {
+    // Positions restart at each sequence's (padded) start (multi_head_attention.py L1156-1181).
+    const at::Tensor& cu_q =
+        args.cu_seqlens_q_padded().defined() ? args.cu_seqlens_q_padded() : args.cu_seqlens_q();
+    const at::Tensor& cu_kv =
+        args.cu_seqlens_kv_padded().defined() ? args.cu_seqlens_kv_padded() : args.cu_seqlens_kv();
+    TE_CHECK(cu_q.defined() && cu_kv.defined(),
+             "MultiHeadAttention: qkv_format 'thd' needs AttentionArgs' cu_seqlens_q and "
+             "cu_seqlens_kv");
+    q = detail::batch_of_one(F::apply_rotary_pos_emb(detail::tokens_only(q), args.rotary_pos_emb(),
+                                                     "thd", o.rotary_pos_interleaved(), cu_q));
+    k = detail::batch_of_one(F::apply_rotary_pos_emb(detail::tokens_only(k), args.rotary_pos_emb(),
+                                                     "thd", o.rotary_pos_interleaved(), cu_kv));
+    attention_args.rotary_pos_emb(at::Tensor());
+  } else if (args.rotary_pos_emb().defined()) {
     q = F::apply_rotary_pos_emb(q, args.rotary_pos_emb(), "bshd", o.rotary_pos_interleaved());
     k = F::apply_rotary_pos_emb(k, args.rotary_pos_emb(), "bshd", o.rotary_pos_interleaved());
     attention_args.rotary_pos_emb(at::Tensor());
@@ -483,7 +631,11 @@ std::pair<T, T> mha_forward(MultiHeadAttentionImpl& self, const T& x_in,
     q = qk_normalized(self, self.q_norm, q);
     k = qk_normalized(self, self.k_norm, k);
   }
-  const T out = F::flatten(self.attention->forward(q, k, v, mask, attention_args), 2);
+  const T attended = packed ? detail::batch_of_one(self.attention->forward(
+                                  detail::tokens_only(q), detail::tokens_only(k),
+                                  detail::tokens_only(v), mask, attention_args))
+                            : self.attention->forward(q, k, v, mask, attention_args);
+  const T out = F::flatten(attended, 2);
   // Tensor parallel: the output constraint is the all-reduce (or reduce-scatter).
   return {detail::project(self, out, "out_", self.out_kernel, self.out_bias, self.out_fp8,
                           {"batch", "seqlen", "hidden_tp"}, act),

@@ -409,8 +409,165 @@ void check_attention_bias(const std::string& bias_type, const at::Tensor& bias,
   }
 }
 
-at::Tensor attention(const at::Tensor& q, const at::Tensor& k_in, const at::Tensor& v_in,
-                     const AttentionCall& call) {
+at::Tensor checked_cu_seqlens(const at::Tensor& cu_seqlens, const std::string& who,
+                              const std::string& name, int64_t tokens) {
+  TE_CHECK(cu_seqlens.defined(), who, ": ", name, " is missing");
+  TE_CHECK(cu_seqlens.dim() == 1 && cu_seqlens.size(0) >= 2 &&
+               !at::isFloatingType(cu_seqlens.scalar_type()) &&
+               cu_seqlens.scalar_type() != at::kBool,
+           who, ": ", name, " must be a 1-D integer tensor of [sequences + 1] >= 2 entries, got ",
+           cu_seqlens.sizes(), " ", cu_seqlens.scalar_type());
+  const at::Tensor cu = cu_seqlens.to(at::kCPU, at::kLong).contiguous();
+  const int64_t* c = cu.data_ptr<int64_t>();
+  const int64_t n = cu.size(0);
+  TE_CHECK(c[0] == 0, who, ": ", name, " starts at ", c[0], ", not 0");
+  for (int64_t i = 1; i < n; ++i) {
+    TE_CHECK(c[i] >= c[i - 1], who, ": ", name, " decreases at entry ", i, " (", c[i - 1], " -> ",
+             c[i], ")");
+  }
+  TE_CHECK(tokens < 0 || c[n - 1] == tokens, who, ": ", name, " ends at ", c[n - 1],
+           " but there are ", tokens, " tokens");
+  return cu;
+}
+
+namespace {
+
+// Where each packed sequence is in one token dim: start and length per sequence.
+struct Packing {
+  std::vector<int64_t> start, length;
+  int64_t longest = 0;
+};
+
+Packing packing(const at::Tensor& cu_seqlens, const at::Tensor& padded, int64_t tokens,
+                const char* side, int64_t max_seqlen) {
+  const std::string name = std::string("cu_seqlens_") + side;
+  const at::Tensor cu =
+      checked_cu_seqlens(cu_seqlens, "attention", name, padded.defined() ? -1 : tokens);
+  const int64_t n = cu.size(0) - 1;
+  const int64_t* c = cu.data_ptr<int64_t>();
+  Packing p;
+  p.start.assign(c, c + n);
+  for (int64_t i = 0; i < n; ++i) p.length.push_back(c[i + 1] - c[i]);
+  if (padded.defined()) {
+    const at::Tensor pc = checked_cu_seqlens(padded, "attention", name + "_padded", tokens);
+    TE_CHECK(pc.size(0) == cu.size(0), "attention: ", name, "_padded has ", pc.size(0),
+             " entries but ", name, " has ", cu.size(0), ": both are [sequences + 1]");
+    const int64_t* pp = pc.data_ptr<int64_t>();
+    for (int64_t i = 0; i < n; ++i) {
+      TE_CHECK(pp[i + 1] - pp[i] >= p.length[static_cast<std::size_t>(i)], "attention: sequence ",
+               i, " has ", p.length[static_cast<std::size_t>(i)], " tokens (", name, ") but only ",
+               pp[i + 1] - pp[i], " slots in ", name, "_padded");
+      p.start[static_cast<std::size_t>(i)] = pp[i];
+    }
+  }
+  for (const int64_t l : p.length) p.longest = std::max(p.longest, l);
+  TE_CHECK(max_seqlen <= 0 || max_seqlen >= p.longest, "attention: max_seqlen_", side, " ",
+           max_seqlen, " is shorter than the longest sequence (", p.longest, " tokens) of ", name);
+  return p;
+}
+
+// A padding type means, for one packed sequence alone, its causal part.
+std::string unpadded_type(const std::string& type) {
+  if (type == "padding") return "no_mask";
+  if (type == "padding_causal") return "causal";
+  return "causal_bottom_right";  // padding_causal_bottom_right
+}
+
+at::Tensor dense_attention(const at::Tensor& q, const at::Tensor& k_in, const at::Tensor& v_in,
+                           const AttentionCall& call);
+
+// The call one packed sequence makes: a batch of one, at row `index` of the padded global
+// [sequences, heads, max_seqlen_q, max_seqlen_kv] for dropout.
+AttentionCall sequence_call(const AttentionCall& call, int64_t index, int64_t sequences,
+                            int64_t max_q, int64_t max_kv) {
+  AttentionCall one = call;
+  one.packed = {};
+  one.spec.type = unpadded_type(call.spec.type);
+  if (call.alibi_slopes.defined() && call.alibi_slopes.dim() == 2) {
+    one.alibi_slopes = call.alibi_slopes.narrow(0, index, 1);
+  }
+  one.global_batch = sequences;
+  one.batch_offset = index;
+  one.global_seqlen_q = max_q;
+  one.global_seqlen_kv = max_kv;
+  return one;
+}
+
+struct PackedInputs {
+  Packing pq, pk;
+  int64_t max_q = 0, max_kv = 0;
+};
+
+PackedInputs check_packed(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const AttentionCall& call) {
+  TE_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3,
+           "attention: packed q, k, v (qkv_format 'thd') must be [tokens, heads, head_dim], got ",
+           q.sizes(), ", ", k.sizes(), ", ", v.sizes());
+  TE_CHECK(call.spec.padding(), "attention: qkv_format 'thd' needs a padding mask type (padding, ",
+           "padding_causal or padding_causal_bottom_right), as TE's; got '", call.spec.type, "'");
+  TE_CHECK(!call.mask.defined(), "attention: qkv_format 'thd' takes no mask: cu_seqlens_q and ",
+           "cu_seqlens_kv say where each sequence is");
+  TE_CHECK(call.bias_type == "no_bias" || call.bias_type == "alibi",
+           "attention: core_attention_bias_type '", call.bias_type,
+           "' is not supported with qkv_format 'thd' (TE's packed attention takes no_bias or "
+           "alibi): pad the batch to bshd for a bias tensor");
+  const PackedSequences& s = call.packed;
+  TE_CHECK(s.cu_seqlens_q.defined() && s.cu_seqlens_kv.defined(),
+           "attention: qkv_format 'thd' needs cu_seqlens_q and cu_seqlens_kv");
+  PackedInputs in;
+  in.pq = packing(s.cu_seqlens_q, s.cu_seqlens_q_padded, q.size(0), "q", s.max_seqlen_q);
+  in.pk = packing(s.cu_seqlens_kv, s.cu_seqlens_kv_padded, k.size(0), "kv", s.max_seqlen_kv);
+  TE_CHECK(in.pq.length.size() == in.pk.length.size(), "attention: cu_seqlens_q has ",
+           in.pq.length.size() + 1, " entries but cu_seqlens_kv has ", in.pk.length.size() + 1,
+           ": both are [sequences + 1]");
+  TE_CHECK(k.sizes() == v.sizes() && q.size(2) == k.size(2), "attention: q ", q.sizes(), " k ",
+           k.sizes(), " v ", v.sizes(), " disagree on head_dim or key/value shape");
+  const int64_t n = static_cast<int64_t>(in.pq.length.size());
+  TE_CHECK(!call.alibi_slopes.defined() || call.alibi_slopes.dim() != 2 ||
+               call.alibi_slopes.size(0) == n,
+           "attention: alibi_slopes ",
+           call.alibi_slopes.defined() ? call.alibi_slopes.sizes() : at::IntArrayRef{},
+           " are not [heads] or [sequences ", n, ", heads]");
+  in.max_q = s.max_seqlen_q > 0 ? s.max_seqlen_q : in.pq.longest;
+  in.max_kv = s.max_seqlen_kv > 0 ? s.max_seqlen_kv : in.pk.longest;
+  return in;
+}
+
+// Each sequence attends alone; tokens outside every sequence are zeros. One dropout call for the
+// whole batch: every sequence draws its piece from the same call's stream.
+at::Tensor packed_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const AttentionCall& call) {
+  const PackedInputs in = check_packed(q, k, v, call);
+  const int64_t n = static_cast<int64_t>(in.pq.length.size()), t = q.size(0);
+  const bool draws = call.training && call.dropout > 0;
+  const RngState before = rng_state();
+  std::vector<at::Tensor> pieces;
+  int64_t at_token = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const auto u = static_cast<std::size_t>(i);
+    const int64_t start = in.pq.start[u], lq = in.pq.length[u], lk = in.pk.length[u];
+    if (start > at_token)
+      pieces.push_back(at::zeros({start - at_token, q.size(1), v.size(2)}, q.options()));
+    at_token = start + lq;
+    if (lq == 0) continue;
+    if (lk == 0) {  // no key: the rows are dead
+      pieces.push_back(at::zeros({lq, q.size(1), v.size(2)}, q.options()));
+      continue;
+    }
+    if (draws) set_rng_state(before);
+    pieces.push_back(dense_attention(q.narrow(0, start, lq).unsqueeze(0),
+                                     k.narrow(0, in.pk.start[u], lk).unsqueeze(0),
+                                     v.narrow(0, in.pk.start[u], lk).unsqueeze(0),
+                                     sequence_call(call, i, n, in.max_q, in.max_kv))
+                         .squeeze(0));
+  }
+  if (t > at_token) pieces.push_back(at::zeros({t - at_token, q.size(1), v.size(2)}, q.options()));
+  if (draws) set_rng_state({before.seed, before.calls + 1});
+  return pieces.empty() ? at::zeros({0, q.size(1), v.size(2)}, q.options()) : at::cat(pieces, 0);
+}
+
+at::Tensor dense_attention(const at::Tensor& q, const at::Tensor& k_in, const at::Tensor& v_in,
+                           const AttentionCall& call) {
   check_attention_inputs(q, k_in, v_in, call);
 #if TE_HAS_SDPA
   if (const auto c = sdpa_call(q, k_in, v_in, call)) {
@@ -449,8 +606,9 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k_in, const at::Tens
   if (has_sink(call)) probs = probs.narrow(-1, 0, sk);
   if (call.training && call.dropout > 0) {
     const std::vector<int64_t> global = {call.global_batch ? call.global_batch : probs.size(0),
-                                         call.global_heads ? call.global_heads : probs.size(1), sq,
-                                         sk};
+                                         call.global_heads ? call.global_heads : probs.size(1),
+                                         call.global_seqlen_q ? call.global_seqlen_q : sq,
+                                         call.global_seqlen_kv ? call.global_seqlen_kv : sk};
     probs = functional::dropout(probs, call.dropout, true, global,
                                 {call.batch_offset, call.head_offset, 0, 0});
   }
@@ -460,8 +618,33 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k_in, const at::Tens
       .transpose(1, 2);
 }
 
-AttentionPlan attention_plan(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                             const AttentionCall& call) {
+}  // namespace
+
+at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                     const AttentionCall& call) {
+  if (call.packed.defined() || q.dim() == 3) return packed_attention(q, k, v, call);
+  return dense_attention(q, k, v, call);
+}
+
+AttentionPlan attention_plan(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
+                             const AttentionCall& call_in) {
+  // Packed sequences: the plan of the first one with queries and keys (each runs alike).
+  at::Tensor q = q_in, k = k_in, v = v_in;
+  AttentionCall call = call_in;
+  if (call_in.packed.defined() || q_in.dim() == 3) {
+    const PackedInputs in = check_packed(q_in, k_in, v_in, call_in);
+    const int64_t n = static_cast<int64_t>(in.pq.length.size());
+    for (int64_t i = 0; i < n; ++i) {
+      const auto u = static_cast<std::size_t>(i);
+      if (in.pq.length[u] == 0 || in.pk.length[u] == 0) continue;
+      q = q_in.narrow(0, in.pq.start[u], in.pq.length[u]).unsqueeze(0);
+      k = k_in.narrow(0, in.pk.start[u], in.pk.length[u]).unsqueeze(0);
+      v = v_in.narrow(0, in.pk.start[u], in.pk.length[u]).unsqueeze(0);
+      call = sequence_call(call_in, i, n, in.max_q, in.max_kv);
+      break;
+    }
+    if (q.dim() == 3) return {"unfused"};  // no sequence attends
+  }
   check_attention_inputs(q, k, v, call);
   AttentionPlan plan;
 #if TE_HAS_SDPA

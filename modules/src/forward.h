@@ -70,6 +70,14 @@ inline void enter(const ShardedModule& module, const char* what, const at::Tenso
 }
 inline void enter(const ShardedModule&, const char*, const DTensor&) {}
 
+/// Packed sequences (qkv_format "thd") as a batch of one and back: [tokens, ...] <->
+/// [1, tokens, ...]. On a DTensor the shards follow their dims; a split token dim (or a split
+/// batch of one) is a te::Error, as TE's thd has no such layout.
+inline at::Tensor batch_of_one(const at::Tensor& t) { return t.unsqueeze(0); }
+DTensor batch_of_one(const DTensor& t);
+inline at::Tensor tokens_only(const at::Tensor& t) { return t.squeeze(0); }
+DTensor tokens_only(const DTensor& t);
+
 inline std::string shape_of(const at::Tensor& x) {
   std::ostringstream os;
   os << x.sizes();

@@ -135,19 +135,10 @@ RopeArgs check_rope(at::IntArrayRef sizes, const at::Tensor& freqs, const std::s
   int64_t longest = 0, sequences = 0;
   if (a.layout.packed) {
     TE_CHECK(cu_seqlens.defined(), "apply_rotary_pos_emb: tensor_format 'thd' needs cu_seqlens");
-    a.cu_seqlens = index_vector(cu_seqlens, "cu_seqlens");
+    a.cu_seqlens = checked_cu_seqlens(cu_seqlens, "apply_rotary_pos_emb", "cu_seqlens", shape[0]);
     const auto n = a.cu_seqlens.size(0);
-    TE_CHECK(n >= 2, "apply_rotary_pos_emb: cu_seqlens ", cu_seqlens.sizes(),
-             " needs at least 2 entries ([sequences + 1])");
     const int64_t* cu = a.cu_seqlens.data_ptr<int64_t>();
-    TE_CHECK(cu[0] == 0, "apply_rotary_pos_emb: cu_seqlens starts at ", cu[0], ", not 0");
-    for (int64_t i = 1; i < n; ++i) {
-      TE_CHECK(cu[i] >= cu[i - 1], "apply_rotary_pos_emb: cu_seqlens decreases at entry ", i, " (",
-               cu[i - 1], " -> ", cu[i], ")");
-      longest = std::max(longest, cu[i] - cu[i - 1]);
-    }
-    TE_CHECK(cu[n - 1] == shape[0], "apply_rotary_pos_emb: cu_seqlens ends at ", cu[n - 1],
-             " but t has ", shape[0], " tokens");
+    for (int64_t i = 1; i < n; ++i) longest = std::max(longest, cu[i] - cu[i - 1]);
     sequences = n - 1;
   } else {
     TE_CHECK(!cu_seqlens.defined(),

@@ -33,6 +33,14 @@ void TransformerLayerImpl::reset() {
              "TransformerLayer: parallel_attention_mlp cannot be combined with "
              "apply_residual_connection_post_layernorm or output_layernorm");
   }
+  if (options.attn_input_format() == "thd") {
+    TE_CHECK(options.layer_type() == "encoder",
+             "TransformerLayer: attn_input_format 'thd' needs layer_type 'encoder' (the cross "
+             "attention takes bshd here)");
+    TE_CHECK(options.drop_path_rate() == 0,
+             "TransformerLayer: drop_path_rate with attn_input_format 'thd' is not supported "
+             "(TE's drop path draws per row of dim 0, here per token): set it to 0 or use bshd");
+  }
   const auto norm = LayerNormOptions(options.hidden_size())
                         .layernorm_type(options.layernorm_type())
                         .epsilon(options.layernorm_epsilon())
@@ -52,6 +60,7 @@ void TransformerLayerImpl::reset() {
                        .enable_sequence_parallel(options.enable_sequence_parallel())
                        .fused_attention(options.fused_attention())
                        .rotary_pos_interleaved(options.rotary_pos_interleaved())
+                       .qkv_format(options.attn_input_format())
                        .qkv_kernel_axes(options.qkv_kernel_axes())
                        .kv_kernel_axes(options.qkv_kernel_axes())
                        .out_kernel_axes(options.out_kernel_axes());
@@ -113,6 +122,10 @@ T layer_forward(TransformerLayerImpl& self, const T& x_in, const at::Tensor& mas
            "TransformerLayer: an encoder takes no memory; build it with layer_type(\"decoder\")");
   TE_CHECK(o.layer_type() == "encoder" || detail::has(memory),
            "TransformerLayer: a decoder needs the encoder output (memory)");
+  if (o.attn_input_format() == "thd" && x_in.dim() == 2) {  // [tokens, hidden]: a batch of one
+    return detail::tokens_only(
+        layer_forward(self, detail::batch_of_one(x_in), mask, memory, memory_mask, args));
+  }
   const bool training = self.is_training();
   // TE's _bias_dropout_add (transformer.py L976-998 at d0067d0da): hidden dropout, then drop
   // path on the self attention's and the MLP's branches, then the residual.

@@ -306,7 +306,7 @@ std::vector<Case> cases() {
                                           at::tensor({0, 4, 3, 6}));
        }},
       {"modules", "cu_seqlens that do not match the token count",
-       "cu_seqlens ends at 5 but t has 6 tokens",
+       "cu_seqlens ends at 5 but there are 6 tokens",
        [] {
          functional::apply_rotary_pos_emb(at::zeros({6, 2, 8}),
                                           RotaryPositionEmbedding(8)->forward(8), "thd", false,
@@ -389,6 +389,42 @@ std::vector<Case> cases() {
          const at::Tensor q = at::zeros({1, 2, 4, 8});
          dpa(q, q, q, {},
              AttentionArgs().core_attention_bias_type("alibi").alibi_slopes(at::ones({3})));
+       }},
+      {"modules", "packed sequences (qkv_format thd) without a padding mask type",
+       "qkv_format 'thd' needs a padding attn_mask_type",
+       [] {
+         DotProductAttention(
+             DotProductAttentionOptions(4, 8).attn_mask_type("causal").qkv_format("thd"));
+       }},
+      {"modules", "cu_seqlens_q that does not match the packed token count",
+       "cu_seqlens_q ends at 5 but there are 6 tokens",
+       [] {
+         DotProductAttention dpa(
+             DotProductAttentionOptions(4, 8).attn_mask_type("padding").qkv_format("thd"));
+         const at::Tensor q = at::zeros({6, 4, 8});
+         dpa(q, q, q, {},
+             AttentionArgs().cu_seqlens_q(at::tensor({0, 5})).cu_seqlens_kv(at::tensor({0, 6})));
+       }},
+      {"modules", "a bias tensor with packed sequences",
+       "core_attention_bias_type 'post_scale_bias' is not supported with qkv_format 'thd'",
+       [] {
+         DotProductAttention dpa(
+             DotProductAttentionOptions(4, 8).attn_mask_type("padding").qkv_format("thd"));
+         const at::Tensor q = at::zeros({6, 4, 8});
+         dpa(q, q, q, {},
+             AttentionArgs()
+                 .cu_seqlens_q(at::tensor({0, 6}))
+                 .cu_seqlens_kv(at::tensor({0, 6}))
+                 .core_attention_bias_type("post_scale_bias")
+                 .core_attention_bias(at::zeros({1, 4, 6, 6})));
+       }},
+      {"modules", "cu_seqlens given to whole (bshd) sequences",
+       "cu_seqlens are for qkv_format 'thd'",
+       [] {
+         DotProductAttention dpa(DotProductAttentionOptions(4, 8).attn_mask_type("no_mask"));
+         const at::Tensor q = at::zeros({1, 2, 4, 8});
+         dpa(q, q, q, {},
+             AttentionArgs().cu_seqlens_q(at::tensor({0, 2})).cu_seqlens_kv(at::tensor({0, 2})));
        }},
       {"modules", "an unknown softmax type",
        "softmax_type 'sink' is not one of vanilla, off-by-one, learnable",

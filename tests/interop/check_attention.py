@@ -8,6 +8,8 @@ dot_product_attention/dot_product_attention.py and utils.py get_full_mask, at d0
   causal_bottom_right          torch.nn.attention.bias.causal_lower_right(sq, sk)
   padding*                     each sequence alone, cut to its valid queries and keys, with the
                                mask type's diagonal; its padded query rows must be zeros
+  thd (packed, cu_seqlens)     each sequence alone likewise, from its (padded) start; the free
+                               slots between sequences must be zeros
   arbitrary                    attn_mask = the logical not of te's mask (PyTorch: true = attend)
   window (left, right)         TE's definition: query i sees keys i + off - left ... i + off +
                                right, off = sk - sq (bottom-right) or 0 (top-left causal)
@@ -71,7 +73,16 @@ def reference(c):
     k = tensor(c["k"]).requires_grad_()
     v = tensor(c["v"]).requires_grad_()
     t, window, scale = c["type"], c.get("window"), c["scale"]
-    if t.startswith("padding"):
+    if c.get("format") == "thd":
+        # Packed: each sequence alone, its type's causal part; the free slots stay zero.
+        one = {"padding": "no_mask", "padding_causal": "causal",
+               "padding_causal_bottom_right": "causal_bottom_right"}[t]
+        y = torch.zeros(q.shape[0], q.shape[1], q.shape[2], dtype=q.dtype)
+        for sq0, lq, sk0, lk in zip(c["starts_q"], c["lengths_q"], c["starts_k"], c["lengths_k"]):
+            part = sdpa(q[None, sq0 : sq0 + lq], k[None, sk0 : sk0 + lk], v[None, sk0 : sk0 + lk],
+                        scale, one, window)[0]
+            y = y.index_add(0, torch.arange(sq0, sq0 + lq), part)
+    elif t.startswith("padding"):
         # Sequence by sequence, each cut to its own length: the reference knows nothing of masks.
         rows = []
         for n, length in enumerate(c["lengths"]):

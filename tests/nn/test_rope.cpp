@@ -262,7 +262,7 @@ TEST(ApplyRotaryPosEmb, ReportsBadInput) {
   EXPECT_ERROR(F::apply_rotary_pos_emb(packed, freqs, "thd", false, at::tensor({0, 5, 3, 8})),
                "cu_seqlens decreases at entry 2 (5 -> 3)");
   EXPECT_ERROR(F::apply_rotary_pos_emb(packed, freqs, "thd", false, at::tensor({0, 4, 7})),
-               "cu_seqlens ends at 7 but t has 8 tokens");
+               "cu_seqlens ends at 7 but there are 8 tokens");
   EXPECT_ERROR(F::apply_rotary_pos_emb(packed, freqs, "thd", false, at::tensor({0, 8})),
                "positions up to 7 need freqs for 8 positions, but freqs has 6");
   EXPECT_ERROR(F::apply_rotary_pos_emb(t, freqs, "thd", false, at::tensor({0, 8})),

@@ -51,6 +51,18 @@ struct AttentionArgs {
   /// MultiHeadAttention does (apply_rotary_pos_emb, bshd). MultiHeadAttention and
   /// TransformerLayer only: DotProductAttention takes q and k as they are.
   TORCH_ARG(at::Tensor, rotary_pos_emb);
+  /// qkv_format "thd" (packed sequences, functional::PackedSequences): sequence i is tokens
+  /// cu_seqlens_q[i] ... cu_seqlens_q[i + 1] - 1 of the queries (from cu_seqlens_q_padded[i]
+  /// when given: tokens between sequences take no part), likewise the keys and values;
+  /// [sequences + 1] integer tensors from 0. RoPE positions restart at each sequence.
+  TORCH_ARG(at::Tensor, cu_seqlens_q);
+  TORCH_ARG(at::Tensor, cu_seqlens_kv);
+  TORCH_ARG(at::Tensor, cu_seqlens_q_padded);
+  TORCH_ARG(at::Tensor, cu_seqlens_kv_padded);
+  /// The longest query and key/value sequence ("thd"; 0: read from cu_seqlens); bshd/sbhd: the
+  /// seqlen dims, which they must equal when given.
+  TORCH_ARG(int64_t, max_seqlen_q) = 0;
+  TORCH_ARG(int64_t, max_seqlen_kv) = 0;
 };
 
 /// Options for DotProductAttention over `num_attention_heads` heads of `head_dim`.
@@ -88,6 +100,11 @@ struct DotProductAttentionOptions {
   /// Use at::scaled_dot_product_attention where this LibTorch has it (2.0+) and it computes the
   /// same (vanilla softmax); same numbers.
   TORCH_ARG(bool, fused) = true;
+  /// TE's qkv_format: "bshd" ([batch, seqlen, heads, head_dim]; TE-PyTorch's default is
+  /// "sbhd"), "sbhd" ([seqlen, batch, heads, head_dim]) or "thd" (packed sequences
+  /// [tokens, heads, head_dim], with AttentionArgs' cu_seqlens_q/kv; a padding mask type, no mask
+  /// tensor; on a mesh the heads may be sharded, the tokens not). The output has q's format.
+  TORCH_ARG(std::string, qkv_format) = "bshd";
 };
 
 /// softmax(q k^T * scale + mask) v per head, with TE's masks (functional::MaskSpec). `mask` (for
@@ -193,6 +210,10 @@ struct MultiHeadAttentionOptions {
   TORCH_ARG(std::optional<std::string>, qk_norm_type) = std::nullopt;
   TORCH_ARG(double, qk_norm_eps) = 1e-6;
   TORCH_ARG(bool, qk_norm_before_rope) = false;
+  /// "bshd" (x [batch, seqlen, hidden]) or "thd": x is packed sequences [tokens, hidden] (or
+  /// [1, tokens, hidden]), with AttentionArgs' cu_seqlens; each sequence attends to itself only
+  /// and RoPE restarts at each (TE's qkv_format; "sbhd" is DotProductAttention's only).
+  TORCH_ARG(std::string, qkv_format) = "bshd";
   /// The rotary_pos_emb given to forward (AttentionArgs) rotates interleaved pairs (GPT-J) instead
   /// of halves (Llama); TE's rotary_pos_interleaved. Make the frequencies with the same choice
   /// (RotaryPositionEmbeddingOptions::interleaved).

@@ -189,6 +189,29 @@ void check_attention_bias(const std::string& bias_type, const at::Tensor& bias,
                           const at::Tensor& slopes, int64_t batch, int64_t heads, int64_t seqlen_q,
                           int64_t seqlen_kv);
 
+/// Packed variable-length sequences (TE's qkv_format "thd", dot_product_attention.py
+/// L1446-1480 and L1781-1807 at d0067d0da): sequence i's queries are tokens
+/// start_q[i] ... start_q[i] + len_q[i] - 1 of q's token dim, with len_q[i] = cu_seqlens_q[i + 1]
+/// - cu_seqlens_q[i] and start_q[i] = cu_seqlens_q_padded[i] (undefined: cu_seqlens_q[i]); its
+/// keys and values likewise. Tokens between one sequence's end and the next one's padded start
+/// take no part: their outputs are zero and get no gradient. Each cu_seqlens is [sequences + 1],
+/// integer, starting at 0 and never decreasing, all four the same length; the (padded, when
+/// given) last entry is the token count. max_seqlen_q / max_seqlen_kv (0: the longest sequence)
+/// bound the lengths (a shorter one is a te::Error) and shape the global tensor dropout draws
+/// from, [sequences, heads, max_seqlen_q, max_seqlen_kv], so a packed batch drops what the same
+/// batch padded to those lengths drops.
+struct PackedSequences {
+  at::Tensor cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded;
+  int64_t max_seqlen_q = 0, max_seqlen_kv = 0;
+  bool defined() const { return cu_seqlens_q.defined() || cu_seqlens_kv.defined(); }
+};
+
+/// `cu_seqlens` checked (1-D integer, >= 2 entries, starting at 0, never decreasing and, when
+/// `tokens` >= 0, ending at it) and returned as a CPU int64 tensor; te::Error naming `who` and
+/// `name` otherwise. The one check of TE's cumulative sequence lengths (attention, RoPE).
+at::Tensor checked_cu_seqlens(const at::Tensor& cu_seqlens, const std::string& who,
+                              const std::string& name, int64_t tokens);
+
 /// What functional::attention computes with besides q, k and v.
 struct AttentionCall {
   /// Which keys each query sees (MaskSpec), and the types' bool mask (true = masked out): the
@@ -219,9 +242,18 @@ struct AttentionCall {
   /// and `global_heads` heads (0: the local sizes), the mask, bias, slopes and softmax offset
   /// being that slice of the global ones: dropout draws from the global positions.
   int64_t global_batch = 0, batch_offset = 0, global_heads = 0, head_offset = 0;
+  /// The global tensor's query and key lengths for dropout (0: the local ones), which a packed
+  /// sequence is the top-left corner of.
+  int64_t global_seqlen_q = 0, global_seqlen_kv = 0;
+  /// q, k, v [tokens, heads, head_dim] hold packed sequences (qkv_format "thd"): where each is.
+  /// The spec is then a padding type, which per sequence means its causal part; no mask, no
+  /// pre- or post-scale bias (TE's thd takes none); ALiBi slopes [heads] or [sequences, heads].
+  PackedSequences packed;
 };
 
-/// Attention on local [batch, seqlen, heads, head_dim] tensors, as TE's unfused backend computes
+/// Attention on local [batch, seqlen, heads, head_dim] tensors (or packed [tokens, heads,
+/// head_dim] ones with call.packed: each sequence attends to its own keys only, as if run alone,
+/// and the result is [tokens, heads, head_dim]), as TE's unfused backend computes
 /// it (dot_product_attention/backends.py L619-709 at d0067d0da): logits q k^T scaled and biased
 /// as `call.bias_type` says, masked, a sink column appended for the non-vanilla softmax types
 /// (and dropped after the softmax), softmax, dropout, times v. A query that sees no key (a padded

@@ -38,6 +38,10 @@ struct TransformerLayerOptions {
   TORCH_ARG(std::string, self_attn_mask_type) = "causal";
   TORCH_ARG(std::optional<WindowSize>, window_size) = std::nullopt;
   TORCH_ARG(std::optional<bool>, bottom_right_diagonal) = std::nullopt;
+  /// TE's attn_input_format: "bshd" (x [batch, seqlen, hidden]) or "thd" (packed sequences
+  /// x [tokens, hidden] with AttentionArgs' cu_seqlens; a padding self_attn_mask_type; encoders,
+  /// no drop path). MultiHeadAttentionOptions::qkv_format.
+  TORCH_ARG(std::string, attn_input_format) = "bshd";
   TORCH_ARG(std::string, layernorm_type) = "layernorm";
   TORCH_ARG(double, layernorm_epsilon) = 1e-6;
   TORCH_ARG(bool, zero_centered_gamma) = false;
