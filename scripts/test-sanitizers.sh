@@ -42,7 +42,11 @@ case "$kind" in
     ;;
 esac
 
+# -O1 -g, as the sanitizers' documentation suggests: a third less compile time than
+# RelWithDebInfo's -O2 (37 s -> 26 s for modules/src/attention.cpp under ASan + UBSan), full
+# stack traces; the tests' time is LibTorch's, which is not instrumented either way.
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTE_SANITIZE="$sanitize" \
+  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g -DNDEBUG" \
   -DTE_CUDA=OFF -DTE_BUILD_BENCH=OFF --log-level=WARNING
 cmake --build "$build_dir" --target "${targets[@]}"
 ctest --test-dir "$build_dir" --output-on-failure -j "$(nproc)" -R "$filter" "$@"

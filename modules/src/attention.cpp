@@ -82,9 +82,10 @@ DotProductAttentionImpl::DotProductAttentionImpl(const DotProductAttentionOption
 }
 
 void DotProductAttentionImpl::reset() {
-  TE_CHECK(options.num_attention_heads() > 0 && options.head_dim() > 0,
+  TE_CHECK(options.num_attention_heads() > 0 && options.head_dim() > 0 && options.head_dim_v() >= 0,
            "DotProductAttention: num_attention_heads (", options.num_attention_heads(),
-           ") and head_dim (", options.head_dim(), ") must be positive");
+           ") and head_dim (", options.head_dim(), ") must be positive, head_dim_v (",
+           options.head_dim_v(), ") positive or 0 (head_dim)");
   const int64_t groups =
       options.num_gqa_groups() == 0 ? options.num_attention_heads() : options.num_gqa_groups();
   TE_CHECK(groups > 0 && options.num_attention_heads() % groups == 0,
@@ -114,6 +115,9 @@ void DotProductAttentionImpl::reset() {
 void DotProductAttentionImpl::pretty_print(std::ostream& stream) const {
   stream << "te::nn::DotProductAttention(heads=" << options.num_attention_heads()
          << ", head_dim=" << options.head_dim();
+  if (options.head_dim_v() != 0 && options.head_dim_v() != options.head_dim()) {
+    stream << ", head_dim_v=" << options.head_dim_v();
+  }
   if (options.num_gqa_groups() != 0) stream << ", gqa_groups=" << options.num_gqa_groups();
   stream << ", mask=" << options.attn_mask_type();
   if (mask_spec.window_left >= 0 || (!mask_spec.causal() && mask_spec.window_right >= 0)) {
@@ -275,6 +279,14 @@ F::AttentionCall attention_call(const DotProductAttentionImpl& self, const Arran
            "TransformerLayer");
   const int64_t batch = a.q.size(0), heads = a.q.size(2), sq = a.q.size(1), sk = a.k.size(1);
   const bool packed = self.options.qkv_format() == "thd";
+  // The head dims it was built with, as TE asserts them (dot_product_attention.py L1716-1725).
+  const int64_t dv =
+      self.options.head_dim_v() ? self.options.head_dim_v() : self.options.head_dim();
+  TE_CHECK(a.q.size(3) == self.options.head_dim() && a.k.size(3) == self.options.head_dim() &&
+               a.v.size(3) == dv,
+           "DotProductAttention: q ", detail::shape_of(a.q), ", k ", detail::shape_of(a.k), ", v ",
+           detail::shape_of(a.v), " (as bshd) do not have head_dim ", self.options.head_dim(),
+           " (q, k) and ", dv, " (v) in their last dim");
   F::AttentionCall call;
   call.spec = self.mask_spec;
   if (packed) {
@@ -356,6 +368,14 @@ T attention_forward(const DotProductAttentionImpl& self, const T& query, const T
                     const T& value, const at::Tensor& mask, const AttentionArgs& args,
                     bool training) {
   const std::string& format = self.options.qkv_format();
+  const int64_t dims = format == "thd" ? 3 : 4;
+  TE_CHECK(query.dim() == dims && key.dim() == dims && value.dim() == dims,
+           "DotProductAttention: q ", detail::shape_of(query), ", k ", detail::shape_of(key),
+           ", v ", detail::shape_of(value), " are not ",
+           format == "thd"    ? "[tokens, heads, head_dim]"
+           : format == "sbhd" ? "[seqlen, batch, heads, head_dim]"
+                              : "[batch, seqlen, heads, head_dim]",
+           " (qkv_format '", format, "')");
   if (format == "sbhd") {
     return swapped(
         bshd_forward(self, swapped(query), swapped(key), swapped(value), mask, args, training));

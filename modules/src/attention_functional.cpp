@@ -31,7 +31,9 @@ void check_attention_inputs(const at::Tensor& q, const at::Tensor& k, const at::
   TE_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
            "attention: q, k, v must be [batch, seqlen, heads, head_dim], got ", q.sizes(), ", ",
            k.sizes(), ", ", v.sizes());
-  TE_CHECK(k.sizes() == v.sizes() && q.size(0) == k.size(0) && q.size(3) == k.size(3),
+  // v's head dim may differ from q's and k's (TE's kv_channels = (qk dim, v dim)).
+  TE_CHECK(k.sizes().slice(0, 3) == v.sizes().slice(0, 3) && q.size(0) == k.size(0) &&
+               q.size(3) == k.size(3),
            "attention: q ", q.sizes(), " k ", k.sizes(), " v ", v.sizes(),
            " disagree on batch, head_dim or key/value shape");
   TE_CHECK(k.size(2) > 0 && q.size(2) % k.size(2) == 0, "attention: ", q.size(2),
@@ -520,8 +522,9 @@ PackedInputs check_packed(const at::Tensor& q, const at::Tensor& k, const at::Te
   TE_CHECK(in.pq.length.size() == in.pk.length.size(), "attention: cu_seqlens_q has ",
            in.pq.length.size() + 1, " entries but cu_seqlens_kv has ", in.pk.length.size() + 1,
            ": both are [sequences + 1]");
-  TE_CHECK(k.sizes() == v.sizes() && q.size(2) == k.size(2), "attention: q ", q.sizes(), " k ",
-           k.sizes(), " v ", v.sizes(), " disagree on head_dim or key/value shape");
+  TE_CHECK(k.sizes().slice(0, 2) == v.sizes().slice(0, 2) && q.size(2) == k.size(2),
+           "attention: q ", q.sizes(), " k ", k.sizes(), " v ", v.sizes(),
+           " disagree on head_dim or key/value shape");
   const int64_t n = static_cast<int64_t>(in.pq.length.size());
   TE_CHECK(!call.alibi_slopes.defined() || call.alibi_slopes.dim() != 2 ||
                call.alibi_slopes.size(0) == n,
@@ -533,35 +536,51 @@ PackedInputs check_packed(const at::Tensor& q, const at::Tensor& k, const at::Te
   return in;
 }
 
-// Each sequence attends alone; tokens outside every sequence are zeros. One dropout call for the
-// whole batch: every sequence draws its piece from the same call's stream.
+// The token dim cut into its sequences and the free slots around them (sizes for
+// split_with_sizes, whose backward is one cat, where a narrow per sequence would each add a
+// full-size gradient), and which segment holds sequence i.
+struct Segments {
+  std::vector<int64_t> sizes, of_sequence;
+};
+Segments segments(const Packing& p, int64_t tokens) {
+  Segments s;
+  int64_t at_token = 0;
+  for (std::size_t i = 0; i < p.start.size(); ++i) {
+    if (p.start[i] > at_token) s.sizes.push_back(p.start[i] - at_token);
+    s.of_sequence.push_back(static_cast<int64_t>(s.sizes.size()));
+    s.sizes.push_back(p.length[i]);
+    at_token = p.start[i] + p.length[i];
+  }
+  if (tokens > at_token) s.sizes.push_back(tokens - at_token);
+  return s;
+}
+
+// Each sequence attends alone; the free slots are zeros. One dropout call for the whole batch:
+// every sequence draws its piece from the same call's stream.
 at::Tensor packed_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const AttentionCall& call) {
   const PackedInputs in = check_packed(q, k, v, call);
-  const int64_t n = static_cast<int64_t>(in.pq.length.size()), t = q.size(0);
+  const int64_t n = static_cast<int64_t>(in.pq.length.size());
+  const Segments sq = segments(in.pq, q.size(0)), sk = segments(in.pk, k.size(0));
+  const std::vector<at::Tensor> qs = q.split_with_sizes(sq.sizes),
+                                ks = k.split_with_sizes(sk.sizes),
+                                vs = v.split_with_sizes(sk.sizes);
   const bool draws = call.training && call.dropout > 0;
   const RngState before = rng_state();
-  std::vector<at::Tensor> pieces;
-  int64_t at_token = 0;
+  std::vector<at::Tensor> pieces;  // the output's segments, as q's
+  for (std::size_t j = 0; j < sq.sizes.size(); ++j) {
+    pieces.push_back(at::zeros({sq.sizes[j], q.size(1), v.size(2)}, q.options()));
+  }
   for (int64_t i = 0; i < n; ++i) {
     const auto u = static_cast<std::size_t>(i);
-    const int64_t start = in.pq.start[u], lq = in.pq.length[u], lk = in.pk.length[u];
-    if (start > at_token)
-      pieces.push_back(at::zeros({start - at_token, q.size(1), v.size(2)}, q.options()));
-    at_token = start + lq;
-    if (lq == 0) continue;
-    if (lk == 0) {  // no key: the rows are dead
-      pieces.push_back(at::zeros({lq, q.size(1), v.size(2)}, q.options()));
-      continue;
-    }
+    const auto jq = static_cast<std::size_t>(sq.of_sequence[u]),
+               jk = static_cast<std::size_t>(sk.of_sequence[u]);
+    if (in.pq.length[u] == 0 || in.pk.length[u] == 0) continue;  // no key: dead rows, zeros
     if (draws) set_rng_state(before);
-    pieces.push_back(dense_attention(q.narrow(0, start, lq).unsqueeze(0),
-                                     k.narrow(0, in.pk.start[u], lk).unsqueeze(0),
-                                     v.narrow(0, in.pk.start[u], lk).unsqueeze(0),
-                                     sequence_call(call, i, n, in.max_q, in.max_kv))
-                         .squeeze(0));
+    pieces[jq] = dense_attention(qs[jq].unsqueeze(0), ks[jk].unsqueeze(0), vs[jk].unsqueeze(0),
+                                 sequence_call(call, i, n, in.max_q, in.max_kv))
+                     .squeeze(0);
   }
-  if (t > at_token) pieces.push_back(at::zeros({t - at_token, q.size(1), v.size(2)}, q.options()));
   if (draws) set_rng_state({before.seed, before.calls + 1});
   return pieces.empty() ? at::zeros({0, q.size(1), v.size(2)}, q.options()) : at::cat(pieces, 0);
 }

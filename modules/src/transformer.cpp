@@ -47,6 +47,7 @@ void TransformerLayerImpl::reset() {
                         .zero_centered_gamma(options.zero_centered_gamma());
   auto attention = MultiHeadAttentionOptions(options.hidden_size(), options.num_attention_heads())
                        .num_gqa_groups(options.num_gqa_groups())
+                       .head_dim(options.kv_channels())
                        .attention_dropout(options.attention_dropout())
                        .softmax_type(options.softmax_type())
                        .qk_norm_type(options.qk_norm_type())

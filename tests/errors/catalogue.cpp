@@ -426,6 +426,14 @@ std::vector<Case> cases() {
          dpa(q, q, q, {},
              AttentionArgs().cu_seqlens_q(at::tensor({0, 2})).cu_seqlens_kv(at::tensor({0, 2})));
        }},
+      {"modules", "q, k or v whose head dim is not the module's (kv_channels)",
+       "do not have head_dim 8 (q, k) and 6 (v) in their last dim",
+       [] {
+         DotProductAttention dpa(
+             DotProductAttentionOptions(4, 8).head_dim_v(6).attn_mask_type("no_mask"));
+         const at::Tensor q = at::zeros({1, 2, 4, 8});
+         dpa(q, q, q);
+       }},
       {"modules", "an unknown softmax type",
        "softmax_type 'sink' is not one of vanilla, off-by-one, learnable",
        [] { DotProductAttention(DotProductAttentionOptions(4, 8).softmax_type("sink")); }},

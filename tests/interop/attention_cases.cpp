@@ -1,8 +1,8 @@
 // Runs te::nn::DotProductAttention over every mask type, sliding windows, both diagonals, more
-// and fewer queries than keys, GQA, a per-head arbitrary mask and packed sequences (thd, with
-// and without padded offsets), on the fused and the unfused path, and writes each case's inputs,
-// outputs and gradients as JSON for tests/interop/check_attention.py, which holds them to PyTorch's
-// scaled_dot_product_attention.
+// and fewer queries than keys, GQA, a per-head arbitrary mask, a value head dim of its own
+// (kv_channels) and packed sequences (thd, with and without padded offsets), on the fused and the
+// unfused path, and writes each case's inputs, outputs and gradients as JSON for
+// tests/interop/check_attention.py, which holds them to PyTorch's scaled_dot_product_attention.
 //
 //   te_interop_attention OUT.json
 
@@ -97,6 +97,23 @@ int main(int argc, char** argv) {
         cases.push_back(c);
       }
     }
+  }
+  // TE's kv_channels = (qk dim, v dim): values of their own head dim.
+  for (const std::string type : {"no_mask", "causal_bottom_right"}) {
+    const int64_t b = 2, sq = 5, sk = 6, h = 4, g = 2, d = 8, dv = 6;
+    const at::Tensor q0 = randn({b, sq, h, d}, ++seed), k0 = randn({b, sk, g, d}, ++seed),
+                     v0 = randn({b, sk, g, dv}, ++seed), dy = randn({b, sq, h, dv}, ++seed);
+    nlohmann::json c = {{"type", type},     {"sq", sq},         {"sk", sk},
+                        {"scale", 0.3},     {"q", as_json(q0)}, {"k", as_json(k0)},
+                        {"v", as_json(v0)}, {"dy", as_json(dy)}};
+    run_both_paths(c,
+                   te::nn::DotProductAttentionOptions(h, d)
+                       .head_dim_v(dv)
+                       .attn_mask_type(type)
+                       .num_gqa_groups(g)
+                       .scale_factor(0.3),
+                   q0, k0, v0, dy, {}, {});
+    cases.push_back(c);
   }
   // Packed sequences (qkv_format thd), queries and keys of different lengths, with and without
   // free slots between the sequences (cu_seqlens_*_padded): check_attention.py runs each

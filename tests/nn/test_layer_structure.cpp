@@ -5,6 +5,8 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "../expect_error.h"
 #include "nn_test_util.h"
 #include "te/nn.h"
@@ -14,6 +16,7 @@ namespace {
 
 namespace F = functional;
 using test::Close;
+using test::leaf;
 using test::randn;
 
 TEST(Activations, TePyTorchNamesAreTheirFormulas) {
@@ -235,6 +238,53 @@ TEST(LayerStructure, DropPathDropsWholeSamples) {
   EXPECT_ERROR(TransformerLayer(layer_options().drop_path_rate(1.0)),
                "drop_path_rate 1 is not in [0, 1)");
   EXPECT_ERROR(F::drop_path(x, -0.1, true), "drop_path: probability -0.1 is not in [0, 1)");
+}
+
+// TE's kv_channels: DotProductAttention's (qk dim, v dim) (DeepSeek's 192 / 128 in small), on
+// both paths and packed, against the formula; TransformerLayer's kv_channels sizes its kernels.
+TEST(LayerStructure, KvChannelsGiveQueriesKeysAndValuesTheirOwnHeadDims) {
+  const int64_t b = 2, sq = 5, sk = 7, h = 4, g = 2, dqk = 8, dv = 6;
+  const at::Tensor q0 = randn({b, sq, h, dqk}, 61), k0 = randn({b, sk, g, dqk}, 62),
+                   v0 = randn({b, sk, g, dv}, 63), dy = randn({b, sq, h, dv}, 64);
+  // softmax(q k^T / sqrt(dqk)) v, bottom-right causal.
+  at::Tensor q_ref = leaf(q0), k_ref = leaf(k0), v_ref = leaf(v0);
+  const at::Tensor kr = k_ref.repeat_interleave(h / g, 2), vr = v_ref.repeat_interleave(h / g, 2);
+  const at::Tensor hidden = at::ones({sq, sk}, at::kBool).triu(sk - sq + 1);
+  const at::Tensor logits =
+      at::einsum("bqhd,bkhd->bhqk", {q_ref, kr}).masked_fill(hidden, -1e10) / std::sqrt(8.0);
+  const at::Tensor want = at::einsum("bhqk,bkhd->bqhd", {at::softmax(logits, -1), vr});
+  want.backward(dy);
+  for (const bool fused : {true, false}) {
+    SCOPED_TRACE(fused ? "fused" : "unfused");
+    DotProductAttention dpa(DotProductAttentionOptions(h, dqk)
+                                .head_dim_v(dv)
+                                .num_gqa_groups(g)
+                                .attn_mask_type("causal_bottom_right")
+                                .fused(fused));
+    at::Tensor q = leaf(q0), k = leaf(k0), v = leaf(v0);
+    const at::Tensor y = dpa(q, k, v);
+    y.backward(dy);
+    EXPECT_TRUE(Close(y, want, 1e-5));
+    EXPECT_TRUE(Close(q.grad(), q_ref.grad(), 1e-5));
+    EXPECT_TRUE(Close(k.grad(), k_ref.grad(), 1e-5));
+    EXPECT_TRUE(Close(v.grad(), v_ref.grad(), 1e-5));
+    EXPECT_ERROR(dpa(q0, k0, k0), "do not have head_dim 8 (q, k) and 6 (v) in their last dim");
+  }
+  // Packed: each sequence as in the batch above.
+  DotProductAttention packed(DotProductAttentionOptions(h, dqk)
+                                 .head_dim_v(dv)
+                                 .num_gqa_groups(g)
+                                 .attn_mask_type("padding_causal_bottom_right")
+                                 .qkv_format("thd"));
+  const at::Tensor cu_q = at::tensor(std::vector<int64_t>{0, sq, 2 * sq}),
+                   cu_k = at::tensor(std::vector<int64_t>{0, sk, 2 * sk});
+  const at::Tensor y = packed(q0.flatten(0, 1), k0.flatten(0, 1), v0.flatten(0, 1), {},
+                              AttentionArgs().cu_seqlens_q(cu_q).cu_seqlens_kv(cu_k));
+  EXPECT_TRUE(Close(y, want.detach().flatten(0, 1), 1e-5));
+  TransformerLayer layer(TransformerLayerOptions(16, 32, 4).kv_channels(8));
+  EXPECT_EQ(layer->self_attention->qkv_kernel.sizes(), at::IntArrayRef({16, 3, 32}));
+  EXPECT_EQ(layer->self_attention->out_kernel.sizes(), at::IntArrayRef({32, 16}));
+  EXPECT_EQ(layer(randn({2, 3, 16}, 65)).sizes(), at::IntArrayRef({2, 3, 16}));
 }
 
 TEST(LayerStructure, ReportsAnUnknownQkNorm) {

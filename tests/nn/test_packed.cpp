@@ -229,6 +229,9 @@ TEST(PackedParallel, HeadsShardedOverTensorParallelRanksMatchOneProcess) {
   at::Tensor x_ref = leaf(x0);
   const at::Tensor want = one(x_ref, {}, {}, args);
   (want * w).sum().backward();
+  const at::Tensor s0 = randn({6, 2, 4, 4}, 34);
+  const at::Tensor sbhd_want = DotProductAttention(
+      DotProductAttentionOptions(4, 4).attn_mask_type("causal").qkv_format("sbhd"))(s0, s0, s0);
   run_local_ranks(4, [&](int rank) {
     DeviceMesh mesh({2, 2}, {"data", "tp"});
     MeshScope scope(mesh);
@@ -242,6 +245,11 @@ TEST(PackedParallel, HeadsShardedOverTensorParallelRanksMatchOneProcess) {
     (y * w).sum().backward();
     ASSERT_TRUE(x.grad().defined());
     EXPECT_TRUE(Close(x.grad(), x_ref.grad(), 1e-5)) << "dx, rank " << rank;
+    // sbhd with the batch split over 'data' and the heads over 'tp': one process's result.
+    DotProductAttention sbhd(
+        DotProductAttentionOptions(4, 4).attn_mask_type("causal").qkv_format("sbhd"));
+    const DTensor sd = DTensor::distribute(s0, mesh, {Shard{1}, Shard{2}});
+    EXPECT_TRUE(Close(sbhd(sd, sd, sd).full_tensor(), sbhd_want, 1e-6)) << rank;
     // Packed tokens split over a mesh axis are refused, naming it.
     DotProductAttention dpa(
         DotProductAttentionOptions(4, 4).attn_mask_type("padding").qkv_format("thd"));
@@ -289,7 +297,8 @@ TEST(PackedAttention, ReportsBadInput) {
   EXPECT_ERROR(
       call(AttentionArgs(good).core_attention_bias_type("alibi").alibi_slopes(at::ones({3, 2}))),
       "alibi_slopes [3, 2] are not [heads] or [sequences 2, heads]");
-  EXPECT_ERROR(dpa(randn({6, 2, 2, 4}, 1), t, t, {}, good), "must be [tokens, heads, head_dim]");
+  EXPECT_ERROR(dpa(randn({6, 2, 2, 4}, 1), t, t, {}, good),
+               "are not [tokens, heads, head_dim] (qkv_format 'thd')");
   DotProductAttention bshd(DotProductAttentionOptions(2, 4).attn_mask_type("no_mask"));
   const at::Tensor b = randn({1, 6, 2, 4}, 42);
   EXPECT_ERROR(bshd(b, b, b, {}, good), "cu_seqlens are for qkv_format 'thd'");

@@ -74,7 +74,11 @@ struct DotProductAttentionOptions {
   DotProductAttentionOptions(int64_t num_attention_heads, int64_t head_dim)
       : num_attention_heads_(num_attention_heads), head_dim_(head_dim) {}
   TORCH_ARG(int64_t, num_attention_heads);
+  /// The query and key head dim, which the default scale 1/sqrt(head_dim) reads.
   TORCH_ARG(int64_t, head_dim);
+  /// The value (and output) head dim; 0: head_dim. TE's kv_channels = (head_dim, head_dim_v)
+  /// (dot_product_attention.py L527-529, L731-736 at d0067d0da), e.g. DeepSeek's 192 and 128.
+  TORCH_ARG(int64_t, head_dim_v) = 0;
   /// Key/value heads (GQA); 0 means num_attention_heads (plain multi-head attention).
   TORCH_ARG(int64_t, num_gqa_groups) = 0;
   /// TE's attn_mask_type: "no_mask", "padding", "causal", "padding_causal" (top-left

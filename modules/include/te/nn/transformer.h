@@ -31,6 +31,9 @@ struct TransformerLayerOptions {
   TORCH_ARG(int64_t, mlp_hidden_size);
   TORCH_ARG(int64_t, num_attention_heads);
   TORCH_ARG(int64_t, num_gqa_groups) = 0;
+  /// The attention's head dim (TE's kv_channels; 0: hidden_size / num_attention_heads): the QKV
+  /// kernel is (hidden, 3, heads * kv_channels), the output one (heads * kv_channels, hidden).
+  TORCH_ARG(int64_t, kv_channels) = 0;
   /// "encoder" or "decoder" (adds cross attention to the encoder's output).
   TORCH_ARG(std::string, layer_type) = "encoder";
   /// The self attention's attn_mask_type, window_size and bottom_right_diagonal
