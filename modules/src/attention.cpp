@@ -20,11 +20,12 @@ namespace F = functional;
 namespace detail {
 
 namespace {
+// `dim` of t holds the packed tokens, or (tokens_only's dim 0) the batch of one they are in.
 void check_whole_tokens(const DTensor& t, int64_t dim) {
   for (std::size_t m = 0; m < t.placements().size(); ++m) {
     TE_CHECK(!is_shard(t.placements()[m], dim), "qkv_format 'thd': the packed tokens ",
-             t.to_string(), " are split over mesh axis '", t.mesh().axis_names()[m],
-             "' (each sequence needs all its keys on one rank): replicate the tokens and shard "
+             t.to_string(), " are split over mesh axis '", t.mesh().axis_names()[m], "' (dim ", dim,
+             ": each sequence needs all its keys on one rank): replicate the tokens and shard "
              "the heads, or give each rank its own packed batch (rules that shard 'batch' or "
              "'seqlen' there split them)");
   }
@@ -208,7 +209,9 @@ at::Tensor local(const DTensor& t) { return t.to_local(); }
 // The attention output in q's layout.
 at::Tensor in_layout_of(const at::Tensor& out, const at::Tensor&) { return out; }
 DTensor in_layout_of(const at::Tensor& out, const DTensor& q) {
-  return DTensor::from_local(out, q.mesh(), q.placements(), q.sizes());
+  std::vector<int64_t> shape = q.sizes();
+  shape.back() = out.size(-1);  // v's head dim (head_dim_v)
+  return DTensor::from_local(out, q.mesh(), q.placements(), shape);
 }
 
 // A tensor the logits [batch, heads, seqlen_q, seqlen_kv] read (a mask, a bias, ALiBi's slopes,
@@ -362,11 +365,10 @@ T bshd_forward(const DotProductAttentionImpl& self, const T& query, const T& key
   return in_layout_of(F::attention(local(a.q), local(a.k), local(a.v), call), a.q);
 }
 
-// In the options' qkv_format.
+// q, k, v have the dims of the options' qkv_format.
 template <typename T>
-T attention_forward(const DotProductAttentionImpl& self, const T& query, const T& key,
-                    const T& value, const at::Tensor& mask, const AttentionArgs& args,
-                    bool training) {
+void check_format_dims(const DotProductAttentionImpl& self, const T& query, const T& key,
+                       const T& value) {
   const std::string& format = self.options.qkv_format();
   const int64_t dims = format == "thd" ? 3 : 4;
   TE_CHECK(query.dim() == dims && key.dim() == dims && value.dim() == dims,
@@ -376,6 +378,15 @@ T attention_forward(const DotProductAttentionImpl& self, const T& query, const T
            : format == "sbhd" ? "[seqlen, batch, heads, head_dim]"
                               : "[batch, seqlen, heads, head_dim]",
            " (qkv_format '", format, "')");
+}
+
+// In the options' qkv_format.
+template <typename T>
+T attention_forward(const DotProductAttentionImpl& self, const T& query, const T& key,
+                    const T& value, const at::Tensor& mask, const AttentionArgs& args,
+                    bool training) {
+  const std::string& format = self.options.qkv_format();
+  check_format_dims(self, query, key, value);
   if (format == "sbhd") {
     return swapped(
         bshd_forward(self, swapped(query), swapped(key), swapped(value), mask, args, training));
@@ -406,6 +417,7 @@ std::string DotProductAttentionImpl::fused_backend(const at::Tensor& query, cons
                                                    const at::Tensor& value, const at::Tensor& mask,
                                                    const AttentionArgs& args) const {
   const std::string& format = options.qkv_format();
+  check_format_dims(*this, query, key, value);
   const at::Tensor q = format == "sbhd"  ? swapped(query)
                        : format == "thd" ? detail::batch_of_one(query)
                                          : query;
@@ -454,6 +466,9 @@ void MultiHeadAttentionImpl::reset() {
   TE_CHECK(options.qkv_format() != "thd" || options.self_attention(),
            "MultiHeadAttention: qkv_format 'thd' is for self attention; cross attention takes "
            "bshd here");
+  TE_CHECK(options.qkv_format() != "thd" || !options.enable_sequence_parallel(),
+           "MultiHeadAttention: qkv_format 'thd' with enable_sequence_parallel is not supported "
+           "(sequence parallel splits the packed tokens): shard the heads only");
   // Resolved (and warned about) once here; the attention gets the resolved window.
   const F::MaskSpec spec = F::mask_spec(options.attn_mask_type(), options.window_size(),
                                         options.bottom_right_diagonal());

@@ -412,7 +412,7 @@ void check_attention_bias(const std::string& bias_type, const at::Tensor& bias,
 }
 
 at::Tensor checked_cu_seqlens(const at::Tensor& cu_seqlens, const std::string& who,
-                              const std::string& name, int64_t tokens) {
+                              const std::string& name, int64_t tokens, bool tail_padding) {
   TE_CHECK(cu_seqlens.defined(), who, ": ", name, " is missing");
   TE_CHECK(cu_seqlens.dim() == 1 && cu_seqlens.size(0) >= 2 &&
                !at::isFloatingType(cu_seqlens.scalar_type()) &&
@@ -427,8 +427,8 @@ at::Tensor checked_cu_seqlens(const at::Tensor& cu_seqlens, const std::string& w
     TE_CHECK(c[i] >= c[i - 1], who, ": ", name, " decreases at entry ", i, " (", c[i - 1], " -> ",
              c[i], ")");
   }
-  TE_CHECK(tokens < 0 || c[n - 1] == tokens, who, ": ", name, " ends at ", c[n - 1],
-           " but there are ", tokens, " tokens");
+  TE_CHECK(tail_padding ? c[n - 1] <= tokens : c[n - 1] == tokens, who, ": ", name, " ends at ",
+           c[n - 1], " but there are ", tail_padding ? "only " : "", tokens, " tokens");
   return cu;
 }
 
@@ -444,14 +444,15 @@ Packing packing(const at::Tensor& cu_seqlens, const at::Tensor& padded, int64_t 
                 const char* side, int64_t max_seqlen) {
   const std::string name = std::string("cu_seqlens_") + side;
   const at::Tensor cu =
-      checked_cu_seqlens(cu_seqlens, "attention", name, padded.defined() ? -1 : tokens);
+      checked_cu_seqlens(cu_seqlens, "attention", name, tokens, /*tail_padding=*/true);
   const int64_t n = cu.size(0) - 1;
   const int64_t* c = cu.data_ptr<int64_t>();
   Packing p;
   p.start.assign(c, c + n);
   for (int64_t i = 0; i < n; ++i) p.length.push_back(c[i + 1] - c[i]);
   if (padded.defined()) {
-    const at::Tensor pc = checked_cu_seqlens(padded, "attention", name + "_padded", tokens);
+    const at::Tensor pc =
+        checked_cu_seqlens(padded, "attention", name + "_padded", tokens, /*tail_padding=*/true);
     TE_CHECK(pc.size(0) == cu.size(0), "attention: ", name, "_padded has ", pc.size(0),
              " entries but ", name, " has ", cu.size(0), ": both are [sequences + 1]");
     const int64_t* pp = pc.data_ptr<int64_t>();
@@ -525,12 +526,20 @@ PackedInputs check_packed(const at::Tensor& q, const at::Tensor& k, const at::Te
   TE_CHECK(k.sizes().slice(0, 2) == v.sizes().slice(0, 2) && q.size(2) == k.size(2),
            "attention: q ", q.sizes(), " k ", k.sizes(), " v ", v.sizes(),
            " disagree on head_dim or key/value shape");
-  const int64_t n = static_cast<int64_t>(in.pq.length.size());
-  TE_CHECK(!call.alibi_slopes.defined() || call.alibi_slopes.dim() != 2 ||
-               call.alibi_slopes.size(0) == n,
-           "attention: alibi_slopes ",
-           call.alibi_slopes.defined() ? call.alibi_slopes.sizes() : at::IntArrayRef{},
-           " are not [heads] or [sequences ", n, ", heads]");
+  TE_CHECK(k.size(1) > 0 && q.size(1) % k.size(1) == 0, "attention: ", q.size(1),
+           " query heads are not a multiple of ", k.size(1), " key/value heads (GQA groups)");
+  // Checked whole, not only per sequence (a batch whose sequences are all empty runs none).
+  TE_CHECK(!call.bias.defined(), "attention: core_attention_bias_type '", call.bias_type,
+           "' takes no core_attention_bias");
+  const int64_t n = static_cast<int64_t>(in.pq.length.size()), h = q.size(1);
+  const at::Tensor& slopes = call.alibi_slopes;
+  TE_CHECK(
+      !slopes.defined() || (call.bias_type == "alibi" &&
+                            ((slopes.dim() == 1 && slopes.size(0) == h) ||
+                             (slopes.dim() == 2 && slopes.size(0) == n && slopes.size(1) == h))),
+      "attention: alibi_slopes ", slopes.defined() ? slopes.sizes() : at::IntArrayRef{},
+      " are not [heads ", h, "] or [sequences ", n, ", heads ", h,
+      "] (and only core_attention_bias_type 'alibi' takes them)");
   in.max_q = s.max_seqlen_q > 0 ? s.max_seqlen_q : in.pq.longest;
   in.max_kv = s.max_seqlen_kv > 0 ? s.max_seqlen_kv : in.pk.longest;
   return in;

@@ -33,7 +33,14 @@ void TransformerLayerImpl::reset() {
              "TransformerLayer: parallel_attention_mlp cannot be combined with "
              "apply_residual_connection_post_layernorm or output_layernorm");
   }
+  TE_CHECK(options.attn_input_format() == "bshd" || options.attn_input_format() == "thd",
+           "TransformerLayer: attn_input_format '", options.attn_input_format(),
+           "' is not 'bshd' or 'thd'");
   if (options.attn_input_format() == "thd") {
+    TE_CHECK(options.self_attn_mask_type().rfind("padding", 0) == 0,
+             "TransformerLayer: attn_input_format 'thd' needs a padding self_attn_mask_type "
+             "(padding, padding_causal or padding_causal_bottom_right), as TE's; got '",
+             options.self_attn_mask_type(), "'");
     TE_CHECK(options.layer_type() == "encoder",
              "TransformerLayer: attn_input_format 'thd' needs layer_type 'encoder' (the cross "
              "attention takes bshd here)");

@@ -396,14 +396,14 @@ std::vector<Case> cases() {
          DotProductAttention(
              DotProductAttentionOptions(4, 8).attn_mask_type("causal").qkv_format("thd"));
        }},
-      {"modules", "cu_seqlens_q that does not match the packed token count",
-       "cu_seqlens_q ends at 5 but there are 6 tokens",
+      {"modules", "cu_seqlens_q that runs past the packed tokens",
+       "cu_seqlens_q ends at 7 but there are only 6 tokens",
        [] {
          DotProductAttention dpa(
              DotProductAttentionOptions(4, 8).attn_mask_type("padding").qkv_format("thd"));
          const at::Tensor q = at::zeros({6, 4, 8});
          dpa(q, q, q, {},
-             AttentionArgs().cu_seqlens_q(at::tensor({0, 5})).cu_seqlens_kv(at::tensor({0, 6})));
+             AttentionArgs().cu_seqlens_q(at::tensor({0, 7})).cu_seqlens_kv(at::tensor({0, 6})));
        }},
       {"modules", "a bias tensor with packed sequences",
        "core_attention_bias_type 'post_scale_bias' is not supported with qkv_format 'thd'",

@@ -142,6 +142,39 @@ TEST(PackedAttention, EqualsThePaddedBatchWithDropout) {
   }
 }
 
+// A sequence without queries, one without keys (its queries see nothing: zero rows) and tokens
+// after the last sequence (TE's tail padding): zeros, no gradient; dropout still one call.
+TEST(PackedAttention, EmptySequencesAndTailPaddingAreZeros) {
+  const at::Tensor cu_q = cumulative({3, 0, 2}), cu_k = cumulative({4, 3, 0});
+  const at::Tensor q0 = randn({7, 2, 4}, 51), k0 = randn({9, 2, 4}, 52), v0 = randn({9, 2, 4}, 53);
+  DotProductAttention dpa(DotProductAttentionOptions(2, 4)
+                              .attn_mask_type("padding_causal_bottom_right")
+                              .attention_dropout(0.2)
+                              .qkv_format("thd"));
+  DotProductAttention alone(DotProductAttentionOptions(2, 4).attn_mask_type("causal_bottom_right"));
+  alone->eval();
+  for (const bool training : {false, true}) {
+    SCOPED_TRACE(training ? "training" : "eval");
+    dpa->train(training);
+    at::Tensor q = leaf(q0), k = leaf(k0), v = leaf(v0);
+    manual_seed(4);
+    const at::Tensor y = dpa(q, k, v, {}, AttentionArgs().cu_seqlens_q(cu_q).cu_seqlens_kv(cu_k));
+    EXPECT_EQ(rng_state().calls, training ? 1u : 0u);
+    y.sum().backward();
+    if (!training) {
+      EXPECT_TRUE(Close(y.narrow(0, 0, 3),
+                        alone(q0.narrow(0, 0, 3).unsqueeze(0), k0.narrow(0, 0, 4).unsqueeze(0),
+                              v0.narrow(0, 0, 4).unsqueeze(0))[0],
+                        1e-6));
+    }
+    // Tokens 3-4: the sequence without keys; 5-6: tail padding. Keys 7-8: tail padding.
+    EXPECT_EQ(y.narrow(0, 3, 4).abs().max().item<float>(), 0.0f);
+    EXPECT_EQ(q.grad().narrow(0, 3, 4).abs().max().item<float>(), 0.0f);
+    EXPECT_EQ(k.grad().narrow(0, 7, 2).abs().max().item<float>(), 0.0f);
+    EXPECT_GT(k.grad().narrow(0, 0, 4).abs().max().item<float>(), 0.0f);
+  }
+}
+
 TEST(PackedAttention, SbhdIsBshdTransposed) {
   const at::Tensor q = randn({2, 5, 4, 8}, 11), k = randn({2, 7, 4, 8}, 12),
                    v = randn({2, 7, 4, 8}, 13);
@@ -232,6 +265,10 @@ TEST(PackedParallel, HeadsShardedOverTensorParallelRanksMatchOneProcess) {
   const at::Tensor s0 = randn({6, 2, 4, 4}, 34);
   const at::Tensor sbhd_want = DotProductAttention(
       DotProductAttentionOptions(4, 4).attn_mask_type("causal").qkv_format("sbhd"))(s0, s0, s0);
+  const at::Tensor v3 = randn({6, 2, 4, 3}, 35);
+  const at::Tensor dv_want = DotProductAttention(
+      DotProductAttentionOptions(4, 4).head_dim_v(3).attn_mask_type("causal").fused(false))(s0, s0,
+                                                                                            v3);
   run_local_ranks(4, [&](int rank) {
     DeviceMesh mesh({2, 2}, {"data", "tp"});
     MeshScope scope(mesh);
@@ -250,6 +287,15 @@ TEST(PackedParallel, HeadsShardedOverTensorParallelRanksMatchOneProcess) {
         DotProductAttentionOptions(4, 4).attn_mask_type("causal").qkv_format("sbhd"));
     const DTensor sd = DTensor::distribute(s0, mesh, {Shard{1}, Shard{2}});
     EXPECT_TRUE(Close(sbhd(sd, sd, sd).full_tensor(), sbhd_want, 1e-6)) << rank;
+    // A value head dim of its own (kv_channels) on sharded heads.
+    DotProductAttention dv(
+        DotProductAttentionOptions(4, 4).head_dim_v(3).attn_mask_type("causal").fused(false));
+    const DTensor vd = DTensor::distribute(v3, mesh, {Shard{0}, Shard{2}});
+    EXPECT_TRUE(
+        Close(dv(sd.redistribute({Shard{0}, Shard{2}}), sd.redistribute({Shard{0}, Shard{2}}), vd)
+                  .full_tensor(),
+              dv_want, 1e-6))
+        << rank;
     // Packed tokens split over a mesh axis are refused, naming it.
     DotProductAttention dpa(
         DotProductAttentionOptions(4, 4).attn_mask_type("padding").qkv_format("thd"));
@@ -277,8 +323,8 @@ TEST(PackedAttention, ReportsBadInput) {
                "cu_seqlens_q starts at 1, not 0");
   EXPECT_ERROR(call(AttentionArgs(good).cu_seqlens_kv(cu({0, 4, 3, 6}))),
                "cu_seqlens_kv decreases at entry 2 (4 -> 3)");
-  EXPECT_ERROR(call(AttentionArgs(good).cu_seqlens_q(cu({0, 2, 5}))),
-               "cu_seqlens_q ends at 5 but there are 6 tokens");
+  EXPECT_ERROR(call(AttentionArgs(good).cu_seqlens_q(cu({0, 2, 7}))),
+               "cu_seqlens_q ends at 7 but there are only 6 tokens");
   EXPECT_ERROR(call(AttentionArgs(good).cu_seqlens_kv(cu({0, 6}))),
                "cu_seqlens_q has 3 entries but cu_seqlens_kv has 2");
   EXPECT_ERROR(
@@ -296,7 +342,7 @@ TEST(PackedAttention, ReportsBadInput) {
                "core_attention_bias_type 'post_scale_bias' is not supported with qkv_format 'thd'");
   EXPECT_ERROR(
       call(AttentionArgs(good).core_attention_bias_type("alibi").alibi_slopes(at::ones({3, 2}))),
-      "alibi_slopes [3, 2] are not [heads] or [sequences 2, heads]");
+      "alibi_slopes [3, 2] are not [heads 2] or [sequences 2, heads 2]");
   EXPECT_ERROR(dpa(randn({6, 2, 2, 4}, 1), t, t, {}, good),
                "are not [tokens, heads, head_dim] (qkv_format 'thd')");
   DotProductAttention bshd(DotProductAttentionOptions(2, 4).attn_mask_type("no_mask"));
@@ -320,6 +366,19 @@ TEST(PackedAttention, ReportsBadInput) {
                                     .attn_input_format("thd")
                                     .drop_path_rate(0.1)),
                "drop_path_rate with attn_input_format 'thd' is not supported");
+  EXPECT_ERROR(TransformerLayer(TransformerLayerOptions(8, 16, 2).attn_input_format("sbhd")),
+               "attn_input_format 'sbhd' is not 'bshd' or 'thd'");
+  EXPECT_ERROR(TransformerLayer(TransformerLayerOptions(8, 16, 2).attn_input_format("thd")),
+               "attn_input_format 'thd' needs a padding self_attn_mask_type");
+  EXPECT_ERROR(MultiHeadAttention(MultiHeadAttentionOptions(8, 2)
+                                      .attn_mask_type("padding")
+                                      .enable_sequence_parallel(true)
+                                      .qkv_format("thd")),
+               "qkv_format 'thd' with enable_sequence_parallel is not supported");
+  EXPECT_ERROR(dpa->fused_backend(randn({6, 8}, 44), t, t, {}, good),
+               "are not [tokens, heads, head_dim]");
+  EXPECT_ERROR(call(AttentionArgs(good).core_attention_bias(at::zeros({1, 2, 6, 6}))),
+               "core_attention_bias_type 'no_bias' takes no core_attention_bias");
 }
 
 }  // namespace

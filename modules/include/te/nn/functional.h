@@ -195,8 +195,9 @@ void check_attention_bias(const std::string& bias_type, const at::Tensor& bias,
 /// - cu_seqlens_q[i] and start_q[i] = cu_seqlens_q_padded[i] (undefined: cu_seqlens_q[i]); its
 /// keys and values likewise. Tokens between one sequence's end and the next one's padded start
 /// take no part: their outputs are zero and get no gradient. Each cu_seqlens is [sequences + 1],
-/// integer, starting at 0 and never decreasing, all four the same length; the (padded, when
-/// given) last entry is the token count. max_seqlen_q / max_seqlen_kv (0: the longest sequence)
+/// integer, starting at 0 and never decreasing, all four the same length; their last entries are
+/// at most the token count (tokens after the last sequence are TE's tail padding, free slots too).
+/// max_seqlen_q / max_seqlen_kv (0: the longest sequence)
 /// bound the lengths (a shorter one is a te::Error) and shape the global tensor dropout draws
 /// from, [sequences, heads, max_seqlen_q, max_seqlen_kv], so a packed batch drops what the same
 /// batch padded to those lengths drops.
@@ -206,11 +207,12 @@ struct PackedSequences {
   bool defined() const { return cu_seqlens_q.defined() || cu_seqlens_kv.defined(); }
 };
 
-/// `cu_seqlens` checked (1-D integer, >= 2 entries, starting at 0, never decreasing and, when
-/// `tokens` >= 0, ending at it) and returned as a CPU int64 tensor; te::Error naming `who` and
-/// `name` otherwise. The one check of TE's cumulative sequence lengths (attention, RoPE).
+/// `cu_seqlens` checked (1-D integer, >= 2 entries, starting at 0, never decreasing and ending
+/// at `tokens`, or with `tail_padding` at most there: TE's THD tail padding, tokens after the last
+/// sequence) and returned as a CPU int64 tensor; te::Error naming `who` and `name` otherwise. The
+/// one check of TE's cumulative sequence lengths (attention, RoPE).
 at::Tensor checked_cu_seqlens(const at::Tensor& cu_seqlens, const std::string& who,
-                              const std::string& name, int64_t tokens);
+                              const std::string& name, int64_t tokens, bool tail_padding = false);
 
 /// What functional::attention computes with besides q, k and v.
 struct AttentionCall {
