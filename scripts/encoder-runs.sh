@@ -5,8 +5,9 @@
 # ("met" / "MISSED"), and the loss curves in losses.png. About 40 minutes on a 2-core machine.
 #
 #   bash scripts/encoder-runs.sh [OUT_DIR] [RUN ...]   # RUN: one bf16 seeds fp8-delayed
-#                                                      #   fp8-current dp2 fsdp2 tp4 tp4-sp
-#                                                      #   mp4 dp2-b256 tp4-b128 (default: all)
+#                                                      #   fp8-current fp8-seeds dp2 fsdp2 tp4
+#                                                      #   tp4-sp mp4 dp2-b256 tp4-b128
+#                                                      #   (default: all)
 #
 # TE's bars are for bf16 (and its FP8 recipes): every run but `one` (fp32) computes in bf16.
 set -euo pipefail
@@ -14,8 +15,8 @@ cd "$(dirname "$0")/.."
 out=${1:-encoder-runs}
 shift || true
 runs=("$@")
-[ ${#runs[@]} -eq 0 ] && runs=(one bf16 seeds fp8-delayed fp8-current dp2 fsdp2 tp4 tp4-sp mp4
-  dp2-b256 tp4-b128)
+[ ${#runs[@]} -eq 0 ] && runs=(one bf16 seeds fp8-delayed fp8-current fp8-seeds dp2 fsdp2 tp4
+  tp4-sp mp4 dp2-b256 tp4-b128)
 bash scripts/setup.sh
 bash scripts/build.sh >/dev/null
 enc=${TE_BUILD_DIR:-build}/examples/encoder/te-encoder
@@ -42,6 +43,10 @@ for r in "${runs[@]}"; do
     seeds) for s in 1 2 3; do run "bf16-seed$s" 0.452 0.788 "${bf[@]}" --seed "$s"; done ;;
     fp8-delayed) run fp8-delayed 0.457 0.784 "${bf[@]}" --fp8 delayed ;;
     fp8-current) run fp8-current 0.461 0.784 "${bf[@]}" --fp8 current ;;
+    fp8-seeds) for s in 1 2 3; do
+                 run "fp8-delayed-seed$s" 0.457 0.784 "${bf[@]}" --fp8 delayed --seed "$s"
+                 run "fp8-current-seed$s" 0.461 0.784 "${bf[@]}" --fp8 current --seed "$s"
+               done ;;
     dp2) run dp2 0.51 0.75 "${bf[@]}" --nproc 2 --mesh data=2 --mesh-resource dp=data \
            --batch-size 512 --epochs 5 ;;
     fsdp2) run fsdp2 0.51 0.75 "${bf[@]}" --nproc 2 --mesh data=2 --mesh-resource fsdp=data \

@@ -473,13 +473,6 @@ std::vector<std::string> activations_of(const std::string& text, bool tensor_par
   return out;
 }
 
-int world_size_from_env() {
-  for (const char* name : {"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE"}) {
-    if (const char* v = std::getenv(name)) return std::max(1, std::atoi(v));
-  }
-  return 1;
-}
-
 // Restarts this program as `nproc` ranks under te-run (found next to this executable, in the
 // build tree, or on PATH) and returns its exit status.
 int spawn_ranks(int nproc, int argc, char** argv) {
@@ -647,6 +640,9 @@ int train(const Args& args, const Layout& layout, const ColaData& data, int rank
               << ", AdamW lr " << args.lr << " (betas 0.9/0.999, eps 1e-8, weight decay 1e-4), "
               << "seed " << args.seed << ", " << args.dtype << ", fp8 " << args.fp8 << ", "
               << at::get_num_threads() << " threads per rank" << std::endl;
+    if (const std::string joined = te::launch_description(); !joined.empty()) {
+      std::cout << "  launch: " << joined << std::endl;
+    }
   }
 
   std::ofstream steps_csv;
@@ -919,8 +915,16 @@ int main(int argc, char** argv) {
     return 2;
   }
 
-  const bool launched = std::getenv("RANK") != nullptr || std::getenv("OMPI_COMM_WORLD_RANK");
-  const int world_size = launched ? world_size_from_env() : args.nproc;
+  // Under a launcher (torchrun, te-run, mpirun, srun) this process is one rank of its world.
+  std::optional<te::LaunchEnvironment> launch;
+  try {
+    launch = te::read_launch_environment();
+  } catch (const te::Error& e) {
+    std::cerr << "te-encoder: " << one_line(e.what()) << "\n";
+    return 2;
+  }
+  const bool launched = launch.has_value();
+  const int world_size = launched ? launch->world_size : args.nproc;
   if (launched && args.nproc > 1 && args.nproc != world_size) {
     std::cerr << "te-encoder: --nproc " << args.nproc << " differs from the launcher's world of "
               << world_size << " ranks; drop --nproc under a launcher\n";

@@ -3,6 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <array>
@@ -300,6 +303,96 @@ TEST(Processes, LauncherPrefixesAndPassesArguments) {
   const Result missing = run(kRun + " --nproc 1 -- /nonexistent/program");
   EXPECT_EQ(missing.status, 127) << missing.output;
   EXPECT_NE(missing.output.find("cannot run /nonexistent/program"), std::string::npos);
+}
+
+// A port in [lo, lo + 9999] nobody listens on now (SLURM's derived port lives in 20000-29999).
+int free_port_from(int lo) {
+  for (int i = 0; i < 10000; ++i) {
+    const int port = lo + (getpid() + i * 7) % 10000;
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+    ::close(fd);
+    if (ok) return port;
+  }
+  return -1;
+}
+
+// srun's variables, set by hand on one host: two tasks of a one-node step find the master (the
+// step's first host) and the port (from the job id) as every task of the job would.
+TEST(Processes, SlurmVariablesStartAWorld) {
+  const int port = free_port_from(20000);
+  ASSERT_GT(port, 0);
+  const std::string job = std::to_string(port - 20000 + 10000 * 42);
+  std::string cmd;
+  for (int k = 0; k < 2; ++k) {
+    cmd += "env -u RANK -u WORLD_SIZE -u MASTER_ADDR -u MASTER_PORT SLURM_PROCID=" +
+           std::to_string(k) + " SLURM_NTASKS=2 SLURM_LOCALID=" + std::to_string(k) +
+           " SLURM_NODEID=0 SLURM_NNODES=1 SLURM_STEP_TASKS_PER_NODE=2 "
+           "SLURM_STEP_NODELIST=127.0.0.[1] SLURM_JOB_NODELIST=127.0.0.1 SLURM_JOB_ID=" +
+           job + " " + kWorker + " launch & ";
+  }
+  const Result r = run("TE_DIST_TIMEOUT_S=30 sh -c '" + cmd + "wait'");
+  for (int k = 0; k < 2; ++k) {
+    const std::string rank = std::to_string(k);
+    EXPECT_NE(r.output.find("rank " + rank + " joined: slurm environment: rank " + rank +
+                            " of 2, local rank " + rank +
+                            " of 2 on node 0 of 1, master 127.0.0.1 (the first host of "
+                            "SLURM_STEP_NODELIST):" +
+                            std::to_string(port) +
+                            " (SLURM_JOB_ID); Gloo binds 127.0.0.1 (chosen by "
+                            "MASTER_ADDR=127.0.0.1 (a loopback address))"),
+              std::string::npos)
+        << r.output;
+    EXPECT_NE(r.output.find("rank " + rank + " of 2 ok"), std::string::npos) << r.output;
+  }
+}
+
+// Two te-runs, as two nodes would run them (here both on loopback): node K starts ranks
+// 2K and 2K+1 of 4 with torchrun's variables, and the four make one world.
+TEST(Processes, TeRunJoinsAWorldOfSeveralNodes) {
+  const int port = free_port_from(30000);
+  ASSERT_GT(port, 0);
+  std::string cmd;
+  for (int node = 0; node < 2; ++node) {
+    cmd += kRun + " --nnodes 2 --node-rank " + std::to_string(node) +
+           " --nproc-per-node 2 --master-addr 127.0.0.1 --master-port " + std::to_string(port) +
+           " -- " + kWorker + " launch & ";
+  }
+  const Result r = run("TE_DIST_TIMEOUT_S=30 sh -c '" + cmd + "wait'");
+  for (int k = 0; k < 4; ++k) {
+    const std::string rank = std::to_string(k);
+    EXPECT_NE(r.output.find("[rank " + rank + "] rank " + rank +
+                            " joined: torchrun environment: "
+                            "rank " +
+                            rank + " of 4, local rank " + std::to_string(k % 2) + " of 2 on node " +
+                            std::to_string(k / 2) + " of 2, master 127.0.0.1"),
+              std::string::npos)
+        << r.output;
+    EXPECT_NE(r.output.find("[rank " + rank + "] rank " + rank + " of 4 ok"), std::string::npos)
+        << r.output;
+  }
+  const Result env = run(kRun +
+                         " --nnodes 3 --node-rank 2 --nproc-per-node 2 --master-addr h0 "
+                         "--master-port 4000 -- sh -c 'echo $RANK $WORLD_SIZE $LOCAL_RANK "
+                         "$LOCAL_WORLD_SIZE $GROUP_RANK $MASTER_ADDR $MASTER_PORT'");
+  EXPECT_NE(env.output.find("[rank 5] 5 6 1 2 2 h0 4000"), std::string::npos) << env.output;
+}
+
+TEST(Processes, TeRunRefusesAnIncompleteMultiNodeCommand) {
+  const Result no_master = run(kRun + " --nnodes 2 --node-rank 1 --nproc-per-node 1 -- true");
+  EXPECT_EQ(no_master.status, 2) << no_master.output;
+  EXPECT_NE(no_master.output.find("te-run: --nnodes 2 needs --master-addr and --master-port"),
+            std::string::npos)
+      << no_master.output;
+  const Result bad_node = run(kRun + " --nnodes 2 --node-rank 2 --nproc 1 -- true");
+  EXPECT_EQ(bad_node.status, 2) << bad_node.output;
+  EXPECT_NE(bad_node.output.find("te-run: --node-rank 2 is not a node of --nnodes 2"),
+            std::string::npos)
+      << bad_node.output;
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // A rank program for the process tests, started by te-run (or directly with RANK etc. set).
 //   te_dist_worker check   every transition on a {world} mesh (and {2, world/2}), against
 //                          one-process math, values and gradients
+//   te_dist_worker launch  prints how the rank joined (te::launch_description()), then `check`
 //   te_dist_worker die     rank 1 kills itself (SIGKILL) while the others enter an all-reduce
 //   te_dist_worker exit N  rank 1 exits with status N, the others wait in a collective
 //   te_dist_worker fp8     data-parallel FP8 training steps of a LayerNormMLP against the same
@@ -461,6 +462,11 @@ int main(int argc, char** argv) {
   try {
     te::init_distributed();
     if (mode == "check") return check();
+    if (mode == "launch") {
+      std::cout << "rank " << te::world_rank() << " joined: " << te::launch_description()
+                << std::endl;
+      return check();
+    }
     if (mode == "die") return die_or_exit(true, 0);
     if (mode == "exit") return die_or_exit(false, argc > 2 ? std::atoi(argv[2]) : 1);
     if (mode == "fp8") return fp8_steps();

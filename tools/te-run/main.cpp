@@ -1,6 +1,8 @@
-// te-run: starts N ranks of a program on this machine the way torchrun does (RANK, WORLD_SIZE,
-// LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), prefixes each rank's output lines,
-// and when one rank fails stops the others and exits with that rank's status.
+// te-run: starts the ranks of a program on this machine the way torchrun does (RANK, WORLD_SIZE,
+// LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT): all of a one-node world, or
+// this node's share of a world of several (one te-run per node, --nnodes / --node-rank). It
+// prefixes each rank's output lines, and when one of its ranks fails stops the others and exits
+// with that rank's status.
 
 #include <CLI/CLI.hpp>
 #include <arpa/inet.h>
@@ -88,21 +90,44 @@ void drain(Rank& r, bool prefix, bool final) {
 
 int main(int argc, char** argv) {
   CLI::App app{
-      "te-run: start N ranks of a program on this machine (the torchrun contract).\n\n"
-      "Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1 and\n"
-      "MASTER_PORT (a free port unless --master-port is given); te::init_distributed() reads\n"
-      "them, and OMP_NUM_THREADS (cores / N) unless it is set. Output lines are prefixed with [rank k]. When a rank fails, the others have\n"
+      "te-run: start the ranks of a program on this machine (the torchrun contract).\n\n"
+      "Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK (the node),\n"
+      "MASTER_ADDR and MASTER_PORT (on one node: 127.0.0.1 and a free port unless given);\n"
+      "te::init_distributed() reads them, and OMP_NUM_THREADS (cores / ranks on this node) unless\n"
+      "it is set. Output lines are prefixed with [rank k]. When a rank fails, the others have\n"
       "--grace seconds to stop on their own (reporting the failure), then get SIGTERM, then\n"
       "SIGKILL after --grace more; te-run exits with the failed rank's status.\n\n"
-      "Example:\n  te-run --nproc 2 -- ./build/examples/encoder/te-encoder --mesh data=2"};
+      "Several machines: run one te-run per node with the same --nnodes, --nproc-per-node,\n"
+      "--master-addr (node 0's address, where rank 0 hosts the rendezvous) and --master-port, and\n"
+      "each node's --node-rank; node K starts ranks K*P .. K*P+P-1. Gloo binds the interface on\n"
+      "the route to the master unless GLOO_SOCKET_IFNAME names one; NCCL reads "
+      "NCCL_SOCKET_IFNAME.\n\n"
+      "Examples:\n"
+      "  te-run --nproc 2 -- ./build/examples/encoder/te-encoder --mesh data=2\n"
+      "  te-run --nnodes 2 --node-rank 0 --nproc-per-node 2 --master-addr 10.0.0.1 \\\n"
+      "         --master-port 29500 -- te-encoder --mesh data=2,model=2 ...   # on node 0\n"
+      "  te-run --nnodes 2 --node-rank 1 --nproc-per-node 2 --master-addr 10.0.0.1 \\\n"
+      "         --master-port 29500 -- te-encoder --mesh data=2,model=2 ...   # on node 1"};
   int nproc = 1;
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string master_addr;
   int master_port = 0;
   double grace = 5.0;
   bool no_prefix = false;
   std::vector<std::string> command;
-  app.add_option("--nproc,-n", nproc, "number of ranks to start")->required()->check(
-      CLI::Range(1, 1024));
-  app.add_option("--master-port", master_port, "rendezvous port (default: a free one)")
+  app.add_option("--nproc-per-node,--nproc,-n", nproc, "ranks to start on this node")
+      ->required()
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--nnodes", nnodes, "nodes in the world, each running one te-run (default 1)")
+      ->check(CLI::Range(1, 65536));
+  app.add_option("--node-rank", node_rank, "this node's index, 0 .. nnodes-1 (default 0)")
+      ->check(CLI::Range(0, 65535));
+  app.add_option("--master-addr", master_addr,
+                 "node 0's address, where rank 0 hosts the rendezvous (default on one node: "
+                 "127.0.0.1; required with --nnodes > 1)");
+  app.add_option("--master-port", master_port,
+                 "rendezvous port (default on one node: a free one; required with --nnodes > 1)")
       ->check(CLI::Range(1, 65535));
   app.add_option("--grace", grace, "seconds before SIGTERM, and again before SIGKILL, when stopping")
       ->check(CLI::PositiveNumber);
@@ -110,6 +135,17 @@ int main(int argc, char** argv) {
   app.add_option("command", command, "the program and its arguments (after --)")->required();
   CLI11_PARSE(app, argc, argv);
 
+  if (node_rank >= nnodes) {
+    std::cerr << "te-run: --node-rank " << node_rank << " is not a node of --nnodes " << nnodes
+              << " (nodes are 0 .. " << nnodes - 1 << ")\n";
+    return 2;
+  }
+  if (nnodes > 1 && (master_addr.empty() || master_port == 0)) {
+    std::cerr << "te-run: --nnodes " << nnodes << " needs --master-addr and --master-port: every "
+              << "node names node 0's address and the same port\n";
+    return 2;
+  }
+  if (master_addr.empty()) master_addr = "127.0.0.1";
   if (master_port == 0) master_port = free_port();
   if (master_port <= 0) {
     std::cerr << "te-run: could not find a free port on 127.0.0.1; pass --master-port\n";
@@ -138,11 +174,16 @@ int main(int argc, char** argv) {
       ::dup2(fds[1], STDERR_FILENO);
       ::close(fds[0]);
       ::close(fds[1]);
-      ::setenv("RANK", std::to_string(i).c_str(), 1);
+      const int rank = node_rank * nproc + i;
+      ::setenv("RANK", std::to_string(rank).c_str(), 1);
       ::setenv("LOCAL_RANK", std::to_string(i).c_str(), 1);
-      ::setenv("WORLD_SIZE", std::to_string(nproc).c_str(), 1);
+      ::setenv("WORLD_SIZE", std::to_string(nnodes * nproc).c_str(), 1);
       ::setenv("LOCAL_WORLD_SIZE", std::to_string(nproc).c_str(), 1);
-      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+      ::setenv("GROUP_RANK", std::to_string(node_rank).c_str(), 1);
+      ::setenv("GROUP_WORLD_SIZE", std::to_string(nnodes).c_str(), 1);
+      ::setenv("ROLE_RANK", std::to_string(rank).c_str(), 1);
+      ::setenv("ROLE_WORLD_SIZE", std::to_string(nnodes * nproc).c_str(), 1);
+      ::setenv("MASTER_ADDR", master_addr.c_str(), 1);
       ::setenv("MASTER_PORT", std::to_string(master_port).c_str(), 1);
       // N ranks share the cores: without a choice of the user's, each gets cores / N threads.
       if (std::getenv("OMP_NUM_THREADS") == nullptr) {
@@ -158,7 +199,7 @@ int main(int argc, char** argv) {
     }
     ::close(fds[1]);
     ::fcntl(fds[0], F_SETFL, ::fcntl(fds[0], F_GETFL) | O_NONBLOCK);
-    ranks[static_cast<std::size_t>(i)] = Rank{i, pid, fds[0], {}, true, 0};
+    ranks[static_cast<std::size_t>(i)] = Rank{node_rank * nproc + i, pid, fds[0], {}, true, 0};
   }
 
   int failed = -1;  // the first rank that failed; -2: te-run was interrupted
@@ -225,6 +266,6 @@ int main(int argc, char** argv) {
     }
   }
   if (failed == -2) return 130;
-  if (failed >= 0) return ranks[static_cast<std::size_t>(failed)].status;
+  if (failed >= 0) return ranks[static_cast<std::size_t>(failed - node_rank * nproc)].status;
   return 0;
 }

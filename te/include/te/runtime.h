@@ -4,4 +4,5 @@
 
 #include "te/compat.h"
 #include "te/error.h"
+#include "te/runtime/launch.h"
 #include "te/runtime/runtime.h"

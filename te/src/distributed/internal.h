@@ -90,6 +90,18 @@ class World {
   void leave_together();
 };
 
+/// The world init_distributed joined, and how it joined it (the launcher and the bound address).
+struct ProcessWorld {
+  std::mutex mutex;
+  std::shared_ptr<World> world;
+  std::string description;
+};
+ProcessWorld& process_world();
+
+/// `options` with TE_DIST_TIMEOUT_S, TE_CHECK_COLLECTIVES and TE_COMM_BACKEND applied (te::Error
+/// naming a malformed one).
+DistributedOptions with_env_overrides(DistributedOptions options);
+
 /// The world of this thread (run_local_ranks), else of the process (init_distributed), else null.
 std::shared_ptr<World> current_world();
 /// This thread's own world (null when it uses the process's); set_thread_world returns the

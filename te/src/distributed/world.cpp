@@ -29,15 +29,6 @@ namespace {
 
 thread_local std::shared_ptr<World> tls_world;
 
-struct ProcessWorld {
-  std::mutex mutex;
-  std::shared_ptr<World> world;
-};
-ProcessWorld& process_world() {
-  static ProcessWorld pw;
-  return pw;
-}
-
 // A peer that closes its sockets must surface as an error from the collective, not kill this
 // process with SIGPIPE on the next write. Only the default disposition is replaced: a handler
 // the program installed stays.
@@ -57,6 +48,13 @@ std::string join(const std::vector<int64_t>& v) {
   std::string out;
   for (std::size_t i = 0; i < v.size(); ++i) out += (i ? "," : "") + std::to_string(v[i]);
   return out;
+}
+
+}  // namespace
+
+ProcessWorld& process_world() {
+  static ProcessWorld pw;
+  return pw;
 }
 
 DistributedOptions with_env_overrides(DistributedOptions options) {
@@ -87,8 +85,6 @@ DistributedOptions with_env_overrides(DistributedOptions options) {
   }
   return options;
 }
-
-}  // namespace
 
 struct World::Heartbeat {
   std::mutex mutex;
@@ -414,143 +410,6 @@ std::shared_ptr<World> current_world() {
 }
 
 }  // namespace detail
-
-// ---------------------------------------------------------------------------------------------
-
-namespace {
-
-std::string env_or_empty(const char* name) {
-  const char* v = std::getenv(name);
-  return v ? std::string(v) : std::string();
-}
-
-int64_t env_int(const char* name, const std::string& value, int64_t lo, int64_t hi) {
-  char* end = nullptr;
-  const long long parsed = std::strtoll(value.c_str(), &end, 10);
-  TE_CHECK(!value.empty() && *end == '\0' && parsed >= lo && parsed <= hi, name, "='", value,
-           "' is not an integer in [", lo, ", ", hi, "]");
-  return parsed;
-}
-
-}  // namespace
-
-void init_distributed(const DistributedOptions& options_in) {
-  const DistributedOptions options = detail::with_env_overrides(options_in);
-  std::string rank_text = env_or_empty("RANK");
-  std::string size_text = env_or_empty("WORLD_SIZE");
-  const char* rank_var = "RANK";
-  const char* size_var = "WORLD_SIZE";
-  if (rank_text.empty() && size_text.empty()) {
-    rank_text = env_or_empty("OMPI_COMM_WORLD_RANK");
-    size_text = env_or_empty("OMPI_COMM_WORLD_SIZE");
-    rank_var = "OMPI_COMM_WORLD_RANK";
-    size_var = "OMPI_COMM_WORLD_SIZE";
-  }
-  TE_CHECK(!rank_text.empty() && !size_text.empty(),
-           "init_distributed: RANK and WORLD_SIZE (or OMPI_COMM_WORLD_RANK/SIZE) are not set; "
-           "start the program with te-run --nproc N -- prog (or torchrun / mpirun)");
-  const int size = static_cast<int>(env_int(size_var, size_text, 1, 1 << 20));
-  const int rank = static_cast<int>(env_int(rank_var, rank_text, 0, size - 1));
-  std::string addr = env_or_empty("MASTER_ADDR");
-  const std::string port_text = env_or_empty("MASTER_PORT");
-  TE_CHECK(!addr.empty() && !port_text.empty(),
-           "init_distributed: MASTER_ADDR and MASTER_PORT must name the rendezvous (rank 0's "
-           "address and a free port); te-run sets them");
-  const auto port = static_cast<std::uint16_t>(env_int("MASTER_PORT", port_text, 1, 65535));
-
-  detail::ProcessWorld& pw = detail::process_world();
-  std::lock_guard<std::mutex> lock(pw.mutex);
-  TE_CHECK(pw.world == nullptr, "init_distributed was already called in this process (rank ",
-           pw.world ? pw.world->rank() : -1, "); call shutdown_distributed() first");
-
-  c10d::TCPStoreOptions store_options;
-  store_options.port = port;
-  store_options.isServer = rank == 0;
-  store_options.numWorkers = static_cast<std::size_t>(size);
-  // Joining is checked below with per-rank keys, which can say who is missing.
-  store_options.waitWorkers = false;
-  store_options.timeout = options.timeout;
-#if TE_TCPSTORE_HAS_LIBUV
-  // LibTorch 2.4+ asks for a libuv store by default; Debian's LibTorch 2.6 is built without
-  // libuv and would refuse to start ("use_libuv was requested"). The classic store serves the
-  // few keys a te-cpp world uses just as well.
-  store_options.useLibUV = false;
-#endif
-  c10::intrusive_ptr<c10d::Store> store;
-  try {
-    store = c10::make_intrusive<c10d::TCPStore>(addr, store_options);
-  } catch (const std::exception& e) {
-    TE_FAIL("init_distributed: rank ", rank, " could not reach the store at ", addr, ":", port,
-            " within ", options.timeout.count() / 1000.0,
-            " s (rank 0 hosts it; is it running, and is the port free?): ", e.what());
-  }
-  const bool loopback = addr == "127.0.0.1" || addr == "localhost" || addr == "::1";
-  const std::string local_text = env_or_empty("LOCAL_RANK");
-  const int local =
-      local_text.empty() ? rank : static_cast<int>(env_int("LOCAL_RANK", local_text, 0, size - 1));
-  auto world = std::make_shared<detail::World>(
-      c10::make_intrusive<c10d::PrefixStore>("te", store), rank, size, local, options,
-      loopback ? "127.0.0.1" : std::string(), /*heartbeat=*/true);
-  world->wait_for_all_ranks();
-  pw.world = std::move(world);
-}
-
-void shutdown_distributed() {
-  detail::ProcessWorld& pw = detail::process_world();
-  std::lock_guard<std::mutex> lock(pw.mutex);
-  pw.world.reset();
-}
-
-void run_local_ranks(int world_size, const std::function<void(int rank)>& fn,
-                     const DistributedOptions& options_in) {
-  TE_CHECK(world_size >= 1, "run_local_ranks: world_size must be at least 1, got ", world_size);
-  TE_CHECK(options_in.threads_per_rank >= 0,
-           "run_local_ranks: threads_per_rank must be 0 (split "
-           "the caller's threads among the ranks) or positive, got ",
-           options_in.threads_per_rank);
-  const DistributedOptions options = detail::with_env_overrides(options_in);
-  // at::set_num_threads sets the calling thread's OpenMP team size (and a process-wide default
-  // that threads LibTorch starts later read): each rank sets its own, the caller's is put back.
-  const int caller_threads = at::get_num_threads();
-  const int per_rank = options.threads_per_rank > 0 ? options.threads_per_rank
-                                                    : std::max(1, caller_threads / world_size);
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  const ShardingContext context = capture_sharding_context();
-
-  std::mutex mutex;
-  std::exception_ptr first;
-  std::vector<std::thread> threads;
-  threads.reserve(static_cast<std::size_t>(world_size));
-  for (int rank = 0; rank < world_size; ++rank) {
-    threads.emplace_back([&, rank] {
-      try {
-        ShardingContextScope scope(context);
-        at::set_num_threads(per_rank);
-        detail::tls_world = std::make_shared<detail::World>(store, rank, world_size, rank, options,
-                                                            "127.0.0.1", /*heartbeat=*/false);
-        fn(rank);
-      } catch (...) {
-        if (detail::tls_world) {
-          std::string reason = "unknown exception";
-          try {
-            throw;
-          } catch (const std::exception& e) {
-            reason = e.what();
-          } catch (...) {
-          }
-          detail::tls_world->mark_left(reason);
-        }
-        std::lock_guard<std::mutex> lock(mutex);
-        if (!first) first = std::current_exception();
-      }
-      // Dropping the world closes this rank's connections, so peers blocked on it fail fast.
-      detail::tls_world.reset();
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  at::set_num_threads(caller_threads);
-  if (first) std::rethrow_exception(first);
-}
 
 int world_rank() {
   auto world = detail::current_world();

@@ -3,6 +3,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/Version.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <sstream>
 #include <string>
@@ -10,11 +11,18 @@
 
 #include "te/compat.h"
 #include "te/error.h"
+#include "te/runtime/launch.h"
 
 namespace te {
 
 int configure_threads() {
   int threads = static_cast<int>(std::thread::hardware_concurrency());
+  // The ranks a launcher started on this host share its cores (a SLURM or torchrun rank that
+  // started a team of every core's threads would oversubscribe the host): the ranks per node
+  // divide them, whatever the world's size.
+  if (const auto launch = read_launch_environment()) {
+    threads = std::max(1, threads / launch->local_world_size);
+  }
   if (const char* env = std::getenv("OMP_NUM_THREADS"); env != nullptr && *env != '\0') {
     char* end = nullptr;
     const long value = std::strtol(env, &end, 10);

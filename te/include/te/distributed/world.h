@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <string>
 
 namespace te {
 
@@ -61,15 +62,33 @@ struct DistributedOptions {
   /// ranks that each start a team of every core's threads oversubscribe the machine (4 ranks
   /// on 2 cores ran a TransformerLayer step 14x slower, bench/bench_layouts).
   int threads_per_rank = 0;
+  /// init_distributed: the interface (e.g. "eth0") or this host's address that Gloo binds and
+  /// advertises to the other ranks. Empty: GLOO_SOCKET_IFNAME when set, else this host's address
+  /// on the route to MASTER_ADDR (127.0.0.1 when MASTER_ADDR is a loopback address). NCCL picks
+  /// its own interface: NCCL_SOCKET_IFNAME reaches it unchanged.
+  std::string interface;
 };
 
-/// Joins the process group described by the environment: RANK, WORLD_SIZE, MASTER_ADDR,
-/// MASTER_PORT (and LOCAL_RANK) as torchrun and te-run set them, or OMPI_COMM_WORLD_RANK/SIZE
-/// under mpirun (MASTER_ADDR/MASTER_PORT still name the rendezvous). Rank 0 hosts the TCP store.
-/// Uses Gloo. Throws te::Error naming a missing or malformed variable. A second call is an error.
-/// Joining a world (here or in run_local_ranks) sets SIGPIPE to ignored if it had the default
-/// disposition, so a peer that dies shows up as a te::Error from the collective.
+/// Joins the process group its launcher described (te/runtime/launch.h, read_launch_environment):
+/// torchrun's and te-run's RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT; Open MPI's
+/// OMPI_COMM_WORLD_* (MASTER_ADDR/MASTER_PORT name the rendezvous); or SLURM's srun (the first
+/// host of the step as master unless MASTER_ADDR is set). Rank 0 hosts the TCP store.
+///
+/// Across hosts: Gloo binds the address DistributedOptions::interface chooses (see there), and
+/// before any communicator is made every rank publishes its address and the ranks check together
+/// that none advertises a loopback address to a peer on another host and that each reaches every
+/// other's; either failure is a te::Error on every rank at once, naming both ranks, both
+/// addresses and the variable to set (GLOO_SOCKET_IFNAME).
+///
+/// Throws te::Error naming a missing or malformed variable. A second call is an error. Joining a
+/// world (here or in run_local_ranks) sets SIGPIPE to ignored if it had the default disposition,
+/// so a peer that dies shows up as a te::Error from the collective.
 void init_distributed(const DistributedOptions& options = {});
+
+/// How init_distributed joined: the launcher's environment it read and the address Gloo binds,
+/// one line ("torchrun environment: rank 1 of 4, ...; Gloo binds 10.0.0.2 (chosen by the route to
+/// MASTER_ADDR=10.0.0.1)"); empty when this process has not joined a world.
+std::string launch_description();
 
 /// Leaves the process group joined by init_distributed (no-op when none); also done at exit.
 /// Rank 0 hosts the rendezvous store, so it leaves last: it waits until every peer has left,
