@@ -47,6 +47,17 @@ void EncoderClassifierImpl::pretty_print(std::ostream& stream) const {
          << ", mlp=" << options.mlp_hidden_size << ", heads=" << options.num_attention_heads << ")";
 }
 
+template <typename T>
+T EncoderClassifierImpl::head_forward(const T& x) {
+  // TE's head is Flax's nn.Dense, which TE's autocast does not reach (test_single_gpu_encoder.py
+  // at d0067d0da: te_flax.DenseGeneral twice, then nn.Dense(features=2)): under FP8 training it
+  // stays in high precision. A calibrating region (before serving with FP8 weights) is left as
+  // it is, so the head's input scale is recorded like every other GEMM's.
+  std::optional<te::Fp8Autocast> high_precision;
+  if (te::fp8_enabled()) high_precision.emplace(false);
+  return head(x);
+}
+
 void EncoderClassifierImpl::freeze_fp8_embedding(bool empty) {
   if (embedding_fp8.defined()) return;
   TE_CHECK(embedding.defined(), "EncoderClassifier: no embedding table to freeze");
@@ -71,7 +82,8 @@ at::Tensor EncoderClassifierImpl::forward(const at::Tensor& ids, const at::Tenso
                      : at::embedding(embedding, ids);
   x = layer(x, mask);
   x = x.reshape({x.size(0), -1});
-  return head(dense_2(dense_1(x)));
+  x = dense_2(dense_1(x));
+  return head_forward(x);
 }
 
 te::DTensor EncoderClassifierImpl::forward_on_mesh(const at::Tensor& ids, const at::Tensor& mask) {
@@ -99,7 +111,8 @@ te::DTensor EncoderClassifierImpl::forward_on_mesh(const at::Tensor& ids, const 
   x = te::with_sharding_constraint(x, act);
   x = F::flatten(x, 1);
   x = te::with_sharding_constraint(x, {"batch", std::nullopt});
-  return head(dense_2(dense_1(x)));
+  x = dense_2(dense_1(x));
+  return head_forward(x);
 }
 
 }  // namespace encoder

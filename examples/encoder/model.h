@@ -9,6 +9,7 @@
 #include <torch/nn/cloneable.h>
 #include <torch/nn/pimpl.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -54,6 +55,12 @@ class EncoderClassifierImpl : public torch::nn::Cloneable<EncoderClassifierImpl>
   at::Tensor embedding_fp8, embedding_fp8_scale_inv;  // after freeze_fp8_embedding
   te::nn::TransformerLayer layer{nullptr};
   te::nn::Dense dense_1{nullptr}, dense_2{nullptr}, head{nullptr};
+
+ private:
+  /// The head on dense_2's output: in high precision inside an enabled Fp8Autocast, as TE's
+  /// (Flax's nn.Dense) is.
+  template <typename T>
+  T head_forward(const T& x);
 };
 TORCH_MODULE(EncoderClassifier);
 
