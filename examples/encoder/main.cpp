@@ -867,7 +867,9 @@ int main(int argc, char** argv) {
                "Extend --rules with TE's default table derived from --mesh-resource");
   app.add_flag("--sequence-parallel", args.sequence_parallel,
                "Sequence parallelism in the TransformerLayer (needs tpsp or a seqlen_tp rule)");
-  app.add_option("--nproc", args.nproc, "Start this many local ranks through te-run")
+  app.add_option("--nproc", args.nproc,
+                 "Start this many local ranks through te-run (across machines, start te-encoder "
+                 "under te-run --nnodes, torchrun, srun or mpirun instead: README)")
       ->check(CLI::PositiveNumber);
   app.add_option("--metrics-json", args.metrics_json,
                  "Write the final metrics (train_loss, train_accuracy, dev_loss, dev_accuracy, "

@@ -7,26 +7,13 @@
 #include <string>
 
 #include "../../te/src/distributed/network.h"
-#include "te/error.h"
+#include "../expect_error.h"
+#include "../fake_env.h"
 
 namespace te::detail {
 namespace {
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
-EnvLookup env_of(std::map<std::string, std::string> vars) {
-  return [vars = std::move(vars)](const char* name) -> const char* {
-    const auto it = vars.find(name);
-    return it == vars.end() ? nullptr : it->second.c_str();
-  };
-}
+using test::env_of;
 
 TEST(Network, LoopbackAddresses) {
   for (const char* a : {"127.0.0.1", "127.0.1.1", "127.255.0.3", "::1", "::ffff:127.0.0.1"}) {
@@ -39,23 +26,24 @@ TEST(Network, LoopbackAddresses) {
 
 TEST(Network, TheOptionThenGlooSocketIfnameThenTheRouteToTheMaster) {
   const EnvLookup none = env_of({});
-  const BoundAddress by_option =
-      choose_gloo_address("lo", "10.9.9.9", 1, env_of({{"GLOO_SOCKET_IFNAME", "nope0"}}));
+  const BoundAddress by_option = choose_gloo_address("lo", "10.9.9.9", 1, "MASTER_ADDR",
+                                                     env_of({{"GLOO_SOCKET_IFNAME", "nope0"}}));
   EXPECT_EQ(by_option.address, "127.0.0.1");
   EXPECT_EQ(by_option.chosen_by, "DistributedOptions::interface='lo'");
   const BoundAddress by_env =
-      choose_gloo_address("", "10.9.9.9", 1, env_of({{"GLOO_SOCKET_IFNAME", "lo"}}));
+      choose_gloo_address("", "10.9.9.9", 1, "MASTER_ADDR", env_of({{"GLOO_SOCKET_IFNAME", "lo"}}));
   EXPECT_EQ(by_env.address, "127.0.0.1");
   EXPECT_EQ(by_env.chosen_by, "GLOO_SOCKET_IFNAME=lo");
   // An address of this host is taken as it is.
-  EXPECT_EQ(choose_gloo_address("127.0.0.1", "10.9.9.9", 1, none).address, "127.0.0.1");
-  const BoundAddress master = choose_gloo_address("", "localhost", 1234, none);
+  EXPECT_EQ(choose_gloo_address("127.0.0.1", "10.9.9.9", 1, "MASTER_ADDR", none).address,
+            "127.0.0.1");
+  const BoundAddress master = choose_gloo_address("", "localhost", 1234, "MASTER_ADDR", none);
   EXPECT_TRUE(is_loopback_address(master.address)) << master.address;
   EXPECT_EQ(master.chosen_by, "MASTER_ADDR=localhost (a loopback address)");
   // A non-loopback master: this host's source address towards it, never a loopback one (where
   // this host has a route off itself at all).
   try {
-    const BoundAddress routed = choose_gloo_address("", "192.0.2.77", 1234, none);
+    const BoundAddress routed = choose_gloo_address("", "192.0.2.77", 1234, "MASTER_ADDR", none);
     EXPECT_FALSE(is_loopback_address(routed.address)) << routed.address;
     EXPECT_EQ(routed.chosen_by, "the route to MASTER_ADDR=192.0.2.77");
   } catch (const Error& e) {
@@ -65,23 +53,34 @@ TEST(Network, TheOptionThenGlooSocketIfnameThenTheRouteToTheMaster) {
   }
 }
 
+TEST(Network, AMasterGivenByANameThatIsThisHostsLoopbackIsProvisional) {
+  // A master written as a name is not taken to mean one host, even where the name resolves to a
+  // loopback address (this host's own name on a stock Debian host): init_distributed then takes
+  // the route to a rank on another host, if there is one.
+  const BoundAddress b =
+      choose_gloo_address("", host_name(), 1234, "the first host of SLURM_STEP_NODELIST");
+  EXPECT_EQ(b.provisional, is_loopback_address(b.address)) << b.address;
+  EXPECT_EQ(b.chosen_by,
+            "the route to " + host_name() + " (the first host of SLURM_STEP_NODELIST)");
+  EXPECT_FALSE(choose_gloo_address("", "127.0.0.1", 1, "MASTER_ADDR", env_of({})).provisional);
+  const BoundAddress peer = route_to("127.0.0.1", "rank 1's address 127.0.0.1");
+  EXPECT_EQ(peer.address, "127.0.0.1");
+  EXPECT_EQ(peer.chosen_by, "the route to rank 1's address 127.0.0.1");
+  EXPECT_EQ(with_port("10.0.0.1", 80), "10.0.0.1:80");
+  EXPECT_EQ(with_port("fd00::1", 80), "[fd00::1]:80");
+}
+
 TEST(Network, BadChoicesAreNamed) {
-  const std::string unknown = error_of([] {
-    choose_gloo_address("", "10.0.0.1", 1, env_of({{"GLOO_SOCKET_IFNAME", "veth9"}}));
-  });
-  EXPECT_NE(unknown.find("GLOO_SOCKET_IFNAME: 'veth9' is neither an interface of this host nor an "
-                         "address; name one of this host's interfaces or addresses: "),
-            std::string::npos)
-      << unknown;
-  EXPECT_NE(unknown.find("lo 127.0.0.1"), std::string::npos) << unknown;
-  EXPECT_NE(error_of([] {
-              choose_gloo_address("203.0.113.9", "10.0.0.1", 1, env_of({}));
-            }).find("DistributedOptions::interface: '203.0.113.9' is not an address of this host"),
-            std::string::npos);
-  EXPECT_NE(error_of([] {
-              choose_gloo_address("", "10.0.0.1", 1, env_of({{"GLOO_SOCKET_IFNAME", "eth0,lo"}}));
-            }).find("GLOO_SOCKET_IFNAME='eth0,lo' names several interfaces; te-cpp binds one"),
-            std::string::npos);
+  const EnvLookup veth9 = env_of({{"GLOO_SOCKET_IFNAME", "veth9"}});
+  EXPECT_ERROR(choose_gloo_address("", "10.0.0.1", 1, "MASTER_ADDR", veth9),
+               "GLOO_SOCKET_IFNAME: 'veth9' is neither an interface of this host nor an address; "
+               "name one of this host's interfaces or addresses: ");
+  EXPECT_ERROR(choose_gloo_address("", "10.0.0.1", 1, "MASTER_ADDR", veth9), "lo 127.0.0.1");
+  EXPECT_ERROR(choose_gloo_address("203.0.113.9", "10.0.0.1", 1, "MASTER_ADDR", env_of({})),
+               "DistributedOptions::interface: '203.0.113.9' is not an address of this host");
+  EXPECT_ERROR(choose_gloo_address("", "10.0.0.1", 1, "MASTER_ADDR",
+                                   env_of({{"GLOO_SOCKET_IFNAME", "eth0,lo"}})),
+               "GLOO_SOCKET_IFNAME='eth0,lo' names several interfaces; te-cpp binds one");
 }
 
 PeerAddress peer(const std::string& address, const std::string& loopback, const std::string& host) {
@@ -105,13 +104,19 @@ TEST(Network, PeerAddressesTravelAsOneLine) {
   EXPECT_EQ(back.host, "h1");
 }
 
-TEST(Network, ALoopbackAddressIsRefusedOnlyToAnotherHost) {
+TEST(Network, ALoopbackOrSharedAddressIsRefusedOnlyAcrossHosts) {
   // One host, every rank on 127.0.0.1: fine.
-  EXPECT_EQ(loopback_conflict({peer("127.0.0.1", "A", "h0"), peer("127.0.0.1", "A", "h0")}), "");
+  EXPECT_EQ(address_conflict({peer("127.0.0.1", "A", "h0"), peer("127.0.0.1", "A", "h0")}), "");
   // Two hosts, real addresses: fine.
-  EXPECT_EQ(loopback_conflict({peer("10.0.0.1", "A", "h0"), peer("10.0.0.2", "B", "h1")}), "");
+  EXPECT_EQ(address_conflict({peer("10.0.0.1", "A", "h0"), peer("10.0.0.2", "B", "h1")}), "");
+  // Two hosts that both advertise 172.17.0.2 (two containers' default addresses).
+  EXPECT_EQ(address_conflict({peer("172.17.0.2", "A", "h0"), peer("172.17.0.2", "B", "h1")}),
+            "ranks 0 (host h0) and 1 (host h1) are on different hosts but both advertise the "
+            "address 172.17.0.2 (chosen by the route to MASTER_ADDR=10.0.0.1 and by the route to "
+            "MASTER_ADDR=10.0.0.1), so their peers cannot tell them apart; set GLOO_SOCKET_IFNAME "
+            "on each host to an interface with an address of its own");
   // Rank 2 advertises 127.0.1.1 (its host name's address) to rank 0 on another host.
-  const std::string m = loopback_conflict(
+  const std::string m = address_conflict(
       {peer("10.0.0.1", "A", "h0"), peer("10.0.0.1", "A", "h0"), peer("127.0.1.1", "B", "h1")});
   EXPECT_EQ(m,
             "rank 2 (host h1) would advertise its loopback address 127.0.1.1 (chosen by the route "
@@ -136,10 +141,13 @@ TEST(Network, ProbesReachListenersAndNameThoseThatDoNotAnswer) {
   ASSERT_EQ(failures.size(), 1u);
   EXPECT_EQ(failures[0],
             "rank 2's address 127.0.0.3:" + std::to_string(closed_port) + " (Connection refused)");
-  EXPECT_NE(error_of([] {
-              ProbeListener({"203.0.113.9", "GLOO_SOCKET_IFNAME=x"});
-            }).find("this rank cannot listen on 203.0.113.9 (chosen by GLOO_SOCKET_IFNAME=x)"),
-            std::string::npos);
+  EXPECT_ERROR(ProbeListener({"203.0.113.9", "GLOO_SOCKET_IFNAME=x"}),
+               "this rank cannot listen on 203.0.113.9 (chosen by GLOO_SOCKET_IFNAME=x)");
+  // A peer on another host at an address this rank also holds is probed (it may not be this
+  // rank's own listener that answers there).
+  peers[3].loopback = "B";
+  peers[3].probe_port = closed_port;
+  EXPECT_EQ(probe_peers(peers, 0, std::chrono::seconds(5)).size(), 2u);
 }
 
 }  // namespace

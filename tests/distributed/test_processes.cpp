@@ -326,14 +326,17 @@ int free_port_from(int lo) {
 TEST(Processes, SlurmVariablesStartAWorld) {
   const int port = free_port_from(20000);
   ASSERT_GT(port, 0);
-  const std::string job = std::to_string(port - 20000 + 10000 * 42);
+  // srun's port: 20000 + (SLURM_JOB_ID % 1000) * 10 + SLURM_STEP_ID % 10.
+  const std::string job = std::to_string((port - 20000) / 10 + 1000 * 42);
+  const std::string step = std::to_string((port - 20000) % 10);
   std::string cmd;
   for (int k = 0; k < 2; ++k) {
     cmd += "env -u RANK -u WORLD_SIZE -u MASTER_ADDR -u MASTER_PORT SLURM_PROCID=" +
-           std::to_string(k) + " SLURM_NTASKS=2 SLURM_LOCALID=" + std::to_string(k) +
+           std::to_string(k) +
+           " SLURM_NTASKS=2 SLURM_STEP_NUM_TASKS=2 SLURM_LOCALID=" + std::to_string(k) +
            " SLURM_NODEID=0 SLURM_NNODES=1 SLURM_STEP_TASKS_PER_NODE=2 "
            "SLURM_STEP_NODELIST=127.0.0.[1] SLURM_JOB_NODELIST=127.0.0.1 SLURM_JOB_ID=" +
-           job + " " + kWorker + " launch & ";
+           job + " SLURM_STEP_ID=" + step + " " + kWorker + " launch & ";
   }
   const Result r = run("TE_DIST_TIMEOUT_S=30 sh -c '" + cmd + "wait'");
   for (int k = 0; k < 2; ++k) {
@@ -343,8 +346,9 @@ TEST(Processes, SlurmVariablesStartAWorld) {
                             " of 2 on node 0 of 1, master 127.0.0.1 (the first host of "
                             "SLURM_STEP_NODELIST):" +
                             std::to_string(port) +
-                            " (SLURM_JOB_ID); Gloo binds 127.0.0.1 (chosen by "
-                            "MASTER_ADDR=127.0.0.1 (a loopback address))"),
+                            " (SLURM_JOB_ID and SLURM_STEP_ID); Gloo binds 127.0.0.1 (chosen by "
+                            "127.0.0.1 (the first host of SLURM_STEP_NODELIST) (a loopback "
+                            "address))"),
               std::string::npos)
         << r.output;
     EXPECT_NE(r.output.find("rank " + rank + " of 2 ok"), std::string::npos) << r.output;
@@ -388,6 +392,12 @@ TEST(Processes, TeRunRefusesAnIncompleteMultiNodeCommand) {
   EXPECT_NE(no_master.output.find("te-run: --nnodes 2 needs --master-addr and --master-port"),
             std::string::npos)
       << no_master.output;
+  const Result huge = run(kRun +
+                          " --nnodes 2048 --nproc-per-node 1024 --master-addr h "
+                          "--master-port 1 -- true");
+  EXPECT_EQ(huge.status, 2) << huge.output;
+  EXPECT_NE(huge.output.find("ranks is more than a world holds (1048576)"), std::string::npos)
+      << huge.output;
   const Result bad_node = run(kRun + " --nnodes 2 --node-rank 2 --nproc 1 -- true");
   EXPECT_EQ(bad_node.status, 2) << bad_node.output;
   EXPECT_NE(bad_node.output.find("te-run: --node-rank 2 is not a node of --nnodes 2"),

@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../../te/src/distributed/network.h"
+#include "../fake_env.h"
 #include "data.h"
 #include "service.h"
 #include "te/distributed.h"
@@ -149,25 +150,21 @@ std::vector<Case> cases() {
        "built DeviceMesh(model=2)",
        on_ranks(2, [](int rank) { DeviceMesh({2}, {rank == 0 ? "data" : "model"}); })},
       {"world", "init_distributed without the launcher's environment",
-       "RANK and WORLD_SIZE (or OMPI_COMM_WORLD_RANK/SIZE, or SLURM_PROCID/SLURM_NTASKS) are "
-       "not set",
+       "RANK and WORLD_SIZE (or OMPI_COMM_WORLD_RANK/SIZE, or srun's "
+       "SLURM_PROCID/SLURM_STEP_NUM_TASKS) are not set",
        [] { init_distributed(); }},
       {"world", "a malformed SLURM host list",
        "SLURM_STEP_NODELIST: the SLURM host list 'gpu[01-04' is malformed",
        [] {
-         const std::map<std::string, std::string> env{
-             {"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"}, {"SLURM_STEP_NODELIST", "gpu[01-04"}};
-         read_launch_environment([&env](const char* n) -> const char* {
-           const auto it = env.find(n);
-           return it == env.end() ? nullptr : it->second.c_str();
-         });
+         read_launch_environment(test::env_of({{"SLURM_PROCID", "0"},
+                                               {"SLURM_STEP_NUM_TASKS", "4"},
+                                               {"SLURM_STEP_NODELIST", "gpu[01-04"}}));
        }},
       {"world", "GLOO_SOCKET_IFNAME naming several interfaces",
        "GLOO_SOCKET_IFNAME='eth0,eth1' names several interfaces; te-cpp binds one",
        [] {
-         te::detail::choose_gloo_address("", "10.0.0.1", 29500, [](const char* n) -> const char* {
-           return std::string(n) == "GLOO_SOCKET_IFNAME" ? "eth0,eth1" : nullptr;
-         });
+         te::detail::choose_gloo_address("", "10.0.0.1", 29500, "MASTER_ADDR",
+                                         test::env_of({{"GLOO_SOCKET_IFNAME", "eth0,eth1"}}));
        }},
       {"world", "a rank that would advertise its loopback address to another host",
        "rank 1 (host h1) would advertise its loopback address 127.0.1.1",
@@ -181,7 +178,7 @@ std::vector<Case> cases() {
          b.loopback = "boot-b/4026531840";
          b.host = "h1";
          b.chosen_by = "DistributedOptions::interface='lo'";
-         TE_FAIL(te::detail::loopback_conflict({a, b}));
+         TE_FAIL(te::detail::address_conflict({a, b}));
        }},
       {"world", "a malformed TE_COMM_BACKEND", "TE_COMM_BACKEND='mpi' is not auto, gloo or nccl",
        [] {

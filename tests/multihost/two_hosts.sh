@@ -30,13 +30,23 @@ fi
 id=$$
 h0=te-h0-$id
 h1=te-h1-$id
-cleanup() {
-  for h in "$h0" "$h1"; do
+remove_hosts() {  # ID: its namespaces (and their processes) and its veth pair
+  local h
+  for h in "te-h0-$1" "te-h1-$1"; do
     ip netns pids "$h" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
     ip netns del "$h" 2>/dev/null || true
   done
+  ip link del "tev0-$1" 2>/dev/null || true
+  rm -rf "/etc/netns/te-h0-$1" "/etc/netns/te-h1-$1"
 }
+cleanup() { remove_hosts $id; }
 trap cleanup EXIT
+# What an earlier run left when it was killed outright (a CTest timeout kills bash with SIGKILL,
+# so its trap never ran): the hosts of scripts no longer running.
+for stale in $(ip netns list 2>/dev/null | grep -Eo '^te-h[01]-[0-9]+' | sed 's/^te-h[01]-//' |
+  sort -u); do
+  kill -0 "$stale" 2>/dev/null || remove_hosts "$stale"
+done
 if ! ip netns add "$h0" 2>/dev/null; then
   echo "two_hosts: SKIPPED (cannot make a network namespace here)"
   exit 77
@@ -64,11 +74,15 @@ dp2=(--mesh data=2 --mesh-resource dp=data)
 dp2tp2=(--mesh data=2,model=2 --mesh-resource dp=data,tpsp=model)
 export TE_DIST_TIMEOUT_S=30
 port=29500
+# No command of this script outlives 2 minutes, whatever hangs.
+limit=(timeout -k 5 120)
+# A refusal "at once" takes a few seconds (measured 2-3 s): far below the timeout.
+at_once=10
 
 # On one host: the references.
-"$terun" --nproc 2 -- "$enc" "${model[@]}" "${dp2[@]}" --max-steps 6 --log-steps one_dp2.csv \
+"${limit[@]}" "$terun" --nproc 2 -- "$enc" "${model[@]}" "${dp2[@]}" --max-steps 6 --log-steps one_dp2.csv \
   >one_dp2.log 2>&1 || fail "DP2 on one host: $(tail -n 5 one_dp2.log)"
-"$terun" --nproc 4 -- "$enc" "${model[@]}" "${dp2tp2[@]}" --max-steps 6 \
+"${limit[@]}" "$terun" --nproc 4 -- "$enc" "${model[@]}" "${dp2tp2[@]}" --max-steps 6 \
   --log-steps one_dp2tp2.csv --save one_ckpt >one_dp2tp2.log 2>&1 ||
   fail "DP2xTP2 on one host: $(tail -n 5 one_dp2tp2.log)"
 
@@ -81,8 +95,8 @@ torchrun_env() {  # NAME RANKS_PER_HOST ARGS...
     h=$([ $k -eq 0 ] && echo "$h0" || echo "$h1")
     for ((i = 0; i < per; i++)); do
       rank=$((k * per + i))
-      ip netns exec "$h" env RANK=$rank WORLD_SIZE=$((2 * per)) LOCAL_RANK=$i \
-        LOCAL_WORLD_SIZE="$per" GROUP_RANK=$k MASTER_ADDR=10.231.0.1 MASTER_PORT=$port \
+      "${limit[@]}" ip netns exec "$h" env RANK=$rank WORLD_SIZE=$((2 * per)) LOCAL_RANK=$i \
+        LOCAL_WORLD_SIZE="$per" GROUP_RANK=$k MASTER_ADDR="${MASTER:-10.231.0.1}" MASTER_PORT=$port \
         "$enc" "$@" >"$name.rank$rank.log" 2>&1 &
       pids+=($!)
     done
@@ -96,16 +110,17 @@ torchrun_env() {  # NAME RANKS_PER_HOST ARGS...
 terun_nodes() {  # NAME RANKS_PER_HOST ARGS...
   local name=$1 per=$2
   shift 2
-  ip netns exec "$h0" "$terun" --nnodes 2 --node-rank 0 --nproc-per-node "$per" \
+  "${limit[@]}" ip netns exec "$h0" "$terun" --nnodes 2 --node-rank 0 --nproc-per-node "$per" \
     --master-addr 10.231.0.1 --master-port $port -- "$enc" "$@" >"$name.node0.log" 2>&1 &
   local p0=$!
-  ip netns exec "$h1" "$terun" --nnodes 2 --node-rank 1 --nproc-per-node "$per" \
+  "${limit[@]}" ip netns exec "$h1" "$terun" --nnodes 2 --node-rank 1 --nproc-per-node "$per" \
     --master-addr 10.231.0.1 --master-port $port -- "$enc" "$@" >"$name.node1.log" 2>&1 &
   local p1=$!
-  local status=0
-  wait $p0 || status=1
-  wait $p1 || status=1
-  return $status
+  local s0=0 s1=0
+  wait $p0 || s0=$?
+  wait $p1 || s1=$?
+  echo "$s0" >"$name.node0.status"
+  [ $s0 -eq 0 ] && [ $s1 -eq 0 ]
 }
 
 # Every step's loss within 1e-6 of one host's.
@@ -132,6 +147,19 @@ grep -q "Gloo binds 10.231.0.1 (chosen by the route to MASTER_ADDR=10.231.0.1)" 
 out=$(same_losses one_dp2.csv torchrun_dp2.csv) || fail "DP2 across hosts (torchrun's environment) differs from one host: $out"
 echo "DP2 across hosts, torchrun's environment: $out"
 
+# The master given by a host name that is a loopback address on its own host (as a stock Debian
+# host resolves its own name, 127.0.1.1) and 10.231.0.1 on the other: `ip netns exec` reads each
+# host's /etc/netns/NAME/hosts as /etc/hosts. Rank 0 takes its route to rank 1 instead.
+mkdir -p "/etc/netns/$h0" "/etc/netns/$h1"
+printf '127.0.0.1 localhost\n127.0.1.1 te-master\n' >"/etc/netns/$h0/hosts"
+printf '127.0.0.1 localhost\n10.231.0.1 te-master\n' >"/etc/netns/$h1/hosts"
+MASTER=te-master torchrun_env named_dp2 1 "${model[@]}" "${dp2[@]}" --max-steps 6 \
+  --log-steps named_dp2.csv || fail "DP2 with a master host name: $(tail -n 3 named_dp2.rank*.log)"
+grep -qF "Gloo binds 10.231.0.1 (chosen by the route to rank 1's address 10.231.0.2 (MASTER_ADDR=te-master is a loopback address on this host))" \
+  named_dp2.rank0.log || fail "rank 0 did not take its route to rank 1: $(cat named_dp2.rank0.log)"
+out=$(same_losses one_dp2.csv named_dp2.csv) || fail "DP2 with a master host name differs: $out"
+echo "DP2 across hosts, MASTER_ADDR a name that is rank 0's loopback: $out"
+
 torchrun_env torchrun_dp2tp2 2 "${model[@]}" "${dp2tp2[@]}" --max-steps 6 \
   --log-steps torchrun_dp2tp2.csv ||
   fail "DP2xTP2 across hosts (torchrun's environment): $(tail -n 3 torchrun_dp2tp2.rank*.log)"
@@ -152,7 +180,7 @@ echo "DP2xTP2 across hosts, te-run --nnodes 2: $out"
 # The checkpoint written by ranks on two hosts: the bytes one host wrote, and it loads alike.
 diff -r one_ckpt hosts_ckpt >/dev/null || fail "the checkpoint saved across hosts differs from one host's"
 for c in one_ckpt hosts_ckpt; do
-  "$enc" "${model[@]}" --load "$c" --eval-only >"load_$c.log" 2>&1 ||
+  "${limit[@]}" "$enc" "${model[@]}" --load "$c" --eval-only >"load_$c.log" 2>&1 ||
     fail "loading $c on one process: $(tail -n 3 "load_$c.log")"
 done
 grep "^eval:" load_hosts_ckpt.log >/dev/null || fail "no eval line: $(cat load_hosts_ckpt.log)"
@@ -162,36 +190,38 @@ echo "checkpoint saved across hosts: same bytes as one host's; loads on one proc
   "$(grep '^eval:' load_hosts_ckpt.log)"
 
 # Host 1's ranks killed mid-training: host 0's name them within the timeout.
-start=$SECONDS
 terun_nodes killed 2 "${model[@]}" "${dp2tp2[@]}" --max-steps 100000 >/dev/null 2>&1 &
 run=$!
-for _ in $(seq 600); do
-  grep -q "te-encoder: CoLA" killed.node0.log 2>/dev/null && break
+# Training has begun when rank 0 prints its first progress line (about a tenth of an epoch).
+for _ in $(seq 1200); do
+  grep -q "\] *epoch 1 step" killed.node0.log 2>/dev/null && break
   sleep 0.1
 done
-sleep 2
+grep -q "\] *epoch 1 step" killed.node0.log || fail "no training step within 2 minutes: $(tail -n 5 killed.node0.log)"
 killed_at=$SECONDS
 ip netns pids "$h1" | xargs -r kill -9
-wait $run && fail "the survivors of a killed host exited 0"
+wait $run || true
 took=$((SECONDS - killed_at))
+[ "$(cat killed.node0.status)" != 0 ] || fail "host 0's ranks exited 0 after host 1 was killed"
 [ $took -le "$TE_DIST_TIMEOUT_S" ] || fail "the survivors took $took s (timeout $TE_DIST_TIMEOUT_S s)"
-grep -Eq "rank [23] (stopped responding|left|never joined)|rank\(s\) [23]" killed.node0.log ||
+grep -Eq "rank [23] (stopped responding|left)" killed.node0.log ||
   fail "the survivors did not name host 1's ranks: $(tail -n 5 killed.node0.log)"
 echo "host 1 killed mid-training: host 0's ranks named it after $took s:" \
   "$(grep -Eo 'missing rank [0-9]+ [a-z ]+' killed.node0.log | head -1)"
 
 # Rank 1 binds its loopback: both hosts refuse at once, naming both ranks and the variable.
 start=$SECONDS
-ip netns exec "$h0" env RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=10.231.0.1 MASTER_PORT=$port \
-  "$enc" "${model[@]}" "${dp2[@]}" --max-steps 2 >loop.rank0.log 2>&1 &
+"${limit[@]}" ip netns exec "$h0" env RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=10.231.0.1 \
+  MASTER_PORT=$port "$enc" "${model[@]}" "${dp2[@]}" --max-steps 2 >loop.rank0.log 2>&1 &
 p0=$!
-ip netns exec "$h1" env RANK=1 WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=10.231.0.1 MASTER_PORT=$port \
-  GLOO_SOCKET_IFNAME=lo "$enc" "${model[@]}" "${dp2[@]}" --max-steps 2 >loop.rank1.log 2>&1 &
+"${limit[@]}" ip netns exec "$h1" env RANK=1 WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=10.231.0.1 \
+  MASTER_PORT=$port GLOO_SOCKET_IFNAME=lo "$enc" "${model[@]}" "${dp2[@]}" --max-steps 2 \
+  >loop.rank1.log 2>&1 &
 p1=$!
 wait $p0 && fail "rank 0 accepted a peer that advertises its loopback"
 wait $p1 && fail "rank 1 advertised its loopback to another host"
 took=$((SECONDS - start))
-[ $took -le "$TE_DIST_TIMEOUT_S" ] || fail "refusing the loopback took $took s"
+[ $took -le $at_once ] || fail "refusing the loopback took $took s"
 want="rank 1 (host $(hostname)) would advertise its loopback address 127.0.0.1 (chosen by GLOO_SOCKET_IFNAME=lo) to rank 0 on another host ($(hostname), address 10.231.0.1)"
 for r in 0 1; do
   grep -qF "$want" loop.rank$r.log || fail "rank $r did not name the loopback: $(cat loop.rank$r.log)"
@@ -201,17 +231,17 @@ echo "a rank binding its loopback: refused on both hosts after $took s"
 # Rank 1 binds an address of its host that host 0 has no route to: refused at once on both.
 ip -n "$h1" addr add 10.231.9.2/32 dev lo
 start=$SECONDS
-ip netns exec "$h0" env RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=10.231.0.1 MASTER_PORT=$port \
-  "$enc" "${model[@]}" "${dp2[@]}" --max-steps 2 >unreached.rank0.log 2>&1 &
+"${limit[@]}" ip netns exec "$h0" env RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=10.231.0.1 \
+  MASTER_PORT=$port "$enc" "${model[@]}" "${dp2[@]}" --max-steps 2 >unreached.rank0.log 2>&1 &
 p0=$!
-ip netns exec "$h1" env RANK=1 WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=10.231.0.1 MASTER_PORT=$port \
-  GLOO_SOCKET_IFNAME=10.231.9.2 "$enc" "${model[@]}" "${dp2[@]}" --max-steps 2 \
+"${limit[@]}" ip netns exec "$h1" env RANK=1 WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=10.231.0.1 \
+  MASTER_PORT=$port GLOO_SOCKET_IFNAME=10.231.9.2 "$enc" "${model[@]}" "${dp2[@]}" --max-steps 2 \
   >unreached.rank1.log 2>&1 &
 p1=$!
 wait $p0 && fail "rank 0 accepted a peer it cannot reach"
 wait $p1 && fail "rank 1 joined with an address rank 0 cannot reach"
 took=$((SECONDS - start))
-[ $took -le "$TE_DIST_TIMEOUT_S" ] || fail "refusing the unreachable address took $took s"
+[ $took -le $at_once ] || fail "refusing the unreachable address took $took s"
 want="rank 0 (address 10.231.0.1, chosen by the route to MASTER_ADDR=10.231.0.1) cannot reach rank 1's address 10.231.9.2:"
 for r in 0 1; do
   grep -qF "$want" unreached.rank$r.log ||

@@ -3,52 +3,31 @@
 
 #include <gtest/gtest.h>
 
-#include <ATen/Parallel.h>
-
 #include <cstdlib>
 #include <map>
 #include <string>
-#include <thread>
 
+#include "../expect_error.h"
+#include "../fake_env.h"
 #include "te/runtime.h"
 
 namespace te {
 namespace {
 
-// An environment of its own for each case.
-struct FakeEnv {
-  std::map<std::string, std::string> vars;
-  EnvLookup lookup() const {
-    return [this](const char* name) -> const char* {
-      const auto it = vars.find(name);
-      return it == vars.end() ? nullptr : it->second.c_str();
-    };
-  }
-};
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test::Env;
+using test::env_of;
 
 TEST(LaunchEnvironment, NoneWithoutRankVariables) {
-  FakeEnv env{{{"MASTER_ADDR", "10.0.0.1"}, {"PATH", "/bin"}}};
-  EXPECT_FALSE(read_launch_environment(env.lookup()).has_value());
+  Env env{{"MASTER_ADDR", "10.0.0.1"}, {"PATH", "/bin"}};
+  EXPECT_FALSE(read_launch_environment(env_of(env)).has_value());
 }
 
 TEST(LaunchEnvironment, TorchrunAcrossNodes) {
-  FakeEnv env{{{"RANK", "5"},
-               {"WORLD_SIZE", "8"},
-               {"LOCAL_RANK", "1"},
-               {"LOCAL_WORLD_SIZE", "4"},
-               {"GROUP_RANK", "1"},
-               {"MASTER_ADDR", "10.0.0.1"},
-               {"MASTER_PORT", "29500"}}};
-  const auto l = read_launch_environment(env.lookup());
+  Env env{{"RANK", "5"},           {"WORLD_SIZE", "8"},
+          {"LOCAL_RANK", "1"},     {"LOCAL_WORLD_SIZE", "4"},
+          {"GROUP_RANK", "1"},     {"MASTER_ADDR", "10.0.0.1"},
+          {"MASTER_PORT", "29500"}};
+  const auto l = read_launch_environment(env_of(env));
   ASSERT_TRUE(l.has_value());
   EXPECT_EQ(l->launcher, "torchrun");
   EXPECT_EQ(l->rank, 5);
@@ -64,9 +43,16 @@ TEST(LaunchEnvironment, TorchrunAcrossNodes) {
             "10.0.0.1 (MASTER_ADDR):29500 (MASTER_PORT)");
 }
 
+TEST(LaunchEnvironment, AnUnsetLocalRankIsTheRanksPlaceOnItsHost) {
+  Env env{{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_WORLD_SIZE", "4"}};
+  const auto l = read_launch_environment(env_of(env));
+  EXPECT_EQ(l->local_rank, 1);
+  EXPECT_EQ(l->node_rank, 1);
+}
+
 TEST(LaunchEnvironment, RankAndSizeAloneMeanOneHost) {
-  FakeEnv env{{{"RANK", "2"}, {"WORLD_SIZE", "3"}}};
-  const auto l = read_launch_environment(env.lookup());
+  Env env{{"RANK", "2"}, {"WORLD_SIZE", "3"}};
+  const auto l = read_launch_environment(env_of(env));
   ASSERT_TRUE(l.has_value());
   EXPECT_EQ(l->local_rank, 2);
   EXPECT_EQ(l->local_world_size, 3);
@@ -76,13 +62,13 @@ TEST(LaunchEnvironment, RankAndSizeAloneMeanOneHost) {
 }
 
 TEST(LaunchEnvironment, OpenMpi) {
-  FakeEnv env{{{"OMPI_COMM_WORLD_RANK", "3"},
-               {"OMPI_COMM_WORLD_SIZE", "4"},
-               {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
-               {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
-               {"MASTER_ADDR", "h0"},
-               {"MASTER_PORT", "1234"}}};
-  const auto l = read_launch_environment(env.lookup());
+  Env env{{"OMPI_COMM_WORLD_RANK", "3"},
+          {"OMPI_COMM_WORLD_SIZE", "4"},
+          {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+          {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+          {"MASTER_ADDR", "h0"},
+          {"MASTER_PORT", "1234"}};
+  const auto l = read_launch_environment(env_of(env));
   ASSERT_TRUE(l.has_value());
   EXPECT_EQ(l->launcher, "openmpi");
   EXPECT_EQ(l->rank, 3);
@@ -92,92 +78,92 @@ TEST(LaunchEnvironment, OpenMpi) {
   EXPECT_EQ(l->nnodes, 2);
 }
 
-FakeEnv slurm_step() {
-  return FakeEnv{{{"SLURM_PROCID", "6"},
-                  {"SLURM_NTASKS", "7"},
-                  {"SLURM_LOCALID", "0"},
-                  {"SLURM_NODEID", "3"},
-                  {"SLURM_NNODES", "4"},
-                  {"SLURM_STEP_TASKS_PER_NODE", "2(x3),1"},
-                  {"SLURM_TASKS_PER_NODE", "9(x4)"},
-                  {"SLURM_STEP_NODELIST", "gpu[007-009],cpu3"},
-                  {"SLURM_JOB_NODELIST", "other[1-9]"},
-                  {"SLURM_JOB_ID", "123456"}}};
+Env slurm_step() {
+  return Env{{"SLURM_PROCID", "6"},
+             {"SLURM_NTASKS", "9"},
+             {"SLURM_STEP_NUM_TASKS", "7"},
+             {"SLURM_STEP_ID", "3"},
+             {"SLURM_LOCALID", "0"},
+             {"SLURM_NODEID", "3"},
+             {"SLURM_NNODES", "4"},
+             {"SLURM_STEP_TASKS_PER_NODE", "2(x3),1"},
+             {"SLURM_TASKS_PER_NODE", "9(x4)"},
+             {"SLURM_STEP_NODELIST", "gpu[007-009],cpu3"},
+             {"SLURM_JOB_NODELIST", "other[1-9]"},
+             {"SLURM_JOB_ID", "123456"}};
 }
 
 TEST(LaunchEnvironment, SlurmStep) {
-  const FakeEnv env = slurm_step();
-  const auto l = read_launch_environment(env.lookup());
+  const Env env = slurm_step();
+  const auto l = read_launch_environment(env_of(env));
   ASSERT_TRUE(l.has_value());
   EXPECT_EQ(l->launcher, "slurm");
   EXPECT_EQ(l->rank, 6);
-  EXPECT_EQ(l->world_size, 7);
+  EXPECT_EQ(l->world_size, 7);  // the step's tasks, not the allocation's
   EXPECT_EQ(l->local_rank, 0);
   EXPECT_EQ(l->local_world_size, 1);  // node 3 of "2(x3),1"; the step's form wins the job's
   EXPECT_EQ(l->node_rank, 3);
   EXPECT_EQ(l->nnodes, 4);
   EXPECT_EQ(l->master_addr, "gpu007");  // the step's first host, not the job's
   EXPECT_EQ(l->master_addr_from, "the first host of SLURM_STEP_NODELIST");
-  EXPECT_EQ(l->master_port, 20000 + 123456 % 10000);
-  EXPECT_EQ(l->master_port_from, "SLURM_JOB_ID");
+  EXPECT_EQ(l->master_port, 20000 + 456 * 10 + 3);
+  EXPECT_EQ(l->master_port_from, "SLURM_JOB_ID and SLURM_STEP_ID");
+}
+
+// A batch script's own shell has SLURM_PROCID=0 and SLURM_NTASKS but no step: it is one
+// process (te-encoder --nproc 4 there starts its own ranks), not rank 0 of 4.
+TEST(LaunchEnvironment, ABatchScriptIsNoRank) {
+  Env env{{"SLURM_PROCID", "0"},
+          {"SLURM_NTASKS", "4"},
+          {"SLURM_LOCALID", "0"},
+          {"SLURM_NODEID", "0"},
+          {"SLURM_JOB_NODELIST", "gnode[10,20]"},
+          {"SLURM_TASKS_PER_NODE", "2(x2)"},
+          {"SLURM_JOB_ID", "200505"}};
+  EXPECT_FALSE(read_launch_environment(env_of(env)).has_value());
 }
 
 TEST(LaunchEnvironment, SlurmTakesMasterAddrAndPortWhenSet) {
-  FakeEnv env = slurm_step();
-  env.vars["MASTER_ADDR"] = "10.1.2.3";
-  env.vars["MASTER_PORT"] = "4000";
-  const auto l = read_launch_environment(env.lookup());
+  Env env = slurm_step();
+  env["MASTER_ADDR"] = "10.1.2.3";
+  env["MASTER_PORT"] = "4000";
+  const auto l = read_launch_environment(env_of(env));
   EXPECT_EQ(l->master_addr, "10.1.2.3");
   EXPECT_EQ(l->master_port, 4000);
-  env.vars.erase("SLURM_STEP_NODELIST");
-  env.vars.erase("MASTER_ADDR");
-  EXPECT_EQ(read_launch_environment(env.lookup())->master_addr, "other1");
+  env.erase("SLURM_STEP_NODELIST");
+  env.erase("MASTER_ADDR");
+  EXPECT_EQ(read_launch_environment(env_of(env))->master_addr, "other1");
 }
 
 TEST(LaunchEnvironment, ALauncherInsideAnAllocationWins) {
-  FakeEnv env = slurm_step();
-  env.vars["OMPI_COMM_WORLD_RANK"] = "1";
-  env.vars["OMPI_COMM_WORLD_SIZE"] = "2";
-  EXPECT_EQ(read_launch_environment(env.lookup())->launcher, "openmpi");
-  env.vars["RANK"] = "0";
-  env.vars["WORLD_SIZE"] = "2";
-  EXPECT_EQ(read_launch_environment(env.lookup())->launcher, "torchrun");
+  Env env = slurm_step();
+  env["OMPI_COMM_WORLD_RANK"] = "1";
+  env["OMPI_COMM_WORLD_SIZE"] = "2";
+  EXPECT_EQ(read_launch_environment(env_of(env))->launcher, "openmpi");
+  env["RANK"] = "0";
+  env["WORLD_SIZE"] = "2";
+  EXPECT_EQ(read_launch_environment(env_of(env))->launcher, "torchrun");
 }
 
 TEST(LaunchEnvironment, MalformedVariablesAreNamed) {
-  FakeEnv rank_only{{{"RANK", "1"}}};
-  EXPECT_NE(error_of([&] {
-              read_launch_environment(rank_only.lookup());
-            }).find("WORLD_SIZE is not set, but RANK is"),
-            std::string::npos);
-  FakeEnv big{{{"RANK", "4"}, {"WORLD_SIZE", "4"}}};
-  EXPECT_NE(error_of([&] {
-              read_launch_environment(big.lookup());
-            }).find("RANK='4' is not an integer in [0, 3]"),
-            std::string::npos);
-  FakeEnv local{
-      {{"RANK", "1"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "2"}, {"LOCAL_WORLD_SIZE", "2"}}};
-  EXPECT_NE(error_of([&] { read_launch_environment(local.lookup()); }).find("local rank 2 of 2"),
-            std::string::npos);
-  FakeEnv slurm = slurm_step();
-  slurm.vars["SLURM_STEP_NODELIST"] = "gpu[1-";
-  EXPECT_NE(error_of([&] {
-              read_launch_environment(slurm.lookup());
-            }).find("SLURM_STEP_NODELIST: the SLURM host list 'gpu[1-' is malformed"),
-            std::string::npos);
+  Env rank_only{{"RANK", "1"}};
+  EXPECT_ERROR(read_launch_environment(env_of(rank_only)), "WORLD_SIZE is not set, but RANK is");
+  Env big{{"RANK", "4"}, {"WORLD_SIZE", "4"}};
+  EXPECT_ERROR(read_launch_environment(env_of(big)), "RANK='4' is not an integer in [0, 3]");
+  Env local{{"RANK", "1"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "2"}, {"LOCAL_WORLD_SIZE", "2"}};
+  EXPECT_ERROR(read_launch_environment(env_of(local)), "local rank 2 of 2");
+  Env slurm = slurm_step();
+  slurm["SLURM_STEP_NODELIST"] = "gpu[1-";
+  EXPECT_ERROR(read_launch_environment(env_of(slurm)),
+               "SLURM_STEP_NODELIST: the SLURM host list 'gpu[1-' is malformed");
   slurm = slurm_step();
-  slurm.vars["SLURM_STEP_TASKS_PER_NODE"] = "2(x2)";
-  EXPECT_NE(
-      error_of([&] {
-        read_launch_environment(slurm.lookup());
-      }).find("SLURM_STEP_TASKS_PER_NODE: '2(x2)' names the tasks of 2 node(s), not of node 3"),
-      std::string::npos);
+  slurm["SLURM_STEP_TASKS_PER_NODE"] = "2(x2)";
+  EXPECT_ERROR(read_launch_environment(env_of(slurm)),
+               "SLURM_STEP_TASKS_PER_NODE: '2(x2)' names the tasks of 2 node(s), not of node 3");
   slurm = slurm_step();
-  slurm.vars["MASTER_PORT"] = "70000";
-  EXPECT_NE(error_of([&] {
-              read_launch_environment(slurm.lookup());
-            }).find("MASTER_PORT='70000' is not an integer in [1, 65535]"),
-            std::string::npos);
+  slurm["MASTER_PORT"] = "70000";
+  EXPECT_ERROR(read_launch_environment(env_of(slurm)),
+               "MASTER_PORT='70000' is not an integer in [1, 65535]");
 }
 
 TEST(SlurmHostlist, Expands) {
@@ -188,9 +174,9 @@ TEST(SlurmHostlist, Expands) {
   EXPECT_EQ(expand_slurm_hostlist("rack[1-2]-n[8-9]"),
             (V{"rack1-n8", "rack1-n9", "rack2-n8", "rack2-n9"}));
   EXPECT_EQ(expand_slurm_hostlist("n[098-101]"), (V{"n098", "n099", "n100", "n101"}));
-  for (const char* bad : {"", "a,,b", "n[1-", "n]1[", "n[a-b]", "n[3-1]", "n[]"}) {
-    EXPECT_NE(error_of([&] { expand_slurm_hostlist(bad); }).find("is malformed"), std::string::npos)
-        << bad;
+  for (const char* bad : {"", "a,,b", "n[1-", "n]1[", "n[a-b]", "n[3-1]", "n[]",
+                          "n[99999999999999999999]", "a[1-1000]-b[1-1000]-c[1-2]"}) {
+    EXPECT_ERROR(expand_slurm_hostlist(bad), "is malformed");
   }
 }
 
@@ -199,45 +185,8 @@ TEST(SlurmTasksPerNode, ReadsEachNodesCount) {
   EXPECT_EQ(slurm_tasks_on_node("2(x3),1", 0), 2);
   EXPECT_EQ(slurm_tasks_on_node("2(x3),1", 2), 2);
   EXPECT_EQ(slurm_tasks_on_node("2(x3),1", 3), 1);
-  EXPECT_NE(error_of([] { slurm_tasks_on_node("2(x3", 0); }).find("tasks-per-node form"),
-            std::string::npos);
-  EXPECT_NE(error_of([] { slurm_tasks_on_node("x", 0); }).find("the task count='x'"),
-            std::string::npos);
-}
-
-// Restores the variables configure_threads reads.
-class LaunchThreadsTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    for (const char* n : kNames) {
-      if (const char* v = std::getenv(n)) saved_[n] = v;
-      unsetenv(n);
-    }
-    threads_ = at::get_num_threads();
-  }
-  void TearDown() override {
-    for (const char* n : kNames) {
-      unsetenv(n);
-      if (saved_.count(n)) setenv(n, saved_[n].c_str(), 1);
-    }
-    at::set_num_threads(threads_);
-  }
-  static constexpr const char* kNames[] = {"OMP_NUM_THREADS", "RANK", "WORLD_SIZE", "LOCAL_RANK",
-                                           "LOCAL_WORLD_SIZE"};
-  std::map<std::string, std::string> saved_;
-  int threads_ = 1;
-};
-
-// A world of 16 ranks, 2 per node: each rank gets the cores / 2, not cores / 16.
-TEST_F(LaunchThreadsTest, RanksPerNodeDivideTheCores) {
-  setenv("RANK", "9", 1);
-  setenv("WORLD_SIZE", "16", 1);
-  setenv("LOCAL_RANK", "1", 1);
-  setenv("LOCAL_WORLD_SIZE", "2", 1);
-  const int cores = static_cast<int>(std::thread::hardware_concurrency());
-  EXPECT_EQ(configure_threads(), std::max(1, cores / 2));
-  setenv("OMP_NUM_THREADS", "3", 1);  // the user's choice wins
-  EXPECT_EQ(configure_threads(), 3);
+  EXPECT_ERROR(slurm_tasks_on_node("2(x3", 0), "tasks-per-node form");
+  EXPECT_ERROR(slurm_tasks_on_node("x", 0), "the task count='x'");
 }
 
 }  // namespace

@@ -140,6 +140,11 @@ int main(int argc, char** argv) {
               << " (nodes are 0 .. " << nnodes - 1 << ")\n";
     return 2;
   }
+  if (static_cast<int64_t>(nnodes) * nproc > (1 << 20)) {
+    std::cerr << "te-run: --nnodes " << nnodes << " x --nproc-per-node " << nproc
+              << " ranks is more than a world holds (1048576)\n";
+    return 2;
+  }
   if (nnodes > 1 && (master_addr.empty() || master_port == 0)) {
     std::cerr << "te-run: --nnodes " << nnodes << " needs --master-addr and --master-port: every "
               << "node names node 0's address and the same port\n";
@@ -160,7 +165,7 @@ int main(int argc, char** argv) {
   std::vector<Rank> ranks(static_cast<std::size_t>(nproc));
   for (int i = 0; i < nproc; ++i) {
     int fds[2];
-    if (::pipe(fds) != 0) {
+    if (::pipe2(fds, O_CLOEXEC) != 0) {
       std::perror("te-run: pipe");
       return 2;
     }

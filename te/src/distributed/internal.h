@@ -54,6 +54,9 @@ class World {
   /// The world's rendezvous store (keys of te-cpp live under prefixes of their own).
   const c10::intrusive_ptr<c10d::Store>& store() const { return store_; }
   const DistributedOptions& options() const { return options_; }
+  /// The address this rank's Gloo communicators bind (init_distributed settles it after joining,
+  /// before any communicator is made).
+  void set_gloo_host(std::string address) { gloo_host_ = std::move(address); }
 
   /// A communicator of `kind` over `ranks` (world ranks, this rank among them) rendezvousing
   /// under `key`; `cuda_device` is the GPU of an NCCL one. Collective over `ranks`.

@@ -28,25 +28,41 @@ namespace {
 
 // Before any communicator is made: every rank publishes the address its Gloo communicators will
 // bind (with a listener on it), and the ranks check, together, that no rank advertises a loopback
-// address to a peer on another host and that each reaches the others' addresses. Every rank
-// reads the same records, so all fail at once with the same message instead of a Gloo connect
-// that waits out the timeout (or, for a loopback address, never ends).
-void check_peer_addresses(const detail::World& world, const detail::BoundAddress& bound) {
+// address to a peer on another host (nor two hosts one address) and that each reaches the
+// others' addresses. Every rank reads the same records, so all fail at once with the same message
+// instead of a Gloo connect that waits out the timeout (or, for a loopback address, never ends).
+// Returns the address this rank binds.
+detail::BoundAddress settle_address(const detail::World& world, detail::BoundAddress bound) {
+  const std::string loopback = detail::loopback_identity();
+  // First which ranks share a loopback: a provisional (loopback) choice with a peer elsewhere
+  // becomes the route to that peer.
+  const auto hosts = world.exchange("net/hosts", loopback + "\t" + bound.address,
+                                    "the exchange of host identities");
+  if (bound.provisional) {
+    for (std::size_t q = 0; q < hosts.size(); ++q) {
+      const auto tab = hosts[q].find('\t');
+      const std::string address = hosts[q].substr(tab + 1);
+      if (hosts[q].substr(0, tab) == loopback || detail::is_loopback_address(address)) continue;
+      const std::string why = bound.chosen_by;
+      bound = detail::route_to(address, "rank " + std::to_string(q) + "'s address " + address);
+      bound.chosen_by += " (" + why.substr(std::string("the route to ").size()) +
+                         " is a loopback address on this host)";
+      break;
+    }
+  }
   detail::ProbeListener listener(bound);
   detail::PeerAddress mine;
   mine.address = bound.address;
   mine.probe_port = listener.port();
-  mine.loopback = detail::loopback_identity();
+  mine.loopback = loopback;
   mine.chosen_by = bound.chosen_by;
-  char host[256] = {0};
-  ::gethostname(host, sizeof(host) - 1);
-  mine.host = host;
+  mine.host = detail::host_name();
   std::vector<detail::PeerAddress> peers;
   for (const std::string& text :
        world.exchange("net/addresses", mine.encode(), "the exchange of Gloo addresses")) {
     peers.push_back(detail::PeerAddress::decode(text));
   }
-  const std::string conflict = detail::loopback_conflict(peers);
+  const std::string conflict = detail::address_conflict(peers);
   if (!conflict.empty()) {
     world.linger("net/addresses");
     TE_FAIL(conflict);
@@ -69,6 +85,7 @@ void check_peer_addresses(const detail::World& world, const detail::BoundAddress
             peers.at(q).host, "; set GLOO_SOCKET_IFNAME on rank ", q,
             "'s host to an interface the other hosts reach (or DistributedOptions::interface)");
   }
+  return bound;
 }
 
 }  // namespace
@@ -77,8 +94,9 @@ void init_distributed(const DistributedOptions& options_in) {
   const DistributedOptions options = detail::with_env_overrides(options_in);
   const auto launch = read_launch_environment();
   TE_CHECK(launch.has_value(),
-           "init_distributed: RANK and WORLD_SIZE (or OMPI_COMM_WORLD_RANK/SIZE, or SLURM_PROCID/"
-           "SLURM_NTASKS) are not set; start the program with te-run --nproc N -- prog (or "
+           "init_distributed: RANK and WORLD_SIZE (or OMPI_COMM_WORLD_RANK/SIZE, or srun's "
+           "SLURM_PROCID/SLURM_STEP_NUM_TASKS) are not set; start the program with te-run --nproc "
+           "N -- prog (or "
            "torchrun, mpirun, srun)");
   TE_CHECK(!launch->master_addr.empty() && launch->master_port != 0,
            "init_distributed: ", launch->describe(),
@@ -116,12 +134,20 @@ void init_distributed(const DistributedOptions& options_in) {
             options.timeout.count() / 1000.0,
             " s (rank 0 hosts it; is it running, and is the port free?): ", e.what());
   }
-  const detail::BoundAddress bound = detail::choose_gloo_address(options.interface, addr, port);
   auto world = std::make_shared<detail::World>(c10::make_intrusive<c10d::PrefixStore>("te", store),
                                                rank, size, launch->local_rank, options,
-                                               bound.address, /*heartbeat=*/true);
+                                               std::string(), /*heartbeat=*/true);
   world->wait_for_all_ranks();
-  check_peer_addresses(*world, bound);
+  detail::BoundAddress bound;
+  try {
+    bound = settle_address(*world, detail::choose_gloo_address(options.interface, addr, port,
+                                                               launch->master_addr_from));
+  } catch (const std::exception& e) {
+    // The peers name this rank and its reason at once rather than waiting for it.
+    world->mark_left(e.what());
+    throw;
+  }
+  world->set_gloo_host(bound.address);
   pw.description =
       launch->describe() + "; Gloo binds " + bound.address + " (chosen by " + bound.chosen_by + ")";
   pw.world = std::move(world);

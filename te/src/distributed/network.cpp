@@ -37,10 +37,18 @@ std::string numeric(const sockaddr* sa) {
   return out;
 }
 
+// fe80::/10: meaningful on this host only (its scope names a local interface).
+bool link_local(const sockaddr* sa) {
+  if (sa->sa_family != AF_INET6) return false;
+  const auto* a = &reinterpret_cast<const sockaddr_in6*>(sa)->sin6_addr;
+  return IN6_IS_ADDR_LINKLOCAL(a);
+}
+
 struct Interface {
   std::string name;
   std::string address;
   int family = 0;
+  bool link_local = false;
 };
 
 std::vector<Interface> interfaces() {
@@ -51,7 +59,7 @@ std::vector<Interface> interfaces() {
     if (a->ifa_addr == nullptr) continue;
     const int family = a->ifa_addr->sa_family;
     if (family != AF_INET && family != AF_INET6) continue;
-    out.push_back({a->ifa_name, numeric(a->ifa_addr), family});
+    out.push_back({a->ifa_name, numeric(a->ifa_addr), family, link_local(a->ifa_addr)});
   }
   freeifaddrs(list);
   return out;
@@ -67,17 +75,19 @@ std::string interface_list(const std::vector<Interface>& all) {
 std::string local_address(const std::string& value, const std::string& what) {
   const std::vector<Interface> all = interfaces();
   bool named = false;
-  // An interface's IPv4 address first: Gloo peers reach it without a scope.
+  // An interface's IPv4 address first, then a global IPv6 one: a link-local address means
+  // nothing on another host.
   for (int family : {AF_INET, AF_INET6}) {
     for (const Interface& i : all) {
       if (i.name != value) continue;
       named = true;
-      if (i.family == family) return i.address;
+      if (i.family == family && !i.link_local) return i.address;
     }
   }
   TE_CHECK(!named, what, ": the interface '", value,
-           "' has no IPv4 or IPv6 address; name one that does (this host's: ", interface_list(all),
-           ")");
+           "' has no IPv4 or global IPv6 address that other hosts could reach; name one that "
+           "does (this host's: ",
+           interface_list(all), ")");
   for (const Interface& i : all) {
     if (i.address == value) return value;
   }
@@ -113,6 +123,11 @@ std::string clean(std::string s) {
 
 }  // namespace
 
+std::string with_port(const std::string& address, int port) {
+  const bool v6 = address.find(':') != std::string::npos;
+  return (v6 ? "[" + address + "]" : address) + ":" + std::to_string(port);
+}
+
 bool is_loopback_address(const std::string& address) {
   in_addr v4{};
   if (inet_pton(AF_INET, address.c_str(), &v4) == 1) {
@@ -128,8 +143,9 @@ bool is_loopback_address(const std::string& address) {
 }
 
 BoundAddress choose_gloo_address(const std::string& option, const std::string& master_addr,
-                                 int master_port, const EnvLookup& env_in) {
-  const EnvLookup env = env_in ? env_in : EnvLookup([](const char* n) { return std::getenv(n); });
+                                 int master_port, const std::string& master_from,
+                                 const EnvLookup& env_in) {
+  const EnvLookup& env = env_in ? env_in : process_env();
   if (!option.empty()) {
     return {local_address(option, "DistributedOptions::interface"),
             "DistributedOptions::interface='" + option + "'"};
@@ -141,29 +157,49 @@ BoundAddress choose_gloo_address(const std::string& option, const std::string& m
              "hosts");
     return {local_address(value, "GLOO_SOCKET_IFNAME"), "GLOO_SOCKET_IFNAME=" + value};
   }
+  const std::string label = master_from.empty() || master_from == "MASTER_ADDR"
+                                ? "MASTER_ADDR=" + master_addr
+                                : master_addr + " (" + master_from + ")";
   sockaddr_storage master{};
   socklen_t len = 0;
-  TE_CHECK(resolve(master_addr, master_port, master, len), "MASTER_ADDR='", master_addr,
-           "' does not resolve to an address on this host; set it to rank 0's address");
+  TE_CHECK(resolve(master_addr, master_port, master, len), label,
+           " does not resolve to an address on this host; set MASTER_ADDR to rank 0's address");
   const std::string master_numeric = numeric(reinterpret_cast<const sockaddr*>(&master));
-  if (is_loopback_address(master_numeric)) {
-    return {master_numeric, "MASTER_ADDR=" + master_addr + " (a loopback address)"};
+  // Only a master written as a loopback address means one host. A host name that resolves to
+  // a loopback address here (its own name on a stock Debian or Ubuntu host: 127.0.1.1) says
+  // nothing of how other hosts reach this one: the choice is provisional (see BoundAddress).
+  if (is_loopback_address(master_addr) || master_addr == "localhost") {
+    return {master_numeric, label + " (a loopback address)"};
   }
-  // A datagram socket "connected" to the master sends nothing; the kernel picks the source
-  // address of the route to it, the one the store's TCP connection also left from.
-  const int fd = ::socket(master.ss_family, SOCK_DGRAM, 0);
-  TE_CHECK(fd >= 0, "could not open a socket to find the route to MASTER_ADDR=", master_addr, ": ",
+  BoundAddress routed = route_to(master_numeric, label);
+  routed.provisional = is_loopback_address(routed.address);
+  return routed;
+}
+
+BoundAddress route_to(const std::string& address, const std::string& label) {
+  sockaddr_storage target{};
+  socklen_t len = 0;
+  TE_CHECK(resolve(address, 9, target, len), "internal: '", address, "' does not parse");
+  // A datagram socket "connected" to the target sends nothing; the kernel picks the source
+  // address of the route to it, the one a TCP connection to it (the store's) leaves from.
+  const int fd = ::socket(target.ss_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  TE_CHECK(fd >= 0, "could not open a socket to find the route to ", label, ": ",
            std::strerror(errno));
   sockaddr_storage local{};
   socklen_t local_len = sizeof(local);
-  const bool routed = ::connect(fd, reinterpret_cast<const sockaddr*>(&master), len) == 0 &&
+  const bool routed = ::connect(fd, reinterpret_cast<const sockaddr*>(&target), len) == 0 &&
                       ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_len) == 0;
   const int err = errno;
   ::close(fd);
-  TE_CHECK(routed, "this host has no route to MASTER_ADDR=", master_addr, " (", master_numeric,
-           "): ", std::strerror(err), "; set GLOO_SOCKET_IFNAME to the interface that reaches it");
-  return {numeric(reinterpret_cast<const sockaddr*>(&local)),
-          "the route to MASTER_ADDR=" + master_addr};
+  TE_CHECK(routed, "this host has no route to ", label, " (", address, "): ", std::strerror(err),
+           "; set GLOO_SOCKET_IFNAME to the interface that reaches it");
+  return {numeric(reinterpret_cast<const sockaddr*>(&local)), "the route to " + label};
+}
+
+std::string host_name() {
+  char host[256] = {0};
+  ::gethostname(host, sizeof(host) - 1);
+  return host;
 }
 
 std::string loopback_identity() {
@@ -172,11 +208,7 @@ std::string loopback_identity() {
   struct stat ns {};
   const std::string net =
       ::stat("/proc/self/ns/net", &ns) == 0 ? std::to_string(ns.st_ino) : std::string("?");
-  if (boot.empty()) {
-    char host[256] = {0};
-    ::gethostname(host, sizeof(host) - 1);
-    boot = host;
-  }
+  if (boot.empty()) boot = host_name();
   return boot + "/" + net;
 }
 
@@ -200,19 +232,28 @@ PeerAddress PeerAddress::decode(const std::string& text) {
   return p;
 }
 
-std::string loopback_conflict(const std::vector<PeerAddress>& peers) {
+std::string address_conflict(const std::vector<PeerAddress>& peers) {
   for (std::size_t r = 0; r < peers.size(); ++r) {
-    if (!is_loopback_address(peers[r].address)) continue;
     for (std::size_t q = 0; q < peers.size(); ++q) {
       if (peers[q].loopback == peers[r].loopback) continue;
       std::ostringstream os;
-      os << "rank " << r << " (host " << peers[r].host << ") would advertise its loopback address "
-         << peers[r].address << " (chosen by " << peers[r].chosen_by << ") to rank " << q
-         << " on another host (" << peers[q].host << ", address " << peers[q].address
-         << "), which cannot reach it there; set GLOO_SOCKET_IFNAME on rank " << r
-         << "'s host to the interface that reaches rank " << q
-         << "'s host (or DistributedOptions::interface)";
-      return os.str();
+      if (is_loopback_address(peers[r].address)) {
+        os << "rank " << r << " (host " << peers[r].host
+           << ") would advertise its loopback address " << peers[r].address << " (chosen by "
+           << peers[r].chosen_by << ") to rank " << q << " on another host (" << peers[q].host
+           << ", address " << peers[q].address << "), which cannot reach it there; set "
+           << "GLOO_SOCKET_IFNAME on rank " << r << "'s host to the interface that reaches rank "
+           << q << "'s host (or DistributedOptions::interface)";
+        return os.str();
+      }
+      if (q > r && peers[q].address == peers[r].address) {
+        os << "ranks " << r << " (host " << peers[r].host << ") and " << q << " (host "
+           << peers[q].host << ") are on different hosts but both advertise the address "
+           << peers[r].address << " (chosen by " << peers[r].chosen_by << " and by "
+           << peers[q].chosen_by << "), so their peers cannot tell them apart; set "
+           << "GLOO_SOCKET_IFNAME on each host to an interface with an address of its own";
+        return os.str();
+      }
     }
   }
   return {};
@@ -254,9 +295,10 @@ std::vector<std::string> probe_peers(const std::vector<PeerAddress>& peers, int 
     bool done = false;
   };
   std::vector<Attempt> attempts;
-  std::set<std::string> seen{peers.at(static_cast<std::size_t>(self)).address};
+  const PeerAddress& me = peers.at(static_cast<std::size_t>(self));
+  std::set<std::pair<std::string, std::string>> seen{{me.address, me.loopback}};
   for (std::size_t q = 0; q < peers.size(); ++q) {
-    if (!seen.insert(peers[q].address).second) continue;
+    if (!seen.insert({peers[q].address, peers[q].loopback}).second) continue;
     Attempt a{static_cast<int>(q), -1, {}};
     sockaddr_storage addr{};
     socklen_t len = 0;
@@ -309,8 +351,8 @@ std::vector<std::string> probe_peers(const std::vector<PeerAddress>& peers, int 
     if (a.fd >= 0) ::close(a.fd);
     if (a.why.empty()) continue;
     const PeerAddress& p = peers[static_cast<std::size_t>(a.rank)];
-    failures.push_back("rank " + std::to_string(a.rank) + "'s address " + p.address + ":" +
-                       std::to_string(p.probe_port) + " (" + a.why + ")");
+    failures.push_back("rank " + std::to_string(a.rank) + "'s address " +
+                       with_port(p.address, p.probe_port) + " (" + a.why + ")");
   }
   return failures;
 }

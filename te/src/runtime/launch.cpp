@@ -92,9 +92,14 @@ void read_slurm(const EnvLookup& env, LaunchEnvironment& out) {
   if (out.master_port == 0) {
     const std::string job = get(env, "SLURM_JOB_ID");
     if (!job.empty()) {
+      // Every task of a step derives the same port; steps 0-9 of one job (run side by side on
+      // one node) get different ones.
       const long long id = parse_int("SLURM_JOB_ID", job, 0, 1LL << 62);
-      out.master_port = static_cast<int>(20000 + id % 10000);
-      out.master_port_from = "SLURM_JOB_ID";
+      const std::string step_text = get(env, "SLURM_STEP_ID");
+      const long long step =
+          step_text.empty() ? 0 : parse_int("SLURM_STEP_ID", step_text, 0, 1LL << 62);
+      out.master_port = static_cast<int>(20000 + (id % 1000) * 10 + step % 10);
+      out.master_port_from = "SLURM_JOB_ID and SLURM_STEP_ID";
     }
   }
 }
@@ -142,9 +147,10 @@ std::vector<std::string> expand_slurm_hostlist(const std::string& list) {
         const std::size_t dash = range.find('-');
         const std::string lo = range.substr(0, dash);
         const std::string hi = dash == std::string::npos ? lo : range.substr(dash + 1);
-        if (lo.empty() || hi.empty() || lo.find_first_not_of("0123456789") != std::string::npos ||
+        if (lo.empty() || hi.empty() || lo.size() > 18 || hi.size() > 18 ||
+            lo.find_first_not_of("0123456789") != std::string::npos ||
             hi.find_first_not_of("0123456789") != std::string::npos) {
-          bad("'" + range + "' is not a number or a range of numbers");
+          bad("'" + range + "' is not a number or a range of numbers (of at most 18 digits)");
         }
         const long long a = std::stoll(lo);
         const long long b = std::stoll(hi);
@@ -157,6 +163,9 @@ std::vector<std::string> expand_slurm_hostlist(const std::string& list) {
         }
       }
       if (values.empty()) bad("'[]' holds no number");
+      if (partial.size() * values.size() + hosts.size() > (1u << 20)) {
+        bad("it names more than 1048576 hosts");
+      }
       std::vector<std::string> next;
       for (const std::string& p : partial) {
         for (const std::string& v : values) next.push_back(p + v);
@@ -190,27 +199,38 @@ int slurm_tasks_on_node(const std::string& tasks_per_node, int node) {
   TE_FAIL("'", tasks_per_node, "' names the tasks of ", first, " node(s), not of node ", node);
 }
 
+const EnvLookup& process_env() {
+  static const EnvLookup env = [](const char* name) -> const char* { return std::getenv(name); };
+  return env;
+}
+
 std::optional<LaunchEnvironment> read_launch_environment(const EnvLookup& env_in) {
-  const EnvLookup env = env_in ? env_in : EnvLookup([](const char* n) { return std::getenv(n); });
+  const EnvLookup& env = env_in ? env_in : process_env();
   LaunchEnvironment out;
+  // The local variables: `local_size` ranks on this host (the whole world when unset, as te-run
+  // starts them), this one at `local_rank` (its place among them when unset).
+  auto read_local = [&](const char* rank_var, const char* size_var) {
+    out.local_world_size = int_var(env, size_var, 1, out.world_size, out.world_size);
+    out.local_rank = int_var(env, rank_var, 0, out.world_size - 1, out.rank % out.local_world_size);
+    out.nnodes = (out.world_size + out.local_world_size - 1) / out.local_world_size;
+  };
   if (read_pair(env, "RANK", "WORLD_SIZE", out)) {
     out.launcher = "torchrun";
-    out.local_rank = int_var(env, "LOCAL_RANK", 0, out.world_size - 1, out.rank);
-    // Without the local variables the ranks are taken to share one host, as te-run starts them.
-    out.local_world_size = int_var(env, "LOCAL_WORLD_SIZE", 1, out.world_size, out.world_size);
-    out.node_rank = int_var(env, "GROUP_RANK", 0, out.world_size - 1,
-                            out.rank / std::max(1, out.local_world_size));
-    out.nnodes = (out.world_size + out.local_world_size - 1) / out.local_world_size;
+    read_local("LOCAL_RANK", "LOCAL_WORLD_SIZE");
+    out.node_rank =
+        int_var(env, "GROUP_RANK", 0, out.world_size - 1, out.rank / out.local_world_size);
     read_master(env, out);
   } else if (read_pair(env, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", out)) {
     out.launcher = "openmpi";
-    out.local_rank = int_var(env, "OMPI_COMM_WORLD_LOCAL_RANK", 0, out.world_size - 1, out.rank);
-    out.local_world_size =
-        int_var(env, "OMPI_COMM_WORLD_LOCAL_SIZE", 1, out.world_size, out.world_size);
-    out.nnodes = (out.world_size + out.local_world_size - 1) / out.local_world_size;
+    read_local("OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE");
+    // Open MPI names no node index: this one holds for ranks placed by node (--map-by slot,
+    // the default); it only labels messages.
     out.node_rank = out.rank / out.local_world_size;
     read_master(env, out);
-  } else if (read_pair(env, "SLURM_PROCID", "SLURM_NTASKS", out)) {
+  } else if (!get(env, "SLURM_STEP_NUM_TASKS").empty() &&
+             read_pair(env, "SLURM_PROCID", "SLURM_STEP_NUM_TASKS", out)) {
+    // srun's tasks. A batch script's own shell also has SLURM_PROCID=0 and SLURM_NTASKS, but no
+    // step variables: it is one process, not rank 0 of a world.
     out.launcher = "slurm";
     read_master(env, out);
     read_slurm(env, out);

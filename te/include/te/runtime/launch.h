@@ -11,8 +11,10 @@
 
 namespace te {
 
-/// Reads one environment variable: nullptr when unset. The default reads the process's own.
+/// Reads one environment variable: nullptr when unset.
 using EnvLookup = std::function<const char*(const char* name)>;
+/// The process's own environment (std::getenv), the default of every EnvLookup parameter.
+const EnvLookup& process_env();
 
 /// A rank's place in a world, as its launcher described it.
 struct LaunchEnvironment {
@@ -42,11 +44,15 @@ struct LaunchEnvironment {
 /// - torchrun / te-run: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR,
 ///   MASTER_PORT;
 /// - Open MPI: OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE, with MASTER_ADDR and
-///   MASTER_PORT naming the rendezvous;
-/// - SLURM: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID, SLURM_NNODES, the tasks of
-///   this node from SLURM_STEP_TASKS_PER_NODE (or SLURM_TASKS_PER_NODE), and as master the first
-///   host of SLURM_STEP_NODELIST (or SLURM_JOB_NODELIST) unless MASTER_ADDR is set; the port is
-///   MASTER_PORT, else 20000 + SLURM_JOB_ID % 10000 (every task of a job derives the same one).
+///   MASTER_PORT naming the rendezvous (the node index assumes ranks placed by node);
+/// - SLURM's srun: SLURM_PROCID of SLURM_STEP_NUM_TASKS (a batch script's shell, which has no
+///   step variables, is no rank), SLURM_LOCALID, SLURM_NODEID, SLURM_NNODES, the tasks of this
+///   node from SLURM_STEP_TASKS_PER_NODE (or SLURM_TASKS_PER_NODE), and as master the first host
+///   of SLURM_STEP_NODELIST (or SLURM_JOB_NODELIST) unless MASTER_ADDR is set; the port is
+///   MASTER_PORT, else 20000 + (SLURM_JOB_ID % 1000) * 10 + SLURM_STEP_ID % 10 (every task of a
+///   step derives the same one).
+/// Unset local variables mean one host: LOCAL_WORLD_SIZE the world, LOCAL_RANK the rank's place
+/// among LOCAL_WORLD_SIZE.
 /// Throws te::Error naming the variable when one is malformed or a rank variable is set without
 /// its size. The rendezvous is not required here (a rank that only needs its thread count has
 /// none): init_distributed checks it.
@@ -54,7 +60,7 @@ std::optional<LaunchEnvironment> read_launch_environment(const EnvLookup& env = 
 
 /// The hosts of a SLURM host list in order: "node[01-03,07],gpu5" -> node01 node02 node03
 /// node07 gpu5 (ranges keep their zero padding; several bracket groups multiply). Throws
-/// te::Error naming the list when it is malformed.
+/// te::Error naming the list when it is malformed or names more than 2^20 hosts.
 std::vector<std::string> expand_slurm_hostlist(const std::string& list);
 
 /// The task count of node `node` in SLURM's tasks-per-node form ("2(x3),1": nodes 0-2 run 2
