@@ -2,7 +2,7 @@
 # The full encoder runs of the README against TE's accuracy bars (TE's examples/jax/encoder at
 # d0067d0da, the commit te-encoder mirrors), one after another, each writing metrics and per-step
 # losses under ${1:-encoder-runs}/, then one table of the results, each row against its bar
-# ("met" / "MISSED"), and the loss curves in losses.png. About 40 minutes on a 2-core machine.
+# ("met" / "MISSED"), and the loss curves in losses.png. About 50 minutes on a 2-core machine.
 #
 #   bash scripts/encoder-runs.sh [OUT_DIR] [RUN ...]   # RUN: one bf16 seeds fp8-delayed
 #                                                      #   fp8-current fp8-seeds dp2 fsdp2 tp4

@@ -32,11 +32,19 @@ std::vector<int64_t> shape_of(const at::Tensor& t) { return {t.sizes().begin(), 
 // LibTorch's CPU GEMM of bf16 runs on oneDNN only where the CPU has AVX-512 (BW, VL, DQ), as
 // its mkldnn_bf16_device_check (aten/src/ATen/native/mkldnn/Utils.h, v1.13.1) asks; elsewhere in a
 // scalar loop over 40x slower than fp32 BLAS (a 300-step `te-encoder --dtype bf16` went from about
-// a minute to over 10 on an AVX2 EPYC). fp16 has no fast CPU GEMM at all. Such GEMMs, whether the
-// operands are low precision or CPU autocast would make them so, compute in fp32 from the operands'
-// low-precision values and round the result once: what oneDNN's bf16 GEMM (fp32 accumulation) and
-// autocast's output give.
-std::optional<at::ScalarType> slow_cpu_gemm_dtype(const at::Tensor& a) {
+// a minute to over 10 on an AVX2 EPYC). Even with AVX-512, a GEMM of at most 16*16*16 multiply-
+// adds (m*k*n, or b*m*k*n batched: `checksize` in aten/src/ATen/native/mkldnn/Matmul.cpp) skips
+// oneDNN for a naive kernel that accumulates in bf16: measured here (LibTorch 1.13.1, AVX-512
+// EPYC) a [4 x 6 x 16] x [16 x 6] bmm is 1.3e-2 off the exact product relative to its magnitude,
+// against 1.9e-3 for fp32 accumulation, and a DP2 bf16 layer's gradient left the matrix's bound.
+// fp16 has no fast CPU GEMM at all. Such GEMMs, whether the operands are low precision or CPU
+// autocast would make them so, compute in fp32 from the operands' low-precision values and round
+// the result once: what oneDNN's bf16 GEMM (fp32 accumulation) and autocast's output give, and
+// what TE's GEMMs accumulate in. A matmul's backward GEMMs have its forward's m*k*n, so they take
+// the same route.
+constexpr int64_t kOneDnnMinGemm = 16 * 16 * 16;
+
+std::optional<at::ScalarType> slow_cpu_gemm_dtype(const at::Tensor& a, const at::Tensor& b) {
   if (!a.device().is_cpu()) return std::nullopt;
   at::ScalarType dtype = a.scalar_type();
   if (dtype == at::kFloat) {
@@ -54,9 +62,14 @@ std::optional<at::ScalarType> slow_cpu_gemm_dtype(const at::Tensor& a) {
   static const bool avx512 = __builtin_cpu_supports("avx512bw") &&
                              __builtin_cpu_supports("avx512vl") &&
                              __builtin_cpu_supports("avx512dq");
-  if (avx512) return std::nullopt;
+  // The multiply-adds of one matrix product (a matmul by a 2-D b folds a's batch into its rows).
+  const int64_t k = a.size(-1);
+  const int64_t rows =
+      b.dim() == 2 ? a.numel() / std::max<int64_t>(k, 1) : (a.dim() >= 2 ? a.size(-2) : 1);
+  if (avx512 && rows * k * b.size(-1) > kOneDnnMinGemm) return std::nullopt;
   return dtype;
 #else
+  (void)b;
   return std::nullopt;
 #endif
 }
@@ -65,7 +78,7 @@ std::optional<at::ScalarType> slow_cpu_gemm_dtype(const at::Tensor& a) {
 
 namespace detail {
 at::Tensor mm_any(const at::Tensor& a, const at::Tensor& b) {
-  if (const auto low = slow_cpu_gemm_dtype(a)) {
+  if (const auto low = slow_cpu_gemm_dtype(a, b)) {
     const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCPU);
     return at::matmul(a.to(*low).to(at::kFloat), b.to(*low).to(at::kFloat)).to(*low);
   }
@@ -187,7 +200,7 @@ at::Tensor dense(const at::Tensor& x, const at::Tensor& w,
     return with_bias(fp8::linear(x, w2, fp8, mesh).reshape(out_shape));
   }
   if (!bias.defined()) return mm_any(x, w2).reshape(out_shape);
-  if (const auto low = slow_cpu_gemm_dtype(x)) {
+  if (const auto low = slow_cpu_gemm_dtype(x, w2)) {
     // In the GEMM's dtype, as addmm under autocast gives it.
     return mm_any(x, w2).reshape(out_shape) + bias.to(*low);
   }

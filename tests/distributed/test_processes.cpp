@@ -387,22 +387,18 @@ TEST(Processes, TeRunJoinsAWorldOfSeveralNodes) {
 }
 
 TEST(Processes, TeRunRefusesAnIncompleteMultiNodeCommand) {
-  const Result no_master = run(kRun + " --nnodes 2 --node-rank 1 --nproc-per-node 1 -- true");
-  EXPECT_EQ(no_master.status, 2) << no_master.output;
-  EXPECT_NE(no_master.output.find("te-run: --nnodes 2 needs --master-addr and --master-port"),
-            std::string::npos)
-      << no_master.output;
-  const Result huge = run(kRun +
-                          " --nnodes 2048 --nproc-per-node 1024 --master-addr h "
-                          "--master-port 1 -- true");
-  EXPECT_EQ(huge.status, 2) << huge.output;
-  EXPECT_NE(huge.output.find("ranks is more than a world holds (1048576)"), std::string::npos)
-      << huge.output;
-  const Result bad_node = run(kRun + " --nnodes 2 --node-rank 2 --nproc 1 -- true");
-  EXPECT_EQ(bad_node.status, 2) << bad_node.output;
-  EXPECT_NE(bad_node.output.find("te-run: --node-rank 2 is not a node of --nnodes 2"),
-            std::string::npos)
-      << bad_node.output;
+  const std::pair<const char*, const char*> cases[] = {
+      {"--nnodes 2 --node-rank 1 --nproc-per-node 1",
+       "te-run: --nnodes 2 needs --master-addr and --master-port"},
+      {"--nnodes 2048 --nproc-per-node 1024 --master-addr h --master-port 1",
+       "ranks is more than a world holds (1048576)"},
+      {"--nnodes 2 --node-rank 2 --nproc 1", "te-run: --node-rank 2 is not a node of --nnodes 2"},
+  };
+  for (const auto& [options, words] : cases) {
+    const Result r = run(kRun + " " + options + " -- true");
+    EXPECT_EQ(r.status, 2) << options << "\n" << r.output;
+    EXPECT_NE(r.output.find(words), std::string::npos) << options << "\n" << r.output;
+  }
 }
 
 }  // namespace

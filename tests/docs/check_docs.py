@@ -44,6 +44,15 @@ else:
     if not any(l.endswith(commands[1]) for l in ci_commands if l):
         problem(ci, 1, f"does not run the README's test command '{commands[1]}'")
 
+# The README's C++ example is the one tests/docs/readme_example.cpp compiles and runs.
+example = os.path.join(root, "tests", "docs", "readme_example.cpp")
+blocks = re.findall(r"```cpp\n(.*?)```", "\n".join(lines), re.S)
+if os.path.exists(example):
+    code = open(example, encoding="utf-8").read()
+    marked = re.search(r"// README begin\n(.*?)// README end", code, re.S)
+    if not blocks or not marked or blocks[0] != marked.group(1):
+        problem(readme, 1, "the first C++ example differs from the code tests/docs/readme_example.cpp runs")
+
 documents = [readme]
 for folder in ["docs", "examples", "tools", "modules", "tests", "bench", "scripts", "fuzz", "third_party"]:
     for dirpath, _, files in os.walk(os.path.join(root, folder)):

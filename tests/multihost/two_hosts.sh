@@ -209,45 +209,34 @@ grep -Eq "rank [23] (stopped responding|left)" killed.node0.log ||
 echo "host 1 killed mid-training: host 0's ranks named it after $took s:" \
   "$(grep -Eo 'missing rank [0-9]+ [a-z ]+' killed.node0.log | head -1)"
 
-# Rank 1 binds its loopback: both hosts refuse at once, naming both ranks and the variable.
-start=$SECONDS
-"${limit[@]}" ip netns exec "$h0" env RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=10.231.0.1 \
-  MASTER_PORT=$port "$enc" "${model[@]}" "${dp2[@]}" --max-steps 2 >loop.rank0.log 2>&1 &
-p0=$!
-"${limit[@]}" ip netns exec "$h1" env RANK=1 WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=10.231.0.1 \
-  MASTER_PORT=$port GLOO_SOCKET_IFNAME=lo "$enc" "${model[@]}" "${dp2[@]}" --max-steps 2 \
-  >loop.rank1.log 2>&1 &
-p1=$!
-wait $p0 && fail "rank 0 accepted a peer that advertises its loopback"
-wait $p1 && fail "rank 1 advertised its loopback to another host"
-took=$((SECONDS - start))
-[ $took -le $at_once ] || fail "refusing the loopback took $took s"
-want="rank 1 (host $(hostname)) would advertise its loopback address 127.0.0.1 (chosen by GLOO_SOCKET_IFNAME=lo) to rank 0 on another host ($(hostname), address 10.231.0.1)"
-for r in 0 1; do
-  grep -qF "$want" loop.rank$r.log || fail "rank $r did not name the loopback: $(cat loop.rank$r.log)"
-done
+# Rank 0 on host 0 and rank 1 on host 1 binding what GLOO_SOCKET_IFNAME names there: both must
+# fail, at once, each naming WANT.
+refused() {  # NAME GLOO_SOCKET_IFNAME_OF_RANK_1 WANT
+  local name=$1 ifname=$2 want=$3 start=$SECONDS r
+  "${limit[@]}" ip netns exec "$h0" env RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=10.231.0.1 \
+    MASTER_PORT=$port "$enc" "${model[@]}" "${dp2[@]}" --max-steps 2 >"$name.rank0.log" 2>&1 &
+  local p0=$!
+  "${limit[@]}" ip netns exec "$h1" env RANK=1 WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=10.231.0.1 \
+    MASTER_PORT=$port GLOO_SOCKET_IFNAME="$ifname" "$enc" "${model[@]}" "${dp2[@]}" --max-steps 2 \
+    >"$name.rank1.log" 2>&1 &
+  local p1=$!
+  wait $p0 && fail "$name: rank 0 joined"
+  wait $p1 && fail "$name: rank 1 joined"
+  took=$((SECONDS - start))
+  [ $took -le $at_once ] || fail "$name: refusing took $took s"
+  for r in 0 1; do
+    grep -qF "$want" "$name.rank$r.log" || fail "$name: rank $r did not say '$want': $(cat "$name.rank$r.log")"
+  done
+}
+
+# Rank 1 binds its loopback.
+refused loop lo "rank 1 (host $(hostname)) would advertise its loopback address 127.0.0.1 (chosen by GLOO_SOCKET_IFNAME=lo) to rank 0 on another host ($(hostname), address 10.231.0.1)"
 echo "a rank binding its loopback: refused on both hosts after $took s"
 
-# Rank 1 binds an address of its host that host 0 has no route to: refused at once on both.
+# Rank 1 binds an address of its host that host 0 has no route to.
 ip -n "$h1" addr add 10.231.9.2/32 dev lo
-start=$SECONDS
-"${limit[@]}" ip netns exec "$h0" env RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=10.231.0.1 \
-  MASTER_PORT=$port "$enc" "${model[@]}" "${dp2[@]}" --max-steps 2 >unreached.rank0.log 2>&1 &
-p0=$!
-"${limit[@]}" ip netns exec "$h1" env RANK=1 WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=10.231.0.1 \
-  MASTER_PORT=$port GLOO_SOCKET_IFNAME=10.231.9.2 "$enc" "${model[@]}" "${dp2[@]}" --max-steps 2 \
-  >unreached.rank1.log 2>&1 &
-p1=$!
-wait $p0 && fail "rank 0 accepted a peer it cannot reach"
-wait $p1 && fail "rank 1 joined with an address rank 0 cannot reach"
-took=$((SECONDS - start))
-[ $took -le $at_once ] || fail "refusing the unreachable address took $took s"
-want="rank 0 (address 10.231.0.1, chosen by the route to MASTER_ADDR=10.231.0.1) cannot reach rank 1's address 10.231.9.2:"
-for r in 0 1; do
-  grep -qF "$want" unreached.rank$r.log ||
-    fail "rank $r did not name the unreachable address: $(cat unreached.rank$r.log)"
-  grep -qF "chosen by GLOO_SOCKET_IFNAME=10.231.9.2" unreached.rank$r.log ||
-    fail "rank $r did not name what chose the address: $(cat unreached.rank$r.log)"
-done
+refused unreached 10.231.9.2 "rank 0 (address 10.231.0.1, chosen by the route to MASTER_ADDR=10.231.0.1) cannot reach rank 1's address 10.231.9.2:"
+grep -qF "chosen by GLOO_SOCKET_IFNAME=10.231.9.2" unreached.rank1.log ||
+  fail "rank 1 did not name what chose the address: $(cat unreached.rank1.log)"
 echo "a rank binding an address the other host cannot reach: refused on both hosts after $took s"
 echo "two_hosts: PASSED"

@@ -348,6 +348,33 @@ TEST(ReducedPrecision, EveryModuleInBf16AndFp16IsWithinItsBoundOfFp32) {
 }
 
 // FP8 GEMMs take bf16 inputs and give bf16 outputs and gradients; their state stays fp32.
+// A bf16 GEMM accumulates in fp32 whatever its size, as TE's do: its result is the exact product
+// of the bf16 operands rounded once (2^-8 of the magnitude). LibTorch 1.13's CPU runs GEMMs of at
+// most 16*16*16 multiply-adds in a kernel that accumulates in bf16 (1e-2 off at k = 16), so small
+// ones take te-cpp's fp32 route; large ones oneDNN's (fp32 accumulation). Forward and both
+// gradients, small and large.
+TEST(ReducedPrecision, Bf16GemmsAccumulateInFp32AtEverySize) {
+  for (const auto& [m, k, n] :
+       {std::tuple<int64_t, int64_t, int64_t>{24, 8, 16}, {6, 16, 6}, {4, 4, 4}, {64, 256, 64}}) {
+    const at::Tensor x = randn({m, k}, 7).to(at::kBFloat16).requires_grad_(true);
+    const at::Tensor w = randn({k, n}, 8).to(at::kBFloat16).requires_grad_(true);
+    const at::Tensor g = randn({m, n}, 9).to(at::kBFloat16);
+    const at::Tensor y = functional::dense(x, w);
+    torch::autograd::backward({y}, {g});
+    const at::Tensor xd = x.detach().to(at::kDouble), wd = w.detach().to(at::kDouble);
+    const at::Tensor gd = g.to(at::kDouble);
+    for (const auto& [got, want, what] :
+         {std::tuple<at::Tensor, at::Tensor, const char*>{y, at::mm(xd, wd), "output"},
+          {x.grad(), at::mm(gd, wd.t()), "input gradient"},
+          {w.grad(), at::mm(xd.t(), gd), "kernel gradient"}}) {
+      const double err =
+          ((got.detach().to(at::kDouble) - want).abs().max() / want.abs().max()).item<double>();
+      EXPECT_LE(err, 1.0 / 256) << what << " of a " << m << "x" << k << " @ " << k << "x" << n
+                                << " GEMM";
+    }
+  }
+}
+
 TEST(ReducedPrecision, Fp8TakesAndGivesBf16) {
   manual_seed(42);
   LayerNormMLP mlp(LayerNormMLPOptions(32, 64).intermediate_dropout_rate(0));
