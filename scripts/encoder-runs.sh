@@ -2,12 +2,12 @@
 # The full encoder runs of the README against TE's accuracy bars (TE's examples/jax/encoder at
 # d0067d0da, the commit te-encoder mirrors), one after another, each writing metrics and per-step
 # losses under ${1:-encoder-runs}/, then one table of the results, each row against its bar
-# ("met" / "MISSED"), and the loss curves in losses.png. About 50 minutes on a 2-core machine.
+# ("met" / "MISSED"), and the loss curves in losses.png. About 80 minutes on a 2-core machine.
 #
 #   bash scripts/encoder-runs.sh [OUT_DIR] [RUN ...]   # RUN: one bf16 seeds fp8-delayed
-#                                                      #   fp8-current fp8-seeds dp2 fsdp2 tp4
-#                                                      #   tp4-sp mp4 dp2-b256 tp4-b128
-#                                                      #   (default: all)
+#                                                      #   fp8-current fp8-seeds fp8-layouts dp2
+#                                                      #   fsdp2 tp4 tp4-sp mp4 dp2-b256
+#                                                      #   tp4-b128 (default: all)
 #
 # TE's bars are for bf16 (and its FP8 recipes): every run but `one` (fp32) computes in bf16.
 set -euo pipefail
@@ -15,8 +15,8 @@ cd "$(dirname "$0")/.."
 out=${1:-encoder-runs}
 shift || true
 runs=("$@")
-[ ${#runs[@]} -eq 0 ] && runs=(one bf16 seeds fp8-delayed fp8-current fp8-seeds dp2 fsdp2 tp4
-  tp4-sp mp4 dp2-b256 tp4-b128)
+[ ${#runs[@]} -eq 0 ] && runs=(one bf16 seeds fp8-delayed fp8-current fp8-seeds fp8-layouts dp2
+  fsdp2 tp4 tp4-sp mp4 dp2-b256 tp4-b128)
 bash scripts/setup.sh
 bash scripts/build.sh >/dev/null
 enc=${TE_BUILD_DIR:-build}/examples/encoder/te-encoder
@@ -47,6 +47,16 @@ for r in "${runs[@]}"; do
                  run "fp8-delayed-seed$s" 0.457 0.784 "${bf[@]}" --fp8 delayed --seed "$s"
                  run "fp8-current-seed$s" 0.461 0.784 "${bf[@]}" --fp8 current --seed "$s"
                done ;;
+    # TE's FP8 bars of the other tests (model parallel has no current-scaling bar).
+    fp8-layouts)
+      dp2=(--nproc 2 --mesh data=2 --mesh-resource dp=data --batch-size 512 --epochs 5)
+      run dp2-fp8-delayed 0.51 0.75 "${bf[@]}" "${dp2[@]}" --fp8 delayed
+      run dp2-fp8-current 0.51 0.749 "${bf[@]}" "${dp2[@]}" --fp8 current
+      run tp4-fp8-delayed 0.362 0.84 "${bf[@]}" "${tp4[@]}" --fp8 delayed
+      run tp4-sp-fp8-delayed 0.362 0.84 "${bf[@]}" "${tp4[@]}" --sequence-parallel --fp8 delayed
+      run mp4-fp8-delayed 0.43 0.80 "${bf[@]}" "${tp4[@]}" --mlp-activations gelu --fp8 delayed
+      run mp4-fp8-current 0.432 0.80 "${bf[@]}" "${tp4[@]}" --mlp-activations gelu --fp8 current
+      ;;
     dp2) run dp2 0.51 0.75 "${bf[@]}" --nproc 2 --mesh data=2 --mesh-resource dp=data \
            --batch-size 512 --epochs 5 ;;
     fsdp2) run fsdp2 0.51 0.75 "${bf[@]}" --nproc 2 --mesh data=2 --mesh-resource fsdp=data \
