@@ -93,48 +93,14 @@ std::string one_line(const std::string& message) {
 
 // ---- layout ------------------------------------------------------------------------------
 
-struct MeshSpec {
-  std::vector<int64_t> sizes;
-  std::vector<std::string> names;
-  int64_t size() const {
-    int64_t n = 1;
-    for (int64_t s : sizes) n *= s;
-    return n;
-  }
-  std::string to_string() const {
-    std::string out;
-    for (std::size_t i = 0; i < sizes.size(); ++i) {
-      out += (i ? "," : "") + names[i] + "=" + std::to_string(sizes[i]);
-    }
-    return out;
-  }
-};
+using MeshSpec = te::MeshShape;
 
 MeshSpec parse_mesh(const std::string& text) {
-  MeshSpec mesh;
-  std::stringstream in(text);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    const auto eq = item.find('=');
-    if (eq == std::string::npos || eq == 0) {
-      throw InputError("--mesh '" + text + "': '" + item +
-                       "' is not NAME=SIZE (e.g. --mesh data=2,model=2)");
-    }
-    const std::string name = item.substr(0, eq), size = item.substr(eq + 1);
-    char* end = nullptr;
-    const long value = std::strtol(size.c_str(), &end, 10);
-    if (size.empty() || *end != '\0' || value < 1) {
-      throw InputError("--mesh '" + text + "': size '" + size + "' of axis '" + name +
-                       "' is not a positive integer");
-    }
-    if (std::find(mesh.names.begin(), mesh.names.end(), name) != mesh.names.end()) {
-      throw InputError("--mesh '" + text + "': axis '" + name + "' appears twice");
-    }
-    mesh.names.push_back(name);
-    mesh.sizes.push_back(value);
+  try {
+    return te::parse_mesh_shape(text);
+  } catch (const te::Error& e) {
+    throw InputError(std::string("--") + e.what());
   }
-  if (mesh.names.empty()) throw InputError("--mesh is empty; e.g. --mesh data=2");
-  return mesh;
 }
 
 // Every mesh axis a MeshResource or rule names must be an axis of the mesh.

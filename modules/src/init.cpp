@@ -23,7 +23,20 @@ std::vector<int64_t> checked(const std::vector<int64_t>& shape) {
   return shape;
 }
 
+int& meta_depth() {
+  thread_local int depth = 0;
+  return depth;
+}
+
+at::Tensor meta(const std::vector<int64_t>& shape) {
+  return at::empty(checked(shape), at::TensorOptions().device(at::kMeta));
+}
+
 }  // namespace
+
+MetaParameterScope::MetaParameterScope() { ++meta_depth(); }
+MetaParameterScope::~MetaParameterScope() { --meta_depth(); }
+bool meta_parameters() { return meta_depth() > 0; }
 
 void manual_seed(uint64_t seed) {
   generator() = at::detail::createCPUGenerator(seed);
@@ -31,12 +44,14 @@ void manual_seed(uint64_t seed) {
 }
 
 at::Tensor normal(const std::vector<int64_t>& shape, double stddev) {
+  if (meta_parameters()) return meta(shape);
   return at::normal(0.0, stddev, checked(shape), generator());
 }
 
 at::Tensor truncated_normal(const std::vector<int64_t>& shape, double stddev) {
   // Sample N(0, 1), redraw what falls outside [-2, 2], then scale so the truncated
   // distribution has standard deviation `stddev` (its std is 0.87962566103423978 of N(0, 1)'s).
+  if (meta_parameters()) return meta(shape);
   at::Tensor t = at::normal(0.0, 1.0, checked(shape), generator());
   while (true) {
     at::Tensor outside = t.abs() > 2.0;
@@ -70,6 +85,7 @@ at::Tensor variance_scaling(const std::vector<int64_t>& shape, int64_t in_dims, 
   TE_CHECK(distribution == "uniform", "variance_scaling: distribution '", distribution,
            "' is not one of normal, truncated_normal, uniform");
   const double limit = std::sqrt(3 * variance);
+  if (meta_parameters()) return meta(shape);
   return at::empty(checked(shape)).uniform_(-limit, limit, generator());
 }
 

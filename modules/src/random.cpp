@@ -130,6 +130,8 @@ at::Tensor dropout(const at::Tensor& local, double p, bool training,
     return DeviceDropout::apply(local, c);
   }
 #endif
+  // Shapes alone (te::nn::plan): the mask a real run would multiply by, without drawing it.
+  if (local.is_meta()) return local * at::empty(local.sizes(), local.options());
   const int64_t row_len = scalar ? 1 : lengths.back();
   const int64_t rows = local.numel() / row_len;
   at::Tensor mask = at::empty(local.sizes(), local.options().dtype(at::kFloat).device(at::kCPU));

@@ -7,15 +7,32 @@
 
 #include "te/distributed/mesh.h"
 #include "te/error.h"
+#include "te/nn/init.h"
 #include "te/sharding/context.h"
 
 namespace te::nn {
+
+namespace {
+
+// A rank's piece of a whole parameter in storage of its own: a piece of dim 0 is a view of the
+// whole tensor's storage, which would keep every byte of the parameter alive on every rank
+// (tests/nn/test_planner.cpp measures what a rank holds).
+at::Tensor own_piece(const at::Tensor& piece) {
+  if (piece.storage().nbytes() == piece.numel() * static_cast<int64_t>(piece.element_size())) {
+    return piece;
+  }
+  return piece.clone(at::MemoryFormat::Contiguous);
+}
+
+}  // namespace
 
 at::Tensor ShardedModule::register_sharded(torch::nn::Module& self, const std::string& name,
                                            at::Tensor full, LogicalAxes axes) {
   TE_CHECK(static_cast<int64_t>(axes.size()) == full.dim(), self.name(), ": parameter '", name,
            "' has ", full.dim(), " dims but ", axes.size(), " logical axes ", to_string(axes),
            "; give one (or std::nullopt) per dim");
+  // Under a MetaParameterScope a module's constant initial values (zeros, ones) become meta too.
+  if (meta_parameters() && !full.is_meta()) full = at::empty(full.sizes(), full.options().device(at::kMeta));
   ParameterLayout layout;
   layout.axes = axes;
   layout.global_shape.assign(full.sizes().begin(), full.sizes().end());
@@ -34,7 +51,7 @@ at::Tensor ShardedModule::register_sharded(torch::nn::Module& self, const std::s
   }
   at::Tensor value = full;
   if (layout.mesh) {
-    value = DTensor::distribute(full, *layout.mesh, layout.placements).to_local();
+    value = own_piece(DTensor::distribute(full, *layout.mesh, layout.placements).to_local());
   }
   layouts_[name] = layout;
   return self.register_parameter(name, value);
@@ -99,7 +116,7 @@ void ShardedModule::shard_own_parameters(torch::nn::Module& self, const DeviceMe
     if (!wanted) continue;
     const std::vector<Placement> placements = std::move(*wanted);
     at::Tensor param = self.named_parameters(/*recurse=*/false)[name];
-    param.set_data(DTensor::distribute(param.detach(), mesh, placements).to_local());
+    param.set_data(own_piece(DTensor::distribute(param.detach(), mesh, placements).to_local()));
     layout.mesh = mesh;
     layout.placements = placements;
   }

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "plan_command.h"
 #include "te/sharding.h"
 
 namespace {
@@ -103,7 +104,14 @@ int main(int argc, char** argv) {
       "Examples:\n"
       "  te-explain --rules 'batch=data,heads=model' batch,seqlen,heads,_\n"
       "  te-explain --mesh-resource dp=data,tpsp=model batch,seqlen_tp,hidden\n"
-      "  te-explain --mesh-resource dp=data --rules embed=model --extend batch,embed"};
+      "  te-explain --mesh-resource dp=data --rules embed=model --extend batch,embed\n\n"
+      "With --plan, plans one training step of a TransformerLayer stack on --mesh instead: per\n"
+      "rank, the parameter, gradient, optimizer-state and activation bytes, and the collectives by\n"
+      "kind and mesh axis with their bytes (te::nn::plan; nothing runs, any mesh size):\n"
+      "  te-explain --plan --model llama-7b --mesh data=64,model=16 --mesh-resource dp=data,tp=model\n"
+      "  te-explain --plan --model te-encoder --batch 64 --seqlen 32 --mesh data=2 \\\n"
+      "      --mesh-resource dp=data --dtype fp32 --json"};
+  PlanArgs plan_args;
   std::vector<std::string> axes_args;
   std::string rules_text;
   std::string resource_text;
@@ -119,9 +127,17 @@ int main(int argc, char** argv) {
   app.add_option("--fallback", fallback_text,
                  "a named dim no rule assigns: unsharded (default), raise, none (no constraint)")
       ->check(CLI::IsMember({"unsharded", "raise", "none"}));
+  add_plan_options(app, plan_args);
   CLI11_PARSE(app, argc, argv);
 
   try {
+    if (plan_args.plan) {
+      if (!axes_args.empty()) {
+        std::cerr << "te-explain: --plan takes no AXES; see --help\n";
+        return 2;
+      }
+      return run_plan(plan_args, rules_text, resource_text, extend);
+    }
     if (axes_args.empty()) {
       if (!rules_text.empty() || !resource_text.empty() || extend) {
         std::cerr << "te-explain: --rules/--mesh-resource/--extend need AXES to resolve; see "
@@ -155,6 +171,9 @@ int main(int argc, char** argv) {
                                             !rules.empty() ? rules : te::te_default_axis_rules());
     }
   } catch (const te::Error& e) {
+    std::cerr << "te-explain: " << e.what() << "\n";
+    return 1;
+  } catch (const std::exception& e) {  // LibTorch's own errors under --plan
     std::cerr << "te-explain: " << e.what() << "\n";
     return 1;
   }

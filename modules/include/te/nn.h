@@ -10,6 +10,7 @@
 #include "te/nn/inference.h"
 #include "te/nn/init.h"
 #include "te/nn/mlp.h"
+#include "te/nn/plan.h"
 #include "te/nn/random.h"
 #include "te/nn/rope.h"
 #include "te/nn/sharded.h"

@@ -6,3 +6,4 @@
 #include "te/error.h"
 #include "te/sharding/axis_rules.h"
 #include "te/sharding/context.h"
+#include "te/sharding/mesh_shape.h"

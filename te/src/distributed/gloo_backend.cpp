@@ -46,7 +46,6 @@ class GlooBackend final : public Backend {
   GlooBackend(c10::intrusive_ptr<c10d::ProcessGroupGloo> pg, const BackendSetup& setup)
       : pg_(std::move(pg)), rank_(setup.rank), size_(setup.size), algorithms_(setup.algorithms) {}
 
-  CommBackend kind() const override { return CommBackend::kGloo; }
   bool moves(const c10::Device& device) const override {
     return device.is_cpu() || device.is_cuda();
   }

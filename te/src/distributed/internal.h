@@ -35,7 +35,8 @@ using comm::Backend;
 class World {
  public:
   World(c10::intrusive_ptr<c10d::Store> store, int rank, int size, int local_rank,
-        DistributedOptions options, std::string gloo_host, bool heartbeat);
+        DistributedOptions options, std::string gloo_host, bool heartbeat,
+        bool simulated = false);
   ~World();
   World(const World&) = delete;
   World& operator=(const World&) = delete;
@@ -51,6 +52,10 @@ class World {
   int rank() const { return rank_; }
   int size() const { return size_; }
   int local_rank() const { return local_rank_; }
+  /// A simulated world (run_simulated_rank): this is its only rank in the process; exchanges
+  /// return this rank's value for every rank and communicators move nothing
+  /// (comm::make_simulated_backend).
+  bool simulated() const { return simulated_; }
   /// The world's rendezvous store (keys of te-cpp live under prefixes of their own).
   const c10::intrusive_ptr<c10d::Store>& store() const { return store_; }
   const DistributedOptions& options() const { return options_; }
@@ -82,6 +87,7 @@ class World {
   int local_rank_;
   DistributedOptions options_;
   std::string gloo_host_;
+  bool simulated_;
   int64_t next_mesh_id_ = 0;
   std::vector<std::string> exchange_or_throw(const std::string& topic, const std::string& mine,
                                              const std::string& what) const;
@@ -132,6 +138,7 @@ class RowComm {
   std::mutex mutex_;
   std::unique_ptr<Backend> gloo_;
   std::unique_ptr<Backend> nccl_;
+  std::unique_ptr<Backend> simulated_;
 };
 
 /// This rank's row of one mesh dim: who is in it and the communicators that connect them.

@@ -166,6 +166,20 @@ std::string launch_description() {
   return pw.description;
 }
 
+void run_simulated_rank(int world_size, int rank, const std::function<void()>& fn,
+                        const DistributedOptions& options) {
+  TE_CHECK(world_size >= 1 && rank >= 0 && rank < world_size,
+           "run_simulated_rank: rank ", rank, " of ", world_size,
+           " ranks; give a world of at least one rank and a rank in [0, world_size)");
+  struct Restore {
+    std::shared_ptr<detail::World> previous;
+    ~Restore() { detail::set_thread_world(previous); }
+  } restore{detail::set_thread_world(std::make_shared<detail::World>(
+      c10::make_intrusive<c10d::HashStore>(), rank, world_size, rank, options, "",
+      /*heartbeat=*/false, /*simulated=*/true))};
+  fn();
+}
+
 void run_local_ranks(int world_size, const std::function<void(int rank)>& fn,
                      const DistributedOptions& options_in) {
   TE_CHECK(world_size >= 1, "run_local_ranks: world_size must be at least 1, got ", world_size);

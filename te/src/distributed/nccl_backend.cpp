@@ -204,7 +204,6 @@ class NcclBackend final : public Backend {
     if (own_stream_ != nullptr) cudaStreamDestroy(own_stream_);
   }
 
-  CommBackend kind() const override { return CommBackend::kNccl; }
   bool moves(const c10::Device& device) const override {
     return device.is_cuda() && (!device.has_index() || device.index() == device_);
   }

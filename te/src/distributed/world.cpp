@@ -99,13 +99,14 @@ std::string key(const char* what, int64_t rank) { return std::string(what) + std
 }  // namespace
 
 World::World(c10::intrusive_ptr<c10d::Store> store, int rank, int size, int local_rank,
-             DistributedOptions options, std::string gloo_host, bool heartbeat)
+             DistributedOptions options, std::string gloo_host, bool heartbeat, bool simulated)
     : store_(std::move(store)),
       rank_(rank),
       size_(size),
       local_rank_(local_rank),
       options_(options),
-      gloo_host_(std::move(gloo_host)) {
+      gloo_host_(std::move(gloo_host)),
+      simulated_(simulated) {
   ignore_sigpipe();
   store_->set(key("joined/", rank_), std::vector<uint8_t>{1});
   if (!heartbeat) return;
@@ -172,6 +173,7 @@ void World::leave_together() {
 }
 
 void World::wait_for_all_ranks() const {
+  if (simulated_) return;
   std::vector<std::string> keys;
   for (int r = 0; r < size_; ++r) keys.push_back(key("joined/", r));
   try {
@@ -275,6 +277,7 @@ void World::linger(const std::string& topic) const {
 
 std::vector<std::string> World::exchange_or_throw(const std::string& topic, const std::string& mine,
                                                   const std::string& what) const {
+  if (simulated_) return std::vector<std::string>(static_cast<std::size_t>(size_), mine);
   store_->set(topic + "/" + std::to_string(rank_), std::vector<uint8_t>(mine.begin(), mine.end()));
   std::vector<std::string> keys;
   for (int r = 0; r < size_; ++r) keys.push_back(topic + "/" + std::to_string(r));
@@ -340,6 +343,7 @@ std::unique_ptr<Backend> World::connect(CommBackend kind, const std::string& key
   setup.algorithms = algorithms;
   setup.gloo_host = gloo_host_;
   setup.cuda_device = cuda_device;
+  if (simulated_) return comm::make_simulated_backend(setup);
   try {
     return kind == CommBackend::kNccl ? comm::make_nccl_backend(setup)
                                       : comm::make_gloo_backend(setup);
@@ -361,7 +365,9 @@ RowComm::RowComm(const World* world, std::string key, std::vector<int64_t> ranks
   // The communicator the options name is made with the row, so a world that cannot make it
   // (no GPU for NCCL, a peer that never joins) fails at the mesh, on every rank alike.
   // Under kAuto without Gloo in this build, NCCL is made on the first CUDA collective instead.
-  if (world_->options().backend == CommBackend::kNccl) {
+  if (world_->simulated()) {
+    simulated_ = world_->connect(CommBackend::kAuto, key_, ranks_, algorithms_, -1);
+  } else if (world_->options().backend == CommBackend::kNccl) {
     make(CommBackend::kNccl, world_->local_rank());
   } else if (world_->options().backend == CommBackend::kGloo || comm::gloo_built()) {
     make(CommBackend::kGloo, -1);
@@ -376,6 +382,7 @@ Backend& RowComm::make(CommBackend kind, int cuda_device) {
 
 Backend& RowComm::for_device(const c10::Device& device, const std::string& axis) {
   std::lock_guard<std::mutex> lock(mutex_);
+  if (simulated_) return *simulated_;
   const CommBackend wanted = world_->options().backend;
   if (device.is_cpu()) {
     TE_CHECK(wanted != CommBackend::kNccl, "a collective over mesh axis '", axis,

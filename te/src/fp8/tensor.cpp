@@ -96,6 +96,7 @@ at::Tensor Fp8Tensor::dequantize() const {
   const at::Tensor codes = data.contiguous();
   check_scale(scale_inv, "Fp8Tensor::dequantize: scale_inv", codes);
   at::Tensor out = at::empty(codes.sizes(), codes.options().dtype(at::kFloat));
+  if (codes.is_meta()) return out;  // shapes alone (te/runtime/meta.h)
   if (codes.is_cuda()) {
 #ifdef TE_WITH_CUDA
     const OnDevice on(codes);
@@ -126,6 +127,10 @@ Fp8Tensor quantize(const at::Tensor& x_in, const at::Tensor& scale, DType dtype,
   out.dtype = dtype;
   out.data = at::empty(x.sizes(), x.options().dtype(at::kByte));
   at::NoGradGuard no_grad;
+  if (x.is_meta()) {  // shapes alone (te/runtime/meta.h): no codes, no amax
+    out.scale_inv = at::reciprocal(scale);
+    return out;
+  }
   if (x.is_cuda()) {
 #ifdef TE_WITH_CUDA
     out.scale_inv = at::reciprocal(scale);
@@ -207,6 +212,10 @@ at::Tensor gemm_of(const Fp8Tensor& a, const Fp8Tensor& b, bool b_is_transposed,
   // The CUDA GEMM reads both scales on the device; a host pointer there would be undefined.
   check_scale(a.scale_inv, "gemm: a.scale_inv", a.data);
   check_scale(b.scale_inv, "gemm: b.scale_inv", b.data);
+  if (a.data.is_meta()) {  // shapes alone (te/runtime/meta.h)
+    return at::empty({a.data.size(0), b.data.size(b_is_transposed ? 0 : 1)},
+                     a.data.options().dtype(at::kFloat));
+  }
   if (a.data.is_cuda()) {
 #ifdef TE_WITH_CUDA
     const at::Tensor ad = a.data.contiguous();

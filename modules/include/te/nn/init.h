@@ -30,4 +30,18 @@ at::Tensor truncated_normal(const std::vector<int64_t>& shape, double stddev);
 /// Flax's default embedding init: variance_scaling(1, fan_in, normal) over the embedding dim.
 at::Tensor normal(const std::vector<int64_t>& shape, double stddev);
 
+/// While alive, te::nn modules built on this thread get their parameters on the meta device:
+/// every shape, logical axis and placement as a real build gives them, but no data, no random
+/// draws and no memory (the initialisers above return meta tensors). What te::nn::plan builds
+/// its model with; a forward of such a module runs on meta tensors too. Scopes nest.
+class MetaParameterScope {
+ public:
+  MetaParameterScope();
+  ~MetaParameterScope();
+  MetaParameterScope(const MetaParameterScope&) = delete;
+  MetaParameterScope& operator=(const MetaParameterScope&) = delete;
+};
+/// True while a MetaParameterScope is alive on this thread.
+bool meta_parameters();
+
 }  // namespace te::nn

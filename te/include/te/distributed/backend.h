@@ -31,7 +31,6 @@ namespace te::comm {
 class Backend {
  public:
   virtual ~Backend() = default;
-  virtual CommBackend kind() const = 0;
   /// Whether this backend moves tensors on `device` (Gloo: CPU, and CUDA through host memory;
   /// NCCL: the CUDA device it was created on).
   virtual bool moves(const c10::Device& device) const = 0;
@@ -73,6 +72,11 @@ std::unique_ptr<Backend> make_gloo_backend(const BackendSetup& setup);
 /// A connected NCCL communicator (rank 0 makes the unique id and shares it through the store).
 /// Throws te::Error when this build has no NCCL or the machine has no usable GPU.
 std::unique_ptr<Backend> make_nccl_backend(const BackendSetup& setup);
+/// A communicator of a simulated world (run_simulated_rank): moves nothing, and every call
+/// returns what it would if each rank of the row held what this rank holds (an all-reduce sum
+/// multiplies by the row's size, an all-gather repeats this rank's piece, ...). On meta tensors
+/// it only gives the outputs their shapes. Any device.
+std::unique_ptr<Backend> make_simulated_backend(const BackendSetup& setup);
 /// Whether this build can make Gloo communicators (LibTorch with c10d Gloo and Gloo's headers).
 bool gloo_built();
 /// Whether this build can make NCCL communicators (found with the CUDA toolkit at configure).

@@ -104,6 +104,14 @@ void shutdown_distributed();
 void run_local_ranks(int world_size, const std::function<void(int rank)>& fn,
                      const DistributedOptions& options = {});
 
+/// Runs fn() on this thread as rank `rank` of a simulated world of `world_size` ranks, the only
+/// one that runs: meshes of any shape can be made, and every collective goes through the usual
+/// code (placements, uneven pieces, CommTrace records) but moves no bytes; each returns what it
+/// would if every rank held what this rank holds. On meta tensors (te/runtime/meta.h) this runs
+/// a model's step on a mesh of thousands of ranks in one process to size it (te::nn::plan).
+/// The previous world of this thread is back in effect afterwards, also when fn throws.
+void run_simulated_rank(int world_size, int rank, const std::function<void()>& fn,
+                        const DistributedOptions& options = {});
 /// This thread's rank: its local rank inside run_local_ranks, else the process's rank after
 /// init_distributed, else 0.
 int world_rank();

@@ -1,0 +1,132 @@
+#include "plan_command.h"
+
+#include <iostream>
+#include <optional>
+
+#include "te/nn/plan.h"
+#include "te/sharding.h"
+
+namespace {
+
+// Shapes of published models (their config.json): what --model names.
+struct Preset {
+  const char* name;
+  int64_t layers, hidden, ffn, heads, kv_heads;
+  const char* activation;
+  const char* norm;
+  const char* what;
+};
+constexpr Preset kPresets[] = {
+    {"te-encoder", 1, 256, 1024, 8, 0, "gelu", "layernorm",
+     "te-encoder's TransformerLayer (examples/encoder)"},
+    {"llama-7b", 32, 4096, 11008, 32, 0, "swiglu", "rmsnorm", "Llama 2 7B's shape"},
+    {"llama3-8b", 32, 4096, 14336, 32, 8, "swiglu", "rmsnorm", "Llama 3 8B's shape (GQA 8)"},
+    {"llama-70b", 80, 8192, 28672, 64, 8, "swiglu", "rmsnorm", "Llama 2 70B's shape (GQA 8)"},
+};
+
+std::string preset_names() {
+  std::string out;
+  for (const Preset& p : kPresets) out += std::string(out.empty() ? "" : ", ") + p.name;
+  return out;
+}
+
+void set_if_zero(int64_t& value, int64_t preset) {
+  if (value == 0) value = preset;
+}
+
+}  // namespace
+
+void add_plan_options(CLI::App& app, PlanArgs& a) {
+  app.add_flag("--plan", a.plan,
+               "plan a training step: per-rank memory and collectives of a TransformerLayer "
+               "stack on --mesh under --rules/--mesh-resource, without running it");
+  app.add_option("--model", a.model,
+                 "--plan: a preset shape (" + preset_names() +
+                     "); --layers/--hidden/... override its fields");
+  app.add_option("--layers", a.layers, "--plan: TransformerLayers in the stack");
+  app.add_option("--hidden", a.hidden, "--plan: hidden size");
+  app.add_option("--ffn", a.ffn, "--plan: MLP hidden size");
+  app.add_option("--heads", a.heads, "--plan: attention heads");
+  app.add_option("--kv-heads", a.kv_heads, "--plan: key/value heads (GQA; 0: as --heads)");
+  app.add_option("--activation", a.activation, "--plan: MLP activation, e.g. gelu, swiglu");
+  app.add_option("--norm", a.norm, "--plan: layernorm or rmsnorm");
+  app.add_option("--batch", a.batch, "--plan: global batch (default 8)");
+  app.add_option("--seqlen", a.seqlen, "--plan: sequence length (default 2048)");
+  app.add_option("--mesh", a.mesh, "--plan: the mesh, e.g. data=64,model=16 (default: one rank)");
+  app.add_option("--dtype", a.dtype, "--plan: fp32, bf16 (default) or fp16")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  app.add_option("--fp8", a.fp8, "--plan: FP8 GEMMs with recipe delayed or current")
+      ->check(CLI::IsMember({"delayed", "current"}));
+  app.add_option("--optimizer", a.optimizer, "--plan: adam (default) or sgd")
+      ->check(CLI::IsMember({"adam", "sgd"}));
+  app.add_flag("--sequence-parallel", a.sequence_parallel,
+               "--plan: sequence parallelism (with a tpsp MeshResource or seqlen_tp rules)");
+  app.add_option("--rank", a.rank, "--plan: the rank to plan for (default 0)");
+  app.add_flag("--json", a.json, "--plan: print JSON instead of a table");
+}
+
+int run_plan(const PlanArgs& a, const std::string& rules_text, const std::string& resource_text,
+             bool extend) {
+  PlanArgs args = a;
+  if (args.model != "custom") {
+    const Preset* preset = nullptr;
+    for (const Preset& p : kPresets) {
+      if (args.model == p.name) preset = &p;
+    }
+    TE_CHECK(preset != nullptr, "--model '", args.model, "' is not one of: ", preset_names(),
+             " (or give --layers, --hidden, --ffn and --heads)");
+    set_if_zero(args.layers, preset->layers);
+    set_if_zero(args.hidden, preset->hidden);
+    set_if_zero(args.ffn, preset->ffn);
+    set_if_zero(args.heads, preset->heads);
+    set_if_zero(args.kv_heads, preset->kv_heads);
+    if (args.activation.empty()) args.activation = preset->activation;
+    if (args.norm.empty()) args.norm = preset->norm;
+  }
+  TE_CHECK(args.layers > 0 && args.hidden > 0 && args.ffn > 0 && args.heads > 0,
+           "--plan needs the model's shape: --model (", preset_names(),
+           ") or --layers, --hidden, --ffn and --heads, each positive");
+  if (args.activation.empty()) args.activation = "gelu";
+  if (args.norm.empty()) args.norm = "layernorm";
+
+  te::nn::TransformerLayerOptions layer(args.hidden, args.ffn, args.heads);
+  layer.num_gqa_groups(args.kv_heads)
+      .mlp_activations({args.activation})
+      .layernorm_type(args.norm)
+      .enable_sequence_parallel(args.sequence_parallel);
+  te::nn::PlanOptions options(layer, args.layers, args.batch, args.seqlen);
+  if (!args.mesh.empty()) {
+    const te::MeshShape mesh = te::parse_mesh_shape(args.mesh);
+    options.mesh_shape(mesh.sizes).mesh_axes(mesh.names);
+  }
+  options.dtype(args.dtype == "fp32"   ? at::kFloat
+                : args.dtype == "fp16" ? at::kHalf
+                                       : at::kBFloat16);
+  if (args.fp8 == "delayed") options.fp8(te::fp8::Recipe{te::fp8::DelayedScaling{}});
+  if (args.fp8 == "current") options.fp8(te::fp8::Recipe{te::fp8::CurrentScaling{}});
+  options.optimizer(args.optimizer).rank(args.rank);
+
+  std::optional<te::MeshResourceScope> resource;
+  if (!resource_text.empty()) resource.emplace(te::parse_mesh_resource(resource_text));
+  te::AxisRules rules = te::parse_axis_rules(rules_text);
+  if (extend) rules = te::extend_logical_axis_rules(rules);
+  std::optional<te::AxisRulesScope> rules_scope;
+  if (!rules.empty()) rules_scope.emplace(rules);
+  TE_CHECK(args.mesh.empty() || resource || rules_scope,
+           "--plan with --mesh needs --rules or --mesh-resource to say how the model shards on "
+           "it, e.g. --mesh-resource dp=data,tp=model");
+
+  const te::nn::Plan plan = te::nn::plan(options);
+  if (args.json) {
+    std::cout << plan.to_json() << "\n";
+    return 0;
+  }
+  std::cout << args.layers << " x TransformerLayer(hidden " << args.hidden << ", ffn " << args.ffn
+            << ", heads " << args.heads;
+  if (args.kv_heads > 0) std::cout << ", kv heads " << args.kv_heads;
+  std::cout << ", " << args.activation << ", " << args.norm << "), batch " << args.batch
+            << ", seqlen " << args.seqlen << ", " << args.dtype
+            << (args.fp8.empty() ? "" : ", FP8 " + args.fp8) << ", " << args.optimizer << "\n"
+            << plan.table() << "planned in " << plan.planning_seconds << " s\n";
+  return 0;
+}

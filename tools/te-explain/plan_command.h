@@ -1,0 +1,31 @@
+#pragma once
+
+// te-explain --plan: one rank's memory and collectives of a training step (te::nn::plan).
+
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <string>
+
+struct PlanArgs {
+  bool plan = false;
+  std::string model = "custom";
+  int64_t layers = 0, hidden = 0, ffn = 0, heads = 0, kv_heads = 0;
+  std::string activation;
+  std::string norm;
+  int64_t batch = 8, seqlen = 2048;
+  std::string mesh;
+  std::string dtype = "bf16";
+  std::string fp8;
+  std::string optimizer = "adam";
+  bool sequence_parallel = false;
+  int rank = 0;
+  bool json = false;
+};
+
+/// Adds --plan and the options it reads to `app`.
+void add_plan_options(CLI::App& app, PlanArgs& args);
+/// Prints the plan the options describe; `rules_text`, `resource_text` and `extend` are
+/// te-explain's layout options. Returns the exit status (te::Error propagates).
+int run_plan(const PlanArgs& args, const std::string& rules_text, const std::string& resource_text,
+             bool extend);
