@@ -113,3 +113,36 @@ TEST(ParseMeshResource, RejectsBadInput) {
 
 }  // namespace
 }  // namespace te
+
+namespace te {
+namespace {
+
+TEST(MeshShapeParse, ReadsNamesAndSizesInOrder) {
+  const MeshShape mesh = parse_mesh_shape("data=64,model=16");
+  EXPECT_EQ(mesh.names, (std::vector<std::string>{"data", "model"}));
+  EXPECT_EQ(mesh.sizes, (std::vector<int64_t>{64, 16}));
+  EXPECT_EQ(mesh.size(), 1024);
+  EXPECT_EQ(mesh.to_string(), "data=64,model=16");
+}
+
+TEST(MeshShapeParse, RefusesMalformedMeshesNamingTheItem) {
+  const auto refuses = [](const char* text, const std::string& words) {
+    try {
+      parse_mesh_shape(text);
+      ADD_FAILURE() << text << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+  };
+  refuses("", "mesh is empty");
+  refuses("data", "'data' is not NAME=SIZE");
+  refuses("=2", "'=2' is not NAME=SIZE");
+  refuses("data=2,", "'' is not NAME=SIZE");
+  refuses("data=two", "size 'two' of axis 'data' is not a positive integer");
+  refuses("data=0", "size '0' of axis 'data'");
+  refuses("data=2,data=2", "axis 'data' appears twice");
+  refuses("a=4096,b=4096,c=4096", "over 2^24 ranks");
+}
+
+}  // namespace
+}  // namespace te
