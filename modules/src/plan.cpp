@@ -56,26 +56,15 @@ void summarise(const std::string& phase, const std::vector<CommRecord>& records,
   }
 }
 
-// One rank's step, on meta tensors in the simulated world this thread is in.
-void run_step(const PlanOptions& o, Plan& plan) {
-  AllocationCounter counter(c10::DeviceType::Meta);
-  std::optional<DeviceMesh> mesh;
-  std::optional<MeshScope> mesh_scope;
-  if (!o.mesh_shape().empty()) {
-    mesh.emplace(o.mesh_shape(), o.mesh_axes());
-    mesh_scope.emplace(*mesh);
-  }
+// The stack on meta tensors: parameters from the initialisers, and every GEMM's FP8 state
+// (scales, amax histories) moved to meta too, as the data it scales.
+std::vector<TransformerLayer> build_stack(const PlanOptions& o) {
   std::vector<TransformerLayer> layers;
-  {
-    MetaParameterScope meta;
-    for (int64_t i = 0; i < o.layers(); ++i) {
-      layers.emplace_back(o.layer());
-      if (o.dtype() != at::kFloat) layers.back()->to(o.dtype());
-    }
-  }
-  // The GEMMs' FP8 state (scales, amax histories) on meta too, as the data it scales.
-  for (TransformerLayer& layer : layers) {
-    for (const auto& child : layer->modules()) {
+  MetaParameterScope meta;
+  for (int64_t i = 0; i < o.layers(); ++i) {
+    layers.emplace_back(o.layer());
+    if (o.dtype() != at::kFloat) layers.back()->to(o.dtype());
+    for (const auto& child : layers.back()->modules()) {
       auto* sharded = dynamic_cast<ShardedModule*>(child.get());
       if (sharded == nullptr) continue;
       for (const ShardedModule::Fp8Gemm& gemm : sharded->fp8_gemms()) {
@@ -87,6 +76,42 @@ void run_step(const PlanOptions& o, Plan& plan) {
       }
     }
   }
+  return layers;
+}
+
+// The forward of the stack on this rank's piece of a [batch, seqlen, hidden] input laid out as
+// the layer's input constraint says (under FP8 autocast when asked; leaving it reduces amaxes).
+at::Tensor forward(const PlanOptions& o, const std::optional<DeviceMesh>& mesh,
+                   std::vector<TransformerLayer>& layers, const at::Tensor& global) {
+  std::optional<Fp8Autocast> autocast;
+  if (o.fp8()) autocast.emplace(true, *o.fp8());
+  if (!mesh) {
+    at::Tensor x = global;
+    for (TransformerLayer& layer : layers) x = layer(x);
+    return x;
+  }
+  const LogicalAxes axes = {
+      "batch", o.layer().enable_sequence_parallel() ? "seqlen_tp" : "seqlen", "hidden"};
+  const auto spec = resolve_logical_axes(axes);
+  const std::vector<Placement> placements =
+      spec ? placements_for(*spec, *mesh)
+           : std::vector<Placement>(o.mesh_shape().size(), Replicate{});
+  DTensor x = DTensor::distribute(global, *mesh, placements);
+  for (TransformerLayer& layer : layers) x = layer(x);
+  return x.to_local();
+}
+
+// One rank's step, on meta tensors in the simulated world this thread is in: forward, then
+// backward with the data-parallel gradients summed in buckets (as te-encoder trains).
+void run_step(const PlanOptions& o, Plan& plan) {
+  AllocationCounter counter(c10::DeviceType::Meta);
+  std::optional<DeviceMesh> mesh;
+  std::optional<MeshScope> mesh_scope;
+  if (!o.mesh_shape().empty()) {
+    mesh.emplace(o.mesh_shape(), o.mesh_axes());
+    mesh_scope.emplace(*mesh);
+  }
+  std::vector<TransformerLayer> layers = build_stack(o);
   std::vector<at::Tensor> params;
   for (const TransformerLayer& layer : layers) {
     for (const at::Tensor& p : layer->parameters()) {
@@ -94,8 +119,6 @@ void run_step(const PlanOptions& o, Plan& plan) {
       plan.parameters += p.numel();
       plan.parameter_bytes += bytes_of(p);
     }
-  }
-  for (const TransformerLayer& layer : layers) {
     for (const at::Tensor& b : layer->buffers()) plan.buffer_bytes += bytes_of(b);
   }
   plan.optimizer_bytes = o.optimizer() == "adam" ? 2 * plan.parameter_bytes : 0;
@@ -104,36 +127,18 @@ void run_step(const PlanOptions& o, Plan& plan) {
                                       at::TensorOptions().device(at::kMeta).dtype(o.dtype()));
   const int64_t base = counter.live_bytes();
   counter.reset_peak();
-  at::Tensor out_local;
+  at::Tensor out;
   {
     CommTrace trace;
-    // Forward under FP8 autocast, backward after it (as TE trains): leaving it reduces amaxes.
-    std::optional<Fp8Autocast> autocast;
-    if (o.fp8()) autocast.emplace(true, *o.fp8());
-    if (mesh) {
-      const LogicalAxes axes = {
-          "batch", o.layer().enable_sequence_parallel() ? "seqlen_tp" : "seqlen", "hidden"};
-      const auto spec = resolve_logical_axes(axes);
-      const std::vector<Placement> placements =
-          spec ? placements_for(*spec, *mesh)
-               : std::vector<Placement>(o.mesh_shape().size(), Replicate{});
-      DTensor x = DTensor::distribute(global, *mesh, placements);
-      for (TransformerLayer& layer : layers) x = layer(x);
-      out_local = x.to_local();
-    } else {
-      at::Tensor x = global;
-      for (TransformerLayer& layer : layers) x = layer(x);
-      out_local = x;
-    }
-    autocast.reset();
+    out = forward(o, mesh, layers, global);
     plan.forward = trace.records();
   }
-  plan.activation_bytes = counter.live_bytes() - base - bytes_of(out_local);
+  plan.activation_bytes = counter.live_bytes() - base - bytes_of(out);
   {
     CommTrace trace;
     std::optional<GradientBuckets> buckets;
     if (o.bucket_bytes() > 0 && mesh) buckets.emplace(o.bucket_bytes());
-    torch::autograd::backward({out_local}, {at::empty(out_local.sizes(), out_local.options())});
+    torch::autograd::backward({out}, {at::empty(out.sizes(), out.options())});
     if (buckets) buckets->finish();
     plan.backward = trace.records();
   }

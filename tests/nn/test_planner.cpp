@@ -30,6 +30,8 @@ struct Layout {
   std::optional<fp8::Recipe> fp8 = std::nullopt;
 };
 
+void PrintTo(const Layout& l, std::ostream* os) { *os << l.name; }
+
 const std::vector<Layout>& layouts() {
   static const std::vector<Layout> all = {
       {"One", {}, {}, ""},
@@ -57,7 +59,9 @@ PlanOptions options_for(const Layout& l) {
                     .mlp_activations({"gelu"})
                     .enable_sequence_parallel(l.sequence_parallel),
                 kLayers, kBatch, kSeq);
-  o.mesh_shape(l.shape).mesh_axes(l.axes).dtype(l.dtype).fp8(l.fp8);
+  // Buckets small beside the model, as in real runs (25 MiB beside gigabytes): Gloo may free a
+  // bucket a moment after its all-reduce returns, and only a bucket's bytes may be live then.
+  o.mesh_shape(l.shape).mesh_axes(l.axes).dtype(l.dtype).fp8(l.fp8).bucket_bytes(64 * 1024);
   return o;
 }
 

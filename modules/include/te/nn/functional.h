@@ -93,6 +93,16 @@ at::Tensor mlp_activation(const at::Tensor& h, const std::vector<std::string>& a
 DTensor mlp_activation(const DTensor& h, const std::vector<std::string>& activations,
                        const ActivationParams& params = {});
 
+/// table[ids] for integer ids of any shape and a table [rows, columns]: [ids..., columns]. An id
+/// outside [0, rows) is a te::Error naming it.
+at::Tensor embedding(const at::Tensor& ids, const at::Tensor& table);
+/// On a mesh, per mesh dim: where the ids are sharded, the table is used whole there (an FSDP
+/// table is gathered; its gradient returns as a reduce-scatter, a replicated one's as partial
+/// sums); where they are not, the table keeps its shard: rows sharded (vocabulary-parallel,
+/// Megatron's VocabParallelEmbedding) look up the ids in this rank's rows, zeros for the others,
+/// and the result is Partial(sum) there; columns sharded give an output sharded on its last dim.
+DTensor embedding(const DTensor& ids, const DTensor& table);
+
 /// x.select(dim, index); as a DTensor, a dim sharded there is gathered first.
 at::Tensor select(const at::Tensor& x, int64_t dim, int64_t index);
 DTensor select(const DTensor& x, int64_t dim, int64_t index);

@@ -118,6 +118,10 @@ inline constexpr const char* kWNoShard = "w_no_shard";
 inline constexpr const char* kWFsdp = "w_fsdp";
 inline constexpr const char* kWTp = "w_tp";
 inline constexpr const char* kWJoined = "w_joined";
+/// Flax's names for an embedding table's dims (not in TE's table: give them rules, e.g.
+/// "vocab=model" for a vocabulary-parallel table).
+inline constexpr const char* kVocab = "vocab";
+inline constexpr const char* kEmbed = "embed";
 
 /// The sequence axis of activations: seqlen_tp under sequence parallelism, else seqlen.
 inline const char* seqlen(bool sequence_parallel) {
