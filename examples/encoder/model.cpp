@@ -89,23 +89,20 @@ at::Tensor EncoderClassifierImpl::forward(const at::Tensor& ids, const at::Tenso
 te::DTensor EncoderClassifierImpl::forward_on_mesh(const at::Tensor& ids, const at::Tensor& mask) {
   const te::DeviceMesh* mesh = te::current_mesh();
   TE_CHECK(mesh != nullptr, "EncoderClassifier::forward_on_mesh: no mesh in scope");
-  const int64_t b = ids.size(0), s = ids.size(1), h = options.hidden_size;
   const te::LogicalAxes act = {"batch", "seqlen", "hidden"};
-  const std::vector<int64_t> shape = {b, s, h};
   std::vector<te::Placement> layout(static_cast<std::size_t>(mesh->ndim()), te::Replicate{});
   if (const auto spec = te::resolve_logical_axes(act)) layout = te::placements_for(*spec, *mesh);
-  // The table is used whole on every rank; where the batch (or sequence) is split, each rank's
-  // gradient of it is a partial sum (data parallel), reduced in backward.
-  std::vector<te::Placement> whole(layout.size(), te::Replicate{}), grads(layout.size());
-  for (std::size_t m = 0; m < layout.size(); ++m) {
-    grads[m] = te::is_shard(layout[m]) ? te::Placement{te::Partial{}} : te::Replicate{};
+  // The ids laid out as the activations' first two dims; the table replicated, so where they
+  // are split each rank's gradient of it is a partial sum, reduced in backward (F::embedding).
+  std::vector<te::Placement> ids_layout = layout;
+  for (te::Placement& p : ids_layout) {
+    if (const auto* sh = std::get_if<te::Shard>(&p); sh != nullptr && sh->dim > 1) {
+      p = te::Replicate{};
+    }
   }
-  const at::Tensor table =
-      te::DTensor::from_local(embedding, *mesh, whole).redistribute(whole, grads).to_local();
-  const auto piece = te::local_chunks(shape, *mesh, layout, mesh->rank());
-  const at::Tensor local_ids =
-      ids.narrow(0, piece[0].offset, piece[0].length).narrow(1, piece[1].offset, piece[1].length);
-  te::DTensor x = te::DTensor::from_local(at::embedding(table, local_ids), *mesh, layout, shape);
+  const std::vector<te::Placement> whole(layout.size(), te::Replicate{});
+  te::DTensor x = F::embedding(te::DTensor::distribute(ids, *mesh, ids_layout),
+                               te::DTensor::from_local(embedding, *mesh, whole));
   x = layer(x, mask);
   // Whole sequences before flattening (sequence parallel gathers here), then TE's (batch, None).
   x = te::with_sharding_constraint(x, act);

@@ -37,6 +37,14 @@
 /// 2.4 on; before, through the CPU-specific set_cpu_enabled / set_autocast_cpu_dtype.
 #define TE_AUTOCAST_BY_DEVICE TE_TORCH_VERSION_AT_LEAST(2, 4)
 
+/// c10::Allocator::allocate is non-const, and copy_data a pure virtual member, from 2.3 on.
+#define TE_ALLOCATOR_MUTABLE TE_TORCH_VERSION_AT_LEAST(2, 3)
+#if TE_ALLOCATOR_MUTABLE
+#define TE_ALLOCATE_CONST
+#else
+#define TE_ALLOCATE_CONST const
+#endif
+
 namespace te::compat {
 
 /// The key torch::optim keeps a parameter's state under (`Key`: the state map's key_type): the

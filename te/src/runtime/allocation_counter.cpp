@@ -6,6 +6,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "te/compat.h"
 #include "te/error.h"
 #include "te/runtime/meta.h"
 
@@ -82,7 +83,7 @@ class CountingAllocator final : public c10::Allocator {
  public:
   CountingAllocator(c10::DeviceType type, c10::Allocator* inner) : type_(type), inner_(inner) {}
 
-  c10::DataPtr allocate(size_t bytes) const override {
+  c10::DataPtr allocate(size_t bytes) TE_ALLOCATE_CONST override {
     c10::DataPtr inner = inner_->allocate(bytes);
     const auto& counters = active(type_);
     if (counters.empty()) return inner;
@@ -99,6 +100,11 @@ class CountingAllocator final : public c10::Allocator {
     }
     return c10::DataPtr(data, record.release(), &release, device);
   }
+#if TE_ALLOCATOR_MUTABLE
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    inner_->copy_data(dest, src, count);
+  }
+#endif
   c10::DeleterFnPtr raw_deleter() const override {
     return type_ == c10::DeviceType::CPU ? &release_cpu : inner_->raw_deleter();
   }

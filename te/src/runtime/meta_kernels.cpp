@@ -23,8 +23,10 @@ at::Tensor meta_like(at::IntArrayRef sizes, const at::TensorOptions& options) {
   return at::empty(sizes, options.device(at::kMeta));
 }
 
-std::vector<int64_t> stat_shape(const at::Tensor& input, at::IntArrayRef normalized_shape) {
-  const int64_t axis = input.dim() - static_cast<int64_t>(normalized_shape.size());
+// [leading dims..., 1 per normalized dim]. Only the count of normalized dims is read, so int[]
+// (1.13) and SymInt[] (2.x) arguments read alike.
+std::vector<int64_t> stat_shape(const at::Tensor& input, std::size_t normalized_dims) {
+  const int64_t axis = input.dim() - static_cast<int64_t>(normalized_dims);
   std::vector<int64_t> shape(input.sizes().begin(), input.sizes().begin() + axis);
   shape.resize(static_cast<std::size_t>(input.dim()), 1);
   return shape;
@@ -53,7 +55,7 @@ at::Tensor optional_tensor(const c10::IValue& v) { return v.isNone() ? at::Tenso
 void layer_norm(const c10::OperatorHandle& op, Stack* stack) {
   const auto args = arguments(op, stack);
   const at::Tensor input = args[0].toTensor();
-  const auto stats = stat_shape(input, args[1].toIntVector());
+  const auto stats = stat_shape(input, args[1].toList().size());
   torch::jit::push(*stack, meta_like(input.sizes(), input.options()),
                    meta_like(stats, input.options().dtype(stat_dtype(input))),
                    meta_like(stats, input.options().dtype(stat_dtype(input))));

@@ -103,6 +103,32 @@ at::Tensor embedding(const at::Tensor& ids, const at::Tensor& table);
 /// and the result is Partial(sum) there; columns sharded give an output sharded on its last dim.
 DTensor embedding(const DTensor& ids, const DTensor& table);
 
+/// Options of parallel_cross_entropy (TE-PyTorch's parallel_cross_entropy arguments).
+struct CrossEntropyOptions {
+  /// Mixes the one-hot target with a uniform distribution (torch's label_smoothing).
+  double label_smoothing = 0.0;
+  /// The mean over the tokens whose target is not ignore_idx (a scalar), else one loss per token.
+  bool reduce_loss = false;
+  /// Tokens with this target contribute no loss and no gradient.
+  int64_t ignore_idx = -100;
+};
+
+/// Cross entropy of logits [..., vocab] against integer targets [...], computed in fp32 (the
+/// result is fp32 whatever the logits' dtype), as TE's parallel_cross_entropy (cross_entropy.py
+/// at d0067d0da): loss = logsumexp(x) - x[target], with label smoothing ls:
+/// (1 - ls) * loss + ls * (logsumexp(x) - mean(x)). A target outside [0, vocab) that is not
+/// ignore_idx is a te::Error naming it (TE gives an infinite loss).
+at::Tensor parallel_cross_entropy(const at::Tensor& logits, const at::Tensor& target,
+                                  const CrossEntropyOptions& options = {});
+/// On a mesh, logits sharded over the vocabulary (the last dim: a vocabulary-parallel LM head)
+/// are never gathered: each rank reduces its columns and three [...]-sized all-reduces (the max,
+/// the sum of exponentials, the target's logit; with smoothing also the sum of logits) combine
+/// them, as Megatron's vocab_parallel_cross_entropy. Unlike TE, the smoothing term sums every
+/// column (TE sums only a rank's own) and reduce_loss averages over every rank's tokens, so
+/// the result equals one process's on any layout.
+DTensor parallel_cross_entropy(const DTensor& logits, const DTensor& target,
+                               const CrossEntropyOptions& options = {});
+
 /// x.select(dim, index); as a DTensor, a dim sharded there is gathered first.
 at::Tensor select(const at::Tensor& x, int64_t dim, int64_t index);
 DTensor select(const DTensor& x, int64_t dim, int64_t index);
