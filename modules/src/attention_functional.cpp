@@ -18,6 +18,18 @@ namespace te::nn::functional {
 
 namespace {
 
+// Each key/value head `times` times in a row along dim 2 of [b, s, heads, d]: repeat_interleave's
+// result, by an expanded view and one copy (repeat_interleave with a count reads a tensor of
+// counts, which meta tensors cannot: te::nn::plan runs attention on them).
+at::Tensor repeat_heads(const at::Tensor& t, int64_t times) {
+  if (times == 1) return t;
+  std::vector<int64_t> expanded(t.sizes().begin(), t.sizes().end());
+  expanded.insert(expanded.begin() + 3, times);
+  std::vector<int64_t> merged(t.sizes().begin(), t.sizes().end());
+  merged[2] *= times;
+  return t.unsqueeze(3).expand(expanded).reshape(merged);
+}
+
 const char* const kMaskTypes[] = {"no_mask",
                                   "padding",
                                   "causal",
@@ -150,8 +162,8 @@ std::optional<SdpaCall> sdpa_call(const at::Tensor& q, const at::Tensor& k_in,
     if (gqa) {
       call.gqa = true;
     } else {
-      k = k.repeat_interleave(q.size(2) / k_in.size(2), 2);
-      v = v.repeat_interleave(q.size(2) / k_in.size(2), 2);
+      k = repeat_heads(k, q.size(2) / k_in.size(2));
+      v = repeat_heads(v, q.size(2) / k_in.size(2));
     }
   }
   at::Tensor qq = q;
@@ -605,8 +617,8 @@ at::Tensor dense_attention(const at::Tensor& q, const at::Tensor& k_in, const at
   const int64_t heads = q.size(2), kv_heads = k_in.size(2);
   at::Tensor k = k_in, v = v_in;
   if (kv_heads != heads) {
-    k = k.repeat_interleave(heads / kv_heads, 2);
-    v = v.repeat_interleave(heads / kv_heads, 2);
+    k = repeat_heads(k, heads / kv_heads);
+    v = repeat_heads(v, heads / kv_heads);
   }
   const int64_t sq = q.size(1), sk = k.size(1);
   const at::Tensor masked = masked_positions(call.mask, call.spec, sq, sk, q.options());

@@ -16,6 +16,7 @@
 
 #include "../distributed/dist_test_util.h"
 #include "../expect_error.h"
+#include "matrix_layouts.h"
 #include "te/nn.h"
 
 namespace te::nn {
@@ -23,28 +24,8 @@ namespace {
 
 using test::piece_of;
 
-struct Layout {
-  std::string name;
-  std::vector<int64_t> shape;
-  std::vector<std::string> axes;
-  std::string mesh_resource;
-  bool sequence_parallel = false;
-};
-
-const std::vector<Layout>& layouts() {
-  static const std::vector<Layout> all = {
-      {"DP2", {2}, {"data"}, "dp=data"},
-      {"FSDP2", {2}, {"fsdp"}, "fsdp=fsdp"},
-      {"TP2", {2}, {"tp"}, "tp=tp"},
-      {"TP2SP", {2}, {"tp"}, "tpsp=tp", true},
-      {"DP2xTP2", {2, 2}, {"data", "tp"}, "dp=data,tp=tp"},
-      {"TP4", {4}, {"tp"}, "tp=tp"},
-      {"FSDP2xTP2", {2, 2}, {"fsdp", "tp"}, "fsdp=fsdp,tp=tp"},
-      // batch over the tuple (data, fsdp): TE's table maps it to both.
-      {"DP2xFSDP2", {2, 2}, {"data", "fsdp"}, "dp=data,fsdp=fsdp"},
-  };
-  return all;
-}
+using Layout = test::MatrixLayout;
+const std::vector<Layout>& layouts() { return test::matrix_layouts(); }
 
 enum class Way { kTeTable, kExtendedRules, kCustomNames };
 enum class Kind {

@@ -14,12 +14,14 @@
 
 #include "../distributed/dist_test_util.h"
 #include "../expect_error.h"
+#include "matrix_layouts.h"
 #include "te/nn.h"
 #include "te/runtime/meta.h"
 
 namespace te::nn {
 namespace {
 
+// A layout of the matrix, or one process, with the dtype and FP8 recipe of the run.
 struct Layout {
   std::string name;
   std::vector<int64_t> shape;
@@ -28,37 +30,44 @@ struct Layout {
   bool sequence_parallel = false;
   at::ScalarType dtype = at::kFloat;
   std::optional<fp8::Recipe> fp8 = std::nullopt;
+  bool llama = false;  // GQA (2 key/value heads), swiglu, RMSNorm: a decoder's layer
 };
 
 void PrintTo(const Layout& l, std::ostream* os) { *os << l.name; }
 
-const std::vector<Layout>& layouts() {
-  static const std::vector<Layout> all = {
-      {"One", {}, {}, ""},
-      {"DP2", {2}, {"data"}, "dp=data"},
-      {"FSDP2", {2}, {"fsdp"}, "fsdp=fsdp"},
-      {"TP2", {2}, {"tp"}, "tp=tp"},
-      {"TP2SP", {2}, {"tp"}, "tpsp=tp", true},
-      {"DP2xTP2", {2, 2}, {"data", "tp"}, "dp=data,tp=tp"},
-      {"TP4", {4}, {"tp"}, "tp=tp"},
-      {"FSDP2xTP2", {2, 2}, {"fsdp", "tp"}, "fsdp=fsdp,tp=tp"},
-      {"DP2xFSDP2", {2, 2}, {"data", "fsdp"}, "dp=data,fsdp=fsdp"},
-      {"TP2SP_BF16", {2}, {"tp"}, "tpsp=tp", true, at::kBFloat16},
-      {"DP2xTP2_Fp8Delayed", {2, 2}, {"data", "tp"}, "dp=data,tp=tp", false, at::kFloat,
-       fp8::Recipe{fp8::DelayedScaling{}}},
-      {"TP2_Fp8Current", {2}, {"tp"}, "tp=tp", false, at::kFloat,
-       fp8::Recipe{fp8::CurrentScaling{}}},
-  };
+Layout from_matrix(const std::string& name, at::ScalarType dtype = at::kFloat,
+                   std::optional<fp8::Recipe> fp8 = std::nullopt, const std::string& suffix = "") {
+  for (const test::MatrixLayout& m : test::matrix_layouts()) {
+    if (m.name == name) {
+      return {m.name + suffix, m.shape, m.axes, m.mesh_resource, m.sequence_parallel, dtype, fp8};
+    }
+  }
+  throw std::runtime_error("no matrix layout " + name);
+}
+
+// One process, every layout of the equivalence matrix, and bf16 and FP8 runs on some.
+std::vector<Layout> layouts() {
+  std::vector<Layout> all = {{"One", {}, {}, ""}};
+  for (const test::MatrixLayout& m : test::matrix_layouts()) all.push_back(from_matrix(m.name));
+  all.push_back(from_matrix("TP2SP", at::kBFloat16, std::nullopt, "_BF16"));
+  all.push_back(from_matrix("DP2xTP2", at::kFloat, fp8::Recipe{fp8::DelayedScaling{}},
+                            "_Fp8Delayed"));
+  all.push_back(from_matrix("TP2", at::kFloat, fp8::Recipe{fp8::CurrentScaling{}},
+                            "_Fp8Current"));
+  for (const char* name : {"TP2", "DP2xTP2"}) {
+    all.push_back(from_matrix(name, at::kFloat, std::nullopt, "_Llama"));
+    all.back().llama = true;
+  }
   return all;
 }
 
 constexpr int64_t kBatch = 4, kSeq = 32, kHidden = 64, kLayers = 2;
 
 PlanOptions options_for(const Layout& l) {
-  PlanOptions o(TransformerLayerOptions(kHidden, 4 * kHidden, 4)
-                    .mlp_activations({"gelu"})
-                    .enable_sequence_parallel(l.sequence_parallel),
-                kLayers, kBatch, kSeq);
+  TransformerLayerOptions layer(kHidden, 4 * kHidden, 4);
+  layer.mlp_activations({"gelu"}).enable_sequence_parallel(l.sequence_parallel);
+  if (l.llama) layer.num_gqa_groups(2).mlp_activations({"swiglu"}).layernorm_type("rmsnorm");
+  PlanOptions o(layer, kLayers, kBatch, kSeq);
   // Buckets small beside the model, as in real runs (25 MiB beside gigabytes): Gloo may free a
   // bucket a moment after its all-reduce returns, and only a bucket's bytes may be live then.
   o.mesh_shape(l.shape).mesh_axes(l.axes).dtype(l.dtype).fp8(l.fp8).bucket_bytes(64 * 1024);

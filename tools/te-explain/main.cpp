@@ -136,7 +136,8 @@ int main(int argc, char** argv) {
         std::cerr << "te-explain: --plan takes no AXES; see --help\n";
         return 2;
       }
-      return run_plan(plan_args, rules_text, resource_text, extend);
+      const LayoutScopes layout(rules_text, resource_text, extend);
+      return run_plan(plan_args, layout);
     }
     if (axes_args.empty()) {
       if (!rules_text.empty() || !resource_text.empty() || extend) {
@@ -146,12 +147,8 @@ int main(int argc, char** argv) {
       }
       return demo();
     }
-    std::optional<te::MeshResourceScope> resource;
-    if (!resource_text.empty()) resource.emplace(te::parse_mesh_resource(resource_text));
-    te::AxisRules rules = te::parse_axis_rules(rules_text);
-    if (extend) rules = te::extend_logical_axis_rules(rules);
-    std::optional<te::AxisRulesScope> rules_scope;
-    if (!rules.empty()) rules_scope.emplace(rules);
+    const LayoutScopes layout(rules_text, resource_text, extend);
+    const te::AxisRules& rules = layout.rules;
 
     const te::RulesFallback fallback = fallback_text == "raise" ? te::RulesFallback::kRaiseError
                                        : fallback_text == "none"
@@ -162,7 +159,8 @@ int main(int argc, char** argv) {
       const auto spec = te::resolve_logical_axes(axes, fallback);
       if (!spec) {
         std::cout << te::to_string(axes) << " -> no constraint"
-                  << (rules.empty() && !resource ? " (neither --rules nor --mesh-resource)" : "")
+                  << (rules.empty() && !layout.resource ? " (neither --rules nor --mesh-resource)"
+                                                        : "")
                   << "\n";
         continue;
       }

@@ -4,7 +4,6 @@
 #include <optional>
 
 #include "te/nn/plan.h"
-#include "te/sharding.h"
 
 namespace {
 
@@ -65,8 +64,15 @@ void add_plan_options(CLI::App& app, PlanArgs& a) {
   app.add_flag("--json", a.json, "--plan: print JSON instead of a table");
 }
 
-int run_plan(const PlanArgs& a, const std::string& rules_text, const std::string& resource_text,
-             bool extend) {
+LayoutScopes::LayoutScopes(const std::string& rules_text, const std::string& resource_text,
+                           bool extend) {
+  if (!resource_text.empty()) resource.emplace(te::parse_mesh_resource(resource_text));
+  rules = te::parse_axis_rules(rules_text);
+  if (extend) rules = te::extend_logical_axis_rules(rules);
+  if (!rules.empty()) rules_scope.emplace(rules);
+}
+
+int run_plan(const PlanArgs& a, const LayoutScopes& layout) {
   PlanArgs args = a;
   if (args.model != "custom") {
     const Preset* preset = nullptr;
@@ -106,13 +112,7 @@ int run_plan(const PlanArgs& a, const std::string& rules_text, const std::string
   if (args.fp8 == "current") options.fp8(te::fp8::Recipe{te::fp8::CurrentScaling{}});
   options.optimizer(args.optimizer).rank(args.rank);
 
-  std::optional<te::MeshResourceScope> resource;
-  if (!resource_text.empty()) resource.emplace(te::parse_mesh_resource(resource_text));
-  te::AxisRules rules = te::parse_axis_rules(rules_text);
-  if (extend) rules = te::extend_logical_axis_rules(rules);
-  std::optional<te::AxisRulesScope> rules_scope;
-  if (!rules.empty()) rules_scope.emplace(rules);
-  TE_CHECK(args.mesh.empty() || resource || rules_scope,
+  TE_CHECK(args.mesh.empty() || layout.resource || layout.rules_scope,
            "--plan with --mesh needs --rules or --mesh-resource to say how the model shards on "
            "it, e.g. --mesh-resource dp=data,tp=model");
 

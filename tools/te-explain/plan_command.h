@@ -5,7 +5,19 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdint>
+#include <optional>
 #include <string>
+
+#include "te/sharding.h"
+
+/// The layout te-explain's options describe, in scope while alive: --mesh-resource, and --rules
+/// (extended with TE's table under --extend).
+struct LayoutScopes {
+  LayoutScopes(const std::string& rules_text, const std::string& resource_text, bool extend);
+  std::optional<te::MeshResourceScope> resource;
+  te::AxisRules rules;
+  std::optional<te::AxisRulesScope> rules_scope;
+};
 
 struct PlanArgs {
   bool plan = false;
@@ -25,7 +37,6 @@ struct PlanArgs {
 
 /// Adds --plan and the options it reads to `app`.
 void add_plan_options(CLI::App& app, PlanArgs& args);
-/// Prints the plan the options describe; `rules_text`, `resource_text` and `extend` are
-/// te-explain's layout options. Returns the exit status (te::Error propagates).
-int run_plan(const PlanArgs& args, const std::string& rules_text, const std::string& resource_text,
-             bool extend);
+/// Prints the plan the options describe under `layout`. Returns the exit status (te::Error
+/// propagates).
+int run_plan(const PlanArgs& args, const LayoutScopes& layout);
