@@ -138,9 +138,10 @@ torch::CppFunction boxed() {
 }
 
 void register_missing() {
-  // One library fragment for the lifetime of the process (LibTorch keeps a pointer to it).
-  auto* lib = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::Meta, __FILE__,
-                                 __LINE__);
+  // One library fragment for the lifetime of the process (LibTorch keeps a pointer to it); held
+  // by a static, so leak checkers see it reachable.
+  static torch::Library* const lib = new torch::Library(
+      torch::Library::IMPL, "aten", c10::DispatchKey::Meta, __FILE__, __LINE__);
   const at::Tensor x = m({2, 3, 4});
   const at::Tensor w = m({4});
   if (!runs([&] { at::native_layer_norm(x, {4}, w, w, 1e-5); })) {
