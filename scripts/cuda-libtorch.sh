@@ -26,6 +26,10 @@ pins+=" httpx2==2.16.2 httpcore2==2.16.2 h11==0.16.0 anyio==4.16.0 idna==3.20 tr
 pins+=" typer==0.29.2 click==8.5.1 rich==15.0.0 shellingham==1.5.4 markdown-it-py==4.3.0"
 pins+=" mdurl==0.1.2 Pygments==2.21.0 annotated-doc==0.0.7 pydantic==2.14.4 pydantic_core==2.50.5"
 pins+=" annotated-types==0.8.0 typing-inspection==0.4.5"
+# gguf-py (ggml's GGUF reader and writer, its reference dequantization), for the GGUF checks of
+# tests/interop/ and for transformers' gguf_file= loading; numpy, PyYAML and tqdm are above
+# (requests, which it imports only to download, is not needed).
+pins+=" gguf==0.19.0"
 # The environment itself is kept once per set of pins in a shared cache
 # (${TE_VENV_CACHE:-~/.cache/te-cpp}/venv-cuda-<hash of the pins>) and build/venv-cuda links to
 # it: every fresh clone (CI makes one per run) then finds it made instead of spending ~100 s

@@ -21,6 +21,8 @@ flags=(-std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recov
 # fuzz_request: te-serve's request decoder (examples/serving/request.cpp, nlohmann-json).
 # fuzz_checkpoint: the checkpoint index and safetensors header reader
 #   (modules/src/checkpoint_format.cpp, no LibTorch).
+# fuzz_hf_config: te::hf's config.json reader (hf/src/config.cpp, nlohmann-json).
+# fuzz_gguf: te::hf's GGUF header parser and dequantization (hf/src/gguf_format.cpp).
 declare -A sources=(
   [fuzz_sharding]="fuzz/fuzz_sharding.cpp te/src/core/error.cpp te/src/sharding/axis_rules.cpp
                    te/src/sharding/context.cpp"
@@ -28,15 +30,17 @@ declare -A sources=(
   [fuzz_request]="fuzz/fuzz_request.cpp examples/serving/request.cpp examples/encoder/text.cpp"
   [fuzz_checkpoint]="fuzz/fuzz_checkpoint.cpp modules/src/checkpoint_format.cpp
                      te/src/core/error.cpp"
+  [fuzz_hf_config]="fuzz/fuzz_hf_config.cpp hf/src/config.cpp te/src/core/error.cpp"
+  [fuzz_gguf]="fuzz/fuzz_gguf.cpp hf/src/gguf_format.cpp te/src/core/error.cpp"
 )
-targets=(fuzz_sharding fuzz_cola fuzz_request fuzz_checkpoint)
+targets=(fuzz_sharding fuzz_cola fuzz_request fuzz_checkpoint fuzz_hf_config fuzz_gguf)
 headers=(te/include examples/encoder/text.h examples/serving/request.h
-         modules/src/checkpoint_format.h)  # a change rebuilds all
+         modules/src/checkpoint_format.h hf/include)  # a change rebuilds all
 for target in "${targets[@]}"; do
   read -r -a src <<<"$(echo ${sources[$target]})"
   if [ ! -x "$out/$target" ] || [ -n "$(find "${src[@]}" "${headers[@]}" -newer "$out/$target" \
        2>/dev/null | head -1)" ]; then
-    clang++ "${flags[@]}" -Iexamples/encoder -Iexamples/serving -Imodules/src "${src[@]}" \
+    clang++ "${flags[@]}" -Iexamples/encoder -Iexamples/serving -Imodules/src -Ihf/include "${src[@]}" \
       -o "$out/$target"
   fi
 done

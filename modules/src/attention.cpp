@@ -514,12 +514,13 @@ void MultiHeadAttentionImpl::reset() {
   auto output_axes = [](const LogicalAxes& kernel_axes) {
     return LogicalAxes(kernel_axes.begin() + 1, kernel_axes.end());
   };
+  const bool qkv_bias_on = options.qkv_bias().value_or(options.use_bias());
   if (options.self_attention() && options.fuse_qkv() && g == heads) {
     at::Tensor w = kernel({hidden, 3, heads * d});
     w.select(1, 0).mul_(query_scale);
     qkv_kernel = register_sharded(*this, "qkv_kernel", w, options.qkv_kernel_axes());
     qkv_fp8 = fp8::GemmMeta::registered(*this, "qkv_");
-    if (options.use_bias()) {
+    if (qkv_bias_on) {
       qkv_bias = register_sharded(*this, "qkv_bias", at::zeros({3, heads * d}),
                                   output_axes(options.qkv_kernel_axes()));
     }
@@ -530,7 +531,7 @@ void MultiHeadAttentionImpl::reset() {
         register_sharded(*this, "kv_kernel", kernel({hidden, 2, g * d}), options.kv_kernel_axes());
     q_fp8 = fp8::GemmMeta::registered(*this, "q_");
     kv_fp8 = fp8::GemmMeta::registered(*this, "kv_");
-    if (options.use_bias()) {
+    if (qkv_bias_on) {
       q_bias = register_sharded(*this, "q_bias", at::zeros({heads * d}),
                                 output_axes(options.q_kernel_axes()));
       kv_bias = register_sharded(*this, "kv_bias", at::zeros({2, g * d}),

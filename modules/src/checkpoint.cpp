@@ -22,6 +22,7 @@
 #include "te/distributed.h"
 #include "te/error.h"
 #include "te/nn/random.h"
+#include "te/nn/safetensors.h"
 #include "te/nn/sharded.h"
 
 namespace te::nn {
@@ -30,35 +31,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using format::kBlockBytes;
-
-// ---- safetensors dtypes ------------------------------------------------------------------
-
-const char* dtype_name(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat:
-      return "F32";
-    case at::kDouble:
-      return "F64";
-    case at::kHalf:
-      return "F16";
-    case at::kBFloat16:
-      return "BF16";
-    case at::kLong:
-      return "I64";
-    case at::kInt:
-      return "I32";
-    case at::kShort:
-      return "I16";
-    case at::kChar:
-      return "I8";
-    case at::kByte:
-      return "U8";
-    case at::kBool:
-      return "BOOL";
-    default:
-      TE_FAIL("checkpoint: dtype ", t, " has no safetensors name");
-  }
-}
 
 // ---- files -------------------------------------------------------------------------------
 
@@ -86,20 +58,6 @@ void write_all(int fd, const void* data, std::size_t n, const std::string& path)
   }
 }
 
-void read_at(int fd, void* data, std::size_t n, int64_t offset, const std::string& path) {
-  char* p = static_cast<char*>(data);
-  while (n > 0) {
-    const ssize_t r = ::pread(fd, p, n, offset);
-    if (r < 0 && errno == EINTR) continue;
-    TE_CHECK(r >= 0, "checkpoint: reading '", path, "' failed: ", std::strerror(errno));
-    TE_CHECK(r > 0, "checkpoint: '", path, "' is truncated: it ends before byte ", offset + n,
-             "; the checkpoint is incomplete or damaged");
-    p += r;
-    n -= static_cast<std::size_t>(r);
-    offset += r;
-  }
-}
-
 void fsync_path(const fs::path& path, bool directory) {
   Fd f;
   f.fd = ::open(path.c_str(), directory ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
@@ -107,18 +65,6 @@ void fsync_path(const fs::path& path, bool directory) {
            "' to sync it: ", std::strerror(errno));
   TE_CHECK(::fsync(f.fd) == 0, "checkpoint: fsync of '", path.string(),
            "' failed: ", std::strerror(errno));
-}
-
-uint32_t crc32_of(const void* data, std::size_t n) {
-  uLong crc = ::crc32(0L, Z_NULL, 0);
-  const auto* p = static_cast<const Bytef*>(data);
-  while (n > 0) {
-    const uInt chunk = static_cast<uInt>(std::min<std::size_t>(n, 1u << 30));
-    crc = ::crc32(crc, p, chunk);
-    p += chunk;
-    n -= chunk;
-  }
-  return static_cast<uint32_t>(crc);
 }
 
 std::vector<uint32_t> block_crcs(const void* data, int64_t bytes) {
@@ -287,9 +233,9 @@ std::map<std::string, format::RankPiece> write_pieces(const std::map<std::string
     const at::Tensor data = e.local.detach().contiguous().cpu();
     const int64_t bytes = data.numel() * static_cast<int64_t>(data.element_size());
     const std::vector<int64_t> shape(data.sizes().begin(), data.sizes().end());
-    header[name] = {dtype_name(data.scalar_type()), shape, offset, offset + bytes};
+    header[name] = {safetensors_dtype_name(data.scalar_type()), shape, offset, offset + bytes};
     records[name] = {
-        dtype_name(data.scalar_type()),
+        safetensors_dtype_name(data.scalar_type()),
         {path.filename().string(), e.offsets, shape, block_crcs(data.data_ptr(), bytes)}};
     pieces.push_back(data);  // in name order, as the header's offsets
     offset += bytes;
@@ -305,100 +251,6 @@ std::map<std::string, format::RankPiece> write_pieces(const std::map<std::string
   }
   TE_CHECK(::fsync(f.fd) == 0, "checkpoint: fsync of '", path.string(), "' failed");
   return records;
-}
-
-// A safetensors file opened for reading pieces: its header, checked against its size.
-struct SafetensorsFile {
-  Fd f;
-  std::string path;
-  format::SafetensorsHeader header;
-  int64_t size = 0;
-};
-
-std::unique_ptr<SafetensorsFile> open_safetensors(const fs::path& path) {
-  auto st = std::make_unique<SafetensorsFile>();
-  st->path = path.string();
-  st->f.fd = ::open(path.c_str(), O_RDONLY);
-  TE_CHECK(st->f.fd >= 0, "checkpoint: cannot open '", st->path, "': ", std::strerror(errno),
-           "; the checkpoint is missing a file its index names");
-  struct stat s {};
-  TE_CHECK(::fstat(st->f.fd, &s) == 0, "checkpoint: cannot stat '", st->path, "'");
-  st->size = s.st_size;
-  unsigned char le[8] = {};
-  if (st->size >= 8) read_at(st->f.fd, le, 8, 0, st->path);
-  const uint64_t n = format::header_length(le, st->size, st->path);
-  std::string text(n, '\0');
-  read_at(st->f.fd, text.data(), n, 8, st->path);
-  st->header = format::parse_header(text, st->size, st->path);
-  return st;
-}
-
-// Reads from tensor `name`'s piece in `file` the elements of the box [lo, hi) (global
-// coordinates; the piece starts at piece.offsets): only the checksum blocks that hold them are
-// read, and each is verified against the index record. Returns the piece's shape with those
-// elements filled (the rest is not read). Adds the bytes read to `bytes_read`.
-at::Tensor read_piece(SafetensorsFile& file, const std::string& name, const format::Piece& piece,
-                      at::ScalarType dtype, const std::vector<int64_t>& lo,
-                      const std::vector<int64_t>& hi, int64_t& bytes_read) {
-  const auto it = file.header.tensors.find(name);
-  TE_CHECK(it != file.header.tensors.end(), "checkpoint: '", file.path, "' lacks tensor '", name,
-           "' that the index places there");
-  const format::HeaderEntry& h = it->second;
-  const std::vector<int64_t>& shape = piece.shape;
-  TE_CHECK(h.shape == shape && h.dtype == dtype_name(dtype), "checkpoint: tensor '", name, "' in '",
-           file.path, "' is ", h.dtype, " ", format::shape_text(h.shape), " but the index says ",
-           dtype_name(dtype), " ", format::shape_text(shape));
-  at::Tensor out = at::empty(shape, at::TensorOptions().dtype(dtype));
-  const int64_t es = static_cast<int64_t>(out.element_size());
-  const int64_t bytes = out.numel() * es;             // == h.end - h.begin, checked by parse_header
-  const int64_t blocks = format::block_count(bytes);  // == the checksums, checked by parse_index
-  // The blocks holding the box: walk its rows (all dims but the last), row-major in the piece.
-  const int64_t nd = static_cast<int64_t>(shape.size());
-  const std::vector<int64_t>& p_off = piece.offsets;
-  std::vector<char> wanted(static_cast<std::size_t>(blocks), 0);
-  if (nd == 0) {
-    std::fill(wanted.begin(), wanted.end(), 1);
-  } else {
-    std::vector<int64_t> stride(static_cast<std::size_t>(nd), 1);
-    for (int64_t d = nd - 2; d >= 0; --d) stride[d] = stride[d + 1] * shape[d + 1];
-    std::vector<int64_t> idx(lo.begin(), lo.end());
-    const int64_t last = nd - 1;
-    while (true) {
-      int64_t first = 0;
-      for (int64_t d = 0; d < nd; ++d) first += (idx[d] - p_off[d]) * stride[d];
-      const int64_t b0 = first * es, b1 = (first + hi[last] - lo[last]) * es;
-      for (int64_t b = b0 / kBlockBytes; b * kBlockBytes < b1; ++b) wanted[b] = 1;
-      int64_t d = last - 1;
-      for (; d >= 0; --d) {
-        if (++idx[d] < hi[d]) break;
-        idx[d] = lo[d];
-      }
-      if (d < 0) break;
-    }
-  }
-  auto* data = static_cast<unsigned char*>(out.data_ptr());
-  for (int64_t b = 0; b < blocks;) {
-    if (!wanted[b]) {
-      ++b;
-      continue;
-    }
-    int64_t e = b;
-    while (e < blocks && wanted[e]) ++e;  // one read per run of wanted blocks
-    const int64_t begin = b * kBlockBytes, end = std::min(e * kBlockBytes, bytes);
-    read_at(file.f.fd, data + begin, static_cast<std::size_t>(end - begin),
-            file.header.data_start + h.begin + begin, file.path);
-    bytes_read += end - begin;
-    for (int64_t k = b; k < e; ++k) {
-      const int64_t kb = k * kBlockBytes;
-      const uint32_t crc =
-          crc32_of(data + kb, static_cast<std::size_t>(std::min(kBlockBytes, bytes - kb)));
-      TE_CHECK(crc == piece.crc32_blocks[k], "checkpoint: tensor '", name, "' in '", file.path,
-               "' fails its checksum in block ", k, " (bytes ", kb, "..): CRC-32 ", crc,
-               ", the index says ", piece.crc32_blocks[k], "; the file is damaged");
-    }
-    b = e;
-  }
-  return out;
 }
 
 }  // namespace
@@ -431,7 +283,7 @@ void save_checkpoint(const torch::nn::Module& module, const std::string& dir,
     for (const auto& [name, e] : entries) {
       format::TensorRecord& t = index.tensors[name];
       t.shape = e.global_shape;
-      t.dtype = dtype_name(e.local.scalar_type());
+      t.dtype = safetensors_dtype_name(e.local.scalar_type());
       t.axes.assign(e.axes.begin(), e.axes.end());
     }
     for (std::size_t r = 0; r < all.size(); ++r) {
@@ -517,7 +369,7 @@ std::string load_checkpoint(torch::nn::Module& module, const std::string& dir,
                "', which the module lacks (load with strict = false to skip it)");
     }
   }
-  std::map<std::string, std::unique_ptr<SafetensorsFile>> files;
+  std::map<std::string, std::unique_ptr<SafetensorsReader>> files;
   int64_t bytes_read = 0;
   torch::NoGradGuard no_grad;
   for (const auto& [name, e] : entries) {
@@ -529,8 +381,8 @@ std::string load_checkpoint(torch::nn::Module& module, const std::string& dir,
              format::shape_text(e.global_shape),
              " in the module; build the module with the checkpoint's sizes");
     const at::ScalarType dtype = e.local.scalar_type();
-    TE_CHECK(t.dtype == dtype_name(dtype), "load_checkpoint: '", name, "' is ", t.dtype,
-             " in the checkpoint at '", root.string(), "' but ", dtype_name(dtype),
+    TE_CHECK(t.dtype == safetensors_dtype_name(dtype), "load_checkpoint: '", name, "' is ", t.dtype,
+             " in the checkpoint at '", root.string(), "' but ", safetensors_dtype_name(dtype),
              " in the module; convert the module (module->to(...)) first");
     // This rank's box, and every saved piece that overlaps it. parse_index checked that the
     // pieces tile the tensor, so together they fill the box.
@@ -547,12 +399,27 @@ std::string load_checkpoint(torch::nn::Module& module, const std::string& dir,
       }
       if (!overlaps && nd > 0) continue;
       auto& handle = files[piece.file];
-      if (!handle) handle = open_safetensors(root / piece.file);
-      const at::Tensor data = read_piece(*handle, name, piece, dtype, lo, hi, bytes_read);
-      at::Tensor src = data, dst = filled;
+      if (!handle) {
+        const fs::path path = root / piece.file;
+        TE_CHECK(fs::exists(path), "checkpoint: cannot open '", path.string(),
+                 "': the checkpoint is missing a file its index names");
+        handle = std::make_unique<SafetensorsReader>(path.string());
+      }
+      TE_CHECK(handle->contains(name), "checkpoint: '", handle->path(), "' lacks tensor '", name,
+               "' that the index places there");
+      TE_CHECK(handle->shape(name) == piece.shape && handle->dtype(name) == t.dtype,
+               "checkpoint: tensor '", name, "' in '", handle->path(), "' is ",
+               handle->dtype(name), " ", format::shape_text(handle->shape(name)),
+               " but the index says ", t.dtype, " ", format::shape_text(piece.shape));
+      std::vector<int64_t> plo(lo), phi(hi);
+      for (int64_t d = 0; d < nd; ++d) {
+        plo[d] -= piece.offsets[d];
+        phi[d] -= piece.offsets[d];
+      }
+      const at::Tensor src = handle->read(name, plo, phi, piece.crc32_blocks, &bytes_read);
+      at::Tensor dst = filled;
       int64_t count = 1;
       for (int64_t d = 0; d < nd; ++d) {
-        src = src.narrow(d, lo[d] - piece.offsets[d], hi[d] - lo[d]);
         dst = dst.narrow(d, lo[d] - e.offsets[d], hi[d] - lo[d]);
         count *= hi[d] - lo[d];
       }

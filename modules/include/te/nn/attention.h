@@ -192,7 +192,11 @@ struct MultiHeadAttentionOptions {
   /// Self attention (forward(x)); false: cross attention (forward(x, memory)), which projects
   /// queries and keys/values with separate kernels.
   TORCH_ARG(bool, self_attention) = true;
+  /// Biases on every projection (TE's use_bias / bias).
   TORCH_ARG(bool, use_bias) = false;
+  /// Biases on the query, key and value projections only (nullopt: as use_bias): Qwen2's
+  /// attention, Megatron's add_qkv_bias.
+  TORCH_ARG(std::optional<bool>, qkv_bias) = std::nullopt;
   /// Logical axes of the kernels: fused (hidden, 3, heads*head_dim); separate query
   /// (hidden, heads*head_dim) and key/value (hidden, 2, kv_heads*head_dim); output
   /// (heads*head_dim, hidden). Biases take the kernels' output axes.

@@ -73,7 +73,12 @@ struct TransformerLayerOptions {
   TORCH_ARG(std::optional<std::string>, qk_norm_type) = std::nullopt;
   TORCH_ARG(double, qk_norm_eps) = 1e-6;
   TORCH_ARG(bool, qk_norm_before_rope) = false;
+  /// Biases on every projection of the attentions and the MLP (TE's bias).
   TORCH_ARG(bool, use_bias) = false;
+  /// Overrides of use_bias (nullopt: as use_bias): the query/key/value projections only
+  /// (Qwen2's attention), and the MLP's two projections (Llama's mlp_bias).
+  TORCH_ARG(std::optional<bool>, qkv_bias) = std::nullopt;
+  TORCH_ARG(std::optional<bool>, mlp_bias) = std::nullopt;
   TORCH_ARG(bool, fuse_qkv) = true;
   /// Kernel logical axes: attention QKV (hidden, 3, heads*head_dim) and output
   /// (heads*head_dim, hidden); MLP fc1 (hidden, activations, ffn) and fc2 (ffn, hidden). Cross

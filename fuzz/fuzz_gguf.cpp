@@ -1,0 +1,35 @@
+// libFuzzer target: te::hf's GGUF header parser and ggml dequantization (hf/src/gguf_format.cpp,
+// no LibTorch). Each input parses as a GGUF file or throws te::Error; what parses has every
+// tensor's data inside the input, and each tensor's first row dequantizes without reading past
+// it. Anything else (another exception, a crash, a sanitizer report) is a bug.
+//   bash scripts/fuzz.sh [seconds per target]
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "te/error.h"
+#include "te/hf/gguf.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
+  const auto read = [&](void* out, std::size_t n, int64_t offset) {
+    if (offset < 0 || static_cast<uint64_t>(offset) + n > size) __builtin_trap();
+    std::memcpy(out, data + offset, n);
+  };
+  try {
+    const te::hf::GgufHeader h =
+        te::hf::parse_gguf_header(read, static_cast<int64_t>(size), "fuzz.gguf");
+    for (const te::hf::GgufTensor& t : h.tensors) {
+      if (t.offset < 0 || t.bytes < 0 || t.offset + t.bytes > static_cast<int64_t>(size)) {
+        __builtin_trap();
+      }
+      const auto [per_block, block_bytes] = te::hf::ggml_block(t.type, t.name);
+      const int64_t row = t.shape.back();
+      if (row / per_block * block_bytes > t.bytes) __builtin_trap();
+      std::vector<float> out(static_cast<std::size_t>(row));
+      te::hf::ggml_dequantize(t.type, data + t.offset, row, out.data());
+    }
+  } catch (const te::Error&) {
+  }
+  return 0;
+}

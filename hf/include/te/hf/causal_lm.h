@@ -1,0 +1,95 @@
+#pragma once
+
+// te::hf::CausalLM: a Llama-family decoder (Llama, Mistral, Qwen2, Qwen3) built from te::nn
+// modules with logical axes, so it runs on one process or sharded over any mesh the rules in
+// scope describe, and load_causal_lm: a Hugging Face checkpoint (config.json and
+// model.safetensors, or a sharded set) loaded into it, each rank reading only the bytes of its
+// own slices.
+//
+// Example (tensor parallel over two thread ranks; see README "Use a Hugging Face model"):
+//   te::run_local_ranks(2, [](int) {
+//     te::DeviceMesh mesh({2}, {"model"});
+//     te::MeshScope on(mesh);
+//     te::AxisRulesScope rules(te::parse_axis_rules("vocab=model,heads=model,kv=model,mlp=model"));
+//     te::hf::CausalLM model = te::hf::load_causal_lm("SmolLM2-135M/");
+//     te::DTensor logits = model->forward_on_mesh(ids);  // vocab-sharded [batch, seq, vocab]
+//   });
+
+#include <torch/nn/cloneable.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/pimpl.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "te/hf/config.h"
+#include "te/nn/dense.h"
+#include "te/nn/embedding.h"
+#include "te/nn/rope.h"
+#include "te/nn/sharded.h"
+#include "te/nn/transformer.h"
+
+namespace te::hf {
+
+/// The te::nn layer options a config implies for layer `layer` (its sliding window).
+te::nn::TransformerLayerOptions layer_options(const CausalLMConfig& config, int64_t layer);
+
+/// Token ids -> logits: embed, the layers with RoPE, the final RMSNorm, the head (the
+/// embedding table itself when tied). Built under the mesh and rules in scope, like every
+/// te::nn module; initialised at random (load_causal_lm fills it).
+class CausalLMImpl : public torch::nn::Cloneable<CausalLMImpl> {
+ public:
+  explicit CausalLMImpl(const CausalLMConfig& config);
+  void reset() override;
+  void pretty_print(std::ostream& stream) const override;
+
+  /// ids [batch, seq] (int64) -> logits [batch, seq, vocab], positions 0..seq-1.
+  at::Tensor forward(const at::Tensor& ids);
+  /// On a mesh: ids laid out as (batch, seqlen); logits stay sharded over the vocabulary.
+  DTensor forward(const DTensor& ids);
+  /// The same ids on every rank: laid out by the rules' batch and seqlen axes, then forward.
+  DTensor forward_on_mesh(const at::Tensor& ids);
+
+  CausalLMConfig config;
+  te::nn::Embedding embed{nullptr};
+  torch::nn::ModuleList layers{nullptr};
+  te::nn::LayerNorm norm{nullptr};
+  te::nn::Dense lm_head{nullptr};  ///< null when tie_word_embeddings
+  te::nn::RotaryPositionEmbedding rope{nullptr};
+};
+TE_MODULE(CausalLM);
+
+/// Options of load_causal_lm.
+struct LoadOptions {
+  /// Every tensor of the checkpoint must be used and every parameter found (false: tensors the
+  /// model has no use for are skipped; missing ones are still an error).
+  bool strict = true;
+  /// When set, the tensor bytes this rank read are added here.
+  int64_t* bytes_read = nullptr;
+};
+
+/// Where each te parameter of a CausalLM comes from in a Hugging Face checkpoint: one or more
+/// tensors, each (transposed, for the kernels te keeps as [in, out]) into a slot of a stacked
+/// dim (K and V into kv_kernel, gate and up into wi_kernel), or the whole parameter.
+struct HfSource {
+  std::string name;      ///< the checkpoint's tensor, e.g. "model.layers.0.self_attn.k_proj.weight"
+  int64_t slot_dim = -1;  ///< the te parameter's stacked dim, or -1
+  int64_t slot = 0;       ///< which entry of it this tensor is
+  bool transpose = false;  ///< the te parameter is this 2-D tensor transposed
+};
+/// The te parameter name -> sources, for every parameter a CausalLM of `config` has.
+std::map<std::string, std::vector<HfSource>> causal_lm_weight_map(const CausalLMConfig& config);
+
+/// Whole te tensors (parameters, or their gradients) by te name -> the checkpoint's tensors by
+/// its names (the inverse of the weight map): for comparing with, or saving as, Hugging Face.
+std::map<std::string, at::Tensor> to_hf_tensors(const CausalLMConfig& config,
+                                                const std::map<std::string, at::Tensor>& te_whole);
+
+/// Builds the CausalLM `dir`/config.json describes under the mesh and rules in scope and loads
+/// `dir`'s safetensors weights into it: each rank reads only the byte ranges of its own slices.
+/// te::Error naming the file and tensor for a missing or extra tensor (strict), a shape that
+/// differs from the config's, a dtype LibTorch cannot hold, a damaged file.
+CausalLM load_causal_lm(const std::string& dir, const LoadOptions& options = {});
+
+}  // namespace te::hf

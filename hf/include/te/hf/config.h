@@ -1,0 +1,62 @@
+#pragma once
+
+// A Hugging Face model's config.json, as te-cpp builds the model from it. Every field is
+// either honoured (it changes the model te-cpp builds), or metadata that cannot change the
+// numbers (token ids, the transformers version, the initializer range); any other field, or an
+// honoured one with a value te-cpp does not implement, is a te::Error naming it: a config is
+// never half-read.
+//
+// Example:
+//   te::hf::CausalLMConfig config = te::hf::read_causal_lm_config("SmolLM2-135M/");
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace te::hf {
+
+/// A decoder-only language model of the Llama family: Llama (2, 3, SmolLM2), Mistral, Qwen2,
+/// Qwen3 (model_type "llama", "mistral", "qwen2", "qwen3"). Pre-RMSNorm layers, RoPE, grouped
+/// query attention, a SwiGLU MLP, an optional sliding window per layer, a tied or separate head.
+struct CausalLMConfig {
+  std::string model_type;
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_hidden_layers = 0;
+  int64_t num_attention_heads = 0;
+  int64_t num_key_value_heads = 0;  ///< = num_attention_heads when the config has none
+  int64_t head_dim = 0;             ///< = hidden_size / num_attention_heads when none
+  int64_t max_position_embeddings = 0;
+  double rms_norm_eps = 1e-6;
+  /// RoPE: base, the rotated fraction of each head, and its scaling ("default" or "linear"
+  /// with rope_factor).
+  double rope_theta = 10000.0;
+  double partial_rotary_factor = 1.0;
+  std::string rope_type = "default";
+  double rope_factor = 1.0;
+  double attention_dropout = 0.0;
+  /// Biases: q/k/v/o (Llama's attention_bias), q/k/v only (Qwen2), the MLP's (mlp_bias).
+  bool attention_bias = false;
+  bool qkv_bias = false;
+  bool mlp_bias = false;
+  /// Per-head RMSNorm of queries and keys before RoPE (Qwen3).
+  bool qk_norm = false;
+  bool tie_word_embeddings = false;
+  /// Each layer's sliding window (keys at most this many positions back, the query's own
+  /// included), or nullopt for full causal attention.
+  std::vector<std::optional<int64_t>> layer_windows;
+  /// The dtype the weights were saved in ("float32", "bfloat16", ...; "" when not stated).
+  std::string dtype;
+};
+
+/// Parses config.json's text (`path` names it in errors): te::Error naming the field for a
+/// missing required one, a wrong type, an unknown model_type or architecture, or a field or
+/// value te-cpp does not honour.
+CausalLMConfig parse_causal_lm_config(std::string_view json_text, const std::string& path);
+/// Reads `dir`/config.json (or `dir` itself when it names a file).
+CausalLMConfig read_causal_lm_config(const std::string& dir);
+
+}  // namespace te::hf

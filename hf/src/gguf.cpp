@@ -1,0 +1,162 @@
+#include "te/hf/gguf.h"
+
+#include <ATen/ATen.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "te/error.h"
+
+namespace te::hf {
+
+struct GgufFile::State {
+  int fd = -1;
+  std::string path;
+  GgufHeader header;
+  std::map<std::string, std::size_t> by_name;
+  ~State() {
+    if (fd >= 0) ::close(fd);
+  }
+  void read_at(void* data, std::size_t n, int64_t offset) const {
+    char* p = static_cast<char*>(data);
+    while (n > 0) {
+      const ssize_t r = ::pread(fd, p, n, offset);
+      if (r < 0 && errno == EINTR) continue;
+      TE_CHECK(r > 0, "gguf: reading '", path, "' failed at byte ", offset, ": ",
+               r < 0 ? std::strerror(errno) : "the file ends there");
+      p += r;
+      n -= static_cast<std::size_t>(r);
+      offset += r;
+    }
+  }
+};
+
+GgufFile::GgufFile(const std::string& path) : state_(std::make_unique<State>()) {
+  State& s = *state_;
+  s.path = path;
+  s.fd = ::open(path.c_str(), O_RDONLY);
+  TE_CHECK(s.fd >= 0, "gguf: cannot open '", path, "': ", std::strerror(errno));
+  struct stat st {};
+  TE_CHECK(::fstat(s.fd, &st) == 0, "gguf: cannot stat '", path, "'");
+  // The header is read through a 1 MiB window (a vocabulary is thousands of small strings).
+  std::vector<char> window;
+  int64_t window_at = 0;
+  const int64_t size = st.st_size;
+  auto read = [&](void* out, std::size_t n, int64_t offset) {
+    if (n > (1u << 20)) {
+      s.read_at(out, n, offset);
+      return;
+    }
+    if (offset < window_at || offset + static_cast<int64_t>(n) >
+                                  window_at + static_cast<int64_t>(window.size())) {
+      window_at = offset;
+      window.resize(static_cast<std::size_t>(std::min<int64_t>(size - offset, 1 << 20)));
+      s.read_at(window.data(), window.size(), offset);
+    }
+    std::memcpy(out, window.data() + (offset - window_at), n);
+  };
+  s.header = parse_gguf_header(read, size, path);
+  for (std::size_t i = 0; i < s.header.tensors.size(); ++i) {
+    TE_CHECK(s.by_name.emplace(s.header.tensors[i].name, i).second, "gguf: '", path,
+             "' has two tensors named '", s.header.tensors[i].name, "'");
+  }
+}
+
+GgufFile::~GgufFile() = default;
+GgufFile::GgufFile(GgufFile&&) noexcept = default;
+GgufFile& GgufFile::operator=(GgufFile&&) noexcept = default;
+
+const std::string& GgufFile::path() const { return state_->path; }
+const GgufHeader& GgufFile::header() const { return state_->header; }
+
+const GgufTensor* GgufFile::tensor(const std::string& name) const {
+  const auto it = state_->by_name.find(name);
+  return it == state_->by_name.end() ? nullptr : &state_->header.tensors[it->second];
+}
+
+const GgufValue* GgufFile::value(const std::string& key) const {
+  const auto it = state_->header.metadata.find(key);
+  return it == state_->header.metadata.end() ? nullptr : &it->second;
+}
+
+std::optional<int64_t> GgufFile::integer(const std::string& key) const {
+  const GgufValue* v = value(key);
+  if (v == nullptr) return std::nullopt;
+  TE_CHECK(v->type <= 5 || v->type == 7 || v->type == 10 || v->type == 11, "gguf: '", path(),
+           "': metadata '", key, "' is not an integer (type ", v->type, ")");
+  return v->integer;
+}
+
+std::optional<double> GgufFile::number(const std::string& key) const {
+  const GgufValue* v = value(key);
+  if (v == nullptr) return std::nullopt;
+  if (v->type == 6 || v->type == 12) return v->number;
+  return static_cast<double>(*integer(key));
+}
+
+std::optional<std::string> GgufFile::string(const std::string& key) const {
+  const GgufValue* v = value(key);
+  if (v == nullptr) return std::nullopt;
+  TE_CHECK(v->type == 8, "gguf: '", path(), "': metadata '", key, "' is not a string (type ",
+           v->type, ")");
+  return v->string;
+}
+
+at::Tensor GgufFile::read(const std::string& name, const std::vector<int64_t>& lo,
+                          const std::vector<int64_t>& hi, int64_t* bytes_read) {
+  const GgufTensor* t = tensor(name);
+  TE_CHECK(t != nullptr, "gguf: '", path(), "' has no tensor '", name, "'");
+  const int64_t nd = static_cast<int64_t>(t->shape.size());
+  TE_CHECK(static_cast<int64_t>(lo.size()) == nd && static_cast<int64_t>(hi.size()) == nd,
+           "gguf: reading '", name, "': a box of ", lo.size(), " dims for a ", nd, "-dim tensor");
+  std::vector<int64_t> out_shape;
+  int64_t rows = 1;
+  for (int64_t d = 0; d < nd; ++d) {
+    TE_CHECK(0 <= lo[d] && lo[d] <= hi[d] && hi[d] <= t->shape[d], "gguf: reading '", name,
+             "': box [", lo[d], ", ", hi[d], ") of dim ", d, " is outside ",
+             at::IntArrayRef(t->shape));
+    out_shape.push_back(hi[d] - lo[d]);
+    if (d < nd - 1) rows *= hi[d] - lo[d];
+  }
+  at::Tensor out = at::empty(out_shape, at::kFloat);
+  if (out.numel() == 0) return out;
+  const auto [per_block, block_bytes] = ggml_block(t->type, name);
+  const int64_t width = t->shape.back(), row_bytes = width / per_block * block_bytes;
+  const int64_t b0 = lo.back() / per_block, b1 = (hi.back() + per_block - 1) / per_block;
+  const int64_t skip = lo.back() - b0 * per_block, cols = hi.back() - lo.back();
+  // Each wanted row's blocks; rows that follow each other in the file are read in one go.
+  std::vector<int64_t> starts;
+  starts.reserve(static_cast<std::size_t>(rows));
+  std::vector<int64_t> idx(lo.begin(), lo.end());
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t flat = 0;
+    for (int64_t d = 0; d < nd - 1; ++d) flat = flat * t->shape[d] + idx[d];
+    starts.push_back(t->offset + flat * row_bytes + b0 * block_bytes);
+    for (int64_t d = nd - 2; d >= 0; --d) {
+      if (++idx[d] < hi[d]) break;
+      idx[d] = lo[d];
+    }
+  }
+  const int64_t span = (b1 - b0) * block_bytes;
+  std::vector<unsigned char> raw(static_cast<std::size_t>(rows * span));
+  for (int64_t r = 0; r < rows;) {
+    int64_t e = r + 1;
+    while (e < rows && span == row_bytes && starts[e] == starts[e - 1] + span) ++e;
+    state_->read_at(raw.data() + r * span, static_cast<std::size_t>((e - r) * span), starts[r]);
+    if (bytes_read != nullptr) *bytes_read += (e - r) * span;
+    r = e;
+  }
+  std::vector<float> row((b1 - b0) * per_block);
+  float* dst = out.data_ptr<float>();
+  for (int64_t r = 0; r < rows; ++r) {
+    ggml_dequantize(t->type, raw.data() + r * span, static_cast<int64_t>(row.size()), row.data());
+    std::memcpy(dst + r * cols, row.data() + skip, static_cast<std::size_t>(cols) * sizeof(float));
+  }
+  return out;
+}
+
+}  // namespace te::hf

@@ -1,0 +1,321 @@
+// The GGUF header parser and ggml's block dequantization, without LibTorch (fuzz/fuzz_gguf.cpp
+// feeds them directly). Layouts: ggml's GGUF spec (docs/gguf.md of ggml) and gguf-py 0.19.0's
+// constants.py / quants.py (GGML_QUANT_SIZES, Q4_0.dequantize_blocks, ...), which
+// tests/interop/check_gguf.py runs against this code.
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "te/error.h"
+#include "te/hf/gguf.h"
+
+namespace te::hf {
+
+namespace {
+
+constexpr int64_t kQK = 256;  // the K-quants' super-block
+
+float half_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  const uint32_t exp = (h >> 10) & 0x1F, man = h & 0x3FF;
+  uint32_t bits;
+  if (exp == 0) {
+    if (man == 0) {
+      bits = sign;
+    } else {  // subnormal: normalise
+      int e = -1;
+      uint32_t m = man;
+      do {
+        ++e;
+        m <<= 1;
+      } while ((m & 0x400) == 0);
+      bits = sign | static_cast<uint32_t>(127 - 15 - e) << 23 | (m & 0x3FF) << 13;
+    }
+  } else if (exp == 31) {
+    bits = sign | 0x7F800000u | man << 13;
+  } else {
+    bits = sign | (exp + 127 - 15) << 23 | man << 13;
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+float f16_at(const unsigned char* p) {
+  return half_to_float(static_cast<uint16_t>(p[0] | p[1] << 8));
+}
+
+// Bounded little-endian reads from the file, through a small window.
+class Cursor {
+ public:
+  Cursor(const std::function<void(void*, std::size_t, int64_t)>& read, int64_t size,
+         const std::string& path)
+      : read_(read), size_(size), path_(path) {}
+  [[noreturn]] void fail(const std::string& field, const std::string& message) const {
+    TE_FAIL("gguf: '", path_, "': ", field, ": ", message, " (at byte ", pos_, " of ", size_,
+            "); the file is damaged or not GGUF");
+  }
+  int64_t pos() const { return pos_; }
+  int64_t left() const { return size_ - pos_; }
+  void bytes(void* out, int64_t n, const std::string& field) {
+    if (n < 0 || n > left()) fail(field, "needs " + std::to_string(n) + " bytes past the end");
+    if (n > 0) read_(out, static_cast<std::size_t>(n), pos_);
+    pos_ += n;
+  }
+  template <typename T>
+  T scalar(const std::string& field) {
+    unsigned char b[sizeof(T)];
+    bytes(b, sizeof(T), field);
+    uint64_t v = 0;
+    for (std::size_t i = 0; i < sizeof(T); ++i) v |= static_cast<uint64_t>(b[i]) << (8 * i);
+    T out;
+    std::memcpy(&out, &v, sizeof(T));  // little-endian host (x86-64, aarch64)
+    return out;
+  }
+  // A count of items of at least `min_bytes` each: at most what the rest of the file can hold.
+  uint64_t count(bool wide, int64_t min_bytes, const std::string& field) {
+    const uint64_t n = wide ? scalar<uint64_t>(field) : scalar<uint32_t>(field);
+    if (n > static_cast<uint64_t>(left() / std::max<int64_t>(min_bytes, 1))) {
+      fail(field, std::to_string(n) + " items cannot fit in the rest of the file");
+    }
+    return n;
+  }
+  std::string text(bool wide, const std::string& field) {
+    const uint64_t n = count(wide, 1, field);
+    std::string s(n, '\0');
+    bytes(s.data(), static_cast<int64_t>(n), field);
+    return s;
+  }
+
+ private:
+  const std::function<void(void*, std::size_t, int64_t)>& read_;
+  int64_t size_, pos_ = 0;
+  const std::string& path_;
+};
+
+// GGUF value types: 0 u8, 1 i8, 2 u16, 3 i16, 4 u32, 5 i32, 6 f32, 7 bool, 8 string, 9 array,
+// 10 u64, 11 i64, 12 f64.
+int64_t scalar_bytes(uint32_t type) {
+  static const int64_t kBytes[] = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8};
+  return type < 13 ? kBytes[type] : 0;
+}
+
+void read_scalar(Cursor& c, uint32_t type, GgufValue& v, bool into_array,
+                 const std::string& field) {
+  int64_t i = 0;
+  double f = 0;
+  bool is_float = false;
+  switch (type) {
+    case 0: i = c.scalar<uint8_t>(field); break;
+    case 1: i = c.scalar<int8_t>(field); break;
+    case 2: i = c.scalar<uint16_t>(field); break;
+    case 3: i = c.scalar<int16_t>(field); break;
+    case 4: i = c.scalar<uint32_t>(field); break;
+    case 5: i = c.scalar<int32_t>(field); break;
+    case 6: f = c.scalar<float>(field), is_float = true; break;
+    case 7: {
+      const uint8_t b = c.scalar<uint8_t>(field);
+      if (b > 1) c.fail(field, "a bool of value " + std::to_string(b));
+      i = b;
+      break;
+    }
+    case 10: {
+      const uint64_t u = c.scalar<uint64_t>(field);
+      if (u > static_cast<uint64_t>(INT64_MAX)) c.fail(field, "a u64 beyond int64");
+      i = static_cast<int64_t>(u);
+      break;
+    }
+    case 11: i = c.scalar<int64_t>(field); break;
+    case 12: f = c.scalar<double>(field), is_float = true; break;
+    default: c.fail(field, "value type " + std::to_string(type) + " is not a GGUF scalar type");
+  }
+  if (into_array) {
+    if (is_float) v.numbers.push_back(f); else v.integers.push_back(i);
+  } else {
+    if (is_float) v.number = f; else v.integer = i;
+  }
+}
+
+GgufValue read_value(Cursor& c, uint32_t type, bool wide, const std::string& field) {
+  GgufValue v;
+  v.type = type;
+  if (type == 8) {
+    v.string = c.text(wide, field);
+  } else if (type == 9) {
+    v.element_type = c.scalar<uint32_t>(field + " (array type)");
+    if (v.element_type == 9) c.fail(field, "arrays of arrays are not read by te-cpp");
+    const bool strings = v.element_type == 8;
+    const int64_t each = strings ? (wide ? 8 : 4) : scalar_bytes(v.element_type);
+    if (each == 0) {
+      c.fail(field, "array element type " + std::to_string(v.element_type) + " is unknown");
+    }
+    const uint64_t n = c.count(wide, each, field + " (array length)");
+    for (uint64_t k = 0; k < n; ++k) {
+      if (strings) v.strings.push_back(c.text(wide, field));
+      else read_scalar(c, v.element_type, v, true, field);
+    }
+  } else {
+    read_scalar(c, type, v, false, field);
+  }
+  return v;
+}
+
+}  // namespace
+
+std::pair<int64_t, int64_t> ggml_block(uint32_t type, const std::string& where) {
+  switch (static_cast<GgmlType>(type)) {
+    case GgmlType::kF32: return {1, 4};
+    case GgmlType::kF16: return {1, 2};
+    case GgmlType::kBF16: return {1, 2};
+    case GgmlType::kQ8_0: return {32, 34};
+    case GgmlType::kQ4_0: return {32, 18};
+    case GgmlType::kQ4_1: return {32, 20};
+    case GgmlType::kQ4_K: return {kQK, 144};
+    case GgmlType::kQ6_K: return {kQK, 210};
+  }
+  TE_FAIL("gguf: ", where, " has ggml type ", type,
+          ", which te-cpp does not read (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K)");
+}
+
+void ggml_dequantize(uint32_t type, const unsigned char* p, int64_t count, float* out) {
+  const auto [per_block, block_bytes] = ggml_block(type, "a tensor");
+  for (int64_t b = 0; b < count / per_block; ++b, p += block_bytes, out += per_block) {
+    switch (static_cast<GgmlType>(type)) {
+      case GgmlType::kF32: std::memcpy(out, p, 4); break;
+      case GgmlType::kF16: out[0] = f16_at(p); break;
+      case GgmlType::kBF16: {
+        const uint32_t bits = static_cast<uint32_t>(p[0] | p[1] << 8) << 16;
+        std::memcpy(out, &bits, 4);
+        break;
+      }
+      case GgmlType::kQ8_0: {
+        const float d = f16_at(p);
+        for (int j = 0; j < 32; ++j) out[j] = static_cast<float>(static_cast<int8_t>(p[2 + j])) * d;
+        break;
+      }
+      case GgmlType::kQ4_0: {
+        const float d = f16_at(p);
+        for (int j = 0; j < 16; ++j) {
+          out[j] = d * static_cast<float>((p[2 + j] & 0x0F) - 8);
+          out[j + 16] = d * static_cast<float>((p[2 + j] >> 4) - 8);
+        }
+        break;
+      }
+      case GgmlType::kQ4_1: {
+        const float d = f16_at(p), m = f16_at(p + 2);
+        for (int j = 0; j < 16; ++j) {
+          out[j] = d * static_cast<float>(p[4 + j] & 0x0F) + m;
+          out[j + 16] = d * static_cast<float>(p[4 + j] >> 4) + m;
+        }
+        break;
+      }
+      case GgmlType::kQ4_K: {
+        // d, dmin, 12 bytes of 6-bit scales and mins for 8 sub-blocks of 32, 128 bytes of nibbles.
+        const float d = f16_at(p), dmin = f16_at(p + 2);
+        const unsigned char* s = p + 4;
+        const unsigned char* qs = p + 16;
+        for (int sb = 0; sb < 8; ++sb) {
+          const int j = sb % 4;
+          const int sc = sb < 4 ? (s[j] & 0x3F) : ((s[8 + j] & 0x0F) | ((s[j] >> 2) & 0x30));
+          const int mn = sb < 4 ? (s[4 + j] & 0x3F) : ((s[8 + j] >> 4) | ((s[4 + j] >> 2) & 0x30));
+          const float dl = d * static_cast<float>(sc), ml = dmin * static_cast<float>(mn);
+          const unsigned char* q = qs + (sb / 2) * 32;
+          const int shift = (sb % 2) * 4;
+          for (int l = 0; l < 32; ++l) {
+            out[sb * 32 + l] = dl * static_cast<float>((q[l] >> shift) & 0x0F) - ml;
+          }
+        }
+        break;
+      }
+      case GgmlType::kQ6_K: {
+        // 128 bytes of low nibbles, 64 of high 2-bit pairs, 16 int8 scales, d.
+        const unsigned char* ql = p;
+        const unsigned char* qh = p + 128;
+        const auto* sc = reinterpret_cast<const int8_t*>(p + 192);
+        const float d = f16_at(p + 208);
+        for (int idx = 0; idx < kQK; ++idx) {
+          const int g = idx / 128, rem = idx % 128;
+          const int lo = (ql[g * 64 + rem % 64] >> (4 * (rem / 64))) & 0x0F;
+          const int hi = (qh[g * 32 + rem % 32] >> (2 * (rem / 32))) & 0x03;
+          const float scale = d * static_cast<float>(sc[idx / 16]);
+          out[idx] = scale * static_cast<float>((lo | hi << 4) - 32);
+        }
+        break;
+      }
+    }
+  }
+}
+
+GgufHeader parse_gguf_header(const std::function<void(void*, std::size_t, int64_t)>& read,
+                             int64_t size, const std::string& path) {
+  Cursor c(read, size, path);
+  char magic[4];
+  c.bytes(magic, 4, "magic");
+  if (std::memcmp(magic, "GGUF", 4) != 0) c.fail("magic", "the file does not start with GGUF");
+  GgufHeader h;
+  h.version = c.scalar<uint32_t>("version");
+  if (h.version != 2 && h.version != 3) {
+    c.fail("version", "GGUF version " + std::to_string(h.version) +
+                          " is not supported (te-cpp reads versions 2 and 3)");
+  }
+  const bool wide = true;  // versions 2 and 3: 64-bit counts and lengths
+  // A tensor's entry is at least a name length, n_dims, one dim, type and offset: 28 bytes.
+  const uint64_t n_tensors = c.count(wide, 28, "tensor_count");
+  const uint64_t n_kv = c.count(wide, 13, "metadata_kv_count");
+  for (uint64_t k = 0; k < n_kv; ++k) {
+    const std::string key = c.text(wide, "metadata key " + std::to_string(k));
+    const uint32_t type = c.scalar<uint32_t>("metadata '" + key + "' type");
+    if (h.metadata.count(key)) c.fail("metadata '" + key + "'", "the key appears twice");
+    h.metadata[key] = read_value(c, type, wide, "metadata '" + key + "'");
+  }
+  for (uint64_t t = 0; t < n_tensors; ++t) {
+    GgufTensor info;
+    info.name = c.text(wide, "tensor " + std::to_string(t) + " name");
+    const std::string field = "tensor '" + info.name + "'";
+    const uint32_t n_dims = c.scalar<uint32_t>(field + " n_dims");
+    if (n_dims < 1 || n_dims > 4) c.fail(field, std::to_string(n_dims) + " dims (ggml has 1 to 4)");
+    int64_t numel = 1;
+    for (uint32_t d = 0; d < n_dims; ++d) {
+      const uint64_t ne = c.scalar<uint64_t>(field + " dim");
+      if (ne == 0 || ne > (uint64_t{1} << 40) || numel > (int64_t{1} << 40) / static_cast<int64_t>(ne)) {
+        c.fail(field, "dim " + std::to_string(d) + " of " + std::to_string(ne) +
+                          " makes no tensor te-cpp can hold");
+      }
+      info.shape.insert(info.shape.begin(), static_cast<int64_t>(ne));  // ggml's ne reversed
+      numel *= static_cast<int64_t>(ne);
+    }
+    info.type = c.scalar<uint32_t>(field + " type");
+    const auto [per_block, block_bytes] = ggml_block(info.type, "'" + path + "': " + field);
+    if (info.shape.back() % per_block != 0) {
+      c.fail(field, "rows of " + std::to_string(info.shape.back()) +
+                        " elements are not whole blocks of " + std::to_string(per_block));
+    }
+    info.bytes = numel / per_block * block_bytes;
+    const uint64_t offset = c.scalar<uint64_t>(field + " offset");
+    if (offset > static_cast<uint64_t>(size)) c.fail(field, "offset beyond the file");
+    info.offset = static_cast<int64_t>(offset);
+    h.tensors.push_back(std::move(info));
+  }
+  int64_t alignment = 32;
+  if (const auto it = h.metadata.find("general.alignment"); it != h.metadata.end()) {
+    alignment = it->second.integer;
+    if (it->second.type > 12 || it->second.type == 8 || it->second.type == 9 || alignment <= 0 ||
+        alignment > (1 << 20) || (alignment & (alignment - 1)) != 0) {
+      c.fail("general.alignment", "must be a power of two up to 1 MiB");
+    }
+  }
+  const int64_t data_start = (c.pos() + alignment - 1) / alignment * alignment;
+  for (GgufTensor& t : h.tensors) {
+    if (t.offset % alignment != 0 || t.offset > size - data_start ||
+        t.bytes > size - data_start - t.offset) {
+      c.fail("tensor '" + t.name + "'", "its " + std::to_string(t.bytes) + " bytes at offset " +
+                                            std::to_string(t.offset) +
+                                            " (aligned?) do not lie inside the file's data");
+    }
+    t.offset += data_start;
+  }
+  return h;
+}
+
+}  // namespace te::hf

@@ -1,0 +1,210 @@
+// A GGUF file as a Hugging Face checkpoint: its config from the metadata (llama.cpp's keys for
+// the llama, qwen2 and qwen3 architectures), its tensors under transformers' names, Llama's
+// query and key rows put back in Hugging Face's order. The names and the permutation are
+// transformers 5.23.0's (integrations/ggml.py GGUF_CONFIG_MAPPING, modeling_gguf_pytorch_utils.py
+// LlamaTensorProcessor._reverse_permute_weights, undoing llama.cpp's convert_hf_to_gguf.py
+// LlamaModel.permute); tests/interop/check_hf_models.py loads the same file with transformers.
+
+#include <ATen/ATen.h>
+
+#include <cstring>
+#include <fstream>
+#include <set>
+
+#include "source.h"
+#include "te/error.h"
+#include "te/hf/gguf.h"
+
+namespace te::hf::detail {
+
+namespace {
+
+// Hugging Face name <-> llama.cpp name: whole names, and the parts of layer N.
+const std::vector<std::pair<std::string, std::string>> kGlobal = {
+    {"model.embed_tokens.weight", "token_embd.weight"},
+    {"model.norm.weight", "output_norm.weight"},
+    {"lm_head.weight", "output.weight"}};
+const std::vector<std::pair<std::string, std::string>> kLayer = {
+    {"input_layernorm.weight", "attn_norm.weight"},
+    {"self_attn.q_proj.weight", "attn_q.weight"},
+    {"self_attn.k_proj.weight", "attn_k.weight"},
+    {"self_attn.v_proj.weight", "attn_v.weight"},
+    {"self_attn.o_proj.weight", "attn_output.weight"},
+    {"self_attn.q_proj.bias", "attn_q.bias"},
+    {"self_attn.k_proj.bias", "attn_k.bias"},
+    {"self_attn.v_proj.bias", "attn_v.bias"},
+    {"self_attn.o_proj.bias", "attn_output.bias"},
+    {"self_attn.q_norm.weight", "attn_q_norm.weight"},
+    {"self_attn.k_norm.weight", "attn_k_norm.weight"},
+    {"post_attention_layernorm.weight", "ffn_norm.weight"},
+    {"mlp.gate_proj.weight", "ffn_gate.weight"},
+    {"mlp.up_proj.weight", "ffn_up.weight"},
+    {"mlp.down_proj.weight", "ffn_down.weight"},
+    {"mlp.gate_proj.bias", "ffn_gate.bias"},
+    {"mlp.up_proj.bias", "ffn_up.bias"},
+    {"mlp.down_proj.bias", "ffn_down.bias"}};
+
+// The Hugging Face name of a llama.cpp tensor ("" when it has none).
+std::string to_hf(const std::string& gguf) {
+  for (const auto& [h, g] : kGlobal) {
+    if (gguf == g) return h;
+  }
+  if (gguf.rfind("blk.", 0) != 0) return "";
+  const std::size_t dot = gguf.find('.', 4);
+  if (dot == std::string::npos) return "";
+  const std::string layer = gguf.substr(4, dot - 4), rest = gguf.substr(dot + 1);
+  for (const auto& [h, g] : kLayer) {
+    if (rest == g) return "model.layers." + layer + "." + h;
+  }
+  return "";
+}
+
+class GgufSource : public TensorSource {
+ public:
+  GgufSource(const std::string& path, const CausalLMConfig& config) : file_(path) {
+    permute_ = config.model_type == "llama";
+    heads_ = config.num_attention_heads;
+    kv_heads_ = config.num_key_value_heads;
+    for (const GgufTensor& t : file_.header().tensors) {
+      const std::string hf = to_hf(t.name);
+      names_[hf.empty() ? t.name : hf] = t.name;  // a name without a counterpart stays itself
+    }
+  }
+  std::vector<std::string> names() const override {
+    std::vector<std::string> out;
+    for (const auto& [hf, g] : names_) out.push_back(hf);
+    return out;
+  }
+  bool contains(const std::string& name) const override { return names_.count(name) != 0; }
+  std::vector<int64_t> shape(const std::string& name) override {
+    return file_.tensor(names_.at(name))->shape;
+  }
+  at::Tensor read(const std::string& name, const std::vector<int64_t>& lo,
+                  const std::vector<int64_t>& hi, int64_t* bytes_read) override {
+    const std::string& g = names_.at(name);
+    const bool q = g.find(".attn_q.") != std::string::npos;
+    const bool k = g.find(".attn_k.") != std::string::npos;
+    if (!permute_ || !(q || k)) return file_.read(g, lo, hi, bytes_read);
+    // llama.cpp stores each head's rows as pairs (2i, 2i+1) where Hugging Face has halves
+    // (i, i + d/2): read the whole heads holding the box's rows, and reorder within each.
+    const int64_t rows = file_.tensor(g)->shape[0];
+    const int64_t heads = q ? heads_ : kv_heads_, d = rows / heads;
+    TE_CHECK(rows % heads == 0 && d % 2 == 0, "gguf: ", where(name), " has ", rows,
+             " rows, not whole heads of an even size for ", heads, " heads");
+    const int64_t h0 = lo[0] / d, h1 = (hi[0] + d - 1) / d;
+    std::vector<int64_t> wlo = lo, whi = hi;
+    wlo[0] = h0 * d;
+    whi[0] = h1 * d;
+    at::Tensor w = file_.read(g, wlo, whi, bytes_read);
+    std::vector<int64_t> split = {h1 - h0, d / 2, 2};
+    for (std::size_t i = 1; i < lo.size(); ++i) split.push_back(hi[i] - lo[i]);
+    w = w.view(split).transpose(1, 2).reshape(at::IntArrayRef(w.sizes()));
+    return w.narrow(0, lo[0] - wlo[0], hi[0] - lo[0]).contiguous();
+  }
+  std::string where(const std::string& name) const override {
+    return "'" + names_.at(name) + "' in '" + file_.path() + "'";
+  }
+
+ private:
+  GgufFile file_;
+  std::map<std::string, std::string> names_;  // Hugging Face name -> llama.cpp name
+  bool permute_ = false;
+  int64_t heads_ = 0, kv_heads_ = 0;
+};
+
+}  // namespace
+
+bool is_gguf(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  char magic[4] = {};
+  return in.read(magic, 4) && std::memcmp(magic, "GGUF", 4) == 0;
+}
+
+CausalLMConfig gguf_causal_lm_config(const std::string& path) {
+  GgufFile file(path);
+  const std::string arch = file.string("general.architecture").value_or("");
+  TE_CHECK(arch == "llama" || arch == "qwen2" || arch == "qwen3", "gguf: '", path,
+           "': general.architecture '", arch,
+           "' is not one te-cpp loads (llama, qwen2, qwen3)");
+  std::set<std::string> read;
+  const std::string a = arch + ".";
+  auto integer = [&](const std::string& key) -> std::optional<int64_t> {
+    read.insert(a + key);
+    return file.integer(a + key);
+  };
+  auto number = [&](const std::string& key) -> std::optional<double> {
+    read.insert(a + key);
+    return file.number(a + key);
+  };
+  auto required = [&](const std::string& key) {
+    const auto v = integer(key);
+    TE_CHECK(v && *v > 0, "gguf: '", path, "': metadata '", a + key,
+             "' is missing or not positive; a ", arch, " model needs it");
+    return *v;
+  };
+  CausalLMConfig c;
+  c.model_type = arch;
+  c.hidden_size = required("embedding_length");
+  c.num_hidden_layers = required("block_count");
+  TE_CHECK(c.num_hidden_layers <= 65536, "gguf: '", path, "': ", a, "block_count ",
+           c.num_hidden_layers, " is more than te-cpp builds (at most 65536)");
+  c.intermediate_size = required("feed_forward_length");
+  c.num_attention_heads = required("attention.head_count");
+  c.num_key_value_heads = integer("attention.head_count_kv").value_or(c.num_attention_heads);
+  TE_CHECK(c.num_key_value_heads > 0 && c.num_attention_heads % c.num_key_value_heads == 0,
+           "gguf: '", path, "': ", a, "attention.head_count_kv ", c.num_key_value_heads,
+           " does not divide ", a, "attention.head_count ", c.num_attention_heads);
+  c.head_dim = integer("attention.key_length").value_or(0);
+  if (c.head_dim == 0) {
+    TE_CHECK(c.hidden_size % c.num_attention_heads == 0, "gguf: '", path, "': ", a,
+             "embedding_length is not a multiple of the heads and there is no key_length");
+    c.head_dim = c.hidden_size / c.num_attention_heads;
+  }
+  const int64_t value_length = integer("attention.value_length").value_or(c.head_dim);
+  TE_CHECK(value_length == c.head_dim, "gguf: '", path, "': ", a, "attention.value_length ",
+           value_length, " differs from the key length ", c.head_dim, "; te-cpp needs them equal");
+  c.max_position_embeddings = integer("context_length").value_or(0);
+  c.rms_norm_eps = number("attention.layer_norm_rms_epsilon").value_or(1e-6);
+  c.rope_theta = number("rope.freq_base").value_or(10000.0);
+  const int64_t rotary = integer("rope.dimension_count").value_or(c.head_dim);
+  TE_CHECK(rotary > 0 && rotary <= c.head_dim, "gguf: '", path, "': ", a,
+           "rope.dimension_count ", rotary, " is not in (0, head dim ", c.head_dim, "]");
+  c.partial_rotary_factor = static_cast<double>(rotary) / static_cast<double>(c.head_dim);
+  read.insert(a + "rope.scaling.type");
+  if (const auto type = file.string(a + "rope.scaling.type"); type && *type != "none") {
+    TE_CHECK(*type == "linear", "gguf: '", path, "': ", a, "rope.scaling.type '", *type,
+             "' is not supported by te-cpp (none, linear)");
+    c.rope_type = "linear";
+    c.rope_factor = number("rope.scaling.factor").value_or(0.0);
+    TE_CHECK(c.rope_factor > 0, "gguf: '", path, "': linear RoPE scaling needs ", a,
+             "rope.scaling.factor");
+  }
+  const GgufTensor* embed = file.tensor("token_embd.weight");
+  TE_CHECK(embed != nullptr && embed->shape.size() == 2, "gguf: '", path,
+           "' has no 2-dim token_embd.weight");
+  c.vocab_size = integer("vocab_size").value_or(embed->shape[0]);
+  c.tie_word_embeddings = file.tensor("output.weight") == nullptr;
+  c.qkv_bias = file.tensor("blk.0.attn_q.bias") != nullptr;
+  c.attention_bias = file.tensor("blk.0.attn_output.bias") != nullptr;
+  c.mlp_bias = file.tensor("blk.0.ffn_down.bias") != nullptr;
+  c.qk_norm = file.tensor("blk.0.attn_q_norm.weight") != nullptr;
+  c.layer_windows.assign(static_cast<std::size_t>(c.num_hidden_layers), std::nullopt);
+  c.dtype = "gguf";
+  // Every key of the architecture is honoured above or refused; general.* and tokenizer.* are
+  // metadata and the vocabulary.
+  for (const auto& [key, value] : file.header().metadata) {
+    if (key.rfind("general.", 0) == 0 || key.rfind("tokenizer.", 0) == 0 || read.count(key)) {
+      continue;
+    }
+    TE_FAIL("gguf: '", path, "': metadata '", key,
+            "' is not a key te-cpp honours; te-cpp builds the model from every key it reads and "
+            "will not ignore one that may change it");
+  }
+  return c;
+}
+
+std::unique_ptr<TensorSource> open_gguf(const std::string& path, const CausalLMConfig& config) {
+  return std::make_unique<GgufSource>(path, config);
+}
+
+}  // namespace te::hf::detail

@@ -1,0 +1,227 @@
+// load_causal_lm: a Hugging Face checkpoint into te::hf::CausalLM, each rank reading only the
+// byte ranges of its own slices (te::nn::SafetensorsReader), and the weight map both ways.
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "te/distributed.h"
+#include "te/error.h"
+#include "te/hf/causal_lm.h"
+#include "te/nn/safetensors.h"
+#include "te/nn/sharded.h"
+#include "source.h"
+
+namespace te::hf {
+
+namespace fs = std::filesystem;
+
+std::map<std::string, std::vector<HfSource>> causal_lm_weight_map(const CausalLMConfig& c) {
+  std::map<std::string, std::vector<HfSource>> m;
+  auto whole = [&](const std::string& te, const std::string& hf) { m[te] = {{hf}}; };
+  auto kernel = [&](const std::string& te, const std::string& hf) {
+    m[te] = {{hf, -1, 0, /*transpose=*/true}};
+  };
+  // A stacked kernel [in, 2, out] (slots on dim 1) and its bias [2, out] (slots on dim 0).
+  auto pair = [&](const std::string& te, const std::string& a, const std::string& b, bool bias) {
+    m[te] = {{a, bias ? 0 : 1, 0, !bias}, {b, bias ? 0 : 1, 1, !bias}};
+  };
+  whole("embed.embedding", "model.embed_tokens.weight");
+  whole("norm.scale", "model.norm.weight");
+  if (!c.tie_word_embeddings) kernel("lm_head.kernel", "lm_head.weight");
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string te = "layers." + std::to_string(i) + ".";
+    const std::string hf = "model.layers." + std::to_string(i) + ".";
+    const std::string attn = hf + "self_attn.", mlp = hf + "mlp.";
+    whole(te + "self_attention.layernorm.scale", hf + "input_layernorm.weight");
+    kernel(te + "self_attention.q_kernel", attn + "q_proj.weight");
+    pair(te + "self_attention.kv_kernel", attn + "k_proj.weight", attn + "v_proj.weight", false);
+    kernel(te + "self_attention.out_kernel", attn + "o_proj.weight");
+    if (c.qkv_bias) {
+      whole(te + "self_attention.q_bias", attn + "q_proj.bias");
+      pair(te + "self_attention.kv_bias", attn + "k_proj.bias", attn + "v_proj.bias", true);
+    }
+    if (c.attention_bias) whole(te + "self_attention.out_bias", attn + "o_proj.bias");
+    if (c.qk_norm) {
+      whole(te + "self_attention.q_norm.scale", attn + "q_norm.weight");
+      whole(te + "self_attention.k_norm.scale", attn + "k_norm.weight");
+    }
+    whole(te + "mlp.layernorm.scale", hf + "post_attention_layernorm.weight");
+    pair(te + "mlp.wi_kernel", mlp + "gate_proj.weight", mlp + "up_proj.weight", false);
+    kernel(te + "mlp.wo_kernel", mlp + "down_proj.weight");
+    if (c.mlp_bias) {
+      pair(te + "mlp.wi_bias", mlp + "gate_proj.bias", mlp + "up_proj.bias", true);
+      whole(te + "mlp.wo_bias", mlp + "down_proj.bias");
+    }
+  }
+  return m;
+}
+
+namespace {
+
+// The part of te tensor `t` (shape as the te parameter) that `s` describes, in the source's
+// own layout.
+at::Tensor source_part(const at::Tensor& t, const HfSource& s) {
+  at::Tensor part = s.slot_dim >= 0 ? t.select(s.slot_dim, s.slot) : t;
+  return s.transpose ? part.t() : part;
+}
+
+// The source's shape given the te parameter's.
+std::vector<int64_t> source_shape(std::vector<int64_t> shape, const HfSource& s) {
+  if (s.slot_dim >= 0) shape.erase(shape.begin() + s.slot_dim);
+  if (s.transpose) std::reverse(shape.begin(), shape.end());
+  return shape;
+}
+
+// A Hugging Face directory: model.safetensors, or the files of a sharded set's index.
+class SafetensorsSource : public detail::TensorSource {
+ public:
+  explicit SafetensorsSource(const fs::path& dir) {
+    const fs::path index = dir / "model.safetensors.index.json";
+    if (fs::exists(index)) {
+      std::ifstream in(index, std::ios::binary);
+      TE_CHECK(in.good(), "load_causal_lm: cannot read '", index.string(), "'");
+      nlohmann::json j;
+      try {
+        j = nlohmann::json::parse(std::string((std::istreambuf_iterator<char>(in)),
+                                              std::istreambuf_iterator<char>()));
+      } catch (const nlohmann::json::exception& e) {
+        TE_FAIL("load_causal_lm: '", index.string(), "' is not JSON: ", e.what());
+      }
+      TE_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(),
+               "load_causal_lm: '", index.string(), "' has no weight_map object");
+      for (const auto& [name, file] : j["weight_map"].items()) {
+        TE_CHECK(file.is_string() &&
+                     fs::path(file.get<std::string>()).filename() == file.get<std::string>(),
+                 "load_causal_lm: '", index.string(), "': weight_map[\"", name,
+                 "\"] is not a file name in the directory: ", file.dump());
+        files_[name] = (dir / file.get<std::string>()).string();
+      }
+      return;
+    }
+    const fs::path single = dir / "model.safetensors";
+    TE_CHECK(fs::exists(single), "load_causal_lm: '", dir.string(),
+             "' holds neither model.safetensors nor model.safetensors.index.json");
+    nn::SafetensorsReader& reader = reader_of(single.string());
+    for (const std::string& name : reader.names()) files_[name] = single.string();
+  }
+  std::vector<std::string> names() const override {
+    std::vector<std::string> out;
+    for (const auto& [name, file] : files_) out.push_back(name);
+    return out;
+  }
+  bool contains(const std::string& name) const override { return files_.count(name) != 0; }
+  std::vector<int64_t> shape(const std::string& name) override {
+    return reader_of(files_.at(name)).shape(name);
+  }
+  at::Tensor read(const std::string& name, const std::vector<int64_t>& lo,
+                  const std::vector<int64_t>& hi, int64_t* bytes_read) override {
+    return reader_of(files_.at(name)).read(name, lo, hi, {}, bytes_read);
+  }
+  std::string where(const std::string& name) const override {
+    return "'" + name + "' in '" + files_.at(name) + "'";
+  }
+
+ private:
+  nn::SafetensorsReader& reader_of(const std::string& file) {
+    auto& r = readers_[file];
+    if (!r) r = std::make_unique<nn::SafetensorsReader>(file);
+    return *r;
+  }
+  std::map<std::string, std::string> files_;
+  std::map<std::string, std::unique_ptr<nn::SafetensorsReader>> readers_;
+};
+
+}  // namespace
+
+std::map<std::string, at::Tensor> to_hf_tensors(const CausalLMConfig& config,
+                                                const std::map<std::string, at::Tensor>& te_whole) {
+  std::map<std::string, at::Tensor> out;
+  for (const auto& [te_name, sources] : causal_lm_weight_map(config)) {
+    const auto it = te_whole.find(te_name);
+    TE_CHECK(it != te_whole.end(), "to_hf_tensors: no tensor for '", te_name, "'");
+    for (const HfSource& s : sources) out[s.name] = source_part(it->second, s).contiguous();
+  }
+  return out;
+}
+
+CausalLM load_causal_lm(const std::string& path_text, const LoadOptions& options) {
+  const fs::path path = fs::absolute(path_text);
+  const bool gguf = detail::is_gguf(path.string());
+  const CausalLMConfig config =
+      gguf ? detail::gguf_causal_lm_config(path.string()) : read_causal_lm_config(path.string());
+  std::unique_ptr<detail::TensorSource> source;
+  if (gguf) {
+    source = detail::open_gguf(path.string(), config);
+  } else {
+    source = std::make_unique<SafetensorsSource>(path);
+  }
+  CausalLM model(config);
+  const auto map = causal_lm_weight_map(config);
+  std::set<std::string> used;
+  const auto layouts = nn::named_parameter_layouts(*model);
+  int64_t bytes_read = 0;
+  torch::NoGradGuard no_grad;
+  for (auto& p : model->named_parameters(/*recurse=*/true)) {
+    const auto sources = map.find(p.key());
+    TE_CHECK(sources != map.end(), "internal: load_causal_lm: no checkpoint tensor for te's '",
+             p.key(), "'");
+    // This rank's box of the parameter.
+    at::Tensor& local = p.value();
+    std::vector<int64_t> global = local.sizes().vec(), lo(global.size(), 0);
+    const auto layout = layouts.find(p.key());
+    if (layout != layouts.end()) {
+      global = layout->second.global_shape;
+      if (layout->second.mesh) {
+        const DeviceMesh& mesh = *layout->second.mesh;
+        const auto chunks = local_chunks(global, mesh, layout->second.placements, mesh.rank());
+        for (std::size_t d = 0; d < chunks.size(); ++d) lo[d] = chunks[d].offset;
+      }
+    }
+    for (const HfSource& s : sources->second) {
+      used.insert(s.name);
+      TE_CHECK(source->contains(s.name), "load_causal_lm: the checkpoint at '", path.string(),
+               "' lacks '", s.name, "', which a ", config.model_type, " model of its config has");
+      const std::vector<int64_t> want = source_shape(global, s);
+      TE_CHECK(source->shape(s.name) == want, "load_causal_lm: ", source->where(s.name),
+               " has shape ", at::IntArrayRef(source->shape(s.name)), " but ",
+               gguf ? "its metadata implies " : "config.json implies ", at::IntArrayRef(want));
+      // The slot's part of this rank's box, in the source's coordinates.
+      HfSource part = s;
+      if (s.slot_dim >= 0) {
+        part.slot = s.slot - lo[static_cast<std::size_t>(s.slot_dim)];
+        if (part.slot < 0 || part.slot >= local.size(s.slot_dim)) continue;  // another rank's
+      }
+      at::Tensor dst = source_part(local, part);
+      std::vector<int64_t> box_lo = lo;
+      if (s.slot_dim >= 0) box_lo.erase(box_lo.begin() + s.slot_dim);
+      if (s.transpose) std::reverse(box_lo.begin(), box_lo.end());
+      std::vector<int64_t> box_hi = box_lo;
+      for (std::size_t d = 0; d < box_hi.size(); ++d) box_hi[d] += dst.size(static_cast<int64_t>(d));
+      dst.copy_(source->read(s.name, box_lo, box_hi, &bytes_read));
+    }
+  }
+  std::set<std::string> extra;
+  for (const std::string& name : source->names()) {
+    if (used.count(name)) continue;
+    // A tied head saved anyway, and RoPE tables older checkpoints keep, are not weights.
+    const bool derived = (config.tie_word_embeddings && name == "lm_head.weight") ||
+                         name.find("rotary_emb.inv_freq") != std::string::npos;
+    if (!derived) extra.insert(name);
+  }
+  TE_CHECK(!options.strict || extra.empty(), "load_causal_lm: the checkpoint at '", path.string(),
+           "' holds '", extra.empty() ? "" : *extra.begin(), "'", extra.size() > 1 ? " (and " : "",
+           extra.size() > 1 ? std::to_string(extra.size() - 1) + " more)" : "",
+           ", which a ", config.model_type,
+           " model of its config has no use for (load with strict = false to skip it)");
+  if (options.bytes_read != nullptr) *options.bytes_read += bytes_read;
+  return model;
+}
+
+}  // namespace te::hf

@@ -1,0 +1,265 @@
+// te::hf: config.json read strictly (every field honoured or refused by name), checkpoints
+// loaded whole, from a sharded set, and onto two tensor-parallel ranks that each read about half
+// the bytes and together equal one process; every bad file named. (tests/interop/
+// check_hf_models.py holds the numbers to transformers.)
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <mutex>
+#include <nlohmann/json.hpp>
+
+#include "../expect_error.h"
+#include "../temp_dir.h"
+#include "te/distributed.h"
+#include "te/hf/causal_lm.h"
+#include "te/nn/init.h"
+#include "te/nn/safetensors.h"
+#include "te/nn/sharded.h"
+
+namespace te::hf {
+namespace {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+json tiny_config(const std::string& type = "llama") {
+  json c = {{"model_type", type},
+            {"architectures",
+             {type == "llama"     ? "LlamaForCausalLM"
+              : type == "mistral" ? "MistralForCausalLM"
+              : type == "qwen2"   ? "Qwen2ForCausalLM"
+                                  : "Qwen3ForCausalLM"}},
+            {"vocab_size", 64},
+            {"hidden_size", 16},
+            {"intermediate_size", 24},
+            {"num_hidden_layers", 2},
+            {"num_attention_heads", 4},
+            {"num_key_value_heads", 2},
+            {"max_position_embeddings", 32},
+            {"rms_norm_eps", 1e-5},
+            {"hidden_act", "silu"},
+            {"tie_word_embeddings", false},
+            {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 10000.0}}},
+            {"dtype", "float32"},
+            {"transformers_version", "5.23.0"}};
+  return c;
+}
+
+CausalLMConfig parse(const json& j) { return parse_causal_lm_config(j.dump(), "config.json"); }
+
+// Every te parameter, whole (one process).
+std::map<std::string, at::Tensor> params_of(const CausalLM& model) {
+  std::map<std::string, at::Tensor> out;
+  for (const auto& p : model->named_parameters()) out[p.key()] = p.value().detach();
+  return out;
+}
+
+// A random model of `config` saved as a Hugging Face directory (config.json and either one
+// model.safetensors or two files with an index).
+CausalLM save_random(const fs::path& dir, const json& config, bool two_files = false) {
+  fs::create_directories(dir);
+  std::ofstream(dir / "config.json") << config.dump(2);
+  te::nn::manual_seed(5);
+  CausalLM model(parse(config));
+  const auto hf = to_hf_tensors(model->config, params_of(model));
+  if (!two_files) {
+    te::nn::write_safetensors((dir / "model.safetensors").string(), hf);
+    return model;
+  }
+  std::map<std::string, at::Tensor> a, b;
+  json index = {{"metadata", {{"total_size", 0}}}, {"weight_map", json::object()}};
+  for (const auto& [name, t] : hf) {
+    const bool first = name.find("layers.1.") == std::string::npos;
+    (first ? a : b)[name] = t;
+    index["weight_map"][name] = first ? "model-00001-of-00002.safetensors"
+                                      : "model-00002-of-00002.safetensors";
+  }
+  te::nn::write_safetensors((dir / "model-00001-of-00002.safetensors").string(), a);
+  te::nn::write_safetensors((dir / "model-00002-of-00002.safetensors").string(), b);
+  std::ofstream(dir / "model.safetensors.index.json") << index.dump();
+  return model;
+}
+
+at::Tensor ids() { return at::arange(2 * 7, at::kLong).view({2, 7}).mul(5).remainder(64); }
+
+TEST(HfConfig, ReadsTheLlamaFamilysFields) {
+  json j = tiny_config("mistral");
+  j["sliding_window"] = 4;
+  const CausalLMConfig m = parse(j);
+  EXPECT_EQ(m.head_dim, 4);
+  EXPECT_EQ(m.num_key_value_heads, 2);
+  EXPECT_EQ(m.layer_windows, (std::vector<std::optional<int64_t>>{4, 4}));
+  EXPECT_FALSE(m.qkv_bias);
+
+  json q = tiny_config("qwen2");
+  q["use_sliding_window"] = true;
+  q["sliding_window"] = 8;
+  q["max_window_layers"] = 1;  // before transformers 5: layers from this one on slide
+  const CausalLMConfig q2 = parse(q);
+  EXPECT_EQ(q2.layer_windows, (std::vector<std::optional<int64_t>>{std::nullopt, 8}));
+  EXPECT_TRUE(q2.qkv_bias);
+  q["layer_types"] = {"sliding_attention", "full_attention"};
+  EXPECT_EQ(parse(q).layer_windows, (std::vector<std::optional<int64_t>>{8, std::nullopt}));
+  q["use_sliding_window"] = false;  // then the window is off whatever else says
+  q.erase("layer_types");
+  EXPECT_EQ(parse(q).layer_windows,
+            (std::vector<std::optional<int64_t>>{std::nullopt, std::nullopt}));
+
+  json old = tiny_config("qwen3");
+  old.erase("rope_parameters");
+  old["rope_theta"] = 500.0;
+  old["rope_scaling"] = {{"type", "linear"}, {"factor", 4.0}};
+  old["head_dim"] = 8;
+  const CausalLMConfig q3 = parse(old);
+  EXPECT_EQ(q3.rope_theta, 500.0);
+  EXPECT_EQ(q3.rope_type, "linear");
+  EXPECT_EQ(q3.rope_factor, 4.0);
+  EXPECT_EQ(q3.head_dim, 8);
+  EXPECT_TRUE(q3.qk_norm);
+}
+
+TEST(HfConfig, RefusesWhatItDoesNotHonourNamingTheField) {
+  json j = tiny_config();
+  j["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 4.0}, {"rope_theta", 1e4}};
+  EXPECT_ERROR(parse(j), "rope_parameters.rope_type: 'yarn' RoPE scaling is not supported");
+  j = tiny_config();
+  j["rope_parameters"]["beta_fast"] = 32;
+  EXPECT_ERROR(parse(j), "rope_parameters.beta_fast: is not a field te-cpp honours");
+  j = tiny_config();
+  j["num_experts"] = 8;
+  EXPECT_ERROR(parse(j), "'config.json': num_experts: is not a field te-cpp honours (value 8)");
+  j = tiny_config();
+  j["model_type"] = "gemma";
+  EXPECT_ERROR(parse(j), "model_type: 'gemma' is not a causal LM family te-cpp loads");
+  j = tiny_config();
+  j["architectures"] = {"LlamaForSequenceClassification"};
+  EXPECT_ERROR(parse(j), "architectures: entry \"LlamaForSequenceClassification\" is not one");
+  j = tiny_config();
+  j.erase("vocab_size");
+  EXPECT_ERROR(parse(j), "vocab_size is missing");
+  j = tiny_config();
+  j["hidden_size"] = "16";
+  EXPECT_ERROR(parse(j), "hidden_size: expected an integer, got \"16\"");
+  j = tiny_config();
+  j["hidden_act"] = "gelu";
+  EXPECT_ERROR(parse(j), "hidden_act: 'gelu'");
+  j = tiny_config();
+  j["num_key_value_heads"] = 3;
+  EXPECT_ERROR(parse(j), "num_key_value_heads: 3 does not divide num_attention_heads 4");
+  j = tiny_config();
+  j["use_sliding_window"] = true;  // a Qwen field on a Llama
+  EXPECT_ERROR(parse(j), "use_sliding_window: is not a field te-cpp honours");
+  EXPECT_ERROR(parse_causal_lm_config("{\"model_type\": ", "x/config.json"),
+               "'x/config.json' is not JSON");
+  test::TempDir dir;
+  EXPECT_ERROR(read_causal_lm_config(dir.path().string()), "config.json'; a Hugging Face model");
+}
+
+TEST(HfLoad, ASavedModelLoadsBackWholeOrFromShardedFiles) {
+  for (bool two_files : {false, true}) {
+    for (const char* type : {"llama", "qwen2", "qwen3"}) {
+      test::TempDir dir;
+      json config = tiny_config(type);
+      config["tie_word_embeddings"] = std::string(type) == "qwen2";
+      CausalLM saved = save_random(dir.path(), config, two_files);
+      te::nn::manual_seed(99);  // a different initialisation, overwritten by the load
+      int64_t bytes = 0;
+      LoadOptions o;
+      o.bytes_read = &bytes;
+      CausalLM loaded = load_causal_lm(dir.path().string(), o);
+      int64_t numel = 0;
+      for (const auto& [name, t] : params_of(saved)) {
+        EXPECT_TRUE(at::equal(params_of(loaded).at(name), t)) << type << " " << name;
+        numel += t.numel();
+      }
+      EXPECT_EQ(bytes, numel * 4) << type;
+      const at::Tensor x = ids();
+      EXPECT_TRUE(at::equal(loaded->forward(x), saved->forward(x))) << type;
+    }
+  }
+}
+
+TEST(HfLoad, TwoTensorParallelRanksEachReadAboutHalfAndEqualOneProcess) {
+  test::TempDir dir;
+  const json config = tiny_config();
+  CausalLM saved = save_random(dir.path(), config);
+  const at::Tensor x = ids();
+  const at::Tensor want = saved->forward(x);
+  const int64_t file_bytes =
+      static_cast<int64_t>(fs::file_size(dir / "model.safetensors"));
+  std::mutex mutex;
+  std::vector<int64_t> bytes(2, 0);
+  run_local_ranks(2, [&](int rank) {
+    DeviceMesh mesh({2}, {"tp"});
+    MeshScope on(mesh);
+    MeshResource r;
+    r.tp = "tp";
+    MeshResourceScope resource(r);
+    AxisRulesScope rules(extend_logical_axis_rules(parse_axis_rules("vocab=tp")));
+    LoadOptions o;
+    o.bytes_read = &bytes[static_cast<std::size_t>(rank)];
+    CausalLM model = load_causal_lm(dir.path().string(), o);
+    EXPECT_TRUE(model->embed->is_sharded());
+    const at::Tensor logits = model->forward_on_mesh(x).full_tensor();
+    std::lock_guard<std::mutex> lock(mutex);
+    EXPECT_TRUE(at::allclose(logits, want, 1e-5, 1e-6)) << "rank " << rank;
+  });
+  for (int64_t b : bytes) {
+    EXPECT_LT(b, file_bytes * 55 / 100) << "of " << file_bytes;
+    EXPECT_GT(b, file_bytes * 40 / 100) << "of " << file_bytes;
+  }
+}
+
+TEST(HfLoad, NamesEveryBadFile) {
+  test::TempDir dir;
+  const json config = tiny_config();
+  save_random(dir.path(), config);
+  const std::string d = dir.path().string();
+  const std::string file = (dir / "model.safetensors").string();
+  te::nn::SafetensorsReader reader(file);
+  std::map<std::string, at::Tensor> all;
+  for (const std::string& name : reader.names()) all[name] = reader.read(name);
+  // A missing tensor, an extra one (skipped when not strict), a wrong shape.
+  auto with = [&](std::map<std::string, at::Tensor> tensors) {
+    te::nn::write_safetensors(file, tensors);
+  };
+  auto missing = all;
+  missing.erase("model.layers.1.mlp.up_proj.weight");
+  with(missing);
+  EXPECT_ERROR(load_causal_lm(d), "lacks 'model.layers.1.mlp.up_proj.weight', which a llama");
+  auto extra = all;
+  extra["model.layers.2.mlp.up_proj.weight"] = at::zeros({2});
+  with(extra);
+  EXPECT_ERROR(load_causal_lm(d), "holds 'model.layers.2.mlp.up_proj.weight', which a llama");
+  LoadOptions lenient;
+  lenient.strict = false;
+  EXPECT_NO_THROW(load_causal_lm(d, lenient));
+  auto wrong = all;
+  wrong["model.norm.weight"] = at::zeros({17});
+  with(wrong);
+  EXPECT_ERROR(load_causal_lm(d), "'model.norm.weight' in '" + file +
+                                      "' has shape [17] but config.json implies [16]");
+  // A dtype LibTorch cannot hold, and a damaged header.
+  // (the first tensor the load reads: the embedding table, [64, 16])
+  const std::string header = R"({"model.embed_tokens.weight":{"dtype":"U16","shape":[64,16],)"
+                             R"("data_offsets":[0,2048]}})";
+  {
+    std::ofstream out(file, std::ios::binary | std::ios::trunc);
+    uint64_t n = header.size();
+    out.write(reinterpret_cast<const char*>(&n), 8);
+    out << header << std::string(2048, '\0');
+  }
+  EXPECT_ERROR(load_causal_lm(d, lenient), "has dtype 'U16', which te-cpp cannot hold");
+  {
+    std::ofstream out(file, std::ios::binary | std::ios::trunc);
+    out << "not a safetensors file at all";
+  }
+  EXPECT_ERROR(load_causal_lm(d), file);
+  fs::remove(file);
+  EXPECT_ERROR(load_causal_lm(d), "holds neither model.safetensors nor");
+}
+
+}  // namespace
+}  // namespace te::hf

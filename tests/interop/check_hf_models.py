@@ -1,0 +1,333 @@
+"""Holds te's Hugging Face loader to transformers on small random decoder models: for each family
+below it builds a float32 *ForCausalLM from a random config (eager attention, no dropout, norm
+scales and biases moved off their initial values), saves it with save_pretrained (config.json and
+model.safetensors), writes two rows of random token ids and runs
+
+  BINARY --model WORKDIR/<case> --ids WORKDIR/<case>/ids.json --out WORKDIR/<case>/te.json
+
+te.json is {"layouts": {LAYOUT: {"logits": T, "loss": float, "grads": {HF name: T}}}} with T as
+cases.h's as_json writes it. Every layout is held to the model's own forward and backward: the
+logits, the mean next-token cross-entropy and the gradient of every parameter
+model.named_parameters() lists (a tied lm_head is not listed; its gradient is the embedding's).
+A parameter te leaves out, or a gradient te names that the model has not, fails the layout.
+Within 1e-5.
+
+The GGUF cases (GGUF_CASES) build a random Llama the same way, write it with gguf-py as llama.cpp's
+convert_hf_to_gguf.py writes a Llama (its metadata, a minimal tokenizer, attn_q and attn_k rows
+permuted, the 2-dim weights quantized) to WORKDIR/<case>/model.gguf and pass that file as --model.
+Quantizing changes the weights, so there the reference is not the float model but what transformers
+loads from the file (from_pretrained(..., gguf_file=), or its steps by hand where accelerate, which
+it insists on, is missing: see from_gguf); te's gradients are still keyed by the Hugging Face names.
+
+  python check_hf_models.py BINARY WORKDIR
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+# load_gguf_checkpoint's progress bar is tqdm's own, which transformers' disable_progress_bar does
+# not reach; tqdm reads this once, when it is first imported (by what follows).
+os.environ.setdefault("TQDM_DISABLE", "1")
+
+import gguf
+import torch
+import transformers
+from gguf import GGMLQuantizationType as Q
+from interop_common import TOL, rel_err, tensor
+from transformers import (AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM,
+                          MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM,
+                          Qwen3Config, Qwen3ForCausalLM)
+from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+from transformers.utils import is_accelerate_available
+
+BATCH, SEQ, VOCAB = 2, 12, 128
+
+SIZES = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, intermediate_size=48, max_position_embeddings=64,
+             rms_norm_eps=1e-6, attention_dropout=0.0, attn_implementation="eager")
+
+
+def rope(theta, rope_type="default", **extra):
+    return {"rope_parameters": dict(rope_type=rope_type, rope_theta=theta, **extra)}
+
+
+# (case, config class, model class, config arguments beyond SIZES)
+FAMILIES = [
+    ("llama", LlamaConfig, LlamaForCausalLM,
+     dict(tie_word_embeddings=False, **rope(10000.0))),
+    ("llama-tied-linear-rope", LlamaConfig, LlamaForCausalLM,
+     dict(tie_word_embeddings=True, attention_bias=True, mlp_bias=True,
+          **rope(500.0, "linear", factor=2.0))),
+    # SEQ > sliding_window, so the window cuts keys off.
+    ("mistral", MistralConfig, MistralForCausalLM,
+     dict(tie_word_embeddings=False, sliding_window=4, **rope(10000.0))),
+    ("qwen2", Qwen2Config, Qwen2ForCausalLM,
+     dict(tie_word_embeddings=True, use_sliding_window=False, **rope(10000.0))),
+    # head_dim 16 is not hidden_size / heads (8).
+    ("qwen3", Qwen3Config, Qwen3ForCausalLM,
+     dict(tie_word_embeddings=False, head_dim=16, attention_bias=False, **rope(10000.0))),
+]
+
+
+# (case, tie_word_embeddings, type of the 2-dim weights, type of token_embd.weight); Llama sizes
+# as "llama" above. Rows of hidden_size 32 are one 32-wide block; ffn_down's rows of
+# intermediate_size 48 are not whole blocks and go F16. The tied file has no output.weight, so its
+# logits come off the F32 embedding table.
+GGUF_CASES = [
+    ("llama-gguf-q8_0", False, Q.Q8_0, Q.Q8_0),
+    ("llama-gguf-q4_1-tied", True, Q.Q4_1, Q.F32),
+]
+GGUF_FILE_TYPES = {Q.Q8_0: gguf.LlamaFileType.MOSTLY_Q8_0, Q.Q4_1: gguf.LlamaFileType.MOSTLY_Q4_1}
+
+# Hugging Face name (with N for the layer) -> GGUF name, as convert_hf_to_gguf.py maps a Llama.
+GGUF_NAMES = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+    "model.layers.N.input_layernorm.weight": "blk.N.attn_norm.weight",
+    "model.layers.N.self_attn.q_proj.weight": "blk.N.attn_q.weight",
+    "model.layers.N.self_attn.k_proj.weight": "blk.N.attn_k.weight",
+    "model.layers.N.self_attn.v_proj.weight": "blk.N.attn_v.weight",
+    "model.layers.N.self_attn.o_proj.weight": "blk.N.attn_output.weight",
+    "model.layers.N.post_attention_layernorm.weight": "blk.N.ffn_norm.weight",
+    "model.layers.N.mlp.gate_proj.weight": "blk.N.ffn_gate.weight",
+    "model.layers.N.mlp.up_proj.weight": "blk.N.ffn_up.weight",
+    "model.layers.N.mlp.down_proj.weight": "blk.N.ffn_down.weight",
+}
+
+
+def build(config_class, model_class, kwargs, seed):
+    """The random model, with every norm scale and bias moved off its initial value."""
+    torch.manual_seed(seed)
+    model = model_class(config_class(**SIZES, **kwargs)).to(torch.float32)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name and name.endswith(".weight"):
+                p.add_(0.2 * torch.randn_like(p))
+            elif name.endswith(".bias"):
+                p.add_(0.1 * torch.randn_like(p))
+    return model
+
+
+def permute(w, n_head):
+    """llama.cpp's LlamaModel.permute of attn_q / attn_k rows (each head's rotary halves
+    interleaved), which transformers' LlamaTensorProcessor undoes."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2) \
+        .reshape(w.shape)
+
+
+def write_gguf(model, path, qtype, embd_qtype):
+    """model (a LlamaForCausalLM) as llama.cpp's convert_hf_to_gguf.py writes a Llama, with the
+    2-dim weights quantized to qtype (token_embd.weight to embd_qtype) and the norms in F32."""
+    c = model.config
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_name("te random llama")
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_block_count(c.num_hidden_layers)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w.add_rope_freq_base(c.rope_parameters["rope_theta"])
+    w.add_rope_dimension_count(c.head_dim)
+    w.add_vocab_size(c.vocab_size)
+    w.add_file_type(GGUF_FILE_TYPES[qtype])
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    # A SentencePiece ("llama") vocabulary of vocab_size tokens: <unk>, <s>, </s> and plain
+    # pieces. transformers needs none of it to load the model, but llama.cpp's converter always
+    # writes one.
+    tokens = ["<unk>", "<s>", "</s>"] + ["\u2581t%d" % i for i in range(3, c.vocab_size)]
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_scores([0.0, 0.0, 0.0] + [-float(i) for i in range(3, c.vocab_size)])
+    w.add_token_types([gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
+                      + [gguf.TokenType.NORMAL] * (c.vocab_size - 3))
+    w.add_unk_token_id(0)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    for hf_name, p in model.state_dict().items():
+        if hf_name == "lm_head.weight" and c.tie_word_embeddings:
+            continue
+        m = re.fullmatch(r"model\.layers\.(\d+)\.(.*)", hf_name)
+        name = (GGUF_NAMES["model.layers.N." + m[2]].replace(".N.", ".%s." % m[1]) if m
+                else GGUF_NAMES[hf_name])
+        data = p.detach().to(torch.float32).numpy()
+        if name.endswith("attn_q.weight"):
+            data = permute(data, c.num_attention_heads)
+        elif name.endswith("attn_k.weight"):
+            data = permute(data, c.num_key_value_heads)
+        kind = Q.F32 if data.ndim == 1 else embd_qtype if name == "token_embd.weight" else qtype
+        if kind != Q.F32 and data.shape[-1] % gguf.GGML_QUANT_SIZES[kind][0]:
+            # A row the blocks do not tile (ffn_down's intermediate_size 48): F16, as
+            # convert_hf_to_gguf.py falls back to on gguf.QuantError.
+            kind = Q.F16
+        w.add_tensor(name, gguf.quants.quantize(data, kind), raw_dtype=kind)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def token_ids(seed):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, VOCAB, (BATCH, SEQ), generator=gen)
+
+
+def run_te(binary, folder, model_path=None):
+    """te.json's layouts for the model at model_path (default: folder itself), or raises
+    RuntimeError with the binary's complaint (its stderr)."""
+    out = os.path.join(folder, "te.json")
+    cmd = [binary, "--model", model_path or folder, "--ids", os.path.join(folder, "ids.json"),
+           "--out", out]
+    try:
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                       text=True)
+    except subprocess.CalledProcessError as e:
+        raise RuntimeError("%s exited with status %d\n%s" % (binary, e.returncode, e.stderr))
+    except OSError as e:
+        raise RuntimeError("could not run %s: %s" % (binary, e))
+    try:
+        layouts = json.load(open(out))["layouts"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise RuntimeError("could not read layouts from %s: %r" % (out, e))
+    if not layouts:
+        raise RuntimeError("%s holds no layouts" % out)
+    return layouts
+
+
+def reference(model, ids):
+    """transformers' logits, mean next-token loss and parameter gradients, in float64."""
+    model.eval()
+    model.zero_grad()
+    logits = model(input_ids=ids).logits
+    loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
+                                             ids[:, 1:].reshape(-1))
+    loss.backward()
+    grads = {name: p.grad.to(torch.float64) for name, p in model.named_parameters()}
+    return logits.detach().to(torch.float64), loss.item(), grads
+
+
+def compare(what, mine, want, problems):
+    """rel_err of te's tensor `mine` (JSON) against `want`; inf, noted in problems, when te
+    wrote no such tensor or one of another shape."""
+    if mine is None:
+        problems.append("no %s" % what)
+        return float("inf")
+    t = tensor(mine)
+    if t.shape != want.shape:
+        problems.append("%s has shape %s, not %s" % (what, list(t.shape), list(want.shape)))
+        return float("inf")
+    return rel_err(t, want)
+
+
+def check_layout(te, logits, loss, grads):
+    """({what: error}, [problems]) for one layout te wrote."""
+    problems = []
+    errors = {"logits": compare("logits", te.get("logits"), logits, problems)}
+    if "loss" in te:
+        errors["loss"] = abs(te["loss"] - loss) / max(1.0, abs(loss))
+    else:
+        errors["loss"] = float("inf")
+        problems.append("no loss")
+    got = te.get("grads", {})
+    grad_errors = {name: compare("gradient for " + name, got.get(name), want, problems)
+                   for name, want in grads.items()}
+    problems += ["gradient for %s, which the model has not" % n for n in got if n not in grads]
+    # The largest gradient error, a NaN counting as the largest.
+    worst = max(grad_errors, key=lambda n: (grad_errors[n] != grad_errors[n], grad_errors[n]))
+    errors["grad (%s)" % worst] = grad_errors[worst]
+    return errors, problems
+
+
+def check_case(binary, workdir, index, case, config_class, model_class, kwargs):
+    """[(layout, {what: error}, [problems])] for one family; raises RuntimeError if te fails."""
+    seed = 1000 + index
+    model = build(config_class, model_class, kwargs, seed)
+    folder = os.path.join(workdir, case)
+    model.save_pretrained(folder, safe_serialization=True)
+    ids = token_ids(seed)
+    with open(os.path.join(folder, "ids.json"), "w") as f:
+        json.dump({"ids": ids.tolist()}, f)
+    layouts = run_te(binary, folder)
+    logits, loss, grads = reference(model, ids)
+    return [(name, *check_layout(te, logits, loss, grads)) for name, te in layouts.items()]
+
+
+def from_gguf(folder, filename):
+    """The float32 model transformers loads from folder/filename: from_pretrained(gguf_file=)
+    where accelerate is installed (from_pretrained refuses a GGUF file without it, and the
+    reference venv has none); else the same by hand: the config AutoConfig reads off the file's
+    metadata, then the tensors load_gguf_checkpoint dequantizes (gguf-py) and un-permutes, which
+    is what from_pretrained's GGUF quantizer hands its loader for a Llama."""
+    if is_accelerate_available():
+        return AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32,
+                                                    attn_implementation="eager")
+    config = AutoConfig.from_pretrained(folder, gguf_file=filename)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").to(torch.float32)
+    tensors = load_gguf_checkpoint(os.path.join(folder, filename), return_tensors=True,
+                                   model_to_load=model, torch_dtype=torch.float32)["tensors"]
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    # A tied lm_head is the embedding, which the file holds as token_embd.weight.
+    tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
+    if set(missing) - tied or unexpected:
+        raise RuntimeError("transformers read %s from %s: missing %s, unexpected %s"
+                           % (sorted(tensors), filename, sorted(set(missing) - tied),
+                              sorted(unexpected)))
+    return model
+
+
+def check_gguf_case(binary, workdir, index, case, tied, qtype, embd_qtype):
+    """As check_case, for a Llama written as WORKDIR/<case>/model.gguf and held to what
+    transformers loads from that file."""
+    seed = 1000 + index
+    model = build(LlamaConfig, LlamaForCausalLM,
+                  dict(tie_word_embeddings=tied, **rope(10000.0)), seed)
+    folder = os.path.join(workdir, case)
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, "model.gguf")
+    write_gguf(model, path, qtype, embd_qtype)
+    ids = token_ids(seed)
+    with open(os.path.join(folder, "ids.json"), "w") as f:
+        json.dump({"ids": ids.tolist()}, f)
+    layouts = run_te(binary, folder, path)
+    logits, loss, grads = reference(from_gguf(folder, "model.gguf"), ids)
+    return [(name, *check_layout(te, logits, loss, grads)) for name, te in layouts.items()]
+
+
+def main(binary, workdir):
+    transformers.utils.logging.disable_progress_bar()
+    reference_name = "transformers " + transformers.__version__
+    failures = total = 0
+    cases = [(case, check_case, family) for case, *family in FAMILIES] + \
+            [(case, check_gguf_case, args) for case, *args in GGUF_CASES]
+    for index, (case, check, args) in enumerate(cases):
+        try:
+            results = check(binary, workdir, index, case, *args)
+        except RuntimeError as e:
+            failures, total = failures + 1, total + 1
+            first, *rest = str(e).rstrip("\n").split("\n")
+            print("FAIL %s: %s" % (case, first))
+            for line in rest:
+                print("     " + line)
+            continue
+        for layout, errors, problems in results:
+            bad = problems or [k for k, e in errors.items() if not e <= TOL]
+            failures, total = failures + bool(bad), total + 1
+            print("%s %s/%s: %s" % ("FAIL" if bad else "ok  ", case, layout,
+                                    ", ".join("%s %.2g" % kv for kv in errors.items())))
+            for p in problems:
+                print("     %s" % p)
+    print("%d of %d case layouts differ from %s (tolerance %g)"
+          % (failures, total, reference_name, TOL))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        raise SystemExit(__doc__)
+    sys.exit(main(sys.argv[1], sys.argv[2]))
