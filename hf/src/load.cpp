@@ -14,6 +14,7 @@
 #include "te/distributed.h"
 #include "te/error.h"
 #include "te/hf/causal_lm.h"
+#include "te/nn/init.h"
 #include "te/nn/safetensors.h"
 #include "te/nn/sharded.h"
 #include "source.h"
@@ -162,7 +163,11 @@ CausalLM load_causal_lm(const std::string& path_text, const LoadOptions& options
   } else {
     source = std::make_unique<SafetensorsSource>(path);
   }
-  CausalLM model(config);
+  // Every parameter is overwritten below: no random initial values to draw.
+  CausalLM model = [&] {
+    nn::EmptyParameterScope empty;
+    return CausalLM(config);
+  }();
   const auto map = causal_lm_weight_map(config);
   std::set<std::string> used;
   const auto layouts = nn::named_parameter_layouts(*model);

@@ -28,6 +28,11 @@ int& meta_depth() {
   return depth;
 }
 
+int& empty_depth() {
+  thread_local int depth = 0;
+  return depth;
+}
+
 at::Tensor meta(const std::vector<int64_t>& shape) {
   return at::empty(checked(shape), at::TensorOptions().device(at::kMeta));
 }
@@ -38,6 +43,10 @@ MetaParameterScope::MetaParameterScope() { ++meta_depth(); }
 MetaParameterScope::~MetaParameterScope() { --meta_depth(); }
 bool meta_parameters() { return meta_depth() > 0; }
 
+EmptyParameterScope::EmptyParameterScope() { ++empty_depth(); }
+EmptyParameterScope::~EmptyParameterScope() { --empty_depth(); }
+bool empty_parameters() { return empty_depth() > 0; }
+
 void manual_seed(uint64_t seed) {
   generator() = at::detail::createCPUGenerator(seed);
   set_rng_state({seed, 0});
@@ -45,6 +54,7 @@ void manual_seed(uint64_t seed) {
 
 at::Tensor normal(const std::vector<int64_t>& shape, double stddev) {
   if (meta_parameters()) return meta(shape);
+  if (empty_parameters()) return at::empty(checked(shape));
   return at::normal(0.0, stddev, checked(shape), generator());
 }
 
@@ -52,6 +62,7 @@ at::Tensor truncated_normal(const std::vector<int64_t>& shape, double stddev) {
   // Sample N(0, 1), redraw what falls outside [-2, 2], then scale so the truncated
   // distribution has standard deviation `stddev` (its std is 0.87962566103423978 of N(0, 1)'s).
   if (meta_parameters()) return meta(shape);
+  if (empty_parameters()) return at::empty(checked(shape));
   at::Tensor t = at::normal(0.0, 1.0, checked(shape), generator());
   while (true) {
     at::Tensor outside = t.abs() > 2.0;
@@ -86,6 +97,7 @@ at::Tensor variance_scaling(const std::vector<int64_t>& shape, int64_t in_dims, 
            "' is not one of normal, truncated_normal, uniform");
   const double limit = std::sqrt(3 * variance);
   if (meta_parameters()) return meta(shape);
+  if (empty_parameters()) return at::empty(checked(shape));
   return at::empty(checked(shape)).uniform_(-limit, limit, generator());
 }
 

