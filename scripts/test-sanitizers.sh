@@ -22,9 +22,9 @@ case "$kind" in
     build_dir=${TE_ASAN_BUILD_DIR:-build-asan}
     sanitize=address,undefined
     targets=(te_sharding_tests te_runtime_tests te_kernels_tests te_distributed_tests te_fp8_tests
-             te_nn_tests)
+             te_nn_tests te_hf_tests)
     # The tests of those executables; the GPU ones skip.
-    filter='^(sharding|runtime|kernels|distributed|fp8|nn)\.'
+    filter='^(sharding|runtime|kernels|distributed|fp8|nn|hf)\.'
     export ASAN_OPTIONS=detect_leaks=1:halt_on_error=1:abort_on_error=0
     export LSAN_OPTIONS=suppressions=$supp/lsan.supp:print_suppressions=0
     export UBSAN_OPTIONS=suppressions=$supp/ubsan.supp:print_stacktrace=1:halt_on_error=1
