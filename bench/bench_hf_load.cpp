@@ -78,9 +78,4 @@ BENCHMARK(LoadGguf)->Iterations(5)->UseManualTime()->Unit(benchmark::kMillisecon
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  te::configure_threads();
-  benchmark::Initialize(&argc, argv);
-  benchmark::RunSpecifiedBenchmarks();
-  return 0;
-}
+int main(int argc, char** argv) { return te::bench::run_benchmarks(argc, argv); }

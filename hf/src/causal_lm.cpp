@@ -31,7 +31,9 @@ nn::TransformerLayerOptions layer_options(const CausalLMConfig& c, int64_t layer
                .scaled_query_init(false)
                .scale_attn_logits(true);
   // transformers' sliding window W: a query sees the W keys up to and including itself.
-  const auto& window = c.layer_windows.at(static_cast<std::size_t>(layer));
+  TE_CHECK(layer >= 0 && layer < static_cast<int64_t>(c.layer_windows.size()), "layer_options: ",
+           "layer ", layer, " of a config with ", c.layer_windows.size(), " layer windows");
+  const auto& window = c.layer_windows[static_cast<std::size_t>(layer)];
   if (window) o.window_size(nn::WindowSize{*window - 1, 0});
   if (c.qk_norm) o.qk_norm_type("RMSNorm").qk_norm_eps(c.rms_norm_eps).qk_norm_before_rope(true);
   return o;
@@ -61,9 +63,9 @@ void CausalLMImpl::reset() {
                                  .kernel_axes({axis::kEmbed, axis::kVocab})
                                  .output_axes({axis::kBatch, axis::kSeqlen, axis::kVocab})));
   }
-  auto rope_options = nn::RotaryPositionEmbeddingOptions(c.head_dim)
-                          .rotary_percent(c.partial_rotary_factor)
-                          .rotary_base(c.rope_theta);
+  auto rope_options =
+      nn::RotaryPositionEmbeddingOptions(c.rotary_dim == 0 ? c.head_dim : c.rotary_dim)
+          .rotary_base(c.rope_theta);
   // transformers' linear scaling divides every position by the factor; TE's does so up to
   // pretrained * factor positions (then scales dynamically), so pretrained is set to
   // max_position_embeddings and longer sequences are refused in forward.

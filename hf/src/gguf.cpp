@@ -95,7 +95,9 @@ std::optional<double> GgufFile::number(const std::string& key) const {
   const GgufValue* v = value(key);
   if (v == nullptr) return std::nullopt;
   if (v->type == 6 || v->type == 12) return v->number;
-  return static_cast<double>(*integer(key));
+  TE_CHECK(v->type <= 5 || v->type == 10 || v->type == 11, "gguf: '", path(), "': metadata '",
+           key, "' is not a number (type ", v->type, ")");
+  return static_cast<double>(v->integer);
 }
 
 std::optional<std::string> GgufFile::string(const std::string& key) const {
@@ -112,12 +114,13 @@ at::Tensor GgufFile::read(const std::string& name, const std::vector<int64_t>& l
   TE_CHECK(t != nullptr, "gguf: '", path(), "' has no tensor '", name, "'");
   const int64_t nd = static_cast<int64_t>(t->shape.size());
   TE_CHECK(static_cast<int64_t>(lo.size()) == nd && static_cast<int64_t>(hi.size()) == nd,
-           "gguf: reading '", name, "': a box of ", lo.size(), " dims for a ", nd, "-dim tensor");
+           "gguf: reading '", name, "' in '", path(), "': a box of ", lo.size(), " dims for a ",
+           nd, "-dim tensor");
   std::vector<int64_t> out_shape;
   int64_t rows = 1;
   for (int64_t d = 0; d < nd; ++d) {
     TE_CHECK(0 <= lo[d] && lo[d] <= hi[d] && hi[d] <= t->shape[d], "gguf: reading '", name,
-             "': box [", lo[d], ", ", hi[d], ") of dim ", d, " is outside ",
+             "' in '", path(), "': box [", lo[d], ", ", hi[d], ") of dim ", d, " is outside ",
              at::IntArrayRef(t->shape));
     out_shape.push_back(hi[d] - lo[d]);
     if (d < nd - 1) rows *= hi[d] - lo[d];

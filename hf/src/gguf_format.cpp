@@ -81,8 +81,18 @@ class Cursor {
     }
     return n;
   }
-  std::string text(bool wide, const std::string& field) {
+  // Metadata arrays may hold at most this many elements in all (a real vocabulary and its
+  // merges are a few hundred thousand), so a hostile file cannot make te-cpp hold many times its
+  // size in memory.
+  void spend(uint64_t elements, const std::string& field) {
+    if (elements > budget_) {
+      fail(field, "metadata arrays of more than 2^24 elements in all are not read by te-cpp");
+    }
+    budget_ -= elements;
+  }
+  std::string text(bool wide, const std::string& field, uint64_t max = UINT64_MAX) {
     const uint64_t n = count(wide, 1, field);
+    if (n > max) fail(field, "a string of " + std::to_string(n) + " bytes, over " + std::to_string(max));
     std::string s(n, '\0');
     bytes(s.data(), static_cast<int64_t>(n), field);
     return s;
@@ -91,6 +101,7 @@ class Cursor {
  private:
   const std::function<void(void*, std::size_t, int64_t)>& read_;
   int64_t size_, pos_ = 0;
+  uint64_t budget_ = uint64_t{1} << 24;
   const std::string& path_;
 };
 
@@ -151,6 +162,7 @@ GgufValue read_value(Cursor& c, uint32_t type, bool wide, const std::string& fie
       c.fail(field, "array element type " + std::to_string(v.element_type) + " is unknown");
     }
     const uint64_t n = c.count(wide, each, field + " (array length)");
+    c.spend(n, field);
     for (uint64_t k = 0; k < n; ++k) {
       if (strings) v.strings.push_back(c.text(wide, field));
       else read_scalar(c, v.element_type, v, true, field);
@@ -263,8 +275,10 @@ GgufHeader parse_gguf_header(const std::function<void(void*, std::size_t, int64_
   // A tensor's entry is at least a name length, n_dims, one dim, type and offset: 28 bytes.
   const uint64_t n_tensors = c.count(wide, 28, "tensor_count");
   const uint64_t n_kv = c.count(wide, 13, "metadata_kv_count");
+  if (n_kv > 65536) c.fail("metadata_kv_count", std::to_string(n_kv) + " keys, over 65536");
   for (uint64_t k = 0; k < n_kv; ++k) {
-    const std::string key = c.text(wide, "metadata key " + std::to_string(k));
+    // GGUF's own limit on a key's length.
+    const std::string key = c.text(wide, "metadata key " + std::to_string(k), 65535);
     const uint32_t type = c.scalar<uint32_t>("metadata '" + key + "' type");
     if (h.metadata.count(key)) c.fail("metadata '" + key + "'", "the key appears twice");
     h.metadata[key] = read_value(c, type, wide, "metadata '" + key + "'");

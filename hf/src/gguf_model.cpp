@@ -61,13 +61,21 @@ std::string to_hf(const std::string& gguf) {
 
 class GgufSource : public TensorSource {
  public:
-  GgufSource(const std::string& path, const CausalLMConfig& config) : file_(path) {
+  GgufSource(GgufFile file, const CausalLMConfig& config) : file_(std::move(file)) {
     permute_ = config.model_type == "llama";
     heads_ = config.num_attention_heads;
     kv_heads_ = config.num_key_value_heads;
     for (const GgufTensor& t : file_.header().tensors) {
+      // llama.cpp's RoPE frequency factors (Llama 3.1's scaling): a load without them would
+      // rotate differently, so they are refused in every mode, not skipped.
+      TE_CHECK(t.name != "rope_freqs.weight", "gguf: '", file_.path(),
+               "' holds rope_freqs.weight: llama.cpp's Llama 3 RoPE scaling, which te-cpp does "
+               "not support");
       const std::string hf = to_hf(t.name);
-      names_[hf.empty() ? t.name : hf] = t.name;  // a name without a counterpart stays itself
+      const std::string& key = hf.empty() ? t.name : hf;  // no counterpart: stays itself
+      const auto [it, added] = names_.emplace(key, t.name);
+      TE_CHECK(added, "gguf: '", file_.path(), "' has both '", it->second, "' and '", t.name,
+               "', which are the same tensor ('", key, "')");
     }
   }
   std::vector<std::string> names() const override {
@@ -79,6 +87,7 @@ class GgufSource : public TensorSource {
   std::vector<int64_t> shape(const std::string& name) override {
     return file_.tensor(names_.at(name))->shape;
   }
+  at::ScalarType dtype(const std::string&) override { return at::kFloat; }  // dequantized
   at::Tensor read(const std::string& name, const std::vector<int64_t>& lo,
                   const std::vector<int64_t>& hi, int64_t* bytes_read) override {
     const std::string& g = names_.at(name);
@@ -120,8 +129,11 @@ bool is_gguf(const std::string& path) {
   return in.read(magic, 4) && std::memcmp(magic, "GGUF", 4) == 0;
 }
 
-CausalLMConfig gguf_causal_lm_config(const std::string& path) {
-  GgufFile file(path);
+namespace {
+
+// The config a GGUF file's metadata (llama.cpp's keys) and tensors describe.
+CausalLMConfig gguf_config(const GgufFile& file) {
+  const std::string& path = file.path();
   const std::string arch = file.string("general.architecture").value_or("");
   TE_CHECK(arch == "llama" || arch == "qwen2" || arch == "qwen3", "gguf: '", path,
            "': general.architecture '", arch,
@@ -151,9 +163,6 @@ CausalLMConfig gguf_causal_lm_config(const std::string& path) {
   c.intermediate_size = required("feed_forward_length");
   c.num_attention_heads = required("attention.head_count");
   c.num_key_value_heads = integer("attention.head_count_kv").value_or(c.num_attention_heads);
-  TE_CHECK(c.num_key_value_heads > 0 && c.num_attention_heads % c.num_key_value_heads == 0,
-           "gguf: '", path, "': ", a, "attention.head_count_kv ", c.num_key_value_heads,
-           " does not divide ", a, "attention.head_count ", c.num_attention_heads);
   c.head_dim = integer("attention.key_length").value_or(0);
   if (c.head_dim == 0) {
     TE_CHECK(c.hidden_size % c.num_attention_heads == 0, "gguf: '", path, "': ", a,
@@ -166,10 +175,7 @@ CausalLMConfig gguf_causal_lm_config(const std::string& path) {
   c.max_position_embeddings = integer("context_length").value_or(0);
   c.rms_norm_eps = number("attention.layer_norm_rms_epsilon").value_or(1e-6);
   c.rope_theta = number("rope.freq_base").value_or(10000.0);
-  const int64_t rotary = integer("rope.dimension_count").value_or(c.head_dim);
-  TE_CHECK(rotary > 0 && rotary <= c.head_dim, "gguf: '", path, "': ", a,
-           "rope.dimension_count ", rotary, " is not in (0, head dim ", c.head_dim, "]");
-  c.partial_rotary_factor = static_cast<double>(rotary) / static_cast<double>(c.head_dim);
+  c.rotary_dim = integer("rope.dimension_count").value_or(c.head_dim);
   read.insert(a + "rope.scaling.type");
   if (const auto type = file.string(a + "rope.scaling.type"); type && *type != "none") {
     TE_CHECK(*type == "linear", "gguf: '", path, "': ", a, "rope.scaling.type '", *type,
@@ -183,6 +189,9 @@ CausalLMConfig gguf_causal_lm_config(const std::string& path) {
   TE_CHECK(embed != nullptr && embed->shape.size() == 2, "gguf: '", path,
            "' has no 2-dim token_embd.weight");
   c.vocab_size = integer("vocab_size").value_or(embed->shape[0]);
+  TE_CHECK(embed->shape[0] == c.vocab_size && embed->shape[1] == c.hidden_size, "gguf: '", path,
+           "': token_embd.weight is ", at::IntArrayRef(embed->shape), " but the metadata says ",
+           a, "vocab_size ", c.vocab_size, " and ", a, "embedding_length ", c.hidden_size);
   c.tie_word_embeddings = file.tensor("output.weight") == nullptr;
   c.qkv_bias = file.tensor("blk.0.attn_q.bias") != nullptr;
   c.attention_bias = file.tensor("blk.0.attn_output.bias") != nullptr;
@@ -200,11 +209,18 @@ CausalLMConfig gguf_causal_lm_config(const std::string& path) {
             "' is not a key te-cpp honours; te-cpp builds the model from every key it reads and "
             "will not ignore one that may change it");
   }
+  check_causal_lm_config(c, "'" + path + "' (GGUF metadata)");
   return c;
 }
 
-std::unique_ptr<TensorSource> open_gguf(const std::string& path, const CausalLMConfig& config) {
-  return std::make_unique<GgufSource>(path, config);
+}  // namespace
+
+GgufModel open_gguf_causal_lm(const std::string& path) {
+  GgufFile file(path);
+  GgufModel m;
+  m.config = gguf_config(file);
+  m.source = std::make_unique<GgufSource>(std::move(file), m.config);
+  return m;
 }
 
 }  // namespace te::hf::detail

@@ -85,7 +85,8 @@ class SafetensorsSource : public detail::TensorSource {
  public:
   explicit SafetensorsSource(const fs::path& dir) {
     const fs::path index = dir / "model.safetensors.index.json";
-    if (fs::exists(index)) {
+    std::error_code ec;
+    if (fs::exists(index, ec)) {
       std::ifstream in(index, std::ios::binary);
       TE_CHECK(in.good(), "load_causal_lm: cannot read '", index.string(), "'");
       nlohmann::json j;
@@ -99,7 +100,8 @@ class SafetensorsSource : public detail::TensorSource {
                "load_causal_lm: '", index.string(), "' has no weight_map object");
       for (const auto& [name, file] : j["weight_map"].items()) {
         TE_CHECK(file.is_string() &&
-                     fs::path(file.get<std::string>()).filename() == file.get<std::string>(),
+                     fs::path(file.get<std::string>()).filename() == file.get<std::string>() &&
+                     file != "." && file != "..",
                  "load_causal_lm: '", index.string(), "': weight_map[\"", name,
                  "\"] is not a file name in the directory: ", file.dump());
         files_[name] = (dir / file.get<std::string>()).string();
@@ -107,7 +109,7 @@ class SafetensorsSource : public detail::TensorSource {
       return;
     }
     const fs::path single = dir / "model.safetensors";
-    TE_CHECK(fs::exists(single), "load_causal_lm: '", dir.string(),
+    TE_CHECK(fs::exists(single, ec), "load_causal_lm: '", dir.string(),
              "' holds neither model.safetensors nor model.safetensors.index.json");
     nn::SafetensorsReader& reader = reader_of(single.string());
     for (const std::string& name : reader.names()) files_[name] = single.string();
@@ -120,6 +122,9 @@ class SafetensorsSource : public detail::TensorSource {
   bool contains(const std::string& name) const override { return files_.count(name) != 0; }
   std::vector<int64_t> shape(const std::string& name) override {
     return reader_of(files_.at(name)).shape(name);
+  }
+  at::ScalarType dtype(const std::string& name) override {
+    return nn::safetensors_scalar_type(reader_of(files_.at(name)).dtype(name), where(name));
   }
   at::Tensor read(const std::string& name, const std::vector<int64_t>& lo,
                   const std::vector<int64_t>& hi, int64_t* bytes_read) override {
@@ -152,79 +157,119 @@ std::map<std::string, at::Tensor> to_hf_tensors(const CausalLMConfig& config,
   return out;
 }
 
-CausalLM load_causal_lm(const std::string& path_text, const LoadOptions& options) {
-  const fs::path path = fs::absolute(path_text);
-  const bool gguf = detail::is_gguf(path.string());
-  const CausalLMConfig config =
-      gguf ? detail::gguf_causal_lm_config(path.string()) : read_causal_lm_config(path.string());
-  std::unique_ptr<detail::TensorSource> source;
-  if (gguf) {
-    source = detail::open_gguf(path.string(), config);
-  } else {
-    source = std::make_unique<SafetensorsSource>(path);
+namespace {
+
+// A parameter's global shape and this rank's offsets into it.
+struct Box {
+  std::vector<int64_t> global, lo;
+};
+Box box_of(const std::string& name, const at::Tensor& local,
+           const std::map<std::string, nn::ParameterLayout>& layouts) {
+  Box b{local.sizes().vec(), std::vector<int64_t>(static_cast<std::size_t>(local.dim()), 0)};
+  const auto layout = layouts.find(name);
+  if (layout == layouts.end()) return b;
+  b.global = layout->second.global_shape;
+  if (layout->second.mesh) {
+    const DeviceMesh& mesh = *layout->second.mesh;
+    const auto chunks = local_chunks(b.global, mesh, layout->second.placements, mesh.rank());
+    for (std::size_t d = 0; d < chunks.size(); ++d) b.lo[d] = chunks[d].offset;
   }
-  // Every parameter is overwritten below: no random initial values to draw.
-  CausalLM model = [&] {
-    nn::EmptyParameterScope empty;
-    return CausalLM(config);
-  }();
+  return b;
+}
+
+// Every checkpoint tensor the model needs is there, with the shape the config implies and a
+// floating dtype; and (strict) the checkpoint holds nothing else. Checked on a model built on
+// meta tensors, before anything is allocated for the load.
+void check_checkpoint(const CausalLMConfig& config, detail::TensorSource& source,
+                      const std::string& where, bool gguf, bool strict) {
+  nn::MetaParameterScope meta;
+  CausalLM shapes(config);
+  const auto layouts = nn::named_parameter_layouts(*shapes);
   const auto map = causal_lm_weight_map(config);
   std::set<std::string> used;
-  const auto layouts = nn::named_parameter_layouts(*model);
-  int64_t bytes_read = 0;
-  torch::NoGradGuard no_grad;
-  for (auto& p : model->named_parameters(/*recurse=*/true)) {
+  for (const auto& p : shapes->named_parameters(/*recurse=*/true)) {
     const auto sources = map.find(p.key());
     TE_CHECK(sources != map.end(), "internal: load_causal_lm: no checkpoint tensor for te's '",
              p.key(), "'");
-    // This rank's box of the parameter.
-    at::Tensor& local = p.value();
-    std::vector<int64_t> global = local.sizes().vec(), lo(global.size(), 0);
-    const auto layout = layouts.find(p.key());
-    if (layout != layouts.end()) {
-      global = layout->second.global_shape;
-      if (layout->second.mesh) {
-        const DeviceMesh& mesh = *layout->second.mesh;
-        const auto chunks = local_chunks(global, mesh, layout->second.placements, mesh.rank());
-        for (std::size_t d = 0; d < chunks.size(); ++d) lo[d] = chunks[d].offset;
-      }
-    }
+    const std::vector<int64_t> global = box_of(p.key(), p.value(), layouts).global;
     for (const HfSource& s : sources->second) {
       used.insert(s.name);
-      TE_CHECK(source->contains(s.name), "load_causal_lm: the checkpoint at '", path.string(),
-               "' lacks '", s.name, "', which a ", config.model_type, " model of its config has");
+      TE_CHECK(source.contains(s.name), "load_causal_lm: the checkpoint at '", where, "' lacks '",
+               s.name, "', which a ", config.model_type, " model of its config has");
       const std::vector<int64_t> want = source_shape(global, s);
-      TE_CHECK(source->shape(s.name) == want, "load_causal_lm: ", source->where(s.name),
-               " has shape ", at::IntArrayRef(source->shape(s.name)), " but ",
+      TE_CHECK(source.shape(s.name) == want, "load_causal_lm: ", source.where(s.name),
+               " has shape ", at::IntArrayRef(source.shape(s.name)), " but ",
                gguf ? "its metadata implies " : "config.json implies ", at::IntArrayRef(want));
-      // The slot's part of this rank's box, in the source's coordinates.
-      HfSource part = s;
-      if (s.slot_dim >= 0) {
-        part.slot = s.slot - lo[static_cast<std::size_t>(s.slot_dim)];
-        if (part.slot < 0 || part.slot >= local.size(s.slot_dim)) continue;  // another rank's
-      }
-      at::Tensor dst = source_part(local, part);
-      std::vector<int64_t> box_lo = lo;
-      if (s.slot_dim >= 0) box_lo.erase(box_lo.begin() + s.slot_dim);
-      if (s.transpose) std::reverse(box_lo.begin(), box_lo.end());
-      std::vector<int64_t> box_hi = box_lo;
-      for (std::size_t d = 0; d < box_hi.size(); ++d) box_hi[d] += dst.size(static_cast<int64_t>(d));
-      dst.copy_(source->read(s.name, box_lo, box_hi, &bytes_read));
+      TE_CHECK(at::isFloatingType(source.dtype(s.name)), "load_causal_lm: ",
+               source.where(s.name), " is ", source.dtype(s.name),
+               "; a weight must be a floating-point tensor");
     }
   }
   std::set<std::string> extra;
-  for (const std::string& name : source->names()) {
+  for (const std::string& name : source.names()) {
     if (used.count(name)) continue;
     // A tied head saved anyway, and RoPE tables older checkpoints keep, are not weights.
     const bool derived = (config.tie_word_embeddings && name == "lm_head.weight") ||
                          name.find("rotary_emb.inv_freq") != std::string::npos;
     if (!derived) extra.insert(name);
   }
-  TE_CHECK(!options.strict || extra.empty(), "load_causal_lm: the checkpoint at '", path.string(),
-           "' holds '", extra.empty() ? "" : *extra.begin(), "'", extra.size() > 1 ? " (and " : "",
-           extra.size() > 1 ? std::to_string(extra.size() - 1) + " more)" : "",
-           ", which a ", config.model_type,
+  TE_CHECK(!strict || extra.empty(), "load_causal_lm: the checkpoint at '", where, "' holds '",
+           extra.empty() ? "" : *extra.begin(), "'", extra.size() > 1 ? " (and " : "",
+           extra.size() > 1 ? std::to_string(extra.size() - 1) + " more)" : "", ", which a ",
+           config.model_type,
            " model of its config has no use for (load with strict = false to skip it)");
+}
+
+// Fills this rank's part of every parameter of `model` from `source`.
+int64_t fill(CausalLM& model, detail::TensorSource& source) {
+  const auto map = causal_lm_weight_map(model->config);
+  const auto layouts = nn::named_parameter_layouts(*model);
+  int64_t bytes_read = 0;
+  torch::NoGradGuard no_grad;
+  for (auto& p : model->named_parameters(/*recurse=*/true)) {
+    at::Tensor& local = p.value();
+    const Box box = box_of(p.key(), local, layouts);
+    for (const HfSource& s : map.at(p.key())) {
+      // The slot's part of this rank's box, in the source's coordinates.
+      HfSource part = s;
+      if (s.slot_dim >= 0) {
+        part.slot = s.slot - box.lo[static_cast<std::size_t>(s.slot_dim)];
+        if (part.slot < 0 || part.slot >= local.size(s.slot_dim)) continue;  // another rank's
+      }
+      at::Tensor dst = source_part(local, part);
+      std::vector<int64_t> lo = box.lo;
+      if (s.slot_dim >= 0) lo.erase(lo.begin() + s.slot_dim);
+      if (s.transpose) std::reverse(lo.begin(), lo.end());
+      std::vector<int64_t> hi = lo;
+      for (std::size_t d = 0; d < hi.size(); ++d) hi[d] += dst.size(static_cast<int64_t>(d));
+      dst.copy_(source.read(s.name, lo, hi, &bytes_read));
+    }
+  }
+  return bytes_read;
+}
+
+}  // namespace
+
+CausalLM load_causal_lm(const std::string& path_text, const LoadOptions& options) {
+  const fs::path path = fs::absolute(path_text);
+  const bool gguf = detail::is_gguf(path.string());
+  CausalLMConfig config;
+  std::unique_ptr<detail::TensorSource> source;
+  if (gguf) {
+    detail::GgufModel m = detail::open_gguf_causal_lm(path.string());
+    config = std::move(m.config);
+    source = std::move(m.source);
+  } else {
+    config = read_causal_lm_config(path.string());
+    source = std::make_unique<SafetensorsSource>(path);
+  }
+  check_checkpoint(config, *source, path.string(), gguf, options.strict);
+  // Every parameter is overwritten below: no random initial values to draw.
+  CausalLM model = [&] {
+    nn::EmptyParameterScope empty;
+    return CausalLM(config);
+  }();
+  const int64_t bytes_read = fill(model, *source);
   if (options.bytes_read != nullptr) *options.bytes_read += bytes_read;
   return model;
 }

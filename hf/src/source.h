@@ -21,6 +21,8 @@ class TensorSource {
   virtual std::vector<std::string> names() const = 0;
   virtual bool contains(const std::string& name) const = 0;
   virtual std::vector<int64_t> shape(const std::string& name) = 0;
+  /// The dtype read() returns (te::Error naming the tensor for one LibTorch cannot hold).
+  virtual at::ScalarType dtype(const std::string& name) = 0;
   /// The elements [lo, hi) of `name` (Hugging Face layout), in any float dtype.
   virtual at::Tensor read(const std::string& name, const std::vector<int64_t>& lo,
                           const std::vector<int64_t>& hi, int64_t* bytes_read) = 0;
@@ -30,8 +32,12 @@ class TensorSource {
 
 /// True when `path` is a file that starts with GGUF's magic.
 bool is_gguf(const std::string& path);
-/// A GGUF file's config (from its metadata and tensors) and its tensors.
-CausalLMConfig gguf_causal_lm_config(const std::string& path);
-std::unique_ptr<TensorSource> open_gguf(const std::string& path, const CausalLMConfig& config);
+/// A GGUF file's config (from its metadata and tensors) and its tensors, from one read of its
+/// header.
+struct GgufModel {
+  CausalLMConfig config;
+  std::unique_ptr<TensorSource> source;
+};
+GgufModel open_gguf_causal_lm(const std::string& path);
 
 }  // namespace te::hf::detail

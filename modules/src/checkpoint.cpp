@@ -401,7 +401,8 @@ std::string load_checkpoint(torch::nn::Module& module, const std::string& dir,
       auto& handle = files[piece.file];
       if (!handle) {
         const fs::path path = root / piece.file;
-        TE_CHECK(fs::exists(path), "checkpoint: cannot open '", path.string(),
+        std::error_code ec;
+        TE_CHECK(fs::exists(path, ec), "checkpoint: cannot open '", path.string(),
                  "': the checkpoint is missing a file its index names");
         handle = std::make_unique<SafetensorsReader>(path.string());
       }

@@ -186,6 +186,10 @@ uint64_t header_length(const unsigned char (&le)[8], int64_t file_size, const st
   TE_CHECK(n <= static_cast<uint64_t>(file_size - 8), "checkpoint: '", path,
            "' has a header length of ", n, " bytes but only ", file_size - 8,
            " follow; the file is truncated or not safetensors");
+  // The safetensors format's own limit (its reference reader refuses longer headers).
+  TE_CHECK(n <= kMaxHeaderBytes, "checkpoint: '", path, "' has a header length of ", n,
+           " bytes, more than safetensors allows (", kMaxHeaderBytes,
+           "); the file is damaged or not safetensors");
   return n;
 }
 

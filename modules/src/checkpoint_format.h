@@ -22,6 +22,9 @@ inline constexpr const char* kIndexName = "model.safetensors.index.json";
 /// piece reads and verifies only the blocks holding that part.
 inline constexpr int64_t kBlockBytes = int64_t{1} << 20;
 
+/// The longest header a safetensors file may have (the format's reference reader's limit).
+inline constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+
 /// Bytes per element of a safetensors dtype name ("F32", "BF16", "F8_E4M3", ...); 0 if unknown.
 int64_t dtype_bytes(std::string_view name);
 /// Elements of a shape (1 for a scalar's empty shape).

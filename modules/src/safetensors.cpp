@@ -175,42 +175,56 @@ at::Tensor SafetensorsReader::read(const std::string& name, const std::vector<in
              format::shape_text(shape));
   }
   const at::ScalarType type = safetensors_scalar_type(h.dtype, "'" + name + "' in '" + path + "'");
-  at::Tensor whole = at::empty(shape, at::TensorOptions().dtype(type));
-  const int64_t es = static_cast<int64_t>(whole.element_size());
-  const int64_t bytes = whole.numel() * es;  // == h.end - h.begin, checked by parse_header
+  const int64_t es = static_cast<int64_t>(c10::elementSize(type));
+  int64_t numel = 1;
+  for (int64_t s : shape) numel *= s;
+  const int64_t bytes = numel * es;  // == h.end - h.begin, checked by parse_header
   const bool verify = !crc32_blocks.empty();
   const int64_t blocks = format::block_count(bytes);
   TE_CHECK(!verify || static_cast<int64_t>(crc32_blocks.size()) == blocks,
            "internal: safetensors: ", crc32_blocks.size(), " checksums for the ", blocks,
            " blocks of '", name, "' in '", path, "'");
-  // The byte ranges of the box's rows (all dims but the last), row-major; with checksums,
-  // widened to whole blocks. Adjacent ranges are merged into one read.
-  std::vector<std::pair<int64_t, int64_t>> ranges;
-  auto add = [&](int64_t b0, int64_t b1) {
-    if (b0 >= b1) return;
+  std::vector<int64_t> box_shape;
+  for (int64_t d = 0; d < nd; ++d) box_shape.push_back(hi[d] - lo[d]);
+  // Without checksums the box's rows (all dims but the last) are read straight into it, rows
+  // that follow each other in the file in one read. With them, whole 1 MiB blocks are read into
+  // a buffer the size of the tensor (only the blocks' pages are touched) and each verified.
+  at::Tensor out = at::empty(box_shape, at::TensorOptions().dtype(type));
+  if (out.numel() == 0) return out;
+  at::Tensor whole = verify ? at::empty(shape, at::TensorOptions().dtype(type)) : at::Tensor();
+  auto* dst = static_cast<unsigned char*>(verify ? whole.data_ptr() : out.data_ptr());
+  // (file byte, destination byte, length) of each run to read, merged where both are adjacent.
+  struct Run {
+    int64_t from, to, length;
+  };
+  std::vector<Run> runs;
+  auto add = [&](int64_t b0, int64_t b1, int64_t to) {
     if (verify) {
       b0 = b0 / format::kBlockBytes * format::kBlockBytes;
       b1 = std::min(bytes, format::block_count(b1) * format::kBlockBytes);
+      to = b0;
+      if (!runs.empty() && b0 <= runs.back().from + runs.back().length) {
+        runs.back().length = std::max(runs.back().length, b1 - runs.back().from);
+        return;
+      }
+    } else if (!runs.empty() && runs.back().from + runs.back().length == b0 &&
+               runs.back().to + runs.back().length == to) {
+      runs.back().length += b1 - b0;
+      return;
     }
-    if (!ranges.empty() && b0 <= ranges.back().second) {
-      ranges.back().second = std::max(ranges.back().second, b1);
-    } else {
-      ranges.emplace_back(b0, b1);
-    }
+    runs.push_back({b0, to, b1 - b0});
   };
-  bool empty = false;
-  for (int64_t d = 0; d < nd; ++d) empty = empty || lo[d] == hi[d];
   if (nd == 0) {
-    add(0, bytes);
-  } else if (!empty) {
+    add(0, bytes, 0);
+  } else {
     std::vector<int64_t> stride(static_cast<std::size_t>(nd), 1);
     for (int64_t d = nd - 2; d >= 0; --d) stride[d] = stride[d + 1] * shape[d + 1];
     std::vector<int64_t> idx(lo.begin(), lo.end());
-    const int64_t last = nd - 1;
-    while (true) {
+    const int64_t last = nd - 1, row_bytes = (hi[last] - lo[last]) * es;
+    for (int64_t row = 0;; ++row) {
       int64_t first = 0;
       for (int64_t d = 0; d < nd; ++d) first += idx[d] * stride[d];
-      add(first * es, (first + hi[last] - lo[last]) * es);
+      add(first * es, first * es + row_bytes, row * row_bytes);
       int64_t d = last - 1;
       for (; d >= 0; --d) {
         if (++idx[d] < hi[d]) break;
@@ -219,24 +233,25 @@ at::Tensor SafetensorsReader::read(const std::string& name, const std::vector<in
       if (d < 0) break;
     }
   }
-  auto* data = static_cast<unsigned char*>(whole.data_ptr());
-  for (const auto& [b0, b1] : ranges) {
-    read_at(state_->fd, data + b0, static_cast<std::size_t>(b1 - b0),
-            state_->header.data_start + h.begin + b0, path);
-    if (bytes_read != nullptr) *bytes_read += b1 - b0;
+  for (const Run& r : runs) {
+    read_at(state_->fd, dst + r.to, static_cast<std::size_t>(r.length),
+            state_->header.data_start + h.begin + r.from, path);
+    if (bytes_read != nullptr) *bytes_read += r.length;
     if (!verify) continue;
-    for (int64_t kb = b0; kb < b1; kb += format::kBlockBytes) {
+    for (int64_t kb = r.from; kb < r.from + r.length; kb += format::kBlockBytes) {
       const int64_t k = kb / format::kBlockBytes;
       const uint32_t crc =
-          crc32_of(data + kb, static_cast<std::size_t>(std::min(format::kBlockBytes, bytes - kb)));
-      TE_CHECK(crc == crc32_blocks[k], "checkpoint: tensor '", name, "' in '", path,
+          crc32_of(dst + kb, static_cast<std::size_t>(std::min(format::kBlockBytes, bytes - kb)));
+      TE_CHECK(crc == crc32_blocks[k], "safetensors: tensor '", name, "' in '", path,
                "' fails its checksum in block ", k, " (bytes ", kb, "..): CRC-32 ", crc,
                ", the index says ", crc32_blocks[k], "; the file is damaged");
     }
   }
+  if (!verify) return out;
   at::Tensor box = whole;
   for (int64_t d = 0; d < nd; ++d) box = box.narrow(d, lo[d], hi[d] - lo[d]);
-  return box.is_contiguous() && box.numel() == whole.numel() ? whole : box.contiguous();
+  out.copy_(box);
+  return out;
 }
 
 }  // namespace te::nn

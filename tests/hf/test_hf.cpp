@@ -14,6 +14,7 @@
 #include "../temp_dir.h"
 #include "te/distributed.h"
 #include "te/hf/causal_lm.h"
+#include "te/hf/gguf.h"
 #include "te/nn/init.h"
 #include "te/nn/safetensors.h"
 #include "te/nn/sharded.h"
@@ -118,6 +119,17 @@ TEST(HfConfig, ReadsTheLlamaFamilysFields) {
   EXPECT_EQ(q3.rope_factor, 4.0);
   EXPECT_EQ(q3.head_dim, 8);
   EXPECT_TRUE(q3.qk_norm);
+  // transformers 4 saved rope_scaling with both "type" and "rope_type"; equal, they are one.
+  old["rope_scaling"]["rope_type"] = "linear";
+  EXPECT_EQ(parse(old).rope_type, "linear");
+  old["partial_rotary_factor"] = 0.5;  // int(8 * 0.5) rotary dims, as transformers computes
+  EXPECT_EQ(parse(old).rotary_dim, 4);
+  // Mistral without the field: transformers' default window, 4096; null: none.
+  json mistral = tiny_config("mistral");
+  EXPECT_EQ(parse(mistral).layer_windows, (std::vector<std::optional<int64_t>>{4096, 4096}));
+  mistral["sliding_window"] = nullptr;
+  EXPECT_EQ(parse(mistral).layer_windows,
+            (std::vector<std::optional<int64_t>>{std::nullopt, std::nullopt}));
 }
 
 TEST(HfConfig, RefusesWhatItDoesNotHonourNamingTheField) {
@@ -151,6 +163,21 @@ TEST(HfConfig, RefusesWhatItDoesNotHonourNamingTheField) {
   j = tiny_config();
   j["use_sliding_window"] = true;  // a Qwen field on a Llama
   EXPECT_ERROR(parse(j), "use_sliding_window: is not a field te-cpp honours");
+  j = tiny_config();
+  j["sliding_window"] = 16;  // transformers' Llama has no window
+  EXPECT_ERROR(parse(j), "sliding_window: is not a field te-cpp honours");
+  j = tiny_config();
+  j["head_dim"] = -1;
+  EXPECT_ERROR(parse(j), "head_dim: must be positive, got -1");
+  j = tiny_config();
+  j["rope_theta"] = 500.0;  // and 10000 in rope_parameters
+  EXPECT_ERROR(parse(j), "rope_theta: is given twice with different values");
+  j = tiny_config();
+  j["partial_rotary_factor"] = 0.3;  // int(4 * 0.3) = 1 rotary dim: odd
+  EXPECT_ERROR(parse(j), "gives 1 rotary dims of a 4-dim head");
+  j = tiny_config();
+  j["num_hidden_layers"] = 1 << 20;
+  EXPECT_ERROR(parse(j), "num_hidden_layers: 1048576 is not in [1, 65536]");
   EXPECT_ERROR(parse_causal_lm_config("{\"model_type\": ", "x/config.json"),
                "'x/config.json' is not JSON");
   test::TempDir dir;
@@ -259,6 +286,143 @@ TEST(HfLoad, NamesEveryBadFile) {
   EXPECT_ERROR(load_causal_lm(d), file);
   fs::remove(file);
   EXPECT_ERROR(load_causal_lm(d), "holds neither model.safetensors nor");
+}
+
+// A GGUF file built byte by byte (version 3, little-endian), as llama.cpp's writer lays it out.
+class GgufBytes {
+ public:
+  std::string bytes = "GGUF";
+  template <typename T>
+  GgufBytes& put(T v) {
+    bytes.append(reinterpret_cast<const char*>(&v), sizeof(T));
+    return *this;
+  }
+  GgufBytes& str(const std::string& s) {
+    put<uint64_t>(s.size());
+    bytes += s;
+    return *this;
+  }
+  // Pads to GGUF's default 32-byte alignment.
+  GgufBytes& align() {
+    bytes.append((32 - bytes.size() % 32) % 32, '\0');
+    return *this;
+  }
+  void write(const fs::path& path) const { std::ofstream(path, std::ios::binary) << bytes; }
+};
+
+// One Q8_0 tensor `w` [3, 64] (each row two blocks: scale d = 0.5 (f16 0x3800), codes
+// q = (row * 64 + col) % 100 - 50) and one F32 tensor "v" [4], after `kv_count` metadata
+// entries `kv` (their bytes).
+GgufBytes q8_file(const std::string& w = "w", uint64_t kv_count = 0, const std::string& kv = "") {
+  GgufBytes g;
+  g.put<uint32_t>(3).put<uint64_t>(2).put<uint64_t>(kv_count);
+  g.bytes += kv;
+  g.str(w).put<uint32_t>(2).put<uint64_t>(64).put<uint64_t>(3).put<uint32_t>(8).put<uint64_t>(0);
+  g.str("v").put<uint32_t>(1).put<uint64_t>(4).put<uint32_t>(0).put<uint64_t>(224);
+  g.align();
+  for (int row = 0; row < 3; ++row) {
+    for (int block = 0; block < 2; ++block) {
+      g.put<uint16_t>(0x3800);
+      for (int j = 0; j < 32; ++j) {
+        g.put<int8_t>(static_cast<int8_t>((row * 64 + block * 32 + j) % 100 - 50));
+      }
+    }
+  }
+  g.align();  // 204 bytes of blocks; "v" at the next multiple of 32, 224
+  for (float f : {1.5f, -2.0f, 0.25f, 8.0f}) g.put<float>(f);
+  return g;
+}
+
+TEST(Gguf, ReadsABoxOfAQuantizedTensorAsTheWholeNarrowed) {
+  test::TempDir dir;
+  q8_file().write(dir / "t.gguf");
+  GgufFile file((dir / "t.gguf").string());
+  ASSERT_EQ(file.header().tensors.size(), 2u);
+  EXPECT_EQ(file.tensor("w")->shape, (std::vector<int64_t>{3, 64}));
+  const at::Tensor whole = file.read("w", {0, 0}, {3, 64});
+  const at::Tensor want =
+      (at::arange(3 * 64, at::kFloat).remainder(100) - 50).view({3, 64}) * 0.5;
+  EXPECT_TRUE(at::equal(whole, want));
+  int64_t bytes = 0;
+  EXPECT_TRUE(at::equal(file.read("w", {1, 5}, {3, 40}, &bytes),
+                        whole.narrow(0, 1, 2).narrow(1, 5, 35)));
+  EXPECT_EQ(bytes, 2 * 2 * 34);  // the two blocks of each of the two rows
+  EXPECT_TRUE(at::equal(file.read("v", {1}, {3}), at::tensor({-2.0f, 0.25f})));
+  EXPECT_ERROR(file.read("w", {0, 0}, {4, 64}), "box [0, 4) of dim 0 is outside [3, 64]");
+}
+
+TEST(Gguf, NamesEveryDamagedHeader) {
+  test::TempDir dir;
+  const fs::path path = dir / "bad.gguf";
+  auto fails = [&](const GgufBytes& g, const std::string& words) {
+    g.write(path);
+    EXPECT_ERROR(GgufFile(path.string()), words);
+  };
+  GgufBytes magic;
+  magic.bytes = "GGML";
+  magic.put<uint32_t>(3);
+  fails(magic, "the file does not start with GGUF");
+  GgufBytes v1;
+  v1.put<uint32_t>(1).put<uint64_t>(0).put<uint64_t>(0);
+  fails(v1, "GGUF version 1 is not supported");
+  GgufBytes many;
+  many.put<uint32_t>(3).put<uint64_t>(1000000).put<uint64_t>(0);
+  fails(many, "tensor_count: 1000000 items cannot fit in the rest of the file");
+  GgufBytes long_key;
+  long_key.put<uint32_t>(3).put<uint64_t>(0).put<uint64_t>(1).put<uint64_t>(1u << 30);
+  long_key.bytes.append(64, 'k');
+  fails(long_key, "metadata key 0: 1073741824 items cannot fit");
+  GgufBytes type;
+  type.put<uint32_t>(3).put<uint64_t>(1).put<uint64_t>(0);
+  type.str("x").put<uint32_t>(1).put<uint64_t>(32).put<uint32_t>(99).put<uint64_t>(0);
+  fails(type, "has ggml type 99, which te-cpp does not read");
+  GgufBytes outside;
+  outside.put<uint32_t>(3).put<uint64_t>(1).put<uint64_t>(0);
+  outside.str("x").put<uint32_t>(1).put<uint64_t>(32).put<uint32_t>(0).put<uint64_t>(0);
+  outside.align();  // no data follows
+  fails(outside, "tensor 'x': its 128 bytes at offset 0 (aligned?) do not lie inside the file");
+  GgufBytes rows;
+  rows.put<uint32_t>(3).put<uint64_t>(1).put<uint64_t>(0);
+  rows.str("x").put<uint32_t>(1).put<uint64_t>(48).put<uint32_t>(8).put<uint64_t>(0);
+  fails(rows, "rows of 48 elements are not whole blocks of 32");
+  GgufBytes cut = q8_file();
+  cut.bytes.resize(cut.bytes.size() - 10);
+  fails(cut, "tensor 'v': its 16 bytes at offset 224 (aligned?) do not lie inside the file");
+}
+
+TEST(Gguf, AModelFileIsReadStrictly) {
+  test::TempDir dir;
+  const fs::path path = dir / "m.gguf";
+  auto text = [](const std::string& key, const std::string& value) {
+    GgufBytes g;
+    g.bytes.clear();
+    g.str(key).put<uint32_t>(8).str(value);
+    return g.bytes;
+  };
+  auto u32 = [](const std::string& key, uint32_t value) {
+    GgufBytes g;
+    g.bytes.clear();
+    g.str(key).put<uint32_t>(4).put<uint32_t>(value);
+    return g.bytes;
+  };
+  q8_file("token_embd.weight", 1, text("general.architecture", "gemma")).write(path);
+  EXPECT_ERROR(load_causal_lm(path.string()),
+               "general.architecture 'gemma' is not one te-cpp loads (llama, qwen2, qwen3)");
+  const std::string llama = text("general.architecture", "llama") +
+                            u32("llama.embedding_length", 64) + u32("llama.block_count", 1) +
+                            u32("llama.feed_forward_length", 32) +
+                            u32("llama.attention.head_count", 2);
+  q8_file("token_embd.weight", 1, text("general.architecture", "llama")).write(path);
+  EXPECT_ERROR(load_causal_lm(path.string()), "metadata 'llama.embedding_length' is missing");
+  q8_file("token_embd.weight", 6, llama + u32("llama.expert_count", 8)).write(path);
+  EXPECT_ERROR(load_causal_lm(path.string()),
+               "metadata 'llama.expert_count' is not a key te-cpp honours");
+  q8_file("token_embd.weight", 6, llama + u32("llama.vocab_size", 5)).write(path);
+  EXPECT_ERROR(load_causal_lm(path.string()),
+               "token_embd.weight is [3, 64] but the metadata says llama.vocab_size 5");
+  // Everything the config implies but the tensors: the first one missing is named.
+  q8_file("token_embd.weight", 5, llama).write(path);
+  EXPECT_ERROR(load_causal_lm(path.string()), "lacks 'model.layers.0.self_attn.q_proj.weight'");
 }
 
 }  // namespace

@@ -66,6 +66,10 @@ FAMILIES = [
      dict(tie_word_embeddings=False, sliding_window=4, **rope(10000.0))),
     ("qwen2", Qwen2Config, Qwen2ForCausalLM,
      dict(tie_word_embeddings=True, use_sliding_window=False, **rope(10000.0))),
+    # Layer 0 full, layer 1 sliding (max_window_layers 1; saved as layer_types).
+    ("qwen2-sliding", Qwen2Config, Qwen2ForCausalLM,
+     dict(tie_word_embeddings=False, use_sliding_window=True, sliding_window=4,
+          max_window_layers=1, **rope(10000.0))),
     # head_dim 16 is not hidden_size / heads (8).
     ("qwen3", Qwen3Config, Qwen3ForCausalLM,
      dict(tie_word_embeddings=False, head_dim=16, attention_bias=False, **rope(10000.0))),

@@ -31,10 +31,11 @@ struct CausalLMConfig {
   int64_t head_dim = 0;             ///< = hidden_size / num_attention_heads when none
   int64_t max_position_embeddings = 0;
   double rms_norm_eps = 1e-6;
-  /// RoPE: base, the rotated fraction of each head, and its scaling ("default" or "linear"
-  /// with rope_factor).
+  /// RoPE: base, the rotated dims of each head (the first rotary_dim; transformers'
+  /// int(head_dim * partial_rotary_factor), GGUF's rope.dimension_count; 0: all), and its
+  /// scaling ("default" or "linear" with rope_factor).
   double rope_theta = 10000.0;
-  double partial_rotary_factor = 1.0;
+  int64_t rotary_dim = 0;
   std::string rope_type = "default";
   double rope_factor = 1.0;
   double attention_dropout = 0.0;
@@ -51,6 +52,12 @@ struct CausalLMConfig {
   /// The dtype the weights were saved in ("float32", "bfloat16", ...; "" when not stated).
   std::string dtype;
 };
+
+/// Checks a config however it was read (`where` names its source in errors): sizes positive and
+/// at most 2^24 (layers at most 65536), the key/value heads dividing the heads, an even rotary
+/// dim within the head, a positive finite epsilon, RoPE base and factor, one positive window or
+/// none per layer. te::Error naming the field otherwise.
+void check_causal_lm_config(const CausalLMConfig& config, const std::string& where);
 
 /// Parses config.json's text (`path` names it in errors): te::Error naming the field for a
 /// missing required one, a wrong type, an unknown model_type or architecture, or a field or
