@@ -48,6 +48,7 @@ void CausalLMImpl::reset() {
            c.num_hidden_layers, " layers; build the config with parse_causal_lm_config");
   embed = register_module(
       "embed", nn::Embedding(nn::EmbeddingOptions(c.vocab_size, c.hidden_size)
+                                 .padding_idx(c.pad_token_id)
                                  .output_axes({axis::kBatch, axis::kSeqlen, axis::kHidden})));
   layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {

@@ -8,82 +8,16 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "json_fields.h"
 #include "te/error.h"
 
 namespace te::hf {
 
 namespace {
 
+using detail::Fields;
+using detail::kMetadata;
 using nlohmann::json;
-
-// Fields that cannot change a forward pass: token ids, generation and bookkeeping metadata.
-const std::set<std::string> kMetadata = {
-    "_name_or_path",  "architectures",      "bos_token_id", "eos_token_id",
-    "pad_token_id",   "initializer_range",  "transformers_version", "use_cache",
-    "torch_dtype",    "dtype",              "model_type",
-    "keys_to_ignore_at_inference", "output_attentions", "output_hidden_states", "return_dict",
-};
-
-// Reads fields of one JSON object, remembering which it read; the rest must be metadata.
-class Fields {
- public:
-  Fields(const json& j, std::string path, std::string what)
-      : j_(j), path_(std::move(path)), what_(std::move(what)) {}
-
-  [[noreturn]] void fail(const std::string& field, const std::string& message) const {
-    TE_FAIL("config: '", path_, "': ", what_, field, ": ", message);
-  }
-  bool has(const std::string& key) {
-    read_.insert(key);
-    return j_.contains(key) && !j_.at(key).is_null();
-  }
-  int64_t integer(const std::string& key) {
-    TE_CHECK(has(key), "config: '", path_, "': ", what_, key,
-             " is missing; a config of this model_type needs it");
-    return integer_at(key);
-  }
-  int64_t integer_or(const std::string& key, int64_t fallback) {
-    return has(key) ? integer_at(key) : fallback;
-  }
-  double number_or(const std::string& key, double fallback) {
-    if (!has(key)) return fallback;
-    if (!j_.at(key).is_number()) fail(key, "expected a number, got " + j_.at(key).dump());
-    return j_.at(key).get<double>();
-  }
-  bool boolean_or(const std::string& key, bool fallback) {
-    if (!has(key)) return fallback;
-    if (!j_.at(key).is_boolean()) fail(key, "expected true or false, got " + j_.at(key).dump());
-    return j_.at(key).get<bool>();
-  }
-  std::string string_or(const std::string& key, const std::string& fallback) {
-    if (!has(key)) return fallback;
-    if (!j_.at(key).is_string()) fail(key, "expected a string, got " + j_.at(key).dump());
-    return j_.at(key).get<std::string>();
-  }
-  const json& raw(const std::string& key) {
-    read_.insert(key);
-    return j_.at(key);
-  }
-  /// Every field neither read nor metadata is a te::Error naming it.
-  void refuse_unread(const std::set<std::string>& metadata) const {
-    for (const auto& [key, value] : j_.items()) {
-      if (read_.count(key) || metadata.count(key)) continue;
-      fail(key, "is not a field te-cpp honours (value " + value.dump() +
-                    "); te-cpp builds the model from every field it reads and will not ignore "
-                    "one that may change it");
-    }
-  }
-
- private:
-  int64_t integer_at(const std::string& key) const {
-    const json& v = j_.at(key);
-    if (!v.is_number_integer()) fail(key, "expected an integer, got " + v.dump());
-    return v.get<int64_t>();
-  }
-  const json& j_;
-  std::string path_, what_;
-  std::set<std::string> read_;
-};
 
 // A value given in two places must be given once or the same in both.
 template <typename T>
@@ -110,8 +44,9 @@ void read_rope(Fields& f, const std::string& path, CausalLMConfig& c, double& pa
     if (!r.is_object()) f.fail(key, "expected an object, got " + r.dump());
     Fields rope(r, path, std::string(key) + ".");
     for (const char* name : {"rope_type", "type"}) {
-      if (rope.has(name)) settle(type, std::optional<std::string>(rope.string_or(name, "")),
-                                 std::string(key) + "." + name, rope);
+      if (rope.has(name))
+        settle(type, std::optional<std::string>(rope.string_or(name, "")),
+               std::string(key) + "." + name, rope);
     }
     if (rope.has("rope_theta")) {
       settle(theta, std::optional<double>(rope.number_or("rope_theta", 0)), "rope_theta", rope);
@@ -167,8 +102,8 @@ void read_windows(Fields& f, const json& j, CausalLMConfig& c) {
         if (!window) f.fail("layer_types", "names a sliding_attention layer but no window is on");
         c.layer_windows[i] = window;
       } else if (types[i] != "full_attention") {
-        f.fail("layer_types", "entry " + types[i].dump() +
-                                  " is not full_attention or sliding_attention");
+        f.fail("layer_types",
+               "entry " + types[i].dump() + " is not full_attention or sliding_attention");
       }
     }
   } else if (window) {
@@ -191,15 +126,16 @@ void read_family(Fields& f, CausalLMConfig& c) {
   if (family == kFamilies.end()) {
     f.fail("model_type", "'" + c.model_type +
                              "' is not a causal LM family te-cpp loads (llama, mistral, qwen2, "
-                             "qwen3)");
+                             "qwen3; a bert encoder loads with te::hf::load_encoder)");
   }
   if (!f.has("architectures")) return;
   const json& a = f.raw("architectures");
   if (!a.is_array()) f.fail("architectures", "expected a list, got " + a.dump());
   for (const json& name : a) {
     if (name != family->second) {
-      f.fail("architectures", "entry " + name.dump() + " is not one te-cpp builds for model_type '" +
-                                  c.model_type + "' (" + family->second + ")");
+      f.fail("architectures", "entry " + name.dump() +
+                                  " is not one te-cpp builds for model_type '" + c.model_type +
+                                  "' (" + family->second + ")");
     }
   }
 }
@@ -223,8 +159,8 @@ void check_causal_lm_config(const CausalLMConfig& c, const std::string& where) {
     if (v > kMaxSize) fail(key, std::to_string(v) + " is more than te-cpp builds (2^24)");
   }
   if (c.num_hidden_layers > 65536) {
-    fail("num_hidden_layers", std::to_string(c.num_hidden_layers) +
-                                  " is more than te-cpp builds (at most 65536)");
+    fail("num_hidden_layers",
+         std::to_string(c.num_hidden_layers) + " is more than te-cpp builds (at most 65536)");
   }
   if (c.num_attention_heads % c.num_key_value_heads != 0) {
     fail("num_key_value_heads", std::to_string(c.num_key_value_heads) +
@@ -257,16 +193,14 @@ void check_causal_lm_config(const CausalLMConfig& c, const std::string& where) {
   for (const auto& w : c.layer_windows) {
     if (w && *w <= 0) fail("sliding_window", "must be positive, got " + std::to_string(*w));
   }
+  if (c.pad_token_id && (*c.pad_token_id < 0 || *c.pad_token_id >= c.vocab_size)) {
+    fail("pad_token_id", std::to_string(*c.pad_token_id) + " is not a row of the " +
+                             std::to_string(c.vocab_size) + "-token vocabulary");
+  }
 }
 
 CausalLMConfig parse_causal_lm_config(std::string_view json_text, const std::string& path) {
-  json j;
-  try {
-    j = json::parse(json_text);
-  } catch (const json::exception& e) {
-    TE_FAIL("config: '", path, "' is not JSON: ", e.what());
-  }
-  TE_CHECK(j.is_object(), "config: '", path, "' is not a JSON object");
+  const json j = detail::parse_json_object(json_text, path);
   Fields f(j, path, "");
   CausalLMConfig c;
   read_family(f, c);
@@ -294,6 +228,7 @@ CausalLMConfig parse_causal_lm_config(std::string_view json_text, const std::str
   }
   c.attention_dropout = f.number_or("attention_dropout", 0.0);
   c.tie_word_embeddings = f.boolean_or("tie_word_embeddings", false);
+  if (f.has("pad_token_id")) c.pad_token_id = f.integer("pad_token_id");
   c.attention_bias = c.model_type != "mistral" && f.boolean_or("attention_bias", false);
   c.mlp_bias = c.model_type == "llama" && f.boolean_or("mlp_bias", false);
   c.qkv_bias = c.model_type == "qwen2" || c.attention_bias;
@@ -307,8 +242,8 @@ CausalLMConfig parse_causal_lm_config(std::string_view json_text, const std::str
   // transformers: int(head_dim * partial_rotary_factor).
   c.rotary_dim = static_cast<int64_t>(static_cast<double>(c.head_dim) * partial);
   if (c.num_hidden_layers <= 0 || c.num_hidden_layers > 65536) {
-    f.fail("num_hidden_layers", std::to_string(c.num_hidden_layers) +
-                                    " is not in [1, 65536], the layers te-cpp builds");
+    f.fail("num_hidden_layers",
+           std::to_string(c.num_hidden_layers) + " is not in [1, 65536], the layers te-cpp builds");
   }
   read_windows(f, j, c);
   c.dtype = f.string_or("dtype", f.string_or("torch_dtype", ""));
@@ -317,7 +252,9 @@ CausalLMConfig parse_causal_lm_config(std::string_view json_text, const std::str
   return c;
 }
 
-CausalLMConfig read_causal_lm_config(const std::string& dir) {
+namespace detail {
+
+std::pair<std::string, std::string> read_config_text(const std::string& dir) {
   namespace fs = std::filesystem;
   fs::path path = dir;
   std::error_code ec;
@@ -325,8 +262,15 @@ CausalLMConfig read_causal_lm_config(const std::string& dir) {
   std::ifstream in(path, std::ios::binary);
   TE_CHECK(in.good(), "config: cannot read '", path.string(),
            "'; a Hugging Face model directory holds its config.json");
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  return parse_causal_lm_config(text, path.string());
+  return {std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()),
+          path.string()};
+}
+
+}  // namespace detail
+
+CausalLMConfig read_causal_lm_config(const std::string& dir) {
+  const auto [text, path] = detail::read_config_text(dir);
+  return parse_causal_lm_config(text, path);
 }
 
 }  // namespace te::hf

@@ -193,6 +193,9 @@ CausalLMConfig gguf_config(const GgufFile& file) {
            "': token_embd.weight is ", at::IntArrayRef(embed->shape), " but the metadata says ",
            a, "vocab_size ", c.vocab_size, " and ", a, "embedding_length ", c.hidden_size);
   c.tie_word_embeddings = file.tensor("output.weight") == nullptr;
+  // transformers reads tokenizer.ggml.padding_token_id into the config's pad_token_id
+  // (integrations/ggml.py, GGUF_CONFIG_MAPPING["tokenizer"]).
+  c.pad_token_id = file.integer("tokenizer.ggml.padding_token_id");
   c.qkv_bias = file.tensor("blk.0.attn_q.bias") != nullptr;
   c.attention_bias = file.tensor("blk.0.attn_output.bias") != nullptr;
   c.mlp_bias = file.tensor("blk.0.ffn_down.bias") != nullptr;

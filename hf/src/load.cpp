@@ -11,20 +11,20 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "source.h"
 #include "te/distributed.h"
 #include "te/error.h"
 #include "te/hf/causal_lm.h"
 #include "te/nn/init.h"
 #include "te/nn/safetensors.h"
 #include "te/nn/sharded.h"
-#include "source.h"
 
 namespace te::hf {
 
 namespace fs = std::filesystem;
 
-std::map<std::string, std::vector<HfSource>> causal_lm_weight_map(const CausalLMConfig& c) {
-  std::map<std::string, std::vector<HfSource>> m;
+WeightMap causal_lm_weight_map(const CausalLMConfig& c) {
+  WeightMap m;
   auto whole = [&](const std::string& te, const std::string& hf) { m[te] = {{hf}}; };
   auto kernel = [&](const std::string& te, const std::string& hf) {
     m[te] = {{hf, -1, 0, /*transpose=*/true}};
@@ -88,28 +88,28 @@ class SafetensorsSource : public detail::TensorSource {
     std::error_code ec;
     if (fs::exists(index, ec)) {
       std::ifstream in(index, std::ios::binary);
-      TE_CHECK(in.good(), "load_causal_lm: cannot read '", index.string(), "'");
+      TE_CHECK(in.good(), "load: cannot read '", index.string(), "'");
       nlohmann::json j;
       try {
-        j = nlohmann::json::parse(std::string((std::istreambuf_iterator<char>(in)),
-                                              std::istreambuf_iterator<char>()));
+        j = nlohmann::json::parse(
+            std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()));
       } catch (const nlohmann::json::exception& e) {
-        TE_FAIL("load_causal_lm: '", index.string(), "' is not JSON: ", e.what());
+        TE_FAIL("load: '", index.string(), "' is not JSON: ", e.what());
       }
-      TE_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(),
-               "load_causal_lm: '", index.string(), "' has no weight_map object");
+      TE_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(), "load: '",
+               index.string(), "' has no weight_map object");
       for (const auto& [name, file] : j["weight_map"].items()) {
         TE_CHECK(file.is_string() &&
                      fs::path(file.get<std::string>()).filename() == file.get<std::string>() &&
                      file != "." && file != "..",
-                 "load_causal_lm: '", index.string(), "': weight_map[\"", name,
+                 "load: '", index.string(), "': weight_map[\"", name,
                  "\"] is not a file name in the directory: ", file.dump());
         files_[name] = (dir / file.get<std::string>()).string();
       }
       return;
     }
     const fs::path single = dir / "model.safetensors";
-    TE_CHECK(fs::exists(single, ec), "load_causal_lm: '", dir.string(),
+    TE_CHECK(fs::exists(single, ec), "load: '", dir.string(),
              "' holds neither model.safetensors nor model.safetensors.index.json");
     nn::SafetensorsReader& reader = reader_of(single.string());
     for (const std::string& name : reader.names()) files_[name] = single.string();
@@ -146,15 +146,20 @@ class SafetensorsSource : public detail::TensorSource {
 
 }  // namespace
 
-std::map<std::string, at::Tensor> to_hf_tensors(const CausalLMConfig& config,
+std::map<std::string, at::Tensor> to_hf_tensors(const WeightMap& map,
                                                 const std::map<std::string, at::Tensor>& te_whole) {
   std::map<std::string, at::Tensor> out;
-  for (const auto& [te_name, sources] : causal_lm_weight_map(config)) {
+  for (const auto& [te_name, sources] : map) {
     const auto it = te_whole.find(te_name);
     TE_CHECK(it != te_whole.end(), "to_hf_tensors: no tensor for '", te_name, "'");
     for (const HfSource& s : sources) out[s.name] = source_part(it->second, s).contiguous();
   }
   return out;
+}
+
+std::map<std::string, at::Tensor> to_hf_tensors(const CausalLMConfig& config,
+                                                const std::map<std::string, at::Tensor>& te_whole) {
+  return to_hf_tensors(causal_lm_weight_map(config), te_whole);
 }
 
 namespace {
@@ -177,56 +182,49 @@ Box box_of(const std::string& name, const at::Tensor& local,
   return b;
 }
 
-// Every checkpoint tensor the model needs is there, with the shape the config implies and a
-// floating dtype; and (strict) the checkpoint holds nothing else. Checked on a model built on
-// meta tensors, before anything is allocated for the load.
-void check_checkpoint(const CausalLMConfig& config, detail::TensorSource& source,
-                      const std::string& where, bool gguf, bool strict) {
-  nn::MetaParameterScope meta;
-  CausalLM shapes(config);
-  const auto layouts = nn::named_parameter_layouts(*shapes);
-  const auto map = causal_lm_weight_map(config);
+}  // namespace
+
+namespace detail {
+
+std::unique_ptr<TensorSource> open_safetensors_dir(const std::string& dir) {
+  return std::make_unique<SafetensorsSource>(dir);
+}
+
+void check_checkpoint(const CheckpointCheck& c, TensorSource& source) {
+  const auto layouts = nn::named_parameter_layouts(c.shapes);
   std::set<std::string> used;
-  for (const auto& p : shapes->named_parameters(/*recurse=*/true)) {
-    const auto sources = map.find(p.key());
-    TE_CHECK(sources != map.end(), "internal: load_causal_lm: no checkpoint tensor for te's '",
+  for (const auto& p : c.shapes.named_parameters(/*recurse=*/true)) {
+    const auto sources = c.map.find(p.key());
+    TE_CHECK(sources != c.map.end(), "internal: ", c.loader, ": no checkpoint tensor for te's '",
              p.key(), "'");
     const std::vector<int64_t> global = box_of(p.key(), p.value(), layouts).global;
     for (const HfSource& s : sources->second) {
       used.insert(s.name);
-      TE_CHECK(source.contains(s.name), "load_causal_lm: the checkpoint at '", where, "' lacks '",
-               s.name, "', which a ", config.model_type, " model of its config has");
+      TE_CHECK(source.contains(s.name), c.loader, ": the checkpoint at '", c.where, "' lacks '",
+               s.name, "', which a ", c.family, " model of its config has");
       const std::vector<int64_t> want = source_shape(global, s);
-      TE_CHECK(source.shape(s.name) == want, "load_causal_lm: ", source.where(s.name),
-               " has shape ", at::IntArrayRef(source.shape(s.name)), " but ",
-               gguf ? "its metadata implies " : "config.json implies ", at::IntArrayRef(want));
-      TE_CHECK(at::isFloatingType(source.dtype(s.name)), "load_causal_lm: ",
-               source.where(s.name), " is ", source.dtype(s.name),
-               "; a weight must be a floating-point tensor");
+      TE_CHECK(source.shape(s.name) == want, c.loader, ": ", source.where(s.name), " has shape ",
+               at::IntArrayRef(source.shape(s.name)), " but ",
+               c.gguf ? "its metadata implies " : "config.json implies ", at::IntArrayRef(want));
+      TE_CHECK(at::isFloatingType(source.dtype(s.name)), c.loader, ": ", source.where(s.name),
+               " is ", source.dtype(s.name), "; a weight must be a floating-point tensor");
     }
   }
   std::set<std::string> extra;
   for (const std::string& name : source.names()) {
-    if (used.count(name)) continue;
-    // A tied head saved anyway, and RoPE tables older checkpoints keep, are not weights.
-    const bool derived = (config.tie_word_embeddings && name == "lm_head.weight") ||
-                         name.find("rotary_emb.inv_freq") != std::string::npos;
-    if (!derived) extra.insert(name);
+    if (!used.count(name) && !(c.derived && c.derived(name))) extra.insert(name);
   }
-  TE_CHECK(!strict || extra.empty(), "load_causal_lm: the checkpoint at '", where, "' holds '",
+  TE_CHECK(!c.strict || extra.empty(), c.loader, ": the checkpoint at '", c.where, "' holds '",
            extra.empty() ? "" : *extra.begin(), "'", extra.size() > 1 ? " (and " : "",
            extra.size() > 1 ? std::to_string(extra.size() - 1) + " more)" : "", ", which a ",
-           config.model_type,
-           " model of its config has no use for (load with strict = false to skip it)");
+           c.family, " model of its config has no use for (load with strict = false to skip it)");
 }
 
-// Fills this rank's part of every parameter of `model` from `source`.
-int64_t fill(CausalLM& model, detail::TensorSource& source) {
-  const auto map = causal_lm_weight_map(model->config);
-  const auto layouts = nn::named_parameter_layouts(*model);
+int64_t fill(torch::nn::Module& model, const WeightMap& map, TensorSource& source) {
+  const auto layouts = nn::named_parameter_layouts(model);
   int64_t bytes_read = 0;
   torch::NoGradGuard no_grad;
-  for (auto& p : model->named_parameters(/*recurse=*/true)) {
+  for (auto& p : model.named_parameters(/*recurse=*/true)) {
     at::Tensor& local = p.value();
     const Box box = box_of(p.key(), local, layouts);
     for (const HfSource& s : map.at(p.key())) {
@@ -248,7 +246,7 @@ int64_t fill(CausalLM& model, detail::TensorSource& source) {
   return bytes_read;
 }
 
-}  // namespace
+}  // namespace detail
 
 CausalLM load_causal_lm(const std::string& path_text, const LoadOptions& options) {
   const fs::path path = fs::absolute(path_text);
@@ -261,15 +259,27 @@ CausalLM load_causal_lm(const std::string& path_text, const LoadOptions& options
     source = std::move(m.source);
   } else {
     config = read_causal_lm_config(path.string());
-    source = std::make_unique<SafetensorsSource>(path);
+    source = detail::open_safetensors_dir(path.string());
   }
-  check_checkpoint(config, *source, path.string(), gguf, options.strict);
+  {
+    nn::MetaParameterScope meta;
+    CausalLM shapes(config);
+    // A tied head saved anyway, and RoPE tables older checkpoints keep, are not weights.
+    const bool tied = config.tie_word_embeddings;
+    detail::check_checkpoint({*shapes, causal_lm_weight_map(config), "load_causal_lm",
+                              path.string(), config.model_type, gguf, options.strict,
+                              [tied](const std::string& name) {
+                                return (tied && name == "lm_head.weight") ||
+                                       name.find("rotary_emb.inv_freq") != std::string::npos;
+                              }},
+                             *source);
+  }
   // Every parameter is overwritten below: no random initial values to draw.
   CausalLM model = [&] {
     nn::EmptyParameterScope empty;
     return CausalLM(config);
   }();
-  const int64_t bytes_read = fill(model, *source);
+  const int64_t bytes_read = detail::fill(*model, causal_lm_weight_map(config), *source);
   if (options.bytes_read != nullptr) *options.bytes_read += bytes_read;
   return model;
 }

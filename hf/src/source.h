@@ -1,16 +1,20 @@
 #pragma once
 
-// Where load_causal_lm reads a checkpoint's tensors from, by their Hugging Face names: a
+// Where te::hf's loaders read a checkpoint's tensors from, by their Hugging Face names: a
 // directory of safetensors files, or a GGUF file (its llama.cpp names translated, Llama's Q/K
 // rows unpermuted, blocks dequantized). Both read any box with only the bytes it needs.
 
 #include <ATen/core/Tensor.h>
 
+#include <torch/nn/module.h>
+
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "te/hf/config.h"
+#include "te/hf/weights.h"
 
 namespace te::hf::detail {
 
@@ -39,5 +43,29 @@ struct GgufModel {
   std::unique_ptr<TensorSource> source;
 };
 GgufModel open_gguf_causal_lm(const std::string& path);
+
+/// A Hugging Face directory's safetensors: model.safetensors, or the files
+/// model.safetensors.index.json names.
+std::unique_ptr<TensorSource> open_safetensors_dir(const std::string& dir);
+
+/// What check_checkpoint holds a checkpoint to.
+struct CheckpointCheck {
+  torch::nn::Module& shapes;  ///< the model, built on meta tensors (MetaParameterScope)
+  const WeightMap& map;
+  std::string loader;  ///< "load_causal_lm", for messages
+  std::string where;   ///< the checkpoint's path
+  std::string family;  ///< "llama", "bert", ...
+  bool gguf = false;
+  bool strict = true;
+  /// Tensors that are not weights (buffers saved with them); never counted as extra.
+  std::function<bool(const std::string&)> derived;
+};
+/// Every checkpoint tensor the model needs is there, with the shape its config implies and a
+/// floating dtype; and (strict) the checkpoint holds nothing else. te::Error naming the file and
+/// tensor otherwise. Nothing is allocated: the shapes come from a meta-built model.
+void check_checkpoint(const CheckpointCheck& check, TensorSource& source);
+/// Fills this rank's box of every parameter of `model` from `source`: only the bytes of that
+/// box are read. Returns the bytes read.
+int64_t fill(torch::nn::Module& model, const WeightMap& map, TensorSource& source);
 
 }  // namespace te::hf::detail

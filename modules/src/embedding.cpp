@@ -36,16 +36,23 @@ void check_ids(const at::Tensor& ids, int64_t rows) {
           " of the ids) is outside the table's ", rows, " rows [0, ", rows, ")");
 }
 
-}  // namespace
-
-at::Tensor embedding(const at::Tensor& ids, const at::Tensor& table) {
-  check_table(table, ids);
-  check_ids(ids, table.size(0));
-  return at::embedding(table, ids);
+void check_padding_idx(int64_t padding_idx, int64_t rows) {
+  TE_CHECK(padding_idx >= -1 && padding_idx < rows, "embedding: padding_idx ", padding_idx,
+           " is outside the table's ", rows, " rows; give a row, or -1 for none");
 }
 
-DTensor embedding(const DTensor& ids, const DTensor& table) {
+}  // namespace
+
+at::Tensor embedding(const at::Tensor& ids, const at::Tensor& table, int64_t padding_idx) {
+  check_table(table, ids);
+  check_padding_idx(padding_idx, table.size(0));
+  check_ids(ids, table.size(0));
+  return at::embedding(table, ids, padding_idx);
+}
+
+DTensor embedding(const DTensor& ids, const DTensor& table, int64_t padding_idx) {
   check_table(table.to_local(), ids.to_local());
+  check_padding_idx(padding_idx, table.size(0));
   TE_CHECK(ids.mesh() == table.mesh(), "embedding: the ids live on ", ids.mesh().to_string(),
            " but the table on ", table.mesh().to_string(), "; build the module under the ids' mesh");
   const std::size_t n = table.placements().size();
@@ -76,10 +83,13 @@ DTensor embedding(const DTensor& ids, const DTensor& table) {
   const Chunk rows = local_chunks(table.sizes(), table.mesh(), table_use, table.mesh().rank())[0];
   at::Tensor y;
   if (rows.length == table.size(0)) {
-    y = at::embedding(table_local, ids_local);
+    y = at::embedding(table_local, ids_local, padding_idx);
   } else {
+    // Other ranks' ids look row 0 up and are zeroed: their gradient is zero whatever row 0 is.
     const at::Tensor elsewhere = (ids_local < rows.offset) | (ids_local >= rows.offset + rows.length);
-    y = at::embedding(table_local, (ids_local - rows.offset).masked_fill(elsewhere, 0))
+    const bool here = padding_idx >= rows.offset && padding_idx < rows.offset + rows.length;
+    y = at::embedding(table_local, (ids_local - rows.offset).masked_fill(elsewhere, 0),
+                      here ? padding_idx - rows.offset : -1)
             .masked_fill(elsewhere.unsqueeze(-1), 0);
   }
   std::vector<int64_t> shape = ids.sizes();
@@ -98,6 +108,9 @@ void EmbeddingImpl::reset() {
   TE_CHECK(options.embedding_axes().size() == 2, "Embedding: embedding_axes ",
            to_string(options.embedding_axes()), " has ", options.embedding_axes().size(),
            " names; give two (rows, columns), e.g. {\"vocab\", \"embed\"}");
+  const int64_t pad = options.padding_idx().value_or(0);
+  TE_CHECK(pad >= 0 && pad < options.num_embeddings(), "Embedding: padding_idx ", pad,
+           " is outside the table's ", options.num_embeddings(), " rows");
   embedding = register_sharded(
       *this, "embedding",
       normal({options.num_embeddings(), options.features()},
@@ -112,12 +125,14 @@ void EmbeddingImpl::pretty_print(std::ostream& stream) const {
 
 at::Tensor EmbeddingImpl::forward(const at::Tensor& ids) {
   require_unsharded(*this, "Embedding");
-  return constrain(functional::embedding(ids, embedding), options.output_axes());
+  return constrain(functional::embedding(ids, embedding, options.padding_idx().value_or(-1)),
+                   options.output_axes());
 }
 
 DTensor EmbeddingImpl::forward(const DTensor& ids) {
   return constrain(
-      functional::embedding(ids, as_dtensor("embedding", embedding, ids.mesh())),
+      functional::embedding(ids, as_dtensor("embedding", embedding, ids.mesh()),
+                            options.padding_idx().value_or(-1)),
       options.output_axes());
 }
 

@@ -373,6 +373,8 @@ at::Tensor activation(const at::Tensor& x, const std::string& name,
     // The tanh form (jax.nn.gelu(approximate=True), TE's default).
     return at::gelu(x, "tanh");
   }
+  // The erf form (torch's default, BERT's and transformers' "gelu").
+  if (name == "gelu_exact") return at::gelu(x);
   if (name == "relu") return at::relu(x);
   if (name == "silu") return at::silu(x);
   if (name == "quick_gelu") return x * at::sigmoid(1.702 * x);
@@ -387,7 +389,7 @@ at::Tensor activation(const at::Tensor& x, const std::string& name,
     return x.clamp(-params.limit, params.limit) + params.glu_linear_offset;
   }
   TE_FAIL("activation '", name,
-          "' is not one of gelu, relu, silu, quick_gelu, squared_relu, sigmoid, linear, "
+          "' is not one of gelu, gelu_exact, relu, silu, quick_gelu, squared_relu, sigmoid, linear, "
           "clamped_silu, clamped_linear (or, alone, a TE-PyTorch name: geglu, qgelu, qgeglu, "
           "reglu, srelu, sreglu, swiglu, glu, clamped_swiglu)");
 }

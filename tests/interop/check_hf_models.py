@@ -5,6 +5,11 @@ model.safetensors), writes two rows of random token ids and runs
 
   BINARY --model WORKDIR/<case> --ids WORKDIR/<case>/ids.json --out WORKDIR/<case>/te.json
 
+The BERT cases (ENCODERS) build a random BertModel (with its pooler), pad the second row of ids,
+give random token types and run the binary with --encoder: "logits" are then the last hidden
+states with padded rows zeroed, "pooled" the pooler's output, and the loss
+sum(mean_pool(h) * cos(i)) + sum(pooled * sin(i)) (see encoder_reference).
+
 te.json is {"layouts": {LAYOUT: {"logits": T, "loss": float, "grads": {HF name: T}}}} with T as
 cases.h's as_json writes it. Every layout is held to the model's own forward and backward: the
 logits, the mean next-token cross-entropy and the gradient of every parameter
@@ -37,7 +42,8 @@ import torch
 import transformers
 from gguf import GGMLQuantizationType as Q
 from interop_common import TOL, rel_err, tensor
-from transformers import (AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM,
+from transformers import (AutoConfig, AutoModelForCausalLM, BertConfig, BertModel, LlamaConfig,
+                          LlamaForCausalLM,
                           MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM,
                           Qwen3Config, Qwen3ForCausalLM)
 from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
@@ -56,8 +62,9 @@ def rope(theta, rope_type="default", **extra):
 
 # (case, config class, model class, config arguments beyond SIZES)
 FAMILIES = [
+    # pad_token_id: the embedding's row 0 gets no gradient from the lookup (token_ids has a 0).
     ("llama", LlamaConfig, LlamaForCausalLM,
-     dict(tie_word_embeddings=False, **rope(10000.0))),
+     dict(tie_word_embeddings=False, pad_token_id=0, **rope(10000.0))),
     ("llama-tied-linear-rope", LlamaConfig, LlamaForCausalLM,
      dict(tie_word_embeddings=True, attention_bias=True, mlp_bias=True,
           **rope(500.0, "linear", factor=2.0))),
@@ -74,6 +81,17 @@ FAMILIES = [
     ("qwen3", Qwen3Config, Qwen3ForCausalLM,
      dict(tie_word_embeddings=False, head_dim=16, attention_bias=False, **rope(10000.0))),
 ]
+
+# BERT encoders (BertModel, with its pooler): (case, config arguments beyond ENCODER_SIZES).
+# te runs them with --encoder; the second row of ids is padded (attention_mask 0) at its end.
+ENCODER_SIZES = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                     intermediate_size=48, max_position_embeddings=64, hidden_dropout_prob=0.0,
+                     attention_probs_dropout_prob=0.0, attn_implementation="eager")
+ENCODERS = [
+    ("bert", dict(hidden_act="gelu", type_vocab_size=2, layer_norm_eps=1e-12)),
+    ("bert-gelu-new-3-types", dict(hidden_act="gelu_new", type_vocab_size=3, layer_norm_eps=1e-5)),
+]
+PAD = 4
 
 
 # (case, tie_word_embeddings, type of the 2-dim weights, type of token_embd.weight); Llama sizes
@@ -103,13 +121,13 @@ GGUF_NAMES = {
 }
 
 
-def build(config_class, model_class, kwargs, seed):
+def build(config_class, model_class, kwargs, seed, sizes=SIZES):
     """The random model, with every norm scale and bias moved off its initial value."""
     torch.manual_seed(seed)
-    model = model_class(config_class(**SIZES, **kwargs)).to(torch.float32)
+    model = model_class(config_class(**sizes, **kwargs)).to(torch.float32)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "norm" in name and name.endswith(".weight"):
+            if "norm" in name.lower() and name.endswith(".weight"):
                 p.add_(0.2 * torch.randn_like(p))
             elif name.endswith(".bias"):
                 p.add_(0.1 * torch.randn_like(p))
@@ -154,6 +172,8 @@ def write_gguf(model, path, qtype, embd_qtype):
     w.add_unk_token_id(0)
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
+    if c.pad_token_id is not None:
+        w.add_pad_token_id(c.pad_token_id)
     for hf_name, p in model.state_dict().items():
         if hf_name == "lm_head.weight" and c.tie_word_embeddings:
             continue
@@ -178,16 +198,19 @@ def write_gguf(model, path, qtype, embd_qtype):
 
 
 def token_ids(seed):
+    """Random ids, with token 0 (the padding row where a config names one) among them."""
     gen = torch.Generator().manual_seed(seed)
-    return torch.randint(0, VOCAB, (BATCH, SEQ), generator=gen)
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=gen)
+    ids[0, 2] = 0
+    return ids
 
 
-def run_te(binary, folder, model_path=None):
+def run_te(binary, folder, model_path=None, extra=()):
     """te.json's layouts for the model at model_path (default: folder itself), or raises
     RuntimeError with the binary's complaint (its stderr)."""
     out = os.path.join(folder, "te.json")
     cmd = [binary, "--model", model_path or folder, "--ids", os.path.join(folder, "ids.json"),
-           "--out", out]
+           "--out", out, *extra]
     try:
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                        text=True)
@@ -229,10 +252,12 @@ def compare(what, mine, want, problems):
     return rel_err(t, want)
 
 
-def check_layout(te, logits, loss, grads):
+def check_layout(te, logits, loss, grads, pooled=None):
     """({what: error}, [problems]) for one layout te wrote."""
     problems = []
     errors = {"logits": compare("logits", te.get("logits"), logits, problems)}
+    if pooled is not None:
+        errors["pooled"] = compare("pooled", te.get("pooled"), pooled, problems)
     if "loss" in te:
         errors["loss"] = abs(te["loss"] - loss) / max(1.0, abs(loss))
     else:
@@ -262,6 +287,44 @@ def check_case(binary, workdir, index, case, config_class, model_class, kwargs):
     return [(name, *check_layout(te, logits, loss, grads)) for name, te in layouts.items()]
 
 
+def encoder_reference(model, ids, mask, types):
+    """transformers' BertModel as te's --encoder writes it: the last hidden states with padded rows
+    zeroed, the pooler's output, sum(mean_pool(h) * cos(i)) + sum(pooled * sin(i)) (i the hidden
+    index; mean_pool as sentence-transformers') and every parameter's gradient of that, float64."""
+    model.eval()
+    model.zero_grad()
+    out = model(input_ids=ids, attention_mask=mask, token_type_ids=types)
+    m = mask.unsqueeze(-1).to(torch.float32)
+    hidden = out.last_hidden_state * m
+    mean = hidden.sum(1) / m.sum(1).clamp(min=1e-9)
+    i = torch.arange(hidden.shape[-1], dtype=torch.float32)
+    loss = (mean * i.cos()).sum() + (out.pooler_output * i.sin()).sum()
+    loss.backward()
+    grads = {name: p.grad.to(torch.float64) for name, p in model.named_parameters()}
+    return (hidden.detach().to(torch.float64), loss.item(), grads,
+            out.pooler_output.detach().to(torch.float64))
+
+
+def check_encoder_case(binary, workdir, index, case, kwargs):
+    """As check_case, for a random BertModel, padded ids and token types, te run with --encoder."""
+    seed = 1000 + index
+    model = build(BertConfig, BertModel, kwargs, seed, ENCODER_SIZES)
+    folder = os.path.join(workdir, case)
+    model.save_pretrained(folder, safe_serialization=True)
+    ids = token_ids(seed)
+    mask = torch.ones_like(ids)
+    mask[1, SEQ - PAD:] = 0
+    gen = torch.Generator().manual_seed(seed + 1)
+    types = torch.randint(0, kwargs["type_vocab_size"], ids.shape, generator=gen)
+    with open(os.path.join(folder, "ids.json"), "w") as f:
+        json.dump({"ids": ids.tolist(), "attention_mask": mask.tolist(),
+                   "token_type_ids": types.tolist()}, f)
+    layouts = run_te(binary, folder, extra=["--encoder"])
+    hidden, loss, grads, pooled = encoder_reference(model, ids, mask, types)
+    return [(name, *check_layout(te, hidden, loss, grads, pooled))
+            for name, te in layouts.items()]
+
+
 def from_gguf(folder, filename):
     """The float32 model transformers loads from folder/filename: from_pretrained(gguf_file=)
     where accelerate is installed (from_pretrained refuses a GGUF file without it, and the
@@ -289,8 +352,10 @@ def check_gguf_case(binary, workdir, index, case, tied, qtype, embd_qtype):
     """As check_case, for a Llama written as WORKDIR/<case>/model.gguf and held to what
     transformers loads from that file."""
     seed = 1000 + index
+    # The tied case names a padding token (tokenizer.ggml.padding_token_id).
     model = build(LlamaConfig, LlamaForCausalLM,
-                  dict(tie_word_embeddings=tied, **rope(10000.0)), seed)
+                  dict(tie_word_embeddings=tied, pad_token_id=0 if tied else None,
+                       **rope(10000.0)), seed)
     folder = os.path.join(workdir, case)
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, "model.gguf")
@@ -308,7 +373,8 @@ def main(binary, workdir):
     reference_name = "transformers " + transformers.__version__
     failures = total = 0
     cases = [(case, check_case, family) for case, *family in FAMILIES] + \
-            [(case, check_gguf_case, args) for case, *args in GGUF_CASES]
+            [(case, check_gguf_case, args) for case, *args in GGUF_CASES] + \
+            [(case, check_encoder_case, [kwargs]) for case, kwargs in ENCODERS]
     for index, (case, check, args) in enumerate(cases):
         try:
             results = check(binary, workdir, index, case, *args)

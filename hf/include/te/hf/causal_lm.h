@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "te/hf/config.h"
+#include "te/hf/weights.h"
 #include "te/nn/dense.h"
 #include "te/nn/embedding.h"
 #include "te/nn/rope.h"
@@ -60,26 +61,8 @@ class CausalLMImpl : public torch::nn::Cloneable<CausalLMImpl> {
 };
 TE_MODULE(CausalLM);
 
-/// Options of load_causal_lm.
-struct LoadOptions {
-  /// Every tensor of the checkpoint must be used and every parameter found (false: tensors the
-  /// model has no use for are skipped; missing ones are still an error).
-  bool strict = true;
-  /// When set, the tensor bytes this rank read are added here.
-  int64_t* bytes_read = nullptr;
-};
-
-/// Where each te parameter of a CausalLM comes from in a Hugging Face checkpoint: one or more
-/// tensors, each (transposed, for the kernels te keeps as [in, out]) into a slot of a stacked
-/// dim (K and V into kv_kernel, gate and up into wi_kernel), or the whole parameter.
-struct HfSource {
-  std::string name;      ///< the checkpoint's tensor, e.g. "model.layers.0.self_attn.k_proj.weight"
-  int64_t slot_dim = -1;  ///< the te parameter's stacked dim, or -1
-  int64_t slot = 0;       ///< which entry of it this tensor is
-  bool transpose = false;  ///< the te parameter is this 2-D tensor transposed
-};
 /// The te parameter name -> sources, for every parameter a CausalLM of `config` has.
-std::map<std::string, std::vector<HfSource>> causal_lm_weight_map(const CausalLMConfig& config);
+WeightMap causal_lm_weight_map(const CausalLMConfig& config);
 
 /// Whole te tensors (parameters, or their gradients) by te name -> the checkpoint's tensors by
 /// its names (the inverse of the weight map): for comparing with, or saving as, Hugging Face.

@@ -46,6 +46,10 @@ struct CausalLMConfig {
   /// Per-head RMSNorm of queries and keys before RoPE (Qwen3).
   bool qk_norm = false;
   bool tie_word_embeddings = false;
+  /// The embedding's padding row (pad_token_id; GGUF: tokenizer.ggml.padding_token_id): its
+  /// lookup gradient is zero, as transformers' nn.Embedding(padding_idx=pad_token_id) trains it
+  /// (a tied head still trains it). nullopt: none.
+  std::optional<int64_t> pad_token_id;
   /// Each layer's sliding window (keys at most this many positions back, the query's own
   /// included), or nullopt for full causal attention.
   std::vector<std::optional<int64_t>> layer_windows;
@@ -56,7 +60,7 @@ struct CausalLMConfig {
 /// Checks a config however it was read (`where` names its source in errors): sizes positive and
 /// at most 2^24 (layers at most 65536), the key/value heads dividing the heads, an even rotary
 /// dim within the head, a positive finite epsilon, RoPE base and factor, one positive window or
-/// none per layer. te::Error naming the field otherwise.
+/// none per layer, a pad_token_id within the vocabulary. te::Error naming the field otherwise.
 void check_causal_lm_config(const CausalLMConfig& config, const std::string& where);
 
 /// Parses config.json's text (`path` names it in errors): te::Error naming the field for a

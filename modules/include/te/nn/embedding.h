@@ -9,6 +9,8 @@
 #include <torch/nn/cloneable.h>
 #include <torch/nn/pimpl.h>
 
+#include <optional>
+
 #include "te/nn/sharded.h"
 
 namespace te::nn {
@@ -33,6 +35,9 @@ struct EmbeddingOptions {
   /// all-reduce, or a reduce-scatter for sequence-sharded activations); without it they stay
   /// Partial until the next constraint.
   TORCH_ARG(LogicalAxes, output_axes) = {};
+  /// torch.nn.Embedding's padding_idx: this row's gradient is always zero (the lookup is
+  /// unchanged), as Hugging Face models' pad_token_id row trains. nullopt: none.
+  TORCH_ARG(std::optional<int64_t>, padding_idx) = std::nullopt;
 };
 
 /// Embedding lookup, table initialised as Flax's nn.Embed (normal, stddev 1/sqrt(features)) from

@@ -72,7 +72,8 @@ struct ActivationParams {
   double glu_linear_offset = 1.0;
 };
 
-/// An activation of one fc1 slot by TE-JAX's name: "gelu" (tanh form, as TE's kernels), "relu",
+/// An activation of one fc1 slot by TE-JAX's name: "gelu" (tanh form, as TE's kernels),
+/// "gelu_exact" (the erf form: BERT's and transformers' "gelu"; not one of TE's), "relu",
 /// "silu", "quick_gelu" (x * sigmoid(1.702 x)), "squared_relu", "sigmoid", "linear", and the
 /// two slots of clamped_swiglu, "clamped_silu" and "clamped_linear" (with `params`). Throws
 /// te::Error naming an unknown one.
@@ -94,14 +95,15 @@ DTensor mlp_activation(const DTensor& h, const std::vector<std::string>& activat
                        const ActivationParams& params = {});
 
 /// table[ids] for integer ids of any shape and a table [rows, columns]: [ids..., columns]. An id
-/// outside [0, rows) is a te::Error naming it.
-at::Tensor embedding(const at::Tensor& ids, const at::Tensor& table);
+/// outside [0, rows) is a te::Error naming it. padding_idx (-1: none): that row's gradient is
+/// zero (torch.nn.Embedding's padding_idx).
+at::Tensor embedding(const at::Tensor& ids, const at::Tensor& table, int64_t padding_idx = -1);
 /// On a mesh, per mesh dim: where the ids are sharded, the table is used whole there (an FSDP
 /// table is gathered; its gradient returns as a reduce-scatter, a replicated one's as partial
 /// sums); where they are not, the table keeps its shard: rows sharded (vocabulary-parallel,
 /// Megatron's VocabParallelEmbedding) look up the ids in this rank's rows, zeros for the others,
 /// and the result is Partial(sum) there; columns sharded give an output sharded on its last dim.
-DTensor embedding(const DTensor& ids, const DTensor& table);
+DTensor embedding(const DTensor& ids, const DTensor& table, int64_t padding_idx = -1);
 
 /// Options of parallel_cross_entropy (TE-PyTorch's parallel_cross_entropy arguments).
 struct CrossEntropyOptions {

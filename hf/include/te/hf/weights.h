@@ -1,0 +1,42 @@
+#pragma once
+
+// How te::hf maps a Hugging Face checkpoint's tensors onto a te::nn model's parameters, and the
+// options its loaders (load_causal_lm, load_encoder) take.
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace te::hf {
+
+/// Options of load_causal_lm and load_encoder.
+struct LoadOptions {
+  /// Every tensor of the checkpoint must be used and every parameter found (false: tensors the
+  /// model has no use for are skipped; missing ones are still an error).
+  bool strict = true;
+  /// When set, the tensor bytes this rank read are added here.
+  int64_t* bytes_read = nullptr;
+};
+
+/// Where each te parameter of a model comes from in a Hugging Face checkpoint: one or more
+/// tensors, each (transposed, for the kernels te keeps as [in, out]) into a slot of a stacked
+/// dim (K and V into kv_kernel, gate and up into wi_kernel), or the whole parameter.
+struct HfSource {
+  std::string name;  ///< the checkpoint's tensor, e.g. "model.layers.0.self_attn.k_proj.weight"
+  int64_t slot_dim = -1;   ///< the te parameter's stacked dim, or -1
+  int64_t slot = 0;        ///< which entry of it this tensor is
+  bool transpose = false;  ///< the te parameter is this 2-D tensor transposed
+};
+/// A model's te parameter name -> the checkpoint tensors it is made of.
+using WeightMap = std::map<std::string, std::vector<HfSource>>;
+
+/// Whole te tensors (parameters, or their gradients) by te name -> the checkpoint's tensors by
+/// its names (the inverse of `map`): for comparing with, or saving as, Hugging Face. te::Error
+/// naming a parameter `te_whole` lacks.
+std::map<std::string, at::Tensor> to_hf_tensors(const WeightMap& map,
+                                                const std::map<std::string, at::Tensor>& te_whole);
+
+}  // namespace te::hf
