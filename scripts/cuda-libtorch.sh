@@ -30,6 +30,11 @@ pins+=" annotated-types==0.8.0 typing-inspection==0.4.5"
 # tests/interop/ and for transformers' gguf_file= loading; numpy, PyYAML and tqdm are above
 # (requests, which it imports only to download, is not needed).
 pins+=" gguf==0.19.0"
+# sentence-transformers 6.2.0 (the reference for te::hf's sentence embeddings: all-MiniLM-L6-v2)
+# and what it imports (scipy, scikit-learn and theirs), at versions with wheels for Debian 12's
+# Python 3.11.
+pins+=" sentence-transformers==6.2.0 scipy==1.16.3 scikit-learn==1.7.2 joblib==1.5.2"
+pins+=" threadpoolctl==3.6.0"
 # The environment itself is kept once per set of pins in a shared cache
 # (${TE_VENV_CACHE:-~/.cache/te-cpp}/venv-cuda-<hash of the pins>) and build/venv-cuda links to
 # it: every fresh clone (CI makes one per run) then finds it made instead of spending ~100 s

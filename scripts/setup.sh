@@ -9,6 +9,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev zlib1g-dev
   libcpp-httplib-dev wrk   # examples/serving (te-serve) and its load test
+  libicu-dev libpcre2-dev   # te::hf's tokenizers (Unicode categories, normalization, regex)
   python3-matplotlib   # examples/encoder/plot_losses
   clang libclang-rt-14-dev   # scripts/fuzz.sh (libFuzzer)
 )

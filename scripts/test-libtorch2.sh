@@ -18,7 +18,7 @@ PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git python3 python3-numpy python3-safetensors
   libtorch-dev libgloo-dev libopenblas0-openmp
   libgtest-dev libgmock-dev libbenchmark-dev
-  libcli11-dev nlohmann-json3-dev zlib1g-dev libcpp-httplib-dev
+  libcli11-dev nlohmann-json3-dev zlib1g-dev libcpp-httplib-dev libicu-dev libpcre2-dev
 )
 
 if [ "$(id -u)" -ne 0 ]; then
@@ -42,6 +42,11 @@ if [ ! -f "$root/.te-packages" ] || [ "$(cat "$root/.te-packages")" != "$wanted"
   include=$(IFS=,; echo "${PACKAGES[*]}")
   mmdebstrap --variant=apt --mode=root --quiet --include="$include" trixie "$root.new"
   echo "$wanted" >"$root.new/.te-packages"
+  # The compiler cache outlives a package change (most objects stay valid).
+  if [ -d "$root/var/cache/ccache" ]; then
+    mkdir -p "$root.new/var/cache"
+    mv "$root/var/cache/ccache" "$root.new/var/cache/ccache"
+  fi
   rm -rf "$root"
   mv "$root.new" "$root"
 fi

@@ -31,8 +31,9 @@ nn::TransformerLayerOptions layer_options(const CausalLMConfig& c, int64_t layer
                .scaled_query_init(false)
                .scale_attn_logits(true);
   // transformers' sliding window W: a query sees the W keys up to and including itself.
-  TE_CHECK(layer >= 0 && layer < static_cast<int64_t>(c.layer_windows.size()), "layer_options: ",
-           "layer ", layer, " of a config with ", c.layer_windows.size(), " layer windows");
+  TE_CHECK(layer >= 0 && layer < static_cast<int64_t>(c.layer_windows.size()),
+           "layer_options: ", "layer ", layer, " of a config with ", c.layer_windows.size(),
+           " layer windows");
   const auto& window = c.layer_windows[static_cast<std::size_t>(layer)];
   if (window) o.window_size(nn::WindowSize{*window - 1, 0});
   if (c.qk_norm) o.qk_norm_type("RMSNorm").qk_norm_eps(c.rms_norm_eps).qk_norm_before_rope(true);
@@ -54,9 +55,10 @@ void CausalLMImpl::reset() {
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     layers->push_back(nn::TransformerLayer(layer_options(c, i)));
   }
-  norm = register_module("norm", nn::LayerNorm(nn::LayerNormOptions(c.hidden_size)
-                                                   .layernorm_type("rmsnorm")
-                                                   .epsilon(c.rms_norm_eps)));
+  norm = register_module(
+      "norm",
+      nn::LayerNorm(
+          nn::LayerNormOptions(c.hidden_size).layernorm_type("rmsnorm").epsilon(c.rms_norm_eps)));
   if (!c.tie_word_embeddings) {
     lm_head = register_module(
         "lm_head", nn::Dense(nn::DenseOptions(c.hidden_size, c.vocab_size)
@@ -71,7 +73,8 @@ void CausalLMImpl::reset() {
   // pretrained * factor positions (then scales dynamically), so pretrained is set to
   // max_position_embeddings and longer sequences are refused in forward.
   if (c.rope_type == "linear") {
-    TE_CHECK(c.max_position_embeddings > 0, "CausalLM: linear RoPE scaling needs "
+    TE_CHECK(c.max_position_embeddings > 0,
+             "CausalLM: linear RoPE scaling needs "
              "max_position_embeddings in the config");
     rope_options.seq_len_interpolation_factor(c.rope_factor)
         .pretrained_max_position_embeddings(c.max_position_embeddings);
@@ -91,12 +94,12 @@ namespace {
 template <typename T>
 T run(CausalLMImpl& m, T x, int64_t seq) {
   const CausalLMConfig& c = m.config;
-  TE_CHECK(c.rope_type != "linear" ||
-               static_cast<double>(seq) <=
-                   static_cast<double>(c.max_position_embeddings) * c.rope_factor,
-           "CausalLM: ", seq, " positions are more than linear RoPE scaling covers (",
-           c.max_position_embeddings, " x factor ", c.rope_factor,
-           "); transformers would extrapolate there, te-cpp refuses");
+  TE_CHECK(
+      c.rope_type != "linear" || static_cast<double>(seq) <=
+                                     static_cast<double>(c.max_position_embeddings) * c.rope_factor,
+      "CausalLM: ", seq, " positions are more than linear RoPE scaling covers (",
+      c.max_position_embeddings, " x factor ", c.rope_factor,
+      "); transformers would extrapolate there, te-cpp refuses");
   const nn::AttentionArgs args = nn::AttentionArgs().rotary_pos_emb(m.rope->forward(seq));
   for (const auto& layer : *m.layers) {
     x = layer->as<nn::TransformerLayerImpl>()->forward(x, {}, {}, {}, args);

@@ -388,6 +388,7 @@ Encoder load_encoder(const std::string& path_text, const LoadOptions& options) {
   }();
   const int64_t bytes_read = detail::fill(*model, map, *source);
   if (options.bytes_read != nullptr) *options.bytes_read += bytes_read;
+  model->eval();  // as transformers' from_pretrained: no dropout until train() is called
   return model;
 }
 

@@ -51,8 +51,8 @@ GgufFile::GgufFile(const std::string& path) : state_(std::make_unique<State>()) 
       s.read_at(out, n, offset);
       return;
     }
-    if (offset < window_at || offset + static_cast<int64_t>(n) >
-                                  window_at + static_cast<int64_t>(window.size())) {
+    if (offset < window_at ||
+        offset + static_cast<int64_t>(n) > window_at + static_cast<int64_t>(window.size())) {
       window_at = offset;
       window.resize(static_cast<std::size_t>(std::min<int64_t>(size - offset, 1 << 20)));
       s.read_at(window.data(), window.size(), offset);
@@ -95,8 +95,8 @@ std::optional<double> GgufFile::number(const std::string& key) const {
   const GgufValue* v = value(key);
   if (v == nullptr) return std::nullopt;
   if (v->type == 6 || v->type == 12) return v->number;
-  TE_CHECK(v->type <= 5 || v->type == 10 || v->type == 11, "gguf: '", path(), "': metadata '",
-           key, "' is not a number (type ", v->type, ")");
+  TE_CHECK(v->type <= 5 || v->type == 10 || v->type == 11, "gguf: '", path(), "': metadata '", key,
+           "' is not a number (type ", v->type, ")");
   return static_cast<double>(v->integer);
 }
 
@@ -114,8 +114,8 @@ at::Tensor GgufFile::read(const std::string& name, const std::vector<int64_t>& l
   TE_CHECK(t != nullptr, "gguf: '", path(), "' has no tensor '", name, "'");
   const int64_t nd = static_cast<int64_t>(t->shape.size());
   TE_CHECK(static_cast<int64_t>(lo.size()) == nd && static_cast<int64_t>(hi.size()) == nd,
-           "gguf: reading '", name, "' in '", path(), "': a box of ", lo.size(), " dims for a ",
-           nd, "-dim tensor");
+           "gguf: reading '", name, "' in '", path(), "': a box of ", lo.size(), " dims for a ", nd,
+           "-dim tensor");
   std::vector<int64_t> out_shape;
   int64_t rows = 1;
   for (int64_t d = 0; d < nd; ++d) {

@@ -92,7 +92,8 @@ class Cursor {
   }
   std::string text(bool wide, const std::string& field, uint64_t max = UINT64_MAX) {
     const uint64_t n = count(wide, 1, field);
-    if (n > max) fail(field, "a string of " + std::to_string(n) + " bytes, over " + std::to_string(max));
+    if (n > max)
+      fail(field, "a string of " + std::to_string(n) + " bytes, over " + std::to_string(max));
     std::string s(n, '\0');
     bytes(s.data(), static_cast<int64_t>(n), field);
     return s;
@@ -118,13 +119,27 @@ void read_scalar(Cursor& c, uint32_t type, GgufValue& v, bool into_array,
   double f = 0;
   bool is_float = false;
   switch (type) {
-    case 0: i = c.scalar<uint8_t>(field); break;
-    case 1: i = c.scalar<int8_t>(field); break;
-    case 2: i = c.scalar<uint16_t>(field); break;
-    case 3: i = c.scalar<int16_t>(field); break;
-    case 4: i = c.scalar<uint32_t>(field); break;
-    case 5: i = c.scalar<int32_t>(field); break;
-    case 6: f = c.scalar<float>(field), is_float = true; break;
+    case 0:
+      i = c.scalar<uint8_t>(field);
+      break;
+    case 1:
+      i = c.scalar<int8_t>(field);
+      break;
+    case 2:
+      i = c.scalar<uint16_t>(field);
+      break;
+    case 3:
+      i = c.scalar<int16_t>(field);
+      break;
+    case 4:
+      i = c.scalar<uint32_t>(field);
+      break;
+    case 5:
+      i = c.scalar<int32_t>(field);
+      break;
+    case 6:
+      f = c.scalar<float>(field), is_float = true;
+      break;
     case 7: {
       const uint8_t b = c.scalar<uint8_t>(field);
       if (b > 1) c.fail(field, "a bool of value " + std::to_string(b));
@@ -137,14 +152,25 @@ void read_scalar(Cursor& c, uint32_t type, GgufValue& v, bool into_array,
       i = static_cast<int64_t>(u);
       break;
     }
-    case 11: i = c.scalar<int64_t>(field); break;
-    case 12: f = c.scalar<double>(field), is_float = true; break;
-    default: c.fail(field, "value type " + std::to_string(type) + " is not a GGUF scalar type");
+    case 11:
+      i = c.scalar<int64_t>(field);
+      break;
+    case 12:
+      f = c.scalar<double>(field), is_float = true;
+      break;
+    default:
+      c.fail(field, "value type " + std::to_string(type) + " is not a GGUF scalar type");
   }
   if (into_array) {
-    if (is_float) v.numbers.push_back(f); else v.integers.push_back(i);
+    if (is_float)
+      v.numbers.push_back(f);
+    else
+      v.integers.push_back(i);
   } else {
-    if (is_float) v.number = f; else v.integer = i;
+    if (is_float)
+      v.number = f;
+    else
+      v.integer = i;
   }
 }
 
@@ -164,8 +190,10 @@ GgufValue read_value(Cursor& c, uint32_t type, bool wide, const std::string& fie
     const uint64_t n = c.count(wide, each, field + " (array length)");
     c.spend(n, field);
     for (uint64_t k = 0; k < n; ++k) {
-      if (strings) v.strings.push_back(c.text(wide, field));
-      else read_scalar(c, v.element_type, v, true, field);
+      if (strings)
+        v.strings.push_back(c.text(wide, field));
+      else
+        read_scalar(c, v.element_type, v, true, field);
     }
   } else {
     read_scalar(c, type, v, false, field);
@@ -177,14 +205,22 @@ GgufValue read_value(Cursor& c, uint32_t type, bool wide, const std::string& fie
 
 std::pair<int64_t, int64_t> ggml_block(uint32_t type, const std::string& where) {
   switch (static_cast<GgmlType>(type)) {
-    case GgmlType::kF32: return {1, 4};
-    case GgmlType::kF16: return {1, 2};
-    case GgmlType::kBF16: return {1, 2};
-    case GgmlType::kQ8_0: return {32, 34};
-    case GgmlType::kQ4_0: return {32, 18};
-    case GgmlType::kQ4_1: return {32, 20};
-    case GgmlType::kQ4_K: return {kQK, 144};
-    case GgmlType::kQ6_K: return {kQK, 210};
+    case GgmlType::kF32:
+      return {1, 4};
+    case GgmlType::kF16:
+      return {1, 2};
+    case GgmlType::kBF16:
+      return {1, 2};
+    case GgmlType::kQ8_0:
+      return {32, 34};
+    case GgmlType::kQ4_0:
+      return {32, 18};
+    case GgmlType::kQ4_1:
+      return {32, 20};
+    case GgmlType::kQ4_K:
+      return {kQK, 144};
+    case GgmlType::kQ6_K:
+      return {kQK, 210};
   }
   TE_FAIL("gguf: ", where, " has ggml type ", type,
           ", which te-cpp does not read (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K)");
@@ -194,8 +230,12 @@ void ggml_dequantize(uint32_t type, const unsigned char* p, int64_t count, float
   const auto [per_block, block_bytes] = ggml_block(type, "a tensor");
   for (int64_t b = 0; b < count / per_block; ++b, p += block_bytes, out += per_block) {
     switch (static_cast<GgmlType>(type)) {
-      case GgmlType::kF32: std::memcpy(out, p, 4); break;
-      case GgmlType::kF16: out[0] = f16_at(p); break;
+      case GgmlType::kF32:
+        std::memcpy(out, p, 4);
+        break;
+      case GgmlType::kF16:
+        out[0] = f16_at(p);
+        break;
       case GgmlType::kBF16: {
         const uint32_t bits = static_cast<uint32_t>(p[0] | p[1] << 8) << 16;
         std::memcpy(out, &bits, 4);
@@ -292,7 +332,8 @@ GgufHeader parse_gguf_header(const std::function<void(void*, std::size_t, int64_
     int64_t numel = 1;
     for (uint32_t d = 0; d < n_dims; ++d) {
       const uint64_t ne = c.scalar<uint64_t>(field + " dim");
-      if (ne == 0 || ne > (uint64_t{1} << 40) || numel > (int64_t{1} << 40) / static_cast<int64_t>(ne)) {
+      if (ne == 0 || ne > (uint64_t{1} << 40) ||
+          numel > (int64_t{1} << 40) / static_cast<int64_t>(ne)) {
         c.fail(field, "dim " + std::to_string(d) + " of " + std::to_string(ne) +
                           " makes no tensor te-cpp can hold");
       }

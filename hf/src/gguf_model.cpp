@@ -136,8 +136,7 @@ CausalLMConfig gguf_config(const GgufFile& file) {
   const std::string& path = file.path();
   const std::string arch = file.string("general.architecture").value_or("");
   TE_CHECK(arch == "llama" || arch == "qwen2" || arch == "qwen3", "gguf: '", path,
-           "': general.architecture '", arch,
-           "' is not one te-cpp loads (llama, qwen2, qwen3)");
+           "': general.architecture '", arch, "' is not one te-cpp loads (llama, qwen2, qwen3)");
   std::set<std::string> read;
   const std::string a = arch + ".";
   auto integer = [&](const std::string& key) -> std::optional<int64_t> {
@@ -190,8 +189,8 @@ CausalLMConfig gguf_config(const GgufFile& file) {
            "' has no 2-dim token_embd.weight");
   c.vocab_size = integer("vocab_size").value_or(embed->shape[0]);
   TE_CHECK(embed->shape[0] == c.vocab_size && embed->shape[1] == c.hidden_size, "gguf: '", path,
-           "': token_embd.weight is ", at::IntArrayRef(embed->shape), " but the metadata says ",
-           a, "vocab_size ", c.vocab_size, " and ", a, "embedding_length ", c.hidden_size);
+           "': token_embd.weight is ", at::IntArrayRef(embed->shape), " but the metadata says ", a,
+           "vocab_size ", c.vocab_size, " and ", a, "embedding_length ", c.hidden_size);
   c.tie_word_embeddings = file.tensor("output.weight") == nullptr;
   // transformers reads tokenizer.ggml.padding_token_id into the config's pad_token_id
   // (integrations/ggml.py, GGUF_CONFIG_MAPPING["tokenizer"]).

@@ -28,19 +28,20 @@ inline const std::set<std::string> kMetadata = {
 // Reads fields of one JSON object, remembering which it read; the rest must be metadata.
 class Fields {
  public:
-  Fields(const json& j, std::string path, std::string what)
-      : j_(j), path_(std::move(path)), what_(std::move(what)) {}
+  /// `kind` starts each message ("config", "tokenizer"); `what` prefixes each field's name.
+  Fields(const json& j, std::string path, std::string what, std::string kind = "config")
+      : j_(j), path_(std::move(path)), what_(std::move(what)), kind_(std::move(kind)) {}
 
   [[noreturn]] void fail(const std::string& field, const std::string& message) const {
-    TE_FAIL("config: '", path_, "': ", what_, field, ": ", message);
+    TE_FAIL(kind_, ": '", path_, "': ", what_, field, ": ", message);
   }
   bool has(const std::string& key) {
     read_.insert(key);
     return j_.contains(key) && !j_.at(key).is_null();
   }
   int64_t integer(const std::string& key) {
-    TE_CHECK(has(key), "config: '", path_, "': ", what_, key,
-             " is missing; a config of this model_type needs it");
+    TE_CHECK(has(key), kind_, ": '", path_, "': ", what_, key, " is missing; a ", kind_,
+             " of this kind needs it");
     return integer_at(key);
   }
   int64_t integer_or(const std::string& key, int64_t fallback) {
@@ -82,19 +83,20 @@ class Fields {
     return v.get<int64_t>();
   }
   const json& j_;
-  std::string path_, what_;
+  std::string path_, what_, kind_;
   std::set<std::string> read_;
 };
 
 /// Parses `text` as a JSON object (`path` names it in errors).
-inline nlohmann::json parse_json_object(std::string_view text, const std::string& path) {
+inline nlohmann::json parse_json_object(std::string_view text, const std::string& path,
+                                        const char* kind = "config") {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
-    TE_FAIL("config: '", path, "' is not JSON: ", e.what());
+    TE_FAIL(kind, ": '", path, "' is not JSON: ", e.what());
   }
-  TE_CHECK(j.is_object(), "config: '", path, "' is not a JSON object");
+  TE_CHECK(j.is_object(), kind, ": '", path, "' is not a JSON object");
   return j;
 }
 

@@ -281,6 +281,7 @@ CausalLM load_causal_lm(const std::string& path_text, const LoadOptions& options
   }();
   const int64_t bytes_read = detail::fill(*model, causal_lm_weight_map(config), *source);
   if (options.bytes_read != nullptr) *options.bytes_read += bytes_read;
+  model->eval();  // as transformers' from_pretrained: no dropout until train() is called
   return model;
 }
 

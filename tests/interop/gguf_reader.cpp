@@ -1,6 +1,7 @@
 // Reads every tensor of a GGUF file with te::hf::GgufFile, whole and as one box (rows [1, 3) and
 // the columns of the second and third blocks, or the middle of a 1-D tensor), and writes them
-// as JSON, with every metadata value, for tests/interop/check_gguf.py to hold to gguf-py's dequantization.
+// as JSON, with every metadata value, for tests/interop/check_gguf.py to hold to gguf-py's
+// dequantization.
 //
 //   te_interop_gguf FILE.gguf OUT.json
 
@@ -45,11 +46,11 @@ int main(int argc, char** argv) {
     nlohmann::json meta = nlohmann::json::object();
     for (const auto& [key, v] : file.header().metadata) {
       if (v.type == 9) {
-        meta[key] = v.element_type == 8   ? nlohmann::json(v.strings)
+        meta[key] = v.element_type == 8                           ? nlohmann::json(v.strings)
                     : v.element_type == 6 || v.element_type == 12 ? nlohmann::json(v.numbers)
-                                                                   : nlohmann::json(v.integers);
+                                                                  : nlohmann::json(v.integers);
       } else {
-        meta[key] = v.type == 8 ? nlohmann::json(v.string)
+        meta[key] = v.type == 8                   ? nlohmann::json(v.string)
                     : v.type == 6 || v.type == 12 ? nlohmann::json(v.number)
                                                   : nlohmann::json(v.integer);
       }

@@ -72,7 +72,8 @@ std::map<std::string, at::Tensor> to_hf_tensors(const CausalLMConfig& config,
 /// Builds the CausalLM `dir`/config.json describes under the mesh and rules in scope and loads
 /// `dir`'s safetensors weights into it: each rank reads only the byte ranges of its own slices.
 /// te::Error naming the file and tensor for a missing or extra tensor (strict), a shape that
-/// differs from the config's, a dtype LibTorch cannot hold, a damaged file.
+/// differs from the config's, a dtype LibTorch cannot hold, a damaged file. The model is returned
+/// in eval mode, as from_pretrained returns it (train() turns its dropout on).
 CausalLM load_causal_lm(const std::string& dir, const LoadOptions& options = {});
 
 }  // namespace te::hf

@@ -113,7 +113,8 @@ WeightMap encoder_weight_map(const EncoderConfig& config, const std::string& pre
 /// Builds the Encoder `dir`/config.json describes under the mesh and rules in scope and loads
 /// `dir`'s safetensors weights into it, each rank reading only its slices' bytes; the pooler is
 /// built when the checkpoint holds one. te::Error naming the file and tensor for a missing or
-/// extra tensor (strict), a shape that differs from the config's, a damaged file.
+/// extra tensor (strict), a shape that differs from the config's, a damaged file. The model is
+/// returned in eval mode, as from_pretrained returns it (train() turns its dropout on).
 Encoder load_encoder(const std::string& dir, const LoadOptions& options = {});
 
 }  // namespace te::hf

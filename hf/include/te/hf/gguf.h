@@ -29,7 +29,14 @@ namespace te::hf {
 
 /// ggml's tensor types that te-cpp reads (their ggml numbers).
 enum class GgmlType : uint32_t {
-  kF32 = 0, kF16 = 1, kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8, kQ4_K = 12, kQ6_K = 14, kBF16 = 30,
+  kF32 = 0,
+  kF16 = 1,
+  kQ4_0 = 2,
+  kQ4_1 = 3,
+  kQ8_0 = 8,
+  kQ4_K = 12,
+  kQ6_K = 14,
+  kBF16 = 30,
 };
 
 /// One metadata value: a scalar (integers and bools as `integer`, floats as `number`), a

