@@ -7,7 +7,7 @@
 //
 // Example (sentence embeddings as sentence-transformers' all-MiniLM-L6-v2 gives them):
 //   te::hf::Encoder model = te::hf::load_encoder("all-MiniLM-L6-v2/");
-//   at::Tensor hidden = model(ids, attention_mask);                  // [batch, seq, hidden]
+//   at::Tensor hidden = model->forward(ids, attention_mask);         // [batch, seq, hidden]
 //   at::Tensor emb = te::hf::l2_normalize(te::hf::mean_pool(hidden, attention_mask));
 
 #include <torch/nn/cloneable.h>
