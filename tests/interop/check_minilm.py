@@ -4,12 +4,15 @@ Every sentence of CoLA dev is tokenized by te (te_interop_tokenize, te::hf::Toke
 model's tokenizer.json), padded into one batch, and embedded by te on one process, TP2 and DP2xTP2
 (te_interop_hf_model --encoder --logits-only: load_encoder, mean_pool, l2_normalize);
 sentence-transformers' SentenceTransformer(folder).encode embeds the same sentences (its own
-tokenizer, batches of 32). Every embedding within 1e-5 (max abs) of sentence-transformers'.
+tokenizer, batches of 32). Every embedding within 1e-5 (max abs) of sentence-transformers'. Then examples/hf's te-embed
+(SentenceEmbedder: tokenizer, encoder, the folder's pooling and normalization) on one process and
+on two tensor-parallel ranks: the cosine of two sentences within 1e-5 of sentence-transformers'.
 
-  python check_minilm.py HF_MODEL_BINARY WORKDIR [CACHE]   (CACHE: ~/.cache/te-cpp/models;
-  te_interop_tokenize is the binary beside HF_MODEL_BINARY)
+  python check_minilm.py HF_MODEL_BINARY WORKDIR --tokenize TE_INTEROP_TOKENIZE --embed TE_EMBED
+                         [--cache DIR]   (DIR: ~/.cache/te-cpp/models)
 """
 
+import argparse
 import json
 import os
 import subprocess
@@ -26,7 +29,26 @@ from interop_common import MODEL_CACHE, fetch_minilm
 TOL = 1e-5
 
 
-def main(binary, workdir, cache):
+PAIR = ["A man is eating food.", "A man is eating pasta."]
+
+
+def check_embed(embed, folder, model):
+    """te-embed's cosine of PAIR, on 1 and 2 ranks, against sentence-transformers'; failures."""
+    e = model.encode(PAIR, convert_to_numpy=True).astype(np.float64)
+    want = float((e[0] * e[1]).sum() / np.linalg.norm(e[0]) / np.linalg.norm(e[1]))
+    failures = 0
+    for nproc in (1, 2):
+        out = subprocess.run([embed, "--model", folder, "--nproc", str(nproc), *PAIR], check=True,
+                             capture_output=True, text=True).stdout
+        got = float(out.split("\t")[0])
+        bad = not abs(got - want) <= TOL
+        failures += bad
+        print("%s te-embed --nproc %d: cosine %.6f (sentence-transformers %.6f)" % (
+            "FAIL" if bad else "ok  ", nproc, got, want))
+    return failures
+
+
+def main(binary, workdir, tokenize, embed, cache):
     os.makedirs(workdir, exist_ok=True)
     folder = fetch_minilm(cache)
     with open(os.path.join(COLA, "in_domain_dev.tsv"), encoding="utf-8") as f:
@@ -34,7 +56,6 @@ def main(binary, workdir, cache):
     texts_path = os.path.join(workdir, "texts.json")
     with open(texts_path, "w") as f:
         json.dump(texts, f)
-    tokenize = os.path.join(os.path.dirname(binary), "te_interop_tokenize")
     tokens_path = os.path.join(workdir, "tokens.json")
     subprocess.run([tokenize, "--tokenizer", os.path.join(folder, "tokenizer.json"), "--texts",
                     texts_path, "--out", tokens_path], check=True)
@@ -65,12 +86,18 @@ def main(binary, workdir, cache):
         failures += bad
         print("%s %s: %d sentences, max |te - st| %.2e, min cosine %.8f" % (
             "FAIL" if bad else "ok  ", layout, len(texts), err, cos))
-    print("%d of %d layouts differ from sentence-transformers %s (tolerance %g, %d tokens longest)"
-          % (failures, len(layouts), sentence_transformers.__version__, TOL, longest))
+    failures += check_embed(embed, folder, model)
+    print("%d of %d checks differ from sentence-transformers %s (tolerance %g, %d tokens longest)"
+          % (failures, len(layouts) + 2, sentence_transformers.__version__, TOL, longest))
     return 1 if failures or len(layouts) != 3 else 0
 
 
 if __name__ == "__main__":
-    if len(sys.argv) not in (3, 4):
-        raise SystemExit(__doc__)
-    sys.exit(main(sys.argv[1], sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else MODEL_CACHE))
+    parser = argparse.ArgumentParser(usage=__doc__)
+    parser.add_argument("binary")
+    parser.add_argument("workdir")
+    parser.add_argument("--tokenize", required=True)
+    parser.add_argument("--embed", required=True)
+    parser.add_argument("--cache", default=MODEL_CACHE)
+    a = parser.parse_args()
+    sys.exit(main(a.binary, a.workdir, a.tokenize, a.embed, a.cache))

@@ -43,6 +43,9 @@ struct EncodeOptions {
   int64_t max_length = 0;
 };
 
+/// Encodings padded to the longest with `pad_id` (right), as encode_batch returns them.
+Batch pad(const std::vector<Encoding>& encodings, int64_t pad_id);
+
 class Tokenizer {
  public:
   /// `dir`/tokenizer.json, else `dir`/vocab.txt (a BERT WordPiece vocabulary, configured by
