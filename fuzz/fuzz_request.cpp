@@ -1,6 +1,7 @@
-// libFuzzer target: te-serve's request decoder (POST /v1/classify bodies). Every body either
-// decodes or throws HttpError 400/413 (the status te-serve answers with); anything else is a bug.
-// What it accepts must be valid UTF-8 sentences with words, at most the limit.
+// libFuzzer target: te-serve's request decoder (POST /v1/classify and /v1/embeddings bodies).
+// Every body either decodes or throws HttpError 400/413 (the status te-serve answers with);
+// anything else is a bug. What it accepts must be valid UTF-8 sentences (with words, for
+// classify), at most the limit; base64 of what was accepted decodes to the same length.
 //   bash scripts/fuzz.sh [seconds per target]
 #include <cstddef>
 #include <cstdint>
@@ -17,6 +18,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
     if (sentences.empty() || sentences.size() > kMax) __builtin_trap();
     for (const std::string& s : sentences) {
       if (!serve::valid_utf8(s) || encoder::tokenize(s).empty()) __builtin_trap();
+    }
+  } catch (const serve::HttpError& e) {
+    if (e.status != 400 && e.status != 413) __builtin_trap();
+  }
+  try {
+    const serve::EmbeddingsRequest r = serve::decode_embeddings(body, kMax, 384);
+    if (r.input.empty() || r.input.size() > kMax) __builtin_trap();
+    for (const std::string& s : r.input) {
+      if (!serve::valid_utf8(s)) __builtin_trap();
+      if (serve::base64_encode(s).size() != (s.size() + 2) / 3 * 4) __builtin_trap();
     }
   } catch (const serve::HttpError& e) {
     if (e.status != 400 && e.status != 413) __builtin_trap();

@@ -35,6 +35,9 @@ pins+=" gguf==0.19.0"
 # Python 3.11.
 pins+=" sentence-transformers==6.2.0 scipy==1.16.3 scikit-learn==1.7.2 joblib==1.5.2"
 pins+=" threadpoolctl==3.6.0"
+# The official OpenAI Python client (its API's reference client) and what it needs beyond the
+# above, for te-serve's /v1/embeddings.
+pins+=" openai==3.51.0 jiter==0.19.0 sniffio==1.3.1"
 # The environment itself is kept once per set of pins in a shared cache
 # (${TE_VENV_CACHE:-~/.cache/te-cpp}/venv-cuda-<hash of the pins>) and build/venv-cuda links to
 # it: every fresh clone (CI makes one per run) then finds it made instead of spending ~100 s

@@ -53,7 +53,7 @@ int bench(const std::string& model, const std::string& file, int64_t batch, int 
   const te::hf::SentenceEmbedder st(model);
   auto pass = [&] {
     const auto start = std::chrono::steady_clock::now();
-    st.embed(lines, nullptr, batch);
+    st.embed(lines, batch);
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   };
   pass();

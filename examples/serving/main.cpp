@@ -1,7 +1,10 @@
-// te-serve: the te-encoder classifier behind HTTP, with dynamic batching (see README.md).
+// te-serve: the te-encoder classifier, or a Hugging Face sentence embedding model, behind HTTP,
+// with dynamic batching (see README.md).
 //
 //   te-serve --load ckpt --port 8080
 //   curl -s localhost:8080/v1/classify -d '{"sentences": ["The cat sat on the mat."]}'
+//   te-serve --model all-MiniLM-L6-v2/ --port 8080
+//   curl -s localhost:8080/v1/embeddings -d '{"input": ["The cat sat on the mat."]}'
 
 #include <httplib.h>
 #include <pthread.h>
@@ -13,18 +16,23 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <thread>
 
+#include "batcher.h"
 #include "data.h"
 #include "service.h"
 #include "te/error.h"
+#include "te/hf/sentence.h"
 
 namespace {
 
 struct Args {
   std::string load_dir;
+  std::string model_dir;
   std::string host = "127.0.0.1";
   int port = 8080;
   int workers = 1;
@@ -66,19 +74,62 @@ int evaluate(const serve::Classifier& classifier, const std::string& path, int64
   return 0;
 }
 
-int serve_http(const serve::Classifier& classifier, const Args& args) {
+// What te-serve serves: the classifier of a te-encoder checkpoint (--load) or a sentence
+// embedding model (--model).
+struct Service {
+  const serve::Classifier* classifier = nullptr;
+  const te::hf::SentenceEmbedder* embedder = nullptr;
+  std::string model_name;  // the "model" of embeddings responses: the folder's name
+};
+
+int64_t parameter_bytes(const torch::nn::Module& m) {
+  int64_t bytes = 0;
+  for (const auto& p : m.parameters()) bytes += p.numel() * static_cast<int64_t>(p.element_size());
+  return bytes;
+}
+
+// The Embeddings of `sentences` (one model call).
+serve::Embeddings embed(const te::hf::SentenceEmbedder& embedder,
+                        const std::vector<std::string>& sentences) {
+  te::hf::SentenceEmbedder::Info info;
+  serve::Embeddings e;
+  e.vectors = embedder.embed(sentences, 0, &info);
+  e.tokens = std::move(info.tokens);
+  e.truncated = std::move(info.truncated);
+  return e;
+}
+
+int serve_http(const Service& service, const Args& args) {
   serve::Metrics metrics;
-  metrics.set_gauge("te_serve_weight_bytes", "Bytes of the model's parameters and buffers.",
-                    static_cast<double>(classifier.weight_bytes()));
-  metrics.set_gauge("te_serve_checkpoint_bytes", "Bytes of the loaded checkpoint's data files.",
-                    static_cast<double>(classifier.checkpoint_bytes()));
+  metrics.set_gauge(
+      "te_serve_weight_bytes", "Bytes of the model's parameters and buffers.",
+      static_cast<double>(service.classifier ? service.classifier->weight_bytes()
+                                             : parameter_bytes(*service.embedder->encoder())));
+  if (service.classifier) {
+    metrics.set_gauge("te_serve_checkpoint_bytes", "Bytes of the loaded checkpoint's data files.",
+                      static_cast<double>(service.classifier->checkpoint_bytes()));
+  }
   serve::BatcherOptions options;
   options.workers = args.workers;
   options.max_batch = args.max_batch;
   options.max_wait_ms = args.max_wait_ms;
   options.max_queue = args.max_queue;
   options.threads_per_worker = args.threads_per_worker;
-  serve::Batcher batcher(classifier, options, metrics);
+  // One batcher, for the one model this server holds.
+  std::optional<serve::Batcher<serve::Classification>> classify;
+  std::optional<serve::Batcher<serve::Embeddings>> embeddings;
+  if (service.classifier) {
+    const serve::Classifier& c = *service.classifier;
+    classify.emplace([&c](const std::vector<std::string>& s) { return c.classify(s); }, options,
+                     metrics);
+  } else {
+    const te::hf::SentenceEmbedder& e = *service.embedder;
+    embeddings.emplace([&e](const std::vector<std::string>& s) { return embed(e, s); }, options,
+                       metrics);
+  }
+  auto drain = [&] { classify ? classify->drain() : embeddings->drain(); };
+  auto stop = [&] { classify ? classify->stop() : embeddings->stop(); };
+  const std::string endpoint = classify ? "POST /v1/classify" : "POST /v1/embeddings";
   const std::size_t max_sentences = static_cast<std::size_t>(
       args.max_request_sentences > 0 ? args.max_request_sentences : 8 * args.max_batch);
 
@@ -96,21 +147,37 @@ int serve_http(const serve::Classifier& classifier, const Args& args) {
     res.status = status;
     res.set_content(serve::error_body(message), "application/json");
   };
-  server.Post("/v1/classify", [&](const httplib::Request& req, httplib::Response& res) {
+  // A request's answer, or its error as JSON with its status (503 with Retry-After).
+  auto answer = [&](httplib::Response& res, const char* what, auto&& body_of) {
     const auto start = std::chrono::steady_clock::now();
-    const int64_t resident_before = serve::resident_bytes();
     try {
-      auto answer = batcher.submit(serve::decode_classify(req.body, max_sentences));
-      res.set_content(serve::encode_classification(answer.get()), "application/json");
+      res.set_content(body_of(), "application/json");
     } catch (const serve::HttpError& e) {
       json_error(res, e.status, e.what());
       if (e.status == 503) res.set_header("Retry-After", "1");
     } catch (const std::exception& e) {
-      json_error(res, 500, std::string("classification failed: ") + e.what());
+      json_error(res, 500, std::string(what) + " failed: " + e.what());
     }
     metrics.latency(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-  });
+  };
+  if (classify) {
+    server.Post("/v1/classify", [&](const httplib::Request& req, httplib::Response& res) {
+      answer(res, "classification", [&] {
+        auto a = classify->submit(serve::decode_classify(req.body, max_sentences));
+        return serve::encode_classification(a.get());
+      });
+    });
+  } else {
+    server.Post("/v1/embeddings", [&](const httplib::Request& req, httplib::Response& res) {
+      answer(res, "embedding", [&] {
+        serve::EmbeddingsRequest r =
+            serve::decode_embeddings(req.body, max_sentences, service.embedder->dimensions());
+        auto a = embeddings->submit(std::move(r.input));
+        return serve::encode_embeddings(a.get(), r.base64, service.model_name);
+      });
+    });
+  }
   server.Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
     res.set_content("{\"status\":\"ok\"}", "application/json");
   });
@@ -127,8 +194,8 @@ int serve_http(const serve::Classifier& classifier, const Args& args) {
                      " bytes (--max-body-bytes); split the request");
     } else if (res.status == 404) {
       json_error(res, 404,
-                 "no endpoint " + req.method + " " + req.path +
-                     "; use POST /v1/classify, GET /healthz or GET /metrics");
+                 "no endpoint " + req.method + " " + req.path + "; use " + endpoint +
+                     ", GET /healthz or GET /metrics");
     } else {
       json_error(res, res.status,
                  "the request could not be served (HTTP " + std::to_string(res.status) + ")");
@@ -177,7 +244,7 @@ int serve_http(const serve::Classifier& classifier, const Args& args) {
       std::cout << "te-serve: " << (sig == SIGINT ? "SIGINT" : "SIGTERM")
                 << ": draining in-flight requests" << std::endl;
     }
-    batcher.drain();  // gathering batches run now; server.stop() waits for their answers
+    drain();  // gathering batches run now; server.stop() waits for their answers
     server.stop();
   });
 
@@ -187,7 +254,7 @@ int serve_http(const serve::Classifier& classifier, const Args& args) {
             << std::endl;
   const bool ok = server.listen_after_bind();
   // The HTTP threads have finished their requests; the batcher answers anything still queued.
-  batcher.stop();
+  stop();
   done.store(true);
   pthread_kill(waiter.native_handle(), SIGTERM);
   waiter.join();
@@ -207,16 +274,24 @@ int main(int argc, char** argv) {
 
   Args args;
   CLI::App app{
-      "te-serve: serves the classifier of a te-encoder checkpoint over HTTP.\n"
+      "te-serve: serves the classifier of a te-encoder checkpoint (--load), or a Hugging Face\n"
+      "sentence embedding model (--model: e.g. all-MiniLM-L6-v2), over HTTP.\n"
       "  POST /v1/classify {\"sentences\": [\"...\"]} -> {\"labels\", \"probabilities\", "
       "\"truncated\"}\n"
+      "  POST /v1/embeddings {\"input\": \"...\" | [\"...\"], \"encoding_format\": \"float\" | "
+      "\"base64\"} -> OpenAI's embeddings response (and \"truncated\")\n"
       "  GET /healthz, GET /metrics (Prometheus text)\n"
       "Requests from all connections are batched dynamically and run under c10::InferenceMode;\n"
       "SIGTERM stops accepting, answers in-flight requests and exits 0."};
-  app.add_option("--load", args.load_dir,
-                 "Checkpoint directory written by te-encoder --save (any layout), or by "
-                 "te-serve --export-fp8")
-      ->required();
+  auto* load = app.add_option("--load", args.load_dir,
+                              "Checkpoint directory written by te-encoder --save (any layout), "
+                              "or by te-serve --export-fp8: serves POST /v1/classify");
+  auto* model = app.add_option("--model", args.model_dir,
+                               "A Hugging Face sentence-transformers folder (config.json, "
+                               "model.safetensors, tokenizer.json, modules.json, 1_Pooling/; "
+                               "e.g. all-MiniLM-L6-v2): serves POST /v1/embeddings");
+  load->excludes(model);
+  model->excludes(load);
   app.add_option("--host", args.host, "Address to listen on")->capture_default_str();
   app.add_option("--port", args.port, "Port (0: any free port, printed at start)")
       ->capture_default_str()
@@ -259,9 +334,37 @@ int main(int argc, char** argv) {
                  "Classify a CoLA TSV file, print accuracy and MCC, and exit (no server)");
   CLI11_PARSE(app, argc, argv);
 
+  if (args.load_dir.empty() && args.model_dir.empty()) {
+    std::cerr << "te-serve: error: give --load CHECKPOINT (classify) or --model DIR (embeddings)"
+              << std::endl;
+    return 2;
+  }
   try {
     const auto start = std::chrono::steady_clock::now();
     const int64_t resident_before = serve::resident_bytes();
+    if (!args.model_dir.empty()) {
+      if (args.fp8_weights || !args.export_fp8.empty() || !args.eval_tsv.empty()) {
+        std::cerr << "te-serve: error: --fp8-weights, --export-fp8 and --eval take a te-encoder "
+                     "checkpoint (--load), not --model"
+                  << std::endl;
+        return 2;
+      }
+      const te::hf::SentenceEmbedder embedder(args.model_dir);
+      std::printf(
+          "te-serve: loaded %s in %.2f s: %lld-dimensional embeddings, %s pooling%s, "
+          "at most %lld tokens, resident %.1f MiB (%+.1f MiB for loading)\n",
+          args.model_dir.c_str(),
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+          static_cast<long long>(embedder.dimensions()), embedder.pooling().c_str(),
+          embedder.normalize() ? ", normalized" : "", static_cast<long long>(embedder.max_length()),
+          mib(serve::resident_bytes()), mib(serve::resident_bytes() - resident_before));
+      std::fflush(stdout);
+      std::string name = std::filesystem::path(args.model_dir).lexically_normal().filename();
+      if (name.empty()) {
+        name = std::filesystem::path(args.model_dir).lexically_normal().parent_path().filename();
+      }
+      return serve_http({nullptr, &embedder, name}, args);
+    }
     const serve::Classifier classifier(args.load_dir, args.fp8_weights || !args.export_fp8.empty());
     const double load_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -279,7 +382,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (!args.eval_tsv.empty()) return evaluate(classifier, args.eval_tsv, args.max_batch);
-    return serve_http(classifier, args);
+    return serve_http({&classifier, nullptr, ""}, args);
   } catch (const encoder::InputError& e) {
     std::cerr << "te-serve: error: " << e.what() << std::endl;
     return 2;

@@ -27,6 +27,61 @@ std::string encode_classification(const Classification& c) {
       .dump();
 }
 
+void Classification::append(Classification&& more) {
+  labels.insert(labels.end(), more.labels.begin(), more.labels.end());
+  probabilities.insert(probabilities.end(), more.probabilities.begin(), more.probabilities.end());
+  truncated.insert(truncated.end(), more.truncated.begin(), more.truncated.end());
+}
+
+Classification Classification::slice(std::size_t first, std::size_t last) const {
+  const auto a = static_cast<std::ptrdiff_t>(first), b = static_cast<std::ptrdiff_t>(last);
+  Classification c;
+  c.labels.assign(labels.begin() + a, labels.begin() + b);
+  c.probabilities.assign(probabilities.begin() + a, probabilities.begin() + b);
+  c.truncated.assign(truncated.begin() + a, truncated.begin() + b);
+  return c;
+}
+
+void Embeddings::append(Embeddings&& more) {
+  vectors = vectors.defined() ? at::cat({vectors, more.vectors}) : more.vectors;
+  tokens.insert(tokens.end(), more.tokens.begin(), more.tokens.end());
+  truncated.insert(truncated.end(), more.truncated.begin(), more.truncated.end());
+}
+
+Embeddings Embeddings::slice(std::size_t first, std::size_t last) const {
+  const auto a = static_cast<std::ptrdiff_t>(first), b = static_cast<std::ptrdiff_t>(last);
+  Embeddings e;
+  e.vectors = vectors.narrow(0, a, b - a);
+  e.tokens.assign(tokens.begin() + a, tokens.begin() + b);
+  e.truncated.assign(truncated.begin() + a, truncated.begin() + b);
+  return e;
+}
+
+std::string encode_embeddings(const Embeddings& e, bool base64, const std::string& model) {
+  const at::Tensor v = e.vectors.to(at::kFloat).contiguous();
+  json data = json::array();
+  int64_t tokens = 0;
+  for (int64_t i = 0; i < v.size(0); ++i) {
+    const float* row = v[i].data_ptr<float>();
+    json item = {{"object", "embedding"}, {"index", i}};
+    if (base64) {
+      // Little-endian float32, as OpenAI's API and its clients' decoders have it.
+      item["embedding"] = base64_encode(std::string_view(reinterpret_cast<const char*>(row),
+                                                         static_cast<std::size_t>(v.size(1)) * 4));
+    } else {
+      item["embedding"] = std::vector<float>(row, row + v.size(1));
+    }
+    data.push_back(std::move(item));
+    tokens += e.tokens[static_cast<std::size_t>(i)];
+  }
+  return json{{"object", "list"},
+              {"data", data},
+              {"model", model},
+              {"usage", {{"prompt_tokens", tokens}, {"total_tokens", tokens}}},
+              {"truncated", e.truncated}}
+      .dump();
+}
+
 std::string error_body(const std::string& message) { return json{{"error", message}}.dump(); }
 
 // ---- the classifier ----------------------------------------------------------------------------
@@ -228,134 +283,6 @@ std::string Metrics::render() const {
         << name << " " << number(g.second) << "\n";
   }
   return out.str();
-}
-
-// ---- batching ----------------------------------------------------------------------------------
-
-Batcher::Batcher(const Classifier& classifier, BatcherOptions options, Metrics& metrics)
-    : classifier_(classifier), options_(options), metrics_(metrics) {
-  TE_CHECK(options_.workers >= 1 && options_.max_batch >= 1 && options_.max_queue >= 1 &&
-               options_.max_wait_ms >= 0,
-           "Batcher: workers, max_batch and max_queue must be at least 1 and max_wait_ms not "
-           "negative");
-  for (int i = 0; i < options_.workers; ++i) workers_.emplace_back([this, i] { work(i); });
-}
-
-Batcher::~Batcher() { stop(); }
-
-std::future<Classification> Batcher::submit(std::vector<std::string> sentences) {
-  Pending p;
-  p.sentences = std::move(sentences);
-  auto answer = p.answer.get_future();
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_) throw HttpError(503, "the server is shutting down");
-    if (static_cast<int64_t>(queue_.size()) >= options_.max_queue) {
-      throw HttpError(503, "the queue is full (" + std::to_string(options_.max_queue) +
-                               " requests waiting); retry shortly");
-    }
-    queue_.push_back(std::move(p));
-    metrics_.set_queue_depth(++waiting_);
-  }
-  ready_.notify_one();
-  return answer;
-}
-
-void Batcher::drain() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    draining_ = true;
-  }
-  ready_.notify_all();
-}
-
-void Batcher::stop() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stopping_ = true;
-  }
-  ready_.notify_all();
-  for (auto& t : workers_) {
-    if (t.joinable()) t.join();
-  }
-  workers_.clear();
-}
-
-void Batcher::work(int /*index*/) {
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  at::set_num_threads(options_.threads_per_worker > 0
-                          ? options_.threads_per_worker
-                          : std::max(1, cores / std::max(1, options_.workers)));
-  const auto wait = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-      std::chrono::duration<double, std::milli>(options_.max_wait_ms));
-  for (;;) {
-    std::vector<Pending> batch;
-    int64_t sentences = 0;
-    bool more = false;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      ready_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stopping, and everything answered
-      const auto deadline = std::chrono::steady_clock::now() + wait;
-      for (;;) {
-        while (!queue_.empty()) {
-          const int64_t next = static_cast<int64_t>(queue_.front().sentences.size());
-          if (!batch.empty() && sentences + next > options_.max_batch) break;
-          sentences += next;
-          batch.push_back(std::move(queue_.front()));
-          queue_.pop_front();
-        }
-        const bool full =
-            sentences >= options_.max_batch || (!queue_.empty());  // the next request does not fit
-        if (full || stopping_ || draining_ || !ready_.wait_until(lock, deadline, [this] {
-              return stopping_ || draining_ || !queue_.empty();
-            })) {
-          break;
-        }
-      }
-      waiting_ -= static_cast<int64_t>(batch.size());
-      metrics_.set_queue_depth(waiting_);
-      more = !queue_.empty();
-    }
-    if (more) ready_.notify_one();  // another worker can start the next batch
-    std::vector<std::string> all;
-    all.reserve(static_cast<std::size_t>(sentences));
-    for (const Pending& p : batch) all.insert(all.end(), p.sentences.begin(), p.sentences.end());
-    Classification result;
-    try {
-      for (std::size_t start = 0; start < all.size();
-           start += static_cast<std::size_t>(options_.max_batch)) {
-        const std::size_t end =
-            std::min(all.size(), start + static_cast<std::size_t>(options_.max_batch));
-        const std::vector<std::string> part(all.begin() + static_cast<std::ptrdiff_t>(start),
-                                            all.begin() + static_cast<std::ptrdiff_t>(end));
-        const auto began = std::chrono::steady_clock::now();
-        Classification c = classifier_.classify(part);
-        metrics_.batch(
-            static_cast<int64_t>(part.size()),
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count());
-        result.labels.insert(result.labels.end(), c.labels.begin(), c.labels.end());
-        result.probabilities.insert(result.probabilities.end(), c.probabilities.begin(),
-                                    c.probabilities.end());
-        result.truncated.insert(result.truncated.end(), c.truncated.begin(), c.truncated.end());
-      }
-    } catch (...) {
-      for (Pending& p : batch) p.answer.set_exception(std::current_exception());
-      continue;
-    }
-    std::size_t row = 0;
-    for (Pending& p : batch) {
-      Classification mine;
-      const auto first = static_cast<std::ptrdiff_t>(row);
-      const auto last = static_cast<std::ptrdiff_t>(row + p.sentences.size());
-      mine.labels.assign(result.labels.begin() + first, result.labels.begin() + last);
-      mine.probabilities.assign(result.probabilities.begin() + first,
-                                result.probabilities.begin() + last);
-      mine.truncated.assign(result.truncated.begin() + first, result.truncated.begin() + last);
-      row += p.sentences.size();
-      p.answer.set_value(std::move(mine));
-    }
-  }
 }
 
 int64_t resident_bytes() {

@@ -1,7 +1,8 @@
 #pragma once
 
-// te-serve's parts, each usable and tested on its own: the request decoder, the classifier
-// loaded from a te-encoder checkpoint, the dynamic batcher and the Prometheus metrics.
+// te-serve's parts, each usable and tested on its own: the request decoder (request.h), the
+// classifier loaded from a te-encoder checkpoint, the results the dynamic batcher (batcher.h)
+// hands back, and the Prometheus metrics.
 
 #include <ATen/Tensor.h>
 
@@ -32,6 +33,19 @@ struct Classification {
   std::vector<int64_t> labels;
   std::vector<std::array<float, 2>> probabilities;
   std::vector<bool> truncated;  // longer than max_seq_len: only its first words were read
+  // The row operations the Batcher needs (batcher.h).
+  void append(Classification&& more);
+  Classification slice(std::size_t first, std::size_t last) const;
+};
+
+/// Each sentence's embedding (a row of `vectors`, float32), its token count and whether it was
+/// cut at the model's max length.
+struct Embeddings {
+  at::Tensor vectors;
+  std::vector<int64_t> tokens;
+  std::vector<bool> truncated;
+  void append(Embeddings&& more);
+  Embeddings slice(std::size_t first, std::size_t last) const;
 };
 
 /// The classifier of a te-encoder checkpoint, built from the config and vocabulary the checkpoint
@@ -95,55 +109,12 @@ class Metrics {
   std::map<std::string, std::pair<std::string, double>> gauges_;
 };
 
-struct BatcherOptions {
-  int workers = 1;
-  int64_t max_batch = 32;      // sentences per model call
-  double max_wait_ms = 5;      // how long a batch waits for more requests after its first
-  int64_t max_queue = 256;     // requests waiting; more are refused (503)
-  int threads_per_worker = 0;  // intra-op threads of each worker (0: cores / workers)
-};
-
-/// Dynamic batching: requests from many connections wait in one bounded queue; each worker takes
-/// a batch (whole requests, up to max_batch sentences, closed at max_batch or max_wait_ms after
-/// its first request), classifies it in one model call and answers each request with its rows. A
-/// request of more than max_batch sentences runs alone, in calls of max_batch.
-class Batcher {
- public:
-  Batcher(const Classifier& classifier, BatcherOptions options, Metrics& metrics);
-  ~Batcher();
-  Batcher(const Batcher&) = delete;
-  Batcher& operator=(const Batcher&) = delete;
-
-  /// Queues `sentences`; the future holds the answer or the error. HttpError 503 when the queue
-  /// is full or the batcher is stopping.
-  std::future<Classification> submit(std::vector<std::string> sentences);
-  /// Batches stop waiting for company: what is queued or gathering runs now (a server that is
-  /// draining on SIGTERM should not wait out max_wait_ms). Requests are still taken.
-  void drain();
-  /// Refuses new requests, answers every queued one, joins the workers.
-  void stop();
-
- private:
-  struct Pending {
-    std::vector<std::string> sentences;
-    std::promise<Classification> answer;
-  };
-  void work(int index);
-
-  const Classifier& classifier_;
-  const BatcherOptions options_;
-  Metrics& metrics_;
-  std::mutex mu_;
-  std::condition_variable ready_;
-  std::deque<Pending> queue_;
-  bool stopping_ = false;
-  bool draining_ = false;
-  int64_t waiting_ = 0;  // requests not yet in a model call: queued, or in a gathering batch
-  std::vector<std::thread> workers_;
-};
-
 /// The body of a successful classify response.
 std::string encode_classification(const Classification& c);
+/// The body of a successful OpenAI embeddings response: {"object": "list", "data": [{"object":
+/// "embedding", "index": i, "embedding": [floats] or base64 of little-endian float32}], "model",
+/// "usage": {"prompt_tokens", "total_tokens"}}, and te's "truncated" list.
+std::string encode_embeddings(const Embeddings& e, bool base64, const std::string& model);
 /// {"error": message}
 std::string error_body(const std::string& message);
 /// The resident set size of this process (VmRSS), in bytes; 0 when unknown.

@@ -22,88 +22,16 @@
 #include <vector>
 
 #include "../temp_dir.h"
+#include "server_process.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
-
-// Runs a command to its end; returns the exit code and stdout+stderr.
-std::pair<int, std::string> run(const std::string& cmd) {
-  std::string out;
-  FILE* pipe = ::popen((cmd + " 2>&1 </dev/null").c_str(), "r");
-  if (pipe == nullptr) return {-1, out};
-  char buf[4096];
-  std::size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), pipe)) > 0) out.append(buf, n);
-  const int status = ::pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out};
-}
-
-std::string shell_quoted(const std::string& s) { return "'" + s + "'"; }
-
-// A te-serve process; its stdout is read until it says where it listens.
-class Server {
- public:
-  explicit Server(const std::vector<std::string>& args) {
-    int fds[2];
-    if (::pipe(fds) != 0) return;
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      ::dup2(fds[1], 1);
-      ::dup2(fds[1], 2);
-      ::close(fds[0]);
-      std::vector<std::string> all = {TE_SERVE_PATH, "--port", "0"};
-      all.insert(all.end(), args.begin(), args.end());
-      std::vector<char*> argv;
-      for (auto& a : all) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      ::execv(argv[0], argv.data());
-      ::_exit(127);
-    }
-    ::close(fds[1]);
-    out_ = ::fdopen(fds[0], "r");
-    char line[4096];
-    while (std::fgets(line, sizeof(line), out_) != nullptr) {
-      log_ += line;
-      const std::string text = line;
-      const auto at = text.find("listening on http://127.0.0.1:");
-      if (at != std::string::npos) {
-        port_ = std::stoi(text.substr(at + 30));
-        break;
-      }
-    }
-  }
-  ~Server() {
-    if (pid_ > 0 && !stopped_) stop(SIGKILL);
-    if (out_ != nullptr) std::fclose(out_);
-  }
-
-  int port() const { return port_; }
-  const std::string& log() const { return log_; }
-  httplib::Client client() const {
-    httplib::Client c("127.0.0.1", port_);
-    c.set_read_timeout(60, 0);
-    return c;
-  }
-  /// Sends `sig`, reads the rest of the output, returns the exit code.
-  int stop(int sig = SIGTERM) {
-    ::kill(pid_, sig);
-    char line[4096];
-    while (out_ != nullptr && std::fgets(line, sizeof(line), out_) != nullptr) log_ += line;
-    int status = 0;
-    ::waitpid(pid_, &status, 0);
-    stopped_ = true;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  }
-
- private:
-  pid_t pid_ = -1;
-  FILE* out_ = nullptr;
-  int port_ = -1;
-  bool stopped_ = false;
-  std::string log_;
-};
+using te::test::expect_error;
+using te::test::run;
+using te::test::Server;
+using te::test::shell_quoted;
 
 std::string sentences_body(const std::vector<std::string>& sentences) {
   return json{{"sentences", sentences}}.dump();
@@ -129,15 +57,6 @@ class Serve : public ::testing::Test {
 };
 te::test::TempDir* Serve::dir_ = nullptr;
 std::string Serve::checkpoint_;
-
-void expect_error(const httplib::Result& r, int status, const std::string& words) {
-  ASSERT_TRUE(r) << "no response (" << httplib::to_string(r.error()) << ")";
-  EXPECT_EQ(r->status, status) << r->body;
-  const json body = json::parse(r->body, nullptr, false);
-  ASSERT_TRUE(body.is_object() && body.contains("error")) << r->body;
-  EXPECT_NE(body["error"].get<std::string>().find(words), std::string::npos)
-      << "error " << body["error"] << " should name: " << words;
-}
 
 TEST_F(Serve, AnswersGoodRequestsAndRefusesBadOnesWithTheirStatus) {
   Server server({"--load", checkpoint_, "--max-batch", "4", "--max-body-bytes", "4096"});
