@@ -31,7 +31,9 @@ at::Tensor embed(const std::string& model, const std::vector<std::string>& texts
   te::run_local_ranks(nproc, [&](int rank) {
     te::DeviceMesh mesh({nproc}, {"model"});
     te::MeshScope on(mesh);
-    te::AxisRulesScope rules(te::parse_axis_rules("vocab=model,heads=model,mlp=model"));
+    // TE's rules for a tensor-parallel mesh axis (heads, MLP), and the vocabulary over it too.
+    te::MeshResourceScope tp(te::parse_mesh_resource("tp=model"));
+    te::AxisRulesScope rules(te::extend_logical_axis_rules(te::parse_axis_rules("vocab=model")));
     const at::Tensor e = te::hf::SentenceEmbedder(model).embed(texts);
     std::lock_guard<std::mutex> lock(mutex);
     if (rank == 0) out = e;

@@ -124,16 +124,8 @@ SentenceEmbedder::SentenceEmbedder(const std::string& dir_text, const LoadOption
   }
 }
 
-std::vector<int64_t> SentenceEmbedder::token_counts(const std::vector<std::string>& texts) const {
-  std::vector<int64_t> out;
-  for (const std::string& t : texts) {
-    out.push_back(static_cast<int64_t>(tokenizer_.encode(t, {true, max_length_}).ids.size()));
-  }
-  return out;
-}
-
-at::Tensor SentenceEmbedder::embed(const std::vector<std::string>& texts,
-                                   std::vector<bool>* truncated, int64_t batch_size) const {
+at::Tensor SentenceEmbedder::embed(const std::vector<std::string>& texts, int64_t batch_size,
+                                   Info* info) const {
   TE_CHECK(!texts.empty(), "SentenceEmbedder::embed: no texts");
   TE_CHECK(batch_size >= 0, "SentenceEmbedder::embed: batch_size ", batch_size,
            " is negative; give 0 for one call");
@@ -148,9 +140,12 @@ at::Tensor SentenceEmbedder::embed(const std::vector<std::string>& texts,
     return encoded[static_cast<std::size_t>(x)].ids.size() >
            encoded[static_cast<std::size_t>(y)].ids.size();
   });
-  if (truncated != nullptr) {
-    truncated->clear();
-    for (const Encoding& e : encoded) truncated->push_back(e.truncated);
+  if (info != nullptr) {
+    *info = Info();
+    for (const Encoding& e : encoded) {
+      info->tokens.push_back(static_cast<int64_t>(e.ids.size()));
+      info->truncated.push_back(e.truncated);
+    }
   }
   c10::InferenceMode inference;
   at::Tensor out = at::empty({n, dimensions()}, at::kFloat);

@@ -113,11 +113,17 @@ TEST(HfEncoder, ASavedEncoderLoadsBackOnOneProcessAndOnTwoRanks) {
     te::run_local_ranks(2, [&](int) {
       te::DeviceMesh mesh({2}, {"model"});
       te::MeshScope on(mesh);
-      te::AxisRulesScope rules(te::parse_axis_rules("vocab=model,heads=model,mlp=model"));
+      te::MeshResourceScope tp(te::parse_mesh_resource("tp=model"));
+      te::AxisRulesScope rules(te::extend_logical_axis_rules(te::parse_axis_rules("vocab=model")));
       Encoder sharded = load_encoder(dir.path().string());
       const at::Tensor got = sharded->forward_on_mesh(kIds, kMask).full_tensor();
+      // Each rank holds its slices only: well under the whole model's elements.
+      int64_t local = 0, whole = 0;
+      for (const auto& p : sharded->parameters()) local += p.numel();
+      for (const auto& p : saved->parameters()) whole += p.numel();
       std::lock_guard<std::mutex> lock(mutex);
       EXPECT_TRUE(at::allclose(got, want, 1e-5, 1e-5)) << prefix;
+      EXPECT_LT(local, whole * 3 / 4) << prefix;
     });
   }
 }

@@ -10,7 +10,8 @@
 //   te::run_local_ranks(2, [](int) {
 //     te::DeviceMesh mesh({2}, {"model"});
 //     te::MeshScope on(mesh);
-//     te::AxisRulesScope rules(te::parse_axis_rules("vocab=model,heads=model,kv=model,mlp=model"));
+//     te::MeshResourceScope tp(te::parse_mesh_resource("tp=model"));
+//     te::AxisRulesScope rules(te::extend_logical_axis_rules(te::parse_axis_rules("vocab=model")));
 //     te::hf::CausalLM model = te::hf::load_causal_lm("SmolLM2-135M/");
 //     te::DTensor logits = model->forward_on_mesh(ids);  // vocab-sharded [batch, seq, vocab]
 //   });

@@ -31,15 +31,17 @@ class SentenceEmbedder {
   /// not implement.
   explicit SentenceEmbedder(const std::string& dir, const LoadOptions& options = {});
 
+  /// What embed saw of each text.
+  struct Info {
+    std::vector<int64_t> tokens;  ///< tokens embedded (special tokens included)
+    std::vector<bool> truncated;  ///< longer than max_length() tokens: cut there
+  };
   /// Embeddings [texts, hidden] (float32, whole on every rank, in the texts' order), computed
   /// under c10::InferenceMode in model calls of at most `batch_size` texts (0: one call), the
   /// texts sorted by token count first so each call pads little (as sentence-transformers'
-  /// encode does). `truncated`, when given, says which texts were longer than max_length()
-  /// tokens and were cut there.
-  at::Tensor embed(const std::vector<std::string>& texts, std::vector<bool>* truncated = nullptr,
-                   int64_t batch_size = 0) const;
-  /// Token counts (special tokens included, after truncation) of each text, as embed uses them.
-  std::vector<int64_t> token_counts(const std::vector<std::string>& texts) const;
+  /// encode does). `info`, when given, receives each text's token count and truncation.
+  at::Tensor embed(const std::vector<std::string>& texts, int64_t batch_size = 0,
+                   Info* info = nullptr) const;
 
   int64_t dimensions() const { return encoder_->config.hidden_size; }
   int64_t max_length() const { return max_length_; }
