@@ -1,5 +1,5 @@
-// libFuzzer target: te::hf's tokenizer readers and encoder (hf/src/tokenizer.cpp, ICU; no
-// LibTorch). An input starting with '{' is a tokenizer.json: it parses or throws te::Error, and
+// libFuzzer target: te::hf's tokenizer readers and encoders (hf/src/tokenizer.cpp, bpe.cpp;
+// ICU, PCRE2; no LibTorch). An input starting with '{' is a tokenizer.json: it parses or throws te::Error, and
 // what parses encodes and decodes a few fixed texts. Any other input is text for a fixed BERT
 // tokenizer: it encodes (or throws te::Error for invalid UTF-8) to ids inside the vocabulary,
 // which decode. Anything else (another exception, a crash, a sanitizer report) is a bug.

@@ -23,8 +23,8 @@ flags=(-std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recov
 #   (modules/src/checkpoint_format.cpp, no LibTorch).
 # fuzz_hf_config: te::hf's config.json reader (hf/src/config.cpp, nlohmann-json).
 # fuzz_gguf: te::hf's GGUF header parser and dequantization (hf/src/gguf_format.cpp).
-# fuzz_tokenizer: te::hf's tokenizer.json reader and WordPiece pipeline (hf/src/tokenizer.cpp,
-#   ICU; LibTorch headers only).
+# fuzz_tokenizer: te::hf's tokenizer.json reader, WordPiece and byte-level BPE pipelines
+#   (hf/src/tokenizer.cpp, bpe.cpp; ICU, PCRE2; LibTorch headers only).
 declare -A sources=(
   [fuzz_sharding]="fuzz/fuzz_sharding.cpp te/src/core/error.cpp te/src/sharding/axis_rules.cpp
                    te/src/sharding/context.cpp"
@@ -34,11 +34,11 @@ declare -A sources=(
                      te/src/core/error.cpp"
   [fuzz_hf_config]="fuzz/fuzz_hf_config.cpp hf/src/config.cpp te/src/core/error.cpp"
   [fuzz_gguf]="fuzz/fuzz_gguf.cpp hf/src/gguf_format.cpp te/src/core/error.cpp"
-  [fuzz_tokenizer]="fuzz/fuzz_tokenizer.cpp hf/src/tokenizer.cpp hf/src/unicode.cpp
-                    te/src/core/error.cpp"
+  [fuzz_tokenizer]="fuzz/fuzz_tokenizer.cpp hf/src/tokenizer.cpp hf/src/bpe.cpp
+                    hf/src/unicode.cpp te/src/core/error.cpp"
 )
 # What a target links beyond the sanitizer runtime.
-declare -A libs=([fuzz_tokenizer]="-licuuc")
+declare -A libs=([fuzz_tokenizer]="-licuuc -lpcre2-8")
 targets=(fuzz_sharding fuzz_cola fuzz_request fuzz_checkpoint fuzz_hf_config fuzz_gguf
          fuzz_tokenizer)
 headers=(te/include examples/encoder/text.h examples/serving/request.h

@@ -13,6 +13,7 @@
 #include <map>
 #include <unordered_map>
 
+#include "bpe.h"
 #include "json_fields.h"
 #include "te/error.h"
 #include "unicode.h"
@@ -122,12 +123,24 @@ struct AddedToken {
   bool special = false;
 };
 
+// One pre-tokenizer step of a byte-level pipeline: a regex split (Split, Isolated; ByteLevel with
+// use_regex) and, for ByteLevel, the bytes spelled in GPT-2's alphabet.
+struct PreStep {
+  std::shared_ptr<const detail::SplitRegex> split;  // null: no split
+  bool byte_level = false;
+  bool add_prefix_space = false;
+};
+
+enum class Decoder { kNone, kWordPiece, kByteLevel };
+
 }  // namespace
 
 struct Tokenizer::Impl {
   std::string path;
-  // WordPiece (models/wordpiece/mod.rs).
+  // The model: WordPiece (models/wordpiece/mod.rs), or BPE when `bpe` is set.
   std::unordered_map<std::string, int64_t> vocab;
+  std::unique_ptr<detail::Bpe> bpe;
+  std::vector<PreStep> pre_steps;   // BPE's pre-tokenizers
   std::vector<std::string> tokens;  // by id
   std::string unk_token = "[UNK]", prefix = "##";
   int64_t unk_id = -1, max_input_chars_per_word = 100;
@@ -136,6 +149,7 @@ struct Tokenizer::Impl {
   std::vector<TemplatePiece> single;
   std::vector<AddedToken> added;  // longest first
   std::vector<bool> is_special;   // by id
+  Decoder decoder = Decoder::kNone;
   bool decoder_cleanup = true;
   std::string decoder_prefix = "##";
   int64_t pad_id = 0;
@@ -177,6 +191,24 @@ void Tokenizer::Impl::add_word_piece(const std::u32string& word, std::vector<int
 
 void Tokenizer::Impl::add_text(std::string_view text, std::vector<int64_t>& out) const {
   if (text.empty()) return;
+  if (bpe) {
+    detail::utf8_to_code_points(text, "tokenizer: encode");  // UTF-8, or an error naming the byte
+    std::vector<std::string> pieces = {std::string(text)};
+    for (const PreStep& step : pre_steps) {
+      std::vector<std::string> next;
+      for (std::string& piece : pieces) {
+        if (step.add_prefix_space && piece.rfind(' ', 0) != 0) piece.insert(0, " ");
+        std::vector<std::string> parts =
+            step.split ? step.split->isolate(piece) : std::vector<std::string>{piece};
+        for (std::string& part : parts) {
+          next.push_back(step.byte_level ? detail::to_byte_level(part) : std::move(part));
+        }
+      }
+      pieces = std::move(next);
+    }
+    for (const std::string& piece : pieces) bpe->encode(piece, out);
+    return;
+  }
   std::u32string s = detail::utf8_to_code_points(text, "tokenizer: encode");
   if (normalizer) s = normalize(*normalizer, s);
   const std::vector<std::u32string> words =
@@ -205,11 +237,63 @@ void set_vocab(Impl& t, std::vector<std::string> tokens, const std::string& wher
   t.is_special.assign(t.tokens.size(), false);
 }
 
+// BPE (models/bpe/serialization.rs): GPT-2's kind, with no unknown token, no byte fallback, no
+// subword prefix or suffix and no dropout; te::Error naming any of those set.
+void read_bpe(Impl& t, Fields& f, const std::string& path) {
+  for (const char* key : {"dropout", "unk_token"}) {
+    if (f.has(key)) f.fail(key, "is set; te-cpp implements BPE without it (null)");
+  }
+  for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
+    if (!f.string_or(key, "").empty()) f.fail(key, "is set; te-cpp implements BPE without it");
+  }
+  for (const char* key : {"fuse_unk", "byte_fallback"}) {
+    if (f.boolean_or(key, false)) f.fail(key, "true is not implemented (GPT-2's BPE has false)");
+  }
+  const bool ignore_merges = f.boolean_or("ignore_merges", false);
+  if (!f.has("vocab") || !f.raw("vocab").is_object()) f.fail("vocab", "expected an object");
+  const json& v = f.raw("vocab");
+  std::vector<std::string> tokens(v.size());
+  for (const auto& [token, id] : v.items()) {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
+        id.get<int64_t>() >= static_cast<int64_t>(v.size()) ||
+        !tokens[id.get<std::size_t>()].empty()) {
+      f.fail("vocab", "entry '" + token + "': " + id.dump() +
+                          " is not a unique id below the vocabulary's size");
+    }
+    tokens[id.get<std::size_t>()] = token;
+  }
+  std::vector<std::pair<std::string, std::string>> merges;
+  if (!f.has("merges") || !f.raw("merges").is_array()) f.fail("merges", "expected a list");
+  for (const json& m : f.raw("merges")) {
+    if (m.is_string()) {
+      const std::string text = m.get<std::string>();
+      const std::size_t space = text.find(' ');
+      if (space == std::string::npos || text.find(' ', space + 1) != std::string::npos) {
+        f.fail("merges", "entry " + m.dump() + " is not two tokens separated by one space");
+      }
+      merges.emplace_back(text.substr(0, space), text.substr(space + 1));
+    } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
+      merges.emplace_back(m[0].get<std::string>(), m[1].get<std::string>());
+    } else {
+      f.fail("merges", "entry " + m.dump() + " is not a pair of tokens");
+    }
+  }
+  f.refuse_unread({});
+  t.tokens = std::move(tokens);
+  t.vocab.clear();
+  for (std::size_t i = 0; i < t.tokens.size(); ++i) {
+    t.vocab.emplace(t.tokens[i], static_cast<int64_t>(i));
+  }
+  t.is_special.assign(t.tokens.size(), false);
+  t.bpe = std::make_unique<detail::Bpe>(t.vocab, merges, ignore_merges, "'" + path + "' model");
+}
+
 void read_model(Impl& t, const json& m, const std::string& path) {
   Fields f(m, path, "model.", "tokenizer");
   const std::string type = f.string_or("type", "");
+  if (type == "BPE") return read_bpe(t, f, path);
   if (type != "WordPiece") {
-    f.fail("type", "'" + type + "' is not a tokenizer model te-cpp implements (WordPiece)");
+    f.fail("type", "'" + type + "' is not a tokenizer model te-cpp implements (WordPiece, BPE)");
   }
   t.unk_token = f.string_or("unk_token", t.unk_token);
   t.prefix = f.string_or("continuing_subword_prefix", t.prefix);
@@ -246,15 +330,58 @@ void read_normalizer(Impl& t, const json& n, const std::string& path) {
   t.normalizer = b;
 }
 
-void read_pre_tokenizer(Impl& t, const json& p, const std::string& path) {
+void read_pre_tokenizer(Impl& t, const json& p, const std::string& path,
+                        const std::string& what = "pre_tokenizer.") {
   if (p.is_null()) return;
-  Fields f(p, path, "pre_tokenizer.", "tokenizer");
+  Fields f(p, path, what, "tokenizer");
   const std::string type = f.string_or("type", "");
-  if (type != "BertPreTokenizer") {
-    f.fail("type", "'" + type + "' is not a pre-tokenizer te-cpp implements (BertPreTokenizer)");
+  const std::string where = "'" + path + "' " + what.substr(0, what.size() - 1);
+  if (type == "Sequence") {
+    if (!f.has("pretokenizers") || !f.raw("pretokenizers").is_array()) {
+      f.fail("pretokenizers", "expected a list");
+    }
+    const json& list = f.raw("pretokenizers");
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      read_pre_tokenizer(t, list[i], path, what + "pretokenizers[" + std::to_string(i) + "].");
+    }
+  } else if (type == "BertPreTokenizer") {
+    if (what != "pre_tokenizer.") f.fail("type", "BertPreTokenizer only alone");
+    t.bert_pre_tokenizer = true;
+  } else if (type == "ByteLevel") {
+    // trim_offsets changes offsets only, which te does not report.
+    f.has("trim_offsets");
+    PreStep step;
+    step.byte_level = true;
+    step.add_prefix_space = f.boolean_or("add_prefix_space", true);
+    if (f.boolean_or("use_regex", true)) {
+      step.split = std::make_shared<detail::SplitRegex>(detail::gpt2_pattern(), where);
+    }
+    t.pre_steps.push_back(step);
+  } else if (type == "Split") {
+    if (!f.has("pattern") || !f.raw("pattern").is_object()) f.fail("pattern", "expected an object");
+    const json& pattern = f.raw("pattern");
+    std::string regex;
+    if (pattern.contains("Regex") && pattern["Regex"].is_string()) {
+      regex = pattern["Regex"].get<std::string>();
+    } else if (pattern.contains("String") && pattern["String"].is_string()) {
+      regex = "\\Q" + pattern["String"].get<std::string>() + "\\E";
+    } else {
+      f.fail("pattern", pattern.dump() + " is neither {\"Regex\": ...} nor {\"String\": ...}");
+    }
+    const std::string behavior = f.string_or("behavior", "");
+    if (behavior != "Isolated") {
+      f.fail("behavior", "'" + behavior + "': te-cpp implements Isolated");
+    }
+    if (f.boolean_or("invert", false)) f.fail("invert", "true is not implemented");
+    PreStep step;
+    step.split = std::make_shared<detail::SplitRegex>(regex, where);
+    t.pre_steps.push_back(step);
+  } else {
+    f.fail("type", "'" + type +
+                       "' is not a pre-tokenizer te-cpp implements (BertPreTokenizer, ByteLevel, "
+                       "Split, Sequence)");
   }
   f.refuse_unread({});
-  t.bert_pre_tokenizer = true;
 }
 
 int64_t id_of(const Impl& t, const std::string& token, const std::string& where) {
@@ -264,11 +391,28 @@ int64_t id_of(const Impl& t, const std::string& token, const std::string& where)
   return it->second;
 }
 
-void read_post_processor(Impl& t, const json& p, const std::string& path) {
+void read_post_processor(Impl& t, const json& p, const std::string& path,
+                         const std::string& what = "post_processor.") {
   if (p.is_null()) return;
-  Fields f(p, path, "post_processor.", "tokenizer");
+  Fields f(p, path, what, "tokenizer");
   const std::string type = f.string_or("type", "");
-  const std::string where = "'" + path + "' post_processor";
+  if (type == "ByteLevel") {
+    // Offsets only (trim_offsets): the tokens are unchanged.
+    for (const char* key : {"trim_offsets", "add_prefix_space", "use_regex"}) f.has(key);
+    f.refuse_unread({});
+    return;
+  }
+  if (type == "Sequence") {
+    if (!f.has("processors") || !f.raw("processors").is_array()) {
+      f.fail("processors", "expected a list");
+    }
+    const json& list = f.raw("processors");
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      read_post_processor(t, list[i], path, what + "processors[" + std::to_string(i) + "].");
+    }
+    f.refuse_unread({});
+    return;
+  }
   if (type == "BertProcessing") {
     // ["[SEP]", 102] and ["[CLS]", 101]: [CLS] A [SEP].
     auto pair = [&](const char* key) {
@@ -285,7 +429,7 @@ void read_post_processor(Impl& t, const json& p, const std::string& path) {
   if (type != "TemplateProcessing") {
     f.fail("type", "'" + type +
                        "' is not a post-processor te-cpp implements (TemplateProcessing, "
-                       "BertProcessing)");
+                       "BertProcessing, ByteLevel, Sequence)");
   }
   std::map<std::string, std::vector<int64_t>> special;
   if (f.has("special_tokens")) {
@@ -311,18 +455,23 @@ void read_post_processor(Impl& t, const json& p, const std::string& path) {
     }
   }
   f.refuse_unread({});
-  (void)where;
 }
 
 void read_decoder(Impl& t, const json& d, const std::string& path) {
   if (d.is_null()) return;
   Fields f(d, path, "decoder.", "tokenizer");
   const std::string type = f.string_or("type", "");
-  if (type != "WordPiece") {
-    f.fail("type", "'" + type + "' is not a decoder te-cpp implements (WordPiece)");
+  if (type == "ByteLevel") {
+    // decoders/byte_level.rs: the options concern offsets and encoding, not decoding.
+    for (const char* key : {"trim_offsets", "add_prefix_space", "use_regex"}) f.has(key);
+    t.decoder = Decoder::kByteLevel;
+  } else if (type == "WordPiece") {
+    t.decoder_prefix = f.string_or("prefix", "##");
+    t.decoder_cleanup = f.boolean_or("cleanup", true);
+    t.decoder = Decoder::kWordPiece;
+  } else {
+    f.fail("type", "'" + type + "' is not a decoder te-cpp implements (WordPiece, ByteLevel)");
   }
-  t.decoder_prefix = f.string_or("prefix", "##");
-  t.decoder_cleanup = f.boolean_or("cleanup", true);
   f.refuse_unread({});
 }
 
@@ -406,6 +555,7 @@ std::shared_ptr<Impl> from_vocab_txt(const fs::path& path) {
   set_vocab(*t, std::move(tokens), "'" + path.string() + "'");
   t->normalizer = n;
   t->bert_pre_tokenizer = true;
+  t->decoder = Decoder::kWordPiece;
   const std::string where = "'" + path.string() + "'";
   t->single = {{false, {id_of(*t, specials["cls_token"], where)}, 0},
                {true, {}, 0},
@@ -526,20 +676,32 @@ Encoding Tokenizer::encode(std::string_view text, const EncodeOptions& options) 
 
 std::string Tokenizer::decode(const std::vector<int64_t>& ids, bool skip_special_tokens) const {
   const Impl& t = *impl_;
-  std::string out;
-  bool first = true;
+  // tokenizer/mod.rs decode: special tokens left out first, then the decoder over the rest.
+  std::vector<std::string> tokens;
   for (int64_t id : ids) {
-    const std::string token = id_to_token(id);
+    std::string token = id_to_token(id);
     if (skip_special_tokens && t.is_special[static_cast<std::size_t>(id)]) continue;
+    tokens.push_back(std::move(token));
+  }
+  std::string out;
+  if (t.decoder == Decoder::kByteLevel) {
+    for (const std::string& token : tokens) out += detail::from_byte_level(token);
+    return detail::utf8_lossy(out);
+  }
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    const std::string& token = tokens[i];
+    if (t.decoder == Decoder::kNone) {  // tokens joined by spaces
+      out += (i == 0 ? "" : " ") + token;
+      continue;
+    }
     std::string piece;
-    if (!first && token.rfind(t.decoder_prefix, 0) == 0) {
+    if (i != 0 && token.rfind(t.decoder_prefix, 0) == 0) {
       piece = token.substr(t.decoder_prefix.size());
     } else {
-      piece = first ? token : " " + token;
+      piece = i == 0 ? token : " " + token;
     }
-    first = false;
     if (t.decoder_cleanup) {
-      // decoders/wordpiece.rs cleanup: spaces before punctuation and English contractions.
+      // decoders/wordpiece.rs cleanup, per token: spaces before punctuation and contractions.
       static const std::vector<std::pair<std::string, std::string>> kCleanup = {
           {" .", "."},   {" ?", "?"},     {" !", "!"},    {" ,", ","},
           {" ' ", "'"},  {" n't", "n't"}, {" 'm", "'m"},  {" do not", " don't"},

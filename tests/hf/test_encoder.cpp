@@ -265,5 +265,77 @@ TEST(HfTokenizer, NamesEveryBadFileAndInput) {
                "the unknown token '[UNK]' is not in the vocabulary");
 }
 
+// A byte-level BPE of a few tokens, as tokenizers saves GPT-2's kind.
+json bpe_json() {
+  const std::vector<std::string> vocab = {"<|end|>", "h",           "e",  "l",    "o",
+                                          "\u0120",  "he",          "ll", "hell", "hello",
+                                          "\u0120h", "\u0120hello", "!"};
+  json v = json::object();
+  for (std::size_t i = 0; i < vocab.size(); ++i) v[json::parse("\"" + vocab[i] + "\"")] = i;
+  return {{"version", "1.0"},
+          {"added_tokens",
+           {{{"id", 0},
+             {"content", "<|end|>"},
+             {"single_word", false},
+             {"lstrip", false},
+             {"rstrip", false},
+             {"normalized", false},
+             {"special", true}}}},
+          {"normalizer", nullptr},
+          {"pre_tokenizer",
+           {{"type", "ByteLevel"},
+            {"add_prefix_space", false},
+            {"trim_offsets", true},
+            {"use_regex", true}}},
+          {"post_processor",
+           {{"type", "ByteLevel"},
+            {"add_prefix_space", true},
+            {"trim_offsets", false},
+            {"use_regex", true}}},
+          {"decoder",
+           {{"type", "ByteLevel"},
+            {"add_prefix_space", true},
+            {"trim_offsets", true},
+            {"use_regex", true}}},
+          {"model",
+           {{"type", "BPE"},
+            {"dropout", nullptr},
+            {"unk_token", nullptr},
+            {"continuing_subword_prefix", ""},
+            {"end_of_word_suffix", ""},
+            {"fuse_unk", false},
+            {"byte_fallback", false},
+            {"ignore_merges", false},
+            {"vocab", v},
+            {"merges", {"h e", "l l", "he ll", "hell o", "\u0120 h", "\u0120h ello"}}}}};
+}
+
+TEST(HfTokenizer, EncodesAndDecodesByteLevelBpe) {
+  json j = bpe_json();
+  j["model"]["merges"].push_back("e o");  // "eo" is no token
+  EXPECT_ERROR(tokenizer(j), "merge 6 ('e' 'o') makes 'eo', which is not in the vocabulary");
+  j["model"]["merges"] = {"h e", "l l", "he ll", "hell o", "\u0120 h"};
+  const Tokenizer tok = tokenizer(j);
+  // GPT-2's regex splits "hello", " hello", "!"; " hello" is spelled "\u0120hello" and merges
+  // lowest rank first: "h e" (0) before "\u0120 h" (4), so "\u0120" stays alone beside "hello".
+  const Encoding e = tok.encode("hello hello!<|end|>");
+  EXPECT_EQ(e.ids, (std::vector<int64_t>{9, 5, 9, 12, 0}));
+  EXPECT_EQ(tok.decode(e.ids), "hello hello!");
+  EXPECT_EQ(tok.decode(e.ids, false), "hello hello!<|end|>");
+  j["model"]["byte_fallback"] = true;
+  EXPECT_ERROR(tokenizer(j), "model.byte_fallback: true is not implemented");
+  j = bpe_json();
+  j["model"]["merges"] = {"h e l"};
+  EXPECT_ERROR(tokenizer(j), "model.merges: entry \"h e l\" is not two tokens");
+  j = bpe_json();
+  j["pre_tokenizer"] = {{"type", "Split"},
+                        {"pattern", {{"Regex", "(unclosed"}}},
+                        {"behavior", "Isolated"},
+                        {"invert", false}};
+  EXPECT_ERROR(tokenizer(j), "the pattern does not compile at offset");
+  j["pre_tokenizer"]["behavior"] = "Removed";
+  EXPECT_ERROR(tokenizer(j), "pre_tokenizer.behavior: 'Removed'");
+}
+
 }  // namespace
 }  // namespace te::hf

