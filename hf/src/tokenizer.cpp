@@ -603,8 +603,9 @@ Tokenizer Tokenizer::from_file(const std::string& path_text) {
   const fs::path path = path_text;
   const std::string name = path.filename().string();
   if (name == "vocab.txt") return Tokenizer(from_vocab_txt(path));
+  if (path.extension() == ".gguf") return from_gguf(path_text);
   TE_CHECK(path.extension() == ".json", "tokenizer: '", path_text,
-           "' is neither a tokenizer.json nor a vocab.txt; te-cpp reads those");
+           "' is neither a tokenizer.json, a vocab.txt nor a .gguf file; te-cpp reads those");
   return from_json(read_text(path), path.string());
 }
 

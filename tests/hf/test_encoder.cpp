@@ -259,7 +259,7 @@ TEST(HfTokenizer, NamesEveryBadFileAndInput) {
                "holds neither tokenizer.json nor vocab.txt");
   std::ofstream(dir / "merges.txt") << "a b\n";
   EXPECT_ERROR(Tokenizer::from_file((dir / "merges.txt").string()),
-               "is neither a tokenizer.json nor a vocab.txt");
+               "is neither a tokenizer.json, a vocab.txt nor a .gguf file");
   std::ofstream(dir / "vocab.txt") << "[PAD]\nhello\n";
   EXPECT_ERROR(Tokenizer::from_file((dir / "vocab.txt").string()),
                "the unknown token '[UNK]' is not in the vocabulary");

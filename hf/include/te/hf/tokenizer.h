@@ -51,11 +51,17 @@ class Tokenizer {
   /// `dir`/tokenizer.json, else `dir`/vocab.txt (a BERT WordPiece vocabulary, configured by
   /// tokenizer_config.json beside it). te::Error naming the directory when it holds neither.
   static Tokenizer from_pretrained(const std::string& dir);
-  /// A tokenizer.json, or a vocab.txt: te::Error naming the file and field for a kind te-cpp does
-  /// not implement (model, normalizer, pre-tokenizer, post-processor, decoder), never ignored.
+  /// A tokenizer.json, a vocab.txt or a GGUF file: te::Error naming the file and field for a kind
+  /// te-cpp does not implement (model, normalizer, pre-tokenizer, post-processor, decoder), never
+  /// ignored.
   static Tokenizer from_file(const std::string& path);
   /// tokenizer.json's text (`path` names it in errors).
   static Tokenizer from_json(std::string_view json_text, const std::string& path);
+  /// A GGUF file's tokenizer metadata (tokenizer.ggml.model "gpt2": byte-level BPE), built as
+  /// transformers builds it from the file (control tokens special, Llama 3's split for llama.cpp's
+  /// Llama 3 pre-tokenizer names, GPT-2's otherwise). te::Error naming the key for another model
+  /// or missing tokens or merges.
+  static Tokenizer from_gguf(const std::string& path);
 
   Encoding encode(std::string_view text, const EncodeOptions& options = {}) const;
   Batch encode_batch(const std::vector<std::string>& texts,

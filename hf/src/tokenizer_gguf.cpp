@@ -1,0 +1,110 @@
+// te::hf::Tokenizer from a GGUF file's tokenizer metadata (tokenizer.ggml.*), built as
+// transformers 5.23.0 builds it (integrations/gguf/gguf_tokenizer_mapping.py: byte_level_tokenizer,
+// add_gguf_special_tokens, set_split_regex): written as a tokenizer.json document and read by
+// Tokenizer::from_json, so the pipeline has one home.
+
+#include <nlohmann/json.hpp>
+
+#include "bpe.h"
+#include "source.h"
+#include "te/error.h"
+#include "te/hf/gguf.h"
+#include "te/hf/tokenizer.h"
+#include "unicode.h"
+
+namespace te::hf {
+
+namespace {
+
+using nlohmann::json;
+
+// llama.cpp's pre-tokenizer names whose split transformers replaces GPT-2's with (the Llama 3
+// pattern; GGUF_PRE_TOKENIZER_SPLITS). Other names keep ByteLevel's own GPT-2 split, as there.
+const char kLlama3Split[] = R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3})"
+                            R"(| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+const char* const kLlama3Names[] = {"llama3",       "llama-v3", "llama-bpe", "falcon3",
+                                    "falcon-h1",    "pixtral",  "midm-2.0",  "lfm2",
+                                    "jina-v5-nano", "dbrx",     "smaug-bpe"};
+
+}  // namespace
+
+Tokenizer Tokenizer::from_gguf(const std::string& path) {
+  GgufFile file(path);
+  auto fail = [&](const std::string& key, const std::string& message) {
+    TE_FAIL("tokenizer: '", path, "': ", key, ": ", message);
+  };
+  const std::string model = file.string("tokenizer.ggml.model").value_or("");
+  if (model != "gpt2") {
+    fail("tokenizer.ggml.model", "'" + model +
+                                     "' is not a tokenizer te-cpp builds from GGUF metadata "
+                                     "(gpt2: byte-level BPE)");
+  }
+  const GgufValue* tokens = file.value("tokenizer.ggml.tokens");
+  const GgufValue* merges = file.value("tokenizer.ggml.merges");
+  if (tokens == nullptr || tokens->strings.empty()) fail("tokenizer.ggml.tokens", "is missing");
+  if (merges == nullptr) fail("tokenizer.ggml.merges", "is missing");
+  const GgufValue* types = file.value("tokenizer.ggml.token_type");
+  // Each token spelled in the byte alphabet (a token written in plain text is respelled).
+  json vocab = json::object();
+  std::vector<std::string> spelled;
+  for (std::size_t i = 0; i < tokens->strings.size(); ++i) {
+    const std::string& t = tokens->strings[i];
+    detail::utf8_to_code_points(t, "tokenizer: GGUF token");
+    const bool in_bytes = detail::to_byte_level(detail::from_byte_level(t)) == t;
+    spelled.push_back(in_bytes ? t : detail::to_byte_level(t));
+    vocab[spelled.back()] = i;
+  }
+  // Control tokens (type 3) spelled in the byte alphabet are special added tokens; user-defined
+  // ones (type 4) plain added tokens.
+  json added = json::array();
+  if (types != nullptr) {
+    for (std::size_t i = 0; i < types->integers.size() && i < spelled.size(); ++i) {
+      const int64_t type = types->integers[i];
+      const bool in_bytes =
+          detail::to_byte_level(detail::from_byte_level(tokens->strings[i])) == tokens->strings[i];
+      if ((type == 3 && in_bytes) || type == 4) {
+        added.push_back({{"id", i},
+                         {"content", tokens->strings[i]},
+                         {"single_word", false},
+                         {"lstrip", false},
+                         {"rstrip", false},
+                         {"normalized", false},
+                         {"special", type == 3}});
+      }
+    }
+  }
+  json byte_level = {{"type", "ByteLevel"},
+                     {"add_prefix_space", false},
+                     {"trim_offsets", true},
+                     {"use_regex", true}};
+  json pre = byte_level;
+  const std::string pre_name = file.string("tokenizer.ggml.pre").value_or("");
+  for (const char* name : kLlama3Names) {
+    if (pre_name != name) continue;
+    json no_regex = byte_level;
+    no_regex["use_regex"] = false;
+    pre = {{"type", "Sequence"},
+           {"pretokenizers",
+            {{{"type", "Split"},
+              {"pattern", {{"Regex", kLlama3Split}}},
+              {"behavior", "Isolated"},
+              {"invert", false}},
+             no_regex}}};
+  }
+  const json doc = {
+      {"version", "1.0"},
+      {"added_tokens", added},
+      {"normalizer", nullptr},
+      {"pre_tokenizer", pre},
+      {"post_processor",
+       {{"type", "TemplateProcessing"},
+        {"single", {{{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+        {"pair", json::array()},
+        {"special_tokens", json::object()}}},
+      {"decoder", byte_level},
+      {"model",
+       {{"type", "BPE"}, {"vocab", vocab}, {"merges", merges->strings}, {"ignore_merges", false}}}};
+  return from_json(doc.dump(), path + " (GGUF tokenizer metadata)");
+}
+
+}  // namespace te::hf
