@@ -4,6 +4,8 @@
 
 #include "te/distributed.h"
 #include "te/error.h"
+#include "te/nn/functional.h"
+#include "te/nn/random.h"
 
 namespace te::hf {
 
@@ -12,22 +14,23 @@ namespace nn = te::nn;
 nn::TransformerLayerOptions layer_options(const CausalLMConfig& c, int64_t layer) {
   // Llama's decoder layer as TE's TransformerLayer: pre-RMSNorm self attention (causal, RoPE on
   // the first rotary dims of each head, logits scaled by 1/sqrt(head_dim)) and a SwiGLU MLP
-  // (silu(x W_gate) * x W_up, then W_down), no dropout on the residuals.
+  // (silu(x W_gate) * x W_up, then W_down), no dropout on the residuals. GPT-2's: pre-LayerNorm,
+  // biases everywhere, the fused c_attn, a gelu MLP, dropouts (learned positions: CausalLMImpl).
   auto o = nn::TransformerLayerOptions(c.hidden_size, c.intermediate_size, c.num_attention_heads)
                .num_gqa_groups(c.num_key_value_heads)
                .kv_channels(c.head_dim)
                .layer_type("encoder")
                .self_attn_mask_type("causal")
-               .layernorm_type("rmsnorm")
+               .layernorm_type(c.norm)
                .layernorm_epsilon(c.rms_norm_eps)
-               .mlp_activations({"silu", "linear"})
-               .hidden_dropout(0)
+               .mlp_activations(c.mlp_activations)
+               .hidden_dropout(c.hidden_dropout)
                .attention_dropout(c.attention_dropout)
                .intermediate_dropout(0)
                .use_bias(c.attention_bias)
                .qkv_bias(c.qkv_bias)
                .mlp_bias(c.mlp_bias)
-               .fuse_qkv(false)
+               .fuse_qkv(c.fuse_qkv)
                .scaled_query_init(false)
                .scale_attn_logits(true);
   // transformers' sliding window W: a query sees the W keys up to and including itself.
@@ -55,10 +58,16 @@ void CausalLMImpl::reset() {
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     layers->push_back(nn::TransformerLayer(layer_options(c, i)));
   }
+  if (c.positions == "learned") {
+    position = register_module(
+        "position", nn::Embedding(nn::EmbeddingOptions(c.max_position_embeddings, c.hidden_size)
+                                      .embedding_axes({"position", axis::kEmbed})
+                                      .output_axes({axis::kBatch, axis::kSeqlen, axis::kHidden})));
+  }
   norm = register_module(
       "norm",
       nn::LayerNorm(
-          nn::LayerNormOptions(c.hidden_size).layernorm_type("rmsnorm").epsilon(c.rms_norm_eps)));
+          nn::LayerNormOptions(c.hidden_size).layernorm_type(c.norm).epsilon(c.rms_norm_eps)));
   if (!c.tie_word_embeddings) {
     lm_head = register_module(
         "lm_head", nn::Dense(nn::DenseOptions(c.hidden_size, c.vocab_size)
@@ -66,6 +75,7 @@ void CausalLMImpl::reset() {
                                  .kernel_axes({axis::kEmbed, axis::kVocab})
                                  .output_axes({axis::kBatch, axis::kSeqlen, axis::kVocab})));
   }
+  if (c.positions != "rope") return;
   auto rope_options =
       nn::RotaryPositionEmbeddingOptions(c.rotary_dim == 0 ? c.head_dim : c.rotary_dim)
           .rotary_base(c.rope_theta);
@@ -91,16 +101,30 @@ void CausalLMImpl::pretty_print(std::ostream& stream) const {
 
 namespace {
 
+at::Tensor like(const at::Tensor&, const at::Tensor& whole) { return whole; }
+DTensor like(const DTensor& ids, const at::Tensor& whole) {
+  return DTensor::distribute(whole, ids.mesh(), ids.placements());
+}
+
 template <typename T>
-T run(CausalLMImpl& m, T x, int64_t seq) {
+T run(CausalLMImpl& m, const T& ids, int64_t batch, int64_t seq) {
   const CausalLMConfig& c = m.config;
+  T x = m.embed(ids);
+  if (m.position) {  // learned positions (GPT-2)
+    TE_CHECK(seq <= c.max_position_embeddings, "CausalLM: ", seq,
+             " tokens are more than the model's ", c.max_position_embeddings, " positions");
+    const at::Tensor positions = at::arange(seq, at::kLong).expand({batch, seq}).contiguous();
+    x = nn::functional::dropout(nn::functional::add(x, m.position(like(ids, positions))),
+                                c.embedding_dropout, m.is_training());
+  }
   TE_CHECK(
       c.rope_type != "linear" || static_cast<double>(seq) <=
                                      static_cast<double>(c.max_position_embeddings) * c.rope_factor,
       "CausalLM: ", seq, " positions are more than linear RoPE scaling covers (",
       c.max_position_embeddings, " x factor ", c.rope_factor,
       "); transformers would extrapolate there, te-cpp refuses");
-  const nn::AttentionArgs args = nn::AttentionArgs().rotary_pos_emb(m.rope->forward(seq));
+  nn::AttentionArgs args;
+  if (m.rope) args.rotary_pos_emb(m.rope->forward(seq));
   for (const auto& layer : *m.layers) {
     x = layer->as<nn::TransformerLayerImpl>()->forward(x, {}, {}, {}, args);
   }
@@ -112,12 +136,12 @@ T run(CausalLMImpl& m, T x, int64_t seq) {
 
 at::Tensor CausalLMImpl::forward(const at::Tensor& ids) {
   TE_CHECK(ids.dim() == 2, "CausalLM: ids must be [batch, seq], got ", ids.sizes());
-  return run(*this, embed(ids), ids.size(1));
+  return run(*this, ids, ids.size(0), ids.size(1));
 }
 
 DTensor CausalLMImpl::forward(const DTensor& ids) {
   TE_CHECK(ids.dim() == 2, "CausalLM: ids must be [batch, seq], got ", ids.dim(), " dims");
-  return run(*this, embed(ids), ids.sizes()[1]);
+  return run(*this, ids, ids.sizes()[0], ids.sizes()[1]);
 }
 
 DTensor CausalLMImpl::forward_on_mesh(const at::Tensor& ids) {

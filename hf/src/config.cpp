@@ -119,14 +119,15 @@ void read_family(Fields& f, CausalLMConfig& c) {
       {"llama", "LlamaForCausalLM"},
       {"mistral", "MistralForCausalLM"},
       {"qwen2", "Qwen2ForCausalLM"},
-      {"qwen3", "Qwen3ForCausalLM"}};
+      {"qwen3", "Qwen3ForCausalLM"},
+      {"gpt2", "GPT2LMHeadModel"}};
   c.model_type = f.string_or("model_type", "");
   const auto family = std::find_if(kFamilies.begin(), kFamilies.end(),
                                    [&](const auto& p) { return p.first == c.model_type; });
   if (family == kFamilies.end()) {
     f.fail("model_type", "'" + c.model_type +
                              "' is not a causal LM family te-cpp loads (llama, mistral, qwen2, "
-                             "qwen3; a bert encoder loads with te::hf::load_encoder)");
+                             "qwen3, gpt2; a bert encoder loads with te::hf::load_encoder)");
   }
   if (!f.has("architectures")) return;
   const json& a = f.raw("architectures");
@@ -138,6 +139,63 @@ void read_family(Fields& f, CausalLMConfig& c) {
                                   "' (" + family->second + ")");
     }
   }
+}
+
+// GPT-2's config (transformers' GPT2Config names and defaults): learned positions, pre-LayerNorm,
+// biases on every projection, a fused c_attn, the MLP's one activation, a tied head.
+void read_gpt2(Fields& f, CausalLMConfig& c) {
+  c.vocab_size = f.integer_or("vocab_size", 50257);
+  c.max_position_embeddings = f.integer_or("n_positions", 1024);
+  if (f.has("n_ctx") && f.integer("n_ctx") != c.max_position_embeddings) {
+    f.fail("n_ctx", "differs from n_positions; te-cpp takes one context length");
+  }
+  c.hidden_size = f.integer_or("n_embd", 768);
+  c.num_hidden_layers = f.integer_or("n_layer", 12);
+  c.num_attention_heads = f.integer_or("n_head", 12);
+  c.num_key_value_heads = c.num_attention_heads;
+  if (c.num_attention_heads <= 0 || c.hidden_size % c.num_attention_heads != 0) {
+    f.fail("n_head", std::to_string(c.num_attention_heads) + " does not divide n_embd " +
+                         std::to_string(c.hidden_size));
+  }
+  c.head_dim = c.hidden_size / c.num_attention_heads;
+  c.intermediate_size = f.has("n_inner") ? f.integer("n_inner") : 4 * c.hidden_size;
+  // transformers' ACT2FN: gelu_new and gelu_pytorch_tanh are the tanh form, gelu the erf form.
+  const std::string act = f.string_or("activation_function", "gelu_new");
+  if (act == "gelu_new" || act == "gelu_pytorch_tanh") {
+    c.mlp_activations = {"gelu"};
+  } else if (act == "gelu") {
+    c.mlp_activations = {"gelu_exact"};
+  } else if (act == "relu" || act == "silu") {
+    c.mlp_activations = {act};
+  } else {
+    f.fail("activation_function", "'" + act +
+                                      "' is not one te-cpp builds (gelu_new, gelu_pytorch_tanh, "
+                                      "gelu, relu, silu)");
+  }
+  c.hidden_dropout = f.number_or("resid_pdrop", 0.1);
+  c.embedding_dropout = f.number_or("embd_pdrop", 0.1);
+  c.attention_dropout = f.number_or("attn_pdrop", 0.1);
+  c.rms_norm_eps = f.number_or("layer_norm_epsilon", 1e-5);
+  if (!f.boolean_or("scale_attn_weights", true)) {
+    f.fail("scale_attn_weights", "false: te-cpp scales the logits by 1/sqrt(head_dim)");
+  }
+  if (f.boolean_or("scale_attn_by_inverse_layer_idx", false)) {
+    f.fail("scale_attn_by_inverse_layer_idx", "true is not implemented");
+  }
+  // Upcasting the logits to fp32 changes nothing in fp32, which te computes them in.
+  f.boolean_or("reorder_and_upcast_attn", false);
+  if (f.boolean_or("add_cross_attention", false)) {
+    f.fail("add_cross_attention", "true adds cross attention; te-cpp builds the decoder alone");
+  }
+  // pad_token_id stays metadata: GPT-2's wte has no padding_idx (modeling_gpt2.py), its row trains.
+  c.tie_word_embeddings = f.boolean_or("tie_word_embeddings", true);
+  c.positions = "learned";
+  c.norm = "layernorm";
+  c.fuse_qkv = true;
+  c.attention_bias = c.qkv_bias = c.mlp_bias = true;
+  c.rotary_dim = c.head_dim;
+  c.layer_windows.assign(static_cast<std::size_t>(std::max<int64_t>(c.num_hidden_layers, 0)),
+                         std::nullopt);
 }
 
 }  // namespace
@@ -168,7 +226,10 @@ void check_causal_lm_config(const CausalLMConfig& c, const std::string& where) {
                                     std::to_string(c.num_attention_heads));
   }
   const int64_t rotary = c.rotary_dim == 0 ? c.head_dim : c.rotary_dim;
-  if (rotary <= 0 || rotary > c.head_dim || rotary % 2 != 0) {
+  if (c.positions == "learned" && c.max_position_embeddings <= 0) {
+    fail("max_position_embeddings", "must be positive for learned positions");
+  }
+  if (c.positions == "rope" && (rotary <= 0 || rotary > c.head_dim || rotary % 2 != 0)) {
     fail("partial_rotary_factor", "gives " + std::to_string(rotary) + " rotary dims of a " +
                                       std::to_string(c.head_dim) +
                                       "-dim head; they must be even and within the head");
@@ -182,8 +243,11 @@ void check_causal_lm_config(const CausalLMConfig& c, const std::string& where) {
   if (!(std::isfinite(c.rope_factor) && c.rope_factor > 0)) {
     fail("rope factor", "must be positive and finite");
   }
-  if (!(c.attention_dropout >= 0 && c.attention_dropout < 1)) {
-    fail("attention_dropout", "must be in [0, 1)");
+  for (const auto& [key, p] :
+       {std::pair<const char*, double>{"attention_dropout", c.attention_dropout},
+        {"hidden dropout", c.hidden_dropout},
+        {"embedding dropout", c.embedding_dropout}}) {
+    if (!(p >= 0 && p < 1)) fail(key, "must be in [0, 1)");
   }
   if (c.max_position_embeddings < 0) fail("max_position_embeddings", "must not be negative");
   if (static_cast<int64_t>(c.layer_windows.size()) != c.num_hidden_layers) {
@@ -204,6 +268,17 @@ CausalLMConfig parse_causal_lm_config(std::string_view json_text, const std::str
   Fields f(j, path, "");
   CausalLMConfig c;
   read_family(f, c);
+  if (c.model_type == "gpt2") {
+    read_gpt2(f, c);
+    c.dtype = f.string_or("dtype", f.string_or("torch_dtype", ""));
+    // A task head's fields (GPT2DoubleHeadsModel's summary) and generation settings.
+    std::set<std::string> metadata = kMetadata;
+    metadata.insert({"summary_activation", "summary_first_dropout", "summary_proj_to_labels",
+                     "summary_type", "summary_use_proj", "task_specific_params"});
+    f.refuse_unread(metadata);
+    check_causal_lm_config(c, "'" + path + "'");
+    return c;
+  }
   c.vocab_size = f.integer("vocab_size");
   c.hidden_size = f.integer("hidden_size");
   c.intermediate_size = f.integer("intermediate_size");

@@ -23,7 +23,46 @@ namespace te::hf {
 
 namespace fs = std::filesystem;
 
+namespace {
+
+// GPT-2 (GPT2LMHeadModel's names): Conv1D weights are [in, out] already, as te keeps kernels;
+// c_attn's columns are the query, key and value slots of the fused qkv_kernel [in, 3, out].
+WeightMap gpt2_weight_map(const CausalLMConfig& c) {
+  WeightMap m;
+  const int64_t h = c.hidden_size;
+  auto whole = [&](const std::string& te, const std::string& hf) { m[te] = {{hf}}; };
+  auto norm = [&](const std::string& te, const std::string& hf) {
+    whole(te + ".scale", hf + ".weight");
+    whole(te + ".ln_bias", hf + ".bias");
+  };
+  whole("embed.embedding", "transformer.wte.weight");
+  whole("position.embedding", "transformer.wpe.weight");
+  norm("norm", "transformer.ln_f");
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string te = "layers." + std::to_string(i) + ".";
+    const std::string hf = "transformer.h." + std::to_string(i) + ".";
+    norm(te + "self_attention.layernorm", hf + "ln_1");
+    for (int64_t k = 0; k < 3; ++k) {
+      m[te + "self_attention.qkv_kernel"].push_back(
+          {hf + "attn.c_attn.weight", 1, k, false, 1, k * h, h, 3 * h});
+      m[te + "self_attention.qkv_bias"].push_back(
+          {hf + "attn.c_attn.bias", 0, k, false, 0, k * h, h, 3 * h});
+    }
+    whole(te + "self_attention.out_kernel", hf + "attn.c_proj.weight");
+    whole(te + "self_attention.out_bias", hf + "attn.c_proj.bias");
+    norm(te + "mlp.layernorm", hf + "ln_2");
+    m[te + "mlp.wi_kernel"] = {{hf + "mlp.c_fc.weight", 1, 0, false}};
+    m[te + "mlp.wi_bias"] = {{hf + "mlp.c_fc.bias", 0, 0, false}};
+    whole(te + "mlp.wo_kernel", hf + "mlp.c_proj.weight");
+    whole(te + "mlp.wo_bias", hf + "mlp.c_proj.bias");
+  }
+  return m;
+}
+
+}  // namespace
+
 WeightMap causal_lm_weight_map(const CausalLMConfig& c) {
+  if (c.model_type == "gpt2") return gpt2_weight_map(c);
   WeightMap m;
   auto whole = [&](const std::string& te, const std::string& hf) { m[te] = {{hf}}; };
   auto kernel = [&](const std::string& te, const std::string& hf) {
@@ -74,9 +113,11 @@ at::Tensor source_part(const at::Tensor& t, const HfSource& s) {
 }
 
 // The source's shape given the te parameter's.
+// The source's shape given the te parameter's (the whole tensor's, when narrowed).
 std::vector<int64_t> source_shape(std::vector<int64_t> shape, const HfSource& s) {
   if (s.slot_dim >= 0) shape.erase(shape.begin() + s.slot_dim);
   if (s.transpose) std::reverse(shape.begin(), shape.end());
+  if (s.narrow_dim >= 0) shape[static_cast<std::size_t>(s.narrow_dim)] = s.narrow_total;
   return shape;
 }
 
@@ -152,7 +193,20 @@ std::map<std::string, at::Tensor> to_hf_tensors(const WeightMap& map,
   for (const auto& [te_name, sources] : map) {
     const auto it = te_whole.find(te_name);
     TE_CHECK(it != te_whole.end(), "to_hf_tensors: no tensor for '", te_name, "'");
-    for (const HfSource& s : sources) out[s.name] = source_part(it->second, s).contiguous();
+    for (const HfSource& s : sources) {
+      const at::Tensor part = source_part(it->second, s).contiguous();
+      if (s.narrow_dim < 0) {
+        out[s.name] = part;
+        continue;
+      }
+      at::Tensor& whole = out[s.name];  // assembled from its narrowed parts
+      if (!whole.defined()) {
+        std::vector<int64_t> shape = part.sizes().vec();
+        shape[static_cast<std::size_t>(s.narrow_dim)] = s.narrow_total;
+        whole = at::zeros(shape, part.options());
+      }
+      whole.narrow(s.narrow_dim, s.narrow_start, s.narrow_length).copy_(part);
+    }
   }
   return out;
 }
@@ -238,6 +292,7 @@ int64_t fill(torch::nn::Module& model, const WeightMap& map, TensorSource& sourc
       std::vector<int64_t> lo = box.lo;
       if (s.slot_dim >= 0) lo.erase(lo.begin() + s.slot_dim);
       if (s.transpose) std::reverse(lo.begin(), lo.end());
+      if (s.narrow_dim >= 0) lo[static_cast<std::size_t>(s.narrow_dim)] += s.narrow_start;
       std::vector<int64_t> hi = lo;
       for (std::size_t d = 0; d < hi.size(); ++d) hi[d] += dst.size(static_cast<int64_t>(d));
       dst.copy_(source.read(s.name, lo, hi, &bytes_read));
@@ -269,8 +324,16 @@ CausalLM load_causal_lm(const std::string& path_text, const LoadOptions& options
     detail::check_checkpoint({*shapes, causal_lm_weight_map(config), "load_causal_lm",
                               path.string(), config.model_type, gguf, options.strict,
                               [tied](const std::string& name) {
+                                // GPT-2's older checkpoints keep their mask buffers too.
+                                const auto ends = [&](const std::string& tail) {
+                                  return name.size() > tail.size() &&
+                                         name.compare(name.size() - tail.size(), tail.size(),
+                                                      tail) == 0;
+                                };
                                 return (tied && name == "lm_head.weight") ||
-                                       name.find("rotary_emb.inv_freq") != std::string::npos;
+                                       name.find("rotary_emb.inv_freq") != std::string::npos ||
+                                       (name.rfind("transformer.h.", 0) == 0 &&
+                                        (ends(".attn.bias") || ends(".attn.masked_bias")));
                               }},
                              *source);
   }

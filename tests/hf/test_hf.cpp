@@ -179,6 +179,25 @@ TEST(HfConfig, RefusesWhatItDoesNotHonourNamingTheField) {
   j = tiny_config();
   j["num_hidden_layers"] = 1 << 20;
   EXPECT_ERROR(parse(j), "num_hidden_layers: 1048576 is not in [1, 65536]");
+  // GPT-2: transformers' defaults, what it does not build refused by name.
+  const json gpt2 = {{"model_type", "gpt2"}, {"architectures", {"GPT2LMHeadModel"}},
+                     {"vocab_size", 64},     {"n_embd", 16},
+                     {"n_layer", 2},         {"n_head", 4},
+                     {"n_positions", 32},    {"summary_type", "cls_index"}};
+  const CausalLMConfig g = parse(gpt2);
+  EXPECT_EQ(g.positions, "learned");
+  EXPECT_EQ(g.intermediate_size, 64);                              // 4 x n_embd
+  EXPECT_EQ(g.mlp_activations, std::vector<std::string>{"gelu"});  // gelu_new: the tanh form
+  EXPECT_TRUE(g.tie_word_embeddings && g.fuse_qkv);
+  j = gpt2;
+  j["scale_attn_by_inverse_layer_idx"] = true;
+  EXPECT_ERROR(parse(j), "scale_attn_by_inverse_layer_idx: true is not implemented");
+  j = gpt2;
+  j["activation_function"] = "quick_gelu";
+  EXPECT_ERROR(parse(j), "activation_function: 'quick_gelu' is not one te-cpp builds");
+  j = gpt2;
+  j["n_ctx"] = 16;
+  EXPECT_ERROR(parse(j), "n_ctx: differs from n_positions");
   EXPECT_ERROR(parse_causal_lm_config("{\"model_type\": ", "x/config.json"),
                "'x/config.json' is not JSON");
   test::TempDir dir;

@@ -1,5 +1,5 @@
 """Holds te's Hugging Face loader to transformers on small random decoder models: for each family
-below it builds a float32 *ForCausalLM from a random config (eager attention, no dropout, norm
+below (and GPT-2's GPT2LMHeadModel) it builds a float32 *ForCausalLM from a random config (eager attention, no dropout, norm
 scales and biases moved off their initial values), saves it with save_pretrained (config.json and
 model.safetensors), writes two rows of random token ids and runs
 
@@ -42,8 +42,8 @@ import torch
 import transformers
 from gguf import GGMLQuantizationType as Q
 from interop_common import TOL, rel_err, tensor
-from transformers import (AutoConfig, AutoModelForCausalLM, BertConfig, BertModel, LlamaConfig,
-                          LlamaForCausalLM,
+from transformers import (AutoConfig, AutoModelForCausalLM, BertConfig, BertModel, GPT2Config,
+                          GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
                           MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM,
                           Qwen3Config, Qwen3ForCausalLM)
 from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
@@ -81,6 +81,18 @@ FAMILIES = [
     ("qwen3", Qwen3Config, Qwen3ForCausalLM,
      dict(tie_word_embeddings=False, head_dim=16, attention_bias=False, **rope(10000.0))),
 ]
+
+# GPT-2 (GPT2LMHeadModel: learned positions, pre-LayerNorm, Conv1D weights, a tied head): (case,
+# config arguments beyond GPT2_SIZES); checked as the decoders above.
+GPT2_SIZES = dict(vocab_size=VOCAB, n_positions=64, n_embd=32, n_layer=2, n_head=4,
+                  resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, attn_implementation="eager")
+GPT2 = [
+    ("gpt2", dict(activation_function="gelu_new", layer_norm_epsilon=1e-5)),
+    # pad_token_id: GPT-2's wte has no padding_idx, so row 0 (token_ids has a 0) still trains.
+    ("gpt2-inner-gelu-pad", dict(activation_function="gelu", n_inner=48, pad_token_id=0,
+                                 layer_norm_epsilon=1e-6)),
+]
+
 
 # BERT encoders (BertModel, with its pooler): (case, config arguments beyond ENCODER_SIZES).
 # te runs them with --encoder; the second row of ids is padded (attention_mask 0) at its end.
@@ -273,10 +285,10 @@ def check_layout(te, logits, loss, grads, pooled=None):
     return errors, problems
 
 
-def check_case(binary, workdir, index, case, config_class, model_class, kwargs):
+def check_case(binary, workdir, index, case, config_class, model_class, kwargs, sizes=SIZES):
     """[(layout, {what: error}, [problems])] for one family; raises RuntimeError if te fails."""
     seed = 1000 + index
-    model = build(config_class, model_class, kwargs, seed)
+    model = build(config_class, model_class, kwargs, seed, sizes)
     folder = os.path.join(workdir, case)
     model.save_pretrained(folder, safe_serialization=True)
     ids = token_ids(seed)
@@ -374,6 +386,8 @@ def main(binary, workdir):
     failures = total = 0
     cases = [(case, check_case, family) for case, *family in FAMILIES] + \
             [(case, check_gguf_case, args) for case, *args in GGUF_CASES] + \
+            [(case, check_case, [GPT2Config, GPT2LMHeadModel, kwargs, GPT2_SIZES])
+             for case, kwargs in GPT2] + \
             [(case, check_encoder_case, [kwargs]) for case, kwargs in ENCODERS]
     for index, (case, check, args) in enumerate(cases):
         try:

@@ -55,10 +55,11 @@ class CausalLMImpl : public torch::nn::Cloneable<CausalLMImpl> {
 
   CausalLMConfig config;
   te::nn::Embedding embed{nullptr};
+  te::nn::Embedding position{nullptr};  ///< learned positions (GPT-2), or null
   torch::nn::ModuleList layers{nullptr};
   te::nn::LayerNorm norm{nullptr};
-  te::nn::Dense lm_head{nullptr};  ///< null when tie_word_embeddings
-  te::nn::RotaryPositionEmbedding rope{nullptr};
+  te::nn::Dense lm_head{nullptr};                 ///< null when tie_word_embeddings
+  te::nn::RotaryPositionEmbedding rope{nullptr};  ///< null with learned positions
 };
 TE_MODULE(CausalLM);
 

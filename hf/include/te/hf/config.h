@@ -17,9 +17,11 @@
 
 namespace te::hf {
 
-/// A decoder-only language model of the Llama family: Llama (2, 3, SmolLM2), Mistral, Qwen2,
-/// Qwen3 (model_type "llama", "mistral", "qwen2", "qwen3"). Pre-RMSNorm layers, RoPE, grouped
-/// query attention, a SwiGLU MLP, an optional sliding window per layer, a tied or separate head.
+/// A decoder-only language model: the Llama family, Llama (2, 3, SmolLM2), Mistral, Qwen2, Qwen3
+/// (model_type "llama", "mistral", "qwen2", "qwen3": pre-RMSNorm layers, RoPE, grouped query
+/// attention, a SwiGLU MLP, an optional sliding window per layer, a tied or separate head), and
+/// GPT-2 ("gpt2": learned positions, pre-LayerNorm layers with biases everywhere, a fused
+/// query/key/value projection, a gelu MLP, a tied head).
 struct CausalLMConfig {
   std::string model_type;
   int64_t vocab_size = 0;
@@ -30,7 +32,19 @@ struct CausalLMConfig {
   int64_t num_key_value_heads = 0;  ///< = num_attention_heads when the config has none
   int64_t head_dim = 0;             ///< = hidden_size / num_attention_heads when none
   int64_t max_position_embeddings = 0;
-  double rms_norm_eps = 1e-6;
+  double rms_norm_eps = 1e-6;  ///< the norms' epsilon (GPT-2: layer_norm_epsilon)
+  /// "rope" (the Llama family) or "learned" (GPT-2: a table of max_position_embeddings rows).
+  std::string positions = "rope";
+  /// "rmsnorm" or "layernorm" (with a bias: GPT-2).
+  std::string norm = "rmsnorm";
+  /// The MLP's activation slots, as te::nn names them: SwiGLU {"silu", "linear"}, or one slot
+  /// (GPT-2's gelu_new is "gelu", the tanh form).
+  std::vector<std::string> mlp_activations = {"silu", "linear"};
+  /// Query, key and value from one projection (GPT-2's c_attn).
+  bool fuse_qkv = false;
+  /// Dropout on each block's output (GPT-2's resid_pdrop) and on the embeddings (embd_pdrop);
+  /// training only.
+  double hidden_dropout = 0.0, embedding_dropout = 0.0;
   /// RoPE: base, the rotated dims of each head (the first rotary_dim; transformers'
   /// int(head_dim * partial_rotary_factor), GGUF's rope.dimension_count; 0: all), and its
   /// scaling ("default" or "linear" with rope_factor).

@@ -29,6 +29,11 @@ struct HfSource {
   int64_t slot_dim = -1;   ///< the te parameter's stacked dim, or -1
   int64_t slot = 0;        ///< which entry of it this tensor is
   bool transpose = false;  ///< the te parameter is this 2-D tensor transposed
+  /// A part of the checkpoint's tensor only: [narrow_start, narrow_start + narrow_length) of its
+  /// dim narrow_dim, whose whole extent is narrow_total (GPT-2's c_attn [hidden, 3 x hidden]
+  /// holds the query, key and value slots of te's fused qkv_kernel). -1: the whole tensor.
+  int64_t narrow_dim = -1;
+  int64_t narrow_start = 0, narrow_length = 0, narrow_total = 0;
 };
 /// A model's te parameter name -> the checkpoint tensors it is made of.
 using WeightMap = std::map<std::string, std::vector<HfSource>>;
