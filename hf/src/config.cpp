@@ -204,22 +204,14 @@ void check_causal_lm_config(const CausalLMConfig& c, const std::string& where) {
   auto fail = [&](const std::string& field, const std::string& message) {
     TE_FAIL("config: ", where, ": ", field, ": ", message);
   };
-  constexpr int64_t kMaxSize = int64_t{1} << 24;
-  for (const auto& [key, v] : {std::pair<const char*, int64_t>{"vocab_size", c.vocab_size},
-                               {"hidden_size", c.hidden_size},
-                               {"intermediate_size", c.intermediate_size},
-                               {"num_hidden_layers", c.num_hidden_layers},
-                               {"num_attention_heads", c.num_attention_heads},
-                               {"num_key_value_heads", c.num_key_value_heads},
-                               {"head_dim", c.head_dim}}) {
-    if (v <= 0) fail(key, "must be positive, got " + std::to_string(v));
-    // A bound before anything is sized by it (a hostile config cannot make te-cpp allocate).
-    if (v > kMaxSize) fail(key, std::to_string(v) + " is more than te-cpp builds (2^24)");
-  }
-  if (c.num_hidden_layers > 65536) {
-    fail("num_hidden_layers",
-         std::to_string(c.num_hidden_layers) + " is more than te-cpp builds (at most 65536)");
-  }
+  detail::check_model_sizes({{"vocab_size", c.vocab_size},
+                             {"hidden_size", c.hidden_size},
+                             {"intermediate_size", c.intermediate_size},
+                             {"num_hidden_layers", c.num_hidden_layers},
+                             {"num_attention_heads", c.num_attention_heads},
+                             {"num_key_value_heads", c.num_key_value_heads},
+                             {"head_dim", c.head_dim}},
+                            c.num_hidden_layers, where);
   if (c.num_attention_heads % c.num_key_value_heads != 0) {
     fail("num_key_value_heads", std::to_string(c.num_key_value_heads) +
                                     " does not divide num_attention_heads " +

@@ -30,21 +30,14 @@ void check_encoder_config(const EncoderConfig& c, const std::string& where) {
   auto fail = [&](const std::string& field, const std::string& message) {
     TE_FAIL("config: ", where, ": ", field, ": ", message);
   };
-  constexpr int64_t kMaxSize = int64_t{1} << 24;
-  for (const auto& [key, v] : {std::pair<const char*, int64_t>{"vocab_size", c.vocab_size},
-                               {"hidden_size", c.hidden_size},
-                               {"intermediate_size", c.intermediate_size},
-                               {"num_hidden_layers", c.num_hidden_layers},
-                               {"num_attention_heads", c.num_attention_heads},
-                               {"max_position_embeddings", c.max_position_embeddings},
-                               {"type_vocab_size", c.type_vocab_size}}) {
-    if (v <= 0) fail(key, "must be positive, got " + std::to_string(v));
-    if (v > kMaxSize) fail(key, std::to_string(v) + " is more than te-cpp builds (2^24)");
-  }
-  if (c.num_hidden_layers > 65536) {
-    fail("num_hidden_layers",
-         std::to_string(c.num_hidden_layers) + " is more than te-cpp builds (at most 65536)");
-  }
+  detail::check_model_sizes({{"vocab_size", c.vocab_size},
+                             {"hidden_size", c.hidden_size},
+                             {"intermediate_size", c.intermediate_size},
+                             {"num_hidden_layers", c.num_hidden_layers},
+                             {"num_attention_heads", c.num_attention_heads},
+                             {"max_position_embeddings", c.max_position_embeddings},
+                             {"type_vocab_size", c.type_vocab_size}},
+                            c.num_hidden_layers, where);
   if (c.hidden_size % c.num_attention_heads != 0) {
     fail("num_attention_heads", std::to_string(c.num_attention_heads) +
                                     " does not divide hidden_size " +

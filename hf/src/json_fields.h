@@ -6,6 +6,8 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "te/error.h"
 
@@ -98,6 +100,21 @@ inline nlohmann::json parse_json_object(std::string_view text, const std::string
   }
   TE_CHECK(j.is_object(), kind, ": '", path, "' is not a JSON object");
   return j;
+}
+
+/// Each model size (field, value) positive and at most 2^24 (a bound before anything is sized by
+/// it: a hostile config cannot make te-cpp allocate), the layers at most 65536; te::Error
+/// "config: <where>: <field>: ..." otherwise.
+inline void check_model_sizes(const std::vector<std::pair<const char*, int64_t>>& sizes,
+                              int64_t layers, const std::string& where) {
+  constexpr int64_t kMaxSize = int64_t{1} << 24;
+  for (const auto& [key, v] : sizes) {
+    TE_CHECK(v > 0, "config: ", where, ": ", key, ": must be positive, got ", v);
+    TE_CHECK(v <= kMaxSize, "config: ", where, ": ", key, ": ", v,
+             " is more than te-cpp builds (2^24)");
+  }
+  TE_CHECK(layers <= 65536, "config: ", where, ": num_hidden_layers: ", layers,
+           " is more than te-cpp builds (at most 65536)");
 }
 
 /// The text of `dir`/config.json (or of `dir` itself when it names a file), and its path.

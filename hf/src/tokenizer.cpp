@@ -237,6 +237,23 @@ void set_vocab(Impl& t, std::vector<std::string> tokens, const std::string& wher
   t.is_special.assign(t.tokens.size(), false);
 }
 
+// The model's vocab {token: id}: tokens by id, each id used once and below the size.
+std::vector<std::string> read_vocab(Fields& f) {
+  if (!f.has("vocab") || !f.raw("vocab").is_object()) f.fail("vocab", "expected an object");
+  const json& v = f.raw("vocab");
+  std::vector<std::string> tokens(v.size());
+  for (const auto& [token, id] : v.items()) {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
+        id.get<int64_t>() >= static_cast<int64_t>(v.size()) ||
+        !tokens[id.get<std::size_t>()].empty()) {
+      f.fail("vocab", "entry '" + token + "': " + id.dump() +
+                          " is not a unique id below the vocabulary's size");
+    }
+    tokens[id.get<std::size_t>()] = token;
+  }
+  return tokens;
+}
+
 // BPE (models/bpe/serialization.rs): GPT-2's kind, with no unknown token, no byte fallback, no
 // subword prefix or suffix and no dropout; te::Error naming any of those set.
 void read_bpe(Impl& t, Fields& f, const std::string& path) {
@@ -250,18 +267,7 @@ void read_bpe(Impl& t, Fields& f, const std::string& path) {
     if (f.boolean_or(key, false)) f.fail(key, "true is not implemented (GPT-2's BPE has false)");
   }
   const bool ignore_merges = f.boolean_or("ignore_merges", false);
-  if (!f.has("vocab") || !f.raw("vocab").is_object()) f.fail("vocab", "expected an object");
-  const json& v = f.raw("vocab");
-  std::vector<std::string> tokens(v.size());
-  for (const auto& [token, id] : v.items()) {
-    if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
-        id.get<int64_t>() >= static_cast<int64_t>(v.size()) ||
-        !tokens[id.get<std::size_t>()].empty()) {
-      f.fail("vocab", "entry '" + token + "': " + id.dump() +
-                          " is not a unique id below the vocabulary's size");
-    }
-    tokens[id.get<std::size_t>()] = token;
-  }
+  std::vector<std::string> tokens = read_vocab(f);
   std::vector<std::pair<std::string, std::string>> merges;
   if (!f.has("merges") || !f.raw("merges").is_array()) f.fail("merges", "expected a list");
   for (const json& m : f.raw("merges")) {
@@ -298,18 +304,7 @@ void read_model(Impl& t, const json& m, const std::string& path) {
   t.unk_token = f.string_or("unk_token", t.unk_token);
   t.prefix = f.string_or("continuing_subword_prefix", t.prefix);
   t.max_input_chars_per_word = f.integer_or("max_input_chars_per_word", 100);
-  if (!f.has("vocab") || !f.raw("vocab").is_object()) f.fail("vocab", "expected an object");
-  const json& v = f.raw("vocab");
-  std::vector<std::string> tokens(v.size());
-  for (const auto& [token, id] : v.items()) {
-    if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
-        id.get<int64_t>() >= static_cast<int64_t>(v.size()) ||
-        !tokens[id.get<std::size_t>()].empty()) {
-      f.fail("vocab", "entry '" + token + "': " + id.dump() +
-                          " is not a unique id below the vocabulary's size");
-    }
-    tokens[id.get<std::size_t>()] = token;
-  }
+  std::vector<std::string> tokens = read_vocab(f);
   f.refuse_unread({});
   set_vocab(t, std::move(tokens), "'" + path + "'");
 }
