@@ -594,22 +594,12 @@ Tokenizer Tokenizer::from_json(std::string_view json_text, const std::string& pa
   return Tokenizer(std::move(t));
 }
 
-Tokenizer Tokenizer::from_file(const std::string& path_text) {
-  const fs::path path = path_text;
-  const std::string name = path.filename().string();
-  if (name == "vocab.txt") return Tokenizer(from_vocab_txt(path));
-  if (path.extension() == ".gguf") return from_gguf(path_text);
-  TE_CHECK(path.extension() == ".json", "tokenizer: '", path_text,
-           "' is neither a tokenizer.json, a vocab.txt nor a .gguf file; te-cpp reads those");
-  return from_json(read_text(path), path.string());
+Tokenizer Tokenizer::from_vocab_txt(const std::string& path) {
+  return Tokenizer(te::hf::from_vocab_txt(path));
 }
 
-Tokenizer Tokenizer::from_pretrained(const std::string& dir) {
-  const fs::path d = dir;
-  std::error_code ec;
-  if (fs::exists(d / "tokenizer.json", ec)) return from_file((d / "tokenizer.json").string());
-  if (fs::exists(d / "vocab.txt", ec)) return from_file((d / "vocab.txt").string());
-  TE_FAIL("tokenizer: '", dir, "' holds neither tokenizer.json nor vocab.txt");
+Tokenizer Tokenizer::from_json_file(const std::string& path) {
+  return from_json(read_text(path), path);
 }
 
 // ---------------------------------------------------------------------------------------------

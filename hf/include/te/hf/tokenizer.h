@@ -55,8 +55,12 @@ class Tokenizer {
   /// te-cpp does not implement (model, normalizer, pre-tokenizer, post-processor, decoder), never
   /// ignored.
   static Tokenizer from_file(const std::string& path);
-  /// tokenizer.json's text (`path` names it in errors).
+  /// tokenizer.json's text (`path` names it in errors), or the file.
   static Tokenizer from_json(std::string_view json_text, const std::string& path);
+  static Tokenizer from_json_file(const std::string& path);
+  /// BERT's vocab.txt (one token per line), configured by tokenizer_config.json beside it
+  /// (do_lower_case, strip_accents, tokenize_chinese_chars, the special tokens).
+  static Tokenizer from_vocab_txt(const std::string& path);
   /// A GGUF file's tokenizer metadata (tokenizer.ggml.model "gpt2": byte-level BPE), built as
   /// transformers builds it from the file (control tokens special, Llama 3's split for llama.cpp's
   /// Llama 3 pre-tokenizer names, GPT-2's otherwise). te::Error naming the key for another model

@@ -1,8 +1,10 @@
-// te::hf::Tokenizer from a GGUF file's tokenizer metadata (tokenizer.ggml.*), built as
+// te::hf::Tokenizer from files: the kind a path names (tokenizer.json, vocab.txt, a GGUF file), and
+// from a GGUF file's tokenizer metadata (tokenizer.ggml.*), built as
 // transformers 5.23.0 builds it (integrations/gguf/gguf_tokenizer_mapping.py: byte_level_tokenizer,
 // add_gguf_special_tokens, set_split_regex): written as a tokenizer.json document and read by
 // Tokenizer::from_json, so the pipeline has one home.
 
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "bpe.h"
@@ -13,6 +15,8 @@
 #include "unicode.h"
 
 namespace te::hf {
+
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -105,6 +109,24 @@ Tokenizer Tokenizer::from_gguf(const std::string& path) {
       {"model",
        {{"type", "BPE"}, {"vocab", vocab}, {"merges", merges->strings}, {"ignore_merges", false}}}};
   return from_json(doc.dump(), path + " (GGUF tokenizer metadata)");
+}
+
+Tokenizer Tokenizer::from_file(const std::string& path_text) {
+  const fs::path path = path_text;
+  const std::string name = path.filename().string();
+  if (name == "vocab.txt") return from_vocab_txt(path_text);
+  if (path.extension() == ".gguf") return from_gguf(path_text);
+  TE_CHECK(path.extension() == ".json", "tokenizer: '", path_text,
+           "' is neither a tokenizer.json, a vocab.txt nor a .gguf file; te-cpp reads those");
+  return from_json_file(path_text);
+}
+
+Tokenizer Tokenizer::from_pretrained(const std::string& dir) {
+  const fs::path d = dir;
+  std::error_code ec;
+  if (fs::exists(d / "tokenizer.json", ec)) return from_file((d / "tokenizer.json").string());
+  if (fs::exists(d / "vocab.txt", ec)) return from_file((d / "vocab.txt").string());
+  TE_FAIL("tokenizer: '", dir, "' holds neither tokenizer.json nor vocab.txt");
 }
 
 }  // namespace te::hf
