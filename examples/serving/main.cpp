@@ -389,5 +389,8 @@ int main(int argc, char** argv) {
   } catch (const te::Error& e) {
     std::cerr << "te-serve: error: " << e.what() << std::endl;
     return 2;
+  } catch (const std::exception& e) {  // a library's own exception, e.g. bad_alloc
+    std::cerr << "te-serve: error: " << e.what() << std::endl;
+    return 2;
   }
 }

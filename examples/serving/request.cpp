@@ -143,6 +143,11 @@ EmbeddingsRequest decode_embeddings(std::string_view body, std::size_t max_input
     throw HttpError(400, "\"input\" is a JSON " + std::string(input->type_name()) +
                              "; send a string or a list of strings");
   }
+  for (std::size_t i = 0; i < r.input.size(); ++i) {
+    if (r.input[i].empty()) {
+      throw HttpError(400, "input[" + std::to_string(i) + "] is empty; send text to embed");
+    }
+  }
   if (const auto f = doc.find("encoding_format"); f != doc.end() && !f->is_null()) {
     if (*f != "float" && *f != "base64") {
       throw HttpError(400, "\"encoding_format\" is " + f->dump() + "; use \"float\" or \"base64\"");

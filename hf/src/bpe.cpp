@@ -65,7 +65,10 @@ std::vector<std::string> SplitRegex::isolate(std::string_view text) const {
   const auto* s = reinterpret_cast<PCRE2_SPTR>(text.data());
   std::size_t at = 0, gap = 0;
   while (at <= text.size()) {
-    const int rc = pcre2_match(code(code_), s, text.size(), at, 0, md, nullptr);
+    // The subject is checked as UTF-8 once, by the first call; later calls start on character
+    // boundaries of the same text.
+    const int rc =
+        pcre2_match(code(code_), s, text.size(), at, at == 0 ? 0 : PCRE2_NO_UTF_CHECK, md, nullptr);
     if (rc == PCRE2_ERROR_NOMATCH) break;
     if (rc < 0) {
       pcre2_match_data_free(md);

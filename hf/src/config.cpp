@@ -157,6 +157,13 @@ void read_gpt2(Fields& f, CausalLMConfig& c) {
     f.fail("n_head", std::to_string(c.num_attention_heads) + " does not divide n_embd " +
                          std::to_string(c.hidden_size));
   }
+  // Bounded before anything is sized or multiplied by them.
+  detail::check_model_sizes({{"vocab_size", c.vocab_size},
+                             {"n_embd", c.hidden_size},
+                             {"n_layer", c.num_hidden_layers},
+                             {"n_head", c.num_attention_heads},
+                             {"n_positions", c.max_position_embeddings}},
+                            c.num_hidden_layers, f.path());
   c.head_dim = c.hidden_size / c.num_attention_heads;
   c.intermediate_size = f.has("n_inner") ? f.integer("n_inner") : 4 * c.hidden_size;
   // transformers' ACT2FN: gelu_new and gelu_pytorch_tanh are the tanh form, gelu the erf form.

@@ -34,6 +34,7 @@ class Fields {
   Fields(const json& j, std::string path, std::string what, std::string kind = "config")
       : j_(j), path_(std::move(path)), what_(std::move(what)), kind_(std::move(kind)) {}
 
+  const std::string& path() const { return path_; }
   [[noreturn]] void fail(const std::string& field, const std::string& message) const {
     TE_FAIL(kind_, ": '", path_, "': ", what_, field, ": ", message);
   }

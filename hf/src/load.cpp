@@ -56,6 +56,8 @@ WeightMap gpt2_weight_map(const CausalLMConfig& c) {
     whole(te + "mlp.wo_kernel", hf + "mlp.c_proj.weight");
     whole(te + "mlp.wo_bias", hf + "mlp.c_proj.bias");
   }
+  // An untied head is an nn.Linear [vocab, hidden]: transposed.
+  if (!c.tie_word_embeddings) m["lm_head.kernel"] = {{"lm_head.weight", -1, 0, true}};
   return m;
 }
 
@@ -316,33 +318,46 @@ CausalLM load_causal_lm(const std::string& path_text, const LoadOptions& options
     config = read_causal_lm_config(path.string());
     source = detail::open_safetensors_dir(path.string());
   }
+  WeightMap map = causal_lm_weight_map(config);
+  // GPT-2 checkpoints saved from GPT2Model (openai-community/gpt2's own) name their tensors
+  // without GPT2LMHeadModel's "transformer." prefix.
+  std::string prefix = config.model_type == "gpt2" ? "transformer." : "";
+  if (!prefix.empty() && !source->contains("transformer.wte.weight") &&
+      source->contains("wte.weight")) {
+    for (auto& [te_name, sources] : map) {
+      for (HfSource& s : sources) {
+        if (s.name.rfind(prefix, 0) == 0) s.name = s.name.substr(prefix.size());
+      }
+    }
+    prefix.clear();
+  }
   {
     nn::MetaParameterScope meta;
     CausalLM shapes(config);
-    // A tied head saved anyway, and RoPE tables older checkpoints keep, are not weights.
+    // A tied head saved anyway, RoPE tables older checkpoints keep and GPT-2's causal-mask
+    // buffers (attn.bias, attn.masked_bias) are not weights.
     const bool tied = config.tie_word_embeddings;
-    detail::check_checkpoint({*shapes, causal_lm_weight_map(config), "load_causal_lm",
-                              path.string(), config.model_type, gguf, options.strict,
-                              [tied](const std::string& name) {
-                                // GPT-2's older checkpoints keep their mask buffers too.
-                                const auto ends = [&](const std::string& tail) {
-                                  return name.size() > tail.size() &&
-                                         name.compare(name.size() - tail.size(), tail.size(),
-                                                      tail) == 0;
-                                };
-                                return (tied && name == "lm_head.weight") ||
-                                       name.find("rotary_emb.inv_freq") != std::string::npos ||
-                                       (name.rfind("transformer.h.", 0) == 0 &&
-                                        (ends(".attn.bias") || ends(".attn.masked_bias")));
-                              }},
-                             *source);
+    const std::string blocks = prefix + "h.";
+    detail::check_checkpoint(
+        {*shapes, map, "load_causal_lm", path.string(), config.model_type, gguf, options.strict,
+         [tied, blocks, gpt2 = config.model_type == "gpt2"](const std::string& name) {
+           const auto ends = [&](const std::string& tail) {
+             return name.size() > tail.size() &&
+                    name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+           };
+           return (tied && name == "lm_head.weight") ||
+                  name.find("rotary_emb.inv_freq") != std::string::npos ||
+                  (gpt2 && name.rfind(blocks, 0) == 0 &&
+                   (ends(".attn.bias") || ends(".attn.masked_bias")));
+         }},
+        *source);
   }
   // Every parameter is overwritten below: no random initial values to draw.
   CausalLM model = [&] {
     nn::EmptyParameterScope empty;
     return CausalLM(config);
   }();
-  const int64_t bytes_read = detail::fill(*model, causal_lm_weight_map(config), *source);
+  const int64_t bytes_read = detail::fill(*model, map, *source);
   if (options.bytes_read != nullptr) *options.bytes_read += bytes_read;
   model->eval();  // as transformers' from_pretrained: no dropout until train() is called
   return model;

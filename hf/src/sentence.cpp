@@ -103,6 +103,18 @@ std::string read_pooling(const fs::path& path, int64_t hidden) {
 
 SentenceEmbedder::SentenceEmbedder(const std::string& dir_text, const LoadOptions& options)
     : tokenizer_(Tokenizer::from_pretrained(dir_text)), encoder_(load_encoder(dir_text, options)) {
+  TE_CHECK(tokenizer_.vocab_size() <= encoder_->config.vocab_size, "sentence model: '", dir_text,
+           "': the tokenizer has ", tokenizer_.vocab_size(),
+           " tokens but config.json's vocab_size is ", encoder_->config.vocab_size,
+           "; the two files are not one model's");
+  try {
+    read_folder(dir_text);
+  } catch (const json::exception& e) {
+    TE_FAIL("sentence model: '", dir_text, "': a field has the wrong type: ", e.what());
+  }
+}
+
+void SentenceEmbedder::read_folder(const std::string& dir_text) {
   const fs::path dir = dir_text;
   max_length_ = encoder_->config.max_position_embeddings;
   std::error_code ec;

@@ -7,6 +7,8 @@
 
 #include "te/hf/tokenizer.h"
 
+#include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -242,13 +244,14 @@ std::vector<std::string> read_vocab(Fields& f) {
   if (!f.has("vocab") || !f.raw("vocab").is_object()) f.fail("vocab", "expected an object");
   const json& v = f.raw("vocab");
   std::vector<std::string> tokens(v.size());
+  std::vector<bool> used(v.size(), false);
   for (const auto& [token, id] : v.items()) {
     if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
-        id.get<int64_t>() >= static_cast<int64_t>(v.size()) ||
-        !tokens[id.get<std::size_t>()].empty()) {
+        id.get<int64_t>() >= static_cast<int64_t>(v.size()) || used[id.get<std::size_t>()]) {
       f.fail("vocab", "entry '" + token + "': " + id.dump() +
                           " is not a unique id below the vocabulary's size");
     }
+    used[id.get<std::size_t>()] = true;
     tokens[id.get<std::size_t>()] = token;
   }
   return tokens;
@@ -359,7 +362,13 @@ void read_pre_tokenizer(Impl& t, const json& p, const std::string& path,
     if (pattern.contains("Regex") && pattern["Regex"].is_string()) {
       regex = pattern["Regex"].get<std::string>();
     } else if (pattern.contains("String") && pattern["String"].is_string()) {
-      regex = "\\Q" + pattern["String"].get<std::string>() + "\\E";
+      // The string literally: every ASCII punctuation character escaped.
+      for (const char c : pattern["String"].get<std::string>()) {
+        if (static_cast<unsigned char>(c) < 128 && std::ispunct(static_cast<unsigned char>(c))) {
+          regex += '\\';
+        }
+        regex += c;
+      }
     } else {
       f.fail("pattern", pattern.dump() + " is neither {\"Regex\": ...} nor {\"String\": ...}");
     }
@@ -411,6 +420,7 @@ void read_post_processor(Impl& t, const json& p, const std::string& path,
   if (type == "BertProcessing") {
     // ["[SEP]", 102] and ["[CLS]", 101]: [CLS] A [SEP].
     auto pair = [&](const char* key) {
+      if (!f.has(key)) f.fail(key, "is missing");
       const json& v = f.raw(key);
       if (!v.is_array() || v.size() != 2 || !v[1].is_number_integer()) {
         f.fail(key, "expected [token, id], got " + v.dump());
@@ -439,6 +449,11 @@ void read_post_processor(Impl& t, const json& p, const std::string& path,
   if (!f.has("single") || !f.raw("single").is_array()) f.fail("single", "expected a list");
   for (const json& piece : f.raw("single")) {
     if (piece.contains("Sequence")) {
+      if (piece["Sequence"].value("id", "") != "A" ||
+          std::any_of(t.single.begin(), t.single.end(),
+                      [](const TemplatePiece& p) { return p.sequence; })) {
+        f.fail("single", "te-cpp encodes one text: the template must hold Sequence A once");
+      }
       t.single.push_back({true, {}, piece["Sequence"].value("type_id", int64_t{0})});
     } else if (piece.contains("SpecialToken")) {
       const std::string id = piece["SpecialToken"].value("id", "");
@@ -569,7 +584,10 @@ std::shared_ptr<Impl> from_vocab_txt(const fs::path& path) {
 
 }  // namespace
 
-Tokenizer Tokenizer::from_json(std::string_view json_text, const std::string& path) {
+namespace {
+
+// What one tokenizer.json holds, read and checked (json exceptions left to from_json).
+std::shared_ptr<Impl> read_tokenizer_json(std::string_view json_text, const std::string& path) {
   const json j = detail::parse_json_object(json_text, path, "tokenizer");
   Fields f(j, path, "", "tokenizer");
   auto t = std::make_shared<Impl>();
@@ -581,21 +599,62 @@ Tokenizer Tokenizer::from_json(std::string_view json_text, const std::string& pa
   if (f.has("post_processor")) read_post_processor(*t, f.raw("post_processor"), path);
   if (f.has("decoder")) read_decoder(*t, f.raw("decoder"), path);
   if (f.has("added_tokens")) read_added_tokens(*t, f.raw("added_tokens"), path);
+  // The parts te-cpp runs with one model only: BERT's with WordPiece, the byte-level ones with
+  // BPE. Another combination would be run without a part: refused.
+  if (t->bpe && (t->normalizer || t->bert_pre_tokenizer)) {
+    f.fail(t->normalizer ? "normalizer" : "pre_tokenizer",
+           "te-cpp runs BertNormalizer and BertPreTokenizer with a WordPiece model, not BPE");
+  }
+  if (!t->bpe && !t->pre_steps.empty()) {
+    f.fail("pre_tokenizer", "te-cpp runs ByteLevel and Split with a BPE model, not WordPiece");
+  }
   // The library's own call defaults (transformers replaces them per call, as encode's options
   // do here) and the format's version.
   f.has("truncation");
   if (f.has("padding") && f.raw("padding").contains("pad_id")) {
-    t->pad_id = f.raw("padding")["pad_id"].get<int64_t>();
+    const json& pad = f.raw("padding")["pad_id"];
+    if (!pad.is_number_integer()) f.fail("padding.pad_id", "expected an integer");
+    t->pad_id = pad.get<int64_t>();
   } else if (const auto pad = t->vocab.find("[PAD]"); pad != t->vocab.end()) {
     t->pad_id = pad->second;
   }
+  const auto rows = static_cast<int64_t>(t->tokens.size());
+  if (t->pad_id < 0 || t->pad_id >= rows) {
+    f.fail("padding.pad_id", std::to_string(t->pad_id) + " is not an id of the vocabulary");
+  }
+  for (const TemplatePiece& piece : t->single) {
+    for (const int64_t id : piece.ids) {
+      if (id < 0 || id >= rows) {
+        f.fail("post_processor", "special token id " + std::to_string(id) +
+                                     " is not an id of the " + std::to_string(rows) +
+                                     "-token vocabulary");
+      }
+    }
+    if (piece.type_id < 0) f.fail("post_processor", "a type_id is negative");
+  }
   f.has("version");
   f.refuse_unread({});
-  return Tokenizer(std::move(t));
+  return t;
+}
+
+}  // namespace
+
+Tokenizer Tokenizer::from_json(std::string_view json_text, const std::string& path) {
+  try {
+    return Tokenizer(read_tokenizer_json(json_text, path));
+  } catch (const nlohmann::json::exception& e) {
+    // A field of the wrong JSON type where te read it directly.
+    TE_FAIL("tokenizer: '", path, "': a field has the wrong type: ", e.what());
+  }
 }
 
 Tokenizer Tokenizer::from_vocab_txt(const std::string& path) {
-  return Tokenizer(te::hf::from_vocab_txt(path));
+  try {
+    return Tokenizer(te::hf::from_vocab_txt(path));
+  } catch (const nlohmann::json::exception& e) {
+    TE_FAIL("tokenizer: '", path,
+            "' or its tokenizer_config.json: a field has the wrong type: ", e.what());
+  }
 }
 
 Tokenizer Tokenizer::from_json_file(const std::string& path) {

@@ -45,9 +45,22 @@ Tokenizer Tokenizer::from_gguf(const std::string& path) {
   }
   const GgufValue* tokens = file.value("tokenizer.ggml.tokens");
   const GgufValue* merges = file.value("tokenizer.ggml.merges");
-  if (tokens == nullptr || tokens->strings.empty()) fail("tokenizer.ggml.tokens", "is missing");
-  if (merges == nullptr) fail("tokenizer.ggml.merges", "is missing");
+  if (tokens == nullptr || tokens->type != 9 || tokens->element_type != 8 ||
+      tokens->strings.empty()) {
+    fail("tokenizer.ggml.tokens", "is missing or not a non-empty list of strings");
+  }
+  if (merges == nullptr || merges->type != 9 || merges->element_type != 8 ||
+      merges->strings.empty()) {
+    fail("tokenizer.ggml.merges", "is missing or not a non-empty list of strings");
+  }
+  for (const std::string& m : merges->strings) {
+    detail::utf8_to_code_points(m, "tokenizer: GGUF merge");
+  }
   const GgufValue* types = file.value("tokenizer.ggml.token_type");
+  if (types != nullptr && (types->type != 9 || types->strings.size() > 0 ||
+                           types->integers.size() != tokens->strings.size())) {
+    fail("tokenizer.ggml.token_type", "is not a list of one integer per token");
+  }
   // Each token spelled in the byte alphabet (a token written in plain text is respelled).
   json vocab = json::object();
   std::vector<std::string> spelled;

@@ -156,6 +156,7 @@ TEST(ServeEmbeddings, AnswersAsTheLibraryAndRefusesBadRequestsWithTheirStatus) {
   expect_error(post("[1]"), 400, "the body is a JSON array");
   expect_error(post("{}"), 400, "the body has no \"input\"");
   expect_error(post(R"({"input": []})"), 400, "\"input\" is empty");
+  expect_error(post(R"({"input": ["a", ""]})"), 400, "input[1] is empty");
   expect_error(post(R"({"input": 3})"), 400, "\"input\" is a JSON number");
   expect_error(post(R"({"input": [[1, 2]]})"), 400, "send strings, not token ids");
   expect_error(post(R"({"input": ["a", 2]})"), 400, "input[1] is a JSON number");

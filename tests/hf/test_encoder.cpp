@@ -251,6 +251,24 @@ TEST(HfTokenizer, NamesEveryBadFileAndInput) {
   j["post_processor"]["type"] = "RobertaProcessing";
   EXPECT_ERROR(tokenizer(j), "post_processor.type: 'RobertaProcessing'");
   j = tokenizer_json();
+  j["post_processor"] = {{"type", "BertProcessing"}, {"sep", {"[SEP]", 3}}};  // no cls
+  EXPECT_ERROR(tokenizer(j), "post_processor.cls");
+  j = tokenizer_json();
+  j["post_processor"]["single"].push_back({{"Sequence", {{"id", "A"}, {"type_id", 0}}}});
+  EXPECT_ERROR(tokenizer(j), "the template must hold Sequence A once");
+  j = tokenizer_json();
+  j["post_processor"]["special_tokens"]["[CLS]"]["ids"] = {99};
+  EXPECT_ERROR(tokenizer(j), "special token id 99 is not an id of the 14-token vocabulary");
+  j = tokenizer_json();
+  j["post_processor"]["special_tokens"]["[CLS]"]["ids"] = {"two"};
+  EXPECT_ERROR(tokenizer(j), "a field has the wrong type");
+  j = tokenizer_json();
+  j["padding"] = {{"pad_id", -1}};
+  EXPECT_ERROR(tokenizer(j), "padding.pad_id: -1 is not an id of the vocabulary");
+  j = tokenizer_json();
+  j["pre_tokenizer"] = {{"type", "ByteLevel"}};
+  EXPECT_ERROR(tokenizer(j), "te-cpp runs ByteLevel and Split with a BPE model, not WordPiece");
+  j = tokenizer_json();
   j["decoder"]["fancy"] = 1;
   EXPECT_ERROR(tokenizer(j), "decoder.fancy: is not a field te-cpp honours");
   EXPECT_ERROR(Tokenizer::from_json("[1, 2", "t.json"), "tokenizer: 't.json' is not JSON");
@@ -335,6 +353,24 @@ TEST(HfTokenizer, EncodesAndDecodesByteLevelBpe) {
   EXPECT_ERROR(tokenizer(j), "the pattern does not compile at offset");
   j["pre_tokenizer"]["behavior"] = "Removed";
   EXPECT_ERROR(tokenizer(j), "pre_tokenizer.behavior: 'Removed'");
+  j = bpe_json();
+  j["normalizer"] = {{"type", "BertNormalizer"}};
+  EXPECT_ERROR(tokenizer(j), "te-cpp runs BertNormalizer and BertPreTokenizer with a WordPiece");
+  // A Split by a string takes it literally ("." is no wildcard): "h.e" is cut at ".".
+  j = bpe_json();
+  j["vocab"] = j["model"]["vocab"];
+  j.erase("vocab");
+  j["model"]["vocab"]["."] = 13;
+  j["pre_tokenizer"] = {
+      {"type", "Sequence"},
+      {"pretokenizers",
+       {{{"type", "Split"},
+         {"pattern", {{"String", "."}}},
+         {"behavior", "Isolated"},
+         {"invert", false}},
+        {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}};
+  j["model"]["merges"] = {"h e"};
+  EXPECT_EQ(tokenizer(j).encode("h.ehe").ids, (std::vector<int64_t>{1, 13, 2, 6}));
 }
 
 }  // namespace

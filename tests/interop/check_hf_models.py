@@ -38,6 +38,7 @@ import sys
 os.environ.setdefault("TQDM_DISABLE", "1")
 
 import gguf
+import safetensors.torch
 import torch
 import transformers
 from gguf import GGMLQuantizationType as Q
@@ -91,7 +92,19 @@ GPT2 = [
     # pad_token_id: GPT-2's wte has no padding_idx, so row 0 (token_ids has a 0) still trains.
     ("gpt2-inner-gelu-pad", dict(activation_function="gelu", n_inner=48, pad_token_id=0,
                                  layer_norm_epsilon=1e-6)),
+    # An untied head (lm_head.weight, an nn.Linear), and the tensors named as openai-community/
+    # gpt2's checkpoint names them: without the "transformer." prefix (see BARE).
+    ("gpt2-untied-bare-names", dict(tie_word_embeddings=False)),
 ]
+BARE = {"gpt2-untied-bare-names"}
+
+
+def strip_transformer_prefix(folder):
+    """Rewrites folder/model.safetensors with "transformer." taken off every name."""
+    path = os.path.join(folder, "model.safetensors")
+    tensors = safetensors.torch.load_file(path)
+    safetensors.torch.save_file({k[len("transformer."):] if k.startswith("transformer.") else k: v
+                                 for k, v in tensors.items()}, path, metadata={"format": "pt"})
 
 
 # BERT encoders (BertModel, with its pooler): (case, config arguments beyond ENCODER_SIZES).
@@ -291,6 +304,8 @@ def check_case(binary, workdir, index, case, config_class, model_class, kwargs, 
     model = build(config_class, model_class, kwargs, seed, sizes)
     folder = os.path.join(workdir, case)
     model.save_pretrained(folder, safe_serialization=True)
+    if case in BARE:
+        strip_transformer_prefix(folder)
     ids = token_ids(seed)
     with open(os.path.join(folder, "ids.json"), "w") as f:
         json.dump({"ids": ids.tolist()}, f)

@@ -51,6 +51,7 @@ class SentenceEmbedder {
   const Encoder& encoder() const { return encoder_; }
 
  private:
+  void read_folder(const std::string& dir);  // modules.json, pooling, max_seq_length
   Tokenizer tokenizer_;
   Encoder encoder_{nullptr};
   std::string pooling_ = "mean";
