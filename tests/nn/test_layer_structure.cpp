@@ -27,6 +27,9 @@ TEST(Activations, TePyTorchNamesAreTheirFormulas) {
   const auto gelu = [](const at::Tensor& x) { return at::gelu(x, "tanh"); };
   EXPECT_TRUE(Close(F::mlp_activation(h, {"swiglu"}), at::silu(a) * b));
   EXPECT_TRUE(Close(F::mlp_activation(h, {"geglu"}), gelu(a) * b));
+  // gelu_exact: the erf form (BERT's and transformers' "gelu"), which TE's gelu is not.
+  EXPECT_TRUE(Close(F::activation(a, "gelu_exact"), at::gelu(a)));
+  EXPECT_FALSE(Close(F::activation(a, "gelu_exact"), gelu(a)));
   EXPECT_TRUE(Close(F::mlp_activation(h, {"qgeglu"}), a * at::sigmoid(1.702 * a) * b));
   EXPECT_TRUE(Close(F::mlp_activation(h, {"reglu"}), at::relu(a) * b));
   EXPECT_TRUE(Close(F::mlp_activation(h, {"sreglu"}), at::relu(a).pow(2) * b));
@@ -53,7 +56,7 @@ TEST(Activations, TePyTorchNamesAreTheirFormulas) {
   EXPECT_ERROR(F::activation_slots({"swiglu", "linear"}),
                "'swiglu' is a whole TE-PyTorch activation (2 slots); give it alone");
   EXPECT_ERROR(LayerNormMLP(LayerNormMLPOptions(8, 12).activations({"mish"})),
-               "activation 'mish' is not one of gelu, relu, silu");
+               "activation 'mish' is not one of gelu, gelu_exact, relu, silu");
 }
 
 struct QkNormCase {
