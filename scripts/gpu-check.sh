@@ -171,8 +171,12 @@ fi
 site=$(dirname "$torch_dir")
 case $mode in
   rehearse)
-    # Everything: the library, every test, the benchmarks, the examples.
-    configure_and_build "$prefix" || { echo "!! configure or build failed"; finish 1; }
+    # The library (its CUDA code included), the checks' binaries and the tests of the CPU suite
+    # below. The rest of the tree (te::hf, the examples, the interop programs, the other
+    # benchmarks) holds no CUDA code and is compiled and linked against LibTorch 1.13 and 2.6
+    # by CI's stages before this one.
+    configure_and_build "$prefix" --target "${targets[@]}" te_sharding_tests te_runtime_tests ||
+      { echo "!! configure or build failed"; finish 1; }
     ;;
   build)
     [ -d "$site/nvidia/nccl" ] && export NCCL_ROOT=$site/nvidia/nccl

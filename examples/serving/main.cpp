@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <optional>
 #include <string>
@@ -27,6 +28,7 @@
 #include "service.h"
 #include "te/error.h"
 #include "te/hf/sentence.h"
+#include "te/nn/inference.h"
 
 namespace {
 
@@ -44,6 +46,7 @@ struct Args {
   int http_threads = 128;
   int threads_per_worker = 0;
   bool fp8_weights = false;
+  std::string calibration;
   std::string export_fp8;
   std::string eval_tsv;
 };
@@ -82,10 +85,16 @@ struct Service {
   std::string model_name;  // the "model" of embeddings responses: the folder's name
 };
 
-int64_t parameter_bytes(const torch::nn::Module& m) {
-  int64_t bytes = 0;
-  for (const auto& p : m.parameters()) bytes += p.numel() * static_cast<int64_t>(p.element_size());
-  return bytes;
+// The non-empty lines of `file` (--calibration).
+std::vector<std::string> read_lines(const std::string& file) {
+  std::ifstream in(file);
+  if (!in) throw encoder::InputError("--calibration: cannot read '" + file + "'");
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty()) lines.push_back(line);
+  }
+  if (lines.empty()) throw encoder::InputError("--calibration: '" + file + "' holds no lines");
+  return lines;
 }
 
 // The Embeddings of `sentences` (one model call).
@@ -101,10 +110,10 @@ serve::Embeddings embed(const te::hf::SentenceEmbedder& embedder,
 
 int serve_http(const Service& service, const Args& args) {
   serve::Metrics metrics;
-  metrics.set_gauge(
-      "te_serve_weight_bytes", "Bytes of the model's parameters and buffers.",
-      static_cast<double>(service.classifier ? service.classifier->weight_bytes()
-                                             : parameter_bytes(*service.embedder->encoder())));
+  metrics.set_gauge("te_serve_weight_bytes", "Bytes of the model's parameters and buffers.",
+                    static_cast<double>(
+                        service.classifier ? service.classifier->weight_bytes()
+                                           : te::nn::resident_bytes(*service.embedder->encoder())));
   if (service.classifier) {
     metrics.set_gauge("te_serve_checkpoint_bytes", "Bytes of the loaded checkpoint's data files.",
                       static_cast<double>(service.classifier->checkpoint_bytes()));
@@ -325,8 +334,12 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1024));
   app.add_flag("--fp8-weights", args.fp8_weights,
                "Hold the weights as FP8 (E4M3 codes and a scale: a quarter of fp32's bytes): the "
-               "GEMMs run in FP8 with the checkpoint's calibrated input scales, embedding rows are "
-               "decoded as they are looked up");
+               "GEMMs run in FP8 with the checkpoint's calibrated input scales (--model: "
+               "calibrated on --calibration's lines), embedding rows are decoded as they are "
+               "looked up");
+  app.add_option("--calibration", args.calibration,
+                 "With --model and --fp8-weights: text lines like the requests' (one per line), "
+                 "run through the model first to calibrate the FP8 input scales");
   app.add_option("--export-fp8", args.export_fp8,
                  "Write the model with FP8 weights as a checkpoint here and exit (te-serve "
                  "--load loads it as FP8)");
@@ -343,20 +356,30 @@ int main(int argc, char** argv) {
     const auto start = std::chrono::steady_clock::now();
     const int64_t resident_before = serve::resident_bytes();
     if (!args.model_dir.empty()) {
-      if (args.fp8_weights || !args.export_fp8.empty() || !args.eval_tsv.empty()) {
-        std::cerr << "te-serve: error: --fp8-weights, --export-fp8 and --eval take a te-encoder "
-                     "checkpoint (--load), not --model"
+      if (!args.export_fp8.empty() || !args.eval_tsv.empty()) {
+        std::cerr << "te-serve: error: --export-fp8 and --eval take a te-encoder checkpoint "
+                     "(--load), not --model"
                   << std::endl;
         return 2;
       }
-      const te::hf::SentenceEmbedder embedder(args.model_dir);
+      if (args.fp8_weights != !args.calibration.empty()) {
+        std::cerr << "te-serve: error: with --model, --fp8-weights needs --calibration FILE (text "
+                     "like the requests', to calibrate the FP8 input scales) and --calibration "
+                     "needs --fp8-weights"
+                  << std::endl;
+        return 2;
+      }
+      te::hf::SentenceEmbedder embedder(args.model_dir);
+      if (args.fp8_weights) embedder.freeze_fp8_weights(read_lines(args.calibration));
       std::printf(
           "te-serve: loaded %s in %.2f s: %lld-dimensional embeddings, %s pooling%s, "
-          "at most %lld tokens, resident %.1f MiB (%+.1f MiB for loading)\n",
+          "at most %lld tokens, %s weights %.1f MiB, resident %.1f MiB (%+.1f MiB for "
+          "loading)\n",
           args.model_dir.c_str(),
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
           static_cast<long long>(embedder.dimensions()), embedder.pooling().c_str(),
           embedder.normalize() ? ", normalized" : "", static_cast<long long>(embedder.max_length()),
+          args.fp8_weights ? "fp8" : "fp32", mib(te::nn::resident_bytes(*embedder.encoder())),
           mib(serve::resident_bytes()), mib(serve::resident_bytes() - resident_before));
       std::fflush(stdout);
       std::string name = std::filesystem::path(args.model_dir).lexically_normal().filename();
@@ -364,6 +387,12 @@ int main(int argc, char** argv) {
         name = std::filesystem::path(args.model_dir).lexically_normal().parent_path().filename();
       }
       return serve_http({nullptr, &embedder, name}, args);
+    }
+    if (!args.calibration.empty()) {
+      std::cerr << "te-serve: error: --calibration goes with --model (a --load checkpoint holds "
+                   "its calibrated input scales)"
+                << std::endl;
+      return 2;
     }
     const serve::Classifier classifier(args.load_dir, args.fp8_weights || !args.export_fp8.empty());
     const double load_s =

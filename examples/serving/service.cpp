@@ -172,12 +172,7 @@ Classification Classifier::classify(const std::vector<std::string>& sentences) c
   return out;
 }
 
-int64_t Classifier::weight_bytes() const {
-  int64_t bytes = 0;
-  for (const auto& p : model_->parameters()) bytes += p.numel() * p.element_size();
-  for (const auto& b : model_->buffers()) bytes += b.numel() * b.element_size();
-  return bytes;
-}
+int64_t Classifier::weight_bytes() const { return te::nn::resident_bytes(*model_); }
 
 void Classifier::save(const std::string& dir) const {
   try {

@@ -101,11 +101,6 @@ void CausalLMImpl::pretty_print(std::ostream& stream) const {
 
 namespace {
 
-at::Tensor like(const at::Tensor&, const at::Tensor& whole) { return whole; }
-DTensor like(const DTensor& ids, const at::Tensor& whole) {
-  return DTensor::distribute(whole, ids.mesh(), ids.placements());
-}
-
 template <typename T>
 T run(CausalLMImpl& m, const T& ids, int64_t batch, int64_t seq) {
   const CausalLMConfig& c = m.config;
@@ -114,8 +109,9 @@ T run(CausalLMImpl& m, const T& ids, int64_t batch, int64_t seq) {
     TE_CHECK(seq <= c.max_position_embeddings, "CausalLM: ", seq,
              " tokens are more than the model's ", c.max_position_embeddings, " positions");
     const at::Tensor positions = at::arange(seq, at::kLong).expand({batch, seq}).contiguous();
-    x = nn::functional::dropout(nn::functional::add(x, m.position(like(ids, positions))),
-                                c.embedding_dropout, m.is_training());
+    namespace F = nn::functional;
+    x = F::dropout(F::add(x, m.position(F::laid_out_like(ids, positions))), c.embedding_dropout,
+                   m.is_training());
   }
   TE_CHECK(
       c.rope_type != "linear" || static_cast<double>(seq) <=

@@ -221,12 +221,6 @@ at::Tensor whole_ids(const at::Tensor& given, int64_t batch, int64_t seq, const 
   return given.to(at::kLong);
 }
 
-// The positions' and types' lookups laid out as ids are.
-at::Tensor like(const at::Tensor&, const at::Tensor& whole) { return whole; }
-DTensor like(const DTensor& ids, const at::Tensor& whole) {
-  return DTensor::distribute(whole, ids.mesh(), ids.placements());
-}
-
 template <typename T>
 T run(EncoderImpl& m, const T& ids, int64_t batch, int64_t seq, const at::Tensor& attention_mask,
       const at::Tensor& token_type_ids) {
@@ -237,8 +231,8 @@ T run(EncoderImpl& m, const T& ids, int64_t batch, int64_t seq, const at::Tensor
   const at::Tensor positions = at::arange(seq, at::kLong).expand({batch, seq}).contiguous();
   const at::Tensor types = whole_ids(token_type_ids, batch, seq, "token_type_ids");
   const at::Tensor mask = key_padding_mask(attention_mask, batch, seq);
-  T x =
-      F::add(F::add(m.word(ids), m.position(like(ids, positions))), m.token_type(like(ids, types)));
+  T x = F::add(F::add(m.word(ids), m.position(F::laid_out_like(ids, positions))),
+               m.token_type(F::laid_out_like(ids, types)));
   x = F::dropout(m.embed_norm(x), c.hidden_dropout, m.is_training());
   for (const auto& layer : *m.layers) {
     x = layer->as<nn::TransformerLayerImpl>()->forward(x, mask);
@@ -365,24 +359,12 @@ Encoder load_encoder(const std::string& path_text, const LoadOptions& options) {
       source->contains("bert.embeddings.word_embeddings.weight") ? "bert." : "";
   config.pooler = source->contains(prefix + "pooler.dense.weight");
   const WeightMap map = encoder_weight_map(config, prefix);
-  {
-    nn::MetaParameterScope meta;
-    Encoder shapes(config);
-    // position_ids is a buffer transformers saves, not a weight.
-    detail::check_checkpoint(
-        {*shapes, map, "load_encoder", path.string(), config.model_type,
-         /*gguf=*/false, options.strict,
-         [prefix](const std::string& name) { return name == prefix + "embeddings.position_ids"; }},
-        *source);
-  }
-  Encoder model = [&] {
-    nn::EmptyParameterScope empty;
-    return Encoder(config);
-  }();
-  const int64_t bytes_read = detail::fill(*model, map, *source);
-  if (options.bytes_read != nullptr) *options.bytes_read += bytes_read;
-  model->eval();  // as transformers' from_pretrained: no dropout until train() is called
-  return model;
+  // position_ids is a buffer transformers saves, not a weight.
+  return detail::load_into<Encoder>(
+      config,
+      {map, "load_encoder", path.string(), config.model_type, /*gguf=*/false, options.strict,
+       [prefix](const std::string& name) { return name == prefix + "embeddings.position_ids"; }},
+      *source, options);
 }
 
 }  // namespace te::hf

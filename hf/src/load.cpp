@@ -246,10 +246,10 @@ std::unique_ptr<TensorSource> open_safetensors_dir(const std::string& dir) {
   return std::make_unique<SafetensorsSource>(dir);
 }
 
-void check_checkpoint(const CheckpointCheck& c, TensorSource& source) {
-  const auto layouts = nn::named_parameter_layouts(c.shapes);
+void check_checkpoint(const CheckpointCheck& c, torch::nn::Module& shapes, TensorSource& source) {
+  const auto layouts = nn::named_parameter_layouts(shapes);
   std::set<std::string> used;
-  for (const auto& p : c.shapes.named_parameters(/*recurse=*/true)) {
+  for (const auto& p : shapes.named_parameters(/*recurse=*/true)) {
     const auto sources = c.map.find(p.key());
     TE_CHECK(sources != c.map.end(), "internal: ", c.loader, ": no checkpoint tensor for te's '",
              p.key(), "'");
@@ -331,36 +331,24 @@ CausalLM load_causal_lm(const std::string& path_text, const LoadOptions& options
     }
     prefix.clear();
   }
-  {
-    nn::MetaParameterScope meta;
-    CausalLM shapes(config);
-    // A tied head saved anyway, RoPE tables older checkpoints keep and GPT-2's causal-mask
-    // buffers (attn.bias, attn.masked_bias) are not weights.
-    const bool tied = config.tie_word_embeddings;
-    const std::string blocks = prefix + "h.";
-    detail::check_checkpoint(
-        {*shapes, map, "load_causal_lm", path.string(), config.model_type, gguf, options.strict,
-         [tied, blocks, gpt2 = config.model_type == "gpt2"](const std::string& name) {
-           const auto ends = [&](const std::string& tail) {
-             return name.size() > tail.size() &&
-                    name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
-           };
-           return (tied && name == "lm_head.weight") ||
-                  name.find("rotary_emb.inv_freq") != std::string::npos ||
-                  (gpt2 && name.rfind(blocks, 0) == 0 &&
-                   (ends(".attn.bias") || ends(".attn.masked_bias")));
-         }},
-        *source);
-  }
-  // Every parameter is overwritten below: no random initial values to draw.
-  CausalLM model = [&] {
-    nn::EmptyParameterScope empty;
-    return CausalLM(config);
-  }();
-  const int64_t bytes_read = detail::fill(*model, map, *source);
-  if (options.bytes_read != nullptr) *options.bytes_read += bytes_read;
-  model->eval();  // as transformers' from_pretrained: no dropout until train() is called
-  return model;
+  // A tied head saved anyway, RoPE tables older checkpoints keep and GPT-2's causal-mask
+  // buffers (attn.bias, attn.masked_bias) are not weights.
+  const bool tied = config.tie_word_embeddings;
+  const std::string blocks = prefix + "h.";
+  return detail::load_into<CausalLM>(
+      config,
+      {map, "load_causal_lm", path.string(), config.model_type, gguf, options.strict,
+       [tied, blocks, gpt2 = config.model_type == "gpt2"](const std::string& name) {
+         const auto ends = [&](const std::string& tail) {
+           return name.size() > tail.size() &&
+                  name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+         };
+         return (tied && name == "lm_head.weight") ||
+                name.find("rotary_emb.inv_freq") != std::string::npos ||
+                (gpt2 && name.rfind(blocks, 0) == 0 &&
+                 (ends(".attn.bias") || ends(".attn.masked_bias")));
+       }},
+      *source, options);
 }
 
 }  // namespace te::hf

@@ -15,6 +15,8 @@
 #include "json_fields.h"
 #include "te/distributed.h"
 #include "te/error.h"
+#include "te/fp8.h"
+#include "te/nn/inference.h"
 
 namespace te::hf {
 
@@ -136,8 +138,8 @@ void SentenceEmbedder::read_folder(const std::string& dir_text) {
   }
 }
 
-at::Tensor SentenceEmbedder::embed(const std::vector<std::string>& texts, int64_t batch_size,
-                                   Info* info) const {
+void SentenceEmbedder::run(const std::vector<std::string>& texts, int64_t batch_size, Info* info,
+                           const BatchFn& fn) const {
   TE_CHECK(!texts.empty(), "SentenceEmbedder::embed: no texts");
   TE_CHECK(batch_size >= 0, "SentenceEmbedder::embed: batch_size ", batch_size,
            " is negative; give 0 for one call");
@@ -160,7 +162,6 @@ at::Tensor SentenceEmbedder::embed(const std::vector<std::string>& texts, int64_
     }
   }
   c10::InferenceMode inference;
-  at::Tensor out = at::empty({n, dimensions()}, at::kFloat);
   for (int64_t first = 0; first < n; first += step) {
     const int64_t rows = std::min(step, n - first);
     std::vector<Encoding> part;
@@ -175,13 +176,43 @@ at::Tensor SentenceEmbedder::embed(const std::vector<std::string>& texts, int64_
     } else {
       hidden = encoder_.ptr()->forward(b.ids, b.attention_mask, b.token_type_ids);
     }
-    at::Tensor e = pooling_ == "cls" ? cls_pool(hidden) : mean_pool(hidden, b.attention_mask);
-    if (normalize_) e = l2_normalize(e);
-    const at::Tensor rows_of = at::tensor(
-        std::vector<int64_t>(order.begin() + first, order.begin() + first + rows), at::kLong);
-    out.index_copy_(0, rows_of, e.to(at::kFloat));
+    fn(hidden, b.attention_mask,
+       at::tensor(std::vector<int64_t>(order.begin() + first, order.begin() + first + rows),
+                  at::kLong));
   }
+}
+
+at::Tensor SentenceEmbedder::embed(const std::vector<std::string>& texts, int64_t batch_size,
+                                   Info* info) const {
+  at::Tensor out;
+  run(texts, batch_size, info,
+      [&](const at::Tensor& hidden, const at::Tensor& attention_mask, const at::Tensor& rows) {
+        at::Tensor e = pooling_ == "cls" ? cls_pool(hidden) : mean_pool(hidden, attention_mask);
+        if (normalize_) e = l2_normalize(e);
+        if (!out.defined()) out = at::empty({static_cast<int64_t>(texts.size()), dimensions()});
+        out.index_copy_(0, rows, e.to(at::kFloat));
+      });
   return out;
+}
+
+int64_t SentenceEmbedder::freeze_fp8_weights(const std::vector<std::string>& calibration,
+                                             int64_t batch_size) {
+  TE_CHECK(!calibration.empty(),
+           "SentenceEmbedder::freeze_fp8_weights: no calibration texts; "
+           "give sentences like the ones the model will embed");
+  TE_CHECK(!nn::has_fp8_weights(*encoder_),
+           "SentenceEmbedder::freeze_fp8_weights: the model already holds FP8 weights");
+  {
+    // Every GEMM's input and kernel amax over the texts, in high precision: its input scale.
+    Fp8Autocast calibrate(/*enabled=*/false, fp8::DelayedScaling{}, std::nullopt,
+                          /*calibrating=*/true);
+    run(calibration, batch_size, nullptr,
+        [&](const at::Tensor& hidden, const at::Tensor&, const at::Tensor&) {
+          // BertModel's pooler, which sentence-transformers never runs, is frozen with the rest.
+          if (encoder_->pooler) encoder_->pool(hidden);
+        });
+  }
+  return nn::freeze_fp8_weights(*encoder_);
 }
 
 }  // namespace te::hf

@@ -15,6 +15,7 @@
 
 #include "te/hf/config.h"
 #include "te/hf/weights.h"
+#include "te/nn/init.h"
 
 namespace te::hf::detail {
 
@@ -50,7 +51,6 @@ std::unique_ptr<TensorSource> open_safetensors_dir(const std::string& dir);
 
 /// What check_checkpoint holds a checkpoint to.
 struct CheckpointCheck {
-  torch::nn::Module& shapes;  ///< the model, built on meta tensors (MetaParameterScope)
   const WeightMap& map;
   std::string loader;  ///< "load_causal_lm", for messages
   std::string where;   ///< the checkpoint's path
@@ -62,10 +62,34 @@ struct CheckpointCheck {
 };
 /// Every checkpoint tensor the model needs is there, with the shape its config implies and a
 /// floating dtype; and (strict) the checkpoint holds nothing else. te::Error naming the file and
-/// tensor otherwise. Nothing is allocated: the shapes come from a meta-built model.
-void check_checkpoint(const CheckpointCheck& check, TensorSource& source);
+/// tensor otherwise. Nothing is allocated: the shapes come from `shapes`, the model built on meta
+/// tensors (nn::MetaParameterScope).
+void check_checkpoint(const CheckpointCheck& check, torch::nn::Module& shapes,
+                      TensorSource& source);
 /// Fills this rank's box of every parameter of `model` from `source`: only the bytes of that
 /// box are read. Returns the bytes read.
 int64_t fill(torch::nn::Module& model, const WeightMap& map, TensorSource& source);
+
+/// Every loader's way from a config and a checkpoint to a model: the checkpoint checked against
+/// Model(config) built on meta tensors, then the model built under the mesh and rules in scope
+/// without initial values (every parameter is overwritten), filled from `source` (adding the
+/// bytes read to options.bytes_read) and returned in eval mode, as from_pretrained returns it.
+template <typename Model, typename Config>
+Model load_into(const Config& config, const CheckpointCheck& check, TensorSource& source,
+                const LoadOptions& options) {
+  {
+    nn::MetaParameterScope meta;
+    Model shapes(config);
+    check_checkpoint(check, *shapes, source);
+  }
+  Model model = [&] {
+    nn::EmptyParameterScope empty;
+    return Model(config);
+  }();
+  const int64_t bytes_read = fill(*model, check.map, source);
+  if (options.bytes_read != nullptr) *options.bytes_read += bytes_read;
+  model->eval();  // no dropout until train() is called
+  return model;
+}
 
 }  // namespace te::hf::detail

@@ -69,6 +69,12 @@ Tokenizer Tokenizer::from_gguf(const std::string& path) {
     detail::utf8_to_code_points(t, "tokenizer: GGUF token");
     const bool in_bytes = detail::to_byte_level(detail::from_byte_level(t)) == t;
     spelled.push_back(in_bytes ? t : detail::to_byte_level(t));
+    if (vocab.contains(spelled.back())) {
+      fail("tokenizer.ggml.tokens",
+           "token " + std::to_string(i) + " '" + t + "' is token " +
+               std::to_string(vocab[spelled.back()].get<std::size_t>()) +
+               " again (spelled in the byte alphabet); each token must be spelled once");
+    }
     vocab[spelled.back()] = i;
   }
   // Control tokens (type 3) spelled in the byte alphabet are special added tokens; user-defined

@@ -124,8 +124,30 @@ void EmbeddingImpl::pretty_print(std::ostream& stream) const {
          << ", axes=" << to_string(options.embedding_axes()) << ")";
 }
 
+bool EmbeddingImpl::freeze_fp8(bool empty) {
+  if (fp8_frozen()) return false;
+  TE_CHECK(!is_sharded(),
+           "Embedding: the table is sharded; FP8 weights serve on one process "
+           "(gather_module first)");
+  const std::vector<int64_t> shape = embedding.sizes().vec();
+  auto [codes, scale_inv] = empty ? std::make_pair(at::zeros(shape, at::kByte), at::ones(shape[0]))
+                                  : fp8::quantize_rows(embedding, fp8::DType::kE4M3);
+  fp8_embedding = register_buffer("fp8_embedding", codes);
+  fp8_embedding_scale_inv = register_buffer("fp8_embedding_scale_inv", scale_inv);
+  release_parameter(*this, "embedding");
+  embedding = at::Tensor();
+  return true;
+}
+
 at::Tensor EmbeddingImpl::forward(const at::Tensor& ids) {
   require_unsharded(*this, "Embedding");
+  if (fp8_frozen()) {
+    const at::Tensor codes = functional::embedding(ids, fp8_embedding);
+    const at::Tensor scale_inv =
+        fp8_embedding_scale_inv.index_select(0, ids.reshape({-1})).view(ids.sizes());
+    return constrain(fp8::dequantize_rows(codes, scale_inv, fp8::DType::kE4M3),
+                     options.output_axes());
+  }
   return constrain(functional::embedding(ids, embedding, options.padding_idx().value_or(-1)),
                    options.output_axes());
 }
@@ -138,6 +160,10 @@ DTensor EmbeddingImpl::forward(const DTensor& ids) {
 
 at::Tensor EmbeddingImpl::attend(const at::Tensor& x) {
   require_unsharded(*this, "Embedding::attend");
+  if (fp8_frozen()) {
+    return functional::dense(
+        x, fp8::dequantize_rows(fp8_embedding, fp8_embedding_scale_inv, fp8::DType::kE4M3).t());
+  }
   return functional::dense(x, embedding.t());
 }
 

@@ -564,6 +564,10 @@ DTensor add(const DTensor& a, const DTensor& b) {
   return DTensor::from_local(a.to_local() + bb.to_local(), a.mesh(), a.placements(), a.sizes());
 }
 
+DTensor laid_out_like(const DTensor& like, const at::Tensor& whole) {
+  return DTensor::distribute(whole, like.mesh(), like.placements());
+}
+
 DTensor elementwise(const DTensor& x_in, const std::function<at::Tensor(const at::Tensor&)>& fn) {
   const DTensor x = reduced(x_in);
   return DTensor::from_local(fn(x.to_local()), x.mesh(), x.placements(), x.sizes());

@@ -4,23 +4,38 @@
 
 #include "te/error.h"
 #include "te/fp8.h"
+#include "te/nn/embedding.h"
 #include "te/nn/sharded.h"
 
 namespace te::nn {
 
 namespace {
 
-template <typename Fn>
-int64_t for_each_gemm(torch::nn::Module& root, const char* what, Fn fn) {
-  int64_t count = 0;
+// Calls gemm(g) for each FP8-capable GEMM and table(embedding) for each Embedding of `root` not
+// yet held in FP8, releasing each GEMM's fp32 kernel; returns how many were frozen. Every module
+// is checked (check(g) for each GEMM) before anything changes, so a refusal leaves `root` whole.
+template <typename CheckFn, typename GemmFn, typename TableFn>
+int64_t for_each_weight(torch::nn::Module& root, const char* what, CheckFn check, GemmFn gemm,
+                        TableFn table) {
   for (const auto& m : root.modules(/*include_self=*/true)) {
     auto* sharded = dynamic_cast<ShardedModule*>(m.get());
     if (sharded == nullptr) continue;
     TE_CHECK(!sharded->is_sharded(), what, ": ", m->name(),
              " holds sharded parameters; gather_module first (FP8 weights serve on one process)");
     for (const ShardedModule::Fp8Gemm& g : sharded->fp8_gemms()) {
+      if (g.meta != nullptr && !g.meta->frozen()) check(g);
+    }
+  }
+  int64_t count = 0;
+  for (const auto& m : root.modules(/*include_self=*/true)) {
+    auto* sharded = dynamic_cast<ShardedModule*>(m.get());
+    if (sharded == nullptr) continue;
+    if (auto* embedding = dynamic_cast<EmbeddingImpl*>(m.get())) {
+      if (table(*embedding)) ++count;
+    }
+    for (const ShardedModule::Fp8Gemm& g : sharded->fp8_gemms()) {
       if (g.meta == nullptr || g.meta->frozen()) continue;
-      fn(*sharded, *m, g);
+      gemm(g);
       sharded->release_parameter(*m, g.kernel_name);
       *g.kernel = at::Tensor();
       ++count;
@@ -32,21 +47,27 @@ int64_t for_each_gemm(torch::nn::Module& root, const char* what, Fn fn) {
 }  // namespace
 
 int64_t freeze_fp8_weights(torch::nn::Module& module) {
-  return for_each_gemm(module, "freeze_fp8_weights",
-                       [](ShardedModule&, torch::nn::Module&, const ShardedModule::Fp8Gemm& g) {
-                         fp8::freeze_kernel(*g.meta, *g.kernel);
-                       });
+  return for_each_weight(
+      module, "freeze_fp8_weights",
+      [](const ShardedModule::Fp8Gemm& g) { fp8::check_freezable(*g.meta); },
+      [](const ShardedModule::Fp8Gemm& g) { fp8::freeze_kernel(*g.meta, *g.kernel); },
+      [](EmbeddingImpl& e) { return e.freeze_fp8(); });
 }
 
 int64_t prepare_fp8_weights(torch::nn::Module& module) {
-  return for_each_gemm(module, "prepare_fp8_weights",
-                       [](ShardedModule&, torch::nn::Module&, const ShardedModule::Fp8Gemm& g) {
-                         fp8::prepare_frozen_kernel(*g.meta, g.kernel->sizes().vec());
-                       });
+  return for_each_weight(
+      module, "prepare_fp8_weights", [](const ShardedModule::Fp8Gemm&) {},
+      [](const ShardedModule::Fp8Gemm& g) {
+        fp8::prepare_frozen_kernel(*g.meta, g.kernel->sizes().vec());
+      },
+      [](EmbeddingImpl& e) { return e.freeze_fp8(/*empty=*/true); });
 }
 
 bool has_fp8_weights(const torch::nn::Module& module) {
   for (const auto& m : module.modules(/*include_self=*/true)) {
+    if (const auto* e = dynamic_cast<const EmbeddingImpl*>(m.get()); e && e->fp8_frozen()) {
+      return true;
+    }
     auto* sharded = dynamic_cast<ShardedModule*>(m.get());
     if (sharded == nullptr) continue;
     for (const ShardedModule::Fp8Gemm& g : sharded->fp8_gemms()) {
@@ -54,6 +75,13 @@ bool has_fp8_weights(const torch::nn::Module& module) {
     }
   }
   return false;
+}
+
+int64_t resident_bytes(const torch::nn::Module& module) {
+  int64_t bytes = 0;
+  for (const auto& p : module.parameters()) bytes += p.numel() * p.element_size();
+  for (const auto& b : module.buffers()) bytes += b.numel() * b.element_size();
+  return bytes;
 }
 
 }  // namespace te::nn

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -178,6 +179,99 @@ TEST(ServeEmbeddings, AnswersAsTheLibraryAndRefusesBadRequestsWithTheirStatus) {
             std::string::npos);
   EXPECT_EQ(server.stop(), 0) << server.log();
 }
+
+TEST(ServeEmbeddings, ServesFp8WeightsCalibratedOnAFileAsTheLibraryDoes) {
+  te::test::TempDir dir("te_serve_embeddings_fp8");
+  write_model(dir.path() / "model");
+  const std::string model = (dir.path() / "model").string();
+  const std::vector<std::string> calibration = {"hello, world!", "the unaffable cafe",
+                                                "world hello world"};
+  std::ofstream(dir.path() / "calibration.txt") << "hello, world!\nthe unaffable cafe\n\n"
+                                                   "world hello world\n";
+  te::hf::SentenceEmbedder library(model);
+  const at::Tensor fp32 = library.embed({"hello cafe"});
+  library.freeze_fp8_weights(calibration);
+  const at::Tensor want = library.embed({"hello cafe"});
+  ASSERT_FALSE(at::allclose(want, fp32, 1e-6, 1e-6));  // the FP8 answer is its own
+
+  const std::string file = (dir.path() / "calibration.txt").string();
+  Server server({"--model", model, "--fp8-weights", "--calibration", file});
+  ASSERT_GT(server.port(), 0) << server.log();
+  EXPECT_NE(server.log().find("fp8 weights"), std::string::npos) << server.log();
+  const auto r =
+      server.client().Post("/v1/embeddings", R"({"input": "hello cafe"})", "application/json");
+  ASSERT_TRUE(r && r->status == 200) << (r ? r->body : "no response");
+  const std::vector<float> got = floats_of(json::parse(r->body)["data"][0]["embedding"]);
+  EXPECT_TRUE(at::allclose(at::tensor(got), want[0], 1e-5, 1e-6));
+  EXPECT_EQ(server.stop(), 0) << server.log();
+
+  // --fp8-weights without --calibration (and the reverse) stop the start, named.
+  const std::string serve =
+      std::string(TE_SERVE_PATH) + " --model " + te::test::shell_quoted(model);
+  for (const std::string& flags : {std::string(" --fp8-weights"), " --calibration " + file}) {
+    const auto [code, out] = te::test::run(serve + flags);
+    EXPECT_EQ(code, 2) << flags << ": " << out;
+    EXPECT_NE(out.find("--fp8-weights needs --calibration FILE"), std::string::npos) << out;
+  }
+  const auto [missing, missing_out] =
+      te::test::run(serve + " --fp8-weights --calibration " + file + ".absent");
+  EXPECT_EQ(missing, 2) << missing_out;
+  EXPECT_NE(missing_out.find("--calibration: cannot read"), std::string::npos) << missing_out;
+}
+
+#ifdef TE_EMBED_PATH
+// The float32 values of a .npy file te-embed --output wrote (format 1.0: magic, version, a
+// little-endian header length, the header, the data).
+std::vector<float> read_npy(const fs::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(bytes.compare(0, 8, std::string("\x93NUMPY\x01\x00", 8)), 0);
+  const std::size_t header = static_cast<unsigned char>(bytes[8]) |
+                             static_cast<std::size_t>(static_cast<unsigned char>(bytes[9])) << 8;
+  EXPECT_EQ((10 + header) % 64, 0u);
+  EXPECT_NE(bytes.find("'descr': '<f4'"), std::string::npos);
+  std::vector<float> out((bytes.size() - 10 - header) / 4);
+  std::memcpy(out.data(), bytes.data() + 10 + header, out.size() * 4);
+  return out;
+}
+
+TEST(TeEmbed, WritesTheLibrarysEmbeddingsFp32AndFp8AndNamesBadFlags) {
+  te::test::TempDir dir("te_embed_cli");
+  write_model(dir.path() / "model");
+  const std::string model = (dir.path() / "model").string();
+  const std::vector<std::string> lines = {"hello, world!", "the unaffable cafe", "world"};
+  std::ofstream(dir.path() / "in.txt") << "hello, world!\nthe unaffable cafe\n\nworld\n";
+  std::ofstream(dir.path() / "calibration.txt") << "hello cafe\nunaffable world, hello!\n";
+  const std::string embed = std::string(TE_EMBED_PATH) + " --model " + model + " --input " +
+                            (dir.path() / "in.txt").string() + " --output ";
+  te::hf::SentenceEmbedder library(model);
+  for (const bool fp8 : {false, true}) {
+    if (fp8) library.freeze_fp8_weights({"hello cafe", "unaffable world, hello!"});
+    const at::Tensor want = library.embed(lines);
+    const fs::path out = dir.path() / (fp8 ? "fp8.npy" : "fp32.npy");
+    const auto [code, log] = te::test::run(
+        embed + out.string() +
+        (fp8 ? " --fp8-weights --calibration " + (dir.path() / "calibration.txt").string() : ""));
+    ASSERT_EQ(code, 0) << log;
+    const std::vector<float> got = read_npy(out);
+    ASSERT_EQ(static_cast<int64_t>(got.size()), want.numel()) << fp8;
+    EXPECT_TRUE(at::allclose(at::tensor(got).view(want.sizes()), want, 1e-5, 1e-6)) << fp8;
+  }
+  const std::string base = std::string(TE_EMBED_PATH) + " --model " + model;
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {" --fp8-weights --nproc 2 a b", "--fp8-weights serves on one process; drop --nproc"},
+      {" --calibration x.txt a b", "--calibration needs --fp8-weights"},
+      {" a", "give at least two sentences to compare"},
+      {" --input " + (dir.path() / "absent.txt").string() + " --output o.npy", "cannot read"},
+      {" --fp8-weights --calibration " + (dir.path() / "absent.txt").string() + " a b",
+       "cannot read"}};
+  for (const auto& [flags, message] : bad) {
+    const auto [code, log] = te::test::run(base + flags);
+    EXPECT_NE(code, 0) << flags;
+    EXPECT_NE(log.find(message), std::string::npos) << flags << ": " << log;
+  }
+}
+#endif
 
 TEST(ServeEmbeddings, ABadModelFolderStopsTheStartWithOneLineAndExitCode2) {
   te::test::TempDir dir("te_serve_embeddings_bad");

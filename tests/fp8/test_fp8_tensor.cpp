@@ -79,6 +79,35 @@ TEST(Fp8Tensor, ReferenceGemmIsExactProductsSummedInFp32AndScaled) {
   EXPECT_LE((d - exact).abs().max().item<double>(), bound);
 }
 
+TEST(Fp8Tensor, QuantizeRowsCastsEachRowWithItsOwnScale) {
+  at::Tensor x = randn({5, 7}, 11);
+  x[1].mul_(1000);   // rows far apart in range
+  x[2].zero_();      // an all-zero row keeps scale 1
+  x[3][4] = 1e-30f;  // a row of one tiny value and zeros
+  x[3].narrow(0, 0, 4).zero_();
+  x[3].narrow(0, 5, 2).zero_();
+  const auto [codes, scale_inv] = quantize_rows(x, DType::kE4M3);
+  ASSERT_EQ(codes.sizes(), x.sizes());
+  ASSERT_EQ(scale_inv.sizes(), at::IntArrayRef({5}));
+  for (int64_t r = 0; r < 5; ++r) {
+    const Fp8Tensor own = r == 2 ? quantize(x[r], at::ones({1}), DType::kE4M3)
+                                 : quantize_to_own_scale(x[r], DType::kE4M3);
+    EXPECT_TRUE(at::equal(codes[r], own.data)) << "row " << r;
+    EXPECT_FLOAT_EQ(scale_inv[r].item<float>(), own.scale_inv.item<float>()) << "row " << r;
+  }
+  EXPECT_FLOAT_EQ(scale_inv[2].item<float>(), 1.0f);
+  // Decoding after a lookup of rows: each row by its own scale, within E4M3's half-ulp.
+  const at::Tensor rows = at::tensor({1, 1, 4, 0}, at::kLong);
+  const at::Tensor got =
+      dequantize_rows(codes.index_select(0, rows), scale_inv.index_select(0, rows), DType::kE4M3);
+  const at::Tensor want = x.index_select(0, rows);
+  EXPECT_TRUE(at::allclose(got, want, /*rtol=*/0.0625, /*atol=*/1e-6));
+  EXPECT_FALSE(at::equal(got, want));
+  EXPECT_ERROR(quantize_rows(at::ones({3}), DType::kE4M3), "it takes a 2-D tensor [rows, cols]");
+  EXPECT_ERROR(dequantize_rows(codes, at::ones({4}), DType::kE4M3),
+               "codes [5, 7] and scale_inv [4] do not match; give one scale per row");
+}
+
 TEST(Fp8Tensor, BadInputIsRefusedWithTheReason) {
   const Fp8Tensor a = quantize(randn({4, 8}, 5), at::ones({1}), DType::kE5M2);
   const Fp8Tensor b = quantize(randn({8, 3}, 6), at::ones({1}), DType::kE5M2);

@@ -15,7 +15,9 @@
 #include "../temp_dir.h"
 #include "te/distributed.h"
 #include "te/hf/encoder.h"
+#include "te/hf/sentence.h"
 #include "te/hf/tokenizer.h"
+#include "te/nn/inference.h"
 #include "te/nn/init.h"
 #include "te/nn/safetensors.h"
 
@@ -371,6 +373,28 @@ TEST(HfTokenizer, EncodesAndDecodesByteLevelBpe) {
         {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}};
   j["model"]["merges"] = {"h e"};
   EXPECT_EQ(tokenizer(j).encode("h.ehe").ids, (std::vector<int64_t>{1, 13, 2, 6}));
+}
+
+TEST(HfSentenceEmbedder, Fp8WeightsAfterCalibrationKeepTheEmbeddings) {
+  test::TempDir dir;
+  save_random(dir.path(), bert_config());
+  std::ofstream(dir.path() / "tokenizer.json") << tokenizer_json().dump();
+  SentenceEmbedder st(dir.path().string());
+  const std::vector<std::string> texts = {"hello, world!", "unaffable cafe", "我 hello world",
+                                          "world"};
+  const at::Tensor want = st.embed(texts);
+  EXPECT_ERROR(st.freeze_fp8_weights({}), "no calibration texts");
+  EXPECT_FALSE(te::nn::has_fp8_weights(*st.encoder()));
+  // Three tables; query, key-value, output, MLP in and out in each of two layers; the pooler.
+  EXPECT_EQ(st.freeze_fp8_weights(texts, 2), 14);
+  for (const auto& p : st.encoder()->named_parameters()) {
+    EXPECT_EQ(p.key().find("kernel"), std::string::npos) << p.key() << " kept in fp32";
+    EXPECT_EQ(p.key().find("embedding"), std::string::npos) << p.key() << " kept in fp32";
+  }
+  const at::Tensor got = st.embed(texts);
+  EXPECT_FALSE(at::allclose(got, want, 1e-6, 1e-6));  // FP8 does change the numbers
+  EXPECT_GT((got * want).sum(1).min().item<double>(), 0.99);
+  EXPECT_ERROR(st.freeze_fp8_weights(texts), "already holds FP8 weights");
 }
 
 }  // namespace

@@ -451,6 +451,16 @@ TEST(Gguf, AModelFileIsReadStrictly) {
   tokens.str("a").str("b");
   q8_file("token_embd.weight", 2, text("tokenizer.ggml.model", "gpt2") + tokens.bytes).write(path);
   EXPECT_ERROR(Tokenizer::from_file(path.string()), "tokenizer.ggml.merges: is missing");
+  // A token spelled twice (plain "a" is "a" in the byte alphabet too) is named.
+  GgufBytes twice;
+  twice.bytes.clear();
+  twice.str("tokenizer.ggml.tokens").put<uint32_t>(9).put<uint32_t>(8).put<uint64_t>(3);
+  twice.str("a").str("b").str("a");
+  twice.str("tokenizer.ggml.merges").put<uint32_t>(9).put<uint32_t>(8).put<uint64_t>(1);
+  twice.str("a b");
+  q8_file("token_embd.weight", 3, text("tokenizer.ggml.model", "gpt2") + twice.bytes).write(path);
+  EXPECT_ERROR(Tokenizer::from_file(path.string()),
+               "tokenizer.ggml.tokens: token 2 'a' is token 0 again");
 }
 
 }  // namespace

@@ -4,9 +4,11 @@ Every sentence of CoLA dev is tokenized by te (te_interop_tokenize, te::hf::Toke
 model's tokenizer.json), padded into one batch, and embedded by te on one process, TP2 and DP2xTP2
 (te_interop_hf_model --encoder --logits-only: load_encoder, mean_pool, l2_normalize);
 sentence-transformers' SentenceTransformer(folder).encode embeds the same sentences (its own
-tokenizer, batches of 32). Every embedding within 1e-5 (max abs) of sentence-transformers'. Then examples/hf's te-embed
-(SentenceEmbedder: tokenizer, encoder, the folder's pooling and normalization) on one process and
-on two tensor-parallel ranks: the cosine of two sentences within 1e-5 of sentence-transformers'.
+tokenizer, batches of 32). Every embedding within 1e-5 (max abs) of sentence-transformers'. Then
+examples/hf's te-embed (SentenceEmbedder: tokenizer, encoder, the folder's pooling and
+normalization) on one process and on two tensor-parallel ranks: the cosine of two sentences within 1e-5 of sentence-transformers';
+and te-embed --fp8-weights (E4M3 kernels and tables, input scales calibrated on CoLA train) on CoLA
+dev: each sentence's embedding at cosine >= 0.99 with sentence-transformers' fp32 one.
 
   python check_minilm.py HF_MODEL_BINARY WORKDIR --tokenize TE_INTEROP_TOKENIZE --embed TE_EMBED
                          [--cache DIR]   (DIR: ~/.cache/te-cpp/models)
@@ -29,6 +31,10 @@ from interop_common import MODEL_CACHE, fetch_minilm
 TOL = 1e-5
 
 
+# FP8 weights (E4M3 kernels and tables, calibrated input scales) against fp32: the least cosine
+# of any CoLA dev sentence's two embeddings.
+FP8_MIN_COSINE = 0.99
+
 PAIR = ["A man is eating food.", "A man is eating pasta."]
 
 
@@ -46,6 +52,29 @@ def check_embed(embed, folder, model):
         print("%s te-embed --nproc %d: cosine %.6f (sentence-transformers %.6f)" % (
             "FAIL" if bad else "ok  ", nproc, got, want))
     return failures
+
+
+def check_fp8(embed, folder, workdir, texts, want):
+    """te-embed --fp8-weights (every GEMM kernel and embedding table in E4M3, input scales
+    calibrated on CoLA train's first 1024 sentences) on CoLA dev against sentence-transformers'
+    fp32 embeddings: the cosine of each pair at least FP8_MIN_COSINE; failures."""
+    with open(os.path.join(COLA, "in_domain_train.tsv"), encoding="utf-8") as f:
+        train = [line.rstrip("\n").split("\t")[3] for line in f][:1024]
+    paths = {name: os.path.join(workdir, name) for name in ("calibration.txt", "dev.txt")}
+    for name, lines in (("calibration.txt", train), ("dev.txt", texts)):
+        with open(paths[name], "w", encoding="utf-8") as f:
+            f.write("\n".join(lines) + "\n")
+    out = os.path.join(workdir, "fp8.npy")
+    subprocess.run([embed, "--model", folder, "--fp8-weights", "--calibration",
+                    paths["calibration.txt"], "--input", paths["dev.txt"], "--output", out],
+                   check=True)
+    mine = np.load(out).astype(np.float64)
+    cos = (mine * want).sum(-1) / np.linalg.norm(mine, axis=-1) / np.linalg.norm(want, axis=-1)
+    bad = mine.shape != want.shape or not cos.min() >= FP8_MIN_COSINE
+    print("%s te-embed --fp8-weights: %d sentences, cosine with sentence-transformers' fp32 "
+          "min %.5f, mean %.5f (bar %g)" % ("FAIL" if bad else "ok  ", len(texts), cos.min(),
+                                            cos.mean(), FP8_MIN_COSINE))
+    return int(bad)
 
 
 def main(binary, workdir, tokenize, embed, cache):
@@ -87,8 +116,9 @@ def main(binary, workdir, tokenize, embed, cache):
         print("%s %s: %d sentences, max |te - st| %.2e, min cosine %.8f" % (
             "FAIL" if bad else "ok  ", layout, len(texts), err, cos))
     failures += check_embed(embed, folder, model)
+    failures += check_fp8(embed, folder, workdir, texts, want)
     print("%d of %d checks differ from sentence-transformers %s (tolerance %g, %d tokens longest)"
-          % (failures, len(layouts) + 2, sentence_transformers.__version__, TOL, longest))
+          % (failures, len(layouts) + 3, sentence_transformers.__version__, TOL, longest))
     return 1 if failures or len(layouts) != 3 else 0
 
 

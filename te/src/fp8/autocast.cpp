@@ -361,18 +361,23 @@ bool records(const GemmMeta& meta) {
   return meta.owner == nullptr || meta.owner->is_training();
 }
 
-void freeze_kernel(GemmMeta& meta, const at::Tensor& w) {
-  TE_CHECK(meta.owner != nullptr, "fp8::freeze_kernel: this FP8 state belongs to no module");
-  TE_CHECK(w.dim() >= 2, "fp8::freeze_kernel: the kernel '", meta.prefix, "kernel' is ", w.sizes(),
-           "; FP8 weights need a kernel of 2 or more dims");
-  at::NoGradGuard no_grad;
-  std::lock_guard<std::mutex> lock(meta.mutex);
-  keep_fp32(meta);
+void check_freezable(const GemmMeta& meta) {
+  std::lock_guard<std::mutex> lock(const_cast<GemmMeta&>(meta).mutex);
   TE_CHECK(
       meta.fwd_amax_history.defined() && meta.fwd_amax_history.select(1, 0).max().item<float>() > 0,
       "FP8 weights: the GEMM '", meta.prefix, "kernel' has no input scale (buffer '", meta.prefix,
       "fp8_fwd_amax_history' holds no amax); train with FP8 (DelayedScaling) "
       "or calibrate (te::Fp8Autocast with calibrating = true) before freezing");
+}
+
+void freeze_kernel(GemmMeta& meta, const at::Tensor& w) {
+  TE_CHECK(meta.owner != nullptr, "fp8::freeze_kernel: this FP8 state belongs to no module");
+  TE_CHECK(w.dim() >= 2, "fp8::freeze_kernel: the kernel '", meta.prefix, "kernel' is ", w.sizes(),
+           "; FP8 weights need a kernel of 2 or more dims");
+  at::NoGradGuard no_grad;
+  check_freezable(meta);
+  std::lock_guard<std::mutex> lock(meta.mutex);
+  keep_fp32(meta);
   const Fp8Tensor q = quantize_to_own_scale(w, DType::kE4M3);
   if (meta.frozen()) {
     meta.frozen_kernel.set_data(q.data);

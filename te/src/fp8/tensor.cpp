@@ -165,6 +165,33 @@ Fp8Tensor quantize_to_own_scale(const at::Tensor& x, DType dtype) {
   return quantize(data, at::full({1}, scale, data.options()), dtype);
 }
 
+std::pair<at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x_in, DType dtype) {
+  TE_CHECK(x_in.dim() == 2, "fp8::quantize_rows: x has shape ", x_in.sizes(),
+           "; it takes a 2-D tensor [rows, cols]");
+  at::NoGradGuard no_grad;
+  const at::Tensor x = x_in.detach().to(at::kFloat).contiguous();
+  // compute_scale's fp32 operations, row by row: fp8_max / amax, 1 where that is not a scale.
+  const at::Tensor row_amax =
+      x.numel() == 0 ? at::zeros({x.size(0)}, x.options()) : std::get<0>(x.abs().max(1));
+  const at::Tensor quotient = at::div(at::full_like(row_amax, max_finite(dtype)), row_amax);
+  const at::Tensor scale =
+      at::where((row_amax > 0) & at::isfinite(row_amax) & at::isfinite(quotient), quotient,
+                at::ones_like(row_amax));
+  // x * scale rounded once to fp32, then cast with scale 1: the same codes as casting each row
+  // with its own scale.
+  const Fp8Tensor q = quantize(x * scale.unsqueeze(1), at::ones({1}, x.options()), dtype);
+  return {q.data, at::reciprocal(scale)};
+}
+
+at::Tensor dequantize_rows(const at::Tensor& codes, const at::Tensor& scale_inv, DType dtype) {
+  TE_CHECK(codes.dim() >= 1 && scale_inv.dim() == codes.dim() - 1 &&
+               scale_inv.sizes() == codes.sizes().slice(0, codes.dim() - 1),
+           "fp8::dequantize_rows: codes ", codes.sizes(), " and scale_inv ", scale_inv.sizes(),
+           " do not match; give one scale per row (codes [..., cols], scale_inv [...])");
+  const Fp8Tensor unit{codes, at::ones({1}, scale_inv.options().dtype(at::kFloat)), dtype};
+  return unit.dequantize().mul_(scale_inv.to(at::kFloat).unsqueeze(-1));
+}
+
 std::pair<Fp8Tensor, Fp8Tensor> cast_transpose(const at::Tensor& x, const at::Tensor& scale,
                                                DType dtype, const at::Tensor& amax) {
   TE_CHECK(x.dim() == 2, "fp8::cast_transpose: x has shape ", x.sizes(), "; it takes a 2-D tensor");

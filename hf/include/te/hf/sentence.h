@@ -13,6 +13,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,14 @@ class SentenceEmbedder {
   at::Tensor embed(const std::vector<std::string>& texts, int64_t batch_size = 0,
                    Info* info = nullptr) const;
 
+  /// FP8 weights for serving: runs `calibration` through the model in high precision (in calls of
+  /// `batch_size` texts), recording every GEMM's input amax (te::Fp8Autocast calibrating), then
+  /// holds every GEMM kernel and embedding table as E4M3 codes (te::nn::freeze_fp8_weights): about
+  /// a quarter of the fp32 weights' bytes. Inputs outside the calibrated range saturate, so
+  /// calibrate on texts like the ones the model will embed. The model must be whole on this
+  /// process. Returns the number of kernels and tables frozen.
+  int64_t freeze_fp8_weights(const std::vector<std::string>& calibration, int64_t batch_size = 32);
+
   int64_t dimensions() const { return encoder_->config.hidden_size; }
   int64_t max_length() const { return max_length_; }
   const std::string& pooling() const { return pooling_; }  ///< "mean" or "cls"
@@ -52,6 +61,11 @@ class SentenceEmbedder {
 
  private:
   void read_folder(const std::string& dir);  // modules.json, pooling, max_seq_length
+  // Tokenizes `texts`, longest first, and calls fn(hidden, attention_mask, rows) for each model
+  // call of at most `batch_size` texts (rows: their indices in `texts`), under InferenceMode.
+  using BatchFn = std::function<void(const at::Tensor&, const at::Tensor&, const at::Tensor&)>;
+  void run(const std::vector<std::string>& texts, int64_t batch_size, Info* info,
+           const BatchFn& fn) const;
   Tokenizer tokenizer_;
   Encoder encoder_{nullptr};
   std::string pooling_ = "mean";

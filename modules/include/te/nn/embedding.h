@@ -60,8 +60,19 @@ class EmbeddingImpl : public torch::nn::Cloneable<EmbeddingImpl>, public Sharded
   at::Tensor attend(const at::Tensor& x);
   DTensor attend(const DTensor& x);
 
+  /// FP8 weights (called by te::nn::freeze_fp8_weights and prepare_fp8_weights): the table held
+  /// as E4M3 codes with one scale per row (fp8::quantize_rows), registered as the buffers
+  /// fp8_embedding [rows, features] and fp8_embedding_scale_inv [rows] (fp32), and the fp32
+  /// table released: about a quarter of its bytes. forward then decodes only the rows it looks
+  /// up; attend decodes the whole table for each call. Inference on one process, as FP8 GEMM
+  /// kernels are. `empty`: zero codes, for load_checkpoint to fill. Returns false when the table
+  /// is already held in FP8.
+  bool freeze_fp8(bool empty = false);
+  bool fp8_frozen() const { return fp8_embedding.defined(); }
+
   EmbeddingOptions options;
   at::Tensor embedding;
+  at::Tensor fp8_embedding, fp8_embedding_scale_inv;  ///< after freeze_fp8
 };
 TE_MODULE(Embedding);
 

@@ -145,6 +145,13 @@ DTensor flatten(const DTensor& x, int64_t dim);
 /// a + b; on DTensors b is moved to a's layout first.
 at::Tensor add(const at::Tensor& a, const at::Tensor& b);
 DTensor add(const DTensor& a, const DTensor& b);
+/// `whole` (the same on every rank) laid out as `like` is: itself beside a plain tensor; beside a
+/// DTensor distributed with its mesh and placements (this rank keeps its piece). E.g. position
+/// or token-type ids that follow the token ids' layout.
+inline at::Tensor laid_out_like(const at::Tensor& /*like*/, const at::Tensor& whole) {
+  return whole;
+}
+DTensor laid_out_like(const DTensor& like, const at::Tensor& whole);
 
 /// Which keys each query sees: Transformer Engine's attn_mask_type, window_size and
 /// bottom_right_diagonal, resolved by mask_spec() as TE's DotProductAttention resolves them

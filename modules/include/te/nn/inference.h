@@ -14,8 +14,9 @@
 // FP8 weights. freeze_fp8_weights(model) holds every Dense / LayerNormMLP / MultiHeadAttention
 // kernel as E4M3 codes and a scale (a quarter of fp32's bytes) and drops the fp32 kernel; the
 // module's at::Tensor forward then runs those GEMMs in FP8 (inputs cast with the stored input
-// scales) with no autocast needed. save_checkpoint writes the codes; prepare_fp8_weights lays out
-// a fresh model to load such a checkpoint.
+// scales) with no autocast needed. Every te::nn::Embedding table is held the same way, with one
+// scale per row (Embedding::freeze_fp8), its lookups decoding the rows they gather. save_checkpoint
+// writes the codes; prepare_fp8_weights lays out a fresh model to load such a checkpoint.
 
 #include <torch/nn/module.h>
 
@@ -23,17 +24,22 @@
 
 namespace te::nn {
 
-/// Holds every FP8-capable GEMM kernel of `module` (and its children) as FP8 codes and releases
-/// the fp32 kernel parameters. The model must be whole on this process and its input scales set
-/// (trained with FP8 DelayedScaling, or calibrated: see te::Fp8Autocast's `calibrating`);
-/// te::Error names the first GEMM without them. Returns the number of kernels frozen.
+/// Holds every FP8-capable GEMM kernel and every Embedding table of `module` (and its children)
+/// as FP8 codes and releases the fp32 parameters. The model must be whole on this process and
+/// its GEMMs' input scales set (trained with FP8 DelayedScaling, or calibrated: see
+/// te::Fp8Autocast's `calibrating`); te::Error names the first GEMM without them. Returns the
+/// number of kernels and tables frozen.
 int64_t freeze_fp8_weights(torch::nn::Module& module);
 
 /// Lays out a freshly built `module` as freeze_fp8_weights would, with empty FP8 kernels, so
 /// load_checkpoint can fill it from a checkpoint saved after freezing.
 int64_t prepare_fp8_weights(torch::nn::Module& module);
 
-/// True when some GEMM of `module` holds FP8 weights.
+/// True when some GEMM or Embedding of `module` holds FP8 weights.
 bool has_fp8_weights(const torch::nn::Module& module);
+
+/// Bytes of `module`'s parameters and buffers as held now (FP8 codes, scales and FP8 state
+/// included): what a server keeps resident for its weights.
+int64_t resident_bytes(const torch::nn::Module& module);
 
 }  // namespace te::nn
