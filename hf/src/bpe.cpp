@@ -5,7 +5,9 @@
 #include <unicode/utf8.h>
 
 #include <array>
-#include <limits>
+#include <functional>
+#include <queue>
+#include <tuple>
 
 #include "te/error.h"
 #include "unicode.h"
@@ -147,7 +149,11 @@ Bpe::Bpe(const std::unordered_map<std::string, int64_t>& vocab,
     const auto& [a, b] = merges[r];
     TE_CHECK(vocab.count(a + b) != 0, "tokenizer: ", where, ": merge ", r, " ('", a, "' '", b,
              "') makes '", a + b, "', which is not in the vocabulary");
-    ranks_.emplace(a + std::string(1, '\0') + b, static_cast<int64_t>(r));
+    // A merge of a token the vocabulary lacks can never apply (every symbol is in it).
+    const auto left = vocab.find(a), right = vocab.find(b);
+    if (left == vocab.end() || right == vocab.end()) continue;
+    merges_.emplace(Pair{left->second, right->second},
+                    Merge{static_cast<int64_t>(r), vocab.at(a + b)});  // the first rank stays
   }
 }
 
@@ -160,34 +166,57 @@ void Bpe::encode(std::string_view word, std::vector<int64_t>& out) const {
       return;
     }
   }
-  // The word's characters (UTF-8 pieces), those the vocabulary has.
-  std::vector<std::string> symbols;
+  // The word's characters (UTF-8 pieces) that the vocabulary has, as a linked list of symbols.
+  struct Symbol {
+    int64_t id;
+    int64_t prev, next;  // -1: none
+    bool alive;
+  };
+  std::vector<Symbol> symbols;
   const auto* s = reinterpret_cast<const uint8_t*>(word.data());
   const auto n = static_cast<int32_t>(word.size());
   for (int32_t i = 0; i < n;) {
     const int32_t start = i;
     UChar32 c = 0;
     U8_NEXT(s, i, n, c);
-    std::string ch(
-        word.substr(static_cast<std::size_t>(start), static_cast<std::size_t>(i - start)));
-    if (vocab_.count(ch)) symbols.push_back(std::move(ch));
+    const auto it = vocab_.find(std::string(
+        word.substr(static_cast<std::size_t>(start), static_cast<std::size_t>(i - start))));
+    if (it == vocab_.end()) continue;
+    const auto k = static_cast<int64_t>(symbols.size());
+    symbols.push_back({it->second, k - 1, k + 1, true});
   }
-  // Merge the lowest-ranked adjacent pair, the leftmost of equals, until none merges.
-  for (;;) {
-    int64_t best = std::numeric_limits<int64_t>::max();
-    std::size_t at = 0;
-    for (std::size_t i = 0; i + 1 < symbols.size(); ++i) {
-      const auto it = ranks_.find(symbols[i] + std::string(1, '\0') + symbols[i + 1]);
-      if (it != ranks_.end() && it->second < best) {
-        best = it->second;
-        at = i;
-      }
-    }
-    if (best == std::numeric_limits<int64_t>::max()) break;
-    symbols[at] += symbols[at + 1];
-    symbols.erase(symbols.begin() + static_cast<std::ptrdiff_t>(at) + 1);
+  if (symbols.empty()) return;
+  symbols.back().next = -1;
+  // Candidate merges, lowest rank first, then leftmost (tokenizers' word.rs merge_all): a
+  // candidate whose symbols have changed since is skipped when it comes up.
+  using Candidate = std::tuple<int64_t, int64_t, int64_t>;  // rank, position, id it makes
+  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<Candidate>> queue;
+  auto offer = [&](int64_t pos) {
+    const int64_t next = symbols[static_cast<std::size_t>(pos)].next;
+    if (next < 0) return;
+    const auto it = merges_.find(Pair{symbols[static_cast<std::size_t>(pos)].id,
+                                      symbols[static_cast<std::size_t>(next)].id});
+    if (it != merges_.end()) queue.emplace(it->second.rank, pos, it->second.id);
+  };
+  for (int64_t i = 0; i < static_cast<int64_t>(symbols.size()); ++i) offer(i);
+  while (!queue.empty()) {
+    const auto [rank, pos, id] = queue.top();
+    queue.pop();
+    Symbol& left = symbols[static_cast<std::size_t>(pos)];
+    if (!left.alive || left.next < 0) continue;
+    Symbol& right = symbols[static_cast<std::size_t>(left.next)];
+    const auto now = merges_.find(Pair{left.id, right.id});
+    if (now == merges_.end() || now->second.id != id) continue;  // stale
+    left.id = id;
+    right.alive = false;
+    left.next = right.next;
+    if (left.next >= 0) symbols[static_cast<std::size_t>(left.next)].prev = pos;
+    if (left.prev >= 0) offer(left.prev);
+    offer(pos);
   }
-  for (const std::string& sym : symbols) out.push_back(vocab_.at(sym));
+  for (const Symbol& sym : symbols) {
+    if (sym.alive) out.push_back(sym.id);
+  }
 }
 
 }  // namespace te::hf::detail

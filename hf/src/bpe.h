@@ -6,6 +6,7 @@
 // merges applied lowest rank first. tests/interop/check_tokenizers.py holds it to tokenizers.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -50,11 +51,24 @@ class Bpe {
       const std::string& where);
   /// The ids of one pre-token: its characters, merged lowest rank first (leftmost on ties);
   /// characters the vocabulary lacks are dropped, as tokenizers does without an unk token.
+  /// O(n log n) in the word's characters: a queue of candidate merges, as tokenizers' word.rs.
   void encode(std::string_view word, std::vector<int64_t>& out) const;
 
  private:
+  struct Pair {
+    int64_t a, b;
+    bool operator==(const Pair& o) const { return a == o.a && b == o.b; }
+  };
+  struct PairHash {
+    std::size_t operator()(const Pair& p) const {
+      return std::hash<int64_t>()(p.a) * 1000003u ^ std::hash<int64_t>()(p.b);
+    }
+  };
+  struct Merge {
+    int64_t rank, id;  // the merge's rank, the id of the token it makes
+  };
   const std::unordered_map<std::string, int64_t>& vocab_;
-  std::unordered_map<std::string, int64_t> ranks_;  // "a\0b" -> rank
+  std::unordered_map<Pair, Merge, PairHash> merges_;  // (left id, right id) -> merge
   bool ignore_merges_;
 };
 
