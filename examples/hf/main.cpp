@@ -158,6 +158,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "te-embed: --fp8-weights serves on one process; drop --nproc\n");
     return 2;
   }
+  if (!bench_file.empty() && (!input_file.empty() || !output_file.empty() || !sentences.empty())) {
+    std::fprintf(stderr,
+                 "te-embed: --bench measures over its own file; drop the sentences, --input and "
+                 "--output\n");
+    return 2;
+  }
   if (!fp8.on && !calibration_file.empty()) {
     std::fprintf(stderr, "te-embed: --calibration needs --fp8-weights\n");
     return 2;

@@ -262,6 +262,7 @@ TEST(TeEmbed, WritesTheLibrarysEmbeddingsFp32AndFp8AndNamesBadFlags) {
       {" --fp8-weights --nproc 2 a b", "--fp8-weights serves on one process; drop --nproc"},
       {" --calibration x.txt a b", "--calibration needs --fp8-weights"},
       {" a", "give at least two sentences to compare"},
+      {" --bench x.txt a b", "--bench measures over its own file"},
       {" --input " + (dir.path() / "absent.txt").string() + " --output o.npy", "cannot read"},
       {" --fp8-weights --calibration " + (dir.path() / "absent.txt").string() + " a b",
        "cannot read"}};
