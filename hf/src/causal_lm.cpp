@@ -101,28 +101,68 @@ void CausalLMImpl::pretty_print(std::ostream& stream) const {
 
 namespace {
 
+// The last new token of each of the cache step's sequences, [1, tokens, hidden] -> [1, batch,
+// hidden]: only they need the head.
+at::Tensor last_tokens(const at::Tensor& x, const at::Tensor& rows) {
+  return x.index_select(1, rows);
+}
+DTensor last_tokens(const DTensor& x, const at::Tensor& rows) {
+  for (const Placement& p : x.placements()) {
+    TE_CHECK(!is_shard(p, 1),
+             "CausalLM::step: the tokens are split over the mesh (sequence "
+             "parallel); generation takes them whole");
+  }
+  std::vector<int64_t> shape = x.sizes();
+  shape[1] = rows.numel();
+  return DTensor::from_local(x.to_local().index_select(1, rows.to(x.to_local().device())), x.mesh(),
+                             x.placements(), shape);
+}
+
+// The forward: the whole sequences, or with a cache the step's new tokens (then the logits of
+// each sequence's last one).
 template <typename T>
-T run(CausalLMImpl& m, const T& ids, int64_t batch, int64_t seq) {
+T run(CausalLMImpl& m, const T& ids, int64_t batch, int64_t seq, nn::InferenceParams* cache) {
   const CausalLMConfig& c = m.config;
+  // Positions: 0 ... seq-1, or with a cache each new token's place in its sequence.
+  const int64_t positions_needed = cache ? cache->max_seqlen_kv() : seq;
+  at::Tensor positions;
+  if (m.position) {
+    if (cache) {
+      positions = at::empty({1, seq}, at::kLong);
+      const auto* cu = cache->cu_seqlens_q().data_ptr<int64_t>();
+      const auto* pre = cache->pre_step_seqlens().data_ptr<int64_t>();
+      auto* p = positions.data_ptr<int64_t>();
+      for (int64_t i = 0; i < cache->batch_size(); ++i) {
+        for (int64_t t = cu[i]; t < cu[i + 1]; ++t) p[t] = pre[i] + t - cu[i];
+      }
+    } else {
+      positions = at::arange(seq, at::kLong).expand({batch, seq}).contiguous();
+    }
+  }
   T x = m.embed(ids);
   if (m.position) {  // learned positions (GPT-2)
-    TE_CHECK(seq <= c.max_position_embeddings, "CausalLM: ", seq,
+    TE_CHECK(positions_needed <= c.max_position_embeddings, "CausalLM: ", positions_needed,
              " tokens are more than the model's ", c.max_position_embeddings, " positions");
-    const at::Tensor positions = at::arange(seq, at::kLong).expand({batch, seq}).contiguous();
     namespace F = nn::functional;
     x = F::dropout(F::add(x, m.position(F::laid_out_like(ids, positions))), c.embedding_dropout,
                    m.is_training());
   }
   TE_CHECK(
-      c.rope_type != "linear" || static_cast<double>(seq) <=
+      c.rope_type != "linear" || static_cast<double>(positions_needed) <=
                                      static_cast<double>(c.max_position_embeddings) * c.rope_factor,
-      "CausalLM: ", seq, " positions are more than linear RoPE scaling covers (",
+      "CausalLM: ", positions_needed, " positions are more than linear RoPE scaling covers (",
       c.max_position_embeddings, " x factor ", c.rope_factor,
       "); transformers would extrapolate there, te-cpp refuses");
   nn::AttentionArgs args;
-  if (m.rope) args.rotary_pos_emb(m.rope->forward(seq));
+  if (m.rope) args.rotary_pos_emb(m.rope->forward(positions_needed));
+  args.inference_params(cache);
+  int64_t layer_number = 0;
   for (const auto& layer : *m.layers) {
+    args.layer_number(layer_number++);
     x = layer->as<nn::TransformerLayerImpl>()->forward(x, {}, {}, {}, args);
+  }
+  if (cache) {  // each sequence's last new token
+    x = last_tokens(x, cache->cu_seqlens_q().slice(0, 1) - 1);
   }
   x = m.norm(x);
   return m.lm_head ? m.lm_head(x) : m.embed->attend(x);
@@ -132,12 +172,12 @@ T run(CausalLMImpl& m, const T& ids, int64_t batch, int64_t seq) {
 
 at::Tensor CausalLMImpl::forward(const at::Tensor& ids) {
   TE_CHECK(ids.dim() == 2, "CausalLM: ids must be [batch, seq], got ", ids.sizes());
-  return run(*this, ids, ids.size(0), ids.size(1));
+  return run(*this, ids, ids.size(0), ids.size(1), nullptr);
 }
 
 DTensor CausalLMImpl::forward(const DTensor& ids) {
   TE_CHECK(ids.dim() == 2, "CausalLM: ids must be [batch, seq], got ", ids.dim(), " dims");
-  return run(*this, ids, ids.sizes()[0], ids.sizes()[1]);
+  return run(*this, ids, ids.sizes()[0], ids.sizes()[1], nullptr);
 }
 
 DTensor CausalLMImpl::forward_on_mesh(const at::Tensor& ids) {
@@ -146,6 +186,46 @@ DTensor CausalLMImpl::forward_on_mesh(const at::Tensor& ids) {
   const std::vector<Placement> whole(static_cast<std::size_t>(mesh->ndim()), Replicate{});
   return forward(with_sharding_constraint(DTensor::distribute(ids, *mesh, whole),
                                           {axis::kBatch, axis::kSeqlen}));
+}
+
+}  // namespace te::hf
+
+namespace te::hf {
+
+namespace {
+void check_step(const CausalLMImpl& m, int64_t dims, int64_t tokens,
+                const nn::InferenceParams& cache) {
+  TE_CHECK(dims == 1, "CausalLM::step: ids must be the step's tokens packed [tokens], got ", dims,
+           " dims");
+  TE_CHECK(cache.batch_size() > 0 && tokens == cache.new_tokens(), "CausalLM::step: ", tokens,
+           " ids for a cache step of ", cache.new_tokens(),
+           " new tokens (call the cache's pre_step with each sequence's new-token count first)");
+  TE_CHECK(!m.is_training(), "CausalLM::step: a KV cache is for inference; call eval() first");
+}
+}  // namespace
+
+nn::InferenceParamsOptions cache_options(const CausalLMConfig& c, int64_t max_batch_size,
+                                         int64_t max_sequence_length) {
+  const int64_t length = max_sequence_length ? max_sequence_length : c.max_position_embeddings;
+  TE_CHECK(length > 0,
+           "cache_options: the config has no max_position_embeddings; give "
+           "max_sequence_length");
+  return nn::InferenceParamsOptions(max_batch_size, length, c.num_key_value_heads, c.head_dim);
+}
+
+at::Tensor CausalLMImpl::step(const at::Tensor& ids, nn::InferenceParams& cache) {
+  check_step(*this, ids.dim(), ids.dim() == 1 ? ids.size(0) : -1, cache);
+  return run(*this, ids.unsqueeze(0), 1, ids.size(0), &cache).squeeze(0);
+}
+
+DTensor CausalLMImpl::step_on_mesh(const at::Tensor& ids, nn::InferenceParams& cache) {
+  check_step(*this, ids.dim(), ids.dim() == 1 ? ids.size(0) : -1, cache);
+  const DeviceMesh* mesh = current_mesh();
+  TE_CHECK(mesh != nullptr, "CausalLM::step_on_mesh: no mesh in scope (open a MeshScope)");
+  const std::vector<Placement> whole(static_cast<std::size_t>(mesh->ndim()), Replicate{});
+  const DTensor logits =
+      run(*this, DTensor::distribute(ids.unsqueeze(0), *mesh, whole), 1, ids.size(0), &cache);
+  return nn::functional::select(logits, 0, 0);
 }
 
 }  // namespace te::hf

@@ -380,6 +380,50 @@ void check_format_dims(const DotProductAttentionImpl& self, const T& query, cons
            " (qkv_format '", format, "')");
 }
 
+// Attention over a key/value cache (AttentionArgs::inference_params): q, k and v are the step's
+// new tokens packed as a batch of one, [1, tokens, heads, head_dim]. Their keys and values join
+// the cache, and each sequence's queries attend over its cached keys with the bottom-right
+// diagonal. On a mesh each rank caches and attends over its own heads.
+template <typename T>
+T cached_attention(const DotProductAttentionImpl& self, const T& query, const T& key,
+                   const T& value, const AttentionArgs& args) {
+  InferenceParams& cache = *args.inference_params();
+  TE_CHECK(!self.is_training() || self.options.attention_dropout() == 0.0,
+           "MultiHeadAttention: a KV cache is for inference; call eval() first");
+  TE_CHECK(args.core_attention_bias_type() == "no_bias" && !args.cu_seqlens_q().defined() &&
+               !args.cu_seqlens_kv().defined() && !args.cu_seqlens_q_padded().defined() &&
+               !args.cu_seqlens_kv_padded().defined(),
+           "MultiHeadAttention: with a KV cache the cache says where each sequence is; give no "
+           "cu_seqlens and no bias (core_attention_bias_type '",
+           args.core_attention_bias_type(), "')");
+  TE_CHECK(self.mask_spec.type != "arbitrary",
+           "MultiHeadAttention: attn_mask_type 'arbitrary' cannot run with a KV cache (the "
+           "cache's sequences decide the mask); use a causal or padding type");
+  const Arranged<T> a = arrange(query, key, value);
+  const auto [k_all, v_all] =
+      cache.step(args.layer_number(), local(a.k).squeeze(0), local(a.v).squeeze(0));
+  F::AttentionCall call;
+  call.spec = self.mask_spec;
+  if (call.spec.causal()) {
+    call.spec.type = "padding_causal_bottom_right";
+    call.spec.bottom_right = true;
+  } else {
+    call.spec.type = "padding";
+  }
+  call.packed = {cache.cu_seqlens_q(), cache.cu_seqlens_kv(), {}, {},
+                 cache.max_seqlen_q(), cache.max_seqlen_kv()};
+  call.softmax_type = self.options.softmax_type();
+  if (self.softmax_offset.defined()) {
+    call.softmax_offset =
+        logits_operand(detail::param(self, "softmax_offset", self.softmax_offset, a.q), a.q, -1, 0);
+  }
+  call.scale = logit_scale(self.options);
+  call.fused = fused_available(self.options.fused());
+  call.global_heads = a.q.size(2);
+  call.head_offset = a.head_offset;
+  return in_layout_of(F::attention(local(a.q).squeeze(0), k_all, v_all, call).unsqueeze(0), a.q);
+}
+
 // In the options' qkv_format.
 template <typename T>
 T attention_forward(const DotProductAttentionImpl& self, const T& query, const T& key,
@@ -637,6 +681,29 @@ std::pair<T, T> mha_forward(MultiHeadAttentionImpl& self, const T& x_in,
   q = with_sharding_constraint(q, per_head);
   k = with_sharding_constraint(k, per_head);
   v = with_sharding_constraint(v, per_head);
+  // With a KV cache the step's tokens are packed sequences: a batch of one.
+  InferenceParams* const cache = args.inference_params();
+  const int64_t batch = x.size(0), seqlen = x.size(1);
+  if (cache) {
+    TE_CHECK(o.self_attention(),
+             "MultiHeadAttention: a KV cache is for self attention; this one is cross attention");
+    TE_CHECK(!packed, "MultiHeadAttention: a KV cache takes bshd input (its own packing)");
+    TE_CHECK(batch * seqlen == cache->new_tokens() &&
+                 (batch == 1 || (batch == cache->batch_size() &&
+                                 cache->max_seqlen_q() * batch == cache->new_tokens())),
+             "MultiHeadAttention: input ", detail::shape_of(x),
+             " does not hold the KV cache "
+             "step's ",
+             cache->new_tokens(), " new tokens of ", cache->batch_size(), " sequences: give [1, ",
+             cache->new_tokens(),
+             ", hidden] (packed in pre_step's "
+             "order), or [batch, s, hidden] when every sequence brings s");
+    if (batch != 1) {
+      q = F::unflatten(F::flatten(q, 0), 0, 1, batch * seqlen);
+      k = F::unflatten(F::flatten(k, 0), 0, 1, batch * seqlen);
+      v = F::unflatten(F::flatten(v, 0), 0, 1, batch * seqlen);
+    }
+  }
   // qk-norm before or after RoPE, RoPE after the projections, then attention
   // (multi_head_attention.py L1130-1192 at d0067d0da); the attention takes the rest of the args.
   if (o.qk_norm_before_rope()) {
@@ -644,19 +711,25 @@ std::pair<T, T> mha_forward(MultiHeadAttentionImpl& self, const T& x_in,
     k = qk_normalized(self, self.k_norm, k);
   }
   AttentionArgs attention_args = args;
-  if (args.rotary_pos_emb().defined() && packed) {
-    // Positions restart at each sequence's (padded) start (multi_head_attention.py L1156-1181).
-    const at::Tensor& cu_q =
-        args.cu_seqlens_q_padded().defined() ? args.cu_seqlens_q_padded() : args.cu_seqlens_q();
-    const at::Tensor& cu_kv =
-        args.cu_seqlens_kv_padded().defined() ? args.cu_seqlens_kv_padded() : args.cu_seqlens_kv();
+  if (args.rotary_pos_emb().defined() && (packed || cache)) {
+    // Positions restart at each sequence's (padded) start (multi_head_attention.py L1156-1181),
+    // or with a cache go on from each sequence's cached length (L1152-1153).
+    const at::Tensor& cu_q = cache                                  ? cache->cu_seqlens_q()
+                             : args.cu_seqlens_q_padded().defined() ? args.cu_seqlens_q_padded()
+                                                                    : args.cu_seqlens_q();
+    const at::Tensor& cu_kv = cache                                   ? cache->cu_seqlens_q()
+                              : args.cu_seqlens_kv_padded().defined() ? args.cu_seqlens_kv_padded()
+                                                                      : args.cu_seqlens_kv();
+    const at::Tensor start = cache ? cache->pre_step_seqlens() : at::Tensor();
     TE_CHECK(cu_q.defined() && cu_kv.defined(),
              "MultiHeadAttention: qkv_format 'thd' needs AttentionArgs' cu_seqlens_q and "
              "cu_seqlens_kv");
     q = detail::batch_of_one(F::apply_rotary_pos_emb(detail::tokens_only(q), args.rotary_pos_emb(),
-                                                     "thd", o.rotary_pos_interleaved(), cu_q));
+                                                     "thd", o.rotary_pos_interleaved(), cu_q,
+                                                     start));
     k = detail::batch_of_one(F::apply_rotary_pos_emb(detail::tokens_only(k), args.rotary_pos_emb(),
-                                                     "thd", o.rotary_pos_interleaved(), cu_kv));
+                                                     "thd", o.rotary_pos_interleaved(), cu_kv,
+                                                     start));
     attention_args.rotary_pos_emb(at::Tensor());
   } else if (args.rotary_pos_emb().defined()) {
     q = F::apply_rotary_pos_emb(q, args.rotary_pos_emb(), "bshd", o.rotary_pos_interleaved());
@@ -667,10 +740,20 @@ std::pair<T, T> mha_forward(MultiHeadAttentionImpl& self, const T& x_in,
     q = qk_normalized(self, self.q_norm, q);
     k = qk_normalized(self, self.k_norm, k);
   }
-  const T attended = packed ? detail::batch_of_one(self.attention->forward(
-                                  detail::tokens_only(q), detail::tokens_only(k),
-                                  detail::tokens_only(v), mask, attention_args))
-                            : self.attention->forward(q, k, v, mask, attention_args);
+  T attended;
+  if (cache) {
+    TE_CHECK(!mask.defined(),
+             "MultiHeadAttention: a KV cache takes no mask (the cache says "
+             "which keys each sequence has)");
+    attended = cached_attention(*self.attention, q, k, v, attention_args);
+    if (batch != 1) attended = F::unflatten(F::flatten(attended, 0), 0, batch, seqlen);
+  } else if (packed) {
+    attended =
+        detail::batch_of_one(self.attention->forward(detail::tokens_only(q), detail::tokens_only(k),
+                                                     detail::tokens_only(v), mask, attention_args));
+  } else {
+    attended = self.attention->forward(q, k, v, mask, attention_args);
+  }
   const T out = F::flatten(attended, 2);
   // Tensor parallel: the output constraint is the all-reduce (or reduce-scatter).
   return {detail::project(self, out, "out_", self.out_kernel, self.out_bias, self.out_fp8,

@@ -148,7 +148,9 @@ RopeArgs check_rope(at::IntArrayRef sizes, const at::Tensor& freqs, const std::s
     longest = shape[static_cast<std::size_t>(a.layout.seq_dim)];
     sequences = shape[static_cast<std::size_t>(a.layout.batch_dim)];
   }
-  int64_t max_start = 0;
+  // The last position used: the longest sequence's, or with start positions each sequence's
+  // start plus its length.
+  int64_t needed = longest;
   if (start_positions.defined()) {
     a.start_positions = index_vector(start_positions, "start_positions");
     TE_CHECK(a.start_positions.size(0) == sequences, "apply_rotary_pos_emb: start_positions has ",
@@ -156,12 +158,15 @@ RopeArgs check_rope(at::IntArrayRef sizes, const at::Tensor& freqs, const std::s
     if (sequences > 0) {
       TE_CHECK(a.start_positions.min().item<int64_t>() >= 0,
                "apply_rotary_pos_emb: start_positions has a negative entry");
-      max_start = a.start_positions.max().item<int64_t>();
+      const int64_t* start = a.start_positions.data_ptr<int64_t>();
+      const int64_t* cu = a.layout.packed ? a.cu_seqlens.data_ptr<int64_t>() : nullptr;
+      for (int64_t i = 0; i < sequences; ++i) {
+        needed = std::max(needed, start[i] + (cu ? cu[i + 1] - cu[i] : longest));
+      }
     }
   }
-  TE_CHECK(max_start + longest <= a.freqs.size(0), "apply_rotary_pos_emb: positions up to ",
-           max_start + longest - 1, " need freqs for ", max_start + longest,
-           " positions, but freqs has ", a.freqs.size(0),
+  TE_CHECK(needed <= a.freqs.size(0), "apply_rotary_pos_emb: positions up to ", needed - 1,
+           " need freqs for ", needed, " positions, but freqs has ", a.freqs.size(0),
            "; make RotaryPositionEmbedding's max_seq_len larger");
   return a;
 }

@@ -267,6 +267,15 @@ TEST(ApplyRotaryPosEmb, ReportsBadInput) {
                "positions up to 7 need freqs for 8 positions, but freqs has 6");
   EXPECT_ERROR(F::apply_rotary_pos_emb(t, freqs, "thd", false, at::tensor({0, 8})),
                "is not [tokens, heads, head_dim]");
+  // What a step needs is each sequence's start plus its length, not the largest start plus the
+  // longest sequence: one token at position 5 beside a chunk of 4 from 0 fits 6 positions.
+  const at::Tensor mixed = randn({5, 2, 8}, 13);
+  const at::Tensor rotated = F::apply_rotary_pos_emb(
+      mixed, freqs, "thd", false, at::tensor({0, 1, 5}), at::tensor(std::vector<int64_t>{5, 0}));
+  EXPECT_TRUE(at::allclose(
+      rotated.slice(0, 0, 1),
+      F::apply_rotary_pos_emb(mixed.slice(0, 0, 1), freqs, "thd", false, at::tensor({0, 1}),
+                              at::tensor(std::vector<int64_t>{5}))));
   EXPECT_ERROR(RotaryPositionEmbedding(RotaryPositionEmbeddingOptions(7)),
                "the rotary dim 7 is not a positive even number");
   EXPECT_ERROR(RotaryPositionEmbedding(RotaryPositionEmbeddingOptions(8).rotary_percent(0.7)),

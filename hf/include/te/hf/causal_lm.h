@@ -28,6 +28,7 @@
 #include "te/hf/weights.h"
 #include "te/nn/dense.h"
 #include "te/nn/embedding.h"
+#include "te/nn/kv_cache.h"
 #include "te/nn/rope.h"
 #include "te/nn/sharded.h"
 #include "te/nn/transformer.h"
@@ -52,6 +53,14 @@ class CausalLMImpl : public torch::nn::Cloneable<CausalLMImpl> {
   DTensor forward(const DTensor& ids);
   /// The same ids on every rank: laid out by the rules' batch and seqlen axes, then forward.
   DTensor forward_on_mesh(const at::Tensor& ids);
+  /// One step of incremental decoding (eval mode): `ids` are the step's new tokens packed
+  /// [tokens] in the order of `cache`'s pre_step (a prompt, a chunk of one, or one generated
+  /// token per sequence); returns the logits of each sequence's last new token, [batch, vocab].
+  /// The cache is an InferenceParams for this model (cache_options).
+  at::Tensor step(const at::Tensor& ids, te::nn::InferenceParams& cache);
+  /// On the mesh in scope: the same ids on every rank; each rank caches its key/value heads and
+  /// the logits stay sharded over the vocabulary, [batch, vocab].
+  DTensor step_on_mesh(const at::Tensor& ids, te::nn::InferenceParams& cache);
 
   CausalLMConfig config;
   te::nn::Embedding embed{nullptr};
@@ -62,6 +71,12 @@ class CausalLMImpl : public torch::nn::Cloneable<CausalLMImpl> {
   te::nn::RotaryPositionEmbedding rope{nullptr};  ///< null with learned positions
 };
 TE_MODULE(CausalLM);
+
+/// The InferenceParams options of a KV cache for a model of `config` (its key/value heads and
+/// head dim); max_sequence_length 0: the config's max_position_embeddings. Set is_paged,
+/// page_size and total_num_pages on the result for a paged cache.
+te::nn::InferenceParamsOptions cache_options(const CausalLMConfig& config, int64_t max_batch_size,
+                                             int64_t max_sequence_length = 0);
 
 /// The te parameter name -> sources, for every parameter a CausalLM of `config` has.
 WeightMap causal_lm_weight_map(const CausalLMConfig& config);

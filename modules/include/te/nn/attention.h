@@ -13,12 +13,16 @@
 
 #include "te/nn/dense.h"
 #include "te/nn/functional.h"
+#include "te/nn/kv_cache.h"
 #include "te/nn/sharded.h"
 
 namespace te::nn {
 
 /// A sliding window (left, right), as TE's window_size.
 using WindowSize = std::pair<int64_t, int64_t>;
+
+/// AttentionArgs' (not owned) key/value cache.
+using InferenceParamsPtr = InferenceParams*;
 
 /// The per-call inputs of attention beside q, k, v and the mask: TE's forward keyword arguments
 /// of DotProductAttention, MultiHeadAttention and TransformerLayer
@@ -63,6 +67,19 @@ struct AttentionArgs {
   /// seqlen dims, which they must equal when given.
   TORCH_ARG(int64_t, max_seqlen_q) = 0;
   TORCH_ARG(int64_t, max_seqlen_kv) = 0;
+  /// A key/value cache (TE's inference_params; te::nn::InferenceParams, after its pre_step):
+  /// MultiHeadAttention and TransformerLayer (self attention) then take the step's new tokens,
+  /// packed [1, new tokens, hidden] in the cache's order (or [batch, s, hidden] when every
+  /// sequence brings s), rotate them from each sequence's cached length (RoPE's
+  /// start_positions), store their keys and values and attend over every cached one with the
+  /// bottom-right diagonal: a causal type runs as "padding_causal_bottom_right" per sequence,
+  /// as TE converts it (dot_product_attention.py L1813-1823 at d0067d0da), keeping its sliding
+  /// window; "no_mask" and "padding" see every cached key. Inference only (eval mode); no mask,
+  /// bias or cu_seqlens beside it. Not owned: it must outlive the call.
+  TORCH_ARG(InferenceParamsPtr, inference_params) = nullptr;
+  /// Which layer's cache this attention uses (TE's layer_number): distinct for each layer that
+  /// shares an InferenceParams.
+  TORCH_ARG(int64_t, layer_number) = 0;
 };
 
 /// Options for DotProductAttention over `num_attention_heads` heads of `head_dim`.

@@ -1,0 +1,187 @@
+#pragma once
+
+// Text generation with a te::hf::CausalLM: how the next token is chosen (Sampler, with
+// transformers' logits processors), and the Engine that decodes many requests together over one
+// KV cache with iteration-level scheduling (continuous batching): at every step waiting requests
+// join, finished ones leave, and long prompts are prefilled in chunks beside the decoding ones.
+// generate() runs a set of requests to the end on an Engine; te-serve drives one request by
+// request.
+//
+// Example:
+//   te::hf::CausalLM model = te::hf::load_causal_lm("SmolLM2-135M-Instruct.gguf");
+//   te::hf::GenerateOptions o;
+//   o.max_tokens = 64;
+//   o.sampling.temperature = 0;  // greedy
+//   std::vector<int64_t> out = te::hf::generate(model, {prompt_ids}, o)[0].tokens;
+
+#include <ATen/Tensor.h>
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "te/hf/causal_lm.h"
+#include "te/nn/kv_cache.h"
+
+namespace te::hf {
+
+/// How the next token is drawn from the logits, in transformers' order (generation/utils.py
+/// _get_logits_processor, transformers 5.23.0): the repetition penalty (over the prompt and the
+/// generated tokens: a positive logit divided by it, a negative one multiplied), then the
+/// temperature, top-k, top-p and min-p filters, then a draw from the softmax. OpenAI's defaults
+/// (no filter; transformers' GenerationConfig would default top_k to 50).
+struct SamplingOptions {
+  /// 0: greedy (the largest logit; ties go to the lowest id). Otherwise logits / temperature.
+  double temperature = 1.0;
+  /// Keep the k largest logits (ties with the k-th kept); 0: all.
+  int64_t top_k = 0;
+  /// Keep the smallest set of most likely tokens whose probabilities sum past top_p; 1: all.
+  double top_p = 1.0;
+  /// Drop tokens less likely than min_p times the most likely one; 0: none.
+  double min_p = 0.0;
+  /// 1: off.
+  double repetition_penalty = 1.0;
+  /// The request's own random stream: the same seed gives the same tokens whatever else is
+  /// decoded beside it.
+  uint64_t seed = 0;
+};
+
+/// Checks every field (te::Error naming the first bad one, as `who`.field).
+void check_sampling(const SamplingOptions& options, const std::string& who = "sampling");
+
+/// One request's token chooser.
+class Sampler {
+ public:
+  explicit Sampler(const SamplingOptions& options);
+  /// The probabilities it draws from for `logits` [vocab] after `context` (the prompt and the
+  /// tokens generated so far, for the repetition penalty): float32 [vocab]. Greedy: one-hot.
+  at::Tensor distribution(const at::Tensor& logits, const std::vector<int64_t>& context) const;
+  /// The next token: a draw from distribution() by the request's random stream (one uniform
+  /// number per token, inverse CDF over the ids in order), or greedy's argmax.
+  int64_t next(const at::Tensor& logits, const std::vector<int64_t>& context);
+  const SamplingOptions& options() const { return options_; }
+
+ private:
+  SamplingOptions options_;
+  std::mt19937_64 random_;
+};
+
+/// One request.
+struct GenerateOptions {
+  /// Tokens to generate at most (the stop token not counted).
+  int64_t max_tokens = 16;
+  SamplingOptions sampling;
+  /// Generation stops when one of these is drawn (it is reported, finish_reason "stop").
+  std::vector<int64_t> stop_token_ids;
+  /// Log-probabilities (log_softmax of the model's logits, before the sampling filters) of the
+  /// chosen token and of the `top_logprobs` most likely ones.
+  int64_t top_logprobs = 0;
+};
+
+/// One generated token of one request.
+struct TokenEvent {
+  int64_t request = 0;
+  int64_t token = 0;
+  float logprob = 0;
+  std::vector<std::pair<int64_t, float>> top_logprobs;
+  /// "" while the request goes on; "stop" (a stop token, this one) or "length" (max_tokens, or
+  /// the context is full) on its last token.
+  std::string finish_reason;
+};
+
+/// What generate() returns for one request.
+struct Generated {
+  std::vector<int64_t> tokens;  ///< the stop token included when drawn
+  std::vector<float> logprobs;
+  std::vector<std::vector<std::pair<int64_t, float>>> top_logprobs;
+  std::string finish_reason;
+};
+
+struct EngineOptions {
+  /// Sequences decoded together at most.
+  int64_t max_num_seqs = 32;
+  /// Tokens in one forward at most: every running sequence's next token, then chunks of the
+  /// prompts being prefilled (a longer prompt takes several steps). >= max_num_seqs.
+  int64_t max_num_batched_tokens = 512;
+  /// A sequence's tokens at most (prompt and generated); 0: the model's max_position_embeddings.
+  int64_t max_sequence_length = 0;
+  /// A paged cache (pages of page_size tokens from a shared pool) or contiguous (one slot of
+  /// max_sequence_length tokens per sequence).
+  bool paged = true;
+  int64_t page_size = 16;
+  /// The cache's memory on each rank; 0: enough for max_num_seqs sequences of
+  /// max_sequence_length. A request that cannot get pages waits for them.
+  int64_t kv_cache_bytes = 0;
+  /// The cache's dtype.
+  at::ScalarType kv_cache_dtype = at::kFloat;
+};
+
+/// Counters of an Engine (te-serve's /metrics).
+struct EngineStats {
+  int64_t running = 0, waiting = 0;
+  int64_t blocks_used = 0, blocks_free = 0;  ///< pages (or slots, contiguous)
+  int64_t preemptions = 0;
+  int64_t steps = 0, prefill_tokens = 0, decode_tokens = 0;
+};
+
+/// Continuous batching over one KV cache. Not thread-safe: one thread adds, cancels and steps
+/// (te-serve's scheduler). On a mesh every rank runs the same Engine calls in the same order
+/// (each holds its cache slice).
+class Engine {
+ public:
+  Engine(CausalLM model, const EngineOptions& options = {});
+
+  /// Queues a request; returns its id. te::Error (nothing queued) for an empty prompt, one
+  /// that leaves no room to generate within max_sequence_length, a token id outside the
+  /// vocabulary, or bad options (naming the field).
+  int64_t add(const std::vector<int64_t>& prompt, const GenerateOptions& options);
+  /// Ends request `id` now (waiting or running) and frees its pages. Unknown
+  /// or finished ids are ignored.
+  void cancel(int64_t id);
+  /// One iteration: admits waiting requests the token budget and the cache allow, runs one
+  /// forward over the running sequences' next tokens and prompt chunks, and returns the tokens
+  /// it generated (a sequence still prefilling has none yet). When the cache cannot hold every
+  /// running sequence's next token, the latest admitted is preempted: its cache freed, it
+  /// waits again and is recomputed from its prompt and tokens so far.
+  std::vector<TokenEvent> step();
+  /// No request waiting or running.
+  bool idle() const { return waiting_.empty() && running_.empty(); }
+  EngineStats stats() const;
+  const te::nn::InferenceParams& cache() const { return *cache_; }
+  int64_t max_sequence_length() const { return max_len_; }
+
+ private:
+  struct Sequence {
+    int64_t id = 0;
+    std::vector<int64_t> tokens;  // prompt, then generated
+    int64_t prompt_length = 0;
+    int64_t cached = 0;  // tokens in the cache
+    int64_t generated = 0;
+    GenerateOptions options;
+    std::unique_ptr<Sampler> sampler;
+  };
+  TokenEvent sample(Sequence& seq, const at::Tensor& logits);
+
+  CausalLM model_;
+  EngineOptions options_;
+  int64_t max_len_ = 0;
+  std::unique_ptr<te::nn::InferenceParams> cache_;
+  std::deque<std::unique_ptr<Sequence>> waiting_;
+  std::vector<std::unique_ptr<Sequence>> running_;  // in admission order
+  int64_t next_id_ = 0;
+  EngineStats stats_;
+};
+
+/// Runs `prompts` to the end together on an Engine of `engine` options; `on_token` (optional)
+/// sees every token as it is generated, by prompt index.
+std::vector<Generated> generate(CausalLM model, const std::vector<std::vector<int64_t>>& prompts,
+                                const GenerateOptions& options, const EngineOptions& engine = {},
+                                const std::function<void(const TokenEvent&)>& on_token = {});
+
+}  // namespace te::hf

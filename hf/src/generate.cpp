@@ -1,0 +1,316 @@
+#include "te/hf/generate.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include "te/distributed.h"
+#include "te/error.h"
+
+namespace te::hf {
+
+// ---- Sampler -------------------------------------------------------------------------------
+
+void check_sampling(const SamplingOptions& o, const std::string& who) {
+  TE_CHECK(std::isfinite(o.temperature) && o.temperature >= 0, who, ".temperature ", o.temperature,
+           " must be >= 0 (0: greedy)");
+  TE_CHECK(o.top_k >= 0, who, ".top_k ", o.top_k, " must be >= 0 (0: off)");
+  TE_CHECK(o.top_p > 0 && o.top_p <= 1, who, ".top_p ", o.top_p, " must be in (0, 1]");
+  TE_CHECK(o.min_p >= 0 && o.min_p <= 1, who, ".min_p ", o.min_p, " must be in [0, 1]");
+  TE_CHECK(std::isfinite(o.repetition_penalty) && o.repetition_penalty > 0, who,
+           ".repetition_penalty ", o.repetition_penalty, " must be > 0 (1: off)");
+}
+
+Sampler::Sampler(const SamplingOptions& options) : options_(options), random_(options.seed) {
+  check_sampling(options_);
+}
+
+at::Tensor Sampler::distribution(const at::Tensor& logits,
+                                 const std::vector<int64_t>& context) const {
+  TE_CHECK(logits.dim() == 1, "Sampler: logits must be [vocab], got ", logits.sizes());
+  const SamplingOptions& o = options_;
+  at::Tensor l = logits.detach().to(at::kCPU, at::kFloat).clone();
+  const int64_t vocab = l.size(0);
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  if (o.repetition_penalty != 1.0) {  // RepetitionPenaltyLogitsProcessor
+    auto* p = l.data_ptr<float>();
+    const auto penalty = static_cast<float>(o.repetition_penalty);
+    for (int64_t id : std::set<int64_t>(context.begin(), context.end())) {
+      if (id < 0 || id >= vocab) continue;
+      p[id] = p[id] < 0 ? p[id] * penalty : p[id] / penalty;
+    }
+  }
+  if (o.temperature == 0) {
+    return at::zeros({vocab}, at::kFloat).index_fill_(0, l.argmax(), 1.0);
+  }
+  if (o.temperature != 1.0) l = l / o.temperature;  // TemperatureLogitsWarper
+  if (o.top_k > 0 && o.top_k < vocab) {             // TopKLogitsWarper: ties with the k-th kept
+    const at::Tensor kth = std::get<0>(at::topk(l, o.top_k)).select(0, o.top_k - 1);
+    l = l.masked_fill(l < kth, neg_inf);
+  }
+  if (o.top_p < 1.0) {  // TopPLogitsWarper: drop the least likely whose mass is <= 1 - top_p
+    const auto [sorted, order] = at::sort(l, /*dim=*/0, /*descending=*/false);
+    at::Tensor drop = sorted.softmax(0).cumsum(0) <= (1.0 - o.top_p);
+    drop.select(0, vocab - 1).fill_(false);
+    l = l.masked_fill(at::zeros_like(drop).scatter_(0, order, drop), neg_inf);
+  }
+  if (o.min_p > 0) {  // MinPLogitsWarper: below min_p x the top probability
+    const at::Tensor probs = l.softmax(0);
+    at::Tensor drop = probs < probs.max() * o.min_p;
+    drop.index_fill_(0, probs.argmax(), false);
+    l = l.masked_fill(drop, neg_inf);
+  }
+  return l.softmax(0);
+}
+
+int64_t Sampler::next(const at::Tensor& logits, const std::vector<int64_t>& context) {
+  const at::Tensor probs = distribution(logits, context);
+  if (options_.temperature == 0) return probs.argmax().item<int64_t>();
+  // One uniform draw in [0, 1) with 53 random bits, then the first id whose cumulative
+  // probability passes it (in double, over the ids in order).
+  const double u = static_cast<double>(random_() >> 11) * 0x1.0p-53;
+  const at::Tensor cdf = probs.to(at::kDouble).cumsum(0);
+  const auto* c = cdf.data_ptr<double>();
+  const int64_t vocab = cdf.size(0);
+  const double total = c[vocab - 1];
+  int64_t id = std::upper_bound(c, c + vocab, u * total) - c;
+  id = std::min(id, vocab - 1);
+  while (id > 0 && probs[id].item<float>() == 0) --id;  // never a filtered-out token
+  return id;
+}
+
+// ---- Engine ---------------------------------------------------------------------------------
+
+namespace {
+
+int64_t bytes_per_token(const CausalLMConfig& c, at::ScalarType dtype) {
+  return c.num_hidden_layers * c.num_key_value_heads * 2 * c.head_dim *
+         static_cast<int64_t>(c10::elementSize(dtype));
+}
+
+}  // namespace
+
+Engine::Engine(CausalLM model, const EngineOptions& options)
+    : model_(std::move(model)), options_(options) {
+  const EngineOptions& o = options_;
+  const CausalLMConfig& c = model_->config;
+  TE_CHECK(!model_->is_training(), "Engine: the model is in training mode; call eval() first");
+  TE_CHECK(o.max_num_seqs > 0, "Engine: max_num_seqs ", o.max_num_seqs, " must be > 0");
+  TE_CHECK(o.max_num_batched_tokens >= o.max_num_seqs, "Engine: max_num_batched_tokens ",
+           o.max_num_batched_tokens, " must be >= max_num_seqs ", o.max_num_seqs,
+           " (every running sequence takes a token each step)");
+  TE_CHECK(!o.paged || o.page_size > 0, "Engine: page_size ", o.page_size, " must be > 0");
+  TE_CHECK(o.kv_cache_bytes >= 0 && o.max_sequence_length >= 0,
+           "Engine: kv_cache_bytes and max_sequence_length must be >= 0");
+  const int64_t per_token = bytes_per_token(c, o.kv_cache_dtype);
+  const int64_t model_len = c.max_position_embeddings > 0 ? c.max_position_embeddings : 2048;
+  max_len_ = o.max_sequence_length ? o.max_sequence_length : model_len;
+  TE_CHECK(c.max_position_embeddings == 0 || max_len_ <= c.max_position_embeddings,
+           "Engine: max_sequence_length ", max_len_, " is more than the model's ",
+           c.max_position_embeddings, " positions");
+  int64_t blocks = 0;
+  const int64_t block_tokens = o.paged ? o.page_size : max_len_;
+  if (o.kv_cache_bytes == 0) {
+    blocks = o.max_num_seqs * ((max_len_ + block_tokens - 1) / block_tokens);
+  } else {
+    blocks = o.kv_cache_bytes / (per_token * block_tokens);
+    TE_CHECK(blocks * block_tokens >= max_len_, "Engine: kv_cache_bytes ", o.kv_cache_bytes,
+             " holds ", blocks * block_tokens, " tokens of this model (", per_token,
+             " bytes each), less than one sequence of max_sequence_length ", max_len_,
+             "; give more memory or a shorter max_sequence_length");
+  }
+  auto cache =
+      cache_options(c, o.paged ? o.max_num_seqs : std::min(o.max_num_seqs, blocks), max_len_)
+          .dtype(o.kv_cache_dtype);
+  if (o.paged) cache.is_paged(true).page_size(o.page_size).total_num_pages(blocks);
+  cache_ = std::make_unique<te::nn::InferenceParams>(cache);
+}
+
+int64_t Engine::add(const std::vector<int64_t>& prompt, const GenerateOptions& options) {
+  check_sampling(options.sampling, "sampling");
+  TE_CHECK(!prompt.empty(), "Engine::add: the prompt has no tokens");
+  TE_CHECK(options.max_tokens >= 1, "Engine::add: max_tokens ", options.max_tokens,
+           " must be >= 1");
+  TE_CHECK(options.top_logprobs >= 0 && options.top_logprobs <= 20, "Engine::add: top_logprobs ",
+           options.top_logprobs, " must be in [0, 20]");
+  const int64_t len = static_cast<int64_t>(prompt.size());
+  TE_CHECK(len < max_len_, "Engine::add: the prompt has ", len, " tokens; max_sequence_length ",
+           max_len_, " leaves no room to generate");
+  const int64_t vocab = model_->config.vocab_size;
+  for (int64_t id : prompt) {
+    TE_CHECK(id >= 0 && id < vocab, "Engine::add: prompt token ", id,
+             " is outside the vocabulary of ", vocab);
+  }
+  auto seq = std::make_unique<Sequence>();
+  seq->id = next_id_++;
+  seq->tokens = prompt;
+  seq->prompt_length = len;
+  seq->options = options;
+  seq->sampler = std::make_unique<Sampler>(options.sampling);
+  waiting_.push_back(std::move(seq));
+  return waiting_.back()->id;
+}
+
+void Engine::cancel(int64_t id) {
+  auto match = [id](const std::unique_ptr<Sequence>& s) { return s->id == id; };
+  waiting_.erase(std::remove_if(waiting_.begin(), waiting_.end(), match), waiting_.end());
+  running_.erase(std::remove_if(running_.begin(), running_.end(), match), running_.end());
+  cache_->end(id);
+}
+
+EngineStats Engine::stats() const {
+  EngineStats s = stats_;
+  s.running = static_cast<int64_t>(running_.size());
+  s.waiting = static_cast<int64_t>(waiting_.size());
+  s.blocks_free = cache_->free_blocks();
+  s.blocks_used = cache_->total_blocks() - s.blocks_free;
+  return s;
+}
+
+TokenEvent Engine::sample(Sequence& seq, const at::Tensor& logits) {
+  TokenEvent e;
+  e.request = seq.id;
+  e.token = seq.sampler->next(logits, seq.tokens);
+  const at::Tensor logp = logits.to(at::kFloat).log_softmax(0);
+  e.logprob = logp[e.token].item<float>();
+  if (seq.options.top_logprobs > 0) {
+    const auto [values, ids] = at::topk(logp, seq.options.top_logprobs);
+    for (int64_t i = 0; i < values.size(0); ++i) {
+      e.top_logprobs.emplace_back(ids[i].item<int64_t>(), values[i].item<float>());
+    }
+  }
+  seq.tokens.push_back(e.token);
+  ++seq.generated;
+  const auto& stop = seq.options.stop_token_ids;
+  if (std::find(stop.begin(), stop.end(), e.token) != stop.end()) {
+    e.finish_reason = "stop";
+  } else if (seq.generated >= seq.options.max_tokens ||
+             static_cast<int64_t>(seq.tokens.size()) >= max_len_) {
+    e.finish_reason = "length";
+  }
+  return e;
+}
+
+std::vector<TokenEvent> Engine::step() {
+  c10::InferenceMode inference;
+  const EngineOptions& o = options_;
+  // What the cache holds now: the last step's sequences (every other has been freed).
+  auto blocks_held = [&](int64_t id) {
+    const int64_t len = cache_->seqlen(id);
+    return len == 0 ? 0 : cache_->blocks_for(len);
+  };
+  std::vector<std::pair<Sequence*, int64_t>> plan;  // sequence, tokens this step
+  int64_t budget = 0, blocks_needed = 0;
+  auto blocks_free = [&]() {
+    int64_t freed = 0;
+    for (int64_t id : cache_->sequence_ids()) {
+      const bool planned =
+          std::any_of(plan.begin(), plan.end(), [id](const auto& p) { return p.first->id == id; });
+      if (!planned) freed += blocks_held(id);
+    }
+    return cache_->free_blocks() + freed;
+  };
+  bool preempted = false;
+  for (;;) {  // the running sequences, preempting the latest admitted until their step fits
+    plan.clear();
+    budget = o.max_num_batched_tokens;
+    blocks_needed = 0;
+    for (auto& seq : running_) {
+      plan.emplace_back(seq.get(), 1);
+      --budget;
+    }
+    for (auto& [seq, n] : plan) {  // prompts being prefilled take what budget is left
+      const int64_t extra =
+          std::min<int64_t>(static_cast<int64_t>(seq->tokens.size()) - seq->cached - 1, budget);
+      n += extra;
+      budget -= extra;
+    }
+    for (const auto& [seq, n] : plan) {
+      blocks_needed += cache_->blocks_for(seq->cached + n) - blocks_held(seq->id);
+    }
+    if (running_.size() <= 1 || blocks_needed <= blocks_free()) break;
+    std::unique_ptr<Sequence> last = std::move(running_.back());
+    running_.pop_back();
+    last->cached = 0;
+    cache_->end(last->id);
+    waiting_.push_front(std::move(last));
+    ++stats_.preemptions;
+    preempted = true;
+  }
+  // Admit waiting requests (first come, first served) while the budget and the cache allow.
+  while (!preempted && !waiting_.empty() && budget > 0 &&
+         static_cast<int64_t>(running_.size()) < o.max_num_seqs &&
+         static_cast<int64_t>(plan.size()) < cache_->options().max_batch_size()) {
+    Sequence& seq = *waiting_.front();
+    const int64_t n = std::min<int64_t>(static_cast<int64_t>(seq.tokens.size()), budget);
+    const int64_t need = cache_->blocks_for(n);
+    if (blocks_needed + need > blocks_free()) break;
+    blocks_needed += need;
+    budget -= n;
+    running_.push_back(std::move(waiting_.front()));
+    waiting_.pop_front();
+    plan.emplace_back(running_.back().get(), n);
+  }
+  if (plan.empty()) {  // nothing to run: free what the cache still holds
+    cache_->reset();
+    return {};
+  }
+  std::vector<std::pair<int64_t, int64_t>> step;
+  std::vector<int64_t> ids;
+  for (const auto& [seq, n] : plan) {
+    step.emplace_back(seq->id, n);
+    ids.insert(ids.end(), seq->tokens.begin() + seq->cached, seq->tokens.begin() + seq->cached + n);
+  }
+  cache_->pre_step(step);
+  const at::Tensor input = at::tensor(ids, at::kLong);
+  const at::Tensor logits = current_mesh() ? model_->step_on_mesh(input, *cache_).full_tensor()
+                                           : model_->step(input, *cache_);
+  ++stats_.steps;
+  std::vector<TokenEvent> events;
+  std::set<int64_t> finished;
+  for (std::size_t i = 0; i < plan.size(); ++i) {
+    Sequence& seq = *plan[i].first;
+    const int64_t n = plan[i].second;
+    (n == 1 && seq.cached + 1 == static_cast<int64_t>(seq.tokens.size()) && seq.generated > 0
+         ? stats_.decode_tokens
+         : stats_.prefill_tokens) += n;
+    seq.cached += n;
+    if (seq.cached < static_cast<int64_t>(seq.tokens.size())) continue;  // still prefilling
+    events.push_back(sample(seq, logits[static_cast<int64_t>(i)]));
+    if (!events.back().finish_reason.empty()) finished.insert(seq.id);
+  }
+  running_.erase(std::remove_if(running_.begin(), running_.end(),
+                                [&](const auto& s) { return finished.count(s->id) > 0; }),
+                 running_.end());
+  for (int64_t id : finished) cache_->end(id);
+  return events;
+}
+
+std::vector<Generated> generate(CausalLM model, const std::vector<std::vector<int64_t>>& prompts,
+                                const GenerateOptions& options, const EngineOptions& engine_options,
+                                const std::function<void(const TokenEvent&)>& on_token) {
+  Engine engine(std::move(model), engine_options);
+  std::map<int64_t, std::size_t> index;
+  for (std::size_t i = 0; i < prompts.size(); ++i) index[engine.add(prompts[i], options)] = i;
+  std::vector<Generated> out(prompts.size());
+  while (!engine.idle()) {
+    for (TokenEvent& e : engine.step()) {
+      Generated& g = out[index.at(e.request)];
+      g.tokens.push_back(e.token);
+      g.logprobs.push_back(e.logprob);
+      g.top_logprobs.push_back(e.top_logprobs);
+      g.finish_reason = e.finish_reason;
+      if (on_token) {
+        TokenEvent shown = e;
+        shown.request = static_cast<int64_t>(index.at(e.request));
+        on_token(shown);
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace te::hf

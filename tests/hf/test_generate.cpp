@@ -1,0 +1,374 @@
+// Generation: te::nn::InferenceParams (TE's KV cache: contiguous and paged) step by step, cached
+// steps equal to the full forward for every model family, greedy decoding with the cache equal
+// to recomputation for 256 tokens, the sampler's filters, seeded sampling whatever the batch,
+// chunked prefill and preemption keeping the tokens, and tensor parallel equal to one process.
+
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+#include <gtest/gtest.h>
+
+#include <mutex>
+#include <nlohmann/json.hpp>
+
+#include "../expect_error.h"
+#include "te/distributed.h"
+#include "te/hf/causal_lm.h"
+#include "te/hf/generate.h"
+#include "te/nn/init.h"
+#include "te/nn/kv_cache.h"
+#include "te/nn/sharded.h"
+
+namespace te::hf {
+namespace {
+
+using nlohmann::json;
+using te::nn::InferenceParams;
+using te::nn::InferenceParamsOptions;
+
+json tiny(const std::string& type, int64_t positions = 64) {
+  if (type == "gpt2") {
+    return {{"model_type", "gpt2"},
+            {"architectures", {"GPT2LMHeadModel"}},
+            {"vocab_size", 64},
+            {"n_embd", 16},
+            {"n_layer", 2},
+            {"n_head", 4},
+            {"n_positions", positions}};
+  }
+  json c = {{"model_type", type},
+            {"architectures",
+             {type == "llama"     ? "LlamaForCausalLM"
+              : type == "mistral" ? "MistralForCausalLM"
+              : type == "qwen2"   ? "Qwen2ForCausalLM"
+                                  : "Qwen3ForCausalLM"}},
+            {"vocab_size", 64},
+            {"hidden_size", 16},
+            {"intermediate_size", 24},
+            {"num_hidden_layers", 2},
+            {"num_attention_heads", 4},
+            {"num_key_value_heads", 2},
+            {"max_position_embeddings", positions},
+            {"rms_norm_eps", 1e-5},
+            {"hidden_act", "silu"},
+            {"tie_word_embeddings", type == "qwen3"},
+            {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 10000.0}}}};
+  if (type == "mistral") c["sliding_window"] = 4;  // shorter than the prompts: the window shows
+  return c;
+}
+
+CausalLM model_of(const json& config, uint64_t seed = 3) {
+  te::nn::manual_seed(seed);
+  CausalLM m(parse_causal_lm_config(config.dump(), "config.json"));
+  // Larger weights than the init's, so the logits are far apart and argmax is no coin toss.
+  torch::NoGradGuard no_grad;
+  for (auto& p : m->parameters()) {
+    if (p.dim() >= 2) p.mul_(3);
+  }
+  m->eval();
+  return m;
+}
+
+at::Tensor packed(const std::vector<int64_t>& ids) { return at::tensor(ids, at::kLong); }
+
+std::vector<int64_t> tokens(int64_t n, int64_t from) {
+  std::vector<int64_t> out;
+  for (int64_t i = 0; i < n; ++i) out.push_back((from + 7 * i) % 64);
+  return out;
+}
+
+// ---- the cache ----------------------------------------------------------------------------
+
+TEST(KvCache, PreStepPacksInTheCallersOrderAndFreesEndedSequences) {
+  InferenceParams cache(
+      InferenceParamsOptions(4, 32, 2, 3).is_paged(true).page_size(4).total_num_pages(6));
+  cache.pre_step({{7, 5}, {3, 2}});
+  EXPECT_TRUE(at::equal(cache.cu_seqlens_q(), packed({0, 5, 7})));
+  EXPECT_TRUE(at::equal(cache.cu_seqlens_kv(), packed({0, 5, 7})));
+  EXPECT_TRUE(at::equal(cache.pre_step_seqlens(), packed({0, 0})));
+  EXPECT_EQ(cache.free_blocks(), 3);  // 2 pages for 5 tokens, 1 for 2
+  const at::Tensor k1 = at::randn({7, 2, 3}), v1 = at::randn({7, 2, 3});
+  auto [k, v] = cache.step(0, k1, v1);
+  EXPECT_TRUE(at::equal(k, k1) && at::equal(v, v1));
+
+  // 7 has ended (absent), 3 continues with 3 tokens, 9 starts: in that order.
+  cache.pre_step({{3, 3}, {9, 4}});
+  EXPECT_EQ(cache.sequence_ids(), (std::vector<int64_t>{3, 9}));
+  EXPECT_TRUE(at::equal(cache.cu_seqlens_q(), packed({0, 3, 7})));
+  EXPECT_TRUE(at::equal(cache.cu_seqlens_kv(), packed({0, 5, 9})));
+  EXPECT_TRUE(at::equal(cache.pre_step_seqlens(), packed({2, 0})));
+  EXPECT_EQ(cache.seqlen(7), 0);
+  EXPECT_EQ(cache.free_blocks(), 6 - 2 - 1);  // 3: 5 tokens in 2 pages; 9: 4 tokens in 1
+  const at::Tensor k2 = at::randn({7, 2, 3});
+  std::tie(k, v) = cache.step(0, k2, k2);
+  EXPECT_TRUE(at::equal(k.slice(0, 0, 2), k1.slice(0, 5, 7)));  // 3's cached tokens
+  EXPECT_TRUE(at::equal(k.slice(0, 2, 9), k2));
+  EXPECT_ERROR(cache.step(0, k2, k2), "layer 0 was already stepped since pre_step");
+  // A second layer has its own memory.
+  std::tie(k, v) = cache.step(1, k2, k2);
+  EXPECT_TRUE(at::equal(k.slice(0, 0, 2), at::zeros({2, 2, 3})));  // never written in layer 1
+}
+
+TEST(KvCache, AStepThatDoesNotFitIsRefusedByNameAndChangesNothing) {
+  InferenceParams cache(
+      InferenceParamsOptions(2, 10, 2, 3).is_paged(true).page_size(4).total_num_pages(3));
+  cache.pre_step({{1, 6}});
+  auto unchanged = [&] {
+    EXPECT_EQ(cache.seqlen(1), 6);
+    EXPECT_EQ(cache.free_blocks(), 1);
+    EXPECT_EQ(cache.sequence_ids(), std::vector<int64_t>{1});
+  };
+  EXPECT_ERROR(cache.pre_step({{1, 1}, {1, 1}}), "sequence 1 appears twice in the step");
+  EXPECT_ERROR(cache.pre_step({{1, 0}}), "sequence 1 brings 0 new tokens (at least 1)");
+  EXPECT_ERROR(cache.pre_step({{1, 1}, {2, 1}, {3, 1}}),
+               "3 sequences are more than max_batch_size 2");
+  EXPECT_ERROR(cache.pre_step({{1, 5}}),
+               "sequence 1 would hold 11 tokens, more than max_sequence_length 10");
+  EXPECT_ERROR(cache.pre_step({{1, 1}, {2, 5}}), "the step needs 2 more pages and 1 are free");
+  EXPECT_ERROR(cache.pre_step({}), "the step has no sequences");
+  unchanged();
+  EXPECT_ERROR(cache.step(0, at::zeros({5, 2, 3}), at::zeros({5, 2, 3})),
+               "the step has 6 new tokens, so [6, kv heads, 3]");
+  EXPECT_ERROR(cache.step(0, at::zeros({6, 4, 3}), at::zeros({6, 4, 3})),
+               "gives 4 key/value heads, not a share of the cache's num_heads_kv 2");
+  // Ending sequence 1 gives its pages to the next.
+  cache.pre_step({{2, 10}});
+  EXPECT_EQ(cache.free_blocks(), 0);
+  EXPECT_ERROR(InferenceParams(InferenceParamsOptions(2, 10, 2, 3).is_paged(true)),
+               "is_paged needs page_size (0) and total_num_pages (0) > 0");
+  EXPECT_ERROR(InferenceParams(InferenceParamsOptions(2, 10, 2, 3).page_size(4)),
+               "page_size and total_num_pages are for is_paged(true)");
+}
+
+// ---- the model's cached steps -------------------------------------------------------------
+
+class CachedSteps : public ::testing::TestWithParam<std::tuple<std::string, bool>> {};
+
+// Prompts of 5 and 9 tokens prefilled together, then a chunk of 3 beside a single token, then
+// decoding: each step's logits equal the full forward's at each sequence's last token.
+TEST_P(CachedSteps, EqualTheFullForwardAtEachSequencesLastToken) {
+  const auto& [type, paged] = GetParam();
+  CausalLM model = model_of(tiny(type));
+  c10::InferenceMode inference;
+  auto options = cache_options(model->config, 3);
+  if (paged) options.is_paged(true).page_size(4).total_num_pages(16);
+  InferenceParams cache(options);
+  std::map<int64_t, std::vector<int64_t>> seqs;
+  auto run = [&](const std::vector<std::pair<int64_t, std::vector<int64_t>>>& step) {
+    std::vector<std::pair<int64_t, int64_t>> counts;
+    std::vector<int64_t> ids;
+    for (const auto& [id, toks] : step) {
+      counts.emplace_back(id, static_cast<int64_t>(toks.size()));
+      ids.insert(ids.end(), toks.begin(), toks.end());
+      seqs[id].insert(seqs[id].end(), toks.begin(), toks.end());
+    }
+    cache.pre_step(counts);
+    const at::Tensor logits = model->step(packed(ids), cache);
+    ASSERT_EQ(logits.size(0), static_cast<int64_t>(step.size()));
+    for (std::size_t i = 0; i < step.size(); ++i) {
+      const auto& all = seqs[step[i].first];
+      const at::Tensor want = model->forward(packed(all).unsqueeze(0)).select(0, 0).select(0, -1);
+      EXPECT_TRUE(at::allclose(logits[static_cast<int64_t>(i)], want, 1e-4, 1e-5))
+          << type << " sequence " << step[i].first << " at " << all.size() << " tokens: max diff "
+          << (logits[static_cast<int64_t>(i)] - want).abs().max().item<float>();
+    }
+  };
+  run({{0, tokens(5, 1)}, {1, tokens(9, 2)}});
+  run({{1, tokens(1, 3)}, {0, tokens(3, 4)}});  // a chunk beside a decode, the order swapped
+  run({{0, tokens(1, 5)}, {1, tokens(1, 6)}, {2, tokens(6, 7)}});
+  run({{2, tokens(1, 8)}, {1, tokens(1, 9)}});  // 0 has ended
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, CachedSteps,
+                         ::testing::Combine(::testing::Values("llama", "mistral", "qwen2", "qwen3",
+                                                              "gpt2"),
+                                            ::testing::Bool()),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) +
+                                  (std::get<1>(info.param) ? "_paged" : "_contiguous");
+                         });
+
+// ---- decoding -------------------------------------------------------------------------------
+
+GenerateOptions greedy(int64_t max_tokens) {
+  GenerateOptions o;
+  o.max_tokens = max_tokens;
+  o.sampling.temperature = 0;
+  return o;
+}
+
+TEST(Generate, GreedyWithTheCacheEqualsRecomputationFor256Tokens) {
+  CausalLM model = model_of(tiny("llama", 300));
+  const std::vector<int64_t> prompt = tokens(7, 1);
+  const Generated g = generate(model, {prompt}, greedy(256))[0];
+  ASSERT_EQ(g.tokens.size(), 256u);
+  EXPECT_EQ(g.finish_reason, "length");
+  // Recomputation: the full forward over the prompt and the generated tokens chooses, at every
+  // position, the token generated next (greedy decoding without a cache, token for token).
+  std::vector<int64_t> all = prompt;
+  all.insert(all.end(), g.tokens.begin(), g.tokens.end() - 1);
+  c10::InferenceMode inference;
+  const at::Tensor full = model->forward(packed(all).unsqueeze(0)).select(0, 0);
+  const at::Tensor chosen = full.slice(0, static_cast<int64_t>(prompt.size()) - 1).argmax(-1);
+  EXPECT_TRUE(at::equal(chosen, packed(g.tokens)));
+  // The tokens are not one token repeated (the test would not show much).
+  EXPECT_GT(std::set<int64_t>(g.tokens.begin(), g.tokens.end()).size(), 8u);
+}
+
+GenerateOptions sampled(uint64_t seed) {
+  GenerateOptions o;
+  o.max_tokens = 24;
+  o.sampling.temperature = 0.9;
+  o.sampling.top_p = 0.95;
+  o.sampling.top_k = 40;
+  o.sampling.seed = seed;
+  o.top_logprobs = 2;
+  return o;
+}
+
+TEST(Generate, SeededSamplingGivesTheSameTokensWhateverElseIsInTheBatch) {
+  CausalLM model = model_of(tiny("qwen2"));
+  const auto alone = generate(model, {tokens(6, 1)}, sampled(11))[0];
+  Engine engine(model);
+  engine.add(tokens(9, 4), sampled(5));
+  const int64_t id = engine.add(tokens(6, 1), sampled(11));
+  engine.add(tokens(3, 2), sampled(11));
+  std::vector<int64_t> got;
+  while (!engine.idle()) {
+    for (const TokenEvent& e : engine.step()) {
+      if (e.request == id) got.push_back(e.token);
+    }
+  }
+  EXPECT_EQ(got, alone.tokens);
+  EXPECT_NE(alone.tokens, generate(model, {tokens(6, 1)}, sampled(12))[0].tokens);
+  EXPECT_EQ(alone.top_logprobs.front().size(), 2u);
+  EXPECT_GE(alone.top_logprobs.front()[0].second, alone.logprobs.front());
+}
+
+TEST(Generate, PagedContiguousChunkedAndPreemptedRunsGiveTheSameTokens) {
+  CausalLM model = model_of(tiny("llama"));
+  const std::vector<std::vector<int64_t>> prompts = {tokens(9, 1), tokens(3, 2), tokens(12, 3),
+                                                     tokens(5, 4)};
+  for (const GenerateOptions& o : {greedy(20), sampled(3)}) {
+    const auto want = generate(model, prompts, o);
+    EngineOptions contiguous;
+    contiguous.paged = false;
+    EngineOptions chunked;  // prompts prefilled 2 tokens at a time beside the decodes
+    chunked.max_num_seqs = 2;
+    chunked.max_num_batched_tokens = 4;
+    EngineOptions tight;  // 10 pages of 4 tokens: the running sequences outgrow them
+    tight.max_sequence_length = 40;
+    tight.page_size = 4;
+    tight.kv_cache_bytes = 10 * 4 * (2 * 2 * 2 * 4 * 4);  // pages x tokens x bytes per token
+    for (const EngineOptions& e : {contiguous, chunked, tight}) {
+      const auto got = generate(model, prompts, o, e);
+      for (std::size_t i = 0; i < prompts.size(); ++i) {
+        EXPECT_EQ(got[i].tokens, want[i].tokens) << "prompt " << i;
+      }
+    }
+    Engine engine(model, tight);
+    for (const auto& p : prompts) engine.add(p, o);
+    while (!engine.idle()) engine.step();
+    EXPECT_GT(engine.stats().preemptions, 0);
+    EXPECT_EQ(engine.stats().blocks_used, 0);
+  }
+}
+
+TEST(Generate, StopTokensCancellationAndBadRequestsAreNamed) {
+  CausalLM model = model_of(tiny("llama"));
+  const auto free_run = generate(model, {tokens(4, 1)}, greedy(10))[0];
+  GenerateOptions o = greedy(10);
+  o.stop_token_ids = {free_run.tokens[3]};
+  const auto stopped = generate(model, {tokens(4, 1)}, o)[0];
+  EXPECT_EQ(stopped.finish_reason, "stop");
+  EXPECT_EQ(stopped.tokens.back(), free_run.tokens[3]);
+  EXPECT_LE(stopped.tokens.size(), 4u);
+
+  Engine engine(model);
+  const int64_t a = engine.add(tokens(4, 1), greedy(50));
+  engine.step();
+  EXPECT_GT(engine.stats().blocks_used, 0);
+  engine.cancel(a);
+  EXPECT_TRUE(engine.idle());
+  EXPECT_EQ(engine.stats().blocks_used, 0);
+
+  EXPECT_ERROR(engine.add({}, greedy(1)), "Engine::add: the prompt has no tokens");
+  EXPECT_ERROR(engine.add({64}, greedy(1)), "prompt token 64 is outside the vocabulary of 64");
+  EXPECT_ERROR(engine.add(tokens(64, 1), greedy(1)),
+               "the prompt has 64 tokens; max_sequence_length 64 leaves no room");
+  EXPECT_ERROR(engine.add({1}, greedy(0)), "max_tokens 0 must be >= 1");
+  GenerateOptions bad = greedy(1);
+  bad.sampling.top_p = 0;
+  EXPECT_ERROR(engine.add({1}, bad), "sampling.top_p 0 must be in (0, 1]");
+  bad = greedy(1);
+  bad.top_logprobs = 21;
+  EXPECT_ERROR(engine.add({1}, bad), "top_logprobs 21 must be in [0, 20]");
+  EXPECT_TRUE(engine.idle());
+  EngineOptions small;
+  small.kv_cache_bytes = 1000;
+  EXPECT_ERROR((Engine{model, small}), "less than one sequence of max_sequence_length 64");
+  model->train();
+  EXPECT_ERROR(Engine{model}, "the model is in training mode; call eval() first");
+}
+
+// ---- the sampler ------------------------------------------------------------------------------
+
+TEST(Sampler, FiltersAsTransformersProcessorsDo) {
+  const at::Tensor logits = at::tensor({2.0f, 1.0f, 1.0f, 0.0f, -1.0f});
+  SamplingOptions o;
+  o.top_k = 2;  // the k-th value's ties are kept
+  at::Tensor p = Sampler(o).distribution(logits, {});
+  EXPECT_EQ(p.nonzero().numel(), 3);
+  o = SamplingOptions();
+  o.top_p = 0.5;  // 2.0 alone holds ~0.53 of the mass
+  p = Sampler(o).distribution(logits, {});
+  EXPECT_TRUE(at::equal(p, at::tensor({1.0f, 0.0f, 0.0f, 0.0f, 0.0f})));
+  o = SamplingOptions();
+  o.min_p = 0.3;  // e^-1 = 0.37 of the top survives, e^-2 does not
+  p = Sampler(o).distribution(logits, {});
+  EXPECT_EQ(p.nonzero().numel(), 3);
+  o = SamplingOptions();
+  o.repetition_penalty = 2;
+  o.temperature = 0;  // greedy after the penalty: 2.0 -> 1.0, ties go to the lowest id
+  EXPECT_EQ(Sampler(o).next(logits, {0}), 0);
+  EXPECT_EQ(Sampler(o).next(at::tensor({2.0f, 1.5f}), {0}), 1);
+  EXPECT_NEAR(Sampler(SamplingOptions()).distribution(logits, {}).sum().item<float>(), 1, 1e-6);
+  o = SamplingOptions();
+  o.temperature = -1;
+  EXPECT_ERROR(Sampler{o}, "sampling.temperature -1 must be >= 0");
+  o = SamplingOptions();
+  o.repetition_penalty = 0;
+  EXPECT_ERROR(Sampler{o}, "sampling.repetition_penalty 0 must be > 0");
+}
+
+// ---- on a mesh ------------------------------------------------------------------------------
+
+TEST(Generate, TensorParallelEqualsOneProcess) {
+  CausalLM whole = model_of(tiny("llama"));
+  const std::vector<std::vector<int64_t>> prompts = {tokens(9, 1), tokens(4, 2)};
+  const auto want_greedy = generate(whole, prompts, greedy(12));
+  const auto want_sampled = generate(whole, prompts, sampled(9));
+  std::map<std::string, at::Tensor> params;
+  for (const auto& p : whole->named_parameters()) params[p.key()] = p.value().detach();
+  std::mutex mutex;
+  run_local_ranks(2, [&](int rank) {
+    DeviceMesh mesh({2}, {"tp"});
+    MeshScope on(mesh);
+    MeshResource r;
+    r.tp = "tp";
+    MeshResourceScope resource(r);
+    AxisRulesScope rules(extend_logical_axis_rules(parse_axis_rules("vocab=tp")));
+    CausalLM model(whole->config);
+    for (const auto& [name, value] : params) te::nn::set_parameter_from_global(*model, name, value);
+    model->eval();
+    const auto greedy_tokens = generate(model, prompts, greedy(12));
+    const auto sampled_tokens = generate(model, prompts, sampled(9));
+    std::lock_guard<std::mutex> lock(mutex);
+    for (std::size_t i = 0; i < prompts.size(); ++i) {
+      EXPECT_EQ(greedy_tokens[i].tokens, want_greedy[i].tokens) << "rank " << rank;
+      EXPECT_EQ(sampled_tokens[i].tokens, want_sampled[i].tokens) << "rank " << rank;
+    }
+  });
+}
+
+}  // namespace
+}  // namespace te::hf
