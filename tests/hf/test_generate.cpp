@@ -340,6 +340,73 @@ TEST(Sampler, FiltersAsTransformersProcessorsDo) {
   EXPECT_ERROR(Sampler{o}, "sampling.repetition_penalty 0 must be > 0");
 }
 
+// ---- text as it is generated ------------------------------------------------------------------
+
+// A byte-level BPE tokenizer of single characters: 'Ã' and '©' are the bytes 0xC3 0xA9 of "é".
+Tokenizer byte_tokenizer() {
+  const std::vector<std::string> vocab = {"<|end|>", "h", "i", "!", "\u00c3", "\u00a9", "\u0120"};
+  json v = json::object();
+  for (std::size_t i = 0; i < vocab.size(); ++i) v[json::parse("\"" + vocab[i] + "\"")] = i;
+  const json level = {{"type", "ByteLevel"},
+                      {"add_prefix_space", false},
+                      {"trim_offsets", true},
+                      {"use_regex", true}};
+  const json j = {{"version", "1.0"},
+                  {"added_tokens",
+                   {{{"id", 0},
+                     {"content", "<|end|>"},
+                     {"single_word", false},
+                     {"lstrip", false},
+                     {"rstrip", false},
+                     {"normalized", false},
+                     {"special", true}}}},
+                  {"normalizer", nullptr},
+                  {"pre_tokenizer", level},
+                  {"post_processor", level},
+                  {"decoder", level},
+                  {"model",
+                   {{"type", "BPE"},
+                    {"dropout", nullptr},
+                    {"unk_token", nullptr},
+                    {"continuing_subword_prefix", ""},
+                    {"end_of_word_suffix", ""},
+                    {"fuse_unk", false},
+                    {"byte_fallback", false},
+                    {"ignore_merges", false},
+                    {"vocab", v},
+                    {"merges", json::array()}}}};
+  return Tokenizer::from_json(j.dump(), "tokenizer.json");
+}
+
+TEST(TextStream, HoldsBackHalfCharactersAndStopStringPrefixes) {
+  const Tokenizer tok = byte_tokenizer();
+  TextStream plain(tok);
+  EXPECT_EQ(plain.push(1), "h");
+  EXPECT_EQ(plain.push(4), "");  // 0xC3: half of "é"
+  EXPECT_EQ(plain.push(5), "\u00e9");
+  EXPECT_EQ(plain.push(0), "");  // a special token decodes to nothing
+  EXPECT_EQ(plain.finish(), "");
+  EXPECT_EQ(plain.text(), "h\u00e9");
+
+  TextStream stopping(tok, {"i!", "zz"});
+  EXPECT_EQ(stopping.push(1), "h");
+  EXPECT_EQ(stopping.push(2), "");   // "i" may begin "i!"
+  EXPECT_EQ(stopping.push(2), "i");  // "ii": the first i cannot
+  EXPECT_FALSE(stopping.stopped());
+  EXPECT_EQ(stopping.push(3), "");  // "i!": stop; the text ends before it
+  EXPECT_TRUE(stopping.stopped());
+  EXPECT_EQ(stopping.push(1), "");
+  EXPECT_EQ(stopping.finish(), "");
+  EXPECT_EQ(stopping.text(), "hi");
+
+  TextStream ended(tok, {"i!"});
+  ended.push(1);
+  ended.push(2);
+  EXPECT_EQ(ended.finish(), "i");  // generation ended: what was held back is final
+  EXPECT_EQ(ended.text(), "hi");
+  EXPECT_ERROR(TextStream(tok, {""}), "TextStream: a stop string is empty");
+}
+
 // ---- on a mesh ------------------------------------------------------------------------------
 
 TEST(Generate, TensorParallelEqualsOneProcess) {

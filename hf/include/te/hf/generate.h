@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "te/hf/causal_lm.h"
+#include "te/hf/tokenizer.h"
 #include "te/nn/kv_cache.h"
 
 namespace te::hf {
@@ -176,6 +177,29 @@ class Engine {
   std::vector<std::unique_ptr<Sequence>> running_;  // in admission order
   int64_t next_id_ = 0;
   EngineStats stats_;
+};
+
+/// Generated tokens as text, as it becomes final: a character whose bytes are not all there yet,
+/// or an end that could begin a stop string, is held back until the next tokens settle it. A
+/// stop string ends the text before it (OpenAI's `stop`: the stop string is not returned).
+class TextStream {
+ public:
+  explicit TextStream(Tokenizer tokenizer, std::vector<std::string> stop = {});
+  /// Adds a generated token; returns the text that is now final ("" once stopped).
+  std::string push(int64_t token);
+  /// The text still held back, when generation has ended without a stop string.
+  std::string finish();
+  /// A stop string has appeared (the text before it has been returned).
+  bool stopped() const { return stopped_; }
+  /// Everything returned so far.
+  const std::string& text() const { return emitted_; }
+
+ private:
+  Tokenizer tokenizer_;
+  std::vector<std::string> stop_;
+  std::vector<int64_t> ids_;
+  std::string emitted_;
+  bool stopped_ = false;
 };
 
 /// Runs `prompts` to the end together on an Engine of `engine` options; `on_token` (optional)
