@@ -10,7 +10,9 @@
 #include <ATen/Parallel.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -88,7 +90,13 @@ Result run(const Args& a, bool print) {
   engine_options.paged = !a.contiguous;
   engine_options.page_size = a.page_size;
   engine_options.kv_cache_bytes = a.kv_cache_mib << 20;
-  engine_options.max_sequence_length = a.max_sequence_length;
+  // By default the cache holds this request: its prompt and max_tokens (within the model's).
+  const int64_t positions = model->config.max_position_embeddings;
+  engine_options.max_sequence_length =
+      a.max_sequence_length
+          ? a.max_sequence_length
+          : std::min<int64_t>(static_cast<int64_t>(ids.size()) + options.max_tokens,
+                              positions > 0 ? positions : INT64_MAX);
   te::hf::Engine engine(model, engine_options);
   const int64_t id = engine.add(ids, options);
   te::hf::TextStream stream(tokenizer, a.stop);
@@ -148,7 +156,8 @@ int main(int argc, char** argv) {
                "print the prompt as the model would read it (after --chat's template) and exit");
   app.add_flag("--ignore-eos", a.ignore_eos,
                "go on past the model's end-of-sequence tokens (up to --max-tokens)");
-  app.add_option("--max-tokens", a.generate.max_tokens, "tokens to generate at most")
+  a.generate.max_tokens = 128;
+  app.add_option("--max-tokens", a.generate.max_tokens, "tokens to generate at most (default 128)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   app.add_option("--temperature", s.temperature, "0: greedy; default 1 (OpenAI's)")
       ->check(CLI::Range(0.0, 100.0));
@@ -178,10 +187,12 @@ int main(int argc, char** argv) {
                "a contiguous KV cache (a slot of max-sequence-length tokens) instead of pages");
   app.add_option("--page-size", a.page_size, "tokens per KV cache page")
       ->check(CLI::Range(int64_t{1}, int64_t{65536}));
-  app.add_option("--kv-cache-mib", a.kv_cache_mib, "KV cache memory (0: one whole sequence)")
+  app.add_option("--kv-cache-mib", a.kv_cache_mib, "KV cache memory (0: what the sequence needs)")
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--max-sequence-length", a.max_sequence_length,
-                 "prompt and generated tokens at most (0: the model's positions)")
+  app.add_option(
+         "--max-sequence-length", a.max_sequence_length,
+         "prompt and generated tokens at most (0: the prompt's and --max-tokens, within the "
+         "model's positions)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--threads", a.threads, "intra-op threads (0: LibTorch's default)")
       ->check(CLI::Range(0, 1024));

@@ -380,6 +380,9 @@ void check_format_dims(const DotProductAttentionImpl& self, const T& query, cons
            " (qkv_format '", format, "')");
 }
 
+// Steps whose sequences bring at most this many new tokens attend with F::paged_attention.
+constexpr int64_t kPagedAttentionMaxQueries = 4;
+
 // Attention over a key/value cache (AttentionArgs::inference_params): q, k and v are the step's
 // new tokens packed as a batch of one, [1, tokens, heads, head_dim]. Their keys and values join
 // the cache, and each sequence's queries attend over its cached keys with the bottom-right
@@ -400,18 +403,14 @@ T cached_attention(const DotProductAttentionImpl& self, const T& query, const T&
            "MultiHeadAttention: attn_mask_type 'arbitrary' cannot run with a KV cache (the "
            "cache's sequences decide the mask); use a causal or padding type");
   const Arranged<T> a = arrange(query, key, value);
-  const auto [k_all, v_all] =
-      cache.step(args.layer_number(), local(a.k).squeeze(0), local(a.v).squeeze(0));
   F::AttentionCall call;
   call.spec = self.mask_spec;
-  if (call.spec.causal()) {
+  if (call.spec.causal()) {  // TE's conversion for a cache: the bottom-right diagonal
     call.spec.type = "padding_causal_bottom_right";
     call.spec.bottom_right = true;
   } else {
     call.spec.type = "padding";
   }
-  call.packed = {cache.cu_seqlens_q(), cache.cu_seqlens_kv(), {}, {},
-                 cache.max_seqlen_q(), cache.max_seqlen_kv()};
   call.softmax_type = self.options.softmax_type();
   if (self.softmax_offset.defined()) {
     call.softmax_offset =
@@ -421,7 +420,32 @@ T cached_attention(const DotProductAttentionImpl& self, const T& query, const T&
   call.fused = fused_available(self.options.fused());
   call.global_heads = a.q.size(2);
   call.head_offset = a.head_offset;
-  return in_layout_of(F::attention(local(a.q).squeeze(0), k_all, v_all, call).unsqueeze(0), a.q);
+  const at::Tensor q = local(a.q).squeeze(0);
+  const int64_t layer = args.layer_number();
+  if (cache.max_seqlen_q() <= kPagedAttentionMaxQueries &&
+      F::paged_attention_supported(q,
+                                   q.new_empty({0}, q.options().dtype(cache.options().dtype())))) {
+    // Decoding: straight from the pools (no gathered copy of the cache). Longer chunks of
+    // prompts are GEMMs, which BLAS runs faster than the kernel's loops.
+    cache.store(layer, local(a.k).squeeze(0), local(a.v).squeeze(0));
+    const auto [k_pool, v_pool] = cache.pools(layer);
+    return in_layout_of(F::paged_attention(q, k_pool, v_pool, cache.kv_rows(), cache.cu_seqlens_q(),
+                                           cache.seqlens_kv(), call)
+                            .unsqueeze(0),
+                        a.q);
+  }
+  // TE's cache format: the keys and values [batch, max_seqlen_kv, kv heads, head_dim]; the new
+  // queries padded alike to [batch, max_seqlen_q]: one batched attention with the padding mask.
+  const auto [k_all, v_all] = cache.step(layer, local(a.k).squeeze(0), local(a.v).squeeze(0));
+  call.mask = cache.padding_mask().to(k_all.device());
+  const at::Tensor rows = cache.query_rows().to(q.device());
+  const int64_t n = cache.batch_size(), mq = cache.max_seqlen_q();
+  const at::Tensor q_padded = at::zeros({n * mq, q.size(1), q.size(2)}, q.options())
+                                  .index_copy(0, rows, q)
+                                  .view({n, mq, q.size(1), q.size(2)});
+  const at::Tensor out = F::attention(q_padded, k_all, v_all, call);
+  return in_layout_of(
+      out.reshape({n * mq, out.size(2), out.size(3)}).index_select(0, rows).unsqueeze(0), a.q);
 }
 
 // In the options' qkv_format.

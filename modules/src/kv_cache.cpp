@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <set>
 #include <string>
 
@@ -63,6 +64,9 @@ void InferenceParams::reset() {
   pre_ = at::zeros({0}, i64);
   write_rows_ = at::zeros({0}, i64);
   read_rows_ = at::zeros({0}, i64);
+  query_rows_ = at::zeros({0}, i64);
+  padding_mask_ = at::zeros({0, 1, 0, 0}, at::kBool);
+  seqlens_kv_ = at::zeros({0}, i64);
   max_q_ = max_kv_ = new_tokens_ = 0;
   stepped_.clear();
 }
@@ -122,7 +126,8 @@ void InferenceParams::pre_step(const std::vector<std::pair<int64_t, int64_t>>& s
   auto* pre = pre_.data_ptr<int64_t>();
   cq[0] = ckv[0] = 0;
   max_q_ = max_kv_ = 0;
-  std::vector<int64_t> write, read;
+  std::vector<std::vector<int64_t>> rows(static_cast<std::size_t>(n));
+  std::vector<int64_t> write;
   for (int64_t i = 0; i < n; ++i) {
     const auto [id, count] = step[static_cast<std::size_t>(i)];
     Sequence& seq = sequences_[id];
@@ -132,11 +137,11 @@ void InferenceParams::pre_step(const std::vector<std::pair<int64_t, int64_t>>& s
       seq.blocks.push_back(free_.back());
       free_.pop_back();
     }
-    auto row = [&](int64_t position) {
-      return seq.blocks[static_cast<std::size_t>(position / bt)] * bt + position % bt;
-    };
-    for (int64_t p = pre[i]; p < seq.length; ++p) write.push_back(row(p));
-    for (int64_t p = 0; p < seq.length; ++p) read.push_back(row(p));
+    auto& r = rows[static_cast<std::size_t>(i)];
+    for (int64_t p = 0; p < seq.length; ++p) {
+      r.push_back(seq.blocks[static_cast<std::size_t>(p / bt)] * bt + p % bt);
+    }
+    write.insert(write.end(), r.begin() + pre[i], r.end());
     ids_.push_back(id);
     cq[i + 1] = cq[i] + count;
     ckv[i + 1] = ckv[i] + seq.length;
@@ -145,12 +150,29 @@ void InferenceParams::pre_step(const std::vector<std::pair<int64_t, int64_t>>& s
   }
   new_tokens_ = cq[n];
   stepped_.clear();
+  // The padded geometry: [batch, max_kv] pool rows (padding reads the zero row), the packed
+  // queries' places in [batch, max_q], and what is padding.
+  const int64_t zero_row = total_blocks() * bt;
+  read_rows_ = at::full({n, max_kv_}, zero_row, i64);
+  query_rows_ = at::empty({new_tokens_}, i64);
+  padding_mask_ = at::ones({n, 1, max_q_, max_kv_}, at::kBool);
+  auto* read = read_rows_.data_ptr<int64_t>();
+  auto* qr = query_rows_.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    const auto& r = rows[static_cast<std::size_t>(i)];
+    std::copy(r.begin(), r.end(), read + i * max_kv_);
+    for (int64_t t = cq[i]; t < cq[i + 1]; ++t) qr[t] = i * max_q_ + t - cq[i];
+    padding_mask_[i][0]
+        .narrow(0, 0, cq[i + 1] - cq[i])
+        .narrow(1, 0, ckv[i + 1] - ckv[i])
+        .fill_(false);
+  }
+  read_rows_ = read_rows_.view({-1});
+  seqlens_kv_ = (cu_kv_.slice(0, 1) - cu_kv_.slice(0, 0, n)).contiguous();
   write_rows_ = at::tensor(write, i64);
-  read_rows_ = at::tensor(read, i64);
 }
 
-std::pair<at::Tensor, at::Tensor> InferenceParams::step(int64_t layer, const at::Tensor& k,
-                                                        const at::Tensor& v) {
+void InferenceParams::store(int64_t layer, const at::Tensor& k, const at::Tensor& v) {
   const InferenceParamsOptions& o = options_;
   TE_CHECK(!ids_.empty(), "InferenceParams::step: call pre_step first");
   TE_CHECK(!stepped_.count(layer), "InferenceParams::step: layer ", layer,
@@ -167,7 +189,7 @@ std::pair<at::Tensor, at::Tensor> InferenceParams::step(int64_t layer, const at:
            o.num_heads_kv());
   auto it = layers_.find(layer);
   if (it == layers_.end()) {  // TE's allocate_memory, on this rank's heads and device
-    const int64_t rows = total_blocks() * block_tokens();
+    const int64_t rows = total_blocks() * block_tokens() + 1;  // + the zero row of padding
     const auto opts = k.options().dtype(o.dtype()).requires_grad(false);
     it = layers_
              .emplace(layer, std::make_pair(at::zeros({rows, k.size(1), o.head_dim_k()}, opts),
@@ -180,11 +202,26 @@ std::pair<at::Tensor, at::Tensor> InferenceParams::step(int64_t layer, const at:
            " key/value heads on ", k_pool.device(), " and now gives ", k.size(1), " on ",
            k.device());
   stepped_.insert(layer);
-  const at::Tensor write = write_rows_.to(k.device()), read = read_rows_.to(k.device());
+  const at::Tensor write = write_rows_.to(k.device());
   k_pool.index_copy_(0, write, k.detach().to(o.dtype()));
   v_pool.index_copy_(0, write, v.detach().to(o.dtype()));
-  return {k_pool.index_select(0, read).to(k.scalar_type()),
-          v_pool.index_select(0, read).to(v.scalar_type())};
+}
+
+std::pair<at::Tensor, at::Tensor> InferenceParams::pools(int64_t layer) const {
+  const auto it = layers_.find(layer);
+  TE_CHECK(it != layers_.end(), "InferenceParams: layer ", layer, " has stored nothing yet");
+  return it->second;
+}
+
+std::pair<at::Tensor, at::Tensor> InferenceParams::step(int64_t layer, const at::Tensor& k,
+                                                        const at::Tensor& v) {
+  store(layer, k, v);
+  const auto& [k_pool, v_pool] = layers_.at(layer);
+  const at::Tensor read = read_rows_.to(k.device());
+  const int64_t n = batch_size();
+  return {
+      k_pool.index_select(0, read).view({n, max_kv_, k.size(1), k.size(2)}).to(k.scalar_type()),
+      v_pool.index_select(0, read).view({n, max_kv_, v.size(1), v.size(2)}).to(v.scalar_type())};
 }
 
 }  // namespace te::nn

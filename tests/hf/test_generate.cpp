@@ -87,8 +87,15 @@ TEST(KvCache, PreStepPacksInTheCallersOrderAndFreesEndedSequences) {
   EXPECT_TRUE(at::equal(cache.pre_step_seqlens(), packed({0, 0})));
   EXPECT_EQ(cache.free_blocks(), 3);  // 2 pages for 5 tokens, 1 for 2
   const at::Tensor k1 = at::randn({7, 2, 3}), v1 = at::randn({7, 2, 3});
-  auto [k, v] = cache.step(0, k1, v1);
-  EXPECT_TRUE(at::equal(k, k1) && at::equal(v, v1));
+  auto [k, v] = cache.step(0, k1, v1);  // TE's bshd: [2 sequences, 5 positions, 2 heads, 3]
+  ASSERT_EQ(k.sizes(), (std::vector<int64_t>{2, 5, 2, 3}));
+  EXPECT_TRUE(at::equal(k[0], k1.slice(0, 0, 5)));
+  EXPECT_TRUE(at::equal(v[1].slice(0, 0, 2), v1.slice(0, 5, 7)));
+  EXPECT_TRUE(at::equal(k[1].slice(0, 2), at::zeros({3, 2, 3})));  // padding reads zeros
+  // Padding hides sequence 3's keys past its 2 and its queries past its 2 new tokens.
+  EXPECT_TRUE(at::equal(cache.padding_mask()[1][0][1], packed({0, 0, 1, 1, 1}).to(at::kBool)));
+  EXPECT_TRUE(at::equal(cache.padding_mask()[1][0][2], at::ones({5}, at::kBool)));
+  EXPECT_TRUE(at::equal(cache.query_rows(), packed({0, 1, 2, 3, 4, 5, 6})));
 
   // 7 has ended (absent), 3 continues with 3 tokens, 9 starts: in that order.
   cache.pre_step({{3, 3}, {9, 4}});
@@ -98,14 +105,16 @@ TEST(KvCache, PreStepPacksInTheCallersOrderAndFreesEndedSequences) {
   EXPECT_TRUE(at::equal(cache.pre_step_seqlens(), packed({2, 0})));
   EXPECT_EQ(cache.seqlen(7), 0);
   EXPECT_EQ(cache.free_blocks(), 6 - 2 - 1);  // 3: 5 tokens in 2 pages; 9: 4 tokens in 1
+  EXPECT_TRUE(at::equal(cache.query_rows(), packed({0, 1, 2, 4, 5, 6, 7})));  // max_q 4
   const at::Tensor k2 = at::randn({7, 2, 3});
   std::tie(k, v) = cache.step(0, k2, k2);
-  EXPECT_TRUE(at::equal(k.slice(0, 0, 2), k1.slice(0, 5, 7)));  // 3's cached tokens
-  EXPECT_TRUE(at::equal(k.slice(0, 2, 9), k2));
+  EXPECT_TRUE(at::equal(k[0].slice(0, 0, 2), k1.slice(0, 5, 7)));  // 3's cached tokens
+  EXPECT_TRUE(at::equal(k[0].slice(0, 2, 5), k2.slice(0, 0, 3)));
+  EXPECT_TRUE(at::equal(k[1].slice(0, 0, 4), k2.slice(0, 3, 7)));
   EXPECT_ERROR(cache.step(0, k2, k2), "layer 0 was already stepped since pre_step");
   // A second layer has its own memory.
   std::tie(k, v) = cache.step(1, k2, k2);
-  EXPECT_TRUE(at::equal(k.slice(0, 0, 2), at::zeros({2, 2, 3})));  // never written in layer 1
+  EXPECT_TRUE(at::equal(k[0].slice(0, 0, 2), at::zeros({2, 2, 3})));  // never written there
 }
 
 TEST(KvCache, AStepThatDoesNotFitIsRefusedByNameAndChangesNothing) {

@@ -311,6 +311,20 @@ struct AttentionCall {
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                      const AttentionCall& call);
 
+/// Attention of packed new queries over a KV cache held in pools of rows, without gathering it
+/// (a decoding step: te::nn::InferenceParams' layout, as vLLM's paged attention reads its
+/// blocks). q [tokens, heads, d]; k_pool / v_pool [rows, kv_heads, d / dv]; sequence i's
+/// queries are tokens cu_seqlens_q[i] ... cu_seqlens_q[i + 1] - 1 and its keys the pool rows
+/// kv_rows[i][0 ... seqlens_kv[i] - 1] ([sequences, max keys] int64). call.spec says which keys
+/// each query sees (a causal type: the bottom-right diagonal of each sequence, and its window),
+/// call.scale and the softmax type as attention(); no bias, no dropout. Equal to attention() on
+/// the gathered keys (within rounding: its own loops, float32 or float64 CPU tensors only; see
+/// paged_attention_supported). Result [tokens, heads, dv].
+at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
+                           const at::Tensor& kv_rows, const at::Tensor& cu_seqlens_q,
+                           const at::Tensor& seqlens_kv, const AttentionCall& call);
+bool paged_attention_supported(const at::Tensor& q, const at::Tensor& k_pool);
+
 /// What attention() runs for a set of arguments.
 struct AttentionPlan {
   /// The backend LibTorch's scaled_dot_product_attention chooses for the call attention() makes

@@ -81,11 +81,17 @@ class InferenceParams {
 
   /// Stores layer `layer`'s new keys and values, packed [new tokens, kv heads, head dim] in the
   /// step's order (the kv heads being this rank's share), and returns every cached key and value
-  /// of the step's sequences, packed [cached tokens, kv heads, head dim] in the same order
-  /// (cu_seqlens_kv), in `k`'s dtype. The first step of a layer allocates its memory. No gradient
-  /// flows into the cache. A layer stepped twice in one step is a te::Error (two layers sharing
-  /// a layer number would overwrite each other).
+  /// of the step's sequences in TE's cache format bshd (inference.py L198): [batch,
+  /// max_seqlen_kv, kv heads, head dim], sequence i's first seqlen_i rows holding its tokens and
+  /// the rest zeros (padding_mask() hides them), in `k`'s dtype. The first step of a layer
+  /// allocates its memory. No gradient flows into the cache. A layer stepped twice in one step is
+  /// a te::Error (two layers sharing a layer number would overwrite each other).
   std::pair<at::Tensor, at::Tensor> step(int64_t layer, const at::Tensor& k, const at::Tensor& v);
+  /// step() in two parts: store the new keys and values (the same checks), and layer `layer`'s
+  /// pools [rows, kv heads, head dim] (keys, values), which kv_rows() indexes: what
+  /// functional::paged_attention reads without gathering.
+  void store(int64_t layer, const at::Tensor& k, const at::Tensor& v);
+  std::pair<at::Tensor, at::Tensor> pools(int64_t layer) const;
 
   /// Ends sequence `id` now, between steps: its slot or pages are free for the next step (which
   /// must not list it again as continuing; as a new sequence it starts empty). Unknown ids are
@@ -105,6 +111,17 @@ class InferenceParams {
   /// [batch] int64: each sequence's length before this step (its new tokens' first position:
   /// RoPE's start_positions; TE's get_seqlens_pre_step).
   const at::Tensor& pre_step_seqlens() const { return pre_; }
+  /// [batch, 1, max_seqlen_q, max_seqlen_kv] bool, true where a query or key is padding: the
+  /// new tokens padded to [batch, max_seqlen_q] and step()'s keys, for a padding mask type.
+  const at::Tensor& padding_mask() const { return padding_mask_; }
+  /// [new tokens] int64: where each packed new token is in [batch * max_seqlen_q] (its sequence
+  /// times max_seqlen_q plus its place among the sequence's new tokens).
+  const at::Tensor& query_rows() const { return query_rows_; }
+  /// [batch, max_seqlen_kv] int64: the pool row of each sequence's cached tokens (padding: a
+  /// row of zeros).
+  at::Tensor kv_rows() const { return read_rows_.view({batch_size(), max_kv_}); }
+  /// [batch] int64: each sequence's length after this step (its cached tokens).
+  const at::Tensor& seqlens_kv() const { return seqlens_kv_; }
   int64_t max_seqlen_q() const { return max_q_; }
   int64_t max_seqlen_kv() const { return max_kv_; }
   int64_t new_tokens() const { return new_tokens_; }
@@ -132,7 +149,10 @@ class InferenceParams {
   std::vector<int64_t> free_;  // free pages or slots, taken from the back
   std::vector<int64_t> ids_;
   at::Tensor cu_q_, cu_kv_, pre_;
-  at::Tensor write_rows_, read_rows_;  // rows of the flat [blocks * block_tokens] pool
+  at::Tensor padding_mask_, query_rows_, seqlens_kv_;
+  // Rows of the flat [blocks * block_tokens + 1] pool: where the new tokens go, and where step()'s
+  // [batch, max_seqlen_kv] keys come from (padding: the last row, never written, zeros).
+  at::Tensor write_rows_, read_rows_;
   int64_t max_q_ = 0, max_kv_ = 0, new_tokens_ = 0;
   std::map<int64_t, std::pair<at::Tensor, at::Tensor>> layers_;  // layer -> flat k, v pools
   std::set<int64_t> stepped_;                                    // layers stepped since pre_step
