@@ -67,6 +67,9 @@ at::Tensor Sampler::distribution(const at::Tensor& logits,
 }
 
 int64_t Sampler::next(const at::Tensor& logits, const std::vector<int64_t>& context) {
+  if (options_.temperature == 0 && options_.repetition_penalty == 1.0) {
+    return logits.argmax().item<int64_t>();  // greedy: distribution()'s one-hot, without it
+  }
   const at::Tensor probs = distribution(logits, context);
   if (options_.temperature == 0) return probs.argmax().item<int64_t>();
   // One uniform draw in [0, 1) with 53 random bits, then the first id whose cumulative
@@ -174,12 +177,14 @@ TokenEvent Engine::sample(Sequence& seq, const at::Tensor& logits) {
   TokenEvent e;
   e.request = seq.id;
   e.token = seq.sampler->next(logits, seq.tokens);
-  const at::Tensor logp = logits.to(at::kFloat).log_softmax(0);
-  e.logprob = logp[e.token].item<float>();
+  // log_softmax at the tokens asked for: logit - logsumexp.
+  const at::Tensor l = logits.to(at::kFloat);
+  const float lse = at::logsumexp(l, 0).item<float>();
+  e.logprob = l[e.token].item<float>() - lse;
   if (seq.options.top_logprobs > 0) {
-    const auto [values, ids] = at::topk(logp, seq.options.top_logprobs);
+    const auto [values, ids] = at::topk(l, seq.options.top_logprobs);
     for (int64_t i = 0; i < values.size(0); ++i) {
-      e.top_logprobs.emplace_back(ids[i].item<int64_t>(), values[i].item<float>());
+      e.top_logprobs.emplace_back(ids[i].item<int64_t>(), values[i].item<float>() - lse);
     }
   }
   seq.tokens.push_back(e.token);

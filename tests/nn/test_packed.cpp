@@ -108,6 +108,62 @@ TEST(PackedAttention, EachSequenceAttendsAloneAsIfRunOneByOne) {
 
 // The packed batch computes what the padded batch with its padding mask computes at the real
 // tokens, dropout included: the packed sequences draw from the padded batch's positions.
+// A KV cache's decoding step: F::paged_attention reads each sequence's keys and values from
+// scattered pool rows and equals F::attention on the same keys gathered and packed, for every
+// softmax type, with and without a sliding window, GQA, several new tokens per sequence, and a
+// sequence whose first query sees no key (a zero row).
+TEST(PagedAttention, EqualsPackedAttentionOverTheGatheredKeys) {
+  const int64_t h = 4, g = 2, d = 8;
+  const std::vector<int64_t> lq = {1, 3, 2}, lk = {5, 3, 7};
+  const at::Tensor cu_q = at::tensor(std::vector<int64_t>{0, 1, 4, 6});
+  const at::Tensor cu_k = at::tensor(std::vector<int64_t>{0, 5, 8, 15});
+  const at::Tensor q = randn({6, h, d}, 21), k_pool = randn({20, g, d}, 22),
+                   v_pool = randn({20, g, d}, 23);
+  // Each sequence's keys at scattered rows (padding: row 19).
+  const at::Tensor rows = at::tensor(std::vector<int64_t>{3, 7, 0, 12, 5, 19, 19,  //
+                                                          1, 2, 18, 19, 19, 19, 19,  //
+                                                          4, 6, 8, 9, 10, 11, 13})
+                              .view({3, 7});
+  std::vector<at::Tensor> gathered;
+  for (int64_t i = 0; i < 3; ++i) gathered.push_back(rows[i].narrow(0, 0, lk[static_cast<std::size_t>(i)]));
+  const at::Tensor all = at::cat(gathered);
+  const at::Tensor k = k_pool.index_select(0, all), v = v_pool.index_select(0, all);
+  for (const std::string softmax : {"vanilla", "off-by-one", "learnable"}) {
+    for (const bool window : {false, true}) {
+      F::AttentionCall call;
+      call.spec = F::mask_spec("padding_causal_bottom_right",
+                               window ? std::optional<WindowSize>(WindowSize{1, 0}) : std::nullopt);
+      call.scale = 0.35;
+      call.softmax_type = softmax;
+      if (softmax == "learnable") call.softmax_offset = randn({h}, 24);
+      // Sequence 1 has 3 queries and 3 keys; with 2 keys more than queries elsewhere the
+      // bottom-right diagonal differs per sequence.
+      const at::Tensor got = F::paged_attention(q, k_pool, v_pool, rows, cu_q,
+                                                at::tensor(lk), call);
+      call.packed = {cu_q, cu_k, {}, {}, 0, 0};
+      const at::Tensor want = F::attention(q, k, v, call);
+      EXPECT_TRUE(at::allclose(got, want, 1e-5, 1e-6))
+          << softmax << (window ? " window" : "") << ": max diff "
+          << (got - want).abs().max().item<float>();
+    }
+  }
+  // A query that sees no key: 2 queries and 1 key on the bottom-right diagonal (the first query
+  // sits before the only key).
+  F::AttentionCall top_left;
+  top_left.spec = F::mask_spec("padding_causal_bottom_right");
+  const at::Tensor one = F::paged_attention(q.narrow(0, 0, 2), k_pool, v_pool, rows.narrow(0, 0, 1),
+                                            at::tensor(std::vector<int64_t>{0, 2}),
+                                            at::tensor(std::vector<int64_t>{1}), top_left);
+  EXPECT_TRUE(at::equal(one[0], at::zeros({h, d})));
+  EXPECT_FALSE(at::equal(one[1], at::zeros({h, d})));
+  EXPECT_ERROR(F::paged_attention(q.to(at::kHalf), k_pool, v_pool, rows, cu_q, at::tensor(lk),
+                                  top_left),
+               "must be float32 or float64 CPU tensors of one dtype");
+  EXPECT_ERROR(F::paged_attention(q, k_pool, v_pool, rows, cu_q,
+                                  at::tensor(std::vector<int64_t>{5, 3, 8}), top_left),
+               "sequence 2 has 2 queries and 8 keys (at most 7)");
+}
+
 TEST(PackedAttention, EqualsThePaddedBatchWithDropout) {
   const std::vector<int64_t> lengths = {6, 3, 5};
   const int64_t b = 3, s = 6, h = 2, d = 4;
