@@ -13,6 +13,7 @@
 #include "../expect_error.h"
 #include "te/distributed.h"
 #include "te/hf/causal_lm.h"
+#include "te/hf/chat.h"
 #include "te/hf/generate.h"
 #include "te/nn/init.h"
 #include "te/nn/kv_cache.h"
@@ -414,6 +415,28 @@ TEST(TextStream, HoldsBackHalfCharactersAndStopStringPrefixes) {
   EXPECT_EQ(ended.finish(), "i");  // generation ended: what was held back is final
   EXPECT_EQ(ended.text(), "hi");
   EXPECT_ERROR(TextStream(tok, {""}), "TextStream: a stop string is empty");
+}
+
+TEST(ChatTemplate, AppliesTheFamiliesItKnowsAndRefusesOthersByName) {
+  const ChatTemplate chatml = ChatTemplate::recognise(
+      "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+      "{{ '<|im_start|>system\nBe kind.<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + "
+      "message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
+      "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}",
+      "model.gguf");
+  EXPECT_EQ(chatml.family(), "chatml");
+  EXPECT_EQ(chatml.apply({{"user", "Hi"}}),
+            "<|im_start|>system\nBe kind.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+            "<|im_start|>assistant\n");
+  EXPECT_EQ(chatml.apply({{"system", "S"}, {"user", "Hi"}}, false),
+            "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n");
+  EXPECT_ERROR(chatml.apply({{"tool", "x"}}), "role 'tool' is not system, user or assistant");
+  EXPECT_ERROR(chatml.apply({}), "chat template: no messages");
+  EXPECT_ERROR(
+      ChatTemplate::recognise("{{ bos_token }}{% for m in messages %}[INST] {{ m.content }}"
+                              " [/INST]{% endfor %}",
+                              "mistral/tokenizer_config.json"),
+      "chat template of mistral/tokenizer_config.json is not one te-cpp applies");
 }
 
 // ---- on a mesh ------------------------------------------------------------------------------
