@@ -18,17 +18,23 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
+#include <memory>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <thread>
 
 #include "batcher.h"
 #include "data.h"
+#include "generation.h"
 #include "service.h"
+#include "te/distributed.h"
 #include "te/error.h"
 #include "te/hf/sentence.h"
 #include "te/nn/inference.h"
+#include "te/sharding/mesh_shape.h"
 
 namespace {
 
@@ -49,6 +55,16 @@ struct Args {
   std::string calibration;
   std::string export_fp8;
   std::string eval_tsv;
+  // A decoder model (--model GGUF or a causal LM folder).
+  int64_t max_num_seqs = 32;
+  int64_t max_num_batched_tokens = 512;
+  int64_t max_sequence_length = 0;
+  int64_t kv_cache_mib = 0;
+  int64_t page_size = 16;
+  bool contiguous = false;
+  double drain_timeout_s = 30;
+  int nproc = 1;
+  std::string mesh, mesh_resource, rules;
 };
 
 double mib(int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
@@ -108,6 +124,108 @@ serve::Embeddings embed(const te::hf::SentenceEmbedder& embedder,
   return e;
 }
 
+// The HTTP server's settings every mode shares: connection threads, body limit, Nagle off, the
+// health and metrics endpoints, a JSON error for what no handler answered (`error_of` writes
+// it), the request counter.
+void configure(httplib::Server& server, const Args& args, serve::Metrics& metrics,
+               const std::string& endpoints,
+               std::function<std::string(int, const std::string&)> error_of) {
+  const int pool = args.http_threads;
+  server.new_task_queue = [pool] {
+    return new httplib::ThreadPool(static_cast<std::size_t>(pool));
+  };
+  server.set_payload_max_length(args.max_body_bytes);
+  server.set_keep_alive_max_count(1000);
+  // Headers and body go out in two writes; with Nagle on, the second waits for the client's
+  // delayed ACK (40 ms on Linux).
+  server.set_tcp_nodelay(true);
+  server.Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content("{\"status\":\"ok\"}", "application/json");
+  });
+  server.Get("/metrics", [&metrics](const httplib::Request&, httplib::Response& res) {
+    metrics.set_gauge("te_serve_resident_bytes", "Resident memory of the process (VmRSS).",
+                      static_cast<double>(serve::resident_bytes()));
+    res.set_content(metrics.render(), "text/plain; version=0.0.4");
+  });
+  server.set_error_handler(
+      [&args, endpoints, error_of](const httplib::Request& req, httplib::Response& res) {
+        if (!res.body.empty()) return;
+        std::string message;
+        if (res.status == 413) {
+          message = "the body is over " + std::to_string(args.max_body_bytes) +
+                    " bytes (--max-body-bytes); split the request";
+        } else if (res.status == 404) {
+          message = "no endpoint " + req.method + " " + req.path + "; use " + endpoints +
+                    ", GET /healthz or GET /metrics";
+        } else {
+          message = "the request could not be served (HTTP " + std::to_string(res.status) + ")";
+        }
+        res.set_content(error_of(res.status, message), "application/json");
+      });
+  server.set_logger([&metrics](const httplib::Request& req, const httplib::Response& res) {
+    metrics.request(req.path, res.status);
+  });
+}
+
+// Binds `server` to --host/--port; the port, or -1 (printed) when it cannot.
+// The listening socket: SO_REUSEADDR only (httplib's default adds SO_REUSEPORT, under which a
+// second server binds the same port without an error), and a deep accept queue (httplib
+// listens with a backlog of 5, so a burst of connections loses SYNs and waits 1 s to retry).
+int bind(httplib::Server& server, const Args& args) {
+  auto listen_fd = std::make_shared<std::atomic<int>>(-1);
+  server.set_socket_options([listen_fd](socket_t sock) {
+    const int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    *listen_fd = sock;
+  });
+  int port = args.port;
+  if (port == 0) {
+    port = server.bind_to_any_port(args.host);
+  } else if (!server.bind_to_port(args.host, port)) {
+    port = -1;
+  }
+  if (port < 0) {
+    std::cerr << "te-serve: error: cannot listen on " << args.host << ":" << args.port
+              << " (in use, or not an address of this machine); choose another --host/--port"
+              << std::endl;
+    return -1;
+  }
+  if (*listen_fd >= 0) ::listen(*listen_fd, SOMAXCONN);
+  return port;
+}
+
+// Waits for SIGTERM/SIGINT on its own thread (the signals are blocked in every thread, so nothing
+// runs in a signal handler) and then calls `on_signal`; dismiss() ends the wait without it.
+class SignalWaiter {
+ public:
+  explicit SignalWaiter(std::function<void()> on_signal)
+      : thread_([this, on_signal = std::move(on_signal)] {
+          sigset_t signals;
+          sigemptyset(&signals);
+          sigaddset(&signals, SIGTERM);
+          sigaddset(&signals, SIGINT);
+          int sig = 0;
+          while (sigwait(&signals, &sig) == 0) {
+            if (done_.load() || sig == SIGTERM || sig == SIGINT) break;
+          }
+          if (done_.load()) return;
+          std::cout << "te-serve: " << (sig == SIGINT ? "SIGINT" : "SIGTERM")
+                    << ": draining in-flight requests" << std::endl;
+          on_signal();
+        }) {}
+  ~SignalWaiter() { dismiss(); }
+  void dismiss() {
+    if (!thread_.joinable()) return;
+    done_.store(true);
+    pthread_kill(thread_.native_handle(), SIGTERM);
+    thread_.join();
+  }
+
+ private:
+  std::atomic<bool> done_{false};
+  std::thread thread_;
+};
+
 int serve_http(const Service& service, const Args& args) {
   serve::Metrics metrics;
   metrics.set_gauge("te_serve_weight_bytes", "Bytes of the model's parameters and buffers.",
@@ -143,15 +261,8 @@ int serve_http(const Service& service, const Args& args) {
       args.max_request_sentences > 0 ? args.max_request_sentences : 8 * args.max_batch);
 
   httplib::Server server;
-  const int pool = args.http_threads;
-  server.new_task_queue = [pool] {
-    return new httplib::ThreadPool(static_cast<std::size_t>(pool));
-  };
-  server.set_payload_max_length(args.max_body_bytes);
-  server.set_keep_alive_max_count(1000);
-  // Headers and body go out in two writes; with Nagle on, the second waits for the client's
-  // delayed ACK (40 ms on Linux).
-  server.set_tcp_nodelay(true);
+  configure(server, args, metrics, endpoint,
+            [](int, const std::string& message) { return serve::error_body(message); });
   auto json_error = [](httplib::Response& res, int status, const std::string& message) {
     res.status = status;
     res.set_content(serve::error_body(message), "application/json");
@@ -187,76 +298,13 @@ int serve_http(const Service& service, const Args& args) {
       });
     });
   }
-  server.Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
-    res.set_content("{\"status\":\"ok\"}", "application/json");
-  });
-  server.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
-    metrics.set_gauge("te_serve_resident_bytes", "Resident memory of the process (VmRSS).",
-                      static_cast<double>(serve::resident_bytes()));
-    res.set_content(metrics.render(), "text/plain; version=0.0.4");
-  });
-  server.set_error_handler([&](const httplib::Request& req, httplib::Response& res) {
-    if (!res.body.empty()) return;
-    if (res.status == 413) {
-      json_error(res, 413,
-                 "the body is over " + std::to_string(args.max_body_bytes) +
-                     " bytes (--max-body-bytes); split the request");
-    } else if (res.status == 404) {
-      json_error(res, 404,
-                 "no endpoint " + req.method + " " + req.path + "; use " + endpoint +
-                     ", GET /healthz or GET /metrics");
-    } else {
-      json_error(res, res.status,
-                 "the request could not be served (HTTP " + std::to_string(res.status) + ")");
-    }
-  });
-  server.set_logger([&](const httplib::Request& req, const httplib::Response& res) {
-    metrics.request(req.path, res.status);
-  });
-
-  // The listening socket: SO_REUSEADDR only (httplib's default adds SO_REUSEPORT, under which a
-  // second server binds the same port without an error), and a deep accept queue (httplib
-  // listens with a backlog of 5, so a burst of connections loses SYNs and waits 1 s to retry).
-  std::atomic<int> listen_fd{-1};
-  server.set_socket_options([&listen_fd](socket_t sock) {
-    const int yes = 1;
-    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-    listen_fd = sock;
-  });
-  int port = args.port;
-  if (port == 0) {
-    port = server.bind_to_any_port(args.host);
-  } else if (!server.bind_to_port(args.host, port)) {
-    port = -1;
-  }
-  if (port < 0) {
-    std::cerr << "te-serve: error: cannot listen on " << args.host << ":" << args.port
-              << " (in use, or not an address of this machine); choose another --host/--port"
-              << std::endl;
-    return 2;
-  }
-  if (listen_fd >= 0) ::listen(listen_fd, SOMAXCONN);
-
-  // SIGTERM/SIGINT: stop accepting, answer what is in flight, exit 0. The signals are blocked in
-  // every thread and taken by one waiting thread, so nothing runs in a signal handler.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  std::atomic<bool> done{false};
-  std::thread waiter([&] {
-    int sig = 0;
-    while (sigwait(&signals, &sig) == 0) {
-      if (done.load() || sig == SIGTERM || sig == SIGINT) break;
-    }
-    if (!done.load()) {
-      std::cout << "te-serve: " << (sig == SIGINT ? "SIGINT" : "SIGTERM")
-                << ": draining in-flight requests" << std::endl;
-    }
+  const int port = bind(server, args);
+  if (port < 0) return 2;
+  // SIGTERM/SIGINT: stop accepting, answer what is in flight, exit 0.
+  SignalWaiter waiter([&] {
     drain();  // gathering batches run now; server.stop() waits for their answers
     server.stop();
   });
-
   std::cout << "te-serve: listening on http://" << args.host << ":" << port << " (" << args.workers
             << " worker" << (args.workers == 1 ? "" : "s") << ", max batch " << args.max_batch
             << ", max wait " << args.max_wait_ms << " ms, queue " << args.max_queue << ")"
@@ -264,11 +312,248 @@ int serve_http(const Service& service, const Args& args) {
   const bool ok = server.listen_after_bind();
   // The HTTP threads have finished their requests; the batcher answers anything still queued.
   stop();
-  done.store(true);
-  pthread_kill(waiter.native_handle(), SIGTERM);
-  waiter.join();
+  waiter.dismiss();
   std::cout << "te-serve: stopped" << std::endl;
   return ok ? 0 : 1;
+}
+
+// ---- a decoder model: OpenAI's completions over the generation engine ----------------------
+
+// POST /v1/completions and /v1/chat/completions on `server`, answered by `generator`; `open`
+// counts the streams still being written.
+void add_generation_routes(httplib::Server& server, serve::Generator& generator,
+                           serve::Metrics& metrics, std::atomic<int>& open) {
+  auto handle = [&generator, &metrics, &open](bool chat) {
+    return [&generator, &metrics, &open, chat](const httplib::Request& req,
+                                               httplib::Response& res) {
+      const auto start = std::chrono::steady_clock::now();
+      try {
+        const serve::CompletionRequest r = serve::decode_completion(req.body, chat);
+        std::shared_ptr<serve::GenerationStream> stream = generator.submit(r);
+        const std::string model = r.model.empty() ? generator.model_name() : r.model;
+        if (!r.stream) {
+          std::string text, finish;
+          std::vector<serve::TokenInfo> tokens;
+          serve::Piece piece;
+          while (finish.empty()) {
+            if (!stream->next(piece, std::chrono::milliseconds(100))) continue;
+            text += piece.text;
+            tokens.insert(tokens.end(), piece.tokens.begin(), piece.tokens.end());
+            finish = piece.finish_reason;
+          }
+          res.set_content(serve::encode_response(*stream, model, text, tokens, finish),
+                          "application/json");
+        } else {
+          res.set_header("Cache-Control", "no-cache");
+          ++open;
+          auto first = std::make_shared<bool>(true);
+          res.set_chunked_content_provider(
+              "text/event-stream",
+              [stream, model, first](std::size_t, httplib::DataSink& sink) {
+                serve::Piece piece;
+                if (!stream->next(piece, std::chrono::milliseconds(50))) return true;
+                if (piece.text.empty() && piece.tokens.empty() && piece.finish_reason.empty() &&
+                    !*first) {
+                  return true;  // a held-back character: nothing to send yet
+                }
+                std::string out = serve::encode_event(*stream, model, piece, *first);
+                *first = false;
+                const bool last = !piece.finish_reason.empty();
+                if (last) {
+                  if (stream->request().include_usage) {
+                    out += serve::encode_event(*stream, model, piece, false, true);
+                  }
+                  out += "data: [DONE]\n\n";
+                }
+                if (!sink.write(out.data(), out.size())) return false;  // the client is gone
+                if (last) sink.done();
+                return true;
+              },
+              [stream, &open](bool success) {
+                if (!success) stream->cancel();  // frees its pages at the next step
+                --open;
+              });
+        }
+      } catch (const serve::HttpError& e) {
+        res.status = e.status;
+        res.set_content(serve::openai_error_body(e.status, e.what(), e.param), "application/json");
+        if (e.status == 503) res.set_header("Retry-After", "1");
+      } catch (const std::exception& e) {
+        res.status = 500;
+        res.set_content(
+            serve::openai_error_body(500, std::string("generation failed: ") + e.what(), ""),
+            "application/json");
+      }
+      metrics.latency(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    };
+  };
+  server.Post("/v1/completions", handle(false));
+  server.Post("/v1/chat/completions", handle(true));
+}
+
+// The HTTP side of a generation server, on its own thread: returns once SIGTERM's drain is done
+// (or the server failed) and the generator has been stopped.
+class GenerationHttp {
+ public:
+  GenerationHttp(serve::Generator& generator, serve::Metrics& metrics, const Args& args)
+      : generator_(generator), metrics_(metrics), args_(args) {
+    configure(server_, args, metrics, "POST /v1/completions, POST /v1/chat/completions",
+              [](int status, const std::string& message) {
+                return serve::openai_error_body(status, message, "");
+              });
+    add_generation_routes(server_, generator, metrics, open_);
+  }
+  // Binds and serves on a thread; false (printed) when the port cannot be had.
+  bool start() {
+    const int port = bind(server_, args_);
+    if (port < 0) return false;
+    std::cout << "te-serve: listening on http://" << args_.host << ":" << port
+              << " (POST /v1/completions, POST /v1/chat/completions; max " << args_.max_num_seqs
+              << " sequences, " << args_.max_num_batched_tokens << " tokens per step, queue "
+              << args_.max_queue << ")" << std::endl;
+    thread_ = std::thread([this] {
+      ok_ = server_.listen_after_bind();
+      generator_.stop();  // the scheduler returns, whatever ended the server
+    });
+    // SIGTERM/SIGINT: new requests are refused (503), running streams finish within the drain
+    // timeout and the rest end with finish_reason "abort"; then the server stops.
+    waiter_ = std::make_unique<SignalWaiter>([this] {
+      generator_.drain();
+      const auto deadline =
+          std::chrono::steady_clock::now() + std::chrono::duration<double>(args_.drain_timeout_s);
+      while (!generator_.idle() && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+      generator_.stop();
+      // The streams write their last events before the server cuts its connections.
+      const auto flush = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+      while (open_.load() > 0 && std::chrono::steady_clock::now() < flush) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      server_.stop();
+    });
+    return true;
+  }
+  // After the generator's run() has returned.
+  bool join() {
+    server_.stop();
+    if (thread_.joinable()) thread_.join();
+    if (waiter_) waiter_->dismiss();
+    return ok_;
+  }
+
+ private:
+  serve::Generator& generator_;
+  serve::Metrics& metrics_;
+  const Args& args_;
+  httplib::Server server_;
+  std::atomic<int> open_{0};
+  std::thread thread_;
+  std::unique_ptr<SignalWaiter> waiter_;
+  bool ok_ = false;
+};
+
+// The model's name in responses: the file or folder's.
+std::string name_of(const std::string& path) {
+  const std::filesystem::path p = std::filesystem::path(path).lexically_normal();
+  return p.filename().empty() ? p.parent_path().filename().string() : p.filename().string();
+}
+
+// --model is a decoder (a GGUF file, or a folder that is not a sentence-transformers one).
+bool is_decoder(const std::string& path) {
+  return std::filesystem::is_regular_file(path) ||
+         !std::filesystem::exists(std::filesystem::path(path) / "modules.json");
+}
+
+// Rank 0's commands to the other ranks over `mesh`: the word count, then the words, each an
+// all-reduce to which only rank 0 contributes.
+serve::Broadcast broadcast_over(const te::DeviceMesh& mesh, int rank) {
+  return [&mesh, rank](std::vector<int64_t>& words) {
+    std::vector<int64_t> dims(static_cast<std::size_t>(mesh.ndim()));
+    std::iota(dims.begin(), dims.end(), 0);
+    const int64_t mine = rank == 0 ? static_cast<int64_t>(words.size()) : 0;
+    const int64_t n =
+        mesh.all_reduce(at::tensor({mine}, at::kLong), te::ReduceOp::kSum, dims).item<int64_t>();
+    at::Tensor t = rank == 0 ? at::tensor(words, at::kLong) : at::zeros({n}, at::kLong);
+    t = mesh.all_reduce(t, te::ReduceOp::kSum, dims).contiguous();
+    words.assign(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + n);
+  };
+}
+
+int serve_generation(const Args& args) {
+  const auto start = std::chrono::steady_clock::now();
+  const bool gguf = std::filesystem::is_regular_file(args.model_dir);
+  const te::hf::Tokenizer tokenizer = gguf ? te::hf::Tokenizer::from_file(args.model_dir)
+                                           : te::hf::Tokenizer::from_pretrained(args.model_dir);
+  const te::hf::GenerationDefaults defaults = te::hf::read_generation_defaults(args.model_dir);
+  serve::GeneratorOptions options;
+  options.model_name = name_of(args.model_dir);
+  options.max_waiting = args.max_queue;
+  te::hf::EngineOptions& e = options.engine;
+  e.max_num_seqs = args.max_num_seqs;
+  e.max_num_batched_tokens = args.max_num_batched_tokens;
+  e.max_sequence_length = args.max_sequence_length;
+  e.paged = !args.contiguous;
+  e.page_size = args.page_size;
+  e.kv_cache_bytes = args.kv_cache_mib << 20;
+  serve::Metrics metrics;
+  // Rank 0: the generator and the HTTP server; its run() returns once the server has stopped.
+  auto lead = [&](te::hf::CausalLM model, serve::Broadcast broadcast) {
+    metrics.set_gauge("te_serve_weight_bytes", "Bytes of the model's parameters and buffers.",
+                      static_cast<double>(te::nn::resident_bytes(*model)));
+    serve::Generator generator(model, tokenizer, defaults, options, metrics, std::move(broadcast));
+    const te::hf::EngineStats s = generator.stats();
+    std::printf(
+        "te-serve: loaded %s in %.2f s: %s, %lld layers, context %lld tokens; KV cache %s: %lld "
+        "%s%s\n",
+        args.model_dir.c_str(),
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+        model->config.model_type.c_str(), static_cast<long long>(model->config.num_hidden_layers),
+        static_cast<long long>(generator.max_sequence_length()),
+        args.contiguous ? "contiguous" : "paged", static_cast<long long>(s.blocks_free),
+        args.contiguous ? "slots" : "pages of ",
+        args.contiguous ? "" : (std::to_string(args.page_size) + " tokens").c_str());
+    std::fflush(stdout);
+    GenerationHttp http(generator, metrics, args);
+    if (!http.start()) {
+      generator.stop();
+      generator.run();  // tells the other ranks to stop
+      return 2;
+    }
+    generator.run();
+    const bool ok = http.join();
+    std::cout << "te-serve: stopped" << std::endl;
+    return ok ? 0 : 1;
+  };
+  if (args.nproc == 1) return lead(te::hf::load_causal_lm(args.model_dir), {});
+  const te::MeshShape shape =
+      te::parse_mesh_shape(args.mesh.empty() ? "model=" + std::to_string(args.nproc) : args.mesh);
+  TE_CHECK(shape.size() == args.nproc, "te-serve: --mesh ", shape.to_string(), " has ",
+           shape.size(), " ranks, not --nproc ", args.nproc);
+  std::string resource = args.mesh_resource;
+  if (resource.empty()) {
+    for (const std::string& n : shape.names) {
+      if (n == "model") resource += std::string(resource.empty() ? "" : ",") + "tp=model";
+      if (n == "data") resource += std::string(resource.empty() ? "" : ",") + "dp=data";
+    }
+  }
+  std::string rules = args.rules;
+  if (rules.empty() && resource.find("tp=model") != std::string::npos) rules = "vocab=model";
+  std::atomic<int> code{0};
+  te::run_local_ranks(args.nproc, [&](int rank) {
+    te::DeviceMesh mesh(shape.sizes, shape.names);
+    te::MeshScope on(mesh);
+    te::MeshResourceScope tp(te::parse_mesh_resource(resource));
+    te::AxisRulesScope scope(te::extend_logical_axis_rules(te::parse_axis_rules(rules)));
+    te::hf::CausalLM model = te::hf::load_causal_lm(args.model_dir);
+    if (rank == 0) {
+      code = lead(model, broadcast_over(mesh, rank));
+    } else {
+      serve::follow(model, options.engine, broadcast_over(mesh, rank));
+    }
+  });
+  return code;
 }
 
 }  // namespace
@@ -283,22 +568,33 @@ int main(int argc, char** argv) {
 
   Args args;
   CLI::App app{
-      "te-serve: serves the classifier of a te-encoder checkpoint (--load), or a Hugging Face\n"
-      "sentence embedding model (--model: e.g. all-MiniLM-L6-v2), over HTTP.\n"
+      "te-serve: serves the classifier of a te-encoder checkpoint (--load), a Hugging Face\n"
+      "sentence embedding model (--model DIR with modules.json: e.g. all-MiniLM-L6-v2), or a\n"
+      "decoder model (--model FILE.gguf or a causal LM folder: e.g. SmolLM2) over HTTP.\n"
       "  POST /v1/classify {\"sentences\": [\"...\"]} -> {\"labels\", \"probabilities\", "
       "\"truncated\"}\n"
       "  POST /v1/embeddings {\"input\": \"...\" | [\"...\"], \"encoding_format\": \"float\" | "
       "\"base64\"} -> OpenAI's embeddings response (and \"truncated\")\n"
+      "  POST /v1/completions, POST /v1/chat/completions: OpenAI's, \"stream\": true as "
+      "server-sent\n"
+      "    events; fields: max_tokens, temperature, top_p, top_k, min_p, repetition_penalty, "
+      "seed,\n"
+      "    stop, stop_token_ids, ignore_eos, logprobs (chat: logprobs, top_logprobs),\n"
+      "    stream_options.include_usage; n, best_of > 1, echo, suffix, penalties, tools: 400\n"
       "  GET /healthz, GET /metrics (Prometheus text)\n"
-      "Requests from all connections are batched dynamically and run under c10::InferenceMode;\n"
-      "SIGTERM stops accepting, answers in-flight requests and exits 0."};
+      "Classify and embeddings requests are batched dynamically; generation requests are decoded\n"
+      "together with continuous batching over a paged KV cache. SIGTERM stops taking requests,\n"
+      "finishes in-flight ones (generation: within --drain-timeout) and exits 0."};
   auto* load = app.add_option("--load", args.load_dir,
                               "Checkpoint directory written by te-encoder --save (any layout), "
                               "or by te-serve --export-fp8: serves POST /v1/classify");
   auto* model = app.add_option("--model", args.model_dir,
                                "A Hugging Face sentence-transformers folder (config.json, "
                                "model.safetensors, tokenizer.json, modules.json, 1_Pooling/; "
-                               "e.g. all-MiniLM-L6-v2): serves POST /v1/embeddings");
+                               "e.g. all-MiniLM-L6-v2): serves POST /v1/embeddings. A GGUF file "
+                               "or a decoder folder (config.json of a Llama, Mistral, Qwen2/3 "
+                               "or GPT-2, model.safetensors, tokenizer.json): serves POST "
+                               "/v1/completions and /v1/chat/completions");
   load->excludes(model);
   model->excludes(load);
   app.add_option("--host", args.host, "Address to listen on")->capture_default_str();
@@ -345,6 +641,58 @@ int main(int argc, char** argv) {
                  "--load loads it as FP8)");
   app.add_option("--eval", args.eval_tsv,
                  "Classify a CoLA TSV file, print accuracy and MCC, and exit (no server)");
+  const std::string decoder = "Decoder models";
+  app.add_option("--max-num-seqs", args.max_num_seqs, "Sequences decoded together at most")
+      ->group(decoder)
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{4096}));
+  app.add_option("--max-num-batched-tokens", args.max_num_batched_tokens,
+                 "Tokens in one forward at most: the running sequences' next tokens, then chunks "
+                 "of prompts being prefilled (>= --max-num-seqs)")
+      ->group(decoder)
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  app.add_option("--max-sequence-length", args.max_sequence_length,
+                 "The context: prompt and generated tokens of one request at most (0: the "
+                 "model's max_position_embeddings)")
+      ->group(decoder)
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--kv-cache-mib", args.kv_cache_mib,
+                 "KV cache memory (per rank); a request that cannot get pages waits (0: enough "
+                 "for --max-num-seqs sequences of the whole context)")
+      ->group(decoder)
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--page-size", args.page_size, "Tokens per KV cache page")
+      ->group(decoder)
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{65536}));
+  app.add_flag("--contiguous", args.contiguous,
+               "A contiguous KV cache (one slot of the whole context per sequence) instead of "
+               "pages")
+      ->group(decoder);
+  app.add_option("--drain-timeout", args.drain_timeout_s,
+                 "On SIGTERM, seconds running streams get to finish; the rest end with "
+                 "finish_reason \"abort\"")
+      ->group(decoder)
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 86400.0));
+  app.add_option("--nproc", args.nproc,
+                 "Thread ranks the decoder is sharded over (tensor parallel unless --mesh says "
+                 "otherwise): rank 0 serves HTTP and broadcasts each step's batch, every rank "
+                 "holds its share of the weights and KV cache")
+      ->group(decoder)
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
+  app.add_option("--mesh", args.mesh, "The mesh of the --nproc ranks (default model=N)")
+      ->group(decoder);
+  app.add_option("--mesh-resource", args.mesh_resource,
+                 "TE's MeshResource for the mesh axes (default tp=model, and dp=data when the "
+                 "mesh has a data axis)")
+      ->group(decoder);
+  app.add_option("--rules", args.rules,
+                 "Logical axis rules over TE's (default vocab=model: the vocabulary sharded with "
+                 "the heads)")
+      ->group(decoder);
   CLI11_PARSE(app, argc, argv);
 
   if (args.load_dir.empty() && args.model_dir.empty()) {
@@ -355,6 +703,28 @@ int main(int argc, char** argv) {
   try {
     const auto start = std::chrono::steady_clock::now();
     const int64_t resident_before = serve::resident_bytes();
+    if (!args.model_dir.empty() && is_decoder(args.model_dir)) {
+      if (!args.export_fp8.empty() || !args.eval_tsv.empty() || args.fp8_weights ||
+          !args.calibration.empty()) {
+        std::cerr << "te-serve: error: --export-fp8, --eval, --fp8-weights and --calibration "
+                     "take a te-encoder checkpoint or an embedding model, not a decoder ("
+                  << args.model_dir << ")" << std::endl;
+        return 2;
+      }
+      if (args.max_num_batched_tokens < args.max_num_seqs) {
+        std::cerr << "te-serve: error: --max-num-batched-tokens " << args.max_num_batched_tokens
+                  << " is below --max-num-seqs " << args.max_num_seqs
+                  << ": every running sequence's next token must fit in a step" << std::endl;
+        return 2;
+      }
+      if (args.nproc == 1 &&
+          (!args.mesh.empty() || !args.mesh_resource.empty() || !args.rules.empty())) {
+        std::cerr << "te-serve: error: --mesh, --mesh-resource and --rules need --nproc > 1"
+                  << std::endl;
+        return 2;
+      }
+      return serve_generation(args);
+    }
     if (!args.model_dir.empty()) {
       if (!args.export_fp8.empty() || !args.eval_tsv.empty()) {
         std::cerr << "te-serve: error: --export-fp8 and --eval take a te-encoder checkpoint "

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <sstream>
 
 #include "text.h"
 
@@ -160,6 +161,229 @@ EmbeddingsRequest decode_embeddings(std::string_view body, std::size_t max_input
                                std::to_string(dimensions) +
                                " dimensions and te-serve does not shorten them; leave it out");
     }
+  }
+  return r;
+}
+
+namespace {
+
+// The field `key` of a completion request, or null when absent.
+const json& field(const json& doc, const char* key) {
+  static const json kNull;
+  const auto it = doc.find(key);
+  return it == doc.end() ? kNull : *it;
+}
+
+[[noreturn]] void bad_field(const std::string& key, const std::string& problem) {
+  throw HttpError(400, "\"" + key + "\" " + problem, key);
+}
+
+std::optional<double> number_field(const json& doc, const char* key, double lo, double hi,
+                                   bool lo_open = false) {
+  const json& v = field(doc, key);
+  if (v.is_null()) return std::nullopt;
+  if (!v.is_number()) bad_field(key, "is a JSON " + std::string(v.type_name()) + "; send a number");
+  const double d = v.get<double>();
+  if (!(lo_open ? d > lo : d >= lo) || !(d <= hi)) {
+    std::ostringstream range;
+    range << (lo_open ? "(" : "[") << lo << ", " << hi << "]";
+    bad_field(key, "is " + v.dump() + "; it must lie in " + range.str());
+  }
+  return d;
+}
+
+std::optional<int64_t> integer_field(const json& doc, const char* key, int64_t lo, int64_t hi) {
+  const json& v = field(doc, key);
+  if (v.is_null()) return std::nullopt;
+  if (!v.is_number_integer()) {
+    bad_field(key, "is a JSON " + std::string(v.type_name()) + "; send an integer");
+  }
+  if (v.is_number_unsigned() ? v.get<uint64_t>() > static_cast<uint64_t>(hi)
+                             : v.get<int64_t>() < lo || v.get<int64_t>() > hi) {
+    bad_field(key, "is " + v.dump() + "; it must lie in [" + std::to_string(lo) + ", " +
+                       std::to_string(hi) + "]");
+  }
+  return v.get<int64_t>();
+}
+
+std::optional<bool> bool_field(const json& doc, const char* key) {
+  const json& v = field(doc, key);
+  if (v.is_null()) return std::nullopt;
+  if (!v.is_boolean())
+    bad_field(key, "is a JSON " + std::string(v.type_name()) + "; send true or false");
+  return v.get<bool>();
+}
+
+std::string utf8_string(const json& v, const std::string& where) {
+  if (!v.is_string()) {
+    bad_field(where, "is a JSON " + std::string(v.type_name()) + "; send a string");
+  }
+  std::string text = v.get<std::string>();
+  if (!valid_utf8(text)) bad_field(where, "is not valid UTF-8");
+  return text;
+}
+
+// A field OpenAI defines that te-serve does not implement: accepted only when it asks for
+// nothing (`inert` says whether the value does).
+void unsupported(const json& doc, const char* key, bool (*inert)(const json&),
+                 const char* instead) {
+  const json& v = field(doc, key);
+  if (v.is_null() || inert(v)) return;
+  throw HttpError(
+      400,
+      "\"" + std::string(key) + "\" is " + v.dump() + ": te-serve does not support it; " + instead,
+      key);
+}
+
+std::string message_content(const json& content, const std::string& where) {
+  if (content.is_string()) return utf8_string(content, where);
+  if (!content.is_array()) {
+    bad_field(where, "is a JSON " + std::string(content.type_name()) +
+                         "; send a string or a list of {\"type\": \"text\", \"text\": ...} parts");
+  }
+  std::string text;
+  for (std::size_t i = 0; i < content.size(); ++i) {
+    const json& part = content[i];
+    const std::string at = where + "[" + std::to_string(i) + "]";
+    if (!part.is_object() || field(part, "type") != "text") {
+      bad_field(at,
+                "is not a text part; te-serve's models read text only ({\"type\": \"text\", "
+                "\"text\": ...})");
+    }
+    text += utf8_string(field(part, "text"), at + ".text");
+  }
+  return text;
+}
+
+}  // namespace
+
+CompletionRequest decode_completion(std::string_view body, bool chat) {
+  const json doc =
+      parse_object(body, chat ? "{\"messages\": [{\"role\": \"user\", \"content\": \"...\"}]}"
+                              : "{\"prompt\": \"...\"}");
+  CompletionRequest r;
+  r.chat = chat;
+  if (chat) {
+    const json& m = field(doc, "messages");
+    if (m.is_null())
+      bad_field("messages", "is missing; send [{\"role\": \"user\", \"content\": \"...\"}]");
+    if (!m.is_array() || m.empty()) bad_field("messages", "must be a non-empty list of messages");
+    for (std::size_t i = 0; i < m.size(); ++i) {
+      const std::string where = "messages[" + std::to_string(i) + "]";
+      if (!m[i].is_object())
+        bad_field(where,
+                  "is a JSON " + std::string(m[i].type_name()) + "; send {\"role\", \"content\"}");
+      std::string role = utf8_string(field(m[i], "role"), where + ".role");
+      if (role == "developer") role = "system";
+      if (role != "system" && role != "user" && role != "assistant") {
+        bad_field(where + ".role",
+                  "is \"" + role + "\"; use system, user or assistant (te-serve has no tools)");
+      }
+      r.messages.push_back({role, message_content(field(m[i], "content"), where + ".content")});
+    }
+  } else {
+    const json& p = field(doc, "prompt");
+    if (p.is_null()) bad_field("prompt", "is missing; send {\"prompt\": \"...\"}");
+    if (p.is_string()) {
+      r.prompt = utf8_string(p, "prompt");
+    } else if (p.is_array() && !p.empty() && p[0].is_number_integer()) {
+      for (std::size_t i = 0; i < p.size(); ++i) {
+        if (!p[i].is_number_integer() || p[i].get<int64_t>() < 0) {
+          bad_field("prompt[" + std::to_string(i) + "]",
+                    "is " + p[i].dump() + "; a list of token ids holds non-negative integers");
+        }
+        r.prompt_ids.push_back(p[i].get<int64_t>());
+      }
+    } else if (p.is_array() && p.size() == 1) {
+      r.prompt = utf8_string(p[0], "prompt[0]");
+    } else {
+      bad_field("prompt", p.is_array() ? "holds " + std::to_string(p.size()) +
+                                             " prompts; te-serve takes one per request (n = 1)"
+                                       : "is a JSON " + std::string(p.type_name()) +
+                                             "; send a string or a list of token ids");
+    }
+    if (r.prompt.empty() && r.prompt_ids.empty())
+      bad_field("prompt", "is empty; send text to continue");
+  }
+  if (const json& m = field(doc, "model"); !m.is_null()) r.model = utf8_string(m, "model");
+  constexpr int64_t kMaxTokens = int64_t{1} << 30;
+  r.max_tokens = integer_field(doc, "max_tokens", 1, kMaxTokens);
+  if (chat) {
+    if (auto m = integer_field(doc, "max_completion_tokens", 1, kMaxTokens)) r.max_tokens = m;
+  }
+  r.temperature = number_field(doc, "temperature", 0, 2).value_or(1.0);
+  r.top_p = number_field(doc, "top_p", 0, 1, /*lo_open=*/true).value_or(1.0);
+  r.min_p = number_field(doc, "min_p", 0, 1).value_or(0.0);
+  r.repetition_penalty = number_field(doc, "repetition_penalty", 0, 100, true).value_or(1.0);
+  r.top_k = std::max<int64_t>(0, integer_field(doc, "top_k", -1, kMaxTokens).value_or(0));
+  if (const json& s = field(doc, "seed"); !s.is_null()) {
+    if (!s.is_number_integer())
+      bad_field("seed", "is a JSON " + std::string(s.type_name()) + "; send an integer");
+    r.seed = s.is_number_unsigned() ? s.get<uint64_t>() : static_cast<uint64_t>(s.get<int64_t>());
+  }
+  if (auto n = integer_field(doc, "n", 1, kMaxTokens); n && *n != 1) {
+    bad_field("n", "is " + std::to_string(*n) +
+                       "; te-serve returns one choice per request: send n copies of it");
+  }
+  if (const json& s = field(doc, "stop"); !s.is_null()) {
+    const json list = s.is_string() ? json::array({s}) : s;
+    if (!list.is_array())
+      bad_field("stop",
+                "is a JSON " + std::string(s.type_name()) + "; send a string or a list of them");
+    if (list.size() > 4)
+      bad_field("stop", "holds " + std::to_string(list.size()) + " strings; at most 4");
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      const std::string where = s.is_string() ? "stop" : "stop[" + std::to_string(i) + "]";
+      std::string text = utf8_string(list[i], where);
+      if (text.empty()) bad_field(where, "is empty");
+      r.stop.push_back(std::move(text));
+    }
+  }
+  if (const json& ids = field(doc, "stop_token_ids"); !ids.is_null()) {
+    if (!ids.is_array()) bad_field("stop_token_ids", "must be a list of token ids");
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      if (!ids[i].is_number_integer() || ids[i].get<int64_t>() < 0) {
+        bad_field("stop_token_ids[" + std::to_string(i) + "]",
+                  "is " + ids[i].dump() + "; send a token id");
+      }
+      r.stop_token_ids.push_back(ids[i].get<int64_t>());
+    }
+  }
+  r.ignore_eos = bool_field(doc, "ignore_eos").value_or(false);
+  r.stream = bool_field(doc, "stream").value_or(false);
+  if (const json& o = field(doc, "stream_options"); !o.is_null()) {
+    if (!o.is_object()) bad_field("stream_options", "must be an object");
+    if (!r.stream) bad_field("stream_options", "is only allowed with \"stream\": true");
+    r.include_usage = bool_field(o, "include_usage").value_or(false);
+  }
+  if (chat) {
+    const bool logprobs = bool_field(doc, "logprobs").value_or(false);
+    const auto top = integer_field(doc, "top_logprobs", 0, 20);
+    if (top && !logprobs) bad_field("top_logprobs", "needs \"logprobs\": true");
+    if (logprobs) r.logprobs = top.value_or(0);
+  } else {
+    if (auto n = integer_field(doc, "logprobs", 0, 5)) r.logprobs = *n;
+  }
+  auto is_zero = [](const json& v) { return v.is_number() && v.get<double>() == 0; };
+  auto is_one = [](const json& v) { return v.is_number_integer() && v.get<int64_t>() == 1; };
+  auto is_false = [](const json& v) { return v.is_boolean() && !v.get<bool>(); };
+  auto is_empty = [](const json& v) {
+    return (v.is_object() || v.is_array() || v.is_string()) && v.empty();
+  };
+  unsupported(doc, "presence_penalty", is_zero, "use repetition_penalty");
+  unsupported(doc, "frequency_penalty", is_zero, "use repetition_penalty");
+  unsupported(doc, "logit_bias", is_empty, "leave it out");
+  if (chat) {
+    unsupported(doc, "tools", is_empty, "te-serve has no tool calls");
+    unsupported(doc, "functions", is_empty, "te-serve has no tool calls");
+    unsupported(
+        doc, "response_format",
+        [](const json& v) { return v.is_object() && field(v, "type") == "text"; },
+        "only {\"type\": \"text\"}");
+  } else {
+    unsupported(doc, "echo", is_false, "the prompt is not returned with the text");
+    unsupported(doc, "suffix", is_empty, "te-serve has no insertion mode");
+    unsupported(doc, "best_of", is_one, "te-serve returns one choice per request");
   }
   return r;
 }

@@ -1,11 +1,12 @@
 #pragma once
 
-// te-serve's request decoder (no tensors): the bodies of POST /v1/classify and POST
-// /v1/embeddings, checked before any work is queued. The fuzz target fuzz/fuzz_request.cpp
-// feeds it.
+// te-serve's request decoder (no tensors): the bodies of POST /v1/classify, POST
+// /v1/embeddings, POST /v1/completions and POST /v1/chat/completions, checked before any work is
+// queued. The fuzz target fuzz/fuzz_request.cpp feeds it.
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -15,9 +16,10 @@ namespace serve {
 
 /// A request the server answers with an HTTP error: the status and a sentence naming the problem.
 struct HttpError : std::runtime_error {
-  HttpError(int status_, const std::string& message)
-      : std::runtime_error(message), status(status_) {}
+  HttpError(int status_, const std::string& message, std::string param_ = "")
+      : std::runtime_error(message), status(status_), param(std::move(param_)) {}
   int status;
+  std::string param;  ///< the request field at fault, when one is (OpenAI's error "param")
 };
 
 /// True when `text` is well-formed UTF-8 (no overlong forms, surrogates or code points past
@@ -42,6 +44,42 @@ struct EmbeddingsRequest {
 /// embeddings), an unknown field; 413 for more than `max_inputs` texts.
 EmbeddingsRequest decode_embeddings(std::string_view body, std::size_t max_inputs,
                                     int64_t dimensions);
+
+/// One message of a chat completion request.
+struct Message {
+  std::string role;  ///< "system", "user" or "assistant" ("developer" is read as "system")
+  std::string content;
+};
+
+/// A `POST /v1/completions` or `POST /v1/chat/completions` body (OpenAI's), checked: the prompt
+/// and how to generate. Fields OpenAI defines that te-serve does not implement are refused when
+/// they ask for something (n > 1, best_of > 1, echo, suffix, logit_bias, presence/frequency
+/// penalties, tools, a response_format other than text); unknown fields are ignored, as OpenAI's
+/// API does. vLLM's extensions top_k, min_p, repetition_penalty, ignore_eos and stop_token_ids
+/// are read.
+struct CompletionRequest {
+  bool chat = false;
+  std::string prompt;               ///< completions: the text to continue
+  std::vector<int64_t> prompt_ids;  ///< completions: token ids instead of text
+  std::vector<Message> messages;    ///< chat
+  std::string model;
+  std::optional<int64_t> max_tokens;  ///< unset: completions 16 (OpenAI's), chat: the context
+  double temperature = 1, top_p = 1, min_p = 0, repetition_penalty = 1;
+  int64_t top_k = 0;  ///< 0 (or -1): all
+  std::optional<uint64_t> seed;
+  std::vector<std::string> stop;  ///< at most 4, none empty
+  std::vector<int64_t> stop_token_ids;
+  bool ignore_eos = false;
+  bool stream = false;
+  bool include_usage = false;  ///< stream_options.include_usage
+  /// The log-probabilities asked for: -1 none; otherwise the chosen token's and this many top
+  /// alternatives (completions: "logprobs": N <= 5; chat: "logprobs": true, "top_logprobs": N
+  /// <= 20).
+  int64_t logprobs = -1;
+};
+/// HttpError 400 naming the field (param) for a body that is not UTF-8 or not a JSON object, a
+/// missing prompt or messages, a field of the wrong type or out of range, an unsupported value.
+CompletionRequest decode_completion(std::string_view body, bool chat);
 
 /// Standard base64 (RFC 4648, with padding) of `bytes`.
 std::string base64_encode(std::string_view bytes);

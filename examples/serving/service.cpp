@@ -225,6 +225,26 @@ void Metrics::set_gauge(const std::string& name, const std::string& help, double
   gauges_[name] = {help, value};
 }
 
+void Metrics::observe(const std::string& name, const std::string& help,
+                      const std::vector<double>& bounds, double value) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto [it, added] = histograms_.try_emplace(name);
+  if (added) {
+    it->second.first = help;
+    it->second.second.bounds = bounds;
+    it->second.second.counts.assign(bounds.size() + 1, 0);
+  }
+  it->second.second.observe(value);
+}
+
+void Metrics::count(const std::string& name, const std::string& help, double delta,
+                    const std::string& labels) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& c = counters_[name];
+  c.first = help;
+  c.second[labels] += delta;
+}
+
 namespace {
 
 std::string number(double v) {
@@ -273,6 +293,16 @@ std::string Metrics::render() const {
          "# TYPE te_serve_queue_depth gauge\n"
          "te_serve_queue_depth "
       << queue_depth_ << "\n";
+  for (const auto& [name, h] : histograms_) {
+    render_histogram(out, name, h.first, h.second.bounds, h.second.counts, h.second.sum,
+                     h.second.count);
+  }
+  for (const auto& [name, c] : counters_) {
+    out << "# HELP " << name << " " << c.first << "\n# TYPE " << name << " counter\n";
+    for (const auto& [labels, v] : c.second) {
+      out << name << (labels.empty() ? "" : "{" + labels + "}") << " " << number(v) << "\n";
+    }
+  }
   for (const auto& [name, g] : gauges_) {
     out << "# HELP " << name << " " << g.first << "\n# TYPE " << name << " gauge\n"
         << name << " " << number(g.second) << "\n";

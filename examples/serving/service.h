@@ -91,6 +91,12 @@ class Metrics {
   void batch(int64_t sentences, double seconds);
   void set_queue_depth(int64_t requests);
   void set_gauge(const std::string& name, const std::string& help, double value);
+  /// Observes `value` in the histogram `name` (made with `help` and `bounds` on first use).
+  void observe(const std::string& name, const std::string& help, const std::vector<double>& bounds,
+               double value);
+  /// Adds `delta` to the counter `name`{`labels`} (labels: "" or e.g. `reason="stop"`).
+  void count(const std::string& name, const std::string& help, double delta,
+             const std::string& labels = "");
   std::string render() const;
 
  private:
@@ -107,6 +113,8 @@ class Metrics {
   double model_seconds_ = 0;
   int64_t queue_depth_ = 0;
   std::map<std::string, std::pair<std::string, double>> gauges_;
+  std::map<std::string, std::pair<std::string, Histogram>> histograms_;
+  std::map<std::string, std::pair<std::string, std::map<std::string, double>>> counters_;
 };
 
 /// The body of a successful classify response.

@@ -1,0 +1,586 @@
+#include "generation.h"
+
+#include <c10/core/InferenceMode.h>
+
+#include <algorithm>
+#include <cstring>
+#include <ctime>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "te/error.h"
+
+namespace serve {
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+// Latency buckets (seconds): time to first token and end to end reach seconds under load,
+// inter-token latency tens of milliseconds.
+const std::vector<double> kLatencyBounds = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                                            1,     2.5,  5,     10,   30,  60};
+const std::vector<double> kTokenBounds = {0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06,
+                                          0.08,  0.1,    0.15,  0.2,  0.3,  0.5,  1};
+
+// ---- the commands rank 0 broadcasts, as int64 words ---------------------------------------
+
+int64_t word_of(double d) {
+  int64_t w;
+  std::memcpy(&w, &d, sizeof w);
+  return w;
+}
+double double_of(int64_t w) {
+  double d;
+  std::memcpy(&d, &w, sizeof d);
+  return d;
+}
+
+struct Commands {
+  std::vector<std::pair<std::vector<int64_t>, te::hf::GenerateOptions>> adds;
+  std::vector<int64_t> cancels;
+  bool stop = false;
+};
+
+std::vector<int64_t> encode_commands(const Commands& c) {
+  std::vector<int64_t> w = {c.stop ? 1 : 0, static_cast<int64_t>(c.cancels.size())};
+  w.insert(w.end(), c.cancels.begin(), c.cancels.end());
+  w.push_back(static_cast<int64_t>(c.adds.size()));
+  for (const auto& [ids, o] : c.adds) {
+    w.push_back(static_cast<int64_t>(ids.size()));
+    w.insert(w.end(), ids.begin(), ids.end());
+    const te::hf::SamplingOptions& s = o.sampling;
+    w.insert(w.end(),
+             {o.max_tokens, word_of(s.temperature), s.top_k, word_of(s.top_p), word_of(s.min_p),
+              word_of(s.repetition_penalty), static_cast<int64_t>(s.seed), o.top_logprobs,
+              static_cast<int64_t>(o.stop_token_ids.size())});
+    w.insert(w.end(), o.stop_token_ids.begin(), o.stop_token_ids.end());
+  }
+  return w;
+}
+
+Commands decode_commands(const std::vector<int64_t>& w) {
+  std::size_t i = 0;
+  auto next = [&] {
+    TE_CHECK(i < w.size(), "te-serve: rank 0's commands are cut short (", w.size(), " words)");
+    return w[i++];
+  };
+  Commands c;
+  c.stop = next() != 0;
+  for (int64_t n = next(); n > 0; --n) c.cancels.push_back(next());
+  for (int64_t n = next(); n > 0; --n) {
+    std::vector<int64_t> ids(static_cast<std::size_t>(next()));
+    for (int64_t& id : ids) id = next();
+    te::hf::GenerateOptions o;
+    o.max_tokens = next();
+    o.sampling.temperature = double_of(next());
+    o.sampling.top_k = next();
+    o.sampling.top_p = double_of(next());
+    o.sampling.min_p = double_of(next());
+    o.sampling.repetition_penalty = double_of(next());
+    o.sampling.seed = static_cast<uint64_t>(next());
+    o.top_logprobs = next();
+    for (int64_t k = next(); k > 0; --k) o.stop_token_ids.push_back(next());
+    c.adds.emplace_back(std::move(ids), std::move(o));
+  }
+  return c;
+}
+
+// The same commands on every rank (rank 0's); without a mesh, rank 0's as they are.
+Commands share(const Broadcast& broadcast, const Commands& mine) {
+  if (!broadcast) return mine;
+  std::vector<int64_t> words = encode_commands(mine);
+  broadcast(words);
+  return decode_commands(words);
+}
+
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+}  // namespace
+
+// ---- a request's stream -------------------------------------------------------------------
+
+GenerationStream::GenerationStream(CompletionRequest request, te::hf::Tokenizer tokenizer,
+                                   int64_t prompt_tokens, std::string id)
+    : request_(std::move(request)),
+      tokenizer_(tokenizer),
+      text_(tokenizer, request_.stop),
+      prompt_tokens_(prompt_tokens),
+      id_(std::move(id)),
+      created_(static_cast<int64_t>(std::time(nullptr))) {}
+
+void GenerationStream::deliver(std::vector<te::hf::TokenEvent> events) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& e : events) events_.push_back(std::move(e));
+  }
+  ready_.notify_all();
+}
+
+void GenerationStream::cancel() {
+  if (cancel_) cancel_();
+}
+
+bool GenerationStream::next(Piece& out, std::chrono::milliseconds timeout) {
+  std::deque<te::hf::TokenEvent> events;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (done_) return false;
+    if (!ready_.wait_for(lock, timeout, [&] { return !events_.empty(); })) return false;
+    events.swap(events_);
+  }
+  out = Piece{};
+  for (const te::hf::TokenEvent& e : events) {
+    if (e.token >= 0) {
+      ++completion_tokens_;
+      if (request_.logprobs >= 0) {
+        TokenInfo t;
+        t.text = tokenizer_.decode({e.token}, false);
+        t.bytes = t.text;
+        t.offset = token_bytes_;
+        token_bytes_ += static_cast<int64_t>(t.text.size());
+        t.logprob = e.logprob;
+        for (const auto& [id, lp] : e.top_logprobs) {
+          t.top.emplace_back(tokenizer_.decode({id}, false), lp);
+        }
+        out.tokens.push_back(std::move(t));
+      }
+      // A stop token ends the text without being part of it.
+      if (e.finish_reason != "stop") out.text += text_.push(e.token);
+      if (text_.stopped()) {
+        out.finish_reason = "stop";
+        stopped_by_text_ = true;
+        cancel();
+        break;
+      }
+    }
+    if (!e.finish_reason.empty()) {
+      out.text += text_.finish();
+      out.finish_reason = e.finish_reason;
+      break;
+    }
+  }
+  if (!out.finish_reason.empty()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    done_ = true;
+  }
+  return true;
+}
+
+// ---- the generator ------------------------------------------------------------------------
+
+Generator::Generator(te::hf::CausalLM model, te::hf::Tokenizer tokenizer,
+                     te::hf::GenerationDefaults defaults, GeneratorOptions options,
+                     Metrics& metrics, Broadcast broadcast)
+    : engine_(model, options.engine),
+      tokenizer_(std::move(tokenizer)),
+      defaults_(std::move(defaults)),
+      options_(std::move(options)),
+      metrics_(metrics),
+      broadcast_(std::move(broadcast)),
+      vocab_size_(model->config.vocab_size) {
+  TE_CHECK(options_.max_waiting >= 1, "te-serve: max_waiting is ", options_.max_waiting,
+           "; it must be at least 1");
+  if (defaults_.chat_template.empty()) {
+    chat_error_ = options_.model_name + " has no chat template; use POST /v1/completions";
+  } else {
+    try {
+      chat_ = std::make_unique<te::hf::ChatTemplate>(
+          te::hf::ChatTemplate::recognise(defaults_.chat_template, options_.model_name));
+    } catch (const te::Error& e) {
+      chat_error_ = std::string(e.what()) + "; use POST /v1/completions";
+    }
+  }
+  update_gauges();
+}
+
+std::shared_ptr<GenerationStream> Generator::submit(const CompletionRequest& r) {
+  std::vector<int64_t> ids;
+  const char* prompt_field = r.chat ? "messages" : "prompt";
+  if (r.chat) {
+    if (!chat_) throw HttpError(400, chat_error_, "messages");
+    std::vector<te::hf::ChatMessage> messages;
+    for (const Message& m : r.messages) messages.push_back({m.role, m.content});
+    te::hf::EncodeOptions encode;
+    encode.add_special_tokens = false;  // the template writes its own
+    try {
+      ids = tokenizer_.encode(chat_->apply(messages), encode).ids;
+    } catch (const te::Error& e) {
+      throw HttpError(400, e.what(), "messages");
+    }
+  } else if (!r.prompt_ids.empty()) {
+    for (std::size_t i = 0; i < r.prompt_ids.size(); ++i) {
+      if (r.prompt_ids[i] >= vocab_size_) {
+        throw HttpError(400,
+                        "\"prompt[" + std::to_string(i) + "]\" is " +
+                            std::to_string(r.prompt_ids[i]) + ", outside the vocabulary of " +
+                            std::to_string(vocab_size_) + " tokens",
+                        "prompt");
+      }
+    }
+    ids = r.prompt_ids;
+  } else {
+    ids = tokenizer_.encode(r.prompt).ids;
+  }
+  const int64_t context = engine_.max_sequence_length();
+  const int64_t length = static_cast<int64_t>(ids.size());
+  if (length == 0) throw HttpError(400, "the prompt has no tokens", prompt_field);
+  if (length >= context) {
+    throw HttpError(400,
+                    "the prompt is " + std::to_string(length) +
+                        " tokens; this server's context "
+                        "holds " +
+                        std::to_string(context) +
+                        " (--max-sequence-length), prompt and generated tokens together",
+                    prompt_field);
+  }
+  te::hf::GenerateOptions o;
+  if (r.max_tokens) {
+    if (length + *r.max_tokens > context) {
+      throw HttpError(400,
+                      "\"max_tokens\" is " + std::to_string(*r.max_tokens) + " but the prompt's " +
+                          std::to_string(length) + " tokens leave " +
+                          std::to_string(context - length) + " of this server's context of " +
+                          std::to_string(context),
+                      r.chat ? "max_completion_tokens" : "max_tokens");
+    }
+    o.max_tokens = *r.max_tokens;
+  } else {
+    o.max_tokens = r.chat ? context - length : std::min<int64_t>(16, context - length);
+  }
+  te::hf::SamplingOptions& s = o.sampling;
+  s.temperature = r.temperature;
+  s.top_k = r.top_k;
+  s.top_p = r.top_p;
+  s.min_p = r.min_p;
+  s.repetition_penalty = r.repetition_penalty;
+  s.seed = r.seed ? *r.seed : std::random_device{}() * uint64_t{0x9E3779B97F4A7C15ull};
+  try {
+    te::hf::check_sampling(s, "request");
+  } catch (const te::Error& e) {
+    throw HttpError(400, e.what());
+  }
+  for (std::size_t i = 0; i < r.stop_token_ids.size(); ++i) {
+    if (r.stop_token_ids[i] >= vocab_size_) {
+      throw HttpError(400,
+                      "\"stop_token_ids[" + std::to_string(i) +
+                          "]\" is outside the vocabulary of " + std::to_string(vocab_size_) +
+                          " tokens",
+                      "stop_token_ids");
+    }
+  }
+  o.stop_token_ids = r.stop_token_ids;
+  if (!r.ignore_eos) {
+    o.stop_token_ids.insert(o.stop_token_ids.end(), defaults_.eos_token_ids.begin(),
+                            defaults_.eos_token_ids.end());
+  }
+  o.top_logprobs = std::max<int64_t>(0, r.logprobs);
+
+  std::unique_lock<std::mutex> lock(mu_);
+  if (draining_ || stopping_) {
+    throw HttpError(503, "the server is shutting down; send the request to another instance");
+  }
+  if (queued_ >= options_.max_waiting) {
+    throw HttpError(503, std::to_string(queued_) +
+                             " requests are waiting for the model (--max-queue); try again");
+  }
+  auto stream = std::shared_ptr<GenerationStream>(new GenerationStream(
+      r, tokenizer_, length, (r.chat ? "chatcmpl-" : "cmpl-") + std::to_string(next_stream_++)));
+  std::weak_ptr<GenerationStream> weak = stream;
+  stream->cancel_ = [this, weak] {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      cancels_.push_back(weak);
+    }
+    wake_.notify_all();
+  };
+  pending_.push_back({std::move(ids), std::move(o), stream, Clock::now()});
+  ++queued_;
+  lock.unlock();
+  wake_.notify_all();
+  return stream;
+}
+
+void Generator::run() {
+  c10::InferenceMode inference;
+  while (true) {
+    std::deque<Admission> admit;
+    std::vector<std::weak_ptr<GenerationStream>> cancelled;
+    bool stop = false;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      // On a mesh the other ranks wait in the broadcast: wake at least once a second so an idle
+      // server's collective never times out.
+      wake_.wait_for(lock, std::chrono::seconds(1), [&] {
+        return stopping_ || !pending_.empty() || !cancels_.empty() || !engine_.idle();
+      });
+      admit.swap(pending_);
+      cancelled.swap(cancels_);
+      stop = stopping_;
+    }
+    Commands mine;
+    mine.stop = stop;
+    for (const auto& weak : cancelled) {
+      const std::shared_ptr<GenerationStream> s = weak.lock();
+      if (!s) continue;
+      s->cancelled_ = true;
+      if (s->engine_id_ >= 0 && streams_.count(s->engine_id_)) {
+        mine.cancels.push_back(s->engine_id_);
+        streams_.erase(s->engine_id_);
+        timing_.erase(s->engine_id_);
+        metrics_.count(
+            "te_serve_generation_requests_total",
+            "Generation requests ended, by finish reason (cancelled: the client went "
+            "away).",
+            1, s->stopped_by_text_ ? "finish_reason=\"stop\"" : "finish_reason=\"cancelled\"");
+      }
+    }
+    std::vector<Admission> admitted;
+    for (Admission& a : admit) {
+      if (a.stream->cancelled_) continue;
+      if (stop) {
+        a.stream->deliver({te::hf::TokenEvent{0, -1, 0, {}, "abort"}});
+        continue;
+      }
+      mine.adds.emplace_back(a.ids, a.options);
+      admitted.push_back(std::move(a));
+    }
+    if (stop) {
+      for (auto& [id, s] : streams_) {
+        mine.cancels.push_back(id);
+        s->deliver({te::hf::TokenEvent{id, -1, 0, {}, "abort"}});
+      }
+      streams_.clear();
+    }
+    const Commands all = share(broadcast_, mine);
+    for (int64_t id : all.cancels) engine_.cancel(id);
+    if (all.stop) break;
+    for (std::size_t i = 0; i < all.adds.size(); ++i) {
+      Admission& a = admitted[i];
+      try {
+        const int64_t id = engine_.add(all.adds[i].first, all.adds[i].second);
+        a.stream->engine_id_ = id;
+        streams_[id] = a.stream;
+        timing_[id] = {a.submitted, a.submitted, true};
+      } catch (const te::Error& e) {  // checked in submit(): not expected
+        a.stream->deliver({te::hf::TokenEvent{0, -1, 0, {}, "abort"}});
+      }
+    }
+    if (!engine_.idle()) {
+      const std::vector<te::hf::TokenEvent> events = engine_.step();
+      const auto now = Clock::now();
+      std::map<int64_t, std::vector<te::hf::TokenEvent>> by_request;
+      for (const te::hf::TokenEvent& e : events) by_request[e.request].push_back(e);
+      int64_t generated = 0;
+      for (auto& [id, list] : by_request) {
+        generated += static_cast<int64_t>(list.size());
+        auto s = streams_.find(id);
+        if (s == streams_.end()) continue;  // cancelled
+        Timing& t = timing_[id];
+        if (t.first) {
+          metrics_.observe("te_serve_time_to_first_token_seconds",
+                           "From a generation request's arrival to its first token.",
+                           kLatencyBounds, seconds(now - t.submitted));
+          t.first = false;
+        } else {
+          metrics_.observe("te_serve_inter_token_latency_seconds",
+                           "Between consecutive tokens of a generation request.", kTokenBounds,
+                           seconds(now - t.last) / static_cast<double>(list.size()));
+        }
+        t.last = now;
+        const std::string finish = list.back().finish_reason;
+        s->second->deliver(std::move(list));
+        if (!finish.empty()) {
+          metrics_.observe("te_serve_e2e_request_latency_seconds",
+                           "From a generation request's arrival to its last token.", kLatencyBounds,
+                           seconds(now - t.submitted));
+          metrics_.count("te_serve_generation_requests_total",
+                         "Generation requests ended, by finish reason.", 1,
+                         "finish_reason=\"" + finish + "\"");
+          streams_.erase(s);
+          timing_.erase(id);
+        }
+      }
+      metrics_.count("te_serve_generation_tokens_total", "Tokens generated.",
+                     static_cast<double>(generated));
+    }
+    update_gauges();
+  }
+  update_gauges();
+}
+
+void Generator::update_gauges() {
+  const te::hf::EngineStats s = engine_.stats();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queued_ = static_cast<int64_t>(pending_.size()) + s.waiting;
+    active_ = s.running + s.waiting;
+  }
+  metrics_.set_gauge("te_serve_running_sequences", "Sequences being decoded or prefilled.",
+                     static_cast<double>(s.running));
+  metrics_.set_gauge("te_serve_waiting_sequences",
+                     "Generation requests waiting for admission (batch, tokens or KV pages).",
+                     static_cast<double>(queued_));
+  metrics_.set_gauge("te_serve_kv_cache_blocks_used",
+                     "KV cache pages (contiguous: slots) held by sequences.",
+                     static_cast<double>(s.blocks_used));
+  metrics_.set_gauge("te_serve_kv_cache_blocks_free", "KV cache pages (contiguous: slots) free.",
+                     static_cast<double>(s.blocks_free));
+  metrics_.count("te_serve_preemptions_total",
+                 "Sequences preempted (their cache freed and recomputed) for want of KV pages.",
+                 static_cast<double>(s.preemptions - preemptions_seen_));
+  metrics_.count("te_serve_prompt_tokens_total",
+                 "Prompt tokens prefilled (recomputation included).",
+                 static_cast<double>(s.prefill_tokens - prefill_seen_));
+  preemptions_seen_ = s.preemptions;
+  prefill_seen_ = s.prefill_tokens;
+}
+
+void Generator::drain() {
+  std::lock_guard<std::mutex> lock(mu_);
+  draining_ = true;
+}
+
+bool Generator::idle() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return pending_.empty() && active_ == 0;
+}
+
+void Generator::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+}
+
+void follow(te::hf::CausalLM model, const te::hf::EngineOptions& options,
+            const Broadcast& broadcast) {
+  c10::InferenceMode inference;
+  te::hf::Engine engine(model, options);
+  while (true) {
+    const Commands c = share(broadcast, Commands{});
+    for (int64_t id : c.cancels) engine.cancel(id);
+    if (c.stop) return;
+    for (const auto& [ids, o] : c.adds) {
+      try {
+        engine.add(ids, o);
+      } catch (const te::Error&) {  // as rank 0's add failed
+      }
+    }
+    if (!engine.idle()) engine.step();
+  }
+}
+
+// ---- response bodies ----------------------------------------------------------------------
+
+namespace {
+
+json bytes_of(const std::string& s) {
+  json b = json::array();
+  for (unsigned char c : s) b.push_back(static_cast<int>(c));
+  return b;
+}
+
+// The "logprobs" of a choice: completions' {tokens, token_logprobs, top_logprobs, text_offset}
+// or chat's {content: [{token, logprob, bytes, top_logprobs}]}; null when not asked for.
+json logprobs_json(const CompletionRequest& r, const std::vector<TokenInfo>& tokens) {
+  if (r.logprobs < 0) return nullptr;
+  if (r.chat) {
+    json content = json::array();
+    for (const TokenInfo& t : tokens) {
+      json top = json::array();
+      for (const auto& [text, lp] : t.top) {
+        top.push_back({{"token", text}, {"logprob", lp}, {"bytes", bytes_of(text)}});
+      }
+      content.push_back({{"token", t.text},
+                         {"logprob", t.logprob},
+                         {"bytes", bytes_of(t.bytes)},
+                         {"top_logprobs", top}});
+    }
+    return {{"content", content}, {"refusal", nullptr}};
+  }
+  json l = {{"tokens", json::array()},
+            {"token_logprobs", json::array()},
+            {"top_logprobs", json::array()},
+            {"text_offset", json::array()}};
+  for (const TokenInfo& t : tokens) {
+    l["tokens"].push_back(t.text);
+    l["token_logprobs"].push_back(t.logprob);
+    json top = json::object();
+    for (const auto& [text, lp] : t.top) top[text] = lp;
+    l["top_logprobs"].push_back(top);
+    l["text_offset"].push_back(t.offset);
+  }
+  return l;
+}
+
+json usage(const GenerationStream& s) {
+  return {{"prompt_tokens", s.prompt_tokens()},
+          {"completion_tokens", s.completion_tokens()},
+          {"total_tokens", s.prompt_tokens() + s.completion_tokens()}};
+}
+
+json envelope(const GenerationStream& s, const std::string& model, const char* object) {
+  return {{"id", s.id()}, {"object", object}, {"created", s.created()}, {"model", model}};
+}
+
+}  // namespace
+
+std::string encode_response(const GenerationStream& s, const std::string& model,
+                            const std::string& text, const std::vector<TokenInfo>& tokens,
+                            const std::string& finish_reason) {
+  const CompletionRequest& r = s.request();
+  json out = envelope(s, model, r.chat ? "chat.completion" : "text_completion");
+  json choice = {
+      {"index", 0}, {"logprobs", logprobs_json(r, tokens)}, {"finish_reason", finish_reason}};
+  if (r.chat) {
+    choice["message"] = {{"role", "assistant"}, {"content", text}};
+  } else {
+    choice["text"] = text;
+  }
+  out["choices"] = json::array({choice});
+  out["usage"] = usage(s);
+  return dump(out);
+}
+
+std::string encode_event(const GenerationStream& s, const std::string& model, const Piece& piece,
+                         bool first, bool usage_only) {
+  const CompletionRequest& r = s.request();
+  json out = envelope(s, model, r.chat ? "chat.completion.chunk" : "text_completion");
+  if (usage_only) {
+    out["choices"] = json::array();
+    out["usage"] = usage(s);
+  } else {
+    json choice = {
+        {"index", 0},
+        {"logprobs", logprobs_json(r, piece.tokens)},
+        {"finish_reason", piece.finish_reason.empty() ? json(nullptr) : json(piece.finish_reason)}};
+    if (r.chat) {
+      json delta = json::object();
+      if (first) delta["role"] = "assistant";
+      if (first || !piece.text.empty()) delta["content"] = piece.text;
+      choice["delta"] = delta;
+    } else {
+      choice["text"] = piece.text;
+    }
+    out["choices"] = json::array({choice});
+  }
+  return "data: " + dump(out) + "\n\n";
+}
+
+std::string openai_error_body(int status, const std::string& message, const std::string& param) {
+  const char* type = status == 503   ? "service_unavailable"
+                     : status >= 500 ? "server_error"
+                                     : "invalid_request_error";
+  return dump({{"error",
+                {{"message", message},
+                 {"type", type},
+                 {"param", param.empty() ? json(nullptr) : json(param)},
+                 {"code", nullptr}}}});
+}
+
+}  // namespace serve

@@ -1,0 +1,191 @@
+#pragma once
+
+// te-serve's generation service for a decoder model: the Generator turns checked completion
+// requests (request.h) into token ids, queues them, and drives one te::hf::Engine (continuous
+// batching over a paged KV cache) from one scheduler thread; each request's GenerationStream
+// hands its text to the HTTP thread that answers it, piece by piece. The HTTP layer (main.cpp)
+// only moves bytes: the response bodies and server-sent-event chunks are built here.
+//
+// On a mesh the scheduler runs on rank 0 and broadcasts each iteration's commands (requests
+// admitted, requests cancelled, stop) to the other ranks, which run follow(): every rank makes the
+// same Engine calls in the same order and holds its slice of the KV cache.
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "request.h"
+#include "service.h"
+#include "te/hf/chat.h"
+#include "te/hf/generate.h"
+
+namespace serve {
+
+/// Rank 0's commands to the other ranks, as int64 words (the mesh's all-reduce carries them):
+/// `words` on rank 0 in, the same words on every rank out.
+using Broadcast = std::function<void(std::vector<int64_t>& words)>;
+
+struct GeneratorOptions {
+  te::hf::EngineOptions engine;
+  /// Requests waiting for admission at most; more are answered 503 with Retry-After.
+  int64_t max_waiting = 256;
+  /// The "model" of the responses (the file or folder name).
+  std::string model_name;
+};
+
+/// One token of a response, with its log-probabilities when the request asked for them.
+struct TokenInfo {
+  std::string text;  ///< the token alone, decoded (may be part of a character)
+  std::string bytes;
+  int64_t offset = 0;  ///< bytes of the tokens before it in this response
+  float logprob = 0;
+  std::vector<std::pair<std::string, float>> top;  ///< (token text, logprob), most likely first
+};
+
+/// What a request's stream yields: text that is now final, the tokens behind it, and on the last
+/// piece the finish reason ("stop": a stop token or string, "length": max_tokens or the context,
+/// "abort": the server stopped before the end).
+struct Piece {
+  std::string text;
+  std::vector<TokenInfo> tokens;
+  std::string finish_reason;  ///< "" until the last piece
+};
+
+/// One request's output, read by the thread that answers it.
+class GenerationStream {
+ public:
+  /// Waits at most `timeout` for the next piece: false when none came (the request goes on).
+  /// After the last piece (finish_reason set) it returns false at once.
+  bool next(Piece& out, std::chrono::milliseconds timeout);
+  /// The client has gone: the request ends at the scheduler's next iteration and its pages are
+  /// freed.
+  void cancel();
+  int64_t prompt_tokens() const { return prompt_tokens_; }
+  /// Tokens generated and read so far.
+  int64_t completion_tokens() const { return completion_tokens_; }
+  const CompletionRequest& request() const { return request_; }
+  /// "cmpl-N" / "chatcmpl-N" and the Unix time it was created at (the response's id, created).
+  const std::string& id() const { return id_; }
+  int64_t created() const { return created_; }
+
+ private:
+  friend class Generator;
+  GenerationStream(CompletionRequest request, te::hf::Tokenizer tokenizer, int64_t prompt_tokens,
+                   std::string id);
+  void deliver(std::vector<te::hf::TokenEvent> events);  // scheduler side
+
+  const CompletionRequest request_;
+  const te::hf::Tokenizer tokenizer_;
+  te::hf::TextStream text_;
+  const int64_t prompt_tokens_;
+  const std::string id_;
+  const int64_t created_;
+  int64_t completion_tokens_ = 0;
+  int64_t token_bytes_ = 0;  // bytes of the tokens read so far (TokenInfo::offset)
+  bool done_ = false;        // the last piece has been read
+  std::function<void()> cancel_;
+  // Set by the scheduler (engine_id_) and by cancel (cancelled_, stopped_by_text_).
+  std::atomic<int64_t> engine_id_{-1};
+  std::atomic<bool> cancelled_{false}, stopped_by_text_{false};
+  std::mutex mu_;
+  std::condition_variable ready_;
+  std::deque<te::hf::TokenEvent> events_;
+};
+
+class Generator {
+ public:
+  /// `model` (eval mode) with its tokenizer and generation defaults (end-of-sequence tokens, chat
+  /// template). On a mesh, construct it on rank 0 under the mesh's scopes, with `broadcast`.
+  Generator(te::hf::CausalLM model, te::hf::Tokenizer tokenizer,
+            te::hf::GenerationDefaults defaults, GeneratorOptions options, Metrics& metrics,
+            Broadcast broadcast = {});
+  Generator(const Generator&) = delete;
+  Generator& operator=(const Generator&) = delete;
+
+  /// Checks and queues a request (from any thread). HttpError 400 naming the problem for a prompt
+  /// that leaves no room to generate in the context, max_tokens beyond it, a token id outside the
+  /// vocabulary, a chat request to a model without a template te-cpp knows; 503 when the
+  /// waiting queue is full or the server is draining.
+  std::shared_ptr<GenerationStream> submit(const CompletionRequest& request);
+
+  /// The scheduler: admits, steps and delivers until stop(). Run it on the thread that holds the
+  /// model's scopes (rank 0's, on a mesh); it runs under c10::InferenceMode.
+  void run();
+  /// New requests are answered 503; running and waiting ones go on.
+  void drain();
+  /// Nothing running or waiting.
+  bool idle() const;
+  /// Ends what still runs (finish_reason "abort") and makes run() return (and, on a mesh, the
+  /// other ranks' follow()).
+  void stop();
+
+  const std::string& model_name() const { return options_.model_name; }
+  /// The engine's counters (from the scheduler's thread, or before run()).
+  te::hf::EngineStats stats() const { return engine_.stats(); }
+  int64_t max_sequence_length() const { return engine_.max_sequence_length(); }
+  const te::hf::Tokenizer& tokenizer() const { return tokenizer_; }
+
+ private:
+  struct Admission {
+    std::vector<int64_t> ids;
+    te::hf::GenerateOptions options;
+    std::shared_ptr<GenerationStream> stream;
+    std::chrono::steady_clock::time_point submitted;
+  };
+  struct Timing {
+    std::chrono::steady_clock::time_point submitted, last;
+    bool first = true;
+  };
+  void update_gauges();
+
+  te::hf::Engine engine_;
+  const te::hf::Tokenizer tokenizer_;
+  const te::hf::GenerationDefaults defaults_;
+  const GeneratorOptions options_;
+  Metrics& metrics_;
+  const Broadcast broadcast_;
+  const int64_t vocab_size_;
+  std::unique_ptr<te::hf::ChatTemplate> chat_;  // null: the model has none te-cpp knows
+  std::string chat_error_;
+
+  mutable std::mutex mu_;
+  std::condition_variable wake_;
+  std::deque<Admission> pending_;
+  std::vector<std::weak_ptr<GenerationStream>> cancels_;
+  int64_t queued_ = 0;  // pending plus the engine's waiting, as last seen
+  int64_t active_ = 0;  // admitted and not finished
+  int64_t next_stream_ = 0;
+  bool draining_ = false, stopping_ = false;
+  // Scheduler-only state.
+  std::map<int64_t, std::shared_ptr<GenerationStream>> streams_;  // by engine id
+  std::map<int64_t, Timing> timing_;
+  int64_t preemptions_seen_ = 0, prefill_seen_ = 0;
+};
+
+/// The other ranks' side of a Generator on a mesh: makes the Engine calls rank 0's broadcast
+/// commands say, until rank 0 stops.
+void follow(te::hf::CausalLM model, const te::hf::EngineOptions& options,
+            const Broadcast& broadcast);
+
+/// The body of a finished (non-streaming) response: OpenAI's text_completion or
+/// chat.completion object with its usage.
+std::string encode_response(const GenerationStream& stream, const std::string& model,
+                            const std::string& text, const std::vector<TokenInfo>& tokens,
+                            const std::string& finish_reason);
+/// One server-sent event ("data: {...}\n\n") of a streaming response: a piece of text (a chat
+/// stream's first event also carries the assistant role), or the usage event (`usage_only`).
+std::string encode_event(const GenerationStream& stream, const std::string& model,
+                         const Piece& piece, bool first, bool usage_only = false);
+/// OpenAI's error object: {"error": {"message", "type", "param", "code"}}.
+std::string openai_error_body(int status, const std::string& message, const std::string& param);
+
+}  // namespace serve
