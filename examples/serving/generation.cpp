@@ -97,6 +97,18 @@ Commands share(const Broadcast& broadcast, const Commands& mine) {
   return decode_commands(words);
 }
 
+// One token through the model before serving: a model that cannot run on this mesh fails at
+// start, not on its first request, and the first request does not pay for the first forward's
+// allocations. Every rank runs it, in the same place.
+void warm_up(te::hf::Engine& engine) {
+  c10::InferenceMode inference;
+  te::hf::GenerateOptions o;
+  o.max_tokens = 1;
+  o.sampling.temperature = 0;
+  engine.add({0}, o);
+  while (!engine.idle()) engine.step();
+}
+
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
 }  // namespace
@@ -184,6 +196,8 @@ Generator::Generator(te::hf::CausalLM model, te::hf::Tokenizer tokenizer,
       vocab_size_(model->config.vocab_size) {
   TE_CHECK(options_.max_waiting >= 1, "te-serve: max_waiting is ", options_.max_waiting,
            "; it must be at least 1");
+  warm_up(engine_);
+  prefill_seen_ = engine_.stats().prefill_tokens;
   if (defaults_.chat_template.empty()) {
     chat_error_ = options_.model_name + " has no chat template; use POST /v1/completions";
   } else {
@@ -305,6 +319,24 @@ std::shared_ptr<GenerationStream> Generator::submit(const CompletionRequest& r) 
 }
 
 void Generator::run() {
+  try {
+    schedule();
+  } catch (...) {
+    // Nothing will step again: every stream ends now ("abort"), new requests are refused.
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+      for (Admission& a : pending_) a.stream->deliver({te::hf::TokenEvent{0, -1, 0, {}, "abort"}});
+      pending_.clear();
+      active_ = 0;
+    }
+    for (auto& [id, s] : streams_) s->deliver({te::hf::TokenEvent{id, -1, 0, {}, "abort"}});
+    streams_.clear();
+    throw;
+  }
+}
+
+void Generator::schedule() {
   c10::InferenceMode inference;
   while (true) {
     std::deque<Admission> admit;
@@ -461,6 +493,7 @@ void follow(te::hf::CausalLM model, const te::hf::EngineOptions& options,
             const Broadcast& broadcast) {
   c10::InferenceMode inference;
   te::hf::Engine engine(model, options);
+  warm_up(engine);
   while (true) {
     const Commands c = share(broadcast, Commands{});
     for (int64_t id : c.cancels) engine.cancel(id);

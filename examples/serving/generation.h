@@ -118,7 +118,8 @@ class Generator {
   std::shared_ptr<GenerationStream> submit(const CompletionRequest& request);
 
   /// The scheduler: admits, steps and delivers until stop(). Run it on the thread that holds the
-  /// model's scopes (rank 0's, on a mesh); it runs under c10::InferenceMode.
+  /// model's scopes (rank 0's, on a mesh); it runs under c10::InferenceMode. When a step throws,
+  /// every stream ends with finish_reason "abort", new requests get 503, and the error leaves.
   void run();
   /// New requests are answered 503; running and waiting ones go on.
   void drain();
@@ -145,6 +146,7 @@ class Generator {
     std::chrono::steady_clock::time_point submitted, last;
     bool first = true;
   };
+  void schedule();  // run()'s loop
   void update_gauges();
 
   te::hf::Engine engine_;

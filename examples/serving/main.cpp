@@ -521,7 +521,13 @@ int serve_generation(const Args& args) {
       generator.run();  // tells the other ranks to stop
       return 2;
     }
-    generator.run();
+    try {
+      generator.run();
+    } catch (const std::exception& e) {
+      std::cerr << "te-serve: error: the generation engine failed: " << e.what() << std::endl;
+      http.join();  // the streams have ended ("abort"); the server's threads end first
+      return 1;
+    }
     const bool ok = http.join();
     std::cout << "te-serve: stopped" << std::endl;
     return ok ? 0 : 1;
@@ -550,7 +556,12 @@ int serve_generation(const Args& args) {
     if (rank == 0) {
       code = lead(model, broadcast_over(mesh, rank));
     } else {
-      serve::follow(model, options.engine, broadcast_over(mesh, rank));
+      try {
+        serve::follow(model, options.engine, broadcast_over(mesh, rank));
+      } catch (const std::exception& e) {
+        std::cerr << "te-serve: error: rank " << rank << ": " << e.what() << std::endl;
+        throw;
+      }
     }
   });
   return code;
@@ -724,6 +735,18 @@ int main(int argc, char** argv) {
         return 2;
       }
       return serve_generation(args);
+    }
+    for (const char* option :
+         {"--max-num-seqs", "--max-num-batched-tokens", "--max-sequence-length", "--kv-cache-mib",
+          "--page-size", "--contiguous", "--drain-timeout", "--nproc", "--mesh", "--mesh-resource",
+          "--rules"}) {
+      if (app.count(option) > 0) {
+        std::cerr << "te-serve: error: " << option
+                  << " is for a decoder model (--model FILE.gguf or a causal LM folder); "
+                  << (args.model_dir.empty() ? "--load" : args.model_dir) << " is not one"
+                  << std::endl;
+        return 2;
+      }
     }
     if (!args.model_dir.empty()) {
       if (!args.export_fp8.empty() || !args.eval_tsv.empty()) {
