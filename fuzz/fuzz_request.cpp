@@ -1,4 +1,5 @@
-// libFuzzer target: te-serve's request decoder (POST /v1/classify and /v1/embeddings bodies).
+// libFuzzer target: te-serve's request decoder (POST /v1/classify, /v1/embeddings,
+// /v1/completions and /v1/chat/completions bodies).
 // Every body either decodes or throws HttpError 400/413 (the status te-serve answers with);
 // anything else is a bug. What it accepts must be valid UTF-8 sentences (with words, for
 // classify), at most the limit; base64 of what was accepted decodes to the same length.
@@ -31,6 +32,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
     }
   } catch (const serve::HttpError& e) {
     if (e.status != 400 && e.status != 413) __builtin_trap();
+  }
+  for (const bool chat : {false, true}) {
+    try {
+      const serve::CompletionRequest r = serve::decode_completion(body, chat);
+      if (chat ? r.messages.empty() : r.prompt.empty() && r.prompt_ids.empty()) __builtin_trap();
+      if (r.stop.size() > 4 || !(r.temperature >= 0 && r.temperature <= 2)) __builtin_trap();
+      if (!(r.top_p > 0 && r.top_p <= 1) || r.top_k < 0 || r.logprobs > 20) __builtin_trap();
+      if (r.max_tokens && *r.max_tokens < 1) __builtin_trap();
+      if (r.include_usage && !r.stream) __builtin_trap();
+      for (const serve::Message& m : r.messages) {
+        if (!serve::valid_utf8(m.content)) __builtin_trap();
+      }
+    } catch (const serve::HttpError& e) {
+      if (e.status != 400) __builtin_trap();
+    }
   }
   return 0;
 }

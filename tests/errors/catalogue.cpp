@@ -547,6 +547,12 @@ std::vector<Case> cases() {
        [] { serve::decode_classify(R"({"text": "hi"})", 8); }},
       {"te-serve", "a request body that is not UTF-8", "UTF-8",
        [] { serve::decode_classify("{\"sentences\": [\"\xff\"]}", 8); }},
+      {"te-serve", "a completion request asking for two choices", "\"n\" is 2",
+       [] { serve::decode_completion(R"({"prompt": "hi", "n": 2})", false); }},
+      {"te-serve", "a chat message with a role te-serve does not know", "messages[0].role",
+       [] {
+         serve::decode_completion(R"({"messages": [{"role": "tool", "content": "x"}]})", true);
+       }},
   };
 }
 
