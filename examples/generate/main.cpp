@@ -26,7 +26,7 @@
 #include "te/error.h"
 #include "te/hf/chat.h"
 #include "te/hf/generate.h"
-#include "te/sharding/mesh_shape.h"
+#include "te/hf/ranks.h"
 
 namespace {
 
@@ -213,29 +213,13 @@ int main(int argc, char** argv) {
     if (a.nproc == 1) {
       r = run(a, !a.json);
     } else {
-      const te::MeshShape shape =
-          te::parse_mesh_shape(a.mesh.empty() ? "model=" + std::to_string(a.nproc) : a.mesh);
-      TE_CHECK(shape.size() == a.nproc, "te-generate: --mesh ", shape.to_string(), " has ",
-               shape.size(), " ranks, not --nproc ", a.nproc);
-      std::string resource = a.mesh_resource;
-      if (resource.empty()) {
-        for (const std::string& n : shape.names) {
-          if (n == "model") resource += std::string(resource.empty() ? "" : ",") + "tp=model";
-          if (n == "data") resource += std::string(resource.empty() ? "" : ",") + "dp=data";
-        }
-      }
-      std::string rules = a.rules;
-      if (rules.empty() && resource.find("tp=model") != std::string::npos) rules = "vocab=model";
       std::mutex mutex;
-      te::run_local_ranks(a.nproc, [&](int rank) {
-        te::DeviceMesh mesh(shape.sizes, shape.names);
-        te::MeshScope on(mesh);
-        te::MeshResourceScope tp(te::parse_mesh_resource(resource));
-        te::AxisRulesScope scope(te::extend_logical_axis_rules(te::parse_axis_rules(rules)));
-        Result mine = run(a, rank == 0 && !a.json);
-        std::lock_guard<std::mutex> lock(mutex);
-        if (rank == 0) r = mine;
-      });
+      te::hf::run_on_ranks({a.nproc, a.mesh, a.mesh_resource, a.rules},
+                           [&](int rank, const te::DeviceMesh&) {
+                             Result mine = run(a, rank == 0 && !a.json);
+                             std::lock_guard<std::mutex> lock(mutex);
+                             if (rank == 0) r = mine;
+                           });
     }
     const int64_t decoded = static_cast<int64_t>(r.tokens.size()) - 1;
     const double prefill_tps = r.prompt_tokens / std::max(r.prefill_seconds, 1e-9);

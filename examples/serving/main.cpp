@@ -32,9 +32,9 @@
 #include "service.h"
 #include "te/distributed.h"
 #include "te/error.h"
+#include "te/hf/ranks.h"
 #include "te/hf/sentence.h"
 #include "te/nn/inference.h"
-#include "te/sharding/mesh_shape.h"
 
 namespace {
 
@@ -533,37 +533,22 @@ int serve_generation(const Args& args) {
     return ok ? 0 : 1;
   };
   if (args.nproc == 1) return lead(te::hf::load_causal_lm(args.model_dir), {});
-  const te::MeshShape shape =
-      te::parse_mesh_shape(args.mesh.empty() ? "model=" + std::to_string(args.nproc) : args.mesh);
-  TE_CHECK(shape.size() == args.nproc, "te-serve: --mesh ", shape.to_string(), " has ",
-           shape.size(), " ranks, not --nproc ", args.nproc);
-  std::string resource = args.mesh_resource;
-  if (resource.empty()) {
-    for (const std::string& n : shape.names) {
-      if (n == "model") resource += std::string(resource.empty() ? "" : ",") + "tp=model";
-      if (n == "data") resource += std::string(resource.empty() ? "" : ",") + "dp=data";
-    }
-  }
-  std::string rules = args.rules;
-  if (rules.empty() && resource.find("tp=model") != std::string::npos) rules = "vocab=model";
   std::atomic<int> code{0};
-  te::run_local_ranks(args.nproc, [&](int rank) {
-    te::DeviceMesh mesh(shape.sizes, shape.names);
-    te::MeshScope on(mesh);
-    te::MeshResourceScope tp(te::parse_mesh_resource(resource));
-    te::AxisRulesScope scope(te::extend_logical_axis_rules(te::parse_axis_rules(rules)));
-    te::hf::CausalLM model = te::hf::load_causal_lm(args.model_dir);
-    if (rank == 0) {
-      code = lead(model, broadcast_over(mesh, rank));
-    } else {
-      try {
-        serve::follow(model, options.engine, broadcast_over(mesh, rank));
-      } catch (const std::exception& e) {
-        std::cerr << "te-serve: error: rank " << rank << ": " << e.what() << std::endl;
-        throw;
-      }
-    }
-  });
+  te::hf::run_on_ranks({args.nproc, args.mesh, args.mesh_resource, args.rules},
+                       [&](int rank, const te::DeviceMesh& mesh) {
+                         te::hf::CausalLM model = te::hf::load_causal_lm(args.model_dir);
+                         if (rank == 0) {
+                           code = lead(model, broadcast_over(mesh, rank));
+                         } else {
+                           try {
+                             serve::follow(model, options.engine, broadcast_over(mesh, rank));
+                           } catch (const std::exception& e) {
+                             std::cerr << "te-serve: error: rank " << rank << ": " << e.what()
+                                       << std::endl;
+                             throw;
+                           }
+                         }
+                       });
   return code;
 }
 
