@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "../hf/bpe_json.h"
 #include "../temp_dir.h"
 #include "server_process.h"
 #include "te/hf/causal_lm.h"
@@ -69,37 +70,10 @@ void write_model(const fs::path& dir) {
   }
   te::nn::write_safetensors((dir / "model.safetensors").string(),
                             te::hf::to_hf_tensors(model->config, whole));
-  json vocab = json::object();
-  for (int b = 32; b < 127; ++b) vocab[b == 32 ? "\u0120" : std::string(1, char(b))] = b - 32;
-  vocab["<|endoftext|>"] = 95;
-  const json level = {{"type", "ByteLevel"},
-                      {"add_prefix_space", false},
-                      {"trim_offsets", true},
-                      {"use_regex", true}};
-  const json tokenizer = {{"version", "1.0"},
-                          {"added_tokens",
-                           {{{"id", 95},
-                             {"content", "<|endoftext|>"},
-                             {"single_word", false},
-                             {"lstrip", false},
-                             {"rstrip", false},
-                             {"normalized", false},
-                             {"special", true}}}},
-                          {"normalizer", nullptr},
-                          {"pre_tokenizer", level},
-                          {"post_processor", level},
-                          {"decoder", level},
-                          {"model",
-                           {{"type", "BPE"},
-                            {"dropout", nullptr},
-                            {"unk_token", nullptr},
-                            {"continuing_subword_prefix", ""},
-                            {"end_of_word_suffix", ""},
-                            {"fuse_unk", false},
-                            {"byte_fallback", false},
-                            {"ignore_merges", false},
-                            {"vocab", vocab},
-                            {"merges", json::array()}}}};
+  std::vector<std::string> tokens;
+  for (int b = 32; b < 127; ++b) tokens.push_back(b == 32 ? "\u0120" : std::string(1, char(b)));
+  tokens.push_back("<|endoftext|>");
+  const json tokenizer = te::test::byte_level_bpe_json(tokens, {}, "<|endoftext|>", 95);
   std::ofstream(dir / "tokenizer.json") << tokenizer.dump();
   // A ChatML template (te-cpp recognises the family; the markers are plain characters here).
   const std::string chatml =

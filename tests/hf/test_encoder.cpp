@@ -13,6 +13,7 @@
 
 #include "../expect_error.h"
 #include "../temp_dir.h"
+#include "bpe_json.h"
 #include "te/distributed.h"
 #include "te/hf/encoder.h"
 #include "te/hf/sentence.h"
@@ -287,47 +288,10 @@ TEST(HfTokenizer, NamesEveryBadFileAndInput) {
 
 // A byte-level BPE of a few tokens, as tokenizers saves GPT-2's kind.
 json bpe_json() {
-  const std::vector<std::string> vocab = {"<|end|>", "h",           "e",  "l",    "o",
-                                          "\u0120",  "he",          "ll", "hell", "hello",
-                                          "\u0120h", "\u0120hello", "!"};
-  json v = json::object();
-  for (std::size_t i = 0; i < vocab.size(); ++i) v[json::parse("\"" + vocab[i] + "\"")] = i;
-  return {{"version", "1.0"},
-          {"added_tokens",
-           {{{"id", 0},
-             {"content", "<|end|>"},
-             {"single_word", false},
-             {"lstrip", false},
-             {"rstrip", false},
-             {"normalized", false},
-             {"special", true}}}},
-          {"normalizer", nullptr},
-          {"pre_tokenizer",
-           {{"type", "ByteLevel"},
-            {"add_prefix_space", false},
-            {"trim_offsets", true},
-            {"use_regex", true}}},
-          {"post_processor",
-           {{"type", "ByteLevel"},
-            {"add_prefix_space", true},
-            {"trim_offsets", false},
-            {"use_regex", true}}},
-          {"decoder",
-           {{"type", "ByteLevel"},
-            {"add_prefix_space", true},
-            {"trim_offsets", true},
-            {"use_regex", true}}},
-          {"model",
-           {{"type", "BPE"},
-            {"dropout", nullptr},
-            {"unk_token", nullptr},
-            {"continuing_subword_prefix", ""},
-            {"end_of_word_suffix", ""},
-            {"fuse_unk", false},
-            {"byte_fallback", false},
-            {"ignore_merges", false},
-            {"vocab", v},
-            {"merges", {"h e", "l l", "he ll", "hell o", "\u0120 h", "\u0120h ello"}}}}};
+  return te::test::byte_level_bpe_json(
+      {"<|end|>", "h", "e", "l", "o", "\u0120", "he", "ll", "hell", "hello", "\u0120h",
+       "\u0120hello", "!"},
+      {"h e", "l l", "he ll", "hell o", "\u0120 h", "\u0120h ello"}, "<|end|>", 0);
 }
 
 TEST(HfTokenizer, EncodesAndDecodesByteLevelBpe) {

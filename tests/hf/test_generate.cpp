@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../expect_error.h"
+#include "bpe_json.h"
 #include "te/distributed.h"
 #include "te/hf/causal_lm.h"
 #include "te/hf/chat.h"
@@ -354,37 +355,8 @@ TEST(Sampler, FiltersAsTransformersProcessorsDo) {
 
 // A byte-level BPE tokenizer of single characters: 'Ã' and '©' are the bytes 0xC3 0xA9 of "é".
 Tokenizer byte_tokenizer() {
-  const std::vector<std::string> vocab = {"<|end|>", "h", "i", "!", "\u00c3", "\u00a9", "\u0120"};
-  json v = json::object();
-  for (std::size_t i = 0; i < vocab.size(); ++i) v[json::parse("\"" + vocab[i] + "\"")] = i;
-  const json level = {{"type", "ByteLevel"},
-                      {"add_prefix_space", false},
-                      {"trim_offsets", true},
-                      {"use_regex", true}};
-  const json j = {{"version", "1.0"},
-                  {"added_tokens",
-                   {{{"id", 0},
-                     {"content", "<|end|>"},
-                     {"single_word", false},
-                     {"lstrip", false},
-                     {"rstrip", false},
-                     {"normalized", false},
-                     {"special", true}}}},
-                  {"normalizer", nullptr},
-                  {"pre_tokenizer", level},
-                  {"post_processor", level},
-                  {"decoder", level},
-                  {"model",
-                   {{"type", "BPE"},
-                    {"dropout", nullptr},
-                    {"unk_token", nullptr},
-                    {"continuing_subword_prefix", ""},
-                    {"end_of_word_suffix", ""},
-                    {"fuse_unk", false},
-                    {"byte_fallback", false},
-                    {"ignore_merges", false},
-                    {"vocab", v},
-                    {"merges", json::array()}}}};
+  const json j = te::test::byte_level_bpe_json(
+      {"<|end|>", "h", "i", "!", "\u00c3", "\u00a9", "\u0120"}, {}, "<|end|>", 0);
   return Tokenizer::from_json(j.dump(), "tokenizer.json");
 }
 
