@@ -3,6 +3,7 @@
 #include <c10/core/InferenceMode.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <nlohmann/json.hpp>
@@ -237,7 +238,11 @@ std::shared_ptr<GenerationStream> Generator::submit(const CompletionRequest& r) 
     }
     ids = r.prompt_ids;
   } else {
-    ids = tokenizer_.encode(r.prompt).ids;
+    try {
+      ids = tokenizer_.encode(r.prompt).ids;
+    } catch (const te::Error& e) {
+      throw HttpError(400, e.what(), "prompt");
+    }
   }
   const int64_t context = engine_.max_sequence_length();
   const int64_t length = static_cast<int64_t>(ids.size());
@@ -255,11 +260,11 @@ std::shared_ptr<GenerationStream> Generator::submit(const CompletionRequest& r) 
   if (r.max_tokens) {
     if (length + *r.max_tokens > context) {
       throw HttpError(400,
-                      "\"max_tokens\" is " + std::to_string(*r.max_tokens) + " but the prompt's " +
-                          std::to_string(length) + " tokens leave " +
+                      "\"" + r.max_tokens_field + "\" is " + std::to_string(*r.max_tokens) +
+                          " but the prompt's " + std::to_string(length) + " tokens leave " +
                           std::to_string(context - length) + " of this server's context of " +
                           std::to_string(context),
-                      r.chat ? "max_completion_tokens" : "max_tokens");
+                      r.max_tokens_field);
     }
     o.max_tokens = *r.max_tokens;
   } else {
@@ -323,14 +328,18 @@ void Generator::run() {
     schedule();
   } catch (...) {
     // Nothing will step again: every stream ends now ("abort"), new requests are refused.
+    const te::hf::TokenEvent abort{0, -1, 0, {}, "abort"};
     {
       std::lock_guard<std::mutex> lock(mu_);
       stopping_ = true;
-      for (Admission& a : pending_) a.stream->deliver({te::hf::TokenEvent{0, -1, 0, {}, "abort"}});
+      for (Admission& a : pending_) a.stream->deliver({abort});
       pending_.clear();
       active_ = 0;
+      busy_ = false;
     }
-    for (auto& [id, s] : streams_) s->deliver({te::hf::TokenEvent{id, -1, 0, {}, "abort"}});
+    for (Admission& a : taken_) a.stream->deliver({abort});  // taken from pending_, not admitted
+    taken_.clear();
+    for (auto& [id, s] : streams_) s->deliver({abort});
     streams_.clear();
     throw;
   }
@@ -339,7 +348,6 @@ void Generator::run() {
 void Generator::schedule() {
   c10::InferenceMode inference;
   while (true) {
-    std::deque<Admission> admit;
     std::vector<std::weak_ptr<GenerationStream>> cancelled;
     bool stop = false;
     {
@@ -349,9 +357,12 @@ void Generator::schedule() {
       wake_.wait_for(lock, std::chrono::seconds(1), [&] {
         return stopping_ || !pending_.empty() || !cancels_.empty() || !engine_.idle();
       });
-      admit.swap(pending_);
+      taken_.assign(std::make_move_iterator(pending_.begin()),
+                    std::make_move_iterator(pending_.end()));
+      pending_.clear();
       cancelled.swap(cancels_);
       stop = stopping_;
+      busy_ = true;  // idle() is false until the gauges say where these went
     }
     Commands mine;
     mine.stop = stop;
@@ -371,8 +382,14 @@ void Generator::schedule() {
       }
     }
     std::vector<Admission> admitted;
-    for (Admission& a : admit) {
-      if (a.stream->cancelled_) continue;
+    for (Admission& a : taken_) {
+      if (a.stream->cancelled_) {
+        metrics_.count("te_serve_generation_requests_total",
+                       "Generation requests ended, by finish reason (cancelled: the client went "
+                       "away).",
+                       1, "finish_reason=\"cancelled\"");
+        continue;
+      }
       if (stop) {
         a.stream->deliver({te::hf::TokenEvent{0, -1, 0, {}, "abort"}});
         continue;
@@ -380,6 +397,8 @@ void Generator::schedule() {
       mine.adds.emplace_back(a.ids, a.options);
       admitted.push_back(std::move(a));
     }
+    taken_.clear();
+    taken_ = std::move(admitted);  // until the engine has them (the failure path aborts them)
     if (stop) {
       for (auto& [id, s] : streams_) {
         mine.cancels.push_back(id);
@@ -391,16 +410,18 @@ void Generator::schedule() {
     for (int64_t id : all.cancels) engine_.cancel(id);
     if (all.stop) break;
     for (std::size_t i = 0; i < all.adds.size(); ++i) {
-      Admission& a = admitted[i];
+      Admission& a = taken_[i];
       try {
         const int64_t id = engine_.add(all.adds[i].first, all.adds[i].second);
         a.stream->engine_id_ = id;
         streams_[id] = a.stream;
         timing_[id] = {a.submitted, a.submitted, true};
       } catch (const te::Error& e) {  // checked in submit(): not expected
+        std::fprintf(stderr, "te-serve: a request the engine refused: %s\n", e.what());
         a.stream->deliver({te::hf::TokenEvent{0, -1, 0, {}, "abort"}});
       }
     }
+    taken_.clear();
     if (!engine_.idle()) {
       const std::vector<te::hf::TokenEvent> events = engine_.step();
       const auto now = Clock::now();
@@ -446,16 +467,18 @@ void Generator::schedule() {
 
 void Generator::update_gauges() {
   const te::hf::EngineStats s = engine_.stats();
+  int64_t queued = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    queued_ = static_cast<int64_t>(pending_.size()) + s.waiting;
+    queued = queued_ = static_cast<int64_t>(pending_.size()) + s.waiting;
     active_ = s.running + s.waiting;
+    busy_ = false;
   }
   metrics_.set_gauge("te_serve_running_sequences", "Sequences being decoded or prefilled.",
                      static_cast<double>(s.running));
   metrics_.set_gauge("te_serve_waiting_sequences",
                      "Generation requests waiting for admission (batch, tokens or KV pages).",
-                     static_cast<double>(queued_));
+                     static_cast<double>(queued));
   metrics_.set_gauge("te_serve_kv_cache_blocks_used",
                      "KV cache pages (contiguous: slots) held by sequences.",
                      static_cast<double>(s.blocks_used));
@@ -478,7 +501,7 @@ void Generator::drain() {
 
 bool Generator::idle() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return pending_.empty() && active_ == 0;
+  return pending_.empty() && active_ == 0 && !busy_;
 }
 
 void Generator::stop() {
@@ -601,6 +624,7 @@ std::string encode_event(const GenerationStream& s, const std::string& model, co
       choice["text"] = piece.text;
     }
     out["choices"] = json::array({choice});
+    if (r.include_usage) out["usage"] = nullptr;  // as OpenAI: only the last event carries it
   }
   return "data: " + dump(out) + "\n\n";
 }

@@ -167,7 +167,9 @@ class Generator {
   int64_t active_ = 0;  // admitted and not finished
   int64_t next_stream_ = 0;
   bool draining_ = false, stopping_ = false;
+  bool busy_ = false;  // the scheduler holds requests taken from pending_ in this iteration
   // Scheduler-only state.
+  std::vector<Admission> taken_;  // taken from pending_, not yet in the engine
   std::map<int64_t, std::shared_ptr<GenerationStream>> streams_;  // by engine id
   std::map<int64_t, Timing> timing_;
   int64_t preemptions_seen_ = 0, prefill_seen_ = 0;

@@ -330,7 +330,7 @@ void add_generation_routes(httplib::Server& server, serve::Generator& generator,
       try {
         const serve::CompletionRequest r = serve::decode_completion(req.body, chat);
         std::shared_ptr<serve::GenerationStream> stream = generator.submit(r);
-        const std::string model = r.model.empty() ? generator.model_name() : r.model;
+        const std::string model = generator.model_name();  // the one that answers
         if (!r.stream) {
           std::string text, finish;
           std::vector<serve::TokenInfo> tokens;
@@ -435,8 +435,13 @@ class GenerationHttp {
     });
     return true;
   }
-  // After the generator's run() has returned.
+  // After the generator's run() has returned: the streams write their last events, then the
+  // server stops.
   bool join() {
+    const auto flush = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    while (open_.load() > 0 && std::chrono::steady_clock::now() < flush) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
     server_.stop();
     if (thread_.joinable()) thread_.join();
     if (waiter_) waiter_->dismiss();
@@ -618,7 +623,8 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(std::size_t{64}, std::size_t{1} << 30));
   app.add_option("--http-threads", args.http_threads,
-                 "Connection threads (a keep-alive connection holds one)")
+                 "Connection threads (a keep-alive connection holds one; a decoder model: at "
+                 "least --max-queue + --max-num-seqs + 16, the default)")
       ->capture_default_str()
       ->check(CLI::Range(1, 4096));
   app.add_option("--threads-per-worker", args.threads_per_worker,
@@ -717,6 +723,17 @@ int main(int argc, char** argv) {
           (!args.mesh.empty() || !args.mesh_resource.empty() || !args.rules.empty())) {
         std::cerr << "te-serve: error: --mesh, --mesh-resource and --rules need --nproc > 1"
                   << std::endl;
+        return 2;
+      }
+      // Every request in the engine or its queue holds a connection thread (httplib: a thread
+      // per connection); fewer threads would leave connections unread, never answered 503.
+      const int64_t needed = args.max_queue + args.max_num_seqs + 16;
+      if (app.count("--http-threads") == 0) {
+        args.http_threads = static_cast<int>(std::max<int64_t>(args.http_threads, needed));
+      } else if (args.http_threads < needed) {
+        std::cerr << "te-serve: error: --http-threads " << args.http_threads
+                  << " is below --max-queue + --max-num-seqs + 16 = " << needed
+                  << ": every waiting or running stream holds a connection thread" << std::endl;
         return 2;
       }
       return serve_generation(args);

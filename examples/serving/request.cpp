@@ -198,8 +198,12 @@ std::optional<int64_t> integer_field(const json& doc, const char* key, int64_t l
   if (!v.is_number_integer()) {
     bad_field(key, "is a JSON " + std::string(v.type_name()) + "; send an integer");
   }
-  if (v.is_number_unsigned() ? v.get<uint64_t>() > static_cast<uint64_t>(hi)
-                             : v.get<int64_t>() < lo || v.get<int64_t>() > hi) {
+  // nlohmann holds every non-negative integer as unsigned: both bounds are checked either way.
+  const bool outside = v.is_number_unsigned()
+                           ? v.get<uint64_t>() > static_cast<uint64_t>(hi) ||
+                                 (lo > 0 && v.get<uint64_t>() < static_cast<uint64_t>(lo))
+                           : v.get<int64_t>() < lo || v.get<int64_t>() > hi;
+  if (outside) {
     bad_field(key, "is " + v.dump() + "; it must lie in [" + std::to_string(lo) + ", " +
                        std::to_string(hi) + "]");
   }
@@ -279,6 +283,9 @@ CompletionRequest decode_completion(std::string_view body, bool chat) {
         bad_field(where + ".role",
                   "is \"" + role + "\"; use system, user or assistant (te-serve has no tools)");
       }
+      if (const json& calls = field(m[i], "tool_calls"); !calls.is_null() && !calls.empty()) {
+        bad_field(where + ".tool_calls", "is not supported: te-serve has no tool calls");
+      }
       r.messages.push_back({role, message_content(field(m[i], "content"), where + ".content")});
     }
   } else {
@@ -309,7 +316,15 @@ CompletionRequest decode_completion(std::string_view body, bool chat) {
   constexpr int64_t kMaxTokens = int64_t{1} << 30;
   r.max_tokens = integer_field(doc, "max_tokens", 1, kMaxTokens);
   if (chat) {
-    if (auto m = integer_field(doc, "max_completion_tokens", 1, kMaxTokens)) r.max_tokens = m;
+    if (auto m = integer_field(doc, "max_completion_tokens", 1, kMaxTokens)) {
+      if (r.max_tokens && *r.max_tokens != *m) {
+        bad_field("max_completion_tokens", "is " + std::to_string(*m) + " but \"max_tokens\" is " +
+                                               std::to_string(*r.max_tokens) +
+                                               "; send one of them");
+      }
+      r.max_tokens = m;
+      r.max_tokens_field = "max_completion_tokens";
+    }
   }
   r.temperature = number_field(doc, "temperature", 0, 2).value_or(1.0);
   r.top_p = number_field(doc, "top_p", 0, 1, /*lo_open=*/true).value_or(1.0);
@@ -373,7 +388,26 @@ CompletionRequest decode_completion(std::string_view body, bool chat) {
   unsupported(doc, "presence_penalty", is_zero, "use repetition_penalty");
   unsupported(doc, "frequency_penalty", is_zero, "use repetition_penalty");
   unsupported(doc, "logit_bias", is_empty, "leave it out");
+  // vLLM's extensions te-serve does not implement, refused when they would change the answer.
+  auto is_true = [](const json& v) { return v.is_boolean() && v.get<bool>(); };
+  auto is_null = [](const json& v) { return v.is_null(); };
+  auto is_zero_int = [](const json& v) { return v.is_number_integer() && v.get<int64_t>() == 0; };
+  unsupported(doc, "min_tokens", is_zero_int, "leave it out");
+  unsupported(doc, "include_stop_str_in_output", is_false, "the stop string is never returned");
+  unsupported(doc, "skip_special_tokens", is_true, "special tokens are left out of the text");
+  unsupported(doc, "prompt_logprobs", is_null, "te-serve returns the generated tokens' only");
+  for (const char* key :
+       {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"}) {
+    unsupported(doc, key, is_null, "te-serve has no constrained decoding");
+  }
   if (chat) {
+    unsupported(doc, "add_generation_prompt", is_true, "the assistant's turn is always opened");
+    unsupported(doc, "continue_final_message", is_false, "the assistant's turn is always opened");
+    unsupported(doc, "echo", is_false, "the prompt is not returned with the text");
+    unsupported(
+        doc, "tool_choice",
+        [](const json& v) { return v.is_string() && v.get<std::string>() == "none"; },
+        "te-serve has no tool calls");
     unsupported(doc, "tools", is_empty, "te-serve has no tool calls");
     unsupported(doc, "functions", is_empty, "te-serve has no tool calls");
     unsupported(

@@ -56,7 +56,8 @@ struct Message {
 /// they ask for something (n > 1, best_of > 1, echo, suffix, logit_bias, presence/frequency
 /// penalties, tools, a response_format other than text); unknown fields are ignored, as OpenAI's
 /// API does. vLLM's extensions top_k, min_p, repetition_penalty, ignore_eos and stop_token_ids
-/// are read.
+/// are read; those it does not implement (min_tokens, guided decoding, prompt_logprobs, ...) are
+/// refused when they ask for something.
 struct CompletionRequest {
   bool chat = false;
   std::string prompt;               ///< completions: the text to continue
@@ -64,6 +65,8 @@ struct CompletionRequest {
   std::vector<Message> messages;    ///< chat
   std::string model;
   std::optional<int64_t> max_tokens;  ///< unset: completions 16 (OpenAI's), chat: the context
+  std::string max_tokens_field = "max_tokens";  ///< the field that gave it (chat: or
+                                                ///< max_completion_tokens)
   double temperature = 1, top_p = 1, min_p = 0, repetition_penalty = 1;
   int64_t top_k = 0;  ///< 0 (or -1): all
   std::optional<uint64_t> seed;

@@ -300,7 +300,12 @@ TEST_F(ServeGenerate, ADisconnectedStreamIsCancelledAndItsPagesFreedAtOnce) {
   {
     RawStream stream(s.port(), "/v1/completions", r);
     ASSERT_TRUE(stream.read_until("data: {")) << stream.got();
-    EXPECT_GT(metric(s, "te_serve_kv_cache_blocks_used"), 0);
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (metric(s, "te_serve_kv_cache_blocks_used") <= 0 &&
+           std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    ASSERT_GT(metric(s, "te_serve_kv_cache_blocks_used"), 0);
   }  // the client goes away with ~1900 tokens to go
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   while (metric(s, "te_serve_kv_cache_blocks_used") != 0 &&
@@ -330,6 +335,7 @@ TEST_F(ServeGenerate, AFullQueueIsAnswered503WithRetryAfter) {
          std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
+  ASSERT_EQ(metric(s, "te_serve_waiting_sequences"), 1) << "the second stream should wait";
   auto full = post(s, "/v1/completions", request("One more.", 4));
   expect_openai_error(full, 503, "", "requests are waiting");
   ASSERT_TRUE(full);
@@ -356,6 +362,19 @@ TEST_F(ServeGenerate, BadRequestsAre400NamingTheFieldAndDisturbNothing) {
                       "the prompt is 80 tokens");
   expect_openai_error(post(s, "/v1/completions", {{"prompt", "a"}, {"n", 2}}), 400, "n",
                       "one choice");
+  expect_openai_error(post(s, "/v1/completions", {{"prompt", "a"}, {"max_tokens", 0}}), 400,
+                      "max_tokens", "[1, ");
+  expect_openai_error(post(s, "/v1/completions", {{"prompt", "a"}, {"min_tokens", 5}}), 400,
+                      "min_tokens", "does not support");
+  expect_openai_error(post(s, "/v1/chat/completions",
+                           {{"messages", {{{"role", "user"}, {"content", "x"}}}},
+                            {"max_tokens", 4},
+                            {"max_completion_tokens", 5}}),
+                      400, "max_completion_tokens", "send one of them");
+  expect_openai_error(
+      post(s, "/v1/chat/completions",
+           {{"messages", {{{"role", "user"}, {"content", "x"}}}}, {"max_completion_tokens", 64}}),
+      400, "max_completion_tokens", "\"max_completion_tokens\" is 64");
   expect_openai_error(post(s, "/v1/completions", {{"prompt", "a"}, {"logprobs", 6}}), 400,
                       "logprobs", "[0, 5]");
   expect_openai_error(post(s, "/v1/completions", {{"prompt", {1, 96}}}), 400, "prompt",
@@ -448,6 +467,48 @@ TEST_F(ServeGenerate, LogprobsAndSeedsAreTheRequestsOwn) {
   EXPECT_EQ(s.stop(), 0) << s.log();
 }
 
+TEST_F(ServeGenerate, StopStringsEndTheTextBeforeThemAndChatStreamsAsOpenAiDoes) {
+  Server s({"--model", model()});
+  ASSERT_GT(s.port(), 0) << s.log();
+  auto whole = post(s, "/v1/completions", request("Stop here", 40));
+  ASSERT_TRUE(whole && whole->status == 200);
+  const std::string text = json::parse(whole->body)["choices"][0]["text"];
+  ASSERT_GE(text.size(), 20u);
+  const std::string stop = text.substr(10, 3);  // three characters from the middle
+  json r = request("Stop here", 40);
+  r["stop"] = {stop, "\u00e9\u00e9"};  // the second never comes (ASCII text)
+  for (const bool stream : {false, true}) {
+    r["stream"] = stream;
+    auto res = post(s, "/v1/completions", r);
+    ASSERT_TRUE(res && res->status == 200) << (res ? res->body : "");
+    const auto [got, finish] = stream ? text_of(events_of(res->body))
+                                      : std::pair<std::string, std::string>{
+                                            json::parse(res->body)["choices"][0]["text"],
+                                            json::parse(res->body)["choices"][0]["finish_reason"]};
+    EXPECT_EQ(got, text.substr(0, text.find(stop))) << (stream ? "stream" : "whole");
+    EXPECT_EQ(finish, "stop");
+  }
+  // Chat streams: the first delta carries the role; with include_usage every event has "usage"
+  // (null until the last, which has no choices); the model is the one that answered.
+  auto chat = post(s, "/v1/chat/completions",
+                   {{"messages", {{{"role", "user"}, {"content", "hi"}}}},
+                    {"model", "gpt-4"},
+                    {"max_tokens", 5},
+                    {"stream", true},
+                    {"stream_options", {{"include_usage", true}}}});
+  ASSERT_TRUE(chat && chat->status == 200);
+  const std::vector<json> events = events_of(chat->body);
+  ASSERT_GE(events.size(), 3u);
+  EXPECT_EQ(events.front()["choices"][0]["delta"]["role"], "assistant");
+  for (std::size_t i = 0; i + 1 < events.size(); ++i) {
+    EXPECT_TRUE(events[i].contains("usage") && events[i]["usage"].is_null()) << events[i];
+    EXPECT_EQ(events[i]["object"], "chat.completion.chunk");
+    EXPECT_EQ(events[i]["model"], "tiny-llama");
+  }
+  EXPECT_EQ(events.back()["usage"]["completion_tokens"], 5);
+  EXPECT_EQ(s.stop(), 0) << s.log();
+}
+
 TEST_F(ServeGenerate, SigtermFinishesRunningStreamsRefusesNewOnesAndExits0) {
   Server s({"--model", model(), "--drain-timeout", "60"});
   ASSERT_GT(s.port(), 0) << s.log();
@@ -456,10 +517,13 @@ TEST_F(ServeGenerate, SigtermFinishesRunningStreamsRefusesNewOnesAndExits0) {
   RawStream stream(s.port(), "/v1/completions", r);
   ASSERT_TRUE(stream.read_until("data: {"));
   std::thread stopper([&] { EXPECT_EQ(s.stop(SIGTERM), 0); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  // Draining: a new request is refused.
-  auto late = post(s, "/v1/completions", request("Too late", 4));
-  if (late) expect_openai_error(late, 503, "", "shutting down");
+  // Draining: a new request is refused (the stream has ~380 tokens to go, seconds).
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  auto late = post(s, "/v1/completions", request("Too late", 1));
+  while (late && late->status == 200 && std::chrono::steady_clock::now() < until) {
+    late = post(s, "/v1/completions", request("Too late", 1));
+  }
+  expect_openai_error(late, 503, "", "shutting down");
   EXPECT_TRUE(stream.read_until("data: [DONE]")) << stream.got();
   stopper.join();
   EXPECT_NE(stream.got().find("\"finish_reason\":\"length\""), std::string::npos);
