@@ -392,7 +392,8 @@ TEST_F(ServeGenerate, BadRequestsAre400NamingTheFieldAndDisturbNothing) {
   expect_openai_error(c.Post("/v1/nothing", "{}", "application/json"), 404, "",
                       "POST /v1/completions");
   // Unknown fields are ignored, as OpenAI's API does; the server serves on.
-  auto ok = post(s, "/v1/completions", {{"prompt", "ok"}, {"max_tokens", 3}, {"no_such", 1}});
+  auto ok = post(s, "/v1/completions",
+                 {{"prompt", "ok"}, {"max_tokens", 3}, {"ignore_eos", true}, {"no_such", 1}});
   ASSERT_TRUE(ok && ok->status == 200) << (ok ? ok->body : "");
   EXPECT_EQ(json::parse(ok->body)["usage"]["completion_tokens"], 3);
   EXPECT_EQ(s.stop(), 0) << s.log();
@@ -494,6 +495,7 @@ TEST_F(ServeGenerate, StopStringsEndTheTextBeforeThemAndChatStreamsAsOpenAiDoes)
                    {{"messages", {{{"role", "user"}, {"content", "hi"}}}},
                     {"model", "gpt-4"},
                     {"max_tokens", 5},
+                    {"ignore_eos", true},
                     {"stream", true},
                     {"stream_options", {{"include_usage", true}}}});
   ASSERT_TRUE(chat && chat->status == 200);
