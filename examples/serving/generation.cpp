@@ -339,7 +339,7 @@ void Generator::run() {
     }
     for (Admission& a : taken_) a.stream->deliver({abort});  // taken from pending_, not admitted
     taken_.clear();
-    for (auto& [id, s] : streams_) s->deliver({abort});
+    for (auto& [id, r] : streams_) r.stream->deliver({abort});
     streams_.clear();
     throw;
   }
@@ -373,21 +373,13 @@ void Generator::schedule() {
       if (s->engine_id_ >= 0 && streams_.count(s->engine_id_)) {
         mine.cancels.push_back(s->engine_id_);
         streams_.erase(s->engine_id_);
-        timing_.erase(s->engine_id_);
-        metrics_.count(
-            "te_serve_generation_requests_total",
-            "Generation requests ended, by finish reason (cancelled: the client went "
-            "away).",
-            1, s->stopped_by_text_ ? "finish_reason=\"stop\"" : "finish_reason=\"cancelled\"");
+        count_finished(s->stopped_by_text_ ? "stop" : "cancelled");
       }
     }
     std::vector<Admission> admitted;
     for (Admission& a : taken_) {
       if (a.stream->cancelled_) {
-        metrics_.count("te_serve_generation_requests_total",
-                       "Generation requests ended, by finish reason (cancelled: the client went "
-                       "away).",
-                       1, "finish_reason=\"cancelled\"");
+        count_finished("cancelled");
         continue;
       }
       if (stop) {
@@ -400,9 +392,9 @@ void Generator::schedule() {
     taken_.clear();
     taken_ = std::move(admitted);  // until the engine has them (the failure path aborts them)
     if (stop) {
-      for (auto& [id, s] : streams_) {
+      for (auto& [id, r] : streams_) {
         mine.cancels.push_back(id);
-        s->deliver({te::hf::TokenEvent{id, -1, 0, {}, "abort"}});
+        r.stream->deliver({te::hf::TokenEvent{id, -1, 0, {}, "abort"}});
       }
       streams_.clear();
     }
@@ -414,8 +406,7 @@ void Generator::schedule() {
       try {
         const int64_t id = engine_.add(all.adds[i].first, all.adds[i].second);
         a.stream->engine_id_ = id;
-        streams_[id] = a.stream;
-        timing_[id] = {a.submitted, a.submitted, true};
+        streams_[id] = {a.stream, a.submitted, a.submitted, true};
       } catch (const te::Error& e) {  // checked in submit(): not expected
         std::fprintf(stderr, "te-serve: a request the engine refused: %s\n", e.what());
         a.stream->deliver({te::hf::TokenEvent{0, -1, 0, {}, "abort"}});
@@ -432,7 +423,7 @@ void Generator::schedule() {
         generated += static_cast<int64_t>(list.size());
         auto s = streams_.find(id);
         if (s == streams_.end()) continue;  // cancelled
-        Timing& t = timing_[id];
+        Running& t = s->second;
         if (t.first) {
           metrics_.observe("te_serve_time_to_first_token_seconds",
                            "From a generation request's arrival to its first token.",
@@ -445,16 +436,13 @@ void Generator::schedule() {
         }
         t.last = now;
         const std::string finish = list.back().finish_reason;
-        s->second->deliver(std::move(list));
+        t.stream->deliver(std::move(list));
         if (!finish.empty()) {
           metrics_.observe("te_serve_e2e_request_latency_seconds",
                            "From a generation request's arrival to its last token.", kLatencyBounds,
                            seconds(now - t.submitted));
-          metrics_.count("te_serve_generation_requests_total",
-                         "Generation requests ended, by finish reason.", 1,
-                         "finish_reason=\"" + finish + "\"");
+          count_finished(finish);
           streams_.erase(s);
-          timing_.erase(id);
         }
       }
       metrics_.count("te_serve_generation_tokens_total", "Tokens generated.",
@@ -492,6 +480,12 @@ void Generator::update_gauges() {
                  static_cast<double>(s.prefill_tokens - prefill_seen_));
   preemptions_seen_ = s.preemptions;
   prefill_seen_ = s.prefill_tokens;
+}
+
+void Generator::count_finished(const std::string& reason) {
+  metrics_.count("te_serve_generation_requests_total",
+                 "Generation requests ended, by finish reason (cancelled: the client went away).",
+                 1, "finish_reason=\"" + reason + "\"");
 }
 
 void Generator::drain() {

@@ -142,12 +142,15 @@ class Generator {
     std::shared_ptr<GenerationStream> stream;
     std::chrono::steady_clock::time_point submitted;
   };
-  struct Timing {
+  // A request in the engine: its stream and when its last token came.
+  struct Running {
+    std::shared_ptr<GenerationStream> stream;
     std::chrono::steady_clock::time_point submitted, last;
     bool first = true;
   };
   void schedule();  // run()'s loop
   void update_gauges();
+  void count_finished(const std::string& reason);
 
   te::hf::Engine engine_;
   const te::hf::Tokenizer tokenizer_;
@@ -169,9 +172,8 @@ class Generator {
   bool draining_ = false, stopping_ = false;
   bool busy_ = false;  // the scheduler holds requests taken from pending_ in this iteration
   // Scheduler-only state.
-  std::vector<Admission> taken_;  // taken from pending_, not yet in the engine
-  std::map<int64_t, std::shared_ptr<GenerationStream>> streams_;  // by engine id
-  std::map<int64_t, Timing> timing_;
+  std::vector<Admission> taken_;        // taken from pending_, not yet in the engine
+  std::map<int64_t, Running> streams_;  // by engine id
   int64_t preemptions_seen_ = 0, prefill_seen_ = 0;
 };
 
