@@ -5,7 +5,10 @@
 // reports what a user of the server sees: time to first token and inter-token latency (p50,
 // p99), aggregate tokens/s over the run, errors (a status other than 200, or a stream without
 // its finish_reason and [DONE]), and with --metrics the largest te_serve_running_sequences
-// /metrics showed. scripts/serve-generate-bench.sh runs it against both servers.
+// /metrics showed. With --crowd SLOW,IDLE it first opens SLOW slowloris connections (a header
+// line a second, never finished) and IDLE keep-alive ones (one GET, then silence), held for the
+// run: what a server's latencies are with them. scripts/serve-generate-bench.sh runs it against
+// both servers.
 //
 //   bench_serve_load --port 8080 --streams 32 --seconds 60 --max-tokens 64 [--json]
 //   bench_serve_load --port 8080 --prefill 512     # one request: prompt tokens/s
@@ -17,12 +20,15 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "../tests/examples/crowd.h"
 
 namespace {
 
@@ -40,6 +46,7 @@ struct Args {
   int max_length = 0;  // --mixed: prompt words drawn up to this
   bool metrics = false, json_out = false;
   std::string label;
+  std::vector<int> crowd;  // --crowd SLOW,IDLE
 };
 
 // A prompt of about `words` words, different for every (client, request).
@@ -164,6 +171,12 @@ int main(int argc, char** argv) {
                  "prints the best prompt tokens/s");
   app.add_flag("--metrics", a.metrics, "sample te-serve's /metrics for the most running sequences");
   app.add_option("--label", a.label, "a name for the output");
+  app.add_option("--crowd", a.crowd,
+                 "SLOW,IDLE: hold SLOW slowloris and IDLE idle keep-alive connections open "
+                 "during the run")
+      ->expected(2)
+      ->delimiter(',')
+      ->check(CLI::Range(0, 20000));
   app.add_flag("--json", a.json_out, "one JSON object");
   CLI11_PARSE(app, argc, argv);
 
@@ -195,6 +208,18 @@ int main(int argc, char** argv) {
     return 0;
   }
 
+  std::unique_ptr<te::test::Crowd> crowd;
+  if (!a.crowd.empty()) {
+    crowd = std::make_unique<te::test::Crowd>(a.port, a.crowd[0], a.crowd[1]);
+    if (static_cast<int>(crowd->slow().size()) != a.crowd[0] ||
+        crowd->idle_answered() != a.crowd[1]) {
+      std::fprintf(stderr,
+                   "bench_serve_load: --crowd: %zu of %d slow and %d of %d idle connections "
+                   "made (ulimit -n?)\n",
+                   crowd->slow().size(), a.crowd[0], crowd->idle_answered(), a.crowd[1]);
+      return 1;
+    }
+  }
   Totals totals;
   const auto start = Clock::now();
   const auto end =
@@ -228,7 +253,8 @@ int main(int argc, char** argv) {
                     {"ttft_p99_s", percentile(totals.ttft, 0.99)},
                     {"itl_p50_s", percentile(totals.itl, 0.5)},
                     {"itl_p99_s", percentile(totals.itl, 0.99)},
-                    {"most_running", most_running}};
+                    {"most_running", most_running},
+                    {"crowd", a.crowd.empty() ? json(nullptr) : json(a.crowd)}};
   if (a.json_out) {
     std::printf("%s\n", out.dump().c_str());
   } else {

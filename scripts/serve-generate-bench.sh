@@ -7,7 +7,9 @@
 #   - te-serve's 32-stream aggregate over its one stream (continuous batching);
 #   - the load test: 64 streams for 60 s on te-serve: errors, TTFT and ITL p50/p99, tokens/s;
 #   - admission at a fixed --kv-cache-mib: the most sequences running at once, paged against
-#     contiguous, on a mixed-length workload.
+#     contiguous, on a mixed-length workload;
+#   - slow and idle clients: one stream's TTFT alone and with 200 slowloris and 500 idle
+#     keep-alive connections held open (deadlines raised past the run, so none is shed early).
 # Prints a Markdown table per part; exits 1 on any request error.
 #   scripts/serve-generate-bench.sh [GGUF] [SECONDS]       (build first: scripts/build.sh)
 set -euo pipefail
@@ -65,6 +67,16 @@ for layout in paged contiguous; do
   down $pid
 done
 
+# Connections: one stream of 8 tokens at a time for 15 s, alone and beside the crowd.
+"$serve" --model "$model" --port "$port" --max-sequence-length 1024 --header-timeout 120 \
+  --keep-alive-timeout 120 > "$work/server.log" 2>&1 &
+pid=$!; up
+"$load" --port "$port" --streams 1 --seconds 3 --max-tokens 8 >/dev/null  # warm up
+"$load" --port "$port" --streams 1 --seconds 15 --max-tokens 8 --json > "$work/crowd.none"
+"$load" --port "$port" --streams 1 --seconds 15 --max-tokens 8 --crowd 200,500 --json \
+  > "$work/crowd.held"
+down $pid
+
 /usr/bin/python3 - "$work" <<'PY'
 import json, os, sys
 w = sys.argv[1]
@@ -91,6 +103,11 @@ print("\nAdmission at --kv-cache-mib 360 (32 streams, mixed prompts): paged ran 
       "at once (%.1f tokens/s), contiguous %d (%.1f tokens/s): %.1fx"
       % (p["most_running"], p["tokens_per_s"], c["most_running"], c["tokens_per_s"],
          p["most_running"] / max(c["most_running"], 1)))
-errors = sum(x["errors"] for x in (te["one"], te["many"], ll["one"], ll["many"], l, p, c))
+n, h = r("crowd.none"), r("crowd.held")
+print("\nOne stream's TTFT p50/p99: alone %.3f/%.3f s; with 200 slowloris and 500 idle keep-alive "
+      "connections open %.3f/%.3f s (%+.3f s at p99)"
+      % (n["ttft_p50_s"], n["ttft_p99_s"], h["ttft_p50_s"], h["ttft_p99_s"],
+         h["ttft_p99_s"] - n["ttft_p99_s"]))
+errors = sum(x["errors"] for x in (te["one"], te["many"], ll["one"], ll["many"], l, p, c, n, h))
 sys.exit(1 if errors else 0)
 PY

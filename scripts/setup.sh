@@ -8,7 +8,8 @@ PACKAGES=(
   libopenblas0-openmp   # replaces the reference BLAS (~50x slower GEMMs)
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev zlib1g-dev
-  libcpp-httplib-dev wrk   # examples/serving (te-serve) and its load test
+  libboost-dev   # te-serve's HTTP layer (Boost.Asio, Boost.Beast; header-only)
+  libcpp-httplib-dev wrk   # te-serve's tests and load clients; its load test
   libicu-dev libpcre2-dev   # te::hf's tokenizers (Unicode categories, normalization, regex)
   python3-matplotlib   # examples/encoder/plot_losses
   clang libclang-rt-14-dev   # scripts/fuzz.sh (libFuzzer)

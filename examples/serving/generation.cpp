@@ -126,11 +126,32 @@ GenerationStream::GenerationStream(CompletionRequest request, te::hf::Tokenizer 
       created_(static_cast<int64_t>(std::time(nullptr))) {}
 
 void GenerationStream::deliver(std::vector<te::hf::TokenEvent> events) {
+  std::function<void()> listener;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& e : events) events_.push_back(std::move(e));
+    listener = listener_;
   }
   ready_.notify_all();
+  if (listener) listener();
+}
+
+void GenerationStream::listen(std::function<void()> fn) {
+  bool waiting = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (done_ || deaf_) return;
+    listener_ = fn;
+    waiting = !events_.empty();
+  }
+  if (waiting) fn();
+}
+
+void GenerationStream::unlisten() {
+  std::function<void()> listener;  // released outside the lock
+  std::lock_guard<std::mutex> lock(mu_);
+  deaf_ = true;
+  listener.swap(listener_);
 }
 
 void GenerationStream::cancel() {
@@ -177,8 +198,10 @@ bool GenerationStream::next(Piece& out, std::chrono::milliseconds timeout) {
     }
   }
   if (!out.finish_reason.empty()) {
+    std::function<void()> listener;  // released outside the lock
     std::lock_guard<std::mutex> lock(mu_);
     done_ = true;
+    listener.swap(listener_);
   }
   return true;
 }

@@ -3,8 +3,8 @@
 // te-serve's generation service for a decoder model: the Generator turns checked completion
 // requests (request.h) into token ids, queues them, and drives one te::hf::Engine (continuous
 // batching over a paged KV cache) from one scheduler thread; each request's GenerationStream
-// hands its text to the HTTP thread that answers it, piece by piece. The HTTP layer (main.cpp)
-// only moves bytes: the response bodies and server-sent-event chunks are built here.
+// hands its text to the connection that answers it, piece by piece, as it comes (listen). The
+// HTTP layer (main.cpp, http.h) only moves bytes: the response bodies and server-sent-event chunks are built here.
 //
 // On a mesh the scheduler runs on rank 0 and broadcasts each iteration's commands (requests
 // admitted, requests cancelled, stop) to the other ranks, which run follow(): every rank makes the
@@ -69,6 +69,12 @@ class GenerationStream {
   /// The client has gone: the request ends at the scheduler's next iteration and its pages are
   /// freed.
   void cancel();
+  /// `fn` is called (from the scheduler's thread, or here when output is already waiting) each
+  /// time new output arrives; it should only hand the reading to another thread (next() with a
+  /// zero timeout), as the HTTP layer does. Dropped after the last piece is read.
+  void listen(std::function<void()> fn);
+  /// Drops the listener; a later listen() is ignored (the reader has gone).
+  void unlisten();
   int64_t prompt_tokens() const { return prompt_tokens_; }
   /// Tokens generated and read so far.
   int64_t completion_tokens() const { return completion_tokens_; }
@@ -99,6 +105,8 @@ class GenerationStream {
   std::mutex mu_;
   std::condition_variable ready_;
   std::deque<te::hf::TokenEvent> events_;
+  std::function<void()> listener_;
+  bool deaf_ = false;  // unlisten() was called
 };
 
 class Generator {

@@ -6,7 +6,6 @@
 //   te-serve --model all-MiniLM-L6-v2/ --port 8080
 //   curl -s localhost:8080/v1/embeddings -d '{"input": ["The cat sat on the mat."]}'
 
-#include <httplib.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -29,6 +28,7 @@
 #include "batcher.h"
 #include "data.h"
 #include "generation.h"
+#include "http.h"
 #include "service.h"
 #include "te/distributed.h"
 #include "te/error.h"
@@ -50,6 +50,9 @@ struct Args {
   int64_t max_request_sentences = 0;  // 0: 8 x max_batch
   std::size_t max_body_bytes = std::size_t{1} << 20;
   int http_threads = 128;
+  int64_t max_connections = 0;  // 0: as many as the open-file limit allows, at most 4096
+  double header_timeout_s = 10, body_timeout_s = 30, keep_alive_timeout_s = 30,
+         write_timeout_s = 30;
   int threads_per_worker = 0;
   bool fp8_weights = false;
   std::string calibration;
@@ -124,74 +127,55 @@ serve::Embeddings embed(const te::hf::SentenceEmbedder& embedder,
   return e;
 }
 
-// The HTTP server's settings every mode shares: connection threads, body limit, Nagle off, the
-// health and metrics endpoints, a JSON error for what no handler answered (`error_of` writes
-// it), the request counter.
-void configure(httplib::Server& server, const Args& args, serve::Metrics& metrics,
-               const std::string& endpoints,
-               std::function<std::string(int, const std::string&)> error_of) {
-  const int pool = args.http_threads;
-  server.new_task_queue = [pool] {
-    return new httplib::ThreadPool(static_cast<std::size_t>(pool));
-  };
-  server.set_payload_max_length(args.max_body_bytes);
-  server.set_keep_alive_max_count(1000);
-  // Headers and body go out in two writes; with Nagle on, the second waits for the client's
-  // delayed ACK (40 ms on Linux).
-  server.set_tcp_nodelay(true);
-  server.Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
-    res.set_content("{\"status\":\"ok\"}", "application/json");
-  });
-  server.Get("/metrics", [&metrics](const httplib::Request&, httplib::Response& res) {
-    metrics.set_gauge("te_serve_resident_bytes", "Resident memory of the process (VmRSS).",
-                      static_cast<double>(serve::resident_bytes()));
-    res.set_content(metrics.render(), "text/plain; version=0.0.4");
-  });
-  server.set_error_handler(
-      [&args, endpoints, error_of](const httplib::Request& req, httplib::Response& res) {
-        if (!res.body.empty()) return;
-        std::string message;
-        if (res.status == 413) {
-          message = "the body is over " + std::to_string(args.max_body_bytes) +
-                    " bytes (--max-body-bytes); split the request";
-        } else if (res.status == 404) {
-          message = "no endpoint " + req.method + " " + req.path + "; use " + endpoints +
-                    ", GET /healthz or GET /metrics";
-        } else {
-          message = "the request could not be served (HTTP " + std::to_string(res.status) + ")";
-        }
-        res.set_content(error_of(res.status, message), "application/json");
-      });
-  server.set_logger([&metrics](const httplib::Request& req, const httplib::Response& res) {
-    metrics.request(req.path, res.status);
-  });
+// The HTTP server every mode shares (http.h): connections, deadlines and body limit from the
+// command line, GET /healthz and GET /metrics, a JSON error for what no handler answers (`error_of`
+// writes it), the request counter.
+std::unique_ptr<serve::http::Server> make_server(
+    const Args& args, serve::Metrics& metrics, const std::string& endpoints,
+    std::function<std::string(int, const std::string&)> error_of) {
+  using std::chrono::milliseconds;
+  auto ms = [](double s) { return milliseconds(static_cast<int64_t>(s * 1000.0)); };
+  serve::http::ServerOptions o;
+  o.host = args.host;
+  o.port = args.port;
+  o.worker_threads = args.http_threads;
+  o.max_connections = args.max_connections;
+  o.max_body_bytes = args.max_body_bytes;
+  o.header_timeout = ms(args.header_timeout_s);
+  o.body_timeout = ms(args.body_timeout_s);
+  o.keep_alive_timeout = ms(args.keep_alive_timeout_s);
+  o.write_timeout = ms(args.write_timeout_s);
+  o.error_body = std::move(error_of);
+  o.endpoints = endpoints;
+  o.metrics = &metrics;
+  auto server = std::make_unique<serve::http::Server>(std::move(o));
+  server->route("GET", "/healthz", [](const serve::http::Request&, serve::http::Reply reply) {
+    serve::http::Response r;
+    r.body = "{\"status\":\"ok\"}";
+    reply.send(std::move(r));
+  }, serve::http::Server::Run::kInline);  // answered while every worker waits
+  server->route("GET", "/metrics",
+                [&metrics](const serve::http::Request&, serve::http::Reply reply) {
+                  metrics.set_gauge("te_serve_resident_bytes",
+                                    "Resident memory of the process (VmRSS).",
+                                    static_cast<double>(serve::resident_bytes()));
+                  serve::http::Response r;
+                  r.content_type = "text/plain; version=0.0.4";
+                  r.body = metrics.render();
+                  reply.send(std::move(r));
+                },
+                serve::http::Server::Run::kInline);
+  return server;
 }
 
-// Binds `server` to --host/--port; the port, or -1 (printed) when it cannot.
-// The listening socket: SO_REUSEADDR only (httplib's default adds SO_REUSEPORT, under which a
-// second server binds the same port without an error), and a deep accept queue (httplib
-// listens with a backlog of 5, so a burst of connections loses SYNs and waits 1 s to retry).
-int bind(httplib::Server& server, const Args& args) {
-  auto listen_fd = std::make_shared<std::atomic<int>>(-1);
-  server.set_socket_options([listen_fd](socket_t sock) {
-    const int yes = 1;
-    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-    *listen_fd = sock;
-  });
-  int port = args.port;
-  if (port == 0) {
-    port = server.bind_to_any_port(args.host);
-  } else if (!server.bind_to_port(args.host, port)) {
-    port = -1;
-  }
-  if (port < 0) {
-    std::cerr << "te-serve: error: cannot listen on " << args.host << ":" << args.port
-              << " (in use, or not an address of this machine); choose another --host/--port"
-              << std::endl;
+// Listens on --host/--port: the port, or -1 (printed) when it cannot.
+int bind(serve::http::Server& server) {
+  try {
+    return server.bind();
+  } catch (const te::Error& e) {
+    std::cerr << "te-serve: error: " << e.what() << std::endl;
     return -1;
   }
-  if (*listen_fd >= 0) ::listen(*listen_fd, SOMAXCONN);
-  return port;
 }
 
 // Waits for SIGTERM/SIGINT on its own thread (the signals are blocked in every thread, so nothing
@@ -260,136 +244,153 @@ int serve_http(const Service& service, const Args& args) {
   const std::size_t max_sentences = static_cast<std::size_t>(
       args.max_request_sentences > 0 ? args.max_request_sentences : 8 * args.max_batch);
 
-  httplib::Server server;
-  configure(server, args, metrics, endpoint,
-            [](int, const std::string& message) { return serve::error_body(message); });
-  auto json_error = [](httplib::Response& res, int status, const std::string& message) {
-    res.status = status;
-    res.set_content(serve::error_body(message), "application/json");
-  };
+  auto server = make_server(args, metrics, endpoint, [](int, const std::string& message) {
+    return serve::error_body(message);
+  });
   // A request's answer, or its error as JSON with its status (503 with Retry-After).
-  auto answer = [&](httplib::Response& res, const char* what, auto&& body_of) {
+  auto answer = [&metrics](const char* what, auto&& body_of) {
     const auto start = std::chrono::steady_clock::now();
+    serve::http::Response r;
     try {
-      res.set_content(body_of(), "application/json");
+      r.body = body_of();
     } catch (const serve::HttpError& e) {
-      json_error(res, e.status, e.what());
-      if (e.status == 503) res.set_header("Retry-After", "1");
+      r.status = e.status;
+      r.body = serve::error_body(e.what());
+      if (e.status == 503) r.headers.emplace_back("Retry-After", "1");
     } catch (const std::exception& e) {
-      json_error(res, 500, std::string(what) + " failed: " + e.what());
+      r.status = 500;
+      r.body = serve::error_body(std::string(what) + " failed: " + e.what());
     }
     metrics.latency(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    return r;
   };
+  // Each request waits for its batch on one of the --http-threads workers.
   if (classify) {
-    server.Post("/v1/classify", [&](const httplib::Request& req, httplib::Response& res) {
-      answer(res, "classification", [&] {
-        auto a = classify->submit(serve::decode_classify(req.body, max_sentences));
-        return serve::encode_classification(a.get());
-      });
-    });
+    server->route("POST", "/v1/classify",
+                  [&](const serve::http::Request& req, serve::http::Reply reply) {
+                    reply.send(answer("classification", [&] {
+                      auto a = classify->submit(serve::decode_classify(req.body, max_sentences));
+                      return serve::encode_classification(a.get());
+                    }));
+                  });
   } else {
-    server.Post("/v1/embeddings", [&](const httplib::Request& req, httplib::Response& res) {
-      answer(res, "embedding", [&] {
-        serve::EmbeddingsRequest r =
-            serve::decode_embeddings(req.body, max_sentences, service.embedder->dimensions());
-        auto a = embeddings->submit(std::move(r.input));
-        return serve::encode_embeddings(a.get(), r.base64, service.model_name);
-      });
-    });
+    server->route("POST", "/v1/embeddings",
+                  [&](const serve::http::Request& req, serve::http::Reply reply) {
+                    reply.send(answer("embedding", [&] {
+                      serve::EmbeddingsRequest r = serve::decode_embeddings(
+                          req.body, max_sentences, service.embedder->dimensions());
+                      auto a = embeddings->submit(std::move(r.input));
+                      return serve::encode_embeddings(a.get(), r.base64, service.model_name);
+                    }));
+                  });
   }
-  const int port = bind(server, args);
+  const int port = bind(*server);
   if (port < 0) return 2;
-  // SIGTERM/SIGINT: stop accepting, answer what is in flight, exit 0.
+  // SIGTERM/SIGINT: stop accepting, answer what is in flight (within --drain-timeout), exit 0.
   SignalWaiter waiter([&] {
-    drain();  // gathering batches run now; server.stop() waits for their answers
-    server.stop();
+    drain();  // gathering batches run now
+    server->shutdown(std::chrono::milliseconds(static_cast<int64_t>(args.drain_timeout_s * 1000)));
   });
   std::cout << "te-serve: listening on http://" << args.host << ":" << port << " (" << args.workers
             << " worker" << (args.workers == 1 ? "" : "s") << ", max batch " << args.max_batch
             << ", max wait " << args.max_wait_ms << " ms, queue " << args.max_queue << ")"
             << std::endl;
-  const bool ok = server.listen_after_bind();
-  // The HTTP threads have finished their requests; the batcher answers anything still queued.
+  server->run();
+  // The connections have closed; the batcher answers anything still queued.
   stop();
   waiter.dismiss();
+  server.reset();  // the workers finish
   std::cout << "te-serve: stopped" << std::endl;
-  return ok ? 0 : 1;
+  return 0;
 }
 
 // ---- a decoder model: OpenAI's completions over the generation engine ----------------------
 
-// POST /v1/completions and /v1/chat/completions on `server`, answered by `generator`; `open`
-// counts the streams still being written.
-void add_generation_routes(httplib::Server& server, serve::Generator& generator,
-                           serve::Metrics& metrics, std::atomic<int>& open) {
-  auto handle = [&generator, &metrics, &open](bool chat) {
-    return [&generator, &metrics, &open, chat](const httplib::Request& req,
-                                               httplib::Response& res) {
-      const auto start = std::chrono::steady_clock::now();
+// POST /v1/completions and /v1/chat/completions on `server`, answered by `generator`. A stream
+// pins no thread: the worker that takes the request submits it, and from then on the generator's
+// scheduler tells the connection when output is waiting (GenerationStream::listen), which reads it
+// and writes it on the connection's thread; a client that goes cancels its request.
+void add_generation_routes(serve::http::Server& server, serve::Generator& generator) {
+  using serve::http::Reply;
+  auto handle = [&generator](bool chat) {
+    return [&generator, chat](const serve::http::Request& req, Reply reply) {
       try {
         const serve::CompletionRequest r = serve::decode_completion(req.body, chat);
         std::shared_ptr<serve::GenerationStream> stream = generator.submit(r);
         const std::string model = generator.model_name();  // the one that answers
+        // A client that goes cancels its request (its pages are freed at the next step) and
+        // stops the stream's listening (which holds this reply: the two would hold each other).
+        reply.on_gone([stream] {
+          stream->cancel();
+          stream->unlisten();
+        });
+        std::function<void()> read;
         if (!r.stream) {
-          std::string text, finish;
-          std::vector<serve::TokenInfo> tokens;
-          serve::Piece piece;
-          while (finish.empty()) {
-            if (!stream->next(piece, std::chrono::milliseconds(100))) continue;
-            text += piece.text;
-            tokens.insert(tokens.end(), piece.tokens.begin(), piece.tokens.end());
-            finish = piece.finish_reason;
-          }
-          res.set_content(serve::encode_response(*stream, model, text, tokens, finish),
-                          "application/json");
+          struct Whole {
+            std::string text;
+            std::vector<serve::TokenInfo> tokens;
+          };
+          read = [stream, model, reply, whole = std::make_shared<Whole>()] {
+            serve::Piece piece;
+            while (stream->next(piece, std::chrono::milliseconds(0))) {
+              whole->text += piece.text;
+              whole->tokens.insert(whole->tokens.end(), piece.tokens.begin(), piece.tokens.end());
+              if (piece.finish_reason.empty()) continue;
+              serve::http::Response res;
+              res.body = serve::encode_response(*stream, model, whole->text, whole->tokens,
+                                                piece.finish_reason);
+              reply.send(std::move(res));
+              return;
+            }
+          };
         } else {
-          res.set_header("Cache-Control", "no-cache");
-          ++open;
-          auto first = std::make_shared<bool>(true);
-          res.set_chunked_content_provider(
-              "text/event-stream",
-              [stream, model, first](std::size_t, httplib::DataSink& sink) {
-                serve::Piece piece;
-                if (!stream->next(piece, std::chrono::milliseconds(50))) return true;
-                if (piece.text.empty() && piece.tokens.empty() && piece.finish_reason.empty() &&
-                    !*first) {
-                  return true;  // a held-back character: nothing to send yet
+          serve::http::Response head;
+          head.content_type = "text/event-stream";
+          head.headers.emplace_back("Cache-Control", "no-cache");
+          reply.open_stream(std::move(head));
+          read = [stream, model, reply, first = std::make_shared<bool>(true)]() mutable {
+            serve::Piece piece;
+            while (stream->next(piece, std::chrono::milliseconds(0))) {
+              if (piece.text.empty() && piece.tokens.empty() && piece.finish_reason.empty() &&
+                  !*first) {
+                continue;  // a held-back character: nothing to send yet
+              }
+              std::string out = serve::encode_event(*stream, model, piece, *first);
+              *first = false;
+              const bool last = !piece.finish_reason.empty();
+              if (last) {
+                if (stream->request().include_usage) {
+                  out += serve::encode_event(*stream, model, piece, false, true);
                 }
-                std::string out = serve::encode_event(*stream, model, piece, *first);
-                *first = false;
-                const bool last = !piece.finish_reason.empty();
-                if (last) {
-                  if (stream->request().include_usage) {
-                    out += serve::encode_event(*stream, model, piece, false, true);
-                  }
-                  out += "data: [DONE]\n\n";
-                }
-                if (!sink.write(out.data(), out.size())) return false;  // the client is gone
-                if (last) sink.done();
-                return true;
-              },
-              [stream, &open](bool success) {
-                if (!success) stream->cancel();  // frees its pages at the next step
-                --open;
-              });
+                out += "data: [DONE]\n\n";
+              }
+              reply.write(std::move(out));
+              if (last) {
+                reply.end();
+                return;
+              }
+            }
+          };
         }
+        stream->listen([reply, read]() mutable { reply.post(read); });
       } catch (const serve::HttpError& e) {
+        serve::http::Response res;
         res.status = e.status;
-        res.set_content(serve::openai_error_body(e.status, e.what(), e.param), "application/json");
-        if (e.status == 503) res.set_header("Retry-After", "1");
+        res.body = serve::openai_error_body(e.status, e.what(), e.param);
+        if (e.status == 503) res.headers.emplace_back("Retry-After", "1");
+        reply.send(std::move(res));
       } catch (const std::exception& e) {
+        serve::http::Response res;
         res.status = 500;
-        res.set_content(
-            serve::openai_error_body(500, std::string("generation failed: ") + e.what(), ""),
-            "application/json");
+        res.body =
+            serve::openai_error_body(500, std::string("generation failed: ") + e.what(), "");
+        reply.send(std::move(res));
       }
-      metrics.latency(
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     };
   };
-  server.Post("/v1/completions", handle(false));
-  server.Post("/v1/chat/completions", handle(true));
+  server.route("POST", "/v1/completions", handle(false));
+  server.route("POST", "/v1/chat/completions", handle(true));
 }
 
 // The HTTP side of a generation server, on its own thread: returns once SIGTERM's drain is done
@@ -397,25 +398,23 @@ void add_generation_routes(httplib::Server& server, serve::Generator& generator,
 class GenerationHttp {
  public:
   GenerationHttp(serve::Generator& generator, serve::Metrics& metrics, const Args& args)
-      : generator_(generator), metrics_(metrics), args_(args) {
-    configure(server_, args, metrics, "POST /v1/completions, POST /v1/chat/completions",
-              [](int status, const std::string& message) {
-                return serve::openai_error_body(status, message, "");
-              });
-    add_generation_routes(server_, generator, metrics, open_);
+      : generator_(generator),
+        args_(args),
+        server_(make_server(args, metrics, "POST /v1/completions, POST /v1/chat/completions",
+                            [](int status, const std::string& message) {
+                              return serve::openai_error_body(status, message, "");
+                            })) {
+    add_generation_routes(*server_, generator);
   }
   // Binds and serves on a thread; false (printed) when the port cannot be had.
   bool start() {
-    const int port = bind(server_, args_);
+    const int port = bind(*server_);
     if (port < 0) return false;
     std::cout << "te-serve: listening on http://" << args_.host << ":" << port
               << " (POST /v1/completions, POST /v1/chat/completions; max " << args_.max_num_seqs
               << " sequences, " << args_.max_num_batched_tokens << " tokens per step, queue "
               << args_.max_queue << ")" << std::endl;
-    thread_ = std::thread([this] {
-      ok_ = server_.listen_after_bind();
-      generator_.stop();  // the scheduler returns, whatever ended the server
-    });
+    thread_ = std::thread([this] { server_->run(); });
     // SIGTERM/SIGINT: new requests are refused (503), running streams finish within the drain
     // timeout and the rest end with finish_reason "abort"; then the server stops.
     waiter_ = std::make_unique<SignalWaiter>([this] {
@@ -426,37 +425,23 @@ class GenerationHttp {
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
       }
       generator_.stop();
-      // The streams write their last events before the server cuts its connections.
-      const auto flush = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-      while (open_.load() > 0 && std::chrono::steady_clock::now() < flush) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      }
-      server_.stop();
     });
     return true;
   }
-  // After the generator's run() has returned: the streams write their last events, then the
-  // server stops.
-  bool join() {
-    const auto flush = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-    while (open_.load() > 0 && std::chrono::steady_clock::now() < flush) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    server_.stop();
+  // After the generator's run() has returned: the streams write their last events (for up to
+  // 2 s), then the connections close and the server stops.
+  void join() {
+    server_->shutdown(std::chrono::seconds(2));
     if (thread_.joinable()) thread_.join();
     if (waiter_) waiter_->dismiss();
-    return ok_;
   }
 
  private:
   serve::Generator& generator_;
-  serve::Metrics& metrics_;
   const Args& args_;
-  httplib::Server server_;
-  std::atomic<int> open_{0};
+  std::unique_ptr<serve::http::Server> server_;
   std::thread thread_;
   std::unique_ptr<SignalWaiter> waiter_;
-  bool ok_ = false;
 };
 
 // The model's name in responses: the file or folder's.
@@ -533,9 +518,9 @@ int serve_generation(const Args& args) {
       http.join();  // the streams have ended ("abort"); the server's threads end first
       return 1;
     }
-    const bool ok = http.join();
+    http.join();
     std::cout << "te-serve: stopped" << std::endl;
-    return ok ? 0 : 1;
+    return 0;
   };
   if (args.nproc == 1) return lead(te::hf::load_causal_lm(args.model_dir), {});
   std::atomic<int> code{0};
@@ -622,11 +607,45 @@ int main(int argc, char** argv) {
   app.add_option("--max-body-bytes", args.max_body_bytes, "Largest request body (more: 413)")
       ->capture_default_str()
       ->check(CLI::Range(std::size_t{64}, std::size_t{1} << 30));
+  const std::string connections = "Connections";
   app.add_option("--http-threads", args.http_threads,
-                 "Connection threads (a keep-alive connection holds one; a decoder model: at "
-                 "least --max-queue + --max-num-seqs + 16, the default)")
+                 "Threads that run request handlers (a classify or embeddings request holds one "
+                 "while its batch runs; a generation stream holds none)")
+      ->group(connections)
       ->capture_default_str()
       ->check(CLI::Range(1, 4096));
+  app.add_option("--max-connections", args.max_connections,
+                 "Open connections at most; a connection beyond them is answered 503 and closed "
+                 "(default: 4096, or fewer when the open-file limit is lower)")
+      ->group(connections)
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  app.add_option("--header-timeout", args.header_timeout_s,
+                 "Seconds a request's headers may take to arrive (from its connection's opening, "
+                 "or its first byte on a keep-alive connection); later: 408 and closed")
+      ->group(connections)
+      ->capture_default_str()
+      ->check(CLI::Range(0.01, 3600.0));
+  app.add_option("--body-timeout", args.body_timeout_s,
+                 "Seconds a request's body may take to arrive after its headers; later: 408")
+      ->group(connections)
+      ->capture_default_str()
+      ->check(CLI::Range(0.01, 3600.0));
+  app.add_option("--keep-alive-timeout", args.keep_alive_timeout_s,
+                 "Seconds an idle keep-alive connection is kept open")
+      ->group(connections)
+      ->capture_default_str()
+      ->check(CLI::Range(0.01, 86400.0));
+  app.add_option("--write-timeout", args.write_timeout_s,
+                 "Seconds a client may leave a response unread before its connection is closed "
+                 "(its generation request is cancelled)")
+      ->group(connections)
+      ->capture_default_str()
+      ->check(CLI::Range(0.01, 3600.0));
+  app.add_option("--drain-timeout", args.drain_timeout_s,
+                 "On SIGTERM, seconds in-flight requests and running streams get to finish; "
+                 "streams still running then end with finish_reason \"abort\"")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 86400.0));
   app.add_option("--threads-per-worker", args.threads_per_worker,
                  "Intra-op threads of each worker (default: cores / workers)")
       ->check(CLI::Range(1, 1024));
@@ -672,12 +691,6 @@ int main(int argc, char** argv) {
                "A contiguous KV cache (one slot of the whole context per sequence) instead of "
                "pages")
       ->group(decoder);
-  app.add_option("--drain-timeout", args.drain_timeout_s,
-                 "On SIGTERM, seconds running streams get to finish; the rest end with "
-                 "finish_reason \"abort\"")
-      ->group(decoder)
-      ->capture_default_str()
-      ->check(CLI::Range(0.0, 86400.0));
   app.add_option("--nproc", args.nproc,
                  "Thread ranks the decoder is sharded over (tensor parallel unless --mesh says "
                  "otherwise): rank 0 serves HTTP and broadcasts each step's batch, every rank "
@@ -725,22 +738,11 @@ int main(int argc, char** argv) {
                   << std::endl;
         return 2;
       }
-      // Every request in the engine or its queue holds a connection thread (httplib: a thread
-      // per connection); fewer threads would leave connections unread, never answered 503.
-      const int64_t needed = args.max_queue + args.max_num_seqs + 16;
-      if (app.count("--http-threads") == 0) {
-        args.http_threads = static_cast<int>(std::max<int64_t>(args.http_threads, needed));
-      } else if (args.http_threads < needed) {
-        std::cerr << "te-serve: error: --http-threads " << args.http_threads
-                  << " is below --max-queue + --max-num-seqs + 16 = " << needed
-                  << ": every waiting or running stream holds a connection thread" << std::endl;
-        return 2;
-      }
       return serve_generation(args);
     }
     for (const char* option :
          {"--max-num-seqs", "--max-num-batched-tokens", "--max-sequence-length", "--kv-cache-mib",
-          "--page-size", "--contiguous", "--drain-timeout", "--nproc", "--mesh", "--mesh-resource",
+          "--page-size", "--contiguous", "--nproc", "--mesh", "--mesh-resource",
           "--rules"}) {
       if (app.count(option) > 0) {
         std::cerr << "te-serve: error: " << option

@@ -82,7 +82,10 @@ std::string encode_embeddings(const Embeddings& e, bool base64, const std::strin
       .dump();
 }
 
-std::string error_body(const std::string& message) { return json{{"error", message}}.dump(); }
+// A message may quote the request's own bytes (a path, a field), which need not be UTF-8.
+std::string error_body(const std::string& message) {
+  return json{{"error", message}}.dump(-1, ' ', false, json::error_handler_t::replace);
+}
 
 // ---- the classifier ----------------------------------------------------------------------------
 

@@ -16,6 +16,8 @@
 #include <utility>
 #include <vector>
 
+#include "crowd.h"
+
 namespace te::test {
 
 // Runs a command to its end; returns the exit code and stdout+stderr.
@@ -103,6 +105,14 @@ inline void expect_error(const httplib::Result& r, int status, const std::string
   ASSERT_TRUE(body.is_object() && body.contains("error")) << r->body;
   EXPECT_NE(body["error"].get<std::string>().find(words), std::string::npos)
       << "error " << body["error"] << " should name: " << words;
+}
+
+/// The value of the Prometheus sample `line` (e.g. `te_serve_connections_open`) in `metrics`,
+/// or -1 when it is not there.
+inline double metric_value(const std::string& metrics, const std::string& line) {
+  const std::size_t at = metrics.find("\n" + line + " ");
+  if (at == std::string::npos) return -1;
+  return std::stod(metrics.substr(at + line.size() + 2));
 }
 
 }  // namespace te::test

@@ -285,6 +285,138 @@ TEST_F(Serve, SigtermAnswersInFlightRequestsThenExitsZero) {
   EXPECT_FALSE(after.Get("/healthz"));
 }
 
+// The issue's measure: with 200 slowloris clients (a header line a second, never done) and 500
+// idle keep-alive connections open, a classify request on a new connection arrives within 1 s of
+// the unloaded figure; the slow clients are then answered 408 at --header-timeout and the idle
+// connections closed at --keep-alive-timeout, and the metrics count both.
+TEST_F(Serve, SlowAndIdleClientsDelayNoRequestAndAreShedAtTheirDeadlines) {
+  using Clock = std::chrono::steady_clock;
+  // Deadlines long enough that the crowd is whole while a slow machine measures.
+  Server server({"--load", checkpoint_, "--header-timeout", "8", "--keep-alive-timeout", "12"});
+  ASSERT_GT(server.port(), 0) << server.log();
+  const std::string body = sentences_body({"The cat sat on the mat."});
+  auto classify_seconds = [&] {
+    const auto start = Clock::now();
+    auto c = server.client();  // a new connection, as a new client's
+    auto r = c.Post("/v1/classify", body, "application/json");
+    EXPECT_TRUE(r && r->status == 200) << (r ? r->body : httplib::to_string(r.error()));
+    return std::chrono::duration<double>(Clock::now() - start).count();
+  };
+  classify_seconds();  // the first call's allocations
+  double unloaded = 1e9;
+  for (int i = 0; i < 3; ++i) unloaded = std::min(unloaded, classify_seconds());
+
+  te::test::Crowd crowd(server.port(), 200, 500);
+  const auto crowded = Clock::now();
+  ASSERT_EQ(crowd.slow().size(), 200u);
+  ASSERT_EQ(crowd.idle_answered(), 500);
+  double loaded = 0;
+  for (int i = 0; i < 3; ++i) loaded = std::max(loaded, classify_seconds());
+  EXPECT_LT(loaded, unloaded + 1.0) << "unloaded " << unloaded << " s";
+  auto metrics = server.client().Get("/metrics");
+  ASSERT_TRUE(metrics);
+  EXPECT_GE(te::test::metric_value(metrics->body, "te_serve_connections_open"), 700)
+      << metrics->body;
+  // The measure above ran while every crowd connection was open.
+  EXPECT_LT(Clock::now() - crowded, std::chrono::seconds(7));
+
+  for (int fd : crowd.slow()) {
+    bool closed = false;
+    const std::string answer =
+        te::test::read_until_closed(fd, std::chrono::seconds(20), &closed);
+    EXPECT_TRUE(closed);
+    ASSERT_EQ(answer.rfind("HTTP/1.1 408", 0), 0u) << answer;
+    EXPECT_NE(answer.find("--header-timeout"), std::string::npos) << answer;
+  }
+  EXPECT_GE(Clock::now() - crowded, std::chrono::seconds(7));  // not before their time
+  for (int fd : crowd.idle()) {
+    bool closed = false;
+    EXPECT_EQ(te::test::read_until_closed(fd, std::chrono::seconds(20), &closed), "");
+    EXPECT_TRUE(closed);
+  }
+  std::string text;
+  for (int attempt = 0; attempt < 50; ++attempt) {
+    if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    metrics = server.client().Get("/metrics");
+    ASSERT_TRUE(metrics);
+    text = metrics->body;
+    if (te::test::metric_value(text, "te_serve_connections_open") <= 2) break;
+  }
+  EXPECT_EQ(te::test::metric_value(
+                text, "te_serve_connection_timeouts_total{phase=\"header\"}"), 200) << text;
+  EXPECT_EQ(te::test::metric_value(
+                text, "te_serve_connection_timeouts_total{phase=\"keep_alive\"}"), 500) << text;
+  EXPECT_LE(te::test::metric_value(text, "te_serve_connections_open"), 2) << text;
+  EXPECT_EQ(server.stop(SIGTERM), 0) << server.log();
+}
+
+// A connection beyond --max-connections is answered 503 naming the option, and served again once
+// one closes; a body that does not come within --body-timeout is 408; oversized headers are 431;
+// bytes that are not HTTP are 400, a path that is not UTF-8 404; a connection that sends nothing
+// is closed at --header-timeout without an answer. None of them disturbs the server.
+TEST_F(Serve, ConnectionsBeyondTheCapAndLateOrMalformedRequestsAreRefused) {
+  Server server({"--load", checkpoint_, "--max-connections", "3", "--body-timeout", "1",
+                 "--header-timeout", "1"});
+  ASSERT_GT(server.port(), 0) << server.log();
+  {
+    te::test::Crowd crowd(server.port(), 0, 3);
+    ASSERT_EQ(crowd.idle_answered(), 3);
+    auto refused = server.client().Get("/healthz");
+    expect_error(refused, 503, "(--max-connections)");
+    EXPECT_EQ(refused->get_header_value("Retry-After"), "1");
+  }
+  // Served again once the crowd has gone (the server sees the closes a moment later).
+  int status = 0;
+  std::string answer;
+  for (int attempt = 0; attempt < 50 && status != 200; ++attempt) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    auto again =
+        server.client().Post("/v1/classify", sentences_body({"A cat."}), "application/json");
+    status = again ? again->status : 0;
+    answer = again ? again->body : httplib::to_string(again.error());
+  }
+  EXPECT_EQ(status, 200) << answer;
+
+  auto raw = [&](const std::string& bytes) {
+    const int fd = te::test::connect_to(server.port());
+    EXPECT_GE(fd, 0);
+    te::test::send_all(fd, bytes);
+    bool closed = false;
+    std::string answer = te::test::read_until_closed(fd, std::chrono::seconds(10), &closed);
+    EXPECT_TRUE(closed) << answer;
+    ::close(fd);
+    return answer;
+  };
+  const std::string late = raw(
+      "POST /v1/classify HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"sen");
+  EXPECT_EQ(late.rfind("HTTP/1.1 408", 0), 0u) << late;
+  EXPECT_NE(late.find("--body-timeout"), std::string::npos) << late;
+  const std::string big =
+      raw("GET /healthz HTTP/1.1\r\nX-Big: " + std::string(70000, 'a') + "\r\n\r\n");
+  EXPECT_EQ(big.rfind("HTTP/1.1 431", 0), 0u) << big;
+  const std::string junk = raw("NOT HTTP AT ALL\r\n\r\n");
+  EXPECT_EQ(junk.rfind("HTTP/1.1 400", 0), 0u) << junk;
+  const std::string latin1 = raw("GET /caf\xe9 HTTP/1.1\r\nConnection: close\r\n\r\n");
+  EXPECT_EQ(latin1.rfind("HTTP/1.1 404", 0), 0u) << latin1;
+  EXPECT_EQ(raw(""), "");  // nothing sent, nothing answered
+  // HTTP/1.0: answered in 1.0 and closed.
+  const std::string old = raw("GET /healthz HTTP/1.0\r\n\r\n");
+  EXPECT_EQ(old.rfind("HTTP/1.0 200", 0), 0u) << old;
+
+  auto ok = server.client().Get("/healthz");
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200);
+  auto metrics = server.client().Get("/metrics");
+  ASSERT_TRUE(metrics);
+  // The crowd's refused one, and any retry that came before the server saw the crowd go.
+  EXPECT_GE(te::test::metric_value(metrics->body, "te_serve_connections_refused_total"), 1)
+      << metrics->body;
+  EXPECT_EQ(te::test::metric_value(metrics->body,
+                                   "te_serve_connection_timeouts_total{phase=\"body\"}"), 1)
+      << metrics->body;
+  EXPECT_EQ(server.stop(SIGTERM), 0) << server.log();
+}
+
 TEST_F(Serve, Fp8WeightsServeFromAQuarterOfTheBytes) {
   const std::string fp8_dir = (dir_->path() / "ckpt-fp8").string();
   const auto [code, out] = run(std::string(TE_SERVE_PATH) + " --load " + shell_quoted(checkpoint_) +
@@ -391,6 +523,14 @@ TEST_F(Serve, BadCheckpointsAndPortsStopTheStartWithOneLineAndExitCode2) {
             std::string::npos)
       << busy.second;
   EXPECT_EQ(holder.stop(SIGTERM), 0);
+
+  // More connections than the open-file limit allows.
+  const auto files = run("ulimit -n 300 && " + std::string(TE_SERVE_PATH) + " --load " +
+                         shell_quoted(checkpoint_) + " --port 0 --max-connections 1000");
+  EXPECT_EQ(files.first, 2) << files.second;
+  EXPECT_NE(files.second.find("te-serve: error: --max-connections 1000 needs more open files"),
+            std::string::npos)
+      << files.second;
 }
 
 TEST_F(Serve, ACheckpointSavedOnAMeshServesOnOneProcess) {
@@ -422,7 +562,9 @@ TEST(ServeHelp, DescribesEveryOption) {
   for (const char* option :
        {"--load", "--host", "--port", "--workers", "--max-batch", "--max-wait-ms", "--max-queue",
         "--max-request-sentences", "--max-body-bytes", "--fp8-weights", "--export-fp8", "--eval",
-        "POST /v1/classify", "GET /metrics", "SIGTERM"}) {
+        "--http-threads", "--max-connections", "--header-timeout", "--body-timeout",
+        "--keep-alive-timeout", "--write-timeout", "--drain-timeout", "POST /v1/classify",
+        "GET /metrics", "SIGTERM"}) {
     EXPECT_NE(out.find(option), std::string::npos) << option;
   }
 }

@@ -322,6 +322,69 @@ TEST_F(ServeGenerate, ADisconnectedStreamIsCancelledAndItsPagesFreedAtOnce) {
   EXPECT_EQ(s.stop(), 0) << s.log();
 }
 
+// A non-streaming request holds no thread either, and its client going is noticed the same way.
+TEST_F(ServeGenerate, AClientThatGoesBeforeAWholeAnswerHasItsRequestCancelled) {
+  Server s({"--model", model()});
+  ASSERT_GT(s.port(), 0) << s.log();
+  {
+    RawStream whole(s.port(), "/v1/completions", request("Tell me everything.", kContext - 100));
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (metric(s, "te_serve_kv_cache_blocks_used") <= 0 &&
+           std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    ASSERT_GT(metric(s, "te_serve_kv_cache_blocks_used"), 0);
+  }  // gone before its ~1900 tokens
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (metric(s, "te_serve_kv_cache_blocks_used") != 0 &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(metric(s, "te_serve_kv_cache_blocks_used"), 0);
+  EXPECT_EQ(metric(s, "te_serve_generation_requests_total{finish_reason=\"cancelled\"}"), 1);
+  EXPECT_EQ(s.stop(), 0) << s.log();
+}
+
+// The measure for streams: with 200 slowloris clients and 500 idle keep-alive
+// connections open, a new stream's first token arrives within 1 s of the unloaded figure; the
+// crowd is shed at its deadlines.
+TEST_F(ServeGenerate, SlowAndIdleClientsDelayNoStreamsFirstToken) {
+  using Clock = std::chrono::steady_clock;
+  Server s({"--model", model(), "--header-timeout", "8", "--keep-alive-timeout", "12"});
+  ASSERT_GT(s.port(), 0) << s.log();
+  json r = request("First words", 8);
+  r["stream"] = true;
+  auto first_token_seconds = [&] {
+    const auto start = Clock::now();
+    RawStream stream(s.port(), "/v1/completions", r);
+    EXPECT_TRUE(stream.read_until("data: {")) << stream.got();
+    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    EXPECT_TRUE(stream.read_until("data: [DONE]")) << stream.got();
+    return seconds;
+  };
+  first_token_seconds();
+  double unloaded = 1e9;
+  for (int i = 0; i < 3; ++i) unloaded = std::min(unloaded, first_token_seconds());
+
+  te::test::Crowd crowd(s.port(), 200, 500);
+  const auto crowded = Clock::now();
+  ASSERT_EQ(crowd.slow().size(), 200u);
+  ASSERT_EQ(crowd.idle_answered(), 500);
+  double loaded = 0;
+  for (int i = 0; i < 3; ++i) loaded = std::max(loaded, first_token_seconds());
+  EXPECT_LT(loaded, unloaded + 1.0) << "unloaded " << unloaded << " s";
+  EXPECT_GE(metric(s, "te_serve_connections_open"), 700);
+  EXPECT_LT(Clock::now() - crowded, std::chrono::seconds(7));  // all of them open meanwhile
+  crowd.stop_trickling();
+  const auto deadline = Clock::now() + std::chrono::seconds(30);
+  while (metric(s, "te_serve_connections_open") > 1 && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_EQ(metric(s, "te_serve_connection_timeouts_total{phase=\"header\"}"), 200);
+  EXPECT_EQ(metric(s, "te_serve_connection_timeouts_total{phase=\"keep_alive\"}"), 500);
+  EXPECT_EQ(s.stop(), 0) << s.log();
+}
+
 TEST_F(ServeGenerate, AFullQueueIsAnswered503WithRetryAfter) {
   Server s({"--model", model(), "--max-num-seqs", "1", "--max-queue", "1"});
   ASSERT_GT(s.port(), 0) << s.log();
