@@ -45,7 +45,10 @@ std::vector<int64_t> shape_of(const at::Tensor& t) { return {t.sizes().begin(), 
 constexpr int64_t kOneDnnMinGemm = 16 * 16 * 16;
 
 std::optional<at::ScalarType> slow_cpu_gemm_dtype(const at::Tensor& a, const at::Tensor& b) {
-  if (!a.device().is_cpu()) return std::nullopt;
+  // A meta tensor stands for a CPU one: te::nn::plan runs the step on meta tensors to count its
+  // bytes, and the fp32 copies this route makes are part of a CPU step's peak (on a CPU without
+  // AVX-512 a bf16 step's GEMMs all take it).
+  if (!a.device().is_cpu() && !a.device().is_meta()) return std::nullopt;
   at::ScalarType dtype = a.scalar_type();
   if (dtype == at::kFloat) {
 #if TE_AUTOCAST_BY_DEVICE
