@@ -2,27 +2,27 @@
 
 #include <sys/resource.h>
 
+#include <strings.h>
 #include <algorithm>
 #include <array>
-#include <cstdio>
-#include <iostream>
 #include <atomic>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
-#include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/ip/address.hpp>
+#include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/thread_pool.hpp>
 #include <boost/asio/write.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/http.hpp>
+#include <cstdio>
 #include <deque>
+#include <iostream>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <set>
-#include <strings.h>
 #include <thread>
 
 #include "te/error.h"
@@ -39,7 +39,8 @@ namespace {
 
 // A whole response as bytes (also the form of the few the server writes on its own).
 std::shared_ptr<bhttp::response<bhttp::string_body>> make_response(const Response& r,
-                                                                   bool keep_alive, unsigned version) {
+                                                                   bool keep_alive,
+                                                                   unsigned version) {
   auto res = std::make_shared<bhttp::response<bhttp::string_body>>(
       static_cast<bhttp::status>(r.status), version);
   res->set(bhttp::field::content_type, r.content_type);
@@ -237,7 +238,8 @@ class Session : public std::enable_shared_from_this<Session> {
     switch (phase) {
       case Phase::kKeepAlive:
         server_.count("te_serve_connection_timeouts_total",
-                      "Connections closed by a deadline, by what was late.", "phase=\"keep_alive\"");
+                      "Connections closed by a deadline, by what was late.",
+                      "phase=\"keep_alive\"");
         close();
         return;
       case Phase::kHeader:
@@ -252,12 +254,11 @@ class Session : public std::enable_shared_from_this<Session> {
         }
         error_code ec;
         socket_.cancel(ec);  // the pending read ends; its handler sees timed_out_
-        answer_error(408, header ? "the request's headers did not arrive within " +
-                                       seconds(server_.options.header_timeout) +
-                                       " (--header-timeout)"
-                                 : "the request's body did not arrive within " +
-                                       seconds(server_.options.body_timeout) +
-                                       " (--body-timeout)");
+        answer_error(408, header
+                              ? "the request's headers did not arrive within " +
+                                    seconds(server_.options.header_timeout) + " (--header-timeout)"
+                              : "the request's body did not arrive within " +
+                                    seconds(server_.options.body_timeout) + " (--body-timeout)");
         return;
       }
       case Phase::kClosing:
@@ -306,9 +307,8 @@ class Session : public std::enable_shared_from_this<Session> {
     phase_ = Phase::kHeader;
     arm(server_.options.header_timeout, Phase::kHeader);
     bhttp::async_read_header(
-        socket_, buffer_, *parser_, [self = shared_from_this()](error_code ec, std::size_t) {
-          self->on_header(ec);
-        });
+        socket_, buffer_, *parser_,
+        [self = shared_from_this()](error_code ec, std::size_t) { self->on_header(ec); });
   }
   void on_header(error_code ec) {
     if (closed_ || timed_out_) return;
@@ -349,10 +349,9 @@ class Session : public std::enable_shared_from_this<Session> {
       net::write(socket_, net::buffer(kContinue), e);
       if (e) return close();
     }
-    bhttp::async_read(socket_, buffer_, *parser_,
-                      [self = shared_from_this()](error_code ec, std::size_t) {
-                        self->on_body(ec);
-                      });
+    bhttp::async_read(
+        socket_, buffer_, *parser_,
+        [self = shared_from_this()](error_code ec, std::size_t) { self->on_body(ec); });
   }
   void on_body(error_code ec) {
     if (closed_ || timed_out_) return;
@@ -433,15 +432,15 @@ class Session : public std::enable_shared_from_this<Session> {
   // While a request is handled: a client that closes its end is gone (its request is cancelled
   // through on_gone). Bytes of a pipelined next request stay unread until the answer is out.
   void watch() {
-    socket_.async_wait(tcp::socket::wait_read, [self = shared_from_this(),
-                                               x = exchange_](error_code ec) {
-      if (ec || self->closed_ || x != self->exchange_) return;
-      error_code e;
-      const std::size_t available = self->socket_.available(e);
-      if (e || available == 0) {
-        self->close();  // end of stream or an error: nobody reads the answer
-      }
-    });
+    socket_.async_wait(tcp::socket::wait_read,
+                       [self = shared_from_this(), x = exchange_](error_code ec) {
+                         if (ec || self->closed_ || x != self->exchange_) return;
+                         error_code e;
+                         const std::size_t available = self->socket_.available(e);
+                         if (e || available == 0) {
+                           self->close();  // end of stream or an error: nobody reads the answer
+                         }
+                       });
   }
 
   void queue_whole(const Response& r, const std::string& path) {
@@ -518,12 +517,12 @@ class Session : public std::enable_shared_from_this<Session> {
     drain();
   }
   void drain() {
-    socket_.async_read_some(net::buffer(sink_), [self = shared_from_this()](error_code ec,
-                                                                            std::size_t) {
-      if (self->closed_) return;
-      if (ec) return self->close();
-      self->drain();
-    });
+    socket_.async_read_some(net::buffer(sink_),
+                            [self = shared_from_this()](error_code ec, std::size_t) {
+                              if (self->closed_) return;
+                              if (ec) return self->close();
+                              self->drain();
+                            });
   }
 
   void client_gone() {
@@ -581,8 +580,7 @@ void Reply::send(Response response) const {
   on_session(exchange_, [x = exchange_, r = std::move(response)](Session& s) { s.send(x, r); });
 }
 void Reply::open_stream(Response head) const {
-  on_session(exchange_,
-             [x = exchange_, h = std::move(head)](Session& s) { s.open_stream(x, h); });
+  on_session(exchange_, [x = exchange_, h = std::move(head)](Session& s) { s.open_stream(x, h); });
 }
 bool Reply::write(std::string chunk) const {
   if (gone()) return false;
@@ -592,9 +590,8 @@ bool Reply::write(std::string chunk) const {
   return true;
 }
 void Reply::fail(int status, std::string message) const {
-  on_session(exchange_, [x = exchange_, status, m = std::move(message)](Session& s) {
-    s.fail(x, status, m);
-  });
+  on_session(exchange_,
+             [x = exchange_, status, m = std::move(message)](Session& s) { s.fail(x, status, m); });
 }
 void Reply::end() const {
   on_session(exchange_, [x = exchange_](Session& s) { s.end(x); });
@@ -661,12 +658,9 @@ void Server::Impl::closed(const std::shared_ptr<Session>& s) {
 
 Server::Server(ServerOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
 
-Server::~Server() {
-  impl_->pool.join();
-}
+Server::~Server() { impl_->pool.join(); }
 
-void Server::route(const std::string& method, const std::string& path, Handler handler,
-                   Run run) {
+void Server::route(const std::string& method, const std::string& path, Handler handler, Run run) {
   impl_->routes[{method, path}] = {std::move(handler), run == Run::kInline};
 }
 
@@ -717,7 +711,8 @@ int Server::bind() {
   if (!ec) a.listen(SOMAXCONN, ec);
   if (ec) {
     throw te::Error("cannot listen on " + o.host + ":" + std::to_string(o.port) + " (" +
-                    ec.message() + "; in use, or not an address of this machine); choose another "
+                    ec.message() +
+                    "; in use, or not an address of this machine); choose another "
                     "--host/--port");
   }
   return a.local_endpoint().port();

@@ -83,8 +83,8 @@ struct ServerOptions {
   int64_t max_connections = 4096;
   std::size_t max_body_bytes = std::size_t{1} << 20;
   std::size_t max_header_bytes = 64 * 1024;
-  std::chrono::milliseconds header_timeout{10000}, body_timeout{30000},
-      keep_alive_timeout{30000}, write_timeout{30000};
+  std::chrono::milliseconds header_timeout{10000}, body_timeout{30000}, keep_alive_timeout{30000},
+      write_timeout{30000};
   /// The body of an error the server answers itself (404, 408, 413, 431, 500, 503).
   std::function<std::string(int status, const std::string& message)> error_body;
   /// Named in the 404 message: what this server serves.

@@ -149,22 +149,25 @@ std::unique_ptr<serve::http::Server> make_server(
   o.endpoints = endpoints;
   o.metrics = &metrics;
   auto server = std::make_unique<serve::http::Server>(std::move(o));
-  server->route("GET", "/healthz", [](const serve::http::Request&, serve::http::Reply reply) {
-    serve::http::Response r;
-    r.body = "{\"status\":\"ok\"}";
-    reply.send(std::move(r));
-  }, serve::http::Server::Run::kInline);  // answered while every worker waits
-  server->route("GET", "/metrics",
-                [&metrics](const serve::http::Request&, serve::http::Reply reply) {
-                  metrics.set_gauge("te_serve_resident_bytes",
-                                    "Resident memory of the process (VmRSS).",
-                                    static_cast<double>(serve::resident_bytes()));
-                  serve::http::Response r;
-                  r.content_type = "text/plain; version=0.0.4";
-                  r.body = metrics.render();
-                  reply.send(std::move(r));
-                },
-                serve::http::Server::Run::kInline);
+  server->route(
+      "GET", "/healthz",
+      [](const serve::http::Request&, serve::http::Reply reply) {
+        serve::http::Response r;
+        r.body = "{\"status\":\"ok\"}";
+        reply.send(std::move(r));
+      },
+      serve::http::Server::Run::kInline);  // answered while every worker waits
+  server->route(
+      "GET", "/metrics",
+      [&metrics](const serve::http::Request&, serve::http::Reply reply) {
+        metrics.set_gauge("te_serve_resident_bytes", "Resident memory of the process (VmRSS).",
+                          static_cast<double>(serve::resident_bytes()));
+        serve::http::Response r;
+        r.content_type = "text/plain; version=0.0.4";
+        r.body = metrics.render();
+        reply.send(std::move(r));
+      },
+      serve::http::Server::Run::kInline);
   return server;
 }
 
@@ -275,15 +278,15 @@ int serve_http(const Service& service, const Args& args) {
                     }));
                   });
   } else {
-    server->route("POST", "/v1/embeddings",
-                  [&](const serve::http::Request& req, serve::http::Reply reply) {
-                    reply.send(answer("embedding", [&] {
-                      serve::EmbeddingsRequest r = serve::decode_embeddings(
-                          req.body, max_sentences, service.embedder->dimensions());
-                      auto a = embeddings->submit(std::move(r.input));
-                      return serve::encode_embeddings(a.get(), r.base64, service.model_name);
-                    }));
-                  });
+    server->route(
+        "POST", "/v1/embeddings", [&](const serve::http::Request& req, serve::http::Reply reply) {
+          reply.send(answer("embedding", [&] {
+            serve::EmbeddingsRequest r =
+                serve::decode_embeddings(req.body, max_sentences, service.embedder->dimensions());
+            auto a = embeddings->submit(std::move(r.input));
+            return serve::encode_embeddings(a.get(), r.base64, service.model_name);
+          }));
+        });
   }
   const int port = bind(*server);
   if (port < 0) return 2;
@@ -383,8 +386,7 @@ void add_generation_routes(serve::http::Server& server, serve::Generator& genera
       } catch (const std::exception& e) {
         serve::http::Response res;
         res.status = 500;
-        res.body =
-            serve::openai_error_body(500, std::string("generation failed: ") + e.what(), "");
+        res.body = serve::openai_error_body(500, std::string("generation failed: ") + e.what(), "");
         reply.send(std::move(res));
       }
     };
@@ -619,28 +621,24 @@ int main(int argc, char** argv) {
                  "(default: 4096, or fewer when the open-file limit is lower)")
       ->group(connections)
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
-  app.add_option("--header-timeout", args.header_timeout_s,
-                 "Seconds a request's headers may take to arrive (from its connection's opening, "
-                 "or its first byte on a keep-alive connection); later: 408 and closed")
-      ->group(connections)
-      ->capture_default_str()
-      ->check(CLI::Range(0.01, 3600.0));
-  app.add_option("--body-timeout", args.body_timeout_s,
-                 "Seconds a request's body may take to arrive after its headers; later: 408")
-      ->group(connections)
-      ->capture_default_str()
-      ->check(CLI::Range(0.01, 3600.0));
-  app.add_option("--keep-alive-timeout", args.keep_alive_timeout_s,
-                 "Seconds an idle keep-alive connection is kept open")
-      ->group(connections)
-      ->capture_default_str()
-      ->check(CLI::Range(0.01, 86400.0));
-  app.add_option("--write-timeout", args.write_timeout_s,
-                 "Seconds a client may leave a response unread before its connection is closed "
-                 "(its generation request is cancelled)")
-      ->group(connections)
-      ->capture_default_str()
-      ->check(CLI::Range(0.01, 3600.0));
+  auto deadline = [&](const char* name, double& seconds, const char* help, double most) {
+    app.add_option(name, seconds, help)
+        ->group(connections)
+        ->capture_default_str()
+        ->check(CLI::Range(0.01, most));
+  };
+  deadline("--header-timeout", args.header_timeout_s,
+           "Seconds a request's headers may take to arrive (from its connection's opening, or its "
+           "first byte on a keep-alive connection); later: 408 and closed",
+           3600.0);
+  deadline("--body-timeout", args.body_timeout_s,
+           "Seconds a request's body may take to arrive after its headers; later: 408", 3600.0);
+  deadline("--keep-alive-timeout", args.keep_alive_timeout_s,
+           "Seconds an idle keep-alive connection is kept open", 86400.0);
+  deadline("--write-timeout", args.write_timeout_s,
+           "Seconds a client may leave a response unread before its connection is closed (its "
+           "generation request is cancelled)",
+           3600.0);
   app.add_option("--drain-timeout", args.drain_timeout_s,
                  "On SIGTERM, seconds in-flight requests and running streams get to finish; "
                  "streams still running then end with finish_reason \"abort\"")
@@ -742,8 +740,7 @@ int main(int argc, char** argv) {
     }
     for (const char* option :
          {"--max-num-seqs", "--max-num-batched-tokens", "--max-sequence-length", "--kv-cache-mib",
-          "--page-size", "--contiguous", "--nproc", "--mesh", "--mesh-resource",
-          "--rules"}) {
+          "--page-size", "--contiguous", "--nproc", "--mesh", "--mesh-resource", "--rules"}) {
       if (app.count(option) > 0) {
         std::cerr << "te-serve: error: " << option
                   << " is for a decoder model (--model FILE.gguf or a causal LM folder); "

@@ -322,8 +322,7 @@ TEST_F(Serve, SlowAndIdleClientsDelayNoRequestAndAreShedAtTheirDeadlines) {
 
   for (int fd : crowd.slow()) {
     bool closed = false;
-    const std::string answer =
-        te::test::read_until_closed(fd, std::chrono::seconds(20), &closed);
+    const std::string answer = te::test::read_until_closed(fd, std::chrono::seconds(20), &closed);
     EXPECT_TRUE(closed);
     ASSERT_EQ(answer.rfind("HTTP/1.1 408", 0), 0u) << answer;
     EXPECT_NE(answer.find("--header-timeout"), std::string::npos) << answer;
@@ -342,10 +341,12 @@ TEST_F(Serve, SlowAndIdleClientsDelayNoRequestAndAreShedAtTheirDeadlines) {
     text = metrics->body;
     if (te::test::metric_value(text, "te_serve_connections_open") <= 2) break;
   }
-  EXPECT_EQ(te::test::metric_value(
-                text, "te_serve_connection_timeouts_total{phase=\"header\"}"), 200) << text;
-  EXPECT_EQ(te::test::metric_value(
-                text, "te_serve_connection_timeouts_total{phase=\"keep_alive\"}"), 500) << text;
+  EXPECT_EQ(te::test::metric_value(text, "te_serve_connection_timeouts_total{phase=\"header\"}"),
+            200)
+      << text;
+  EXPECT_EQ(
+      te::test::metric_value(text, "te_serve_connection_timeouts_total{phase=\"keep_alive\"}"), 500)
+      << text;
   EXPECT_LE(te::test::metric_value(text, "te_serve_connections_open"), 2) << text;
   EXPECT_EQ(server.stop(SIGTERM), 0) << server.log();
 }
@@ -387,8 +388,8 @@ TEST_F(Serve, ConnectionsBeyondTheCapAndLateOrMalformedRequestsAreRefused) {
     ::close(fd);
     return answer;
   };
-  const std::string late = raw(
-      "POST /v1/classify HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"sen");
+  const std::string late =
+      raw("POST /v1/classify HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"sen");
   EXPECT_EQ(late.rfind("HTTP/1.1 408", 0), 0u) << late;
   EXPECT_NE(late.find("--body-timeout"), std::string::npos) << late;
   const std::string big =
@@ -411,8 +412,9 @@ TEST_F(Serve, ConnectionsBeyondTheCapAndLateOrMalformedRequestsAreRefused) {
   // The crowd's refused one, and any retry that came before the server saw the crowd go.
   EXPECT_GE(te::test::metric_value(metrics->body, "te_serve_connections_refused_total"), 1)
       << metrics->body;
-  EXPECT_EQ(te::test::metric_value(metrics->body,
-                                   "te_serve_connection_timeouts_total{phase=\"body\"}"), 1)
+  EXPECT_EQ(
+      te::test::metric_value(metrics->body, "te_serve_connection_timeouts_total{phase=\"body\"}"),
+      1)
       << metrics->body;
   EXPECT_EQ(server.stop(SIGTERM), 0) << server.log();
 }
@@ -559,12 +561,28 @@ TEST_F(Serve, ACheckpointSavedOnAMeshServesOnOneProcess) {
 TEST(ServeHelp, DescribesEveryOption) {
   const auto [code, out] = run(std::string(TE_SERVE_PATH) + " --help");
   EXPECT_EQ(code, 0);
-  for (const char* option :
-       {"--load", "--host", "--port", "--workers", "--max-batch", "--max-wait-ms", "--max-queue",
-        "--max-request-sentences", "--max-body-bytes", "--fp8-weights", "--export-fp8", "--eval",
-        "--http-threads", "--max-connections", "--header-timeout", "--body-timeout",
-        "--keep-alive-timeout", "--write-timeout", "--drain-timeout", "POST /v1/classify",
-        "GET /metrics", "SIGTERM"}) {
+  for (const char* option : {"--load",
+                             "--host",
+                             "--port",
+                             "--workers",
+                             "--max-batch",
+                             "--max-wait-ms",
+                             "--max-queue",
+                             "--max-request-sentences",
+                             "--max-body-bytes",
+                             "--fp8-weights",
+                             "--export-fp8",
+                             "--eval",
+                             "--http-threads",
+                             "--max-connections",
+                             "--header-timeout",
+                             "--body-timeout",
+                             "--keep-alive-timeout",
+                             "--write-timeout",
+                             "--drain-timeout",
+                             "POST /v1/classify",
+                             "GET /metrics",
+                             "SIGTERM"}) {
     EXPECT_NE(out.find(option), std::string::npos) << option;
   }
 }
