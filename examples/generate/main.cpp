@@ -176,7 +176,9 @@ int main(int argc, char** argv) {
                  "thread ranks: the model sharded over them (tensor parallel unless --mesh says "
                  "otherwise), every rank holding its share of the KV cache")
       ->check(CLI::Range(1, 64));
-  app.add_option("--mesh", a.mesh, "the mesh of the --nproc ranks (default model=N)");
+  app.add_option("--mesh", a.mesh,
+                 "the mesh of the --nproc ranks (default model=N); a data axis (data=2,model=2) "
+                 "gives each data-parallel group its own requests (one prompt: one group works)");
   app.add_option("--mesh-resource", a.mesh_resource,
                  "TE's MeshResource for the mesh axes (default tp=model, and dp=data when the mesh "
                  "has a data axis)");

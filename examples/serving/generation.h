@@ -4,7 +4,8 @@
 // requests (request.h) into token ids, queues them, and drives one te::hf::Engine (continuous
 // batching over a paged KV cache) from one scheduler thread; each request's GenerationStream
 // hands its text to the connection that answers it, piece by piece, as it comes (listen). The
-// HTTP layer (main.cpp, http.h) only moves bytes: the response bodies and server-sent-event chunks are built here.
+// HTTP layer (main.cpp, http.h) only moves bytes: the response bodies and server-sent-event chunks
+// are built here.
 //
 // On a mesh the scheduler runs on rank 0 and broadcasts each iteration's commands (requests
 // admitted, requests cancelled, stop) to the other ranks, which run follow(): every rank makes the
@@ -141,6 +142,7 @@ class Generator {
   /// The engine's counters (from the scheduler's thread, or before run()).
   te::hf::EngineStats stats() const { return engine_.stats(); }
   int64_t max_sequence_length() const { return engine_.max_sequence_length(); }
+  int64_t data_parallel_size() const { return engine_.data_parallel_size(); }
   const te::hf::Tokenizer& tokenizer() const { return tokenizer_; }
 
  private:

@@ -498,14 +498,19 @@ int serve_generation(const Args& args) {
     const te::hf::EngineStats s = generator.stats();
     std::printf(
         "te-serve: loaded %s in %.2f s: %s, %lld layers, context %lld tokens; KV cache %s: %lld "
-        "%s%s\n",
+        "%s%s%s\n",
         args.model_dir.c_str(),
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
         model->config.model_type.c_str(), static_cast<long long>(model->config.num_hidden_layers),
         static_cast<long long>(generator.max_sequence_length()),
         args.contiguous ? "contiguous" : "paged", static_cast<long long>(s.blocks_free),
         args.contiguous ? "slots" : "pages of ",
-        args.contiguous ? "" : (std::to_string(args.page_size) + " tokens").c_str());
+        args.contiguous ? "" : (std::to_string(args.page_size) + " tokens").c_str(),
+        generator.data_parallel_size() == 1
+            ? ""
+            : (" in each of " + std::to_string(generator.data_parallel_size()) +
+               " data-parallel groups (requests spread over them)")
+                  .c_str());
     std::fflush(stdout);
     GenerationHttp http(generator, metrics, args);
     if (!http.start()) {
@@ -696,7 +701,10 @@ int main(int argc, char** argv) {
       ->group(decoder)
       ->capture_default_str()
       ->check(CLI::Range(1, 64));
-  app.add_option("--mesh", args.mesh, "The mesh of the --nproc ranks (default model=N)")
+  app.add_option("--mesh", args.mesh,
+                 "The mesh of the --nproc ranks (default model=N); a data axis (data=2,model=2) "
+                 "spreads the requests over data-parallel groups, each decoding its own on its "
+                 "model row")
       ->group(decoder);
   app.add_option("--mesh-resource", args.mesh_resource,
                  "TE's MeshResource for the mesh axes (default tp=model, and dp=data when the "

@@ -5,10 +5,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <set>
+#include <variant>
 
 #include "te/distributed.h"
 #include "te/error.h"
+#include "te/nn/sharded.h"
 
 namespace te::hf {
 
@@ -89,6 +92,14 @@ int64_t Sampler::next(const at::Tensor& logits, const std::vector<int64_t>& cont
 
 namespace {
 
+// Data parallel: what the groups exchange after each step, per group: kStatsWidth numbers (the
+// step's token count, then its counters), then per token request, token, logprob, finish
+// reason, the top count and (id, logprob) pairs.
+constexpr int64_t kMaxTopLogprobs = 20;
+constexpr int64_t kEventWidth = 5 + 2 * kMaxTopLogprobs;
+constexpr int64_t kStatsWidth = 8;
+const char* const kFinishReasons[] = {"", "stop", "length"};
+
 int64_t bytes_per_token(const CausalLMConfig& c, at::ScalarType dtype) {
   return c.num_hidden_layers * c.num_key_value_heads * 2 * c.head_dim *
          static_cast<int64_t>(c10::elementSize(dtype));
@@ -130,6 +141,27 @@ Engine::Engine(CausalLM model, const EngineOptions& options)
           .dtype(o.kv_cache_dtype);
   if (o.paged) cache.is_paged(true).page_size(o.page_size).total_num_pages(blocks);
   cache_ = std::make_unique<te::nn::InferenceParams>(cache);
+  const DeviceMesh* mesh = current_mesh();
+  const std::optional<PartitionSpec> batch =
+      mesh ? resolve_logical_axes({axis::kBatch}) : std::nullopt;
+  if (batch && !(*batch)[0].empty()) {
+    const MeshAxes& axes = (*batch)[0];
+    TE_CHECK(axes.size() == 1, "Engine: the rules shard \"batch\" over ", to_string(axes),
+             "; data-parallel generation takes one mesh axis");
+    const int64_t dim = mesh->axis_index(axes[0]);
+    if (mesh->size(dim) > 1) {
+      for (const auto& [name, layout] : te::nn::named_parameter_layouts(*model_)) {
+        const bool sharded = layout.mesh && *layout.mesh == *mesh &&
+                             std::holds_alternative<Shard>(layout.placements.at(dim));
+        TE_CHECK(!sharded, "Engine: parameter ", name, " is sharded along mesh axis '", axes[0],
+                 "', the data axis (\"batch\" is sharded there); data-parallel generation needs "
+                 "the weights replicated along it (drop the fsdp role or rule for that axis)");
+      }
+      AxisRules rules = *rules_in_effect();
+      rules.insert(rules.begin(), AxisRule{axis::kBatch, {}});
+      dp_ = DataParallel{*mesh, dim, mesh->size(dim), mesh->coordinate(dim), std::move(rules)};
+    }
+  }
 }
 
 int64_t Engine::add(const std::vector<int64_t>& prompt, const GenerateOptions& options) {
@@ -137,8 +169,9 @@ int64_t Engine::add(const std::vector<int64_t>& prompt, const GenerateOptions& o
   TE_CHECK(!prompt.empty(), "Engine::add: the prompt has no tokens");
   TE_CHECK(options.max_tokens >= 1, "Engine::add: max_tokens ", options.max_tokens,
            " must be >= 1");
-  TE_CHECK(options.top_logprobs >= 0 && options.top_logprobs <= 20, "Engine::add: top_logprobs ",
-           options.top_logprobs, " must be in [0, 20]");
+  TE_CHECK(options.top_logprobs >= 0 && options.top_logprobs <= kMaxTopLogprobs,
+           "Engine::add: top_logprobs ", options.top_logprobs, " must be in [0, ", kMaxTopLogprobs,
+           "]");
   const int64_t len = static_cast<int64_t>(prompt.size());
   TE_CHECK(len < max_len_, "Engine::add: the prompt has ", len, " tokens; max_sequence_length ",
            max_len_, " leaves no room to generate");
@@ -147,8 +180,19 @@ int64_t Engine::add(const std::vector<int64_t>& prompt, const GenerateOptions& o
     TE_CHECK(id >= 0 && id < vocab, "Engine::add: prompt token ", id,
              " is outside the vocabulary of ", vocab);
   }
+  const int64_t id = next_id_++;
+  if (dp_) {  // the group with the fewest requests takes it (every rank decides alike)
+    int64_t group = 0;
+    for (int64_t g = 1; g < dp_->size; ++g) {
+      if (live_requests(g) < live_requests(group)) group = g;
+    }
+    if (group != dp_->group) {
+      remote_[id] = group;
+      return id;
+    }
+  }
   auto seq = std::make_unique<Sequence>();
-  seq->id = next_id_++;
+  seq->id = id;
   seq->tokens = prompt;
   seq->prompt_length = len;
   seq->options = options;
@@ -157,7 +201,14 @@ int64_t Engine::add(const std::vector<int64_t>& prompt, const GenerateOptions& o
   return waiting_.back()->id;
 }
 
+int64_t Engine::live_requests(int64_t group) const {
+  if (dp_ && group == dp_->group) return static_cast<int64_t>(waiting_.size() + running_.size());
+  return std::count_if(remote_.begin(), remote_.end(),
+                       [group](const auto& r) { return r.second == group; });
+}
+
 void Engine::cancel(int64_t id) {
+  if (remote_.erase(id) > 0) return;  // its group cancels it
   auto match = [id](const std::unique_ptr<Sequence>& s) { return s->id == id; };
   waiting_.erase(std::remove_if(waiting_.begin(), waiting_.end(), match), waiting_.end());
   running_.erase(std::remove_if(running_.begin(), running_.end(), match), running_.end());
@@ -170,6 +221,17 @@ EngineStats Engine::stats() const {
   s.waiting = static_cast<int64_t>(waiting_.size());
   s.blocks_free = cache_->free_blocks();
   s.blocks_used = cache_->total_blocks() - s.blocks_free;
+  if (dp_) {  // the other groups' as of the last step; requests added since wait there
+    const EngineStats& r = remote_stats_;
+    const int64_t running = std::min<int64_t>(r.running, static_cast<int64_t>(remote_.size()));
+    s.running += running;
+    s.waiting += static_cast<int64_t>(remote_.size()) - running;
+    s.blocks_used += r.blocks_used;
+    s.blocks_free += r.blocks_free;
+    s.preemptions += r.preemptions;
+    s.prefill_tokens += r.prefill_tokens;
+    s.decode_tokens += r.decode_tokens;
+  }
   return s;
 }
 
@@ -200,6 +262,93 @@ TokenEvent Engine::sample(Sequence& seq, const at::Tensor& logits) {
 }
 
 std::vector<TokenEvent> Engine::step() {
+  if (!dp_) return step_group();
+  std::vector<TokenEvent> mine;
+  {
+    AxisRulesScope group_rules(dp_->step_rules);  // the group's tokens stay whole on its row
+    mine = step_group();
+  }
+  return exchange(std::move(mine));
+}
+
+std::vector<TokenEvent> Engine::exchange(std::vector<TokenEvent> mine) {
+  c10::InferenceMode inference;
+  const int64_t capacity = options_.max_num_seqs;
+  TE_CHECK(static_cast<int64_t>(mine.size()) <= capacity, "Engine: ", mine.size(),
+           " tokens in one step are more than max_num_seqs ", capacity);
+  const int64_t row = kStatsWidth + capacity * kEventWidth;
+  at::Tensor all = at::zeros({dp_->size, row}, at::kDouble);
+  {
+    double* p = all.data_ptr<double>() + dp_->group * row;
+    const EngineStats s = [&] {
+      EngineStats local = stats_;
+      local.running = static_cast<int64_t>(running_.size());
+      local.blocks_free = cache_->free_blocks();
+      local.blocks_used = cache_->total_blocks() - local.blocks_free;
+      return local;
+    }();
+    const int64_t head[kStatsWidth] = {static_cast<int64_t>(mine.size()),
+                                       s.running,
+                                       s.blocks_used,
+                                       s.blocks_free,
+                                       s.preemptions,
+                                       s.prefill_tokens,
+                                       s.decode_tokens,
+                                       0};
+    for (int64_t i = 0; i < kStatsWidth; ++i) p[i] = static_cast<double>(head[i]);
+    for (std::size_t i = 0; i < mine.size(); ++i) {
+      const TokenEvent& e = mine[i];
+      double* q = p + kStatsWidth + static_cast<int64_t>(i) * kEventWidth;
+      const auto finish =
+          std::find(std::begin(kFinishReasons), std::end(kFinishReasons), e.finish_reason) -
+          std::begin(kFinishReasons);
+      TE_CHECK(finish < 3, "Engine: finish reason '", e.finish_reason, "' has no code");
+      q[0] = static_cast<double>(e.request);
+      q[1] = static_cast<double>(e.token);
+      q[2] = e.logprob;
+      q[3] = static_cast<double>(finish);
+      q[4] = static_cast<double>(e.top_logprobs.size());
+      for (std::size_t k = 0; k < e.top_logprobs.size(); ++k) {
+        q[5 + 2 * k] = static_cast<double>(e.top_logprobs[k].first);
+        q[6 + 2 * k] = e.top_logprobs[k].second;
+      }
+    }
+  }
+  all = dp_->mesh.all_reduce(all, ReduceOp::kSum, {dp_->dim});
+  std::vector<TokenEvent> events;
+  remote_stats_ = EngineStats{};
+  for (int64_t g = 0; g < dp_->size; ++g) {
+    if (g == dp_->group) {
+      events.insert(events.end(), mine.begin(), mine.end());
+      continue;
+    }
+    const double* p = all.data_ptr<double>() + g * row;
+    const auto count = static_cast<int64_t>(p[0]);
+    remote_stats_.running += static_cast<int64_t>(p[1]);
+    remote_stats_.blocks_used += static_cast<int64_t>(p[2]);
+    remote_stats_.blocks_free += static_cast<int64_t>(p[3]);
+    remote_stats_.preemptions += static_cast<int64_t>(p[4]);
+    remote_stats_.prefill_tokens += static_cast<int64_t>(p[5]);
+    remote_stats_.decode_tokens += static_cast<int64_t>(p[6]);
+    for (int64_t i = 0; i < count; ++i) {
+      const double* q = p + kStatsWidth + i * kEventWidth;
+      TokenEvent e;
+      e.request = static_cast<int64_t>(q[0]);
+      e.token = static_cast<int64_t>(q[1]);
+      e.logprob = static_cast<float>(q[2]);
+      e.finish_reason = kFinishReasons[static_cast<int64_t>(q[3])];
+      for (int64_t k = 0; k < static_cast<int64_t>(q[4]); ++k) {
+        e.top_logprobs.emplace_back(static_cast<int64_t>(q[5 + 2 * k]),
+                                    static_cast<float>(q[6 + 2 * k]));
+      }
+      if (!e.finish_reason.empty()) remote_.erase(e.request);
+      events.push_back(std::move(e));
+    }
+  }
+  return events;
+}
+
+std::vector<TokenEvent> Engine::step_group() {
   c10::InferenceMode inference;
   const EngineOptions& o = options_;
   // What the cache holds now: the last step's sequences (every other has been freed).

@@ -283,6 +283,27 @@ TEST_F(ServeGenerate, ConcurrentStreamsEachGiveTheTextOfTheRequestAlone) {
     EXPECT_EQ(text_of(events_of(tp_bodies[i])).first, alone[i]) << "TP2, request " << i;
   }
   EXPECT_EQ(tp.stop(), 0) << tp.log();
+  // DP2 x TP2 over four ranks: the requests spread over two data-parallel groups, each decoding
+  // its own on its tensor-parallel pair; rank 0 streams every group's tokens. The same texts.
+  Server dp({"--model", model(), "--nproc", "4", "--mesh", "data=2,model=2", "--max-num-seqs", "4",
+             "--max-num-batched-tokens", "24"});
+  ASSERT_GT(dp.port(), 0) << dp.log();
+  std::vector<std::string> dp_bodies(requests.size());
+  std::vector<std::thread> dp_clients;
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    dp_clients.emplace_back([&, i] {
+      json r = requests[i];
+      r["stream"] = true;
+      auto res = post(dp, r.contains("messages") ? "/v1/chat/completions" : "/v1/completions", r);
+      if (res && res->status == 200) dp_bodies[i] = res->body;
+    });
+  }
+  for (auto& t : dp_clients) t.join();
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_EQ(text_of(events_of(dp_bodies[i])).first, alone[i]) << "DP2 x TP2, request " << i;
+  }
+  EXPECT_EQ(metric(dp, "te_serve_kv_cache_blocks_used"), 0);
+  EXPECT_EQ(dp.stop(), 0) << dp.log();
   EXPECT_EQ(metric(s, "te_serve_kv_cache_blocks_used"), 0);
   EXPECT_EQ(metric(s, "te_serve_running_sequences"), 0);
   EXPECT_GT(metric(s, "te_serve_time_to_first_token_seconds_count"), 0);

@@ -441,5 +441,72 @@ TEST(Generate, TensorParallelEqualsOneProcess) {
   });
 }
 
+// DP2 x TP2: the requests spread over the two data-parallel groups, each decoding its own on
+// its tensor-parallel row; every rank returns every request's tokens, equal to one process's.
+TEST(Generate, DataAndTensorParallelEqualsOneProcess) {
+  CausalLM whole = model_of(tiny("llama"));
+  const std::vector<std::vector<int64_t>> prompts = {tokens(9, 1), tokens(4, 2), tokens(6, 3),
+                                                     tokens(2, 4), tokens(11, 5)};
+  GenerateOptions logprobs = greedy(10);
+  logprobs.top_logprobs = 3;
+  const auto want_greedy = generate(whole, prompts, logprobs);
+  const auto want_sampled = generate(whole, prompts, sampled(9));
+  std::map<std::string, at::Tensor> params;
+  for (const auto& p : whole->named_parameters()) params[p.key()] = p.value().detach();
+  std::mutex mutex;
+  run_local_ranks(4, [&](int rank) {
+    DeviceMesh mesh({2, 2}, {"data", "tp"});
+    MeshScope on(mesh);
+    MeshResource r;
+    r.dp = "data";
+    r.tp = "tp";
+    MeshResourceScope resource(r);
+    AxisRulesScope rules(extend_logical_axis_rules(parse_axis_rules("vocab=tp")));
+    CausalLM model(whole->config);
+    for (const auto& [name, value] : params) te::nn::set_parameter_from_global(*model, name, value);
+    model->eval();
+    // Requests 0, 2, 4 go to group 0 and 1, 3 to group 1 (the fewest live ones, ties lowest);
+    // each group's cache holds its own only.
+    EngineOptions options;
+    Engine engine(model, options);
+    for (const auto& prompt : prompts) engine.add(prompt, logprobs);
+    engine.step();  // both groups prefill theirs
+    EXPECT_EQ(engine.stats().running, 5) << "rank " << rank;
+    EXPECT_EQ(engine.cache().sequence_ids().size(), rank < 2 ? 3u : 2u) << "rank " << rank;
+    const auto greedy_tokens = generate(model, prompts, logprobs);
+    const auto sampled_tokens = generate(model, prompts, sampled(9));
+    std::lock_guard<std::mutex> lock(mutex);
+    for (std::size_t i = 0; i < prompts.size(); ++i) {
+      EXPECT_EQ(greedy_tokens[i].tokens, want_greedy[i].tokens) << "rank " << rank << " #" << i;
+      EXPECT_EQ(greedy_tokens[i].finish_reason, want_greedy[i].finish_reason) << "rank " << rank;
+      for (std::size_t t = 0; t < want_greedy[i].tokens.size(); ++t) {
+        EXPECT_NEAR(greedy_tokens[i].logprobs[t], want_greedy[i].logprobs[t], 1e-4);
+        ASSERT_EQ(greedy_tokens[i].top_logprobs[t].size(), 3u);
+        EXPECT_EQ(greedy_tokens[i].top_logprobs[t][0].first,
+                  want_greedy[i].top_logprobs[t][0].first);
+      }
+      EXPECT_EQ(sampled_tokens[i].tokens, want_sampled[i].tokens) << "rank " << rank << " #" << i;
+    }
+  });
+}
+
+TEST(Generate, DataParallelRefusesWeightsShardedAlongTheDataAxis) {
+  CausalLM whole = model_of(tiny("llama"));
+  std::map<std::string, at::Tensor> params;
+  for (const auto& p : whole->named_parameters()) params[p.key()] = p.value().detach();
+  run_local_ranks(2, [&](int) {
+    DeviceMesh mesh({2}, {"data"});
+    MeshScope on(mesh);
+    MeshResource r;
+    r.fsdp = "data";
+    MeshResourceScope resource(r);
+    AxisRulesScope rules(extend_logical_axis_rules({}));
+    CausalLM model(whole->config);
+    for (const auto& [name, value] : params) te::nn::set_parameter_from_global(*model, name, value);
+    model->eval();
+    EXPECT_ERROR(Engine{model}, "is sharded along mesh axis 'data', the data axis");
+  });
+}
+
 }  // namespace
 }  // namespace te::hf

@@ -7,12 +7,17 @@ te-generate, on the real SmolLM2-135M-Instruct (Q4_1 GGUF from PyPI's llm-smollm
   2. te-serve --nproc 3 (tensor parallel over three ranks: SmolLM2's 9 query and 3 key/value
      heads split; rank 0 serves HTTP and broadcasts each step's batch, each rank holds its share
      of the KV cache) gives one process's texts;
-  3. the client sees refusals as BadRequestError (n=2) and SIGTERM stops the server with exit 0.
+  3. te-serve --nproc 6 --mesh data=2,model=3 (DP2 x TP3: the requests spread over two
+     data-parallel groups of three tensor-parallel ranks, each group decoding its own with its
+     own cache, every token sent back to rank 0 over the data axis) gives one process's texts
+     to all the requests sent at once;
+  4. the client sees refusals as BadRequestError (n=2) and SIGTERM stops the server with exit 0.
 
   python check_serve_generate.py TE_SERVE WORKDIR --generate TE_GENERATE [--cache DIR]
 """
 
 import argparse
+import concurrent.futures
 import json
 import os
 import re
@@ -105,21 +110,25 @@ def main(te_serve, workdir, te_gen, cache):
         failures += not ok
         print("%s %s" % ("ok  " if ok else "FAIL", what))
 
-    for label, extra in (("one process", []), ("--nproc 3", ["--nproc", "3"])):
+    for label, extra, together in (
+            ("one process", [], False), ("--nproc 3", ["--nproc", "3"], False),
+            ("DP2 x TP3", ["--nproc", "6", "--mesh", "data=2,model=3"], True)):
         server, port = start(te_serve, model, *extra)
         try:
             client = openai.OpenAI(base_url="http://127.0.0.1:%d/v1" % port, api_key="unused",
                                    max_retries=0, timeout=300)
-            for (kind, text, options), w in zip(REQUESTS, want):
-                for stream in (False, True):
-                    got, finish, prompt_tokens = ask(client, kind, text, options, stream)
-                    ok = got == w["text"] and prompt_tokens == w["prompt_tokens"]
-                    report(ok, "%s, %s %s%s (%s): %d characters, finish_reason %s, prompt_tokens "
-                           "%s%s" % (label, kind, "stream" if stream else "whole",
-                                     " seeded" if "seed" in options else " greedy",
-                                     text[:24], len(got), finish, prompt_tokens,
-                                     "" if ok else "\n  te-serve:    %r\n  te-generate: %r (%d)" % (
-                                         got, w["text"], w["prompt_tokens"])))
+            asks = [(r, w, stream) for r, w in zip(REQUESTS, want) for stream in (False, True)]
+            with concurrent.futures.ThreadPoolExecutor(len(asks) if together else 1) as pool:
+                answers = list(pool.map(lambda a: ask(client, *a[0], a[2]), asks))
+            for ((kind, text, options), w, stream), answer in zip(asks, answers):
+                got, finish, prompt_tokens = answer
+                ok = got == w["text"] and prompt_tokens == w["prompt_tokens"]
+                report(ok, "%s, %s %s%s (%s): %d characters, finish_reason %s, prompt_tokens "
+                       "%s%s" % (label, kind, "stream" if stream else "whole",
+                                 " seeded" if "seed" in options else " greedy",
+                                 text[:24], len(got), finish, prompt_tokens,
+                                 "" if ok else "\n  te-serve:    %r\n  te-generate: %r (%d)" % (
+                                     got, w["text"], w["prompt_tokens"])))
             try:
                 client.completions.create(model="smollm2", prompt="x", n=2)
                 report(False, "%s: n=2 was not refused" % label)

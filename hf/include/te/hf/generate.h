@@ -21,11 +21,13 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "te/distributed/mesh.h"
 #include "te/hf/causal_lm.h"
 #include "te/hf/tokenizer.h"
 #include "te/nn/kv_cache.h"
@@ -133,7 +135,15 @@ struct EngineStats {
 
 /// Continuous batching over one KV cache. Not thread-safe: one thread adds, cancels and steps
 /// (te-serve's scheduler). On a mesh every rank runs the same Engine calls in the same order
-/// (each holds its cache slice).
+/// (each holds its cache slice):
+///   - tensor parallel: every rank decodes every request with its shard of the heads;
+///   - data parallel (the rules in scope at construction shard "batch" over a mesh axis of D > 1
+///     ranks, e.g. DP2 x TP2): each request goes to one of the D groups (the one with the fewest
+///     requests; ties to the lowest), which prefills, decodes and samples it on its own
+///     tensor-parallel row with its own cache, "batch" held unsharded inside the group; after
+///     each step the groups exchange their tokens over the data axis, so step() returns every
+///     request's tokens on every rank. The weights must be replicated along that axis (te::Error
+///     naming a parameter FSDP shards there).
 class Engine {
  public:
   Engine(CausalLM model, const EngineOptions& options = {});
@@ -152,10 +162,12 @@ class Engine {
   /// waits again and is recomputed from its prompt and tokens so far.
   std::vector<TokenEvent> step();
   /// No request waiting or running.
-  bool idle() const { return waiting_.empty() && running_.empty(); }
+  bool idle() const { return waiting_.empty() && running_.empty() && remote_.empty(); }
   EngineStats stats() const;
   const te::nn::InferenceParams& cache() const { return *cache_; }
   int64_t max_sequence_length() const { return max_len_; }
+  /// The data-parallel groups requests are spread over (1: none).
+  int64_t data_parallel_size() const { return dp_ ? dp_->size : 1; }
 
  private:
   struct Sequence {
@@ -168,6 +180,21 @@ class Engine {
     std::unique_ptr<Sampler> sampler;
   };
   TokenEvent sample(Sequence& seq, const at::Tensor& logits);
+  /// step() of this rank's group alone.
+  std::vector<TokenEvent> step_group();
+  /// Data parallel: every group's tokens of this step, from this group's `mine`.
+  std::vector<TokenEvent> exchange(std::vector<TokenEvent> mine);
+  int64_t live_requests(int64_t group) const;
+
+  /// The data axis when data parallel (the mesh dim "batch" resolves to, of size > 1).
+  struct DataParallel {
+    DeviceMesh mesh;
+    int64_t dim = 0, size = 1, group = 0;
+    AxisRules step_rules;  ///< the rules in scope, with "batch" held unsharded
+  };
+  std::optional<DataParallel> dp_;
+  std::map<int64_t, int64_t> remote_;  ///< other groups' live requests: id -> group
+  EngineStats remote_stats_;           ///< their counters at the last exchange
 
   CausalLM model_;
   EngineOptions options_;
