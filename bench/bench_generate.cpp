@@ -3,8 +3,13 @@
 // aggregate decode tokens/s of N concurrent streams on the same engine (continuous batching);
 // prints one JSON object. The ratio streams/one is the ">= 6x at 32 streams".
 //
+// On a shared machine whose speed drifts from minute to minute, one stream measured now and 32
+// streams measured a minute later can differ by the drift alone: --rounds R alternates the two
+// R times and reports the medians, the median of the R ratios (each from neighbouring windows)
+// and their range.
+//
 //   bench_generate MODEL.gguf [--streams 32] [--tokens 64] [--prompt-tokens 128] [--threads N]
-//                  [--contiguous]
+//                  [--rounds 3] [--contiguous]
 
 #include <ATen/Parallel.h>
 
@@ -79,16 +84,22 @@ Figures run(te::hf::CausalLM model, const te::hf::EngineOptions& options, int64_
   return f;
 }
 
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr,
                  "usage: bench_generate MODEL [--streams N] [--tokens N] "
-                 "[--prompt-tokens N] [--threads N] [--contiguous]\n");
+                 "[--prompt-tokens N] [--threads N] [--rounds N] [--contiguous]\n");
     return 2;
   }
-  int64_t streams = 32, tokens = 64, prompt_tokens = 128;
+  int64_t streams = 32, tokens = 64, prompt_tokens = 128, rounds = 3;
   bool contiguous = false;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
@@ -101,6 +112,8 @@ int main(int argc, char** argv) {
       prompt_tokens = next();
     } else if (a == "--threads") {
       at::set_num_threads(static_cast<int>(next()));
+    } else if (a == "--rounds") {
+      rounds = next();
     } else if (a == "--contiguous") {
       contiguous = true;
     } else {
@@ -114,15 +127,33 @@ int main(int argc, char** argv) {
   options.max_num_seqs = streams;
   options.max_num_batched_tokens = std::max<int64_t>(512, streams);
   options.max_sequence_length = prompt_tokens + tokens + 16;
+  if (rounds < 1) {
+    std::fprintf(stderr, "bench_generate: --rounds %lld must be >= 1\n",
+                 static_cast<long long>(rounds));
+    return 2;
+  }
   run(model, options, 1, 16, 4);  // warm-up
-  const Figures one = run(model, options, 1, prompt_tokens, tokens);
-  const Figures many = run(model, options, streams, prompt_tokens, tokens);
+  std::vector<double> prefill, one, many, ratio;
+  for (int64_t r = 0; r < rounds; ++r) {
+    const Figures o = run(model, options, 1, prompt_tokens, tokens);
+    const Figures m = run(model, options, streams, prompt_tokens, tokens);
+    prefill.push_back(o.prefill_tps);
+    one.push_back(o.decode_tps);
+    many.push_back(m.decode_tps);
+    ratio.push_back(m.decode_tps / o.decode_tps);
+    std::fprintf(stderr, "round %lld: one stream %.2f tokens/s, %lld streams %.2f: %.2fx\n",
+                 static_cast<long long>(r + 1), o.decode_tps, static_cast<long long>(streams),
+                 m.decode_tps, ratio.back());
+  }
   std::printf(
       "{\"model\": \"%s\", \"threads\": %d, \"prompt_tokens\": %lld, \"tokens\": %lld, "
-      "\"prefill_tokens_per_second\": %.1f, \"decode_tokens_per_second_1_stream\": %.2f, "
-      "\"streams\": %lld, \"decode_tokens_per_second_streams\": %.2f, \"ratio\": %.2f}\n",
+      "\"rounds\": %lld, \"prefill_tokens_per_second\": %.1f, "
+      "\"decode_tokens_per_second_1_stream\": %.2f, \"streams\": %lld, "
+      "\"decode_tokens_per_second_streams\": %.2f, \"ratio\": %.2f, \"ratio_min\": %.2f, "
+      "\"ratio_max\": %.2f}\n",
       argv[1], at::get_num_threads(), static_cast<long long>(prompt_tokens),
-      static_cast<long long>(tokens), one.prefill_tps, one.decode_tps,
-      static_cast<long long>(streams), many.decode_tps, many.decode_tps / one.decode_tps);
+      static_cast<long long>(tokens), static_cast<long long>(rounds), median(prefill), median(one),
+      static_cast<long long>(streams), median(many), median(ratio),
+      *std::min_element(ratio.begin(), ratio.end()), *std::max_element(ratio.begin(), ratio.end()));
   return 0;
 }

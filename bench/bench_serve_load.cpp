@@ -3,12 +3,14 @@
 // requests back to back for `--seconds`, every request a different prompt of about
 // `--prompt-words` words and exactly `--max-tokens` generated tokens (greedy, ignore_eos). It
 // reports what a user of the server sees: time to first token and inter-token latency (p50,
-// p99), aggregate tokens/s over the run, errors (a status other than 200, or a stream without
-// its finish_reason and [DONE]), and with --metrics the largest te_serve_running_sequences
-// /metrics showed. With --crowd SLOW,IDLE it first opens SLOW slowloris connections (a header
-// line a second, never finished) and IDLE keep-alive ones (one GET, then silence), held for the
-// run: what a server's latencies are with them. scripts/serve-generate-bench.sh runs it against
-// both servers.
+// p99), aggregate tokens/s over the run, aggregate decode tokens/s (the tokens after each
+// request's first, over the time some stream was between its first and last token: the rate
+// while decoding, without the time every stream waits on prefills), errors (a status other than
+// 200, or a stream without its finish_reason and [DONE]), and with --metrics the largest
+// te_serve_running_sequences /metrics showed. With --crowd SLOW,IDLE it first opens SLOW slowloris
+// connections (a header line a second, never finished) and IDLE keep-alive ones (one GET, then
+// silence), held for the run: what a server's latencies are with them.
+// scripts/serve-generate-bench.sh runs it against both servers.
 //
 //   bench_serve_load --port 8080 --streams 32 --seconds 60 --max-tokens 64 [--json]
 //   bench_serve_load --port 8080 --prefill 512     # one request: prompt tokens/s
@@ -23,9 +25,11 @@
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "../tests/examples/crowd.h"
@@ -68,9 +72,30 @@ double percentile(std::vector<double> v, double q) {
 struct Totals {
   std::mutex mu;
   std::vector<double> ttft, itl;
-  int64_t tokens = 0, requests = 0, errors = 0;
+  std::vector<std::pair<Clock::time_point, Clock::time_point>> decoding;  // first, last token
+  int64_t tokens = 0, decode_tokens = 0, requests = 0, errors = 0;
   std::string first_error;
 };
+
+// The decode tokens over the length of the union of the decoding intervals.
+double decode_tokens_per_s(Totals& t) {
+  std::sort(t.decoding.begin(), t.decoding.end());
+  double covered = 0;
+  std::optional<std::pair<Clock::time_point, Clock::time_point>> run;
+  auto close = [&] {
+    if (run) covered += std::chrono::duration<double>(run->second - run->first).count();
+  };
+  for (const auto& d : t.decoding) {
+    if (run && d.first <= run->second) {
+      run->second = std::max(run->second, d.second);
+    } else {
+      close();
+      run = d;
+    }
+  }
+  close();
+  return covered > 0 ? static_cast<double>(t.decode_tokens) / covered : 0;
+}
 
 // One client: streaming requests back to back until `end`.
 void client(const Args& a, int index, Clock::time_point end, Totals& totals) {
@@ -90,7 +115,7 @@ void client(const Args& a, int index, Clock::time_point end, Totals& totals) {
     bool finished = false, done = false;
     std::string pending;
     const auto start = Clock::now();
-    auto last = start;
+    auto last = start, first = start;
     httplib::Request req;
     req.method = "POST";
     req.path = "/v1/completions";
@@ -114,6 +139,7 @@ void client(const Args& a, int index, Clock::time_point end, Totals& totals) {
         const auto now = Clock::now();
         if (ttft < 0) {
           ttft = std::chrono::duration<double>(now - start).count();
+          first = now;
         } else {
           itl.push_back(std::chrono::duration<double>(now - last).count());
         }
@@ -138,6 +164,10 @@ void client(const Args& a, int index, Clock::time_point end, Totals& totals) {
     if (ttft >= 0) totals.ttft.push_back(ttft);
     totals.itl.insert(totals.itl.end(), itl.begin(), itl.end());
     totals.tokens += tokens;
+    if (tokens > 1) {
+      totals.decoding.emplace_back(first, last);
+      totals.decode_tokens += tokens - 1;
+    }
   }
 }
 
@@ -249,6 +279,7 @@ int main(int argc, char** argv) {
                     {"errors", totals.errors},
                     {"tokens", totals.tokens},
                     {"tokens_per_s", static_cast<double>(totals.tokens) / elapsed},
+                    {"decode_tokens_per_s", decode_tokens_per_s(totals)},
                     {"ttft_p50_s", percentile(totals.ttft, 0.5)},
                     {"ttft_p99_s", percentile(totals.ttft, 0.99)},
                     {"itl_p50_s", percentile(totals.itl, 0.5)},
@@ -259,13 +290,14 @@ int main(int argc, char** argv) {
     std::printf("%s\n", out.dump().c_str());
   } else {
     std::printf(
-        "%s%d streams, %.1f s: %lld requests, %lld errors, %.1f tokens/s; TTFT p50 %.3f s p99 "
+        "%s%d streams, %.1f s: %lld requests, %lld errors, %.1f tokens/s (decoding %.1f); TTFT "
+        "p50 %.3f s p99 "
         "%.3f s; ITL p50 %.1f ms p99 %.1f ms%s\n",
         a.label.empty() ? "" : (a.label + ": ").c_str(), a.streams, elapsed,
         static_cast<long long>(totals.requests), static_cast<long long>(totals.errors),
-        static_cast<double>(totals.tokens) / elapsed, percentile(totals.ttft, 0.5),
-        percentile(totals.ttft, 0.99), 1e3 * percentile(totals.itl, 0.5),
-        1e3 * percentile(totals.itl, 0.99),
+        static_cast<double>(totals.tokens) / elapsed, decode_tokens_per_s(totals),
+        percentile(totals.ttft, 0.5), percentile(totals.ttft, 0.99),
+        1e3 * percentile(totals.itl, 0.5), 1e3 * percentile(totals.itl, 0.99),
         a.metrics
             ? (", at most " + std::to_string(static_cast<int>(most_running)) + " sequences running")
                   .c_str()

@@ -4,7 +4,8 @@
 # the same file and threads (scripts/llama-server.sh builds it), in the same run:
 #   - prefill tokens/s (one request of ~400 prompt tokens), one stream's tokens/s, and the
 #     aggregate tokens/s of 32 streams, for both servers, and the ratios;
-#   - te-serve's 32-stream aggregate over its one stream (continuous batching);
+#   - te-serve's 32-stream aggregate over its one stream (continuous batching), over the whole
+#     run and while decoding (bench_serve_load's decode_tokens_per_s: prefill waits left out);
 #   - the load test: 64 streams for 60 s on te-serve: errors, TTFT and ITL p50/p99, tokens/s;
 #   - admission at a fixed --kv-cache-mib: the most sequences running at once, paged against
 #     contiguous, on a mixed-length workload;
@@ -84,15 +85,20 @@ r = lambda n: json.load(open(os.path.join(w, n)))
 te, ll = {k: r("te." + k) for k in ("prefill", "one", "many")}, {k: r("llama." + k) for k in ("prefill", "one", "many")}
 rows = [("prefill tokens/s (~%d-token prompt)" % te["prefill"]["prompt_tokens"], te["prefill"]["prefill_tokens_per_s"], ll["prefill"]["prefill_tokens_per_s"]),
         ("1 stream: tokens/s", te["one"]["tokens_per_s"], ll["one"]["tokens_per_s"]),
-        ("32 streams: aggregate tokens/s", te["many"]["tokens_per_s"], ll["many"]["tokens_per_s"])]
+        ("32 streams: aggregate tokens/s", te["many"]["tokens_per_s"], ll["many"]["tokens_per_s"]),
+        ("1 stream: decode tokens/s", te["one"]["decode_tokens_per_s"], ll["one"]["decode_tokens_per_s"]),
+        ("32 streams: aggregate decode tokens/s", te["many"]["decode_tokens_per_s"],
+         ll["many"]["decode_tokens_per_s"])]
 print("| SmolLM2-135M Q4_1, %d threads | te-serve | llama-server | te / llama.cpp |" % os.cpu_count())
 print("|---|---|---|---|")
 for name, a, b in rows:
     print("| %s | %.1f | %.1f | %.2fx |" % (name, a, b, a / b))
 for name, d in (("te-serve", te), ("llama-server", ll)):
-    print("\n%s: 32 streams / 1 stream = %.2fx; 32 streams: TTFT p50 %.3f s, ITL p50 %.1f ms p99 %.1f ms"
-          % (name, d["many"]["tokens_per_s"] / d["one"]["tokens_per_s"], d["many"]["ttft_p50_s"],
-             1e3 * d["many"]["itl_p50_s"], 1e3 * d["many"]["itl_p99_s"]))
+    print("\n%s: 32 streams / 1 stream = %.2fx (decoding: %.2fx); 32 streams: TTFT p50 %.3f s, "
+          "ITL p50 %.1f ms p99 %.1f ms"
+          % (name, d["many"]["tokens_per_s"] / d["one"]["tokens_per_s"],
+             d["many"]["decode_tokens_per_s"] / d["one"]["decode_tokens_per_s"],
+             d["many"]["ttft_p50_s"], 1e3 * d["many"]["itl_p50_s"], 1e3 * d["many"]["itl_p99_s"]))
 l = r("te.load")
 print("\nLoad test, te-serve, 64 streams x %.0f s (64 tokens each): %d requests, %d errors, %.1f tokens/s; "
       "TTFT p50 %.3f s p99 %.3f s; ITL p50 %.1f ms p99 %.1f ms"

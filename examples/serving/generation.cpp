@@ -126,14 +126,14 @@ GenerationStream::GenerationStream(CompletionRequest request, te::hf::Tokenizer 
       created_(static_cast<int64_t>(std::time(nullptr))) {}
 
 void GenerationStream::deliver(std::vector<te::hf::TokenEvent> events) {
-  std::function<void()> listener;
+  std::shared_ptr<const std::function<void()>> listener;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& e : events) events_.push_back(std::move(e));
     listener = listener_;
   }
   ready_.notify_all();
-  if (listener) listener();
+  if (listener) (*listener)();
 }
 
 void GenerationStream::listen(std::function<void()> fn) {
@@ -141,14 +141,14 @@ void GenerationStream::listen(std::function<void()> fn) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (done_ || deaf_) return;
-    listener_ = fn;
+    listener_ = std::make_shared<const std::function<void()>>(fn);
     waiting = !events_.empty();
   }
   if (waiting) fn();
 }
 
 void GenerationStream::unlisten() {
-  std::function<void()> listener;  // released outside the lock
+  std::shared_ptr<const std::function<void()>> listener;  // released outside the lock
   std::lock_guard<std::mutex> lock(mu_);
   deaf_ = true;
   listener.swap(listener_);
@@ -198,7 +198,7 @@ bool GenerationStream::next(Piece& out, std::chrono::milliseconds timeout) {
     }
   }
   if (!out.finish_reason.empty()) {
-    std::function<void()> listener;  // released outside the lock
+    std::shared_ptr<const std::function<void()>> listener;  // released outside the lock
     std::lock_guard<std::mutex> lock(mu_);
     done_ = true;
     listener.swap(listener_);

@@ -106,7 +106,8 @@ class GenerationStream {
   std::mutex mu_;
   std::condition_variable ready_;
   std::deque<te::hf::TokenEvent> events_;
-  std::function<void()> listener_;
+  // Shared, so a delivery takes it without copying the function (and calls it outside the lock).
+  std::shared_ptr<const std::function<void()>> listener_;
   bool deaf_ = false;  // unlisten() was called
 };
 

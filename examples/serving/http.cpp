@@ -289,6 +289,7 @@ class Session : public std::enable_shared_from_this<Session> {
     parser_->body_limit(server_.options.max_body_bytes);
     exchange_.reset();
     streaming_ = false;
+    head_only_ = false;
     status_ = 0;
     path_.clear();
     timed_out_ = false;
@@ -403,11 +404,13 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     request.body = std::move(message.body());
     path_ = request.path;
+    // HEAD is GET without the body (RFC 9110 9.3.2): the GET route answers, the header goes out.
+    head_only_ = message.method() == bhttp::verb::head;
     exchange_ = std::make_shared<Exchange>();
     exchange_->session = weak_from_this();
     exchange_->io = &server_.io;
     watch();
-    const auto route = server_.routes.find({request.method, request.path});
+    const auto route = server_.routes.find({head_only_ ? "GET" : request.method, request.path});
     if (route == server_.routes.end()) {
       fail(exchange_, 404,
            "no endpoint " + request.method + " " + request.path + "; use " +
@@ -448,6 +451,10 @@ class Session : public std::enable_shared_from_this<Session> {
     path_ = path;
     Out o;
     o.whole = make_response(r, keep_alive_, version_);
+    if (head_only_) {  // the length the body would have, without it
+      o.whole->body().clear();
+      o.whole->content_length(r.body.size());
+    }
     out_.push_back(std::move(o));
     pump();
   }
@@ -553,7 +560,7 @@ class Session : public std::enable_shared_from_this<Session> {
   int status_ = 0;
   unsigned version_ = 11;
   bool keep_alive_ = true, streaming_ = false, writing_ = false, closed_ = false,
-       timed_out_ = false, refused_ = false;
+       timed_out_ = false, refused_ = false, head_only_ = false;
 };
 
 // ---- Reply: posts onto the io thread ----------------------------------------------------------

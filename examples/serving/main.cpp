@@ -8,7 +8,6 @@
 
 #include <pthread.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <CLI/CLI.hpp>
 
 #include <algorithm>

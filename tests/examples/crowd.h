@@ -9,9 +9,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -124,5 +127,27 @@ class Crowd {
   std::atomic<bool> stop_{false};
   std::thread trickle_;
 };
+
+/// A request's seconds alone and beside a Crowd, and the crowd, still open.
+struct Crowded {
+  double unloaded = 0;  ///< the least of three alone (after one to warm up)
+  double loaded = 0;    ///< the most of three with the crowd open
+  std::chrono::steady_clock::time_point opened;  ///< when the crowd was whole
+  std::unique_ptr<Crowd> crowd;
+};
+
+/// Times `measure()` (it returns a request's seconds) alone, then opens a Crowd of `slow` and
+/// `idle` clients on `port` and times it beside them.
+inline Crowded measure_beside_crowd(int port, int slow, int idle,
+                                    const std::function<double()>& measure) {
+  Crowded c;
+  measure();  // the first request's allocations
+  c.unloaded = 1e9;
+  for (int i = 0; i < 3; ++i) c.unloaded = std::min(c.unloaded, measure());
+  c.crowd = std::make_unique<Crowd>(port, slow, idle);
+  c.opened = std::chrono::steady_clock::now();
+  for (int i = 0; i < 3; ++i) c.loaded = std::max(c.loaded, measure());
+  return c;
+}
 
 }  // namespace te::test

@@ -374,17 +374,12 @@ TEST_F(ServeGenerate, SlowAndIdleClientsDelayNoStreamsFirstToken) {
     EXPECT_TRUE(stream.read_until("data: [DONE]")) << stream.got();
     return seconds;
   };
-  first_token_seconds();
-  double unloaded = 1e9;
-  for (int i = 0; i < 3; ++i) unloaded = std::min(unloaded, first_token_seconds());
-
-  te::test::Crowd crowd(s.port(), 200, 500);
-  const auto crowded = Clock::now();
+  te::test::Crowded c = te::test::measure_beside_crowd(s.port(), 200, 500, first_token_seconds);
+  te::test::Crowd& crowd = *c.crowd;
+  const auto crowded = c.opened;
   ASSERT_EQ(crowd.slow().size(), 200u);
   ASSERT_EQ(crowd.idle_answered(), 500);
-  double loaded = 0;
-  for (int i = 0; i < 3; ++i) loaded = std::max(loaded, first_token_seconds());
-  EXPECT_LT(loaded, unloaded + 1.0) << "unloaded " << unloaded << " s";
+  EXPECT_LT(c.loaded, c.unloaded + 1.0) << "unloaded " << c.unloaded << " s";
   EXPECT_GE(metric(s, "te_serve_connections_open"), 700);
   EXPECT_LT(Clock::now() - crowded, std::chrono::seconds(7));  // all of them open meanwhile
   crowd.stop_trickling();
