@@ -263,45 +263,36 @@ TEST_F(ServeGenerate, ConcurrentStreamsEachGiveTheTextOfTheRequestAlone) {
     EXPECT_FALSE(finish.empty());
     EXPECT_GT(usage["usage"]["completion_tokens"].get<int64_t>(), 0);
   }
-  // Tensor parallel over two ranks (rank 0 serves and broadcasts each step's batch): the same
-  // texts, streamed concurrently.
+  // On a mesh (rank 0 serves and broadcasts each step's batch): the same texts, streamed
+  // concurrently. Tensor parallel over two ranks; then DP2 x TP2 over four, the requests spread
+  // over two data-parallel groups, each decoding its own on its tensor-parallel pair, rank 0
+  // streaming every group's tokens.
+  auto texts_on = [&](const Server& server) {
+    std::vector<std::string> bodies(requests.size());
+    std::vector<std::thread> clients;
+    for (std::size_t i = 0; i < requests.size(); ++i) {
+      clients.emplace_back([&, i] {
+        json r = requests[i];
+        r["stream"] = true;
+        auto res =
+            post(server, r.contains("messages") ? "/v1/chat/completions" : "/v1/completions", r);
+        if (res && res->status == 200) bodies[i] = res->body;
+      });
+    }
+    for (auto& t : clients) t.join();
+    std::vector<std::string> texts;
+    for (const std::string& body : bodies) texts.push_back(text_of(events_of(body)).first);
+    return texts;
+  };
   Server tp({"--model", model(), "--nproc", "2", "--max-num-seqs", "4", "--max-num-batched-tokens",
              "24"});
   ASSERT_GT(tp.port(), 0) << tp.log();
-  std::vector<std::string> tp_bodies(requests.size());
-  std::vector<std::thread> tp_clients;
-  for (std::size_t i = 0; i < requests.size(); ++i) {
-    tp_clients.emplace_back([&, i] {
-      json r = requests[i];
-      r["stream"] = true;
-      auto res = post(tp, r.contains("messages") ? "/v1/chat/completions" : "/v1/completions", r);
-      if (res && res->status == 200) tp_bodies[i] = res->body;
-    });
-  }
-  for (auto& t : tp_clients) t.join();
-  for (std::size_t i = 0; i < requests.size(); ++i) {
-    EXPECT_EQ(text_of(events_of(tp_bodies[i])).first, alone[i]) << "TP2, request " << i;
-  }
+  EXPECT_EQ(texts_on(tp), alone) << "TP2";
   EXPECT_EQ(tp.stop(), 0) << tp.log();
-  // DP2 x TP2 over four ranks: the requests spread over two data-parallel groups, each decoding
-  // its own on its tensor-parallel pair; rank 0 streams every group's tokens. The same texts.
   Server dp({"--model", model(), "--nproc", "4", "--mesh", "data=2,model=2", "--max-num-seqs", "4",
              "--max-num-batched-tokens", "24"});
   ASSERT_GT(dp.port(), 0) << dp.log();
-  std::vector<std::string> dp_bodies(requests.size());
-  std::vector<std::thread> dp_clients;
-  for (std::size_t i = 0; i < requests.size(); ++i) {
-    dp_clients.emplace_back([&, i] {
-      json r = requests[i];
-      r["stream"] = true;
-      auto res = post(dp, r.contains("messages") ? "/v1/chat/completions" : "/v1/completions", r);
-      if (res && res->status == 200) dp_bodies[i] = res->body;
-    });
-  }
-  for (auto& t : dp_clients) t.join();
-  for (std::size_t i = 0; i < requests.size(); ++i) {
-    EXPECT_EQ(text_of(events_of(dp_bodies[i])).first, alone[i]) << "DP2 x TP2, request " << i;
-  }
+  EXPECT_EQ(texts_on(dp), alone) << "DP2 x TP2";
   EXPECT_EQ(metric(dp, "te_serve_kv_cache_blocks_used"), 0);
   EXPECT_EQ(dp.stop(), 0) << dp.log();
   EXPECT_EQ(metric(s, "te_serve_kv_cache_blocks_used"), 0);

@@ -413,13 +413,22 @@ TEST(ChatTemplate, AppliesTheFamiliesItKnowsAndRefusesOthersByName) {
 
 // ---- on a mesh ------------------------------------------------------------------------------
 
+// `whole`'s weights in a model built under the mesh and rules in scope (each rank keeping its
+// slices), in eval mode.
+CausalLM laid_out_copy(const CausalLM& whole) {
+  CausalLM model(whole->config);
+  for (const auto& p : whole->named_parameters()) {
+    te::nn::set_parameter_from_global(*model, p.key(), p.value().detach());
+  }
+  model->eval();
+  return model;
+}
+
 TEST(Generate, TensorParallelEqualsOneProcess) {
   CausalLM whole = model_of(tiny("llama"));
   const std::vector<std::vector<int64_t>> prompts = {tokens(9, 1), tokens(4, 2)};
   const auto want_greedy = generate(whole, prompts, greedy(12));
   const auto want_sampled = generate(whole, prompts, sampled(9));
-  std::map<std::string, at::Tensor> params;
-  for (const auto& p : whole->named_parameters()) params[p.key()] = p.value().detach();
   std::mutex mutex;
   run_local_ranks(2, [&](int rank) {
     DeviceMesh mesh({2}, {"tp"});
@@ -428,9 +437,7 @@ TEST(Generate, TensorParallelEqualsOneProcess) {
     r.tp = "tp";
     MeshResourceScope resource(r);
     AxisRulesScope rules(extend_logical_axis_rules(parse_axis_rules("vocab=tp")));
-    CausalLM model(whole->config);
-    for (const auto& [name, value] : params) te::nn::set_parameter_from_global(*model, name, value);
-    model->eval();
+    CausalLM model = laid_out_copy(whole);
     const auto greedy_tokens = generate(model, prompts, greedy(12));
     const auto sampled_tokens = generate(model, prompts, sampled(9));
     std::lock_guard<std::mutex> lock(mutex);
@@ -451,8 +458,6 @@ TEST(Generate, DataAndTensorParallelEqualsOneProcess) {
   logprobs.top_logprobs = 3;
   const auto want_greedy = generate(whole, prompts, logprobs);
   const auto want_sampled = generate(whole, prompts, sampled(9));
-  std::map<std::string, at::Tensor> params;
-  for (const auto& p : whole->named_parameters()) params[p.key()] = p.value().detach();
   std::mutex mutex;
   run_local_ranks(4, [&](int rank) {
     DeviceMesh mesh({2, 2}, {"data", "tp"});
@@ -462,9 +467,7 @@ TEST(Generate, DataAndTensorParallelEqualsOneProcess) {
     r.tp = "tp";
     MeshResourceScope resource(r);
     AxisRulesScope rules(extend_logical_axis_rules(parse_axis_rules("vocab=tp")));
-    CausalLM model(whole->config);
-    for (const auto& [name, value] : params) te::nn::set_parameter_from_global(*model, name, value);
-    model->eval();
+    CausalLM model = laid_out_copy(whole);
     // Requests 0, 2, 4 go to group 0 and 1, 3 to group 1 (the fewest live ones, ties lowest);
     // each group's cache holds its own only.
     EngineOptions options;
@@ -492,8 +495,6 @@ TEST(Generate, DataAndTensorParallelEqualsOneProcess) {
 
 TEST(Generate, DataParallelRefusesWeightsShardedAlongTheDataAxis) {
   CausalLM whole = model_of(tiny("llama"));
-  std::map<std::string, at::Tensor> params;
-  for (const auto& p : whole->named_parameters()) params[p.key()] = p.value().detach();
   run_local_ranks(2, [&](int) {
     DeviceMesh mesh({2}, {"data"});
     MeshScope on(mesh);
@@ -501,9 +502,7 @@ TEST(Generate, DataParallelRefusesWeightsShardedAlongTheDataAxis) {
     r.fsdp = "data";
     MeshResourceScope resource(r);
     AxisRulesScope rules(extend_logical_axis_rules({}));
-    CausalLM model(whole->config);
-    for (const auto& [name, value] : params) te::nn::set_parameter_from_global(*model, name, value);
-    model->eval();
+    CausalLM model = laid_out_copy(whole);
     EXPECT_ERROR(Engine{model}, "is sharded along mesh axis 'data', the data axis");
   });
 }
