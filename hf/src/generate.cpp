@@ -97,7 +97,7 @@ namespace {
 // reason, the top count and (id, logprob) pairs.
 constexpr int64_t kMaxTopLogprobs = 20;
 constexpr int64_t kEventWidth = 5 + 2 * kMaxTopLogprobs;
-constexpr int64_t kStatsWidth = 8;
+constexpr int64_t kStatsWidth = 7;
 const char* const kFinishReasons[] = {"", "stop", "length"};
 
 int64_t bytes_per_token(const CausalLMConfig& c, at::ScalarType dtype) {
@@ -215,12 +215,17 @@ void Engine::cancel(int64_t id) {
   cache_->end(id);
 }
 
-EngineStats Engine::stats() const {
+EngineStats Engine::local_stats() const {
   EngineStats s = stats_;
   s.running = static_cast<int64_t>(running_.size());
   s.waiting = static_cast<int64_t>(waiting_.size());
   s.blocks_free = cache_->free_blocks();
   s.blocks_used = cache_->total_blocks() - s.blocks_free;
+  return s;
+}
+
+EngineStats Engine::stats() const {
+  EngineStats s = local_stats();
   if (dp_) {  // the other groups' as of the last step; requests added since wait there
     const EngineStats& r = remote_stats_;
     const int64_t running = std::min<int64_t>(r.running, static_cast<int64_t>(remote_.size()));
@@ -280,21 +285,14 @@ std::vector<TokenEvent> Engine::exchange(std::vector<TokenEvent> mine) {
   at::Tensor all = at::zeros({dp_->size, row}, at::kDouble);
   {
     double* p = all.data_ptr<double>() + dp_->group * row;
-    const EngineStats s = [&] {
-      EngineStats local = stats_;
-      local.running = static_cast<int64_t>(running_.size());
-      local.blocks_free = cache_->free_blocks();
-      local.blocks_used = cache_->total_blocks() - local.blocks_free;
-      return local;
-    }();
+    const EngineStats s = local_stats();
     const int64_t head[kStatsWidth] = {static_cast<int64_t>(mine.size()),
                                        s.running,
                                        s.blocks_used,
                                        s.blocks_free,
                                        s.preemptions,
                                        s.prefill_tokens,
-                                       s.decode_tokens,
-                                       0};
+                                       s.decode_tokens};
     for (int64_t i = 0; i < kStatsWidth; ++i) p[i] = static_cast<double>(head[i]);
     for (std::size_t i = 0; i < mine.size(); ++i) {
       const TokenEvent& e = mine[i];

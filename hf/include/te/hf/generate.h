@@ -180,6 +180,8 @@ class Engine {
     std::unique_ptr<Sampler> sampler;
   };
   TokenEvent sample(Sequence& seq, const at::Tensor& logits);
+  /// This rank's group's counters (the engine's own without data parallelism).
+  EngineStats local_stats() const;
   /// step() of this rank's group alone.
   std::vector<TokenEvent> step_group();
   /// Data parallel: every group's tokens of this step, from this group's `mine`.
