@@ -25,6 +25,7 @@ case "$kind" in
              te_nn_tests te_hf_tests)
     # The tests of those executables; the GPU ones skip.
     filter='^(sharding|runtime|kernels|distributed|fp8|nn|hf)\.'
+    per_case=OFF
     export ASAN_OPTIONS=detect_leaks=1:halt_on_error=1:abort_on_error=0
     export LSAN_OPTIONS=suppressions=$supp/lsan.supp:print_suppressions=0
     export UBSAN_OPTIONS=suppressions=$supp/ubsan.supp:print_stacktrace=1:halt_on_error=1
@@ -34,6 +35,8 @@ case "$kind" in
     sanitize=thread
     targets=(te_sharding_tests te_distributed_tests te_nn_tests te_fp8_tests te-serve te-encoder
              te_serve_tests)
+    # Single cases by name: every case its own CTest test.
+    per_case=ON
     filter='^(sharding\.Threads|distributed\.|nn\.SharedModule|fp8\.Fp8Autocast\.IsThreadLocal|fp8\.Fp8Modules\.Threads|serve\.)'
     export TSAN_OPTIONS=suppressions=$supp/tsan.supp:halt_on_error=1:second_deadlock_stack=1
     ;;
@@ -48,6 +51,6 @@ esac
 # stack traces; the tests' time is LibTorch's, which is not instrumented either way.
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTE_SANITIZE="$sanitize" \
   -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g -DNDEBUG" \
-  -DTE_CUDA=OFF -DTE_BUILD_BENCH=OFF --log-level=WARNING
+  -DTE_CUDA=OFF -DTE_BUILD_BENCH=OFF -DTE_TEST_PER_CASE="$per_case" --log-level=WARNING
 cmake --build "$build_dir" --target "${targets[@]}"
 ctest --test-dir "$build_dir" --output-on-failure -j "$(nproc)" -R "$filter" "$@"

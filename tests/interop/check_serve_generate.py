@@ -6,11 +6,11 @@ te-generate, on the real SmolLM2-135M-Instruct (Q4_1 GGUF from PyPI's llm-smollm
      and top_p), with usage's prompt_tokens equal to te-generate's;
   2. te-serve --nproc 3 (tensor parallel over three ranks: SmolLM2's 9 query and 3 key/value
      heads split; rank 0 serves HTTP and broadcasts each step's batch, each rank holds its share
-     of the KV cache) gives one process's texts;
+     of the KV cache) gives one process's texts to all the requests sent at once (one after
+     another on one process, at once on the meshes: the same texts, in a third of the time);
   3. te-serve --nproc 6 --mesh data=2,model=3 (DP2 x TP3: the requests spread over two
      data-parallel groups of three tensor-parallel ranks, each group decoding its own with its
-     own cache, every token sent back to rank 0 over the data axis) gives one process's texts
-     to all the requests sent at once;
+     own cache, every token sent back to rank 0 over the data axis) gives them as well;
   4. the client sees refusals as BadRequestError (n=2) and SIGTERM stops the server with exit 0.
 
   python check_serve_generate.py TE_SERVE WORKDIR --generate TE_GENERATE [--cache DIR]
@@ -111,7 +111,7 @@ def main(te_serve, workdir, te_gen, cache):
         print("%s %s" % ("ok  " if ok else "FAIL", what))
 
     for label, extra, together in (
-            ("one process", [], False), ("--nproc 3", ["--nproc", "3"], False),
+            ("one process", [], False), ("--nproc 3", ["--nproc", "3"], True),
             ("DP2 x TP3", ["--nproc", "6", "--mesh", "data=2,model=3"], True)):
         server, port = start(te_serve, model, *extra)
         try:
