@@ -8,10 +8,19 @@
 // R times and reports the medians, the median of the R ratios (each from neighbouring windows)
 // and their range.
 //
+// --roof adds, per round, the machine's ceiling for that ratio: the model's decode GEMMs alone
+// (every layer's projections, x @ w with w [in, out] as te's kernels are held, and the LM head,
+// x @ table^T when tied to the embedding; float32 as the model holds them) timed at one row and
+// at `streams` rows, whose ratio streams * t(1) / t(streams) is what the step would give if it
+// were GEMMs only, and the threads' peak of independent AVX2 FMAs (GFLOP/s), to read the GEMM
+// rate at `streams` rows against.
+//
 //   bench_generate MODEL.gguf [--streams 32] [--tokens 64] [--prompt-tokens 128] [--threads N]
-//                  [--rounds 3] [--contiguous]
+//                  [--rounds 3] [--contiguous] [--roof]
 
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <immintrin.h>
 
 #include <algorithm>
 #include <chrono>
@@ -19,6 +28,7 @@
 #include <cstring>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "te/hf/causal_lm.h"
@@ -84,6 +94,81 @@ Figures run(te::hf::CausalLM model, const te::hf::EngineOptions& options, int64_
   return f;
 }
 
+// The model's decode GEMMs, [in, out] per matrix: per layer q, k, v, o, gate, up, down, then
+// the LM head (as many of them as the model has).
+std::vector<std::pair<int64_t, int64_t>> decode_gemms(const te::hf::CausalLMConfig& c) {
+  const int64_t h = c.hidden_size, q = c.num_attention_heads * c.head_dim,
+                kv = c.num_key_value_heads * c.head_dim, i = c.intermediate_size;
+  std::vector<std::pair<int64_t, int64_t>> one_layer = {{h, q}, {h, kv}, {h, kv}, {q, h},
+                                                        {h, i}, {h, i},  {i, h}};
+  std::vector<std::pair<int64_t, int64_t>> all;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    all.insert(all.end(), one_layer.begin(), one_layer.end());
+  }
+  all.emplace_back(h, c.vocab_size);
+  return all;
+}
+
+// The weights of `gemms` as the model holds them: [in, out], the last (the LM head) as the
+// embedding table [vocab, hidden] when tied.
+std::vector<at::Tensor> decode_weights(const te::hf::CausalLMConfig& c) {
+  std::vector<at::Tensor> weights;
+  for (const auto& [in, out] : decode_gemms(c)) weights.push_back(at::randn({in, out}));
+  if (c.tie_word_embeddings) weights.back() = weights.back().t().contiguous();
+  return weights;
+}
+
+// Seconds for one pass of the decode GEMMs at `rows` rows (the best of three passes).
+double gemm_seconds(const std::vector<at::Tensor>& weights, bool tied, int64_t rows) {
+  std::vector<at::Tensor> inputs;
+  for (std::size_t g = 0; g < weights.size(); ++g) {
+    const bool table = tied && g + 1 == weights.size();
+    inputs.push_back(at::randn({rows, weights[g].size(table ? 1 : 0)}));
+  }
+  double best = 1e30;
+  for (int pass = 0; pass < 3; ++pass) {
+    const auto start = clock_type::now();
+    for (std::size_t g = 0; g < weights.size(); ++g) {
+      const bool table = tied && g + 1 == weights.size();
+      if (table) {
+        at::linear(inputs[g], weights[g]);
+      } else {
+        at::matmul(inputs[g], weights[g]);
+      }
+    }
+    best = std::min(best, seconds_since(start));
+  }
+  return best;
+}
+
+// GFLOP/s of independent AVX2 FMAs (ten chains a thread) on `threads` threads at once: the
+// arithmetic roof a float32 GEMM runs under. 0 where the CPU lacks AVX2 or FMA.
+__attribute__((target("avx2,fma"))) float fma_chains(int64_t iterations) {
+  __m256 acc[10];
+  for (int i = 0; i < 10; ++i) acc[i] = _mm256_set1_ps(1.0f + static_cast<float>(i) * 1e-7f);
+  const __m256 a = _mm256_set1_ps(0.9999999f), b = _mm256_set1_ps(1e-7f);
+  for (int64_t n = 0; n < iterations; ++n) {
+    for (int i = 0; i < 10; ++i) acc[i] = _mm256_fmadd_ps(acc[i], a, b);
+  }
+  float sum = 0;
+  for (int i = 0; i < 10; ++i) sum += _mm256_cvtss_f32(acc[i]);
+  return sum;
+}
+
+double fma_peak_gflops(int threads) {
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return 0;
+  const int64_t iterations = 50'000'000;
+  std::vector<float> sums(static_cast<std::size_t>(threads));
+  const auto start = clock_type::now();
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&sums, t, iterations] { sums[t] = fma_chains(iterations); });
+  }
+  for (std::thread& t : pool) t.join();
+  const double s = seconds_since(start);
+  return sums[0] == 0 ? 0 : threads * iterations * 10.0 * 16.0 / s / 1e9;  // 8 lanes x 2 flops
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const std::size_t n = v.size();
@@ -96,11 +181,11 @@ int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr,
                  "usage: bench_generate MODEL [--streams N] [--tokens N] "
-                 "[--prompt-tokens N] [--threads N] [--rounds N] [--contiguous]\n");
+                 "[--prompt-tokens N] [--threads N] [--rounds N] [--contiguous] [--roof]\n");
     return 2;
   }
   int64_t streams = 32, tokens = 64, prompt_tokens = 128, rounds = 3;
-  bool contiguous = false;
+  bool contiguous = false, roof = false;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&] { return std::stoll(argv[++i]); };
@@ -116,6 +201,8 @@ int main(int argc, char** argv) {
       rounds = next();
     } else if (a == "--contiguous") {
       contiguous = true;
+    } else if (a == "--roof") {
+      roof = true;
     } else {
       std::fprintf(stderr, "bench_generate: unknown argument '%s'\n", a.c_str());
       return 2;
@@ -133,8 +220,29 @@ int main(int argc, char** argv) {
     return 2;
   }
   run(model, options, 1, 16, 4);  // warm-up
-  std::vector<double> prefill, one, many, ratio;
+  std::vector<double> prefill, one, many, ratio, gemm_ratio, gemm_gflops, peak;
+  std::vector<at::Tensor> weights;
+  double flops = 0;
+  const bool tied = model->config.tie_word_embeddings;
+  if (roof) {
+    c10::InferenceMode inference;
+    weights = decode_weights(model->config);
+    for (const auto& [in, out] : decode_gemms(model->config)) {
+      flops += 2.0 * static_cast<double>(in * out);
+    }
+  }
   for (int64_t r = 0; r < rounds; ++r) {
+    if (roof) {
+      c10::InferenceMode inference;
+      const double t1 = gemm_seconds(weights, tied, 1), tn = gemm_seconds(weights, tied, streams);
+      gemm_ratio.push_back(static_cast<double>(streams) * t1 / tn);
+      gemm_gflops.push_back(flops * static_cast<double>(streams) / tn / 1e9);
+      peak.push_back(fma_peak_gflops(at::get_num_threads()));
+      std::fprintf(stderr,
+                   "round %lld: GEMMs alone %.2fx (%.1f GFLOP/s at %lld rows; FMA peak %.1f)\n",
+                   static_cast<long long>(r + 1), gemm_ratio.back(), gemm_gflops.back(),
+                   static_cast<long long>(streams), peak.back());
+    }
     const Figures o = run(model, options, 1, prompt_tokens, tokens);
     const Figures m = run(model, options, streams, prompt_tokens, tokens);
     prefill.push_back(o.prefill_tps);
@@ -150,10 +258,16 @@ int main(int argc, char** argv) {
       "\"rounds\": %lld, \"prefill_tokens_per_second\": %.1f, "
       "\"decode_tokens_per_second_1_stream\": %.2f, \"streams\": %lld, "
       "\"decode_tokens_per_second_streams\": %.2f, \"ratio\": %.2f, \"ratio_min\": %.2f, "
-      "\"ratio_max\": %.2f}\n",
+      "\"ratio_max\": %.2f",
       argv[1], at::get_num_threads(), static_cast<long long>(prompt_tokens),
       static_cast<long long>(tokens), static_cast<long long>(rounds), median(prefill), median(one),
       static_cast<long long>(streams), median(many), median(ratio),
       *std::min_element(ratio.begin(), ratio.end()), *std::max_element(ratio.begin(), ratio.end()));
+  if (roof) {
+    std::printf(
+        ", \"gemm_only_ratio\": %.2f, \"gemm_gflops_streams\": %.1f, \"fma_peak_gflops\": %.1f",
+        median(gemm_ratio), median(gemm_gflops), median(peak));
+  }
+  std::printf("}\n");
   return 0;
 }
