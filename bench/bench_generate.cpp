@@ -109,33 +109,32 @@ std::vector<std::pair<int64_t, int64_t>> decode_gemms(const te::hf::CausalLMConf
   return all;
 }
 
-// The weights of `gemms` as the model holds them: [in, out], the last (the LM head) as the
-// embedding table [vocab, hidden] when tied.
-std::vector<at::Tensor> decode_weights(const te::hf::CausalLMConfig& c) {
-  std::vector<at::Tensor> weights;
-  for (const auto& [in, out] : decode_gemms(c)) weights.push_back(at::randn({in, out}));
-  if (c.tie_word_embeddings) weights.back() = weights.back().t().contiguous();
-  return weights;
+// One decode GEMM as the model runs it: x @ w with w [in, out], or x @ w^T when w is the
+// embedding table [vocab, hidden] a tied LM head multiplies by.
+struct DecodeGemm {
+  at::Tensor w;
+  bool table = false;
+  int64_t in() const { return w.size(table ? 1 : 0); }
+  at::Tensor operator()(const at::Tensor& x) const {
+    return table ? at::linear(x, w) : at::matmul(x, w);
+  }
+};
+
+std::vector<DecodeGemm> decode_weights(const te::hf::CausalLMConfig& c) {
+  std::vector<DecodeGemm> gemms;
+  for (const auto& [in, out] : decode_gemms(c)) gemms.push_back({at::randn({in, out})});
+  if (c.tie_word_embeddings) gemms.back() = {gemms.back().w.t().contiguous(), true};
+  return gemms;
 }
 
 // Seconds for one pass of the decode GEMMs at `rows` rows (the best of three passes).
-double gemm_seconds(const std::vector<at::Tensor>& weights, bool tied, int64_t rows) {
+double gemm_seconds(const std::vector<DecodeGemm>& gemms, int64_t rows) {
   std::vector<at::Tensor> inputs;
-  for (std::size_t g = 0; g < weights.size(); ++g) {
-    const bool table = tied && g + 1 == weights.size();
-    inputs.push_back(at::randn({rows, weights[g].size(table ? 1 : 0)}));
-  }
+  for (const DecodeGemm& g : gemms) inputs.push_back(at::randn({rows, g.in()}));
   double best = 1e30;
   for (int pass = 0; pass < 3; ++pass) {
     const auto start = clock_type::now();
-    for (std::size_t g = 0; g < weights.size(); ++g) {
-      const bool table = tied && g + 1 == weights.size();
-      if (table) {
-        at::linear(inputs[g], weights[g]);
-      } else {
-        at::matmul(inputs[g], weights[g]);
-      }
-    }
+    for (std::size_t g = 0; g < gemms.size(); ++g) gemms[g](inputs[g]);
     best = std::min(best, seconds_since(start));
   }
   return best;
@@ -166,7 +165,8 @@ double fma_peak_gflops(int threads) {
   }
   for (std::thread& t : pool) t.join();
   const double s = seconds_since(start);
-  return sums[0] == 0 ? 0 : threads * iterations * 10.0 * 16.0 / s / 1e9;  // 8 lanes x 2 flops
+  // 8 lanes x 2 flops per FMA; the sums are read so that no compiler drops the loops.
+  return sums[0] == 0 ? 0 : threads * iterations * 10.0 * 16.0 / s / 1e9;
 }
 
 double median(std::vector<double> v) {
@@ -221,20 +221,17 @@ int main(int argc, char** argv) {
   }
   run(model, options, 1, 16, 4);  // warm-up
   std::vector<double> prefill, one, many, ratio, gemm_ratio, gemm_gflops, peak;
-  std::vector<at::Tensor> weights;
-  double flops = 0;
-  const bool tied = model->config.tie_word_embeddings;
+  std::vector<DecodeGemm> gemms;
+  double flops = 0;  // per row
   if (roof) {
     c10::InferenceMode inference;
-    weights = decode_weights(model->config);
-    for (const auto& [in, out] : decode_gemms(model->config)) {
-      flops += 2.0 * static_cast<double>(in * out);
-    }
+    gemms = decode_weights(model->config);
+    for (const DecodeGemm& g : gemms) flops += 2.0 * static_cast<double>(g.w.numel());
   }
   for (int64_t r = 0; r < rounds; ++r) {
     if (roof) {
       c10::InferenceMode inference;
-      const double t1 = gemm_seconds(weights, tied, 1), tn = gemm_seconds(weights, tied, streams);
+      const double t1 = gemm_seconds(gemms, 1), tn = gemm_seconds(gemms, streams);
       gemm_ratio.push_back(static_cast<double>(streams) * t1 / tn);
       gemm_gflops.push_back(flops * static_cast<double>(streams) / tn / 1e9);
       peak.push_back(fma_peak_gflops(at::get_num_threads()));

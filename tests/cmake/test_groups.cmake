@@ -5,7 +5,7 @@
 # per case spent most of the suite's time starting processes. A failing group prints the failing
 # case's full gtest name; run one case alone with its filter, e.g.
 #   te_nn_tests --gtest_filter='Matrix/Equivalence.*/MhaGqaRope_DP2xTP2_TeTable_BF16'.
-# A group whose every case skipped exits 77 (tests/support/gtest_main.cpp), which CTest reports
+# A group whose every case skipped exits 77 (tests/gtest_main.cpp), which CTest reports
 # as skipped; a group where some ran passes, and its output counts the skipped ones.
 #
 # Run by CMake in script mode after the executable links (te_gtest_groups in
