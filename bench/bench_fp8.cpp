@@ -1,6 +1,7 @@
 // CPU FP8: quantize throughput as a fraction of memcpy bandwidth on the same buffer (goal >= 0.5;
 // bytes are the fp32 input's), and the reference FP8 GEMM against LibTorch's fp32 GEMM.
-// Cast-transpose (both layouts in one cast) against memcpy too.
+// Cast-transpose (both layouts in one cast) against memcpy too. Float8BlockScaling's casts
+// against memcpy (goal >= 0.5) and its reference GEMM against fp32 at 2048^3 (goal <= 1.3).
 // Run: build/bench/bench_fp8   (counters: fraction_of_memcpy, ratio_vs_fp32)
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -132,12 +133,56 @@ void BM_GemmFp8Reference(benchmark::State& state) {
   state.counters["fp8_GFLOP/s"] = 2.0 * n * n * n / fp8 / 1e9;
 }
 
+// A block-scaled cast (Float8BlockScaling's, te::fp8::quantize_blocks) of a 4096^2 fp32 matrix
+// against one memcpy of it: each block's amax, its scale, the codes.
+void BM_QuantizeBlocks(benchmark::State& state, te::fp8::ScalingMode mode) {
+  const int64_t n = state.range(0);
+  const auto values = data(n * n);
+  const at::Tensor x = at::from_blob(const_cast<float*>(values.data()), {n, n}).clone();
+  const double copy = memcpy_seconds(values);
+  double best = 1e9;
+  for (auto _ : state) {
+    best = std::min(best, best_seconds(
+                              [&] {
+                                auto q = te::fp8::quantize_blocks(x, mode, te::fp8::DType::kE4M3,
+                                                                  true, 0.0f);
+                                benchmark::DoNotOptimize(q.data.data_ptr());
+                              },
+                              1));
+  }
+  state.SetBytesProcessed(state.iterations() * n * n * 4);
+  state.counters["fraction_of_memcpy"] = copy / best;
+}
+
+// The CPU reference block-scaled GEMM (a 1x128 blocks, b_t 128x128 tiles: a forward GEMM of
+// Float8BlockScaling) against LibTorch's fp32 at::mm, alternated as above.
+void BM_GemmBlockScaled(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  const at::Tensor a = randn(n, n, 1), b = randn(n, n, 2);
+  const auto qa = te::fp8::quantize_blocks(a, te::fp8::ScalingMode::kBlock1x128,
+                                           te::fp8::DType::kE4M3, true, 0.0f);
+  const auto qb = te::fp8::quantize_blocks(b.t(), te::fp8::ScalingMode::kBlock128x128,
+                                           te::fp8::DType::kE4M3, true, 0.0f);
+  double fp8 = 1e9, fp32 = 1e9;
+  for (auto _ : state) {
+    fp32 = std::min(fp32, best_seconds([&] { benchmark::DoNotOptimize(at::mm(a, b)); }, 1));
+    fp8 =
+        std::min(fp8, best_seconds([&] { benchmark::DoNotOptimize(te::fp8::gemm_nt(qa, qb)); }, 1));
+  }
+  state.counters["fp8_ms"] = fp8 * 1e3;
+  state.counters["fp32_ms"] = fp32 * 1e3;
+  state.counters["ratio_vs_fp32"] = fp8 / fp32;
+}
+
 BENCHMARK(BM_Memcpy)->Arg(1 << 24);
 BENCHMARK_CAPTURE(BM_Quantize, e4m3, te::fp8::DType::kE4M3)->Arg(1 << 24);
 BENCHMARK_CAPTURE(BM_Quantize, e5m2, te::fp8::DType::kE5M2)->Arg(1 << 24);
 BENCHMARK(BM_CastTranspose)->Arg(4096);
 BENCHMARK(BM_Dequantize)->Arg(1 << 24);
 BENCHMARK(BM_GemmFp8Reference)->Arg(1024)->Arg(2048)->Unit(benchmark::kMillisecond)->Iterations(8);
+BENCHMARK_CAPTURE(BM_QuantizeBlocks, 1x128, te::fp8::ScalingMode::kBlock1x128)->Arg(4096);
+BENCHMARK_CAPTURE(BM_QuantizeBlocks, 128x128, te::fp8::ScalingMode::kBlock128x128)->Arg(4096);
+BENCHMARK(BM_GemmBlockScaled)->Arg(256)->Arg(2048)->Unit(benchmark::kMillisecond)->Iterations(8);
 
 }  // namespace
 

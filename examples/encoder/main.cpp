@@ -416,10 +416,15 @@ class Trainer {
   std::optional<te::DeviceMesh> mesh_;
 };
 
+std::vector<std::string> fp8_choices() {
+  std::vector<std::string> out{"none"};
+  for (const std::string& name : te::fp8::recipe_names()) out.push_back(name);
+  return out;
+}
+
 std::optional<te::fp8::Recipe> recipe_of(const std::string& name) {
-  if (name == "delayed") return te::fp8::DelayedScaling{};
-  if (name == "current") return te::fp8::CurrentScaling{};
-  return std::nullopt;
+  if (name == "none") return std::nullopt;
+  return te::fp8::recipe_named(name);
 }
 
 std::vector<std::string> activations_of(const std::string& text, bool tensor_parallel) {
@@ -817,8 +822,9 @@ int main(int argc, char** argv) {
                  "Dropout after the MLP's first GEMM (TE since 7a5859834: 0; before it: 0.1)")
       ->check(CLI::Range(0.0, 0.999));
   app.add_option("--fp8", args.fp8,
-                 "FP8 GEMMs: none, delayed (DelayedScaling, HYBRID) or current (CurrentScaling)")
-      ->check(CLI::IsMember({"none", "delayed", "current"}));
+                 "FP8 GEMMs: none, delayed (DelayedScaling, HYBRID), current (CurrentScaling) "
+                 "or block (Float8BlockScaling: 1x128 / 128x128 blocks, E4M3)")
+      ->check(CLI::IsMember(fp8_choices()));
   app.add_option("--mesh", args.mesh,
                  "Device mesh, e.g. data=2,model=2 (its size must equal the number of ranks; "
                  "default with several ranks: data=N)");

@@ -206,6 +206,59 @@ TEST(Fp8Parallel, CurrentScalingCastsWithTheWholeTensorsAmaxOnEveryLayout) {
   set_warning_handler(nullptr);
 }
 
+// Float8BlockScaling keeps no state and reduces nothing: each rank scales its own blocks, which
+// are one process's where every shard boundary falls on a block boundary (here 128 tokens per
+// data-parallel rank, and 256 hidden and 512 MLP features, whose halves are whole tiles under
+// TP). DP2 and TP2 then equal one process, forward and input gradient. (FP32 scales: with
+// power-of-two ones a block cut elsewhere would mostly land on the same scale and go unseen.)
+TEST(Fp8Parallel, BlockScalingEqualsOneProcessWhereShardsFallOnBlocks) {
+  const fp8::Float8BlockScaling recipe{fp8::Format::kHybrid, /*power_2_scales=*/false, 0.0f};
+  const std::vector<int64_t> shape = {2, 128, 256};
+  auto build = [] {
+    manual_seed(37);
+    return LayerNormMLP(
+        LayerNormMLPOptions(256, 512).activations({"gelu"}).intermediate_dropout_rate(0));
+  };
+  const at::Tensor x0 = test::seeded_integers(shape, 71).to(at::kFloat) / 7.0;
+  const at::Tensor wy = test::seeded_integers(shape, 72).to(at::kFloat) / 50.0;
+  at::Tensor want, want_grad;
+  {
+    LayerNormMLP mlp = build();
+    Fp8Autocast fp8(true, recipe);
+    const at::Tensor x = x0.clone().requires_grad_(true);
+    want = mlp(x);
+    (want * wy).sum().backward();
+    want = want.detach();
+    want_grad = x.grad();
+  }
+  set_warning_handler([](std::string_view) {});
+  for (const char* spec : {"dp=data", "tp=data"}) {
+    run_local_ranks(2, [&](int rank) {
+      DeviceMesh mesh({2}, {"data"});
+      MeshScope mesh_scope(mesh);
+      const MeshResource resource = parse_mesh_resource(spec);
+      LayerNormMLP built = [&] {
+        MeshResourceScope scope(resource);
+        return build();
+      }();
+      Fp8Autocast fp8(true, recipe, resource);
+      const auto placements =
+          placements_for(*resolve_logical_axes({"batch", "seqlen", "hidden"}), mesh);
+      at::Tensor x_local = piece_of(x0, mesh, placements, rank).requires_grad_(true);
+      const DTensor y = built(DTensor::from_local(x_local, mesh, placements, shape));
+      const at::Tensor y_full = y.full_tensor();
+      EXPECT_TRUE(at::allclose(y_full, want, 1e-5, 1e-5))
+          << spec << " rank " << rank << " max err " << (y_full - want).abs().max().item<double>();
+      (y_full * wy).sum().backward();
+      const at::Tensor g = piece_of(want_grad, mesh, placements, rank);
+      EXPECT_TRUE(at::allclose(x_local.grad(), g, 1e-5, 1e-5))
+          << spec << " rank " << rank << " max err "
+          << (x_local.grad() - g).abs().max().item<double>();
+    });
+  }
+  set_warning_handler(nullptr);
+}
+
 TEST(Fp8Parallel, ThePipelineAxisIsLeftOutOfTheAmaxReduction) {
   // Two pipeline rows see different data: each keeps its own scales, agreed within its row.
   std::vector<float> scales(4);

@@ -127,9 +127,9 @@ TEST(Fp8Recipe, UpdateMatchesComputeScaleOnRandomHistories) {
 }
 
 TEST(Fp8Recipe, BadRecipesAreRefusedByName) {
-  auto message = [](const Recipe& r) {
+  auto message = [](const auto& r) {
     try {
-      validate_recipe(r);
+      const Recipe recipe(r);
     } catch (const te::Error& e) {
       return std::string(e.what());
     }
@@ -164,7 +164,7 @@ TEST(Fp8Autocast, IsThreadLocalNestsAndOpensTheMeshResource) {
     resource.tp = "model";
     Fp8Autocast outer(true, CurrentScaling{}, resource);
     EXPECT_TRUE(fp8_enabled());
-    EXPECT_TRUE(std::holds_alternative<CurrentScaling>(*fp8_recipe()));
+    EXPECT_TRUE(fp8_recipe()->is<CurrentScaling>());
     ASSERT_TRUE(current_mesh_resource().has_value());
     EXPECT_EQ(*current_mesh_resource()->tp, "model");
     // extend_logical_axis_rules works inside: the resource is in scope.

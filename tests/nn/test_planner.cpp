@@ -50,10 +50,11 @@ std::vector<Layout> layouts() {
   std::vector<Layout> all = {{"One", {}, {}, ""}};
   for (const test::MatrixLayout& m : test::matrix_layouts()) all.push_back(from_matrix(m.name));
   all.push_back(from_matrix("TP2SP", at::kBFloat16, std::nullopt, "_BF16"));
-  all.push_back(from_matrix("DP2xTP2", at::kFloat, fp8::Recipe{fp8::DelayedScaling{}},
-                            "_Fp8Delayed"));
-  all.push_back(from_matrix("TP2", at::kFloat, fp8::Recipe{fp8::CurrentScaling{}},
-                            "_Fp8Current"));
+  all.push_back(
+      from_matrix("DP2xTP2", at::kFloat, fp8::Recipe{fp8::DelayedScaling{}}, "_Fp8Delayed"));
+  all.push_back(from_matrix("TP2", at::kFloat, fp8::Recipe{fp8::CurrentScaling{}}, "_Fp8Current"));
+  all.push_back(
+      from_matrix("DP2xTP2", at::kFloat, fp8::Recipe{fp8::Float8BlockScaling{}}, "_Fp8Block"));
   for (const char* name : {"TP2", "DP2xTP2"}) {
     all.push_back(from_matrix(name, at::kFloat, std::nullopt, "_Llama"));
     all.back().llama = true;
@@ -114,10 +115,9 @@ Measured measure(const Layout& l, const PlanOptions& o) {
       std::optional<Fp8Autocast> autocast;
       if (o.fp8()) autocast.emplace(true, *o.fp8());
       if (mesh) {
-        const LogicalAxes axes = {"batch", l.sequence_parallel ? "seqlen_tp" : "seqlen",
-                                  "hidden"};
-        DTensor x = DTensor::distribute(global, *mesh,
-                                        placements_for(*resolve_logical_axes(axes), *mesh));
+        const LogicalAxes axes = {"batch", l.sequence_parallel ? "seqlen_tp" : "seqlen", "hidden"};
+        DTensor x =
+            DTensor::distribute(global, *mesh, placements_for(*resolve_logical_axes(axes), *mesh));
         for (TransformerLayer& layer : layers) x = layer(x);
         out = x.to_local();
       } else {
@@ -238,13 +238,13 @@ TEST(Planner, RefusesOptionsItCannotPlanNamingThem) {
   const TransformerLayerOptions layer(64, 128, 4);
   EXPECT_ERROR(plan(PlanOptions(layer, 0, 4, 8)), "layers must be at least 1");
   EXPECT_ERROR(plan(PlanOptions(layer, 1, 4, 8).mesh_shape({2}).mesh_axes({})),
-                  "1 mesh dims but 0 axis names");
+               "1 mesh dims but 0 axis names");
   EXPECT_ERROR(plan(PlanOptions(layer, 1, 4, 8).optimizer("lion")),
-                  "optimizer 'lion' is not adam or sgd");
+               "optimizer 'lion' is not adam or sgd");
   EXPECT_ERROR(plan(PlanOptions(layer, 1, 4, 8).mesh_shape({2}).mesh_axes({"data"}).rank(2)),
-                  "rank 2 is not one of the mesh's 2 ranks");
+               "rank 2 is not one of the mesh's 2 ranks");
   EXPECT_ERROR(plan(PlanOptions(layer, 1, 4, 8).dtype(at::kDouble)),
-                  "dtype Double is not float32, bfloat16 or float16");
+               "dtype Double is not float32, bfloat16 or float16");
   // What a real build refuses, the plan refuses the same way: 4 heads over 8 ranks.
   MeshResourceScope resource(parse_mesh_resource("tp=tp"));
   set_warning_handler([](std::string_view) {});

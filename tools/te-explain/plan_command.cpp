@@ -39,9 +39,9 @@ void add_plan_options(CLI::App& app, PlanArgs& a) {
   app.add_flag("--plan", a.plan,
                "plan a training step: per-rank memory and collectives of a TransformerLayer "
                "stack on --mesh under --rules/--mesh-resource, without running it");
-  app.add_option("--model", a.model,
-                 "--plan: a preset shape (" + preset_names() +
-                     "); --layers/--hidden/... override its fields");
+  app.add_option(
+      "--model", a.model,
+      "--plan: a preset shape (" + preset_names() + "); --layers/--hidden/... override its fields");
   app.add_option("--layers", a.layers, "--plan: TransformerLayers in the stack");
   app.add_option("--hidden", a.hidden, "--plan: hidden size");
   app.add_option("--ffn", a.ffn, "--plan: MLP hidden size");
@@ -54,8 +54,8 @@ void add_plan_options(CLI::App& app, PlanArgs& a) {
   app.add_option("--mesh", a.mesh, "--plan: the mesh, e.g. data=64,model=16 (default: one rank)");
   app.add_option("--dtype", a.dtype, "--plan: fp32, bf16 (default) or fp16")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
-  app.add_option("--fp8", a.fp8, "--plan: FP8 GEMMs with recipe delayed or current")
-      ->check(CLI::IsMember({"delayed", "current"}));
+  app.add_option("--fp8", a.fp8, "--plan: FP8 GEMMs with recipe delayed, current or block")
+      ->check(CLI::IsMember(te::fp8::recipe_names()));
   app.add_option("--optimizer", a.optimizer, "--plan: adam (default) or sgd")
       ->check(CLI::IsMember({"adam", "sgd"}));
   app.add_flag("--sequence-parallel", a.sequence_parallel,
@@ -108,8 +108,7 @@ int run_plan(const PlanArgs& a, const LayoutScopes& layout) {
   options.dtype(args.dtype == "fp32"   ? at::kFloat
                 : args.dtype == "fp16" ? at::kHalf
                                        : at::kBFloat16);
-  if (args.fp8 == "delayed") options.fp8(te::fp8::Recipe{te::fp8::DelayedScaling{}});
-  if (args.fp8 == "current") options.fp8(te::fp8::Recipe{te::fp8::CurrentScaling{}});
+  if (!args.fp8.empty()) options.fp8(te::fp8::recipe_named(args.fp8));
   options.optimizer(args.optimizer).rank(args.rank);
 
   TE_CHECK(args.mesh.empty() || layout.resource || layout.rules_scope,

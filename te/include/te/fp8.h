@@ -18,12 +18,12 @@
 #include <optional>
 #include <string>
 #include <utility>
-#include <variant>
 #include <vector>
 
 #include "te/compat.h"
 #include "te/distributed/mesh.h"
 #include "te/error.h"
+#include "te/fp8/recipe.h"
 #include "te/kernels/fp8_cast.h"
 #include "te/sharding/context.h"
 
@@ -32,39 +32,6 @@ class Module;
 }
 
 namespace te::fp8 {
-
-/// E4M3 everywhere, or HYBRID: E4M3 forward (activations, weights), E5M2 gradients.
-enum class Format { kE4M3, kHybrid };
-
-DType forward_dtype(Format format);
-DType backward_dtype(Format format);
-
-/// Scales from a history of amaxes (docs/ARCHITECTURE.md §5). Per update: the new amax is in
-/// history[0]; amax = max(history) ("max") or history[0] ("most_recent");
-/// scale = (fp8_max / amax) / 2^margin, keeping the old scale when amax <= 0 or is not finite;
-/// then the history rolls by -1 and history[0] is zeroed for the next step's amax.
-struct DelayedScaling {
-  int margin = 0;
-  Format fp8_format = Format::kHybrid;
-  int amax_history_len = 1024;
-  std::string amax_compute_algo = "max";
-};
-
-/// Scales from each tensor's own amax, computed as it is cast (scale = fp8_max / amax; 1 when
-/// amax <= 0 or not finite). Under a mesh each cast's amax is reduced (MAX) over every mesh axis
-/// but pp, so a rank holding a piece casts with the whole tensor's amax, as one process would
-/// (one small all-reduce per cast).
-struct CurrentScaling {
-  Format fp8_format = Format::kHybrid;
-};
-
-using Recipe = std::variant<DelayedScaling, CurrentScaling>;
-
-/// Throws te::Error naming the field: amax_history_len < 1, margin < 0, an unknown algorithm.
-void validate_recipe(const Recipe& recipe);
-/// "DelayedScaling(margin=0, format=HYBRID, amax_history_len=1024, amax_compute_algo=max)".
-std::string to_string(const Recipe& recipe);
-Format format_of(const Recipe& recipe);
 
 /// The scale for `amax`: (fp8_max / amax) / 2^margin, or `old_scale` when amax <= 0, amax is not
 /// finite, or the quotient is not finite (amax below fp8_max / FLT_MAX).
@@ -77,16 +44,41 @@ void update_scales(const at::Tensor& amax_history, const at::Tensor& scale,
 
 // ---- tensors ----------------------------------------------------------------------------------
 
-/// FP8 data: codes (uint8, the shape of the value) and scale_inv (fp32, one element): the value
-/// of code c is cast_from_fp8(c) * scale_inv.
+/// How a quantized tensor's scale_inv maps onto its codes [rows, cols] (a 2-D tensor's; per
+/// tensor mode takes any shape): one scale for the whole tensor (scale_inv [1]), one per 1x128
+/// block along each row (scale_inv [rows, ceil(cols / 128)]), or one per 128x128 tile
+/// (scale_inv [ceil(rows / 128), ceil(cols / 128)]). Blocks at a ragged edge are shorter.
+enum class ScalingMode { kTensor, kBlock1x128, kBlock128x128 };
+
+/// "tensor", "1x128", "128x128".
+const char* to_string(ScalingMode mode);
+
+/// FP8 data: codes (uint8, the shape of the value), scale_inv (fp32, shaped per `scaling`) and
+/// the element type: the value of code c is cast_from_fp8(c) * (the scale_inv of its block).
+/// A GEMM operand's blocks run along its last dim, the one the GEMM contracts.
 struct Fp8Tensor {
   at::Tensor data;
   at::Tensor scale_inv;
   DType dtype = DType::kE4M3;
+  ScalingMode scaling = ScalingMode::kTensor;
 
   /// The fp32 values.
   at::Tensor dequantize() const;
 };
+
+/// scale_from_amax (te/fp8/recipe.h) elementwise over a tensor of fp32 amaxes, on its device:
+/// the one rule current scaling and block scaling take their scales by.
+at::Tensor scales_from_amax(const at::Tensor& amax, float fp8_max, bool power_2, float epsilon);
+
+/// A 2-D x cast in blocks (ScalingMode kBlock1x128 or kBlock128x128): each block's scale is
+/// scales_from_amax of its own amax, its codes RNE-saturating casts of x * scale, and
+/// scale_inv = 1 / scale, as TE's quantize_transpose_{vector,square}_blockwise kernels do.
+/// CPU tensors (the reference).
+Fp8Tensor quantize_blocks(const at::Tensor& x, ScalingMode scaling, DType dtype, bool power_2,
+                          float epsilon);
+/// The same 128x128-tile codes of x^T: the codes and the tile scales transposed (a square tile's
+/// transpose is a tile of x^T with the same amax), so a weight cast once serves both GEMMs.
+Fp8Tensor transpose_tiles(const Fp8Tensor& t);
 
 /// Casts x * scale (RNE, saturating) to `dtype`; `scale` is an fp32 one-element tensor. When
 /// `amax` (fp32, one element) is given, max |x| is folded into it (amax = max(amax, |x|)).
@@ -118,6 +110,10 @@ at::Tensor amax(const at::Tensor& x);
 at::Tensor gemm(const Fp8Tensor& a, const Fp8Tensor& b, bool fast_accumulation = false);
 /// The same GEMM with b given transposed, b_t [N, K]: the layout FP8 tensor cores take, so a
 /// caller that holds it (cast_transpose's second tensor) spares the transpose.
+/// Block-scaled operands (both blocked along K: a 1x128 or 128x128, b_t the other or 1x128)
+/// multiply here only: CPU, each dequantized to fp32 (exact for power-of-two scales, one fp32
+/// rounding per element otherwise) and an fp32 GEMM; CUDA: te::Error until the cuBLASLt
+/// block-scaled path lands.
 at::Tensor gemm_nt(const Fp8Tensor& a, const Fp8Tensor& b_t, bool fast_accumulation = false);
 
 #if TE_HAS_FLOAT8

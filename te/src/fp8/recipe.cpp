@@ -1,12 +1,18 @@
-// FP8 formats and the scaling recipes' arithmetic (docs/ARCHITECTURE.md §5).
+// The recipe handle, the registry of recipe names, and the scale rule current and block scaling
+// share (docs/ARCHITECTURE.md §5). Each recipe's behaviour is in its own file (delayed.cpp,
+// current.cpp, block.cpp).
 
 #include <ATen/ATen.h>
 
+#include <cfloat>
 #include <cmath>
+#include <cstring>
+#include <functional>
+#include <limits>
 #include <sstream>
 
+#include "recipe_impl.h"
 #include "te/error.h"
-#include "te/fp8.h"
 
 namespace te::fp8 {
 
@@ -15,63 +21,76 @@ DType backward_dtype(Format format) {
   return format == Format::kHybrid ? DType::kE5M2 : DType::kE4M3;
 }
 
-Format format_of(const Recipe& recipe) {
-  return std::visit([](const auto& r) { return r.fp8_format; }, recipe);
+std::string Recipe::name() const { return impl_->name(); }
+Format Recipe::format() const { return impl_->format(); }
+std::string Recipe::to_string() const { return impl_->to_string(); }
+
+namespace {
+
+// The registration: a recipe's name and its default settings.
+struct Registered {
+  const char* name;
+  std::function<Recipe()> make;
+};
+
+const std::vector<Registered>& registry() {
+  static const std::vector<Registered> all{
+      {"delayed", [] { return Recipe(DelayedScaling{}); }},
+      {"current", [] { return Recipe(CurrentScaling{}); }},
+      {"block", [] { return Recipe(Float8BlockScaling{}); }},
+  };
+  return all;
 }
 
-void validate_recipe(const Recipe& recipe) {
-  if (const auto* d = std::get_if<DelayedScaling>(&recipe)) {
-    TE_CHECK(d->amax_history_len >= 1, "DelayedScaling: amax_history_len is ", d->amax_history_len,
-             "; it needs at least 1 (TE's default is 1024)");
-    TE_CHECK(d->margin >= 0, "DelayedScaling: margin is ", d->margin,
-             "; it is a non-negative power-of-two backoff (0 by default)");
-    TE_CHECK(d->amax_compute_algo == "max" || d->amax_compute_algo == "most_recent",
-             "DelayedScaling: amax_compute_algo '", d->amax_compute_algo,
-             "' is not 'max' or 'most_recent'");
+}  // namespace
+
+std::vector<std::string> recipe_names() {
+  std::vector<std::string> out;
+  for (const Registered& r : registry()) out.emplace_back(r.name);
+  return out;
+}
+
+Recipe recipe_named(const std::string& name) {
+  std::ostringstream names;
+  for (const Registered& r : registry()) {
+    if (name == r.name) return r.make();
+    names << (names.tellp() > 0 ? ", " : "") << r.name;
   }
+  TE_FAIL("FP8 recipe '", name, "' is not one of: ", names.str());
 }
 
-std::string to_string(const Recipe& recipe) {
-  std::ostringstream os;
-  const char* format = format_of(recipe) == Format::kHybrid ? "HYBRID" : "E4M3";
-  if (const auto* d = std::get_if<DelayedScaling>(&recipe)) {
-    os << "DelayedScaling(margin=" << d->margin << ", format=" << format
-       << ", amax_history_len=" << d->amax_history_len
-       << ", amax_compute_algo=" << d->amax_compute_algo << ")";
-  } else {
-    os << "CurrentScaling(format=" << format << ")";
+float scale_from_amax(float amax, float fp8_max, bool power_2, float epsilon) {
+  if (amax < epsilon) amax = epsilon;  // NaN stays NaN
+  if (std::isinf(amax) || amax == 0.0f || std::isnan(amax)) return 1.0f;
+  float scale = fp8_max / amax;
+  if (std::isinf(scale)) scale = FLT_MAX;
+  if (power_2) {
+    uint32_t bits = 0;
+    std::memcpy(&bits, &scale, sizeof bits);
+    bits &= 0xFF800000u;  // sign and exponent: rounds down to a power of two
+    std::memcpy(&scale, &bits, sizeof bits);
   }
-  return os.str();
+  return scale;
 }
 
-float compute_scale(float amax, float old_scale, float fp8_max, int margin) {
-  if (!(amax > 0.0f) || !std::isfinite(amax)) return old_scale;
-  const float scale = (fp8_max / amax) / std::ldexp(1.0f, margin);
-  return std::isfinite(scale) ? scale : old_scale;
-}
-
-void update_scales(const at::Tensor& amax_history, const at::Tensor& scale,
-                   const at::Tensor& scale_inv, const DelayedScaling& recipe, DType dtype) {
-  TE_CHECK(amax_history.dim() == 2 && scale.dim() == 1 && scale_inv.dim() == 1 &&
-               amax_history.size(1) == scale.size(0) && scale.size(0) == scale_inv.size(0),
-           "update_scales: amax_history ", amax_history.sizes(), ", scale ", scale.sizes(),
-           " and scale_inv ", scale_inv.sizes(), " must be [L, n], [n] and [n]");
-  TE_CHECK(amax_history.scalar_type() == at::kFloat && scale.scalar_type() == at::kFloat &&
-               scale_inv.scalar_type() == at::kFloat,
-           "update_scales: the FP8 state must be fp32");
+at::Tensor scales_from_amax(const at::Tensor& amax_in, float fp8_max, bool power_2, float epsilon) {
+  TE_CHECK(amax_in.scalar_type() == at::kFloat, "fp8::scales_from_amax: the amaxes are ",
+           amax_in.scalar_type(), "; give fp32");
   at::NoGradGuard no_grad;
-  const at::Tensor amax = recipe.amax_compute_algo == "most_recent"
-                              ? amax_history[0]
-                              : std::get<0>(amax_history.max(0));
-  // The same fp32 operations as compute_scale, elementwise.
-  const at::Tensor quotient =
-      at::div(at::full_like(amax, max_finite(dtype)), amax) / std::ldexp(1.0, recipe.margin);
-  const at::Tensor keep = (amax > 0) & at::isfinite(amax) & at::isfinite(quotient);
-  const at::Tensor next = at::where(keep, quotient, scale);
-  scale.copy_(next);
-  scale_inv.copy_(at::reciprocal(next));
-  amax_history.copy_(at::roll(amax_history, {-1}, {0}));
-  amax_history[0].zero_();
+  // scale_from_amax's fp32 operations, elementwise on the amaxes' device.
+  const at::Tensor amax =
+      epsilon > 0.0f ? at::where(amax_in < epsilon, at::full_like(amax_in, epsilon), amax_in)
+                     : amax_in;
+  at::Tensor scale = at::div(at::full_like(amax, fp8_max), amax);
+  // Comparisons only (no isnan/isinf): they run on meta tensors too (the planner's dry run).
+  const float inf = std::numeric_limits<float>::infinity();
+  scale = at::where(scale == inf, at::full_like(scale, FLT_MAX), scale);
+  if (power_2) {
+    scale = at::bitwise_and(scale.contiguous().view(at::kInt), static_cast<int32_t>(0xFF800000u))
+                .view(at::kFloat);
+  }
+  const at::Tensor unit = (amax.abs() == inf) | (amax == 0) | (amax != amax);
+  return at::where(unit, at::ones_like(scale), scale);
 }
 
 }  // namespace te::fp8

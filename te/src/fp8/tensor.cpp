@@ -2,11 +2,13 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <algorithm>
 #include <cmath>
 #include <mutex>
 
+#include "recipe_impl.h"
 #include "te/error.h"
 #include "te/fp8.h"
 
@@ -90,9 +92,22 @@ at::Tensor decode_into(const Fp8Tensor& t, at::Tensor& scratch) {
 
 }  // namespace
 
+const char* to_string(ScalingMode mode) {
+  switch (mode) {
+    case ScalingMode::kTensor:
+      return "tensor";
+    case ScalingMode::kBlock1x128:
+      return "1x128";
+    case ScalingMode::kBlock128x128:
+      return "128x128";
+  }
+  return "?";
+}
+
 at::Tensor Fp8Tensor::dequantize() const {
   TE_CHECK(data.defined() && data.scalar_type() == at::kByte,
            "Fp8Tensor::dequantize: the codes must be a uint8 tensor");
+  if (scaling != ScalingMode::kTensor) return dequantize_blocks(*this);
   const at::Tensor codes = data.contiguous();
   check_scale(scale_inv, "Fp8Tensor::dequantize: scale_inv", codes);
   at::Tensor out = at::empty(codes.sizes(), codes.options().dtype(at::kFloat));
@@ -220,6 +235,29 @@ std::pair<Fp8Tensor, Fp8Tensor> cast_transpose(const at::Tensor& x, const at::Te
 
 namespace {
 
+// Block-scaled operands, both blocked along K (TE multiplies 1D by 1D and 1D by 2D blocks, never
+// 2D by 2D: Float8BlockScaling's __post_init__). The CPU reference: each operand's fp32 values
+// (exact for power-of-two scales), an fp32 GEMM (whatever CPU autocast says, as below).
+at::Tensor block_gemm_nt(const Fp8Tensor& a, const Fp8Tensor& b_t, bool b_is_transposed) {
+  TE_CHECK(b_is_transposed, "fp8::gemm: block-scaled operands (", to_string(a.scaling), " x ",
+           to_string(b_t.scaling),
+           ") multiply as a [M, K] by b_t [N, K], both blocked along K; "
+           "call gemm_nt");
+  TE_CHECK(a.scaling != ScalingMode::kTensor && b_t.scaling != ScalingMode::kTensor,
+           "fp8::gemm: a is scaled per ", to_string(a.scaling), " and b_t per ",
+           to_string(b_t.scaling), "; a per-tensor operand does not multiply a block-scaled one");
+  TE_CHECK(!(a.scaling == ScalingMode::kBlock128x128 && b_t.scaling == ScalingMode::kBlock128x128),
+           "fp8::gemm: both operands in 128x128 tiles; block scaling multiplies 1x128 by 1x128 or "
+           "by 128x128 (as TE)");
+  if (a.data.is_cuda()) {
+    TE_FAIL(
+        "fp8::gemm: block-scaled GEMMs on CUDA (cuBLASLt VEC128/BLK128x128 scales) are not "
+        "built yet; dequantize, or run DelayedScaling / CurrentScaling on the GPU");
+  }
+  const c10::impl::ExcludeDispatchKeyGuard fp32(c10::DispatchKey::AutocastCPU);
+  return at::mm(a.dequantize(), b_t.dequantize().t());
+}
+
 // a [M, K] times b, given as b [K, N] or (transposed) as b_t [N, K], the layout FP8 tensor
 // cores take: a caller holding both layouts (cast_transpose) passes b_t, and nothing is
 // transposed on the way.
@@ -236,6 +274,9 @@ at::Tensor gemm_of(const Fp8Tensor& a, const Fp8Tensor& b, bool b_is_transposed,
            "to E4M3 (HYBRID keeps forward tensors in E4M3)");
   TE_CHECK(a.data.device() == b.data.device(), "fp8::gemm: a is on ", a.data.device(), " and b on ",
            b.data.device());
+  if (a.scaling != ScalingMode::kTensor || b.scaling != ScalingMode::kTensor) {
+    return block_gemm_nt(a, b, b_is_transposed);
+  }
   // The CUDA GEMM reads both scales on the device; a host pointer there would be undefined.
   check_scale(a.scale_inv, "gemm: a.scale_inv", a.data);
   check_scale(b.scale_inv, "gemm: b.scale_inv", b.data);
@@ -263,6 +304,10 @@ at::Tensor gemm_of(const Fp8Tensor& a, const Fp8Tensor& b, bool b_is_transposed,
   // accumulation is a tensor-core mode with nothing to choose here), then the product of the two
   // scales on the output. The decoded operands go to this thread's scratch buffers, which only
   // grow: fresh pages cost more than the decode on a VM.
+  // In fp32 whatever CPU autocast says: bf16 would change the sums (and LibTorch's CPU bf16 GEMM
+  // is a scalar loop accumulating in bf16 without AVX-512: a bf16 encoder step in FP8 ran 10x
+  // slower here).
+  const c10::impl::ExcludeDispatchKeyGuard fp32(c10::DispatchKey::AutocastCPU);
   thread_local at::Tensor scratch_a, scratch_b;
   const at::Tensor bd = decode_into(b, scratch_b);
   at::Tensor d = at::mm(decode_into(a, scratch_a), b_is_transposed ? bd.t() : bd);

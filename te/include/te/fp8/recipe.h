@@ -1,0 +1,119 @@
+#pragma once
+
+// FP8 scaling recipes (docs/ARCHITECTURE.md §5): what a user picks for an Fp8Autocast region.
+//
+//   te::Fp8Autocast fp8(true, te::fp8::Float8BlockScaling{});
+//   te::Fp8Autocast fp8(true, te::fp8::recipe_named("current"));   // the names te-encoder takes
+//
+// A recipe is a plain settings struct; te::fp8::Recipe holds any of them. Each recipe's
+// behaviour (how it casts a GEMM's operands, what state it keeps) lives in its own file under
+// te/src/fp8/ behind one internal interface (te/src/fp8/recipe_impl.h), registered by name in
+// te/src/fp8/recipe.cpp: adding a recipe touches its struct here, its file, that registration and
+// its tests.
+
+#include <memory>
+#include <string>
+#include <typeindex>
+#include <utility>
+#include <vector>
+
+#include "te/kernels/fp8_cast.h"
+
+namespace te::fp8 {
+
+/// E4M3 everywhere, or HYBRID: E4M3 forward (activations, weights), E5M2 gradients.
+enum class Format { kE4M3, kHybrid };
+
+DType forward_dtype(Format format);
+DType backward_dtype(Format format);
+
+/// Scales from a history of amaxes (TE's DelayedScaling). Per update: the new amax is in
+/// history[0]; amax = max(history) ("max") or history[0] ("most_recent");
+/// scale = (fp8_max / amax) / 2^margin, keeping the old scale when amax <= 0 or is not finite;
+/// then the history rolls by -1 and history[0] is zeroed for the next step's amax.
+struct DelayedScaling {
+  int margin = 0;
+  Format fp8_format = Format::kHybrid;
+  int amax_history_len = 1024;
+  std::string amax_compute_algo = "max";
+};
+
+/// Scales from each tensor's own amax, computed as it is cast (TE's Float8CurrentScaling):
+/// scale_from_amax(amax, fp8_max, use_power_2_scales, amax_epsilon). Under a mesh each cast's
+/// amax is reduced (MAX) over every mesh axis but pp, so a rank holding a piece casts with the
+/// whole tensor's amax, as one process would (one small all-reduce per cast).
+struct CurrentScaling {
+  Format fp8_format = Format::kHybrid;
+  bool use_power_2_scales = false;  ///< TE: NVTE_FP8_CURRENT_SCALING_POWER_2_SCALES, default off
+  float amax_epsilon = 0.0f;        ///< a floor for the amax (TE's QParams.amax_epsilon)
+};
+
+/// Block scaling (TE's Float8BlockScaling, DeepSeek-V3's recipe): one FP32 scale per 1x128 block
+/// of activations and gradients (along the GEMM's reduction dim; the transposed copy a backward
+/// GEMM takes is cast from the high-precision tensor with its own blocks) and per 128x128 tile of
+/// weights; scale_from_amax per block. No amax history, no amax reduction: a block's scale comes
+/// from that block alone. Blocks at a ragged edge are shorter (TE pads them with zeros, which
+/// change no amax).
+struct Float8BlockScaling {
+  Format fp8_format = Format::kE4M3;
+  bool power_2_scales = true;  ///< TE's default (NVTE_FP8_BLOCK_SCALING_FP32_SCALES=1 turns it off)
+  float amax_epsilon = 0.0f;
+};
+
+/// The internal behaviour of a recipe (te/src/fp8/recipe_impl.h).
+class RecipeImpl;
+
+// Each recipe's file defines its `implement`, which checks the settings (te::Error naming the
+// field) and builds the behaviour; found by argument-dependent lookup.
+std::shared_ptr<const RecipeImpl> implement(const DelayedScaling& recipe);
+std::shared_ptr<const RecipeImpl> implement(const CurrentScaling& recipe);
+std::shared_ptr<const RecipeImpl> implement(const Float8BlockScaling& recipe);
+
+/// Any recipe, checked when made (a bad setting throws te::Error naming it).
+class Recipe {
+ public:
+  Recipe() : Recipe(DelayedScaling{}) {}
+  template <class R, class = decltype(implement(std::declval<const R&>()))>
+  Recipe(R recipe)  // NOLINT: implicit, so every recipe struct converts
+      : settings_(std::make_shared<const R>(std::move(recipe))), type_(typeid(R)) {
+    impl_ = implement(*static_cast<const R*>(settings_.get()));
+  }
+
+  /// The settings, when this recipe is an R.
+  template <class R>
+  const R* get_if() const {
+    return type_ == std::type_index(typeid(R)) ? static_cast<const R*>(settings_.get()) : nullptr;
+  }
+  template <class R>
+  bool is() const {
+    return get_if<R>() != nullptr;
+  }
+
+  /// The name recipe_named takes: "delayed", "current", "block".
+  std::string name() const;
+  Format format() const;
+  /// "DelayedScaling(margin=0, format=HYBRID, amax_history_len=1024, amax_compute_algo=max)".
+  std::string to_string() const;
+  const RecipeImpl& impl() const { return *impl_; }  ///< internal
+
+ private:
+  std::shared_ptr<const void> settings_;
+  std::type_index type_;
+  std::shared_ptr<const RecipeImpl> impl_;
+};
+
+inline std::string to_string(const Recipe& recipe) { return recipe.to_string(); }
+
+/// The recipe a name stands for, with its default settings: te::Error listing the names for any
+/// other. The one list of names (te-encoder's and te-explain's --fp8 take them).
+Recipe recipe_named(const std::string& name);
+/// "delayed", "current", "block".
+std::vector<std::string> recipe_names();
+
+/// TE's compute_scale_from_amax (transformer_engine/common/recipe/recipe_common.cuh): amax
+/// floored at `epsilon`; 1 when the amax is 0, infinite or NaN; else fp8_max / amax in fp32,
+/// FLT_MAX where that overflows, and with `power_2` the mantissa cleared (rounding down to a
+/// power of two). The scalar rule; scales_from_amax (te/fp8.h) applies it to a tensor of amaxes.
+float scale_from_amax(float amax, float fp8_max, bool power_2, float epsilon);
+
+}  // namespace te::fp8

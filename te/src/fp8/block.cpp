@@ -1,0 +1,198 @@
+// Float8BlockScaling (TE's recipe, DeepSeek-V3's scaling): FP8 tensors scaled per 1x128 block or
+// 128x128 tile, and the recipe that casts a GEMM's operands that way.
+//
+// Definitions, from NVIDIA/TransformerEngine d0067d0da6cb01811b8072a7d304f0e00344ce2b:
+// - the recipe's settings: transformer_engine/common/recipe/__init__.py, class Float8BlockScaling
+//   (E4M3, power-of-two scales, amax_epsilon 0, x and grad 1D blocks, w 2D blocks, split
+//   accumulation in every GEMM);
+// - a block's amax: fmaxf over |x| (transpose/quantize_transpose_{vector,square}_blockwise.cu),
+//   so a NaN element is skipped by the amax and casts to NaN; its scale:
+//   compute_scale_from_types -> compute_scale_from_amax (recipe/recipe_common.cuh) with
+//   value_for_inf = the input type's max (fp32 here); codes static_cast<fp8>(x * scale), which
+//   saturates (satfinite) and rounds to nearest even; scale_inv = 1 / scale;
+// - ragged edges: zero padding (tests/pytorch/references/blockwise_quantizer_reference.py), which
+//   changes no amax, so a short block is scaled by its own elements.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "recipe_impl.h"
+#include "te/error.h"
+
+namespace te::fp8 {
+
+namespace {
+
+constexpr int64_t kBlock = 128;
+
+int64_t blocks_of(int64_t n) { return (n + kBlock - 1) / kBlock; }
+
+// amax[b] = max(amax[b], max |row[i]| over block b), NaN skipped (fmaxf's rule), for each 1x128
+// block b of a row of `cols` floats. On x86-64 GCC also an AVX2 clone, chosen at load time by
+// what the CPU has (function multiversioning); the build itself stays baseline x86-64.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+__attribute__((target_clones("arch=haswell", "default")))
+#endif
+void fold_block_amax(const float* row, int64_t cols, float* amax) {
+  for (int64_t c0 = 0, b = 0; c0 < cols; c0 += kBlock, ++b) {
+    const int64_t n = std::min(cols - c0, kBlock);
+    float m = amax[b];
+    for (int64_t i = 0; i < n; ++i) {
+      const float a = std::fabs(row[c0 + i]);
+      m = a > m ? a : m;
+    }
+    amax[b] = m;
+  }
+}
+
+void check_blocked(const at::Tensor& x, ScalingMode scaling, const char* what) {
+  TE_CHECK(scaling == ScalingMode::kBlock1x128 || scaling == ScalingMode::kBlock128x128,
+           "fp8::", what, ": scaling mode '", to_string(scaling),
+           "' is not a block mode (1x128, 128x128)");
+  TE_CHECK(x.dim() == 2, "fp8::", what, ": a ", x.sizes(),
+           " tensor; block scaling takes a 2-D tensor [rows, cols] (blocks along cols)");
+  TE_CHECK(!x.is_cuda(), "fp8::", what,
+           ": CUDA block casts are not built yet; cast on the CPU (the reference) or use "
+           "DelayedScaling / CurrentScaling on the GPU");
+}
+
+}  // namespace
+
+Fp8Tensor quantize_blocks(const at::Tensor& x_in, ScalingMode scaling, DType dtype, bool power_2,
+                          float epsilon) {
+  check_blocked(x_in, scaling, "quantize_blocks");
+  TE_CHECK(at::isFloatingType(x_in.scalar_type()), "fp8::quantize_blocks: cannot cast a ",
+           x_in.scalar_type(), " tensor to FP8; give a floating-point tensor");
+  at::NoGradGuard no_grad;
+  const at::Tensor x = x_in.detach().to(at::kFloat).contiguous();
+  const int64_t rows = x.size(0), cols = x.size(1), nb = blocks_of(cols);
+  const bool tiles = scaling == ScalingMode::kBlock128x128;
+  Fp8Tensor out;
+  out.dtype = dtype;
+  out.scaling = scaling;
+  out.data = at::empty({rows, cols}, x.options().dtype(at::kByte));
+  out.scale_inv = at::empty({tiles ? blocks_of(rows) : rows, nb}, x.options());
+  if (x.is_meta() || x.numel() == 0) {
+    if (!x.is_meta()) out.scale_inv.fill_(1.0f);
+    return out;
+  }
+  const float* in = x.data_ptr<float>();
+  uint8_t* codes = out.data.data_ptr<uint8_t>();
+  float* scale_inv = out.scale_inv.data_ptr<float>();
+  const float fp8_max = max_finite(dtype);
+  // One block row at a time: a row of 1x128 blocks, or 128 rows of 128x128 tiles.
+  const int64_t band = tiles ? kBlock : 1;
+  at::parallel_for(0, out.scale_inv.size(0), tiles ? 1 : 64, [&](int64_t begin, int64_t end) {
+    std::vector<float> amax(nb);
+    for (int64_t br = begin; br < end; ++br) {
+      const int64_t r0 = br * band, r1 = std::min(rows, r0 + band);
+      std::fill(amax.begin(), amax.end(), 0.0f);
+      for (int64_t r = r0; r < r1; ++r) fold_block_amax(in + r * cols, cols, amax.data());
+      for (int64_t b = 0; b < nb; ++b) {
+        const float scale = scale_from_amax(amax[b], fp8_max, power_2, epsilon);
+        scale_inv[br * nb + b] = 1.0f / scale;
+        const int64_t c0 = b * kBlock, n = std::min(cols, c0 + kBlock) - c0;
+        for (int64_t r = r0; r < r1; ++r) {
+          fp8::quantize(in + r * cols + c0, codes + r * cols + c0, n, scale, dtype);
+        }
+      }
+    }
+  });
+  return out;
+}
+
+Fp8Tensor transpose_tiles(const Fp8Tensor& t) {
+  TE_CHECK(t.scaling == ScalingMode::kBlock128x128, "fp8::transpose_tiles: scaling mode '",
+           to_string(t.scaling), "'; only 128x128 tiles transpose into tiles of the transpose");
+  return {t.data.t().contiguous(), t.scale_inv.t().contiguous(), t.dtype, t.scaling};
+}
+
+at::Tensor dequantize_blocks(const Fp8Tensor& t) {
+  check_blocked(t.data, t.scaling, "dequantize");
+  const at::Tensor codes = t.data.contiguous();
+  const int64_t rows = codes.size(0), cols = codes.size(1), nb = blocks_of(cols);
+  const bool tiles = t.scaling == ScalingMode::kBlock128x128;
+  const std::vector<int64_t> want{tiles ? blocks_of(rows) : rows, nb};
+  TE_CHECK(t.scale_inv.defined() && t.scale_inv.scalar_type() == at::kFloat &&
+               t.scale_inv.sizes() == at::IntArrayRef(want),
+           "fp8::dequantize: scale_inv ",
+           t.scale_inv.defined() ? t.scale_inv.sizes() : at::IntArrayRef{}, " for ", codes.sizes(),
+           " codes in ", to_string(t.scaling), " blocks; it must be fp32 ", at::IntArrayRef(want));
+  at::Tensor out = at::empty({rows, cols}, codes.options().dtype(at::kFloat));
+  if (codes.is_meta() || codes.numel() == 0) return out;
+  const at::Tensor s = t.scale_inv.contiguous();
+  const uint8_t* in = codes.data_ptr<uint8_t>();
+  const float* scale_inv = s.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  // The codes' exact values (one lookup table per chunk), then each block times its scale_inv:
+  // the same one fp32 product per element as a table of scaled values, without a table per block.
+  at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
+    fp8::dequantize(in + begin * cols, o + begin * cols, (end - begin) * cols, 1.0f, t.dtype);
+    for (int64_t r = begin; r < end; ++r) {
+      const float* row_scales = scale_inv + (tiles ? r / kBlock : r) * nb;
+      float* row = o + r * cols;
+      for (int64_t b = 0; b < nb; ++b) {
+        const float s = row_scales[b];
+        for (int64_t c = b * kBlock, e = std::min(cols, c + kBlock); c < e; ++c) row[c] *= s;
+      }
+    }
+  });
+  return out;
+}
+
+namespace {
+
+class Block final : public RecipeImpl {
+ public:
+  explicit Block(Float8BlockScaling r) : r_(r) {}
+
+  std::string name() const override { return "block"; }
+  Format format() const override { return r_.fp8_format; }
+  std::string to_string() const override {
+    std::ostringstream os;
+    os << "Float8BlockScaling(format=" << (r_.fp8_format == Format::kHybrid ? "HYBRID" : "E4M3")
+       << ", power_2_scales=" << (r_.power_2_scales ? "true" : "false")
+       << ", amax_epsilon=" << r_.amax_epsilon << ", x=1x128, w=128x128, grad=1x128)";
+    return os.str();
+  }
+
+  // Each layout cast from the high-precision tensor with its own blocks (TE: "both versions are
+  // computed from the high precision input to avoid double quantization errors"); a weight's
+  // square tiles serve both layouts.
+  ForwardCasts cast_forward(const at::Tensor& x, const at::Tensor& w, GemmCall&) const override {
+    const DType dtype = forward_dtype(r_.fp8_format);
+    Fp8Tensor w_t = cast(w.t(), ScalingMode::kBlock128x128, dtype);
+    Fp8Tensor w_tiles = transpose_tiles(w_t);
+    return {cast(x, ScalingMode::kBlock1x128, dtype), std::move(w_t),
+            cast(x.t(), ScalingMode::kBlock1x128, dtype), std::move(w_tiles)};
+  }
+
+  GradCasts cast_grad(const at::Tensor& g, GemmCall&) const override {
+    const DType dtype = backward_dtype(r_.fp8_format);
+    return {cast(g, ScalingMode::kBlock1x128, dtype), cast(g.t(), ScalingMode::kBlock1x128, dtype)};
+  }
+
+  bool fast_forward_accumulation() const override { return false; }
+
+ private:
+  Fp8Tensor cast(const at::Tensor& x, ScalingMode scaling, DType dtype) const {
+    return quantize_blocks(x, scaling, dtype, r_.power_2_scales, r_.amax_epsilon);
+  }
+
+  Float8BlockScaling r_;
+};
+
+}  // namespace
+
+std::shared_ptr<const RecipeImpl> implement(const Float8BlockScaling& r) {
+  TE_CHECK(std::isfinite(r.amax_epsilon) && r.amax_epsilon >= 0.0f,
+           "Float8BlockScaling: amax_epsilon is ", r.amax_epsilon,
+           "; it is a non-negative floor for a block's amax (0 by default)");
+  return std::make_shared<Block>(r);
+}
+
+}  // namespace te::fp8

@@ -1,0 +1,116 @@
+#pragma once
+
+// The internal interface every FP8 recipe implements, and the autocast state the recipes share
+// (docs/ARCHITECTURE.md §5). One file per recipe: delayed.cpp, current.cpp, block.cpp; the names
+// are registered in recipe.cpp.
+
+#include <ATen/Tensor.h>
+
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "te/distributed/mesh.h"
+#include "te/distributed/scopes.h"
+#include "te/fp8.h"
+
+namespace te::fp8 {
+
+struct Region;
+struct BackwardReduction;
+
+/// One FP8 GEMM y = x @ w as its recipe sees it.
+struct GemmCall {
+  std::shared_ptr<GemmMeta> meta;
+  std::optional<DeviceMesh> mesh;  ///< none: one process
+  std::vector<int64_t> dims;       ///< the mesh dims a whole tensor's amax is reduced over
+  bool record = true;              ///< records(meta) when the GEMM ran
+  Region* region = nullptr;        ///< the innermost autocast region (forward only)
+  std::shared_ptr<BackwardReduction> backward;  ///< the outermost region's (delayed scaling)
+};
+
+/// The casts one GEMM's forward makes, each blocked along the dim its GEMM contracts:
+/// x [M, K] and w_t [N, K] for y = x w; x_t [K, M] for wgrad = x^T g; w [K, N] for dgrad = g w^T.
+struct ForwardCasts {
+  Fp8Tensor x, w_t, x_t, w;
+};
+
+/// The casts of the output gradient g [M, N]: g (along N) for dgrad, g_t [N, M] (along M) for
+/// wgrad.
+struct GradCasts {
+  Fp8Tensor g, g_t;
+};
+
+/// A recipe's behaviour. Stateless itself (its settings are fixed when made); whatever it keeps
+/// between steps lives in the GEMM's GemmMeta.
+class RecipeImpl {
+ public:
+  virtual ~RecipeImpl() = default;
+  /// recipe_named's name.
+  virtual std::string name() const = 0;
+  virtual std::string to_string() const = 0;
+  virtual Format format() const = 0;
+  /// x [M, K] and w [K, N], high precision, this rank's pieces.
+  virtual ForwardCasts cast_forward(const at::Tensor& x, const at::Tensor& w,
+                                    GemmCall& call) const = 0;
+  virtual GradCasts cast_grad(const at::Tensor& g, GemmCall& call) const = 0;
+  /// Whether the forward GEMM may accumulate in the tensor cores' reduced precision (TE's
+  /// use_split_accumulator = false): per-tensor recipes yes, block recipes no.
+  virtual bool fast_forward_accumulation() const { return true; }
+  /// A calibrating region with FP8 off: record what this recipe keeps (DelayedScaling: the
+  /// amaxes). Recipes that keep nothing do nothing.
+  virtual void calibrate(const at::Tensor& /*x*/, const at::Tensor& /*w*/,
+                         GemmCall& /*call*/) const {}
+};
+
+// ---- delayed scaling's amax reduction (delayed.cpp) -------------------------------------------
+
+/// A GEMM whose amaxes wait to be reduced (MAX over `dims` of `mesh`) and turned into scales.
+struct Pending {
+  std::shared_ptr<GemmMeta> meta;
+  DelayedScaling recipe;
+  std::optional<DeviceMesh> mesh;  // none: one process
+  std::vector<int64_t> dims;
+};
+
+void add_pending(std::vector<Pending>& list, Pending p);
+/// One fused all-reduce (MAX) per (mesh, dims) over every pending GEMM's newest amax row, then
+/// each GEMM's DelayedScaling update.
+void reduce_and_update(const std::vector<Pending>& items, bool forward);
+
+/// Backward amaxes of the GEMMs of one (outermost) autocast region: reduced and applied by a
+/// callback the autograd engine runs when the backward pass ends.
+struct BackwardReduction {
+  std::mutex mu;
+  std::vector<Pending> pending;
+  bool queued = false;
+  ScopeCapture scopes;  // of the backward that queued the callback (its trace sees the reduce)
+
+  static void add(const std::shared_ptr<BackwardReduction>& self, Pending p);
+};
+
+/// One Fp8Autocast region: its switches, the region it nests in, the forward GEMMs whose amaxes
+/// its end reduces, and the backward reduction its GEMMs share.
+struct Region {
+  bool enabled = false;
+  bool calibrating = false;
+  Recipe recipe;
+  std::shared_ptr<Region> parent;
+  std::vector<Pending> forward;
+  std::shared_ptr<BackwardReduction> backward;
+};
+
+/// The FP8 state stays fp32 whatever the module's dtype (module->to(at::kBFloat16) converts every
+/// floating buffer); converted back on use. Call with meta.mutex held.
+void keep_fp32(GemmMeta& meta);
+
+/// The fp32 values of codes in a block mode (block.cpp; Fp8Tensor::dequantize's block branch).
+at::Tensor dequantize_blocks(const Fp8Tensor& t);
+
+/// x's whole-tensor amax, reduced (MAX) over call.dims of call.mesh: what a rank holding a piece
+/// needs to cast as one process would.
+at::Tensor reduced_amax(const at::Tensor& x, const GemmCall& call);
+
+}  // namespace te::fp8
