@@ -672,9 +672,11 @@ namespace {
 
 // The kernel's two inner loops, a . b and y += p x over n elements, in eight partial sums the
 // compiler vectorizes; on x86-64 GCC also builds AVX2 + FMA clones, chosen at load time by what
-// the CPU has (function multiversioning), the build itself staying baseline x86-64.
+// the CPU has (function multiversioning), the build itself staying baseline x86-64. The clone is
+// "arch=x86-64-v3" (a feature level: AVX2, FMA, ...): "arch=haswell" is chosen only on Intel
+// Haswell-family CPUs, so AMD ones ran the baseline loops.
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-#define TE_VECTOR_CLONES __attribute__((target_clones("arch=haswell", "default")))
+#define TE_VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
 #define TE_INLINE __attribute__((always_inline)) inline
 #else
 #define TE_VECTOR_CLONES
