@@ -158,7 +158,7 @@ class Block final : public RecipeImpl {
   Format format() const override { return r_.fp8_format; }
   std::string to_string() const override {
     std::ostringstream os;
-    os << "Float8BlockScaling(format=" << (r_.fp8_format == Format::kHybrid ? "HYBRID" : "E4M3")
+    os << "Float8BlockScaling(format=" << format_name(r_.fp8_format)
        << ", power_2_scales=" << (r_.power_2_scales ? "true" : "false")
        << ", amax_epsilon=" << r_.amax_epsilon << ", x=1x128, w=128x128, grad=1x128)";
     return os.str();
@@ -193,9 +193,7 @@ class Block final : public RecipeImpl {
 }  // namespace
 
 std::shared_ptr<const RecipeImpl> implement(const Float8BlockScaling& r) {
-  TE_CHECK(std::isfinite(r.amax_epsilon) && r.amax_epsilon >= 0.0f,
-           "Float8BlockScaling: amax_epsilon is ", r.amax_epsilon,
-           "; it is a non-negative floor for a block's amax (0 by default)");
+  check_amax_epsilon("Float8BlockScaling", r.amax_epsilon);
   return std::make_shared<Block>(r);
 }
 

@@ -21,7 +21,7 @@ class Current final : public RecipeImpl {
   Format format() const override { return r_.fp8_format; }
   std::string to_string() const override {
     std::ostringstream os;
-    os << "CurrentScaling(format=" << (r_.fp8_format == Format::kHybrid ? "HYBRID" : "E4M3");
+    os << "CurrentScaling(format=" << format_name(r_.fp8_format);
     if (r_.use_power_2_scales) os << ", use_power_2_scales=true";
     if (r_.amax_epsilon != 0.0f) os << ", amax_epsilon=" << r_.amax_epsilon;
     os << ")";
@@ -55,9 +55,7 @@ class Current final : public RecipeImpl {
 }  // namespace
 
 std::shared_ptr<const RecipeImpl> implement(const CurrentScaling& r) {
-  TE_CHECK(std::isfinite(r.amax_epsilon) && r.amax_epsilon >= 0.0f,
-           "CurrentScaling: amax_epsilon is ", r.amax_epsilon,
-           "; it is a non-negative floor for the amax (0 by default)");
+  check_amax_epsilon("CurrentScaling", r.amax_epsilon);
   return std::make_shared<Current>(r);
 }
 

@@ -138,8 +138,7 @@ class Delayed final : public RecipeImpl {
   Format format() const override { return r_.fp8_format; }
   std::string to_string() const override {
     std::ostringstream os;
-    os << "DelayedScaling(margin=" << r_.margin
-       << ", format=" << (r_.fp8_format == Format::kHybrid ? "HYBRID" : "E4M3")
+    os << "DelayedScaling(margin=" << r_.margin << ", format=" << format_name(r_.fp8_format)
        << ", amax_history_len=" << r_.amax_history_len
        << ", amax_compute_algo=" << r_.amax_compute_algo << ")";
     return os.str();

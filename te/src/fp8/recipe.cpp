@@ -21,6 +21,13 @@ DType backward_dtype(Format format) {
   return format == Format::kHybrid ? DType::kE5M2 : DType::kE4M3;
 }
 
+void check_amax_epsilon(const char* recipe, float epsilon) {
+  TE_CHECK(std::isfinite(epsilon) && epsilon >= 0.0f, recipe, ": amax_epsilon is ", epsilon,
+           "; it is a non-negative floor for the amax (0 by default)");
+}
+
+const char* format_name(Format format) { return format == Format::kHybrid ? "HYBRID" : "E4M3"; }
+
 std::string Recipe::name() const { return impl_->name(); }
 Format Recipe::format() const { return impl_->format(); }
 std::string Recipe::to_string() const { return impl_->to_string(); }

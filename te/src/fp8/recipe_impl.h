@@ -106,6 +106,11 @@ struct Region {
 /// floating buffer); converted back on use. Call with meta.mutex held.
 void keep_fp32(GemmMeta& meta);
 
+/// The settings check every amax_epsilon gets: te::Error naming `recipe` unless finite and >= 0.
+void check_amax_epsilon(const char* recipe, float epsilon);
+/// "HYBRID" or "E4M3", as recipes print their format.
+const char* format_name(Format format);
+
 /// The fp32 values of codes in a block mode (block.cpp; Fp8Tensor::dequantize's block branch).
 at::Tensor dequantize_blocks(const Fp8Tensor& t);
 
