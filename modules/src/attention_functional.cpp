@@ -674,8 +674,8 @@ namespace {
 // compiler vectorizes; on x86-64 GCC also builds AVX2 + FMA clones, chosen at load time by what
 // the CPU has (function multiversioning), the build itself staying baseline x86-64. The clone is
 // "arch=x86-64-v3" (a feature level: AVX2, FMA, ...): "arch=haswell" is chosen only on Intel
-// Haswell-family CPUs, so AMD ones ran the baseline loops.
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+// Haswell-family CPUs, so AMD ones ran the baseline loops. (GCC 12 on: older ones lack the level.)
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12 && defined(__x86_64__)
 #define TE_VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
 #define TE_INLINE __attribute__((always_inline)) inline
 #else

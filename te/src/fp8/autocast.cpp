@@ -44,9 +44,13 @@ class Fp8Linear : public torch::autograd::Function<Fp8Linear> {
                             const at::Tensor& w, c10::intrusive_ptr<LinearState> s) {
     const at::Tensor x2 = x.reshape({-1, w.size(0)});
     const RecipeImpl& recipe = s->recipe.impl();
+    // The region is lent for this call only (the state outlives it, into backward).
+    struct Lend {
+      GemmCall& call;
+      ~Lend() { call.region = nullptr; }
+    } lend{s->call};
     s->call.region = current_region().get();
     ForwardCasts q = recipe.cast_forward(x2, w, s->call);
-    s->call.region = nullptr;
     s->x_t = std::move(q.x_t);
     s->w = std::move(q.w);
     s->x_shape = {x.sizes().begin(), x.sizes().end()};

@@ -36,7 +36,7 @@ int64_t blocks_of(int64_t n) { return (n + kBlock - 1) / kBlock; }
 // bit patterns (integer order is float order for |x|; NaN patterns, above inf, are dropped): an
 // integer max reduction, which GCC vectorizes where a float one would need -ffast-math. On x86-64
 // GCC also an AVX2 clone (x86-64-v3, a feature level), chosen at load time by what the CPU has.
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12 && defined(__x86_64__)
 __attribute__((target_clones("arch=x86-64-v3", "default")))
 #endif
 float fold_amax(const float* x, int64_t n, float amax) {
@@ -60,8 +60,8 @@ void check_blocked(const at::Tensor& x, ScalingMode scaling, const char* what) {
   TE_CHECK(x.dim() == 2, "fp8::", what, ": a ", x.sizes(),
            " tensor; block scaling takes a 2-D tensor [rows, cols] (blocks along cols)");
   TE_CHECK(!x.is_cuda(), "fp8::", what,
-           ": CUDA block casts are not built yet; cast on the CPU (the reference) or use "
-           "DelayedScaling / CurrentScaling on the GPU");
+           ": block-scaled FP8 (Float8BlockScaling) runs on the CPU only so far; its CUDA "
+           "kernels are not built: use DelayedScaling or CurrentScaling on the GPU");
 }
 
 }  // namespace

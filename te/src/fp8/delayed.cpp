@@ -116,7 +116,7 @@ void BackwardReduction::add(const std::shared_ptr<BackwardReduction>& self, Pend
 namespace {
 
 // slot = max(slot, amax), NaN winning (at::maximum propagates it), on the device.
-void fold_amax(const at::Tensor& slot, const at::Tensor& amax) {
+void fold_into(const at::Tensor& slot, const at::Tensor& amax) {
   slot.copy_(at::maximum(slot, amax));
 }
 
@@ -162,7 +162,7 @@ class Delayed final : public RecipeImpl {
     auto xq = cast_transpose(x, x_scale, dtype, x_amax);
     std::lock_guard<std::mutex> lock(meta.mutex);
     const at::Tensor newest = meta.fwd_amax_history[0];
-    if (call.record) fold_amax(newest.narrow(0, 0, 1), x_amax);
+    if (call.record) fold_into(newest.narrow(0, 0, 1), x_amax);
     // The kernel's codes are reused while the kernel and its scale are unchanged: the scale is
     // known unchanged while its buffer is not written (its version), so no value is read back
     // from the device. (A scale update rewrites it, and the kernel is cast again.)
@@ -189,7 +189,7 @@ class Delayed final : public RecipeImpl {
       c.transposed = fresh.second;
     }
     if (call.record) {
-      fold_amax(newest.narrow(0, 1, 1), c.amax);
+      fold_into(newest.narrow(0, 1, 1), c.amax);
       if (call.region != nullptr) add_pending(call.region->forward, pending(call));
     }
     return {xq.first, c.transposed, xq.second, c.codes};
@@ -208,7 +208,7 @@ class Delayed final : public RecipeImpl {
     if (call.record) {
       {
         std::lock_guard<std::mutex> lock(meta.mutex);
-        fold_amax(meta.bwd_amax_history[0].narrow(0, 0, 1), g_amax);
+        fold_into(meta.bwd_amax_history[0].narrow(0, 0, 1), g_amax);
       }
       BackwardReduction::add(call.backward, pending(call));
     }
@@ -222,8 +222,8 @@ class Delayed final : public RecipeImpl {
     std::lock_guard<std::mutex> lock(meta.mutex);
     ensure_history(meta, r_.amax_history_len);
     const at::Tensor newest = meta.fwd_amax_history[0];
-    fold_amax(newest.narrow(0, 0, 1), x_amax);
-    fold_amax(newest.narrow(0, 1, 1), w_amax);
+    fold_into(newest.narrow(0, 0, 1), x_amax);
+    fold_into(newest.narrow(0, 1, 1), w_amax);
     if (call.region != nullptr) add_pending(call.region->forward, pending(call));
   }
 

@@ -239,13 +239,13 @@ namespace {
 // 2D by 2D: Float8BlockScaling's __post_init__). The CPU reference: each operand's fp32 values
 // (exact for power-of-two scales), an fp32 GEMM (whatever CPU autocast says, as below).
 at::Tensor block_gemm_nt(const Fp8Tensor& a, const Fp8Tensor& b_t, bool b_is_transposed) {
+  TE_CHECK(a.scaling != ScalingMode::kTensor && b_t.scaling != ScalingMode::kTensor,
+           "fp8::gemm: a is scaled per ", to_string(a.scaling), " and b_t per ",
+           to_string(b_t.scaling), "; a per-tensor operand does not multiply a block-scaled one");
   TE_CHECK(b_is_transposed, "fp8::gemm: block-scaled operands (", to_string(a.scaling), " x ",
            to_string(b_t.scaling),
            ") multiply as a [M, K] by b_t [N, K], both blocked along K; "
            "call gemm_nt");
-  TE_CHECK(a.scaling != ScalingMode::kTensor && b_t.scaling != ScalingMode::kTensor,
-           "fp8::gemm: a is scaled per ", to_string(a.scaling), " and b_t per ",
-           to_string(b_t.scaling), "; a per-tensor operand does not multiply a block-scaled one");
   TE_CHECK(!(a.scaling == ScalingMode::kBlock128x128 && b_t.scaling == ScalingMode::kBlock128x128),
            "fp8::gemm: both operands in 128x128 tiles; block scaling multiplies 1x128 by 1x128 or "
            "by 128x128 (as TE)");
