@@ -173,10 +173,17 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<Layout>& info) { return info.param.name; });
 
 // One step of the MLP `build` makes, under `recipe`, on one process and then on DP2 and TP2 (two
-// Gloo ranks, TE's table): every rank's output and input gradient equal one process's.
+// Gloo ranks, TE's table): every rank's output, input gradient and weight gradients equal one
+// process's, within fp32 rounding or, with `flips` > 0, within `flips` of each tensor's largest
+// magnitude: the room a few FP8 codes flipped by one-ulp differences before a cast take.
 void expect_dp2_and_tp2_equal_one_process(const std::function<LayerNormMLP()>& build,
                                           const fp8::Recipe& recipe, const at::Tensor& x0,
-                                          const at::Tensor& wy) {
+                                          const at::Tensor& wy, double flips = 0.0) {
+  // fp32 sums in another order: 1e-5 relative, and absolute 1e-6 of the largest magnitude.
+  auto close = [flips](const at::Tensor& got, const at::Tensor& want) {
+    const double top = want.abs().max().item<double>();
+    return at::allclose(got, want, 1e-5, std::max(1e-6 * top, flips * top) + 1e-7);
+  };
   const std::vector<int64_t> shape = x0.sizes().vec();
   at::Tensor want, want_grad;
   std::map<std::string, at::Tensor> want_param_grads;
@@ -206,13 +213,12 @@ void expect_dp2_and_tp2_equal_one_process(const std::function<LayerNormMLP()>& b
       at::Tensor x_local = piece_of(x0, mesh, placements, rank).requires_grad_(true);
       const DTensor y = built(DTensor::from_local(x_local, mesh, placements, shape));
       const at::Tensor y_full = y.full_tensor();
-      EXPECT_TRUE(at::allclose(y_full, want, 1e-5, 1e-5))
+      EXPECT_TRUE(close(y_full, want))
           << spec << " rank " << rank << " max err " << (y_full - want).abs().max().item<double>();
       (y_full * wy).sum().backward();
       const at::Tensor g = piece_of(want_grad, mesh, placements, rank);
-      EXPECT_TRUE(at::allclose(x_local.grad(), g, 1e-5, 1e-5))
-          << spec << " rank " << rank << " max err "
-          << (x_local.grad() - g).abs().max().item<double>();
+      EXPECT_TRUE(close(x_local.grad(), g)) << spec << " rank " << rank << " max err "
+                                            << (x_local.grad() - g).abs().max().item<double>();
       // The weight gradients: their GEMMs contract over the tokens, which DP splits.
       const auto layouts = named_parameter_layouts(*built);
       for (const auto& p : built->named_parameters()) {
@@ -220,10 +226,10 @@ void expect_dp2_and_tp2_equal_one_process(const std::function<LayerNormMLP()>& b
         const at::Tensor& full = want_param_grads.at(p.key());
         const at::Tensor w = pl.mesh ? piece_of(full, mesh, pl.placements, rank) : full;
         ASSERT_TRUE(p.value().grad().defined()) << p.key();
-        const double scale = w.abs().max().item<double>();  // fp32 sums in another order
-        EXPECT_TRUE(at::allclose(p.value().grad(), w, 1e-5, 1e-6 * scale))
+        EXPECT_TRUE(close(p.value().grad(), w))
             << spec << " rank " << rank << " " << p.key() << " max err "
-            << (p.value().grad() - w).abs().max().item<double>() << " of " << scale;
+            << (p.value().grad() - w).abs().max().item<double>() << " of "
+            << w.abs().max().item<double>();
       }
     });
   }
@@ -241,7 +247,10 @@ TEST(Fp8Parallel, CurrentScalingCastsWithTheWholeTensorsAmaxOnEveryLayout) {
 // data-parallel rank, and 256 hidden and 512 MLP features, whose halves are whole tiles under
 // TP). (FP32 scales: with power-of-two ones a block cut elsewhere would mostly land on the same
 // scale and go unseen; with 200 MLP features TP2 is 0.02-0.06 off, with 100 tokens per rank DP2's
-// weight gradients are. Normal inputs: small integers repeat a block's amax in any block.)
+// weight gradients are. Normal inputs: small integers repeat a block's amax in any block. With
+// them a few values sit within an fp32 ulp of an FP8 rounding boundary, and LibTorch 2.6's
+// LayerNorm on a piece can differ from one on the whole by that ulp: a flipped code, 3e-4 of the
+// magnitude here, which `flips` = 2e-3 leaves room for, and a cut block does not.)
 TEST(Fp8Parallel, BlockScalingEqualsOneProcessWhereShardsFallOnBlocks) {
   const std::vector<int64_t> shape = {2, 128, 256};
   expect_dp2_and_tp2_equal_one_process(
@@ -252,7 +261,7 @@ TEST(Fp8Parallel, BlockScalingEqualsOneProcessWhereShardsFallOnBlocks) {
       },
       fp8::Float8BlockScaling{fp8::Format::kHybrid, /*power_2_scales=*/false, 0.0f},
       at::randn(shape, at::detail::createCPUGenerator(71)),
-      at::randn(shape, at::detail::createCPUGenerator(72)) * 0.1);
+      at::randn(shape, at::detail::createCPUGenerator(72)) * 0.1, /*flips=*/2e-3);
 }
 
 TEST(Fp8Parallel, ThePipelineAxisIsLeftOutOfTheAmaxReduction) {
