@@ -6,7 +6,8 @@
 #
 #   bash scripts/encoder-runs.sh [OUT_DIR] [RUN ...]   # RUN: one bf16 seeds fp8-delayed
 #                                                      #   fp8-current fp8-seeds fp8-layouts
-#                                                      #   fp8-block fp8-block-layouts dp2
+#                                                      #   fp8-block fp8-block-layouts
+#                                                      #   fp8-mxfp8 fp8-mxfp8-layouts dp2
 #                                                      #   fsdp2 tp4 tp4-sp mp4 dp2-b256
 #                                                      #   tp4-b128 (default: all)
 #
@@ -17,7 +18,8 @@ out=${1:-encoder-runs}
 shift || true
 runs=("$@")
 [ ${#runs[@]} -eq 0 ] && runs=(one bf16 seeds fp8-delayed fp8-current fp8-seeds fp8-layouts
-  fp8-block fp8-block-layouts dp2 fsdp2 tp4 tp4-sp mp4 dp2-b256 tp4-b128)
+  fp8-block fp8-block-layouts fp8-mxfp8 fp8-mxfp8-layouts dp2 fsdp2 tp4 tp4-sp mp4 dp2-b256
+  tp4-b128)
 bash scripts/setup.sh
 bash scripts/build.sh >/dev/null
 enc=${TE_BUILD_DIR:-build}/examples/encoder/te-encoder
@@ -64,6 +66,12 @@ for r in "${runs[@]}"; do
       run dp2-fp8-block 0.515 0.745 "${bf[@]}" "${dp2[@]}" --fp8 block
       run tp4-fp8-block 0.365 0.835 "${bf[@]}" "${tp4[@]}" --fp8 block
       run tp4-sp-fp8-block 0.365 0.835 "${bf[@]}" "${tp4[@]}" --sequence-parallel --fp8 block
+      ;;
+    fp8-mxfp8) run fp8-mxfp8 0.457 0.784 "${bf[@]}" --fp8 mxfp8 ;;  # TE's MXFP8 bars
+    fp8-mxfp8-layouts)
+      run dp2-fp8-mxfp8 0.51 0.75 "${bf[@]}" "${dp2[@]}" --fp8 mxfp8
+      run tp4-fp8-mxfp8 0.36 0.84 "${bf[@]}" "${tp4[@]}" --fp8 mxfp8
+      run tp4-sp-fp8-mxfp8 0.36 0.84 "${bf[@]}" "${tp4[@]}" --sequence-parallel --fp8 mxfp8
       ;;
     dp2) run dp2 0.51 0.75 "${bf[@]}" --nproc 2 --mesh data=2 --mesh-resource dp=data \
            --batch-size 512 --epochs 5 ;;

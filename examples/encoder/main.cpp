@@ -821,9 +821,7 @@ int main(int argc, char** argv) {
   app.add_option("--intermediate-dropout", args.intermediate_dropout,
                  "Dropout after the MLP's first GEMM (TE since 7a5859834: 0; before it: 0.1)")
       ->check(CLI::Range(0.0, 0.999));
-  app.add_option("--fp8", args.fp8,
-                 "FP8 GEMMs: none, delayed (DelayedScaling, HYBRID), current (CurrentScaling) "
-                 "or block (Float8BlockScaling: 1x128 / 128x128 blocks, E4M3)")
+  app.add_option("--fp8", args.fp8, "FP8 GEMMs: none, or a recipe: " + te::fp8::recipe_summary())
       ->check(CLI::IsMember(fp8_choices()));
   app.add_option("--mesh", args.mesh,
                  "Device mesh, e.g. data=2,model=2 (its size must equal the number of ranks; "

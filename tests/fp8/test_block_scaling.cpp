@@ -19,17 +19,15 @@
 #include <limits>
 
 #include "../expect_error.h"
+#include "block_inputs.h"
 #include "te/compat.h"
 #include "te/fp8.h"
 
 namespace te::fp8 {
 namespace {
 
-uint32_t bits_of(float f) {
-  uint32_t b = 0;
-  std::memcpy(&b, &f, sizeof b);
-  return b;
-}
+using test::awkward;
+using test::bits_of;
 
 TEST(Fp8ScaleFromAmax, TransformerEngineVectors) {
   const float inf = std::numeric_limits<float>::infinity();
@@ -109,23 +107,6 @@ Reference reference_blocks(const at::Tensor& x, bool tiles, DType dtype, bool po
     }
   }
   return r;
-}
-
-// Awkward values: per-row magnitudes from 1e-6 to 1e6, a zero block, subnormals, values beyond
-// the format's range after scaling, a NaN, an infinity, and one outlier block.
-at::Tensor awkward(int64_t rows, int64_t cols, uint64_t seed) {
-  at::manual_seed(seed);
-  at::Tensor x = at::randn({rows, cols}) *
-                 at::pow(10.0, at::linspace(-6, 6, rows)).to(at::kFloat).unsqueeze(1);
-  if (cols > 130 && rows > 3) {
-    x[1].narrow(0, 0, 128).zero_();
-    x[2].narrow(0, 128, std::min<int64_t>(128, cols - 128)).fill_(1e-40f);  // subnormal block
-    x[2][5] = 3e38f;
-    x[3][7] = std::numeric_limits<float>::quiet_NaN();
-    x[3][140] = -std::numeric_limits<float>::infinity();
-    x[0][3] = 1e4f;  // an outlier among values ~1e-6
-  }
-  return x;
 }
 
 TEST(Fp8BlockScaling, CastsEqualTesReferenceBitForBit) {
@@ -266,8 +247,9 @@ TEST(Fp8BlockScaling, RecipeByNameAndSettings) {
   EXPECT_EQ(r.to_string(),
             "Float8BlockScaling(format=E4M3, power_2_scales=true, amax_epsilon=0, x=1x128, "
             "w=128x128, grad=1x128)");
-  EXPECT_EQ(recipe_names(), (std::vector<std::string>{"delayed", "current", "block"}));
-  EXPECT_ERROR(recipe_named("mxfp8"), "FP8 recipe 'mxfp8' is not one of: delayed, current, block");
+  EXPECT_EQ(recipe_names(), (std::vector<std::string>{"delayed", "current", "block", "mxfp8"}));
+  EXPECT_ERROR(recipe_named("nvfp4"),
+               "FP8 recipe 'nvfp4' is not one of: delayed, current, block, mxfp8");
   Float8BlockScaling bad;
   bad.amax_epsilon = -1.0f;
   EXPECT_ERROR(Recipe{bad}, "Float8BlockScaling: amax_epsilon is -1");

@@ -264,6 +264,21 @@ TEST(Fp8Parallel, BlockScalingEqualsOneProcessWhereShardsFallOnBlocks) {
       at::randn(shape, at::detail::createCPUGenerator(72)) * 0.1, /*flips=*/2e-3);
 }
 
+// MXFP8 likewise: 1x32 blocks, which every shard boundary here (128 tokens per data-parallel rank,
+// halves of 256 and 512 features under TP) falls between; HYBRID, so the gradients are E5M2.
+TEST(Fp8Parallel, Mxfp8EqualsOneProcessWhereShardsFallOnBlocks) {
+  const std::vector<int64_t> shape = {2, 128, 256};
+  expect_dp2_and_tp2_equal_one_process(
+      [] {
+        manual_seed(38);
+        return LayerNormMLP(
+            LayerNormMLPOptions(256, 512).activations({"gelu"}).intermediate_dropout_rate(0));
+      },
+      fp8::MXFP8BlockScaling{fp8::Format::kHybrid},
+      at::randn(shape, at::detail::createCPUGenerator(73)),
+      at::randn(shape, at::detail::createCPUGenerator(74)) * 0.1, /*flips=*/2e-3);
+}
+
 TEST(Fp8Parallel, ThePipelineAxisIsLeftOutOfTheAmaxReduction) {
   // Two pipeline rows see different data: each keeps its own scales, agreed within its row.
   std::vector<float> scales(4);

@@ -55,6 +55,7 @@ std::vector<Layout> layouts() {
   all.push_back(from_matrix("TP2", at::kFloat, fp8::Recipe{fp8::CurrentScaling{}}, "_Fp8Current"));
   all.push_back(
       from_matrix("DP2xTP2", at::kFloat, fp8::Recipe{fp8::Float8BlockScaling{}}, "_Fp8Block"));
+  all.push_back(from_matrix("TP2", at::kFloat, fp8::Recipe{fp8::MXFP8BlockScaling{}}, "_Fp8Mx"));
   for (const char* name : {"TP2", "DP2xTP2"}) {
     all.push_back(from_matrix(name, at::kFloat, std::nullopt, "_Llama"));
     all.back().llama = true;

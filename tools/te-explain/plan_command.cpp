@@ -3,6 +3,7 @@
 #include <iostream>
 #include <optional>
 
+#include "te/fp8/recipe.h"
 #include "te/nn/plan.h"
 
 namespace {
@@ -54,7 +55,7 @@ void add_plan_options(CLI::App& app, PlanArgs& a) {
   app.add_option("--mesh", a.mesh, "--plan: the mesh, e.g. data=64,model=16 (default: one rank)");
   app.add_option("--dtype", a.dtype, "--plan: fp32, bf16 (default) or fp16")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
-  app.add_option("--fp8", a.fp8, "--plan: FP8 GEMMs with recipe delayed, current or block")
+  app.add_option("--fp8", a.fp8, "--plan: FP8 GEMMs with a recipe: " + te::fp8::recipe_summary())
       ->check(CLI::IsMember(te::fp8::recipe_names()));
   app.add_option("--optimizer", a.optimizer, "--plan: adam (default) or sgd")
       ->check(CLI::IsMember({"adam", "sgd"}));

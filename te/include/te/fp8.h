@@ -45,16 +45,18 @@ void update_scales(const at::Tensor& amax_history, const at::Tensor& scale,
 // ---- tensors ----------------------------------------------------------------------------------
 
 /// How a quantized tensor's scale_inv maps onto its codes [rows, cols] (a 2-D tensor's; per
-/// tensor mode takes any shape): one scale for the whole tensor (scale_inv [1]), one per 1x128
-/// block along each row (scale_inv [rows, ceil(cols / 128)]), or one per 128x128 tile
-/// (scale_inv [ceil(rows / 128), ceil(cols / 128)]). Blocks at a ragged edge are shorter.
-enum class ScalingMode { kTensor, kBlock1x128, kBlock128x128 };
+/// tensor mode takes any shape): one fp32 scale for the whole tensor (scale_inv [1]), one per
+/// 1x128 block along each row (fp32 [rows, ceil(cols / 128)]), one per 128x128 tile (fp32
+/// [ceil(rows / 128), ceil(cols / 128)]), or MXFP8's one E8M0 power of two per 1x32 block (uint8
+/// [rows, ceil(cols / 32)], unpadded and unswizzled: the layout cuBLASLt takes pads and swizzles
+/// it). Blocks at a ragged edge are shorter.
+enum class ScalingMode { kTensor, kBlock1x128, kBlock128x128, kBlock1x32 };
 
-/// "tensor", "1x128", "128x128".
+/// "tensor", "1x128", "128x128", "1x32".
 const char* to_string(ScalingMode mode);
 
-/// FP8 data: codes (uint8, the shape of the value), scale_inv (fp32, shaped per `scaling`) and
-/// the element type: the value of code c is cast_from_fp8(c) * (the scale_inv of its block).
+/// FP8 data: codes (uint8, the shape of the value), scale_inv (shaped and typed per `scaling`)
+/// and the element type: the value of code c is cast_from_fp8(c) * (the scale_inv of its block).
 /// A GEMM operand's blocks run along its last dim, the one the GEMM contracts.
 struct Fp8Tensor {
   at::Tensor data;
@@ -76,6 +78,11 @@ at::Tensor scales_from_amax(const at::Tensor& amax, float fp8_max, bool power_2,
 /// CPU tensors (the reference).
 Fp8Tensor quantize_blocks(const at::Tensor& x, ScalingMode scaling, DType dtype, bool power_2,
                           float epsilon);
+/// A 2-D x cast to MXFP8 (ScalingMode kBlock1x32, TE's MXFP8BlockScaling): per 1x32 block along
+/// each row, amax = max |x| (NaN skipped), the scale e = e8m0_round_up(amax / fp8_max) (amax times
+/// the fp32 reciprocal of the format's max, as TE), codes RNE-saturating casts of
+/// x * e8m0_reciprocal(e), scale_inv = e. CPU tensors (the reference).
+Fp8Tensor quantize_mx(const at::Tensor& x, DType dtype);
 /// The same 128x128-tile codes of x^T: the codes and the tile scales transposed (a square tile's
 /// transpose is a tile of x^T with the same amax), so a weight cast once serves both GEMMs.
 Fp8Tensor transpose_tiles(const Fp8Tensor& t);
@@ -110,9 +117,9 @@ at::Tensor amax(const at::Tensor& x);
 at::Tensor gemm(const Fp8Tensor& a, const Fp8Tensor& b, bool fast_accumulation = false);
 /// The same GEMM with b given transposed, b_t [N, K]: the layout FP8 tensor cores take, so a
 /// caller that holds it (cast_transpose's second tensor) spares the transpose.
-/// Block-scaled operands (both blocked along K: a 1x128 or 128x128, b_t the other or 1x128)
-/// multiply here only: CPU, each dequantized to fp32 (exact for power-of-two scales, one fp32
-/// rounding per element otherwise) and an fp32 GEMM; CUDA: te::Error until the cuBLASLt
+/// Block-scaled operands (both blocked along K: a 1x128 or 128x128, b_t the other or 1x128; or
+/// both 1x32) multiply here only: CPU, each dequantized to fp32 (exact for power-of-two scales, one
+/// fp32 rounding per element otherwise) and an fp32 GEMM; CUDA: te::Error until the cuBLASLt
 /// block-scaled path lands.
 at::Tensor gemm_nt(const Fp8Tensor& a, const Fp8Tensor& b_t, bool fast_accumulation = false);
 

@@ -30,12 +30,15 @@ namespace {
 
 constexpr int64_t kBlock = 128;
 
-int64_t blocks_of(int64_t n) { return (n + kBlock - 1) / kBlock; }
+int64_t blocks_of(int64_t n, int64_t width = kBlock) { return (n + width - 1) / width; }
+
+}  // namespace
 
 // max(amax, max |x[i]| over n elements), NaN skipped (fmaxf's rule). The magnitudes compare as
 // bit patterns (integer order is float order for |x|; NaN patterns, above inf, are dropped): an
 // integer max reduction, which GCC vectorizes where a float one would need -ffast-math. On x86-64
 // GCC also an AVX2 clone (x86-64-v3, a feature level), chosen at load time by what the CPU has.
+// (MXFP8's blocks take the same amax: mxfp8.cpp.)
 #if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12 && defined(__x86_64__)
 __attribute__((target_clones("arch=x86-64-v3", "default")))
 #endif
@@ -53,22 +56,26 @@ float fold_amax(const float* x, int64_t n, float amax) {
   return amax;
 }
 
-void check_blocked(const at::Tensor& x, ScalingMode scaling, const char* what) {
-  TE_CHECK(scaling == ScalingMode::kBlock1x128 || scaling == ScalingMode::kBlock128x128,
-           "fp8::", what, ": scaling mode '", to_string(scaling),
-           "' is not a block mode (1x128, 128x128)");
+void check_blocked(const at::Tensor& x, ScalingMode scaling, const char* what, bool mx) {
+  if (mx) {
+    TE_CHECK(scaling != ScalingMode::kTensor, "fp8::", what, ": scaling mode '", to_string(scaling),
+             "' is not a block mode (1x32, 1x128, 128x128)");
+  } else {
+    TE_CHECK(scaling == ScalingMode::kBlock1x128 || scaling == ScalingMode::kBlock128x128,
+             "fp8::", what, ": scaling mode '", to_string(scaling),
+             "' is not a block mode of Float8BlockScaling (1x128, 128x128)",
+             scaling == ScalingMode::kBlock1x32 ? "; MXFP8's 1x32 blocks: quantize_mx" : "");
+  }
   TE_CHECK(x.dim() == 2, "fp8::", what, ": a ", x.sizes(),
            " tensor; block scaling takes a 2-D tensor [rows, cols] (blocks along cols)");
   TE_CHECK(!x.is_cuda(), "fp8::", what,
-           ": block-scaled FP8 (Float8BlockScaling) runs on the CPU only so far; its CUDA "
-           "kernels are not built: use DelayedScaling or CurrentScaling on the GPU");
+           ": block-scaled FP8 (Float8BlockScaling, MXFP8BlockScaling) runs on the CPU only so "
+           "far; its CUDA kernels are not built: use DelayedScaling or CurrentScaling on the GPU");
 }
-
-}  // namespace
 
 Fp8Tensor quantize_blocks(const at::Tensor& x_in, ScalingMode scaling, DType dtype, bool power_2,
                           float epsilon) {
-  check_blocked(x_in, scaling, "quantize_blocks");
+  check_blocked(x_in, scaling, "quantize_blocks", /*mx=*/false);
   TE_CHECK(at::isFloatingType(x_in.scalar_type()), "fp8::quantize_blocks: cannot cast a ",
            x_in.scalar_type(), " tensor to FP8; give a floating-point tensor");
   at::NoGradGuard no_grad;
@@ -116,19 +123,30 @@ Fp8Tensor transpose_tiles(const Fp8Tensor& t) {
 }
 
 at::Tensor dequantize_blocks(const Fp8Tensor& t) {
-  check_blocked(t.data, t.scaling, "dequantize");
+  check_blocked(t.data, t.scaling, "dequantize", /*mx=*/true);
   const at::Tensor codes = t.data.contiguous();
-  const int64_t rows = codes.size(0), cols = codes.size(1), nb = blocks_of(cols);
+  const bool mx = t.scaling == ScalingMode::kBlock1x32;
   const bool tiles = t.scaling == ScalingMode::kBlock128x128;
+  const int64_t width = mx ? 32 : kBlock;
+  const int64_t rows = codes.size(0), cols = codes.size(1), nb = blocks_of(cols, width);
   const std::vector<int64_t> want{tiles ? blocks_of(rows) : rows, nb};
-  TE_CHECK(t.scale_inv.defined() && t.scale_inv.scalar_type() == at::kFloat &&
+  const at::ScalarType scale_type = mx ? at::kByte : at::kFloat;
+  TE_CHECK(t.scale_inv.defined() && t.scale_inv.scalar_type() == scale_type &&
                t.scale_inv.sizes() == at::IntArrayRef(want),
            "fp8::dequantize: scale_inv ",
            t.scale_inv.defined() ? t.scale_inv.sizes() : at::IntArrayRef{}, " for ", codes.sizes(),
-           " codes in ", to_string(t.scaling), " blocks; it must be fp32 ", at::IntArrayRef(want));
+           " codes in ", to_string(t.scaling), " blocks; it must be ",
+           mx ? "E8M0 (uint8) " : "fp32 ", at::IntArrayRef(want));
   at::Tensor out = at::empty({rows, cols}, codes.options().dtype(at::kFloat));
   if (codes.is_meta() || codes.numel() == 0) return out;
-  const at::Tensor s = t.scale_inv.contiguous();
+  at::Tensor s = t.scale_inv.contiguous();
+  if (mx) {  // the E8M0 powers of two as fp32 (exact)
+    at::Tensor f = at::empty(s.sizes(), s.options().dtype(at::kFloat));
+    const uint8_t* e = s.data_ptr<uint8_t>();
+    float* v = f.data_ptr<float>();
+    for (int64_t i = 0; i < s.numel(); ++i) v[i] = e8m0_to_float(e[i]);
+    s = f;
+  }
   const uint8_t* in = codes.data_ptr<uint8_t>();
   const float* scale_inv = s.data_ptr<float>();
   float* o = out.data_ptr<float>();
@@ -141,7 +159,7 @@ at::Tensor dequantize_blocks(const Fp8Tensor& t) {
       float* row = o + r * cols;
       for (int64_t b = 0; b < nb; ++b) {
         const float s = row_scales[b];
-        for (int64_t c = b * kBlock, e = std::min(cols, c + kBlock); c < e; ++c) row[c] *= s;
+        for (int64_t c = b * width, e = std::min(cols, c + width); c < e; ++c) row[c] *= s;
       }
     }
   });

@@ -1,6 +1,6 @@
 // The recipe handle, the registry of recipe names, and the scale rule current and block scaling
 // share (docs/ARCHITECTURE.md §5). Each recipe's behaviour is in its own file (delayed.cpp,
-// current.cpp, block.cpp).
+// current.cpp, block.cpp, mxfp8.cpp).
 
 #include <ATen/ATen.h>
 
@@ -34,17 +34,23 @@ std::string Recipe::to_string() const { return impl_->to_string(); }
 
 namespace {
 
-// The registration: a recipe's name and its default settings.
+// The registration: a recipe's name, what it is in a few words (for --help), its default settings.
 struct Registered {
   const char* name;
+  const char* summary;
   std::function<Recipe()> make;
 };
 
 const std::vector<Registered>& registry() {
   static const std::vector<Registered> all{
-      {"delayed", [] { return Recipe(DelayedScaling{}); }},
-      {"current", [] { return Recipe(CurrentScaling{}); }},
-      {"block", [] { return Recipe(Float8BlockScaling{}); }},
+      {"delayed", "DelayedScaling: per-tensor scales from an amax history, HYBRID",
+       [] { return Recipe(DelayedScaling{}); }},
+      {"current", "CurrentScaling: per-tensor scales from each tensor's amax, HYBRID",
+       [] { return Recipe(CurrentScaling{}); }},
+      {"block", "Float8BlockScaling: fp32 scales per 1x128 block / 128x128 weight tile, E4M3",
+       [] { return Recipe(Float8BlockScaling{}); }},
+      {"mxfp8", "MXFP8BlockScaling: E8M0 scales per 1x32 block, E4M3",
+       [] { return Recipe(MXFP8BlockScaling{}); }},
   };
   return all;
 }
@@ -55,6 +61,14 @@ std::vector<std::string> recipe_names() {
   std::vector<std::string> out;
   for (const Registered& r : registry()) out.emplace_back(r.name);
   return out;
+}
+
+std::string recipe_summary() {
+  std::ostringstream os;
+  for (const Registered& r : registry()) {
+    os << (os.tellp() > 0 ? ", " : "") << r.name << " (" << r.summary << ")";
+  }
+  return os.str();
 }
 
 Recipe recipe_named(const std::string& name) {

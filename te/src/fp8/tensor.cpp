@@ -100,6 +100,8 @@ const char* to_string(ScalingMode mode) {
       return "1x128";
     case ScalingMode::kBlock128x128:
       return "128x128";
+    case ScalingMode::kBlock1x32:
+      return "1x32";
   }
   return "?";
 }
@@ -249,10 +251,14 @@ at::Tensor block_gemm_nt(const Fp8Tensor& a, const Fp8Tensor& b_t, bool b_is_tra
   TE_CHECK(!(a.scaling == ScalingMode::kBlock128x128 && b_t.scaling == ScalingMode::kBlock128x128),
            "fp8::gemm: both operands in 128x128 tiles; block scaling multiplies 1x128 by 1x128 or "
            "by 128x128 (as TE)");
+  TE_CHECK((a.scaling == ScalingMode::kBlock1x32) == (b_t.scaling == ScalingMode::kBlock1x32),
+           "fp8::gemm: a is scaled per ", to_string(a.scaling), " and b_t per ",
+           to_string(b_t.scaling), "; MXFP8's 1x32 blocks multiply only 1x32 blocks");
   if (a.data.is_cuda()) {
     TE_FAIL(
-        "fp8::gemm: block-scaled GEMMs on CUDA (cuBLASLt VEC128/BLK128x128 scales) are not "
-        "built yet; dequantize, or run DelayedScaling / CurrentScaling on the GPU");
+        "fp8::gemm: block-scaled GEMMs on CUDA (cuBLASLt VEC32 E8M0 / VEC128 / BLK128x128 "
+        "scales) are not built yet; dequantize, or run DelayedScaling / CurrentScaling on the "
+        "GPU");
   }
   const c10::impl::ExcludeDispatchKeyGuard fp32(c10::DispatchKey::AutocastCPU);
   return at::mm(a.dequantize(), b_t.dequantize().t());

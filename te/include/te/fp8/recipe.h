@@ -60,6 +60,16 @@ struct Float8BlockScaling {
   float amax_epsilon = 0.0f;
 };
 
+/// MXFP8 (TE's MXFP8BlockScaling, the OCP Microscaling format; Blackwell's default): one E8M0
+/// power-of-two scale per 32 consecutive elements along the GEMM's reduction dim, for every
+/// operand (x, weights and gradients alike; the transposed copy a backward GEMM takes is cast from
+/// the high-precision tensor with its own blocks); the scale is amax / fp8_max rounded up to a
+/// power of two (quantize_mx, te/fp8.h). No amax history, no amax reduction. TE's
+/// enable_2d_quantization (32x32 weight blocks) is not built.
+struct MXFP8BlockScaling {
+  Format fp8_format = Format::kE4M3;
+};
+
 /// The internal behaviour of a recipe (te/src/fp8/recipe_impl.h).
 class RecipeImpl;
 
@@ -68,6 +78,7 @@ class RecipeImpl;
 std::shared_ptr<const RecipeImpl> implement(const DelayedScaling& recipe);
 std::shared_ptr<const RecipeImpl> implement(const CurrentScaling& recipe);
 std::shared_ptr<const RecipeImpl> implement(const Float8BlockScaling& recipe);
+std::shared_ptr<const RecipeImpl> implement(const MXFP8BlockScaling& recipe);
 
 /// Any recipe, checked when made (a bad setting throws te::Error naming it).
 class Recipe {
@@ -89,7 +100,7 @@ class Recipe {
     return get_if<R>() != nullptr;
   }
 
-  /// The name recipe_named takes: "delayed", "current", "block".
+  /// The name recipe_named takes: "delayed", "current", "block", "mxfp8".
   std::string name() const;
   Format format() const;
   /// "DelayedScaling(margin=0, format=HYBRID, amax_history_len=1024, amax_compute_algo=max)".
@@ -107,8 +118,10 @@ inline std::string to_string(const Recipe& recipe) { return recipe.to_string(); 
 /// The recipe a name stands for, with its default settings: te::Error listing the names for any
 /// other. The one list of names (te-encoder's and te-explain's --fp8 take them).
 Recipe recipe_named(const std::string& name);
-/// "delayed", "current", "block".
+/// "delayed", "current", "block", "mxfp8".
 std::vector<std::string> recipe_names();
+/// Each name with what it is, for a --help: "delayed (DelayedScaling: ...), current (...), ...".
+std::string recipe_summary();
 
 /// TE's compute_scale_from_amax (transformer_engine/common/recipe/recipe_common.cuh): amax
 /// floored at `epsilon`; 1 when the amax is 0, infinite or NaN; else fp8_max / amax in fp32,

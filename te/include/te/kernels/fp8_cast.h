@@ -5,6 +5,7 @@
 // conversions with __NV_SATFINITE.
 
 #include <cstdint>
+#include <cstring>
 
 namespace te::fp8 {
 
@@ -27,6 +28,45 @@ float quantize(const float* in, uint8_t* out, int64_t n, float scale, DType type
 
 /// out[i] = cast_from_fp8(in[i]) * scale_inv.
 void dequantize(const uint8_t* in, float* out, int64_t n, float scale_inv, DType type);
+
+/// E8M0, MXFP8's block scale (OCP Microscaling Formats v1.0, §5.4.1): 8 exponent bits, no sign,
+/// no mantissa; bits b stand for 2^(b - 127), 0xFF for NaN. The rules below are TE's
+/// (NVIDIA/TransformerEngine d0067d0da6cb01811b8072a7d304f0e00344ce2b,
+/// transformer_engine/common/util/ptx_arch_spec.cuh float_to_e8m0 and util/ptx.cuh exp2f,
+/// exp2f_rcp; Blackwell's cvt.rp.satfinite.ue8m0x2.f32 gives the same bits).
+///
+/// A non-negative value rounded UP to a power of two, saturating at 2^127 (0xFE): 0 -> 0x00,
+/// NaN -> 0xFF, inf -> 0xFE; the subnormals up to 2^-127 -> 0x00, above it -> 0x01.
+inline uint8_t e8m0_round_up(float value) {
+  if (value != value) return 0xFF;
+  uint32_t bits = 0;
+  std::memcpy(&bits, &value, sizeof bits);
+  if ((bits & 0x7FFFFFFFu) == 0x7F800000u) return 0xFE;
+  if (value == 0.0f) return 0x00;
+  uint8_t exponent = static_cast<uint8_t>(bits >> 23);
+  const uint32_t mantissa = bits & 0x7FFFFFu;
+  if (mantissa > 0 && exponent != 0xFE && !(exponent == 0 && mantissa <= 0x400000u)) ++exponent;
+  return exponent;
+}
+
+/// The value 2^(b - 127) (0x00: 2^-127, a subnormal), NaN for 0xFF.
+inline float e8m0_to_float(uint8_t b) {
+  const uint32_t bits = b == 0xFF ? 0x7FFFFFFFu : b == 0 ? 0x00400000u : uint32_t{b} << 23;
+  float out = 0.0f;
+  std::memcpy(&out, &bits, sizeof out);
+  return out;
+}
+
+/// Its reciprocal 2^(127 - b), the factor a block is multiplied by before the cast (0xFE: 2^-127,
+/// a subnormal; 0xFF: NaN).
+inline float e8m0_reciprocal(uint8_t b) {
+  const uint32_t bits = b == 0xFF   ? 0x7FFFFFFFu
+                        : b == 0xFE ? 0x00400000u
+                                    : (254u - uint32_t{b}) << 23;
+  float out = 0.0f;
+  std::memcpy(&out, &bits, sizeof out);
+  return out;
+}
 
 /// The instruction set quantize and dequantize run with: "avx512", "avx2" or "baseline", the
 /// best this CPU runs unless the environment variable TE_FP8_ISA names another it runs (chosen
