@@ -133,8 +133,9 @@ void BM_GemmFp8Reference(benchmark::State& state) {
   state.counters["fp8_GFLOP/s"] = 2.0 * n * n * n / fp8 / 1e9;
 }
 
-// A block-scaled cast (Float8BlockScaling's, te::fp8::quantize_blocks) of a 4096^2 fp32 matrix
-// against one memcpy of it: each block's amax, its scale, the codes.
+// A block-scaled cast (Float8BlockScaling's, te::fp8::quantize_blocks; MXFP8's 1x32,
+// te::fp8::quantize_mx) of a 4096^2 fp32 matrix against one memcpy of it: each block's amax, its
+// scale, the codes.
 void BM_QuantizeBlocks(benchmark::State& state, te::fp8::ScalingMode mode) {
   const int64_t n = state.range(0);
   const auto values = data(n * n);
@@ -144,8 +145,10 @@ void BM_QuantizeBlocks(benchmark::State& state, te::fp8::ScalingMode mode) {
   for (auto _ : state) {
     best = std::min(best, best_seconds(
                               [&] {
-                                auto q = te::fp8::quantize_blocks(x, mode, te::fp8::DType::kE4M3,
-                                                                  true, 0.0f);
+                                auto q = mode == te::fp8::ScalingMode::kBlock1x32
+                                             ? te::fp8::quantize_mx(x, te::fp8::DType::kE4M3)
+                                             : te::fp8::quantize_blocks(
+                                                   x, mode, te::fp8::DType::kE4M3, true, 0.0f);
                                 benchmark::DoNotOptimize(q.data.data_ptr());
                               },
                               1));
@@ -182,6 +185,7 @@ BENCHMARK(BM_Dequantize)->Arg(1 << 24);
 BENCHMARK(BM_GemmFp8Reference)->Arg(1024)->Arg(2048)->Unit(benchmark::kMillisecond)->Iterations(8);
 BENCHMARK_CAPTURE(BM_QuantizeBlocks, 1x128, te::fp8::ScalingMode::kBlock1x128)->Arg(4096);
 BENCHMARK_CAPTURE(BM_QuantizeBlocks, 128x128, te::fp8::ScalingMode::kBlock128x128)->Arg(4096);
+BENCHMARK_CAPTURE(BM_QuantizeBlocks, 1x32, te::fp8::ScalingMode::kBlock1x32)->Arg(4096);
 BENCHMARK(BM_GemmBlockScaled)->Arg(256)->Arg(2048)->Unit(benchmark::kMillisecond)->Iterations(8);
 
 }  // namespace

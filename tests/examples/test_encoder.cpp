@@ -242,6 +242,10 @@ TEST(Encoder, HelpDescribesEveryOption) {
   }
   // The TE commit it mirrors.
   EXPECT_NE(r.out.find("examples/jax/encoder at commit d0067d0da"), std::string::npos) << r.out;
+  // Every registered FP8 recipe, with what it is.
+  EXPECT_NE(r.out.find("none,delayed,current,block,mxfp8"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("mxfp8 (MXFP8BlockScaling: E8M0 scales per 1x32 block"), std::string::npos)
+      << r.out;
 }
 
 // Bad input: exit code 2, one line on stderr that names the culprit, no output files.
