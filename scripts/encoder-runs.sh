@@ -7,7 +7,8 @@
 #   bash scripts/encoder-runs.sh [OUT_DIR] [RUN ...]   # RUN: one bf16 seeds fp8-delayed
 #                                                      #   fp8-current fp8-seeds fp8-layouts
 #                                                      #   fp8-block fp8-block-layouts
-#                                                      #   fp8-mxfp8 fp8-mxfp8-layouts dp2
+#                                                      #   fp8-mxfp8 fp8-mxfp8-layouts
+#                                                      #   fp8-nvfp4 fp8-nvfp4-layouts dp2
 #                                                      #   fsdp2 tp4 tp4-sp mp4 dp2-b256
 #                                                      #   tp4-b128 (default: all)
 #
@@ -18,7 +19,8 @@ out=${1:-encoder-runs}
 shift || true
 runs=("$@")
 [ ${#runs[@]} -eq 0 ] && runs=(one bf16 seeds fp8-delayed fp8-current fp8-seeds fp8-layouts
-  fp8-block fp8-block-layouts fp8-mxfp8 fp8-mxfp8-layouts dp2 fsdp2 tp4 tp4-sp mp4 dp2-b256
+  fp8-block fp8-block-layouts fp8-mxfp8 fp8-mxfp8-layouts fp8-nvfp4 fp8-nvfp4-layouts dp2 fsdp2
+  tp4 tp4-sp mp4 dp2-b256
   tp4-b128)
 bash scripts/setup.sh
 bash scripts/build.sh >/dev/null
@@ -72,6 +74,13 @@ for r in "${runs[@]}"; do
       run dp2-fp8-mxfp8 0.51 0.75 "${bf[@]}" "${dp2[@]}" --fp8 mxfp8
       run tp4-fp8-mxfp8 0.36 0.84 "${bf[@]}" "${tp4[@]}" --fp8 mxfp8
       run tp4-sp-fp8-mxfp8 0.36 0.84 "${bf[@]}" "${tp4[@]}" --sequence-parallel --fp8 mxfp8
+      ;;
+    fp8-nvfp4) run fp8-nvfp4 0.477 0.769 "${bf[@]}" --fp8 nvfp4 ;;  # TE's NVFP4 bars
+    fp8-nvfp4-layouts)
+      run dp2-fp8-nvfp4 0.52 0.74 "${bf[@]}" "${dp2[@]}" --fp8 nvfp4
+      run tp4-fp8-nvfp4 0.40 0.82 "${bf[@]}" "${tp4[@]}" --fp8 nvfp4
+      run tp4-sp-fp8-nvfp4 0.40 0.82 "${bf[@]}" "${tp4[@]}" --sequence-parallel --fp8 nvfp4
+      run mp4-fp8-nvfp4 0.451 0.787 "${bf[@]}" "${tp4[@]}" --mlp-activations gelu --fp8 nvfp4
       ;;
     dp2) run dp2 0.51 0.75 "${bf[@]}" --nproc 2 --mesh data=2 --mesh-resource dp=data \
            --batch-size 512 --epochs 5 ;;

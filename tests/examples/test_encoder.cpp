@@ -243,8 +243,10 @@ TEST(Encoder, HelpDescribesEveryOption) {
   // The TE commit it mirrors.
   EXPECT_NE(r.out.find("examples/jax/encoder at commit d0067d0da"), std::string::npos) << r.out;
   // Every registered FP8 recipe, with what it is.
-  EXPECT_NE(r.out.find("none,delayed,current,block,mxfp8"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("none,delayed,current,block,mxfp8,nvfp4"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("mxfp8 (MXFP8BlockScaling: E8M0 scales per 1x32 block"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("nvfp4 (NVFP4BlockScaling: E2M1 with E4M3 scales"), std::string::npos)
       << r.out;
 }
 

@@ -247,9 +247,10 @@ TEST(Fp8BlockScaling, RecipeByNameAndSettings) {
   EXPECT_EQ(r.to_string(),
             "Float8BlockScaling(format=E4M3, power_2_scales=true, amax_epsilon=0, x=1x128, "
             "w=128x128, grad=1x128)");
-  EXPECT_EQ(recipe_names(), (std::vector<std::string>{"delayed", "current", "block", "mxfp8"}));
-  EXPECT_ERROR(recipe_named("nvfp4"),
-               "FP8 recipe 'nvfp4' is not one of: delayed, current, block, mxfp8");
+  EXPECT_EQ(recipe_names(),
+            (std::vector<std::string>{"delayed", "current", "block", "mxfp8", "nvfp4"}));
+  EXPECT_ERROR(recipe_named("mxfp4"),
+               "FP8 recipe 'mxfp4' is not one of: delayed, current, block, mxfp8, nvfp4");
   Float8BlockScaling bad;
   bad.amax_epsilon = -1.0f;
   EXPECT_ERROR(Recipe{bad}, "Float8BlockScaling: amax_epsilon is -1");

@@ -279,6 +279,24 @@ TEST(Fp8Parallel, Mxfp8EqualsOneProcessWhereShardsFallOnBlocks) {
       at::randn(shape, at::detail::createCPUGenerator(74)) * 0.1, /*flips=*/2e-3);
 }
 
+// NVFP4 likewise (stochastic rounding off: its draws are each rank's own): 1x16 blocks and 16x16
+// weight tiles between every shard boundary, the wgrad operands' Hadamard blocks of 16 tokens
+// inside each data-parallel rank's 128, and every cast's tensor amax reduced over the mesh, so a
+// rank's piece takes the whole tensor's second-level scale.
+TEST(Fp8Parallel, Nvfp4EqualsOneProcessWhereShardsFallOnBlocks) {
+  const std::vector<int64_t> shape = {2, 128, 256};
+  fp8::NVFP4BlockScaling recipe;
+  recipe.disable_stochastic_rounding = true;
+  expect_dp2_and_tp2_equal_one_process(
+      [] {
+        manual_seed(39);
+        return LayerNormMLP(
+            LayerNormMLPOptions(256, 512).activations({"gelu"}).intermediate_dropout_rate(0));
+      },
+      recipe, at::randn(shape, at::detail::createCPUGenerator(75)),
+      at::randn(shape, at::detail::createCPUGenerator(76)) * 0.1, /*flips=*/2e-3);
+}
+
 TEST(Fp8Parallel, ThePipelineAxisIsLeftOutOfTheAmaxReduction) {
   // Two pipeline rows see different data: each keeps its own scales, agreed within its row.
   std::vector<float> scales(4);

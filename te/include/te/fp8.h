@@ -49,20 +49,33 @@ void update_scales(const at::Tensor& amax_history, const at::Tensor& scale,
 /// 1x128 block along each row (fp32 [rows, ceil(cols / 128)]), one per 128x128 tile (fp32
 /// [ceil(rows / 128), ceil(cols / 128)]), or MXFP8's one E8M0 power of two per 1x32 block (uint8
 /// [rows, ceil(cols / 32)], unpadded and unswizzled: the layout cuBLASLt takes pads and swizzles
-/// it). Blocks at a ragged edge are shorter.
-enum class ScalingMode { kTensor, kBlock1x128, kBlock128x128, kBlock1x32 };
+/// it). NVFP4's modes (1x16 blocks, 16x16 weight tiles) hold E2M1 codes two to a byte and E4M3
+/// block scales (Fp8Tensor). Blocks at a ragged edge are shorter.
+enum class ScalingMode { kTensor, kBlock1x128, kBlock128x128, kBlock1x32, kBlock1x16, kBlock16x16 };
 
-/// "tensor", "1x128", "128x128", "1x32".
+/// Whether `mode` is one of NVFP4's (1x16, 16x16).
+constexpr bool is_nvfp4(ScalingMode mode) {
+  return mode == ScalingMode::kBlock1x16 || mode == ScalingMode::kBlock16x16;
+}
+
+/// "tensor", "1x128", "128x128", "1x32", "1x16", "16x16".
 const char* to_string(ScalingMode mode);
 
 /// FP8 data: codes (uint8, the shape of the value), scale_inv (shaped and typed per `scaling`)
 /// and the element type: the value of code c is cast_from_fp8(c) * (the scale_inv of its block).
 /// A GEMM operand's blocks run along its last dim, the one the GEMM contracts.
+///
+/// NVFP4 (scaling 1x16 or 16x16, TE's NVFP4BlockScaling): `data` holds E2M1 codes two to a byte
+/// (uint8 [rows, cols / 2], element 2k in the low nibble: te/kernels/fp4_cast.h), `scale_inv` E4M3
+/// codes (uint8 [rows, ceil(cols / 16)], or [ceil(rows / 16), ceil(cols / 16)] for 16x16 tiles),
+/// `dtype` their type (kE4M3), and `amax` (fp32 [1]) the tensor's amax, the second level of
+/// scaling: a code's value is e2m1(c) * (cast_from_fp8(block scale) * amax / (6 * 448)).
 struct Fp8Tensor {
   at::Tensor data;
   at::Tensor scale_inv;
   DType dtype = DType::kE4M3;
   ScalingMode scaling = ScalingMode::kTensor;
+  at::Tensor amax;  ///< NVFP4's tensor amax; undefined in the other modes
 
   /// The fp32 values.
   at::Tensor dequantize() const;
@@ -83,6 +96,32 @@ Fp8Tensor quantize_blocks(const at::Tensor& x, ScalingMode scaling, DType dtype,
 /// the fp32 reciprocal of the format's max, as TE), codes RNE-saturating casts of
 /// x * e8m0_reciprocal(e), scale_inv = e. CPU tensors (the reference).
 Fp8Tensor quantize_mx(const at::Tensor& x, DType dtype);
+/// How quantize_nvfp4 casts.
+struct Nvfp4Cast {
+  /// kBlock1x16 (activations, gradients) or kBlock16x16 (TE's 2-D weight tiles).
+  ScalingMode scaling = ScalingMode::kBlock1x16;
+  /// The amax the tensor scale comes from: the whole tensor's where x is a rank's piece of it
+  /// (what keeps a sharded cast equal to one process's); unset: x's own (NaN skipped).
+  std::optional<float> amax;
+  /// Stochastic rounding (TE's NVFP4 gradients): each code rounds up or down to its E2M1
+  /// neighbours with the probability that makes it unbiased, from the Philox word of element
+  /// r * cols + c in (seed, call) (te/kernels/philox.h dropout_word).
+  bool stochastic = false;
+  uint64_t seed = 0, call = 0;
+};
+/// A 2-D x cast to NVFP4 (TE's NVFP4BlockScaling quantizer, cast/nvfp4/core_nvfp4.cuh and
+/// quantize_transpose_nvfp4.cuh): S_enc = 2688 / amax in fp32 (FLT_MAX where that overflows; 1
+/// for an amax of 0 or infinity); per block (16 along each row, or a 16x16 tile) its amax b (NaN
+/// skipped) gives the E4M3 scale s = e4m3(min(b * (S_enc * (1/6)), FLT_MAX)) (RNE, saturating),
+/// and its elements the E2M1 codes of x * min(1 / (s * (1 / S_enc)), FLT_MAX). cols must be even
+/// (two codes a byte; TE takes multiples of 16). CPU tensors (the reference).
+Fp8Tensor quantize_nvfp4(const at::Tensor& x, const Nvfp4Cast& how = {});
+/// TE's random Hadamard transform of a 2-D x along its rows in blocks of 16 (the NVFP4 wgrad
+/// operands'): each block b of 16 becomes b D H / 4, H the 16x16 Sylvester Hadamard matrix and D
+/// TE's fixed signs (reference_nvfp4.py get_wgrad_sign_vector), an orthogonal map, so two operands
+/// both transformed along the dim a GEMM contracts multiply to the same product. cols not a
+/// multiple of 16 are padded with zeros to one first (fp32 [rows, 16 * ceil(cols / 16)]).
+at::Tensor hadamard16(const at::Tensor& x);
 /// The same 128x128-tile codes of x^T: the codes and the tile scales transposed (a square tile's
 /// transpose is a tile of x^T with the same amax), so a weight cast once serves both GEMMs.
 Fp8Tensor transpose_tiles(const Fp8Tensor& t);

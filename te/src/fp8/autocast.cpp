@@ -31,6 +31,7 @@ struct LinearState : torch::CustomClassHolder {
   GemmCall call;
   Fp8Tensor x_t;  // x^T codes [K, M] (wgrad's a)
   Fp8Tensor w;    // w codes [K, N] (dgrad's b_t)
+  int64_t n = 0;  // w's N (NVFP4's codes pack two a byte, so not w.data's)
   std::vector<int64_t> x_shape;
   at::ScalarType x_dtype = at::kFloat, w_dtype = at::kFloat;
   ScopeCapture scopes;  // of the thread that ran forward, lent to the one running backward
@@ -53,6 +54,7 @@ class Fp8Linear : public torch::autograd::Function<Fp8Linear> {
     ForwardCasts q = recipe.cast_forward(x2, w, s->call);
     s->x_t = std::move(q.x_t);
     s->w = std::move(q.w);
+    s->n = w.size(1);
     s->x_shape = {x.sizes().begin(), x.sizes().end()};
     s->x_dtype = x.scalar_type();
     s->w_dtype = w.scalar_type();
@@ -69,7 +71,7 @@ class Fp8Linear : public torch::autograd::Function<Fp8Linear> {
                                                  torch::autograd::variable_list grads) {
     auto s = c10::static_intrusive_pointer_cast<LinearState>(ctx->saved_data["state"].toCapsule());
     const ScopeLoan loan(s->scopes);
-    const at::Tensor g2 = grads[0].reshape({-1, s->w.data.size(1)});
+    const at::Tensor g2 = grads[0].reshape({-1, s->n});
     const GradCasts gq = s->recipe.impl().cast_grad(g2, s->call);
     // dgrad = g w^T and wgrad = x^T g, each with the transposed codes it takes at hand.
     const at::Tensor grad_x = gemm_nt(gq.g, s->w).reshape(s->x_shape).to(s->x_dtype);

@@ -58,19 +58,26 @@ float fold_amax(const float* x, int64_t n, float amax) {
 
 void check_blocked(const at::Tensor& x, ScalingMode scaling, const char* what, bool mx) {
   if (mx) {
-    TE_CHECK(scaling != ScalingMode::kTensor, "fp8::", what, ": scaling mode '", to_string(scaling),
-             "' is not a block mode (1x32, 1x128, 128x128)");
+    TE_CHECK(scaling != ScalingMode::kTensor && !is_nvfp4(scaling), "fp8::", what,
+             ": scaling mode '", to_string(scaling),
+             "' is not an FP8 block mode (1x32, 1x128, "
+             "128x128)");
   } else {
     TE_CHECK(scaling == ScalingMode::kBlock1x128 || scaling == ScalingMode::kBlock128x128,
              "fp8::", what, ": scaling mode '", to_string(scaling),
              "' is not a block mode of Float8BlockScaling (1x128, 128x128)",
              scaling == ScalingMode::kBlock1x32 ? "; MXFP8's 1x32 blocks: quantize_mx" : "");
   }
+  check_block_input(x, what);
+}
+
+void check_block_input(const at::Tensor& x, const char* what) {
   TE_CHECK(x.dim() == 2, "fp8::", what, ": a ", x.sizes(),
            " tensor; block scaling takes a 2-D tensor [rows, cols] (blocks along cols)");
   TE_CHECK(!x.is_cuda(), "fp8::", what,
-           ": block-scaled FP8 (Float8BlockScaling, MXFP8BlockScaling) runs on the CPU only so "
-           "far; its CUDA kernels are not built: use DelayedScaling or CurrentScaling on the GPU");
+           ": block scaling (Float8BlockScaling, MXFP8BlockScaling, NVFP4BlockScaling) runs on "
+           "the CPU only so far; its CUDA kernels are not built: use DelayedScaling or "
+           "CurrentScaling on the GPU");
 }
 
 Fp8Tensor quantize_blocks(const at::Tensor& x_in, ScalingMode scaling, DType dtype, bool power_2,

@@ -1,6 +1,6 @@
 // The recipe handle, the registry of recipe names, and the scale rule current and block scaling
 // share (docs/ARCHITECTURE.md §5). Each recipe's behaviour is in its own file (delayed.cpp,
-// current.cpp, block.cpp, mxfp8.cpp).
+// current.cpp, block.cpp, mxfp8.cpp, nvfp4.cpp).
 
 #include <ATen/ATen.h>
 
@@ -51,6 +51,10 @@ const std::vector<Registered>& registry() {
        [] { return Recipe(Float8BlockScaling{}); }},
       {"mxfp8", "MXFP8BlockScaling: E8M0 scales per 1x32 block, E4M3",
        [] { return Recipe(MXFP8BlockScaling{}); }},
+      {"nvfp4",
+       "NVFP4BlockScaling: E2M1 with E4M3 scales per 1x16 block / 16x16 weight tile and an FP32 "
+       "tensor scale; Hadamard-transformed wgrad operands, stochastically rounded gradients",
+       [] { return Recipe(NVFP4BlockScaling{}); }},
   };
   return all;
 }

@@ -1,8 +1,8 @@
 #pragma once
 
 // The internal interface every FP8 recipe implements, and the autocast state the recipes share
-// (docs/ARCHITECTURE.md §5). One file per recipe: delayed.cpp, current.cpp, block.cpp, mxfp8.cpp;
-// the names are registered in recipe.cpp.
+// (docs/ARCHITECTURE.md §5). One file per recipe: delayed.cpp, current.cpp, block.cpp, mxfp8.cpp,
+// nvfp4.cpp; the names are registered in recipe.cpp.
 
 #include <ATen/Tensor.h>
 
@@ -113,12 +113,16 @@ const char* format_name(Format format);
 
 /// The fp32 values of codes in a block mode (block.cpp; Fp8Tensor::dequantize's block branch).
 at::Tensor dequantize_blocks(const Fp8Tensor& t);
+/// The fp32 values of an NVFP4 tensor (nvfp4.cpp).
+at::Tensor dequantize_nvfp4(const Fp8Tensor& t);
 /// max(amax, max |x[i]| over n elements), NaN skipped (fmaxf's rule, as TE's block kernels take
 /// a block's amax): block.cpp, vectorized.
 float fold_amax(const float* x, int64_t n, float amax);
 /// te::Error naming `what` unless x is a 2-D CPU tensor and `scaling` a block mode: 1x128 or
 /// 128x128 (Float8BlockScaling's), or also 1x32 with `mx`.
 void check_blocked(const at::Tensor& x, ScalingMode scaling, const char* what, bool mx);
+/// Its check of x alone: te::Error naming `what` unless x is a 2-D CPU tensor.
+void check_block_input(const at::Tensor& x, const char* what);
 
 /// x's whole-tensor amax, reduced (MAX) over call.dims of call.mesh: what a rank holding a piece
 /// needs to cast as one process would.

@@ -102,6 +102,10 @@ const char* to_string(ScalingMode mode) {
       return "128x128";
     case ScalingMode::kBlock1x32:
       return "1x32";
+    case ScalingMode::kBlock1x16:
+      return "1x16";
+    case ScalingMode::kBlock16x16:
+      return "16x16";
   }
   return "?";
 }
@@ -109,6 +113,7 @@ const char* to_string(ScalingMode mode) {
 at::Tensor Fp8Tensor::dequantize() const {
   TE_CHECK(data.defined() && data.scalar_type() == at::kByte,
            "Fp8Tensor::dequantize: the codes must be a uint8 tensor");
+  if (is_nvfp4(scaling)) return dequantize_nvfp4(*this);
   if (scaling != ScalingMode::kTensor) return dequantize_blocks(*this);
   const at::Tensor codes = data.contiguous();
   check_scale(scale_inv, "Fp8Tensor::dequantize: scale_inv", codes);
@@ -269,10 +274,16 @@ at::Tensor block_gemm_nt(const Fp8Tensor& a, const Fp8Tensor& b_t, bool b_is_tra
 // transposed on the way.
 at::Tensor gemm_of(const Fp8Tensor& a, const Fp8Tensor& b, bool b_is_transposed,
                    bool fast_accumulation) {
+  // Before the shapes: NVFP4's codes are packed two a byte, so its shapes are not another's.
+  TE_CHECK(is_nvfp4(a.scaling) == is_nvfp4(b.scaling), "fp8::gemm: a is scaled per ",
+           to_string(a.scaling), " and b", b_is_transposed ? "_t" : "", " per ",
+           to_string(b.scaling),
+           "; NVFP4's E2M1 operands (1x16, 16x16) multiply only NVFP4 operands");
   const int64_t bk = b_is_transposed ? 1 : 0;  // b's contracted dim
   TE_CHECK(a.data.dim() == 2 && b.data.dim() == 2 && a.data.size(1) == b.data.size(bk),
            "fp8::gemm: a ", a.data.sizes(), " and b", b_is_transposed ? "_t " : " ", b.data.sizes(),
-           " do not multiply; give a [M, K] and b [K, N] (b_t [N, K])");
+           " do not multiply; give a [M, K] and b [K, N] (b_t [N, K])",
+           is_nvfp4(a.scaling) ? " (NVFP4 codes: [M, K / 2] and [N, K / 2], two a byte)" : "");
   TE_CHECK(a.data.scalar_type() == at::kByte && b.data.scalar_type() == at::kByte,
            "fp8::gemm: the operands must be FP8 codes (uint8)");
   TE_CHECK(!(a.dtype == DType::kE5M2 && b.dtype == DType::kE5M2),

@@ -11,6 +11,7 @@
 // te/src/fp8/recipe.cpp: adding a recipe touches its struct here, its file, that registration and
 // its tests.
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <typeindex>
@@ -70,6 +71,21 @@ struct MXFP8BlockScaling {
   Format fp8_format = Format::kE4M3;
 };
 
+/// NVFP4 (TE's NVFP4BlockScaling): E2M1 codes with two levels of scaling, an E4M3 scale per 16
+/// consecutive elements along the GEMM's reduction dim and an FP32 scale from the whole tensor's
+/// amax (quantize_nvfp4, te/fp8.h). Weights take one scale per 16x16 tile; the wgrad GEMM's
+/// operands (x^T and the gradient's transpose, both along the tokens) pass TE's random Hadamard
+/// transform first (hadamard16); gradients round stochastically. Every cast comes from the
+/// high-precision tensor; under a mesh each cast's amax is reduced over every mesh axis but pp,
+/// so a rank holding a piece casts as one process would (stochastic rounding aside: its draws
+/// are a rank's own). No amax history.
+struct NVFP4BlockScaling {
+  bool disable_rht = false;                  ///< TE: NVTE_NVFP4_DISABLE_RHT
+  bool disable_stochastic_rounding = false;  ///< TE: NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING
+  bool disable_2d_quantization = false;  ///< TE: NVTE_NVFP4_DISABLE_2D_QUANTIZATION (1x16 weights)
+  uint64_t seed = 0;  ///< the stochastic rounding draws: Philox (seed, the recipe's cast count)
+};
+
 /// The internal behaviour of a recipe (te/src/fp8/recipe_impl.h).
 class RecipeImpl;
 
@@ -79,6 +95,7 @@ std::shared_ptr<const RecipeImpl> implement(const DelayedScaling& recipe);
 std::shared_ptr<const RecipeImpl> implement(const CurrentScaling& recipe);
 std::shared_ptr<const RecipeImpl> implement(const Float8BlockScaling& recipe);
 std::shared_ptr<const RecipeImpl> implement(const MXFP8BlockScaling& recipe);
+std::shared_ptr<const RecipeImpl> implement(const NVFP4BlockScaling& recipe);
 
 /// Any recipe, checked when made (a bad setting throws te::Error naming it).
 class Recipe {
@@ -100,7 +117,7 @@ class Recipe {
     return get_if<R>() != nullptr;
   }
 
-  /// The name recipe_named takes: "delayed", "current", "block", "mxfp8".
+  /// The name recipe_named takes: "delayed", "current", "block", "mxfp8", "nvfp4".
   std::string name() const;
   Format format() const;
   /// "DelayedScaling(margin=0, format=HYBRID, amax_history_len=1024, amax_compute_algo=max)".
@@ -118,7 +135,7 @@ inline std::string to_string(const Recipe& recipe) { return recipe.to_string(); 
 /// The recipe a name stands for, with its default settings: te::Error listing the names for any
 /// other. The one list of names (te-encoder's and te-explain's --fp8 take them).
 Recipe recipe_named(const std::string& name);
-/// "delayed", "current", "block", "mxfp8".
+/// "delayed", "current", "block", "mxfp8", "nvfp4".
 std::vector<std::string> recipe_names();
 /// Each name with what it is, for a --help: "delayed (DelayedScaling: ...), current (...), ...".
 std::string recipe_summary();

@@ -1,0 +1,302 @@
+// NVFP4BlockScaling (TE's recipe): E2M1 codes with an E4M3 scale per 16 elements and an FP32
+// tensor scale, 16x16 tiles for weights, the random Hadamard transform on the wgrad operands and
+// stochastic rounding for gradients; the CPU reference of the casts and the recipe.
+//
+// Definitions, from NVIDIA/TransformerEngine d0067d0da6cb01811b8072a7d304f0e00344ce2b:
+// - the recipe: transformer_engine/common/recipe/__init__.py, class NVFP4BlockScaling (inputs:
+//   RHT, no SR, 1-D blocks; weights: 16x16 blocks, no RHT, no SR; gradients: RHT and SR, 1-D;
+//   "RHT is currently only applied to column-wise usage so that it can be used for wgrad GEMM");
+// - the tensor scale: cast/nvfp4/core_nvfp4.cuh compute_global_encode_scaling_factor_FP4
+//   (S_enc = 448 * 6 / amax, fminf with FLT_MAX, 1 when the amax is 0 or S_enc is 0);
+// - a block's scale: core_nvfp4.cuh compute_decoding_scaling_factor (block_amax * (S_enc *
+//   (1 / 6)), fminf with FLT_MAX, static_cast to E4M3: satfinite, RNE); a block's amax fmaxf over
+//   |x| (quantize_transpose_nvfp4.cuh), so NaN is skipped;
+// - the codes: quantize_transpose_nvfp4.cuh block_scale_inverse = fminf(1 / (float(s) *
+//   S_dec), FLT_MAX) with S_dec = 1 / S_enc, then util/ptx_arch_spec.cuh mul_cvt_fp32_to_fp4_4x
+//   (an fp32 multiply, cvt.rn.satfinite.e2m1x2.f32; cvt.rs for stochastic rounding);
+// - dequantize: cast/nvfp4/dequantize_nvfp4.cuh (code * (float(s) * amax * (1 / (6 * 448))));
+// - the transform: pytorch/custom_recipes/reference_nvfp4.py (_build_hadamard_matrix,
+//   get_wgrad_sign_vector, _apply_rht: x @ (D H) / sqrt(16) along the last dim of the
+//   transposed tensor, its amax taken after the transform).
+// TE's kernels take bf16 input and round the transform to bf16; here every step is fp32.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cfloat>
+#include <cmath>
+#include <sstream>
+
+#include "recipe_impl.h"
+#include "te/error.h"
+#include "te/kernels/fp4_cast.h"
+#include "te/kernels/philox.h"
+
+namespace te::fp8 {
+
+namespace {
+
+constexpr int64_t kNvBlock = 16;
+constexpr float kFp8Fp4Max = 448.0f * kE2M1Max;  // 2688
+
+int64_t blocks16(int64_t n) { return (n + kNvBlock - 1) / kNvBlock; }
+
+// TE's S_enc for a tensor amax.
+float tensor_encode_scale(float amax) {
+  float s = std::fmin(kFp8Fp4Max / amax, FLT_MAX);  // fminf: NaN gives FLT_MAX
+  if (amax == 0.0f || s == 0.0f) s = 1.0f;
+  return s;
+}
+
+void check_nvfp4_mode(ScalingMode scaling, const char* what) {
+  TE_CHECK(is_nvfp4(scaling), "fp8::", what, ": scaling mode '", to_string(scaling),
+           "' is not one of NVFP4's (1x16, 16x16)");
+}
+
+// The Philox words of consecutive elements, one 4-word block per 4 elements (dropout_word's
+// mapping: element g takes lane g % 4 of the block at counter (g / 4, call)).
+class Draws {
+ public:
+  Draws(uint64_t seed, uint64_t call)
+      : key_{static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)},
+        call_lo_(static_cast<uint32_t>(call)),
+        call_hi_(static_cast<uint32_t>(call >> 32)) {}
+
+  uint32_t word(uint64_t g) {
+    const uint64_t block = g / 4;
+    if (block != block_) {
+      block_ = block;
+      words_ = kernels::philox4x32_10(
+          {static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32), call_lo_, call_hi_},
+          key_);
+    }
+    return words_[g % 4];
+  }
+
+ private:
+  std::array<uint32_t, 2> key_;
+  uint32_t call_lo_, call_hi_;
+  uint64_t block_ = ~uint64_t{0};
+  std::array<uint32_t, 4> words_{};
+};
+
+}  // namespace
+
+Fp8Tensor quantize_nvfp4(const at::Tensor& x_in, const Nvfp4Cast& how) {
+  check_nvfp4_mode(how.scaling, "quantize_nvfp4");
+  check_block_input(x_in, "quantize_nvfp4");
+  TE_CHECK(at::isFloatingType(x_in.scalar_type()), "fp8::quantize_nvfp4: cannot cast a ",
+           x_in.scalar_type(), " tensor to NVFP4; give a floating-point tensor");
+  TE_CHECK(x_in.size(1) % 2 == 0, "fp8::quantize_nvfp4: a ", x_in.sizes(),
+           " tensor has an odd number of columns (", x_in.size(1),
+           "); NVFP4 packs two E2M1 codes a byte along the columns (TE takes multiples of 16)");
+  at::NoGradGuard no_grad;
+  const at::Tensor x = x_in.detach().to(at::kFloat).contiguous();
+  const int64_t rows = x.size(0), cols = x.size(1), nb = blocks16(cols);
+  const bool tiles = how.scaling == ScalingMode::kBlock16x16;
+  Fp8Tensor out;
+  out.dtype = DType::kE4M3;
+  out.scaling = how.scaling;
+  out.data = at::empty({rows, cols / 2}, x.options().dtype(at::kByte));
+  out.scale_inv = at::empty({tiles ? blocks16(rows) : rows, nb}, x.options().dtype(at::kByte));
+  out.amax = at::empty({1}, x.options());
+  if (x.is_meta()) return out;
+  const float* in = x.data_ptr<float>();
+  const float amax = how.amax ? *how.amax : fold_amax(in, x.numel(), 0.0f);
+  out.amax.fill_(amax);
+  if (x.numel() == 0) return out;
+  uint8_t* packed = out.data.data_ptr<uint8_t>();
+  uint8_t* scales = out.scale_inv.data_ptr<uint8_t>();
+  const float s_enc = tensor_encode_scale(amax);
+  const float s_dec = 1.0f / s_enc;
+  const float block_factor = s_enc * (1.0f / kE2M1Max);
+  const int64_t band = tiles ? kNvBlock : 1;
+  at::parallel_for(0, out.scale_inv.size(0), tiles ? 1 : 64, [&](int64_t begin, int64_t end) {
+    Draws draws(how.seed, how.call);
+    for (int64_t br = begin; br < end; ++br) {
+      const int64_t r0 = br * band, r1 = std::min(rows, r0 + band);
+      for (int64_t b = 0; b < nb; ++b) {
+        const int64_t c0 = b * kNvBlock, n = std::min(cols, c0 + kNvBlock) - c0;
+        float block_amax = 0.0f;
+        for (int64_t r = r0; r < r1; ++r) block_amax = fold_amax(in + r * cols + c0, n, block_amax);
+        const uint8_t s = cast_to_fp8(std::fmin(block_amax * block_factor, FLT_MAX), DType::kE4M3);
+        scales[br * nb + b] = s;
+        const float encode = std::fmin(1.0f / (cast_from_fp8(s, DType::kE4M3) * s_dec), FLT_MAX);
+        for (int64_t r = r0; r < r1; ++r) {
+          const float* row = in + r * cols;
+          uint8_t* dst = packed + r * (cols / 2);
+          for (int64_t c = c0; c < c0 + n; c += 2) {
+            uint8_t lo, hi;
+            if (how.stochastic) {
+              const uint64_t g = static_cast<uint64_t>(r * cols + c);
+              lo = e2m1_round_stochastic(row[c] * encode, draws.word(g));
+              hi = e2m1_round_stochastic(row[c + 1] * encode, draws.word(g + 1));
+            } else {
+              lo = e2m1_round(row[c] * encode);
+              hi = e2m1_round(row[c + 1] * encode);
+            }
+            dst[c / 2] = static_cast<uint8_t>(lo | (hi << 4));
+          }
+        }
+      }
+    }
+  });
+  return out;
+}
+
+at::Tensor dequantize_nvfp4(const Fp8Tensor& t) {
+  check_nvfp4_mode(t.scaling, "dequantize");
+  const at::Tensor packed = t.data.contiguous();
+  check_block_input(packed, "dequantize");
+  const int64_t rows = packed.size(0), cols = packed.size(1) * 2, nb = blocks16(cols);
+  const bool tiles = t.scaling == ScalingMode::kBlock16x16;
+  const std::vector<int64_t> want{tiles ? blocks16(rows) : rows, nb};
+  TE_CHECK(t.scale_inv.defined() && t.scale_inv.scalar_type() == at::kByte &&
+               t.scale_inv.sizes() == at::IntArrayRef(want),
+           "fp8::dequantize: scale_inv ",
+           t.scale_inv.defined() ? t.scale_inv.sizes() : at::IntArrayRef{}, " for ", packed.sizes(),
+           " packed E2M1 codes in ", to_string(t.scaling), " blocks; it must be E4M3 (uint8) ",
+           at::IntArrayRef(want));
+  TE_CHECK(t.amax.defined() && t.amax.numel() == 1 && t.amax.scalar_type() == at::kFloat,
+           "fp8::dequantize: an NVFP4 tensor needs its amax (fp32, one element), the second "
+           "level of its scaling");
+  at::Tensor out = at::empty({rows, cols}, packed.options().dtype(at::kFloat));
+  if (packed.is_meta() || packed.numel() == 0) return out;
+  const float amax = t.amax.item<float>();
+  const uint8_t* in = packed.data_ptr<uint8_t>();
+  const at::Tensor scales_c = t.scale_inv.contiguous();
+  const uint8_t* scales = scales_c.data_ptr<uint8_t>();
+  float* o = out.data_ptr<float>();
+  constexpr float factor_inv = 1.0f / kFp8Fp4Max;
+  at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const uint8_t* row_scales = scales + (tiles ? r / kNvBlock : r) * nb;
+      for (int64_t b = 0; b < nb; ++b) {
+        const float final_scale = cast_from_fp8(row_scales[b], DType::kE4M3) * amax * factor_inv;
+        for (int64_t c = b * kNvBlock, e = std::min(cols, c + kNvBlock); c < e; c += 2) {
+          const uint8_t byte = in[r * (cols / 2) + c / 2];
+          o[r * cols + c] = e2m1_to_float(byte & 0xF) * final_scale;
+          o[r * cols + c + 1] = e2m1_to_float(static_cast<uint8_t>(byte >> 4)) * final_scale;
+        }
+      }
+    }
+  });
+  return out;
+}
+
+at::Tensor hadamard16(const at::Tensor& x_in) {
+  check_block_input(x_in, "hadamard16");
+  TE_CHECK(at::isFloatingType(x_in.scalar_type()), "fp8::hadamard16: a ", x_in.scalar_type(),
+           " tensor; give a floating-point tensor");
+  at::NoGradGuard no_grad;
+  const int64_t rows = x_in.size(0), cols = x_in.size(1), padded = blocks16(cols) * kNvBlock;
+  at::Tensor x = x_in.detach().to(at::kFloat);
+  if (padded != cols) x = at::constant_pad_nd(x, {0, padded - cols});
+  x = x.contiguous();
+  at::Tensor out = at::empty({rows, padded}, x.options());
+  if (x.is_meta() || x.numel() == 0) return out;
+  // D H / 4: row i of the Sylvester matrix H (H[i][j] = (-1)^popcount(i & j)) times TE's sign i
+  // (-1 where bit i of 0xD7E8 is set: [1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1]).
+  std::array<float, kNvBlock * kNvBlock> m{};
+  for (int i = 0; i < kNvBlock; ++i) {
+    const float sign = ((0xD7E8 >> i) & 1) ? -1.0f : 1.0f;
+    for (int j = 0; j < kNvBlock; ++j) {
+      m[i * kNvBlock + j] = sign * (__builtin_popcount(i & j) % 2 ? -0.25f : 0.25f);
+    }
+  }
+  const float* in = x.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  at::parallel_for(0, rows * (padded / kNvBlock), 1024, [&](int64_t begin, int64_t end) {
+    for (int64_t blk = begin; blk < end; ++blk) {
+      const float* v = in + blk * kNvBlock;
+      float* w = o + blk * kNvBlock;
+      for (int j = 0; j < kNvBlock; ++j) {
+        float acc = 0.0f;
+        for (int i = 0; i < kNvBlock; ++i) acc += v[i] * m[i * kNvBlock + j];
+        w[j] = acc;
+      }
+    }
+  });
+  return out;
+}
+
+namespace {
+
+class Nvfp4 final : public RecipeImpl {
+ public:
+  explicit Nvfp4(NVFP4BlockScaling r) : r_(r) {}
+
+  std::string name() const override { return "nvfp4"; }
+  Format format() const override { return Format::kE4M3; }  // the block scales' (TE: fp8_format)
+  std::string to_string() const override {
+    std::ostringstream os;
+    os << "NVFP4BlockScaling(x=1x16" << (r_.disable_rht ? "" : ", x^T=RHT+1x16")
+       << ", w=" << (r_.disable_2d_quantization ? "1x16" : "16x16")
+       << ", grad=" << (r_.disable_stochastic_rounding ? "1x16" : "SR+1x16")
+       << (r_.disable_rht ? "" : ", grad^T=RHT") << ", seed=" << r_.seed << ")";
+    return os.str();
+  }
+
+  // x [M, K] and w^T [N, K] for the forward GEMM, x^T [K, M] (transformed along M) for wgrad,
+  // w [K, N] for dgrad; each from the high-precision tensor.
+  ForwardCasts cast_forward(const at::Tensor& x, const at::Tensor& w,
+                            GemmCall& call) const override {
+    const ScalingMode weights =
+        r_.disable_2d_quantization ? ScalingMode::kBlock1x16 : ScalingMode::kBlock16x16;
+    const std::optional<float> w_amax = amax_of(w, call);
+    return {cast(x, ScalingMode::kBlock1x16, call, false), cast_as(w.t(), weights, w_amax, false),
+            cast(wgrad_operand(x.t()), ScalingMode::kBlock1x16, call, false),
+            cast_as(w, weights, w_amax, false)};
+  }
+
+  // g [M, N] for dgrad, g^T [N, M] (transformed along M) for wgrad.
+  GradCasts cast_grad(const at::Tensor& g, GemmCall& call) const override {
+    const bool sr = !r_.disable_stochastic_rounding;
+    return {cast(g, ScalingMode::kBlock1x16, call, sr),
+            cast(wgrad_operand(g.t()), ScalingMode::kBlock1x16, call, sr)};
+  }
+
+  bool fast_forward_accumulation() const override { return false; }
+
+ private:
+  at::Tensor wgrad_operand(const at::Tensor& t) const { return r_.disable_rht ? t : hadamard16(t); }
+
+  // The whole tensor's amax (reduced over the mesh); none for shapes alone (the planner's dry run).
+  static std::optional<float> amax_of(const at::Tensor& x, const GemmCall& call) {
+    const at::Tensor a = reduced_amax(x, call);
+    if (a.is_meta()) return std::nullopt;
+    return a.item<float>();
+  }
+
+  Fp8Tensor cast(const at::Tensor& x, ScalingMode scaling, const GemmCall& call,
+                 bool stochastic) const {
+    return cast_as(x, scaling, amax_of(x, call), stochastic);
+  }
+
+  Fp8Tensor cast_as(const at::Tensor& x, ScalingMode scaling, std::optional<float> amax,
+                    bool stochastic) const {
+    Nvfp4Cast how;
+    how.scaling = scaling;
+    how.amax = amax;
+    how.stochastic = stochastic;
+    if (stochastic) {
+      how.seed = r_.seed;
+      how.call = draws_.fetch_add(1, std::memory_order_relaxed);
+    }
+    return quantize_nvfp4(x, how);
+  }
+
+  NVFP4BlockScaling r_;
+  mutable std::atomic<uint64_t> draws_{0};  // the stochastic casts made: each one's Philox call
+};
+
+}  // namespace
+
+std::shared_ptr<const RecipeImpl> implement(const NVFP4BlockScaling& r) {
+  return std::make_shared<Nvfp4>(r);
+}
+
+}  // namespace te::fp8
