@@ -134,8 +134,8 @@ void BM_GemmFp8Reference(benchmark::State& state) {
 }
 
 // A block-scaled cast (Float8BlockScaling's, te::fp8::quantize_blocks; MXFP8's 1x32,
-// te::fp8::quantize_mx) of a 4096^2 fp32 matrix against one memcpy of it: each block's amax, its
-// scale, the codes.
+// te::fp8::quantize_mx; NVFP4's 1x16 / 16x16, te::fp8::quantize_nvfp4) of a 4096^2 fp32 matrix
+// against one memcpy of it: each block's amax, its scale, the codes.
 void BM_QuantizeBlocks(benchmark::State& state, te::fp8::ScalingMode mode) {
   const int64_t n = state.range(0);
   const auto values = data(n * n);
@@ -145,7 +145,9 @@ void BM_QuantizeBlocks(benchmark::State& state, te::fp8::ScalingMode mode) {
   for (auto _ : state) {
     best = std::min(best, best_seconds(
                               [&] {
-                                auto q = mode == te::fp8::ScalingMode::kBlock1x32
+                                auto q = te::fp8::is_nvfp4(mode)
+                                             ? te::fp8::quantize_nvfp4(x, {mode})
+                                         : mode == te::fp8::ScalingMode::kBlock1x32
                                              ? te::fp8::quantize_mx(x, te::fp8::DType::kE4M3)
                                              : te::fp8::quantize_blocks(
                                                    x, mode, te::fp8::DType::kE4M3, true, 0.0f);
@@ -186,6 +188,8 @@ BENCHMARK(BM_GemmFp8Reference)->Arg(1024)->Arg(2048)->Unit(benchmark::kMilliseco
 BENCHMARK_CAPTURE(BM_QuantizeBlocks, 1x128, te::fp8::ScalingMode::kBlock1x128)->Arg(4096);
 BENCHMARK_CAPTURE(BM_QuantizeBlocks, 128x128, te::fp8::ScalingMode::kBlock128x128)->Arg(4096);
 BENCHMARK_CAPTURE(BM_QuantizeBlocks, 1x32, te::fp8::ScalingMode::kBlock1x32)->Arg(4096);
+BENCHMARK_CAPTURE(BM_QuantizeBlocks, nvfp4_1x16, te::fp8::ScalingMode::kBlock1x16)->Arg(4096);
+BENCHMARK_CAPTURE(BM_QuantizeBlocks, nvfp4_16x16, te::fp8::ScalingMode::kBlock16x16)->Arg(4096);
 BENCHMARK(BM_GemmBlockScaled)->Arg(256)->Arg(2048)->Unit(benchmark::kMillisecond)->Iterations(8);
 
 }  // namespace
