@@ -172,13 +172,14 @@ INSTANTIATE_TEST_SUITE_P(
                       Layout{"DP2xTP2", {2, 2}, {"data", "tp"}, "dp=data,tp=tp", "data+tp"}),
     [](const ::testing::TestParamInfo<Layout>& info) { return info.param.name; });
 
-// One step of the MLP `build` makes, under `recipe`, on one process and then on DP2 and TP2 (two
-// Gloo ranks, TE's table): every rank's output, input gradient and weight gradients equal one
-// process's, within fp32 rounding or, with `flips` > 0, within `flips` of each tensor's largest
-// magnitude: the room a few FP8 codes flipped by one-ulp differences before a cast take.
-void expect_dp2_and_tp2_equal_one_process(const std::function<LayerNormMLP()>& build,
-                                          const fp8::Recipe& recipe, const at::Tensor& x0,
-                                          const at::Tensor& wy, double flips = 0.0) {
+// One step of the MLP `build` makes, under `recipe`, on one process and then on DP2, TP2, TP2 with
+// sequence parallelism, FSDP2 and DP2xTP2 (Gloo ranks, TE's table): every rank's output, input
+// gradient and weight gradients equal one process's, within fp32 rounding or, with `flips` > 0,
+// within `flips` of each tensor's largest magnitude: the room a few FP8 codes flipped by one-ulp
+// differences before a cast take.
+void expect_layouts_equal_one_process(const std::function<LayerNormMLP()>& build,
+                                      const fp8::Recipe& recipe, const at::Tensor& x0,
+                                      const at::Tensor& wy, double flips = 0.0) {
   // fp32 sums in another order: 1e-5 relative, and absolute 1e-6 of the largest magnitude.
   auto close = [flips](const at::Tensor& got, const at::Tensor& want) {
     const double top = want.abs().max().item<double>();
@@ -198,9 +199,22 @@ void expect_dp2_and_tp2_equal_one_process(const std::function<LayerNormMLP()>& b
     for (const auto& p : mlp->named_parameters()) want_param_grads[p.key()] = p.value().grad();
   }
   set_warning_handler([](std::string_view) {});
-  for (const char* spec : {"dp=data", "tp=data"}) {
-    run_local_ranks(2, [&](int rank) {
-      DeviceMesh mesh({2}, {"data"});
+  struct MeshLayout {
+    std::vector<int64_t> shape;
+    std::vector<std::string> axes;
+    const char* spec;
+  };
+  const std::vector<MeshLayout> meshes = {{{2}, {"data"}, "dp=data"},
+                                          {{2}, {"data"}, "tp=data"},
+                                          {{2}, {"data"}, "tpsp=data"},
+                                          {{2}, {"data"}, "fsdp=data"},
+                                          {{2, 2}, {"data", "model"}, "dp=data,tp=model"}};
+  for (const MeshLayout& layout : meshes) {
+    const char* spec = layout.spec;
+    int64_t world = 1;
+    for (const int64_t n : layout.shape) world *= n;
+    run_local_ranks(static_cast<int>(world), [&](int rank) {
+      DeviceMesh mesh(layout.shape, layout.axes);
       MeshScope mesh_scope(mesh);
       const MeshResource resource = parse_mesh_resource(spec);
       LayerNormMLP built = [&] {
@@ -238,8 +252,8 @@ void expect_dp2_and_tp2_equal_one_process(const std::function<LayerNormMLP()>& b
 
 TEST(Fp8Parallel, CurrentScalingCastsWithTheWholeTensorsAmaxOnEveryLayout) {
   // Each rank holds a piece; the amax (and so the scale) must be the whole tensor's.
-  expect_dp2_and_tp2_equal_one_process([] { return make_mlp(); }, fp8::CurrentScaling{}, input(0),
-                                       output_weight(0));
+  expect_layouts_equal_one_process([] { return make_mlp(); }, fp8::CurrentScaling{}, input(0),
+                                   output_weight(0));
 }
 
 // Float8BlockScaling keeps no state and reduces nothing: each rank scales its own blocks, which
@@ -253,7 +267,7 @@ TEST(Fp8Parallel, CurrentScalingCastsWithTheWholeTensorsAmaxOnEveryLayout) {
 // magnitude here, which `flips` = 2e-3 leaves room for, and a cut block does not.)
 TEST(Fp8Parallel, BlockScalingEqualsOneProcessWhereShardsFallOnBlocks) {
   const std::vector<int64_t> shape = {2, 128, 256};
-  expect_dp2_and_tp2_equal_one_process(
+  expect_layouts_equal_one_process(
       [] {
         manual_seed(37);
         return LayerNormMLP(
@@ -268,7 +282,7 @@ TEST(Fp8Parallel, BlockScalingEqualsOneProcessWhereShardsFallOnBlocks) {
 // halves of 256 and 512 features under TP) falls between; HYBRID, so the gradients are E5M2.
 TEST(Fp8Parallel, Mxfp8EqualsOneProcessWhereShardsFallOnBlocks) {
   const std::vector<int64_t> shape = {2, 128, 256};
-  expect_dp2_and_tp2_equal_one_process(
+  expect_layouts_equal_one_process(
       [] {
         manual_seed(38);
         return LayerNormMLP(
@@ -287,7 +301,7 @@ TEST(Fp8Parallel, Nvfp4EqualsOneProcessWhereShardsFallOnBlocks) {
   const std::vector<int64_t> shape = {2, 128, 256};
   fp8::NVFP4BlockScaling recipe;
   recipe.disable_stochastic_rounding = true;
-  expect_dp2_and_tp2_equal_one_process(
+  expect_layouts_equal_one_process(
       [] {
         manual_seed(39);
         return LayerNormMLP(
