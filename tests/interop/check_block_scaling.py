@@ -1,12 +1,19 @@
-"""Holds te::fp8's NVFP4 casts (the cases te_interop_nvfp4 wrote) to Transformer Engine's NVFP4
-reference quantizer: transformer_engine/pytorch/custom_recipes/reference_nvfp4.py at
-NVIDIA/TransformerEngine d0067d0da6cb01811b8072a7d304f0e00344ce2b (NVFP4QuantizerRef.
-_quantize_blockwise_reference, cast_to_fp4x2, _build_hadamard_matrix, get_wgrad_sign_vector,
-_apply_rht), its rules written out here with PyTorch (TE itself needs a GPU to import); the E4M3
-block scales are PyTorch's float8_e4m3fn casts. Codes and scales must be identical, values
-equal dequantize_nvfp4.cuh's code * (scale * amax * (1 / 2688)), transforms within 1e-6.
+"""Holds te::fp8's block-scaled casts (the cases te_interop_block_scaling wrote) to Transformer
+Engine's Python references at NVIDIA/TransformerEngine d0067d0da6cb01811b8072a7d304f0e00344ce2b,
+their rules written out here with PyTorch (TE itself needs a GPU to import), every FP8 cast
+PyTorch's float8_e4m3fn / float8_e5m2:
+- Float8BlockScaling: tests/pytorch/references/blockwise_quantizer_reference.py
+  (_quantize_vectorwise_reference, _quantize_square_block_tiling: zero padding, a tile's amax,
+  x * scale clamped and cast) with quantize_scale_calc.py's scale_from_amax_tensor (epsilon
+  floor, fp8_max / amax, FLT_MAX for an infinite quotient, frexp power of two, 1 for amax 0);
+- MXFP8: tests/pytorch/test_mxfp8_2d_quantize.py (_float_to_e8m0: amax / 448 rounded up to a
+  power of two by its bits; x / 2^(e - 127) cast), per 1x32 block along the rows;
+- NVFP4: transformer_engine/pytorch/custom_recipes/reference_nvfp4.py (NVFP4QuantizerRef.
+  _quantize_blockwise_reference, cast_to_fp4x2, _build_hadamard_matrix, get_wgrad_sign_vector,
+  _apply_rht); values as dequantize_nvfp4.cuh's code * (scale * amax * (1 / 2688)).
+Codes and scales must be identical, transforms within 1e-6.
 
-  python check_nvfp4.py CASES.json
+  python check_block_scaling.py CASES.json
 """
 
 import json
@@ -90,10 +97,83 @@ def hadamard(x):
     return (x.reshape(-1, 16) @ m.to(torch.float64)).reshape(x.shape)
 
 
+def scale_from_amax(amax, fp8_max, pow_2, eps):
+    """quantize_scale_calc.py scale_from_amax_tensor for fp32 input: (scale, scale_inv)."""
+    amax = torch.maximum(amax, torch.tensor(eps, dtype=torch.float32))
+    scale = torch.div(torch.tensor(fp8_max, dtype=torch.float32), amax)
+    scale = torch.where(scale == torch.inf, torch.tensor(F32_MAX), scale)
+    if pow_2:
+        _, e = torch.frexp(scale)
+        scale = torch.ldexp(torch.ones_like(scale), e - 1)
+        scale = torch.where(amax == torch.inf, torch.zeros_like(scale), scale)
+    scale = torch.where(amax == 0, torch.ones_like(scale), scale)
+    return scale, torch.reciprocal(scale)
+
+
+def block_quantize(x, tiles, dtype, pow_2, eps):
+    """blockwise_quantizer_reference.py for x [m, n]: 1x128 blocks or 128x128 tiles, zero padded."""
+    m, n = x.shape
+    xp = torch.nn.functional.pad(x, (0, (-n) % 128, 0, ((-m) % 128) if tiles else 0))
+    fp8_max = torch.finfo(dtype).max
+    if tiles:
+        grid = xp.reshape(xp.shape[0] // 128, 128, xp.shape[1] // 128, 128)
+        amax = grid.abs().amax(dim=(1, 3))
+        scale, scale_inv = scale_from_amax(amax, fp8_max, pow_2, eps)
+        q = grid * scale.reshape(amax.shape[0], 1, amax.shape[1], 1)
+    else:
+        grid = xp.reshape(m, xp.shape[1] // 128, 128)
+        amax = grid.abs().amax(dim=-1)
+        scale, scale_inv = scale_from_amax(amax, fp8_max, pow_2, eps)
+        q = grid * scale.unsqueeze(-1)
+    q = q.clamp(-fp8_max, fp8_max).to(dtype).reshape(xp.shape)[:m, :n]
+    return q.view(torch.uint8), scale_inv
+
+
+def mx_quantize(x, dtype):
+    """_float_to_e8m0 and the cast of test_mxfp8_2d_quantize.py, per 1x32 block along the rows."""
+    m, n = x.shape
+    grid = torch.nn.functional.pad(x, (0, (-n) % 32)).reshape(m, -1, 32)
+    amax = grid.abs().amax(-1)
+    val = (amax / torch.finfo(dtype).max).contiguous()
+    bits = val.view(torch.int32)
+    exponent, mantissa = (bits >> 23) & 0xFF, bits & 0x7FFFFF
+    up = (mantissa > 0) & (exponent != 254) & ~((exponent == 0) & (mantissa <= 0x400000))
+    e = torch.where(val == 0, torch.zeros_like(exponent), exponent + up.to(torch.int32))
+    scale_inv = torch.pow(2.0, e.to(torch.float32) - 127)
+    q = (grid / scale_inv.unsqueeze(-1)).to(dtype).reshape(m, -1)[:, :n]
+    return q.view(torch.uint8), e.to(torch.uint8)
+
+
+def check_fp8_case(c):
+    """Float8BlockScaling and MXFP8 cases: the problems found (none: identical)."""
+    x = tensor(c["x"], torch.float32)
+    dtype = torch.float8_e4m3fn if c["e4m3"] else torch.float8_e5m2
+    codes = tensor(c["codes"], torch.int64).to(torch.uint8)
+    if c["recipe"] == "block":
+        want_codes, want_scales = block_quantize(x, c["tiles"], dtype, c["power_2"], c["epsilon"])
+        scales = tensor(c["scale_inv"], torch.float32)
+    else:
+        want_codes, want_scales = mx_quantize(x, dtype)
+        scales = tensor(c["scales"], torch.int64).to(torch.uint8)
+    problems = []
+    if not torch.equal(codes, want_codes):
+        problems.append("%d codes differ" % (codes != want_codes).sum().item())
+    if not torch.equal(scales, want_scales):
+        problems.append("%d scales differ" % (scales != want_scales).sum().item())
+    return problems
+
+
 def main(path):
     cases = json.load(open(path))
     failures, checked = 0, 0
     for c in cases:
+        if c["recipe"] != "nvfp4":
+            problems = check_fp8_case(c)
+            checked += 1
+            failures += bool(problems)
+            print("%s %s %s: %s" % ("FAIL" if problems else "ok  ", c["recipe"], c["name"],
+                                    "; ".join(problems) or "codes and scales identical"))
+            continue
         if c["name"] == "hadamard":
             for t in c["transforms"]:
                 x, y = tensor(t["x"], torch.float32), tensor(t["y"])
@@ -119,9 +199,9 @@ def main(path):
             problems.append("values differ from dequantize_nvfp4.cuh's")
         checked += 1
         failures += bool(problems)
-        print("%s %s: %s" % ("FAIL" if problems else "ok  ", c["name"],
-                             "; ".join(problems) or "codes, scales, amax and values identical"))
-    print("check_nvfp4: %d cases against TE's NVFP4 reference rules (torch %s): %d mismatches"
+        print("%s nvfp4 %s: %s" % ("FAIL" if problems else "ok  ", c["name"],
+                                   "; ".join(problems) or "codes, scales, amax and values identical"))
+    print("check_block_scaling: %d cases against TE's reference rules (torch %s): %d mismatches"
           % (checked, torch.__version__, failures))
     return 1 if failures else 0
 
