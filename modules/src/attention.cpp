@@ -587,7 +587,7 @@ void MultiHeadAttentionImpl::reset() {
     at::Tensor w = kernel({hidden, 3, heads * d});
     w.select(1, 0).mul_(query_scale);
     qkv_kernel = register_sharded(*this, "qkv_kernel", w, options.qkv_kernel_axes());
-    qkv_fp8 = fp8::GemmMeta::registered(*this, "qkv_");
+    qkv_fp8 = register_fp8_gemm(*this, "qkv_");
     if (qkv_bias_on) {
       qkv_bias = register_sharded(*this, "qkv_bias", at::zeros({3, heads * d}),
                                   output_axes(options.qkv_kernel_axes()));
@@ -597,8 +597,8 @@ void MultiHeadAttentionImpl::reset() {
                                 options.q_kernel_axes());
     kv_kernel =
         register_sharded(*this, "kv_kernel", kernel({hidden, 2, g * d}), options.kv_kernel_axes());
-    q_fp8 = fp8::GemmMeta::registered(*this, "q_");
-    kv_fp8 = fp8::GemmMeta::registered(*this, "kv_");
+    q_fp8 = register_fp8_gemm(*this, "q_");
+    kv_fp8 = register_fp8_gemm(*this, "kv_");
     if (qkv_bias_on) {
       q_bias = register_sharded(*this, "q_bias", at::zeros({heads * d}),
                                 output_axes(options.q_kernel_axes()));
@@ -608,7 +608,7 @@ void MultiHeadAttentionImpl::reset() {
   }
   out_kernel =
       register_sharded(*this, "out_kernel", kernel({heads * d, hidden}), options.out_kernel_axes());
-  out_fp8 = fp8::GemmMeta::registered(*this, "out_");
+  out_fp8 = register_fp8_gemm(*this, "out_");
   if (options.use_bias()) {
     out_bias = register_sharded(*this, "out_bias", at::zeros({hidden}), axis::replicated_1d());
   }

@@ -25,7 +25,7 @@ void DenseImpl::reset() {
   kernel = register_sharded(*this, "kernel",
                             variance_scaling({in, out}, 1, 1.0, "fan_in", "truncated_normal"),
                             axes_or_unnamed(options.kernel_axes(), 2));
-  fp8_meta = fp8::GemmMeta::registered(*this, "");
+  fp8_meta = register_fp8_gemm(*this, "");
   if (options.use_bias()) {
     bias =
         register_sharded(*this, "bias", at::zeros({out}), axes_or_unnamed(options.bias_axes(), 1));

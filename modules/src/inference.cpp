@@ -36,6 +36,9 @@ int64_t for_each_weight(torch::nn::Module& root, const char* what, CheckFn check
     for (const ShardedModule::Fp8Gemm& g : sharded->fp8_gemms()) {
       if (g.meta == nullptr || g.meta->frozen()) continue;
       gemm(g);
+      // The frozen codes become the module's buffers: saved, loaded and cloned with it.
+      m->register_buffer(g.meta->prefix + "fp8_kernel", g.meta->frozen_kernel);
+      m->register_buffer(g.meta->prefix + "fp8_kernel_scale_inv", g.meta->frozen_kernel_scale_inv);
       sharded->release_parameter(*m, g.kernel_name);
       *g.kernel = at::Tensor();
       ++count;

@@ -42,8 +42,8 @@ void LayerNormMLPImpl::reset() {
   wo_kernel = register_sharded(*this, "wo_kernel",
                                variance_scaling({f, h}, 1, 1.0, "fan_in", "truncated_normal"),
                                options.kernel_axes_2());
-  wi_fp8 = fp8::GemmMeta::registered(*this, "wi_");
-  wo_fp8 = fp8::GemmMeta::registered(*this, "wo_");
+  wi_fp8 = register_fp8_gemm(*this, "wi_");
+  wo_fp8 = register_fp8_gemm(*this, "wo_");
   if (options.use_bias()) {
     wi_bias = register_sharded(*this, "wi_bias", at::zeros({a, f}), options.bias_axes_1());
     wo_bias = register_sharded(*this, "wo_bias", at::zeros({h}), options.bias_axes_2());

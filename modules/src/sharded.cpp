@@ -32,7 +32,8 @@ at::Tensor ShardedModule::register_sharded(torch::nn::Module& self, const std::s
            "' has ", full.dim(), " dims but ", axes.size(), " logical axes ", to_string(axes),
            "; give one (or std::nullopt) per dim");
   // Under a MetaParameterScope a module's constant initial values (zeros, ones) become meta too.
-  if (meta_parameters() && !full.is_meta()) full = at::empty(full.sizes(), full.options().device(at::kMeta));
+  if (meta_parameters() && !full.is_meta())
+    full = at::empty(full.sizes(), full.options().device(at::kMeta));
   ParameterLayout layout;
   layout.axes = axes;
   layout.global_shape.assign(full.sizes().begin(), full.sizes().end());
@@ -120,6 +121,22 @@ void ShardedModule::shard_own_parameters(torch::nn::Module& self, const DeviceMe
     layout.mesh = mesh;
     layout.placements = placements;
   }
+}
+
+std::shared_ptr<fp8::GemmMeta> ShardedModule::register_fp8_gemm(torch::nn::Module& self,
+                                                                const std::string& prefix) {
+  auto meta = fp8::GemmMeta::make(prefix);
+  meta->fwd_scale = self.register_buffer(prefix + "fp8_fwd_scale", meta->fwd_scale);
+  meta->fwd_scale_inv = self.register_buffer(prefix + "fp8_fwd_scale_inv", meta->fwd_scale_inv);
+  meta->fwd_amax_history =
+      self.register_buffer(prefix + "fp8_fwd_amax_history", meta->fwd_amax_history);
+  meta->bwd_scale = self.register_buffer(prefix + "fp8_bwd_scale", meta->bwd_scale);
+  meta->bwd_scale_inv = self.register_buffer(prefix + "fp8_bwd_scale_inv", meta->bwd_scale_inv);
+  meta->bwd_amax_history =
+      self.register_buffer(prefix + "fp8_bwd_amax_history", meta->bwd_amax_history);
+  // The state lives as long as the module holds it (a member); a clone binds its own.
+  meta->training = [&self] { return self.is_training(); };
+  return meta;
 }
 
 void ShardedModule::gather_own_parameters(torch::nn::Module& self) {

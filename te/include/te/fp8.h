@@ -13,6 +13,7 @@
 #include <ATen/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -26,10 +27,6 @@
 #include "te/fp8/recipe.h"
 #include "te/kernels/fp8_cast.h"
 #include "te/sharding/context.h"
-
-namespace torch::nn {
-class Module;
-}
 
 namespace te::fp8 {
 
@@ -171,19 +168,20 @@ Fp8Tensor from_torch_float8(const at::Tensor& t, const at::Tensor& scale_inv);
 
 // ---- modules ----------------------------------------------------------------------------------
 
-/// The FP8 state of one GEMM y = x @ w, kept by its module as registered buffers (saved, loaded
-/// and cloned with it): forward slots [input, kernel] and backward slot [grad output], each with
-/// scale, scale_inv and an amax history of the recipe's length (resized when a recipe with
-/// another length first runs). Also caches the kernel's codes while the kernel and its scale
-/// buffer are unchanged (micro-steps of one region, inference); a scale update casts again.
+/// The FP8 state of one GEMM y = x @ w: forward slots [input, kernel] and backward slot [grad
+/// output], each with scale, scale_inv and an amax history of the recipe's length (resized when a
+/// recipe with another length first runs). Also caches the kernel's codes while the kernel and
+/// its scale buffer are unchanged (micro-steps of one region, inference); a scale update casts
+/// again. Plain tensors here: a module binds them as its buffers, so they are saved, loaded and
+/// cloned with it (te::nn::ShardedModule::register_fp8_gemm).
 class GemmMeta {
  public:
   at::Tensor fwd_scale, fwd_scale_inv, fwd_amax_history;  // [2], [2], [L, 2]
   at::Tensor bwd_scale, bwd_scale_inv, bwd_amax_history;  // [1], [1], [L, 1]
 
-  /// Registers the six buffers on `module` as <prefix>fp8_{fwd,bwd}_{scale,scale_inv,amax_history}.
-  static std::shared_ptr<GemmMeta> registered(torch::nn::Module& module, const std::string& prefix,
-                                              int64_t history_len = 1024);
+  /// New state with unit scales and zero histories of `history_len`; `prefix` names the GEMM (its
+  /// buffers are <prefix>fp8_{fwd,bwd}_{scale,scale_inv,amax_history} where a module holds them).
+  static std::shared_ptr<GemmMeta> make(const std::string& prefix, int64_t history_len = 1024);
 
   struct KernelCache {
     at::Storage storage;  // held, so its address cannot be reused by another tensor
@@ -204,33 +202,35 @@ class GemmMeta {
   std::mutex mutex;
 
   /// FP8 weights for inference (see freeze_kernel): the kernel's E4M3 codes (its shape) and their
-  /// scale_inv [1], registered on the owner as <prefix>fp8_kernel and <prefix>fp8_kernel_scale_inv.
+  /// scale_inv [1] (a module holds them as <prefix>fp8_kernel and <prefix>fp8_kernel_scale_inv).
   /// Undefined until frozen.
   at::Tensor frozen_kernel, frozen_kernel_scale_inv;
   bool frozen() const { return frozen_kernel.defined(); }
 
-  /// The module that registered this state and the prefix of its buffers (set by registered()).
-  torch::nn::Module* owner = nullptr;
+  /// The prefix of the state's buffer names; it names the GEMM in messages ("<prefix>kernel").
   std::string prefix;
+  /// Whether the GEMM's owner is training (set by the module that binds this state); unset:
+  /// always.
+  std::function<bool()> training;
 };
 
 /// Whether a GEMM of `meta` records its amaxes (and so moves the scales) now: in training (the
-/// owning module in train mode, outside c10::InferenceMode) and while calibrating. Otherwise the
-/// FP8 path casts with the stored scales and records nothing, so a call's result never depends on
-/// other calls or their order (threads sharing a module in a server).
+/// owner training (GemmMeta::training), outside c10::InferenceMode) and while calibrating.
+/// Otherwise the FP8 path casts with the stored scales and records nothing, so a call's result
+/// never depends on other calls or their order (threads sharing a module in a server).
 bool records(const GemmMeta& meta);
 
 /// Inference with FP8 weights: quantizes the kernel `w` [K, ...] to E4M3 with a scale from its own
-/// amax, registers the codes and scale_inv as buffers on meta.owner (a quarter of fp32's bytes),
-/// and makes every later GEMM of `meta` use them (frozen_linear). Needs stored input scales, from
-/// FP8 training or calibration; throws te::Error naming the buffer when they are missing.
-/// The caller releases its fp32 kernel (see te::nn::freeze_fp8_weights).
+/// amax into meta.frozen_kernel and frozen_kernel_scale_inv (a quarter of fp32's bytes; refilled
+/// in place when frozen before), and makes every later GEMM of `meta` use them (frozen_linear).
+/// Needs stored input scales, from FP8 training or calibration; throws te::Error naming the buffer
+/// when they are missing. The caller releases its fp32 kernel (see te::nn::freeze_fp8_weights).
 void freeze_kernel(GemmMeta& meta, const at::Tensor& w);
 /// The check freeze_kernel makes first: te::Error naming the buffer when `meta` has no stored
 /// input scale.
 void check_freezable(const GemmMeta& meta);
-/// Registers empty frozen buffers of the kernel's shape on meta.owner, for load_checkpoint to
-/// fill from a checkpoint saved after freezing.
+/// Makes empty frozen tensors of the kernel's shape (unless frozen already), for load_checkpoint
+/// to fill from a checkpoint saved after freezing.
 void prepare_frozen_kernel(GemmMeta& meta, const std::vector<int64_t>& shape);
 
 /// y = x @ kernel with the frozen FP8 kernel: x cast to E4M3 with the stored input scale

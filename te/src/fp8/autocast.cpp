@@ -4,7 +4,6 @@
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 #include <torch/csrc/autograd/custom_function.h>
-#include <torch/nn/module.h>
 
 #include <algorithm>
 #include <exception>
@@ -95,20 +94,16 @@ at::Tensor reduced_amax(const at::Tensor& x, const GemmCall& call) {
   return a;
 }
 
-std::shared_ptr<GemmMeta> GemmMeta::registered(torch::nn::Module& module, const std::string& prefix,
-                                               int64_t history_len) {
+std::shared_ptr<GemmMeta> GemmMeta::make(const std::string& prefix, int64_t history_len) {
   TE_CHECK(history_len >= 1, "GemmMeta: history_len is ", history_len, "; it needs at least 1");
   auto m = std::make_shared<GemmMeta>();
-  m->owner = &module;
   m->prefix = prefix;
-  m->fwd_scale = module.register_buffer(prefix + "fp8_fwd_scale", at::ones({2}));
-  m->fwd_scale_inv = module.register_buffer(prefix + "fp8_fwd_scale_inv", at::ones({2}));
-  m->fwd_amax_history =
-      module.register_buffer(prefix + "fp8_fwd_amax_history", at::zeros({history_len, 2}));
-  m->bwd_scale = module.register_buffer(prefix + "fp8_bwd_scale", at::ones({1}));
-  m->bwd_scale_inv = module.register_buffer(prefix + "fp8_bwd_scale_inv", at::ones({1}));
-  m->bwd_amax_history =
-      module.register_buffer(prefix + "fp8_bwd_amax_history", at::zeros({history_len, 1}));
+  m->fwd_scale = at::ones({2});
+  m->fwd_scale_inv = at::ones({2});
+  m->fwd_amax_history = at::zeros({history_len, 2});
+  m->bwd_scale = at::ones({1});
+  m->bwd_scale_inv = at::ones({1});
+  m->bwd_amax_history = at::zeros({history_len, 1});
   return m;
 }
 
@@ -156,7 +151,7 @@ bool records(const GemmMeta& meta) {
   const auto& region = current_region();
   if (region && region->calibrating) return true;
   if (c10::InferenceMode::is_enabled()) return false;
-  return meta.owner == nullptr || meta.owner->is_training();
+  return !meta.training || meta.training();
 }
 
 void check_freezable(const GemmMeta& meta) {
@@ -169,7 +164,6 @@ void check_freezable(const GemmMeta& meta) {
 }
 
 void freeze_kernel(GemmMeta& meta, const at::Tensor& w) {
-  TE_CHECK(meta.owner != nullptr, "fp8::freeze_kernel: this FP8 state belongs to no module");
   TE_CHECK(w.dim() >= 2, "fp8::freeze_kernel: the kernel '", meta.prefix, "kernel' is ", w.sizes(),
            "; FP8 weights need a kernel of 2 or more dims");
   at::NoGradGuard no_grad;
@@ -181,22 +175,17 @@ void freeze_kernel(GemmMeta& meta, const at::Tensor& w) {
     meta.frozen_kernel.set_data(q.data);
     meta.frozen_kernel_scale_inv.set_data(q.scale_inv);
   } else {
-    meta.frozen_kernel = meta.owner->register_buffer(meta.prefix + "fp8_kernel", q.data);
-    meta.frozen_kernel_scale_inv =
-        meta.owner->register_buffer(meta.prefix + "fp8_kernel_scale_inv", q.scale_inv);
+    meta.frozen_kernel = q.data;
+    meta.frozen_kernel_scale_inv = q.scale_inv;
   }
   meta.kernel_cache = GemmMeta::KernelCache{};
 }
 
 void prepare_frozen_kernel(GemmMeta& meta, const std::vector<int64_t>& shape) {
-  TE_CHECK(meta.owner != nullptr,
-           "fp8::prepare_frozen_kernel: this FP8 state belongs to no module");
   std::lock_guard<std::mutex> lock(meta.mutex);
   if (meta.frozen()) return;
-  meta.frozen_kernel =
-      meta.owner->register_buffer(meta.prefix + "fp8_kernel", at::zeros(shape, at::kByte));
-  meta.frozen_kernel_scale_inv =
-      meta.owner->register_buffer(meta.prefix + "fp8_kernel_scale_inv", at::ones({1}));
+  meta.frozen_kernel = at::zeros(shape, at::kByte);
+  meta.frozen_kernel_scale_inv = at::ones({1});
   meta.kernel_cache = GemmMeta::KernelCache{};
 }
 

@@ -54,6 +54,12 @@ class ShardedModule {
   /// Collective: makes this module's own sharded parameters whole again; see gather_module.
   void gather_own_parameters(torch::nn::Module& self);
 
+  /// The FP8 state of one of this module's GEMMs (te::fp8::GemmMeta), bound to `self`: its six
+  /// tensors registered as <prefix>fp8_{fwd,bwd}_{scale,scale_inv,amax_history} (so saved, loaded
+  /// and cloned with it), and it records amaxes while `self` trains.
+  std::shared_ptr<fp8::GemmMeta> register_fp8_gemm(torch::nn::Module& self,
+                                                   const std::string& prefix);
+
   /// One GEMM whose kernel freeze_fp8_weights can hold in FP8: the kernel parameter's name, the
   /// member that holds it, and the GEMM's FP8 state.
   struct Fp8Gemm {
