@@ -32,8 +32,9 @@ at::Tensor ShardedModule::register_sharded(torch::nn::Module& self, const std::s
            "' has ", full.dim(), " dims but ", axes.size(), " logical axes ", to_string(axes),
            "; give one (or std::nullopt) per dim");
   // Under a MetaParameterScope a module's constant initial values (zeros, ones) become meta too.
-  if (meta_parameters() && !full.is_meta())
+  if (meta_parameters() && !full.is_meta()) {
     full = at::empty(full.sizes(), full.options().device(at::kMeta));
+  }
   ParameterLayout layout;
   layout.axes = axes;
   layout.global_shape.assign(full.sizes().begin(), full.sizes().end());

@@ -56,6 +56,8 @@ std::vector<Layout> layouts() {
   all.push_back(
       from_matrix("DP2xTP2", at::kFloat, fp8::Recipe{fp8::Float8BlockScaling{}}, "_Fp8Block"));
   all.push_back(from_matrix("TP2", at::kFloat, fp8::Recipe{fp8::MXFP8BlockScaling{}}, "_Fp8Mx"));
+  all.push_back(
+      from_matrix("DP2xTP2", at::kFloat, fp8::Recipe{fp8::NVFP4BlockScaling{}}, "_Fp8Nvfp4"));
   for (const char* name : {"TP2", "DP2xTP2"}) {
     all.push_back(from_matrix(name, at::kFloat, std::nullopt, "_Llama"));
     all.back().llama = true;
