@@ -126,19 +126,19 @@ Fp8Tensor quantize_nvfp4(const at::Tensor& x_in, const Nvfp4Cast& how) {
         scales[br * nb + b] = s;
         const float encode = std::fmin(1.0f / (cast_from_fp8(s, DType::kE4M3) * s_dec), FLT_MAX);
         for (int64_t r = r0; r < r1; ++r) {
-          const float* row = in + r * cols;
-          uint8_t* dst = packed + r * (cols / 2);
-          for (int64_t c = c0; c < c0 + n; c += 2) {
-            uint8_t lo, hi;
-            if (how.stochastic) {
-              const uint64_t g = static_cast<uint64_t>(r * cols + c);
-              lo = e2m1_round_stochastic(row[c] * encode, draws.word(g));
-              hi = e2m1_round_stochastic(row[c + 1] * encode, draws.word(g + 1));
-            } else {
-              lo = e2m1_round(row[c] * encode);
-              hi = e2m1_round(row[c + 1] * encode);
+          const float* x_block = in + r * cols + c0;
+          uint8_t codes[kNvBlock];
+          if (how.stochastic) {
+            const uint64_t g = static_cast<uint64_t>(r * cols + c0);
+            for (int64_t i = 0; i < n; ++i) {
+              codes[i] = e2m1_round_stochastic(x_block[i] * encode, draws.word(g + i));
             }
-            dst[c / 2] = static_cast<uint8_t>(lo | (hi << 4));
+          } else {
+            for (int64_t i = 0; i < n; ++i) codes[i] = e2m1_round(x_block[i] * encode);
+          }
+          uint8_t* dst = packed + r * (cols / 2) + c0 / 2;
+          for (int64_t i = 0; i < n; i += 2) {
+            dst[i / 2] = static_cast<uint8_t>(codes[i] | (codes[i + 1] << 4));
           }
         }
       }

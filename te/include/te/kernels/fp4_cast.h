@@ -11,27 +11,26 @@
 // ("NaN input values result in positive MAXNORM", cuda_fp4.h).
 
 #include <cstdint>
+#include <cstring>
 
 namespace te::fp8 {
 
 /// The largest E2M1 magnitude.
 constexpr float kE2M1Max = 6.0f;
 
-/// The E2M1 code of `value` (round to nearest even, saturating; NaN -> 0x7).
+/// The E2M1 code of `value` (round to nearest even, saturating; NaN -> 0x7). Branch-free: the
+/// magnitude's code counts the midpoints it passes, a tie staying with the even code (0.25 -> 0,
+/// 0.75 -> 1.0, 1.25 -> 1.0, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4).
 inline uint8_t e2m1_round(float value) {
-  if (value != value) return 0x7;
-  const bool negative = value < 0.0f || (value == 0.0f && 1.0f / value < 0.0f);
-  const float a = negative ? -value : value;
-  // The midpoints between neighbours; a tie goes to the even code (0, 1.0, 2.0, 4.0).
-  const uint8_t code = a <= 0.25f   ? 0
-                       : a < 0.75f  ? 1
-                       : a <= 1.25f ? 2
-                       : a < 1.75f  ? 3
-                       : a <= 2.5f  ? 4
-                       : a < 3.5f   ? 5
-                       : a <= 5.0f  ? 6
-                                    : 7;
-  return static_cast<uint8_t>(code | (negative ? 0x8 : 0x0));
+  uint32_t bits = 0;
+  std::memcpy(&bits, &value, sizeof bits);
+  const uint32_t magnitude_bits = bits & 0x7FFFFFFFu;
+  float a = 0.0f;
+  std::memcpy(&a, &magnitude_bits, sizeof a);
+  const int code = (a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) + (a > 2.5f) +
+                   (a >= 3.5f) + (a > 5.0f);
+  const bool nan = magnitude_bits > 0x7F800000u;
+  return static_cast<uint8_t>(nan ? 0x7 : code | ((bits >> 31) << 3));
 }
 
 /// The value of the E2M1 code in the low nibble of `code`.
