@@ -159,6 +159,18 @@ at::Tensor gather_kernel(const GatheredKernel& k, const at::Tensor& local) {
       .to_local();
 }
 
+// The kernel's gradient in the layout the matmul used, sent back to its own shard
+// (reduce-scatter where gathered, all-reduce where a replicated kernel's gradient is partial).
+at::Tensor route_kernel_grad(const GatheredKernel& k, const at::Tensor& grad_used) {
+  Placements own = k.placements;
+  for (Placement& p : own) {
+    if (is_partial(p)) p = Replicate{};
+  }
+  return DTensor::from_local(grad_used, *k.mesh, k.grads, k.global_shape)
+      .redistribute(own)
+      .to_local();
+}
+
 // y = x @ gather(w): saves only this rank's shard of w, gathering again in backward, and sends
 // the kernel's gradient straight back to its shard (reduce-scatter).
 class GatheredDense : public torch::autograd::Function<GatheredDense> {
@@ -182,14 +194,7 @@ class GatheredDense : public torch::autograd::Function<GatheredDense> {
     const at::Tensor w2 = w.reshape({w.size(0), -1});
     const at::Tensor grad_x = mm_any(g, w2.t()).reshape(x.sizes());
     const at::Tensor grad_w = mm_any(x.reshape({-1, x.size(-1)}).t(), g).reshape(w.sizes());
-    Placements own = k->placements;
-    for (Placement& p : own) {
-      if (is_partial(p)) p = Replicate{};
-    }
-    const at::Tensor grad_shard = DTensor::from_local(grad_w, *k->mesh, k->grads, k->global_shape)
-                                      .redistribute(own)
-                                      .to_local();
-    return {grad_x, grad_shard, at::Tensor()};
+    return {grad_x, route_kernel_grad(*k, grad_w), at::Tensor()};
   }
 };
 
@@ -293,6 +298,22 @@ DTensor dense(const DTensor& x, const DTensor& w, const LogicalAxes& input_axes,
   const at::Tensor x_local = x.redistribute(xa, xg).to_local();
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end() - 1);
   shape.insert(shape.end(), w.sizes().begin() + 1, w.sizes().end());
+  if (fp8 != nullptr && !fp8->frozen() && fp8->holds_kernel() && fp8_enabled()) {
+    // FP8 weights in training: the held codes move as the kernel would (FSDP: gathered, a
+    // quarter of fp32's bytes), and the gradient returns to the master's shard.
+    auto state = c10::make_intrusive<GatheredKernel>();
+    state->mesh = w.mesh();
+    state->placements = w.placements();
+    state->global_shape = w.sizes();
+    state->use = wa;
+    state->grads = wg;
+    fp8::KernelMoves moves;
+    moves.gather = [state](const at::Tensor& codes) { return gather_kernel(*state, codes); };
+    moves.route_grad = [state](const at::Tensor& g) { return route_kernel_grad(*state, g); };
+    const DeviceMesh& mesh = x.mesh();
+    return DTensor::from_local(fp8::linear(x_local, w.to_local(), fp8, &mesh, &moves), mesh, out,
+                               shape);
+  }
   // FP8 keeps the gathered kernel's codes for backward, so it takes the plain path.
   const bool use_fp8 = fp8 != nullptr && (fp8_enabled() || fp8_calibrating());
   bool gathers_kernel = false;

@@ -179,7 +179,8 @@ INSTANTIATE_TEST_SUITE_P(
 // differences before a cast take.
 void expect_layouts_equal_one_process(const std::function<LayerNormMLP()>& build,
                                       const fp8::Recipe& recipe, const at::Tensor& x0,
-                                      const at::Tensor& wy, double flips = 0.0) {
+                                      const at::Tensor& wy, double flips = 0.0,
+                                      bool fp8_weights = false) {
   // fp32 sums in another order: 1e-5 relative, and absolute 1e-6 of the largest magnitude.
   auto close = [flips](const at::Tensor& got, const at::Tensor& want) {
     const double top = want.abs().max().item<double>();
@@ -190,6 +191,7 @@ void expect_layouts_equal_one_process(const std::function<LayerNormMLP()>& build
   std::map<std::string, at::Tensor> want_param_grads;
   {
     LayerNormMLP mlp = build();
+    if (fp8_weights) quantize_fp8_weights(*mlp, recipe);
     Fp8Autocast fp8(true, recipe);
     const at::Tensor x = x0.clone().requires_grad_(true);
     want = mlp(x);
@@ -221,6 +223,7 @@ void expect_layouts_equal_one_process(const std::function<LayerNormMLP()>& build
         MeshResourceScope scope(resource);
         return build();
       }();
+      if (fp8_weights) EXPECT_EQ(quantize_fp8_weights(*built, recipe), 2);
       Fp8Autocast fp8(true, recipe, resource);
       const auto placements =
           placements_for(*resolve_logical_axes({"batch", "seqlen", "hidden"}), mesh);
@@ -254,6 +257,14 @@ TEST(Fp8Parallel, CurrentScalingCastsWithTheWholeTensorsAmaxOnEveryLayout) {
   // Each rank holds a piece; the amax (and so the scale) must be the whole tensor's.
   expect_layouts_equal_one_process([] { return make_mlp(); }, fp8::CurrentScaling{}, input(0),
                                    output_weight(0));
+}
+
+// FP8 weights in training: each rank holds its piece of every kernel's codes, cast with the whole
+// kernel's amax (reduced over the ranks holding pieces); the GEMMs take them where one process
+// takes its whole codes (FSDP gathers them), and the gradients reach the fp32 masters' pieces.
+TEST(Fp8Parallel, HeldFp8WeightsEqualOneProcessOnEveryLayout) {
+  expect_layouts_equal_one_process([] { return make_mlp(); }, fp8::CurrentScaling{}, input(0),
+                                   output_weight(0), 0.0, /*fp8_weights=*/true);
 }
 
 // Float8BlockScaling keeps no state and reduces nothing: each rank scales its own blocks, which

@@ -7,6 +7,7 @@
 #include "te/nn/checkpoint.h"
 #include "te/nn/dense.h"
 #include "te/nn/embedding.h"
+#include "te/nn/fp8_weights.h"
 #include "te/nn/functional.h"
 #include "te/nn/inference.h"
 #include "te/nn/init.h"

@@ -207,6 +207,22 @@ class GemmMeta {
   at::Tensor frozen_kernel, frozen_kernel_scale_inv;
   bool frozen() const { return frozen_kernel.defined(); }
 
+  /// FP8 weights in training (hold_kernel, TE's quantized_model_init with fp32 master weights):
+  /// this rank's piece of the kernel as E4M3 codes (the piece's shape) with the whole kernel's one
+  /// scale_inv, used by every FP8 GEMM of this state in place of casting the kernel, and the
+  /// master piece (the fp32 kernel parameter the optimizer steps) they were cast from. Undefined
+  /// until held.
+  Fp8Tensor held_kernel;
+  struct MasterStamp {
+    at::Storage storage;  // held, so its address cannot be reused by another tensor
+    const void* data = nullptr;
+    int64_t version = -1;
+  };
+  MasterStamp held_from;  ///< internal
+  /// The recipe whose weight_scale rule the held codes were cast by.
+  std::optional<Recipe> held_recipe;
+  bool holds_kernel() const { return held_kernel.data.defined(); }
+
   /// The prefix of the state's buffer names; it names the GEMM in messages ("<prefix>kernel").
   std::string prefix;
   /// Whether the GEMM's owner is training (set by the module that binds this state); unset:
@@ -237,6 +253,31 @@ void prepare_frozen_kernel(GemmMeta& meta, const std::vector<int64_t>& shape);
 /// (fwd_scale[0]); an FP8 GEMM; nothing recorded. Inference only: throws when x requires grad.
 at::Tensor frozen_linear(const at::Tensor& x, const GemmMeta& meta);
 
+/// FP8 weights in training (TE's quantized_model_init, cast_master_weights_to_fp8): casts
+/// `master` (this rank's piece of the kernel) to E4M3 with the scale the recipe gives the whole
+/// kernel's `amax` (fp32 [1], reduced over the ranks holding pieces by the caller:
+/// te::nn::requantize_fp8_weights), into meta.held_kernel, and stamps the master. Every later FP8
+/// GEMM of `meta` takes these codes (and their transpose) instead of casting its kernel, its
+/// gradient still flowing to the master; once the master changes (an optimizer step, a load) the
+/// GEMM throws until it is held again. Per-tensor recipes only (delayed, current): te::Error
+/// naming the recipe otherwise.
+void hold_kernel(GemmMeta& meta, const at::Tensor& master, const at::Tensor& amax,
+                 const Recipe& recipe);
+/// Drops the held codes: the GEMMs cast the kernel again.
+void release_held_kernel(GemmMeta& meta);
+/// te::Error naming `recipe` unless it can hold FP8 weights in training (a per-tensor recipe).
+void check_holdable(const Recipe& recipe);
+
+/// How a held kernel's codes reach the layout its GEMM uses, and its gradient the master piece:
+/// `gather` maps this rank's piece of the codes (the master's shape, uint8) to the codes the GEMM
+/// multiplies (FSDP: all-gathered, a quarter of fp32's bytes); `route_grad` maps the kernel
+/// gradient in that layout (fp32, gather's output shape) to the master piece's (FSDP:
+/// reduce-scattered; data parallel: all-reduced). Unset: the piece is used as it is.
+struct KernelMoves {
+  std::function<at::Tensor(const at::Tensor&)> gather;
+  std::function<at::Tensor(const at::Tensor&)> route_grad;
+};
+
 /// y = x @ w (x [..., K], w [K, N]) with autograd, its GEMMs in FP8 per the current
 /// Fp8Autocast: x and w cast to the forward format, the output gradient to the backward format,
 /// dgrad and wgrad both FP8 GEMMs. When records(meta), records amaxes into `meta` and schedules
@@ -244,8 +285,11 @@ at::Tensor frozen_linear(const at::Tensor& x, const GemmMeta& meta);
 /// region and at the end of backward; otherwise casts with the stored scales. x and w are this
 /// rank's local pieces. Needs fp8_enabled(), or fp8_calibrating() (then only the amaxes are
 /// recorded and y = x @ w in high precision).
+/// When `meta` holds its kernel (hold_kernel) and FP8 is enabled, `w` is the master piece (any
+/// shape; the gradient comes back in it): the GEMMs take the held codes, moved by `moves`
+/// (gathered again in backward rather than kept), and x is cast by the recipe alone.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::shared_ptr<GemmMeta>& meta,
-                  const DeviceMesh* mesh = nullptr);
+                  const DeviceMesh* mesh = nullptr, const KernelMoves* moves = nullptr);
 
 /// The state of one Fp8Autocast region (defined in autocast.cpp).
 struct Region;

@@ -34,6 +34,19 @@ struct LinearState : torch::CustomClassHolder {
   std::vector<int64_t> x_shape;
   at::ScalarType x_dtype = at::kFloat, w_dtype = at::kFloat;
   ScopeCapture scopes;  // of the thread that ran forward, lent to the one running backward
+  // A held kernel (hold_kernel): this rank's piece of its codes, how they reach the GEMM's layout
+  // and how the gradient returns; w above stays empty where they are gathered (again in
+  // backward, as FSDP's reshard-after-forward does).
+  Fp8Tensor held;
+  KernelMoves moves;
+  std::vector<int64_t> master_shape, used_shape;  // the piece's; the gathered kernel's
+
+  // The held codes as the GEMM multiplies them, [K, N].
+  Fp8Tensor held_for_gemm() {
+    const at::Tensor codes = moves.gather ? moves.gather(held.data) : held.data;
+    used_shape = codes.sizes().vec();
+    return {codes.reshape({codes.size(0), -1}), held.scale_inv, held.dtype};
+  }
 };
 
 // The recipe casts the operands; the GEMMs are the same for every recipe (gemm_nt dispatches on
@@ -42,7 +55,7 @@ class Fp8Linear : public torch::autograd::Function<Fp8Linear> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
                             const at::Tensor& w, c10::intrusive_ptr<LinearState> s) {
-    const at::Tensor x2 = x.reshape({-1, w.size(0)});
+    const at::Tensor x2 = x.reshape({-1, x.size(-1)});
     const RecipeImpl& recipe = s->recipe.impl();
     // The region is lent for this call only (the state outlives it, into backward).
     struct Lend {
@@ -50,17 +63,34 @@ class Fp8Linear : public torch::autograd::Function<Fp8Linear> {
       ~Lend() { call.region = nullptr; }
     } lend{s->call};
     s->call.region = current_region().get();
-    ForwardCasts q = recipe.cast_forward(x2, w, s->call);
+    ForwardCasts q;
+    if (s->held.data.defined()) {
+      q = recipe.cast_input(x2, s->call);
+      const Fp8Tensor w_codes = s->held_for_gemm();
+      TE_CHECK(w_codes.data.size(0) == x2.size(1), "FP8 GEMM '", s->call.meta->prefix,
+               "kernel': input ", x.sizes(), " and held kernel ", s->used_shape,
+               " do not contract");
+      q.w_t = {w_codes.data.t().contiguous(), w_codes.scale_inv, w_codes.dtype};
+      s->n = w_codes.data.size(1);
+      if (!s->moves.gather) q.w = w_codes;
+      s->master_shape = w.sizes().vec();
+    } else {
+      q = recipe.cast_forward(x2, w, s->call);
+      s->n = w.size(1);
+    }
     s->x_t = std::move(q.x_t);
     s->w = std::move(q.w);
-    s->n = w.size(1);
     s->x_shape = {x.sizes().begin(), x.sizes().end()};
     s->x_dtype = x.scalar_type();
     s->w_dtype = w.scalar_type();
     s->scopes = ScopeCapture::current();
     ctx->saved_data["state"] = c10::IValue::make_capsule(s);
     std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end() - 1);
-    out_shape.push_back(w.size(1));
+    if (s->held.data.defined()) {
+      out_shape.insert(out_shape.end(), s->used_shape.begin() + 1, s->used_shape.end());
+    } else {
+      out_shape.push_back(s->n);
+    }
     return gemm_nt(q.x, q.w_t, recipe.fast_forward_accumulation())
         .reshape(out_shape)
         .to(x.scalar_type());
@@ -73,8 +103,15 @@ class Fp8Linear : public torch::autograd::Function<Fp8Linear> {
     const at::Tensor g2 = grads[0].reshape({-1, s->n});
     const GradCasts gq = s->recipe.impl().cast_grad(g2, s->call);
     // dgrad = g w^T and wgrad = x^T g, each with the transposed codes it takes at hand.
-    const at::Tensor grad_x = gemm_nt(gq.g, s->w).reshape(s->x_shape).to(s->x_dtype);
-    const at::Tensor grad_w = gemm_nt(s->x_t, gq.g_t).to(s->w_dtype);
+    const Fp8Tensor w = s->w.data.defined() ? s->w : s->held_for_gemm();
+    const at::Tensor grad_x = gemm_nt(gq.g, w).reshape(s->x_shape).to(s->x_dtype);
+    at::Tensor grad_w = gemm_nt(s->x_t, gq.g_t).to(s->w_dtype);
+    if (s->held.data.defined()) {
+      // Back to the master piece: in the gathered kernel's shape, then moved.
+      grad_w = grad_w.reshape(s->used_shape);
+      if (s->moves.route_grad) grad_w = s->moves.route_grad(grad_w);
+      grad_w = grad_w.reshape(s->master_shape);
+    }
     return {grad_x, grad_w, at::Tensor()};
   }
 };
@@ -108,16 +145,28 @@ std::shared_ptr<GemmMeta> GemmMeta::make(const std::string& prefix, int64_t hist
 }
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::shared_ptr<GemmMeta>& meta,
-                  const DeviceMesh* mesh) {
+                  const DeviceMesh* mesh, const KernelMoves* moves) {
   const auto region = current_region();
   TE_CHECK(region && (region->enabled || region->calibrating),
            "fp8::linear runs inside an enabled te::Fp8Autocast (or a calibrating one); open one "
            "(or call the fp32 path)");
   TE_CHECK(meta != nullptr, "fp8::linear: no FP8 state given for this GEMM");
-  TE_CHECK(w.dim() == 2 && x.dim() >= 1 && x.size(-1) == w.size(0), "fp8::linear: input ",
-           x.sizes(), " and kernel ", w.sizes(),
-           " do not contract (the input's last dim must equal the kernel's first)");
   auto s = c10::make_intrusive<LinearState>();
+  if (region->enabled && meta->holds_kernel()) {
+    std::lock_guard<std::mutex> lock(meta->mutex);
+    const GemmMeta::MasterStamp& stamp = meta->held_from;
+    TE_CHECK(stamp.storage.unsafeGetStorageImpl() == w.storage().unsafeGetStorageImpl() &&
+                 stamp.data == w.data_ptr() && stamp.version == static_cast<int64_t>(w._version()),
+             "FP8 weights: the kernel '", meta->prefix,
+             "kernel' changed since its FP8 codes were cast (an optimizer step, a load); call "
+             "te::nn::requantize_fp8_weights(model) after each optimizer.step()");
+    s->held = meta->held_kernel;
+    if (moves != nullptr) s->moves = *moves;
+  } else {
+    TE_CHECK(w.dim() == 2 && x.dim() >= 1 && x.size(-1) == w.size(0), "fp8::linear: input ",
+             x.sizes(), " and kernel ", w.sizes(),
+             " do not contract (the input's last dim must equal the kernel's first)");
+  }
   s->recipe = region->recipe;
   GemmCall& call = s->call;
   call.meta = meta;

@@ -36,6 +36,19 @@ class Current final : public RecipeImpl {
     return {xq.first, wq.second, xq.second, wq.first};
   }
 
+  ForwardCasts cast_input(const at::Tensor& x, GemmCall& call) const override {
+    const DType dtype = forward_dtype(r_.fp8_format);
+    auto xq = cast_transpose(x, scale(x, call, dtype), dtype);
+    return {xq.first, {}, xq.second, {}};
+  }
+
+  // TE's _cast_master_weights_to_fp8_current_scaling (pytorch/tensor/utils.py, d0067d0da): the
+  // recipe's own rule on the weight's amax.
+  at::Tensor weight_scale(const at::Tensor& amax) const override {
+    return scales_from_amax(amax, max_finite(forward_dtype(r_.fp8_format)), r_.use_power_2_scales,
+                            r_.amax_epsilon);
+  }
+
   GradCasts cast_grad(const at::Tensor& g, GemmCall& call) const override {
     const DType dtype = backward_dtype(r_.fp8_format);
     auto gq = cast_transpose(g, scale(g, call, dtype), dtype);

@@ -148,21 +148,9 @@ class Delayed final : public RecipeImpl {
                             GemmCall& call) const override {
     const DType dtype = forward_dtype(r_.fp8_format);
     GemmMeta& meta = *call.meta;
-    at::Tensor x_scale;
-    {
-      std::lock_guard<std::mutex> lock(meta.mutex);
-      // Outside training the history keeps its length: nothing is recorded into it.
-      if (call.record)
-        ensure_history(meta, r_.amax_history_len);
-      else
-        keep_fp32(meta);
-      x_scale = meta.fwd_scale.narrow(0, 0, 1).clone();
-    }
-    const at::Tensor x_amax = call.record ? at::zeros({1}, x_scale.options()) : at::Tensor();
-    auto xq = cast_transpose(x, x_scale, dtype, x_amax);
+    const auto xq = cast_x(x, call);
     std::lock_guard<std::mutex> lock(meta.mutex);
     const at::Tensor newest = meta.fwd_amax_history[0];
-    if (call.record) fold_into(newest.narrow(0, 0, 1), x_amax);
     // The kernel's codes are reused while the kernel and its scale are unchanged: the scale is
     // known unchanged while its buffer is not written (its version), so no value is read back
     // from the device. (A scale update rewrites it, and the kernel is cast again.)
@@ -193,6 +181,26 @@ class Delayed final : public RecipeImpl {
       if (call.region != nullptr) add_pending(call.region->forward, pending(call));
     }
     return {xq.first, c.transposed, xq.second, c.codes};
+  }
+
+  // A held kernel: x alone, its amax recorded (the kernel's history slot stays unused).
+  ForwardCasts cast_input(const at::Tensor& x, GemmCall& call) const override {
+    auto xq = cast_x(x, call);
+    if (call.record && call.region != nullptr) {
+      std::lock_guard<std::mutex> lock(call.meta->mutex);
+      add_pending(call.region->forward, pending(call));
+    }
+    return {xq.first, {}, xq.second, {}};
+  }
+
+  // TE casts a master weight with its quantizer's delayed scale
+  // (_cast_master_weights_to_fp8_delayed_scaling, pytorch/tensor/utils.py, d0067d0da); te-cpp
+  // casts it with the scale the recipe's rule gives its current amax ((fp8_max / amax) /
+  // 2^margin; 1 for an amax of 0 or not finite), as freeze_kernel has always cast weights: no
+  // history slot to keep in step with a weight cast once per optimizer step.
+  at::Tensor weight_scale(const at::Tensor& amax) const override {
+    return scales_from_amax(amax, max_finite(forward_dtype(r_.fp8_format)), false, 0.0f) /
+           std::ldexp(1.0, r_.margin);
   }
 
   GradCasts cast_grad(const at::Tensor& g, GemmCall& call) const override {
@@ -229,6 +237,29 @@ class Delayed final : public RecipeImpl {
 
  private:
   Pending pending(const GemmCall& call) const { return {call.meta, r_, call.mesh, call.dims}; }
+
+  // x cast with the stored input scale, its amax folded into the newest history row when
+  // recording.
+  std::pair<Fp8Tensor, Fp8Tensor> cast_x(const at::Tensor& x, GemmCall& call) const {
+    GemmMeta& meta = *call.meta;
+    at::Tensor x_scale;
+    {
+      std::lock_guard<std::mutex> lock(meta.mutex);
+      // Outside training the history keeps its length: nothing is recorded into it.
+      if (call.record)
+        ensure_history(meta, r_.amax_history_len);
+      else
+        keep_fp32(meta);
+      x_scale = meta.fwd_scale.narrow(0, 0, 1).clone();
+    }
+    const at::Tensor x_amax = call.record ? at::zeros({1}, x_scale.options()) : at::Tensor();
+    auto xq = cast_transpose(x, x_scale, forward_dtype(r_.fp8_format), x_amax);
+    if (call.record) {
+      std::lock_guard<std::mutex> lock(meta.mutex);
+      fold_into(meta.fwd_amax_history[0].narrow(0, 0, 1), x_amax);
+    }
+    return xq;
+  }
 
   DelayedScaling r_;
 };

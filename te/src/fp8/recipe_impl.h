@@ -56,6 +56,13 @@ class RecipeImpl {
   virtual ForwardCasts cast_forward(const at::Tensor& x, const at::Tensor& w,
                                     GemmCall& call) const = 0;
   virtual GradCasts cast_grad(const at::Tensor& g, GemmCall& call) const = 0;
+  /// FP8 weights in training (hold_kernel): x [M, K] alone cast as cast_forward casts it, for a
+  /// GEMM whose kernel is held quantized (returned as ForwardCasts' x and x_t). Per-tensor recipes;
+  /// the others throw te::Error naming themselves (the default).
+  virtual ForwardCasts cast_input(const at::Tensor& x, GemmCall& call) const;
+  /// The scale a held kernel takes from its whole amax (fp32 [1]); the default throws as
+  /// cast_input's does.
+  virtual at::Tensor weight_scale(const at::Tensor& amax) const;
   /// Whether the forward GEMM may accumulate in the tensor cores' reduced precision (TE's
   /// use_split_accumulator = false): per-tensor recipes yes, block recipes no.
   virtual bool fast_forward_accumulation() const { return true; }
