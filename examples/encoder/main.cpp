@@ -51,6 +51,7 @@ struct Args {
   std::optional<double> dropout;
   double intermediate_dropout = 0.0;
   std::string fp8 = "none";
+  bool quantized_weights = false;
   std::string mesh;
   std::string mesh_resource;
   std::string rules;
@@ -591,6 +592,8 @@ int train(const Args& args, const Layout& layout, const ColaData& data, int rank
       torch::optim::AdamWOptions(args.lr).betas({0.9, 0.999}).eps(1e-8).weight_decay(1e-4));
   Trainer trainer(args, model, mesh);
   const auto recipe = recipe_of(args.fp8);
+  // Collective (the kernels' amaxes reduced over their ranks); after any --load.
+  const int64_t held = args.quantized_weights ? te::nn::quantize_fp8_weights(*model, *recipe) : 0;
 
   int64_t params = 0;
   for (const auto& p : model->parameters()) params += p.numel();
@@ -613,6 +616,11 @@ int train(const Args& args, const Layout& layout, const ColaData& data, int rank
               << at::get_num_threads() << " threads per rank" << std::endl;
     if (const std::string joined = te::launch_description(); !joined.empty()) {
       std::cout << "  launch: " << joined << std::endl;
+    }
+    if (args.quantized_weights) {
+      std::cout << "  quantized weights: " << held << " GEMM kernels held as E4M3 codes, "
+                << te::nn::held_fp8_weight_bytes(*model)
+                << " bytes on rank 0 (their fp32 masters in the optimizer)" << std::endl;
     }
   }
 
@@ -662,6 +670,7 @@ int train(const Args& args, const Layout& layout, const ColaData& data, int rank
         buckets.finish();
       }
       optimizer.step();
+      if (args.quantized_weights) te::nn::requantize_fp8_weights(*model);
       const double l = loss.item<double>();
       const double acc = out.detach().argmax(1).eq(b.labels).to(at::kDouble).mean().item<double>();
       if (!std::isfinite(l)) {
@@ -743,6 +752,7 @@ int train(const Args& args, const Layout& layout, const ColaData& data, int rank
                         {"intermediate_dropout", args.intermediate_dropout},
                         {"te_commit", kTeCommit},
                         {"fp8", args.fp8},
+                        {"quantized_weights", args.quantized_weights},
                         {"dtype", args.dtype},
                         {"seed", args.seed},
                         {"batch_size", args.batch_size},
@@ -823,6 +833,11 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.0, 0.999));
   app.add_option("--fp8", args.fp8, "FP8 GEMMs: none, or a recipe: " + te::fp8::recipe_summary())
       ->check(CLI::IsMember(fp8_choices()));
+  app.add_flag("--quantized-weights", args.quantized_weights,
+               "Hold the GEMM kernels as FP8 codes between steps (TE's quantized_model_init): "
+               "the GEMMs multiply them, FSDP gathers them (a quarter of fp32's bytes), AdamW "
+               "steps the fp32 masters and the codes are cast again after each step; with --fp8 "
+               "current or delayed");
   app.add_option("--mesh", args.mesh,
                  "Device mesh, e.g. data=2,model=2 (its size must equal the number of ranks; "
                  "default with several ranks: data=N)");
@@ -910,6 +925,12 @@ int main(int argc, char** argv) {
                        " is not a multiple of --heads " + std::to_string(args.heads));
     }
     layout = make_layout(args, world_size);
+    if (args.quantized_weights && args.fp8 != "delayed" && args.fp8 != "current") {
+      throw InputError("--quantized-weights holds the kernels with a per-tensor FP8 recipe; "
+                       "add --fp8 current (or delayed)" +
+                       (args.fp8 == "none" ? std::string()
+                                           : ", not --fp8 " + args.fp8 + " (it scales blocks)"));
+    }
     if (args.eval_only && args.load_dir.empty()) {
       throw InputError("--eval-only needs --load DIR (a checkpoint to evaluate)");
     }

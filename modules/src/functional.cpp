@@ -191,9 +191,15 @@ class GatheredDense : public torch::autograd::Function<GatheredDense> {
     const at::Tensor& x = saved[0];
     const at::Tensor w = gather_kernel(*k, saved[1]);
     const at::Tensor g = grads[0].reshape({-1, w.numel() / w.size(0)});
-    const at::Tensor w2 = w.reshape({w.size(0), -1});
-    const at::Tensor grad_x = mm_any(g, w2.t()).reshape(x.sizes());
-    const at::Tensor grad_w = mm_any(x.reshape({-1, x.size(-1)}).t(), g).reshape(w.sizes());
+    // Under CPU autocast the forward multiplied in the gradient's (low) dtype, and backward runs
+    // outside autocast: the operands take that dtype here, as autocast's own matmul backward
+    // gives (mixed fp32 / bf16 operands are an error for a GEMM oneDNN runs); the gradients
+    // return in their inputs' dtypes, the kernel's reduced (scattered) in fp32 as on the plain
+    // data-parallel path.
+    const at::Tensor w2 = w.reshape({w.size(0), -1}).to(g.scalar_type());
+    const at::Tensor x2 = x.reshape({-1, x.size(-1)}).to(g.scalar_type());
+    const at::Tensor grad_x = mm_any(g, w2.t()).reshape(x.sizes()).to(x.scalar_type());
+    const at::Tensor grad_w = mm_any(x2.t(), g).reshape(w.sizes()).to(w.scalar_type());
     return {grad_x, route_kernel_grad(*k, grad_w), at::Tensor()};
   }
 };

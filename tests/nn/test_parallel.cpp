@@ -8,15 +8,18 @@
 // position, so every layout still matches.
 
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
 
 #include <functional>
 #include <map>
+#include <mutex>
 
 #include "../distributed/dist_test_util.h"
 #include "../expect_error.h"
 #include "matrix_layouts.h"
+#include "te/compat.h"
 #include "te/nn.h"
 
 namespace te::nn {
@@ -617,6 +620,77 @@ TEST(ShardedModules, ValidateShardingReportsEverythingAtOnce) {
     EXPECT_TRUE(check_sharding(*even).ok()) << check_sharding(*even).to_string();
     EXPECT_NO_THROW(validate_sharding(*even));
   });
+}
+
+}  // namespace
+}  // namespace te::nn
+
+namespace te::nn {
+namespace {
+
+// CPU autocast (bf16) over fp32 weights, as te-encoder --dtype bf16 runs: FSDP's gathered GEMM
+// (GatheredDense) multiplies in bf16 forward and must do the same in backward, where autocast is
+// off. A GEMM above oneDNN's minimum (16^3 multiply-adds) with an fp32 kernel and a bf16
+// gradient used to throw "expected scalar type BFloat16 but found Float" on AVX-512 CPUs (and was
+// widened to fp32 silently elsewhere). The gradients equal data parallel's (whole kernel), where
+// autocast's own matmul backward runs, within bf16 rounding.
+TEST(ShardedModules, FsdpUnderCpuAutocastBackpropagatesInTheAutocastDtype) {
+  set_warning_handler([](std::string_view) {});
+  const std::vector<int64_t> shape = {4, 16, 64};
+  std::map<std::string, std::vector<at::Tensor>> grads;  // layout -> [x grad, kernel grad]
+  std::mutex mu;
+  for (const char* spec : {"dp=data", "fsdp=data"}) {
+    run_local_ranks(2, [&](int rank) {
+      DeviceMesh mesh({2}, {"data"});
+      MeshScope mesh_scope(mesh);
+      MeshResourceScope resource(parse_mesh_resource(spec));
+      manual_seed(5);
+      Dense dense(DenseOptions(64, 128).use_bias(false).kernel_axes({"w_fsdp", "w_tp"}));
+      const auto placements = placements_for(*resolve_logical_axes({"batch", "seqlen", "hidden"}),
+                                             mesh);
+      at::Tensor x_local = piece_of(test::seeded_integers(shape, 3).to(at::kFloat) / 9.0, mesh,
+                                    placements, rank)
+                               .requires_grad_(true);
+      const DTensor x = DTensor::from_local(x_local, mesh, placements, shape);
+      DTensor y = [&] {
+#if TE_AUTOCAST_BY_DEVICE
+        at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+        at::autocast::set_autocast_enabled(at::kCPU, true);
+#else
+        at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+        at::autocast::set_cpu_enabled(true);
+#endif
+        DTensor out = dense(x);
+#if TE_AUTOCAST_BY_DEVICE
+        at::autocast::set_autocast_enabled(at::kCPU, false);
+#else
+        at::autocast::set_cpu_enabled(false);
+#endif
+        at::autocast::clear_cache();
+        return out;
+      }();
+      EXPECT_EQ(y.to_local().scalar_type(), at::kBFloat16);
+      y.full_tensor().to(at::kFloat).sum().backward();
+      const auto layouts = named_parameter_layouts(*dense);
+      const ParameterLayout& pl = layouts.at("kernel");
+      EXPECT_EQ(pl.mesh && is_shard(pl.placements[0]), std::string(spec) == "fsdp=data");
+      const at::Tensor kernel_grad =
+          pl.mesh ? DTensor::from_local(dense->kernel.grad(), mesh, pl.placements,
+                                        pl.global_shape)
+                        .full_tensor()
+                  : dense->kernel.grad();
+      EXPECT_EQ(kernel_grad.scalar_type(), at::kFloat);
+      if (rank == 0) {
+        std::lock_guard<std::mutex> lock(mu);
+        grads[spec] = {x_local.grad().clone(), kernel_grad.clone()};
+      }
+    });
+  }
+  set_warning_handler(nullptr);
+  ASSERT_EQ(grads.size(), 2u);
+  for (std::size_t i = 0; i < 2; ++i) {
+    EXPECT_TRUE(Near(grads["fsdp=data"][i], grads["dp=data"][i], 1.0 / 128)) << i;
+  }
 }
 
 }  // namespace
