@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstring>
 #include <sstream>
+#include <vector>
 
 #include "recipe_impl.h"
 #include "te/error.h"
@@ -33,28 +34,6 @@ constexpr int64_t kBlock = 128;
 int64_t blocks_of(int64_t n, int64_t width = kBlock) { return (n + width - 1) / width; }
 
 }  // namespace
-
-// max(amax, max |x[i]| over n elements), NaN skipped (fmaxf's rule). The magnitudes compare as
-// bit patterns (integer order is float order for |x|; NaN patterns, above inf, are dropped): an
-// integer max reduction, which GCC vectorizes where a float one would need -ffast-math. On x86-64
-// GCC also an AVX2 clone (x86-64-v3, a feature level), chosen at load time by what the CPU has.
-// (MXFP8's blocks take the same amax: mxfp8.cpp.)
-#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12 && defined(__x86_64__)
-__attribute__((target_clones("arch=x86-64-v3", "default")))
-#endif
-float fold_amax(const float* x, int64_t n, float amax) {
-  int32_t top;  // signed: magnitudes' patterns are below 2^31, and GCC vectorizes a signed max
-  std::memcpy(&top, &amax, sizeof top);
-  for (int64_t i = 0; i < n; ++i) {
-    int32_t bits;
-    std::memcpy(&bits, &x[i], sizeof bits);
-    bits &= 0x7FFFFFFF;
-    bits = bits <= 0x7F800000 ? bits : 0;
-    top = std::max(top, bits);
-  }
-  std::memcpy(&amax, &top, sizeof amax);
-  return amax;
-}
 
 void check_blocked(const at::Tensor& x, ScalingMode scaling, const char* what, bool mx) {
   if (mx) {
@@ -102,21 +81,21 @@ Fp8Tensor quantize_blocks(const at::Tensor& x_in, ScalingMode scaling, DType dty
   uint8_t* codes = out.data.data_ptr<uint8_t>();
   float* scale_inv = out.scale_inv.data_ptr<float>();
   const float fp8_max = max_finite(dtype);
-  // One block row at a time (a row of 1x128 blocks, or 128 rows of 128x128 tiles), one block at
-  // a time: its amax, then its codes, while the block is still in cache (a tile is 64 KiB).
+  // One block row at a time (a row of 1x128 blocks, or 128 rows of 128x128 tiles): the blocks'
+  // amaxes, a row per kernel call, then their scales, then the codes, a row per call again.
   const int64_t band = tiles ? kBlock : 1;
   at::parallel_for(0, out.scale_inv.size(0), tiles ? 1 : 64, [&](int64_t begin, int64_t end) {
+    std::vector<float> amax(static_cast<std::size_t>(nb)), scale(amax.size());
     for (int64_t br = begin; br < end; ++br) {
       const int64_t r0 = br * band, r1 = std::min(rows, r0 + band);
+      std::fill(amax.begin(), amax.end(), 0.0f);
+      for (int64_t r = r0; r < r1; ++r) fold_block_amaxes(in + r * cols, cols, kBlock, amax.data());
       for (int64_t b = 0; b < nb; ++b) {
-        const int64_t c0 = b * kBlock, n = std::min(cols, c0 + kBlock) - c0;
-        float amax = 0.0f;
-        for (int64_t r = r0; r < r1; ++r) amax = fold_amax(in + r * cols + c0, n, amax);
-        const float scale = scale_from_amax(amax, fp8_max, power_2, epsilon);
-        scale_inv[br * nb + b] = 1.0f / scale;
-        for (int64_t r = r0; r < r1; ++r) {
-          fp8::quantize(in + r * cols + c0, codes + r * cols + c0, n, scale, dtype);
-        }
+        scale[b] = scale_from_amax(amax[b], fp8_max, power_2, epsilon);
+        scale_inv[br * nb + b] = 1.0f / scale[b];
+      }
+      for (int64_t r = r0; r < r1; ++r) {
+        quantize_blocks_row(in + r * cols, codes + r * cols, cols, kBlock, scale.data(), dtype);
       }
     }
   });

@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <sstream>
+#include <vector>
 
 #include "recipe_impl.h"
 #include "te/error.h"
@@ -49,14 +50,17 @@ Fp8Tensor quantize_mx(const at::Tensor& x_in, DType dtype) {
   uint8_t* scales = out.scale_inv.data_ptr<uint8_t>();
   const float max_norm_rcp = static_cast<float>(1.0 / max_finite(dtype));
   at::parallel_for(0, rows, std::max<int64_t>(1, 32768 / cols), [&](int64_t begin, int64_t end) {
+    // A row at a time: its blocks' amaxes, their scales, its codes.
+    std::vector<float> amax(static_cast<std::size_t>(nb)), factor(amax.size());
     for (int64_t r = begin; r < end; ++r) {
+      std::fill(amax.begin(), amax.end(), 0.0f);
+      fold_block_amaxes(in + r * cols, cols, kMxBlock, amax.data());
       for (int64_t b = 0; b < nb; ++b) {
-        const int64_t c0 = b * kMxBlock, n = std::min(cols, c0 + kMxBlock) - c0;
-        const float* block = in + r * cols + c0;
-        const uint8_t e = e8m0_round_up(fold_amax(block, n, 0.0f) * max_norm_rcp);
+        const uint8_t e = e8m0_round_up(amax[b] * max_norm_rcp);
         scales[r * nb + b] = e;
-        fp8::quantize(block, codes + r * cols + c0, n, e8m0_reciprocal(e), dtype);
+        factor[b] = e8m0_reciprocal(e);
       }
+      quantize_blocks_row(in + r * cols, codes + r * cols, cols, kMxBlock, factor.data(), dtype);
     }
   });
   return out;

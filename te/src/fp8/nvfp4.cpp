@@ -29,6 +29,7 @@
 #include <cfloat>
 #include <cmath>
 #include <sstream>
+#include <vector>
 
 #include "recipe_impl.h"
 #include "te/error.h"
@@ -116,30 +117,28 @@ Fp8Tensor quantize_nvfp4(const at::Tensor& x_in, const Nvfp4Cast& how) {
   const int64_t band = tiles ? kNvBlock : 1;
   at::parallel_for(0, out.scale_inv.size(0), tiles ? 1 : 64, [&](int64_t begin, int64_t end) {
     Draws draws(how.seed, how.call);
+    std::vector<float> amaxes(static_cast<std::size_t>(nb)), encode(amaxes.size());
     for (int64_t br = begin; br < end; ++br) {
       const int64_t r0 = br * band, r1 = std::min(rows, r0 + band);
-      for (int64_t b = 0; b < nb; ++b) {
-        const int64_t c0 = b * kNvBlock, n = std::min(cols, c0 + kNvBlock) - c0;
-        float block_amax = 0.0f;
-        for (int64_t r = r0; r < r1; ++r) block_amax = fold_amax(in + r * cols + c0, n, block_amax);
-        const uint8_t s = cast_to_fp8(std::fmin(block_amax * block_factor, FLT_MAX), DType::kE4M3);
-        scales[br * nb + b] = s;
-        const float encode = std::fmin(1.0f / (cast_from_fp8(s, DType::kE4M3) * s_dec), FLT_MAX);
-        for (int64_t r = r0; r < r1; ++r) {
-          const float* x_block = in + r * cols + c0;
-          uint8_t codes[kNvBlock];
-          if (how.stochastic) {
-            const uint64_t g = static_cast<uint64_t>(r * cols + c0);
-            for (int64_t i = 0; i < n; ++i) {
-              codes[i] = e2m1_round_stochastic(x_block[i] * encode, draws.word(g + i));
-            }
-          } else {
-            for (int64_t i = 0; i < n; ++i) codes[i] = e2m1_round(x_block[i] * encode);
-          }
-          uint8_t* dst = packed + r * (cols / 2) + c0 / 2;
-          for (int64_t i = 0; i < n; i += 2) {
-            dst[i / 2] = static_cast<uint8_t>(codes[i] | (codes[i + 1] << 4));
-          }
+      // The blocks' amaxes and scales for the band (a row, or 16 rows of tiles), a row per kernel
+      // call, then each row's codes.
+      std::fill(amaxes.begin(), amaxes.end(), 0.0f);
+      for (int64_t r = r0; r < r1; ++r) {
+        fold_block_amaxes(in + r * cols, cols, kNvBlock, amaxes.data());
+      }
+      nvfp4_block_scales(amaxes.data(), nb, block_factor, s_dec, scales + br * nb, encode.data());
+      for (int64_t r = r0; r < r1; ++r) {
+        uint8_t* dst = packed + r * (cols / 2);
+        if (!how.stochastic) {
+          nvfp4_quantize_row(in + r * cols, dst, cols, encode.data());
+          continue;
+        }
+        const uint64_t g = static_cast<uint64_t>(r * cols);
+        for (int64_t c = 0; c < cols; c += 2) {
+          const float s = encode[static_cast<std::size_t>(c / kNvBlock)];
+          const uint8_t lo = e2m1_round_stochastic(in[r * cols + c] * s, draws.word(g + c));
+          const uint8_t hi = e2m1_round_stochastic(in[r * cols + c + 1] * s, draws.word(g + c + 1));
+          dst[c / 2] = static_cast<uint8_t>(lo | (hi << 4));
         }
       }
     }

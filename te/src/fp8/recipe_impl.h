@@ -122,9 +122,6 @@ const char* format_name(Format format);
 at::Tensor dequantize_blocks(const Fp8Tensor& t);
 /// The fp32 values of an NVFP4 tensor (nvfp4.cpp).
 at::Tensor dequantize_nvfp4(const Fp8Tensor& t);
-/// max(amax, max |x[i]| over n elements), NaN skipped (fmaxf's rule, as TE's block kernels take
-/// a block's amax): block.cpp, vectorized.
-float fold_amax(const float* x, int64_t n, float amax);
 /// te::Error naming `what` unless x is a 2-D CPU tensor and `scaling` a block mode: 1x128 or
 /// 128x128 (Float8BlockScaling's), or also 1x32 with `mx`.
 void check_blocked(const at::Tensor& x, ScalingMode scaling, const char* what, bool mx);

@@ -18,19 +18,29 @@ namespace te::fp8 {
 /// The largest E2M1 magnitude.
 constexpr float kE2M1Max = 6.0f;
 
-/// The E2M1 code of `value` (round to nearest even, saturating; NaN -> 0x7). Branch-free: the
-/// magnitude's code counts the midpoints it passes, a tie staying with the even code (0.25 -> 0,
-/// 0.75 -> 1.0, 1.25 -> 1.0, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4).
+/// The E2M1 code of `value` (round to nearest even, saturating; NaN -> 0x7). Branch-free, on the
+/// float's bits, as an FP8 cast with 1 mantissa bit and bias 1: a magnitude of at least 1 rounds
+/// its mantissa to one bit on the integer bits (adding half a quantum minus one, plus the lowest
+/// kept bit: ties go to even), the exponent rebiased; below 1 the float unit rounds |x| + 2^22,
+/// whose quantum is E2M1's 0.5, leaving the code in the low bits; beyond 6 it saturates.
 inline uint8_t e2m1_round(float value) {
   uint32_t bits = 0;
   std::memcpy(&bits, &value, sizeof bits);
   const uint32_t magnitude_bits = bits & 0x7FFFFFFFu;
-  float a = 0.0f;
+  const uint32_t rounded = magnitude_bits + ((1u << 21) - 1u) + ((magnitude_bits >> 22) & 1u);
+  const uint32_t normal = (rounded >> 22) - (126u << 1);  // wraps below 1: unused there
+  float a = 0.0f, sum = 0.0f;
   std::memcpy(&a, &magnitude_bits, sizeof a);
-  const int code = (a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) + (a > 2.5f) +
-                   (a >= 3.5f) + (a > 5.0f);
+  constexpr uint32_t kMagicBits = 149u << 23;  // 2^22
+  float magic = 0.0f;
+  std::memcpy(&magic, &kMagicBits, sizeof magic);
+  sum = a + magic;
+  uint32_t sum_bits = 0;
+  std::memcpy(&sum_bits, &sum, sizeof sum_bits);
+  uint32_t code = magnitude_bits < 0x3F800000u ? sum_bits - kMagicBits : normal;
+  code = code > 7u ? 7u : code;
   const bool nan = magnitude_bits > 0x7F800000u;
-  return static_cast<uint8_t>(nan ? 0x7 : code | ((bits >> 31) << 3));
+  return static_cast<uint8_t>(nan ? 0x7u : (code | ((bits >> 31) << 3)));
 }
 
 /// The value of the E2M1 code in the low nibble of `code`.
@@ -59,5 +69,15 @@ inline uint8_t e2m1_round_stochastic(float value, uint32_t random) {
   }
   return static_cast<uint8_t>(code | (negative ? 0x8 : 0x0));
 }
+
+/// NVFP4's per-block work for one block row (te::fp8::quantize_nvfp4; vectorized per instruction
+/// set as te/kernels/fp8_cast.h's casts): for each of nb block amaxes, its E4M3 scale
+/// scale[b] = e4m3(min(amax[b] * block_factor, FLT_MAX)) and the factor its elements are
+/// multiplied by before rounding, encode[b] = min(1 / (value(scale[b]) * s_dec), FLT_MAX).
+void nvfp4_block_scales(const float* amax, int64_t nb, float block_factor, float s_dec,
+                        uint8_t* scale, float* encode);
+/// The packed codes of a row of n floats (n even) in blocks of 16: e2m1_round(in[i] *
+/// encode[i / 16]), two a byte.
+void nvfp4_quantize_row(const float* in, uint8_t* packed, int64_t n, const float* encode);
 
 }  // namespace te::fp8

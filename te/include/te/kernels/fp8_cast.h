@@ -29,6 +29,18 @@ float quantize(const float* in, uint8_t* out, int64_t n, float scale, DType type
 /// out[i] = cast_from_fp8(in[i]) * scale_inv.
 void dequantize(const uint8_t* in, float* out, int64_t n, float scale_inv, DType type);
 
+/// max(amax, max |x[i]| over n elements), NaN skipped (fmaxf's rule, as TE's block kernels take
+/// a block's amax).
+float fold_amax(const float* x, int64_t n, float amax);
+
+/// Block-scaled casts, a row of n floats at a time in blocks of `width` consecutive elements
+/// (the last one shorter at a ragged edge): fold_block_amaxes folds each block's magnitudes into
+/// amax[b] (fold_amax's rule), quantize_blocks_row casts block b with scale[b] (out[i] =
+/// cast_to_fp8(in[i] * scale[b])). One call per row, so a row's blocks cost no call each.
+void fold_block_amaxes(const float* in, int64_t n, int64_t width, float* amax);
+void quantize_blocks_row(const float* in, uint8_t* out, int64_t n, int64_t width,
+                         const float* scale, DType type);
+
 /// E8M0, MXFP8's block scale (OCP Microscaling Formats v1.0, §5.4.1): 8 exponent bits, no sign,
 /// no mantissa; bits b stand for 2^(b - 127), 0xFF for NaN. The rules below are TE's
 /// (NVIDIA/TransformerEngine d0067d0da6cb01811b8072a7d304f0e00344ce2b,

@@ -1,6 +1,7 @@
 // CPU FP8 conversions: integer rounding on the float's bits, so every case (subnormals, ties,
 // saturation) is exact and the loops vectorise.
 
+#include <cfloat>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -9,6 +10,7 @@
 
 #include "te/error.h"
 
+#include "te/kernels/fp4_cast.h"
 #include "te/kernels/fp8_cast.h"
 
 namespace te::fp8 {
@@ -145,6 +147,122 @@ TE_INLINE float quantize_loop(const float* __restrict in, uint8_t* __restrict ou
   return amax;
 }
 
+// max(amax, |x[i]|) on the magnitudes' bit patterns, NaN patterns (above inf) dropped: an integer
+// max reduction, which compilers vectorize where a float one would need -ffast-math.
+TE_INLINE float fold_amax_loop(const float* __restrict x, int64_t n, float amax) {
+  int32_t top;  // signed: magnitudes' patterns are below 2^31, and a signed max vectorizes
+  std::memcpy(&top, &amax, sizeof top);
+  for (int64_t i = 0; i < n; ++i) {
+    int32_t bits;
+    std::memcpy(&bits, &x[i], sizeof bits);
+    bits &= 0x7FFFFFFF;
+    bits = bits <= 0x7F800000 ? bits : 0;
+    top = top > bits ? top : bits;
+  }
+  std::memcpy(&amax, &top, sizeof amax);
+  return amax;
+}
+
+// The block loops take the recipes' widths (16, 32, 128) as constants, so a whole block's inner
+// loop unrolls into whole vectors; a ragged last block, and other widths, take the general loop.
+template <int64_t kWidth>
+TE_INLINE void fold_blocks_fixed(const float* __restrict in, int64_t n, int64_t width,
+                                 float* __restrict amax) {
+  const int64_t w = kWidth > 0 ? kWidth : width;
+  int64_t c0 = 0, b = 0;
+  for (; c0 + w <= n; c0 += w, ++b) amax[b] = fold_amax_loop(in + c0, w, amax[b]);
+  if (c0 < n) amax[b] = fold_amax_loop(in + c0, n - c0, amax[b]);
+}
+
+TE_INLINE void fold_blocks_loop(const float* __restrict in, int64_t n, int64_t width,
+                                float* __restrict amax) {
+  if (width == 16) return fold_blocks_fixed<16>(in, n, width, amax);
+  if (width == 32) return fold_blocks_fixed<32>(in, n, width, amax);
+  if (width == 128) return fold_blocks_fixed<128>(in, n, width, amax);
+  fold_blocks_fixed<0>(in, n, width, amax);
+}
+
+template <int kMantissa, int kBias, uint32_t kMaxCode>
+TE_INLINE void quantize_span(const float* __restrict x, uint8_t* __restrict y, int64_t len,
+                             float s) {
+  for (int64_t i = 0; i < len; ++i) {
+    const float scaled = x[i] * s;
+    uint32_t sb;
+    std::memcpy(&sb, &scaled, sizeof sb);
+    y[i] = encode_fast<kMantissa, kBias, kMaxCode>(sb);
+  }
+}
+
+template <int64_t kWidth, int kMantissa, int kBias, uint32_t kMaxCode>
+TE_INLINE void quantize_blocks_fixed(const float* __restrict in, uint8_t* __restrict out, int64_t n,
+                                     int64_t width, const float* __restrict scale) {
+  const int64_t w = kWidth > 0 ? kWidth : width;
+  int64_t c0 = 0, b = 0;
+  for (; c0 + w <= n; c0 += w, ++b) {
+    quantize_span<kMantissa, kBias, kMaxCode>(in + c0, out + c0, w, scale[b]);
+  }
+  if (c0 < n) quantize_span<kMantissa, kBias, kMaxCode>(in + c0, out + c0, n - c0, scale[b]);
+}
+
+template <int kMantissa, int kBias, uint32_t kMaxCode>
+TE_INLINE void quantize_blocks_loop(const float* __restrict in, uint8_t* __restrict out, int64_t n,
+                                    int64_t width, const float* __restrict scale) {
+  if (width == 16)
+    return quantize_blocks_fixed<16, kMantissa, kBias, kMaxCode>(in, out, n, 16, scale);
+  if (width == 32)
+    return quantize_blocks_fixed<32, kMantissa, kBias, kMaxCode>(in, out, n, 32, scale);
+  if (width == 128) {
+    return quantize_blocks_fixed<128, kMantissa, kBias, kMaxCode>(in, out, n, 128, scale);
+  }
+  quantize_blocks_fixed<0, kMantissa, kBias, kMaxCode>(in, out, n, width, scale);
+}
+
+// The value of a non-negative E4M3 code below NaN: m * 2^-9 for the subnormals, else the float
+// whose exponent is the code's rebiased and whose mantissa is its 3 bits. Branch-free.
+TE_INLINE float e4m3_positive_value(uint32_t code) {
+  const uint32_t e = code >> 3, m = code & 7u;
+  const uint32_t normal_bits = ((e + 120u) << 23) | (m << 20);
+  float normal;
+  std::memcpy(&normal, &normal_bits, sizeof normal);
+  return e == 0 ? static_cast<float>(m) * 0x1p-9f : normal;
+}
+
+TE_INLINE void nvfp4_scales_loop(const float* __restrict amax, int64_t nb, float block_factor,
+                                 float s_dec, uint8_t* __restrict scale, float* __restrict encode) {
+  for (int64_t b = 0; b < nb; ++b) {
+    float v = amax[b] * block_factor;
+    v = v < FLT_MAX ? v : FLT_MAX;  // fminf (a NaN gives FLT_MAX)
+    uint32_t bits;
+    std::memcpy(&bits, &v, sizeof bits);
+    const uint8_t code = encode_fast<3, 7, 0x7E>(bits);
+    scale[b] = code;
+    const float e = 1.0f / (e4m3_positive_value(code) * s_dec);
+    encode[b] = e < FLT_MAX ? e : FLT_MAX;
+  }
+}
+
+// A chunk of whole blocks at a time: every element's code (a block is one vector of 16 floats),
+// then the codes packed two a byte.
+TE_INLINE void nvfp4_row_loop(const float* __restrict in, uint8_t* __restrict packed, int64_t n,
+                              const float* __restrict encode) {
+  constexpr int64_t kChunk = 256;
+  uint8_t codes[kChunk];
+  for (int64_t c0 = 0; c0 < n; c0 += kChunk) {
+    const int64_t len = n - c0 < kChunk ? n - c0 : kChunk;
+    int64_t i = 0;
+    for (; i + 16 <= len; i += 16) {
+      const float s = encode[(c0 + i) / 16];
+      const float* __restrict x = in + c0 + i;
+      for (int j = 0; j < 16; ++j) codes[i + j] = e2m1_round(x[j] * s);
+    }
+    for (; i < len; ++i) codes[i] = e2m1_round(in[c0 + i] * encode[(c0 + i) / 16]);
+    uint8_t* __restrict y = packed + c0 / 2;
+    for (int64_t j = 0; j < len / 2; ++j) {
+      y[j] = static_cast<uint8_t>(codes[2 * j] | (codes[2 * j + 1] << 4));
+    }
+  }
+}
+
 TE_INLINE void dequantize_loop(const uint8_t* __restrict in, float* __restrict out, int64_t n,
                                const float* __restrict table) {
   for (int64_t i = 0; i < n; ++i) out[i] = table[in[i]];
@@ -152,6 +270,11 @@ TE_INLINE void dequantize_loop(const uint8_t* __restrict in, float* __restrict o
 
 using QuantizeFn = float (*)(const float*, uint8_t*, int64_t, float);
 using DequantizeFn = void (*)(const uint8_t*, float*, int64_t, const float*);
+using FoldFn = float (*)(const float*, int64_t, float);
+using FoldBlocksFn = void (*)(const float*, int64_t, int64_t, float*);
+using QuantizeBlocksFn = void (*)(const float*, uint8_t*, int64_t, int64_t, const float*);
+using Nvfp4ScalesFn = void (*)(const float*, int64_t, float, float, uint8_t*, float*);
+using Nvfp4RowFn = void (*)(const float*, uint8_t*, int64_t, const float*);
 
 // The loops for one instruction set (a GCC target attribute; empty for the baseline).
 #define TE_KERNELS_FOR(suffix, target)                                                        \
@@ -163,14 +286,48 @@ using DequantizeFn = void (*)(const uint8_t*, float*, int64_t, const float*);
   }                                                                                           \
   target void dequantize_##suffix(const uint8_t* in, float* out, int64_t n, const float* t) { \
     dequantize_loop(in, out, n, t);                                                           \
+  }                                                                                           \
+  target float fold_##suffix(const float* x, int64_t n, float amax) {                         \
+    return fold_amax_loop(x, n, amax);                                                        \
+  }                                                                                           \
+  target void fold_blocks_##suffix(const float* x, int64_t n, int64_t w, float* amax) {       \
+    fold_blocks_loop(x, n, w, amax);                                                          \
+  }                                                                                           \
+  target void blocks_e4m3_##suffix(const float* x, uint8_t* y, int64_t n, int64_t w,          \
+                                   const float* s) {                                          \
+    quantize_blocks_loop<3, 7, 0x7E>(x, y, n, w, s);                                          \
+  }                                                                                           \
+  target void blocks_e5m2_##suffix(const float* x, uint8_t* y, int64_t n, int64_t w,          \
+                                   const float* s) {                                          \
+    quantize_blocks_loop<2, 15, 0x7B>(x, y, n, w, s);                                         \
+  }                                                                                           \
+  target void nvfp4_scales_##suffix(const float* a, int64_t nb, float f, float d, uint8_t* s, \
+                                    float* e) {                                               \
+    nvfp4_scales_loop(a, nb, f, d, s, e);                                                     \
+  }                                                                                           \
+  target void nvfp4_row_##suffix(const float* x, uint8_t* y, int64_t n, const float* e) {     \
+    nvfp4_row_loop(x, y, n, e);                                                               \
   }
 
 struct Kernels {
   QuantizeFn e4m3;
   QuantizeFn e5m2;
   DequantizeFn dequantize;
+  FoldFn fold;
+  FoldBlocksFn fold_blocks;
+  QuantizeBlocksFn blocks_e4m3;
+  QuantizeBlocksFn blocks_e5m2;
+  Nvfp4ScalesFn nvfp4_scales;
+  Nvfp4RowFn nvfp4_row;
   const char* isa;
 };
+
+#define TE_KERNEL_SET(suffix, name)                                                              \
+  Kernels {                                                                                      \
+    quantize_e4m3_##suffix, quantize_e5m2_##suffix, dequantize_##suffix, fold_##suffix,          \
+        fold_blocks_##suffix, blocks_e4m3_##suffix, blocks_e5m2_##suffix, nvfp4_scales_##suffix, \
+        nvfp4_row_##suffix, name                                                                 \
+  }
 
 TE_KERNELS_FOR(base, )
 
@@ -184,16 +341,16 @@ TE_KERNELS_FOR(avx2, __attribute__((target("avx2,fma"))))
 // and comparisons). Chosen once; read-only afterwards.
 const Kernels& kernels() {
   static const Kernels chosen = [] {
-    const Kernels base{quantize_e4m3_base, quantize_e5m2_base, dequantize_base, "baseline"};
+    const Kernels base = TE_KERNEL_SET(base, "baseline");
     std::vector<Kernels> runnable;  // best first
 #if defined(__GNUC__) && defined(__x86_64__)
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
         __builtin_cpu_supports("avx512dq")) {
-      runnable.push_back({quantize_e4m3_avx512, quantize_e5m2_avx512, dequantize_avx512, "avx512"});
+      runnable.push_back(TE_KERNEL_SET(avx512, "avx512"));
     }
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-      runnable.push_back({quantize_e4m3_avx2, quantize_e5m2_avx2, dequantize_avx2, "avx2"});
+      runnable.push_back(TE_KERNEL_SET(avx2, "avx2"));
     }
 #endif
     runnable.push_back(base);
@@ -218,6 +375,27 @@ float quantize(const float* in, uint8_t* out, int64_t n, float scale, DType type
 }
 
 const char* kernel_isa() { return kernels().isa; }
+
+float fold_amax(const float* x, int64_t n, float amax) { return kernels().fold(x, n, amax); }
+
+void fold_block_amaxes(const float* in, int64_t n, int64_t width, float* amax) {
+  kernels().fold_blocks(in, n, width, amax);
+}
+
+void nvfp4_block_scales(const float* amax, int64_t nb, float block_factor, float s_dec,
+                        uint8_t* scale, float* encode) {
+  kernels().nvfp4_scales(amax, nb, block_factor, s_dec, scale, encode);
+}
+
+void nvfp4_quantize_row(const float* in, uint8_t* packed, int64_t n, const float* encode) {
+  kernels().nvfp4_row(in, packed, n, encode);
+}
+
+void quantize_blocks_row(const float* in, uint8_t* out, int64_t n, int64_t width,
+                         const float* scale, DType type) {
+  const Kernels& k = kernels();
+  (type == DType::kE4M3 ? k.blocks_e4m3 : k.blocks_e5m2)(in, out, n, width, scale);
+}
 
 void dequantize(const uint8_t* in, float* out, int64_t n, float scale_inv, DType type) {
   float table[256];
