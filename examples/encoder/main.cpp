@@ -926,10 +926,10 @@ int main(int argc, char** argv) {
     }
     layout = make_layout(args, world_size);
     if (args.quantized_weights && args.fp8 != "delayed" && args.fp8 != "current") {
-      throw InputError("--quantized-weights holds the kernels with a per-tensor FP8 recipe; "
-                       "add --fp8 current (or delayed)" +
-                       (args.fp8 == "none" ? std::string()
-                                           : ", not --fp8 " + args.fp8 + " (it scales blocks)"));
+      throw InputError(
+          "--quantized-weights holds the kernels with a per-tensor FP8 recipe; "
+          "add --fp8 current (or delayed)" +
+          (args.fp8 == "none" ? std::string() : ", not --fp8 " + args.fp8 + " (it scales blocks)"));
     }
     if (args.eval_only && args.load_dir.empty()) {
       throw InputError("--eval-only needs --load DIR (a checkpoint to evaluate)");

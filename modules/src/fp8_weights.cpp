@@ -86,8 +86,8 @@ int64_t quantize_fp8_weights(torch::nn::Module& module, const fp8::Recipe& recip
   const std::vector<Held> items =
       gemms_of(module, [](const ShardedModule::Fp8Gemm&) { return true; });
   for (const Held& h : items) {
-    TE_CHECK(!h.gemm.meta->frozen() && h.gemm.kernel->defined(),
-             "quantize_fp8_weights: the GEMM '", h.gemm.meta->prefix,
+    TE_CHECK(!h.gemm.meta->frozen() && h.gemm.kernel->defined(), "quantize_fp8_weights: the GEMM '",
+             h.gemm.meta->prefix,
              "kernel' holds frozen inference weights (freeze_fp8_weights); build or load the "
              "model with fp32 weights to train it");
   }
@@ -113,10 +113,9 @@ int64_t release_fp8_weights(torch::nn::Module& module) {
 
 int64_t held_fp8_weight_bytes(const torch::nn::Module& module) {
   int64_t bytes = 0;
-  for (const Held& h : gemms_of(const_cast<torch::nn::Module&>(module),
-                                [](const ShardedModule::Fp8Gemm& g) {
-                                  return g.meta->holds_kernel();
-                                })) {
+  for (const Held& h :
+       gemms_of(const_cast<torch::nn::Module&>(module),
+                [](const ShardedModule::Fp8Gemm& g) { return g.meta->holds_kernel(); })) {
     const fp8::Fp8Tensor& t = h.gemm.meta->held_kernel;
     bytes += static_cast<int64_t>(t.data.nbytes() + t.scale_inv.nbytes());
   }

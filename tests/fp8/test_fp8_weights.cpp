@@ -190,8 +190,8 @@ TEST(Fp8Weights, FsdpGathersTheCodesAQuarterOfFp32sBytes) {
       MeshResourceScope scope(resource);
       const auto placements =
           placements_for(*resolve_logical_axes({"batch", "seqlen", "hidden"}), mesh);
-      const DTensor x = DTensor::from_local(
-          test::piece_of(randn(shape, 5), mesh, placements, rank), mesh, placements, shape);
+      const DTensor x = DTensor::from_local(test::piece_of(randn(shape, 5), mesh, placements, rank),
+                                            mesh, placements, shape);
       CommTrace trace;
       {
         std::optional<Fp8Autocast> fp8;

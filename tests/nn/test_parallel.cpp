@@ -646,11 +646,11 @@ TEST(ShardedModules, FsdpUnderCpuAutocastBackpropagatesInTheAutocastDtype) {
       MeshResourceScope resource(parse_mesh_resource(spec));
       manual_seed(5);
       Dense dense(DenseOptions(64, 128).use_bias(false).kernel_axes({"w_fsdp", "w_tp"}));
-      const auto placements = placements_for(*resolve_logical_axes({"batch", "seqlen", "hidden"}),
-                                             mesh);
-      at::Tensor x_local = piece_of(test::seeded_integers(shape, 3).to(at::kFloat) / 9.0, mesh,
-                                    placements, rank)
-                               .requires_grad_(true);
+      const auto placements =
+          placements_for(*resolve_logical_axes({"batch", "seqlen", "hidden"}), mesh);
+      at::Tensor x_local =
+          piece_of(test::seeded_integers(shape, 3).to(at::kFloat) / 9.0, mesh, placements, rank)
+              .requires_grad_(true);
       const DTensor x = DTensor::from_local(x_local, mesh, placements, shape);
       DTensor y = [&] {
 #if TE_AUTOCAST_BY_DEVICE
@@ -675,8 +675,7 @@ TEST(ShardedModules, FsdpUnderCpuAutocastBackpropagatesInTheAutocastDtype) {
       const ParameterLayout& pl = layouts.at("kernel");
       EXPECT_EQ(pl.mesh && is_shard(pl.placements[0]), std::string(spec) == "fsdp=data");
       const at::Tensor kernel_grad =
-          pl.mesh ? DTensor::from_local(dense->kernel.grad(), mesh, pl.placements,
-                                        pl.global_shape)
+          pl.mesh ? DTensor::from_local(dense->kernel.grad(), mesh, pl.placements, pl.global_shape)
                         .full_tensor()
                   : dense->kernel.grad();
       EXPECT_EQ(kernel_grad.scalar_type(), at::kFloat);

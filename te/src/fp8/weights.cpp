@@ -15,9 +15,9 @@ namespace te::fp8 {
 namespace {
 [[noreturn]] void refuse(const RecipeImpl& recipe) {
   TE_FAIL("FP8 weights in training: ", recipe.to_string(),
-           " scales blocks, so a weight held in FP8 would need a copy per GEMM layout; hold "
-           "weights with a per-tensor recipe (delayed or current), or train this recipe with "
-           "fp32 weights");
+          " scales blocks, so a weight held in FP8 would need a copy per GEMM layout; hold "
+          "weights with a per-tensor recipe (delayed or current), or train this recipe with "
+          "fp32 weights");
 }
 }  // namespace
 

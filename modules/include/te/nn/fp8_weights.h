@@ -4,8 +4,8 @@
 //
 //   te::nn::quantize_fp8_weights(*model, te::fp8::CurrentScaling{});  // collective
 //   for (...) {
-//     { te::Fp8Autocast fp8(true, te::fp8::CurrentScaling{}, resource); loss(model(x)).backward(); }
-//     optimizer.step();                          // AdamW steps the fp32 masters
+//     { te::Fp8Autocast fp8(true, te::fp8::CurrentScaling{}, resource); loss(model(x)).backward();
+//     } optimizer.step();                          // AdamW steps the fp32 masters
 //     te::nn::requantize_fp8_weights(*model);    // collective: the codes follow the masters
 //   }
 //
