@@ -153,6 +153,17 @@ struct GatheredKernel : torch::CustomClassHolder {
   Placements grads;  // how each rank's kernel gradient arrives (Partial)
 };
 
+c10::intrusive_ptr<GatheredKernel> gathered_kernel(const DTensor& w, const Placements& use,
+                                                   const Placements& grads) {
+  auto k = c10::make_intrusive<GatheredKernel>();
+  k->mesh = w.mesh();
+  k->placements = w.placements();
+  k->global_shape = w.sizes();
+  k->use = use;
+  k->grads = grads;
+  return k;
+}
+
 at::Tensor gather_kernel(const GatheredKernel& k, const at::Tensor& local) {
   return DTensor::from_local(local, *k.mesh, k.placements, k.global_shape)
       .redistribute(k.use)
@@ -307,12 +318,7 @@ DTensor dense(const DTensor& x, const DTensor& w, const LogicalAxes& input_axes,
   if (fp8 != nullptr && !fp8->frozen() && fp8->holds_kernel() && fp8_enabled()) {
     // FP8 weights in training: the held codes move as the kernel would (FSDP: gathered, a
     // quarter of fp32's bytes), and the gradient returns to the master's shard.
-    auto state = c10::make_intrusive<GatheredKernel>();
-    state->mesh = w.mesh();
-    state->placements = w.placements();
-    state->global_shape = w.sizes();
-    state->use = wa;
-    state->grads = wg;
+    const auto state = gathered_kernel(w, wa, wg);
     fp8::KernelMoves moves;
     moves.gather = [state](const at::Tensor& codes) { return gather_kernel(*state, codes); };
     moves.route_grad = [state](const at::Tensor& g) { return route_kernel_grad(*state, g); };
@@ -328,14 +334,9 @@ DTensor dense(const DTensor& x, const DTensor& w, const LogicalAxes& input_axes,
   }
   if (gathers_kernel) {
     // FSDP: the gathered kernel lives only for the matmul; backward gathers it again.
-    auto state = c10::make_intrusive<GatheredKernel>();
-    state->mesh = w.mesh();
-    state->placements = w.placements();
-    state->global_shape = w.sizes();
-    state->use = wa;
-    state->grads = wg;
-    return DTensor::from_local(GatheredDense::apply(x_local, w.to_local(), state), x.mesh(), out,
-                               shape);
+    return DTensor::from_local(
+        GatheredDense::apply(x_local, w.to_local(), gathered_kernel(w, wa, wg)), x.mesh(), out,
+        shape);
   }
   const at::Tensor w_local = w.redistribute(wa, wg).to_local();
   const DeviceMesh& mesh = x.mesh();

@@ -11,16 +11,14 @@
 
 #include "../distributed/dist_test_util.h"
 #include "../expect_error.h"
+#include "../nn/nn_test_util.h"
 #include "te/fp8.h"
 #include "te/nn.h"
 
 namespace te::nn {
 namespace {
 
-at::Tensor randn(std::vector<int64_t> shape, uint64_t seed) {
-  at::Generator g = at::detail::createCPUGenerator(seed);
-  return at::randn(shape, g);
-}
+using test::randn;
 
 TransformerLayer make_layer() {
   manual_seed(41);
@@ -190,8 +188,8 @@ TEST(Fp8Weights, FsdpGathersTheCodesAQuarterOfFp32sBytes) {
       MeshResourceScope scope(resource);
       const auto placements =
           placements_for(*resolve_logical_axes({"batch", "seqlen", "hidden"}), mesh);
-      const DTensor x = DTensor::from_local(test::piece_of(randn(shape, 5), mesh, placements, rank),
-                                            mesh, placements, shape);
+      const DTensor x = DTensor::from_local(
+          te::test::piece_of(randn(shape, 5), mesh, placements, rank), mesh, placements, shape);
       CommTrace trace;
       {
         std::optional<Fp8Autocast> fp8;
