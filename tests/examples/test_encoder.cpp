@@ -215,6 +215,23 @@ TEST(Encoder, PrintsEpochLinesAndFp8Runs) {
   EXPECT_EQ(nlohmann::json::parse(std::ifstream(dir / "m.json"))["fp8"], "delayed");
 }
 
+// FP8 weights in training: the kernels held as codes, cast again after every step (the run
+// would stop at the second step's forward otherwise), the held bytes printed; metrics say so.
+TEST(Encoder, QuantizedWeightsTrain) {
+  TempDir dir;
+  const Result r = encoder(
+      "--epochs 1 --max-steps 4 --batch-size 16 --max-seq-len 16 "
+      "--hidden-size 32 --mlp-hidden-size 64 --heads 4 --fp8 current --quantized-weights "
+      "--metrics-json " +
+      (dir / "m.json").string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("quantized weights: 7 GEMM kernels held as E4M3 codes"), std::string::npos)
+      << r.out;
+  const auto m = nlohmann::json::parse(std::ifstream(dir / "m.json"));
+  EXPECT_EQ(m["quantized_weights"], true);
+  EXPECT_EQ(m["steps"], 4);
+}
+
 TEST(Encoder, HelpDescribesEveryOption) {
   const Result r = encoder("--help");
   EXPECT_EQ(r.status, 0);
@@ -237,7 +254,8 @@ TEST(Encoder, HelpDescribesEveryOption) {
                           "--log-steps",
                           "--threads",
                           "--device",
-                          "--intermediate-dropout"}) {
+                          "--intermediate-dropout",
+                          "--quantized-weights"}) {
     EXPECT_NE(r.out.find(opt), std::string::npos) << opt;
   }
   // The TE commit it mirrors.
@@ -338,6 +356,13 @@ TEST(EncoderBadInput, BatchNotDivisibleByDataParallelSize) {
 TEST(EncoderBadInput, EvalOnlyWithoutACheckpoint) {
   expect_rejected("--eval-only", "--eval-only needs --load DIR");
   expect_rejected("--load /nonexistent --eval-only", "--load '/nonexistent' holds no checkpoint");
+}
+
+TEST(EncoderBadInput, QuantizedWeightsNeedAPerTensorRecipe) {
+  expect_rejected("--quantized-weights",
+                  "--quantized-weights holds the kernels with a per-tensor "
+                  "FP8 recipe; add --fp8 current (or delayed)");
+  expect_rejected("--quantized-weights --fp8 mxfp8", "not --fp8 mxfp8 (it scales blocks)");
 }
 
 TEST(EncoderBadInput, MeshWithoutAnythingMappingOntoIt) {
