@@ -513,6 +513,24 @@ std::vector<Case> cases() {
          t.scale_inv = at::empty({1}, at::TensorOptions().device(at::kMeta).dtype(at::kFloat));
          t.dequantize();
        }},
+      {"FP8", "FP8 weights in training with a block recipe",
+       "grad=1x128) scales blocks",
+       [] {
+         Dense dense(DenseOptions(16, 8));
+         quantize_fp8_weights(*dense, fp8::Float8BlockScaling{});
+       }},
+      {"FP8", "a held FP8 kernel stepped without requantizing",
+       "the kernel 'kernel' changed since its FP8 codes were cast",
+       [] {
+         Dense dense(DenseOptions(16, 8));
+         quantize_fp8_weights(*dense, fp8::CurrentScaling{});
+         {
+           at::NoGradGuard no_grad;
+           dense->kernel.mul_(0.5);  // what an optimizer step does
+         }
+         Fp8Autocast fp8(true, fp8::CurrentScaling{});
+         dense(at::ones({2, 16}));
+       }},
       // ---- checkpoints ----
       {"checkpoints", "loading from a directory with no checkpoint", "no checkpoint at",
        [no_dir] {
