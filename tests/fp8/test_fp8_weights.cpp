@@ -12,6 +12,7 @@
 #include "../distributed/dist_test_util.h"
 #include "../expect_error.h"
 #include "../nn/nn_test_util.h"
+#include "../temp_dir.h"
 #include "te/fp8.h"
 #include "te/nn.h"
 
@@ -133,6 +134,43 @@ TEST(Fp8Weights, AKernelChangedSinceItsCastIsRefusedUntilRequantized) {
   EXPECT_EQ(release_fp8_weights(*layer), 4);
   EXPECT_EQ(held_fp8_weight_bytes(*layer), 0);
   step(layer, recipe, 3);
+}
+
+// Checkpoints save the fp32 masters (the codes are derived): a model loaded from one and held
+// again has the same codes and trains on bit for bit.
+TEST(Fp8Weights, CheckpointsSaveTheMastersAndALoadedModelHoldsTheSameCodes) {
+  const fp8::CurrentScaling recipe;
+  TransformerLayer a = make_layer();
+  quantize_fp8_weights(*a, recipe);
+  step(a, recipe, 0);
+  sgd(*a, 0.05);
+  requantize_fp8_weights(*a);
+  te::test::TempDir dir;
+  save_checkpoint(*a, dir.path().string());
+  manual_seed(99);  // other initial weights
+  TransformerLayer b(TransformerLayerOptions(64, 128, 4)
+                         .hidden_dropout(0)
+                         .attention_dropout(0)
+                         .intermediate_dropout(0));
+  quantize_fp8_weights(*b, recipe);
+  load_checkpoint(*b, dir.path().string());
+  for (const auto& p : a->named_parameters()) {
+    EXPECT_EQ(p.value().scalar_type(), at::kFloat) << p.key();
+    EXPECT_TRUE(at::equal(p.value(), b->named_parameters()[p.key()])) << p.key();
+  }
+  // The load replaced the masters: b's old codes are refused until held again.
+  EXPECT_ERROR(step(b, recipe, 1), "changed since its FP8 codes were cast");
+  requantize_fp8_weights(*b);
+  for (const auto& [name, gemm] :
+       std::vector<std::pair<std::string, std::pair<fp8::GemmMeta*, fp8::GemmMeta*>>>{
+           {"qkv", {a->self_attention->qkv_fp8.get(), b->self_attention->qkv_fp8.get()}},
+           {"wo", {a->mlp->wo_fp8.get(), b->mlp->wo_fp8.get()}}}) {
+    EXPECT_TRUE(at::equal(gemm.first->held_kernel.data, gemm.second->held_kernel.data)) << name;
+    EXPECT_TRUE(at::equal(gemm.first->held_kernel.scale_inv, gemm.second->held_kernel.scale_inv))
+        << name;
+  }
+  const Step sa = step(a, recipe, 1), sb = step(b, recipe, 1);
+  EXPECT_TRUE(at::equal(sa.y, sb.y));
 }
 
 TEST(Fp8Weights, BlockRecipesAndFrozenWeightsAreRefusedAndNothingChanges) {
