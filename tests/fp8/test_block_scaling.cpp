@@ -232,7 +232,7 @@ TEST(Fp8BlockScaling, MisuseIsRefusedByName) {
       "call gemm_nt");
   EXPECT_ERROR(gemm_nt(row, quantize_to_own_scale(x, DType::kE4M3)),
                "a per-tensor operand does not multiply a block-scaled one");
-  EXPECT_ERROR(transpose_tiles(row), "only 128x128 tiles transpose");
+  EXPECT_ERROR(transpose_tiles(row), "only square tiles (128x128, NVFP4's 16x16) transpose");
   Fp8Tensor bad = row;
   bad.scale_inv = at::ones({4, 3});
   EXPECT_ERROR(bad.dequantize(), "scale_inv [4, 3] for [4, 256] codes in 1x128 blocks");

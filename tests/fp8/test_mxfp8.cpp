@@ -219,7 +219,7 @@ TEST(Mxfp8, MisuseIsRefusedByName) {
   EXPECT_ERROR(gemm_nt(row, mx), "MXFP8's 1x32 blocks multiply only 1x32 blocks");
   EXPECT_ERROR(gemm_nt(mx, quantize_to_own_scale(x, DType::kE4M3)),
                "a per-tensor operand does not multiply a block-scaled one");
-  EXPECT_ERROR(transpose_tiles(mx), "only 128x128 tiles transpose");
+  EXPECT_ERROR(transpose_tiles(mx), "only square tiles (128x128, NVFP4's 16x16) transpose");
   Fp8Tensor bad = mx;
   bad.scale_inv = at::ones({4, 8});  // fp32, not E8M0
   EXPECT_ERROR(bad.dequantize(),

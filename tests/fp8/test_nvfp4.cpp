@@ -206,6 +206,21 @@ TEST(Nvfp4, RoundTripTilesAndStochasticCasts) {
   const Fp8Tensor tt = quantize_nvfp4(x.t(), Nvfp4Cast{ScalingMode::kBlock16x16});
   EXPECT_TRUE(at::equal(tt.scale_inv, t.scale_inv.t()));
   EXPECT_TRUE(at::equal(tt.dequantize(), t.dequantize().t()));
+  // So transpose_tiles gives the cast of x^T bit for bit (the recipe's dgrad kernel from its
+  // forward one), ragged tiles included; odd rows cannot pack along the transpose.
+  for (const auto& shape : {std::vector<int64_t>{48, 64}, std::vector<int64_t>{38, 50}}) {
+    const at::Tensor y = at::randn(shape);
+    Nvfp4Cast tiles{ScalingMode::kBlock16x16};
+    tiles.amax = y.abs().max().item<float>();
+    const Fp8Tensor moved = transpose_tiles(quantize_nvfp4(y, tiles));
+    const Fp8Tensor cast = quantize_nvfp4(y.t(), tiles);
+    EXPECT_TRUE(at::equal(moved.data, cast.data)) << shape[0];
+    EXPECT_TRUE(at::equal(moved.scale_inv, cast.scale_inv)) << shape[0];
+    EXPECT_TRUE(at::equal(moved.amax, cast.amax)) << shape[0];
+  }
+  EXPECT_ERROR(
+      transpose_tiles(quantize_nvfp4(at::randn({17, 32}), Nvfp4Cast{ScalingMode::kBlock16x16})),
+      "the rows must be even");
   // Stochastic rounding: the same (seed, call) draws the same codes, another call others; the
   // mean of many casts approaches x, as no single rounding to nearest does.
   Nvfp4Cast sr;

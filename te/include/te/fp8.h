@@ -119,8 +119,9 @@ Fp8Tensor quantize_nvfp4(const at::Tensor& x, const Nvfp4Cast& how = {});
 /// both transformed along the dim a GEMM contracts multiply to the same product. cols not a
 /// multiple of 16 are padded with zeros to one first (fp32 [rows, 16 * ceil(cols / 16)]).
 at::Tensor hadamard16(const at::Tensor& x);
-/// The same 128x128-tile codes of x^T: the codes and the tile scales transposed (a square tile's
-/// transpose is a tile of x^T with the same amax), so a weight cast once serves both GEMMs.
+/// The same tile codes of x^T (128x128, or NVFP4's 16x16 with an even row count): the codes and
+/// the tile scales transposed (a square tile's transpose is a tile of x^T with the same amax, and
+/// an NVFP4 tensor keeps its amax), so a weight cast once serves both GEMMs.
 Fp8Tensor transpose_tiles(const Fp8Tensor& t);
 
 /// Casts x * scale (RNE, saturating) to `dtype`; `scale` is an fp32 one-element tensor. When

@@ -103,9 +103,28 @@ Fp8Tensor quantize_blocks(const at::Tensor& x_in, ScalingMode scaling, DType dty
 }
 
 Fp8Tensor transpose_tiles(const Fp8Tensor& t) {
-  TE_CHECK(t.scaling == ScalingMode::kBlock128x128, "fp8::transpose_tiles: scaling mode '",
-           to_string(t.scaling), "'; only 128x128 tiles transpose into tiles of the transpose");
-  return {t.data.t().contiguous(), t.scale_inv.t().contiguous(), t.dtype, t.scaling};
+  TE_CHECK(t.scaling == ScalingMode::kBlock128x128 || t.scaling == ScalingMode::kBlock16x16,
+           "fp8::transpose_tiles: scaling mode '", to_string(t.scaling),
+           "'; only square tiles (128x128, NVFP4's 16x16) transpose into tiles of the transpose");
+  if (t.scaling == ScalingMode::kBlock128x128) {
+    return {t.data.t().contiguous(), t.scale_inv.t().contiguous(), t.dtype, t.scaling};
+  }
+  // NVFP4: the E2M1 codes unpacked (element 2k in the low nibble), transposed, packed again; the
+  // tensor amax stays.
+  const int64_t rows = t.data.size(0), cols = t.data.size(1) * 2;
+  TE_CHECK(rows % 2 == 0, "fp8::transpose_tiles: NVFP4 codes of ", rows,
+           " rows; their transpose packs two codes a byte along them, so the rows must be even");
+  const at::Tensor codes =
+      at::stack({at::bitwise_and(t.data, 0x0F), at::bitwise_right_shift(t.data, 4)}, -1)
+          .reshape({rows, cols})
+          .t()
+          .contiguous()
+          .reshape({cols, rows / 2, 2});
+  const at::Tensor packed = at::bitwise_or(codes.select(-1, 0),
+                                           at::bitwise_left_shift(codes.select(-1, 1), 4));
+  Fp8Tensor out{packed.contiguous(), t.scale_inv.t().contiguous(), t.dtype, t.scaling};
+  out.amax = t.amax;
+  return out;
 }
 
 at::Tensor dequantize_blocks(const Fp8Tensor& t) {

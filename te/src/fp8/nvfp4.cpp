@@ -246,9 +246,14 @@ class Nvfp4 final : public RecipeImpl {
     const ScalingMode weights =
         r_.disable_2d_quantization ? ScalingMode::kBlock1x16 : ScalingMode::kBlock16x16;
     const std::optional<float> w_amax = amax_of(w, call);
-    return {cast(x, ScalingMode::kBlock1x16, call, false), cast_as(w.t(), weights, w_amax, false),
+    Fp8Tensor w_t = cast_as(w.t(), weights, w_amax, false);
+    // 16x16 tiles: w's are w^T's transposed, the same codes (one cast of the kernel, not two).
+    Fp8Tensor w_codes = weights == ScalingMode::kBlock16x16 && w.size(1) % 2 == 0 && !w.is_meta()
+                            ? transpose_tiles(w_t)
+                            : cast_as(w, weights, w_amax, false);
+    return {cast(x, ScalingMode::kBlock1x16, call, false), std::move(w_t),
             cast(wgrad_operand(x.t()), ScalingMode::kBlock1x16, call, false),
-            cast_as(w, weights, w_amax, false)};
+            std::move(w_codes)};
   }
 
   // g [M, N] for dgrad, g^T [N, M] (transformed along M) for wgrad.
