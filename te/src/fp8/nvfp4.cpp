@@ -57,29 +57,21 @@ void check_nvfp4_mode(ScalingMode scaling, const char* what) {
            "' is not one of NVFP4's (1x16, 16x16)");
 }
 
-// The Philox words of consecutive elements, one 4-word block per 4 elements (dropout_word's
-// mapping: element g takes lane g % 4 of the block at counter (g / 4, call)).
+// The Philox words of consecutive elements (dropout_word's mapping), a 4-word block per 4.
 class Draws {
  public:
-  Draws(uint64_t seed, uint64_t call)
-      : key_{static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)},
-        call_lo_(static_cast<uint32_t>(call)),
-        call_hi_(static_cast<uint32_t>(call >> 32)) {}
+  Draws(uint64_t seed, uint64_t call) : seed_(seed), call_(call) {}
 
   uint32_t word(uint64_t g) {
-    const uint64_t block = g / 4;
-    if (block != block_) {
-      block_ = block;
-      words_ = kernels::philox4x32_10(
-          {static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32), call_lo_, call_hi_},
-          key_);
+    if (g / 4 != block_) {
+      block_ = g / 4;
+      words_ = kernels::dropout_words(block_, seed_, call_);
     }
     return words_[g % 4];
   }
 
  private:
-  std::array<uint32_t, 2> key_;
-  uint32_t call_lo_, call_hi_;
+  uint64_t seed_, call_;
   uint64_t block_ = ~uint64_t{0};
   std::array<uint32_t, 4> words_{};
 };

@@ -39,6 +39,9 @@ uint32_t drop_threshold(double p);
 /// The Philox word of global element g in call `call` under `seed`, from the element mapping the
 /// CUDA kernel compiles too (dropout_multipliers computes the same words many at a time).
 uint32_t dropout_word(uint64_t g, uint64_t seed, uint64_t call);
+/// The words of elements 4 block .. 4 block + 3 at once (dropout_word's mapping), for a caller
+/// walking consecutive elements.
+std::array<uint32_t, 4> dropout_words(uint64_t block, uint64_t seed, uint64_t call);
 
 namespace cuda {
 

@@ -30,10 +30,9 @@ TE_PHILOX_FN void round(uint32_t& x0, uint32_t& x1, uint32_t& x2, uint32_t& x3, 
   x2 = n2;
 }
 
-/// The 32-bit word of element g of a global tensor in random call `call` under `seed`: lane
-/// g % 4 of the block at counter (g / 4, call).
-TE_PHILOX_FN uint32_t word_of(uint64_t g, uint64_t seed, uint64_t call) {
-  const uint64_t block = g / 4;
+/// The 4 words of the block at counter (block, call) under `seed`: elements 4 block .. 4 block + 3
+/// of a global tensor take them in order.
+TE_PHILOX_FN void block_words(uint64_t block, uint64_t seed, uint64_t call, uint32_t out[4]) {
   uint32_t x0 = static_cast<uint32_t>(block), x1 = static_cast<uint32_t>(block >> 32);
   uint32_t x2 = static_cast<uint32_t>(call), x3 = static_cast<uint32_t>(call >> 32);
   uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
@@ -42,16 +41,18 @@ TE_PHILOX_FN uint32_t word_of(uint64_t g, uint64_t seed, uint64_t call) {
     k0 += kWeyl0;
     k1 += kWeyl1;
   }
-  switch (g % 4) {
-    case 0:
-      return x0;
-    case 1:
-      return x1;
-    case 2:
-      return x2;
-    default:
-      return x3;
-  }
+  out[0] = x0;
+  out[1] = x1;
+  out[2] = x2;
+  out[3] = x3;
+}
+
+/// The 32-bit word of element g of a global tensor in random call `call` under `seed`: lane
+/// g % 4 of the block at counter (g / 4, call).
+TE_PHILOX_FN uint32_t word_of(uint64_t g, uint64_t seed, uint64_t call) {
+  uint32_t words[4];
+  block_words(g / 4, seed, call, words);
+  return words[g % 4];
 }
 
 }  // namespace te::kernels::philox

@@ -57,6 +57,12 @@ uint32_t dropout_word(uint64_t g, uint64_t seed, uint64_t call) {
   return philox::word_of(g, seed, call);
 }
 
+std::array<uint32_t, 4> dropout_words(uint64_t block, uint64_t seed, uint64_t call) {
+  std::array<uint32_t, 4> out{};
+  philox::block_words(block, seed, call, out.data());
+  return out;
+}
+
 uint32_t drop_threshold(double p) {
   TE_CHECK(p >= 0 && p < 1, "dropout probability ", p, " is not in [0, 1)");
   return static_cast<uint32_t>(std::min(std::llround(p * 4294967296.0), 4294967295LL));
