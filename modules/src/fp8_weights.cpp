@@ -35,7 +35,9 @@ std::vector<Held> gemms_of(torch::nn::Module& root, Keep keep) {
 }
 
 // Casts each kernel with the scale its whole amax gives: the amaxes of the kernels sharded over
-// the same mesh dims reduced in one all-reduce (MAX).
+// the same mesh dims reduced in one all-reduce (MAX). Only the dims a kernel is sharded over take
+// part (its copies along the others are equal), so a pipeline axis, along which stages hold
+// different kernels, never does.
 void hold(const std::vector<Held>& items, const std::vector<fp8::Recipe>& recipes) {
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> amaxes;
@@ -85,12 +87,8 @@ int64_t quantize_fp8_weights(torch::nn::Module& module, const fp8::Recipe& recip
   fp8::check_holdable(recipe);
   const std::vector<Held> items =
       gemms_of(module, [](const ShardedModule::Fp8Gemm&) { return true; });
-  for (const Held& h : items) {
-    TE_CHECK(!h.gemm.meta->frozen() && h.gemm.kernel->defined(), "quantize_fp8_weights: the GEMM '",
-             h.gemm.meta->prefix,
-             "kernel' holds frozen inference weights (freeze_fp8_weights); build or load the "
-             "model with fp32 weights to train it");
-  }
+  // Every GEMM checked before any changes.
+  for (const Held& h : items) fp8::check_holdable_kernel(*h.gemm.meta, *h.gemm.kernel);
   hold(items, std::vector<fp8::Recipe>(items.size(), recipe));
   return static_cast<int64_t>(items.size());
 }

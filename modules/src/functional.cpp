@@ -315,24 +315,30 @@ DTensor dense(const DTensor& x, const DTensor& w, const LogicalAxes& input_axes,
   const at::Tensor x_local = x.redistribute(xa, xg).to_local();
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end() - 1);
   shape.insert(shape.end(), w.sizes().begin() + 1, w.sizes().end());
+  bool gathers_kernel = false;
+  for (std::size_t m = 0; m < n; ++m) {
+    gathers_kernel = gathers_kernel || (is_shard(w.placements()[m]) && is_replicate(wa[m]));
+  }
   if (fp8 != nullptr && !fp8->frozen() && fp8->holds_kernel() && fp8_enabled()) {
-    // FP8 weights in training: the held codes move as the kernel would (FSDP: gathered, a
-    // quarter of fp32's bytes), and the gradient returns to the master's shard.
+    // FP8 weights in training: the held codes move as the kernel would. FSDP gathers them (a
+    // quarter of fp32's bytes) and reduce-scatters the gradient back to the master's shard;
+    // elsewhere the codes are used as held and the master's layout change (none forward) carries
+    // the gradient, so data-parallel sums go through GradientBuckets as on the plain path.
+    const DeviceMesh& mesh = x.mesh();
+    if (!gathers_kernel) {
+      const at::Tensor master = w.redistribute(wa, wg).to_local();
+      return DTensor::from_local(fp8::linear(x_local, master, fp8, &mesh), mesh, out, shape);
+    }
     const auto state = gathered_kernel(w, wa, wg);
     fp8::KernelMoves moves;
     moves.gather = [state](const at::Tensor& codes) { return gather_kernel(*state, codes); };
     moves.route_grad = [state](const at::Tensor& g) { return route_kernel_grad(*state, g); };
-    const DeviceMesh& mesh = x.mesh();
     return DTensor::from_local(fp8::linear(x_local, w.to_local(), fp8, &mesh, &moves), mesh, out,
                                shape);
   }
   // FP8 keeps the gathered kernel's codes for backward, so it takes the plain path.
   const bool use_fp8 = fp8 != nullptr && (fp8_enabled() || fp8_calibrating());
-  bool gathers_kernel = false;
-  for (std::size_t m = 0; m < n && !use_fp8; ++m) {
-    gathers_kernel = gathers_kernel || (is_shard(w.placements()[m]) && is_replicate(wa[m]));
-  }
-  if (gathers_kernel) {
+  if (gathers_kernel && !use_fp8) {
     // FSDP: the gathered kernel lives only for the matmul; backward gathers it again.
     return DTensor::from_local(
         GatheredDense::apply(x_local, w.to_local(), gathered_kernel(w, wa, wg)), x.mesh(), out,

@@ -183,7 +183,20 @@ TEST(Fp8Weights, BlockRecipesAndFrozenWeightsAreRefusedAndNothingChanges) {
   EXPECT_EQ(held_fp8_weight_bytes(*layer), 0);
   // Held under current scaling, then stepped under a block recipe: the block recipe refuses.
   quantize_fp8_weights(*layer, fp8::CurrentScaling{});
-  EXPECT_ERROR(step(layer, fp8::MXFP8BlockScaling{}, 0), "MXFP8BlockScaling(");
+  EXPECT_ERROR(step(layer, fp8::MXFP8BlockScaling{}, 0),
+               "the GEMM 'qkv_kernel' holds codes cast under CurrentScaling(format=HYBRID) but "
+               "the autocast runs MXFP8BlockScaling(");
+  // Another per-tensor recipe is refused too (the codes carry the held recipe's scale rule).
+  EXPECT_ERROR(step(layer, fp8::DelayedScaling{}, 0), "release_fp8_weights(model)");
+  // A non-contiguous kernel is refused before anything is held.
+  Dense dense(DenseOptions(16, 8));
+  {
+    at::NoGradGuard no_grad;
+    dense->kernel.set_data(randn({8, 16}, 4).t());
+  }
+  EXPECT_ERROR(quantize_fp8_weights(*dense, fp8::CurrentScaling{}),
+               "the kernel 'kernel' is not contiguous");
+  EXPECT_EQ(held_fp8_weight_bytes(*dense), 0);
   // Frozen inference weights cannot be trained.
   TransformerLayer frozen = make_layer();
   {

@@ -260,10 +260,15 @@ at::Tensor frozen_linear(const at::Tensor& x, const GemmMeta& meta);
 /// te::nn::requantize_fp8_weights), into meta.held_kernel, and stamps the master. Every later FP8
 /// GEMM of `meta` takes these codes (and their transpose) instead of casting its kernel, its
 /// gradient still flowing to the master; once the master changes (an optimizer step, a load) the
-/// GEMM throws until it is held again. Per-tensor recipes only (delayed, current): te::Error
-/// naming the recipe otherwise.
+/// GEMM throws until it is held again (a write the version counter does not see, through
+/// .data() or variable_data(), goes unnoticed). An autocast with another recipe than `recipe` is
+/// refused by name. Per-tensor recipes only (delayed, current): te::Error naming the recipe
+/// otherwise.
 void hold_kernel(GemmMeta& meta, const at::Tensor& master, const at::Tensor& amax,
                  const Recipe& recipe);
+/// The checks hold_kernel makes of a GEMM and its master: te::Error naming the kernel when it holds
+/// frozen inference weights, or the master is not a contiguous floating tensor of 2+ dims.
+void check_holdable_kernel(const GemmMeta& meta, const at::Tensor& master);
 /// Drops the held codes: the GEMMs cast the kernel again.
 void release_held_kernel(GemmMeta& meta);
 /// te::Error naming `recipe` unless it can hold FP8 weights in training (a per-tensor recipe).
@@ -272,8 +277,9 @@ void check_holdable(const Recipe& recipe);
 /// How a held kernel's codes reach the layout its GEMM uses, and its gradient the master piece:
 /// `gather` maps this rank's piece of the codes (the master's shape, uint8) to the codes the GEMM
 /// multiplies (FSDP: all-gathered, a quarter of fp32's bytes); `route_grad` maps the kernel
-/// gradient in that layout (fp32, gather's output shape) to the master piece's (FSDP:
-/// reduce-scattered; data parallel: all-reduced). Unset: the piece is used as it is.
+/// gradient in that layout (the master's dtype, gather's output shape) to the master piece's
+/// (FSDP: reduce-scattered). Unset: the piece is used as it is (the caller routes the gradient
+/// through the master, e.g. a layout change whose backward sums data-parallel gradients).
 struct KernelMoves {
   std::function<at::Tensor(const at::Tensor&)> gather;
   std::function<at::Tensor(const at::Tensor&)> route_grad;

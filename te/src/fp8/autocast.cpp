@@ -152,8 +152,16 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::shared_pt
            "(or call the fp32 path)");
   TE_CHECK(meta != nullptr, "fp8::linear: no FP8 state given for this GEMM");
   auto s = c10::make_intrusive<LinearState>();
-  if (region->enabled && meta->holds_kernel()) {
-    std::lock_guard<std::mutex> lock(meta->mutex);
+  std::unique_lock<std::mutex> held_lock(meta->mutex);
+  const bool held = region->enabled && meta->holds_kernel();
+  TE_CHECK(held || moves == nullptr || !region->enabled, "fp8::linear: the GEMM '", meta->prefix,
+           "kernel' was given the moves of held FP8 weights but holds none (released meanwhile?)");
+  if (held) {
+    TE_CHECK(meta->held_recipe->to_string() == region->recipe.to_string(),
+             "FP8 weights: the GEMM '", meta->prefix, "kernel' holds codes cast under ",
+             meta->held_recipe->to_string(), " but the autocast runs ", region->recipe.to_string(),
+             "; autocast with the recipe the weights were held with, or call "
+             "te::nn::release_fp8_weights(model) to cast the kernels under this one");
     const GemmMeta::MasterStamp& stamp = meta->held_from;
     TE_CHECK(stamp.storage.unsafeGetStorageImpl() == w.storage().unsafeGetStorageImpl() &&
                  stamp.data == w.data_ptr() && stamp.version == static_cast<int64_t>(w._version()),
@@ -162,7 +170,9 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::shared_pt
              "te::nn::requantize_fp8_weights(model) after each optimizer.step()");
     s->held = meta->held_kernel;
     if (moves != nullptr) s->moves = *moves;
+    held_lock.unlock();
   } else {
+    held_lock.unlock();
     TE_CHECK(w.dim() == 2 && x.dim() >= 1 && x.size(-1) == w.size(0), "fp8::linear: input ",
              x.sizes(), " and kernel ", w.sizes(),
              " do not contract (the input's last dim must equal the kernel's first)");

@@ -195,9 +195,10 @@ class Delayed final : public RecipeImpl {
 
   // TE casts a master weight with its quantizer's delayed scale
   // (_cast_master_weights_to_fp8_delayed_scaling, pytorch/tensor/utils.py, d0067d0da); te-cpp
-  // casts it with the scale the recipe's rule gives its current amax ((fp8_max / amax) /
-  // 2^margin; 1 for an amax of 0 or not finite), as freeze_kernel has always cast weights: no
-  // history slot to keep in step with a weight cast once per optimizer step.
+  // casts it with the scale the recipe's rule gives its current amax, (fp8_max / amax) /
+  // 2^margin (2^-margin for an amax of 0 or not finite), as freeze_kernel casts a weight with
+  // its own amax (without the margin there): no history slot to keep in step with a weight cast
+  // once per optimizer step.
   at::Tensor weight_scale(const at::Tensor& amax) const override {
     return scales_from_amax(amax, max_finite(forward_dtype(r_.fp8_format)), false, 0.0f) /
            std::ldexp(1.0, r_.margin);

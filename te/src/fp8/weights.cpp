@@ -32,17 +32,26 @@ void check_holdable(const Recipe& recipe) {
   (void)recipe.impl().weight_scale(at::zeros({1}));
 }
 
-void hold_kernel(GemmMeta& meta, const at::Tensor& master, const at::Tensor& amax,
-                 const Recipe& recipe) {
+void check_holdable_kernel(const GemmMeta& meta, const at::Tensor& master) {
+  TE_CHECK(!meta.frozen(), "FP8 weights in training: the GEMM '", meta.prefix,
+           "kernel' holds frozen inference weights (freeze_fp8_weights); build or load the model "
+           "with fp32 weights to train it");
   TE_CHECK(master.defined() && master.dim() >= 2 && master.is_floating_point(),
            "FP8 weights in training: the kernel '", meta.prefix,
-           "kernel' is not a floating tensor of 2 or more dims (is it held frozen already?)");
+           "kernel' is not a floating tensor of 2 or more dims");
+  // The GEMMs check the master they are given against the one the codes were cast from; a
+  // contiguous master reaches them as itself or a view of it, never as a copy.
+  TE_CHECK(master.is_contiguous(), "FP8 weights in training: the kernel '", meta.prefix,
+           "kernel' is not contiguous; make it contiguous (kernel.set_data(kernel.contiguous())) "
+           "before holding it in FP8");
+}
+
+void hold_kernel(GemmMeta& meta, const at::Tensor& master, const at::Tensor& amax,
+                 const Recipe& recipe) {
+  check_holdable_kernel(meta, master);
   TE_CHECK(amax.defined() && amax.numel() == 1, "hold_kernel: '", meta.prefix,
            "kernel' needs the whole kernel's amax as one element, got ",
            amax.defined() ? amax.sizes() : at::IntArrayRef{});
-  TE_CHECK(!meta.frozen(), "FP8 weights in training: the GEMM '", meta.prefix,
-           "kernel' holds frozen inference weights (freeze_fp8_weights); load fp32 weights to "
-           "train");
   at::NoGradGuard no_grad;
   const at::Tensor scale = recipe.impl().weight_scale(amax.to(at::kFloat).reshape({1}));
   const DType dtype = forward_dtype(recipe.format());

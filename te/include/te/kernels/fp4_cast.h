@@ -76,8 +76,8 @@ inline uint8_t e2m1_round_stochastic(float value, uint32_t random) {
 /// multiplied by before rounding, encode[b] = min(1 / (value(scale[b]) * s_dec), FLT_MAX).
 void nvfp4_block_scales(const float* amax, int64_t nb, float block_factor, float s_dec,
                         uint8_t* scale, float* encode);
-/// The packed codes of a row of n floats (n even) in blocks of 16: e2m1_round(in[i] *
-/// encode[i / 16]), two a byte.
+/// The packed codes of a row of n floats in blocks of 16: e2m1_round(in[i] * encode[i / 16]),
+/// two a byte. n must be even (quantize_nvfp4 checks it): an odd n's last element is not cast.
 void nvfp4_quantize_row(const float* in, uint8_t* packed, int64_t n, const float* encode);
 
 }  // namespace te::fp8
