@@ -200,13 +200,17 @@ TEST(Encoder, SavesOnAMeshAndEvaluatesTheCheckpointOnOneProcess) {
   EXPECT_NE(wrong.err.find("in the checkpoint at"), std::string::npos) << wrong.err;
 }
 
+// Four steps of a small model: enough to see a run's output and files.
+const std::string kFourTinySteps =
+    "--epochs 1 --max-steps 4 --batch-size 16 --max-seq-len 16 --hidden-size 32 "
+    "--mlp-hidden-size 64 --heads 4 ";
+
 TEST(Encoder, PrintsEpochLinesAndFp8Runs) {
   TempDir dir;
-  const Result r = encoder(
-      "--epochs 1 --max-steps 4 --batch-size 16 --max-seq-len 16 "
-      "--hidden-size 32 --mlp-hidden-size 64 --heads 4 --fp8 delayed "
-      "--metrics-json " +
-      (dir / "m.json").string());
+  const Result r = encoder(kFourTinySteps +
+                           "--fp8 delayed "
+                           "--metrics-json " +
+                           (dir / "m.json").string());
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.out.find("fp8 delayed"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("epoch 1: train_loss "), std::string::npos) << r.out;
@@ -219,11 +223,10 @@ TEST(Encoder, PrintsEpochLinesAndFp8Runs) {
 // would stop at the second step's forward otherwise), the held bytes printed; metrics say so.
 TEST(Encoder, QuantizedWeightsTrain) {
   TempDir dir;
-  const Result r = encoder(
-      "--epochs 1 --max-steps 4 --batch-size 16 --max-seq-len 16 "
-      "--hidden-size 32 --mlp-hidden-size 64 --heads 4 --fp8 current --quantized-weights "
-      "--metrics-json " +
-      (dir / "m.json").string());
+  const Result r = encoder(kFourTinySteps +
+                           "--fp8 current --quantized-weights "
+                           "--metrics-json " +
+                           (dir / "m.json").string());
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.out.find("quantized weights: 7 GEMM kernels held as E4M3 codes"), std::string::npos)
       << r.out;

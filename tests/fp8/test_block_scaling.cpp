@@ -10,7 +10,6 @@
 // kernel differ (an infinite amax: scale 0 there, 1 in the kernel), the kernel is followed.
 
 #include <ATen/ATen.h>
-#include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 
 #include <cfloat>
@@ -18,9 +17,9 @@
 #include <cstring>
 #include <limits>
 
+#include "../cpu_autocast.h"
 #include "../expect_error.h"
 #include "block_inputs.h"
-#include "te/compat.h"
 #include "te/fp8.h"
 
 namespace te::fp8 {
@@ -322,23 +321,7 @@ TEST(Fp8Gemm, Fp32UnderCpuAutocast) {
   const Fp8Tensor ba = quantize_blocks(a, ScalingMode::kBlock1x128, DType::kE4M3, true, 0.0f);
   const Fp8Tensor bb = quantize_blocks(b.t(), ScalingMode::kBlock128x128, DType::kE4M3, true, 0.0f);
   const at::Tensor plain = gemm(qa, qb), blocked = gemm_nt(ba, bb);
-  // CPU autocast to bf16 for this scope (off again however the scope ends).
-  struct CpuAutocast {
-    explicit CpuAutocast(bool on) { set(on); }
-    ~CpuAutocast() {
-      set(false);
-      at::autocast::clear_cache();
-    }
-    static void set(bool on) {
-#if TE_AUTOCAST_BY_DEVICE
-      at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
-      at::autocast::set_autocast_enabled(at::kCPU, on);
-#else
-      at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
-      at::autocast::set_cpu_enabled(on);
-#endif
-    }
-  };
+  using te::test::CpuAutocast;  // bf16 for a scope
   at::Tensor plain_bf16, blocked_bf16, check;
   {
     const CpuAutocast bf16(true);

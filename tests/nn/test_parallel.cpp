@@ -8,7 +8,6 @@
 // position, so every layout still matches.
 
 #include <ATen/ATen.h>
-#include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
 
@@ -16,10 +15,10 @@
 #include <map>
 #include <mutex>
 
+#include "../cpu_autocast.h"
 #include "../distributed/dist_test_util.h"
 #include "../expect_error.h"
 #include "matrix_layouts.h"
-#include "te/compat.h"
 #include "te/nn.h"
 
 namespace te::nn {
@@ -653,21 +652,8 @@ TEST(ShardedModules, FsdpUnderCpuAutocastBackpropagatesInTheAutocastDtype) {
               .requires_grad_(true);
       const DTensor x = DTensor::from_local(x_local, mesh, placements, shape);
       DTensor y = [&] {
-#if TE_AUTOCAST_BY_DEVICE
-        at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
-        at::autocast::set_autocast_enabled(at::kCPU, true);
-#else
-        at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
-        at::autocast::set_cpu_enabled(true);
-#endif
-        DTensor out = dense(x);
-#if TE_AUTOCAST_BY_DEVICE
-        at::autocast::set_autocast_enabled(at::kCPU, false);
-#else
-        at::autocast::set_cpu_enabled(false);
-#endif
-        at::autocast::clear_cache();
-        return out;
+        const te::test::CpuAutocast bf16(true);
+        return dense(x);
       }();
       EXPECT_EQ(y.to_local().scalar_type(), at::kBFloat16);
       y.full_tensor().to(at::kFloat).sum().backward();
