@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -135,25 +136,30 @@ void BM_GemmFp8Reference(benchmark::State& state) {
 
 // A block-scaled cast (Float8BlockScaling's, te::fp8::quantize_blocks; MXFP8's 1x32,
 // te::fp8::quantize_mx; NVFP4's 1x16 / 16x16, te::fp8::quantize_nvfp4) of a 4096^2 fp32 matrix
-// against one memcpy of it: each block's amax, its scale, the codes.
-void BM_QuantizeBlocks(benchmark::State& state, te::fp8::ScalingMode mode) {
+// against one memcpy of it: each block's amax, its scale, the codes (NVFP4: with the tensor amax
+// found by the cast, or given as the recipe gives it).
+void BM_QuantizeBlocks(benchmark::State& state, te::fp8::ScalingMode mode, bool amax_given) {
   const int64_t n = state.range(0);
   const auto values = data(n * n);
   const at::Tensor x = at::from_blob(const_cast<float*>(values.data()), {n, n}).clone();
+  const float tensor_amax = x.abs().max().item<float>();
   const double copy = memcpy_seconds(values);
   double best = 1e9;
   for (auto _ : state) {
-    best = std::min(best, best_seconds(
-                              [&] {
-                                auto q = te::fp8::is_nvfp4(mode)
-                                             ? te::fp8::quantize_nvfp4(x, {mode})
-                                         : mode == te::fp8::ScalingMode::kBlock1x32
-                                             ? te::fp8::quantize_mx(x, te::fp8::DType::kE4M3)
-                                             : te::fp8::quantize_blocks(
-                                                   x, mode, te::fp8::DType::kE4M3, true, 0.0f);
-                                benchmark::DoNotOptimize(q.data.data_ptr());
-                              },
-                              1));
+    best = std::min(
+        best, best_seconds(
+                  [&] {
+                    auto q =
+                        te::fp8::is_nvfp4(mode)
+                            ? te::fp8::quantize_nvfp4(
+                                  x, {mode, amax_given ? std::optional<float>(tensor_amax)
+                                                       : std::nullopt})
+                        : mode == te::fp8::ScalingMode::kBlock1x32
+                            ? te::fp8::quantize_mx(x, te::fp8::DType::kE4M3)
+                            : te::fp8::quantize_blocks(x, mode, te::fp8::DType::kE4M3, true, 0.0f);
+                    benchmark::DoNotOptimize(q.data.data_ptr());
+                  },
+                  1));
   }
   state.SetBytesProcessed(state.iterations() * n * n * 4);
   state.counters["fraction_of_memcpy"] = copy / best;
@@ -185,11 +191,20 @@ BENCHMARK_CAPTURE(BM_Quantize, e5m2, te::fp8::DType::kE5M2)->Arg(1 << 24);
 BENCHMARK(BM_CastTranspose)->Arg(4096);
 BENCHMARK(BM_Dequantize)->Arg(1 << 24);
 BENCHMARK(BM_GemmFp8Reference)->Arg(1024)->Arg(2048)->Unit(benchmark::kMillisecond)->Iterations(8);
-BENCHMARK_CAPTURE(BM_QuantizeBlocks, 1x128, te::fp8::ScalingMode::kBlock1x128)->Arg(4096);
-BENCHMARK_CAPTURE(BM_QuantizeBlocks, 128x128, te::fp8::ScalingMode::kBlock128x128)->Arg(4096);
-BENCHMARK_CAPTURE(BM_QuantizeBlocks, 1x32, te::fp8::ScalingMode::kBlock1x32)->Arg(4096);
-BENCHMARK_CAPTURE(BM_QuantizeBlocks, nvfp4_1x16, te::fp8::ScalingMode::kBlock1x16)->Arg(4096);
-BENCHMARK_CAPTURE(BM_QuantizeBlocks, nvfp4_16x16, te::fp8::ScalingMode::kBlock16x16)->Arg(4096);
+BENCHMARK_CAPTURE(BM_QuantizeBlocks, 1x128, te::fp8::ScalingMode::kBlock1x128, false)->Arg(4096);
+BENCHMARK_CAPTURE(BM_QuantizeBlocks, 128x128, te::fp8::ScalingMode::kBlock128x128, false)
+    ->Arg(4096);
+BENCHMARK_CAPTURE(BM_QuantizeBlocks, 1x32, te::fp8::ScalingMode::kBlock1x32, false)->Arg(4096);
+BENCHMARK_CAPTURE(BM_QuantizeBlocks, nvfp4_1x16, te::fp8::ScalingMode::kBlock1x16, false)
+    ->Arg(4096);
+BENCHMARK_CAPTURE(BM_QuantizeBlocks, nvfp4_16x16, te::fp8::ScalingMode::kBlock16x16, false)
+    ->Arg(4096);
+// NVFP4 as the recipe casts: the tensor amax known (reduced over the ranks first), one pass.
+BENCHMARK_CAPTURE(BM_QuantizeBlocks, nvfp4_1x16_amax_given, te::fp8::ScalingMode::kBlock1x16, true)
+    ->Arg(4096);
+BENCHMARK_CAPTURE(BM_QuantizeBlocks, nvfp4_16x16_amax_given, te::fp8::ScalingMode::kBlock16x16,
+                  true)
+    ->Arg(4096);
 BENCHMARK(BM_GemmBlockScaled)->Arg(256)->Arg(2048)->Unit(benchmark::kMillisecond)->Iterations(8);
 
 }  // namespace

@@ -98,7 +98,35 @@ Fp8Tensor quantize_nvfp4(const at::Tensor& x_in, const Nvfp4Cast& how) {
   out.amax = at::empty({1}, x.options());
   if (x.is_meta()) return out;
   const float* in = x.data_ptr<float>();
-  const float amax = how.amax ? *how.amax : fold_amax(in, x.numel(), 0.0f);
+  const int64_t band = tiles ? kNvBlock : 1, bands = out.scale_inv.size(0);
+  const int64_t grain = tiles ? 1 : 64;
+  // The tensor scale needs the whole tensor's amax before any block's scale. Given it (the
+  // recipe's, reduced over ranks), one pass: each band's block amaxes (a row of 1x16 blocks, or
+  // 16 rows of 16x16 tiles; fold_amax's rule, NaN skipped), their scales and its codes while the
+  // band is in cache. Otherwise a first pass keeps every band's block amaxes and, from them, the
+  // tensor amax (never NaN, so the max of the bands').
+  std::vector<float> band_amax;
+  const auto fold_band = [&](int64_t br, float* amaxes) {
+    std::fill(amaxes, amaxes + nb, 0.0f);
+    for (int64_t r = br * band, r1 = std::min(rows, r + band); r < r1; ++r) {
+      fold_block_amaxes(in + r * cols, cols, kNvBlock, amaxes);
+    }
+  };
+  float tensor_amax = 0.0f;
+  if (!how.amax) {
+    band_amax.resize(static_cast<std::size_t>(bands * nb));
+    tensor_amax = at::parallel_reduce(
+        0, bands, grain, 0.0f,
+        [&](int64_t begin, int64_t end, float acc) {
+          for (int64_t br = begin; br < end; ++br) {
+            fold_band(br, band_amax.data() + br * nb);
+            acc = fold_amax(band_amax.data() + br * nb, nb, acc);
+          }
+          return acc;
+        },
+        [](float a, float b) { return std::max(a, b); });
+  }
+  const float amax = how.amax ? *how.amax : tensor_amax;
   out.amax.fill_(amax);
   if (x.numel() == 0) return out;
   uint8_t* packed = out.data.data_ptr<uint8_t>();
@@ -106,19 +134,18 @@ Fp8Tensor quantize_nvfp4(const at::Tensor& x_in, const Nvfp4Cast& how) {
   const float s_enc = tensor_encode_scale(amax);
   const float s_dec = 1.0f / s_enc;
   const float block_factor = s_enc * (1.0f / kE2M1Max);
-  const int64_t band = tiles ? kNvBlock : 1;
-  at::parallel_for(0, out.scale_inv.size(0), tiles ? 1 : 64, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, bands, grain, [&](int64_t begin, int64_t end) {
     Draws draws(how.seed, how.call);
-    std::vector<float> amaxes(static_cast<std::size_t>(nb)), encode(amaxes.size());
+    std::vector<float> encode(static_cast<std::size_t>(nb)), own(band_amax.empty() ? nb : 0);
     for (int64_t br = begin; br < end; ++br) {
       const int64_t r0 = br * band, r1 = std::min(rows, r0 + band);
-      // The blocks' amaxes and scales for the band (a row, or 16 rows of tiles), a row per kernel
-      // call, then each row's codes.
-      std::fill(amaxes.begin(), amaxes.end(), 0.0f);
-      for (int64_t r = r0; r < r1; ++r) {
-        fold_block_amaxes(in + r * cols, cols, kNvBlock, amaxes.data());
+      const float* amaxes = own.data();
+      if (band_amax.empty()) {
+        fold_band(br, own.data());
+      } else {
+        amaxes = band_amax.data() + br * nb;
       }
-      nvfp4_block_scales(amaxes.data(), nb, block_factor, s_dec, scales + br * nb, encode.data());
+      nvfp4_block_scales(amaxes, nb, block_factor, s_dec, scales + br * nb, encode.data());
       for (int64_t r = r0; r < r1; ++r) {
         uint8_t* dst = packed + r * (cols / 2);
         if (!how.stochastic) {
@@ -244,8 +271,7 @@ class Nvfp4 final : public RecipeImpl {
                             ? transpose_tiles(w_t)
                             : cast_as(w, weights, w_amax, false);
     return {cast(x, ScalingMode::kBlock1x16, call, false), std::move(w_t),
-            cast(wgrad_operand(x.t()), ScalingMode::kBlock1x16, call, false),
-            std::move(w_codes)};
+            cast(wgrad_operand(x.t()), ScalingMode::kBlock1x16, call, false), std::move(w_codes)};
   }
 
   // g [M, N] for dgrad, g^T [N, M] (transformed along M) for wgrad.

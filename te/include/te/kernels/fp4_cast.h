@@ -18,12 +18,14 @@ namespace te::fp8 {
 /// The largest E2M1 magnitude.
 constexpr float kE2M1Max = 6.0f;
 
-/// The E2M1 code of `value` (round to nearest even, saturating; NaN -> 0x7). Branch-free, on the
-/// float's bits, as an FP8 cast with 1 mantissa bit and bias 1: a magnitude of at least 1 rounds
-/// its mantissa to one bit on the integer bits (adding half a quantum minus one, plus the lowest
-/// kept bit: ties go to even), the exponent rebiased; below 1 the float unit rounds |x| + 2^22,
-/// whose quantum is E2M1's 0.5, leaving the code in the low bits; beyond 6 it saturates.
-inline uint8_t e2m1_round(float value) {
+/// The E2M1 code of `value` (round to nearest even, saturating; NaN -> 0x7) in the low 4 bits of
+/// a 32-bit word: every step is a 32-bit lane operation, so a loop of them vectorizes as wide as
+/// the floats. Branch-free, on the float's bits, as an FP8 cast with 1 mantissa bit and bias 1: a
+/// magnitude of at least 1 rounds its mantissa to one bit on the integer bits (adding half a
+/// quantum minus one, plus the lowest kept bit: ties go to even), the exponent rebiased; below 1
+/// the float unit rounds |x| + 2^22, whose quantum is E2M1's 0.5, leaving the code in the low
+/// bits; beyond 6 it saturates.
+inline uint32_t e2m1_code(float value) {
   uint32_t bits = 0;
   std::memcpy(&bits, &value, sizeof bits);
   const uint32_t magnitude_bits = bits & 0x7FFFFFFFu;
@@ -40,8 +42,11 @@ inline uint8_t e2m1_round(float value) {
   uint32_t code = magnitude_bits < 0x3F800000u ? sum_bits - kMagicBits : normal;
   code = code > 7u ? 7u : code;
   const bool nan = magnitude_bits > 0x7F800000u;
-  return static_cast<uint8_t>(nan ? 0x7u : (code | ((bits >> 31) << 3)));
+  return nan ? 0x7u : (code | ((bits >> 31) << 3));
 }
+
+/// e2m1_code as a byte.
+inline uint8_t e2m1_round(float value) { return static_cast<uint8_t>(e2m1_code(value)); }
 
 /// The value of the E2M1 code in the low nibble of `code`.
 inline float e2m1_to_float(uint8_t code) {

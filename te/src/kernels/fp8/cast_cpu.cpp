@@ -102,9 +102,11 @@ namespace {
 // round on the integer bits (add half a quantum minus one, plus the lowest kept bit: ties go to
 // even); subnormal results come from the float unit, which rounds |x| + 2^k to nearest-even when
 // 2^k's quantum is the format's smallest subnormal, leaving the code in the low bits. Only
-// integer ops, one float add and selects: the loop compiles to SIMD.
+// integer ops, one float add and selects: the loop compiles to SIMD. The code comes in a 32-bit
+// word (encode_code), so a loop over a short block stays in 32-bit lanes at full vector width
+// and narrows to bytes after; encode_fast is the byte.
 template <int kMantissa, int kBias, uint32_t kMaxCode>
-TE_INLINE uint8_t encode_fast(uint32_t bits) {
+TE_INLINE uint32_t encode_code(uint32_t bits) {
   constexpr uint32_t kShift = 23 - kMantissa;
   constexpr uint32_t kRebias = static_cast<uint32_t>(127 - kBias) << kMantissa;
   constexpr uint32_t kMinNormalBits = static_cast<uint32_t>(127 + 1 - kBias) << 23;
@@ -122,7 +124,12 @@ TE_INLINE uint8_t encode_fast(uint32_t bits) {
   const uint32_t sub = sum_bits - kMagicBits;
   uint32_t code = abs_bits < kMinNormalBits ? sub : normal;
   code = code > kMaxCode ? kMaxCode : code;  // past the largest finite, infinities included
-  return static_cast<uint8_t>(abs_bits > 0x7F800000u ? 0x7Fu : (sign | code));  // NaN
+  return abs_bits > 0x7F800000u ? 0x7Fu : (sign | code);  // NaN
+}
+
+template <int kMantissa, int kBias, uint32_t kMaxCode>
+TE_INLINE uint8_t encode_fast(uint32_t bits) {
+  return static_cast<uint8_t>(encode_code<kMantissa, kBias, kMaxCode>(bits));
 }
 
 // One pass: the codes of in[i] * scale, and max |in[i]| as the largest magnitude bit pattern
@@ -182,14 +189,22 @@ TE_INLINE void fold_blocks_loop(const float* __restrict in, int64_t n, int64_t w
   fold_blocks_fixed<0>(in, n, width, amax);
 }
 
+// The codes of len elements times s, in chunks: each element's code as a 32-bit word (so a short
+// block's loop stays in 32-bit lanes at full vector width), then the chunk narrowed to bytes.
 template <int kMantissa, int kBias, uint32_t kMaxCode>
 TE_INLINE void quantize_span(const float* __restrict x, uint8_t* __restrict y, int64_t len,
                              float s) {
-  for (int64_t i = 0; i < len; ++i) {
-    const float scaled = x[i] * s;
-    uint32_t sb;
-    std::memcpy(&sb, &scaled, sizeof sb);
-    y[i] = encode_fast<kMantissa, kBias, kMaxCode>(sb);
+  constexpr int64_t kChunk = 128;
+  alignas(64) uint32_t codes[kChunk];
+  for (int64_t c0 = 0; c0 < len; c0 += kChunk) {
+    const int64_t m = len - c0 < kChunk ? len - c0 : kChunk;
+    for (int64_t i = 0; i < m; ++i) {
+      const float scaled = x[c0 + i] * s;
+      uint32_t sb;
+      std::memcpy(&sb, &scaled, sizeof sb);
+      codes[i] = encode_code<kMantissa, kBias, kMaxCode>(sb);
+    }
+    for (int64_t i = 0; i < m; ++i) y[c0 + i] = static_cast<uint8_t>(codes[i]);
   }
 }
 
@@ -241,25 +256,29 @@ TE_INLINE void nvfp4_scales_loop(const float* __restrict amax, int64_t nb, float
   }
 }
 
-// A chunk of whole blocks at a time: every element's code (a block is one vector of 16 floats),
-// then the codes packed two a byte.
+// A chunk of whole blocks at a time: every element's code as a 32-bit word (a block is one
+// vector of 16 floats, and the codes stay in 32-bit lanes, so the loop vectorizes at full width),
+// then the codes packed two a byte: a pair of words read as one 64-bit word w (the even element's
+// code in its low bits, the odd one's from bit 32) packs as the low byte of w | (w >> 28).
 TE_INLINE void nvfp4_row_loop(const float* __restrict in, uint8_t* __restrict packed, int64_t n,
                               const float* __restrict encode) {
   constexpr int64_t kChunk = 256;
-  uint8_t codes[kChunk];
+  alignas(64) uint32_t codes[kChunk];
+  uint64_t pairs[kChunk / 2];
+  static_assert(sizeof pairs == sizeof codes, "two codes a pair");
+  static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the pairs read little-endian");
   for (int64_t c0 = 0; c0 < n; c0 += kChunk) {
     const int64_t len = n - c0 < kChunk ? n - c0 : kChunk;
     int64_t i = 0;
     for (; i + 16 <= len; i += 16) {
       const float s = encode[(c0 + i) / 16];
       const float* __restrict x = in + c0 + i;
-      for (int j = 0; j < 16; ++j) codes[i + j] = e2m1_round(x[j] * s);
+      for (int j = 0; j < 16; ++j) codes[i + j] = e2m1_code(x[j] * s);
     }
-    for (; i < len; ++i) codes[i] = e2m1_round(in[c0 + i] * encode[(c0 + i) / 16]);
+    for (; i < len; ++i) codes[i] = e2m1_code(in[c0 + i] * encode[(c0 + i) / 16]);
+    std::memcpy(pairs, codes, static_cast<std::size_t>(len / 2) * sizeof(uint64_t));
     uint8_t* __restrict y = packed + c0 / 2;
-    for (int64_t j = 0; j < len / 2; ++j) {
-      y[j] = static_cast<uint8_t>(codes[2 * j] | (codes[2 * j + 1] << 4));
-    }
+    for (int64_t j = 0; j < len / 2; ++j) y[j] = static_cast<uint8_t>(pairs[j] | (pairs[j] >> 28));
   }
 }
 
