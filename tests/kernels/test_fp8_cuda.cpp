@@ -194,6 +194,38 @@ TEST(Fp8Cuda, GemmRefusesE5M2TimesE5M2WithoutTouchingTheDevice) {
   }
 }
 
+// The block casts check their arguments before any launch (bit-exactness with the CPU is
+// tests/fp8/test_block_cuda.cpp's, through the tensor layer).
+TEST(Fp8Cuda, BlockCastsRefuseBadArgumentsWithoutTouchingTheDevice) {
+  const auto expect_error = [](auto&& call, const std::string& want) {
+    try {
+      call();
+      ADD_FAILURE() << "accepted; wanted " << want;
+    } catch (const te::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  };
+  expect_error(
+      [] {
+        cuda::quantize_blocks(nullptr, nullptr, nullptr, 4, 4, 64, cuda::kE4M3, true, 0.0f,
+                              nullptr);
+      },
+      "fp8::cuda::quantize_blocks: tile_rows 64; Float8BlockScaling has 1x128 blocks (1) and "
+      "128x128 tiles (128)");
+  expect_error(
+      [] {
+        cuda::quantize_nvfp4(nullptr, nullptr, nullptr, 4, 5, 1, nullptr, false, 0, 0, nullptr);
+      },
+      "fp8::cuda::quantize_nvfp4: 5 columns; NVFP4 packs two codes a byte");
+  expect_error(
+      [] {
+        cuda::quantize_nvfp4(nullptr, nullptr, nullptr, 4, 4, 8, nullptr, false, 0, 0, nullptr);
+      },
+      "fp8::cuda::quantize_nvfp4: tile_rows 8; NVFP4 has 1x16 blocks (1) and 16x16 tiles (16)");
+  expect_error([] { cuda::hadamard16(nullptr, nullptr, 2, 20, nullptr); },
+               "fp8::cuda::hadamard16: 20 columns; the transform takes blocks of 16");
+}
+
 TEST(Fp8Cuda, DeviceCountIsZeroNotAnErrorWithoutAGpu) {
   const int count = cuda::device_count();
   EXPECT_GE(count, 0);

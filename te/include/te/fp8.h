@@ -78,7 +78,7 @@ struct Fp8Tensor {
   at::Tensor dequantize() const;
 };
 
-/// scale_from_amax (te/fp8/recipe.h) elementwise over a tensor of fp32 amaxes, on its device:
+/// scale_from_amax (te/kernels/fp8_cast.h) elementwise over a tensor of fp32 amaxes, on its device:
 /// the one rule current scaling and block scaling take their scales by.
 at::Tensor scales_from_amax(const at::Tensor& amax, float fp8_max, bool power_2, float epsilon);
 

@@ -22,6 +22,7 @@
 #include <sstream>
 #include <vector>
 
+#include "on_device.h"
 #include "recipe_impl.h"
 #include "te/error.h"
 
@@ -53,10 +54,11 @@ void check_blocked(const at::Tensor& x, ScalingMode scaling, const char* what, b
 void check_block_input(const at::Tensor& x, const char* what) {
   TE_CHECK(x.dim() == 2, "fp8::", what, ": a ", x.sizes(),
            " tensor; block scaling takes a 2-D tensor [rows, cols] (blocks along cols)");
-  TE_CHECK(!x.is_cuda(), "fp8::", what,
-           ": block scaling (Float8BlockScaling, MXFP8BlockScaling, NVFP4BlockScaling) runs on "
-           "the CPU only so far; its CUDA kernels are not built: use DelayedScaling or "
-           "CurrentScaling on the GPU");
+#ifndef TE_WITH_CUDA
+  if (x.is_cuda()) no_cuda(what);
+#endif
+  TE_CHECK(x.is_cpu() || x.is_cuda() || x.is_meta(), "fp8::", what, ": a tensor on ", x.device(),
+           "; block scaling runs on the CPU and on CUDA devices");
 }
 
 Fp8Tensor quantize_blocks(const at::Tensor& x_in, ScalingMode scaling, DType dtype, bool power_2,
@@ -80,6 +82,14 @@ Fp8Tensor quantize_blocks(const at::Tensor& x_in, ScalingMode scaling, DType dty
   const float* in = x.data_ptr<float>();
   uint8_t* codes = out.data.data_ptr<uint8_t>();
   float* scale_inv = out.scale_inv.data_ptr<float>();
+#ifdef TE_WITH_CUDA
+  if (x.is_cuda()) {
+    const OnDevice on(x);
+    cuda::quantize_blocks(in, codes, scale_inv, rows, cols, tiles ? kBlock : 1,
+                          kernel_format(dtype), power_2, epsilon, on.stream());
+    return out;
+  }
+#endif
   const float fp8_max = max_finite(dtype);
   // One block row at a time (a row of 1x128 blocks, or 128 rows of 128x128 tiles): the blocks'
   // amaxes, a row per kernel call, then their scales, then the codes, a row per call again.
@@ -120,8 +130,8 @@ Fp8Tensor transpose_tiles(const Fp8Tensor& t) {
           .t()
           .contiguous()
           .reshape({cols, rows / 2, 2});
-  const at::Tensor packed = at::bitwise_or(codes.select(-1, 0),
-                                           at::bitwise_left_shift(codes.select(-1, 1), 4));
+  const at::Tensor packed =
+      at::bitwise_or(codes.select(-1, 0), at::bitwise_left_shift(codes.select(-1, 1), 4));
   Fp8Tensor out{packed.contiguous(), t.scale_inv.t().contiguous(), t.dtype, t.scaling};
   out.amax = t.amax;
   return out;
@@ -142,16 +152,33 @@ at::Tensor dequantize_blocks(const Fp8Tensor& t) {
            t.scale_inv.defined() ? t.scale_inv.sizes() : at::IntArrayRef{}, " for ", codes.sizes(),
            " codes in ", to_string(t.scaling), " blocks; it must be ",
            mx ? "E8M0 (uint8) " : "fp32 ", at::IntArrayRef(want));
+  TE_CHECK(t.scale_inv.device() == codes.device(), "fp8::dequantize: scale_inv is on ",
+           t.scale_inv.device(), " but the codes on ", codes.device(),
+           "; keep the scales with the codes they scale");
   at::Tensor out = at::empty({rows, cols}, codes.options().dtype(at::kFloat));
   if (codes.is_meta() || codes.numel() == 0) return out;
   at::Tensor s = t.scale_inv.contiguous();
-  if (mx) {  // the E8M0 powers of two as fp32 (exact)
+  if (mx && !codes.is_cuda()) {  // the E8M0 powers of two as fp32 (exact)
     at::Tensor f = at::empty(s.sizes(), s.options().dtype(at::kFloat));
     const uint8_t* e = s.data_ptr<uint8_t>();
     float* v = f.data_ptr<float>();
     for (int64_t i = 0; i < s.numel(); ++i) v[i] = e8m0_to_float(e[i]);
     s = f;
   }
+#ifdef TE_WITH_CUDA
+  if (codes.is_cuda()) {
+    const OnDevice on(codes);
+    if (mx) {
+      cuda::dequantize_mx(codes.data_ptr<uint8_t>(), s.data_ptr<uint8_t>(), out.data_ptr<float>(),
+                          rows, cols, kernel_format(t.dtype), on.stream());
+    } else {
+      cuda::dequantize_blocks(codes.data_ptr<uint8_t>(), s.data_ptr<float>(), out.data_ptr<float>(),
+                              rows, cols, tiles ? kBlock : 1, kBlock, kernel_format(t.dtype),
+                              on.stream());
+    }
+    return out;
+  }
+#endif
   const uint8_t* in = codes.data_ptr<uint8_t>();
   const float* scale_inv = s.data_ptr<float>();
   float* o = out.data_ptr<float>();

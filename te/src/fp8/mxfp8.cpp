@@ -23,6 +23,7 @@
 #include <sstream>
 #include <vector>
 
+#include "on_device.h"
 #include "recipe_impl.h"
 #include "te/error.h"
 
@@ -48,6 +49,13 @@ Fp8Tensor quantize_mx(const at::Tensor& x_in, DType dtype) {
   const float* in = x.data_ptr<float>();
   uint8_t* codes = out.data.data_ptr<uint8_t>();
   uint8_t* scales = out.scale_inv.data_ptr<uint8_t>();
+#ifdef TE_WITH_CUDA
+  if (x.is_cuda()) {
+    const OnDevice on(x);
+    cuda::quantize_mx(in, codes, scales, rows, cols, kernel_format(dtype), on.stream());
+    return out;
+  }
+#endif
   const float max_norm_rcp = static_cast<float>(1.0 / max_finite(dtype));
   at::parallel_for(0, rows, std::max<int64_t>(1, 32768 / cols), [&](int64_t begin, int64_t end) {
     // A row at a time: its blocks' amaxes, their scales, its codes.

@@ -31,6 +31,7 @@
 #include <sstream>
 #include <vector>
 
+#include "on_device.h"
 #include "recipe_impl.h"
 #include "te/error.h"
 #include "te/kernels/fp4_cast.h"
@@ -44,13 +45,6 @@ constexpr int64_t kNvBlock = 16;
 constexpr float kFp8Fp4Max = 448.0f * kE2M1Max;  // 2688
 
 int64_t blocks16(int64_t n) { return (n + kNvBlock - 1) / kNvBlock; }
-
-// TE's S_enc for a tensor amax.
-float tensor_encode_scale(float amax) {
-  float s = std::fmin(kFp8Fp4Max / amax, FLT_MAX);  // fminf: NaN gives FLT_MAX
-  if (amax == 0.0f || s == 0.0f) s = 1.0f;
-  return s;
-}
 
 void check_nvfp4_mode(ScalingMode scaling, const char* what) {
   TE_CHECK(is_nvfp4(scaling), "fp8::", what, ": scaling mode '", to_string(scaling),
@@ -98,6 +92,22 @@ Fp8Tensor quantize_nvfp4(const at::Tensor& x_in, const Nvfp4Cast& how) {
   out.amax = at::empty({1}, x.options());
   if (x.is_meta()) return out;
   const float* in = x.data_ptr<float>();
+#ifdef TE_WITH_CUDA
+  if (x.is_cuda()) {
+    // The tensor amax stays on the device: given, or folded there (NaN skipped).
+    const OnDevice on(x);
+    if (how.amax) {
+      out.amax.fill_(*how.amax);
+    } else {
+      out.amax.zero_();
+      cuda::fold_amax(in, x.numel(), out.amax.data_ptr<float>(), on.stream());
+    }
+    cuda::quantize_nvfp4(in, out.data.data_ptr<uint8_t>(), out.scale_inv.data_ptr<uint8_t>(), rows,
+                         cols, tiles ? kNvBlock : 1, out.amax.data_ptr<float>(), how.stochastic,
+                         how.seed, how.call, on.stream());
+    return out;
+  }
+#endif
   const int64_t band = tiles ? kNvBlock : 1, bands = out.scale_inv.size(0);
   const int64_t grain = tiles ? 1 : 64;
   // The tensor scale needs the whole tensor's amax before any block's scale. Given it (the
@@ -131,7 +141,7 @@ Fp8Tensor quantize_nvfp4(const at::Tensor& x_in, const Nvfp4Cast& how) {
   if (x.numel() == 0) return out;
   uint8_t* packed = out.data.data_ptr<uint8_t>();
   uint8_t* scales = out.scale_inv.data_ptr<uint8_t>();
-  const float s_enc = tensor_encode_scale(amax);
+  const float s_enc = nvfp4_encode_scale(amax);
   const float s_dec = 1.0f / s_enc;
   const float block_factor = s_enc * (1.0f / kE2M1Max);
   at::parallel_for(0, bands, grain, [&](int64_t begin, int64_t end) {
@@ -181,8 +191,22 @@ at::Tensor dequantize_nvfp4(const Fp8Tensor& t) {
   TE_CHECK(t.amax.defined() && t.amax.numel() == 1 && t.amax.scalar_type() == at::kFloat,
            "fp8::dequantize: an NVFP4 tensor needs its amax (fp32, one element), the second "
            "level of its scaling");
+  TE_CHECK(t.scale_inv.device() == packed.device() && t.amax.device() == packed.device(),
+           "fp8::dequantize: NVFP4 codes on ", packed.device(), " with scale_inv on ",
+           t.scale_inv.device(), " and amax on ", t.amax.device(),
+           "; keep the scales with the codes they scale");
   at::Tensor out = at::empty({rows, cols}, packed.options().dtype(at::kFloat));
   if (packed.is_meta() || packed.numel() == 0) return out;
+#ifdef TE_WITH_CUDA
+  if (packed.is_cuda()) {
+    const OnDevice on(packed);
+    const at::Tensor scales_c = t.scale_inv.contiguous();
+    cuda::dequantize_nvfp4(packed.data_ptr<uint8_t>(), scales_c.data_ptr<uint8_t>(),
+                           t.amax.data_ptr<float>(), out.data_ptr<float>(), rows, cols,
+                           tiles ? kNvBlock : 1, on.stream());
+    return out;
+  }
+#endif
   const float amax = t.amax.item<float>();
   const uint8_t* in = packed.data_ptr<uint8_t>();
   const at::Tensor scales_c = t.scale_inv.contiguous();
@@ -216,14 +240,17 @@ at::Tensor hadamard16(const at::Tensor& x_in) {
   x = x.contiguous();
   at::Tensor out = at::empty({rows, padded}, x.options());
   if (x.is_meta() || x.numel() == 0) return out;
-  // D H / 4: row i of the Sylvester matrix H (H[i][j] = (-1)^popcount(i & j)) times TE's sign i
-  // (-1 where bit i of 0xD7E8 is set: [1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1]).
+#ifdef TE_WITH_CUDA
+  if (x.is_cuda()) {
+    const OnDevice on(x);
+    cuda::hadamard16(x.data_ptr<float>(), out.data_ptr<float>(), rows, padded, on.stream());
+    return out;
+  }
+#endif
+  // D H / 4 (hadamard16_entry), each output the sum over i in order.
   std::array<float, kNvBlock * kNvBlock> m{};
   for (int i = 0; i < kNvBlock; ++i) {
-    const float sign = ((0xD7E8 >> i) & 1) ? -1.0f : 1.0f;
-    for (int j = 0; j < kNvBlock; ++j) {
-      m[i * kNvBlock + j] = sign * (__builtin_popcount(i & j) % 2 ? -0.25f : 0.25f);
-    }
+    for (int j = 0; j < kNvBlock; ++j) m[i * kNvBlock + j] = hadamard16_entry(i, j);
   }
   const float* in = x.data_ptr<float>();
   float* o = out.data_ptr<float>();

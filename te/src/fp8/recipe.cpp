@@ -84,20 +84,6 @@ Recipe recipe_named(const std::string& name) {
   TE_FAIL("FP8 recipe '", name, "' is not one of: ", names.str());
 }
 
-float scale_from_amax(float amax, float fp8_max, bool power_2, float epsilon) {
-  if (amax < epsilon) amax = epsilon;  // NaN stays NaN
-  if (std::isinf(amax) || amax == 0.0f || std::isnan(amax)) return 1.0f;
-  float scale = fp8_max / amax;
-  if (std::isinf(scale)) scale = FLT_MAX;
-  if (power_2) {
-    uint32_t bits = 0;
-    std::memcpy(&bits, &scale, sizeof bits);
-    bits &= 0xFF800000u;  // sign and exponent: rounds down to a power of two
-    std::memcpy(&scale, &bits, sizeof bits);
-  }
-  return scale;
-}
-
 at::Tensor scales_from_amax(const at::Tensor& amax_in, float fp8_max, bool power_2, float epsilon) {
   TE_CHECK(amax_in.scalar_type() == at::kFloat, "fp8::scales_from_amax: the amaxes are ",
            amax_in.scalar_type(), "; give fp32");

@@ -8,17 +8,10 @@
 #include <cmath>
 #include <mutex>
 
+#include "on_device.h"
 #include "recipe_impl.h"
 #include "te/error.h"
 #include "te/fp8.h"
-
-#ifdef TE_WITH_CUDA
-#include "te/kernels/fp8_cuda.h"
-#endif
-#ifdef TE_TORCH_CUDA
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-#endif
 
 namespace te::fp8 {
 
@@ -40,29 +33,6 @@ at::Tensor as_float(const at::Tensor& x) {
   TE_CHECK(at::isFloatingType(x.scalar_type()), "fp8: cannot cast a ", x.scalar_type(),
            " tensor to FP8; give a floating-point tensor");
   return x.to(at::kFloat).contiguous();
-}
-
-#ifdef TE_WITH_CUDA
-cuda::Format kernel_format(DType t) { return t == DType::kE4M3 ? cuda::kE4M3 : cuda::kE5M2; }
-
-// Kernels run on `t`'s device and LibTorch's current stream there (with a CUDA LibTorch; the
-// default stream of the current device otherwise).
-struct OnDevice {
-#ifdef TE_TORCH_CUDA
-  explicit OnDevice(const at::Tensor& t) : guard(t.device()) {}
-  void* stream() const { return c10::cuda::getCurrentCUDAStream().stream(); }
-  c10::cuda::CUDAGuard guard;
-#else
-  explicit OnDevice(const at::Tensor&) {}
-  void* stream() const { return nullptr; }
-#endif
-};
-#endif
-
-[[noreturn]] void no_cuda(const char* what) {
-  TE_FAIL("fp8::", what,
-          ": the tensor is on a CUDA device but te-cpp was built without CUDA; "
-          "configure with the CUDA toolkit (-DTE_CUDA=ON)");
 }
 
 // out = value(codes) * scale_inv, in parallel chunks (contiguous CPU tensors of one shape).
@@ -259,13 +229,11 @@ at::Tensor block_gemm_nt(const Fp8Tensor& a, const Fp8Tensor& b_t, bool b_is_tra
   TE_CHECK((a.scaling == ScalingMode::kBlock1x32) == (b_t.scaling == ScalingMode::kBlock1x32),
            "fp8::gemm: a is scaled per ", to_string(a.scaling), " and b_t per ",
            to_string(b_t.scaling), "; MXFP8's 1x32 blocks multiply only 1x32 blocks");
-  if (a.data.is_cuda()) {
-    TE_FAIL(
-        "fp8::gemm: block-scaled GEMMs on CUDA (cuBLASLt VEC32 E8M0 / VEC128 / BLK128x128 "
-        "scales) are not built yet; dequantize, or run DelayedScaling / CurrentScaling on the "
-        "GPU");
-  }
-  const c10::impl::ExcludeDispatchKeyGuard fp32(c10::DispatchKey::AutocastCPU);
+  // The codes decoded with their block scales, then an fp32 GEMM (CPU: LibTorch's; CUDA:
+  // cuBLAS's, after the device decode kernels), under no autocast: the reference sums in fp32.
+  // cuBLASLt's own block-scaled FP8 GEMMs (VEC128_32F / BLK128x128_32F scales from cuBLAS 12.9 on
+  // sm_90, VEC32_UE8M0 and VEC16_UE4M3 on sm_100) are not used yet.
+  const c10::impl::ExcludeDispatchKeyGuard fp32(c10::autocast_dispatch_keyset);
   return at::mm(a.dequantize(), b_t.dequantize().t());
 }
 

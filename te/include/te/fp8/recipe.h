@@ -140,10 +140,4 @@ std::vector<std::string> recipe_names();
 /// Each name with what it is, for a --help: "delayed (DelayedScaling: ...), current (...), ...".
 std::string recipe_summary();
 
-/// TE's compute_scale_from_amax (transformer_engine/common/recipe/recipe_common.cuh): amax
-/// floored at `epsilon`; 1 when the amax is 0, infinite or NaN; else fp8_max / amax in fp32,
-/// FLT_MAX where that overflows, and with `power_2` the mantissa cleared (rounding down to a
-/// power of two). The scalar rule; scales_from_amax (te/fp8.h) applies it to a tensor of amaxes.
-float scale_from_amax(float amax, float fp8_max, bool power_2, float epsilon);
-
 }  // namespace te::fp8

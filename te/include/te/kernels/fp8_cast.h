@@ -4,10 +4,31 @@
 // the reference the CUDA kernels are held to; its bit patterns equal NVIDIA's cuda_fp8.h
 // conversions with __NV_SATFINITE.
 
+#include <cfloat>
 #include <cstdint>
 #include <cstring>
 
+// The scalar rules below are written once for the CPU reference and the CUDA kernels (host and
+// device functions under nvcc), so both compute the same bits.
+#ifdef __CUDACC__
+#define TE_KERNEL_FN __host__ __device__ inline
+#else
+#define TE_KERNEL_FN inline
+#endif
+
 namespace te::fp8 {
+
+/// A float's bit pattern, and the float of a bit pattern.
+TE_KERNEL_FN uint32_t float_bits(float value) {
+  uint32_t bits = 0;
+  memcpy(&bits, &value, sizeof bits);
+  return bits;
+}
+TE_KERNEL_FN float bits_float(uint32_t bits) {
+  float value = 0.0f;
+  memcpy(&value, &bits, sizeof value);
+  return value;
+}
 
 /// E4M3: 4 exponent bits (bias 7), 3 mantissa bits, no infinities, max 448, NaN 0x7F/0xFF.
 /// E5M2: 5 exponent bits (bias 15), 2 mantissa bits, max 57344, infinities 0x7C/0xFC.
@@ -49,10 +70,9 @@ void quantize_blocks_row(const float* in, uint8_t* out, int64_t n, int64_t width
 ///
 /// A non-negative value rounded UP to a power of two, saturating at 2^127 (0xFE): 0 -> 0x00,
 /// NaN -> 0xFF, inf -> 0xFE; the subnormals up to 2^-127 -> 0x00, above it -> 0x01.
-inline uint8_t e8m0_round_up(float value) {
+TE_KERNEL_FN uint8_t e8m0_round_up(float value) {
   if (value != value) return 0xFF;
-  uint32_t bits = 0;
-  std::memcpy(&bits, &value, sizeof bits);
+  const uint32_t bits = float_bits(value);
   if ((bits & 0x7FFFFFFFu) == 0x7F800000u) return 0xFE;
   if (value == 0.0f) return 0x00;
   uint8_t exponent = static_cast<uint8_t>(bits >> 23);
@@ -62,22 +82,30 @@ inline uint8_t e8m0_round_up(float value) {
 }
 
 /// The value 2^(b - 127) (0x00: 2^-127, a subnormal), NaN for 0xFF.
-inline float e8m0_to_float(uint8_t b) {
-  const uint32_t bits = b == 0xFF ? 0x7FFFFFFFu : b == 0 ? 0x00400000u : uint32_t{b} << 23;
-  float out = 0.0f;
-  std::memcpy(&out, &bits, sizeof out);
-  return out;
+TE_KERNEL_FN float e8m0_to_float(uint8_t b) {
+  return bits_float(b == 0xFF ? 0x7FFFFFFFu : b == 0 ? 0x00400000u : uint32_t{b} << 23);
 }
 
 /// Its reciprocal 2^(127 - b), the factor a block is multiplied by before the cast (0xFE: 2^-127,
 /// a subnormal; 0xFF: NaN).
-inline float e8m0_reciprocal(uint8_t b) {
-  const uint32_t bits = b == 0xFF   ? 0x7FFFFFFFu
-                        : b == 0xFE ? 0x00400000u
-                                    : (254u - uint32_t{b}) << 23;
-  float out = 0.0f;
-  std::memcpy(&out, &bits, sizeof out);
-  return out;
+TE_KERNEL_FN float e8m0_reciprocal(uint8_t b) {
+  return bits_float(b == 0xFF ? 0x7FFFFFFFu : b == 0xFE ? 0x00400000u : (254u - uint32_t{b}) << 23);
+}
+
+/// TE's compute_scale_from_amax (transformer_engine/common/recipe/recipe_common.cuh at
+/// d0067d0da): amax floored at `epsilon`; 1 when the amax is 0, infinite or NaN; else
+/// fp8_max / amax in fp32, FLT_MAX where that overflows, and with `power_2` the mantissa cleared
+/// (rounding down to a power of two). The scalar rule of Float8BlockScaling's blocks and of the
+/// current-scaling options; scales_from_amax (te/fp8.h) applies it to a tensor of amaxes.
+TE_KERNEL_FN float scale_from_amax(float amax, float fp8_max, bool power_2, float epsilon) {
+  if (amax < epsilon) amax = epsilon;  // NaN stays NaN
+  const uint32_t magnitude = float_bits(amax) & 0x7FFFFFFFu;
+  if (magnitude >= 0x7F800000u || amax == 0.0f) return 1.0f;  // inf, NaN, 0
+  float scale = fp8_max / amax;
+  if ((float_bits(scale) & 0x7FFFFFFFu) == 0x7F800000u) scale = FLT_MAX;
+  // Sign and exponent: rounds down to a power of two.
+  if (power_2) scale = bits_float(float_bits(scale) & 0xFF800000u);
+  return scale;
 }
 
 /// The instruction set quantize and dequantize run with: "avx512", "avx2" or "baseline", the

@@ -2,8 +2,6 @@
 // matches bit for bit), amax, cast+transpose, and the cuBLASLt FP8 GEMM.
 
 #include <cublasLt.h>
-#include <cuda_fp8.h>
-#include <cuda_runtime.h>
 
 #include <algorithm>
 #include <map>
@@ -13,6 +11,7 @@
 #include <tuple>
 #include <vector>
 
+#include "cuda_common.cuh"
 #include "te/error.h"
 #include "te/kernels/fp8_cuda.h"
 
@@ -20,27 +19,17 @@ namespace te::fp8::cuda {
 
 namespace {
 
-void check(cudaError_t status, const char* what) {
-  TE_CHECK(status == cudaSuccess, "fp8::cuda::", what, ": ", cudaGetErrorString(status));
-}
+using detail::as_stream;
+using detail::blocks_for;
+using detail::check;
+using detail::from_fp8;
+using detail::interpretation;
+using detail::to_fp8;
 
 void check(cublasStatus_t status, const char* what) {
   TE_CHECK(status == CUBLAS_STATUS_SUCCESS, "fp8::cuda::gemm: ", what, " returned cuBLAS status ",
            static_cast<int>(status),
            "; FP8 GEMMs need compute capability 8.9+, k a multiple of 16 and not E5M2 x E5M2");
-}
-
-cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
-
-__nv_fp8_interpretation_t interpretation(Format f) { return f == kE4M3 ? __NV_E4M3 : __NV_E5M2; }
-
-__device__ inline uint8_t to_fp8(float v, __nv_fp8_interpretation_t f) {
-  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, f));
-}
-
-__device__ inline float from_fp8(uint8_t c, __nv_fp8_interpretation_t f) {
-  const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(c), f);
-  return __half2float(__half(h));
 }
 
 // max |x| as its bit pattern (integer order is float order for |x|; NaN sorts above +inf).
@@ -128,11 +117,6 @@ __global__ void cast_transpose_kernel(const float* in, uint8_t* out, uint8_t* ou
     }
     atomicMax(reinterpret_cast<unsigned int*>(amax), m);
   }
-}
-
-int blocks_for(int64_t n, int threads) {
-  const int64_t b = (n + threads - 1) / threads;
-  return static_cast<int>(b < 65535 * 8 ? (b > 0 ? b : 1) : 65535 * 8);
 }
 
 cudaDataType_t data_type(Format f) { return f == kE4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2; }
