@@ -2,6 +2,10 @@
 // accumulation as TE's forward GEMM) against a BF16 cuBLAS GEMM (fp32 accumulate) at 4096^3 and
 // 8192^3, in TFLOP/s; ratio = FP8 / BF16 throughput. Both on the same random normal matrices
 // (FP8: their E4M3 casts), since tensor cores draw less power, and so clock higher, on zeros.
+// Then the block-scaled recipes as te runs their GEMMs on CUDA (docs/gpu.md): both operands'
+// codes decoded on the device with their block scales (Float8BlockScaling 1x128 by 128x128,
+// MXFP8 1x32, NVFP4 1x16 by 16x16), then one fp32 cuBLAS GEMM; TFLOP/s of decode + GEMM against
+// the same BF16 GEMM (cuBLASLt's block-scaled GEMMs are not wired yet).
 // Needs a GPU with compute capability 8.9+; prints why and exits 0 without one.
 // Run: build/bench/bench_gemm_cuda [sizes...]
 #include <cublas_v2.h>
@@ -11,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <vector>
 
@@ -47,6 +52,86 @@ float time_ms(Fn&& fn, int reps) {
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   return best;
+}
+
+namespace cuda = te::fp8::cuda;
+
+// Decode + fp32 GEMM per block recipe at n^3 (operands N(0, 1), cast on the device first).
+void block_recipes(cublasHandle_t blas, long n, double bf16_tflops) {
+  const size_t elems = static_cast<size_t>(n) * n;
+  float *x, *xa, *xb, *d, *amax;
+  uint8_t *ca, *cb, *sa8, *sb8;
+  float *sa, *sb;
+  for (float** p : {&x, &xa, &xb, &d}) check(cudaMalloc(p, elems * 4), "malloc");
+  for (uint8_t** p : {&ca, &cb, &sa8, &sb8}) check(cudaMalloc(p, elems), "malloc");
+  for (float** p : {&sa, &sb}) check(cudaMalloc(p, elems / 16 * 4 + 64), "malloc");
+  check(cudaMalloc(&amax, sizeof(float)), "malloc");
+  {
+    std::mt19937 gen(static_cast<unsigned>(n) + 1);
+    std::normal_distribution<float> dist(0.0f, 1.0f);
+    std::vector<float> values(elems);
+    for (float& v : values) v = dist(gen);
+    check(cudaMemcpy(x, values.data(), elems * 4, cudaMemcpyHostToDevice), "copy");
+  }
+  check(cudaMemset(amax, 0, sizeof(float)), "memset");
+  cuda::fold_amax(x, static_cast<int64_t>(elems), amax, nullptr);
+  const float alpha = 1.0f, beta = 0.0f;
+  // d = decode(a) @ decode(b_t)^T: the layer's forward GEMM, both blocked along k.
+  const auto gemm = [&] {
+    cublasSgemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &alpha, xb, n, xa, n, &beta, d, n);
+  };
+  struct Row {
+    const char* name;
+    std::function<void()> cast, decode;
+  };
+  const Row rows[] = {
+      {"block 1x128 x 128x128",
+       [&] {
+         cuda::quantize_blocks(x, ca, sa, n, n, 1, cuda::kE4M3, true, 0.0f, nullptr);
+         cuda::quantize_blocks(x, cb, sb, n, n, 128, cuda::kE4M3, true, 0.0f, nullptr);
+       },
+       [&] {
+         cuda::dequantize_blocks(ca, sa, xa, n, n, 1, 128, cuda::kE4M3, nullptr);
+         cuda::dequantize_blocks(cb, sb, xb, n, n, 128, 128, cuda::kE4M3, nullptr);
+       }},
+      {"mxfp8 1x32",
+       [&] {
+         cuda::quantize_mx(x, ca, sa8, n, n, cuda::kE4M3, nullptr);
+         cuda::quantize_mx(x, cb, sb8, n, n, cuda::kE4M3, nullptr);
+       },
+       [&] {
+         cuda::dequantize_mx(ca, sa8, xa, n, n, cuda::kE4M3, nullptr);
+         cuda::dequantize_mx(cb, sb8, xb, n, n, cuda::kE4M3, nullptr);
+       }},
+      {"nvfp4 1x16 x 16x16",
+       [&] {
+         cuda::quantize_nvfp4(x, ca, sa8, n, n, 1, amax, false, 0, 0, nullptr);
+         cuda::quantize_nvfp4(x, cb, sb8, n, n, 16, amax, false, 0, 0, nullptr);
+       },
+       [&] {
+         cuda::dequantize_nvfp4(ca, sa8, amax, xa, n, n, 1, nullptr);
+         cuda::dequantize_nvfp4(cb, sb8, amax, xb, n, n, 16, nullptr);
+       }},
+  };
+  const double flops = 2.0 * n * n * n;
+  for (const Row& r : rows) {
+    r.cast();
+    const float ms = time_ms(
+        [&] {
+          r.decode();
+          gemm();
+        },
+        10);
+    const double tflops = flops / (ms * 1e-3) / 1e12;
+    std::printf("%8ld %-22s decode + fp32 GEMM %8.1f TFLOP/s, %5.2f of BF16\n", n, r.name, tflops,
+                tflops / bf16_tflops);
+  }
+  for (void* p : {static_cast<void*>(x), static_cast<void*>(xa), static_cast<void*>(xb),
+                  static_cast<void*>(d), static_cast<void*>(amax), static_cast<void*>(ca),
+                  static_cast<void*>(cb), static_cast<void*>(sa8), static_cast<void*>(sb8),
+                  static_cast<void*>(sa), static_cast<void*>(sb)}) {
+    cudaFree(p);
+  }
 }
 
 }  // namespace
@@ -121,6 +206,7 @@ int main(int argc, char** argv) {
     const double flops = 2.0 * n * n * n;
     const double fp8 = flops / (fp8_ms * 1e-3) / 1e12, bf16 = flops / (bf16_ms * 1e-3) / 1e12;
     std::printf("%8ld %12.1f %12.1f %10.2f\n", n, fp8, bf16, fp8 / bf16);
+    block_recipes(blas, n, bf16);
     cudaFree(a8);
     cudaFree(b8);
     cudaFree(a16);
