@@ -40,44 +40,24 @@ std::vector<Held> gemms_of(torch::nn::Module& root, Keep keep) {
 // different kernels, never does.
 void hold(const std::vector<Held>& items, const std::vector<fp8::Recipe>& recipes) {
   at::NoGradGuard no_grad;
-  std::vector<at::Tensor> amaxes;
-  struct Group {
-    DeviceMesh mesh;
-    std::vector<int64_t> dims;
-    std::vector<std::size_t> members;
-  };
-  std::vector<Group> groups;
-  for (std::size_t i = 0; i < items.size(); ++i) {
-    const at::Tensor& kernel = *items[i].gemm.kernel;
-    amaxes.push_back(fp8::amax(kernel.detach()));
-    const ParameterLayout* layout = items[i].layout;
-    if (layout == nullptr || !layout->mesh) continue;
-    std::vector<int64_t> dims;
-    for (std::size_t d = 0; d < layout->placements.size(); ++d) {
-      if (is_shard(layout->placements[d]) && layout->mesh->size(static_cast<int64_t>(d)) > 1) {
-        dims.push_back(static_cast<int64_t>(d));
+  std::vector<fp8::AmaxReduction> amaxes;
+  for (const Held& h : items) {
+    fp8::AmaxReduction a{fp8::amax(h.gemm.kernel->detach()), std::nullopt, {}};
+    const ParameterLayout* layout = h.layout;
+    if (layout != nullptr && layout->mesh) {
+      for (std::size_t d = 0; d < layout->placements.size(); ++d) {
+        if (is_shard(layout->placements[d]) && layout->mesh->size(static_cast<int64_t>(d)) > 1) {
+          a.dims.push_back(static_cast<int64_t>(d));
+        }
       }
+      // Whole on every rank (no dims): its own amax is the kernel's.
+      if (!a.dims.empty()) a.mesh = layout->mesh;
     }
-    if (dims.empty()) continue;  // whole on every rank: its own amax is the kernel's
-    auto g = std::find_if(groups.begin(), groups.end(), [&](const Group& x) {
-      return x.mesh == *layout->mesh && x.dims == dims;
-    });
-    if (g == groups.end()) {
-      groups.push_back({*layout->mesh, dims, {}});
-      g = groups.end() - 1;
-    }
-    g->members.push_back(i);
+    amaxes.push_back(std::move(a));
   }
-  for (const Group& g : groups) {
-    std::vector<at::Tensor> local;
-    for (const std::size_t i : g.members) local.push_back(amaxes[i]);
-    const at::Tensor reduced = g.mesh.all_reduce(at::cat(local), ReduceOp::kMax, g.dims);
-    for (std::size_t j = 0; j < g.members.size(); ++j) {
-      amaxes[g.members[j]] = reduced.narrow(0, static_cast<int64_t>(j), 1);
-    }
-  }
+  fp8::reduce_amaxes(amaxes);
   for (std::size_t i = 0; i < items.size(); ++i) {
-    fp8::hold_kernel(*items[i].gemm.meta, *items[i].gemm.kernel, amaxes[i], recipes[i]);
+    fp8::hold_kernel(*items[i].gemm.meta, *items[i].gemm.kernel, amaxes[i].amax, recipes[i]);
   }
 }
 

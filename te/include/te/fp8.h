@@ -146,6 +146,19 @@ std::pair<Fp8Tensor, Fp8Tensor> cast_transpose(const at::Tensor& x, const at::Te
 /// max |x| as an fp32 one-element tensor (NaN when x holds a NaN).
 at::Tensor amax(const at::Tensor& x);
 
+/// An amax (fp32) to reduce by MAX over the dims `dims` of `mesh`; without a mesh or dims it stays
+/// as it is.
+struct AmaxReduction {
+  at::Tensor amax;
+  std::optional<DeviceMesh> mesh;
+  std::vector<int64_t> dims;
+};
+/// Replaces each item's amax by its reduction: the items that share a mesh and dims go in one
+/// all-reduce (MAX) of their amaxes concatenated, the groups in the order of their first item, so
+/// ranks that give the same list make the same collectives. DelayedScaling's amax histories and
+/// held FP8 weights (te/nn/fp8_weights.h) are reduced through it.
+void reduce_amaxes(std::vector<AmaxReduction>& items);
+
 /// D = (a @ b) * a.scale_inv * b.scale_inv in fp32, for a [M, K] and b [K, N]: FP8 products are
 /// exact in fp32 (4 x 4 significant bits). CPU: the reference (exact decode, fp32 GEMM, output
 /// scaling); CUDA: cuBLASLt FP8 with scale pointers (sm_89+), whose tensor cores accumulate in

@@ -131,6 +131,31 @@ at::Tensor reduced_amax(const at::Tensor& x, const GemmCall& call) {
   return a;
 }
 
+void reduce_amaxes(std::vector<AmaxReduction>& items) {
+  at::NoGradGuard no_grad;
+  std::vector<bool> done(items.size(), false);
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    if (done[i] || !items[i].mesh || items[i].dims.empty()) continue;
+    std::vector<std::size_t> group;
+    std::vector<at::Tensor> parts;
+    for (std::size_t j = i; j < items.size(); ++j) {
+      if (!done[j] && items[j].mesh == items[i].mesh && items[j].dims == items[i].dims) {
+        done[j] = true;
+        group.push_back(j);
+        parts.push_back(items[j].amax.reshape({-1}));
+      }
+    }
+    const at::Tensor reduced =
+        items[i].mesh->all_reduce(at::cat(parts), ReduceOp::kMax, items[i].dims);
+    int64_t offset = 0;
+    for (const std::size_t j : group) {
+      const int64_t n = items[j].amax.numel();
+      items[j].amax = reduced.narrow(0, offset, n).view(items[j].amax.sizes());
+      offset += n;
+    }
+  }
+}
+
 std::shared_ptr<GemmMeta> GemmMeta::make(const std::string& prefix, int64_t history_len) {
   TE_CHECK(history_len >= 1, "GemmMeta: history_len is ", history_len, "; it needs at least 1");
   auto m = std::make_shared<GemmMeta>();

@@ -51,46 +51,27 @@ void add_pending(std::vector<Pending>& list, Pending p) {
 }
 
 void reduce_and_update(const std::vector<Pending>& items, bool forward) {
-  std::vector<bool> done(items.size(), false);
+  auto history = [forward](const Pending& p) {
+    return forward ? p.meta->fwd_amax_history : p.meta->bwd_amax_history;
+  };
+  at::NoGradGuard no_grad;
+  std::vector<AmaxReduction> newest;
+  for (const Pending& p : items) {
+    std::lock_guard<std::mutex> lock(p.meta->mutex);
+    newest.push_back({history(p)[0].clone(), p.mesh, p.dims});
+  }
+  reduce_amaxes(newest);
   for (std::size_t i = 0; i < items.size(); ++i) {
-    if (done[i]) continue;
-    std::vector<const Pending*> batch;
-    for (std::size_t j = i; j < items.size(); ++j) {
-      if (!done[j] && items[j].mesh == items[i].mesh && items[j].dims == items[i].dims) {
-        batch.push_back(&items[j]);
-        done[j] = true;
-      }
-    }
-    auto history = [forward](const Pending* p) {
-      return forward ? p->meta->fwd_amax_history : p->meta->bwd_amax_history;
-    };
-    at::NoGradGuard no_grad;
-    if (items[i].mesh && !items[i].dims.empty()) {
-      std::vector<at::Tensor> rows;
-      for (const Pending* p : batch) {
-        std::lock_guard<std::mutex> lock(p->meta->mutex);
-        rows.push_back(history(p)[0].clone());
-      }
-      const at::Tensor reduced =
-          items[i].mesh->all_reduce(at::cat(rows), ReduceOp::kMax, items[i].dims);
-      int64_t offset = 0;
-      for (const Pending* p : batch) {
-        std::lock_guard<std::mutex> lock(p->meta->mutex);
-        at::Tensor row = history(p)[0];
-        row.copy_(reduced.narrow(0, offset, row.numel()));
-        offset += row.numel();
-      }
-    }
-    for (const Pending* p : batch) {
-      std::lock_guard<std::mutex> lock(p->meta->mutex);
-      const Format format = p->recipe.fp8_format;
-      if (forward) {
-        update_scales(p->meta->fwd_amax_history, p->meta->fwd_scale, p->meta->fwd_scale_inv,
-                      p->recipe, forward_dtype(format));
-      } else {
-        update_scales(p->meta->bwd_amax_history, p->meta->bwd_scale, p->meta->bwd_scale_inv,
-                      p->recipe, backward_dtype(format));
-      }
+    const Pending& p = items[i];
+    std::lock_guard<std::mutex> lock(p.meta->mutex);
+    if (p.mesh && !p.dims.empty()) history(p)[0].copy_(newest[i].amax);
+    const Format format = p.recipe.fp8_format;
+    if (forward) {
+      update_scales(p.meta->fwd_amax_history, p.meta->fwd_scale, p.meta->fwd_scale_inv, p.recipe,
+                    forward_dtype(format));
+    } else {
+      update_scales(p.meta->bwd_amax_history, p.meta->bwd_scale, p.meta->bwd_scale_inv, p.recipe,
+                    backward_dtype(format));
     }
   }
 }
