@@ -23,12 +23,7 @@ namespace te::fp8::cuda {
 
 namespace {
 
-using detail::as_stream;
-using detail::blocks_for;
-using detail::check;
-using detail::from_fp8;
-using detail::interpretation;
-using detail::to_fp8;
+using namespace detail;  // cuda_common.cuh
 
 constexpr int kWarp = 32;
 constexpr int kThreads = 256;

@@ -19,12 +19,8 @@ namespace te::fp8::cuda {
 
 namespace {
 
-using detail::as_stream;
-using detail::blocks_for;
-using detail::check;
-using detail::from_fp8;
-using detail::interpretation;
-using detail::to_fp8;
+using namespace detail;  // cuda_common.cuh
+using detail::check;     // beside the cuBLAS overload below
 
 void check(cublasStatus_t status, const char* what) {
   TE_CHECK(status == CUBLAS_STATUS_SUCCESS, "fp8::cuda::gemm: ", what, " returned cuBLAS status ",
