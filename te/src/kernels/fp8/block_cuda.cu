@@ -150,21 +150,29 @@ struct Nvfp4Rule {
   }
 };
 
+// Round to nearest even, or stochastically with element g's Philox word (te/kernels/philox.h's
+// mapping: lane g % 4 of the block at counter g / 4), each block of 4 words computed once.
 struct Rounding {
   bool stochastic;
   uint64_t seed, call;
-  __device__ uint32_t code(float v, uint64_t g) const {
-    return stochastic ? e2m1_round_stochastic(v, kernels::philox::word_of(g, seed, call))
-                      : e2m1_code(v);
-  }
 };
 
-// `len` (even) elements from x times `factor`, packed two a byte into y.
+// `len` (even) elements from x times `factor`, packed two a byte into y; x[0] is element g.
 __device__ inline void nvfp4_pack(const float* x, uint8_t* y, int len, float factor, uint64_t g,
                                   const Rounding& rounding) {
+  uint32_t words[4];
+  uint64_t block = ~uint64_t{0};
+  const auto code = [&](float v, uint64_t e) -> uint32_t {
+    if (!rounding.stochastic) return e2m1_code(v);
+    if (e / 4 != block) {
+      block = e / 4;
+      kernels::philox::block_words(block, rounding.seed, rounding.call, words);
+    }
+    return e2m1_round_stochastic(v, words[e % 4]);
+  };
   for (int c = 0; c < len; c += 2) {
-    const uint32_t lo = rounding.code(x[c] * factor, g + c);
-    const uint32_t hi = rounding.code(x[c + 1] * factor, g + c + 1);
+    const uint32_t lo = code(x[c] * factor, g + c);
+    const uint32_t hi = code(x[c + 1] * factor, g + c + 1);
     y[c / 2] = static_cast<uint8_t>(lo | (hi << 4));
   }
 }
