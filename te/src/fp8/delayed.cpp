@@ -58,7 +58,9 @@ void reduce_and_update(const std::vector<Pending>& items, bool forward) {
   std::vector<AmaxReduction> newest;
   for (const Pending& p : items) {
     std::lock_guard<std::mutex> lock(p.meta->mutex);
-    newest.push_back({history(p)[0].clone(), p.mesh, p.dims});
+    // Only a GEMM on a mesh has anything to reduce (the others keep their row as it is).
+    const bool reduced = p.mesh && !p.dims.empty();
+    newest.push_back({reduced ? history(p)[0].clone() : at::Tensor(), p.mesh, p.dims});
   }
   reduce_amaxes(newest);
   for (std::size_t i = 0; i < items.size(); ++i) {

@@ -42,7 +42,6 @@ namespace te::fp8 {
 namespace {
 
 constexpr int64_t kNvBlock = 16;
-constexpr float kFp8Fp4Max = 448.0f * kE2M1Max;  // 2688
 
 int64_t blocks16(int64_t n) { return (n + kNvBlock - 1) / kNvBlock; }
 
@@ -212,7 +211,7 @@ at::Tensor dequantize_nvfp4(const Fp8Tensor& t) {
   const at::Tensor scales_c = t.scale_inv.contiguous();
   const uint8_t* scales = scales_c.data_ptr<uint8_t>();
   float* o = out.data_ptr<float>();
-  constexpr float factor_inv = 1.0f / kFp8Fp4Max;
+  constexpr float factor_inv = 1.0f / kNvfp4Max;
   at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const uint8_t* row_scales = scales + (tiles ? r / kNvBlock : r) * nb;

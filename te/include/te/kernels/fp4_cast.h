@@ -19,6 +19,8 @@ namespace te::fp8 {
 
 /// The largest E2M1 magnitude.
 constexpr float kE2M1Max = 6.0f;
+/// NVFP4's two levels at their largest: E4M3's 448 times E2M1's 6 (2688).
+constexpr float kNvfp4Max = 448.0f * kE2M1Max;
 
 /// The E2M1 code of `value` (round to nearest even, saturating; NaN -> 0x7) in the low 4 bits of
 /// a 32-bit word: every step is a 32-bit lane operation, so a loop of them vectorizes as wide as
@@ -89,7 +91,7 @@ TE_KERNEL_FN float hadamard16_entry(int i, int j) {
 /// compute_global_encode_scaling_factor_FP4 at d0067d0da): 448 * 6 / amax, fminf with FLT_MAX
 /// (a NaN amax gives FLT_MAX), 1 when the amax is 0 or S_enc is 0.
 TE_KERNEL_FN float nvfp4_encode_scale(float amax) {
-  const float q = 448.0f * kE2M1Max / amax;
+  const float q = kNvfp4Max / amax;
   float s = q < FLT_MAX ? q : FLT_MAX;  // fminf: NaN gives FLT_MAX
   if (amax == 0.0f || s == 0.0f) s = 1.0f;
   return s;

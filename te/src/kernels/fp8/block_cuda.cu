@@ -241,7 +241,7 @@ __global__ void dequantize_nvfp4_kernel(const uint8_t* packed, const uint8_t* sc
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t r = i / cols, c = i % cols;
     const float final_scale =
-        from_fp8(scales[(r / tile_rows) * nb + c / 16], __NV_E4M3) * amax * (1.0f / 2688.0f);
+        from_fp8(scales[(r / tile_rows) * nb + c / 16], __NV_E4M3) * amax * (1.0f / kNvfp4Max);
     const uint8_t byte = packed[r * (cols / 2) + c / 2];
     out[i] = e2m1_to_float(static_cast<uint8_t>(c % 2 ? byte >> 4 : byte & 0xF)) * final_scale;
   }
