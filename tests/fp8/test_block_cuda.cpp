@@ -136,7 +136,9 @@ TEST(BlockCuda, LinearUnderEveryBlockRecipeEqualsTheCpu) {
     at::Tensor y[2], gx[2], gw[2];
     for (int on_gpu = 0; on_gpu < 2; ++on_gpu) {
       const at::Device device = on_gpu ? at::Device(at::kCUDA) : at::Device(at::kCPU);
-      const at::Tensor x = x0.to(device).requires_grad_(), w = w0.to(device).requires_grad_();
+      // detach: on the CPU to() returns x0 / w0 themselves, which must stay without grad.
+      const at::Tensor x = x0.to(device).detach().requires_grad_(),
+                       w = w0.to(device).detach().requires_grad_();
       auto meta = std::make_shared<GemmMeta>();
       {
         Fp8Autocast fp8(true, make());

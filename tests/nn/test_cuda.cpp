@@ -43,7 +43,11 @@ void expect_cuda_matches_cpu(Module cpu, const at::Tensor& input, Forward forwar
   gpu->to(at::kCUDA);
   const at::Tensor x_cpu = input.clone().requires_grad_(true);
   const at::Tensor x_gpu = input.to(at::kCUDA).requires_grad_(true);
+  // The same dropout draws on both devices (LayerNormMLP and TransformerLayer drop 0.1 of
+  // their intermediate activations by default): te's RNG state as it was for each forward.
+  const RngState rng = rng_state();
   const at::Tensor y_cpu = forward(*cpu, x_cpu);
+  set_rng_state(rng);
   const at::Tensor y_gpu = forward(*gpu, x_gpu);
   EXPECT_TRUE(y_gpu.is_cuda()) << name;
   EXPECT_LT(max_rel(y_gpu, y_cpu), tol) << name << " output";
@@ -124,7 +128,8 @@ TEST(ModulesOnCuda, DropoutOnTheDeviceDrawsTheCpusMask) {
     at::Tensor out[2], grad[2];
     for (int on_gpu = 0; on_gpu < 2; ++on_gpu) {
       set_rng_state({1234, 7});
-      at::Tensor in = x.to(on_gpu ? at::kCUDA : at::kCPU, dtype).requires_grad_(true);
+      // detach: on the CPU in float, to() returns x itself, which must stay a leaf without grad.
+      at::Tensor in = x.to(on_gpu ? at::kCUDA : at::kCPU, dtype).detach().requires_grad_(true);
       out[on_gpu] = functional::dropout(in, 0.3, true, global, offsets);
       out[on_gpu].sum().backward();
       grad[on_gpu] = in.grad();

@@ -194,7 +194,12 @@ struct PlanKey {
 struct Plan {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
-  cublasLtMatmulAlgo_t algo{};
+  // The heuristic's algorithms, best first. cuBLASLt may still answer NOT_SUPPORTED when one
+  // runs (seen on the H200 at 4096^3 with cuBLAS 13); the first call walks down the list and
+  // the plan keeps the first that runs.
+  std::vector<cublasLtMatmulAlgo_t> algos;
+  size_t chosen = 0;
+  bool confirmed = false;
   Plan() = default;
   Plan(const Plan&) = delete;
   Plan& operator=(const Plan&) = delete;
@@ -267,7 +272,21 @@ void* workspace_for(DeviceState& st, cudaStream_t stream) {
   return w;
 }
 
-const Plan& plan_for(DeviceState& st, const PlanKey& key) {
+void set_scales(Plan& plan, const float* a_scale_inv, const float* b_scale_inv) {
+  // cuBLASLt's A is our b_t, its B our a.
+  check(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_scale_inv,
+                                       sizeof b_scale_inv),
+        "A_SCALE_POINTER");
+  check(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_scale_inv,
+                                       sizeof a_scale_inv),
+        "B_SCALE_POINTER");
+}
+
+// The scale pointers of the first call are set before the heuristic runs, as TE does
+// (common/gemm/cublaslt_gemm.cu at d0067d0da): the algorithms it offers are those for scaled
+// FP8 operands.
+Plan& plan_for(DeviceState& st, const PlanKey& key, const float* a_scale_inv,
+               const float* b_scale_inv) {
   auto& slot = st.plans[key];
   if (slot) return *slot;
   auto plan = std::make_unique<Plan>();
@@ -291,6 +310,7 @@ const Plan& plan_for(DeviceState& st, const PlanKey& key) {
           "FAST_ACCUM");
     const auto n = static_cast<uint64_t>(key.n), m = static_cast<uint64_t>(key.m),
                k = static_cast<uint64_t>(key.k);
+    set_scales(*plan, a_scale_inv, b_scale_inv);
     check(cublasLtMatrixLayoutCreate(&plan->la, data_type(static_cast<Format>(key.b_format)), k, n,
                                      static_cast<int64_t>(k)),
           "layout A");
@@ -304,23 +324,29 @@ const Plan& plan_for(DeviceState& st, const PlanKey& key) {
                                                &kWorkspace, sizeof kWorkspace),
           "workspace preference");
     // cuBLASLt's A is our b_t, its B our a.
-    const uint32_t aligns[3] = {key.align_b, key.align_a, key.align_d};
-    const cublasLtMatmulPreferenceAttributes_t names[3] = {
+    // C is D (beta 0).
+    const uint32_t aligns[4] = {key.align_b, key.align_a, key.align_d, key.align_d};
+    const cublasLtMatmulPreferenceAttributes_t names[4] = {
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-    for (int i = 0; i < 3; ++i) {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    for (int i = 0; i < 4; ++i) {
       check(cublasLtMatmulPreferenceSetAttribute(pref, names[i], &aligns[i], sizeof aligns[i]),
             "alignment preference");
     }
-    cublasLtMatmulHeuristicResult_t heuristic{};
+    constexpr int kAsk = 8;
+    cublasLtMatmulHeuristicResult_t heuristic[kAsk] = {};
     int found = 0;
     check(cublasLtMatmulAlgoGetHeuristic(st.handle, plan->op, plan->la, plan->lb, plan->ld,
-                                         plan->ld, pref, 1, &heuristic, &found),
+                                         plan->ld, pref, kAsk, heuristic, &found),
           "AlgoGetHeuristic");
-    TE_CHECK(found > 0, "fp8::cuda::gemm: cuBLASLt has no FP8 algorithm for ", key.m, " x ", key.n,
-             " x ", key.k, " with operands aligned to ", key.align_a, " and ", key.align_b,
-             " bytes; k and n must be multiples of 16 on sm_89+");
-    plan->algo = heuristic.algo;
+    for (int i = 0; i < found; ++i) {
+      if (heuristic[i].state == CUBLAS_STATUS_SUCCESS && heuristic[i].workspaceSize <= kWorkspace) {
+        plan->algos.push_back(heuristic[i].algo);
+      }
+    }
+    TE_CHECK(!plan->algos.empty(), "fp8::cuda::gemm: cuBLASLt has no FP8 algorithm for ", key.m,
+             " x ", key.n, " x ", key.k, " with operands aligned to ", key.align_a, " and ",
+             key.align_b, " bytes; k and n must be multiples of 16 on sm_89+");
   } catch (...) {
     if (pref != nullptr) cublasLtMatmulPreferenceDestroy(pref);
     throw;
@@ -355,19 +381,32 @@ void gemm(const uint8_t* a, Format a_format, const float* a_scale_inv, const uin
                     alignment_of(a),
                     alignment_of(b_t),
                     alignment_of(d)};
-  const Plan& plan = plan_for(st, key);
+  Plan& plan = plan_for(st, key, a_scale_inv, b_scale_inv);
   // The scales are pointers, set per call: the plan is shared by every call of its shape.
-  check(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_scale_inv,
-                                       sizeof b_scale_inv),
-        "A_SCALE_POINTER");
-  check(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_scale_inv,
-                                       sizeof a_scale_inv),
-        "B_SCALE_POINTER");
+  set_scales(plan, a_scale_inv, b_scale_inv);
   const float alpha = 1.0f, beta = 0.0f;
-  check(cublasLtMatmul(st.handle, plan.op, &alpha, b_t, plan.la, a, plan.lb, &beta, d, plan.ld, d,
-                       plan.ld, &plan.algo, workspace_for(st, as_stream(stream)), kWorkspace,
-                       as_stream(stream)),
-        "cublasLtMatmul");
+  void* workspace = workspace_for(st, as_stream(stream));
+  for (;;) {
+    const cublasStatus_t status =
+        cublasLtMatmul(st.handle, plan.op, &alpha, b_t, plan.la, a, plan.lb, &beta, d, plan.ld, d,
+                       plan.ld, &plan.algos[plan.chosen], workspace, kWorkspace,
+                       as_stream(stream));
+    // NOT_SUPPORTED launches nothing: the next algorithm may run.
+    if (status == CUBLAS_STATUS_NOT_SUPPORTED && !plan.confirmed &&
+        plan.chosen + 1 < plan.algos.size()) {
+      ++plan.chosen;
+      continue;
+    }
+    if (status != CUBLAS_STATUS_SUCCESS && !plan.confirmed) {
+      TE_FAIL("fp8::cuda::gemm: cublasLtMatmul returned cuBLAS status ", static_cast<int>(status),
+              " for ", m, " x ", n, " x ", k, " with each of the heuristic's ", plan.algos.size(),
+              " algorithms; FP8 GEMMs need compute capability 8.9+, k a multiple of 16 and not "
+              "E5M2 x E5M2");
+    }
+    check(status, "cublasLtMatmul");
+    plan.confirmed = true;
+    return;
+  }
 }
 
 }  // namespace te::fp8::cuda
