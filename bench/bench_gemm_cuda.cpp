@@ -215,7 +215,8 @@ int main(int argc, char** argv) {
         },
         10);
     const double flops = 2.0 * n * n * n;
-    const double fp8 = fp8_ms > 0 ? flops / (fp8_ms * 1e-3) / 1e12 : 0.0, bf16 = flops / (bf16_ms * 1e-3) / 1e12;
+    const double fp8 = fp8_ms > 0 ? flops / (fp8_ms * 1e-3) / 1e12 : 0.0,
+                 bf16 = flops / (bf16_ms * 1e-3) / 1e12;
     std::printf("%8ld %12.1f %12.1f %10.2f\n", n, fp8, bf16, fp8 / bf16);
     block_recipes(blas, n, bf16);
     cudaFree(a8);

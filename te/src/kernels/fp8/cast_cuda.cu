@@ -224,6 +224,7 @@ struct DeviceState {
   int device = 0;
   cublasLtHandle_t handle = nullptr;
   std::map<cudaStream_t, void*> workspaces;
+  std::map<cudaStream_t, float*> scale_slots;  // two 256-byte aligned floats per stream
   std::map<PlanKey, std::unique_ptr<Plan>> plans;
 };
 
@@ -270,6 +271,20 @@ void* workspace_for(DeviceState& st, cudaStream_t stream) {
   void*& w = st.workspaces[stream];
   if (w == nullptr) check(cudaMalloc(&w, kWorkspace), "workspace");
   return w;
+}
+
+// cuBLASLt's FP8 GEMMs answered NOT_SUPPORTED for every algorithm on the H200 (cuBLAS 13) when
+// a scale pointer was only 4-byte aligned (one float of a packed buffer, as bench_gemm_cuda
+// passed them). A scale not 16-byte aligned is copied, in stream order, into one of the
+// stream's own aligned slots first.
+const float* aligned_scale(DeviceState& st, cudaStream_t stream, const float* scale, int slot) {
+  if (reinterpret_cast<uintptr_t>(scale) % 16 == 0) return scale;
+  float*& slots = st.scale_slots[stream];
+  if (slots == nullptr) check(cudaMalloc(&slots, 512), "scale slots");
+  float* dst = slots + 64 * slot;
+  check(cudaMemcpyAsync(dst, scale, sizeof(float), cudaMemcpyDeviceToDevice, stream),
+        "gemm (staging a scale)");
+  return dst;
 }
 
 void set_scales(Plan& plan, const float* a_scale_inv, const float* b_scale_inv) {
@@ -381,6 +396,8 @@ void gemm(const uint8_t* a, Format a_format, const float* a_scale_inv, const uin
                     alignment_of(a),
                     alignment_of(b_t),
                     alignment_of(d)};
+  a_scale_inv = aligned_scale(st, as_stream(stream), a_scale_inv, 0);
+  b_scale_inv = aligned_scale(st, as_stream(stream), b_scale_inv, 1);
   Plan& plan = plan_for(st, key, a_scale_inv, b_scale_inv);
   // The scales are pointers, set per call: the plan is shared by every call of its shape.
   set_scales(plan, a_scale_inv, b_scale_inv);
@@ -389,8 +406,7 @@ void gemm(const uint8_t* a, Format a_format, const float* a_scale_inv, const uin
   for (;;) {
     const cublasStatus_t status =
         cublasLtMatmul(st.handle, plan.op, &alpha, b_t, plan.la, a, plan.lb, &beta, d, plan.ld, d,
-                       plan.ld, &plan.algos[plan.chosen], workspace, kWorkspace,
-                       as_stream(stream));
+                       plan.ld, &plan.algos[plan.chosen], workspace, kWorkspace, as_stream(stream));
     // NOT_SUPPORTED launches nothing: the next algorithm may run.
     if (status == CUBLAS_STATUS_NOT_SUPPORTED && !plan.confirmed &&
         plan.chosen + 1 < plan.algos.size()) {
