@@ -3,6 +3,8 @@
 // FP8 under Fp8Autocast (DelayedScaling: E4M3 forward, E5M2 backward). Prints milliseconds per
 // step (median of 20 after 5 warm-up steps), the model TFLOP/s of each and the ratios.
 //   bench_layer_gpu [tokens_per_sequence=2048] [batch=4] [hidden=4096] [ffn=16384] [heads=32]
+// With TE_BENCH_PROFILE=bf16 or fp8 it runs only that variant's step, twice (a warm-up and the
+// step), and times nothing: for a profiler (scripts/gpu-profile.sh runs it under Nsight Compute).
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
 #include <ATen/detail/CUDAHooksInterface.h>
@@ -12,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "plain_layer.h"
@@ -55,6 +58,31 @@ int main(int argc, char** argv) {
   const at::Tensor x = at::randn({batch, seq, hidden}, bf16).requires_grad_(true);
   const at::Tensor dy = at::randn({batch, seq, hidden}, bf16);
 
+  const auto te_bf16_step = [&] {
+    layer->zero_grad();
+    layer->forward(x).backward(dy);
+  };
+  const auto te_fp8_step = [&] {
+    layer->zero_grad();
+    at::Tensor y;
+    {
+      te::Fp8Autocast autocast(true);
+      y = layer->forward(x);
+    }
+    y.backward(dy);
+  };
+  if (const char* only = std::getenv("TE_BENCH_PROFILE")) {
+    const std::string variant = only;
+    if (variant != "bf16" && variant != "fp8") {
+      std::fprintf(stderr, "bench_layer_gpu: TE_BENCH_PROFILE is '%s'; use bf16 or fp8\n", only);
+      return 2;
+    }
+    for (int i = 0; i < 2; ++i) variant == "fp8" ? te_fp8_step() : te_bf16_step();
+    at::detail::getCUDAHooks().deviceSynchronize(0);
+    std::printf("bench_layer_gpu: ran te %s twice for the profiler\n", only);
+    return 0;
+  }
+
   // The plain peer on the module's own parameters (gelu tanh form, as te's).
   const te::bench::Params params = te::bench::copy_parameters(*layer);
   const at::Tensor x_plain = x.detach().clone().requires_grad_(true);
@@ -75,19 +103,8 @@ int main(int argc, char** argv) {
     plain_params();
     te::bench::plain_layer(x_plain, params, heads, true).backward(dy);
   });
-  const double t_bf16 = median_ms([&] {
-    layer->zero_grad();
-    layer->forward(x).backward(dy);
-  });
-  const double t_fp8 = median_ms([&] {
-    layer->zero_grad();
-    at::Tensor y;
-    {
-      te::Fp8Autocast autocast(true);
-      y = layer->forward(x);
-    }
-    y.backward(dy);
-  });
+  const double t_bf16 = median_ms(te_bf16_step);
+  const double t_fp8 = median_ms(te_fp8_step);
   const double flops =
       2.0 * 3 * batch * seq * (4.0 * hidden * hidden + 2.0 * hidden * ffn + 2.0 * seq * hidden);
   std::printf(
