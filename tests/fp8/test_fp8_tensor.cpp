@@ -161,6 +161,27 @@ TEST(Fp8Tensor, CudaTensorsMatchTheCpuReference) {
   const at::Tensor abs_sum = at::mm(a_cpu.dequantize().abs(), b_cpu.dequantize().abs());
   const double per_unit = test::fp8_tensor_core_gemm_bound(96, 1.0) + 96 * std::ldexp(1.0, -24);
   EXPECT_TRUE(((gemm(a_gpu, b_gpu).cpu() - d_cpu).abs() <= abs_sum * per_unit).all().item<bool>());
+  // bf16 and fp16 tensors are cast as they are (the codes of their exact values), and a bf16 D
+  // comes from the GEMM itself: within the same bound and one bf16 rounding of the CPU's.
+  for (at::ScalarType low : {at::kBFloat16, at::kHalf}) {
+    const at::Tensor xl = x.to(low);
+    at::Tensor amax_low = at::zeros({1}, at::kCUDA);
+    const auto [al_gpu, tl_gpu] = cast_transpose(xl.cuda(), scale.cuda(), DType::kE4M3, amax_low);
+    const auto [al_cpu, tl_cpu] = cast_transpose(xl.to(at::kFloat), scale, DType::kE4M3);
+    EXPECT_TRUE(at::equal(al_gpu.data.cpu(), al_cpu.data)) << low;
+    EXPECT_TRUE(at::equal(tl_gpu.data.cpu(), tl_cpu.data)) << low;
+    EXPECT_EQ(amax_low.item<float>(), xl.to(at::kFloat).abs().max().item<float>()) << low;
+    EXPECT_TRUE(at::equal(quantize(xl.cuda(), scale.cuda(), DType::kE4M3).data.cpu(), al_cpu.data))
+        << low;
+    const at::Tensor d_low = gemm(a_gpu, b_gpu, false, low);
+    EXPECT_EQ(d_low.scalar_type(), low);
+    const double rounding = low == at::kBFloat16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
+    EXPECT_TRUE(
+        ((d_low.cpu().to(at::kFloat) - d_cpu).abs() <= abs_sum * per_unit + d_cpu.abs() * rounding)
+            .all()
+            .item<bool>())
+        << low;
+  }
 }
 
 #if TE_HAS_FLOAT8

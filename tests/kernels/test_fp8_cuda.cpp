@@ -2,6 +2,8 @@
 // the cuBLASLt FP8 GEMM within a stated tolerance. Needs a GPU (sm_89+ for the GEMM); without
 // one the device tests skip, and only the argument checks run.
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -9,6 +11,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -140,6 +143,113 @@ TEST(Fp8Cuda, DequantizeAndCastTransposeMatchTheCpu) {
   }
   EXPECT_EQ(bad, 0);
   EXPECT_EQ(d_amax.get(1)[0], want_amax);
+}
+
+// cast_transpose reads fp32, bf16 and fp16 as they are: codes, transposed codes and amax equal
+// the CPU reference's cast of the exact (widened) values, on whole 64 x 64 tiles (vector loads),
+// ragged edge tiles, and shapes whose rows or cols are not multiples of 4 (element-wise).
+TEST(Fp8Cuda, CastTransposeOfEveryInputTypeAndShapeIsBitExact) {
+  SKIP_WITHOUT_GPU();
+  struct Shape {
+    int64_t rows, cols;
+  };
+  std::mt19937 gen(9);
+  std::normal_distribution<float> dist(0.0f, 60.0f);
+  for (const Shape& s : {Shape{256, 4096}, Shape{132, 200}, Shape{130, 200}, Shape{64, 66}}) {
+    const int64_t n = s.rows * s.cols;
+    std::vector<float> x(n);
+    for (float& v : x) v = dist(gen);
+    x[0] = 0.0f;
+    x[n - 1] = -3000.0f;  // saturates E4M3 at scale 4
+    for (cuda::Real type : {cuda::kFloat32, cuda::kBFloat16, cuda::kFloat16}) {
+      // The input in its type, and the exact fp32 values it holds.
+      std::vector<uint16_t> narrow(n);
+      std::vector<float> exact(x);
+      for (int64_t i = 0; i < n; ++i) {
+        if (type == cuda::kBFloat16) {
+          const __nv_bfloat16 b = __float2bfloat16_rn(x[i]);
+          std::memcpy(&narrow[i], &b, 2);
+          exact[i] = __bfloat162float(b);
+        } else if (type == cuda::kFloat16) {
+          const __half h = __float2half_rn(x[i]);
+          std::memcpy(&narrow[i], &h, 2);
+          exact[i] = __half2float(h);
+        }
+      }
+      std::vector<uint8_t> want(n);
+      const float want_amax = quantize(exact.data(), want.data(), n, 4.0f, DType::kE4M3);
+      DeviceBuffer<float> d_x32(x);
+      DeviceBuffer<uint16_t> d_x16(narrow);
+      DeviceBuffer<float> d_scale(std::vector<float>{4.0f}), d_amax(std::vector<float>{0});
+      DeviceBuffer<uint8_t> d_a(n), d_t(n), d_q(n);
+      const void* in = type == cuda::kFloat32 ? static_cast<const void*>(d_x32.ptr)
+                                              : static_cast<const void*>(d_x16.ptr);
+      cuda::cast_transpose(in, type, d_a.ptr, d_t.ptr, s.rows, s.cols, d_scale.ptr, d_amax.ptr,
+                           cuda::kE4M3, nullptr);
+      cuda::quantize(in, type, d_q.ptr, n, d_scale.ptr, nullptr, cuda::kE4M3, nullptr);
+      const auto a = d_a.get(n), tr = d_t.get(n), q = d_q.get(n);
+      const std::string what = std::to_string(s.rows) + " x " + std::to_string(s.cols) +
+                               " of type " + std::to_string(type);
+      EXPECT_EQ(a, want) << what;
+      EXPECT_EQ(q, want) << what << " (quantize)";
+      int64_t bad = 0;
+      for (int64_t r = 0; r < s.rows; ++r) {
+        for (int64_t c = 0; c < s.cols; ++c) bad += tr[c * s.rows + r] != want[r * s.cols + c];
+      }
+      EXPECT_EQ(bad, 0) << what << " (transpose)";
+      EXPECT_EQ(d_amax.get(1)[0], want_amax) << what;
+    }
+  }
+}
+
+// A bf16 or fp16 D is the fp32 result rounded once (within the accumulator's bound, since another
+// D type may run another kernel): sampled entries against the exact sums.
+TEST(Fp8Cuda, GemmWritesBf16AndFp16Outputs) {
+  SKIP_WITHOUT_GPU();
+  if (!cuda::fp8_gemm_supported()) GTEST_SKIP() << "FP8 GEMM needs compute capability 8.9+";
+  const int64_t m = 512, n = 768, k = 1024;
+  std::mt19937 gen(11);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> af(m * k), btf(n * k);
+  for (float& v : af) v = dist(gen);
+  for (float& v : btf) v = dist(gen);
+  std::vector<uint8_t> a(af.size()), bt(btf.size());
+  quantize(af.data(), a.data(), m * k, 8.0f, DType::kE4M3);
+  quantize(btf.data(), bt.data(), n * k, 8.0f, DType::kE4M3);
+  DeviceBuffer<uint8_t> d_a(a), d_bt(bt);
+  DeviceBuffer<float> d_sa(std::vector<float>{1.0f / 8}), d_sb(std::vector<float>{1.0f / 8});
+  DeviceBuffer<uint16_t> d_d(m * n);
+  for (cuda::Real type : {cuda::kBFloat16, cuda::kFloat16}) {
+    cuda::gemm(d_a.ptr, cuda::kE4M3, d_sa.ptr, d_bt.ptr, cuda::kE4M3, d_sb.ptr, d_d.ptr, type, m, n,
+               k, false, nullptr);
+    const auto got = d_d.get(m * n);
+    std::uniform_int_distribution<int64_t> row(0, m - 1), col(0, n - 1);
+    for (int sample = 0; sample < 256; ++sample) {
+      const int64_t i = row(gen), j = col(gen);
+      double sum = 0, abs_sum = 0;
+      for (int64_t p = 0; p < k; ++p) {
+        const double prod = double(cast_from_fp8(a[i * k + p], DType::kE4M3)) *
+                            cast_from_fp8(bt[j * k + p], DType::kE4M3);
+        sum += prod;
+        abs_sum += std::abs(prod);
+      }
+      const double want = sum / 64;
+      float value;
+      if (type == cuda::kBFloat16) {
+        __nv_bfloat16 b;
+        std::memcpy(&b, &got[i * n + j], 2);
+        value = __bfloat162float(b);
+      } else {
+        __half h;
+        std::memcpy(&h, &got[i * n + j], 2);
+        value = __half2float(h);
+      }
+      // One rounding to 8 (bf16) or 11 (fp16) significant bits on top of the accumulator's.
+      const double ulp = std::ldexp(std::abs(want), type == cuda::kBFloat16 ? -8 : -11);
+      ASSERT_NEAR(value, want, test::fp8_tensor_core_gemm_bound(k, abs_sum / 64) + ulp)
+          << "d[" << i << "][" << j << "] of type " << type;
+    }
+  }
 }
 
 TEST(Fp8Cuda, GemmMatchesTheCpuReferenceWithinTolerance) {

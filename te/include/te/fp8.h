@@ -163,15 +163,18 @@ void reduce_amaxes(std::vector<AmaxReduction>& items);
 /// exact in fp32 (4 x 4 significant bits). CPU: the reference (exact decode, fp32 GEMM, output
 /// scaling); CUDA: cuBLASLt FP8 with scale pointers (sm_89+), whose tensor cores accumulate in
 /// ~13 mantissa bits, all of K with `fast_accumulation` (TE's forward GEMM), else promoting
-/// partial sums to fp32 (TE's gradient GEMMs).
-at::Tensor gemm(const Fp8Tensor& a, const Fp8Tensor& b, bool fast_accumulation = false);
+/// partial sums to fp32 (TE's gradient GEMMs). D comes in `out` (the fp32 result rounded once);
+/// on CUDA a bf16 or fp16 D is written by the GEMM itself, as TE's is.
+at::Tensor gemm(const Fp8Tensor& a, const Fp8Tensor& b, bool fast_accumulation = false,
+                at::ScalarType out = at::kFloat);
 /// The same GEMM with b given transposed, b_t [N, K]: the layout FP8 tensor cores take, so a
 /// caller that holds it (cast_transpose's second tensor) spares the transpose.
 /// Block-scaled operands (both blocked along K: a 1x128 or 128x128, b_t the other or 1x128; or
-/// both 1x32) multiply here only: CPU, each dequantized to fp32 (exact for power-of-two scales, one
-/// fp32 rounding per element otherwise) and an fp32 GEMM; CUDA: te::Error until the cuBLASLt
-/// block-scaled path lands.
-at::Tensor gemm_nt(const Fp8Tensor& a, const Fp8Tensor& b_t, bool fast_accumulation = false);
+/// both 1x32; NVFP4 with NVFP4) multiply here only: each dequantized to fp32 (exact for
+/// power-of-two scales, one fp32 rounding per element otherwise) and an fp32 GEMM, on the CPU or
+/// on the device (cuBLASLt's block-scaled GEMMs are not used yet: docs/gpu.md).
+at::Tensor gemm_nt(const Fp8Tensor& a, const Fp8Tensor& b_t, bool fast_accumulation = false,
+                   at::ScalarType out = at::kFloat);
 
 #if TE_HAS_FLOAT8
 /// The codes as LibTorch's float8_e4m3fn / float8_e5m2 (the same bits; no scale applied).

@@ -91,9 +91,9 @@ class Fp8Linear : public torch::autograd::Function<Fp8Linear> {
     } else {
       out_shape.push_back(s->n);
     }
-    return gemm_nt(q.x, q.w_t, recipe.fast_forward_accumulation())
-        .reshape(out_shape)
-        .to(x.scalar_type());
+    // The GEMM writes the output's dtype itself (on CUDA: no fp32 pass over the output).
+    return gemm_nt(q.x, q.w_t, recipe.fast_forward_accumulation(), x.scalar_type())
+        .reshape(out_shape);
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -104,8 +104,8 @@ class Fp8Linear : public torch::autograd::Function<Fp8Linear> {
     const GradCasts gq = s->recipe.impl().cast_grad(g2, s->call);
     // dgrad = g w^T and wgrad = x^T g, each with the transposed codes it takes at hand.
     const Fp8Tensor w = s->w.data.defined() ? s->w : s->held_for_gemm();
-    const at::Tensor grad_x = gemm_nt(gq.g, w).reshape(s->x_shape).to(s->x_dtype);
-    at::Tensor grad_w = gemm_nt(s->x_t, gq.g_t).to(s->w_dtype);
+    const at::Tensor grad_x = gemm_nt(gq.g, w, false, s->x_dtype).reshape(s->x_shape);
+    at::Tensor grad_w = gemm_nt(s->x_t, gq.g_t, false, s->w_dtype);
     if (s->held.data.defined()) {
       // Back to the master piece: in the gathered kernel's shape, then moved.
       grad_w = grad_w.reshape(s->used_shape);

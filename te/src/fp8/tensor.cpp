@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <mutex>
+#include <optional>
 
 #include "on_device.h"
 #include "recipe_impl.h"
@@ -33,6 +34,31 @@ at::Tensor as_float(const at::Tensor& x) {
   TE_CHECK(at::isFloatingType(x.scalar_type()), "fp8: cannot cast a ", x.scalar_type(),
            " tensor to FP8; give a floating-point tensor");
   return x.to(at::kFloat).contiguous();
+}
+
+#ifdef TE_WITH_CUDA
+// The CUDA kernels' element type for a dtype they read or write as it is (fp32, bf16, fp16).
+std::optional<cuda::Real> real_of(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat:
+      return cuda::kFloat32;
+    case at::kBFloat16:
+      return cuda::kBFloat16;
+    case at::kHalf:
+      return cuda::kFloat16;
+    default:
+      return std::nullopt;
+  }
+}
+#endif
+
+// A cast's input as the kernels read it: on CUDA fp32, bf16 and fp16 as they are (a bf16
+// activation is not widened in memory first), anything else and CPU tensors as fp32.
+at::Tensor cast_input(const at::Tensor& x) {
+#ifdef TE_WITH_CUDA
+  if (x.is_cuda() && real_of(x.scalar_type())) return x.contiguous();
+#endif
+  return as_float(x);
 }
 
 // out = value(codes) * scale_inv, in parallel chunks (contiguous CPU tensors of one shape).
@@ -112,7 +138,7 @@ at::Tensor amax(const at::Tensor& x_in) {
 
 Fp8Tensor quantize(const at::Tensor& x_in, const at::Tensor& scale, DType dtype,
                    const at::Tensor& amax) {
-  const at::Tensor x = as_float(x_in);
+  const at::Tensor x = cast_input(x_in);
   check_scale(scale, "scale", x);
   if (amax.defined()) check_scale(amax, "amax", x);
   Fp8Tensor out;
@@ -127,7 +153,7 @@ Fp8Tensor quantize(const at::Tensor& x_in, const at::Tensor& scale, DType dtype,
 #ifdef TE_WITH_CUDA
     out.scale_inv = at::reciprocal(scale);
     const OnDevice on(x);
-    cuda::quantize(x.data_ptr<float>(), out.data.data_ptr<uint8_t>(), x.numel(),
+    cuda::quantize(x.data_ptr(), *real_of(x.scalar_type()), out.data.data_ptr<uint8_t>(), x.numel(),
                    scale.data_ptr<float>(), amax.defined() ? amax.data_ptr<float>() : nullptr,
                    kernel_format(dtype), on.stream());
     return out;
@@ -189,14 +215,14 @@ std::pair<Fp8Tensor, Fp8Tensor> cast_transpose(const at::Tensor& x, const at::Te
   TE_CHECK(x.dim() == 2, "fp8::cast_transpose: x has shape ", x.sizes(), "; it takes a 2-D tensor");
   if (x.is_cuda()) {
 #ifdef TE_WITH_CUDA
-    const at::Tensor xf = as_float(x);
+    const at::Tensor xf = cast_input(x);
     check_scale(scale, "scale", xf);
     if (amax.defined()) check_scale(amax, "amax", xf);
     Fp8Tensor a{at::empty(xf.sizes(), xf.options().dtype(at::kByte)), at::reciprocal(scale), dtype};
     Fp8Tensor t{at::empty({xf.size(1), xf.size(0)}, xf.options().dtype(at::kByte)), a.scale_inv,
                 dtype};
     const OnDevice on(xf);
-    cuda::cast_transpose(xf.data_ptr<float>(), a.data.data_ptr<uint8_t>(),
+    cuda::cast_transpose(xf.data_ptr(), *real_of(xf.scalar_type()), a.data.data_ptr<uint8_t>(),
                          t.data.data_ptr<uint8_t>(), xf.size(0), xf.size(1),
                          scale.data_ptr<float>(), amax.defined() ? amax.data_ptr<float>() : nullptr,
                          kernel_format(dtype), on.stream());
@@ -241,7 +267,7 @@ at::Tensor block_gemm_nt(const Fp8Tensor& a, const Fp8Tensor& b_t, bool b_is_tra
 // cores take: a caller holding both layouts (cast_transpose) passes b_t, and nothing is
 // transposed on the way.
 at::Tensor gemm_of(const Fp8Tensor& a, const Fp8Tensor& b, bool b_is_transposed,
-                   bool fast_accumulation) {
+                   bool fast_accumulation, at::ScalarType out) {
   // Before the shapes: NVFP4's codes are packed two a byte, so its shapes are not another's.
   TE_CHECK(is_nvfp4(a.scaling) == is_nvfp4(b.scaling), "fp8::gemm: a is scaled per ",
            to_string(a.scaling), " and b", b_is_transposed ? "_t" : "", " per ",
@@ -260,26 +286,29 @@ at::Tensor gemm_of(const Fp8Tensor& a, const Fp8Tensor& b, bool b_is_transposed,
   TE_CHECK(a.data.device() == b.data.device(), "fp8::gemm: a is on ", a.data.device(), " and b on ",
            b.data.device());
   if (a.scaling != ScalingMode::kTensor || b.scaling != ScalingMode::kTensor) {
-    return block_gemm_nt(a, b, b_is_transposed);
+    return block_gemm_nt(a, b, b_is_transposed).to(out);
   }
   // The CUDA GEMM reads both scales on the device; a host pointer there would be undefined.
   check_scale(a.scale_inv, "gemm: a.scale_inv", a.data);
   check_scale(b.scale_inv, "gemm: b.scale_inv", b.data);
   if (a.data.is_meta()) {  // shapes alone (te/runtime/meta.h)
     return at::empty({a.data.size(0), b.data.size(b_is_transposed ? 0 : 1)},
-                     a.data.options().dtype(at::kFloat));
+                     a.data.options().dtype(out));
   }
   if (a.data.is_cuda()) {
 #ifdef TE_WITH_CUDA
     const at::Tensor ad = a.data.contiguous();
     const at::Tensor bt = b_is_transposed ? b.data.contiguous() : b.data.t().contiguous();
-    at::Tensor d = at::empty({ad.size(0), bt.size(0)}, ad.options().dtype(at::kFloat));
+    // D in `out` where cuBLASLt writes it (fp32, bf16, fp16), else fp32 and converted.
+    const auto d_type = real_of(out);
+    at::Tensor d =
+        at::empty({ad.size(0), bt.size(0)}, ad.options().dtype(d_type ? out : at::kFloat));
     const OnDevice on(ad);
     cuda::gemm(ad.data_ptr<uint8_t>(), kernel_format(a.dtype), a.scale_inv.data_ptr<float>(),
                bt.data_ptr<uint8_t>(), kernel_format(b.dtype), b.scale_inv.data_ptr<float>(),
-               d.data_ptr<float>(), ad.size(0), bt.size(0), ad.size(1), fast_accumulation,
-               on.stream());
-    return d;
+               d.data_ptr(), d_type.value_or(cuda::kFloat32), ad.size(0), bt.size(0), ad.size(1),
+               fast_accumulation, on.stream());
+    return d.to(out);
 #else
     (void)fast_accumulation;
     no_cuda("gemm");
@@ -297,17 +326,19 @@ at::Tensor gemm_of(const Fp8Tensor& a, const Fp8Tensor& b, bool b_is_transposed,
   const at::Tensor bd = decode_into(b, scratch_b);
   at::Tensor d = at::mm(decode_into(a, scratch_a), b_is_transposed ? bd.t() : bd);
   d.mul_(a.scale_inv.item<float>() * b.scale_inv.item<float>());
-  return d;
+  return d.to(out);
 }
 
 }  // namespace
 
-at::Tensor gemm(const Fp8Tensor& a, const Fp8Tensor& b, bool fast_accumulation) {
-  return gemm_of(a, b, /*b_is_transposed=*/false, fast_accumulation);
+at::Tensor gemm(const Fp8Tensor& a, const Fp8Tensor& b, bool fast_accumulation,
+                at::ScalarType out) {
+  return gemm_of(a, b, /*b_is_transposed=*/false, fast_accumulation, out);
 }
 
-at::Tensor gemm_nt(const Fp8Tensor& a, const Fp8Tensor& b_t, bool fast_accumulation) {
-  return gemm_of(a, b_t, /*b_is_transposed=*/true, fast_accumulation);
+at::Tensor gemm_nt(const Fp8Tensor& a, const Fp8Tensor& b_t, bool fast_accumulation,
+                   at::ScalarType out) {
+  return gemm_of(a, b_t, /*b_is_transposed=*/true, fast_accumulation, out);
 }
 
 #if TE_HAS_FLOAT8

@@ -10,6 +10,8 @@
 namespace te::fp8::cuda {
 
 enum Format { kE4M3, kE5M2 };
+/// The element type of a cast's input or a GEMM's output: the high-precision side of FP8.
+enum Real { kFloat32, kBFloat16, kFloat16 };
 
 /// Devices visible to this process (0 without a driver or a GPU; never throws).
 int device_count();
@@ -18,16 +20,29 @@ bool fp8_gemm_supported();
 
 /// out[i] = fp8(in[i] * *scale) (RNE, saturate to finite, as cuda_fp8.h's __NV_SATFINITE);
 /// *amax = max(*amax, max |in[i]|) when amax is not null.
-void quantize(const float* in, uint8_t* out, int64_t n, const float* scale, float* amax,
-              Format format, void* stream);
+/// `in` holds n elements of `in_type` (read as they are: a bf16 input is not widened in memory
+/// first; the codes are those of its exact fp32 values).
+void quantize(const void* in, Real in_type, uint8_t* out, int64_t n, const float* scale,
+              float* amax, Format format, void* stream);
+inline void quantize(const float* in, uint8_t* out, int64_t n, const float* scale, float* amax,
+                     Format format, void* stream) {
+  quantize(in, kFloat32, out, n, scale, amax, format, stream);
+}
 /// out[i] = value(in[i]) * *scale_inv.
 void dequantize(const uint8_t* in, float* out, int64_t n, const float* scale_inv, Format format,
                 void* stream);
 /// in is [rows, cols] row-major: out gets its codes, out_t the codes of its transpose
 /// [cols, rows]; amax as quantize.
-void cast_transpose(const float* in, uint8_t* out, uint8_t* out_t, int64_t rows, int64_t cols,
-                    const float* scale, float* amax, Format format, void* stream);
-/// d [m, n] = (a [m, k] @ b [k, n]) * *a_scale_inv * *b_scale_inv, all row-major, fp32 out,
+/// 64 x 64 tiles, vector loads and 4-byte stores where rows and cols are multiples of 4.
+void cast_transpose(const void* in, Real in_type, uint8_t* out, uint8_t* out_t, int64_t rows,
+                    int64_t cols, const float* scale, float* amax, Format format, void* stream);
+inline void cast_transpose(const float* in, uint8_t* out, uint8_t* out_t, int64_t rows,
+                           int64_t cols, const float* scale, float* amax, Format format,
+                           void* stream) {
+  cast_transpose(in, kFloat32, out, out_t, rows, cols, scale, amax, format, stream);
+}
+/// d [m, n] = (a [m, k] @ b [k, n]) * *a_scale_inv * *b_scale_inv, all row-major, d of d_type
+/// (the fp32 result rounded once: a bf16 layer gets its output without an fp32 pass),
 /// through cuBLASLt's FP8 GEMM (sm_89+; not both operands E5M2; k and n multiples of 16). b comes
 /// transposed: b_t is [n, k] row-major (the only layout FP8 cuBLASLt takes).
 /// `fast_accumulation` keeps the tensor cores' FP8-precision accumulator over all of k (faster;
@@ -36,8 +51,14 @@ void cast_transpose(const float* in, uint8_t* out, uint8_t* out_t, int64_t rows,
 /// (descriptors and the algorithm chosen for the pointers' real alignment), taken from a
 /// process-wide pool and given back when the thread ends.
 void gemm(const uint8_t* a, Format a_format, const float* a_scale_inv, const uint8_t* b_t,
-          Format b_format, const float* b_scale_inv, float* d, int64_t m, int64_t n, int64_t k,
-          bool fast_accumulation, void* stream);
+          Format b_format, const float* b_scale_inv, void* d, Real d_type, int64_t m, int64_t n,
+          int64_t k, bool fast_accumulation, void* stream);
+inline void gemm(const uint8_t* a, Format a_format, const float* a_scale_inv, const uint8_t* b_t,
+                 Format b_format, const float* b_scale_inv, float* d, int64_t m, int64_t n,
+                 int64_t k, bool fast_accumulation, void* stream) {
+  gemm(a, a_format, a_scale_inv, b_t, b_format, b_scale_inv, d, kFloat32, m, n, k,
+       fast_accumulation, stream);
+}
 
 /// Block-scaled casts, the device form of the CPU reference (te::fp8::quantize_blocks,
 /// quantize_mx, quantize_nvfp4 in te/fp8.h), bit for bit: the same scalar rules
