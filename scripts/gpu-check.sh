@@ -10,7 +10,9 @@
 #     errors for two ranks on one GPU and for a rank without a GPU (named at once, not after a
 #     timeout);
 #   - benchmarks: FP8 vs BF16 GEMM TFLOP/s (4096^3, 8192^3), a TransformerLayer forward+backward
-#     in BF16 and FP8 against the same layer in plain LibTorch BF16.
+#     in BF16 and FP8 against the same layer in plain LibTorch BF16;
+#   - the main job: te-encoder's 3 epochs of CoLA on the GPU against the CPU (fp32), and in bf16
+#     with FP8 GEMMs.
 #
 #   bash scripts/gpu-check.sh --rehearse   # here (no GPU): every step that needs none
 #   bash scripts/gpu-check.sh              # on the GPU machine, with what --rehearse left in .gpu/
@@ -63,8 +65,9 @@ nvcc --version 2>/dev/null | tail -1
 
 # The targets the checks run, and the checks: name, timeout (s), command (relative to the bin dir).
 targets=(te_kernels_tests te_fp8_tests te_nn_tests te_distributed_tests bench_gemm_cuda bench_fp8
-         bench_layer_gpu)
-# The timeouts add up to 8 minutes, the most of a 15-minute lease the check may take.
+         bench_layer_gpu te-encoder)
+# The timeouts add up to 8 minutes and the encoder's (encoder_check) to 4.5 more: bounds for a
+# hung run. On the H200 the whole check ran in about 100 s.
 checks=(
   "kernels|45|te_kernels_tests --gtest_filter=Fp8Cuda.*:Fp8Oracle.*:Philox.*"
   "fp8|90|te_fp8_tests --gtest_filter=-*Fp8Parallel.*"
@@ -146,6 +149,54 @@ run_checks() {  # $1: the folder of the binaries
   done
 }
 
+# The main job on the GPU: te-encoder's 3 epochs of CoLA on the CPU and on the GPU in fp32 (the
+# same seed, so the same weights, shuffles and dropout masks: the losses and dev accuracy agree
+# within summation order), and on the GPU in bf16 with FP8 GEMMs (DelayedScaling), whose dev
+# accuracy stays within 0.03 of fp32's. Here (no GPU) only the CPU run.
+encoder_check() {  # $1: the folder of the binaries
+  local start rc=0 result=passed runs=(cpu)
+  start=$(date +%s)
+  [ "$mode" = device ] && runs+=(gpu gpu_fp8)
+  echo "== encoder: te-encoder, 3 epochs on ${runs[*]} (timeout 90 s each)"
+  : >"$out/encoder.log"
+  for run in "${runs[@]}"; do
+    local extra=()
+    case $run in
+      gpu) extra=(--device cuda) ;;
+      gpu_fp8) extra=(--device cuda --dtype bf16 --fp8 delayed) ;;
+    esac
+    timeout --kill-after=10 90 "$1/te-encoder" --data examples/encoder/data/cola --quiet \
+      --metrics-json "$out/encoder_$run.json" "${extra[@]}" >>"$out/encoder.log" 2>&1 ||
+      { rc=$?; echo "!! te-encoder ($run) exited $rc"; }
+  done
+  cat "$out/encoder.log"
+  if [ $rc -eq 0 ]; then
+    python3 - "$out" "${runs[@]}" <<'PY' || rc=1
+import json, sys
+out, runs = sys.argv[1], sys.argv[2:]
+m = {r: json.load(open(f"{out}/encoder_{r}.json")) for r in runs}
+for r in runs:
+    print(f"   {r:8} train_loss {m[r]['train_loss']:.4f} dev_loss {m[r]['dev_loss']:.4f} "
+          f"dev_accuracy {m[r]['dev_accuracy']:.4f} {m[r]['samples_per_second']:8.0f} samples/s")
+bad = []
+if "gpu" in m:
+    c, g = m["cpu"], m["gpu"]
+    for key in ("train_loss", "dev_loss"):
+        if abs(g[key] - c[key]) > 0.02 * c[key]:
+            bad.append(f"gpu {key} {g[key]:.4f} vs cpu {c[key]:.4f} (more than 2% apart)")
+    if abs(g["dev_accuracy"] - c["dev_accuracy"]) > 0.02:
+        bad.append(f"gpu dev_accuracy {g['dev_accuracy']:.4f} vs cpu {c['dev_accuracy']:.4f}")
+if "gpu_fp8" in m and m["gpu_fp8"]["dev_accuracy"] < m["cpu"]["dev_accuracy"] - 0.03:
+    bad.append(f"FP8 dev_accuracy {m['gpu_fp8']['dev_accuracy']:.4f} is more than 0.03 below fp32's")
+for b in bad:
+    print("!!", b)
+sys.exit(1 if bad else 0)
+PY
+  fi
+  [ $rc -eq 0 ] || { result="FAILED"; status=1; }
+  results+=("$(printf '%-14s %-22s %5s s' encoder "$result" "$(( $(date +%s) - start ))")")
+}
+
 summary() {
   local passed failed
   passed=$(printf '%s\n' "${results[@]}" | grep -c ' passed') || true
@@ -221,6 +272,7 @@ export LD_LIBRARY_PATH=$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 missing=$(for b in "$carry"/bin/*; do ldd "$b" | grep 'not found'; done | sort -u)
 [ -z "$missing" ] || { echo "!! libraries not found:"; echo "$missing"; finish 1; }
 run_checks "$carry/bin"
+encoder_check "$carry/bin"
 if [ "$mode" = rehearse ]; then
   # The CPU suite on the wheel's LibTorch as well, as far as a build without Gloo can run it:
   # every test that needs no second rank (thread ranks move CPU tensors on Gloo only). The name
