@@ -8,6 +8,7 @@
 
 #include "te/error.h"
 #include "te/nn/random.h"
+#include "te/scope_stack.h"
 
 namespace te::nn {
 
@@ -23,14 +24,15 @@ std::vector<int64_t> checked(const std::vector<int64_t>& shape) {
   return shape;
 }
 
-int& meta_depth() {
-  thread_local int depth = 0;
-  return depth;
+// The parameter modes open on this thread (te/scope_stack.h).
+ScopeStack<bool>& meta_scopes() {
+  thread_local ScopeStack<bool> stack;
+  return stack;
 }
 
-int& empty_depth() {
-  thread_local int depth = 0;
-  return depth;
+ScopeStack<bool>& empty_scopes() {
+  thread_local ScopeStack<bool> stack;
+  return stack;
 }
 
 at::Tensor meta(const std::vector<int64_t>& shape) {
@@ -39,13 +41,13 @@ at::Tensor meta(const std::vector<int64_t>& shape) {
 
 }  // namespace
 
-MetaParameterScope::MetaParameterScope() { ++meta_depth(); }
-MetaParameterScope::~MetaParameterScope() { --meta_depth(); }
-bool meta_parameters() { return meta_depth() > 0; }
+MetaParameterScope::MetaParameterScope() { meta_scopes().push(this, true); }
+MetaParameterScope::~MetaParameterScope() { meta_scopes().pop(this); }
+bool meta_parameters() { return !meta_scopes().empty(); }
 
-EmptyParameterScope::EmptyParameterScope() { ++empty_depth(); }
-EmptyParameterScope::~EmptyParameterScope() { --empty_depth(); }
-bool empty_parameters() { return empty_depth() > 0; }
+EmptyParameterScope::EmptyParameterScope() { empty_scopes().push(this, true); }
+EmptyParameterScope::~EmptyParameterScope() { empty_scopes().pop(this); }
+bool empty_parameters() { return !empty_scopes().empty(); }
 
 void manual_seed(uint64_t seed) {
   generator() = at::detail::createCPUGenerator(seed);

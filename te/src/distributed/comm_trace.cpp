@@ -24,19 +24,18 @@ std::string to_string(Collective kind) {
 
 CommTrace::CommTrace() : scopes_(detail::scopes_in_effect()) {
   std::lock_guard<std::mutex> lock(scopes_->mutex);
-  scopes_->traces.push_back(this);
+  scopes_->traces.push(this, this);
 }
 
 CommTrace::~CommTrace() {
   std::lock_guard<std::mutex> lock(scopes_->mutex);
-  auto& traces = scopes_->traces;
-  traces.erase(std::remove(traces.begin(), traces.end(), this), traces.end());
+  scopes_->traces.pop(this);
 }
 
 void CommTrace::record(const CommRecord& record) {
   const auto scopes = detail::scopes_in_effect();
   std::lock_guard<std::mutex> lock(scopes->mutex);
-  for (CommTrace* trace : scopes->traces) trace->records_.push_back(record);
+  scopes->traces.for_each([&](CommTrace* trace) { trace->records_.push_back(record); });
 }
 
 int64_t CommTrace::count(Collective kind, const std::string& axis) const {

@@ -307,20 +307,19 @@ namespace detail {
 std::shared_ptr<ThreadScopes> install_gradient_hook(GradientReductionHook* hook) {
   auto scopes = scopes_in_effect();
   std::lock_guard<std::mutex> lock(scopes->mutex);
-  scopes->hooks.push_back(hook);
+  scopes->hooks.push(hook, hook);
   return scopes;
 }
 
 void remove_gradient_hook(ThreadScopes& scopes, GradientReductionHook* hook) {
   std::lock_guard<std::mutex> lock(scopes.mutex);
-  auto& hooks = scopes.hooks;
-  hooks.erase(std::remove(hooks.begin(), hooks.end(), hook), hooks.end());
+  scopes.hooks.pop(hook);
 }
 
 GradientReductionHook* current_gradient_hook() {
   const auto scopes = scopes_in_effect();
   std::lock_guard<std::mutex> lock(scopes->mutex);
-  return scopes->hooks.empty() ? nullptr : scopes->hooks.back();
+  return scopes->hooks.top_or(nullptr);
 }
 
 }  // namespace detail

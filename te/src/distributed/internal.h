@@ -21,6 +21,7 @@
 #include "te/distributed/mesh.h"
 #include "te/distributed/placement.h"
 #include "te/distributed/world.h"
+#include "te/scope_stack.h"
 
 namespace te::detail {
 
@@ -35,8 +36,7 @@ using comm::Backend;
 class World {
  public:
   World(c10::intrusive_ptr<c10d::Store> store, int rank, int size, int local_rank,
-        DistributedOptions options, std::string gloo_host, bool heartbeat,
-        bool simulated = false);
+        DistributedOptions options, std::string gloo_host, bool heartbeat, bool simulated = false);
   ~World();
   World(const World&) = delete;
   World& operator=(const World&) = delete;
@@ -195,9 +195,9 @@ class GradientReductionHook {
 /// autograd nodes the thread builds, which lend it to whichever thread runs their backward
 /// (several CUDA device threads at once: hence the mutex).
 struct ThreadScopes {
-  std::mutex mutex;
-  std::vector<GradientReductionHook*> hooks;  // innermost last
-  std::vector<CommTrace*> traces;
+  std::mutex mutex;  // guards both stacks (te/scope_stack.h)
+  ScopeStack<GradientReductionHook*> hooks;
+  ScopeStack<CommTrace*> traces;
 };
 /// The scopes lent to this thread (ScopeLoan), else its own (made on first use).
 std::shared_ptr<ThreadScopes> scopes_in_effect();

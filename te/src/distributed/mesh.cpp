@@ -5,6 +5,7 @@
 
 #include "internal.h"
 #include "te/error.h"
+#include "te/scope_stack.h"
 
 namespace te {
 
@@ -36,8 +37,9 @@ std::vector<int64_t> row_ranks(const std::vector<int64_t>& shape,
   return ranks;
 }
 
-std::vector<const DeviceMesh*>& mesh_stack() {
-  thread_local std::vector<const DeviceMesh*> stack;
+// The meshes in force on this thread (te/scope_stack.h); a null one masks the outer ones.
+ScopeStack<const DeviceMesh*>& mesh_stack() {
+  thread_local ScopeStack<const DeviceMesh*> stack;
   return stack;
 }
 
@@ -190,18 +192,11 @@ std::vector<int64_t> DeviceMesh::group_ranks(int64_t dim) const {
 
 std::string DeviceMesh::to_string() const { return mesh_text(state_->shape, state_->names); }
 
-MeshScope::MeshScope(const DeviceMesh& mesh) : mesh_(mesh) { mesh_stack().push_back(&mesh_); }
+MeshScope::MeshScope(const DeviceMesh& mesh) : mesh_(mesh) { mesh_stack().push(this, &mesh_); }
 
-MeshScope::~MeshScope() {
-  auto& stack = mesh_stack();
-  auto it = std::find(stack.rbegin(), stack.rend(), &mesh_);
-  if (it != stack.rend()) stack.erase(std::next(it).base());
-}
+MeshScope::~MeshScope() { mesh_stack().pop(this); }
 
-const DeviceMesh* current_mesh() {
-  const auto& stack = mesh_stack();
-  return stack.empty() ? nullptr : stack.back();
-}
+const DeviceMesh* current_mesh() { return mesh_stack().top_or(nullptr); }
 
 DistributedContext capture_distributed_context() {
   DistributedContext context;
@@ -216,7 +211,7 @@ DistributedContextScope::DistributedContextScope(const DistributedContext& conte
   if (context.mesh) {
     mesh_.emplace(*context.mesh);
   } else {
-    mesh_stack().push_back(nullptr);  // no mesh there: none here either
+    mesh_stack().push(this, nullptr);  // no mesh there: none here either
   }
 }
 
@@ -224,9 +219,7 @@ DistributedContextScope::~DistributedContextScope() {
   if (mesh_) {
     mesh_.reset();
   } else {
-    auto& stack = mesh_stack();
-    auto it = std::find(stack.rbegin(), stack.rend(), nullptr);
-    if (it != stack.rend()) stack.erase(std::next(it).base());
+    mesh_stack().pop(this);
   }
   detail::set_thread_world(previous_world_);
 }

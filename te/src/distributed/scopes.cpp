@@ -16,8 +16,9 @@ std::shared_ptr<ThreadScopes>& own_scopes() {
   return own;
 }
 
-std::shared_ptr<ThreadScopes>& lent_scopes() {
-  thread_local std::shared_ptr<ThreadScopes> lent;
+// The scopes lent to this thread, innermost last (ScopeLoan).
+ScopeStack<std::shared_ptr<ThreadScopes>>& lent_scopes() {
+  thread_local ScopeStack<std::shared_ptr<ThreadScopes>> lent;
   return lent;
 }
 
@@ -28,7 +29,7 @@ struct ScopesHolder : torch::CustomClassHolder {
 }  // namespace
 
 std::shared_ptr<ThreadScopes> scopes_in_effect() {
-  if (const auto& lent = lent_scopes()) return lent;
+  if (const auto* lent = lent_scopes().top(); lent != nullptr && *lent) return *lent;
   auto& own = own_scopes();
   if (!own) own = std::make_shared<ThreadScopes>();
   return own;
@@ -56,10 +57,10 @@ ScopeCapture ScopeCapture::from_ivalue(const c10::IValue& value) {
   return c;
 }
 
-ScopeLoan::ScopeLoan(const ScopeCapture& scopes) : previous_(detail::lent_scopes()) {
-  detail::lent_scopes() = scopes.scopes_;
+ScopeLoan::ScopeLoan(const ScopeCapture& scopes) {
+  detail::lent_scopes().push(this, scopes.scopes_);
 }
 
-ScopeLoan::~ScopeLoan() { detail::lent_scopes() = std::move(previous_); }
+ScopeLoan::~ScopeLoan() { detail::lent_scopes().pop(this); }
 
 }  // namespace te

@@ -14,15 +14,19 @@
 #include "te/distributed/scopes.h"
 #include "te/error.h"
 #include "te/fp8.h"
+#include "te/scope_stack.h"
 
 namespace te::fp8 {
 
 namespace {
 
-std::shared_ptr<Region>& current_region() {
-  thread_local std::shared_ptr<Region> region;
-  return region;
+// This thread's autocast regions, innermost last (te/scope_stack.h).
+ScopeStack<std::shared_ptr<Region>>& region_stack() {
+  thread_local ScopeStack<std::shared_ptr<Region>> stack;
+  return stack;
 }
+
+std::shared_ptr<Region> current_region() { return region_stack().top_or(nullptr); }
 
 // Everything one FP8 GEMM's backward needs.
 struct LinearState : torch::CustomClassHolder {
@@ -308,23 +312,24 @@ Fp8Autocast::Fp8Autocast(bool enabled, fp8::Recipe recipe,
   region->enabled = enabled;
   region->calibrating = calibrating;
   region->recipe = std::move(recipe);
-  region->parent = fp8::current_region();
-  region->backward =
-      region->parent ? region->parent->backward : std::make_shared<fp8::BackwardReduction>();
-  fp8::current_region() = region;
+  const std::shared_ptr<fp8::Region> outer = fp8::current_region();
+  region->backward = outer ? outer->backward : std::make_shared<fp8::BackwardReduction>();
+  fp8::region_stack().push(this, region);
   region_ = region;
   uncaught_ = std::uncaught_exceptions();
 }
 
 Fp8Autocast::~Fp8Autocast() noexcept(false) {
   const std::shared_ptr<fp8::Region>& region = region_;
-  fp8::current_region() = region->parent;
+  fp8::region_stack().pop(this);
   if (region->forward.empty()) return;
   // Unwinding: the other ranks may not reach their reduction; drop this step's amaxes.
   if (std::uncaught_exceptions() > uncaught_) return;
-  for (fp8::Region* r = region->parent.get(); r != nullptr; r = r->parent.get()) {
-    if (r->enabled || r->calibrating) {
-      for (auto& p : region->forward) fp8::add_pending(r->forward, std::move(p));
+  // The innermost enclosing region that casts takes this one's amaxes; else they reduce now.
+  const std::vector<std::shared_ptr<fp8::Region>> outer = fp8::region_stack().values();
+  for (auto r = outer.rbegin(); r != outer.rend(); ++r) {
+    if ((*r)->enabled || (*r)->calibrating) {
+      for (auto& p : region->forward) fp8::add_pending((*r)->forward, std::move(p));
       return;
     }
   }
@@ -332,17 +337,17 @@ Fp8Autocast::~Fp8Autocast() noexcept(false) {
 }
 
 bool fp8_enabled() {
-  const auto& region = fp8::current_region();
+  const auto region = fp8::current_region();
   return region && region->enabled;
 }
 
 bool fp8_calibrating() {
-  const auto& region = fp8::current_region();
+  const auto region = fp8::current_region();
   return region && region->calibrating;
 }
 
 std::optional<fp8::Recipe> fp8_recipe() {
-  const auto& region = fp8::current_region();
+  const auto region = fp8::current_region();
   if (!region) return std::nullopt;
   return region->recipe;
 }

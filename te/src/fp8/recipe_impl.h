@@ -104,7 +104,6 @@ struct Region {
   bool enabled = false;
   bool calibrating = false;
   Recipe recipe;
-  std::shared_ptr<Region> parent;
   std::vector<Pending> forward;
   std::shared_ptr<BackwardReduction> backward;
 };

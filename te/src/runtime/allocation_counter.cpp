@@ -9,6 +9,7 @@
 #include "te/compat.h"
 #include "te/error.h"
 #include "te/runtime/meta.h"
+#include "te/scope_stack.h"
 
 namespace te {
 
@@ -29,9 +30,9 @@ namespace {
 using State = AllocationCounter::State;
 
 // The counters alive on this thread, per device type (innermost last).
-std::vector<std::shared_ptr<State>>& active(c10::DeviceType type) {
-  thread_local std::vector<std::shared_ptr<State>> cpu;
-  thread_local std::vector<std::shared_ptr<State>> meta;
+ScopeStack<std::shared_ptr<State>>& active(c10::DeviceType type) {
+  thread_local ScopeStack<std::shared_ptr<State>> cpu;
+  thread_local ScopeStack<std::shared_ptr<State>> meta;
   return type == c10::DeviceType::Meta ? meta : cpu;
 }
 
@@ -85,13 +86,14 @@ class CountingAllocator final : public c10::Allocator {
 
   c10::DataPtr allocate(size_t bytes) TE_ALLOCATE_CONST override {
     c10::DataPtr inner = inner_->allocate(bytes);
-    const auto& counters = active(type_);
-    if (counters.empty()) return inner;
+    const auto& open = active(type_);
+    if (open.empty()) return inner;
+    std::vector<std::shared_ptr<State>> counters = open.values();
     for (const auto& counter : counters) counter->add(static_cast<int64_t>(bytes));
     void* data = inner.get();
     const c10::Device device = inner.device();
-    auto record =
-        std::make_unique<Record>(Record{std::move(inner), static_cast<int64_t>(bytes), counters});
+    auto record = std::make_unique<Record>(
+        Record{std::move(inner), static_cast<int64_t>(bytes), std::move(counters)});
     if (type_ == c10::DeviceType::CPU && data != nullptr) {
       CpuRecords& r = cpu_records();
       std::lock_guard<std::mutex> lock(r.mutex);
@@ -135,13 +137,10 @@ AllocationCounter::AllocationCounter(c10::DeviceType device_type)
            "AllocationCounter counts CPU or meta allocations, not ",
            c10::DeviceTypeName(device_type));
   install(device_type);
-  active(device_type).push_back(state_);
+  active(device_type).push(this, state_);
 }
 
-AllocationCounter::~AllocationCounter() {
-  auto& counters = active(device_type_);
-  counters.erase(std::remove(counters.begin(), counters.end(), state_), counters.end());
-}
+AllocationCounter::~AllocationCounter() { active(device_type_).pop(this); }
 
 int64_t AllocationCounter::live_bytes() const { return state_->live.load(); }
 int64_t AllocationCounter::peak_bytes() const { return state_->peak.load(); }

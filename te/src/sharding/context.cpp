@@ -8,35 +8,21 @@
 #include <vector>
 
 #include "te/error.h"
+#include "te/scope_stack.h"
 
 namespace te {
 
 namespace {
 
-// Each scope pushes (itself, the value it owns); the innermost (last) entry is in force, and a
-// null value masks the outer ones ("none here"). Scopes are RAII guards, so they normally leave in
-// reverse order; one that leaves out of order (held in an optional, say) is removed wherever it is
-// rather than corrupting the stack.
-template <typename T>
-struct ScopeStack {
-  std::vector<std::pair<const void*, const T*>> entries;
-
-  void push(const void* owner, const T* value) { entries.emplace_back(owner, value); }
-  void pop(const void* owner) {
-    auto it = std::find_if(entries.rbegin(), entries.rend(),
-                           [owner](const auto& e) { return e.first == owner; });
-    if (it != entries.rend()) entries.erase(std::next(it).base());
-  }
-  const T* top() const { return entries.empty() ? nullptr : entries.back().second; }
-};
-
-ScopeStack<AxisRules>& rules_stack() {
-  thread_local ScopeStack<AxisRules> stack;
+// The scopes in force on this thread (te/scope_stack.h); a null value masks the outer ones
+// ("none here").
+ScopeStack<const AxisRules*>& rules_stack() {
+  thread_local ScopeStack<const AxisRules*> stack;
   return stack;
 }
 
-ScopeStack<MeshResource>& resource_stack() {
-  thread_local ScopeStack<MeshResource> stack;
+ScopeStack<const MeshResource*>& resource_stack() {
+  thread_local ScopeStack<const MeshResource*> stack;
   return stack;
 }
 
@@ -93,7 +79,7 @@ AxisRulesScope::~AxisRulesScope() { rules_stack().pop(this); }
 
 const AxisRules& current_axis_rules() {
   static const AxisRules kNone;
-  const AxisRules* top = rules_stack().top();
+  const AxisRules* top = rules_stack().top_or(nullptr);
   return top ? *top : kNone;
 }
 
@@ -161,7 +147,7 @@ MeshResourceScope::MeshResourceScope(MeshResource resource) : resource_(std::mov
 MeshResourceScope::~MeshResourceScope() { resource_stack().pop(this); }
 
 std::optional<MeshResource> current_mesh_resource() {
-  const MeshResource* top = resource_stack().top();
+  const MeshResource* top = resource_stack().top_or(nullptr);
   if (!top) return std::nullopt;
   return *top;
 }
@@ -182,7 +168,7 @@ AxisRules te_default_axis_rules(const MeshResource& r) {
 }
 
 AxisRules te_default_axis_rules() {
-  const MeshResource* top = resource_stack().top();
+  const MeshResource* top = resource_stack().top_or(nullptr);
   TE_CHECK(top != nullptr,
            "te_default_axis_rules: no MeshResource is in scope on this thread; open a "
            "te::MeshResourceScope (or an Fp8Autocast with a MeshResource) first");
@@ -190,7 +176,7 @@ AxisRules te_default_axis_rules() {
 }
 
 AxisRules extend_logical_axis_rules(const AxisRules& rules) {
-  const MeshResource* top = resource_stack().top();
+  const MeshResource* top = resource_stack().top_or(nullptr);
   TE_CHECK(top != nullptr,
            "extend_logical_axis_rules needs a MeshResource in scope to know TE's table; call it "
            "inside a te::MeshResourceScope or an Fp8Autocast that is given a MeshResource");
@@ -219,9 +205,9 @@ AxisRules extend_logical_axis_rules(const AxisRules& rules) {
 // ---------------------------------------------------------------------------------------------
 
 const AxisRules* rules_in_effect() {
-  const AxisRules* rules = rules_stack().top();
+  const AxisRules* rules = rules_stack().top_or(nullptr);
   if (rules != nullptr && !rules->empty()) return rules;
-  const MeshResource* resource = resource_stack().top();
+  const MeshResource* resource = resource_stack().top_or(nullptr);
   if (resource == nullptr) return nullptr;
   // Constraints resolve on every forward: keep this thread's last table.
   thread_local std::optional<std::pair<MeshResource, AxisRules>> cached;
@@ -239,7 +225,7 @@ std::optional<PartitionSpec> resolve_logical_axes(const LogicalAxes& axes, Rules
     validate_logical_axes(axes);
     return std::nullopt;
   }
-  const AxisRules* user = rules_stack().top();
+  const AxisRules* user = rules_stack().top_or(nullptr);
   if (user == nullptr || user->empty()) warn_te_table_once();
   const Resolution res = resolve_with_rules(axes, *rules);
   if (fallback != RulesFallback::kAxisIsUnsharded) {
@@ -273,8 +259,9 @@ void reset_deprecation_warnings() { warning_state().te_table_warned.store(false)
 
 ShardingContext capture_sharding_context() {
   ShardingContext context;
-  if (const AxisRules* rules = rules_stack().top()) context.rules = *rules;
-  if (const MeshResource* resource = resource_stack().top()) context.mesh_resource = *resource;
+  if (const AxisRules* rules = rules_stack().top_or(nullptr)) context.rules = *rules;
+  if (const MeshResource* resource = resource_stack().top_or(nullptr))
+    context.mesh_resource = *resource;
   return context;
 }
 

@@ -50,9 +50,6 @@ class ScopeLoan {
   ~ScopeLoan();
   ScopeLoan(const ScopeLoan&) = delete;
   ScopeLoan& operator=(const ScopeLoan&) = delete;
-
- private:
-  std::shared_ptr<detail::ThreadScopes> previous_;
 };
 
 }  // namespace te
