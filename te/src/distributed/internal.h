@@ -113,10 +113,23 @@ DistributedOptions with_env_overrides(DistributedOptions options);
 
 /// The world of this thread (run_local_ranks), else of the process (init_distributed), else null.
 std::shared_ptr<World> current_world();
-/// This thread's own world (null when it uses the process's); set_thread_world returns the
-/// previous one.
+/// This thread's own world (null when it uses the process's): the innermost of the worlds
+/// pushed on this thread (a thread rank's, a DistributedContextScope's; te/scope_stack.h). A
+/// null world pushed masks the outer ones: the thread uses the process's.
 std::shared_ptr<World> thread_world();
-std::shared_ptr<World> set_thread_world(std::shared_ptr<World> world);
+void push_thread_world(const void* owner, std::shared_ptr<World> world);
+void pop_thread_world(const void* owner);
+
+/// push_thread_world for the guard's lifetime.
+class ThreadWorldScope {
+ public:
+  explicit ThreadWorldScope(std::shared_ptr<World> world) {
+    push_thread_world(this, std::move(world));
+  }
+  ~ThreadWorldScope() { pop_thread_world(this); }
+  ThreadWorldScope(const ThreadWorldScope&) = delete;
+  ThreadWorldScope& operator=(const ThreadWorldScope&) = delete;
+};
 
 /// The communicators of one row, one per backend, made on demand: the one the world's options
 /// name when the row is made, NCCL on the row's first CUDA collective under CommBackend::kAuto.

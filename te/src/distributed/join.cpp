@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <exception>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -168,15 +169,12 @@ std::string launch_description() {
 
 void run_simulated_rank(int world_size, int rank, const std::function<void()>& fn,
                         const DistributedOptions& options) {
-  TE_CHECK(world_size >= 1 && rank >= 0 && rank < world_size,
-           "run_simulated_rank: rank ", rank, " of ", world_size,
+  TE_CHECK(world_size >= 1 && rank >= 0 && rank < world_size, "run_simulated_rank: rank ", rank,
+           " of ", world_size,
            " ranks; give a world of at least one rank and a rank in [0, world_size)");
-  struct Restore {
-    std::shared_ptr<detail::World> previous;
-    ~Restore() { detail::set_thread_world(previous); }
-  } restore{detail::set_thread_world(std::make_shared<detail::World>(
+  const detail::ThreadWorldScope world(std::make_shared<detail::World>(
       c10::make_intrusive<c10d::HashStore>(), rank, world_size, rank, options, "",
-      /*heartbeat=*/false, /*simulated=*/true))};
+      /*heartbeat=*/false, /*simulated=*/true));
   fn();
 }
 
@@ -202,11 +200,12 @@ void run_local_ranks(int world_size, const std::function<void(int rank)>& fn,
   threads.reserve(static_cast<std::size_t>(world_size));
   for (int rank = 0; rank < world_size; ++rank) {
     threads.emplace_back([&, rank] {
+      std::optional<detail::ThreadWorldScope> world;
       try {
         ShardingContextScope scope(context);
         at::set_num_threads(per_rank);
-        detail::set_thread_world(std::make_shared<detail::World>(
-            store, rank, world_size, rank, options, "127.0.0.1", /*heartbeat=*/false));
+        world.emplace(std::make_shared<detail::World>(store, rank, world_size, rank, options,
+                                                      "127.0.0.1", /*heartbeat=*/false));
         fn(rank);
       } catch (...) {
         if (const auto world = detail::thread_world()) {
@@ -223,7 +222,7 @@ void run_local_ranks(int world_size, const std::function<void(int rank)>& fn,
         if (!first) first = std::current_exception();
       }
       // Dropping the world closes this rank's connections, so peers blocked on it fail fast.
-      detail::set_thread_world(nullptr);
+      world.reset();
     });
   }
   for (std::thread& t : threads) t.join();

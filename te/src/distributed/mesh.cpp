@@ -207,7 +207,8 @@ DistributedContext capture_distributed_context() {
 }
 
 DistributedContextScope::DistributedContextScope(const DistributedContext& context)
-    : sharding_(context.sharding), previous_world_(detail::set_thread_world(context.world)) {
+    : sharding_(context.sharding) {
+  detail::push_thread_world(this, context.world);
   if (context.mesh) {
     mesh_.emplace(*context.mesh);
   } else {
@@ -221,7 +222,7 @@ DistributedContextScope::~DistributedContextScope() {
   } else {
     mesh_stack().pop(this);
   }
-  detail::set_thread_world(previous_world_);
+  detail::pop_thread_world(this);
 }
 
 namespace detail {

@@ -27,7 +27,11 @@ namespace detail {
 
 namespace {
 
-thread_local std::shared_ptr<World> tls_world;
+// The worlds pushed on this thread, innermost last.
+ScopeStack<std::shared_ptr<World>>& thread_worlds() {
+  thread_local ScopeStack<std::shared_ptr<World>> stack;
+  return stack;
+}
 
 // A peer that closes its sockets must surface as an error from the collective, not kill this
 // process with SIGPIPE on the next write. Only the default disposition is replaced: a handler
@@ -402,15 +406,16 @@ Backend& RowComm::for_device(const c10::Device& device, const std::string& axis)
   return nccl;
 }
 
-std::shared_ptr<World> thread_world() { return tls_world; }
+std::shared_ptr<World> thread_world() { return thread_worlds().top_or(nullptr); }
 
-std::shared_ptr<World> set_thread_world(std::shared_ptr<World> world) {
-  std::swap(world, tls_world);
-  return world;
+void push_thread_world(const void* owner, std::shared_ptr<World> world) {
+  thread_worlds().push(owner, std::move(world));
 }
 
+void pop_thread_world(const void* owner) { thread_worlds().pop(owner); }
+
 std::shared_ptr<World> current_world() {
-  if (tls_world) return tls_world;
+  if (auto world = thread_world()) return world;
   ProcessWorld& pw = process_world();
   std::lock_guard<std::mutex> lock(pw.mutex);
   return pw.world;

@@ -110,7 +110,6 @@ class DistributedContextScope {
  private:
   ShardingContextScope sharding_;
   std::optional<MeshScope> mesh_;
-  std::shared_ptr<detail::World> previous_world_;
 };
 
 }  // namespace te
