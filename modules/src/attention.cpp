@@ -248,8 +248,8 @@ at::Tensor logits_operand(const at::Tensor& t, const DTensor& q, int64_t batch_d
 }
 
 // The unfused path's constraint on the attention weights [batch, heads, sq, sk], which carry
-// q's batch and head shards. On one device it validates the constraint (never a repeated name:
-// the seed's seqlen, seqlen bug).
+// q's batch and head shards. On one device it validates the constraint; the two sequence dims
+// stay unnamed, since one logical name may not shard two dims of a tensor.
 std::function<at::Tensor(const at::Tensor&)> logits_constraint(const at::Tensor&,
                                                                const at::Tensor&) {
   return [](const at::Tensor& logits) {

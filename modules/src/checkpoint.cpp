@@ -377,8 +377,8 @@ std::string load_checkpoint(torch::nn::Module& module, const std::string& dir,
     if (found == index.tensors.end()) continue;
     const format::TensorRecord& t = found->second;
     TE_CHECK(t.shape == e.global_shape, "load_checkpoint: '", name, "' is ",
-             format::shape_text(t.shape), " in the checkpoint at '", root.string(), "' but ",
-             format::shape_text(e.global_shape),
+             te::shape_text(t.shape), " in the checkpoint at '", root.string(), "' but ",
+             te::shape_text(e.global_shape),
              " in the module; build the module with the checkpoint's sizes");
     const at::ScalarType dtype = e.local.scalar_type();
     TE_CHECK(t.dtype == safetensors_dtype_name(dtype), "load_checkpoint: '", name, "' is ", t.dtype,
@@ -409,9 +409,9 @@ std::string load_checkpoint(torch::nn::Module& module, const std::string& dir,
       TE_CHECK(handle->contains(name), "checkpoint: '", handle->path(), "' lacks tensor '", name,
                "' that the index places there");
       TE_CHECK(handle->shape(name) == piece.shape && handle->dtype(name) == t.dtype,
-               "checkpoint: tensor '", name, "' in '", handle->path(), "' is ",
-               handle->dtype(name), " ", format::shape_text(handle->shape(name)),
-               " but the index says ", t.dtype, " ", format::shape_text(piece.shape));
+               "checkpoint: tensor '", name, "' in '", handle->path(), "' is ", handle->dtype(name),
+               " ", te::shape_text(handle->shape(name)), " but the index says ", t.dtype, " ",
+               te::shape_text(piece.shape));
       std::vector<int64_t> plo(lo), phi(hi);
       for (int64_t d = 0; d < nd; ++d) {
         plo[d] -= piece.offsets[d];

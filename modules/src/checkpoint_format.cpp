@@ -164,12 +164,6 @@ int64_t dtype_bytes(std::string_view name) {
   return 0;
 }
 
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string out = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) out += (i ? "," : "") + std::to_string(shape[i]);
-  return out + "]";
-}
-
 int64_t numel(const std::vector<int64_t>& shape) {
   int64_t n = 1;
   for (int64_t s : shape) n *= s;

@@ -29,8 +29,6 @@ inline constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 int64_t dtype_bytes(std::string_view name);
 /// Elements of a shape (1 for a scalar's empty shape).
 int64_t numel(const std::vector<int64_t>& shape);
-/// "[16,1,32]": a shape as the index writes it.
-std::string shape_text(const std::vector<int64_t>& shape);
 /// Checksum blocks of a piece of `bytes` bytes.
 inline int64_t block_count(int64_t bytes) { return (bytes + kBlockBytes - 1) / kBlockBytes; }
 

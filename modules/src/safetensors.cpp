@@ -24,7 +24,7 @@ struct DtypeName {
   std::string_view name;
 };
 constexpr DtypeName kDtypes[] = {
-    {at::kFloat, "F32"}, {at::kDouble, "F64"}, {at::kHalf, "F16"}, {at::kBFloat16, "BF16"},
+    {at::kFloat, "F32"}, {at::kDouble, "F64"}, {at::kHalf, "F16"},  {at::kBFloat16, "BF16"},
     {at::kLong, "I64"},  {at::kInt, "I32"},    {at::kShort, "I16"}, {at::kChar, "I8"},
     {at::kByte, "U8"},   {at::kBool, "BOOL"},
 };
@@ -160,8 +160,7 @@ at::Tensor SafetensorsReader::read(const std::string& name, int64_t* bytes_read)
 
 at::Tensor SafetensorsReader::read(const std::string& name, const std::vector<int64_t>& lo,
                                    const std::vector<int64_t>& hi,
-                                   const std::vector<uint32_t>& crc32_blocks,
-                                   int64_t* bytes_read) {
+                                   const std::vector<uint32_t>& crc32_blocks, int64_t* bytes_read) {
   const format::HeaderEntry& h = state_->entry(name);
   const std::string& path = state_->path;
   const std::vector<int64_t>& shape = h.shape;
@@ -172,7 +171,7 @@ at::Tensor SafetensorsReader::read(const std::string& name, const std::vector<in
   for (int64_t d = 0; d < nd; ++d) {
     TE_CHECK(0 <= lo[d] && lo[d] <= hi[d] && hi[d] <= shape[d], "safetensors: reading '", name,
              "' in '", path, "': box [", lo[d], ", ", hi[d], ") of dim ", d, " is outside ",
-             format::shape_text(shape));
+             te::shape_text(shape));
   }
   const at::ScalarType type = safetensors_scalar_type(h.dtype, "'" + name + "' in '" + path + "'");
   const int64_t es = static_cast<int64_t>(c10::elementSize(type));

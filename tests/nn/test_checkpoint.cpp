@@ -305,8 +305,8 @@ TEST(Checkpoint, BadFilesAndMismatchesAreNamed) {
   // A module of another size: both shapes named.
   TransformerLayer wider(TransformerLayerOptions(16, 48, 4));
   EXPECT_ERROR(load_checkpoint(*wider, dir / "ckpt"),
-               "'mlp.wi_kernel' is [16,1,32] in the checkpoint at");
-  EXPECT_ERROR(load_checkpoint(*wider, dir / "ckpt"), "but [16,1,48] in the module");
+               "'mlp.wi_kernel' is [16, 1, 32] in the checkpoint at");
+  EXPECT_ERROR(load_checkpoint(*wider, dir / "ckpt"), "but [16, 1, 48] in the module");
   // Names one side lacks: strict by default, skipped on request.
   TransformerLayer decoder(layer_options().layer_type("decoder"));
   EXPECT_ERROR(load_checkpoint(*decoder, dir / "ckpt"), "lacks 'cross_attention.");

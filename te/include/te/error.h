@@ -5,9 +5,11 @@
 // A message names the culprit (the axis, the dim, the mesh axis, the rank) and says what to do;
 // the macro appends the source location so a report can be traced without a debugger.
 
+#include <cstdint>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace te {
 
@@ -16,6 +18,9 @@ class Error : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
+
+/// How a shape reads in a message: "[4, 6]", as LibTorch prints sizes.
+std::string shape_text(const std::vector<int64_t>& shape);
 
 namespace detail {
 
@@ -35,11 +40,11 @@ template <typename... Args>
 
 /// TE_CHECK(cond, "what went wrong with ", culprit, "; what to do") throws te::Error when `cond`
 /// is false. The message parts are streamed, so any printable value may be passed.
-#define TE_CHECK(cond, ...)                                      \
-  do {                                                           \
-    if (!(cond)) {                                               \
+#define TE_CHECK(cond, ...)                                       \
+  do {                                                            \
+    if (!(cond)) {                                                \
       ::te::detail::throw_error(__FILE__, __LINE__, __VA_ARGS__); \
-    }                                                            \
+    }                                                             \
   } while (false)
 
 /// Unconditional form of TE_CHECK for branches that are errors by construction.

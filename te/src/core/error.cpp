@@ -1,11 +1,19 @@
-// te::Error's support: the short source path its messages end with. The core target every layer
-// links (docs/ARCHITECTURE.md §1).
+// te::Error's support: the short source path its messages end with, and how a shape reads. The core
+// target every layer links (docs/ARCHITECTURE.md §1).
 
 #include <cstring>
 
 #include "te/error.h"
 
-namespace te::detail {
+namespace te {
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
+}
+
+namespace detail {
 
 const char* short_source_path(const char* file) noexcept {
   const char* last = std::strrchr(file, '/');
@@ -16,4 +24,5 @@ const char* short_source_path(const char* file) noexcept {
   return file;
 }
 
-}  // namespace te::detail
+}  // namespace detail
+}  // namespace te

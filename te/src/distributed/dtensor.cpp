@@ -13,12 +13,6 @@ namespace te {
 
 namespace {
 
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string out = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
-  return out + "]";
-}
-
 // Checks placements against the mesh and tensor rank; returns them with Shard dims made
 // non-negative.
 std::vector<Placement> normalized(std::vector<Placement> placements, const DeviceMesh& mesh,
