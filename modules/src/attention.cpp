@@ -154,24 +154,17 @@ Arranged<at::Tensor> arrange(const at::Tensor& q, const at::Tensor& k, const at:
 // heads sharded alike on q, k and v.
 Arranged<DTensor> arrange(const DTensor& query, const DTensor& key, const DTensor& value) {
   auto whole = [](const DTensor& t) {
-    std::vector<Placement> target = t.placements();
-    bool change = false;
-    for (Placement& p : target) {
-      if (is_partial(p) || is_shard(p, 1) || is_shard(p, 3)) {
-        p = Replicate{};
-        change = true;
-      }
-    }
-    return change ? t.redistribute(target) : t;
+    return replicated_where(t, [](const Placement& p, std::size_t) {
+      return is_partial(p) || is_shard(p, 1) || is_shard(p, 3);
+    });
   };
   const DTensor q = whole(query);
   // Heads split over mesh axes must split whole query and key/value heads (GQA groups), the
   // same on every rank; checked before any collective so every rank stops here alike.
-  int64_t head_ranks = 1;
+  const int64_t head_ranks = shard_parts(q, 2);
   std::string head_axes;
   for (int64_t m = 0; m < q.mesh().ndim(); ++m) {
     if (is_shard(q.placements()[static_cast<std::size_t>(m)], 2)) {
-      head_ranks *= q.mesh().size(m);
       head_axes += (head_axes.empty() ? "'" : ", '") +
                    q.mesh().axis_names()[static_cast<std::size_t>(m)] + "'";
     }
@@ -634,15 +627,9 @@ at::Tensor l2_normalize(const at::Tensor& x, double eps) {
 DTensor l2_normalize(const DTensor& x_in, double eps) {
   // A norm over the last dim: made whole there first (the per-head constraint keeps it whole
   // under rules; without them nothing else would).
-  std::vector<Placement> whole = x_in.placements();
-  bool change = false;
-  for (Placement& p : whole) {
-    if (is_shard(p, x_in.dim() - 1)) {
-      p = Replicate{};
-      change = true;
-    }
-  }
-  const DTensor x = change ? x_in.redistribute(whole) : x_in;
+  const int64_t last = x_in.dim() - 1;
+  const DTensor x =
+      replicated_where(x_in, [last](const Placement& p, std::size_t) { return is_shard(p, last); });
   return F::elementwise(x, [eps](const at::Tensor& t) { return l2_normalize(t, eps); });
 }
 

@@ -102,19 +102,6 @@ namespace {
 
 using detail::mm_any;
 
-// Reduces every Partial mesh dim (to Replicate).
-DTensor reduced(const DTensor& x) {
-  Placements target = x.placements();
-  bool any = false;
-  for (Placement& p : target) {
-    if (is_partial(p)) {
-      p = Replicate{};
-      any = true;
-    }
-  }
-  return any ? x.redistribute(target) : x;
-}
-
 void check_same_mesh(const DTensor& a, const DTensor& b, const char* what) {
   TE_CHECK(a.mesh() == b.mesh(), what, ": operands live on different meshes (",
            a.mesh().to_string(), " and ", b.mesh().to_string(), ")");
@@ -391,15 +378,9 @@ DTensor layer_norm(const DTensor& x_in, const DTensor& gamma, const std::optiona
                    double epsilon, bool zero_centered_gamma, bool rms) {
   check_same_mesh(x_in, gamma, "layer_norm");
   // Normalisation needs the whole hidden dim of each row, and real (not partial) values.
-  Placements whole = x_in.placements();
-  bool change = false;
-  for (Placement& p : whole) {
-    if (is_partial(p) || is_shard(p, x_in.dim() - 1)) {
-      p = Replicate{};
-      change = true;
-    }
-  }
-  const DTensor x = change ? x_in.redistribute(whole) : x_in;
+  const int64_t last = x_in.dim() - 1;
+  const DTensor x = replicated_where(
+      x_in, [last](const Placement& p, std::size_t) { return is_partial(p) || is_shard(p, last); });
   const at::Tensor g = aligned_param(gamma, x.placements(), x.dim(), "layer_norm");
   const at::Tensor b =
       beta ? aligned_param(*beta, x.placements(), x.dim(), "layer_norm") : at::Tensor();
@@ -487,21 +468,15 @@ at::Tensor mlp_activation(const at::Tensor& h, const std::vector<std::string>& a
 
 DTensor mlp_activation(const DTensor& h_in, const std::vector<std::string>& activations,
                        const ActivationParams& params) {
-  const DTensor h = reduced(h_in);
-  const int64_t slot = h.dim() - 2;
-  Placements out = h.placements();
-  Placements whole = h.placements();
-  bool gather = false;
-  for (std::size_t m = 0; m < out.size(); ++m) {
-    if (is_shard(out[m], slot)) {
-      whole[m] = Replicate{};
-      out[m] = Replicate{};
-      gather = true;
-    } else if (is_shard(out[m], slot + 1)) {
-      out[m] = Shard{slot};
-    }
+  // The activation slots whole (the slots combine), real values; the dim after the slots takes
+  // the slot dim's place.
+  const int64_t slot = h_in.dim() - 2;
+  const DTensor src = replicated_where(
+      h_in, [slot](const Placement& p, std::size_t) { return is_partial(p) || is_shard(p, slot); });
+  Placements out = src.placements();
+  for (Placement& p : out) {
+    if (is_shard(p, slot + 1)) p = Shard{slot};
   }
-  const DTensor src = gather ? h.redistribute(whole) : h;
   std::vector<int64_t> shape = src.sizes();
   shape.erase(shape.begin() + slot);
   return DTensor::from_local(mlp_activation(src.to_local(), activations, params), src.mesh(), out,
@@ -509,33 +484,6 @@ DTensor mlp_activation(const DTensor& h_in, const std::vector<std::string>& acti
 }
 
 // ---------------------------------------------------------------------------------------------
-
-namespace {
-
-// Replaces Shard(dim) by Replicate (gathering) where `bad` says so.
-DTensor gathered_where(const DTensor& x,
-                       const std::function<bool(const Shard&, std::size_t)>& bad) {
-  Placements target = x.placements();
-  bool change = false;
-  for (std::size_t m = 0; m < target.size(); ++m) {
-    if (const auto* s = std::get_if<Shard>(&target[m]); s != nullptr && bad(*s, m)) {
-      target[m] = Replicate{};
-      change = true;
-    }
-  }
-  return change ? x.redistribute(target) : x;
-}
-
-// Product of the mesh dims sharding tensor dim `dim`.
-int64_t shard_parts(const DTensor& x, int64_t dim) {
-  int64_t parts = 1;
-  for (std::size_t m = 0; m < x.placements().size(); ++m) {
-    if (is_shard(x.placements()[m], dim)) parts *= x.mesh().size(static_cast<int64_t>(m));
-  }
-  return parts;
-}
-
-}  // namespace
 
 at::Tensor select(const at::Tensor& x, int64_t dim, int64_t index) { return x.select(dim, index); }
 
@@ -553,71 +501,6 @@ at::Tensor flatten(const at::Tensor& x, int64_t dim) { return x.flatten(dim, dim
 at::Tensor add(const at::Tensor& a, const at::Tensor& b) {
   TE_CHECK(a.sizes() == b.sizes(), "add: ", a.sizes(), " and ", b.sizes(), " differ in shape");
   return a + b;
-}
-
-DTensor select(const DTensor& x_in, int64_t dim, int64_t index) {
-  const DTensor x =
-      gathered_where(x_in, [dim](const Shard& s, std::size_t) { return s.dim == dim; });
-  Placements out = x.placements();
-  for (Placement& p : out) {
-    if (auto* s = std::get_if<Shard>(&p); s != nullptr && s->dim > dim) --s->dim;
-  }
-  std::vector<int64_t> shape = x.sizes();
-  shape.erase(shape.begin() + dim);
-  return DTensor::from_local(x.to_local().select(dim, index), x.mesh(), out, shape);
-}
-
-DTensor unflatten(const DTensor& x_in, int64_t dim, int64_t outer, int64_t inner) {
-  TE_CHECK(x_in.size(dim) == outer * inner, "unflatten: dim ", dim, " of ", x_in.to_string(),
-           " is not ", outer, " x ", inner);
-  const int64_t parts = shard_parts(x_in, dim);
-  const DTensor x =
-      outer % parts == 0
-          ? x_in
-          : gathered_where(x_in, [dim](const Shard& s, std::size_t) { return s.dim == dim; });
-  Placements out = x.placements();
-  for (Placement& p : out) {
-    if (auto* s = std::get_if<Shard>(&p); s != nullptr && s->dim > dim) ++s->dim;
-  }
-  std::vector<int64_t> shape = x.sizes();
-  shape[static_cast<std::size_t>(dim)] = outer;
-  shape.insert(shape.begin() + dim + 1, inner);
-  std::vector<int64_t> local_shape(x.to_local().sizes().begin(), x.to_local().sizes().end());
-  local_shape[static_cast<std::size_t>(dim)] = x.to_local().size(dim) / inner;
-  local_shape.insert(local_shape.begin() + dim + 1, inner);
-  return DTensor::from_local(x.to_local().reshape(local_shape), x.mesh(), out, shape);
-}
-
-DTensor flatten(const DTensor& x_in, int64_t dim) {
-  const int64_t parts = shard_parts(x_in, dim);
-  const DTensor x = gathered_where(x_in, [&](const Shard& s, std::size_t) {
-    return s.dim == dim + 1 || (s.dim == dim && x_in.size(dim) % parts != 0);
-  });
-  Placements out = x.placements();
-  for (Placement& p : out) {
-    if (auto* s = std::get_if<Shard>(&p); s != nullptr && s->dim > dim + 1) --s->dim;
-  }
-  std::vector<int64_t> shape = x.sizes();
-  shape[static_cast<std::size_t>(dim)] *= shape[static_cast<std::size_t>(dim) + 1];
-  shape.erase(shape.begin() + dim + 1);
-  return DTensor::from_local(x.to_local().flatten(dim, dim + 1), x.mesh(), out, shape);
-}
-
-DTensor add(const DTensor& a, const DTensor& b) {
-  check_same_mesh(a, b, "add");
-  TE_CHECK(a.sizes() == b.sizes(), "add: ", a.to_string(), " and ", b.to_string(),
-           " differ in shape");
-  const DTensor bb = b.placements() == a.placements() ? b : b.redistribute(a.placements());
-  return DTensor::from_local(a.to_local() + bb.to_local(), a.mesh(), a.placements(), a.sizes());
-}
-
-DTensor laid_out_like(const DTensor& like, const at::Tensor& whole) {
-  return DTensor::distribute(whole, like.mesh(), like.placements());
-}
-
-DTensor elementwise(const DTensor& x_in, const std::function<at::Tensor(const at::Tensor&)>& fn) {
-  const DTensor x = reduced(x_in);
-  return DTensor::from_local(fn(x.to_local()), x.mesh(), x.placements(), x.sizes());
 }
 
 }  // namespace te::nn::functional

@@ -233,19 +233,14 @@ DTensor apply_rotary_pos_emb(const DTensor& t_in, const at::Tensor& freqs,
   const RopeArgs a = check_rope(t_in.sizes(), freqs, tensor_format, cu_seqlens, start_positions);
   const int64_t last = t_in.dim() - 1;
   // Whole head dims (the rotation pairs dims within a head); a partial sum is reduced first.
-  std::vector<Placement> target = t_in.placements();
-  bool change = false;
-  for (std::size_t m = 0; m < target.size(); ++m) {
-    TE_CHECK(!(a.layout.packed && is_shard(target[m], 0)), "apply_rotary_pos_emb: a thd t ",
-             t_in.to_string(), " is sharded on its token dim over mesh axis '",
-             t_in.mesh().axis_names()[m],
+  for (std::size_t m = 0; m < t_in.placements().size(); ++m) {
+    TE_CHECK(!(a.layout.packed && is_shard(t_in.placements()[m], 0)),
+             "apply_rotary_pos_emb: a thd t ", t_in.to_string(),
+             " is sharded on its token dim over mesh axis '", t_in.mesh().axis_names()[m],
              "', which would split sequences at unknown places; shard the heads instead");
-    if (is_partial(target[m]) || is_shard(target[m], last)) {
-      target[m] = Replicate{};
-      change = true;
-    }
   }
-  const DTensor t = change ? t_in.redistribute(target) : t_in;
+  const DTensor t = replicated_where(
+      t_in, [last](const Placement& p, std::size_t) { return is_partial(p) || is_shard(p, last); });
   const auto piece = local_chunks(t.sizes(), t.mesh(), t.placements(), t.mesh().rank());
   const int64_t seq_offset = piece[static_cast<std::size_t>(a.layout.seq_dim)].offset;
   const int64_t batch_offset =

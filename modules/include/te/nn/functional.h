@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "te/distributed/dtensor.h"
+#include "te/distributed/ops.h"
 
 namespace te::fp8 {
 class GemmMeta;
@@ -131,27 +132,28 @@ at::Tensor parallel_cross_entropy(const at::Tensor& logits, const at::Tensor& ta
 DTensor parallel_cross_entropy(const DTensor& logits, const DTensor& target,
                                const CrossEntropyOptions& options = {});
 
-/// x.select(dim, index); as a DTensor, a dim sharded there is gathered first.
+/// x.select(dim, index); as a DTensor (te/distributed/ops.h), a dim sharded there is gathered
+/// first.
 at::Tensor select(const at::Tensor& x, int64_t dim, int64_t index);
-DTensor select(const DTensor& x, int64_t dim, int64_t index);
+using te::ops::select;
 /// Splits dim `dim` into (outer, inner); on a DTensor a shard of `dim` becomes a shard of
 /// `outer` when it divides it evenly (else the dim is gathered first).
 at::Tensor unflatten(const at::Tensor& x, int64_t dim, int64_t outer, int64_t inner);
-DTensor unflatten(const DTensor& x, int64_t dim, int64_t outer, int64_t inner);
+using te::ops::unflatten;
 /// Merges dims `dim` and `dim + 1`; on a DTensor a shard of `dim` stays a shard of the merged
 /// dim when even.
 at::Tensor flatten(const at::Tensor& x, int64_t dim);
-DTensor flatten(const DTensor& x, int64_t dim);
+using te::ops::flatten;
 /// a + b; on DTensors b is moved to a's layout first.
 at::Tensor add(const at::Tensor& a, const at::Tensor& b);
-DTensor add(const DTensor& a, const DTensor& b);
+using te::ops::add;
 /// `whole` (the same on every rank) laid out as `like` is: itself beside a plain tensor; beside a
 /// DTensor distributed with its mesh and placements (this rank keeps its piece). E.g. position
 /// or token-type ids that follow the token ids' layout.
 inline at::Tensor laid_out_like(const at::Tensor& /*like*/, const at::Tensor& whole) {
   return whole;
 }
-DTensor laid_out_like(const DTensor& like, const at::Tensor& whole);
+using te::ops::laid_out_like;
 
 /// Which keys each query sees: Transformer Engine's attn_mask_type, window_size and
 /// bottom_right_diagonal, resolved by mask_spec() as TE's DotProductAttention resolves them
@@ -373,7 +375,7 @@ DTensor apply_rotary_pos_emb(const DTensor& t, const at::Tensor& freqs,
                              const at::Tensor& start_positions = {});
 
 /// Applies an elementwise `fn` to x's local piece (a Partial x is reduced first: f(sum) is not
-/// the sum of f).
-DTensor elementwise(const DTensor& x, const std::function<at::Tensor(const at::Tensor&)>& fn);
+/// the sum of f; te/distributed/ops.h).
+using te::ops::elementwise;
 
 }  // namespace te::nn::functional
