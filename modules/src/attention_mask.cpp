@@ -1,0 +1,255 @@
+// Transformer Engine's attention masks, biases and softmax types: MaskSpec (attn_mask_type,
+// window_size and the padded-row rule), the masked positions of each query, ALiBi and the checks
+// of a call's bias and softmax type.
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <string>
+
+#include "te/compat.h"
+#include "te/error.h"
+#include "te/nn/functional.h"
+#include "te/sharding/context.h"
+
+namespace te::nn::functional {
+
+namespace {
+
+const char* const kMaskTypes[] = {"no_mask",
+                                  "padding",
+                                  "causal",
+                                  "padding_causal",
+                                  "causal_bottom_right",
+                                  "padding_causal_bottom_right",
+                                  "arbitrary"};
+
+std::string window_text(const std::pair<int64_t, int64_t>& w) {
+  return "(" + std::to_string(w.first) + ", " + std::to_string(w.second) + ")";
+}
+
+}  // namespace
+
+// ---- MaskSpec --------------------------------------------------------------------------------
+
+bool MaskSpec::causal() const { return type.find("causal") != std::string::npos; }
+bool MaskSpec::padding() const { return type.rfind("padding", 0) == 0; }
+bool MaskSpec::takes_mask() const { return padding() || type == "arbitrary"; }
+bool MaskSpec::windowed() const { return causal() || window_left >= 0 || window_right >= 0; }
+
+MaskSpec mask_spec(const std::string& attn_mask_type,
+                   std::optional<std::pair<int64_t, int64_t>> window_size,
+                   std::optional<bool> bottom_right_diagonal) {
+  bool known = false;
+  for (const char* t : kMaskTypes) known = known || attn_mask_type == t;
+  TE_CHECK(known, "attn_mask_type '", attn_mask_type,
+           "' is not one of no_mask, padding, causal, padding_causal, causal_bottom_right, "
+           "padding_causal_bottom_right, arbitrary");
+  MaskSpec spec;
+  spec.type = attn_mask_type;
+  // check_set_window_size (dot_product_attention/utils.py at d0067d0da).
+  std::pair<int64_t, int64_t> w =
+      spec.causal() ? std::pair<int64_t, int64_t>{-1, 0} : std::pair<int64_t, int64_t>{-1, -1};
+  if (window_size) {
+    const auto given = *window_size;
+    if (spec.causal()) {
+      if (given == std::pair<int64_t, int64_t>{-1, -1} || (given.first >= 0 && given.second != 0)) {
+        w = {given.first, 0};
+        warn("window_size " + window_text(given) +
+             " should be (-1, 0) or (>=0, 0) for "
+             "attn_mask_type=" +
+             attn_mask_type + ": using " + window_text(w) + ", as TE does");
+      } else {
+        TE_CHECK(given.first >= -1 && given.second == 0, "window_size ", window_text(given),
+                 " is not valid for attn_mask_type '", attn_mask_type,
+                 "': give (-1, 0) (no window) or (left >= 0, 0)");
+        w = given;
+      }
+    } else {
+      if (given == std::pair<int64_t, int64_t>{-1, 0}) {
+        warn("window_size (-1, 0) should be (-1, -1) or (>=0, >=0) for attn_mask_type=" +
+             attn_mask_type + ": using (-1, -1), as TE does (a causal mask is a causal type)");
+      } else {
+        TE_CHECK(given == (std::pair<int64_t, int64_t>{-1, -1}) ||
+                     (given.first >= 0 && given.second >= 0),
+                 "window_size ", window_text(given), " is not valid for attn_mask_type '",
+                 attn_mask_type, "': give (-1, -1) (no window) or (left >= 0, right >= 0)");
+        w = given;
+      }
+    }
+  }
+  spec.window_left = w.first;
+  spec.window_right = w.second;
+  // DotProductAttention.forward: causal and padding_causal are always top-left, the
+  // bottom_right types always bottom-right, the others follow bottom_right_diagonal (unset:
+  // bottom-right).
+  if (attn_mask_type == "causal" || attn_mask_type == "padding_causal") {
+    spec.bottom_right = false;
+  } else if (attn_mask_type.find("bottom_right") != std::string::npos) {
+    spec.bottom_right = true;
+  } else {
+    spec.bottom_right = bottom_right_diagonal.value_or(true);
+  }
+  return spec;
+}
+
+void check_attention_mask(const at::Tensor& mask, const MaskSpec& spec, int64_t batch,
+                          int64_t heads, int64_t seqlen_q, int64_t seqlen_kv) {
+  if (!spec.takes_mask()) return;
+  TE_CHECK(mask.defined(), "attention with attn_mask_type '", spec.type,
+           "' needs a mask: a bool tensor broadcastable to [batch, ",
+           spec.padding() ? "1" : "heads",
+           ", seqlen_q, seqlen_kv], true where a key is masked out");
+  const int64_t want[4] = {batch, heads, seqlen_q, seqlen_kv};
+  bool ok = mask.dim() == 4;
+  for (int64_t d = 0; ok && d < 4; ++d) ok = mask.size(d) == 1 || mask.size(d) == want[d];
+  TE_CHECK(ok, "attention mask ", mask.sizes(), " does not broadcast to the logits [batch ", batch,
+           ", heads ", heads, ", seqlen_q ", seqlen_q, ", seqlen_kv ", seqlen_kv,
+           "]: give 4 dims, each 1 or the logits' size");
+  TE_CHECK(mask.scalar_type() == at::kBool, "attention mask is ", mask.scalar_type(),
+           ": give a bool tensor, true where a key is masked out");
+  if (!spec.padding()) return;
+  TE_CHECK(mask.size(1) == 1, "attention: the padding mask of attn_mask_type '", spec.type,
+           "' has ", mask.size(1),
+           " heads; it is [batch, 1, seqlen_q, seqlen_kv] (a mask per head is 'arbitrary')");
+  TE_CHECK(mask.size(2) == seqlen_q || seqlen_q == seqlen_kv, "attention: the padding mask ",
+           mask.sizes(), " of attn_mask_type '", spec.type,
+           "' says which keys are padding but not which of the ", seqlen_q, " queries are (",
+           seqlen_kv,
+           " keys): give [batch, 1, seqlen_q, seqlen_kv], true where the query or the key is "
+           "padding");
+}
+
+namespace {
+
+// The padding (or arbitrary) mask as the types read it, or undefined. A self-attention padding
+// mask of keys only, [batch, 1, 1, s] (TE-PyTorch's form), also hides the padded queries, as
+// get_full_mask ORs it with its transpose (utils.py L1821-1827 at d0067d0da).
+at::Tensor given_mask(const at::Tensor& mask, const MaskSpec& spec, int64_t sq) {
+  if (!spec.takes_mask() || !mask.defined()) return {};
+  if (spec.padding() && mask.size(2) == 1 && sq > 1) return mask.logical_or(mask.transpose(2, 3));
+  return mask;
+}
+
+// i - j - offset for [*, *, sq, sk] logits ([1 | batch, 1, sq, sk], int64): MaskSpec's diagonal,
+// as get_full_mask places the window (utils.py L1833-1861) and get_alibi its bias (L1951-1960):
+// offset 0 (top-left), seqlen_kv - seqlen_q (bottom-right), or, bottom-right under a padding
+// type, each sequence's valid keys minus its valid queries (counted as TE counts them: the
+// queries that see key 0, the keys query 0 sees). `given` is given_mask's.
+at::Tensor diagonal_distance(const at::Tensor& given, const MaskSpec& spec, int64_t sq, int64_t sk,
+                             const at::TensorOptions& options) {
+  const auto index = options.dtype(at::kLong);
+  at::Tensor diff =
+      at::arange(sq, index).view({1, 1, sq, 1}) - at::arange(sk, index).view({1, 1, 1, sk});
+  if (spec.bottom_right && spec.padding() && given.defined()) {
+    const at::Tensor valid = given.expand({given.size(0), 1, sq, sk}).logical_not();
+    const at::Tensor seq_q = valid.select(3, 0).sum(-1), seq_kv = valid.select(2, 0).sum(-1);
+    diff = diff + (seq_kv - seq_q).view({-1, 1, 1, 1});
+  } else if (spec.bottom_right) {
+    diff = diff + (sk - sq);
+  }
+  return diff;
+}
+
+}  // namespace
+
+// get_full_mask (dot_product_attention/utils.py at d0067d0da): query i sees key j when
+// i + offset - left <= j <= i + offset + right (diagonal_distance's offset). A bound of -1 is no
+// bound, as TE documents window_size (-1 = unbounded). get_full_mask itself substitutes
+// seqlen_kv for an unbounded left bound and seqlen_q for an unbounded right one, so its unfused
+// backend hides keys j < i - seqlen_kv or j > i + seqlen_q on a top-left diagonal when
+// seqlen_q > seqlen_kv + 1 or seqlen_kv > seqlen_q (flash and cuDNN, given no window, hide
+// nothing there): te-cpp follows the documented meaning.
+at::Tensor masked_positions(const at::Tensor& mask, const MaskSpec& spec, int64_t sq, int64_t sk,
+                            const at::TensorOptions& options) {
+  const at::Tensor masked = given_mask(mask, spec, sq);
+  if (!spec.windowed()) return masked;
+  const int64_t right = spec.causal() ? 0 : spec.window_right;
+  const at::Tensor diff = diagonal_distance(masked, spec, sq, sk, options);
+  at::Tensor window;
+  if (spec.window_left >= 0) window = diff.gt(spec.window_left);
+  if (right >= 0) window = window.defined() ? window.logical_or(diff.lt(-right)) : diff.lt(-right);
+  return masked.defined() ? window.logical_or(masked) : window;
+}
+
+// ---- biases and softmax types ----------------------------------------------------------------
+
+void check_bias_type(const std::string& t) {
+  TE_CHECK(t == "no_bias" || t == "pre_scale_bias" || t == "post_scale_bias" || t == "alibi",
+           "core_attention_bias_type '", t,
+           "' is not one of no_bias, pre_scale_bias, post_scale_bias, alibi");
+}
+
+void check_softmax_type(const std::string& t) {
+  TE_CHECK(t == "vanilla" || t == "off-by-one" || t == "learnable", "softmax_type '", t,
+           "' is not one of vanilla, off-by-one, learnable");
+}
+
+at::Tensor alibi_slopes(int64_t num_heads) {
+  TE_CHECK(num_heads > 0, "alibi_slopes: num_heads ", num_heads, " must be positive");
+  int64_t n = 1;
+  while (n * 2 <= num_heads) n *= 2;
+  std::vector<float> slopes;
+  for (int64_t k = 1; k <= n; ++k) {
+    slopes.push_back(static_cast<float>(std::pow(std::pow(2.0, -8.0 / double(n)), double(k))));
+  }
+  for (int64_t k = 1; k <= 2 * (num_heads - n); k += 2) {
+    slopes.push_back(static_cast<float>(std::pow(std::pow(2.0, -4.0 / double(n)), double(k))));
+  }
+  return at::tensor(slopes);
+}
+
+at::Tensor alibi_bias(const at::Tensor& slopes, const MaskSpec& spec, const at::Tensor& mask,
+                      int64_t sq, int64_t sk) {
+  TE_CHECK(slopes.dim() == 1 || slopes.dim() == 2,
+           "alibi_bias: the slopes are [heads] or [batch, heads], got ", slopes.sizes());
+  TE_CHECK(!(spec.padding() && spec.bottom_right) || mask.defined(), "alibi_bias: attn_mask_type '",
+           spec.type, "' aligns each sequence's bottom-right corner: give its padding mask");
+  const at::Tensor distance =
+      diagonal_distance(given_mask(mask, spec, sq), spec, sq, sk, slopes.options());
+  const at::Tensor s = slopes.to(at::kFloat);
+  const at::Tensor per_head =
+      slopes.dim() == 1 ? s.view({1, -1, 1, 1}) : s.view({s.size(0), s.size(1), 1, 1});
+  return distance.abs().neg().to(at::kFloat) * per_head;
+}
+
+void check_attention_bias(const std::string& bias_type, const at::Tensor& bias,
+                          const at::Tensor& slopes, int64_t batch, int64_t heads, int64_t sq,
+                          int64_t sk) {
+  check_bias_type(bias_type);
+  const bool takes_bias = bias_type == "pre_scale_bias" || bias_type == "post_scale_bias";
+  if (!takes_bias) {
+    TE_CHECK(!bias.defined(), "attention: core_attention_bias_type '", bias_type,
+             "' takes no core_attention_bias (give pre_scale_bias or post_scale_bias to add it)");
+  } else {
+    TE_CHECK(bias.defined(), "attention: core_attention_bias_type '", bias_type,
+             "' needs core_attention_bias, [1 | batch, 1 | heads, seqlen_q, seqlen_kv]");
+    bool ok =
+        bias.dim() == 4 && (bias.size(0) == 1 || bias.size(0) == batch) &&
+        (bias.size(1) == 1 || bias.size(1) == heads) &&
+        (bias.size(2) == sq || (bias.size(2) == 1 && bias.size(0) == 1 && bias.size(1) == 1)) &&
+        bias.size(3) == sk;
+    TE_CHECK(ok, "attention: core_attention_bias ", bias.sizes(),
+             " does not fit the logits [batch ", batch, ", heads ", heads, ", seqlen_q ", sq,
+             ", seqlen_kv ", sk, "]: give [1 | batch, 1 | heads, seqlen_q, seqlen_kv] (or [1, 1, ",
+             "1, seqlen_kv]), as TE's bhss, 1hss, b1ss, 11ss and 111s");
+    TE_CHECK(bias.is_floating_point(), "attention: core_attention_bias is ", bias.scalar_type(),
+             ": give a floating-point tensor");
+  }
+  if (slopes.defined()) {
+    TE_CHECK(bias_type == "alibi",
+             "attention: alibi_slopes are given with core_attention_bias_type '", bias_type,
+             "': they need 'alibi'");
+    const bool ok = (slopes.dim() == 1 && slopes.size(0) == heads) ||
+                    (slopes.dim() == 2 && slopes.size(0) == batch && slopes.size(1) == heads);
+    TE_CHECK(ok, "attention: alibi_slopes ", slopes.sizes(), " are not [heads ", heads,
+             "] or [batch ", batch, ", heads ", heads, "]");
+    TE_CHECK(slopes.is_floating_point(), "attention: alibi_slopes are ", slopes.scalar_type(),
+             ": give a floating-point tensor");
+  }
+}
+
+}  // namespace te::nn::functional
