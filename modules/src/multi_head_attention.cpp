@@ -1,0 +1,370 @@
+// MultiHeadAttention: TE's projections (fused or separate QKV, GQA, qk-norm, RoPE, biases) around
+// DotProductAttention, one forward body for plain tensors and DTensors (modules/src/forward.h).
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/grad_mode.h>
+#include <cmath>
+#include "attention_detail.h"
+#include "constrain.h"
+#include "forward.h"
+#include "te/compat.h"
+#include "te/error.h"
+#include "te/fp8.h"
+#include "te/nn/attention.h"
+#include "te/nn/functional.h"
+#include "te/nn/init.h"
+
+namespace te::nn {
+
+namespace F = functional;
+
+namespace detail {
+
+namespace {
+// `dim` of t holds the packed tokens, or (tokens_only's dim 0) the batch of one they are in.
+void check_whole_tokens(const DTensor& t, int64_t dim) {
+  for (std::size_t m = 0; m < t.placements().size(); ++m) {
+    TE_CHECK(!is_shard(t.placements()[m], dim), "qkv_format 'thd': the packed tokens ",
+             t.to_string(), " are split over mesh axis '", t.mesh().axis_names()[m], "' (dim ", dim,
+             ": each sequence needs all its keys on one rank): replicate the tokens and shard "
+             "the heads, or give each rank its own packed batch (rules that shard 'batch' or "
+             "'seqlen' there split them)");
+  }
+}
+std::vector<Placement> shifted(std::vector<Placement> p, int64_t by) {
+  for (Placement& x : p) {
+    if (is_shard(x)) x = Shard{std::get<Shard>(x).dim + by};
+  }
+  return p;
+}
+}  // namespace
+
+DTensor batch_of_one(const DTensor& t) {
+  check_whole_tokens(t, 0);
+  std::vector<int64_t> shape = t.sizes();
+  shape.insert(shape.begin(), 1);
+  return DTensor::from_local(t.to_local().unsqueeze(0), t.mesh(), shifted(t.placements(), 1),
+                             shape);
+}
+
+DTensor tokens_only(const DTensor& t) {
+  check_whole_tokens(t, 0);
+  check_whole_tokens(t, 1);
+  std::vector<int64_t> shape = t.sizes();
+  shape.erase(shape.begin());
+  return DTensor::from_local(t.to_local().squeeze(0), t.mesh(), shifted(t.placements(), -1), shape);
+}
+
+}  // namespace detail
+
+// ---- MultiHeadAttention ----------------------------------------------------------------------
+
+MultiHeadAttentionImpl::MultiHeadAttentionImpl(const MultiHeadAttentionOptions& options_)
+    : options(options_) {
+  reset();
+}
+
+int64_t MultiHeadAttentionImpl::head_dim() const {
+  return options.head_dim() != 0 ? options.head_dim()
+                                 : options.hidden_size() / options.num_attention_heads();
+}
+
+int64_t MultiHeadAttentionImpl::kv_heads() const {
+  return options.num_gqa_groups() != 0 ? options.num_gqa_groups() : options.num_attention_heads();
+}
+
+void MultiHeadAttentionImpl::reset() {
+  const int64_t hidden = options.hidden_size(), heads = options.num_attention_heads();
+  TE_CHECK(hidden > 0 && heads > 0, "MultiHeadAttention: hidden_size (", hidden,
+           ") and num_attention_heads (", heads, ") must be positive");
+  TE_CHECK(options.head_dim() != 0 || hidden % heads == 0, "MultiHeadAttention: hidden_size ",
+           hidden, " is not a multiple of num_attention_heads ", heads,
+           "; set head_dim explicitly");
+  const int64_t d = head_dim(), g = kv_heads();
+  TE_CHECK(g > 0 && heads % g == 0, "MultiHeadAttention: ", heads,
+           " heads are not a multiple of num_gqa_groups ", g);
+  TE_CHECK(options.qkv_format() == "bshd" || options.qkv_format() == "thd",
+           "MultiHeadAttention: qkv_format '", options.qkv_format(),
+           "' is not 'bshd' or 'thd' ('sbhd' is DotProductAttention's only)");
+  TE_CHECK(options.qkv_format() != "thd" || options.self_attention(),
+           "MultiHeadAttention: qkv_format 'thd' is for self attention; cross attention takes "
+           "bshd here");
+  TE_CHECK(options.qkv_format() != "thd" || !options.enable_sequence_parallel(),
+           "MultiHeadAttention: qkv_format 'thd' with enable_sequence_parallel is not supported "
+           "(sequence parallel splits the packed tokens): shard the heads only");
+  // Resolved (and warned about) once here; the attention gets the resolved window.
+  const F::MaskSpec spec = F::mask_spec(options.attn_mask_type(), options.window_size(),
+                                        options.bottom_right_diagonal());
+  if (const auto& type = options.qk_norm_type()) {
+    TE_CHECK(*type == "RMSNorm" || *type == "LayerNorm" || *type == "L2Normalization",
+             "MultiHeadAttention: qk_norm_type '", *type,
+             "' is not one of RMSNorm, LayerNorm, L2Normalization");
+    if (*type != "L2Normalization") {
+      const auto norm = LayerNormOptions(d)
+                            .layernorm_type(*type == "RMSNorm" ? "rmsnorm" : "layernorm")
+                            .epsilon(options.qk_norm_eps());
+      q_norm = register_module("q_norm", LayerNorm(norm));
+      k_norm = register_module("k_norm", LayerNorm(norm));
+    }
+  }
+  if (options.input_layernorm()) {
+    TE_CHECK(options.layernorm().hidden_size() == hidden,
+             "MultiHeadAttention: the norm's "
+             "hidden_size ",
+             options.layernorm().hidden_size(), " differs from ", hidden);
+    layernorm = register_module("layernorm", LayerNorm(options.layernorm()));
+  }
+  attention = register_module(
+      "attention",
+      DotProductAttention(
+          DotProductAttentionOptions(heads, d)
+              .num_gqa_groups(g)
+              .attn_mask_type(options.attn_mask_type())
+              .window_size(WindowSize{spec.window_left, spec.window_right})
+              .bottom_right_diagonal(options.bottom_right_diagonal())
+              .attention_dropout(options.attention_dropout())
+              .softmax_type(options.softmax_type())
+              .scale_factor(options.scale_attn_logits() ? 1.0 / std::sqrt(double(d)) : 1.0)
+              .fused(options.fused_attention())
+              .qkv_format(options.qkv_format())));
+  // TE's attention kernels: variance_scaling(1, fan_in, normal); the query part divided by
+  // sqrt(head_dim) when scaled_query_init (then the logits are not scaled).
+  const double query_scale = options.scaled_query_init() ? 1.0 / std::sqrt(double(d)) : 1.0;
+  auto kernel = [&](std::vector<int64_t> shape) {
+    return variance_scaling(shape, 1, 1.0, "fan_in", "normal");
+  };
+  // A bias takes its kernel's output axes (all but the first).
+  auto output_axes = [](const LogicalAxes& kernel_axes) {
+    return LogicalAxes(kernel_axes.begin() + 1, kernel_axes.end());
+  };
+  const bool qkv_bias_on = options.qkv_bias().value_or(options.use_bias());
+  if (options.self_attention() && options.fuse_qkv() && g == heads) {
+    at::Tensor w = kernel({hidden, 3, heads * d});
+    w.select(1, 0).mul_(query_scale);
+    qkv_kernel = register_sharded(*this, "qkv_kernel", w, options.qkv_kernel_axes());
+    qkv_fp8 = register_fp8_gemm(*this, "qkv_");
+    if (qkv_bias_on) {
+      qkv_bias = register_sharded(*this, "qkv_bias", at::zeros({3, heads * d}),
+                                  output_axes(options.qkv_kernel_axes()));
+    }
+  } else {
+    q_kernel = register_sharded(*this, "q_kernel", kernel({hidden, heads * d}) * query_scale,
+                                options.q_kernel_axes());
+    kv_kernel =
+        register_sharded(*this, "kv_kernel", kernel({hidden, 2, g * d}), options.kv_kernel_axes());
+    q_fp8 = register_fp8_gemm(*this, "q_");
+    kv_fp8 = register_fp8_gemm(*this, "kv_");
+    if (qkv_bias_on) {
+      q_bias = register_sharded(*this, "q_bias", at::zeros({heads * d}),
+                                output_axes(options.q_kernel_axes()));
+      kv_bias = register_sharded(*this, "kv_bias", at::zeros({2, g * d}),
+                                 output_axes(options.kv_kernel_axes()));
+    }
+  }
+  out_kernel =
+      register_sharded(*this, "out_kernel", kernel({heads * d, hidden}), options.out_kernel_axes());
+  out_fp8 = register_fp8_gemm(*this, "out_");
+  if (options.use_bias()) {
+    out_bias = register_sharded(*this, "out_bias", at::zeros({hidden}), axis::replicated_1d());
+  }
+}
+
+void MultiHeadAttentionImpl::pretty_print(std::ostream& stream) const {
+  stream << "te::nn::MultiHeadAttention(hidden_size=" << options.hidden_size()
+         << ", heads=" << options.num_attention_heads() << ", head_dim=" << head_dim();
+  if (kv_heads() != options.num_attention_heads()) stream << ", gqa_groups=" << kv_heads();
+  stream << ", mask=" << options.attn_mask_type() << ", "
+         << (options.self_attention() ? "self" : "cross") << (qkv_fp8 ? ", fused_qkv" : "")
+         << (options.enable_sequence_parallel() ? ", sequence_parallel" : "") << ")";
+}
+
+namespace {
+
+// L2Normalization (TE's ops/basic/l2normalization.py at d0067d0da): x / sqrt(sum x^2 + eps) over
+// the last dim, which the per-head constraint keeps whole.
+at::Tensor l2_normalize(const at::Tensor& x, double eps) {
+  const at::Tensor f = x.to(at::kFloat);  // in float32, as TE's kernel (and for CPU fp16)
+  return (f * at::rsqrt(f.pow(2).sum(-1, /*keepdim=*/true) + eps)).to(x.scalar_type());
+}
+DTensor l2_normalize(const DTensor& x_in, double eps) {
+  // A norm over the last dim: made whole there first (the per-head constraint keeps it whole
+  // under rules; without them nothing else would).
+  const int64_t last = x_in.dim() - 1;
+  const DTensor x =
+      replicated_where(x_in, [last](const Placement& p, std::size_t) { return is_shard(p, last); });
+  return F::elementwise(x, [eps](const at::Tensor& t) { return l2_normalize(t, eps); });
+}
+
+// TE's qk-norm on a query or key [batch, seqlen, heads, head_dim].
+template <typename T>
+T qk_normalized(const MultiHeadAttentionImpl& self, LayerNorm norm, const T& t) {
+  if (!self.options.qk_norm_type()) return t;
+  return norm ? norm->forward(t) : l2_normalize(t, self.options.qk_norm_eps());
+}
+
+// MultiHeadAttention's one forward (modules/src/forward.h): the output and the input norm's.
+template <typename T>
+std::pair<T, T> mha_forward(MultiHeadAttentionImpl& self, const T& x_in,
+                            const detail::Memory<T>& memory, const at::Tensor& mask,
+                            const AttentionArgs& args) {
+  detail::enter(self, "MultiHeadAttention", x_in);
+  const MultiHeadAttentionOptions& o = self.options;
+  const bool packed = o.qkv_format() == "thd";
+  if (packed && x_in.dim() == 2) {  // [tokens, hidden]: run as a batch of one
+    const auto [y, ln] = mha_forward(self, detail::batch_of_one(x_in), memory, mask, args);
+    return {detail::tokens_only(y), detail::tokens_only(ln)};
+  }
+  TE_CHECK(x_in.dim() == 3 && x_in.size(2) == o.hidden_size() && (!packed || x_in.size(0) == 1),
+           "MultiHeadAttention: input ", detail::shape_of(x_in), " is not ",
+           packed ? "[tokens, " : "[batch, seqlen, ", o.hidden_size(), "]",
+           packed ? " (or [1, tokens, hidden]) for qkv_format 'thd'" : "");
+  TE_CHECK(o.self_attention() != detail::has(memory), "MultiHeadAttention: ",
+           o.self_attention() ? "self attention takes no memory; build it with "
+                                "self_attention(false) for cross attention"
+                              : "cross attention needs the memory to attend to");
+  const int64_t heads = o.num_attention_heads(), d = self.head_dim(), g = self.kv_heads();
+  const LogicalAxes act = {"batch", axis::seqlen(o.enable_sequence_parallel()), "hidden"};
+  // The projections take whole sequences (sequence parallel's gather, folded into their
+  // matmuls on a mesh, so its backward is a reduce-scatter).
+  const LogicalAxes whole = {"batch", "seqlen", "hidden"};
+  const LogicalAxes per_head = {"batch", "seqlen", "heads", std::nullopt};
+
+  const T x = with_sharding_constraint(x_in, act);
+  const T ln = o.input_layernorm() ? self.layernorm->forward(x) : x;
+  T q, k, v;
+  if (self.qkv_fp8) {  // fused (its kernel may be held in FP8)
+    T qkv =
+        detail::project(self, ln, "qkv_", self.qkv_kernel, self.qkv_bias, self.qkv_fp8, whole, {});
+    qkv = with_sharding_constraint(F::unflatten(qkv, 3, heads, d),
+                                   {"batch", "seqlen", "joined", "heads", std::nullopt});
+    q = F::select(qkv, 2, 0);
+    k = F::select(qkv, 2, 1);
+    v = F::select(qkv, 2, 2);
+  } else {
+    const T& src = o.self_attention() ? ln : detail::get(memory);
+    q = F::unflatten(
+        detail::project(self, ln, "q_", self.q_kernel, self.q_bias, self.q_fp8, whole, {}), 2,
+        heads, d);
+    const T kv = F::unflatten(
+        detail::project(self, src, "kv_", self.kv_kernel, self.kv_bias, self.kv_fp8, whole, {}), 3,
+        g, d);
+    k = F::select(kv, 2, 0);
+    v = F::select(kv, 2, 1);
+  }
+  q = with_sharding_constraint(q, per_head);
+  k = with_sharding_constraint(k, per_head);
+  v = with_sharding_constraint(v, per_head);
+  // With a KV cache the step's tokens are packed sequences: a batch of one.
+  InferenceParams* const cache = args.inference_params();
+  const int64_t batch = x.size(0), seqlen = x.size(1);
+  if (cache) {
+    TE_CHECK(o.self_attention(),
+             "MultiHeadAttention: a KV cache is for self attention; this one is cross attention");
+    TE_CHECK(!packed, "MultiHeadAttention: a KV cache takes bshd input (its own packing)");
+    TE_CHECK(batch * seqlen == cache->new_tokens() &&
+                 (batch == 1 || (batch == cache->batch_size() &&
+                                 cache->max_seqlen_q() * batch == cache->new_tokens())),
+             "MultiHeadAttention: input ", detail::shape_of(x),
+             " does not hold the KV cache "
+             "step's ",
+             cache->new_tokens(), " new tokens of ", cache->batch_size(), " sequences: give [1, ",
+             cache->new_tokens(),
+             ", hidden] (packed in pre_step's "
+             "order), or [batch, s, hidden] when every sequence brings s");
+    if (batch != 1) {
+      q = F::unflatten(F::flatten(q, 0), 0, 1, batch * seqlen);
+      k = F::unflatten(F::flatten(k, 0), 0, 1, batch * seqlen);
+      v = F::unflatten(F::flatten(v, 0), 0, 1, batch * seqlen);
+    }
+  }
+  // qk-norm before or after RoPE, RoPE after the projections, then attention
+  // (multi_head_attention.py L1130-1192 at d0067d0da); the attention takes the rest of the args.
+  if (o.qk_norm_before_rope()) {
+    q = qk_normalized(self, self.q_norm, q);
+    k = qk_normalized(self, self.k_norm, k);
+  }
+  AttentionArgs attention_args = args;
+  if (args.rotary_pos_emb().defined() && (packed || cache)) {
+    // Positions restart at each sequence's (padded) start (multi_head_attention.py L1156-1181),
+    // or with a cache go on from each sequence's cached length (L1152-1153).
+    const at::Tensor& cu_q = cache                                  ? cache->cu_seqlens_q()
+                             : args.cu_seqlens_q_padded().defined() ? args.cu_seqlens_q_padded()
+                                                                    : args.cu_seqlens_q();
+    const at::Tensor& cu_kv = cache                                   ? cache->cu_seqlens_q()
+                              : args.cu_seqlens_kv_padded().defined() ? args.cu_seqlens_kv_padded()
+                                                                      : args.cu_seqlens_kv();
+    const at::Tensor start = cache ? cache->pre_step_seqlens() : at::Tensor();
+    TE_CHECK(cu_q.defined() && cu_kv.defined(),
+             "MultiHeadAttention: qkv_format 'thd' needs AttentionArgs' cu_seqlens_q and "
+             "cu_seqlens_kv");
+    q = detail::batch_of_one(F::apply_rotary_pos_emb(detail::tokens_only(q), args.rotary_pos_emb(),
+                                                     "thd", o.rotary_pos_interleaved(), cu_q,
+                                                     start));
+    k = detail::batch_of_one(F::apply_rotary_pos_emb(detail::tokens_only(k), args.rotary_pos_emb(),
+                                                     "thd", o.rotary_pos_interleaved(), cu_kv,
+                                                     start));
+    attention_args.rotary_pos_emb(at::Tensor());
+  } else if (args.rotary_pos_emb().defined()) {
+    q = F::apply_rotary_pos_emb(q, args.rotary_pos_emb(), "bshd", o.rotary_pos_interleaved());
+    k = F::apply_rotary_pos_emb(k, args.rotary_pos_emb(), "bshd", o.rotary_pos_interleaved());
+    attention_args.rotary_pos_emb(at::Tensor());
+  }
+  if (!o.qk_norm_before_rope()) {
+    q = qk_normalized(self, self.q_norm, q);
+    k = qk_normalized(self, self.k_norm, k);
+  }
+  T attended;
+  if (cache) {
+    TE_CHECK(!mask.defined(),
+             "MultiHeadAttention: a KV cache takes no mask (the cache says "
+             "which keys each sequence has)");
+    attended = detail::cached_attention(*self.attention, q, k, v, attention_args);
+    if (batch != 1) attended = F::unflatten(F::flatten(attended, 0), 0, batch, seqlen);
+  } else if (packed) {
+    attended =
+        detail::batch_of_one(self.attention->forward(detail::tokens_only(q), detail::tokens_only(k),
+                                                     detail::tokens_only(v), mask, attention_args));
+  } else {
+    attended = self.attention->forward(q, k, v, mask, attention_args);
+  }
+  const T out = F::flatten(attended, 2);
+  // Tensor parallel: the output constraint is the all-reduce (or reduce-scatter).
+  return {detail::project(self, out, "out_", self.out_kernel, self.out_bias, self.out_fp8,
+                          {"batch", "seqlen", "hidden_tp"}, act),
+          ln};
+}
+
+}  // namespace
+
+at::Tensor MultiHeadAttentionImpl::forward(const at::Tensor& x, const at::Tensor& memory,
+                                           const at::Tensor& mask, const AttentionArgs& args) {
+  return mha_forward(*this, x, memory, mask, args).first;
+}
+
+std::pair<at::Tensor, at::Tensor> MultiHeadAttentionImpl::forward_with_layernorm_output(
+    const at::Tensor& x, const at::Tensor& memory, const at::Tensor& mask,
+    const AttentionArgs& args) {
+  return mha_forward(*this, x, memory, mask, args);
+}
+
+std::pair<DTensor, DTensor> MultiHeadAttentionImpl::forward_with_layernorm_output(
+    const DTensor& x, const std::optional<DTensor>& memory, const at::Tensor& mask,
+    const AttentionArgs& args) {
+  return mha_forward(*this, x, memory, mask, args);
+}
+
+DTensor MultiHeadAttentionImpl::forward(const DTensor& x, const std::optional<DTensor>& memory,
+                                        const at::Tensor& mask, const AttentionArgs& args) {
+  return mha_forward(*this, x, memory, mask, args).first;
+}
+
+std::vector<ShardedModule::Fp8Gemm> MultiHeadAttentionImpl::fp8_gemms() {
+  std::vector<Fp8Gemm> out;
+  if (qkv_fp8) out.push_back({"qkv_kernel", &qkv_kernel, qkv_fp8});
+  if (q_fp8) out.push_back({"q_kernel", &q_kernel, q_fp8});
+  if (kv_fp8) out.push_back({"kv_kernel", &kv_kernel, kv_fp8});
+  out.push_back({"out_kernel", &out_kernel, out_fp8});
+  return out;
+}
+
+}  // namespace te::nn
