@@ -171,41 +171,10 @@ std::map<std::string, Entry> entries_of(const torch::nn::Module& module,
   return out;
 }
 
-// ---- collectives over the world ----------------------------------------------------------
-
-// Every rank's string, in rank order (one process: just this one).
-std::vector<std::string> all_gather_strings(const std::optional<DeviceMesh>& world,
-                                            const std::string& mine) {
-  if (!world) return {mine};
-  const int64_t n = world->size();
-  // Shard(0) on every mesh dim: the global tensor is the ranks' pieces in rank order.
-  const std::vector<Placement> by_rank(static_cast<std::size_t>(world->ndim()), Shard{0});
-  const at::Tensor lengths =
-      DTensor::from_local(at::full({1}, static_cast<int64_t>(mine.size()), at::kLong), *world,
-                          by_rank, std::vector<int64_t>{n})
-          .full_tensor();
-  const int64_t longest = lengths.max().item<int64_t>();
-  at::Tensor bytes = at::zeros({longest}, at::kByte);
-  std::memcpy(bytes.data_ptr<uint8_t>(), mine.data(), mine.size());
-  const at::Tensor all =
-      DTensor::from_local(bytes, *world, by_rank, std::vector<int64_t>{n * longest}).full_tensor();
-  std::vector<std::string> out;
-  for (int64_t r = 0; r < n; ++r) {
-    const auto* p = all.data_ptr<uint8_t>() + r * longest;
-    out.emplace_back(reinterpret_cast<const char*>(p),
-                     static_cast<std::size_t>(lengths[r].item<int64_t>()));
-  }
-  return out;
-}
-
-void barrier(const std::optional<DeviceMesh>& world) {
-  if (!world) return;
-  const std::vector<Placement> partial(static_cast<std::size_t>(world->ndim()), Partial{});
-  DTensor::from_local(at::zeros({1}), *world, partial).full_tensor();
-}
-
-// A mesh over every rank of the world: the one the module's sharded parameters live on when it
-// spans the world (its groups exist already), else a new one-dimensional mesh.
+// A mesh over every rank of the world, for the checkpoint's own collectives (DeviceMesh::all_gather
+// and barrier): the one the module's sharded parameters live on when it spans the world (its
+// groups exist already), else a new one-dimensional mesh, which every rank makes here alike
+// (saving and loading are collective).
 std::optional<DeviceMesh> world_mesh(const torch::nn::Module& module) {
   if (world_size() <= 1) return std::nullopt;
   for (const auto& [name, layout] : named_parameter_layouts(module)) {
@@ -274,10 +243,12 @@ void save_checkpoint(const torch::nn::Module& module, const std::string& dir,
     fs::create_directories(tmp, ec);
     TE_CHECK(!ec, "save_checkpoint: cannot create '", tmp.string(), "': ", ec.message());
   }
-  barrier(world);
+  if (world) world->barrier();
   const auto entries = entries_of(module, optimizer);
   const auto mine = write_pieces(entries, tmp / file_name(rank, n));
-  const std::vector<std::string> all = all_gather_strings(world, format::pieces_text(mine));
+  const std::string mine_text = format::pieces_text(mine);
+  const std::vector<std::string> all =
+      world ? world->all_gather(mine_text) : std::vector<std::string>{mine_text};
   if (rank == 0) {
     index.world_size = n;
     for (const auto& [name, e] : entries) {
@@ -303,7 +274,7 @@ void save_checkpoint(const torch::nn::Module& module, const std::string& dir,
       TE_CHECK(::fsync(f.fd) == 0, "save_checkpoint: fsync of '", index_path.string(), "' failed");
     }
   }
-  barrier(world);  // every rank's file is written and synced
+  if (world) world->barrier();  // every rank's file is written and synced
   if (rank == 0) {
     fsync_path(tmp, true);
     const fs::path old = target.string() + ".old";
@@ -314,7 +285,7 @@ void save_checkpoint(const torch::nn::Module& module, const std::string& dir,
     fsync_path(target.parent_path(), true);
     fs::remove_all(old, ec);
   }
-  barrier(world);
+  if (world) world->barrier();
 }
 
 namespace {
@@ -350,25 +321,84 @@ CheckpointInfo read_checkpoint_info(const std::string& dir) {
   return info;
 }
 
+namespace {
+
+// A strict load: the checkpoint and the module hold the same tensors (optimizer state aside
+// when no optimizer is loaded).
+void check_same_tensors(const format::Index& index, const std::map<std::string, Entry>& entries,
+                        const fs::path& root, bool with_optimizer) {
+  for (const auto& [name, e] : entries) {
+    TE_CHECK(index.tensors.count(name), "load_checkpoint: the checkpoint at '", root.string(),
+             "' lacks '", name, "', which the module has (load with strict = false to skip it)");
+  }
+  for (const auto& [name, t] : index.tensors) {
+    // Optimizer state is there for resuming; a load without an optimizer leaves it.
+    if (!with_optimizer && name.rfind("optimizer.", 0) == 0) continue;
+    TE_CHECK(entries.count(name), "load_checkpoint: the checkpoint at '", root.string(),
+             "' holds '", name, "', which the module lacks (load with strict = false to skip it)");
+  }
+}
+
+// Reads this rank's box of tensor `name` (its local shape at its offsets) from the saved pieces
+// into `filled`; returns the elements covered. Each file is opened once, through `files`.
+int64_t read_box(const std::string& name, const format::TensorRecord& t, const Entry& e,
+                 const fs::path& root, at::Tensor& filled,
+                 std::map<std::string, std::unique_ptr<SafetensorsReader>>& files,
+                 int64_t* bytes_read) {
+  // This rank's box, and every saved piece that overlaps it. parse_index checked that the
+  // pieces tile the tensor, so together they fill the box.
+  const int64_t nd = static_cast<int64_t>(t.shape.size());
+  int64_t covered = 0;
+  for (const format::Piece& piece : t.pieces) {
+    bool overlaps = true;
+    std::vector<int64_t> lo(static_cast<std::size_t>(nd)), hi(static_cast<std::size_t>(nd));
+    for (int64_t d = 0; d < nd; ++d) {
+      lo[d] = std::max(piece.offsets[d], e.offsets[d]);
+      hi[d] = std::min(piece.offsets[d] + piece.shape[d], e.offsets[d] + e.local.size(d));
+      overlaps = overlaps && lo[d] < hi[d];
+    }
+    if (!overlaps && nd > 0) continue;
+    auto& handle = files[piece.file];
+    if (!handle) {
+      const fs::path path = root / piece.file;
+      std::error_code ec;
+      TE_CHECK(fs::exists(path, ec), "checkpoint: cannot open '", path.string(),
+               "': the checkpoint is missing a file its index names");
+      handle = std::make_unique<SafetensorsReader>(path.string());
+    }
+    TE_CHECK(handle->contains(name), "checkpoint: '", handle->path(), "' lacks tensor '", name,
+             "' that the index places there");
+    TE_CHECK(handle->shape(name) == piece.shape && handle->dtype(name) == t.dtype,
+             "checkpoint: tensor '", name, "' in '", handle->path(), "' is ", handle->dtype(name),
+             " ", te::shape_text(handle->shape(name)), " but the index says ", t.dtype, " ",
+             te::shape_text(piece.shape));
+    std::vector<int64_t> plo(lo), phi(hi);
+    for (int64_t d = 0; d < nd; ++d) {
+      plo[d] -= piece.offsets[d];
+      phi[d] -= piece.offsets[d];
+    }
+    const at::Tensor src = handle->read(name, plo, phi, piece.crc32_blocks, bytes_read);
+    at::Tensor dst = filled;
+    int64_t count = 1;
+    for (int64_t d = 0; d < nd; ++d) {
+      dst = dst.narrow(d, lo[d] - e.offsets[d], hi[d] - lo[d]);
+      count *= hi[d] - lo[d];
+    }
+    dst.copy_(src);
+    covered += count;
+  }
+  return covered;
+}
+
+}  // namespace
+
 std::string load_checkpoint(torch::nn::Module& module, const std::string& dir,
                             const CheckpointLoadOptions& options, torch::optim::AdamW* optimizer) {
   const fs::path root = fs::absolute(dir);
   const format::Index index = read_index(root, "load_checkpoint");
   StepSlots steps;
   const auto entries = entries_of(module, optimizer, /*create_state=*/true, &steps);
-  if (options.strict) {
-    for (const auto& [name, e] : entries) {
-      TE_CHECK(index.tensors.count(name), "load_checkpoint: the checkpoint at '", root.string(),
-               "' lacks '", name, "', which the module has (load with strict = false to skip it)");
-    }
-    for (const auto& [name, t] : index.tensors) {
-      // Optimizer state is there for resuming; a load without an optimizer leaves it.
-      if (optimizer == nullptr && name.rfind("optimizer.", 0) == 0) continue;
-      TE_CHECK(entries.count(name), "load_checkpoint: the checkpoint at '", root.string(),
-               "' holds '", name,
-               "', which the module lacks (load with strict = false to skip it)");
-    }
-  }
+  if (options.strict) check_same_tensors(index, entries, root, optimizer != nullptr);
   std::map<std::string, std::unique_ptr<SafetensorsReader>> files;
   int64_t bytes_read = 0;
   torch::NoGradGuard no_grad;
@@ -384,49 +414,8 @@ std::string load_checkpoint(torch::nn::Module& module, const std::string& dir,
     TE_CHECK(t.dtype == safetensors_dtype_name(dtype), "load_checkpoint: '", name, "' is ", t.dtype,
              " in the checkpoint at '", root.string(), "' but ", safetensors_dtype_name(dtype),
              " in the module; convert the module (module->to(...)) first");
-    // This rank's box, and every saved piece that overlaps it. parse_index checked that the
-    // pieces tile the tensor, so together they fill the box.
-    const int64_t nd = static_cast<int64_t>(t.shape.size());
     at::Tensor filled = at::empty(e.local.sizes(), e.local.options().device(at::kCPU));
-    int64_t covered = 0;
-    for (const format::Piece& piece : t.pieces) {
-      bool overlaps = true;
-      std::vector<int64_t> lo(static_cast<std::size_t>(nd)), hi(static_cast<std::size_t>(nd));
-      for (int64_t d = 0; d < nd; ++d) {
-        lo[d] = std::max(piece.offsets[d], e.offsets[d]);
-        hi[d] = std::min(piece.offsets[d] + piece.shape[d], e.offsets[d] + e.local.size(d));
-        overlaps = overlaps && lo[d] < hi[d];
-      }
-      if (!overlaps && nd > 0) continue;
-      auto& handle = files[piece.file];
-      if (!handle) {
-        const fs::path path = root / piece.file;
-        std::error_code ec;
-        TE_CHECK(fs::exists(path, ec), "checkpoint: cannot open '", path.string(),
-                 "': the checkpoint is missing a file its index names");
-        handle = std::make_unique<SafetensorsReader>(path.string());
-      }
-      TE_CHECK(handle->contains(name), "checkpoint: '", handle->path(), "' lacks tensor '", name,
-               "' that the index places there");
-      TE_CHECK(handle->shape(name) == piece.shape && handle->dtype(name) == t.dtype,
-               "checkpoint: tensor '", name, "' in '", handle->path(), "' is ", handle->dtype(name),
-               " ", te::shape_text(handle->shape(name)), " but the index says ", t.dtype, " ",
-               te::shape_text(piece.shape));
-      std::vector<int64_t> plo(lo), phi(hi);
-      for (int64_t d = 0; d < nd; ++d) {
-        plo[d] -= piece.offsets[d];
-        phi[d] -= piece.offsets[d];
-      }
-      const at::Tensor src = handle->read(name, plo, phi, piece.crc32_blocks, &bytes_read);
-      at::Tensor dst = filled;
-      int64_t count = 1;
-      for (int64_t d = 0; d < nd; ++d) {
-        dst = dst.narrow(d, lo[d] - e.offsets[d], hi[d] - lo[d]);
-        count *= hi[d] - lo[d];
-      }
-      dst.copy_(src);
-      covered += count;
-    }
+    const int64_t covered = read_box(name, t, e, root, filled, files, &bytes_read);
     TE_CHECK(covered == e.local.numel(), "internal: load_checkpoint: the pieces of '", name,
              "' in the checkpoint at '", root.string(), "' cover ", covered, " of the ",
              e.local.numel(), " elements this rank needs");

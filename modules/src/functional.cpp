@@ -161,28 +161,34 @@ at::Tensor dense(const at::Tensor& x, const at::Tensor& w,
   return with_bias(mm_any(x, w2).reshape(out_shape));
 }
 
-DTensor dense(const DTensor& x, const DTensor& w, const LogicalAxes& input_axes,
-              const std::shared_ptr<fp8::GemmMeta>& fp8) {
-  check_same_mesh(x, w, "dense");
-  TE_CHECK(x.dim() >= 1 && w.dim() >= 2 && x.size(-1) == w.size(0), "dense: input ", x.to_string(),
-           " and kernel ", w.to_string(), " do not contract");
-  const int64_t k = x.dim() - 1;  // x's contracted dim
-  const std::size_t n = static_cast<std::size_t>(x.mesh().ndim());
-  // The layout the constraint asks x to take (its own when there is none).
-  Placements wanted = x.placements();
-  if (!input_axes.empty()) {
-    TE_CHECK(static_cast<int64_t>(input_axes.size()) == x.dim(), "dense: ", input_axes.size(),
-             " input axes ", to_string(input_axes), " for ", x.to_string());
-    const DeviceMesh* mesh = current_mesh();
-    if (mesh == nullptr) {
-      validate_logical_axes(input_axes);
-    } else if (auto resolved = resolve_placements(input_axes, *mesh)) {
-      TE_CHECK(*mesh == x.mesh(), "dense: the input lives on ", x.mesh().to_string(),
-               " but the current mesh is another (", mesh->to_string(), ")");
-      wanted = std::move(*resolved);
-    }
+namespace {
+
+// The layout a dense input's constraint asks it to take (its own when there is none).
+Placements wanted_input_layout(const DTensor& x, const LogicalAxes& input_axes) {
+  if (input_axes.empty()) return x.placements();
+  TE_CHECK(static_cast<int64_t>(input_axes.size()) == x.dim(), "dense: ", input_axes.size(),
+           " input axes ", to_string(input_axes), " for ", x.to_string());
+  const DeviceMesh* mesh = current_mesh();
+  if (mesh == nullptr) {
+    validate_logical_axes(input_axes);
+  } else if (auto resolved = resolve_placements(input_axes, *mesh)) {
+    TE_CHECK(*mesh == x.mesh(), "dense: the input lives on ", x.mesh().to_string(),
+             " but the current mesh is another (", mesh->to_string(), ")");
+    return std::move(*resolved);
   }
-  Placements xa(n), wa(n), out(n), xg(n), wg(n);
+  return x.placements();
+}
+
+// Per mesh dim: the layouts x and the kernel take for the matmul (xa, wa), their gradients'
+// layouts (xg, wg) and the output's.
+struct DensePlan {
+  Placements xa, wa, out, xg, wg;
+};
+
+DensePlan plan_dense(const Placements& wanted, const DTensor& w, int64_t k) {
+  const std::size_t n = wanted.size();
+  DensePlan p{Placements(n), Placements(n), Placements(n), Placements(n), Placements(n)};
+  auto& [xa, wa, out, xg, wg] = p;
   for (std::size_t m = 0; m < n; ++m) {
     const Placement& px = wanted[m];
     const Placement& pw = w.placements()[m];
@@ -229,6 +235,19 @@ DTensor dense(const DTensor& x, const DTensor& w, const LogicalAxes& input_axes,
       out[m] = Replicate{};
     }
   }
+  return p;
+}
+
+}  // namespace
+
+DTensor dense(const DTensor& x, const DTensor& w, const LogicalAxes& input_axes,
+              const std::shared_ptr<fp8::GemmMeta>& fp8) {
+  check_same_mesh(x, w, "dense");
+  TE_CHECK(x.dim() >= 1 && w.dim() >= 2 && x.size(-1) == w.size(0), "dense: input ", x.to_string(),
+           " and kernel ", w.to_string(), " do not contract");
+  const int64_t k = x.dim() - 1;  // x's contracted dim
+  const std::size_t n = static_cast<std::size_t>(x.mesh().ndim());
+  const auto [xa, wa, out, xg, wg] = plan_dense(wanted_input_layout(x, input_axes), w, k);
   const at::Tensor x_local = x.redistribute(xa, xg).to_local();
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end() - 1);
   shape.insert(shape.end(), w.sizes().begin() + 1, w.sizes().end());

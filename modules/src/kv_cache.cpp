@@ -78,13 +78,12 @@ void InferenceParams::end(int64_t id) {
   sequences_.erase(it);
 }
 
-void InferenceParams::pre_step(const std::vector<std::pair<int64_t, int64_t>>& step) {
+void InferenceParams::check_step(const std::vector<std::pair<int64_t, int64_t>>& step) const {
   const InferenceParamsOptions& o = options_;
   TE_CHECK(!step.empty(), "InferenceParams::pre_step: the step has no sequences");
   TE_CHECK(static_cast<int64_t>(step.size()) <= o.max_batch_size(),
            "InferenceParams::pre_step: ", step.size(), " sequences are more than max_batch_size ",
            o.max_batch_size());
-  // Everything is checked before anything changes.
   std::set<int64_t> in_step;
   int64_t blocks_needed = 0, blocks_freed = 0;
   for (const auto& [id, count] : step) {
@@ -108,8 +107,13 @@ void InferenceParams::pre_step(const std::vector<std::pair<int64_t, int64_t>>& s
            o.is_paged() ? " more pages" : " more slots", " and ", free_blocks() + blocks_freed,
            " are free (", o.is_paged() ? "total_num_pages " : "max_batch_size ", total_blocks(),
            "); end some sequences or make the cache larger");
+}
 
+void InferenceParams::pre_step(const std::vector<std::pair<int64_t, int64_t>>& step) {
+  check_step(step);  // everything is checked before anything changes
   // Sequences absent from the step have ended (as TE's pre_step: inference.py L483-503).
+  std::set<int64_t> in_step;
+  for (const auto& [id, count] : step) in_step.insert(id);
   std::vector<int64_t> ended;
   for (const auto& [id, seq] : sequences_) {
     if (!in_step.count(id)) ended.push_back(id);
@@ -150,8 +154,17 @@ void InferenceParams::pre_step(const std::vector<std::pair<int64_t, int64_t>>& s
   }
   new_tokens_ = cq[n];
   stepped_.clear();
+  write_rows_ = at::tensor(write, i64);
+  lay_out_step(rows);
+}
+
+void InferenceParams::lay_out_step(const std::vector<std::vector<int64_t>>& rows) {
   // The padded geometry: [batch, max_kv] pool rows (padding reads the zero row), the packed
   // queries' places in [batch, max_q], and what is padding.
+  const int64_t n = static_cast<int64_t>(rows.size()), bt = block_tokens();
+  const auto i64 = at::TensorOptions().dtype(at::kLong);
+  const auto* cq = cu_q_.data_ptr<int64_t>();
+  const auto* ckv = cu_kv_.data_ptr<int64_t>();
   const int64_t zero_row = total_blocks() * bt;
   read_rows_ = at::full({n, max_kv_}, zero_row, i64);
   query_rows_ = at::empty({new_tokens_}, i64);
@@ -169,7 +182,6 @@ void InferenceParams::pre_step(const std::vector<std::pair<int64_t, int64_t>>& s
   }
   read_rows_ = read_rows_.view({-1});
   seqlens_kv_ = (cu_kv_.slice(0, 1) - cu_kv_.slice(0, 0, n)).contiguous();
-  write_rows_ = at::tensor(write, i64);
 }
 
 void InferenceParams::store(int64_t layer, const at::Tensor& k, const at::Tensor& v) {

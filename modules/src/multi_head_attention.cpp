@@ -73,52 +73,105 @@ int64_t MultiHeadAttentionImpl::kv_heads() const {
   return options.num_gqa_groups() != 0 ? options.num_gqa_groups() : options.num_attention_heads();
 }
 
-void MultiHeadAttentionImpl::reset() {
-  const int64_t hidden = options.hidden_size(), heads = options.num_attention_heads();
+namespace {
+
+// What MultiHeadAttention's options must satisfy before anything is built.
+void check_mha_options(const MultiHeadAttentionOptions& o, int64_t kv_heads) {
+  const int64_t hidden = o.hidden_size(), heads = o.num_attention_heads();
   TE_CHECK(hidden > 0 && heads > 0, "MultiHeadAttention: hidden_size (", hidden,
            ") and num_attention_heads (", heads, ") must be positive");
-  TE_CHECK(options.head_dim() != 0 || hidden % heads == 0, "MultiHeadAttention: hidden_size ",
-           hidden, " is not a multiple of num_attention_heads ", heads,
-           "; set head_dim explicitly");
-  const int64_t d = head_dim(), g = kv_heads();
-  TE_CHECK(g > 0 && heads % g == 0, "MultiHeadAttention: ", heads,
-           " heads are not a multiple of num_gqa_groups ", g);
-  TE_CHECK(options.qkv_format() == "bshd" || options.qkv_format() == "thd",
-           "MultiHeadAttention: qkv_format '", options.qkv_format(),
-           "' is not 'bshd' or 'thd' ('sbhd' is DotProductAttention's only)");
-  TE_CHECK(options.qkv_format() != "thd" || options.self_attention(),
+  TE_CHECK(o.head_dim() != 0 || hidden % heads == 0, "MultiHeadAttention: hidden_size ", hidden,
+           " is not a multiple of num_attention_heads ", heads, "; set head_dim explicitly");
+  TE_CHECK(kv_heads > 0 && heads % kv_heads == 0, "MultiHeadAttention: ", heads,
+           " heads are not a multiple of num_gqa_groups ", kv_heads);
+  TE_CHECK(o.qkv_format() == "bshd" || o.qkv_format() == "thd", "MultiHeadAttention: qkv_format '",
+           o.qkv_format(), "' is not 'bshd' or 'thd' ('sbhd' is DotProductAttention's only)");
+  TE_CHECK(o.qkv_format() != "thd" || o.self_attention(),
            "MultiHeadAttention: qkv_format 'thd' is for self attention; cross attention takes "
            "bshd here");
-  TE_CHECK(options.qkv_format() != "thd" || !options.enable_sequence_parallel(),
+  TE_CHECK(o.qkv_format() != "thd" || !o.enable_sequence_parallel(),
            "MultiHeadAttention: qkv_format 'thd' with enable_sequence_parallel is not supported "
            "(sequence parallel splits the packed tokens): shard the heads only");
-  // Resolved (and warned about) once here; the attention gets the resolved window.
-  const F::MaskSpec spec = F::mask_spec(options.attn_mask_type(), options.window_size(),
-                                        options.bottom_right_diagonal());
-  if (const auto& type = options.qk_norm_type()) {
+  if (o.input_layernorm()) {
+    TE_CHECK(o.layernorm().hidden_size() == hidden, "MultiHeadAttention: the norm's hidden_size ",
+             o.layernorm().hidden_size(), " differs from ", hidden);
+  }
+  if (const auto& type = o.qk_norm_type()) {
     TE_CHECK(*type == "RMSNorm" || *type == "LayerNorm" || *type == "L2Normalization",
              "MultiHeadAttention: qk_norm_type '", *type,
              "' is not one of RMSNorm, LayerNorm, L2Normalization");
-    if (*type != "L2Normalization") {
-      const auto norm = LayerNormOptions(d)
-                            .layernorm_type(*type == "RMSNorm" ? "rmsnorm" : "layernorm")
-                            .epsilon(options.qk_norm_eps());
-      q_norm = register_module("q_norm", LayerNorm(norm));
-      k_norm = register_module("k_norm", LayerNorm(norm));
+  }
+}
+
+}  // namespace
+
+// The projections' kernels and biases. TE's attention kernels: variance_scaling(1, fan_in,
+// normal); the query part divided by sqrt(head_dim) when scaled_query_init (then the logits are
+// not scaled). A bias takes its kernel's output axes (all but the first).
+void MultiHeadAttentionImpl::register_projections() {
+  const MultiHeadAttentionOptions& o = options;
+  const int64_t hidden = o.hidden_size(), heads = o.num_attention_heads();
+  const int64_t d = head_dim(), g = kv_heads();
+  const double query_scale = o.scaled_query_init() ? 1.0 / std::sqrt(double(d)) : 1.0;
+  auto kernel = [&](std::vector<int64_t> shape) {
+    return variance_scaling(shape, 1, 1.0, "fan_in", "normal");
+  };
+  auto output_axes = [](const LogicalAxes& kernel_axes) {
+    return LogicalAxes(kernel_axes.begin() + 1, kernel_axes.end());
+  };
+  const bool qkv_bias_on = o.qkv_bias().value_or(o.use_bias());
+  if (o.self_attention() && o.fuse_qkv() && g == heads) {
+    at::Tensor w = kernel({hidden, 3, heads * d});
+    w.select(1, 0).mul_(query_scale);
+    qkv_kernel = register_sharded(*this, "qkv_kernel", w, o.qkv_kernel_axes());
+    qkv_fp8 = register_fp8_gemm(*this, "qkv_");
+    if (qkv_bias_on) {
+      qkv_bias = register_sharded(*this, "qkv_bias", at::zeros({3, heads * d}),
+                                  output_axes(o.qkv_kernel_axes()));
+    }
+  } else {
+    q_kernel = register_sharded(*this, "q_kernel", kernel({hidden, heads * d}) * query_scale,
+                                o.q_kernel_axes());
+    kv_kernel =
+        register_sharded(*this, "kv_kernel", kernel({hidden, 2, g * d}), o.kv_kernel_axes());
+    q_fp8 = register_fp8_gemm(*this, "q_");
+    kv_fp8 = register_fp8_gemm(*this, "kv_");
+    if (qkv_bias_on) {
+      q_bias =
+          register_sharded(*this, "q_bias", at::zeros({heads * d}), output_axes(o.q_kernel_axes()));
+      kv_bias = register_sharded(*this, "kv_bias", at::zeros({2, g * d}),
+                                 output_axes(o.kv_kernel_axes()));
     }
   }
+  out_kernel =
+      register_sharded(*this, "out_kernel", kernel({heads * d, hidden}), o.out_kernel_axes());
+  out_fp8 = register_fp8_gemm(*this, "out_");
+  if (o.use_bias()) {
+    out_bias = register_sharded(*this, "out_bias", at::zeros({hidden}), axis::replicated_1d());
+  }
+}
+
+void MultiHeadAttentionImpl::reset() {
+  check_mha_options(options, kv_heads());
+  const int64_t heads = options.num_attention_heads(), d = head_dim();
+  // Resolved (and warned about) once here; the attention gets the resolved window.
+  const F::MaskSpec spec = F::mask_spec(options.attn_mask_type(), options.window_size(),
+                                        options.bottom_right_diagonal());
+  if (const auto& type = options.qk_norm_type(); type && *type != "L2Normalization") {
+    const auto norm = LayerNormOptions(d)
+                          .layernorm_type(*type == "RMSNorm" ? "rmsnorm" : "layernorm")
+                          .epsilon(options.qk_norm_eps());
+    q_norm = register_module("q_norm", LayerNorm(norm));
+    k_norm = register_module("k_norm", LayerNorm(norm));
+  }
   if (options.input_layernorm()) {
-    TE_CHECK(options.layernorm().hidden_size() == hidden,
-             "MultiHeadAttention: the norm's "
-             "hidden_size ",
-             options.layernorm().hidden_size(), " differs from ", hidden);
     layernorm = register_module("layernorm", LayerNorm(options.layernorm()));
   }
   attention = register_module(
       "attention",
       DotProductAttention(
           DotProductAttentionOptions(heads, d)
-              .num_gqa_groups(g)
+              .num_gqa_groups(kv_heads())
               .attn_mask_type(options.attn_mask_type())
               .window_size(WindowSize{spec.window_left, spec.window_right})
               .bottom_right_diagonal(options.bottom_right_diagonal())
@@ -127,46 +180,7 @@ void MultiHeadAttentionImpl::reset() {
               .scale_factor(options.scale_attn_logits() ? 1.0 / std::sqrt(double(d)) : 1.0)
               .fused(options.fused_attention())
               .qkv_format(options.qkv_format())));
-  // TE's attention kernels: variance_scaling(1, fan_in, normal); the query part divided by
-  // sqrt(head_dim) when scaled_query_init (then the logits are not scaled).
-  const double query_scale = options.scaled_query_init() ? 1.0 / std::sqrt(double(d)) : 1.0;
-  auto kernel = [&](std::vector<int64_t> shape) {
-    return variance_scaling(shape, 1, 1.0, "fan_in", "normal");
-  };
-  // A bias takes its kernel's output axes (all but the first).
-  auto output_axes = [](const LogicalAxes& kernel_axes) {
-    return LogicalAxes(kernel_axes.begin() + 1, kernel_axes.end());
-  };
-  const bool qkv_bias_on = options.qkv_bias().value_or(options.use_bias());
-  if (options.self_attention() && options.fuse_qkv() && g == heads) {
-    at::Tensor w = kernel({hidden, 3, heads * d});
-    w.select(1, 0).mul_(query_scale);
-    qkv_kernel = register_sharded(*this, "qkv_kernel", w, options.qkv_kernel_axes());
-    qkv_fp8 = register_fp8_gemm(*this, "qkv_");
-    if (qkv_bias_on) {
-      qkv_bias = register_sharded(*this, "qkv_bias", at::zeros({3, heads * d}),
-                                  output_axes(options.qkv_kernel_axes()));
-    }
-  } else {
-    q_kernel = register_sharded(*this, "q_kernel", kernel({hidden, heads * d}) * query_scale,
-                                options.q_kernel_axes());
-    kv_kernel =
-        register_sharded(*this, "kv_kernel", kernel({hidden, 2, g * d}), options.kv_kernel_axes());
-    q_fp8 = register_fp8_gemm(*this, "q_");
-    kv_fp8 = register_fp8_gemm(*this, "kv_");
-    if (qkv_bias_on) {
-      q_bias = register_sharded(*this, "q_bias", at::zeros({heads * d}),
-                                output_axes(options.q_kernel_axes()));
-      kv_bias = register_sharded(*this, "kv_bias", at::zeros({2, g * d}),
-                                 output_axes(options.kv_kernel_axes()));
-    }
-  }
-  out_kernel =
-      register_sharded(*this, "out_kernel", kernel({heads * d, hidden}), options.out_kernel_axes());
-  out_fp8 = register_fp8_gemm(*this, "out_");
-  if (options.use_bias()) {
-    out_bias = register_sharded(*this, "out_bias", at::zeros({hidden}), axis::replicated_1d());
-  }
+  register_projections();
 }
 
 void MultiHeadAttentionImpl::pretty_print(std::ostream& stream) const {
@@ -202,6 +216,89 @@ T qk_normalized(const MultiHeadAttentionImpl& self, LayerNorm norm, const T& t) 
   return norm ? norm->forward(t) : l2_normalize(t, self.options.qk_norm_eps());
 }
 
+// The query, key and value [batch, seqlen, heads, head_dim] of a (normed) input: one fused
+// projection (its kernel may be held in FP8), or the query's and the key/value's.
+template <typename T>
+std::tuple<T, T, T> project_qkv(MultiHeadAttentionImpl& self, const T& ln,
+                                const detail::Memory<T>& memory) {
+  const MultiHeadAttentionOptions& o = self.options;
+  const int64_t heads = o.num_attention_heads(), d = self.head_dim(), g = self.kv_heads();
+  // The projections take whole sequences (sequence parallel's gather, folded into their
+  // matmuls on a mesh, so its backward is a reduce-scatter).
+  const LogicalAxes whole = {"batch", "seqlen", "hidden"};
+  const LogicalAxes per_head = {"batch", "seqlen", "heads", std::nullopt};
+  T q, k, v;
+  if (self.qkv_fp8) {
+    T qkv =
+        detail::project(self, ln, "qkv_", self.qkv_kernel, self.qkv_bias, self.qkv_fp8, whole, {});
+    qkv = with_sharding_constraint(F::unflatten(qkv, 3, heads, d),
+                                   {"batch", "seqlen", "joined", "heads", std::nullopt});
+    q = F::select(qkv, 2, 0);
+    k = F::select(qkv, 2, 1);
+    v = F::select(qkv, 2, 2);
+  } else {
+    const T& src = o.self_attention() ? ln : detail::get(memory);
+    q = F::unflatten(
+        detail::project(self, ln, "q_", self.q_kernel, self.q_bias, self.q_fp8, whole, {}), 2,
+        heads, d);
+    const T kv = F::unflatten(
+        detail::project(self, src, "kv_", self.kv_kernel, self.kv_bias, self.kv_fp8, whole, {}), 3,
+        g, d);
+    k = F::select(kv, 2, 0);
+    v = F::select(kv, 2, 1);
+  }
+  return {with_sharding_constraint(q, per_head), with_sharding_constraint(k, per_head),
+          with_sharding_constraint(v, per_head)};
+}
+
+// With a KV cache the step's tokens are packed sequences: [batch, s] becomes a batch of one.
+void check_cache_step(const MultiHeadAttentionOptions& o, const InferenceParams& cache,
+                      int64_t batch, int64_t seqlen, const std::string& shape) {
+  TE_CHECK(o.self_attention(),
+           "MultiHeadAttention: a KV cache is for self attention; this one is cross attention");
+  TE_CHECK(o.qkv_format() != "thd",
+           "MultiHeadAttention: a KV cache takes bshd input (its own packing)");
+  TE_CHECK(batch * seqlen == cache.new_tokens() &&
+               (batch == 1 || (batch == cache.batch_size() &&
+                               cache.max_seqlen_q() * batch == cache.new_tokens())),
+           "MultiHeadAttention: input ", shape, " does not hold the KV cache step's ",
+           cache.new_tokens(), " new tokens of ", cache.batch_size(), " sequences: give [1, ",
+           cache.new_tokens(),
+           ", hidden] (packed in pre_step's order), or [batch, s, hidden] when every sequence "
+           "brings s");
+}
+
+// RoPE on the query and key (multi_head_attention.py L1150-1192 at d0067d0da); clears the
+// embedding from the args the attention gets.
+template <typename T>
+void rotate_qk(const MultiHeadAttentionOptions& o, const InferenceParams* cache, T& q, T& k,
+               AttentionArgs& args) {
+  if (!args.rotary_pos_emb().defined()) return;
+  const at::Tensor freqs = args.rotary_pos_emb();
+  if (o.qkv_format() == "thd" || cache) {
+    // Positions restart at each sequence's (padded) start (L1156-1181), or with a cache go on
+    // from each sequence's cached length (L1152-1153).
+    const at::Tensor& cu_q = cache                                  ? cache->cu_seqlens_q()
+                             : args.cu_seqlens_q_padded().defined() ? args.cu_seqlens_q_padded()
+                                                                    : args.cu_seqlens_q();
+    const at::Tensor& cu_kv = cache                                   ? cache->cu_seqlens_q()
+                              : args.cu_seqlens_kv_padded().defined() ? args.cu_seqlens_kv_padded()
+                                                                      : args.cu_seqlens_kv();
+    const at::Tensor start = cache ? cache->pre_step_seqlens() : at::Tensor();
+    TE_CHECK(cu_q.defined() && cu_kv.defined(),
+             "MultiHeadAttention: qkv_format 'thd' needs AttentionArgs' cu_seqlens_q and "
+             "cu_seqlens_kv");
+    q = detail::batch_of_one(F::apply_rotary_pos_emb(detail::tokens_only(q), freqs, "thd",
+                                                     o.rotary_pos_interleaved(), cu_q, start));
+    k = detail::batch_of_one(F::apply_rotary_pos_emb(detail::tokens_only(k), freqs, "thd",
+                                                     o.rotary_pos_interleaved(), cu_kv, start));
+  } else {
+    q = F::apply_rotary_pos_emb(q, freqs, "bshd", o.rotary_pos_interleaved());
+    k = F::apply_rotary_pos_emb(k, freqs, "bshd", o.rotary_pos_interleaved());
+  }
+  args.rotary_pos_emb(at::Tensor());
+}
+
 // MultiHeadAttention's one forward (modules/src/forward.h): the output and the input norm's.
 template <typename T>
 std::pair<T, T> mha_forward(MultiHeadAttentionImpl& self, const T& x_in,
@@ -222,55 +319,17 @@ std::pair<T, T> mha_forward(MultiHeadAttentionImpl& self, const T& x_in,
            o.self_attention() ? "self attention takes no memory; build it with "
                                 "self_attention(false) for cross attention"
                               : "cross attention needs the memory to attend to");
-  const int64_t heads = o.num_attention_heads(), d = self.head_dim(), g = self.kv_heads();
   const LogicalAxes act = {"batch", axis::seqlen(o.enable_sequence_parallel()), "hidden"};
-  // The projections take whole sequences (sequence parallel's gather, folded into their
-  // matmuls on a mesh, so its backward is a reduce-scatter).
-  const LogicalAxes whole = {"batch", "seqlen", "hidden"};
-  const LogicalAxes per_head = {"batch", "seqlen", "heads", std::nullopt};
-
   const T x = with_sharding_constraint(x_in, act);
   const T ln = o.input_layernorm() ? self.layernorm->forward(x) : x;
-  T q, k, v;
-  if (self.qkv_fp8) {  // fused (its kernel may be held in FP8)
-    T qkv =
-        detail::project(self, ln, "qkv_", self.qkv_kernel, self.qkv_bias, self.qkv_fp8, whole, {});
-    qkv = with_sharding_constraint(F::unflatten(qkv, 3, heads, d),
-                                   {"batch", "seqlen", "joined", "heads", std::nullopt});
-    q = F::select(qkv, 2, 0);
-    k = F::select(qkv, 2, 1);
-    v = F::select(qkv, 2, 2);
-  } else {
-    const T& src = o.self_attention() ? ln : detail::get(memory);
-    q = F::unflatten(
-        detail::project(self, ln, "q_", self.q_kernel, self.q_bias, self.q_fp8, whole, {}), 2,
-        heads, d);
-    const T kv = F::unflatten(
-        detail::project(self, src, "kv_", self.kv_kernel, self.kv_bias, self.kv_fp8, whole, {}), 3,
-        g, d);
-    k = F::select(kv, 2, 0);
-    v = F::select(kv, 2, 1);
-  }
-  q = with_sharding_constraint(q, per_head);
-  k = with_sharding_constraint(k, per_head);
-  v = with_sharding_constraint(v, per_head);
-  // With a KV cache the step's tokens are packed sequences: a batch of one.
+  auto [q, k, v] = project_qkv(self, ln, memory);
   InferenceParams* const cache = args.inference_params();
   const int64_t batch = x.size(0), seqlen = x.size(1);
   if (cache) {
-    TE_CHECK(o.self_attention(),
-             "MultiHeadAttention: a KV cache is for self attention; this one is cross attention");
-    TE_CHECK(!packed, "MultiHeadAttention: a KV cache takes bshd input (its own packing)");
-    TE_CHECK(batch * seqlen == cache->new_tokens() &&
-                 (batch == 1 || (batch == cache->batch_size() &&
-                                 cache->max_seqlen_q() * batch == cache->new_tokens())),
-             "MultiHeadAttention: input ", detail::shape_of(x),
-             " does not hold the KV cache "
-             "step's ",
-             cache->new_tokens(), " new tokens of ", cache->batch_size(), " sequences: give [1, ",
-             cache->new_tokens(),
-             ", hidden] (packed in pre_step's "
-             "order), or [batch, s, hidden] when every sequence brings s");
+    check_cache_step(o, *cache, batch, seqlen, detail::shape_of(x));
+    TE_CHECK(!mask.defined(),
+             "MultiHeadAttention: a KV cache takes no mask (the cache says "
+             "which keys each sequence has)");
     if (batch != 1) {
       q = F::unflatten(F::flatten(q, 0), 0, 1, batch * seqlen);
       k = F::unflatten(F::flatten(k, 0), 0, 1, batch * seqlen);
@@ -284,40 +343,13 @@ std::pair<T, T> mha_forward(MultiHeadAttentionImpl& self, const T& x_in,
     k = qk_normalized(self, self.k_norm, k);
   }
   AttentionArgs attention_args = args;
-  if (args.rotary_pos_emb().defined() && (packed || cache)) {
-    // Positions restart at each sequence's (padded) start (multi_head_attention.py L1156-1181),
-    // or with a cache go on from each sequence's cached length (L1152-1153).
-    const at::Tensor& cu_q = cache                                  ? cache->cu_seqlens_q()
-                             : args.cu_seqlens_q_padded().defined() ? args.cu_seqlens_q_padded()
-                                                                    : args.cu_seqlens_q();
-    const at::Tensor& cu_kv = cache                                   ? cache->cu_seqlens_q()
-                              : args.cu_seqlens_kv_padded().defined() ? args.cu_seqlens_kv_padded()
-                                                                      : args.cu_seqlens_kv();
-    const at::Tensor start = cache ? cache->pre_step_seqlens() : at::Tensor();
-    TE_CHECK(cu_q.defined() && cu_kv.defined(),
-             "MultiHeadAttention: qkv_format 'thd' needs AttentionArgs' cu_seqlens_q and "
-             "cu_seqlens_kv");
-    q = detail::batch_of_one(F::apply_rotary_pos_emb(detail::tokens_only(q), args.rotary_pos_emb(),
-                                                     "thd", o.rotary_pos_interleaved(), cu_q,
-                                                     start));
-    k = detail::batch_of_one(F::apply_rotary_pos_emb(detail::tokens_only(k), args.rotary_pos_emb(),
-                                                     "thd", o.rotary_pos_interleaved(), cu_kv,
-                                                     start));
-    attention_args.rotary_pos_emb(at::Tensor());
-  } else if (args.rotary_pos_emb().defined()) {
-    q = F::apply_rotary_pos_emb(q, args.rotary_pos_emb(), "bshd", o.rotary_pos_interleaved());
-    k = F::apply_rotary_pos_emb(k, args.rotary_pos_emb(), "bshd", o.rotary_pos_interleaved());
-    attention_args.rotary_pos_emb(at::Tensor());
-  }
+  rotate_qk(o, cache, q, k, attention_args);
   if (!o.qk_norm_before_rope()) {
     q = qk_normalized(self, self.q_norm, q);
     k = qk_normalized(self, self.k_norm, k);
   }
   T attended;
   if (cache) {
-    TE_CHECK(!mask.defined(),
-             "MultiHeadAttention: a KV cache takes no mask (the cache says "
-             "which keys each sequence has)");
     attended = detail::cached_attention(*self.attention, q, k, v, attention_args);
     if (batch != 1) attended = F::unflatten(F::flatten(attended, 0), 0, batch, seqlen);
   } else if (packed) {

@@ -158,44 +158,20 @@ at::Tensor SafetensorsReader::read(const std::string& name, int64_t* bytes_read)
   return read(name, std::vector<int64_t>(s.size(), 0), s, {}, bytes_read);
 }
 
-at::Tensor SafetensorsReader::read(const std::string& name, const std::vector<int64_t>& lo,
-                                   const std::vector<int64_t>& hi,
-                                   const std::vector<uint32_t>& crc32_blocks, int64_t* bytes_read) {
-  const format::HeaderEntry& h = state_->entry(name);
-  const std::string& path = state_->path;
-  const std::vector<int64_t>& shape = h.shape;
+namespace {
+
+// (file byte, destination byte, length) of each run to read, merged where both are adjacent.
+struct Run {
+  int64_t from, to, length;
+};
+
+// The runs that read the box [lo, hi) of a tensor of `shape` (`es`-byte elements, `bytes` in
+// all): its rows, straight into the box; or, to verify checksums, the whole blocks that hold
+// them, to their own places in a tensor-sized buffer.
+std::vector<Run> runs_of_box(const std::vector<int64_t>& shape, const std::vector<int64_t>& lo,
+                             const std::vector<int64_t>& hi, int64_t es, int64_t bytes,
+                             bool verify) {
   const int64_t nd = static_cast<int64_t>(shape.size());
-  TE_CHECK(static_cast<int64_t>(lo.size()) == nd && static_cast<int64_t>(hi.size()) == nd,
-           "safetensors: reading '", name, "' in '", path, "': the box has ", lo.size(), " and ",
-           hi.size(), " bounds for a ", nd, "-dim tensor");
-  for (int64_t d = 0; d < nd; ++d) {
-    TE_CHECK(0 <= lo[d] && lo[d] <= hi[d] && hi[d] <= shape[d], "safetensors: reading '", name,
-             "' in '", path, "': box [", lo[d], ", ", hi[d], ") of dim ", d, " is outside ",
-             te::shape_text(shape));
-  }
-  const at::ScalarType type = safetensors_scalar_type(h.dtype, "'" + name + "' in '" + path + "'");
-  const int64_t es = static_cast<int64_t>(c10::elementSize(type));
-  int64_t numel = 1;
-  for (int64_t s : shape) numel *= s;
-  const int64_t bytes = numel * es;  // == h.end - h.begin, checked by parse_header
-  const bool verify = !crc32_blocks.empty();
-  const int64_t blocks = format::block_count(bytes);
-  TE_CHECK(!verify || static_cast<int64_t>(crc32_blocks.size()) == blocks,
-           "internal: safetensors: ", crc32_blocks.size(), " checksums for the ", blocks,
-           " blocks of '", name, "' in '", path, "'");
-  std::vector<int64_t> box_shape;
-  for (int64_t d = 0; d < nd; ++d) box_shape.push_back(hi[d] - lo[d]);
-  // Without checksums the box's rows (all dims but the last) are read straight into it, rows
-  // that follow each other in the file in one read. With them, whole 1 MiB blocks are read into
-  // a buffer the size of the tensor (only the blocks' pages are touched) and each verified.
-  at::Tensor out = at::empty(box_shape, at::TensorOptions().dtype(type));
-  if (out.numel() == 0) return out;
-  at::Tensor whole = verify ? at::empty(shape, at::TensorOptions().dtype(type)) : at::Tensor();
-  auto* dst = static_cast<unsigned char*>(verify ? whole.data_ptr() : out.data_ptr());
-  // (file byte, destination byte, length) of each run to read, merged where both are adjacent.
-  struct Run {
-    int64_t from, to, length;
-  };
   std::vector<Run> runs;
   auto add = [&](int64_t b0, int64_t b1, int64_t to) {
     if (verify) {
@@ -232,6 +208,46 @@ at::Tensor SafetensorsReader::read(const std::string& name, const std::vector<in
       if (d < 0) break;
     }
   }
+  return runs;
+}
+
+}  // namespace
+
+at::Tensor SafetensorsReader::read(const std::string& name, const std::vector<int64_t>& lo,
+                                   const std::vector<int64_t>& hi,
+                                   const std::vector<uint32_t>& crc32_blocks, int64_t* bytes_read) {
+  const format::HeaderEntry& h = state_->entry(name);
+  const std::string& path = state_->path;
+  const std::vector<int64_t>& shape = h.shape;
+  const int64_t nd = static_cast<int64_t>(shape.size());
+  TE_CHECK(static_cast<int64_t>(lo.size()) == nd && static_cast<int64_t>(hi.size()) == nd,
+           "safetensors: reading '", name, "' in '", path, "': the box has ", lo.size(), " and ",
+           hi.size(), " bounds for a ", nd, "-dim tensor");
+  for (int64_t d = 0; d < nd; ++d) {
+    TE_CHECK(0 <= lo[d] && lo[d] <= hi[d] && hi[d] <= shape[d], "safetensors: reading '", name,
+             "' in '", path, "': box [", lo[d], ", ", hi[d], ") of dim ", d, " is outside ",
+             te::shape_text(shape));
+  }
+  const at::ScalarType type = safetensors_scalar_type(h.dtype, "'" + name + "' in '" + path + "'");
+  const int64_t es = static_cast<int64_t>(c10::elementSize(type));
+  int64_t numel = 1;
+  for (int64_t s : shape) numel *= s;
+  const int64_t bytes = numel * es;  // == h.end - h.begin, checked by parse_header
+  const bool verify = !crc32_blocks.empty();
+  const int64_t blocks = format::block_count(bytes);
+  TE_CHECK(!verify || static_cast<int64_t>(crc32_blocks.size()) == blocks,
+           "internal: safetensors: ", crc32_blocks.size(), " checksums for the ", blocks,
+           " blocks of '", name, "' in '", path, "'");
+  std::vector<int64_t> box_shape;
+  for (int64_t d = 0; d < nd; ++d) box_shape.push_back(hi[d] - lo[d]);
+  // Without checksums the box's rows (all dims but the last) are read straight into it, rows
+  // that follow each other in the file in one read. With them, whole 1 MiB blocks are read into
+  // a buffer the size of the tensor (only the blocks' pages are touched) and each verified.
+  at::Tensor out = at::empty(box_shape, at::TensorOptions().dtype(type));
+  if (out.numel() == 0) return out;
+  at::Tensor whole = verify ? at::empty(shape, at::TensorOptions().dtype(type)) : at::Tensor();
+  auto* dst = static_cast<unsigned char*>(verify ? whole.data_ptr() : out.data_ptr());
+  const std::vector<Run> runs = runs_of_box(shape, lo, hi, es, bytes, verify);
   for (const Run& r : runs) {
     read_at(state_->fd, dst + r.to, static_cast<std::size_t>(r.length),
             state_->header.data_start + h.begin + r.from, path);

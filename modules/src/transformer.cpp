@@ -17,41 +17,48 @@ TransformerLayerImpl::TransformerLayerImpl(const TransformerLayerOptions& option
   reset();
 }
 
-void TransformerLayerImpl::reset() {
-  TE_CHECK(options.layer_type() == "encoder" || options.layer_type() == "decoder",
-           "TransformerLayer: layer_type '", options.layer_type(),
-           "' is not 'encoder' or 'decoder'");
-  TE_CHECK(options.hidden_dropout() >= 0 && options.hidden_dropout() < 1,
-           "TransformerLayer: hidden_dropout ", options.hidden_dropout(), " is not in [0, 1)");
-  TE_CHECK(options.drop_path_rate() >= 0 && options.drop_path_rate() < 1,
-           "TransformerLayer: drop_path_rate ", options.drop_path_rate(), " is not in [0, 1)");
-  if (options.parallel_attention_mlp()) {  // transformer.py L376-390 at d0067d0da
-    TE_CHECK(options.layer_type() == "encoder",
+namespace {
+
+// What TransformerLayer's options must satisfy before anything is built.
+void check_layer_options(const TransformerLayerOptions& o) {
+  TE_CHECK(o.layer_type() == "encoder" || o.layer_type() == "decoder",
+           "TransformerLayer: layer_type '", o.layer_type(), "' is not 'encoder' or 'decoder'");
+  TE_CHECK(o.hidden_dropout() >= 0 && o.hidden_dropout() < 1, "TransformerLayer: hidden_dropout ",
+           o.hidden_dropout(), " is not in [0, 1)");
+  TE_CHECK(o.drop_path_rate() >= 0 && o.drop_path_rate() < 1, "TransformerLayer: drop_path_rate ",
+           o.drop_path_rate(), " is not in [0, 1)");
+  if (o.parallel_attention_mlp()) {  // transformer.py L376-390 at d0067d0da
+    TE_CHECK(o.layer_type() == "encoder",
              "TransformerLayer: parallel_attention_mlp needs layer_type 'encoder', got '",
-             options.layer_type(), "'");
-    TE_CHECK(!options.apply_residual_connection_post_layernorm() && !options.output_layernorm(),
+             o.layer_type(), "'");
+    TE_CHECK(!o.apply_residual_connection_post_layernorm() && !o.output_layernorm(),
              "TransformerLayer: parallel_attention_mlp cannot be combined with "
              "apply_residual_connection_post_layernorm or output_layernorm");
   }
-  TE_CHECK(options.attn_input_format() == "bshd" || options.attn_input_format() == "thd",
-           "TransformerLayer: attn_input_format '", options.attn_input_format(),
+  TE_CHECK(o.attn_input_format() == "bshd" || o.attn_input_format() == "thd",
+           "TransformerLayer: attn_input_format '", o.attn_input_format(),
            "' is not 'bshd' or 'thd'");
-  if (options.attn_input_format() == "thd") {
-    TE_CHECK(options.self_attn_mask_type().rfind("padding", 0) == 0,
+  if (o.attn_input_format() == "thd") {
+    TE_CHECK(o.self_attn_mask_type().rfind("padding", 0) == 0,
              "TransformerLayer: attn_input_format 'thd' needs a padding self_attn_mask_type "
              "(padding, padding_causal or padding_causal_bottom_right), as TE's; got '",
-             options.self_attn_mask_type(), "'");
-    TE_CHECK(options.layer_type() == "encoder",
+             o.self_attn_mask_type(), "'");
+    TE_CHECK(o.layer_type() == "encoder",
              "TransformerLayer: attn_input_format 'thd' needs layer_type 'encoder' (the cross "
              "attention takes bshd here)");
-    TE_CHECK(options.drop_path_rate() == 0,
+    TE_CHECK(o.drop_path_rate() == 0,
              "TransformerLayer: drop_path_rate with attn_input_format 'thd' is not supported "
              "(TE's drop path draws per row of dim 0, here per token): set it to 0 or use bshd");
   }
-  const auto norm = LayerNormOptions(options.hidden_size())
-                        .layernorm_type(options.layernorm_type())
-                        .epsilon(options.layernorm_epsilon())
-                        .zero_centered_gamma(options.zero_centered_gamma());
+  TE_CHECK(o.qkv_kernel_axes().size() == 3,
+           "TransformerLayer: qkv_kernel_axes needs 3 "
+           "axes (hidden, 3, heads*head_dim), got ",
+           to_string(o.qkv_kernel_axes()));
+}
+
+// The options both attentions share (the self attention's mask and norm placement come after).
+MultiHeadAttentionOptions attention_options(const TransformerLayerOptions& options,
+                                            const LayerNormOptions& norm) {
   auto attention = MultiHeadAttentionOptions(options.hidden_size(), options.num_attention_heads())
                        .num_gqa_groups(options.num_gqa_groups())
                        .head_dim(options.kv_channels())
@@ -73,11 +80,19 @@ void TransformerLayerImpl::reset() {
                        .qkv_kernel_axes(options.qkv_kernel_axes())
                        .kv_kernel_axes(options.qkv_kernel_axes())
                        .out_kernel_axes(options.out_kernel_axes());
-  TE_CHECK(options.qkv_kernel_axes().size() == 3,
-           "TransformerLayer: qkv_kernel_axes needs 3 "
-           "axes (hidden, 3, heads*head_dim), got ",
-           to_string(options.qkv_kernel_axes()));
   attention.q_kernel_axes({options.qkv_kernel_axes()[0], options.qkv_kernel_axes()[2]});
+  return attention;
+}
+
+}  // namespace
+
+void TransformerLayerImpl::reset() {
+  check_layer_options(options);
+  const auto norm = LayerNormOptions(options.hidden_size())
+                        .layernorm_type(options.layernorm_type())
+                        .epsilon(options.layernorm_epsilon())
+                        .zero_centered_gamma(options.zero_centered_gamma());
+  const MultiHeadAttentionOptions attention = attention_options(options, norm);
   self_attention = register_module(
       "self_attention",
       MultiHeadAttention(MultiHeadAttentionOptions(attention)

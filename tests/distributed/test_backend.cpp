@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "../../te/src/distributed/nccl_seams.h"
 #include "../expect_error.h"
 #include "te/distributed.h"
 #include "te/distributed/backend.h"
@@ -33,11 +34,42 @@ struct EnvScope {
 };
 
 TEST(CommBackendOption, NamesAndEnvironment) {
-  EXPECT_STREQ(to_string(CommBackend::kAuto), "auto");
-  EXPECT_STREQ(to_string(CommBackend::kGloo), "gloo");
-  EXPECT_STREQ(to_string(CommBackend::kNccl), "nccl");
-  EnvScope env("TE_COMM_BACKEND", "mpi");
-  EXPECT_ERROR(run_local_ranks(1, [](int) {}), "TE_COMM_BACKEND='mpi' is not auto, gloo or nccl");
+  EXPECT_EQ(comm::backend_names(), (std::vector<std::string>{"gloo", "nccl"}));
+  EXPECT_EQ(DistributedOptions().backend, "auto");
+  {
+    EnvScope env("TE_COMM_BACKEND", "mpi");
+    EXPECT_ERROR(run_local_ranks(1, [](int) {}), "TE_COMM_BACKEND='mpi' is not auto, gloo or nccl");
+  }
+  DistributedOptions options;
+  options.backend = "mpi";
+  EXPECT_ERROR(run_local_ranks(
+                   1, [](int) {}, options),
+               "DistributedOptions::backend='mpi' is not auto, gloo or nccl");
+}
+
+// The registry refuses a backend it could not name or make, and keeps the ones it has.
+TEST(BackendRegistry, RefusesNamelessTakenAndIncompleteBackends) {
+  const auto make = [](const comm::BackendSetup&) -> std::unique_ptr<comm::Backend> {
+    return nullptr;
+  };
+  EXPECT_ERROR(comm::register_backend({"gloo", {c10::kCPU}, {}, make}),
+               "a backend named 'gloo' is already registered; give this one another name");
+  EXPECT_ERROR(comm::register_backend({"auto", {c10::kCPU}, {}, make}),
+               "register_backend: the name 'auto' cannot name a backend");
+  EXPECT_ERROR(comm::register_backend({"", {c10::kCPU}, {}, make}),
+               "register_backend: the name '' cannot name a backend");
+  EXPECT_ERROR(comm::register_backend({"late", {c10::kCPU}, {}, nullptr}),
+               "backend 'late' has no factory (BackendKind::make)");
+  EXPECT_ERROR(comm::register_backend({"late", {}, {}, make}),
+               "backend 'late' carries no device type");
+  EXPECT_EQ(comm::backend_names(), (std::vector<std::string>{"gloo", "nccl"}));
+  EXPECT_ERROR(comm::find_backend("late", "TE_COMM_BACKEND"),
+               "TE_COMM_BACKEND='late' is not auto, gloo or nccl");
+  // "auto": Gloo for the CPU; NCCL for CUDA where built, else Gloo through host memory.
+  ASSERT_TRUE(comm::auto_backend(c10::kCPU).has_value() == comm::gloo_built());
+  if (comm::gloo_built()) EXPECT_EQ(comm::auto_backend(c10::kCPU)->name, "gloo");
+  if (comm::nccl_built()) EXPECT_EQ(comm::auto_backend(c10::kCUDA)->name, "nccl");
+  EXPECT_FALSE(comm::auto_backend(c10::kMeta).has_value());
 }
 
 // One GPU per rank: LOCAL_RANK picks it, the CPU when the host has none, and a rank beyond the
@@ -64,7 +96,7 @@ TEST(CommBackendOption, GlooByOptionAndByEnvironmentMovesCpuTensors) {
     if (by_env) {
       env = std::make_unique<EnvScope>("TE_COMM_BACKEND", "gloo");
     } else {
-      options.backend = CommBackend::kGloo;
+      options.backend = "gloo";
     }
     run_local_ranks(
         2,
@@ -90,7 +122,7 @@ TEST(CommBackendOption, NcclWithoutAGpuOrWithoutNcclIsNamed) {
   expected = "this te-cpp was built without NCCL";
 #endif
   DistributedOptions options;
-  options.backend = CommBackend::kNccl;
+  options.backend = "nccl";
   options.timeout = std::chrono::seconds(60);
   std::vector<std::string> errors(2);
   const auto start = std::chrono::steady_clock::now();
@@ -239,7 +271,7 @@ std::unique_ptr<comm::Backend> one_rank_nccl(const std::string& key) {
   setup.key = key;
   setup.ranks = {0};
   setup.timeout = std::chrono::seconds(60);
-  setup.cuda_device = 0;
+  setup.device = c10::Device(c10::kCUDA, 0);
   return comm::make_nccl_backend(setup);
 }
 

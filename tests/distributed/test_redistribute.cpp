@@ -359,6 +359,22 @@ TEST(DTensorApi, FromLocalChecksPieceSizes) {
 namespace te {
 namespace {
 
+// DeviceMesh's own collectives for bytes (what checkpoints exchange): every rank's string in rank
+// order, whatever their lengths (empty included), on one and two mesh dims; and a barrier.
+TEST(MeshCollectives, AllGatherOfStringsAndBarrier) {
+  EXPECT_EQ(DeviceMesh({1}, {"x"}).all_gather("alone"), std::vector<std::string>{"alone"});
+  run_local_ranks(4, [](int rank) {
+    const std::vector<std::string> expected = {"", "r1", std::string(300, 'b'), "rank three"};
+    for (const auto& [shape, names] :
+         {std::pair<std::vector<int64_t>, std::vector<std::string>>{{4}, {"x"}},
+          {{2, 2}, {"data", "model"}}}) {
+      DeviceMesh mesh(shape, names);
+      EXPECT_EQ(mesh.all_gather(expected[static_cast<std::size_t>(rank)]), expected);
+      mesh.barrier();
+    }
+  });
+}
+
 // An error of the communication backend itself is reported as such, at once, not blamed on peers
 // that are alive (Gloo in LibTorch 1.13 has no int16; that rejection stands for any backend
 // error). bf16 and fp16, which Gloo lacks too, travel as fp32 and come back exact.

@@ -44,6 +44,7 @@
 #include <string>
 #include <thread>
 
+#include "../../te/src/distributed/nccl_seams.h"
 #include "dist_test_util.h"
 #include "te/distributed.h"
 #include "te/distributed/backend.h"

@@ -22,6 +22,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../../te/src/distributed/nccl_seams.h"
 #include "../../te/src/distributed/network.h"
 #include "../fake_env.h"
 #include "data.h"
@@ -513,8 +514,7 @@ std::vector<Case> cases() {
          t.scale_inv = at::empty({1}, at::TensorOptions().device(at::kMeta).dtype(at::kFloat));
          t.dequantize();
        }},
-      {"FP8", "FP8 weights in training with a block recipe",
-       "grad=1x128) scales blocks",
+      {"FP8", "FP8 weights in training with a block recipe", "grad=1x128) scales blocks",
        [] {
          Dense dense(DenseOptions(16, 8));
          quantize_fp8_weights(*dense, fp8::Float8BlockScaling{});

@@ -64,10 +64,11 @@ class World {
   void set_gloo_host(std::string address) { gloo_host_ = std::move(address); }
 
   /// A communicator of `kind` over `ranks` (world ranks, this rank among them) rendezvousing
-  /// under `key`; `cuda_device` is the GPU of an NCCL one. Collective over `ranks`.
-  std::unique_ptr<Backend> connect(CommBackend kind, const std::string& key,
+  /// under `key`, made for `device` (backends.cpp). Collective over `ranks`.
+  std::unique_ptr<Backend> connect(const comm::BackendKind& kind, const std::string& key,
                                    const std::vector<int64_t>& ranks,
-                                   const CollectiveAlgorithms& algorithms, int cuda_device) const;
+                                   const CollectiveAlgorithms& algorithms,
+                                   const c10::Device& device) const;
   /// Collective: every rank calls it in the same order and gets the same id.
   int64_t next_mesh_id() { return next_mesh_id_++; }
   /// Collective over the world: publishes this rank's `mine` under `topic` and returns every
@@ -131,9 +132,10 @@ class ThreadWorldScope {
   ThreadWorldScope& operator=(const ThreadWorldScope&) = delete;
 };
 
-/// The communicators of one row, one per backend, made on demand: the one the world's options
-/// name when the row is made, NCCL on the row's first CUDA collective under CommBackend::kAuto.
-/// Every rank of the row asks in the same collective, so making one is collective too.
+/// The communicators of one row, one per backend, made on demand (backends.cpp): the one the
+/// world's options name when the row is made; under "auto" the CPU's then, and a GPU's on the
+/// row's first CUDA collective. Every rank of the row asks in the same collective, so making one
+/// is collective too.
 class RowComm {
  public:
   RowComm(const World* world, std::string key, std::vector<int64_t> ranks,
@@ -142,15 +144,16 @@ class RowComm {
   Backend& for_device(const c10::Device& device, const std::string& axis);
 
  private:
-  Backend& make(CommBackend kind, int cuda_device);
+  Backend& make(const comm::BackendKind& kind, const c10::Device& device);
+  static bool has_cpu(const comm::BackendKind& kind);
+  static std::string device_list(const std::vector<c10::DeviceType>& types);
 
   const World* world_;
   std::string key_;
   std::vector<int64_t> ranks_;
   CollectiveAlgorithms algorithms_;
   std::mutex mutex_;
-  std::unique_ptr<Backend> gloo_;
-  std::unique_ptr<Backend> nccl_;
+  std::map<std::string, std::unique_ptr<Backend>> made_;  // by backend name
   std::unique_ptr<Backend> simulated_;
 };
 

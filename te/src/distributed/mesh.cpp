@@ -1,6 +1,7 @@
 #include "te/distributed/mesh.h"
 
 #include <algorithm>
+#include <cstring>
 #include <numeric>
 
 #include "internal.h"
@@ -45,8 +46,11 @@ ScopeStack<const DeviceMesh*>& mesh_stack() {
 
 }  // namespace
 
-DeviceMesh::DeviceMesh(std::vector<int64_t> shape, std::vector<std::string> axis_names,
-                       std::optional<CollectiveAlgorithms> algorithms) {
+namespace {
+
+// A mesh's shape and axis names, checked on their own.
+void check_mesh_axes(const std::vector<int64_t>& shape,
+                     const std::vector<std::string>& axis_names) {
   TE_CHECK(!shape.empty(),
            "DeviceMesh: the shape is empty; give at least one axis, e.g. "
            "DeviceMesh({world_size()}, {\"data\"})");
@@ -61,37 +65,48 @@ DeviceMesh::DeviceMesh(std::vector<int64_t> shape, std::vector<std::string> axis
                "' is used twice; name each mesh axis once");
     }
   }
+}
+
+// Every rank must build the same meshes in the same order; one that does not would wait on
+// rows nobody else joins. The descriptions are compared first, so every rank names the
+// difference at once.
+void check_same_mesh_on_every_rank(detail::World& world, int64_t mesh_id,
+                                   const std::vector<int64_t>& shape,
+                                   const std::vector<std::string>& axis_names) {
+  const std::string mine = mesh_text(shape, axis_names);
+  const std::string topic = "mesh_desc/" + std::to_string(mesh_id);
+  const std::vector<std::string> all = world.exchange(
+      topic, mine, "DeviceMesh #" + std::to_string(mesh_id) + " (this rank built " + mine + ")");
+  std::vector<std::pair<std::string, std::string>> kinds;  // (description, its ranks)
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    auto it =
+        std::find_if(kinds.begin(), kinds.end(), [&](const auto& k) { return k.first == all[r]; });
+    if (it == kinds.end()) it = kinds.insert(kinds.end(), {all[r], std::string()});
+    it->second += (it->second.empty() ? "" : ", ") + std::to_string(r);
+  }
+  if (kinds.size() > 1) {
+    world.linger(topic);
+    std::string differ;
+    for (const auto& [description, ranks] : kinds) {
+      differ +=
+          (differ.empty() ? "" : "; ") + std::string("rank(s) ") + ranks + " built " + description;
+    }
+    TE_FAIL("DeviceMesh #", mesh_id, " differs between ranks: ", differ,
+            "; every rank must construct the same meshes (shape and axis names) in the same "
+            "order");
+  }
+}
+
+}  // namespace
+
+DeviceMesh::DeviceMesh(std::vector<int64_t> shape, std::vector<std::string> axis_names,
+                       std::optional<CollectiveAlgorithms> algorithms) {
+  check_mesh_axes(shape, axis_names);
   auto state = std::make_shared<detail::MeshState>();
   state->world = detail::current_world();
   const int64_t world = state->world ? state->world->size() : 1;
-  // Every rank must build the same meshes in the same order; one that does not would wait on
-  // rows nobody else joins. The descriptions are compared first, so every rank names the
-  // difference at once.
   const int64_t mesh_id = state->world ? state->world->next_mesh_id() : 0;
-  if (world > 1) {
-    const std::string mine = mesh_text(shape, axis_names);
-    const std::string topic = "mesh_desc/" + std::to_string(mesh_id);
-    const std::vector<std::string> all = state->world->exchange(
-        topic, mine, "DeviceMesh #" + std::to_string(mesh_id) + " (this rank built " + mine + ")");
-    std::vector<std::pair<std::string, std::string>> kinds;  // (description, its ranks)
-    for (std::size_t r = 0; r < all.size(); ++r) {
-      auto it = std::find_if(kinds.begin(), kinds.end(),
-                             [&](const auto& k) { return k.first == all[r]; });
-      if (it == kinds.end()) it = kinds.insert(kinds.end(), {all[r], std::string()});
-      it->second += (it->second.empty() ? "" : ", ") + std::to_string(r);
-    }
-    if (kinds.size() > 1) {
-      state->world->linger(topic);
-      std::string differ;
-      for (const auto& [description, ranks] : kinds) {
-        differ += (differ.empty() ? "" : "; ") + std::string("rank(s) ") + ranks + " built " +
-                  description;
-      }
-      TE_FAIL("DeviceMesh #", mesh_id, " differs between ranks: ", differ,
-              "; every rank must construct the same meshes (shape and axis names) in the same "
-              "order");
-    }
-  }
+  if (world > 1) check_same_mesh_on_every_rank(*state->world, mesh_id, shape, axis_names);
   const int64_t product =
       std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<int64_t>());
   TE_CHECK(product == world, "DeviceMesh: the mesh (", list_axes(axis_names), ") has ", product,
@@ -160,6 +175,47 @@ at::Tensor DeviceMesh::all_reduce(const at::Tensor& t, ReduceOp op,
   }
   if (dims.empty()) return t.clone();
   return detail::all_reduce(detail::group_over(*state_, dims), t, op);
+}
+
+namespace {
+
+// Every mesh dim, for the collectives over the whole mesh.
+std::vector<int64_t> all_dims(const DeviceMesh& mesh) {
+  std::vector<int64_t> dims(static_cast<std::size_t>(mesh.ndim()));
+  std::iota(dims.begin(), dims.end(), int64_t{0});
+  return dims;
+}
+
+}  // namespace
+
+std::vector<std::string> DeviceMesh::all_gather(const std::string& mine) const {
+  const int64_t n = size();
+  if (n == 1) return {mine};
+  const detail::Group& g = detail::group_over(*state_, all_dims(*this));
+  // On the rank's own device, which every backend of the world moves; lengths first, then the
+  // bytes padded to the longest.
+  const auto on = at::TensorOptions().device(local_device());
+  const at::Tensor lengths =
+      detail::all_gather(g, at::full({1}, static_cast<int64_t>(mine.size()), on.dtype(at::kLong)),
+                         0, n)
+          .cpu();
+  const int64_t longest = lengths.max().item<int64_t>();
+  at::Tensor bytes = at::zeros({longest}, at::kByte);
+  if (!mine.empty()) std::memcpy(bytes.data_ptr<uint8_t>(), mine.data(), mine.size());
+  const at::Tensor all = detail::all_gather(g, bytes.to(on.device()), 0, n * longest).cpu();
+  std::vector<std::string> out;
+  for (int64_t r = 0; r < n; ++r) {
+    const auto* p = all.data_ptr<uint8_t>() + r * longest;
+    out.emplace_back(reinterpret_cast<const char*>(p),
+                     static_cast<std::size_t>(lengths[r].item<int64_t>()));
+  }
+  return out;
+}
+
+void DeviceMesh::barrier() const {
+  if (size() == 1) return;
+  detail::all_reduce(detail::group_over(*state_, all_dims(*this)),
+                     at::zeros({1}, at::TensorOptions().device(local_device())), ReduceOp::kSum);
 }
 
 bool DeviceMesh::has_axis(const std::string& axis) const {

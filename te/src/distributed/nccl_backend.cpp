@@ -8,6 +8,7 @@
 // Built when CMake finds NCCL with the CUDA toolkit (TE_WITH_NCCL); otherwise the functions at
 // the end throw a te::Error saying this build has no NCCL.
 
+#include "nccl_seams.h"
 #include "te/distributed/backend.h"
 
 #include <algorithm>
@@ -131,6 +132,11 @@ class DeviceScope {
   int previous_ = 0;
 };
 
+// The GPU index a communicator is made for (the CPU stands for none: -1, refused below).
+int cuda_device_of(const BackendSetup& setup) {
+  return setup.device.is_cuda() ? (setup.device.has_index() ? setup.device.index() : 0) : -1;
+}
+
 // The GPU this rank's communicator would run on, or why it cannot have one.
 PeerStatus own_status(const BackendSetup& setup) {
   const int world_rank = static_cast<int>(setup.ranks.at(static_cast<std::size_t>(setup.rank)));
@@ -138,21 +144,22 @@ PeerStatus own_status(const BackendSetup& setup) {
   const cudaError_t e = cudaGetDeviceCount(&count);
   PeerStatus status;
   if (e != cudaSuccess || count == 0) {
-    status.error = "NCCL needs a CUDA GPU on every rank, and rank " + std::to_string(world_rank) +
-                   " has none (CUDA says: " +
-                   (e == cudaSuccess ? std::string("no devices") : cudaGetErrorString(e)) +
-                   "); run on a GPU machine, or move CPU tensors on Gloo (CommBackend::kGloo or "
-                   "kAuto; TE_COMM_BACKEND=gloo)";
-  } else if (setup.cuda_device < 0 || setup.cuda_device >= count) {
+    status.error =
+        "NCCL needs a CUDA GPU on every rank, and rank " + std::to_string(world_rank) +
+        " has none (CUDA says: " +
+        (e == cudaSuccess ? std::string("no devices") : cudaGetErrorString(e)) +
+        "); run on a GPU machine, or move CPU tensors on Gloo (DistributedOptions::backend "
+        "\"gloo\" or \"auto\"; TE_COMM_BACKEND=gloo)";
+  } else if (cuda_device_of(setup) < 0 || cuda_device_of(setup) >= count) {
     status.error = "rank " + std::to_string(world_rank) +
-                   " would run NCCL on cuda:" + std::to_string(setup.cuda_device) +
+                   " would run NCCL on cuda:" + std::to_string(cuda_device_of(setup)) +
                    ", but this machine has " + std::to_string(count) +
                    " GPU(s): start at most one rank per GPU (te-run --nproc " +
                    std::to_string(count) +
                    "); LOCAL_RANK picks a process rank's GPU, a thread rank's is its rank";
   } else {
     char bus[64] = {0};
-    cudaDeviceGetPCIBusId(bus, sizeof(bus), setup.cuda_device);
+    cudaDeviceGetPCIBusId(bus, sizeof(bus), cuda_device_of(setup));
     status.gpu = bus;
   }
   return status;
@@ -161,7 +168,7 @@ PeerStatus own_status(const BackendSetup& setup) {
 class NcclBackend final : public Backend {
  public:
   explicit NcclBackend(const BackendSetup& setup)
-      : device_(setup.cuda_device), size_(setup.size), timeout_(setup.timeout) {
+      : device_(cuda_device_of(setup)), size_(setup.size), timeout_(setup.timeout) {
     // Every rank posts its GPU or why it has none before anything can stop it, so a rank that
     // cannot join names itself to its peers at once (they would otherwise wait on its key).
     const std::vector<PeerStatus> peers = exchange_peer_status(
@@ -175,7 +182,7 @@ class NcclBackend final : public Backend {
               "ranks [",
               join_ranks(setup.ranks), "] are both on GPU ", gpus[dup->first],
               ": NCCL refuses two ranks of one communicator on one GPU. Start one rank per GPU "
-              "(LOCAL_RANK picks it; te::local_device()), or use Gloo (CommBackend::kGloo)");
+              "(LOCAL_RANK picks it; te::local_device()), or use Gloo (TE_COMM_BACKEND=gloo)");
     }
     const ncclUniqueId id = nccl::share_unique_id(*setup.store, setup.rank, timeout_);
     DeviceScope scope(device_);
@@ -374,7 +381,7 @@ std::unique_ptr<Backend> make_nccl_backend(const BackendSetup& setup) {
   TE_FAIL("rank ", setup.ranks.at(static_cast<std::size_t>(setup.rank)),
           " was asked for an NCCL communicator, but this te-cpp was built without NCCL (CMake "
           "found no CUDA toolkit with nccl.h); rebuild with the toolkit, or use Gloo "
-          "(CommBackend::kGloo / kAuto; TE_COMM_BACKEND=gloo)");
+          "(DistributedOptions::backend \"gloo\" or \"auto\"; TE_COMM_BACKEND=gloo)");
 }
 
 bool nccl_built() { return false; }

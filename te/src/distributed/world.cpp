@@ -77,15 +77,10 @@ DistributedOptions with_env_overrides(DistributedOptions options) {
     options.check_collectives = v == "1";
   }
   if (const char* env = std::getenv("TE_COMM_BACKEND"); env != nullptr && *env != '\0') {
-    const std::string v = env;
-    bool known = false;
-    for (CommBackend b : {CommBackend::kAuto, CommBackend::kGloo, CommBackend::kNccl}) {
-      if (v == to_string(b)) {
-        options.backend = b;
-        known = true;
-      }
-    }
-    TE_CHECK(known, "TE_COMM_BACKEND='", v, "' is not auto, gloo or nccl");
+    options.backend = env;
+    if (options.backend != "auto") comm::find_backend(options.backend, "TE_COMM_BACKEND");
+  } else if (options.backend != "auto") {
+    comm::find_backend(options.backend, "DistributedOptions::backend");
   }
   return options;
 }
@@ -331,81 +326,6 @@ std::vector<std::string> World::exchange_or_throw(const std::string& topic, cons
   return out;
 }
 
-std::unique_ptr<Backend> World::connect(CommBackend kind, const std::string& key,
-                                        const std::vector<int64_t>& ranks,
-                                        const CollectiveAlgorithms& algorithms,
-                                        int cuda_device) const {
-  const auto it = std::find(ranks.begin(), ranks.end(), int64_t{rank_});
-  TE_CHECK(it != ranks.end(), "internal: rank ", rank_, " is not in group ", key);
-  comm::BackendSetup setup;
-  setup.key = key + "/" + to_string(kind);
-  setup.store = c10::make_intrusive<c10d::PrefixStore>(setup.key + "/" + join(ranks), store_);
-  setup.ranks = ranks;
-  setup.rank = static_cast<int>(it - ranks.begin());
-  setup.size = static_cast<int>(ranks.size());
-  setup.timeout = options_.timeout;
-  setup.algorithms = algorithms;
-  setup.gloo_host = gloo_host_;
-  setup.cuda_device = cuda_device;
-  if (simulated_) return comm::make_simulated_backend(setup);
-  try {
-    return kind == CommBackend::kNccl ? comm::make_nccl_backend(setup)
-                                      : comm::make_gloo_backend(setup);
-  } catch (const te::Error&) {
-    throw;
-  } catch (const std::exception& e) {
-    const std::string missing = describe_missing(ranks);
-    TE_FAIL("rank ", rank_, " could not connect the ", to_string(kind), " communicator of ranks [",
-            join(ranks), "] (", key, ") within ", options_.timeout.count() / 1000.0, " s: ",
-            missing.empty() ? std::string("a peer rank did not join") : "missing " + missing,
-            "; every rank must construct the same meshes in the same order. The backend said: ",
-            e.what());
-  }
-}
-
-RowComm::RowComm(const World* world, std::string key, std::vector<int64_t> ranks,
-                 CollectiveAlgorithms algorithms)
-    : world_(world), key_(std::move(key)), ranks_(std::move(ranks)), algorithms_(algorithms) {
-  // The communicator the options name is made with the row, so a world that cannot make it
-  // (no GPU for NCCL, a peer that never joins) fails at the mesh, on every rank alike.
-  // Under kAuto without Gloo in this build, NCCL is made on the first CUDA collective instead.
-  if (world_->simulated()) {
-    simulated_ = world_->connect(CommBackend::kAuto, key_, ranks_, algorithms_, -1);
-  } else if (world_->options().backend == CommBackend::kNccl) {
-    make(CommBackend::kNccl, world_->local_rank());
-  } else if (world_->options().backend == CommBackend::kGloo || comm::gloo_built()) {
-    make(CommBackend::kGloo, -1);
-  }
-}
-
-Backend& RowComm::make(CommBackend kind, int cuda_device) {
-  std::unique_ptr<Backend>& slot = kind == CommBackend::kNccl ? nccl_ : gloo_;
-  if (!slot) slot = world_->connect(kind, key_, ranks_, algorithms_, cuda_device);
-  return *slot;
-}
-
-Backend& RowComm::for_device(const c10::Device& device, const std::string& axis) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (simulated_) return *simulated_;
-  const CommBackend wanted = world_->options().backend;
-  if (device.is_cpu()) {
-    TE_CHECK(wanted != CommBackend::kNccl, "a collective over mesh axis '", axis,
-             "' got a CPU tensor, but this world's backend is NCCL, which moves CUDA tensors "
-             "only: put the tensor on te::local_device(), or use CommBackend::kAuto");
-    return make(CommBackend::kGloo, -1);
-  }
-  TE_CHECK(device.is_cuda(), "a collective over mesh axis '", axis, "' got a tensor on ", device,
-           "; te-cpp moves CPU tensors (Gloo) and CUDA tensors (NCCL)");
-  if (wanted == CommBackend::kGloo || (wanted == CommBackend::kAuto && !comm::nccl_built())) {
-    return make(CommBackend::kGloo, -1);
-  }
-  Backend& nccl = make(CommBackend::kNccl, device.has_index() ? device.index() : 0);
-  TE_CHECK(nccl.moves(device), "a collective over mesh axis '", axis, "' got a tensor on ", device,
-           ", but this rank's NCCL communicator runs on another GPU: keep every tensor of "
-           "a rank on its te::local_device()");
-  return nccl;
-}
-
 std::shared_ptr<World> thread_world() { return thread_worlds().top_or(nullptr); }
 
 void push_thread_world(const void* owner, std::shared_ptr<World> world) {
@@ -461,18 +381,6 @@ c10::Device device_for_local_rank(int local_rank, int gpus) {
 c10::Device local_device() {
   return device_for_local_rank(local_rank(),
                                at::hasCUDA() ? static_cast<int>(at::getNumGPUs()) : 0);
-}
-
-const char* to_string(CommBackend backend) {
-  switch (backend) {
-    case CommBackend::kAuto:
-      return "auto";
-    case CommBackend::kGloo:
-      return "gloo";
-    case CommBackend::kNccl:
-      return "nccl";
-  }
-  return "?";
 }
 
 }  // namespace te

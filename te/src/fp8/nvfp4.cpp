@@ -71,6 +71,81 @@ class Draws {
 
 }  // namespace
 
+namespace {
+
+// The CPU cast of a contiguous fp32 [rows, cols] into `out` (its tensors allocated): the 1x16
+// blocks of each row, or 16x16 tiles.
+void quantize_nvfp4_cpu(const float* in, int64_t rows, int64_t cols, bool tiles,
+                        const Nvfp4Cast& how, Fp8Tensor& out) {
+  const int64_t nb = blocks16(cols);
+  const int64_t band = tiles ? kNvBlock : 1, bands = out.scale_inv.size(0);
+  const int64_t grain = tiles ? 1 : 64;
+  // The tensor scale needs the whole tensor's amax before any block's scale. Given it (the
+  // recipe's, reduced over ranks), one pass: each band's block amaxes (a row of 1x16 blocks, or
+  // 16 rows of 16x16 tiles; fold_amax's rule, NaN skipped), their scales and its codes while the
+  // band is in cache. Otherwise a first pass keeps every band's block amaxes and, from them, the
+  // tensor amax (never NaN, so the max of the bands').
+  std::vector<float> band_amax;
+  const auto fold_band = [&](int64_t br, float* amaxes) {
+    std::fill(amaxes, amaxes + nb, 0.0f);
+    for (int64_t r = br * band, r1 = std::min(rows, r + band); r < r1; ++r) {
+      fold_block_amaxes(in + r * cols, cols, kNvBlock, amaxes);
+    }
+  };
+  float tensor_amax = 0.0f;
+  if (!how.amax) {
+    band_amax.resize(static_cast<std::size_t>(bands * nb));
+    tensor_amax = at::parallel_reduce(
+        0, bands, grain, 0.0f,
+        [&](int64_t begin, int64_t end, float acc) {
+          for (int64_t br = begin; br < end; ++br) {
+            fold_band(br, band_amax.data() + br * nb);
+            acc = fold_amax(band_amax.data() + br * nb, nb, acc);
+          }
+          return acc;
+        },
+        [](float a, float b) { return std::max(a, b); });
+  }
+  const float amax = how.amax ? *how.amax : tensor_amax;
+  out.amax.fill_(amax);
+  if (rows * cols == 0) return;
+  uint8_t* packed = out.data.data_ptr<uint8_t>();
+  uint8_t* scales = out.scale_inv.data_ptr<uint8_t>();
+  const float s_enc = nvfp4_encode_scale(amax);
+  const float s_dec = 1.0f / s_enc;
+  const float block_factor = s_enc * (1.0f / kE2M1Max);
+  at::parallel_for(0, bands, grain, [&](int64_t begin, int64_t end) {
+    Draws draws(how.seed, how.call);
+    std::vector<float> encode(static_cast<std::size_t>(nb)), own(band_amax.empty() ? nb : 0);
+    for (int64_t br = begin; br < end; ++br) {
+      const int64_t r0 = br * band, r1 = std::min(rows, r0 + band);
+      const float* amaxes = own.data();
+      if (band_amax.empty()) {
+        fold_band(br, own.data());
+      } else {
+        amaxes = band_amax.data() + br * nb;
+      }
+      nvfp4_block_scales(amaxes, nb, block_factor, s_dec, scales + br * nb, encode.data());
+      for (int64_t r = r0; r < r1; ++r) {
+        uint8_t* dst = packed + r * (cols / 2);
+        if (!how.stochastic) {
+          nvfp4_quantize_row(in + r * cols, dst, cols, encode.data());
+          continue;
+        }
+        const uint64_t g = static_cast<uint64_t>(r * cols);
+        for (int64_t c = 0; c < cols; c += 2) {
+          const float s = encode[static_cast<std::size_t>(c / kNvBlock)];
+          const uint8_t lo = e2m1_round_stochastic(in[r * cols + c] * s, draws.word(g + c));
+          const uint8_t hi = e2m1_round_stochastic(in[r * cols + c + 1] * s, draws.word(g + c + 1));
+          dst[c / 2] = static_cast<uint8_t>(lo | (hi << 4));
+        }
+      }
+    }
+  });
+}
+
+}  // namespace
+
 Fp8Tensor quantize_nvfp4(const at::Tensor& x_in, const Nvfp4Cast& how) {
   check_nvfp4_mode(how.scaling, "quantize_nvfp4");
   check_block_input(x_in, "quantize_nvfp4");
@@ -107,70 +182,7 @@ Fp8Tensor quantize_nvfp4(const at::Tensor& x_in, const Nvfp4Cast& how) {
     return out;
   }
 #endif
-  const int64_t band = tiles ? kNvBlock : 1, bands = out.scale_inv.size(0);
-  const int64_t grain = tiles ? 1 : 64;
-  // The tensor scale needs the whole tensor's amax before any block's scale. Given it (the
-  // recipe's, reduced over ranks), one pass: each band's block amaxes (a row of 1x16 blocks, or
-  // 16 rows of 16x16 tiles; fold_amax's rule, NaN skipped), their scales and its codes while the
-  // band is in cache. Otherwise a first pass keeps every band's block amaxes and, from them, the
-  // tensor amax (never NaN, so the max of the bands').
-  std::vector<float> band_amax;
-  const auto fold_band = [&](int64_t br, float* amaxes) {
-    std::fill(amaxes, amaxes + nb, 0.0f);
-    for (int64_t r = br * band, r1 = std::min(rows, r + band); r < r1; ++r) {
-      fold_block_amaxes(in + r * cols, cols, kNvBlock, amaxes);
-    }
-  };
-  float tensor_amax = 0.0f;
-  if (!how.amax) {
-    band_amax.resize(static_cast<std::size_t>(bands * nb));
-    tensor_amax = at::parallel_reduce(
-        0, bands, grain, 0.0f,
-        [&](int64_t begin, int64_t end, float acc) {
-          for (int64_t br = begin; br < end; ++br) {
-            fold_band(br, band_amax.data() + br * nb);
-            acc = fold_amax(band_amax.data() + br * nb, nb, acc);
-          }
-          return acc;
-        },
-        [](float a, float b) { return std::max(a, b); });
-  }
-  const float amax = how.amax ? *how.amax : tensor_amax;
-  out.amax.fill_(amax);
-  if (x.numel() == 0) return out;
-  uint8_t* packed = out.data.data_ptr<uint8_t>();
-  uint8_t* scales = out.scale_inv.data_ptr<uint8_t>();
-  const float s_enc = nvfp4_encode_scale(amax);
-  const float s_dec = 1.0f / s_enc;
-  const float block_factor = s_enc * (1.0f / kE2M1Max);
-  at::parallel_for(0, bands, grain, [&](int64_t begin, int64_t end) {
-    Draws draws(how.seed, how.call);
-    std::vector<float> encode(static_cast<std::size_t>(nb)), own(band_amax.empty() ? nb : 0);
-    for (int64_t br = begin; br < end; ++br) {
-      const int64_t r0 = br * band, r1 = std::min(rows, r0 + band);
-      const float* amaxes = own.data();
-      if (band_amax.empty()) {
-        fold_band(br, own.data());
-      } else {
-        amaxes = band_amax.data() + br * nb;
-      }
-      nvfp4_block_scales(amaxes, nb, block_factor, s_dec, scales + br * nb, encode.data());
-      for (int64_t r = r0; r < r1; ++r) {
-        uint8_t* dst = packed + r * (cols / 2);
-        if (!how.stochastic) {
-          nvfp4_quantize_row(in + r * cols, dst, cols, encode.data());
-          continue;
-        }
-        const uint64_t g = static_cast<uint64_t>(r * cols);
-        for (int64_t c = 0; c < cols; c += 2) {
-          const float s = encode[static_cast<std::size_t>(c / kNvBlock)];
-          const uint8_t lo = e2m1_round_stochastic(in[r * cols + c] * s, draws.word(g + c));
-          const uint8_t hi = e2m1_round_stochastic(in[r * cols + c + 1] * s, draws.word(g + c + 1));
-          dst[c / 2] = static_cast<uint8_t>(lo | (hi << 4));
-        }
-      }
-    }
-  });
+  quantize_nvfp4_cpu(in, rows, cols, tiles, how, out);
   return out;
 }
 

@@ -288,6 +288,9 @@ class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImp
 
   int64_t head_dim() const;
   int64_t kv_heads() const;
+
+ private:
+  void register_projections();  // reset's kernels and biases
 };
 
 /// `mha(x)` and `mha(x, memory, mask)`: self or cross attention.

@@ -144,6 +144,10 @@ class InferenceParams {
     int64_t length = 0;
     std::vector<int64_t> blocks;  // pages, or the one slot
   };
+  // pre_step's parts: the step checked against the cache (nothing changes when it throws), and
+  // the padded geometry of the step from each sequence's pool rows.
+  void check_step(const std::vector<std::pair<int64_t, int64_t>>& step) const;
+  void lay_out_step(const std::vector<std::vector<int64_t>>& rows);
   InferenceParamsOptions options_;
   std::map<int64_t, Sequence> sequences_;
   std::vector<int64_t> free_;  // free pages or slots, taken from the back

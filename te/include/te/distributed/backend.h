@@ -1,10 +1,14 @@
 #pragma once
 
 // The communication backend boundary (docs/ARCHITECTURE.md §2, Backends): the primitives one row of
-// a mesh runs, whatever carries them. The collectives of collectives.cpp (uneven torch.chunk
-// pieces, layouts, CommTrace, desync checks, error wording) are written against this interface
-// only; Gloo (gloo_backend.cpp) and NCCL (nccl_backend.cpp) implement it with their own primitives
-// and keep their own workarounds.
+// a mesh runs, whatever carries them, and the registry that names the backends. The collectives of
+// collectives.cpp (uneven torch.chunk pieces, layouts, CommTrace, desync checks, error wording) are
+// written against this interface only; Gloo (gloo_backend.cpp) and NCCL (nccl_backend.cpp)
+// implement it with their own primitives and keep their own workarounds. A program adds its own
+// backend by implementing Backend and registering a BackendKind:
+//
+//   static const te::comm::BackendRegistration mine({"mine", {c10::kCPU}, {}, make_mine});
+//   // then DistributedOptions::backend = "mine", or TE_COMM_BACKEND=mine
 
 #include <ATen/Tensor.h>
 #include <c10/core/Device.h>
@@ -12,6 +16,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -54,7 +59,7 @@ class Backend {
 };
 
 /// How one communicator is set up: the world's store (keys under `key`), this rank's index among
-/// `size`, the timeout for every call, and the Gloo-specific choices.
+/// `size`, the timeout for every call, and the built-in backends' own choices.
 struct BackendSetup {
   c10::intrusive_ptr<c10d::Store> store;  ///< a prefix store private to this communicator
   std::string key;                        ///< for messages: the row's rendezvous key
@@ -62,10 +67,44 @@ struct BackendSetup {
   int rank = 0;
   int size = 1;
   std::chrono::milliseconds timeout{0};
+  /// The device the communicator is made for: the CPU, or the rank's GPU (the first tensor's,
+  /// or te::local_device() when the row makes it up front).
+  c10::Device device{c10::kCPU};
   CollectiveAlgorithms algorithms;  ///< Gloo: which primitive carries gather / reduce-scatter
   std::string gloo_host;            ///< Gloo: the interface to bind ("" = the default device)
-  int cuda_device = 0;              ///< NCCL: the GPU this rank's communicator runs on
 };
+
+/// A backend as the registry knows it: the name DistributedOptions::backend and TE_COMM_BACKEND
+/// give, the devices whose tensors it moves, and its factory.
+struct BackendKind {
+  std::string name;
+  /// Device types whose tensors it moves (Gloo: CPU, and CUDA through host memory).
+  std::vector<c10::DeviceType> carries;
+  /// Device types it is the first choice for under "auto" (Gloo: CPU; NCCL: CUDA). A device
+  /// type no built backend prefers goes to the first that carries it.
+  std::vector<c10::DeviceType> preferred_for;
+  /// Makes a connected communicator; collective over setup.ranks. A std::exception (other than
+  /// te::Error) becomes a te::Error naming the row and the ranks that did not join.
+  std::function<std::unique_ptr<Backend>(const BackendSetup&)> make;
+  /// Whether this build can make it: "auto" passes over one that cannot; asking for it by name
+  /// gets the factory's own te::Error.
+  bool built = true;
+};
+
+/// Adds `kind` to the registry (thread-safe). te::Error when its name is empty, "auto", or taken,
+/// or when it has no factory or carries no device type.
+void register_backend(BackendKind kind);
+/// register_backend at static initialisation: one line beside a backend's implementation.
+struct BackendRegistration {
+  explicit BackendRegistration(BackendKind kind) { register_backend(std::move(kind)); }
+};
+/// The registered backends' names, in order of registration (the built-in gloo and nccl first).
+std::vector<std::string> backend_names();
+/// The backend registered as `name`. te::Error naming `what` (who asked: an option, a variable)
+/// and every registered name when there is none.
+BackendKind find_backend(const std::string& name, const std::string& what);
+/// The backend "auto" picks for tensors of `type`; nullopt when no built backend carries them.
+std::optional<BackendKind> auto_backend(c10::DeviceType type);
 
 /// A connected Gloo communicator.
 std::unique_ptr<Backend> make_gloo_backend(const BackendSetup& setup);
@@ -86,35 +125,5 @@ bool nccl_built();
 /// communicators of one's own next to te's (use keys of your own prefix); null when not
 /// distributed.
 c10::intrusive_ptr<c10d::Store> world_store();
-
-// What the NCCL backend decides before it touches a GPU (te::Error where nccl_built() is false).
-
-/// The ncclDataType_t a reduction of `dtype` runs in (bools travel as uint8); te::Error naming
-/// the dtype for one NCCL cannot reduce.
-int nccl_reduce_type(at::ScalarType dtype);
-/// The ncclRedOp_t of `op` (avg is native).
-int nccl_reduce_op(ReduceOp op);
-/// Rank 0 makes an ncclUniqueId and sets it under "nccl_id" in `store`; every rank gets it from
-/// there (waiting up to `timeout`) and returns its bytes.
-std::vector<uint8_t> nccl_share_unique_id(c10d::Store& store, int rank,
-                                          std::chrono::milliseconds timeout);
-/// The first two ranks whose GPU identity (PCI bus id) is the same, if any: NCCL refuses them.
-std::optional<std::pair<int, int>> shared_gpu(const std::vector<std::string>& gpu_of_rank);
-
-/// What one rank of a communicator can say before it joins: the GPU it would use (its PCI bus
-/// id), or why it cannot join. Every rank posts one, then reads all, so a rank that cannot join
-/// stops its peers at once instead of leaving them waiting on keys it never sets.
-struct PeerStatus {
-  std::string gpu;    ///< PCI bus id; empty when `error` says why there is none
-  std::string error;  ///< empty when the rank can join
-};
-/// Posts this rank's status under "status/<rank>" in `store` and returns every rank's, in order,
-/// once all are there. Throws te::Error at once when this rank's own status is an error (its
-/// text), when a peer posted one (naming that rank and its reason), and after `timeout` naming
-/// the ranks that posted nothing. `ranks` are the world ranks of the row, for messages.
-std::vector<PeerStatus> exchange_peer_status(c10d::Store& store, int rank,
-                                             const std::vector<int64_t>& ranks,
-                                             const PeerStatus& mine,
-                                             std::chrono::milliseconds timeout);
 
 }  // namespace te::comm

@@ -53,6 +53,11 @@ class DeviceMesh {
   /// and returns the result (a new tensor). Collective: every rank of the mesh calls it with the
   /// same dims, in the same order.
   at::Tensor all_reduce(const at::Tensor& t, ReduceOp op, const std::vector<int64_t>& dims) const;
+  /// Every rank's `mine` (bytes, any length), in rank order over the whole mesh (one process:
+  /// just `mine`). Collective: every rank of the mesh calls it.
+  std::vector<std::string> all_gather(const std::string& mine) const;
+  /// Returns once every rank of the mesh has called it.
+  void barrier() const;
 
   /// "DeviceMesh(data=2, model=2)".
   std::string to_string() const;

@@ -10,44 +10,16 @@
 #include <functional>
 #include <string>
 
+#include "te/distributed/gloo.h"
+
 namespace te {
-
-/// Which c10d primitive carries a transition on Gloo. Gloo (LibTorch 1.13) has no reduce-scatter
-/// and a slow all-gather, so the defaults were chosen by bench/bench_collectives (README): at
-/// 16-64 MB on 2 and 4 ranks the padded all-reduce gathers 1.6-2.4x faster than allgather, and
-/// all-to-all + local sum reduce-scatters 1.1-2x faster than all-reduce + slice.
-enum class GatherAlgorithm {
-  kPaddedAllReduce,  ///< each rank writes its chunk into a zeroed full buffer; all-reduce(sum)
-  kAllGather,        ///< c10d allgather of equal (padded) chunks
-  kAllToAll,         ///< c10d alltoall_base, each rank sending its chunk to every rank
-};
-enum class ReduceScatterAlgorithm {
-  kAllReduceSlice,  ///< all-reduce the full tensor, keep this rank's chunk
-  kAllToAllSum,     ///< alltoall_base the chunks, reduce locally
-};
-
-/// The primitives behind all-gather and reduce-scatter (all-reduce and all-to-all are direct).
-struct CollectiveAlgorithms {
-  GatherAlgorithm gather = GatherAlgorithm::kPaddedAllReduce;
-  ReduceScatterAlgorithm reduce_scatter = ReduceScatterAlgorithm::kAllToAllSum;
-};
-
-/// What carries a mesh row's collectives (docs/ARCHITECTURE.md §2, Backends).
-enum class CommBackend {
-  kAuto,  ///< by the tensor's device: CPU tensors on Gloo, CUDA tensors on NCCL (made on first use;
-          ///< Gloo through host memory when this build has no NCCL)
-  kGloo,  ///< everything on Gloo (CUDA tensors through host memory)
-  kNccl,  ///< everything on NCCL: CUDA tensors only; each row's communicator is made with the mesh
-};
-
-/// "auto", "gloo", "nccl".
-const char* to_string(CommBackend backend);
 
 struct DistributedOptions {
   /// How long a collective (or joining the group) may wait for a peer before failing with
   /// te::Error. Overridden by TE_DIST_TIMEOUT_S when set.
   std::chrono::milliseconds timeout = std::chrono::seconds(120);
-  /// The default for every mesh of this world (a DeviceMesh may override it).
+  /// Gloo's primitives for every mesh of this world (te/distributed/gloo.h; a DeviceMesh may
+  /// override them).
   CollectiveAlgorithms algorithms;
   /// Desync detection: before every collective the ranks of its row first compare what each is
   /// about to run (kind, mesh axis, dtype, shape in rank-independent terms, and how many
@@ -55,12 +27,16 @@ struct DistributedOptions {
   /// another shape, then gets a te::Error on every rank naming both calls, instead of a hang or
   /// garbage. Costs one small all-gather per collective. TE_CHECK_COLLECTIVES=1 turns it on.
   bool check_collectives = false;
-  /// Which backend carries the collectives. TE_COMM_BACKEND=auto|gloo|nccl overrides it.
-  CommBackend backend = CommBackend::kAuto;
+  /// Which backend carries a mesh row's collectives (docs/ARCHITECTURE.md §2, Backends): the name
+  /// of a registered one (te/distributed/backend.h: "gloo", "nccl", or one registered by the
+  /// program), which then carries everything and is made with the row; or "auto": by the
+  /// tensor's device, CPU tensors on Gloo and CUDA tensors on NCCL (made on a row's first CUDA
+  /// collective; Gloo through host memory when this build has no NCCL). TE_COMM_BACKEND
+  /// overrides it; a name nobody registered is a te::Error listing those that are.
+  std::string backend = "auto";
   /// run_local_ranks: the LibTorch intra-op threads of each rank thread. 0 divides the caller's
   /// count among the ranks (at least one each), as te-run divides the cores among processes:
-  /// ranks that each start a team of every core's threads oversubscribe the machine (4 ranks
-  /// on 2 cores ran a TransformerLayer step 14x slower, bench/bench_layouts).
+  /// ranks that each start a team of every core's threads oversubscribe the machine.
   int threads_per_rank = 0;
   /// init_distributed: the interface (e.g. "eth0") or this host's address that Gloo binds and
   /// advertises to the other ranks. Empty: GLOO_SOCKET_IFNAME when set, else this host's address
