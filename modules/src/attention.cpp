@@ -71,7 +71,7 @@ void DotProductAttentionImpl::reset() {
   // a parameter for "learnable" ("off-by-one" adds a constant zero, no parameter).
   if (options.softmax_type() == "learnable") {
     softmax_offset = register_sharded(*this, "softmax_offset",
-                                      at::zeros({options.num_attention_heads()}), {"heads"});
+                                      at::zeros({options.num_attention_heads()}), {axis::kHeads});
   }
 }
 
@@ -208,7 +208,8 @@ at::Tensor logits_operand(const at::Tensor& t, const DTensor& q, int64_t batch_d
 std::function<at::Tensor(const at::Tensor&)> logits_constraint(const at::Tensor&,
                                                                const at::Tensor&) {
   return [](const at::Tensor& logits) {
-    return with_sharding_constraint(logits, {"batch", "heads", std::nullopt, std::nullopt});
+    return with_sharding_constraint(logits,
+                                    {axis::kBatch, axis::kHeads, std::nullopt, std::nullopt});
   };
 }
 std::function<at::Tensor(const at::Tensor&)> logits_constraint(const DTensor& q, const DTensor& k) {
@@ -220,7 +221,7 @@ std::function<at::Tensor(const at::Tensor&)> logits_constraint(const DTensor& q,
   const DeviceMesh mesh = q.mesh();
   return [weights, shape, mesh](const at::Tensor& logits) {
     return with_sharding_constraint(DTensor::from_local(logits, mesh, weights, shape),
-                                    {"batch", "heads", std::nullopt, std::nullopt})
+                                    {axis::kBatch, axis::kHeads, std::nullopt, std::nullopt})
         .redistribute(weights)
         .to_local();
   };

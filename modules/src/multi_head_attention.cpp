@@ -225,14 +225,15 @@ std::tuple<T, T, T> project_qkv(MultiHeadAttentionImpl& self, const T& ln,
   const int64_t heads = o.num_attention_heads(), d = self.head_dim(), g = self.kv_heads();
   // The projections take whole sequences (sequence parallel's gather, folded into their
   // matmuls on a mesh, so its backward is a reduce-scatter).
-  const LogicalAxes whole = {"batch", "seqlen", "hidden"};
-  const LogicalAxes per_head = {"batch", "seqlen", "heads", std::nullopt};
+  const LogicalAxes whole = {axis::kBatch, axis::kSeqlen, axis::kHidden};
+  const LogicalAxes per_head = {axis::kBatch, axis::kSeqlen, axis::kHeads, std::nullopt};
   T q, k, v;
   if (self.qkv_fp8) {
     T qkv =
         detail::project(self, ln, "qkv_", self.qkv_kernel, self.qkv_bias, self.qkv_fp8, whole, {});
-    qkv = with_sharding_constraint(F::unflatten(qkv, 3, heads, d),
-                                   {"batch", "seqlen", "joined", "heads", std::nullopt});
+    qkv = with_sharding_constraint(
+        F::unflatten(qkv, 3, heads, d),
+        {axis::kBatch, axis::kSeqlen, axis::kJoined, axis::kHeads, std::nullopt});
     q = F::select(qkv, 2, 0);
     k = F::select(qkv, 2, 1);
     v = F::select(qkv, 2, 2);
@@ -319,7 +320,7 @@ std::pair<T, T> mha_forward(MultiHeadAttentionImpl& self, const T& x_in,
            o.self_attention() ? "self attention takes no memory; build it with "
                                 "self_attention(false) for cross attention"
                               : "cross attention needs the memory to attend to");
-  const LogicalAxes act = {"batch", axis::seqlen(o.enable_sequence_parallel()), "hidden"};
+  const LogicalAxes act = {axis::kBatch, axis::seqlen(o.enable_sequence_parallel()), axis::kHidden};
   const T x = with_sharding_constraint(x_in, act);
   const T ln = o.input_layernorm() ? self.layernorm->forward(x) : x;
   auto [q, k, v] = project_qkv(self, ln, memory);
@@ -362,7 +363,7 @@ std::pair<T, T> mha_forward(MultiHeadAttentionImpl& self, const T& x_in,
   const T out = F::flatten(attended, 2);
   // Tensor parallel: the output constraint is the all-reduce (or reduce-scatter).
   return {detail::project(self, out, "out_", self.out_kernel, self.out_bias, self.out_fp8,
-                          {"batch", "seqlen", "hidden_tp"}, act),
+                          {axis::kBatch, axis::kSeqlen, axis::kHiddenTp}, act),
           ln};
 }
 

@@ -1,8 +1,8 @@
 #include "te/nn/plan.h"
 
 #include <ATen/ATen.h>
-#include <nlohmann/json.hpp>
 #include <torch/csrc/autograd/autograd.h>
+#include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <iomanip>
@@ -90,8 +90,8 @@ at::Tensor forward(const PlanOptions& o, const std::optional<DeviceMesh>& mesh,
     for (TransformerLayer& layer : layers) x = layer(x);
     return x;
   }
-  const LogicalAxes axes = {
-      "batch", o.layer().enable_sequence_parallel() ? "seqlen_tp" : "seqlen", "hidden"};
+  const LogicalAxes axes = {axis::kBatch, axis::seqlen(o.layer().enable_sequence_parallel()),
+                            axis::kHidden};
   const auto spec = resolve_logical_axes(axes);
   const std::vector<Placement> placements =
       spec ? placements_for(*spec, *mesh)
@@ -144,8 +144,8 @@ void run_step(const PlanOptions& o, Plan& plan) {
   }
   for (const at::Tensor& p : params) plan.gradient_bytes += bytes_of(p.grad());
   plan.step_transient_bytes = counter.peak_bytes() - base;
-  plan.peak_bytes = plan.parameter_bytes + plan.buffer_bytes + plan.optimizer_bytes +
-                    plan.step_transient_bytes;
+  plan.peak_bytes =
+      plan.parameter_bytes + plan.buffer_bytes + plan.optimizer_bytes + plan.step_transient_bytes;
 }
 
 std::string mib(int64_t bytes) {
@@ -170,8 +170,8 @@ Plan plan(const PlanOptions& options) {
     TE_CHECK(s >= 1, "plan: mesh dim of size ", s, "; every dim needs at least one rank");
     result.world_size *= s;
   }
-  TE_CHECK(options.rank() >= 0 && options.rank() < result.world_size, "plan: rank ",
-           options.rank(), " is not one of the mesh's ", result.world_size, " ranks");
+  TE_CHECK(options.rank() >= 0 && options.rank() < result.world_size, "plan: rank ", options.rank(),
+           " is not one of the mesh's ", result.world_size, " ranks");
   result.rank = options.rank();
   // The caller's rules and MeshResource reach the step (the same thread), as in a real run.
   run_simulated_rank(static_cast<int>(result.world_size), options.rank(),

@@ -119,10 +119,10 @@ void TransformerLayerImpl::reset() {
                               .use_bias(options.mlp_bias().value_or(options.use_bias()))
                               .kernel_axes_1(options.mlp_kernel_axes_1())
                               .kernel_axes_2(options.mlp_kernel_axes_2())
-                              .layernorm_input_axes({"batch", seq, "hidden"})
-                              .dot_1_input_axes({"batch", "seqlen", "hidden"})
-                              .dot_2_input_axes({"batch", "seqlen", "hidden_tp"})
-                              .output_axes({"batch", seq, "hidden"})));
+                              .layernorm_input_axes({axis::kBatch, seq, axis::kHidden})
+                              .dot_1_input_axes({axis::kBatch, axis::kSeqlen, axis::kHidden})
+                              .dot_2_input_axes({axis::kBatch, axis::kSeqlen, axis::kHiddenTp})
+                              .output_axes({axis::kBatch, seq, axis::kHidden})));
 }
 
 void TransformerLayerImpl::pretty_print(std::ostream& stream) const {
@@ -160,7 +160,7 @@ T layer_forward(TransformerLayerImpl& self, const T& x_in, const at::Tensor& mas
   };
   const bool post_ln_residual = o.apply_residual_connection_post_layernorm();
   const T x = with_sharding_constraint(
-      x_in, {"batch", axis::seqlen(o.enable_sequence_parallel()), "hidden"});
+      x_in, {axis::kBatch, axis::seqlen(o.enable_sequence_parallel()), axis::kHidden});
   // transformer.py L869-975: the residual of each block is its input, or with
   // apply_residual_connection_post_layernorm its norm's output (the self attention has none
   // under output_layernorm: its residual stays x).

@@ -3,12 +3,14 @@
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <iostream>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "plan_command.h"
+#include "te/nn.h"
 #include "te/sharding.h"
 
 namespace {
@@ -30,31 +32,47 @@ te::LogicalAxes parse_axes(const std::string& text) {
   return axes;
 }
 
-struct Constraint {
-  const char* what;
-  te::LogicalAxes axes;
+// What a TransformerLayer declares: the constraints one forward resolves (its activations, in
+// the order first met) and its parameters' axes, read from a small sequence-parallel layer, so
+// this listing follows the module.
+struct Declared {
+  std::vector<te::LogicalAxes> activations;
+  std::vector<std::pair<std::string, te::LogicalAxes>> parameters;
 };
 
-// The constraints a TransformerLayer places on its activations and weights.
-const std::vector<Constraint>& transformer_constraints() {
-  static const std::vector<Constraint> constraints = {
-      {"layer input / output", {"batch", "seqlen", "hidden"}},
-      {"sequence-parallel activations", {"batch", "seqlen_tp", "hidden"}},
-      {"q / k / v", {"batch", "seqlen", "heads", std::nullopt}},
-      {"attention weights", {"batch", "heads", std::nullopt, std::nullopt}},
-      {"MLP intermediate", {"batch", "seqlen", "hidden_tp"}},
-      {"QKV / fc1 kernel", {"w_fsdp", "w_joined", "w_tp"}},
-      {"out-proj / fc2 kernel", {"w_tp", "w_fsdp"}},
-  };
-  return constraints;
+const Declared& transformer_constraints() {
+  static const Declared declared = [] {
+    Declared d;
+    te::nn::TransformerLayer layer(
+        te::nn::TransformerLayerOptions(64, 128, 4).enable_sequence_parallel(true));
+    layer->eval();
+    te::ConstraintTrace trace;
+    layer(at::zeros({2, 8, 64}));
+    d.activations = trace.distinct();
+    std::vector<te::LogicalAxes> seen;
+    for (const auto& [name, axes] : te::nn::named_parameter_axes(*layer)) {
+      if (std::find(seen.begin(), seen.end(), axes) != seen.end()) continue;
+      seen.push_back(axes);
+      d.parameters.emplace_back(name, axes);
+    }
+    return d;
+  }();
+  return declared;
 }
 
 void print_layout(const char* title, const te::MeshResource& resource) {
   te::MeshResourceScope scope(resource);
+  const Declared& d = transformer_constraints();
   std::cout << title << "  " << te::to_string(resource) << "\n";
-  for (const Constraint& c : transformer_constraints()) {
-    std::cout << "    " << c.what << std::string(32 - std::string(c.what).size(), ' ')
-              << te::to_string(c.axes) << " -> " << te::to_string(*te::resolve_logical_axes(c.axes))
+  std::cout << "  activations (one forward):\n";
+  for (const te::LogicalAxes& axes : d.activations) {
+    std::cout << "    " << te::to_string(axes) << " -> "
+              << te::to_string(*te::resolve_logical_axes(axes)) << "\n";
+  }
+  std::cout << "  parameters (one of each kind):\n";
+  for (const auto& [name, axes] : d.parameters) {
+    std::cout << "    " << name << std::string(name.size() < 36 ? 36 - name.size() : 1, ' ')
+              << te::to_string(axes) << " -> " << te::to_string(*te::resolve_logical_axes(axes))
               << "\n";
   }
 }

@@ -184,6 +184,19 @@ Backend& RowComm::make(const comm::BackendKind& kind, const c10::Device& device)
 Backend& RowComm::for_device(const c10::Device& device, const std::string& axis) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (simulated_) return *simulated_;
+  // Every collective asks; after the first on a device type the answer is the one chosen then.
+  auto it = chosen_.find(device.type());
+  if (it == chosen_.end()) it = chosen_.emplace(device.type(), choose(device, axis)).first;
+  const auto& [name, backend] = it->second;
+  TE_CHECK(backend->moves(device), "a collective over mesh axis '", axis, "' got a tensor on ",
+           device, ", but this rank's ", name,
+           " communicator runs on another device: keep every tensor of a rank on its "
+           "te::local_device()");
+  return *backend;
+}
+
+std::pair<std::string, Backend*> RowComm::choose(const c10::Device& device,
+                                                 const std::string& axis) {
   const std::string& wanted = world_->options().backend;
   std::optional<comm::BackendKind> kind;
   if (wanted == "auto") {
@@ -197,17 +210,11 @@ Backend& RowComm::for_device(const c10::Device& device, const std::string& axis)
     TE_CHECK(std::find(carries.begin(), carries.end(), device.type()) != carries.end(),
              "a collective over mesh axis '", axis, "' got a tensor on ", device,
              ", but this world's backend is ", wanted, ", which moves ", device_list(carries),
-             " tensors only: put the tensor on te::local_device(), or use "
-             "the \"auto\" backend");
+             " tensors only: put the tensor on te::local_device(), or use the \"auto\" backend");
   }
   const c10::Device made_for =
       device.is_cuda() && !device.has_index() ? c10::Device(c10::kCUDA, 0) : device;
-  Backend& backend = make(*kind, made_for);
-  TE_CHECK(backend.moves(device), "a collective over mesh axis '", axis, "' got a tensor on ",
-           device, ", but this rank's ", kind->name,
-           " communicator runs on another device: keep every tensor of a rank on its "
-           "te::local_device()");
-  return backend;
+  return {kind->name, &make(*kind, made_for)};
 }
 
 std::string RowComm::device_list(const std::vector<c10::DeviceType>& types) {

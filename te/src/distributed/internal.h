@@ -145,6 +145,7 @@ class RowComm {
 
  private:
   Backend& make(const comm::BackendKind& kind, const c10::Device& device);
+  std::pair<std::string, Backend*> choose(const c10::Device& device, const std::string& axis);
   static bool has_cpu(const comm::BackendKind& kind);
   static std::string device_list(const std::vector<c10::DeviceType>& types);
 
@@ -153,7 +154,8 @@ class RowComm {
   std::vector<int64_t> ranks_;
   CollectiveAlgorithms algorithms_;
   std::mutex mutex_;
-  std::map<std::string, std::unique_ptr<Backend>> made_;  // by backend name
+  std::map<std::string, std::unique_ptr<Backend>> made_;                // by backend name
+  std::map<c10::DeviceType, std::pair<std::string, Backend*>> chosen_;  // for_device's answers
   std::unique_ptr<Backend> simulated_;
 };
 

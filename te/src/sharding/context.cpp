@@ -217,7 +217,28 @@ const AxisRules* rules_in_effect() {
   return &cached->second;
 }
 
+namespace {
+
+ScopeStack<ConstraintTrace*>& trace_stack() {
+  thread_local ScopeStack<ConstraintTrace*> stack;
+  return stack;
+}
+
+}  // namespace
+
+ConstraintTrace::ConstraintTrace() { trace_stack().push(this, this); }
+ConstraintTrace::~ConstraintTrace() { trace_stack().pop(this); }
+
+std::vector<LogicalAxes> ConstraintTrace::distinct() const {
+  std::vector<LogicalAxes> out;
+  for (const LogicalAxes& a : axes_) {
+    if (std::find(out.begin(), out.end(), a) == out.end()) out.push_back(a);
+  }
+  return out;
+}
+
 std::optional<PartitionSpec> resolve_logical_axes(const LogicalAxes& axes, RulesFallback fallback) {
+  trace_stack().for_each([&](ConstraintTrace* t) { t->axes_.push_back(axes); });
   const AxisRules* rules = rules_in_effect();
   if (rules == nullptr) {
     // No constraint, but a malformed one is still a bug in the caller: report it on one

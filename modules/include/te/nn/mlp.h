@@ -39,7 +39,7 @@ struct LayerNormMLPOptions {
   /// fc1 kernel (hidden, activations, ffn) and fc2 kernel (ffn, hidden) logical axes.
   TORCH_ARG(LogicalAxes, kernel_axes_1) = axis::joined_in_kernel();
   TORCH_ARG(LogicalAxes, kernel_axes_2) = axis::out_kernel();
-  TORCH_ARG(LogicalAxes, bias_axes_1) = {"w_joined", "w_tp"};
+  TORCH_ARG(LogicalAxes, bias_axes_1) = {axis::kWJoined, axis::kWTp};
   TORCH_ARG(LogicalAxes, bias_axes_2) = axis::replicated_1d();
   /// Constraints on the norm's input, fc1's input, fc2's input and the output; empty: none.
   TORCH_ARG(LogicalAxes, layernorm_input_axes) = {};

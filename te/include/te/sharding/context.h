@@ -179,6 +179,25 @@ enum class RulesFallback {
 std::optional<PartitionSpec> resolve_logical_axes(
     const LogicalAxes& axes, RulesFallback fallback = RulesFallback::kAxisIsUnsharded);
 
+/// While alive, records the logical axes of every constraint resolved on this thread
+/// (resolve_logical_axes, so every with_sharding_constraint), in order: what a module declares
+/// when it runs. te-explain prints a TransformerLayer's from one forward. Traces nest; each sees
+/// everything resolved during its life.
+class ConstraintTrace {
+ public:
+  ConstraintTrace();
+  ~ConstraintTrace();
+  ConstraintTrace(const ConstraintTrace&) = delete;
+  ConstraintTrace& operator=(const ConstraintTrace&) = delete;
+  const std::vector<LogicalAxes>& axes() const { return axes_; }
+  /// The distinct constraints, in the order first seen.
+  std::vector<LogicalAxes> distinct() const;
+
+ private:
+  friend std::optional<PartitionSpec> resolve_logical_axes(const LogicalAxes&, RulesFallback);
+  std::vector<LogicalAxes> axes_;
+};
+
 // ---------------------------------------------------------------------------------------------
 // Warnings
 
