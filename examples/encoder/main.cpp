@@ -87,11 +87,11 @@ int main(int argc, char** argv) {
   Layout layout;
   ColaData data;
   try {
-    check_args(args);
-    layout = make_layout(args, world_size);
+    layout = check_args(args, world_size);
     // Read the data before starting ranks: a bad file is one message, not one per rank. (te-run's
     // ranks read it again, each in its own process.)
     data = read_data(args);
+    if (args.mlp_activations != "auto") activations_of(args.mlp_activations, false);
   } catch (const InputError& e) {
     std::cerr << "te-encoder: " << e.what() << "\n";
     return 2;

@@ -297,11 +297,12 @@ int parse_args(int argc, char** argv, Args& args) {
   return -1;
 }
 
-void check_args(const Args& args) {
+Layout check_args(const Args& args, int world_size) {
   if (args.hidden_size % args.heads != 0) {
     throw InputError("--hidden-size " + std::to_string(args.hidden_size) +
                      " is not a multiple of --heads " + std::to_string(args.heads));
   }
+  Layout layout = make_layout(args, world_size);
   if (args.quantized_weights && args.fp8 != "delayed" && args.fp8 != "current") {
     throw InputError(
         "--quantized-weights holds the kernels with a per-tensor FP8 recipe; "
@@ -316,7 +317,7 @@ void check_args(const Args& args) {
     throw InputError("--load '" + args.load_dir + "' holds no checkpoint (no " +
                      "model.safetensors.index.json); give a directory --save wrote");
   }
-  if (args.mlp_activations != "auto") activations_of(args.mlp_activations, false);
+  return layout;
 }
 
 }  // namespace encoder

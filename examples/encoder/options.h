@@ -52,9 +52,6 @@ struct Args {
 /// malformed command line: 2, after saying why on stderr).
 int parse_args(int argc, char** argv, Args& args);
 
-/// The checks of `args` that need no data and no ranks (InputError naming the option).
-void check_args(const Args& args);
-
 /// A library message for the command line: one line (a parse error's caret picture dropped,
 /// its explanation kept), without the [file:line] tag.
 std::string one_line(const std::string& message);
@@ -74,6 +71,10 @@ struct Layout {
 /// The layout --mesh, --mesh-resource and --rules describe for `world_size` ranks, checked
 /// (InputError naming the option).
 Layout make_layout(const Args& args, int world_size);
+
+/// The checks of `args` that need no data and no ranks, make_layout's among them, in the order
+/// a user meets them (InputError naming the option); returns the layout for `world_size` ranks.
+Layout check_args(const Args& args, int world_size);
 
 /// The FP8 recipe of --fp8 (none: nullopt).
 std::optional<te::fp8::Recipe> recipe_of(const std::string& name);

@@ -268,7 +268,7 @@ void print_banner(const Args& args, const Layout& layout, const Sets& sets,
 class Loop {
  public:
   Loop(const Args& args, const Layout& layout, Trainer& trainer, EncoderClassifier& model,
-       torch::optim::AdamW& optimizer, bool lead, int rank)
+       torch::optim::AdamW& optimizer, bool lead, StepLog& steps)
       : args_(args),
         layout_(layout),
         trainer_(trainer),
@@ -276,7 +276,7 @@ class Loop {
         optimizer_(optimizer),
         lead_(lead),
         recipe_(recipe_of(args.fp8)),
-        steps_(rank == 0 ? args.log_steps : std::string()) {}
+        steps_(steps) {}
 
   RunSummary run(const Sets& sets) {
     RunSummary summary;
@@ -296,7 +296,6 @@ class Loop {
     }
     summary.seconds = std::chrono::duration<double>(Clock::now() - start).count();
     summary.samples_per_second = samples_ / summary.seconds;
-    steps_.finish();
     return summary;
   }
 
@@ -372,7 +371,7 @@ class Loop {
   torch::optim::AdamW& optimizer_;
   const bool lead_;
   const std::optional<te::fp8::Recipe> recipe_;
-  StepLog steps_;
+  StepLog& steps_;
   int64_t samples_ = 0;
   bool stop_ = false;
 };
@@ -454,7 +453,8 @@ int train(const Args& args, const Layout& layout, const ColaData& data, int rank
       args.quantized_weights ? te::nn::quantize_fp8_weights(*model, *recipe_of(args.fp8)) : 0;
   if (lead) print_banner(args, layout, sets, options, model, world_size, held);
 
-  RunSummary summary = Loop(args, layout, trainer, model, optimizer, lead, rank).run(sets);
+  StepLog steps(rank == 0 ? args.log_steps : std::string());
+  RunSummary summary = Loop(args, layout, trainer, model, optimizer, lead, steps).run(sets);
   if (sets.extra) {
     summary.extra = trainer.evaluate(*sets.extra);
     if (lead) {
@@ -475,6 +475,7 @@ int train(const Args& args, const Layout& layout, const ColaData& data, int rank
     std::cout << "done: " << summary.steps << " steps in " << fmt("%.1f", summary.seconds) << "s, "
               << fmt("%.1f", summary.samples_per_second) << " samples/s" << std::endl;
   }
+  steps.finish();
   if (rank == 0 && !args.metrics_json.empty()) {
     write_json_atomically(
         metrics_of(args, layout, summary, activations, world_size, sets.extra.has_value()),

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "checkpoint_format.h"
+#include "checkpoint_io.h"
 #include "te/compat.h"
 #include "te/distributed.h"
 #include "te/error.h"
@@ -31,50 +32,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using format::kBlockBytes;
-
-// ---- files -------------------------------------------------------------------------------
-
-struct Fd {
-  int fd = -1;
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-};
-
-// Writes in 1 MiB calls: one write() of a whole 100 MB tensor made the second of two ranks
-// saving side by side 3x slower (bench_checkpoint: 0.45x -> 0.65-1.0x of cp + sync).
-// A write that fails (a full disk, a file-size limit) ends the save before the rename, so the
-// previous checkpoint stays in place.
-void write_all(int fd, const void* data, std::size_t n, const std::string& path) {
-  const char* p = static_cast<const char*>(data);
-  while (n > 0) {
-    const ssize_t w = ::write(fd, p, std::min<std::size_t>(n, 1 << 20));
-    if (w < 0 && errno == EINTR) continue;
-    TE_CHECK(w > 0, "checkpoint: writing '", path, "' failed: ", std::strerror(errno),
-             "; make room there (free disk space, raise the file-size limit) and save again. "
-             "The save is abandoned: the previous checkpoint, if any, is left as it was");
-    p += w;
-    n -= static_cast<std::size_t>(w);
-  }
-}
-
-void fsync_path(const fs::path& path, bool directory) {
-  Fd f;
-  f.fd = ::open(path.c_str(), directory ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
-  TE_CHECK(f.fd >= 0, "checkpoint: cannot open '", path.string(),
-           "' to sync it: ", std::strerror(errno));
-  TE_CHECK(::fsync(f.fd) == 0, "checkpoint: fsync of '", path.string(),
-           "' failed: ", std::strerror(errno));
-}
-
-std::vector<uint32_t> block_crcs(const void* data, int64_t bytes) {
-  std::vector<uint32_t> out;
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (int64_t b = 0; b < bytes; b += kBlockBytes) {
-    out.push_back(crc32_of(p + b, static_cast<std::size_t>(std::min(kBlockBytes, bytes - b))));
-  }
-  return out;
-}
 
 // ---- the module's tensors ----------------------------------------------------------------
 
@@ -190,38 +147,6 @@ std::string file_name(int rank, int world) {
   return buf;
 }
 
-// Writes this rank's owned pieces as one safetensors file; returns the index records of them.
-std::map<std::string, format::RankPiece> write_pieces(const std::map<std::string, Entry>& entries,
-                                                      const fs::path& path) {
-  std::map<std::string, format::HeaderEntry> header;
-  std::map<std::string, format::RankPiece> records;
-  std::vector<at::Tensor> pieces;
-  int64_t offset = 0;
-  for (const auto& [name, e] : entries) {
-    if (!e.owner) continue;
-    const at::Tensor data = e.local.detach().contiguous().cpu();
-    const int64_t bytes = data.numel() * static_cast<int64_t>(data.element_size());
-    const std::vector<int64_t> shape(data.sizes().begin(), data.sizes().end());
-    header[name] = {safetensors_dtype_name(data.scalar_type()), shape, offset, offset + bytes};
-    records[name] = {
-        safetensors_dtype_name(data.scalar_type()),
-        {path.filename().string(), e.offsets, shape, block_crcs(data.data_ptr(), bytes)}};
-    pieces.push_back(data);  // in name order, as the header's offsets
-    offset += bytes;
-  }
-  const std::string head = format::header_bytes(header);
-  Fd f;
-  f.fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  TE_CHECK(f.fd >= 0, "checkpoint: cannot create '", path.string(), "': ", std::strerror(errno));
-  write_all(f.fd, head.data(), head.size(), path.string());
-  for (const at::Tensor& data : pieces) {
-    write_all(f.fd, data.data_ptr(), static_cast<std::size_t>(data.numel()) * data.element_size(),
-              path.string());
-  }
-  TE_CHECK(::fsync(f.fd) == 0, "checkpoint: fsync of '", path.string(), "' failed");
-  return records;
-}
-
 }  // namespace
 
 void save_checkpoint(const torch::nn::Module& module, const std::string& dir,
@@ -245,7 +170,11 @@ void save_checkpoint(const torch::nn::Module& module, const std::string& dir,
   }
   if (world) world->barrier();
   const auto entries = entries_of(module, optimizer);
-  const auto mine = write_pieces(entries, tmp / file_name(rank, n));
+  std::vector<io::OwnedPiece> owned;
+  for (const auto& [name, e] : entries) {
+    if (e.owner) owned.push_back({name, e.local.detach().contiguous().cpu(), e.offsets});
+  }
+  const auto mine = io::write_safetensors(owned, tmp / file_name(rank, n));
   const std::string mine_text = format::pieces_text(mine);
   const std::vector<std::string> all =
       world ? world->all_gather(mine_text) : std::vector<std::string>{mine_text};
@@ -265,24 +194,17 @@ void save_checkpoint(const torch::nn::Module& module, const std::string& dir,
     const RngState rng = rng_state();
     index.rng.emplace(rng.seed, rng.calls);
     const fs::path index_path = tmp / format::kIndexName;
-    {
-      Fd f;
-      f.fd = ::open(index_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      TE_CHECK(f.fd >= 0, "save_checkpoint: cannot create '", index_path.string(), "'");
-      const std::string text = format::index_text(index);
-      write_all(f.fd, text.data(), text.size(), index_path.string());
-      TE_CHECK(::fsync(f.fd) == 0, "save_checkpoint: fsync of '", index_path.string(), "' failed");
-    }
+    io::write_file(index_path, format::index_text(index), "save_checkpoint");
   }
   if (world) world->barrier();  // every rank's file is written and synced
   if (rank == 0) {
-    fsync_path(tmp, true);
+    io::fsync_path(tmp, true);
     const fs::path old = target.string() + ".old";
     std::error_code ec;
     fs::remove_all(old, ec);
     if (fs::exists(target)) fs::rename(target, old);
     fs::rename(tmp, target);
-    fsync_path(target.parent_path(), true);
+    io::fsync_path(target.parent_path(), true);
     fs::remove_all(old, ec);
   }
   if (world) world->barrier();
@@ -339,57 +261,6 @@ void check_same_tensors(const format::Index& index, const std::map<std::string, 
   }
 }
 
-// Reads this rank's box of tensor `name` (its local shape at its offsets) from the saved pieces
-// into `filled`; returns the elements covered. Each file is opened once, through `files`.
-int64_t read_box(const std::string& name, const format::TensorRecord& t, const Entry& e,
-                 const fs::path& root, at::Tensor& filled,
-                 std::map<std::string, std::unique_ptr<SafetensorsReader>>& files,
-                 int64_t* bytes_read) {
-  // This rank's box, and every saved piece that overlaps it. parse_index checked that the
-  // pieces tile the tensor, so together they fill the box.
-  const int64_t nd = static_cast<int64_t>(t.shape.size());
-  int64_t covered = 0;
-  for (const format::Piece& piece : t.pieces) {
-    bool overlaps = true;
-    std::vector<int64_t> lo(static_cast<std::size_t>(nd)), hi(static_cast<std::size_t>(nd));
-    for (int64_t d = 0; d < nd; ++d) {
-      lo[d] = std::max(piece.offsets[d], e.offsets[d]);
-      hi[d] = std::min(piece.offsets[d] + piece.shape[d], e.offsets[d] + e.local.size(d));
-      overlaps = overlaps && lo[d] < hi[d];
-    }
-    if (!overlaps && nd > 0) continue;
-    auto& handle = files[piece.file];
-    if (!handle) {
-      const fs::path path = root / piece.file;
-      std::error_code ec;
-      TE_CHECK(fs::exists(path, ec), "checkpoint: cannot open '", path.string(),
-               "': the checkpoint is missing a file its index names");
-      handle = std::make_unique<SafetensorsReader>(path.string());
-    }
-    TE_CHECK(handle->contains(name), "checkpoint: '", handle->path(), "' lacks tensor '", name,
-             "' that the index places there");
-    TE_CHECK(handle->shape(name) == piece.shape && handle->dtype(name) == t.dtype,
-             "checkpoint: tensor '", name, "' in '", handle->path(), "' is ", handle->dtype(name),
-             " ", te::shape_text(handle->shape(name)), " but the index says ", t.dtype, " ",
-             te::shape_text(piece.shape));
-    std::vector<int64_t> plo(lo), phi(hi);
-    for (int64_t d = 0; d < nd; ++d) {
-      plo[d] -= piece.offsets[d];
-      phi[d] -= piece.offsets[d];
-    }
-    const at::Tensor src = handle->read(name, plo, phi, piece.crc32_blocks, bytes_read);
-    at::Tensor dst = filled;
-    int64_t count = 1;
-    for (int64_t d = 0; d < nd; ++d) {
-      dst = dst.narrow(d, lo[d] - e.offsets[d], hi[d] - lo[d]);
-      count *= hi[d] - lo[d];
-    }
-    dst.copy_(src);
-    covered += count;
-  }
-  return covered;
-}
-
 }  // namespace
 
 std::string load_checkpoint(torch::nn::Module& module, const std::string& dir,
@@ -415,7 +286,7 @@ std::string load_checkpoint(torch::nn::Module& module, const std::string& dir,
              " in the checkpoint at '", root.string(), "' but ", safetensors_dtype_name(dtype),
              " in the module; convert the module (module->to(...)) first");
     at::Tensor filled = at::empty(e.local.sizes(), e.local.options().device(at::kCPU));
-    const int64_t covered = read_box(name, t, e, root, filled, files, &bytes_read);
+    const int64_t covered = io::read_box(name, t, e.offsets, root, filled, files, &bytes_read);
     TE_CHECK(covered == e.local.numel(), "internal: load_checkpoint: the pieces of '", name,
              "' in the checkpoint at '", root.string(), "' cover ", covered, " of the ",
              e.local.numel(), " elements this rank needs");

@@ -92,15 +92,6 @@ void check_mha_options(const MultiHeadAttentionOptions& o, int64_t kv_heads) {
   TE_CHECK(o.qkv_format() != "thd" || !o.enable_sequence_parallel(),
            "MultiHeadAttention: qkv_format 'thd' with enable_sequence_parallel is not supported "
            "(sequence parallel splits the packed tokens): shard the heads only");
-  if (o.input_layernorm()) {
-    TE_CHECK(o.layernorm().hidden_size() == hidden, "MultiHeadAttention: the norm's hidden_size ",
-             o.layernorm().hidden_size(), " differs from ", hidden);
-  }
-  if (const auto& type = o.qk_norm_type()) {
-    TE_CHECK(*type == "RMSNorm" || *type == "LayerNorm" || *type == "L2Normalization",
-             "MultiHeadAttention: qk_norm_type '", *type,
-             "' is not one of RMSNorm, LayerNorm, L2Normalization");
-  }
 }
 
 }  // namespace
@@ -157,6 +148,11 @@ void MultiHeadAttentionImpl::reset() {
   // Resolved (and warned about) once here; the attention gets the resolved window.
   const F::MaskSpec spec = F::mask_spec(options.attn_mask_type(), options.window_size(),
                                         options.bottom_right_diagonal());
+  if (const auto& type = options.qk_norm_type()) {
+    TE_CHECK(*type == "RMSNorm" || *type == "LayerNorm" || *type == "L2Normalization",
+             "MultiHeadAttention: qk_norm_type '", *type,
+             "' is not one of RMSNorm, LayerNorm, L2Normalization");
+  }
   if (const auto& type = options.qk_norm_type(); type && *type != "L2Normalization") {
     const auto norm = LayerNormOptions(d)
                           .layernorm_type(*type == "RMSNorm" ? "rmsnorm" : "layernorm")
@@ -165,6 +161,9 @@ void MultiHeadAttentionImpl::reset() {
     k_norm = register_module("k_norm", LayerNorm(norm));
   }
   if (options.input_layernorm()) {
+    TE_CHECK(options.layernorm().hidden_size() == options.hidden_size(),
+             "MultiHeadAttention: the norm's hidden_size ", options.layernorm().hidden_size(),
+             " differs from ", options.hidden_size());
     layernorm = register_module("layernorm", LayerNorm(options.layernorm()));
   }
   attention = register_module(

@@ -41,7 +41,7 @@ class StoreBackend final : public comm::Backend {
   const char* all_gather(const at::Tensor& in, at::Tensor& out) override {
     const std::string call = next_call();
     post(call + "/" + std::to_string(rank_), in);
-    out.view({size_, -1}).copy_(gather_all(call, in));
+    out.view({size_, in.numel()}).copy_(gather_all(call, in));
     return "store_all_gather";
   }
 
@@ -49,7 +49,7 @@ class StoreBackend final : public comm::Backend {
     const std::string call = next_call();
     post(call + "/" + std::to_string(rank_), in);
     const at::Tensor all = gather_all(call, in);  // [size, in.numel()]
-    out.copy_(reduce(all.view({size_, size_, -1}).select(1, rank_), op));
+    out.copy_(reduce(all.view({size_, size_, in.numel() / size_}).select(1, rank_), op));
     return "store_reduce_scatter";
   }
 

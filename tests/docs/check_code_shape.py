@@ -78,15 +78,22 @@ def functions(text):
     # are blocks.
     stack = []
     header_start = 0
+    paren = 0  # parentheses open in the current header (a default argument's `= {}` is inside)
     for k, ch in enumerate(code):
+        if ch in "()" and not any(kind not in ("container", "init") for kind, _, _ in stack):
+            paren += 1 if ch == "(" else -1
         if ch == "{":
             inside_function = any(kind not in ("container", "init") for kind, _, _ in stack)
             header = code[header_start:k]
             if inside_function:
                 stack.append(("block", k, ""))
+            elif paren > 0:
+                stack.append(("init", k, ""))  # a brace inside the parameter list or an initialiser
+                continue
             elif CONTAINER.search(header) and "(" not in header:
                 stack.append(("container", k, ""))
-            elif MEMBER_INIT.search(header):
+            elif not header.rstrip().endswith("}") and MEMBER_INIT.search(
+                    re.sub(r"\{[^{}]*\}", "", header)):
                 stack.append(("init", k, ""))  # the body's header goes on after it
                 continue
             elif "(" in header and not header.rstrip().endswith("="):
@@ -96,6 +103,7 @@ def functions(text):
             else:
                 stack.append(("block", k, ""))  # an initialiser at namespace level
             header_start = k + 1
+            paren = 0
         elif ch == "}":
             if stack:
                 kind, first, name = stack.pop()
@@ -104,8 +112,10 @@ def functions(text):
                 if kind == "init":
                     continue
             header_start = k + 1
+            paren = 0
         elif ch == ";" and not any(kind != "container" for kind, _, _ in stack):
             header_start = k + 1
+            paren = 0
         elif ch in ":" and not any(kind != "container" for kind, _, _ in stack):
             # access specifiers (public:) end a header; '::' does not
             before = code[header_start:k].strip()

@@ -43,8 +43,10 @@ struct Declared {
 const Declared& transformer_constraints() {
   static const Declared declared = [] {
     Declared d;
-    te::nn::TransformerLayer layer(
-        te::nn::TransformerLayerOptions(64, 128, 4).enable_sequence_parallel(true));
+    // Unfused attention, so the attention weights' constraint runs in every build.
+    te::nn::TransformerLayer layer(te::nn::TransformerLayerOptions(64, 128, 4)
+                                       .enable_sequence_parallel(true)
+                                       .fused_attention(false));
     layer->eval();
     te::ConstraintTrace trace;
     layer(at::zeros({2, 8, 64}));
@@ -86,6 +88,7 @@ int demo() {
     te::resolve_logical_axes({"batch"});
   }
   std::cerr.flush();
+  transformer_constraints();  // read from the module before anything is printed
   std::cout << "How a TransformerLayer's logical constraints resolve under each parallel layout\n"
                "(TE's default table from the MeshResource alone):\n\n";
   print_layout("data parallel", te::parse_mesh_resource("dp=data"));
@@ -124,9 +127,11 @@ int main(int argc, char** argv) {
       "  te-explain --mesh-resource dp=data,tpsp=model batch,seqlen_tp,hidden\n"
       "  te-explain --mesh-resource dp=data --rules embed=model --extend batch,embed\n\n"
       "With --plan, plans one training step of a TransformerLayer stack on --mesh instead: per\n"
-      "rank, the parameter, gradient, optimizer-state and activation bytes, and the collectives by\n"
+      "rank, the parameter, gradient, optimizer-state and activation bytes, and the collectives "
+      "by\n"
       "kind and mesh axis with their bytes (te::nn::plan; nothing runs, any mesh size):\n"
-      "  te-explain --plan --model llama-7b --mesh data=64,model=16 --mesh-resource dp=data,tp=model\n"
+      "  te-explain --plan --model llama-7b --mesh data=64,model=16 --mesh-resource "
+      "dp=data,tp=model\n"
       "  te-explain --plan --model te-encoder --batch 64 --seqlen 32 --mesh data=2 \\\n"
       "      --mesh-resource dp=data --dtype fp32 --json"};
   PlanArgs plan_args;

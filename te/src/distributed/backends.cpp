@@ -18,10 +18,6 @@ namespace comm {
 
 namespace {
 
-bool has(const std::vector<c10::DeviceType>& types, c10::DeviceType t) {
-  return std::find(types.begin(), types.end(), t) != types.end();
-}
-
 // The registered backends in order; a list, so a kind found stays where it is while others join.
 struct Registry {
   std::mutex mutex;
@@ -40,7 +36,7 @@ Registry& registry() {
   return *r;
 }
 
-// "auto, gloo or nccl".
+// "auto" and every registered name, e.g. "auto, gloo or nccl".
 std::string choices(const std::list<BackendKind>& kinds) {
   std::vector<std::string> names = {"auto"};
   for (const BackendKind& k : kinds) names.push_back(k.name);
@@ -90,10 +86,13 @@ std::optional<BackendKind> auto_backend(c10::DeviceType type) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   for (const BackendKind& k : r.kinds) {
-    if (k.built && has(k.preferred_for, type)) return k;
+    if (k.built &&
+        std::find(k.preferred_for.begin(), k.preferred_for.end(), type) != k.preferred_for.end()) {
+      return k;
+    }
   }
   for (const BackendKind& k : r.kinds) {
-    if (k.built && has(k.carries, type)) return k;
+    if (k.built && k.carries_type(type)) return k;
   }
   return std::nullopt;
 }
@@ -103,12 +102,6 @@ std::optional<BackendKind> auto_backend(c10::DeviceType type) {
 namespace detail {
 
 namespace {
-
-std::string join(const std::vector<int64_t>& v) {
-  std::string out;
-  for (std::size_t i = 0; i < v.size(); ++i) out += (i ? "," : "") + std::to_string(v[i]);
-  return out;
-}
 
 // A simulated world's only communicator kind (run_simulated_rank): never in the registry, so no
 // real world can ask for it.
@@ -128,7 +121,7 @@ std::unique_ptr<Backend> World::connect(const comm::BackendKind& kind, const std
   TE_CHECK(it != ranks.end(), "internal: rank ", rank_, " is not in group ", key);
   comm::BackendSetup setup;
   setup.key = key + "/" + kind.name;
-  setup.store = c10::make_intrusive<c10d::PrefixStore>(setup.key + "/" + join(ranks), store_);
+  setup.store = c10::make_intrusive<c10d::PrefixStore>(setup.key + "/" + join_ranks(ranks), store_);
   setup.ranks = ranks;
   setup.rank = static_cast<int>(it - ranks.begin());
   setup.size = static_cast<int>(ranks.size());
@@ -143,7 +136,7 @@ std::unique_ptr<Backend> World::connect(const comm::BackendKind& kind, const std
   } catch (const std::exception& e) {
     const std::string missing = describe_missing(ranks);
     TE_FAIL("rank ", rank_, " could not connect the ", kind.name, " communicator of ranks [",
-            join(ranks), "] (", key, ") within ", options_.timeout.count() / 1000.0, " s: ",
+            join_ranks(ranks), "] (", key, ") within ", options_.timeout.count() / 1000.0, " s: ",
             missing.empty() ? std::string("a peer rank did not join") : "missing " + missing,
             "; every rank must construct the same meshes in the same order. The backend said: ",
             e.what());
@@ -162,17 +155,16 @@ RowComm::RowComm(const World* world, std::string key, std::vector<int64_t> ranks
   }
   const std::string& wanted = world_->options().backend;
   if (wanted != "auto") {
+    // Made up front on the CPU when it carries CPU tensors, else on this rank's device of the
+    // first type it carries (a GPU backend: te::local_device()'s index).
     const comm::BackendKind kind = comm::find_backend(wanted, "DistributedOptions::backend");
-    make(kind, has_cpu(kind)
+    const c10::DeviceType type = kind.carries_type(c10::kCPU) ? c10::kCPU : kind.carries.front();
+    make(kind, type == c10::kCPU
                    ? c10::Device(c10::kCPU)
-                   : c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(world_->local_rank())));
+                   : c10::Device(type, static_cast<c10::DeviceIndex>(world_->local_rank())));
   } else if (const auto cpu = comm::auto_backend(c10::kCPU)) {
     make(*cpu, c10::kCPU);
   }
-}
-
-bool RowComm::has_cpu(const comm::BackendKind& kind) {
-  return std::find(kind.carries.begin(), kind.carries.end(), c10::kCPU) != kind.carries.end();
 }
 
 Backend& RowComm::make(const comm::BackendKind& kind, const c10::Device& device) {
@@ -206,10 +198,9 @@ std::pair<std::string, Backend*> RowComm::choose(const c10::Device& device,
              " tensors (te-cpp moves CPU tensors on Gloo and CUDA tensors on NCCL)");
   } else {
     kind = comm::find_backend(wanted, "DistributedOptions::backend");
-    const auto& carries = kind->carries;
-    TE_CHECK(std::find(carries.begin(), carries.end(), device.type()) != carries.end(),
-             "a collective over mesh axis '", axis, "' got a tensor on ", device,
-             ", but this world's backend is ", wanted, ", which moves ", device_list(carries),
+    TE_CHECK(kind->carries_type(device.type()), "a collective over mesh axis '", axis,
+             "' got a tensor on ", device, ", but this world's backend is ", wanted,
+             ", which moves ", device_list(kind->carries),
              " tensors only: put the tensor on te::local_device(), or use the \"auto\" backend");
   }
   const c10::Device made_for =

@@ -27,6 +27,15 @@ namespace te::detail {
 
 using comm::Backend;
 
+/// "0,1,3": a row's world ranks in keys and messages.
+inline std::string join_ranks(const std::vector<int64_t>& ranks) {
+  std::string out;
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    out += (i ? "," : "") + std::to_string(ranks[i]);
+  }
+  return out;
+}
+
 /// One rank's membership of a world: its store, the counter that keeps collectively created
 /// sub-groups in step across ranks, and the liveness records that let a failed collective name
 /// the rank that is missing.
@@ -146,7 +155,6 @@ class RowComm {
  private:
   Backend& make(const comm::BackendKind& kind, const c10::Device& device);
   std::pair<std::string, Backend*> choose(const c10::Device& device, const std::string& axis);
-  static bool has_cpu(const comm::BackendKind& kind);
   static std::string device_list(const std::vector<c10::DeviceType>& types);
 
   const World* world_;

@@ -186,15 +186,26 @@ std::vector<int64_t> all_dims(const DeviceMesh& mesh) {
   return dims;
 }
 
+// Where a mesh's own collectives of bytes run: on the CPU when the world's backend moves CPU
+// tensors (no GPU communicator made for them, and any number of ranks per GPU host), else on
+// this rank's device.
+c10::Device bytes_device(const detail::MeshState& state) {
+  const std::string name = state.world ? state.world->options().backend : "auto";
+  const bool cpu =
+      name == "auto"
+          ? comm::auto_backend(c10::kCPU).has_value()
+          : comm::find_backend(name, "DistributedOptions::backend").carries_type(c10::kCPU);
+  return cpu ? c10::Device(c10::kCPU) : local_device();
+}
+
 }  // namespace
 
 std::vector<std::string> DeviceMesh::all_gather(const std::string& mine) const {
   const int64_t n = size();
   if (n == 1) return {mine};
   const detail::Group& g = detail::group_over(*state_, all_dims(*this));
-  // On the rank's own device, which every backend of the world moves; lengths first, then the
-  // bytes padded to the longest.
-  const auto on = at::TensorOptions().device(local_device());
+  // Lengths first, then the bytes padded to the longest.
+  const auto on = at::TensorOptions().device(bytes_device(*state_));
   const at::Tensor lengths =
       detail::all_gather(g, at::full({1}, static_cast<int64_t>(mine.size()), on.dtype(at::kLong)),
                          0, n)
@@ -215,7 +226,8 @@ std::vector<std::string> DeviceMesh::all_gather(const std::string& mine) const {
 void DeviceMesh::barrier() const {
   if (size() == 1) return;
   detail::all_reduce(detail::group_over(*state_, all_dims(*this)),
-                     at::zeros({1}, at::TensorOptions().device(local_device())), ReduceOp::kSum);
+                     at::zeros({1}, at::TensorOptions().device(bytes_device(*state_))),
+                     ReduceOp::kSum);
 }
 
 bool DeviceMesh::has_axis(const std::string& axis) const {

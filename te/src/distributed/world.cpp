@@ -48,12 +48,6 @@ void ignore_sigpipe() {
   });
 }
 
-std::string join(const std::vector<int64_t>& v) {
-  std::string out;
-  for (std::size_t i = 0; i < v.size(); ++i) out += (i ? "," : "") + std::to_string(v[i]);
-  return out;
-}
-
 }  // namespace
 
 ProcessWorld& process_world() {
@@ -313,8 +307,8 @@ std::vector<std::string> World::exchange_or_throw(const std::string& topic, cons
       std::ostringstream when;
       if (!gone) when << " within " << options_.timeout.count() / 1000.0 << " s";
       const std::string why = describe_missing(absent);
-      TE_FAIL("rank ", rank_, ": rank(s) ", join(absent), " of ", size_, " did not reach ", what,
-              when.str(), why.empty() ? std::string() : " (" + why + ")",
+      TE_FAIL("rank ", rank_, ": rank(s) ", join_ranks(absent), " of ", size_, " did not reach ",
+              what, when.str(), why.empty() ? std::string() : " (" + why + ")",
               "; every rank must run the same collective steps in the same order");
     }
   }

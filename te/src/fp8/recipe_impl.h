@@ -108,6 +108,8 @@ struct Region {
   std::shared_ptr<BackwardReduction> backward;
 };
 
+/// This thread's innermost autocast region (null outside one); autocast.cpp keeps the stack.
+std::shared_ptr<Region> current_region();
 /// The FP8 state stays fp32 whatever the module's dtype (module->to(at::kBFloat16) converts every
 /// floating buffer); converted back on use. Call with meta.mutex held.
 void keep_fp32(GemmMeta& meta);

@@ -14,6 +14,7 @@
 #include <c10/core/Device.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -80,8 +81,10 @@ struct BackendKind {
   std::string name;
   /// Device types whose tensors it moves (Gloo: CPU, and CUDA through host memory).
   std::vector<c10::DeviceType> carries;
-  /// Device types it is the first choice for under "auto" (Gloo: CPU; NCCL: CUDA). A device
-  /// type no built backend prefers goes to the first that carries it.
+  /// Device types it is the first choice for under "auto" (Gloo: CPU; NCCL: CUDA). "auto" takes
+  /// the first built backend, in registration order (the built-in ones first), that prefers a
+  /// tensor's device type, else the first that carries it: a program's backend preferred for
+  /// the CPU is picked by "auto" only where Gloo is not built; name it to use it everywhere.
   std::vector<c10::DeviceType> preferred_for;
   /// Makes a connected communicator; collective over setup.ranks. A std::exception (other than
   /// te::Error) becomes a te::Error naming the row and the ranks that did not join.
@@ -89,6 +92,10 @@ struct BackendKind {
   /// Whether this build can make it: "auto" passes over one that cannot; asking for it by name
   /// gets the factory's own te::Error.
   bool built = true;
+
+  bool carries_type(c10::DeviceType type) const {
+    return std::find(carries.begin(), carries.end(), type) != carries.end();
+  }
 };
 
 /// Adds `kind` to the registry (thread-safe). te::Error when its name is empty, "auto", or taken,

@@ -181,8 +181,9 @@ std::optional<PartitionSpec> resolve_logical_axes(
 
 /// While alive, records the logical axes of every constraint resolved on this thread
 /// (resolve_logical_axes, so every with_sharding_constraint), in order: what a module declares
-/// when it runs. te-explain prints a TransformerLayer's from one forward. Traces nest; each sees
-/// everything resolved during its life.
+/// when it runs, also a constraint that then fails. te-explain prints a TransformerLayer's from
+/// one forward. Traces nest; each sees everything resolved during its life; a trace opens and
+/// closes on one thread.
 class ConstraintTrace {
  public:
   ConstraintTrace();
