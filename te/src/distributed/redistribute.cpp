@@ -8,6 +8,8 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <iterator>
+
 #include "internal.h"
 #include "te/distributed/scopes.h"
 #include "te/error.h"
@@ -49,6 +51,7 @@ at::Tensor slice_chunk(const Group& g, const at::Tensor& t, int64_t dim) {
 }
 
 struct Move {
+  MoveKind kind;  ///< the row's own kind: move_of checks the table against it
   /// The placement the move leaves on its mesh dim.
   Placement (*produces)(const Step&);
   at::Tensor (*forward)(const Run&, const at::Tensor& x);
@@ -64,8 +67,8 @@ bool never(const Step&) { return false; }
 
 const Move& move_of(MoveKind kind) {
   static const Move kMoves[] = {
-      // kGather: the reverse keeps this rank's chunk.
-      {[](const Step&) -> Placement { return Replicate{}; },
+      // Backward keeps this rank's chunk.
+      {MoveKind::kGather, [](const Step&) -> Placement { return Replicate{}; },
        [](const Run& r, const at::Tensor& x) {
          return all_gather(*r.group, x, r.step.dim, r.full);
        },
@@ -73,15 +76,15 @@ const Move& move_of(MoveKind kind) {
        [](const Run& r, const at::Tensor& g, const at::Tensor&, const at::Tensor&) {
          return slice_chunk(*r.group, g, r.step.dim);
        }},
-      // kSlice: the reverse gathers.
-      {[](const Step& s) -> Placement { return Shard{s.dim}; },
+      // Backward gathers.
+      {MoveKind::kSlice, [](const Step& s) -> Placement { return Shard{s.dim}; },
        [](const Run& r, const at::Tensor& x) { return slice_chunk(*r.group, x, r.step.dim); },
        never,
        [](const Run& r, const at::Tensor& g, const at::Tensor&, const at::Tensor&) {
          return all_gather(*r.group, g, r.step.dim, r.full);
        }},
-      // kAllToAll: the reverse all-to-all.
-      {[](const Step& s) -> Placement { return Shard{s.dim2}; },
+      // Backward is the reverse all-to-all.
+      {MoveKind::kAllToAll, [](const Step& s) -> Placement { return Shard{s.dim2}; },
        [](const Run& r, const at::Tensor& x) {
          return all_to_all(*r.group, x, r.step.dim, r.full, r.step.dim2);
        },
@@ -89,9 +92,9 @@ const Move& move_of(MoveKind kind) {
        [](const Run& r, const at::Tensor& g, const at::Tensor&, const at::Tensor&) {
          return all_to_all(*r.group, g, r.step.dim2, r.full2, r.step.dim);
        }},
-      // kReduce: every holder gets the gradient (scaled for avg); for max / min, as for amax
-      // over a stacked dim, the ranks holding the extreme value, split evenly among ties.
-      {[](const Step&) -> Placement { return Replicate{}; },
+      // Every holder gets the gradient (scaled for avg); for max / min, as for amax over a
+      // stacked dim, the ranks holding the extreme value, split evenly among ties.
+      {MoveKind::kReduce, [](const Step&) -> Placement { return Replicate{}; },
        [](const Run& r, const at::Tensor& x) { return all_reduce(*r.group, x, r.step.op); },
        [](const Step& s) { return s.op == ReduceOp::kMax || s.op == ReduceOp::kMin; },
        [](const Run& r, const at::Tensor& g, const at::Tensor& x, const at::Tensor& y) {
@@ -107,8 +110,8 @@ const Move& move_of(MoveKind kind) {
          const at::Tensor mask = x.eq(y).to(g.scalar_type());
          return g * mask / all_reduce(*r.group, mask, ReduceOp::kSum);
        }},
-      // kReduceScatter: the reverse gathers (scaled for avg).
-      {[](const Step& s) -> Placement { return Shard{s.dim}; },
+      // Backward gathers (scaled for avg).
+      {MoveKind::kReduceScatter, [](const Step& s) -> Placement { return Shard{s.dim}; },
        [](const Run& r, const at::Tensor& x) {
          return reduce_scatter(*r.group, x, r.step.op, r.step.dim);
        },
@@ -118,6 +121,16 @@ const Move& move_of(MoveKind kind) {
          return r.step.op == ReduceOp::kAvg ? out / static_cast<double>(r.group->size) : out;
        }},
   };
+  // Rows are looked up by position; each names its kind, and a table out of order is caught on
+  // first use rather than running another move.
+  static const bool in_order = [] {
+    for (std::size_t i = 0; i < std::size(kMoves); ++i) {
+      TE_CHECK(static_cast<std::size_t>(kMoves[i].kind) == i,
+               "internal: redistribute's move table row ", i, " is out of order");
+    }
+    return true;
+  }();
+  (void)in_order;
   return kMoves[static_cast<std::size_t>(kind)];
 }
 
