@@ -354,11 +354,19 @@ void add_generation_routes(serve::http::Server& server, serve::Generator& genera
           read = [stream, model, reply, first = std::make_shared<bool>(true)]() mutable {
             serve::Piece piece;
             while (stream->next(piece, std::chrono::milliseconds(0))) {
+              std::string out;
+              if (*first && stream->request().chat) {
+                // A chat stream opens with the role alone (OpenAI's first chunk), whatever the
+                // first piece holds: pieces may carry several tokens when the client reads late.
+                out = serve::encode_event(*stream, model, serve::Piece{}, true);
+                *first = false;
+              }
               if (piece.text.empty() && piece.tokens.empty() && piece.finish_reason.empty() &&
                   !*first) {
-                continue;  // a held-back character: nothing to send yet
+                if (!out.empty()) reply.write(std::move(out));
+                continue;  // a held-back character: nothing more to send yet
               }
-              std::string out = serve::encode_event(*stream, model, piece, *first);
+              out += serve::encode_event(*stream, model, piece, *first);
               *first = false;
               const bool last = !piece.finish_reason.empty();
               if (last) {
