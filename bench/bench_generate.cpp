@@ -10,10 +10,11 @@
 //
 // --roof adds, per round, the machine's ceiling for that ratio: the model's decode GEMMs alone
 // (every layer's projections, x @ w with w [in, out] as te's kernels are held, and the LM head,
-// x @ table^T when tied to the embedding; float32 as the model holds them) timed at one row and
-// at `streams` rows, whose ratio streams * t(1) / t(streams) is what the step would give if it
-// were GEMMs only, and the threads' peak of independent AVX2 FMAs (GFLOP/s), to read the GEMM
-// rate at `streams` rows against.
+// x @ table^T when tied to the embedding; float32 as the model holds them; through
+// te::nn::functional::dense, so on the library the model's GEMMs run on: TE_CPU_GEMM) timed at
+// one row and at `streams` rows, whose ratio streams * t(1) / t(streams) is what the step would
+// give if it were GEMMs only, and the threads' peak of independent FMAs of the widest vectors
+// the CPU has (AVX-512 or AVX2; GFLOP/s), to read the GEMM rate at `streams` rows against.
 //
 //   bench_generate MODEL.gguf [--streams 32] [--tokens 64] [--prompt-tokens 128] [--threads N]
 //                  [--rounds 3] [--contiguous] [--roof]
@@ -33,6 +34,8 @@
 
 #include "te/hf/causal_lm.h"
 #include "te/hf/generate.h"
+#include "te/nn/functional.h"
+#include "te/nn/inference.h"
 
 namespace {
 
@@ -116,7 +119,7 @@ struct DecodeGemm {
   bool table = false;
   int64_t in() const { return w.size(table ? 1 : 0); }
   at::Tensor operator()(const at::Tensor& x) const {
-    return table ? at::linear(x, w) : at::matmul(x, w);
+    return te::nn::functional::dense(x, table ? w.t() : w);
   }
 };
 
@@ -140,9 +143,10 @@ double gemm_seconds(const std::vector<DecodeGemm>& gemms, int64_t rows) {
   return best;
 }
 
-// GFLOP/s of independent AVX2 FMAs (ten chains a thread) on `threads` threads at once: the
-// arithmetic roof a float32 GEMM runs under. 0 where the CPU lacks AVX2 or FMA.
-__attribute__((target("avx2,fma"))) float fma_chains(int64_t iterations) {
+// GFLOP/s of independent FMAs (ten chains a thread) on `threads` threads at once: the arithmetic
+// roof a float32 GEMM runs under, with AVX-512 where the CPU has it (oneDNN's GEMMs use it), else
+// AVX2. 0 where the CPU lacks both.
+__attribute__((target("avx2,fma"))) float fma_chains_avx2(int64_t iterations) {
   __m256 acc[10];
   for (int i = 0; i < 10; ++i) acc[i] = _mm256_set1_ps(1.0f + static_cast<float>(i) * 1e-7f);
   const __m256 a = _mm256_set1_ps(0.9999999f), b = _mm256_set1_ps(1e-7f);
@@ -154,19 +158,35 @@ __attribute__((target("avx2,fma"))) float fma_chains(int64_t iterations) {
   return sum;
 }
 
+__attribute__((target("avx512f"))) float fma_chains_avx512(int64_t iterations) {
+  __m512 acc[10];
+  for (int i = 0; i < 10; ++i) acc[i] = _mm512_set1_ps(1.0f + static_cast<float>(i) * 1e-7f);
+  const __m512 a = _mm512_set1_ps(0.9999999f), b = _mm512_set1_ps(1e-7f);
+  for (int64_t n = 0; n < iterations; ++n) {
+    for (int i = 0; i < 10; ++i) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
+  }
+  float sum = 0;
+  for (int i = 0; i < 10; ++i) sum += _mm512_reduce_add_ps(acc[i]);
+  return sum;
+}
+
 double fma_peak_gflops(int threads) {
-  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return 0;
+  const bool avx512 = __builtin_cpu_supports("avx512f");
+  if (!avx512 && (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))) return 0;
   const int64_t iterations = 50'000'000;
   std::vector<float> sums(static_cast<std::size_t>(threads));
   const auto start = clock_type::now();
   std::vector<std::thread> pool;
   for (int t = 0; t < threads; ++t) {
-    pool.emplace_back([&sums, t, iterations] { sums[t] = fma_chains(iterations); });
+    pool.emplace_back([&sums, t, iterations, avx512] {
+      sums[t] = avx512 ? fma_chains_avx512(iterations) : fma_chains_avx2(iterations);
+    });
   }
   for (std::thread& t : pool) t.join();
   const double s = seconds_since(start);
-  // 8 lanes x 2 flops per FMA; the sums are read so that no compiler drops the loops.
-  return sums[0] == 0 ? 0 : threads * iterations * 10.0 * 16.0 / s / 1e9;
+  // 16 or 8 lanes x 2 flops per FMA; the sums are read so that no compiler drops the loops.
+  const double lanes = avx512 ? 16.0 : 8.0;
+  return sums[0] == 0 ? 0 : threads * iterations * 10.0 * lanes * 2.0 / s / 1e9;
 }
 
 double median(std::vector<double> v) {
@@ -251,15 +271,17 @@ int main(int argc, char** argv) {
                  m.decode_tps, ratio.back());
   }
   std::printf(
-      "{\"model\": \"%s\", \"threads\": %d, \"prompt_tokens\": %lld, \"tokens\": %lld, "
+      "{\"model\": \"%s\", \"cpu_gemm\": \"%s\", \"threads\": %d, \"prompt_tokens\": %lld, "
+      "\"tokens\": %lld, "
       "\"rounds\": %lld, \"prefill_tokens_per_second\": %.1f, "
       "\"decode_tokens_per_second_1_stream\": %.2f, \"streams\": %lld, "
       "\"decode_tokens_per_second_streams\": %.2f, \"ratio\": %.2f, \"ratio_min\": %.2f, "
       "\"ratio_max\": %.2f",
-      argv[1], at::get_num_threads(), static_cast<long long>(prompt_tokens),
-      static_cast<long long>(tokens), static_cast<long long>(rounds), median(prefill), median(one),
-      static_cast<long long>(streams), median(many), median(ratio),
-      *std::min_element(ratio.begin(), ratio.end()), *std::max_element(ratio.begin(), ratio.end()));
+      argv[1], te::nn::cpu_gemm_library().c_str(), at::get_num_threads(),
+      static_cast<long long>(prompt_tokens), static_cast<long long>(tokens),
+      static_cast<long long>(rounds), median(prefill), median(one), static_cast<long long>(streams),
+      median(many), median(ratio), *std::min_element(ratio.begin(), ratio.end()),
+      *std::max_element(ratio.begin(), ratio.end()));
   if (roof) {
     std::printf(
         ", \"gemm_only_ratio\": %.2f, \"gemm_gflops_streams\": %.1f, \"fma_peak_gflops\": %.1f",

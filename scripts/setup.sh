@@ -11,6 +11,7 @@ PACKAGES=(
   libboost-dev   # te-serve's HTTP layer (Boost.Asio, Boost.Beast; header-only)
   libcpp-httplib-dev wrk   # te-serve's tests and load clients; its load test
   libicu-dev libpcre2-dev   # te::hf's tokenizers (Unicode categories, normalization, regex)
+  libdnnl-dev   # oneDNN headers: te::nn's fp32 CPU GEMMs without autograd (LibTorch links its library)
   python3-matplotlib   # examples/encoder/plot_losses
   clang libclang-rt-14-dev   # scripts/fuzz.sh (libFuzzer)
 )

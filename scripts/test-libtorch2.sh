@@ -18,7 +18,7 @@ PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git python3 python3-numpy python3-safetensors
   libtorch-dev libgloo-dev libopenblas0-openmp
   libgtest-dev libgmock-dev libbenchmark-dev
-  libcli11-dev nlohmann-json3-dev zlib1g-dev libcpp-httplib-dev libboost-dev libicu-dev libpcre2-dev
+  libcli11-dev nlohmann-json3-dev zlib1g-dev libcpp-httplib-dev libboost-dev libicu-dev libpcre2-dev libdnnl-dev
 )
 
 if [ "$(id -u)" -ne 0 ]; then

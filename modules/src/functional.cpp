@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 
+#include "cpu_gemm.h"
 #include "matmul.h"
 #include "te/compat.h"
 #include "te/distributed/scopes.h"
@@ -150,6 +151,7 @@ at::Tensor dense(const at::Tensor& x, const at::Tensor& w,
   if (fp8 != nullptr && (fp8_enabled() || fp8_calibrating())) {
     return with_bias(fp8::linear(x, w2, fp8, mesh).reshape(out_shape));
   }
+  if (auto y = detail::onednn_linear(x, w2, bias)) return y->reshape(out_shape);
   if (!bias.defined()) return mm_any(x, w2).reshape(out_shape);
   if (const auto low = slow_cpu_gemm_dtype(x, w2)) {
     // In the GEMM's dtype, as addmm under autocast gives it.

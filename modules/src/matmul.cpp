@@ -2,11 +2,14 @@
 
 #include "matmul.h"
 
+#include "cpu_gemm.h"
+
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "te/compat.h"
@@ -32,6 +35,14 @@ namespace te::nn::functional::detail {
 // the same route.
 constexpr int64_t kOneDnnMinGemm = 16 * 16 * 16;
 
+bool cpu_autocast_on() {
+#if TE_AUTOCAST_BY_DEVICE
+  return at::autocast::is_autocast_enabled(at::kCPU);
+#else
+  return at::autocast::is_cpu_enabled();
+#endif
+}
+
 std::optional<at::ScalarType> slow_cpu_gemm_dtype(const at::Tensor& a, const at::Tensor& b) {
   // A meta tensor stands for a CPU one: te::nn::plan runs the step on meta tensors to count its
   // bytes, and the fp32 copies this route makes are part of a CPU step's peak (on a CPU without
@@ -39,11 +50,10 @@ std::optional<at::ScalarType> slow_cpu_gemm_dtype(const at::Tensor& a, const at:
   if (!a.device().is_cpu() && !a.device().is_meta()) return std::nullopt;
   at::ScalarType dtype = a.scalar_type();
   if (dtype == at::kFloat) {
+    if (!cpu_autocast_on()) return std::nullopt;
 #if TE_AUTOCAST_BY_DEVICE
-    if (!at::autocast::is_autocast_enabled(at::kCPU)) return std::nullopt;
     dtype = at::autocast::get_autocast_dtype(at::kCPU);
 #else
-    if (!at::autocast::is_cpu_enabled()) return std::nullopt;
     dtype = at::autocast::get_autocast_cpu_dtype();
 #endif
   }
@@ -66,6 +76,7 @@ std::optional<at::ScalarType> slow_cpu_gemm_dtype(const at::Tensor& a, const at:
 }
 
 at::Tensor mm_any(const at::Tensor& a, const at::Tensor& b) {
+  if (auto y = onednn_linear(a, b)) return std::move(*y);
   if (b.dim() == 2 && a.dim() >= 1 && a.numel() == a.size(-1) && a.is_cpu() &&
       !slow_cpu_gemm_dtype(a, b)) {
     // One row (a decoding step of one sequence): a matrix-vector product reads b once, where

@@ -721,8 +721,9 @@ TEST(TransformerLayer, DropoutOffInEvalAndInference) {
   layer->eval();
   at::Tensor a = layer(x);
   {
+    // Within rounding: without an autograd graph the GEMMs run on oneDNN (cpu_gemm_library).
     c10::InferenceMode inference;
-    EXPECT_TRUE(at::allclose(layer(x), a));
+    EXPECT_TRUE(at::allclose(layer(x), a, 1e-5, 1e-6));
   }
   layer->train();
   EXPECT_FALSE(at::allclose(layer(x), a));

@@ -21,6 +21,7 @@
 #include <torch/nn/module.h>
 
 #include <cstdint>
+#include <string>
 
 namespace te::nn {
 
@@ -41,5 +42,17 @@ bool has_fp8_weights(const torch::nn::Module& module);
 /// Bytes of `module`'s parameters and buffers as held now (FP8 codes, scales and FP8 state
 /// included): what a server keeps resident for its weights.
 int64_t resident_bytes(const torch::nn::Module& module);
+
+/// The library te::nn's float32 CPU GEMMs without an autograd graph (inference: generation,
+/// serving, embeddings, evaluation) run on: "onednn" (its AVX-512 matmul, ~2x LibTorch's
+/// OpenBLAS here: docs/results.md) where te-cpp was built with oneDNN (CMake TE_ONEDNN, Debian's
+/// libdnnl-dev) and TE_CPU_GEMM is unset or "onednn"; "libtorch" where it was not or
+/// TE_CPU_GEMM=libtorch. GEMMs that record autograd, run under CPU autocast, in bf16 / fp16 or
+/// FP8 always take LibTorch's or te's own. A TE_CPU_GEMM of another value is a te::Error naming
+/// it, here and at the first such GEMM.
+std::string cpu_gemm_library();
+
+/// How many GEMMs this thread has run on oneDNN (a diagnostic for tests and benchmarks).
+int64_t onednn_gemm_count();
 
 }  // namespace te::nn
