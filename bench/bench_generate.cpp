@@ -17,7 +17,10 @@
 // the CPU has (AVX-512 or AVX2; GFLOP/s), to read the GEMM rate at `streams` rows against.
 //
 //   bench_generate MODEL.gguf [--streams 32] [--tokens 64] [--prompt-tokens 128] [--threads N]
-//                  [--rounds 3] [--contiguous] [--roof]
+//                  [--rounds 3] [--contiguous] [--roof] [--system-malloc]
+//
+// Like te-serve and te-generate, the bench keeps freed memory for reuse (te::keep_freed_memory);
+// --system-malloc leaves glibc's defaults, to measure what that gives.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -36,6 +39,7 @@
 #include "te/hf/generate.h"
 #include "te/nn/functional.h"
 #include "te/nn/inference.h"
+#include "te/runtime/runtime.h"
 
 namespace {
 
@@ -201,11 +205,12 @@ int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr,
                  "usage: bench_generate MODEL [--streams N] [--tokens N] "
-                 "[--prompt-tokens N] [--threads N] [--rounds N] [--contiguous] [--roof]\n");
+                 "[--prompt-tokens N] [--threads N] [--rounds N] [--contiguous] [--roof] "
+                 "[--system-malloc]\n");
     return 2;
   }
   int64_t streams = 32, tokens = 64, prompt_tokens = 128, rounds = 3;
-  bool contiguous = false, roof = false;
+  bool contiguous = false, roof = false, system_malloc = false;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&] { return std::stoll(argv[++i]); };
@@ -223,11 +228,14 @@ int main(int argc, char** argv) {
       contiguous = true;
     } else if (a == "--roof") {
       roof = true;
+    } else if (a == "--system-malloc") {
+      system_malloc = true;
     } else {
       std::fprintf(stderr, "bench_generate: unknown argument '%s'\n", a.c_str());
       return 2;
     }
   }
+  const bool kept = !system_malloc && te::keep_freed_memory();
   te::hf::CausalLM model = te::hf::load_causal_lm(argv[1]);
   te::hf::EngineOptions options;
   options.paged = !contiguous;
@@ -271,13 +279,14 @@ int main(int argc, char** argv) {
                  m.decode_tps, ratio.back());
   }
   std::printf(
-      "{\"model\": \"%s\", \"cpu_gemm\": \"%s\", \"threads\": %d, \"prompt_tokens\": %lld, "
+      "{\"model\": \"%s\", \"cpu_gemm\": \"%s\", \"freed_memory_kept\": %s, \"threads\": %d, "
+      "\"prompt_tokens\": %lld, "
       "\"tokens\": %lld, "
       "\"rounds\": %lld, \"prefill_tokens_per_second\": %.1f, "
       "\"decode_tokens_per_second_1_stream\": %.2f, \"streams\": %lld, "
       "\"decode_tokens_per_second_streams\": %.2f, \"ratio\": %.2f, \"ratio_min\": %.2f, "
       "\"ratio_max\": %.2f",
-      argv[1], te::nn::cpu_gemm_library().c_str(), at::get_num_threads(),
+      argv[1], te::nn::cpu_gemm_library().c_str(), kept ? "true" : "false", at::get_num_threads(),
       static_cast<long long>(prompt_tokens), static_cast<long long>(tokens),
       static_cast<long long>(rounds), median(prefill), median(one), static_cast<long long>(streams),
       median(many), median(ratio), *std::min_element(ratio.begin(), ratio.end()),

@@ -27,6 +27,7 @@
 #include "te/hf/chat.h"
 #include "te/hf/generate.h"
 #include "te/hf/ranks.h"
+#include "te/runtime/runtime.h"
 
 namespace {
 
@@ -134,6 +135,7 @@ Result run(const Args& a, bool print) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  te::keep_freed_memory();  // steps reuse freed memory (te/runtime/runtime.h)
   CLI::App app{
       "te-generate: text generation with a Hugging Face decoder (Llama, Mistral, Qwen2/3, GPT-2; "
       "a folder or a GGUF file) in te::nn with a KV cache. Streams the text to stdout, then "

@@ -24,6 +24,7 @@
 #include "te/error.h"
 #include "te/hf/sentence.h"
 #include "te/nn/inference.h"
+#include "te/runtime/runtime.h"
 
 namespace {
 
@@ -119,6 +120,7 @@ int bench(const std::string& model, const std::string& file, int64_t batch, int 
 }  // namespace
 
 int main(int argc, char** argv) {
+  te::keep_freed_memory();  // steps reuse freed memory (te/runtime/runtime.h)
   CLI::App app{
       "te-embed: sentence embeddings with a Hugging Face sentence-transformers model (e.g. "
       "all-MiniLM-L6-v2) in te::nn. Prints the cosine similarity of each pair of sentences."};

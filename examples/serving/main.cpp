@@ -34,6 +34,7 @@
 #include "te/hf/ranks.h"
 #include "te/hf/sentence.h"
 #include "te/nn/inference.h"
+#include "te/runtime/runtime.h"
 
 namespace {
 
@@ -559,6 +560,7 @@ int serve_generation(const Args& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  te::keep_freed_memory();  // steps reuse freed memory (te/runtime/runtime.h)
   // Block the stop signals before any thread starts, so every thread inherits the mask.
   sigset_t signals;
   sigemptyset(&signals);

@@ -5,8 +5,12 @@
 
 #include <ATen/Parallel.h>
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
+#include <vector>
 #include <map>
 #include <string>
 #include <thread>
@@ -80,6 +84,40 @@ TEST_F(ThreadsTest, RejectsAMalformedOmpNumThreads) {
                 std::string::npos);
     }
   }
+}
+
+int64_t minor_faults() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_minflt;
+}
+
+// A decode step's pattern: a few blocks of a few MiB allocated, written and freed together, again
+// and again. With glibc's defaults the freed top of the heap (over twice the largest block) is
+// trimmed, so every round faults its pages in afresh; kept, the rounds after the first reuse them.
+TEST(KeepFreedMemory, RoundsOfLargeBlocksReuseTheirPages) {
+#if !defined(__GLIBC__)
+  GTEST_SKIP() << "not glibc: keep_freed_memory is a no-op";
+#elif defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "a sanitizer's allocator serves malloc here, not glibc's";
+#endif
+  ASSERT_TRUE(keep_freed_memory());
+  constexpr std::size_t kBlock = 6u << 20;
+  constexpr int kBlocks = 4, kRounds = 10;
+  auto round = [] {
+    std::vector<char*> blocks;
+    for (int b = 0; b < kBlocks; ++b) {
+      blocks.push_back(static_cast<char*>(std::malloc(kBlock)));
+      std::memset(blocks.back(), b + 1, kBlock);
+    }
+    for (char* block : blocks) std::free(block);
+  };
+  round();
+  const int64_t before = minor_faults();
+  for (int r = 0; r < kRounds; ++r) round();
+  const int64_t pages = static_cast<int64_t>(kRounds) * kBlocks * kBlock / 4096;
+  // Fresh pages every round would be `pages` faults (fewer with huge pages, still one per 2 MiB).
+  EXPECT_LT(minor_faults() - before, pages / 100) << "of " << pages << " pages written";
 }
 
 TEST(BuildInfo, NamesVersionsAndBlas) {

@@ -4,6 +4,9 @@
 #include <ATen/Version.h>
 
 #include <algorithm>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 #include <cstdlib>
 #include <sstream>
 #include <string>
@@ -33,6 +36,17 @@ int configure_threads() {
   if (threads < 1) threads = 1;
   at::set_num_threads(threads);
   return at::get_num_threads();
+}
+
+bool keep_freed_memory() {
+#if defined(__GLIBC__)
+  constexpr int kMmapThreshold = 32 << 20;  // glibc's largest (DEFAULT_MMAP_THRESHOLD_MAX, 64-bit)
+  constexpr int kTrimThreshold = 1 << 30;
+  return mallopt(M_MMAP_THRESHOLD, kMmapThreshold) == 1 &&
+         mallopt(M_TRIM_THRESHOLD, kTrimThreshold) == 1;
+#else
+  return false;
+#endif
 }
 
 namespace {

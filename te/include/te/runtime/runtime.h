@@ -14,6 +14,16 @@ namespace te {
 /// when OMP_NUM_THREADS is set but is not a positive integer, or a launcher variable is malformed.
 int configure_threads();
 
+/// Keeps freed memory in the process for reuse (glibc's malloc; elsewhere a no-op returning
+/// false): blocks below 32 MiB come from the heap rather than from their own mmap, and the heap
+/// is handed back to the system only when over 1 GiB of it is free. A decode step allocates and
+/// frees the same activations, logits and gathered keys every step; with glibc's defaults (a
+/// dynamic mmap threshold and a trim threshold of twice it) those blocks went back to the kernel
+/// and came again as fresh zeroed pages: a 32-stream bench_generate run took 2.4 million page
+/// faults and 20% more CPU time than with this (docs/results.md). Process-wide, so for programs,
+/// not libraries: te-serve, te-generate and te-embed call it at start. Returns whether it took.
+bool keep_freed_memory();
+
 /// One line per fact: te-cpp and LibTorch versions, CUDA support compiled in, intra-op threads,
 /// and the BLAS LibTorch was built with.
 std::string build_info();
