@@ -27,6 +27,7 @@
 #include "te/hf/chat.h"
 #include "te/hf/generate.h"
 #include "te/hf/ranks.h"
+#include "te/nn/inference.h"
 #include "te/runtime/runtime.h"
 
 namespace {
@@ -140,6 +141,7 @@ int main(int argc, char** argv) {
       "te-generate: text generation with a Hugging Face decoder (Llama, Mistral, Qwen2/3, GPT-2; "
       "a folder or a GGUF file) in te::nn with a KV cache. Streams the text to stdout, then "
       "prints prefill and decode tokens/s to stderr."};
+  app.footer(te::nn::kCpuGemmHelp);
   Args a;
   te::hf::SamplingOptions& s = a.generate.sampling;
   app.add_option("--model", a.model,

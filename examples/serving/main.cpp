@@ -587,6 +587,7 @@ int main(int argc, char** argv) {
       "Classify and embeddings requests are batched dynamically; generation requests are decoded\n"
       "together with continuous batching over a paged KV cache. SIGTERM stops taking requests,\n"
       "finishes in-flight ones (generation: within --drain-timeout) and exits 0."};
+  app.footer(te::nn::kCpuGemmHelp);
   auto* load = app.add_option("--load", args.load_dir,
                               "Checkpoint directory written by te-encoder --save (any layout), "
                               "or by te-serve --export-fp8: serves POST /v1/classify");

@@ -52,6 +52,11 @@ int64_t resident_bytes(const torch::nn::Module& module);
 /// it, here and at the first such GEMM.
 std::string cpu_gemm_library();
 
+/// The line programs' --help gives the TE_CPU_GEMM switch.
+inline constexpr const char* kCpuGemmHelp =
+    "Environment: TE_CPU_GEMM=libtorch runs the float32 CPU GEMMs on LibTorch's BLAS instead of "
+    "oneDNN (the default where te-cpp was built with it: ~2x faster here).";
+
 /// How many GEMMs this thread has run on oneDNN (a diagnostic for tests and benchmarks).
 int64_t onednn_gemm_count();
 

@@ -20,7 +20,7 @@ int configure_threads();
 /// frees the same activations, logits and gathered keys every step; with glibc's defaults (a
 /// dynamic mmap threshold and a trim threshold of twice it) those blocks went back to the kernel
 /// and came again as fresh zeroed pages: a 32-stream bench_generate run took 2.4 million page
-/// faults and 20% more CPU time than with this (docs/results.md). Process-wide, so for programs,
+/// faults and 24% more CPU time than with this (docs/results.md). Process-wide, so for programs,
 /// not libraries: te-serve, te-generate and te-embed call it at start. Returns whether it took.
 bool keep_freed_memory();
 
