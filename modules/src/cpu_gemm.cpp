@@ -4,13 +4,16 @@
 // machines runs its AVX2 kernels; oneDNN's matmul (the library LibTorch itself links, so no new
 // run-time dependency) runs AVX-512 ones and takes the kernel in te's [K, N] layout as it is (no
 // packed copy, no cache). Measured here (bench/bench_generate --roof, 2 threads, SmolLM2's decode
-// GEMMs): ~2x OpenBLAS's GEMM at 16-2048 rows and on a par or faster at one row. Training keeps
-// LibTorch's GEMMs, whose autograd records the backward.
+// GEMMs): ~2x OpenBLAS's GEMM at 16-2048 rows and on a par or faster at one row. GEMMs that
+// record an autograd graph keep LibTorch's, whose autograd records the backward; those inside te's
+// own autograd functions (FSDP's gathered dense, forward and backward) record none and take
+// oneDNN.
 
 #include "cpu_gemm.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/TensorSubclassLikeUtils.h>
 
 #include <cstdlib>
 #include <string>
@@ -93,10 +96,14 @@ dnnl::matmul::primitive_desc matmul_desc(const dnnl::memory::desc& src,
                                          const dnnl::memory::desc& weights,
                                          const dnnl::memory::desc& bias,
                                          const dnnl::memory::desc& dst) {
+  // float32 throughout, whatever ONEDNN_DEFAULT_FPMATH_MODE says (bf16 or tf32 would round).
+  dnnl::primitive_attr attr;
+  attr.set_fpmath_mode(dnnl::fpmath_mode::strict);
 #if DNNL_VERSION_MAJOR >= 3
-  return dnnl::matmul::primitive_desc(cpu_engine(), src, weights, bias, dst);
+  return dnnl::matmul::primitive_desc(cpu_engine(), src, weights, bias, dst, attr);
 #else
-  return dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, weights, bias, dst), cpu_engine());
+  return dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, weights, bias, dst), attr,
+                                      cpu_engine());
 #endif
 }
 
@@ -106,8 +113,13 @@ dnnl::matmul::primitive_desc matmul_desc(const dnnl::memory::desc& src,
 
 std::optional<at::Tensor> onednn_linear(const at::Tensor& x, const at::Tensor& w,
                                         const at::Tensor& bias) {
+  // Plain strided float32 CPU memory oneDNN can read as it is: no sparse or mkldnn layout, no
+  // lazy negation (a real view of a complex tensor's conjugate), no zero tensor, no wrapper
+  // tensor (functorch), no forward-mode tangent to carry.
   const auto fp32_cpu = [](const at::Tensor& t) {
-    return t.device().is_cpu() && t.scalar_type() == at::kFloat && !t.is_sparse();
+    return t.device().is_cpu() && t.scalar_type() == at::kFloat && t.layout() == at::kStrided &&
+           !t.is_neg() && !t._is_zerotensor() && !at::isTensorSubclassLike(t) &&
+           !t._fw_grad(/*level=*/0).defined();
   };
   if (!fp32_cpu(x) || !fp32_cpu(w) || w.dim() != 2 || x.dim() < 1 || x.size(-1) != w.size(0)) {
     return std::nullopt;
@@ -135,16 +147,21 @@ std::optional<at::Tensor> onednn_linear(const at::Tensor& x, const at::Tensor& w
   at::Tensor y = at::empty({m, n}, x.options().memory_format(at::MemoryFormat::Contiguous));
 
   // OpenMP sizes oneDNN's parallel regions: LibTorch's thread count, set on this thread first.
-  (void)at::get_num_threads();
+  at::internal::lazy_init_num_threads();
   const dnnl::memory::desc src({m, k}, DataType::f32, Dims{row_stride, 1});
   const dnnl::memory::desc weights({k, n}, DataType::f32,
                                    Dims{w_strides->first, w_strides->second});
   const dnnl::memory::desc dst({m, n}, DataType::f32, Dims{n, 1});
   const dnnl::memory::desc bias_md =
       b.defined() ? dnnl::memory::desc({1, n}, DataType::f32, Dims{n, 1}) : dnnl::memory::desc();
+  std::optional<dnnl::matmul> matmul;
   try {
     // oneDNN's primitive cache makes a repeated shape's descriptor and primitive ~1 us.
-    const dnnl::matmul matmul(matmul_desc(src, weights, bias_md, dst));
+    matmul.emplace(matmul_desc(src, weights, bias_md, dst));
+  } catch (const dnnl::error&) {
+    return std::nullopt;  // a layout or ISA this oneDNN declines: LibTorch's GEMM takes it
+  }
+  try {
     const dnnl::engine& engine = cpu_engine();
     std::unordered_map<int, dnnl::memory> args{
         {DNNL_ARG_SRC, dnnl::memory(src, engine, x2.data_ptr())},
@@ -154,7 +171,7 @@ std::optional<at::Tensor> onednn_linear(const at::Tensor& x, const at::Tensor& w
       args.emplace(DNNL_ARG_BIAS, dnnl::memory(bias_md, engine, b.data_ptr()));
     }
     thread_local dnnl::stream stream(engine);
-    matmul.execute(stream, args);
+    matmul->execute(stream, args);
     stream.wait();
     ++onednn_gemms;
   } catch (const dnnl::error& e) {

@@ -1,8 +1,9 @@
 #pragma once
 
-// te::nn's fp32 CPU GEMMs that need no autograd graph (inference: generation, serving,
-// embeddings, evaluation) run on oneDNN's matmul where te-cpp was built with it (cpu_gemm.cpp
-// says why); everything else stays on LibTorch (matmul.h).
+// te::nn's 2-D fp32 CPU GEMMs that record no autograd graph (inference: generation, serving,
+// embeddings, evaluation; and those inside te's own autograd functions) run on oneDNN's matmul
+// where te-cpp was built with it (cpu_gemm.cpp says why); everything else stays on LibTorch
+// (matmul.h).
 
 #include <ATen/Tensor.h>
 

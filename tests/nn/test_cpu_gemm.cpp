@@ -16,7 +16,19 @@ namespace {
 
 namespace F = te::nn::functional;
 
-bool expect_onednn() { return te::nn::cpu_gemm_library() == "onednn"; }
+// oneDNN where the build has it (TE_BUILT_WITH_ONEDNN, from CMake's choice) unless TE_CPU_GEMM
+// says libtorch: a build that quietly lost oneDNN fails here.
+bool expect_onednn() {
+  const char* env = std::getenv("TE_CPU_GEMM");
+  const bool libtorch = env != nullptr && std::string(env) == "libtorch";
+#if defined(TE_BUILT_WITH_ONEDNN)
+  const bool built = true;
+#else
+  const bool built = false;
+#endif
+  EXPECT_EQ(te::nn::cpu_gemm_library(), built && !libtorch ? "onednn" : "libtorch");
+  return built && !libtorch;
+}
 
 // x @ w + bias in float64, rounded once.
 at::Tensor reference(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias) {
@@ -32,17 +44,25 @@ std::vector<at::Tensor> layouts(int64_t k, int64_t n) {
           at::randn({n, k + 5}).narrow(1, 0, k).t()};
 }
 
+// The inputs: rows contiguous, batched [2, m, k], rows padded (handed to oneDNN with their row
+// stride), a transposed view and rows broadcast (both copied first).
+std::vector<at::Tensor> inputs(int64_t m, int64_t k) {
+  return {at::randn({m, k}), at::randn({2, m, k}), at::randn({m, k + 7}).narrow(1, 0, k),
+          at::randn({k, m}).t(), at::randn({1, k}).expand({m, k})};
+}
+
 TEST(CpuGemm, EqualsTheFloat64ProductOnEveryLayout) {
   at::manual_seed(0);
   const at::NoGradGuard no_grad;
+  const bool onednn = expect_onednn();
   for (const int64_t m : {1, 3, 32, 130}) {
-    for (const auto& [k, n] : {std::pair<int64_t, int64_t>{1, 1}, {17, 5}, {576, 192}}) {
+    for (const auto& [k, n] :
+         {std::pair<int64_t, int64_t>{1, 1}, {1, 5}, {17, 1}, {17, 5}, {576, 192}}) {
       for (const at::Tensor& w : layouts(k, n)) {
         for (const bool with_bias : {false, true}) {
-          // Rows of x contiguous, x batched [2, m, k], and x a transposed (strided) view.
-          const at::Tensor xs[] = {at::randn({m, k}), at::randn({2, m, k}), at::randn({k, m}).t()};
-          for (const at::Tensor& x : xs) {
-            const at::Tensor bias = with_bias ? at::randn({n}) : at::Tensor();
+          for (const at::Tensor& x : inputs(m, k)) {
+            // A strided bias (every other element of a wider tensor) is copied first.
+            const at::Tensor bias = with_bias ? at::randn({n, 2}).select(1, 0) : at::Tensor();
             const int64_t before = te::nn::onednn_gemm_count();
             const at::Tensor y = F::dense(x, w, nullptr, nullptr, bias);
             const at::Tensor want = reference(x, w, bias);
@@ -51,7 +71,7 @@ TEST(CpuGemm, EqualsTheFloat64ProductOnEveryLayout) {
             ASSERT_EQ(y.sizes(), want.sizes());
             // fp32 accumulation over k terms of |x||w| ~ 1.
             EXPECT_LE((y - want).abs().max().item<double>(), 2e-6 * static_cast<double>(k) + 1e-6);
-            EXPECT_EQ(te::nn::onednn_gemm_count() - before, expect_onednn() ? 1 : 0);
+            EXPECT_EQ(te::nn::onednn_gemm_count() - before, onednn ? 1 : 0);
           }
         }
       }

@@ -40,6 +40,10 @@ int configure_threads() {
 
 bool keep_freed_memory() {
 #if defined(__GLIBC__)
+  // Settings the user made for glibc stand.
+  for (const char* env : {"GLIBC_TUNABLES", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"}) {
+    if (std::getenv(env) != nullptr) return false;
+  }
   constexpr int kMmapThreshold = 32 << 20;  // glibc's largest (DEFAULT_MMAP_THRESHOLD_MAX, 64-bit)
   constexpr int kTrimThreshold = 1 << 30;
   return mallopt(M_MMAP_THRESHOLD, kMmapThreshold) == 1 &&

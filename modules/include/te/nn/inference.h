@@ -48,8 +48,8 @@ int64_t resident_bytes(const torch::nn::Module& module);
 /// OpenBLAS here: docs/results.md) where te-cpp was built with oneDNN (CMake TE_ONEDNN, Debian's
 /// libdnnl-dev) and TE_CPU_GEMM is unset or "onednn"; "libtorch" where it was not or
 /// TE_CPU_GEMM=libtorch. GEMMs that record autograd, run under CPU autocast, in bf16 / fp16 or
-/// FP8 always take LibTorch's or te's own. A TE_CPU_GEMM of another value is a te::Error naming
-/// it, here and at the first such GEMM.
+/// FP8 always take LibTorch's or te's own, as do attention's batched products. A TE_CPU_GEMM of
+/// another value is a te::Error naming it, here and at every float32 CPU GEMM without a graph.
 std::string cpu_gemm_library();
 
 /// The line programs' --help gives the TE_CPU_GEMM switch.

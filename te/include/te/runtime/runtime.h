@@ -21,7 +21,8 @@ int configure_threads();
 /// dynamic mmap threshold and a trim threshold of twice it) those blocks went back to the kernel
 /// and came again as fresh zeroed pages: a 32-stream bench_generate run took 2.4 million page
 /// faults and 24% more CPU time than with this (docs/results.md). Process-wide, so for programs,
-/// not libraries: te-serve, te-generate and te-embed call it at start. Returns whether it took.
+/// not libraries: te-serve, te-generate and te-embed call it at start. Returns whether it took
+/// (false, changing nothing, where GLIBC_TUNABLES or MALLOC_{MMAP,TRIM}_THRESHOLD_ is set).
 bool keep_freed_memory();
 
 /// One line per fact: te-cpp and LibTorch versions, CUDA support compiled in, intra-op threads,
