@@ -1,7 +1,7 @@
-// libFuzzer target: te::hf's GGUF header parser and ggml dequantization (hf/src/gguf_format.cpp,
-// no LibTorch). Each input parses as a GGUF file or throws te::Error; what parses has every
-// tensor's data inside the input, and each tensor's first row dequantizes without reading past
-// it. Anything else (another exception, a crash, a sanitizer report) is a bug.
+// libFuzzer target: te::hf's GGUF header parser (hf/src/gguf_format.cpp) and ggml's block
+// decoding (te/src/kernels/ggml.cpp), no LibTorch. Each input parses as a GGUF file or throws
+// te::Error; what parses has every tensor's data inside the input, and each tensor's first row
+// dequantizes, and multiplies as a weight row held in its blocks, without reading past it. Anything else (another exception, a crash, a sanitizer report) is a bug.
 //   bash scripts/fuzz.sh [seconds per target]
 #include <cstddef>
 #include <cstdint>
@@ -23,11 +23,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
       if (t.offset < 0 || t.bytes < 0 || t.offset + t.bytes > static_cast<int64_t>(size)) {
         __builtin_trap();
       }
-      const auto [per_block, block_bytes] = te::hf::ggml_block(t.type, t.name);
+      const auto [per_block, block_bytes] = te::ggml::block_shape(t.type, t.name);
       const int64_t row = t.shape.back();
       if (row / per_block * block_bytes > t.bytes) __builtin_trap();
       std::vector<float> out(static_cast<std::size_t>(row));
-      te::hf::ggml_dequantize(t.type, data + t.offset, row, out.data());
+      te::ggml::dequantize(t.type, data + t.offset, row, out.data());
+      // The first row as a weight row held in its blocks, times ones.
+      const unsigned char* first = data + t.offset;
+      const std::vector<float> ones(static_cast<std::size_t>(row), 1.0f);
+      float y = 0;
+      te::ggml::dot_rows(t.type, &first, 1, row, ones.data(), 1, row, &y, 1);
     }
   } catch (const te::Error&) {
   }

@@ -22,7 +22,8 @@ flags=(-std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recov
 # fuzz_checkpoint: the checkpoint index and safetensors header reader
 #   (modules/src/checkpoint_format.cpp, no LibTorch).
 # fuzz_hf_config: te::hf's config.json reader (hf/src/config.cpp, nlohmann-json).
-# fuzz_gguf: te::hf's GGUF header parser and dequantization (hf/src/gguf_format.cpp).
+# fuzz_gguf: te::hf's GGUF header parser (hf/src/gguf_format.cpp) and ggml's block decoding and
+#   row products (te/src/kernels/ggml.cpp).
 # fuzz_tokenizer: te::hf's tokenizer.json reader, WordPiece and byte-level BPE pipelines
 #   (hf/src/tokenizer.cpp, bpe.cpp; ICU, PCRE2; LibTorch headers only).
 declare -A sources=(
@@ -33,7 +34,8 @@ declare -A sources=(
   [fuzz_checkpoint]="fuzz/fuzz_checkpoint.cpp modules/src/checkpoint_format.cpp
                      te/src/core/error.cpp"
   [fuzz_hf_config]="fuzz/fuzz_hf_config.cpp hf/src/config.cpp te/src/core/error.cpp"
-  [fuzz_gguf]="fuzz/fuzz_gguf.cpp hf/src/gguf_format.cpp te/src/core/error.cpp"
+  [fuzz_gguf]="fuzz/fuzz_gguf.cpp hf/src/gguf_format.cpp te/src/kernels/ggml.cpp
+               te/src/core/error.cpp"
   [fuzz_tokenizer]="fuzz/fuzz_tokenizer.cpp hf/src/tokenizer.cpp hf/src/bpe.cpp
                     hf/src/unicode.cpp te/src/core/error.cpp"
 )

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -16,8 +17,10 @@ namespace te::hf {
 struct GgufFile::State {
   int fd = -1;
   std::string path;
+  int64_t size = 0;
   GgufHeader header;
   std::map<std::string, std::size_t> by_name;
+  std::shared_ptr<const unsigned char> map;
   ~State() {
     if (fd >= 0) ::close(fd);
   }
@@ -46,6 +49,7 @@ GgufFile::GgufFile(const std::string& path) : state_(std::make_unique<State>()) 
   std::vector<char> window;
   int64_t window_at = 0;
   const int64_t size = st.st_size;
+  s.size = size;
   auto read = [&](void* out, std::size_t n, int64_t offset) {
     if (n > (1u << 20)) {
       s.read_at(out, n, offset);
@@ -127,7 +131,7 @@ at::Tensor GgufFile::read(const std::string& name, const std::vector<int64_t>& l
   }
   at::Tensor out = at::empty(out_shape, at::kFloat);
   if (out.numel() == 0) return out;
-  const auto [per_block, block_bytes] = ggml_block(t->type, name);
+  const auto [per_block, block_bytes] = ggml::block_shape(t->type, name);
   const int64_t width = t->shape.back(), row_bytes = width / per_block * block_bytes;
   const int64_t b0 = lo.back() / per_block, b1 = (hi.back() + per_block - 1) / per_block;
   const int64_t skip = lo.back() - b0 * per_block, cols = hi.back() - lo.back();
@@ -156,10 +160,29 @@ at::Tensor GgufFile::read(const std::string& name, const std::vector<int64_t>& l
   std::vector<float> row((b1 - b0) * per_block);
   float* dst = out.data_ptr<float>();
   for (int64_t r = 0; r < rows; ++r) {
-    ggml_dequantize(t->type, raw.data() + r * span, static_cast<int64_t>(row.size()), row.data());
+    ggml::dequantize(t->type, raw.data() + r * span, static_cast<int64_t>(row.size()),
+                     row.data());
     std::memcpy(dst + r * cols, row.data() + skip, static_cast<std::size_t>(cols) * sizeof(float));
   }
   return out;
+}
+
+std::shared_ptr<const unsigned char> GgufFile::mapped() {
+  State& s = *state_;
+  if (s.map) return s.map;
+  TE_CHECK(s.size > 0, "gguf: '", s.path, "' is empty");
+  // MAP_POPULATE maps the pages the page cache holds now, so the first GEMMs do not fault them in
+  // one by one.
+  void* p = ::mmap(nullptr, static_cast<std::size_t>(s.size), PROT_READ, MAP_PRIVATE | MAP_POPULATE,
+                   s.fd, 0);
+  TE_CHECK(p != MAP_FAILED, "gguf: cannot map '", s.path, "' into memory: ", std::strerror(errno),
+           "; load with LoadOptions::dequantize_gguf = true to read it instead");
+  const std::size_t n = static_cast<std::size_t>(s.size);
+  s.map = std::shared_ptr<const unsigned char>(static_cast<const unsigned char*>(p),
+                                               [n](const unsigned char* q) {
+                                                 ::munmap(const_cast<unsigned char*>(q), n);
+                                               });
+  return s.map;
 }
 
 }  // namespace te::hf

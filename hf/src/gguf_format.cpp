@@ -1,7 +1,5 @@
-// The GGUF header parser and ggml's block dequantization, without LibTorch (fuzz/fuzz_gguf.cpp
-// feeds them directly). Layouts: ggml's GGUF spec (docs/gguf.md of ggml) and gguf-py 0.19.0's
-// constants.py / quants.py (GGML_QUANT_SIZES, Q4_0.dequantize_blocks, ...), which
-// tests/interop/check_gguf.py runs against this code.
+// The GGUF header parser, without LibTorch (fuzz/fuzz_gguf.cpp feeds it directly). Layout:
+// ggml's GGUF spec (docs/gguf.md of ggml); the block formats are te/kernels/ggml.h's.
 
 #include <algorithm>
 #include <cmath>
@@ -13,38 +11,6 @@
 namespace te::hf {
 
 namespace {
-
-constexpr int64_t kQK = 256;  // the K-quants' super-block
-
-float half_to_float(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
-  const uint32_t exp = (h >> 10) & 0x1F, man = h & 0x3FF;
-  uint32_t bits;
-  if (exp == 0) {
-    if (man == 0) {
-      bits = sign;
-    } else {  // subnormal: normalise
-      int e = -1;
-      uint32_t m = man;
-      do {
-        ++e;
-        m <<= 1;
-      } while ((m & 0x400) == 0);
-      bits = sign | static_cast<uint32_t>(127 - 15 - e) << 23 | (m & 0x3FF) << 13;
-    }
-  } else if (exp == 31) {
-    bits = sign | 0x7F800000u | man << 13;
-  } else {
-    bits = sign | (exp + 127 - 15) << 23 | man << 13;
-  }
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-float f16_at(const unsigned char* p) {
-  return half_to_float(static_cast<uint16_t>(p[0] | p[1] << 8));
-}
 
 // Bounded little-endian reads from the file, through a small window.
 class Cursor {
@@ -203,102 +169,6 @@ GgufValue read_value(Cursor& c, uint32_t type, bool wide, const std::string& fie
 
 }  // namespace
 
-std::pair<int64_t, int64_t> ggml_block(uint32_t type, const std::string& where) {
-  switch (static_cast<GgmlType>(type)) {
-    case GgmlType::kF32:
-      return {1, 4};
-    case GgmlType::kF16:
-      return {1, 2};
-    case GgmlType::kBF16:
-      return {1, 2};
-    case GgmlType::kQ8_0:
-      return {32, 34};
-    case GgmlType::kQ4_0:
-      return {32, 18};
-    case GgmlType::kQ4_1:
-      return {32, 20};
-    case GgmlType::kQ4_K:
-      return {kQK, 144};
-    case GgmlType::kQ6_K:
-      return {kQK, 210};
-  }
-  TE_FAIL("gguf: ", where, " has ggml type ", type,
-          ", which te-cpp does not read (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K)");
-}
-
-void ggml_dequantize(uint32_t type, const unsigned char* p, int64_t count, float* out) {
-  const auto [per_block, block_bytes] = ggml_block(type, "a tensor");
-  for (int64_t b = 0; b < count / per_block; ++b, p += block_bytes, out += per_block) {
-    switch (static_cast<GgmlType>(type)) {
-      case GgmlType::kF32:
-        std::memcpy(out, p, 4);
-        break;
-      case GgmlType::kF16:
-        out[0] = f16_at(p);
-        break;
-      case GgmlType::kBF16: {
-        const uint32_t bits = static_cast<uint32_t>(p[0] | p[1] << 8) << 16;
-        std::memcpy(out, &bits, 4);
-        break;
-      }
-      case GgmlType::kQ8_0: {
-        const float d = f16_at(p);
-        for (int j = 0; j < 32; ++j) out[j] = static_cast<float>(static_cast<int8_t>(p[2 + j])) * d;
-        break;
-      }
-      case GgmlType::kQ4_0: {
-        const float d = f16_at(p);
-        for (int j = 0; j < 16; ++j) {
-          out[j] = d * static_cast<float>((p[2 + j] & 0x0F) - 8);
-          out[j + 16] = d * static_cast<float>((p[2 + j] >> 4) - 8);
-        }
-        break;
-      }
-      case GgmlType::kQ4_1: {
-        const float d = f16_at(p), m = f16_at(p + 2);
-        for (int j = 0; j < 16; ++j) {
-          out[j] = d * static_cast<float>(p[4 + j] & 0x0F) + m;
-          out[j + 16] = d * static_cast<float>(p[4 + j] >> 4) + m;
-        }
-        break;
-      }
-      case GgmlType::kQ4_K: {
-        // d, dmin, 12 bytes of 6-bit scales and mins for 8 sub-blocks of 32, 128 bytes of nibbles.
-        const float d = f16_at(p), dmin = f16_at(p + 2);
-        const unsigned char* s = p + 4;
-        const unsigned char* qs = p + 16;
-        for (int sb = 0; sb < 8; ++sb) {
-          const int j = sb % 4;
-          const int sc = sb < 4 ? (s[j] & 0x3F) : ((s[8 + j] & 0x0F) | ((s[j] >> 2) & 0x30));
-          const int mn = sb < 4 ? (s[4 + j] & 0x3F) : ((s[8 + j] >> 4) | ((s[4 + j] >> 2) & 0x30));
-          const float dl = d * static_cast<float>(sc), ml = dmin * static_cast<float>(mn);
-          const unsigned char* q = qs + (sb / 2) * 32;
-          const int shift = (sb % 2) * 4;
-          for (int l = 0; l < 32; ++l) {
-            out[sb * 32 + l] = dl * static_cast<float>((q[l] >> shift) & 0x0F) - ml;
-          }
-        }
-        break;
-      }
-      case GgmlType::kQ6_K: {
-        // 128 bytes of low nibbles, 64 of high 2-bit pairs, 16 int8 scales, d.
-        const unsigned char* ql = p;
-        const unsigned char* qh = p + 128;
-        const auto* sc = reinterpret_cast<const int8_t*>(p + 192);
-        const float d = f16_at(p + 208);
-        for (int idx = 0; idx < kQK; ++idx) {
-          const int g = idx / 128, rem = idx % 128;
-          const int lo = (ql[g * 64 + rem % 64] >> (4 * (rem / 64))) & 0x0F;
-          const int hi = (qh[g * 32 + rem % 32] >> (2 * (rem / 32))) & 0x03;
-          const float scale = d * static_cast<float>(sc[idx / 16]);
-          out[idx] = scale * static_cast<float>((lo | hi << 4) - 32);
-        }
-        break;
-      }
-    }
-  }
-}
-
 GgufHeader parse_gguf_header(const std::function<void(void*, std::size_t, int64_t)>& read,
                              int64_t size, const std::string& path) {
   Cursor c(read, size, path);
@@ -341,7 +211,7 @@ GgufHeader parse_gguf_header(const std::function<void(void*, std::size_t, int64_
       numel *= static_cast<int64_t>(ne);
     }
     info.type = c.scalar<uint32_t>(field + " type");
-    const auto [per_block, block_bytes] = ggml_block(info.type, "'" + path + "': " + field);
+    const auto [per_block, block_bytes] = ggml::block_shape(info.type, "'" + path + "': " + field);
     if (info.shape.back() % per_block != 0) {
       c.fail(field, "rows of " + std::to_string(info.shape.back()) +
                         " elements are not whole blocks of " + std::to_string(per_block));

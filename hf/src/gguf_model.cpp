@@ -113,6 +113,39 @@ class GgufSource : public TensorSource {
   std::string where(const std::string& name) const override {
     return "'" + names_.at(name) + "' in '" + file_.path() + "'";
   }
+  std::shared_ptr<const nn::BlockMatrix> blocks(const std::string& name) override {
+    const std::string& g = names_.at(name);
+    const GgufTensor* t = file_.tensor(g);
+    if (t->shape.size() != 2 || !ggml::is_quantized(t->type)) return nullptr;
+    auto m = std::make_shared<nn::BlockMatrix>();
+    m->type = t->type;
+    m->rows = t->shape[0];
+    m->cols = t->shape[1];
+    const std::shared_ptr<const unsigned char> map = file_.mapped();
+    m->owner = map;
+    const ggml::BlockShape b = ggml::block_shape(t->type, where(name));
+    const int64_t row_bytes = m->cols / b.elements * b.bytes;
+    const unsigned char* base = map.get() + t->offset;
+    m->row_data.resize(static_cast<std::size_t>(m->rows));
+    for (int64_t r = 0; r < m->rows; ++r) m->row_data[r] = base + r * row_bytes;
+    const bool q = g.find(".attn_q.") != std::string::npos;
+    const bool k = g.find(".attn_k.") != std::string::npos;
+    if (permute_ && (q || k)) {
+      // As read() reorders them: Hugging Face's row h * d + j * d / 2 + i is llama.cpp's
+      // h * d + 2 * i + j. Only the pointers move.
+      const int64_t heads = q ? heads_ : kv_heads_, d = m->rows / heads;
+      TE_CHECK(m->rows % heads == 0 && d % 2 == 0, "gguf: ", where(name), " has ", m->rows,
+               " rows, not whole heads of an even size for ", heads, " heads");
+      for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t j = 0; j < 2; ++j) {
+          for (int64_t i = 0; i < d / 2; ++i) {
+            m->row_data[h * d + j * (d / 2) + i] = base + (h * d + 2 * i + j) * row_bytes;
+          }
+        }
+      }
+    }
+    return m;
+  }
 
  private:
   GgufFile file_;

@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -15,6 +16,7 @@
 #include "te/distributed.h"
 #include "te/error.h"
 #include "te/hf/causal_lm.h"
+#include "te/nn/embedding.h"
 #include "te/nn/init.h"
 #include "te/nn/safetensors.h"
 #include "te/nn/sharded.h"
@@ -274,6 +276,75 @@ void check_checkpoint(const CheckpointCheck& c, torch::nn::Module& shapes, Tenso
            extra.empty() ? "" : *extra.begin(), "'", extra.size() > 1 ? " (and " : "",
            extra.size() > 1 ? std::to_string(extra.size() - 1) + " more)" : "", ", which a ",
            c.family, " model of its config has no use for (load with strict = false to skip it)");
+}
+
+namespace {
+
+// The blocks one te parameter of `shape` is made of, when every checkpoint tensor it takes is
+// held in blocks of one type and lies in it whole: a kernel [in, out] from one tensor [out, in],
+// or [in, S, out] from S of them stacked on dim 1 (their rows one after another); a table
+// [rows, cols] from one tensor as it is. nullptr otherwise (the parameter is dequantized).
+std::shared_ptr<const nn::BlockMatrix> blocks_of(const std::vector<HfSource>& sources_in,
+                                                 const std::vector<int64_t>& shape, bool kernel,
+                                                 TensorSource& source) {
+  std::vector<HfSource> sources = sources_in;
+  std::sort(sources.begin(), sources.end(),
+            [](const HfSource& a, const HfSource& b) { return a.slot < b.slot; });
+  const bool stacked = kernel && shape.size() == 3;
+  if (shape.size() != (stacked ? 3u : 2u)) return nullptr;
+  if (static_cast<int64_t>(sources.size()) != (stacked ? shape[1] : 1)) return nullptr;
+  auto out = std::make_shared<nn::BlockMatrix>();
+  out->cols = kernel ? shape[0] : shape[1];
+  const int64_t rows = kernel ? shape.back() : shape[0];
+  for (std::size_t i = 0; i < sources.size(); ++i) {
+    const HfSource& s = sources[i];
+    if (s.transpose != kernel || s.narrow_dim >= 0 ||
+        s.slot_dim != (stacked ? 1 : -1) || (stacked && s.slot != static_cast<int64_t>(i))) {
+      return nullptr;
+    }
+    const std::shared_ptr<const nn::BlockMatrix> m = source.blocks(s.name);
+    if (m == nullptr || m->cols != out->cols || m->rows != rows || (i > 0 && m->type != out->type)) {
+      return nullptr;
+    }
+    out->type = m->type;
+    out->owner = m->owner;
+    out->row_data.insert(out->row_data.end(), m->row_data.begin(), m->row_data.end());
+  }
+  out->rows = static_cast<int64_t>(out->row_data.size());
+  return out;
+}
+
+}  // namespace
+
+int64_t hold_blocks(torch::nn::Module& model, const WeightMap& map, TensorSource& source) {
+  int64_t bytes = 0;
+  for (const auto& item : model.named_modules("", /*include_self=*/true)) {
+    auto* sharded = dynamic_cast<nn::ShardedModule*>(item.value().get());
+    if (sharded == nullptr) continue;
+    struct Candidate {
+      std::string name;
+      at::Tensor* member;
+      bool kernel;
+    };
+    std::vector<Candidate> candidates;
+    for (const nn::ShardedModule::Fp8Gemm& g : sharded->fp8_gemms()) {
+      candidates.push_back({g.kernel_name, g.kernel, true});
+    }
+    if (auto* e = dynamic_cast<nn::EmbeddingImpl*>(item.value().get())) {
+      candidates.push_back({"embedding", &e->embedding, false});
+    }
+    for (const Candidate& c : candidates) {
+      const std::string full = item.key().empty() ? c.name : item.key() + "." + c.name;
+      const auto sources = map.find(full);
+      if (sources == map.end() || !c.member->defined()) continue;
+      const auto m = blocks_of(sources->second, c.member->sizes().vec(), c.kernel, source);
+      if (m == nullptr) continue;
+      sharded->hold_blocks(*item.value(), c.name, {m, {}, c.kernel});
+      *c.member = at::Tensor();
+      bytes += m->bytes();
+    }
+  }
+  return bytes;
 }
 
 int64_t fill(torch::nn::Module& model, const WeightMap& map, TensorSource& source) {

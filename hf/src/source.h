@@ -13,8 +13,10 @@
 #include <string>
 #include <vector>
 
+#include "te/distributed/mesh.h"
 #include "te/hf/config.h"
 #include "te/hf/weights.h"
+#include "te/nn/block_weights.h"
 #include "te/nn/init.h"
 
 namespace te::hf::detail {
@@ -33,6 +35,12 @@ class TensorSource {
                           const std::vector<int64_t>& hi, int64_t* bytes_read) = 0;
   /// "'model.norm.weight' in '/x/model.safetensors'", for messages.
   virtual std::string where(const std::string& name) const = 0;
+  /// `name` (a 2-D [out, in] tensor, Hugging Face's row order) as the quantized blocks it is
+  /// stored in, without reading it; nullptr when it is not stored so (every safetensors tensor,
+  /// a GGUF F32, F16 or BF16 one).
+  virtual std::shared_ptr<const nn::BlockMatrix> blocks(const std::string& /*name*/) {
+    return nullptr;
+  }
 };
 
 /// True when `path` is a file that starts with GGUF's magic.
@@ -66,14 +74,19 @@ struct CheckpointCheck {
 /// tensors (nn::MetaParameterScope).
 void check_checkpoint(const CheckpointCheck& check, torch::nn::Module& shapes,
                       TensorSource& source);
+/// Holds every GEMM kernel and embedding table of `model` whose checkpoint tensors `source`
+/// keeps in quantized blocks (TensorSource::blocks, all of one type) in those blocks
+/// (ShardedModule::hold_blocks), releasing its parameter. Returns the blocks' bytes.
+int64_t hold_blocks(torch::nn::Module& model, const WeightMap& map, TensorSource& source);
 /// Fills this rank's box of every parameter of `model` from `source`: only the bytes of that
 /// box are read. Returns the bytes read.
 int64_t fill(torch::nn::Module& model, const WeightMap& map, TensorSource& source);
 
 /// Every loader's way from a config and a checkpoint to a model: the checkpoint checked against
 /// Model(config) built on meta tensors, then the model built under the mesh and rules in scope
-/// without initial values (every parameter is overwritten), filled from `source` (adding the
-/// bytes read to options.bytes_read) and returned in eval mode, as from_pretrained returns it.
+/// without initial values (every parameter is overwritten), its GGUF weights held in their blocks
+/// (options.dequantize_gguf, one process), filled from `source` (adding the bytes read to
+/// options.bytes_read) and returned in eval mode, as from_pretrained returns it.
 template <typename Model, typename Config>
 Model load_into(const Config& config, const CheckpointCheck& check, TensorSource& source,
                 const LoadOptions& options) {
@@ -86,7 +99,11 @@ Model load_into(const Config& config, const CheckpointCheck& check, TensorSource
     nn::EmptyParameterScope empty;
     return Model(config);
   }();
-  const int64_t bytes_read = fill(*model, check.map, source);
+  int64_t bytes_read = 0;
+  if (check.gguf && !options.dequantize_gguf && current_mesh() == nullptr) {
+    bytes_read += hold_blocks(*model, check.map, source);
+  }
+  bytes_read += fill(*model, check.map, source);
   if (options.bytes_read != nullptr) *options.bytes_read += bytes_read;
   model->eval();  // no dropout until train() is called
   return model;

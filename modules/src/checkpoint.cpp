@@ -151,6 +151,16 @@ std::string file_name(int rank, int world) {
 
 void save_checkpoint(const torch::nn::Module& module, const std::string& dir,
                      const std::string& extra_json, const torch::optim::AdamW* optimizer) {
+  // Weights held in GGUF blocks are no parameters or buffers: a checkpoint without them would
+  // load as a model missing them.
+  for (const auto& item : module.named_modules("", /*include_self=*/true)) {
+    const auto* sharded = dynamic_cast<const ShardedModule*>(item.value().get());
+    if (sharded == nullptr || sharded->all_held_blocks().empty()) continue;
+    const std::string& name = sharded->all_held_blocks().begin()->first;
+    TE_FAIL("save_checkpoint: '", item.key().empty() ? name : item.key() + "." + name,
+            "' is held in GGUF blocks, which a checkpoint does not store; load the model with "
+            "te::hf::LoadOptions::dequantize_gguf = true to save it");
+  }
   format::Index index;
   try {
     index.extra_json = nlohmann::json::parse(extra_json).dump();

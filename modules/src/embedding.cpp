@@ -126,6 +126,9 @@ void EmbeddingImpl::pretty_print(std::ostream& stream) const {
 
 bool EmbeddingImpl::freeze_fp8(bool empty) {
   if (fp8_frozen()) return false;
+  TE_CHECK(held_blocks("embedding") == nullptr,
+           "Embedding: the table is held in GGUF blocks; load it with "
+           "te::hf::LoadOptions::dequantize_gguf = true to hold it in FP8 instead");
   TE_CHECK(!is_sharded(),
            "Embedding: the table is sharded; FP8 weights serve on one process "
            "(gather_module first)");
@@ -141,6 +144,9 @@ bool EmbeddingImpl::freeze_fp8(bool empty) {
 
 at::Tensor EmbeddingImpl::forward(const at::Tensor& ids) {
   require_unsharded(*this, "Embedding");
+  if (const HeldBlocks* held = held_blocks("embedding")) {
+    return constrain(block_rows(*held->matrix, ids, "Embedding"), options.output_axes());
+  }
   if (fp8_frozen()) {
     const at::Tensor codes = functional::embedding(ids, fp8_embedding);
     const at::Tensor scale_inv =
@@ -160,6 +166,9 @@ DTensor EmbeddingImpl::forward(const DTensor& ids) {
 
 at::Tensor EmbeddingImpl::attend(const at::Tensor& x) {
   require_unsharded(*this, "Embedding::attend");
+  if (const HeldBlocks* held = held_blocks("embedding")) {
+    return block_linear(x, *held->matrix, "the table of Embedding::attend");
+  }
   if (fp8_frozen()) {
     return functional::dense(
         x, fp8::dequantize_rows(fp8_embedding, fp8_embedding_scale_inv, fp8::DType::kE4M3).t());

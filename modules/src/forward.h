@@ -88,10 +88,19 @@ inline std::string shape_of(const DTensor& x) { return x.to_string(); }
 /// x @ kernel (+ bias), with x constrained to `input_axes` and the product to `output_axes`
 /// (either may be empty: no constraint). The module's parameters are `<prefix>kernel` and
 /// `<prefix>bias` (bias undefined: none) and `fp8` the GEMM's FP8 state.
-inline at::Tensor project(const ShardedModule&, const at::Tensor& x, const char* /*prefix*/,
+/// A kernel held in GGUF blocks (ShardedModule::hold_blocks) multiplies from its blocks.
+inline at::Tensor project(const ShardedModule& module, const at::Tensor& x, const char* prefix,
                           const at::Tensor& kernel, const at::Tensor& bias,
                           const std::shared_ptr<fp8::GemmMeta>& fp8, const LogicalAxes& input_axes,
                           const LogicalAxes& output_axes) {
+  const std::string name = std::string(prefix) + "kernel";
+  if (const ShardedModule::HeldBlocks* held = module.held_blocks(name)) {
+    const at::Tensor in = constrain(x, input_axes);
+    std::vector<int64_t> shape(in.sizes().begin(), in.sizes().end() - 1);
+    shape.insert(shape.end(), held->shape.begin() + 1, held->shape.end());
+    const at::Tensor y = block_linear(in, *held->matrix, "the kernel '" + name + "'").view(shape);
+    return constrain(bias.defined() ? y + bias : y, output_axes);
+  }
   return constrain(functional::dense(constrain(x, input_axes), kernel, fp8, nullptr, bias),
                    output_axes);
 }

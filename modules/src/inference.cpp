@@ -4,6 +4,7 @@
 
 #include "te/error.h"
 #include "te/fp8.h"
+#include "te/kernels/ggml.h"
 #include "te/nn/embedding.h"
 #include "te/nn/sharded.h"
 
@@ -22,6 +23,12 @@ int64_t for_each_weight(torch::nn::Module& root, const char* what, CheckFn check
     if (sharded == nullptr) continue;
     TE_CHECK(!sharded->is_sharded(), what, ": ", m->name(),
              " holds sharded parameters; gather_module first (FP8 weights serve on one process)");
+    for (const auto& [name, held] : sharded->all_held_blocks()) {
+      TE_FAIL(what, ": '", name, "' of ", m->name(), " is held in GGUF ",
+              ggml::type_name(held.matrix->type),
+              " blocks; load the model with te::hf::LoadOptions::dequantize_gguf = true to hold "
+              "its weights in FP8 instead");
+    }
     for (const ShardedModule::Fp8Gemm& g : sharded->fp8_gemms()) {
       if (g.meta != nullptr && !g.meta->frozen()) check(g);
     }
@@ -84,6 +91,11 @@ int64_t resident_bytes(const torch::nn::Module& module) {
   int64_t bytes = 0;
   for (const auto& p : module.parameters()) bytes += p.numel() * p.element_size();
   for (const auto& b : module.buffers()) bytes += b.numel() * b.element_size();
+  for (const auto& m : module.modules(/*include_self=*/true)) {
+    if (const auto* sharded = dynamic_cast<const ShardedModule*>(m.get())) {
+      for (const auto& [name, held] : sharded->all_held_blocks()) bytes += held.matrix->bytes();
+    }
+  }
   return bytes;
 }
 

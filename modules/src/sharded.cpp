@@ -78,11 +78,42 @@ void ShardedModule::release_parameter(torch::nn::Module& self, const std::string
   layouts_.erase(name);
 }
 
+void ShardedModule::hold_blocks(torch::nn::Module& self, const std::string& name,
+                                HeldBlocks held) {
+  const std::string what = "'" + name + "' of " + self.name();
+  TE_CHECK(held.matrix != nullptr, "hold_blocks: no matrix for ", what);
+  held.matrix->check(what);
+  const auto layout = layouts_.find(name);
+  TE_CHECK(layout != layouts_.end(), "hold_blocks: ", self.name(), " has no parameter '", name,
+           "'");
+  TE_CHECK(!layout->second.mesh || layout->second.mesh->size() == 1, "hold_blocks: ", what,
+           " is sharded on ", layout->second.mesh ? layout->second.mesh->to_string() : "",
+           "; weights held in GGUF blocks serve on one process (load them dequantized to shard)");
+  const std::vector<int64_t>& shape = layout->second.global_shape;
+  int64_t rest = 1;
+  for (std::size_t d = 1; d < shape.size(); ++d) rest *= shape[d];
+  const bool fits = shape.size() >= 2 &&
+                    (held.transposed ? held.matrix->cols == shape[0] && held.matrix->rows == rest
+                                     : shape.size() == 2 && held.matrix->rows == shape[0] &&
+                                           held.matrix->cols == shape[1]);
+  TE_CHECK(fits, "hold_blocks: ", what, " is ", at::IntArrayRef(shape), " but the blocks hold a [",
+           held.matrix->rows, ", ", held.matrix->cols, "] matrix",
+           held.transposed ? " (the parameter transposed)" : "");
+  held.shape = shape;
+  release_parameter(self, name);
+  blocks_[name] = std::move(held);
+}
+
+const ShardedModule::HeldBlocks* ShardedModule::held_blocks(const std::string& name) const {
+  const auto it = blocks_.find(name);
+  return it == blocks_.end() ? nullptr : &it->second;
+}
+
 DTensor ShardedModule::as_dtensor(const std::string& name, const at::Tensor& local,
                                   const DeviceMesh& mesh) const {
   TE_CHECK(local.defined() && layouts_.count(name) != 0, "parameter '", name,
-           "' was released: its weights are held in FP8 for inference (freeze_fp8_weights), "
-           "which serves through the module's at::Tensor forward on one process");
+           "' was released: its weights are held in FP8 (freeze_fp8_weights) or in GGUF blocks "
+           "(te::hf loads), which serve through the module's at::Tensor forward on one process");
   const ParameterLayout& layout = layouts_.at(name);
   if (layout.mesh) {
     TE_CHECK(*layout.mesh == mesh, "parameter '", name, "' is sharded on ",

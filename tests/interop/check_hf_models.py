@@ -278,9 +278,14 @@ def compare(what, mine, want, problems):
 
 
 def check_layout(te, logits, loss, grads, pooled=None):
-    """({what: error}, [problems]) for one layout te wrote."""
+    """({what: error}, [problems]) for one layout te wrote. An inference-only layout (a GGUF
+    file's weights held in their blocks) has logits only, and must hold some weights so."""
     problems = []
     errors = {"logits": compare("logits", te.get("logits"), logits, problems)}
+    if te.get("inference_only"):
+        if not te.get("held_blocks"):
+            problems.append("no weight held in GGUF blocks")
+        return errors, problems
     if pooled is not None:
         errors["pooled"] = compare("pooled", te.get("pooled"), pooled, problems)
     if "loss" in te:

@@ -27,7 +27,7 @@ int main(int argc, char** argv) {
       const std::vector<int64_t> zero(t.shape.size(), 0);
       nlohmann::json j = {{"whole", te::interop::as_json(file.read(t.name, zero, t.shape))}};
       std::vector<int64_t> lo = zero, hi = t.shape;
-      const int64_t per_block = te::hf::ggml_block(t.type, t.name).first;
+      const int64_t per_block = te::ggml::block_shape(t.type, t.name).elements;
       const int64_t last = static_cast<int64_t>(t.shape.size()) - 1;
       if (last > 0) {
         lo[0] = std::min<int64_t>(1, t.shape[0]);

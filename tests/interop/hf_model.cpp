@@ -12,6 +12,10 @@
 // each layout's logits (an encoder's normalized mean-pooled sentence embeddings) as raw float32
 // in OUT.json.<layout>.f32, and a causal LM's greedy next token of each prompt. --tp N: the
 // tensor-parallel size of the TP and DP2xTP layouts (the heads must split evenly).
+// Those layouts load a GGUF file's weights as float32 (LoadOptions::dequantize_gguf); a GGUF
+// file adds the layout "one-blocks": loaded as by default on one process, its quantized weights
+// held in their blocks, with its logits only ("inference_only") and how many parameters are held
+// so ("held_blocks").
 //
 //   te_interop_hf_model --model DIR|FILE.gguf --ids IDS.json --out OUT.json [--tp N]
 //                       [--encoder] [--logits-only]
@@ -44,7 +48,21 @@ struct Layout {
   std::vector<int64_t> shape;
   std::vector<std::string> axes;
   te::MeshResource resource;
+  // A GGUF model as it loads by default on one process: its quantized weights held in their
+  // blocks (inference only: logits, no loss or gradients). Otherwise every weight is float32.
+  bool blocks = false;
 };
+
+// How many parameters of `model` are held in GGUF blocks.
+int64_t held_blocks(const torch::nn::Module& model) {
+  int64_t n = 0;
+  for (const auto& m : model.modules(/*include_self=*/true)) {
+    if (const auto* s = dynamic_cast<const te::nn::ShardedModule*>(m.get())) {
+      n += static_cast<int64_t>(s->all_held_blocks().size());
+    }
+  }
+  return n;
+}
 
 at::Tensor next_token_loss(const at::Tensor& logits, const at::Tensor& ids) {
   const int64_t v = logits.size(-1);
@@ -136,7 +154,7 @@ Outputs encoder(te::hf::Encoder& model, const at::Tensor& ids, const at::Tensor&
 nlohmann::json run(const std::string& dir, bool is_encoder, const at::Tensor& ids,
                    const at::Tensor& mask, const at::Tensor& types, const Layout& l,
                    const std::string& logits_file) {
-  const bool only_logits = !logits_file.empty();
+  const bool only_logits = !logits_file.empty() || l.blocks;
   std::optional<torch::NoGradGuard> no_grad;
   if (only_logits) no_grad.emplace();
   // Loads the model (under the mesh and rules in scope) and runs `ids` (a tensor or a DTensor).
@@ -150,9 +168,18 @@ nlohmann::json run(const std::string& dir, bool is_encoder, const at::Tensor& id
       o = encoder(m, ids, mask, types, on_mesh, only_logits);
       model = m.ptr();
     } else {
-      te::hf::CausalLM m = te::hf::load_causal_lm(dir);
+      te::hf::LoadOptions options;
+      options.dequantize_gguf = !l.blocks;
+      te::hf::CausalLM m = te::hf::load_causal_lm(dir, options);
       o = causal_lm(m, ids, on_mesh);
       model = m.ptr();
+    }
+    if (l.blocks) {
+      nlohmann::json j = logits_file.empty() ? nlohmann::json{{"logits", as_json(o.logits)}}
+                                             : logits_only(o.logits, logits_file, true);
+      j["inference_only"] = true;
+      j["held_blocks"] = held_blocks(*model);
+      return j;
     }
     if (only_logits) return logits_only(o.logits, logits_file, !is_encoder);
     o.loss.backward();
@@ -249,9 +276,14 @@ int main(int argc, char** argv) {
     dp_tp.dp = "data";
     dp_tp.tp = "tp";
     const std::string n = std::to_string(tp_size);
-    const std::vector<Layout> layouts = {{"one", {}, {}, {}},
-                                         {"tp" + n, {tp_size}, {"tp"}, tp},
-                                         {"dp2xtp" + n, {2, tp_size}, {"data", "tp"}, dp_tp}};
+    std::vector<Layout> layouts = {{"one", {}, {}, {}},
+                                   {"tp" + n, {tp_size}, {"tp"}, tp},
+                                   {"dp2xtp" + n, {2, tp_size}, {"data", "tp"}, dp_tp}};
+    char magic[4] = {};
+    if (!is_encoder && std::ifstream(model, std::ios::binary).read(magic, 4) &&
+        std::string(magic, 4) == "GGUF") {
+      layouts.push_back({"one-blocks", {}, {}, {}, /*blocks=*/true});
+    }
     nlohmann::json out;
     for (const Layout& l : layouts) {
       out["layouts"][l.name] = run(model, is_encoder, ids, mask, types, l,

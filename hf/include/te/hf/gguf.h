@@ -21,23 +21,16 @@
 #include <string_view>
 #include <vector>
 
+#include "te/kernels/ggml.h"
+
 namespace at {
 class Tensor;
 }
 
 namespace te::hf {
 
-/// ggml's tensor types that te-cpp reads (their ggml numbers).
-enum class GgmlType : uint32_t {
-  kF32 = 0,
-  kF16 = 1,
-  kQ4_0 = 2,
-  kQ4_1 = 3,
-  kQ8_0 = 8,
-  kQ4_K = 12,
-  kQ6_K = 14,
-  kBF16 = 30,
-};
+/// ggml's tensor types that te-cpp reads (te/kernels/ggml.h).
+using GgmlType = ggml::Type;
 
 /// One metadata value: a scalar (integers and bools as `integer`, floats as `number`), a
 /// string, or an array of one of those.
@@ -75,12 +68,6 @@ struct GgufHeader {
 GgufHeader parse_gguf_header(const std::function<void(void*, std::size_t, int64_t)>& read,
                              int64_t size, const std::string& path);
 
-/// Elements and bytes per block of a type; te::Error naming the type for one te-cpp cannot read.
-std::pair<int64_t, int64_t> ggml_block(uint32_t type, const std::string& where);
-
-/// Dequantizes `count` elements (whole blocks) of `type` from `data` into float32 `out`.
-void ggml_dequantize(uint32_t type, const unsigned char* data, int64_t count, float* out);
-
 /// One open GGUF file. Not thread-safe (one per thread).
 class GgufFile {
  public:
@@ -104,6 +91,11 @@ class GgufFile {
   /// hi - lo: only the blocks holding them are read. Adds the bytes read to `*bytes_read`.
   at::Tensor read(const std::string& name, const std::vector<int64_t>& lo,
                   const std::vector<int64_t>& hi, int64_t* bytes_read = nullptr);
+
+  /// The whole file mapped read-only (once; the mapping lives while a copy of the pointer does,
+  /// past this GgufFile): where the rows of weights held in their blocks point
+  /// (te::nn::BlockMatrix). te::Error naming the file when it cannot be mapped.
+  std::shared_ptr<const unsigned char> mapped();
 
  private:
   struct State;

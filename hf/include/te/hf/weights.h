@@ -17,8 +17,15 @@ struct LoadOptions {
   /// Every tensor of the checkpoint must be used and every parameter found (false: tensors the
   /// model has no use for are skipped; missing ones are still an error).
   bool strict = true;
-  /// When set, the tensor bytes this rank read are added here.
+  /// When set, the tensor bytes this rank read are added here (a GGUF file's weights held in
+  /// their blocks count as read).
   int64_t* bytes_read = nullptr;
+  /// GGUF files: false (default) keeps the quantized weights (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K) in
+  /// their blocks, mapped from the file, when the model is built on one process (no mesh in
+  /// scope), as llama.cpp holds them: each GEMM and lookup decodes the rows it uses
+  /// (te/nn/block_weights.h); the model then serves inference only. true, or under a mesh: every
+  /// weight dequantized to float32 on load, to train, save, shard or hold in FP8.
+  bool dequantize_gguf = false;
 };
 
 /// Where each te parameter of a model comes from in a Hugging Face checkpoint: one or more

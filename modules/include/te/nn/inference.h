@@ -40,7 +40,8 @@ int64_t prepare_fp8_weights(torch::nn::Module& module);
 bool has_fp8_weights(const torch::nn::Module& module);
 
 /// Bytes of `module`'s parameters and buffers as held now (FP8 codes, scales and FP8 state
-/// included): what a server keeps resident for its weights.
+/// included) and of the weights it holds in GGUF blocks: what a server keeps resident for its
+/// weights.
 int64_t resident_bytes(const torch::nn::Module& module);
 
 /// The library te::nn's float32 CPU GEMMs without an autograd graph (inference: generation,

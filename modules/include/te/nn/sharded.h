@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "te/distributed/dtensor.h"
+#include "te/nn/block_weights.h"
 #include "te/fp8.h"
 #include "te/sharding/axis_rules.h"
 
@@ -74,6 +75,23 @@ class ShardedModule {
   /// reference): for weights now held in another form, e.g. FP8 codes.
   void release_parameter(torch::nn::Module& self, const std::string& name);
 
+  /// A parameter held in ggml blocks instead (GGUF weights, see block_weights.h): the matrix, the
+  /// parameter's shape, and whether the parameter is the matrix transposed (a kernel [in,
+  /// out...], whose out dims flatten into the matrix's rows) or the matrix itself (a table).
+  struct HeldBlocks {
+    std::shared_ptr<const BlockMatrix> matrix;
+    std::vector<int64_t> shape;
+    bool transposed = true;
+  };
+  /// Holds parameter `name` of `self` as `held` and releases it (release_parameter; the caller
+  /// clears its member). te::Error naming the parameter when the matrix's shape is not the
+  /// parameter's, or the parameter is sharded (blocks serve on one process).
+  void hold_blocks(torch::nn::Module& self, const std::string& name, HeldBlocks held);
+  /// The blocks `name` is held in, or nullptr.
+  const HeldBlocks* held_blocks(const std::string& name) const;
+  /// Every parameter held in blocks, by name.
+  const std::map<std::string, HeldBlocks>& all_held_blocks() const { return blocks_; }
+
   /// The registered parameter `local` as a DTensor on `mesh`: its own layout when sharded there,
   /// Replicate when the module holds it whole.
   DTensor as_dtensor(const std::string& name, const at::Tensor& local,
@@ -88,6 +106,7 @@ class ShardedModule {
 
  private:
   std::map<std::string, ParameterLayout> layouts_;
+  std::map<std::string, HeldBlocks> blocks_;
 };
 
 /// Every parameter's logical axes in `module` and its children, by the names named_parameters()

@@ -1,0 +1,49 @@
+#pragma once
+
+// Weights held in ggml's quantized blocks (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K), as a GGUF file stores
+// them and llama.cpp multiplies them: a model loaded from GGUF on one process keeps them so
+// (te::hf::LoadOptions::dequantize_gguf), a fifth to a half of float32's bytes, mapped from the
+// file rather than copied, and every GEMM and lookup decodes the rows it uses. Inference only:
+// the values are the file's, so the products equal float32 GEMMs of the dequantized weights
+// within float32 rounding.
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace te::nn {
+
+/// A matrix W [rows, cols] in ggml blocks of one quantized type: row r's cols values (whole
+/// blocks) are the bytes at row_data[r], which `owner` keeps alive (a mapped file, or a buffer).
+/// Rows may lie anywhere: a permutation or a stack of rows costs only the pointers.
+struct BlockMatrix {
+  uint32_t type = 0;  ///< a te::ggml::Type
+  int64_t rows = 0, cols = 0;
+  std::vector<const unsigned char*> row_data;
+  std::shared_ptr<const void> owner;
+
+  /// The blocks' bytes (rows x the bytes of a row).
+  int64_t bytes() const;
+  /// te::Error naming `what` unless the type is a quantized ggml type, cols whole blocks and
+  /// row_data one pointer per row.
+  void check(const std::string& what) const;
+};
+
+/// y = x @ W^T over x's last dim (cols): [..., cols] -> [..., rows], in x's dtype (computed in
+/// float32). Up to 4 rows of x multiply each decoded weight row directly (decode); more decode a
+/// panel of W at a time into float32 and multiply it with the CPU GEMM te::nn uses. CPU only,
+/// inference only: te::Error naming `what` when x requires grad under grad mode (load the float32
+/// weights to train), is not on the CPU, or does not contract.
+at::Tensor block_linear(const at::Tensor& x, const BlockMatrix& w, const std::string& what);
+
+/// The rows of W at integer `ids` (any shape), decoded: [ids' shape..., cols] float32. An id
+/// outside [0, rows) is a te::Error naming it and `what`.
+at::Tensor block_rows(const BlockMatrix& w, const at::Tensor& ids, const std::string& what);
+
+/// W decoded whole: [rows, cols] float32.
+at::Tensor dequantize(const BlockMatrix& w);
+
+}  // namespace te::nn

@@ -1,0 +1,55 @@
+#pragma once
+
+// ggml's tensor formats (the kernels layer: no LibTorch): the block sizes, dequantization, and the
+// row kernels that multiply weights left in their blocks (te::nn::BlockMatrix, GGUF weights held
+// as llama.cpp holds them). Layouts: ggml's GGUF spec (docs/gguf.md of ggml) and gguf-py 0.19.0's
+// constants.py / quants.py (GGML_QUANT_SIZES, Q4_0.dequantize_blocks, ...), which
+// tests/interop/check_gguf.py runs against this code.
+
+#include <cstdint>
+#include <string>
+
+namespace te::ggml {
+
+/// ggml's tensor types that te-cpp reads (their ggml numbers).
+enum class Type : uint32_t {
+  kF32 = 0,
+  kF16 = 1,
+  kQ4_0 = 2,
+  kQ4_1 = 3,
+  kQ8_0 = 8,
+  kQ4_K = 12,
+  kQ6_K = 14,
+  kBF16 = 30,
+};
+
+/// A type's block: `elements` values stored in `bytes` bytes (1 and 4 for F32).
+struct BlockShape {
+  int64_t elements = 0, bytes = 0;
+};
+
+/// The block of ggml type `type`; te::Error naming `where` for a type te-cpp does not read.
+BlockShape block_shape(uint32_t type, const std::string& where);
+
+/// "Q4_1", or "type N" for one te-cpp does not read.
+std::string type_name(uint32_t type);
+
+/// Whether `type` is one of the quantized block types (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K), which
+/// te::nn can keep in their blocks and decode inside its GEMMs.
+bool is_quantized(uint32_t type);
+
+/// Decodes `count` values (whole blocks of `type`) from `data` into `out`.
+void dequantize(uint32_t type, const unsigned char* data, int64_t count, float* out);
+
+/// Rows of a matrix W [n_rows, cols] kept in blocks of `type`: row r's cols values (whole blocks)
+/// are the blocks at rows[r]. Decodes them into out[r * ld + k].
+void dequantize_rows(uint32_t type, const unsigned char* const* rows, int64_t n_rows, int64_t cols,
+                     float* out, int64_t ld);
+
+/// y[i * ldy + r] = sum_k x[i * ldx + k] * W[r, k] for i < m and r < n_rows, W as for
+/// dequantize_rows: each row decoded once into a buffer the size of one row, then multiplied
+/// with the m inputs (float32 accumulation, 16 partial sums per dot).
+void dot_rows(uint32_t type, const unsigned char* const* rows, int64_t n_rows, int64_t cols,
+              const float* x, int64_t m, int64_t ldx, float* y, int64_t ldy);
+
+}  // namespace te::ggml
