@@ -17,7 +17,10 @@
 // the CPU has (AVX-512 or AVX2; GFLOP/s), to read the GEMM rate at `streams` rows against.
 //
 //   bench_generate MODEL.gguf [--streams 32] [--tokens 64] [--prompt-tokens 128] [--threads N]
-//                  [--rounds 3] [--contiguous] [--roof] [--system-malloc]
+//                  [--rounds 3] [--contiguous] [--roof] [--system-malloc] [--dequantize]
+//
+// The model loads as te::hf loads a GGUF file by default, its quantized weights held in their
+// blocks (decoded inside each GEMM); --dequantize loads them as float32 (what --roof times).
 //
 // Like te-serve and te-generate, the bench keeps freed memory for reuse (te::keep_freed_memory);
 // --system-malloc leaves glibc's defaults, to measure what that gives.
@@ -210,7 +213,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   int64_t streams = 32, tokens = 64, prompt_tokens = 128, rounds = 3;
-  bool contiguous = false, roof = false, system_malloc = false;
+  bool contiguous = false, roof = false, system_malloc = false, dequantize = false;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&] { return std::stoll(argv[++i]); };
@@ -230,13 +233,17 @@ int main(int argc, char** argv) {
       roof = true;
     } else if (a == "--system-malloc") {
       system_malloc = true;
+    } else if (a == "--dequantize") {
+      dequantize = true;
     } else {
       std::fprintf(stderr, "bench_generate: unknown argument '%s'\n", a.c_str());
       return 2;
     }
   }
   const bool kept = !system_malloc && te::keep_freed_memory();
-  te::hf::CausalLM model = te::hf::load_causal_lm(argv[1]);
+  te::hf::LoadOptions load;
+  load.dequantize_gguf = dequantize;
+  te::hf::CausalLM model = te::hf::load_causal_lm(argv[1], load);
   te::hf::EngineOptions options;
   options.paged = !contiguous;
   options.max_num_seqs = streams;
@@ -279,14 +286,17 @@ int main(int argc, char** argv) {
                  m.decode_tps, ratio.back());
   }
   std::printf(
-      "{\"model\": \"%s\", \"cpu_gemm\": \"%s\", \"freed_memory_kept\": %s, \"threads\": %d, "
+      "{\"model\": \"%s\", \"weights\": \"%s\", \"resident_mb\": %.1f, \"cpu_gemm\": \"%s\", "
+      "\"freed_memory_kept\": %s, \"threads\": %d, "
       "\"prompt_tokens\": %lld, "
       "\"tokens\": %lld, "
       "\"rounds\": %lld, \"prefill_tokens_per_second\": %.1f, "
       "\"decode_tokens_per_second_1_stream\": %.2f, \"streams\": %lld, "
       "\"decode_tokens_per_second_streams\": %.2f, \"ratio\": %.2f, \"ratio_min\": %.2f, "
       "\"ratio_max\": %.2f",
-      argv[1], te::nn::cpu_gemm_library().c_str(), kept ? "true" : "false", at::get_num_threads(),
+      argv[1], dequantize ? "float32" : "gguf blocks where quantized",
+      static_cast<double>(te::nn::resident_bytes(*model)) / 1e6,
+      te::nn::cpu_gemm_library().c_str(), kept ? "true" : "false", at::get_num_threads(),
       static_cast<long long>(prompt_tokens), static_cast<long long>(tokens),
       static_cast<long long>(rounds), median(prefill), median(one), static_cast<long long>(streams),
       median(many), median(ratio), *std::min_element(ratio.begin(), ratio.end()),

@@ -36,6 +36,7 @@ struct Args {
   std::string model, prompt, system, mesh, mesh_resource, rules, chat_template;
   std::vector<std::string> stop;
   bool chat = false, json = false, contiguous = false, ignore_eos = false, print_prompt = false;
+  bool dequantize_gguf = false;
   int nproc = 1, threads = 0;
   int64_t page_size = 16, kv_cache_mib = 0, max_sequence_length = 0;
   te::hf::GenerateOptions generate;
@@ -72,7 +73,9 @@ std::string prompt_text(const Args& a, const te::hf::GenerationDefaults& default
 // One rank's run (all ranks run the same steps; `print` streams the text as it comes).
 Result run(const Args& a, bool print) {
   using clock = std::chrono::steady_clock;
-  te::hf::CausalLM model = te::hf::load_causal_lm(a.model);
+  te::hf::LoadOptions load;
+  load.dequantize_gguf = a.dequantize_gguf;
+  te::hf::CausalLM model = te::hf::load_causal_lm(a.model, load);
   const te::hf::Tokenizer tokenizer = std::filesystem::is_directory(a.model)
                                           ? te::hf::Tokenizer::from_pretrained(a.model)
                                           : te::hf::Tokenizer::from_file(a.model);
@@ -191,6 +194,10 @@ int main(int argc, char** argv) {
                  "with the heads)");
   app.add_flag("--contiguous", a.contiguous,
                "a contiguous KV cache (a slot of max-sequence-length tokens) instead of pages");
+  app.add_flag("--dequantize-gguf", a.dequantize_gguf,
+               "a GGUF file's quantized weights as float32 (5x their memory); by default one "
+               "process keeps them in their blocks and decodes them in each GEMM (--nproc > 1 "
+               "always dequantizes)");
   app.add_option("--page-size", a.page_size, "tokens per KV cache page")
       ->check(CLI::Range(int64_t{1}, int64_t{65536}));
   app.add_option("--kv-cache-mib", a.kv_cache_mib, "KV cache memory (0: what the sequence needs)")

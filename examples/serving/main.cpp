@@ -65,6 +65,7 @@ struct Args {
   int64_t kv_cache_mib = 0;
   int64_t page_size = 16;
   bool contiguous = false;
+  bool dequantize_gguf = false;
   double drain_timeout_s = 30;
   int nproc = 1;
   std::string mesh, mesh_resource, rules;
@@ -505,11 +506,13 @@ int serve_generation(const Args& args) {
     serve::Generator generator(model, tokenizer, defaults, options, metrics, std::move(broadcast));
     const te::hf::EngineStats s = generator.stats();
     std::printf(
-        "te-serve: loaded %s in %.2f s: %s, %lld layers, context %lld tokens; KV cache %s: %lld "
-        "%s%s%s\n",
+        "te-serve: loaded %s in %.2f s: %s, %lld layers, weights %.0f MiB%s, context %lld "
+        "tokens; KV cache %s: %lld %s%s%s\n",
         args.model_dir.c_str(),
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
         model->config.model_type.c_str(), static_cast<long long>(model->config.num_hidden_layers),
+        static_cast<double>(te::nn::resident_bytes(*model)) / (1 << 20),
+        te::nn::has_block_weights(*model) ? " (GGUF blocks)" : "",
         static_cast<long long>(generator.max_sequence_length()),
         args.contiguous ? "contiguous" : "paged", static_cast<long long>(s.blocks_free),
         args.contiguous ? "slots" : "pages of ",
@@ -537,11 +540,13 @@ int serve_generation(const Args& args) {
     std::cout << "te-serve: stopped" << std::endl;
     return 0;
   };
-  if (args.nproc == 1) return lead(te::hf::load_causal_lm(args.model_dir), {});
+  te::hf::LoadOptions load;
+  load.dequantize_gguf = args.dequantize_gguf;
+  if (args.nproc == 1) return lead(te::hf::load_causal_lm(args.model_dir, load), {});
   std::atomic<int> code{0};
   te::hf::run_on_ranks({args.nproc, args.mesh, args.mesh_resource, args.rules},
                        [&](int rank, const te::DeviceMesh& mesh) {
-                         te::hf::CausalLM model = te::hf::load_causal_lm(args.model_dir);
+                         te::hf::CausalLM model = te::hf::load_causal_lm(args.model_dir, load);
                          if (rank == 0) {
                            code = lead(model, broadcast_over(mesh, rank));
                          } else {
@@ -704,6 +709,11 @@ int main(int argc, char** argv) {
                "A contiguous KV cache (one slot of the whole context per sequence) instead of "
                "pages")
       ->group(decoder);
+  app.add_flag("--dequantize-gguf", args.dequantize_gguf,
+               "A GGUF file's quantized weights as float32 (5x their memory); by default one "
+               "process keeps them in their blocks and decodes them in each GEMM (--nproc > 1 "
+               "always dequantizes)")
+      ->group(decoder);
   app.add_option("--nproc", args.nproc,
                  "Thread ranks the decoder is sharded over (tensor parallel unless --mesh says "
                  "otherwise): rank 0 serves HTTP and broadcasts each step's batch, every rank "
@@ -758,7 +768,8 @@ int main(int argc, char** argv) {
     }
     for (const char* option :
          {"--max-num-seqs", "--max-num-batched-tokens", "--max-sequence-length", "--kv-cache-mib",
-          "--page-size", "--contiguous", "--nproc", "--mesh", "--mesh-resource", "--rules"}) {
+          "--page-size", "--contiguous", "--dequantize-gguf", "--nproc", "--mesh",
+          "--mesh-resource", "--rules"}) {
       if (app.count(option) > 0) {
         std::cerr << "te-serve: error: " << option
                   << " is for a decoder model (--model FILE.gguf or a causal LM folder); "

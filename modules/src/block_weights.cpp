@@ -13,10 +13,11 @@ namespace te::nn {
 
 namespace {
 
-// Rows of x that multiply each decoded weight row directly; more take the panel GEMM, whose
-// float32 kernel beats a dot product per output once a decoded row serves many inputs.
-constexpr int64_t kDirectRows = 4;
-// The panel GEMM decodes this many bytes of float32 weights at a time (an L2's worth).
+// Rows of x that multiply each weight row from its blocks directly (te::ggml::dot_rows, 8 at a
+// time); more take the panel GEMM, whose float32 kernel beats those dot products once a decoded
+// row serves more inputs (bench/bench_block_weights.cpp).
+constexpr int64_t kDirectRows = 8;
+// The panel GEMM decodes this many bytes of float32 weights at a time.
 constexpr int64_t kPanelBytes = int64_t{2} << 20;
 
 }  // namespace
@@ -64,17 +65,24 @@ at::Tensor block_linear(const at::Tensor& x, const BlockMatrix& w, const std::st
       ggml::dot_rows(w.type, rows + b, e - b, w.cols, xp, m, w.cols, yp + b, w.rows);
     });
   } else {
-    const int64_t panel = std::clamp<int64_t>(kPanelBytes / (4 * w.cols), 64, w.rows);
-    at::Tensor decoded = at::empty({panel, w.cols}, x2.options());
+    // Panels of rows decoded into float32 (all threads), each multiplied by te's CPU GEMM (all
+    // threads) as W_panel @ x^T, the panel the GEMM's row-major left operand.
+    const int64_t panel = std::clamp<int64_t>(kPanelBytes / (4 * w.cols), 16, w.rows);
+    // The calling thread's panel, kept between calls: a fresh one each call would fault its pages
+    // in again (scratch: it holds nothing from one call to the next).
+    thread_local std::vector<float> scratch;
+    if (static_cast<int64_t>(scratch.size()) < panel * w.cols) {
+      scratch.resize(static_cast<std::size_t>(panel * w.cols));
+    }
+    float* dp = scratch.data();
+    const at::Tensor xt = x2.t();
     for (int64_t n0 = 0; n0 < w.rows; n0 += panel) {
       const int64_t n = std::min(panel, w.rows - n0);
-      at::Tensor part = decoded.narrow(0, 0, n);
-      float* dp = part.data_ptr<float>();
       at::parallel_for(0, n, 8, [&](int64_t b, int64_t e) {
         ggml::dequantize_rows(w.type, rows + n0 + b, e - b, w.cols, dp + b * w.cols, w.cols);
       });
-      // [cols, n]: the decoded rows transposed, a layout te's CPU GEMM reads as it is.
-      y.narrow(1, n0, n).copy_(functional::dense(x2, part.t()));
+      const at::Tensor part = at::from_blob(dp, {n, w.cols}, x2.options());
+      y.narrow(1, n0, n).copy_(functional::dense(part, xt).t());
     }
   }
   return y.view(out_shape).to(x.scalar_type());

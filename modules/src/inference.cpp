@@ -87,6 +87,14 @@ bool has_fp8_weights(const torch::nn::Module& module) {
   return false;
 }
 
+bool has_block_weights(const torch::nn::Module& module) {
+  for (const auto& m : module.modules(/*include_self=*/true)) {
+    const auto* sharded = dynamic_cast<const ShardedModule*>(m.get());
+    if (sharded != nullptr && !sharded->all_held_blocks().empty()) return true;
+  }
+  return false;
+}
+
 int64_t resident_bytes(const torch::nn::Module& module) {
   int64_t bytes = 0;
   for (const auto& p : module.parameters()) bytes += p.numel() * p.element_size();

@@ -5,6 +5,7 @@
 
 #include "te/kernels/ggml.h"
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -15,6 +16,13 @@
   __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define TE_GGML_CLONES
+#endif
+// The 32-value types' kernels in AVX-512 intrinsics, chosen at run time where the CPU has it.
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define TE_GGML_AVX512 1
+#else
+#define TE_GGML_AVX512 0
 #endif
 
 namespace te::ggml {
@@ -84,19 +92,16 @@ inline void decode_block(const float* table, const unsigned char* p, float* out)
       return;
     }
     case Type::kQ4_0: {
+      // Low nibbles are values 0-15, high nibbles 16-31 (two loops: each vectorises whole).
       const float d = f16_at(table, p);
-      for (int j = 0; j < 16; ++j) {
-        out[j] = d * static_cast<float>((p[2 + j] & 0x0F) - 8);
-        out[j + 16] = d * static_cast<float>((p[2 + j] >> 4) - 8);
-      }
+      for (int j = 0; j < 16; ++j) out[j] = d * static_cast<float>((p[2 + j] & 0x0F) - 8);
+      for (int j = 0; j < 16; ++j) out[j + 16] = d * static_cast<float>((p[2 + j] >> 4) - 8);
       return;
     }
     case Type::kQ4_1: {
       const float d = f16_at(table, p), m = f16_at(table, p + 2);
-      for (int j = 0; j < 16; ++j) {
-        out[j] = d * static_cast<float>(p[4 + j] & 0x0F) + m;
-        out[j + 16] = d * static_cast<float>(p[4 + j] >> 4) + m;
-      }
+      for (int j = 0; j < 16; ++j) out[j] = d * static_cast<float>(p[4 + j] & 0x0F) + m;
+      for (int j = 0; j < 16; ++j) out[j + 16] = d * static_cast<float>(p[4 + j] >> 4) + m;
       return;
     }
     case Type::kQ4_K: {
@@ -146,6 +151,142 @@ inline void decode_block(const float* table, const unsigned char* p, float* out)
   }
 }
 
+#if TE_GGML_AVX512
+// The 32-value types (Q8_0, Q4_0, Q4_1) with AVX-512: a block's values as two vectors of 16
+// floats, and its scale and offset (value = d * q + m; Q4_0's q - 8 as m = -8 d is not used for
+// decoding, which computes d * (q - 8) as gguf-py does).
+template <Type T>
+__attribute__((target("avx512f"))) inline void block_values(const unsigned char* p, __m512* lo,
+                                                             __m512* hi) {
+  if constexpr (T == Type::kQ8_0) {
+    *lo = _mm512_cvtepi32_ps(
+        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2))));
+    *hi = _mm512_cvtepi32_ps(
+        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 18))));
+  } else {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + (T == Type::kQ4_1 ? 4 : 2)));
+    const __m128i mask = _mm_set1_epi8(0x0F);
+    __m512i l = _mm512_cvtepu8_epi32(_mm_and_si128(v, mask));
+    __m512i h = _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4), mask));
+    if constexpr (T == Type::kQ4_0) {
+      l = _mm512_sub_epi32(l, _mm512_set1_epi32(8));
+      h = _mm512_sub_epi32(h, _mm512_set1_epi32(8));
+    }
+    *lo = _mm512_cvtepi32_ps(l);
+    *hi = _mm512_cvtepi32_ps(h);
+  }
+}
+
+// decode_blocks for the 32-value types: the same values, bit for bit (a multiply, then an add).
+template <Type T>
+__attribute__((target("avx512f"))) void decode_blocks_avx512(const float* table,
+                                                             const unsigned char* p,
+                                                             int64_t blocks, float* out) {
+  constexpr int64_t kBytes = T == Type::kQ8_0 ? 34 : T == Type::kQ4_0 ? 18 : 20;
+  for (int64_t b = 0; b < blocks; ++b, p += kBytes, out += 32) {
+    __m512 lo, hi;
+    block_values<T>(p, &lo, &hi);
+    const __m512 d = _mm512_set1_ps(f16_at(table, p));
+    lo = _mm512_mul_ps(lo, d);
+    hi = _mm512_mul_ps(hi, d);
+    if constexpr (T == Type::kQ4_1) {
+      const __m512 m = _mm512_set1_ps(f16_at(table, p + 2));
+      lo = _mm512_add_ps(lo, m);
+      hi = _mm512_add_ps(hi, m);
+    }
+    _mm512_storeu_ps(out, lo);
+    _mm512_storeu_ps(out + 16, hi);
+  }
+}
+
+// dot_rows for the 32-value types, up to 8 inputs at a time: per block, d * sum(q x) (+ m *
+// sum(x), the inputs' block sums taken once per call) without decoding the row first.
+template <Type T, int M>
+__attribute__((target("avx512f"))) void dot_rows_avx512(const float* table,
+                                                        const unsigned char* const* rows,
+                                                        int64_t n_rows, int64_t cols,
+                                                        const float* x, int64_t ldx,
+                                                        const float* xsum, float* y,
+                                                        int64_t ldy) {
+  const int64_t blocks = cols / 32;
+  constexpr int64_t kBytes = T == Type::kQ8_0 ? 34 : T == Type::kQ4_0 ? 18 : 20;
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const unsigned char* p = rows[r];
+    __m512 acc[M];
+    float offset[M];
+    for (int i = 0; i < M; ++i) acc[i] = _mm512_setzero_ps(), offset[i] = 0;
+    for (int64_t b = 0; b < blocks; ++b, p += kBytes) {
+      __m512 lo, hi;
+      block_values<T>(p, &lo, &hi);
+      const __m512 d = _mm512_set1_ps(f16_at(table, p));
+      const float m = T == Type::kQ4_1 ? f16_at(table, p + 2) : 0.0f;
+      for (int i = 0; i < M; ++i) {
+        const float* xb = x + i * ldx + b * 32;
+        __m512 t = _mm512_mul_ps(lo, _mm512_loadu_ps(xb));
+        t = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xb + 16), t);
+        acc[i] = _mm512_fmadd_ps(d, t, acc[i]);
+        if constexpr (T == Type::kQ4_1) offset[i] += m * xsum[i * blocks + b];
+      }
+    }
+    for (int i = 0; i < M; ++i) y[i * ldy + r] = _mm512_reduce_add_ps(acc[i]) + offset[i];
+  }
+}
+
+template <Type T>
+void dot_rows_fast(const float* table, const unsigned char* const* rows, int64_t n_rows,
+                   int64_t cols, const float* x, int64_t m, int64_t ldx, float* y, int64_t ldy) {
+  const int64_t blocks = cols / 32;
+  std::vector<float> xsum;
+  if (T == Type::kQ4_1) {
+    xsum.resize(static_cast<std::size_t>(m * blocks));
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t b = 0; b < blocks; ++b) {
+        float s = 0;
+        for (int j = 0; j < 32; ++j) s += x[i * ldx + b * 32 + j];
+        xsum[i * blocks + b] = s;
+      }
+    }
+  }
+  for (int64_t i0 = 0; i0 < m; i0 += 8) {
+    const int64_t n = std::min<int64_t>(8, m - i0);
+    const float* xi = x + i0 * ldx;
+    const float* si = xsum.data() + i0 * blocks;
+    float* yi = y + i0 * ldy;
+    switch (n) {
+      case 1:
+        dot_rows_avx512<T, 1>(table, rows, n_rows, cols, xi, ldx, si, yi, ldy);
+        break;
+      case 2:
+        dot_rows_avx512<T, 2>(table, rows, n_rows, cols, xi, ldx, si, yi, ldy);
+        break;
+      case 3:
+        dot_rows_avx512<T, 3>(table, rows, n_rows, cols, xi, ldx, si, yi, ldy);
+        break;
+      case 4:
+        dot_rows_avx512<T, 4>(table, rows, n_rows, cols, xi, ldx, si, yi, ldy);
+        break;
+      case 5:
+        dot_rows_avx512<T, 5>(table, rows, n_rows, cols, xi, ldx, si, yi, ldy);
+        break;
+      case 6:
+        dot_rows_avx512<T, 6>(table, rows, n_rows, cols, xi, ldx, si, yi, ldy);
+        break;
+      case 7:
+        dot_rows_avx512<T, 7>(table, rows, n_rows, cols, xi, ldx, si, yi, ldy);
+        break;
+      default:
+        dot_rows_avx512<T, 8>(table, rows, n_rows, cols, xi, ldx, si, yi, ldy);
+        break;
+    }
+  }
+}
+
+bool have_avx512() {
+  static const bool have = __builtin_cpu_supports("avx512f");
+  return have;
+}
+#endif
+
 template <Type T>
 inline void decode_blocks(const float* table, const unsigned char* p, int64_t blocks,
                           int64_t per_block, int64_t block_bytes, float* out) {
@@ -159,6 +300,20 @@ inline void decode(uint32_t type, const float* table, const unsigned char* p, in
                    float* out) {
   const BlockShape b = block_shape(type, "a tensor");
   const int64_t n = count / b.elements;
+#if TE_GGML_AVX512
+  if (have_avx512()) {
+    switch (static_cast<Type>(type)) {
+      case Type::kQ8_0:
+        return decode_blocks_avx512<Type::kQ8_0>(table, p, n, out);
+      case Type::kQ4_0:
+        return decode_blocks_avx512<Type::kQ4_0>(table, p, n, out);
+      case Type::kQ4_1:
+        return decode_blocks_avx512<Type::kQ4_1>(table, p, n, out);
+      default:
+        break;
+    }
+  }
+#endif
   switch (static_cast<Type>(type)) {
     case Type::kF32:
       return decode_blocks<Type::kF32>(table, p, n, b.elements, b.bytes, out);
@@ -194,6 +349,7 @@ inline float dot(const float* a, const float* b, int64_t n) {
   }
   return acc[0] + tail;
 }
+
 
 }  // namespace
 
@@ -271,6 +427,20 @@ TE_GGML_CLONES
 void dot_rows(uint32_t type, const unsigned char* const* rows, int64_t n_rows, int64_t cols,
               const float* x, int64_t m, int64_t ldx, float* y, int64_t ldy) {
   const float* table = half_table();
+#if TE_GGML_AVX512
+  if (have_avx512()) {
+    switch (static_cast<Type>(type)) {
+      case Type::kQ8_0:
+        return dot_rows_fast<Type::kQ8_0>(table, rows, n_rows, cols, x, m, ldx, y, ldy);
+      case Type::kQ4_0:
+        return dot_rows_fast<Type::kQ4_0>(table, rows, n_rows, cols, x, m, ldx, y, ldy);
+      case Type::kQ4_1:
+        return dot_rows_fast<Type::kQ4_1>(table, rows, n_rows, cols, x, m, ldx, y, ldy);
+      default:
+        break;
+    }
+  }
+#endif
   std::vector<float> row(static_cast<std::size_t>(cols));
   for (int64_t r = 0; r < n_rows; ++r) {
     decode(type, table, rows[r], cols, row.data());

@@ -39,6 +39,10 @@ int64_t prepare_fp8_weights(torch::nn::Module& module);
 /// True when some GEMM or Embedding of `module` holds FP8 weights.
 bool has_fp8_weights(const torch::nn::Module& module);
 
+/// True when some parameter of `module` is held in GGUF blocks (ShardedModule::hold_blocks, as
+/// te::hf loads a GGUF file on one process).
+bool has_block_weights(const torch::nn::Module& module);
+
 /// Bytes of `module`'s parameters and buffers as held now (FP8 codes, scales and FP8 state
 /// included) and of the weights it holds in GGUF blocks: what a server keeps resident for its
 /// weights.
