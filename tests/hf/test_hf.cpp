@@ -9,6 +9,7 @@
 
 #include <fstream>
 #include <mutex>
+#include <random>
 #include <nlohmann/json.hpp>
 
 #include "../expect_error.h"
@@ -18,6 +19,7 @@
 #include "te/hf/causal_lm.h"
 #include "te/hf/gguf.h"
 #include "te/hf/tokenizer.h"
+#include "te/nn/checkpoint.h"
 #include "te/nn/inference.h"
 #include "te/nn/init.h"
 #include "te/nn/safetensors.h"
@@ -496,6 +498,144 @@ TEST(Gguf, AModelFileIsReadStrictly) {
   q8_file("token_embd.weight", 3, text("tokenizer.ggml.model", "gpt2") + twice.bytes).write(path);
   EXPECT_ERROR(Tokenizer::from_file(path.string()),
                "tokenizer.ggml.tokens: token 2 'a' is token 0 again");
+}
+
+// A one-layer Llama as llama.cpp writes one (hidden 64, 2 heads, FFN 64, vocabulary 8): the
+// table in Q4_1, attn_k in Q4_1 beside attn_v in Q8_0 (so te's stacked kv_kernel cannot be held
+// in one type and is dequantized), every other 2-dim weight in Q8_0, the norms in F32. Random
+// codes, scales of about 0.02.
+void write_tiny_llama_gguf(const fs::path& path) {
+  struct Tensor {
+    std::string name;
+    int64_t rows, cols;
+    ggml::Type type;
+  };
+  const std::vector<Tensor> tensors = {
+      {"token_embd.weight", 8, 64, ggml::Type::kQ4_1},
+      {"output_norm.weight", 1, 64, ggml::Type::kF32},
+      {"blk.0.attn_norm.weight", 1, 64, ggml::Type::kF32},
+      {"blk.0.attn_q.weight", 64, 64, ggml::Type::kQ8_0},
+      {"blk.0.attn_k.weight", 64, 64, ggml::Type::kQ4_1},
+      {"blk.0.attn_v.weight", 64, 64, ggml::Type::kQ8_0},
+      {"blk.0.attn_output.weight", 64, 64, ggml::Type::kQ8_0},
+      {"blk.0.ffn_norm.weight", 1, 64, ggml::Type::kF32},
+      {"blk.0.ffn_gate.weight", 64, 64, ggml::Type::kQ8_0},
+      {"blk.0.ffn_up.weight", 64, 64, ggml::Type::kQ8_0},
+      {"blk.0.ffn_down.weight", 64, 64, ggml::Type::kQ8_0}};
+  GgufBytes g;
+  auto u32 = [&](const std::string& key, uint32_t v) { g.str(key).put<uint32_t>(4).put<uint32_t>(v); };
+  g.put<uint32_t>(3).put<uint64_t>(tensors.size()).put<uint64_t>(7);
+  g.str("general.architecture").put<uint32_t>(8).str("llama");
+  u32("llama.embedding_length", 64);
+  u32("llama.block_count", 1);
+  u32("llama.feed_forward_length", 64);
+  u32("llama.attention.head_count", 2);
+  u32("llama.attention.head_count_kv", 2);
+  u32("llama.context_length", 32);
+  std::vector<int64_t> bytes;
+  int64_t offset = 0;
+  for (const Tensor& t : tensors) {
+    const auto b = ggml::block_shape(static_cast<uint32_t>(t.type), t.name);
+    bytes.push_back(t.rows * (t.cols / b.elements) * b.bytes);
+    g.str(t.name);
+    if (t.rows == 1) {
+      g.put<uint32_t>(1).put<uint64_t>(t.cols);
+    } else {
+      g.put<uint32_t>(2).put<uint64_t>(t.cols).put<uint64_t>(t.rows);
+    }
+    g.put<uint32_t>(static_cast<uint32_t>(t.type)).put<uint64_t>(offset);
+    offset += (bytes.back() + 31) / 32 * 32;
+  }
+  g.align();
+  std::mt19937 rng(42);
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const Tensor& t = tensors[i];
+    if (t.type == ggml::Type::kF32) {
+      for (int64_t k = 0; k < t.cols; ++k) g.put<float>(1.0f + 0.01f * static_cast<float>(k % 7));
+    } else {
+      const bool q8 = t.type == ggml::Type::kQ8_0;
+      for (int64_t block = 0; block < t.rows * t.cols / 32; ++block) {
+        g.put<uint16_t>(0x2500 | (rng() & 0xFF));  // d: about 0.02
+        if (!q8) g.put<uint16_t>(0xA500 | (rng() & 0xFF));  // m: about -0.02
+        for (int j = 0; j < (q8 ? 32 : 16); ++j) g.put<uint8_t>(static_cast<uint8_t>(rng()));
+      }
+    }
+    g.align();
+  }
+  g.write(path);
+}
+
+TEST(GgufBlocks, OneProcessHoldsTheQuantizedWeightsInTheirBlocksAndEqualsFloat32) {
+  test::TempDir dir;
+  const fs::path path = dir / "tiny.gguf";
+  write_tiny_llama_gguf(path);
+  int64_t read_blocks = 0, read_float = 0;
+  LoadOptions blocks_options, float_options;
+  blocks_options.bytes_read = &read_blocks;
+  float_options.bytes_read = &read_float;
+  float_options.dequantize_gguf = true;
+  CausalLM blocks = load_causal_lm(path.string(), blocks_options);
+  CausalLM floats = load_causal_lm(path.string(), float_options);
+  EXPECT_TRUE(nn::has_block_weights(*blocks));
+  EXPECT_FALSE(nn::has_block_weights(*floats));
+  // Held: the table (tied head), q, out, wi (gate and up, both Q8_0) and wo. kv_kernel mixes
+  // Q4_1 and Q8_0: dequantized.
+  const auto params = blocks->named_parameters();
+  for (const char* held : {"embed.embedding", "layers.0.self_attention.q_kernel",
+                           "layers.0.self_attention.out_kernel", "layers.0.mlp.wi_kernel",
+                           "layers.0.mlp.wo_kernel"}) {
+    EXPECT_FALSE(params.contains(held)) << held;
+    EXPECT_TRUE(floats->named_parameters().contains(held)) << held;
+  }
+  EXPECT_TRUE(params.contains("layers.0.self_attention.kv_kernel"));
+  // The held parameters' float32 bytes (table 8 x 64, q, out and wo 64 x 64, wi 64 x 2 x 64) are
+  // gone and their blocks' counted: Q4_1 8 rows of 2 blocks of 20 bytes, Q8_0 64 rows of 2 of 34.
+  const int64_t held_floats = 4 * (8 * 64 + 3 * 64 * 64 + 64 * 2 * 64);
+  const int64_t held_blocks = 8 * 2 * 20 + 5 * 64 * 2 * 34;
+  EXPECT_EQ(nn::resident_bytes(*blocks), nn::resident_bytes(*floats) - held_floats + held_blocks);
+  EXPECT_EQ(read_blocks, read_float);  // every tensor's bytes, once
+  {
+    c10::InferenceMode inference;
+    // One token (products from the blocks) and a prompt of 12 (through decoded panels).
+    for (int64_t n : {1, 12}) {
+      const at::Tensor ids = at::arange(n, at::kLong).remainder(8).view({1, n});
+      const at::Tensor want = floats->forward(ids), got = blocks->forward(ids);
+      EXPECT_LT(((got - want).abs().max() / want.abs().max()).item<double>(), 1e-5) << n;
+    }
+  }
+  // The float32 load trains; the held one names what it cannot do.
+  floats->train();
+  floats->forward(at::zeros({1, 4}, at::kLong)).sum().backward();
+  EXPECT_TRUE(floats->named_parameters()["layers.0.mlp.wi_kernel"].grad().defined());
+  EXPECT_ERROR(blocks->forward(at::zeros({1, 4}, at::kLong)).sum().backward(),
+               "is held in GGUF Q8_0 blocks (inference only) but its input requires grad");
+  EXPECT_ERROR(nn::save_checkpoint(*blocks, (dir / "ckpt").string()),
+               "save_checkpoint: 'embed.embedding' is held in GGUF blocks");
+}
+
+TEST(GgufBlocks, UnderAMeshEveryWeightIsDequantized) {
+  test::TempDir dir;
+  const fs::path path = dir / "tiny.gguf";
+  write_tiny_llama_gguf(path);
+  LoadOptions o;
+  o.dequantize_gguf = true;
+  CausalLM one = load_causal_lm(path.string(), o);
+  const at::Tensor ids = at::arange(6, at::kLong).view({1, 6});
+  const at::Tensor want = one->forward(ids);
+  std::mutex mutex;
+  run_local_ranks(2, [&](int rank) {
+    DeviceMesh mesh({2}, {"tp"});
+    MeshScope on(mesh);
+    MeshResource r;
+    r.tp = "tp";
+    MeshResourceScope resource(r);
+    AxisRulesScope rules(extend_logical_axis_rules(parse_axis_rules("vocab=tp")));
+    CausalLM model = load_causal_lm(path.string());
+    const at::Tensor logits = model->forward_on_mesh(ids).full_tensor();
+    std::lock_guard<std::mutex> lock(mutex);
+    EXPECT_FALSE(nn::has_block_weights(*model)) << "rank " << rank;
+    EXPECT_TRUE(at::allclose(logits, want, 1e-5, 1e-6)) << "rank " << rank;
+  });
 }
 
 }  // namespace
