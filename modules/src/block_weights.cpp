@@ -4,6 +4,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <memory>
 
 #include "te/error.h"
 #include "te/kernels/ggml.h"
@@ -66,23 +67,28 @@ at::Tensor block_linear(const at::Tensor& x, const BlockMatrix& w, const std::st
     });
   } else {
     // Panels of rows decoded into float32 (all threads), each multiplied by te's CPU GEMM (all
-    // threads) as W_panel @ x^T, the panel the GEMM's row-major left operand.
+    // threads) as x @ W_panel^T (bench_block_weights: faster than W_panel @ x^T here).
     const int64_t panel = std::clamp<int64_t>(kPanelBytes / (4 * w.cols), 16, w.rows);
     // The calling thread's panel, kept between calls: a fresh one each call would fault its pages
     // in again (scratch: it holds nothing from one call to the next).
-    thread_local std::vector<float> scratch;
-    if (static_cast<int64_t>(scratch.size()) < panel * w.cols) {
-      scratch.resize(static_cast<std::size_t>(panel * w.cols));
+    struct Scratch {
+      std::unique_ptr<float[]> data;
+      int64_t size = 0;
+    };
+    thread_local Scratch scratch;
+    if (scratch.size < panel * w.cols) {
+      scratch.data.reset(new float[static_cast<std::size_t>(panel * w.cols)]);
+      scratch.size = panel * w.cols;
     }
-    float* dp = scratch.data();
-    const at::Tensor xt = x2.t();
+    float* dp = scratch.data.get();
     for (int64_t n0 = 0; n0 < w.rows; n0 += panel) {
       const int64_t n = std::min(panel, w.rows - n0);
       at::parallel_for(0, n, 8, [&](int64_t b, int64_t e) {
         ggml::dequantize_rows(w.type, rows + n0 + b, e - b, w.cols, dp + b * w.cols, w.cols);
       });
+      // part.t() [cols, n]: the decoded rows transposed, a layout te's CPU GEMM reads as it is.
       const at::Tensor part = at::from_blob(dp, {n, w.cols}, x2.options());
-      y.narrow(1, n0, n).copy_(functional::dense(part, xt).t());
+      y.narrow(1, n0, n).copy_(functional::dense(x2, part.t()));
     }
   }
   return y.view(out_shape).to(x.scalar_type());

@@ -89,6 +89,25 @@ class FileSizeLimit {
   void (*previous_)(int) = nullptr;
 };
 
+// Dense(64, 8) whose kernel is held in Q8_0 blocks (all codes 1, scale 1), as te::hf holds a
+// GGUF file's on one process.
+Dense dense_in_blocks() {
+  static const std::vector<unsigned char> bytes = [] {
+    std::vector<unsigned char> b(8 * 2 * 34, 1);
+    for (std::size_t k = 0; k < b.size(); k += 34) b[k] = 0x00, b[k + 1] = 0x3C;
+    return b;
+  }();
+  auto m = std::make_shared<BlockMatrix>();
+  m->type = 8;  // Q8_0
+  m->rows = 8;
+  m->cols = 64;
+  for (int r = 0; r < 8; ++r) m->row_data.push_back(bytes.data() + r * 68);
+  Dense dense(DenseOptions(64, 8));
+  dense->hold_blocks(*dense, "kernel", {m, {}, true});
+  dense->kernel = at::Tensor();
+  return dense;
+}
+
 std::vector<Case> cases() {
   // Fixed paths (not TMPDIR's), so the messages are the same on every machine.
   const std::string no_dir = "/nonexistent/te-checkpoint";
@@ -530,6 +549,22 @@ std::vector<Case> cases() {
          }
          Fp8Autocast fp8(true, fp8::CurrentScaling{});
          dense(at::ones({2, 16}));
+       }},
+      // ---- GGUF blocks ----
+      {"GGUF blocks", "training a kernel held in GGUF blocks",
+       "is held in GGUF Q8_0 blocks (inference only) but its input requires grad",
+       [] { dense_in_blocks()(at::ones({2, 64}).requires_grad_(true)); }},
+      {"GGUF blocks", "saving a model that holds GGUF blocks",
+       "'kernel' is held in GGUF blocks, which a checkpoint does not store",
+       [no_dir] { save_checkpoint(*dense_in_blocks(), no_dir); }},
+      {"GGUF blocks", "FP8 weights from GGUF blocks",
+       "is held in GGUF Q8_0 blocks; load the model with te::hf::LoadOptions::dequantize_gguf",
+       [] { freeze_fp8_weights(*dense_in_blocks()); }},
+      {"GGUF blocks", "blocks of another shape than the parameter",
+       "but the blocks hold a [8, 64] matrix (the parameter transposed)",
+       [] {
+         Dense other(DenseOptions(32, 8));
+         other->hold_blocks(*other, "kernel", dense_in_blocks()->all_held_blocks().at("kernel"));
        }},
       // ---- checkpoints ----
       {"checkpoints", "loading from a directory with no checkpoint", "no checkpoint at",
