@@ -265,6 +265,19 @@ TEST(HfLoad, ACalibratedModelServesFromFp8WeightsTiedHeadIncluded) {
   }
 }
 
+// On one of two thread ranks: the mesh "tp", TE's MeshResource tp and the vocabulary over it.
+struct TwoTensorParallelRanks {
+  static MeshResource resource_of() {
+    MeshResource r;
+    r.tp = "tp";
+    return r;
+  }
+  DeviceMesh mesh{{2}, {"tp"}};
+  MeshScope on{mesh};
+  MeshResourceScope resource{resource_of()};
+  AxisRulesScope rules{extend_logical_axis_rules(parse_axis_rules("vocab=tp"))};
+};
+
 TEST(HfLoad, TwoTensorParallelRanksEachReadAboutHalfAndEqualOneProcess) {
   test::TempDir dir;
   const json config = tiny_config();
@@ -275,12 +288,7 @@ TEST(HfLoad, TwoTensorParallelRanksEachReadAboutHalfAndEqualOneProcess) {
   std::mutex mutex;
   std::vector<int64_t> bytes(2, 0);
   run_local_ranks(2, [&](int rank) {
-    DeviceMesh mesh({2}, {"tp"});
-    MeshScope on(mesh);
-    MeshResource r;
-    r.tp = "tp";
-    MeshResourceScope resource(r);
-    AxisRulesScope rules(extend_logical_axis_rules(parse_axis_rules("vocab=tp")));
+    const TwoTensorParallelRanks tp;
     LoadOptions o;
     o.bytes_read = &bytes[static_cast<std::size_t>(rank)];
     CausalLM model = load_causal_lm(dir.path().string(), o);
@@ -624,12 +632,7 @@ TEST(GgufBlocks, UnderAMeshEveryWeightIsDequantized) {
   const at::Tensor want = one->forward(ids);
   std::mutex mutex;
   run_local_ranks(2, [&](int rank) {
-    DeviceMesh mesh({2}, {"tp"});
-    MeshScope on(mesh);
-    MeshResource r;
-    r.tp = "tp";
-    MeshResourceScope resource(r);
-    AxisRulesScope rules(extend_logical_axis_rules(parse_axis_rules("vocab=tp")));
+    const TwoTensorParallelRanks tp;
     CausalLM model = load_causal_lm(path.string());
     const at::Tensor logits = model->forward_on_mesh(ids).full_tensor();
     std::lock_guard<std::mutex> lock(mutex);

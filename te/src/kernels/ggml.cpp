@@ -6,7 +6,9 @@
 #include "te/kernels/ggml.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "te/error.h"
@@ -232,6 +234,14 @@ __attribute__((target("avx512f"))) void dot_rows_avx512(const float* table,
   }
 }
 
+// dot_rows_avx512<T, 1..8>, by the number of inputs less one.
+template <Type T, std::size_t... M>
+constexpr auto dot_kernels(std::index_sequence<M...>) {
+  return std::array{&dot_rows_avx512<T, static_cast<int>(M) + 1>...};
+}
+template <Type T>
+constexpr auto kDots = dot_kernels<T>(std::make_index_sequence<8>{});
+
 template <Type T>
 void dot_rows_fast(const float* table, const unsigned char* const* rows, int64_t n_rows,
                    int64_t cols, const float* x, int64_t m, int64_t ldx, float* y, int64_t ldy) {
@@ -250,34 +260,9 @@ void dot_rows_fast(const float* table, const unsigned char* const* rows, int64_t
   for (int64_t i0 = 0; i0 < m; i0 += 8) {
     const int64_t n = std::min<int64_t>(8, m - i0);
     const float* xi = x + i0 * ldx;
-    const float* si = xsum.data() + i0 * blocks;
+    const float* si = T == Type::kQ4_1 ? xsum.data() + i0 * blocks : nullptr;
     float* yi = y + i0 * ldy;
-    switch (n) {
-      case 1:
-        dot_rows_avx512<T, 1>(table, rows, n_rows, cols, xi, ldx, si, yi, ldy);
-        break;
-      case 2:
-        dot_rows_avx512<T, 2>(table, rows, n_rows, cols, xi, ldx, si, yi, ldy);
-        break;
-      case 3:
-        dot_rows_avx512<T, 3>(table, rows, n_rows, cols, xi, ldx, si, yi, ldy);
-        break;
-      case 4:
-        dot_rows_avx512<T, 4>(table, rows, n_rows, cols, xi, ldx, si, yi, ldy);
-        break;
-      case 5:
-        dot_rows_avx512<T, 5>(table, rows, n_rows, cols, xi, ldx, si, yi, ldy);
-        break;
-      case 6:
-        dot_rows_avx512<T, 6>(table, rows, n_rows, cols, xi, ldx, si, yi, ldy);
-        break;
-      case 7:
-        dot_rows_avx512<T, 7>(table, rows, n_rows, cols, xi, ldx, si, yi, ldy);
-        break;
-      default:
-        dot_rows_avx512<T, 8>(table, rows, n_rows, cols, xi, ldx, si, yi, ldy);
-        break;
-    }
+    kDots<T>[n - 1](table, rows, n_rows, cols, xi, ldx, si, yi, ldy);
   }
 }
 
