@@ -68,7 +68,7 @@ at::Tensor block_linear(const at::Tensor& x, const BlockMatrix& w, const std::st
   } else {
     // Panels of rows decoded into float32 (all threads), each multiplied by te's CPU GEMM (all
     // threads) as x @ W_panel^T (bench_block_weights: faster than W_panel @ x^T here).
-    const int64_t panel = std::clamp<int64_t>(kPanelBytes / (4 * w.cols), 16, w.rows);
+    const int64_t panel = std::min(std::max<int64_t>(kPanelBytes / (4 * w.cols), 16), w.rows);
     // The calling thread's panel, kept between calls: a fresh one each call would fault its pages
     // in again (scratch: it holds nothing from one call to the next).
     struct Scratch {
@@ -98,7 +98,10 @@ at::Tensor block_rows(const BlockMatrix& w, const at::Tensor& ids, const std::st
   TE_CHECK(!at::isFloatingType(ids.scalar_type()) && !ids.is_complex() &&
                ids.scalar_type() != at::kBool,
            what, ": ids must be integers, not ", ids.scalar_type());
-  const at::Tensor flat = ids.reshape({-1}).to(at::kCPU, at::kLong).contiguous();
+  TE_CHECK(ids.device().is_cpu(), what, " is held in GGUF blocks, which te-cpp reads on the CPU; "
+           "the ids are on ", ids.device(),
+           " (load with te::hf::LoadOptions::dequantize_gguf = true to move the model)");
+  const at::Tensor flat = ids.reshape({-1}).to(at::kLong).contiguous();
   const int64_t* idp = flat.data_ptr<int64_t>();
   std::vector<const unsigned char*> picked(static_cast<std::size_t>(flat.numel()));
   for (int64_t i = 0; i < flat.numel(); ++i) {

@@ -149,18 +149,27 @@ std::string file_name(int rank, int world) {
 
 }  // namespace
 
-void save_checkpoint(const torch::nn::Module& module, const std::string& dir,
-                     const std::string& extra_json, const torch::optim::AdamW* optimizer) {
-  // Weights held in GGUF blocks are no parameters or buffers: a checkpoint without them would
-  // load as a model missing them.
+namespace {
+
+// Weights held in GGUF blocks are no parameters or buffers: a checkpoint saved without them would
+// load as a model missing them, and one loaded into them (strict = false) would leave the
+// blocks serving in place of the checkpoint's values.
+void refuse_held_blocks(const torch::nn::Module& module, const char* what) {
   for (const auto& item : module.named_modules("", /*include_self=*/true)) {
     const auto* sharded = dynamic_cast<const ShardedModule*>(item.value().get());
     if (sharded == nullptr || sharded->all_held_blocks().empty()) continue;
     const std::string& name = sharded->all_held_blocks().begin()->first;
-    TE_FAIL("save_checkpoint: '", item.key().empty() ? name : item.key() + "." + name,
+    TE_FAIL(what, ": '", item.key().empty() ? name : item.key() + "." + name,
             "' is held in GGUF blocks, which a checkpoint does not store; load the model with "
-            "te::hf::LoadOptions::dequantize_gguf = true to save it");
+            "te::hf::LoadOptions::dequantize_gguf = true to save or load checkpoints");
   }
+}
+
+}  // namespace
+
+void save_checkpoint(const torch::nn::Module& module, const std::string& dir,
+                     const std::string& extra_json, const torch::optim::AdamW* optimizer) {
+  refuse_held_blocks(module, "save_checkpoint");
   format::Index index;
   try {
     index.extra_json = nlohmann::json::parse(extra_json).dump();
@@ -275,6 +284,7 @@ void check_same_tensors(const format::Index& index, const std::map<std::string, 
 
 std::string load_checkpoint(torch::nn::Module& module, const std::string& dir,
                             const CheckpointLoadOptions& options, torch::optim::AdamW* optimizer) {
+  refuse_held_blocks(module, "load_checkpoint");
   const fs::path root = fs::absolute(dir);
   const format::Index index = read_index(root, "load_checkpoint");
   StepSlots steps;

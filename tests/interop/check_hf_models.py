@@ -15,7 +15,9 @@ cases.h's as_json writes it. Every layout is held to the model's own forward and
 logits, the mean next-token cross-entropy and the gradient of every parameter
 model.named_parameters() lists (a tied lm_head is not listed; its gradient is the embedding's).
 A parameter te leaves out, or a gradient te names that the model has not, fails the layout.
-Within 1e-5.
+Within 1e-5. A GGUF case adds the layout "one-blocks" ({"logits": T, "inference_only": true,
+"held_blocks": N}): the file as te loads it by default on one process, its quantized weights
+held in their blocks; its logits alone are held to the model's, and N must not be 0.
 
 The GGUF cases (GGUF_CASES) build a random Llama the same way, write it with gguf-py as llama.cpp's
 convert_hf_to_gguf.py writes a Llama (its metadata, a minimal tokenizer, attn_q and attn_k rows

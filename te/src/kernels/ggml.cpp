@@ -280,13 +280,14 @@ inline void decode_blocks(const float* table, const unsigned char* p, int64_t bl
   }
 }
 
-// `count` values (whole blocks) of `type` at p into out; the type chosen once per call.
+// `count` values (whole blocks) of `type` at p into out; the type chosen once per call. `fast`:
+// the AVX-512 kernels where the CPU has them.
 inline void decode(uint32_t type, const float* table, const unsigned char* p, int64_t count,
-                   float* out) {
+                   float* out, bool fast = true) {
   const BlockShape b = block_shape(type, "a tensor");
   const int64_t n = count / b.elements;
 #if TE_GGML_AVX512
-  if (have_avx512()) {
+  if (fast && have_avx512()) {
     switch (static_cast<Type>(type)) {
       case Type::kQ8_0:
         return decode_blocks_avx512<Type::kQ8_0>(table, p, n, out);
@@ -399,6 +400,11 @@ bool is_quantized(uint32_t type) {
 TE_GGML_CLONES
 void dequantize(uint32_t type, const unsigned char* data, int64_t count, float* out) {
   decode(type, half_table(), data, count, out);
+}
+
+TE_GGML_CLONES
+void dequantize_portable(uint32_t type, const unsigned char* data, int64_t count, float* out) {
+  decode(type, half_table(), data, count, out, /*fast=*/false);
 }
 
 TE_GGML_CLONES

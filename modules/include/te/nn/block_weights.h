@@ -33,14 +33,15 @@ struct BlockMatrix {
 };
 
 /// y = x @ W^T over x's last dim (cols): [..., cols] -> [..., rows], in x's dtype (computed in
-/// float32). Up to 4 rows of x multiply each decoded weight row directly (decode); more decode a
-/// panel of W at a time into float32 and multiply it with the CPU GEMM te::nn uses. CPU only,
+/// float32). Up to 8 rows of x multiply W's rows straight from their blocks (te::ggml::dot_rows);
+/// more decode 2 MB panels of W into float32 and multiply them with the CPU GEMM te::nn uses
+/// (functional::dense). CPU only,
 /// inference only: te::Error naming `what` when x requires grad under grad mode (load the float32
 /// weights to train), is not on the CPU, or does not contract.
 at::Tensor block_linear(const at::Tensor& x, const BlockMatrix& w, const std::string& what);
 
-/// The rows of W at integer `ids` (any shape), decoded: [ids' shape..., cols] float32. An id
-/// outside [0, rows) is a te::Error naming it and `what`.
+/// The rows of W at integer CPU `ids` (any shape), decoded: [ids' shape..., cols] float32. An id
+/// outside [0, rows), or ids on another device, is a te::Error naming it and `what`.
 at::Tensor block_rows(const BlockMatrix& w, const at::Tensor& ids, const std::string& what);
 
 /// W decoded whole: [rows, cols] float32.

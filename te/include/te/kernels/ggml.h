@@ -47,9 +47,14 @@ void dequantize_rows(uint32_t type, const unsigned char* const* rows, int64_t n_
                      float* out, int64_t ld);
 
 /// y[i * ldy + r] = sum_k x[i * ldx + k] * W[r, k] for i < m and r < n_rows, W as for
-/// dequantize_rows: each row decoded once into a buffer the size of one row, then multiplied
-/// with the m inputs (float32 accumulation, 16 partial sums per dot).
+/// dequantize_rows, in float32. Q8_0, Q4_0 and Q4_1 on AVX-512: per block d * sum(q x) (+ m *
+/// sum(x)), 8 inputs at a time, no row decoded; otherwise each row decoded once into a buffer of
+/// one row, then multiplied with the m inputs (16 partial sums per dot).
 void dot_rows(uint32_t type, const unsigned char* const* rows, int64_t n_rows, int64_t cols,
               const float* x, int64_t m, int64_t ldx, float* y, int64_t ldy);
+
+/// dequantize by the portable loops alone (what a CPU without AVX-512 runs), never the AVX-512
+/// kernels: the tests hold the two to the same bits.
+void dequantize_portable(uint32_t type, const unsigned char* data, int64_t count, float* out);
 
 }  // namespace te::ggml
