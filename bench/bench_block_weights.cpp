@@ -4,7 +4,8 @@
 // [576 -> 1536] of each of 30 layers in turn and the tied LM head [576 -> 49152], Q4_1 (its
 // layers) and Q8_0 (its table), for
 // 1, 4, 8, 32 and 128 input rows (decode of one stream, of a batch, prefill). ratio_vs_fp32 < 1:
-// the blocks are faster. Random blocks with scales near 1.
+// the blocks are faster. Random blocks with scales near 1. Decode_<type>: each ggml type's
+// decoding speed per weight against Q4_1's.
 //
 //   bench_block_weights [--benchmark_filter=...]
 
@@ -27,16 +28,38 @@ struct Held {
   at::Tensor kernel;  // the same weights dequantized, [cols, rows] as te holds a kernel
 };
 
+// Where a type keeps its float16 scales in a block (offset, count): set to 2^-7 (and a Q4_1
+// or Q5_1 offset to -2^-7), so no value is subnormal, infinite or NaN.
+std::pair<int, int> scales_of(te::ggml::Type type) {
+  using T = te::ggml::Type;
+  switch (type) {
+    case T::kQ2_K:
+      return {80, 2};
+    case T::kQ3_K:
+      return {108, 1};
+    case T::kQ6_K:
+      return {208, 1};
+    case T::kQ4_1:
+    case T::kQ5_1:
+    case T::kQ4_K:
+    case T::kQ5_K:
+      return {0, 2};
+    default:
+      return {0, 1};
+  }
+}
+
 Held make(te::ggml::Type type, int64_t rows, int64_t cols) {
   const auto b = te::ggml::block_shape(static_cast<uint32_t>(type), "bench");
   const int64_t row_bytes = cols / b.elements * b.bytes;
   Held h;
   h.bytes = at::randint(0, 256, {rows * row_bytes}, at::kByte);
   unsigned char* p = h.bytes.data_ptr<unsigned char>();
+  const auto [offset, count] = scales_of(type);
   for (int64_t i = 0; i < rows * (cols / b.elements); ++i) {
-    unsigned char* block = p + i * b.bytes;
+    unsigned char* block = p + i * b.bytes + offset;
     block[0] = 0x00, block[1] = 0x20;  // d = 2^-7 (half 0x2000)
-    if (type == te::ggml::Type::kQ4_1) block[2] = 0x00, block[3] = 0xA0;  // m = -2^-7
+    if (count == 2) block[2] = 0x00, block[3] = 0xA0;  // m or dmin = -2^-7
   }
   h.w.type = static_cast<uint32_t>(type);
   h.w.rows = rows;
@@ -93,6 +116,44 @@ void BlocksAgainstFp32(benchmark::State& state, te::ggml::Type type, int64_t row
 
 TE_BLOCK_BENCH(Q4_1_Mlp, te::ggml::Type::kQ4_1, 1536, 30);
 TE_BLOCK_BENCH(Q8_0_LmHead, te::ggml::Type::kQ8_0, 49152, 1);
+
+// Decoding speed per weight against Q4_1's, alternated on matrices of the same shape [1536, 768]
+// (768: whole K-quant blocks): what a GEMM's panels pay for each type llama.cpp's mixes use.
+// ratio_vs_Q4_1 is this type's time over Q4_1's for the same number of weights.
+void DecodeAgainstQ4_1(benchmark::State& state, te::ggml::Type type) {
+  const Held w = make(type, 1536, 768);
+  const Held q4_1 = make(te::ggml::Type::kQ4_1, 1536, 768);
+  std::vector<float> out(static_cast<std::size_t>(1536 * 768));
+  auto decode = [&](const Held& h) {
+    return seconds([&] {
+      for (int i = 0; i < 4; ++i) {
+        te::ggml::dequantize_rows(h.w.type, h.w.row_data.data(), h.w.rows, h.w.cols, out.data(),
+                                  h.w.cols);
+      }
+    });
+  };
+  te::bench::alternate(
+      state, [&] { return decode(w); }, [&] { return decode(q4_1); }, "Q4_1");
+  state.counters["weights"] = static_cast<double>(1536 * 768);
+}
+
+#define TE_DECODE_BENCH(name)                                                            \
+  void Decode_##name(benchmark::State& state) {                                          \
+    DecodeAgainstQ4_1(state, te::ggml::Type::k##name);                                   \
+  }                                                                                      \
+  BENCHMARK(Decode_##name)->Iterations(9)->UseManualTime()->Unit(benchmark::kMillisecond)
+
+TE_DECODE_BENCH(Q4_0);
+TE_DECODE_BENCH(Q5_0);
+TE_DECODE_BENCH(Q5_1);
+TE_DECODE_BENCH(Q8_0);
+TE_DECODE_BENCH(Q2_K);
+TE_DECODE_BENCH(Q3_K);
+TE_DECODE_BENCH(Q4_K);
+TE_DECODE_BENCH(Q5_K);
+TE_DECODE_BENCH(Q6_K);
+TE_DECODE_BENCH(IQ4_NL);
+TE_DECODE_BENCH(IQ4_XS);
 
 }  // namespace
 

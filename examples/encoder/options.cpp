@@ -124,15 +124,23 @@ Layout make_layout(const Args& args, int world_size) {
   // TE's model-parallel example maps its custom Dense axes with user rules extended by TE's
   // table; with a MeshResource and no --rules this program does the same.
   if (layout.resource && (!layout.rules || args.extend_te_rules)) {
-    te::AxisRules base;
-    if (layout.rules) {
-      base = *layout.rules;
-    } else {
-      const auto& tensor = layout.resource->tpsp ? layout.resource->tpsp : layout.resource->tp;
-      base = te::parse_axis_rules("my_broadcast_axis=,my_tp_axis=" + tensor.value_or(""));
-    }
+    // TE's table reads the mesh's axis sizes (a role on an axis of one device is inactive).
+    std::optional<te::MeshShapeScope> sizes;
+    if (layout.mesh) sizes.emplace(*layout.mesh);
     te::MeshResourceScope scope(*layout.resource);
     try {
+      te::AxisRules base;
+      if (layout.rules) {
+        base = *layout.rules;
+      } else {  // my_tp_axis where TE's table puts the heads
+        const te::AxisRules table = te::te_default_axis_rules(*layout.resource);
+        const auto heads = std::find_if(table.begin(), table.end(), [](const te::AxisRule& r) {
+          return r.logical == te::axis::kHeads;
+        });
+        base = te::parse_axis_rules(
+            "my_broadcast_axis=,my_tp_axis=" +
+            (heads != table.end() && !heads->mesh.empty() ? heads->mesh[0] : std::string()));
+      }
       layout.rules = te::extend_logical_axis_rules(base);
     } catch (const te::Error& e) {
       throw InputError("--rules: " + one_line(e.what()));

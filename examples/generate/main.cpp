@@ -2,7 +2,7 @@
 // model.safetensors and tokenizer.json) or a GGUF file, in te::nn with a KV cache. Streams the
 // text to stdout as it is produced, then prints prefill and decode tokens/s to stderr.
 //
-//   te-generate --model SmolLM2-135M-Instruct.Q4_1.gguf --chat --prompt "What is 2+2?"
+//   te-generate --model models/SmolLM2-135M-Instruct.Q4_1.gguf --chat --prompt "What is 2+2?"
 //   te-generate --model DIR --prompt "Once upon a time" --max-tokens 64 --temperature 0
 //   te-generate --model DIR --prompt "..." --nproc 2   # tensor parallel over two thread ranks
 //   te-generate --model DIR --prompt "..." --json      # one JSON object: text, tokens, figures
@@ -40,6 +40,8 @@ struct Args {
   int nproc = 1, threads = 0;
   int64_t page_size = 16, kv_cache_mib = 0, max_sequence_length = 0;
   te::hf::GenerateOptions generate;
+  /// The sampling options the command line gave (the others are the model's defaults).
+  std::vector<std::string> sampling_given;
 };
 
 struct Result {
@@ -70,6 +72,23 @@ std::string prompt_text(const Args& a, const te::hf::GenerationDefaults& default
       .apply(messages);
 }
 
+// The sampling of this run: the model's defaults (describe_sampling), then the command line's.
+te::hf::SamplingOptions sampling_of(const Args& a, const te::hf::GenerationDefaults& defaults) {
+  te::hf::SamplingOptions s = defaults.sampling;
+  const te::hf::SamplingOptions& given = a.generate.sampling;
+  for (const std::string& name : a.sampling_given) {
+    if (name == "temperature") s.temperature = given.temperature;
+    if (name == "top-k") s.top_k = given.top_k;
+    if (name == "top-p") s.top_p = given.top_p;
+    if (name == "min-p") s.min_p = given.min_p;
+    if (name == "repetition-penalty") s.repetition_penalty = given.repetition_penalty;
+    if (name == "presence-penalty") s.presence_penalty = given.presence_penalty;
+    if (name == "frequency-penalty") s.frequency_penalty = given.frequency_penalty;
+  }
+  s.seed = given.seed;
+  return s;
+}
+
 // One rank's run (all ranks run the same steps; `print` streams the text as it comes).
 Result run(const Args& a, bool print) {
   using clock = std::chrono::steady_clock;
@@ -85,6 +104,14 @@ Result run(const Args& a, bool print) {
   encode.add_special_tokens = !a.chat;  // the template writes its own
   const std::vector<int64_t> ids = tokenizer.encode(prompt, encode).ids;
   te::hf::GenerateOptions options = a.generate;
+  options.sampling = sampling_of(a, defaults);
+  if (print) {
+    std::string given;
+    for (const std::string& name : a.sampling_given) given += " --" + name;
+    std::fprintf(stderr, "[te-generate] sampling: %s%s\n",
+                 te::hf::describe_sampling(defaults).c_str(),
+                 given.empty() ? "" : ("; the command line sets" + given).c_str());
+  }
   if (!a.ignore_eos) {
     options.stop_token_ids.insert(options.stop_token_ids.end(), defaults.eos_token_ids.begin(),
                                   defaults.eos_token_ids.end());
@@ -166,17 +193,29 @@ int main(int argc, char** argv) {
   a.generate.max_tokens = 128;
   app.add_option("--max-tokens", a.generate.max_tokens, "tokens to generate at most (default 128)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
-  app.add_option("--temperature", s.temperature, "0: greedy; default 1 (OpenAI's)")
+  // Sampling: each option left out takes the model's default (generation_config.json or the
+  // GGUF's general.sampling.* keys), else llama.cpp's; the run prints which.
+  app.add_option("--temperature", s.temperature,
+                 "0: greedy (default: the model's, else 0.8 as llama.cpp's)")
       ->check(CLI::Range(0.0, 100.0));
-  app.add_option("--top-k", s.top_k, "keep the k most likely tokens (0: all)")
+  app.add_option("--top-k", s.top_k, "keep the k most likely tokens, 0: all (default: 40)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--top-p", s.top_p,
-                 "nucleus sampling: keep the most likely tokens up to this mass")
+                 "nucleus sampling: keep the most likely tokens up to this mass (default: 0.95)")
       ->check(CLI::Range(0.0, 1.0));
-  app.add_option("--min-p", s.min_p, "drop tokens less likely than this x the most likely")
+  app.add_option("--min-p", s.min_p,
+                 "drop tokens less likely than this x the most likely (default: 0.05)")
       ->check(CLI::Range(0.0, 1.0));
   app.add_option("--repetition-penalty", s.repetition_penalty,
-                 "divide the logits of tokens already seen (1: off)");
+                 "divide the logits of tokens already seen, 1: off (default: 1)");
+  app.add_option("--presence-penalty", s.presence_penalty,
+                 "OpenAI's: lower each generated token's logit by this once, in [-2, 2] "
+                 "(default 0)")
+      ->check(CLI::Range(-2.0, 2.0));
+  app.add_option("--frequency-penalty", s.frequency_penalty,
+                 "OpenAI's: lower each generated token's logit by this per occurrence, in [-2, 2] "
+                 "(default 0)")
+      ->check(CLI::Range(-2.0, 2.0));
   app.add_option("--seed", s.seed, "the random stream of the sampling (same seed, same text)");
   app.add_option("--stop", a.stop, "end the text before this string (repeatable)");
   app.add_option("--nproc", a.nproc,
@@ -213,6 +252,10 @@ int main(int argc, char** argv) {
                "print one JSON object (text, tokens, finish_reason, prompt_tokens, tokens/s) "
                "instead of streaming");
   CLI11_PARSE(app, argc, argv);
+  for (const char* name : {"temperature", "top-k", "top-p", "min-p", "repetition-penalty",
+                           "presence-penalty", "frequency-penalty"}) {
+    if (app.count(std::string("--") + name) > 0) a.sampling_given.push_back(name);
+  }
   try {
     if (a.threads > 0) at::set_num_threads(a.threads);
     if (a.print_prompt) {

@@ -10,6 +10,7 @@
 #include <random>
 
 #include "te/error.h"
+#include "te/hf/wire.h"
 
 namespace serve {
 
@@ -27,18 +28,7 @@ const std::vector<double> kLatencyBounds = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
 const std::vector<double> kTokenBounds = {0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06,
                                           0.08,  0.1,    0.15,  0.2,  0.3,  0.5,  1};
 
-// ---- the commands rank 0 broadcasts, as int64 words ---------------------------------------
-
-int64_t word_of(double d) {
-  int64_t w;
-  std::memcpy(&w, &d, sizeof w);
-  return w;
-}
-double double_of(int64_t w) {
-  double d;
-  std::memcpy(&d, &w, sizeof d);
-  return d;
-}
+// ---- the commands rank 0 broadcasts ------------------------------------------------------
 
 struct Commands {
   std::vector<std::pair<std::vector<int64_t>, te::hf::GenerateOptions>> adds;
@@ -46,56 +36,26 @@ struct Commands {
   bool stop = false;
 };
 
-std::vector<int64_t> encode_commands(const Commands& c) {
-  std::vector<int64_t> w = {c.stop ? 1 : 0, static_cast<int64_t>(c.cancels.size())};
-  w.insert(w.end(), c.cancels.begin(), c.cancels.end());
-  w.push_back(static_cast<int64_t>(c.adds.size()));
-  for (const auto& [ids, o] : c.adds) {
-    w.push_back(static_cast<int64_t>(ids.size()));
-    w.insert(w.end(), ids.begin(), ids.end());
-    const te::hf::SamplingOptions& s = o.sampling;
-    w.insert(w.end(),
-             {o.max_tokens, word_of(s.temperature), s.top_k, word_of(s.top_p), word_of(s.min_p),
-              word_of(s.repetition_penalty), static_cast<int64_t>(s.seed), o.top_logprobs,
-              static_cast<int64_t>(o.stop_token_ids.size())});
-    w.insert(w.end(), o.stop_token_ids.begin(), o.stop_token_ids.end());
-  }
-  return w;
-}
+}  // namespace
+}  // namespace serve
 
-Commands decode_commands(const std::vector<int64_t>& w) {
-  std::size_t i = 0;
-  auto next = [&] {
-    TE_CHECK(i < w.size(), "te-serve: rank 0's commands are cut short (", w.size(), " words)");
-    return w[i++];
-  };
-  Commands c;
-  c.stop = next() != 0;
-  for (int64_t n = next(); n > 0; --n) c.cancels.push_back(next());
-  for (int64_t n = next(); n > 0; --n) {
-    std::vector<int64_t> ids(static_cast<std::size_t>(next()));
-    for (int64_t& id : ids) id = next();
-    te::hf::GenerateOptions o;
-    o.max_tokens = next();
-    o.sampling.temperature = double_of(next());
-    o.sampling.top_k = next();
-    o.sampling.top_p = double_of(next());
-    o.sampling.min_p = double_of(next());
-    o.sampling.repetition_penalty = double_of(next());
-    o.sampling.seed = static_cast<uint64_t>(next());
-    o.top_logprobs = next();
-    for (int64_t k = next(); k > 0; --k) o.stop_token_ids.push_back(next());
-    c.adds.emplace_back(std::move(ids), std::move(o));
+template <>
+struct te::hf::wire::Fields<serve::Commands> {
+  static auto list() {
+    using C = serve::Commands;
+    return std::make_tuple(field("adds", &C::adds), field("cancels", &C::cancels),
+                           field("stop", &C::stop));
   }
-  return c;
-}
+};
+
+namespace serve {
+namespace {
 
 // The same commands on every rank (rank 0's); without a mesh, rank 0's as they are.
 Commands share(const Broadcast& broadcast, const Commands& mine) {
   if (!broadcast) return mine;
-  std::vector<int64_t> words = encode_commands(mine);
-  broadcast(words);
-  return decode_commands(words);
+  return te::hf::wire::from_bytes<Commands>(broadcast(te::hf::wire::to_bytes(mine)),
+                                            "te-serve's commands");
 }
 
 // One token through the model before serving: a model that cannot run on this mesh fails at
@@ -294,11 +254,14 @@ std::shared_ptr<GenerationStream> Generator::submit(const CompletionRequest& r) 
     o.max_tokens = r.chat ? context - length : std::min<int64_t>(16, context - length);
   }
   te::hf::SamplingOptions& s = o.sampling;
-  s.temperature = r.temperature;
-  s.top_k = r.top_k;
-  s.top_p = r.top_p;
-  s.min_p = r.min_p;
-  s.repetition_penalty = r.repetition_penalty;
+  const te::hf::SamplingOptions& d = defaults_.sampling;  // the model's, else llama.cpp's
+  s.temperature = r.temperature.value_or(d.temperature);
+  s.top_k = r.top_k.value_or(d.top_k);
+  s.top_p = r.top_p.value_or(d.top_p);
+  s.min_p = r.min_p.value_or(d.min_p);
+  s.repetition_penalty = r.repetition_penalty.value_or(d.repetition_penalty);
+  s.presence_penalty = r.presence_penalty.value_or(d.presence_penalty);
+  s.frequency_penalty = r.frequency_penalty.value_or(d.frequency_penalty);
   s.seed = r.seed ? *r.seed : std::random_device{}() * uint64_t{0x9E3779B97F4A7C15ull};
   try {
     te::hf::check_sampling(s, "request");

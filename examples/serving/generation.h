@@ -31,9 +31,9 @@
 
 namespace serve {
 
-/// Rank 0's commands to the other ranks, as int64 words (the mesh's all-reduce carries them):
-/// `words` on rank 0 in, the same words on every rank out.
-using Broadcast = std::function<void(std::vector<int64_t>& words)>;
+/// Rank 0's commands to the other ranks (te::hf::wire's bytes, DeviceMesh::broadcast carries
+/// them): rank 0's bytes in, the same bytes on every rank out.
+using Broadcast = std::function<std::string(const std::string& bytes)>;
 
 struct GeneratorOptions {
   te::hf::EngineOptions engine;

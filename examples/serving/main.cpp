@@ -3,7 +3,7 @@
 //
 //   te-serve --load ckpt --port 8080
 //   curl -s localhost:8080/v1/classify -d '{"sentences": ["The cat sat on the mat."]}'
-//   te-serve --model all-MiniLM-L6-v2/ --port 8080
+//   te-serve --model models/all-MiniLM-L6-v2/ --port 8080
 //   curl -s localhost:8080/v1/embeddings -d '{"input": ["The cat sat on the mat."]}'
 
 #include <pthread.h>
@@ -467,19 +467,9 @@ bool is_decoder(const std::string& path) {
          !std::filesystem::exists(std::filesystem::path(path) / "modules.json");
 }
 
-// Rank 0's commands to the other ranks over `mesh`: the word count, then the words, each an
-// all-reduce to which only rank 0 contributes.
-serve::Broadcast broadcast_over(const te::DeviceMesh& mesh, int rank) {
-  return [&mesh, rank](std::vector<int64_t>& words) {
-    std::vector<int64_t> dims(static_cast<std::size_t>(mesh.ndim()));
-    std::iota(dims.begin(), dims.end(), 0);
-    const int64_t mine = rank == 0 ? static_cast<int64_t>(words.size()) : 0;
-    const int64_t n =
-        mesh.all_reduce(at::tensor({mine}, at::kLong), te::ReduceOp::kSum, dims).item<int64_t>();
-    at::Tensor t = rank == 0 ? at::tensor(words, at::kLong) : at::zeros({n}, at::kLong);
-    t = mesh.all_reduce(t, te::ReduceOp::kSum, dims).contiguous();
-    words.assign(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + n);
-  };
+// Rank 0's commands to the other ranks over `mesh`.
+serve::Broadcast broadcast_over(const te::DeviceMesh& mesh) {
+  return [&mesh](const std::string& bytes) { return mesh.broadcast(bytes, 0); };
 }
 
 int serve_generation(const Args& args) {
@@ -522,6 +512,8 @@ int serve_generation(const Args& args) {
             : (" in each of " + std::to_string(generator.data_parallel_size()) +
                " data-parallel groups (requests spread over them)")
                   .c_str());
+    std::printf("te-serve: sampling a request leaves out: %s\n",
+                te::hf::describe_sampling(defaults).c_str());
     std::fflush(stdout);
     GenerationHttp http(generator, metrics, args);
     if (!http.start()) {
@@ -548,10 +540,10 @@ int serve_generation(const Args& args) {
                        [&](int rank, const te::DeviceMesh& mesh) {
                          te::hf::CausalLM model = te::hf::load_causal_lm(args.model_dir, load);
                          if (rank == 0) {
-                           code = lead(model, broadcast_over(mesh, rank));
+                           code = lead(model, broadcast_over(mesh));
                          } else {
                            try {
-                             serve::follow(model, options.engine, broadcast_over(mesh, rank));
+                             serve::follow(model, options.engine, broadcast_over(mesh));
                            } catch (const std::exception& e) {
                              std::cerr << "te-serve: error: rank " << rank << ": " << e.what()
                                        << std::endl;
@@ -586,8 +578,13 @@ int main(int argc, char** argv) {
       "server-sent\n"
       "    events; fields: max_tokens, temperature, top_p, top_k, min_p, repetition_penalty, "
       "seed,\n"
-      "    stop, stop_token_ids, ignore_eos, logprobs (chat: logprobs, top_logprobs),\n"
-      "    stream_options.include_usage; n, best_of > 1, echo, suffix, penalties, tools: 400\n"
+      "    presence_penalty, frequency_penalty, stop, stop_token_ids, ignore_eos, logprobs "
+      "(chat:\n"
+      "    logprobs, top_logprobs), stream_options.include_usage; n, best_of > 1, echo, "
+      "suffix,\n"
+      "    tools: 400. A sampling field left out takes the model's default (its\n"
+      "    generation_config.json or GGUF general.sampling.* keys), else llama.cpp's\n"
+      "    (temperature 0.8, top_k 40, top_p 0.95, min_p 0.05); te-serve prints them at start.\n"
       "  GET /healthz, GET /metrics (Prometheus text)\n"
       "Classify and embeddings requests are batched dynamically; generation requests are decoded\n"
       "together with continuous batching over a paged KV cache. SIGTERM stops taking requests,\n"

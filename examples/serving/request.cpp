@@ -326,11 +326,13 @@ CompletionRequest decode_completion(std::string_view body, bool chat) {
       r.max_tokens_field = "max_completion_tokens";
     }
   }
-  r.temperature = number_field(doc, "temperature", 0, 2).value_or(1.0);
-  r.top_p = number_field(doc, "top_p", 0, 1, /*lo_open=*/true).value_or(1.0);
-  r.min_p = number_field(doc, "min_p", 0, 1).value_or(0.0);
-  r.repetition_penalty = number_field(doc, "repetition_penalty", 0, 100, true).value_or(1.0);
-  r.top_k = std::max<int64_t>(0, integer_field(doc, "top_k", -1, kMaxTokens).value_or(0));
+  r.temperature = number_field(doc, "temperature", 0, 2);
+  r.top_p = number_field(doc, "top_p", 0, 1, /*lo_open=*/true);
+  r.min_p = number_field(doc, "min_p", 0, 1);
+  r.repetition_penalty = number_field(doc, "repetition_penalty", 0, 100, true);
+  r.presence_penalty = number_field(doc, "presence_penalty", -2, 2);
+  r.frequency_penalty = number_field(doc, "frequency_penalty", -2, 2);
+  if (auto k = integer_field(doc, "top_k", -1, kMaxTokens)) r.top_k = std::max<int64_t>(0, *k);
   if (const json& s = field(doc, "seed"); !s.is_null()) {
     if (!s.is_number_integer())
       bad_field("seed", "is a JSON " + std::string(s.type_name()) + "; send an integer");
@@ -379,14 +381,11 @@ CompletionRequest decode_completion(std::string_view body, bool chat) {
   } else {
     if (auto n = integer_field(doc, "logprobs", 0, 5)) r.logprobs = *n;
   }
-  auto is_zero = [](const json& v) { return v.is_number() && v.get<double>() == 0; };
   auto is_one = [](const json& v) { return v.is_number_integer() && v.get<int64_t>() == 1; };
   auto is_false = [](const json& v) { return v.is_boolean() && !v.get<bool>(); };
   auto is_empty = [](const json& v) {
     return (v.is_object() || v.is_array() || v.is_string()) && v.empty();
   };
-  unsupported(doc, "presence_penalty", is_zero, "use repetition_penalty");
-  unsupported(doc, "frequency_penalty", is_zero, "use repetition_penalty");
   unsupported(doc, "logit_bias", is_empty, "leave it out");
   // vLLM's extensions te-serve does not implement, refused when they would change the answer.
   auto is_true = [](const json& v) { return v.is_boolean() && v.get<bool>(); };

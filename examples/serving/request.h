@@ -53,9 +53,10 @@ struct Message {
 
 /// A `POST /v1/completions` or `POST /v1/chat/completions` body (OpenAI's), checked: the prompt
 /// and how to generate. Fields OpenAI defines that te-serve does not implement are refused when
-/// they ask for something (n > 1, best_of > 1, echo, suffix, logit_bias, presence/frequency
-/// penalties, tools, a response_format other than text); unknown fields are ignored, as OpenAI's
-/// API does. vLLM's extensions top_k, min_p, repetition_penalty, ignore_eos and stop_token_ids
+/// they ask for something (n > 1, best_of > 1, echo, suffix, logit_bias, tools, a
+/// response_format other than text); unknown fields are ignored, as OpenAI's API does. A
+/// sampling field left out takes the model's default (te::hf::GenerationDefaults::sampling), as
+/// vLLM and llama-server do, not OpenAI's temperature 1. vLLM's extensions top_k, min_p, repetition_penalty, ignore_eos and stop_token_ids
 /// are read; those it does not implement (min_tokens, guided decoding, prompt_logprobs, ...) are
 /// refused when they ask for something.
 struct CompletionRequest {
@@ -67,8 +68,9 @@ struct CompletionRequest {
   std::optional<int64_t> max_tokens;  ///< unset: completions 16 (OpenAI's), chat: the context
   std::string max_tokens_field = "max_tokens";  ///< the field that gave it (chat: or
                                                 ///< max_completion_tokens)
-  double temperature = 1, top_p = 1, min_p = 0, repetition_penalty = 1;
-  int64_t top_k = 0;  ///< 0 (or -1): all
+  std::optional<double> temperature, top_p, min_p, repetition_penalty;
+  std::optional<double> presence_penalty, frequency_penalty;  ///< OpenAI's, in [-2, 2]
+  std::optional<int64_t> top_k;                               ///< 0 (or -1): all
   std::optional<uint64_t> seed;
   std::vector<std::string> stop;  ///< at most 4, none empty
   std::vector<int64_t> stop_token_ids;

@@ -6,11 +6,13 @@
 #include <algorithm>
 #include <cmath>
 #include <iterator>
+#include <map>
 #include <set>
 #include <variant>
 
 #include "te/distributed.h"
 #include "te/error.h"
+#include "te/hf/wire.h"
 #include "te/nn/sharded.h"
 
 namespace te::hf {
@@ -25,14 +27,23 @@ void check_sampling(const SamplingOptions& o, const std::string& who) {
   TE_CHECK(o.min_p >= 0 && o.min_p <= 1, who, ".min_p ", o.min_p, " must be in [0, 1]");
   TE_CHECK(std::isfinite(o.repetition_penalty) && o.repetition_penalty > 0, who,
            ".repetition_penalty ", o.repetition_penalty, " must be > 0 (1: off)");
+  TE_CHECK(o.presence_penalty >= -2 && o.presence_penalty <= 2, who, ".presence_penalty ",
+           o.presence_penalty, " must be in [-2, 2] (0: off)");
+  TE_CHECK(o.frequency_penalty >= -2 && o.frequency_penalty <= 2, who, ".frequency_penalty ",
+           o.frequency_penalty, " must be in [-2, 2] (0: off)");
+}
+
+bool SamplingOptions::is_greedy() const {
+  return temperature == 0 && repetition_penalty == 1.0 && presence_penalty == 0 &&
+         frequency_penalty == 0;
 }
 
 Sampler::Sampler(const SamplingOptions& options) : options_(options), random_(options.seed) {
   check_sampling(options_);
 }
 
-at::Tensor Sampler::distribution(const at::Tensor& logits,
-                                 const std::vector<int64_t>& context) const {
+at::Tensor Sampler::distribution(const at::Tensor& logits, const std::vector<int64_t>& context,
+                                 std::size_t generated_from) const {
   TE_CHECK(logits.dim() == 1, "Sampler: logits must be [vocab], got ", logits.sizes());
   const SamplingOptions& o = options_;
   at::Tensor l = logits.detach().to(at::kCPU, at::kFloat).clone();
@@ -44,6 +55,18 @@ at::Tensor Sampler::distribution(const at::Tensor& logits,
     for (int64_t id : std::set<int64_t>(context.begin(), context.end())) {
       if (id < 0 || id >= vocab) continue;
       p[id] = p[id] < 0 ? p[id] * penalty : p[id] / penalty;
+    }
+  }
+  if (o.presence_penalty != 0 || o.frequency_penalty != 0) {  // OpenAI's, as vLLM's
+    std::map<int64_t, int64_t> counts;
+    for (std::size_t i = std::min(generated_from, context.size()); i < context.size(); ++i) {
+      ++counts[context[i]];
+    }
+    auto* p = l.data_ptr<float>();
+    for (const auto& [id, n] : counts) {
+      if (id < 0 || id >= vocab) continue;
+      p[id] -= static_cast<float>(o.frequency_penalty * static_cast<double>(n) +
+                                  o.presence_penalty);
     }
   }
   if (o.temperature == 0) {
@@ -69,11 +92,12 @@ at::Tensor Sampler::distribution(const at::Tensor& logits,
   return l.softmax(0);
 }
 
-int64_t Sampler::next(const at::Tensor& logits, const std::vector<int64_t>& context) {
-  if (options_.temperature == 0 && options_.repetition_penalty == 1.0) {
+int64_t Sampler::next(const at::Tensor& logits, const std::vector<int64_t>& context,
+                      std::size_t generated_from) {
+  if (options_.is_greedy()) {
     return logits.argmax().item<int64_t>();  // greedy: distribution()'s one-hot, without it
   }
-  const at::Tensor probs = distribution(logits, context);
+  const at::Tensor probs = distribution(logits, context, generated_from);
   if (options_.temperature == 0) return probs.argmax().item<int64_t>();
   // One uniform draw in [0, 1) with 53 random bits, then the first id whose cumulative
   // probability passes it (in double, over the ids in order).
@@ -92,20 +116,31 @@ int64_t Sampler::next(const at::Tensor& logits, const std::vector<int64_t>& cont
 
 namespace {
 
-// Data parallel: what the groups exchange after each step, per group: kStatsWidth numbers (the
-// step's token count, then its counters), then per token request, token, logprob, finish
-// reason, the top count and (id, logprob) pairs.
-constexpr int64_t kMaxTopLogprobs = 20;
-constexpr int64_t kEventWidth = 5 + 2 * kMaxTopLogprobs;
-constexpr int64_t kStatsWidth = 7;
-const char* const kFinishReasons[] = {"", "stop", "length"};
+constexpr int64_t kMaxTopLogprobs = 20;  // OpenAI's bound on top_logprobs
 
 int64_t bytes_per_token(const CausalLMConfig& c, at::ScalarType dtype) {
   return c.num_hidden_layers * c.num_key_value_heads * 2 * c.head_dim *
          static_cast<int64_t>(c10::elementSize(dtype));
 }
 
+// Data parallel: what each group tells the others after a step.
+struct GroupStep {
+  std::vector<TokenEvent> events;
+  EngineStats stats;
+};
+
 }  // namespace
+}  // namespace te::hf
+
+template <>
+struct te::hf::wire::Fields<te::hf::GroupStep> {
+  static auto list() {
+    using G = te::hf::GroupStep;
+    return std::make_tuple(field("events", &G::events), field("stats", &G::stats));
+  }
+};
+
+namespace te::hf {
 
 Engine::Engine(CausalLM model, const EngineOptions& options)
     : model_(std::move(model)), options_(options) {
@@ -243,7 +278,7 @@ EngineStats Engine::stats() const {
 TokenEvent Engine::sample(Sequence& seq, const at::Tensor& logits) {
   TokenEvent e;
   e.request = seq.id;
-  e.token = seq.sampler->next(logits, seq.tokens);
+  e.token = seq.sampler->next(logits, seq.tokens, static_cast<std::size_t>(seq.prompt_length));
   // log_softmax at the tokens asked for: logit - logsumexp.
   const at::Tensor l = logits.to(at::kFloat);
   const float lse = at::logsumexp(l, 0).item<float>();
@@ -278,67 +313,27 @@ std::vector<TokenEvent> Engine::step() {
 
 std::vector<TokenEvent> Engine::exchange(std::vector<TokenEvent> mine) {
   c10::InferenceMode inference;
-  const int64_t capacity = options_.max_num_seqs;
-  TE_CHECK(static_cast<int64_t>(mine.size()) <= capacity, "Engine: ", mine.size(),
-           " tokens in one step are more than max_num_seqs ", capacity);
-  const int64_t row = kStatsWidth + capacity * kEventWidth;
-  at::Tensor all = at::zeros({dp_->size, row}, at::kDouble);
-  {
-    double* p = all.data_ptr<double>() + dp_->group * row;
-    const EngineStats s = local_stats();
-    const int64_t head[kStatsWidth] = {static_cast<int64_t>(mine.size()),
-                                       s.running,
-                                       s.blocks_used,
-                                       s.blocks_free,
-                                       s.preemptions,
-                                       s.prefill_tokens,
-                                       s.decode_tokens};
-    for (int64_t i = 0; i < kStatsWidth; ++i) p[i] = static_cast<double>(head[i]);
-    for (std::size_t i = 0; i < mine.size(); ++i) {
-      const TokenEvent& e = mine[i];
-      double* q = p + kStatsWidth + static_cast<int64_t>(i) * kEventWidth;
-      const auto finish =
-          std::find(std::begin(kFinishReasons), std::end(kFinishReasons), e.finish_reason) -
-          std::begin(kFinishReasons);
-      TE_CHECK(finish < 3, "Engine: finish reason '", e.finish_reason, "' has no code");
-      q[0] = static_cast<double>(e.request);
-      q[1] = static_cast<double>(e.token);
-      q[2] = e.logprob;
-      q[3] = static_cast<double>(finish);
-      q[4] = static_cast<double>(e.top_logprobs.size());
-      for (std::size_t k = 0; k < e.top_logprobs.size(); ++k) {
-        q[5 + 2 * k] = static_cast<double>(e.top_logprobs[k].first);
-        q[6 + 2 * k] = e.top_logprobs[k].second;
-      }
-    }
-  }
-  all = dp_->mesh.all_reduce(all, ReduceOp::kSum, {dp_->dim});
+  GroupStep step{std::move(mine), local_stats()};
+  // One group's message per coordinate of the data-parallel dim (te::hf::wire's bytes).
+  const std::vector<std::string> all =
+      dp_->mesh.all_gather(wire::to_bytes(step), {dp_->dim});
   std::vector<TokenEvent> events;
   remote_stats_ = EngineStats{};
   for (int64_t g = 0; g < dp_->size; ++g) {
     if (g == dp_->group) {
-      events.insert(events.end(), mine.begin(), mine.end());
+      events.insert(events.end(), step.events.begin(), step.events.end());
       continue;
     }
-    const double* p = all.data_ptr<double>() + g * row;
-    const auto count = static_cast<int64_t>(p[0]);
-    remote_stats_.running += static_cast<int64_t>(p[1]);
-    remote_stats_.blocks_used += static_cast<int64_t>(p[2]);
-    remote_stats_.blocks_free += static_cast<int64_t>(p[3]);
-    remote_stats_.preemptions += static_cast<int64_t>(p[4]);
-    remote_stats_.prefill_tokens += static_cast<int64_t>(p[5]);
-    remote_stats_.decode_tokens += static_cast<int64_t>(p[6]);
-    for (int64_t i = 0; i < count; ++i) {
-      const double* q = p + kStatsWidth + i * kEventWidth;
-      TokenEvent e;
-      e.request = static_cast<int64_t>(q[0]);
-      e.token = static_cast<int64_t>(q[1]);
-      e.logprob = static_cast<float>(q[2]);
-      e.finish_reason = kFinishReasons[static_cast<int64_t>(q[3])];
-      for (int64_t k = 0; k < static_cast<int64_t>(q[4]); ++k) {
-        e.top_logprobs.emplace_back(static_cast<int64_t>(q[5 + 2 * k]),
-                                    static_cast<float>(q[6 + 2 * k]));
-      }
+    GroupStep theirs = wire::from_bytes<GroupStep>(all[static_cast<std::size_t>(g)],
+                                                   "group " + std::to_string(g) + "'s step");
+    const EngineStats& s = theirs.stats;
+    remote_stats_.running += s.running;
+    remote_stats_.blocks_used += s.blocks_used;
+    remote_stats_.blocks_free += s.blocks_free;
+    remote_stats_.preemptions += s.preemptions;
+    remote_stats_.prefill_tokens += s.prefill_tokens;
+    remote_stats_.decode_tokens += s.decode_tokens;
+    for (TokenEvent& e : theirs.events) {
       if (!e.finish_reason.empty()) remote_.erase(e.request);
       events.push_back(std::move(e));
     }

@@ -30,7 +30,8 @@ int64_t BlockMatrix::bytes() const {
 
 void BlockMatrix::check(const std::string& what) const {
   TE_CHECK(ggml::is_quantized(type), what, ": ggml type ", ggml::type_name(type),
-           " is not a quantized block type (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K)");
+           " is not a quantized block type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K to Q6_K, IQ4_NL, "
+           "IQ4_XS)");
   const ggml::BlockShape b = ggml::block_shape(type, what);
   TE_CHECK(rows >= 1 && cols >= 1 && cols % b.elements == 0, what, ": a [", rows, ", ", cols,
            "] matrix of ", ggml::type_name(type), " needs rows of whole blocks of ", b.elements);

@@ -200,6 +200,29 @@ TEST(Redistribute, ToPartialIsAnErrorThatSaysWhy) {
   });
 }
 
+// torch refuses Partial placements of mixed reduce ops but sum with avg (torch 2.11,
+// distributed/tensor/_utils.py assert_no_mixed_partial_types, called by from_local,
+// distribute_tensor and redistribute): max over one mesh dim and avg over the other gave 8 or 6
+// here depending on which dim te reduced first.
+TEST(Redistribute, MixedPartialReduceOpsAreRefusedAsTorchRefusesThem) {
+  run_local_ranks(4, [](int rank) {
+    DeviceMesh mesh({2, 2}, {"a", "b"});
+    const at::Tensor local = at::full({2}, static_cast<double>(2 * rank + 2));
+    EXPECT_ERROR(DTensor::from_local(local, mesh, {Partial{ReduceOp::kMax}, Partial{ReduceOp::kAvg}}),
+                 "DTensor::from_local: placements [Partial(max), Partial(avg)] mix Partial reduce "
+                 "ops (max, avg); only sum with avg commute");
+    EXPECT_ERROR(DTensor::from_local(local, mesh, {Partial{ReduceOp::kMin}, Partial{ReduceOp::kSum}}),
+                 "mix Partial reduce ops (min, sum)");
+    // Sum with avg commute: either order gives the same value, and te gives it.
+    DTensor x = DTensor::from_local(local, mesh, {Partial{ReduceOp::kSum}, Partial{ReduceOp::kAvg}});
+    // Ranks hold 2, 4, 6, 8 at (a, b) = (0, 0), (0, 1), (1, 0), (1, 1): avg over b then sum over a
+    // = 3 + 7 = 10 = sum over a then avg over b.
+    EXPECT_TRUE(at::equal(x.full_tensor(), at::full({2}, 10.0)));
+    DTensor same = DTensor::from_local(local, mesh, {Partial{ReduceOp::kMax}, Partial{ReduceOp::kMax}});
+    EXPECT_TRUE(at::equal(same.full_tensor(), at::full({2}, 8.0)));
+  });
+}
+
 TEST(Redistribute, AvgOfIntegersIsRefused) {
   run_local_ranks(2, [](int) {
     DeviceMesh mesh({2}, {"x"});
@@ -372,6 +395,33 @@ TEST(MeshCollectives, AllGatherOfStringsAndBarrier) {
       EXPECT_EQ(mesh.all_gather(expected[static_cast<std::size_t>(rank)]), expected);
       mesh.barrier();
     }
+  });
+}
+
+// A gather over some mesh dims (the rows through this rank, in coordinate order), and a broadcast
+// from any root, bytes 0-255 and lengths 0 and 5000 included.
+TEST(MeshCollectives, AllGatherOverDimsAndBroadcast) {
+  EXPECT_EQ(DeviceMesh({1}, {"x"}).broadcast("alone"), "alone");
+  std::string all_bytes(5000, '\0');
+  for (std::size_t i = 0; i < all_bytes.size(); ++i) all_bytes[i] = static_cast<char>(i % 256);
+  run_local_ranks(4, [&](int rank) {
+    DeviceMesh mesh({2, 2}, {"data", "model"});  // rank = 2 * data + model
+    const std::string mine = "r" + std::to_string(rank);
+    const int data = rank / 2, model = rank % 2;
+    EXPECT_EQ(mesh.all_gather(mine, {0}),
+              (std::vector<std::string>{"r" + std::to_string(model), "r" + std::to_string(2 + model)}));
+    EXPECT_EQ(mesh.all_gather(mine, {1}),
+              (std::vector<std::string>{"r" + std::to_string(2 * data),
+                                        "r" + std::to_string(2 * data + 1)}));
+    EXPECT_EQ(mesh.all_gather(mine, {0, 1}), (std::vector<std::string>{"r0", "r1", "r2", "r3"}));
+    for (int root = 0; root < 4; ++root) {
+      const std::string from_root = root == 2 ? all_bytes : "root " + std::to_string(root);
+      EXPECT_EQ(mesh.broadcast(rank == root ? from_root : "ignored", root), from_root);
+    }
+    EXPECT_EQ(mesh.broadcast(rank == 0 ? "" : "ignored"), "");
+    EXPECT_ERROR(mesh.broadcast("x", 4), "DeviceMesh::broadcast: root 4 is not a rank of");
+    EXPECT_ERROR(mesh.all_gather("x", {2}), "has no dim 2 to gather over");
+    EXPECT_ERROR(mesh.all_gather("x", {1, 1}), "all_gather over dim 1 twice");
   });
 }
 

@@ -10,12 +10,14 @@
 #include <sys/resource.h>
 
 #include <csignal>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iostream>
 #include <map>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -44,10 +46,27 @@ struct Case {
   std::function<void()> run;
 };
 
-// The message without its " [file:line]" tag, which moves with every edit.
+// This run's own folder for the cases that write files (two runs at once, or a folder another
+// user left in /tmp, must not meet); messages show it as /tmp, so the text is the same on every
+// machine and run.
+const std::string& scratch() {
+  static const std::string dir = [] {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "te_error_catalogue_XXXXXX").string();
+    const char* made = ::mkdtemp(tmpl.data());
+    if (made == nullptr) throw std::runtime_error("te_error_catalogue: cannot make " + tmpl);
+    return std::string(made);
+  }();
+  return dir;
+}
+
+// The message without its " [file:line]" tag, which moves with every edit, and with this run's
+// scratch folder shown as /tmp.
 std::string untagged(std::string m) {
   const auto at = m.rfind(" [");
   if (at != std::string::npos && !m.empty() && m.back() == ']') m.erase(at);
+  for (auto pos = m.find(scratch()); pos != std::string::npos; pos = m.find(scratch(), pos)) {
+    m.replace(pos, scratch().size(), "/tmp");
+  }
   return m;
 }
 
@@ -109,17 +128,22 @@ Dense dense_in_blocks() {
 }
 
 std::vector<Case> cases() {
-  // Fixed paths (not TMPDIR's), so the messages are the same on every machine.
+  // In this run's scratch folder, shown as /tmp (untagged), so the messages are the same on every
+  // machine.
   const std::string no_dir = "/nonexistent/te-checkpoint";
-  const std::string empty_dir = "/tmp/te-error-catalogue-empty";
-  const std::string damaged_dir = "/tmp/te-error-catalogue-damaged";
-  const std::string full_dir = "/tmp/te-error-catalogue-full";
+  const std::string empty_dir = scratch() + "/te-error-catalogue-empty";
+  const std::string damaged_dir = scratch() + "/te-error-catalogue-damaged";
+  const std::string full_dir = scratch() + "/te-error-catalogue-full";
   return {
       // ---- rules and MeshResource ----
       {"rules", "a logical axis named on two dims", "logical axis 'a' occurs more than once",
        [] {
          logical_to_mesh_axes({"a", "a"}, {});
        }},
+      {"rules",
+       "a logical axis named on two dims with no rules in scope (Flax imposes nothing there; te "
+       "refuses it on one device too)",
+       "logical axis 'a' occurs more than once", [] { resolve_logical_axes({"a", "a"}); }},
       {"rules", "a rule with an empty logical name", "axis rule 0 (=x) has an empty logical name",
        [] {
          logical_to_mesh_axes({"a"}, {{"", {"x"}}});
@@ -148,8 +172,18 @@ std::vector<Case> cases() {
        [] { parse_mesh_resource("dq=data"); }},
       {"MeshResource", "a role given twice", "role 'dp' given twice",
        [] { parse_mesh_resource("dp=data,dp=x"); }},
-      {"MeshResource", "tp and tpsp together", "tp and tpsp are both set",
-       [] { parse_mesh_resource("tp=model,tpsp=m2"); }},
+      {"MeshResource", "tp and tpsp both active (on axes of more than one device)",
+       "tp and tpsp are both active",
+       [] {
+         MeshShapeScope mesh(parse_mesh_shape("model=2,m2=2"));
+         te_default_axis_rules(parse_mesh_resource("tp=model,tpsp=m2"));
+       }},
+      {"MeshResource", "a role on a mesh axis the mesh does not have",
+       "names mesh axis 'fsdp', which the mesh (data=2) does not have",
+       [] {
+         MeshShapeScope mesh(parse_mesh_shape("data=2"));
+         te_default_axis_rules(parse_mesh_resource("dp=data,fsdp=fsdp"));
+       }},
       {"MeshResource", "two roles on one mesh axis", "roles dp and fsdp both name mesh axis 'data'",
        [] {
          MeshResource r;
@@ -260,6 +294,14 @@ std::vector<Case> cases() {
                 [](int) {
                   DeviceMesh mesh({2}, {"x"});
                   DTensor::distribute(at::zeros({4}), mesh, {Shard{0}}).redistribute({Partial{}});
+                })},
+      {"placements", "Partial placements of mixed reduce ops (but sum with avg)",
+       "mix Partial reduce ops (max, avg)",
+       on_ranks(4,
+                [](int) {
+                  DeviceMesh mesh({2, 2}, {"a", "b"});
+                  DTensor::from_local(at::ones({2}), mesh,
+                                      {Partial{ReduceOp::kMax}, Partial{ReduceOp::kAvg}});
                 })},
       {"placements", "averaging integers", "Partial(avg) of a Long tensor would truncate",
        on_ranks(2,
@@ -658,6 +700,8 @@ int main(int argc, char** argv) {
   set_warning_handler([](std::string_view) {});  // the TE-table deprecation notice
   bool words_ok = true;
   const std::string text = catalogue(words_ok);
+  std::error_code ec;
+  std::filesystem::remove_all(scratch(), ec);
   if (mode == "--write") {
     std::ofstream(argv[2]) << text;
     std::cout << "wrote " << argv[2] << "\n";

@@ -7,10 +7,13 @@
 #include <c10/core/InferenceMode.h>
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <mutex>
+#include <variant>
 #include <nlohmann/json.hpp>
 
 #include "../expect_error.h"
+#include "../temp_dir.h"
 #include "bpe_json.h"
 #include "te/distributed.h"
 #include "te/hf/causal_lm.h"
@@ -351,6 +354,37 @@ TEST(Sampler, FiltersAsTransformersProcessorsDo) {
   EXPECT_ERROR(Sampler{o}, "sampling.repetition_penalty 0 must be > 0");
 }
 
+// OpenAI's presence and frequency penalties count the generated tokens only (vLLM's
+// apply_penalties): a prompt token is left alone; a generated one loses presence_penalty once
+// and frequency_penalty per occurrence, before the temperature.
+TEST(Sampler, PresenceAndFrequencyPenaltiesCountGeneratedTokens) {
+  const at::Tensor logits = at::tensor({2.0f, 1.0f, 1.0f, 0.0f, -1.0f});
+  SamplingOptions o;
+  o.presence_penalty = 0.5;
+  o.frequency_penalty = 0.25;
+  o.temperature = 0.5;
+  // Prompt {1}, then generated 0, 0, 3.
+  const at::Tensor p = Sampler(o).distribution(logits, {1, 0, 0, 3}, 1);
+  const at::Tensor want = (at::tensor({1.0f, 1.0f, 1.0f, -0.75f, -1.0f}) / 0.5).softmax(0);
+  EXPECT_TRUE(at::allclose(p, want, 1e-6, 1e-7)) << p << want;
+  // Nothing generated yet: no penalty, whatever the prompt holds.
+  EXPECT_TRUE(at::allclose(Sampler(o).distribution(logits, {0, 0, 3}, 3),
+                           (logits / 0.5).softmax(0), 1e-6, 1e-7));
+  // Greedy picks after the penalties; a negative penalty favours what was generated.
+  o.temperature = 0;
+  o.frequency_penalty = 0;
+  o.presence_penalty = 2;
+  EXPECT_EQ(Sampler(o).next(at::tensor({2.0f, 1.5f}), {0}, 0), 1);
+  EXPECT_EQ(Sampler(o).next(at::tensor({2.0f, 1.5f}), {0}, 1), 0);  // 0 is the prompt's
+  o.presence_penalty = -1;
+  EXPECT_EQ(Sampler(o).next(at::tensor({1.0f, 1.5f}), {0}, 0), 0);
+  o.presence_penalty = 2.5;
+  EXPECT_ERROR(Sampler{o}, "sampling.presence_penalty 2.5 must be in [-2, 2]");
+  o.presence_penalty = 0;
+  o.frequency_penalty = -3;
+  EXPECT_ERROR(Sampler{o}, "sampling.frequency_penalty -3 must be in [-2, 2]");
+}
+
 // ---- text as it is generated ------------------------------------------------------------------
 
 // A byte-level BPE tokenizer of single characters: 'Ã' and '©' are the bytes 0xC3 0xA9 of "é".
@@ -422,6 +456,81 @@ CausalLM laid_out_copy(const CausalLM& whole) {
   }
   model->eval();
   return model;
+}
+
+// ---- the model's sampling defaults ------------------------------------------------------------
+
+// A GGUF file of metadata only: (key, value) pairs, a float (f32) or an integer (i32) each.
+void write_gguf_metadata(const std::string& path,
+                         const std::vector<std::pair<std::string, std::variant<float, int32_t>>>& kv) {
+  std::ofstream out(path, std::ios::binary);
+  auto put = [&](const auto& v) { out.write(reinterpret_cast<const char*>(&v), sizeof v); };
+  out.write("GGUF", 4);
+  put(uint32_t{3});
+  put(uint64_t{0});  // tensors
+  put(static_cast<uint64_t>(kv.size()));
+  for (const auto& [key, value] : kv) {
+    put(static_cast<uint64_t>(key.size()));
+    out.write(key.data(), static_cast<std::streamsize>(key.size()));
+    if (const float* f = std::get_if<float>(&value)) {
+      put(uint32_t{6});
+      put(*f);
+    } else {
+      put(uint32_t{5});
+      put(std::get<int32_t>(value));
+    }
+  }
+}
+
+// Each sampling field the model's file sets (generation_config.json as transformers reads it;
+// llama.cpp's general.sampling.* GGUF keys), the others llama.cpp's (common/common.h).
+TEST(GenerationDefaults, SamplingFromTheModelsFileElseLlamaCpps) {
+  te::test::TempDir dir("te_gen_defaults");
+  auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir / name) << text;
+  };
+  GenerationDefaults d = read_generation_defaults(dir.path().string());  // no file at all
+  EXPECT_EQ(describe_sampling(d),
+            "temperature 0.8, top_k 40, top_p 0.95, min_p 0.05, repetition_penalty 1 "
+            "(llama.cpp's defaults)");
+  write("generation_config.json",
+        R"({"do_sample": true, "temperature": 0.6, "top_p": 0.9, "top_k": null,
+            "eos_token_id": [1, 2]})");
+  d = read_generation_defaults(dir.path().string());
+  EXPECT_EQ(d.sampling.temperature, 0.6);
+  EXPECT_EQ(d.sampling.top_p, 0.9);
+  EXPECT_EQ(d.sampling.top_k, 40);
+  EXPECT_EQ(d.eos_token_ids, (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(describe_sampling(d),
+            "top_k 40, min_p 0.05, repetition_penalty 1 (llama.cpp's defaults); temperature 0.6, "
+            "top_p 0.9 (generation_config.json)");
+  // transformers draws only with do_sample true: false is greedy.
+  write("generation_config.json", R"({"do_sample": false, "temperature": 0.6})");
+  d = read_generation_defaults(dir.path().string());
+  EXPECT_EQ(d.sampling.temperature, 0);
+  EXPECT_NE(describe_sampling(d).find("temperature 0 (generation_config.json: do_sample false)"),
+            std::string::npos)
+      << describe_sampling(d);
+  write("generation_config.json", R"({"top_p": 0})");
+  EXPECT_ERROR(read_generation_defaults(dir.path().string()),
+               "generation_config.json'.top_p 0 must be in (0, 1]");
+  write("generation_config.json", R"({"temperature": "warm"})");
+  EXPECT_ERROR(read_generation_defaults(dir.path().string()),
+               "generation_config.json': temperature is not a number");
+
+  const std::string gguf = (dir / "model.gguf").string();
+  write_gguf_metadata(gguf, {{"general.sampling.temp", 0.3f}, {"general.sampling.top_k", 20}});
+  d = read_generation_defaults(gguf);
+  EXPECT_FLOAT_EQ(static_cast<float>(d.sampling.temperature), 0.3f);
+  EXPECT_EQ(d.sampling.top_k, 20);
+  EXPECT_EQ(d.sampling.top_p, 0.95);
+  EXPECT_EQ(describe_sampling(d),
+            "top_p 0.95, min_p 0.05, repetition_penalty 1 (llama.cpp's defaults); temperature "
+            "0.3 (general.sampling.temp); top_k 20 (general.sampling.top_k)");
+  write_gguf_metadata(gguf, {{"general.sampling.top_k", -1}});  // llama.cpp: <= 0 is off
+  EXPECT_EQ(read_generation_defaults(gguf).sampling.top_k, 0);
+  write_gguf_metadata(gguf, {{"general.sampling.min_p", 1.5f}});
+  EXPECT_ERROR(read_generation_defaults(gguf), "general.sampling.min_p 1.5 must be in [0, 1]");
 }
 
 TEST(Generate, TensorParallelEqualsOneProcess) {

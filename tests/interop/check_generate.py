@@ -23,8 +23,7 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 
 import torch
 from check_hf_models import from_gguf
-from check_smollm2 import fetch
-from interop_common import MODEL_CACHE
+from interop_common import MODEL_CACHE, fetch_smollm2
 from transformers import AutoTokenizer
 
 PROMPT = "The history of the printing press began"
@@ -49,7 +48,7 @@ def te_generate(binary, model, *args):
 
 def main(binary, workdir, cache):
     os.makedirs(workdir, exist_ok=True)
-    folder, name = fetch(cache)
+    folder, name = fetch_smollm2(cache)
     path = os.path.join(folder, name)
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     failures = 0

@@ -1,7 +1,7 @@
 """Holds te::hf's GGUF reader (te_interop_gguf) to gguf-py, ggml's own Python package: a file
 written by gguf-py's GGUFWriter with a tensor of every type te-cpp reads (F32, F16, BF16, Q8_0,
-Q4_0, Q4_1 quantized by gguf-py from random values; Q4_K and Q6_K as random blocks with finite
-scales), 1-, 2- and 3-dim, and metadata of every value kind. Each tensor, whole and one box of
+Q4_0, Q4_1 quantized by gguf-py from random values; Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K,
+IQ4_NL and IQ4_XS as random blocks with finite scales: every bit pattern of their values), 1-, 2- and 3-dim, and metadata of every value kind. Each tensor, whole and one box of
 it, must equal gguf.quants.dequantize's values (float32: within 1e-6 relative), and every
 metadata value what was written.
 
@@ -20,15 +20,19 @@ from gguf import GGMLQuantizationType as Q
 TOL = 1e-6
 
 
+# Where each type keeps its float16 scales in a block: (byte offset, how many).
+SCALES = {Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208, 1), Q.Q2_K: (80, 2), Q.Q3_K: (108, 1),
+          Q.Q5_0: (0, 1), Q.Q5_1: (0, 2), Q.IQ4_NL: (0, 1), Q.IQ4_XS: (0, 1)}
+
+
 def random_blocks(rng, qtype, rows, blocks):
-    """Random bytes for `rows` rows of `blocks` K-quant blocks, with finite float16 scales."""
+    """Random bytes for `rows` rows of `blocks` blocks of `qtype`, with finite float16 scales:
+    every bit pattern of the quantized values, scale bits and masks."""
     size = gguf.GGML_QUANT_SIZES[qtype][1]
     raw = rng.integers(0, 256, size=(rows, blocks, size), dtype=np.uint8)
-    scale = lambda n: rng.uniform(0.001, 0.1, size=(rows, blocks, n)).astype(np.float16)
-    if qtype == Q.Q4_K:  # d, dmin first
-        raw[..., 0:4] = scale(2).view(np.uint8)
-    else:  # Q6_K: d last
-        raw[..., 208:210] = scale(1).view(np.uint8)
+    at, n = SCALES[qtype]
+    raw[..., at:at + 2 * n] = rng.uniform(0.001, 0.1, size=(rows, blocks, n)).astype(
+        np.float16).view(np.uint8)
     return raw.reshape(rows, blocks * size)
 
 
@@ -46,11 +50,14 @@ def write_file(path):
     written = {}
     for qtype, shape in [(Q.F32, (5,)), (Q.F32, (4, 40)), (Q.F16, (3, 70)), (Q.BF16, (3, 64)),
                          (Q.Q8_0, (4, 96)), (Q.Q8_0, (2, 3, 64)), (Q.Q4_0, (4, 96)),
-                         (Q.Q4_1, (4, 96)), (Q.Q4_K, (4, 768)), (Q.Q6_K, (3, 768))]:
+                         (Q.Q4_1, (4, 96)), (Q.Q4_K, (4, 768)), (Q.Q6_K, (3, 768)),
+                         (Q.Q5_0, (4, 96)), (Q.Q5_1, (3, 64)), (Q.IQ4_NL, (2, 128)),
+                         (Q.Q2_K, (3, 512)), (Q.Q3_K, (3, 768)), (Q.Q5_K, (2, 512)),
+                         (Q.IQ4_XS, (3, 512))]:
         name = "%s.%s" % (qtype.name, "x".join(map(str, shape)))
-        if qtype in (Q.Q4_K, Q.Q6_K):
+        if qtype in SCALES:
             rows = int(np.prod(shape[:-1]))
-            raw = random_blocks(rng, qtype, rows, shape[-1] // 256)
+            raw = random_blocks(rng, qtype, rows, shape[-1] // gguf.GGML_QUANT_SIZES[qtype][0])
         else:
             values = rng.standard_normal(shape).astype(np.float32)
             raw = gguf.quants.quantize(values, qtype)

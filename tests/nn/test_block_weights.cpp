@@ -49,11 +49,22 @@ std::shared_ptr<Blocks> random_blocks(Type type, int64_t rows, int64_t cols, uin
   switch (type) {
     case Type::kQ8_0:
     case Type::kQ4_0:
+    case Type::kQ5_0:
+    case Type::kIQ4_NL:
+    case Type::kIQ4_XS:
       halves = {0};
       break;
     case Type::kQ4_1:
+    case Type::kQ5_1:
     case Type::kQ4_K:
+    case Type::kQ5_K:
       halves = {0, 2};
+      break;
+    case Type::kQ2_K:
+      halves = {80, 82};
+      break;
+    case Type::kQ3_K:
+      halves = {108};
       break;
     case Type::kQ6_K:
       halves = {208};
@@ -91,8 +102,9 @@ double rel_err(const at::Tensor& a, const at::Tensor& b) {
 }
 
 const std::vector<std::pair<Type, int64_t>> kTypes = {
-    {Type::kQ8_0, 96}, {Type::kQ4_0, 96}, {Type::kQ4_1, 96}, {Type::kQ4_K, 512},
-    {Type::kQ6_K, 512}};
+    {Type::kQ8_0, 96},   {Type::kQ4_0, 96},   {Type::kQ4_1, 96},  {Type::kQ5_0, 96},
+    {Type::kQ5_1, 96},   {Type::kIQ4_NL, 96}, {Type::kQ2_K, 512}, {Type::kQ3_K, 512},
+    {Type::kQ4_K, 512},  {Type::kQ5_K, 512},  {Type::kQ6_K, 512}, {Type::kIQ4_XS, 512}};
 
 TEST(BlockWeights, ProductsEqualTheDequantizedFloat64OnesForEveryTypeAndRowCount) {
   c10::InferenceMode inference;

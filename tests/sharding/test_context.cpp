@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <map>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -87,19 +88,25 @@ TEST(MeshResourceScope, NestsAndRestores) {
   EXPECT_FALSE(current_mesh_resource());
 }
 
-TEST(MeshResourceScope, RejectsTpAndTpspTogether) {
+// TE refuses tp and tpsp together only when both are active, i.e. on axes of more than one
+// device (transformer_engine/jax/sharding.py at d0067d0, _validate_mesh_resource_configuration
+// L54-L68); te did so whenever both were set.
+TEST(MeshResourceScope, TpAndTpspTogetherOnlyWhenBothActive) {
   MeshResource r;
   r.tp = "model";
   r.tpsp = "model2";
-  try {
-    MeshResourceScope scope(r);
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("tp and tpsp are both set"), std::string::npos);
-  }
-  EXPECT_FALSE(current_mesh_resource());
-  EXPECT_ERROR(te_default_axis_rules(r),
-               "MeshResource(tp='model', tpsp='model2'): tp and tpsp are both set");
+  EXPECT_NO_THROW(MeshResourceScope scope(r));
+  EXPECT_NO_THROW(parse_mesh_resource("tp=model,tpsp=model2"));
+  EXPECT_ERROR(te_default_axis_rules(r, parse_mesh_shape("model=2,model2=2")),
+               "MeshResource(tp='model', tpsp='model2'): tp and tpsp are both active (set, on "
+               "mesh axes of more than one device in model=2,model2=2)");
+  // No mesh known (TE builds no table then): nothing to refuse, tpsp shards the heads.
+  EXPECT_EQ(te_default_axis_rules(r, std::nullopt)[4], (AxisRule{"heads", {"model2"}}));
+  // One of them on a size-1 axis: the other one shards heads.
+  EXPECT_EQ(te_default_axis_rules(r, parse_mesh_shape("model=2,model2=1"))[4],
+            (AxisRule{"heads", {"model"}}));
+  EXPECT_EQ(te_default_axis_rules(r, parse_mesh_shape("model=1,model2=2"))[4],
+            (AxisRule{"heads", {"model2"}}));
 }
 
 TEST(MeshResourceScope, RejectsTwoRolesOnOneAxisAndEmptyNames) {
@@ -117,18 +124,104 @@ TEST(MeshResourceScope, RejectsTwoRolesOnOneAxisAndEmptyNames) {
 
 // ---- the TE table ----------------------------------------------------------------------------
 
+// TE 2.8+ (d0067d0, get_sharding_map_logic_axis_to_mesh_axis L95-L111): batch goes to fsdp when
+// fsdp is active (set, on an axis of more than one device), else to dp; never the (dp, fsdp)
+// tuple te gave before.
 TEST(TeDefaultAxisRules, DataAndFsdp) {
   MeshResource r;
   r.dp = "data";
   r.fsdp = "fsdp";
-  EXPECT_EQ(to_string(te_default_axis_rules(r)),
-            "batch=(data,fsdp),seqlen=,seqlen_tp=,seqlen_cp=,heads=,hidden=,hidden_tp=,joined=,"
+  EXPECT_EQ(to_string(te_default_axis_rules(r, parse_mesh_shape("data=2,fsdp=2"))),
+            "batch=fsdp,seqlen=,seqlen_tp=,seqlen_cp=,heads=,hidden=,hidden_tp=,joined=,"
             "w_no_shard=,w_fsdp=fsdp,w_tp=,w_joined=");
+  EXPECT_EQ(te_default_axis_rules(r, parse_mesh_shape("data=2,fsdp=1"))[0],
+            (AxisRule{"batch", {"data"}}));
+  EXPECT_EQ(te_default_axis_rules(r, std::nullopt)[0], (AxisRule{"batch", {"fsdp"}}));
+  // w_fsdp keeps the fsdp axis whatever its size, as TE's table does.
+  EXPECT_EQ(te_default_axis_rules(r, parse_mesh_shape("data=2,fsdp=1"))[9],
+            (AxisRule{"w_fsdp", {"fsdp"}}));
   r.fsdp.reset();
   EXPECT_EQ(te_default_axis_rules(r)[0], (AxisRule{"batch", {"data"}}));
   r.dp.reset();
   r.fsdp = "fsdp";
   EXPECT_EQ(te_default_axis_rules(r)[0], (AxisRule{"batch", {"fsdp"}}));
+  // fsdp inactive and no dp: batch is not sharded.
+  EXPECT_EQ(te_default_axis_rules(r, parse_mesh_shape("fsdp=1"))[0], (AxisRule{"batch", {}}));
+}
+
+// The table written as TE writes it (the dict of get_sharding_map_logic_axis_to_mesh_axis at
+// d0067d0, L98-L111), against te's over every combination of unset / size-1 / size-2 roles.
+TEST(TeDefaultAxisRules, EqualsTeJaxTableOnEveryRoleSizeCombination) {
+  const char* roles[] = {"dp", "fsdp", "tp", "tpsp", "cp"};
+  int checked = 0;
+  for (int code = 0; code < 243; ++code) {  // 3^5: unset, size 1, size 2 for each role
+    std::string resource_text;
+    MeshShape shape;
+    std::map<std::string, std::optional<std::string>> resource;
+    std::map<std::string, int64_t> size;
+    for (int i = 0, c = code; i < 5; ++i, c /= 3) {
+      if (c % 3 == 0) continue;
+      const std::string axis = std::string("m_") + roles[i];
+      resource[roles[i]] = axis;
+      size[roles[i]] = c % 3;
+      shape.names.push_back(axis);
+      shape.sizes.push_back(c % 3);
+      resource_text += (resource_text.empty() ? "" : ",") + std::string(roles[i]) + "=" + axis;
+    }
+    auto active = [&](const char* role) { return resource.count(role) && size[role] > 1; };
+    if (active("tp") && active("tpsp")) {
+      EXPECT_ERROR(te_default_axis_rules(parse_mesh_resource(resource_text), shape),
+                   "tp and tpsp are both active");
+      continue;
+    }
+    auto get = [&](const char* role) {
+      return resource.count(role) ? MeshAxes{*resource[role]} : MeshAxes{};
+    };
+    const MeshAxes tensor = active("tpsp") ? get("tpsp") : get("tp");
+    const std::map<std::string, MeshAxes> te_jax = {
+        {"batch", active("fsdp") ? get("fsdp") : get("dp")},
+        {"seqlen", {}},
+        {"seqlen_tp", get("tpsp")},
+        {"seqlen_cp", get("cp")},
+        {"heads", tensor},
+        {"hidden", {}},
+        {"hidden_tp", tensor},
+        {"joined", {}},
+        {"w_no_shard", {}},
+        {"w_fsdp", get("fsdp")},
+        {"w_tp", tensor},
+        {"w_joined", {}},
+    };
+    const AxisRules mine = te_default_axis_rules(
+        resource_text.empty() ? MeshResource{} : parse_mesh_resource(resource_text), shape);
+    ASSERT_EQ(mine.size(), te_jax.size());
+    for (const AxisRule& rule : mine) {
+      EXPECT_EQ(rule.mesh, te_jax.at(rule.logical)) << rule.logical << " under " << resource_text
+                                                    << " on " << shape.to_string();
+    }
+    ++checked;
+  }
+  EXPECT_GT(checked, 200);
+}
+
+TEST(TeDefaultAxisRules, ReadsTheMeshInScopeAndNamesAMissingAxis) {
+  const MeshResource r = parse_mesh_resource("dp=data,fsdp=fsdp");
+  {
+    MeshShapeScope mesh(parse_mesh_shape("data=4,fsdp=1"));
+    EXPECT_EQ(te_default_axis_rules(r)[0], (AxisRule{"batch", {"data"}}));
+    MeshResourceScope scope(r);
+    EXPECT_EQ(*resolve_logical_axes({"batch", "w_fsdp"}), P({{"data"}, {"fsdp"}}));
+    {
+      MeshShapeScope inner(parse_mesh_shape("data=2,fsdp=2"));  // the table follows the mesh
+      EXPECT_EQ(*resolve_logical_axes({"batch", "w_fsdp"}), P({{"fsdp"}, {}}));
+    }
+    EXPECT_EQ(*resolve_logical_axes({"batch", "w_fsdp"}), P({{"data"}, {"fsdp"}}));
+  }
+  EXPECT_FALSE(current_mesh_shape());
+  MeshShapeScope other(parse_mesh_shape("data=2"));
+  EXPECT_ERROR(te_default_axis_rules(r),
+               "MeshResource(dp='data', fsdp='fsdp'): role fsdp names mesh axis 'fsdp', which the "
+               "mesh (data=2) does not have");
 }
 
 TEST(TeDefaultAxisRules, TensorAndSequenceParallel) {
@@ -404,7 +497,7 @@ TEST(ExceptionSafety, ScopesRestoreWhenAnExceptionUnwinds) {
 TEST(ExceptionSafety, AFailedScopeConstructionLeavesNothingBehind) {
   MeshResource bad;
   bad.tp = "a";
-  bad.tpsp = "b";
+  bad.dp = "a";
   try {
     MeshResourceScope scope(bad);
   } catch (const Error&) {
@@ -412,7 +505,7 @@ TEST(ExceptionSafety, AFailedScopeConstructionLeavesNothingBehind) {
   ShardingContext ctx;
   ctx.mesh_resource = bad;
   EXPECT_ERROR(ShardingContextScope scope(ctx),
-               "MeshResource(tp='a', tpsp='b'): tp and tpsp are both set");
+               "MeshResource(dp='a', tp='a'): roles dp and tp both name mesh axis 'a'");
   EXPECT_FALSE(current_mesh_resource());
   EXPECT_TRUE(current_axis_rules().empty());
 }

@@ -103,7 +103,6 @@ TEST(ParseMeshResource, RejectsBadInput) {
                "role 'dp' must name exactly one mesh axis (got dp=(data,fsdp))");  // tuple
   EXPECT_ERROR(parse_mesh_resource("dp="),
                "role 'dp' must name exactly one mesh axis (got dp=)");                // no axis
-  EXPECT_ERROR(parse_mesh_resource("tp=model,tpsp=m2"), "tp and tpsp are both set");  // tp and tpsp
   try {
     parse_mesh_resource("dq=data");
   } catch (const Error& e) {

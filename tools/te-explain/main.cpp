@@ -125,7 +125,10 @@ int main(int argc, char** argv) {
       "Examples:\n"
       "  te-explain --rules 'batch=data,heads=model' batch,seqlen,heads,_\n"
       "  te-explain --mesh-resource dp=data,tpsp=model batch,seqlen_tp,hidden\n"
-      "  te-explain --mesh-resource dp=data --rules embed=model --extend batch,embed\n\n"
+      "  te-explain --mesh-resource dp=data --rules embed=model --extend batch,embed\n"
+      "  te-explain --mesh-resource dp=data,fsdp=fsdp --mesh data=2,fsdp=1 batch,w_fsdp\n"
+      "    (--mesh gives the axis sizes TE's table reads: fsdp on one device is inactive, so\n"
+      "    batch goes to dp)\n\n"
       "With --plan, plans one training step of a TransformerLayer stack on --mesh instead: per\n"
       "rank, the parameter, gradient, optimizer-state and activation bytes, and the collectives "
       "by\n"
@@ -159,7 +162,7 @@ int main(int argc, char** argv) {
         std::cerr << "te-explain: --plan takes no AXES; see --help\n";
         return 2;
       }
-      const LayoutScopes layout(rules_text, resource_text, extend);
+      const LayoutScopes layout(rules_text, resource_text, extend, plan_args.mesh);
       return run_plan(plan_args, layout);
     }
     if (axes_args.empty()) {
@@ -170,7 +173,7 @@ int main(int argc, char** argv) {
       }
       return demo();
     }
-    const LayoutScopes layout(rules_text, resource_text, extend);
+    const LayoutScopes layout(rules_text, resource_text, extend, plan_args.mesh);
     const te::AxisRules& rules = layout.rules;
 
     const te::RulesFallback fallback = fallback_text == "raise" ? te::RulesFallback::kRaiseError

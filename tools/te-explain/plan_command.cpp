@@ -52,7 +52,8 @@ void add_plan_options(CLI::App& app, PlanArgs& a) {
   app.add_option("--norm", a.norm, "--plan: layernorm or rmsnorm");
   app.add_option("--batch", a.batch, "--plan: global batch (default 8)");
   app.add_option("--seqlen", a.seqlen, "--plan: sequence length (default 2048)");
-  app.add_option("--mesh", a.mesh, "--plan: the mesh, e.g. data=64,model=16 (default: one rank)");
+  app.add_option("--mesh", a.mesh, "the mesh, e.g. data=64,model=16: --plan's ranks (default: one); with AXES, the axis sizes "
+                 "TE's table reads (a role is active only on an axis of more than one device)");
   app.add_option("--dtype", a.dtype, "--plan: fp32, bf16 (default) or fp16")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   app.add_option("--fp8", a.fp8, "--plan: FP8 GEMMs with a recipe: " + te::fp8::recipe_summary())
@@ -66,7 +67,8 @@ void add_plan_options(CLI::App& app, PlanArgs& a) {
 }
 
 LayoutScopes::LayoutScopes(const std::string& rules_text, const std::string& resource_text,
-                           bool extend) {
+                           bool extend, const std::string& mesh_text) {
+  if (!mesh_text.empty()) mesh.emplace(te::parse_mesh_shape(mesh_text));
   if (!resource_text.empty()) resource.emplace(te::parse_mesh_resource(resource_text));
   rules = te::parse_axis_rules(rules_text);
   if (extend) rules = te::extend_logical_axis_rules(rules);

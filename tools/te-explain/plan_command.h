@@ -13,7 +13,9 @@
 /// The layout te-explain's options describe, in scope while alive: --mesh-resource, and --rules
 /// (extended with TE's table under --extend).
 struct LayoutScopes {
-  LayoutScopes(const std::string& rules_text, const std::string& resource_text, bool extend);
+  LayoutScopes(const std::string& rules_text, const std::string& resource_text, bool extend,
+               const std::string& mesh_text);
+  std::optional<te::MeshShapeScope> mesh;  ///< --mesh: the axis sizes TE's table reads
   std::optional<te::MeshResourceScope> resource;
   te::AxisRules rules;
   std::optional<te::AxisRulesScope> rules_scope;

@@ -13,6 +13,29 @@ namespace te {
 
 namespace {
 
+// Partial values of different reduce ops on two mesh dims: max and min do not commute with sum,
+// so the value would depend on which mesh dim is reduced first. Refused as torch refuses them
+// (torch 2.11, distributed/tensor/_utils.py assert_no_mixed_partial_types, L483: sum with avg is
+// the one mix allowed, since those two commute), in from_local, distribute and redistribute.
+void check_no_mixed_partials(const std::vector<Placement>& placements, const char* who) {
+  std::vector<ReduceOp> ops;
+  for (const Placement& p : placements) {
+    if (!is_partial(p)) continue;
+    const ReduceOp op = std::get<Partial>(p).op;
+    if (std::find(ops.begin(), ops.end(), op) == ops.end()) ops.push_back(op);
+  }
+  const bool sum_and_avg = ops.size() == 2 &&
+                           std::find(ops.begin(), ops.end(), ReduceOp::kSum) != ops.end() &&
+                           std::find(ops.begin(), ops.end(), ReduceOp::kAvg) != ops.end();
+  if (ops.size() < 2 || sum_and_avg) return;
+  std::string names;
+  for (ReduceOp op : ops) names += (names.empty() ? "" : ", ") + to_string(op);
+  TE_FAIL(who, ": placements ", to_string(placements), " mix Partial reduce ops (", names,
+          "); only sum with avg commute, any other mix would give a value that depends on which "
+          "mesh dim is reduced first: use one reduce op on every mesh dim (as torch's DTensor "
+          "requires)");
+}
+
 // Checks placements against the mesh and tensor rank; returns them with Shard dims made
 // non-negative.
 std::vector<Placement> normalized(std::vector<Placement> placements, const DeviceMesh& mesh,
@@ -20,6 +43,7 @@ std::vector<Placement> normalized(std::vector<Placement> placements, const Devic
   TE_CHECK(static_cast<int64_t>(placements.size()) == mesh.ndim(), who, ": ", placements.size(),
            " placements ", to_string(placements), " for ", mesh.to_string(),
            "; give one placement per mesh dim");
+  check_no_mixed_partials(placements, who);
   for (std::size_t i = 0; i < placements.size(); ++i) {
     if (auto* s = std::get_if<Shard>(&placements[i])) {
       const int64_t dim = s->dim < 0 ? s->dim + ndim : s->dim;
@@ -151,6 +175,7 @@ at::Tensor DTensor::full_tensor() const {
 }
 
 DTensor DTensor::redistribute(std::vector<Placement> placements) const {
+  check_no_mixed_partials(placements_, "DTensor::redistribute (the tensor's own placements)");
   placements = normalized(std::move(placements), mesh(), dim(), "DTensor::redistribute");
   at::Tensor local = detail::relayout(local_, {global_shape_, mesh(), placements_, placements});
   DTensor out(std::move(local), mesh(), std::move(placements), global_shape_);
@@ -207,6 +232,7 @@ std::vector<Placement> placements_for(const PartitionSpec& spec, const DeviceMes
 std::optional<std::vector<Placement>> resolve_placements(const LogicalAxes& axes,
                                                          const DeviceMesh& mesh,
                                                          RulesFallback fallback) {
+  const MeshShapeScope sizes(MeshShape{mesh.shape(), mesh.axis_names()});  // TE's table reads them
   const std::optional<PartitionSpec> spec = resolve_logical_axes(axes, fallback);
   if (!spec) return std::nullopt;
   return placements_for(*spec, mesh);

@@ -201,9 +201,22 @@ c10::Device bytes_device(const detail::MeshState& state) {
 }  // namespace
 
 std::vector<std::string> DeviceMesh::all_gather(const std::string& mine) const {
-  const int64_t n = size();
+  return all_gather(mine, all_dims(*this));
+}
+
+std::vector<std::string> DeviceMesh::all_gather(const std::string& mine,
+                                                const std::vector<int64_t>& dims) const {
+  int64_t n = 1;
+  for (std::size_t i = 0; i < dims.size(); ++i) {
+    const int64_t d = dims[i];
+    TE_CHECK(d >= 0 && d < ndim(), to_string(), " has no dim ", d, " to gather over");
+    TE_CHECK(std::find(dims.begin(), dims.begin() + static_cast<std::ptrdiff_t>(i), d) ==
+                 dims.begin() + static_cast<std::ptrdiff_t>(i),
+             to_string(), ": all_gather over dim ", d, " twice; name each mesh dim once");
+    n *= size(d);
+  }
   if (n == 1) return {mine};
-  const detail::Group& g = detail::group_over(*state_, all_dims(*this));
+  const detail::Group& g = detail::group_over(*state_, dims);
   // Lengths first, then the bytes padded to the longest.
   const auto on = at::TensorOptions().device(bytes_device(*state_));
   const at::Tensor lengths =
@@ -221,6 +234,31 @@ std::vector<std::string> DeviceMesh::all_gather(const std::string& mine) const {
                      static_cast<std::size_t>(lengths[r].item<int64_t>()));
   }
   return out;
+}
+
+std::string DeviceMesh::broadcast(const std::string& bytes, int64_t root) const {
+  const int64_t n = size();
+  TE_CHECK(root >= 0 && root < n, "DeviceMesh::broadcast: root ", root, " is not a rank of ",
+           to_string(), " (ranks 0..", n - 1, ")");
+  if (n == 1) return bytes;
+  // A sum to which only the root contributes: Gloo's and NCCL's all-reduce move n bytes where an
+  // all-gather moves n times the longest (DESIGN.md §4: Gloo's all-gather is the slow one).
+  const detail::Group& g = detail::group_over(*state_, all_dims(*this));
+  const auto on = at::TensorOptions().device(bytes_device(*state_));
+  const bool is_root = rank() == root;
+  const int64_t length =
+      detail::all_reduce(g,
+                         at::full({1}, is_root ? static_cast<int64_t>(bytes.size()) : 0,
+                                  on.dtype(at::kLong)),
+                         ReduceOp::kSum)
+          .cpu()
+          .item<int64_t>();
+  if (length == 0) return {};
+  at::Tensor data = at::zeros({length}, at::kByte);
+  if (is_root) std::memcpy(data.data_ptr<uint8_t>(), bytes.data(), bytes.size());
+  data = detail::all_reduce(g, data.to(on.device()), ReduceOp::kSum).cpu().contiguous();
+  return std::string(reinterpret_cast<const char*>(data.data_ptr<uint8_t>()),
+                     static_cast<std::size_t>(length));
 }
 
 void DeviceMesh::barrier() const {
@@ -260,7 +298,10 @@ std::vector<int64_t> DeviceMesh::group_ranks(int64_t dim) const {
 
 std::string DeviceMesh::to_string() const { return mesh_text(state_->shape, state_->names); }
 
-MeshScope::MeshScope(const DeviceMesh& mesh) : mesh_(mesh) { mesh_stack().push(this, &mesh_); }
+MeshScope::MeshScope(const DeviceMesh& mesh)
+    : mesh_(mesh), shape_(MeshShape{mesh.shape(), mesh.axis_names()}) {
+  mesh_stack().push(this, &mesh_);
+}
 
 MeshScope::~MeshScope() { mesh_stack().pop(this); }
 

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "ggml_blocks.h"
 #include "te/error.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
@@ -31,127 +32,11 @@ namespace te::ggml {
 
 namespace {
 
-constexpr int64_t kQK = 256;  // the K-quants' super-block
-
-float half_bits_to_float(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
-  const uint32_t exp = (h >> 10) & 0x1F, man = h & 0x3FF;
-  uint32_t bits;
-  if (exp == 0) {
-    if (man == 0) {
-      bits = sign;
-    } else {  // subnormal: normalise
-      int e = -1;
-      uint32_t m = man;
-      do {
-        ++e;
-        m <<= 1;
-      } while ((m & 0x400) == 0);
-      bits = sign | static_cast<uint32_t>(127 - 15 - e) << 23 | (m & 0x3FF) << 13;
-    }
-  } else if (exp == 31) {
-    bits = sign | 0x7F800000u | man << 13;
-  } else {
-    bits = sign | (exp + 127 - 15) << 23 | man << 13;
-  }
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-// Every half's float, computed once (256 KiB): a block's scales are a load each.
-const float* half_table() {
-  static const std::vector<float> table = [] {
-    std::vector<float> t(65536);
-    for (uint32_t h = 0; h < 65536; ++h) t[h] = half_bits_to_float(static_cast<uint16_t>(h));
-    return t;
-  }();
-  return table.data();
-}
-
-inline float f16_at(const float* table, const unsigned char* p) {
-  return table[static_cast<uint16_t>(p[0] | p[1] << 8)];
-}
-
-// One block of type T at p into out (its elements).
-template <Type T>
-inline void decode_block(const float* table, const unsigned char* p, float* out) {
-  switch (T) {
-    case Type::kF32:
-      std::memcpy(out, p, 4);
-      return;
-    case Type::kF16:
-      out[0] = f16_at(table, p);
-      return;
-    case Type::kBF16: {
-      const uint32_t bits = static_cast<uint32_t>(p[0] | p[1] << 8) << 16;
-      std::memcpy(out, &bits, 4);
-      return;
-    }
-    case Type::kQ8_0: {
-      const float d = f16_at(table, p);
-      for (int j = 0; j < 32; ++j) out[j] = static_cast<float>(static_cast<int8_t>(p[2 + j])) * d;
-      return;
-    }
-    case Type::kQ4_0: {
-      // Low nibbles are values 0-15, high nibbles 16-31 (two loops: each vectorises whole).
-      const float d = f16_at(table, p);
-      for (int j = 0; j < 16; ++j) out[j] = d * static_cast<float>((p[2 + j] & 0x0F) - 8);
-      for (int j = 0; j < 16; ++j) out[j + 16] = d * static_cast<float>((p[2 + j] >> 4) - 8);
-      return;
-    }
-    case Type::kQ4_1: {
-      const float d = f16_at(table, p), m = f16_at(table, p + 2);
-      for (int j = 0; j < 16; ++j) out[j] = d * static_cast<float>(p[4 + j] & 0x0F) + m;
-      for (int j = 0; j < 16; ++j) out[j + 16] = d * static_cast<float>(p[4 + j] >> 4) + m;
-      return;
-    }
-    case Type::kQ4_K: {
-      // d, dmin, 12 bytes of 6-bit scales and mins for 8 sub-blocks of 32, 128 bytes of nibbles.
-      const float d = f16_at(table, p), dmin = f16_at(table, p + 2);
-      const unsigned char* s = p + 4;
-      const unsigned char* qs = p + 16;
-      for (int sb = 0; sb < 8; ++sb) {
-        const int j = sb % 4;
-        const int sc = sb < 4 ? (s[j] & 0x3F) : ((s[8 + j] & 0x0F) | ((s[j] >> 2) & 0x30));
-        const int mn = sb < 4 ? (s[4 + j] & 0x3F) : ((s[8 + j] >> 4) | ((s[4 + j] >> 2) & 0x30));
-        const float dl = d * static_cast<float>(sc), ml = dmin * static_cast<float>(mn);
-        const unsigned char* q = qs + (sb / 2) * 32;
-        const int shift = (sb % 2) * 4;
-        for (int l = 0; l < 32; ++l) {
-          out[sb * 32 + l] = dl * static_cast<float>((q[l] >> shift) & 0x0F) - ml;
-        }
-      }
-      return;
-    }
-    case Type::kQ6_K: {
-      // 128 bytes of low nibbles, 64 of high 2-bit pairs, 16 int8 scales, d. Element
-      // g * 128 + part * 32 + l takes the low nibble of ql[g * 64 + (part % 2) * 32 + l] (the
-      // high one for parts 2 and 3), bits 2 * part of qh[g * 32 + l], scale (g * 128 + part *
-      // 32 + l) / 16.
-      const unsigned char* ql = p;
-      const unsigned char* qh = p + 128;
-      const auto* sc = reinterpret_cast<const int8_t*>(p + 192);
-      const float d = f16_at(table, p + 208);
-      for (int g = 0; g < 2; ++g) {
-        for (int part = 0; part < 4; ++part) {
-          const unsigned char* lo = ql + g * 64 + (part % 2) * 32;
-          const unsigned char* hi = qh + g * 32;
-          const int lo_shift = 4 * (part / 2), hi_shift = 2 * part;
-          float* o = out + g * 128 + part * 32;
-          for (int half = 0; half < 2; ++half) {
-            const float scale = d * static_cast<float>(sc[g * 8 + part * 2 + half]);
-            for (int l = half * 16; l < half * 16 + 16; ++l) {
-              const int q = ((lo[l] >> lo_shift) & 0x0F) | ((hi[l] >> hi_shift) & 0x03) << 4;
-              o[l] = scale * static_cast<float>(q - 32);
-            }
-          }
-        }
-      }
-      return;
-    }
-  }
-}
+// The block layouts (ggml_blocks.h).
+using blocks::decode_block;
+using blocks::f16_at;
+using blocks::half_table;
+using blocks::kQK;
 
 #if TE_GGML_AVX512
 // The 32-value types (Q8_0, Q4_0, Q4_1) with AVX-512: a block's values as two vectors of 16
@@ -313,10 +198,24 @@ inline void decode(uint32_t type, const float* table, const unsigned char* p, in
       return decode_blocks<Type::kQ4_0>(table, p, n, b.elements, b.bytes, out);
     case Type::kQ4_1:
       return decode_blocks<Type::kQ4_1>(table, p, n, b.elements, b.bytes, out);
+    case Type::kQ5_0:
+      return decode_blocks<Type::kQ5_0>(table, p, n, b.elements, b.bytes, out);
+    case Type::kQ5_1:
+      return decode_blocks<Type::kQ5_1>(table, p, n, b.elements, b.bytes, out);
+    case Type::kQ2_K:
+      return decode_blocks<Type::kQ2_K>(table, p, n, b.elements, b.bytes, out);
+    case Type::kQ3_K:
+      return decode_blocks<Type::kQ3_K>(table, p, n, b.elements, b.bytes, out);
     case Type::kQ4_K:
       return decode_blocks<Type::kQ4_K>(table, p, n, b.elements, b.bytes, out);
+    case Type::kQ5_K:
+      return decode_blocks<Type::kQ5_K>(table, p, n, b.elements, b.bytes, out);
     case Type::kQ6_K:
       return decode_blocks<Type::kQ6_K>(table, p, n, b.elements, b.bytes, out);
+    case Type::kIQ4_NL:
+      return decode_blocks<Type::kIQ4_NL>(table, p, n, b.elements, b.bytes, out);
+    case Type::kIQ4_XS:
+      return decode_blocks<Type::kIQ4_XS>(table, p, n, b.elements, b.bytes, out);
   }
 }
 
@@ -353,13 +252,28 @@ BlockShape block_shape(uint32_t type, const std::string& where) {
       return {32, 18};
     case Type::kQ4_1:
       return {32, 20};
+    case Type::kQ5_0:
+      return {32, 22};
+    case Type::kQ5_1:
+      return {32, 24};
+    case Type::kQ2_K:
+      return {kQK, 84};
+    case Type::kQ3_K:
+      return {kQK, 110};
     case Type::kQ4_K:
       return {kQK, 144};
+    case Type::kQ5_K:
+      return {kQK, 176};
     case Type::kQ6_K:
       return {kQK, 210};
+    case Type::kIQ4_NL:
+      return {32, 18};
+    case Type::kIQ4_XS:
+      return {kQK, 136};
   }
   TE_FAIL("gguf: ", where, " has ggml type ", type,
-          ", which te-cpp does not read (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K)");
+          ", which te-cpp does not read (it reads F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, "
+          "Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS)");
 }
 
 std::string type_name(uint32_t type) {
@@ -376,25 +290,49 @@ std::string type_name(uint32_t type) {
       return "Q4_0";
     case Type::kQ4_1:
       return "Q4_1";
+    case Type::kQ5_0:
+      return "Q5_0";
+    case Type::kQ5_1:
+      return "Q5_1";
+    case Type::kQ2_K:
+      return "Q2_K";
+    case Type::kQ3_K:
+      return "Q3_K";
     case Type::kQ4_K:
       return "Q4_K";
+    case Type::kQ5_K:
+      return "Q5_K";
     case Type::kQ6_K:
       return "Q6_K";
+    case Type::kIQ4_NL:
+      return "IQ4_NL";
+    case Type::kIQ4_XS:
+      return "IQ4_XS";
   }
   return "type " + std::to_string(type);
 }
 
 bool is_quantized(uint32_t type) {
   switch (static_cast<Type>(type)) {
-    case Type::kQ8_0:
+    case Type::kF32:
+    case Type::kF16:
+    case Type::kBF16:
+      return false;
     case Type::kQ4_0:
     case Type::kQ4_1:
+    case Type::kQ5_0:
+    case Type::kQ5_1:
+    case Type::kQ8_0:
+    case Type::kQ2_K:
+    case Type::kQ3_K:
     case Type::kQ4_K:
+    case Type::kQ5_K:
     case Type::kQ6_K:
+    case Type::kIQ4_NL:
+    case Type::kIQ4_XS:
       return true;
-    default:
-      return false;
   }
+  return false;
 }
 
 TE_GGML_CLONES

@@ -26,6 +26,11 @@ ScopeStack<const MeshResource*>& resource_stack() {
   return stack;
 }
 
+ScopeStack<const MeshShape*>& shape_stack() {
+  thread_local ScopeStack<const MeshShape*> stack;
+  return stack;
+}
+
 // Process-wide warning state: the handler (guarded) and the once-per-process flag.
 struct WarningState {
   std::mutex mutex;
@@ -98,8 +103,6 @@ std::string to_string(const MeshResource& r) {
 }
 
 void validate_mesh_resource(const MeshResource& r) {
-  TE_CHECK(!(r.tp && r.tpsp), to_string(r), ": tp and tpsp are both set; tensor parallelism ",
-           "(tp) and tensor + sequence parallelism (tpsp) exclude each other, set only one");
   for (const MeshRole& role : kMeshRoles) {
     const auto& axis = r.*role.axis;
     TE_CHECK(!axis || !axis->empty(), to_string(r), ": role ", role.name,
@@ -152,19 +155,60 @@ std::optional<MeshResource> current_mesh_resource() {
   return *top;
 }
 
-AxisRules te_default_axis_rules(const MeshResource& r) {
+MeshShapeScope::MeshShapeScope(MeshShape shape) : shape_(std::move(shape)) {
+  shape_stack().push(this, &shape_);
+}
+
+MeshShapeScope::~MeshShapeScope() { shape_stack().pop(this); }
+
+std::optional<MeshShape> current_mesh_shape() {
+  const MeshShape* top = shape_stack().top_or(nullptr);
+  if (!top) return std::nullopt;
+  return *top;
+}
+
+namespace {
+
+// TE's "active" role (transformer_engine/jax/sharding.py at d0067d0, L95-L96 and L56-L62): set,
+// and its mesh axis holds more than one device. Unknown sizes (no shape) count as active.
+bool role_active(const MeshResource& r, std::optional<std::string> MeshResource::*role,
+                 const char* name, const std::optional<MeshShape>& shape) {
+  const std::optional<std::string>& axis = r.*role;
+  if (!axis) return false;
+  if (!shape) return true;
+  const std::optional<int64_t> size = shape->size_of(*axis);
+  TE_CHECK(size.has_value(), to_string(r), ": role ", name, " names mesh axis ", quoted(*axis),
+           ", which the mesh (", shape->to_string(),
+           ") does not have; name one of its axes, or leave the role unset");
+  return *size > 1;
+}
+
+}  // namespace
+
+AxisRules te_default_axis_rules(const MeshResource& r, const std::optional<MeshShape>& shape) {
   validate_mesh_resource(r);
+  const bool tp = role_active(r, &MeshResource::tp, "tp", shape);
+  const bool tpsp = role_active(r, &MeshResource::tpsp, "tpsp", shape);
+  const bool fsdp = role_active(r, &MeshResource::fsdp, "fsdp", shape);
+  // With no mesh known TE builds no table at all (sharding.py L84-L86), so nothing to refuse.
+  TE_CHECK(!(shape && tp && tpsp), to_string(r),
+           ": tp and tpsp are both active (set, on mesh axes of more than one device in ",
+           shape ? shape->to_string() : std::string(), "); tensor parallelism (tp) and tensor + ",
+           "sequence parallelism (tpsp) exclude each other, as in Transformer Engine: set only "
+           "one, or give one a size-1 axis");
   auto axes = [](const std::optional<std::string>& a) { return a ? MeshAxes{*a} : MeshAxes{}; };
-  MeshAxes batch;
-  if (r.dp) batch.push_back(*r.dp);
-  if (r.fsdp) batch.push_back(*r.fsdp);
-  const MeshAxes tensor = axes(r.tpsp ? r.tpsp : r.tp);
+  const MeshAxes batch = axes(fsdp ? r.fsdp : r.dp);
+  const MeshAxes tensor = axes(tpsp ? r.tpsp : r.tp);
   return {
       {axis::kBatch, batch},         {axis::kSeqlen, {}},    {axis::kSeqlenTp, axes(r.tpsp)},
       {axis::kSeqlenCp, axes(r.cp)}, {axis::kHeads, tensor}, {axis::kHidden, {}},
       {axis::kHiddenTp, tensor},     {axis::kJoined, {}},    {axis::kWNoShard, {}},
       {axis::kWFsdp, axes(r.fsdp)},  {axis::kWTp, tensor},   {axis::kWJoined, {}},
   };
+}
+
+AxisRules te_default_axis_rules(const MeshResource& r) {
+  return te_default_axis_rules(r, current_mesh_shape());
 }
 
 AxisRules te_default_axis_rules() {
@@ -182,7 +226,7 @@ AxisRules extend_logical_axis_rules(const AxisRules& rules) {
            "inside a te::MeshResourceScope or an Fp8Autocast that is given a MeshResource");
   validate_axis_rules(rules);
   AxisRules extended = rules;
-  for (const AxisRule& te_rule : te_default_axis_rules(*top)) {
+  for (const AxisRule& te_rule : te_default_axis_rules(*top, current_mesh_shape())) {
     std::vector<const AxisRule*> user;
     for (const AxisRule& r : rules) {
       if (r.logical == te_rule.logical) user.push_back(&r);
@@ -210,11 +254,22 @@ const AxisRules* rules_in_effect() {
   const MeshResource* resource = resource_stack().top_or(nullptr);
   if (resource == nullptr) return nullptr;
   // Constraints resolve on every forward: keep this thread's last table.
-  thread_local std::optional<std::pair<MeshResource, AxisRules>> cached;
-  if (!cached || cached->first != *resource) {
-    cached.emplace(*resource, te_default_axis_rules(*resource));
+  struct Table {
+    MeshResource resource;
+    std::optional<MeshShape> shape;
+    AxisRules rules;
+  };
+  thread_local std::optional<Table> cached;
+  const MeshShape* top = shape_stack().top_or(nullptr);
+  const bool same_shape =
+      cached && (top ? cached->shape && *cached->shape == *top : !cached->shape);
+  if (!cached || cached->resource != *resource || !same_shape) {
+    std::optional<MeshShape> shape;
+    if (top) shape = *top;
+    AxisRules rules = te_default_axis_rules(*resource, shape);
+    cached = Table{*resource, std::move(shape), std::move(rules)};
   }
-  return &cached->second;
+  return &cached->rules;
 }
 
 namespace {
@@ -283,19 +338,24 @@ ShardingContext capture_sharding_context() {
   if (const AxisRules* rules = rules_stack().top_or(nullptr)) context.rules = *rules;
   if (const MeshResource* resource = resource_stack().top_or(nullptr))
     context.mesh_resource = *resource;
+  context.mesh_shape = current_mesh_shape();
   return context;
 }
 
 ShardingContextScope::ShardingContextScope(const ShardingContext& context)
-    : rules_(context.rules.value_or(AxisRules{})), resource_(context.mesh_resource) {
+    : rules_(context.rules.value_or(AxisRules{})),
+      resource_(context.mesh_resource),
+      shape_(context.mesh_shape) {
   validate_axis_rules(rules_);
   if (resource_) validate_mesh_resource(*resource_);
   // Push both, even when empty: the captured context replaces whatever this thread had.
   rules_stack().push(this, &rules_);
   resource_stack().push(this, resource_ ? &*resource_ : nullptr);
+  shape_stack().push(this, shape_ ? &*shape_ : nullptr);
 }
 
 ShardingContextScope::~ShardingContextScope() {
+  shape_stack().pop(this);
   resource_stack().pop(this);
   rules_stack().pop(this);
 }

@@ -22,6 +22,12 @@ std::string MeshShape::to_string() const {
   return out;
 }
 
+std::optional<int64_t> MeshShape::size_of(std::string_view name) const {
+  const auto it = std::find(names.begin(), names.end(), name);
+  if (it == names.end()) return std::nullopt;
+  return sizes[static_cast<std::size_t>(it - names.begin())];
+}
+
 MeshShape parse_mesh_shape(std::string_view text_in) {
   const std::string text(text_in);
   TE_CHECK(!text.empty(), "mesh is empty; give NAME=SIZE per axis, e.g. data=2,model=2");

@@ -29,45 +29,25 @@
 
 #include "te/distributed/mesh.h"
 #include "te/hf/causal_lm.h"
+#include "te/hf/sampling.h"
 #include "te/hf/tokenizer.h"
 #include "te/nn/kv_cache.h"
 
 namespace te::hf {
-
-/// How the next token is drawn from the logits, in transformers' order (generation/utils.py
-/// _get_logits_processor, transformers 5.23.0): the repetition penalty (over the prompt and the
-/// generated tokens: a positive logit divided by it, a negative one multiplied), then the
-/// temperature, top-k, top-p and min-p filters, then a draw from the softmax. OpenAI's defaults
-/// (no filter; transformers' GenerationConfig would default top_k to 50).
-struct SamplingOptions {
-  /// 0: greedy (the largest logit; ties go to the lowest id). Otherwise logits / temperature.
-  double temperature = 1.0;
-  /// Keep the k largest logits (ties with the k-th kept); 0: all.
-  int64_t top_k = 0;
-  /// Keep the smallest set of most likely tokens whose probabilities sum past top_p; 1: all.
-  double top_p = 1.0;
-  /// Drop tokens less likely than min_p times the most likely one; 0: none.
-  double min_p = 0.0;
-  /// 1: off.
-  double repetition_penalty = 1.0;
-  /// The request's own random stream: the same seed gives the same tokens whatever else is
-  /// decoded beside it.
-  uint64_t seed = 0;
-};
-
-/// Checks every field (te::Error naming the first bad one, as `who`.field).
-void check_sampling(const SamplingOptions& options, const std::string& who = "sampling");
 
 /// One request's token chooser.
 class Sampler {
  public:
   explicit Sampler(const SamplingOptions& options);
   /// The probabilities it draws from for `logits` [vocab] after `context` (the prompt and the
-  /// tokens generated so far, for the repetition penalty): float32 [vocab]. Greedy: one-hot.
-  at::Tensor distribution(const at::Tensor& logits, const std::vector<int64_t>& context) const;
+  /// tokens generated so far: context[generated_from:] are the generated ones, which presence
+  /// and frequency penalties count): float32 [vocab]. Greedy: one-hot.
+  at::Tensor distribution(const at::Tensor& logits, const std::vector<int64_t>& context,
+                          std::size_t generated_from = 0) const;
   /// The next token: a draw from distribution() by the request's random stream (one uniform
   /// number per token, inverse CDF over the ids in order), or greedy's argmax.
-  int64_t next(const at::Tensor& logits, const std::vector<int64_t>& context);
+  int64_t next(const at::Tensor& logits, const std::vector<int64_t>& context,
+               std::size_t generated_from = 0);
   const SamplingOptions& options() const { return options_; }
 
  private:

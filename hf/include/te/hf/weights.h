@@ -20,7 +20,7 @@ struct LoadOptions {
   /// When set, the tensor bytes this rank read are added here (a GGUF file's weights held in
   /// their blocks count as read).
   int64_t* bytes_read = nullptr;
-  /// GGUF files: false (default) keeps the quantized weights (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K) in
+  /// GGUF files: false (default) keeps the quantized weights (every quantized ggml type) in
   /// their blocks, mapped from the file, when the model is built on one process (no mesh in
   /// scope), as llama.cpp holds them: each GEMM and lookup decodes the rows it uses
   /// (te/nn/block_weights.h); the model then serves inference only. true, or under a mesh: every

@@ -1,11 +1,11 @@
 #pragma once
 
-// Weights held in ggml's quantized blocks (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K), as a GGUF file stores
-// them and llama.cpp multiplies them: a model loaded from GGUF on one process keeps them so
-// (te::hf::LoadOptions::dequantize_gguf), a fifth to a half of float32's bytes, mapped from the
-// file rather than copied, and every GEMM and lookup decodes the rows it uses. Inference only:
-// the values are the file's, so the products equal float32 GEMMs of the dequantized weights
-// within float32 rounding.
+// Weights held in ggml's quantized blocks (every te::ggml::Type but F32, F16 and BF16), as a GGUF
+// file stores them and llama.cpp multiplies them: a model loaded from GGUF on one process keeps
+// them so (te::hf::LoadOptions::dequantize_gguf), a tenth to a half of float32's bytes, mapped
+// from the file rather than copied, and every GEMM and lookup decodes the rows it uses.
+// Inference only: the values are the file's, so the products equal float32 GEMMs of the
+// dequantized weights within float32 rounding.
 
 #include <ATen/core/Tensor.h>
 

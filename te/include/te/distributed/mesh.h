@@ -56,6 +56,14 @@ class DeviceMesh {
   /// Every rank's `mine` (bytes, any length), in rank order over the whole mesh (one process:
   /// just `mine`). Collective: every rank of the mesh calls it.
   std::vector<std::string> all_gather(const std::string& mine) const;
+  /// The same over the sub-grid of mesh dims `dims` through this rank, in coordinate order
+  /// (row-major over `dims`). Collective over that sub-grid, with the same dims on every rank.
+  std::vector<std::string> all_gather(const std::string& mine,
+                                      const std::vector<int64_t>& dims) const;
+  /// World rank `root`'s `bytes` on every rank of the mesh (the others' `bytes` are ignored):
+  /// the length, then the bytes, each one collective over the whole mesh. Collective: every rank
+  /// of the mesh calls it with the same root.
+  std::string broadcast(const std::string& bytes, int64_t root = 0) const;
   /// Returns once every rank of the mesh has called it.
   void barrier() const;
 
@@ -74,7 +82,8 @@ class DeviceMesh {
   std::shared_ptr<const detail::MeshState> state_;
 };
 
-/// Makes `mesh` the current mesh of this thread until the guard is destroyed (nests).
+/// Makes `mesh` the current mesh of this thread until the guard is destroyed (nests); its axis
+/// sizes are what TE's table reads meanwhile (a MeshShapeScope).
 class MeshScope {
  public:
   explicit MeshScope(const DeviceMesh& mesh);
@@ -84,6 +93,7 @@ class MeshScope {
 
  private:
   DeviceMesh mesh_;
+  MeshShapeScope shape_;
 };
 
 /// The innermost MeshScope's mesh on this thread, or nullptr.

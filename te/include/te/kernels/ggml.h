@@ -11,15 +11,23 @@
 
 namespace te::ggml {
 
-/// ggml's tensor types that te-cpp reads (their ggml numbers).
+/// ggml's tensor types that te-cpp reads (their ggml numbers): every type of llama.cpp's
+/// standard quantization mixes (Q2_K to Q8_0, IQ4_NL, IQ4_XS) and the float ones.
 enum class Type : uint32_t {
   kF32 = 0,
   kF16 = 1,
   kQ4_0 = 2,
   kQ4_1 = 3,
+  kQ5_0 = 6,
+  kQ5_1 = 7,
   kQ8_0 = 8,
+  kQ2_K = 10,
+  kQ3_K = 11,
   kQ4_K = 12,
+  kQ5_K = 13,
   kQ6_K = 14,
+  kIQ4_NL = 20,
+  kIQ4_XS = 23,
   kBF16 = 30,
 };
 
@@ -34,7 +42,7 @@ BlockShape block_shape(uint32_t type, const std::string& where);
 /// "Q4_1", or "type N" for one te-cpp does not read.
 std::string type_name(uint32_t type);
 
-/// Whether `type` is one of the quantized block types (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K), which
+/// Whether `type` is one of the quantized block types (every Type but F32, F16 and BF16), which
 /// te::nn can keep in their blocks and decode inside its GEMMs.
 bool is_quantized(uint32_t type);
 

@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "te/sharding/axis_rules.h"
+#include "te/sharding/mesh_shape.h"
 
 namespace te {
 
@@ -84,8 +85,9 @@ std::string to_string(const MeshResource& resource);
 /// te::Error naming an unknown or repeated role, or a role given a tuple, and validates the result.
 MeshResource parse_mesh_resource(std::string_view text);
 
-/// Throws te::Error when tp and tpsp are both set, when a role names the empty string, or when
-/// two of dp/fsdp/tp/tpsp/cp/pp name the same mesh axis.
+/// Throws te::Error when a role names the empty string, or when two of dp/fsdp/tp/tpsp/cp/pp name
+/// the same mesh axis. (tp and tpsp together are refused where TE refuses them: when both are
+/// active, see te_default_axis_rules.)
 void validate_mesh_resource(const MeshResource& resource);
 
 /// Makes `resource` the MeshResource in force on this thread until the guard is destroyed.
@@ -141,12 +143,46 @@ inline LogicalAxes out_kernel() { return {kWTp, kWFsdp}; }
 inline LogicalAxes replicated_1d() { return {kWNoShard}; }
 }  // namespace axis
 
-/// TE's table for `resource`: batch->(dp,fsdp) (the set ones), seqlen->{}, seqlen_tp->tpsp,
-/// seqlen_cp->cp, heads->tpsp or tp, hidden->{}, hidden_tp->tpsp or tp, joined->{},
-/// w_no_shard->{}, w_fsdp->fsdp, w_tp->tpsp or tp, w_joined->{}. Unset roles give {}.
+// ---------------------------------------------------------------------------------------------
+// The mesh whose axis sizes TE's table reads
+
+/// Makes `shape` the mesh whose axis sizes TE's table reads on this thread until the guard is
+/// destroyed (nests). te::MeshScope opens one for its mesh, and te::with_sharding_constraint for
+/// the DTensor's; te-explain for --mesh.
+class MeshShapeScope {
+ public:
+  explicit MeshShapeScope(MeshShape shape);
+  ~MeshShapeScope();
+  MeshShapeScope(const MeshShapeScope&) = delete;
+  MeshShapeScope& operator=(const MeshShapeScope&) = delete;
+
+ private:
+  MeshShape shape_;
+};
+
+/// The innermost MeshShapeScope's mesh on this thread, if any.
+std::optional<MeshShape> current_mesh_shape();
+
+/// TE's table for `resource` on a mesh of `shape`, as TE-JAX's
+/// `get_sharding_map_logic_axis_to_mesh_axis` builds it at d0067d0
+/// (transformer_engine/jax/sharding.py L79-L112): a role is *active* when it is set and its
+/// mesh axis has more than one device; batch->fsdp if fsdp is active, else dp; seqlen->{},
+/// seqlen_tp->tpsp, seqlen_cp->cp; heads, hidden_tp and w_tp->tpsp if tpsp is active, else tp;
+/// hidden->{}, joined->{}, w_no_shard->{}, w_fsdp->fsdp, w_joined->{}. Unset roles give {}.
+/// (Before TE 2.8 batch was the (dp, fsdp) tuple.) With no shape (nullopt) every set role counts
+/// as active. Throws te::Error when tp and tpsp are both active (TE's
+/// `_validate_mesh_resource_configuration`, L54), or when fsdp, tp or tpsp names an axis `shape`
+/// lacks (TE asserts the same in `get_mesh_axis_size`).
+///
+/// Where this table gives one mesh axis to two dims of one constraint (JAX would then reject
+/// the PartitionSpec), te resolves it as Flax does: the first dim keeps the axis.
+AxisRules te_default_axis_rules(const MeshResource& resource,
+                                const std::optional<MeshShape>& shape);
+
+/// TE's table for `resource` on the mesh in scope (current_mesh_shape()).
 AxisRules te_default_axis_rules(const MeshResource& resource);
 
-/// The TE table for the MeshResource in scope; throws te::Error when none is.
+/// The TE table for the MeshResource and mesh in scope; throws te::Error when no MeshResource is.
 AxisRules te_default_axis_rules();
 
 /// The user's rules followed by every TE entry the user did not name. A user entry for a TE name
@@ -175,7 +211,10 @@ enum class RulesFallback {
 ///  - otherwise a MeshResource in scope: TE's default table, same algorithm, and a one-time
 ///    deprecation warning (through the warning handler);
 ///  - otherwise nullopt (no constraint: single device).
-/// A logical name repeated in `axes` throws in every case.
+/// A logical name repeated in `axes` throws in every case. This differs from Flax on purpose:
+/// Flax's `with_logical_constraint` with no rules returns early and imposes nothing, even for a
+/// repeated name; te reports it on one device too, since a repeated name is always a bug in the
+/// caller (attention's weights constrained (batch, heads, seqlen, seqlen) was one).
 std::optional<PartitionSpec> resolve_logical_axes(
     const LogicalAxes& axes, RulesFallback fallback = RulesFallback::kAxisIsUnsharded);
 
@@ -224,9 +263,10 @@ void reset_deprecation_warnings();
 struct ShardingContext {
   std::optional<AxisRules> rules;  ///< nullopt: no AxisRulesScope was open
   std::optional<MeshResource> mesh_resource;
+  std::optional<MeshShape> mesh_shape;  ///< the mesh TE's table reads, if one was in scope
 };
 
-/// The rules and MeshResource in force on this thread now.
+/// The rules, MeshResource and mesh shape in force on this thread now.
 ShardingContext capture_sharding_context();
 
 /// Re-opens a captured context on the current thread (typically a pool worker) for its lifetime.
@@ -246,6 +286,7 @@ class ShardingContextScope {
  private:
   AxisRules rules_;
   std::optional<MeshResource> resource_;
+  std::optional<MeshShape> shape_;
 };
 
 /// Wraps `fn` so that it runs inside the sharding context captured now, on whatever thread calls
