@@ -6,6 +6,7 @@
 //   bash scripts/fuzz.sh [seconds per target]
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string_view>
 
 #include "request.h"
@@ -37,8 +38,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
     try {
       const serve::CompletionRequest r = serve::decode_completion(body, chat);
       if (chat ? r.messages.empty() : r.prompt.empty() && r.prompt_ids.empty()) __builtin_trap();
-      if (r.stop.size() > 4 || !(r.temperature >= 0 && r.temperature <= 2)) __builtin_trap();
-      if (!(r.top_p > 0 && r.top_p <= 1) || r.top_k < 0 || r.logprobs > 20) __builtin_trap();
+      // Sampling fields left out stay unset (the model's defaults apply); given ones are in range.
+      auto within = [](const std::optional<double>& v, double lo, double hi, bool lo_open) {
+        return !v || ((lo_open ? *v > lo : *v >= lo) && *v <= hi);
+      };
+      if (r.stop.size() > 4 || !within(r.temperature, 0, 2, false)) __builtin_trap();
+      if (!within(r.top_p, 0, 1, true) || (r.top_k && *r.top_k < 0) || r.logprobs > 20) {
+        __builtin_trap();
+      }
+      if (!within(r.presence_penalty, -2, 2, false) || !within(r.frequency_penalty, -2, 2, false) ||
+          !within(r.min_p, 0, 1, false)) {
+        __builtin_trap();
+      }
       if (r.max_tokens && *r.max_tokens < 1) __builtin_trap();
       if (r.include_usage && !r.stream) __builtin_trap();
       for (const serve::Message& m : r.messages) {

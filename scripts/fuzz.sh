@@ -28,7 +28,7 @@ flags=(-std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recov
 #   (hf/src/tokenizer.cpp, bpe.cpp; ICU, PCRE2; LibTorch headers only).
 declare -A sources=(
   [fuzz_sharding]="fuzz/fuzz_sharding.cpp te/src/core/error.cpp te/src/sharding/axis_rules.cpp
-                   te/src/sharding/context.cpp"
+                   te/src/sharding/context.cpp te/src/sharding/mesh_shape.cpp"
   [fuzz_cola]="fuzz/fuzz_cola.cpp examples/encoder/text.cpp"
   [fuzz_request]="fuzz/fuzz_request.cpp examples/serving/request.cpp examples/encoder/text.cpp"
   [fuzz_checkpoint]="fuzz/fuzz_checkpoint.cpp modules/src/checkpoint_format.cpp
