@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "alternate.h"
-#include "data.h"
-#include "model.h"
+#include "te/encoder/data.h"
+#include "te/encoder/model.h"
 
 namespace {
 

@@ -12,8 +12,8 @@
 #include <filesystem>
 #include <memory>
 
-#include "service.h"
 #include "te/nn.h"
+#include "te/serve/service.h"
 
 namespace {
 
@@ -45,13 +45,13 @@ struct Fixture {
         {"hidden_size", options.hidden_size},   {"mlp_hidden_size", options.mlp_hidden_size},
         {"heads", options.num_attention_heads}, {"mlp_activations", "relu"}};
     te::nn::save_checkpoint(*model, dir.string(), config.dump());
-    fp32 = std::make_unique<serve::Classifier>(dir.string(), false);
-    fp8 = std::make_unique<serve::Classifier>(dir.string(), true);
+    fp32 = std::make_unique<te::serve::Classifier>(dir.string(), false);
+    fp8 = std::make_unique<te::serve::Classifier>(dir.string(), true);
   }
   ~Fixture() { fs::remove_all(dir); }
   fs::path dir;
   std::vector<std::string> sentences;
-  std::unique_ptr<serve::Classifier> fp32, fp8;
+  std::unique_ptr<te::serve::Classifier> fp32, fp8;
 };
 
 Fixture& fixture() {
@@ -65,7 +65,7 @@ void BM_Classify(benchmark::State& state) {
   const int threads = static_cast<int>(state.range(2));
   at::set_num_threads(threads);
   Fixture& f = fixture();
-  const serve::Classifier& c = fp8 ? *f.fp8 : *f.fp32;
+  const te::serve::Classifier& c = fp8 ? *f.fp8 : *f.fp32;
   std::size_t next = 0;
   for (auto _ : state) {
     std::vector<std::string> part;

@@ -8,7 +8,7 @@
 #include <sstream>
 #include <string>
 
-#include "text.h"
+#include "te/encoder/text.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
   std::istringstream in(std::string(reinterpret_cast<const char*>(data), size));

@@ -9,34 +9,34 @@
 #include <optional>
 #include <string_view>
 
-#include "request.h"
-#include "text.h"
+#include "te/encoder/text.h"
+#include "te/serve/openai.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
   constexpr std::size_t kMax = 16;
   const std::string_view body(reinterpret_cast<const char*>(data), size);
   try {
-    const std::vector<std::string> sentences = serve::decode_classify(body, kMax);
+    const std::vector<std::string> sentences = te::serve::decode_classify(body, kMax);
     if (sentences.empty() || sentences.size() > kMax) __builtin_trap();
     for (const std::string& s : sentences) {
-      if (!serve::valid_utf8(s) || encoder::tokenize(s).empty()) __builtin_trap();
+      if (!te::serve::valid_utf8(s) || encoder::tokenize(s).empty()) __builtin_trap();
     }
-  } catch (const serve::HttpError& e) {
+  } catch (const te::serve::HttpError& e) {
     if (e.status != 400 && e.status != 413) __builtin_trap();
   }
   try {
-    const serve::EmbeddingsRequest r = serve::decode_embeddings(body, kMax, 384);
+    const te::serve::EmbeddingsRequest r = te::serve::decode_embeddings(body, kMax, 384);
     if (r.input.empty() || r.input.size() > kMax) __builtin_trap();
     for (const std::string& s : r.input) {
-      if (!serve::valid_utf8(s)) __builtin_trap();
-      if (serve::base64_encode(s).size() != (s.size() + 2) / 3 * 4) __builtin_trap();
+      if (!te::serve::valid_utf8(s)) __builtin_trap();
+      if (te::serve::base64_encode(s).size() != (s.size() + 2) / 3 * 4) __builtin_trap();
     }
-  } catch (const serve::HttpError& e) {
+  } catch (const te::serve::HttpError& e) {
     if (e.status != 400 && e.status != 413) __builtin_trap();
   }
   for (const bool chat : {false, true}) {
     try {
-      const serve::CompletionRequest r = serve::decode_completion(body, chat);
+      const te::serve::CompletionRequest r = te::serve::decode_completion(body, chat);
       if (chat ? r.messages.empty() : r.prompt.empty() && r.prompt_ids.empty()) __builtin_trap();
       // Sampling fields left out stay unset (the model's defaults apply); given ones are in range.
       auto within = [](const std::optional<double>& v, double lo, double hi, bool lo_open) {
@@ -52,10 +52,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
       }
       if (r.max_tokens && *r.max_tokens < 1) __builtin_trap();
       if (r.include_usage && !r.stream) __builtin_trap();
-      for (const serve::Message& m : r.messages) {
-        if (!serve::valid_utf8(m.content)) __builtin_trap();
+      for (const te::serve::Message& m : r.messages) {
+        if (!te::serve::valid_utf8(m.content)) __builtin_trap();
       }
-    } catch (const serve::HttpError& e) {
+    } catch (const te::serve::HttpError& e) {
       if (e.status != 400) __builtin_trap();
     }
   }

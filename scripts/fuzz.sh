@@ -17,8 +17,9 @@ flags=(-std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recov
 
 # Each target: its sources (the code under test compiled here, instrumented) and include dirs.
 # fuzz_sharding: the rule and MeshResource parsers and resolution (te_core + te_sharding).
-# fuzz_cola: te-encoder's CoLA TSV reader, tokenizer and vocabulary (examples/encoder/text.cpp).
-# fuzz_request: te-serve's request decoder (examples/serving/request.cpp, nlohmann-json).
+# fuzz_cola: te-encoder's CoLA TSV reader, tokenizer and vocabulary (encoder/src/text.cpp).
+# fuzz_request: te-serve's request decoders, te's own and OpenAI's (serve/src/request.cpp,
+#   openai_requests.cpp, json_body.cpp; nlohmann-json).
 # fuzz_checkpoint: the checkpoint index and safetensors header reader
 #   (modules/src/checkpoint_format.cpp, no LibTorch).
 # fuzz_hf_config: te::hf's config.json reader (hf/src/config.cpp, nlohmann-json).
@@ -29,8 +30,9 @@ flags=(-std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recov
 declare -A sources=(
   [fuzz_sharding]="fuzz/fuzz_sharding.cpp te/src/core/error.cpp te/src/sharding/axis_rules.cpp
                    te/src/sharding/context.cpp te/src/sharding/mesh_shape.cpp"
-  [fuzz_cola]="fuzz/fuzz_cola.cpp examples/encoder/text.cpp"
-  [fuzz_request]="fuzz/fuzz_request.cpp examples/serving/request.cpp examples/encoder/text.cpp"
+  [fuzz_cola]="fuzz/fuzz_cola.cpp encoder/src/text.cpp"
+  [fuzz_request]="fuzz/fuzz_request.cpp serve/src/request.cpp serve/src/openai_requests.cpp
+                  serve/src/json_body.cpp encoder/src/text.cpp"
   [fuzz_checkpoint]="fuzz/fuzz_checkpoint.cpp modules/src/checkpoint_format.cpp
                      te/src/core/error.cpp"
   [fuzz_hf_config]="fuzz/fuzz_hf_config.cpp hf/src/config.cpp te/src/core/error.cpp"
@@ -43,14 +45,14 @@ declare -A sources=(
 declare -A libs=([fuzz_tokenizer]="-licuuc -lpcre2-8")
 targets=(fuzz_sharding fuzz_cola fuzz_request fuzz_checkpoint fuzz_hf_config fuzz_gguf
          fuzz_tokenizer)
-headers=(te/include examples/encoder/text.h examples/serving/request.h
+headers=(te/include encoder/include serve/include serve/src/json_body.h
          modules/src/checkpoint_format.h hf/include)  # a change rebuilds all
 for target in "${targets[@]}"; do
   read -r -a src <<<"$(echo ${sources[$target]})"
   if [ ! -x "$out/$target" ] || [ -n "$(find "${src[@]}" "${headers[@]}" -newer "$out/$target" \
        2>/dev/null | head -1)" ]; then
     read -r -a link <<<"${libs[$target]:-}"
-    clang++ "${flags[@]}" -Iexamples/encoder -Iexamples/serving -Imodules/src -Ihf/include \
+    clang++ "${flags[@]}" -Iencoder/include -Iserve/include -Imodules/src -Ihf/include \
       -isystem /usr/include/torch/csrc/api/include "${src[@]}" "${link[@]}" -o "$out/$target"
   fi
 done

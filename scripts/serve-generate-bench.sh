@@ -18,7 +18,7 @@ cd "$(dirname "$0")/.."
 model=${1:-$(bash scripts/fetch-models.sh smollm2 2>/dev/null)}
 seconds=${2:-30}
 build=${TE_BUILD_DIR:-build}
-serve=$build/examples/serving/te-serve
+serve=$build/serve/te-serve
 load=$build/bench/bench_serve_load
 threads=$(nproc)
 [ -f "$model" ] || { echo "te: no $model (tests/interop/check_smollm2.py fetches it)" >&2; exit 1; }

@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 ckpt=${1:?usage: scripts/serve-load.sh CHECKPOINT [SECONDS]}
 seconds=${2:-30}
 build=${TE_BUILD_DIR:-build}
-serve=$build/examples/serving/te-serve
+serve=$build/serve/te-serve
 command -v wrk >/dev/null || { echo "te: wrk is missing (scripts/setup.sh installs it)" >&2; exit 1; }
 
 work=$(mktemp -d)

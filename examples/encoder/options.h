@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
+#include "te/encoder/text.h"
 #include "te/fp8.h"
 #include "te/sharding.h"
-#include "text.h"
 
 namespace encoder {
 

@@ -8,7 +8,7 @@
 #include <filesystem>
 #include <iostream>
 
-#include "text.h"
+#include "te/encoder/text.h"
 
 namespace encoder {
 

@@ -11,9 +11,9 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
-#include "data.h"
-#include "model.h"
 #include "report.h"
+#include "te/encoder/data.h"
+#include "te/encoder/model.h"
 #include "te/fp8.h"
 #include "te/nn.h"
 #include "te/runtime.h"

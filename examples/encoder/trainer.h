@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "options.h"
-#include "text.h"
+#include "te/encoder/text.h"
 
 namespace encoder {
 

@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
-"""The shape of the library's sources (test docs.code_shape): no source file in te/ or modules/
-over 500 lines, no function there over 80 lines, and no scope stack rolled by hand (a
-thread-local container of scopes outside te/scope_stack.h). Prints each offender as FILE:LINE:
-what, and with --counts the figures themselves; exits 1 when there is an offender.
+"""The shape of the library's sources (test docs.code_shape): no source file in te/, modules/,
+encoder/ or serve/ over 500 lines, no function there over 80 lines, and no scope stack rolled by
+hand (a thread-local container of scopes outside te/scope_stack.h). Prints each offender as
+FILE:LINE: what, and with --counts the figures themselves and the offenders of the folders the
+rule does not hold yet (hf/, examples/, tools/: the house issue's list); exits 1 when there is an
+offender in a held folder.
 
   tests/docs/check_code_shape.py REPO_ROOT [--counts]
 
@@ -16,7 +18,8 @@ import sys
 
 MAX_FILE_LINES = 500
 MAX_FUNCTION_LINES = 80
-SOURCE_DIRS = ("te", "modules")
+SOURCE_DIRS = ("te", "modules", "encoder", "serve")
+PENDING_DIRS = ("hf", "examples", "tools")
 SOURCE_EXTENSIONS = (".cpp", ".cc", ".cu", ".h", ".cuh")
 CONTAINER = re.compile(r"\b(namespace|class|struct|union|enum)\b|\bextern\s*\"")
 # A brace in a constructor's member-initialiser list: `) : a_(a), b_{`.
@@ -124,20 +127,19 @@ def functions(text):
     return found
 
 
-def sources(root):
-    for top in SOURCE_DIRS:
+def sources(root, dirs=SOURCE_DIRS):
+    for top in dirs:
         for dirpath, _, names in os.walk(os.path.join(root, top)):
             for name in sorted(names):
                 if name.endswith(SOURCE_EXTENSIONS):
                     yield os.path.join(dirpath, name)
 
 
-def main():
-    root = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else ".")
-    counts = "--counts" in sys.argv
+def check(root, dirs):
+    """(problems, files, long files, long functions, hand-rolled stacks) of the sources in dirs."""
     problems = []
     files = long_files = long_functions = stacks = 0
-    for path in sources(root):
+    for path in sources(root, dirs):
         rel = os.path.relpath(path, root)
         text = open(path, encoding="utf-8").read()
         files += 1
@@ -155,12 +157,24 @@ def main():
                 stacks += 1
                 problems.append(f"{rel}:{text[:m.start()].count(chr(10)) + 1}: a scope stack "
                                 "rolled by hand; use te::ScopeStack (te/scope_stack.h)")
+    return problems, files, long_files, long_functions, stacks
+
+
+def main():
+    root = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else ".")
+    counts = "--counts" in sys.argv
+    problems, files, long_files, long_functions, stacks = check(root, SOURCE_DIRS)
     for p in problems:
         print(p)
     if counts:
         print(f"{files} source files in {', '.join(SOURCE_DIRS)}: {long_files} over "
               f"{MAX_FILE_LINES} lines, {long_functions} functions over {MAX_FUNCTION_LINES} lines, "
               f"{stacks} hand-rolled scope stacks")
+        pending, files, long_files, long_functions, _ = check(root, PENDING_DIRS)
+        for p in pending:
+            print("not held yet:", p)
+        print(f"{files} source files in {', '.join(PENDING_DIRS)} (not held yet): {long_files} over "
+              f"{MAX_FILE_LINES} lines, {long_functions} functions over {MAX_FUNCTION_LINES} lines")
     return 1 if problems else 0
 
 

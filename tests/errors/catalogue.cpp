@@ -27,12 +27,13 @@
 #include "../../te/src/distributed/nccl_seams.h"
 #include "../../te/src/distributed/network.h"
 #include "../fake_env.h"
-#include "data.h"
-#include "service.h"
 #include "te/distributed.h"
 #include "te/distributed/backend.h"
+#include "te/encoder/data.h"
 #include "te/fp8.h"
 #include "te/nn.h"
+#include "te/serve/openai.h"
+#include "te/serve/service.h"
 
 namespace {
 
@@ -639,14 +640,14 @@ std::vector<Case> cases() {
          encoder::cola_files(empty_dir);
        }},
       {"te-serve", "a request without \"sentences\"", "\"sentences\"",
-       [] { serve::decode_classify(R"({"text": "hi"})", 8); }},
+       [] { te::serve::decode_classify(R"({"text": "hi"})", 8); }},
       {"te-serve", "a request body that is not UTF-8", "UTF-8",
-       [] { serve::decode_classify("{\"sentences\": [\"\xff\"]}", 8); }},
+       [] { te::serve::decode_classify("{\"sentences\": [\"\xff\"]}", 8); }},
       {"te-serve", "a completion request asking for two choices", "\"n\" is 2",
-       [] { serve::decode_completion(R"({"prompt": "hi", "n": 2})", false); }},
+       [] { te::serve::decode_completion(R"({"prompt": "hi", "n": 2})", false); }},
       {"te-serve", "a chat message with a role te-serve does not know", "messages[0].role",
        [] {
-         serve::decode_completion(R"({"messages": [{"role": "tool", "content": "x"}]})", true);
+         te::serve::decode_completion(R"({"messages": [{"role": "tool", "content": "x"}]})", true);
        }},
   };
 }

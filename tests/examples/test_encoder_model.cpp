@@ -3,8 +3,8 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
-#include "data.h"
-#include "model.h"
+#include "te/encoder/data.h"
+#include "te/encoder/model.h"
 #include "te/fp8.h"
 
 namespace {

@@ -1,4 +1,4 @@
-#include "data.h"
+#include "te/encoder/data.h"
 
 #include <ATen/ATen.h>
 

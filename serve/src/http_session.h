@@ -1,4 +1,9 @@
-#include "http.h"
+#pragma once
+
+// te-serve's HTTP layer inside (http.cpp alone includes it): a connection (Session) driven on the
+// event loop, what a Reply reaches of it (Exchange), and the server's state (Server::Impl).
+
+#include "te/serve/http.h"
 
 #include <sys/resource.h>
 
@@ -27,7 +32,7 @@
 
 #include "te/error.h"
 
-namespace serve::http {
+namespace te::serve::http {
 
 namespace net = boost::asio;
 namespace beast = boost::beast;
@@ -35,12 +40,10 @@ namespace bhttp = boost::beast::http;
 using tcp = net::ip::tcp;
 using error_code = boost::system::error_code;
 
-namespace {
-
 // A whole response as bytes (also the form of the few the server writes on its own).
-std::shared_ptr<bhttp::response<bhttp::string_body>> make_response(const Response& r,
-                                                                   bool keep_alive,
-                                                                   unsigned version) {
+inline std::shared_ptr<bhttp::response<bhttp::string_body>> make_response(const Response& r,
+                                                                          bool keep_alive,
+                                                                          unsigned version) {
   auto res = std::make_shared<bhttp::response<bhttp::string_body>>(
       static_cast<bhttp::status>(r.status), version);
   res->set(bhttp::field::content_type, r.content_type);
@@ -49,15 +52,6 @@ std::shared_ptr<bhttp::response<bhttp::string_body>> make_response(const Respons
   res->body() = r.body;
   res->prepare_payload();
   return res;
-}
-
-}  // namespace
-
-std::string Request::header(const std::string& name) const {
-  for (const auto& [n, v] : headers) {
-    if (::strcasecmp(n.c_str(), name.c_str()) == 0) return v;
-  }
-  return "";
 }
 
 class Session;
@@ -278,159 +272,16 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // Waits for the next request: its first byte within keep_alive_timeout (a new connection: its
   // headers within header_timeout), then its headers within header_timeout of that byte.
-  void read_request(bool first) {
-    if (closed_) return;
-    if (server_.stopping && !first) {
-      close();
-      return;
-    }
-    parser_.emplace();
-    parser_->header_limit(static_cast<std::uint32_t>(server_.options.max_header_bytes));
-    parser_->body_limit(server_.options.max_body_bytes);
-    exchange_.reset();
-    streaming_ = false;
-    head_only_ = false;
-    status_ = 0;
-    path_.clear();
-    timed_out_ = false;
-    if (first || buffer_.size() > 0) {
-      read_header();
-      return;
-    }
-    phase_ = Phase::kKeepAlive;
-    arm(server_.options.keep_alive_timeout, Phase::kKeepAlive);
-    socket_.async_wait(tcp::socket::wait_read, [self = shared_from_this()](error_code ec) {
-      if (ec || self->closed_ || self->timed_out_) return;
-      self->read_header();
-    });
-  }
-  void read_header() {
-    phase_ = Phase::kHeader;
-    arm(server_.options.header_timeout, Phase::kHeader);
-    bhttp::async_read_header(
-        socket_, buffer_, *parser_,
-        [self = shared_from_this()](error_code ec, std::size_t) { self->on_header(ec); });
-  }
-  void on_header(error_code ec) {
-    if (closed_ || timed_out_) return;
-    if (ec) {
-      if (ec == bhttp::error::end_of_stream || ec == net::error::eof ||
-          ec == net::error::connection_reset || ec == net::error::operation_aborted) {
-        close();
-      } else if (ec == bhttp::error::body_limit) {  // its Content-Length says so
-        body_too_large();
-      } else if (ec == bhttp::error::header_limit) {
-        answer_error(431, "the request's headers are over " +
-                              std::to_string(server_.options.max_header_bytes) + " bytes");
-      } else {
-        answer_error(400, "not an HTTP/1.1 request (" + ec.message() + ")");
-      }
-      return;
-    }
-    const auto& req = parser_->get();
-    keep_alive_ = req.keep_alive() && !server_.stopping;
-    version_ = req.version() >= 11 ? 11 : 10;
-    path_ = std::string(req.target());
-    path_ = path_.substr(0, path_.find('?'));
-    const auto length = parser_->content_length();
-    if (length && *length > server_.options.max_body_bytes) {
-      body_too_large();
-      return;
-    }
-    if (parser_->is_done()) {
-      dispatch();
-      return;
-    }
-    phase_ = Phase::kBody;
-    arm(server_.options.body_timeout, Phase::kBody);
-    if (beast::iequals(req[bhttp::field::expect], "100-continue")) {
-      // 25 bytes into a socket that has sent nothing back yet: written at once.
-      static const std::string kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
-      error_code e;
-      net::write(socket_, net::buffer(kContinue), e);
-      if (e) return close();
-    }
-    bhttp::async_read(
-        socket_, buffer_, *parser_,
-        [self = shared_from_this()](error_code ec, std::size_t) { self->on_body(ec); });
-  }
-  void on_body(error_code ec) {
-    if (closed_ || timed_out_) return;
-    if (ec == bhttp::error::body_limit) return body_too_large();
-    if (ec) {
-      if (ec == net::error::eof || ec == bhttp::error::partial_message ||
-          ec == net::error::connection_reset || ec == net::error::operation_aborted) {
-        close();
-      } else {
-        answer_error(400, "the request's body could not be read (" + ec.message() + ")");
-      }
-      return;
-    }
-    dispatch();
-  }
-  void body_too_large() {
-    keep_alive_ = false;
-    if (path_.empty()) {
-      path_ = std::string(parser_->get().target());
-      path_ = path_.substr(0, path_.find('?'));
-    }
-    answer_error(413, "the body is over " + std::to_string(server_.options.max_body_bytes) +
-                          " bytes (--max-body-bytes); split the request");
-  }
-
+  void read_request(bool first);
+  void read_header();
+  void on_header(error_code ec);
+  void on_body(error_code ec);
+  void body_too_large();
   // An error the server answers itself; the connection closes after it (what the client still
   // sends is read and dropped for a moment, so the answer is not lost to a reset).
-  void answer_error(int status, const std::string& message) {
-    keep_alive_ = false;
-    exchange_.reset();
-    Response r;
-    r.status = status;
-    r.body = server_.error_body(status, message);
-    phase_ = Phase::kHandling;
-    queue_whole(r, path_);  // counted as a request only when its path was read
-  }
-
+  void answer_error(int status, const std::string& message);
   // A whole request is here: its handler runs on the pool.
-  void dispatch() {
-    disarm();
-    phase_ = Phase::kHandling;
-    auto message = parser_->release();
-    Request request;
-    request.method = std::string(message.method_string());
-    request.target = std::string(message.target());
-    request.path = request.target.substr(0, request.target.find('?'));
-    for (const auto& field : message) {
-      request.headers.emplace_back(std::string(field.name_string()), std::string(field.value()));
-    }
-    request.body = std::move(message.body());
-    path_ = request.path;
-    // HEAD is GET without the body (RFC 9110 9.3.2): the GET route answers, the header goes out.
-    head_only_ = message.method() == bhttp::verb::head;
-    exchange_ = std::make_shared<Exchange>();
-    exchange_->session = weak_from_this();
-    exchange_->io = &server_.io;
-    watch();
-    const auto route = server_.routes.find({head_only_ ? "GET" : request.method, request.path});
-    if (route == server_.routes.end()) {
-      fail(exchange_, 404,
-           "no endpoint " + request.method + " " + request.path + "; use " +
-               server_.options.endpoints + ", GET /healthz or GET /metrics");
-      return;
-    }
-    auto run = [handler = route->second.handler, request = std::move(request),
-                reply = Reply(exchange_)]() mutable {
-      try {
-        handler(request, reply);
-      } catch (const std::exception& e) {
-        reply.fail(500, std::string("the request failed: ") + e.what());
-      }
-    };
-    if (route->second.inline_) {
-      run();
-    } else {
-      net::post(server_.pool, std::move(run));
-    }
-  }
+  void dispatch();
 
   // While a request is handled: a client that closes its end is gone (its request is cancelled
   // through on_gone). Bytes of a pipelined next request stay unread until the answer is out.
@@ -563,202 +414,4 @@ class Session : public std::enable_shared_from_this<Session> {
        timed_out_ = false, refused_ = false, head_only_ = false;
 };
 
-// ---- Reply: posts onto the io thread ----------------------------------------------------------
-
-namespace {
-template <typename Fn>
-void on_session(const std::shared_ptr<Exchange>& x, Fn fn) {
-  // A connection that has ended (and with the last of them, the server) is not posted to.
-  if (!x || x->gone || x->session.expired()) return;
-  net::post(*x->io, [x, fn = std::move(fn)]() mutable {
-    if (auto s = x->session.lock()) {
-      try {
-        fn(*s);
-      } catch (const std::exception& e) {  // e.g. a stream's reader: the stream is cut
-        std::cerr << "te-serve: a response failed: " << e.what() << std::endl;
-        s->close();
-      }
-    }
-  });
-}
-}  // namespace
-
-void Reply::send(Response response) const {
-  on_session(exchange_, [x = exchange_, r = std::move(response)](Session& s) { s.send(x, r); });
-}
-void Reply::open_stream(Response head) const {
-  on_session(exchange_, [x = exchange_, h = std::move(head)](Session& s) { s.open_stream(x, h); });
-}
-bool Reply::write(std::string chunk) const {
-  if (gone()) return false;
-  on_session(exchange_, [x = exchange_, c = std::move(chunk)](Session& s) mutable {
-    s.write_chunk(x, std::move(c));
-  });
-  return true;
-}
-void Reply::fail(int status, std::string message) const {
-  on_session(exchange_,
-             [x = exchange_, status, m = std::move(message)](Session& s) { s.fail(x, status, m); });
-}
-void Reply::end() const {
-  on_session(exchange_, [x = exchange_](Session& s) { s.end(x); });
-}
-void Reply::post(std::function<void()> fn) const {
-  on_session(exchange_, [fn = std::move(fn)](Session&) { fn(); });
-}
-void Reply::on_gone(std::function<void()> fn) const {
-  {
-    std::lock_guard<std::mutex> lock(exchange_->mu);
-    if (!exchange_->gone) {
-      exchange_->on_gone = std::move(fn);
-      return;
-    }
-  }
-  fn();
-}
-bool Reply::gone() const { return exchange_->gone; }
-
-// ---- the server -------------------------------------------------------------------------------
-
-void Server::Impl::accept() {
-  acceptor.async_accept(io, [this](error_code ec, tcp::socket socket) {
-    if (stopping) return;
-    if (ec) {
-      count("te_serve_accept_errors_total", "Connections that could not be accepted.");
-      // Out of file descriptors or memory: try again in a moment; any other failure is the
-      // one connection's (it reset before it was taken), and the next is taken at once.
-      if (ec == net::error::no_descriptors || ec.value() == ENFILE ||
-          ec == net::error::no_buffer_space || ec == net::error::no_memory) {
-        accept_retry.emplace(io, std::chrono::milliseconds(50));
-        accept_retry->async_wait([this](error_code e) {
-          if (!e && !stopping) accept();
-        });
-      } else {
-        accept();
-      }
-      return;
-    }
-    error_code e;
-    socket.set_option(tcp::no_delay(true), e);
-    auto session = std::make_shared<Session>(*this, std::move(socket));
-    sessions.insert(session);
-    if (served() > options.max_connections) {
-      count("te_serve_connections_refused_total",
-            "Connections answered 503 because --max-connections were open.");
-      session->refuse();
-    } else {
-      gauge_open();
-      session->start();
-    }
-    accept();
-  });
-}
-
-void Server::Impl::closed(const std::shared_ptr<Session>& s) {
-  sessions.erase(s);
-  gauge_open();
-  if (stopping && sessions.empty()) {
-    if (grace_timer) grace_timer->cancel();
-    work.reset();
-  }
-}
-
-Server::Server(ServerOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
-
-Server::~Server() { impl_->pool.join(); }
-
-void Server::route(const std::string& method, const std::string& path, Handler handler, Run run) {
-  impl_->routes[{method, path}] = {std::move(handler), run == Run::kInline};
-}
-
-namespace {
-// Room for `connections` sockets beside the process's other files (model files, the listening
-// socket, Gloo's): the soft open-file limit is raised as far as the hard one allows. The number of
-// connections that fit: all of them, or fewer when the hard limit is lower.
-int64_t fit_open_files(int64_t connections) {
-  constexpr int64_t kOtherFiles = 256;
-  rlimit limit{};
-  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) return connections;
-  const int64_t wanted = connections + kOtherFiles;
-  if (limit.rlim_cur != RLIM_INFINITY && static_cast<int64_t>(limit.rlim_cur) < wanted) {
-    rlimit raised = limit;
-    raised.rlim_cur = limit.rlim_max == RLIM_INFINITY
-                          ? static_cast<rlim_t>(wanted)
-                          : std::min<rlim_t>(limit.rlim_max, static_cast<rlim_t>(wanted));
-    if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) limit = raised;
-  }
-  if (limit.rlim_cur == RLIM_INFINITY) return connections;
-  return std::min(connections, static_cast<int64_t>(limit.rlim_cur) - kOtherFiles);
-}
-}  // namespace
-
-int Server::bind() {
-  ServerOptions& o = impl_->options;
-  if (o.max_connections <= 0) {
-    o.max_connections = std::max<int64_t>(1, fit_open_files(4096));
-  } else if (const int64_t fit = fit_open_files(o.max_connections); fit < o.max_connections) {
-    throw te::Error("--max-connections " + std::to_string(o.max_connections) +
-                    " needs more open files than this process may have (ulimit -n allows " +
-                    std::to_string(std::max<int64_t>(fit, 0)) +
-                    " connections); lower it or raise the limit");
-  }
-  error_code ec;
-  tcp::resolver resolver(impl_->io);
-  const auto endpoints = resolver.resolve(o.host, std::to_string(o.port), ec);
-  if (ec || endpoints.empty()) {
-    throw te::Error("cannot listen on " + o.host + ":" + std::to_string(o.port) + " (" +
-                    (ec ? ec.message() : "no address") + "); choose another --host/--port");
-  }
-  const tcp::endpoint endpoint = endpoints.begin()->endpoint();
-  tcp::acceptor& a = impl_->acceptor;
-  a.open(endpoint.protocol(), ec);
-  if (!ec) a.set_option(tcp::acceptor::reuse_address(true), ec);  // not SO_REUSEPORT
-  if (!ec) a.bind(endpoint, ec);
-  // A deep accept queue: a burst of connections is not made to retry its SYNs.
-  if (!ec) a.listen(SOMAXCONN, ec);
-  if (ec) {
-    throw te::Error("cannot listen on " + o.host + ":" + std::to_string(o.port) + " (" +
-                    ec.message() +
-                    "; in use, or not an address of this machine); choose another "
-                    "--host/--port");
-  }
-  return a.local_endpoint().port();
-}
-
-void Server::run() {
-  net::post(impl_->io, [impl = impl_.get()] {
-    if (!impl->stopping) impl->accept();  // a shutdown() before run() stops it at once
-  });
-  for (;;) {
-    try {
-      impl_->io.run();
-      return;
-    } catch (const std::exception& e) {  // a bug in one connection's handling: the rest go on
-      std::cerr << "te-serve: error on the HTTP thread: " << e.what() << std::endl;
-    }
-  }
-}
-
-void Server::shutdown(std::chrono::milliseconds grace) {
-  net::post(impl_->io, [impl = impl_.get(), grace] {
-    if (impl->stopping) return;
-    impl->stopping = true;
-    error_code ec;
-    impl->acceptor.close(ec);
-    if (impl->accept_retry) impl->accept_retry->cancel();
-    const auto open = impl->sessions;  // stop() may close and erase
-    for (const auto& s : open) s->stop();
-    if (impl->sessions.empty()) {
-      impl->work.reset();
-      return;
-    }
-    impl->grace_timer.emplace(impl->io, grace);
-    impl->grace_timer->async_wait([impl](error_code e) {
-      if (e) return;
-      const auto left = impl->sessions;
-      for (const auto& s : left) s->close();
-    });
-  });
-}
-
-}  // namespace serve::http
+}  // namespace te::serve::http

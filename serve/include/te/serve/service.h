@@ -1,8 +1,8 @@
 #pragma once
 
-// te-serve's parts, each usable and tested on its own: the request decoder (request.h), the
-// classifier loaded from a te-encoder checkpoint, the results the dynamic batcher (batcher.h)
-// hands back, and the Prometheus metrics.
+// te-serve's sentence models: the classifier loaded from a te-encoder checkpoint, and the results
+// the dynamic batcher (batcher.h) hands back for it and for a sentence embedding model; the body
+// of te's own classify route.
 
 #include <ATen/Tensor.h>
 
@@ -22,11 +22,12 @@
 #include <thread>
 #include <vector>
 
-#include "data.h"
-#include "model.h"
-#include "request.h"
+#include "te/encoder/data.h"
+#include "te/encoder/model.h"
+#include "te/serve/metrics.h"
+#include "te/serve/request.h"
 
-namespace serve {
+namespace te::serve {
 
 /// What the classifier says about each sentence.
 struct Classification {
@@ -81,51 +82,9 @@ class Classifier {
   int64_t checkpoint_bytes_ = 0;
 };
 
-/// Counters and histograms in Prometheus' text format. Thread-safe.
-class Metrics {
- public:
-  Metrics();
-  void request(const std::string& path, int status);
-  void latency(double seconds);
-  /// One model call: its sentences and its duration.
-  void batch(int64_t sentences, double seconds);
-  void set_queue_depth(int64_t requests);
-  void set_gauge(const std::string& name, const std::string& help, double value);
-  /// Observes `value` in the histogram `name` (made with `help` and `bounds` on first use).
-  void observe(const std::string& name, const std::string& help, const std::vector<double>& bounds,
-               double value);
-  /// Adds `delta` to the counter `name`{`labels`} (labels: "" or e.g. `reason="stop"`).
-  void count(const std::string& name, const std::string& help, double delta,
-             const std::string& labels = "");
-  std::string render() const;
-
- private:
-  struct Histogram {
-    std::vector<double> bounds;
-    std::vector<int64_t> counts;  // per bound, plus +Inf
-    double sum = 0;
-    int64_t count = 0;
-    void observe(double v);
-  };
-  mutable std::mutex mu_;
-  std::map<std::pair<std::string, int>, int64_t> requests_;
-  Histogram latency_, batch_;
-  double model_seconds_ = 0;
-  int64_t queue_depth_ = 0;
-  std::map<std::string, std::pair<std::string, double>> gauges_;
-  std::map<std::string, std::pair<std::string, Histogram>> histograms_;
-  std::map<std::string, std::pair<std::string, std::map<std::string, double>>> counters_;
-};
-
 /// The body of a successful classify response.
 std::string encode_classification(const Classification& c);
-/// The body of a successful OpenAI embeddings response: {"object": "list", "data": [{"object":
-/// "embedding", "index": i, "embedding": [floats] or base64 of little-endian float32}], "model",
-/// "usage": {"prompt_tokens", "total_tokens"}}, and te's "truncated" list.
-std::string encode_embeddings(const Embeddings& e, bool base64, const std::string& model);
 /// {"error": message}
 std::string error_body(const std::string& message);
-/// The resident set size of this process (VmRSS), in bytes; 0 when unknown.
-int64_t resident_bytes();
 
-}  // namespace serve
+}  // namespace te::serve

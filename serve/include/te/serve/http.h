@@ -21,9 +21,9 @@
 #include <utility>
 #include <vector>
 
-#include "service.h"
+#include "te/serve/metrics.h"
 
-namespace serve::http {
+namespace te::serve::http {
 
 struct Request {
   std::string method;  ///< "GET", "POST", ...
@@ -121,4 +121,4 @@ class Server {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace serve::http
+}  // namespace te::serve::http

@@ -1,4 +1,4 @@
-#include "text.h"
+#include "te/encoder/text.h"
 
 #include <algorithm>
 #include <cctype>

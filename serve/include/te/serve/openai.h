@@ -1,36 +1,27 @@
 #pragma once
 
-// te-serve's request decoder (no tensors): the bodies of POST /v1/classify, POST
-// /v1/embeddings, POST /v1/completions and POST /v1/chat/completions, checked before any work is
-// queued. The fuzz target fuzz/fuzz_request.cpp feeds it.
+// OpenAI's API as te-serve speaks it, in one place: the bodies of POST /v1/embeddings, POST
+// /v1/completions and POST /v1/chat/completions decoded and checked before any work is queued
+// (openai_requests.cpp), and the responses, server-sent events and error objects encoded
+// (openai_responses.cpp). No tensors, no HTTP: routes.h moves these bytes.
 
 #include <cstddef>
 #include <cstdint>
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
 
-namespace serve {
+#include "te/serve/request.h"
 
-/// A request the server answers with an HTTP error: the status and a sentence naming the problem.
-struct HttpError : std::runtime_error {
-  HttpError(int status_, const std::string& message, std::string param_ = "")
-      : std::runtime_error(message), status(status_), param(std::move(param_)) {}
-  int status;
-  std::string param;  ///< the request field at fault, when one is (OpenAI's error "param")
-};
+namespace te::serve {
 
-/// True when `text` is well-formed UTF-8 (no overlong forms, surrogates or code points past
-/// U+10FFFF).
-bool valid_utf8(std::string_view text);
+struct Embeddings;       // service.h
+class GenerationStream;  // generation.h
+struct Piece;
+struct TokenInfo;
 
-/// The sentences of a `POST /v1/classify` body: {"sentences": ["...", ...]}. HttpError 400 for a
-/// body that is not UTF-8 or not JSON, a missing "sentences", one that is not a non-empty list of
-/// strings, or an empty sentence (each message names the field or the index); 413 for more than
-/// `max_sentences`.
-std::vector<std::string> decode_classify(std::string_view body, std::size_t max_sentences);
+// ---- requests ------------------------------------------------------------------------------
 
 /// A `POST /v1/embeddings` body (OpenAI's): the texts and the encoding asked for.
 struct EmbeddingsRequest {
@@ -56,9 +47,9 @@ struct Message {
 /// they ask for something (n > 1, best_of > 1, echo, suffix, logit_bias, tools, a
 /// response_format other than text); unknown fields are ignored, as OpenAI's API does. A
 /// sampling field left out takes the model's default (te::hf::GenerationDefaults::sampling), as
-/// vLLM and llama-server do, not OpenAI's temperature 1. vLLM's extensions top_k, min_p, repetition_penalty, ignore_eos and stop_token_ids
-/// are read; those it does not implement (min_tokens, guided decoding, prompt_logprobs, ...) are
-/// refused when they ask for something.
+/// vLLM and llama-server do, not OpenAI's temperature 1. vLLM's extensions top_k, min_p,
+/// repetition_penalty, ignore_eos and stop_token_ids are read; those it does not implement
+/// (min_tokens, guided decoding, prompt_logprobs, ...) are refused when they ask for something.
 struct CompletionRequest {
   bool chat = false;
   std::string prompt;               ///< completions: the text to continue
@@ -86,7 +77,38 @@ struct CompletionRequest {
 /// missing prompt or messages, a field of the wrong type or out of range, an unsupported value.
 CompletionRequest decode_completion(std::string_view body, bool chat);
 
-/// Standard base64 (RFC 4648, with padding) of `bytes`.
-std::string base64_encode(std::string_view bytes);
+// ---- responses -----------------------------------------------------------------------------
 
-}  // namespace serve
+/// The body of a successful OpenAI embeddings response: {"object": "list", "data": [{"object":
+/// "embedding", "index": i, "embedding": [floats] or base64 of little-endian float32}], "model",
+/// "usage": {"prompt_tokens", "total_tokens"}}, and te's "truncated" list.
+std::string encode_embeddings(const Embeddings& e, bool base64, const std::string& model);
+
+/// The body of a finished (non-streaming) response: OpenAI's text_completion or
+/// chat.completion object with its usage.
+std::string encode_response(const GenerationStream& stream, const std::string& model,
+                            const std::string& text, const std::vector<TokenInfo>& tokens,
+                            const std::string& finish_reason);
+/// One server-sent event ("data: {...}\n\n") of a streaming response: a piece of text (a chat
+/// stream's first event also carries the assistant role), or the usage event (`usage_only`).
+/// SseEvents puts them in order.
+std::string encode_event(const GenerationStream& stream, const std::string& model,
+                         const Piece& piece, bool first, bool usage_only = false);
+/// OpenAI's error object: {"error": {"message", "type", "param", "code"}}.
+std::string openai_error_body(int status, const std::string& message, const std::string& param);
+
+/// The events of one streaming response, in OpenAI's order: a chat stream opens with the
+/// assistant role alone (whatever the first piece holds: pieces may carry several tokens when the
+/// client reads late); each piece is one event; after the last piece (finish_reason set) come the
+/// usage event when stream_options.include_usage asked for it and "data: [DONE]".
+class SseEvents {
+ public:
+  /// The bytes to write for `piece` of `stream`: "" while nothing is final yet (a character held
+  /// back until its last byte comes).
+  std::string next(const GenerationStream& stream, const std::string& model, const Piece& piece);
+
+ private:
+  bool first_ = true;
+};
+
+}  // namespace te::serve

@@ -21,11 +21,11 @@
 #include <thread>
 #include <vector>
 
-#include "request.h"
-#include "service.h"
 #include "te/error.h"
+#include "te/serve/request.h"
+#include "te/serve/service.h"
 
-namespace serve {
+namespace te::serve {
 
 struct BatcherOptions {
   int workers = 1;
@@ -198,4 +198,4 @@ void Batcher<Result>::work() {
   }
 }
 
-}  // namespace serve
+}  // namespace te::serve

@@ -1,4 +1,4 @@
-#include "generation.h"
+#include "te/serve/generation.h"
 
 #include <c10/core/InferenceMode.h>
 
@@ -6,15 +6,13 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
-#include <nlohmann/json.hpp>
 #include <random>
 
 #include "te/error.h"
 #include "te/hf/wire.h"
 
-namespace serve {
+namespace te::serve {
 
-using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 namespace {
@@ -31,24 +29,24 @@ const std::vector<double> kTokenBounds = {0.001, 0.0025, 0.005, 0.01, 0.02, 0.04
 // ---- the commands rank 0 broadcasts ------------------------------------------------------
 
 struct Commands {
-  std::vector<std::pair<std::vector<int64_t>, te::hf::GenerateOptions>> adds;
+  Generator::Adds adds;
   std::vector<int64_t> cancels;
   bool stop = false;
 };
 
 }  // namespace
-}  // namespace serve
+}  // namespace te::serve
 
 template <>
-struct te::hf::wire::Fields<serve::Commands> {
+struct te::hf::wire::Fields<te::serve::Commands> {
   static auto list() {
-    using C = serve::Commands;
+    using C = te::serve::Commands;
     return std::make_tuple(field("adds", &C::adds), field("cancels", &C::cancels),
                            field("stop", &C::stop));
   }
 };
 
-namespace serve {
+namespace te::serve {
 namespace {
 
 // The same commands on every rank (rank 0's); without a mesh, rank 0's as they are.
@@ -70,101 +68,7 @@ void warm_up(te::hf::Engine& engine) {
   while (!engine.idle()) engine.step();
 }
 
-std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
-
 }  // namespace
-
-// ---- a request's stream -------------------------------------------------------------------
-
-GenerationStream::GenerationStream(CompletionRequest request, te::hf::Tokenizer tokenizer,
-                                   int64_t prompt_tokens, std::string id)
-    : request_(std::move(request)),
-      tokenizer_(tokenizer),
-      text_(tokenizer, request_.stop),
-      prompt_tokens_(prompt_tokens),
-      id_(std::move(id)),
-      created_(static_cast<int64_t>(std::time(nullptr))) {}
-
-void GenerationStream::deliver(std::vector<te::hf::TokenEvent> events) {
-  std::shared_ptr<const std::function<void()>> listener;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto& e : events) events_.push_back(std::move(e));
-    listener = listener_;
-  }
-  ready_.notify_all();
-  if (listener) (*listener)();
-}
-
-void GenerationStream::listen(std::function<void()> fn) {
-  bool waiting = false;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (done_ || deaf_) return;
-    listener_ = std::make_shared<const std::function<void()>>(fn);
-    waiting = !events_.empty();
-  }
-  if (waiting) fn();
-}
-
-void GenerationStream::unlisten() {
-  std::shared_ptr<const std::function<void()>> listener;  // released outside the lock
-  std::lock_guard<std::mutex> lock(mu_);
-  deaf_ = true;
-  listener.swap(listener_);
-}
-
-void GenerationStream::cancel() {
-  if (cancel_) cancel_();
-}
-
-bool GenerationStream::next(Piece& out, std::chrono::milliseconds timeout) {
-  std::deque<te::hf::TokenEvent> events;
-  {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (done_) return false;
-    if (!ready_.wait_for(lock, timeout, [&] { return !events_.empty(); })) return false;
-    events.swap(events_);
-  }
-  out = Piece{};
-  for (const te::hf::TokenEvent& e : events) {
-    if (e.token >= 0) {
-      ++completion_tokens_;
-      if (request_.logprobs >= 0) {
-        TokenInfo t;
-        t.text = tokenizer_.decode({e.token}, false);
-        t.bytes = t.text;
-        t.offset = token_bytes_;
-        token_bytes_ += static_cast<int64_t>(t.text.size());
-        t.logprob = e.logprob;
-        for (const auto& [id, lp] : e.top_logprobs) {
-          t.top.emplace_back(tokenizer_.decode({id}, false), lp);
-        }
-        out.tokens.push_back(std::move(t));
-      }
-      // A stop token ends the text without being part of it.
-      if (e.finish_reason != "stop") out.text += text_.push(e.token);
-      if (text_.stopped()) {
-        out.finish_reason = "stop";
-        stopped_by_text_ = true;
-        cancel();
-        break;
-      }
-    }
-    if (!e.finish_reason.empty()) {
-      out.text += text_.finish();
-      out.finish_reason = e.finish_reason;
-      break;
-    }
-  }
-  if (!out.finish_reason.empty()) {
-    std::shared_ptr<const std::function<void()>> listener;  // released outside the lock
-    std::lock_guard<std::mutex> lock(mu_);
-    done_ = true;
-    listener.swap(listener_);
-  }
-  return true;
-}
 
 // ---- the generator ------------------------------------------------------------------------
 
@@ -195,9 +99,8 @@ Generator::Generator(te::hf::CausalLM model, te::hf::Tokenizer tokenizer,
   update_gauges();
 }
 
-std::shared_ptr<GenerationStream> Generator::submit(const CompletionRequest& r) {
+std::vector<int64_t> Generator::prompt_ids(const CompletionRequest& r) const {
   std::vector<int64_t> ids;
-  const char* prompt_field = r.chat ? "messages" : "prompt";
   if (r.chat) {
     if (!chat_) throw HttpError(400, chat_error_, "messages");
     std::vector<te::hf::ChatMessage> messages;
@@ -227,9 +130,14 @@ std::shared_ptr<GenerationStream> Generator::submit(const CompletionRequest& r) 
       throw HttpError(400, e.what(), "prompt");
     }
   }
+  if (ids.empty()) throw HttpError(400, "the prompt has no tokens", r.chat ? "messages" : "prompt");
+  return ids;
+}
+
+te::hf::GenerateOptions Generator::generate_options(const CompletionRequest& r,
+                                                    int64_t length) const {
   const int64_t context = engine_.max_sequence_length();
-  const int64_t length = static_cast<int64_t>(ids.size());
-  if (length == 0) throw HttpError(400, "the prompt has no tokens", prompt_field);
+  const char* prompt_field = r.chat ? "messages" : "prompt";
   if (length >= context) {
     throw HttpError(400,
                     "the prompt is " + std::to_string(length) +
@@ -283,6 +191,13 @@ std::shared_ptr<GenerationStream> Generator::submit(const CompletionRequest& r) 
                             defaults_.eos_token_ids.end());
   }
   o.top_logprobs = std::max<int64_t>(0, r.logprobs);
+  return o;
+}
+
+std::shared_ptr<GenerationStream> Generator::submit(const CompletionRequest& r) {
+  std::vector<int64_t> ids = prompt_ids(r);
+  const int64_t length = static_cast<int64_t>(ids.size());
+  te::hf::GenerateOptions o = generate_options(r, length);
 
   std::unique_lock<std::mutex> lock(mu_);
   if (draining_ || stopping_) {
@@ -331,53 +246,107 @@ void Generator::run() {
   }
 }
 
+bool Generator::take_work(std::vector<std::weak_ptr<GenerationStream>>& cancelled) {
+  std::unique_lock<std::mutex> lock(mu_);
+  // On a mesh the other ranks wait in the broadcast: wake at least once a second so an idle
+  // server's collective never times out.
+  wake_.wait_for(lock, std::chrono::seconds(1), [&] {
+    return stopping_ || !pending_.empty() || !cancels_.empty() || !engine_.idle();
+  });
+  taken_.assign(std::make_move_iterator(pending_.begin()), std::make_move_iterator(pending_.end()));
+  pending_.clear();
+  cancelled.swap(cancels_);
+  busy_ = true;  // idle() is false until the gauges say where these went
+  return stopping_;
+}
+
+void Generator::drop_cancelled(const std::vector<std::weak_ptr<GenerationStream>>& cancelled,
+                               std::vector<int64_t>& engine_ids) {
+  for (const auto& weak : cancelled) {
+    const std::shared_ptr<GenerationStream> s = weak.lock();
+    if (!s) continue;
+    s->cancelled_ = true;
+    if (s->engine_id_ >= 0 && streams_.count(s->engine_id_)) {
+      engine_ids.push_back(s->engine_id_);
+      streams_.erase(s->engine_id_);
+      count_finished(s->stopped_by_text_ ? "stop" : "cancelled");
+    }
+  }
+}
+
+void Generator::admit(const Adds& adds) {
+  for (std::size_t i = 0; i < adds.size(); ++i) {
+    Admission& a = taken_[i];
+    try {
+      const int64_t id = engine_.add(adds[i].first, adds[i].second);
+      a.stream->engine_id_ = id;
+      streams_[id] = {a.stream, a.submitted, a.submitted, true};
+    } catch (const te::Error& e) {  // checked in submit(): not expected
+      std::fprintf(stderr, "te-serve: a request the engine refused: %s\n", e.what());
+      a.stream->deliver({te::hf::TokenEvent{0, -1, 0, {}, "abort"}});
+    }
+  }
+  taken_.clear();
+}
+
+void Generator::step_and_deliver() {
+  const std::vector<te::hf::TokenEvent> events = engine_.step();
+  const auto now = Clock::now();
+  std::map<int64_t, std::vector<te::hf::TokenEvent>> by_request;
+  for (const te::hf::TokenEvent& e : events) by_request[e.request].push_back(e);
+  int64_t generated = 0;
+  for (auto& [id, list] : by_request) {
+    generated += static_cast<int64_t>(list.size());
+    auto s = streams_.find(id);
+    if (s == streams_.end()) continue;  // cancelled
+    Running& t = s->second;
+    if (t.first) {
+      metrics_.observe("te_serve_time_to_first_token_seconds",
+                       "From a generation request's arrival to its first token.", kLatencyBounds,
+                       seconds(now - t.submitted));
+      t.first = false;
+    } else {
+      metrics_.observe("te_serve_inter_token_latency_seconds",
+                       "Between consecutive tokens of a generation request.", kTokenBounds,
+                       seconds(now - t.last) / static_cast<double>(list.size()));
+    }
+    t.last = now;
+    const std::string finish = list.back().finish_reason;
+    t.stream->deliver(std::move(list));
+    if (!finish.empty()) {
+      metrics_.observe("te_serve_e2e_request_latency_seconds",
+                       "From a generation request's arrival to its last token.", kLatencyBounds,
+                       seconds(now - t.submitted));
+      count_finished(finish);
+      streams_.erase(s);
+    }
+  }
+  metrics_.count("te_serve_generation_tokens_total", "Tokens generated.",
+                 static_cast<double>(generated));
+}
+
 void Generator::schedule() {
   c10::InferenceMode inference;
   while (true) {
     std::vector<std::weak_ptr<GenerationStream>> cancelled;
-    bool stop = false;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      // On a mesh the other ranks wait in the broadcast: wake at least once a second so an idle
-      // server's collective never times out.
-      wake_.wait_for(lock, std::chrono::seconds(1), [&] {
-        return stopping_ || !pending_.empty() || !cancels_.empty() || !engine_.idle();
-      });
-      taken_.assign(std::make_move_iterator(pending_.begin()),
-                    std::make_move_iterator(pending_.end()));
-      pending_.clear();
-      cancelled.swap(cancels_);
-      stop = stopping_;
-      busy_ = true;  // idle() is false until the gauges say where these went
-    }
     Commands mine;
-    mine.stop = stop;
-    for (const auto& weak : cancelled) {
-      const std::shared_ptr<GenerationStream> s = weak.lock();
-      if (!s) continue;
-      s->cancelled_ = true;
-      if (s->engine_id_ >= 0 && streams_.count(s->engine_id_)) {
-        mine.cancels.push_back(s->engine_id_);
-        streams_.erase(s->engine_id_);
-        count_finished(s->stopped_by_text_ ? "stop" : "cancelled");
-      }
-    }
+    mine.stop = take_work(cancelled);
+    drop_cancelled(cancelled, mine.cancels);
     std::vector<Admission> admitted;
     for (Admission& a : taken_) {
       if (a.stream->cancelled_) {
         count_finished("cancelled");
         continue;
       }
-      if (stop) {
+      if (mine.stop) {
         a.stream->deliver({te::hf::TokenEvent{0, -1, 0, {}, "abort"}});
         continue;
       }
       mine.adds.emplace_back(a.ids, a.options);
       admitted.push_back(std::move(a));
     }
-    taken_.clear();
     taken_ = std::move(admitted);  // until the engine has them (the failure path aborts them)
-    if (stop) {
+    if (mine.stop) {
       for (auto& [id, r] : streams_) {
         mine.cancels.push_back(id);
         r.stream->deliver({te::hf::TokenEvent{id, -1, 0, {}, "abort"}});
@@ -387,53 +356,8 @@ void Generator::schedule() {
     const Commands all = share(broadcast_, mine);
     for (int64_t id : all.cancels) engine_.cancel(id);
     if (all.stop) break;
-    for (std::size_t i = 0; i < all.adds.size(); ++i) {
-      Admission& a = taken_[i];
-      try {
-        const int64_t id = engine_.add(all.adds[i].first, all.adds[i].second);
-        a.stream->engine_id_ = id;
-        streams_[id] = {a.stream, a.submitted, a.submitted, true};
-      } catch (const te::Error& e) {  // checked in submit(): not expected
-        std::fprintf(stderr, "te-serve: a request the engine refused: %s\n", e.what());
-        a.stream->deliver({te::hf::TokenEvent{0, -1, 0, {}, "abort"}});
-      }
-    }
-    taken_.clear();
-    if (!engine_.idle()) {
-      const std::vector<te::hf::TokenEvent> events = engine_.step();
-      const auto now = Clock::now();
-      std::map<int64_t, std::vector<te::hf::TokenEvent>> by_request;
-      for (const te::hf::TokenEvent& e : events) by_request[e.request].push_back(e);
-      int64_t generated = 0;
-      for (auto& [id, list] : by_request) {
-        generated += static_cast<int64_t>(list.size());
-        auto s = streams_.find(id);
-        if (s == streams_.end()) continue;  // cancelled
-        Running& t = s->second;
-        if (t.first) {
-          metrics_.observe("te_serve_time_to_first_token_seconds",
-                           "From a generation request's arrival to its first token.",
-                           kLatencyBounds, seconds(now - t.submitted));
-          t.first = false;
-        } else {
-          metrics_.observe("te_serve_inter_token_latency_seconds",
-                           "Between consecutive tokens of a generation request.", kTokenBounds,
-                           seconds(now - t.last) / static_cast<double>(list.size()));
-        }
-        t.last = now;
-        const std::string finish = list.back().finish_reason;
-        t.stream->deliver(std::move(list));
-        if (!finish.empty()) {
-          metrics_.observe("te_serve_e2e_request_latency_seconds",
-                           "From a generation request's arrival to its last token.", kLatencyBounds,
-                           seconds(now - t.submitted));
-          count_finished(finish);
-          streams_.erase(s);
-        }
-      }
-      metrics_.count("te_serve_generation_tokens_total", "Tokens generated.",
-                     static_cast<double>(generated));
-    }
+    admit(all.adds);
+    if (!engine_.idle()) step_and_deliver();
     update_gauges();
   }
   update_gauges();
@@ -511,113 +435,4 @@ void follow(te::hf::CausalLM model, const te::hf::EngineOptions& options,
   }
 }
 
-// ---- response bodies ----------------------------------------------------------------------
-
-namespace {
-
-json bytes_of(const std::string& s) {
-  json b = json::array();
-  for (unsigned char c : s) b.push_back(static_cast<int>(c));
-  return b;
-}
-
-// The "logprobs" of a choice: completions' {tokens, token_logprobs, top_logprobs, text_offset}
-// or chat's {content: [{token, logprob, bytes, top_logprobs}]}; null when not asked for.
-json logprobs_json(const CompletionRequest& r, const std::vector<TokenInfo>& tokens) {
-  if (r.logprobs < 0) return nullptr;
-  if (r.chat) {
-    json content = json::array();
-    for (const TokenInfo& t : tokens) {
-      json top = json::array();
-      for (const auto& [text, lp] : t.top) {
-        top.push_back({{"token", text}, {"logprob", lp}, {"bytes", bytes_of(text)}});
-      }
-      content.push_back({{"token", t.text},
-                         {"logprob", t.logprob},
-                         {"bytes", bytes_of(t.bytes)},
-                         {"top_logprobs", top}});
-    }
-    return {{"content", content}, {"refusal", nullptr}};
-  }
-  json l = {{"tokens", json::array()},
-            {"token_logprobs", json::array()},
-            {"top_logprobs", json::array()},
-            {"text_offset", json::array()}};
-  for (const TokenInfo& t : tokens) {
-    l["tokens"].push_back(t.text);
-    l["token_logprobs"].push_back(t.logprob);
-    json top = json::object();
-    for (const auto& [text, lp] : t.top) top[text] = lp;
-    l["top_logprobs"].push_back(top);
-    l["text_offset"].push_back(t.offset);
-  }
-  return l;
-}
-
-json usage(const GenerationStream& s) {
-  return {{"prompt_tokens", s.prompt_tokens()},
-          {"completion_tokens", s.completion_tokens()},
-          {"total_tokens", s.prompt_tokens() + s.completion_tokens()}};
-}
-
-json envelope(const GenerationStream& s, const std::string& model, const char* object) {
-  return {{"id", s.id()}, {"object", object}, {"created", s.created()}, {"model", model}};
-}
-
-}  // namespace
-
-std::string encode_response(const GenerationStream& s, const std::string& model,
-                            const std::string& text, const std::vector<TokenInfo>& tokens,
-                            const std::string& finish_reason) {
-  const CompletionRequest& r = s.request();
-  json out = envelope(s, model, r.chat ? "chat.completion" : "text_completion");
-  json choice = {
-      {"index", 0}, {"logprobs", logprobs_json(r, tokens)}, {"finish_reason", finish_reason}};
-  if (r.chat) {
-    choice["message"] = {{"role", "assistant"}, {"content", text}};
-  } else {
-    choice["text"] = text;
-  }
-  out["choices"] = json::array({choice});
-  out["usage"] = usage(s);
-  return dump(out);
-}
-
-std::string encode_event(const GenerationStream& s, const std::string& model, const Piece& piece,
-                         bool first, bool usage_only) {
-  const CompletionRequest& r = s.request();
-  json out = envelope(s, model, r.chat ? "chat.completion.chunk" : "text_completion");
-  if (usage_only) {
-    out["choices"] = json::array();
-    out["usage"] = usage(s);
-  } else {
-    json choice = {
-        {"index", 0},
-        {"logprobs", logprobs_json(r, piece.tokens)},
-        {"finish_reason", piece.finish_reason.empty() ? json(nullptr) : json(piece.finish_reason)}};
-    if (r.chat) {
-      json delta = json::object();
-      if (first) delta["role"] = "assistant";
-      if (first || !piece.text.empty()) delta["content"] = piece.text;
-      choice["delta"] = delta;
-    } else {
-      choice["text"] = piece.text;
-    }
-    out["choices"] = json::array({choice});
-    if (r.include_usage) out["usage"] = nullptr;  // as OpenAI: only the last event carries it
-  }
-  return "data: " + dump(out) + "\n\n";
-}
-
-std::string openai_error_body(int status, const std::string& message, const std::string& param) {
-  const char* type = status == 503   ? "service_unavailable"
-                     : status >= 500 ? "server_error"
-                                     : "invalid_request_error";
-  return dump({{"error",
-                {{"message", message},
-                 {"type", type},
-                 {"param", param.empty() ? json(nullptr) : json(param)},
-                 {"code", nullptr}}}});
-}
-
-}  // namespace serve
+}  // namespace te::serve

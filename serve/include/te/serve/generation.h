@@ -4,8 +4,8 @@
 // requests (request.h) into token ids, queues them, and drives one te::hf::Engine (continuous
 // batching over a paged KV cache) from one scheduler thread; each request's GenerationStream
 // hands its text to the connection that answers it, piece by piece, as it comes (listen). The
-// HTTP layer (main.cpp, http.h) only moves bytes: the response bodies and server-sent-event chunks
-// are built here.
+// HTTP layer (http.h, routes.h) only moves bytes: the response bodies and server-sent events are
+// openai.h's.
 //
 // On a mesh the scheduler runs on rank 0 and broadcasts each iteration's commands (requests
 // admitted, requests cancelled, stop) to the other ranks, which run follow(): every rank makes the
@@ -24,12 +24,12 @@
 #include <utility>
 #include <vector>
 
-#include "request.h"
-#include "service.h"
 #include "te/hf/chat.h"
 #include "te/hf/generate.h"
+#include "te/serve/openai.h"
+#include "te/serve/service.h"
 
-namespace serve {
+namespace te::serve {
 
 /// Rank 0's commands to the other ranks (te::hf::wire's bytes, DeviceMesh::broadcast carries
 /// them): rank 0's bytes in, the same bytes on every rank out.
@@ -146,6 +146,9 @@ class Generator {
   int64_t data_parallel_size() const { return engine_.data_parallel_size(); }
   const te::hf::Tokenizer& tokenizer() const { return tokenizer_; }
 
+  /// Requests to add to the engine: prompt ids and options (rank 0's, broadcast on a mesh).
+  using Adds = std::vector<std::pair<std::vector<int64_t>, te::hf::GenerateOptions>>;
+
  private:
   struct Admission {
     std::vector<int64_t> ids;
@@ -159,7 +162,24 @@ class Generator {
     std::chrono::steady_clock::time_point submitted, last;
     bool first = true;
   };
-  void schedule();  // run()'s loop
+  void schedule();  // run()'s loop, one iteration after the other:
+  /// Waits (at most a second) for work; moves the new requests into taken_ and the cancelled
+  /// ones into `cancelled`; true when stop() was called.
+  bool take_work(std::vector<std::weak_ptr<GenerationStream>>& cancelled);
+  /// Forgets the cancelled streams the engine runs, whose ids go into `engine_ids`.
+  void drop_cancelled(const std::vector<std::weak_ptr<GenerationStream>>& cancelled,
+                      std::vector<int64_t>& engine_ids);
+  /// Adds taken_'s requests (whose prompts and options are `adds`) to the engine.
+  void admit(const Adds& adds);
+  /// One engine step; its tokens go to their streams, with the latency metrics.
+  void step_and_deliver();
+  /// The prompt's token ids (the chat template applied); HttpError 400 for a prompt that cannot be
+  /// read or is empty, or a token id outside the vocabulary.
+  std::vector<int64_t> prompt_ids(const CompletionRequest& r) const;
+  /// How the engine generates for `r` with a prompt of `length` tokens: its length within the
+  /// context, its sampling (the model's defaults for what it leaves out), its stop tokens;
+  /// HttpError 400 naming the field that does not fit.
+  te::hf::GenerateOptions generate_options(const CompletionRequest& r, int64_t length) const;
   void update_gauges();
   void count_finished(const std::string& reason);
 
@@ -193,16 +213,4 @@ class Generator {
 void follow(te::hf::CausalLM model, const te::hf::EngineOptions& options,
             const Broadcast& broadcast);
 
-/// The body of a finished (non-streaming) response: OpenAI's text_completion or
-/// chat.completion object with its usage.
-std::string encode_response(const GenerationStream& stream, const std::string& model,
-                            const std::string& text, const std::vector<TokenInfo>& tokens,
-                            const std::string& finish_reason);
-/// One server-sent event ("data: {...}\n\n") of a streaming response: a piece of text (a chat
-/// stream's first event also carries the assistant role), or the usage event (`usage_only`).
-std::string encode_event(const GenerationStream& stream, const std::string& model,
-                         const Piece& piece, bool first, bool usage_only = false);
-/// OpenAI's error object: {"error": {"message", "type", "param", "code"}}.
-std::string openai_error_body(int status, const std::string& message, const std::string& param);
-
-}  // namespace serve
+}  // namespace te::serve

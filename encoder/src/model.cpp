@@ -1,4 +1,4 @@
-#include "model.h"
+#include "te/encoder/model.h"
 
 #include <ATen/ATen.h>
 

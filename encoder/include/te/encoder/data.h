@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "text.h"
+#include "te/encoder/text.h"
 
 namespace encoder {
 
