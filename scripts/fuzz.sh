@@ -26,7 +26,7 @@ flags=(-std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recov
 # fuzz_gguf: te::hf's GGUF header parser (hf/src/gguf_format.cpp) and ggml's block decoding and
 #   row products (te/src/kernels/ggml.cpp).
 # fuzz_tokenizer: te::hf's tokenizer.json reader, WordPiece and byte-level BPE pipelines
-#   (hf/src/tokenizer.cpp, bpe.cpp; ICU, PCRE2; LibTorch headers only).
+#   (hf/src/tokenizer*.cpp, bpe.cpp; ICU, PCRE2; LibTorch headers only).
 declare -A sources=(
   [fuzz_sharding]="fuzz/fuzz_sharding.cpp te/src/core/error.cpp te/src/sharding/axis_rules.cpp
                    te/src/sharding/context.cpp te/src/sharding/mesh_shape.cpp"
@@ -38,7 +38,8 @@ declare -A sources=(
   [fuzz_hf_config]="fuzz/fuzz_hf_config.cpp hf/src/config.cpp te/src/core/error.cpp"
   [fuzz_gguf]="fuzz/fuzz_gguf.cpp hf/src/gguf_format.cpp te/src/kernels/ggml.cpp
                te/src/core/error.cpp"
-  [fuzz_tokenizer]="fuzz/fuzz_tokenizer.cpp hf/src/tokenizer.cpp hf/src/bpe.cpp
+  [fuzz_tokenizer]="fuzz/fuzz_tokenizer.cpp hf/src/tokenizer.cpp hf/src/tokenizer_json.cpp
+                    hf/src/tokenizer_pieces.cpp hf/src/bpe.cpp
                     hf/src/unicode.cpp te/src/core/error.cpp"
 )
 # What a target links beyond the sanitizer runtime.

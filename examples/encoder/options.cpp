@@ -67,6 +67,90 @@ std::string one_line(const std::string& message) {
   return out;
 }
 
+namespace {
+
+// The mesh axes the mesh resource and the rules name exist on --mesh, and one of them is given.
+void check_layout_axes(const Layout& layout) {
+  if (layout.mesh) {
+    if (!layout.resource && !layout.rules) {
+      throw InputError("--mesh " + layout.mesh->to_string() +
+                       " needs --mesh-resource or --rules to map the model's logical axes onto "
+                       "it (e.g. --mesh-resource dp=data)");
+    }
+    if (layout.resource) {
+      const te::MeshResource& r = *layout.resource;
+      for (const te::MeshRole& role : te::kMeshRoles) {
+        if (r.*role.axis) check_axis(*layout.mesh, *(r.*role.axis), "--mesh-resource");
+      }
+    }
+    if (layout.rules) {
+      for (const te::AxisRule& rule : *layout.rules) {
+        for (const std::string& axis : rule.mesh) {
+          check_axis(*layout.mesh, axis, "--rules entry '" + te::to_string(rule) + "'");
+        }
+      }
+    }
+  }
+  // One process: rules and roles are validated and resolve to nothing.
+}
+
+// TE's model-parallel example maps its custom Dense axes with user rules extended by TE's
+// table; with a MeshResource and no --rules this program does the same.
+void extend_with_te_table(const Args& args, Layout& layout) {
+  if (!layout.resource || (layout.rules && !args.extend_te_rules)) return;
+  // TE's table reads the mesh's axis sizes (a role on an axis of one device is inactive).
+  std::optional<te::MeshShapeScope> sizes;
+  if (layout.mesh) sizes.emplace(*layout.mesh);
+  te::MeshResourceScope scope(*layout.resource);
+  try {
+    te::AxisRules base;
+    if (layout.rules) {
+      base = *layout.rules;
+    } else {  // my_tp_axis where TE's table puts the heads
+      const te::AxisRules table = te::te_default_axis_rules(*layout.resource);
+      const auto heads = std::find_if(table.begin(), table.end(), [](const te::AxisRule& r) {
+        return r.logical == te::axis::kHeads;
+      });
+      base = te::parse_axis_rules(
+          "my_broadcast_axis=,my_tp_axis=" +
+          (heads != table.end() && !heads->mesh.empty() ? heads->mesh[0] : std::string()));
+    }
+    layout.rules = te::extend_logical_axis_rules(base);
+  } catch (const te::Error& e) {
+    throw InputError("--rules: " + one_line(e.what()));
+  }
+}
+
+// The data-parallel size and whether the heads are split (what the rules make of the model's
+// batch and heads), checked against --batch-size, and the line that describes the layout.
+void measure_layout(const Args& args, Layout& layout) {
+  if (layout.mesh) {
+    std::optional<te::MeshResourceScope> resource;
+    if (layout.resource) resource.emplace(*layout.resource);
+    std::optional<te::AxisRulesScope> rules;
+    if (layout.rules) rules.emplace(*layout.rules);
+    if (const auto spec = te::resolve_logical_axes({"batch", "heads"})) {
+      for (const auto& axis : (*spec)[0]) {
+        const auto it = std::find(layout.mesh->names.begin(), layout.mesh->names.end(), axis);
+        layout.data_parallel *= layout.mesh->sizes[std::size_t(it - layout.mesh->names.begin())];
+      }
+      layout.tensor_parallel = !(*spec)[1].empty();
+    }
+    if (args.batch_size % layout.data_parallel != 0) {
+      throw InputError("--batch-size " + std::to_string(args.batch_size) +
+                       " (the global batch) is not divisible by the data-parallel size " +
+                       std::to_string(layout.data_parallel));
+    }
+    layout.description = "mesh " + layout.mesh->to_string();
+    if (layout.resource) layout.description += ", mesh resource " + te::to_string(*layout.resource);
+    if (!args.rules.empty()) layout.description += ", rules " + args.rules;
+  } else {
+    layout.description = "one process";
+  }
+}
+
+}  // namespace
+
 Layout make_layout(const Args& args, int world_size) {
   Layout layout;
   if (!args.mesh.empty()) {
@@ -99,76 +183,9 @@ Layout make_layout(const Args& args, int world_size) {
   if (args.extend_te_rules && !layout.resource) {
     throw InputError("--extend-te-rules needs --mesh-resource (TE's table is derived from it)");
   }
-  if (layout.mesh) {
-    if (!layout.resource && !layout.rules) {
-      throw InputError("--mesh " + layout.mesh->to_string() +
-                       " needs --mesh-resource or --rules to map the model's logical axes onto "
-                       "it (e.g. --mesh-resource dp=data)");
-    }
-    if (layout.resource) {
-      const te::MeshResource& r = *layout.resource;
-      for (const te::MeshRole& role : te::kMeshRoles) {
-        if (r.*role.axis) check_axis(*layout.mesh, *(r.*role.axis), "--mesh-resource");
-      }
-    }
-    if (layout.rules) {
-      for (const te::AxisRule& rule : *layout.rules) {
-        for (const std::string& axis : rule.mesh) {
-          check_axis(*layout.mesh, axis, "--rules entry '" + te::to_string(rule) + "'");
-        }
-      }
-    }
-  } else if (layout.resource || layout.rules) {
-    // One process: rules and roles are validated and resolve to nothing.
-  }
-  // TE's model-parallel example maps its custom Dense axes with user rules extended by TE's
-  // table; with a MeshResource and no --rules this program does the same.
-  if (layout.resource && (!layout.rules || args.extend_te_rules)) {
-    // TE's table reads the mesh's axis sizes (a role on an axis of one device is inactive).
-    std::optional<te::MeshShapeScope> sizes;
-    if (layout.mesh) sizes.emplace(*layout.mesh);
-    te::MeshResourceScope scope(*layout.resource);
-    try {
-      te::AxisRules base;
-      if (layout.rules) {
-        base = *layout.rules;
-      } else {  // my_tp_axis where TE's table puts the heads
-        const te::AxisRules table = te::te_default_axis_rules(*layout.resource);
-        const auto heads = std::find_if(table.begin(), table.end(), [](const te::AxisRule& r) {
-          return r.logical == te::axis::kHeads;
-        });
-        base = te::parse_axis_rules(
-            "my_broadcast_axis=,my_tp_axis=" +
-            (heads != table.end() && !heads->mesh.empty() ? heads->mesh[0] : std::string()));
-      }
-      layout.rules = te::extend_logical_axis_rules(base);
-    } catch (const te::Error& e) {
-      throw InputError("--rules: " + one_line(e.what()));
-    }
-  }
-  if (layout.mesh) {
-    std::optional<te::MeshResourceScope> resource;
-    if (layout.resource) resource.emplace(*layout.resource);
-    std::optional<te::AxisRulesScope> rules;
-    if (layout.rules) rules.emplace(*layout.rules);
-    if (const auto spec = te::resolve_logical_axes({"batch", "heads"})) {
-      for (const auto& axis : (*spec)[0]) {
-        const auto it = std::find(layout.mesh->names.begin(), layout.mesh->names.end(), axis);
-        layout.data_parallel *= layout.mesh->sizes[std::size_t(it - layout.mesh->names.begin())];
-      }
-      layout.tensor_parallel = !(*spec)[1].empty();
-    }
-    if (args.batch_size % layout.data_parallel != 0) {
-      throw InputError("--batch-size " + std::to_string(args.batch_size) +
-                       " (the global batch) is not divisible by the data-parallel size " +
-                       std::to_string(layout.data_parallel));
-    }
-    layout.description = "mesh " + layout.mesh->to_string();
-    if (layout.resource) layout.description += ", mesh resource " + te::to_string(*layout.resource);
-    if (!args.rules.empty()) layout.description += ", rules " + args.rules;
-  } else {
-    layout.description = "one process";
-  }
+  check_layout_axes(layout);
+  extend_with_te_table(args, layout);
+  measure_layout(args, layout);
   return layout;
 }
 
@@ -194,24 +211,10 @@ std::vector<std::string> activations_of(const std::string& text, bool tensor_par
   return out;
 }
 
-int parse_args(int argc, char** argv, Args& args) {
-  args.data_dir = default_data_dir();
-  CLI::App app{
-      "te-encoder: Transformer Engine's encoder example (CoLA sentence classification) on te-cpp,\n"
-      "mirroring TE's examples/jax/encoder at commit d0067d0da (2026-08): its model, defaults "
-      "(gelu, dropout 0.1 on attention and hidden, none after FC1) and accuracy bars.\n"
-      "One process by default; --nproc N starts N ranks through te-run (or run it under "
-      "torchrun, te-run or mpirun). The layout comes only from --mesh, --mesh-resource and "
-      "--rules.\n\nExamples:\n"
-      "  te-encoder                                         # one process, 3 epochs\n"
-      "  te-encoder --nproc 2 --mesh data=2 --mesh-resource dp=data --batch-size 512 --epochs 5\n"
-      "  te-encoder --nproc 4 --mesh data=2,model=2 --mesh-resource dp=data,tpsp=model \\\n"
-      "             --batch-size 256 --max-seq-len 64 --epochs 5 --sequence-parallel\n"
-      "  te-encoder --nproc 2 --mesh data=2 --mesh-resource fsdp=data --batch-size 512 --epochs 5\n"
-      "  te-encoder --fp8 delayed --metrics-json metrics.json --log-steps steps.csv",
-      "te-encoder"};
-  app.option_defaults()->always_capture_default()->multi_option_policy(
-      CLI::MultiOptionPolicy::TakeLast);
+namespace {
+
+// The data, the schedule and the precision.
+void add_training_options(CLI::App& app, Args& args) {
   app.add_option("--data", args.data_dir,
                  "GLUE-style CoLA directory: in_domain_train.tsv + in_domain_dev.tsv, or "
                  "train.tsv + dev.tsv (no header; label in column 2, sentence in column 4). "
@@ -239,6 +242,10 @@ int parse_args(int argc, char** argv, Args& args) {
                "the GEMMs multiply them, FSDP gathers them (a quarter of fp32's bytes), AdamW "
                "steps the fp32 masters and the codes are cast again after each step; with --fp8 "
                "current or delayed");
+}
+
+// The layout (mesh, roles, rules) and the ranks.
+void add_layout_options(CLI::App& app, Args& args) {
   app.add_option("--mesh", args.mesh,
                  "Device mesh, e.g. data=2,model=2 (its size must equal the number of ranks; "
                  "default with several ranks: data=N)");
@@ -257,6 +264,10 @@ int parse_args(int argc, char** argv, Args& args) {
                  "Start this many local ranks through te-run (across machines, start te-encoder "
                  "under te-run --nnodes, torchrun, srun or mpirun instead: README)")
       ->check(CLI::PositiveNumber);
+}
+
+// What the run writes, the model's size, checkpoints and the device.
+void add_output_and_model_options(CLI::App& app, Args& args) {
   app.add_option("--metrics-json", args.metrics_json,
                  "Write the final metrics (train_loss, train_accuracy, dev_loss, dev_accuracy, "
                  "dev_mcc, epochs, world_size, mesh, fp8, seconds, samples_per_second) here");
@@ -295,6 +306,31 @@ int parse_args(int argc, char** argv, Args& args) {
                  "CUDA tensors run on NCCL")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_flag("--quiet", args.quiet, "Print nothing but errors");
+}
+
+}  // namespace
+
+int parse_args(int argc, char** argv, Args& args) {
+  args.data_dir = default_data_dir();
+  CLI::App app{
+      "te-encoder: Transformer Engine's encoder example (CoLA sentence classification) on te-cpp,\n"
+      "mirroring TE's examples/jax/encoder at commit d0067d0da (2026-08): its model, defaults "
+      "(gelu, dropout 0.1 on attention and hidden, none after FC1) and accuracy bars.\n"
+      "One process by default; --nproc N starts N ranks through te-run (or run it under "
+      "torchrun, te-run or mpirun). The layout comes only from --mesh, --mesh-resource and "
+      "--rules.\n\nExamples:\n"
+      "  te-encoder                                         # one process, 3 epochs\n"
+      "  te-encoder --nproc 2 --mesh data=2 --mesh-resource dp=data --batch-size 512 --epochs 5\n"
+      "  te-encoder --nproc 4 --mesh data=2,model=2 --mesh-resource dp=data,tpsp=model \\\n"
+      "             --batch-size 256 --max-seq-len 64 --epochs 5 --sequence-parallel\n"
+      "  te-encoder --nproc 2 --mesh data=2 --mesh-resource fsdp=data --batch-size 512 --epochs 5\n"
+      "  te-encoder --fp8 delayed --metrics-json metrics.json --log-steps steps.csv",
+      "te-encoder"};
+  app.option_defaults()->always_capture_default()->multi_option_policy(
+      CLI::MultiOptionPolicy::TakeLast);
+  add_training_options(app, args);
+  add_layout_options(app, args);
+  add_output_and_model_options(app, args);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

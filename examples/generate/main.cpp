@@ -163,17 +163,8 @@ Result run(const Args& a, bool print) {
   return r;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  te::keep_freed_memory();  // steps reuse freed memory (te/runtime/runtime.h)
-  CLI::App app{
-      "te-generate: text generation with a Hugging Face decoder (Llama, Mistral, Qwen2/3, GPT-2; "
-      "a folder or a GGUF file) in te::nn with a KV cache. Streams the text to stdout, then "
-      "prints prefill and decode tokens/s to stderr."};
-  app.footer(te::nn::kCpuGemmHelp);
-  Args a;
-  te::hf::SamplingOptions& s = a.generate.sampling;
+// The model, the prompt and how it is read.
+void add_prompt_options(CLI::App& app, Args& a) {
   app.add_option("--model", a.model,
                  "the model: a folder (config.json, model.safetensors, tokenizer.json) or a .gguf "
                  "file")
@@ -193,6 +184,10 @@ int main(int argc, char** argv) {
   a.generate.max_tokens = 128;
   app.add_option("--max-tokens", a.generate.max_tokens, "tokens to generate at most (default 128)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+}
+
+void add_sampling_options(CLI::App& app, Args& a) {
+  te::hf::SamplingOptions& s = a.generate.sampling;
   // Sampling: each option left out takes the model's default (generation_config.json or the
   // GGUF's general.sampling.* keys), else llama.cpp's; the run prints which.
   app.add_option("--temperature", s.temperature,
@@ -218,6 +213,10 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(-2.0, 2.0));
   app.add_option("--seed", s.seed, "the random stream of the sampling (same seed, same text)");
   app.add_option("--stop", a.stop, "end the text before this string (repeatable)");
+}
+
+// The ranks, the KV cache and the output.
+void add_engine_options(CLI::App& app, Args& a) {
   app.add_option("--nproc", a.nproc,
                  "thread ranks: the model sharded over them (tensor parallel unless --mesh says "
                  "otherwise), every rank holding its share of the KV cache")
@@ -251,6 +250,48 @@ int main(int argc, char** argv) {
   app.add_flag("--json", a.json,
                "print one JSON object (text, tokens, finish_reason, prompt_tokens, tokens/s) "
                "instead of streaming");
+}
+
+// The result: the JSON object (--json), or the newline after the streamed text and the speeds.
+void report(const Args& a, const Result& r) {
+  const int64_t decoded = static_cast<int64_t>(r.tokens.size()) - 1;
+  const double prefill_tps = r.prompt_tokens / std::max(r.prefill_seconds, 1e-9);
+  const double decode_tps = decoded > 0 ? decoded / std::max(r.decode_seconds, 1e-9) : 0.0;
+  if (a.json) {
+    const nlohmann::json out = {{"text", r.text},
+                                {"tokens", r.tokens},
+                                {"prompt_ids", r.prompt_ids},
+                                {"finish_reason", r.finish_reason},
+                                {"prompt_tokens", r.prompt_tokens},
+                                {"completion_tokens", r.tokens.size()},
+                                {"prefill_tokens_per_second", prefill_tps},
+                                {"decode_tokens_per_second", decode_tps}};
+    std::printf("%s\n", out.dump().c_str());
+  } else {
+    std::printf("\n");
+    std::fflush(stdout);
+    std::fprintf(stderr,
+                 "[te-generate] prefill: %lld tokens in %.3f s (%.1f tokens/s); decode: %lld "
+                 "tokens in %.3f s (%.1f tokens/s); finish_reason: %s\n",
+                 static_cast<long long>(r.prompt_tokens), r.prefill_seconds, prefill_tps,
+                 static_cast<long long>(decoded), r.decode_seconds, decode_tps,
+                 r.finish_reason.c_str());
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  te::keep_freed_memory();  // steps reuse freed memory (te/runtime/runtime.h)
+  CLI::App app{
+      "te-generate: text generation with a Hugging Face decoder (Llama, Mistral, Qwen2/3, GPT-2; "
+      "a folder or a GGUF file) in te::nn with a KV cache. Streams the text to stdout, then "
+      "prints prefill and decode tokens/s to stderr."};
+  app.footer(te::nn::kCpuGemmHelp);
+  Args a;
+  add_prompt_options(app, a);
+  add_sampling_options(app, a);
+  add_engine_options(app, a);
   CLI11_PARSE(app, argc, argv);
   for (const char* name : {"temperature", "top-k", "top-p", "min-p", "repetition-penalty",
                            "presence-penalty", "frequency-penalty"}) {
@@ -277,29 +318,7 @@ int main(int argc, char** argv) {
                              if (rank == 0) r = mine;
                            });
     }
-    const int64_t decoded = static_cast<int64_t>(r.tokens.size()) - 1;
-    const double prefill_tps = r.prompt_tokens / std::max(r.prefill_seconds, 1e-9);
-    const double decode_tps = decoded > 0 ? decoded / std::max(r.decode_seconds, 1e-9) : 0.0;
-    if (a.json) {
-      const nlohmann::json out = {{"text", r.text},
-                                  {"tokens", r.tokens},
-                                  {"prompt_ids", r.prompt_ids},
-                                  {"finish_reason", r.finish_reason},
-                                  {"prompt_tokens", r.prompt_tokens},
-                                  {"completion_tokens", r.tokens.size()},
-                                  {"prefill_tokens_per_second", prefill_tps},
-                                  {"decode_tokens_per_second", decode_tps}};
-      std::printf("%s\n", out.dump().c_str());
-    } else {
-      std::printf("\n");
-      std::fflush(stdout);
-      std::fprintf(stderr,
-                   "[te-generate] prefill: %lld tokens in %.3f s (%.1f tokens/s); decode: %lld "
-                   "tokens in %.3f s (%.1f tokens/s); finish_reason: %s\n",
-                   static_cast<long long>(r.prompt_tokens), r.prefill_seconds, prefill_tps,
-                   static_cast<long long>(decoded), r.decode_seconds, decode_tps,
-                   r.finish_reason.c_str());
-    }
+    report(a, r);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "te-generate: %s\n", e.what());

@@ -117,6 +117,19 @@ int bench(const std::string& model, const std::string& file, int64_t batch, int 
   return 0;
 }
 
+// The cosine similarity of each pair of sentences, one pair a line.
+void print_cosines(const std::vector<std::string>& sentences, const at::Tensor& e) {
+  const at::Tensor unit = e / e.norm(2, -1, true).clamp_min(1e-12);
+  const at::Tensor cos = unit.matmul(unit.t());
+  for (std::size_t i = 0; i < sentences.size(); ++i) {
+    for (std::size_t j = i + 1; j < sentences.size(); ++j) {
+      std::printf("%.6f\t%s\t%s\n",
+                  cos[static_cast<int64_t>(i)][static_cast<int64_t>(j)].item<double>(),
+                  sentences[i].c_str(), sentences[j].c_str());
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -190,15 +203,7 @@ int main(int argc, char** argv) {
       write_npy(output_file, e);
       return 0;
     }
-    const at::Tensor unit = e / e.norm(2, -1, true).clamp_min(1e-12);
-    const at::Tensor cos = unit.matmul(unit.t());
-    for (std::size_t i = 0; i < sentences.size(); ++i) {
-      for (std::size_t j = i + 1; j < sentences.size(); ++j) {
-        std::printf("%.6f\t%s\t%s\n",
-                    cos[static_cast<int64_t>(i)][static_cast<int64_t>(j)].item<double>(),
-                    sentences[i].c_str(), sentences[j].c_str());
-      }
-    }
+    print_cosines(sentences, e);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "te-embed: %s\n", e.what());
     return 1;

@@ -65,8 +65,8 @@ at::Tensor Sampler::distribution(const at::Tensor& logits, const std::vector<int
     auto* p = l.data_ptr<float>();
     for (const auto& [id, n] : counts) {
       if (id < 0 || id >= vocab) continue;
-      p[id] -= static_cast<float>(o.frequency_penalty * static_cast<double>(n) +
-                                  o.presence_penalty);
+      p[id] -=
+          static_cast<float>(o.frequency_penalty * static_cast<double>(n) + o.presence_penalty);
     }
   }
   if (o.temperature == 0) {
@@ -315,8 +315,7 @@ std::vector<TokenEvent> Engine::exchange(std::vector<TokenEvent> mine) {
   c10::InferenceMode inference;
   GroupStep step{std::move(mine), local_stats()};
   // One group's message per coordinate of the data-parallel dim (te::hf::wire's bytes).
-  const std::vector<std::string> all =
-      dp_->mesh.all_gather(wire::to_bytes(step), {dp_->dim});
+  const std::vector<std::string> all = dp_->mesh.all_gather(wire::to_bytes(step), {dp_->dim});
   std::vector<TokenEvent> events;
   remote_stats_ = EngineStats{};
   for (int64_t g = 0; g < dp_->size; ++g) {
@@ -341,15 +340,14 @@ std::vector<TokenEvent> Engine::exchange(std::vector<TokenEvent> mine) {
   return events;
 }
 
-std::vector<TokenEvent> Engine::step_group() {
-  c10::InferenceMode inference;
+Engine::Plan Engine::plan_step() {
   const EngineOptions& o = options_;
   // What the cache holds now: the last step's sequences (every other has been freed).
   auto blocks_held = [&](int64_t id) {
     const int64_t len = cache_->seqlen(id);
     return len == 0 ? 0 : cache_->blocks_for(len);
   };
-  std::vector<std::pair<Sequence*, int64_t>> plan;  // sequence, tokens this step
+  Plan plan;  // sequence, tokens this step
   int64_t budget = 0, blocks_needed = 0;
   auto blocks_free = [&]() {
     int64_t freed = 0;
@@ -401,6 +399,12 @@ std::vector<TokenEvent> Engine::step_group() {
     waiting_.pop_front();
     plan.emplace_back(running_.back().get(), n);
   }
+  return plan;
+}
+
+std::vector<TokenEvent> Engine::step_group() {
+  c10::InferenceMode inference;
+  const Plan plan = plan_step();
   if (plan.empty()) {  // nothing to run: free what the cache still holds
     cache_->reset();
     return {};
@@ -434,83 +438,6 @@ std::vector<TokenEvent> Engine::step_group() {
                  running_.end());
   for (int64_t id : finished) cache_->end(id);
   return events;
-}
-
-// ---- TextStream ---------------------------------------------------------------------------
-
-TextStream::TextStream(Tokenizer tokenizer, std::vector<std::string> stop)
-    : tokenizer_(std::move(tokenizer)), stop_(std::move(stop)) {
-  for (const std::string& s : stop_) TE_CHECK(!s.empty(), "TextStream: a stop string is empty");
-}
-
-std::string TextStream::push(int64_t token) {
-  if (stopped_) return "";
-  ids_.push_back(token);
-  const std::string full = tokenizer_.decode(ids_);
-  // The earliest stop string ends the text.
-  std::size_t stop_at = std::string::npos;
-  for (const std::string& s : stop_) {
-    const std::size_t from = emitted_.size() >= s.size() ? emitted_.size() - s.size() + 1 : 0;
-    stop_at = std::min(stop_at, full.find(s, from));
-  }
-  std::size_t safe = full.size();
-  if (stop_at != std::string::npos) {
-    stopped_ = true;
-    safe = stop_at;
-  } else {
-    // Hold back an incomplete character (decoded as U+FFFD) and a possible stop string's start.
-    static const std::string replacement = "\xEF\xBF\xBD";
-    while (safe >= replacement.size() &&
-           full.compare(safe - replacement.size(), replacement.size(), replacement) == 0) {
-      safe -= replacement.size();
-    }
-    const std::size_t end = safe;
-    for (const std::string& s : stop_) {
-      for (std::size_t k = std::min(s.size() - 1, end); k > 0; --k) {
-        if (full.compare(end - k, k, s, 0, k) == 0) {
-          safe = std::min(safe, end - k);
-          break;
-        }
-      }
-    }
-  }
-  if (safe <= emitted_.size()) return "";
-  std::string out = full.substr(emitted_.size(), safe - emitted_.size());
-  emitted_ += out;
-  return out;
-}
-
-std::string TextStream::finish() {
-  if (stopped_ || ids_.empty()) return "";
-  const std::string full = tokenizer_.decode(ids_);
-  if (full.size() <= emitted_.size()) return "";
-  std::string out = full.substr(emitted_.size());
-  emitted_ += out;
-  return out;
-}
-
-std::vector<Generated> generate(CausalLM model, const std::vector<std::vector<int64_t>>& prompts,
-                                const GenerateOptions& options, const EngineOptions& engine_options,
-                                const std::function<void(const TokenEvent&)>& on_token) {
-  Engine engine(std::move(model), engine_options);
-  std::map<int64_t, std::size_t> index;
-  for (std::size_t i = 0; i < prompts.size(); ++i) index[engine.add(prompts[i], options)] = i;
-  std::vector<Generated> out(prompts.size());
-  while (!engine.idle()) {
-    for (TokenEvent& e : engine.step()) {
-      Generated& g = out[index.at(e.request)];
-      g.tokens.push_back(e.token);
-      g.logprobs.push_back(e.logprob);
-      g.top_logprobs.push_back(e.top_logprobs);
-      g.finish_reason = e.finish_reason;
-      if (on_token) {
-        TokenEvent shown = e;
-        shown.request = static_cast<int64_t>(index.at(e.request));
-        on_token(shown);
-      }
-    }
-  }
-  return out;
 }
 
 }  // namespace te::hf

@@ -164,86 +164,121 @@ bool is_gguf(const std::string& path) {
 
 namespace {
 
+// The metadata keys of one architecture ("llama." ...), each read one remembered: a key of the
+// architecture that was never read is refused (refuse_unread).
+struct ArchKeys {
+  const GgufFile& file;
+  std::string arch, a;
+  std::set<std::string> read;
+
+  std::optional<int64_t> integer(const std::string& key) {
+    read.insert(a + key);
+    return file.integer(a + key);
+  }
+  std::optional<double> number(const std::string& key) {
+    read.insert(a + key);
+    return file.number(a + key);
+  }
+  std::optional<std::string> string(const std::string& key) {
+    read.insert(a + key);
+    return file.string(a + key);
+  }
+  int64_t required(const std::string& key) {
+    const auto v = integer(key);
+    TE_CHECK(v && *v > 0, "gguf: '", file.path(), "': metadata '", a + key,
+             "' is missing or not positive; a ", arch, " model needs it");
+    return *v;
+  }
+  // Every key of the architecture is honoured or refused; general.* and tokenizer.* are metadata
+  // and the vocabulary.
+  void refuse_unread() const {
+    for (const auto& [key, value] : file.header().metadata) {
+      if (key.rfind("general.", 0) == 0 || key.rfind("tokenizer.", 0) == 0 || read.count(key)) {
+        continue;
+      }
+      TE_FAIL("gguf: '", file.path(), "': metadata '", key,
+              "' is not a key te-cpp honours; te-cpp builds the model from every key it reads "
+              "and will not ignore one that may change it");
+    }
+  }
+};
+
+// The sizes: hidden, layers, MLP, heads and their dims, context.
+void read_sizes(ArchKeys& k, CausalLMConfig& c) {
+  const std::string& path = k.file.path();
+  const std::string& a = k.a;
+  c.hidden_size = k.required("embedding_length");
+  c.num_hidden_layers = k.required("block_count");
+  TE_CHECK(c.num_hidden_layers <= 65536, "gguf: '", path, "': ", a, "block_count ",
+           c.num_hidden_layers, " is more than te-cpp builds (at most 65536)");
+  c.intermediate_size = k.required("feed_forward_length");
+  c.num_attention_heads = k.required("attention.head_count");
+  c.num_key_value_heads = k.integer("attention.head_count_kv").value_or(c.num_attention_heads);
+  c.head_dim = k.integer("attention.key_length").value_or(0);
+  if (c.head_dim == 0) {
+    TE_CHECK(c.hidden_size % c.num_attention_heads == 0, "gguf: '", path, "': ", a,
+             "embedding_length is not a multiple of the heads and there is no key_length");
+    c.head_dim = c.hidden_size / c.num_attention_heads;
+  }
+  const int64_t value_length = k.integer("attention.value_length").value_or(c.head_dim);
+  TE_CHECK(value_length == c.head_dim, "gguf: '", path, "': ", a, "attention.value_length ",
+           value_length, " differs from the key length ", c.head_dim, "; te-cpp needs them equal");
+  c.max_position_embeddings = k.integer("context_length").value_or(0);
+}
+
+// The norm's epsilon and RoPE (base, rotary dims, linear scaling).
+void read_rope(ArchKeys& k, CausalLMConfig& c) {
+  const std::string& path = k.file.path();
+  c.rms_norm_eps = k.number("attention.layer_norm_rms_epsilon").value_or(1e-6);
+  c.rope_theta = k.number("rope.freq_base").value_or(10000.0);
+  c.rotary_dim = k.integer("rope.dimension_count").value_or(c.head_dim);
+  if (const auto type = k.string("rope.scaling.type"); type && *type != "none") {
+    TE_CHECK(*type == "linear", "gguf: '", path, "': ", k.a, "rope.scaling.type '", *type,
+             "' is not supported by te-cpp (none, linear)");
+    c.rope_type = "linear";
+    c.rope_factor = k.number("rope.scaling.factor").value_or(0.0);
+    TE_CHECK(c.rope_factor > 0, "gguf: '", path, "': linear RoPE scaling needs ", k.a,
+             "rope.scaling.factor");
+  }
+}
+
+// What the tensors say: the vocabulary (checked against the metadata), tied embeddings, biases
+// and the q/k norms.
+void read_tensors(ArchKeys& k, CausalLMConfig& c) {
+  const GgufFile& file = k.file;
+  const std::string& path = file.path();
+  const GgufTensor* embed = file.tensor("token_embd.weight");
+  TE_CHECK(embed != nullptr && embed->shape.size() == 2, "gguf: '", path,
+           "' has no 2-dim token_embd.weight");
+  c.vocab_size = k.integer("vocab_size").value_or(embed->shape[0]);
+  TE_CHECK(embed->shape[0] == c.vocab_size && embed->shape[1] == c.hidden_size, "gguf: '", path,
+           "': token_embd.weight is ", at::IntArrayRef(embed->shape), " but the metadata says ",
+           k.a, "vocab_size ", c.vocab_size, " and ", k.a, "embedding_length ", c.hidden_size);
+  c.tie_word_embeddings = file.tensor("output.weight") == nullptr;
+  c.qkv_bias = file.tensor("blk.0.attn_q.bias") != nullptr;
+  c.attention_bias = file.tensor("blk.0.attn_output.bias") != nullptr;
+  c.mlp_bias = file.tensor("blk.0.ffn_down.bias") != nullptr;
+  c.qk_norm = file.tensor("blk.0.attn_q_norm.weight") != nullptr;
+}
+
 // The config a GGUF file's metadata (llama.cpp's keys) and tensors describe.
 CausalLMConfig gguf_config(const GgufFile& file) {
   const std::string& path = file.path();
   const std::string arch = file.string("general.architecture").value_or("");
   TE_CHECK(arch == "llama" || arch == "qwen2" || arch == "qwen3", "gguf: '", path,
            "': general.architecture '", arch, "' is not one te-cpp loads (llama, qwen2, qwen3)");
-  std::set<std::string> read;
-  const std::string a = arch + ".";
-  auto integer = [&](const std::string& key) -> std::optional<int64_t> {
-    read.insert(a + key);
-    return file.integer(a + key);
-  };
-  auto number = [&](const std::string& key) -> std::optional<double> {
-    read.insert(a + key);
-    return file.number(a + key);
-  };
-  auto required = [&](const std::string& key) {
-    const auto v = integer(key);
-    TE_CHECK(v && *v > 0, "gguf: '", path, "': metadata '", a + key,
-             "' is missing or not positive; a ", arch, " model needs it");
-    return *v;
-  };
+  ArchKeys keys{file, arch, arch + ".", {}};
   CausalLMConfig c;
   c.model_type = arch;
-  c.hidden_size = required("embedding_length");
-  c.num_hidden_layers = required("block_count");
-  TE_CHECK(c.num_hidden_layers <= 65536, "gguf: '", path, "': ", a, "block_count ",
-           c.num_hidden_layers, " is more than te-cpp builds (at most 65536)");
-  c.intermediate_size = required("feed_forward_length");
-  c.num_attention_heads = required("attention.head_count");
-  c.num_key_value_heads = integer("attention.head_count_kv").value_or(c.num_attention_heads);
-  c.head_dim = integer("attention.key_length").value_or(0);
-  if (c.head_dim == 0) {
-    TE_CHECK(c.hidden_size % c.num_attention_heads == 0, "gguf: '", path, "': ", a,
-             "embedding_length is not a multiple of the heads and there is no key_length");
-    c.head_dim = c.hidden_size / c.num_attention_heads;
-  }
-  const int64_t value_length = integer("attention.value_length").value_or(c.head_dim);
-  TE_CHECK(value_length == c.head_dim, "gguf: '", path, "': ", a, "attention.value_length ",
-           value_length, " differs from the key length ", c.head_dim, "; te-cpp needs them equal");
-  c.max_position_embeddings = integer("context_length").value_or(0);
-  c.rms_norm_eps = number("attention.layer_norm_rms_epsilon").value_or(1e-6);
-  c.rope_theta = number("rope.freq_base").value_or(10000.0);
-  c.rotary_dim = integer("rope.dimension_count").value_or(c.head_dim);
-  read.insert(a + "rope.scaling.type");
-  if (const auto type = file.string(a + "rope.scaling.type"); type && *type != "none") {
-    TE_CHECK(*type == "linear", "gguf: '", path, "': ", a, "rope.scaling.type '", *type,
-             "' is not supported by te-cpp (none, linear)");
-    c.rope_type = "linear";
-    c.rope_factor = number("rope.scaling.factor").value_or(0.0);
-    TE_CHECK(c.rope_factor > 0, "gguf: '", path, "': linear RoPE scaling needs ", a,
-             "rope.scaling.factor");
-  }
-  const GgufTensor* embed = file.tensor("token_embd.weight");
-  TE_CHECK(embed != nullptr && embed->shape.size() == 2, "gguf: '", path,
-           "' has no 2-dim token_embd.weight");
-  c.vocab_size = integer("vocab_size").value_or(embed->shape[0]);
-  TE_CHECK(embed->shape[0] == c.vocab_size && embed->shape[1] == c.hidden_size, "gguf: '", path,
-           "': token_embd.weight is ", at::IntArrayRef(embed->shape), " but the metadata says ", a,
-           "vocab_size ", c.vocab_size, " and ", a, "embedding_length ", c.hidden_size);
-  c.tie_word_embeddings = file.tensor("output.weight") == nullptr;
+  read_sizes(keys, c);
+  read_rope(keys, c);
+  read_tensors(keys, c);
   // transformers reads tokenizer.ggml.padding_token_id into the config's pad_token_id
   // (integrations/ggml.py, GGUF_CONFIG_MAPPING["tokenizer"]).
   c.pad_token_id = file.integer("tokenizer.ggml.padding_token_id");
-  c.qkv_bias = file.tensor("blk.0.attn_q.bias") != nullptr;
-  c.attention_bias = file.tensor("blk.0.attn_output.bias") != nullptr;
-  c.mlp_bias = file.tensor("blk.0.ffn_down.bias") != nullptr;
-  c.qk_norm = file.tensor("blk.0.attn_q_norm.weight") != nullptr;
   c.layer_windows.assign(static_cast<std::size_t>(c.num_hidden_layers), std::nullopt);
   c.dtype = "gguf";
-  // Every key of the architecture is honoured above or refused; general.* and tokenizer.* are
-  // metadata and the vocabulary.
-  for (const auto& [key, value] : file.header().metadata) {
-    if (key.rfind("general.", 0) == 0 || key.rfind("tokenizer.", 0) == 0 || read.count(key)) {
-      continue;
-    }
-    TE_FAIL("gguf: '", path, "': metadata '", key,
-            "' is not a key te-cpp honours; te-cpp builds the model from every key it reads and "
-            "will not ignore one that may change it");
-  }
+  keys.refuse_unread();
   check_causal_lm_config(c, "'" + path + "' (GGUF metadata)");
   return c;
 }

@@ -4,7 +4,9 @@
 // add_gguf_special_tokens, set_split_regex): written as a tokenizer.json document and read by
 // Tokenizer::from_json, so the pipeline has one home.
 
+#include <algorithm>
 #include <filesystem>
+#include <iterator>
 #include <nlohmann/json.hpp>
 
 #include "bpe.h"
@@ -29,6 +31,53 @@ const char kLlama3Split[] = R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p
 const char* const kLlama3Names[] = {"llama3",       "llama-v3", "llama-bpe", "falcon3",
                                     "falcon-h1",    "pixtral",  "midm-2.0",  "lfm2",
                                     "jina-v5-nano", "dbrx",     "smaug-bpe"};
+
+// The added tokens of a GGUF vocabulary: control tokens (type 3) spelled in the byte alphabet are
+// special added tokens, user-defined ones (type 4) plain added tokens.
+json added_tokens(const GgufValue& tokens, const GgufValue* types) {
+  json added = json::array();
+  if (types == nullptr) return added;
+  for (std::size_t i = 0; i < types->integers.size() && i < tokens.strings.size(); ++i) {
+    const int64_t type = types->integers[i];
+    const bool in_bytes =
+        detail::to_byte_level(detail::from_byte_level(tokens.strings[i])) == tokens.strings[i];
+    if ((type == 3 && in_bytes) || type == 4) {
+      added.push_back({{"id", i},
+                       {"content", tokens.strings[i]},
+                       {"single_word", false},
+                       {"lstrip", false},
+                       {"rstrip", false},
+                       {"normalized", false},
+                       {"special", type == 3}});
+    }
+  }
+  return added;
+}
+
+// tokenizer.json's ByteLevel part (pre-tokenizer and decoder alike).
+json byte_level_part() {
+  return {{"type", "ByteLevel"},
+          {"add_prefix_space", false},
+          {"trim_offsets", true},
+          {"use_regex", true}};
+}
+
+// The pre-tokenizer transformers builds for llama.cpp's tokenizer.ggml.pre `name`: ByteLevel's
+// GPT-2 split, or the Llama 3 split before ByteLevel without its own.
+json pre_tokenizer(const std::string& name) {
+  const bool llama3 = std::any_of(std::begin(kLlama3Names), std::end(kLlama3Names),
+                                  [&](const char* n) { return name == n; });
+  if (!llama3) return byte_level_part();
+  json no_regex = byte_level_part();
+  no_regex["use_regex"] = false;
+  return {{"type", "Sequence"},
+          {"pretokenizers",
+           {{{"type", "Split"},
+             {"pattern", {{"Regex", kLlama3Split}}},
+             {"behavior", "Isolated"},
+             {"invert", false}},
+            no_regex}}};
+}
 
 }  // namespace
 
@@ -77,43 +126,9 @@ Tokenizer Tokenizer::from_gguf(const std::string& path) {
     }
     vocab[spelled.back()] = i;
   }
-  // Control tokens (type 3) spelled in the byte alphabet are special added tokens; user-defined
-  // ones (type 4) plain added tokens.
-  json added = json::array();
-  if (types != nullptr) {
-    for (std::size_t i = 0; i < types->integers.size() && i < spelled.size(); ++i) {
-      const int64_t type = types->integers[i];
-      const bool in_bytes =
-          detail::to_byte_level(detail::from_byte_level(tokens->strings[i])) == tokens->strings[i];
-      if ((type == 3 && in_bytes) || type == 4) {
-        added.push_back({{"id", i},
-                         {"content", tokens->strings[i]},
-                         {"single_word", false},
-                         {"lstrip", false},
-                         {"rstrip", false},
-                         {"normalized", false},
-                         {"special", type == 3}});
-      }
-    }
-  }
-  json byte_level = {{"type", "ByteLevel"},
-                     {"add_prefix_space", false},
-                     {"trim_offsets", true},
-                     {"use_regex", true}};
-  json pre = byte_level;
-  const std::string pre_name = file.string("tokenizer.ggml.pre").value_or("");
-  for (const char* name : kLlama3Names) {
-    if (pre_name != name) continue;
-    json no_regex = byte_level;
-    no_regex["use_regex"] = false;
-    pre = {{"type", "Sequence"},
-           {"pretokenizers",
-            {{{"type", "Split"},
-              {"pattern", {{"Regex", kLlama3Split}}},
-              {"behavior", "Isolated"},
-              {"invert", false}},
-             no_regex}}};
-  }
+  const json added = added_tokens(*tokens, types);
+  const json byte_level = byte_level_part();
+  const json pre = pre_tokenizer(file.string("tokenizer.ggml.pre").value_or(""));
   const json doc = {
       {"version", "1.0"},
       {"added_tokens", added},

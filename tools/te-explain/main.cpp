@@ -113,6 +113,30 @@ int demo() {
   return 0;
 }
 
+// Resolves each AXES argument as with_sharding_constraint would under `layout` and prints it.
+void resolve_each(const std::vector<std::string>& axes_args, const LayoutScopes& layout,
+                  const std::string& fallback_text) {
+  const te::AxisRules& rules = layout.rules;
+  const te::RulesFallback fallback = fallback_text == "raise" ? te::RulesFallback::kRaiseError
+                                     : fallback_text == "none"
+                                         ? te::RulesFallback::kNoConstraint
+                                         : te::RulesFallback::kAxisIsUnsharded;
+  for (const std::string& text : axes_args) {
+    const te::LogicalAxes axes = parse_axes(text);
+    const auto spec = te::resolve_logical_axes(axes, fallback);
+    if (!spec) {
+      std::cout << te::to_string(axes) << " -> no constraint"
+                << (rules.empty() && !layout.resource ? " (neither --rules nor --mesh-resource)"
+                                                      : "")
+                << "\n";
+      continue;
+    }
+    // The explanation's first line is the resolution itself.
+    std::cout << te::explain_logical_axes(axes,
+                                          !rules.empty() ? rules : te::te_default_axis_rules());
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -174,26 +198,7 @@ int main(int argc, char** argv) {
       return demo();
     }
     const LayoutScopes layout(rules_text, resource_text, extend, plan_args.mesh);
-    const te::AxisRules& rules = layout.rules;
-
-    const te::RulesFallback fallback = fallback_text == "raise" ? te::RulesFallback::kRaiseError
-                                       : fallback_text == "none"
-                                           ? te::RulesFallback::kNoConstraint
-                                           : te::RulesFallback::kAxisIsUnsharded;
-    for (const std::string& text : axes_args) {
-      const te::LogicalAxes axes = parse_axes(text);
-      const auto spec = te::resolve_logical_axes(axes, fallback);
-      if (!spec) {
-        std::cout << te::to_string(axes) << " -> no constraint"
-                  << (rules.empty() && !layout.resource ? " (neither --rules nor --mesh-resource)"
-                                                        : "")
-                  << "\n";
-        continue;
-      }
-      // The explanation's first line is the resolution itself.
-      std::cout << te::explain_logical_axes(axes,
-                                            !rules.empty() ? rules : te::te_default_axis_rules());
-    }
+    resolve_each(axes_args, layout, fallback_text);
   } catch (const te::Error& e) {
     std::cerr << "te-explain: " << e.what() << "\n";
     return 1;

@@ -4,7 +4,6 @@
 // prefixes each rank's output lines, and when one of its ranks fails stops the others and exits
 // with that rank's status.
 
-#include <CLI/CLI.hpp>
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -13,12 +12,13 @@
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdlib>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <string>
@@ -53,7 +53,7 @@ struct Rank {
   int out_fd = -1;      // read end of the rank's merged stdout + stderr
   std::string pending;  // a partial line not yet printed
   bool running = true;
-  int status = 0;       // exit code, or 128 + signal
+  int status = 0;  // exit code, or 128 + signal
 };
 
 void emit(const Rank& r, const std::string& line, bool prefix) {
@@ -86,28 +86,7 @@ void drain(Rank& r, bool prefix, bool final) {
   }
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  CLI::App app{
-      "te-run: start the ranks of a program on this machine (the torchrun contract).\n\n"
-      "Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK (the node),\n"
-      "MASTER_ADDR and MASTER_PORT (on one node: 127.0.0.1 and a free port unless given);\n"
-      "te::init_distributed() reads them, and OMP_NUM_THREADS (cores / ranks on this node) unless\n"
-      "it is set. Output lines are prefixed with [rank k]. When a rank fails, the others have\n"
-      "--grace seconds to stop on their own (reporting the failure), then get SIGTERM, then\n"
-      "SIGKILL after --grace more; te-run exits with the failed rank's status.\n\n"
-      "Several machines: run one te-run per node with the same --nnodes, --nproc-per-node,\n"
-      "--master-addr (node 0's address, where rank 0 hosts the rendezvous) and --master-port, and\n"
-      "each node's --node-rank; node K starts ranks K*P .. K*P+P-1. Gloo binds the interface on\n"
-      "the route to the master unless GLOO_SOCKET_IFNAME names one; NCCL reads "
-      "NCCL_SOCKET_IFNAME.\n\n"
-      "Examples:\n"
-      "  te-run --nproc 2 -- ./build/examples/encoder/te-encoder --mesh data=2\n"
-      "  te-run --nnodes 2 --node-rank 0 --nproc-per-node 2 --master-addr 10.0.0.1 \\\n"
-      "         --master-port 29500 -- te-encoder --mesh data=2,model=2 ...   # on node 0\n"
-      "  te-run --nnodes 2 --node-rank 1 --nproc-per-node 2 --master-addr 10.0.0.1 \\\n"
-      "         --master-port 29500 -- te-encoder --mesh data=2,model=2 ...   # on node 1"};
+struct Options {
   int nproc = 1;
   int nnodes = 1;
   int node_rank = 0;
@@ -116,103 +95,96 @@ int main(int argc, char** argv) {
   double grace = 5.0;
   bool no_prefix = false;
   std::vector<std::string> command;
-  app.add_option("--nproc-per-node,--nproc,-n", nproc, "ranks to start on this node")
-      ->required()
-      ->check(CLI::Range(1, 1024));
-  app.add_option("--nnodes", nnodes, "nodes in the world, each running one te-run (default 1)")
-      ->check(CLI::Range(1, 65536));
-  app.add_option("--node-rank", node_rank, "this node's index, 0 .. nnodes-1 (default 0)")
-      ->check(CLI::Range(0, 65535));
-  app.add_option("--master-addr", master_addr,
-                 "node 0's address, where rank 0 hosts the rendezvous (default on one node: "
-                 "127.0.0.1; required with --nnodes > 1)");
-  app.add_option("--master-port", master_port,
-                 "rendezvous port (default on one node: a free one; required with --nnodes > 1)")
-      ->check(CLI::Range(1, 65535));
-  app.add_option("--grace", grace, "seconds before SIGTERM, and again before SIGKILL, when stopping")
-      ->check(CLI::PositiveNumber);
-  app.add_flag("--no-prefix", no_prefix, "print rank output as it is");
-  app.add_option("command", command, "the program and its arguments (after --)")->required();
-  CLI11_PARSE(app, argc, argv);
+};
 
-  if (node_rank >= nnodes) {
-    std::cerr << "te-run: --node-rank " << node_rank << " is not a node of --nnodes " << nnodes
-              << " (nodes are 0 .. " << nnodes - 1 << ")\n";
+// The options checked, and the master's address and port filled in on one node; 0, or the exit
+// code once the problem is printed.
+int check_options(Options& o) {
+  if (o.node_rank >= o.nnodes) {
+    std::cerr << "te-run: --node-rank " << o.node_rank << " is not a node of --nnodes " << o.nnodes
+              << " (nodes are 0 .. " << o.nnodes - 1 << ")\n";
     return 2;
   }
-  if (static_cast<int64_t>(nnodes) * nproc > (1 << 20)) {
-    std::cerr << "te-run: --nnodes " << nnodes << " x --nproc-per-node " << nproc
+  if (static_cast<int64_t>(o.nnodes) * o.nproc > (1 << 20)) {
+    std::cerr << "te-run: --nnodes " << o.nnodes << " x --nproc-per-node " << o.nproc
               << " ranks is more than a world holds (1048576)\n";
     return 2;
   }
-  if (nnodes > 1 && (master_addr.empty() || master_port == 0)) {
-    std::cerr << "te-run: --nnodes " << nnodes << " needs --master-addr and --master-port: every "
+  if (o.nnodes > 1 && (o.master_addr.empty() || o.master_port == 0)) {
+    std::cerr << "te-run: --nnodes " << o.nnodes << " needs --master-addr and --master-port: every "
               << "node names node 0's address and the same port\n";
     return 2;
   }
-  if (master_addr.empty()) master_addr = "127.0.0.1";
-  if (master_port == 0) master_port = free_port();
-  if (master_port <= 0) {
+  if (o.master_addr.empty()) o.master_addr = "127.0.0.1";
+  if (o.master_port == 0) o.master_port = free_port();
+  if (o.master_port <= 0) {
     std::cerr << "te-run: could not find a free port on 127.0.0.1; pass --master-port\n";
     return 2;
   }
+  return 0;
+}
 
-  struct sigaction sa {};
-  sa.sa_handler = on_signal;
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
+// In the forked child: the rank's output into the pipe, the torchrun environment, then the
+// program.
+[[noreturn]] void exec_rank(Options o, int i, int fds[2]) {
+  ::dup2(fds[1], STDOUT_FILENO);
+  ::dup2(fds[1], STDERR_FILENO);
+  ::close(fds[0]);
+  ::close(fds[1]);
+  const int rank = o.node_rank * o.nproc + i;
+  ::setenv("RANK", std::to_string(rank).c_str(), 1);
+  ::setenv("LOCAL_RANK", std::to_string(i).c_str(), 1);
+  ::setenv("WORLD_SIZE", std::to_string(o.nnodes * o.nproc).c_str(), 1);
+  ::setenv("LOCAL_WORLD_SIZE", std::to_string(o.nproc).c_str(), 1);
+  ::setenv("GROUP_RANK", std::to_string(o.node_rank).c_str(), 1);
+  ::setenv("GROUP_WORLD_SIZE", std::to_string(o.nnodes).c_str(), 1);
+  ::setenv("ROLE_RANK", std::to_string(rank).c_str(), 1);
+  ::setenv("ROLE_WORLD_SIZE", std::to_string(o.nnodes * o.nproc).c_str(), 1);
+  ::setenv("MASTER_ADDR", o.master_addr.c_str(), 1);
+  ::setenv("MASTER_PORT", std::to_string(o.master_port).c_str(), 1);
+  // N ranks share the cores: without a choice of the user's, each gets cores / N threads.
+  if (std::getenv("OMP_NUM_THREADS") == nullptr) {
+    const long cores = ::sysconf(_SC_NPROCESSORS_ONLN);
+    ::setenv("OMP_NUM_THREADS", std::to_string(std::max(1L, cores / o.nproc)).c_str(), 1);
+  }
+  std::vector<char*> args;
+  for (std::string& a : o.command) args.push_back(a.data());
+  args.push_back(nullptr);
+  ::execvp(args[0], args.data());
+  std::fprintf(stderr, "te-run: cannot run %s: %s\n", args[0], std::strerror(errno));
+  ::_exit(127);
+}
 
-  std::vector<Rank> ranks(static_cast<std::size_t>(nproc));
-  for (int i = 0; i < nproc; ++i) {
+// Forks the node's ranks; false (printed) when a pipe or a fork fails.
+bool start_ranks(Options& o, std::vector<Rank>& ranks) {
+  for (int i = 0; i < o.nproc; ++i) {
     int fds[2];
     if (::pipe2(fds, O_CLOEXEC) != 0) {
       std::perror("te-run: pipe");
-      return 2;
+      return false;
     }
     const pid_t pid = ::fork();
     if (pid < 0) {
       std::perror("te-run: fork");
-      return 2;
+      return false;
     }
-    if (pid == 0) {
-      ::dup2(fds[1], STDOUT_FILENO);
-      ::dup2(fds[1], STDERR_FILENO);
-      ::close(fds[0]);
-      ::close(fds[1]);
-      const int rank = node_rank * nproc + i;
-      ::setenv("RANK", std::to_string(rank).c_str(), 1);
-      ::setenv("LOCAL_RANK", std::to_string(i).c_str(), 1);
-      ::setenv("WORLD_SIZE", std::to_string(nnodes * nproc).c_str(), 1);
-      ::setenv("LOCAL_WORLD_SIZE", std::to_string(nproc).c_str(), 1);
-      ::setenv("GROUP_RANK", std::to_string(node_rank).c_str(), 1);
-      ::setenv("GROUP_WORLD_SIZE", std::to_string(nnodes).c_str(), 1);
-      ::setenv("ROLE_RANK", std::to_string(rank).c_str(), 1);
-      ::setenv("ROLE_WORLD_SIZE", std::to_string(nnodes * nproc).c_str(), 1);
-      ::setenv("MASTER_ADDR", master_addr.c_str(), 1);
-      ::setenv("MASTER_PORT", std::to_string(master_port).c_str(), 1);
-      // N ranks share the cores: without a choice of the user's, each gets cores / N threads.
-      if (std::getenv("OMP_NUM_THREADS") == nullptr) {
-        const long cores = ::sysconf(_SC_NPROCESSORS_ONLN);
-        ::setenv("OMP_NUM_THREADS", std::to_string(std::max(1L, cores / nproc)).c_str(), 1);
-      }
-      std::vector<char*> args;
-      for (std::string& a : command) args.push_back(a.data());
-      args.push_back(nullptr);
-      ::execvp(args[0], args.data());
-      std::fprintf(stderr, "te-run: cannot run %s: %s\n", args[0], std::strerror(errno));
-      ::_exit(127);
-    }
+    if (pid == 0) exec_rank(o, i, fds);
     ::close(fds[1]);
     ::fcntl(fds[0], F_SETFL, ::fcntl(fds[0], F_GETFL) | O_NONBLOCK);
-    ranks[static_cast<std::size_t>(i)] = Rank{node_rank * nproc + i, pid, fds[0], {}, true, 0};
+    ranks[static_cast<std::size_t>(i)] = Rank{o.node_rank * o.nproc + i, pid, fds[0], {}, true, 0};
   }
+  return true;
+}
 
+// Relays the ranks' output until all have ended, stopping the others when one fails or te-run is
+// interrupted; te-run's exit code.
+int supervise(const Options& o, std::vector<Rank>& ranks) {
   int failed = -1;  // the first rank that failed; -2: te-run was interrupted
   // Stopping: first the survivors get `grace` seconds to fail on their own (a library error
   // naming the missing rank is worth more than a SIGTERM), then SIGTERM, then SIGKILL.
   enum class Stop { kNone, kWaiting, kTerminated, kKilled } stop = Stop::kNone;
   auto deadline = std::chrono::steady_clock::time_point::max();
-  const auto grace_period = std::chrono::milliseconds(static_cast<int64_t>(grace * 1000));
+  const auto grace_period = std::chrono::milliseconds(static_cast<int64_t>(o.grace * 1000));
   auto stop_all = [&](int sig) {
     for (Rank& r : ranks) {
       if (r.running) ::kill(r.pid, sig);
@@ -226,7 +198,7 @@ int main(int argc, char** argv) {
     }
     if (!fds.empty()) ::poll(fds.data(), fds.size(), 100);
     for (Rank& r : ranks) {
-      if (r.out_fd >= 0) drain(r, !no_prefix, false);
+      if (r.out_fd >= 0) drain(r, !o.no_prefix, false);
     }
     bool any_running = false;
     for (Rank& r : ranks) {
@@ -236,7 +208,7 @@ int main(int argc, char** argv) {
       if (done == r.pid) {
         r.running = false;
         r.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        drain(r, !no_prefix, true);
+        drain(r, !o.no_prefix, true);
         ::close(r.out_fd);
         r.out_fd = -1;
         if (r.status != 0 && failed < 0) {
@@ -271,6 +243,60 @@ int main(int argc, char** argv) {
     }
   }
   if (failed == -2) return 130;
-  if (failed >= 0) return ranks[static_cast<std::size_t>(failed - node_rank * nproc)].status;
+  if (failed >= 0) return ranks[static_cast<std::size_t>(failed - o.node_rank * o.nproc)].status;
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "te-run: start the ranks of a program on this machine (the torchrun contract).\n\n"
+      "Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK (the node),\n"
+      "MASTER_ADDR and MASTER_PORT (on one node: 127.0.0.1 and a free port unless given);\n"
+      "te::init_distributed() reads them, and OMP_NUM_THREADS (cores / ranks on this node) unless\n"
+      "it is set. Output lines are prefixed with [rank k]. When a rank fails, the others have\n"
+      "--grace seconds to stop on their own (reporting the failure), then get SIGTERM, then\n"
+      "SIGKILL after --grace more; te-run exits with the failed rank's status.\n\n"
+      "Several machines: run one te-run per node with the same --nnodes, --nproc-per-node,\n"
+      "--master-addr (node 0's address, where rank 0 hosts the rendezvous) and --master-port, and\n"
+      "each node's --node-rank; node K starts ranks K*P .. K*P+P-1. Gloo binds the interface on\n"
+      "the route to the master unless GLOO_SOCKET_IFNAME names one; NCCL reads "
+      "NCCL_SOCKET_IFNAME.\n\n"
+      "Examples:\n"
+      "  te-run --nproc 2 -- ./build/examples/encoder/te-encoder --mesh data=2\n"
+      "  te-run --nnodes 2 --node-rank 0 --nproc-per-node 2 --master-addr 10.0.0.1 \\\n"
+      "         --master-port 29500 -- te-encoder --mesh data=2,model=2 ...   # on node 0\n"
+      "  te-run --nnodes 2 --node-rank 1 --nproc-per-node 2 --master-addr 10.0.0.1 \\\n"
+      "         --master-port 29500 -- te-encoder --mesh data=2,model=2 ...   # on node 1"};
+  Options o;
+  app.add_option("--nproc-per-node,--nproc,-n", o.nproc, "ranks to start on this node")
+      ->required()
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--nnodes", o.nnodes, "nodes in the world, each running one te-run (default 1)")
+      ->check(CLI::Range(1, 65536));
+  app.add_option("--node-rank", o.node_rank, "this node's index, 0 .. nnodes-1 (default 0)")
+      ->check(CLI::Range(0, 65535));
+  app.add_option("--master-addr", o.master_addr,
+                 "node 0's address, where rank 0 hosts the rendezvous (default on one node: "
+                 "127.0.0.1; required with --nnodes > 1)");
+  app.add_option("--master-port", o.master_port,
+                 "rendezvous port (default on one node: a free one; required with --nnodes > 1)")
+      ->check(CLI::Range(1, 65535));
+  app.add_option("--grace", o.grace,
+                 "seconds before SIGTERM, and again before SIGKILL, when stopping")
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--no-prefix", o.no_prefix, "print rank output as it is");
+  app.add_option("command", o.command, "the program and its arguments (after --)")->required();
+  CLI11_PARSE(app, argc, argv);
+  if (const int code = check_options(o); code != 0) return code;
+
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+
+  std::vector<Rank> ranks(static_cast<std::size_t>(o.nproc));
+  if (!start_ranks(o, ranks)) return 2;
+  return supervise(o, ranks);
 }

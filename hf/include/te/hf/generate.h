@@ -164,6 +164,11 @@ class Engine {
   EngineStats local_stats() const;
   /// step() of this rank's group alone.
   std::vector<TokenEvent> step_group();
+  /// A step's sequences and the tokens each runs: the running ones (the latest admitted
+  /// preempted until their step fits the cache), then waiting ones admitted first come, first
+  /// served while the token budget and the cache allow.
+  using Plan = std::vector<std::pair<Sequence*, int64_t>>;
+  Plan plan_step();
   /// Data parallel: every group's tokens of this step, from this group's `mine`.
   std::vector<TokenEvent> exchange(std::vector<TokenEvent> mine);
   int64_t live_requests(int64_t group) const;

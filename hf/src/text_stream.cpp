@@ -1,0 +1,84 @@
+// te::hf::TextStream: generated tokens to final text, a character held back until its last byte
+// comes, and the stop strings found across token boundaries.
+
+#include "te/error.h"
+#include "te/hf/generate.h"
+
+namespace te::hf {
+
+TextStream::TextStream(Tokenizer tokenizer, std::vector<std::string> stop)
+    : tokenizer_(std::move(tokenizer)), stop_(std::move(stop)) {
+  for (const std::string& s : stop_) TE_CHECK(!s.empty(), "TextStream: a stop string is empty");
+}
+
+std::string TextStream::push(int64_t token) {
+  if (stopped_) return "";
+  ids_.push_back(token);
+  const std::string full = tokenizer_.decode(ids_);
+  // The earliest stop string ends the text.
+  std::size_t stop_at = std::string::npos;
+  for (const std::string& s : stop_) {
+    const std::size_t from = emitted_.size() >= s.size() ? emitted_.size() - s.size() + 1 : 0;
+    stop_at = std::min(stop_at, full.find(s, from));
+  }
+  std::size_t safe = full.size();
+  if (stop_at != std::string::npos) {
+    stopped_ = true;
+    safe = stop_at;
+  } else {
+    // Hold back an incomplete character (decoded as U+FFFD) and a possible stop string's start.
+    static const std::string replacement = "\xEF\xBF\xBD";
+    while (safe >= replacement.size() &&
+           full.compare(safe - replacement.size(), replacement.size(), replacement) == 0) {
+      safe -= replacement.size();
+    }
+    const std::size_t end = safe;
+    for (const std::string& s : stop_) {
+      for (std::size_t k = std::min(s.size() - 1, end); k > 0; --k) {
+        if (full.compare(end - k, k, s, 0, k) == 0) {
+          safe = std::min(safe, end - k);
+          break;
+        }
+      }
+    }
+  }
+  if (safe <= emitted_.size()) return "";
+  std::string out = full.substr(emitted_.size(), safe - emitted_.size());
+  emitted_ += out;
+  return out;
+}
+
+std::string TextStream::finish() {
+  if (stopped_ || ids_.empty()) return "";
+  const std::string full = tokenizer_.decode(ids_);
+  if (full.size() <= emitted_.size()) return "";
+  std::string out = full.substr(emitted_.size());
+  emitted_ += out;
+  return out;
+}
+
+std::vector<Generated> generate(CausalLM model, const std::vector<std::vector<int64_t>>& prompts,
+                                const GenerateOptions& options, const EngineOptions& engine_options,
+                                const std::function<void(const TokenEvent&)>& on_token) {
+  Engine engine(std::move(model), engine_options);
+  std::map<int64_t, std::size_t> index;
+  for (std::size_t i = 0; i < prompts.size(); ++i) index[engine.add(prompts[i], options)] = i;
+  std::vector<Generated> out(prompts.size());
+  while (!engine.idle()) {
+    for (TokenEvent& e : engine.step()) {
+      Generated& g = out[index.at(e.request)];
+      g.tokens.push_back(e.token);
+      g.logprobs.push_back(e.logprob);
+      g.top_logprobs.push_back(e.top_logprobs);
+      g.finish_reason = e.finish_reason;
+      if (on_token) {
+        TokenEvent shown = e;
+        shown.request = static_cast<int64_t>(index.at(e.request));
+        on_token(shown);
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace te::hf
