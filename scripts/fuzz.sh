@@ -35,7 +35,8 @@ declare -A sources=(
                   serve/src/json_body.cpp encoder/src/text.cpp"
   [fuzz_checkpoint]="fuzz/fuzz_checkpoint.cpp modules/src/checkpoint_format.cpp
                      te/src/core/error.cpp"
-  [fuzz_hf_config]="fuzz/fuzz_hf_config.cpp hf/src/config.cpp te/src/core/error.cpp"
+  [fuzz_hf_config]="fuzz/fuzz_hf_config.cpp hf/src/config.cpp $(echo hf/src/families/*.cpp)
+                    te/src/core/error.cpp"
   [fuzz_gguf]="fuzz/fuzz_gguf.cpp hf/src/gguf_format.cpp te/src/kernels/ggml.cpp
                te/src/core/error.cpp"
   [fuzz_tokenizer]="fuzz/fuzz_tokenizer.cpp hf/src/tokenizer.cpp hf/src/tokenizer_json.cpp
@@ -47,7 +48,8 @@ declare -A libs=([fuzz_tokenizer]="-licuuc -lpcre2-8")
 targets=(fuzz_sharding fuzz_cola fuzz_request fuzz_checkpoint fuzz_hf_config fuzz_gguf
          fuzz_tokenizer)
 headers=(te/include encoder/include serve/include serve/src/json_body.h
-         modules/src/checkpoint_format.h hf/include)  # a change rebuilds all
+         modules/src/checkpoint_format.h hf/include hf/src/families/family.h
+         hf/src/families/list.h hf/src/families/rope_decoder.h hf/src/json_fields.h)  # a change rebuilds all
 for target in "${targets[@]}"; do
   read -r -a src <<<"$(echo ${sources[$target]})"
   if [ ! -x "$out/$target" ] || [ -n "$(find "${src[@]}" "${headers[@]}" -newer "$out/$target" \

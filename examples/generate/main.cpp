@@ -25,6 +25,7 @@
 #include "te/distributed.h"
 #include "te/error.h"
 #include "te/hf/chat.h"
+#include "te/hf/families.h"
 #include "te/hf/generate.h"
 #include "te/hf/ranks.h"
 #include "te/nn/inference.h"
@@ -283,10 +284,11 @@ void report(const Args& a, const Result& r) {
 
 int main(int argc, char** argv) {
   te::keep_freed_memory();  // steps reuse freed memory (te/runtime/runtime.h)
-  CLI::App app{
-      "te-generate: text generation with a Hugging Face decoder (Llama, Mistral, Qwen2/3, GPT-2; "
-      "a folder or a GGUF file) in te::nn with a KV cache. Streams the text to stdout, then "
-      "prints prefill and decode tokens/s to stderr."};
+  CLI::App app{"te-generate: text generation with a Hugging Face decoder (" +
+               te::hf::causal_lm_family_titles() + "; a folder, or a GGUF file of " +
+               te::hf::causal_lm_family_names(/*gguf=*/true) +
+               ") in te::nn with a KV cache. Streams the text to stdout, then prints prefill and "
+               "decode tokens/s to stderr."};
   app.footer(te::nn::kCpuGemmHelp);
   Args a;
   add_prompt_options(app, a);

@@ -1,9 +1,10 @@
-// A GGUF file as a Hugging Face checkpoint: its config from the metadata (llama.cpp's keys for
-// the llama, qwen2 and qwen3 architectures), its tensors under transformers' names, Llama's
-// query and key rows put back in Hugging Face's order. The names and the permutation are
-// transformers 5.23.0's (integrations/ggml.py GGUF_CONFIG_MAPPING, modeling_gguf_pytorch_utils.py
-// LlamaTensorProcessor._reverse_permute_weights, undoing llama.cpp's convert_hf_to_gguf.py
-// LlamaModel.permute); tests/interop/check_hf_models.py loads the same file with transformers.
+// A GGUF file as a Hugging Face checkpoint: its family from general.architecture (the registry,
+// families/), its config from the metadata (llama.cpp's keys, transformers 5.23.0's
+// integrations/ggml.py GGUF_CONFIG_MAPPING), its tensors under the family's Hugging Face names,
+// query and key rows the converter interleaved put back in Hugging Face's order
+// (modeling_gguf_pytorch_utils.py LlamaTensorProcessor._reverse_permute_weights, undoing
+// llama.cpp's convert_hf_to_gguf.py LlamaModel.permute); tests/interop/check_hf_models.py loads the
+// same file with transformers.
 
 #include <ATen/ATen.h>
 
@@ -11,6 +12,7 @@
 #include <fstream>
 #include <set>
 
+#include "families/family.h"
 #include "source.h"
 #include "te/error.h"
 #include "te/hf/gguf.h"
@@ -19,41 +21,16 @@ namespace te::hf::detail {
 
 namespace {
 
-// Hugging Face name <-> llama.cpp name: whole names, and the parts of layer N.
-const std::vector<std::pair<std::string, std::string>> kGlobal = {
-    {"model.embed_tokens.weight", "token_embd.weight"},
-    {"model.norm.weight", "output_norm.weight"},
-    {"lm_head.weight", "output.weight"}};
-const std::vector<std::pair<std::string, std::string>> kLayer = {
-    {"input_layernorm.weight", "attn_norm.weight"},
-    {"self_attn.q_proj.weight", "attn_q.weight"},
-    {"self_attn.k_proj.weight", "attn_k.weight"},
-    {"self_attn.v_proj.weight", "attn_v.weight"},
-    {"self_attn.o_proj.weight", "attn_output.weight"},
-    {"self_attn.q_proj.bias", "attn_q.bias"},
-    {"self_attn.k_proj.bias", "attn_k.bias"},
-    {"self_attn.v_proj.bias", "attn_v.bias"},
-    {"self_attn.o_proj.bias", "attn_output.bias"},
-    {"self_attn.q_norm.weight", "attn_q_norm.weight"},
-    {"self_attn.k_norm.weight", "attn_k_norm.weight"},
-    {"post_attention_layernorm.weight", "ffn_norm.weight"},
-    {"mlp.gate_proj.weight", "ffn_gate.weight"},
-    {"mlp.up_proj.weight", "ffn_up.weight"},
-    {"mlp.down_proj.weight", "ffn_down.weight"},
-    {"mlp.gate_proj.bias", "ffn_gate.bias"},
-    {"mlp.up_proj.bias", "ffn_up.bias"},
-    {"mlp.down_proj.bias", "ffn_down.bias"}};
-
-// The Hugging Face name of a llama.cpp tensor ("" when it has none).
-std::string to_hf(const std::string& gguf) {
-  for (const auto& [h, g] : kGlobal) {
+// The Hugging Face name of a llama.cpp tensor in the family's names ("" when it has none).
+std::string to_hf(const GgufNames& names, const std::string& gguf) {
+  for (const auto& [h, g] : names.global) {
     if (gguf == g) return h;
   }
   if (gguf.rfind("blk.", 0) != 0) return "";
   const std::size_t dot = gguf.find('.', 4);
   if (dot == std::string::npos) return "";
   const std::string layer = gguf.substr(4, dot - 4), rest = gguf.substr(dot + 1);
-  for (const auto& [h, g] : kLayer) {
+  for (const auto& [h, g] : names.layer) {
     if (rest == g) return "model.layers." + layer + "." + h;
   }
   return "";
@@ -61,8 +38,9 @@ std::string to_hf(const std::string& gguf) {
 
 class GgufSource : public TensorSource {
  public:
-  GgufSource(GgufFile file, const CausalLMConfig& config) : file_(std::move(file)) {
-    permute_ = config.model_type == "llama";
+  GgufSource(GgufFile file, const CausalLMConfig& config, const Family& family)
+      : file_(std::move(file)) {
+    permute_ = family.gguf_interleaved_qk;
     heads_ = config.num_attention_heads;
     kv_heads_ = config.num_key_value_heads;
     for (const GgufTensor& t : file_.header().tensors) {
@@ -71,7 +49,7 @@ class GgufSource : public TensorSource {
       TE_CHECK(t.name != "rope_freqs.weight", "gguf: '", file_.path(),
                "' holds rope_freqs.weight: llama.cpp's Llama 3 RoPE scaling, which te-cpp does "
                "not support");
-      const std::string hf = to_hf(t.name);
+      const std::string hf = to_hf(*family.gguf, t.name);
       const std::string& key = hf.empty() ? t.name : hf;  // no counterpart: stays itself
       const auto [it, added] = names_.emplace(key, t.name);
       TE_CHECK(added, "gguf: '", file_.path(), "' has both '", it->second, "' and '", t.name,
@@ -262,14 +240,12 @@ void read_tensors(ArchKeys& k, CausalLMConfig& c) {
 }
 
 // The config a GGUF file's metadata (llama.cpp's keys) and tensors describe.
-CausalLMConfig gguf_config(const GgufFile& file) {
+CausalLMConfig gguf_config(const GgufFile& file, const Family& family) {
   const std::string& path = file.path();
-  const std::string arch = file.string("general.architecture").value_or("");
-  TE_CHECK(arch == "llama" || arch == "qwen2" || arch == "qwen3", "gguf: '", path,
-           "': general.architecture '", arch, "' is not one te-cpp loads (llama, qwen2, qwen3)");
+  const std::string& arch = family.info.gguf_architecture;
   ArchKeys keys{file, arch, arch + ".", {}};
   CausalLMConfig c;
-  c.model_type = arch;
+  c.model_type = family.info.model_type;
   read_sizes(keys, c);
   read_rope(keys, c);
   read_tensors(keys, c);
@@ -287,9 +263,13 @@ CausalLMConfig gguf_config(const GgufFile& file) {
 
 GgufModel open_gguf_causal_lm(const std::string& path) {
   GgufFile file(path);
+  const std::string arch = file.string("general.architecture").value_or("");
+  const Family* family = find_gguf_family(arch);
+  TE_CHECK(family != nullptr, "gguf: '", path, "': general.architecture '", arch,
+           "' is not one te-cpp loads (", causal_lm_family_names(/*gguf=*/true), ")");
   GgufModel m;
-  m.config = gguf_config(file);
-  m.source = std::make_unique<GgufSource>(std::move(file), m.config);
+  m.config = gguf_config(file, *family);
+  m.source = std::make_unique<GgufSource>(std::move(file), m.config, *family);
   return m;
 }
 

@@ -42,6 +42,8 @@ class Fields {
     read_.insert(key);
     return j_.contains(key) && !j_.at(key).is_null();
   }
+  /// Whether the object holds `key`, null or not (not remembered as read).
+  bool contains(const std::string& key) const { return j_.contains(key); }
   int64_t integer(const std::string& key) {
     TE_CHECK(has(key), kind_, ": '", path_, "': ", what_, key, " is missing; a ", kind_,
              " of this kind needs it");

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "families/family.h"
 #include "source.h"
 #include "te/distributed.h"
 #include "te/error.h"
@@ -25,86 +26,8 @@ namespace te::hf {
 
 namespace fs = std::filesystem;
 
-namespace {
-
-// GPT-2 (GPT2LMHeadModel's names): Conv1D weights are [in, out] already, as te keeps kernels;
-// c_attn's columns are the query, key and value slots of the fused qkv_kernel [in, 3, out].
-WeightMap gpt2_weight_map(const CausalLMConfig& c) {
-  WeightMap m;
-  const int64_t h = c.hidden_size;
-  auto whole = [&](const std::string& te, const std::string& hf) { m[te] = {{hf}}; };
-  auto norm = [&](const std::string& te, const std::string& hf) {
-    whole(te + ".scale", hf + ".weight");
-    whole(te + ".ln_bias", hf + ".bias");
-  };
-  whole("embed.embedding", "transformer.wte.weight");
-  whole("position.embedding", "transformer.wpe.weight");
-  norm("norm", "transformer.ln_f");
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    const std::string te = "layers." + std::to_string(i) + ".";
-    const std::string hf = "transformer.h." + std::to_string(i) + ".";
-    norm(te + "self_attention.layernorm", hf + "ln_1");
-    for (int64_t k = 0; k < 3; ++k) {
-      m[te + "self_attention.qkv_kernel"].push_back(
-          {hf + "attn.c_attn.weight", 1, k, false, 1, k * h, h, 3 * h});
-      m[te + "self_attention.qkv_bias"].push_back(
-          {hf + "attn.c_attn.bias", 0, k, false, 0, k * h, h, 3 * h});
-    }
-    whole(te + "self_attention.out_kernel", hf + "attn.c_proj.weight");
-    whole(te + "self_attention.out_bias", hf + "attn.c_proj.bias");
-    norm(te + "mlp.layernorm", hf + "ln_2");
-    m[te + "mlp.wi_kernel"] = {{hf + "mlp.c_fc.weight", 1, 0, false}};
-    m[te + "mlp.wi_bias"] = {{hf + "mlp.c_fc.bias", 0, 0, false}};
-    whole(te + "mlp.wo_kernel", hf + "mlp.c_proj.weight");
-    whole(te + "mlp.wo_bias", hf + "mlp.c_proj.bias");
-  }
-  // An untied head is an nn.Linear [vocab, hidden]: transposed.
-  if (!c.tie_word_embeddings) m["lm_head.kernel"] = {{"lm_head.weight", -1, 0, true}};
-  return m;
-}
-
-}  // namespace
-
 WeightMap causal_lm_weight_map(const CausalLMConfig& c) {
-  if (c.model_type == "gpt2") return gpt2_weight_map(c);
-  WeightMap m;
-  auto whole = [&](const std::string& te, const std::string& hf) { m[te] = {{hf}}; };
-  auto kernel = [&](const std::string& te, const std::string& hf) {
-    m[te] = {{hf, -1, 0, /*transpose=*/true}};
-  };
-  // A stacked kernel [in, 2, out] (slots on dim 1) and its bias [2, out] (slots on dim 0).
-  auto pair = [&](const std::string& te, const std::string& a, const std::string& b, bool bias) {
-    m[te] = {{a, bias ? 0 : 1, 0, !bias}, {b, bias ? 0 : 1, 1, !bias}};
-  };
-  whole("embed.embedding", "model.embed_tokens.weight");
-  whole("norm.scale", "model.norm.weight");
-  if (!c.tie_word_embeddings) kernel("lm_head.kernel", "lm_head.weight");
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    const std::string te = "layers." + std::to_string(i) + ".";
-    const std::string hf = "model.layers." + std::to_string(i) + ".";
-    const std::string attn = hf + "self_attn.", mlp = hf + "mlp.";
-    whole(te + "self_attention.layernorm.scale", hf + "input_layernorm.weight");
-    kernel(te + "self_attention.q_kernel", attn + "q_proj.weight");
-    pair(te + "self_attention.kv_kernel", attn + "k_proj.weight", attn + "v_proj.weight", false);
-    kernel(te + "self_attention.out_kernel", attn + "o_proj.weight");
-    if (c.qkv_bias) {
-      whole(te + "self_attention.q_bias", attn + "q_proj.bias");
-      pair(te + "self_attention.kv_bias", attn + "k_proj.bias", attn + "v_proj.bias", true);
-    }
-    if (c.attention_bias) whole(te + "self_attention.out_bias", attn + "o_proj.bias");
-    if (c.qk_norm) {
-      whole(te + "self_attention.q_norm.scale", attn + "q_norm.weight");
-      whole(te + "self_attention.k_norm.scale", attn + "k_norm.weight");
-    }
-    whole(te + "mlp.layernorm.scale", hf + "post_attention_layernorm.weight");
-    pair(te + "mlp.wi_kernel", mlp + "gate_proj.weight", mlp + "up_proj.weight", false);
-    kernel(te + "mlp.wo_kernel", mlp + "down_proj.weight");
-    if (c.mlp_bias) {
-      pair(te + "mlp.wi_bias", mlp + "gate_proj.bias", mlp + "up_proj.bias", true);
-      whole(te + "mlp.wo_bias", mlp + "down_proj.bias");
-    }
-  }
-  return m;
+  return detail::family_of(c, "causal_lm_weight_map").weight_map(c);
 }
 
 namespace {
@@ -298,12 +221,13 @@ std::shared_ptr<const nn::BlockMatrix> blocks_of(const std::vector<HfSource>& so
   const int64_t rows = kernel ? shape.back() : shape[0];
   for (std::size_t i = 0; i < sources.size(); ++i) {
     const HfSource& s = sources[i];
-    if (s.transpose != kernel || s.narrow_dim >= 0 ||
-        s.slot_dim != (stacked ? 1 : -1) || (stacked && s.slot != static_cast<int64_t>(i))) {
+    if (s.transpose != kernel || s.narrow_dim >= 0 || s.slot_dim != (stacked ? 1 : -1) ||
+        (stacked && s.slot != static_cast<int64_t>(i))) {
       return nullptr;
     }
     const std::shared_ptr<const nn::BlockMatrix> m = source.blocks(s.name);
-    if (m == nullptr || m->cols != out->cols || m->rows != rows || (i > 0 && m->type != out->type)) {
+    if (m == nullptr || m->cols != out->cols || m->rows != rows ||
+        (i > 0 && m->type != out->type)) {
       return nullptr;
     }
     out->type = m->type;
@@ -389,12 +313,14 @@ CausalLM load_causal_lm(const std::string& path_text, const LoadOptions& options
     config = read_causal_lm_config(path.string());
     source = detail::open_safetensors_dir(path.string());
   }
-  WeightMap map = causal_lm_weight_map(config);
-  // GPT-2 checkpoints saved from GPT2Model (openai-community/gpt2's own) name their tensors
-  // without GPT2LMHeadModel's "transformer." prefix.
-  std::string prefix = config.model_type == "gpt2" ? "transformer." : "";
-  if (!prefix.empty() && !source->contains("transformer.wte.weight") &&
-      source->contains("wte.weight")) {
+  const detail::Family& family =
+      detail::family_of(config, "load_causal_lm: '" + path.string() + "'");
+  WeightMap map = family.weight_map(config);
+  // A checkpoint saved from the family's base model (GPT2Model: openai-community/gpt2's own)
+  // names its tensors without the LM head class's prefix.
+  std::string prefix = family.base_prefix;
+  if (!prefix.empty() && !source->contains(map.at("embed.embedding").front().name) &&
+      source->contains(map.at("embed.embedding").front().name.substr(prefix.size()))) {
     for (auto& [te_name, sources] : map) {
       for (HfSource& s : sources) {
         if (s.name.rfind(prefix, 0) == 0) s.name = s.name.substr(prefix.size());
@@ -402,22 +328,13 @@ CausalLM load_causal_lm(const std::string& path_text, const LoadOptions& options
     }
     prefix.clear();
   }
-  // A tied head saved anyway, RoPE tables older checkpoints keep and GPT-2's causal-mask
-  // buffers (attn.bias, attn.masked_bias) are not weights.
+  // A tied head saved anyway is not a weight, nor are the buffers the family saves with them.
   const bool tied = config.tie_word_embeddings;
-  const std::string blocks = prefix + "h.";
   return detail::load_into<CausalLM>(
       config,
       {map, "load_causal_lm", path.string(), config.model_type, gguf, options.strict,
-       [tied, blocks, gpt2 = config.model_type == "gpt2"](const std::string& name) {
-         const auto ends = [&](const std::string& tail) {
-           return name.size() > tail.size() &&
-                  name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
-         };
-         return (tied && name == "lm_head.weight") ||
-                name.find("rotary_emb.inv_freq") != std::string::npos ||
-                (gpt2 && name.rfind(blocks, 0) == 0 &&
-                 (ends(".attn.bias") || ends(".attn.masked_bias")));
+       [tied, prefix, derived = family.derived](const std::string& name) {
+         return (tied && name == "lm_head.weight") || derived(name, prefix);
        }},
       *source, options);
 }

@@ -1,6 +1,7 @@
 #include <CLI/CLI.hpp>
 
 #include "args.h"
+#include "te/hf/families.h"
 
 namespace te_serve {
 
@@ -27,9 +28,12 @@ void add_model_and_batching(CLI::App& app, Args& args) {
                                "A Hugging Face sentence-transformers folder (config.json, "
                                "model.safetensors, tokenizer.json, modules.json, 1_Pooling/; "
                                "e.g. all-MiniLM-L6-v2): serves POST /v1/embeddings. A GGUF file "
-                               "or a decoder folder (config.json of a Llama, Mistral, Qwen2/3 "
-                               "or GPT-2, model.safetensors, tokenizer.json): serves POST "
-                               "/v1/completions and /v1/chat/completions");
+                               "(" +
+                                   te::hf::causal_lm_family_names(/*gguf=*/true) +
+                                   ") or a decoder folder (config.json of " +
+                                   te::hf::causal_lm_family_titles() +
+                                   "; model.safetensors, tokenizer.json): serves POST "
+                                   "/v1/completions and /v1/chat/completions");
   load->excludes(model);
   model->excludes(load);
   app.add_option("--host", args.server.host, "Address to listen on")->capture_default_str();

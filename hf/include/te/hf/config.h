@@ -17,11 +17,11 @@
 
 namespace te::hf {
 
-/// A decoder-only language model: the Llama family, Llama (2, 3, SmolLM2), Mistral, Qwen2, Qwen3
-/// (model_type "llama", "mistral", "qwen2", "qwen3": pre-RMSNorm layers, RoPE, grouped query
-/// attention, a SwiGLU MLP, an optional sliding window per layer, a tied or separate head), and
-/// GPT-2 ("gpt2": learned positions, pre-LayerNorm layers with biases everywhere, a fused
-/// query/key/value projection, a gelu MLP, a tied head).
+/// A decoder-only language model of a registered family (te/hf/families.h: the Llama family,
+/// Llama, Mistral, Qwen2, Qwen3, with pre-RMSNorm layers, RoPE, grouped query attention, a SwiGLU
+/// MLP, an optional sliding window per layer, a tied or separate head; and GPT-2, with learned
+/// positions, pre-LayerNorm layers with biases everywhere, a fused query/key/value projection, a
+/// gelu MLP, a tied head). The fields are what the families differ by.
 struct CausalLMConfig {
   std::string model_type;
   int64_t vocab_size = 0;

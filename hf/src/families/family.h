@@ -1,0 +1,62 @@
+#pragma once
+
+// A decoder family as te::hf's loaders use it (the public face is te/hf/families.h): what it
+// reads from config.json, its checkpoint's tensors under Hugging Face's names (WeightMap), the
+// tensors saved beside them that are not weights, and llama.cpp's names for them in a GGUF file.
+// Each family is one file in this folder defining its Family, listed by one line in list.h.
+
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../json_fields.h"
+#include "te/hf/config.h"
+#include "te/hf/families.h"
+#include "te/hf/weights.h"
+
+namespace te::hf::detail {
+
+/// A checkpoint tensor's Hugging Face name and its llama.cpp name in a GGUF file: whole names,
+/// and the parts after "model.layers.N." / "blk.N.".
+struct GgufNames {
+  std::vector<std::pair<std::string, std::string>> global, layer;
+};
+
+struct Family {
+  FamilyInfo info;
+  /// Reads config.json's fields other than model_type, architectures and dtype into `config`
+  /// (model_type already set). Every field it does not read is refused unless `metadata` or
+  /// kMetadata names it.
+  void (*read_config)(Fields& fields, CausalLMConfig& config) = nullptr;
+  /// Fields of this family's config.json that cannot change the model (a task head's, ...).
+  std::set<std::string> metadata;
+  /// te parameter -> checkpoint tensors (Hugging Face's names and layout).
+  WeightMap (*weight_map)(const CausalLMConfig& config) = nullptr;
+  /// Checkpoints saved from the base model (without the LM head) name their tensors without
+  /// this prefix of the weight map's ("transformer." for GPT-2; "" when there is no such form).
+  std::string base_prefix;
+  /// Whether a checkpoint tensor is not a weight (a buffer saved with them: a causal mask, RoPE
+  /// tables); `prefix` is the weight names' prefix in this checkpoint ("" or base_prefix).
+  bool (*derived)(const std::string& name, const std::string& prefix) = nullptr;
+  /// llama.cpp's names (nullptr: te-cpp reads no GGUF file of this family).
+  const GgufNames* gguf = nullptr;
+  /// llama.cpp's converter stores each head's query and key rows interleaved (pairs 2i, 2i + 1
+  /// where Hugging Face has halves i, i + d/2): Llama's permute, undone on reading.
+  bool gguf_interleaved_qk = false;
+};
+
+/// The family of config.json's model_type, nullptr when none is registered.
+const Family* find_family(const std::string& model_type);
+/// The family of a config te-cpp built (te::Error naming `where` and the registered families
+/// when its model_type is none of them: a config made by hand).
+const Family& family_of(const CausalLMConfig& config, const std::string& where);
+/// The family of a GGUF file's general.architecture, nullptr when none reads it.
+const Family* find_gguf_family(const std::string& architecture);
+
+// Each family's definition (one file each), declared by list.h.
+#define TE_HF_FAMILY(name) const Family& name##_family();
+#include "list.h"
+#undef TE_HF_FAMILY
+
+}  // namespace te::hf::detail

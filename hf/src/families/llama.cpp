@@ -1,0 +1,36 @@
+// Llama (2, 3, SmolLM2): transformers' LlamaForCausalLM. Optional q/k/v/o biases
+// (attention_bias) and MLP biases (mlp_bias); no sliding window (sliding_window and layer_types
+// are unread, so refused). In GGUF ("llama"), llama.cpp's converter interleaves each head's
+// query and key rows (convert_hf_to_gguf.py LlamaModel.permute; transformers 5.23.0
+// modeling_gguf_pytorch_utils.py LlamaTensorProcessor undoes it).
+
+#include "rope_decoder.h"
+
+namespace te::hf::detail {
+
+namespace {
+
+void read_config(Fields& f, CausalLMConfig& c) {
+  read_rope_decoder_config(f, c);
+  c.attention_bias = f.boolean_or("attention_bias", false);
+  c.qkv_bias = c.attention_bias;
+  c.mlp_bias = f.boolean_or("mlp_bias", false);
+}
+
+}  // namespace
+
+const Family& llama_family() {
+  static const Family kFamily = [] {
+    Family f;
+    f.info = {"llama", "LlamaForCausalLM", "llama", "Llama (2, 3, SmolLM2)"};
+    f.read_config = read_config;
+    f.weight_map = rope_decoder_weight_map;
+    f.derived = rope_decoder_derived;
+    f.gguf = &kRopeDecoderGguf;
+    f.gguf_interleaved_qk = true;
+    return f;
+  }();
+  return kFamily;
+}
+
+}  // namespace te::hf::detail

@@ -1,0 +1,34 @@
+// Qwen3: transformers' Qwen3ForCausalLM. A per-head RMSNorm of queries and keys before RoPE
+// (q_norm, k_norm); optional q/k/v/o biases (attention_bias); Qwen's sliding windows. GGUF:
+// "qwen3", rows as in transformers.
+
+#include "rope_decoder.h"
+
+namespace te::hf::detail {
+
+namespace {
+
+void read_config(Fields& f, CausalLMConfig& c) {
+  read_rope_decoder_config(f, c);
+  c.attention_bias = f.boolean_or("attention_bias", false);
+  c.qkv_bias = c.attention_bias;
+  c.qk_norm = true;
+  read_qwen_windows(f, c);
+}
+
+}  // namespace
+
+const Family& qwen3_family() {
+  static const Family kFamily = [] {
+    Family f;
+    f.info = {"qwen3", "Qwen3ForCausalLM", "qwen3", "Qwen3"};
+    f.read_config = read_config;
+    f.weight_map = rope_decoder_weight_map;
+    f.derived = rope_decoder_derived;
+    f.gguf = &kRopeDecoderGguf;
+    return f;
+  }();
+  return kFamily;
+}
+
+}  // namespace te::hf::detail

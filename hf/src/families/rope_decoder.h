@@ -1,0 +1,34 @@
+#pragma once
+
+// The decoder Llama, Mistral, Qwen2 and Qwen3 share (transformers' LlamaModel layout):
+// pre-RMSNorm layers, RoPE, grouped query attention, a SwiGLU MLP, a tied or separate head. Each
+// of those families' files reads the shared fields here, then its own (biases, q/k norms,
+// sliding windows).
+
+#include "family.h"
+
+namespace te::hf::detail {
+
+/// config.json's shared fields: sizes, hidden_act (silu), pretraining_tp, attention_dropout,
+/// tie_word_embeddings, pad_token_id, RoPE (rope_parameters or rope_theta and rope_scaling,
+/// partial_rotary_factor). Every layer starts with no sliding window.
+void read_rope_decoder_config(Fields& f, CausalLMConfig& c);
+
+/// Qwen2's and Qwen3's windows: only with use_sliding_window, on the layers layer_types names
+/// sliding_attention (or, without it, from max_window_layers on: 28 when absent), of
+/// sliding_window positions (4096 when absent, none when null).
+void read_qwen_windows(Fields& f, CausalLMConfig& c);
+
+/// transformers' names: model.embed_tokens, model.layers.N.{input_layernorm, self_attn.{q,k,v,o}
+/// _proj, q_norm, k_norm, post_attention_layernorm, mlp.{gate,up,down}_proj}, model.norm,
+/// lm_head; the biases and q/k norms the config has.
+WeightMap rope_decoder_weight_map(const CausalLMConfig& c);
+
+/// The RoPE tables older checkpoints keep (rotary_emb.inv_freq).
+bool rope_decoder_derived(const std::string& name, const std::string& prefix);
+
+/// llama.cpp's names for the same tensors (convert_hf_to_gguf.py's, as transformers' GGUF
+/// loader maps them back).
+extern const GgufNames kRopeDecoderGguf;
+
+}  // namespace te::hf::detail

@@ -1,0 +1,92 @@
+// The decoder family registry (te/hf/families.h, hf/src/families/): the supported list that
+// errors, --help and the docs give is the registry's, and each registered family reads its own
+// config.json (model_type and architecture from its entry).
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <iterator>
+#include <nlohmann/json.hpp>
+
+#include "../expect_error.h"
+#include "te/hf/causal_lm.h"
+#include "te/hf/config.h"
+#include "te/hf/families.h"
+
+namespace te::hf {
+namespace {
+
+using nlohmann::json;
+
+std::string read_text(const std::string& relative) {
+  std::ifstream in(std::string(TE_SOURCE_DIR) + "/" + relative, std::ios::binary);
+  EXPECT_TRUE(in.good()) << relative;
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+TEST(Families, NamesAreTheRegistrys) {
+  const auto& families = causal_lm_families();
+  ASSERT_FALSE(families.empty());
+  std::string names, gguf;
+  for (const FamilyInfo& f : families) {
+    EXPECT_FALSE(f.model_type.empty());
+    EXPECT_FALSE(f.architecture.empty()) << f.model_type;
+    EXPECT_FALSE(f.title.empty()) << f.model_type;
+    names += (names.empty() ? "" : ", ") + f.model_type;
+    if (!f.gguf_architecture.empty()) gguf += (gguf.empty() ? "" : ", ") + f.gguf_architecture;
+  }
+  EXPECT_EQ(causal_lm_family_names(), names);
+  EXPECT_EQ(causal_lm_family_names(/*gguf=*/true), gguf);
+}
+
+TEST(Families, AnUnknownModelTypeIsRefusedWithTheRegisteredList) {
+  EXPECT_ERROR(parse_causal_lm_config(R"({"model_type": "gemma"})", "config.json"),
+               "model_type: 'gemma' is not a causal LM family te-cpp loads (" +
+                   causal_lm_family_names() + "; a bert encoder loads with te::hf::load_encoder)");
+  CausalLMConfig hand_made;
+  hand_made.model_type = "falcon";
+  EXPECT_ERROR(causal_lm_weight_map(hand_made),
+               "causal_lm_weight_map: model_type 'falcon' is not a causal LM family");
+}
+
+// Each family's entry is what its config is read by: its architecture accepted, another
+// family's refused naming its own.
+TEST(Families, EachFamilyReadsConfigsOfItsOwnArchitecture) {
+  const auto& families = causal_lm_families();
+  for (std::size_t i = 0; i < families.size(); ++i) {
+    const FamilyInfo& f = families[i];
+    const FamilyInfo& other = families[(i + 1) % families.size()];
+    json j = {{"model_type", f.model_type}, {"architectures", {f.architecture}},
+              {"vocab_size", 64},           {"hidden_size", 16},
+              {"intermediate_size", 24},    {"num_hidden_layers", 2},
+              {"num_attention_heads", 4}};
+    if (f.model_type == "gpt2") j = {{"model_type", "gpt2"}, {"architectures", {f.architecture}}};
+    const CausalLMConfig c = parse_causal_lm_config(j.dump(), "config.json");
+    EXPECT_EQ(c.model_type, f.model_type);
+    EXPECT_FALSE(causal_lm_weight_map(c).empty()) << f.model_type;
+    j["architectures"] = {other.architecture};
+    EXPECT_ERROR(parse_causal_lm_config(j.dump(), "config.json"),
+                 "architectures: entry \"" + other.architecture +
+                     "\" is not one te-cpp builds for model_type '" + f.model_type + "' (" +
+                     f.architecture + ")");
+  }
+}
+
+// The README and the guide name every registered family (the guide by its model_type and, where
+// te-cpp reads its GGUF files, its GGUF architecture).
+TEST(Families, TheDocsNameEveryRegisteredFamily) {
+  const std::string readme = read_text("README.md"), guide = read_text("docs/guide.md");
+  for (const FamilyInfo& f : causal_lm_families()) {
+    const std::string name = f.title.substr(0, f.title.find(" ("));
+    EXPECT_NE(readme.find(name), std::string::npos) << "README.md does not name " << name;
+    EXPECT_NE(guide.find("`" + f.model_type + "`"), std::string::npos)
+        << "docs/guide.md does not name model_type `" << f.model_type << "`";
+    if (!f.gguf_architecture.empty()) {
+      EXPECT_NE(guide.find("`" + f.gguf_architecture + "`"), std::string::npos)
+          << "docs/guide.md does not name GGUF architecture `" << f.gguf_architecture << "`";
+    }
+  }
+}
+
+}  // namespace
+}  // namespace te::hf
