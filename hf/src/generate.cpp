@@ -5,8 +5,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
 #include <iterator>
 #include <map>
+#include <memory>
+#include <optional>
 #include <set>
 #include <variant>
 
@@ -16,103 +19,6 @@
 #include "te/nn/sharded.h"
 
 namespace te::hf {
-
-// ---- Sampler -------------------------------------------------------------------------------
-
-void check_sampling(const SamplingOptions& o, const std::string& who) {
-  TE_CHECK(std::isfinite(o.temperature) && o.temperature >= 0, who, ".temperature ", o.temperature,
-           " must be >= 0 (0: greedy)");
-  TE_CHECK(o.top_k >= 0, who, ".top_k ", o.top_k, " must be >= 0 (0: off)");
-  TE_CHECK(o.top_p > 0 && o.top_p <= 1, who, ".top_p ", o.top_p, " must be in (0, 1]");
-  TE_CHECK(o.min_p >= 0 && o.min_p <= 1, who, ".min_p ", o.min_p, " must be in [0, 1]");
-  TE_CHECK(std::isfinite(o.repetition_penalty) && o.repetition_penalty > 0, who,
-           ".repetition_penalty ", o.repetition_penalty, " must be > 0 (1: off)");
-  TE_CHECK(o.presence_penalty >= -2 && o.presence_penalty <= 2, who, ".presence_penalty ",
-           o.presence_penalty, " must be in [-2, 2] (0: off)");
-  TE_CHECK(o.frequency_penalty >= -2 && o.frequency_penalty <= 2, who, ".frequency_penalty ",
-           o.frequency_penalty, " must be in [-2, 2] (0: off)");
-}
-
-bool SamplingOptions::is_greedy() const {
-  return temperature == 0 && repetition_penalty == 1.0 && presence_penalty == 0 &&
-         frequency_penalty == 0;
-}
-
-Sampler::Sampler(const SamplingOptions& options) : options_(options), random_(options.seed) {
-  check_sampling(options_);
-}
-
-at::Tensor Sampler::distribution(const at::Tensor& logits, const std::vector<int64_t>& context,
-                                 std::size_t generated_from) const {
-  TE_CHECK(logits.dim() == 1, "Sampler: logits must be [vocab], got ", logits.sizes());
-  const SamplingOptions& o = options_;
-  at::Tensor l = logits.detach().to(at::kCPU, at::kFloat).clone();
-  const int64_t vocab = l.size(0);
-  const float neg_inf = -std::numeric_limits<float>::infinity();
-  if (o.repetition_penalty != 1.0) {  // RepetitionPenaltyLogitsProcessor
-    auto* p = l.data_ptr<float>();
-    const auto penalty = static_cast<float>(o.repetition_penalty);
-    for (int64_t id : std::set<int64_t>(context.begin(), context.end())) {
-      if (id < 0 || id >= vocab) continue;
-      p[id] = p[id] < 0 ? p[id] * penalty : p[id] / penalty;
-    }
-  }
-  if (o.presence_penalty != 0 || o.frequency_penalty != 0) {  // OpenAI's, as vLLM's
-    std::map<int64_t, int64_t> counts;
-    for (std::size_t i = std::min(generated_from, context.size()); i < context.size(); ++i) {
-      ++counts[context[i]];
-    }
-    auto* p = l.data_ptr<float>();
-    for (const auto& [id, n] : counts) {
-      if (id < 0 || id >= vocab) continue;
-      p[id] -=
-          static_cast<float>(o.frequency_penalty * static_cast<double>(n) + o.presence_penalty);
-    }
-  }
-  if (o.temperature == 0) {
-    return at::zeros({vocab}, at::kFloat).index_fill_(0, l.argmax(), 1.0);
-  }
-  if (o.temperature != 1.0) l = l / o.temperature;  // TemperatureLogitsWarper
-  if (o.top_k > 0 && o.top_k < vocab) {             // TopKLogitsWarper: ties with the k-th kept
-    const at::Tensor kth = std::get<0>(at::topk(l, o.top_k)).select(0, o.top_k - 1);
-    l = l.masked_fill(l < kth, neg_inf);
-  }
-  if (o.top_p < 1.0) {  // TopPLogitsWarper: drop the least likely whose mass is <= 1 - top_p
-    const auto [sorted, order] = at::sort(l, /*dim=*/0, /*descending=*/false);
-    at::Tensor drop = sorted.softmax(0).cumsum(0) <= (1.0 - o.top_p);
-    drop.select(0, vocab - 1).fill_(false);
-    l = l.masked_fill(at::zeros_like(drop).scatter_(0, order, drop), neg_inf);
-  }
-  if (o.min_p > 0) {  // MinPLogitsWarper: below min_p x the top probability
-    const at::Tensor probs = l.softmax(0);
-    at::Tensor drop = probs < probs.max() * o.min_p;
-    drop.index_fill_(0, probs.argmax(), false);
-    l = l.masked_fill(drop, neg_inf);
-  }
-  return l.softmax(0);
-}
-
-int64_t Sampler::next(const at::Tensor& logits, const std::vector<int64_t>& context,
-                      std::size_t generated_from) {
-  if (options_.is_greedy()) {
-    return logits.argmax().item<int64_t>();  // greedy: distribution()'s one-hot, without it
-  }
-  const at::Tensor probs = distribution(logits, context, generated_from);
-  if (options_.temperature == 0) return probs.argmax().item<int64_t>();
-  // One uniform draw in [0, 1) with 53 random bits, then the first id whose cumulative
-  // probability passes it (in double, over the ids in order).
-  const double u = static_cast<double>(random_() >> 11) * 0x1.0p-53;
-  const at::Tensor cdf = probs.to(at::kDouble).cumsum(0);
-  const auto* c = cdf.data_ptr<double>();
-  const int64_t vocab = cdf.size(0);
-  const double total = c[vocab - 1];
-  int64_t id = std::upper_bound(c, c + vocab, u * total) - c;
-  id = std::min(id, vocab - 1);
-  while (id > 0 && probs[id].item<float>() == 0) --id;  // never a filtered-out token
-  return id;
-}
-
-// ---- Engine ---------------------------------------------------------------------------------
 
 namespace {
 
@@ -142,7 +48,58 @@ struct te::hf::wire::Fields<te::hf::GroupStep> {
 
 namespace te::hf {
 
-Engine::Engine(CausalLM model, const EngineOptions& options)
+// The engine's state and scheduler; Engine's public calls forward here.
+struct Engine::Impl {
+  Impl(CausalLM model, const EngineOptions& options);
+  int64_t add(const std::vector<int64_t>& prompt, const GenerateOptions& options);
+  void cancel(int64_t id);
+  std::vector<TokenEvent> step();
+  EngineStats stats() const;
+
+  struct Sequence {
+    int64_t id = 0;
+    std::vector<int64_t> tokens;  // prompt, then generated
+    int64_t prompt_length = 0;
+    int64_t cached = 0;  // tokens in the cache
+    int64_t generated = 0;
+    GenerateOptions options;
+    std::unique_ptr<Sampler> sampler;
+  };
+  TokenEvent sample(Sequence& seq, const at::Tensor& logits);
+  /// This rank's group's counters (the engine's own without data parallelism).
+  EngineStats local_stats() const;
+  /// step() of this rank's group alone.
+  std::vector<TokenEvent> step_group();
+  /// A step's sequences and the tokens each runs: the running ones (the latest admitted
+  /// preempted until their step fits the cache), then waiting ones admitted first come, first
+  /// served while the token budget and the cache allow.
+  using Plan = std::vector<std::pair<Sequence*, int64_t>>;
+  Plan plan_step();
+  /// Data parallel: every group's tokens of this step, from this group's `mine`.
+  std::vector<TokenEvent> exchange(std::vector<TokenEvent> mine);
+  int64_t live_requests(int64_t group) const;
+
+  /// The data axis when data parallel (the mesh dim "batch" resolves to, of size > 1).
+  struct DataParallel {
+    DeviceMesh mesh;
+    int64_t dim = 0, size = 1, group = 0;
+    AxisRules step_rules;  ///< the rules in scope, with "batch" held unsharded
+  };
+  std::optional<DataParallel> dp_;
+  std::map<int64_t, int64_t> remote_;  ///< other groups' live requests: id -> group
+  EngineStats remote_stats_;           ///< their counters at the last exchange
+
+  CausalLM model_;
+  EngineOptions options_;
+  int64_t max_len_ = 0;
+  std::unique_ptr<te::nn::InferenceParams> cache_;
+  std::deque<std::unique_ptr<Sequence>> waiting_;
+  std::vector<std::unique_ptr<Sequence>> running_;  // in admission order
+  int64_t next_id_ = 0;
+  EngineStats stats_;
+};
+
+Engine::Impl::Impl(CausalLM model, const EngineOptions& options)
     : model_(std::move(model)), options_(options) {
   const EngineOptions& o = options_;
   const CausalLMConfig& c = model_->config;
@@ -199,7 +156,7 @@ Engine::Engine(CausalLM model, const EngineOptions& options)
   }
 }
 
-int64_t Engine::add(const std::vector<int64_t>& prompt, const GenerateOptions& options) {
+int64_t Engine::Impl::add(const std::vector<int64_t>& prompt, const GenerateOptions& options) {
   check_sampling(options.sampling, "sampling");
   TE_CHECK(!prompt.empty(), "Engine::add: the prompt has no tokens");
   TE_CHECK(options.max_tokens >= 1, "Engine::add: max_tokens ", options.max_tokens,
@@ -236,13 +193,13 @@ int64_t Engine::add(const std::vector<int64_t>& prompt, const GenerateOptions& o
   return waiting_.back()->id;
 }
 
-int64_t Engine::live_requests(int64_t group) const {
+int64_t Engine::Impl::live_requests(int64_t group) const {
   if (dp_ && group == dp_->group) return static_cast<int64_t>(waiting_.size() + running_.size());
   return std::count_if(remote_.begin(), remote_.end(),
                        [group](const auto& r) { return r.second == group; });
 }
 
-void Engine::cancel(int64_t id) {
+void Engine::Impl::cancel(int64_t id) {
   if (remote_.erase(id) > 0) return;  // its group cancels it
   auto match = [id](const std::unique_ptr<Sequence>& s) { return s->id == id; };
   waiting_.erase(std::remove_if(waiting_.begin(), waiting_.end(), match), waiting_.end());
@@ -250,7 +207,7 @@ void Engine::cancel(int64_t id) {
   cache_->end(id);
 }
 
-EngineStats Engine::local_stats() const {
+EngineStats Engine::Impl::local_stats() const {
   EngineStats s = stats_;
   s.running = static_cast<int64_t>(running_.size());
   s.waiting = static_cast<int64_t>(waiting_.size());
@@ -259,7 +216,7 @@ EngineStats Engine::local_stats() const {
   return s;
 }
 
-EngineStats Engine::stats() const {
+EngineStats Engine::Impl::stats() const {
   EngineStats s = local_stats();
   if (dp_) {  // the other groups' as of the last step; requests added since wait there
     const EngineStats& r = remote_stats_;
@@ -275,7 +232,7 @@ EngineStats Engine::stats() const {
   return s;
 }
 
-TokenEvent Engine::sample(Sequence& seq, const at::Tensor& logits) {
+TokenEvent Engine::Impl::sample(Sequence& seq, const at::Tensor& logits) {
   TokenEvent e;
   e.request = seq.id;
   e.token = seq.sampler->next(logits, seq.tokens, static_cast<std::size_t>(seq.prompt_length));
@@ -301,7 +258,7 @@ TokenEvent Engine::sample(Sequence& seq, const at::Tensor& logits) {
   return e;
 }
 
-std::vector<TokenEvent> Engine::step() {
+std::vector<TokenEvent> Engine::Impl::step() {
   if (!dp_) return step_group();
   std::vector<TokenEvent> mine;
   {
@@ -311,7 +268,7 @@ std::vector<TokenEvent> Engine::step() {
   return exchange(std::move(mine));
 }
 
-std::vector<TokenEvent> Engine::exchange(std::vector<TokenEvent> mine) {
+std::vector<TokenEvent> Engine::Impl::exchange(std::vector<TokenEvent> mine) {
   c10::InferenceMode inference;
   GroupStep step{std::move(mine), local_stats()};
   // One group's message per coordinate of the data-parallel dim (te::hf::wire's bytes).
@@ -340,7 +297,7 @@ std::vector<TokenEvent> Engine::exchange(std::vector<TokenEvent> mine) {
   return events;
 }
 
-Engine::Plan Engine::plan_step() {
+Engine::Impl::Plan Engine::Impl::plan_step() {
   const EngineOptions& o = options_;
   // What the cache holds now: the last step's sequences (every other has been freed).
   auto blocks_held = [&](int64_t id) {
@@ -402,7 +359,7 @@ Engine::Plan Engine::plan_step() {
   return plan;
 }
 
-std::vector<TokenEvent> Engine::step_group() {
+std::vector<TokenEvent> Engine::Impl::step_group() {
   c10::InferenceMode inference;
   const Plan plan = plan_step();
   if (plan.empty()) {  // nothing to run: free what the cache still holds
@@ -439,5 +396,24 @@ std::vector<TokenEvent> Engine::step_group() {
   for (int64_t id : finished) cache_->end(id);
   return events;
 }
+
+Engine::Engine(CausalLM model, const EngineOptions& options)
+    : impl_(std::make_unique<Impl>(std::move(model), options)) {}
+Engine::~Engine() = default;
+Engine::Engine(Engine&&) noexcept = default;
+Engine& Engine::operator=(Engine&&) noexcept = default;
+
+int64_t Engine::add(const std::vector<int64_t>& prompt, const GenerateOptions& options) {
+  return impl_->add(prompt, options);
+}
+void Engine::cancel(int64_t id) { impl_->cancel(id); }
+std::vector<TokenEvent> Engine::step() { return impl_->step(); }
+bool Engine::idle() const {
+  return impl_->waiting_.empty() && impl_->running_.empty() && impl_->remote_.empty();
+}
+EngineStats Engine::stats() const { return impl_->stats(); }
+const te::nn::InferenceParams& Engine::cache() const { return *impl_->cache_; }
+int64_t Engine::max_sequence_length() const { return impl_->max_len_; }
+int64_t Engine::data_parallel_size() const { return impl_->dp_ ? impl_->dp_->size : 1; }
 
 }  // namespace te::hf

@@ -17,9 +17,7 @@
 #include <ATen/Tensor.h>
 
 #include <cstdint>
-#include <deque>
 #include <functional>
-#include <map>
 #include <memory>
 #include <optional>
 #include <random>
@@ -127,6 +125,9 @@ struct EngineStats {
 class Engine {
  public:
   Engine(CausalLM model, const EngineOptions& options = {});
+  ~Engine();
+  Engine(Engine&&) noexcept;
+  Engine& operator=(Engine&&) noexcept;
 
   /// Queues a request; returns its id. te::Error (nothing queued) for an empty prompt, one
   /// that leaves no room to generate within max_sequence_length, a token id outside the
@@ -142,55 +143,16 @@ class Engine {
   /// waits again and is recomputed from its prompt and tokens so far.
   std::vector<TokenEvent> step();
   /// No request waiting or running.
-  bool idle() const { return waiting_.empty() && running_.empty() && remote_.empty(); }
+  bool idle() const;
   EngineStats stats() const;
-  const te::nn::InferenceParams& cache() const { return *cache_; }
-  int64_t max_sequence_length() const { return max_len_; }
+  const te::nn::InferenceParams& cache() const;
+  int64_t max_sequence_length() const;
   /// The data-parallel groups requests are spread over (1: none).
-  int64_t data_parallel_size() const { return dp_ ? dp_->size : 1; }
+  int64_t data_parallel_size() const;
 
  private:
-  struct Sequence {
-    int64_t id = 0;
-    std::vector<int64_t> tokens;  // prompt, then generated
-    int64_t prompt_length = 0;
-    int64_t cached = 0;  // tokens in the cache
-    int64_t generated = 0;
-    GenerateOptions options;
-    std::unique_ptr<Sampler> sampler;
-  };
-  TokenEvent sample(Sequence& seq, const at::Tensor& logits);
-  /// This rank's group's counters (the engine's own without data parallelism).
-  EngineStats local_stats() const;
-  /// step() of this rank's group alone.
-  std::vector<TokenEvent> step_group();
-  /// A step's sequences and the tokens each runs: the running ones (the latest admitted
-  /// preempted until their step fits the cache), then waiting ones admitted first come, first
-  /// served while the token budget and the cache allow.
-  using Plan = std::vector<std::pair<Sequence*, int64_t>>;
-  Plan plan_step();
-  /// Data parallel: every group's tokens of this step, from this group's `mine`.
-  std::vector<TokenEvent> exchange(std::vector<TokenEvent> mine);
-  int64_t live_requests(int64_t group) const;
-
-  /// The data axis when data parallel (the mesh dim "batch" resolves to, of size > 1).
-  struct DataParallel {
-    DeviceMesh mesh;
-    int64_t dim = 0, size = 1, group = 0;
-    AxisRules step_rules;  ///< the rules in scope, with "batch" held unsharded
-  };
-  std::optional<DataParallel> dp_;
-  std::map<int64_t, int64_t> remote_;  ///< other groups' live requests: id -> group
-  EngineStats remote_stats_;           ///< their counters at the last exchange
-
-  CausalLM model_;
-  EngineOptions options_;
-  int64_t max_len_ = 0;
-  std::unique_ptr<te::nn::InferenceParams> cache_;
-  std::deque<std::unique_ptr<Sequence>> waiting_;
-  std::vector<std::unique_ptr<Sequence>> running_;  // in admission order
-  int64_t next_id_ = 0;
-  EngineStats stats_;
+  struct Impl;  // the sequences, the cache, the scheduler and the data-parallel exchange
+  std::unique_ptr<Impl> impl_;
 };
 
 /// Generated tokens as text, as it becomes final: a character whose bytes are not all there yet,
