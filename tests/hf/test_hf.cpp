@@ -9,8 +9,8 @@
 
 #include <fstream>
 #include <mutex>
-#include <random>
 #include <nlohmann/json.hpp>
+#include <random>
 
 #include "../expect_error.h"
 #include "../temp_dir.h"
@@ -506,6 +506,28 @@ TEST(Gguf, AModelFileIsReadStrictly) {
   q8_file("token_embd.weight", 3, text("tokenizer.ggml.model", "gpt2") + twice.bytes).write(path);
   EXPECT_ERROR(Tokenizer::from_file(path.string()),
                "tokenizer.ggml.tokens: token 2 'a' is token 0 again");
+  // A pre-tokenizer name llama.cpp's table lacks is named, never split as another's.
+  GgufBytes vocab;
+  vocab.bytes.clear();
+  vocab.str("tokenizer.ggml.tokens").put<uint32_t>(9).put<uint32_t>(8).put<uint64_t>(3);
+  vocab.str("a").str("b").str("ab");
+  vocab.str("tokenizer.ggml.merges").put<uint32_t>(9).put<uint32_t>(8).put<uint64_t>(1);
+  vocab.str("a b");
+  q8_file("token_embd.weight", 4,
+          text("tokenizer.ggml.model", "gpt2") + vocab.bytes + text("tokenizer.ggml.pre", "qwen9"))
+      .write(path);
+  EXPECT_ERROR(Tokenizer::from_file(path.string()),
+               "tokenizer.ggml.pre: 'qwen9' is not a pre-tokenizer te-cpp knows; te-cpp splits "
+               "text as llama.cpp does for gpt-2,");
+  // Known, and without the key (llama.cpp's default split): both read.
+  q8_file("token_embd.weight", 4,
+          text("tokenizer.ggml.model", "gpt2") + vocab.bytes + text("tokenizer.ggml.pre", "qwen2"))
+      .write(path);
+  EXPECT_EQ(Tokenizer::from_file(path.string()).encode("ab", {false}).ids,
+            (std::vector<int64_t>{2}));
+  q8_file("token_embd.weight", 3, text("tokenizer.ggml.model", "gpt2") + vocab.bytes).write(path);
+  EXPECT_EQ(Tokenizer::from_file(path.string()).encode("ab", {false}).ids,
+            (std::vector<int64_t>{2}));
 }
 
 // A one-layer Llama as llama.cpp writes one (hidden 64, 2 heads, FFN 64, vocabulary 8): the
@@ -518,20 +540,21 @@ void write_tiny_llama_gguf(const fs::path& path) {
     int64_t rows, cols;
     ggml::Type type;
   };
-  const std::vector<Tensor> tensors = {
-      {"token_embd.weight", 8, 64, ggml::Type::kQ4_1},
-      {"output_norm.weight", 1, 64, ggml::Type::kF32},
-      {"blk.0.attn_norm.weight", 1, 64, ggml::Type::kF32},
-      {"blk.0.attn_q.weight", 64, 64, ggml::Type::kQ8_0},
-      {"blk.0.attn_k.weight", 64, 64, ggml::Type::kQ4_1},
-      {"blk.0.attn_v.weight", 64, 64, ggml::Type::kQ8_0},
-      {"blk.0.attn_output.weight", 64, 64, ggml::Type::kQ8_0},
-      {"blk.0.ffn_norm.weight", 1, 64, ggml::Type::kF32},
-      {"blk.0.ffn_gate.weight", 64, 64, ggml::Type::kQ8_0},
-      {"blk.0.ffn_up.weight", 64, 64, ggml::Type::kQ8_0},
-      {"blk.0.ffn_down.weight", 64, 64, ggml::Type::kQ8_0}};
+  const std::vector<Tensor> tensors = {{"token_embd.weight", 8, 64, ggml::Type::kQ4_1},
+                                       {"output_norm.weight", 1, 64, ggml::Type::kF32},
+                                       {"blk.0.attn_norm.weight", 1, 64, ggml::Type::kF32},
+                                       {"blk.0.attn_q.weight", 64, 64, ggml::Type::kQ8_0},
+                                       {"blk.0.attn_k.weight", 64, 64, ggml::Type::kQ4_1},
+                                       {"blk.0.attn_v.weight", 64, 64, ggml::Type::kQ8_0},
+                                       {"blk.0.attn_output.weight", 64, 64, ggml::Type::kQ8_0},
+                                       {"blk.0.ffn_norm.weight", 1, 64, ggml::Type::kF32},
+                                       {"blk.0.ffn_gate.weight", 64, 64, ggml::Type::kQ8_0},
+                                       {"blk.0.ffn_up.weight", 64, 64, ggml::Type::kQ8_0},
+                                       {"blk.0.ffn_down.weight", 64, 64, ggml::Type::kQ8_0}};
   GgufBytes g;
-  auto u32 = [&](const std::string& key, uint32_t v) { g.str(key).put<uint32_t>(4).put<uint32_t>(v); };
+  auto u32 = [&](const std::string& key, uint32_t v) {
+    g.str(key).put<uint32_t>(4).put<uint32_t>(v);
+  };
   g.put<uint32_t>(3).put<uint64_t>(tensors.size()).put<uint64_t>(7);
   g.str("general.architecture").put<uint32_t>(8).str("llama");
   u32("llama.embedding_length", 64);
@@ -563,7 +586,7 @@ void write_tiny_llama_gguf(const fs::path& path) {
     } else {
       const bool q8 = t.type == ggml::Type::kQ8_0;
       for (int64_t block = 0; block < t.rows * t.cols / 32; ++block) {
-        g.put<uint16_t>(0x2500 | (rng() & 0xFF));  // d: about 0.02
+        g.put<uint16_t>(0x2500 | (rng() & 0xFF));           // d: about 0.02
         if (!q8) g.put<uint16_t>(0xA500 | (rng() & 0xFF));  // m: about -0.02
         for (int j = 0; j < (q8 ? 32 : 16); ++j) g.put<uint8_t>(static_cast<uint8_t>(rng()));
       }
@@ -589,9 +612,9 @@ TEST(GgufBlocks, OneProcessHoldsTheQuantizedWeightsInTheirBlocksAndEqualsFloat32
   // Held: the table (tied head), q, out, wi (gate and up, both Q8_0) and wo. kv_kernel mixes
   // Q4_1 and Q8_0: dequantized.
   const auto params = blocks->named_parameters();
-  for (const char* held : {"embed.embedding", "layers.0.self_attention.q_kernel",
-                           "layers.0.self_attention.out_kernel", "layers.0.mlp.wi_kernel",
-                           "layers.0.mlp.wo_kernel"}) {
+  for (const char* held :
+       {"embed.embedding", "layers.0.self_attention.q_kernel", "layers.0.self_attention.out_kernel",
+        "layers.0.mlp.wi_kernel", "layers.0.mlp.wo_kernel"}) {
     EXPECT_FALSE(params.contains(held)) << held;
     EXPECT_TRUE(floats->named_parameters().contains(held)) << held;
   }

