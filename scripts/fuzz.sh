@@ -40,7 +40,7 @@ declare -A sources=(
   [fuzz_gguf]="fuzz/fuzz_gguf.cpp hf/src/gguf_format.cpp te/src/kernels/ggml.cpp
                te/src/core/error.cpp"
   [fuzz_tokenizer]="fuzz/fuzz_tokenizer.cpp hf/src/tokenizer.cpp hf/src/tokenizer_json.cpp
-                    hf/src/tokenizer_pieces.cpp hf/src/bpe.cpp
+                    hf/src/tokenizer_pieces.cpp hf/src/tokenizer_steps.cpp hf/src/bpe.cpp
                     hf/src/unicode.cpp te/src/core/error.cpp"
 )
 # What a target links beyond the sanitizer runtime.

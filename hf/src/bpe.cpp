@@ -4,6 +4,7 @@
 #include <pcre2.h>
 #include <unicode/utf8.h>
 
+#include <algorithm>
 #include <array>
 #include <functional>
 #include <queue>
@@ -142,9 +143,15 @@ std::string utf8_lossy(std::string_view bytes) {
 }
 
 Bpe::Bpe(const std::unordered_map<std::string, int64_t>& vocab,
-         const std::vector<std::pair<std::string, std::string>>& merges, bool ignore_merges,
+         const std::vector<std::pair<std::string, std::string>>& merges, const BpeOptions& options,
          const std::string& where)
-    : vocab_(vocab), ignore_merges_(ignore_merges) {
+    : vocab_(vocab), options_(options), byte_ids_(256, -1) {
+  for (int b = 0; b < 256 && options_.byte_fallback; ++b) {
+    static const char kHex[] = "0123456789ABCDEF";
+    const std::string name = {'<', '0', 'x', kHex[b >> 4], kHex[b & 15], '>'};
+    const auto it = vocab.find(name);
+    if (it != vocab.end()) byte_ids_[static_cast<std::size_t>(b)] = it->second;
+  }
   for (std::size_t r = 0; r < merges.size(); ++r) {
     const auto& [a, b] = merges[r];
     TE_CHECK(vocab.count(a + b) != 0, "tokenizer: ", where, ": merge ", r, " ('", a, "' '", b,
@@ -159,7 +166,7 @@ Bpe::Bpe(const std::unordered_map<std::string, int64_t>& vocab,
 
 void Bpe::encode(std::string_view word, std::vector<int64_t>& out) const {
   if (word.empty()) return;
-  if (ignore_merges_) {
+  if (options_.ignore_merges) {
     const auto whole = vocab_.find(std::string(word));
     if (whole != vocab_.end()) {
       out.push_back(whole->second);
@@ -179,11 +186,27 @@ void Bpe::encode(std::string_view word, std::vector<int64_t>& out) const {
     const int32_t start = i;
     UChar32 c = 0;
     U8_NEXT(s, i, n, c);
-    const auto it = vocab_.find(std::string(
-        word.substr(static_cast<std::size_t>(start), static_cast<std::size_t>(i - start))));
-    if (it == vocab_.end()) continue;
-    const auto k = static_cast<int64_t>(symbols.size());
-    symbols.push_back({it->second, k - 1, k + 1, true});
+    const std::string_view ch =
+        word.substr(static_cast<std::size_t>(start), static_cast<std::size_t>(i - start));
+    const auto add = [&](int64_t id) {
+      const auto k = static_cast<int64_t>(symbols.size());
+      symbols.push_back({id, k - 1, k + 1, true});
+    };
+    const auto it = vocab_.find(std::string(ch));
+    if (it != vocab_.end()) {
+      add(it->second);
+      continue;
+    }
+    // word.rs merge_word: the character's bytes, else the unknown token (fused), else nothing.
+    if (options_.byte_fallback && std::all_of(ch.begin(), ch.end(), [&](char c) {
+          return byte_ids_[static_cast<uint8_t>(c)] >= 0;
+        })) {
+      for (const char c : ch) add(byte_ids_[static_cast<uint8_t>(c)]);
+      continue;
+    }
+    if (!options_.unk) continue;
+    if (options_.fuse_unk && !symbols.empty() && symbols.back().id == *options_.unk) continue;
+    add(*options_.unk);
   }
   if (symbols.empty()) return;
   symbols.back().next = -1;

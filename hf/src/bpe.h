@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -43,14 +44,25 @@ std::string from_byte_level(std::string_view token);
 /// String::from_utf8_lossy).
 std::string utf8_lossy(std::string_view bytes);
 
+/// A BPE model's options (models/bpe/model.rs).
+struct BpeOptions {
+  bool ignore_merges = false;  ///< a word that is a token is taken whole
+  /// A character the vocabulary lacks becomes the tokens of its bytes ("<0x41>") when they are
+  /// all there; else the unknown token (consecutive ones fused into one with fuse_unk), else it
+  /// is dropped.
+  bool byte_fallback = false;
+  std::optional<int64_t> unk;
+  bool fuse_unk = false;
+};
+
 /// A BPE model: the vocabulary and the merges' ranks.
 class Bpe {
  public:
   Bpe(const std::unordered_map<std::string, int64_t>& vocab,
-      const std::vector<std::pair<std::string, std::string>>& merges, bool ignore_merges,
+      const std::vector<std::pair<std::string, std::string>>& merges, const BpeOptions& options,
       const std::string& where);
-  /// The ids of one pre-token: its characters, merged lowest rank first (leftmost on ties);
-  /// characters the vocabulary lacks are dropped, as tokenizers does without an unk token.
+  /// The ids of one pre-token: its characters (or their bytes, or the unknown token, as the
+  /// options say; else dropped, as tokenizers does), merged lowest rank first (leftmost on ties).
   /// O(n log n) in the word's characters: a queue of candidate merges, as tokenizers' word.rs.
   void encode(std::string_view word, std::vector<int64_t>& out) const;
 
@@ -69,7 +81,8 @@ class Bpe {
   };
   const std::unordered_map<std::string, int64_t>& vocab_;
   std::unordered_map<Pair, Merge, PairHash> merges_;  // (left id, right id) -> merge
-  bool ignore_merges_;
+  BpeOptions options_;
+  std::vector<int64_t> byte_ids_;  // byte -> the id of "<0xHH>", -1 where the vocabulary lacks it
 };
 
 }  // namespace te::hf::detail

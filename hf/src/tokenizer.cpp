@@ -83,6 +83,7 @@ std::string Tokenizer::decode(const std::vector<int64_t>& ids, bool skip_special
     if (skip_special_tokens && t.is_special[static_cast<std::size_t>(id)]) continue;
     tokens.push_back(std::move(token));
   }
+  if (t.decoder == Decoder::kSteps) return detail::run_decode_steps(t.decode_steps, tokens);
   std::string out;
   if (t.decoder == Decoder::kByteLevel) {
     for (const std::string& token : tokens) out += detail::from_byte_level(token);

@@ -6,9 +6,12 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <iterator>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <tuple>
+#include <unordered_map>
 
 #include "bpe.h"
 #include "source.h"
@@ -96,14 +99,18 @@ const std::vector<PreSplit>& pre_splits() {
   return kSplits;
 }
 
-// The added tokens of a GGUF vocabulary: control tokens (type 3) spelled in the byte alphabet are
-// special added tokens, user-defined ones (type 4) plain added tokens.
-json added_tokens(const GgufValue& tokens, const GgufValue* types) {
+using Fail = std::function<void(const std::string& key, const std::string& message)>;
+
+// The added tokens of a GGUF vocabulary: control tokens (type 3) are special added tokens (in a
+// byte-level vocabulary only those spelled in the byte alphabet), user-defined ones (type 4)
+// plain added tokens.
+json added_tokens(const GgufValue& tokens, const GgufValue* types, bool byte_level) {
   json added = json::array();
   if (types == nullptr) return added;
   for (std::size_t i = 0; i < types->integers.size() && i < tokens.strings.size(); ++i) {
     const int64_t type = types->integers[i];
     const bool in_bytes =
+        !byte_level ||
         detail::to_byte_level(detail::from_byte_level(tokens.strings[i])) == tokens.strings[i];
     if ((type == 3 && in_bytes) || type == 4) {
       added.push_back({{"id", i},
@@ -156,25 +163,38 @@ json pre_tokenizer(const PreSplit& p) {
   return {{"type", "Sequence"}, {"pretokenizers", parts}};
 }
 
-}  // namespace
-
-Tokenizer Tokenizer::from_gguf(const std::string& path) {
-  GgufFile file(path);
-  auto fail = [&](const std::string& key, const std::string& message) {
-    TE_FAIL("tokenizer: '", path, "': ", key, ": ", message);
+// The template that adds the special tokens: BOS when tokenizer.ggml.add_bos_token (absent:
+// `bos_by_default`, true for SentencePiece as llama.cpp and transformers' GGUF loader have it),
+// EOS when add_eos_token.
+json post_processor(const GgufFile& file, const GgufValue& tokens, bool bos_by_default,
+                    const Fail& fail) {
+  json single = json::array(), special = json::object();
+  auto add = [&](const char* flag, const char* id_key, bool by_default) {
+    if (file.integer(std::string("tokenizer.ggml.") + flag).value_or(by_default) == 0) return;
+    const std::string key = std::string("tokenizer.ggml.") + id_key;
+    const std::optional<int64_t> id = file.integer(key);
+    if (!id || *id < 0 || *id >= static_cast<int64_t>(tokens.strings.size())) {
+      fail(key, "is missing or not a token id, and tokenizer.ggml." + std::string(flag) +
+                    " asks for the token");
+    }
+    const std::string& name = tokens.strings[static_cast<std::size_t>(*id)];
+    single.push_back({{"SpecialToken", {{"id", name}, {"type_id", 0}}}});
+    special[name] = {{"id", name}, {"ids", {*id}}, {"tokens", {name}}};
   };
-  const std::string model = file.string("tokenizer.ggml.model").value_or("");
-  if (model != "gpt2") {
-    fail("tokenizer.ggml.model", "'" + model +
-                                     "' is not a tokenizer te-cpp builds from GGUF metadata "
-                                     "(gpt2: byte-level BPE)");
-  }
-  const GgufValue* tokens = file.value("tokenizer.ggml.tokens");
+  add("add_bos_token", "bos_token_id", bos_by_default);
+  single.push_back({{"Sequence", {{"id", "A"}, {"type_id", 0}}}});
+  add("add_eos_token", "eos_token_id", false);
+  return {{"type", "TemplateProcessing"},
+          {"single", single},
+          {"pair", json::array()},
+          {"special_tokens", special}};
+}
+
+// tokenizer.json's ByteLevel pipeline for a GGUF "gpt2" vocabulary: byte-level BPE with its
+// merges and the split tokenizer.ggml.pre names.
+json byte_level_document(const GgufFile& file, const GgufValue* tokens, const GgufValue* types,
+                         const Fail& fail) {
   const GgufValue* merges = file.value("tokenizer.ggml.merges");
-  if (tokens == nullptr || tokens->type != 9 || tokens->element_type != 8 ||
-      tokens->strings.empty()) {
-    fail("tokenizer.ggml.tokens", "is missing or not a non-empty list of strings");
-  }
   if (merges == nullptr || merges->type != 9 || merges->element_type != 8 ||
       merges->strings.empty()) {
     fail("tokenizer.ggml.merges", "is missing or not a non-empty list of strings");
@@ -182,11 +202,7 @@ Tokenizer Tokenizer::from_gguf(const std::string& path) {
   for (const std::string& m : merges->strings) {
     detail::utf8_to_code_points(m, "tokenizer: GGUF merge");
   }
-  const GgufValue* types = file.value("tokenizer.ggml.token_type");
-  if (types != nullptr && (types->type != 9 || types->strings.size() > 0 ||
-                           types->integers.size() != tokens->strings.size())) {
-    fail("tokenizer.ggml.token_type", "is not a list of one integer per token");
-  }
+  const std::string path = file.path();
   // Each token as BPE produces it, in the byte alphabet: a token written in plain text is
   // respelled, unless it is user-defined (type 4: an added token, matched on the raw text as
   // written) or its respelling is another token's own spelling (then BPE produces that one, and
@@ -216,24 +232,139 @@ Tokenizer Tokenizer::from_gguf(const std::string& path) {
     }
     vocab[spelled] = i;
   }
-  const json added = added_tokens(*tokens, types);
+  const json added = added_tokens(*tokens, types, /*byte_level=*/true);
   const json byte_level = byte_level_part();
   const PreSplit& split = pre_split(file.string("tokenizer.ggml.pre").value_or(""), path);
-  const json doc = {{"version", "1.0"},
-                    {"added_tokens", added},
-                    {"normalizer", nullptr},
-                    {"pre_tokenizer", pre_tokenizer(split)},
-                    {"post_processor",
-                     {{"type", "TemplateProcessing"},
-                      {"single", {{{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
-                      {"pair", json::array()},
-                      {"special_tokens", json::object()}}},
-                    {"decoder", byte_level},
-                    {"model",
-                     {{"type", "BPE"},
-                      {"vocab", vocab},
-                      {"merges", merges->strings},
-                      {"ignore_merges", split.ignore_merges}}}};
+  return {{"version", "1.0"},
+          {"added_tokens", added},
+          {"normalizer", nullptr},
+          {"pre_tokenizer", pre_tokenizer(split)},
+          {"post_processor", post_processor(file, *tokens, /*bos_by_default=*/false, fail)},
+          {"decoder", byte_level},
+          {"model",
+           {{"type", "BPE"},
+            {"vocab", vocab},
+            {"merges", merges->strings},
+            {"ignore_merges", split.ignore_merges}}}};
+}
+
+// The merges a SentencePiece vocabulary implies (transformers 5.23.0
+// tokenization_utils_base.py generate_merges, as its GGUF loader derives them): every split of a
+// token into two tokens, best score first (then the longer left, the longer right), in token
+// order and, within a token, by the halves' ids.
+json merges_from_scores(const std::vector<std::string>& tokens, const std::vector<double>& scores,
+                        const std::unordered_map<std::string, int64_t>& ids) {
+  struct Merge {
+    std::size_t token;
+    int64_t left, right;
+    std::size_t left_chars, right_chars;
+  };
+  std::vector<Merge> merges;
+  for (std::size_t t = 0; t < tokens.size(); ++t) {
+    const std::u32string cps = detail::utf8_to_code_points(tokens[t], "tokenizer: GGUF token");
+    std::vector<Merge> local;
+    std::size_t byte = 0;
+    for (std::size_t i = 1; i < cps.size(); ++i) {
+      byte += detail::to_utf8(cps.substr(i - 1, 1)).size();
+      const auto l = ids.find(tokens[t].substr(0, byte)), r = ids.find(tokens[t].substr(byte));
+      if (l != ids.end() && r != ids.end()) {
+        local.push_back({t, l->second, r->second, i, cps.size() - i});
+      }
+    }
+    std::sort(local.begin(), local.end(), [](const Merge& x, const Merge& y) {
+      return std::tie(x.left, x.right) < std::tie(y.left, y.right);
+    });
+    merges.insert(merges.end(), local.begin(), local.end());
+  }
+  std::stable_sort(merges.begin(), merges.end(), [&](const Merge& x, const Merge& y) {
+    return std::make_tuple(scores[x.token], x.left_chars, x.right_chars) >
+           std::make_tuple(scores[y.token], y.left_chars, y.right_chars);
+  });
+  json out = json::array();
+  for (const Merge& m : merges) {
+    out.push_back(
+        {tokens[static_cast<std::size_t>(m.left)], tokens[static_cast<std::size_t>(m.right)]});
+  }
+  return out;
+}
+
+// tokenizer.json's SentencePiece pipeline for a GGUF "llama" vocabulary (Llama 2's tokenizer.json:
+// a space prefixed when tokenizer.ggml.add_space_prefix, spaces as U+2581, BPE with merges from
+// the scores, unknown characters as their bytes' tokens, else <unk>; decoded back), as llama.cpp
+// tokenizes it (src/llama-vocab.cpp, llm_tokenizer_spm_session).
+json sentencepiece_document(const GgufFile& file, const GgufValue* tokens, const GgufValue* types,
+                            const Fail& fail) {
+  const GgufValue* scores = file.value("tokenizer.ggml.scores");
+  if (scores == nullptr || scores->type != 9 || scores->numbers.size() != tokens->strings.size()) {
+    fail("tokenizer.ggml.scores", "is missing or not a list of one number per token");
+  }
+  json vocab = json::object();
+  std::unordered_map<std::string, int64_t> ids;
+  for (std::size_t i = 0; i < tokens->strings.size(); ++i) {
+    const std::string& t = tokens->strings[i];
+    detail::utf8_to_code_points(t, "tokenizer: GGUF token");
+    if (!ids.emplace(t, static_cast<int64_t>(i)).second) {
+      fail("tokenizer.ggml.tokens", "token " + std::to_string(i) + " '" + t + "' is token " +
+                                        std::to_string(ids.at(t)) +
+                                        " again; each token must be spelled once");
+    }
+    vocab[t] = i;
+  }
+  const int64_t unk = file.integer("tokenizer.ggml.unknown_token_id").value_or(0);
+  if (unk < 0 || unk >= static_cast<int64_t>(tokens->strings.size())) {
+    fail("tokenizer.ggml.unknown_token_id", std::to_string(unk) + " is not a token id");
+  }
+  const bool space_prefix = file.integer("tokenizer.ggml.add_space_prefix").value_or(1) != 0;
+  const std::string kSpace = "\xE2\x96\x81";  // U+2581, SentencePiece's space
+  json normalizers = json::array();
+  if (space_prefix) normalizers.push_back({{"type", "Prepend"}, {"prepend", kSpace}});
+  normalizers.push_back({{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", kSpace}});
+  json decoders = {{{"type", "Replace"}, {"pattern", {{"String", kSpace}}}, {"content", " "}},
+                   {{"type", "ByteFallback"}},
+                   {{"type", "Fuse"}}};
+  if (space_prefix) {
+    decoders.push_back({{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}});
+  }
+  return {{"version", "1.0"},
+          {"added_tokens", added_tokens(*tokens, types, /*byte_level=*/false)},
+          {"normalizer", {{"type", "Sequence"}, {"normalizers", normalizers}}},
+          {"pre_tokenizer", nullptr},
+          {"post_processor", post_processor(file, *tokens, /*bos_by_default=*/true, fail)},
+          {"decoder", {{"type", "Sequence"}, {"decoders", decoders}}},
+          {"model",
+           {{"type", "BPE"},
+            {"vocab", vocab},
+            {"merges", merges_from_scores(tokens->strings, scores->numbers, ids)},
+            {"unk_token", tokens->strings[static_cast<std::size_t>(unk)]},
+            {"fuse_unk", true},
+            {"byte_fallback", true}}}};
+}
+
+}  // namespace
+
+Tokenizer Tokenizer::from_gguf(const std::string& path) {
+  GgufFile file(path);
+  const Fail fail = [&](const std::string& key, const std::string& message) {
+    TE_FAIL("tokenizer: '", path, "': ", key, ": ", message);
+  };
+  const std::string model = file.string("tokenizer.ggml.model").value_or("");
+  if (model != "gpt2" && model != "llama") {
+    fail("tokenizer.ggml.model", "'" + model +
+                                     "' is not a tokenizer te-cpp builds from GGUF metadata "
+                                     "(gpt2: byte-level BPE; llama: SentencePiece BPE)");
+  }
+  const GgufValue* tokens = file.value("tokenizer.ggml.tokens");
+  if (tokens == nullptr || tokens->type != 9 || tokens->element_type != 8 ||
+      tokens->strings.empty()) {
+    fail("tokenizer.ggml.tokens", "is missing or not a non-empty list of strings");
+  }
+  const GgufValue* types = file.value("tokenizer.ggml.token_type");
+  if (types != nullptr && (types->type != 9 || types->strings.size() > 0 ||
+                           types->integers.size() != tokens->strings.size())) {
+    fail("tokenizer.ggml.token_type", "is not a list of one integer per token");
+  }
+  const json doc = model == "gpt2" ? byte_level_document(file, tokens, types, fail)
+                                   : sentencepiece_document(file, tokens, types, fail);
   return from_json(doc.dump(), path + " (GGUF tokenizer metadata)");
 }
 

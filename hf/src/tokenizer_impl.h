@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -46,7 +47,35 @@ struct PreStep {
   bool add_prefix_space = false;
 };
 
-enum class Decoder { kNone, kWordPiece, kByteLevel };
+// SentencePiece-style normalizers (normalizers/prepend.rs, replace.rs with a String pattern),
+// applied in order to each piece of text between added tokens.
+struct TextEdit {
+  bool prepend = false;  // prepend `to` to a non-empty text; else replace each `from` by `to`
+  std::string from, to;
+};
+
+// A decoder step over the tokens' strings (decoders/replace.rs, byte_fallback.rs, fuse.rs,
+// strip.rs), as tokenizers' decode_chain runs them.
+struct DecodeStep {
+  enum class Kind { kReplace, kByteFallback, kFuse, kStrip } kind = Kind::kFuse;
+  std::string from, to;         // Replace
+  std::string content;          // Strip: the character stripped
+  int64_t start = 0, stop = 0;  // Strip: at most this many from the start, from the end
+};
+
+enum class Decoder { kNone, kWordPiece, kByteLevel, kSteps };
+
+/// Reads a normalizer of Prepend and Replace (String pattern) steps, alone or in a Sequence
+/// (`what` prefixes the field names in errors); te::Error naming any other kind.
+void read_text_edits(std::vector<TextEdit>& out, const nlohmann::json& n, const std::string& path,
+                     const std::string& what);
+/// Reads a decoder of Replace, ByteFallback, Fuse and Strip steps, alone or in a Sequence.
+void read_decode_steps(std::vector<DecodeStep>& out, const nlohmann::json& d,
+                       const std::string& path, const std::string& what);
+/// `text` with the edits applied.
+std::string apply_edits(const std::vector<TextEdit>& edits, std::string text);
+/// The decoded text of `tokens` through the steps (their strings concatenated at the end).
+std::string run_decode_steps(const std::vector<DecodeStep>& steps, std::vector<std::string> tokens);
 
 /// BertNormalizer on code points (normalizers/bert.rs): clean text, Chinese characters spaced,
 /// accents stripped, lowercased, as `n` says.
@@ -59,8 +88,10 @@ std::vector<std::u32string> bert_words(const std::u32string& s);
 using detail::AddedToken;
 using detail::BertNormalizer;
 using detail::Decoder;
+using detail::DecodeStep;
 using detail::PreStep;
 using detail::TemplatePiece;
+using detail::TextEdit;
 
 struct Tokenizer::Impl {
   std::string path;
@@ -72,6 +103,7 @@ struct Tokenizer::Impl {
   std::string unk_token = "[UNK]", prefix = "##";
   int64_t unk_id = -1, max_input_chars_per_word = 100;
   std::optional<BertNormalizer> normalizer;
+  std::vector<TextEdit> edits;  // the other normalizers
   bool bert_pre_tokenizer = false;
   std::vector<TemplatePiece> single;
   std::vector<AddedToken> added;  // longest first
@@ -79,6 +111,7 @@ struct Tokenizer::Impl {
   Decoder decoder = Decoder::kNone;
   bool decoder_cleanup = true;
   std::string decoder_prefix = "##";
+  std::vector<DecodeStep> decode_steps;  // Decoder::kSteps
   int64_t pad_id = 0;
 
   void add_word_piece(const std::u32string& word, std::vector<int64_t>& out) const;

@@ -58,19 +58,19 @@ std::vector<std::string> read_vocab(Fields& f) {
   return tokens;
 }
 
-// BPE (models/bpe/serialization.rs): GPT-2's kind, with no unknown token, no byte fallback, no
-// subword prefix or suffix and no dropout; te::Error naming any of those set.
+// BPE (models/bpe/serialization.rs): GPT-2's kind, or SentencePiece's (Llama 2's: an unknown
+// token, unknown ones fused, byte fallback); no subword prefix or suffix and no dropout (te::Error
+// naming any of those set).
 void read_bpe(Impl& t, Fields& f, const std::string& path) {
-  for (const char* key : {"dropout", "unk_token"}) {
-    if (f.has(key)) f.fail(key, "is set; te-cpp implements BPE without it (null)");
-  }
+  if (f.has("dropout")) f.fail("dropout", "is set; te-cpp implements BPE without it (null)");
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
     if (!f.string_or(key, "").empty()) f.fail(key, "is set; te-cpp implements BPE without it");
   }
-  for (const char* key : {"fuse_unk", "byte_fallback"}) {
-    if (f.boolean_or(key, false)) f.fail(key, "true is not implemented (GPT-2's BPE has false)");
-  }
-  const bool ignore_merges = f.boolean_or("ignore_merges", false);
+  detail::BpeOptions options;
+  options.byte_fallback = f.boolean_or("byte_fallback", false);
+  options.fuse_unk = f.boolean_or("fuse_unk", false);
+  const std::string unk = f.string_or("unk_token", "");
+  options.ignore_merges = f.boolean_or("ignore_merges", false);
   std::vector<std::string> tokens = read_vocab(f);
   std::vector<std::pair<std::string, std::string>> merges;
   if (!f.has("merges") || !f.raw("merges").is_array()) f.fail("merges", "expected a list");
@@ -95,7 +95,12 @@ void read_bpe(Impl& t, Fields& f, const std::string& path) {
     t.vocab.emplace(t.tokens[i], static_cast<int64_t>(i));
   }
   t.is_special.assign(t.tokens.size(), false);
-  t.bpe = std::make_unique<detail::Bpe>(t.vocab, merges, ignore_merges, "'" + path + "' model");
+  if (!unk.empty()) {
+    const auto it = t.vocab.find(unk);
+    if (it == t.vocab.end()) f.fail("unk_token", "'" + unk + "' is not in the vocabulary");
+    options.unk = it->second;
+  }
+  t.bpe = std::make_unique<detail::Bpe>(t.vocab, merges, options, "'" + path + "' model");
 }
 
 void read_model(Impl& t, const json& m, const std::string& path) {
@@ -116,9 +121,8 @@ void read_model(Impl& t, const json& m, const std::string& path) {
 void read_normalizer(Impl& t, const json& n, const std::string& path) {
   if (n.is_null()) return;
   Fields f(n, path, "normalizer.", "tokenizer");
-  const std::string type = f.string_or("type", "");
-  if (type != "BertNormalizer") {
-    f.fail("type", "'" + type + "' is not a normalizer te-cpp implements (BertNormalizer)");
+  if (f.string_or("type", "") != "BertNormalizer") {
+    return detail::read_text_edits(t.edits, n, path, "normalizer.");
   }
   BertNormalizer b;
   b.clean_text = f.boolean_or("clean_text", true);
@@ -281,7 +285,9 @@ void read_decoder(Impl& t, const json& d, const std::string& path) {
     t.decoder_cleanup = f.boolean_or("cleanup", true);
     t.decoder = Decoder::kWordPiece;
   } else {
-    f.fail("type", "'" + type + "' is not a decoder te-cpp implements (WordPiece, ByteLevel)");
+    detail::read_decode_steps(t.decode_steps, d, path, "decoder.");
+    t.decoder = Decoder::kSteps;
+    return;
   }
   f.refuse_unread({});
 }

@@ -127,10 +127,13 @@ void Tokenizer::Impl::add_word_piece(const std::u32string& word, std::vector<int
   out.insert(out.end(), pieces.begin(), pieces.end());
 }
 
-void Tokenizer::Impl::add_text(std::string_view text, std::vector<int64_t>& out) const {
+void Tokenizer::Impl::add_text(std::string_view raw, std::vector<int64_t>& out) const {
+  if (raw.empty()) return;
+  detail::utf8_to_code_points(raw, "tokenizer: encode");  // UTF-8, or an error naming the byte
+  const std::string edited = detail::apply_edits(edits, std::string(raw));
+  const std::string_view text = edited;
   if (text.empty()) return;
   if (bpe) {
-    detail::utf8_to_code_points(text, "tokenizer: encode");  // UTF-8, or an error naming the byte
     std::vector<std::string> pieces = {std::string(text)};
     for (const PreStep& step : pre_steps) {
       std::vector<std::string> next;

@@ -294,6 +294,60 @@ json bpe_json() {
       {"h e", "l l", "he ll", "hell o", "\u0120 h", "\u0120h ello"}, "<|end|>", 0);
 }
 
+// Llama 2's layout: spaces as U+2581 (a Prepend and a Replace normalizer), no pre-tokenizer, BPE
+// with byte fallback and a fused unknown token, and the decoders that undo it.
+TEST(HfTokenizer, EncodesAndDecodesSentencePieceBpe) {
+  const std::string sp = "\u2581";
+  json j = {{"version", "1.0"},
+            {"added_tokens", json::array()},
+            {"normalizer",
+             {{"type", "Sequence"},
+              {"normalizers",
+               {{{"type", "Prepend"}, {"prepend", sp}},
+                {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", sp}}}}}},
+            {"pre_tokenizer", nullptr},
+            {"post_processor", nullptr},
+            {"decoder",
+             {{"type", "Sequence"},
+              {"decoders",
+               {{{"type", "Replace"}, {"pattern", {{"String", sp}}}, {"content", " "}},
+                {{"type", "ByteFallback"}},
+                {{"type", "Fuse"}},
+                {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}}}}},
+            {"model",
+             {{"type", "BPE"},
+              {"vocab",
+               {{"<unk>", 0},
+                {sp, 1},
+                {"h", 2},
+                {"i", 3},
+                {sp + "h", 4},
+                {sp + "hi", 5},
+                {"<0xC3>", 6},
+                {"<0xA9>", 7}}},
+              {"merges", {sp + " h", sp + "h i"}},
+              {"unk_token", "<unk>"},
+              {"fuse_unk", true},
+              {"byte_fallback", true}}}};
+  const Tokenizer tok = tokenizer(j);
+  // "\u2581hi\u2581\u00e9": merged to "\u2581hi", "\u2581" alone, and e-acute (not a token)
+  // as its two bytes' tokens; decoded back with the prefixed space stripped.
+  const Encoding e = tok.encode("hi \u00e9");
+  EXPECT_EQ(e.ids, (std::vector<int64_t>{5, 1, 6, 7}));
+  EXPECT_EQ(tok.decode(e.ids), "hi \u00e9");
+  // Characters with neither a token nor byte tokens: one <unk> for the run.
+  EXPECT_EQ(tok.encode("hxx").ids, (std::vector<int64_t>{4, 0}));
+  // A byte token alone is not UTF-8: U+FFFD.
+  EXPECT_EQ(tok.decode({6}), "\ufffd");
+  j["normalizer"]["normalizers"][1]["pattern"] = {{"Regex", " "}};
+  EXPECT_ERROR(tokenizer(j), "normalizer.normalizers[1].pattern.String: is missing");
+  j["normalizer"] = {{"type", "Lowercase"}};
+  EXPECT_ERROR(tokenizer(j), "normalizer.type: 'Lowercase' is not a normalizer te-cpp implements");
+  j["normalizer"] = nullptr;
+  j["decoder"]["decoders"][3]["content"] = "ab";
+  EXPECT_ERROR(tokenizer(j), "decoder.decoders[3].content: 'ab' is not one character");
+}
+
 TEST(HfTokenizer, EncodesAndDecodesByteLevelBpe) {
   json j = bpe_json();
   j["model"]["merges"].push_back("e o");  // "eo" is no token
@@ -306,8 +360,11 @@ TEST(HfTokenizer, EncodesAndDecodesByteLevelBpe) {
   EXPECT_EQ(e.ids, (std::vector<int64_t>{9, 5, 9, 12, 0}));
   EXPECT_EQ(tok.decode(e.ids), "hello hello!");
   EXPECT_EQ(tok.decode(e.ids, false), "hello hello!<|end|>");
-  j["model"]["byte_fallback"] = true;
-  EXPECT_ERROR(tokenizer(j), "model.byte_fallback: true is not implemented");
+  j["model"]["unk_token"] = "<unk>";
+  EXPECT_ERROR(tokenizer(j), "model.unk_token: '<unk>' is not in the vocabulary");
+  j = bpe_json();
+  j["model"]["dropout"] = 0.1;
+  EXPECT_ERROR(tokenizer(j), "model.dropout: is set; te-cpp implements BPE without it");
   j = bpe_json();
   j["model"]["merges"] = {"h e l"};
   EXPECT_ERROR(tokenizer(j), "model.merges: entry \"h e l\" is not two tokens");

@@ -486,16 +486,19 @@ TEST(Gguf, AModelFileIsReadStrictly) {
   // Everything the config implies but the tensors: the first one missing is named.
   q8_file("token_embd.weight", 5, llama).write(path);
   EXPECT_ERROR(load_causal_lm(path.string()), "lacks 'model.layers.0.self_attn.q_proj.weight'");
-  // Its tokenizer: a SentencePiece one is named, a byte-level one without merges too.
-  q8_file("token_embd.weight", 1, text("tokenizer.ggml.model", "llama")).write(path);
+  // Its tokenizer: a WordPiece one is named, a byte-level one without merges too, a
+  // SentencePiece one without scores too.
+  q8_file("token_embd.weight", 1, text("tokenizer.ggml.model", "bert")).write(path);
   EXPECT_ERROR(Tokenizer::from_file(path.string()),
-               "tokenizer.ggml.model: 'llama' is not a tokenizer te-cpp builds");
+               "tokenizer.ggml.model: 'bert' is not a tokenizer te-cpp builds");
   GgufBytes tokens;
   tokens.bytes.clear();
   tokens.str("tokenizer.ggml.tokens").put<uint32_t>(9).put<uint32_t>(8).put<uint64_t>(2);
   tokens.str("a").str("b");
   q8_file("token_embd.weight", 2, text("tokenizer.ggml.model", "gpt2") + tokens.bytes).write(path);
   EXPECT_ERROR(Tokenizer::from_file(path.string()), "tokenizer.ggml.merges: is missing");
+  q8_file("token_embd.weight", 2, text("tokenizer.ggml.model", "llama") + tokens.bytes).write(path);
+  EXPECT_ERROR(Tokenizer::from_file(path.string()), "tokenizer.ggml.scores: is missing");
   // A token spelled twice (plain "a" is "a" in the byte alphabet too) is named.
   GgufBytes twice;
   twice.bytes.clear();

