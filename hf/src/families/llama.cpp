@@ -20,16 +20,9 @@ void read_config(Fields& f, CausalLMConfig& c) {
 }  // namespace
 
 const Family& llama_family() {
-  static const Family kFamily = [] {
-    Family f;
-    f.info = {"llama", "LlamaForCausalLM", "llama", "Llama (2, 3, SmolLM2)"};
-    f.read_config = read_config;
-    f.weight_map = rope_decoder_weight_map;
-    f.derived = rope_decoder_derived;
-    f.gguf = &kRopeDecoderGguf;
-    f.gguf_interleaved_qk = true;
-    return f;
-  }();
+  static const Family kFamily =
+      rope_decoder_family({"llama", "LlamaForCausalLM", "llama", "Llama (2, 3, SmolLM2)"},
+                          read_config, /*interleaved_qk=*/true);
   return kFamily;
 }
 

@@ -21,14 +21,8 @@ void read_config(Fields& f, CausalLMConfig& c) {
 }  // namespace
 
 const Family& mistral_family() {
-  static const Family kFamily = [] {
-    Family f;
-    f.info = {"mistral", "MistralForCausalLM", "", "Mistral"};
-    f.read_config = read_config;
-    f.weight_map = rope_decoder_weight_map;
-    f.derived = rope_decoder_derived;
-    return f;
-  }();
+  static const Family kFamily =
+      rope_decoder_family({"mistral", "MistralForCausalLM", "", "Mistral"}, read_config);
   return kFamily;
 }
 

@@ -20,15 +20,8 @@ void read_config(Fields& f, CausalLMConfig& c) {
 }  // namespace
 
 const Family& qwen2_family() {
-  static const Family kFamily = [] {
-    Family f;
-    f.info = {"qwen2", "Qwen2ForCausalLM", "qwen2", "Qwen2"};
-    f.read_config = read_config;
-    f.weight_map = rope_decoder_weight_map;
-    f.derived = rope_decoder_derived;
-    f.gguf = &kRopeDecoderGguf;
-    return f;
-  }();
+  static const Family kFamily =
+      rope_decoder_family({"qwen2", "Qwen2ForCausalLM", "qwen2", "Qwen2"}, read_config);
   return kFamily;
 }
 

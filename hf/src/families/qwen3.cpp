@@ -19,15 +19,8 @@ void read_config(Fields& f, CausalLMConfig& c) {
 }  // namespace
 
 const Family& qwen3_family() {
-  static const Family kFamily = [] {
-    Family f;
-    f.info = {"qwen3", "Qwen3ForCausalLM", "qwen3", "Qwen3"};
-    f.read_config = read_config;
-    f.weight_map = rope_decoder_weight_map;
-    f.derived = rope_decoder_derived;
-    f.gguf = &kRopeDecoderGguf;
-    return f;
-  }();
+  static const Family kFamily =
+      rope_decoder_family({"qwen3", "Qwen3ForCausalLM", "qwen3", "Qwen3"}, read_config);
   return kFamily;
 }
 

@@ -4,6 +4,7 @@
 #include "rope_decoder.h"
 
 #include <algorithm>
+#include <utility>
 
 namespace te::hf::detail {
 
@@ -176,6 +177,18 @@ WeightMap rope_decoder_weight_map(const CausalLMConfig& c) {
 
 bool rope_decoder_derived(const std::string& name, const std::string& /*prefix*/) {
   return name.find("rotary_emb.inv_freq") != std::string::npos;
+}
+
+Family rope_decoder_family(FamilyInfo info, void (*read_config)(Fields&, CausalLMConfig&),
+                           bool interleaved_qk) {
+  Family f;
+  f.info = std::move(info);
+  f.read_config = read_config;
+  f.weight_map = rope_decoder_weight_map;
+  f.derived = rope_decoder_derived;
+  if (!f.info.gguf_architecture.empty()) f.gguf = &kRopeDecoderGguf;
+  f.gguf_interleaved_qk = interleaved_qk;
+  return f;
 }
 
 const GgufNames kRopeDecoderGguf = {{{"model.embed_tokens.weight", "token_embd.weight"},

@@ -27,6 +27,12 @@ WeightMap rope_decoder_weight_map(const CausalLMConfig& c);
 /// The RoPE tables older checkpoints keep (rotary_emb.inv_freq).
 bool rope_decoder_derived(const std::string& name, const std::string& prefix);
 
+/// A family of this decoder: its entry, its config reader, the shared weight map and derived
+/// tensors, and llama.cpp's names when it has a GGUF architecture (rows interleaved as the
+/// converter writes Llama's when `interleaved_qk`).
+Family rope_decoder_family(FamilyInfo info, void (*read_config)(Fields&, CausalLMConfig&),
+                           bool interleaved_qk = false);
+
 /// llama.cpp's names for the same tensors (convert_hf_to_gguf.py's, as transformers' GGUF
 /// loader maps them back).
 extern const GgufNames kRopeDecoderGguf;
