@@ -486,11 +486,11 @@ TEST(Gguf, AModelFileIsReadStrictly) {
   // Everything the config implies but the tensors: the first one missing is named.
   q8_file("token_embd.weight", 5, llama).write(path);
   EXPECT_ERROR(load_causal_lm(path.string()), "lacks 'model.layers.0.self_attn.q_proj.weight'");
-  // Its tokenizer: a WordPiece one is named, a byte-level one without merges too, a
-  // SentencePiece one without scores too.
-  q8_file("token_embd.weight", 1, text("tokenizer.ggml.model", "bert")).write(path);
+  // Its tokenizer: a kind te-cpp does not build is named, a byte-level one without merges too, a
+  // SentencePiece one without scores too, a WordPiece one without its unknown token too.
+  q8_file("token_embd.weight", 1, text("tokenizer.ggml.model", "gemma4")).write(path);
   EXPECT_ERROR(Tokenizer::from_file(path.string()),
-               "tokenizer.ggml.model: 'bert' is not a tokenizer te-cpp builds");
+               "tokenizer.ggml.model: 'gemma4' is not a tokenizer te-cpp builds");
   GgufBytes tokens;
   tokens.bytes.clear();
   tokens.str("tokenizer.ggml.tokens").put<uint32_t>(9).put<uint32_t>(8).put<uint64_t>(2);
@@ -499,6 +499,9 @@ TEST(Gguf, AModelFileIsReadStrictly) {
   EXPECT_ERROR(Tokenizer::from_file(path.string()), "tokenizer.ggml.merges: is missing");
   q8_file("token_embd.weight", 2, text("tokenizer.ggml.model", "llama") + tokens.bytes).write(path);
   EXPECT_ERROR(Tokenizer::from_file(path.string()), "tokenizer.ggml.scores: is missing");
+  q8_file("token_embd.weight", 2, text("tokenizer.ggml.model", "bert") + tokens.bytes).write(path);
+  EXPECT_ERROR(Tokenizer::from_file(path.string()),
+               "tokenizer.ggml.unknown_token_id: 100 is not a token id");
   // A token spelled twice (plain "a" is "a" in the byte alphabet too) is named.
   GgufBytes twice;
   twice.bytes.clear();

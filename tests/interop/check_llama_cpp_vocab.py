@@ -4,8 +4,8 @@ own Hugging Face tokenizer gives them without special tokens (.out, written by l
 convert_hf_to_gguf_update.py with AutoTokenizer), from the llama.cpp that PyPI's
 llama-cpp-python 0.3.36 sdist vendors (scripts/fetch_models.py llama-vocab). Every id of every
 text must be equal for the byte-level BPE families (tokenizer.ggml.pre names the split:
-hf/src/tokenizer_files.cpp) and the SentencePiece BPE ones (Llama 2's, Phi-3's) below; the kinds
-te-cpp does not yet build from GGUF metadata (WordPiece, Gemma 4's) must be refused naming
+hf/src/tokenizer_gguf.cpp), the SentencePiece BPE ones (Llama 2's, Phi-3's) and BERT's WordPiece
+below; the kind te-cpp does not yet build from GGUF metadata (Gemma 4's) must be refused naming
 tokenizer.ggml.model.
 
   python check_llama_cpp_vocab.py BINARY WORKDIR [CACHE]   (CACHE: ~/.cache/te-cpp/models)
@@ -19,8 +19,8 @@ import sys
 from interop_common import MODEL_CACHE, fetch_models
 
 BUILT = ["gpt-2", "llama-bpe", "qwen2", "qwen35", "deepseek-llm", "deepseek-coder", "starcoder",
-         "falcon", "refact", "mpt", "command-r", "llama-spm", "phi-3"]
-REFUSED = {"bert-bge": "bert", "gemma-4": "gemma4"}
+         "falcon", "refact", "mpt", "command-r", "llama-spm", "phi-3", "bert-bge"]
+REFUSED = {"gemma-4": "gemma4"}
 SEPARATOR = "\n__ggml_vocab_test__\n"  # llama.cpp's tests/test-tokenizer-0.cpp
 
 

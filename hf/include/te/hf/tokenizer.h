@@ -63,9 +63,9 @@ class Tokenizer {
   static Tokenizer from_vocab_txt(const std::string& path);
   /// A GGUF file's tokenizer metadata, as the model's own tokenizer splits and merges: byte-level
   /// BPE (tokenizer.ggml.model "gpt2", the split tokenizer.ggml.pre names in llama.cpp's table)
-  /// or SentencePiece BPE ("llama", merges from the scores, byte fallback); control tokens
-  /// special, BOS and EOS as add_bos_token and add_eos_token say. te::Error naming the key for
-  /// another model or pre-tokenizer, or missing tokens, merges or scores.
+  /// SentencePiece BPE ("llama", merges from the scores, byte fallback) or WordPiece ("bert");
+  /// control tokens special, BOS and EOS as add_bos_token and add_eos_token say. te::Error naming
+  /// the key for another model or pre-tokenizer, or missing tokens, merges, scores or ids.
   static Tokenizer from_gguf(const std::string& path);
 
   Encoding encode(std::string_view text, const EncodeOptions& options = {}) const;
