@@ -4,6 +4,7 @@
 // document and read by Tokenizer::from_json, so the pipeline has one home.
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -294,6 +295,11 @@ json sentencepiece_document(const GgufFile& file, const GgufValue* tokens, const
   const GgufValue* scores = file.value("tokenizer.ggml.scores");
   if (scores == nullptr || scores->type != 9 || scores->numbers.size() != tokens->strings.size()) {
     fail("tokenizer.ggml.scores", "is missing or not a list of one number per token");
+  }
+  for (std::size_t i = 0; i < scores->numbers.size(); ++i) {  // they order the merges
+    if (!std::isfinite(scores->numbers[i])) {
+      fail("tokenizer.ggml.scores", "entry " + std::to_string(i) + " is not a finite number");
+    }
   }
   json vocab = json::object();
   std::unordered_map<std::string, int64_t> ids;

@@ -7,6 +7,7 @@
 #include <c10/core/InferenceMode.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -499,6 +500,15 @@ TEST(Gguf, AModelFileIsReadStrictly) {
   EXPECT_ERROR(Tokenizer::from_file(path.string()), "tokenizer.ggml.merges: is missing");
   q8_file("token_embd.weight", 2, text("tokenizer.ggml.model", "llama") + tokens.bytes).write(path);
   EXPECT_ERROR(Tokenizer::from_file(path.string()), "tokenizer.ggml.scores: is missing");
+  GgufBytes nan_score;
+  nan_score.bytes.clear();
+  nan_score.str("tokenizer.ggml.scores").put<uint32_t>(9).put<uint32_t>(6).put<uint64_t>(2);
+  nan_score.put<float>(0.0f).put<float>(std::nanf(""));
+  q8_file("token_embd.weight", 3,
+          text("tokenizer.ggml.model", "llama") + tokens.bytes + nan_score.bytes)
+      .write(path);
+  EXPECT_ERROR(Tokenizer::from_file(path.string()),
+               "tokenizer.ggml.scores: entry 1 is not a finite number");
   q8_file("token_embd.weight", 2, text("tokenizer.ggml.model", "bert") + tokens.bytes).write(path);
   EXPECT_ERROR(Tokenizer::from_file(path.string()),
                "tokenizer.ggml.unknown_token_id: 100 is not a token id");
