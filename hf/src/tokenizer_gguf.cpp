@@ -99,6 +99,18 @@ const std::string kSpace = "\xE2\x96\x81";
 
 using Fail = std::function<void(const std::string& key, const std::string& message)>;
 
+// vocab[spelled] = i, for token i written `token` in the file; te::Error when another token
+// already has that spelling (`how` says which spelling), each token must be spelled once.
+void add_token(json& vocab, const std::string& spelled, std::size_t i, const std::string& token,
+               const std::string& how, const Fail& fail) {
+  if (vocab.contains(spelled)) {
+    fail("tokenizer.ggml.tokens", "token " + std::to_string(i) + " '" + token + "' is token " +
+                                      std::to_string(vocab[spelled].get<std::size_t>()) + " again" +
+                                      how + "; each token must be spelled once");
+  }
+  vocab[spelled] = i;
+}
+
 // The added tokens of a GGUF vocabulary: control tokens (type 3) are special added tokens (in a
 // byte-level vocabulary only those spelled in the byte alphabet), user-defined ones (type 4)
 // plain added tokens.
@@ -222,13 +234,7 @@ json byte_level_document(const GgufFile& file, const GgufValue* tokens, const Gg
     if (!in_bytes[i] && !user_defined && own.count(detail::to_byte_level(t)) == 0) {
       spelled = detail::to_byte_level(t);
     }
-    if (vocab.contains(spelled)) {
-      fail("tokenizer.ggml.tokens",
-           "token " + std::to_string(i) + " '" + t + "' is token " +
-               std::to_string(vocab[spelled].get<std::size_t>()) +
-               " again (spelled in the byte alphabet); each token must be spelled once");
-    }
-    vocab[spelled] = i;
+    add_token(vocab, spelled, i, t, " (spelled in the byte alphabet)", fail);
   }
   const json added = added_tokens(*tokens, types, /*byte_level=*/true);
   const json byte_level = byte_level_part();
@@ -306,12 +312,8 @@ json sentencepiece_document(const GgufFile& file, const GgufValue* tokens, const
   for (std::size_t i = 0; i < tokens->strings.size(); ++i) {
     const std::string& t = tokens->strings[i];
     detail::utf8_to_code_points(t, "tokenizer: GGUF token");
-    if (!ids.emplace(t, static_cast<int64_t>(i)).second) {
-      fail("tokenizer.ggml.tokens", "token " + std::to_string(i) + " '" + t + "' is token " +
-                                        std::to_string(ids.at(t)) +
-                                        " again; each token must be spelled once");
-    }
-    vocab[t] = i;
+    add_token(vocab, t, i, t, "", fail);
+    ids.emplace(t, static_cast<int64_t>(i));
   }
   const int64_t unk = file.integer("tokenizer.ggml.unknown_token_id").value_or(0);
   if (unk < 0 || unk >= static_cast<int64_t>(tokens->strings.size())) {
@@ -357,12 +359,7 @@ json wordpiece_document(const GgufFile& file, const GgufValue* tokens, const Ggu
     const std::string piece = control                   ? t
                               : t.rfind(kSpace, 0) == 0 ? t.substr(kSpace.size())
                                                         : "##" + t;
-    if (vocab.contains(piece)) {
-      fail("tokenizer.ggml.tokens", "token " + std::to_string(i) + " '" + t + "' is token " +
-                                        std::to_string(vocab[piece].get<std::size_t>()) +
-                                        " again (as WordPiece spells it)");
-    }
-    vocab[piece] = i;
+    add_token(vocab, piece, i, t, " (as WordPiece spells it)", fail);
   }
   auto token_id = [&](const char* key, int64_t fallback) {
     const int64_t id = file.integer(std::string("tokenizer.ggml.") + key).value_or(fallback);
