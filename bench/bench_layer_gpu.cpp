@@ -49,11 +49,14 @@ int main(int argc, char** argv) {
   const int64_t seq = arg(1, 2048), batch = arg(2, 4), hidden = arg(3, 4096), ffn = arg(4, 16384),
                 heads = arg(5, 32);
   const auto bf16 = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
-  te::nn::TransformerLayer layer(te::nn::TransformerLayerOptions(hidden, ffn, heads)
-                                     .hidden_dropout(0.0)
-                                     .attention_dropout(0.0)
-                                     .intermediate_dropout(0.0)
-                                     .mlp_activations({"gelu"}));
+  te::nn::TransformerLayer layer([&] {
+    auto made = te::nn::TransformerLayerOptions(hidden, ffn, heads)
+                    .hidden_dropout(0.0)
+                    .intermediate_dropout(0.0)
+                    .mlp_activations({"gelu"});
+    made.self_attention().attention().attention_dropout(0.0);
+    return made;
+  }());
   layer->to(at::kCUDA, at::kBFloat16);
   const at::Tensor x = at::randn({batch, seq, hidden}, bf16).requires_grad_(true);
   const at::Tensor dy = at::randn({batch, seq, hidden}, bf16);

@@ -102,12 +102,15 @@ int64_t analytic_bytes(const Layout& l, const Args& a) {
 }
 
 te::nn::TransformerLayerOptions layer_options(const Args& a, bool sequence_parallel) {
-  return te::nn::TransformerLayerOptions(a.hidden, a.ffn, a.heads)
-      .hidden_dropout(0.0)
-      .attention_dropout(0.0)
-      .intermediate_dropout(0.0)
-      .mlp_activations({"gelu"})
-      .enable_sequence_parallel(sequence_parallel);
+  return [&] {
+    auto made = te::nn::TransformerLayerOptions(a.hidden, a.ffn, a.heads)
+                    .hidden_dropout(0.0)
+                    .intermediate_dropout(0.0)
+                    .mlp_activations({"gelu"});
+    made.self_attention().enable_sequence_parallel(sequence_parallel);
+    made.self_attention().attention().attention_dropout(0.0);
+    return made;
+  }();
 }
 
 at::Tensor global_input(const Args& a) {

@@ -171,11 +171,14 @@ void BM_MultiHeadAttentionVsTorch(benchmark::State& state) {
 }
 
 te::nn::TransformerLayerOptions layer_options(const Shape& shape) {
-  return te::nn::TransformerLayerOptions(shape.hidden, shape.ffn, shape.heads)
-      .hidden_dropout(0.0)
-      .attention_dropout(0.0)
-      .intermediate_dropout(0.0)
-      .mlp_activations({"gelu"});
+  return [&] {
+    auto made = te::nn::TransformerLayerOptions(shape.hidden, shape.ffn, shape.heads)
+                    .hidden_dropout(0.0)
+                    .intermediate_dropout(0.0)
+                    .mlp_activations({"gelu"});
+    made.self_attention().attention().attention_dropout(0.0);
+    return made;
+  }();
 }
 
 void BM_TransformerLayer(benchmark::State& state) {
@@ -190,7 +193,9 @@ void BM_TransformerLayer(benchmark::State& state) {
 // te's layer with biases too; causal.
 void BM_TransformerLayerVsTorch(benchmark::State& state) {
   const Shape shape(state);
-  te::nn::TransformerLayer layer(layer_options(shape).use_bias(true));
+  te::nn::TransformerLayerOptions options = layer_options(shape);
+  options.self_attention().use_bias(true);
+  te::nn::TransformerLayer layer(options);
   layer->to(shape.dtype);
   torch::nn::TransformerEncoderLayer torch_layer(
       torch::nn::TransformerEncoderLayerOptions(shape.hidden, shape.heads)

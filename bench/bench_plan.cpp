@@ -1,6 +1,7 @@
 // What planning a step costs (te::nn::plan): a 7B-shaped stack (32 layers) on 64 x 16 ranks, and
 // te-encoder's layer on one rank against running that layer's real training step on this CPU (the
-// peer: planning is worth it when it costs a fraction of what it sizes). Run: build/bench/bench_plan
+// peer: planning is worth it when it costs a fraction of what it sizes). Run:
+// build/bench/bench_plan
 #include <ATen/ATen.h>
 #include <benchmark/benchmark.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -10,9 +11,11 @@
 namespace {
 
 te::nn::TransformerLayerOptions llama_7b_layer() {
-  return te::nn::TransformerLayerOptions(4096, 11008, 32)
-      .mlp_activations({"swiglu"})
-      .layernorm_type("rmsnorm");
+  return [&] {
+    auto made = te::nn::TransformerLayerOptions(4096, 11008, 32).mlp_activations({"swiglu"});
+    made.self_attention().layernorm().layernorm_type("rmsnorm");
+    return made;
+  }();
 }
 
 te::nn::TransformerLayerOptions encoder_layer() {

@@ -18,16 +18,18 @@ void EncoderClassifierImpl::reset() {
   // Flax's nn.Embed default: variance_scaling(1, fan_in, normal) with fan_in = features.
   embedding = register_parameter(
       "embedding", te::nn::normal({options.vocab_size, h}, 1.0 / std::sqrt(double(h))));
-  layer = register_module(
-      "layer", te::nn::TransformerLayer(te::nn::TransformerLayerOptions(h, options.mlp_hidden_size,
-                                                                        options.num_attention_heads)
-                                            .layer_type("encoder")
-                                            .self_attn_mask_type("padding")
-                                            .hidden_dropout(options.hidden_dropout)
-                                            .attention_dropout(options.attention_dropout)
-                                            .intermediate_dropout(options.intermediate_dropout)
-                                            .mlp_activations(options.mlp_activations)
-                                            .enable_sequence_parallel(options.sequence_parallel)));
+  auto layer_options =
+      te::nn::TransformerLayerOptions(h, options.mlp_hidden_size, options.num_attention_heads)
+          .layer_type("encoder")
+          .hidden_dropout(options.hidden_dropout)
+          .intermediate_dropout(options.intermediate_dropout)
+          .mlp_activations(options.mlp_activations);
+  layer_options.self_attention().enable_sequence_parallel(options.sequence_parallel);
+  layer_options.self_attention()
+      .attention()
+      .attn_mask_type(te::nn::AttnMaskType::kPadding)
+      .attention_dropout(options.attention_dropout);
+  layer = register_module("layer", te::nn::TransformerLayer(layer_options));
   // TE's DenseGeneral defaults (variance_scaling(1, fan_in, truncated_normal) kernels, zero
   // biases); the head is Flax's nn.Dense (lecun_normal: the same distribution).
   dense_1 =

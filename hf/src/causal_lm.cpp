@@ -17,29 +17,34 @@ nn::TransformerLayerOptions layer_options(const CausalLMConfig& c, int64_t layer
   // (silu(x W_gate) * x W_up, then W_down), no dropout on the residuals. GPT-2's: pre-LayerNorm,
   // biases everywhere, the fused c_attn, a gelu MLP, dropouts (learned positions: CausalLMImpl).
   auto o = nn::TransformerLayerOptions(c.hidden_size, c.intermediate_size, c.num_attention_heads)
-               .num_gqa_groups(c.num_key_value_heads)
-               .kv_channels(c.head_dim)
                .layer_type("encoder")
-               .self_attn_mask_type("causal")
-               .layernorm_type(c.norm)
-               .layernorm_epsilon(c.rms_norm_eps)
                .mlp_activations(c.mlp_activations)
                .hidden_dropout(c.hidden_dropout)
-               .attention_dropout(c.attention_dropout)
                .intermediate_dropout(0)
-               .use_bias(c.attention_bias)
-               .qkv_bias(c.qkv_bias)
-               .mlp_bias(c.mlp_bias)
-               .fuse_qkv(c.fuse_qkv)
-               .scaled_query_init(false)
-               .scale_attn_logits(true);
+               .mlp_bias(c.mlp_bias);
+  nn::MultiHeadAttentionOptions& attention = o.self_attention();
+  attention.use_bias(c.attention_bias)
+      .qkv_bias(c.qkv_bias)
+      .fuse_qkv(c.fuse_qkv)
+      .scaled_query_init(false)
+      .scale_attn_logits(true);
+  attention.layernorm().layernorm_type(c.norm).epsilon(c.rms_norm_eps);
+  attention.attention()
+      .num_gqa_groups(c.num_key_value_heads)
+      .head_dim(c.head_dim)
+      .attn_mask_type(nn::AttnMaskType::kCausal)
+      .attention_dropout(c.attention_dropout);
   // transformers' sliding window W: a query sees the W keys up to and including itself.
   TE_CHECK(layer >= 0 && layer < static_cast<int64_t>(c.layer_windows.size()),
            "layer_options: ", "layer ", layer, " of a config with ", c.layer_windows.size(),
            " layer windows");
   const auto& window = c.layer_windows[static_cast<std::size_t>(layer)];
-  if (window) o.window_size(nn::WindowSize{*window - 1, 0});
-  if (c.qk_norm) o.qk_norm_type("RMSNorm").qk_norm_eps(c.rms_norm_eps).qk_norm_before_rope(true);
+  if (window) attention.attention().window_size(nn::WindowSize{*window - 1, 0});
+  if (c.qk_norm) {
+    attention.qk_norm_type(nn::QkNormType::kRMSNorm)
+        .qk_norm_eps(c.rms_norm_eps)
+        .qk_norm_before_rope(true);
+  }
   return o;
 }
 

@@ -149,21 +149,20 @@ nn::TransformerLayerOptions encoder_layer_options(const EncoderConfig& c) {
   // everywhere, keys masked where padding. As TE's layer: no norm before the attention
   // (output_layernorm), the MLP's input norm is the first LN and its residual that norm's output
   // (apply_residual_connection_post_layernorm), the output norm is the second LN.
-  return nn::TransformerLayerOptions(c.hidden_size, c.intermediate_size, c.num_attention_heads)
-      .layer_type("encoder")
-      .self_attn_mask_type("padding")
-      .layernorm_type("layernorm")
-      .layernorm_epsilon(c.layer_norm_eps)
-      .mlp_activations({c.activation})
-      .hidden_dropout(c.hidden_dropout)
-      .attention_dropout(c.attention_dropout)
-      .intermediate_dropout(0)
-      .use_bias(true)
-      .fuse_qkv(false)
-      .output_layernorm(true)
-      .apply_residual_connection_post_layernorm(true)
-      .scaled_query_init(false)
-      .scale_attn_logits(true);
+  auto o = nn::TransformerLayerOptions(c.hidden_size, c.intermediate_size, c.num_attention_heads)
+               .layer_type("encoder")
+               .mlp_activations({c.activation})
+               .hidden_dropout(c.hidden_dropout)
+               .intermediate_dropout(0)
+               .output_layernorm(true)
+               .apply_residual_connection_post_layernorm(true);
+  nn::MultiHeadAttentionOptions& attention = o.self_attention();
+  attention.use_bias(true).fuse_qkv(false).scaled_query_init(false).scale_attn_logits(true);
+  attention.layernorm().layernorm_type("layernorm").epsilon(c.layer_norm_eps);
+  attention.attention()
+      .attn_mask_type(nn::AttnMaskType::kPadding)
+      .attention_dropout(c.attention_dropout);
+  return o;
 }
 
 EncoderImpl::EncoderImpl(const EncoderConfig& config_) : config(config_) { reset(); }

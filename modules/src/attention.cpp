@@ -59,17 +59,13 @@ void DotProductAttentionImpl::reset() {
   TE_CHECK(options.attention_dropout() >= 0 && options.attention_dropout() < 1,
            "DotProductAttention: attention_dropout ", options.attention_dropout(),
            " is not in [0, 1)");
-  F::check_softmax_type(options.softmax_type());
-  const std::string& format = options.qkv_format();
-  TE_CHECK(format == "bshd" || format == "sbhd" || format == "thd",
-           "DotProductAttention: qkv_format '", format, "' is not 'bshd', 'sbhd' or 'thd'");
-  TE_CHECK(format != "thd" || mask_spec.padding(),
+  TE_CHECK(options.qkv_format() != QkvFormat::kThd || mask_spec.padding(),
            "DotProductAttention: qkv_format 'thd' needs a padding attn_mask_type (padding, "
            "padding_causal or padding_causal_bottom_right), as TE's; got '",
            options.attn_mask_type(), "'");
   // TE's softmax_offset (dot_product_attention.py L772-783 at d0067d0da): zeros, one per head,
   // a parameter for "learnable" ("off-by-one" adds a constant zero, no parameter).
-  if (options.softmax_type() == "learnable") {
+  if (options.softmax_type() == SoftmaxType::kLearnable) {
     softmax_offset = register_sharded(*this, "softmax_offset",
                                       at::zeros({options.num_attention_heads()}), {axis::kHeads});
   }
@@ -86,7 +82,9 @@ void DotProductAttentionImpl::pretty_print(std::ostream& stream) const {
   if (mask_spec.window_left >= 0 || (!mask_spec.causal() && mask_spec.window_right >= 0)) {
     stream << ", window=(" << mask_spec.window_left << ", " << mask_spec.window_right << ")";
   }
-  if (options.softmax_type() != "vanilla") stream << ", softmax=" << options.softmax_type();
+  if (options.softmax_type() != SoftmaxType::kVanilla) {
+    stream << ", softmax=" << options.softmax_type();
+  }
   stream << ", dropout=" << options.attention_dropout() << ")";
 }
 
@@ -237,7 +235,7 @@ F::AttentionCall attention_call(const DotProductAttentionImpl& self, const Arran
            "(functional::apply_rotary_pos_emb), or give it to MultiHeadAttention or "
            "TransformerLayer");
   const int64_t batch = a.q.size(0), heads = a.q.size(2), sq = a.q.size(1), sk = a.k.size(1);
-  const bool packed = self.options.qkv_format() == "thd";
+  const bool packed = self.options.qkv_format() == QkvFormat::kThd;
   // The head dims it was built with, as TE asserts them (dot_product_attention.py L1716-1725).
   const int64_t dv =
       self.options.head_dim_v() ? self.options.head_dim_v() : self.options.head_dim();
@@ -280,7 +278,7 @@ F::AttentionCall attention_call(const DotProductAttentionImpl& self, const Arran
   call.mask = logits_operand(call.mask, a.q, 0, 1);
   call.bias_type = args.core_attention_bias_type();
   call.bias = logits_operand(args.core_attention_bias(), a.q, 0, 1);
-  if (call.bias_type == "alibi") {
+  if (call.bias_type == AttnBiasType::kAlibi) {
     // Every layout takes its share of the global heads' slopes (TE computes its default slopes
     // for the heads of its partition: under tensor parallelism they would differ by layout).
     const at::Tensor slopes =
@@ -325,14 +323,14 @@ T bshd_forward(const DotProductAttentionImpl& self, const T& query, const T& key
 template <typename T>
 void check_format_dims(const DotProductAttentionImpl& self, const T& query, const T& key,
                        const T& value) {
-  const std::string& format = self.options.qkv_format();
-  const int64_t dims = format == "thd" ? 3 : 4;
+  const QkvFormat format = self.options.qkv_format();
+  const int64_t dims = format == QkvFormat::kThd ? 3 : 4;
   TE_CHECK(query.dim() == dims && key.dim() == dims && value.dim() == dims,
            "DotProductAttention: q ", detail::shape_of(query), ", k ", detail::shape_of(key),
            ", v ", detail::shape_of(value), " are not ",
-           format == "thd"    ? "[tokens, heads, head_dim]"
-           : format == "sbhd" ? "[seqlen, batch, heads, head_dim]"
-                              : "[batch, seqlen, heads, head_dim]",
+           format == QkvFormat::kThd    ? "[tokens, heads, head_dim]"
+           : format == QkvFormat::kSbhd ? "[seqlen, batch, heads, head_dim]"
+                                        : "[batch, seqlen, heads, head_dim]",
            " (qkv_format '", format, "')");
 }
 
@@ -344,13 +342,13 @@ template <typename T>
 T attention_forward(const DotProductAttentionImpl& self, const T& query, const T& key,
                     const T& value, const at::Tensor& mask, const AttentionArgs& args,
                     bool training) {
-  const std::string& format = self.options.qkv_format();
+  const QkvFormat format = self.options.qkv_format();
   check_format_dims(self, query, key, value);
-  if (format == "sbhd") {
+  if (format == QkvFormat::kSbhd) {
     return swapped(
         bshd_forward(self, swapped(query), swapped(key), swapped(value), mask, args, training));
   }
-  if (format == "thd") {
+  if (format == QkvFormat::kThd) {
     return detail::tokens_only(bshd_forward(self, detail::batch_of_one(query),
                                             detail::batch_of_one(key), detail::batch_of_one(value),
                                             mask, args, training));
@@ -372,23 +370,23 @@ T cached_attention(const DotProductAttentionImpl& self, const T& query, const T&
   InferenceParams& cache = *args.inference_params();
   TE_CHECK(!self.is_training() || self.options.attention_dropout() == 0.0,
            "MultiHeadAttention: a KV cache is for inference; call eval() first");
-  TE_CHECK(args.core_attention_bias_type() == "no_bias" && !args.cu_seqlens_q().defined() &&
-               !args.cu_seqlens_kv().defined() && !args.cu_seqlens_q_padded().defined() &&
-               !args.cu_seqlens_kv_padded().defined(),
+  TE_CHECK(args.core_attention_bias_type() == AttnBiasType::kNoBias &&
+               !args.cu_seqlens_q().defined() && !args.cu_seqlens_kv().defined() &&
+               !args.cu_seqlens_q_padded().defined() && !args.cu_seqlens_kv_padded().defined(),
            "MultiHeadAttention: with a KV cache the cache says where each sequence is; give no "
            "cu_seqlens and no bias (core_attention_bias_type '",
            args.core_attention_bias_type(), "')");
-  TE_CHECK(self.mask_spec.type != "arbitrary",
+  TE_CHECK(self.mask_spec.type != AttnMaskType::kArbitrary,
            "MultiHeadAttention: attn_mask_type 'arbitrary' cannot run with a KV cache (the "
            "cache's sequences decide the mask); use a causal or padding type");
   const Arranged<T> a = arrange(query, key, value);
   F::AttentionCall call;
   call.spec = self.mask_spec;
   if (call.spec.causal()) {  // TE's conversion for a cache: the bottom-right diagonal
-    call.spec.type = "padding_causal_bottom_right";
+    call.spec.type = AttnMaskType::kPaddingCausalBottomRight;
     call.spec.bottom_right = true;
   } else {
-    call.spec.type = "padding";
+    call.spec.type = AttnMaskType::kPadding;
   }
   call.softmax_type = self.options.softmax_type();
   if (self.softmax_offset.defined()) {
@@ -450,17 +448,14 @@ DTensor DotProductAttentionImpl::forward(const DTensor& query, const DTensor& ke
 std::string DotProductAttentionImpl::fused_backend(const at::Tensor& query, const at::Tensor& key,
                                                    const at::Tensor& value, const at::Tensor& mask,
                                                    const AttentionArgs& args) const {
-  const std::string& format = options.qkv_format();
+  const QkvFormat format = options.qkv_format();
   check_format_dims(*this, query, key, value);
-  const at::Tensor q = format == "sbhd"  ? swapped(query)
-                       : format == "thd" ? detail::batch_of_one(query)
-                                         : query;
-  const at::Tensor k = format == "sbhd"  ? swapped(key)
-                       : format == "thd" ? detail::batch_of_one(key)
-                                         : key;
-  const at::Tensor v = format == "sbhd"  ? swapped(value)
-                       : format == "thd" ? detail::batch_of_one(value)
-                                         : value;
+  auto as_bshd = [format](const at::Tensor& t) {
+    return format == QkvFormat::kSbhd  ? swapped(t)
+           : format == QkvFormat::kThd ? detail::batch_of_one(t)
+                                       : t;
+  };
+  const at::Tensor q = as_bshd(query), k = as_bshd(key), v = as_bshd(value);
   const F::AttentionCall call = attention_call(*this, arrange(q, k, v), mask, args, is_training());
   if (call.packed.defined()) {
     return F::attention_plan(q.squeeze(0), k.squeeze(0), v.squeeze(0), call).backend;

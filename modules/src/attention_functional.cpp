@@ -52,8 +52,7 @@ void check_attention_inputs(const at::Tensor& q, const at::Tensor& k, const at::
            "attention: core_attention_bias is on ",
            call.bias.defined() ? call.bias.device() : q.device(), " but q is on ", q.device(),
            ": move the bias to q's device");
-  check_softmax_type(call.softmax_type);
-  if (call.softmax_type == "learnable") {
+  if (call.softmax_type == SoftmaxType::kLearnable) {
     TE_CHECK(call.softmax_offset.defined() && call.softmax_offset.dim() == 1 &&
                  call.softmax_offset.size(0) == h,
              "attention: softmax_type 'learnable' needs softmax_offset of shape [", h,
@@ -65,8 +64,8 @@ void check_attention_inputs(const at::Tensor& q, const at::Tensor& k, const at::
   }
 }
 
-bool has_sink(const AttentionCall& call) { return call.softmax_type != "vanilla"; }
-bool biased(const AttentionCall& call) { return call.bias_type != "no_bias"; }
+bool has_sink(const AttentionCall& call) { return call.softmax_type != SoftmaxType::kVanilla; }
+bool biased(const AttentionCall& call) { return call.bias_type != AttnBiasType::kNoBias; }
 
 // The additive term of the logits after scaling ([1 | b, 1 | h, 1 | sq, sk], in the bias's own
 // dtype: ALiBi's is float32, and the sum is rounded once, as TE adds it), or undefined: a
@@ -74,7 +73,7 @@ bool biased(const AttentionCall& call) { return call.bias_type != "no_bias"; }
 // qk * scale + bias * scale). ALiBi's slopes take no gradient (TE's get_alibi runs under
 // no_grad); a piece of the heads (global_heads set) takes its share of the global heads' slopes.
 at::Tensor scaled_bias(const at::Tensor& q, const AttentionCall& call, int64_t sq, int64_t sk) {
-  if (call.bias_type == "alibi") {
+  if (call.bias_type == AttnBiasType::kAlibi) {
     at::Tensor slopes = call.alibi_slopes.detach();
     if (!slopes.defined()) {
       slopes = call.global_heads
@@ -83,8 +82,8 @@ at::Tensor scaled_bias(const at::Tensor& q, const AttentionCall& call, int64_t s
     }
     return alibi_bias(slopes.to(q.device()), call.spec, call.mask, sq, sk);
   }
-  if (call.bias_type == "pre_scale_bias") return call.bias * call.scale;
-  if (call.bias_type == "post_scale_bias") return call.bias;
+  if (call.bias_type == AttnBiasType::kPreScaleBias) return call.bias * call.scale;
+  if (call.bias_type == AttnBiasType::kPostScaleBias) return call.bias;
   return {};
 }
 
@@ -254,10 +253,10 @@ Packing packing(const at::Tensor& cu_seqlens, const at::Tensor& padded, int64_t 
 }
 
 // A padding type means, for one packed sequence alone, its causal part.
-std::string unpadded_type(const std::string& type) {
-  if (type == "padding") return "no_mask";
-  if (type == "padding_causal") return "causal";
-  return "causal_bottom_right";  // padding_causal_bottom_right
+AttnMaskType unpadded_type(AttnMaskType type) {
+  if (type == AttnMaskType::kPadding) return AttnMaskType::kNoMask;
+  if (type == AttnMaskType::kPaddingCausal) return AttnMaskType::kCausal;
+  return AttnMaskType::kCausalBottomRight;  // padding_causal_bottom_right
 }
 
 at::Tensor dense_attention(const at::Tensor& q, const at::Tensor& k_in, const at::Tensor& v_in,
@@ -294,7 +293,7 @@ PackedInputs check_packed(const at::Tensor& q, const at::Tensor& k, const at::Te
            "padding_causal or padding_causal_bottom_right), as TE's; got '", call.spec.type, "'");
   TE_CHECK(!call.mask.defined(), "attention: qkv_format 'thd' takes no mask: cu_seqlens_q and ",
            "cu_seqlens_kv say where each sequence is");
-  TE_CHECK(call.bias_type == "no_bias" || call.bias_type == "alibi",
+  TE_CHECK(call.bias_type == AttnBiasType::kNoBias || call.bias_type == AttnBiasType::kAlibi,
            "attention: core_attention_bias_type '", call.bias_type,
            "' is not supported with qkv_format 'thd' (TE's packed attention takes no_bias or "
            "alibi): pad the batch to bshd for a bias tensor");
@@ -318,7 +317,7 @@ PackedInputs check_packed(const at::Tensor& q, const at::Tensor& k, const at::Te
   const int64_t n = static_cast<int64_t>(in.pq.length.size()), h = q.size(1);
   const at::Tensor& slopes = call.alibi_slopes;
   TE_CHECK(
-      !slopes.defined() || (call.bias_type == "alibi" &&
+      !slopes.defined() || (call.bias_type == AttnBiasType::kAlibi &&
                             ((slopes.dim() == 1 && slopes.size(0) == h) ||
                              (slopes.dim() == 2 && slopes.size(0) == n && slopes.size(1) == h))),
       "attention: alibi_slopes ", slopes.defined() ? slopes.sizes() : at::IntArrayRef{},
@@ -397,7 +396,7 @@ at::Tensor dense_attention(const at::Tensor& q, const at::Tensor& k_in, const at
       detail::mm_any(q.transpose(1, 2).reshape({batch, kv_heads, group * sq, q.size(3)}),
                      k.transpose(2, 3))
           .view({batch, heads, sq, sk});
-  if (call.bias_type == "pre_scale_bias") {
+  if (call.bias_type == AttnBiasType::kPreScaleBias) {
     logits = ((logits + call.bias) * call.scale).to(q.scalar_type());
   } else {
     // TE's default (scaled query init, unscaled logits) multiplies by 1: skip the pass.
@@ -409,7 +408,7 @@ at::Tensor dense_attention(const at::Tensor& q, const at::Tensor& k_in, const at
   // A sink (L683-711): one more logit per row, never masked, taking no value: 0 (off-by-one)
   // or the head's softmax_offset (learnable); its probability is dropped after the softmax.
   if (has_sink(call)) {
-    const at::Tensor offset = call.softmax_type == "learnable"
+    const at::Tensor offset = call.softmax_type == SoftmaxType::kLearnable
                                   ? call.softmax_offset.to(logits.scalar_type())
                                   : at::zeros({heads}, logits.options());
     logits =

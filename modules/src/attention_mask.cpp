@@ -19,14 +19,6 @@ namespace te::nn::functional {
 
 namespace {
 
-const char* const kMaskTypes[] = {"no_mask",
-                                  "padding",
-                                  "causal",
-                                  "padding_causal",
-                                  "causal_bottom_right",
-                                  "padding_causal_bottom_right",
-                                  "arbitrary"};
-
 std::string window_text(const std::pair<int64_t, int64_t>& w) {
   return "(" + std::to_string(w.first) + ", " + std::to_string(w.second) + ")";
 }
@@ -35,21 +27,24 @@ std::string window_text(const std::pair<int64_t, int64_t>& w) {
 
 // ---- MaskSpec --------------------------------------------------------------------------------
 
-bool MaskSpec::causal() const { return type.find("causal") != std::string::npos; }
-bool MaskSpec::padding() const { return type.rfind("padding", 0) == 0; }
-bool MaskSpec::takes_mask() const { return padding() || type == "arbitrary"; }
+bool MaskSpec::causal() const {
+  return type == AttnMaskType::kCausal || type == AttnMaskType::kPaddingCausal ||
+         type == AttnMaskType::kCausalBottomRight ||
+         type == AttnMaskType::kPaddingCausalBottomRight;
+}
+bool MaskSpec::padding() const {
+  return type == AttnMaskType::kPadding || type == AttnMaskType::kPaddingCausal ||
+         type == AttnMaskType::kPaddingCausalBottomRight;
+}
+bool MaskSpec::takes_mask() const { return padding() || type == AttnMaskType::kArbitrary; }
 bool MaskSpec::windowed() const { return causal() || window_left >= 0 || window_right >= 0; }
 
-MaskSpec mask_spec(const std::string& attn_mask_type,
+MaskSpec mask_spec(TeChoice<AttnMaskType> attn_mask_type,
                    std::optional<std::pair<int64_t, int64_t>> window_size,
                    std::optional<bool> bottom_right_diagonal) {
-  bool known = false;
-  for (const char* t : kMaskTypes) known = known || attn_mask_type == t;
-  TE_CHECK(known, "attn_mask_type '", attn_mask_type,
-           "' is not one of no_mask, padding, causal, padding_causal, causal_bottom_right, "
-           "padding_causal_bottom_right, arbitrary");
   MaskSpec spec;
   spec.type = attn_mask_type;
+  const std::string name = attn_mask_type.name();
   // check_set_window_size (dot_product_attention/utils.py at d0067d0da).
   std::pair<int64_t, int64_t> w =
       spec.causal() ? std::pair<int64_t, int64_t>{-1, 0} : std::pair<int64_t, int64_t>{-1, -1};
@@ -61,7 +56,7 @@ MaskSpec mask_spec(const std::string& attn_mask_type,
         warn("window_size " + window_text(given) +
              " should be (-1, 0) or (>=0, 0) for "
              "attn_mask_type=" +
-             attn_mask_type + ": using " + window_text(w) + ", as TE does");
+             name + ": using " + window_text(w) + ", as TE does");
       } else {
         TE_CHECK(given.first >= -1 && given.second == 0, "window_size ", window_text(given),
                  " is not valid for attn_mask_type '", attn_mask_type,
@@ -70,8 +65,8 @@ MaskSpec mask_spec(const std::string& attn_mask_type,
       }
     } else {
       if (given == std::pair<int64_t, int64_t>{-1, 0}) {
-        warn("window_size (-1, 0) should be (-1, -1) or (>=0, >=0) for attn_mask_type=" +
-             attn_mask_type + ": using (-1, -1), as TE does (a causal mask is a causal type)");
+        warn("window_size (-1, 0) should be (-1, -1) or (>=0, >=0) for attn_mask_type=" + name +
+             ": using (-1, -1), as TE does (a causal mask is a causal type)");
       } else {
         TE_CHECK(given == (std::pair<int64_t, int64_t>{-1, -1}) ||
                      (given.first >= 0 && given.second >= 0),
@@ -86,9 +81,10 @@ MaskSpec mask_spec(const std::string& attn_mask_type,
   // DotProductAttention.forward: causal and padding_causal are always top-left, the
   // bottom_right types always bottom-right, the others follow bottom_right_diagonal (unset:
   // bottom-right).
-  if (attn_mask_type == "causal" || attn_mask_type == "padding_causal") {
+  if (spec.type == AttnMaskType::kCausal || spec.type == AttnMaskType::kPaddingCausal) {
     spec.bottom_right = false;
-  } else if (attn_mask_type.find("bottom_right") != std::string::npos) {
+  } else if (spec.type == AttnMaskType::kCausalBottomRight ||
+             spec.type == AttnMaskType::kPaddingCausalBottomRight) {
     spec.bottom_right = true;
   } else {
     spec.bottom_right = bottom_right_diagonal.value_or(true);
@@ -177,17 +173,6 @@ at::Tensor masked_positions(const at::Tensor& mask, const MaskSpec& spec, int64_
 
 // ---- biases and softmax types ----------------------------------------------------------------
 
-void check_bias_type(const std::string& t) {
-  TE_CHECK(t == "no_bias" || t == "pre_scale_bias" || t == "post_scale_bias" || t == "alibi",
-           "core_attention_bias_type '", t,
-           "' is not one of no_bias, pre_scale_bias, post_scale_bias, alibi");
-}
-
-void check_softmax_type(const std::string& t) {
-  TE_CHECK(t == "vanilla" || t == "off-by-one" || t == "learnable", "softmax_type '", t,
-           "' is not one of vanilla, off-by-one, learnable");
-}
-
 at::Tensor alibi_slopes(int64_t num_heads) {
   TE_CHECK(num_heads > 0, "alibi_slopes: num_heads ", num_heads, " must be positive");
   int64_t n = 1;
@@ -216,11 +201,10 @@ at::Tensor alibi_bias(const at::Tensor& slopes, const MaskSpec& spec, const at::
   return distance.abs().neg().to(at::kFloat) * per_head;
 }
 
-void check_attention_bias(const std::string& bias_type, const at::Tensor& bias,
-                          const at::Tensor& slopes, int64_t batch, int64_t heads, int64_t sq,
-                          int64_t sk) {
-  check_bias_type(bias_type);
-  const bool takes_bias = bias_type == "pre_scale_bias" || bias_type == "post_scale_bias";
+void check_attention_bias(AttnBiasType bias_type, const at::Tensor& bias, const at::Tensor& slopes,
+                          int64_t batch, int64_t heads, int64_t sq, int64_t sk) {
+  const bool takes_bias =
+      bias_type == AttnBiasType::kPreScaleBias || bias_type == AttnBiasType::kPostScaleBias;
   if (!takes_bias) {
     TE_CHECK(!bias.defined(), "attention: core_attention_bias_type '", bias_type,
              "' takes no core_attention_bias (give pre_scale_bias or post_scale_bias to add it)");
@@ -240,7 +224,7 @@ void check_attention_bias(const std::string& bias_type, const at::Tensor& bias,
              ": give a floating-point tensor");
   }
   if (slopes.defined()) {
-    TE_CHECK(bias_type == "alibi",
+    TE_CHECK(bias_type == AttnBiasType::kAlibi,
              "attention: alibi_slopes are given with core_attention_bias_type '", bias_type,
              "': they need 'alibi'");
     const bool ok = (slopes.dim() == 1 && slopes.size(0) == heads) ||

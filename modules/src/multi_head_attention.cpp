@@ -65,31 +65,38 @@ MultiHeadAttentionImpl::MultiHeadAttentionImpl(const MultiHeadAttentionOptions& 
 }
 
 int64_t MultiHeadAttentionImpl::head_dim() const {
-  return options.head_dim() != 0 ? options.head_dim()
-                                 : options.hidden_size() / options.num_attention_heads();
+  const DotProductAttentionOptions& a = options.attention();
+  return a.head_dim() != 0 ? a.head_dim() : options.hidden_size() / a.num_attention_heads();
 }
 
 int64_t MultiHeadAttentionImpl::kv_heads() const {
-  return options.num_gqa_groups() != 0 ? options.num_gqa_groups() : options.num_attention_heads();
+  const DotProductAttentionOptions& a = options.attention();
+  return a.num_gqa_groups() != 0 ? a.num_gqa_groups() : a.num_attention_heads();
 }
 
 namespace {
 
 // What MultiHeadAttention's options must satisfy before anything is built.
 void check_mha_options(const MultiHeadAttentionOptions& o, int64_t kv_heads) {
-  const int64_t hidden = o.hidden_size(), heads = o.num_attention_heads();
+  const DotProductAttentionOptions& a = o.attention();
+  const int64_t hidden = o.hidden_size(), heads = a.num_attention_heads();
   TE_CHECK(hidden > 0 && heads > 0, "MultiHeadAttention: hidden_size (", hidden,
            ") and num_attention_heads (", heads, ") must be positive");
-  TE_CHECK(o.head_dim() != 0 || hidden % heads == 0, "MultiHeadAttention: hidden_size ", hidden,
-           " is not a multiple of num_attention_heads ", heads, "; set head_dim explicitly");
+  TE_CHECK(a.head_dim() >= 0 && (a.head_dim() != 0 || hidden % heads == 0),
+           "MultiHeadAttention: hidden_size ", hidden, " is not a multiple of num_attention_heads ",
+           heads, "; set attention().head_dim explicitly");
   TE_CHECK(kv_heads > 0 && heads % kv_heads == 0, "MultiHeadAttention: ", heads,
            " heads are not a multiple of num_gqa_groups ", kv_heads);
-  TE_CHECK(o.qkv_format() == "bshd" || o.qkv_format() == "thd", "MultiHeadAttention: qkv_format '",
-           o.qkv_format(), "' is not 'bshd' or 'thd' ('sbhd' is DotProductAttention's only)");
-  TE_CHECK(o.qkv_format() != "thd" || o.self_attention(),
+  TE_CHECK(a.head_dim_v() == 0, "MultiHeadAttention: attention().head_dim_v ", a.head_dim_v(),
+           " is DotProductAttention's only (the projections give values of head_dim): leave it 0");
+  const QkvFormat format = a.qkv_format();
+  TE_CHECK(format != QkvFormat::kSbhd,
+           "MultiHeadAttention: qkv_format 'sbhd' is not 'bshd' or 'thd' ('sbhd' is "
+           "DotProductAttention's only)");
+  TE_CHECK(format != QkvFormat::kThd || o.self_attention(),
            "MultiHeadAttention: qkv_format 'thd' is for self attention; cross attention takes "
            "bshd here");
-  TE_CHECK(o.qkv_format() != "thd" || !o.enable_sequence_parallel(),
+  TE_CHECK(format != QkvFormat::kThd || !o.enable_sequence_parallel(),
            "MultiHeadAttention: qkv_format 'thd' with enable_sequence_parallel is not supported "
            "(sequence parallel splits the packed tokens): shard the heads only");
 }
@@ -101,7 +108,7 @@ void check_mha_options(const MultiHeadAttentionOptions& o, int64_t kv_heads) {
 // not scaled). A bias takes its kernel's output axes (all but the first).
 void MultiHeadAttentionImpl::register_projections() {
   const MultiHeadAttentionOptions& o = options;
-  const int64_t hidden = o.hidden_size(), heads = o.num_attention_heads();
+  const int64_t hidden = o.hidden_size(), heads = o.attention().num_attention_heads();
   const int64_t d = head_dim(), g = kv_heads();
   const double query_scale = o.scaled_query_init() ? 1.0 / std::sqrt(double(d)) : 1.0;
   auto kernel = [&](std::vector<int64_t> shape) {
@@ -144,18 +151,15 @@ void MultiHeadAttentionImpl::register_projections() {
 
 void MultiHeadAttentionImpl::reset() {
   check_mha_options(options, kv_heads());
-  const int64_t heads = options.num_attention_heads(), d = head_dim();
+  const int64_t d = head_dim();
+  const DotProductAttentionOptions& a = options.attention();
   // Resolved (and warned about) once here; the attention gets the resolved window.
-  const F::MaskSpec spec = F::mask_spec(options.attn_mask_type(), options.window_size(),
-                                        options.bottom_right_diagonal());
-  if (const auto& type = options.qk_norm_type()) {
-    TE_CHECK(*type == "RMSNorm" || *type == "LayerNorm" || *type == "L2Normalization",
-             "MultiHeadAttention: qk_norm_type '", *type,
-             "' is not one of RMSNorm, LayerNorm, L2Normalization");
-  }
-  if (const auto& type = options.qk_norm_type(); type && *type != "L2Normalization") {
+  const F::MaskSpec spec =
+      F::mask_spec(a.attn_mask_type(), a.window_size(), a.bottom_right_diagonal());
+  const QkNormType qk_norm = options.qk_norm_type();
+  if (qk_norm == QkNormType::kRMSNorm || qk_norm == QkNormType::kLayerNorm) {
     const auto norm = LayerNormOptions(d)
-                          .layernorm_type(*type == "RMSNorm" ? "rmsnorm" : "layernorm")
+                          .layernorm_type(qk_norm == QkNormType::kRMSNorm ? "rmsnorm" : "layernorm")
                           .epsilon(options.qk_norm_eps());
     q_norm = register_module("q_norm", LayerNorm(norm));
     k_norm = register_module("k_norm", LayerNorm(norm));
@@ -166,27 +170,26 @@ void MultiHeadAttentionImpl::reset() {
              " differs from ", options.hidden_size());
     layernorm = register_module("layernorm", LayerNorm(options.layernorm()));
   }
+  const double scale = a.scale_factor() != 0.0       ? a.scale_factor()
+                       : options.scale_attn_logits() ? 1.0 / std::sqrt(double(d))
+                                                     : 1.0;
   attention = register_module(
       "attention",
-      DotProductAttention(
-          DotProductAttentionOptions(heads, d)
-              .num_gqa_groups(kv_heads())
-              .attn_mask_type(options.attn_mask_type())
-              .window_size(WindowSize{spec.window_left, spec.window_right})
-              .bottom_right_diagonal(options.bottom_right_diagonal())
-              .attention_dropout(options.attention_dropout())
-              .softmax_type(options.softmax_type())
-              .scale_factor(options.scale_attn_logits() ? 1.0 / std::sqrt(double(d)) : 1.0)
-              .fused(options.fused_attention())
-              .qkv_format(options.qkv_format())));
+      DotProductAttention(DotProductAttentionOptions(a)
+                              .head_dim(d)
+                              .num_gqa_groups(kv_heads())
+                              .window_size(WindowSize{spec.window_left, spec.window_right})
+                              .scale_factor(scale)));
   register_projections();
 }
 
 void MultiHeadAttentionImpl::pretty_print(std::ostream& stream) const {
   stream << "te::nn::MultiHeadAttention(hidden_size=" << options.hidden_size()
-         << ", heads=" << options.num_attention_heads() << ", head_dim=" << head_dim();
-  if (kv_heads() != options.num_attention_heads()) stream << ", gqa_groups=" << kv_heads();
-  stream << ", mask=" << options.attn_mask_type() << ", "
+         << ", heads=" << options.attention().num_attention_heads() << ", head_dim=" << head_dim();
+  if (kv_heads() != options.attention().num_attention_heads()) {
+    stream << ", gqa_groups=" << kv_heads();
+  }
+  stream << ", mask=" << options.attention().attn_mask_type() << ", "
          << (options.self_attention() ? "self" : "cross") << (qkv_fp8 ? ", fused_qkv" : "")
          << (options.enable_sequence_parallel() ? ", sequence_parallel" : "") << ")";
 }
@@ -211,7 +214,7 @@ DTensor l2_normalize(const DTensor& x_in, double eps) {
 // TE's qk-norm on a query or key [batch, seqlen, heads, head_dim].
 template <typename T>
 T qk_normalized(const MultiHeadAttentionImpl& self, LayerNorm norm, const T& t) {
-  if (!self.options.qk_norm_type()) return t;
+  if (self.options.qk_norm_type() == QkNormType::kNone) return t;
   return norm ? norm->forward(t) : l2_normalize(t, self.options.qk_norm_eps());
 }
 
@@ -221,7 +224,8 @@ template <typename T>
 std::tuple<T, T, T> project_qkv(MultiHeadAttentionImpl& self, const T& ln,
                                 const detail::Memory<T>& memory) {
   const MultiHeadAttentionOptions& o = self.options;
-  const int64_t heads = o.num_attention_heads(), d = self.head_dim(), g = self.kv_heads();
+  const int64_t heads = o.attention().num_attention_heads(), d = self.head_dim(),
+                g = self.kv_heads();
   // The projections take whole sequences (sequence parallel's gather, folded into their
   // matmuls on a mesh, so its backward is a reduce-scatter).
   const LogicalAxes whole = {axis::kBatch, axis::kSeqlen, axis::kHidden};
@@ -256,7 +260,7 @@ void check_cache_step(const MultiHeadAttentionOptions& o, const InferenceParams&
                       int64_t batch, int64_t seqlen, const std::string& shape) {
   TE_CHECK(o.self_attention(),
            "MultiHeadAttention: a KV cache is for self attention; this one is cross attention");
-  TE_CHECK(o.qkv_format() != "thd",
+  TE_CHECK(o.attention().qkv_format() != QkvFormat::kThd,
            "MultiHeadAttention: a KV cache takes bshd input (its own packing)");
   TE_CHECK(batch * seqlen == cache.new_tokens() &&
                (batch == 1 || (batch == cache.batch_size() &&
@@ -275,7 +279,7 @@ void rotate_qk(const MultiHeadAttentionOptions& o, const InferenceParams* cache,
                AttentionArgs& args) {
   if (!args.rotary_pos_emb().defined()) return;
   const at::Tensor freqs = args.rotary_pos_emb();
-  if (o.qkv_format() == "thd" || cache) {
+  if (o.attention().qkv_format() == QkvFormat::kThd || cache) {
     // Positions restart at each sequence's (padded) start (L1156-1181), or with a cache go on
     // from each sequence's cached length (L1152-1153).
     const at::Tensor& cu_q = cache                                  ? cache->cu_seqlens_q()
@@ -306,7 +310,7 @@ std::pair<T, T> mha_forward(MultiHeadAttentionImpl& self, const T& x_in,
                             const AttentionArgs& args) {
   detail::enter(self, "MultiHeadAttention", x_in);
   const MultiHeadAttentionOptions& o = self.options;
-  const bool packed = o.qkv_format() == "thd";
+  const bool packed = o.attention().qkv_format() == QkvFormat::kThd;
   if (packed && x_in.dim() == 2) {  // [tokens, hidden]: run as a batch of one
     const auto [y, ln] = mha_forward(self, detail::batch_of_one(x_in), memory, mask, args);
     return {detail::tokens_only(y), detail::tokens_only(ln)};

@@ -70,9 +70,9 @@ void paged_attention_cpu(const at::Tensor& q, const at::Tensor& k_pool, const at
   scalar_t* op = out.data_ptr<scalar_t>();
   const MaskSpec& spec = call.spec;
   const int64_t right = spec.causal() ? 0 : spec.window_right;
-  const bool sink = call.softmax_type != "vanilla";
+  const bool sink = call.softmax_type != SoftmaxType::kVanilla;
   std::vector<float> sinks(static_cast<std::size_t>(heads), 0.0f);
-  if (call.softmax_type == "learnable") {
+  if (call.softmax_type == SoftmaxType::kLearnable) {
     const at::Tensor o = call.softmax_offset.to(at::kCPU, at::kFloat).contiguous();
     std::copy(o.data_ptr<float>(), o.data_ptr<float>() + heads, sinks.begin());
   }
@@ -155,9 +155,8 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_pool, const 
   TE_CHECK(kv_rows.dim() == 2 && kv_rows.size(0) == n && cu_seqlens_q.numel() == n + 1,
            "paged_attention: kv_rows ", kv_rows.sizes(), ", cu_seqlens_q ", cu_seqlens_q.sizes(),
            " and seqlens_kv ", seqlens_kv.sizes(), " do not describe ", n, " sequences");
-  TE_CHECK(call.bias_type == "no_bias" && !(call.training && call.dropout > 0),
+  TE_CHECK(call.bias_type == AttnBiasType::kNoBias && !(call.training && call.dropout > 0),
            "paged_attention: no bias and no dropout (inference)");
-  check_softmax_type(call.softmax_type);
   const at::Tensor rows = kv_rows.to(at::kLong).contiguous();
   const at::Tensor cu = cu_seqlens_q.to(at::kLong).contiguous();
   const at::Tensor lens = seqlens_kv.to(at::kLong).contiguous();

@@ -35,8 +35,9 @@ void check(const PlanOptions& o) {
   TE_CHECK(o.dtype() == at::kFloat || o.dtype() == at::kBFloat16 || o.dtype() == at::kHalf,
            "plan: dtype ", c10::toString(o.dtype()), " is not float32, bfloat16 or float16");
   TE_CHECK(o.bucket_bytes() >= 0, "plan: bucket_bytes must be 0 (no buckets) or positive");
-  TE_CHECK(o.layer().attn_input_format() == "bshd", "plan: attn_input_format '",
-           o.layer().attn_input_format(), "': the planner runs [batch, seqlen, hidden] inputs");
+  const QkvFormat format = o.layer().self_attention().attention().qkv_format();
+  TE_CHECK(format == QkvFormat::kBshd, "plan: attn_input_format '", format,
+           "': the planner runs [batch, seqlen, hidden] inputs");
 }
 
 void summarise(const std::string& phase, const std::vector<CommRecord>& records,
@@ -90,7 +91,8 @@ at::Tensor forward(const PlanOptions& o, const std::optional<DeviceMesh>& mesh,
     for (TransformerLayer& layer : layers) x = layer(x);
     return x;
   }
-  const LogicalAxes axes = {axis::kBatch, axis::seqlen(o.layer().enable_sequence_parallel()),
+  const LogicalAxes axes = {axis::kBatch,
+                            axis::seqlen(o.layer().self_attention().enable_sequence_parallel()),
                             axis::kHidden};
   const auto spec = resolve_logical_axes(axes);
   const std::vector<Placement> placements =

@@ -35,14 +35,23 @@ void check_layer_options(const TransformerLayerOptions& o) {
              "TransformerLayer: parallel_attention_mlp cannot be combined with "
              "apply_residual_connection_post_layernorm or output_layernorm");
   }
-  TE_CHECK(o.attn_input_format() == "bshd" || o.attn_input_format() == "thd",
-           "TransformerLayer: attn_input_format '", o.attn_input_format(),
-           "' is not 'bshd' or 'thd'");
-  if (o.attn_input_format() == "thd") {
-    TE_CHECK(o.self_attn_mask_type().rfind("padding", 0) == 0,
+  const MultiHeadAttentionOptions& attention = o.self_attention();
+  TE_CHECK(attention.hidden_size() == o.hidden_size(),
+           "TransformerLayer: self_attention's hidden_size ", attention.hidden_size(),
+           " differs from the layer's ", o.hidden_size());
+  TE_CHECK(attention.self_attention(),
+           "TransformerLayer: self_attention().self_attention() is false; the layer's first "
+           "attention is self attention (a decoder adds the cross attention)");
+  TE_CHECK(attention.input_layernorm(),
+           "TransformerLayer: self_attention().input_layernorm() is false; the layer sets it: "
+           "use output_layernorm(true) for a norm after the layer instead of before");
+  TE_CHECK(attention.attention().qkv_format() != QkvFormat::kSbhd,
+           "TransformerLayer: attn_input_format 'sbhd' is not 'bshd' or 'thd'");
+  if (attention.attention().qkv_format() == QkvFormat::kThd) {
+    TE_CHECK(F::mask_spec(attention.attention().attn_mask_type()).padding(),
              "TransformerLayer: attn_input_format 'thd' needs a padding self_attn_mask_type "
              "(padding, padding_causal or padding_causal_bottom_right), as TE's; got '",
-             o.self_attn_mask_type(), "'");
+             attention.attention().attn_mask_type(), "'");
     TE_CHECK(o.layer_type() == "encoder",
              "TransformerLayer: attn_input_format 'thd' needs layer_type 'encoder' (the cross "
              "attention takes bshd here)");
@@ -50,63 +59,39 @@ void check_layer_options(const TransformerLayerOptions& o) {
              "TransformerLayer: drop_path_rate with attn_input_format 'thd' is not supported "
              "(TE's drop path draws per row of dim 0, here per token): set it to 0 or use bshd");
   }
-  TE_CHECK(o.qkv_kernel_axes().size() == 3,
+  TE_CHECK(attention.qkv_kernel_axes().size() == 3,
            "TransformerLayer: qkv_kernel_axes needs 3 "
            "axes (hidden, 3, heads*head_dim), got ",
-           to_string(o.qkv_kernel_axes()));
+           to_string(attention.qkv_kernel_axes()));
 }
 
-// The options both attentions share (the self attention's mask and norm placement come after).
-MultiHeadAttentionOptions attention_options(const TransformerLayerOptions& options,
-                                            const LayerNormOptions& norm) {
-  auto attention = MultiHeadAttentionOptions(options.hidden_size(), options.num_attention_heads())
-                       .num_gqa_groups(options.num_gqa_groups())
-                       .head_dim(options.kv_channels())
-                       .attention_dropout(options.attention_dropout())
-                       .softmax_type(options.softmax_type())
-                       .qk_norm_type(options.qk_norm_type())
-                       .qk_norm_eps(options.qk_norm_eps())
-                       .qk_norm_before_rope(options.qk_norm_before_rope())
-                       .layernorm(norm)
-                       .use_bias(options.use_bias())
-                       .qkv_bias(options.qkv_bias())
-                       .fuse_qkv(options.fuse_qkv())
-                       .scaled_query_init(options.scaled_query_init())
-                       .scale_attn_logits(options.scale_attn_logits())
-                       .enable_sequence_parallel(options.enable_sequence_parallel())
-                       .fused_attention(options.fused_attention())
-                       .rotary_pos_interleaved(options.rotary_pos_interleaved())
-                       .qkv_format(options.attn_input_format())
-                       .qkv_kernel_axes(options.qkv_kernel_axes())
-                       .kv_kernel_axes(options.qkv_kernel_axes())
-                       .out_kernel_axes(options.out_kernel_axes());
-  attention.q_kernel_axes({options.qkv_kernel_axes()[0], options.qkv_kernel_axes()[2]});
-  return attention;
+// A decoder's cross attention: the self attention's options attending to the memory, with a
+// padding mask and query / key-value kernels whose axes follow the fused kernel's.
+MultiHeadAttentionOptions cross_attention_options(const TransformerLayerOptions& options) {
+  MultiHeadAttentionOptions cross = options.self_attention();
+  const LogicalAxes& qkv = cross.qkv_kernel_axes();
+  cross.self_attention(false).q_kernel_axes({qkv[0], qkv[2]}).kv_kernel_axes(qkv);
+  cross.attention()
+      .attn_mask_type(AttnMaskType::kPadding)
+      .window_size(std::nullopt)
+      .bottom_right_diagonal(std::nullopt);
+  return cross;
 }
 
 }  // namespace
 
 void TransformerLayerImpl::reset() {
   check_layer_options(options);
-  const auto norm = LayerNormOptions(options.hidden_size())
-                        .layernorm_type(options.layernorm_type())
-                        .epsilon(options.layernorm_epsilon())
-                        .zero_centered_gamma(options.zero_centered_gamma());
-  const MultiHeadAttentionOptions attention = attention_options(options, norm);
+  const MultiHeadAttentionOptions& attention = options.self_attention();
+  const LayerNormOptions& norm = attention.layernorm();
   self_attention = register_module(
-      "self_attention",
-      MultiHeadAttention(MultiHeadAttentionOptions(attention)
-                             .input_layernorm(!options.output_layernorm())
-                             .attn_mask_type(options.self_attn_mask_type())
-                             .window_size(options.window_size())
-                             .bottom_right_diagonal(options.bottom_right_diagonal())));
+      "self_attention", MultiHeadAttention(MultiHeadAttentionOptions(attention).input_layernorm(
+                            !options.output_layernorm())));
   if (options.layer_type() == "decoder") {
-    cross_attention = register_module(
-        "cross_attention",
-        MultiHeadAttention(
-            MultiHeadAttentionOptions(attention).attn_mask_type("padding").self_attention(false)));
+    cross_attention =
+        register_module("cross_attention", MultiHeadAttention(cross_attention_options(options)));
   }
-  const char* seq = axis::seqlen(options.enable_sequence_parallel());
+  const char* seq = axis::seqlen(attention.enable_sequence_parallel());
   if (options.output_layernorm()) {
     layernorm = register_module("layernorm", LayerNorm(norm));
   }
@@ -116,7 +101,7 @@ void TransformerLayerImpl::reset() {
                               .activations(options.mlp_activations())
                               .activation_params(options.activation_params())
                               .intermediate_dropout_rate(options.intermediate_dropout())
-                              .use_bias(options.mlp_bias().value_or(options.use_bias()))
+                              .use_bias(options.mlp_bias().value_or(attention.use_bias()))
                               .kernel_axes_1(options.mlp_kernel_axes_1())
                               .kernel_axes_2(options.mlp_kernel_axes_2())
                               .layernorm_input_axes({axis::kBatch, seq, axis::kHidden})
@@ -129,8 +114,8 @@ void TransformerLayerImpl::pretty_print(std::ostream& stream) const {
   stream << "te::nn::TransformerLayer(" << options.layer_type()
          << ", hidden_size=" << options.hidden_size()
          << ", mlp_hidden_size=" << options.mlp_hidden_size()
-         << ", heads=" << options.num_attention_heads()
-         << ", self_attn_mask=" << options.self_attn_mask_type()
+         << ", heads=" << options.self_attention().attention().num_attention_heads()
+         << ", self_attn_mask=" << options.self_attention().attention().attn_mask_type()
          << ", hidden_dropout=" << options.hidden_dropout() << ")";
 }
 
@@ -146,7 +131,9 @@ T layer_forward(TransformerLayerImpl& self, const T& x_in, const at::Tensor& mas
            "TransformerLayer: an encoder takes no memory; build it with layer_type(\"decoder\")");
   TE_CHECK(o.layer_type() == "encoder" || detail::has(memory),
            "TransformerLayer: a decoder needs the encoder output (memory)");
-  if (o.attn_input_format() == "thd" && x_in.dim() == 2) {  // [tokens, hidden]: a batch of one
+  const MultiHeadAttentionOptions& attention = o.self_attention();
+  if (attention.attention().qkv_format() == QkvFormat::kThd &&
+      x_in.dim() == 2) {  // [tokens, hidden]: a batch of one
     return detail::tokens_only(
         layer_forward(self, detail::batch_of_one(x_in), mask, memory, memory_mask, args));
   }
@@ -160,7 +147,7 @@ T layer_forward(TransformerLayerImpl& self, const T& x_in, const at::Tensor& mas
   };
   const bool post_ln_residual = o.apply_residual_connection_post_layernorm();
   const T x = with_sharding_constraint(
-      x_in, {axis::kBatch, axis::seqlen(o.enable_sequence_parallel()), axis::kHidden});
+      x_in, {axis::kBatch, axis::seqlen(attention.enable_sequence_parallel()), axis::kHidden});
   // transformer.py L869-975: the residual of each block is its input, or with
   // apply_residual_connection_post_layernorm its norm's output (the self attention has none
   // under output_layernorm: its residual stays x).

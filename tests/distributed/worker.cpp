@@ -194,12 +194,14 @@ int fp8_steps() {
 int layer_step() {
   const int rank = te::world_rank();
   TE_CHECK(te::world_size() == 4, "layer mode runs on 4 ranks");
-  const auto options = te::nn::TransformerLayerOptions(16, 32, 4)
-                           .self_attn_mask_type("padding")
-                           .mlp_activations({"gelu", "linear"})
-                           .hidden_dropout(0.1)
-                           .attention_dropout(0.3)
-                           .intermediate_dropout(0.2);
+  const auto options = [&] {
+    auto made = te::nn::TransformerLayerOptions(16, 32, 4)
+                    .mlp_activations({"gelu", "linear"})
+                    .hidden_dropout(0.1)
+                    .intermediate_dropout(0.2);
+    made.self_attention().attention().attn_mask_type("padding").attention_dropout(0.3);
+    return made;
+  }();
   const at::Tensor x_global = te::test::seeded_integers({4, 6, 16}, 31).to(at::kFloat) / 7.0;
   const at::Tensor dy = te::test::seeded_integers({4, 6, 16}, 32).to(at::kFloat) / 5.0;
   const at::Tensor len = at::tensor(std::vector<int64_t>{6, 4, 5, 3}).view({-1, 1, 1, 1});

@@ -93,10 +93,11 @@ TEST(Fp8Modules, LayerNormMlpForwardIsCloseToFp32) {
 
 TEST(Fp8Modules, AttentionProjectionsAndTheTransformerLayerRunInFp8) {
   manual_seed(30);
-  TransformerLayer layer(TransformerLayerOptions(64, 128, 4)
-                             .hidden_dropout(0)
-                             .attention_dropout(0)
-                             .intermediate_dropout(0));
+  TransformerLayer layer([&] {
+    auto made = TransformerLayerOptions(64, 128, 4).hidden_dropout(0).intermediate_dropout(0);
+    made.self_attention().attention().attention_dropout(0);
+    return made;
+  }());
   // Training mode (no dropout to draw): only training records amaxes and moves the scales.
   layer->train();
   const at::Tensor x = randn({2, 8, 64}, 31).requires_grad_(true);

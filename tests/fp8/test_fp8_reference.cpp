@@ -105,7 +105,7 @@ at::Tensor reference_mlp(LayerNormMLPImpl& m, const at::Tensor& x,
 at::Tensor reference_attention(MultiHeadAttentionImpl& m, const at::Tensor& x,
                                const at::Tensor& mask, std::map<std::string, at::Tensor>& leaves) {
   for (const auto& p : m.named_parameters()) leaves[p.key()] = leaf(p.value());
-  const int64_t b = x.size(0), s = x.size(1), h = m.options.num_attention_heads();
+  const int64_t b = x.size(0), s = x.size(1), h = m.options.attention().num_attention_heads();
   const int64_t d = m.head_dim();
   const at::Tensor ln =
       at::layer_norm(x, {x.size(-1)}, leaves["layernorm.scale"], leaves["layernorm.ln_bias"], 1e-6);
@@ -175,12 +175,14 @@ TEST(Fp8Reference, LayerNormMlpForwardAndEveryGradient) {
 
 TEST(Fp8Reference, TransformerLayerForwardAndEveryGradient) {
   manual_seed(8);
-  TransformerLayer layer(TransformerLayerOptions(64, 128, 4)
-                             .self_attn_mask_type("padding")
-                             .mlp_activations({"gelu", "linear"})
-                             .hidden_dropout(0)
-                             .attention_dropout(0)
-                             .intermediate_dropout(0));
+  TransformerLayer layer([&] {
+    auto made = TransformerLayerOptions(64, 128, 4)
+                    .mlp_activations({"gelu", "linear"})
+                    .hidden_dropout(0)
+                    .intermediate_dropout(0);
+    made.self_attention().attention().attn_mask_type("padding").attention_dropout(0);
+    return made;
+  }());
   const at::Tensor x0 = randn({2, 16, 64}, 9);
   const at::Tensor len = at::tensor(std::vector<int64_t>{16, 11}).view({-1, 1, 1, 1});
   const at::Tensor mask = at::arange(16).view({1, 1, 1, 16}).ge(len).expand({2, 1, 16, 16});

@@ -23,10 +23,11 @@ using test::randn;
 
 TransformerLayer make_layer() {
   manual_seed(41);
-  return TransformerLayer(TransformerLayerOptions(64, 128, 4)
-                              .hidden_dropout(0)
-                              .attention_dropout(0)
-                              .intermediate_dropout(0));
+  return TransformerLayer([&] {
+    auto made = TransformerLayerOptions(64, 128, 4).hidden_dropout(0).intermediate_dropout(0);
+    made.self_attention().attention().attention_dropout(0);
+    return made;
+  }());
 }
 
 void sgd(torch::nn::Module& m, double lr) {
@@ -148,10 +149,11 @@ TEST(Fp8Weights, CheckpointsSaveTheMastersAndALoadedModelHoldsTheSameCodes) {
   te::test::TempDir dir;
   save_checkpoint(*a, dir.path().string());
   manual_seed(99);  // other initial weights
-  TransformerLayer b(TransformerLayerOptions(64, 128, 4)
-                         .hidden_dropout(0)
-                         .attention_dropout(0)
-                         .intermediate_dropout(0));
+  TransformerLayer b([&] {
+    auto made = TransformerLayerOptions(64, 128, 4).hidden_dropout(0).intermediate_dropout(0);
+    made.self_attention().attention().attention_dropout(0);
+    return made;
+  }());
   quantize_fp8_weights(*b, recipe);
   load_checkpoint(*b, dir.path().string());
   for (const auto& p : a->named_parameters()) {

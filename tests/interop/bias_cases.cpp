@@ -44,13 +44,15 @@ at::Tensor valid_rows(const std::vector<int64_t>& lengths, int64_t s) {
 nlohmann::json alibi_case(int64_t heads, int64_t d, bool fused, uint64_t seed) {
   const int64_t hidden = heads * d, b = 3, s = 6;
   const std::vector<int64_t> lengths = {6, 4, 1};
-  nn::MultiHeadAttention mha(nn::MultiHeadAttentionOptions(hidden, heads)
-                                 .attn_mask_type("padding_causal")
-                                 .input_layernorm(false)
-                                 .use_bias(true)
-                                 .scaled_query_init(false)
-                                 .scale_attn_logits(true)
-                                 .fused_attention(fused));
+  nn::MultiHeadAttention mha([&] {
+    auto made = nn::MultiHeadAttentionOptions(hidden, heads)
+                    .input_layernorm(false)
+                    .use_bias(true)
+                    .scaled_query_init(false)
+                    .scale_attn_logits(true);
+    made.attention().attn_mask_type("padding_causal").fused(fused);
+    return made;
+  }());
   {
     torch::NoGradGuard no_grad;
     mha->qkv_kernel.copy_(randn({hidden, 3, hidden}, seed + 1) * 0.3);

@@ -45,18 +45,18 @@ nlohmann::json bert_case(uint64_t seed) {
   const int64_t b = 3, s = 6, hidden = 16;
   const std::vector<int64_t> lengths = {6, 4, 2};
   nn::manual_seed(seed);
-  nn::TransformerLayer layer(nn::TransformerLayerOptions(hidden, 24, 4)
-                                 .self_attn_mask_type("padding")
-                                 .output_layernorm(true)
-                                 .apply_residual_connection_post_layernorm(true)
-                                 .layernorm_epsilon(1e-12)
-                                 .mlp_activations({"gelu"})
-                                 .use_bias(true)
-                                 .scaled_query_init(false)
-                                 .scale_attn_logits(true)
-                                 .hidden_dropout(0)
-                                 .attention_dropout(0)
-                                 .intermediate_dropout(0));
+  nn::TransformerLayer layer([&] {
+    auto made = nn::TransformerLayerOptions(hidden, 24, 4)
+                    .output_layernorm(true)
+                    .apply_residual_connection_post_layernorm(true)
+                    .mlp_activations({"gelu"})
+                    .hidden_dropout(0)
+                    .intermediate_dropout(0);
+    made.self_attention().use_bias(true).scaled_query_init(false).scale_attn_logits(true);
+    made.self_attention().layernorm().epsilon(1e-12);
+    made.self_attention().attention().attn_mask_type("padding").attention_dropout(0);
+    return made;
+  }());
   perturb(*layer, seed);
   const at::Tensor len = at::tensor(lengths).view({-1, 1, 1, 1});
   const at::Tensor mask =
@@ -83,17 +83,18 @@ nlohmann::json bert_case(uint64_t seed) {
 nlohmann::json qwen3_case(uint64_t seed) {
   const int64_t b = 2, s = 5, hidden = 32, heads = 4, groups = 2, d = 8;
   nn::manual_seed(seed);
-  nn::MultiHeadAttention mha(nn::MultiHeadAttentionOptions(hidden, heads)
-                                 .head_dim(d)
-                                 .num_gqa_groups(groups)
-                                 .attn_mask_type("causal")
-                                 .input_layernorm(false)
-                                 .fuse_qkv(false)
-                                 .scaled_query_init(false)
-                                 .scale_attn_logits(true)
-                                 .qk_norm_type("RMSNorm")
-                                 .qk_norm_eps(1e-6)
-                                 .qk_norm_before_rope(true));
+  nn::MultiHeadAttention mha([&] {
+    auto made = nn::MultiHeadAttentionOptions(hidden, heads)
+                    .input_layernorm(false)
+                    .fuse_qkv(false)
+                    .scaled_query_init(false)
+                    .scale_attn_logits(true)
+                    .qk_norm_type("RMSNorm")
+                    .qk_norm_eps(1e-6)
+                    .qk_norm_before_rope(true);
+    made.attention().head_dim(d).num_gqa_groups(groups).attn_mask_type("causal");
+    return made;
+  }());
   perturb(*mha, seed);
   const double theta = 1000.0;
   const at::Tensor freqs =

@@ -214,7 +214,11 @@ TEST(DotProductAttention, AKeyOnlyPaddingMaskAlsoHidesThePaddedQueries) {
 // output of a padded position is zero, so is its projection, and no gradient reaches its input.
 TEST(DotProductAttention, PaddedRowsStayZeroUnderFp8) {
   manual_seed(3);
-  MultiHeadAttention mha(MultiHeadAttentionOptions(32, 4).attn_mask_type("padding"));
+  MultiHeadAttention mha([&] {
+    auto made = MultiHeadAttentionOptions(32, 4);
+    made.attention().attn_mask_type("padding");
+    return made;
+  }());
   const at::Tensor mask = padding_mask({5, 3, 1}, 5, 5);
   const at::Tensor rows = dead_queries(mask).view({3, 5, 1}).expand({3, 5, 32});
   at::Tensor x = randn({3, 5, 32}, 46).requires_grad_();
@@ -471,6 +475,68 @@ TEST(DotProductAttention, ReportsBadInput) {
                "attention mask [2, 4, 2, 2] does not broadcast");
 }
 
+// The typed options: each enum value has TE's name and back, a name is parsed where it is given
+// (a misspelling names the option and every valid value), and the nested options reach the
+// modules they name.
+TEST(AttentionOptions, TypedValuesTakeTesNamesAndNameMisspellings) {
+  for (int i = 0; i < 7; ++i) {
+    const auto t = static_cast<AttnMaskType>(i);
+    EXPECT_EQ(parse_te_name<AttnMaskType>(te_name(t)), t);
+  }
+  for (int i = 0; i < 4; ++i) {
+    const auto t = static_cast<AttnBiasType>(i);
+    EXPECT_EQ(parse_te_name<AttnBiasType>(te_name(t)), t);
+  }
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(parse_te_name<SoftmaxType>(te_name(static_cast<SoftmaxType>(i))),
+              static_cast<SoftmaxType>(i));
+    EXPECT_EQ(parse_te_name<QkvFormat>(te_name(static_cast<QkvFormat>(i))),
+              static_cast<QkvFormat>(i));
+  }
+  EXPECT_STREQ(te_name(AttnMaskType::kPaddingCausalBottomRight), "padding_causal_bottom_right");
+  EXPECT_STREQ(te_name(SoftmaxType::kOffByOne), "off-by-one");
+  EXPECT_EQ(parse_te_name<QkNormType>("L2Normalization"), QkNormType::kL2Normalization);
+  // Given by name or by value, the same option.
+  const auto by_name = DotProductAttentionOptions(4, 8).attn_mask_type("padding_causal");
+  EXPECT_EQ(by_name.attn_mask_type(), AttnMaskType::kPaddingCausal);
+  EXPECT_EQ(by_name.attn_mask_type().name(), std::string("padding_causal"));
+  // Misspelt where it is written, before any module exists.
+  EXPECT_ERROR(DotProductAttentionOptions(4, 8).attn_mask_type("Causal"),
+               "attn_mask_type 'Causal' is not one of no_mask, padding, causal, padding_causal, "
+               "causal_bottom_right, padding_causal_bottom_right, arbitrary");
+  EXPECT_ERROR(AttentionArgs().core_attention_bias_type("alibi "),
+               "core_attention_bias_type 'alibi ' is not one of");
+  EXPECT_ERROR(parse_te_name<QkvFormat>("BSHD"), "qkv_format 'BSHD' is not one of bshd, sbhd, thd");
+  // The nested options reach the modules: TransformerLayer -> MultiHeadAttention -> attention.
+  auto o = TransformerLayerOptions(16, 32, 4).layer_type("decoder");
+  o.self_attention().attention().attn_mask_type(AttnMaskType::kPaddingCausal).num_gqa_groups(2);
+  o.self_attention().layernorm().layernorm_type("rmsnorm");
+  TransformerLayer layer(o);
+  EXPECT_EQ(layer->self_attention->attention->options.attn_mask_type(),
+            AttnMaskType::kPaddingCausal);
+  EXPECT_EQ(layer->self_attention->attention->options.num_gqa_groups(), 2);
+  EXPECT_EQ(layer->self_attention->attention->options.head_dim(), 4);
+  EXPECT_DOUBLE_EQ(layer->self_attention->attention->options.attention_dropout(), 0.1);
+  EXPECT_EQ(layer->mlp->options.layernorm().layernorm_type(), "rmsnorm");
+  // The cross attention: the self attention's options with a padding mask.
+  EXPECT_EQ(layer->cross_attention->attention->options.attn_mask_type(), AttnMaskType::kPadding);
+  EXPECT_FALSE(layer->cross_attention->options.self_attention());
+  std::ostringstream printed;
+  printed << *layer->self_attention->attention;
+  EXPECT_NE(printed.str().find("mask=padding_causal"), std::string::npos) << printed.str();
+  // What the layer sets itself is refused when given in the nested options.
+  auto no_norm = TransformerLayerOptions(16, 32, 4);
+  no_norm.self_attention().input_layernorm(false);
+  EXPECT_ERROR(TransformerLayer{no_norm}, "self_attention().input_layernorm() is false");
+  auto other_hidden =
+      TransformerLayerOptions(16, 32, 4).self_attention(MultiHeadAttentionOptions(8, 4));
+  EXPECT_ERROR(TransformerLayer{other_hidden},
+               "self_attention's hidden_size 8 differs from the layer's 16");
+  auto value_dim = MultiHeadAttentionOptions(16, 4);
+  value_dim.attention().head_dim_v(2);
+  EXPECT_ERROR(MultiHeadAttention{value_dim}, "attention().head_dim_v 2 is DotProductAttention's");
+}
+
 TEST(DotProductAttention, TheSeedsRepeatedSeqlenConstraintIsImpossible) {
   // TE's seed constrained the attention weights (batch, heads, seqlen, seqlen); a repeated name
   // now throws wherever it is used, with or without rules, on one device or many.
@@ -493,7 +559,7 @@ TEST(DotProductAttention, TheSeedsRepeatedSeqlenConstraintIsImpossible) {
 at::Tensor reference_mha(MultiHeadAttentionImpl& m, const at::Tensor& x, const at::Tensor& memory,
                          const at::Tensor& mask, std::map<std::string, at::Tensor>& leaves) {
   for (const auto& p : m.named_parameters()) leaves[p.key()] = leaf(p.value());
-  const int64_t b = x.size(0), s = x.size(1), h = m.options.num_attention_heads();
+  const int64_t b = x.size(0), s = x.size(1), h = m.options.attention().num_attention_heads();
   const int64_t d = m.head_dim(), g = m.kv_heads();
   at::Tensor ln =
       at::layer_norm(x, {x.size(2)}, leaves["layernorm.scale"], leaves["layernorm.ln_bias"], 1e-6);
@@ -512,7 +578,7 @@ at::Tensor reference_mha(MultiHeadAttentionImpl& m, const at::Tensor& x, const a
     k = kv.select(2, 0);
     v = kv.select(2, 1);
   }
-  const std::string type = m.options.attn_mask_type();
+  const std::string type = m.options.attention().attn_mask_type().name();
   const bool padding = type == "padding" || type == "padding_causal";
   const bool causal = type == "causal" || type == "padding_causal";
   at::Tensor out = reference_attention(q, k, v, padding ? mask : at::Tensor(), causal, 1.0);
@@ -552,17 +618,30 @@ TEST_P(MultiHeadAttentionCases, EqualsTheComposition) {
 
 INSTANTIATE_TEST_SUITE_P(
     Variants, MultiHeadAttentionCases,
-    ::testing::Values(
-        MhaCase{"FusedQkvCausal", MultiHeadAttentionOptions(16, 4), false},
-        MhaCase{"FusedQkvPaddingCausal",
-                MultiHeadAttentionOptions(16, 4).attn_mask_type("padding_causal"), false},
-        MhaCase{"GqaPadding",
-                MultiHeadAttentionOptions(16, 4).num_gqa_groups(2).attn_mask_type("padding"),
-                false},
-        MhaCase{"SeparateQkv", MultiHeadAttentionOptions(16, 4).fuse_qkv(false), false},
-        MhaCase{"CrossPadding",
-                MultiHeadAttentionOptions(16, 4).self_attention(false).attn_mask_type("padding"),
-                true}),
+    ::testing::Values(MhaCase{"FusedQkvCausal", MultiHeadAttentionOptions(16, 4), false},
+                      MhaCase{"FusedQkvPaddingCausal",
+                              [&] {
+                                auto made = MultiHeadAttentionOptions(16, 4);
+                                made.attention().attn_mask_type("padding_causal");
+                                return made;
+                              }(),
+                              false},
+                      MhaCase{"GqaPadding",
+                              [&] {
+                                auto made = MultiHeadAttentionOptions(16, 4);
+                                made.attention().num_gqa_groups(2).attn_mask_type("padding");
+                                return made;
+                              }(),
+                              false},
+                      MhaCase{"SeparateQkv", MultiHeadAttentionOptions(16, 4).fuse_qkv(false),
+                              false},
+                      MhaCase{"CrossPadding",
+                              [&] {
+                                auto made = MultiHeadAttentionOptions(16, 4).self_attention(false);
+                                made.attention().attn_mask_type("padding");
+                                return made;
+                              }(),
+                              true}),
     [](const auto& info) { return info.param.name; });
 
 TEST(MultiHeadAttention, ScaledQueryInitAndNames) {
@@ -633,12 +712,14 @@ TEST(TransformerLayer, EncoderEqualsResidualComposition) {
   for (const std::vector<std::string>& acts :
        {std::vector<std::string>{"relu"}, std::vector<std::string>{"gelu", "linear"}}) {
     manual_seed(12);
-    TransformerLayer layer(TransformerLayerOptions(16, 32, 4)
-                               .self_attn_mask_type("padding")
-                               .mlp_activations(acts)
-                               .hidden_dropout(0)
-                               .attention_dropout(0)
-                               .intermediate_dropout(0));
+    TransformerLayer layer([&] {
+      auto made = TransformerLayerOptions(16, 32, 4)
+                      .mlp_activations(acts)
+                      .hidden_dropout(0)
+                      .intermediate_dropout(0);
+      made.self_attention().attention().attn_mask_type("padding").attention_dropout(0);
+      return made;
+    }());
     at::Tensor x = randn({3, 5, 16}, 13).requires_grad_(true);
     const at::Tensor mask = padding_mask({5, 3, 4}, 5, 5);
     at::Tensor y = layer(x, mask);
@@ -658,11 +739,14 @@ TEST(TransformerLayer, EncoderEqualsResidualComposition) {
 
 TEST(TransformerLayer, DecoderAddsCrossAttention) {
   manual_seed(15);
-  TransformerLayer layer(TransformerLayerOptions(16, 32, 4)
-                             .layer_type("decoder")
-                             .hidden_dropout(0)
-                             .attention_dropout(0)
-                             .intermediate_dropout(0));
+  TransformerLayer layer([&] {
+    auto made = TransformerLayerOptions(16, 32, 4)
+                    .layer_type("decoder")
+                    .hidden_dropout(0)
+                    .intermediate_dropout(0);
+    made.self_attention().attention().attention_dropout(0);
+    return made;
+  }());
   at::Tensor x = randn({2, 5, 16}, 16).requires_grad_(true);
   at::Tensor memory = randn({2, 6, 16}, 17).requires_grad_(true);
   const at::Tensor memory_mask = padding_mask({6, 4}, 5, 6);

@@ -275,11 +275,11 @@ INSTANTIATE_TEST_SUITE_P(Types, SoftmaxType,
                          });
 
 TEST(SoftmaxType, LayersPassItAndTheArgsToTheirAttention) {
-  TransformerLayer layer(TransformerLayerOptions(16, 24, 4)
-                             .layer_type("decoder")
-                             .softmax_type("learnable")
-                             .hidden_dropout(0)
-                             .attention_dropout(0));
+  TransformerLayer layer([&] {
+    auto made = TransformerLayerOptions(16, 24, 4).layer_type("decoder").hidden_dropout(0);
+    made.self_attention().attention().softmax_type("learnable").attention_dropout(0);
+    return made;
+  }());
   layer->eval();
   const auto params = layer->named_parameters();
   EXPECT_TRUE(params.contains("self_attention.attention.softmax_offset"));
@@ -296,7 +296,11 @@ TEST(SoftmaxType, LayersPassItAndTheArgsToTheirAttention) {
   const at::Tensor h2_plain = h1 + layer->cross_attention(h1, memory, memory_mask);
   EXPECT_FALSE(Close(h2, h2_plain, 1e-4));
   // MultiHeadAttention with ALiBi = with the same bias given as post_scale_bias.
-  MultiHeadAttention mha(MultiHeadAttentionOptions(16, 4).attn_mask_type("causal"));
+  MultiHeadAttention mha([&] {
+    auto made = MultiHeadAttentionOptions(16, 4);
+    made.attention().attn_mask_type("causal");
+    return made;
+  }());
   const at::Tensor bias = F::alibi_bias(F::alibi_slopes(4), F::mask_spec("causal"), {}, 5, 5);
   EXPECT_TRUE(Close(
       mha(x, {}, {}, AttentionArgs().core_attention_bias_type("alibi")),

@@ -34,11 +34,11 @@ std::string read_file(const fs::path& p) {
 }
 
 TransformerLayerOptions layer_options() {
-  return TransformerLayerOptions(16, 32, 4)
-      .self_attn_mask_type("padding")
-      .hidden_dropout(0)
-      .attention_dropout(0)
-      .intermediate_dropout(0);
+  return [&] {
+    auto made = TransformerLayerOptions(16, 32, 4).hidden_dropout(0).intermediate_dropout(0);
+    made.self_attention().attention().attn_mask_type("padding").attention_dropout(0);
+    return made;
+  }();
 }
 
 std::map<std::string, at::Tensor> state_of(const torch::nn::Module& m) {
@@ -186,8 +186,11 @@ TEST(Checkpoint, ReshardsOntoAnyMesh) {
 TEST(Checkpoint, AResumedRunContinuesBitForBit) {
   TempDir dir;
   set_warning_handler([](std::string_view) {});
-  auto options =
-      layer_options().hidden_dropout(0.1).attention_dropout(0.2).intermediate_dropout(0.1);
+  auto options = [&] {
+    auto made = layer_options().hidden_dropout(0.1).intermediate_dropout(0.1);
+    made.self_attention().attention().attention_dropout(0.2);
+    return made;
+  }();
   const at::Tensor mask = at::zeros({4, 1, 6, 6}, at::kBool);
   auto step = [&](TransformerLayer& layer, torch::optim::AdamW& opt, const DeviceMesh& mesh,
                   int i) {

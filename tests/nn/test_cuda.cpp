@@ -78,13 +78,20 @@ TEST(ModulesOnCuda, OutputsAndGradientsMatchTheCpu) {
       [](LayerNormMLPImpl& m, const at::Tensor& t) { return m.forward(t); }, "LayerNormMLP");
   at::manual_seed(4);
   expect_cuda_matches_cpu(
-      MultiHeadAttention(MultiHeadAttentionOptions(64, 8).attn_mask_type("causal")), x,
-      [](MultiHeadAttentionImpl& m, const at::Tensor& t) { return m.forward(t); },
+      MultiHeadAttention([&] {
+        auto made = MultiHeadAttentionOptions(64, 8);
+        made.attention().attn_mask_type("causal");
+        return made;
+      }()),
+      x, [](MultiHeadAttentionImpl& m, const at::Tensor& t) { return m.forward(t); },
       "MultiHeadAttention");
   at::manual_seed(5);
   expect_cuda_matches_cpu(
-      TransformerLayer(
-          TransformerLayerOptions(64, 128, 8).hidden_dropout(0.0).attention_dropout(0.0)),
+      TransformerLayer([&] {
+        auto made = TransformerLayerOptions(64, 128, 8).hidden_dropout(0.0);
+        made.self_attention().attention().attention_dropout(0.0);
+        return made;
+      }()),
       x, [](TransformerLayerImpl& m, const at::Tensor& t) { return m.forward(t); },
       "TransformerLayer");
 }
@@ -138,7 +145,11 @@ TEST(ModulesOnCuda, DropoutOnTheDeviceDrawsTheCpusMask) {
     EXPECT_TRUE(at::equal(grad[1].cpu(), grad[0])) << dtype;
   }
   manual_seed(6);
-  TransformerLayer layer(TransformerLayerOptions(64, 128, 8).fused_attention(false));
+  TransformerLayer layer([&] {
+    auto made = TransformerLayerOptions(64, 128, 8);
+    made.self_attention().attention().fused(false);
+    return made;
+  }());
   at::globalContext().setAllowTF32CuBLAS(false);
   const at::Tensor h = randn({2, 16, 64}, 32);
   at::Tensor y[2];

@@ -30,10 +30,11 @@ at::Tensor randn(std::vector<int64_t> shape, uint64_t seed) {
 
 TransformerLayer shared_layer() {
   manual_seed(7);
-  TransformerLayer layer(TransformerLayerOptions(64, 128, 4)
-                             .hidden_dropout(0.1)
-                             .attention_dropout(0.1)
-                             .intermediate_dropout(0.1));
+  TransformerLayer layer([&] {
+    auto made = TransformerLayerOptions(64, 128, 4).hidden_dropout(0.1).intermediate_dropout(0.1);
+    made.self_attention().attention().attention_dropout(0.1);
+    return made;
+  }());
   layer->eval();
   return layer;
 }
@@ -113,8 +114,11 @@ TEST(SharedModule, EveryModuleTypeIsSafeToCallFromManyThreads) {
   LayerNormDense ln_dense(64, 96);
   LayerNormMLP mlp(LayerNormMLPOptions(64, 128).activations({"gelu", "linear"}));
   MultiHeadAttention mha(64, 4);
-  TransformerLayer decoder(
-      TransformerLayerOptions(64, 128, 4).layer_type("decoder").self_attn_mask_type("causal"));
+  TransformerLayer decoder([&] {
+    auto made = TransformerLayerOptions(64, 128, 4).layer_type("decoder");
+    made.self_attention().attention().attn_mask_type("causal");
+    return made;
+  }());
   std::vector<std::pair<std::string, std::function<at::Tensor(const at::Tensor&)>>> modules = {
       {"Dense", [&](const at::Tensor& x) { return dense(x); }},
       {"LayerNormDense", [&](const at::Tensor& x) { return ln_dense(x); }},

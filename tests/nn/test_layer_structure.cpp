@@ -71,12 +71,15 @@ class QkNorm : public ::testing::TestWithParam<QkNormCase> {};
 TEST_P(QkNorm, NormalisesEachHeadAroundRope) {
   const QkNormCase& c = GetParam();
   manual_seed(5);
-  MultiHeadAttention mha(MultiHeadAttentionOptions(16, 4)
-                             .attn_mask_type("causal")
-                             .fuse_qkv(false)
-                             .qk_norm_type(c.type)
-                             .qk_norm_eps(1e-5)
-                             .qk_norm_before_rope(c.before_rope));
+  MultiHeadAttention mha([&] {
+    auto made = MultiHeadAttentionOptions(16, 4)
+                    .fuse_qkv(false)
+                    .qk_norm_type(c.type)
+                    .qk_norm_eps(1e-5)
+                    .qk_norm_before_rope(c.before_rope);
+    made.attention().attn_mask_type("causal");
+    return made;
+  }());
   const auto params = mha->named_parameters();
   EXPECT_EQ(params.contains("q_norm.scale"), c.type != "L2Normalization");
   if (mha->q_norm) {
@@ -112,8 +115,11 @@ TEST_P(QkNorm, NormalisesEachHeadAroundRope) {
   const at::Tensor y = mha(x, {}, {}, AttentionArgs().rotary_pos_emb(freqs));
   EXPECT_TRUE(Close(y, want, 1e-5)) << c.type;
   manual_seed(5);  // the same weights, no qk-norm
-  MultiHeadAttention plain(
-      MultiHeadAttentionOptions(16, 4).attn_mask_type("causal").fuse_qkv(false));
+  MultiHeadAttention plain([&] {
+    auto made = MultiHeadAttentionOptions(16, 4).fuse_qkv(false);
+    made.attention().attn_mask_type("causal");
+    return made;
+  }());
   EXPECT_FALSE(Close(y, plain(x, {}, {}, AttentionArgs().rotary_pos_emb(freqs)), 1e-3));
 }
 
@@ -127,12 +133,12 @@ INSTANTIATE_TEST_SUITE_P(Types, QkNorm,
                          });
 
 TransformerLayerOptions layer_options() {
-  return TransformerLayerOptions(16, 24, 4)
-      .self_attn_mask_type("padding")
-      .hidden_dropout(0)
-      .attention_dropout(0)
-      .intermediate_dropout(0)
-      .use_bias(true);
+  return [&] {
+    auto made = TransformerLayerOptions(16, 24, 4).hidden_dropout(0).intermediate_dropout(0);
+    made.self_attention().use_bias(true);
+    made.self_attention().attention().attn_mask_type("padding").attention_dropout(0);
+    return made;
+  }();
 }
 
 // Rows of the given lengths in self attention (queries and keys alike).
@@ -173,10 +179,12 @@ TEST(LayerStructure, OutputLayernormAloneAndADecodersNormResiduals) {
   // A decoder with residuals from the norms: the cross attention's residual is its norm's
   // output too.
   manual_seed(16);
-  TransformerLayer dec(layer_options()
-                           .layer_type("decoder")
-                           .self_attn_mask_type("causal")
-                           .apply_residual_connection_post_layernorm(true));
+  TransformerLayer dec([&] {
+    auto made =
+        layer_options().layer_type("decoder").apply_residual_connection_post_layernorm(true);
+    made.self_attention().attention().attn_mask_type("causal");
+    return made;
+  }());
   const at::Tensor memory = randn({2, 5, 16}, 17), memory_mask = mask_of({5, 4}, 5);
   const at::Tensor h1 = dec->self_attention(x) + dec->self_attention->layernorm(x);
   const at::Tensor h2 =
@@ -214,7 +222,11 @@ TEST(LayerStructure, DropPathDropsWholeSamples) {
   // A layer's drop path, everything else off: each sample keeps or drops the self attention's
   // and the MLP's branch, a kept one doubled (1 / (1 - p)); both happen across the batch.
   manual_seed(12);
-  TransformerLayer layer(layer_options().self_attn_mask_type("no_mask").drop_path_rate(0.5));
+  TransformerLayer layer([&] {
+    auto made = layer_options().drop_path_rate(0.5);
+    made.self_attention().attention().attn_mask_type("no_mask");
+    return made;
+  }());
   const at::Tensor xs = randn({16, 3, 16}, 13);
   const at::Tensor ys = layer(xs);  // training
   const at::Tensor attn = layer->self_attention(xs);
@@ -284,7 +296,11 @@ TEST(LayerStructure, KvChannelsGiveQueriesKeysAndValuesTheirOwnHeadDims) {
   const at::Tensor y = packed(q0.flatten(0, 1), k0.flatten(0, 1), v0.flatten(0, 1), {},
                               AttentionArgs().cu_seqlens_q(cu_q).cu_seqlens_kv(cu_k));
   EXPECT_TRUE(Close(y, want.detach().flatten(0, 1), 1e-5));
-  TransformerLayer layer(TransformerLayerOptions(16, 32, 4).kv_channels(8));
+  TransformerLayer layer([&] {
+    auto made = TransformerLayerOptions(16, 32, 4);
+    made.self_attention().attention().head_dim(8);
+    return made;
+  }());
   EXPECT_EQ(layer->self_attention->qkv_kernel.sizes(), at::IntArrayRef({16, 3, 32}));
   EXPECT_EQ(layer->self_attention->out_kernel.sizes(), at::IntArrayRef({32, 16}));
   EXPECT_EQ(layer(randn({2, 3, 16}, 65)).sizes(), at::IntArrayRef({2, 3, 16}));

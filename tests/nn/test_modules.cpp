@@ -309,11 +309,19 @@ TEST(ReducedPrecision, EveryModuleInBf16AndFp16IsWithinItsBoundOfFp32) {
         return {m.ptr(), [m](const at::Tensor& x) mutable { return m(x); }};
       }
       case 3: {
-        MultiHeadAttention m(MultiHeadAttentionOptions(32, 4).attn_mask_type("padding"));
+        MultiHeadAttention m([&] {
+          auto made = MultiHeadAttentionOptions(32, 4);
+          made.attention().attn_mask_type("padding");
+          return made;
+        }());
         return {m.ptr(), [m, mask](const at::Tensor& x) mutable { return m(x, {}, mask); }};
       }
       default: {
-        TransformerLayer m(TransformerLayerOptions(32, 48, 4).self_attn_mask_type("padding"));
+        TransformerLayer m([&] {
+          auto made = TransformerLayerOptions(32, 48, 4);
+          made.self_attention().attention().attn_mask_type("padding");
+          return made;
+        }());
         m->eval();
         return {m.ptr(), [m, mask](const at::Tensor& x) mutable { return m(x, mask); }};
       }

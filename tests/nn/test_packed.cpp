@@ -120,12 +120,13 @@ TEST(PagedAttention, EqualsPackedAttentionOverTheGatheredKeys) {
   const at::Tensor q = randn({6, h, d}, 21), k_pool = randn({20, g, d}, 22),
                    v_pool = randn({20, g, d}, 23);
   // Each sequence's keys at scattered rows (padding: row 19).
-  const at::Tensor rows = at::tensor(std::vector<int64_t>{3, 7, 0, 12, 5, 19, 19,  //
+  const at::Tensor rows = at::tensor(std::vector<int64_t>{3, 7, 0,  12, 5,  19, 19,  //
                                                           1, 2, 18, 19, 19, 19, 19,  //
-                                                          4, 6, 8, 9, 10, 11, 13})
+                                                          4, 6, 8,  9,  10, 11, 13})
                               .view({3, 7});
   std::vector<at::Tensor> gathered;
-  for (int64_t i = 0; i < 3; ++i) gathered.push_back(rows[i].narrow(0, 0, lk[static_cast<std::size_t>(i)]));
+  for (int64_t i = 0; i < 3; ++i)
+    gathered.push_back(rows[i].narrow(0, 0, lk[static_cast<std::size_t>(i)]));
   const at::Tensor all = at::cat(gathered);
   const at::Tensor k = k_pool.index_select(0, all), v = v_pool.index_select(0, all);
   for (const std::string softmax : {"vanilla", "off-by-one", "learnable"}) {
@@ -138,8 +139,8 @@ TEST(PagedAttention, EqualsPackedAttentionOverTheGatheredKeys) {
       if (softmax == "learnable") call.softmax_offset = randn({h}, 24);
       // Sequence 1 has 3 queries and 3 keys; with 2 keys more than queries elsewhere the
       // bottom-right diagonal differs per sequence.
-      const at::Tensor got = F::paged_attention(q, k_pool, v_pool, rows, cu_q,
-                                                at::tensor(lk), call);
+      const at::Tensor got =
+          F::paged_attention(q, k_pool, v_pool, rows, cu_q, at::tensor(lk), call);
       call.packed = {cu_q, cu_k, {}, {}, 0, 0};
       const at::Tensor want = F::attention(q, k, v, call);
       EXPECT_TRUE(at::allclose(got, want, 1e-5, 1e-6))
@@ -156,9 +157,9 @@ TEST(PagedAttention, EqualsPackedAttentionOverTheGatheredKeys) {
                                             at::tensor(std::vector<int64_t>{1}), top_left);
   EXPECT_TRUE(at::equal(one[0], at::zeros({h, d})));
   EXPECT_FALSE(at::equal(one[1], at::zeros({h, d})));
-  EXPECT_ERROR(F::paged_attention(q.to(at::kHalf), k_pool, v_pool, rows, cu_q, at::tensor(lk),
-                                  top_left),
-               "must be float32 or float64 CPU tensors of one dtype");
+  EXPECT_ERROR(
+      F::paged_attention(q.to(at::kHalf), k_pool, v_pool, rows, cu_q, at::tensor(lk), top_left),
+      "must be float32 or float64 CPU tensors of one dtype");
   EXPECT_ERROR(F::paged_attention(q, k_pool, v_pool, rows, cu_q,
                                   at::tensor(std::vector<int64_t>{5, 3, 8}), top_left),
                "sequence 2 has 2 queries and 8 keys (at most 7)");
@@ -256,27 +257,48 @@ TEST(PackedAttention, LayersOnPackedTokensRunEachSequenceAlone) {
     MultiHeadAttention mha_packed{nullptr}, mha_alone{nullptr};
     TransformerLayer tl_packed{nullptr}, tl_alone{nullptr};
     if (!layer) {
-      const auto o = MultiHeadAttentionOptions(hidden, 4).num_gqa_groups(2).qk_norm_type("RMSNorm");
+      const auto o = [&] {
+        auto made = MultiHeadAttentionOptions(hidden, 4).qk_norm_type("RMSNorm");
+        made.attention().num_gqa_groups(2);
+        return made;
+      }();
       manual_seed(3);
-      mha_packed = MultiHeadAttention(
-          MultiHeadAttentionOptions(o).attn_mask_type("padding_causal").qkv_format("thd"));
+      mha_packed = MultiHeadAttention([&] {
+        auto made = MultiHeadAttentionOptions(o);
+        made.attention().attn_mask_type("padding_causal").qkv_format("thd");
+        return made;
+      }());
       manual_seed(3);
-      mha_alone = MultiHeadAttention(MultiHeadAttentionOptions(o).attn_mask_type("causal"));
+      mha_alone = MultiHeadAttention([&] {
+        auto made = MultiHeadAttentionOptions(o);
+        made.attention().attn_mask_type("causal");
+        return made;
+      }());
       packed = [&](const at::Tensor& x, const AttentionArgs& a) {
         return mha_packed(x, {}, {}, a);
       };
       alone = [&](const at::Tensor& x, const AttentionArgs& a) { return mha_alone(x, {}, {}, a); };
     } else {
-      const auto o = TransformerLayerOptions(hidden, 32, 4)
-                         .hidden_dropout(0)
-                         .attention_dropout(0)
-                         .intermediate_dropout(0)
-                         .mlp_activations({"gelu"});
+      const auto o = [&] {
+        auto made = TransformerLayerOptions(hidden, 32, 4)
+                        .hidden_dropout(0)
+                        .intermediate_dropout(0)
+                        .mlp_activations({"gelu"});
+        made.self_attention().attention().attention_dropout(0);
+        return made;
+      }();
       manual_seed(3);
-      tl_packed = TransformerLayer(
-          TransformerLayerOptions(o).self_attn_mask_type("padding").attn_input_format("thd"));
+      tl_packed = TransformerLayer([&] {
+        auto made = TransformerLayerOptions(o);
+        made.self_attention().attention().attn_mask_type("padding").qkv_format("thd");
+        return made;
+      }());
       manual_seed(3);
-      tl_alone = TransformerLayer(TransformerLayerOptions(o).self_attn_mask_type("no_mask"));
+      tl_alone = TransformerLayer([&] {
+        auto made = TransformerLayerOptions(o);
+        made.self_attention().attention().attn_mask_type("no_mask");
+        return made;
+      }());
       packed = [&](const at::Tensor& x, const AttentionArgs& a) {
         return tl_packed(x, {}, {}, {}, a);
       };
@@ -311,8 +333,11 @@ TEST(PackedParallel, HeadsShardedOverTensorParallelRanksMatchOneProcess) {
   RotaryPositionEmbedding rope(RotaryPositionEmbeddingOptions(4));
   const AttentionArgs args =
       AttentionArgs().cu_seqlens_q(cu).cu_seqlens_kv(cu).rotary_pos_emb(rope->forward(8));
-  const auto options =
-      MultiHeadAttentionOptions(16, 4).attn_mask_type("padding_causal").qkv_format("thd");
+  const auto options = [&] {
+    auto made = MultiHeadAttentionOptions(16, 4);
+    made.attention().attn_mask_type("padding_causal").qkv_format("thd");
+    return made;
+  }();
   manual_seed(21);
   MultiHeadAttention one(options);
   at::Tensor x_ref = leaf(x0);
@@ -370,7 +395,7 @@ TEST(PackedAttention, ReportsBadInput) {
   const AttentionArgs good =
       AttentionArgs().cu_seqlens_q(cu({0, 2, 6})).cu_seqlens_kv(cu({0, 2, 6}));
   EXPECT_ERROR(DotProductAttention(DotProductAttentionOptions(2, 4).qkv_format("tbhd")),
-               "qkv_format 'tbhd' is not 'bshd', 'sbhd' or 'thd'");
+               "qkv_format 'tbhd' is not one of bshd, sbhd, thd");
   EXPECT_ERROR(DotProductAttention(
                    DotProductAttentionOptions(2, 4).attn_mask_type("causal").qkv_format("thd")),
                "qkv_format 'thd' needs a padding attn_mask_type");
@@ -406,30 +431,48 @@ TEST(PackedAttention, ReportsBadInput) {
   EXPECT_ERROR(bshd(b, b, b, {}, good), "cu_seqlens are for qkv_format 'thd'");
   EXPECT_ERROR(bshd(b, b, b, {}, AttentionArgs().max_seqlen_q(5)),
                "max_seqlen_q 5 / max_seqlen_kv 0 differ from the 6 queries and 6 keys");
-  EXPECT_ERROR(MultiHeadAttention(MultiHeadAttentionOptions(8, 2).qkv_format("sbhd")),
+  EXPECT_ERROR(MultiHeadAttention([&] {
+                 auto made = MultiHeadAttentionOptions(8, 2);
+                 made.attention().qkv_format("sbhd");
+                 return made;
+               }()),
                "qkv_format 'sbhd' is not 'bshd' or 'thd'");
-  EXPECT_ERROR(MultiHeadAttention(MultiHeadAttentionOptions(8, 2)
-                                      .attn_mask_type("padding")
-                                      .self_attention(false)
-                                      .qkv_format("thd")),
+  EXPECT_ERROR(MultiHeadAttention([&] {
+                 auto made = MultiHeadAttentionOptions(8, 2).self_attention(false);
+                 made.attention().attn_mask_type("padding").qkv_format("thd");
+                 return made;
+               }()),
                "qkv_format 'thd' is for self attention");
-  MultiHeadAttention mha(
-      MultiHeadAttentionOptions(8, 2).attn_mask_type("padding").qkv_format("thd"));
+  MultiHeadAttention mha([&] {
+    auto made = MultiHeadAttentionOptions(8, 2);
+    made.attention().attn_mask_type("padding").qkv_format("thd");
+    return made;
+  }());
   EXPECT_ERROR(mha(randn({2, 6, 8}, 43), {}, {}, good),
                "is not [tokens, 8] (or [1, tokens, hidden])");
-  EXPECT_ERROR(TransformerLayer(TransformerLayerOptions(8, 16, 2)
-                                    .self_attn_mask_type("padding")
-                                    .attn_input_format("thd")
-                                    .drop_path_rate(0.1)),
+  EXPECT_ERROR(TransformerLayer([&] {
+                 auto made = TransformerLayerOptions(8, 16, 2).drop_path_rate(0.1);
+                 made.self_attention().attention().attn_mask_type("padding").qkv_format("thd");
+                 return made;
+               }()),
                "drop_path_rate with attn_input_format 'thd' is not supported");
-  EXPECT_ERROR(TransformerLayer(TransformerLayerOptions(8, 16, 2).attn_input_format("sbhd")),
+  EXPECT_ERROR(TransformerLayer([&] {
+                 auto made = TransformerLayerOptions(8, 16, 2);
+                 made.self_attention().attention().qkv_format("sbhd");
+                 return made;
+               }()),
                "attn_input_format 'sbhd' is not 'bshd' or 'thd'");
-  EXPECT_ERROR(TransformerLayer(TransformerLayerOptions(8, 16, 2).attn_input_format("thd")),
+  EXPECT_ERROR(TransformerLayer([&] {
+                 auto made = TransformerLayerOptions(8, 16, 2);
+                 made.self_attention().attention().qkv_format("thd");
+                 return made;
+               }()),
                "attn_input_format 'thd' needs a padding self_attn_mask_type");
-  EXPECT_ERROR(MultiHeadAttention(MultiHeadAttentionOptions(8, 2)
-                                      .attn_mask_type("padding")
-                                      .enable_sequence_parallel(true)
-                                      .qkv_format("thd")),
+  EXPECT_ERROR(MultiHeadAttention([&] {
+                 auto made = MultiHeadAttentionOptions(8, 2).enable_sequence_parallel(true);
+                 made.attention().attn_mask_type("padding").qkv_format("thd");
+                 return made;
+               }()),
                "qkv_format 'thd' with enable_sequence_parallel is not supported");
   EXPECT_ERROR(dpa->fused_backend(randn({6, 8}, 44), t, t, {}, good),
                "are not [tokens, heads, head_dim]");

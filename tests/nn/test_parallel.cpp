@@ -156,23 +156,28 @@ Model make(Kind kind, bool sp, Way way, bool dropout, Shape sh) {
     case Kind::kMhaGqa:
     case Kind::kMhaWindow:
     case Kind::kMhaArbitrary: {
-      auto options = MultiHeadAttentionOptions(16, 4)
-                         .attention_dropout(r.attention)
-                         .enable_sequence_parallel(sp)
-                         .qkv_kernel_axes({w_in, joined, w_out})
-                         .q_kernel_axes({w_in, w_out})
-                         .kv_kernel_axes({w_in, joined, w_out})
-                         .out_kernel_axes({w_out, w_in});
+      auto options = [&] {
+        auto made = MultiHeadAttentionOptions(16, 4)
+                        .enable_sequence_parallel(sp)
+                        .qkv_kernel_axes({w_in, joined, w_out})
+                        .q_kernel_axes({w_in, w_out})
+                        .kv_kernel_axes({w_in, joined, w_out})
+                        .out_kernel_axes({w_out, w_in});
+        made.attention().attention_dropout(r.attention);
+        return made;
+      }();
       at::Tensor mask;
       AttentionArgs args;
       if (kind == Kind::kMhaGqa) {
-        options.num_gqa_groups(2).attn_mask_type("padding_causal");
+        options.attention().num_gqa_groups(2).attn_mask_type("padding_causal");
         mask = padding_mask(sh);
         args.rotary_pos_emb(rope(sh, false));
       } else if (kind == Kind::kMhaWindow) {
         // Query and key lengths that differ per row, so every row's bottom-right diagonal has
         // its own offset (valid keys - valid queries: 2, -2, 2, -2).
-        options.attn_mask_type("padding_causal_bottom_right").window_size(WindowSize{2, 0});
+        options.attention()
+            .attn_mask_type("padding_causal_bottom_right")
+            .window_size(WindowSize{2, 0});
         args.core_attention_bias_type("alibi");
         const auto lengths = [&](std::vector<int64_t> l) {
           return at::tensor(l).narrow(0, 0, sh.batch).clamp_max(sh.seq).view({-1, 1, 1, 1});
@@ -183,7 +188,7 @@ Model make(Kind kind, bool sp, Way way, bool dropout, Shape sh) {
                    .ge(lk)
                    .logical_or(at::arange(sh.seq).view({1, 1, sh.seq, 1}).ge(lq));
       } else if (kind == Kind::kMhaArbitrary) {
-        options.attn_mask_type("arbitrary").softmax_type("learnable");
+        options.attention().attn_mask_type("arbitrary").softmax_type("learnable");
         mask = test::seeded_integers({sh.batch, 4, sh.seq, sh.seq}, 34).remainder(3).eq(0);
         args.core_attention_bias_type("post_scale_bias")
             .core_attention_bias(test::seeded_integers({1, 4, sh.seq, sh.seq}, 35).to(at::kFloat) /
@@ -209,25 +214,30 @@ Model make(Kind kind, bool sp, Way way, bool dropout, Shape sh) {
             .apply_residual_connection_post_layernorm(true)
             .mlp_activations({"gelu"});
       } else if (decoder) {
-        options.qk_norm_type("RMSNorm").mlp_activations({"swiglu"});
+        options.mlp_activations({"swiglu"});
+        options.self_attention().qk_norm_type("RMSNorm");
       } else {
         options.parallel_attention_mlp(true)
-            .qk_norm_type("L2Normalization")
             .mlp_activations({"clamped_swiglu"})
             .activation_params({1.5, 1.702, 1.0});
+        options.self_attention().qk_norm_type("L2Normalization");
       }
       if (!decoder) options.drop_path_rate(r.hidden * 2);
-      TransformerLayer layer(options.layer_type(decoder ? "decoder" : "encoder")
-                                 .self_attn_mask_type(decoder ? "causal" : "padding")
-                                 .hidden_dropout(r.hidden)
-                                 .attention_dropout(r.attention)
-                                 .intermediate_dropout(r.intermediate)
-                                 .enable_sequence_parallel(sp)
-                                 .rotary_pos_interleaved(kind == Kind::kDecoder)
-                                 .qkv_kernel_axes({w_in, joined, w_out})
-                                 .out_kernel_axes({w_out, w_in})
-                                 .mlp_kernel_axes_1({w_in, joined, w_out})
-                                 .mlp_kernel_axes_2({w_out, w_in}));
+      options.layer_type(decoder ? "decoder" : "encoder")
+          .hidden_dropout(r.hidden)
+          .intermediate_dropout(r.intermediate)
+          .mlp_kernel_axes_1({w_in, joined, w_out})
+          .mlp_kernel_axes_2({w_out, w_in});
+      options.self_attention()
+          .enable_sequence_parallel(sp)
+          .rotary_pos_interleaved(kind == Kind::kDecoder)
+          .qkv_kernel_axes({w_in, joined, w_out})
+          .out_kernel_axes({w_out, w_in});
+      options.self_attention()
+          .attention()
+          .attn_mask_type(decoder ? "causal" : "padding")
+          .attention_dropout(r.attention);
+      TransformerLayer layer(options);
       // A norm scale other than one, so a residual taken before or after it differs.
       set_parameter_from_global(*layer->mlp->layernorm, "scale", at::linspace(0.5, 1.5, 16));
       const at::Tensor mask = padding_mask(sh);
@@ -437,7 +447,11 @@ TEST(Attention, APerHeadPaddingMaskIsRefusedBeforeTheHeadsSplit) {
     DeviceMesh mesh({4}, {"tp"});
     MeshScope scope(mesh);
     MeshResourceScope resource(parse_mesh_resource("tp=tp"));
-    MultiHeadAttention mha(MultiHeadAttentionOptions(16, 4).attn_mask_type("padding"));
+    MultiHeadAttention mha([&] {
+      auto made = MultiHeadAttentionOptions(16, 4);
+      made.attention().attn_mask_type("padding");
+      return made;
+    }());
     const Shape sh = shape_of(false);
     const DTensor x = DTensor::distribute(global_input(sh), mesh, {Replicate{}});
     EXPECT_ERROR(mha(x, std::nullopt, at::zeros({sh.batch, 4, sh.seq, sh.seq}, at::kBool)),
@@ -460,7 +474,11 @@ TEST(AttentionParallel, ABiasGetsTheWholeGradientOnEveryRank) {
       return AttentionArgs().core_attention_bias_type("post_scale_bias").core_attention_bias(bias);
     };
     manual_seed(21);
-    MultiHeadAttention one(MultiHeadAttentionOptions(16, 4).attn_mask_type("causal"));
+    MultiHeadAttention one([&] {
+      auto made = MultiHeadAttentionOptions(16, 4);
+      made.attention().attn_mask_type("causal");
+      return made;
+    }());
     at::Tensor bias_ref = bias0.clone().requires_grad_(true);
     (one(global_input(sh), {}, {}, args(bias_ref)) * output_weight(sh, 16)).sum().backward();
     run_local_ranks(4, [&](int rank) {
@@ -468,7 +486,11 @@ TEST(AttentionParallel, ABiasGetsTheWholeGradientOnEveryRank) {
       MeshScope scope(mesh);
       MeshResourceScope resource(parse_mesh_resource("dp=data,tp=tp"));
       manual_seed(21);
-      MultiHeadAttention mha(MultiHeadAttentionOptions(16, 4).attn_mask_type("causal"));
+      MultiHeadAttention mha([&] {
+        auto made = MultiHeadAttentionOptions(16, 4);
+        made.attention().attn_mask_type("causal");
+        return made;
+      }());
       const std::vector<Placement> in = {Shard{0}, Replicate{}};
       const DTensor x = DTensor::distribute(global_input(sh), mesh, in);
       at::Tensor bias = bias0.clone().requires_grad_(true);
@@ -536,7 +558,11 @@ TEST(Attention, GqaHeadsMustSplitEvenly) {
     DeviceMesh mesh({4}, {"tp"});
     MeshScope scope(mesh);
     MeshResourceScope resource(parse_mesh_resource("tp=tp"));
-    MultiHeadAttention mha(MultiHeadAttentionOptions(16, 4).num_gqa_groups(2));
+    MultiHeadAttention mha([&] {
+      auto made = MultiHeadAttentionOptions(16, 4);
+      made.attention().num_gqa_groups(2);
+      return made;
+    }());
     const DTensor x = DTensor::distribute(global_input(shape_of(false)), mesh, {Replicate{}});
     EXPECT_ERROR(mha(x),
                  "4 query heads and 2 key/value heads (num_gqa_groups) cannot be split "
@@ -556,20 +582,22 @@ TEST(ShardedModules, AWholeModuleShardsOntoAMeshAndGathersBack) {
   run_local_ranks(2, [](int rank) {
     DeviceMesh mesh({2}, {"tp"});
     manual_seed(3);
-    TransformerLayer whole(TransformerLayerOptions(16, 24, 4)
-                               .hidden_dropout(0)
-                               .attention_dropout(0)
-                               .intermediate_dropout(0));  // built on one process: whole weights
+    TransformerLayer whole([&] {
+      auto made = TransformerLayerOptions(16, 24, 4).hidden_dropout(0).intermediate_dropout(0);
+      made.self_attention().attention().attention_dropout(0);
+      return made;
+    }());  // built on one process: whole weights
     std::map<std::string, at::Tensor> original;
     for (const auto& p : whole->named_parameters()) original[p.key()] = p.value().detach().clone();
 
     MeshScope scope(mesh);
     MeshResourceScope resource(parse_mesh_resource("tp=tp"));
     manual_seed(3);
-    TransformerLayer direct(TransformerLayerOptions(16, 24, 4)
-                                .hidden_dropout(0)
-                                .attention_dropout(0)
-                                .intermediate_dropout(0));
+    TransformerLayer direct([&] {
+      auto made = TransformerLayerOptions(16, 24, 4).hidden_dropout(0).intermediate_dropout(0);
+      made.self_attention().attention().attention_dropout(0);
+      return made;
+    }());
     EXPECT_FALSE(whole->is_sharded());
     shard_module(*whole, mesh);
     EXPECT_TRUE(whole->mlp->is_sharded());

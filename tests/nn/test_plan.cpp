@@ -59,12 +59,15 @@ TEST_P(TransformerPlan, CountsAndBytesMatchTheAnalyticPlan) {
     MeshScope mesh_scope(mesh);
     MeshResourceScope resource(parse_mesh_resource(c.mesh_resource));
     manual_seed(5);
-    TransformerLayer layer(TransformerLayerOptions(kH, kF, 4)
-                               .mlp_activations({"gelu"})
-                               .hidden_dropout(0)
-                               .attention_dropout(0)
-                               .intermediate_dropout(0)
-                               .enable_sequence_parallel(c.sequence_parallel));
+    TransformerLayer layer([&] {
+      auto made = TransformerLayerOptions(kH, kF, 4)
+                      .mlp_activations({"gelu"})
+                      .hidden_dropout(0)
+                      .intermediate_dropout(0);
+      made.self_attention().enable_sequence_parallel(c.sequence_parallel);
+      made.self_attention().attention().attention_dropout(0);
+      return made;
+    }());
     const LogicalAxes act = {"batch", c.sequence_parallel ? "seqlen_tp" : "seqlen", "hidden"};
     const auto layout = placements_for(*resolve_logical_axes(act), mesh);
     const at::Tensor global = test::seeded_integers({kB, kS, kH}, 3).to(at::kFloat) / 7;

@@ -69,8 +69,13 @@ constexpr int64_t kBatch = 4, kSeq = 32, kHidden = 64, kLayers = 2;
 
 PlanOptions options_for(const Layout& l) {
   TransformerLayerOptions layer(kHidden, 4 * kHidden, 4);
-  layer.mlp_activations({"gelu"}).enable_sequence_parallel(l.sequence_parallel);
-  if (l.llama) layer.num_gqa_groups(2).mlp_activations({"swiglu"}).layernorm_type("rmsnorm");
+  layer.mlp_activations({"gelu"});
+  layer.self_attention().enable_sequence_parallel(l.sequence_parallel);
+  if (l.llama) {
+    layer.mlp_activations({"swiglu"});
+    layer.self_attention().attention().num_gqa_groups(2);
+    layer.self_attention().layernorm().layernorm_type("rmsnorm");
+  }
   PlanOptions o(layer, kLayers, kBatch, kSeq);
   // Buckets small beside the model, as in real runs (25 MiB beside gigabytes): Gloo may free a
   // bucket a moment after its all-reduce returns, and only a bucket's bytes may be live then.
@@ -210,13 +215,17 @@ TEST(Planner, PlansAMeshOfThousandsOfRanksInOneProcess) {
   MeshResourceScope resource(parse_mesh_resource("dp=data,tp=model"));
   set_warning_handler([](std::string_view) {});
   // Two 7B-shaped layers on 64 x 16 ranks: TP shards every kernel 16 ways.
-  const Plan p = plan(PlanOptions(TransformerLayerOptions(4096, 11008, 32)
-                                      .mlp_activations({"swiglu"})
-                                      .layernorm_type("rmsnorm"),
-                                  2, 64, 2048)
-                          .mesh_shape({64, 16})
-                          .mesh_axes({"data", "model"})
-                          .dtype(at::kBFloat16));
+  const Plan p =
+      plan(PlanOptions(
+               [&] {
+                 auto made = TransformerLayerOptions(4096, 11008, 32).mlp_activations({"swiglu"});
+                 made.self_attention().layernorm().layernorm_type("rmsnorm");
+                 return made;
+               }(),
+               2, 64, 2048)
+               .mesh_shape({64, 16})
+               .mesh_axes({"data", "model"})
+               .dtype(at::kBFloat16));
   set_warning_handler(nullptr);
   EXPECT_EQ(p.world_size, 1024);
   // qkv 4096 x 3 x 4096, out 4096^2, fc1 4096 x 2 x 11008, fc2 11008 x 4096, over 16 ranks;

@@ -147,11 +147,11 @@ TEST(Dropout, EveryPlacementDrawsItsSliceOfTheGlobalMask) {
 // The report: a tensor-parallel TransformerLayer in training, input replicated, held
 // different values on the two ranks. Now the replicas are bit-identical and equal one process.
 TEST(Dropout, TensorParallelTransformerLayerReplicasAreBitIdentical) {
-  auto options = TransformerLayerOptions(32, 64, 4)
-                     .self_attn_mask_type("padding")
-                     .hidden_dropout(0.3)
-                     .attention_dropout(0.2)
-                     .intermediate_dropout(0.1);
+  auto options = [&] {
+    auto made = TransformerLayerOptions(32, 64, 4).hidden_dropout(0.3).intermediate_dropout(0.1);
+    made.self_attention().attention().attn_mask_type("padding").attention_dropout(0.2);
+    return made;
+  }();
   const at::Tensor x = test::randn({4, 6, 32}, 8);
   const at::Tensor mask = at::zeros({4, 1, 6, 6}, at::kBool);
   manual_seed(2);

@@ -197,10 +197,11 @@ TEST(RopeParallel, ASequenceShardedDTensorRotatesByGlobalPositions) {
 TEST(MultiHeadAttentionRope, SelfAttentionSeesRelativePositionsOnly) {
   manual_seed(3);
   for (bool interleaved : {false, true}) {
-    MultiHeadAttention mha(MultiHeadAttentionOptions(16, 4)
-                               .num_gqa_groups(2)
-                               .attn_mask_type("causal")
-                               .rotary_pos_interleaved(interleaved));
+    MultiHeadAttention mha([&] {
+      auto made = MultiHeadAttentionOptions(16, 4).rotary_pos_interleaved(interleaved);
+      made.attention().num_gqa_groups(2).attn_mask_type("causal");
+      return made;
+    }());
     const at::Tensor x = randn({2, 5, 16}, 9);
     RotaryPositionEmbedding rope(
         RotaryPositionEmbeddingOptions(4).rotary_base(50.0).interleaved(interleaved));
@@ -219,7 +220,11 @@ TEST(MultiHeadAttentionRope, SelfAttentionSeesRelativePositionsOnly) {
 TEST(MultiHeadAttentionRope, TheQueriesAndKeysAreRotatedBeforeAttention) {
   // MultiHeadAttention with RoPE = its projections, apply_rotary_pos_emb on q and k, attention.
   manual_seed(4);
-  MultiHeadAttention mha(MultiHeadAttentionOptions(16, 4).attn_mask_type("causal").fuse_qkv(false));
+  MultiHeadAttention mha([&] {
+    auto made = MultiHeadAttentionOptions(16, 4).fuse_qkv(false);
+    made.attention().attn_mask_type("causal");
+    return made;
+  }());
   const at::Tensor x = randn({2, 5, 16}, 10);
   const at::Tensor freqs = freqs_of(4, 5, false, 50.0);
   const at::Tensor ln = mha->layernorm(x);

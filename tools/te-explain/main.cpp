@@ -44,9 +44,10 @@ const Declared& transformer_constraints() {
   static const Declared declared = [] {
     Declared d;
     // Unfused attention, so the attention weights' constraint runs in every build.
-    te::nn::TransformerLayer layer(te::nn::TransformerLayerOptions(64, 128, 4)
-                                       .enable_sequence_parallel(true)
-                                       .fused_attention(false));
+    te::nn::TransformerLayerOptions options(64, 128, 4);
+    options.self_attention().enable_sequence_parallel(true);
+    options.self_attention().attention().fused(false);
+    te::nn::TransformerLayer layer(options);
     layer->eval();
     te::ConstraintTrace trace;
     layer(at::zeros({2, 8, 64}));

@@ -52,8 +52,10 @@ void add_plan_options(CLI::App& app, PlanArgs& a) {
   app.add_option("--norm", a.norm, "--plan: layernorm or rmsnorm");
   app.add_option("--batch", a.batch, "--plan: global batch (default 8)");
   app.add_option("--seqlen", a.seqlen, "--plan: sequence length (default 2048)");
-  app.add_option("--mesh", a.mesh, "the mesh, e.g. data=64,model=16: --plan's ranks (default: one); with AXES, the axis sizes "
-                 "TE's table reads (a role is active only on an axis of more than one device)");
+  app.add_option(
+      "--mesh", a.mesh,
+      "the mesh, e.g. data=64,model=16: --plan's ranks (default: one); with AXES, the axis sizes "
+      "TE's table reads (a role is active only on an axis of more than one device)");
   app.add_option("--dtype", a.dtype, "--plan: fp32, bf16 (default) or fp16")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   app.add_option("--fp8", a.fp8, "--plan: FP8 GEMMs with a recipe: " + te::fp8::recipe_summary())
@@ -99,10 +101,10 @@ int run_plan(const PlanArgs& a, const LayoutScopes& layout) {
   if (args.norm.empty()) args.norm = "layernorm";
 
   te::nn::TransformerLayerOptions layer(args.hidden, args.ffn, args.heads);
-  layer.num_gqa_groups(args.kv_heads)
-      .mlp_activations({args.activation})
-      .layernorm_type(args.norm)
-      .enable_sequence_parallel(args.sequence_parallel);
+  layer.mlp_activations({args.activation});
+  layer.self_attention().enable_sequence_parallel(args.sequence_parallel);
+  layer.self_attention().layernorm().layernorm_type(args.norm);
+  layer.self_attention().attention().num_gqa_groups(args.kv_heads);
   te::nn::PlanOptions options(layer, args.layers, args.batch, args.seqlen);
   if (!args.mesh.empty()) {
     const te::MeshShape mesh = te::parse_mesh_shape(args.mesh);

@@ -11,15 +11,13 @@
 #include <string>
 #include <utility>
 
+#include "te/nn/attention_types.h"
 #include "te/nn/dense.h"
 #include "te/nn/functional.h"
 #include "te/nn/kv_cache.h"
 #include "te/nn/sharded.h"
 
 namespace te::nn {
-
-/// A sliding window (left, right), as TE's window_size.
-using WindowSize = std::pair<int64_t, int64_t>;
 
 /// AttentionArgs' (not owned) key/value cache.
 using InferenceParamsPtr = InferenceParams*;
@@ -31,17 +29,18 @@ using InferenceParamsPtr = InferenceParams*;
 /// their batch rows and heads shard with the attention's.
 ///
 /// Example (BLOOM's ALiBi, Llama's RoPE):
-///   mha(x, {}, mask, te::nn::AttentionArgs().core_attention_bias_type("alibi"));
-///   mha(x, {}, mask, te::nn::AttentionArgs().rotary_pos_emb(rope->forward(seqlen)));
+///   mha(x, {}, mask,
+///   te::nn::AttentionArgs().core_attention_bias_type(te::nn::AttnBiasType::kAlibi)); mha(x, {},
+///   mask, te::nn::AttentionArgs().rotary_pos_emb(rope->forward(seqlen)));
 struct AttentionArgs {
-  /// "no_bias", "pre_scale_bias" (softmax((q k^T + bias) * scale)), "post_scale_bias"
-  /// (softmax(q k^T * scale + bias)) or "alibi" (-slope * |i - j + offset| per head, offset the
+  /// no_bias, pre_scale_bias (softmax((q k^T + bias) * scale)), post_scale_bias
+  /// (softmax(q k^T * scale + bias)) or alibi (-slope * |i - j + offset| per head, offset the
   /// mask's diagonal: bottom-right unless the mask type is causal or padding_causal or
   /// bottom_right_diagonal is false, per sequence under a padding type, as TE's get_alibi).
   /// `scale` is DotProductAttention's scale_factor: under MultiHeadAttention's defaults (TE-JAX's
   /// scaled_query_init, unscaled logits) it is 1 and pre- equals post-scale; TE-PyTorch's
   /// (q k^T + bias) / sqrt(head_dim) is scaled_query_init(false).scale_attn_logits(true).
-  TORCH_ARG(std::string, core_attention_bias_type) = "no_bias";
+  TORCH_ARG(TeChoice<AttnBiasType>, core_attention_bias_type) = AttnBiasType::kNoBias;
   /// The pre- or post-scale bias, [1 | batch, 1 | heads, seqlen_q, seqlen_kv] (or
   /// [1, 1, 1, seqlen_kv]); when it requires grad it gets its gradient (on a mesh, the whole
   /// gradient on every rank).
@@ -82,27 +81,31 @@ struct AttentionArgs {
   TORCH_ARG(int64_t, layer_number) = 0;
 };
 
-/// Options for DotProductAttention over `num_attention_heads` heads of `head_dim`.
+/// Options for DotProductAttention over `num_attention_heads` heads of `head_dim`: the attention's
+/// options, declared here once; MultiHeadAttentionOptions nests them as its `attention` (and
+/// TransformerLayerOptions nests those as its `self_attention`), as the modules nest. The typed
+/// options (attention_types.h) take the enum or TE's name.
 ///
 /// Example:
-///   te::nn::DotProductAttention dpa(
-///       te::nn::DotProductAttentionOptions(8, 32).attn_mask_type("padding_causal"));
+///   te::nn::DotProductAttention dpa(te::nn::DotProductAttentionOptions(8, 32).attn_mask_type(
+///       te::nn::AttnMaskType::kPaddingCausal));  // or .attn_mask_type("padding_causal")
 struct DotProductAttentionOptions {
   DotProductAttentionOptions(int64_t num_attention_heads, int64_t head_dim)
       : num_attention_heads_(num_attention_heads), head_dim_(head_dim) {}
   TORCH_ARG(int64_t, num_attention_heads);
-  /// The query and key head dim, which the default scale 1/sqrt(head_dim) reads.
+  /// The query and key head dim, which the default scale 1/sqrt(head_dim) reads. Within
+  /// MultiHeadAttentionOptions 0 means its hidden_size / num_attention_heads.
   TORCH_ARG(int64_t, head_dim);
   /// The value (and output) head dim; 0: head_dim. TE's kv_channels = (head_dim, head_dim_v)
   /// (dot_product_attention.py L527-529, L731-736 at d0067d0da), e.g. DeepSeek's 192 and 128.
   TORCH_ARG(int64_t, head_dim_v) = 0;
   /// Key/value heads (GQA); 0 means num_attention_heads (plain multi-head attention).
   TORCH_ARG(int64_t, num_gqa_groups) = 0;
-  /// TE's attn_mask_type: "no_mask", "padding", "causal", "padding_causal" (top-left
-  /// diagonal), "causal_bottom_right", "padding_causal_bottom_right" (bottom-right diagonal:
-  /// the last query sees the last key, as when decoding with a cache), or "arbitrary" (the mask
-  /// given to forward, broadcastable to [batch, heads, seqlen_q, seqlen_kv]).
-  TORCH_ARG(std::string, attn_mask_type) = "causal";
+  /// TE's attn_mask_type: no_mask, padding, causal, padding_causal (top-left diagonal),
+  /// causal_bottom_right, padding_causal_bottom_right (bottom-right diagonal: the last query sees
+  /// the last key, as when decoding with a cache), or arbitrary (the mask given to forward,
+  /// broadcastable to [batch, heads, seqlen_q, seqlen_kv]).
+  TORCH_ARG(TeChoice<AttnMaskType>, attn_mask_type) = AttnMaskType::kCausal;
   /// Sliding window (left, right): query i sees keys i + offset - left ... i + offset + right,
   /// -1 unbounded (TE's window_size). Unset: (-1, 0) for the causal types, (-1, -1) otherwise.
   TORCH_ARG(std::optional<WindowSize>, window_size) = std::nullopt;
@@ -112,20 +115,23 @@ struct DotProductAttentionOptions {
   TORCH_ARG(std::optional<bool>, bottom_right_diagonal) = std::nullopt;
   /// Dropout on the attention probabilities (training only).
   TORCH_ARG(double, attention_dropout) = 0.0;
-  /// Multiplies the logits; 0 means 1/sqrt(head_dim).
+  /// Multiplies the logits; 0 means 1/sqrt(head_dim) (within MultiHeadAttentionOptions: as its
+  /// scale_attn_logits says).
   TORCH_ARG(double, scale_factor) = 0.0;
-  /// TE's softmax_type: "vanilla", "off-by-one" (each row's denominator gains exp(0): an
-  /// attention sink) or "learnable" (gains exp(softmax_offset[h]), a parameter of shape [heads]
-  /// with logical axis "heads", initialised to zeros, as gpt-oss's sinks).
-  TORCH_ARG(std::string, softmax_type) = "vanilla";
+  /// TE's softmax_type: vanilla, off-by-one (each row's denominator gains exp(0): an attention
+  /// sink) or learnable (gains exp(softmax_offset[h]), a parameter of shape [heads] with logical
+  /// axis "heads", initialised to zeros, as gpt-oss's sinks).
+  TORCH_ARG(TeChoice<SoftmaxType>, softmax_type) = SoftmaxType::kVanilla;
   /// Use at::scaled_dot_product_attention where this LibTorch has it (2.0+) and it computes the
   /// same (vanilla softmax); same numbers.
   TORCH_ARG(bool, fused) = true;
-  /// TE's qkv_format: "bshd" ([batch, seqlen, heads, head_dim]; TE-PyTorch's default is
-  /// "sbhd"), "sbhd" ([seqlen, batch, heads, head_dim]) or "thd" (packed sequences
-  /// [tokens, heads, head_dim], with AttentionArgs' cu_seqlens_q/kv; a padding mask type, no mask
-  /// tensor; on a mesh the heads may be sharded, the tokens not). The output has q's format.
-  TORCH_ARG(std::string, qkv_format) = "bshd";
+  /// TE's qkv_format: bshd ([batch, seqlen, heads, head_dim]; TE-PyTorch's default is sbhd),
+  /// sbhd ([seqlen, batch, heads, head_dim]) or thd (packed sequences [tokens, heads, head_dim],
+  /// with AttentionArgs' cu_seqlens_q/kv; a padding mask type, no mask tensor; on a mesh the heads
+  /// may be sharded, the tokens not). The output has q's format. Within MultiHeadAttentionOptions
+  /// bshd (x [batch, seqlen, hidden]) or thd (x [tokens, hidden] or [1, tokens, hidden], RoPE
+  /// restarting at each sequence; self attention only).
+  TORCH_ARG(TeChoice<QkvFormat>, qkv_format) = QkvFormat::kBshd;
 };
 
 /// softmax(q k^T * scale + mask) v per head, with TE's masks (functional::MaskSpec). `mask` (for
@@ -177,30 +183,20 @@ class DotProductAttention : public torch::nn::ModuleHolder<DotProductAttentionIm
 };
 
 /// Options for MultiHeadAttention(hidden, heads).
+///
+/// Example (Llama's attention: GQA, no biases, RMSNorm in front):
+///   auto o = te::nn::MultiHeadAttentionOptions(512, 8);
+///   o.attention().num_gqa_groups(2).attn_mask_type(te::nn::AttnMaskType::kPaddingCausal);
+///   o.layernorm().layernorm_type("rmsnorm");
 struct MultiHeadAttentionOptions {
   MultiHeadAttentionOptions(int64_t hidden_size, int64_t num_attention_heads)
-      : hidden_size_(hidden_size),
-        num_attention_heads_(num_attention_heads),
-        layernorm_(hidden_size) {}
+      : hidden_size_(hidden_size), attention_(num_attention_heads, 0), layernorm_(hidden_size) {}
   TORCH_ARG(int64_t, hidden_size);
-  TORCH_ARG(int64_t, num_attention_heads);
-  /// 0: hidden_size / num_attention_heads.
-  TORCH_ARG(int64_t, head_dim) = 0;
-  /// 0: num_attention_heads (no GQA).
-  TORCH_ARG(int64_t, num_gqa_groups) = 0;
-  /// DotProductAttentionOptions' attn_mask_type, window_size and bottom_right_diagonal.
-  TORCH_ARG(std::string, attn_mask_type) = "causal";
-  /// Sliding window (left, right): query i sees keys i + offset - left ... i + offset + right,
-  /// -1 unbounded (TE's window_size). Unset: (-1, 0) for the causal types, (-1, -1) otherwise.
-  TORCH_ARG(std::optional<WindowSize>, window_size) = std::nullopt;
-  /// Aligns the window's diagonal to the bottom-right corner (true) or the top-left one (false);
-  /// unset: bottom-right. "causal" and "padding_causal" are always top-left, the bottom_right
-  /// types always bottom-right (TE's bottom_right_diagonal).
-  TORCH_ARG(std::optional<bool>, bottom_right_diagonal) = std::nullopt;
-  TORCH_ARG(double, attention_dropout) = 0.0;
-  /// DotProductAttentionOptions' softmax_type ("learnable": the parameter
-  /// attention.softmax_offset).
-  TORCH_ARG(std::string, softmax_type) = "vanilla";
+  /// The core attention's options (its module `attention`): the heads, head_dim (0:
+  /// hidden_size / heads), num_gqa_groups, the mask, window, dropout, softmax ("learnable": the
+  /// parameter attention.softmax_offset), fused and qkv_format; scale_factor 0 follows
+  /// scale_attn_logits below; head_dim_v stays 0 (DotProductAttention's only).
+  TORCH_ARG(DotProductAttentionOptions, attention);
   /// Normalise the input first (pre-LN); the norm's options.
   TORCH_ARG(bool, input_layernorm) = true;
   TORCH_ARG(LayerNormOptions, layernorm);
@@ -227,18 +223,13 @@ struct MultiHeadAttentionOptions {
   TORCH_ARG(bool, scale_attn_logits) = false;
   /// Sequence parallel: activations outside the attention are sharded on seqlen (seqlen_tp).
   TORCH_ARG(bool, enable_sequence_parallel) = false;
-  TORCH_ARG(bool, fused_attention) = true;
-  /// TE's qk_norm_type: normalise each query and key head over head_dim, "RMSNorm" or
-  /// "LayerNorm" (modules q_norm and k_norm, a scale of head_dim each, shared by the heads) or
-  /// "L2Normalization" (x / sqrt(sum x^2 + eps), no parameters); unset: none. After RoPE unless
+  /// TE's qk_norm_type: normalise each query and key head over head_dim, RMSNorm or LayerNorm
+  /// (modules q_norm and k_norm, a scale of head_dim each, shared by the heads) or
+  /// L2Normalization (x / sqrt(sum x^2 + eps), no parameters); none by default. After RoPE unless
   /// qk_norm_before_rope (multi_head_attention.py L1130-1192 at d0067d0da).
-  TORCH_ARG(std::optional<std::string>, qk_norm_type) = std::nullopt;
+  TORCH_ARG(TeChoice<QkNormType>, qk_norm_type) = QkNormType::kNone;
   TORCH_ARG(double, qk_norm_eps) = 1e-6;
   TORCH_ARG(bool, qk_norm_before_rope) = false;
-  /// "bshd" (x [batch, seqlen, hidden]) or "thd": x is packed sequences [tokens, hidden] (or
-  /// [1, tokens, hidden]), with AttentionArgs' cu_seqlens; each sequence attends to itself only
-  /// and RoPE restarts at each (TE's qkv_format; "sbhd" is DotProductAttention's only).
-  TORCH_ARG(std::string, qkv_format) = "bshd";
   /// The rotary_pos_emb given to forward (AttentionArgs) rotates interleaved pairs (GPT-J) instead
   /// of halves (Llama); TE's rotary_pos_interleaved. Make the frequencies with the same choice
   /// (RotaryPositionEmbeddingOptions::interleaved).

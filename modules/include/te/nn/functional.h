@@ -15,6 +15,7 @@
 
 #include "te/distributed/dtensor.h"
 #include "te/distributed/ops.h"
+#include "te/nn/attention_types.h"
 
 namespace te::fp8 {
 class GemmMeta;
@@ -160,9 +161,7 @@ using te::ops::laid_out_like;
 /// (transformer_engine/pytorch/attention/dot_product_attention/dot_product_attention.py and
 /// utils.py get_full_mask / check_set_window_size, at d0067d0da).
 struct MaskSpec {
-  /// "no_mask", "padding", "causal", "padding_causal", "causal_bottom_right",
-  /// "padding_causal_bottom_right" or "arbitrary".
-  std::string type = "no_mask";
+  AttnMaskType type = AttnMaskType::kNoMask;
   /// Query i sees keys i + offset - window_left ... i + offset + window_right (-1: unbounded);
   /// the causal types have window_right 0.
   int64_t window_left = -1, window_right = -1;
@@ -182,8 +181,8 @@ struct MaskSpec {
 /// (-1, -1) or (>= 0, != 0) gets right = 0, and the others' (-1, 0) becomes (-1, -1), each with a
 /// te::warn as TE warns; any other negative bound is a te::Error. `bottom_right_diagonal` (unset:
 /// true but for "causal" and "padding_causal", which are always top-left; the bottom_right types
-/// are always bottom-right) aligns the window. Throws te::Error naming an unknown mask type.
-MaskSpec mask_spec(const std::string& attn_mask_type,
+/// are always bottom-right) aligns the window. `attn_mask_type` may be TE's name (TeChoice).
+MaskSpec mask_spec(TeChoice<AttnMaskType> attn_mask_type,
                    std::optional<std::pair<int64_t, int64_t>> window_size = std::nullopt,
                    std::optional<bool> bottom_right_diagonal = std::nullopt);
 
@@ -199,16 +198,6 @@ void check_attention_mask(const at::Tensor& mask, const MaskSpec& spec, int64_t 
 /// hidden), or undefined when nothing is hidden; `mask` is read only by the types that take one.
 at::Tensor masked_positions(const at::Tensor& mask, const MaskSpec& spec, int64_t seqlen_q,
                             int64_t seqlen_kv, const at::TensorOptions& options);
-
-/// TE's core_attention_bias_type: "no_bias", "pre_scale_bias" (softmax((q k^T + bias) * scale)),
-/// "post_scale_bias" (softmax(q k^T * scale + bias)) or "alibi" (a post-scale bias built from
-/// ALiBi slopes: alibi_bias). Throws te::Error naming any other.
-void check_bias_type(const std::string& core_attention_bias_type);
-
-/// TE's softmax_type: "vanilla", "off-by-one" (a zero logit joins each row's denominator: an
-/// attention sink that takes no value) or "learnable" (one such logit per head, a parameter).
-/// Throws te::Error naming any other.
-void check_softmax_type(const std::string& softmax_type);
 
 /// ALiBi's default slopes for `num_heads` heads (TE's get_alibi, dot_product_attention/utils.py
 /// L1926-1937 at d0067d0da; Press et al.): with n the largest power of two <= num_heads, head k
@@ -232,9 +221,8 @@ at::Tensor alibi_bias(const at::Tensor& slopes, const MaskSpec& spec, const at::
 /// [1, 1, 1, seqlen_kv] (TE's bhss, 1hss, b1ss, 11ss, 111s; dot_product_attention.py
 /// L1981-2005 at d0067d0da), the others take none; `slopes` only with "alibi", [heads] or
 /// [batch, heads]. Throws te::Error naming the culprit.
-void check_attention_bias(const std::string& bias_type, const at::Tensor& bias,
-                          const at::Tensor& slopes, int64_t batch, int64_t heads, int64_t seqlen_q,
-                          int64_t seqlen_kv);
+void check_attention_bias(AttnBiasType bias_type, const at::Tensor& bias, const at::Tensor& slopes,
+                          int64_t batch, int64_t heads, int64_t seqlen_q, int64_t seqlen_kv);
 
 /// Packed variable-length sequences (TE's qkv_format "thd", dot_product_attention.py
 /// L1446-1480 and L1781-1807 at d0067d0da): sequence i's queries are tokens
@@ -270,14 +258,14 @@ struct AttentionCall {
   MaskSpec spec;
   /// Multiplies q k^T (TE's softmax_scale).
   double scale = 1.0;
-  /// core_attention_bias_type (check_bias_type) and its tensors: `bias` for the pre- and
+  /// core_attention_bias_type and its tensors: `bias` for the pre- and
   /// post-scale types, `alibi_slopes` (undefined: alibi_slopes(heads)) for "alibi". A bias that
   /// requires grad gets its gradient.
-  std::string bias_type = "no_bias";
+  TeChoice<AttnBiasType> bias_type = AttnBiasType::kNoBias;
   at::Tensor bias, alibi_slopes;
-  /// softmax_type (check_softmax_type) and, for "learnable", the [heads] sink logits (TE's
+  /// softmax_type and, for "learnable", the [heads] sink logits (TE's
   /// softmax_offset parameter; "off-by-one" uses zeros).
-  std::string softmax_type = "vanilla";
+  TeChoice<SoftmaxType> softmax_type = SoftmaxType::kVanilla;
   at::Tensor softmax_offset;
   /// Dropout on the probabilities (training, dropout > 0): te::nn's layout-invariant dropout.
   double dropout = 0.0;

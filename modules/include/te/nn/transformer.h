@@ -18,42 +18,41 @@ namespace te::nn {
 
 /// Options for TransformerLayer(hidden, ffn_hidden, heads).
 ///
-/// Example:
-///   te::nn::TransformerLayer layer(te::nn::TransformerLayerOptions(256, 1024, 8)
-///                                      .self_attn_mask_type("padding")
-///                                      .mlp_activations({"gelu"}));
+/// Example (BERT's post-LN encoder layer: a padding mask, GELU):
+///   auto o = te::nn::TransformerLayerOptions(256, 1024, 8)
+///                .mlp_activations({"gelu"})
+///                .apply_residual_connection_post_layernorm(true)
+///                .output_layernorm(true);
+///   o.self_attention().attention().attn_mask_type(te::nn::AttnMaskType::kPadding);
+///   te::nn::TransformerLayer layer(o);
 struct TransformerLayerOptions {
   TransformerLayerOptions(int64_t hidden_size, int64_t mlp_hidden_size, int64_t num_attention_heads)
       : hidden_size_(hidden_size),
         mlp_hidden_size_(mlp_hidden_size),
-        num_attention_heads_(num_attention_heads) {}
+        self_attention_(hidden_size, num_attention_heads) {
+    self_attention_.attention().attention_dropout(0.1);  // TE's TransformerLayer default
+  }
   TORCH_ARG(int64_t, hidden_size);
   TORCH_ARG(int64_t, mlp_hidden_size);
-  TORCH_ARG(int64_t, num_attention_heads);
-  TORCH_ARG(int64_t, num_gqa_groups) = 0;
-  /// The attention's head dim (TE's kv_channels; 0: hidden_size / num_attention_heads): the QKV
-  /// kernel is (hidden, 3, heads * kv_channels), the output one (heads * kv_channels, hidden).
-  TORCH_ARG(int64_t, kv_channels) = 0;
+  /// The self attention's options (its module `self_attention`), with the core attention's
+  /// nested as `.attention()`: there TE's TransformerLayer arguments self_attn_mask_type,
+  /// window_size, bottom_right_diagonal, attn_input_format (qkv_format), attention_dropout,
+  /// softmax_type, num_gqa_groups and kv_channels (head_dim); here qk_norm_*, qkv_bias, fuse_qkv,
+  /// the kernel axes, scaled_query_init, scale_attn_logits, rotary_pos_interleaved. Three of its
+  /// fields are the layer's: `layernorm` is the layer's norm (TE's normalization,
+  /// layernorm_epsilon, zero_centered_gamma), which the MLP's and output_layernorm's norms copy;
+  /// `use_bias` is TE's bias, for the MLP too unless mlp_bias; `enable_sequence_parallel` shards
+  /// the whole layer's activations on seqlen. The layer sets `input_layernorm` (off with
+  /// output_layernorm). A decoder's cross attention is these options with self_attention false,
+  /// attn_mask_type padding, no window, and query/key-value kernel axes derived from
+  /// qkv_kernel_axes (its first and last axes; all three).
+  TORCH_ARG(MultiHeadAttentionOptions, self_attention);
   /// "encoder" or "decoder" (adds cross attention to the encoder's output).
   TORCH_ARG(std::string, layer_type) = "encoder";
-  /// The self attention's attn_mask_type, window_size and bottom_right_diagonal
-  /// (DotProductAttentionOptions), as TE's TransformerLayer takes them.
-  TORCH_ARG(std::string, self_attn_mask_type) = "causal";
-  TORCH_ARG(std::optional<WindowSize>, window_size) = std::nullopt;
-  TORCH_ARG(std::optional<bool>, bottom_right_diagonal) = std::nullopt;
-  /// TE's attn_input_format: "bshd" (x [batch, seqlen, hidden]) or "thd" (packed sequences
-  /// x [tokens, hidden] with AttentionArgs' cu_seqlens; a padding self_attn_mask_type; encoders,
-  /// no drop path). MultiHeadAttentionOptions::qkv_format.
-  TORCH_ARG(std::string, attn_input_format) = "bshd";
-  TORCH_ARG(std::string, layernorm_type) = "layernorm";
-  TORCH_ARG(double, layernorm_epsilon) = 1e-6;
-  TORCH_ARG(bool, zero_centered_gamma) = false;
-  /// Dropout after each block, before the residual add (training only).
+  /// Dropout after each block, before the residual add (training only); the attention's own
+  /// (self_attention().attention().attention_dropout()) is 0.1 here too, as TE's.
   TORCH_ARG(double, hidden_dropout) = 0.1;
-  TORCH_ARG(double, attention_dropout) = 0.1;
   TORCH_ARG(double, intermediate_dropout) = 0.1;
-  /// DotProductAttentionOptions::softmax_type for both attentions (TE's softmax_type).
-  TORCH_ARG(std::string, softmax_type) = "vanilla";
   /// The MLP's activations: TE-JAX's slot list or one TE-PyTorch name (LayerNormMLPOptions), and
   /// clamped_swiglu's parameters.
   TORCH_ARG(std::vector<std::string>, mlp_activations) = {"relu"};
@@ -68,32 +67,11 @@ struct TransformerLayerOptions {
   TORCH_ARG(bool, parallel_attention_mlp) = false;
   /// Stochastic depth on the self attention's and the MLP's branch (functional::drop_path).
   TORCH_ARG(double, drop_path_rate) = 0.0;
-  /// MultiHeadAttentionOptions' qk_norm_type, qk_norm_eps, qk_norm_before_rope for both
-  /// attentions.
-  TORCH_ARG(std::optional<std::string>, qk_norm_type) = std::nullopt;
-  TORCH_ARG(double, qk_norm_eps) = 1e-6;
-  TORCH_ARG(bool, qk_norm_before_rope) = false;
-  /// Biases on every projection of the attentions and the MLP (TE's bias).
-  TORCH_ARG(bool, use_bias) = false;
-  /// Overrides of use_bias (nullopt: as use_bias): the query/key/value projections only
-  /// (Qwen2's attention), and the MLP's two projections (Llama's mlp_bias).
-  TORCH_ARG(std::optional<bool>, qkv_bias) = std::nullopt;
+  /// Biases on the MLP's two projections (Llama's mlp_bias); nullopt: the attention's use_bias.
   TORCH_ARG(std::optional<bool>, mlp_bias) = std::nullopt;
-  TORCH_ARG(bool, fuse_qkv) = true;
-  /// Kernel logical axes: attention QKV (hidden, 3, heads*head_dim) and output
-  /// (heads*head_dim, hidden); MLP fc1 (hidden, activations, ffn) and fc2 (ffn, hidden). Cross
-  /// attention derives its query (first and last of qkv) and key/value (qkv) axes.
-  TORCH_ARG(LogicalAxes, qkv_kernel_axes) = axis::joined_in_kernel();
-  TORCH_ARG(LogicalAxes, out_kernel_axes) = axis::out_kernel();
+  /// MLP kernel logical axes: fc1 (hidden, activations, ffn) and fc2 (ffn, hidden).
   TORCH_ARG(LogicalAxes, mlp_kernel_axes_1) = axis::joined_in_kernel();
   TORCH_ARG(LogicalAxes, mlp_kernel_axes_2) = axis::out_kernel();
-  TORCH_ARG(bool, scaled_query_init) = true;
-  TORCH_ARG(bool, scale_attn_logits) = false;
-  /// Sequence parallel (with a tpsp MeshResource or rules for seqlen_tp).
-  TORCH_ARG(bool, enable_sequence_parallel) = false;
-  TORCH_ARG(bool, fused_attention) = true;
-  /// MultiHeadAttentionOptions::rotary_pos_interleaved for both attentions.
-  TORCH_ARG(bool, rotary_pos_interleaved) = false;
 };
 
 /// x -> x + drop(attn(ln(x))) [-> + drop(cross_attn(ln(.), memory))] -> + drop(mlp(ln(.))), or
