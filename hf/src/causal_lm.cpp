@@ -94,6 +94,7 @@ void CausalLMImpl::reset() {
     rope_options.seq_len_interpolation_factor(c.rope_factor)
         .pretrained_max_position_embeddings(c.max_position_embeddings);
   }
+  rope_options.frequency_factors(c.rope_freq_factors);
   rope = register_module("rope", nn::RotaryPositionEmbedding(rope_options));
 }
 

@@ -79,6 +79,14 @@ void check_causal_lm_config(const CausalLMConfig& c, const std::string& where) {
   if (!(std::isfinite(c.rope_factor) && c.rope_factor > 0)) {
     fail("rope factor", "must be positive and finite");
   }
+  if (!c.rope_freq_factors.empty() &&
+      static_cast<int64_t>(c.rope_freq_factors.size()) * 2 != rotary) {
+    fail("rope frequency factors", std::to_string(c.rope_freq_factors.size()) + " for " +
+                                       std::to_string(rotary) + " rotary dims (one per pair)");
+  }
+  for (const double f : c.rope_freq_factors) {
+    if (!(std::isfinite(f) && f > 0)) fail("rope frequency factors", "must be positive and finite");
+  }
   for (const auto& [key, p] :
        {std::pair<const char*, double>{"attention_dropout", c.attention_dropout},
         {"hidden dropout", c.hidden_dropout},

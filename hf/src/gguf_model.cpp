@@ -21,6 +21,9 @@ namespace te::hf::detail {
 
 namespace {
 
+// llama.cpp's RoPE frequency factors tensor.
+constexpr const char* kRopeFreqs = "rope_freqs.weight";
+
 // The Hugging Face name of a llama.cpp tensor in the family's names ("" when it has none).
 std::string to_hf(const GgufNames& names, const std::string& gguf) {
   for (const auto& [h, g] : names.global) {
@@ -44,11 +47,8 @@ class GgufSource : public TensorSource {
     heads_ = config.num_attention_heads;
     kv_heads_ = config.num_key_value_heads;
     for (const GgufTensor& t : file_.header().tensors) {
-      // llama.cpp's RoPE frequency factors (Llama 3.1's scaling): a load without them would
-      // rotate differently, so they are refused in every mode, not skipped.
-      TE_CHECK(t.name != "rope_freqs.weight", "gguf: '", file_.path(),
-               "' holds rope_freqs.weight: llama.cpp's Llama 3 RoPE scaling, which te-cpp does "
-               "not support");
+      // llama.cpp's RoPE frequency factors are the config's (gguf_config), not a weight.
+      if (t.name == kRopeFreqs) continue;
       const std::string hf = to_hf(*family.gguf, t.name);
       const std::string& key = hf.empty() ? t.name : hf;  // no counterpart: stays itself
       const auto [it, added] = names_.emplace(key, t.name);
@@ -239,8 +239,20 @@ void read_tensors(ArchKeys& k, CausalLMConfig& c) {
   c.qk_norm = file.tensor("blk.0.attn_q_norm.weight") != nullptr;
 }
 
+// llama.cpp's RoPE frequency factors (Llama 3's scaling, convert_hf_to_gguf.py's
+// generate_extra_tensors): one per rotary pair, dividing its inverse frequency.
+void read_rope_freqs(GgufFile& file, CausalLMConfig& c) {
+  const GgufTensor* t = file.tensor(kRopeFreqs);
+  if (t == nullptr) return;
+  const int64_t pairs = (c.rotary_dim == 0 ? c.head_dim : c.rotary_dim) / 2;
+  TE_CHECK(t->shape.size() == 1 && t->shape[0] == pairs, "gguf: '", file.path(), "': ", kRopeFreqs,
+           " is ", at::IntArrayRef(t->shape), "; the ", pairs, " rotary pairs need [", pairs, "]");
+  const at::Tensor f = file.read(kRopeFreqs, {0}, {pairs}).to(at::kDouble).contiguous();
+  c.rope_freq_factors.assign(f.data_ptr<double>(), f.data_ptr<double>() + pairs);
+}
+
 // The config a GGUF file's metadata (llama.cpp's keys) and tensors describe.
-CausalLMConfig gguf_config(const GgufFile& file, const Family& family) {
+CausalLMConfig gguf_config(GgufFile& file, const Family& family) {
   const std::string& path = file.path();
   const std::string& arch = family.info.gguf_architecture;
   ArchKeys keys{file, arch, arch + ".", {}};
@@ -248,6 +260,7 @@ CausalLMConfig gguf_config(const GgufFile& file, const Family& family) {
   c.model_type = family.info.model_type;
   read_sizes(keys, c);
   read_rope(keys, c);
+  read_rope_freqs(file, c);
   read_tensors(keys, c);
   // transformers reads tokenizer.ggml.padding_token_id into the config's pad_token_id
   // (integrations/ggml.py, GGUF_CONFIG_MAPPING["tokenizer"]).

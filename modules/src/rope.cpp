@@ -51,7 +51,17 @@ void RotaryPositionEmbeddingImpl::reset() {
   }
   // 1 / base^(arange(0, dim, 2) / dim), in float32 as TE computes it.
   const at::Tensor exponent = at::arange(0, dim, 2, at::kFloat) / static_cast<double>(dim);
-  inv_freq = register_buffer("inv_freq", at::pow(options.rotary_base(), exponent).reciprocal());
+  at::Tensor inv = at::pow(options.rotary_base(), exponent).reciprocal();
+  if (const std::vector<double>& f = options.frequency_factors(); !f.empty()) {
+    TE_CHECK(static_cast<int64_t>(f.size()) == dim / 2, "RotaryPositionEmbedding: ", f.size(),
+             " frequency_factors for ", dim / 2, " frequencies (the rotary dim ", dim, " / 2)");
+    for (std::size_t i = 0; i < f.size(); ++i) {
+      TE_CHECK(std::isfinite(f[i]) && f[i] > 0, "RotaryPositionEmbedding: frequency_factors[", i,
+               "] is ", f[i], ": each must be positive and finite");
+    }
+    inv = inv / at::tensor(f, at::kDouble).to(at::kFloat);
+  }
+  inv_freq = register_buffer("inv_freq", inv);
 }
 
 void RotaryPositionEmbeddingImpl::pretty_print(std::ostream& stream) const {

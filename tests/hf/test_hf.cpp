@@ -139,6 +139,33 @@ TEST(HfConfig, ReadsTheLlamaFamilysFields) {
             (std::vector<std::optional<int64_t>>{std::nullopt, std::nullopt}));
 }
 
+// Llama 3.1's rope_parameters: per-frequency factors as transformers' _compute_llama3_parameters
+// scales them (head_dim 4 at theta 1e4: wavelengths 6.28 and 628, against original / high = 8
+// and original / low = 32), the required fields named when one is missing.
+TEST(HfConfig, ReadsLlama3RopeScalingAsFrequencyFactors) {
+  json j = tiny_config();
+  j["rope_parameters"] = {{"rope_type", "llama3"},
+                          {"rope_theta", 1e4},
+                          {"factor", 8.0},
+                          {"low_freq_factor", 1.0},
+                          {"high_freq_factor", 4.0},
+                          {"original_max_position_embeddings", 32}};
+  const CausalLMConfig c = parse(j);
+  EXPECT_EQ(c.rope_type, "llama3");
+  EXPECT_EQ(c.rope_freq_factors, (std::vector<double>{1.0, 8.0}));
+  j["rope_parameters"]["original_max_position_embeddings"] = 1000;  // 628 now in the middle band
+  const double s = (1000 / (2 * std::acos(-1.0) / 0.01) - 1.0) / 3.0;
+  EXPECT_NEAR(parse(j).rope_freq_factors[1], 1 / ((1 - s) / 8.0 + s), 1e-12);
+  j["rope_parameters"].erase("high_freq_factor");
+  EXPECT_ERROR(parse(j), "llama3 RoPE scaling needs factor, low_freq_factor, high_freq_factor and "
+                         "original_max_position_embeddings");
+  j["rope_parameters"]["high_freq_factor"] = 0.5;
+  EXPECT_ERROR(parse(j), "needs 0 < low_freq_factor < high_freq_factor");
+  j = tiny_config();
+  j["rope_parameters"]["low_freq_factor"] = 1.0;
+  EXPECT_ERROR(parse(j), "are llama3 RoPE scaling's; this config's RoPE type is 'default'");
+}
+
 TEST(HfConfig, RefusesWhatItDoesNotHonourNamingTheField) {
   json j = tiny_config();
   j["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 4.0}, {"rope_theta", 1e4}};

@@ -30,6 +30,7 @@ it insists on, is missing: see from_gguf); te's gradients are still keyed by the
 """
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -63,11 +64,19 @@ def rope(theta, rope_type="default", **extra):
     return {"rope_parameters": dict(rope_type=rope_type, rope_theta=theta, **extra)}
 
 
+# Llama 3.1's RoPE scaling: head_dim 8 has wavelengths 6.3, 63 and 628, 6283 at theta 1e4, so
+# original_max_position_embeddings 64 (high band below 16, low band above 64) puts one frequency
+# unchanged, one smoothed and two divided by the factor.
+LLAMA3_ROPE = rope(10000.0, "llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                   original_max_position_embeddings=64)
+
 # (case, config class, model class, config arguments beyond SIZES)
 FAMILIES = [
     # pad_token_id: the embedding's row 0 gets no gradient from the lookup (token_ids has a 0).
     ("llama", LlamaConfig, LlamaForCausalLM,
      dict(tie_word_embeddings=False, pad_token_id=0, **rope(10000.0))),
+    ("llama-llama3-rope", LlamaConfig, LlamaForCausalLM,
+     dict(tie_word_embeddings=False, **LLAMA3_ROPE)),
     ("llama-tied-linear-rope", LlamaConfig, LlamaForCausalLM,
      dict(tie_word_embeddings=True, attention_bias=True, mlp_bias=True,
           **rope(500.0, "linear", factor=2.0))),
@@ -126,8 +135,10 @@ PAD = 4
 # intermediate_size 48 are not whole blocks and go F16. The tied file has no output.weight, so its
 # logits come off the F32 embedding table.
 GGUF_CASES = [
-    ("llama-gguf-q8_0", False, Q.Q8_0, Q.Q8_0),
-    ("llama-gguf-q4_1-tied", True, Q.Q4_1, Q.F32),
+    ("llama-gguf-q8_0", False, Q.Q8_0, Q.Q8_0, rope(10000.0)),
+    ("llama-gguf-q4_1-tied", True, Q.Q4_1, Q.F32, rope(10000.0)),
+    # Llama 3's scaling as llama.cpp writes it: the factors in rope_freqs.weight.
+    ("llama-gguf-q8_0-llama3-rope", False, Q.Q8_0, Q.Q8_0, LLAMA3_ROPE),
 ]
 GGUF_FILE_TYPES = {Q.Q8_0: gguf.LlamaFileType.MOSTLY_Q8_0, Q.Q4_1: gguf.LlamaFileType.MOSTLY_Q4_1}
 
@@ -183,6 +194,8 @@ def write_gguf(model, path, qtype, embd_qtype):
     w.add_layer_norm_rms_eps(c.rms_norm_eps)
     w.add_rope_freq_base(c.rope_parameters["rope_theta"])
     w.add_rope_dimension_count(c.head_dim)
+    if c.rope_parameters.get("rope_type") == "llama3":
+        w.add_tensor("rope_freqs.weight", llama3_rope_freqs(c))
     w.add_vocab_size(c.vocab_size)
     w.add_file_type(GGUF_FILE_TYPES[qtype])
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
@@ -222,6 +235,27 @@ def write_gguf(model, path, qtype, embd_qtype):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def llama3_rope_freqs(c):
+    """What llama.cpp's convert_hf_to_gguf.py (LlamaModel.generate_extra_tensors) writes as
+    rope_freqs.weight for a llama3 rope_parameters: per rotary pair the factor its inverse
+    frequency is divided by."""
+    r = c.rope_parameters
+    base, dim, factor = r["rope_theta"], c.head_dim, r["factor"]
+    low, high, old = r["low_freq_factor"], r["high_freq_factor"], \
+        r["original_max_position_embeddings"]
+    factors = []
+    for freq in 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)):
+        wavelen = 2 * math.pi / float(freq)
+        if wavelen < old / high:
+            factors.append(1.0)
+        elif wavelen > old / low:
+            factors.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    return torch.tensor(factors, dtype=torch.float32).numpy()
 
 
 def token_ids(seed):
@@ -382,14 +416,29 @@ def from_gguf(folder, filename):
     return model
 
 
-def check_gguf_case(binary, workdir, index, case, tied, qtype, embd_qtype):
+def gguf_weights_in(config, path):
+    """A model of `config` holding the weights transformers dequantizes from the GGUF file."""
+    model = LlamaForCausalLM(config).to(torch.float32)
+    tensors = load_gguf_checkpoint(path, return_tensors=True, model_to_load=model,
+                                   torch_dtype=torch.float32)["tensors"]
+    tensors.pop("rope_freqs.weight", None)
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    if missing or unexpected:
+        raise RuntimeError("transformers read %s from %s: missing %s, unexpected %s"
+                           % (sorted(tensors), path, sorted(missing), sorted(unexpected)))
+    return model
+
+
+def check_gguf_case(binary, workdir, index, case, tied, qtype, embd_qtype, rope_kwargs):
     """As check_case, for a Llama written as WORKDIR/<case>/model.gguf and held to what
-    transformers loads from that file."""
+    transformers loads from that file (with Llama 3's RoPE scaling, which transformers' GGUF
+    reader does not take from rope_freqs.weight: the weights it loads from the file in the
+    model's own config)."""
     seed = 1000 + index
     # The tied case names a padding token (tokenizer.ggml.padding_token_id).
     model = build(LlamaConfig, LlamaForCausalLM,
                   dict(tie_word_embeddings=tied, pad_token_id=0 if tied else None,
-                       **rope(10000.0)), seed)
+                       **rope_kwargs), seed)
     folder = os.path.join(workdir, case)
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, "model.gguf")
@@ -398,7 +447,11 @@ def check_gguf_case(binary, workdir, index, case, tied, qtype, embd_qtype):
     with open(os.path.join(folder, "ids.json"), "w") as f:
         json.dump({"ids": ids.tolist()}, f)
     layouts = run_te(binary, folder, path)
-    logits, loss, grads = reference(from_gguf(folder, "model.gguf"), ids)
+    if rope_kwargs["rope_parameters"]["rope_type"] == "default":
+        want = from_gguf(folder, "model.gguf")
+    else:
+        want = gguf_weights_in(model.config, path)
+    logits, loss, grads = reference(want, ids)
     return [(name, *check_layout(te, logits, loss, grads)) for name, te in layouts.items()]
 
 

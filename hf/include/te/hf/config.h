@@ -47,11 +47,16 @@ struct CausalLMConfig {
   double hidden_dropout = 0.0, embedding_dropout = 0.0;
   /// RoPE: base, the rotated dims of each head (the first rotary_dim; transformers'
   /// int(head_dim * partial_rotary_factor), GGUF's rope.dimension_count; 0: all), and its
-  /// scaling ("default" or "linear" with rope_factor).
+  /// scaling ("default"; "linear" with rope_factor; "llama3": rope_freq_factors computed from
+  /// rope_factor and the config's low/high_freq_factor and original_max_position_embeddings).
   double rope_theta = 10000.0;
   int64_t rotary_dim = 0;
   std::string rope_type = "default";
   double rope_factor = 1.0;
+  /// Each inverse frequency divided by its own factor (rotary dims / 2 of them; empty: none):
+  /// Llama 3's scaling, or a GGUF's rope_freqs.weight (RotaryPositionEmbeddingOptions::
+  /// frequency_factors).
+  std::vector<double> rope_freq_factors;
   double attention_dropout = 0.0;
   /// Biases: q/k/v/o (Llama's attention_bias), q/k/v only (Qwen2), the MLP's (mlp_bias).
   bool attention_bias = false;

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 namespace te::nn {
 
@@ -33,6 +34,10 @@ struct RotaryPositionEmbeddingOptions {
   /// Interleaved pairs (GPT-J: dims 2i, 2i+1 rotate together) instead of halves (Llama, NeoX:
   /// dims i, i + dim/2). The frequencies are laid out to match.
   TORCH_ARG(bool, interleaved) = false;
+  /// Per-frequency factors: inv_freq[i] is divided by frequency_factors[i] (dim / 2 of them,
+  /// each positive; empty: none). Llama 3's RoPE scaling (transformers' rope_type "llama3") is
+  /// such a division, and llama.cpp stores the factors as a GGUF's rope_freqs.weight.
+  TORCH_ARG(std::vector<double>, frequency_factors) = {};
 };
 
 /// TE's RotaryPositionEmbedding: forward(max_seq_len, offset) gives the float32 frequencies
