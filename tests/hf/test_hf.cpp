@@ -144,12 +144,9 @@ TEST(HfConfig, ReadsTheLlamaFamilysFields) {
 // and original / low = 32), the required fields named when one is missing.
 TEST(HfConfig, ReadsLlama3RopeScalingAsFrequencyFactors) {
   json j = tiny_config();
-  j["rope_parameters"] = {{"rope_type", "llama3"},
-                          {"rope_theta", 1e4},
-                          {"factor", 8.0},
-                          {"low_freq_factor", 1.0},
-                          {"high_freq_factor", 4.0},
-                          {"original_max_position_embeddings", 32}};
+  j["rope_parameters"] = {{"rope_type", "llama3"},   {"rope_theta", 1e4},
+                          {"factor", 8.0},           {"low_freq_factor", 1.0},
+                          {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 32}};
   const CausalLMConfig c = parse(j);
   EXPECT_EQ(c.rope_type, "llama3");
   EXPECT_EQ(c.rope_freq_factors, (std::vector<double>{1.0, 8.0}));
@@ -157,8 +154,9 @@ TEST(HfConfig, ReadsLlama3RopeScalingAsFrequencyFactors) {
   const double s = (1000 / (2 * std::acos(-1.0) / 0.01) - 1.0) / 3.0;
   EXPECT_NEAR(parse(j).rope_freq_factors[1], 1 / ((1 - s) / 8.0 + s), 1e-12);
   j["rope_parameters"].erase("high_freq_factor");
-  EXPECT_ERROR(parse(j), "llama3 RoPE scaling needs factor, low_freq_factor, high_freq_factor and "
-                         "original_max_position_embeddings");
+  EXPECT_ERROR(parse(j),
+               "llama3 RoPE scaling needs factor, low_freq_factor, high_freq_factor and "
+               "original_max_position_embeddings");
   j["rope_parameters"]["high_freq_factor"] = 0.5;
   EXPECT_ERROR(parse(j), "needs 0 < low_freq_factor < high_freq_factor");
   j = tiny_config();
