@@ -289,7 +289,7 @@ int main(int argc, char** argv) {
                te::hf::causal_lm_family_names(/*gguf=*/true) +
                ") in te::nn with a KV cache. Streams the text to stdout, then prints prefill and "
                "decode tokens/s to stderr."};
-  app.footer(te::nn::kCpuGemmHelp);
+  app.footer(te::nn::cpu_gemm_summary());
   Args a;
   add_prompt_options(app, a);
   add_sampling_options(app, a);

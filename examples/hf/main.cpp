@@ -137,7 +137,7 @@ int main(int argc, char** argv) {
   CLI::App app{
       "te-embed: sentence embeddings with a Hugging Face sentence-transformers model (e.g. "
       "all-MiniLM-L6-v2) in te::nn. Prints the cosine similarity of each pair of sentences."};
-  app.footer(te::nn::kCpuGemmHelp);
+  app.footer(te::nn::cpu_gemm_summary());
   std::string model, bench_file, calibration_file, input_file, output_file;
   Fp8 fp8;
   std::vector<std::string> sentences;

@@ -57,6 +57,19 @@ std::string cpu_gemm_library() {
   return TE_HAVE_ONEDNN && chosen ? "onednn" : "libtorch";
 }
 
+std::string cpu_gemm_summary() {
+  std::string library;
+  try {
+    library = cpu_gemm_library();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  const std::string other = library == "onednn" ? "TE_CPU_GEMM=libtorch: LibTorch's BLAS"
+                            : TE_HAVE_ONEDNN    ? "unset TE_CPU_GEMM for oneDNN, ~2x faster here"
+                                                : "this build has no oneDNN (CMake TE_ONEDNN)";
+  return "float32 CPU GEMMs without autograd: " + library + " (" + other + ")";
+}
+
 }  // namespace te::nn
 
 namespace te::nn::functional::detail {

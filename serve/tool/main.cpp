@@ -212,7 +212,7 @@ int main(int argc, char** argv) {
       "Classify and embeddings requests are batched dynamically; generation requests are decoded\n"
       "together with continuous batching over a paged KV cache. SIGTERM stops taking requests,\n"
       "finishes in-flight ones (generation: within --drain-timeout) and exits 0."};
-  app.footer(te::nn::kCpuGemmHelp);
+  app.footer(te::nn::cpu_gemm_summary());
   te_serve::add_options(app, args);
   CLI11_PARSE(app, argc, argv);
   if (args.load_dir.empty() && args.model_dir.empty()) {

@@ -116,9 +116,15 @@ TEST(CpuGemmEnv, ChoosesTheLibraryOrNamesABadValue) {
     EXPECT_EQ(te::nn::cpu_gemm_library(), "libtorch");
     F::dense(at::randn({4, 8}), at::randn({8, 2}));
     EXPECT_EQ(te::nn::onednn_gemm_count(), 0);
+    EXPECT_EQ(te::nn::cpu_gemm_summary().rfind("float32 CPU GEMMs without autograd: libtorch (", 0),
+              0u)
+        << te::nn::cpu_gemm_summary();
     return;
   }
   EXPECT_ERROR(te::nn::cpu_gemm_library(), "TE_CPU_GEMM='" + std::string(env) + "'");
+  // The summary a --help prints says what is wrong instead of throwing.
+  EXPECT_NE(te::nn::cpu_gemm_summary().find("TE_CPU_GEMM='" + std::string(env) + "'"),
+            std::string::npos);
   EXPECT_ERROR(F::dense(at::randn({4, 8}), at::randn({8, 2})), "neither onednn nor libtorch");
 }
 

@@ -28,6 +28,10 @@ void check_amax_epsilon(const char* recipe, float epsilon) {
 
 const char* format_name(Format format) { return format == Format::kHybrid ? "HYBRID" : "E4M3"; }
 
+Recipe::Recipe(RecipeSettings settings, std::nullptr_t) : settings_(std::move(settings)) {
+  impl_ = std::visit([](const auto& recipe) { return implement(recipe); }, settings_);
+}
+
 std::string Recipe::name() const { return impl_->name(); }
 Format Recipe::format() const { return impl_->format(); }
 std::string Recipe::to_string() const { return impl_->to_string(); }

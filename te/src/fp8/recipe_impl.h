@@ -114,6 +114,14 @@ std::shared_ptr<Region> current_region();
 /// floating buffer); converted back on use. Call with meta.mutex held.
 void keep_fp32(GemmMeta& meta);
 
+// Each recipe's file defines its `implement`, which checks the settings (te::Error naming the
+// field) and builds the behaviour; Recipe's constructor calls the one its settings hold.
+std::shared_ptr<const RecipeImpl> implement(const DelayedScaling& recipe);
+std::shared_ptr<const RecipeImpl> implement(const CurrentScaling& recipe);
+std::shared_ptr<const RecipeImpl> implement(const Float8BlockScaling& recipe);
+std::shared_ptr<const RecipeImpl> implement(const MXFP8BlockScaling& recipe);
+std::shared_ptr<const RecipeImpl> implement(const NVFP4BlockScaling& recipe);
+
 /// The settings check every amax_epsilon gets: te::Error naming `recipe` unless finite and >= 0.
 void check_amax_epsilon(const char* recipe, float epsilon);
 /// "HYBRID" or "E4M3", as recipes print their format.

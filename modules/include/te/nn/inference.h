@@ -57,10 +57,10 @@ int64_t resident_bytes(const torch::nn::Module& module);
 /// another value is a te::Error naming it, here and at every float32 CPU GEMM without a graph.
 std::string cpu_gemm_library();
 
-/// The line programs' --help gives the TE_CPU_GEMM switch.
-inline constexpr const char* kCpuGemmHelp =
-    "Environment: TE_CPU_GEMM=libtorch runs the float32 CPU GEMMs on LibTorch's BLAS instead of "
-    "oneDNN (the default where te-cpp was built with it: ~2x faster here).";
+/// cpu_gemm_library()'s answer and how to change it, in one line for a program's --help or
+/// start-up log, e.g. "float32 CPU GEMMs without autograd: onednn (TE_CPU_GEMM=libtorch: LibTorch's
+/// BLAS)"; for a bad TE_CPU_GEMM, the te::Error's text instead of a throw.
+std::string cpu_gemm_summary();
 
 /// How many GEMMs this thread has run on oneDNN (a diagnostic for tests and benchmarks).
 int64_t onednn_gemm_count();

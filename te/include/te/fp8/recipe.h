@@ -5,17 +5,18 @@
 //   te::Fp8Autocast fp8(true, te::fp8::Float8BlockScaling{});
 //   te::Fp8Autocast fp8(true, te::fp8::recipe_named("current"));   // the names te-encoder takes
 //
-// A recipe is a plain settings struct; te::fp8::Recipe holds any of them. Each recipe's
-// behaviour (how it casts a GEMM's operands, what state it keeps) lives in its own file under
-// te/src/fp8/ behind one internal interface (te/src/fp8/recipe_impl.h), registered by name in
-// te/src/fp8/recipe.cpp: adding a recipe touches its struct here, its file, that registration and
-// its tests.
+// A recipe is a plain settings struct; te::fp8::Recipe holds any of them (a std::variant of the
+// structs, RecipeSettings). Each recipe's behaviour (how it casts a GEMM's operands, what state it
+// keeps) lives in its own file under te/src/fp8/ behind one internal interface
+// (te/src/fp8/recipe_impl.h), registered by name in te/src/fp8/recipe.cpp: adding a recipe touches
+// its struct and its RecipeSettings entry here, its file, that registration and its tests.
 
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <typeindex>
+#include <type_traits>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "te/kernels/fp8_cast.h"
@@ -86,31 +87,28 @@ struct NVFP4BlockScaling {
   uint64_t seed = 0;  ///< the stochastic rounding draws: Philox (seed, the recipe's cast count)
 };
 
+/// Every recipe's settings: one alternative per recipe struct.
+using RecipeSettings = std::variant<DelayedScaling, CurrentScaling, Float8BlockScaling,
+                                    MXFP8BlockScaling, NVFP4BlockScaling>;
+
 /// The internal behaviour of a recipe (te/src/fp8/recipe_impl.h).
 class RecipeImpl;
-
-// Each recipe's file defines its `implement`, which checks the settings (te::Error naming the
-// field) and builds the behaviour; found by argument-dependent lookup.
-std::shared_ptr<const RecipeImpl> implement(const DelayedScaling& recipe);
-std::shared_ptr<const RecipeImpl> implement(const CurrentScaling& recipe);
-std::shared_ptr<const RecipeImpl> implement(const Float8BlockScaling& recipe);
-std::shared_ptr<const RecipeImpl> implement(const MXFP8BlockScaling& recipe);
-std::shared_ptr<const RecipeImpl> implement(const NVFP4BlockScaling& recipe);
 
 /// Any recipe, checked when made (a bad setting throws te::Error naming it).
 class Recipe {
  public:
   Recipe() : Recipe(DelayedScaling{}) {}
-  template <class R, class = decltype(implement(std::declval<const R&>()))>
-  Recipe(R recipe)  // NOLINT: implicit, so every recipe struct converts
-      : settings_(std::make_shared<const R>(std::move(recipe))), type_(typeid(R)) {
-    impl_ = implement(*static_cast<const R*>(settings_.get()));
-  }
+  /// From any recipe struct (implicit, so each converts where a Recipe is taken).
+  template <class R, class = std::enable_if_t<std::is_constructible_v<RecipeSettings, R>>>
+  Recipe(R recipe)  // NOLINT: implicit
+      : Recipe(RecipeSettings(std::move(recipe)), nullptr) {}
 
+  /// The settings.
+  const RecipeSettings& settings() const { return settings_; }
   /// The settings, when this recipe is an R.
   template <class R>
   const R* get_if() const {
-    return type_ == std::type_index(typeid(R)) ? static_cast<const R*>(settings_.get()) : nullptr;
+    return std::get_if<R>(&settings_);
   }
   template <class R>
   bool is() const {
@@ -125,8 +123,8 @@ class Recipe {
   const RecipeImpl& impl() const { return *impl_; }  ///< internal
 
  private:
-  std::shared_ptr<const void> settings_;
-  std::type_index type_;
+  Recipe(RecipeSettings settings, std::nullptr_t);  // checks them and builds the behaviour
+  RecipeSettings settings_;
   std::shared_ptr<const RecipeImpl> impl_;
 };
 
