@@ -24,10 +24,14 @@
 
 #include "te/distributed.h"
 #include "te/error.h"
+#include "te/gen/chat_template.h"
+#include "te/gen/generate.h"
+#include "te/gen/text_stream.h"
+#include "te/hf/causal_lm.h"
 #include "te/hf/chat.h"
 #include "te/hf/families.h"
-#include "te/hf/generate.h"
 #include "te/hf/ranks.h"
+#include "te/hf/tokenizer.h"
 #include "te/nn/inference.h"
 #include "te/runtime/runtime.h"
 
@@ -40,7 +44,7 @@ struct Args {
   bool dequantize_gguf = false;
   int nproc = 1, threads = 0;
   int64_t page_size = 16, kv_cache_mib = 0, max_sequence_length = 0;
-  te::hf::GenerateOptions generate;
+  te::gen::GenerateOptions generate;
   /// The sampling options the command line gave (the others are the model's defaults).
   std::vector<std::string> sampling_given;
 };
@@ -66,17 +70,18 @@ std::string prompt_text(const Args& a, const te::hf::GenerationDefaults& default
       a.chat_template.empty() ? defaults.chat_template : read_file(a.chat_template);
   TE_CHECK(!jinja.empty(), "te-generate: --chat: ", a.model,
            " has no chat template (give one with --chat-template FILE)");
-  std::vector<te::hf::ChatMessage> messages;
+  std::vector<te::gen::ChatMessage> messages;
   if (!a.system.empty()) messages.push_back({"system", a.system});
   messages.push_back({"user", a.prompt});
-  return te::hf::ChatTemplate::recognise(jinja, a.chat_template.empty() ? a.model : a.chat_template)
+  return te::gen::ChatTemplate::recognise(jinja,
+                                          a.chat_template.empty() ? a.model : a.chat_template)
       .apply(messages);
 }
 
 // The sampling of this run: the model's defaults (describe_sampling), then the command line's.
-te::hf::SamplingOptions sampling_of(const Args& a, const te::hf::GenerationDefaults& defaults) {
-  te::hf::SamplingOptions s = defaults.sampling;
-  const te::hf::SamplingOptions& given = a.generate.sampling;
+te::gen::SamplingOptions sampling_of(const Args& a, const te::hf::GenerationDefaults& defaults) {
+  te::gen::SamplingOptions s = defaults.sampling;
+  const te::gen::SamplingOptions& given = a.generate.sampling;
   for (const std::string& name : a.sampling_given) {
     if (name == "temperature") s.temperature = given.temperature;
     if (name == "top-k") s.top_k = given.top_k;
@@ -104,7 +109,7 @@ Result run(const Args& a, bool print) {
   te::hf::EncodeOptions encode;
   encode.add_special_tokens = !a.chat;  // the template writes its own
   const std::vector<int64_t> ids = tokenizer.encode(prompt, encode).ids;
-  te::hf::GenerateOptions options = a.generate;
+  te::gen::GenerateOptions options = a.generate;
   options.sampling = sampling_of(a, defaults);
   if (print) {
     std::string given;
@@ -117,7 +122,7 @@ Result run(const Args& a, bool print) {
     options.stop_token_ids.insert(options.stop_token_ids.end(), defaults.eos_token_ids.begin(),
                                   defaults.eos_token_ids.end());
   }
-  te::hf::EngineOptions engine_options;
+  te::gen::EngineOptions engine_options;
   engine_options.max_num_seqs = 1;
   engine_options.max_num_batched_tokens = 2048;
   engine_options.paged = !a.contiguous;
@@ -130,16 +135,16 @@ Result run(const Args& a, bool print) {
           ? a.max_sequence_length
           : std::min<int64_t>(static_cast<int64_t>(ids.size()) + options.max_tokens,
                               positions > 0 ? positions : INT64_MAX);
-  te::hf::Engine engine(model, engine_options);
+  te::gen::Engine engine(model, engine_options);
   const int64_t id = engine.add(ids, options);
-  te::hf::TextStream stream(tokenizer, a.stop);
+  te::gen::TextStream stream(tokenizer, a.stop);
   Result r;
   r.prompt_tokens = static_cast<int64_t>(ids.size());
   r.prompt_ids = ids;
   const auto start = clock::now();
   auto first = start;
   while (!engine.idle()) {
-    for (const te::hf::TokenEvent& e : engine.step()) {
+    for (const te::gen::TokenEvent& e : engine.step()) {
       if (r.tokens.empty()) first = clock::now();
       r.tokens.push_back(e.token);
       r.finish_reason = e.finish_reason;
@@ -188,7 +193,7 @@ void add_prompt_options(CLI::App& app, Args& a) {
 }
 
 void add_sampling_options(CLI::App& app, Args& a) {
-  te::hf::SamplingOptions& s = a.generate.sampling;
+  te::gen::SamplingOptions& s = a.generate.sampling;
   // Sampling: each option left out takes the model's default (generation_config.json or the
   // GGUF's general.sampling.* keys), else llama.cpp's; the run prints which.
   app.add_option("--temperature", s.temperature,

@@ -9,7 +9,7 @@
 #include <random>
 
 #include "te/error.h"
-#include "te/hf/wire.h"
+#include "te/gen/wire.h"
 
 namespace te::serve {
 
@@ -38,7 +38,7 @@ struct Commands {
 }  // namespace te::serve
 
 template <>
-struct te::hf::wire::Fields<te::serve::Commands> {
+struct te::gen::wire::Fields<te::serve::Commands> {
   static auto list() {
     using C = te::serve::Commands;
     return std::make_tuple(field("adds", &C::adds), field("cancels", &C::cancels),
@@ -52,16 +52,16 @@ namespace {
 // The same commands on every rank (rank 0's); without a mesh, rank 0's as they are.
 Commands share(const Broadcast& broadcast, const Commands& mine) {
   if (!broadcast) return mine;
-  return te::hf::wire::from_bytes<Commands>(broadcast(te::hf::wire::to_bytes(mine)),
-                                            "te-serve's commands");
+  return te::gen::wire::from_bytes<Commands>(broadcast(te::gen::wire::to_bytes(mine)),
+                                             "te-serve's commands");
 }
 
 // One token through the model before serving: a model that cannot run on this mesh fails at
 // start, not on its first request, and the first request does not pay for the first forward's
 // allocations. Every rank runs it, in the same place.
-void warm_up(te::hf::Engine& engine) {
+void warm_up(te::gen::Engine& engine) {
   c10::InferenceMode inference;
-  te::hf::GenerateOptions o;
+  te::gen::GenerateOptions o;
   o.max_tokens = 1;
   o.sampling.temperature = 0;
   engine.add({0}, o);
@@ -90,8 +90,8 @@ Generator::Generator(te::hf::CausalLM model, te::hf::Tokenizer tokenizer,
     chat_error_ = options_.model_name + " has no chat template; use POST /v1/completions";
   } else {
     try {
-      chat_ = std::make_unique<te::hf::ChatTemplate>(
-          te::hf::ChatTemplate::recognise(defaults_.chat_template, options_.model_name));
+      chat_ = std::make_unique<te::gen::ChatTemplate>(
+          te::gen::ChatTemplate::recognise(defaults_.chat_template, options_.model_name));
     } catch (const te::Error& e) {
       chat_error_ = std::string(e.what()) + "; use POST /v1/completions";
     }
@@ -103,7 +103,7 @@ std::vector<int64_t> Generator::prompt_ids(const CompletionRequest& r) const {
   std::vector<int64_t> ids;
   if (r.chat) {
     if (!chat_) throw HttpError(400, chat_error_, "messages");
-    std::vector<te::hf::ChatMessage> messages;
+    std::vector<te::gen::ChatMessage> messages;
     for (const Message& m : r.messages) messages.push_back({m.role, m.content});
     te::hf::EncodeOptions encode;
     encode.add_special_tokens = false;  // the template writes its own
@@ -134,8 +134,8 @@ std::vector<int64_t> Generator::prompt_ids(const CompletionRequest& r) const {
   return ids;
 }
 
-te::hf::GenerateOptions Generator::generate_options(const CompletionRequest& r,
-                                                    int64_t length) const {
+te::gen::GenerateOptions Generator::generate_options(const CompletionRequest& r,
+                                                     int64_t length) const {
   const int64_t context = engine_.max_sequence_length();
   const char* prompt_field = r.chat ? "messages" : "prompt";
   if (length >= context) {
@@ -147,7 +147,7 @@ te::hf::GenerateOptions Generator::generate_options(const CompletionRequest& r,
                         " (--max-sequence-length), prompt and generated tokens together",
                     prompt_field);
   }
-  te::hf::GenerateOptions o;
+  te::gen::GenerateOptions o;
   if (r.max_tokens) {
     if (length + *r.max_tokens > context) {
       throw HttpError(400,
@@ -161,8 +161,8 @@ te::hf::GenerateOptions Generator::generate_options(const CompletionRequest& r,
   } else {
     o.max_tokens = r.chat ? context - length : std::min<int64_t>(16, context - length);
   }
-  te::hf::SamplingOptions& s = o.sampling;
-  const te::hf::SamplingOptions& d = defaults_.sampling;  // the model's, else llama.cpp's
+  te::gen::SamplingOptions& s = o.sampling;
+  const te::gen::SamplingOptions& d = defaults_.sampling;  // the model's, else llama.cpp's
   s.temperature = r.temperature.value_or(d.temperature);
   s.top_k = r.top_k.value_or(d.top_k);
   s.top_p = r.top_p.value_or(d.top_p);
@@ -172,7 +172,7 @@ te::hf::GenerateOptions Generator::generate_options(const CompletionRequest& r,
   s.frequency_penalty = r.frequency_penalty.value_or(d.frequency_penalty);
   s.seed = r.seed ? *r.seed : std::random_device{}() * uint64_t{0x9E3779B97F4A7C15ull};
   try {
-    te::hf::check_sampling(s, "request");
+    te::gen::check_sampling(s, "request");
   } catch (const te::Error& e) {
     throw HttpError(400, e.what());
   }
@@ -197,7 +197,7 @@ te::hf::GenerateOptions Generator::generate_options(const CompletionRequest& r,
 std::shared_ptr<GenerationStream> Generator::submit(const CompletionRequest& r) {
   std::vector<int64_t> ids = prompt_ids(r);
   const int64_t length = static_cast<int64_t>(ids.size());
-  te::hf::GenerateOptions o = generate_options(r, length);
+  te::gen::GenerateOptions o = generate_options(r, length);
 
   std::unique_lock<std::mutex> lock(mu_);
   if (draining_ || stopping_) {
@@ -229,7 +229,7 @@ void Generator::run() {
     schedule();
   } catch (...) {
     // Nothing will step again: every stream ends now ("abort"), new requests are refused.
-    const te::hf::TokenEvent abort{0, -1, 0, {}, "abort"};
+    const te::gen::TokenEvent abort{0, -1, 0, {}, "abort"};
     {
       std::lock_guard<std::mutex> lock(mu_);
       stopping_ = true;
@@ -283,17 +283,17 @@ void Generator::admit(const Adds& adds) {
       streams_[id] = {a.stream, a.submitted, a.submitted, true};
     } catch (const te::Error& e) {  // checked in submit(): not expected
       std::fprintf(stderr, "te-serve: a request the engine refused: %s\n", e.what());
-      a.stream->deliver({te::hf::TokenEvent{0, -1, 0, {}, "abort"}});
+      a.stream->deliver({te::gen::TokenEvent{0, -1, 0, {}, "abort"}});
     }
   }
   taken_.clear();
 }
 
 void Generator::step_and_deliver() {
-  const std::vector<te::hf::TokenEvent> events = engine_.step();
+  const std::vector<te::gen::TokenEvent> events = engine_.step();
   const auto now = Clock::now();
-  std::map<int64_t, std::vector<te::hf::TokenEvent>> by_request;
-  for (const te::hf::TokenEvent& e : events) by_request[e.request].push_back(e);
+  std::map<int64_t, std::vector<te::gen::TokenEvent>> by_request;
+  for (const te::gen::TokenEvent& e : events) by_request[e.request].push_back(e);
   int64_t generated = 0;
   for (auto& [id, list] : by_request) {
     generated += static_cast<int64_t>(list.size());
@@ -339,7 +339,7 @@ void Generator::schedule() {
         continue;
       }
       if (mine.stop) {
-        a.stream->deliver({te::hf::TokenEvent{0, -1, 0, {}, "abort"}});
+        a.stream->deliver({te::gen::TokenEvent{0, -1, 0, {}, "abort"}});
         continue;
       }
       mine.adds.emplace_back(a.ids, a.options);
@@ -349,7 +349,7 @@ void Generator::schedule() {
     if (mine.stop) {
       for (auto& [id, r] : streams_) {
         mine.cancels.push_back(id);
-        r.stream->deliver({te::hf::TokenEvent{id, -1, 0, {}, "abort"}});
+        r.stream->deliver({te::gen::TokenEvent{id, -1, 0, {}, "abort"}});
       }
       streams_.clear();
     }
@@ -364,7 +364,7 @@ void Generator::schedule() {
 }
 
 void Generator::update_gauges() {
-  const te::hf::EngineStats s = engine_.stats();
+  const te::gen::EngineStats s = engine_.stats();
   int64_t queued = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -416,10 +416,10 @@ void Generator::stop() {
   wake_.notify_all();
 }
 
-void follow(te::hf::CausalLM model, const te::hf::EngineOptions& options,
+void follow(te::hf::CausalLM model, const te::gen::EngineOptions& options,
             const Broadcast& broadcast) {
   c10::InferenceMode inference;
-  te::hf::Engine engine(model, options);
+  te::gen::Engine engine(model, options);
   warm_up(engine);
   while (true) {
     const Commands c = share(broadcast, Commands{});

@@ -13,7 +13,7 @@ GenerationStream::GenerationStream(CompletionRequest request, te::hf::Tokenizer 
       id_(std::move(id)),
       created_(static_cast<int64_t>(std::time(nullptr))) {}
 
-void GenerationStream::deliver(std::vector<te::hf::TokenEvent> events) {
+void GenerationStream::deliver(std::vector<te::gen::TokenEvent> events) {
   std::shared_ptr<const std::function<void()>> listener;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -47,7 +47,7 @@ void GenerationStream::cancel() {
 }
 
 bool GenerationStream::next(Piece& out, std::chrono::milliseconds timeout) {
-  std::deque<te::hf::TokenEvent> events;
+  std::deque<te::gen::TokenEvent> events;
   {
     std::unique_lock<std::mutex> lock(mu_);
     if (done_) return false;
@@ -55,7 +55,7 @@ bool GenerationStream::next(Piece& out, std::chrono::milliseconds timeout) {
     events.swap(events_);
   }
   out = Piece{};
-  for (const te::hf::TokenEvent& e : events) {
+  for (const te::gen::TokenEvent& e : events) {
     if (e.token >= 0) {
       ++completion_tokens_;
       if (request_.logprobs >= 0) {

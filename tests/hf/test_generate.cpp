@@ -16,9 +16,12 @@
 #include "../temp_dir.h"
 #include "bpe_json.h"
 #include "te/distributed.h"
+#include "te/gen/chat_template.h"
+#include "te/gen/generate.h"
+#include "te/gen/text_stream.h"
 #include "te/hf/causal_lm.h"
 #include "te/hf/chat.h"
-#include "te/hf/generate.h"
+#include "te/hf/tokenizer.h"
 #include "te/nn/init.h"
 #include "te/nn/kv_cache.h"
 #include "te/nn/sharded.h"
@@ -27,6 +30,17 @@ namespace te::hf {
 namespace {
 
 using nlohmann::json;
+// Generation is te::gen's (over a te::hf::CausalLM and te::hf::Tokenizer).
+using te::gen::ChatTemplate;
+using te::gen::Engine;
+using te::gen::EngineOptions;
+using te::gen::generate;
+using te::gen::Generated;
+using te::gen::GenerateOptions;
+using te::gen::Sampler;
+using te::gen::SamplingOptions;
+using te::gen::TextStream;
+using te::gen::TokenEvent;
 using te::nn::InferenceParams;
 using te::nn::InferenceParamsOptions;
 

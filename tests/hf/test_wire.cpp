@@ -1,4 +1,4 @@
-// te::hf::wire: what ranks send one another. Every field of each message type survives the trip
+// te::gen::wire: what ranks send one another. Every field of each message type survives the trip
 // (each set to a value unlike its default, so a field the codec dropped would come back default);
 // a field added to a type but not to its Fields<T> list fails to compile (the static_asserts
 // below hold the list lengths to the member counts); bad bytes are refused by field.
@@ -8,9 +8,9 @@
 #include <limits>
 
 #include "../expect_error.h"
-#include "te/hf/wire.h"
+#include "te/gen/wire.h"
 
-namespace te::hf {
+namespace te::gen {
 namespace {
 
 template <class T>
@@ -101,4 +101,4 @@ TEST(Wire, BadBytesAreRefusedByField) {
 }
 
 }  // namespace
-}  // namespace te::hf
+}  // namespace te::gen

@@ -1,12 +1,12 @@
 #pragma once
 
-// How one request chooses its tokens: the options of te::hf::Sampler (generate.h), in a header of
-// their own so that what reads a model's defaults (chat.h) needs no LibTorch.
+// How one request chooses its tokens: the options of te::gen::Sampler (generate.h), in a header
+// of their own so that what reads a model's defaults (te/hf/chat.h) needs no LibTorch.
 
 #include <cstdint>
 #include <string>
 
-namespace te::hf {
+namespace te::gen {
 
 /// How the next token is drawn from the logits, in transformers' order (generation/utils.py
 /// _get_logits_processor, transformers 5.23.0): the repetition penalty (over the prompt and the
@@ -14,7 +14,7 @@ namespace te::hf {
 /// presence and frequency penalties (vLLM's order: before the temperature), then the
 /// temperature, top-k, top-p and min-p filters, then a draw from the softmax. The struct's
 /// defaults are OpenAI's API defaults (no filter); te-generate and te-serve start from the
-/// model's own instead (GenerationDefaults::sampling, chat.h).
+/// model's own instead (te::hf::GenerationDefaults::sampling, te/hf/chat.h).
 struct SamplingOptions {
   /// 0: greedy (the largest logit; ties go to the lowest id). Otherwise logits / temperature.
   double temperature = 1.0;
@@ -43,4 +43,4 @@ struct SamplingOptions {
 /// Checks every field (te::Error naming the first bad one, as `who`.field).
 void check_sampling(const SamplingOptions& options, const std::string& who = "sampling");
 
-}  // namespace te::hf
+}  // namespace te::gen

@@ -1,18 +1,18 @@
 #pragma once
 
-// Text generation with a te::hf::CausalLM: how the next token is chosen (Sampler, with
-// transformers' logits processors), and the Engine that decodes many requests together over one
-// KV cache with iteration-level scheduling (continuous batching): at every step waiting requests
-// join, finished ones leave, and long prompts are prefilled in chunks beside the decoding ones.
-// generate() runs a set of requests to the end on an Engine; te-serve drives one request by
-// request.
+// Text generation with a LanguageModel (model.h; te::hf::CausalLM is one): how the next token is
+// chosen (Sampler, with transformers' logits processors), and the Engine that decodes many
+// requests together over one KV cache with iteration-level scheduling (continuous batching): at
+// every step waiting requests join, finished ones leave, and long prompts are prefilled in chunks
+// beside the decoding ones. generate() runs a set of requests to the end on an Engine; te-serve
+// drives one request by request.
 //
 // Example:
 //   te::hf::CausalLM model = te::hf::load_causal_lm("SmolLM2-135M-Instruct.gguf");
-//   te::hf::GenerateOptions o;
+//   te::gen::GenerateOptions o;
 //   o.max_tokens = 64;
 //   o.sampling.temperature = 0;  // greedy
-//   std::vector<int64_t> out = te::hf::generate(model, {prompt_ids}, o)[0].tokens;
+//   std::vector<int64_t> out = te::gen::generate(model, {prompt_ids}, o)[0].tokens;
 
 #include <ATen/Tensor.h>
 
@@ -26,12 +26,11 @@
 #include <vector>
 
 #include "te/distributed/mesh.h"
-#include "te/hf/causal_lm.h"
-#include "te/hf/sampling.h"
-#include "te/hf/tokenizer.h"
+#include "te/gen/model.h"
+#include "te/gen/sampling.h"
 #include "te/nn/kv_cache.h"
 
-namespace te::hf {
+namespace te::gen {
 
 /// One request's token chooser.
 class Sampler {
@@ -124,7 +123,7 @@ struct EngineStats {
 ///     naming a parameter FSDP shards there).
 class Engine {
  public:
-  Engine(CausalLM model, const EngineOptions& options = {});
+  explicit Engine(ModelRef model, const EngineOptions& options = {});
   ~Engine();
   Engine(Engine&&) noexcept;
   Engine& operator=(Engine&&) noexcept;
@@ -155,33 +154,10 @@ class Engine {
   std::unique_ptr<Impl> impl_;
 };
 
-/// Generated tokens as text, as it becomes final: a character whose bytes are not all there yet,
-/// or an end that could begin a stop string, is held back until the next tokens settle it. A
-/// stop string ends the text before it (OpenAI's `stop`: the stop string is not returned).
-class TextStream {
- public:
-  explicit TextStream(Tokenizer tokenizer, std::vector<std::string> stop = {});
-  /// Adds a generated token; returns the text that is now final ("" once stopped).
-  std::string push(int64_t token);
-  /// The text still held back, when generation has ended without a stop string.
-  std::string finish();
-  /// A stop string has appeared (the text before it has been returned).
-  bool stopped() const { return stopped_; }
-  /// Everything returned so far.
-  const std::string& text() const { return emitted_; }
-
- private:
-  Tokenizer tokenizer_;
-  std::vector<std::string> stop_;
-  std::vector<int64_t> ids_;
-  std::string emitted_;
-  bool stopped_ = false;
-};
-
 /// Runs `prompts` to the end together on an Engine of `engine` options; `on_token` (optional)
 /// sees every token as it is generated, by prompt index.
-std::vector<Generated> generate(CausalLM model, const std::vector<std::vector<int64_t>>& prompts,
+std::vector<Generated> generate(ModelRef model, const std::vector<std::vector<int64_t>>& prompts,
                                 const GenerateOptions& options, const EngineOptions& engine = {},
                                 const std::function<void(const TokenEvent&)>& on_token = {});
 
-}  // namespace te::hf
+}  // namespace te::gen

@@ -1,4 +1,4 @@
-// te::hf::Sampler: transformers' logits processors (repetition penalty, temperature, top-k,
+// te::gen::Sampler: transformers' logits processors (repetition penalty, temperature, top-k,
 // top-p, min-p) and OpenAI's presence and frequency penalties over one request's logits, and the
 // draw from what they leave.
 
@@ -11,9 +11,9 @@
 #include <set>
 
 #include "te/error.h"
-#include "te/hf/generate.h"
+#include "te/gen/generate.h"
 
-namespace te::hf {
+namespace te::gen {
 
 void check_sampling(const SamplingOptions& o, const std::string& who) {
   TE_CHECK(std::isfinite(o.temperature) && o.temperature >= 0, who, ".temperature ", o.temperature,
@@ -108,4 +108,4 @@ int64_t Sampler::next(const at::Tensor& logits, const std::vector<int64_t>& cont
   return id;
 }
 
-}  // namespace te::hf
+}  // namespace te::gen
