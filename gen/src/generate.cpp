@@ -22,8 +22,6 @@ namespace te::gen {
 
 namespace {
 
-constexpr int64_t kMaxTopLogprobs = 20;  // OpenAI's bound on top_logprobs
-
 // Data parallel: what each group tells the others after a step.
 struct GroupStep {
   std::vector<TokenEvent> events;
@@ -152,21 +150,10 @@ Engine::Impl::Impl(ModelRef model, const EngineOptions& options)
 }
 
 int64_t Engine::Impl::add(const std::vector<int64_t>& prompt, const GenerateOptions& options) {
-  check_sampling(options.sampling, "sampling");
-  TE_CHECK(!prompt.empty(), "Engine::add: the prompt has no tokens");
-  TE_CHECK(options.max_tokens >= 1, "Engine::add: max_tokens ", options.max_tokens,
-           " must be >= 1");
-  TE_CHECK(options.top_logprobs >= 0 && options.top_logprobs <= kMaxTopLogprobs,
-           "Engine::add: top_logprobs ", options.top_logprobs, " must be in [0, ", kMaxTopLogprobs,
-           "]");
-  const int64_t len = static_cast<int64_t>(prompt.size());
-  TE_CHECK(len < max_len_, "Engine::add: the prompt has ", len, " tokens; max_sequence_length ",
-           max_len_, " leaves no room to generate");
-  const int64_t vocab = model_->vocab_size();
-  for (int64_t id : prompt) {
-    TE_CHECK(id >= 0 && id < vocab, "Engine::add: prompt token ", id,
-             " is outside the vocabulary of ", vocab);
-  }
+  RequestLimits limits;
+  limits.vocab_size = model_->vocab_size();
+  limits.max_sequence_length = max_len_;
+  check_request(prompt, options, limits, "Engine::add");
   const int64_t id = next_id_++;
   if (dp_) {  // the group with the fewest requests takes it (every rank decides alike)
     int64_t group = 0;
@@ -181,7 +168,7 @@ int64_t Engine::Impl::add(const std::vector<int64_t>& prompt, const GenerateOpti
   auto seq = std::make_unique<Sequence>();
   seq->id = id;
   seq->tokens = prompt;
-  seq->prompt_length = len;
+  seq->prompt_length = static_cast<int64_t>(prompt.size());
   seq->options = options;
   seq->sampler = std::make_unique<Sampler>(options.sampling);
   waiting_.push_back(std::move(seq));

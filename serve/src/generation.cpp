@@ -113,15 +113,6 @@ std::vector<int64_t> Generator::prompt_ids(const CompletionRequest& r) const {
       throw HttpError(400, e.what(), "messages");
     }
   } else if (!r.prompt_ids.empty()) {
-    for (std::size_t i = 0; i < r.prompt_ids.size(); ++i) {
-      if (r.prompt_ids[i] >= vocab_size_) {
-        throw HttpError(400,
-                        "\"prompt[" + std::to_string(i) + "]\" is " +
-                            std::to_string(r.prompt_ids[i]) + ", outside the vocabulary of " +
-                            std::to_string(vocab_size_) + " tokens",
-                        "prompt");
-      }
-    }
     ids = r.prompt_ids;
   } else {
     try {
@@ -130,37 +121,17 @@ std::vector<int64_t> Generator::prompt_ids(const CompletionRequest& r) const {
       throw HttpError(400, e.what(), "prompt");
     }
   }
-  if (ids.empty()) throw HttpError(400, "the prompt has no tokens", r.chat ? "messages" : "prompt");
   return ids;
 }
 
 te::gen::GenerateOptions Generator::generate_options(const CompletionRequest& r,
-                                                     int64_t length) const {
+                                                     const std::vector<int64_t>& ids) const {
   const int64_t context = engine_.max_sequence_length();
-  const char* prompt_field = r.chat ? "messages" : "prompt";
-  if (length >= context) {
-    throw HttpError(400,
-                    "the prompt is " + std::to_string(length) +
-                        " tokens; this server's context "
-                        "holds " +
-                        std::to_string(context) +
-                        " (--max-sequence-length), prompt and generated tokens together",
-                    prompt_field);
-  }
+  const auto length = static_cast<int64_t>(ids.size());
   te::gen::GenerateOptions o;
-  if (r.max_tokens) {
-    if (length + *r.max_tokens > context) {
-      throw HttpError(400,
-                      "\"" + r.max_tokens_field + "\" is " + std::to_string(*r.max_tokens) +
-                          " but the prompt's " + std::to_string(length) + " tokens leave " +
-                          std::to_string(context - length) + " of this server's context of " +
-                          std::to_string(context),
-                      r.max_tokens_field);
-    }
-    o.max_tokens = *r.max_tokens;
-  } else {
-    o.max_tokens = r.chat ? context - length : std::min<int64_t>(16, context - length);
-  }
+  o.max_tokens = r.max_tokens ? *r.max_tokens
+                 : r.chat     ? context - length
+                              : std::min<int64_t>(16, context - length);
   te::gen::SamplingOptions& s = o.sampling;
   const te::gen::SamplingOptions& d = defaults_.sampling;  // the model's, else llama.cpp's
   s.temperature = r.temperature.value_or(d.temperature);
@@ -171,33 +142,29 @@ te::gen::GenerateOptions Generator::generate_options(const CompletionRequest& r,
   s.presence_penalty = r.presence_penalty.value_or(d.presence_penalty);
   s.frequency_penalty = r.frequency_penalty.value_or(d.frequency_penalty);
   s.seed = r.seed ? *r.seed : std::random_device{}() * uint64_t{0x9E3779B97F4A7C15ull};
-  try {
-    te::gen::check_sampling(s, "request");
-  } catch (const te::Error& e) {
-    throw HttpError(400, e.what());
-  }
-  for (std::size_t i = 0; i < r.stop_token_ids.size(); ++i) {
-    if (r.stop_token_ids[i] >= vocab_size_) {
-      throw HttpError(400,
-                      "\"stop_token_ids[" + std::to_string(i) +
-                          "]\" is outside the vocabulary of " + std::to_string(vocab_size_) +
-                          " tokens",
-                      "stop_token_ids");
-    }
-  }
   o.stop_token_ids = r.stop_token_ids;
-  if (!r.ignore_eos) {
+  o.top_logprobs = std::max<int64_t>(0, r.logprobs);
+  te::gen::RequestLimits limits;
+  limits.vocab_size = vocab_size_;
+  limits.max_sequence_length = context;
+  limits.context = "this server's context";
+  limits.max_tokens_within_context = r.max_tokens.has_value();
+  limits.max_tokens_field = r.max_tokens_field;
+  if (const auto bad = te::gen::request_problem(ids, o, limits)) {
+    throw HttpError(400, bad->message,
+                    bad->field == "prompt" && r.chat ? std::string("messages") : bad->field);
+  }
+  if (!r.ignore_eos) {  // the model's own, after the check (the request's are checked)
     o.stop_token_ids.insert(o.stop_token_ids.end(), defaults_.eos_token_ids.begin(),
                             defaults_.eos_token_ids.end());
   }
-  o.top_logprobs = std::max<int64_t>(0, r.logprobs);
   return o;
 }
 
 std::shared_ptr<GenerationStream> Generator::submit(const CompletionRequest& r) {
   std::vector<int64_t> ids = prompt_ids(r);
   const int64_t length = static_cast<int64_t>(ids.size());
-  te::gen::GenerateOptions o = generate_options(r, length);
+  te::gen::GenerateOptions o = generate_options(r, ids);
 
   std::unique_lock<std::mutex> lock(mu_);
   if (draining_ || stopping_) {

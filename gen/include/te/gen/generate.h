@@ -27,6 +27,7 @@
 
 #include "te/distributed/mesh.h"
 #include "te/gen/model.h"
+#include "te/gen/request.h"
 #include "te/gen/sampling.h"
 #include "te/nn/kv_cache.h"
 
@@ -50,18 +51,6 @@ class Sampler {
  private:
   SamplingOptions options_;
   std::mt19937_64 random_;
-};
-
-/// One request.
-struct GenerateOptions {
-  /// Tokens to generate at most (the stop token not counted).
-  int64_t max_tokens = 16;
-  SamplingOptions sampling;
-  /// Generation stops when one of these is drawn (it is reported, finish_reason "stop").
-  std::vector<int64_t> stop_token_ids;
-  /// Log-probabilities (log_softmax of the model's logits, before the sampling filters) of the
-  /// chosen token and of the `top_logprobs` most likely ones.
-  int64_t top_logprobs = 0;
 };
 
 /// One generated token of one request.
@@ -128,9 +117,9 @@ class Engine {
   Engine(Engine&&) noexcept;
   Engine& operator=(Engine&&) noexcept;
 
-  /// Queues a request; returns its id. te::Error (nothing queued) for an empty prompt, one
-  /// that leaves no room to generate within max_sequence_length, a token id outside the
-  /// vocabulary, or bad options (naming the field).
+  /// Queues a request; returns its id. te::Error (nothing queued) for what check_request
+  /// refuses (request.h: an empty prompt, one that leaves no room to generate within
+  /// max_sequence_length, a token id outside the vocabulary, bad options, naming the field).
   int64_t add(const std::vector<int64_t>& prompt, const GenerateOptions& options);
   /// Ends request `id` now (waiting or running) and frees its pages. Unknown
   /// or finished ids are ignored.

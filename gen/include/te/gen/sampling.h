@@ -4,6 +4,7 @@
 // of their own so that what reads a model's defaults (te/hf/chat.h) needs no LibTorch.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace te::gen {
@@ -40,7 +41,17 @@ struct SamplingOptions {
   bool is_greedy() const;
 };
 
-/// Checks every field (te::Error naming the first bad one, as `who`.field).
+/// A field of a request that is out of its range: its name and what is wrong ("top_p",
+/// "sampling.top_p 0 must be in (0, 1]").
+struct BadField {
+  std::string field;
+  std::string message;
+};
+
+/// The first field of `options` out of its range (named `who`.field in the message), or none.
+std::optional<BadField> sampling_problem(const SamplingOptions& options,
+                                         const std::string& who = "sampling");
+/// Checks every field (te::Error with sampling_problem's message).
 void check_sampling(const SamplingOptions& options, const std::string& who = "sampling");
 
 }  // namespace te::gen

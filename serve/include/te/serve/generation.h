@@ -178,12 +178,14 @@ class Generator {
   /// One engine step; its tokens go to their streams, with the latency metrics.
   void step_and_deliver();
   /// The prompt's token ids (the chat template applied); HttpError 400 for a prompt that cannot be
-  /// read or is empty, or a token id outside the vocabulary.
+  /// read.
   std::vector<int64_t> prompt_ids(const CompletionRequest& r) const;
-  /// How the engine generates for `r` with a prompt of `length` tokens: its length within the
-  /// context, its sampling (the model's defaults for what it leaves out), its stop tokens;
-  /// HttpError 400 naming the field that does not fit.
-  te::gen::GenerateOptions generate_options(const CompletionRequest& r, int64_t length) const;
+  /// How the engine generates for `r` after the prompt `ids`: its length within the context, its
+  /// sampling (the model's defaults for what it leaves out), its stop tokens;
+  /// HttpError 400 naming the field te::gen::request_problem finds at fault (the engine's own
+  /// check, made before the request is queued).
+  te::gen::GenerateOptions generate_options(const CompletionRequest& r,
+                                            const std::vector<int64_t>& ids) const;
   void update_gauges();
   void count_finished(const std::string& reason);
 
