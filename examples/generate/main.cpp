@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -26,7 +27,6 @@
 #include "te/error.h"
 #include "te/gen/chat_template.h"
 #include "te/gen/generate.h"
-#include "te/gen/text_stream.h"
 #include "te/hf/causal_lm.h"
 #include "te/hf/chat.h"
 #include "te/hf/families.h"
@@ -111,6 +111,7 @@ Result run(const Args& a, bool print) {
   const std::vector<int64_t> ids = tokenizer.encode(prompt, encode).ids;
   te::gen::GenerateOptions options = a.generate;
   options.sampling = sampling_of(a, defaults);
+  options.stop = a.stop;  // the engine ends the text before one
   if (print) {
     std::string given;
     for (const std::string& name : a.sampling_given) given += " --" + name;
@@ -123,6 +124,7 @@ Result run(const Args& a, bool print) {
                                   defaults.eos_token_ids.end());
   }
   te::gen::EngineOptions engine_options;
+  engine_options.tokenizer = std::make_shared<const te::hf::Tokenizer>(tokenizer);
   engine_options.max_num_seqs = 1;
   engine_options.max_num_batched_tokens = 2048;
   engine_options.paged = !a.contiguous;
@@ -136,8 +138,7 @@ Result run(const Args& a, bool print) {
           : std::min<int64_t>(static_cast<int64_t>(ids.size()) + options.max_tokens,
                               positions > 0 ? positions : INT64_MAX);
   te::gen::Engine engine(model, engine_options);
-  const int64_t id = engine.add(ids, options);
-  te::gen::TextStream stream(tokenizer, a.stop);
+  engine.add(ids, options);
   Result r;
   r.prompt_tokens = static_cast<int64_t>(ids.size());
   r.prompt_ids = ids;
@@ -148,22 +149,14 @@ Result run(const Args& a, bool print) {
       if (r.tokens.empty()) first = clock::now();
       r.tokens.push_back(e.token);
       r.finish_reason = e.finish_reason;
-      const bool stop_token = e.finish_reason == "stop";
-      const std::string piece = stop_token ? "" : stream.push(e.token);
-      if (print && !piece.empty()) {
-        std::fwrite(piece.data(), 1, piece.size(), stdout);
+      r.text += e.text;  // final text: no stop token's, no stop string
+      if (print && !e.text.empty()) {
+        std::fwrite(e.text.data(), 1, e.text.size(), stdout);
         std::fflush(stdout);
-      }
-      if (stream.stopped()) {
-        engine.cancel(id);
-        r.finish_reason = "stop";
       }
     }
   }
-  const std::string rest = stream.finish();
-  if (print && !rest.empty()) std::fwrite(rest.data(), 1, rest.size(), stdout);
   const auto end = clock::now();
-  r.text = stream.text();
   r.prefill_seconds = std::chrono::duration<double>(first - start).count();
   r.decode_seconds = std::chrono::duration<double>(end - first).count();
   return r;

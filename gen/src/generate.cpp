@@ -15,6 +15,7 @@
 
 #include "te/distributed.h"
 #include "te/error.h"
+#include "te/gen/text_stream.h"
 #include "te/gen/wire.h"
 #include "te/nn/sharded.h"
 
@@ -57,8 +58,11 @@ struct Engine::Impl {
     int64_t generated = 0;
     GenerateOptions options;
     std::unique_ptr<Sampler> sampler;
+    std::unique_ptr<TextStream> text;  // with a tokenizer
   };
   TokenEvent sample(Sequence& seq, const at::Tensor& logits);
+  /// The event's finish reason and, with a tokenizer, its text (a stop string ends it here).
+  void finish_or_go_on(Sequence& seq, TokenEvent& e) const;
   /// This rank's group's counters (the engine's own without data parallelism).
   EngineStats local_stats() const;
   /// step() of this rank's group alone.
@@ -154,6 +158,9 @@ int64_t Engine::Impl::add(const std::vector<int64_t>& prompt, const GenerateOpti
   limits.vocab_size = model_->vocab_size();
   limits.max_sequence_length = max_len_;
   check_request(prompt, options, limits, "Engine::add");
+  TE_CHECK(options.stop.empty() || options_.tokenizer,
+           "Engine::add: the request has stop strings but the Engine no tokenizer to find them "
+           "with (set EngineOptions::tokenizer)");
   const int64_t id = next_id_++;
   if (dp_) {  // the group with the fewest requests takes it (every rank decides alike)
     int64_t group = 0;
@@ -171,6 +178,9 @@ int64_t Engine::Impl::add(const std::vector<int64_t>& prompt, const GenerateOpti
   seq->prompt_length = static_cast<int64_t>(prompt.size());
   seq->options = options;
   seq->sampler = std::make_unique<Sampler>(options.sampling);
+  if (options_.tokenizer) {
+    seq->text = std::make_unique<TextStream>(options_.tokenizer, options.stop);
+  }
   waiting_.push_back(std::move(seq));
   return waiting_.back()->id;
 }
@@ -230,14 +240,29 @@ TokenEvent Engine::Impl::sample(Sequence& seq, const at::Tensor& logits) {
   }
   seq.tokens.push_back(e.token);
   ++seq.generated;
+  finish_or_go_on(seq, e);
+  return e;
+}
+
+void Engine::Impl::finish_or_go_on(Sequence& seq, TokenEvent& e) const {
   const auto& stop = seq.options.stop_token_ids;
   if (std::find(stop.begin(), stop.end(), e.token) != stop.end()) {
-    e.finish_reason = "stop";
-  } else if (seq.generated >= seq.options.max_tokens ||
-             static_cast<int64_t>(seq.tokens.size()) >= max_len_) {
-    e.finish_reason = "length";
+    e.finish_reason = "stop";  // the stop token's own text is not returned
+    if (seq.text) e.text = seq.text->finish();
+    return;
   }
-  return e;
+  if (seq.text) {
+    e.text = seq.text->push(e.token);
+    if (seq.text->stopped()) {  // a stop string: the text before it is out, the request ends
+      e.finish_reason = "stop";
+      return;
+    }
+  }
+  if (seq.generated >= seq.options.max_tokens ||
+      static_cast<int64_t>(seq.tokens.size()) >= max_len_) {
+    e.finish_reason = "length";
+    if (seq.text) e.text += seq.text->finish();
+  }
 }
 
 std::vector<TokenEvent> Engine::Impl::step() {

@@ -68,6 +68,9 @@ std::optional<BadField> request_problem(const std::vector<int64_t>& prompt,
   if (auto outside = outside_vocabulary(o.stop_token_ids, l.vocab_size, "stop_token_ids", "stop")) {
     return outside;
   }
+  for (std::size_t i = 0; i < o.stop.size(); ++i) {
+    if (o.stop[i].empty()) return bad("stop", "stop[", i, "] is an empty string");
+  }
   return std::nullopt;
 }
 

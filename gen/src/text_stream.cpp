@@ -78,6 +78,7 @@ std::vector<Generated> generate(ModelRef model, const std::vector<std::vector<in
       g.logprobs.push_back(e.logprob);
       g.top_logprobs.push_back(e.top_logprobs);
       g.finish_reason = e.finish_reason;
+      g.text += e.text;
       if (on_token) {
         TokenEvent shown = e;
         shown.request = static_cast<int64_t>(index.at(e.request));

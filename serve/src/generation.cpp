@@ -68,6 +68,13 @@ void warm_up(te::gen::Engine& engine) {
   while (!engine.idle()) engine.step();
 }
 
+// The engine's options with the tokenizer it decodes the text and finds the stop strings with.
+te::gen::EngineOptions with_tokenizer(te::gen::EngineOptions options,
+                                      const te::hf::Tokenizer& tokenizer) {
+  options.tokenizer = std::make_shared<const te::hf::Tokenizer>(tokenizer);
+  return options;
+}
+
 }  // namespace
 
 // ---- the generator ------------------------------------------------------------------------
@@ -75,7 +82,7 @@ void warm_up(te::gen::Engine& engine) {
 Generator::Generator(te::hf::CausalLM model, te::hf::Tokenizer tokenizer,
                      te::hf::GenerationDefaults defaults, GeneratorOptions options,
                      Metrics& metrics, Broadcast broadcast)
-    : engine_(model, options.engine),
+    : engine_(model, with_tokenizer(options.engine, tokenizer)),
       tokenizer_(std::move(tokenizer)),
       defaults_(std::move(defaults)),
       options_(std::move(options)),
@@ -144,6 +151,7 @@ te::gen::GenerateOptions Generator::generate_options(const CompletionRequest& r,
   s.seed = r.seed ? *r.seed : std::random_device{}() * uint64_t{0x9E3779B97F4A7C15ull};
   o.stop_token_ids = r.stop_token_ids;
   o.top_logprobs = std::max<int64_t>(0, r.logprobs);
+  o.stop = r.stop;
   te::gen::RequestLimits limits;
   limits.vocab_size = vocab_size_;
   limits.max_sequence_length = context;
@@ -236,7 +244,7 @@ void Generator::drop_cancelled(const std::vector<std::weak_ptr<GenerationStream>
     if (s->engine_id_ >= 0 && streams_.count(s->engine_id_)) {
       engine_ids.push_back(s->engine_id_);
       streams_.erase(s->engine_id_);
-      count_finished(s->stopped_by_text_ ? "stop" : "cancelled");
+      count_finished("cancelled");
     }
   }
 }
@@ -383,10 +391,10 @@ void Generator::stop() {
   wake_.notify_all();
 }
 
-void follow(te::hf::CausalLM model, const te::gen::EngineOptions& options,
-            const Broadcast& broadcast) {
+void follow(te::hf::CausalLM model, const te::hf::Tokenizer& tokenizer,
+            const te::gen::EngineOptions& options, const Broadcast& broadcast) {
   c10::InferenceMode inference;
-  te::gen::Engine engine(model, options);
+  te::gen::Engine engine(model, with_tokenizer(options, tokenizer));
   warm_up(engine);
   while (true) {
     const Commands c = share(broadcast, Commands{});

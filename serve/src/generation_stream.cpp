@@ -7,8 +7,7 @@ namespace te::serve {
 GenerationStream::GenerationStream(CompletionRequest request, te::hf::Tokenizer tokenizer,
                                    int64_t prompt_tokens, std::string id)
     : request_(std::move(request)),
-      tokenizer_(tokenizer),
-      text_(tokenizer, request_.stop),
+      tokenizer_(std::move(tokenizer)),
       prompt_tokens_(prompt_tokens),
       id_(std::move(id)),
       created_(static_cast<int64_t>(std::time(nullptr))) {}
@@ -70,17 +69,10 @@ bool GenerationStream::next(Piece& out, std::chrono::milliseconds timeout) {
         }
         out.tokens.push_back(std::move(t));
       }
-      // A stop token ends the text without being part of it.
-      if (e.finish_reason != "stop") out.text += text_.push(e.token);
-      if (text_.stopped()) {
-        out.finish_reason = "stop";
-        stopped_by_text_ = true;
-        cancel();
-        break;
-      }
     }
+    // The engine's text: final, without a stop token's text or a stop string.
+    out.text += e.text;
     if (!e.finish_reason.empty()) {
-      out.text += text_.finish();
       out.finish_reason = e.finish_reason;
       break;
     }

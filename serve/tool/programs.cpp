@@ -169,7 +169,7 @@ int serve_generation(const Args& args, const std::string& model_name) {
           return;
         }
         try {
-          serve::follow(model, options.engine, broadcast_over(mesh));
+          serve::follow(model, tokenizer, options.engine, broadcast_over(mesh));
         } catch (const std::exception& e) {
           std::cerr << "te-serve: error: rank " << rank << ": " << e.what() << std::endl;
           throw;

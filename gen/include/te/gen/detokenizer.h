@@ -1,7 +1,7 @@
 #pragma once
 
-// What generation needs of a tokenizer: token ids back to text. te::gen's TextStream decodes
-// through it; te::hf::Tokenizer implements it. No LibTorch.
+// What generation needs of a tokenizer: token ids back to text. te::gen's TextStream and the
+// Engine's stop strings decode through it; te::hf::Tokenizer implements it. No LibTorch.
 
 #include <cstdint>
 #include <string>

@@ -4,8 +4,9 @@
 // chosen (Sampler, with transformers' logits processors), and the Engine that decodes many
 // requests together over one KV cache with iteration-level scheduling (continuous batching): at
 // every step waiting requests join, finished ones leave, and long prompts are prefilled in chunks
-// beside the decoding ones. generate() runs a set of requests to the end on an Engine; te-serve
-// drives one request by request.
+// beside the decoding ones. With a tokenizer the Engine also turns each request's tokens into
+// text and ends it at its stop strings, in the step that completes one. generate() runs a set of
+// requests to the end on an Engine; te-serve drives one request by request.
 //
 // Example:
 //   te::hf::CausalLM model = te::hf::load_causal_lm("SmolLM2-135M-Instruct.gguf");
@@ -26,6 +27,7 @@
 #include <vector>
 
 #include "te/distributed/mesh.h"
+#include "te/gen/detokenizer.h"
 #include "te/gen/model.h"
 #include "te/gen/request.h"
 #include "te/gen/sampling.h"
@@ -59,9 +61,14 @@ struct TokenEvent {
   int64_t token = 0;
   float logprob = 0;
   std::vector<std::pair<int64_t, float>> top_logprobs;
-  /// "" while the request goes on; "stop" (a stop token, this one) or "length" (max_tokens, or
-  /// the context is full) on its last token.
+  /// "" while the request goes on; "stop" (a stop token, this one, or a stop string this token
+  /// completed) or "length" (max_tokens, or the context is full) on its last token.
   std::string finish_reason;
+  /// With the Engine's tokenizer: the text this token made final (TextStream's push). A character
+  /// whose bytes are not all there, or an end that could begin a stop string, waits for later
+  /// tokens; the last event carries what was held back. Neither a stop token's text nor a stop
+  /// string is in it. "" without a tokenizer.
+  std::string text;
 };
 
 /// What generate() returns for one request.
@@ -70,6 +77,7 @@ struct Generated {
   std::vector<float> logprobs;
   std::vector<std::vector<std::pair<int64_t, float>>> top_logprobs;
   std::string finish_reason;
+  std::string text;  ///< the events' text, with the Engine's tokenizer
 };
 
 struct EngineOptions {
@@ -89,6 +97,9 @@ struct EngineOptions {
   int64_t kv_cache_bytes = 0;
   /// The cache's dtype.
   at::ScalarType kv_cache_dtype = at::kFloat;
+  /// Decodes each request's tokens into TokenEvent::text and finds its stop strings (needed by a
+  /// request with GenerateOptions::stop); on a mesh every rank's Engine needs the same one.
+  std::shared_ptr<const Detokenizer> tokenizer;
 };
 
 /// Counters of an Engine (te-serve's /metrics).
@@ -119,7 +130,8 @@ class Engine {
 
   /// Queues a request; returns its id. te::Error (nothing queued) for what check_request
   /// refuses (request.h: an empty prompt, one that leaves no room to generate within
-  /// max_sequence_length, a token id outside the vocabulary, bad options, naming the field).
+  /// max_sequence_length, a token id outside the vocabulary, bad options, naming the field), or
+  /// stop strings without a tokenizer.
   int64_t add(const std::vector<int64_t>& prompt, const GenerateOptions& options);
   /// Ends request `id` now (waiting or running) and frees its pages. Unknown
   /// or finished ids are ignored.

@@ -23,6 +23,10 @@ struct GenerateOptions {
   /// Log-probabilities (log_softmax of the model's logits, before the sampling filters) of the
   /// chosen token and of the `top_logprobs` most likely ones.
   int64_t top_logprobs = 0;
+  /// OpenAI's `stop`: generation stops, finish_reason "stop", in the step whose token completes
+  /// one of these in the text; the text before it is the last returned (TokenEvent::text), the
+  /// stop string is not. Needs the Engine's tokenizer (EngineOptions::tokenizer).
+  std::vector<std::string> stop;
 };
 
 /// What a request is checked against.
@@ -44,7 +48,7 @@ struct RequestLimits {
 /// The request's first problem (the field at fault, "prompt" for the prompt, and what is wrong),
 /// or none: an empty prompt, a token id outside the vocabulary, a prompt that leaves no room to
 /// generate, max_tokens < 1 (or past the context, when the limits say so), top_logprobs outside
-/// [0, 20], a sampling field out of range (sampling_problem).
+/// [0, 20], a sampling field out of range (sampling_problem), an empty stop string.
 std::optional<BadField> request_problem(const std::vector<int64_t>& prompt,
                                         const GenerateOptions& options,
                                         const RequestLimits& limits);

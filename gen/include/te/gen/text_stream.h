@@ -1,7 +1,8 @@
 #pragma once
 
 // Generated tokens as text, as it becomes final, and stop strings found across token
-// boundaries, through a Detokenizer (te::hf::Tokenizer is one). No LibTorch.
+// boundaries. The Engine runs one per request when it has a tokenizer (EngineOptions::tokenizer):
+// TokenEvent::text is what this returns. No LibTorch.
 
 #include <cstdint>
 #include <memory>

@@ -178,7 +178,7 @@ struct Fields<GenerateOptions> {
     using G = GenerateOptions;
     return std::make_tuple(field("max_tokens", &G::max_tokens), field("sampling", &G::sampling),
                            field("stop_token_ids", &G::stop_token_ids),
-                           field("top_logprobs", &G::top_logprobs));
+                           field("top_logprobs", &G::top_logprobs), field("stop", &G::stop));
   }
 };
 
@@ -188,7 +188,7 @@ struct Fields<TokenEvent> {
     using E = TokenEvent;
     return std::make_tuple(field("request", &E::request), field("token", &E::token),
                            field("logprob", &E::logprob), field("top_logprobs", &E::top_logprobs),
-                           field("finish_reason", &E::finish_reason));
+                           field("finish_reason", &E::finish_reason), field("text", &E::text));
   }
 };
 

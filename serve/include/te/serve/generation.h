@@ -2,8 +2,9 @@
 
 // te-serve's generation service for a decoder model: the Generator turns checked completion
 // requests (request.h) into token ids, queues them, and drives one te::gen::Engine (continuous
-// batching over a paged KV cache) from one scheduler thread; each request's GenerationStream
-// hands its text to the connection that answers it, piece by piece, as it comes (listen). The
+// batching over a paged KV cache, the text and stop strings found as tokens come) from one
+// scheduler thread; each request's GenerationStream hands the engine's text to the connection
+// that answers it, piece by piece, as it comes (listen). The
 // HTTP layer (http.h, routes.h) only moves bytes: the response bodies and server-sent events are
 // openai.h's.
 //
@@ -26,7 +27,6 @@
 
 #include "te/gen/chat_template.h"
 #include "te/gen/generate.h"
-#include "te/gen/text_stream.h"
 #include "te/hf/causal_lm.h"
 #include "te/hf/chat.h"
 #include "te/hf/tokenizer.h"
@@ -40,6 +40,7 @@ namespace te::serve {
 using Broadcast = std::function<std::string(const std::string& bytes)>;
 
 struct GeneratorOptions {
+  /// The engine's options (its tokenizer is the Generator's).
   te::gen::EngineOptions engine;
   /// Requests waiting for admission at most; more are answered 503 with Retry-After.
   int64_t max_waiting = 256;
@@ -95,8 +96,7 @@ class GenerationStream {
   void deliver(std::vector<te::gen::TokenEvent> events);  // scheduler side
 
   const CompletionRequest request_;
-  const te::hf::Tokenizer tokenizer_;
-  te::gen::TextStream text_;
+  const te::hf::Tokenizer tokenizer_;  // the log-probabilities' token texts
   const int64_t prompt_tokens_;
   const std::string id_;
   const int64_t created_;
@@ -104,9 +104,9 @@ class GenerationStream {
   int64_t token_bytes_ = 0;  // bytes of the tokens read so far (TokenInfo::offset)
   bool done_ = false;        // the last piece has been read
   std::function<void()> cancel_;
-  // Set by the scheduler (engine_id_) and by cancel (cancelled_, stopped_by_text_).
+  // Set by the scheduler (engine_id_) and by cancel (cancelled_).
   std::atomic<int64_t> engine_id_{-1};
-  std::atomic<bool> cancelled_{false}, stopped_by_text_{false};
+  std::atomic<bool> cancelled_{false};
   std::mutex mu_;
   std::condition_variable ready_;
   std::deque<te::gen::TokenEvent> events_;
@@ -181,7 +181,7 @@ class Generator {
   /// read.
   std::vector<int64_t> prompt_ids(const CompletionRequest& r) const;
   /// How the engine generates for `r` after the prompt `ids`: its length within the context, its
-  /// sampling (the model's defaults for what it leaves out), its stop tokens;
+  /// sampling (the model's defaults for what it leaves out), its stop tokens and strings;
   /// HttpError 400 naming the field te::gen::request_problem finds at fault (the engine's own
   /// check, made before the request is queued).
   te::gen::GenerateOptions generate_options(const CompletionRequest& r,
@@ -215,8 +215,9 @@ class Generator {
 };
 
 /// The other ranks' side of a Generator on a mesh: makes the Engine calls rank 0's broadcast
-/// commands say, until rank 0 stops.
-void follow(te::hf::CausalLM model, const te::gen::EngineOptions& options,
-            const Broadcast& broadcast);
+/// commands say, until rank 0 stops. `tokenizer` is rank 0's (every rank's engine finds the
+/// stop strings alike).
+void follow(te::hf::CausalLM model, const te::hf::Tokenizer& tokenizer,
+            const te::gen::EngineOptions& options, const Broadcast& broadcast);
 
 }  // namespace te::serve
