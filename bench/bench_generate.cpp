@@ -1,4 +1,4 @@
-// Generation throughput of te::hf::Engine on a real model (SmolLM2-135M-Instruct, the GGUF the
+// Generation throughput of te::gen::Engine on a real model (SmolLM2-135M-Instruct, the GGUF the
 // interop checks fetch): prefill tokens/s of one prompt, decode tokens/s of one stream, and the
 // aggregate decode tokens/s of N concurrent streams on the same engine (continuous batching);
 // prints one JSON object. The ratio streams/one is the ">= 6x at 32 streams".
@@ -38,8 +38,8 @@
 #include <thread>
 #include <vector>
 
+#include "te/gen/generate.h"
 #include "te/hf/causal_lm.h"
-#include "te/hf/generate.h"
 #include "te/nn/functional.h"
 #include "te/nn/inference.h"
 #include "te/runtime/runtime.h"
@@ -66,10 +66,10 @@ struct Figures {
 // the prompt tokens over the time to the last first token. Decode: the tokens generated while
 // every stream is decoding (from the last first token to the first stream's end), over that
 // time: the aggregate rate at `streams` concurrent streams.
-Figures run(te::hf::CausalLM model, const te::hf::EngineOptions& options, int64_t streams,
+Figures run(te::hf::CausalLM model, const te::gen::EngineOptions& options, int64_t streams,
             int64_t prompt_tokens, int64_t tokens) {
-  te::hf::Engine engine(model, options);
-  te::hf::GenerateOptions g;
+  te::gen::Engine engine(model, options);
+  te::gen::GenerateOptions g;
   g.max_tokens = tokens;
   g.sampling.temperature = 0;
   for (int64_t s = 0; s < streams; ++s) {
@@ -244,7 +244,7 @@ int main(int argc, char** argv) {
   te::hf::LoadOptions load;
   load.dequantize_gguf = dequantize;
   te::hf::CausalLM model = te::hf::load_causal_lm(argv[1], load);
-  te::hf::EngineOptions options;
+  te::gen::EngineOptions options;
   options.paged = !contiguous;
   options.max_num_seqs = streams;
   options.max_num_batched_tokens = std::max<int64_t>(512, streams);

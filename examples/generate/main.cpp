@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -24,10 +25,13 @@
 
 #include "te/distributed.h"
 #include "te/error.h"
+#include "te/gen/chat_template.h"
+#include "te/gen/generate.h"
+#include "te/hf/causal_lm.h"
 #include "te/hf/chat.h"
 #include "te/hf/families.h"
-#include "te/hf/generate.h"
 #include "te/hf/ranks.h"
+#include "te/hf/tokenizer.h"
 #include "te/nn/inference.h"
 #include "te/runtime/runtime.h"
 
@@ -40,7 +44,7 @@ struct Args {
   bool dequantize_gguf = false;
   int nproc = 1, threads = 0;
   int64_t page_size = 16, kv_cache_mib = 0, max_sequence_length = 0;
-  te::hf::GenerateOptions generate;
+  te::gen::GenerateOptions generate;
   /// The sampling options the command line gave (the others are the model's defaults).
   std::vector<std::string> sampling_given;
 };
@@ -66,17 +70,18 @@ std::string prompt_text(const Args& a, const te::hf::GenerationDefaults& default
       a.chat_template.empty() ? defaults.chat_template : read_file(a.chat_template);
   TE_CHECK(!jinja.empty(), "te-generate: --chat: ", a.model,
            " has no chat template (give one with --chat-template FILE)");
-  std::vector<te::hf::ChatMessage> messages;
+  std::vector<te::gen::ChatMessage> messages;
   if (!a.system.empty()) messages.push_back({"system", a.system});
   messages.push_back({"user", a.prompt});
-  return te::hf::ChatTemplate::recognise(jinja, a.chat_template.empty() ? a.model : a.chat_template)
+  return te::gen::ChatTemplate::recognise(jinja,
+                                          a.chat_template.empty() ? a.model : a.chat_template)
       .apply(messages);
 }
 
 // The sampling of this run: the model's defaults (describe_sampling), then the command line's.
-te::hf::SamplingOptions sampling_of(const Args& a, const te::hf::GenerationDefaults& defaults) {
-  te::hf::SamplingOptions s = defaults.sampling;
-  const te::hf::SamplingOptions& given = a.generate.sampling;
+te::gen::SamplingOptions sampling_of(const Args& a, const te::hf::GenerationDefaults& defaults) {
+  te::gen::SamplingOptions s = defaults.sampling;
+  const te::gen::SamplingOptions& given = a.generate.sampling;
   for (const std::string& name : a.sampling_given) {
     if (name == "temperature") s.temperature = given.temperature;
     if (name == "top-k") s.top_k = given.top_k;
@@ -104,8 +109,9 @@ Result run(const Args& a, bool print) {
   te::hf::EncodeOptions encode;
   encode.add_special_tokens = !a.chat;  // the template writes its own
   const std::vector<int64_t> ids = tokenizer.encode(prompt, encode).ids;
-  te::hf::GenerateOptions options = a.generate;
+  te::gen::GenerateOptions options = a.generate;
   options.sampling = sampling_of(a, defaults);
+  options.stop = a.stop;  // the engine ends the text before one
   if (print) {
     std::string given;
     for (const std::string& name : a.sampling_given) given += " --" + name;
@@ -117,7 +123,8 @@ Result run(const Args& a, bool print) {
     options.stop_token_ids.insert(options.stop_token_ids.end(), defaults.eos_token_ids.begin(),
                                   defaults.eos_token_ids.end());
   }
-  te::hf::EngineOptions engine_options;
+  te::gen::EngineOptions engine_options;
+  engine_options.tokenizer = std::make_shared<const te::hf::Tokenizer>(tokenizer);
   engine_options.max_num_seqs = 1;
   engine_options.max_num_batched_tokens = 2048;
   engine_options.paged = !a.contiguous;
@@ -130,35 +137,26 @@ Result run(const Args& a, bool print) {
           ? a.max_sequence_length
           : std::min<int64_t>(static_cast<int64_t>(ids.size()) + options.max_tokens,
                               positions > 0 ? positions : INT64_MAX);
-  te::hf::Engine engine(model, engine_options);
-  const int64_t id = engine.add(ids, options);
-  te::hf::TextStream stream(tokenizer, a.stop);
+  te::gen::Engine engine(model, engine_options);
+  engine.add(ids, options);
   Result r;
   r.prompt_tokens = static_cast<int64_t>(ids.size());
   r.prompt_ids = ids;
   const auto start = clock::now();
   auto first = start;
   while (!engine.idle()) {
-    for (const te::hf::TokenEvent& e : engine.step()) {
+    for (const te::gen::TokenEvent& e : engine.step()) {
       if (r.tokens.empty()) first = clock::now();
       r.tokens.push_back(e.token);
       r.finish_reason = e.finish_reason;
-      const bool stop_token = e.finish_reason == "stop";
-      const std::string piece = stop_token ? "" : stream.push(e.token);
-      if (print && !piece.empty()) {
-        std::fwrite(piece.data(), 1, piece.size(), stdout);
+      r.text += e.text;  // final text: no stop token's, no stop string
+      if (print && !e.text.empty()) {
+        std::fwrite(e.text.data(), 1, e.text.size(), stdout);
         std::fflush(stdout);
-      }
-      if (stream.stopped()) {
-        engine.cancel(id);
-        r.finish_reason = "stop";
       }
     }
   }
-  const std::string rest = stream.finish();
-  if (print && !rest.empty()) std::fwrite(rest.data(), 1, rest.size(), stdout);
   const auto end = clock::now();
-  r.text = stream.text();
   r.prefill_seconds = std::chrono::duration<double>(first - start).count();
   r.decode_seconds = std::chrono::duration<double>(end - first).count();
   return r;
@@ -188,7 +186,7 @@ void add_prompt_options(CLI::App& app, Args& a) {
 }
 
 void add_sampling_options(CLI::App& app, Args& a) {
-  te::hf::SamplingOptions& s = a.generate.sampling;
+  te::gen::SamplingOptions& s = a.generate.sampling;
   // Sampling: each option left out takes the model's default (generation_config.json or the
   // GGUF's general.sampling.* keys), else llama.cpp's; the run prints which.
   app.add_option("--temperature", s.temperature,

@@ -9,7 +9,7 @@
 #include <random>
 
 #include "te/error.h"
-#include "te/hf/wire.h"
+#include "te/gen/wire.h"
 
 namespace te::serve {
 
@@ -38,7 +38,7 @@ struct Commands {
 }  // namespace te::serve
 
 template <>
-struct te::hf::wire::Fields<te::serve::Commands> {
+struct te::gen::wire::Fields<te::serve::Commands> {
   static auto list() {
     using C = te::serve::Commands;
     return std::make_tuple(field("adds", &C::adds), field("cancels", &C::cancels),
@@ -52,20 +52,27 @@ namespace {
 // The same commands on every rank (rank 0's); without a mesh, rank 0's as they are.
 Commands share(const Broadcast& broadcast, const Commands& mine) {
   if (!broadcast) return mine;
-  return te::hf::wire::from_bytes<Commands>(broadcast(te::hf::wire::to_bytes(mine)),
-                                            "te-serve's commands");
+  return te::gen::wire::from_bytes<Commands>(broadcast(te::gen::wire::to_bytes(mine)),
+                                             "te-serve's commands");
 }
 
 // One token through the model before serving: a model that cannot run on this mesh fails at
 // start, not on its first request, and the first request does not pay for the first forward's
 // allocations. Every rank runs it, in the same place.
-void warm_up(te::hf::Engine& engine) {
+void warm_up(te::gen::Engine& engine) {
   c10::InferenceMode inference;
-  te::hf::GenerateOptions o;
+  te::gen::GenerateOptions o;
   o.max_tokens = 1;
   o.sampling.temperature = 0;
   engine.add({0}, o);
   while (!engine.idle()) engine.step();
+}
+
+// The engine's options with the tokenizer it decodes the text and finds the stop strings with.
+te::gen::EngineOptions with_tokenizer(te::gen::EngineOptions options,
+                                      const te::hf::Tokenizer& tokenizer) {
+  options.tokenizer = std::make_shared<const te::hf::Tokenizer>(tokenizer);
+  return options;
 }
 
 }  // namespace
@@ -75,7 +82,7 @@ void warm_up(te::hf::Engine& engine) {
 Generator::Generator(te::hf::CausalLM model, te::hf::Tokenizer tokenizer,
                      te::hf::GenerationDefaults defaults, GeneratorOptions options,
                      Metrics& metrics, Broadcast broadcast)
-    : engine_(model, options.engine),
+    : engine_(model, with_tokenizer(options.engine, tokenizer)),
       tokenizer_(std::move(tokenizer)),
       defaults_(std::move(defaults)),
       options_(std::move(options)),
@@ -90,8 +97,8 @@ Generator::Generator(te::hf::CausalLM model, te::hf::Tokenizer tokenizer,
     chat_error_ = options_.model_name + " has no chat template; use POST /v1/completions";
   } else {
     try {
-      chat_ = std::make_unique<te::hf::ChatTemplate>(
-          te::hf::ChatTemplate::recognise(defaults_.chat_template, options_.model_name));
+      chat_ = std::make_unique<te::gen::ChatTemplate>(
+          te::gen::ChatTemplate::recognise(defaults_.chat_template, options_.model_name));
     } catch (const te::Error& e) {
       chat_error_ = std::string(e.what()) + "; use POST /v1/completions";
     }
@@ -103,7 +110,7 @@ std::vector<int64_t> Generator::prompt_ids(const CompletionRequest& r) const {
   std::vector<int64_t> ids;
   if (r.chat) {
     if (!chat_) throw HttpError(400, chat_error_, "messages");
-    std::vector<te::hf::ChatMessage> messages;
+    std::vector<te::gen::ChatMessage> messages;
     for (const Message& m : r.messages) messages.push_back({m.role, m.content});
     te::hf::EncodeOptions encode;
     encode.add_special_tokens = false;  // the template writes its own
@@ -113,15 +120,6 @@ std::vector<int64_t> Generator::prompt_ids(const CompletionRequest& r) const {
       throw HttpError(400, e.what(), "messages");
     }
   } else if (!r.prompt_ids.empty()) {
-    for (std::size_t i = 0; i < r.prompt_ids.size(); ++i) {
-      if (r.prompt_ids[i] >= vocab_size_) {
-        throw HttpError(400,
-                        "\"prompt[" + std::to_string(i) + "]\" is " +
-                            std::to_string(r.prompt_ids[i]) + ", outside the vocabulary of " +
-                            std::to_string(vocab_size_) + " tokens",
-                        "prompt");
-      }
-    }
     ids = r.prompt_ids;
   } else {
     try {
@@ -130,39 +128,19 @@ std::vector<int64_t> Generator::prompt_ids(const CompletionRequest& r) const {
       throw HttpError(400, e.what(), "prompt");
     }
   }
-  if (ids.empty()) throw HttpError(400, "the prompt has no tokens", r.chat ? "messages" : "prompt");
   return ids;
 }
 
-te::hf::GenerateOptions Generator::generate_options(const CompletionRequest& r,
-                                                    int64_t length) const {
+te::gen::GenerateOptions Generator::generate_options(const CompletionRequest& r,
+                                                     const std::vector<int64_t>& ids) const {
   const int64_t context = engine_.max_sequence_length();
-  const char* prompt_field = r.chat ? "messages" : "prompt";
-  if (length >= context) {
-    throw HttpError(400,
-                    "the prompt is " + std::to_string(length) +
-                        " tokens; this server's context "
-                        "holds " +
-                        std::to_string(context) +
-                        " (--max-sequence-length), prompt and generated tokens together",
-                    prompt_field);
-  }
-  te::hf::GenerateOptions o;
-  if (r.max_tokens) {
-    if (length + *r.max_tokens > context) {
-      throw HttpError(400,
-                      "\"" + r.max_tokens_field + "\" is " + std::to_string(*r.max_tokens) +
-                          " but the prompt's " + std::to_string(length) + " tokens leave " +
-                          std::to_string(context - length) + " of this server's context of " +
-                          std::to_string(context),
-                      r.max_tokens_field);
-    }
-    o.max_tokens = *r.max_tokens;
-  } else {
-    o.max_tokens = r.chat ? context - length : std::min<int64_t>(16, context - length);
-  }
-  te::hf::SamplingOptions& s = o.sampling;
-  const te::hf::SamplingOptions& d = defaults_.sampling;  // the model's, else llama.cpp's
+  const auto length = static_cast<int64_t>(ids.size());
+  te::gen::GenerateOptions o;
+  o.max_tokens = r.max_tokens ? *r.max_tokens
+                 : r.chat     ? context - length
+                              : std::min<int64_t>(16, context - length);
+  te::gen::SamplingOptions& s = o.sampling;
+  const te::gen::SamplingOptions& d = defaults_.sampling;  // the model's, else llama.cpp's
   s.temperature = r.temperature.value_or(d.temperature);
   s.top_k = r.top_k.value_or(d.top_k);
   s.top_p = r.top_p.value_or(d.top_p);
@@ -171,33 +149,30 @@ te::hf::GenerateOptions Generator::generate_options(const CompletionRequest& r,
   s.presence_penalty = r.presence_penalty.value_or(d.presence_penalty);
   s.frequency_penalty = r.frequency_penalty.value_or(d.frequency_penalty);
   s.seed = r.seed ? *r.seed : std::random_device{}() * uint64_t{0x9E3779B97F4A7C15ull};
-  try {
-    te::hf::check_sampling(s, "request");
-  } catch (const te::Error& e) {
-    throw HttpError(400, e.what());
-  }
-  for (std::size_t i = 0; i < r.stop_token_ids.size(); ++i) {
-    if (r.stop_token_ids[i] >= vocab_size_) {
-      throw HttpError(400,
-                      "\"stop_token_ids[" + std::to_string(i) +
-                          "]\" is outside the vocabulary of " + std::to_string(vocab_size_) +
-                          " tokens",
-                      "stop_token_ids");
-    }
-  }
   o.stop_token_ids = r.stop_token_ids;
-  if (!r.ignore_eos) {
+  o.top_logprobs = std::max<int64_t>(0, r.logprobs);
+  o.stop = r.stop;
+  te::gen::RequestLimits limits;
+  limits.vocab_size = vocab_size_;
+  limits.max_sequence_length = context;
+  limits.context = "this server's context";
+  limits.max_tokens_within_context = r.max_tokens.has_value();
+  limits.max_tokens_field = r.max_tokens_field;
+  if (const auto bad = te::gen::request_problem(ids, o, limits)) {
+    throw HttpError(400, bad->message,
+                    bad->field == "prompt" && r.chat ? std::string("messages") : bad->field);
+  }
+  if (!r.ignore_eos) {  // the model's own, after the check (the request's are checked)
     o.stop_token_ids.insert(o.stop_token_ids.end(), defaults_.eos_token_ids.begin(),
                             defaults_.eos_token_ids.end());
   }
-  o.top_logprobs = std::max<int64_t>(0, r.logprobs);
   return o;
 }
 
 std::shared_ptr<GenerationStream> Generator::submit(const CompletionRequest& r) {
   std::vector<int64_t> ids = prompt_ids(r);
   const int64_t length = static_cast<int64_t>(ids.size());
-  te::hf::GenerateOptions o = generate_options(r, length);
+  te::gen::GenerateOptions o = generate_options(r, ids);
 
   std::unique_lock<std::mutex> lock(mu_);
   if (draining_ || stopping_) {
@@ -229,7 +204,7 @@ void Generator::run() {
     schedule();
   } catch (...) {
     // Nothing will step again: every stream ends now ("abort"), new requests are refused.
-    const te::hf::TokenEvent abort{0, -1, 0, {}, "abort"};
+    const te::gen::TokenEvent abort{0, -1, 0, {}, "abort"};
     {
       std::lock_guard<std::mutex> lock(mu_);
       stopping_ = true;
@@ -269,7 +244,7 @@ void Generator::drop_cancelled(const std::vector<std::weak_ptr<GenerationStream>
     if (s->engine_id_ >= 0 && streams_.count(s->engine_id_)) {
       engine_ids.push_back(s->engine_id_);
       streams_.erase(s->engine_id_);
-      count_finished(s->stopped_by_text_ ? "stop" : "cancelled");
+      count_finished("cancelled");
     }
   }
 }
@@ -283,17 +258,17 @@ void Generator::admit(const Adds& adds) {
       streams_[id] = {a.stream, a.submitted, a.submitted, true};
     } catch (const te::Error& e) {  // checked in submit(): not expected
       std::fprintf(stderr, "te-serve: a request the engine refused: %s\n", e.what());
-      a.stream->deliver({te::hf::TokenEvent{0, -1, 0, {}, "abort"}});
+      a.stream->deliver({te::gen::TokenEvent{0, -1, 0, {}, "abort"}});
     }
   }
   taken_.clear();
 }
 
 void Generator::step_and_deliver() {
-  const std::vector<te::hf::TokenEvent> events = engine_.step();
+  const std::vector<te::gen::TokenEvent> events = engine_.step();
   const auto now = Clock::now();
-  std::map<int64_t, std::vector<te::hf::TokenEvent>> by_request;
-  for (const te::hf::TokenEvent& e : events) by_request[e.request].push_back(e);
+  std::map<int64_t, std::vector<te::gen::TokenEvent>> by_request;
+  for (const te::gen::TokenEvent& e : events) by_request[e.request].push_back(e);
   int64_t generated = 0;
   for (auto& [id, list] : by_request) {
     generated += static_cast<int64_t>(list.size());
@@ -339,7 +314,7 @@ void Generator::schedule() {
         continue;
       }
       if (mine.stop) {
-        a.stream->deliver({te::hf::TokenEvent{0, -1, 0, {}, "abort"}});
+        a.stream->deliver({te::gen::TokenEvent{0, -1, 0, {}, "abort"}});
         continue;
       }
       mine.adds.emplace_back(a.ids, a.options);
@@ -349,7 +324,7 @@ void Generator::schedule() {
     if (mine.stop) {
       for (auto& [id, r] : streams_) {
         mine.cancels.push_back(id);
-        r.stream->deliver({te::hf::TokenEvent{id, -1, 0, {}, "abort"}});
+        r.stream->deliver({te::gen::TokenEvent{id, -1, 0, {}, "abort"}});
       }
       streams_.clear();
     }
@@ -364,7 +339,7 @@ void Generator::schedule() {
 }
 
 void Generator::update_gauges() {
-  const te::hf::EngineStats s = engine_.stats();
+  const te::gen::EngineStats s = engine_.stats();
   int64_t queued = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -416,10 +391,10 @@ void Generator::stop() {
   wake_.notify_all();
 }
 
-void follow(te::hf::CausalLM model, const te::hf::EngineOptions& options,
-            const Broadcast& broadcast) {
+void follow(te::hf::CausalLM model, const te::hf::Tokenizer& tokenizer,
+            const te::gen::EngineOptions& options, const Broadcast& broadcast) {
   c10::InferenceMode inference;
-  te::hf::Engine engine(model, options);
+  te::gen::Engine engine(model, with_tokenizer(options, tokenizer));
   warm_up(engine);
   while (true) {
     const Commands c = share(broadcast, Commands{});

@@ -7,13 +7,12 @@ namespace te::serve {
 GenerationStream::GenerationStream(CompletionRequest request, te::hf::Tokenizer tokenizer,
                                    int64_t prompt_tokens, std::string id)
     : request_(std::move(request)),
-      tokenizer_(tokenizer),
-      text_(tokenizer, request_.stop),
+      tokenizer_(std::move(tokenizer)),
       prompt_tokens_(prompt_tokens),
       id_(std::move(id)),
       created_(static_cast<int64_t>(std::time(nullptr))) {}
 
-void GenerationStream::deliver(std::vector<te::hf::TokenEvent> events) {
+void GenerationStream::deliver(std::vector<te::gen::TokenEvent> events) {
   std::shared_ptr<const std::function<void()>> listener;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -47,7 +46,7 @@ void GenerationStream::cancel() {
 }
 
 bool GenerationStream::next(Piece& out, std::chrono::milliseconds timeout) {
-  std::deque<te::hf::TokenEvent> events;
+  std::deque<te::gen::TokenEvent> events;
   {
     std::unique_lock<std::mutex> lock(mu_);
     if (done_) return false;
@@ -55,7 +54,7 @@ bool GenerationStream::next(Piece& out, std::chrono::milliseconds timeout) {
     events.swap(events_);
   }
   out = Piece{};
-  for (const te::hf::TokenEvent& e : events) {
+  for (const te::gen::TokenEvent& e : events) {
     if (e.token >= 0) {
       ++completion_tokens_;
       if (request_.logprobs >= 0) {
@@ -70,17 +69,10 @@ bool GenerationStream::next(Piece& out, std::chrono::milliseconds timeout) {
         }
         out.tokens.push_back(std::move(t));
       }
-      // A stop token ends the text without being part of it.
-      if (e.finish_reason != "stop") out.text += text_.push(e.token);
-      if (text_.stopped()) {
-        out.finish_reason = "stop";
-        stopped_by_text_ = true;
-        cancel();
-        break;
-      }
     }
+    // The engine's text: final, without a stop token's text or a stop string.
+    out.text += e.text;
     if (!e.finish_reason.empty()) {
-      out.text += text_.finish();
       out.finish_reason = e.finish_reason;
       break;
     }

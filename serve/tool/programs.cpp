@@ -78,7 +78,7 @@ namespace {
 // What te-serve prints once the decoder is loaded: the model, its context and the KV cache.
 void print_loaded(const Args& args, const te::hf::CausalLM& model,
                   const serve::Generator& generator, double seconds) {
-  const te::hf::EngineStats s = generator.stats();
+  const te::gen::EngineStats s = generator.stats();
   const std::string groups = generator.data_parallel_size() == 1
                                  ? ""
                                  : " in each of " + std::to_string(generator.data_parallel_size()) +
@@ -146,7 +146,7 @@ int serve_generation(const Args& args, const std::string& model_name) {
   serve::GeneratorOptions options;
   options.model_name = model_name;
   options.max_waiting = args.max_queue;
-  te::hf::EngineOptions& e = options.engine;
+  te::gen::EngineOptions& e = options.engine;
   e.max_num_seqs = args.max_num_seqs;
   e.max_num_batched_tokens = args.max_num_batched_tokens;
   e.max_sequence_length = args.max_sequence_length;
@@ -169,7 +169,7 @@ int serve_generation(const Args& args, const std::string& model_name) {
           return;
         }
         try {
-          serve::follow(model, options.engine, broadcast_over(mesh));
+          serve::follow(model, tokenizer, options.engine, broadcast_over(mesh));
         } catch (const std::exception& e) {
           std::cerr << "te-serve: error: rank " << rank << ": " << e.what() << std::endl;
           throw;

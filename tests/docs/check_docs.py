@@ -54,7 +54,7 @@ if os.path.exists(example):
         problem(readme, 1, "the first C++ example differs from the code tests/docs/readme_example.cpp runs")
 
 documents = [readme]
-for folder in ["docs", "examples", "tools", "modules", "hf", "encoder", "serve", "tests", "bench", "scripts",
+for folder in ["docs", "examples", "tools", "modules", "gen", "hf", "encoder", "serve", "tests", "bench", "scripts",
                "fuzz", "third_party"]:
     for dirpath, _, files in os.walk(os.path.join(root, folder)):
         if "/data" in dirpath[len(root):] or "__pycache__" in dirpath:
@@ -71,7 +71,7 @@ def exists(doc, text):
     """A path as the documents write one: from the repository root or the document's folder, an
     installed header (`te/nn/rope.h`), or a program by its source (`bench/bench_fp8`)."""
     for base in [root, os.path.dirname(doc)] + [os.path.join(root, layer, "include") for layer in
-                                                ("te", "modules", "hf", "encoder", "serve")]:
+                                                ("te", "modules", "gen", "hf", "encoder", "serve")]:
         path = os.path.join(base, text)
         if os.path.exists(path) or os.path.exists(path + ".cpp"):
             return True

@@ -16,9 +16,12 @@
 #include "../temp_dir.h"
 #include "bpe_json.h"
 #include "te/distributed.h"
+#include "te/gen/chat_template.h"
+#include "te/gen/generate.h"
+#include "te/gen/text_stream.h"
 #include "te/hf/causal_lm.h"
 #include "te/hf/chat.h"
-#include "te/hf/generate.h"
+#include "te/hf/tokenizer.h"
 #include "te/nn/init.h"
 #include "te/nn/kv_cache.h"
 #include "te/nn/sharded.h"
@@ -27,6 +30,17 @@ namespace te::hf {
 namespace {
 
 using nlohmann::json;
+// Generation is te::gen's (over a te::hf::CausalLM and te::hf::Tokenizer).
+using te::gen::ChatTemplate;
+using te::gen::Engine;
+using te::gen::EngineOptions;
+using te::gen::generate;
+using te::gen::Generated;
+using te::gen::GenerateOptions;
+using te::gen::Sampler;
+using te::gen::SamplingOptions;
+using te::gen::TextStream;
+using te::gen::TokenEvent;
 using te::nn::InferenceParams;
 using te::nn::InferenceParamsOptions;
 
@@ -324,6 +338,65 @@ TEST(Generate, StopTokensCancellationAndBadRequestsAreNamed) {
   EXPECT_ERROR(Engine{model}, "the model is in training mode; call eval() first");
 }
 
+// ---- stop strings, found by the engine --------------------------------------------------------
+
+// Token i decodes to one letter, so text offsets are token counts.
+class LetterDecoder : public te::gen::Detokenizer {
+ public:
+  std::string decode(const std::vector<int64_t>& ids, bool) const override {
+    std::string out;
+    for (int64_t id : ids) out += static_cast<char>('a' + id % 26);
+    return out;
+  }
+};
+
+EngineOptions with_letters(EngineOptions o = {}) {
+  o.tokenizer = std::make_shared<const LetterDecoder>();
+  return o;
+}
+
+TEST(Generate, StopStringsEndTheRequestInTheStepThatCompletesThem) {
+  CausalLM model = model_of(tiny("llama"));
+  const Generated free_run = generate(model, {tokens(4, 1)}, greedy(20), with_letters())[0];
+  ASSERT_EQ(free_run.text.size(), 20u);
+  EXPECT_EQ(free_run.finish_reason, "length");
+  const std::string stop = free_run.text.substr(6, 2);
+  const std::size_t at = free_run.text.find(stop);
+  GenerateOptions o = greedy(20);
+  o.stop = {"never", stop};
+  Engine engine(model, with_letters());
+  const int64_t id = engine.add(tokens(4, 1), o);
+  std::string text, finish;
+  int64_t generated = 0;
+  while (!engine.idle()) {
+    for (const TokenEvent& e : engine.step()) {
+      ASSERT_EQ(e.request, id);
+      ASSERT_TRUE(finish.empty()) << "a token after the stop string";
+      ++generated;
+      text += e.text;
+      finish = e.finish_reason;
+    }
+  }
+  // The token that completes the stop string is the last: no step decoded past it, nothing left
+  // in the cache, and the text ends before the stop string.
+  EXPECT_EQ(finish, "stop");
+  EXPECT_EQ(generated, static_cast<int64_t>(at + stop.size()));
+  EXPECT_EQ(text, free_run.text.substr(0, at));
+  EXPECT_EQ(engine.stats().blocks_used, 0);
+  // A stop token's own text is not returned either.
+  GenerateOptions by_token = greedy(20);
+  by_token.stop_token_ids = {free_run.tokens[5]};
+  const Generated stopped = generate(model, {tokens(4, 1)}, by_token, with_letters())[0];
+  EXPECT_EQ(stopped.finish_reason, "stop");
+  EXPECT_EQ(stopped.text, free_run.text.substr(0, stopped.tokens.size() - 1));
+  // Refused by name: stop strings without a tokenizer, an empty one.
+  Engine plain(model);
+  EXPECT_ERROR(plain.add(tokens(4, 1), o),
+               "the request has stop strings but the Engine no tokenizer");
+  o.stop = {""};
+  EXPECT_ERROR(engine.add(tokens(4, 1), o), "Engine::add: stop[0] is an empty string");
+}
+
 // ---- the sampler ------------------------------------------------------------------------------
 
 TEST(Sampler, FiltersAsTransformersProcessorsDo) {
@@ -613,6 +686,35 @@ TEST(Generate, DataParallelRefusesWeightsShardedAlongTheDataAxis) {
     AxisRulesScope rules(extend_logical_axis_rules({}));
     CausalLM model = laid_out_copy(whole);
     EXPECT_ERROR(Engine{model}, "is sharded along mesh axis 'data', the data axis");
+  });
+}
+
+// DP2: the group that decodes a request finds its stop strings; every rank gets its text.
+TEST(Generate, DataParallelStopStringsEqualOneProcess) {
+  CausalLM whole = model_of(tiny("llama"));
+  const std::vector<std::vector<int64_t>> prompts = {tokens(9, 1), tokens(4, 2), tokens(6, 3)};
+  const auto free_runs = generate(whole, prompts, greedy(16), with_letters());
+  GenerateOptions o = greedy(16);
+  for (const Generated& g : free_runs) o.stop.push_back(g.text.substr(5, 3));
+  const auto want = generate(whole, prompts, o, with_letters());
+  std::mutex mutex;
+  run_local_ranks(2, [&](int rank) {
+    DeviceMesh mesh({2}, {"data"});
+    MeshScope on(mesh);
+    MeshResource r;
+    r.dp = "data";
+    MeshResourceScope resource(r);
+    AxisRulesScope rules(extend_logical_axis_rules({}));
+    CausalLM model = laid_out_copy(whole);
+    Engine engine(model, with_letters());
+    ASSERT_EQ(engine.data_parallel_size(), 2);
+    const auto got = generate(model, prompts, o, with_letters());
+    std::lock_guard<std::mutex> lock(mutex);
+    for (std::size_t i = 0; i < prompts.size(); ++i) {
+      EXPECT_EQ(got[i].tokens, want[i].tokens) << "rank " << rank << " #" << i;
+      EXPECT_EQ(got[i].text, want[i].text) << "rank " << rank << " #" << i;
+      EXPECT_EQ(got[i].finish_reason, "stop") << "rank " << rank << " #" << i;
+    }
   });
 }
 

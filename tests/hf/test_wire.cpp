@@ -1,4 +1,4 @@
-// te::hf::wire: what ranks send one another. Every field of each message type survives the trip
+// te::gen::wire: what ranks send one another. Every field of each message type survives the trip
 // (each set to a value unlike its default, so a field the codec dropped would come back default);
 // a field added to a type but not to its Fields<T> list fails to compile (the static_asserts
 // below hold the list lengths to the member counts); bad bytes are refused by field.
@@ -8,9 +8,9 @@
 #include <limits>
 
 #include "../expect_error.h"
-#include "te/hf/wire.h"
+#include "te/gen/wire.h"
 
-namespace te::hf {
+namespace te::gen {
 namespace {
 
 template <class T>
@@ -43,6 +43,7 @@ TEST(Wire, EveryGenerateOptionsFieldRoundTrips) {
   o.sampling.seed = std::numeric_limits<uint64_t>::max() - 5;
   o.stop_token_ids = {2, 49152, -1};
   o.top_logprobs = 7;
+  o.stop = {"\n\n", "\u00e9"};
   const GenerateOptions back = wire::from_bytes<GenerateOptions>(wire::to_bytes(o));
   EXPECT_EQ(back.max_tokens, 123);
   EXPECT_EQ(back.sampling.temperature, 0.1 + 0.2);
@@ -55,12 +56,14 @@ TEST(Wire, EveryGenerateOptionsFieldRoundTrips) {
   EXPECT_EQ(back.sampling.seed, std::numeric_limits<uint64_t>::max() - 5);
   EXPECT_EQ(back.stop_token_ids, (std::vector<int64_t>{2, 49152, -1}));
   EXPECT_EQ(back.top_logprobs, 7);
+  EXPECT_EQ(back.stop, (std::vector<std::string>{"\n\n", "\u00e9"}));
 }
 
 TEST(Wire, TokenEventsAndStatsRoundTrip) {
   std::vector<TokenEvent> events(2);
   events[0] = {5, 17, -0.125f, {{17, -0.125f}, {3, -2.5f}}, ""};
   events[1] = {6, 2, -1e-7f, {}, "stop"};
+  events[1].text = "the text before \xC3";
   const auto back = wire::from_bytes<std::vector<TokenEvent>>(wire::to_bytes(events));
   ASSERT_EQ(back.size(), 2u);
   EXPECT_EQ(back[0].request, 5);
@@ -69,6 +72,7 @@ TEST(Wire, TokenEventsAndStatsRoundTrip) {
   EXPECT_EQ(back[0].top_logprobs, events[0].top_logprobs);
   EXPECT_EQ(back[1].logprob, -1e-7f);
   EXPECT_EQ(back[1].finish_reason, "stop");
+  EXPECT_EQ(back[1].text, "the text before \xC3");
   EngineStats s{1, 2, 3, 4, 5, 6, 7, 8};
   const EngineStats t = wire::from_bytes<EngineStats>(wire::to_bytes(s));
   EXPECT_EQ(std::vector<int64_t>({t.running, t.waiting, t.blocks_used, t.blocks_free,
@@ -101,4 +105,4 @@ TEST(Wire, BadBytesAreRefusedByField) {
 }
 
 }  // namespace
-}  // namespace te::hf
+}  // namespace te::gen

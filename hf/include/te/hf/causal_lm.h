@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "te/gen/model.h"
 #include "te/hf/config.h"
 #include "te/hf/weights.h"
 #include "te/nn/dense.h"
@@ -40,8 +41,9 @@ te::nn::TransformerLayerOptions layer_options(const CausalLMConfig& config, int6
 
 /// Token ids -> logits: embed, the layers with RoPE, the final RMSNorm, the head (the
 /// embedding table itself when tied). Built under the mesh and rules in scope, like every
-/// te::nn module; initialised at random (load_causal_lm fills it).
-class CausalLMImpl : public torch::nn::Cloneable<CausalLMImpl> {
+/// te::nn module; initialised at random (load_causal_lm fills it). The language model a
+/// te::gen::Engine drives (te::gen::Engine engine(causal_lm)).
+class CausalLMImpl : public torch::nn::Cloneable<CausalLMImpl>, public te::gen::LanguageModel {
  public:
   explicit CausalLMImpl(const CausalLMConfig& config);
   void reset() override;
@@ -57,10 +59,18 @@ class CausalLMImpl : public torch::nn::Cloneable<CausalLMImpl> {
   /// [tokens] in the order of `cache`'s pre_step (a prompt, a chunk of one, or one generated
   /// token per sequence); returns the logits of each sequence's last new token, [batch, vocab].
   /// The cache is an InferenceParams for this model (cache_options).
-  at::Tensor step(const at::Tensor& ids, te::nn::InferenceParams& cache);
+  at::Tensor step(const at::Tensor& ids, te::nn::InferenceParams& cache) override;
   /// On the mesh in scope: the same ids on every rank; each rank caches its key/value heads and
   /// the logits stay sharded over the vocabulary, [batch, vocab].
-  DTensor step_on_mesh(const at::Tensor& ids, te::nn::InferenceParams& cache);
+  DTensor step_on_mesh(const at::Tensor& ids, te::nn::InferenceParams& cache) override;
+
+  // te::gen::LanguageModel's numbers, from the config (causal_lm_generation.cpp).
+  int64_t vocab_size() const override;
+  int64_t max_positions() const override;
+  te::nn::InferenceParamsOptions kv_cache_options(int64_t max_batch,
+                                                  int64_t max_length) const override;
+  int64_t kv_bytes_per_token(at::ScalarType dtype) const override;
+  const torch::nn::Module& as_module() const override { return *this; }
 
   CausalLMConfig config;
   te::nn::Embedding embed{nullptr};

@@ -1,49 +1,19 @@
 #pragma once
 
-// What a model's files say about generating with it: its end-of-sequence tokens and its chat
-// template (GGUF metadata tokenizer.ggml.eos_token_id and tokenizer.chat_template; a Hugging Face
-// folder's generation_config.json / config.json eos_token_id and tokenizer_config.json's
-// chat_template or chat_template.jinja), and the chat templates te-cpp applies. There is no
-// Jinja library in Debian's C++ packages, so te-cpp recognises the template families of the
-// models it serves and refuses any other by name:
-//   - ChatML (SmolLM2, Qwen2/3, ...): <|im_start|>{role}\n{content}<|im_end|>\n per message,
-//     a default system message when the template adds one before a first non-system message,
-//     and <|im_start|>assistant\n as the generation prompt;
-//   - Llama 3: <|begin_of_text|>, then <|start_header_id|>{role}<|end_header_id|>\n\n{content}
-//     <|eot_id|> per message (content stripped), <|start_header_id|>assistant<|end_header_id|>\n\n.
-// tests/interop/check_generate.py holds both to transformers' apply_chat_template.
+// What a model's files say about generating with it: its end-of-sequence tokens, its sampling
+// defaults and its chat template (GGUF metadata tokenizer.ggml.eos_token_id, general.sampling.*
+// and tokenizer.chat_template; a Hugging Face folder's generation_config.json / config.json
+// eos_token_id and tokenizer_config.json's chat_template or chat_template.jinja).
+// te::gen::ChatTemplate (te/gen/chat_template.h) applies the template.
 
 #include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "te/hf/sampling.h"
+#include "te/gen/sampling.h"
 
 namespace te::hf {
-
-struct ChatMessage {
-  std::string role;  ///< "system", "user" or "assistant"
-  std::string content;
-};
-
-class ChatTemplate {
- public:
-  /// Recognises `jinja` (a model's chat_template); te::Error naming `where` and the families
-  /// te-cpp knows when it is none of them.
-  static ChatTemplate recognise(const std::string& jinja, const std::string& where);
-  /// The prompt for `messages` (te::Error for an unknown role or no message), ending with the
-  /// assistant's generation prompt when asked.
-  std::string apply(const std::vector<ChatMessage>& messages,
-                    bool add_generation_prompt = true) const;
-  /// "chatml" or "llama3".
-  const std::string& family() const { return family_; }
-
- private:
-  std::string family_;
-  std::string default_system_;  ///< ChatML's, or "" for none
-  bool has_default_system_ = false;
-};
 
 /// The generation settings of a model folder or GGUF file.
 struct GenerationDefaults {
@@ -55,14 +25,14 @@ struct GenerationDefaults {
   /// (generation_config.json: do_sample, temperature, top_k, top_p, min_p, repetition_penalty;
   /// a GGUF file's general.sampling.temp, .top_k, .top_p, .min_p, .penalty_repeat), the others
   /// llama.cpp's (llama_cpp_sampling()). do_sample false means greedy, as in transformers.
-  SamplingOptions sampling = llama_cpp_sampling();
+  te::gen::SamplingOptions sampling = llama_cpp_sampling();
   /// Where each field of `sampling` that is not llama.cpp's default came from, by field name
   /// ("temperature" -> "generation_config.json").
   std::vector<std::pair<std::string, std::string>> sampling_sources;
 
   /// llama.cpp's sampling defaults (common/common.h, common_params_sampling): temperature 0.8,
   /// top_k 40, top_p 0.95, min_p 0.05, no penalty.
-  static SamplingOptions llama_cpp_sampling();
+  static te::gen::SamplingOptions llama_cpp_sampling();
 };
 
 /// Reads them from `dir_or_gguf`; te::Error naming a file that cannot be read or a field of the

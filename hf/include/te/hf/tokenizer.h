@@ -19,6 +19,8 @@
 #include <string_view>
 #include <vector>
 
+#include "te/gen/detokenizer.h"
+
 namespace te::hf {
 
 /// One text's tokens.
@@ -46,7 +48,8 @@ struct EncodeOptions {
 /// Encodings padded to the longest with `pad_id` (right), as encode_batch returns them.
 Batch pad(const std::vector<Encoding>& encodings, int64_t pad_id);
 
-class Tokenizer {
+/// Also te::gen's Detokenizer: what an Engine's stop strings and TextStream decode with.
+class Tokenizer : public te::gen::Detokenizer {
  public:
   /// `dir`/tokenizer.json, else `dir`/vocab.txt (a BERT WordPiece vocabulary, configured by
   /// tokenizer_config.json beside it). te::Error naming the directory when it holds neither.
@@ -72,7 +75,8 @@ class Tokenizer {
   Batch encode_batch(const std::vector<std::string>& texts,
                      const EncodeOptions& options = {}) const;
   /// Tokens back to text (the model's decoder); special tokens left out unless asked for.
-  std::string decode(const std::vector<int64_t>& ids, bool skip_special_tokens = true) const;
+  std::string decode(const std::vector<int64_t>& ids,
+                     bool skip_special_tokens = true) const override;
 
   int64_t vocab_size() const;
   std::optional<int64_t> token_to_id(const std::string& token) const;

@@ -1,9 +1,10 @@
 #pragma once
 
 // te-serve's generation service for a decoder model: the Generator turns checked completion
-// requests (request.h) into token ids, queues them, and drives one te::hf::Engine (continuous
-// batching over a paged KV cache) from one scheduler thread; each request's GenerationStream
-// hands its text to the connection that answers it, piece by piece, as it comes (listen). The
+// requests (request.h) into token ids, queues them, and drives one te::gen::Engine (continuous
+// batching over a paged KV cache, the text and stop strings found as tokens come) from one
+// scheduler thread; each request's GenerationStream hands the engine's text to the connection
+// that answers it, piece by piece, as it comes (listen). The
 // HTTP layer (http.h, routes.h) only moves bytes: the response bodies and server-sent events are
 // openai.h's.
 //
@@ -24,19 +25,23 @@
 #include <utility>
 #include <vector>
 
+#include "te/gen/chat_template.h"
+#include "te/gen/generate.h"
+#include "te/hf/causal_lm.h"
 #include "te/hf/chat.h"
-#include "te/hf/generate.h"
+#include "te/hf/tokenizer.h"
 #include "te/serve/openai.h"
 #include "te/serve/service.h"
 
 namespace te::serve {
 
-/// Rank 0's commands to the other ranks (te::hf::wire's bytes, DeviceMesh::broadcast carries
+/// Rank 0's commands to the other ranks (te::gen::wire's bytes, DeviceMesh::broadcast carries
 /// them): rank 0's bytes in, the same bytes on every rank out.
 using Broadcast = std::function<std::string(const std::string& bytes)>;
 
 struct GeneratorOptions {
-  te::hf::EngineOptions engine;
+  /// The engine's options (its tokenizer is the Generator's).
+  te::gen::EngineOptions engine;
   /// Requests waiting for admission at most; more are answered 503 with Retry-After.
   int64_t max_waiting = 256;
   /// The "model" of the responses (the file or folder name).
@@ -88,11 +93,10 @@ class GenerationStream {
   friend class Generator;
   GenerationStream(CompletionRequest request, te::hf::Tokenizer tokenizer, int64_t prompt_tokens,
                    std::string id);
-  void deliver(std::vector<te::hf::TokenEvent> events);  // scheduler side
+  void deliver(std::vector<te::gen::TokenEvent> events);  // scheduler side
 
   const CompletionRequest request_;
-  const te::hf::Tokenizer tokenizer_;
-  te::hf::TextStream text_;
+  const te::hf::Tokenizer tokenizer_;  // the log-probabilities' token texts
   const int64_t prompt_tokens_;
   const std::string id_;
   const int64_t created_;
@@ -100,12 +104,12 @@ class GenerationStream {
   int64_t token_bytes_ = 0;  // bytes of the tokens read so far (TokenInfo::offset)
   bool done_ = false;        // the last piece has been read
   std::function<void()> cancel_;
-  // Set by the scheduler (engine_id_) and by cancel (cancelled_, stopped_by_text_).
+  // Set by the scheduler (engine_id_) and by cancel (cancelled_).
   std::atomic<int64_t> engine_id_{-1};
-  std::atomic<bool> cancelled_{false}, stopped_by_text_{false};
+  std::atomic<bool> cancelled_{false};
   std::mutex mu_;
   std::condition_variable ready_;
-  std::deque<te::hf::TokenEvent> events_;
+  std::deque<te::gen::TokenEvent> events_;
   // Shared, so a delivery takes it without copying the function (and calls it outside the lock).
   std::shared_ptr<const std::function<void()>> listener_;
   bool deaf_ = false;  // unlisten() was called
@@ -141,18 +145,18 @@ class Generator {
 
   const std::string& model_name() const { return options_.model_name; }
   /// The engine's counters (from the scheduler's thread, or before run()).
-  te::hf::EngineStats stats() const { return engine_.stats(); }
+  te::gen::EngineStats stats() const { return engine_.stats(); }
   int64_t max_sequence_length() const { return engine_.max_sequence_length(); }
   int64_t data_parallel_size() const { return engine_.data_parallel_size(); }
   const te::hf::Tokenizer& tokenizer() const { return tokenizer_; }
 
   /// Requests to add to the engine: prompt ids and options (rank 0's, broadcast on a mesh).
-  using Adds = std::vector<std::pair<std::vector<int64_t>, te::hf::GenerateOptions>>;
+  using Adds = std::vector<std::pair<std::vector<int64_t>, te::gen::GenerateOptions>>;
 
  private:
   struct Admission {
     std::vector<int64_t> ids;
-    te::hf::GenerateOptions options;
+    te::gen::GenerateOptions options;
     std::shared_ptr<GenerationStream> stream;
     std::chrono::steady_clock::time_point submitted;
   };
@@ -174,23 +178,25 @@ class Generator {
   /// One engine step; its tokens go to their streams, with the latency metrics.
   void step_and_deliver();
   /// The prompt's token ids (the chat template applied); HttpError 400 for a prompt that cannot be
-  /// read or is empty, or a token id outside the vocabulary.
+  /// read.
   std::vector<int64_t> prompt_ids(const CompletionRequest& r) const;
-  /// How the engine generates for `r` with a prompt of `length` tokens: its length within the
-  /// context, its sampling (the model's defaults for what it leaves out), its stop tokens;
-  /// HttpError 400 naming the field that does not fit.
-  te::hf::GenerateOptions generate_options(const CompletionRequest& r, int64_t length) const;
+  /// How the engine generates for `r` after the prompt `ids`: its length within the context, its
+  /// sampling (the model's defaults for what it leaves out), its stop tokens and strings;
+  /// HttpError 400 naming the field te::gen::request_problem finds at fault (the engine's own
+  /// check, made before the request is queued).
+  te::gen::GenerateOptions generate_options(const CompletionRequest& r,
+                                            const std::vector<int64_t>& ids) const;
   void update_gauges();
   void count_finished(const std::string& reason);
 
-  te::hf::Engine engine_;
+  te::gen::Engine engine_;
   const te::hf::Tokenizer tokenizer_;
   const te::hf::GenerationDefaults defaults_;
   const GeneratorOptions options_;
   Metrics& metrics_;
   const Broadcast broadcast_;
   const int64_t vocab_size_;
-  std::unique_ptr<te::hf::ChatTemplate> chat_;  // null: the model has none te-cpp knows
+  std::unique_ptr<te::gen::ChatTemplate> chat_;  // null: the model has none te-cpp knows
   std::string chat_error_;
 
   mutable std::mutex mu_;
@@ -209,8 +215,9 @@ class Generator {
 };
 
 /// The other ranks' side of a Generator on a mesh: makes the Engine calls rank 0's broadcast
-/// commands say, until rank 0 stops.
-void follow(te::hf::CausalLM model, const te::hf::EngineOptions& options,
-            const Broadcast& broadcast);
+/// commands say, until rank 0 stops. `tokenizer` is rank 0's (every rank's engine finds the
+/// stop strings alike).
+void follow(te::hf::CausalLM model, const te::hf::Tokenizer& tokenizer,
+            const te::gen::EngineOptions& options, const Broadcast& broadcast);
 
 }  // namespace te::serve

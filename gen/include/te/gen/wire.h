@@ -10,11 +10,11 @@
 //
 // Example (a message type of one's own):
 //   struct Ping { int64_t id = 0; std::string text; };
-//   template <> struct te::hf::wire::Fields<Ping> {
+//   template <> struct te::gen::wire::Fields<Ping> {
 //     static auto list() { return std::make_tuple(field("id", &Ping::id),
 //                                                 field("text", &Ping::text)); }
 //   };
-//   Ping back = te::hf::wire::from_bytes<Ping>(te::hf::wire::to_bytes(Ping{7, "hi"}));
+//   Ping back = te::gen::wire::from_bytes<Ping>(te::gen::wire::to_bytes(Ping{7, "hi"}));
 
 #include <nlohmann/json.hpp>
 
@@ -26,9 +26,9 @@
 #include <vector>
 
 #include "te/error.h"
-#include "te/hf/generate.h"
+#include "te/gen/generate.h"
 
-namespace te::hf::wire {
+namespace te::gen::wire {
 
 template <class T, class M>
 struct Field {
@@ -88,7 +88,7 @@ template <class T>
 nlohmann::json encode(const T& value) {
   if constexpr (detail::has_fields<T>::value) {
     static_assert(std::tuple_size_v<decltype(Fields<T>::list())> == detail::member_count<T>(),
-                  "te::hf::wire::Fields<T> must list every member of T");
+                  "te::gen::wire::Fields<T> must list every member of T");
     nlohmann::json out = nlohmann::json::object();
     std::apply([&](const auto&... f) { ((out[f.name] = encode(value.*(f.member))), ...); },
                Fields<T>::list());
@@ -101,7 +101,7 @@ nlohmann::json encode(const T& value) {
     return nlohmann::json::array({encode(value.first), encode(value.second)});
   } else {
     static_assert(std::is_arithmetic_v<T> || std::is_same_v<T, std::string>,
-                  "te::hf::wire: give this type a Fields<T>");
+                  "te::gen::wire: give this type a Fields<T>");
     return nlohmann::json(value);
   }
 }
@@ -157,7 +157,7 @@ T from_bytes(const std::string& bytes, const std::string& what = "message") {
   return value;
 }
 
-// ---- te::hf's messages -----------------------------------------------------------------------
+// ---- te::gen's messages ----------------------------------------------------------------------
 
 template <>
 struct Fields<SamplingOptions> {
@@ -178,7 +178,7 @@ struct Fields<GenerateOptions> {
     using G = GenerateOptions;
     return std::make_tuple(field("max_tokens", &G::max_tokens), field("sampling", &G::sampling),
                            field("stop_token_ids", &G::stop_token_ids),
-                           field("top_logprobs", &G::top_logprobs));
+                           field("top_logprobs", &G::top_logprobs), field("stop", &G::stop));
   }
 };
 
@@ -188,7 +188,7 @@ struct Fields<TokenEvent> {
     using E = TokenEvent;
     return std::make_tuple(field("request", &E::request), field("token", &E::token),
                            field("logprob", &E::logprob), field("top_logprobs", &E::top_logprobs),
-                           field("finish_reason", &E::finish_reason));
+                           field("finish_reason", &E::finish_reason), field("text", &E::text));
   }
 };
 
@@ -205,4 +205,4 @@ struct Fields<EngineStats> {
   }
 };
 
-}  // namespace te::hf::wire
+}  // namespace te::gen::wire

@@ -1,4 +1,4 @@
-// te::hf::Sampler: transformers' logits processors (repetition penalty, temperature, top-k,
+// te::gen::Sampler: transformers' logits processors (repetition penalty, temperature, top-k,
 // top-p, min-p) and OpenAI's presence and frequency penalties over one request's logits, and the
 // draw from what they leave.
 
@@ -9,24 +9,39 @@
 #include <limits>
 #include <map>
 #include <set>
+#include <sstream>
 
 #include "te/error.h"
-#include "te/hf/generate.h"
+#include "te/gen/generate.h"
 
-namespace te::hf {
+namespace te::gen {
+
+std::optional<BadField> sampling_problem(const SamplingOptions& o, const std::string& who) {
+  auto bad = [&](const char* field, auto value, const char* rule) {
+    std::ostringstream message;
+    message << who << "." << field << " " << value << " must be " << rule;
+    return BadField{field, message.str()};
+  };
+  if (!(std::isfinite(o.temperature) && o.temperature >= 0)) {
+    return bad("temperature", o.temperature, ">= 0 (0: greedy)");
+  }
+  if (o.top_k < 0) return bad("top_k", o.top_k, ">= 0 (0: off)");
+  if (!(o.top_p > 0 && o.top_p <= 1)) return bad("top_p", o.top_p, "in (0, 1]");
+  if (!(o.min_p >= 0 && o.min_p <= 1)) return bad("min_p", o.min_p, "in [0, 1]");
+  if (!(std::isfinite(o.repetition_penalty) && o.repetition_penalty > 0)) {
+    return bad("repetition_penalty", o.repetition_penalty, "> 0 (1: off)");
+  }
+  if (!(o.presence_penalty >= -2 && o.presence_penalty <= 2)) {
+    return bad("presence_penalty", o.presence_penalty, "in [-2, 2] (0: off)");
+  }
+  if (!(o.frequency_penalty >= -2 && o.frequency_penalty <= 2)) {
+    return bad("frequency_penalty", o.frequency_penalty, "in [-2, 2] (0: off)");
+  }
+  return std::nullopt;
+}
 
 void check_sampling(const SamplingOptions& o, const std::string& who) {
-  TE_CHECK(std::isfinite(o.temperature) && o.temperature >= 0, who, ".temperature ", o.temperature,
-           " must be >= 0 (0: greedy)");
-  TE_CHECK(o.top_k >= 0, who, ".top_k ", o.top_k, " must be >= 0 (0: off)");
-  TE_CHECK(o.top_p > 0 && o.top_p <= 1, who, ".top_p ", o.top_p, " must be in (0, 1]");
-  TE_CHECK(o.min_p >= 0 && o.min_p <= 1, who, ".min_p ", o.min_p, " must be in [0, 1]");
-  TE_CHECK(std::isfinite(o.repetition_penalty) && o.repetition_penalty > 0, who,
-           ".repetition_penalty ", o.repetition_penalty, " must be > 0 (1: off)");
-  TE_CHECK(o.presence_penalty >= -2 && o.presence_penalty <= 2, who, ".presence_penalty ",
-           o.presence_penalty, " must be in [-2, 2] (0: off)");
-  TE_CHECK(o.frequency_penalty >= -2 && o.frequency_penalty <= 2, who, ".frequency_penalty ",
-           o.frequency_penalty, " must be in [-2, 2] (0: off)");
+  if (const std::optional<BadField> bad = sampling_problem(o, who)) TE_FAIL(bad->message);
 }
 
 bool SamplingOptions::is_greedy() const {
@@ -108,4 +123,4 @@ int64_t Sampler::next(const at::Tensor& logits, const std::vector<int64_t>& cont
   return id;
 }
 
-}  // namespace te::hf
+}  // namespace te::gen

@@ -1,20 +1,27 @@
-// te::hf::TextStream: generated tokens to final text, a character held back until its last byte
-// comes, and the stop strings found across token boundaries.
+// te::gen::TextStream: generated tokens to final text, a character held back until its last
+// byte comes, and the stop strings found across token boundaries; generate(), which runs
+// requests to the end on an Engine.
+
+#include "te/gen/text_stream.h"
+
+#include <algorithm>
+#include <map>
 
 #include "te/error.h"
-#include "te/hf/generate.h"
+#include "te/gen/generate.h"
 
-namespace te::hf {
+namespace te::gen {
 
-TextStream::TextStream(Tokenizer tokenizer, std::vector<std::string> stop)
+TextStream::TextStream(std::shared_ptr<const Detokenizer> tokenizer, std::vector<std::string> stop)
     : tokenizer_(std::move(tokenizer)), stop_(std::move(stop)) {
+  TE_CHECK(tokenizer_ != nullptr, "TextStream: no tokenizer");
   for (const std::string& s : stop_) TE_CHECK(!s.empty(), "TextStream: a stop string is empty");
 }
 
 std::string TextStream::push(int64_t token) {
   if (stopped_) return "";
   ids_.push_back(token);
-  const std::string full = tokenizer_.decode(ids_);
+  const std::string full = tokenizer_->decode(ids_, /*skip_special_tokens=*/true);
   // The earliest stop string ends the text.
   std::size_t stop_at = std::string::npos;
   for (const std::string& s : stop_) {
@@ -50,14 +57,14 @@ std::string TextStream::push(int64_t token) {
 
 std::string TextStream::finish() {
   if (stopped_ || ids_.empty()) return "";
-  const std::string full = tokenizer_.decode(ids_);
+  const std::string full = tokenizer_->decode(ids_, /*skip_special_tokens=*/true);
   if (full.size() <= emitted_.size()) return "";
   std::string out = full.substr(emitted_.size());
   emitted_ += out;
   return out;
 }
 
-std::vector<Generated> generate(CausalLM model, const std::vector<std::vector<int64_t>>& prompts,
+std::vector<Generated> generate(ModelRef model, const std::vector<std::vector<int64_t>>& prompts,
                                 const GenerateOptions& options, const EngineOptions& engine_options,
                                 const std::function<void(const TokenEvent&)>& on_token) {
   Engine engine(std::move(model), engine_options);
@@ -71,6 +78,7 @@ std::vector<Generated> generate(CausalLM model, const std::vector<std::vector<in
       g.logprobs.push_back(e.logprob);
       g.top_logprobs.push_back(e.top_logprobs);
       g.finish_reason = e.finish_reason;
+      g.text += e.text;
       if (on_token) {
         TokenEvent shown = e;
         shown.request = static_cast<int64_t>(index.at(e.request));
@@ -81,4 +89,4 @@ std::vector<Generated> generate(CausalLM model, const std::vector<std::vector<in
   return out;
 }
 
-}  // namespace te::hf
+}  // namespace te::gen

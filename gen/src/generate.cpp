@@ -1,4 +1,4 @@
-#include "te/hf/generate.h"
+#include "te/gen/generate.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
@@ -15,19 +15,13 @@
 
 #include "te/distributed.h"
 #include "te/error.h"
-#include "te/hf/wire.h"
+#include "te/gen/text_stream.h"
+#include "te/gen/wire.h"
 #include "te/nn/sharded.h"
 
-namespace te::hf {
+namespace te::gen {
 
 namespace {
-
-constexpr int64_t kMaxTopLogprobs = 20;  // OpenAI's bound on top_logprobs
-
-int64_t bytes_per_token(const CausalLMConfig& c, at::ScalarType dtype) {
-  return c.num_hidden_layers * c.num_key_value_heads * 2 * c.head_dim *
-         static_cast<int64_t>(c10::elementSize(dtype));
-}
 
 // Data parallel: what each group tells the others after a step.
 struct GroupStep {
@@ -36,21 +30,21 @@ struct GroupStep {
 };
 
 }  // namespace
-}  // namespace te::hf
+}  // namespace te::gen
 
 template <>
-struct te::hf::wire::Fields<te::hf::GroupStep> {
+struct te::gen::wire::Fields<te::gen::GroupStep> {
   static auto list() {
-    using G = te::hf::GroupStep;
+    using G = te::gen::GroupStep;
     return std::make_tuple(field("events", &G::events), field("stats", &G::stats));
   }
 };
 
-namespace te::hf {
+namespace te::gen {
 
 // The engine's state and scheduler; Engine's public calls forward here.
 struct Engine::Impl {
-  Impl(CausalLM model, const EngineOptions& options);
+  Impl(ModelRef model, const EngineOptions& options);
   int64_t add(const std::vector<int64_t>& prompt, const GenerateOptions& options);
   void cancel(int64_t id);
   std::vector<TokenEvent> step();
@@ -64,8 +58,11 @@ struct Engine::Impl {
     int64_t generated = 0;
     GenerateOptions options;
     std::unique_ptr<Sampler> sampler;
+    std::unique_ptr<TextStream> text;  // with a tokenizer
   };
   TokenEvent sample(Sequence& seq, const at::Tensor& logits);
+  /// The event's finish reason and, with a tokenizer, its text (a stop string ends it here).
+  void finish_or_go_on(Sequence& seq, TokenEvent& e) const;
   /// This rank's group's counters (the engine's own without data parallelism).
   EngineStats local_stats() const;
   /// step() of this rank's group alone.
@@ -89,7 +86,7 @@ struct Engine::Impl {
   std::map<int64_t, int64_t> remote_;  ///< other groups' live requests: id -> group
   EngineStats remote_stats_;           ///< their counters at the last exchange
 
-  CausalLM model_;
+  ModelRef model_;
   EngineOptions options_;
   int64_t max_len_ = 0;
   std::unique_ptr<te::nn::InferenceParams> cache_;
@@ -99,11 +96,11 @@ struct Engine::Impl {
   EngineStats stats_;
 };
 
-Engine::Impl::Impl(CausalLM model, const EngineOptions& options)
+Engine::Impl::Impl(ModelRef model, const EngineOptions& options)
     : model_(std::move(model)), options_(options) {
   const EngineOptions& o = options_;
-  const CausalLMConfig& c = model_->config;
-  TE_CHECK(!model_->is_training(), "Engine: the model is in training mode; call eval() first");
+  TE_CHECK(!model_->as_module().is_training(),
+           "Engine: the model is in training mode; call eval() first");
   TE_CHECK(o.max_num_seqs > 0, "Engine: max_num_seqs ", o.max_num_seqs, " must be > 0");
   TE_CHECK(o.max_num_batched_tokens >= o.max_num_seqs, "Engine: max_num_batched_tokens ",
            o.max_num_batched_tokens, " must be >= max_num_seqs ", o.max_num_seqs,
@@ -111,12 +108,11 @@ Engine::Impl::Impl(CausalLM model, const EngineOptions& options)
   TE_CHECK(!o.paged || o.page_size > 0, "Engine: page_size ", o.page_size, " must be > 0");
   TE_CHECK(o.kv_cache_bytes >= 0 && o.max_sequence_length >= 0,
            "Engine: kv_cache_bytes and max_sequence_length must be >= 0");
-  const int64_t per_token = bytes_per_token(c, o.kv_cache_dtype);
-  const int64_t model_len = c.max_position_embeddings > 0 ? c.max_position_embeddings : 2048;
-  max_len_ = o.max_sequence_length ? o.max_sequence_length : model_len;
-  TE_CHECK(c.max_position_embeddings == 0 || max_len_ <= c.max_position_embeddings,
-           "Engine: max_sequence_length ", max_len_, " is more than the model's ",
-           c.max_position_embeddings, " positions");
+  const int64_t per_token = model_->kv_bytes_per_token(o.kv_cache_dtype);
+  const int64_t positions = model_->max_positions();
+  max_len_ = o.max_sequence_length ? o.max_sequence_length : positions > 0 ? positions : 2048;
+  TE_CHECK(positions == 0 || max_len_ <= positions, "Engine: max_sequence_length ", max_len_,
+           " is more than the model's ", positions, " positions");
   int64_t blocks = 0;
   const int64_t block_tokens = o.paged ? o.page_size : max_len_;
   if (o.kv_cache_bytes == 0) {
@@ -129,7 +125,8 @@ Engine::Impl::Impl(CausalLM model, const EngineOptions& options)
              "; give more memory or a shorter max_sequence_length");
   }
   auto cache =
-      cache_options(c, o.paged ? o.max_num_seqs : std::min(o.max_num_seqs, blocks), max_len_)
+      model_
+          ->kv_cache_options(o.paged ? o.max_num_seqs : std::min(o.max_num_seqs, blocks), max_len_)
           .dtype(o.kv_cache_dtype);
   if (o.paged) cache.is_paged(true).page_size(o.page_size).total_num_pages(blocks);
   cache_ = std::make_unique<te::nn::InferenceParams>(cache);
@@ -142,7 +139,7 @@ Engine::Impl::Impl(CausalLM model, const EngineOptions& options)
              "; data-parallel generation takes one mesh axis");
     const int64_t dim = mesh->axis_index(axes[0]);
     if (mesh->size(dim) > 1) {
-      for (const auto& [name, layout] : te::nn::named_parameter_layouts(*model_)) {
+      for (const auto& [name, layout] : te::nn::named_parameter_layouts(model_->as_module())) {
         const bool sharded = layout.mesh && *layout.mesh == *mesh &&
                              std::holds_alternative<Shard>(layout.placements.at(dim));
         TE_CHECK(!sharded, "Engine: parameter ", name, " is sharded along mesh axis '", axes[0],
@@ -157,21 +154,13 @@ Engine::Impl::Impl(CausalLM model, const EngineOptions& options)
 }
 
 int64_t Engine::Impl::add(const std::vector<int64_t>& prompt, const GenerateOptions& options) {
-  check_sampling(options.sampling, "sampling");
-  TE_CHECK(!prompt.empty(), "Engine::add: the prompt has no tokens");
-  TE_CHECK(options.max_tokens >= 1, "Engine::add: max_tokens ", options.max_tokens,
-           " must be >= 1");
-  TE_CHECK(options.top_logprobs >= 0 && options.top_logprobs <= kMaxTopLogprobs,
-           "Engine::add: top_logprobs ", options.top_logprobs, " must be in [0, ", kMaxTopLogprobs,
-           "]");
-  const int64_t len = static_cast<int64_t>(prompt.size());
-  TE_CHECK(len < max_len_, "Engine::add: the prompt has ", len, " tokens; max_sequence_length ",
-           max_len_, " leaves no room to generate");
-  const int64_t vocab = model_->config.vocab_size;
-  for (int64_t id : prompt) {
-    TE_CHECK(id >= 0 && id < vocab, "Engine::add: prompt token ", id,
-             " is outside the vocabulary of ", vocab);
-  }
+  RequestLimits limits;
+  limits.vocab_size = model_->vocab_size();
+  limits.max_sequence_length = max_len_;
+  check_request(prompt, options, limits, "Engine::add");
+  TE_CHECK(options.stop.empty() || options_.tokenizer,
+           "Engine::add: the request has stop strings but the Engine no tokenizer to find them "
+           "with (set EngineOptions::tokenizer)");
   const int64_t id = next_id_++;
   if (dp_) {  // the group with the fewest requests takes it (every rank decides alike)
     int64_t group = 0;
@@ -186,9 +175,12 @@ int64_t Engine::Impl::add(const std::vector<int64_t>& prompt, const GenerateOpti
   auto seq = std::make_unique<Sequence>();
   seq->id = id;
   seq->tokens = prompt;
-  seq->prompt_length = len;
+  seq->prompt_length = static_cast<int64_t>(prompt.size());
   seq->options = options;
   seq->sampler = std::make_unique<Sampler>(options.sampling);
+  if (options_.tokenizer) {
+    seq->text = std::make_unique<TextStream>(options_.tokenizer, options.stop);
+  }
   waiting_.push_back(std::move(seq));
   return waiting_.back()->id;
 }
@@ -248,14 +240,29 @@ TokenEvent Engine::Impl::sample(Sequence& seq, const at::Tensor& logits) {
   }
   seq.tokens.push_back(e.token);
   ++seq.generated;
+  finish_or_go_on(seq, e);
+  return e;
+}
+
+void Engine::Impl::finish_or_go_on(Sequence& seq, TokenEvent& e) const {
   const auto& stop = seq.options.stop_token_ids;
   if (std::find(stop.begin(), stop.end(), e.token) != stop.end()) {
-    e.finish_reason = "stop";
-  } else if (seq.generated >= seq.options.max_tokens ||
-             static_cast<int64_t>(seq.tokens.size()) >= max_len_) {
-    e.finish_reason = "length";
+    e.finish_reason = "stop";  // the stop token's own text is not returned
+    if (seq.text) e.text = seq.text->finish();
+    return;
   }
-  return e;
+  if (seq.text) {
+    e.text = seq.text->push(e.token);
+    if (seq.text->stopped()) {  // a stop string: the text before it is out, the request ends
+      e.finish_reason = "stop";
+      return;
+    }
+  }
+  if (seq.generated >= seq.options.max_tokens ||
+      static_cast<int64_t>(seq.tokens.size()) >= max_len_) {
+    e.finish_reason = "length";
+    if (seq.text) e.text += seq.text->finish();
+  }
 }
 
 std::vector<TokenEvent> Engine::Impl::step() {
@@ -271,7 +278,7 @@ std::vector<TokenEvent> Engine::Impl::step() {
 std::vector<TokenEvent> Engine::Impl::exchange(std::vector<TokenEvent> mine) {
   c10::InferenceMode inference;
   GroupStep step{std::move(mine), local_stats()};
-  // One group's message per coordinate of the data-parallel dim (te::hf::wire's bytes).
+  // One group's message per coordinate of the data-parallel dim (te::gen::wire's bytes).
   const std::vector<std::string> all = dp_->mesh.all_gather(wire::to_bytes(step), {dp_->dim});
   std::vector<TokenEvent> events;
   remote_stats_ = EngineStats{};
@@ -397,7 +404,7 @@ std::vector<TokenEvent> Engine::Impl::step_group() {
   return events;
 }
 
-Engine::Engine(CausalLM model, const EngineOptions& options)
+Engine::Engine(ModelRef model, const EngineOptions& options)
     : impl_(std::make_unique<Impl>(std::move(model), options)) {}
 Engine::~Engine() = default;
 Engine::Engine(Engine&&) noexcept = default;
@@ -416,4 +423,4 @@ const te::nn::InferenceParams& Engine::cache() const { return *impl_->cache_; }
 int64_t Engine::max_sequence_length() const { return impl_->max_len_; }
 int64_t Engine::data_parallel_size() const { return impl_->dp_ ? impl_->dp_->size : 1; }
 
-}  // namespace te::hf
+}  // namespace te::gen

@@ -1,18 +1,19 @@
 #pragma once
 
-// Text generation with a te::hf::CausalLM: how the next token is chosen (Sampler, with
-// transformers' logits processors), and the Engine that decodes many requests together over one
-// KV cache with iteration-level scheduling (continuous batching): at every step waiting requests
-// join, finished ones leave, and long prompts are prefilled in chunks beside the decoding ones.
-// generate() runs a set of requests to the end on an Engine; te-serve drives one request by
-// request.
+// Text generation with a LanguageModel (model.h; te::hf::CausalLM is one): how the next token is
+// chosen (Sampler, with transformers' logits processors), and the Engine that decodes many
+// requests together over one KV cache with iteration-level scheduling (continuous batching): at
+// every step waiting requests join, finished ones leave, and long prompts are prefilled in chunks
+// beside the decoding ones. With a tokenizer the Engine also turns each request's tokens into
+// text and ends it at its stop strings, in the step that completes one. generate() runs a set of
+// requests to the end on an Engine; te-serve drives one request by request.
 //
 // Example:
 //   te::hf::CausalLM model = te::hf::load_causal_lm("SmolLM2-135M-Instruct.gguf");
-//   te::hf::GenerateOptions o;
+//   te::gen::GenerateOptions o;
 //   o.max_tokens = 64;
 //   o.sampling.temperature = 0;  // greedy
-//   std::vector<int64_t> out = te::hf::generate(model, {prompt_ids}, o)[0].tokens;
+//   std::vector<int64_t> out = te::gen::generate(model, {prompt_ids}, o)[0].tokens;
 
 #include <ATen/Tensor.h>
 
@@ -26,12 +27,13 @@
 #include <vector>
 
 #include "te/distributed/mesh.h"
-#include "te/hf/causal_lm.h"
-#include "te/hf/sampling.h"
-#include "te/hf/tokenizer.h"
+#include "te/gen/detokenizer.h"
+#include "te/gen/model.h"
+#include "te/gen/request.h"
+#include "te/gen/sampling.h"
 #include "te/nn/kv_cache.h"
 
-namespace te::hf {
+namespace te::gen {
 
 /// One request's token chooser.
 class Sampler {
@@ -53,27 +55,20 @@ class Sampler {
   std::mt19937_64 random_;
 };
 
-/// One request.
-struct GenerateOptions {
-  /// Tokens to generate at most (the stop token not counted).
-  int64_t max_tokens = 16;
-  SamplingOptions sampling;
-  /// Generation stops when one of these is drawn (it is reported, finish_reason "stop").
-  std::vector<int64_t> stop_token_ids;
-  /// Log-probabilities (log_softmax of the model's logits, before the sampling filters) of the
-  /// chosen token and of the `top_logprobs` most likely ones.
-  int64_t top_logprobs = 0;
-};
-
 /// One generated token of one request.
 struct TokenEvent {
   int64_t request = 0;
   int64_t token = 0;
   float logprob = 0;
   std::vector<std::pair<int64_t, float>> top_logprobs;
-  /// "" while the request goes on; "stop" (a stop token, this one) or "length" (max_tokens, or
-  /// the context is full) on its last token.
+  /// "" while the request goes on; "stop" (a stop token, this one, or a stop string this token
+  /// completed) or "length" (max_tokens, or the context is full) on its last token.
   std::string finish_reason;
+  /// With the Engine's tokenizer: the text this token made final (TextStream's push). A character
+  /// whose bytes are not all there, or an end that could begin a stop string, waits for later
+  /// tokens; the last event carries what was held back. Neither a stop token's text nor a stop
+  /// string is in it. "" without a tokenizer.
+  std::string text;
 };
 
 /// What generate() returns for one request.
@@ -82,6 +77,7 @@ struct Generated {
   std::vector<float> logprobs;
   std::vector<std::vector<std::pair<int64_t, float>>> top_logprobs;
   std::string finish_reason;
+  std::string text;  ///< the events' text, with the Engine's tokenizer
 };
 
 struct EngineOptions {
@@ -101,6 +97,9 @@ struct EngineOptions {
   int64_t kv_cache_bytes = 0;
   /// The cache's dtype.
   at::ScalarType kv_cache_dtype = at::kFloat;
+  /// Decodes each request's tokens into TokenEvent::text and finds its stop strings (needed by a
+  /// request with GenerateOptions::stop); on a mesh every rank's Engine needs the same one.
+  std::shared_ptr<const Detokenizer> tokenizer;
 };
 
 /// Counters of an Engine (te-serve's /metrics).
@@ -124,14 +123,15 @@ struct EngineStats {
 ///     naming a parameter FSDP shards there).
 class Engine {
  public:
-  Engine(CausalLM model, const EngineOptions& options = {});
+  explicit Engine(ModelRef model, const EngineOptions& options = {});
   ~Engine();
   Engine(Engine&&) noexcept;
   Engine& operator=(Engine&&) noexcept;
 
-  /// Queues a request; returns its id. te::Error (nothing queued) for an empty prompt, one
-  /// that leaves no room to generate within max_sequence_length, a token id outside the
-  /// vocabulary, or bad options (naming the field).
+  /// Queues a request; returns its id. te::Error (nothing queued) for what check_request
+  /// refuses (request.h: an empty prompt, one that leaves no room to generate within
+  /// max_sequence_length, a token id outside the vocabulary, bad options, naming the field), or
+  /// stop strings without a tokenizer.
   int64_t add(const std::vector<int64_t>& prompt, const GenerateOptions& options);
   /// Ends request `id` now (waiting or running) and frees its pages. Unknown
   /// or finished ids are ignored.
@@ -155,33 +155,10 @@ class Engine {
   std::unique_ptr<Impl> impl_;
 };
 
-/// Generated tokens as text, as it becomes final: a character whose bytes are not all there yet,
-/// or an end that could begin a stop string, is held back until the next tokens settle it. A
-/// stop string ends the text before it (OpenAI's `stop`: the stop string is not returned).
-class TextStream {
- public:
-  explicit TextStream(Tokenizer tokenizer, std::vector<std::string> stop = {});
-  /// Adds a generated token; returns the text that is now final ("" once stopped).
-  std::string push(int64_t token);
-  /// The text still held back, when generation has ended without a stop string.
-  std::string finish();
-  /// A stop string has appeared (the text before it has been returned).
-  bool stopped() const { return stopped_; }
-  /// Everything returned so far.
-  const std::string& text() const { return emitted_; }
-
- private:
-  Tokenizer tokenizer_;
-  std::vector<std::string> stop_;
-  std::vector<int64_t> ids_;
-  std::string emitted_;
-  bool stopped_ = false;
-};
-
 /// Runs `prompts` to the end together on an Engine of `engine` options; `on_token` (optional)
 /// sees every token as it is generated, by prompt index.
-std::vector<Generated> generate(CausalLM model, const std::vector<std::vector<int64_t>>& prompts,
+std::vector<Generated> generate(ModelRef model, const std::vector<std::vector<int64_t>>& prompts,
                                 const GenerateOptions& options, const EngineOptions& engine = {},
                                 const std::function<void(const TokenEvent&)>& on_token = {});
 
-}  // namespace te::hf
+}  // namespace te::gen

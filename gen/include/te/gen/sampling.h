@@ -1,12 +1,13 @@
 #pragma once
 
-// How one request chooses its tokens: the options of te::hf::Sampler (generate.h), in a header of
-// their own so that what reads a model's defaults (chat.h) needs no LibTorch.
+// How one request chooses its tokens: the options of te::gen::Sampler (generate.h), in a header
+// of their own so that what reads a model's defaults (te/hf/chat.h) needs no LibTorch.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
-namespace te::hf {
+namespace te::gen {
 
 /// How the next token is drawn from the logits, in transformers' order (generation/utils.py
 /// _get_logits_processor, transformers 5.23.0): the repetition penalty (over the prompt and the
@@ -14,7 +15,7 @@ namespace te::hf {
 /// presence and frequency penalties (vLLM's order: before the temperature), then the
 /// temperature, top-k, top-p and min-p filters, then a draw from the softmax. The struct's
 /// defaults are OpenAI's API defaults (no filter); te-generate and te-serve start from the
-/// model's own instead (GenerationDefaults::sampling, chat.h).
+/// model's own instead (te::hf::GenerationDefaults::sampling, te/hf/chat.h).
 struct SamplingOptions {
   /// 0: greedy (the largest logit; ties go to the lowest id). Otherwise logits / temperature.
   double temperature = 1.0;
@@ -40,7 +41,17 @@ struct SamplingOptions {
   bool is_greedy() const;
 };
 
-/// Checks every field (te::Error naming the first bad one, as `who`.field).
+/// A field of a request that is out of its range: its name and what is wrong ("top_p",
+/// "sampling.top_p 0 must be in (0, 1]").
+struct BadField {
+  std::string field;
+  std::string message;
+};
+
+/// The first field of `options` out of its range (named `who`.field in the message), or none.
+std::optional<BadField> sampling_problem(const SamplingOptions& options,
+                                         const std::string& who = "sampling");
+/// Checks every field (te::Error with sampling_problem's message).
 void check_sampling(const SamplingOptions& options, const std::string& who = "sampling");
 
-}  // namespace te::hf
+}  // namespace te::gen

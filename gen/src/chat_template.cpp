@@ -1,0 +1,78 @@
+// te::gen::ChatTemplate: the ChatML and Llama 3 template families recognised in a model's
+// chat_template, and the prompts they write.
+
+#include "te/gen/chat_template.h"
+
+#include "te/error.h"
+
+namespace te::gen {
+
+namespace {
+
+bool has(const std::string& text, const char* part) { return text.find(part) != std::string::npos; }
+
+std::string trimmed(const std::string& s) {
+  const auto first = s.find_first_not_of(" \t\n\r");
+  if (first == std::string::npos) return "";
+  return s.substr(first, s.find_last_not_of(" \t\n\r") - first + 1);
+}
+
+}  // namespace
+
+ChatTemplate ChatTemplate::recognise(const std::string& jinja, const std::string& where) {
+  ChatTemplate t;
+  if (has(jinja, "<|im_start|>") && has(jinja, "<|im_end|>") &&
+      has(jinja, "add_generation_prompt") && !has(jinja, "tools") && !has(jinja, "<think>")) {
+    t.family_ = "chatml";
+    // A default system message before a first message that is not one (SmolLM2's).
+    const std::string opening = "'<|im_start|>system\n";
+    const auto at = jinja.find(opening);
+    if (has(jinja, "messages[0]['role'] != 'system'") && at != std::string::npos) {
+      const auto begin = at + opening.size();
+      const auto end = jinja.find("<|im_end|>", begin);
+      TE_CHECK(end != std::string::npos, "chat template of ", where,
+               ": its default system message has no end");
+      t.default_system_ = jinja.substr(begin, end - begin);
+      t.has_default_system_ = true;
+    }
+    return t;
+  }
+  if (has(jinja, "<|start_header_id|>") && has(jinja, "<|eot_id|>") &&
+      has(jinja, "add_generation_prompt") && !has(jinja, "tools") &&
+      !has(jinja, "Cutting Knowledge")) {
+    t.family_ = "llama3";
+    return t;
+  }
+  throw Error("chat template of " + where +
+              " is not one te-cpp applies (it recognises ChatML and Llama 3 templates without "
+              "tools; there is no Jinja engine): give the prompt as text instead of --chat");
+}
+
+std::string ChatTemplate::apply(const std::vector<ChatMessage>& messages,
+                                bool add_generation_prompt) const {
+  TE_CHECK(!messages.empty(), "chat template: no messages");
+  for (const ChatMessage& m : messages) {
+    TE_CHECK(m.role == "system" || m.role == "user" || m.role == "assistant",
+             "chat template: role '", m.role, "' is not system, user or assistant");
+  }
+  std::string out;
+  if (family_ == "chatml") {
+    if (has_default_system_ && messages.front().role != "system") {
+      out += "<|im_start|>system\n" + default_system_ + "<|im_end|>\n";
+    }
+    for (const ChatMessage& m : messages) {
+      out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
+    }
+    if (add_generation_prompt) out += "<|im_start|>assistant\n";
+    return out;
+  }
+  out = "<|begin_of_text|>";
+  for (const ChatMessage& m : messages) {
+    out += "<|start_header_id|>" + m.role + "<|end_header_id|>\n\n" + trimmed(m.content) +
+           "<|eot_id|>";
+  }
+  if (add_generation_prompt) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
+  return out;
+}
+
+}  // namespace te::gen
