@@ -159,7 +159,7 @@ int64_t Engine::Impl::add(const std::vector<int64_t>& prompt, const GenerateOpti
   limits.max_sequence_length = max_len_;
   check_request(prompt, options, limits, "Engine::add");
   TE_CHECK(options.stop.empty() || options_.tokenizer,
-           "Engine::add: the request has stop strings but the Engine no tokenizer to find them "
+           "Engine::add: the request has stop strings but the Engine has no tokenizer to find them "
            "with (set EngineOptions::tokenizer)");
   const int64_t id = next_id_++;
   if (dp_) {  // the group with the fewest requests takes it (every rank decides alike)

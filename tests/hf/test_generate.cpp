@@ -392,7 +392,7 @@ TEST(Generate, StopStringsEndTheRequestInTheStepThatCompletesThem) {
   // Refused by name: stop strings without a tokenizer, an empty one.
   Engine plain(model);
   EXPECT_ERROR(plain.add(tokens(4, 1), o),
-               "the request has stop strings but the Engine no tokenizer");
+               "the request has stop strings but the Engine has no tokenizer");
   o.stop = {""};
   EXPECT_ERROR(engine.add(tokens(4, 1), o), "Engine::add: stop[0] is an empty string");
 }

@@ -21,7 +21,7 @@
 // On a mesh the cache holds what its rank's attention computes with: the key/value heads of its
 // shard (tensor parallel shards the cache with the heads), so no rank holds the whole cache.
 //
-// Example (see te::hf::CausalLM::step and te::hf::generate):
+// Example (see te::hf::CausalLM::step and te::gen::generate):
 //   te::nn::InferenceParams cache(te::nn::InferenceParamsOptions(8, 2048, kv_heads, head_dim)
 //                                     .is_paged(true).page_size(16).total_num_pages(512));
 //   cache.pre_step({{7, prompt_len}});  // prefill sequence 7
