@@ -47,7 +47,7 @@ declare -A sources=(
 declare -A libs=([fuzz_tokenizer]="-licuuc -lpcre2-8")
 targets=(fuzz_sharding fuzz_cola fuzz_request fuzz_checkpoint fuzz_hf_config fuzz_gguf
          fuzz_tokenizer)
-headers=(te/include encoder/include serve/include serve/src/json_body.h
+headers=(te/include encoder/include serve/include gen/include serve/src/json_body.h
          modules/src/checkpoint_format.h hf/include hf/src/families/family.h
          hf/src/families/list.h hf/src/families/rope_decoder.h hf/src/json_fields.h)  # a change rebuilds all
 for target in "${targets[@]}"; do
@@ -55,8 +55,9 @@ for target in "${targets[@]}"; do
   if [ ! -x "$out/$target" ] || [ -n "$(find "${src[@]}" "${headers[@]}" -newer "$out/$target" \
        2>/dev/null | head -1)" ]; then
     read -r -a link <<<"${libs[$target]:-}"
-    clang++ "${flags[@]}" -Iencoder/include -Iserve/include -Imodules/src -Ihf/include \
-      -isystem /usr/include/torch/csrc/api/include "${src[@]}" "${link[@]}" -o "$out/$target"
+    clang++ "${flags[@]}" -Iencoder/include -Iserve/include -Imodules/src -Igen/include \
+      -Ihf/include -isystem /usr/include/torch/csrc/api/include "${src[@]}" "${link[@]}" \
+      -o "$out/$target"
   fi
 done
 
