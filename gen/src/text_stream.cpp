@@ -18,10 +18,41 @@ TextStream::TextStream(std::shared_ptr<const Detokenizer> tokenizer, std::vector
   for (const std::string& s : stop_) TE_CHECK(!s.empty(), "TextStream: a stop string is empty");
 }
 
+namespace {
+// U+FFFD, what a decoder gives for a character whose bytes are not all there.
+const std::string kReplacement = "\xEF\xBF\xBD";
+}  // namespace
+
+std::string TextStream::decoded() {
+  // The new ids are decoded after a few settled ones, and what those alone decode to is cut off
+  // the front: a decoder that treats its first token specially (SentencePiece's leading space,
+  // a Strip decoder) treats the same token alike in both. Where the shorter text is not the
+  // front of the longer (a decoder whose output is not local), the whole text is decoded.
+  constexpr std::size_t kContext = 4;
+  std::string full;
+  if (settled_ <= kContext) {
+    full = tokenizer_->decode(ids_, /*skip_special_tokens=*/true);
+  } else {
+    const auto from = ids_.begin() + static_cast<std::ptrdiff_t>(settled_ - kContext);
+    const std::string before = tokenizer_->decode(
+        {from, ids_.begin() + static_cast<std::ptrdiff_t>(settled_)}, /*skip_special_tokens=*/true);
+    const std::string after = tokenizer_->decode({from, ids_.end()}, /*skip_special_tokens=*/true);
+    full = after.compare(0, before.size(), before) == 0
+               ? settled_text_ + after.substr(before.size())
+               : tokenizer_->decode(ids_, /*skip_special_tokens=*/true);
+  }
+  if (full.size() < kReplacement.size() ||
+      full.compare(full.size() - kReplacement.size(), kReplacement.size(), kReplacement) != 0) {
+    settled_ = ids_.size();
+    settled_text_ = full;
+  }
+  return full;
+}
+
 std::string TextStream::push(int64_t token) {
   if (stopped_) return "";
   ids_.push_back(token);
-  const std::string full = tokenizer_->decode(ids_, /*skip_special_tokens=*/true);
+  const std::string full = decoded();
   // The earliest stop string ends the text.
   std::size_t stop_at = std::string::npos;
   for (const std::string& s : stop_) {
@@ -34,10 +65,9 @@ std::string TextStream::push(int64_t token) {
     safe = stop_at;
   } else {
     // Hold back an incomplete character (decoded as U+FFFD) and a possible stop string's start.
-    static const std::string replacement = "\xEF\xBF\xBD";
-    while (safe >= replacement.size() &&
-           full.compare(safe - replacement.size(), replacement.size(), replacement) == 0) {
-      safe -= replacement.size();
+    while (safe >= kReplacement.size() &&
+           full.compare(safe - kReplacement.size(), kReplacement.size(), kReplacement) == 0) {
+      safe -= kReplacement.size();
     }
     const std::size_t end = safe;
     for (const std::string& s : stop_) {

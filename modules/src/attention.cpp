@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "attention_detail.h"
+#include "attention_piece.h"
 #include "constrain.h"
 #include "forward.h"
 #include "te/compat.h"
@@ -295,10 +296,12 @@ F::AttentionCall attention_call(const DotProductAttentionImpl& self, const Arran
   call.dropout = self.options.attention_dropout();
   call.training = training;
   call.fused = fused_available(self.options.fused());
-  call.global_batch = batch;
-  call.batch_offset = a.batch_offset;
-  call.global_heads = heads;
-  call.head_offset = a.head_offset;
+  auto piece = std::make_shared<F::detail::AttentionPiece>();
+  piece->global_batch = batch;
+  piece->batch_offset = a.batch_offset;
+  piece->global_heads = heads;
+  piece->head_offset = a.head_offset;
+  call.piece = std::move(piece);
   return call;
 }
 
@@ -315,7 +318,11 @@ T bshd_forward(const DotProductAttentionImpl& self, const T& query, const T& key
             .unsqueeze(0),
         a.q);
   }
-  if (!call.fused) call.on_logits = logits_constraint(a.q, a.k);
+  if (!call.fused) {
+    auto piece = std::make_shared<F::detail::AttentionPiece>(*call.piece);
+    piece->on_logits = logits_constraint(a.q, a.k);
+    call.piece = std::move(piece);
+  }
   return in_layout_of(F::attention(local(a.q), local(a.k), local(a.v), call), a.q);
 }
 
@@ -395,8 +402,10 @@ T cached_attention(const DotProductAttentionImpl& self, const T& query, const T&
   }
   call.scale = logit_scale(self.options);
   call.fused = fused_available(self.options.fused());
-  call.global_heads = a.q.size(2);
-  call.head_offset = a.head_offset;
+  auto piece = std::make_shared<F::detail::AttentionPiece>();
+  piece->global_heads = a.q.size(2);
+  piece->head_offset = a.head_offset;
+  call.piece = std::move(piece);
   const at::Tensor q = local(a.q).squeeze(0);
   const int64_t layer = args.layer_number();
   if (cache.max_seqlen_q() <= kPagedAttentionMaxQueries &&

@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 
+#include "attention_piece.h"
 #include "matmul.h"
 #include "te/compat.h"
 #include "te/error.h"
@@ -76,8 +77,9 @@ at::Tensor scaled_bias(const at::Tensor& q, const AttentionCall& call, int64_t s
   if (call.bias_type == AttnBiasType::kAlibi) {
     at::Tensor slopes = call.alibi_slopes.detach();
     if (!slopes.defined()) {
-      slopes = call.global_heads
-                   ? alibi_slopes(call.global_heads).narrow(0, call.head_offset, q.size(2))
+      const detail::AttentionPiece& piece = detail::piece_of(call);
+      slopes = piece.global_heads
+                   ? alibi_slopes(piece.global_heads).narrow(0, piece.head_offset, q.size(2))
                    : alibi_slopes(q.size(2));
     }
     return alibi_bias(slopes.to(q.device()), call.spec, call.mask, sq, sk);
@@ -132,7 +134,8 @@ std::optional<SdpaCall> sdpa_call(const at::Tensor& q, const at::Tensor& k_in,
   // needs its gradient goes the unfused way too: LibTorch's CPU flash kernel gives its additive
   // mask none (2.11 picks math for one that requires it) and not every CUDA kernel does either.
   const bool bias_grad = c.bias.defined() && c.bias.requires_grad();
-  if (!c.fused || c.on_logits || (c.dropout > 0.0 && c.training) || has_sink(c) || bias_grad) {
+  if (!c.fused || detail::piece_of(c).on_logits || (c.dropout > 0.0 && c.training) || has_sink(c) ||
+      bias_grad) {
     return std::nullopt;
   }
   const int64_t sq = q.size(1), sk = k_in.size(1);
@@ -272,10 +275,12 @@ AttentionCall sequence_call(const AttentionCall& call, int64_t index, int64_t se
   if (call.alibi_slopes.defined() && call.alibi_slopes.dim() == 2) {
     one.alibi_slopes = call.alibi_slopes.narrow(0, index, 1);
   }
-  one.global_batch = sequences;
-  one.batch_offset = index;
-  one.global_seqlen_q = max_q;
-  one.global_seqlen_kv = max_kv;
+  auto piece = std::make_shared<detail::AttentionPiece>(detail::piece_of(call));
+  piece->global_batch = sequences;
+  piece->batch_offset = index;
+  piece->global_seqlen_q = max_q;
+  piece->global_seqlen_kv = max_kv;
+  one.piece = std::move(piece);
   return one;
 }
 
@@ -403,7 +408,8 @@ at::Tensor dense_attention(const at::Tensor& q, const at::Tensor& k_in, const at
     if (call.scale != 1.0) logits = logits * call.scale;
     if (biased(call)) logits = (logits + scaled_bias(q, call, sq, sk)).to(q.scalar_type());
   }
-  if (call.on_logits) logits = call.on_logits(logits);
+  const detail::AttentionPiece& piece = detail::piece_of(call);
+  if (piece.on_logits) logits = piece.on_logits(logits);
   if (masked.defined()) logits = logits.masked_fill(masked, masked_value(q));
   // A sink (L683-711): one more logit per row, never masked, taking no value: 0 (off-by-one)
   // or the head's softmax_offset (learnable); its probability is dropped after the softmax.
@@ -417,12 +423,12 @@ at::Tensor dense_attention(const at::Tensor& q, const at::Tensor& k_in, const at
   at::Tensor probs = at::softmax(logits, -1, at::kFloat).to(q.scalar_type());
   if (has_sink(call)) probs = probs.narrow(-1, 0, sk);
   if (call.training && call.dropout > 0) {
-    const std::vector<int64_t> global = {call.global_batch ? call.global_batch : probs.size(0),
-                                         call.global_heads ? call.global_heads : probs.size(1),
-                                         call.global_seqlen_q ? call.global_seqlen_q : sq,
-                                         call.global_seqlen_kv ? call.global_seqlen_kv : sk};
+    const std::vector<int64_t> global = {piece.global_batch ? piece.global_batch : probs.size(0),
+                                         piece.global_heads ? piece.global_heads : probs.size(1),
+                                         piece.global_seqlen_q ? piece.global_seqlen_q : sq,
+                                         piece.global_seqlen_kv ? piece.global_seqlen_kv : sk};
     probs = functional::dropout(probs, call.dropout, true, global,
-                                {call.batch_offset, call.head_offset, 0, 0});
+                                {piece.batch_offset, piece.head_offset, 0, 0});
   }
   const bool can_be_dead = masked.defined() && !plain_causal(call.spec, sq, sk);
   const at::Tensor v = v_in.transpose(1, 2).contiguous();  // [batch, kv_heads, sk, dv]

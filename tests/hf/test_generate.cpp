@@ -7,10 +7,12 @@
 #include <c10/core/InferenceMode.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <mutex>
-#include <variant>
 #include <nlohmann/json.hpp>
+#include <random>
+#include <variant>
 
 #include "../expect_error.h"
 #include "../temp_dir.h"
@@ -441,8 +443,8 @@ TEST(Sampler, PresenceAndFrequencyPenaltiesCountGeneratedTokens) {
   const at::Tensor want = (at::tensor({1.0f, 1.0f, 1.0f, -0.75f, -1.0f}) / 0.5).softmax(0);
   EXPECT_TRUE(at::allclose(p, want, 1e-6, 1e-7)) << p << want;
   // Nothing generated yet: no penalty, whatever the prompt holds.
-  EXPECT_TRUE(at::allclose(Sampler(o).distribution(logits, {0, 0, 3}, 3),
-                           (logits / 0.5).softmax(0), 1e-6, 1e-7));
+  EXPECT_TRUE(at::allclose(Sampler(o).distribution(logits, {0, 0, 3}, 3), (logits / 0.5).softmax(0),
+                           1e-6, 1e-7));
   // Greedy picks after the penalties; a negative penalty favours what was generated.
   o.temperature = 0;
   o.frequency_penalty = 0;
@@ -496,6 +498,55 @@ TEST(TextStream, HoldsBackHalfCharactersAndStopStringPrefixes) {
   EXPECT_ERROR(TextStream(tok, {""}), "TextStream: a stop string is empty");
 }
 
+// A decoder as SentencePiece's: pieces joined, the first one's leading space dropped; it
+// records the longest run of ids it was asked to decode.
+class LeadingSpaceDecoder : public te::gen::Detokenizer {
+ public:
+  std::string decode(const std::vector<int64_t>& ids, bool) const override {
+    longest = std::max(longest, ids.size());
+    static const char* const pieces[] = {" a", "b", " c", "\u00e9"};
+    std::string s;
+    for (const int64_t id : ids) s += pieces[id];
+    return s.rfind(' ', 0) == 0 ? s.substr(1) : s;
+  }
+  mutable std::size_t longest = 0;
+};
+
+// Long streams: what push and finish return is the whole text's decode, piece by piece, while
+// each token decodes only itself and a few before it.
+TEST(TextStream, LongStreamsEqualTheWholeDecodeAndDecodeOnlyTheirTail) {
+  std::mt19937 random(7);
+  for (int run = 0; run < 20; ++run) {
+    std::vector<int64_t> ids(300);
+    for (int64_t& id : ids) id = static_cast<int64_t>(random() % 4);
+    auto decoder = std::make_shared<LeadingSpaceDecoder>();
+    TextStream stream(std::shared_ptr<const te::gen::Detokenizer>(decoder), {"zz"});
+    std::string streamed;
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      streamed += stream.push(ids[i]);
+      if (i == 20) decoder->longest = 0;
+    }
+    EXPECT_LE(decoder->longest, 5u) << "run " << run;  // 4 settled ids and the new one
+    streamed += stream.finish();
+    EXPECT_EQ(streamed, decoder->decode(ids, true)) << "run " << run;
+    decoder->longest = 0;
+  }
+  // Byte-level BPE with half characters (0xC3 then 0xA9 is "é"; either alone is U+FFFD).
+  const Tokenizer tok = byte_tokenizer();
+  for (int run = 0; run < 20; ++run) {
+    std::vector<int64_t> ids(200);
+    for (int64_t& id : ids) id = 1 + static_cast<int64_t>(random() % 6);
+    TextStream stream(tok, {"!!!", "\u00e9i"});
+    std::string streamed;
+    for (const int64_t id : ids) streamed += stream.push(id);
+    streamed += stream.finish();
+    const std::string whole = tok.decode(ids, true);
+    const std::size_t stop = std::min(whole.find("!!!"), whole.find("\u00e9i"));
+    EXPECT_EQ(streamed, whole.substr(0, stop)) << "run " << run;
+    EXPECT_EQ(stream.stopped(), stop != std::string::npos);
+  }
+}
+
 TEST(ChatTemplate, AppliesTheFamiliesItKnowsAndRefusesOthersByName) {
   const ChatTemplate chatml = ChatTemplate::recognise(
       "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
@@ -534,8 +585,9 @@ CausalLM laid_out_copy(const CausalLM& whole) {
 // ---- the model's sampling defaults ------------------------------------------------------------
 
 // A GGUF file of metadata only: (key, value) pairs, a float (f32) or an integer (i32) each.
-void write_gguf_metadata(const std::string& path,
-                         const std::vector<std::pair<std::string, std::variant<float, int32_t>>>& kv) {
+void write_gguf_metadata(
+    const std::string& path,
+    const std::vector<std::pair<std::string, std::variant<float, int32_t>>>& kv) {
   std::ofstream out(path, std::ios::binary);
   auto put = [&](const auto& v) { out.write(reinterpret_cast<const char*>(&v), sizeof v); };
   out.write("GGUF", 4);

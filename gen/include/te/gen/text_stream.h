@@ -17,7 +17,8 @@ namespace te::gen {
 
 /// A character whose bytes are not all there yet, or an end that could begin a stop string, is
 /// held back until the next tokens settle it. A stop string ends the text before it (OpenAI's
-/// `stop`: the stop string is not returned).
+/// `stop`: the stop string is not returned). Each token costs a decode of itself and a few
+/// tokens before it, not of the whole text: the text up to the last whole character is kept.
 class TextStream {
  public:
   explicit TextStream(std::shared_ptr<const Detokenizer> tokenizer,
@@ -36,10 +37,17 @@ class TextStream {
   const std::string& text() const { return emitted_; }
 
  private:
+  /// The text of every id so far (decode(ids_)), from the settled text and a decode of the ids
+  /// after it; settles it again where the text ends in a whole character.
+  std::string decoded();
+
   std::shared_ptr<const Detokenizer> tokenizer_;
   std::vector<std::string> stop_;
   std::vector<int64_t> ids_;
   std::string emitted_;
+  /// ids_[0, settled_) decode to settled_text_, which ends in a whole character.
+  std::size_t settled_ = 0;
+  std::string settled_text_;
   bool stopped_ = false;
 };
 

@@ -23,6 +23,10 @@ class GemmMeta;
 
 namespace te::nn::functional {
 
+namespace detail {
+struct AttentionPiece;  // where a rank's operands sit in the global ones (internal)
+}
+
 /// y = x @ w, contracting x's last dim with w's first: x [..., K], w [K, *out] -> [..., *out].
 /// With `fp8` (the GEMM's FP8 state) inside an enabled te::Fp8Autocast the GEMM runs in FP8
 /// (te::fp8::linear), its amaxes reduced over `mesh` (the current mesh when null); inside a
@@ -272,16 +276,10 @@ struct AttentionCall {
   bool training = false;
   /// Use at::scaled_dot_product_attention where it computes the same (vanilla softmax).
   bool fused = true;
-  /// Rewrites the [batch, heads, seqlen_q, seqlen_kv] logits of the unfused path (the sharding
-  /// constraint).
-  std::function<at::Tensor(const at::Tensor&)> on_logits;
-  /// q, k, v may be the piece at (batch_offset, head_offset) of a tensor of `global_batch` rows
-  /// and `global_heads` heads (0: the local sizes), the mask, bias, slopes and softmax offset
-  /// being that slice of the global ones: dropout draws from the global positions.
-  int64_t global_batch = 0, batch_offset = 0, global_heads = 0, head_offset = 0;
-  /// The global tensor's query and key lengths for dropout (0: the local ones), which a packed
-  /// sequence is the top-left corner of.
-  int64_t global_seqlen_q = 0, global_seqlen_kv = 0;
+  /// Set by DotProductAttention on a mesh (internal; leave it null): where this rank's q, k, v
+  /// sit in the global tensors, so that dropout draws what one process draws, and the sharding
+  /// constraint of the unfused path's logits.
+  std::shared_ptr<const detail::AttentionPiece> piece;
   /// q, k, v [tokens, heads, head_dim] hold packed sequences (qkv_format "thd"): where each is.
   /// The spec is then a padding type, which per sequence means its causal part; no mask, no
   /// pre- or post-scale bias (TE's thd takes none); ALiBi slopes [heads] or [sequences, heads].

@@ -1,0 +1,36 @@
+#pragma once
+
+// Where one rank's attention operands sit in the global ones: what DotProductAttention on a mesh
+// (attention.cpp) tells functional::attention (attention_functional.cpp) through
+// AttentionCall::piece. Internal to te::nn.
+
+#include <ATen/Tensor.h>
+
+#include <cstdint>
+#include <functional>
+
+#include "te/nn/functional.h"
+
+namespace te::nn::functional::detail {
+
+struct AttentionPiece {
+  /// Rewrites the [batch, heads, seqlen_q, seqlen_kv] logits of the unfused path (the sharding
+  /// constraint).
+  std::function<at::Tensor(const at::Tensor&)> on_logits;
+  /// q, k, v are the piece at (batch_offset, head_offset) of a tensor of `global_batch` rows and
+  /// `global_heads` heads (0: the local sizes), the mask, bias, slopes and softmax offset being
+  /// that slice of the global ones: dropout draws from the global positions, and ALiBi's default
+  /// slopes are the global heads'.
+  int64_t global_batch = 0, batch_offset = 0, global_heads = 0, head_offset = 0;
+  /// The global tensor's query and key lengths for dropout (0: the local ones), which a packed
+  /// sequence is the top-left corner of.
+  int64_t global_seqlen_q = 0, global_seqlen_kv = 0;
+};
+
+/// The call's piece, or the whole (every field 0) when it has none.
+inline const AttentionPiece& piece_of(const AttentionCall& call) {
+  static const AttentionPiece kWhole;
+  return call.piece ? *call.piece : kWhole;
+}
+
+}  // namespace te::nn::functional::detail
