@@ -30,6 +30,11 @@ pins+=" annotated-types==0.8.0 typing-inspection==0.4.5"
 # tests/interop/ and for transformers' gguf_file= loading; numpy, PyYAML and tqdm are above
 # (requests, which it imports only to download, is not needed).
 pins+=" gguf==0.19.0"
+# sentencepiece, which llama.cpp's convert_hf_to_gguf.py (llama-cpp-python 0.3.36's vendored
+# tree, scripts/llama-cpp.sh --source) imports for every Llama, Mistral and Qwen conversion (its
+# TextModel._create_vocab_sentencepiece; requirements/requirements-convert_legacy_llama.txt asks
+# for sentencepiece>=0.1.98,<0.3.0), for tests/interop/check_gguf_mixes.py. No dependencies.
+pins+=" sentencepiece==0.2.3"
 # sentence-transformers 6.2.0 (the reference for te::hf's sentence embeddings: all-MiniLM-L6-v2)
 # and what it imports (scipy, scikit-learn and theirs), at versions with wheels for Debian 12's
 # Python 3.11.

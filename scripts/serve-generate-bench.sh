@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # te-serve's generation figures on SmolLM2-135M-Instruct (Q4_1 GGUF), measured by
 # bench/bench_serve_load.cpp (streaming clients on loopback), beside llama.cpp's llama-server on
-# the same file and threads (scripts/llama-server.sh builds it), in the same run:
+# the same file and threads (scripts/llama-cpp.sh builds it), in the same run:
 #   - prefill tokens/s (one request of ~400 prompt tokens), one stream's tokens/s, and the
 #     aggregate tokens/s of 32 streams, for both servers, and the ratios;
 #   - te-serve's 32-stream aggregate over its one stream (continuous batching), over the whole
@@ -22,7 +22,7 @@ serve=$build/serve/te-serve
 load=$build/bench/bench_serve_load
 threads=$(nproc)
 [ -f "$model" ] || { echo "te: no $model (tests/interop/check_smollm2.py fetches it)" >&2; exit 1; }
-llama=$(bash scripts/llama-server.sh)
+llama=$(bash scripts/llama-cpp.sh llama-server)
 
 work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT

@@ -21,10 +21,10 @@ import numpy as np
 import torch
 import transformers
 from check_hf_models import from_gguf
+from interop_common import GGUF_TOL as TOL
 from interop_common import MODEL_CACHE, fetch_smollm2
 from transformers import AutoTokenizer
 
-TOL = 1e-4
 PROMPTS = [
     "The capital of France is",
     "Here is a short poem about the sea:",
