@@ -4,8 +4,8 @@
 // [576 -> 1536] of each of 30 layers in turn and the tied LM head [576 -> 49152], Q4_1 (its
 // layers) and Q8_0 (its table), for
 // 1, 4, 8, 32 and 128 input rows (decode of one stream, of a batch, prefill). ratio_vs_fp32 < 1:
-// the blocks are faster. Random blocks with scales near 1. Decode_<type>: each ggml type's
-// decoding speed per weight against Q4_1's.
+// the blocks are faster. Random blocks with scales near 1. Decode_<type> and Dot_<type>: each
+// ggml type's decoding and one-input row product speed per weight against Q4_1's.
 //
 //   bench_block_weights [--benchmark_filter=...]
 
@@ -120,6 +120,8 @@ TE_BLOCK_BENCH(Q8_0_LmHead, te::ggml::Type::kQ8_0, 49152, 1);
 // Decoding speed per weight against Q4_1's, alternated on matrices of the same shape [1536, 768]
 // (768: whole K-quant blocks): what a GEMM's panels pay for each type llama.cpp's mixes use.
 // ratio_vs_Q4_1 is this type's time over Q4_1's for the same number of weights.
+// Dot_<type>: the same for the row products of one input (te::ggml::dot_rows, what one stream's
+// decode step runs), also against Q4_1's.
 void DecodeAgainstQ4_1(benchmark::State& state, te::ggml::Type type) {
   const Held w = make(type, 1536, 768);
   const Held q4_1 = make(te::ggml::Type::kQ4_1, 1536, 768);
@@ -137,11 +139,31 @@ void DecodeAgainstQ4_1(benchmark::State& state, te::ggml::Type type) {
   state.counters["weights"] = static_cast<double>(1536 * 768);
 }
 
-#define TE_DECODE_BENCH(name)                                                            \
-  void Decode_##name(benchmark::State& state) {                                          \
-    DecodeAgainstQ4_1(state, te::ggml::Type::k##name);                                   \
-  }                                                                                      \
-  BENCHMARK(Decode_##name)->Iterations(9)->UseManualTime()->Unit(benchmark::kMillisecond)
+void DotAgainstQ4_1(benchmark::State& state, te::ggml::Type type) {
+  const Held w = make(type, 1536, 768);
+  const Held q4_1 = make(te::ggml::Type::kQ4_1, 1536, 768);
+  const at::Tensor x = at::randn({768});
+  std::vector<float> y(1536);
+  auto dot = [&](const Held& h) {
+    return seconds([&] {
+      for (int i = 0; i < 16; ++i) {
+        te::ggml::dot_rows(h.w.type, h.w.row_data.data(), h.w.rows, h.w.cols,
+                           x.data_ptr<float>(), 1, 768, y.data(), 1536);
+      }
+    });
+  };
+  te::bench::alternate(
+      state, [&] { return dot(w); }, [&] { return dot(q4_1); }, "Q4_1");
+  state.counters["weights"] = static_cast<double>(1536 * 768);
+}
+
+#define TE_DECODE_BENCH(name)                                                                \
+  void Decode_##name(benchmark::State& state) {                                              \
+    DecodeAgainstQ4_1(state, te::ggml::Type::k##name);                                       \
+  }                                                                                          \
+  BENCHMARK(Decode_##name)->Iterations(9)->UseManualTime()->Unit(benchmark::kMillisecond);   \
+  void Dot_##name(benchmark::State& state) { DotAgainstQ4_1(state, te::ggml::Type::k##name); } \
+  BENCHMARK(Dot_##name)->Iterations(9)->UseManualTime()->Unit(benchmark::kMillisecond)
 
 TE_DECODE_BENCH(Q4_0);
 TE_DECODE_BENCH(Q5_0);

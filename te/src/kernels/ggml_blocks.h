@@ -11,6 +11,14 @@
 
 #include "te/kernels/ggml.h"
 
+// The decodes inline into every caller, so each function clone of ggml.cpp (AVX-512, AVX2,
+// baseline) vectorises them for its own instruction set.
+#if defined(__GNUC__)
+#define TE_GGML_INLINE inline __attribute__((always_inline))
+#else
+#define TE_GGML_INLINE inline
+#endif
+
 namespace te::ggml::blocks {
 
 constexpr int64_t kQK = 256;  // the K-quants' super-block
@@ -55,13 +63,13 @@ inline const float* half_table() {
   return table.data();
 }
 
-inline float f16_at(const float* table, const unsigned char* p) {
+TE_GGML_INLINE float f16_at(const float* table, const unsigned char* p) {
   return table[static_cast<uint16_t>(p[0] | p[1] << 8)];
 }
 
 // F32, F16 and BF16: one value per block.
 template <Type T>
-inline void decode_float(const float* table, const unsigned char* p, float* out) {
+TE_GGML_INLINE void decode_float(const float* table, const unsigned char* p, float* out) {
   switch (T) {
     case Type::kF32:
       std::memcpy(out, p, 4);
@@ -81,7 +89,7 @@ inline void decode_float(const float* table, const unsigned char* p, float* out)
 
 // The 32-value types: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL.
 template <Type T>
-inline void decode_32(const float* table, const unsigned char* p, float* out) {
+TE_GGML_INLINE void decode_32(const float* table, const unsigned char* p, float* out) {
   switch (T) {
     case Type::kQ8_0: {
       const float d = f16_at(table, p);
@@ -138,7 +146,7 @@ inline void decode_32(const float* table, const unsigned char* p, float* out) {
 
 // Q2_K and Q3_K: 2-bit values in 16 sub-blocks of 16.
 template <Type T>
-inline void decode_low_k(const float* table, const unsigned char* p, float* out) {
+TE_GGML_INLINE void decode_low_k(const float* table, const unsigned char* p, float* out) {
   switch (T) {
     case Type::kQ2_K: {
       // 16 bytes of 4-bit scale and min pairs (one per 16 values), 64 bytes of 2-bit values,
@@ -197,7 +205,7 @@ inline void decode_low_k(const float* table, const unsigned char* p, float* out)
 
 // Q4_K and Q5_K: 4- and 5-bit values in 8 sub-blocks of 32, 6-bit scales and mins.
 template <Type T>
-inline void decode_mid_k(const float* table, const unsigned char* p, float* out) {
+TE_GGML_INLINE void decode_mid_k(const float* table, const unsigned char* p, float* out) {
   switch (T) {
     case Type::kQ4_K:
     case Type::kQ5_K: {
@@ -229,7 +237,7 @@ inline void decode_mid_k(const float* table, const unsigned char* p, float* out)
 
 // Q6_K and IQ4_XS.
 template <Type T>
-inline void decode_high_k(const float* table, const unsigned char* p, float* out) {
+TE_GGML_INLINE void decode_high_k(const float* table, const unsigned char* p, float* out) {
   switch (T) {
     case Type::kQ6_K: {
       // 128 bytes of low nibbles, 64 of high 2-bit pairs, 16 int8 scales, d. Element
@@ -282,7 +290,7 @@ inline void decode_high_k(const float* table, const unsigned char* p, float* out
 
 // One block of type T at p into out (its elements).
 template <Type T>
-inline void decode_block(const float* table, const unsigned char* p, float* out) {
+TE_GGML_INLINE void decode_block(const float* table, const unsigned char* p, float* out) {
   if constexpr (T == Type::kF32 || T == Type::kF16 || T == Type::kBF16) {
     decode_float<T>(table, p, out);
   } else if constexpr (T == Type::kQ2_K || T == Type::kQ3_K) {
