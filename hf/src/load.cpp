@@ -247,7 +247,7 @@ int64_t hold_blocks(torch::nn::Module& model, const WeightMap& map, TensorSource
     if (sharded == nullptr) continue;
     struct Candidate {
       std::string name;
-      at::Tensor* member;
+      at::Tensor parameter;
       bool kernel;
     };
     std::vector<Candidate> candidates;
@@ -255,16 +255,15 @@ int64_t hold_blocks(torch::nn::Module& model, const WeightMap& map, TensorSource
       candidates.push_back({g.kernel_name, g.kernel, true});
     }
     if (auto* e = dynamic_cast<nn::EmbeddingImpl*>(item.value().get())) {
-      candidates.push_back({"embedding", &e->embedding, false});
+      candidates.push_back({"embedding", e->embedding, false});
     }
     for (const Candidate& c : candidates) {
       const std::string full = item.key().empty() ? c.name : item.key() + "." + c.name;
       const auto sources = map.find(full);
-      if (sources == map.end() || !c.member->defined()) continue;
-      const auto m = blocks_of(sources->second, c.member->sizes().vec(), c.kernel, source);
+      if (sources == map.end() || !c.parameter.defined()) continue;
+      const auto m = blocks_of(sources->second, c.parameter.sizes().vec(), c.kernel, source);
       if (m == nullptr) continue;
       sharded->hold_blocks(*item.value(), c.name, {m, {}, c.kernel});
-      *c.member = at::Tensor();
       bytes += m->bytes();
     }
   }

@@ -169,7 +169,12 @@ DTensor LayerNormDenseImpl::forward(const DTensor& input) {
 }
 
 std::vector<ShardedModule::Fp8Gemm> DenseImpl::fp8_gemms() {
-  return {{"kernel", &kernel, fp8_meta}};
+  return {{"kernel", kernel, fp8_meta}};
+}
+
+void DenseImpl::forget_member(const std::string& name) {
+  if (name != "kernel") return ShardedModule::forget_member(name);
+  kernel = at::Tensor();
 }
 
 }  // namespace te::nn

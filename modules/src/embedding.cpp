@@ -138,8 +138,12 @@ bool EmbeddingImpl::freeze_fp8(bool empty) {
   fp8_embedding = register_buffer("fp8_embedding", codes);
   fp8_embedding_scale_inv = register_buffer("fp8_embedding_scale_inv", scale_inv);
   release_parameter(*this, "embedding");
-  embedding = at::Tensor();
   return true;
+}
+
+void EmbeddingImpl::forget_member(const std::string& name) {
+  if (name != "embedding") return ShardedModule::forget_member(name);
+  embedding = at::Tensor();
 }
 
 at::Tensor EmbeddingImpl::forward(const at::Tensor& ids) {

@@ -42,7 +42,7 @@ void hold(const std::vector<Held>& items, const std::vector<fp8::Recipe>& recipe
   at::NoGradGuard no_grad;
   std::vector<fp8::AmaxReduction> amaxes;
   for (const Held& h : items) {
-    fp8::AmaxReduction a{fp8::amax(h.gemm.kernel->detach()), std::nullopt, {}};
+    fp8::AmaxReduction a{fp8::amax(h.gemm.kernel.detach()), std::nullopt, {}};
     const ParameterLayout* layout = h.layout;
     if (layout != nullptr && layout->mesh) {
       for (std::size_t d = 0; d < layout->placements.size(); ++d) {
@@ -57,7 +57,7 @@ void hold(const std::vector<Held>& items, const std::vector<fp8::Recipe>& recipe
   }
   fp8::reduce_amaxes(amaxes);
   for (std::size_t i = 0; i < items.size(); ++i) {
-    fp8::hold_kernel(*items[i].gemm.meta, *items[i].gemm.kernel, amaxes[i].amax, recipes[i]);
+    fp8::hold_kernel(*items[i].gemm.meta, items[i].gemm.kernel, amaxes[i].amax, recipes[i]);
   }
 }
 
@@ -68,7 +68,7 @@ int64_t quantize_fp8_weights(torch::nn::Module& module, const fp8::Recipe& recip
   const std::vector<Held> items =
       gemms_of(module, [](const ShardedModule::Fp8Gemm&) { return true; });
   // Every GEMM checked before any changes.
-  for (const Held& h : items) fp8::check_holdable_kernel(*h.gemm.meta, *h.gemm.kernel);
+  for (const Held& h : items) fp8::check_holdable_kernel(*h.gemm.meta, h.gemm.kernel);
   hold(items, std::vector<fp8::Recipe>(items.size(), recipe));
   return static_cast<int64_t>(items.size());
 }

@@ -47,7 +47,6 @@ int64_t for_each_weight(torch::nn::Module& root, const char* what, CheckFn check
       m->register_buffer(g.meta->prefix + "fp8_kernel", g.meta->frozen_kernel);
       m->register_buffer(g.meta->prefix + "fp8_kernel_scale_inv", g.meta->frozen_kernel_scale_inv);
       sharded->release_parameter(*m, g.kernel_name);
-      *g.kernel = at::Tensor();
       ++count;
     }
   }
@@ -60,7 +59,7 @@ int64_t freeze_fp8_weights(torch::nn::Module& module) {
   return for_each_weight(
       module, "freeze_fp8_weights",
       [](const ShardedModule::Fp8Gemm& g) { fp8::check_freezable(*g.meta); },
-      [](const ShardedModule::Fp8Gemm& g) { fp8::freeze_kernel(*g.meta, *g.kernel); },
+      [](const ShardedModule::Fp8Gemm& g) { fp8::freeze_kernel(*g.meta, g.kernel); },
       [](EmbeddingImpl& e) { return e.freeze_fp8(); });
 }
 
@@ -68,7 +67,7 @@ int64_t prepare_fp8_weights(torch::nn::Module& module) {
   return for_each_weight(
       module, "prepare_fp8_weights", [](const ShardedModule::Fp8Gemm&) {},
       [](const ShardedModule::Fp8Gemm& g) {
-        fp8::prepare_frozen_kernel(*g.meta, g.kernel->sizes().vec());
+        fp8::prepare_frozen_kernel(*g.meta, g.kernel.sizes().vec());
       },
       [](EmbeddingImpl& e) { return e.freeze_fp8(/*empty=*/true); });
 }

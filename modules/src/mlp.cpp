@@ -94,7 +94,17 @@ std::pair<DTensor, DTensor> LayerNormMLPImpl::forward_with_layernorm_output(cons
 }
 
 std::vector<ShardedModule::Fp8Gemm> LayerNormMLPImpl::fp8_gemms() {
-  return {{"wi_kernel", &wi_kernel, wi_fp8}, {"wo_kernel", &wo_kernel, wo_fp8}};
+  return {{"wi_kernel", wi_kernel, wi_fp8}, {"wo_kernel", wo_kernel, wo_fp8}};
+}
+
+void LayerNormMLPImpl::forget_member(const std::string& name) {
+  if (name == "wi_kernel") {
+    wi_kernel = at::Tensor();
+  } else if (name == "wo_kernel") {
+    wo_kernel = at::Tensor();
+  } else {
+    ShardedModule::forget_member(name);
+  }
 }
 
 }  // namespace te::nn

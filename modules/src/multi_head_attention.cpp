@@ -396,11 +396,22 @@ DTensor MultiHeadAttentionImpl::forward(const DTensor& x, const std::optional<DT
 
 std::vector<ShardedModule::Fp8Gemm> MultiHeadAttentionImpl::fp8_gemms() {
   std::vector<Fp8Gemm> out;
-  if (qkv_fp8) out.push_back({"qkv_kernel", &qkv_kernel, qkv_fp8});
-  if (q_fp8) out.push_back({"q_kernel", &q_kernel, q_fp8});
-  if (kv_fp8) out.push_back({"kv_kernel", &kv_kernel, kv_fp8});
-  out.push_back({"out_kernel", &out_kernel, out_fp8});
+  if (qkv_fp8) out.push_back({"qkv_kernel", qkv_kernel, qkv_fp8});
+  if (q_fp8) out.push_back({"q_kernel", q_kernel, q_fp8});
+  if (kv_fp8) out.push_back({"kv_kernel", kv_kernel, kv_fp8});
+  out.push_back({"out_kernel", out_kernel, out_fp8});
   return out;
+}
+
+void MultiHeadAttentionImpl::forget_member(const std::string& name) {
+  for (auto [kernel_name, member] : {std::pair{"qkv_kernel", &qkv_kernel}, {"q_kernel", &q_kernel},
+                                     {"kv_kernel", &kv_kernel}, {"out_kernel", &out_kernel}}) {
+    if (name == kernel_name) {
+      *member = at::Tensor();
+      return;
+    }
+  }
+  ShardedModule::forget_member(name);
 }
 
 }  // namespace te::nn

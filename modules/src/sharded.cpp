@@ -74,8 +74,14 @@ struct ParameterDict : torch::nn::Module {
 void ShardedModule::release_parameter(torch::nn::Module& self, const std::string& name) {
   TE_CHECK(self.named_parameters(/*recurse=*/false).contains(name), self.name(), ": no parameter '",
            name, "' to release");
+  forget_member(name);
   ParameterDict::erase(self, name);
   layouts_.erase(name);
+}
+
+void ShardedModule::forget_member(const std::string& name) {
+  TE_FAIL("release_parameter: this module keeps its parameter '", name,
+          "' (only kernels and embedding tables can be held in another form)");
 }
 
 void ShardedModule::hold_blocks(torch::nn::Module& self, const std::string& name,

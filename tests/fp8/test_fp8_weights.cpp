@@ -206,6 +206,11 @@ TEST(Fp8Weights, BlockRecipesAndFrozenWeightsAreRefusedAndNothingChanges) {
     frozen(randn({2, 8, 64}, 3));
   }
   freeze_fp8_weights(*frozen);
+  // The fp32 kernels are gone from the modules' members too, not only from their parameters.
+  for (const at::Tensor& k : {frozen->self_attention->out_kernel, frozen->mlp->wi_kernel,
+                              frozen->mlp->wo_kernel}) {
+    EXPECT_FALSE(k.defined());
+  }
   EXPECT_ERROR(quantize_fp8_weights(*frozen, fp8::CurrentScaling{}),
                "holds frozen inference weights");
 }

@@ -193,11 +193,16 @@ TEST(BlockWeights, ModulesServeFromBlocksAndRefuseWhatNeedsFloat32) {
                                                      {}, true}),
                "'kernel' of te::nn::DenseImpl is [64, 48] but the blocks hold a [20, 64] matrix");
   const int64_t before = te::nn::resident_bytes(*dense);
+  // A bias cannot be held in another form: refused, and kept.
+  EXPECT_ERROR(dense->release_parameter(*dense, "bias"),
+               "this module keeps its parameter 'bias' (only kernels and embedding tables");
+  EXPECT_TRUE(dense->bias.defined() && dense->named_parameters().contains("bias"));
   dense->hold_blocks(*dense, "kernel", {std::make_shared<te::nn::BlockMatrix>(kernel->w), {}, true});
-  dense->kernel = at::Tensor();
   embed->hold_blocks(*embed, "embedding",
                      {std::make_shared<te::nn::BlockMatrix>(table->w), {}, false});
-  embed->embedding = at::Tensor();
+  // The modules' members let go of the float32 weights with the parameters.
+  EXPECT_FALSE(dense->kernel.defined());
+  EXPECT_FALSE(embed->embedding.defined());
   EXPECT_FALSE(dense->named_parameters().contains("kernel"));
   EXPECT_TRUE(te::nn::has_block_weights(*dense));
   // The float32 kernel's bytes gone, the blocks' counted.

@@ -280,6 +280,9 @@ class MultiHeadAttentionImpl : public torch::nn::Cloneable<MultiHeadAttentionImp
   int64_t head_dim() const;
   int64_t kv_heads() const;
 
+ protected:
+  void forget_member(const std::string& name) override;
+
  private:
   void register_projections();  // reset's kernels and biases
 };

@@ -73,6 +73,9 @@ class EmbeddingImpl : public torch::nn::Cloneable<EmbeddingImpl>, public Sharded
   EmbeddingOptions options;
   at::Tensor embedding;
   at::Tensor fp8_embedding, fp8_embedding_scale_inv;  ///< after freeze_fp8
+
+ protected:
+  void forget_member(const std::string& name) override;
 };
 TE_MODULE(Embedding);
 

@@ -70,6 +70,9 @@ class LayerNormMLPImpl : public torch::nn::Cloneable<LayerNormMLPImpl>, public S
   at::Tensor wi_kernel, wi_bias, wo_kernel, wo_bias;
   /// FP8 state of the two GEMMs (buffers wi_fp8_*, wo_fp8_*).
   std::shared_ptr<fp8::GemmMeta> wi_fp8, wo_fp8;
+
+ protected:
+  void forget_member(const std::string& name) override;
 };
 TE_MODULE(LayerNormMLP);
 

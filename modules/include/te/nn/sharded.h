@@ -62,17 +62,18 @@ class ShardedModule {
                                                    const std::string& prefix);
 
   /// One GEMM whose kernel freeze_fp8_weights can hold in FP8: the kernel parameter's name, the
-  /// member that holds it, and the GEMM's FP8 state.
+  /// parameter (the module's own tensor, undefined once released), and the GEMM's FP8 state.
   struct Fp8Gemm {
     std::string kernel_name;
-    at::Tensor* kernel;
+    at::Tensor kernel;
     std::shared_ptr<fp8::GemmMeta> meta;
   };
   /// This module's own FP8-capable GEMMs (none by default).
   virtual std::vector<Fp8Gemm> fp8_gemms() { return {}; }
 
-  /// Removes parameter `name` from `self` and from the layouts (its memory goes with the last
-  /// reference): for weights now held in another form, e.g. FP8 codes.
+  /// Removes parameter `name` from `self`, from the layouts and from the member that held it
+  /// (forget_member), so its memory goes with the last reference outside the module: for weights
+  /// now held in another form (FP8 codes, GGUF blocks).
   void release_parameter(torch::nn::Module& self, const std::string& name);
 
   /// A parameter held in ggml blocks instead (GGUF weights, see block_weights.h): the matrix, the
@@ -83,8 +84,7 @@ class ShardedModule {
     std::vector<int64_t> shape;
     bool transposed = true;
   };
-  /// Holds parameter `name` of `self` as `held` and releases it (release_parameter; the caller
-  /// clears its member). te::Error naming the parameter when the matrix's shape is not the
+  /// Holds parameter `name` of `self` as `held` and releases it (release_parameter). te::Error naming the parameter when the matrix's shape is not the
   /// parameter's, or the parameter is sharded (blocks serve on one process).
   void hold_blocks(torch::nn::Module& self, const std::string& name, HeldBlocks held);
   /// The blocks `name` is held in, or nullptr.
@@ -98,6 +98,10 @@ class ShardedModule {
                      const DeviceMesh& mesh) const;
 
  protected:
+  /// Clears the member that holds parameter `name` (release_parameter calls it). Modules whose
+  /// weights can be held in another form override it; by default a release is refused.
+  virtual void forget_member(const std::string& name);
+
   /// Registers `name` on `self` from the whole initial value `full` (the same on every rank).
   /// With a mesh in scope and a constraint resolved for `axes` (rules or TE table), keeps this
   /// rank's shard; otherwise the whole tensor. A clone reuses the original's layout.
