@@ -23,10 +23,14 @@ flags=(-std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recov
 # fuzz_checkpoint: the checkpoint index and safetensors header reader
 #   (modules/src/checkpoint_format.cpp, no LibTorch).
 # fuzz_hf_config: te::hf's config.json reader (hf/src/config.cpp, nlohmann-json).
-# fuzz_gguf: te::hf's GGUF header parser (hf/src/gguf_format.cpp) and ggml's block decoding and
-#   row products (te/src/kernels/ggml.cpp).
+# fuzz_gguf: te::hf's GGUF header parser (hf/src/gguf_format.cpp), ggml's block decoding and
+#   row products (te/src/kernels/ggml.cpp), and the tokenizers GGUF metadata builds
+#   (hf/src/tokenizer_gguf.cpp and the tokenizer pipeline).
 # fuzz_tokenizer: te::hf's tokenizer.json reader, WordPiece and byte-level BPE pipelines
 #   (hf/src/tokenizer*.cpp, bpe.cpp; ICU, PCRE2; LibTorch headers only).
+tokenizer_sources="hf/src/tokenizer.cpp hf/src/tokenizer_json.cpp hf/src/tokenizer_pieces.cpp
+                   hf/src/tokenizer_steps.cpp hf/src/bpe.cpp hf/src/unicode.cpp
+                   te/src/core/error.cpp"
 declare -A sources=(
   [fuzz_sharding]="fuzz/fuzz_sharding.cpp te/src/core/error.cpp te/src/sharding/axis_rules.cpp
                    te/src/sharding/context.cpp te/src/sharding/mesh_shape.cpp"
@@ -38,18 +42,17 @@ declare -A sources=(
   [fuzz_hf_config]="fuzz/fuzz_hf_config.cpp hf/src/config.cpp $(echo hf/src/families/*.cpp)
                     te/src/core/error.cpp"
   [fuzz_gguf]="fuzz/fuzz_gguf.cpp hf/src/gguf_format.cpp te/src/kernels/ggml.cpp
-               te/src/core/error.cpp"
-  [fuzz_tokenizer]="fuzz/fuzz_tokenizer.cpp hf/src/tokenizer.cpp hf/src/tokenizer_json.cpp
-                    hf/src/tokenizer_pieces.cpp hf/src/tokenizer_steps.cpp hf/src/bpe.cpp
-                    hf/src/unicode.cpp te/src/core/error.cpp"
+               $tokenizer_sources hf/src/tokenizer_gguf.cpp"
+  [fuzz_tokenizer]="fuzz/fuzz_tokenizer.cpp $tokenizer_sources"
 )
 # What a target links beyond the sanitizer runtime.
-declare -A libs=([fuzz_tokenizer]="-licuuc -lpcre2-8")
+declare -A libs=([fuzz_tokenizer]="-licuuc -lpcre2-8" [fuzz_gguf]="-licuuc -lpcre2-8")
 targets=(fuzz_sharding fuzz_cola fuzz_request fuzz_checkpoint fuzz_hf_config fuzz_gguf
          fuzz_tokenizer)
 headers=(te/include encoder/include serve/include gen/include serve/src/json_body.h
          modules/src/checkpoint_format.h hf/include hf/src/families/family.h
-         hf/src/families/list.h hf/src/families/rope_decoder.h hf/src/json_fields.h)  # a change rebuilds all
+         hf/src/families/list.h hf/src/families/rope_decoder.h hf/src/json_fields.h
+         hf/src/gguf_io.h)  # a change rebuilds all
 for target in "${targets[@]}"; do
   read -r -a src <<<"$(echo ${sources[$target]})"
   if [ ! -x "$out/$target" ] || [ -n "$(find "${src[@]}" "${headers[@]}" -newer "$out/$target" \

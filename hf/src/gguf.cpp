@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "gguf_io.h"
 #include "te/error.h"
 
 namespace te::hf {
@@ -25,16 +26,7 @@ struct GgufFile::State {
     if (fd >= 0) ::close(fd);
   }
   void read_at(void* data, std::size_t n, int64_t offset) const {
-    char* p = static_cast<char*>(data);
-    while (n > 0) {
-      const ssize_t r = ::pread(fd, p, n, offset);
-      if (r < 0 && errno == EINTR) continue;
-      TE_CHECK(r > 0, "gguf: reading '", path, "' failed at byte ", offset, ": ",
-               r < 0 ? std::strerror(errno) : "the file ends there");
-      p += r;
-      n -= static_cast<std::size_t>(r);
-      offset += r;
-    }
+    detail::read_exactly(fd, data, n, offset, path);
   }
 };
 
@@ -45,25 +37,8 @@ GgufFile::GgufFile(const std::string& path) : state_(std::make_unique<State>()) 
   TE_CHECK(s.fd >= 0, "gguf: cannot open '", path, "': ", std::strerror(errno));
   struct stat st {};
   TE_CHECK(::fstat(s.fd, &st) == 0, "gguf: cannot stat '", path, "'");
-  // The header is read through a 1 MiB window (a vocabulary is thousands of small strings).
-  std::vector<char> window;
-  int64_t window_at = 0;
-  const int64_t size = st.st_size;
-  s.size = size;
-  auto read = [&](void* out, std::size_t n, int64_t offset) {
-    if (n > (1u << 20)) {
-      s.read_at(out, n, offset);
-      return;
-    }
-    if (offset < window_at ||
-        offset + static_cast<int64_t>(n) > window_at + static_cast<int64_t>(window.size())) {
-      window_at = offset;
-      window.resize(static_cast<std::size_t>(std::min<int64_t>(size - offset, 1 << 20)));
-      s.read_at(window.data(), window.size(), offset);
-    }
-    std::memcpy(out, window.data() + (offset - window_at), n);
-  };
-  s.header = parse_gguf_header(read, size, path);
+  s.size = st.st_size;
+  s.header = detail::read_gguf_header(s.fd, s.size, path);
   for (std::size_t i = 0; i < s.header.tensors.size(); ++i) {
     TE_CHECK(s.by_name.emplace(s.header.tensors[i].name, i).second, "gguf: '", path,
              "' has two tensors named '", s.header.tensors[i].name, "'");
@@ -83,33 +58,16 @@ const GgufTensor* GgufFile::tensor(const std::string& name) const {
 }
 
 const GgufValue* GgufFile::value(const std::string& key) const {
-  const auto it = state_->header.metadata.find(key);
-  return it == state_->header.metadata.end() ? nullptr : &it->second;
+  return state_->header.value(key);
 }
-
 std::optional<int64_t> GgufFile::integer(const std::string& key) const {
-  const GgufValue* v = value(key);
-  if (v == nullptr) return std::nullopt;
-  TE_CHECK(v->type <= 5 || v->type == 7 || v->type == 10 || v->type == 11, "gguf: '", path(),
-           "': metadata '", key, "' is not an integer (type ", v->type, ")");
-  return v->integer;
+  return state_->header.integer(key);
 }
-
 std::optional<double> GgufFile::number(const std::string& key) const {
-  const GgufValue* v = value(key);
-  if (v == nullptr) return std::nullopt;
-  if (v->type == 6 || v->type == 12) return v->number;
-  TE_CHECK(v->type <= 5 || v->type == 10 || v->type == 11, "gguf: '", path(), "': metadata '", key,
-           "' is not a number (type ", v->type, ")");
-  return static_cast<double>(v->integer);
+  return state_->header.number(key);
 }
-
 std::optional<std::string> GgufFile::string(const std::string& key) const {
-  const GgufValue* v = value(key);
-  if (v == nullptr) return std::nullopt;
-  TE_CHECK(v->type == 8, "gguf: '", path(), "': metadata '", key, "' is not a string (type ",
-           v->type, ")");
-  return v->string;
+  return state_->header.string(key);
 }
 
 at::Tensor GgufFile::read(const std::string& name, const std::vector<int64_t>& lo,

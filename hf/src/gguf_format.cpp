@@ -1,10 +1,17 @@
 // The GGUF header parser, without LibTorch (fuzz/fuzz_gguf.cpp feeds it directly). Layout:
 // ggml's GGUF spec (docs/gguf.md of ggml); the block formats are te/kernels/ggml.h's.
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
+#include "gguf_io.h"
 #include "te/error.h"
 #include "te/hf/gguf.h"
 
@@ -176,6 +183,7 @@ GgufHeader parse_gguf_header(const std::function<void(void*, std::size_t, int64_
   c.bytes(magic, 4, "magic");
   if (std::memcmp(magic, "GGUF", 4) != 0) c.fail("magic", "the file does not start with GGUF");
   GgufHeader h;
+  h.path = path;
   h.version = c.scalar<uint32_t>("version");
   if (h.version != 2 && h.version != 3) {
     c.fail("version", "GGUF version " + std::to_string(h.version) +
@@ -241,6 +249,81 @@ GgufHeader parse_gguf_header(const std::function<void(void*, std::size_t, int64_
     t.offset += data_start;
   }
   return h;
+}
+
+const GgufValue* GgufHeader::value(const std::string& key) const {
+  const auto it = metadata.find(key);
+  return it == metadata.end() ? nullptr : &it->second;
+}
+
+std::optional<int64_t> GgufHeader::integer(const std::string& key) const {
+  const GgufValue* v = value(key);
+  if (v == nullptr) return std::nullopt;
+  TE_CHECK(v->type <= 5 || v->type == 7 || v->type == 10 || v->type == 11, "gguf: '", path,
+           "': metadata '", key, "' is not an integer (type ", v->type, ")");
+  return v->integer;
+}
+
+std::optional<double> GgufHeader::number(const std::string& key) const {
+  const GgufValue* v = value(key);
+  if (v == nullptr) return std::nullopt;
+  if (v->type == 6 || v->type == 12) return v->number;
+  TE_CHECK(v->type <= 5 || v->type == 10 || v->type == 11, "gguf: '", path, "': metadata '", key,
+           "' is not a number (type ", v->type, ")");
+  return static_cast<double>(v->integer);
+}
+
+std::optional<std::string> GgufHeader::string(const std::string& key) const {
+  const GgufValue* v = value(key);
+  if (v == nullptr) return std::nullopt;
+  TE_CHECK(v->type == 8, "gguf: '", path, "': metadata '", key, "' is not a string (type ",
+           v->type, ")");
+  return v->string;
+}
+
+namespace detail {
+
+void read_exactly(int fd, void* data, std::size_t n, int64_t offset, const std::string& path) {
+  char* p = static_cast<char*>(data);
+  while (n > 0) {
+    const ssize_t r = ::pread(fd, p, n, offset);
+    if (r < 0 && errno == EINTR) continue;
+    TE_CHECK(r > 0, "gguf: reading '", path, "' failed at byte ", offset, ": ",
+             r < 0 ? std::strerror(errno) : "the file ends there");
+    p += r;
+    n -= static_cast<std::size_t>(r);
+    offset += r;
+  }
+}
+
+GgufHeader read_gguf_header(int fd, int64_t size, const std::string& path) {
+  std::vector<char> window;
+  int64_t window_at = 0;
+  auto read = [&](void* out, std::size_t n, int64_t offset) {
+    if (n > (1u << 20)) return read_exactly(fd, out, n, offset, path);
+    if (offset < window_at ||
+        offset + static_cast<int64_t>(n) > window_at + static_cast<int64_t>(window.size())) {
+      window_at = offset;
+      window.resize(static_cast<std::size_t>(std::min<int64_t>(size - offset, 1 << 20)));
+      read_exactly(fd, window.data(), window.size(), offset, path);
+    }
+    std::memcpy(out, window.data() + (offset - window_at), n);
+  };
+  return parse_gguf_header(read, size, path);
+}
+
+}  // namespace detail
+
+GgufHeader read_gguf_header(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  TE_CHECK(fd >= 0, "gguf: cannot open '", path, "': ", std::strerror(errno));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  TE_CHECK(::fstat(fd, &st) == 0, "gguf: cannot stat '", path, "'");
+  return detail::read_gguf_header(fd, st.st_size, path);
 }
 
 }  // namespace te::hf

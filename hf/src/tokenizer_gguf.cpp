@@ -176,7 +176,7 @@ json pre_tokenizer(const PreSplit& p) {
 // The template that adds the special tokens: BOS when tokenizer.ggml.add_bos_token (absent:
 // `bos_by_default`, true for SentencePiece as llama.cpp and transformers' GGUF loader have it),
 // EOS when add_eos_token.
-json post_processor(const GgufFile& file, const GgufValue& tokens, bool bos_by_default,
+json post_processor(const GgufHeader& file, const GgufValue& tokens, bool bos_by_default,
                     const Fail& fail) {
   json single = json::array(), special = json::object();
   auto add = [&](const char* flag, const char* id_key, bool by_default) {
@@ -202,7 +202,7 @@ json post_processor(const GgufFile& file, const GgufValue& tokens, bool bos_by_d
 
 // tokenizer.json's ByteLevel pipeline for a GGUF "gpt2" vocabulary: byte-level BPE with its
 // merges and the split tokenizer.ggml.pre names.
-json byte_level_document(const GgufFile& file, const GgufValue* tokens, const GgufValue* types,
+json byte_level_document(const GgufHeader& file, const GgufValue* tokens, const GgufValue* types,
                          const Fail& fail) {
   const GgufValue* merges = file.value("tokenizer.ggml.merges");
   if (merges == nullptr || merges->type != 9 || merges->element_type != 8 ||
@@ -212,7 +212,7 @@ json byte_level_document(const GgufFile& file, const GgufValue* tokens, const Gg
   for (const std::string& m : merges->strings) {
     detail::utf8_to_code_points(m, "tokenizer: GGUF merge");
   }
-  const std::string path = file.path();
+  const std::string path = file.path;
   // Each token as BPE produces it, in the byte alphabet: a token written in plain text is
   // respelled, unless it is user-defined (type 4: an added token, matched on the raw text as
   // written) or its respelling is another token's own spelling (then BPE produces that one, and
@@ -296,7 +296,7 @@ json merges_from_scores(const std::vector<std::string>& tokens, const std::vecto
 // a space prefixed when tokenizer.ggml.add_space_prefix, spaces as U+2581, BPE with merges from
 // the scores, unknown characters as their bytes' tokens, else <unk>; decoded back), as llama.cpp
 // tokenizes it (src/llama-vocab.cpp, llm_tokenizer_spm_session).
-json sentencepiece_document(const GgufFile& file, const GgufValue* tokens, const GgufValue* types,
+json sentencepiece_document(const GgufHeader& file, const GgufValue* tokens, const GgufValue* types,
                             const Fail& fail) {
   const GgufValue* scores = file.value("tokenizer.ggml.scores");
   if (scores == nullptr || scores->type != 9 || scores->numbers.size() != tokens->strings.size()) {
@@ -349,7 +349,7 @@ json sentencepiece_document(const GgufFile& file, const GgufValue* tokens, const
 // piece with U+2581 before it and a continuing piece bare, where WordPiece has the piece bare and
 // "##" before it; BertNormalizer with tokenizer.ggml.normalizer.lowercase (default true) and
 // strip_accents (default: as lowercase), the BERT pre-tokenizer, [CLS] A [SEP].
-json wordpiece_document(const GgufFile& file, const GgufValue* tokens, const GgufValue* types,
+json wordpiece_document(const GgufHeader& file, const GgufValue* tokens, const GgufValue* types,
                         const Fail& fail) {
   json vocab = json::object();
   for (std::size_t i = 0; i < tokens->strings.size(); ++i) {
@@ -398,7 +398,11 @@ json wordpiece_document(const GgufFile& file, const GgufValue* tokens, const Ggu
 }  // namespace
 
 Tokenizer Tokenizer::from_gguf(const std::string& path) {
-  GgufFile file(path);
+  return from_gguf(read_gguf_header(path));
+}
+
+Tokenizer Tokenizer::from_gguf(const GgufHeader& file) {
+  const std::string& path = file.path;
   const Fail fail = [&](const std::string& key, const std::string& message) {
     TE_FAIL("tokenizer: '", path, "': ", key, ": ", message);
   };

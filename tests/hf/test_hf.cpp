@@ -569,6 +569,14 @@ TEST(Gguf, AModelFileIsReadStrictly) {
   q8_file("token_embd.weight", 3, text("tokenizer.ggml.model", "gpt2") + vocab.bytes).write(path);
   EXPECT_EQ(Tokenizer::from_file(path.string()).encode("ab", {false}).ids,
             (std::vector<int64_t>{2}));
+  // From a header read alone (no tensor data, no LibTorch: what fuzz_gguf calls), the same; a
+  // metadata value of another type names the file and the key.
+  const GgufHeader header = read_gguf_header(path.string());
+  EXPECT_EQ(header.path, path.string());
+  EXPECT_EQ(Tokenizer::from_gguf(header).encode("ab", {false}).ids, (std::vector<int64_t>{2}));
+  EXPECT_ERROR(header.integer("tokenizer.ggml.model"),
+               "m.gguf': metadata 'tokenizer.ggml.model' is not an integer (type 8)");
+  EXPECT_ERROR(read_gguf_header((dir / "none.gguf").string()), "gguf: cannot open '");
 }
 
 // A one-layer Llama as llama.cpp writes one (hidden 64, 2 heads, FFN 64, vocabulary 8): the

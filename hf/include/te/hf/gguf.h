@@ -56,9 +56,17 @@ struct GgufTensor {
 
 /// What a GGUF file's header says, with every tensor's data checked to lie in the file.
 struct GgufHeader {
+  std::string path;  ///< the file, as errors name it
   uint32_t version = 0;
   std::map<std::string, GgufValue> metadata;
   std::vector<GgufTensor> tensors;  ///< in file order
+
+  /// A metadata value (nullptr when absent), and typed reads (nullopt when absent; te::Error
+  /// naming the file and the key when it has another type).
+  const GgufValue* value(const std::string& key) const;
+  std::optional<int64_t> integer(const std::string& key) const;
+  std::optional<double> number(const std::string& key) const;
+  std::optional<std::string> string(const std::string& key) const;
 };
 
 /// Parses a GGUF header from `read(data, n, offset)`, which fills n bytes from the file's
@@ -68,6 +76,10 @@ struct GgufHeader {
 /// (named), a shape whose rows are not whole blocks, data outside the file.
 GgufHeader parse_gguf_header(const std::function<void(void*, std::size_t, int64_t)>& read,
                              int64_t size, const std::string& path);
+
+/// The header of the GGUF file at `path` (its tensors' data is not read). te::Error as
+/// parse_gguf_header's, or naming the file when it cannot be opened or read.
+GgufHeader read_gguf_header(const std::string& path);
 
 /// One open GGUF file. Not thread-safe (one per thread).
 class GgufFile {
@@ -81,8 +93,7 @@ class GgufFile {
   const GgufHeader& header() const;
   /// A tensor by name (nullptr when absent).
   const GgufTensor* tensor(const std::string& name) const;
-  /// A metadata value (nullptr when absent), and typed reads (nullopt when absent; te::Error
-  /// naming the key when it has another type).
+  /// header()'s metadata reads (GgufHeader::value, integer, number, string).
   const GgufValue* value(const std::string& key) const;
   std::optional<int64_t> integer(const std::string& key) const;
   std::optional<double> number(const std::string& key) const;

@@ -23,6 +23,8 @@
 
 namespace te::hf {
 
+struct GgufHeader;
+
 /// One text's tokens.
 struct Encoding {
   std::vector<int64_t> ids;
@@ -70,6 +72,8 @@ class Tokenizer : public te::gen::Detokenizer {
   /// control tokens special, BOS and EOS as add_bos_token and add_eos_token say. te::Error naming
   /// the key for another model or pre-tokenizer, or missing tokens, merges, scores or ids.
   static Tokenizer from_gguf(const std::string& path);
+  /// The same from a header already read (read_gguf_header, parse_gguf_header: a file in memory).
+  static Tokenizer from_gguf(const GgufHeader& header);
 
   Encoding encode(std::string_view text, const EncodeOptions& options = {}) const;
   Batch encode_batch(const std::vector<std::string>& texts,
