@@ -217,6 +217,7 @@ std::shared_ptr<const nn::BlockMatrix> blocks_of(const std::vector<HfSource>& so
   if (shape.size() != (stacked ? 3u : 2u)) return nullptr;
   if (static_cast<int64_t>(sources.size()) != (stacked ? shape[1] : 1)) return nullptr;
   auto out = std::make_shared<nn::BlockMatrix>();
+  std::vector<uint32_t> types;
   out->cols = kernel ? shape[0] : shape[1];
   const int64_t rows = kernel ? shape.back() : shape[0];
   for (std::size_t i = 0; i < sources.size(); ++i) {
@@ -226,15 +227,20 @@ std::shared_ptr<const nn::BlockMatrix> blocks_of(const std::vector<HfSource>& so
       return nullptr;
     }
     const std::shared_ptr<const nn::BlockMatrix> m = source.blocks(s.name);
-    if (m == nullptr || m->cols != out->cols || m->rows != rows ||
-        (i > 0 && m->type != out->type)) {
+    if (m == nullptr || m->cols != out->cols || m->rows != rows || !m->row_types.empty()) {
       return nullptr;
     }
-    out->type = m->type;
+    if (i == 0) out->type = m->type;
     out->owner = m->owner;
     out->row_data.insert(out->row_data.end(), m->row_data.begin(), m->row_data.end());
+    types.insert(types.end(), m->row_data.size(), m->type);
   }
   out->rows = static_cast<int64_t>(out->row_data.size());
+  // A stack of tensors of different types (a Q4_K_M file's Q4_K attn_k beside its Q6_K attn_v)
+  // keeps each row's type.
+  if (std::any_of(types.begin(), types.end(), [&](uint32_t t) { return t != out->type; })) {
+    out->row_types = std::move(types);
+  }
   return out;
 }
 

@@ -21,27 +21,72 @@ constexpr int64_t kDirectRows = 8;
 // The panel GEMM decodes this many bytes of float32 weights at a time.
 constexpr int64_t kPanelBytes = int64_t{2} << 20;
 
+// f(type, r0, r1) for each run of rows of one type within [begin, end).
+template <typename F>
+void for_each_run(const BlockMatrix& w, int64_t begin, int64_t end, F f) {
+  while (begin < end) {
+    const uint32_t type = w.type_of(begin);
+    int64_t r = begin + 1;
+    if (!w.row_types.empty()) {
+      while (r < end && w.row_types[static_cast<std::size_t>(r)] == type) ++r;
+    } else {
+      r = end;
+    }
+    f(type, begin, r);
+    begin = r;
+  }
+}
+
+// Rows [begin, end) of w decoded into out (a row every `cols` floats).
+void decode_rows(const BlockMatrix& w, const unsigned char* const* rows, int64_t begin,
+                 int64_t end, float* out) {
+  for_each_run(w, begin, end, [&](uint32_t type, int64_t r0, int64_t r1) {
+    ggml::dequantize_rows(type, rows + r0, r1 - r0, w.cols, out + (r0 - begin) * w.cols, w.cols);
+  });
+}
+
 }  // namespace
 
+std::string BlockMatrix::type_names() const {
+  std::vector<uint32_t> seen = {type};
+  std::string out = ggml::type_name(type);
+  for (const uint32_t t : row_types) {
+    if (std::find(seen.begin(), seen.end(), t) != seen.end()) continue;
+    seen.push_back(t);
+    out += " and " + ggml::type_name(t);
+  }
+  return out;
+}
+
 int64_t BlockMatrix::bytes() const {
-  const ggml::BlockShape b = ggml::block_shape(type, "a BlockMatrix");
-  return rows * (cols / b.elements) * b.bytes;
+  int64_t total = 0;
+  for_each_run(*this, 0, rows, [&](uint32_t t, int64_t r0, int64_t r1) {
+    const ggml::BlockShape b = ggml::block_shape(t, "a BlockMatrix");
+    total += (r1 - r0) * (cols / b.elements) * b.bytes;
+  });
+  return total;
 }
 
 void BlockMatrix::check(const std::string& what) const {
-  TE_CHECK(ggml::is_quantized(type), what, ": ggml type ", ggml::type_name(type),
-           " is not a quantized block type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K to Q6_K, IQ4_NL, "
-           "IQ4_XS)");
-  const ggml::BlockShape b = ggml::block_shape(type, what);
-  TE_CHECK(rows >= 1 && cols >= 1 && cols % b.elements == 0, what, ": a [", rows, ", ", cols,
-           "] matrix of ", ggml::type_name(type), " needs rows of whole blocks of ", b.elements);
+  TE_CHECK(row_types.empty() || static_cast<int64_t>(row_types.size()) == rows, what, ": ",
+           row_types.size(), " row types for ", rows, " rows");
   TE_CHECK(static_cast<int64_t>(row_data.size()) == rows, what, ": ", row_data.size(),
            " row pointers for ", rows, " rows");
+  std::vector<uint32_t> types = row_types;
+  types.push_back(type);
+  for (const uint32_t t : types) {
+    TE_CHECK(ggml::is_quantized(t), what, ": ggml type ", ggml::type_name(t),
+             " is not a quantized block type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K to Q6_K, "
+             "IQ4_NL, IQ4_XS)");
+    const ggml::BlockShape b = ggml::block_shape(t, what);
+    TE_CHECK(rows >= 1 && cols >= 1 && cols % b.elements == 0, what, ": a [", rows, ", ", cols,
+             "] matrix of ", ggml::type_name(t), " needs rows of whole blocks of ", b.elements);
+  }
 }
 
 at::Tensor block_linear(const at::Tensor& x, const BlockMatrix& w, const std::string& what) {
   TE_CHECK(!(at::GradMode::is_enabled() && x.requires_grad()), what,
-           " is held in GGUF ", ggml::type_name(w.type),
+           " is held in GGUF ", w.type_names(),
            " blocks (inference only) but its input requires grad; run under c10::InferenceMode "
            "or torch::NoGradGuard, or load with te::hf::LoadOptions::dequantize_gguf = true to "
            "train");
@@ -50,7 +95,7 @@ at::Tensor block_linear(const at::Tensor& x, const BlockMatrix& w, const std::st
            " (load with te::hf::LoadOptions::dequantize_gguf = true to move the model)");
   TE_CHECK(x.dim() >= 1 && x.size(-1) == w.cols && at::isFloatingType(x.scalar_type()), what,
            ": input ", x.sizes(), " (", x.scalar_type(), ") does not contract with [", w.rows,
-           ", ", w.cols, "] weights held in ", ggml::type_name(w.type),
+           ", ", w.cols, "] weights held in ", w.type_names(),
            " blocks (a floating input whose last dim is ", w.cols, ")");
   std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end() - 1);
   out_shape.push_back(w.rows);
@@ -64,7 +109,9 @@ at::Tensor block_linear(const at::Tensor& x, const BlockMatrix& w, const std::st
     float* yp = y.data_ptr<float>();
     const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / w.cols);
     at::parallel_for(0, w.rows, grain, [&](int64_t b, int64_t e) {
-      ggml::dot_rows(w.type, rows + b, e - b, w.cols, xp, m, w.cols, yp + b, w.rows);
+      for_each_run(w, b, e, [&](uint32_t type, int64_t r0, int64_t r1) {
+        ggml::dot_rows(type, rows + r0, r1 - r0, w.cols, xp, m, w.cols, yp + r0, w.rows);
+      });
     });
   } else {
     // Panels of rows decoded into float32 (all threads), each multiplied by te's CPU GEMM (all
@@ -85,7 +132,7 @@ at::Tensor block_linear(const at::Tensor& x, const BlockMatrix& w, const std::st
     for (int64_t n0 = 0; n0 < w.rows; n0 += panel) {
       const int64_t n = std::min(panel, w.rows - n0);
       at::parallel_for(0, n, 8, [&](int64_t b, int64_t e) {
-        ggml::dequantize_rows(w.type, rows + n0 + b, e - b, w.cols, dp + b * w.cols, w.cols);
+        decode_rows(w, rows, n0 + b, n0 + e, dp + b * w.cols);
       });
       // part.t() [cols, n]: the decoded rows transposed, a layout te's CPU GEMM reads as it is.
       const at::Tensor part = at::from_blob(dp, {n, w.cols}, x2.options());
@@ -104,16 +151,23 @@ at::Tensor block_rows(const BlockMatrix& w, const at::Tensor& ids, const std::st
            " (load with te::hf::LoadOptions::dequantize_gguf = true to move the model)");
   const at::Tensor flat = ids.reshape({-1}).to(at::kLong).contiguous();
   const int64_t* idp = flat.data_ptr<int64_t>();
-  std::vector<const unsigned char*> picked(static_cast<std::size_t>(flat.numel()));
+  // The picked rows as a matrix of their own (their types with them).
+  BlockMatrix picked;
+  picked.type = w.type;
+  picked.cols = w.cols;
+  picked.row_data.resize(static_cast<std::size_t>(flat.numel()));
+  if (!w.row_types.empty()) picked.row_types.resize(picked.row_data.size());
   for (int64_t i = 0; i < flat.numel(); ++i) {
     TE_CHECK(idp[i] >= 0 && idp[i] < w.rows, what, ": id ", idp[i], " is outside the table's ",
              w.rows, " rows");
-    picked[static_cast<std::size_t>(i)] = w.row_data[static_cast<std::size_t>(idp[i])];
+    const auto at = static_cast<std::size_t>(i);
+    picked.row_data[at] = w.row_data[static_cast<std::size_t>(idp[i])];
+    if (!w.row_types.empty()) picked.row_types[at] = w.type_of(idp[i]);
   }
   at::Tensor out = at::empty({flat.numel(), w.cols}, at::kFloat);
   float* op = out.data_ptr<float>();
   at::parallel_for(0, flat.numel(), 16, [&](int64_t b, int64_t e) {
-    ggml::dequantize_rows(w.type, picked.data() + b, e - b, w.cols, op + b * w.cols, w.cols);
+    decode_rows(picked, picked.row_data.data(), b, e, op + b * w.cols);
   });
   std::vector<int64_t> shape(ids.sizes().begin(), ids.sizes().end());
   shape.push_back(w.cols);
@@ -124,7 +178,7 @@ at::Tensor dequantize(const BlockMatrix& w) {
   at::Tensor out = at::empty({w.rows, w.cols}, at::kFloat);
   float* op = out.data_ptr<float>();
   at::parallel_for(0, w.rows, 16, [&](int64_t b, int64_t e) {
-    ggml::dequantize_rows(w.type, w.row_data.data() + b, e - b, w.cols, op + b * w.cols, w.cols);
+    decode_rows(w, w.row_data.data(), b, e, op + b * w.cols);
   });
   return out;
 }

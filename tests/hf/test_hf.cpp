@@ -580,9 +580,9 @@ TEST(Gguf, AModelFileIsReadStrictly) {
 }
 
 // A one-layer Llama as llama.cpp writes one (hidden 64, 2 heads, FFN 64, vocabulary 8): the
-// table in Q4_1, attn_k in Q4_1 beside attn_v in Q8_0 (so te's stacked kv_kernel cannot be held
-// in one type and is dequantized), every other 2-dim weight in Q8_0, the norms in F32. Random
-// codes, scales of about 0.02.
+// table in Q4_1, attn_k in Q4_1 beside attn_v in Q8_0 (te's stacked kv_kernel holds rows of two
+// types, as a Q4_K_M file's Q4_K attn_k beside its Q6_K attn_v), every other 2-dim weight in
+// Q8_0, the norms in F32. Random codes, scales of about 0.02.
 void write_tiny_llama_gguf(const fs::path& path) {
   struct Tensor {
     std::string name;
@@ -658,20 +658,25 @@ TEST(GgufBlocks, OneProcessHoldsTheQuantizedWeightsInTheirBlocksAndEqualsFloat32
   CausalLM floats = load_causal_lm(path.string(), float_options);
   EXPECT_TRUE(nn::has_block_weights(*blocks));
   EXPECT_FALSE(nn::has_block_weights(*floats));
-  // Held: the table (tied head), q, out, wi (gate and up, both Q8_0) and wo. kv_kernel mixes
-  // Q4_1 and Q8_0: dequantized.
+  // Held: the table (tied head), q, kv (K's rows Q4_1, V's Q8_0), out, wi (gate and up, both
+  // Q8_0) and wo.
   const auto params = blocks->named_parameters();
   for (const char* held :
-       {"embed.embedding", "layers.0.self_attention.q_kernel", "layers.0.self_attention.out_kernel",
-        "layers.0.mlp.wi_kernel", "layers.0.mlp.wo_kernel"}) {
+       {"embed.embedding", "layers.0.self_attention.q_kernel", "layers.0.self_attention.kv_kernel",
+        "layers.0.self_attention.out_kernel", "layers.0.mlp.wi_kernel", "layers.0.mlp.wo_kernel"}) {
     EXPECT_FALSE(params.contains(held)) << held;
     EXPECT_TRUE(floats->named_parameters().contains(held)) << held;
   }
-  EXPECT_TRUE(params.contains("layers.0.self_attention.kv_kernel"));
-  // The held parameters' float32 bytes (table 8 x 64, q, out and wo 64 x 64, wi 64 x 2 x 64) are
-  // gone and their blocks' counted: Q4_1 8 rows of 2 blocks of 20 bytes, Q8_0 64 rows of 2 of 34.
-  const int64_t held_floats = 4 * (8 * 64 + 3 * 64 * 64 + 64 * 2 * 64);
-  const int64_t held_blocks = 8 * 2 * 20 + 5 * 64 * 2 * 34;
+  const auto& kv = *blocks->layers[0]
+                        ->as<nn::TransformerLayerImpl>()
+                        ->self_attention->held_blocks("kv_kernel")
+                        ->matrix;
+  EXPECT_EQ(kv.type_names(), "Q4_1 and Q8_0");
+  // The held parameters' float32 bytes (table 8 x 64, q, out and wo 64 x 64, kv and wi 64 x 2 x
+  // 64) are gone and their blocks' counted: Q4_1 (the table's 8 rows, K's 64) of 2 blocks of 20
+  // bytes, Q8_0 (q, V, out, gate, up, wo: 6 x 64 rows) of 2 of 34.
+  const int64_t held_floats = 4 * (8 * 64 + 3 * 64 * 64 + 2 * 64 * 2 * 64);
+  const int64_t held_blocks = (8 + 64) * 2 * 20 + 6 * 64 * 2 * 34;
   EXPECT_EQ(nn::resident_bytes(*blocks), nn::resident_bytes(*floats) - held_floats + held_blocks);
   EXPECT_EQ(read_blocks, read_float);  // every tensor's bytes, once
   {

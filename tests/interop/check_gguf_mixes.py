@@ -44,7 +44,7 @@ import torch
 import transformers
 from check_hf_models import build, from_gguf, token_ids
 from gguf import GGMLQuantizationType as Q
-from interop_common import GGUF_TOL, rel_err
+from interop_common import GGUF_TOL, print_failure, rel_err
 from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
                           Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
@@ -285,10 +285,7 @@ def main(binary, workdir):
                                    tokenizer)
         except RuntimeError as e:
             failures, total = failures + 1, total + 1
-            first, *rest = str(e).rstrip("\n").split("\n")
-            print("FAIL %s: %s" % (case, first))
-            for line in rest:
-                print("     " + line)
+            print_failure(case, e)
             continue
         for mix, counts, held, errors, problems in results:
             bad = problems or [k for e in errors.values() for k, v in e.items()

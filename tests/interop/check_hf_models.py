@@ -45,7 +45,7 @@ import safetensors.torch
 import torch
 import transformers
 from gguf import GGMLQuantizationType as Q
-from interop_common import TOL, rel_err, tensor
+from interop_common import TOL, print_failure, rel_err, tensor
 from transformers import (AutoConfig, AutoModelForCausalLM, BertConfig, BertModel, GPT2Config,
                           GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
                           MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM,
@@ -469,10 +469,7 @@ def main(binary, workdir):
             results = check(binary, workdir, index, case, *args)
         except RuntimeError as e:
             failures, total = failures + 1, total + 1
-            first, *rest = str(e).rstrip("\n").split("\n")
-            print("FAIL %s: %s" % (case, first))
-            for line in rest:
-                print("     " + line)
+            print_failure(case, e)
             continue
         for layout, errors, problems in results:
             bad = problems or [k for k, e in errors.items() if not e <= TOL]

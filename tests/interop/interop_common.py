@@ -24,6 +24,14 @@ def rel_err(mine, want):
     return (mine - want).abs().max().item() / max(1.0, want.abs().max().item())
 
 
+def print_failure(case, error):
+    """FAIL <case>: the error's first line, its other lines indented under it."""
+    first, *rest = str(error).rstrip("\n").split("\n")
+    print("FAIL %s: %s" % (case, first))
+    for line in rest:
+        print("     " + line)
+
+
 def run_cases(path, check, reference):
     """check(case) -> (name, {what: rel_err}); prints each case and a summary naming
     `reference`; returns the exit status (1 when any error is above TOL)."""

@@ -149,6 +149,41 @@ TEST(BlockWeights, AMatrixOfManyPanelsAndThreadsEqualsTheFloat64Product) {
   }
 }
 
+// A stack of two types (a Q4_K_M file's Q4_K attn_k beside its Q6_K attn_v): rows of each type,
+// interleaved in runs, on both paths, in lookups and whole.
+TEST(BlockWeights, RowsOfDifferentTypesMultiplyAsTheirOwn) {
+  c10::InferenceMode inference;
+  const auto k = random_blocks(Type::kQ4_K, 20, 512, 4);
+  const auto v = random_blocks(Type::kQ6_K, 12, 512, 5);
+  const auto q = random_blocks(Type::kQ8_0, 9, 512, 6);
+  te::nn::BlockMatrix w;
+  w.type = k->w.type;
+  w.cols = 512;
+  for (const auto* part : {&k->w, &v->w, &q->w}) {
+    w.row_data.insert(w.row_data.end(), part->row_data.begin(), part->row_data.end());
+    w.row_types.insert(w.row_types.end(), part->row_data.size(), part->type);
+  }
+  w.rows = static_cast<int64_t>(w.row_data.size());
+  w.check("kv");
+  EXPECT_EQ(w.type_names(), "Q4_K and Q6_K and Q8_0");
+  EXPECT_EQ(w.bytes(), k->w.bytes() + v->w.bytes() + q->w.bytes());
+  const at::Tensor whole = at::cat({decoded(k->w), decoded(v->w), decoded(q->w)});
+  EXPECT_TRUE(te::nn::dequantize(w).equal(whole));
+  const at::Tensor w64 = whole.to(at::kDouble);
+  for (int64_t m : {1, 3, 9, 33}) {
+    const at::Tensor x = at::randn({m, 512});
+    EXPECT_LT(rel_err(te::nn::block_linear(x, w, "kv"), at::matmul(x.to(at::kDouble), w64.t())),
+              2e-6)
+        << m << " rows";
+  }
+  const at::Tensor ids = at::tensor({40, 0, 25, 19, 20}, at::kLong);
+  EXPECT_TRUE(te::nn::block_rows(w, ids, "kv").equal(whole.index_select(0, ids)));
+  w.row_types.pop_back();
+  EXPECT_ERROR(w.check("kv"), "kv: 40 row types for 41 rows");
+  w.row_types.push_back(static_cast<uint32_t>(Type::kBF16));
+  EXPECT_ERROR(w.check("kv"), "kv: ggml type BF16 is not a quantized block type");
+}
+
 TEST(BlockWeights, LookupsDecodeTheRowsTheyGather) {
   const auto blocks = random_blocks(Type::kQ8_0, 10, 64, 5);
   const at::Tensor ids = at::tensor({3, 0, 9, 3, 3, 7}, at::kLong).view({2, 3});

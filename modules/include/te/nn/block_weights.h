@@ -16,19 +16,26 @@
 
 namespace te::nn {
 
-/// A matrix W [rows, cols] in ggml blocks of one quantized type: row r's cols values (whole
+/// A matrix W [rows, cols] in ggml blocks of a quantized type: row r's cols values (whole
 /// blocks) are the bytes at row_data[r], which `owner` keeps alive (a mapped file, or a buffer).
-/// Rows may lie anywhere: a permutation or a stack of rows costs only the pointers.
+/// Rows may lie anywhere: a permutation or a stack of rows costs only the pointers. A stack of
+/// tensors of different types (a Q4_K_M file's Q4_K attn_k beside its Q6_K attn_v) gives each
+/// row its type in row_types.
 struct BlockMatrix {
-  uint32_t type = 0;  ///< a te::ggml::Type
+  uint32_t type = 0;  ///< a te::ggml::Type: every row's, unless row_types says otherwise
   int64_t rows = 0, cols = 0;
   std::vector<const unsigned char*> row_data;
   std::shared_ptr<const void> owner;
+  std::vector<uint32_t> row_types;  ///< empty, or each row's type
 
-  /// The blocks' bytes (rows x the bytes of a row).
+  /// Row r's type.
+  uint32_t type_of(int64_t r) const { return row_types.empty() ? type : row_types[r]; }
+  /// "Q4_K", or "Q4_K and Q6_K" for rows of two types: the types, for messages.
+  std::string type_names() const;
+  /// The blocks' bytes (each row's bytes, summed).
   int64_t bytes() const;
-  /// te::Error naming `what` unless the type is a quantized ggml type, cols whole blocks and
-  /// row_data one pointer per row.
+  /// te::Error naming `what` unless every type is a quantized ggml type whose blocks cols fills
+  /// whole, row_data is one pointer per row, and row_types empty or one type per row.
   void check(const std::string& what) const;
 };
 
