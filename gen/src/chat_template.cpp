@@ -1,4 +1,4 @@
-// te::gen::ChatTemplate: the ChatML and Llama 3 template families recognised in a model's
+// te::gen::ChatTemplate: the ChatML, Llama 3 and Phi-3 template families recognised in a model's
 // chat_template, and the prompts they write.
 
 #include "te/gen/chat_template.h"
@@ -43,9 +43,20 @@ ChatTemplate ChatTemplate::recognise(const std::string& jinja, const std::string
     t.family_ = "llama3";
     return t;
   }
+  // Phi-3 / Phi-3.5 (the form with a system turn and add_generation_prompt; the earliest
+  // Phi-3 templates, which fold the generation prompt into each user turn, are not this one).
+  if (has(jinja, "'<|system|>") && has(jinja, "'<|user|>") && has(jinja, "'<|assistant|>") &&
+      has(jinja, "<|end|>") && has(jinja, "{% if add_generation_prompt %}") &&
+      has(jinja, "message['role'] == 'system'") && !has(jinja, "tools")) {
+    t.family_ = "phi3";
+    // Phi-3.5's leaves out a system message with empty content.
+    t.skip_empty_system_ = has(jinja, "message['role'] == 'system' and message['content']");
+    return t;
+  }
   throw Error("chat template of " + where +
-              " is not one te-cpp applies (it recognises ChatML and Llama 3 templates without "
-              "tools; there is no Jinja engine): give the prompt as text instead of --chat");
+              " is not one te-cpp applies (it recognises ChatML, Llama 3 and Phi-3 templates "
+              "without tools; there is no Jinja engine): give the prompt as text instead of "
+              "--chat");
 }
 
 std::string ChatTemplate::apply(const std::vector<ChatMessage>& messages,
@@ -65,6 +76,17 @@ std::string ChatTemplate::apply(const std::vector<ChatMessage>& messages,
     }
     if (add_generation_prompt) out += "<|im_start|>assistant\n";
     return out;
+  }
+  if (family_ == "phi3") {
+    // Without a generation prompt the template ends with eos_token, which it does not name.
+    TE_CHECK(add_generation_prompt,
+             "chat template: a Phi-3 conversation without the generation prompt ends with the "
+             "tokenizer's eos_token, which the template does not hold; ask for the prompt");
+    for (const ChatMessage& m : messages) {
+      if (m.role == "system" && skip_empty_system_ && m.content.empty()) continue;
+      out += "<|" + m.role + "|>\n" + m.content + "<|end|>\n";
+    }
+    return out + "<|assistant|>\n";
   }
   out = "<|begin_of_text|>";
   for (const ChatMessage& m : messages) {

@@ -94,7 +94,11 @@ void CausalLMImpl::reset() {
     rope_options.seq_len_interpolation_factor(c.rope_factor)
         .pretrained_max_position_embeddings(c.max_position_embeddings);
   }
-  rope_options.frequency_factors(c.rope_freq_factors);
+  rope_options.frequency_factors(c.rope_freq_factors).attention_factor(c.rope_attention_factor);
+  if (!c.rope_long_freq_factors.empty()) {  // LongRoPE: past the original length, the long set
+    rope_options.long_frequency_factors(c.rope_long_freq_factors)
+        .pretrained_max_position_embeddings(c.rope_original_max_position_embeddings);
+  }
   rope = register_module("rope", nn::RotaryPositionEmbedding(rope_options));
 }
 
@@ -160,7 +164,10 @@ T run(CausalLMImpl& m, const T& ids, int64_t batch, int64_t seq, nn::InferencePa
       c.max_position_embeddings, " x factor ", c.rope_factor,
       "); transformers would extrapolate there, te-cpp refuses");
   nn::AttentionArgs args;
-  if (m.rope) args.rotary_pos_emb(m.rope->forward(positions_needed));
+  if (m.rope) {
+    args.rotary_pos_emb(m.rope->forward(positions_needed))
+        .rotary_attention_factor(c.rope_attention_factor);
+  }
   args.inference_params(cache);
   int64_t layer_number = 0;
   for (const auto& layer : *m.layers) {
@@ -199,6 +206,36 @@ DTensor CausalLMImpl::forward_on_mesh(const at::Tensor& ids) {
 namespace te::hf {
 
 namespace {
+// LongRoPE rotates a forward by its longest sequence: the long factors once it is longer than
+// the original length (transformers' dynamic_rope_update). transformers' generate keeps every
+// key of a sequence under its own length's factors by recomputing the cache when the sequence
+// first grows past that length (Phi3ForCausalLM.prepare_inputs_for_generation, 5.23.0); te's
+// cache cannot recompute, so a step whose keys would mix the two sets is refused.
+void check_long_rope_step(const CausalLMConfig& c, const nn::InferenceParams& cache) {
+  if (c.rope_long_freq_factors.empty()) return;
+  const int64_t original = c.rope_original_max_position_embeddings;
+  const bool long_step = cache.max_seqlen_kv() > original;
+  const auto* pre = cache.pre_step_seqlens().data_ptr<int64_t>();
+  const auto* after = cache.seqlens_kv().data_ptr<int64_t>();
+  const auto& ids = cache.sequence_ids();
+  for (int64_t i = 0; i < cache.batch_size(); ++i) {
+    TE_CHECK((after[i] > original) == long_step, "CausalLM::step: LongRoPE rotates a step by its ",
+             "longest sequence (", cache.max_seqlen_kv(), " tokens), and sequence ",
+             ids[static_cast<std::size_t>(i)], " (", after[i],
+             " tokens) is on the other side of original_max_position_embeddings ", original,
+             "; te-cpp's KV cache keeps each sequence under its own length's factors, so every "
+             "sequence of a step must be on one side (te::gen::Engine keeps them all within it)");
+  }
+  for (int64_t i = 0; i < cache.batch_size(); ++i) {
+    TE_CHECK(!long_step || pre[i] == 0 || pre[i] > original, "CausalLM::step: sequence ",
+             ids[static_cast<std::size_t>(i)], " grows past original_max_position_embeddings ",
+             original, " (LongRoPE) with its first ", pre[i],
+             " keys cached under the short factors; transformers' generate recomputes them under "
+             "the long factors there, te-cpp's KV cache does not: keep each sequence within ",
+             original, " tokens, or run a longer one's whole prompt in one step");
+  }
+}
+
 void check_step(const CausalLMImpl& m, int64_t dims, int64_t tokens,
                 const nn::InferenceParams& cache) {
   TE_CHECK(dims == 1, "CausalLM::step: ids must be the step's tokens packed [tokens], got ", dims,
@@ -207,6 +244,7 @@ void check_step(const CausalLMImpl& m, int64_t dims, int64_t tokens,
            " ids for a cache step of ", cache.new_tokens(),
            " new tokens (call the cache's pre_step with each sequence's new-token count first)");
   TE_CHECK(!m.is_training(), "CausalLM::step: a KV cache is for inference; call eval() first");
+  check_long_rope_step(m.config, cache);
 }
 }  // namespace
 

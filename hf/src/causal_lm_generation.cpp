@@ -3,13 +3,22 @@
 
 #include <c10/core/ScalarType.h>
 
+#include <algorithm>
+
 #include "te/hf/causal_lm.h"
 
 namespace te::hf {
 
 int64_t CausalLMImpl::vocab_size() const { return config.vocab_size; }
 
-int64_t CausalLMImpl::max_positions() const { return config.max_position_embeddings; }
+// LongRoPE: the original length, within which te-cpp's KV cache holds what transformers'
+// generate computes (CausalLM::step refuses a sequence growing past it).
+int64_t CausalLMImpl::max_positions() const {
+  if (config.rope_long_freq_factors.empty()) return config.max_position_embeddings;
+  return config.max_position_embeddings > 0 ? std::min(config.max_position_embeddings,
+                                                       config.rope_original_max_position_embeddings)
+                                            : config.rope_original_max_position_embeddings;
+}
 
 te::nn::InferenceParamsOptions CausalLMImpl::kv_cache_options(int64_t max_batch,
                                                               int64_t max_length) const {

@@ -79,13 +79,23 @@ void check_causal_lm_config(const CausalLMConfig& c, const std::string& where) {
   if (!(std::isfinite(c.rope_factor) && c.rope_factor > 0)) {
     fail("rope factor", "must be positive and finite");
   }
-  if (!c.rope_freq_factors.empty() &&
-      static_cast<int64_t>(c.rope_freq_factors.size()) * 2 != rotary) {
-    fail("rope frequency factors", std::to_string(c.rope_freq_factors.size()) + " for " +
-                                       std::to_string(rotary) + " rotary dims (one per pair)");
+  for (const auto& [what, factors] : {std::pair<const char*, const std::vector<double>*>{
+                                          "rope frequency factors", &c.rope_freq_factors},
+                                      {"rope long frequency factors", &c.rope_long_freq_factors}}) {
+    if (!factors->empty() && static_cast<int64_t>(factors->size()) * 2 != rotary) {
+      fail(what, std::to_string(factors->size()) + " for " + std::to_string(rotary) +
+                     " rotary dims (one per pair)");
+    }
+    for (const double f : *factors) {
+      if (!(std::isfinite(f) && f > 0)) fail(what, "must be positive and finite");
+    }
   }
-  for (const double f : c.rope_freq_factors) {
-    if (!(std::isfinite(f) && f > 0)) fail("rope frequency factors", "must be positive and finite");
+  if (!c.rope_long_freq_factors.empty() && c.rope_original_max_position_embeddings <= 0) {
+    fail("original_max_position_embeddings",
+         "must be positive with LongRoPE's long factors (the length beyond which they apply)");
+  }
+  if (!(std::isfinite(c.rope_attention_factor) && c.rope_attention_factor > 0)) {
+    fail("rope attention factor", "must be positive and finite");
   }
   for (const auto& [key, p] :
        {std::pair<const char*, double>{"attention_dropout", c.attention_dropout},

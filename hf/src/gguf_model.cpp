@@ -21,8 +21,10 @@ namespace te::hf::detail {
 
 namespace {
 
-// llama.cpp's RoPE frequency factors tensor.
+// llama.cpp's RoPE frequency factors tensors: Llama 3's, and LongRoPE's two sets (Phi-3).
 constexpr const char* kRopeFreqs = "rope_freqs.weight";
+constexpr const char* kRopeShort = "rope_factors_short.weight";
+constexpr const char* kRopeLong = "rope_factors_long.weight";
 
 // The Hugging Face name of a llama.cpp tensor in the family's names ("" when it has none).
 std::string to_hf(const GgufNames& names, const std::string& gguf) {
@@ -47,8 +49,8 @@ class GgufSource : public TensorSource {
     heads_ = config.num_attention_heads;
     kv_heads_ = config.num_key_value_heads;
     for (const GgufTensor& t : file_.header().tensors) {
-      // llama.cpp's RoPE frequency factors are the config's (gguf_config), not a weight.
-      if (t.name == kRopeFreqs) continue;
+      // llama.cpp's RoPE frequency factors are the config's (gguf_config), not weights.
+      if (t.name == kRopeFreqs || t.name == kRopeShort || t.name == kRopeLong) continue;
       const std::string hf = to_hf(*family.gguf, t.name);
       const std::string& key = hf.empty() ? t.name : hf;  // no counterpart: stays itself
       const auto [it, added] = names_.emplace(key, t.name);
@@ -239,16 +241,44 @@ void read_tensors(ArchKeys& k, CausalLMConfig& c) {
   c.qk_norm = file.tensor("blk.0.attn_q_norm.weight") != nullptr;
 }
 
-// llama.cpp's RoPE frequency factors (Llama 3's scaling, convert_hf_to_gguf.py's
-// generate_extra_tensors): one per rotary pair, dividing its inverse frequency.
-void read_rope_freqs(GgufFile& file, CausalLMConfig& c) {
-  const GgufTensor* t = file.tensor(kRopeFreqs);
-  if (t == nullptr) return;
+// One of llama.cpp's RoPE factor tensors (empty when the file has none): one factor per rotary
+// pair, dividing its inverse frequency.
+std::vector<double> rope_factors(GgufFile& file, const CausalLMConfig& c, const char* name) {
+  const GgufTensor* t = file.tensor(name);
+  if (t == nullptr) return {};
   const int64_t pairs = (c.rotary_dim == 0 ? c.head_dim : c.rotary_dim) / 2;
-  TE_CHECK(t->shape.size() == 1 && t->shape[0] == pairs, "gguf: '", file.path(), "': ", kRopeFreqs,
+  TE_CHECK(t->shape.size() == 1 && t->shape[0] == pairs, "gguf: '", file.path(), "': ", name,
            " is ", at::IntArrayRef(t->shape), "; the ", pairs, " rotary pairs need [", pairs, "]");
-  const at::Tensor f = file.read(kRopeFreqs, {0}, {pairs}).to(at::kDouble).contiguous();
-  c.rope_freq_factors.assign(f.data_ptr<double>(), f.data_ptr<double>() + pairs);
+  const at::Tensor f = file.read(name, {0}, {pairs}).to(at::kDouble).contiguous();
+  return {f.data_ptr<double>(), f.data_ptr<double>() + pairs};
+}
+
+// llama.cpp's RoPE frequency factors: Llama 3's scaling as rope_freqs.weight (convert_hf_to_gguf.py
+// LlamaModel.generate_extra_tensors), or LongRoPE's short and long sets with the attention factor
+// and the original length (Phi3MiniModel.generate_extra_tensors and set_gguf_parameters, which
+// always write that length: read past without the long set).
+void read_rope_freqs(GgufFile& file, ArchKeys& k, CausalLMConfig& c) {
+  c.rope_freq_factors = rope_factors(file, c, kRopeFreqs);
+  const auto original = k.integer("rope.scaling.original_context_length");
+  const auto attn_factor = k.number("rope.scaling.attn_factor");
+  std::vector<double> long_set = rope_factors(file, c, kRopeLong);
+  if (long_set.empty()) {
+    TE_CHECK(!attn_factor, "gguf: '", file.path(), "': ", k.a,
+             "rope.scaling.attn_factor without LongRoPE's ", kRopeLong,
+             " is not a RoPE te-cpp builds");
+    return;
+  }
+  TE_CHECK(c.rope_freq_factors.empty() && c.rope_type == "default", "gguf: '", file.path(),
+           "': ", kRopeLong, " beside other RoPE scaling (", kRopeFreqs, " or ", k.a,
+           "rope.scaling.type) is not a RoPE te-cpp builds");
+  TE_CHECK(file.tensor(kRopeShort) && original && *original > 0 && attn_factor, "gguf: '",
+           file.path(), "': LongRoPE's ", kRopeLong, " needs ", kRopeShort, ", ", k.a,
+           "rope.scaling.original_context_length and ", k.a, "rope.scaling.attn_factor");
+  c.rope_type = "longrope";
+  c.rope_freq_factors = rope_factors(file, c, kRopeShort);
+  c.rope_long_freq_factors = std::move(long_set);
+  c.rope_original_max_position_embeddings = *original;
+  c.rope_attention_factor = *attn_factor;
 }
 
 // The config a GGUF file's metadata (llama.cpp's keys) and tensors describe.
@@ -260,8 +290,11 @@ CausalLMConfig gguf_config(GgufFile& file, const Family& family) {
   c.model_type = family.info.model_type;
   read_sizes(keys, c);
   read_rope(keys, c);
-  read_rope_freqs(file, c);
+  read_rope_freqs(file, keys, c);
   read_tensors(keys, c);
+  // Phi-3's window: llama.cpp turns it off (src/models/phi3.cpp load_arch_hparams) and
+  // transformers' GGUF_CONFIG_MAPPING["phi3"] does not map it, so both attend fully.
+  if (family.gguf_ignores_sliding_window) keys.integer("attention.sliding_window");
   // transformers reads tokenizer.ggml.padding_token_id into the config's pad_token_id
   // (integrations/ggml.py, GGUF_CONFIG_MAPPING["tokenizer"]).
   c.pad_token_id = file.integer("tokenizer.ggml.padding_token_id");

@@ -204,9 +204,10 @@ void check_checkpoint(const CheckpointCheck& c, torch::nn::Module& shapes, Tenso
 namespace {
 
 // The blocks one te parameter of `shape` is made of, when every checkpoint tensor it takes is
-// held in blocks of one type and lies in it whole: a kernel [in, out] from one tensor [out, in],
-// or [in, S, out] from S of them stacked on dim 1 (their rows one after another); a table
-// [rows, cols] from one tensor as it is. nullptr otherwise (the parameter is dequantized).
+// held in quantized blocks (of any types: each row keeps its own) and lies in it whole: a kernel [in, out] from one tensor [out, in]
+// (or from consecutive rows of a fused one), or [in, S, out] from S of them stacked on dim 1
+// (their rows one after another); a table [rows, cols] from one tensor as it is. nullptr
+// otherwise (the parameter is dequantized).
 std::shared_ptr<const nn::BlockMatrix> blocks_of(const std::vector<HfSource>& sources_in,
                                                  const std::vector<int64_t>& shape, bool kernel,
                                                  TensorSource& source) {
@@ -222,18 +223,22 @@ std::shared_ptr<const nn::BlockMatrix> blocks_of(const std::vector<HfSource>& so
   const int64_t rows = kernel ? shape.back() : shape[0];
   for (std::size_t i = 0; i < sources.size(); ++i) {
     const HfSource& s = sources[i];
-    if (s.transpose != kernel || s.narrow_dim >= 0 || s.slot_dim != (stacked ? 1 : -1) ||
-        (stacked && s.slot != static_cast<int64_t>(i))) {
+    // A kernel may take some of a fused tensor's rows (Phi-3's qkv_proj, gate_up_proj).
+    const bool narrowed = s.narrow_dim >= 0;
+    if (s.transpose != kernel || (narrowed && !(kernel && s.narrow_dim == 0)) ||
+        s.slot_dim != (stacked ? 1 : -1) || (stacked && s.slot != static_cast<int64_t>(i))) {
       return nullptr;
     }
     const std::shared_ptr<const nn::BlockMatrix> m = source.blocks(s.name);
-    if (m == nullptr || m->cols != out->cols || m->rows != rows || !m->row_types.empty()) {
+    if (m == nullptr || m->cols != out->cols || m->rows != (narrowed ? s.narrow_total : rows) ||
+        (narrowed && s.narrow_length != rows) || !m->row_types.empty()) {
       return nullptr;
     }
     if (i == 0) out->type = m->type;
     out->owner = m->owner;
-    out->row_data.insert(out->row_data.end(), m->row_data.begin(), m->row_data.end());
-    types.insert(types.end(), m->row_data.size(), m->type);
+    const auto first = m->row_data.begin() + (narrowed ? s.narrow_start : 0);
+    out->row_data.insert(out->row_data.end(), first, first + rows);
+    types.insert(types.end(), rows, m->type);
   }
   out->rows = static_cast<int64_t>(out->row_data.size());
   // A stack of tensors of different types (a Q4_K_M file's Q4_K attn_k beside its Q6_K attn_v)

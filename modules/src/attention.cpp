@@ -231,8 +231,9 @@ std::function<at::Tensor(const at::Tensor&)> logits_constraint(const DTensor& q,
 template <typename T>
 F::AttentionCall attention_call(const DotProductAttentionImpl& self, const Arranged<T>& a,
                                 const at::Tensor& mask, const AttentionArgs& args, bool training) {
-  TE_CHECK(!args.rotary_pos_emb().defined(),
-           "DotProductAttention takes no rotary_pos_emb: rotate q and k first "
+  TE_CHECK(!args.rotary_pos_emb().defined() && args.rotary_attention_factor() == 1.0,
+           "DotProductAttention takes no rotary_pos_emb (nor rotary_attention_factor): rotate q "
+           "and k first "
            "(functional::apply_rotary_pos_emb), or give it to MultiHeadAttention or "
            "TransformerLayer");
   const int64_t batch = a.q.size(0), heads = a.q.size(2), sq = a.q.size(1), sk = a.k.size(1);

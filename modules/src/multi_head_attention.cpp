@@ -277,8 +277,13 @@ void check_cache_step(const MultiHeadAttentionOptions& o, const InferenceParams&
 template <typename T>
 void rotate_qk(const MultiHeadAttentionOptions& o, const InferenceParams* cache, T& q, T& k,
                AttentionArgs& args) {
-  if (!args.rotary_pos_emb().defined()) return;
+  if (!args.rotary_pos_emb().defined()) {
+    TE_CHECK(args.rotary_attention_factor() == 1.0, "MultiHeadAttention: rotary_attention_factor ",
+             args.rotary_attention_factor(), " without rotary_pos_emb; give the frequencies too");
+    return;
+  }
   const at::Tensor freqs = args.rotary_pos_emb();
+  const double factor = args.rotary_attention_factor();
   if (o.attention().qkv_format() == QkvFormat::kThd || cache) {
     // Positions restart at each sequence's (padded) start (L1156-1181), or with a cache go on
     // from each sequence's cached length (L1152-1153).
@@ -292,15 +297,16 @@ void rotate_qk(const MultiHeadAttentionOptions& o, const InferenceParams* cache,
     TE_CHECK(cu_q.defined() && cu_kv.defined(),
              "MultiHeadAttention: qkv_format 'thd' needs AttentionArgs' cu_seqlens_q and "
              "cu_seqlens_kv");
-    q = detail::batch_of_one(F::apply_rotary_pos_emb(detail::tokens_only(q), freqs, "thd",
-                                                     o.rotary_pos_interleaved(), cu_q, start));
-    k = detail::batch_of_one(F::apply_rotary_pos_emb(detail::tokens_only(k), freqs, "thd",
-                                                     o.rotary_pos_interleaved(), cu_kv, start));
+    q = detail::batch_of_one(F::apply_rotary_pos_emb(
+        detail::tokens_only(q), freqs, "thd", o.rotary_pos_interleaved(), cu_q, start, factor));
+    k = detail::batch_of_one(F::apply_rotary_pos_emb(
+        detail::tokens_only(k), freqs, "thd", o.rotary_pos_interleaved(), cu_kv, start, factor));
   } else {
-    q = F::apply_rotary_pos_emb(q, freqs, "bshd", o.rotary_pos_interleaved());
-    k = F::apply_rotary_pos_emb(k, freqs, "bshd", o.rotary_pos_interleaved());
+    q = F::apply_rotary_pos_emb(q, freqs, "bshd", o.rotary_pos_interleaved(), {}, {}, factor);
+    k = F::apply_rotary_pos_emb(k, freqs, "bshd", o.rotary_pos_interleaved(), {}, {}, factor);
   }
   args.rotary_pos_emb(at::Tensor());
+  args.rotary_attention_factor(1.0);
 }
 
 // MultiHeadAttention's one forward (modules/src/forward.h): the output and the input norm's.

@@ -49,31 +49,51 @@ void RotaryPositionEmbeddingImpl::reset() {
     TE_CHECK(*m > 0, "RotaryPositionEmbedding: pretrained_max_position_embeddings ", *m,
              " is not positive");
   }
+  const double a = options.attention_factor();
+  TE_CHECK(std::isfinite(a) && a > 0, "RotaryPositionEmbedding: attention_factor ", a,
+           " is not positive and finite");
   // 1 / base^(arange(0, dim, 2) / dim), in float32 as TE computes it.
   const at::Tensor exponent = at::arange(0, dim, 2, at::kFloat) / static_cast<double>(dim);
-  at::Tensor inv = at::pow(options.rotary_base(), exponent).reciprocal();
-  if (const std::vector<double>& f = options.frequency_factors(); !f.empty()) {
-    TE_CHECK(static_cast<int64_t>(f.size()) == dim / 2, "RotaryPositionEmbedding: ", f.size(),
-             " frequency_factors for ", dim / 2, " frequencies (the rotary dim ", dim, " / 2)");
+  const at::Tensor inv = at::pow(options.rotary_base(), exponent).reciprocal();
+  // Each inverse frequency divided by its factor (none: as it is).
+  auto divided = [&](const std::vector<double>& f, const char* what) {
+    if (f.empty()) return inv;
+    TE_CHECK(static_cast<int64_t>(f.size()) == dim / 2, "RotaryPositionEmbedding: ", f.size(), " ",
+             what, " for ", dim / 2, " frequencies (the rotary dim ", dim, " / 2)");
     for (std::size_t i = 0; i < f.size(); ++i) {
-      TE_CHECK(std::isfinite(f[i]) && f[i] > 0, "RotaryPositionEmbedding: frequency_factors[", i,
-               "] is ", f[i], ": each must be positive and finite");
+      TE_CHECK(std::isfinite(f[i]) && f[i] > 0, "RotaryPositionEmbedding: ", what, "[", i, "] is ",
+               f[i], ": each must be positive and finite");
     }
-    inv = inv / at::tensor(f, at::kDouble).to(at::kFloat);
+    return inv / at::tensor(f, at::kDouble).to(at::kFloat);
+  };
+  inv_freq = register_buffer("inv_freq", divided(options.frequency_factors(), "frequency_factors"));
+  if (!options.long_frequency_factors().empty()) {
+    TE_CHECK(options.pretrained_max_position_embeddings().has_value(),
+             "RotaryPositionEmbedding: long_frequency_factors need "
+             "pretrained_max_position_embeddings, the length beyond which they replace "
+             "frequency_factors");
+    long_inv_freq = register_buffer(
+        "long_inv_freq", divided(options.long_frequency_factors(), "long_frequency_factors"));
   }
-  inv_freq = register_buffer("inv_freq", inv);
 }
 
 void RotaryPositionEmbeddingImpl::pretty_print(std::ostream& stream) const {
   stream << "te::nn::RotaryPositionEmbedding(dim=" << inv_freq.size(0) * 2
-         << ", base=" << options.rotary_base() << (options.interleaved() ? ", interleaved" : "")
-         << ")";
+         << ", base=" << options.rotary_base() << (options.interleaved() ? ", interleaved" : "");
+  if (long_inv_freq.defined()) stream << ", long factors";
+  if (options.attention_factor() != 1.0) {
+    stream << ", attention_factor=" << options.attention_factor();
+  }
+  stream << ")";
 }
 
 at::Tensor RotaryPositionEmbeddingImpl::forward(int64_t max_seq_len, int64_t offset) {
   TE_CHECK(max_seq_len > 0 && offset >= 0, "RotaryPositionEmbedding: max_seq_len (", max_seq_len,
            ") must be positive and offset (", offset, ") not negative");
   at::Tensor seq = at::arange(max_seq_len, inv_freq.options()) + static_cast<double>(offset);
+  // LongRoPE: the long factors for a sequence longer than the pretrained length.
+  const bool long_set = long_inv_freq.defined() &&
+                        offset + max_seq_len > *options.pretrained_max_position_embeddings();
   if (options.pretrained_max_position_embeddings() && options.seq_len_interpolation_factor()) {
     const double pretrained = static_cast<double>(*options.pretrained_max_position_embeddings());
     const double factor = *options.seq_len_interpolation_factor();
@@ -83,7 +103,7 @@ at::Tensor RotaryPositionEmbeddingImpl::forward(int64_t max_seq_len, int64_t off
       seq = seq * (1.0 / factor);  // fixed linear scaling
     }
   }
-  const at::Tensor freqs = at::outer(seq, inv_freq);  // [s, dim / 2]
+  const at::Tensor freqs = at::outer(seq, long_set ? long_inv_freq : inv_freq);  // [s, dim / 2]
   const at::Tensor emb = options.interleaved()
                              ? at::stack({freqs, freqs}, -1).flatten(-2)  // f0 f0 f1 f1 ...
                              : at::cat({freqs, freqs}, -1);               // f0 f1 ... f0 f1 ...
@@ -118,6 +138,7 @@ struct RopeArgs {
   int64_t d2 = 0;
   at::Tensor cu_seqlens;       // [sequences + 1] (thd)
   at::Tensor start_positions;  // [batch or sequences], or undefined
+  double scale = 1.0;          // the attention factor on cos and sin
 };
 
 at::Tensor index_vector(const at::Tensor& t, const char* what) {
@@ -128,9 +149,14 @@ at::Tensor index_vector(const at::Tensor& t, const char* what) {
 }
 
 RopeArgs check_rope(at::IntArrayRef sizes, const at::Tensor& freqs, const std::string& format,
-                    const at::Tensor& cu_seqlens, const at::Tensor& start_positions) {
+                    const at::Tensor& cu_seqlens, const at::Tensor& start_positions,
+                    double attention_factor) {
   RopeArgs a;
   a.layout = rope_layout(format);
+  TE_CHECK(std::isfinite(attention_factor) && attention_factor > 0,
+           "apply_rotary_pos_emb: attention_factor ", attention_factor,
+           " is not positive and finite");
+  a.scale = attention_factor;
   const std::vector<int64_t> shape(sizes.begin(), sizes.end());
   TE_CHECK(static_cast<int64_t>(shape.size()) == a.layout.dims, "apply_rotary_pos_emb: t ", sizes,
            " is not ", format == "thd" ? "[tokens, heads, head_dim]" : "4-dim ", format);
@@ -182,8 +208,10 @@ RopeArgs check_rope(at::IntArrayRef sizes, const at::Tensor& freqs, const std::s
 }
 
 // Rotates the first d2 dims of each head of `t` by `angles` (float32, broadcasting to
-// t[..., :d2]), in halves or interleaved pairs; the arithmetic in float32 as TE's fused kernel.
-at::Tensor rotate(const at::Tensor& t, const at::Tensor& angles, int64_t d2, bool interleaved) {
+// t[..., :d2]), in halves or interleaved pairs, cos and sin times `scale`; the arithmetic in
+// float32 as TE's fused kernel.
+at::Tensor rotate(const at::Tensor& t, const at::Tensor& angles, int64_t d2, bool interleaved,
+                  double scale) {
   const at::Tensor x = t.narrow(-1, 0, d2).to(at::kFloat);
   at::Tensor turned;
   if (interleaved) {  // (x0, x1, x2, x3, ...) -> (-x1, x0, -x3, x2, ...)
@@ -191,7 +219,12 @@ at::Tensor rotate(const at::Tensor& t, const at::Tensor& angles, int64_t d2, boo
   } else {  // (x_a, x_b) -> (-x_b, x_a)
     turned = at::cat({-x.narrow(-1, d2 / 2, d2 / 2), x.narrow(-1, 0, d2 / 2)}, -1);
   }
-  at::Tensor out = (x * angles.cos() + turned * angles.sin()).to(t.scalar_type());
+  at::Tensor cos = angles.cos(), sin = angles.sin();
+  if (scale != 1.0) {  // transformers: emb.cos() * attention_scaling, in float32
+    cos = cos * scale;
+    sin = sin * scale;
+  }
+  at::Tensor out = (x * cos + turned * sin).to(t.scalar_type());
   const int64_t d = t.size(-1);
   return d2 < d ? at::cat({out, t.narrow(-1, d2, d - d2)}, -1) : out;
 }
@@ -209,14 +242,14 @@ at::Tensor rotate_piece(const at::Tensor& t, const RopeArgs& a, bool interleaved
     at::Tensor pos = at::arange(t.size(0), cu.options()) - cu.index_select(0, seq_id);
     if (a.start_positions.defined()) pos = pos + a.start_positions.index_select(0, seq_id);
     return rotate(t, freqs.index_select(0, pos.to(t.device())).view({t.size(0), 1, d2}), d2,
-                  interleaved);
+                  interleaved, a.scale);
   }
   const int64_t s = t.size(a.layout.seq_dim), b = t.size(a.layout.batch_dim);
   const bool bshd = a.layout.seq_dim == 1;
   if (!a.start_positions.defined()) {
     const at::Tensor angles = freqs.narrow(0, seq_offset, s);
     return rotate(t, bshd ? angles.view({1, s, 1, d2}) : angles.view({s, 1, 1, d2}), d2,
-                  interleaved);
+                  interleaved, a.scale);
   }
   // Per sequence: positions start_positions[i] + seq_offset + j.
   const at::Tensor start = a.start_positions.narrow(0, batch_offset, b);
@@ -224,23 +257,28 @@ at::Tensor rotate_piece(const at::Tensor& t, const RopeArgs& a, bool interleaved
   const at::Tensor pos = bshd ? start.view({b, 1}) + steps.view({1, s})   // [b, s]
                               : steps.view({s, 1}) + start.view({1, b});  // [s, b]
   const at::Tensor angles = freqs.index_select(0, pos.flatten().to(t.device()));
-  return rotate(t, bshd ? angles.view({b, s, 1, d2}) : angles.view({s, b, 1, d2}), d2, interleaved);
+  return rotate(t, bshd ? angles.view({b, s, 1, d2}) : angles.view({s, b, 1, d2}), d2, interleaved,
+                a.scale);
 }
 
 }  // namespace
 
 at::Tensor apply_rotary_pos_emb(const at::Tensor& t, const at::Tensor& freqs,
                                 const std::string& tensor_format, bool interleaved,
-                                const at::Tensor& cu_seqlens, const at::Tensor& start_positions) {
+                                const at::Tensor& cu_seqlens, const at::Tensor& start_positions,
+                                double attention_factor) {
   TE_CHECK(t.defined(), "apply_rotary_pos_emb: t is undefined");
-  const RopeArgs a = check_rope(t.sizes(), freqs, tensor_format, cu_seqlens, start_positions);
+  const RopeArgs a =
+      check_rope(t.sizes(), freqs, tensor_format, cu_seqlens, start_positions, attention_factor);
   return rotate_piece(t, a, interleaved, 0, 0);
 }
 
 DTensor apply_rotary_pos_emb(const DTensor& t_in, const at::Tensor& freqs,
                              const std::string& tensor_format, bool interleaved,
-                             const at::Tensor& cu_seqlens, const at::Tensor& start_positions) {
-  const RopeArgs a = check_rope(t_in.sizes(), freqs, tensor_format, cu_seqlens, start_positions);
+                             const at::Tensor& cu_seqlens, const at::Tensor& start_positions,
+                             double attention_factor) {
+  const RopeArgs a =
+      check_rope(t_in.sizes(), freqs, tensor_format, cu_seqlens, start_positions, attention_factor);
   const int64_t last = t_in.dim() - 1;
   // Whole head dims (the rotation pairs dims within a head); a partial sum is reduced first.
   for (std::size_t m = 0; m < t_in.placements().size(); ++m) {

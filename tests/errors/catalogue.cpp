@@ -425,6 +425,17 @@ std::vector<Case> cases() {
        [] {
          RotaryPositionEmbedding(RotaryPositionEmbeddingOptions(8).seq_len_interpolation_factor(4));
        }},
+      {"modules", "LongRoPE's long factors without the pretrained length",
+       "long_frequency_factors need pretrained_max_position_embeddings",
+       [] {
+         RotaryPositionEmbedding(RotaryPositionEmbeddingOptions(4).long_frequency_factors({1, 2}));
+       }},
+      {"modules", "a rotary attention factor without the rotary frequencies",
+       "rotary_attention_factor 2 without rotary_pos_emb",
+       [] {
+         MultiHeadAttention mha(MultiHeadAttentionOptions(16, 4));
+         mha(at::zeros({1, 3, 16}), {}, {}, AttentionArgs().rotary_attention_factor(2));
+       }},
       {"modules", "an attention mask that does not broadcast to the logits",
        "attention mask [2, 4, 2, 2] does not broadcast to the logits [batch 1",
        [] {

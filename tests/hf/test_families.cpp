@@ -61,6 +61,8 @@ TEST(Families, EachFamilyReadsConfigsOfItsOwnArchitecture) {
               {"intermediate_size", 24},    {"num_hidden_layers", 2},
               {"num_attention_heads", 4}};
     if (f.model_type == "gpt2") j = {{"model_type", "gpt2"}, {"architectures", {f.architecture}}};
+    // Phi3Config's default pad_token_id, 32000, is no row of 64 tokens (refused by name).
+    if (f.model_type == "phi3") j["pad_token_id"] = nullptr;
     const CausalLMConfig c = parse_causal_lm_config(j.dump(), "config.json");
     EXPECT_EQ(c.model_type, f.model_type);
     EXPECT_FALSE(causal_lm_weight_map(c).empty()) << f.model_type;

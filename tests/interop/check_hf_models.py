@@ -19,9 +19,10 @@ Within 1e-5. A GGUF case adds the layout "one-blocks" ({"logits": T, "inference_
 "held_blocks": N}): the file as te loads it by default on one process, its quantized weights
 held in their blocks; its logits alone are held to the model's, and N must not be 0.
 
-The GGUF cases (GGUF_CASES) build a random Llama the same way, write it with gguf-py as llama.cpp's
-convert_hf_to_gguf.py writes a Llama (its metadata, a minimal tokenizer, attn_q and attn_k rows
-permuted, the 2-dim weights quantized) to WORKDIR/<case>/model.gguf and pass that file as --model.
+The GGUF cases (GGUF_CASES) build a random Llama or Phi-3 the same way, write it with gguf-py as
+llama.cpp's convert_hf_to_gguf.py writes it (gguf_files.py: its metadata, a minimal tokenizer,
+Llama's attn_q and attn_k rows permuted, Phi-3's fused tensors, the 2-dim weights quantized) to
+WORKDIR/<case>/model.gguf and pass that file as --model.
 Quantizing changes the weights, so there the reference is not the float model but what transformers
 loads from the file (from_pretrained(..., gguf_file=), or its steps by hand where accelerate, which
 it insists on, is missing: see from_gguf); te's gradients are still keyed by the Hugging Face names.
@@ -30,9 +31,7 @@ it insists on, is missing: see from_gguf); te's gradients are still keyed by the
 """
 
 import json
-import math
 import os
-import re
 import subprocess
 import sys
 
@@ -40,16 +39,16 @@ import sys
 # not reach; tqdm reads this once, when it is first imported (by what follows).
 os.environ.setdefault("TQDM_DISABLE", "1")
 
-import gguf
 import safetensors.torch
 import torch
 import transformers
 from gguf import GGMLQuantizationType as Q
+from gguf_files import write_gguf
 from interop_common import TOL, print_failure, rel_err, tensor
 from transformers import (AutoConfig, AutoModelForCausalLM, BertConfig, BertModel, GPT2Config,
                           GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
-                          MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM,
-                          Qwen3Config, Qwen3ForCausalLM)
+                          MistralConfig, MistralForCausalLM, Phi3Config, Phi3ForCausalLM,
+                          Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 from transformers.utils import is_accelerate_available
 
@@ -69,6 +68,10 @@ def rope(theta, rope_type="default", **extra):
 # unchanged, one smoothed and two divided by the factor.
 LLAMA3_ROPE = rope(10000.0, "llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                    original_max_position_embeddings=64)
+
+YARN_ROPE = rope(100.0, "yarn", factor=2.0, original_max_position_embeddings=32)
+# LongRoPE's factors for head_dim 8 (4 pairs).
+SHORT, LONG = [1.0, 1.25, 2.0, 4.0], [1.5, 3.0, 8.0, 24.0]
 
 # (case, config class, model class, config arguments beyond SIZES)
 FAMILIES = [
@@ -92,6 +95,36 @@ FAMILIES = [
     # head_dim 16 is not hidden_size / heads (8).
     ("qwen3", Qwen3Config, Qwen3ForCausalLM,
      dict(tie_word_embeddings=False, head_dim=16, attention_bias=False, **rope(10000.0))),
+    # YaRN: theta 100 puts the correction range of 32 and 1 rotations in 32 positions at dims
+    # [0, 2] (truncated): factors 1, 1 / (0.5 / 2 + 0.5), 2, 2; attention factor 0.1 ln 2 + 1.
+    ("llama-yarn-rope", LlamaConfig, LlamaForCausalLM,
+     dict(tie_word_embeddings=False, **YARN_ROPE)),
+    # YaRN untruncated, with its betas and mscales: a ramp of 0, 0.71, 1, 1; attention factor
+    # get_mscale(4, 1) / get_mscale(4, 0.5).
+    ("qwen2-yarn-rope-betas-mscale", Qwen2Config, Qwen2ForCausalLM,
+     dict(tie_word_embeddings=True, use_sliding_window=False,
+          **rope(100.0, "yarn", factor=4.0, original_max_position_embeddings=16, beta_fast=4.0,
+                 beta_slow=0.5, mscale=1.0, mscale_all_dim=0.5, truncate=False))),
+    # LongRoPE on a Llama (transformers' shared rotary embedding): SEQ 12 > 8, the long factors;
+    # an explicit attention_factor.
+    ("llama-longrope", LlamaConfig, LlamaForCausalLM,
+     dict(tie_word_embeddings=False, **rope(10000.0, "longrope", short_factor=SHORT,
+                                            long_factor=LONG, original_max_position_embeddings=8,
+                                            attention_factor=1.3))),
+    # Phi-3: qkv_proj and gate_up_proj split into te's kernels (each rank its rows); the window
+    # shorter than the sequence; pad_token_id given (Phi3Config's default 32000 is outside VOCAB).
+    ("phi3", Phi3Config, Phi3ForCausalLM,
+     dict(tie_word_embeddings=False, pad_token_id=0, sliding_window=4, **rope(10000.0))),
+    # LongRoPE (Phi-3.5's long context): SEQ 12 > original_max_position_embeddings 8, so the long
+    # factors; attention factor sqrt(1 + ln(64 / 8) / ln 8) from max_position_embeddings 64.
+    ("phi3-longrope-long-tied", Phi3Config, Phi3ForCausalLM,
+     dict(tie_word_embeddings=True, pad_token_id=0, original_max_position_embeddings=8,
+          **rope(10000.0, "longrope", short_factor=SHORT, long_factor=LONG))),
+    # SEQ 12 <= 16: the short factors, on half the head (partial_rotary_factor 0.5: 2 pairs).
+    ("phi3-longrope-short-partial", Phi3Config, Phi3ForCausalLM,
+     dict(tie_word_embeddings=False, pad_token_id=0, original_max_position_embeddings=16,
+          **rope(10000.0, "longrope", short_factor=[1.2, 3.0], long_factor=[2.0, 9.0],
+                 partial_rotary_factor=0.5))),
 ]
 
 # GPT-2 (GPT2LMHeadModel: learned positions, pre-LayerNorm, Conv1D weights, a tied head): (case,
@@ -130,35 +163,29 @@ ENCODERS = [
 PAD = 4
 
 
-# (case, tie_word_embeddings, type of the 2-dim weights, type of token_embd.weight); Llama sizes
-# as "llama" above. Rows of hidden_size 32 are one 32-wide block; ffn_down's rows of
-# intermediate_size 48 are not whole blocks and go F16. The tied file has no output.weight, so its
-# logits come off the F32 embedding table.
+# (case, config class, model class, type of the 2-dim weights, type of token_embd.weight, config
+# arguments beyond SIZES), written by gguf_files.py. Rows of hidden_size 32 are one 32-wide
+# block; ffn_down's rows of intermediate_size 48 are not whole blocks and go F16. A tied file has
+# no output.weight, so its logits come off the F32 embedding table; it names a padding token
+# (tokenizer.ggml.padding_token_id).
 GGUF_CASES = [
-    ("llama-gguf-q8_0", False, Q.Q8_0, Q.Q8_0, rope(10000.0)),
-    ("llama-gguf-q4_1-tied", True, Q.Q4_1, Q.F32, rope(10000.0)),
+    ("llama-gguf-q8_0", LlamaConfig, LlamaForCausalLM, Q.Q8_0, Q.Q8_0,
+     dict(tie_word_embeddings=False, **rope(10000.0))),
+    ("llama-gguf-q4_1-tied", LlamaConfig, LlamaForCausalLM, Q.Q4_1, Q.F32,
+     dict(tie_word_embeddings=True, pad_token_id=0, **rope(10000.0))),
     # Llama 3's scaling as llama.cpp writes it: the factors in rope_freqs.weight.
-    ("llama-gguf-q8_0-llama3-rope", False, Q.Q8_0, Q.Q8_0, LLAMA3_ROPE),
+    ("llama-gguf-q8_0-llama3-rope", LlamaConfig, LlamaForCausalLM, Q.Q8_0, Q.Q8_0,
+     dict(tie_word_embeddings=False, **LLAMA3_ROPE)),
+    # Phi-3: attn_qkv and ffn_up fused; its sliding_window, which llama.cpp and transformers'
+    # GGUF loader both leave off (full attention).
+    ("phi3-gguf-q8_0", Phi3Config, Phi3ForCausalLM, Q.Q8_0, Q.Q8_0,
+     dict(tie_word_embeddings=False, pad_token_id=0, sliding_window=4, **rope(10000.0))),
+    # LongRoPE as llama.cpp writes it: rope_factors_long/short.weight and rope.scaling.attn_factor
+    # (SEQ 12 > 8: the long factors).
+    ("phi3-gguf-q4_1-tied-longrope", Phi3Config, Phi3ForCausalLM, Q.Q4_1, Q.F32,
+     dict(tie_word_embeddings=True, pad_token_id=0, original_max_position_embeddings=8,
+          **rope(10000.0, "longrope", short_factor=SHORT, long_factor=LONG))),
 ]
-GGUF_FILE_TYPES = {Q.Q8_0: gguf.LlamaFileType.MOSTLY_Q8_0, Q.Q4_1: gguf.LlamaFileType.MOSTLY_Q4_1}
-
-# Hugging Face name (with N for the layer) -> GGUF name, as convert_hf_to_gguf.py maps a Llama.
-GGUF_NAMES = {
-    "model.embed_tokens.weight": "token_embd.weight",
-    "model.norm.weight": "output_norm.weight",
-    "lm_head.weight": "output.weight",
-    "model.layers.N.input_layernorm.weight": "blk.N.attn_norm.weight",
-    "model.layers.N.self_attn.q_proj.weight": "blk.N.attn_q.weight",
-    "model.layers.N.self_attn.k_proj.weight": "blk.N.attn_k.weight",
-    "model.layers.N.self_attn.v_proj.weight": "blk.N.attn_v.weight",
-    "model.layers.N.self_attn.o_proj.weight": "blk.N.attn_output.weight",
-    "model.layers.N.post_attention_layernorm.weight": "blk.N.ffn_norm.weight",
-    "model.layers.N.mlp.gate_proj.weight": "blk.N.ffn_gate.weight",
-    "model.layers.N.mlp.up_proj.weight": "blk.N.ffn_up.weight",
-    "model.layers.N.mlp.down_proj.weight": "blk.N.ffn_down.weight",
-}
-
-
 def build(config_class, model_class, kwargs, seed, sizes=SIZES):
     """The random model, with every norm scale and bias moved off its initial value."""
     torch.manual_seed(seed)
@@ -170,92 +197,6 @@ def build(config_class, model_class, kwargs, seed, sizes=SIZES):
             elif name.endswith(".bias"):
                 p.add_(0.1 * torch.randn_like(p))
     return model
-
-
-def permute(w, n_head):
-    """llama.cpp's LlamaModel.permute of attn_q / attn_k rows (each head's rotary halves
-    interleaved), which transformers' LlamaTensorProcessor undoes."""
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2) \
-        .reshape(w.shape)
-
-
-def write_gguf(model, path, qtype, embd_qtype):
-    """model (a LlamaForCausalLM) as llama.cpp's convert_hf_to_gguf.py writes a Llama, with the
-    2-dim weights quantized to qtype (token_embd.weight to embd_qtype) and the norms in F32."""
-    c = model.config
-    w = gguf.GGUFWriter(path, "llama")
-    w.add_name("te random llama")
-    w.add_context_length(c.max_position_embeddings)
-    w.add_embedding_length(c.hidden_size)
-    w.add_block_count(c.num_hidden_layers)
-    w.add_feed_forward_length(c.intermediate_size)
-    w.add_head_count(c.num_attention_heads)
-    w.add_head_count_kv(c.num_key_value_heads)
-    w.add_layer_norm_rms_eps(c.rms_norm_eps)
-    w.add_rope_freq_base(c.rope_parameters["rope_theta"])
-    w.add_rope_dimension_count(c.head_dim)
-    if c.rope_parameters.get("rope_type") == "llama3":
-        w.add_tensor("rope_freqs.weight", llama3_rope_freqs(c))
-    w.add_vocab_size(c.vocab_size)
-    w.add_file_type(GGUF_FILE_TYPES[qtype])
-    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    # A SentencePiece ("llama") vocabulary of vocab_size tokens: <unk>, <s>, </s> and plain
-    # pieces. transformers needs none of it to load the model, but llama.cpp's converter always
-    # writes one.
-    tokens = ["<unk>", "<s>", "</s>"] + ["\u2581t%d" % i for i in range(3, c.vocab_size)]
-    w.add_tokenizer_model("llama")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_scores([0.0, 0.0, 0.0] + [-float(i) for i in range(3, c.vocab_size)])
-    w.add_token_types([gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
-                      + [gguf.TokenType.NORMAL] * (c.vocab_size - 3))
-    w.add_unk_token_id(0)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    if c.pad_token_id is not None:
-        w.add_pad_token_id(c.pad_token_id)
-    for hf_name, p in model.state_dict().items():
-        if hf_name == "lm_head.weight" and c.tie_word_embeddings:
-            continue
-        m = re.fullmatch(r"model\.layers\.(\d+)\.(.*)", hf_name)
-        name = (GGUF_NAMES["model.layers.N." + m[2]].replace(".N.", ".%s." % m[1]) if m
-                else GGUF_NAMES[hf_name])
-        data = p.detach().to(torch.float32).numpy()
-        if name.endswith("attn_q.weight"):
-            data = permute(data, c.num_attention_heads)
-        elif name.endswith("attn_k.weight"):
-            data = permute(data, c.num_key_value_heads)
-        kind = Q.F32 if data.ndim == 1 else embd_qtype if name == "token_embd.weight" else qtype
-        if kind != Q.F32 and data.shape[-1] % gguf.GGML_QUANT_SIZES[kind][0]:
-            # A row the blocks do not tile (ffn_down's intermediate_size 48): F16, as
-            # convert_hf_to_gguf.py falls back to on gguf.QuantError.
-            kind = Q.F16
-        w.add_tensor(name, gguf.quants.quantize(data, kind), raw_dtype=kind)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-
-
-def llama3_rope_freqs(c):
-    """What llama.cpp's convert_hf_to_gguf.py (LlamaModel.generate_extra_tensors) writes as
-    rope_freqs.weight for a llama3 rope_parameters: per rotary pair the factor its inverse
-    frequency is divided by."""
-    r = c.rope_parameters
-    base, dim, factor = r["rope_theta"], c.head_dim, r["factor"]
-    low, high, old = r["low_freq_factor"], r["high_freq_factor"], \
-        r["original_max_position_embeddings"]
-    factors = []
-    for freq in 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)):
-        wavelen = 2 * math.pi / float(freq)
-        if wavelen < old / high:
-            factors.append(1.0)
-        elif wavelen > old / low:
-            factors.append(factor)
-        else:
-            smooth = (old / wavelen - low) / (high - low)
-            factors.append(1 / ((1 - smooth) / factor + smooth))
-    return torch.tensor(factors, dtype=torch.float32).numpy()
 
 
 def token_ids(seed):
@@ -416,29 +357,29 @@ def from_gguf(folder, filename):
     return model
 
 
-def gguf_weights_in(config, path):
+def gguf_weights_in(model_class, config, path):
     """A model of `config` holding the weights transformers dequantizes from the GGUF file."""
-    model = LlamaForCausalLM(config).to(torch.float32)
+    model = model_class(config).to(torch.float32)
     tensors = load_gguf_checkpoint(path, return_tensors=True, model_to_load=model,
                                    torch_dtype=torch.float32)["tensors"]
-    tensors.pop("rope_freqs.weight", None)
+    for factors in ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"):
+        tensors.pop(factors, None)
     missing, unexpected = model.load_state_dict(tensors, strict=False)
-    if missing or unexpected:
+    tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
+    if set(missing) - tied or unexpected:
         raise RuntimeError("transformers read %s from %s: missing %s, unexpected %s"
                            % (sorted(tensors), path, sorted(missing), sorted(unexpected)))
     return model
 
 
-def check_gguf_case(binary, workdir, index, case, tied, qtype, embd_qtype, rope_kwargs):
-    """As check_case, for a Llama written as WORKDIR/<case>/model.gguf and held to what
-    transformers loads from that file (with Llama 3's RoPE scaling, which transformers' GGUF
-    reader does not take from rope_freqs.weight: the weights it loads from the file in the
-    model's own config)."""
+def check_gguf_case(binary, workdir, index, case, config_class, model_class, qtype, embd_qtype,
+                    kwargs):
+    """As check_case, for a model written as WORKDIR/<case>/model.gguf and held to what
+    transformers loads from that file; with RoPE scaling, which transformers' GGUF reader does not
+    take from the file (rope_freqs.weight, rope_factors_*.weight), the weights it loads from the
+    file in the model's own config."""
     seed = 1000 + index
-    # The tied case names a padding token (tokenizer.ggml.padding_token_id).
-    model = build(LlamaConfig, LlamaForCausalLM,
-                  dict(tie_word_embeddings=tied, pad_token_id=0 if tied else None,
-                       **rope_kwargs), seed)
+    model = build(config_class, model_class, kwargs, seed)
     folder = os.path.join(workdir, case)
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, "model.gguf")
@@ -447,10 +388,10 @@ def check_gguf_case(binary, workdir, index, case, tied, qtype, embd_qtype, rope_
     with open(os.path.join(folder, "ids.json"), "w") as f:
         json.dump({"ids": ids.tolist()}, f)
     layouts = run_te(binary, folder, path)
-    if rope_kwargs["rope_parameters"]["rope_type"] == "default":
+    if kwargs["rope_parameters"]["rope_type"] == "default":
         want = from_gguf(folder, "model.gguf")
     else:
-        want = gguf_weights_in(model.config, path)
+        want = gguf_weights_in(model_class, model.config, path)
     logits, loss, grads = reference(want, ids)
     return [(name, *check_layout(te, logits, loss, grads)) for name, te in layouts.items()]
 

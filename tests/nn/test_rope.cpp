@@ -93,6 +93,46 @@ TEST(RotaryPositionEmbedding, RotaryPercentAndInterpolationAreTes) {
   EXPECT_TRUE(Close(scaled(12), plain12 * (4.0 / 12.0), 1e-7));  // 12 > 8: positions * 4 / 12
 }
 
+TEST(RotaryPositionEmbedding, LongFactorsPastThePretrainedLength) {
+  // LongRoPE: frequency_factors up to pretrained_max_position_embeddings positions, the long
+  // ones beyond, by the length offset + max_seq_len (transformers' max(position_ids) + 1).
+  RotaryPositionEmbedding rope(RotaryPositionEmbeddingOptions(4)
+                                   .frequency_factors({1.0, 2.0})
+                                   .long_frequency_factors({4.0, 8.0})
+                                   .pretrained_max_position_embeddings(6));
+  const at::Tensor plain = freqs_of(4, 8).view({8, 4});
+  const at::Tensor short_set = at::tensor({1.0, 2.0, 1.0, 2.0}, at::kFloat);
+  const at::Tensor long_set = at::tensor({4.0, 8.0, 4.0, 8.0}, at::kFloat);
+  EXPECT_TRUE(Close(rope->forward(6).view({6, 4}), plain.narrow(0, 0, 6) / short_set, 1e-7));
+  EXPECT_TRUE(Close(rope->forward(7).view({7, 4}), plain.narrow(0, 0, 7) / long_set, 1e-7));
+  EXPECT_TRUE(Close(rope->forward(3, 4).view({3, 4}), plain.narrow(0, 4, 3) / long_set, 1e-7));
+  EXPECT_TRUE(Close(rope->forward(2, 4).view({2, 4}), plain.narrow(0, 4, 2) / short_set, 1e-7));
+  EXPECT_TRUE(rope->named_buffers().contains("long_inv_freq"));
+}
+
+TEST(ApplyRotaryPosEmb, TheAttentionFactorScalesTheRotatedDimsOnly) {
+  // transformers' cos * attention_scaling, sin * attention_scaling: the rotated dims scaled, the
+  // passed-through ones (partial rotary) as they were.
+  const at::Tensor t = randn({2, 5, 3, 8}, 1);
+  const at::Tensor freqs = freqs_of(4, 5);
+  const at::Tensor plain = F::apply_rotary_pos_emb(t, freqs, "bshd");
+  const at::Tensor scaled = F::apply_rotary_pos_emb(t, freqs, "bshd", false, {}, {}, 1.5);
+  EXPECT_TRUE(Close(scaled.narrow(-1, 0, 4), plain.narrow(-1, 0, 4) * 1.5, 1e-6));
+  EXPECT_TRUE(at::equal(scaled.narrow(-1, 4, 4), t.narrow(-1, 4, 4)));
+  // MultiHeadAttention passes AttentionArgs' factor on (the numbers: check_hf_models.py's YaRN
+  // and LongRoPE cases against transformers); alone, it is refused.
+  auto options = MultiHeadAttentionOptions(16, 4).scaled_query_init(false);
+  MultiHeadAttention mha(options);
+  const at::Tensor x = randn({1, 3, 16}, 2);
+  const at::Tensor f4 = freqs_of(4, 3);
+  const at::Tensor a =
+      mha(x, {}, {}, AttentionArgs().rotary_pos_emb(f4).rotary_attention_factor(2));
+  const at::Tensor b = mha(x, {}, {}, AttentionArgs().rotary_pos_emb(f4));
+  EXPECT_FALSE(at::allclose(a, b));
+  EXPECT_ERROR(mha(x, {}, {}, AttentionArgs().rotary_attention_factor(2)),
+               "rotary_attention_factor 2 without rotary_pos_emb");
+}
+
 TEST(ApplyRotaryPosEmb, HalvesAndPairsTurnAsComplexNumbers) {
   for (bool interleaved : {false, true}) {
     for (int64_t d2 : {8, 4}) {  // full and partial rotary (the last 4 dims pass through)
@@ -290,6 +330,17 @@ TEST(ApplyRotaryPosEmb, ReportsBadInput) {
       "needs pretrained_max_position_embeddings");
   EXPECT_ERROR(RotaryPositionEmbedding(RotaryPositionEmbeddingOptions(8))->forward(0),
                "max_seq_len (0) must be positive");
+  EXPECT_ERROR(
+      RotaryPositionEmbedding(RotaryPositionEmbeddingOptions(4).long_frequency_factors({1, 2})),
+      "long_frequency_factors need pretrained_max_position_embeddings");
+  EXPECT_ERROR(RotaryPositionEmbedding(RotaryPositionEmbeddingOptions(4)
+                                           .long_frequency_factors({1, 2, 3})
+                                           .pretrained_max_position_embeddings(4)),
+               "3 long_frequency_factors for 2 frequencies");
+  EXPECT_ERROR(RotaryPositionEmbedding(RotaryPositionEmbeddingOptions(4).attention_factor(0)),
+               "attention_factor 0 is not positive and finite");
+  EXPECT_ERROR(F::apply_rotary_pos_emb(t, freqs, "bshd", false, {}, {}, -1.0),
+               "attention_factor -1 is not positive and finite");
   // Through MultiHeadAttention: frequencies wider than its heads.
   MultiHeadAttention mha(MultiHeadAttentionOptions(16, 4));
   EXPECT_ERROR(mha(randn({1, 3, 16}, 13), {}, {}, AttentionArgs().rotary_pos_emb(freqs_of(8, 3))),

@@ -44,6 +44,9 @@ struct Family {
   /// llama.cpp's converter stores each head's query and key rows interleaved (pairs 2i, 2i + 1
   /// where Hugging Face has halves i, i + d/2): Llama's permute, undone on reading.
   bool gguf_interleaved_qk = false;
+  /// The GGUF key attention.sliding_window is read past: llama.cpp disables the window of this
+  /// family's files (Phi-3) and transformers' GGUF loader does not read it, so both attend fully.
+  bool gguf_ignores_sliding_window = false;
 };
 
 /// The family of config.json's model_type, nullptr when none is registered.

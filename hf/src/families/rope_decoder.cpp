@@ -4,144 +4,12 @@
 #include "rope_decoder.h"
 
 #include <algorithm>
-#include <cmath>
 #include <utility>
 #include <vector>
 
 namespace te::hf::detail {
 
-namespace {
-
-// A value given in two places must be given once or the same in both.
-template <typename T>
-void settle(std::optional<T>& have, const std::optional<T>& also, const std::string& what,
-            const Fields& f) {
-  if (!also) return;
-  if (have && !(*have == *also)) {
-    f.fail(what, "is given twice with different values; give it once");
-  }
-  have = also;
-}
-
-// Llama 3's RoPE scaling parameters (rope_type "llama3").
-struct Llama3Rope {
-  std::optional<double> low_freq_factor, high_freq_factor, original_max_position_embeddings;
-};
-
-// transformers' _compute_llama3_parameters (modeling_rope_utils.py, 5.23.0) as factors that
-// divide each inverse frequency, the form llama.cpp's convert_hf_to_gguf.py writes into
-// rope_freqs.weight: a wavelength 2 pi / inv_freq shorter than original / high_freq_factor keeps
-// its frequency (1), one longer than original / low_freq_factor is divided by the factor, and
-// the ones between take 1 / ((1 - s) / factor + s), s = (original / wavelength - low) / (high -
-// low).
-std::vector<double> llama3_frequency_factors(const CausalLMConfig& c, const Llama3Rope& r) {
-  const double low = *r.low_freq_factor, high = *r.high_freq_factor;
-  const double original = *r.original_max_position_embeddings;
-  const int64_t dim = c.rotary_dim;
-  std::vector<double> factors;
-  for (int64_t i = 0; i < dim; i += 2) {
-    const double inv_freq = 1.0 / std::pow(c.rope_theta, static_cast<double>(i) / dim);
-    const double wavelength = 2 * std::acos(-1.0) / inv_freq;
-    if (wavelength < original / high) {
-      factors.push_back(1.0);
-    } else if (wavelength > original / low) {
-      factors.push_back(c.rope_factor);
-    } else {
-      const double s = (original / wavelength - low) / (high - low);
-      factors.push_back(1.0 / ((1 - s) / c.rope_factor + s));
-    }
-  }
-  return factors;
-}
-
-// The RoPE type's own parameters: linear's factor; llama3's factor, low/high_freq_factor and
-// original_max_position_embeddings (each required, low < high); default takes none.
-void read_rope_scaling(Fields& f, CausalLMConfig& c, const std::optional<double>& factor,
-                       const Llama3Rope& llama3) {
-  const bool llama3_given =
-      llama3.low_freq_factor || llama3.high_freq_factor || llama3.original_max_position_embeddings;
-  if (c.rope_type == "llama3") {
-    if (!factor || !llama3.low_freq_factor || !llama3.high_freq_factor ||
-        !llama3.original_max_position_embeddings) {
-      f.fail("rope_parameters",
-             "llama3 RoPE scaling needs factor, low_freq_factor, "
-             "high_freq_factor and original_max_position_embeddings");
-    }
-    if (!(*llama3.low_freq_factor > 0 &&
-          *llama3.low_freq_factor<*llama3.high_freq_factor&& *
-                                  llama3.original_max_position_embeddings> 0)) {
-      f.fail("rope_parameters",
-             "llama3 RoPE scaling needs 0 < low_freq_factor < "
-             "high_freq_factor and a positive original_max_position_embeddings");
-    }
-    c.rope_factor = *factor;
-    return;
-  }
-  if (llama3_given) {
-    f.fail("rope_parameters",
-           "low_freq_factor, high_freq_factor and "
-           "original_max_position_embeddings are llama3 RoPE scaling's; this "
-           "config's RoPE type is '" +
-               c.rope_type + "'");
-  }
-  if (c.rope_type == "linear") {
-    if (!factor) f.fail("rope_parameters", "linear RoPE scaling needs a factor");
-    c.rope_factor = *factor;
-  } else if (c.rope_type != "default") {
-    f.fail("rope_parameters.rope_type", "'" + c.rope_type +
-                                            "' RoPE scaling is not supported by te-cpp (it "
-                                            "supports 'default', 'linear' and 'llama3')");
-  } else if (factor) {
-    f.fail("rope_parameters.factor", "is given for RoPE type 'default', which takes none");
-  }
-}
-
-// RoPE: transformers 5's rope_parameters, or the older rope_theta and rope_scaling (where
-// transformers 4 saved both "type" and "rope_type"). A value may appear at the top level and
-// inside the object only if both agree.
-void read_rope(Fields& f, CausalLMConfig& c, double& partial, Llama3Rope& llama3) {
-  std::optional<double> theta, factor, part;
-  std::optional<std::string> type;
-  if (f.has("rope_theta")) theta = f.number_or("rope_theta", 0);
-  if (f.has("partial_rotary_factor")) part = f.number_or("partial_rotary_factor", 0);
-  for (const char* key : {"rope_parameters", "rope_scaling"}) {
-    if (!f.has(key)) continue;
-    const json& r = f.raw(key);
-    if (!r.is_object()) f.fail(key, "expected an object, got " + r.dump());
-    Fields rope(r, f.path(), std::string(key) + ".");
-    for (const char* name : {"rope_type", "type"}) {
-      if (rope.has(name))
-        settle(type, std::optional<std::string>(rope.string_or(name, "")),
-               std::string(key) + "." + name, rope);
-    }
-    if (rope.has("rope_theta")) {
-      settle(theta, std::optional<double>(rope.number_or("rope_theta", 0)), "rope_theta", rope);
-    }
-    if (rope.has("partial_rotary_factor")) {
-      settle(part, std::optional<double>(rope.number_or("partial_rotary_factor", 0)),
-             "partial_rotary_factor", rope);
-    }
-    if (rope.has("factor")) {
-      settle(factor, std::optional<double>(rope.number_or("factor", 0)), "factor", rope);
-    }
-    for (auto [name, value] :
-         {std::pair{"low_freq_factor", &llama3.low_freq_factor},
-          {"high_freq_factor", &llama3.high_freq_factor},
-          {"original_max_position_embeddings", &llama3.original_max_position_embeddings}}) {
-      if (rope.has(name))
-        settle(*value, std::optional<double>(rope.number_or(name, 0)), name, rope);
-    }
-    rope.refuse_unread({});
-  }
-  c.rope_type = type.value_or("default");
-  read_rope_scaling(f, c, factor, llama3);
-  c.rope_theta = theta.value_or(10000.0);
-  partial = part.value_or(1.0);
-}
-
-}  // namespace
-
-void read_rope_decoder_config(Fields& f, CausalLMConfig& c) {
+void read_rope_decoder_config(Fields& f, CausalLMConfig& c, const RopeDecoderRules& rules) {
   c.vocab_size = f.integer("vocab_size");
   c.hidden_size = f.integer("hidden_size");
   c.intermediate_size = f.integer("intermediate_size");
@@ -155,8 +23,9 @@ void read_rope_decoder_config(Fields& f, CausalLMConfig& c) {
     }
     c.head_dim = c.hidden_size / c.num_attention_heads;
   }
-  c.max_position_embeddings = f.integer_or("max_position_embeddings", 0);
-  c.rms_norm_eps = f.number_or("rms_norm_eps", 1e-6);
+  c.max_position_embeddings =
+      f.integer_or("max_position_embeddings", rules.max_position_embeddings);
+  c.rms_norm_eps = f.number_or("rms_norm_eps", rules.rms_norm_eps);
   const std::string act = f.string_or("hidden_act", "silu");
   if (act != "silu") {
     f.fail("hidden_act", "'" + act + "': te-cpp builds this family's MLP as SwiGLU (silu)");
@@ -167,15 +36,7 @@ void read_rope_decoder_config(Fields& f, CausalLMConfig& c) {
   c.attention_dropout = f.number_or("attention_dropout", 0.0);
   c.tie_word_embeddings = f.boolean_or("tie_word_embeddings", false);
   if (f.has("pad_token_id")) c.pad_token_id = f.integer("pad_token_id");
-  double partial = 1.0;
-  Llama3Rope llama3;
-  read_rope(f, c, partial, llama3);
-  if (!(partial > 0 && partial <= 1)) f.fail("partial_rotary_factor", "must be in (0, 1]");
-  // transformers: int(head_dim * partial_rotary_factor).
-  c.rotary_dim = static_cast<int64_t>(static_cast<double>(c.head_dim) * partial);
-  if (c.rope_type == "llama3" && c.rotary_dim > 0) {
-    c.rope_freq_factors = llama3_frequency_factors(c, llama3);
-  }
+  read_rope(f, c, rules.rope);
   if (c.num_hidden_layers <= 0 || c.num_hidden_layers > 65536) {
     f.fail("num_hidden_layers",
            std::to_string(c.num_hidden_layers) + " is not in [1, 65536], the layers te-cpp builds");

@@ -6,13 +6,21 @@
 // sliding windows).
 
 #include "family.h"
+#include "rope_scaling.h"
 
 namespace te::hf::detail {
 
+/// What a family's config class assumes where config.json is silent, and its RoPE rules.
+struct RopeDecoderRules {
+  int64_t max_position_embeddings = 0;  ///< 0: none
+  double rms_norm_eps = 1e-6;
+  RopeRules rope;
+};
+
 /// config.json's shared fields: sizes, hidden_act (silu), pretraining_tp, attention_dropout,
-/// tie_word_embeddings, pad_token_id, RoPE (rope_parameters or rope_theta and rope_scaling,
-/// partial_rotary_factor). Every layer starts with no sliding window.
-void read_rope_decoder_config(Fields& f, CausalLMConfig& c);
+/// tie_word_embeddings, pad_token_id, RoPE (rope_scaling.h). Every layer starts with no sliding
+/// window.
+void read_rope_decoder_config(Fields& f, CausalLMConfig& c, const RopeDecoderRules& rules = {});
 
 /// Qwen2's and Qwen3's windows: only with use_sliding_window, on the layers layer_types names
 /// sliding_attention (or, without it, from max_window_layers on: 28 when absent), of

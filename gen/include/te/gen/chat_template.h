@@ -9,8 +9,11 @@
 //     a default system message when the template adds one before a first non-system message,
 //     and <|im_start|>assistant\n as the generation prompt;
 //   - Llama 3: <|begin_of_text|>, then <|start_header_id|>{role}<|end_header_id|>\n\n{content}
-//     <|eot_id|> per message (content stripped), <|start_header_id|>assistant<|end_header_id|>\n\n.
-// tests/interop/check_generate.py holds both to transformers' apply_chat_template. No LibTorch.
+//     <|eot_id|> per message (content stripped), <|start_header_id|>assistant<|end_header_id|>\n\n;
+//   - Phi-3 / Phi-3.5: <|{role}|>\n{content}<|end|>\n per message (Phi-3.5's leaves out a
+//     system message with empty content), <|assistant|>\n as the generation prompt (without it
+//     the template ends with the tokenizer's eos_token: refused).
+// tests/interop/check_generate.py holds them to transformers' apply_chat_template. No LibTorch.
 
 #include <string>
 #include <vector>
@@ -31,13 +34,14 @@ class ChatTemplate {
   /// assistant's generation prompt when asked.
   std::string apply(const std::vector<ChatMessage>& messages,
                     bool add_generation_prompt = true) const;
-  /// "chatml" or "llama3".
+  /// "chatml", "llama3" or "phi3".
   const std::string& family() const { return family_; }
 
  private:
   std::string family_;
   std::string default_system_;  ///< ChatML's, or "" for none
   bool has_default_system_ = false;
+  bool skip_empty_system_ = false;  ///< Phi-3.5's
 };
 
 }  // namespace te::gen

@@ -58,7 +58,11 @@ class CausalLMImpl : public torch::nn::Cloneable<CausalLMImpl>, public te::gen::
   /// One step of incremental decoding (eval mode): `ids` are the step's new tokens packed
   /// [tokens] in the order of `cache`'s pre_step (a prompt, a chunk of one, or one generated
   /// token per sequence); returns the logits of each sequence's last new token, [batch, vocab].
-  /// The cache is an InferenceParams for this model (cache_options).
+  /// The cache is an InferenceParams for this model (cache_options). LongRoPE (Phi-3's long
+  /// context) rotates a step by its longest sequence, as transformers' forward does; a step whose
+  /// sequences lie on both sides of rope_original_max_position_embeddings, or that takes a
+  /// sequence past it with keys cached under the short factors (transformers' generate
+  /// recomputes those there), is a te::Error.
   at::Tensor step(const at::Tensor& ids, te::nn::InferenceParams& cache) override;
   /// On the mesh in scope: the same ids on every rank; each rank caches its key/value heads and
   /// the logits stay sharded over the vocabulary, [batch, vocab].
@@ -66,6 +70,8 @@ class CausalLMImpl : public torch::nn::Cloneable<CausalLMImpl>, public te::gen::
 
   // te::gen::LanguageModel's numbers, from the config (causal_lm_generation.cpp).
   int64_t vocab_size() const override;
+  /// max_position_embeddings; with LongRoPE at most rope_original_max_position_embeddings, the
+  /// length a te::gen::Engine generates within (see step).
   int64_t max_positions() const override;
   te::nn::InferenceParamsOptions kv_cache_options(int64_t max_batch,
                                                   int64_t max_length) const override;

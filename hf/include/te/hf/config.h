@@ -18,10 +18,10 @@
 namespace te::hf {
 
 /// A decoder-only language model of a registered family (te/hf/families.h: the Llama family,
-/// Llama, Mistral, Qwen2, Qwen3, with pre-RMSNorm layers, RoPE, grouped query attention, a SwiGLU
-/// MLP, an optional sliding window per layer, a tied or separate head; and GPT-2, with learned
-/// positions, pre-LayerNorm layers with biases everywhere, a fused query/key/value projection, a
-/// gelu MLP, a tied head). The fields are what the families differ by.
+/// Llama, Mistral, Qwen2, Qwen3, Phi-3, with pre-RMSNorm layers, RoPE, grouped query attention, a
+/// SwiGLU MLP, an optional sliding window per layer, a tied or separate head; and GPT-2, with
+/// learned positions, pre-LayerNorm layers with biases everywhere, a fused query/key/value
+/// projection, a gelu MLP, a tied head). The fields are what the families differ by.
 struct CausalLMConfig {
   std::string model_type;
   int64_t vocab_size = 0;
@@ -47,16 +47,23 @@ struct CausalLMConfig {
   double hidden_dropout = 0.0, embedding_dropout = 0.0;
   /// RoPE: base, the rotated dims of each head (the first rotary_dim; transformers'
   /// int(head_dim * partial_rotary_factor), GGUF's rope.dimension_count; 0: all), and its
-  /// scaling ("default"; "linear" with rope_factor; "llama3": rope_freq_factors computed from
-  /// rope_factor and the config's low/high_freq_factor and original_max_position_embeddings).
+  /// scaling ("default"; "linear" with rope_factor; "llama3" and "yarn": rope_freq_factors
+  /// computed from rope_factor and the config's other parameters; "longrope": its short and long
+  /// factors as given), as transformers 5.23.0's modeling_rope_utils.py computes them.
   double rope_theta = 10000.0;
   int64_t rotary_dim = 0;
   std::string rope_type = "default";
   double rope_factor = 1.0;
   /// Each inverse frequency divided by its own factor (rotary dims / 2 of them; empty: none):
-  /// Llama 3's scaling, or a GGUF's rope_freqs.weight (RotaryPositionEmbeddingOptions::
-  /// frequency_factors).
+  /// Llama 3's or YaRN's scaling, LongRoPE's short factors, or a GGUF's rope_freqs.weight /
+  /// rope_factors_short.weight (RotaryPositionEmbeddingOptions::frequency_factors).
   std::vector<double> rope_freq_factors;
+  /// LongRoPE's long factors (GGUF: rope_factors_long.weight), in place of rope_freq_factors for
+  /// a sequence longer than rope_original_max_position_embeddings (empty: none).
+  std::vector<double> rope_long_freq_factors;
+  int64_t rope_original_max_position_embeddings = 0;
+  /// cos and sin multiplied by it (YaRN's and LongRoPE's attention factor; 1: none).
+  double rope_attention_factor = 1.0;
   double attention_dropout = 0.0;
   /// Biases: q/k/v/o (Llama's attention_bias), q/k/v only (Qwen2), the MLP's (mlp_bias).
   bool attention_bias = false;

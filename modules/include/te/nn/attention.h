@@ -54,6 +54,9 @@ struct AttentionArgs {
   /// MultiHeadAttention does (apply_rotary_pos_emb, bshd). MultiHeadAttention and
   /// TransformerLayer only: DotProductAttention takes q and k as they are.
   TORCH_ARG(at::Tensor, rotary_pos_emb);
+  /// The cos and sin of rotary_pos_emb multiplied by it (RotaryPositionEmbeddingOptions::
+  /// attention_factor: YaRN's and LongRoPE's scaling); 1: none. Only with rotary_pos_emb.
+  TORCH_ARG(double, rotary_attention_factor) = 1.0;
   /// qkv_format "thd" (packed sequences, functional::PackedSequences): sequence i is tokens
   /// cu_seqlens_q[i] ... cu_seqlens_q[i + 1] - 1 of the queries (from cu_seqlens_q_padded[i]
   /// when given: tokens between sequences take no part), likewise the keys and values;

@@ -347,18 +347,21 @@ AttentionPlan attention_plan(const at::Tensor& q, const at::Tensor& k, const at:
 ///      covering every position used.
 ///   start_positions: [b] (or [sequences] under thd): sequence i's positions start at
 ///      start_positions[i] (decoding with a cache); undefined: at 0.
-/// Throws te::Error naming a bad format, shape, cu_seqlens or start_positions.
+///   attention_factor: cos and sin multiplied by it (RotaryPositionEmbeddingOptions::
+///      attention_factor: YaRN's, LongRoPE's); the passed-through dims are not scaled.
+/// Throws te::Error naming a bad format, shape, cu_seqlens, start_positions or factor.
 at::Tensor apply_rotary_pos_emb(const at::Tensor& t, const at::Tensor& freqs,
                                 const std::string& tensor_format = "sbhd", bool interleaved = false,
                                 const at::Tensor& cu_seqlens = {},
-                                const at::Tensor& start_positions = {});
+                                const at::Tensor& start_positions = {},
+                                double attention_factor = 1.0);
 /// DTensor form: each rank rotates its piece by the global positions of its tokens, so a
 /// sequence-sharded t (sequence parallel) gives what one process gives; batch and heads may be
 /// sharded too (start_positions is the global [b]). A thd t's token dim must not be sharded.
 DTensor apply_rotary_pos_emb(const DTensor& t, const at::Tensor& freqs,
                              const std::string& tensor_format = "sbhd", bool interleaved = false,
                              const at::Tensor& cu_seqlens = {},
-                             const at::Tensor& start_positions = {});
+                             const at::Tensor& start_positions = {}, double attention_factor = 1.0);
 
 /// Applies an elementwise `fn` to x's local piece (a Partial x is reduced first: f(sum) is not
 /// the sum of f; te/distributed/ops.h).

@@ -38,12 +38,28 @@ struct RotaryPositionEmbeddingOptions {
   /// each positive; empty: none). Llama 3's RoPE scaling (transformers' rope_type "llama3") is
   /// such a division, and llama.cpp stores the factors as a GGUF's rope_freqs.weight.
   TORCH_ARG(std::vector<double>, frequency_factors) = {};
+  /// LongRoPE (transformers' rope_type "longrope": Phi-3's long context): a second set of
+  /// per-frequency factors, used instead of frequency_factors for a sequence longer than
+  /// pretrained_max_position_embeddings (which it needs). forward(max_seq_len, offset) takes it
+  /// when offset + max_seq_len, the length its last position implies, is more, as transformers
+  /// chooses by max(position_ids) + 1 (modeling_rope_utils.py dynamic_rope_update, 5.23.0).
+  TORCH_ARG(std::vector<double>, long_frequency_factors) = {};
+  /// Each cos and sin multiplied by it (transformers' attention_scaling: YaRN's 0.1 ln(factor) + 1,
+  /// LongRoPE's sqrt(1 + ln(factor) / ln(original)); Megatron's mscale): the rotated dims of the
+  /// queries and keys scaled by it, their logits by its square. forward()'s frequencies are angles
+  /// only: give it to MultiHeadAttention with them (AttentionArgs::rotary_attention_factor) or to
+  /// functional::apply_rotary_pos_emb.
+  ///
+  /// Example (YaRN): RotaryPositionEmbeddingOptions(128).frequency_factors(f).attention_factor(
+  ///     0.1 * std::log(4.0) + 1)
+  TORCH_ARG(double, attention_factor) = 1.0;
 };
 
 /// TE's RotaryPositionEmbedding: forward(max_seq_len, offset) gives the float32 frequencies
 /// [max_seq_len, 1, 1, dim] of positions offset ... offset + max_seq_len - 1, each position's
 /// angles repeated for the two halves (or, interleaved, for each pair). The buffer `inv_freq`
-/// holds 1 / rotary_base^(2i / dim).
+/// holds 1 / rotary_base^(2i / dim) (divided by frequency_factors), `long_inv_freq` the same
+/// divided by long_frequency_factors (undefined without them).
 class RotaryPositionEmbeddingImpl : public torch::nn::Cloneable<RotaryPositionEmbeddingImpl> {
  public:
   explicit RotaryPositionEmbeddingImpl(int64_t dim)
@@ -56,7 +72,7 @@ class RotaryPositionEmbeddingImpl : public torch::nn::Cloneable<RotaryPositionEm
   at::Tensor forward(int64_t max_seq_len, int64_t offset = 0);
 
   RotaryPositionEmbeddingOptions options;
-  at::Tensor inv_freq;
+  at::Tensor inv_freq, long_inv_freq;
 };
 TORCH_MODULE(RotaryPositionEmbedding);
 

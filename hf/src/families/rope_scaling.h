@@ -1,0 +1,36 @@
+#pragma once
+
+// RoPE as config.json gives it, read as transformers 5.23.0 reads it (modeling_rope_utils.py:
+// RotaryEmbeddingConfigMixin's standardize_rope_params and validation, the _compute_*_parameters
+// functions): transformers 5's rope_parameters, or the older rope_theta and rope_scaling, and
+// partial_rotary_factor; the scaling types te-cpp builds (default, linear, llama3, yarn,
+// longrope) turned into the config's factors, every other type or parameter refused by name. The
+// one home of RoPE scaling for every family that reads it.
+
+#include <optional>
+#include <set>
+#include <string>
+
+#include "family.h"
+
+namespace te::hf::detail {
+
+/// Where a family's RoPE differs from transformers' shared rules.
+struct RopeRules {
+  /// The scaling types its config class accepts (empty: every type te-cpp builds).
+  std::set<std::string> types;
+  /// rope_type "yarn" read as "longrope" (Phi3Config.convert_rope_params_to_dict, for configs
+  /// saved before the type was renamed).
+  bool yarn_is_longrope = false;
+  /// A top-level original_max_position_embeddings that transformers puts over rope_parameters'
+  /// (Phi3Config's field; standardize_rope_params gives it priority); nullopt: none.
+  std::optional<int64_t> original_max_position_embeddings;
+};
+
+/// Sets c.rope_theta, rotary_dim, rope_type, rope_factor, rope_freq_factors,
+/// rope_long_freq_factors, rope_original_max_position_embeddings and rope_attention_factor
+/// (c.head_dim and c.max_position_embeddings read first). A value given both at the top level
+/// and in the object must agree.
+void read_rope(Fields& f, CausalLMConfig& c, const RopeRules& rules = {});
+
+}  // namespace te::hf::detail

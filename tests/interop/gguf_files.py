@@ -1,0 +1,159 @@
+"""GGUF files as llama.cpp's convert_hf_to_gguf.py writes them (llama-cpp-python 0.3.36's vendored
+llama.cpp: conversion/llama.py LlamaModel, conversion/phi.py Phi3MiniModel), written with gguf-py
+from a transformers model, for check_hf_models.py's GGUF cases:
+
+- Llama ("llama"): attn_q and attn_k rows permuted (LlamaModel.permute), Llama 3's RoPE scaling as
+  rope_freqs.weight (generate_extra_tensors);
+- Phi-3 ("phi3"): qkv_proj and gate_up_proj whole as attn_qkv and ffn_up, context_length,
+  rope.scaling.original_context_length, rope.dimension_count int(partial * hidden) // heads,
+  attention.sliding_window (0 for none), and LongRoPE's factors as rope_factors_long.weight /
+  rope_factors_short.weight with rope.scaling.attn_factor sqrt(1 + ln(scale) / ln(original)),
+  scale = max_position_embeddings / original.
+
+Each with a minimal SentencePiece ("llama") vocabulary, the 2-dim weights quantized (F16 where
+the blocks do not tile a row, as the converter falls back on gguf.QuantError) and the norms F32.
+"""
+
+import math
+import re
+
+import gguf
+import torch
+from gguf import GGMLQuantizationType as Q
+
+GGUF_FILE_TYPES = {Q.Q8_0: gguf.LlamaFileType.MOSTLY_Q8_0, Q.Q4_1: gguf.LlamaFileType.MOSTLY_Q4_1}
+
+# Hugging Face name (with N for the layer) -> GGUF name, as convert_hf_to_gguf.py maps a Llama;
+# a Phi-3's fused tensors after it.
+GGUF_NAMES = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+    "model.layers.N.input_layernorm.weight": "blk.N.attn_norm.weight",
+    "model.layers.N.self_attn.q_proj.weight": "blk.N.attn_q.weight",
+    "model.layers.N.self_attn.k_proj.weight": "blk.N.attn_k.weight",
+    "model.layers.N.self_attn.v_proj.weight": "blk.N.attn_v.weight",
+    "model.layers.N.self_attn.o_proj.weight": "blk.N.attn_output.weight",
+    "model.layers.N.post_attention_layernorm.weight": "blk.N.ffn_norm.weight",
+    "model.layers.N.mlp.gate_proj.weight": "blk.N.ffn_gate.weight",
+    "model.layers.N.mlp.up_proj.weight": "blk.N.ffn_up.weight",
+    "model.layers.N.mlp.down_proj.weight": "blk.N.ffn_down.weight",
+}
+PHI3_NAMES = {
+    "model.layers.N.self_attn.qkv_proj.weight": "blk.N.attn_qkv.weight",
+    "model.layers.N.mlp.gate_up_proj.weight": "blk.N.ffn_up.weight",
+}
+
+
+def permute(w, n_head):
+    """llama.cpp's LlamaModel.permute of attn_q / attn_k rows (each head's rotary halves
+    interleaved), which transformers' LlamaTensorProcessor undoes."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2) \
+        .reshape(w.shape)
+
+
+def llama3_rope_freqs(c):
+    """What llama.cpp's convert_hf_to_gguf.py (LlamaModel.generate_extra_tensors) writes as
+    rope_freqs.weight for a llama3 rope_parameters: per rotary pair the factor its inverse
+    frequency is divided by."""
+    r = c.rope_parameters
+    base, dim, factor = r["rope_theta"], c.head_dim, r["factor"]
+    low, high, old = r["low_freq_factor"], r["high_freq_factor"], \
+        r["original_max_position_embeddings"]
+    factors = []
+    for freq in 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)):
+        wavelen = 2 * math.pi / float(freq)
+        if wavelen < old / high:
+            factors.append(1.0)
+        elif wavelen > old / low:
+            factors.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    return torch.tensor(factors, dtype=torch.float32).numpy()
+
+
+def write_llama_keys(w, c):
+    """LlamaModel's set_gguf_parameters and extra tensors."""
+    w.add_context_length(c.max_position_embeddings)
+    w.add_rope_dimension_count(c.head_dim)
+    if c.rope_parameters.get("rope_type") == "llama3":
+        w.add_tensor("rope_freqs.weight", llama3_rope_freqs(c))
+    w.add_vocab_size(c.vocab_size)
+
+
+def write_phi3_keys(w, c):
+    """Phi3MiniModel's set_gguf_parameters and generate_extra_tensors."""
+    r = c.rope_parameters
+    original = r.get("original_max_position_embeddings", c.original_max_position_embeddings)
+    w.add_context_length(c.max_position_embeddings)
+    w.add_rope_scaling_orig_ctx_len(original)
+    w.add_rope_dimension_count(int(r.get("partial_rotary_factor", 1.0) * c.hidden_size)
+                               // c.num_attention_heads)
+    w.add_sliding_window(c.sliding_window or 0)
+    if r.get("long_factor"):
+        scale = c.max_position_embeddings / original
+        w.add_rope_scaling_attn_factors(
+            math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1.0 else 1.0)
+        w.add_tensor("rope_factors_long.weight", torch.tensor(r["long_factor"],
+                                                              dtype=torch.float32).numpy())
+        w.add_tensor("rope_factors_short.weight", torch.tensor(r["short_factor"],
+                                                               dtype=torch.float32).numpy())
+
+
+def write_tokenizer(w, c):
+    """A SentencePiece ("llama") vocabulary of vocab_size tokens: <unk>, <s>, </s> and plain
+    pieces. transformers needs none of it to load the model, but the converter always writes
+    one."""
+    tokens = ["<unk>", "<s>", "</s>"] + ["\u2581t%d" % i for i in range(3, c.vocab_size)]
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_scores([0.0, 0.0, 0.0] + [-float(i) for i in range(3, c.vocab_size)])
+    w.add_token_types([gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
+                      + [gguf.TokenType.NORMAL] * (c.vocab_size - 3))
+    w.add_unk_token_id(0)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    if c.pad_token_id is not None:
+        w.add_pad_token_id(c.pad_token_id)
+
+
+def write_gguf(model, path, qtype, embd_qtype):
+    """model (a LlamaForCausalLM or Phi3ForCausalLM) as convert_hf_to_gguf.py writes it, with the
+    2-dim weights quantized to qtype (token_embd.weight to embd_qtype) and the norms in F32."""
+    c = model.config
+    phi3 = c.model_type == "phi3"
+    w = gguf.GGUFWriter(path, c.model_type)
+    w.add_name("te random " + c.model_type)
+    w.add_embedding_length(c.hidden_size)
+    w.add_block_count(c.num_hidden_layers)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w.add_rope_freq_base(c.rope_parameters["rope_theta"])
+    (write_phi3_keys if phi3 else write_llama_keys)(w, c)
+    w.add_file_type(GGUF_FILE_TYPES[qtype])
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    write_tokenizer(w, c)
+    names = {**GGUF_NAMES, **PHI3_NAMES}
+    for hf_name, p in model.state_dict().items():
+        if hf_name == "lm_head.weight" and c.tie_word_embeddings:
+            continue
+        m = re.fullmatch(r"model\.layers\.(\d+)\.(.*)", hf_name)
+        name = (names["model.layers.N." + m[2]].replace(".N.", ".%s." % m[1]) if m
+                else names[hf_name])
+        data = p.detach().to(torch.float32).numpy()
+        if not phi3 and name.endswith("attn_q.weight"):
+            data = permute(data, c.num_attention_heads)
+        elif not phi3 and name.endswith("attn_k.weight"):
+            data = permute(data, c.num_key_value_heads)
+        kind = Q.F32 if data.ndim == 1 else embd_qtype if name == "token_embd.weight" else qtype
+        if kind != Q.F32 and data.shape[-1] % gguf.GGML_QUANT_SIZES[kind][0]:
+            kind = Q.F16  # a row the blocks do not tile (ffn_down's intermediate_size 48)
+        w.add_tensor(name, gguf.quants.quantize(data, kind), raw_dtype=kind)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
