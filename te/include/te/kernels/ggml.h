@@ -55,9 +55,10 @@ void dequantize_rows(uint32_t type, const unsigned char* const* rows, int64_t n_
                      float* out, int64_t ld);
 
 /// y[i * ldy + r] = sum_k x[i * ldx + k] * W[r, k] for i < m and r < n_rows, W as for
-/// dequantize_rows, in float32. Q8_0, Q4_0 and Q4_1 on AVX-512: per block d * sum(q x) (+ m *
-/// sum(x)), 8 inputs at a time, no row decoded; otherwise each row decoded once into a buffer of
-/// one row, then multiplied with the m inputs (16 partial sums per dot).
+/// dequantize_rows, in float32. On AVX-512 (F, BW, VL), every quantized type: per group of 16
+/// (or 32) values sharing a scale, d * sum(q x) (+ m * sum(x)), 8 inputs at a time, no row
+/// written out; elsewhere each row decoded once into a buffer of one row, then multiplied with
+/// the m inputs (16 partial sums per dot).
 void dot_rows(uint32_t type, const unsigned char* const* rows, int64_t n_rows, int64_t cols,
               const float* x, int64_t m, int64_t ldx, float* y, int64_t ldy);
 
