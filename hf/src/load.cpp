@@ -204,10 +204,10 @@ void check_checkpoint(const CheckpointCheck& c, torch::nn::Module& shapes, Tenso
 namespace {
 
 // The blocks one te parameter of `shape` is made of, when every checkpoint tensor it takes is
-// held in quantized blocks (of any types: each row keeps its own) and lies in it whole: a kernel [in, out] from one tensor [out, in]
-// (or from consecutive rows of a fused one), or [in, S, out] from S of them stacked on dim 1
-// (their rows one after another); a table [rows, cols] from one tensor as it is. nullptr
-// otherwise (the parameter is dequantized).
+// held in quantized blocks (of any types: each row keeps its own) and lies in it whole: a kernel
+// [in, out] from one tensor [out, in] (or from consecutive rows of a fused one), or [in, S, out]
+// from S of them stacked on dim 1 (their rows one after another); a table [rows, cols] from one
+// tensor as it is. nullptr otherwise (the parameter is dequantized).
 std::shared_ptr<const nn::BlockMatrix> blocks_of(const std::vector<HfSource>& sources_in,
                                                  const std::vector<int64_t>& shape, bool kernel,
                                                  TensorSource& source) {

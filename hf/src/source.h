@@ -75,7 +75,7 @@ struct CheckpointCheck {
 void check_checkpoint(const CheckpointCheck& check, torch::nn::Module& shapes,
                       TensorSource& source);
 /// Holds every GEMM kernel and embedding table of `model` whose checkpoint tensors `source`
-/// keeps in quantized blocks (TensorSource::blocks, all of one type) in those blocks
+/// keeps in quantized blocks (TensorSource::blocks; a stack may mix types) in those blocks
 /// (ShardedModule::hold_blocks), releasing its parameter. Returns the blocks' bytes.
 int64_t hold_blocks(torch::nn::Module& model, const WeightMap& map, TensorSource& source);
 /// Fills this rank's box of every parameter of `model` from `source`: only the bytes of that

@@ -38,8 +38,8 @@ void for_each_run(const BlockMatrix& w, int64_t begin, int64_t end, F f) {
 }
 
 // Rows [begin, end) of w decoded into out (a row every `cols` floats).
-void decode_rows(const BlockMatrix& w, const unsigned char* const* rows, int64_t begin,
-                 int64_t end, float* out) {
+void decode_rows(const BlockMatrix& w, const unsigned char* const* rows, int64_t begin, int64_t end,
+                 float* out) {
   for_each_run(w, begin, end, [&](uint32_t type, int64_t r0, int64_t r1) {
     ggml::dequantize_rows(type, rows + r0, r1 - r0, w.cols, out + (r0 - begin) * w.cols, w.cols);
   });
@@ -85,17 +85,19 @@ void BlockMatrix::check(const std::string& what) const {
 }
 
 at::Tensor block_linear(const at::Tensor& x, const BlockMatrix& w, const std::string& what) {
-  TE_CHECK(!(at::GradMode::is_enabled() && x.requires_grad()), what,
-           " is held in GGUF ", w.type_names(),
+  TE_CHECK(!(at::GradMode::is_enabled() && x.requires_grad()), what, " is held in GGUF ",
+           w.type_names(),
            " blocks (inference only) but its input requires grad; run under c10::InferenceMode "
            "or torch::NoGradGuard, or load with te::hf::LoadOptions::dequantize_gguf = true to "
            "train");
-  TE_CHECK(x.device().is_cpu(), what, " is held in GGUF blocks, which te-cpp multiplies on the "
-           "CPU; the input is on ", x.device(),
+  TE_CHECK(x.device().is_cpu(), what,
+           " is held in GGUF blocks, which te-cpp multiplies on the "
+           "CPU; the input is on ",
+           x.device(),
            " (load with te::hf::LoadOptions::dequantize_gguf = true to move the model)");
   TE_CHECK(x.dim() >= 1 && x.size(-1) == w.cols && at::isFloatingType(x.scalar_type()), what,
-           ": input ", x.sizes(), " (", x.scalar_type(), ") does not contract with [", w.rows,
-           ", ", w.cols, "] weights held in ", w.type_names(),
+           ": input ", x.sizes(), " (", x.scalar_type(), ") does not contract with [", w.rows, ", ",
+           w.cols, "] weights held in ", w.type_names(),
            " blocks (a floating input whose last dim is ", w.cols, ")");
   std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end() - 1);
   out_shape.push_back(w.rows);
@@ -143,11 +145,13 @@ at::Tensor block_linear(const at::Tensor& x, const BlockMatrix& w, const std::st
 }
 
 at::Tensor block_rows(const BlockMatrix& w, const at::Tensor& ids, const std::string& what) {
-  TE_CHECK(!at::isFloatingType(ids.scalar_type()) && !ids.is_complex() &&
-               ids.scalar_type() != at::kBool,
-           what, ": ids must be integers, not ", ids.scalar_type());
-  TE_CHECK(ids.device().is_cpu(), what, " is held in GGUF blocks, which te-cpp reads on the CPU; "
-           "the ids are on ", ids.device(),
+  TE_CHECK(
+      !at::isFloatingType(ids.scalar_type()) && !ids.is_complex() && ids.scalar_type() != at::kBool,
+      what, ": ids must be integers, not ", ids.scalar_type());
+  TE_CHECK(ids.device().is_cpu(), what,
+           " is held in GGUF blocks, which te-cpp reads on the CPU; "
+           "the ids are on ",
+           ids.device(),
            " (load with te::hf::LoadOptions::dequantize_gguf = true to move the model)");
   const at::Tensor flat = ids.reshape({-1}).to(at::kLong).contiguous();
   const int64_t* idp = flat.data_ptr<int64_t>();

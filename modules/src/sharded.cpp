@@ -72,6 +72,8 @@ struct ParameterDict : torch::nn::Module {
 }  // namespace
 
 void ShardedModule::release_parameter(torch::nn::Module& self, const std::string& name) {
+  TE_CHECK(dynamic_cast<ShardedModule*>(&self) == this, "release_parameter: ", self.name(),
+           " is another module than the one asked to release '", name, "' (pass it itself)");
   TE_CHECK(self.named_parameters(/*recurse=*/false).contains(name), self.name(), ": no parameter '",
            name, "' to release");
   forget_member(name);

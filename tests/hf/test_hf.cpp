@@ -241,8 +241,11 @@ TEST(HfConfig, ReadsPhi3WithLongRopeAndPhi3ConfigsDefaults) {
   EXPECT_EQ(c.rope_long_freq_factors, (std::vector<double>{3.0, 4.0}));
   EXPECT_EQ(c.rope_original_max_position_embeddings, 16);
   EXPECT_NEAR(c.rope_attention_factor, std::sqrt(1 + std::log(4.0) / std::log(16.0)), 1e-12);
-  j["rope_parameters"]["rope_type"] = "yarn";  // Phi3Config: the old name of longrope
-  EXPECT_EQ(parse(j).rope_long_freq_factors, c.rope_long_freq_factors);
+  for (const char* old_name : {"su", "yarn"}) {  // Phi3Config: the old names of longrope
+    j["rope_parameters"]["rope_type"] = old_name;
+    EXPECT_EQ(parse(j).rope_type, "longrope") << old_name;
+    EXPECT_EQ(parse(j).rope_long_freq_factors, c.rope_long_freq_factors) << old_name;
+  }
   j["rope_parameters"]["original_max_position_embeddings"] = 8;
   EXPECT_ERROR(parse(j),
                "rope_parameters.original_max_position_embeddings: differs from the top-level "

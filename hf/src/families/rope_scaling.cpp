@@ -290,7 +290,11 @@ void read_rope(Fields& f, CausalLMConfig& c, const RopeRules& rules) {
     if (f.has(key)) read_object(f, key, p);
   }
   c.rope_type = p.type.value_or("default");
-  if (rules.yarn_is_longrope && c.rope_type == "yarn") c.rope_type = "longrope";
+  // Phi3Config.convert_rope_params_to_dict (transformers 5.23.0 configuration_phi3.py): the
+  // earlier names "su" and "yarn" are longrope.
+  if (rules.yarn_is_longrope && (c.rope_type == "yarn" || c.rope_type == "su")) {
+    c.rope_type = "longrope";
+  }
   c.rope_theta = p.theta.value_or(10000.0);
   const double partial = p.partial.value_or(1.0);
   if (!(partial > 0 && partial <= 1)) f.fail("partial_rotary_factor", "must be in (0, 1]");

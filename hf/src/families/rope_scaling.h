@@ -19,8 +19,8 @@ namespace te::hf::detail {
 struct RopeRules {
   /// The scaling types its config class accepts (empty: every type te-cpp builds).
   std::set<std::string> types;
-  /// rope_type "yarn" read as "longrope" (Phi3Config.convert_rope_params_to_dict, for configs
-  /// saved before the type was renamed).
+  /// rope_type "yarn" or "su" read as "longrope" (Phi3Config.convert_rope_params_to_dict, for
+  /// configs saved before the type was renamed).
   bool yarn_is_longrope = false;
   /// A top-level original_max_position_embeddings that transformers puts over rope_parameters'
   /// (Phi3Config's field; standardize_rope_params gives it priority); nullopt: none.

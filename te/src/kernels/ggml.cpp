@@ -7,8 +7,8 @@
 
 #include <algorithm>
 #include <array>
-#include <type_traits>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -16,8 +16,7 @@
 #include "te/error.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define TE_GGML_CLONES \
-  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#define TE_GGML_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define TE_GGML_CLONES
 #endif
@@ -83,11 +82,11 @@ TE_GGML_INLINE void for_type(uint32_t type, F&& f) {
 }
 
 template <Type T>
-constexpr bool kQuantized = T != Type::kF32 && T != Type::kF16 && T != Type::kBF16;
+constexpr bool kQuantized = T != Type::kF32&& T != Type::kF16&& T != Type::kBF16;
 
 template <Type T>
 TE_GGML_INLINE void decode_blocks(const float* table, const unsigned char* p, int64_t blocks,
-                          int64_t per_block, int64_t block_bytes, float* out) {
+                                  int64_t per_block, int64_t block_bytes, float* out) {
   for (int64_t i = 0; i < blocks; ++i, p += block_bytes, out += per_block) {
     decode_block<T>(table, p, out);
   }
@@ -95,8 +94,8 @@ TE_GGML_INLINE void decode_blocks(const float* table, const unsigned char* p, in
 
 // `count` values (whole blocks) of `type` at p into out; the type chosen once per call. `fast`:
 // the AVX-512 kernels where the CPU has them.
-TE_GGML_INLINE void decode(uint32_t type, const float* table, const unsigned char* p,
-                           int64_t count, float* out, bool fast = true) {
+TE_GGML_INLINE void decode(uint32_t type, const float* table, const unsigned char* p, int64_t count,
+                           float* out, bool fast = true) {
   const BlockShape b = block_shape(type, "a tensor");
   const int64_t n = count / b.elements;
 #if TE_GGML_AVX512
@@ -131,7 +130,6 @@ inline float dot(const float* a, const float* b, int64_t n) {
   }
   return acc[0] + tail;
 }
-
 
 }  // namespace
 

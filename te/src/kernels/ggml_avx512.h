@@ -7,9 +7,9 @@
 // (each byte's bit field shifted out and masked, so a layout reads as ggml_blocks.h writes it:
 // the same offsets and shifts), with the group's scale d and, for the types that have one, its
 // offset m. A sink consumes the groups:
-// - DecodeSink writes d * q (+ m): the portable loops' values bit for bit (the same integers,
-//   converted exactly, then the same float multiply and add; a - b is computed as a + (-b), which
-//   IEEE defines as the same value);
+// - DecodeSink writes d * q (+ m, or - m for the K-quants' mins): the portable loops' values bit
+//   for bit (the same integers, converted exactly, then the same float multiply and add or
+//   subtract);
 // - DotSink multiplies them with up to 8 inputs without writing them anywhere: per group
 //   d * sum(q x) (+ m * sum(x), the inputs' sums of 16 taken once per call).
 // 32 values sharing one scale come as one call with two registers.
@@ -18,7 +18,6 @@
 
 #include <algorithm>
 #include <array>
-#include <climits>
 #include <cstdint>
 #include <cstring>
 #include <utility>
@@ -29,8 +28,7 @@
 namespace te::ggml::avx512 {
 
 #define TE_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl")))
-#define TE_AVX512_INLINE \
-  __attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) inline
+#define TE_AVX512_INLINE __attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) inline
 
 using blocks::f16_at;
 using blocks::kQK;
@@ -38,8 +36,7 @@ using blocks::kQK;
 /// Whether the CPU runs these kernels.
 inline bool available() {
   static const bool have = __builtin_cpu_supports("avx512f") &&
-                           __builtin_cpu_supports("avx512bw") &&
-                           __builtin_cpu_supports("avx512vl");
+                           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
   return have;
 }
 
@@ -62,10 +59,11 @@ constexpr int64_t kBytes = T == Type::kQ8_0     ? 34
                            : T == Type::kQ5_K   ? 176
                            : T == Type::kQ6_K   ? 210
                                                 : 136;  // IQ4_XS
-// Whether a value is d * q + m (else d * q).
+// Whether a value is d * q + m, or d * q - m (kMin), else d * q.
 template <Type T>
-constexpr bool kOffset = T == Type::kQ4_1 || T == Type::kQ5_1 || T == Type::kQ2_K ||
-                         T == Type::kQ4_K || T == Type::kQ5_K;
+constexpr bool kMin = T == Type::kQ2_K || T == Type::kQ4_K || T == Type::kQ5_K;
+template <Type T>
+constexpr bool kOffset = T == Type::kQ4_1 || T == Type::kQ5_1 || kMin<T>;
 
 TE_AVX512_INLINE __m128i load16(const unsigned char* p) {
   return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
@@ -85,17 +83,15 @@ TE_AVX512_INLINE __m128i iq4_levels(__m128i nibbles) {
 // 16 at byte j where bit j of `mask` (16 bits) is set, else 0. (By shuffles and a compare: a
 // mask register loaded from the block ran several times slower here.)
 TE_AVX512_INLINE __m128i sixteen_where(uint32_t mask) {
-  const __m128i spread = _mm_shuffle_epi8(
-      _mm_cvtsi32_si128(static_cast<int>(mask)),
-      _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1));
+  const __m128i spread =
+      _mm_shuffle_epi8(_mm_cvtsi32_si128(static_cast<int>(mask)),
+                       _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1));
   const __m128i bit = _mm_setr_epi8(1, 2, 4, 8, 16, 32, 64, -128, 1, 2, 4, 8, 16, 32, 64, -128);
   return _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(spread, bit), bit), _mm_set1_epi8(16));
 }
 
 // 16 signed bytes as floats (exact).
-TE_AVX512_INLINE __m512 to_float(__m128i q) {
-  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q));
-}
+TE_AVX512_INLINE __m512 to_float(__m128i q) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)); }
 
 // groups_32 for the 4- and 5-bit ones (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL).
 template <Type T, typename Sink>
@@ -108,8 +104,8 @@ TE_AVX512_INLINE void groups_small(const unsigned char* p, float d, float m, Sin
     lo = iq4_levels(lo), hi = iq4_levels(hi);
   }
   if constexpr (kFifth) {  // bit j of the 32 high bits: value j's fifth bit
-    const uint32_t qh = static_cast<uint32_t>(h[0] | h[1] << 8 | h[2] << 16) |
-                        static_cast<uint32_t>(h[3]) << 24;
+    const uint32_t qh =
+        static_cast<uint32_t>(h[0] | h[1] << 8 | h[2] << 16) | static_cast<uint32_t>(h[3]) << 24;
     lo = _mm_or_si128(lo, sixteen_where(qh & 0xFFFF));
     hi = _mm_or_si128(hi, sixteen_where(qh >> 16));
   }
@@ -135,18 +131,13 @@ TE_AVX512_INLINE void groups_32(const float* table, const unsigned char* p, Sink
 // 8 or 16 small integers as floats times d: a block's sub-block scales (or mins), each the same
 // float multiply as the portable loops'.
 TE_AVX512_INLINE void scale8(uint64_t bytes, float d, float* out) {
-  const __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<int64_t>(bytes))));
+  const __m256 v =
+      _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<int64_t>(bytes))));
   _mm256_storeu_ps(out, _mm256_mul_ps(_mm256_set1_ps(d), v));
 }
 TE_AVX512_INLINE void scale16(__m128i q, float d, float* out) {
   _mm512_storeu_ps(out, _mm512_mul_ps(_mm512_set1_ps(d), to_float(q)));
 }
-// -x for 16 floats (the sign flipped, as the portable loops' unary minus).
-TE_AVX512_INLINE void negate16(float* v) {
-  _mm512_storeu_ps(v, _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(_mm512_loadu_ps(v)),
-                                                           _mm512_set1_epi32(INT32_MIN))));
-}
-
 inline uint32_t word(const unsigned char* p) {
   uint32_t w;
   std::memcpy(&w, p, 4);
@@ -162,14 +153,14 @@ TE_AVX512_INLINE void groups_low_k(const float* table, const unsigned char* p, S
     const __m128i sm = load16(p);
     scale16(bits(sm, 0, 0x0F), f16_at(table, p + 80), scale);
     scale16(bits(sm, 4, 0x0F), f16_at(table, p + 82), offset);
-    negate16(offset);
   } else {  // sixteen 6-bit scales: low nibbles in bytes 0-7, high pairs in bytes 8-11
     const unsigned char* sc = p + 96;
     const uint32_t a0 = word(sc), a1 = word(sc + 4), h = word(sc + 8);
-    const __m128i w = _mm_setr_epi32(static_cast<int>((a0 & 0x0F0F0F0F) | (h & 0x03030303) << 4),
-                                     static_cast<int>((a1 & 0x0F0F0F0F) | (h >> 2 & 0x03030303) << 4),
-                                     static_cast<int>((a0 >> 4 & 0x0F0F0F0F) | (h >> 4 & 0x03030303) << 4),
-                                     static_cast<int>((a1 >> 4 & 0x0F0F0F0F) | (h >> 6 & 0x03030303) << 4));
+    const __m128i w =
+        _mm_setr_epi32(static_cast<int>((a0 & 0x0F0F0F0F) | (h & 0x03030303) << 4),
+                       static_cast<int>((a1 & 0x0F0F0F0F) | (h >> 2 & 0x03030303) << 4),
+                       static_cast<int>((a0 >> 4 & 0x0F0F0F0F) | (h >> 4 & 0x03030303) << 4),
+                       static_cast<int>((a1 >> 4 & 0x0F0F0F0F) | (h >> 6 & 0x03030303) << 4));
     const __m128i q = _mm_sub_epi8(w, _mm_set1_epi8(32));
     scale16(q, f16_at(table, p + 108), scale);
   }
@@ -201,14 +192,13 @@ TE_AVX512_INLINE void groups_mid_k(const float* table, const unsigned char* p, S
   // Twelve bytes: sub-blocks 0-3's scales and mins in bytes 0-3 and 4-7 (6 bits each), 4-7's low
   // nibbles in bytes 8-11 and high pairs in the top bits of bytes 0-7.
   const uint32_t u0 = word(p + 4), u1 = word(p + 8), u2 = word(p + 12);
-  const uint64_t scales = (u0 & 0x3F3F3F3Fu) |
-                          uint64_t{(u2 & 0x0F0F0F0Fu) | (u0 >> 2 & 0x30303030u)} << 32;
-  const uint64_t mins = (u1 & 0x3F3F3F3Fu) |
-                        uint64_t{(u2 >> 4 & 0x0F0F0F0Fu) | (u1 >> 2 & 0x30303030u)} << 32;
+  const uint64_t scales =
+      (u0 & 0x3F3F3F3Fu) | uint64_t{(u2 & 0x0F0F0F0Fu) | (u0 >> 2 & 0x30303030u)} << 32;
+  const uint64_t mins =
+      (u1 & 0x3F3F3F3Fu) | uint64_t{(u2 >> 4 & 0x0F0F0F0Fu) | (u1 >> 2 & 0x30303030u)} << 32;
   alignas(32) float dl[8], ml[8];
   scale8(scales, f16_at(table, p), dl);
   scale8(mins, f16_at(table, p + 2), ml);
-  for (float& m : ml) m = -m;
   const unsigned char* qs = p + (T == Type::kQ5_K ? 48 : 16);
   const __m128i qh_lo = load16(p + 16), qh_hi = load16(p + 32);  // Q5_K's fifth bits
 #pragma GCC unroll 8
@@ -276,13 +266,17 @@ TE_AVX512_INLINE void groups(const float* table, const unsigned char* p, Sink& s
   }
 }
 
-// Writes a block's values (d * q, then + m where the type has an offset).
+// Writes a block's values (d * q, then + m or - m where the type has an offset).
 template <Type T>
 struct DecodeSink {
   float* out;
   TE_AVX512_INLINE void operator()(int k, __m128i q, float d, float m) const {
     __m512 v = _mm512_mul_ps(_mm512_set1_ps(d), to_float(q));
-    if constexpr (kOffset<T>) v = _mm512_add_ps(v, _mm512_set1_ps(m));
+    if constexpr (kMin<T>) {
+      v = _mm512_sub_ps(v, _mm512_set1_ps(m));
+    } else if constexpr (kOffset<T>) {
+      v = _mm512_add_ps(v, _mm512_set1_ps(m));
+    }
     _mm512_storeu_ps(out + k, v);
   }
   TE_AVX512_INLINE void operator()(int k, __m128i lo, __m128i hi, float d, float m) const {
@@ -316,7 +310,7 @@ struct DotSink {
     const __m512 w = _mm512_mul_ps(_mm512_set1_ps(d), to_float(q));
     for (int i = 0; i < M; ++i) {
       acc[i] = _mm512_fmadd_ps(w, _mm512_loadu_ps(x + i * ldx + k), acc[i]);
-      if constexpr (kOffset<T>) offset[i] += m * xsum[i * lds + k / 16];
+      if constexpr (kOffset<T>) offset[i] += (kMin<T> ? -m : m) * xsum[i * lds + k / 16];
     }
   }
   TE_AVX512_INLINE void operator()(int k, __m128i lo, __m128i hi, float d, float m) const {
@@ -327,7 +321,7 @@ struct DotSink {
       t = _mm512_fmadd_ps(b, _mm512_loadu_ps(xi + 16), t);
       acc[i] = _mm512_fmadd_ps(dv, t, acc[i]);
       if constexpr (kOffset<T>) {
-        offset[i] += m * (xsum[i * lds + k / 16] + xsum[i * lds + k / 16 + 1]);
+        offset[i] += (kMin<T> ? -m : m) * (xsum[i * lds + k / 16] + xsum[i * lds + k / 16 + 1]);
       }
     }
   }
@@ -336,8 +330,8 @@ struct DotSink {
 // dot_rows of M inputs (1 to 8), every row's blocks read once.
 template <Type T, int M>
 TE_AVX512 void dot_rows_m(const float* table, const unsigned char* const* rows, int64_t n_rows,
-                          int64_t cols, const float* x, int64_t ldx, const float* xsum,
-                          int64_t lds, float* y, int64_t ldy) {
+                          int64_t cols, const float* x, int64_t ldx, const float* xsum, int64_t lds,
+                          float* y, int64_t ldy) {
   const int64_t blocks = cols / kElements<T>;
   for (int64_t r = 0; r < n_rows; ++r) {
     const unsigned char* p = rows[r];

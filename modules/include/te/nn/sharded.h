@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "te/distributed/dtensor.h"
-#include "te/nn/block_weights.h"
 #include "te/fp8.h"
+#include "te/nn/block_weights.h"
 #include "te/sharding/axis_rules.h"
 
 /// Like TORCH_MODULE, for te::nn modules whose forward takes an at::Tensor or a te::DTensor:
@@ -84,8 +84,9 @@ class ShardedModule {
     std::vector<int64_t> shape;
     bool transposed = true;
   };
-  /// Holds parameter `name` of `self` as `held` and releases it (release_parameter). te::Error naming the parameter when the matrix's shape is not the
-  /// parameter's, or the parameter is sharded (blocks serve on one process).
+  /// Holds parameter `name` of `self` as `held` and releases it (release_parameter). te::Error
+  /// naming the parameter when the matrix's shape is not the parameter's, or the parameter is
+  /// sharded (blocks serve on one process).
   void hold_blocks(torch::nn::Module& self, const std::string& name, HeldBlocks held);
   /// The blocks `name` is held in, or nullptr.
   const HeldBlocks* held_blocks(const std::string& name) const;
