@@ -28,12 +28,21 @@ nn::TransformerLayerOptions layer_options(const CausalLMConfig& c, int64_t layer
       .fuse_qkv(c.fuse_qkv)
       .scaled_query_init(false)
       .scale_attn_logits(true);
-  attention.layernorm().layernorm_type(c.norm).epsilon(c.rms_norm_eps);
+  attention.layernorm()
+      .layernorm_type(c.norm)
+      .epsilon(c.rms_norm_eps)
+      .zero_centered_gamma(c.zero_centered_norms);
+  // Gemma's query_pre_attn_scalar^-0.5 and attention soft cap (transformers 5.23.0
+  // models/gemma2/modeling_gemma2.py Gemma2Attention); its post-attention and post-feedforward
+  // norms (Gemma2DecoderLayer).
   attention.attention()
       .num_gqa_groups(c.num_key_value_heads)
       .head_dim(c.head_dim)
       .attn_mask_type(nn::AttnMaskType::kCausal)
-      .attention_dropout(c.attention_dropout);
+      .attention_dropout(c.attention_dropout)
+      .scale_factor(c.attention_scale)
+      .softcap(c.attn_logit_softcapping);
+  o.post_block_layernorm(c.post_block_norms);
   // transformers' sliding window W: a query sees the W keys up to and including itself.
   TE_CHECK(layer >= 0 && layer < static_cast<int64_t>(c.layer_windows.size()),
            "layer_options: ", "layer ", layer, " of a config with ", c.layer_windows.size(),
@@ -43,7 +52,8 @@ nn::TransformerLayerOptions layer_options(const CausalLMConfig& c, int64_t layer
   if (c.qk_norm) {
     attention.qk_norm_type(nn::QkNormType::kRMSNorm)
         .qk_norm_eps(c.rms_norm_eps)
-        .qk_norm_before_rope(true);
+        .qk_norm_before_rope(true)
+        .qk_norm_zero_centered_gamma(c.zero_centered_norms);
   }
   return o;
 }
@@ -69,10 +79,10 @@ void CausalLMImpl::reset() {
                                       .embedding_axes({"position", axis::kEmbed})
                                       .output_axes({axis::kBatch, axis::kSeqlen, axis::kHidden})));
   }
-  norm = register_module(
-      "norm",
-      nn::LayerNorm(
-          nn::LayerNormOptions(c.hidden_size).layernorm_type(c.norm).epsilon(c.rms_norm_eps)));
+  norm = register_module("norm", nn::LayerNorm(nn::LayerNormOptions(c.hidden_size)
+                                                   .layernorm_type(c.norm)
+                                                   .epsilon(c.rms_norm_eps)
+                                                   .zero_centered_gamma(c.zero_centered_norms)));
   if (!c.tie_word_embeddings) {
     lm_head = register_module(
         "lm_head", nn::Dense(nn::DenseOptions(c.hidden_size, c.vocab_size)
@@ -124,6 +134,33 @@ DTensor last_tokens(const DTensor& x, const at::Tensor& rows) {
                              x.placements(), shape);
 }
 
+// An element-wise map of activations, on a mesh of this rank's piece.
+template <typename Fn>
+at::Tensor each(const at::Tensor& x, const Fn& fn) {
+  return fn(x);
+}
+template <typename Fn>
+DTensor each(const DTensor& x, const Fn& fn) {
+  return te::ops::elementwise(x, fn);
+}
+
+// Gemma's embedding normalizer (transformers 5.23.0 models/gemma2/modeling_gemma2.py
+// Gemma2TextScaledWordEmbedding: the multiplier cast to the embeddings' dtype first).
+template <typename T>
+T scaled_embeddings(const T& x, double multiplier) {
+  if (multiplier == 1.0) return x;
+  return each(x, [multiplier](const at::Tensor& t) {
+    return t * at::scalar_tensor(multiplier, t.options().dtype(at::kFloat)).to(t.scalar_type());
+  });
+}
+
+// Gemma 2's final_logit_softcapping (Gemma2ForCausalLM.forward): cap * tanh(logits / cap).
+template <typename T>
+T soft_capped(const T& logits, double cap) {
+  if (cap == 0.0) return logits;
+  return each(logits, [cap](const at::Tensor& t) { return nn::functional::soft_cap(t, cap); });
+}
+
 // The forward: the whole sequences, or with a cache the step's new tokens (then the logits of
 // each sequence's last one).
 template <typename T>
@@ -145,7 +182,7 @@ T run(CausalLMImpl& m, const T& ids, int64_t batch, int64_t seq, nn::InferencePa
       positions = at::arange(seq, at::kLong).expand({batch, seq}).contiguous();
     }
   }
-  T x = m.embed(ids);
+  T x = scaled_embeddings(m.embed(ids), c.embedding_multiplier);
   if (m.position) {  // learned positions (GPT-2)
     TE_CHECK(positions_needed <= c.max_position_embeddings, "CausalLM: ", positions_needed,
              " tokens are more than the model's ", c.max_position_embeddings, " positions");
@@ -171,7 +208,7 @@ T run(CausalLMImpl& m, const T& ids, int64_t batch, int64_t seq, nn::InferencePa
     x = last_tokens(x, cache->cu_seqlens_q().slice(0, 1) - 1);
   }
   x = m.norm(x);
-  return m.lm_head ? m.lm_head(x) : m.embed->attend(x);
+  return soft_capped(m.lm_head ? m.lm_head(x) : m.embed->attend(x), c.final_logit_softcapping);
 }
 
 }  // namespace

@@ -74,6 +74,15 @@ json tiny(const std::string& type, int64_t positions = 64) {
             {"tie_word_embeddings", type == "qwen3"},
             {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 10000.0}}}};
   if (type == "mistral") c["sliding_window"] = 4;  // shorter than the prompts: the window shows
+  if (type == "gemma2") {  // layer 0 slides; both soft caps reached by these logits
+    c["architectures"] = {"Gemma2ForCausalLM"};
+    c["head_dim"] = 8;
+    c["query_pre_attn_scalar"] = 8;
+    c["sliding_window"] = 4;
+    c["attn_logit_softcapping"] = 2.0;
+    c["final_logit_softcapping"] = 3.0;
+    c["hidden_activation"] = "gelu_pytorch_tanh";
+  }
   return c;
 }
 
@@ -210,7 +219,7 @@ TEST_P(CachedSteps, EqualTheFullForwardAtEachSequencesLastToken) {
 
 INSTANTIATE_TEST_SUITE_P(Families, CachedSteps,
                          ::testing::Combine(::testing::Values("llama", "mistral", "qwen2", "qwen3",
-                                                              "gpt2"),
+                                                              "gemma2", "gpt2"),
                                             ::testing::Bool()),
                          [](const auto& info) {
                            return std::get<0>(info.param) +

@@ -142,6 +142,72 @@ TEST(HfConfig, ReadsTheLlamaFamilysFields) {
 // Llama 3.1's rope_parameters: per-frequency factors as transformers' _compute_llama3_parameters
 // scales them (head_dim 4 at theta 1e4: wavelengths 6.28 and 628, against original / high = 8
 // and original / low = 32), the required fields named when one is missing.
+// Gemma 2 (transformers 5.23.0 models/gemma2/configuration_gemma2.py): Gemma2Config's defaults
+// for what config.json leaves out, hidden_act (which Gemma2Config has not) taken as metadata, and
+// what te-cpp does not build refused by name.
+TEST(HfConfig, ReadsGemma2sFieldsAndDefaults) {
+  json j = tiny_config();
+  j["model_type"] = "gemma2";
+  j["architectures"] = {"Gemma2ForCausalLM"};
+  j.erase("tie_word_embeddings");
+  j["hidden_act"] = "gelu_pytorch_tanh";  // real Gemma 2 configs carry both
+  j["hidden_activation"] = "gelu_pytorch_tanh";
+  j["cache_implementation"] = "hybrid";
+  CausalLMConfig c = parse(j);
+  EXPECT_EQ(c.head_dim, 256);  // Gemma2Config's default, not hidden_size / heads
+  EXPECT_TRUE(c.tie_word_embeddings && c.zero_centered_norms && c.post_block_norms);
+  EXPECT_EQ(c.pad_token_id, std::optional<int64_t>(0));
+  EXPECT_EQ(c.mlp_activations, (std::vector<std::string>{"gelu", "linear"}));
+  EXPECT_DOUBLE_EQ(c.embedding_multiplier, 4.0);  // sqrt(16)
+  EXPECT_DOUBLE_EQ(c.attention_scale, 1.0 / 16);  // 256^-0.5
+  EXPECT_EQ(c.attn_logit_softcapping, 50.0);
+  EXPECT_EQ(c.final_logit_softcapping, 30.0);
+  ASSERT_EQ(c.layer_windows.size(), 2u);  // sliding where (i + 1) % 2, 4096 keys
+  EXPECT_EQ(c.layer_windows[0], std::optional<int64_t>(4096));
+  EXPECT_EQ(c.layer_windows[1], std::nullopt);
+  j["head_dim"] = 8;
+  j["query_pre_attn_scalar"] = 64;
+  j["attn_logit_softcapping"] = nullptr;
+  j["final_logit_softcapping"] = 5.0;
+  j["sliding_window"] = 3;
+  j["layer_types"] = {"full_attention", "sliding_attention"};
+  j["pad_token_id"] = nullptr;
+  c = parse(j);
+  EXPECT_EQ(c.head_dim, 8);
+  EXPECT_DOUBLE_EQ(c.attention_scale, 0.125);
+  EXPECT_EQ(c.attn_logit_softcapping, 0.0);
+  EXPECT_EQ(c.final_logit_softcapping, 5.0);
+  EXPECT_EQ(c.layer_windows[0], std::nullopt);
+  EXPECT_EQ(c.layer_windows[1], std::optional<int64_t>(3));
+  EXPECT_EQ(c.pad_token_id, std::nullopt);
+  json bad = j;
+  bad["hidden_activation"] = "silu";  // a SwiGLU Gemma: te builds it, as transformers would
+  EXPECT_EQ(parse(bad).mlp_activations, (std::vector<std::string>{"silu", "linear"}));
+  bad["hidden_activation"] = "gelu";
+  EXPECT_ERROR(parse(bad), "hidden_activation: 'gelu': te-cpp builds this family's gated MLP");
+  bad = j;
+  bad["use_bidirectional_attention"] = true;
+  EXPECT_ERROR(parse(bad), "use_bidirectional_attention: te-cpp builds Gemma 2 causal");
+  bad = j;
+  bad["attn_logit_softcapping"] = 0;
+  EXPECT_ERROR(parse(bad), "attn_logit_softcapping: must be positive and finite, or null");
+  bad = j;
+  bad["query_pre_attn_scalar"] = -1;
+  EXPECT_ERROR(parse(bad), "query_pre_attn_scalar: must be positive and finite");
+  bad = j;
+  bad["sliding_window"] = nullptr;
+  EXPECT_ERROR(parse(bad), "sliding_window: is null but layer 1 slides");
+  bad = j;
+  bad["layer_types"] = {"full_attention", "chunked_attention"};
+  EXPECT_ERROR(parse(bad), "layer_types: entry \"chunked_attention\" is not full_attention");
+  bad = j;
+  bad["partial_rotary_factor"] = 0.5;
+  EXPECT_ERROR(parse(bad), "partial_rotary_factor: Gemma2RotaryEmbedding rotates whole heads");
+  bad = j;
+  bad["sliding_window_pattern"] = 6;  // Gemma 3's, not Gemma 2's
+  EXPECT_ERROR(parse(bad), "sliding_window_pattern: is not a field te-cpp honours");
+}
+
 TEST(HfConfig, ReadsLlama3RopeScalingAsFrequencyFactors) {
   json j = tiny_config();
   j["rope_parameters"] = {{"rope_type", "llama3"},   {"rope_theta", 1e4},

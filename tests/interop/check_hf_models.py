@@ -47,7 +47,8 @@ import transformers
 from gguf import GGMLQuantizationType as Q
 from interop_common import TOL, rel_err, tensor
 from transformers import (AutoConfig, AutoModelForCausalLM, BertConfig, BertModel, GPT2Config,
-                          GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
+                          GPT2LMHeadModel, Gemma2Config, Gemma2ForCausalLM, LlamaConfig,
+                          LlamaForCausalLM,
                           MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM,
                           Qwen3Config, Qwen3ForCausalLM)
 from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
@@ -92,6 +93,18 @@ FAMILIES = [
     # head_dim 16 is not hidden_size / heads (8).
     ("qwen3", Qwen3Config, Qwen3ForCausalLM,
      dict(tie_word_embeddings=False, head_dim=16, attention_bias=False, **rope(10000.0))),
+    # Gemma 2: layer 0 slides (window 4 < SEQ), layer 1 attends to all; head_dim 16 is not
+    # hidden_size / heads; soft caps near these small random models' logits (attention ~0.02,
+    # head ~0.1), so tanh bends them: without either cap the case fails.
+    ("gemma2", Gemma2Config, Gemma2ForCausalLM,
+     dict(head_dim=16, query_pre_attn_scalar=12, sliding_window=4, attn_logit_softcapping=0.05,
+          final_logit_softcapping=0.5, pad_token_id=0, **rope(10000.0))),
+    # A separate head, q/k/v/o biases, no soft caps, both layers sliding, linear RoPE.
+    ("gemma2-untied-bias-nocap", Gemma2Config, Gemma2ForCausalLM,
+     dict(head_dim=8, query_pre_attn_scalar=8, sliding_window=5, attn_logit_softcapping=None,
+          final_logit_softcapping=None, tie_word_embeddings=False, attention_bias=True,
+          pad_token_id=None, layer_types=["sliding_attention"] * 2,
+          **rope(500.0, "linear", factor=2.0))),
 ]
 
 # GPT-2 (GPT2LMHeadModel: learned positions, pre-LayerNorm, Conv1D weights, a tied head): (case,

@@ -141,14 +141,14 @@ void read_rope(Fields& f, CausalLMConfig& c, double& partial, Llama3Rope& llama3
 
 }  // namespace
 
-void read_rope_decoder_config(Fields& f, CausalLMConfig& c) {
+void read_rope_decoder_config(Fields& f, CausalLMConfig& c, const DecoderDefaults& defaults) {
   c.vocab_size = f.integer("vocab_size");
   c.hidden_size = f.integer("hidden_size");
   c.intermediate_size = f.integer("intermediate_size");
   c.num_hidden_layers = f.integer("num_hidden_layers");
   c.num_attention_heads = f.integer("num_attention_heads");
   c.num_key_value_heads = f.integer_or("num_key_value_heads", c.num_attention_heads);
-  c.head_dim = f.integer_or("head_dim", 0);
+  c.head_dim = f.integer_or("head_dim", defaults.head_dim);
   if (c.head_dim == 0 && !f.has("head_dim") && c.num_attention_heads > 0) {
     if (c.hidden_size % c.num_attention_heads != 0) {
       f.fail("hidden_size", "is not a multiple of num_attention_heads and there is no head_dim");
@@ -157,16 +157,26 @@ void read_rope_decoder_config(Fields& f, CausalLMConfig& c) {
   }
   c.max_position_embeddings = f.integer_or("max_position_embeddings", 0);
   c.rms_norm_eps = f.number_or("rms_norm_eps", 1e-6);
-  const std::string act = f.string_or("hidden_act", "silu");
-  if (act != "silu") {
-    f.fail("hidden_act", "'" + act + "': te-cpp builds this family's MLP as SwiGLU (silu)");
+  // The gated MLP act(x W_gate) * x W_up: silu (SwiGLU) or the tanh gelu (GeGLU, te's "gelu").
+  const std::string act = f.string_or(defaults.activation_field, defaults.activation);
+  if (act == "silu") {
+    c.mlp_activations = {"silu", "linear"};
+  } else if (act == "gelu_pytorch_tanh") {
+    c.mlp_activations = {"gelu", "linear"};
+  } else {
+    f.fail(defaults.activation_field,
+           "'" + act + "': te-cpp builds this family's gated MLP with silu or gelu_pytorch_tanh");
   }
   if (f.integer_or("pretraining_tp", 1) != 1) {
     f.fail("pretraining_tp", "slices the projections at training time only; te-cpp supports 1");
   }
   c.attention_dropout = f.number_or("attention_dropout", 0.0);
-  c.tie_word_embeddings = f.boolean_or("tie_word_embeddings", false);
-  if (f.has("pad_token_id")) c.pad_token_id = f.integer("pad_token_id");
+  c.tie_word_embeddings = f.boolean_or("tie_word_embeddings", defaults.tie_word_embeddings);
+  if (f.has("pad_token_id")) {
+    c.pad_token_id = f.integer("pad_token_id");
+  } else if (!f.contains("pad_token_id")) {  // absent, not null
+    c.pad_token_id = defaults.pad_token_id;
+  }
   double partial = 1.0;
   Llama3Rope llama3;
   read_rope(f, c, partial, llama3);
@@ -241,7 +251,13 @@ WeightMap rope_decoder_weight_map(const CausalLMConfig& c) {
       whole(te + "self_attention.q_norm.scale", attn + "q_norm.weight");
       whole(te + "self_attention.k_norm.scale", attn + "k_norm.weight");
     }
-    whole(te + "mlp.layernorm.scale", hf + "post_attention_layernorm.weight");
+    if (c.post_block_norms) {  // Gemma 2's and 3's four norms (Gemma2DecoderLayer)
+      whole(te + "post_attention_layernorm.scale", hf + "post_attention_layernorm.weight");
+      whole(te + "mlp.layernorm.scale", hf + "pre_feedforward_layernorm.weight");
+      whole(te + "post_mlp_layernorm.scale", hf + "post_feedforward_layernorm.weight");
+    } else {
+      whole(te + "mlp.layernorm.scale", hf + "post_attention_layernorm.weight");
+    }
     pair(te + "mlp.wi_kernel", mlp + "gate_proj.weight", mlp + "up_proj.weight", false);
     kernel(te + "mlp.wo_kernel", mlp + "down_proj.weight");
     if (c.mlp_bias) {

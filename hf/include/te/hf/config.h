@@ -62,8 +62,22 @@ struct CausalLMConfig {
   bool attention_bias = false;
   bool qkv_bias = false;
   bool mlp_bias = false;
-  /// Per-head RMSNorm of queries and keys before RoPE (Qwen3).
+  /// Per-head RMSNorm of queries and keys before RoPE (Qwen3, Gemma 3).
   bool qk_norm = false;
+  /// Every RMSNorm (the q/k norms too) scales by 1 + weight, its weights saved zero-centered
+  /// (Gemma's RMSNorm: LayerNormOptions::zero_centered_gamma).
+  bool zero_centered_norms = false;
+  /// A norm on each layer's attention output and MLP output too, before the residual adds
+  /// (Gemma 2 and 3: TransformerLayerOptions::post_block_layernorm).
+  bool post_block_norms = false;
+  /// Multiplies the embeddings, cast to their dtype first (Gemma: sqrt(hidden_size)); 1: none.
+  double embedding_multiplier = 1.0;
+  /// Multiplies the attention logits (Gemma: query_pre_attn_scalar^-0.5); 0: 1/sqrt(head_dim).
+  double attention_scale = 0.0;
+  /// cap * tanh(x / cap) on the attention logits before the mask (Gemma 2's
+  /// attn_logit_softcapping) and on the head's logits (final_logit_softcapping); 0: none.
+  double attn_logit_softcapping = 0.0;
+  double final_logit_softcapping = 0.0;
   bool tie_word_embeddings = false;
   /// The embedding's padding row (pad_token_id; GGUF: tokenizer.ggml.padding_token_id): its
   /// lookup gradient is zero, as transformers' nn.Embedding(padding_idx=pad_token_id) trains it
