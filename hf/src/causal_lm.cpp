@@ -106,6 +106,12 @@ void CausalLMImpl::reset() {
   }
   rope_options.frequency_factors(c.rope_freq_factors);
   rope = register_module("rope", nn::RotaryPositionEmbedding(rope_options));
+  if (c.sliding_rope_theta > 0) {  // Gemma3RotaryEmbedding's sliding_attention (5.23.0)
+    sliding_rope = register_module(
+        "sliding_rope",
+        nn::RotaryPositionEmbedding(nn::RotaryPositionEmbeddingOptions(rope_options.dim())
+                                        .rotary_base(c.sliding_rope_theta)));
+  }
 }
 
 void CausalLMImpl::pretty_print(std::ostream& stream) const {
@@ -196,13 +202,19 @@ T run(CausalLMImpl& m, const T& ids, int64_t batch, int64_t seq, nn::InferencePa
       "CausalLM: ", positions_needed, " positions are more than linear RoPE scaling covers (",
       c.max_position_embeddings, " x factor ", c.rope_factor,
       "); transformers would extrapolate there, te-cpp refuses");
-  nn::AttentionArgs args;
+  nn::AttentionArgs args, sliding_args;  // the sliding layers' own RoPE where there is one
   if (m.rope) args.rotary_pos_emb(m.rope->forward(positions_needed));
   args.inference_params(cache);
+  if (m.sliding_rope) {
+    sliding_args = args;
+    sliding_args.rotary_pos_emb(m.sliding_rope->forward(positions_needed));
+  }
   int64_t layer_number = 0;
   for (const auto& layer : *m.layers) {
-    args.layer_number(layer_number++);
-    x = layer->as<nn::TransformerLayerImpl>()->forward(x, {}, {}, {}, args);
+    const bool sliding = m.sliding_rope && c.layer_windows[static_cast<std::size_t>(layer_number)];
+    nn::AttentionArgs& a = sliding ? sliding_args : args;
+    a.layer_number(layer_number++);
+    x = layer->as<nn::TransformerLayerImpl>()->forward(x, {}, {}, {}, a);
   }
   if (cache) {  // each sequence's last new token
     x = last_tokens(x, cache->cu_seqlens_q().slice(0, 1) - 1);

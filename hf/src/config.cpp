@@ -96,6 +96,7 @@ void check_causal_lm_config(const CausalLMConfig& c, const std::string& where) {
   if (c.max_position_embeddings < 0) fail("max_position_embeddings", "must not be negative");
   for (const auto& [key, v] :
        {std::pair<const char*, double>{"query_pre_attn_scalar", c.attention_scale},
+        {"sliding rope_theta", c.sliding_rope_theta},
         {"attn_logit_softcapping", c.attn_logit_softcapping},
         {"final_logit_softcapping", c.final_logit_softcapping}}) {
     if (!(std::isfinite(v) && v >= 0)) fail(key, "must be finite and positive (0: none)");

@@ -83,6 +83,18 @@ json tiny(const std::string& type, int64_t positions = 64) {
     c["final_logit_softcapping"] = 3.0;
     c["hidden_activation"] = "gelu_pytorch_tanh";
   }
+  if (type == "gemma3") {  // q/k norms; layer 0 slides with its own RoPE base, layer 1 is global
+    c["architectures"] = {"Gemma3ForCausalLM"};
+    c["model_type"] = "gemma3_text";
+    c["head_dim"] = 8;
+    c["query_pre_attn_scalar"] = 8;
+    c["sliding_window"] = 4;
+    c["sliding_window_pattern"] = 2;
+    c["final_logit_softcapping"] = 3.0;
+    c["rope_parameters"] = {
+        {"full_attention", {{"rope_type", "default"}, {"rope_theta", 1e6}}},
+        {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", 10.0}}}};
+  }
   return c;
 }
 
@@ -219,7 +231,7 @@ TEST_P(CachedSteps, EqualTheFullForwardAtEachSequencesLastToken) {
 
 INSTANTIATE_TEST_SUITE_P(Families, CachedSteps,
                          ::testing::Combine(::testing::Values("llama", "mistral", "qwen2", "qwen3",
-                                                              "gemma2", "gpt2"),
+                                                              "gemma2", "gemma3", "gpt2"),
                                             ::testing::Bool()),
                          [](const auto& info) {
                            return std::get<0>(info.param) +

@@ -187,7 +187,7 @@ TEST(HfConfig, ReadsGemma2sFieldsAndDefaults) {
   EXPECT_ERROR(parse(bad), "hidden_activation: 'gelu': te-cpp builds this family's gated MLP");
   bad = j;
   bad["use_bidirectional_attention"] = true;
-  EXPECT_ERROR(parse(bad), "use_bidirectional_attention: te-cpp builds Gemma 2 causal");
+  EXPECT_ERROR(parse(bad), "use_bidirectional_attention: te-cpp builds Gemma causal");
   bad = j;
   bad["attn_logit_softcapping"] = 0;
   EXPECT_ERROR(parse(bad), "attn_logit_softcapping: must be positive and finite, or null");
@@ -202,10 +202,75 @@ TEST(HfConfig, ReadsGemma2sFieldsAndDefaults) {
   EXPECT_ERROR(parse(bad), "layer_types: entry \"chunked_attention\" is not full_attention");
   bad = j;
   bad["partial_rotary_factor"] = 0.5;
-  EXPECT_ERROR(parse(bad), "partial_rotary_factor: Gemma2RotaryEmbedding rotates whole heads");
+  EXPECT_ERROR(parse(bad), "partial_rotary_factor: Gemma's rotary embedding rotates whole heads");
   bad = j;
   bad["sliding_window_pattern"] = 6;  // Gemma 3's, not Gemma 2's
   EXPECT_ERROR(parse(bad), "sliding_window_pattern: is not a field te-cpp honours");
+}
+
+// Gemma 3 (transformers 5.23.0 models/gemma3/configuration_gemma3.py): Gemma3TextConfig's
+// defaults, its two RoPEs in transformers 5's per-layer-type form or the older rope_theta,
+// rope_local_base_freq and rope_scaling, and the attention soft cap transformers never applies
+// refused.
+TEST(HfConfig, ReadsGemma3sFieldsAndTwoRopes) {
+  json j = tiny_config();
+  j["model_type"] = "gemma3_text";
+  j["architectures"] = {"Gemma3ForCausalLM"};
+  j["num_hidden_layers"] = 7;
+  j.erase("rope_parameters");
+  j.erase("tie_word_embeddings");
+  j["_sliding_window_pattern"] = 6;  // save_pretrained's, not read back
+  CausalLMConfig c = parse(j);
+  EXPECT_TRUE(c.qk_norm && c.zero_centered_norms && c.post_block_norms && c.tie_word_embeddings);
+  EXPECT_EQ(c.rope_theta, 1e6);
+  EXPECT_EQ(c.sliding_rope_theta, 1e4);
+  EXPECT_EQ(c.attn_logit_softcapping, 0.0);
+  EXPECT_EQ(c.final_logit_softcapping, 0.0);
+  for (int64_t i = 0; i < 7; ++i) {  // sliding_window_pattern 6: layer 5 is the global one
+    EXPECT_EQ(c.layer_windows[static_cast<std::size_t>(i)].has_value(), i != 5) << i;
+  }
+  j["rope_theta"] = 5e5;  // the older fields, as real Gemma 3 configs have them
+  j["rope_local_base_freq"] = 2e3;
+  j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 8.0}};
+  j["sliding_window_pattern"] = 2;
+  j["attn_logit_softcapping"] = nullptr;
+  c = parse(j);
+  EXPECT_EQ(c.rope_theta, 5e5);
+  EXPECT_EQ(c.rope_type, "linear");
+  EXPECT_EQ(c.rope_factor, 8.0);
+  EXPECT_EQ(c.sliding_rope_theta, 2e3);
+  EXPECT_FALSE(c.layer_windows[1].has_value());
+  EXPECT_TRUE(c.layer_windows[2].has_value());
+  json nested = tiny_config();
+  nested["model_type"] = "gemma3_text";
+  nested["architectures"] = {"Gemma3ForCausalLM"};
+  nested["rope_parameters"] = {
+      {"full_attention", {{"rope_type", "linear"}, {"factor", 2.0}, {"rope_theta", 5000.0}}},
+      {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", 100.0}}}};
+  c = parse(nested);
+  EXPECT_EQ(c.rope_theta, 5000.0);
+  EXPECT_EQ(c.rope_factor, 2.0);
+  EXPECT_EQ(c.sliding_rope_theta, 100.0);
+  json bad = nested;
+  bad["rope_parameters"]["sliding_attention"]["rope_type"] = "linear";
+  EXPECT_ERROR(parse(bad), "rope_parameters.sliding_attention.rope_type: 'linear': te-cpp rotates");
+  bad = nested;
+  bad["rope_parameters"]["chunked_attention"] = json::object();
+  EXPECT_ERROR(parse(bad), "rope_parameters.chunked_attention: expected full_attention and");
+  bad = nested;
+  bad["rope_local_base_freq"] = 50.0;
+  EXPECT_ERROR(parse(bad), "rope_local_base_freq: differs from rope_parameters.sliding_attention");
+  bad = nested;
+  bad["attn_logit_softcapping"] = 50.0;
+  EXPECT_ERROR(parse(bad), "attn_logit_softcapping: transformers 5.23.0's Gemma3Attention keeps");
+  bad = nested;
+  bad["sliding_window_pattern"] = 0;
+  EXPECT_ERROR(parse(bad), "sliding_window_pattern: must be positive");
+  // Gemma 2 takes the flat RoPE only.
+  bad = nested;
+  bad["model_type"] = "gemma2";
+  bad["architectures"] = {"Gemma2ForCausalLM"};
+  EXPECT_ERROR(parse(bad), "rope_parameters.full_attention: is not a field te-cpp honours");
 }
 
 TEST(HfConfig, ReadsLlama3RopeScalingAsFrequencyFactors) {

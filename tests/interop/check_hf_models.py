@@ -47,7 +47,8 @@ import transformers
 from gguf import GGMLQuantizationType as Q
 from interop_common import TOL, rel_err, tensor
 from transformers import (AutoConfig, AutoModelForCausalLM, BertConfig, BertModel, GPT2Config,
-                          GPT2LMHeadModel, Gemma2Config, Gemma2ForCausalLM, LlamaConfig,
+                          GPT2LMHeadModel, Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM,
+                          Gemma3TextConfig, LlamaConfig,
                           LlamaForCausalLM,
                           MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM,
                           Qwen3Config, Qwen3ForCausalLM)
@@ -105,6 +106,19 @@ FAMILIES = [
           final_logit_softcapping=None, tie_word_embeddings=False, attention_bias=True,
           pad_token_id=None, layer_types=["sliding_attention"] * 2,
           **rope(500.0, "linear", factor=2.0))),
+    # Gemma 3: q/k norms; layer 0 slides with its own RoPE (base 100), layer 1 is global with
+    # linear scaling (base 5000). (No attention soft cap: Gemma3Attention never applies it.)
+    ("gemma3", Gemma3TextConfig, Gemma3ForCausalLM,
+     dict(head_dim=16, query_pre_attn_scalar=12, sliding_window=4,
+          layer_types=["sliding_attention", "full_attention"], pad_token_id=0,
+          rope_parameters={"full_attention": dict(rope_type="linear", factor=2.0,
+                                                  rope_theta=5000.0),
+                           "sliding_attention": dict(rope_type="default", rope_theta=100.0)})),
+    # Gemma3TextConfig's RoPE bases (1e6 global, 1e4 sliding), sliding_window_pattern 2 (saved
+    # as layer_types), a separate head, q/k/v/o biases, a head soft cap.
+    ("gemma3-pattern-untied-bias", Gemma3TextConfig, Gemma3ForCausalLM,
+     dict(head_dim=8, query_pre_attn_scalar=8, sliding_window=5, sliding_window_pattern=2,
+          final_logit_softcapping=0.5, tie_word_embeddings=False, attention_bias=True)),
 ]
 
 # GPT-2 (GPT2LMHeadModel: learned positions, pre-LayerNorm, Conv1D weights, a tied head): (case,

@@ -96,10 +96,37 @@ void read_rope_scaling(Fields& f, CausalLMConfig& c, const std::optional<double>
   }
 }
 
+// transformers 5's per-layer-type RoPE (5.23.0 models/gemma3/configuration_gemma3.py
+// Gemma3TextConfig.convert_rope_params_to_dict): the sliding layers' base (a default RoPE) into
+// c.sliding_rope_theta when given; returns the full-attention layers' object, the RoPE proper.
+const json& per_layer_type_rope(const json& r, const Fields& f, CausalLMConfig& c) {
+  static const json kNone = json::object();
+  for (auto it = r.begin(); it != r.end(); ++it) {
+    if ((it.key() != "full_attention" && it.key() != "sliding_attention") ||
+        !it.value().is_object()) {
+      f.fail("rope_parameters." + it.key(),
+             "expected full_attention and sliding_attention objects (transformers' per-layer-type "
+             "form), got " +
+                 it.value().dump());
+    }
+  }
+  if (r.contains("sliding_attention")) {
+    Fields sliding(r.at("sliding_attention"), f.path(), "rope_parameters.sliding_attention.");
+    const std::string type = sliding.string_or("rope_type", "default");
+    if (type != "default") {
+      sliding.fail("rope_type", "'" + type + "': te-cpp rotates sliding layers with default RoPE");
+    }
+    if (sliding.has("rope_theta")) c.sliding_rope_theta = sliding.number_or("rope_theta", 0);
+    sliding.refuse_unread({});
+  }
+  return r.contains("full_attention") ? r.at("full_attention") : kNone;
+}
+
 // RoPE: transformers 5's rope_parameters, or the older rope_theta and rope_scaling (where
 // transformers 4 saved both "type" and "rope_type"). A value may appear at the top level and
 // inside the object only if both agree.
-void read_rope(Fields& f, CausalLMConfig& c, double& partial, Llama3Rope& llama3) {
+void read_rope(Fields& f, CausalLMConfig& c, double& partial, Llama3Rope& llama3,
+               const DecoderDefaults& defaults) {
   std::optional<double> theta, factor, part;
   std::optional<std::string> type;
   if (f.has("rope_theta")) theta = f.number_or("rope_theta", 0);
@@ -108,7 +135,9 @@ void read_rope(Fields& f, CausalLMConfig& c, double& partial, Llama3Rope& llama3
     if (!f.has(key)) continue;
     const json& r = f.raw(key);
     if (!r.is_object()) f.fail(key, "expected an object, got " + r.dump());
-    Fields rope(r, f.path(), std::string(key) + ".");
+    const bool per_type = defaults.rope_per_layer_type && std::string(key) == "rope_parameters";
+    Fields rope(per_type ? per_layer_type_rope(r, f, c) : r, f.path(),
+                per_type ? "rope_parameters.full_attention." : std::string(key) + ".");
     for (const char* name : {"rope_type", "type"}) {
       if (rope.has(name))
         settle(type, std::optional<std::string>(rope.string_or(name, "")),
@@ -135,7 +164,7 @@ void read_rope(Fields& f, CausalLMConfig& c, double& partial, Llama3Rope& llama3
   }
   c.rope_type = type.value_or("default");
   read_rope_scaling(f, c, factor, llama3);
-  c.rope_theta = theta.value_or(10000.0);
+  c.rope_theta = theta.value_or(defaults.rope_theta);
   partial = part.value_or(1.0);
 }
 
@@ -179,7 +208,7 @@ void read_rope_decoder_config(Fields& f, CausalLMConfig& c, const DecoderDefault
   }
   double partial = 1.0;
   Llama3Rope llama3;
-  read_rope(f, c, partial, llama3);
+  read_rope(f, c, partial, llama3, defaults);
   if (!(partial > 0 && partial <= 1)) f.fail("partial_rotary_factor", "must be in (0, 1]");
   // transformers: int(head_dim * partial_rotary_factor).
   c.rotary_dim = static_cast<int64_t>(static_cast<double>(c.head_dim) * partial);

@@ -19,6 +19,11 @@ struct DecoderDefaults {
   int64_t head_dim = 0;
   bool tie_word_embeddings = false;
   std::optional<int64_t> pad_token_id;
+  double rope_theta = 10000.0;  ///< the RoPE base when none is given
+  /// rope_parameters may be transformers 5's per-layer-type form ({"full_attention": {...},
+  /// "sliding_attention": {...}}, Gemma 3's): the full-attention layers' RoPE is read as the
+  /// RoPE, the sliding layers' base (default type only) into sliding_rope_theta.
+  bool rope_per_layer_type = false;
 };
 
 /// config.json's shared fields: sizes, the gated MLP's activation (silu or gelu_pytorch_tanh),

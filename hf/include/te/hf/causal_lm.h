@@ -79,6 +79,8 @@ class CausalLMImpl : public torch::nn::Cloneable<CausalLMImpl>, public te::gen::
   te::nn::LayerNorm norm{nullptr};
   te::nn::Dense lm_head{nullptr};                 ///< null when tie_word_embeddings
   te::nn::RotaryPositionEmbedding rope{nullptr};  ///< null with learned positions
+  /// The sliding-window layers' own RoPE (config.sliding_rope_theta: Gemma 3's), else null.
+  te::nn::RotaryPositionEmbedding sliding_rope{nullptr};
 };
 TE_MODULE(CausalLM);
 

@@ -50,6 +50,9 @@ struct CausalLMConfig {
   /// scaling ("default"; "linear" with rope_factor; "llama3": rope_freq_factors computed from
   /// rope_factor and the config's low/high_freq_factor and original_max_position_embeddings).
   double rope_theta = 10000.0;
+  /// > 0: the sliding-window layers rotate with a default RoPE of this base instead (Gemma 3's
+  /// rope_local_base_freq, rope_parameters.sliding_attention); the others as above.
+  double sliding_rope_theta = 0.0;
   int64_t rotary_dim = 0;
   std::string rope_type = "default";
   double rope_factor = 1.0;
