@@ -212,6 +212,30 @@ TEST(HfConfig, ReadsGemma2sFieldsAndDefaults) {
 // defaults, its two RoPEs in transformers 5's per-layer-type form or the older rope_theta,
 // rope_local_base_freq and rope_scaling, and the attention soft cap transformers never applies
 // refused.
+// Gemma 1 (transformers 5.23.0 models/gemma/configuration_gemma.py): GemmaConfig's defaults,
+// its "gelu" read as the tanh form, hidden_activation (not GemmaConfig's field) read past.
+TEST(HfConfig, ReadsGemmasFields) {
+  json j = tiny_config();
+  j["model_type"] = "gemma";
+  j["architectures"] = {"GemmaForCausalLM"};
+  j["hidden_act"] = "gelu";
+  j["hidden_activation"] = nullptr;
+  j.erase("tie_word_embeddings");
+  const CausalLMConfig c = parse(j);
+  EXPECT_EQ(c.mlp_activations, (std::vector<std::string>{"gelu", "linear"}));
+  EXPECT_EQ(c.head_dim, 256);
+  EXPECT_TRUE(c.zero_centered_norms && c.tie_word_embeddings);
+  EXPECT_FALSE(c.post_block_norms || c.qk_norm);
+  EXPECT_DOUBLE_EQ(c.embedding_multiplier, 4.0);
+  EXPECT_EQ(c.attention_scale, 0.0);  // head_dim^-0.5
+  EXPECT_EQ(c.layer_windows[0], std::nullopt);
+  for (const char* field : {"sliding_window", "query_pre_attn_scalar", "final_logit_softcapping"}) {
+    json bad = j;
+    bad[field] = 4;
+    EXPECT_ERROR(parse(bad), std::string(field) + ": is not a field te-cpp honours");
+  }
+}
+
 TEST(HfConfig, ReadsGemma3sFieldsAndTwoRopes) {
   json j = tiny_config();
   j["model_type"] = "gemma3_text";
@@ -306,8 +330,8 @@ TEST(HfConfig, RefusesWhatItDoesNotHonourNamingTheField) {
   j["num_experts"] = 8;
   EXPECT_ERROR(parse(j), "'config.json': num_experts: is not a field te-cpp honours (value 8)");
   j = tiny_config();
-  j["model_type"] = "gemma";
-  EXPECT_ERROR(parse(j), "model_type: 'gemma' is not a causal LM family te-cpp loads");
+  j["model_type"] = "falcon";
+  EXPECT_ERROR(parse(j), "model_type: 'falcon' is not a causal LM family te-cpp loads");
   j = tiny_config();
   j["architectures"] = {"LlamaForSequenceClassification"};
   EXPECT_ERROR(parse(j), "architectures: entry \"LlamaForSequenceClassification\" is not one");

@@ -47,7 +47,8 @@ import transformers
 from gguf import GGMLQuantizationType as Q
 from interop_common import TOL, rel_err, tensor
 from transformers import (AutoConfig, AutoModelForCausalLM, BertConfig, BertModel, GPT2Config,
-                          GPT2LMHeadModel, Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM,
+                          GPT2LMHeadModel, GemmaConfig, GemmaForCausalLM, Gemma2Config,
+                          Gemma2ForCausalLM, Gemma3ForCausalLM,
                           Gemma3TextConfig, LlamaConfig,
                           LlamaForCausalLM,
                           MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM,
@@ -94,6 +95,8 @@ FAMILIES = [
     # head_dim 16 is not hidden_size / heads (8).
     ("qwen3", Qwen3Config, Qwen3ForCausalLM,
      dict(tie_word_embeddings=False, head_dim=16, attention_bias=False, **rope(10000.0))),
+    # Gemma (1): head_dim 16 not hidden_size / heads, GQA, a tied head.
+    ("gemma", GemmaConfig, GemmaForCausalLM, dict(head_dim=16, pad_token_id=0, **rope(10000.0))),
     # Gemma 2: layer 0 slides (window 4 < SEQ), layer 1 attends to all; head_dim 16 is not
     # hidden_size / heads; soft caps near these small random models' logits (attention ~0.02,
     # head ~0.1), so tanh bends them: without either cap the case fails.

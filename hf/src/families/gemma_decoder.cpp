@@ -50,6 +50,17 @@ void read_windows(Fields& f, CausalLMConfig& c, int64_t pattern) {
 
 }  // namespace
 
+void read_gemma_common(Fields& f, CausalLMConfig& c) {
+  c.attention_bias = f.boolean_or("attention_bias", false);
+  c.qkv_bias = c.attention_bias;
+  if (f.boolean_or("use_bidirectional_attention", false)) {
+    f.fail("use_bidirectional_attention", "te-cpp builds Gemma causal; set it false or null");
+  }
+  c.zero_centered_norms = true;
+  // GemmaModel / Gemma2Model: hidden_size**0.5, cast to the embeddings' dtype.
+  c.embedding_multiplier = std::sqrt(static_cast<double>(c.hidden_size));
+}
+
 void read_gemma_config(Fields& f, CausalLMConfig& c, const GemmaDefaults& gemma) {
   DecoderDefaults defaults;  // Gemma2Config's and Gemma3TextConfig's
   defaults.activation_field = "hidden_activation";
@@ -63,16 +74,10 @@ void read_gemma_config(Fields& f, CausalLMConfig& c, const GemmaDefaults& gemma)
   if (c.rotary_dim != c.head_dim) {
     f.fail("partial_rotary_factor", "Gemma's rotary embedding rotates whole heads; te-cpp takes 1");
   }
-  c.attention_bias = f.boolean_or("attention_bias", false);
-  c.qkv_bias = c.attention_bias;
-  if (f.boolean_or("use_bidirectional_attention", false)) {
-    f.fail("use_bidirectional_attention", "te-cpp builds Gemma causal; set it false or null");
-  }
-  c.zero_centered_norms = true;
+  read_gemma_common(f, c);
   c.post_block_norms = true;
   c.qk_norm = gemma.qk_norm;
-  // Gemma2Model: hidden_size**0.5; Gemma2Attention: query_pre_attn_scalar**-0.5.
-  c.embedding_multiplier = std::sqrt(static_cast<double>(c.hidden_size));
+  // Gemma2Attention: query_pre_attn_scalar**-0.5.
   const double scalar = f.number_or("query_pre_attn_scalar", 256);
   if (!(std::isfinite(scalar) && scalar > 0)) {
     f.fail("query_pre_attn_scalar", "must be positive and finite");

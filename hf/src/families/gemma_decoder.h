@@ -30,7 +30,12 @@ struct GemmaDefaults {
   double rope_theta = 10000.0;  ///< the (global layers') RoPE base when none is given
 };
 
-/// config.json's fields of a Gemma decoder, every one honoured or refused by name.
+/// config.json's fields of a Gemma 2 or 3 decoder, every one honoured or refused by name.
 void read_gemma_config(Fields& f, CausalLMConfig& c, const GemmaDefaults& defaults);
+
+/// What every Gemma (1, 2, 3) shares after the RoPE decoder's fields: the 1 + weight RMSNorms,
+/// embeddings times sqrt(hidden_size), attention_bias, causal attention only
+/// (use_bidirectional_attention refused).
+void read_gemma_common(Fields& f, CausalLMConfig& c);
 
 }  // namespace te::hf::detail

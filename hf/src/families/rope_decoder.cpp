@@ -187,7 +187,8 @@ void read_rope_decoder_config(Fields& f, CausalLMConfig& c, const DecoderDefault
   c.max_position_embeddings = f.integer_or("max_position_embeddings", 0);
   c.rms_norm_eps = f.number_or("rms_norm_eps", 1e-6);
   // The gated MLP act(x W_gate) * x W_up: silu (SwiGLU) or the tanh gelu (GeGLU, te's "gelu").
-  const std::string act = f.string_or(defaults.activation_field, defaults.activation);
+  std::string act = f.string_or(defaults.activation_field, defaults.activation);
+  if (act == "gelu" && defaults.gelu_means_tanh) act = "gelu_pytorch_tanh";
   if (act == "silu") {
     c.mlp_activations = {"silu", "linear"};
   } else if (act == "gelu_pytorch_tanh") {

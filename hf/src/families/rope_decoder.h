@@ -15,6 +15,8 @@ struct DecoderDefaults {
   /// The field naming the gated MLP's activation (Gemma's hidden_activation).
   const char* activation_field = "hidden_act";
   const char* activation = "silu";  ///< when that field is absent
+  /// "gelu" there means the tanh form (GemmaConfig.__post_init__, transformers 5.23.0).
+  bool gelu_means_tanh = false;
   /// head_dim when there is none; 0: hidden_size / num_attention_heads.
   int64_t head_dim = 0;
   bool tie_word_embeddings = false;
