@@ -583,6 +583,31 @@ TEST(ChatTemplate, AppliesTheFamiliesItKnowsAndRefusesOthersByName) {
             "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n");
   EXPECT_ERROR(chatml.apply({{"tool", "x"}}), "role 'tool' is not system, user or assistant");
   EXPECT_ERROR(chatml.apply({}), "chat template: no messages");
+  // Gemma's (the parts recognised; the whole templates are held to apply_chat_template by
+  // tests/interop/check_generate.py), rendered as transformers renders them.
+  const ChatTemplate gemma2 = ChatTemplate::recognise(
+      "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role "
+      "not supported') }}{% endif %}{{ '<start_of_turn>' + role + '\n' + message['content'] | "
+      "trim + '<end_of_turn>\n' }}{% if add_generation_prompt %}{{'<start_of_turn>model\n'}}",
+      "gemma-2/tokenizer_config.json");
+  EXPECT_EQ(gemma2.family(), "gemma");
+  const std::vector<te::gen::ChatMessage> turns = {
+      {"user", " Hi there\n"}, {"assistant", "Hello!"}, {"user", "2+2?"}};
+  EXPECT_EQ(gemma2.apply(turns),
+            "<bos><start_of_turn>user\nHi there<end_of_turn>\n<start_of_turn>model\nHello!"
+            "<end_of_turn>\n<start_of_turn>user\n2+2?<end_of_turn>\n<start_of_turn>model\n");
+  EXPECT_ERROR(gemma2.apply({{"system", "S"}, {"user", "Hi"}}),
+               "chat template (gemma): this template takes no system message");
+  EXPECT_ERROR(gemma2.apply({{"user", "a"}, {"user", "b"}}),
+               "message 1 is 'user' but the roles must alternate user/assistant/");
+  const ChatTemplate gemma3 = ChatTemplate::recognise(
+      "{{ bos_token }}{%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}"
+      "{{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else \"\") }}"
+      "{{ '<end_of_turn>\n' }}{%- if add_generation_prompt -%}",
+      "gemma-3/tokenizer_config.json");
+  EXPECT_EQ(gemma3.apply({{"system", " Be brief. "}, {"user", "Hi\n"}}),
+            "<bos><start_of_turn>user\n Be brief. \n\nHi<end_of_turn>\n<start_of_turn>model\n");
+  EXPECT_EQ(gemma3.apply(turns), gemma2.apply(turns));
   EXPECT_ERROR(
       ChatTemplate::recognise("{{ bos_token }}{% for m in messages %}[INST] {{ m.content }}"
                               " [/INST]{% endfor %}",

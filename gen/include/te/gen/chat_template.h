@@ -9,8 +9,11 @@
 //     a default system message when the template adds one before a first non-system message,
 //     and <|im_start|>assistant\n as the generation prompt;
 //   - Llama 3: <|begin_of_text|>, then <|start_header_id|>{role}<|end_header_id|>\n\n{content}
-//     <|eot_id|> per message (content stripped), <|start_header_id|>assistant<|end_header_id|>\n\n.
-// tests/interop/check_generate.py holds both to transformers' apply_chat_template. No LibTorch.
+//     <|eot_id|> per message (content stripped), <|start_header_id|>assistant<|end_header_id|>\n\n;
+//   - Gemma (1, 2, 3): <bos>, then <start_of_turn>{user | model}\n{content}<end_of_turn>\n per
+//     message (content stripped; user first, alternating), <start_of_turn>model\n; a system
+//     message refused (Gemma 1, 2) or the first turn's prefix, content + "\n\n" (Gemma 3).
+// tests/interop/check_generate.py holds them to transformers' apply_chat_template. No LibTorch.
 
 #include <string>
 #include <vector>
@@ -31,11 +34,14 @@ class ChatTemplate {
   /// assistant's generation prompt when asked.
   std::string apply(const std::vector<ChatMessage>& messages,
                     bool add_generation_prompt = true) const;
-  /// "chatml" or "llama3".
+  /// "chatml", "llama3" or "gemma".
   const std::string& family() const { return family_; }
 
  private:
+  std::string apply_gemma(const std::vector<ChatMessage>& messages,
+                          bool add_generation_prompt) const;
   std::string family_;
+  bool gemma_system_prefix_ = false;  ///< Gemma 3's: a system message prefixes the first turn
   std::string default_system_;  ///< ChatML's, or "" for none
   bool has_default_system_ = false;
 };

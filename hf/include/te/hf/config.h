@@ -19,9 +19,11 @@ namespace te::hf {
 
 /// A decoder-only language model of a registered family (te/hf/families.h: the Llama family,
 /// Llama, Mistral, Qwen2, Qwen3, with pre-RMSNorm layers, RoPE, grouped query attention, a SwiGLU
-/// MLP, an optional sliding window per layer, a tied or separate head; and GPT-2, with learned
-/// positions, pre-LayerNorm layers with biases everywhere, a fused query/key/value projection, a
-/// gelu MLP, a tied head). The fields are what the families differ by.
+/// MLP, an optional sliding window per layer, a tied or separate head; Gemma 1, 2 and 3 on the
+/// same decoder with 1 + weight RMSNorms, scaled embeddings, GeGLU, and for 2 and 3 norms after
+/// the blocks, soft caps and two RoPEs; and GPT-2, with learned positions, pre-LayerNorm layers
+/// with biases everywhere, a fused query/key/value projection, a gelu MLP, a tied head). The
+/// fields are what the families differ by.
 struct CausalLMConfig {
   std::string model_type;
   int64_t vocab_size = 0;
