@@ -651,7 +651,8 @@ TEST(Gguf, AModelFileIsReadStrictly) {
   };
   q8_file("token_embd.weight", 1, text("general.architecture", "gemma")).write(path);
   EXPECT_ERROR(load_causal_lm(path.string()),
-               "general.architecture 'gemma' is not one te-cpp loads (llama, qwen2, qwen3)");
+               "general.architecture 'gemma' is not one te-cpp loads (llama, qwen2, qwen3, "
+               "gemma2)");
   const std::string llama = text("general.architecture", "llama") +
                             u32("llama.embedding_length", 64) + u32("llama.block_count", 1) +
                             u32("llama.feed_forward_length", 32) +
@@ -667,6 +668,21 @@ TEST(Gguf, AModelFileIsReadStrictly) {
   // Everything the config implies but the tensors: the first one missing is named.
   q8_file("token_embd.weight", 5, llama).write(path);
   EXPECT_ERROR(load_causal_lm(path.string()), "lacks 'model.layers.0.self_attn.q_proj.weight'");
+  // Gemma 2: transformers' GGUF loader takes Gemma2Config's soft caps (50, 30) whatever the file
+  // says; te-cpp refuses a file that says otherwise rather than differ.
+  auto f32 = [](const std::string& key, float value) {
+    GgufBytes g;
+    g.bytes.clear();
+    g.str(key).put<uint32_t>(6).put<float>(value);
+    return g.bytes;
+  };
+  const std::string gemma2 =
+      text("general.architecture", "gemma2") + u32("gemma2.embedding_length", 64) +
+      u32("gemma2.block_count", 1) + u32("gemma2.feed_forward_length", 32) +
+      u32("gemma2.attention.head_count", 2) + u32("gemma2.attention.key_length", 32);
+  q8_file("token_embd.weight", 7, gemma2 + f32("gemma2.attn_logit_softcapping", 20)).write(path);
+  EXPECT_ERROR(load_causal_lm(path.string()),
+               "gemma2.attn_logit_softcapping: 20.000000 is not Gemma2Config's 50.000000");
   // Its tokenizer: a kind te-cpp does not build is named, a byte-level one without merges too, a
   // SentencePiece one without scores too, a WordPiece one without its unknown token too.
   q8_file("token_embd.weight", 1, text("tokenizer.ggml.model", "gemma4")).write(path);

@@ -229,9 +229,40 @@ def write_gguf(model, path, qtype, embd_qtype):
     w.add_vocab_size(c.vocab_size)
     w.add_file_type(GGUF_FILE_TYPES[qtype])
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    # A SentencePiece ("llama") vocabulary of vocab_size tokens: <unk>, <s>, </s> and plain
-    # pieces. transformers needs none of it to load the model, but llama.cpp's converter always
-    # writes one.
+    add_tokenizer(w, c)
+    for hf_name, p in model.state_dict().items():
+        if hf_name == "lm_head.weight" and c.tie_word_embeddings:
+            continue
+        m = re.fullmatch(r"model\.layers\.(\d+)\.(.*)", hf_name)
+        name = (GGUF_NAMES["model.layers.N." + m[2]].replace(".N.", ".%s." % m[1]) if m
+                else GGUF_NAMES[hf_name])
+        data = p.detach().to(torch.float32).numpy()
+        if name.endswith("attn_q.weight"):
+            data = permute(data, c.num_attention_heads)
+        elif name.endswith("attn_k.weight"):
+            data = permute(data, c.num_key_value_heads)
+        add_tensor(w, name, data, qtype, embd_qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def add_tensor(w, name, data, qtype, embd_qtype):
+    """data as llama.cpp's converter writes it: 1-dim tensors F32, token_embd.weight as
+    embd_qtype, the other 2-dim ones as qtype (F16 where its blocks do not tile a row)."""
+    kind = Q.F32 if data.ndim == 1 else embd_qtype if name == "token_embd.weight" else qtype
+    if kind != Q.F32 and data.shape[-1] % gguf.GGML_QUANT_SIZES[kind][0]:
+        # A row the blocks do not tile (ffn_down's intermediate_size 48): F16, as
+        # convert_hf_to_gguf.py falls back to on gguf.QuantError.
+        kind = Q.F16
+    w.add_tensor(name, gguf.quants.quantize(data, kind), raw_dtype=kind)
+
+
+def add_tokenizer(w, c):
+    """A SentencePiece ("llama") vocabulary of vocab_size tokens: <unk>, <s>, </s> and plain
+    pieces. transformers needs none of it to load the model, but llama.cpp's converter always
+    writes one."""
     tokens = ["<unk>", "<s>", "</s>"] + ["\u2581t%d" % i for i in range(3, c.vocab_size)]
     w.add_tokenizer_model("llama")
     w.add_tokenizer_pre("default")
@@ -244,27 +275,80 @@ def write_gguf(model, path, qtype, embd_qtype):
     w.add_eos_token_id(2)
     if c.pad_token_id is not None:
         w.add_pad_token_id(c.pad_token_id)
+
+
+# Gemma 2's names as llama.cpp's converter writes them (gguf-py MODEL_ARCH.GEMMA2's tensors).
+GEMMA2_GGUF_NAMES = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "model.layers.N.input_layernorm.weight": "blk.N.attn_norm.weight",
+    "model.layers.N.self_attn.q_proj.weight": "blk.N.attn_q.weight",
+    "model.layers.N.self_attn.k_proj.weight": "blk.N.attn_k.weight",
+    "model.layers.N.self_attn.v_proj.weight": "blk.N.attn_v.weight",
+    "model.layers.N.self_attn.o_proj.weight": "blk.N.attn_output.weight",
+    "model.layers.N.post_attention_layernorm.weight": "blk.N.post_attention_norm.weight",
+    "model.layers.N.pre_feedforward_layernorm.weight": "blk.N.ffn_norm.weight",
+    "model.layers.N.post_feedforward_layernorm.weight": "blk.N.post_ffw_norm.weight",
+    "model.layers.N.mlp.gate_proj.weight": "blk.N.ffn_gate.weight",
+    "model.layers.N.mlp.up_proj.weight": "blk.N.ffn_up.weight",
+    "model.layers.N.mlp.down_proj.weight": "blk.N.ffn_down.weight",
+}
+
+
+def write_gemma2_gguf(model, path, qtype):
+    """model (a tied Gemma2ForCausalLM) as llama.cpp's converter writes a Gemma 2
+    (conversion/gemma.py Gemma2Model): its metadata, every norm weight plus one, no
+    output.weight, the 2-dim weights quantized to qtype, no query/key permutation."""
+    c = model.config
+    w = gguf.GGUFWriter(path, "gemma2")
+    w.add_name("te random gemma2")
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_block_count(c.num_hidden_layers)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w.add_key_length(c.head_dim)
+    w.add_value_length(c.head_dim)
+    w.add_file_type(GGUF_FILE_TYPES[qtype])
+    w.add_attn_logit_softcapping(c.attn_logit_softcapping)
+    w.add_final_logit_softcapping(c.final_logit_softcapping)
+    w.add_sliding_window(c.sliding_window)
+    w.add_vocab_size(c.vocab_size)
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    add_tokenizer(w, c)
     for hf_name, p in model.state_dict().items():
-        if hf_name == "lm_head.weight" and c.tie_word_embeddings:
+        if hf_name == "lm_head.weight":
             continue
         m = re.fullmatch(r"model\.layers\.(\d+)\.(.*)", hf_name)
-        name = (GGUF_NAMES["model.layers.N." + m[2]].replace(".N.", ".%s." % m[1]) if m
-                else GGUF_NAMES[hf_name])
-        data = p.detach().to(torch.float32).numpy()
-        if name.endswith("attn_q.weight"):
-            data = permute(data, c.num_attention_heads)
-        elif name.endswith("attn_k.weight"):
-            data = permute(data, c.num_key_value_heads)
-        kind = Q.F32 if data.ndim == 1 else embd_qtype if name == "token_embd.weight" else qtype
-        if kind != Q.F32 and data.shape[-1] % gguf.GGML_QUANT_SIZES[kind][0]:
-            # A row the blocks do not tile (ffn_down's intermediate_size 48): F16, as
-            # convert_hf_to_gguf.py falls back to on gguf.QuantError.
-            kind = Q.F16
-        w.add_tensor(name, gguf.quants.quantize(data, kind), raw_dtype=kind)
+        name = (GEMMA2_GGUF_NAMES["model.layers.N." + m[2]].replace(".N.", ".%s." % m[1]) if m
+                else GEMMA2_GGUF_NAMES[hf_name])
+        data = p.detach().to(torch.float32)
+        if name.endswith("norm.weight"):
+            data = data + 1
+        add_tensor(w, name, data.numpy(), qtype, qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def check_gemma2_gguf_case(binary, workdir, index, case, qtype):
+    """A random Gemma 2 (Gemma2Config's defaults but the sizes, head_dim 16 and a window of 4)
+    written as WORKDIR/<case>/model.gguf, held to what transformers loads from that file."""
+    seed = 1000 + index
+    model = build(Gemma2Config, Gemma2ForCausalLM, dict(head_dim=16, sliding_window=4), seed)
+    folder = os.path.join(workdir, case)
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, "model.gguf")
+    write_gemma2_gguf(model, path, qtype)
+    ids = token_ids(seed)
+    with open(os.path.join(folder, "ids.json"), "w") as f:
+        json.dump({"ids": ids.tolist()}, f)
+    layouts = run_te(binary, folder, path)
+    logits, loss, grads = reference(from_gguf(folder, "model.gguf"), ids)
+    return [(name, *check_layout(te, logits, loss, grads)) for name, te in layouts.items()]
 
 
 def llama3_rope_freqs(c):
@@ -491,6 +575,7 @@ def main(binary, workdir):
     failures = total = 0
     cases = [(case, check_case, family) for case, *family in FAMILIES] + \
             [(case, check_gguf_case, args) for case, *args in GGUF_CASES] + \
+            [("gemma2-gguf-q8_0", check_gemma2_gguf_case, [Q.Q8_0])] + \
             [(case, check_case, [GPT2Config, GPT2LMHeadModel, kwargs, GPT2_SIZES])
              for case, kwargs in GPT2] + \
             [(case, check_encoder_case, [kwargs]) for case, kwargs in ENCODERS]

@@ -56,6 +56,10 @@ void read_gemma_common(Fields& f, CausalLMConfig& c) {
   if (f.boolean_or("use_bidirectional_attention", false)) {
     f.fail("use_bidirectional_attention", "te-cpp builds Gemma causal; set it false or null");
   }
+  set_gemma_common(c);
+}
+
+void set_gemma_common(CausalLMConfig& c) {
   c.zero_centered_norms = true;
   // GemmaModel / Gemma2Model: hidden_size**0.5, cast to the embeddings' dtype.
   c.embedding_multiplier = std::sqrt(static_cast<double>(c.hidden_size));

@@ -34,8 +34,10 @@ struct GemmaDefaults {
 void read_gemma_config(Fields& f, CausalLMConfig& c, const GemmaDefaults& defaults);
 
 /// What every Gemma (1, 2, 3) shares after the RoPE decoder's fields: the 1 + weight RMSNorms,
-/// embeddings times sqrt(hidden_size), attention_bias, causal attention only
+/// embeddings times sqrt(hidden_size) (set_gemma_common), attention_bias, causal attention only
 /// (use_bidirectional_attention refused).
 void read_gemma_common(Fields& f, CausalLMConfig& c);
+/// The 1 + weight RMSNorms and embeddings times sqrt(hidden_size), however the config is read.
+void set_gemma_common(CausalLMConfig& c);
 
 }  // namespace te::hf::detail
