@@ -652,7 +652,7 @@ TEST(Gguf, AModelFileIsReadStrictly) {
   q8_file("token_embd.weight", 1, text("general.architecture", "gemma")).write(path);
   EXPECT_ERROR(load_causal_lm(path.string()),
                "general.architecture 'gemma' is not one te-cpp loads (llama, qwen2, qwen3, "
-               "gemma2)");
+               "gemma2, gemma3)");
   const std::string llama = text("general.architecture", "llama") +
                             u32("llama.embedding_length", 64) + u32("llama.block_count", 1) +
                             u32("llama.feed_forward_length", 32) +

@@ -277,8 +277,11 @@ def add_tokenizer(w, c):
         w.add_pad_token_id(c.pad_token_id)
 
 
-# Gemma 2's names as llama.cpp's converter writes them (gguf-py MODEL_ARCH.GEMMA2's tensors).
-GEMMA2_GGUF_NAMES = {
+# Gemma 2's and 3's names as llama.cpp's converter writes them (gguf-py MODEL_ARCH.GEMMA2's and
+# GEMMA3's tensors; the q/k norms are Gemma 3's).
+GEMMA_GGUF_NAMES = {
+    "model.layers.N.self_attn.q_norm.weight": "blk.N.attn_q_norm.weight",
+    "model.layers.N.self_attn.k_norm.weight": "blk.N.attn_k_norm.weight",
     "model.embed_tokens.weight": "token_embd.weight",
     "model.norm.weight": "output_norm.weight",
     "model.layers.N.input_layernorm.weight": "blk.N.attn_norm.weight",
@@ -295,13 +298,13 @@ GEMMA2_GGUF_NAMES = {
 }
 
 
-def write_gemma2_gguf(model, path, qtype):
-    """model (a tied Gemma2ForCausalLM) as llama.cpp's converter writes a Gemma 2
-    (conversion/gemma.py Gemma2Model): its metadata, every norm weight plus one, no
+def write_gemma_gguf(model, path, qtype, arch):
+    """model (a tied Gemma2ForCausalLM or Gemma3ForCausalLM) as llama.cpp's converter writes it
+    (conversion/gemma.py Gemma2Model, Gemma3Model): its metadata, every norm weight plus one, no
     output.weight, the 2-dim weights quantized to qtype, no query/key permutation."""
     c = model.config
-    w = gguf.GGUFWriter(path, "gemma2")
-    w.add_name("te random gemma2")
+    w = gguf.GGUFWriter(path, arch)
+    w.add_name("te random " + arch)
     w.add_context_length(c.max_position_embeddings)
     w.add_embedding_length(c.hidden_size)
     w.add_block_count(c.num_hidden_layers)
@@ -312,8 +315,11 @@ def write_gemma2_gguf(model, path, qtype):
     w.add_key_length(c.head_dim)
     w.add_value_length(c.head_dim)
     w.add_file_type(GGUF_FILE_TYPES[qtype])
-    w.add_attn_logit_softcapping(c.attn_logit_softcapping)
-    w.add_final_logit_softcapping(c.final_logit_softcapping)
+    if arch == "gemma2":
+        w.add_attn_logit_softcapping(c.attn_logit_softcapping)
+        w.add_final_logit_softcapping(c.final_logit_softcapping)
+    else:
+        w.add_rope_freq_base(c.rope_parameters["full_attention"]["rope_theta"])
     w.add_sliding_window(c.sliding_window)
     w.add_vocab_size(c.vocab_size)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
@@ -322,8 +328,8 @@ def write_gemma2_gguf(model, path, qtype):
         if hf_name == "lm_head.weight":
             continue
         m = re.fullmatch(r"model\.layers\.(\d+)\.(.*)", hf_name)
-        name = (GEMMA2_GGUF_NAMES["model.layers.N." + m[2]].replace(".N.", ".%s." % m[1]) if m
-                else GEMMA2_GGUF_NAMES[hf_name])
+        name = (GEMMA_GGUF_NAMES["model.layers.N." + m[2]].replace(".N.", ".%s." % m[1]) if m
+                else GEMMA_GGUF_NAMES[hf_name])
         data = p.detach().to(torch.float32)
         if name.endswith("norm.weight"):
             data = data + 1
@@ -334,15 +340,19 @@ def write_gemma2_gguf(model, path, qtype):
     w.close()
 
 
-def check_gemma2_gguf_case(binary, workdir, index, case, qtype):
-    """A random Gemma 2 (Gemma2Config's defaults but the sizes, head_dim 16 and a window of 4)
-    written as WORKDIR/<case>/model.gguf, held to what transformers loads from that file."""
+def check_gemma_gguf_case(binary, workdir, index, case, qtype, arch):
+    """A random Gemma 2 or 3 (its config class's defaults but the sizes, head_dim 16 and a window
+    of 4; Gemma 3 with 6 layers, so that its default pattern makes layer 5 global) written as
+    WORKDIR/<case>/model.gguf, held to what transformers loads from that file."""
     seed = 1000 + index
-    model = build(Gemma2Config, Gemma2ForCausalLM, dict(head_dim=16, sliding_window=4), seed)
+    config, model_class, sizes = ((Gemma2Config, Gemma2ForCausalLM, SIZES) if arch == "gemma2"
+                                  else (Gemma3TextConfig, Gemma3ForCausalLM,
+                                        dict(SIZES, num_hidden_layers=6)))
+    model = build(config, model_class, dict(head_dim=16, sliding_window=4), seed, sizes)
     folder = os.path.join(workdir, case)
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, "model.gguf")
-    write_gemma2_gguf(model, path, qtype)
+    write_gemma_gguf(model, path, qtype, arch)
     ids = token_ids(seed)
     with open(os.path.join(folder, "ids.json"), "w") as f:
         json.dump({"ids": ids.tolist()}, f)
@@ -575,7 +585,8 @@ def main(binary, workdir):
     failures = total = 0
     cases = [(case, check_case, family) for case, *family in FAMILIES] + \
             [(case, check_gguf_case, args) for case, *args in GGUF_CASES] + \
-            [("gemma2-gguf-q8_0", check_gemma2_gguf_case, [Q.Q8_0])] + \
+            [("gemma2-gguf-q8_0", check_gemma_gguf_case, [Q.Q8_0, "gemma2"]),
+             ("gemma3-gguf-q8_0", check_gemma_gguf_case, [Q.Q8_0, "gemma3"])] + \
             [(case, check_case, [GPT2Config, GPT2LMHeadModel, kwargs, GPT2_SIZES])
              for case, kwargs in GPT2] + \
             [(case, check_encoder_case, [kwargs]) for case, kwargs in ENCODERS]

@@ -48,28 +48,13 @@ void read_gguf_config(GgufKeys& k, CausalLMConfig& c) {
   }
 }
 
-// llama.cpp's Gemma 2 names (gguf-py constants.py MODEL_ARCH.GEMMA2's tensors).
-const GgufNames kGemma2Gguf = {{{"model.embed_tokens.weight", "token_embd.weight"},
-                                {"model.norm.weight", "output_norm.weight"}},
-                               {{"input_layernorm.weight", "attn_norm.weight"},
-                                {"self_attn.q_proj.weight", "attn_q.weight"},
-                                {"self_attn.k_proj.weight", "attn_k.weight"},
-                                {"self_attn.v_proj.weight", "attn_v.weight"},
-                                {"self_attn.o_proj.weight", "attn_output.weight"},
-                                {"post_attention_layernorm.weight", "post_attention_norm.weight"},
-                                {"pre_feedforward_layernorm.weight", "ffn_norm.weight"},
-                                {"post_feedforward_layernorm.weight", "post_ffw_norm.weight"},
-                                {"mlp.gate_proj.weight", "ffn_gate.weight"},
-                                {"mlp.up_proj.weight", "ffn_up.weight"},
-                                {"mlp.down_proj.weight", "ffn_down.weight"}}};
-
 }  // namespace
 
 const Family& gemma2_family() {
   static const Family kFamily = [] {
     Family f =
         rope_decoder_family({"gemma2", "Gemma2ForCausalLM", "gemma2", "Gemma 2"}, read_config);
-    f.gguf = &kGemma2Gguf;
+    f.gguf = &kGemmaGguf;
     f.gguf_norms_plus_one = true;
     f.read_gguf_config = read_gguf_config;
     // hidden_act: Gemma2Config has no such field (hidden_activation is read); cache_implementation:

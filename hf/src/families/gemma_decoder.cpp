@@ -100,4 +100,21 @@ void read_gemma_config(Fields& f, CausalLMConfig& c, const GemmaDefaults& gemma)
   read_windows(f, c, gemma.sliding_window_pattern);
 }
 
+const GgufNames kGemmaGguf = {{{"model.embed_tokens.weight", "token_embd.weight"},
+                               {"model.norm.weight", "output_norm.weight"},
+                               {"lm_head.weight", "output.weight"}},
+                              {{"input_layernorm.weight", "attn_norm.weight"},
+                               {"self_attn.q_proj.weight", "attn_q.weight"},
+                               {"self_attn.k_proj.weight", "attn_k.weight"},
+                               {"self_attn.v_proj.weight", "attn_v.weight"},
+                               {"self_attn.o_proj.weight", "attn_output.weight"},
+                               {"self_attn.q_norm.weight", "attn_q_norm.weight"},
+                               {"self_attn.k_norm.weight", "attn_k_norm.weight"},
+                               {"post_attention_layernorm.weight", "post_attention_norm.weight"},
+                               {"pre_feedforward_layernorm.weight", "ffn_norm.weight"},
+                               {"post_feedforward_layernorm.weight", "post_ffw_norm.weight"},
+                               {"mlp.gate_proj.weight", "ffn_gate.weight"},
+                               {"mlp.up_proj.weight", "ffn_up.weight"},
+                               {"mlp.down_proj.weight", "ffn_down.weight"}}};
+
 }  // namespace te::hf::detail

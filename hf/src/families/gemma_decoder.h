@@ -40,4 +40,8 @@ void read_gemma_common(Fields& f, CausalLMConfig& c);
 /// The 1 + weight RMSNorms and embeddings times sqrt(hidden_size), however the config is read.
 void set_gemma_common(CausalLMConfig& c);
 
+/// llama.cpp's names of Gemma 2's and 3's tensors (gguf-py constants.py MODEL_ARCH.GEMMA2 and
+/// GEMMA3: q/k norms and output.weight are Gemma 3's).
+extern const GgufNames kGemmaGguf;
+
 }  // namespace te::hf::detail
