@@ -1,5 +1,5 @@
-// te::gen::ChatTemplate: the ChatML, Llama 3 and Phi-3 template families recognised in a model's
-// chat_template, and the prompts they write.
+// te::gen::ChatTemplate: the ChatML, Llama 3, Phi-3 and Gemma template families recognised in a
+// model's chat_template, and the prompts they write.
 
 #include "te/gen/chat_template.h"
 
@@ -53,10 +53,18 @@ ChatTemplate ChatTemplate::recognise(const std::string& jinja, const std::string
     t.skip_empty_system_ = has(jinja, "message['role'] == 'system' and message['content']");
     return t;
   }
-  throw Error("chat template of " + where +
-              " is not one te-cpp applies (it recognises ChatML, Llama 3 and Phi-3 templates "
-              "without tools; there is no Jinja engine): give the prompt as text instead of "
-              "--chat");
+  if (has(jinja, "<start_of_turn>") && has(jinja, "<end_of_turn>") &&
+      has(jinja, "add_generation_prompt") && !has(jinja, "tools")) {
+    t.family_ = "gemma";
+    // Gemma 3's folds a system message into the first user turn; Gemma 1's and 2's refuse one.
+    t.gemma_system_prefix_ = has(jinja, "first_user_prefix");
+    return t;
+  }
+  throw Error(
+      "chat template of " + where +
+      " is not one te-cpp applies (it recognises ChatML, Llama 3, Phi-3 and Gemma templates "
+      "without tools; there is no Jinja engine): give the prompt as text instead of "
+      "--chat");
 }
 
 std::string ChatTemplate::apply(const std::vector<ChatMessage>& messages,
@@ -88,12 +96,40 @@ std::string ChatTemplate::apply(const std::vector<ChatMessage>& messages,
     }
     return out + "<|assistant|>\n";
   }
+  if (family_ == "gemma") return apply_gemma(messages, add_generation_prompt);
   out = "<|begin_of_text|>";
   for (const ChatMessage& m : messages) {
     out += "<|start_header_id|>" + m.role + "<|end_header_id|>\n\n" + trimmed(m.content) +
            "<|eot_id|>";
   }
   if (add_generation_prompt) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
+  return out;
+}
+
+// Gemma's templates (gemma-2-2b-it's and gemma-3-1b-it's tokenizer_config.json): <bos>, then
+// <start_of_turn>{user | model}\n{content, trimmed}<end_of_turn>\n per message, user first and
+// alternating, <start_of_turn>model\n to generate. A system message is refused (Gemma 1, 2) or
+// becomes the first turn's prefix, content + "\n\n", untrimmed (Gemma 3).
+std::string ChatTemplate::apply_gemma(const std::vector<ChatMessage>& messages,
+                                      bool add_generation_prompt) const {
+  std::string out = "<bos>", prefix;
+  std::size_t first = 0;
+  if (messages.front().role == "system") {
+    TE_CHECK(gemma_system_prefix_,
+             "chat template (gemma): this template takes no system message (it raises 'System "
+             "role not supported'); give the instruction in the first user message");
+    prefix = messages.front().content + "\n\n";
+    first = 1;
+  }
+  for (std::size_t i = first; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    const bool user_turn = (i - first) % 2 == 0;
+    TE_CHECK(m.role == (user_turn ? "user" : "assistant"), "chat template (gemma): message ", i,
+             " is '", m.role, "' but the roles must alternate user/assistant/... from the first");
+    out += "<start_of_turn>" + std::string(user_turn ? "user" : "model") + "\n" +
+           (i == first ? prefix : "") + trimmed(m.content) + "<end_of_turn>\n";
+  }
+  if (add_generation_prompt) out += "<start_of_turn>model\n";
   return out;
 }
 

@@ -28,12 +28,21 @@ nn::TransformerLayerOptions layer_options(const CausalLMConfig& c, int64_t layer
       .fuse_qkv(c.fuse_qkv)
       .scaled_query_init(false)
       .scale_attn_logits(true);
-  attention.layernorm().layernorm_type(c.norm).epsilon(c.rms_norm_eps);
+  attention.layernorm()
+      .layernorm_type(c.norm)
+      .epsilon(c.rms_norm_eps)
+      .zero_centered_gamma(c.zero_centered_norms);
+  // Gemma's query_pre_attn_scalar^-0.5 and attention soft cap (transformers 5.23.0
+  // models/gemma2/modeling_gemma2.py Gemma2Attention); its post-attention and post-feedforward
+  // norms (Gemma2DecoderLayer).
   attention.attention()
       .num_gqa_groups(c.num_key_value_heads)
       .head_dim(c.head_dim)
       .attn_mask_type(nn::AttnMaskType::kCausal)
-      .attention_dropout(c.attention_dropout);
+      .attention_dropout(c.attention_dropout)
+      .scale_factor(c.attention_scale)
+      .softcap(c.attn_logit_softcapping);
+  o.post_block_layernorm(c.post_block_norms);
   // transformers' sliding window W: a query sees the W keys up to and including itself.
   TE_CHECK(layer >= 0 && layer < static_cast<int64_t>(c.layer_windows.size()),
            "layer_options: ", "layer ", layer, " of a config with ", c.layer_windows.size(),
@@ -43,7 +52,8 @@ nn::TransformerLayerOptions layer_options(const CausalLMConfig& c, int64_t layer
   if (c.qk_norm) {
     attention.qk_norm_type(nn::QkNormType::kRMSNorm)
         .qk_norm_eps(c.rms_norm_eps)
-        .qk_norm_before_rope(true);
+        .qk_norm_before_rope(true)
+        .qk_norm_zero_centered_gamma(c.zero_centered_norms);
   }
   return o;
 }
@@ -69,10 +79,10 @@ void CausalLMImpl::reset() {
                                       .embedding_axes({"position", axis::kEmbed})
                                       .output_axes({axis::kBatch, axis::kSeqlen, axis::kHidden})));
   }
-  norm = register_module(
-      "norm",
-      nn::LayerNorm(
-          nn::LayerNormOptions(c.hidden_size).layernorm_type(c.norm).epsilon(c.rms_norm_eps)));
+  norm = register_module("norm", nn::LayerNorm(nn::LayerNormOptions(c.hidden_size)
+                                                   .layernorm_type(c.norm)
+                                                   .epsilon(c.rms_norm_eps)
+                                                   .zero_centered_gamma(c.zero_centered_norms)));
   if (!c.tie_word_embeddings) {
     lm_head = register_module(
         "lm_head", nn::Dense(nn::DenseOptions(c.hidden_size, c.vocab_size)
@@ -100,6 +110,12 @@ void CausalLMImpl::reset() {
         .pretrained_max_position_embeddings(c.rope_original_max_position_embeddings);
   }
   rope = register_module("rope", nn::RotaryPositionEmbedding(rope_options));
+  if (c.sliding_rope_theta > 0) {  // Gemma3RotaryEmbedding's sliding_attention (5.23.0)
+    sliding_rope = register_module(
+        "sliding_rope",
+        nn::RotaryPositionEmbedding(nn::RotaryPositionEmbeddingOptions(rope_options.dim())
+                                        .rotary_base(c.sliding_rope_theta)));
+  }
 }
 
 void CausalLMImpl::pretty_print(std::ostream& stream) const {
@@ -128,6 +144,33 @@ DTensor last_tokens(const DTensor& x, const at::Tensor& rows) {
                              x.placements(), shape);
 }
 
+// An element-wise map of activations, on a mesh of this rank's piece.
+template <typename Fn>
+at::Tensor each(const at::Tensor& x, const Fn& fn) {
+  return fn(x);
+}
+template <typename Fn>
+DTensor each(const DTensor& x, const Fn& fn) {
+  return te::ops::elementwise(x, fn);
+}
+
+// Gemma's embedding normalizer (transformers 5.23.0 models/gemma2/modeling_gemma2.py
+// Gemma2TextScaledWordEmbedding: the multiplier cast to the embeddings' dtype first).
+template <typename T>
+T scaled_embeddings(const T& x, double multiplier) {
+  if (multiplier == 1.0) return x;
+  return each(x, [multiplier](const at::Tensor& t) {
+    return t * at::scalar_tensor(multiplier, t.options().dtype(at::kFloat)).to(t.scalar_type());
+  });
+}
+
+// Gemma 2's final_logit_softcapping (Gemma2ForCausalLM.forward): cap * tanh(logits / cap).
+template <typename T>
+T soft_capped(const T& logits, double cap) {
+  if (cap == 0.0) return logits;
+  return each(logits, [cap](const at::Tensor& t) { return nn::functional::soft_cap(t, cap); });
+}
+
 // The forward: the whole sequences, or with a cache the step's new tokens (then the logits of
 // each sequence's last one).
 template <typename T>
@@ -149,7 +192,7 @@ T run(CausalLMImpl& m, const T& ids, int64_t batch, int64_t seq, nn::InferencePa
       positions = at::arange(seq, at::kLong).expand({batch, seq}).contiguous();
     }
   }
-  T x = m.embed(ids);
+  T x = scaled_embeddings(m.embed(ids), c.embedding_multiplier);
   if (m.position) {  // learned positions (GPT-2)
     TE_CHECK(positions_needed <= c.max_position_embeddings, "CausalLM: ", positions_needed,
              " tokens are more than the model's ", c.max_position_embeddings, " positions");
@@ -163,22 +206,29 @@ T run(CausalLMImpl& m, const T& ids, int64_t batch, int64_t seq, nn::InferencePa
       "CausalLM: ", positions_needed, " positions are more than linear RoPE scaling covers (",
       c.max_position_embeddings, " x factor ", c.rope_factor,
       "); transformers would extrapolate there, te-cpp refuses");
-  nn::AttentionArgs args;
+  nn::AttentionArgs args, sliding_args;  // the sliding layers' own RoPE where there is one
   if (m.rope) {
     args.rotary_pos_emb(m.rope->forward(positions_needed))
         .rotary_attention_factor(c.rope_attention_factor);
   }
   args.inference_params(cache);
+  if (m.sliding_rope) {
+    sliding_args = args;
+    sliding_args.rotary_pos_emb(m.sliding_rope->forward(positions_needed))
+        .rotary_attention_factor(1.0);  // a default RoPE
+  }
   int64_t layer_number = 0;
   for (const auto& layer : *m.layers) {
-    args.layer_number(layer_number++);
-    x = layer->as<nn::TransformerLayerImpl>()->forward(x, {}, {}, {}, args);
+    const bool sliding = m.sliding_rope && c.layer_windows[static_cast<std::size_t>(layer_number)];
+    nn::AttentionArgs& a = sliding ? sliding_args : args;
+    a.layer_number(layer_number++);
+    x = layer->as<nn::TransformerLayerImpl>()->forward(x, {}, {}, {}, a);
   }
   if (cache) {  // each sequence's last new token
     x = last_tokens(x, cache->cu_seqlens_q().slice(0, 1) - 1);
   }
   x = m.norm(x);
-  return m.lm_head ? m.lm_head(x) : m.embed->attend(x);
+  return soft_capped(m.lm_head ? m.lm_head(x) : m.embed->attend(x), c.final_logit_softcapping);
 }
 
 }  // namespace

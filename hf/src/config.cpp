@@ -104,6 +104,16 @@ void check_causal_lm_config(const CausalLMConfig& c, const std::string& where) {
     if (!(p >= 0 && p < 1)) fail(key, "must be in [0, 1)");
   }
   if (c.max_position_embeddings < 0) fail("max_position_embeddings", "must not be negative");
+  for (const auto& [key, v] :
+       {std::pair<const char*, double>{"query_pre_attn_scalar", c.attention_scale},
+        {"sliding rope_theta", c.sliding_rope_theta},
+        {"attn_logit_softcapping", c.attn_logit_softcapping},
+        {"final_logit_softcapping", c.final_logit_softcapping}}) {
+    if (!(std::isfinite(v) && v >= 0)) fail(key, "must be finite and positive (0: none)");
+  }
+  if (!(std::isfinite(c.embedding_multiplier) && c.embedding_multiplier > 0)) {
+    fail("embedding multiplier", "must be positive and finite");
+  }
   if (static_cast<int64_t>(c.layer_windows.size()) != c.num_hidden_layers) {
     fail("layer_types", std::to_string(c.layer_windows.size()) + " windows for " +
                             std::to_string(c.num_hidden_layers) + " layers");

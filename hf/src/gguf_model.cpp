@@ -3,8 +3,8 @@
 // integrations/ggml.py GGUF_CONFIG_MAPPING), its tensors under the family's Hugging Face names,
 // query and key rows the converter interleaved put back in Hugging Face's order
 // (modeling_gguf_pytorch_utils.py LlamaTensorProcessor._reverse_permute_weights, undoing
-// llama.cpp's convert_hf_to_gguf.py LlamaModel.permute); tests/interop/check_hf_models.py loads the
-// same file with transformers.
+// llama.cpp's convert_hf_to_gguf.py LlamaModel.permute), norms stored plus one taken back
+// (Gemma2TensorProcessor); tests/interop/check_hf_models.py loads the same file with transformers.
 
 #include <ATen/ATen.h>
 
@@ -46,6 +46,7 @@ class GgufSource : public TensorSource {
   GgufSource(GgufFile file, const CausalLMConfig& config, const Family& family)
       : file_(std::move(file)) {
     permute_ = family.gguf_interleaved_qk;
+    norms_plus_one_ = family.gguf_norms_plus_one;
     heads_ = config.num_attention_heads;
     kv_heads_ = config.num_key_value_heads;
     for (const GgufTensor& t : file_.header().tensors) {
@@ -73,6 +74,9 @@ class GgufSource : public TensorSource {
     const std::string& g = names_.at(name);
     const bool q = g.find(".attn_q.") != std::string::npos;
     const bool k = g.find(".attn_k.") != std::string::npos;
+    if (norms_plus_one_ && g.size() >= 11 && g.compare(g.size() - 11, 11, "norm.weight") == 0) {
+      return file_.read(g, lo, hi, bytes_read) - 1;  // the converter's + 1 (Gemma2Model)
+    }
     if (!permute_ || !(q || k)) return file_.read(g, lo, hi, bytes_read);
     // llama.cpp stores each head's rows as pairs (2i, 2i+1) where Hugging Face has halves
     // (i, i + d/2): read the whole heads holding the box's rows, and reorder within each.
@@ -130,7 +134,7 @@ class GgufSource : public TensorSource {
  private:
   GgufFile file_;
   std::map<std::string, std::string> names_;  // Hugging Face name -> llama.cpp name
-  bool permute_ = false;
+  bool permute_ = false, norms_plus_one_ = false;
   int64_t heads_ = 0, kv_heads_ = 0;
 };
 
@@ -146,18 +150,23 @@ namespace {
 
 // The metadata keys of one architecture ("llama." ...), each read one remembered: a key of the
 // architecture that was never read is refused (refuse_unread).
-struct ArchKeys {
+struct ArchKeys : GgufKeys {
+  ArchKeys(const GgufFile& f, const std::string& architecture)
+      : file(f), arch(architecture), a(architecture + ".") {}
   const GgufFile& file;
   std::string arch, a;
   std::set<std::string> read;
 
-  std::optional<int64_t> integer(const std::string& key) {
+  std::optional<int64_t> integer(const std::string& key) override {
     read.insert(a + key);
     return file.integer(a + key);
   }
-  std::optional<double> number(const std::string& key) {
+  std::optional<double> number(const std::string& key) override {
     read.insert(a + key);
     return file.number(a + key);
+  }
+  [[noreturn]] void fail(const std::string& key, const std::string& message) const override {
+    TE_FAIL("gguf: '", file.path(), "': ", a + key, ": ", message);
   }
   std::optional<std::string> string(const std::string& key) {
     read.insert(a + key);
@@ -285,7 +294,7 @@ void read_rope_freqs(GgufFile& file, ArchKeys& k, CausalLMConfig& c) {
 CausalLMConfig gguf_config(GgufFile& file, const Family& family) {
   const std::string& path = file.path();
   const std::string& arch = family.info.gguf_architecture;
-  ArchKeys keys{file, arch, arch + ".", {}};
+  ArchKeys keys(file, arch);
   CausalLMConfig c;
   c.model_type = family.info.model_type;
   read_sizes(keys, c);
@@ -299,6 +308,7 @@ CausalLMConfig gguf_config(GgufFile& file, const Family& family) {
   // (integrations/ggml.py, GGUF_CONFIG_MAPPING["tokenizer"]).
   c.pad_token_id = file.integer("tokenizer.ggml.padding_token_id");
   c.layer_windows.assign(static_cast<std::size_t>(c.num_hidden_layers), std::nullopt);
+  if (family.read_gguf_config) family.read_gguf_config(keys, c);
   c.dtype = "gguf";
   keys.refuse_unread();
   check_causal_lm_config(c, "'" + path + "' (GGUF metadata)");

@@ -292,6 +292,39 @@ json merges_from_scores(const std::vector<std::string>& tokens, const std::vecto
   return out;
 }
 
+// tokenizer.json's SentencePiece-style BPE over text with spaces as U+2581 (no pre-tokenizer:
+// each text is one word), unknown characters as their bytes' tokens <0xXX>, else the unknown
+// token; decoded back. `space_prefix`: a U+2581 put before the text (and taken off on decoding).
+json spaced_bpe_document(const GgufHeader& file, const GgufValue* tokens, const GgufValue* types,
+                         json vocab, json merges, bool space_prefix, const Fail& fail) {
+  const int64_t unk = file.integer("tokenizer.ggml.unknown_token_id").value_or(0);
+  if (unk < 0 || unk >= static_cast<int64_t>(tokens->strings.size())) {
+    fail("tokenizer.ggml.unknown_token_id", std::to_string(unk) + " is not a token id");
+  }
+  json normalizers = json::array();
+  if (space_prefix) normalizers.push_back({{"type", "Prepend"}, {"prepend", kSpace}});
+  normalizers.push_back({{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", kSpace}});
+  json decoders = {{{"type", "Replace"}, {"pattern", {{"String", kSpace}}}, {"content", " "}},
+                   {{"type", "ByteFallback"}},
+                   {{"type", "Fuse"}}};
+  if (space_prefix) {
+    decoders.push_back({{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}});
+  }
+  return {{"version", "1.0"},
+          {"added_tokens", added_tokens(*tokens, types, /*byte_level=*/false)},
+          {"normalizer", {{"type", "Sequence"}, {"normalizers", normalizers}}},
+          {"pre_tokenizer", nullptr},
+          {"post_processor", post_processor(file, *tokens, /*bos_by_default=*/true, fail)},
+          {"decoder", {{"type", "Sequence"}, {"decoders", decoders}}},
+          {"model",
+           {{"type", "BPE"},
+            {"vocab", std::move(vocab)},
+            {"merges", std::move(merges)},
+            {"unk_token", tokens->strings[static_cast<std::size_t>(unk)]},
+            {"fuse_unk", true},
+            {"byte_fallback", true}}}};
+}
+
 // tokenizer.json's SentencePiece pipeline for a GGUF "llama" vocabulary (Llama 2's tokenizer.json:
 // a space prefixed when tokenizer.ggml.add_space_prefix, spaces as U+2581, BPE with merges from
 // the scores, unknown characters as their bytes' tokens, else <unk>; decoded back), as llama.cpp
@@ -315,33 +348,37 @@ json sentencepiece_document(const GgufHeader& file, const GgufValue* tokens, con
     add_token(vocab, t, i, t, "", fail);
     ids.emplace(t, static_cast<int64_t>(i));
   }
-  const int64_t unk = file.integer("tokenizer.ggml.unknown_token_id").value_or(0);
-  if (unk < 0 || unk >= static_cast<int64_t>(tokens->strings.size())) {
-    fail("tokenizer.ggml.unknown_token_id", std::to_string(unk) + " is not a token id");
-  }
   const bool space_prefix = file.integer("tokenizer.ggml.add_space_prefix").value_or(1) != 0;
-  json normalizers = json::array();
-  if (space_prefix) normalizers.push_back({{"type", "Prepend"}, {"prepend", kSpace}});
-  normalizers.push_back({{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", kSpace}});
-  json decoders = {{{"type", "Replace"}, {"pattern", {{"String", kSpace}}}, {"content", " "}},
-                   {{"type", "ByteFallback"}},
-                   {{"type", "Fuse"}}};
-  if (space_prefix) {
-    decoders.push_back({{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}});
+  return spaced_bpe_document(file, tokens, types, std::move(vocab),
+                             merges_from_scores(tokens->strings, scores->numbers, ids),
+                             space_prefix, fail);
+}
+
+// tokenizer.json's pipeline for a GGUF "gemma4" vocabulary: Gemma 4's BPE over raw UTF-8 with
+// spaces as U+2581, no space prefix, the file's merges, byte fallback to <0xXX> (transformers
+// 5.23.0 models/gemma/tokenization_gemma.py GemmaTokenizer, as its GGUF loader builds it for
+// "gemma4": gguf_tokenizer_mapping.py; llama.cpp's src/llama-vocab.cpp LLAMA_VOCAB_PRE_TYPE_GEMMA4
+// tokenizes the same ids). BOS as tokenizer.ggml.add_bos_token says, as llama.cpp adds it
+// (transformers' GGUF loader never adds it: Gemma 4's chat template writes <bos> itself, and
+// te's chat prompts are encoded without special tokens too).
+json gemma4_document(const GgufHeader& file, const GgufValue* tokens, const GgufValue* types,
+                     const Fail& fail) {
+  const GgufValue* merges = file.value("tokenizer.ggml.merges");
+  if (merges == nullptr || merges->type != 9 || merges->element_type != 8 ||
+      merges->strings.empty()) {
+    fail("tokenizer.ggml.merges", "is missing or not a non-empty list of strings");
   }
-  return {{"version", "1.0"},
-          {"added_tokens", added_tokens(*tokens, types, /*byte_level=*/false)},
-          {"normalizer", {{"type", "Sequence"}, {"normalizers", normalizers}}},
-          {"pre_tokenizer", nullptr},
-          {"post_processor", post_processor(file, *tokens, /*bos_by_default=*/true, fail)},
-          {"decoder", {{"type", "Sequence"}, {"decoders", decoders}}},
-          {"model",
-           {{"type", "BPE"},
-            {"vocab", vocab},
-            {"merges", merges_from_scores(tokens->strings, scores->numbers, ids)},
-            {"unk_token", tokens->strings[static_cast<std::size_t>(unk)]},
-            {"fuse_unk", true},
-            {"byte_fallback", true}}}};
+  json vocab = json::object();
+  for (std::size_t i = 0; i < tokens->strings.size(); ++i) {
+    const std::string& t = tokens->strings[i];
+    detail::utf8_to_code_points(t, "tokenizer: GGUF token");
+    add_token(vocab, t, i, t, "", fail);
+  }
+  for (const std::string& m : merges->strings) {
+    detail::utf8_to_code_points(m, "tokenizer: GGUF merge");
+  }
+  return spaced_bpe_document(file, tokens, types, std::move(vocab), merges->strings,
+                             /*space_prefix=*/false, fail);
 }
 
 // tokenizer.json's BERT pipeline for a GGUF "bert" vocabulary, as llama.cpp tokenizes it
@@ -407,11 +444,11 @@ Tokenizer Tokenizer::from_gguf(const GgufHeader& file) {
     TE_FAIL("tokenizer: '", path, "': ", key, ": ", message);
   };
   const std::string model = file.string("tokenizer.ggml.model").value_or("");
-  if (model != "gpt2" && model != "llama" && model != "bert") {
+  if (model != "gpt2" && model != "llama" && model != "gemma4" && model != "bert") {
     fail("tokenizer.ggml.model", "'" + model +
                                      "' is not a tokenizer te-cpp builds from GGUF metadata "
-                                     "(gpt2: byte-level BPE; llama: SentencePiece BPE; bert: "
-                                     "WordPiece)");
+                                     "(gpt2: byte-level BPE; llama: SentencePiece BPE; gemma4: "
+                                     "Gemma 4's BPE; bert: WordPiece)");
   }
   const GgufValue* tokens = file.value("tokenizer.ggml.tokens");
   if (tokens == nullptr || tokens->type != 9 || tokens->element_type != 8 ||
@@ -423,9 +460,10 @@ Tokenizer Tokenizer::from_gguf(const GgufHeader& file) {
                            types->integers.size() != tokens->strings.size())) {
     fail("tokenizer.ggml.token_type", "is not a list of one integer per token");
   }
-  const json doc = model == "gpt2"    ? byte_level_document(file, tokens, types, fail)
-                   : model == "llama" ? sentencepiece_document(file, tokens, types, fail)
-                                      : wordpiece_document(file, tokens, types, fail);
+  const json doc = model == "gpt2"     ? byte_level_document(file, tokens, types, fail)
+                   : model == "llama"  ? sentencepiece_document(file, tokens, types, fail)
+                   : model == "gemma4" ? gemma4_document(file, tokens, types, fail)
+                                       : wordpiece_document(file, tokens, types, fail);
   return from_json(doc.dump(), path + " (GGUF tokenizer metadata)");
 }
 

@@ -60,6 +60,9 @@ void DotProductAttentionImpl::reset() {
   TE_CHECK(options.attention_dropout() >= 0 && options.attention_dropout() < 1,
            "DotProductAttention: attention_dropout ", options.attention_dropout(),
            " is not in [0, 1)");
+  TE_CHECK(options.softcap() >= 0 && std::isfinite(options.softcap()),
+           "DotProductAttention: softcap ", options.softcap(),
+           " is not a finite cap >= 0 (0: no soft-capping)");
   TE_CHECK(options.qkv_format() != QkvFormat::kThd || mask_spec.padding(),
            "DotProductAttention: qkv_format 'thd' needs a padding attn_mask_type (padding, "
            "padding_causal or padding_causal_bottom_right), as TE's; got '",
@@ -86,6 +89,7 @@ void DotProductAttentionImpl::pretty_print(std::ostream& stream) const {
   if (options.softmax_type() != SoftmaxType::kVanilla) {
     stream << ", softmax=" << options.softmax_type();
   }
+  if (options.softcap() > 0) stream << ", softcap=" << options.softcap();
   stream << ", dropout=" << options.attention_dropout() << ")";
 }
 
@@ -294,6 +298,7 @@ F::AttentionCall attention_call(const DotProductAttentionImpl& self, const Arran
         logits_operand(detail::param(self, "softmax_offset", self.softmax_offset, a.q), a.q, -1, 0);
   }
   call.scale = logit_scale(self.options);
+  call.softcap = self.options.softcap();
   call.dropout = self.options.attention_dropout();
   call.training = training;
   call.fused = fused_available(self.options.fused());
@@ -402,6 +407,7 @@ T cached_attention(const DotProductAttentionImpl& self, const T& query, const T&
         logits_operand(detail::param(self, "softmax_offset", self.softmax_offset, a.q), a.q, -1, 0);
   }
   call.scale = logit_scale(self.options);
+  call.softcap = self.options.softcap();
   call.fused = fused_available(self.options.fused());
   auto piece = std::make_shared<F::detail::AttentionPiece>();
   piece->global_heads = a.q.size(2);

@@ -53,6 +53,11 @@ void check_attention_inputs(const at::Tensor& q, const at::Tensor& k, const at::
            "attention: core_attention_bias is on ",
            call.bias.defined() ? call.bias.device() : q.device(), " but q is on ", q.device(),
            ": move the bias to q's device");
+  TE_CHECK(call.softcap >= 0 && std::isfinite(call.softcap), "attention: softcap ", call.softcap,
+           " is not a finite cap >= 0 (0: none)");
+  TE_CHECK(call.softcap == 0 || call.bias_type == AttnBiasType::kNoBias,
+           "attention: softcap takes no core_attention_bias_type beside it (got '", call.bias_type,
+           "'): where the bias would go relative to the cap is not settled");
   if (call.softmax_type == SoftmaxType::kLearnable) {
     TE_CHECK(call.softmax_offset.defined() && call.softmax_offset.dim() == 1 &&
                  call.softmax_offset.size(0) == h,
@@ -130,12 +135,12 @@ struct SdpaCall {
 
 std::optional<SdpaCall> sdpa_call(const at::Tensor& q, const at::Tensor& k_in,
                                   const at::Tensor& v_in, const AttentionCall& c) {
-  // A sink has no SDPA form; dropout and a logits constraint need the probabilities; a bias that
-  // needs its gradient goes the unfused way too: LibTorch's CPU flash kernel gives its additive
-  // mask none (2.11 picks math for one that requires it) and not every CUDA kernel does either.
+  // A sink or soft cap has no SDPA form; dropout and a logits constraint need the probabilities;
+  // a bias that needs its gradient goes unfused too: LibTorch's CPU flash kernel gives its
+  // additive mask none (2.11 picks math for one that requires it), nor does every CUDA kernel.
   const bool bias_grad = c.bias.defined() && c.bias.requires_grad();
   if (!c.fused || detail::piece_of(c).on_logits || (c.dropout > 0.0 && c.training) || has_sink(c) ||
-      bias_grad) {
+      bias_grad || c.softcap > 0) {
     return std::nullopt;
   }
   const int64_t sq = q.size(1), sk = k_in.size(1);
@@ -408,6 +413,8 @@ at::Tensor dense_attention(const at::Tensor& q, const at::Tensor& k_in, const at
     if (call.scale != 1.0) logits = logits * call.scale;
     if (biased(call)) logits = (logits + scaled_bias(q, call, sq, sk)).to(q.scalar_type());
   }
+  // Gemma 2's soft cap, before the mask (transformers 5.23.0 eager_attention_forward).
+  if (call.softcap > 0) logits = soft_cap(logits, call.softcap);
   const detail::AttentionPiece& piece = detail::piece_of(call);
   if (piece.on_logits) logits = piece.on_logits(logits);
   if (masked.defined()) logits = logits.masked_fill(masked, masked_value(q));

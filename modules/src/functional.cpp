@@ -318,9 +318,13 @@ at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& gamma, const at::Te
         .to(x.scalar_type());
   }
   const at::Tensor xf = x.scalar_type() == at::kDouble ? x : x.to(at::kFloat);
-  at::Tensor y =
-      (xf * at::rsqrt(xf.pow(2).mean({-1}, /*keepdim=*/true) + epsilon)).to(x.scalar_type()) *
-      scale;
+  const at::Tensor normed = xf * at::rsqrt(xf.pow(2).mean({-1}, /*keepdim=*/true) + epsilon);
+  // Llama's RMSNorm casts before the scale (transformers 5.23.0 models/llama/modeling_llama.py
+  // LlamaRMSNorm); the zero-centered one scales by 1 + gamma in fp32 and casts after, as
+  // Gemma's (models/gemma2/modeling_gemma2.py Gemma2RMSNorm) and TE's kernels do.
+  at::Tensor y = zero_centered_gamma
+                     ? (normed * (gamma.to(normed.scalar_type()) + 1.0)).to(x.scalar_type())
+                     : normed.to(x.scalar_type()) * scale;
   if (beta.defined()) y = y + beta;
   return y;
 }
@@ -448,6 +452,15 @@ at::Tensor unflatten(const at::Tensor& x, int64_t dim, int64_t outer, int64_t in
 }
 
 at::Tensor flatten(const at::Tensor& x, int64_t dim) { return x.flatten(dim, dim + 1); }
+
+at::Tensor soft_cap(const at::Tensor& x, double cap) {
+  const at::Tensor scaled = x / cap;
+  // LibTorch 1.13 has no CPU tanh for Half: in fp32 and rounded back, as Half kernels compute it.
+  const at::Tensor t = scaled.scalar_type() == at::kHalf && scaled.is_cpu()
+                           ? at::tanh(scaled.to(at::kFloat)).to(at::kHalf)
+                           : at::tanh(scaled);
+  return t * cap;
+}
 
 at::Tensor add(const at::Tensor& a, const at::Tensor& b) {
   TE_CHECK(a.sizes() == b.sizes(), "add: ", a.sizes(), " and ", b.sizes(), " differ in shape");

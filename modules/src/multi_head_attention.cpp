@@ -160,7 +160,8 @@ void MultiHeadAttentionImpl::reset() {
   if (qk_norm == QkNormType::kRMSNorm || qk_norm == QkNormType::kLayerNorm) {
     const auto norm = LayerNormOptions(d)
                           .layernorm_type(qk_norm == QkNormType::kRMSNorm ? "rmsnorm" : "layernorm")
-                          .epsilon(options.qk_norm_eps());
+                          .epsilon(options.qk_norm_eps())
+                          .zero_centered_gamma(options.qk_norm_zero_centered_gamma());
     q_norm = register_module("q_norm", LayerNorm(norm));
     k_norm = register_module("k_norm", LayerNorm(norm));
   }

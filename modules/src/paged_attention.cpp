@@ -77,6 +77,7 @@ void paged_attention_cpu(const at::Tensor& q, const at::Tensor& k_pool, const at
     std::copy(o.data_ptr<float>(), o.data_ptr<float>() + heads, sinks.begin());
   }
   const auto scale = static_cast<scalar_t>(call.scale);
+  const auto cap = static_cast<scalar_t>(call.softcap);  // > 0: cap * tanh(logit / cap)
   at::parallel_for(0, n * kv_heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<scalar_t> scores(static_cast<std::size_t>(group * max_kv));
     std::vector<scalar_t> acc(static_cast<std::size_t>(group * dv));
@@ -96,7 +97,9 @@ void paged_attention_cpu(const at::Tensor& q, const at::Tensor& k_pool, const at
         for (int64_t j = lo; j <= hi; ++j) {
           const scalar_t* kj = kp + (seq_rows[j] * kv_heads + g) * d;
           for (int64_t r = 0; r < group; ++r) {
-            scores[static_cast<std::size_t>(r * max_kv + j)] = dot(qt + r * d, kj, d) * scale;
+            const scalar_t logit = dot(qt + r * d, kj, d) * scale;
+            scores[static_cast<std::size_t>(r * max_kv + j)] =
+                cap > 0 ? cap * std::tanh(logit / cap) : logit;
           }
         }
         std::fill(acc.begin(), acc.end(), scalar_t(0));

@@ -35,6 +35,11 @@ void check_layer_options(const TransformerLayerOptions& o) {
              "TransformerLayer: parallel_attention_mlp cannot be combined with "
              "apply_residual_connection_post_layernorm or output_layernorm");
   }
+  if (o.post_block_layernorm()) {
+    TE_CHECK(o.layer_type() == "encoder" && !o.parallel_attention_mlp(),
+             "TransformerLayer: post_block_layernorm needs layer_type 'encoder' (got '",
+             o.layer_type(), "') without parallel_attention_mlp");
+  }
   const MultiHeadAttentionOptions& attention = o.self_attention();
   TE_CHECK(attention.hidden_size() == o.hidden_size(),
            "TransformerLayer: self_attention's hidden_size ", attention.hidden_size(),
@@ -95,6 +100,10 @@ void TransformerLayerImpl::reset() {
   if (options.output_layernorm()) {
     layernorm = register_module("layernorm", LayerNorm(norm));
   }
+  if (options.post_block_layernorm()) {
+    post_attention_layernorm = register_module("post_attention_layernorm", LayerNorm(norm));
+    post_mlp_layernorm = register_module("post_mlp_layernorm", LayerNorm(norm));
+  }
   mlp = register_module(
       "mlp", LayerNormMLP(LayerNormMLPOptions(options.hidden_size(), options.mlp_hidden_size())
                               .layernorm(norm)
@@ -151,8 +160,14 @@ T layer_forward(TransformerLayerImpl& self, const T& x_in, const at::Tensor& mas
   // transformer.py L869-975: the residual of each block is its input, or with
   // apply_residual_connection_post_layernorm its norm's output (the self attention has none
   // under output_layernorm: its residual stays x).
-  const auto [attn, attn_ln] =
+  // post_block_layernorm: each block's output normalised before its residual add (Gemma 2's
+  // Gemma2DecoderLayer.forward, transformers 5.23.0).
+  auto post = [](LayerNorm& norm, const T& branch) {
+    return norm ? norm->forward(branch) : branch;
+  };
+  auto [attn, attn_ln] =
       self.self_attention->forward_with_layernorm_output(x, detail::Memory<T>(), mask, args);
+  attn = post(self.post_attention_layernorm, attn);
   T h = x;
   if (!o.parallel_attention_mlp()) {
     h = add(attn, post_ln_residual && !o.output_layernorm() ? attn_ln : x, true);
@@ -162,7 +177,8 @@ T layer_forward(TransformerLayerImpl& self, const T& x_in, const at::Tensor& mas
         self.cross_attention->forward_with_layernorm_output(h, memory, memory_mask, args);
     h = add(cross, post_ln_residual ? cross_ln : h, false);
   }
-  const auto [mlp, mlp_ln] = self.mlp->forward_with_layernorm_output(h);
+  auto [mlp, mlp_ln] = self.mlp->forward_with_layernorm_output(h);
+  mlp = post(self.post_mlp_layernorm, mlp);
   T out = o.parallel_attention_mlp() ? add(F::add(attn, mlp), h, true)
                                      : add(mlp, post_ln_residual ? mlp_ln : h, true);
   if (self.layernorm) out = self.layernorm->forward(out);

@@ -556,6 +556,23 @@ std::vector<Case> cases() {
              TransformerLayerOptions(16, 24, 4).parallel_attention_mlp(true).output_layernorm(
                  true));
        }},
+      {"modules", "a soft cap beside an attention bias",
+       "softcap takes no core_attention_bias_type beside it",
+       [] {
+         DotProductAttention dpa(
+             DotProductAttentionOptions(4, 8).attn_mask_type("no_mask").softcap(30));
+         const at::Tensor q = at::zeros({1, 2, 4, 8});
+         dpa(q, q, q, {},
+             AttentionArgs()
+                 .core_attention_bias_type("post_scale_bias")
+                 .core_attention_bias(at::zeros({1, 4, 2, 2})));
+       }},
+      {"modules", "norms after the blocks of a decoder layer",
+       "post_block_layernorm needs layer_type 'encoder'",
+       [] {
+         TransformerLayer(
+             TransformerLayerOptions(16, 24, 4).layer_type("decoder").post_block_layernorm(true));
+       }},
       {"modules", "an unknown qk-norm type",
        "qk_norm_type 'BatchNorm' is not one of RMSNorm, LayerNorm, L2Normalization",
        [] { MultiHeadAttention(MultiHeadAttentionOptions(16, 4).qk_norm_type("BatchNorm")); }},

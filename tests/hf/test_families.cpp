@@ -40,8 +40,8 @@ TEST(Families, NamesAreTheRegistrys) {
 }
 
 TEST(Families, AnUnknownModelTypeIsRefusedWithTheRegisteredList) {
-  EXPECT_ERROR(parse_causal_lm_config(R"({"model_type": "gemma"})", "config.json"),
-               "model_type: 'gemma' is not a causal LM family te-cpp loads (" +
+  EXPECT_ERROR(parse_causal_lm_config(R"({"model_type": "falcon"})", "config.json"),
+               "model_type: 'falcon' is not a causal LM family te-cpp loads (" +
                    causal_lm_family_names() + "; a bert encoder loads with te::hf::load_encoder)");
   CausalLMConfig hand_made;
   hand_made.model_type = "falcon";

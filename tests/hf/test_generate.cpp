@@ -76,6 +76,27 @@ json tiny(const std::string& type, int64_t positions = 64) {
             {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 10000.0}}}};
   if (type == "mistral") c["sliding_window"] = 4;   // shorter than the prompts: the window shows
   if (type == "phi3") c["pad_token_id"] = nullptr;  // Phi3Config's 32000 is beyond 64 tokens
+  if (type == "gemma2") {  // layer 0 slides; both soft caps reached by these logits
+    c["architectures"] = {"Gemma2ForCausalLM"};
+    c["head_dim"] = 8;
+    c["query_pre_attn_scalar"] = 8;
+    c["sliding_window"] = 4;
+    c["attn_logit_softcapping"] = 2.0;
+    c["final_logit_softcapping"] = 3.0;
+    c["hidden_activation"] = "gelu_pytorch_tanh";
+  }
+  if (type == "gemma3") {  // q/k norms; layer 0 slides with its own RoPE base, layer 1 is global
+    c["architectures"] = {"Gemma3ForCausalLM"};
+    c["model_type"] = "gemma3_text";
+    c["head_dim"] = 8;
+    c["query_pre_attn_scalar"] = 8;
+    c["sliding_window"] = 4;
+    c["sliding_window_pattern"] = 2;
+    c["final_logit_softcapping"] = 3.0;
+    c["rope_parameters"] = {
+        {"full_attention", {{"rope_type", "default"}, {"rope_theta", 1e6}}},
+        {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", 10.0}}}};
+  }
   return c;
 }
 
@@ -212,7 +233,7 @@ TEST_P(CachedSteps, EqualTheFullForwardAtEachSequencesLastToken) {
 
 INSTANTIATE_TEST_SUITE_P(Families, CachedSteps,
                          ::testing::Combine(::testing::Values("llama", "mistral", "qwen2", "qwen3",
-                                                              "phi3", "gpt2"),
+                                                              "phi3", "gemma2", "gemma3", "gpt2"),
                                             ::testing::Bool()),
                          [](const auto& info) {
                            return std::get<0>(info.param) +
@@ -629,6 +650,31 @@ TEST(ChatTemplate, AppliesTheFamiliesItKnowsAndRefusesOthersByName) {
                    "{{message['content'] + '<|end|>' + '\n'}}{% endif %}{% endfor %}",
                    "Phi-3-mini"),
                "chat template of Phi-3-mini is not one te-cpp applies");
+  // Gemma's (the parts recognised; the whole templates are held to apply_chat_template by
+  // tests/interop/check_generate.py), rendered as transformers renders them.
+  const ChatTemplate gemma2 = ChatTemplate::recognise(
+      "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role "
+      "not supported') }}{% endif %}{{ '<start_of_turn>' + role + '\n' + message['content'] | "
+      "trim + '<end_of_turn>\n' }}{% if add_generation_prompt %}{{'<start_of_turn>model\n'}}",
+      "gemma-2/tokenizer_config.json");
+  EXPECT_EQ(gemma2.family(), "gemma");
+  const std::vector<te::gen::ChatMessage> turns = {
+      {"user", " Hi there\n"}, {"assistant", "Hello!"}, {"user", "2+2?"}};
+  EXPECT_EQ(gemma2.apply(turns),
+            "<bos><start_of_turn>user\nHi there<end_of_turn>\n<start_of_turn>model\nHello!"
+            "<end_of_turn>\n<start_of_turn>user\n2+2?<end_of_turn>\n<start_of_turn>model\n");
+  EXPECT_ERROR(gemma2.apply({{"system", "S"}, {"user", "Hi"}}),
+               "chat template (gemma): this template takes no system message");
+  EXPECT_ERROR(gemma2.apply({{"user", "a"}, {"user", "b"}}),
+               "message 1 is 'user' but the roles must alternate user/assistant/");
+  const ChatTemplate gemma3 = ChatTemplate::recognise(
+      "{{ bos_token }}{%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}"
+      "{{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else \"\") }}"
+      "{{ '<end_of_turn>\n' }}{%- if add_generation_prompt -%}",
+      "gemma-3/tokenizer_config.json");
+  EXPECT_EQ(gemma3.apply({{"system", " Be brief. "}, {"user", "Hi\n"}}),
+            "<bos><start_of_turn>user\n Be brief. \n\nHi<end_of_turn>\n<start_of_turn>model\n");
+  EXPECT_EQ(gemma3.apply(turns), gemma2.apply(turns));
   EXPECT_ERROR(
       ChatTemplate::recognise("{{ bos_token }}{% for m in messages %}[INST] {{ m.content }}"
                               " [/INST]{% endfor %}",

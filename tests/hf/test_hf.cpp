@@ -143,6 +143,161 @@ TEST(HfConfig, ReadsTheLlamaFamilysFields) {
 // Llama 3.1's rope_parameters: per-frequency factors as transformers' _compute_llama3_parameters
 // scales them (head_dim 4 at theta 1e4: wavelengths 6.28 and 628, against original / high = 8
 // and original / low = 32), the required fields named when one is missing.
+// Gemma 2 (transformers 5.23.0 models/gemma2/configuration_gemma2.py): Gemma2Config's defaults
+// for what config.json leaves out, hidden_act (which Gemma2Config has not) taken as metadata, and
+// what te-cpp does not build refused by name.
+TEST(HfConfig, ReadsGemma2sFieldsAndDefaults) {
+  json j = tiny_config();
+  j["model_type"] = "gemma2";
+  j["architectures"] = {"Gemma2ForCausalLM"};
+  j.erase("tie_word_embeddings");
+  j["hidden_act"] = "gelu_pytorch_tanh";  // real Gemma 2 configs carry both
+  j["hidden_activation"] = "gelu_pytorch_tanh";
+  j["cache_implementation"] = "hybrid";
+  CausalLMConfig c = parse(j);
+  EXPECT_EQ(c.head_dim, 256);  // Gemma2Config's default, not hidden_size / heads
+  EXPECT_TRUE(c.tie_word_embeddings && c.zero_centered_norms && c.post_block_norms);
+  EXPECT_EQ(c.pad_token_id, std::optional<int64_t>(0));
+  EXPECT_EQ(c.mlp_activations, (std::vector<std::string>{"gelu", "linear"}));
+  EXPECT_DOUBLE_EQ(c.embedding_multiplier, 4.0);  // sqrt(16)
+  EXPECT_DOUBLE_EQ(c.attention_scale, 1.0 / 16);  // 256^-0.5
+  EXPECT_EQ(c.attn_logit_softcapping, 50.0);
+  EXPECT_EQ(c.final_logit_softcapping, 30.0);
+  ASSERT_EQ(c.layer_windows.size(), 2u);  // sliding where (i + 1) % 2, 4096 keys
+  EXPECT_EQ(c.layer_windows[0], std::optional<int64_t>(4096));
+  EXPECT_EQ(c.layer_windows[1], std::nullopt);
+  j["head_dim"] = 8;
+  j["query_pre_attn_scalar"] = 64;
+  j["attn_logit_softcapping"] = nullptr;
+  j["final_logit_softcapping"] = 5.0;
+  j["sliding_window"] = 3;
+  j["layer_types"] = {"full_attention", "sliding_attention"};
+  j["pad_token_id"] = nullptr;
+  c = parse(j);
+  EXPECT_EQ(c.head_dim, 8);
+  EXPECT_DOUBLE_EQ(c.attention_scale, 0.125);
+  EXPECT_EQ(c.attn_logit_softcapping, 0.0);
+  EXPECT_EQ(c.final_logit_softcapping, 5.0);
+  EXPECT_EQ(c.layer_windows[0], std::nullopt);
+  EXPECT_EQ(c.layer_windows[1], std::optional<int64_t>(3));
+  EXPECT_EQ(c.pad_token_id, std::nullopt);
+  json bad = j;
+  bad["hidden_activation"] = "silu";  // a SwiGLU Gemma: te builds it, as transformers would
+  EXPECT_EQ(parse(bad).mlp_activations, (std::vector<std::string>{"silu", "linear"}));
+  bad["hidden_activation"] = "gelu";
+  EXPECT_ERROR(parse(bad), "hidden_activation: 'gelu': te-cpp builds this family's gated MLP");
+  bad = j;
+  bad["use_bidirectional_attention"] = true;
+  EXPECT_ERROR(parse(bad), "use_bidirectional_attention: te-cpp builds Gemma causal");
+  bad = j;
+  bad["attn_logit_softcapping"] = 0;
+  EXPECT_ERROR(parse(bad), "attn_logit_softcapping: must be positive and finite, or null");
+  bad = j;
+  bad["query_pre_attn_scalar"] = -1;
+  EXPECT_ERROR(parse(bad), "query_pre_attn_scalar: must be positive and finite");
+  bad = j;
+  bad["sliding_window"] = nullptr;
+  EXPECT_ERROR(parse(bad), "sliding_window: is null but layer 1 slides");
+  bad = j;
+  bad["layer_types"] = {"full_attention", "chunked_attention"};
+  EXPECT_ERROR(parse(bad), "layer_types: entry \"chunked_attention\" is not full_attention");
+  bad = j;
+  bad["partial_rotary_factor"] = 0.5;
+  EXPECT_ERROR(parse(bad), "partial_rotary_factor: Gemma's rotary embedding rotates whole heads");
+  bad = j;
+  bad["sliding_window_pattern"] = 6;  // Gemma 3's, not Gemma 2's
+  EXPECT_ERROR(parse(bad), "sliding_window_pattern: is not a field te-cpp honours");
+}
+
+// Gemma 3 (transformers 5.23.0 models/gemma3/configuration_gemma3.py): Gemma3TextConfig's
+// defaults, its two RoPEs in transformers 5's per-layer-type form or the older rope_theta,
+// rope_local_base_freq and rope_scaling, and the attention soft cap transformers never applies
+// refused.
+// Gemma 1 (transformers 5.23.0 models/gemma/configuration_gemma.py): GemmaConfig's defaults,
+// its "gelu" read as the tanh form, hidden_activation (not GemmaConfig's field) read past.
+TEST(HfConfig, ReadsGemmasFields) {
+  json j = tiny_config();
+  j["model_type"] = "gemma";
+  j["architectures"] = {"GemmaForCausalLM"};
+  j["hidden_act"] = "gelu";
+  j["hidden_activation"] = nullptr;
+  j.erase("tie_word_embeddings");
+  const CausalLMConfig c = parse(j);
+  EXPECT_EQ(c.mlp_activations, (std::vector<std::string>{"gelu", "linear"}));
+  EXPECT_EQ(c.head_dim, 256);
+  EXPECT_TRUE(c.zero_centered_norms && c.tie_word_embeddings);
+  EXPECT_FALSE(c.post_block_norms || c.qk_norm);
+  EXPECT_DOUBLE_EQ(c.embedding_multiplier, 4.0);
+  EXPECT_EQ(c.attention_scale, 0.0);  // head_dim^-0.5
+  EXPECT_EQ(c.layer_windows[0], std::nullopt);
+  for (const char* field : {"sliding_window", "query_pre_attn_scalar", "final_logit_softcapping"}) {
+    json bad = j;
+    bad[field] = 4;
+    EXPECT_ERROR(parse(bad), std::string(field) + ": is not a field te-cpp honours");
+  }
+}
+
+TEST(HfConfig, ReadsGemma3sFieldsAndTwoRopes) {
+  json j = tiny_config();
+  j["model_type"] = "gemma3_text";
+  j["architectures"] = {"Gemma3ForCausalLM"};
+  j["num_hidden_layers"] = 7;
+  j.erase("rope_parameters");
+  j.erase("tie_word_embeddings");
+  j["_sliding_window_pattern"] = 6;  // save_pretrained's, not read back
+  CausalLMConfig c = parse(j);
+  EXPECT_TRUE(c.qk_norm && c.zero_centered_norms && c.post_block_norms && c.tie_word_embeddings);
+  EXPECT_EQ(c.rope_theta, 1e6);
+  EXPECT_EQ(c.sliding_rope_theta, 1e4);
+  EXPECT_EQ(c.attn_logit_softcapping, 0.0);
+  EXPECT_EQ(c.final_logit_softcapping, 0.0);
+  for (int64_t i = 0; i < 7; ++i) {  // sliding_window_pattern 6: layer 5 is the global one
+    EXPECT_EQ(c.layer_windows[static_cast<std::size_t>(i)].has_value(), i != 5) << i;
+  }
+  j["rope_theta"] = 5e5;  // the older fields, as real Gemma 3 configs have them
+  j["rope_local_base_freq"] = 2e3;
+  j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 8.0}};
+  j["sliding_window_pattern"] = 2;
+  j["attn_logit_softcapping"] = nullptr;
+  c = parse(j);
+  EXPECT_EQ(c.rope_theta, 5e5);
+  EXPECT_EQ(c.rope_type, "linear");
+  EXPECT_EQ(c.rope_factor, 8.0);
+  EXPECT_EQ(c.sliding_rope_theta, 2e3);
+  EXPECT_FALSE(c.layer_windows[1].has_value());
+  EXPECT_TRUE(c.layer_windows[2].has_value());
+  json nested = tiny_config();
+  nested["model_type"] = "gemma3_text";
+  nested["architectures"] = {"Gemma3ForCausalLM"};
+  nested["rope_parameters"] = {
+      {"full_attention", {{"rope_type", "linear"}, {"factor", 2.0}, {"rope_theta", 5000.0}}},
+      {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", 100.0}}}};
+  c = parse(nested);
+  EXPECT_EQ(c.rope_theta, 5000.0);
+  EXPECT_EQ(c.rope_factor, 2.0);
+  EXPECT_EQ(c.sliding_rope_theta, 100.0);
+  json bad = nested;
+  bad["rope_parameters"]["sliding_attention"]["rope_type"] = "linear";
+  EXPECT_ERROR(parse(bad), "rope_parameters.sliding_attention.rope_type: 'linear': te-cpp rotates");
+  bad = nested;
+  bad["rope_parameters"]["chunked_attention"] = json::object();
+  EXPECT_ERROR(parse(bad), "rope_parameters.chunked_attention: expected full_attention and");
+  bad = nested;
+  bad["rope_local_base_freq"] = 50.0;
+  EXPECT_ERROR(parse(bad), "rope_local_base_freq: differs from rope_parameters.sliding_attention");
+  bad = nested;
+  bad["attn_logit_softcapping"] = 50.0;
+  EXPECT_ERROR(parse(bad), "attn_logit_softcapping: transformers 5.23.0's Gemma3Attention keeps");
+  bad = nested;
+  bad["sliding_window_pattern"] = 0;
+  EXPECT_ERROR(parse(bad), "sliding_window_pattern: must be positive");
+  // Gemma 2 takes the flat RoPE only.
+  bad = nested;
+  bad["model_type"] = "gemma2";
+  bad["architectures"] = {"Gemma2ForCausalLM"};
+  EXPECT_ERROR(parse(bad), "rope_parameters.full_attention: is not a field te-cpp honours");
+}
+
 TEST(HfConfig, ReadsLlama3RopeScalingAsFrequencyFactors) {
   json j = tiny_config();
   j["rope_parameters"] = {{"rope_type", "llama3"},   {"rope_theta", 1e4},
@@ -279,8 +434,8 @@ TEST(HfConfig, RefusesWhatItDoesNotHonourNamingTheField) {
   j["num_experts"] = 8;
   EXPECT_ERROR(parse(j), "'config.json': num_experts: is not a field te-cpp honours (value 8)");
   j = tiny_config();
-  j["model_type"] = "gemma";
-  EXPECT_ERROR(parse(j), "model_type: 'gemma' is not a causal LM family te-cpp loads");
+  j["model_type"] = "falcon";
+  EXPECT_ERROR(parse(j), "model_type: 'falcon' is not a causal LM family te-cpp loads");
   j = tiny_config();
   j["architectures"] = {"LlamaForSequenceClassification"};
   EXPECT_ERROR(parse(j), "architectures: entry \"LlamaForSequenceClassification\" is not one");
@@ -617,11 +772,26 @@ TEST(Gguf, AModelFileIsReadStrictly) {
   // Everything the config implies but the tensors: the first one missing is named.
   q8_file("token_embd.weight", 5, llama).write(path);
   EXPECT_ERROR(load_causal_lm(path.string()), "lacks 'model.layers.0.self_attn.q_proj.weight'");
+  // Gemma 2: transformers' GGUF loader takes Gemma2Config's soft caps (50, 30) whatever the file
+  // says; te-cpp refuses a file that says otherwise rather than differ.
+  auto f32 = [](const std::string& key, float value) {
+    GgufBytes g;
+    g.bytes.clear();
+    g.str(key).put<uint32_t>(6).put<float>(value);
+    return g.bytes;
+  };
+  const std::string gemma2 =
+      text("general.architecture", "gemma2") + u32("gemma2.embedding_length", 64) +
+      u32("gemma2.block_count", 1) + u32("gemma2.feed_forward_length", 32) +
+      u32("gemma2.attention.head_count", 2) + u32("gemma2.attention.key_length", 32);
+  q8_file("token_embd.weight", 7, gemma2 + f32("gemma2.attn_logit_softcapping", 20)).write(path);
+  EXPECT_ERROR(load_causal_lm(path.string()),
+               "gemma2.attn_logit_softcapping: 20.000000 is not Gemma2Config's 50.000000");
   // Its tokenizer: a kind te-cpp does not build is named, a byte-level one without merges too, a
   // SentencePiece one without scores too, a WordPiece one without its unknown token too.
-  q8_file("token_embd.weight", 1, text("tokenizer.ggml.model", "gemma4")).write(path);
+  q8_file("token_embd.weight", 1, text("tokenizer.ggml.model", "t5")).write(path);
   EXPECT_ERROR(Tokenizer::from_file(path.string()),
-               "tokenizer.ggml.model: 'gemma4' is not a tokenizer te-cpp builds");
+               "tokenizer.ggml.model: 't5' is not a tokenizer te-cpp builds");
   GgufBytes tokens;
   tokens.bytes.clear();
   tokens.str("tokenizer.ggml.tokens").put<uint32_t>(9).put<uint32_t>(8).put<uint64_t>(2);

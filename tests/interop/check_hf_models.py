@@ -43,12 +43,14 @@ import safetensors.torch
 import torch
 import transformers
 from gguf import GGMLQuantizationType as Q
-from gguf_files import write_gguf
+from gguf_files import write_gemma_gguf, write_gguf
 from interop_common import TOL, print_failure, rel_err, tensor
 from transformers import (AutoConfig, AutoModelForCausalLM, BertConfig, BertModel, GPT2Config,
-                          GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
-                          MistralConfig, MistralForCausalLM, Phi3Config, Phi3ForCausalLM,
-                          Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+                          GPT2LMHeadModel, GemmaConfig, GemmaForCausalLM, Gemma2Config,
+                          Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig,
+                          LlamaForCausalLM, MistralConfig, MistralForCausalLM, Phi3Config,
+                          Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
+                          Qwen3ForCausalLM)
 from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 from transformers.utils import is_accelerate_available
 
@@ -125,6 +127,33 @@ FAMILIES = [
      dict(tie_word_embeddings=False, pad_token_id=0, original_max_position_embeddings=16,
           **rope(10000.0, "longrope", short_factor=[1.2, 3.0], long_factor=[2.0, 9.0],
                  partial_rotary_factor=0.5))),
+    # Gemma (1): head_dim 16 not hidden_size / heads, GQA, a tied head.
+    ("gemma", GemmaConfig, GemmaForCausalLM, dict(head_dim=16, pad_token_id=0, **rope(10000.0))),
+    # Gemma 2: layer 0 slides (window 4 < SEQ), layer 1 attends to all; head_dim 16 is not
+    # hidden_size / heads; soft caps near these small random models' logits (attention ~0.02,
+    # head ~0.1), so tanh bends them: without either cap the case fails.
+    ("gemma2", Gemma2Config, Gemma2ForCausalLM,
+     dict(head_dim=16, query_pre_attn_scalar=12, sliding_window=4, attn_logit_softcapping=0.05,
+          final_logit_softcapping=0.5, pad_token_id=0, **rope(10000.0))),
+    # A separate head, q/k/v/o biases, no soft caps, both layers sliding, linear RoPE.
+    ("gemma2-untied-bias-nocap", Gemma2Config, Gemma2ForCausalLM,
+     dict(head_dim=8, query_pre_attn_scalar=8, sliding_window=5, attn_logit_softcapping=None,
+          final_logit_softcapping=None, tie_word_embeddings=False, attention_bias=True,
+          pad_token_id=None, layer_types=["sliding_attention"] * 2,
+          **rope(500.0, "linear", factor=2.0))),
+    # Gemma 3: q/k norms; layer 0 slides with its own RoPE (base 100), layer 1 is global with
+    # linear scaling (base 5000). (No attention soft cap: Gemma3Attention never applies it.)
+    ("gemma3", Gemma3TextConfig, Gemma3ForCausalLM,
+     dict(head_dim=16, query_pre_attn_scalar=12, sliding_window=4,
+          layer_types=["sliding_attention", "full_attention"], pad_token_id=0,
+          rope_parameters={"full_attention": dict(rope_type="linear", factor=2.0,
+                                                  rope_theta=5000.0),
+                           "sliding_attention": dict(rope_type="default", rope_theta=100.0)})),
+    # Gemma3TextConfig's RoPE bases (1e6 global, 1e4 sliding), sliding_window_pattern 2 (saved
+    # as layer_types), a separate head, q/k/v/o biases, a head soft cap.
+    ("gemma3-pattern-untied-bias", Gemma3TextConfig, Gemma3ForCausalLM,
+     dict(head_dim=8, query_pre_attn_scalar=8, sliding_window=5, sliding_window_pattern=2,
+          final_logit_softcapping=0.5, tie_word_embeddings=False, attention_bias=True)),
 ]
 
 # GPT-2 (GPT2LMHeadModel: learned positions, pre-LayerNorm, Conv1D weights, a tied head): (case,
@@ -197,6 +226,27 @@ def build(config_class, model_class, kwargs, seed, sizes=SIZES):
             elif name.endswith(".bias"):
                 p.add_(0.1 * torch.randn_like(p))
     return model
+
+
+def check_gemma_gguf_case(binary, workdir, index, case, qtype, arch):
+    """A random Gemma 2 or 3 (its config class's defaults but the sizes, head_dim 16 and a window
+    of 4; Gemma 3 with 6 layers, so that its default pattern makes layer 5 global) written as
+    WORKDIR/<case>/model.gguf, held to what transformers loads from that file."""
+    seed = 1000 + index
+    config, model_class, sizes = ((Gemma2Config, Gemma2ForCausalLM, SIZES) if arch == "gemma2"
+                                  else (Gemma3TextConfig, Gemma3ForCausalLM,
+                                        dict(SIZES, num_hidden_layers=6)))
+    model = build(config, model_class, dict(head_dim=16, sliding_window=4), seed, sizes)
+    folder = os.path.join(workdir, case)
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, "model.gguf")
+    write_gemma_gguf(model, path, qtype, arch)
+    ids = token_ids(seed)
+    with open(os.path.join(folder, "ids.json"), "w") as f:
+        json.dump({"ids": ids.tolist()}, f)
+    layouts = run_te(binary, folder, path)
+    logits, loss, grads = reference(from_gguf(folder, "model.gguf"), ids)
+    return [(name, *check_layout(te, logits, loss, grads)) for name, te in layouts.items()]
 
 
 def token_ids(seed):
@@ -402,6 +452,8 @@ def main(binary, workdir):
     failures = total = 0
     cases = [(case, check_case, family) for case, *family in FAMILIES] + \
             [(case, check_gguf_case, args) for case, *args in GGUF_CASES] + \
+            [("gemma2-gguf-q8_0", check_gemma_gguf_case, [Q.Q8_0, "gemma2"]),
+             ("gemma3-gguf-q8_0", check_gemma_gguf_case, [Q.Q8_0, "gemma3"])] + \
             [(case, check_case, [GPT2Config, GPT2LMHeadModel, kwargs, GPT2_SIZES])
              for case, kwargs in GPT2] + \
             [(case, check_encoder_case, [kwargs]) for case, kwargs in ENCODERS]

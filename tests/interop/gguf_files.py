@@ -1,5 +1,6 @@
 """GGUF files as llama.cpp's convert_hf_to_gguf.py writes them (llama-cpp-python 0.3.36's vendored
-llama.cpp: conversion/llama.py LlamaModel, conversion/phi.py Phi3MiniModel), written with gguf-py
+llama.cpp: conversion/llama.py LlamaModel, conversion/phi.py Phi3MiniModel, conversion/gemma.py
+Gemma2Model and Gemma3Model), written with gguf-py
 from a transformers model, for check_hf_models.py's GGUF cases:
 
 - Llama ("llama"): attn_q and attn_k rows permuted (LlamaModel.permute), Llama 3's RoPE scaling as
@@ -8,7 +9,9 @@ from a transformers model, for check_hf_models.py's GGUF cases:
   rope.scaling.original_context_length, rope.dimension_count int(partial * hidden) // heads,
   attention.sliding_window (0 for none), and LongRoPE's factors as rope_factors_long.weight /
   rope_factors_short.weight with rope.scaling.attn_factor sqrt(1 + ln(scale) / ln(original)),
-  scale = max_position_embeddings / original.
+  scale = max_position_embeddings / original;
+- Gemma 2 and 3 ("gemma2", "gemma3"): every norm weight stored plus one, no output.weight (tied),
+  Gemma 2's soft caps, Gemma 3's global RoPE base, the sliding window.
 
 Each with a minimal SentencePiece ("llama") vocabulary, the 2-dim weights quantized (F16 where
 the blocks do not tile a row, as the converter falls back on gguf.QuantError) and the norms F32.
@@ -149,11 +152,81 @@ def write_gguf(model, path, qtype, embd_qtype):
             data = permute(data, c.num_attention_heads)
         elif not phi3 and name.endswith("attn_k.weight"):
             data = permute(data, c.num_key_value_heads)
-        kind = Q.F32 if data.ndim == 1 else embd_qtype if name == "token_embd.weight" else qtype
-        if kind != Q.F32 and data.shape[-1] % gguf.GGML_QUANT_SIZES[kind][0]:
-            kind = Q.F16  # a row the blocks do not tile (ffn_down's intermediate_size 48)
-        w.add_tensor(name, gguf.quants.quantize(data, kind), raw_dtype=kind)
+        add_tensor(w, name, data, qtype, embd_qtype)
+    close(w)
+
+
+def add_tensor(w, name, data, qtype, embd_qtype):
+    """data as the converter writes it: 1-dim tensors F32, token_embd.weight as embd_qtype, the
+    other 2-dim ones as qtype (F16 where its blocks do not tile a row)."""
+    kind = Q.F32 if data.ndim == 1 else embd_qtype if name == "token_embd.weight" else qtype
+    if kind != Q.F32 and data.shape[-1] % gguf.GGML_QUANT_SIZES[kind][0]:
+        kind = Q.F16  # a row the blocks do not tile (ffn_down's intermediate_size 48)
+    w.add_tensor(name, gguf.quants.quantize(data, kind), raw_dtype=kind)
+
+
+def close(w):
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+# Gemma 2's and 3's names as llama.cpp's converter writes them (gguf-py MODEL_ARCH.GEMMA2's and
+# GEMMA3's tensors; the q/k norms are Gemma 3's).
+GEMMA_NAMES = {
+    "model.layers.N.self_attn.q_norm.weight": "blk.N.attn_q_norm.weight",
+    "model.layers.N.self_attn.k_norm.weight": "blk.N.attn_k_norm.weight",
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "model.layers.N.input_layernorm.weight": "blk.N.attn_norm.weight",
+    "model.layers.N.self_attn.q_proj.weight": "blk.N.attn_q.weight",
+    "model.layers.N.self_attn.k_proj.weight": "blk.N.attn_k.weight",
+    "model.layers.N.self_attn.v_proj.weight": "blk.N.attn_v.weight",
+    "model.layers.N.self_attn.o_proj.weight": "blk.N.attn_output.weight",
+    "model.layers.N.post_attention_layernorm.weight": "blk.N.post_attention_norm.weight",
+    "model.layers.N.pre_feedforward_layernorm.weight": "blk.N.ffn_norm.weight",
+    "model.layers.N.post_feedforward_layernorm.weight": "blk.N.post_ffw_norm.weight",
+    "model.layers.N.mlp.gate_proj.weight": "blk.N.ffn_gate.weight",
+    "model.layers.N.mlp.up_proj.weight": "blk.N.ffn_up.weight",
+    "model.layers.N.mlp.down_proj.weight": "blk.N.ffn_down.weight",
+}
+
+
+def write_gemma_gguf(model, path, qtype, arch):
+    """model (a tied Gemma2ForCausalLM or Gemma3ForCausalLM) as llama.cpp's converter writes it
+    (conversion/gemma.py Gemma2Model, Gemma3Model): its metadata, every norm weight plus one, no
+    output.weight, the 2-dim weights quantized to qtype, no query/key permutation."""
+    c = model.config
+    w = gguf.GGUFWriter(path, arch)
+    w.add_name("te random " + arch)
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_block_count(c.num_hidden_layers)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w.add_key_length(c.head_dim)
+    w.add_value_length(c.head_dim)
+    w.add_file_type(GGUF_FILE_TYPES[qtype])
+    if arch == "gemma2":
+        w.add_attn_logit_softcapping(c.attn_logit_softcapping)
+        w.add_final_logit_softcapping(c.final_logit_softcapping)
+    else:
+        w.add_rope_freq_base(c.rope_parameters["full_attention"]["rope_theta"])
+    w.add_sliding_window(c.sliding_window)
+    w.add_vocab_size(c.vocab_size)
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    write_tokenizer(w, c)
+    for hf_name, p in model.state_dict().items():
+        if hf_name == "lm_head.weight":
+            continue
+        m = re.fullmatch(r"model\.layers\.(\d+)\.(.*)", hf_name)
+        name = (GEMMA_NAMES["model.layers.N." + m[2]].replace(".N.", ".%s." % m[1]) if m
+                else GEMMA_NAMES[hf_name])
+        data = p.detach().to(torch.float32)
+        if name.endswith("norm.weight"):
+            data = data + 1
+        add_tensor(w, name, data.numpy(), qtype, qtype)
+    close(w)

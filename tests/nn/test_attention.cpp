@@ -475,6 +475,66 @@ TEST(DotProductAttention, ReportsBadInput) {
                "attention mask [2, 4, 2, 2] does not broadcast");
 }
 
+// softcap (Gemma 2's attn_logit_softcapping, transformers 5.23.0 models/gemma2/modeling_gemma2.py
+// eager_attention_forward): cap * tanh(q k^T * scale / cap), then the mask and the softmax;
+// forward and every gradient, on the unfused path whether or not `fused` is asked for.
+TEST(DotProductAttention, SoftcapCapsTheScaledLogitsBeforeTheMask) {
+  const double cap = 1.5, scale = 0.9;
+  const at::Tensor q = randn({2, 6, 4, 8}, 41) * 2, k = randn({2, 6, 2, 8}, 42) * 2,
+                   v = randn({2, 6, 2, 8}, 43);
+  const at::Tensor mask = padding_mask({6, 4}, 6, 6);
+  // The reference: eager_attention_forward's steps, GQA by repeating the key/value heads.
+  const auto reference = [&](const at::Tensor& qr, const at::Tensor& kr, const at::Tensor& vr) {
+    const at::Tensor kk = kr.repeat_interleave(2, 2), vv = vr.repeat_interleave(2, 2);
+    at::Tensor logits = at::einsum("bqhd,bkhd->bhqk", {qr, kk}) * scale;
+    logits = at::tanh(logits / cap) * cap;
+    const at::Tensor causal = at::ones({6, 6}, at::kBool).triu(1).view({1, 1, 6, 6});
+    const at::Tensor masked = causal.logical_or(mask);
+    const at::Tensor probs = at::softmax(logits.masked_fill(masked, -1e30), -1);
+    // Padded query rows (a whole row masked) give zeros, as every TE backend.
+    return at::einsum("bhqk,bkhd->bqhd", {probs, vv})
+        .masked_fill(masked.all(-1).squeeze(1).unsqueeze(-1).unsqueeze(-1), 0);
+  };
+  for (const bool fused : {true, false}) {
+    DotProductAttention dpa(DotProductAttentionOptions(4, 8)
+                                .num_gqa_groups(2)
+                                .attn_mask_type("padding_causal")
+                                .scale_factor(scale)
+                                .softcap(cap)
+                                .fused(fused));
+    const at::Tensor ql = leaf(q), kl = leaf(k), vl = leaf(v);
+    const at::Tensor qr = leaf(q), kr = leaf(k), vr = leaf(v);
+    const at::Tensor y = dpa(ql, kl, vl, mask), want = reference(qr, kr, vr);
+    EXPECT_TRUE(Close(y, want, 1e-5)) << "fused " << fused;
+    const at::Tensor g = randn(y.sizes().vec(), 44);
+    torch::autograd::backward({y}, {g});
+    torch::autograd::backward({want}, {g});
+    EXPECT_TRUE(Close(ql.grad(), qr.grad(), 1e-5));
+    EXPECT_TRUE(Close(kl.grad(), kr.grad(), 1e-5));
+    EXPECT_TRUE(Close(vl.grad(), vr.grad(), 1e-5));
+    EXPECT_EQ(dpa->fused_backend(q, k, v, mask), "unfused");
+    // The cap changes the result (these logits reach past it).
+    DotProductAttention uncapped(DotProductAttentionOptions(4, 8)
+                                     .num_gqa_groups(2)
+                                     .attn_mask_type("padding_causal")
+                                     .scale_factor(scale));
+    EXPECT_FALSE(Close(uncapped(q, k, v, mask), y, 1e-3));
+  }
+  std::ostringstream printed;
+  printed << *DotProductAttention(DotProductAttentionOptions(4, 8).softcap(cap));
+  EXPECT_NE(printed.str().find("softcap=1.5"), std::string::npos) << printed.str();
+  EXPECT_ERROR(DotProductAttention(DotProductAttentionOptions(4, 8).softcap(-1)),
+               "DotProductAttention: softcap -1 is not a finite cap >= 0");
+  DotProductAttention biased(
+      DotProductAttentionOptions(4, 8).attn_mask_type("causal").softcap(cap));
+  const at::Tensor q4 = randn({1, 3, 4, 8}, 45);
+  EXPECT_ERROR(biased(q4, q4, q4, {},
+                      AttentionArgs()
+                          .core_attention_bias_type("post_scale_bias")
+                          .core_attention_bias(at::zeros({1, 4, 3, 3}))),
+               "softcap takes no core_attention_bias_type beside it (got 'post_scale_bias')");
+}
+
 // The typed options: each enum value has TE's name and back, a name is parsed where it is given
 // (a misspelling names the option and every valid value), and the nested options reach the
 // modules they name.

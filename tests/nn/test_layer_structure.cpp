@@ -192,6 +192,52 @@ TEST(LayerStructure, OutputLayernormAloneAndADecodersNormResiduals) {
   EXPECT_TRUE(Close(dec(x, {}, memory, memory_mask), dec->mlp(h2) + dec->mlp->layernorm(h2), 1e-6));
 }
 
+TEST(LayerStructure, PostBlockNormsNormaliseEachBlocksOutputBeforeItsResidual) {
+  // Gemma 2's decoder layer (transformers 5.23.0 models/gemma2/modeling_gemma2.py
+  // Gemma2DecoderLayer): h = x + post_attention_layernorm(attn(input_layernorm(x))), then
+  // out = h + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(h))).
+  manual_seed(21);
+  auto options = layer_options().post_block_layernorm(true).mlp_activations({"gelu", "linear"});
+  options.self_attention().layernorm().layernorm_type("rmsnorm").zero_centered_gamma(true);
+  TransformerLayer layer(options);
+  ASSERT_TRUE(layer->post_attention_layernorm && layer->post_mlp_layernorm);
+  EXPECT_TRUE(layer->post_mlp_layernorm->options.zero_centered_gamma());
+  {
+    torch::NoGradGuard no_grad;  // scales away from their initial value, each its own
+    layer->post_attention_layernorm->scale.copy_(randn({16}, 22) * 0.3);
+    layer->post_mlp_layernorm->scale.copy_(randn({16}, 23) * 0.3);
+  }
+  const at::Tensor x = randn({2, 5, 16}, 24), mask = mask_of({5, 3}, 5);
+  const at::Tensor h = x + layer->post_attention_layernorm(layer->self_attention(x, {}, mask));
+  const at::Tensor want = h + layer->post_mlp_layernorm(layer->mlp(h));
+  EXPECT_TRUE(Close(layer(x, mask), want, 1e-6));
+  // Without them the layer differs (the test can fail).
+  manual_seed(21);
+  TransformerLayer plain(layer_options().mlp_activations({"gelu", "linear"}));
+  EXPECT_FALSE(Close(plain(x, mask), want, 1e-3));
+  EXPECT_ERROR(TransformerLayer(layer_options().post_block_layernorm(true).layer_type("decoder")),
+               "post_block_layernorm needs layer_type 'encoder' (got 'decoder') without "
+               "parallel_attention_mlp");
+}
+
+TEST(LayerStructure, ZeroCenteredRmsNormScalesInFp32AsGemmas) {
+  // Gemma2RMSNorm (transformers 5.23.0): (x_f32 * rsqrt(mean(x_f32^2) + eps) * (1 + w_f32))
+  // cast to x's dtype at the end; Llama's casts before its scale. Bit for bit in bf16.
+  const at::Tensor x = (randn({4, 64}, 31) * 3).to(at::kBFloat16);
+  const at::Tensor w = (randn({64}, 32) * 0.5).to(at::kBFloat16);
+  const at::Tensor xf = x.to(at::kFloat);
+  const at::Tensor gemma =
+      (xf * at::rsqrt(xf.pow(2).mean({-1}, true) + 1e-6) * (w.to(at::kFloat) + 1.0))
+          .to(at::kBFloat16);
+  const at::Tensor y = F::layer_norm(x, w, {}, 1e-6, /*zero_centered_gamma=*/true, /*rms=*/true);
+  EXPECT_TRUE(at::equal(y, gemma));
+  // The qk norms take the form too (Gemma 3's q_norm and k_norm).
+  MultiHeadAttention mha(
+      MultiHeadAttentionOptions(16, 4).qk_norm_type("RMSNorm").qk_norm_zero_centered_gamma(true));
+  EXPECT_TRUE(mha->q_norm->options.zero_centered_gamma());
+  EXPECT_TRUE(mha->k_norm->options.zero_centered_gamma());
+}
+
 TEST(LayerStructure, ParallelAttentionAndMlpShareTheInput) {
   manual_seed(9);
   TransformerLayer layer(layer_options().parallel_attention_mlp(true));

@@ -45,6 +45,8 @@ enum class Kind {
   kDecoder,       // causal self and cross attention, interleaved RoPE (GPT-J's), RMSNorm qk-norm,
                   // swiglu
   kParallel,      // parallel attention and MLP, L2 qk-norm, clamped_swiglu, drop path
+  kSandwich,      // Gemma 2's layer: zero-centered RMSNorms before and after each block, a
+                  // soft-capped causal window attention with RoPE, GeGLU
 };
 
 // Rules mapping the custom kernel names onto the layout's mesh axes.
@@ -206,7 +208,8 @@ Model make(Kind kind, bool sp, Way way, bool dropout, Shape sh) {
     }
     case Kind::kEncoder:
     case Kind::kDecoder:
-    case Kind::kParallel: {
+    case Kind::kParallel:
+    case Kind::kSandwich: {
       const bool decoder = kind == Kind::kDecoder;
       auto options = TransformerLayerOptions(16, 24, 4);
       if (kind == Kind::kEncoder) {
@@ -216,6 +219,10 @@ Model make(Kind kind, bool sp, Way way, bool dropout, Shape sh) {
       } else if (decoder) {
         options.mlp_activations({"swiglu"});
         options.self_attention().qk_norm_type("RMSNorm");
+      } else if (kind == Kind::kSandwich) {
+        options.post_block_layernorm(true).mlp_activations({"gelu", "linear"});
+        options.self_attention().layernorm().layernorm_type("rmsnorm").zero_centered_gamma(true);
+        options.self_attention().attention().softcap(0.8).window_size(WindowSize{2, 0});
       } else {
         options.parallel_attention_mlp(true)
             .mlp_activations({"clamped_swiglu"})
@@ -235,15 +242,29 @@ Model make(Kind kind, bool sp, Way way, bool dropout, Shape sh) {
           .out_kernel_axes({w_out, w_in});
       options.self_attention()
           .attention()
-          .attn_mask_type(decoder ? "causal" : "padding")
+          .attn_mask_type(decoder                   ? "causal"
+                          : kind == Kind::kSandwich ? "padding_causal"
+                                                    : "padding")
           .attention_dropout(r.attention);
       TransformerLayer layer(options);
       // A norm scale other than one, so a residual taken before or after it differs.
       set_parameter_from_global(*layer->mlp->layernorm, "scale", at::linspace(0.5, 1.5, 16));
+      if (layer->post_attention_layernorm) {
+        set_parameter_from_global(*layer->post_attention_layernorm, "scale",
+                                  at::linspace(-0.5, 0.5, 16));
+        set_parameter_from_global(*layer->post_mlp_layernorm, "scale", at::linspace(0.3, -0.3, 16));
+      }
       const at::Tensor mask = padding_mask(sh);
       if (!decoder) {
-        m = {layer.ptr(), [layer, mask](const at::Tensor& x) mutable { return layer(x, mask); },
-             [layer, mask](const DTensor& x) mutable { return layer(x, mask); }};
+        AttentionArgs args;  // the sandwich rotates halves (Gemma's)
+        if (kind == Kind::kSandwich) args.rotary_pos_emb(rope(sh, false));
+        m = {layer.ptr(),
+             [layer, mask, args](const at::Tensor& x) mutable {
+               return layer(x, mask, {}, {}, args);
+             },
+             [layer, mask, args](const DTensor& x) mutable {
+               return layer(x, mask, std::nullopt, {}, args);
+             }};
       } else {
         const at::Tensor memory =
             test::seeded_integers({sh.batch, sh.seq, 16}, 33).to(at::kFloat) / 9.0;
@@ -395,7 +416,7 @@ std::vector<Case> all_cases() {
   std::vector<Case> cases;
   for (Kind kind : {Kind::kDenseColumn, Kind::kDenseRow, Kind::kMlpGelu, Kind::kMlpGated,
                     Kind::kMhaFused, Kind::kMhaGqa, Kind::kMhaWindow, Kind::kMhaArbitrary,
-                    Kind::kEncoder, Kind::kDecoder, Kind::kParallel}) {
+                    Kind::kEncoder, Kind::kDecoder, Kind::kParallel, Kind::kSandwich}) {
     for (const Layout& l : layouts()) {
       // 2 key/value heads do not split over 4 ranks (GqaHeadsMustSplitEvenly below).
       if (kind == Kind::kMhaGqa && l.name == "TP4") continue;
@@ -425,9 +446,9 @@ std::vector<Case> all_cases() {
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   static const char* kinds[] = {
-      "DenseColumn",   "DenseRow",          "MlpGelu",         "MlpGated",
-      "MhaFusedQkv",   "MhaGqaRope",        "MhaWindowAlibi",  "MhaArbitraryBiasSink",
-      "EncoderPostLn", "DecoderRopeQkNorm", "ParallelL2QkNorm"};
+      "DenseColumn",   "DenseRow",          "MlpGelu",          "MlpGated",
+      "MhaFusedQkv",   "MhaGqaRope",        "MhaWindowAlibi",   "MhaArbitraryBiasSink",
+      "EncoderPostLn", "DecoderRopeQkNorm", "ParallelL2QkNorm", "SandwichSoftcap"};
   static const char* ways[] = {"TeTable", "ExtendedRules", "CustomNames"};
   return std::string(kinds[static_cast<int>(info.param.kind)]) + "_" + info.param.layout + "_" +
          ways[static_cast<int>(info.param.way)] + (info.param.dropout ? "_Dropout" : "") +

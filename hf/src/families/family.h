@@ -5,6 +5,8 @@
 // tensors saved beside them that are not weights, and llama.cpp's names for them in a GGUF file.
 // Each family is one file in this folder defining its Family, listed by one line in list.h.
 
+#include <cstdint>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -21,6 +23,16 @@ namespace te::hf::detail {
 /// and the parts after "model.layers.N." / "blk.N.".
 struct GgufNames {
   std::vector<std::pair<std::string, std::string>> global, layer;
+};
+
+/// A GGUF file's metadata keys of the family's architecture ("gemma2." ...), as gguf_model.cpp
+/// reads them: each key read is remembered, and one never read is refused.
+struct GgufKeys {
+  virtual ~GgufKeys() = default;
+  virtual std::optional<int64_t> integer(const std::string& key) = 0;
+  virtual std::optional<double> number(const std::string& key) = 0;
+  /// te::Error naming the file and the architecture's key.
+  [[noreturn]] virtual void fail(const std::string& key, const std::string& message) const = 0;
 };
 
 struct Family {
@@ -47,6 +59,13 @@ struct Family {
   /// The GGUF key attention.sliding_window is read past: llama.cpp disables the window of this
   /// family's files (Phi-3) and transformers' GGUF loader does not read it, so both attend fully.
   bool gguf_ignores_sliding_window = false;
+  /// llama.cpp's converter stores each norm weight plus one (Gemma's RMSNorms scale by 1 +
+  /// weight, llama.cpp's by the weight): one is taken off on reading, as transformers'
+  /// Gemma2TensorProcessor does.
+  bool gguf_norms_plus_one = false;
+  /// The family's own part of a GGUF file's config, after the shared keys (sizes, RoPE, norm
+  /// epsilon) and tensors are read; nullptr: none.
+  void (*read_gguf_config)(GgufKeys& keys, CausalLMConfig& config) = nullptr;
 };
 
 /// The family of config.json's model_type, nullptr when none is registered.

@@ -21,7 +21,7 @@ namespace {
 constexpr int64_t kDefaultPad = 32000;  // Phi3Config's pad_token_id
 
 void read_config(Fields& f, CausalLMConfig& c) {
-  RopeDecoderRules rules;
+  DecoderDefaults rules;
   rules.max_position_embeddings = 4096;
   rules.rms_norm_eps = 1e-5;
   rules.rope.types = {"default", "longrope"};

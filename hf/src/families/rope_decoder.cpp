@@ -9,14 +9,14 @@
 
 namespace te::hf::detail {
 
-void read_rope_decoder_config(Fields& f, CausalLMConfig& c, const RopeDecoderRules& rules) {
+void read_rope_decoder_config(Fields& f, CausalLMConfig& c, const DecoderDefaults& defaults) {
   c.vocab_size = f.integer("vocab_size");
   c.hidden_size = f.integer("hidden_size");
   c.intermediate_size = f.integer("intermediate_size");
   c.num_hidden_layers = f.integer("num_hidden_layers");
   c.num_attention_heads = f.integer("num_attention_heads");
   c.num_key_value_heads = f.integer_or("num_key_value_heads", c.num_attention_heads);
-  c.head_dim = f.integer_or("head_dim", 0);
+  c.head_dim = f.integer_or("head_dim", defaults.head_dim);
   if (c.head_dim == 0 && !f.has("head_dim") && c.num_attention_heads > 0) {
     if (c.hidden_size % c.num_attention_heads != 0) {
       f.fail("hidden_size", "is not a multiple of num_attention_heads and there is no head_dim");
@@ -24,19 +24,30 @@ void read_rope_decoder_config(Fields& f, CausalLMConfig& c, const RopeDecoderRul
     c.head_dim = c.hidden_size / c.num_attention_heads;
   }
   c.max_position_embeddings =
-      f.integer_or("max_position_embeddings", rules.max_position_embeddings);
-  c.rms_norm_eps = f.number_or("rms_norm_eps", rules.rms_norm_eps);
-  const std::string act = f.string_or("hidden_act", "silu");
-  if (act != "silu") {
-    f.fail("hidden_act", "'" + act + "': te-cpp builds this family's MLP as SwiGLU (silu)");
+      f.integer_or("max_position_embeddings", defaults.max_position_embeddings);
+  c.rms_norm_eps = f.number_or("rms_norm_eps", defaults.rms_norm_eps);
+  // The gated MLP act(x W_gate) * x W_up: silu (SwiGLU) or the tanh gelu (GeGLU, te's "gelu").
+  std::string act = f.string_or(defaults.activation_field, defaults.activation);
+  if (act == "gelu" && defaults.gelu_means_tanh) act = "gelu_pytorch_tanh";
+  if (act == "silu") {
+    c.mlp_activations = {"silu", "linear"};
+  } else if (act == "gelu_pytorch_tanh") {
+    c.mlp_activations = {"gelu", "linear"};
+  } else {
+    f.fail(defaults.activation_field,
+           "'" + act + "': te-cpp builds this family's gated MLP with silu or gelu_pytorch_tanh");
   }
   if (f.integer_or("pretraining_tp", 1) != 1) {
     f.fail("pretraining_tp", "slices the projections at training time only; te-cpp supports 1");
   }
   c.attention_dropout = f.number_or("attention_dropout", 0.0);
-  c.tie_word_embeddings = f.boolean_or("tie_word_embeddings", false);
-  if (f.has("pad_token_id")) c.pad_token_id = f.integer("pad_token_id");
-  read_rope(f, c, rules.rope);
+  c.tie_word_embeddings = f.boolean_or("tie_word_embeddings", defaults.tie_word_embeddings);
+  if (f.has("pad_token_id")) {
+    c.pad_token_id = f.integer("pad_token_id");
+  } else if (!f.contains("pad_token_id")) {  // absent, not null
+    c.pad_token_id = defaults.pad_token_id;
+  }
+  read_rope(f, c, defaults.rope);
   if (c.num_hidden_layers <= 0 || c.num_hidden_layers > 65536) {
     f.fail("num_hidden_layers",
            std::to_string(c.num_hidden_layers) + " is not in [1, 65536], the layers te-cpp builds");
@@ -102,7 +113,13 @@ WeightMap rope_decoder_weight_map(const CausalLMConfig& c) {
       whole(te + "self_attention.q_norm.scale", attn + "q_norm.weight");
       whole(te + "self_attention.k_norm.scale", attn + "k_norm.weight");
     }
-    whole(te + "mlp.layernorm.scale", hf + "post_attention_layernorm.weight");
+    if (c.post_block_norms) {  // Gemma 2's and 3's four norms (Gemma2DecoderLayer)
+      whole(te + "post_attention_layernorm.scale", hf + "post_attention_layernorm.weight");
+      whole(te + "mlp.layernorm.scale", hf + "pre_feedforward_layernorm.weight");
+      whole(te + "post_mlp_layernorm.scale", hf + "post_feedforward_layernorm.weight");
+    } else {
+      whole(te + "mlp.layernorm.scale", hf + "post_attention_layernorm.weight");
+    }
     pair(te + "mlp.wi_kernel", mlp + "gate_proj.weight", mlp + "up_proj.weight", false);
     kernel(te + "mlp.wo_kernel", mlp + "down_proj.weight");
     if (c.mlp_bias) {

@@ -1,26 +1,36 @@
 #pragma once
 
-// The decoder Llama, Mistral, Qwen2 and Qwen3 share (transformers' LlamaModel layout):
-// pre-RMSNorm layers, RoPE, grouped query attention, a SwiGLU MLP, a tied or separate head. Each
-// of those families' files reads the shared fields here, then its own (biases, q/k norms,
-// sliding windows).
+// The decoder Llama, Mistral, Qwen2, Qwen3, Phi-3 and Gemma share (transformers' LlamaModel
+// layout): pre-RMSNorm layers, RoPE, grouped query attention, a gated MLP, a tied or separate
+// head. Each of those families' files reads the shared fields here, then its own (biases, q/k
+// norms, sliding windows, Gemma's norms after the blocks).
 
 #include "family.h"
 #include "rope_scaling.h"
 
 namespace te::hf::detail {
 
-/// What a family's config class assumes where config.json is silent, and its RoPE rules.
-struct RopeDecoderRules {
+/// What a family's config class assumes where config.json is silent (LlamaConfig's by default;
+/// Gemma 2's: transformers 5.23.0 models/gemma2/configuration_gemma2.py), and its RoPE rules.
+struct DecoderDefaults {
   int64_t max_position_embeddings = 0;  ///< 0: none
   double rms_norm_eps = 1e-6;
+  /// The field naming the gated MLP's activation (Gemma's hidden_activation).
+  const char* activation_field = "hidden_act";
+  const char* activation = "silu";  ///< when that field is absent
+  /// "gelu" there means the tanh form (GemmaConfig.__post_init__, transformers 5.23.0).
+  bool gelu_means_tanh = false;
+  /// head_dim when there is none; 0: hidden_size / num_attention_heads.
+  int64_t head_dim = 0;
+  bool tie_word_embeddings = false;
+  std::optional<int64_t> pad_token_id;
   RopeRules rope;
 };
 
-/// config.json's shared fields: sizes, hidden_act (silu), pretraining_tp, attention_dropout,
-/// tie_word_embeddings, pad_token_id, RoPE (rope_scaling.h). Every layer starts with no sliding
-/// window.
-void read_rope_decoder_config(Fields& f, CausalLMConfig& c, const RopeDecoderRules& rules = {});
+/// config.json's shared fields: sizes, the gated MLP's activation (silu or gelu_pytorch_tanh),
+/// pretraining_tp, attention_dropout, tie_word_embeddings, pad_token_id, RoPE (rope_scaling.h).
+/// Every layer starts with no sliding window.
+void read_rope_decoder_config(Fields& f, CausalLMConfig& c, const DecoderDefaults& defaults = {});
 
 /// Qwen2's and Qwen3's windows: only with use_sliding_window, on the layers layer_types names
 /// sliding_attention (or, without it, from max_window_layers on: 28 when absent), of
@@ -29,7 +39,9 @@ void read_qwen_windows(Fields& f, CausalLMConfig& c);
 
 /// transformers' names: model.embed_tokens, model.layers.N.{input_layernorm, self_attn.{q,k,v,o}
 /// _proj, q_norm, k_norm, post_attention_layernorm, mlp.{gate,up,down}_proj}, model.norm,
-/// lm_head; the biases and q/k norms the config has.
+/// lm_head; the biases and q/k norms the config has. With post_block_norms (Gemma 2, 3)
+/// post_attention_layernorm is the attention output's norm, pre_feedforward_layernorm the MLP's
+/// and post_feedforward_layernorm the MLP output's.
 WeightMap rope_decoder_weight_map(const CausalLMConfig& c);
 
 /// The RoPE tables older checkpoints keep (rotary_emb.inv_freq).

@@ -80,11 +80,40 @@ std::vector<double> number_list(Fields& rope, const std::string& name) {
   return out;
 }
 
+// transformers 5's per-layer-type RoPE (5.23.0 models/gemma3/configuration_gemma3.py
+// Gemma3TextConfig.convert_rope_params_to_dict): the sliding layers' base (a default RoPE) into
+// c.sliding_rope_theta when given; returns the full-attention layers' object, the RoPE proper.
+const json& per_layer_type_rope(const json& r, const Fields& f, CausalLMConfig& c) {
+  static const json kNone = json::object();
+  for (auto it = r.begin(); it != r.end(); ++it) {
+    if ((it.key() != "full_attention" && it.key() != "sliding_attention") ||
+        !it.value().is_object()) {
+      f.fail("rope_parameters." + it.key(),
+             "expected full_attention and sliding_attention objects (transformers' per-layer-type "
+             "form), got " +
+                 it.value().dump());
+    }
+  }
+  if (r.contains("sliding_attention")) {
+    Fields sliding(r.at("sliding_attention"), f.path(), "rope_parameters.sliding_attention.");
+    const std::string type = sliding.string_or("rope_type", "default");
+    if (type != "default") {
+      sliding.fail("rope_type", "'" + type + "': te-cpp rotates sliding layers with default RoPE");
+    }
+    if (sliding.has("rope_theta")) c.sliding_rope_theta = sliding.number_or("rope_theta", 0);
+    sliding.refuse_unread({});
+  }
+  return r.contains("full_attention") ? r.at("full_attention") : kNone;
+}
+
 // One rope_parameters / rope_scaling object's fields into `p`; any other field refused.
-void read_object(Fields& f, const char* key, RopeParams& p) {
-  const json& r = f.raw(key);
-  if (!r.is_object()) f.fail(key, "expected an object, got " + r.dump());
-  Fields rope(r, f.path(), std::string(key) + ".");
+void read_object(Fields& f, const char* key, RopeParams& p, CausalLMConfig& c,
+                 const RopeRules& rules) {
+  const json& top = f.raw(key);
+  if (!top.is_object()) f.fail(key, "expected an object, got " + top.dump());
+  const bool per_type = rules.per_layer_type && std::string(key) == "rope_parameters";
+  const json& r = per_type ? per_layer_type_rope(top, f, c) : top;
+  Fields rope(r, f.path(), per_type ? "rope_parameters.full_attention." : std::string(key) + ".");
   for (const char* name : {"rope_type", "type"}) {
     if (rope.has(name)) {
       settle(p.type, std::optional<std::string>(rope.string_or(name, "")),
@@ -287,7 +316,7 @@ void read_rope(Fields& f, CausalLMConfig& c, const RopeRules& rules) {
   if (f.has("rope_theta")) p.theta = f.number_or("rope_theta", 0);
   if (f.has("partial_rotary_factor")) p.partial = f.number_or("partial_rotary_factor", 0);
   for (const char* key : {"rope_parameters", "rope_scaling"}) {
-    if (f.has(key)) read_object(f, key, p);
+    if (f.has(key)) read_object(f, key, p, c, rules);
   }
   c.rope_type = p.type.value_or("default");
   // Phi3Config.convert_rope_params_to_dict (transformers 5.23.0 configuration_phi3.py): the
@@ -295,7 +324,7 @@ void read_rope(Fields& f, CausalLMConfig& c, const RopeRules& rules) {
   if (rules.yarn_is_longrope && (c.rope_type == "yarn" || c.rope_type == "su")) {
     c.rope_type = "longrope";
   }
-  c.rope_theta = p.theta.value_or(10000.0);
+  c.rope_theta = p.theta.value_or(rules.theta);
   const double partial = p.partial.value_or(1.0);
   if (!(partial > 0 && partial <= 1)) f.fail("partial_rotary_factor", "must be in (0, 1]");
   // transformers: int(head_dim * partial_rotary_factor).

@@ -25,10 +25,16 @@ struct RopeRules {
   /// A top-level original_max_position_embeddings that transformers puts over rope_parameters'
   /// (Phi3Config's field; standardize_rope_params gives it priority); nullopt: none.
   std::optional<int64_t> original_max_position_embeddings;
+  double theta = 10000.0;  ///< the RoPE base when config.json gives none
+  /// rope_parameters may be transformers 5's per-layer-type form ({"full_attention": {...},
+  /// "sliding_attention": {...}}, Gemma 3's): the full-attention layers' RoPE is read as the
+  /// RoPE, the sliding layers' base (default type only) into sliding_rope_theta.
+  bool per_layer_type = false;
 };
 
 /// Sets c.rope_theta, rotary_dim, rope_type, rope_factor, rope_freq_factors,
-/// rope_long_freq_factors, rope_original_max_position_embeddings and rope_attention_factor
+/// rope_long_freq_factors, rope_original_max_position_embeddings, rope_attention_factor and
+/// sliding_rope_theta
 /// (c.head_dim and c.max_position_embeddings read first). A value given both at the top level
 /// and in the object must agree.
 void read_rope(Fields& f, CausalLMConfig& c, const RopeRules& rules = {});

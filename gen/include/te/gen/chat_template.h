@@ -13,6 +13,9 @@
 //   - Phi-3 / Phi-3.5: <|{role}|>\n{content}<|end|>\n per message (Phi-3.5's leaves out a
 //     system message with empty content), <|assistant|>\n as the generation prompt (without it
 //     the template ends with the tokenizer's eos_token: refused).
+//   - Gemma (1, 2, 3): <bos>, then <start_of_turn>{user | model}\n{content}<end_of_turn>\n per
+//     message (content stripped; user first, alternating), <start_of_turn>model\n; a system
+//     message refused (Gemma 1, 2) or the first turn's prefix, content + "\n\n" (Gemma 3).
 // tests/interop/check_generate.py holds them to transformers' apply_chat_template. No LibTorch.
 
 #include <string>
@@ -34,12 +37,15 @@ class ChatTemplate {
   /// assistant's generation prompt when asked.
   std::string apply(const std::vector<ChatMessage>& messages,
                     bool add_generation_prompt = true) const;
-  /// "chatml", "llama3" or "phi3".
+  /// "chatml", "llama3", "phi3" or "gemma".
   const std::string& family() const { return family_; }
 
  private:
+  std::string apply_gemma(const std::vector<ChatMessage>& messages,
+                          bool add_generation_prompt) const;
   std::string family_;
-  std::string default_system_;  ///< ChatML's, or "" for none
+  bool gemma_system_prefix_ = false;  ///< Gemma 3's: a system message prefixes the first turn
+  std::string default_system_;        ///< ChatML's, or "" for none
   bool has_default_system_ = false;
   bool skip_empty_system_ = false;  ///< Phi-3.5's
 };

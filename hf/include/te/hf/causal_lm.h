@@ -1,6 +1,6 @@
 #pragma once
 
-// te::hf::CausalLM: a Llama-family decoder (Llama, Mistral, Qwen2, Qwen3) built from te::nn
+// te::hf::CausalLM: a Llama-family decoder (Llama, Mistral, Qwen2, Qwen3, Gemma) built from te::nn
 // modules with logical axes, so it runs on one process or sharded over any mesh the rules in
 // scope describe, and load_causal_lm: a Hugging Face checkpoint (config.json and
 // model.safetensors, or a sharded set) loaded into it, each rank reading only the bytes of its
@@ -39,10 +39,11 @@ namespace te::hf {
 /// The te::nn layer options a config implies for layer `layer` (its sliding window).
 te::nn::TransformerLayerOptions layer_options(const CausalLMConfig& config, int64_t layer);
 
-/// Token ids -> logits: embed, the layers with RoPE, the final RMSNorm, the head (the
-/// embedding table itself when tied). Built under the mesh and rules in scope, like every
-/// te::nn module; initialised at random (load_causal_lm fills it). The language model a
-/// te::gen::Engine drives (te::gen::Engine engine(causal_lm)).
+/// Token ids -> logits: embed (times config.embedding_multiplier), the layers with RoPE (the
+/// sliding layers' own where config.sliding_rope_theta is set), the final RMSNorm, the head (the
+/// embedding table itself when tied; soft-capped by config.final_logit_softcapping). Built under
+/// the mesh and rules in scope, like every te::nn module; initialised at random (load_causal_lm
+/// fills it). The language model a te::gen::Engine drives (te::gen::Engine engine(causal_lm)).
 class CausalLMImpl : public torch::nn::Cloneable<CausalLMImpl>, public te::gen::LanguageModel {
  public:
   explicit CausalLMImpl(const CausalLMConfig& config);
@@ -85,6 +86,8 @@ class CausalLMImpl : public torch::nn::Cloneable<CausalLMImpl>, public te::gen::
   te::nn::LayerNorm norm{nullptr};
   te::nn::Dense lm_head{nullptr};                 ///< null when tie_word_embeddings
   te::nn::RotaryPositionEmbedding rope{nullptr};  ///< null with learned positions
+  /// The sliding-window layers' own RoPE (config.sliding_rope_theta: Gemma 3's), else null.
+  te::nn::RotaryPositionEmbedding sliding_rope{nullptr};
 };
 TE_MODULE(CausalLM);
 

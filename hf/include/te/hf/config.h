@@ -19,9 +19,11 @@ namespace te::hf {
 
 /// A decoder-only language model of a registered family (te/hf/families.h: the Llama family,
 /// Llama, Mistral, Qwen2, Qwen3, Phi-3, with pre-RMSNorm layers, RoPE, grouped query attention, a
-/// SwiGLU MLP, an optional sliding window per layer, a tied or separate head; and GPT-2, with
-/// learned positions, pre-LayerNorm layers with biases everywhere, a fused query/key/value
-/// projection, a gelu MLP, a tied head). The fields are what the families differ by.
+/// SwiGLU MLP, an optional sliding window per layer, a tied or separate head; Gemma 1, 2 and 3 on
+/// the same decoder with 1 + weight RMSNorms, scaled embeddings, GeGLU, and for 2 and 3 norms after
+/// the blocks, soft caps and two RoPEs; and GPT-2, with learned positions, pre-LayerNorm layers
+/// with biases everywhere, a fused query/key/value projection, a gelu MLP, a tied head). The
+/// fields are what the families differ by.
 struct CausalLMConfig {
   std::string model_type;
   int64_t vocab_size = 0;
@@ -51,6 +53,9 @@ struct CausalLMConfig {
   /// computed from rope_factor and the config's other parameters; "longrope": its short and long
   /// factors as given), as transformers 5.23.0's modeling_rope_utils.py computes them.
   double rope_theta = 10000.0;
+  /// > 0: the sliding-window layers rotate with a default RoPE of this base instead (Gemma 3's
+  /// rope_local_base_freq, rope_parameters.sliding_attention); the others as above.
+  double sliding_rope_theta = 0.0;
   int64_t rotary_dim = 0;
   std::string rope_type = "default";
   double rope_factor = 1.0;
@@ -69,8 +74,22 @@ struct CausalLMConfig {
   bool attention_bias = false;
   bool qkv_bias = false;
   bool mlp_bias = false;
-  /// Per-head RMSNorm of queries and keys before RoPE (Qwen3).
+  /// Per-head RMSNorm of queries and keys before RoPE (Qwen3, Gemma 3).
   bool qk_norm = false;
+  /// Every RMSNorm (the q/k norms too) scales by 1 + weight, its weights saved zero-centered
+  /// (Gemma's RMSNorm: LayerNormOptions::zero_centered_gamma).
+  bool zero_centered_norms = false;
+  /// A norm on each layer's attention output and MLP output too, before the residual adds
+  /// (Gemma 2 and 3: TransformerLayerOptions::post_block_layernorm).
+  bool post_block_norms = false;
+  /// Multiplies the embeddings, cast to their dtype first (Gemma: sqrt(hidden_size)); 1: none.
+  double embedding_multiplier = 1.0;
+  /// Multiplies the attention logits (Gemma: query_pre_attn_scalar^-0.5); 0: 1/sqrt(head_dim).
+  double attention_scale = 0.0;
+  /// cap * tanh(x / cap) on the attention logits before the mask (Gemma 2's
+  /// attn_logit_softcapping) and on the head's logits (final_logit_softcapping); 0: none.
+  double attn_logit_softcapping = 0.0;
+  double final_logit_softcapping = 0.0;
   bool tie_word_embeddings = false;
   /// The embedding's padding row (pad_token_id; GGUF: tokenizer.ggml.padding_token_id): its
   /// lookup gradient is zero, as transformers' nn.Embedding(padding_idx=pad_token_id) trains it

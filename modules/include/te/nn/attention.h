@@ -121,6 +121,12 @@ struct DotProductAttentionOptions {
   /// Multiplies the logits; 0 means 1/sqrt(head_dim) (within MultiHeadAttentionOptions: as its
   /// scale_attn_logits says).
   TORCH_ARG(double, scale_factor) = 0.0;
+  /// Soft-caps the scaled logits before the mask and the softmax: cap * tanh(logits / cap), as
+  /// Gemma 2's attn_logit_softcapping (transformers 5.23.0 models/gemma2/modeling_gemma2.py
+  /// eager_attention_forward) and flash-attention's softcap; 0: none. Takes no
+  /// core_attention_bias_type beside it (where a bias would go relative to the cap is not
+  /// settled); runs unfused (no SDPA form), on every path a KV cache takes too.
+  TORCH_ARG(double, softcap) = 0.0;
   /// TE's softmax_type: vanilla, off-by-one (each row's denominator gains exp(0): an attention
   /// sink) or learnable (gains exp(softmax_offset[h]), a parameter of shape [heads] with logical
   /// axis "heads", initialised to zeros, as gpt-oss's sinks).
@@ -232,6 +238,10 @@ struct MultiHeadAttentionOptions {
   /// qk_norm_before_rope (multi_head_attention.py L1130-1192 at d0067d0da).
   TORCH_ARG(TeChoice<QkNormType>, qk_norm_type) = QkNormType::kNone;
   TORCH_ARG(double, qk_norm_eps) = 1e-6;
+  /// The RMSNorm / LayerNorm q/k norms learn gamma - 1 and scale by 1 + scale
+  /// (LayerNormOptions::zero_centered_gamma): Gemma 3's q_norm and k_norm (transformers 5.23.0
+  /// models/gemma3/modeling_gemma3.py Gemma3RMSNorm).
+  TORCH_ARG(bool, qk_norm_zero_centered_gamma) = false;
   TORCH_ARG(bool, qk_norm_before_rope) = false;
   /// The rotary_pos_emb given to forward (AttentionArgs) rotates interleaved pairs (GPT-J) instead
   /// of halves (Llama); TE's rotary_pos_interleaved. Make the frequencies with the same choice

@@ -151,6 +151,9 @@ at::Tensor flatten(const at::Tensor& x, int64_t dim);
 using te::ops::flatten;
 /// a + b; on DTensors b is moved to a's layout first.
 at::Tensor add(const at::Tensor& a, const at::Tensor& b);
+/// cap * tanh(x / cap), each step in x's dtype (Gemma 2's soft caps of the attention logits and
+/// of the head's logits: transformers 5.23.0 models/gemma2/modeling_gemma2.py).
+at::Tensor soft_cap(const at::Tensor& x, double cap);
 using te::ops::add;
 /// `whole` (the same on every rank) laid out as `like` is: itself beside a plain tensor; beside a
 /// DTensor distributed with its mesh and placements (this rank keeps its piece). E.g. position
@@ -262,6 +265,9 @@ struct AttentionCall {
   MaskSpec spec;
   /// Multiplies q k^T (TE's softmax_scale).
   double scale = 1.0;
+  /// > 0: the scaled logits become softcap * tanh(logits / softcap) before the mask (Gemma 2's
+  /// attn_logit_softcapping); no bias beside it. 0: none.
+  double softcap = 0.0;
   /// core_attention_bias_type and its tensors: `bias` for the pre- and
   /// post-scale types, `alibi_slopes` (undefined: alibi_slopes(heads)) for "alibi". A bias that
   /// requires grad gets its gradient.

@@ -65,6 +65,12 @@ struct TransformerLayerOptions {
   TORCH_ARG(bool, output_layernorm) = false;
   /// x + drop(attn(ln(x)) + mlp(ln'(x))) (GPT-J, PaLM): encoders only, neither of the above.
   TORCH_ARG(bool, parallel_attention_mlp) = false;
+  /// A norm on the self attention's and on the MLP's output, before the dropout and the residual
+  /// add (modules post_attention_layernorm and post_mlp_layernorm, with the layer's norm
+  /// options): the "sandwich" of Gemma 2 and 3 (transformers 5.23.0
+  /// models/gemma2/modeling_gemma2.py Gemma2DecoderLayer: post_attention_layernorm,
+  /// post_feedforward_layernorm). Encoders without parallel_attention_mlp.
+  TORCH_ARG(bool, post_block_layernorm) = false;
   /// Stochastic depth on the self attention's and the MLP's branch (functional::drop_path).
   TORCH_ARG(double, drop_path_rate) = 0.0;
   /// Biases on the MLP's two projections (Llama's mlp_bias); nullopt: the attention's use_bias.
@@ -75,7 +81,7 @@ struct TransformerLayerOptions {
 };
 
 /// x -> x + drop(attn(ln(x))) [-> + drop(cross_attn(ln(.), memory))] -> + drop(mlp(ln(.))), or
-/// the post-LN and parallel structures the options choose.
+/// the post-LN, parallel and post-block-norm structures the options choose.
 class TransformerLayerImpl : public torch::nn::Cloneable<TransformerLayerImpl>,
                              public ShardedModule {
  public:
@@ -102,6 +108,8 @@ class TransformerLayerImpl : public torch::nn::Cloneable<TransformerLayerImpl>,
   LayerNormMLP mlp{nullptr};
   /// output_layernorm: the norm after the layer (else null).
   LayerNorm layernorm{nullptr};
+  /// post_block_layernorm: the norms of the self attention's and the MLP's outputs (else null).
+  LayerNorm post_attention_layernorm{nullptr}, post_mlp_layernorm{nullptr};
 };
 
 class TransformerLayer : public torch::nn::ModuleHolder<TransformerLayerImpl> {
