@@ -174,13 +174,15 @@ json pre_tokenizer(const PreSplit& p) {
 }
 
 // The template that adds the special tokens: BOS when tokenizer.ggml.add_bos_token (absent:
-// `bos_by_default`, true for SentencePiece as llama.cpp and transformers' GGUF loader have it),
-// EOS when add_eos_token.
+// `bos_by_default`, true for SentencePiece as llama.cpp and transformers' GGUF loader have it;
+// whatever it says with `bos_always`), EOS when add_eos_token.
 json post_processor(const GgufHeader& file, const GgufValue& tokens, bool bos_by_default,
-                    const Fail& fail) {
+                    const Fail& fail, bool bos_always = false) {
   json single = json::array(), special = json::object();
-  auto add = [&](const char* flag, const char* id_key, bool by_default) {
-    if (file.integer(std::string("tokenizer.ggml.") + flag).value_or(by_default) == 0) return;
+  auto add = [&](const char* flag, const char* id_key, bool by_default, bool always) {
+    if (!always && file.integer(std::string("tokenizer.ggml.") + flag).value_or(by_default) == 0) {
+      return;
+    }
     const std::string key = std::string("tokenizer.ggml.") + id_key;
     const std::optional<int64_t> id = file.integer(key);
     if (!id || *id < 0 || *id >= static_cast<int64_t>(tokens.strings.size())) {
@@ -191,9 +193,9 @@ json post_processor(const GgufHeader& file, const GgufValue& tokens, bool bos_by
     single.push_back({{"SpecialToken", {{"id", name}, {"type_id", 0}}}});
     special[name] = {{"id", name}, {"ids", {*id}}, {"tokens", {name}}};
   };
-  add("add_bos_token", "bos_token_id", bos_by_default);
+  add("add_bos_token", "bos_token_id", bos_by_default, bos_always);
   single.push_back({{"Sequence", {{"id", "A"}, {"type_id", 0}}}});
-  add("add_eos_token", "eos_token_id", false);
+  add("add_eos_token", "eos_token_id", false, false);
   return {{"type", "TemplateProcessing"},
           {"single", single},
           {"pair", json::array()},
@@ -294,9 +296,11 @@ json merges_from_scores(const std::vector<std::string>& tokens, const std::vecto
 
 // tokenizer.json's SentencePiece-style BPE over text with spaces as U+2581 (no pre-tokenizer:
 // each text is one word), unknown characters as their bytes' tokens <0xXX>, else the unknown
-// token; decoded back. `space_prefix`: a U+2581 put before the text (and taken off on decoding).
+// token; decoded back. `space_prefix`: a U+2581 put before the text (and taken off on decoding);
+// `bos_always`: BOS added whatever tokenizer.ggml.add_bos_token says.
 json spaced_bpe_document(const GgufHeader& file, const GgufValue* tokens, const GgufValue* types,
-                         json vocab, json merges, bool space_prefix, const Fail& fail) {
+                         json vocab, json merges, bool space_prefix, const Fail& fail,
+                         bool bos_always = false) {
   const int64_t unk = file.integer("tokenizer.ggml.unknown_token_id").value_or(0);
   if (unk < 0 || unk >= static_cast<int64_t>(tokens->strings.size())) {
     fail("tokenizer.ggml.unknown_token_id", std::to_string(unk) + " is not a token id");
@@ -310,19 +314,20 @@ json spaced_bpe_document(const GgufHeader& file, const GgufValue* tokens, const 
   if (space_prefix) {
     decoders.push_back({{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}});
   }
-  return {{"version", "1.0"},
-          {"added_tokens", added_tokens(*tokens, types, /*byte_level=*/false)},
-          {"normalizer", {{"type", "Sequence"}, {"normalizers", normalizers}}},
-          {"pre_tokenizer", nullptr},
-          {"post_processor", post_processor(file, *tokens, /*bos_by_default=*/true, fail)},
-          {"decoder", {{"type", "Sequence"}, {"decoders", decoders}}},
-          {"model",
-           {{"type", "BPE"},
-            {"vocab", std::move(vocab)},
-            {"merges", std::move(merges)},
-            {"unk_token", tokens->strings[static_cast<std::size_t>(unk)]},
-            {"fuse_unk", true},
-            {"byte_fallback", true}}}};
+  return {
+      {"version", "1.0"},
+      {"added_tokens", added_tokens(*tokens, types, /*byte_level=*/false)},
+      {"normalizer", {{"type", "Sequence"}, {"normalizers", normalizers}}},
+      {"pre_tokenizer", nullptr},
+      {"post_processor", post_processor(file, *tokens, /*bos_by_default=*/true, fail, bos_always)},
+      {"decoder", {{"type", "Sequence"}, {"decoders", decoders}}},
+      {"model",
+       {{"type", "BPE"},
+        {"vocab", std::move(vocab)},
+        {"merges", std::move(merges)},
+        {"unk_token", tokens->strings[static_cast<std::size_t>(unk)]},
+        {"fuse_unk", true},
+        {"byte_fallback", true}}}};
 }
 
 // tokenizer.json's SentencePiece pipeline for a GGUF "llama" vocabulary (Llama 2's tokenizer.json:
@@ -358,9 +363,10 @@ json sentencepiece_document(const GgufHeader& file, const GgufValue* tokens, con
 // spaces as U+2581, no space prefix, the file's merges, byte fallback to <0xXX> (transformers
 // 5.23.0 models/gemma/tokenization_gemma.py GemmaTokenizer, as its GGUF loader builds it for
 // "gemma4": gguf_tokenizer_mapping.py; llama.cpp's src/llama-vocab.cpp LLAMA_VOCAB_PRE_TYPE_GEMMA4
-// tokenizes the same ids). BOS as tokenizer.ggml.add_bos_token says, as llama.cpp adds it
-// (transformers' GGUF loader never adds it: Gemma 4's chat template writes <bos> itself, and
-// te's chat prompts are encoded without special tokens too).
+// tokenizes the same ids). BOS always, whatever tokenizer.ggml.add_bos_token says, as llama.cpp
+// adds it (llama_vocab::impl::load, "workaround for Gemma 4"); transformers' GGUF loader never
+// adds it, since Gemma 4's chat template writes <bos> itself (te's chat prompts are encoded
+// without special tokens, so they get that one only).
 json gemma4_document(const GgufHeader& file, const GgufValue* tokens, const GgufValue* types,
                      const Fail& fail) {
   const GgufValue* merges = file.value("tokenizer.ggml.merges");
@@ -378,7 +384,7 @@ json gemma4_document(const GgufHeader& file, const GgufValue* tokens, const Gguf
     detail::utf8_to_code_points(m, "tokenizer: GGUF merge");
   }
   return spaced_bpe_document(file, tokens, types, std::move(vocab), merges->strings,
-                             /*space_prefix=*/false, fail);
+                             /*space_prefix=*/false, fail, /*bos_always=*/true);
 }
 
 // tokenizer.json's BERT pipeline for a GGUF "bert" vocabulary, as llama.cpp tokenizes it

@@ -291,6 +291,16 @@ TEST(HfConfig, ReadsGemma3sFieldsAndTwoRopes) {
   bad = nested;
   bad["sliding_window_pattern"] = 0;
   EXPECT_ERROR(parse(bad), "sliding_window_pattern: must be positive");
+  // transformers always truncates YaRN in the per-layer-type form: false is refused, named where
+  // it is.
+  bad = nested;
+  bad["rope_parameters"]["full_attention"] = {
+      {"rope_type", "yarn"}, {"factor", 2.0}, {"truncate", false}};
+  EXPECT_ERROR(parse(bad), "rope_parameters.full_attention.truncate: false is ignored by");
+  // Gemma3TextConfig's max_position_embeddings where none is given.
+  json unsized = nested;
+  unsized.erase("max_position_embeddings");
+  EXPECT_EQ(parse(unsized).max_position_embeddings, 131072);
   // Gemma 2 takes the flat RoPE only.
   bad = nested;
   bad["model_type"] = "gemma2";
@@ -787,6 +797,13 @@ TEST(Gguf, AModelFileIsReadStrictly) {
   q8_file("token_embd.weight", 7, gemma2 + f32("gemma2.attn_logit_softcapping", 20)).write(path);
   EXPECT_ERROR(load_causal_lm(path.string()),
                "gemma2.attn_logit_softcapping: 20.000000 is not Gemma2Config's 50.000000");
+  // ... and a Gemma file's RoPE scaling, which transformers' GGUF loader does not read.
+  q8_file("token_embd.weight", 8,
+          gemma2 + text("gemma2.rope.scaling.type", "linear") +
+              f32("gemma2.rope.scaling.factor", 2))
+      .write(path);
+  EXPECT_ERROR(load_causal_lm(path.string()),
+               "gemma2.rope.scaling.type: this file scales its RoPE ('linear'");
   // Its tokenizer: a kind te-cpp does not build is named, a byte-level one without merges too, a
   // SentencePiece one without scores too, a WordPiece one without its unknown token too.
   q8_file("token_embd.weight", 1, text("tokenizer.ggml.model", "t5")).write(path);
@@ -812,6 +829,25 @@ TEST(Gguf, AModelFileIsReadStrictly) {
   q8_file("token_embd.weight", 2, text("tokenizer.ggml.model", "bert") + tokens.bytes).write(path);
   EXPECT_ERROR(Tokenizer::from_file(path.string()),
                "tokenizer.ggml.unknown_token_id: 100 is not a token id");
+  // Gemma 4's BPE: spaces as U+2581 with no prefix, the file's merges, a character without a
+  // token as its bytes' <0xHH> tokens, and BOS whatever add_bos_token says (llama.cpp's).
+  {
+    GgufBytes g4;
+    g4.bytes.clear();
+    g4.str("tokenizer.ggml.tokens").put<uint32_t>(9).put<uint32_t>(8).put<uint64_t>(8);
+    g4.str("<unk>").str("<bos>").str("a").str("b").str("ab").str("\xE2\x96\x81");
+    g4.str("\xE2\x96\x81" "a").str("<0x63>");
+    g4.str("tokenizer.ggml.merges").put<uint32_t>(9).put<uint32_t>(8).put<uint64_t>(2);
+    g4.str("a b").str("\xE2\x96\x81 a");
+    g4.str("tokenizer.ggml.add_bos_token").put<uint32_t>(7).put<uint8_t>(0);
+    q8_file("token_embd.weight", 6,
+            text("tokenizer.ggml.model", "gemma4") + g4.bytes +
+                u32("tokenizer.ggml.unknown_token_id", 0) + u32("tokenizer.ggml.bos_token_id", 1))
+        .write(path);
+    const Tokenizer gemma4 = Tokenizer::from_file(path.string());
+    EXPECT_EQ(gemma4.encode("ab a c").ids, (std::vector<int64_t>{1, 4, 6, 5, 7}));
+    EXPECT_EQ(gemma4.decode({4, 6, 5, 7}), "ab a c");
+  }
   // A token spelled twice (plain "a" is "a" in the byte alphabet too) is named.
   GgufBytes twice;
   twice.bytes.clear();

@@ -19,6 +19,7 @@ void read_config(Fields& f, CausalLMConfig& c) {
   defaults.head_dim = 256;
   defaults.tie_word_embeddings = true;
   defaults.pad_token_id = 0;
+  defaults.max_position_embeddings = 8192;
   read_rope_decoder_config(f, c, defaults);
   if (c.rotary_dim != c.head_dim) {
     f.fail("partial_rotary_factor", "Gemma's rotary embedding rotates whole heads; te-cpp takes 1");

@@ -30,6 +30,7 @@ void read_gguf_config(GgufKeys& k, CausalLMConfig& c) {
   c.post_block_norms = true;
   c.mlp_activations = {"gelu", "linear"};
   c.attention_scale = 1.0 / 16;  // query_pre_attn_scalar's default 256: 256^-0.5
+  refuse_gguf_rope_scaling(k, c);
   for (const auto& [key, want] :
        {std::pair<const char*, double>{"attn_logit_softcapping", kAttnSoftcap},
         {"final_logit_softcapping", kFinalSoftcap}}) {

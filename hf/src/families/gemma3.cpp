@@ -27,6 +27,7 @@ void read_config(Fields& f, CausalLMConfig& c) {
   gemma.rope_per_layer_type = true;
   gemma.applies_attn_softcap = false;
   gemma.rope_theta = 1e6;
+  gemma.max_position_embeddings = 131072;
   read_gemma_config(f, c, gemma);
   // The sliding layers' base: rope_parameters.sliding_attention's, else rope_local_base_freq.
   if (f.has("rope_local_base_freq")) {
@@ -49,12 +50,7 @@ void read_gguf_config(GgufKeys& k, CausalLMConfig& c) {
   c.attention_scale = 1.0 / 16;  // query_pre_attn_scalar's default 256: 256^-0.5
   if (!k.number("rope.freq_base")) c.rope_theta = 1e6;  // Gemma3TextConfig's global base
   c.sliding_rope_theta = 10000.0;                       // and its sliding one
-  if (c.rope_type != "default") {
-    k.fail("rope.scaling.type",
-           "transformers' GGUF loader does not read it for gemma3 (its "
-           "global layers rotate unscaled); te-cpp refuses the file rather "
-           "than differ");
-  }
+  refuse_gguf_rope_scaling(k, c);
   if (const auto cap = k.number("final_logit_softcapping")) {
     k.fail("final_logit_softcapping",
            "transformers' GGUF loader does not read it for gemma3 (no "

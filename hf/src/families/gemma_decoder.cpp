@@ -74,6 +74,7 @@ void read_gemma_config(Fields& f, CausalLMConfig& c, const GemmaDefaults& gemma)
   defaults.pad_token_id = 0;
   defaults.rope.theta = gemma.rope_theta;
   defaults.rope.per_layer_type = gemma.rope_per_layer_type;
+  defaults.max_position_embeddings = gemma.max_position_embeddings;
   read_rope_decoder_config(f, c, defaults);
   if (c.rotary_dim != c.head_dim) {
     f.fail("partial_rotary_factor", "Gemma's rotary embedding rotates whole heads; te-cpp takes 1");
@@ -98,6 +99,17 @@ void read_gemma_config(Fields& f, CausalLMConfig& c, const GemmaDefaults& gemma)
   c.final_logit_softcapping =
       read_softcap(f, "final_logit_softcapping", gemma.final_logit_softcapping);
   read_windows(f, c, gemma.sliding_window_pattern);
+}
+
+void refuse_gguf_rope_scaling(GgufKeys& k, const CausalLMConfig& c) {
+  if (c.rope_type != "default" || !c.rope_freq_factors.empty() ||
+      !c.rope_long_freq_factors.empty()) {
+    k.fail("rope.scaling.type",
+           "this file scales its RoPE ('" + c.rope_type +
+               "', or rope_freqs.weight / rope_factors_*.weight), which transformers' GGUF loader "
+               "does not read for Gemma (its layers rotate unscaled); te-cpp refuses the file "
+               "rather than differ");
+  }
 }
 
 const GgufNames kGemmaGguf = {{{"model.embed_tokens.weight", "token_embd.weight"},

@@ -27,8 +27,13 @@ struct GemmaDefaults {
   /// Gemma 3: rope_parameters may give the full and the sliding layers' RoPE apart
   /// (RopeRules::per_layer_type).
   bool rope_per_layer_type = false;
-  double rope_theta = 10000.0;  ///< the (global layers') RoPE base when none is given
+  double rope_theta = 10000.0;             ///< the (global layers') RoPE base when none is given
+  int64_t max_position_embeddings = 8192;  ///< when config.json gives none
 };
+
+/// Refuses a GGUF file's RoPE scaling (rope.scaling.*, rope_freqs.weight, LongRoPE's factors):
+/// transformers' GGUF loader reads none of it for Gemma 2 and 3, so their layers rotate unscaled.
+void refuse_gguf_rope_scaling(GgufKeys& k, const CausalLMConfig& c);
 
 /// config.json's fields of a Gemma 2 or 3 decoder, every one honoured or refused by name.
 void read_gemma_config(Fields& f, CausalLMConfig& c, const GemmaDefaults& defaults);

@@ -113,7 +113,16 @@ void read_object(Fields& f, const char* key, RopeParams& p, CausalLMConfig& c,
   if (!top.is_object()) f.fail(key, "expected an object, got " + top.dump());
   const bool per_type = rules.per_layer_type && std::string(key) == "rope_parameters";
   const json& r = per_type ? per_layer_type_rope(top, f, c) : top;
-  Fields rope(r, f.path(), per_type ? "rope_parameters.full_attention." : std::string(key) + ".");
+  const std::string where = per_type ? "rope_parameters.full_attention" : key;
+  Fields rope(r, f.path(), where + ".");
+  // transformers 5.23.0 reads yarn's truncate from the top of rope_parameters
+  // (modeling_rope_utils.py _compute_yarn_parameters), where the per-layer-type form has none: it
+  // always truncates there.
+  if (per_type && rope.has("truncate") && !rope.boolean_or("truncate", true)) {
+    rope.fail("truncate",
+              "false is ignored by transformers in the per-layer-type form (it always truncates); "
+              "te-cpp refuses it rather than differ");
+  }
   for (const char* name : {"rope_type", "type"}) {
     if (rope.has(name)) {
       settle(p.type, std::optional<std::string>(rope.string_or(name, "")),
@@ -140,7 +149,7 @@ void read_object(Fields& f, const char* key, RopeParams& p, CausalLMConfig& c,
     } else {
       settle(p.truncate, std::optional<bool>(rope.boolean_or(name, true)), name, rope);
     }
-    p.given.emplace(name, key);
+    p.given.emplace(name, where);
   }
   rope.refuse_unread({});
 }
