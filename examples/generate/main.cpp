@@ -171,8 +171,8 @@ void add_prompt_options(CLI::App& app, Args& a) {
   app.add_option("--prompt", a.prompt, "the text to continue (with --chat: the user's message)")
       ->required();
   app.add_flag("--chat", a.chat,
-               "apply the model's chat template (ChatML or Llama 3 families) to the prompt as a "
-               "user message, and answer as the assistant");
+               "apply the model's chat template (ChatML, Llama 3, Phi-3 or Gemma families) to the "
+               "prompt as a user message, and answer as the assistant");
   app.add_option("--system", a.system, "with --chat: a system message first");
   app.add_option("--chat-template", a.chat_template,
                  "with --chat: this file's template (Jinja text) instead of the model's");
