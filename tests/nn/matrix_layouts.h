@@ -4,6 +4,7 @@
 // hold something else to every one of them (tests/nn/test_planner.cpp).
 
 #include <cstdint>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,9 @@ struct MatrixLayout {
   std::string mesh_resource;
   bool sequence_parallel = false;
 };
+
+// GoogleTest prints a parameter by its name.
+inline void PrintTo(const MatrixLayout& l, std::ostream* os) { *os << l.name; }
 
 inline const std::vector<MatrixLayout>& matrix_layouts() {
   static const std::vector<MatrixLayout> all = {

@@ -1,0 +1,92 @@
+// te::optim::grad_norm and clip_grad_norm over sharded parameters (see clip_grad.h).
+
+#include "te/optim/clip_grad.h"
+
+#include <cmath>
+#include <limits>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "te/distributed/placement.h"
+#include "te/error.h"
+#include "te/nn/sharded.h"
+
+namespace te::optim {
+
+namespace {
+
+// The parameters whose local sums are reduced over the same mesh dims of the same mesh.
+struct Group {
+  std::optional<DeviceMesh> mesh;
+  std::vector<int64_t> dims;
+  at::Tensor sum;  // float64 scalar: sum of |g|^p, or max |g| for the infinity norm
+};
+
+}  // namespace
+
+double grad_norm(const torch::nn::Module& module, double norm_type) {
+  TE_CHECK(norm_type > 0, "grad_norm: norm_type ", norm_type,
+           " is not positive; give 2 (Euclidean), 1, or infinity");
+  const bool inf = std::isinf(norm_type);
+  const auto layouts = te::nn::named_parameter_layouts(module);
+  // Keyed by the mesh and the dims, in the same order on every rank (the layouts are).
+  std::map<std::pair<std::string, std::vector<int64_t>>, Group> groups;
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    std::optional<DeviceMesh> mesh;
+    std::vector<int64_t> dims;
+    const auto layout = layouts.find(item.key());
+    if (layout != layouts.end() && layout->second.mesh) {
+      mesh = layout->second.mesh;
+      for (std::size_t d = 0; d < layout->second.placements.size(); ++d) {
+        const Placement& p = layout->second.placements[d];
+        TE_CHECK(!is_partial(p), "grad_norm: parameter '", item.key(), "' is ", to_string(p),
+                 " on ", mesh->to_string(), "; a parameter is Shard or Replicate");
+        if (is_shard(p)) dims.push_back(static_cast<int64_t>(d));
+      }
+    }
+    Group& g = groups[{mesh ? mesh->to_string() : std::string(), dims}];
+    if (!g.sum.defined()) {
+      g.mesh = mesh;
+      g.dims = dims;
+      g.sum = at::zeros({}, at::kDouble);
+    }
+    const at::Tensor& grad = item.value().grad();
+    if (!grad.defined() || grad.numel() == 0) continue;
+    const at::Tensor a = grad.detach().abs().to(at::kDouble);
+    g.sum = inf ? at::maximum(g.sum, a.max()) : g.sum + a.pow(norm_type).sum();
+  }
+  double total = 0;
+  for (auto& [key, g] : groups) {
+    at::Tensor reduced = g.sum;
+    if (!g.dims.empty()) {
+      reduced = g.mesh->all_reduce(g.sum, inf ? ReduceOp::kMax : ReduceOp::kSum, g.dims);
+    }
+    const double v = reduced.item<double>();
+    total = inf ? std::max(total, v) : total + v;
+  }
+  return inf ? total : std::pow(total, 1.0 / norm_type);
+}
+
+double clip_grad_norm(torch::nn::Module& module, double max_norm, double norm_type,
+                      bool error_if_nonfinite) {
+  TE_CHECK(max_norm > 0, "clip_grad_norm: max_norm ", max_norm,
+           " is not positive; give the largest gradient norm to allow");
+  const double norm = grad_norm(module, norm_type);
+  if (!std::isfinite(norm)) {
+    TE_CHECK(!error_if_nonfinite, "clip_grad_norm: the gradient's ", norm_type, "-norm is ", norm,
+             "; a gradient holds inf or nan (skip this step, or lower the loss scale)");
+    return norm;
+  }
+  const double coefficient = max_norm / (norm + 1e-6);
+  if (coefficient < 1) {
+    for (auto& p : module.parameters(/*recurse=*/true)) {
+      if (p.grad().defined()) p.mutable_grad().detach().mul_(coefficient);
+    }
+  }
+  return norm;
+}
+
+}  // namespace te::optim
