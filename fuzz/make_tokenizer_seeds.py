@@ -1,7 +1,8 @@
 """Writes the tokenizer seeds of fuzz_gguf (fuzz/corpus/gguf/tokenizer-*.gguf): vocabulary-only
 GGUF files as llama.cpp's converters write them (gguf-py's GGUFWriter), one per kind te-cpp
 builds from GGUF metadata: byte-level BPE with a pre-tokenizer name ("gpt2", "qwen2"),
-SentencePiece BPE ("llama": pieces, scores, byte tokens) and WordPiece ("bert").
+SentencePiece BPE ("llama": pieces, scores, byte tokens), Gemma 4's BPE ("gemma4": merges over
+U+2581-spaced text, byte tokens) and WordPiece ("bert").
 
   build/venv-cuda/bin/python fuzz/make_tokenizer_seeds.py
 """
@@ -53,6 +54,14 @@ def main():
     write("tokenizer-llama.gguf", "llama", pieces, spm_types,
           lambda w: (w.add_token_scores(scores), w.add_bos_token_id(1), w.add_eos_token_id(2),
                      w.add_unk_token_id(0), w.add_add_bos_token(True)))
+    g4 = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>"] + \
+        [f"<0x{b:02X}>" for b in range(256)] + ["\u2581", "t", "h", "e", "\u2581t", "he",
+                                                 "\u2581the", "\n", "\n\n"]
+    g4_types = [T.CONTROL] * 4 + [T.USER_DEFINED] + [T.BYTE] * 256 + [T.NORMAL] * 9
+    write("tokenizer-gemma4.gguf", "gemma4", g4, g4_types,
+          lambda w: (w.add_token_merges(["\u2581 t", "h e", "\u2581t he", "\n \n"]),
+                     w.add_bos_token_id(2), w.add_eos_token_id(1), w.add_unk_token_id(3),
+                     w.add_pad_token_id(0), w.add_add_bos_token(True)))
     wp = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "\u2581hello", "\u2581world", "o", "\u2581caf", "\u00e9"]
     write("tokenizer-bert.gguf", "bert", wp,
           [T.CONTROL] * 4 + [T.NORMAL] * 5,

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -42,6 +43,36 @@ const Family& read_family(Fields& f, CausalLMConfig& c) {
   return *family;
 }
 
+// The RoPE fields: base, factor, per-pair frequency factors, LongRoPE's original length and the
+// attention factor.
+void check_rope(const CausalLMConfig& c, int64_t rotary,
+                const std::function<void(const std::string&, const std::string&)>& fail) {
+  if (!(std::isfinite(c.rope_theta) && c.rope_theta > 0)) {
+    fail("rope_theta", "must be positive and finite");
+  }
+  if (!(std::isfinite(c.rope_factor) && c.rope_factor > 0)) {
+    fail("rope factor", "must be positive and finite");
+  }
+  for (const auto& [what, factors] : {std::pair<const char*, const std::vector<double>*>{
+                                          "rope frequency factors", &c.rope_freq_factors},
+                                      {"rope long frequency factors", &c.rope_long_freq_factors}}) {
+    if (!factors->empty() && static_cast<int64_t>(factors->size()) * 2 != rotary) {
+      fail(what, std::to_string(factors->size()) + " for " + std::to_string(rotary) +
+                     " rotary dims (one per pair)");
+    }
+    for (const double f : *factors) {
+      if (!(std::isfinite(f) && f > 0)) fail(what, "must be positive and finite");
+    }
+  }
+  if (!c.rope_long_freq_factors.empty() && c.rope_original_max_position_embeddings <= 0) {
+    fail("original_max_position_embeddings",
+         "must be positive with LongRoPE's long factors (the length beyond which they apply)");
+  }
+  if (!(std::isfinite(c.rope_attention_factor) && c.rope_attention_factor > 0)) {
+    fail("rope attention factor", "must be positive and finite");
+  }
+}
+
 }  // namespace
 
 void check_causal_lm_config(const CausalLMConfig& c, const std::string& where) {
@@ -73,30 +104,7 @@ void check_causal_lm_config(const CausalLMConfig& c, const std::string& where) {
   if (!(std::isfinite(c.rms_norm_eps) && c.rms_norm_eps > 0)) {
     fail("rms_norm_eps", "must be positive and finite");
   }
-  if (!(std::isfinite(c.rope_theta) && c.rope_theta > 0)) {
-    fail("rope_theta", "must be positive and finite");
-  }
-  if (!(std::isfinite(c.rope_factor) && c.rope_factor > 0)) {
-    fail("rope factor", "must be positive and finite");
-  }
-  for (const auto& [what, factors] : {std::pair<const char*, const std::vector<double>*>{
-                                          "rope frequency factors", &c.rope_freq_factors},
-                                      {"rope long frequency factors", &c.rope_long_freq_factors}}) {
-    if (!factors->empty() && static_cast<int64_t>(factors->size()) * 2 != rotary) {
-      fail(what, std::to_string(factors->size()) + " for " + std::to_string(rotary) +
-                     " rotary dims (one per pair)");
-    }
-    for (const double f : *factors) {
-      if (!(std::isfinite(f) && f > 0)) fail(what, "must be positive and finite");
-    }
-  }
-  if (!c.rope_long_freq_factors.empty() && c.rope_original_max_position_embeddings <= 0) {
-    fail("original_max_position_embeddings",
-         "must be positive with LongRoPE's long factors (the length beyond which they apply)");
-  }
-  if (!(std::isfinite(c.rope_attention_factor) && c.rope_attention_factor > 0)) {
-    fail("rope attention factor", "must be positive and finite");
-  }
+  check_rope(c, rotary, fail);
   for (const auto& [key, p] :
        {std::pair<const char*, double>{"attention_dropout", c.attention_dropout},
         {"hidden dropout", c.hidden_dropout},
