@@ -154,7 +154,7 @@ TEST_P(ClipGradNormLayouts, NormAndClippedGradientsAreOneProcesss) {
   set_warning_handler(nullptr);
 }
 
-INSTANTIATE_TEST_SUITE_P(Matrix, ClipGradNormLayouts, ::testing::ValuesIn(test::matrix_layouts()),
+INSTANTIATE_TEST_SUITE_P(Layouts, ClipGradNormLayouts, ::testing::ValuesIn(test::matrix_layouts()),
                          [](const auto& info) { return info.param.name; });
 
 }  // namespace
