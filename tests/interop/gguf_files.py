@@ -122,19 +122,26 @@ def write_tokenizer(w, c):
         w.add_pad_token_id(c.pad_token_id)
 
 
-def write_gguf(model, path, qtype, embd_qtype):
-    """model (a LlamaForCausalLM or Phi3ForCausalLM) as convert_hf_to_gguf.py writes it, with the
-    2-dim weights quantized to qtype (token_embd.weight to embd_qtype) and the norms in F32."""
-    c = model.config
-    phi3 = c.model_type == "phi3"
-    w = gguf.GGUFWriter(path, c.model_type)
-    w.add_name("te random " + c.model_type)
+def writer(path, arch, c):
+    """A GGUFWriter of architecture `arch` holding the keys every converter writes: the sizes,
+    head counts and the RMSNorm epsilon."""
+    w = gguf.GGUFWriter(path, arch)
+    w.add_name("te random " + arch)
     w.add_embedding_length(c.hidden_size)
     w.add_block_count(c.num_hidden_layers)
     w.add_feed_forward_length(c.intermediate_size)
     w.add_head_count(c.num_attention_heads)
     w.add_head_count_kv(c.num_key_value_heads)
     w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    return w
+
+
+def write_gguf(model, path, qtype, embd_qtype):
+    """model (a LlamaForCausalLM or Phi3ForCausalLM) as convert_hf_to_gguf.py writes it, with the
+    2-dim weights quantized to qtype (token_embd.weight to embd_qtype) and the norms in F32."""
+    c = model.config
+    phi3 = c.model_type == "phi3"
+    w = writer(path, c.model_type, c)
     w.add_rope_freq_base(c.rope_parameters["rope_theta"])
     (write_phi3_keys if phi3 else write_llama_keys)(w, c)
     w.add_file_type(GGUF_FILE_TYPES[qtype])
@@ -198,15 +205,8 @@ def write_gemma_gguf(model, path, qtype, arch):
     (conversion/gemma.py Gemma2Model, Gemma3Model): its metadata, every norm weight plus one, no
     output.weight, the 2-dim weights quantized to qtype, no query/key permutation."""
     c = model.config
-    w = gguf.GGUFWriter(path, arch)
-    w.add_name("te random " + arch)
+    w = writer(path, arch, c)
     w.add_context_length(c.max_position_embeddings)
-    w.add_embedding_length(c.hidden_size)
-    w.add_block_count(c.num_hidden_layers)
-    w.add_feed_forward_length(c.intermediate_size)
-    w.add_head_count(c.num_attention_heads)
-    w.add_head_count_kv(c.num_key_value_heads)
-    w.add_layer_norm_rms_eps(c.rms_norm_eps)
     w.add_key_length(c.head_dim)
     w.add_value_length(c.head_dim)
     w.add_file_type(GGUF_FILE_TYPES[qtype])
