@@ -24,7 +24,7 @@ TransformerLayer make_layer() {
 at::Tensor global_input() { return test::seeded_integers({8, 6, 16}, 41).to(at::kFloat) / 7.0; }
 at::Tensor output_weight() { return test::seeded_integers({8, 6, 16}, 42).to(at::kFloat) / 5.0; }
 
-TEST(GradientAccumulation, MicroBatchesReduceOnceAndEqualOneBigBatch) {
+TEST(GradientAccumulationParallel, MicroBatchesReduceOnceAndEqualOneBigBatch) {
   manual_seed(21);
   TransformerLayer one = make_layer();
   (one(global_input()) * output_weight()).sum().backward();
