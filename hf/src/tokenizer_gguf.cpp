@@ -202,10 +202,8 @@ json post_processor(const GgufHeader& file, const GgufValue& tokens, bool bos_by
           {"special_tokens", special}};
 }
 
-// tokenizer.json's ByteLevel pipeline for a GGUF "gpt2" vocabulary: byte-level BPE with its
-// merges and the split tokenizer.ggml.pre names.
-json byte_level_document(const GgufHeader& file, const GgufValue* tokens, const GgufValue* types,
-                         const Fail& fail) {
+// tokenizer.ggml.merges: a non-empty list of UTF-8 strings, or te::Error naming the key.
+const GgufValue& file_merges(const GgufHeader& file, const Fail& fail) {
   const GgufValue* merges = file.value("tokenizer.ggml.merges");
   if (merges == nullptr || merges->type != 9 || merges->element_type != 8 ||
       merges->strings.empty()) {
@@ -214,6 +212,28 @@ json byte_level_document(const GgufHeader& file, const GgufValue* tokens, const 
   for (const std::string& m : merges->strings) {
     detail::utf8_to_code_points(m, "tokenizer: GGUF merge");
   }
+  return *merges;
+}
+
+// The vocabulary as the file spells it ({token: id}, each token UTF-8 and spelled once); `ids`
+// gets the same map when given.
+json written_vocab(const GgufValue& tokens, const Fail& fail,
+                   std::unordered_map<std::string, int64_t>* ids = nullptr) {
+  json vocab = json::object();
+  for (std::size_t i = 0; i < tokens.strings.size(); ++i) {
+    const std::string& t = tokens.strings[i];
+    detail::utf8_to_code_points(t, "tokenizer: GGUF token");
+    add_token(vocab, t, i, t, "", fail);
+    if (ids != nullptr) ids->emplace(t, static_cast<int64_t>(i));
+  }
+  return vocab;
+}
+
+// tokenizer.json's ByteLevel pipeline for a GGUF "gpt2" vocabulary: byte-level BPE with its
+// merges and the split tokenizer.ggml.pre names.
+json byte_level_document(const GgufHeader& file, const GgufValue* tokens, const GgufValue* types,
+                         const Fail& fail) {
+  const GgufValue& merges = file_merges(file, fail);
   const std::string path = file.path;
   // Each token as BPE produces it, in the byte alphabet: a token written in plain text is
   // respelled, unless it is user-defined (type 4: an added token, matched on the raw text as
@@ -250,7 +270,7 @@ json byte_level_document(const GgufHeader& file, const GgufValue* tokens, const 
           {"model",
            {{"type", "BPE"},
             {"vocab", vocab},
-            {"merges", merges->strings},
+            {"merges", merges.strings},
             {"ignore_merges", split.ignore_merges}}}};
 }
 
@@ -345,14 +365,8 @@ json sentencepiece_document(const GgufHeader& file, const GgufValue* tokens, con
       fail("tokenizer.ggml.scores", "entry " + std::to_string(i) + " is not a finite number");
     }
   }
-  json vocab = json::object();
   std::unordered_map<std::string, int64_t> ids;
-  for (std::size_t i = 0; i < tokens->strings.size(); ++i) {
-    const std::string& t = tokens->strings[i];
-    detail::utf8_to_code_points(t, "tokenizer: GGUF token");
-    add_token(vocab, t, i, t, "", fail);
-    ids.emplace(t, static_cast<int64_t>(i));
-  }
+  json vocab = written_vocab(*tokens, fail, &ids);
   const bool space_prefix = file.integer("tokenizer.ggml.add_space_prefix").value_or(1) != 0;
   return spaced_bpe_document(file, tokens, types, std::move(vocab),
                              merges_from_scores(tokens->strings, scores->numbers, ids),
@@ -369,21 +383,9 @@ json sentencepiece_document(const GgufHeader& file, const GgufValue* tokens, con
 // without special tokens, so they get that one only).
 json gemma4_document(const GgufHeader& file, const GgufValue* tokens, const GgufValue* types,
                      const Fail& fail) {
-  const GgufValue* merges = file.value("tokenizer.ggml.merges");
-  if (merges == nullptr || merges->type != 9 || merges->element_type != 8 ||
-      merges->strings.empty()) {
-    fail("tokenizer.ggml.merges", "is missing or not a non-empty list of strings");
-  }
-  json vocab = json::object();
-  for (std::size_t i = 0; i < tokens->strings.size(); ++i) {
-    const std::string& t = tokens->strings[i];
-    detail::utf8_to_code_points(t, "tokenizer: GGUF token");
-    add_token(vocab, t, i, t, "", fail);
-  }
-  for (const std::string& m : merges->strings) {
-    detail::utf8_to_code_points(m, "tokenizer: GGUF merge");
-  }
-  return spaced_bpe_document(file, tokens, types, std::move(vocab), merges->strings,
+  const GgufValue& merges = file_merges(file, fail);
+  json vocab = written_vocab(*tokens, fail);
+  return spaced_bpe_document(file, tokens, types, std::move(vocab), merges.strings,
                              /*space_prefix=*/false, fail, /*bos_always=*/true);
 }
 
