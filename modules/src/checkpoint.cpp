@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -25,6 +26,7 @@
 #include "te/nn/random.h"
 #include "te/nn/safetensors.h"
 #include "te/nn/sharded.h"
+#include "te/optim/adamw.h"
 
 namespace te::nn {
 
@@ -43,29 +45,56 @@ struct Entry {
   bool owner = true;  // this rank writes the piece (replicas: the lowest coordinate)
 };
 
-// The optimizer's per-parameter state, created empty (as AdamW's first step would) when the
-// optimizer has none yet and `create` is set: a load fills it.
-torch::optim::AdamWParamState* adamw_state(torch::optim::AdamW& opt, const at::Tensor& p,
-                                           bool create) {
-  auto& states = opt.state();
+// One parameter's optimizer state as a checkpoint holds it: tensors laid out like the parameter
+// ("exp_avg", "exp_avg_sq", and te::optim::AdamW's fp32 "master"), and the step, which lives in
+// the state as an integer and travels as a one-element int64 tensor.
+struct OptimizerSlots {
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  int64_t step = 0;
+  std::function<void(int64_t)> set_step;
+};
+
+// The optimizer's state for `p`, created empty (as its first step would) when it has none yet and
+// `create` is set (a load fills it); nullopt when it has none. te::Error for an optimizer kind
+// whose state a checkpoint does not know.
+std::optional<OptimizerSlots> optimizer_slots(torch::optim::Optimizer& opt, const at::Tensor& p,
+                                              bool create) {
+  OptimizerSlots slots;
+  if (auto* te_adamw = dynamic_cast<te::optim::AdamW*>(&opt)) {
+    te::optim::AdamWParamState* st = te_adamw->state_of(p, create);
+    if (st == nullptr) return std::nullopt;
+    slots.tensors = {{"exp_avg", st->exp_avg()}, {"exp_avg_sq", st->exp_avg_sq()}};
+    if (st->master().defined()) slots.tensors.emplace_back("master", st->master());
+    slots.step = st->step();
+    slots.set_step = [st](int64_t step) { st->step(step); };
+    return slots;
+  }
+  auto* adamw = dynamic_cast<torch::optim::AdamW*>(&opt);
+  TE_CHECK(adamw != nullptr,
+           "checkpoint: the optimizer is neither te::optim::AdamW nor "
+           "torch::optim::AdamW, whose state a checkpoint holds");
+  auto& states = adamw->state();
   using Key = typename std::decay_t<decltype(states)>::key_type;
   const Key key = compat::optimizer_state_key<Key>(p.unsafeGetTensorImpl());
   auto it = states.find(key);
   if (it == states.end()) {
-    if (!create) return nullptr;
+    if (!create) return std::nullopt;
     auto st = std::make_unique<torch::optim::AdamWParamState>();
     st->exp_avg(at::zeros_like(p, at::MemoryFormat::Preserve));
     st->exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
     it = states.emplace(key, std::move(st)).first;
   }
-  return static_cast<torch::optim::AdamWParamState*>(it->second.get());
+  auto* st = static_cast<torch::optim::AdamWParamState*>(it->second.get());
+  slots.tensors = {{"exp_avg", st->exp_avg()}, {"exp_avg_sq", st->exp_avg_sq()}};
+  slots.step = st->step();
+  slots.set_step = [st](int64_t step) { st->step(step); };
+  return slots;
 }
 
-// Optimizer steps live in the state as integers; they travel as one-element int64 tensors.
-using StepSlots = std::map<std::string, torch::optim::AdamWParamState*>;
+using StepSlots = std::map<std::string, std::function<void(int64_t)>>;
 
 std::map<std::string, Entry> entries_of(const torch::nn::Module& module,
-                                        const torch::optim::AdamW* optimizer = nullptr,
+                                        const torch::optim::Optimizer* optimizer = nullptr,
                                         bool create_state = false, StepSlots* steps = nullptr) {
   const auto layouts = named_parameter_layouts(module);
   std::map<std::string, Entry> out;
@@ -97,32 +126,30 @@ std::map<std::string, Entry> entries_of(const torch::nn::Module& module,
   for (const auto& p : module.named_parameters(/*recurse=*/true)) add(p.key(), p.value());
   for (const auto& b : module.named_buffers(/*recurse=*/true)) add(b.key(), b.value());
   if (optimizer != nullptr) {
-    auto& opt = const_cast<torch::optim::AdamW&>(*optimizer);
+    auto& opt = const_cast<torch::optim::Optimizer&>(*optimizer);
     std::set<const void*> owned;
     for (const auto& group : opt.param_groups()) {
       for (const auto& p : group.params()) owned.insert(p.unsafeGetTensorImpl());
     }
     for (const auto& p : module.named_parameters(/*recurse=*/true)) {
       if (!owned.count(p.value().unsafeGetTensorImpl())) continue;
-      torch::optim::AdamWParamState* st = adamw_state(opt, p.value(), create_state);
-      TE_CHECK(st != nullptr, "save_checkpoint: the optimizer has no state for '", p.key(),
+      std::optional<OptimizerSlots> slots = optimizer_slots(opt, p.value(), create_state);
+      TE_CHECK(slots.has_value(), "save_checkpoint: the optimizer has no state for '", p.key(),
                "' yet; save after its first step, or without the optimizer");
-      // The moments are laid out like their parameter.
+      // The state is laid out like its parameter.
       const std::string prefix = "optimizer." + p.key() + ".";
-      for (const auto& [suffix, moment] :
-           {std::pair<const char*, at::Tensor>{"exp_avg", st->exp_avg()},
-            {"exp_avg_sq", st->exp_avg_sq()}}) {
+      for (const auto& [suffix, tensor] : slots->tensors) {
         Entry e = out.at(p.key());
-        e.local = moment;
+        e.local = tensor;
         out.emplace(prefix + suffix, std::move(e));
       }
       Entry step;
-      step.local = at::full({1}, st->step(), at::kLong);
+      step.local = at::full({1}, slots->step, at::kLong);
       step.global_shape = {1};
       step.offsets = {0};
       step.owner = world_rank() == 0;
       out.emplace(prefix + "step", std::move(step));
-      if (steps != nullptr) (*steps)[prefix + "step"] = st;
+      if (steps != nullptr) (*steps)[prefix + "step"] = slots->set_step;
     }
   }
   return out;
@@ -168,7 +195,7 @@ void refuse_held_blocks(const torch::nn::Module& module, const char* what) {
 }  // namespace
 
 void save_checkpoint(const torch::nn::Module& module, const std::string& dir,
-                     const std::string& extra_json, const torch::optim::AdamW* optimizer) {
+                     const std::string& extra_json, const torch::optim::Optimizer* optimizer) {
   refuse_held_blocks(module, "save_checkpoint");
   format::Index index;
   try {
@@ -264,13 +291,22 @@ CheckpointInfo read_checkpoint_info(const std::string& dir) {
 
 namespace {
 
+// An optimizer's fp32 master weight: a checkpoint saved without one (by an fp32 run, or with
+// torch::optim::AdamW) loads with the master taken from the loaded parameter.
+bool is_master(const std::string& name) {
+  const std::string suffix = ".master";
+  return name.rfind("optimizer.", 0) == 0 && name.size() > suffix.size() &&
+         name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
 // A strict load: the checkpoint and the module hold the same tensors (optimizer state aside
 // when no optimizer is loaded).
 void check_same_tensors(const format::Index& index, const std::map<std::string, Entry>& entries,
                         const fs::path& root, bool with_optimizer) {
   for (const auto& [name, e] : entries) {
-    TE_CHECK(index.tensors.count(name), "load_checkpoint: the checkpoint at '", root.string(),
-             "' lacks '", name, "', which the module has (load with strict = false to skip it)");
+    TE_CHECK(index.tensors.count(name) || is_master(name), "load_checkpoint: the checkpoint at '",
+             root.string(), "' lacks '", name,
+             "', which the module has (load with strict = false to skip it)");
   }
   for (const auto& [name, t] : index.tensors) {
     // Optimizer state is there for resuming; a load without an optimizer leaves it.
@@ -280,10 +316,37 @@ void check_same_tensors(const format::Index& index, const std::map<std::string, 
   }
 }
 
+// Reads this rank's box of `name` into e.local; returns what was read (on the CPU).
+at::Tensor load_entry(const std::string& name, const Entry& e, const format::TensorRecord& t,
+                      const fs::path& root,
+                      std::map<std::string, std::unique_ptr<SafetensorsReader>>& files,
+                      int64_t* bytes_read) {
+  TE_CHECK(t.shape == e.global_shape, "load_checkpoint: '", name, "' is ", te::shape_text(t.shape),
+           " in the checkpoint at '", root.string(), "' but ", te::shape_text(e.global_shape),
+           " in the module; build the module with the checkpoint's sizes");
+  const at::ScalarType dtype = e.local.scalar_type();
+  // Optimizer moments convert (bf16 ones of a run without masters, fp32 ones beside masters).
+  const bool converts = name.rfind("optimizer.", 0) == 0 && at::isFloatingType(dtype);
+  at::ScalarType saved = dtype;
+  if (converts) saved = safetensors_scalar_type(t.dtype, root.string() + ": " + name);
+  TE_CHECK(t.dtype == safetensors_dtype_name(saved) && (!converts || at::isFloatingType(saved)),
+           "load_checkpoint: '", name, "' is ", t.dtype, " in the checkpoint at '", root.string(),
+           "' but ", safetensors_dtype_name(dtype),
+           " in the module; convert the module (module->to(...)) first");
+  at::Tensor filled = at::empty(e.local.sizes(), e.local.options().device(at::kCPU).dtype(saved));
+  const int64_t covered = io::read_box(name, t, e.offsets, root, filled, files, bytes_read);
+  TE_CHECK(covered == e.local.numel(), "internal: load_checkpoint: the pieces of '", name,
+           "' in the checkpoint at '", root.string(), "' cover ", covered, " of the ",
+           e.local.numel(), " elements this rank needs");
+  e.local.copy_(filled);
+  return filled;
+}
+
 }  // namespace
 
 std::string load_checkpoint(torch::nn::Module& module, const std::string& dir,
-                            const CheckpointLoadOptions& options, torch::optim::AdamW* optimizer) {
+                            const CheckpointLoadOptions& options,
+                            torch::optim::Optimizer* optimizer) {
   refuse_held_blocks(module, "load_checkpoint");
   const fs::path root = fs::absolute(dir);
   const format::Index index = read_index(root, "load_checkpoint");
@@ -292,27 +355,21 @@ std::string load_checkpoint(torch::nn::Module& module, const std::string& dir,
   if (options.strict) check_same_tensors(index, entries, root, optimizer != nullptr);
   std::map<std::string, std::unique_ptr<SafetensorsReader>> files;
   int64_t bytes_read = 0;
+  std::vector<std::string> masters_from_params;
   torch::NoGradGuard no_grad;
   for (const auto& [name, e] : entries) {
     const auto found = index.tensors.find(name);
-    if (found == index.tensors.end()) continue;
-    const format::TensorRecord& t = found->second;
-    TE_CHECK(t.shape == e.global_shape, "load_checkpoint: '", name, "' is ",
-             te::shape_text(t.shape), " in the checkpoint at '", root.string(), "' but ",
-             te::shape_text(e.global_shape),
-             " in the module; build the module with the checkpoint's sizes");
-    const at::ScalarType dtype = e.local.scalar_type();
-    TE_CHECK(t.dtype == safetensors_dtype_name(dtype), "load_checkpoint: '", name, "' is ", t.dtype,
-             " in the checkpoint at '", root.string(), "' but ", safetensors_dtype_name(dtype),
-             " in the module; convert the module (module->to(...)) first");
-    at::Tensor filled = at::empty(e.local.sizes(), e.local.options().device(at::kCPU));
-    const int64_t covered = io::read_box(name, t, e.offsets, root, filled, files, &bytes_read);
-    TE_CHECK(covered == e.local.numel(), "internal: load_checkpoint: the pieces of '", name,
-             "' in the checkpoint at '", root.string(), "' cover ", covered, " of the ",
-             e.local.numel(), " elements this rank needs");
-    e.local.copy_(filled);
+    if (found == index.tensors.end()) {
+      if (is_master(name)) masters_from_params.push_back(name);
+      continue;
+    }
+    const at::Tensor filled = load_entry(name, e, found->second, root, files, &bytes_read);
     const auto slot = steps.find(name);
-    if (slot != steps.end()) slot->second->step(filled.item<int64_t>());
+    if (slot != steps.end()) slot->second(filled.item<int64_t>());
+  }
+  for (const std::string& name : masters_from_params) {
+    const std::string param = name.substr(10, name.size() - 10 - 7);  // optimizer.<param>.master
+    entries.at(name).local.copy_(entries.at(param).local);
   }
   if (options.bytes_read != nullptr) *options.bytes_read += bytes_read;
   if (options.restore_rng_state && index.rng) {

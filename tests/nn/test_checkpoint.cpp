@@ -18,7 +18,9 @@
 #include "../expect_error.h"
 #include "../temp_dir.h"
 #include "nn_test_util.h"
+#include "te/compat.h"
 #include "te/nn.h"
+#include "te/optim/adamw.h"
 
 namespace te::nn {
 namespace {
@@ -246,6 +248,95 @@ TEST(Checkpoint, AResumedRunContinuesBitForBit) {
   TransformerLayer single(options);
   EXPECT_NO_THROW(load_checkpoint(*single, dir / "ckpt"));
   set_warning_handler(nullptr);
+}
+
+// te::optim::AdamW over a bf16 layer on DP2xTP2: its fp32 masters and moments are saved laid out
+// like the parameters, and a resumed run continues bit for bit.
+TEST(Checkpoint, Bf16MastersResumeBitForBit) {
+  TempDir dir;
+  set_warning_handler([](std::string_view) {});
+  const at::Tensor mask = at::zeros({4, 1, 6, 6}, at::kBool);
+  auto run = [&](int seed, bool save_at_3, bool load, std::vector<double>& losses) {
+    run_local_ranks(4, [&](int rank) {
+      DeviceMesh mesh({2, 2}, {"data", "model"});
+      MeshScope on_mesh(mesh);
+      MeshResourceScope roles(parse_mesh_resource("dp=data,tp=model"));
+      manual_seed(seed);
+      TransformerLayer layer(layer_options());
+      layer->to(at::kBFloat16);
+      te::optim::AdamW opt(*layer, te::optim::AdamWOptions(1e-2).weight_decay(0.1));
+      if (load) load_checkpoint(*layer, dir / "ckpt", {}, &opt);
+      for (int i = load ? 3 : 0; i < 8; ++i) {
+        if (save_at_3 && i == 3) save_checkpoint(*layer, dir / "ckpt", "{}", &opt);
+        const at::Tensor x = test::randn({4, 6, 16}, 100 + i).to(at::kBFloat16);
+        opt.zero_grad();
+        GradientBuckets buckets;
+        at::Tensor loss = layer(DTensor::distribute(x, mesh, {Shard{0}, Replicate{}}), mask)
+                              .full_tensor()
+                              .to(at::kFloat)
+                              .pow(2)
+                              .mean();
+        loss.backward();
+        buckets.finish();
+        opt.step();
+        if (rank == 0 && i >= 3) losses.push_back(loss.item<double>());
+      }
+    });
+  };
+  std::vector<double> uninterrupted, resumed;
+  run(4, /*save_at_3=*/true, /*load=*/false, uninterrupted);
+  run(99, false, /*load=*/true, resumed);
+  ASSERT_EQ(resumed.size(), uninterrupted.size());
+  for (std::size_t i = 0; i < resumed.size(); ++i) {
+    EXPECT_EQ(resumed[i], uninterrupted[i]) << "step " << i + 4;
+  }
+  const json index = json::parse(read_file(dir / "ckpt/model.safetensors.index.json"));
+  const json& master = index["te"]["tensors"]["optimizer.mlp.wi_kernel.master"];
+  EXPECT_EQ(master["dtype"], "F32");
+  EXPECT_EQ(master["pieces"].size(), 2u);  // laid out like wi_kernel: split over "model"
+  EXPECT_EQ(index["te"]["tensors"]["mlp.wi_kernel"]["dtype"], "BF16");
+  EXPECT_EQ(index["te"]["tensors"]["optimizer.mlp.wi_kernel.exp_avg"]["dtype"], "F32");
+  set_warning_handler(nullptr);
+}
+
+// A bf16 run of torch::optim::AdamW (bf16 moments, no masters) resumed with te::optim::AdamW: the
+// moments widen to fp32, each master is the loaded parameter, the steps carry on.
+TEST(Checkpoint, TorchAdamWStateLoadsIntoTeAdamW) {
+  TempDir dir;
+  manual_seed(4);
+  TransformerLayer layer(layer_options());
+  layer->to(at::kBFloat16);
+  const at::Tensor mask = at::zeros({4, 1, 6, 6}, at::kBool);
+  torch::optim::AdamW torch_opt(layer->parameters(), torch::optim::AdamWOptions(1e-2));
+  for (int i = 0; i < 2; ++i) {
+    torch_opt.zero_grad();
+    layer(test::randn({4, 6, 16}, 100 + i).to(at::kBFloat16), mask)
+        .to(at::kFloat)
+        .pow(2)
+        .mean()
+        .backward();
+    torch_opt.step();
+  }
+  save_checkpoint(*layer, dir / "ckpt", "{}", &torch_opt);
+  manual_seed(5);
+  TransformerLayer resumed(layer_options());
+  resumed->to(at::kBFloat16);
+  te::optim::AdamW opt(*resumed, te::optim::AdamWOptions(1e-2));
+  load_checkpoint(*resumed, dir / "ckpt", {}, &opt);
+  for (const auto& p : resumed->named_parameters()) {
+    const te::optim::AdamWParamState* st = opt.state_of(p.value(), /*create=*/false);
+    ASSERT_NE(st, nullptr) << p.key();
+    EXPECT_EQ(st->step(), 2) << p.key();
+    EXPECT_TRUE(at::equal(st->master(), p.value().to(at::kFloat))) << p.key();
+    EXPECT_EQ(st->exp_avg_sq().scalar_type(), at::kFloat);
+  }
+  const at::Tensor wi = resumed->mlp->named_parameters()["wi_kernel"];
+  const auto* torch_state = static_cast<torch::optim::AdamWParamState*>(
+      torch_opt.state()
+          .at(compat::optimizer_state_key<std::decay_t<decltype(torch_opt.state())>::key_type>(
+              layer->mlp->named_parameters()["wi_kernel"].unsafeGetTensorImpl()))
+          .get());
+  EXPECT_TRUE(at::equal(opt.state_of(wi, false)->exp_avg(), torch_state->exp_avg().to(at::kFloat)));
 }
 
 // A one-process checkpoint loaded on TP2: no rank reads the whole model. The row-split kernel

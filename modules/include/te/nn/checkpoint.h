@@ -22,7 +22,7 @@
 #include <vector>
 
 namespace torch::optim {
-class AdamW;
+class Optimizer;
 }
 
 namespace te::nn {
@@ -45,12 +45,14 @@ struct CheckpointLoadOptions {
 /// there atomically. `extra_json` (a JSON value: model config, vocabulary, step) is stored in the
 /// index. te::Error for a directory that cannot be written or an extra that is not JSON.
 ///
-/// With `optimizer`, its state for the module's parameters is saved too ("optimizer.<name>.
-/// exp_avg" / "exp_avg_sq", laid out like the parameter, and ".step"), so a run resumed with
-/// load_checkpoint continues bit for bit. The dropout stream's position is recorded as well.
+/// With `optimizer` (te::optim::AdamW or torch::optim::AdamW; te::Error for another kind), its
+/// state for the module's parameters is saved too ("optimizer.<name>.exp_avg" / "exp_avg_sq",
+/// te::optim::AdamW's fp32 ".master", each laid out like the parameter, and ".step"), so a run
+/// resumed with load_checkpoint continues bit for bit. The dropout stream's position is recorded
+/// as well.
 void save_checkpoint(const torch::nn::Module& module, const std::string& dir,
                      const std::string& extra_json = "{}",
-                     const torch::optim::AdamW* optimizer = nullptr);
+                     const torch::optim::Optimizer* optimizer = nullptr);
 
 /// Collective: loads `dir` into `module` (its parameters keep their layout: each rank reads the
 /// pieces overlapping its own and verifies their checksums). Returns the extra JSON the
@@ -59,10 +61,11 @@ void save_checkpoint(const torch::nn::Module& module, const std::string& dir,
 /// side lacks.
 ///
 /// With `optimizer` (built over the module's parameters), its state is loaded as well, onto
-/// this layout like the parameters.
+/// this layout like the parameters. Moments convert between dtypes (a bf16 run's into an
+/// optimizer with fp32 masters); a master weight the checkpoint lacks is the loaded parameter.
 std::string load_checkpoint(torch::nn::Module& module, const std::string& dir,
                             const CheckpointLoadOptions& options = {},
-                            torch::optim::AdamW* optimizer = nullptr);
+                            torch::optim::Optimizer* optimizer = nullptr);
 
 /// What a checkpoint holds, read from its index alone (no tensor data): for building the model
 /// to load it into.

@@ -1,0 +1,115 @@
+#pragma once
+
+// AdamW over te::nn parameters, with fp32 master weights for bfloat16 and float16 ones, and the
+// parameter groups that leave norms and biases out of weight decay.
+//
+// The update is torch.optim.AdamW's (decoupled weight decay), op for op as its single-tensor path
+// runs it on CPU (torch 2.11 torch/optim/adam.py _single_tensor_adam): the weight scaled by
+// 1 - lr * weight_decay, exp_avg.lerp_(g, 1 - beta1), exp_avg_sq.mul_(beta2).addcmul_(g, g,
+// 1 - beta2), then weight.addcdiv_(exp_avg, exp_avg_sq.sqrt() / sqrt(1 - beta2^t) + eps,
+// -lr / (1 - beta1^t)), with the bias corrections in double. LibTorch's torch::optim::AdamW
+// differs in the last bit (mul_ + add_ for the first moment, as torch 1.13 did).
+//
+// Master weights, as Transformer Engine's FusedAdam(master_weights=True) keeps them
+// (transformer_engine/pytorch/optimizers/fused_adam.py at d0067d0): a bfloat16 or float16
+// parameter gets an fp32 copy, created at its first step from the parameter; the moments are
+// fp32; the gradient is read in fp32 and the update runs on the copy, which is then rounded to
+// nearest into the parameter. So a bf16 run updates like an fp32 one, and the bf16 weights are
+// exactly the masters rounded.
+//
+// Parameters of te::nn modules are each rank's local pieces: the state of each is laid out as
+// its parameter (a parameter sharded over the data axis, FSDP, has its state sharded alike:
+// ZeRO-3), and the update being element-wise, every layout steps like one process.
+//
+// Example:
+//   te::optim::AdamW optimizer(*model, te::optim::AdamWOptions(3e-4).betas({0.9, 0.95})
+//                                          .weight_decay(0.1));  // norms and biases: none
+//   loss.backward();
+//   te::optim::clip_grad_norm(*model, 1.0);
+//   optimizer.step();
+//   te::nn::save_checkpoint(*model, "ckpt", "{}", &optimizer);  // the state and masters too
+
+#include <torch/arg.h>
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace te::optim {
+
+struct AdamWOptions : public torch::optim::OptimizerCloneableOptions<AdamWOptions> {
+  AdamWOptions(double lr = 1e-3) : lr_(lr) {}  // NOLINT: implicit, as torch's options are
+  TORCH_ARG(double, lr) = 1e-3;
+  using betas_t = std::tuple<double, double>;
+  TORCH_ARG(betas_t, betas) = std::make_tuple(0.9, 0.999);
+  TORCH_ARG(double, eps) = 1e-8;
+  /// Decoupled weight decay, torch.optim.AdamW's default.
+  TORCH_ARG(double, weight_decay) = 1e-2;
+  /// fp32 master weights for bfloat16 and float16 parameters (fp32 ones need none).
+  TORCH_ARG(bool, master_weights) = true;
+
+  double get_lr() const override { return lr_; }
+  void set_lr(const double lr) override { lr_ = lr; }
+};
+
+/// One parameter's state. The step counts this parameter's updates (torch keeps one per
+/// parameter too).
+struct AdamWParamState : public torch::optim::OptimizerCloneableParamState<AdamWParamState> {
+  TORCH_ARG(int64_t, step) = 0;
+  /// The moments: fp32 beside a master, else in the parameter's dtype (torch's); its shape.
+  TORCH_ARG(at::Tensor, exp_avg);
+  TORCH_ARG(at::Tensor, exp_avg_sq);
+  TORCH_ARG(at::Tensor, master);  ///< fp32 copy of a low-precision parameter, else undefined
+};
+
+/// Whether a parameter stays out of weight decay, given its name (as named_parameters gives it)
+/// and its global shape (the whole tensor's, whatever the layout).
+using NoDecayRule = std::function<bool(const std::string& name, const std::vector<int64_t>&)>;
+
+/// The default rule: no decay for a parameter of fewer than two dimensions (norm scales,
+/// biases, softmax offsets) or whose last name component ends in "bias" (te's 2-D qkv_bias,
+/// kv_bias, wi_bias): Megatron-LM's default (megatron/core/optimizer/__init__.py,
+/// get_standard_config_overrides: "*.bias" and 1-D parameters) on te's parameter names.
+/// Kernels and embeddings are decayed.
+bool default_no_decay(const std::string& name, const std::vector<int64_t>& global_shape);
+
+class AdamW : public torch::optim::Optimizer {
+ public:
+  /// te::Error naming the option for a negative lr, eps or weight_decay, or a beta outside
+  /// [0, 1) (in `defaults` or a group's own options, which must be AdamWOptions).
+  explicit AdamW(std::vector<torch::optim::OptimizerParamGroup> param_groups,
+                 AdamWOptions defaults = {});
+  explicit AdamW(std::vector<at::Tensor> params, AdamWOptions defaults = {});
+  /// Over `module`'s trainable parameters in weight_decay_groups(module, defaults, no_decay).
+  AdamW(const torch::nn::Module& module, const AdamWOptions& defaults,
+        const NoDecayRule& no_decay = default_no_decay);
+
+  /// One update of every parameter that has a gradient (the closure, if any, is called first
+  /// with gradients enabled, and its loss returned). te::Error naming the parameter for a sparse
+  /// gradient or one whose shape or dtype differs from the parameter's, and for a parameter
+  /// that is in none of the groups.
+  at::Tensor step(LossClosure closure = nullptr) override;
+
+  /// The state of `param` (one of this optimizer's), created as its first step would create it
+  /// when `create` is set and it has none yet (nullptr otherwise). For checkpoints.
+  AdamWParamState* state_of(const at::Tensor& param, bool create);
+
+  /// torch::serialize archives would leave the masters' layout out: te::Error saying to use
+  /// te::nn::save_checkpoint / load_checkpoint with this optimizer.
+  void save(torch::serialize::OutputArchive& archive) const override;
+  void load(torch::serialize::InputArchive& archive) override;
+};
+
+/// `module`'s trainable parameters in two groups, each with `options`: those decayed (by
+/// options.weight_decay()) and those `no_decay` keeps out (weight decay 0); an empty group is
+/// left out. The module must be held by a shared_ptr (as te::nn modules are: ModuleHolder or
+/// std::make_shared) for the parameters' layouts to be read.
+std::vector<torch::optim::OptimizerParamGroup> weight_decay_groups(
+    const torch::nn::Module& module, const AdamWOptions& options,
+    const NoDecayRule& no_decay = default_no_decay);
+
+}  // namespace te::optim

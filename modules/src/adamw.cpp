@@ -1,0 +1,177 @@
+// te::optim::AdamW with fp32 master weights, and the weight-decay groups (see adamw.h).
+
+#include "te/optim/adamw.h"
+
+#include <ATen/ATen.h>
+#include <torch/autograd.h>
+
+#include <cmath>
+#include <memory>
+#include <utility>
+
+#include "te/compat.h"
+#include "te/error.h"
+#include "te/nn/sharded.h"
+
+namespace te::optim {
+
+namespace {
+
+void check_options(const AdamWOptions& o, const std::string& where) {
+  TE_CHECK(o.lr() >= 0, "AdamW: lr ", o.lr(), where, " is negative");
+  TE_CHECK(o.eps() >= 0, "AdamW: eps ", o.eps(), where, " is negative");
+  TE_CHECK(o.weight_decay() >= 0, "AdamW: weight_decay ", o.weight_decay(), where, " is negative");
+  const auto [beta1, beta2] = o.betas();
+  TE_CHECK(beta1 >= 0 && beta1 < 1, "AdamW: beta1 ", beta1, where, " is outside [0, 1)");
+  TE_CHECK(beta2 >= 0 && beta2 < 1, "AdamW: beta2 ", beta2, where, " is outside [0, 1)");
+}
+
+bool low_precision(const at::Tensor& p) {
+  return p.scalar_type() == at::kBFloat16 || p.scalar_type() == at::kHalf;
+}
+
+// One parameter's update: torch 2.11's _single_tensor_adam with amsgrad off and decoupled
+// decay, op for op, on fp32 tensors (the master, or the fp32 parameter itself).
+void update(at::Tensor& weight, const at::Tensor& grad, AdamWParamState& st,
+            const AdamWOptions& o) {
+  const auto [beta1, beta2] = o.betas();
+  st.step(st.step() + 1);
+  if (o.weight_decay() != 0) weight.mul_(1 - o.lr() * o.weight_decay());
+  st.exp_avg().lerp_(grad, 1 - beta1);
+  st.exp_avg_sq().mul_(beta2).addcmul_(grad, grad, 1 - beta2);
+  const double step = static_cast<double>(st.step());
+  const double bias_correction1 = 1 - std::pow(beta1, step);
+  const double bias_correction2 = 1 - std::pow(beta2, step);
+  const double step_size = o.lr() / bias_correction1;
+  const double bias_correction2_sqrt = std::pow(bias_correction2, 0.5);
+  const at::Tensor denom = (st.exp_avg_sq().sqrt() / bias_correction2_sqrt).add_(o.eps());
+  weight.addcdiv_(st.exp_avg(), denom, -step_size);
+}
+
+}  // namespace
+
+AdamW::AdamW(std::vector<torch::optim::OptimizerParamGroup> param_groups, AdamWOptions defaults)
+    : torch::optim::Optimizer(std::move(param_groups), std::make_unique<AdamWOptions>(defaults)) {
+  check_options(defaults, "");
+  for (std::size_t i = 0; i < param_groups_.size(); ++i) {
+    const auto* o = dynamic_cast<const AdamWOptions*>(&param_groups_[i].options());
+    TE_CHECK(o != nullptr, "AdamW: parameter group ", i,
+             " has another optimizer's options; give it te::optim::AdamWOptions");
+    check_options(*o, " (parameter group " + std::to_string(i) + ")");
+  }
+}
+
+AdamW::AdamW(std::vector<at::Tensor> params, AdamWOptions defaults)
+    : AdamW({torch::optim::OptimizerParamGroup(std::move(params))}, std::move(defaults)) {}
+
+AdamW::AdamW(const torch::nn::Module& module, const AdamWOptions& defaults,
+             const NoDecayRule& no_decay)
+    : AdamW(weight_decay_groups(module, defaults, no_decay), defaults) {}
+
+AdamWParamState* AdamW::state_of(const at::Tensor& param, bool create) {
+  using Key = typename std::decay_t<decltype(state_)>::key_type;
+  const Key key = compat::optimizer_state_key<Key>(param.unsafeGetTensorImpl());
+  auto it = state_.find(key);
+  if (it == state_.end()) {
+    if (!create) return nullptr;
+    const AdamWOptions* options = nullptr;
+    for (const auto& group : param_groups_) {
+      for (const auto& p : group.params()) {
+        if (p.is_same(param)) options = &static_cast<const AdamWOptions&>(group.options());
+      }
+    }
+    TE_CHECK(options != nullptr, "AdamW: a parameter of shape ", param.sizes(),
+             " that is in none of the optimizer's groups");
+    const bool master = low_precision(param) && options->master_weights();
+    auto st = std::make_unique<AdamWParamState>();
+    // The moments in fp32 beside a master, else in the parameter's dtype (as torch keeps them).
+    const auto moments = param.options().dtype(master ? at::kFloat : param.scalar_type());
+    st->exp_avg(at::zeros(param.sizes(), moments));
+    st->exp_avg_sq(at::zeros(param.sizes(), moments));
+    if (master) st->master(param.detach().to(at::kFloat, /*non_blocking=*/false, /*copy=*/true));
+    it = state_.emplace(key, std::move(st)).first;
+  }
+  return static_cast<AdamWParamState*>(it->second.get());
+}
+
+at::Tensor AdamW::step(LossClosure closure) {
+  at::Tensor loss;
+  if (closure != nullptr) {
+    at::AutoGradMode enable_grad(true);
+    loss = closure();
+  }
+  at::NoGradGuard no_grad;
+  for (std::size_t g = 0; g < param_groups_.size(); ++g) {
+    const auto& o = static_cast<const AdamWOptions&>(param_groups_[g].options());
+    for (auto& p : param_groups_[g].params()) {
+      if (!p.grad().defined()) continue;
+      const at::Tensor& grad = p.grad();
+      TE_CHECK(!grad.is_sparse(), "AdamW: parameter ", p.sizes(), " of group ", g,
+               " has a sparse gradient; AdamW takes dense ones");
+      TE_CHECK(grad.sizes() == p.sizes(), "AdamW: a gradient of shape ", grad.sizes(),
+               " for parameter ", p.sizes(), " of group ", g, "; it must be the parameter's");
+      TE_CHECK(grad.scalar_type() == p.scalar_type(), "AdamW: a ", grad.scalar_type(),
+               " gradient for a ", p.scalar_type(), " parameter ", p.sizes(), " of group ", g,
+               "; it must be the parameter's dtype");
+      AdamWParamState& st = *state_of(p, /*create=*/true);
+      const bool master = st.master().defined();
+      at::Tensor weight = master ? st.master() : p;
+      // bf16 and fp16 widen to fp32 exactly.
+      update(weight, master ? grad.to(at::kFloat) : grad, st, o);
+      if (master) p.copy_(st.master());  // rounded to nearest, as TE's FusedAdam writes it
+    }
+  }
+  return loss;
+}
+
+void AdamW::save(torch::serialize::OutputArchive&) const {
+  TE_FAIL(
+      "te::optim::AdamW: a torch::serialize archive would lose the state's layout; save "
+      "with te::nn::save_checkpoint(module, dir, extra, &optimizer)");
+}
+
+void AdamW::load(torch::serialize::InputArchive&) {
+  TE_FAIL(
+      "te::optim::AdamW: load with te::nn::load_checkpoint(module, dir, options, "
+      "&optimizer)");
+}
+
+bool default_no_decay(const std::string& name, const std::vector<int64_t>& global_shape) {
+  if (global_shape.size() < 2) return true;
+  const std::size_t dot = name.rfind('.');
+  const std::string last = dot == std::string::npos ? name : name.substr(dot + 1);
+  const std::string suffix = "bias";
+  return last.size() >= suffix.size() &&
+         last.compare(last.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+std::vector<torch::optim::OptimizerParamGroup> weight_decay_groups(const torch::nn::Module& module,
+                                                                   const AdamWOptions& options,
+                                                                   const NoDecayRule& no_decay) {
+  check_options(options, "");
+  TE_CHECK(static_cast<bool>(no_decay),
+           "weight_decay_groups: no_decay is empty; give a rule "
+           "(te::optim::default_no_decay)");
+  const auto layouts = te::nn::named_parameter_layouts(module);
+  std::vector<at::Tensor> decayed, kept;
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    if (!item.value().requires_grad()) continue;
+    const auto layout = layouts.find(item.key());
+    const std::vector<int64_t> shape =
+        layout != layouts.end()
+            ? layout->second.global_shape
+            : std::vector<int64_t>(item.value().sizes().begin(), item.value().sizes().end());
+    (no_decay(item.key(), shape) ? kept : decayed).push_back(item.value());
+  }
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  if (!decayed.empty()) {
+    groups.emplace_back(std::move(decayed), std::make_unique<AdamWOptions>(options));
+  }
+  if (!kept.empty()) {
+    groups.emplace_back(std::move(kept),
+                        std::make_unique<AdamWOptions>(AdamWOptions(options).weight_decay(0)));
+  }
+  return groups;
+}
+
+}  // namespace te::optim
