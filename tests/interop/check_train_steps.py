@@ -1,0 +1,180 @@
+"""Holds te's training step to PyTorch's, step by step: for random-config Llama and Qwen3 models
+(Qwen3 with tied embeddings, as Qwen3-0.6B and SmolLM2 are) saved by transformers, te_interop_train
+(tests/interop/train_steps.cpp) trains the model te::hf loads with te::optim::AdamW (norms and
+biases out of weight decay), te::optim::LrSchedule (warmup, cosine decay to a floor),
+te::optim::clip_grad_norm and gradient accumulation; here the same model is trained by
+transformers with torch.optim.AdamW (foreach=False, two groups: parameters of fewer than two
+dimensions or named *bias without decay), LambdaLR with torchtitan's linear_warmup_stable_decay
+factor, torch.nn.utils.clip_grad_norm_ and the same batches.
+
+Held, every step's loss and gradient norm (before clipping):
+- te's float32 run on one process to PyTorch's float32 run: within 1e-5 relative;
+- te's float32 runs with 4 micro-batches, on FSDP2, TP2, DP2xTP2 and DP2xTP2 with 2
+  micro-batches to te's one-process run: losses within 1e-6 relative, gradient norms within 1e-5
+  (measured 4e-7 and 4e-6: float32 sums of the micro-batches' or the halves' gradients in another
+  order, carried through 30 Adam steps);
+- te's bfloat16 run with fp32 master weights to PyTorch's bfloat16 run with fp32 masters (the
+  forward and backward in bf16, torch.optim.AdamW on fp32 copies of the weights fed the bf16
+  gradients widened, the weights the masters rounded): within BF16_TOL relative. The two bf16
+  forwards round differently (te's GEMMs and norms are not transformers' kernels), so this is a
+  bound, not an equality (measured 1.1e-3; PyTorch's own bf16 run is 1.4e-3 from its float32
+  run).
+
+  python check_train_steps.py BINARY WORKDIR
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import torch
+import transformers
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+STEPS, BATCH, SEQ, VOCAB = 30, 4, 16, 128
+SIZES = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, intermediate_size=48, max_position_embeddings=64,
+             rms_norm_eps=1e-6, attention_dropout=0.0, attn_implementation="eager")
+CASES = [
+    ("llama", LlamaConfig, LlamaForCausalLM, dict(tie_word_embeddings=False)),
+    ("qwen3_tied", Qwen3Config, Qwen3ForCausalLM, dict(tie_word_embeddings=True, head_dim=8)),
+]
+SPEC = dict(lr=1e-2, betas=[0.9, 0.95], eps=1e-8, weight_decay=0.1, warmup=5,
+            decay_type="cosine", lr_min=0.1, clip=1.0)
+RUNS = [
+    dict(name="one"),
+    dict(name="one_acc4", micro_batches=4),
+    dict(name="fsdp2", mesh=[2], axes=["fsdp"], mesh_resource="fsdp=fsdp"),
+    dict(name="tp2", mesh=[2], axes=["tp"], mesh_resource="tp=tp"),
+    dict(name="dp2xtp2", mesh=[2, 2], axes=["data", "tp"], mesh_resource="dp=data,tp=tp"),
+    dict(name="dp2xtp2_acc2", mesh=[2, 2], axes=["data", "tp"], mesh_resource="dp=data,tp=tp",
+         micro_batches=2),
+    dict(name="one_bf16", dtype="bfloat16"),
+]
+TOL = 1e-5
+LAYOUT_TOL = {"loss": 1e-6, "grad_norm": 1e-5}
+BF16_TOL = 5e-3
+
+
+def factor(step, steps, warmup, lr_min, decay_type):
+    """torchtitan's linear_warmup_stable_decay (components/lr_scheduler.py) with the decay taking
+    every step after the warmup, as LambdaLR applies it at optimizer step `step` (from 0)."""
+    decay = steps - warmup
+    if step < warmup:
+        return (step + 1) / (warmup + 1)
+    progress = (step + 1 - warmup) / (decay + 1)
+    f = {"linear": 1 - progress, "sqrt": 1 - math.sqrt(progress),
+         "cosine": 0.5 * (1 + math.cos(math.pi * progress))}[decay_type]
+    return lr_min + (1 - lr_min) * f
+
+
+def reference(case_dir, batches, bf16):
+    """PyTorch's run: losses and gradient norms per step."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(case_dir, dtype=torch.float32,
+                                                              attn_implementation="eager")
+    model.train()
+    named = list(model.named_parameters())
+    no_decay = {n for n, p in named if p.ndim < 2 or n.endswith("bias")}
+    masters = {n: p.detach().clone().float() for n, p in named} if bf16 else None
+    if bf16:
+        model.to(torch.bfloat16)
+        named = list(model.named_parameters())
+    stepped = {n: (masters[n].requires_grad_(True) if bf16 else p) for n, p in named}
+    groups = [{"params": [stepped[n] for n, _ in named if n not in no_decay],
+               "weight_decay": SPEC["weight_decay"]},
+              {"params": [stepped[n] for n, _ in named if n in no_decay], "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(groups, lr=SPEC["lr"], betas=tuple(SPEC["betas"]), eps=SPEC["eps"],
+                            foreach=False)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda k: factor(k, STEPS, SPEC["warmup"], SPEC["lr_min"], SPEC["decay_type"]))
+    losses, norms = [], []
+    for ids in batches:
+        ids = torch.tensor(ids)
+        model.zero_grad(set_to_none=True)
+        logits = model(input_ids=ids).logits
+        loss = torch.nn.functional.cross_entropy(logits[:, :-1].float().reshape(-1, VOCAB),
+                                                 ids[:, 1:].reshape(-1))
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), SPEC["clip"])
+        if bf16:
+            for n, p in named:
+                masters[n].grad = p.grad.float()
+        opt.step()
+        sched.step()
+        if bf16:
+            with torch.no_grad():
+                for n, p in named:
+                    p.copy_(masters[n])
+        losses.append(loss.item())
+        norms.append(norm.item())
+    return {"loss": losses, "grad_norm": norms}
+
+
+def rel(a, b):
+    return max(abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b))
+
+
+def make_case(workdir, name, config_class, model_class, extra):
+    torch.manual_seed(0)
+    config = config_class(**SIZES, **extra)
+    model = model_class(config).eval()
+    with torch.no_grad():  # norm scales off their initial ones
+        for n, p in model.named_parameters():
+            if p.ndim == 1:
+                p.add_(torch.randn_like(p) * 0.1)
+    case_dir = os.path.join(workdir, name)
+    model.save_pretrained(case_dir)
+    # Learnable text: each row from a random token on, token -> (5 token + 3) mod VOCAB, so the
+    # loss falls steadily (on random ids it wanders, and Adam amplifies rounding differences).
+    g = torch.Generator().manual_seed(1)
+    first = torch.randint(0, VOCAB, (STEPS, BATCH), generator=g)
+    rows = [first]
+    for _ in range(SEQ - 1):
+        rows.append((rows[-1] * 5 + 3) % VOCAB)
+    batches = torch.stack(rows, dim=-1).tolist()
+    with open(os.path.join(case_dir, "run.json"), "w") as f:
+        json.dump(dict(SPEC, batches=batches, runs=RUNS), f)
+    return case_dir, batches
+
+
+def check(binary, workdir, case):
+    name = case[0]
+    case_dir, batches = make_case(workdir, *case)
+    out = os.path.join(case_dir, "te.json")
+    subprocess.run([binary, "--model", case_dir, "--run", os.path.join(case_dir, "run.json"),
+                    "--out", out], check=True)
+    te = json.load(open(out))["runs"]
+    want = reference(case_dir, batches, bf16=False)
+    errors = {}
+    for what in ("loss", "grad_norm"):
+        errors["one/pytorch %s" % what] = (rel(te["one"][what], want[what]), TOL)
+        for run in RUNS[1:-1]:
+            errors["%s/one %s" % (run["name"], what)] = (rel(te[run["name"]][what],
+                                                             te["one"][what]), LAYOUT_TOL[what])
+    want_bf16 = reference(case_dir, batches, bf16=True)
+    errors["one_bf16/pytorch_bf16 loss"] = (rel(te["one_bf16"]["loss"], want_bf16["loss"]),
+                                            BF16_TOL)
+    errors["(pytorch_bf16/pytorch loss)"] = (rel(want_bf16["loss"], want["loss"]), 1.0)
+    bad = {k: e for k, (e, tol) in errors.items() if not e <= tol}
+    print("%s %s: %s" % ("FAIL" if bad else "ok  ", name,
+                         ", ".join("%s %.2g" % (k, e) for k, (e, _) in errors.items())))
+    print("     losses: pytorch %.4f -> %.4f, te %.4f -> %.4f" %
+          (want["loss"][0], want["loss"][-1], te["one"]["loss"][0], te["one"]["loss"][-1]))
+    return not bad
+
+
+def main():
+    binary, workdir = sys.argv[1], sys.argv[2]
+    os.makedirs(workdir, exist_ok=True)
+    torch.set_num_threads(1)
+    transformers.logging.set_verbosity_error()
+    failures = sum(not check(binary, workdir, c) for c in CASES)
+    print("%d of %d models train differently from PyTorch (tolerance %g; bf16 %g)" %
+          (failures, len(CASES), TOL, BF16_TOL))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
