@@ -35,11 +35,11 @@ void DataLoader::load_state_json(const std::string& text) {
              ", this run has ", now.dump(), " (", file_.path(),
              "); resume with the data and options of the checkpoint's run");
   };
-  same("seed", options_.seed);
-  same("units", num_units());
   same("seq_len", options_.seq_len);
   same("packed", options_.packed);
   same("global_batch", options_.batch_size * options_.dp_size);
+  same("seed", options_.seed);
+  same("units", num_units());
   seek({field("epoch").get<int64_t>(), field("step").get<int64_t>()});
 }
 

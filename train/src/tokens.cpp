@@ -140,7 +140,8 @@ uint64_t tokenizer_fingerprint(const te::hf::Tokenizer& tokenizer) {
   }
   static const char* const kProbe =
       "Hello, world! It's 2024-06-01: 12345 + 0.5 = ?\n\n  two  spaces\ttab\r\n"
-      "ünïcödé Ελληνικά 日本語 한국어 🙂👍🏽 don't I'll <|im_start|> <s> </s> [CLS] "
+      "ünïcödé Ελληνικά 日本語 한국어 🙂👍🏽 don't I'll <|im_start|> <s> </s> "
+      "[CLS] "
       "<unk>";
   for (int64_t id : tokenizer.encode(kProbe, {false, 0}).ids) hash = fnv1a(&id, sizeof id, hash);
   return hash;
