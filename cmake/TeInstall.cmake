@@ -6,12 +6,13 @@ include(CMakePackageConfigHelpers)
 set(TE_INSTALL_CMAKEDIR "${CMAKE_INSTALL_LIBDIR}/cmake/te")
 
 install(TARGETS te_core te_sharding te_kernels te_runtime te_distributed te_fp8 te_nn te_gen te_hf
-  te_te
+  te_train te_te
   EXPORT teTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(DIRECTORY te/include/te modules/include/te gen/include/te hf/include/te
+  train/include/te
   DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(EXPORT teTargets NAMESPACE te:: DESTINATION ${TE_INSTALL_CMAKEDIR})
 

@@ -27,6 +27,7 @@
 #include "../../te/src/distributed/nccl_seams.h"
 #include "../../te/src/distributed/network.h"
 #include "../fake_env.h"
+#include "../hf/bpe_json.h"
 #include "te/distributed.h"
 #include "te/distributed/backend.h"
 #include "te/encoder/data.h"
@@ -34,6 +35,7 @@
 #include "te/nn.h"
 #include "te/serve/openai.h"
 #include "te/serve/service.h"
+#include "te/train/data.h"
 
 namespace {
 
@@ -125,6 +127,15 @@ Dense dense_in_blocks() {
   Dense dense(DenseOptions(64, 8));
   dense->hold_blocks(*dense, "kernel", {m, {}, true});
   return dense;
+}
+
+// A byte-level BPE tokenizer: a, b, the space, ab and <|endoftext|> (id 4), with `merges`.
+te::hf::Tokenizer tiny_tokenizer(const std::vector<std::string>& merges) {
+  return te::hf::Tokenizer::from_json(
+      te::test::byte_level_bpe_json({"a", "b", "\u0120", "ab", "<|endoftext|>"}, merges,
+                                    "<|endoftext|>", 4)
+          .dump(),
+      "tiny.json");
 }
 
 std::vector<Case> cases() {
@@ -676,6 +687,62 @@ std::vector<Case> cases() {
        [] {
          te::serve::decode_completion(R"({"messages": [{"role": "tool", "content": "x"}]})", true);
        }},
+      // ---- te-train's data (te::train) ----
+      {"te-train data", "a data file that does not exist", "missing.txt: cannot open",
+       [] { te::train::read_source(scratch() + "/missing.txt"); }},
+      {"te-train data", "an empty data file", "data.txt: empty",
+       [] { te::train::parse_source("data.txt", ""); }},
+      {"te-train data", "a data file that is not UTF-8", "data.txt:2: not UTF-8 (byte offset 9)",
+       [] { te::train::parse_source("data.txt", "fine\nbad \xff\n"); }},
+      {"te-train data", "a JSON line that is not JSON", "data.jsonl:2: not JSON",
+       [] { te::train::parse_source("data.jsonl", "{\"text\": \"a\"}\n{text: b}\n"); }},
+      {"te-train data", "a JSON line without the text field", "data.jsonl:1: no string field",
+       [] { te::train::parse_source("data.jsonl", "{\"body\": \"a\"}\n"); }},
+      {"te-train data", "a chat line without a messages list", "chat.jsonl:1: no \"messages\"",
+       [] {
+         te::train::parse_source("chat.jsonl", "{\"turns\": []}", {te::train::SourceKind::kChat});
+       }},
+      {"te-train data", "a chat message with a role te-train does not know",
+       "chat.jsonl:1: role \"tool\"",
+       [] {
+         te::train::parse_source("chat.jsonl",
+                                 R"({"messages": [{"role": "tool", "content": "x"}]})");
+       }},
+      {"te-train data", "a token file made by another tokenizer",
+       "this token file was made with another tokenizer",
+       [] {
+         const std::string data = scratch() + "/data.txt";
+         std::ofstream(data) << "ab ab ab\n";
+         te::train::TokenFileOptions o;
+         o.eos_id = 4;
+         o.progress = false;
+         te::train::TokenFile::open_or_build(data, tiny_tokenizer({"a b"}), o);
+         te::train::TokenFile::open_or_build(data, tiny_tokenizer({}), o);
+       }},
+      {"te-train data", "a data file shorter than one block", "shorter than one block",
+       [] {
+         const std::string data = scratch() + "/short.txt";
+         std::ofstream(data) << "ab ab ab\n";
+         te::train::TokenFileOptions o;
+         o.eos_id = 4;
+         o.progress = false;
+         te::train::DataOptions d;
+         d.seq_len = 1024;
+         te::train::DataLoader(te::train::TokenFile::open_or_build(data, tiny_tokenizer({}), o),
+                               {0}, d);
+       }},
+      {"te-train data", "a seq_len below 1", "seq_len 0 is below 1",
+       [] {
+         const std::string data = scratch() + "/short.txt";
+         std::ofstream(data) << "ab ab ab\n";
+         te::train::TokenFileOptions o;
+         o.eos_id = 4;
+         o.progress = false;
+         te::train::DataLoader(te::train::TokenFile::open_or_build(data, tiny_tokenizer({}), o),
+                               {0}, {});
+       }},
+      {"te-train data", "an eval fraction outside [0, 1)", "eval fraction 1.5",
+       [] { te::train::split_documents(10, 1.5, 0, 0); }},
   };
 }
 
