@@ -1,0 +1,171 @@
+// te::train::LmTrainer: a small Llama learns a corpus (its loss falls), the loss counts only label
+// tokens, DP2xTP2 thread ranks with two micro-batches step as one process does with the batch
+// whole, and bad steps are named. (transformers + torch.optim.AdamW hold the step itself:
+// interop.train_steps_are_pytorch.)
+
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include <mutex>
+#include <nlohmann/json.hpp>
+
+#include "../distributed/dist_test_util.h"
+#include "../expect_error.h"
+#include "../temp_dir.h"
+#include "te/distributed.h"
+#include "te/hf/config.h"
+#include "te/nn/init.h"
+#include "te/train/data.h"
+#include "te/train/lm_trainer.h"
+#include "train_fixtures.h"
+
+namespace {
+
+using te::train::Batch;
+
+te::hf::CausalLMConfig tiny_llama() {
+  const int64_t vocab = (te::test::bpe_tokenizer().vocab_size() + 3) / 4 * 4;
+  const nlohmann::json j = {{"architectures", {"LlamaForCausalLM"}},
+                            {"model_type", "llama"},
+                            {"vocab_size", vocab},
+                            {"hidden_size", 32},
+                            {"num_hidden_layers", 2},
+                            {"num_attention_heads", 4},
+                            {"num_key_value_heads", 2},
+                            {"intermediate_size", 48},
+                            {"max_position_embeddings", 64},
+                            {"rms_norm_eps", 1e-6},
+                            {"tie_word_embeddings", false}};
+  return te::hf::parse_causal_lm_config(j.dump(), "tiny_llama");
+}
+
+te::train::TrainerOptions trainer_options(int64_t steps) {
+  te::train::TrainerOptions o;
+  o.adamw = te::optim::AdamWOptions(1e-2).betas({0.9, 0.95}).weight_decay(0.1);
+  o.schedule = te::optim::LrScheduleOptions(steps).warmup_steps(2).decay_type("cosine");
+  return o;
+}
+
+class LmTrainerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string text;
+    for (int d = 0; d < 30; ++d) {
+      text += "The cat sat on the mat number " + std::to_string(d % 5) + ".\n\n";
+    }
+    te::test::write_file((dir_ / "corpus.txt").string(), text);
+  }
+  te::train::DataLoader loader(int64_t batch) {
+    te::train::TokenFileOptions tokens;
+    tokens.eos_id = 0;
+    tokens.progress = false;
+    const auto file = te::train::TokenFile::open_or_build((dir_ / "corpus.txt").string(),
+                                                          te::test::bpe_tokenizer(), tokens);
+    std::vector<int64_t> docs(static_cast<std::size_t>(file.num_documents()));
+    for (std::size_t i = 0; i < docs.size(); ++i) docs[i] = static_cast<int64_t>(i);
+    te::train::DataOptions o;
+    o.seq_len = 16;
+    o.batch_size = batch;
+    o.seed = 3;
+    return te::train::DataLoader(file, docs, o);
+  }
+  te::test::TempDir dir_{"te_lm_trainer"};
+};
+
+TEST_F(LmTrainerTest, ASmallLlamaLearnsTheCorpus) {
+  te::nn::manual_seed(1);
+  te::train::LmTrainer trainer(te::hf::CausalLM(tiny_llama()), trainer_options(40));
+  te::train::DataLoader data = loader(4);
+  const double first = trainer.step({data.next()}, 0).loss;
+  double last = first;
+  for (int64_t step = 1; step < 40; ++step) last = trainer.step({data.next()}, step).loss;
+  EXPECT_LT(last, 0.5 * first) << "first " << first << ", last " << last;
+  EXPECT_GT(trainer.optimizer().param_groups().size(), 1u);  // norms out of weight decay
+}
+
+// The loss is the mean over label tokens: masking a token's label leaves it out.
+TEST_F(LmTrainerTest, TheLossCountsOnlyLabelTokens) {
+  te::nn::manual_seed(1);
+  te::train::LmTrainer trainer(te::hf::CausalLM(tiny_llama()), trainer_options(4));
+  Batch b = loader(2).next();
+  Batch masked = b;
+  masked.labels = b.labels.clone();
+  masked.labels.narrow(1, 0, 8).fill_(-100);
+  masked.label_tokens = b.label_tokens - 16;
+  const at::Tensor logits = trainer.model()->forward(b.ids).detach();
+  auto mean_ce = [&](const at::Tensor& labels) {
+    return at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), labels.reshape({-1}))
+        .item<double>();
+  };
+  EXPECT_NEAR(trainer.evaluate({masked}), mean_ce(masked.labels), 1e-6);
+  EXPECT_NEAR(trainer.evaluate({b}), mean_ce(b.labels), 1e-6);
+  EXPECT_NEAR(trainer.step({masked}, 0).loss, mean_ce(masked.labels), 1e-6);
+}
+
+// The global batch of 4 rows as two micro-batches of 2 on DP2xTP2 thread ranks: the losses, norms
+// and weights one process gets with the whole batch.
+class LmTrainerParallel : public LmTrainerTest {};
+
+TEST_F(LmTrainerParallel, MeshWithAccumulationStepsAsOneProcess) {
+  std::vector<Batch> batches;
+  te::train::DataLoader data = loader(4);
+  for (int i = 0; i < 4; ++i) batches.push_back(data.next());
+  auto halves = [](const Batch& b) {
+    std::vector<Batch> out(2);
+    for (int64_t h = 0; h < 2; ++h) {
+      out[h].ids = b.ids.narrow(0, 2 * h, 2);
+      out[h].labels = b.labels.narrow(0, 2 * h, 2);
+      out[h].position_ids = b.position_ids.narrow(0, 2 * h, 2);
+      out[h].label_tokens = (out[h].labels != -100).sum().item<int64_t>();
+    }
+    return out;
+  };
+  std::vector<te::train::StepStats> one;
+  te::nn::manual_seed(1);
+  te::train::LmTrainer single(te::hf::CausalLM(tiny_llama()), trainer_options(4));
+  for (int64_t s = 0; s < 4; ++s) one.push_back(single.step({batches[s]}, s));
+  std::vector<te::train::StepStats> mesh_stats;
+  std::mutex mutex;
+  te::run_local_ranks(4, [&](int rank) {
+    te::DeviceMesh mesh({2, 2}, {"data", "tp"});
+    te::MeshScope on_mesh(mesh);
+    te::MeshResourceScope roles(te::parse_mesh_resource("dp=data,tp=tp"));
+    te::AxisRulesScope rules(te::extend_logical_axis_rules(te::parse_axis_rules("vocab=tp")));
+    te::nn::manual_seed(1);
+    te::train::LmTrainer trainer(te::hf::CausalLM(tiny_llama()), trainer_options(4));
+    std::vector<te::train::StepStats> mine;
+    for (int64_t s = 0; s < 4; ++s) mine.push_back(trainer.step(halves(batches[s]), s));
+    if (rank == 0) {
+      std::lock_guard<std::mutex> lock(mutex);
+      mesh_stats = mine;
+    }
+  });
+  ASSERT_EQ(mesh_stats.size(), one.size());
+  for (std::size_t s = 0; s < one.size(); ++s) {
+    EXPECT_NEAR(mesh_stats[s].loss, one[s].loss, 1e-6 * one[s].loss) << "step " << s;
+    EXPECT_NEAR(mesh_stats[s].grad_norm, one[s].grad_norm, 1e-5 * one[s].grad_norm) << s;
+    EXPECT_DOUBLE_EQ(mesh_stats[s].lr, one[s].lr);
+    EXPECT_EQ(mesh_stats[s].tokens, one[s].tokens);
+  }
+  EXPECT_LT(one.back().loss, one.front().loss);
+}
+
+TEST_F(LmTrainerTest, BadStepsAreNamed) {
+  te::nn::manual_seed(1);
+  te::train::TrainerOptions bad = trainer_options(4);
+  bad.clip = -1;
+  EXPECT_ERROR(te::train::LmTrainer(te::hf::CausalLM(tiny_llama()), bad),
+               "LmTrainer: clip -1 is negative");
+  te::train::LmTrainer trainer(te::hf::CausalLM(tiny_llama()), trainer_options(4));
+  EXPECT_ERROR(trainer.step({}, 0), "LmTrainer::step: no micro-batch");
+  Batch b = loader(2).next();
+  b.labels.fill_(-100);
+  b.label_tokens = 0;
+  EXPECT_ERROR(trainer.step({b}, 0), "LmTrainer::step: step 0 has no label token");
+  Batch packed = loader(2).next();
+  packed.cu_seqlens.push_back(at::tensor({0, 16}, at::kInt));
+  EXPECT_ERROR(trainer.step({packed}, 0), "LmTrainer: the batch holds packed rows (cu_seqlens)");
+}
+
+}  // namespace

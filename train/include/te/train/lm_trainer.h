@@ -1,0 +1,78 @@
+#pragma once
+
+// The training step of a causal language model on whatever mesh is in scope: the next-token
+// loss of a global batch of micro-batches (the mean over every label token of the step, as if it
+// were one batch), one data-parallel reduction after the last micro-batch (te::GradientBuckets),
+// the whole gradient's norm and clipping (te::optim::clip_grad_norm), the learning rate of the
+// step's schedule (te::optim::LrSchedule), and te::optim::AdamW (fp32 masters for bf16 weights;
+// norms and biases out of weight decay). Every rank passes the same global micro-batches: each
+// takes its share by the rules' batch and seqlen axes, and the logits stay sharded over the
+// vocabulary (te::nn::functional::parallel_cross_entropy). tests/interop/check_train_steps.py
+// holds the step to transformers + torch.optim.AdamW; te-train (examples/train/) runs it.
+//
+// Example:
+//   te::train::LmTrainer trainer(model, te::train::TrainerOptions{
+//       te::optim::AdamWOptions(3e-4).weight_decay(0.1),
+//       te::optim::LrScheduleOptions(1000).warmup_steps(100).decay_type("cosine")});
+//   for (int64_t step = 0; step < 1000; ++step) {
+//     const te::train::StepStats s = trainer.step({data.train.next()}, step);
+//   }
+
+#include <cstdint>
+#include <vector>
+
+#include "te/hf/causal_lm.h"
+#include "te/optim/adamw.h"
+#include "te/optim/lr_schedule.h"
+#include "te/train/loader.h"
+
+namespace te::train {
+
+struct TrainerOptions {
+  /// The optimizer; its lr is the schedule's base learning rate.
+  te::optim::AdamWOptions adamw;
+  te::optim::LrScheduleOptions schedule{1};
+  /// The largest gradient norm (clipped to it above); 0: not clipped (the norm is still
+  /// measured).
+  double clip = 1.0;
+  /// Which parameters stay out of weight decay.
+  te::optim::NoDecayRule no_decay = te::optim::default_no_decay;
+};
+
+/// What one step did, the same on every rank.
+struct StepStats {
+  double loss = 0;       ///< mean next-token cross-entropy over the step's label tokens
+  double grad_norm = 0;  ///< the whole gradient's 2-norm, before clipping
+  double lr = 0;         ///< the learning rate the step ran at
+  int64_t tokens = 0;    ///< input tokens of the global batch
+  int64_t label_tokens = 0;
+};
+
+class LmTrainer {
+ public:
+  /// Builds the optimizer over `model`'s parameters (the model trains in its own dtype: bf16
+  /// weights get fp32 masters). te::Error naming the option for a bad schedule or optimizer
+  /// option.
+  LmTrainer(te::hf::CausalLM model, TrainerOptions options);
+
+  /// Optimizer step `step` (from 0) over the global micro-batches `micro` (gradient
+  /// accumulation: one reduction, one update). te::Error for no micro-batch, a batch without a
+  /// label token in the whole step, or packed rows (cu_seqlens: the model takes fixed-length
+  /// rows so far).
+  StepStats step(const std::vector<Batch>& micro, int64_t step);
+
+  /// The mean next-token loss over the label tokens of `batches` (no gradient; eval mode).
+  double evaluate(const std::vector<Batch>& batches);
+
+  te::hf::CausalLM& model() { return model_; }
+  te::optim::AdamW& optimizer() { return optimizer_; }
+  const te::optim::LrSchedule& schedule() const { return schedule_; }
+
+ private:
+  te::hf::CausalLM model_;
+  TrainerOptions options_;
+  te::optim::AdamW optimizer_;
+  te::optim::LrSchedule schedule_;
+};
+
+}  // namespace te::train

@@ -1,0 +1,99 @@
+// te::train::LmTrainer: a causal LM's training step on the mesh in scope (see lm_trainer.h).
+
+#include "te/train/lm_trainer.h"
+
+#include <ATen/ATen.h>
+#include <torch/autograd.h>
+
+#include <utility>
+
+#include "te/distributed.h"
+#include "te/error.h"
+#include "te/nn/functional.h"
+#include "te/optim/clip_grad.h"
+#include "te/sharding.h"
+
+namespace te::train {
+
+namespace {
+
+namespace F = te::nn::functional;
+
+// The sum of the next-token losses of `b`'s label tokens, as a float32 scalar (every rank the
+// same on a mesh).
+at::Tensor loss_sum(te::hf::CausalLM& model, const Batch& b) {
+  TE_CHECK(b.cu_seqlens.empty(),
+           "LmTrainer: the batch holds packed rows (cu_seqlens); the model trains on "
+           "fixed-length rows so far: build the data without packing");
+  F::CrossEntropyOptions ce;
+  ce.reduce_loss = true;
+  const double count = static_cast<double>(b.label_tokens);
+  const DeviceMesh* mesh = current_mesh();
+  if (mesh == nullptr)
+    return F::parallel_cross_entropy(model->forward(b.ids), b.labels, ce) * count;
+  const std::vector<Placement> whole(static_cast<std::size_t>(mesh->ndim()), Replicate{});
+  auto laid_out = [&](const at::Tensor& t) {
+    return with_sharding_constraint(DTensor::distribute(t, *mesh, whole),
+                                    {axis::kBatch, axis::kSeqlen});
+  };
+  const DTensor logits = model->forward(laid_out(b.ids));
+  return F::parallel_cross_entropy(logits, laid_out(b.labels), ce).to_local() * count;
+}
+
+}  // namespace
+
+LmTrainer::LmTrainer(te::hf::CausalLM model, TrainerOptions options)
+    : model_(std::move(model)),
+      options_(std::move(options)),
+      optimizer_(*model_, options_.adamw, options_.no_decay),
+      schedule_(options_.schedule) {
+  TE_CHECK(options_.clip >= 0, "LmTrainer: clip ", options_.clip,
+           " is negative; give the largest gradient norm, or 0 for none");
+}
+
+StepStats LmTrainer::step(const std::vector<Batch>& micro, int64_t step) {
+  TE_CHECK(!micro.empty(), "LmTrainer::step: no micro-batch");
+  StepStats stats;
+  for (const Batch& b : micro) {
+    stats.label_tokens += b.label_tokens;
+    stats.tokens += b.ids.numel();
+  }
+  TE_CHECK(stats.label_tokens > 0, "LmTrainer::step: step ", step,
+           " has no label token (every target is masked); the data holds no text to learn");
+  model_->train();
+  stats.lr = options_.adamw.lr() * schedule_.factor(step);
+  schedule_.apply(optimizer_, options_.adamw.lr(), step);
+  optimizer_.zero_grad();
+  double loss = 0;
+  {
+    GradientBuckets buckets;  // the data-parallel reduction once, after the last micro-batch
+    for (const Batch& b : micro) {
+      const at::Tensor l = loss_sum(model_, b) / static_cast<double>(stats.label_tokens);
+      l.backward();
+      loss += l.item<double>();
+    }
+    buckets.finish();
+  }
+  stats.loss = loss;
+  stats.grad_norm = options_.clip > 0 ? te::optim::clip_grad_norm(*model_, options_.clip)
+                                      : te::optim::grad_norm(*model_);
+  optimizer_.step();
+  return stats;
+}
+
+double LmTrainer::evaluate(const std::vector<Batch>& batches) {
+  TE_CHECK(!batches.empty(), "LmTrainer::evaluate: no batch");
+  torch::NoGradGuard no_grad;
+  model_->eval();
+  double sum = 0;
+  int64_t count = 0;
+  for (const Batch& b : batches) {
+    if (b.label_tokens == 0) continue;
+    sum += loss_sum(model_, b).item<double>();
+    count += b.label_tokens;
+  }
+  TE_CHECK(count > 0, "LmTrainer::evaluate: the evaluation batches hold no label token");
+  return sum / static_cast<double>(count);
+}
+
+}  // namespace te::train
