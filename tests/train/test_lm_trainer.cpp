@@ -15,6 +15,7 @@
 #include "../temp_dir.h"
 #include "te/distributed.h"
 #include "te/hf/config.h"
+#include "te/hf/save.h"
 #include "te/nn/init.h"
 #include "te/train/data.h"
 #include "te/train/lm_trainer.h"
@@ -149,6 +150,38 @@ TEST_F(LmTrainerParallel, MeshWithAccumulationStepsAsOneProcess) {
     EXPECT_EQ(mesh_stats[s].tokens, one[s].tokens);
   }
   EXPECT_LT(one.back().loss, one.front().loss);
+}
+
+// A trained model saved as Hugging Face files loads back with the same weights (the interop test
+// interop.train_steps_are_pytorch holds the files to transformers).
+TEST_F(LmTrainerTest, ASavedModelLoadsBack) {
+  te::nn::manual_seed(1);
+  te::train::LmTrainer trainer(te::hf::CausalLM(tiny_llama()), trainer_options(2));
+  te::train::DataLoader data = loader(2);
+  trainer.step({data.next()}, 0);
+  const std::string out = (dir_ / "saved").string();
+  EXPECT_ERROR(te::hf::save_causal_lm(*trainer.model(), out, "[1]"),
+               "save_causal_lm: the config for '" + out + "' is not a JSON object");
+  const te::hf::CausalLMConfig c = tiny_llama();
+  const nlohmann::json j = {{"architectures", {"LlamaForCausalLM"}},
+                            {"model_type", "llama"},
+                            {"vocab_size", c.vocab_size},
+                            {"hidden_size", 32},
+                            {"num_hidden_layers", 2},
+                            {"num_attention_heads", 4},
+                            {"num_key_value_heads", 2},
+                            {"intermediate_size", 48},
+                            {"max_position_embeddings", 64},
+                            {"rms_norm_eps", 1e-6},
+                            {"tie_word_embeddings", false}};
+  te::hf::save_causal_lm(*trainer.model(), out, j.dump());
+  te::hf::CausalLM loaded = te::hf::load_causal_lm(out);
+  const auto want = trainer.model()->named_parameters();
+  for (const auto& p : loaded->named_parameters()) {
+    EXPECT_TRUE(at::equal(p.value(), want[p.key()])) << p.key();
+  }
+  const auto saved = nlohmann::json::parse(std::ifstream(dir_ / "saved/config.json"));
+  EXPECT_EQ(saved["torch_dtype"], "float32");
 }
 
 TEST_F(LmTrainerTest, BadStepsAreNamed) {

@@ -1,0 +1,83 @@
+// te::hf::save_causal_lm (see save.h).
+
+#include "te/hf/save.h"
+
+#include <ATen/ATen.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "te/distributed.h"
+#include "te/error.h"
+#include "te/nn/safetensors.h"
+#include "te/nn/sharded.h"
+
+namespace te::hf {
+
+namespace {
+
+// torch_dtype's spelling of a parameter dtype.
+const char* hf_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat:
+      return "float32";
+    case at::kBFloat16:
+      return "bfloat16";
+    case at::kHalf:
+      return "float16";
+    default:
+      TE_FAIL("save_causal_lm: parameters of dtype ", t,
+              " have no Hugging Face torch_dtype; convert the model to float32, bfloat16 or "
+              "float16");
+  }
+}
+
+}  // namespace
+
+void save_causal_lm(const CausalLMImpl& model, const std::string& dir,
+                    const std::string& config_json) {
+  nlohmann::json config;
+  try {
+    config = nlohmann::json::parse(config_json);
+  } catch (const nlohmann::json::exception& e) {
+    TE_FAIL("save_causal_lm: the config for '", dir, "' is not JSON (", e.what(), ")");
+  }
+  TE_CHECK(config.is_object(), "save_causal_lm: the config for '", dir, "' is not a JSON object");
+  for (const auto& item : model.named_modules("", /*include_self=*/true)) {
+    const auto* sharded = dynamic_cast<const nn::ShardedModule*>(item.value().get());
+    TE_CHECK(sharded == nullptr || sharded->all_held_blocks().empty(), "save_causal_lm: '",
+             item.key(), "' holds GGUF blocks; load the model with LoadOptions::dequantize_gguf",
+             " = true to save it");
+  }
+  // Every parameter whole, by te name (collective: every rank gathers every sharded one).
+  const auto layouts = nn::named_parameter_layouts(model);
+  std::map<std::string, at::Tensor> whole;
+  at::ScalarType dtype = at::kFloat;
+  for (const auto& p : model.named_parameters(/*recurse=*/true)) {
+    at::Tensor t = p.value().detach();
+    dtype = t.scalar_type();
+    const auto it = layouts.find(p.key());
+    if (it != layouts.end() && it->second.mesh) {
+      t = DTensor::from_local(t, *it->second.mesh, it->second.placements, it->second.global_shape)
+              .full_tensor();
+    }
+    whole[p.key()] = t.cpu();
+  }
+  if (world_rank() != 0) return;
+  config["torch_dtype"] = hf_dtype(dtype);
+  config["dtype"] = hf_dtype(dtype);
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  TE_CHECK(!ec, "save_causal_lm: cannot create '", dir, "': ", ec.message());
+  nn::write_safetensors((fs::path(dir) / "model.safetensors").string(),
+                        to_hf_tensors(model.config, whole));
+  const fs::path config_path = fs::path(dir) / "config.json";
+  std::ofstream out(config_path);
+  out << config.dump(2) << "\n";
+  TE_CHECK(out.good(), "save_causal_lm: cannot write '", config_path.string(), "'");
+}
+
+}  // namespace te::hf
