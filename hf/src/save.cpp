@@ -34,6 +34,40 @@ const char* hf_dtype(at::ScalarType t) {
   }
 }
 
+void write_files(const CausalLMImpl& model, const std::string& dir, nlohmann::json config,
+                 at::ScalarType dtype, const std::map<std::string, at::Tensor>& whole) {
+  config["torch_dtype"] = hf_dtype(dtype);
+  config["dtype"] = hf_dtype(dtype);
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  TE_CHECK(!ec, "save_causal_lm: cannot create '", dir, "': ", ec.message());
+  nn::write_safetensors((fs::path(dir) / "model.safetensors").string(),
+                        to_hf_tensors(model.config, whole));
+  const fs::path config_path = fs::path(dir) / "config.json";
+  std::ofstream out(config_path);
+  out << config.dump(2) << "\n";
+  TE_CHECK(out.good(), "save_causal_lm: cannot write '", config_path.string(), "'");
+}
+
+// The config text must describe `model`: its names decide which tensors are written (a tied head
+// has no lm_head.weight) and how transformers builds the model.
+void check_config(const CausalLMConfig& model, const std::string& config_json,
+                  const std::string& dir) {
+  const CausalLMConfig given = parse_causal_lm_config(config_json, dir + "/config.json");
+  auto same = [&](const char* field, int64_t a, int64_t b) {
+    TE_CHECK(a == b, "save_causal_lm: the config for '", dir, "' says ", field, " ", a,
+             " but the model has ", b, "; give the model's own config");
+  };
+  same("vocab_size", given.vocab_size, model.vocab_size);
+  same("hidden_size", given.hidden_size, model.hidden_size);
+  same("num_hidden_layers", given.num_hidden_layers, model.num_hidden_layers);
+  same("num_attention_heads", given.num_attention_heads, model.num_attention_heads);
+  same("num_key_value_heads", given.num_key_value_heads, model.num_key_value_heads);
+  same("intermediate_size", given.intermediate_size, model.intermediate_size);
+  same("tie_word_embeddings", given.tie_word_embeddings ? 1 : 0, model.tie_word_embeddings ? 1 : 0);
+}
+
 }  // namespace
 
 void save_causal_lm(const CausalLMImpl& model, const std::string& dir,
@@ -54,10 +88,11 @@ void save_causal_lm(const CausalLMImpl& model, const std::string& dir,
   // Every parameter whole, by te name (collective: every rank gathers every sharded one).
   const auto layouts = nn::named_parameter_layouts(model);
   std::map<std::string, at::Tensor> whole;
-  at::ScalarType dtype = at::kFloat;
+  const at::ScalarType dtype = model.parameters().at(0).scalar_type();
   for (const auto& p : model.named_parameters(/*recurse=*/true)) {
     at::Tensor t = p.value().detach();
-    dtype = t.scalar_type();
+    TE_CHECK(t.scalar_type() == dtype, "save_causal_lm: '", p.key(), "' is ", t.scalar_type(),
+             " but the other parameters ", dtype, "; convert the model to one dtype first");
     const auto it = layouts.find(p.key());
     if (it != layouts.end() && it->second.mesh) {
       t = DTensor::from_local(t, *it->second.mesh, it->second.placements, it->second.global_shape)
@@ -65,19 +100,20 @@ void save_causal_lm(const CausalLMImpl& model, const std::string& dir,
     }
     whole[p.key()] = t.cpu();
   }
-  if (world_rank() != 0) return;
-  config["torch_dtype"] = hf_dtype(dtype);
-  config["dtype"] = hf_dtype(dtype);
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  TE_CHECK(!ec, "save_causal_lm: cannot create '", dir, "': ", ec.message());
-  nn::write_safetensors((fs::path(dir) / "model.safetensors").string(),
-                        to_hf_tensors(model.config, whole));
-  const fs::path config_path = fs::path(dir) / "config.json";
-  std::ofstream out(config_path);
-  out << config.dump(2) << "\n";
-  TE_CHECK(out.good(), "save_causal_lm: cannot write '", config_path.string(), "'");
+  // Rank 0 writes; every rank learns whether it could (and returns once the files are there).
+  std::string failure;
+  if (world_rank() == 0) {
+    try {
+      write_files(model, dir, config, dtype, whole);
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+  }
+  if (world_size() > 1) {
+    const DeviceMesh world({world_size()}, {"save"});
+    failure = world.all_gather(failure).front();
+  }
+  TE_CHECK(failure.empty(), failure);
 }
 
 }  // namespace te::hf

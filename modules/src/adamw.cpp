@@ -6,6 +6,7 @@
 #include <torch/autograd.h>
 
 #include <cmath>
+#include <map>
 #include <memory>
 #include <utility>
 
@@ -53,11 +54,17 @@ void update(at::Tensor& weight, const at::Tensor& grad, AdamWParamState& st,
 AdamW::AdamW(std::vector<torch::optim::OptimizerParamGroup> param_groups, AdamWOptions defaults)
     : torch::optim::Optimizer(std::move(param_groups), std::make_unique<AdamWOptions>(defaults)) {
   check_options(defaults, "");
+  std::map<const void*, std::size_t> group_of;
   for (std::size_t i = 0; i < param_groups_.size(); ++i) {
     const auto* o = dynamic_cast<const AdamWOptions*>(&param_groups_[i].options());
     TE_CHECK(o != nullptr, "AdamW: parameter group ", i,
              " has another optimizer's options; give it te::optim::AdamWOptions");
     check_options(*o, " (parameter group " + std::to_string(i) + ")");
+    for (const auto& p : param_groups_[i].params()) {
+      const auto [it, added] = group_of.emplace(p.unsafeGetTensorImpl(), i);
+      TE_CHECK(added, "AdamW: a parameter of shape ", p.sizes(), " is in parameter group ",
+               it->second, " and again in group ", i, "; give each parameter once");
+    }
   }
 }
 
@@ -77,7 +84,7 @@ AdamWParamState* AdamW::state_of(const at::Tensor& param, bool create) {
     const AdamWOptions* options = nullptr;
     for (const auto& group : param_groups_) {
       for (const auto& p : group.params()) {
-        if (p.is_same(param)) options = &static_cast<const AdamWOptions&>(group.options());
+        if (p.is_same(param)) options = dynamic_cast<const AdamWOptions*>(&group.options());
       }
     }
     TE_CHECK(options != nullptr, "AdamW: a parameter of shape ", param.sizes(),
@@ -102,7 +109,11 @@ at::Tensor AdamW::step(LossClosure closure) {
   }
   at::NoGradGuard no_grad;
   for (std::size_t g = 0; g < param_groups_.size(); ++g) {
-    const auto& o = static_cast<const AdamWOptions&>(param_groups_[g].options());
+    // A group added later (add_param_group) was not checked by the constructor.
+    const auto* options = dynamic_cast<const AdamWOptions*>(&param_groups_[g].options());
+    TE_CHECK(options != nullptr, "AdamW: parameter group ", g,
+             " has another optimizer's options; give it te::optim::AdamWOptions");
+    const AdamWOptions& o = *options;
     for (auto& p : param_groups_[g].params()) {
       if (!p.grad().defined()) continue;
       const at::Tensor& grad = p.grad();

@@ -134,8 +134,7 @@ std::map<std::string, Entry> entries_of(const torch::nn::Module& module,
     for (const auto& p : module.named_parameters(/*recurse=*/true)) {
       if (!owned.count(p.value().unsafeGetTensorImpl())) continue;
       std::optional<OptimizerSlots> slots = optimizer_slots(opt, p.value(), create_state);
-      TE_CHECK(slots.has_value(), "save_checkpoint: the optimizer has no state for '", p.key(),
-               "' yet; save after its first step, or without the optimizer");
+      if (!slots) continue;  // no gradient yet: no state to save (a load starts it afresh)
       // The state is laid out like its parameter.
       const std::string prefix = "optimizer." + p.key() + ".";
       for (const auto& [suffix, tensor] : slots->tensors) {
@@ -303,14 +302,28 @@ bool is_master(const std::string& name) {
 // when no optimizer is loaded).
 void check_same_tensors(const format::Index& index, const std::map<std::string, Entry>& entries,
                         const fs::path& root, bool with_optimizer) {
+  bool has_optimizer_state = false;
+  for (const auto& [name, t] : index.tensors) {
+    has_optimizer_state = has_optimizer_state || name.rfind("optimizer.", 0) == 0;
+  }
+  TE_CHECK(!with_optimizer || has_optimizer_state, "load_checkpoint: the checkpoint at '",
+           root.string(), "' holds no optimizer state (it was saved without the optimizer); ",
+           "load it without one");
   for (const auto& [name, e] : entries) {
-    TE_CHECK(index.tensors.count(name) || is_master(name), "load_checkpoint: the checkpoint at '",
+    // A parameter that had no step when it was saved has no state: it starts afresh.
+    const bool optional = with_optimizer && name.rfind("optimizer.", 0) == 0;
+    TE_CHECK(index.tensors.count(name) || optional, "load_checkpoint: the checkpoint at '",
              root.string(), "' lacks '", name,
              "', which the module has (load with strict = false to skip it)");
   }
   for (const auto& [name, t] : index.tensors) {
     // Optimizer state is there for resuming; a load without an optimizer leaves it.
     if (!with_optimizer && name.rfind("optimizer.", 0) == 0) continue;
+    TE_CHECK(entries.count(name) || !is_master(name), "load_checkpoint: the checkpoint at '",
+             root.string(), "' holds the fp32 master weight '", name,
+             "', which this optimizer does not keep (torch::optim::AdamW, or te::optim::AdamW "
+             "without master_weights or over fp32 parameters); load with strict = false to drop "
+             "it");
     TE_CHECK(entries.count(name), "load_checkpoint: the checkpoint at '", root.string(),
              "' holds '", name, "', which the module lacks (load with strict = false to skip it)");
   }

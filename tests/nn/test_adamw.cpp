@@ -62,7 +62,7 @@ void expect_values(const at::Tensor& got, const std::vector<float>& want) {
   const at::Tensor flat = got.to(at::kFloat).reshape(-1);
   ASSERT_EQ(flat.numel(), static_cast<int64_t>(want.size()));
   for (int64_t i = 0; i < flat.numel(); ++i) {
-    EXPECT_FLOAT_EQ(flat[i].item<float>(), want[static_cast<std::size_t>(i)]) << "element " << i;
+    EXPECT_EQ(flat[i].item<float>(), want[static_cast<std::size_t>(i)]) << "element " << i;
   }
 }
 
@@ -188,6 +188,8 @@ TEST(AdamW, BadInputIsNamedAndChangesNothing) {
   EXPECT_ERROR(te::optim::AdamW(*make_layer(false), AdamWOptions().weight_decay(-0.1)),
                "AdamW: weight_decay -0.1 is negative");
 
+  EXPECT_ERROR(te::optim::AdamW(std::vector<at::Tensor>{p, p}),
+               "AdamW: a parameter of shape [3, 4] is in parameter group 0 and again in group 0");
   te::optim::AdamW opt({p}, known_options(0.1));
   p.mutable_grad() = gradient(1).to(at::kDouble);
   EXPECT_ERROR(opt.step(), "AdamW: a Double gradient for a Float parameter [3, 4] of group 0");

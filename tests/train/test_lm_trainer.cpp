@@ -93,7 +93,8 @@ TEST_F(LmTrainerTest, TheLossCountsOnlyLabelTokens) {
   Batch masked = b;
   masked.labels = b.labels.clone();
   masked.labels.narrow(1, 0, 8).fill_(-100);
-  masked.label_tokens = b.label_tokens - 16;
+  masked.label_tokens = masked.labels.ne(-100).sum().item<int64_t>();
+  ASSERT_LT(masked.label_tokens, b.label_tokens);
   const at::Tensor logits = trainer.model()->forward(b.ids).detach();
   auto mean_ce = [&](const at::Tensor& labels) {
     return at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), labels.reshape({-1}))
@@ -101,11 +102,12 @@ TEST_F(LmTrainerTest, TheLossCountsOnlyLabelTokens) {
   };
   EXPECT_NEAR(trainer.evaluate({masked}), mean_ce(masked.labels), 1e-6);
   EXPECT_NEAR(trainer.evaluate({b}), mean_ce(b.labels), 1e-6);
+  EXPECT_TRUE(trainer.model()->is_training());  // evaluate restores the mode
   EXPECT_NEAR(trainer.step({masked}, 0).loss, mean_ce(masked.labels), 1e-6);
 }
 
-// The global batch of 4 rows as two micro-batches of 2 on DP2xTP2 thread ranks: the losses, norms
-// and weights one process gets with the whole batch.
+// The global batch of 4 rows as two micro-batches of 2 on DP2xTP2 thread ranks: the losses and
+// gradient norms one process gets with the whole batch, step after step (so the weights too).
 class LmTrainerParallel : public LmTrainerTest {};
 
 TEST_F(LmTrainerParallel, MeshWithAccumulationStepsAsOneProcess) {
@@ -174,6 +176,11 @@ TEST_F(LmTrainerTest, ASavedModelLoadsBack) {
                             {"max_position_embeddings", 64},
                             {"rms_norm_eps", 1e-6},
                             {"tie_word_embeddings", false}};
+  nlohmann::json tied = j;
+  tied["tie_word_embeddings"] = true;
+  EXPECT_ERROR(te::hf::save_causal_lm(*trainer.model(), out, tied.dump()),
+               "save_causal_lm: the config for '" + out +
+                   "' says tie_word_embeddings 1 but the model has 0");
   te::hf::save_causal_lm(*trainer.model(), out, j.dump());
   te::hf::CausalLM loaded = te::hf::load_causal_lm(out);
   const auto want = trainer.model()->named_parameters();
@@ -192,6 +199,16 @@ TEST_F(LmTrainerTest, BadStepsAreNamed) {
                "LmTrainer: clip -1 is negative");
   te::train::LmTrainer trainer(te::hf::CausalLM(tiny_llama()), trainer_options(4));
   EXPECT_ERROR(trainer.step({}, 0), "LmTrainer::step: no micro-batch");
+  EXPECT_ERROR(trainer.step({loader(2).next()}, 4),
+               "LmTrainer::step: step 4 is outside the schedule's 4 steps");
+  Batch miscounted = loader(2).next();
+  miscounted.label_tokens = 3;
+  EXPECT_ERROR(trainer.step({miscounted}, 0),
+               "LmTrainer: micro-batch 0 says label_tokens 3 but has 32 labels other than -100");
+  te::train::TrainerOptions no_schedule = trainer_options(4);
+  no_schedule.schedule.reset();
+  EXPECT_ERROR(te::train::LmTrainer(te::hf::CausalLM(tiny_llama()), no_schedule),
+               "LmTrainer: TrainerOptions::schedule is not set");
   Batch b = loader(2).next();
   b.labels.fill_(-100);
   b.label_tokens = 0;

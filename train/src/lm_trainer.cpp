@@ -40,23 +40,42 @@ at::Tensor loss_sum(te::hf::CausalLM& model, const Batch& b) {
   return F::parallel_cross_entropy(logits, laid_out(b.labels), ce).to_local() * count;
 }
 
+const te::optim::LrScheduleOptions& schedule_options(const TrainerOptions& o) {
+  TE_CHECK(o.schedule.has_value(),
+           "LmTrainer: TrainerOptions::schedule is not set; give te::optim::LrScheduleOptions("
+           "steps) with the run's steps");
+  return *o.schedule;
+}
+
+// `b`'s labels that are not -100, checked against its label_tokens.
+void check_label_tokens(const Batch& b, std::size_t index) {
+  const int64_t counted = b.labels.ne(-100).sum().item<int64_t>();
+  TE_CHECK(counted == b.label_tokens, "LmTrainer: micro-batch ", index, " says label_tokens ",
+           b.label_tokens, " but has ", counted,
+           " labels other than -100; set label_tokens to "
+           "their count");
+}
+
 }  // namespace
 
 LmTrainer::LmTrainer(te::hf::CausalLM model, TrainerOptions options)
     : model_(std::move(model)),
       options_(std::move(options)),
       optimizer_(*model_, options_.adamw, options_.no_decay),
-      schedule_(options_.schedule) {
+      schedule_(schedule_options(options_)) {
   TE_CHECK(options_.clip >= 0, "LmTrainer: clip ", options_.clip,
            " is negative; give the largest gradient norm, or 0 for none");
 }
 
 StepStats LmTrainer::step(const std::vector<Batch>& micro, int64_t step) {
   TE_CHECK(!micro.empty(), "LmTrainer::step: no micro-batch");
+  TE_CHECK(step >= 0 && step < schedule_options(options_).steps(), "LmTrainer::step: step ", step,
+           " is outside the schedule's ", schedule_options(options_).steps(), " steps");
   StepStats stats;
-  for (const Batch& b : micro) {
-    stats.label_tokens += b.label_tokens;
-    stats.tokens += b.ids.numel();
+  for (std::size_t i = 0; i < micro.size(); ++i) {
+    check_label_tokens(micro[i], i);
+    stats.label_tokens += micro[i].label_tokens;
+    stats.tokens += micro[i].ids.numel();
   }
   TE_CHECK(stats.label_tokens > 0, "LmTrainer::step: step ", step,
            " has no label token (every target is masked); the data holds no text to learn");
@@ -84,14 +103,22 @@ StepStats LmTrainer::step(const std::vector<Batch>& micro, int64_t step) {
 double LmTrainer::evaluate(const std::vector<Batch>& batches) {
   TE_CHECK(!batches.empty(), "LmTrainer::evaluate: no batch");
   torch::NoGradGuard no_grad;
+  const bool was_training = model_->is_training();
   model_->eval();
   double sum = 0;
   int64_t count = 0;
-  for (const Batch& b : batches) {
-    if (b.label_tokens == 0) continue;
-    sum += loss_sum(model_, b).item<double>();
-    count += b.label_tokens;
+  try {
+    for (std::size_t i = 0; i < batches.size(); ++i) {
+      check_label_tokens(batches[i], i);
+      if (batches[i].label_tokens == 0) continue;
+      sum += loss_sum(model_, batches[i]).item<double>();
+      count += batches[i].label_tokens;
+    }
+  } catch (...) {
+    model_->train(was_training);
+    throw;
   }
+  model_->train(was_training);
   TE_CHECK(count > 0, "LmTrainer::evaluate: the evaluation batches hold no label token");
   return sum / static_cast<double>(count);
 }

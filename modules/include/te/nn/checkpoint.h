@@ -47,8 +47,9 @@ struct CheckpointLoadOptions {
 ///
 /// With `optimizer` (te::optim::AdamW or torch::optim::AdamW; te::Error for another kind), its
 /// state for the module's parameters is saved too ("optimizer.<name>.exp_avg" / "exp_avg_sq",
-/// te::optim::AdamW's fp32 ".master", each laid out like the parameter, and ".step"), so a run
-/// resumed with load_checkpoint continues bit for bit. The dropout stream's position is recorded
+/// te::optim::AdamW's fp32 ".master", each laid out like the parameter, and ".step"; a parameter
+/// that has had no step has no state and none is saved), so a run resumed with load_checkpoint
+/// continues bit for bit. The dropout stream's position is recorded
 /// as well.
 void save_checkpoint(const torch::nn::Module& module, const std::string& dir,
                      const std::string& extra_json = "{}",

@@ -14,8 +14,9 @@
 // (transformer_engine/pytorch/optimizers/fused_adam.py at d0067d0): a bfloat16 or float16
 // parameter gets an fp32 copy, created at its first step from the parameter; the moments are
 // fp32; the gradient is read in fp32 and the update runs on the copy, which is then rounded to
-// nearest into the parameter. So a bf16 run updates like an fp32 one, and the bf16 weights are
-// exactly the masters rounded.
+// nearest into the parameter. So given the same gradients a bf16 run updates as an fp32 one, and
+// the bf16 weights are exactly the masters rounded. A parameter gets its state at its first step
+// with a gradient.
 //
 // Parameters of te::nn modules are each rank's local pieces: the state of each is laid out as
 // its parameter (a parameter sharded over the data axis, FSDP, has its state sharded alike:
@@ -80,7 +81,8 @@ bool default_no_decay(const std::string& name, const std::vector<int64_t>& globa
 class AdamW : public torch::optim::Optimizer {
  public:
   /// te::Error naming the option for a negative lr, eps or weight_decay, or a beta outside
-  /// [0, 1) (in `defaults` or a group's own options, which must be AdamWOptions).
+  /// [0, 1) (in `defaults` or a group's own options, which must be AdamWOptions), and for a
+  /// parameter given twice.
   explicit AdamW(std::vector<torch::optim::OptimizerParamGroup> param_groups,
                  AdamWOptions defaults = {});
   explicit AdamW(std::vector<at::Tensor> params, AdamWOptions defaults = {});

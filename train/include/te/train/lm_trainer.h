@@ -19,6 +19,7 @@
 //   }
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "te/hf/causal_lm.h"
@@ -31,7 +32,8 @@ namespace te::train {
 struct TrainerOptions {
   /// The optimizer; its lr is the schedule's base learning rate.
   te::optim::AdamWOptions adamw;
-  te::optim::LrScheduleOptions schedule{1};
+  /// The run's schedule (its steps are the run's): required.
+  std::optional<te::optim::LrScheduleOptions> schedule;
   /// The largest gradient norm (clipped to it above); 0: not clipped (the norm is still
   /// measured).
   double clip = 1.0;
@@ -51,17 +53,19 @@ struct StepStats {
 class LmTrainer {
  public:
   /// Builds the optimizer over `model`'s parameters (the model trains in its own dtype: bf16
-  /// weights get fp32 masters). te::Error naming the option for a bad schedule or optimizer
-  /// option.
+  /// weights get fp32 masters). te::Error naming the option for a bad or missing schedule or a
+  /// bad optimizer option.
   LmTrainer(te::hf::CausalLM model, TrainerOptions options);
 
   /// Optimizer step `step` (from 0) over the global micro-batches `micro` (gradient
-  /// accumulation: one reduction, one update). te::Error for no micro-batch, a batch without a
-  /// label token in the whole step, or packed rows (cu_seqlens: the model takes fixed-length
-  /// rows so far).
+  /// accumulation: one reduction, one update). te::Error for no micro-batch, a step past the
+  /// schedule's, a micro-batch whose label_tokens is not the count of its labels other than
+  /// -100, a step without a label token, or packed rows (cu_seqlens: the model takes
+  /// fixed-length rows so far).
   StepStats step(const std::vector<Batch>& micro, int64_t step);
 
-  /// The mean next-token loss over the label tokens of `batches` (no gradient; eval mode).
+  /// The mean next-token loss over the label tokens of `batches` (no gradient, in eval mode; the
+  /// model's mode is restored after).
   double evaluate(const std::vector<Batch>& batches);
 
   te::hf::CausalLM& model() { return model_; }
