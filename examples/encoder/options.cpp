@@ -8,33 +8,11 @@
 #include <sstream>
 
 #include "te/nn.h"
+#include "te/program/report.h"
 
 namespace encoder {
 
 namespace {
-
-MeshSpec parse_mesh(const std::string& text) {
-  try {
-    return te::parse_mesh_shape(text);
-  } catch (const te::Error& e) {
-    throw InputError(std::string("--") + e.what());
-  }
-}
-
-// Every mesh axis a MeshResource or rule names must be an axis of the mesh.
-void check_axis(const MeshSpec& mesh, const std::string& axis, const std::string& where) {
-  if (std::find(mesh.names.begin(), mesh.names.end(), axis) != mesh.names.end()) return;
-  std::string have;
-  for (const auto& n : mesh.names) have += (have.empty() ? "" : ", ") + n;
-  throw InputError(where + " names mesh axis '" + axis + "', which the mesh (" + mesh.to_string() +
-                   ") lacks; its axes are: " + have);
-}
-
-std::vector<std::string> fp8_choices() {
-  std::vector<std::string> out{"none"};
-  for (const std::string& name : te::fp8::recipe_names()) out.push_back(name);
-  return out;
-}
 
 std::string default_data_dir() {
 #ifdef TE_ENCODER_DATA_DIR
@@ -49,149 +27,25 @@ std::string default_data_dir() {
   return "examples/encoder/data/cola";
 }
 
-}  // namespace
-
-std::string one_line(const std::string& message) {
-  std::vector<std::string> lines;
-  std::stringstream in(message);
-  std::string line;
-  while (std::getline(in, line)) {
-    const auto start = line.find_first_not_of(' ');
-    if (start != std::string::npos) lines.push_back(line.substr(start));
-  }
-  if (lines.empty()) return message;
-  std::string out = lines.front();
-  if (lines.size() > 1) out += "; " + lines.back();
-  const auto tag = out.rfind(" [");
-  if (tag != std::string::npos && out.back() == ']') out.erase(tag);
-  return out;
-}
-
-namespace {
-
-// The mesh axes the mesh resource and the rules name exist on --mesh, and one of them is given.
-void check_layout_axes(const Layout& layout) {
-  if (layout.mesh) {
-    if (!layout.resource && !layout.rules) {
-      throw InputError("--mesh " + layout.mesh->to_string() +
-                       " needs --mesh-resource or --rules to map the model's logical axes onto "
-                       "it (e.g. --mesh-resource dp=data)");
-    }
-    if (layout.resource) {
-      const te::MeshResource& r = *layout.resource;
-      for (const te::MeshRole& role : te::kMeshRoles) {
-        if (r.*role.axis) check_axis(*layout.mesh, *(r.*role.axis), "--mesh-resource");
-      }
-    }
-    if (layout.rules) {
-      for (const te::AxisRule& rule : *layout.rules) {
-        for (const std::string& axis : rule.mesh) {
-          check_axis(*layout.mesh, axis, "--rules entry '" + te::to_string(rule) + "'");
-        }
-      }
-    }
-  }
-  // One process: rules and roles are validated and resolve to nothing.
-}
-
 // TE's model-parallel example maps its custom Dense axes with user rules extended by TE's
-// table; with a MeshResource and no --rules this program does the same.
-void extend_with_te_table(const Args& args, Layout& layout) {
-  if (!layout.resource || (layout.rules && !args.extend_te_rules)) return;
-  // TE's table reads the mesh's axis sizes (a role on an axis of one device is inactive).
-  std::optional<te::MeshShapeScope> sizes;
-  if (layout.mesh) sizes.emplace(*layout.mesh);
-  te::MeshResourceScope scope(*layout.resource);
-  try {
-    te::AxisRules base;
-    if (layout.rules) {
-      base = *layout.rules;
-    } else {  // my_tp_axis where TE's table puts the heads
-      const te::AxisRules table = te::te_default_axis_rules(*layout.resource);
-      const auto heads = std::find_if(table.begin(), table.end(), [](const te::AxisRule& r) {
-        return r.logical == te::axis::kHeads;
-      });
-      base = te::parse_axis_rules(
-          "my_broadcast_axis=,my_tp_axis=" +
-          (heads != table.end() && !heads->mesh.empty() ? heads->mesh[0] : std::string()));
-    }
-    layout.rules = te::extend_logical_axis_rules(base);
-  } catch (const te::Error& e) {
-    throw InputError("--rules: " + one_line(e.what()));
-  }
-}
-
-// The data-parallel size and whether the heads are split (what the rules make of the model's
-// batch and heads), checked against --batch-size, and the line that describes the layout.
-void measure_layout(const Args& args, Layout& layout) {
-  if (layout.mesh) {
-    std::optional<te::MeshResourceScope> resource;
-    if (layout.resource) resource.emplace(*layout.resource);
-    std::optional<te::AxisRulesScope> rules;
-    if (layout.rules) rules.emplace(*layout.rules);
-    if (const auto spec = te::resolve_logical_axes({"batch", "heads"})) {
-      for (const auto& axis : (*spec)[0]) {
-        const auto it = std::find(layout.mesh->names.begin(), layout.mesh->names.end(), axis);
-        layout.data_parallel *= layout.mesh->sizes[std::size_t(it - layout.mesh->names.begin())];
-      }
-      layout.tensor_parallel = !(*spec)[1].empty();
-    }
-    if (args.batch_size % layout.data_parallel != 0) {
-      throw InputError("--batch-size " + std::to_string(args.batch_size) +
-                       " (the global batch) is not divisible by the data-parallel size " +
-                       std::to_string(layout.data_parallel));
-    }
-    layout.description = "mesh " + layout.mesh->to_string();
-    if (layout.resource) layout.description += ", mesh resource " + te::to_string(*layout.resource);
-    if (!args.rules.empty()) layout.description += ", rules " + args.rules;
-  } else {
-    layout.description = "one process";
-  }
+// table; with a MeshResource and no --rules this program does the same: my_tp_axis where TE's
+// table puts the heads, my_broadcast_axis replicated.
+te::AxisRules dense_axis_rules(const te::MeshResource& resource) {
+  const te::AxisRules table = te::te_default_axis_rules(resource);
+  const auto heads = std::find_if(table.begin(), table.end(), [](const te::AxisRule& r) {
+    return r.logical == te::axis::kHeads;
+  });
+  return te::parse_axis_rules(
+      "my_broadcast_axis=,my_tp_axis=" +
+      (heads != table.end() && !heads->mesh.empty() ? heads->mesh[0] : std::string()));
 }
 
 }  // namespace
 
 Layout make_layout(const Args& args, int world_size) {
-  Layout layout;
-  if (!args.mesh.empty()) {
-    layout.mesh = parse_mesh(args.mesh);
-  } else if (world_size > 1) {
-    layout.mesh = MeshSpec{{world_size}, {"data"}};  // data parallel by default
-  }
-  if (layout.mesh && layout.mesh->size() != world_size) {
-    throw InputError("--mesh " + layout.mesh->to_string() + " has " +
-                     std::to_string(layout.mesh->size()) + " ranks but the world has " +
-                     std::to_string(world_size) +
-                     (world_size == 1 ? " (start ranks with --nproc N or a launcher)" : ""));
-  }
-  if (!args.mesh_resource.empty()) {
-    try {
-      layout.resource = te::parse_mesh_resource(args.mesh_resource);
-    } catch (const te::Error& e) {
-      throw InputError("--mesh-resource: " + one_line(e.what()));
-    }
-  } else if (layout.mesh && args.mesh.empty() && args.rules.empty()) {
-    layout.resource = te::parse_mesh_resource("dp=data");
-  }
-  if (!args.rules.empty()) {
-    try {
-      layout.rules = te::parse_axis_rules(args.rules);
-    } catch (const te::Error& e) {
-      throw InputError("--rules: " + one_line(e.what()));
-    }
-  }
-  if (args.extend_te_rules && !layout.resource) {
-    throw InputError("--extend-te-rules needs --mesh-resource (TE's table is derived from it)");
-  }
-  check_layout_axes(layout);
-  extend_with_te_table(args, layout);
-  measure_layout(args, layout);
+  Layout layout = te::program::make_layout(args.layout, world_size, dense_axis_rules);
+  te::program::check_global_batch(layout, args.batch_size);
   return layout;
-}
-
-std::optional<te::fp8::Recipe> recipe_of(const std::string& name) {
-  if (name == "none") return std::nullopt;
-  return te::fp8::recipe_named(name);
 }
 
 std::vector<std::string> activations_of(const std::string& text, bool tensor_parallel) {
@@ -206,7 +60,7 @@ std::vector<std::string> activations_of(const std::string& text, bool tensor_par
   try {
     te::nn::functional::mlp_activation(at::zeros({1, static_cast<int64_t>(out.size()), 1}), out);
   } catch (const te::Error& e) {
-    throw InputError("--mlp-activations '" + text + "': " + one_line(e.what()));
+    throw InputError("--mlp-activations '" + text + "': " + te::program::one_line(e.what()));
   }
   return out;
 }
@@ -235,8 +89,7 @@ void add_training_options(CLI::App& app, Args& args) {
   app.add_option("--intermediate-dropout", args.intermediate_dropout,
                  "Dropout after the MLP's first GEMM (TE since 7a5859834: 0; before it: 0.1)")
       ->check(CLI::Range(0.0, 0.999));
-  app.add_option("--fp8", args.fp8, "FP8 GEMMs: none, or a recipe: " + te::fp8::recipe_summary())
-      ->check(CLI::IsMember(fp8_choices()));
+  te::program::add_fp8_option(app, args.fp8);
   app.add_flag("--quantized-weights", args.quantized_weights,
                "Hold the GEMM kernels as FP8 codes between steps (TE's quantized_model_init): "
                "the GEMMs multiply them, FSDP gathers them (a quarter of fp32's bytes), AdamW "
@@ -246,24 +99,14 @@ void add_training_options(CLI::App& app, Args& args) {
 
 // The layout (mesh, roles, rules) and the ranks.
 void add_layout_options(CLI::App& app, Args& args) {
-  app.add_option("--mesh", args.mesh,
-                 "Device mesh, e.g. data=2,model=2 (its size must equal the number of ranks; "
-                 "default with several ranks: data=N)");
-  app.add_option("--mesh-resource", args.mesh_resource,
-                 "Parallelism roles of the mesh axes (TE's MeshResource), e.g. dp=data,tpsp=model "
-                 "or fsdp=data (default with several ranks and no --mesh: dp=data)");
-  app.add_option("--rules", args.rules,
-                 "Logical axis rules, e.g. 'batch=data,heads=model,my_tp_axis=model'. Without "
-                 "them, a --mesh-resource maps the example's Dense axes (my_tp_axis to the tp/tpsp "
-                 "axis, my_broadcast_axis replicated) extended with TE's table");
-  app.add_flag("--extend-te-rules", args.extend_te_rules,
-               "Extend --rules with TE's default table derived from --mesh-resource");
+  te::program::add_layout_options(
+      app, args.layout,
+      "Logical axis rules, e.g. 'batch=data,heads=model,my_tp_axis=model'. Without them, a "
+      "--mesh-resource maps the example's Dense axes (my_tp_axis to the tp/tpsp axis, "
+      "my_broadcast_axis replicated) extended with TE's table");
   app.add_flag("--sequence-parallel", args.sequence_parallel,
                "Sequence parallelism in the TransformerLayer (needs tpsp or a seqlen_tp rule)");
-  app.add_option("--nproc", args.nproc,
-                 "Start this many local ranks through te-run (across machines, start te-encoder "
-                 "under te-run --nnodes, torchrun, srun or mpirun instead: README)")
-      ->check(CLI::PositiveNumber);
+  te::program::add_nproc_option(app, args.launch, "te-encoder");
 }
 
 // What the run writes, the model's size, checkpoints and the device.
@@ -273,9 +116,7 @@ void add_output_and_model_options(CLI::App& app, Args& args) {
                  "dev_mcc, epochs, world_size, mesh, fp8, seconds, samples_per_second) here");
   app.add_option("--log-steps", args.log_steps,
                  "Write one CSV line per step (step, epoch, loss, accuracy, samples/s) here");
-  app.add_option("--threads", args.threads,
-                 "Intra-op threads per rank (default: OMP_NUM_THREADS, else the core count)")
-      ->check(CLI::NonNegativeNumber);
+  te::program::add_threads_option(app, args.launch);
   app.add_option("--max-steps", args.max_steps, "Stop after this many steps (0: all epochs)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--hidden-size", args.hidden_size, "Model width (TE: 256)")

@@ -1,7 +1,8 @@
 #pragma once
 
 // te-encoder's command line: its options (Args), the layout they describe (mesh, MeshResource,
-// rules) and the checks made before any rank starts.
+// rules: te::program's layout options, with the encoder's Dense axes mapped) and the checks made
+// before any rank starts.
 
 #include <cstdint>
 #include <optional>
@@ -9,8 +10,9 @@
 #include <vector>
 
 #include "te/encoder/text.h"
-#include "te/fp8.h"
-#include "te/sharding.h"
+#include "te/program/launch.h"
+#include "te/program/layout.h"
+#include "te/program/precision.h"
 
 namespace encoder {
 
@@ -26,15 +28,11 @@ struct Args {
   double intermediate_dropout = 0.0;
   std::string fp8 = "none";
   bool quantized_weights = false;
-  std::string mesh;
-  std::string mesh_resource;
-  std::string rules;
-  bool extend_te_rules = false;
+  te::program::LayoutArgs layout;  // --mesh, --mesh-resource, --rules, --extend-te-rules
   bool sequence_parallel = false;
-  int nproc = 1;
+  te::program::LaunchArgs launch;  // --nproc, --threads
   std::string metrics_json;
   std::string log_steps;
-  int threads = 0;
   int64_t max_steps = 0;
   int64_t hidden_size = 256;
   int64_t mlp_hidden_size = 1024;
@@ -52,32 +50,19 @@ struct Args {
 /// malformed command line: 2, after saying why on stderr).
 int parse_args(int argc, char** argv, Args& args);
 
-/// A library message for the command line: one line (a parse error's caret picture dropped,
-/// its explanation kept), without the [file:line] tag.
-std::string one_line(const std::string& message);
-
-using MeshSpec = te::MeshShape;
-
-/// The layout of a run: the mesh (none on one process), MeshResource and rules.
-struct Layout {
-  std::optional<MeshSpec> mesh;
-  std::optional<te::MeshResource> resource;
-  std::optional<te::AxisRules> rules;
-  std::string description;
-  int64_t data_parallel = 1;     // ranks the batch is split over
-  bool tensor_parallel = false;  // heads split over some mesh axis
-};
+using te::program::Layout;
+using te::program::recipe_of;
 
 /// The layout --mesh, --mesh-resource and --rules describe for `world_size` ranks, checked
-/// (InputError naming the option).
+/// (InputError naming the option): te::program::make_layout with the example's Dense axes
+/// (my_tp_axis on the heads' mesh axis, my_broadcast_axis replicated) as the default rules, and
+/// --batch-size divisible by the data-parallel size.
 Layout make_layout(const Args& args, int world_size);
 
 /// The checks of `args` that need no data and no ranks, make_layout's among them, in the order
 /// a user meets them (InputError naming the option); returns the layout for `world_size` ranks.
 Layout check_args(const Args& args, int world_size);
 
-/// The FP8 recipe of --fp8 (none: nullopt).
-std::optional<te::fp8::Recipe> recipe_of(const std::string& name);
 /// The MLP's activations of --mlp-activations (auto: by the layout), checked.
 std::vector<std::string> activations_of(const std::string& text, bool tensor_parallel);
 

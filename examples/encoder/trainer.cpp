@@ -11,16 +11,21 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
-#include "report.h"
 #include "te/encoder/data.h"
 #include "te/encoder/model.h"
 #include "te/fp8.h"
 #include "te/nn.h"
+#include "te/program/report.h"
 #include "te/runtime.h"
 
 namespace encoder {
 
 namespace {
+
+using te::program::Clock;
+using te::program::fmt;
+using te::program::Progress;
+using te::program::StepLog;
 
 // Training batches run through the model before a save to set its FP8 input scales.
 constexpr int64_t kCalibrationBatches = 8;
@@ -319,8 +324,10 @@ class Loop {
       ++summary.steps;
       samples_ += args_.batch_size;
       const double step_s = std::chrono::duration<double>(Clock::now() - step_start).count();
-      steps_.add(summary.steps, epoch, l, acc, step_s > 0 ? args_.batch_size / step_s : 0.0);
-      progress.update(done, loss_sum / done, acc_sum / done, done * args_.batch_size);
+      steps_.add({summary.steps, epoch, l, acc,
+                  fmt("%.1f", step_s > 0 ? args_.batch_size / step_s : 0.0)});
+      progress.update(done, {{"loss", loss_sum / done}, {"acc", acc_sum / done}},
+                      done * args_.batch_size);
       if (args_.max_steps > 0 && summary.steps >= args_.max_steps) {
         stop_ = true;
         break;
@@ -388,7 +395,7 @@ nlohmann::json metrics_of(const Args& args, const Layout& layout, const RunSumma
                       {"world_size", world_size},
                       {"mesh", layout.mesh ? layout.mesh->to_string() : ""},
                       {"mesh_resource", layout.resource ? te::to_string(*layout.resource) : ""},
-                      {"rules", args.rules},
+                      {"rules", args.layout.rules},
                       {"sequence_parallel", args.sequence_parallel},
                       {"mlp_activations", activations},
                       {"intermediate_dropout", args.intermediate_dropout},
@@ -453,7 +460,8 @@ int train(const Args& args, const Layout& layout, const ColaData& data, int rank
       args.quantized_weights ? te::nn::quantize_fp8_weights(*model, *recipe_of(args.fp8)) : 0;
   if (lead) print_banner(args, layout, sets, options, model, world_size, held);
 
-  StepLog steps(rank == 0 ? args.log_steps : std::string());
+  StepLog steps(rank == 0 ? args.log_steps : std::string(),
+                {"step", "epoch", "loss", "accuracy", "samples_per_second"});
   RunSummary summary = Loop(args, layout, trainer, model, optimizer, lead, steps).run(sets);
   if (sets.extra) {
     summary.extra = trainer.evaluate(*sets.extra);
@@ -477,7 +485,7 @@ int train(const Args& args, const Layout& layout, const ColaData& data, int rank
   }
   steps.finish();
   if (rank == 0 && !args.metrics_json.empty()) {
-    write_json_atomically(
+    te::program::write_json_atomically(
         metrics_of(args, layout, summary, activations, world_size, sets.extra.has_value()),
         args.metrics_json, "--metrics-json");
     if (lead) std::cout << "metrics: " << args.metrics_json << std::endl;

@@ -3,6 +3,7 @@
 // te-encoder's training run: the data read once, then on every rank the model built on the
 // run's layout, trained, evaluated, saved and reported.
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -10,6 +11,20 @@
 #include "te/encoder/text.h"
 
 namespace encoder {
+
+/// A set's evaluation: loss, accuracy, Matthews correlation.
+struct Evaluation {
+  double loss = 0, accuracy = 0, mcc = 0;
+  int64_t examples = 0;
+};
+
+/// What a run did, for the final lines and --metrics-json.
+struct RunSummary {
+  double train_loss = 0, train_accuracy = 0;
+  Evaluation dev, extra;
+  double seconds = 0, samples_per_second = 0;
+  int64_t steps = 0;
+};
 
 /// The data files of a run, read (and so checked) once, before any rank starts training.
 struct ColaData {

@@ -11,12 +11,12 @@
 #include <string>
 #include <vector>
 
+#include "te/input_error.h"
+
 namespace encoder {
 
-/// Bad input the program reports in one line (exit code 2).
-struct InputError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
+/// Bad input the program reports in one line (exit code 2): te::InputError.
+using InputError = te::InputError;
 
 struct Example {
   std::string sentence;

@@ -1,4 +1,4 @@
-#include "report.h"
+#include "te/program/report.h"
 
 #include <unistd.h>
 
@@ -7,18 +7,18 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <sstream>
+#include <stdexcept>
 
-#include "te/encoder/text.h"
+#include "te/input_error.h"
 
-namespace encoder {
+namespace te::program {
 
 std::string fmt(const char* format, double v) {
   char buf[64];
   std::snprintf(buf, sizeof(buf), format, v);
   return buf;
 }
-
-namespace {
 
 std::string duration(double seconds) {
   const int s = static_cast<int>(std::lround(seconds));
@@ -33,23 +33,39 @@ std::string duration(double seconds) {
   return buf;
 }
 
-}  // namespace
+std::string one_line(const std::string& message) {
+  std::vector<std::string> lines;
+  std::stringstream in(message);
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto start = line.find_first_not_of(' ');
+    if (start != std::string::npos) lines.push_back(line.substr(start));
+  }
+  if (lines.empty()) return message;
+  std::string out = lines.front();
+  if (lines.size() > 1) out += "; " + lines.back();
+  const auto tag = out.rfind(" [");
+  if (tag != std::string::npos && out.back() == ']') out.erase(tag);
+  return out;
+}
 
-Progress::Progress(bool enabled, int64_t epoch, int64_t epochs, int64_t steps)
+Progress::Progress(bool enabled, int64_t epoch, int64_t epochs, int64_t steps, std::string unit)
     : enabled_(enabled),
       tty_(isatty(STDOUT_FILENO) != 0),
       epoch_(epoch),
       epochs_(epochs),
       steps_(steps),
+      unit_(std::move(unit)),
       start_(Clock::now()) {}
 
-void Progress::update(int64_t done, double loss, double acc, int64_t samples) {
+void Progress::update(int64_t done, const std::vector<Stat>& figures, int64_t count) {
   if (!enabled_ || steps_ == 0) return;
   const double elapsed = std::chrono::duration<double>(Clock::now() - start_).count();
-  const double rate = elapsed > 0 ? static_cast<double>(samples) / elapsed : 0;
+  const double rate = elapsed > 0 ? static_cast<double>(count) / elapsed : 0;
   const double eta = done > 0 ? elapsed * static_cast<double>(steps_ - done) / done : 0;
-  const std::string stats = "loss " + fmt("%.4f", loss) + " acc " + fmt("%.4f", acc) + " " +
-                            fmt("%.0f", rate) + " samples/s ETA " + duration(eta);
+  std::string stats;
+  for (const Stat& s : figures) stats += s.name + " " + fmt(s.format, s.value) + " ";
+  stats += fmt("%.0f", rate) + " " + unit_ + "/s ETA " + duration(eta);
   if (tty_) {
     const int width = 30;
     const int filled = static_cast<int>(width * done / steps_);
@@ -70,21 +86,29 @@ void Progress::finish() {
   if (enabled_ && tty_) std::cout << "\r\033[K" << std::flush;
 }
 
-StepLog::StepLog(const std::string& path) : path_(path) {
+StepLog::Cell::Cell(double v) : text_(fmt("%.9g", v)) {}
+
+StepLog::StepLog(const std::string& path, std::vector<std::string> columns,
+                 const std::string& option)
+    : path_(path), columns_(std::move(columns)) {
   if (path_.empty()) return;
   tmp_ = path_ + ".tmp";
   out_.open(tmp_);
-  if (!out_) throw InputError("cannot write --log-steps '" + path_ + "'");
-  out_ << "step,epoch,loss,accuracy,samples_per_second\n";
+  if (!out_) throw te::InputError("cannot write " + option + " '" + path_ + "'");
+  std::string header;
+  for (const auto& c : columns_) header += (header.empty() ? "" : ",") + c;
+  out_ << header << "\n";
 }
 
-void StepLog::add(int64_t step, int64_t epoch, double loss, double accuracy,
-                  double samples_per_second) {
+void StepLog::add(const std::vector<Cell>& values) {
   if (!out_.is_open()) return;
-  char line[160];
-  std::snprintf(line, sizeof(line), "%lld,%lld,%.9g,%.9g,%.1f\n", static_cast<long long>(step),
-                static_cast<long long>(epoch), loss, accuracy, samples_per_second);
-  out_ << line;
+  if (values.size() != columns_.size()) {
+    throw std::logic_error("StepLog::add: " + std::to_string(values.size()) + " values for " +
+                           std::to_string(columns_.size()) + " columns");
+  }
+  std::string line;
+  for (const Cell& v : values) line += (line.empty() ? "" : ",") + v.text();
+  out_ << line << "\n";
 }
 
 void StepLog::finish() {
@@ -103,4 +127,4 @@ void write_json_atomically(const nlohmann::json& j, const std::string& path, con
   std::filesystem::rename(tmp, path);
 }
 
-}  // namespace encoder
+}  // namespace te::program
