@@ -1,0 +1,197 @@
+// te-train's command line (CLI11) and the checks made before any rank starts.
+
+#include <CLI/CLI.hpp>
+
+#include <filesystem>
+#include <iostream>
+#include <string>
+
+#include "args.h"
+#include "te/input_error.h"
+#include "te/sharding.h"
+
+namespace train {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+void add_model_and_data_options(CLI::App& app, Args& a) {
+  auto* model = app.add_option("--model", a.model,
+                               "A Hugging Face model directory (config.json, safetensors, "
+                               "tokenizer) or a GGUF file to fine-tune");
+  auto* config = app.add_option("--config", a.config,
+                                "A config.json of any family te-cpp builds: train from random "
+                                "weights (with --tokenizer)");
+  model->excludes(config);
+  app.add_option("--tokenizer", a.tokenizer,
+                 "With --config: a tokenizer.json, a GGUF file or a model directory");
+  app.add_option("--data", a.data,
+                 "Training text: plain text (documents split by blank lines), JSON lines with a "
+                 "text field, or chat JSON lines ({\"messages\": [...]}: the loss counts only "
+                 "the assistant's tokens)")
+      ->required();
+  app.add_option("--data-format", a.data_format, "auto, text, jsonl or chat")
+      ->check(CLI::IsMember({"auto", "text", "jsonl", "chat"}))
+      ->capture_default_str();
+  app.add_option("--text-field", a.text_field, "The text field of JSON lines")
+      ->capture_default_str();
+  app.add_option("--eval-data", a.eval_data, "Held-out text in the same format");
+  app.add_option("--eval-fraction", a.eval_fraction,
+                 "Without --eval-data: this share of the training documents held out");
+}
+
+void add_training_options(CLI::App& app, Args& a) {
+  app.add_option("--steps", a.steps, "Optimizer steps of the run (the schedule spans them)")
+      ->required();
+  app.add_option("--max-steps", a.max_steps,
+                 "Stop after this step, saving to --save (continue later with --resume)");
+  app.add_option("--seq-len", a.seq_len, "Tokens per row")->capture_default_str();
+  app.add_option("--micro-batch", a.micro_batch, "Rows per micro-batch (forward and backward)")
+      ->capture_default_str();
+  app.add_option("--global-batch-tokens", a.global_batch_tokens,
+                 "Tokens per optimizer step: micro-batches accumulated with one reduction "
+                 "(default: one micro-batch, --micro-batch x --seq-len)");
+  app.add_option("--lr", a.lr, "Peak learning rate")->capture_default_str();
+  app.add_option("--lr-min", a.lr_min, "Where the decay ends, a fraction of --lr")
+      ->capture_default_str();
+  app.add_option("--warmup", a.warmup, "Steps of linear warmup")->capture_default_str();
+  app.add_option("--schedule", a.schedule,
+                 "Decay after the warmup: cosine, linear, sqrt, or wsd (warmup-stable-decay: "
+                 "linear over the last --decay-ratio of the steps)")
+      ->check(CLI::IsMember({"cosine", "linear", "sqrt", "wsd"}))
+      ->capture_default_str();
+  app.add_option("--decay-ratio", a.decay_ratio, "The decay's share of the steps (wsd: 0.2)");
+  app.add_option("--weight-decay", a.weight_decay,
+                 "AdamW's decoupled weight decay (norms and biases: none)")
+      ->capture_default_str();
+  app.add_option("--beta1", a.beta1, "AdamW's beta1")->capture_default_str();
+  app.add_option("--beta2", a.beta2, "AdamW's beta2")->capture_default_str();
+  app.add_option("--clip", a.clip, "Largest gradient norm (0: no clipping)")->capture_default_str();
+  app.add_option("--dtype", a.dtype,
+                 "fp32, or bf16 (bf16 weights and activations, fp32 master weights in AdamW)")
+      ->check(CLI::IsMember({"fp32", "bf16"}))
+      ->capture_default_str();
+  app.add_option("--seed", a.seed, "Seeds the data order and --config's random weights")
+      ->capture_default_str();
+}
+
+void add_output_options(CLI::App& app, Args& a) {
+  app.add_option("--save", a.save_dir,
+                 "Checkpoint directory (sharded, reshards on load; written atomically)");
+  app.add_option("--save-every", a.save_every, "Also save every N steps");
+  app.add_flag("--resume", a.resume,
+               "Continue the run saved in --save: the same losses, bit for bit, as without "
+               "the interruption");
+  app.add_option("--eval-every", a.eval_every, "Evaluate every N steps (and before and after)");
+  app.add_option("--eval-batches", a.eval_batches, "Batches of the evaluation data to use")
+      ->capture_default_str();
+  app.add_option("--export-hf", a.export_hf,
+                 "Write the trained model as config.json + model.safetensors (+ tokenizer) "
+                 "that transformers, te-generate and te-serve load");
+  app.add_option("--log-steps", a.log_steps, "CSV of every step (te-plot-losses plots it)");
+  app.add_option("--metrics-json", a.metrics_json, "The run's figures as JSON");
+  app.add_option("--log-every", a.log_every, "Print every N steps")->capture_default_str();
+  app.add_flag("--quiet", a.quiet, "Print nothing but errors");
+}
+
+void check_model(const Args& a) {
+  if (a.model.empty() && a.config.empty()) {
+    throw te::InputError(
+        "give --model DIR|FILE.gguf to fine-tune, or --config config.json "
+        "with --tokenizer to train from random weights");
+  }
+  if (!a.config.empty() && a.tokenizer.empty()) {
+    throw te::InputError(
+        "--config needs --tokenizer (a tokenizer.json, GGUF file or model "
+        "directory)");
+  }
+  if (!a.model.empty() && !fs::exists(a.model)) {
+    throw te::InputError("--model: no such directory or file '" + a.model + "'");
+  }
+  if (!a.export_hf.empty() && !a.model.empty() && !fs::is_directory(a.model)) {
+    throw te::InputError("--export-hf: the model '" + a.model +
+                         "' is a GGUF file, which has no "
+                         "config.json to export with; fine-tune a Hugging Face directory");
+  }
+  if (!a.data.empty() && !fs::is_regular_file(a.data)) {
+    throw te::InputError("--data: no such file '" + a.data + "'");
+  }
+  if (!a.eval_data.empty() && !fs::is_regular_file(a.eval_data)) {
+    throw te::InputError("--eval-data: no such file '" + a.eval_data + "'");
+  }
+}
+
+void check_numbers(const Args& a) {
+  auto positive = [](int64_t v, const char* option) {
+    if (v < 1)
+      throw te::InputError(std::string(option) + " " + std::to_string(v) + " is not positive");
+  };
+  positive(a.steps, "--steps");
+  positive(a.seq_len, "--seq-len");
+  positive(a.micro_batch, "--micro-batch");
+  const int64_t micro_tokens = a.micro_batch * a.seq_len;
+  if (a.global_batch_tokens < 0 || a.global_batch_tokens % micro_tokens != 0) {
+    throw te::InputError("--global-batch-tokens " + std::to_string(a.global_batch_tokens) +
+                         " is not a multiple of a micro-batch's " + std::to_string(micro_tokens) +
+                         " tokens (--micro-batch x --seq-len)");
+  }
+  if (a.warmup < 0 || a.warmup >= a.steps) {
+    throw te::InputError("--warmup " + std::to_string(a.warmup) + " is not in [0, --steps " +
+                         std::to_string(a.steps) + ")");
+  }
+  if (!(a.lr > 0)) throw te::InputError("--lr " + std::to_string(a.lr) + " is not positive");
+  if (a.max_steps < 0 || a.max_steps > a.steps) {
+    throw te::InputError("--max-steps " + std::to_string(a.max_steps) + " is not in [0, --steps " +
+                         std::to_string(a.steps) + "]");
+  }
+  if (a.save_every < 0 || a.eval_every < 0 || a.eval_batches < 1) {
+    throw te::InputError("--save-every and --eval-every must be >= 0, --eval-batches >= 1");
+  }
+  if ((a.resume || a.save_every > 0) && a.save_dir.empty()) {
+    throw te::InputError(std::string(a.resume ? "--resume" : "--save-every") + " needs --save DIR");
+  }
+  if (a.schedule == "wsd" && !a.decay_ratio) {
+    throw te::InputError("--schedule wsd needs --decay-ratio (the decay's share of the steps)");
+  }
+}
+
+}  // namespace
+
+int parse_args(int argc, char** argv, Args& a) {
+  CLI::App app{
+      "te-train: train or fine-tune a decoder language model (Llama, Qwen, Mistral, Phi-3, "
+      "Gemma, GPT-2 families) with AdamW (fp32 master weights in bf16), a warmup + decay "
+      "schedule, global gradient clipping and accumulation, on one process or a mesh of "
+      "ranks; sharded checkpoints that resume bit for bit; export as Hugging Face files.",
+      "te-train"};
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // last wins
+  add_model_and_data_options(app, a);
+  add_training_options(app, a);
+  te::program::add_layout_options(app, a.layout,
+                                  "Logical axis rules (default: the vocabulary over the tensor "
+                                  "parallel axis, then TE's table)");
+  te::program::add_nproc_option(app, a.launch, "te-train");
+  te::program::add_threads_option(app, a.launch);
+  add_output_options(app, a);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  return -1;
+}
+
+te::program::Layout check_args(const Args& a, int world_size) {
+  check_model(a);
+  check_numbers(a);
+  te::program::Layout layout =
+      te::program::make_layout(a.layout, world_size, [](const te::MeshResource& resource) {
+        return resource.tp ? te::parse_axis_rules("vocab=" + *resource.tp) : te::AxisRules{};
+      });
+  // Each micro-batch's rows are split over the data-parallel ranks.
+  te::program::check_global_batch(layout, a.micro_batch, "--micro-batch");
+  return layout;
+}
+
+}  // namespace train

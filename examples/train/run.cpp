@@ -1,0 +1,256 @@
+// te-train's run on one rank: the model (fine-tuned, or from a config at random), the data, the
+// training loop of te::train::LmTrainer with its reports, checkpoints and resume, evaluation and
+// the export as Hugging Face files.
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "args.h"
+#include "model.h"
+#include "te/distributed.h"
+#include "te/error.h"
+#include "te/hf/save.h"
+#include "te/input_error.h"
+#include "te/nn/checkpoint.h"
+#include "te/program/report.h"
+#include "te/train/data.h"
+#include "te/train/lm_trainer.h"
+
+namespace train {
+
+namespace {
+
+namespace fs = std::filesystem;
+using te::program::fmt;
+
+int64_t micro_batches_of(const Args& a) {
+  const int64_t tokens = a.micro_batch * a.seq_len;
+  return a.global_batch_tokens == 0 ? 1 : a.global_batch_tokens / tokens;
+}
+
+te::train::TrainerOptions trainer_options(const Args& a) {
+  te::train::TrainerOptions o;
+  o.adamw = te::optim::AdamWOptions(a.lr).betas({a.beta1, a.beta2}).weight_decay(a.weight_decay);
+  o.schedule = te::optim::LrScheduleOptions(a.steps)
+                   .warmup_steps(a.warmup)
+                   .decay_type(a.schedule == "wsd" ? "linear" : a.schedule)
+                   .decay_ratio(a.decay_ratio)
+                   .lr_min(a.lr_min);
+  o.clip = a.clip;
+  return o;
+}
+
+// The data, tokenized by rank 0 first (one token file, written once) and then opened by every
+// other rank.
+te::train::Data open_data(const Args& a, const OpenedModel& m, int rank) {
+  te::train::DataSpec spec;
+  spec.train_path = a.data;
+  spec.eval_path = a.eval_data;
+  spec.eval_fraction = a.eval_fraction;
+  spec.tokens.eos_id = m.eos_id;
+  spec.tokens.chat_template = m.chat_template;
+  spec.tokens.progress = rank == 0 && !a.quiet;
+  spec.tokens.source.kind = te::train::parse_source_kind(a.data_format);
+  spec.tokens.source.text_field = a.text_field;
+  spec.batches.seq_len = a.seq_len;
+  spec.batches.batch_size = a.micro_batch;
+  spec.batches.seed = a.seed;
+  const te::DeviceMesh* mesh = te::current_mesh();
+  if (rank == 0) {
+    te::train::Data data = te::train::open_data(spec, *m.tokenizer);
+    if (mesh != nullptr) mesh->barrier();
+    return data;
+  }
+  if (mesh != nullptr) mesh->barrier();
+  return te::train::open_data(spec, *m.tokenizer);
+}
+
+// What a checkpoint must agree on with this run to be resumed by it.
+nlohmann::json run_identity(const Args& a, const OpenedModel& m) {
+  return {{"model_config", m.config},
+          {"dtype", a.dtype},
+          {"seq_len", a.seq_len},
+          {"micro_batch", a.micro_batch},
+          {"micro_batches", micro_batches_of(a)}};
+}
+
+void save(const Args& a, te::train::LmTrainer& trainer, const te::train::Data& data,
+          const nlohmann::json& identity, int64_t steps_done) {
+  nlohmann::json extra = {{"te_train", identity},
+                          {"step", steps_done},
+                          {"data", nlohmann::json::parse(data.train.state_json())}};
+  te::nn::save_checkpoint(*trainer.model(), a.save_dir, extra.dump(), &trainer.optimizer());
+}
+
+// --resume: the model, optimizer and data position of the checkpoint in --save; returns the
+// steps it had done.
+int64_t resume(const Args& a, te::train::LmTrainer& trainer, te::train::Data& data,
+               const nlohmann::json& identity) {
+  const te::nn::CheckpointInfo info = te::nn::read_checkpoint_info(a.save_dir);
+  const nlohmann::json extra = nlohmann::json::parse(info.extra_json);
+  if (!extra.contains("te_train")) {
+    throw te::InputError("--resume: the checkpoint at '" + a.save_dir +
+                         "' was not saved by te-train");
+  }
+  for (const auto& [key, value] : identity.items()) {
+    if (extra["te_train"].value(key, nlohmann::json()) != value) {
+      throw te::InputError("--resume: the checkpoint at '" + a.save_dir + "' was saved by a run " +
+                           "with another " + key + " (" +
+                           extra["te_train"].value(key, nlohmann::json()).dump() +
+                           ", this run: " + value.dump() + "); resume with the same model, " +
+                           "--dtype, --seq-len, --micro-batch and --global-batch-tokens");
+    }
+  }
+  te::nn::load_checkpoint(*trainer.model(), a.save_dir, {}, &trainer.optimizer());
+  data.train.load_state_json(extra.at("data").dump());
+  return extra.at("step").get<int64_t>();
+}
+
+// The first --eval-batches batches of the evaluation data, in order.
+std::vector<te::train::Batch> eval_batches(const Args& a, te::train::Data& data) {
+  std::vector<te::train::Batch> out;
+  if (!data.eval) return out;
+  const int64_t n = std::min(a.eval_batches, data.eval->steps_per_epoch());
+  for (int64_t i = 0; i < n; ++i) out.push_back(data.eval->batch({0, i}));
+  return out;
+}
+
+struct Totals {
+  double seconds = 0, last_loss = 0, eval_loss = std::nan(""), first_eval_loss = std::nan("");
+  int64_t tokens = 0, steps = 0;
+};
+
+void report_step(const Args& a, int64_t step, const te::train::StepStats& s, double seconds,
+                 bool lead) {
+  if (!lead || a.log_every <= 0) return;
+  if ((step + 1) % a.log_every != 0 && step + 1 != a.steps && step != 0) return;
+  std::cout << "step " << step + 1 << "/" << a.steps << ": loss " << fmt("%.4f", s.loss)
+            << " grad_norm " << fmt("%.3f", s.grad_norm) << " lr " << fmt("%.3e", s.lr) << " "
+            << fmt("%.0f", static_cast<double>(s.tokens) / seconds) << " tokens/s" << std::endl;
+}
+
+double evaluate(te::train::LmTrainer& trainer, const std::vector<te::train::Batch>& batches,
+                int64_t steps_done, bool lead) {
+  const double loss = trainer.evaluate(batches);
+  if (lead) {
+    std::cout << "eval after " << steps_done << " steps: loss " << fmt("%.4f", loss)
+              << " perplexity " << fmt("%.3f", std::exp(loss)) << std::endl;
+  }
+  return loss;
+}
+
+Totals loop(const Args& a, te::train::LmTrainer& trainer, te::train::Data& data, int64_t start,
+            const nlohmann::json& identity, bool lead, int rank) {
+  Totals t;
+  const std::vector<te::train::Batch> eval = eval_batches(a, data);
+  if (!eval.empty()) t.first_eval_loss = t.eval_loss = evaluate(trainer, eval, start, lead);
+  te::program::StepLog log(rank == 0 ? a.log_steps : std::string(),
+                           {"step", "loss", "grad_norm", "lr", "tokens_per_second"});
+  const int64_t micro = micro_batches_of(a);
+  const int64_t stop = a.max_steps > 0 ? a.max_steps : a.steps;
+  for (int64_t step = start; step < stop; ++step) {
+    std::vector<te::train::Batch> batches;
+    for (int64_t m = 0; m < micro; ++m) batches.push_back(data.train.next());
+    const auto begin = std::chrono::steady_clock::now();
+    const te::train::StepStats s = trainer.step(batches, step);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+    t.seconds += seconds;
+    t.tokens += s.tokens;
+    t.last_loss = s.loss;
+    ++t.steps;
+    report_step(a, step, s, seconds, lead);
+    log.add({step + 1, s.loss, s.grad_norm, s.lr, static_cast<double>(s.tokens) / seconds});
+    const bool last = step + 1 == stop;
+    if (!eval.empty() && (last || (a.eval_every > 0 && (step + 1) % a.eval_every == 0))) {
+      t.eval_loss = evaluate(trainer, eval, step + 1, lead);
+    }
+    if (!a.save_dir.empty() && a.save_every > 0 && (step + 1) % a.save_every == 0) {
+      save(a, trainer, data, identity, step + 1);
+    }
+  }
+  log.finish();
+  return t;
+}
+
+}  // namespace
+
+// Runs `f`, a step that reads the user's files: a te::Error there is bad input (exit 2).
+template <typename F>
+auto reading_input(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const te::InputError&) {
+    throw;
+  } catch (const te::Error& e) {
+    throw te::InputError(te::program::one_line(e.what()));
+  }
+}
+
+int run(const Args& a, const te::program::Layout& layout, int rank, int world_size) {
+  const bool lead = rank == 0 && !a.quiet;
+  std::optional<te::DeviceMesh> mesh;
+  if (layout.mesh) mesh.emplace(layout.mesh->sizes, layout.mesh->names);
+  std::optional<te::MeshScope> mesh_scope;
+  if (mesh) mesh_scope.emplace(*mesh);
+  std::optional<te::MeshResourceScope> resource_scope;
+  if (layout.resource) resource_scope.emplace(*layout.resource);
+  std::optional<te::AxisRulesScope> rules_scope;
+  if (layout.rules) rules_scope.emplace(*layout.rules);
+  OpenedModel m = reading_input([&] { return open_model(a); });
+  te::train::Data data = reading_input([&] { return open_data(a, m, rank); });
+  if (a.dtype == "bf16") m.model->to(at::kBFloat16);
+  te::train::LmTrainer trainer(m.model, trainer_options(a));
+  const nlohmann::json identity = run_identity(a, m);
+  int64_t start = 0;
+  if (a.resume) {
+    start = reading_input([&] { return resume(a, trainer, data, identity); });
+    if (lead) std::cout << "resumed " << a.save_dir << " after step " << start << std::endl;
+  }
+  if (lead) {
+    print_banner(a, m, data, world_size, micro_batches_of(a));
+    std::cout << "  layout: " << layout.description << std::endl;
+  }
+  const Totals t = loop(a, trainer, data, start, identity, lead, rank);
+  if (!a.save_dir.empty() && t.steps > 0) {
+    save(a, trainer, data, identity, start + t.steps);
+    if (lead) std::cout << "saved " << a.save_dir << std::endl;
+  }
+  if (!a.export_hf.empty()) {
+    export_hf(a, m, *trainer.model());
+    if (lead) std::cout << "exported " << a.export_hf << std::endl;
+  }
+  const double tokens_per_second = t.seconds > 0 ? static_cast<double>(t.tokens) / t.seconds : 0;
+  if (lead) {
+    std::cout << "done: " << t.steps << " steps in " << fmt("%.1f", t.seconds) << "s, "
+              << fmt("%.0f", tokens_per_second) << " tokens/s" << std::endl;
+  }
+  if (rank == 0 && !a.metrics_json.empty()) {
+    nlohmann::json j = {{"steps", a.steps},
+                        {"steps_run", t.steps},
+                        {"final_loss", t.last_loss},
+                        {"seconds", t.seconds},
+                        {"tokens_per_second", tokens_per_second},
+                        {"world_size", world_size},
+                        {"dtype", a.dtype}};
+    if (!std::isnan(t.eval_loss)) {
+      j["eval"] = {{"loss_before", t.first_eval_loss},
+                   {"loss", t.eval_loss},
+                   {"perplexity_before", std::exp(t.first_eval_loss)},
+                   {"perplexity", std::exp(t.eval_loss)}};
+    }
+    te::program::write_json_atomically(j, a.metrics_json, "--metrics-json");
+  }
+  return 0;
+}
+
+}  // namespace train

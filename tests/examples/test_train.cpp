@@ -1,0 +1,205 @@
+// te-train as a user runs it: a small Llama from a config on a text file, resumed after an
+// interruption with the same losses bit for bit (one process in bf16 with fp32 masters, and
+// DP2xTP2 ranks as processes through te-run), DP2xTP2 equal to one process, the outputs it
+// writes, and every kind of bad input, which exits 2 with one line naming the option or the file
+// and leaves a good checkpoint as it was.
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "../temp_dir.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using te::test::TempDir;
+
+struct Result {
+  int status = -1;
+  std::string out, err;
+};
+
+// Runs te-train with `args` (a shell-quoted string), capturing stdout and stderr apart.
+Result te_train(const std::string& args) {
+  static std::atomic<int> counter{0};
+  const fs::path err_file =
+      fs::temp_directory_path() /
+      ("te_train_err_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+  const std::string cmd =
+      std::string(TE_TRAIN_PATH) + " " + args + " 2>" + err_file.string() + " </dev/null";
+  Result r;
+  FILE* pipe = ::popen(cmd.c_str(), "r");
+  if (pipe == nullptr) return r;
+  char buf[4096];
+  std::size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), pipe)) > 0) r.out.append(buf, n);
+  const int status = ::pclose(pipe);
+  r.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  std::ifstream in(err_file);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  r.err = ss.str();
+  fs::remove(err_file);
+  return r;
+}
+
+// The step,loss,grad_norm columns of a --log-steps file, as written (text: bit for bit).
+std::vector<std::string> steps_of(const fs::path& csv) {
+  std::ifstream in(csv);
+  std::string line;
+  std::getline(in, line);
+  EXPECT_EQ(line, "step,loss,grad_norm,lr,tokens_per_second");
+  std::vector<std::string> out;
+  while (std::getline(in, line)) out.push_back(line.substr(0, line.rfind(',')));
+  return out;
+}
+
+double loss_of(const std::string& row) {
+  std::stringstream s(row);
+  std::string step, loss;
+  std::getline(s, step, ',');
+  std::getline(s, loss, ',');
+  return std::stod(loss);
+}
+
+class Train : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    // A Llama sized for the test's tokenizer (SmolLM2's kind, cut to 400 tokens), tied head.
+    const nlohmann::json config = {{"architectures", {"LlamaForCausalLM"}},
+                                   {"model_type", "llama"},
+                                   {"vocab_size", 420},
+                                   {"hidden_size", 64},
+                                   {"num_hidden_layers", 2},
+                                   {"num_attention_heads", 4},
+                                   {"num_key_value_heads", 2},
+                                   {"intermediate_size", 128},
+                                   {"max_position_embeddings", 256},
+                                   {"rms_norm_eps", 1e-6},
+                                   {"tie_word_embeddings", true},
+                                   {"eos_token_id", 0}};
+    std::ofstream(dir_ / "config.json") << config.dump();
+    std::ifstream readme(std::string(TE_SOURCE_DIR) + "/README.md");
+    std::stringstream text;
+    text << readme.rdbuf();
+    std::ofstream(dir_ / "corpus.txt") << text.str() << text.str();
+  }
+  // The run: 12 steps of two micro-batches of 4 rows of 32 tokens, warmup 3, cosine.
+  std::string args(const std::string& extra, const std::string& data = "corpus.txt",
+                   const std::string& config = "config.json") const {
+    return "--config " + (dir_ / config).string() + " --tokenizer " + TE_SOURCE_DIR +
+           "/fuzz/corpus/tokenizer/tokenizer-bpe.json --data " + (dir_ / data).string() +
+           " --steps 12 --seq-len 32 --micro-batch 4 --global-batch-tokens 256 --lr 3e-3 "
+           "--warmup 3 --quiet " +
+           extra;
+  }
+  // An interrupted run (--max-steps 5, saved) resumed to the end: its steps 6-12 are the
+  // uninterrupted run's, bit for bit.
+  void expect_resume_bit_for_bit(const std::string& extra) {
+    const std::string ck = (dir_ / "ck").string();
+    ASSERT_EQ(te_train(args(extra + " --log-steps " + (dir_ / "whole.csv").string())).status, 0);
+    Result first = te_train(args(extra + " --max-steps 5 --save " + ck));
+    ASSERT_EQ(first.status, 0) << first.err;
+    Result rest = te_train(
+        args(extra + " --resume --save " + ck + " --log-steps " + (dir_ / "rest.csv").string()));
+    ASSERT_EQ(rest.status, 0) << rest.err;
+    const std::vector<std::string> whole = steps_of(dir_ / "whole.csv");
+    const std::vector<std::string> resumed = steps_of(dir_ / "rest.csv");
+    ASSERT_EQ(whole.size(), 12u);
+    ASSERT_EQ(resumed.size(), 7u);
+    for (std::size_t i = 0; i < resumed.size(); ++i) EXPECT_EQ(resumed[i], whole[i + 5]);
+    EXPECT_LT(loss_of(whole.back()), loss_of(whole.front()));
+  }
+  TempDir dir_{"te_train"};
+};
+
+TEST_F(Train, ResumeInBf16IsBitForBit) { expect_resume_bit_for_bit("--dtype bf16"); }
+
+TEST_F(Train, WritesMetricsEvaluationAndHuggingFaceFiles) {
+  const std::string out = (dir_ / "hf").string();
+  Result r = te_train(args("--eval-fraction 0.1 --eval-every 6 --export-hf " + out +
+                           " --metrics-json " + (dir_ / "m.json").string()));
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto m = nlohmann::json::parse(std::ifstream(dir_ / "m.json"));
+  EXPECT_EQ(m["steps_run"], 12);
+  EXPECT_LT(m["eval"]["perplexity"].get<double>(), m["eval"]["perplexity_before"].get<double>());
+  EXPECT_TRUE(fs::exists(out + "/model.safetensors"));
+  const auto config = nlohmann::json::parse(std::ifstream(out + "/config.json"));
+  EXPECT_EQ(config["torch_dtype"], "float32");
+  EXPECT_EQ(config["num_hidden_layers"], 2);
+}
+
+class TrainParallel : public Train {};
+
+// Ranks as processes through te-run.
+TEST_F(TrainParallel, Dp2xTp2IsOneProcessAndResumesBitForBit) {
+  const std::string mesh = "--nproc 4 --mesh data=2,model=2 --mesh-resource dp=data,tp=model";
+  ASSERT_EQ(te_train(args("--log-steps " + (dir_ / "one.csv").string())).status, 0);
+  expect_resume_bit_for_bit(mesh);
+  const std::vector<std::string> one = steps_of(dir_ / "one.csv");
+  const std::vector<std::string> sharded = steps_of(dir_ / "whole.csv");
+  ASSERT_EQ(one.size(), sharded.size());
+  for (std::size_t i = 0; i < one.size(); ++i) {
+    EXPECT_NEAR(loss_of(sharded[i]), loss_of(one[i]), 1e-6 * loss_of(one[i])) << "step " << i + 1;
+  }
+}
+
+// Bad input: exit 2, one line naming the culprit, a good checkpoint left as it was.
+TEST_F(Train, BadInputIsNamedAndLeavesTheCheckpoint) {
+  const std::string ck = (dir_ / "ck").string();
+  ASSERT_EQ(te_train(args("--max-steps 2 --save " + ck)).status, 0);
+  const auto saved = fs::last_write_time(ck + "/model.safetensors");
+  std::ofstream(dir_ / "empty.txt").close();
+  std::ofstream(dir_ / "short.txt") << "short\n";
+  std::ofstream(dir_ / "latin1.txt") << "ok\n\xff\xfe bad\n";
+  std::ofstream(dir_ / "role.jsonl") << R"({"messages": [{"role": "robot", "content": "x"}]})"
+                                     << "\n";
+  std::ofstream(dir_ / "nochat.jsonl") << R"({"text": "x"})"
+                                       << "\n";
+  nlohmann::json other = nlohmann::json::parse(std::ifstream(dir_ / "config.json"));
+  other["num_hidden_layers"] = 1;
+  std::ofstream(dir_ / "other.json") << other.dump();
+  const std::string d = dir_.path().string();
+  struct Case {
+    std::string extra, data, config, message;
+  };
+  const std::vector<Case> cases = {
+      {"", "missing.txt", "config.json", "--data: no such file"},
+      {"", "empty.txt", "config.json", "empty.txt: empty"},
+      {"", "short.txt", "config.json", "shorter than one block"},
+      {"", "latin1.txt", "config.json", "latin1.txt:2: not UTF-8"},
+      {"", "role.jsonl", "config.json", "role.jsonl:1: role \"robot\""},
+      {"--data-format chat", "nochat.jsonl", "config.json", "nochat.jsonl:1: no \"messages\" list"},
+      {"--global-batch-tokens 300", "corpus.txt", "config.json",
+       "--global-batch-tokens 300 is not a multiple"},
+      {"--warmup 12", "corpus.txt", "config.json", "--warmup 12 is not in [0, --steps 12)"},
+      {"--max-steps 13", "corpus.txt", "config.json", "--max-steps 13 is not in [0, --steps 12]"},
+      {"--resume", "corpus.txt", "config.json", "--resume needs --save DIR"},
+      {"--resume --save " + d + "/none", "corpus.txt", "config.json", "no checkpoint at"},
+      {"--resume --save " + ck + " --dtype bf16", "corpus.txt", "config.json",
+       "was saved by a run with another dtype"},
+      {"--resume --save " + ck, "corpus.txt", "other.json",
+       "was saved by a run with another model_config"},
+      {"--nproc 3 --mesh data=2", "corpus.txt", "config.json",
+       "--mesh data=2 has 2 ranks but the world has 3"},
+  };
+  for (const Case& c : cases) {
+    const Result r = te_train(args(c.extra, c.data, c.config));
+    EXPECT_EQ(r.status, 2) << c.data << " " << c.extra << ": " << r.err;
+    EXPECT_NE(r.err.find(c.message), std::string::npos) << c.extra << ": " << r.err;
+    EXPECT_EQ(r.out, "") << c.extra;
+  }
+  EXPECT_EQ(fs::last_write_time(ck + "/model.safetensors"), saved);
+}
+
+}  // namespace
