@@ -50,6 +50,8 @@ struct Args {
   int64_t eval_every = 0;
   int64_t eval_batches = 8;
   std::string export_hf;
+  std::string export_gguf;
+  std::string export_gguf_type = "f16";
   std::string log_steps;
   std::string metrics_json;
   int64_t log_every = 10;

@@ -101,6 +101,10 @@ void print_banner(const Args& a, const OpenedModel& m, const te::train::Data& da
             << ", warmup " << a.warmup << "), clip " << a.clip << std::endl;
 }
 
+void export_gguf(const Args& a, const te::hf::CausalLMImpl& model) {
+  te::hf::save_gguf(model, a.model, a.export_gguf, a.export_gguf_type);
+}
+
 void export_hf(const Args& a, const OpenedModel& m, const te::hf::CausalLMImpl& model) {
   te::hf::save_causal_lm(model, a.export_hf, m.config);
   if (te::world_rank() != 0) return;

@@ -37,4 +37,7 @@ void print_banner(const Args& args, const OpenedModel& m, const te::train::Data&
 /// Collective: --export-hf DIR gets config.json, model.safetensors and the tokenizer's files.
 void export_hf(const Args& args, const OpenedModel& m, const te::hf::CausalLMImpl& model);
 
+/// Collective: --export-gguf FILE, a GGUF file like the --model it was loaded from.
+void export_gguf(const Args& args, const te::hf::CausalLMImpl& model);
+
 }  // namespace train

@@ -89,6 +89,12 @@ void add_output_options(CLI::App& app, Args& a) {
   app.add_option("--export-hf", a.export_hf,
                  "Write the trained model as config.json + model.safetensors (+ tokenizer) "
                  "that transformers, te-generate and te-serve load");
+  app.add_option("--export-gguf", a.export_gguf,
+                 "With a GGUF --model: write the trained model as a GGUF file like it (its "
+                 "tokenizer and chat template kept) that llama.cpp, te-generate and te-serve load");
+  app.add_option("--export-gguf-type", a.export_gguf_type, "The 2-D weights' type in --export-gguf")
+      ->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0"}))
+      ->capture_default_str();
   app.add_option("--log-steps", a.log_steps, "CSV of every step (te-plot-losses plots it)");
   app.add_option("--metrics-json", a.metrics_json, "The run's figures as JSON");
   app.add_option("--log-every", a.log_every, "Print every N steps")->capture_default_str();
@@ -113,6 +119,12 @@ void check_model(const Args& a) {
     throw te::InputError("--export-hf: the model '" + a.model +
                          "' is a GGUF file, which has no "
                          "config.json to export with; fine-tune a Hugging Face directory");
+  }
+  if (!a.export_gguf.empty() && (a.model.empty() || fs::is_directory(a.model))) {
+    throw te::InputError(
+        "--export-gguf needs a GGUF --model (its metadata and tokenizer are "
+        "written with the weights); export a Hugging Face model with "
+        "--export-hf");
   }
   if (!a.data.empty() && !fs::is_regular_file(a.data)) {
     throw te::InputError("--data: no such file '" + a.data + "'");

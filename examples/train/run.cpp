@@ -229,6 +229,10 @@ int run(const Args& a, const te::program::Layout& layout, int rank, int world_si
     export_hf(a, m, *trainer.model());
     if (lead) std::cout << "exported " << a.export_hf << std::endl;
   }
+  if (!a.export_gguf.empty()) {
+    export_gguf(a, *trainer.model());
+    if (lead) std::cout << "exported " << a.export_gguf << std::endl;
+  }
   const double tokens_per_second = t.seconds > 0 ? static_cast<double>(t.tokens) / t.seconds : 0;
   if (lead) {
     std::cout << "done: " << t.steps << " steps in " << fmt("%.1f", t.seconds) << "s, "

@@ -6,9 +6,11 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "save_detail.h"
 #include "te/distributed.h"
 #include "te/error.h"
 #include "te/nn/safetensors.h"
@@ -50,14 +52,55 @@ void write_files(const CausalLMImpl& model, const std::string& dir, nlohmann::js
   TE_CHECK(out.good(), "save_causal_lm: cannot write '", config_path.string(), "'");
 }
 
-// The config text must describe `model`: its names decide which tensors are written (a tied head
-// has no lm_head.weight) and how transformers builds the model.
-void check_config(const CausalLMConfig& model, const std::string& config_json,
-                  const std::string& dir) {
-  const CausalLMConfig given = parse_causal_lm_config(config_json, dir + "/config.json");
+}  // namespace
+
+namespace detail {
+
+std::map<std::string, at::Tensor> whole_parameters(const CausalLMImpl& model, const char* what) {
+  for (const auto& item : model.named_modules("", /*include_self=*/true)) {
+    const auto* sharded = dynamic_cast<const nn::ShardedModule*>(item.value().get());
+    TE_CHECK(sharded == nullptr || sharded->all_held_blocks().empty(), what, ": '", item.key(),
+             "' holds GGUF blocks; load the model with LoadOptions::dequantize_gguf = true to ",
+             "save it");
+  }
+  const auto layouts = nn::named_parameter_layouts(model);
+  std::map<std::string, at::Tensor> whole;
+  const at::ScalarType dtype = model.parameters().at(0).scalar_type();
+  for (const auto& p : model.named_parameters(/*recurse=*/true)) {
+    at::Tensor t = p.value().detach();
+    TE_CHECK(t.scalar_type() == dtype, what, ": '", p.key(), "' is ", t.scalar_type(),
+             " but the other parameters ", dtype, "; convert the model to one dtype first");
+    const auto it = layouts.find(p.key());
+    if (it != layouts.end() && it->second.mesh) {
+      t = DTensor::from_local(t, *it->second.mesh, it->second.placements, it->second.global_shape)
+              .full_tensor();
+    }
+    whole[p.key()] = t.cpu();
+  }
+  return whole;
+}
+
+void on_rank_zero(const std::function<void()>& write) {
+  std::string failure;
+  if (world_rank() == 0) {
+    try {
+      write();
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+  }
+  if (world_size() > 1) {
+    const DeviceMesh world({world_size()}, {"save"});
+    failure = world.all_gather(failure).front();
+  }
+  if (!failure.empty()) throw Error(failure);
+}
+
+void check_same_sizes(const CausalLMConfig& given, const CausalLMConfig& model,
+                      const std::string& where) {
   auto same = [&](const char* field, int64_t a, int64_t b) {
-    TE_CHECK(a == b, "save_causal_lm: the config for '", dir, "' says ", field, " ", a,
-             " but the model has ", b, "; give the model's own config");
+    TE_CHECK(a == b, where, " says ", field, " ", a, " but the model has ", b,
+             "; give the model's own");
   };
   same("vocab_size", given.vocab_size, model.vocab_size);
   same("hidden_size", given.hidden_size, model.hidden_size);
@@ -66,6 +109,18 @@ void check_config(const CausalLMConfig& model, const std::string& config_json,
   same("num_key_value_heads", given.num_key_value_heads, model.num_key_value_heads);
   same("intermediate_size", given.intermediate_size, model.intermediate_size);
   same("tie_word_embeddings", given.tie_word_embeddings ? 1 : 0, model.tie_word_embeddings ? 1 : 0);
+}
+
+}  // namespace detail
+
+namespace {
+
+// The config text must describe `model`: its names decide which tensors are written (a tied head
+// has no lm_head.weight) and how transformers builds the model.
+void check_config(const CausalLMConfig& model, const std::string& config_json,
+                  const std::string& dir) {
+  const CausalLMConfig given = parse_causal_lm_config(config_json, dir + "/config.json");
+  detail::check_same_sizes(given, model, "save_causal_lm: the config for '" + dir + "'");
 }
 
 }  // namespace
@@ -79,41 +134,9 @@ void save_causal_lm(const CausalLMImpl& model, const std::string& dir,
     TE_FAIL("save_causal_lm: the config for '", dir, "' is not JSON (", e.what(), ")");
   }
   TE_CHECK(config.is_object(), "save_causal_lm: the config for '", dir, "' is not a JSON object");
-  for (const auto& item : model.named_modules("", /*include_self=*/true)) {
-    const auto* sharded = dynamic_cast<const nn::ShardedModule*>(item.value().get());
-    TE_CHECK(sharded == nullptr || sharded->all_held_blocks().empty(), "save_causal_lm: '",
-             item.key(), "' holds GGUF blocks; load the model with LoadOptions::dequantize_gguf",
-             " = true to save it");
-  }
-  // Every parameter whole, by te name (collective: every rank gathers every sharded one).
-  const auto layouts = nn::named_parameter_layouts(model);
-  std::map<std::string, at::Tensor> whole;
   const at::ScalarType dtype = model.parameters().at(0).scalar_type();
-  for (const auto& p : model.named_parameters(/*recurse=*/true)) {
-    at::Tensor t = p.value().detach();
-    TE_CHECK(t.scalar_type() == dtype, "save_causal_lm: '", p.key(), "' is ", t.scalar_type(),
-             " but the other parameters ", dtype, "; convert the model to one dtype first");
-    const auto it = layouts.find(p.key());
-    if (it != layouts.end() && it->second.mesh) {
-      t = DTensor::from_local(t, *it->second.mesh, it->second.placements, it->second.global_shape)
-              .full_tensor();
-    }
-    whole[p.key()] = t.cpu();
-  }
-  // Rank 0 writes; every rank learns whether it could (and returns once the files are there).
-  std::string failure;
-  if (world_rank() == 0) {
-    try {
-      write_files(model, dir, config, dtype, whole);
-    } catch (const std::exception& e) {
-      failure = e.what();
-    }
-  }
-  if (world_size() > 1) {
-    const DeviceMesh world({world_size()}, {"save"});
-    failure = world.all_gather(failure).front();
-  }
-  TE_CHECK(failure.empty(), failure);
+  const std::map<std::string, at::Tensor> whole = detail::whole_parameters(model, "save_causal_lm");
+  detail::on_rank_zero([&] { write_files(model, dir, config, dtype, whole); });
 }
 
 }  // namespace te::hf

@@ -135,6 +135,33 @@ TEST_F(TrainData, BlocksAreTheDocumentStreamShiftedByOne) {
   EXPECT_TRUE(b.cu_seqlens.empty());
 }
 
+// Blocks of a subset of the documents (a held-out split's, the training rest) are that subset's
+// stream, labels one token on: across the gaps between its documents too.
+TEST_F(TrainData, BlocksOfSomeDocumentsAreTheirStreamShiftedByOne) {
+  const TokenFile f = file();
+  std::vector<int64_t> docs, stream;
+  for (int64_t d = 0; d < f.num_documents(); d += 3) {
+    docs.push_back(d);
+    for (int64_t t = f.document_offsets()[d]; t < f.document_offsets()[d + 1]; ++t) {
+      stream.push_back(f.tokens()[t]);
+    }
+  }
+  DataOptions o = options(16, 2, false);
+  o.shuffle = false;
+  DataLoader loader(f, docs, o);
+  ASSERT_GE(loader.steps_per_epoch(), 2);
+  for (int64_t step = 0; step < loader.steps_per_epoch(); ++step) {
+    const Batch b = loader.batch({0, step});
+    for (int64_t r = 0; r < 2; ++r) {
+      for (int64_t t = 0; t < 16; ++t) {
+        const auto at = static_cast<size_t>((step * 2 + r) * 16 + t);
+        ASSERT_EQ(b.ids[r][t].item<int64_t>(), stream[at]) << step << " " << r << " " << t;
+        ASSERT_EQ(b.labels[r][t].item<int64_t>(), stream[at + 1]) << step << " " << r << " " << t;
+      }
+    }
+  }
+}
+
 // Every sequence of a packed row is a piece of one document: positions 0.. from its start, each
 // label the next token of that document (-100 after its last), the padding a last sequence.
 TEST_F(TrainData, PackedRowsNeverMixDocumentsAndRestartPositions) {

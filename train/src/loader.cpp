@@ -124,11 +124,15 @@ void DataLoader::fill_block(int64_t unit, int64_t* ids, int64_t* labels, int64_t
     return offsets[documents_[j]] + (s - stream_starts_[j]);
   };
   const int64_t n = file_.num_tokens();
+  // One pass over the S + 1 stream positions (file_pos only moves forward).
+  int64_t here = file_pos(first);
   for (int64_t t = 0; t < S; ++t) {
-    ids[t] = file_.tokens()[file_pos(first + t)];
+    const int64_t next = file_pos(first + t + 1);
+    ids[t] = file_.tokens()[here];
+    labels[t] = label_at(next, n);
     positions[t] = t;
+    here = next;
   }
-  for (int64_t t = 0; t < S; ++t) labels[t] = label_at(file_pos(first + t + 1), n);
 }
 
 int64_t DataLoader::fill_row(int64_t unit, int64_t* ids, int64_t* labels, int64_t* positions,

@@ -1,0 +1,144 @@
+// te::hf::save_gguf (see save.h): a trained model as llama.cpp reads it. The inverse of
+// gguf_model.cpp's reading: the family's llama.cpp names, query and key rows interleaved again
+// (convert_hf_to_gguf.py LlamaModel.permute), norms stored plus one where the family's converter
+// adds it; the source file's metadata (tokenizer, chat template, architecture keys) kept, its
+// tensors that are not weights (RoPE frequency factors) copied.
+
+#include <ATen/ATen.h>
+
+#include <set>
+
+#include "families/family.h"
+#include "gguf_write.h"
+#include "save_detail.h"
+#include "source.h"
+#include "te/error.h"
+#include "te/hf/save.h"
+
+namespace te::hf {
+
+namespace {
+
+// The llama.cpp name of a Hugging Face tensor in the family's names ("" when it has none).
+std::string to_gguf(const detail::GgufNames& names, const std::string& hf) {
+  for (const auto& [h, g] : names.global) {
+    if (hf == h) return g;
+  }
+  const std::string prefix = "model.layers.";
+  if (hf.rfind(prefix, 0) != 0) return "";
+  const std::size_t dot = hf.find('.', prefix.size());
+  if (dot == std::string::npos) return "";
+  const std::string layer = hf.substr(prefix.size(), dot - prefix.size());
+  const std::string rest = hf.substr(dot + 1);
+  for (const auto& [h, g] : names.layer) {
+    if (rest == h) return "blk." + layer + "." + g;
+  }
+  return "";
+}
+
+GgmlType type_of(const std::string& name) {
+  if (name == "f32") return GgmlType::kF32;
+  if (name == "f16") return GgmlType::kF16;
+  if (name == "bf16") return GgmlType::kBF16;
+  if (name == "q8_0") return GgmlType::kQ8_0;
+  TE_FAIL("save_gguf: type '", name, "' is not f32, f16, bf16 or q8_0");
+}
+
+// llama.cpp's general.file_type (LLAMA_FTYPE_ALL_F32, MOSTLY_F16, MOSTLY_Q8_0, MOSTLY_BF16).
+int64_t file_type(GgmlType t) {
+  switch (t) {
+    case GgmlType::kF16:
+      return 1;
+    case GgmlType::kQ8_0:
+      return 7;
+    case GgmlType::kBF16:
+      return 32;
+    default:
+      return 0;
+  }
+}
+
+// A weight as llama.cpp's converter stores it, from its Hugging Face form.
+at::Tensor to_llama_cpp(at::Tensor w, const std::string& g, const detail::Family& family,
+                        const CausalLMConfig& c) {
+  w = w.to(at::kFloat);
+  const bool q = g.find(".attn_q.") != std::string::npos;
+  const bool k = g.find(".attn_k.") != std::string::npos;
+  if (family.gguf_interleaved_qk && (q || k)) {
+    // Hugging Face's row h*d + j*d/2 + i is llama.cpp's h*d + 2i + j.
+    const int64_t heads = q ? c.num_attention_heads : c.num_key_value_heads;
+    const int64_t d = w.size(0) / heads;
+    std::vector<int64_t> split = {heads, 2, d / 2};
+    for (int64_t i = 1; i < w.dim(); ++i) split.push_back(w.size(i));
+    w = w.reshape(split).transpose(1, 2).reshape(w.sizes());
+  }
+  if (family.gguf_norms_plus_one && g.size() >= 11 &&
+      g.compare(g.size() - 11, 11, "norm.weight") == 0) {
+    w = w + 1;
+  }
+  return w.contiguous();
+}
+
+// The tensors of the new file, in the source file's order.
+std::vector<detail::GgufOutTensor> gguf_tensors(const CausalLMImpl& model,
+                                                const std::string& source,
+                                                const detail::Family& family, GgmlType type) {
+  std::map<std::string, at::Tensor> by_gguf;
+  for (auto& [hf, w] : to_hf_tensors(model.config, detail::whole_parameters(model, "save_gguf"))) {
+    const std::string g = to_gguf(*family.gguf, hf);
+    TE_CHECK(!g.empty(), "save_gguf: '", hf, "' has no llama.cpp name in the ",
+             family.info.model_type, " family");
+    by_gguf[g] = to_llama_cpp(w, g, family, model.config);
+  }
+  GgufFile file(source);
+  std::vector<detail::GgufOutTensor> out;
+  std::set<std::string> written;
+  for (const GgufTensor& t : file.header().tensors) {
+    const auto it = by_gguf.find(t.name);
+    detail::GgufOutTensor o;
+    o.name = t.name;
+    if (it == by_gguf.end()) {  // not a weight (RoPE factors): as the source holds it
+      std::vector<int64_t> lo(t.shape.size(), 0);
+      o.values = file.read(t.name, lo, t.shape);
+    } else {
+      o.values = it->second;
+      written.insert(t.name);
+    }
+    // 1-D tensors stay float32 (llama.cpp's converter keeps norms so), as do rows that are not
+    // whole Q8_0 blocks.
+    o.type = o.values.dim() < 2 ? GgmlType::kF32 : type;
+    if (o.type == GgmlType::kQ8_0 && o.values.size(-1) % 32 != 0) o.type = GgmlType::kF16;
+    out.push_back(std::move(o));
+  }
+  for (const auto& [g, w] : by_gguf) {
+    TE_CHECK(written.count(g), "save_gguf: the model's '", g, "' is not in '", source,
+             "'; export a model loaded from that file");
+  }
+  return out;
+}
+
+}  // namespace
+
+void save_gguf(const CausalLMImpl& model, const std::string& source_gguf, const std::string& path,
+               const std::string& type) {
+  const GgmlType t = type_of(type);
+  const GgufHeader header = read_gguf_header(source_gguf);
+  const std::string arch = header.string("general.architecture").value_or("");
+  const detail::Family* family = detail::find_gguf_family(arch);
+  TE_CHECK(family != nullptr && family->gguf != nullptr, "save_gguf: '", source_gguf,
+           "': general.architecture '", arch, "' is not one te-cpp writes");
+  detail::check_same_sizes(detail::open_gguf_causal_lm(source_gguf).config, model.config,
+                           "save_gguf: '" + source_gguf + "'");
+  std::vector<detail::GgufOutTensor> tensors = gguf_tensors(model, source_gguf, *family, t);
+  std::map<std::string, GgufValue> metadata;
+  for (const auto& [key, v] : header.metadata) {
+    if (key.rfind("quantize.", 0) != 0) metadata[key] = v;  // the source's quantization, gone
+  }
+  GgufValue ftype;
+  ftype.type = 4;  // u32
+  ftype.integer = file_type(t);
+  metadata["general.file_type"] = ftype;
+  detail::on_rank_zero([&] { detail::write_gguf(path, metadata, tensors); });
+}
+
+}  // namespace te::hf
