@@ -1,0 +1,197 @@
+"""te-train --export-gguf held to gguf-py and llama.cpp: random Llama models (one with Llama 3's RoPE
+factors in rope_freqs.weight, one with a tied head) written as llama.cpp's converter writes them
+(gguf_files.py, Q8_0), fine-tuned by te-train on a text of their vocabulary's pieces and exported:
+
+- at a learning rate of 1e-12 the f32 export is the source file's weights as gguf-py dequantizes
+  them (within 1e-6: the names, shapes, the query/key row interleave and the tensors that are not
+  weights, RoPE factors, all written back as llama.cpp reads them), with every metadata key of
+  the source kept (general.file_type set to ALL_F32);
+- at a learning rate of 3e-3 the f32 export differs from the source (the trained weights are
+  written), and the f16, bf16 and q8_0 exports of the same run are its f32 weights converted
+  exactly as gguf-py converts them (numpy's float16, ggml's bfloat16 rounding, and
+  gguf.quants.quantize for Q8_0, which is ggml's reference quantizer bit for bit);
+- llama.cpp's llama-perplexity (scripts/llama-cpp.sh; skipped with a note where it cannot be
+  built) loads each export and computes a finite perplexity over the text, lower for the trained
+  f32 export than for the source file.
+
+  python check_train_gguf.py TE_TRAIN WORKDIR
+"""
+
+import math
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+
+import gguf
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType as Q
+import gguf_files
+from gguf_files import write_gguf
+from transformers import LlamaConfig, LlamaForCausalLM
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SIZES = dict(vocab_size=384, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, intermediate_size=128, max_position_embeddings=64,
+             rms_norm_eps=1e-6, rope_parameters=dict(rope_type="default", rope_theta=10000.0))
+CASES = [
+    ("llama", dict(tie_word_embeddings=False)),
+    ("llama-tied", dict(tie_word_embeddings=True)),
+    ("llama3-rope", dict(tie_word_embeddings=False,
+                         rope_parameters=dict(rope_type="llama3", rope_theta=10000.0, factor=8.0,
+                                              low_freq_factor=1.0, high_freq_factor=4.0,
+                                              original_max_position_embeddings=64))),
+]
+
+
+def write_tokenizer(w, c):
+    """A SentencePiece vocabulary both te and llama.cpp tokenize the text with (gguf_files' minimal
+    one has no byte or single-character pieces, which llama.cpp's tokenizer needs): <unk>, <s>,
+    </s>, the 256 byte tokens, "\u2581", "t", the digits, "\u2581t", then "\u2581t3" ... pieces,
+    scored so that longer pieces merge first."""
+    pieces = ["\u2581", "t"] + [str(d) for d in range(10)] + ["\u2581t"]
+    pieces += ["\u2581t%d" % i for i in range(3, 3 + c.vocab_size - 3 - 256 - len(pieces))]
+    tokens = ["<unk>", "<s>", "</s>"] + ["<0x%02X>" % b for b in range(256)] + pieces
+    assert len(tokens) == c.vocab_size
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_scores([0.0] * 259 + [float(len(p)) for p in pieces])
+    w.add_token_types([gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
+                      + [gguf.TokenType.BYTE] * 256 + [gguf.TokenType.NORMAL] * len(pieces))
+    w.add_unk_token_id(0)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+
+
+gguf_files.write_tokenizer = write_tokenizer
+
+
+def tensors(path):
+    """{name: (ggml type, float32 values in row-major shape, raw bytes)} of a GGUF file."""
+    out = {}
+    for t in gguf.GGUFReader(path).tensors:
+        shape = list(reversed([int(n) for n in t.shape]))
+        values = gguf.quants.dequantize(t.data, t.tensor_type).reshape(shape).astype(np.float32)
+        out[t.name] = (t.tensor_type, values, bytes(t.data.tobytes()))
+    return out
+
+
+def metadata(path):
+    r = gguf.GGUFReader(path)
+    return {k: (f.types, [bytes(p.tobytes()) for p in f.parts[f.data[0]:]] if f.data else [])
+            for k, f in r.fields.items() if not k.startswith("GGUF.")}
+
+
+def bf16_bytes(values):
+    """ggml's fp32 -> bf16 (round to nearest even; gguf-py quants.py __compute_fp32_to_bf16)."""
+    n = values.astype(np.float32).view(np.uint32)
+    n = np.where((n & 0x7fffffff) > 0x7f800000, (n & 0xffff0000) | (64 << 16), n)
+    n = (n.astype(np.uint64) + (0x7fff + ((n >> 16) & 1))) >> 16
+    return n.astype(np.uint16).tobytes()
+
+
+def run(te_train, case_dir, lr, kind, out):
+    subprocess.run([te_train, "--model", os.path.join(case_dir, "source.gguf"), "--data",
+                    os.path.join(case_dir, "text.txt"), "--steps", "12", "--seq-len", "16",
+                    "--micro-batch", "2", "--lr", str(lr), "--quiet", "--export-gguf", out,
+                    "--export-gguf-type", kind], check=True)
+    return out
+
+
+def llama_perplexity(path, text):
+    """llama.cpp's perplexity over `text`, or None where llama-perplexity cannot be built."""
+    built = subprocess.run(["bash", os.path.join(HERE, "../../scripts/llama-cpp.sh"),
+                            "llama-perplexity"], capture_output=True, text=True)
+    if built.returncode != 0:
+        print("     note: llama-perplexity not built (%s); llama.cpp's loader not run" %
+              built.stderr.strip().splitlines()[-1:])
+        return None
+    # The running estimate after each chunk, "[4]386.9575," on stdout. One thread: with two, half
+    # the runs here stop after the thread pool starts (exit 0, nothing computed), gguf-py's own
+    # files too. --no-repack: the repacked Q8_0 kernels (AMX here) crash on those as well.
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    for _ in range(3):
+        p = subprocess.run([built.stdout.strip().splitlines()[-1], "-m", path, "-f", text, "-c",
+                            "16", "-b", "16", "--chunks", "4", "-t", "1", "--no-repack"],
+                           capture_output=True, text=True, env=env)
+        chunks = re.findall(r"\[(\d+)\]([0-9.eE+-]+|nan|inf)", p.stdout)
+        if p.returncode != 0 or chunks:
+            break
+    if p.returncode != 0 or not chunks:
+        raise AssertionError("llama-perplexity failed on %s (%d): %s" %
+                             (path, p.returncode, (p.stdout + p.stderr)[-600:]))
+    return float(chunks[-1][1])
+
+
+def check(te_train, workdir, name, extra):
+    case_dir = os.path.join(workdir, name)
+    shutil.rmtree(case_dir, ignore_errors=True)  # a token file of an earlier run's vocabulary
+    os.makedirs(case_dir)
+    torch.manual_seed(0)
+    config = LlamaConfig(**{**SIZES, **extra})
+    write_gguf(LlamaForCausalLM(config).eval(), os.path.join(case_dir, "source.gguf"), Q.Q8_0,
+               Q.Q8_0)
+    rng = random.Random(1)
+    with open(os.path.join(case_dir, "text.txt"), "w") as f:
+        for _ in range(80):
+            f.write(" ".join("t%d" % rng.randrange(3, 100) for _ in range(rng.randrange(5, 20))))
+            f.write("\n\n")
+    errors = {}
+    source = tensors(os.path.join(case_dir, "source.gguf"))
+    same = tensors(run(te_train, case_dir, 1e-12, "f32", os.path.join(case_dir, "same.gguf")))
+    errors["names"] = float(set(same) != set(source))
+    errors["lr 1e-12 f32 export vs source"] = max(
+        float(np.abs(same[n][1] - v).max()) for n, (_, v, _) in source.items()) / 1e-6
+    src_meta = metadata(os.path.join(case_dir, "source.gguf"))
+    out_meta = metadata(os.path.join(case_dir, "same.gguf"))
+    errors["metadata kept"] = float(any(out_meta.get(k) != v for k, v in src_meta.items()
+                                        if k != "general.file_type"))
+    trained = {k: run(te_train, case_dir, 3e-3, k, os.path.join(case_dir, "trained-%s.gguf" % k))
+               for k in ("f32", "f16", "bf16", "q8_0")}
+    f32 = tensors(trained["f32"])
+    moved = max(float(np.abs(f32[n][1] - v).max()) for n, (_, v, _) in source.items())
+    errors["trained weights written (1e-4 / moved)"] = 1e-4 / max(moved, 1e-30)
+    want = {"f16": lambda v: v.astype(np.float16).tobytes(), "bf16": bf16_bytes,
+            "q8_0": lambda v: gguf.quants.quantize(v, Q.Q8_0).tobytes()}
+    for kind, encode in want.items():
+        got = tensors(trained[kind])
+
+        def expected(v):  # 1-dim tensors stay f32; q8_0 rows not whole blocks are f16
+            if v.ndim < 2:
+                return v.tobytes()
+            if kind == "q8_0" and v.shape[-1] % 32:
+                return v.astype(np.float16).tobytes()
+            return encode(v)
+        bad = [n for n, (_, v, _) in f32.items() if got[n][2] != expected(v)]
+        errors["%s bytes differ (tensors)" % kind] = float(len(bad))
+    text = os.path.join(case_dir, "text.txt")
+    ppl = {k: llama_perplexity(p, text) for k, p in trained.items()}
+    ppl["source"] = llama_perplexity(os.path.join(case_dir, "source.gguf"), text)
+    errors["llama.cpp perplexity not finite"] = float(
+        any(v is not None and not math.isfinite(v) for v in ppl.values()))
+    if ppl["source"] is not None:  # trained on the text: llama.cpp finds it likelier
+        errors["llama.cpp perplexity f32 / source"] = ppl["f32"] / ppl["source"]
+    bad = {k: e for k, e in errors.items() if not e <= 1.0}
+    print("%s %s: %s" % ("FAIL" if bad else "ok  ", name,
+                         ", ".join("%s %.3g" % kv for kv in errors.items())))
+    print("     llama.cpp perplexity: %s" % ", ".join(
+        "%s %s" % (k, "not run" if v is None else "%.2f" % v) for k, v in ppl.items()))
+    return not bad
+
+
+def main():
+    te_train, workdir = sys.argv[1], sys.argv[2]
+    os.makedirs(workdir, exist_ok=True)
+    torch.set_num_threads(1)
+    failures = sum(not check(te_train, workdir, name, extra) for name, extra in CASES)
+    print("%d of %d exports differ from gguf-py's encoding or fail llama.cpp's loader" %
+          (failures, len(CASES)))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
