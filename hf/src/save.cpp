@@ -134,6 +134,7 @@ void save_causal_lm(const CausalLMImpl& model, const std::string& dir,
     TE_FAIL("save_causal_lm: the config for '", dir, "' is not JSON (", e.what(), ")");
   }
   TE_CHECK(config.is_object(), "save_causal_lm: the config for '", dir, "' is not a JSON object");
+  check_config(model.config, config_json, dir);
   const at::ScalarType dtype = model.parameters().at(0).scalar_type();
   const std::map<std::string, at::Tensor> whole = detail::whole_parameters(model, "save_causal_lm");
   detail::on_rank_zero([&] { write_files(model, dir, config, dtype, whole); });

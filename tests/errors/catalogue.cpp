@@ -32,10 +32,12 @@
 #include "te/distributed/backend.h"
 #include "te/encoder/data.h"
 #include "te/fp8.h"
+#include "te/hf/save.h"
 #include "te/nn.h"
 #include "te/serve/openai.h"
 #include "te/serve/service.h"
 #include "te/train/data.h"
+#include "te/train/lm_trainer.h"
 
 namespace {
 
@@ -54,12 +56,30 @@ struct Case {
 // machine and run.
 const std::string& scratch() {
   static const std::string dir = [] {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "te_error_catalogue_XXXXXX").string();
+    std::string tmpl =
+        (std::filesystem::temp_directory_path() / "te_error_catalogue_XXXXXX").string();
     const char* made = ::mkdtemp(tmpl.data());
     if (made == nullptr) throw std::runtime_error("te_error_catalogue: cannot make " + tmpl);
     return std::string(made);
   }();
   return dir;
+}
+
+// A one-layer Llama config (random weights) for the training step's cases.
+nlohmann::json tiny_causal_lm_json() {
+  return {{"architectures", {"LlamaForCausalLM"}},
+          {"model_type", "llama"},
+          {"vocab_size", 16},
+          {"hidden_size", 8},
+          {"num_hidden_layers", 1},
+          {"num_attention_heads", 2},
+          {"num_key_value_heads", 1},
+          {"intermediate_size", 16},
+          {"max_position_embeddings", 16},
+          {"tie_word_embeddings", false}};
+}
+te::hf::CausalLMConfig tiny_causal_lm_config() {
+  return te::hf::parse_causal_lm_config(tiny_causal_lm_json().dump(), "tiny/config.json");
 }
 
 // The message without its " [file:line]" tag, which moves with every edit, and with this run's
@@ -154,7 +174,10 @@ std::vector<Case> cases() {
       {"rules",
        "a logical axis named on two dims with no rules in scope (Flax imposes nothing there; te "
        "refuses it on one device too)",
-       "logical axis 'a' occurs more than once", [] { resolve_logical_axes({"a", "a"}); }},
+       "logical axis 'a' occurs more than once",
+       [] {
+         resolve_logical_axes({"a", "a"});
+       }},
       {"rules", "a rule with an empty logical name", "axis rule 0 (=x) has an empty logical name",
        [] {
          logical_to_mesh_axes({"a"}, {{"", {"x"}}});
@@ -634,7 +657,9 @@ std::vector<Case> cases() {
       // ---- GGUF blocks ----
       {"GGUF blocks", "training a kernel held in GGUF blocks",
        "is held in GGUF Q8_0 blocks (inference only) but its input requires grad",
-       [] { dense_in_blocks()(at::ones({2, 64}).requires_grad_(true)); }},
+       [] {
+         dense_in_blocks()(at::ones({2, 64}).requires_grad_(true));
+       }},
       {"GGUF blocks", "saving a model that holds GGUF blocks",
        "'kernel' is held in GGUF blocks, which a checkpoint does not store",
        [no_dir] { save_checkpoint(*dense_in_blocks(), no_dir); }},
@@ -743,6 +768,57 @@ std::vector<Case> cases() {
        }},
       {"te-train data", "an eval fraction outside [0, 1)", "eval fraction 1.5",
        [] { te::train::split_documents(10, 1.5, 0, 0); }},
+      // ---- the training step (te::optim::AdamW, te::train::LmTrainer) and export ----
+      {"training step", "AdamW with a beta outside [0, 1)", "AdamW: beta2 1 is outside [0, 1)",
+       [] {
+         te::optim::AdamW({at::zeros({2}, at::requires_grad())},
+                          te::optim::AdamWOptions(1e-3).betas({0.9, 1.0}));
+       }},
+      {"training step", "a parameter given to AdamW twice", "is in parameter group 0 and again",
+       [] {
+         const at::Tensor p = at::zeros({2}, at::requires_grad());
+         te::optim::AdamW(std::vector<at::Tensor>{p, p});
+       }},
+      {"training step", "a gradient of another dtype than its parameter",
+       "AdamW: a Double gradient for a Float parameter [2]",
+       [] {
+         at::Tensor p = at::zeros({2}, at::requires_grad());
+         te::optim::AdamW opt({p});
+         p.mutable_grad() = at::zeros({2}, at::kDouble);
+         opt.step();
+       }},
+      {"training step", "LmTrainer without a schedule", "TrainerOptions::schedule is not set",
+       [] {
+         te::hf::CausalLM model(tiny_causal_lm_config());
+         te::train::LmTrainer(model, te::train::TrainerOptions{});
+       }},
+      {"training step", "a micro-batch whose label count is wrong",
+       "micro-batch 0 says label_tokens 5 but has 2 labels other than -100",
+       [] {
+         te::train::TrainerOptions o;
+         o.schedule = te::optim::LrScheduleOptions(1);
+         te::train::LmTrainer trainer(te::hf::CausalLM(tiny_causal_lm_config()), o);
+         te::train::Batch b;
+         b.ids = at::zeros({1, 2}, at::kLong);
+         b.labels = at::zeros({1, 2}, at::kLong);
+         b.position_ids = at::arange(2).view({1, 2});
+         b.label_tokens = 5;
+         trainer.step({b}, 0);
+       }},
+      {"training step", "saving a model under another model's config",
+       "says num_hidden_layers 3 but the model has 1",
+       [] {
+         const te::hf::CausalLM model(tiny_causal_lm_config());
+         nlohmann::json j = tiny_causal_lm_json();
+         j["num_hidden_layers"] = 3;
+         te::hf::save_causal_lm(*model, scratch() + "/export", j.dump());
+       }},
+      {"training step", "a GGUF export type te-cpp does not write",
+       "save_gguf: type 'q4_k' is not f32, f16, bf16 or q8_0",
+       [] {
+         const te::hf::CausalLM model(tiny_causal_lm_config());
+         te::hf::save_gguf(*model, scratch() + "/source.gguf", scratch() + "/out.gguf", "q4_k");
+       }},
   };
 }
 
