@@ -73,9 +73,12 @@ int spawn_ranks(const char* program_name, int nproc, int argc, char** argv) {
 
 namespace {
 
-// Sets the threads, joins the world (several launched ranks), runs, leaves the world.
+// Sets the threads and the allocator, joins the world (several launched ranks), runs, leaves the
+// world.
 int run_rank(const std::optional<te::LaunchEnvironment>& launch, int world_size,
              const LaunchArgs& args, const RunFn& run) {
+  // A training step frees and allocates blocks of hundreds of MiB each step: kept in the heap.
+  te::keep_freed_memory(/*large_blocks_too=*/true);
   if (args.threads > 0) {
     at::set_num_threads(args.threads);
   } else {

@@ -38,7 +38,7 @@ int configure_threads() {
   return at::get_num_threads();
 }
 
-bool keep_freed_memory() {
+bool keep_freed_memory(bool large_blocks_too) {
 #if defined(__GLIBC__)
   // Settings the user made for glibc stand.
   for (const char* env : {"GLIBC_TUNABLES", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"}) {
@@ -47,8 +47,10 @@ bool keep_freed_memory() {
   constexpr int kMmapThreshold = 32 << 20;  // glibc's largest (DEFAULT_MMAP_THRESHOLD_MAX, 64-bit)
   constexpr int kTrimThreshold = 1 << 30;
   return mallopt(M_MMAP_THRESHOLD, kMmapThreshold) == 1 &&
-         mallopt(M_TRIM_THRESHOLD, kTrimThreshold) == 1;
+         mallopt(M_TRIM_THRESHOLD, kTrimThreshold) == 1 &&
+         (!large_blocks_too || mallopt(M_MMAP_MAX, 0) == 1);
 #else
+  (void)large_blocks_too;
   return false;
 #endif
 }

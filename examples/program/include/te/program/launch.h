@@ -37,7 +37,8 @@ using RunFn = std::function<int(int rank, int world_size)>;
 /// A training program's main() after its command line is parsed: reads the launcher's
 /// environment, checks --nproc against its world, runs `check` once (before any rank starts, so
 /// bad input is one message), restarts as --nproc ranks through te-run when not launched, else
-/// sets the threads, joins the world (several ranks), runs `run` and leaves the world. Returns
+/// sets the threads and keeps freed memory in the heap (te::keep_freed_memory with large blocks),
+/// joins the world (several ranks), runs `run` and leaves the world. Returns
 /// the exit status: a te::InputError or a bad launch environment is "NAME: message" on stderr
 /// and 2; any other exception from `run` is "NAME: message" and 1.
 int run_main(const char* program_name, int argc, char** argv, const LaunchArgs& launch,
