@@ -423,15 +423,9 @@ int train(const Args& args, const Layout& layout, const ColaData& data, int rank
   const bool lead = rank == 0 && !args.quiet;
   const Sets sets = encode_sets(args, data);
 
-  // Mesh and sharding context.
+  const te::program::LayoutScope scope(layout);  // mesh and sharding context
   std::optional<te::DeviceMesh> mesh;
-  if (layout.mesh) mesh.emplace(layout.mesh->sizes, layout.mesh->names);
-  std::optional<te::MeshScope> mesh_scope;
-  if (mesh) mesh_scope.emplace(*mesh);
-  std::optional<te::MeshResourceScope> resource_scope;
-  if (layout.resource) resource_scope.emplace(*layout.resource);
-  std::optional<te::AxisRulesScope> rules_scope;
-  if (layout.rules) rules_scope.emplace(*layout.rules);
+  if (scope.mesh() != nullptr) mesh = *scope.mesh();
 
   const EncoderOptions options = model_options(args, layout, sets.vocab.size());
   te::nn::manual_seed(args.seed);  // the same global weights (and dropout stream) everywhere

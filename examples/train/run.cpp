@@ -198,14 +198,7 @@ auto reading_input(F&& f) -> decltype(f()) {
 
 int run(const Args& a, const te::program::Layout& layout, int rank, int world_size) {
   const bool lead = rank == 0 && !a.quiet;
-  std::optional<te::DeviceMesh> mesh;
-  if (layout.mesh) mesh.emplace(layout.mesh->sizes, layout.mesh->names);
-  std::optional<te::MeshScope> mesh_scope;
-  if (mesh) mesh_scope.emplace(*mesh);
-  std::optional<te::MeshResourceScope> resource_scope;
-  if (layout.resource) resource_scope.emplace(*layout.resource);
-  std::optional<te::AxisRulesScope> rules_scope;
-  if (layout.rules) rules_scope.emplace(*layout.rules);
+  const te::program::LayoutScope scope(layout);
   OpenedModel m = reading_input([&] { return open_model(a); });
   te::train::Data data = reading_input([&] { return open_data(a, m, rank); });
   if (a.dtype == "bf16") m.model->to(at::kBFloat16);

@@ -423,8 +423,8 @@ TEST_F(ServeGenerate, BadRequestsAre400NamingTheFieldAndDisturbNothing) {
                       "temperature", "send a number");
   expect_openai_error(post(s, "/v1/completions", {{"prompt", "a"}, {"temperature", 3}}), 400,
                       "temperature", "[0, 2]");
-  expect_openai_error(post(s, "/v1/completions", {{"prompt", "a"}, {"presence_penalty", 2.5}}),
-                      400, "presence_penalty", "[-2, 2]");
+  expect_openai_error(post(s, "/v1/completions", {{"prompt", "a"}, {"presence_penalty", 2.5}}), 400,
+                      "presence_penalty", "[-2, 2]");
   expect_openai_error(post(s, "/v1/completions", {{"prompt", "a"}, {"frequency_penalty", "x"}}),
                       400, "frequency_penalty", "send a number");
   expect_openai_error(post(s, "/v1/completions", {{"prompt", "a"}, {"max_tokens", 64}}), 400,

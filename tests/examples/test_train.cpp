@@ -18,40 +18,17 @@
 #include <vector>
 
 #include "../temp_dir.h"
+#include "run_program.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 using te::test::TempDir;
 
-struct Result {
-  int status = -1;
-  std::string out, err;
-};
+using Result = te::test::ProgramResult;
 
-// Runs te-train with `args` (a shell-quoted string), capturing stdout and stderr apart.
-Result te_train(const std::string& args) {
-  static std::atomic<int> counter{0};
-  const fs::path err_file =
-      fs::temp_directory_path() /
-      ("te_train_err_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-  const std::string cmd =
-      std::string(TE_TRAIN_PATH) + " " + args + " 2>" + err_file.string() + " </dev/null";
-  Result r;
-  FILE* pipe = ::popen(cmd.c_str(), "r");
-  if (pipe == nullptr) return r;
-  char buf[4096];
-  std::size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), pipe)) > 0) r.out.append(buf, n);
-  const int status = ::pclose(pipe);
-  r.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  std::ifstream in(err_file);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  r.err = ss.str();
-  fs::remove(err_file);
-  return r;
-}
+// Runs the program with `args` (a shell-quoted string), capturing stdout and stderr apart.
+Result te_train(const std::string& args) { return te::test::run_program(TE_TRAIN_PATH, args); }
 
 // The step,loss,grad_norm columns of a --log-steps file, as written (text: bit for bit).
 std::vector<std::string> steps_of(const fs::path& csv) {

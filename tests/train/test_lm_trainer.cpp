@@ -25,20 +25,23 @@ namespace {
 
 using te::train::Batch;
 
-te::hf::CausalLMConfig tiny_llama() {
+nlohmann::json tiny_llama_json() {
   const int64_t vocab = (te::test::bpe_tokenizer().vocab_size() + 3) / 4 * 4;
-  const nlohmann::json j = {{"architectures", {"LlamaForCausalLM"}},
-                            {"model_type", "llama"},
-                            {"vocab_size", vocab},
-                            {"hidden_size", 32},
-                            {"num_hidden_layers", 2},
-                            {"num_attention_heads", 4},
-                            {"num_key_value_heads", 2},
-                            {"intermediate_size", 48},
-                            {"max_position_embeddings", 64},
-                            {"rms_norm_eps", 1e-6},
-                            {"tie_word_embeddings", false}};
-  return te::hf::parse_causal_lm_config(j.dump(), "tiny_llama");
+  return {{"architectures", {"LlamaForCausalLM"}},
+          {"model_type", "llama"},
+          {"vocab_size", vocab},
+          {"hidden_size", 32},
+          {"num_hidden_layers", 2},
+          {"num_attention_heads", 4},
+          {"num_key_value_heads", 2},
+          {"intermediate_size", 48},
+          {"max_position_embeddings", 64},
+          {"rms_norm_eps", 1e-6},
+          {"tie_word_embeddings", false}};
+}
+
+te::hf::CausalLMConfig tiny_llama() {
+  return te::hf::parse_causal_lm_config(tiny_llama_json().dump(), "tiny_llama");
 }
 
 te::train::TrainerOptions trainer_options(int64_t steps) {
@@ -164,18 +167,7 @@ TEST_F(LmTrainerTest, ASavedModelLoadsBack) {
   const std::string out = (dir_ / "saved").string();
   EXPECT_ERROR(te::hf::save_causal_lm(*trainer.model(), out, "[1]"),
                "save_causal_lm: the config for '" + out + "' is not a JSON object");
-  const te::hf::CausalLMConfig c = tiny_llama();
-  const nlohmann::json j = {{"architectures", {"LlamaForCausalLM"}},
-                            {"model_type", "llama"},
-                            {"vocab_size", c.vocab_size},
-                            {"hidden_size", 32},
-                            {"num_hidden_layers", 2},
-                            {"num_attention_heads", 4},
-                            {"num_key_value_heads", 2},
-                            {"intermediate_size", 48},
-                            {"max_position_embeddings", 64},
-                            {"rms_norm_eps", 1e-6},
-                            {"tie_word_embeddings", false}};
+  const nlohmann::json j = tiny_llama_json();
   nlohmann::json tied = j;
   tied["tie_word_embeddings"] = true;
   EXPECT_ERROR(te::hf::save_causal_lm(*trainer.model(), out, tied.dump()),

@@ -156,4 +156,11 @@ void check_global_batch(const Layout& layout, int64_t global_batch, const std::s
                        std::to_string(layout.data_parallel));
 }
 
+LayoutScope::LayoutScope(const Layout& layout) {
+  if (layout.mesh) mesh_.emplace(layout.mesh->sizes, layout.mesh->names);
+  if (mesh_) mesh_scope_.emplace(*mesh_);
+  if (layout.resource) resource_scope_.emplace(*layout.resource);
+  if (layout.rules) rules_scope_.emplace(*layout.rules);
+}
+
 }  // namespace te::program

@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 
+#include "te/distributed.h"
 #include "te/sharding.h"
 
 namespace CLI {
@@ -56,5 +57,21 @@ Layout make_layout(const LayoutArgs& args, int world_size,
 /// names it).
 void check_global_batch(const Layout& layout, int64_t global_batch,
                         const std::string& option = "--batch-size");
+
+/// A rank's run under its layout: the mesh (built collectively: every rank makes it), its
+/// MeshScope, the MeshResource and the rules in scope while this lives. Nothing where the layout
+/// has none (one process).
+class LayoutScope {
+ public:
+  explicit LayoutScope(const Layout& layout);
+  /// The mesh in scope, nullptr on one process.
+  const te::DeviceMesh* mesh() const { return mesh_ ? &*mesh_ : nullptr; }
+
+ private:
+  std::optional<te::DeviceMesh> mesh_;
+  std::optional<te::MeshScope> mesh_scope_;
+  std::optional<te::MeshResourceScope> resource_scope_;
+  std::optional<te::AxisRulesScope> rules_scope_;
+};
 
 }  // namespace te::program
