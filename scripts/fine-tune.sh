@@ -6,7 +6,8 @@
 # (Q8_0), which te-serve, te-generate and llama.cpp load:
 #   bash scripts/fine-tune.sh              # then: te-serve --model models/SmolLM2-135M-fortunes.gguf
 #   bash scripts/fine-tune.sh --steps 20   # extra arguments go to te-train
-# Writes build/fine-tune/ (data, token file, checkpoint, steps CSV, metrics JSON). Idempotent.
+# Writes build/fine-tune/ (data, token file, checkpoint, steps CSV, metrics JSON). A second run
+# without arguments finds the GGUF file made and trains nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -19,6 +20,10 @@ if [ ! -d /usr/share/games/fortunes ]; then
 fi
 build_dir=${TE_BUILD_DIR:-build}
 out="$build_dir/fine-tune"
+if [ -s models/SmolLM2-135M-fortunes.gguf ] && [ $# -eq 0 ]; then
+  echo "te: models/SmolLM2-135M-fortunes.gguf is there (delete it to fine-tune again)" >&2
+  exit 0
+fi
 mkdir -p "$out"
 [ -s "$out/fortunes.jsonl" ] || /usr/bin/python3 - "$out/fortunes.jsonl" <<'PY'
 import json, sys

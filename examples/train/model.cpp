@@ -109,7 +109,13 @@ void export_hf(const Args& a, const OpenedModel& m, const te::hf::CausalLMImpl& 
   te::hf::save_causal_lm(model, a.export_hf, m.config);
   if (te::world_rank() != 0) return;
   const std::string source = a.model.empty() ? a.tokenizer : a.model;
-  if (!fs::is_directory(source)) return;
+  if (!fs::is_directory(source)) {  // --tokenizer FILE: a tokenizer.json goes in as one
+    if (fs::path(source).extension() == ".json") {
+      fs::copy_file(source, fs::path(a.export_hf) / "tokenizer.json",
+                    fs::copy_options::overwrite_existing);
+    }
+    return;
+  }
   for (const char* name : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                            "generation_config.json", "vocab.txt", "merges.txt", "vocab.json"}) {
     const fs::path from = fs::path(source) / name;

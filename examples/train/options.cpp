@@ -5,9 +5,12 @@
 #include <filesystem>
 #include <iostream>
 #include <string>
+#include <utility>
 
 #include "args.h"
 #include "te/input_error.h"
+#include "te/optim/lr_schedule.h"
+#include "te/program/report.h"
 #include "te/sharding.h"
 
 namespace train {
@@ -61,7 +64,9 @@ void add_training_options(CLI::App& app, Args& a) {
                  "linear over the last --decay-ratio of the steps)")
       ->check(CLI::IsMember({"cosine", "linear", "sqrt", "wsd"}))
       ->capture_default_str();
-  app.add_option("--decay-ratio", a.decay_ratio, "The decay's share of the steps (wsd: 0.2)");
+  app.add_option("--decay-ratio", a.decay_ratio,
+                 "The decay's share of the steps (required by wsd, e.g. 0.2; without it the "
+                 "decay takes every step after the warmup)");
   app.add_option("--weight-decay", a.weight_decay,
                  "AdamW's decoupled weight decay (norms and biases: none)")
       ->capture_default_str();
@@ -175,7 +180,8 @@ int parse_args(int argc, char** argv, Args& a) {
       "te-train: train or fine-tune a decoder language model (Llama, Qwen, Mistral, Phi-3, "
       "Gemma, GPT-2 families) with AdamW (fp32 master weights in bf16), a warmup + decay "
       "schedule, global gradient clipping and accumulation, on one process or a mesh of "
-      "ranks; sharded checkpoints that resume bit for bit; export as Hugging Face files.",
+      "ranks; sharded checkpoints that resume bit for bit; export as Hugging Face files or, from a "
+      "GGUF model, as GGUF.",
       "te-train"};
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // last wins
   add_model_and_data_options(app, a);
@@ -194,9 +200,30 @@ int parse_args(int argc, char** argv, Args& a) {
   return -1;
 }
 
+// The schedule and optimizer options as LmTrainer will take them, checked before anything loads.
+void check_schedule(const Args& a) {
+  try {
+    te::optim::LrSchedule(te::optim::LrScheduleOptions(a.steps)
+                              .warmup_steps(a.warmup)
+                              .decay_type(a.schedule == "wsd" ? "linear" : a.schedule)
+                              .decay_ratio(a.decay_ratio)
+                              .lr_min(a.lr_min));
+  } catch (const te::Error& e) {
+    throw te::InputError("--warmup/--decay-ratio/--lr-min: " + te::program::one_line(e.what()));
+  }
+  if (a.clip < 0) throw te::InputError("--clip " + std::to_string(a.clip) + " is negative");
+  for (const auto& [beta, option] : {std::pair{a.beta1, "--beta1"}, {a.beta2, "--beta2"}}) {
+    if (!(beta >= 0 && beta < 1)) {
+      throw te::InputError(std::string(option) + " " + std::to_string(beta) + " is outside [0, 1)");
+    }
+  }
+  if (a.weight_decay < 0) throw te::InputError("--weight-decay is negative");
+}
+
 te::program::Layout check_args(const Args& a, int world_size) {
   check_model(a);
   check_numbers(a);
+  check_schedule(a);
   te::program::Layout layout =
       te::program::make_layout(a.layout, world_size, [](const te::MeshResource& resource) {
         return resource.tp ? te::parse_axis_rules("vocab=" + *resource.tp) : te::AxisRules{};

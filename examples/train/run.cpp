@@ -76,7 +76,14 @@ te::train::Data open_data(const Args& a, const OpenedModel& m, int rank) {
 
 // What a checkpoint must agree on with this run to be resumed by it.
 nlohmann::json run_identity(const Args& a, const OpenedModel& m) {
-  return {{"model_config", m.config},
+  const te::hf::CausalLMConfig& c = m.model->config;
+  const nlohmann::json sizes = {c.model_type,          c.vocab_size,          c.hidden_size,
+                                c.intermediate_size,   c.num_hidden_layers,   c.num_attention_heads,
+                                c.num_key_value_heads, c.tie_word_embeddings, c.rms_norm_eps};
+  const nlohmann::json schedule = {a.steps, a.warmup, a.schedule, a.decay_ratio.value_or(-1.0),
+                                   a.lr,    a.lr_min};
+  return {{"model_config", m.config.empty() ? sizes.dump() : m.config},
+          {"schedule", schedule},
           {"dtype", a.dtype},
           {"seq_len", a.seq_len},
           {"micro_batch", a.micro_batch},
@@ -107,7 +114,8 @@ int64_t resume(const Args& a, te::train::LmTrainer& trainer, te::train::Data& da
                            "with another " + key + " (" +
                            extra["te_train"].value(key, nlohmann::json()).dump() +
                            ", this run: " + value.dump() + "); resume with the same model, " +
-                           "--dtype, --seq-len, --micro-batch and --global-batch-tokens");
+                           "--dtype, --seq-len, --micro-batch, --global-batch-tokens and schedule "
+                           "(--steps, --warmup, --schedule, --decay-ratio, --lr, --lr-min)");
     }
   }
   te::nn::load_checkpoint(*trainer.model(), a.save_dir, {}, &trainer.optimizer());
@@ -174,7 +182,8 @@ Totals loop(const Args& a, te::train::LmTrainer& trainer, te::train::Data& data,
     if (!eval.empty() && (last || (a.eval_every > 0 && (step + 1) % a.eval_every == 0))) {
       t.eval_loss = evaluate(trainer, eval, step + 1, lead);
     }
-    if (!a.save_dir.empty() && a.save_every > 0 && (step + 1) % a.save_every == 0) {
+    // The last step's checkpoint is the run's final save.
+    if (!a.save_dir.empty() && a.save_every > 0 && (step + 1) % a.save_every == 0 && !last) {
       save(a, trainer, data, identity, step + 1);
     }
   }
@@ -207,6 +216,12 @@ int run(const Args& a, const te::program::Layout& layout, int rank, int world_si
   int64_t start = 0;
   if (a.resume) {
     start = reading_input([&] { return resume(a, trainer, data, identity); });
+    const int64_t stop = a.max_steps > 0 ? a.max_steps : a.steps;
+    if (start >= stop) {
+      throw te::InputError("--resume: the checkpoint at '" + a.save_dir + "' has done " +
+                           std::to_string(start) + " steps, and this run stops at " +
+                           std::to_string(stop) + "; give a larger --max-steps (or none)");
+    }
     if (lead) std::cout << "resumed " << a.save_dir << " after step " << start << std::endl;
   }
   if (lead) {

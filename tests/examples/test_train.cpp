@@ -111,6 +111,7 @@ TEST_F(Train, WritesMetricsEvaluationAndHuggingFaceFiles) {
   EXPECT_EQ(m["steps_run"], 12);
   EXPECT_LT(m["eval"]["perplexity"].get<double>(), m["eval"]["perplexity_before"].get<double>());
   EXPECT_TRUE(fs::exists(out + "/model.safetensors"));
+  EXPECT_TRUE(fs::exists(out + "/tokenizer.json"));  // --tokenizer FILE, copied in
   const auto config = nlohmann::json::parse(std::ifstream(out + "/config.json"));
   EXPECT_EQ(config["torch_dtype"], "float32");
   EXPECT_EQ(config["num_hidden_layers"], 2);
@@ -167,6 +168,13 @@ TEST_F(Train, BadInputIsNamedAndLeavesTheCheckpoint) {
        "was saved by a run with another dtype"},
       {"--resume --save " + ck, "corpus.txt", "other.json",
        "was saved by a run with another model_config"},
+      {"--lr-min 2", "corpus.txt", "config.json",
+       "--warmup/--decay-ratio/--lr-min: LrSchedule: lr_min 2 is not in [0, 1]"},
+      {"--clip -1", "corpus.txt", "config.json", "--clip -1.000000 is negative"},
+      {"--resume --save " + ck + " --steps 20", "corpus.txt", "config.json",
+       "was saved by a run with another schedule"},
+      {"--resume --save " + ck + " --max-steps 2", "corpus.txt", "config.json",
+       "has done 2 steps, and this run stops at 2"},
       {"--nproc 3 --mesh data=2", "corpus.txt", "config.json",
        "--mesh data=2 has 2 ranks but the world has 3"},
   };

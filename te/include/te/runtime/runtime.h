@@ -21,10 +21,10 @@ int configure_threads();
 /// dynamic mmap threshold and a trim threshold of twice it) those blocks went back to the kernel
 /// and came again as fresh zeroed pages: a 32-stream bench_generate run took 2.4 million page
 /// faults and 24% more CPU time than with this (docs/results.md). With `large_blocks_too`, blocks
-/// of any size come from the heap (no mmap at all): a training step frees and allocates
-/// activations, logits and gradients of hundreds of MiB each step, and te-train's SmolLM2-135M
-/// bf16 step (4 x 256 tokens, 2 cores) ran at 2.4x the tokens/s with it than with the 32 MiB
-/// threshold alone (its system time 25 s -> 13 s over 5 steps). Process-wide, so for programs, not
+/// of any size come from the main heap (glibc still maps a non-main thread's arena blocks over
+/// 64 MiB): a training step frees and allocates activations, logits and gradients of hundreds of
+/// MiB each step, and te-train's SmolLM2-135M bf16 step (4 x 256 tokens, 2 cores) ran at ~2x the
+/// tokens/s with it than with the 32 MiB threshold alone (docs/results.md, Training). Process-wide, so for programs, not
 /// libraries: te-serve, te-generate and te-embed call it at start, the training programs
 /// (te::program::run_main) with large_blocks_too. Returns whether it took (false, changing
 /// nothing, where GLIBC_TUNABLES or MALLOC_{MMAP,TRIM}_THRESHOLD_ is set).
