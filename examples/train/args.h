@@ -42,6 +42,7 @@ struct Args {
   uint64_t seed = 0;
   // Layout and launch (te::program's --mesh, --mesh-resource, --rules; --nproc, --threads).
   te::program::LayoutArgs layout;
+  std::string zero_axis;  // --zero-axis: ZeRO-1 over this mesh axis
   te::program::LaunchArgs launch;
   // Checkpoints, evaluation, outputs.
   std::string save_dir;

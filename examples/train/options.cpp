@@ -2,6 +2,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <filesystem>
 #include <iostream>
 #include <string>
@@ -189,6 +190,9 @@ int parse_args(int argc, char** argv, Args& a) {
   te::program::add_layout_options(app, a.layout,
                                   "Logical axis rules (default: the vocabulary over the tensor "
                                   "parallel axis, then TE's table)");
+  app.add_option("--zero-axis", a.zero_axis,
+                 "ZeRO-1: split AdamW's moments and fp32 masters over this mesh axis (the data "
+                 "axis, e.g. --mesh data=2 --zero-axis data); checkpoints hold them whole");
   te::program::add_nproc_option(app, a.launch, "te-train");
   te::program::add_threads_option(app, a.launch);
   add_output_options(app, a);
@@ -230,6 +234,14 @@ te::program::Layout check_args(const Args& a, int world_size) {
       });
   // Each micro-batch's rows are split over the data-parallel ranks.
   te::program::check_global_batch(layout, a.micro_batch, "--micro-batch");
+  if (!a.zero_axis.empty()) {
+    const std::vector<std::string> axes =
+        layout.mesh ? layout.mesh->names : std::vector<std::string>{};
+    if (std::find(axes.begin(), axes.end(), a.zero_axis) == axes.end()) {
+      throw te::InputError("--zero-axis: '" + a.zero_axis + "' is not an axis of the mesh (" +
+                           layout.description + "); give the data axis of --mesh");
+    }
+  }
   return layout;
 }
 

@@ -46,6 +46,7 @@ te::train::TrainerOptions trainer_options(const Args& a) {
                    .decay_ratio(a.decay_ratio)
                    .lr_min(a.lr_min);
   o.clip = a.clip;
+  o.zero_axis = a.zero_axis;
   return o;
 }
 

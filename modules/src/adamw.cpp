@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "te/compat.h"
+#include "te/distributed/dtensor.h"
 #include "te/error.h"
 #include "te/nn/sharded.h"
 
@@ -72,8 +73,63 @@ AdamW::AdamW(std::vector<at::Tensor> params, AdamWOptions defaults)
     : AdamW({torch::optim::OptimizerParamGroup(std::move(params))}, std::move(defaults)) {}
 
 AdamW::AdamW(const torch::nn::Module& module, const AdamWOptions& defaults,
-             const NoDecayRule& no_decay)
-    : AdamW(weight_decay_groups(module, defaults, no_decay), defaults) {}
+             const NoDecayRule& no_decay, std::optional<ZeroSharding> zero)
+    : AdamW(weight_decay_groups(module, defaults, no_decay), defaults) {
+  if (zero) split_state(module, *zero);
+}
+
+void AdamW::split_state(const torch::nn::Module& module, const ZeroSharding& zero) {
+  const DeviceMesh& mesh = zero.mesh;
+  TE_CHECK(mesh.has_axis(zero.axis), "AdamW: ZeroSharding axis '", zero.axis,
+           "' is not an axis of ", mesh.to_string(), "; give the data axis");
+  const int64_t dim = mesh.axis_index(zero.axis);
+  if (mesh.size(dim) == 1) return;  // one rank holds it all: nothing to split
+  zero_mesh_ = mesh;
+  const auto layouts = te::nn::named_parameter_layouts(module);
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    const at::Tensor& p = item.value();
+    if (!p.requires_grad()) continue;
+    const auto layout = layouts.find(item.key());
+    if (layout != layouts.end() && layout->second.mesh) {
+      TE_CHECK(*layout->second.mesh == mesh, "AdamW: parameter '", item.key(), "' is laid out on ",
+               layout->second.mesh->to_string(), ", not on the ZeroSharding mesh ",
+               mesh.to_string(), "; give the mesh the model was built on");
+      // Sharded over the axis already (FSDP): its state is laid out as it (ZeRO-3).
+      if (is_shard(layout->second.placements[static_cast<std::size_t>(dim)])) continue;
+    }
+    TE_CHECK(p.is_contiguous(), "AdamW: parameter '", item.key(),
+             "' is not contiguous; ZeroSharding splits parameters by their flat elements");
+    Split split;
+    split.numel = p.numel();
+    // The flattened local piece, split over the ZeRO axis alone: within each row of that axis
+    // (the ranks holding the same piece under the other mesh dims) the chunks are torch.chunk's.
+    split.placements.assign(static_cast<std::size_t>(mesh.ndim()), Replicate{});
+    split.placements[static_cast<std::size_t>(dim)] = Shard{0};
+    const Chunk chunk = local_chunks({split.numel}, mesh, split.placements, mesh.rank()).at(0);
+    split.piece = {chunk.offset, chunk.length};
+    splits_.emplace(p.unsafeGetTensorImpl(), std::move(split));
+  }
+}
+
+std::optional<AdamW::Piece> AdamW::state_piece(const at::Tensor& param) const {
+  const auto it = splits_.find(param.unsafeGetTensorImpl());
+  if (it == splits_.end()) return std::nullopt;
+  return it->second.piece;
+}
+
+at::Tensor AdamW::gather(const Split& split, const at::Tensor& chunk) const {
+  return DTensor::from_local(chunk, *zero_mesh_, split.placements,
+                             std::vector<int64_t>{split.numel})
+      .full_tensor();
+}
+
+at::Tensor AdamW::gather_state(const at::Tensor& param, const at::Tensor& chunk) const {
+  const auto it = splits_.find(param.unsafeGetTensorImpl());
+  TE_CHECK(it != splits_.end(), "AdamW::gather_state: a parameter of shape ", param.sizes(),
+           " whose state is not split (ZeroSharding)");
+  at::NoGradGuard no_grad;
+  return gather(it->second, chunk).view(param.sizes());
+}
 
 AdamWParamState* AdamW::state_of(const at::Tensor& param, bool create) {
   using Key = typename std::decay_t<decltype(state_)>::key_type;
@@ -91,11 +147,15 @@ AdamWParamState* AdamW::state_of(const at::Tensor& param, bool create) {
              " that is in none of the optimizer's groups");
     const bool master = low_precision(param) && options->master_weights();
     auto st = std::make_unique<AdamWParamState>();
-    // The moments in fp32 beside a master, else in the parameter's dtype (as torch keeps them).
+    // The moments in fp32 beside a master, else in the parameter's dtype (as torch keeps them);
+    // under ZeroSharding, this rank's chunk of the flattened parameter.
+    const std::optional<Piece> piece = state_piece(param);
+    const at::Tensor own =
+        piece ? param.detach().view(-1).narrow(0, piece->offset, piece->length) : param.detach();
     const auto moments = param.options().dtype(master ? at::kFloat : param.scalar_type());
-    st->exp_avg(at::zeros(param.sizes(), moments));
-    st->exp_avg_sq(at::zeros(param.sizes(), moments));
-    if (master) st->master(param.detach().to(at::kFloat, /*non_blocking=*/false, /*copy=*/true));
+    st->exp_avg(at::zeros(own.sizes(), moments));
+    st->exp_avg_sq(at::zeros(own.sizes(), moments));
+    if (master) st->master(own.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true));
     it = state_.emplace(key, std::move(st)).first;
   }
   return static_cast<AdamWParamState*>(it->second.get());
@@ -126,10 +186,21 @@ at::Tensor AdamW::step(LossClosure closure) {
                "; it must be the parameter's dtype");
       AdamWParamState& st = *state_of(p, /*create=*/true);
       const bool master = st.master().defined();
-      at::Tensor weight = master ? st.master() : p;
-      // bf16 and fp16 widen to fp32 exactly.
-      update(weight, master ? grad.to(at::kFloat) : grad, st, o);
-      if (master) p.copy_(st.master());  // rounded to nearest, as TE's FusedAdam writes it
+      const auto split = splits_.find(p.unsafeGetTensorImpl());
+      if (split == splits_.end()) {
+        at::Tensor weight = master ? st.master() : p;
+        // bf16 and fp16 widen to fp32 exactly.
+        update(weight, master ? grad.to(at::kFloat) : grad, st, o);
+        if (master) p.copy_(st.master());  // rounded to nearest, as TE's FusedAdam writes it
+        continue;
+      }
+      // ZeRO-1: this rank's chunk from the whole gradient, then every rank's chunk gathered.
+      const Piece& piece = split->second.piece;
+      const at::Tensor g = grad.reshape(-1).narrow(0, piece.offset, piece.length);
+      at::Tensor weight = master ? st.master() : p.view(-1).narrow(0, piece.offset, piece.length);
+      update(weight, master ? g.to(at::kFloat) : g, st, o);
+      const at::Tensor chunk = master ? st.master().to(p.scalar_type()) : weight;
+      p.view(-1).copy_(gather(split->second, chunk));
     }
   }
   return loss;

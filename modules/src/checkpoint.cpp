@@ -52,6 +52,9 @@ struct OptimizerSlots {
   std::vector<std::pair<std::string, at::Tensor>> tensors;
   int64_t step = 0;
   std::function<void(int64_t)> set_step;
+  /// Set when `tensors` are whole copies of state split over ranks (te AdamW's ZeroSharding):
+  /// puts what a load wrote into them back into this rank's chunks.
+  std::function<void()> scatter;
 };
 
 // The optimizer's state for `p`, created empty (as its first step would) when it has none yet and
@@ -63,8 +66,22 @@ std::optional<OptimizerSlots> optimizer_slots(torch::optim::Optimizer& opt, cons
   if (auto* te_adamw = dynamic_cast<te::optim::AdamW*>(&opt)) {
     te::optim::AdamWParamState* st = te_adamw->state_of(p, create);
     if (st == nullptr) return std::nullopt;
-    slots.tensors = {{"exp_avg", st->exp_avg()}, {"exp_avg_sq", st->exp_avg_sq()}};
-    if (st->master().defined()) slots.tensors.emplace_back("master", st->master());
+    std::vector<at::Tensor> state = {st->exp_avg(), st->exp_avg_sq()};
+    if (st->master().defined()) state.push_back(st->master());
+    if (te_adamw->state_piece(p)) {
+      // ZeRO chunks: saved and loaded whole, laid out as the parameter (collective over the
+      // ZeRO axis, in named_parameters order on every rank), so a checkpoint reshards freely.
+      std::vector<at::Tensor> whole;
+      for (const at::Tensor& chunk : state) whole.push_back(te_adamw->gather_state(p, chunk));
+      slots.scatter = [state, whole, piece = *te_adamw->state_piece(p)]() {
+        for (std::size_t i = 0; i < state.size(); ++i) {
+          state[i].copy_(whole[i].reshape(-1).narrow(0, piece.offset, piece.length));
+        }
+      };
+      state = whole;
+    }
+    slots.tensors = {{"exp_avg", state[0]}, {"exp_avg_sq", state[1]}};
+    if (state.size() > 2) slots.tensors.emplace_back("master", state[2]);
     slots.step = st->step();
     slots.set_step = [st](int64_t step) { st->step(step); };
     return slots;
@@ -92,10 +109,12 @@ std::optional<OptimizerSlots> optimizer_slots(torch::optim::Optimizer& opt, cons
 }
 
 using StepSlots = std::map<std::string, std::function<void(int64_t)>>;
+using Scatters = std::vector<std::function<void()>>;
 
 std::map<std::string, Entry> entries_of(const torch::nn::Module& module,
                                         const torch::optim::Optimizer* optimizer = nullptr,
-                                        bool create_state = false, StepSlots* steps = nullptr) {
+                                        bool create_state = false, StepSlots* steps = nullptr,
+                                        Scatters* scatters = nullptr) {
   const auto layouts = named_parameter_layouts(module);
   std::map<std::string, Entry> out;
   auto add = [&](const std::string& name, const at::Tensor& t) {
@@ -149,6 +168,7 @@ std::map<std::string, Entry> entries_of(const torch::nn::Module& module,
       step.owner = world_rank() == 0;
       out.emplace(prefix + "step", std::move(step));
       if (steps != nullptr) (*steps)[prefix + "step"] = slots->set_step;
+      if (scatters != nullptr && slots->scatter) scatters->push_back(slots->scatter);
     }
   }
   return out;
@@ -364,7 +384,8 @@ std::string load_checkpoint(torch::nn::Module& module, const std::string& dir,
   const fs::path root = fs::absolute(dir);
   const format::Index index = read_index(root, "load_checkpoint");
   StepSlots steps;
-  const auto entries = entries_of(module, optimizer, /*create_state=*/true, &steps);
+  Scatters scatters;
+  const auto entries = entries_of(module, optimizer, /*create_state=*/true, &steps, &scatters);
   if (options.strict) check_same_tensors(index, entries, root, optimizer != nullptr);
   std::map<std::string, std::unique_ptr<SafetensorsReader>> files;
   int64_t bytes_read = 0;
@@ -384,6 +405,7 @@ std::string load_checkpoint(torch::nn::Module& module, const std::string& dir,
     const std::string param = name.substr(10, name.size() - 10 - 7);  // optimizer.<param>.master
     entries.at(name).local.copy_(entries.at(param).local);
   }
+  for (const auto& scatter : scatters) scatter();
   if (options.bytes_read != nullptr) *options.bytes_read += bytes_read;
   if (options.restore_rng_state && index.rng) {
     set_rng_state({index.rng->first, index.rng->second});

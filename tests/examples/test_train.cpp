@@ -1,8 +1,8 @@
 // te-train as a user runs it: a small Llama from a config on a text file, resumed after an
 // interruption with the same losses bit for bit (one process in bf16 with fp32 masters, and
-// DP2xTP2 ranks as processes through te-run), DP2xTP2 equal to one process, the outputs it
-// writes, and every kind of bad input, which exits 2 with one line naming the option or the file
-// and leaves a good checkpoint as it was.
+// DP2xTP2 and DP2 with ZeRO-1 ranks as processes through te-run), each equal to one process, the
+// outputs it writes, and every kind of bad input, which exits 2 with one line naming the option or
+// the file and leaves a good checkpoint as it was.
 
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -132,6 +132,19 @@ TEST_F(TrainParallel, Dp2xTp2IsOneProcessAndResumesBitForBit) {
   }
 }
 
+// ZeRO-1 (AdamW's state split over the data axis): DP2's losses, and a resume bit for bit
+// through checkpoints that hold the state whole.
+TEST_F(TrainParallel, Dp2WithZeroIsOneProcessAndResumesBitForBit) {
+  ASSERT_EQ(te_train(args("--log-steps " + (dir_ / "one.csv").string())).status, 0);
+  expect_resume_bit_for_bit("--nproc 2 --mesh data=2 --mesh-resource dp=data --zero-axis data");
+  const std::vector<std::string> one = steps_of(dir_ / "one.csv");
+  const std::vector<std::string> zero = steps_of(dir_ / "whole.csv");
+  ASSERT_EQ(one.size(), zero.size());
+  for (std::size_t i = 0; i < one.size(); ++i) {
+    EXPECT_NEAR(loss_of(zero[i]), loss_of(one[i]), 1e-6 * loss_of(one[i])) << "step " << i + 1;
+  }
+}
+
 // Bad input: exit 2, one line naming the culprit, a good checkpoint left as it was.
 TEST_F(Train, BadInputIsNamedAndLeavesTheCheckpoint) {
   const std::string ck = (dir_ / "ck").string();
@@ -177,6 +190,8 @@ TEST_F(Train, BadInputIsNamedAndLeavesTheCheckpoint) {
        "has done 2 steps, and this run stops at 2"},
       {"--nproc 3 --mesh data=2", "corpus.txt", "config.json",
        "--mesh data=2 has 2 ranks but the world has 3"},
+      {"--zero-axis data", "corpus.txt", "config.json",
+       "--zero-axis: 'data' is not an axis of the mesh (one process)"},
   };
   for (const Case& c : cases) {
     const Result r = te_train(args(c.extra, c.data, c.config));

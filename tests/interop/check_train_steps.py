@@ -11,8 +11,9 @@ factor, torch.nn.utils.clip_grad_norm_ and the same batches.
 
 Held, every step's loss and gradient norm (before clipping):
 - te's float32 run on one process to PyTorch's float32 run: within 1e-5 relative;
-- te's float32 runs with 4 micro-batches, on FSDP2, TP2, DP2xTP2 and DP2xTP2 with 2
-  micro-batches to te's one-process run: losses within 1e-6 relative, gradient norms within 1e-5
+- te's float32 runs with 4 micro-batches, on FSDP2, TP2, DP2xTP2, DP2xTP2 with 2
+  micro-batches and DP2xTP2 with ZeRO-1 (AdamW's state split over the data axis) to te's
+  one-process run: losses within 1e-6 relative, gradient norms within 1e-5
   (measured 4e-7 and 4e-6: float32 sums of the micro-batches' or the halves' gradients in another
   order, carried through 30 Adam steps);
 - the DP2xTP2 run's model exported by te::hf::save_causal_lm (config.json + model.safetensors),
@@ -56,6 +57,8 @@ RUNS = [
          export="export_dp2xtp2"),
     dict(name="dp2xtp2_acc2", mesh=[2, 2], axes=["data", "tp"], mesh_resource="dp=data,tp=tp",
          micro_batches=2),
+    dict(name="dp2xtp2_zero1", mesh=[2, 2], axes=["data", "tp"], mesh_resource="dp=data,tp=tp",
+         zero="data"),
     dict(name="one_bf16", dtype="bfloat16"),
 ]
 TOL = 1e-5

@@ -10,6 +10,7 @@
 // "eps": float, "weight_decay": float, "warmup": int, "decay_type": "linear"|"sqrt"|"cosine",
 // "lr_min": float, "clip": float, "runs": [{"name": str, "mesh": [sizes], "axes": [names],
 // "mesh_resource": "dp=data,tp=tp", "micro_batches": int, "dtype": "float32"|"bfloat16",
+// "zero": mesh axis (ZeRO-1),
 // "export": DIR}]}.
 // OUT.json: {"runs": {name: {"loss": [...], "grad_norm": [...]}}}.
 //
@@ -40,6 +41,7 @@ struct Run {
   int64_t micro_batches = 1;
   at::ScalarType dtype = at::kFloat;
   std::string export_dir;  // the trained model saved here as Hugging Face files
+  std::string zero_axis;   // ZeRO-1 over this mesh axis
 };
 
 // A step's rows as the trainer's batches: ids the first SEQ - 1 tokens, labels the next ones,
@@ -76,6 +78,7 @@ nlohmann::json train(const std::string& dir, const nlohmann::json& spec,
                          .decay_type(spec.at("decay_type").get<std::string>())
                          .lr_min(spec.at("lr_min").get<double>());
   options.clip = spec.at("clip").get<double>();
+  options.zero_axis = run.zero_axis;
   te::train::LmTrainer trainer(model, options);
   nlohmann::json out = {{"loss", nlohmann::json::array()}, {"grad_norm", nlohmann::json::array()}};
   for (int64_t step = 0; step < steps; ++step) {
@@ -130,6 +133,7 @@ Run run_of(const nlohmann::json& j) {
   r.mesh_resource = j.value("mesh_resource", std::string());
   r.micro_batches = j.value("micro_batches", int64_t{1});
   r.export_dir = j.value("export", std::string());
+  r.zero_axis = j.value("zero", std::string());
   const std::string dtype = j.value("dtype", std::string("float32"));
   if (dtype == "bfloat16") {
     r.dtype = at::kBFloat16;

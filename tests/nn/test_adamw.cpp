@@ -8,7 +8,10 @@
 #include <torch/optim/adamw.h>
 #include <torch/serialize.h>
 
+#include <map>
+#include <optional>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -225,11 +228,13 @@ std::map<std::string, at::Tensor> reference_params() {
   return out;
 }
 
-class AdamWLayouts : public ::testing::TestWithParam<test::MatrixLayout> {};
-
-// The state is each rank's piece of its parameter's: every layout steps like one process.
-TEST_P(AdamWLayouts, StepsLikeOneProcess) {
-  const test::MatrixLayout& layout = GetParam();
+// `layout`'s ranks: kSteps steps of the layer under AdamW (ZeRO-1 over `zero_axis` when given,
+// with a checkpoint saved before the last step into `save_dir` when given); each rank's pieces of
+// the parameters after must be one process's. Returns rank 0's parameters.
+std::map<std::string, at::Tensor> steps_like_one_process(const test::MatrixLayout& layout,
+                                                         const std::string& zero_axis = "",
+                                                         const std::string& save_dir = "") {
+  std::map<std::string, at::Tensor> rank0;
   const auto ref = reference_params();
   set_warning_handler([](std::string_view) {});
   int64_t world = 1;
@@ -240,13 +245,17 @@ TEST_P(AdamWLayouts, StepsLikeOneProcess) {
     MeshResourceScope resource_scope(parse_mesh_resource(layout.mesh_resource));
     manual_seed(21);
     TransformerLayer layer = make_layer(layout.sequence_parallel);
-    te::optim::AdamW opt(*layer, AdamWOptions(1e-2).eps(1).weight_decay(0.1));
+    std::optional<te::optim::ZeroSharding> zero;
+    if (!zero_axis.empty()) zero = te::optim::ZeroSharding{mesh, zero_axis};
+    te::optim::AdamW opt(*layer, AdamWOptions(1e-2).eps(1).weight_decay(0.1),
+                         te::optim::default_no_decay, zero);
     const LogicalAxes in_axes = {"batch", layout.sequence_parallel ? "seqlen_tp" : "seqlen",
                                  "hidden"};
     const auto in_placements = placements_for(*resolve_logical_axes(in_axes), mesh);
     const DTensor x = DTensor::from_local(piece_of(global_input(), mesh, in_placements, rank), mesh,
                                           in_placements, std::vector<int64_t>{4, 6, 16});
     for (int step = 0; step < kSteps; ++step) {
+      if (step == kSteps - 1 && !save_dir.empty()) save_checkpoint(*layer, save_dir, "{}", &opt);
       opt.zero_grad();
       GradientBuckets buckets;
       (layer(x).full_tensor() * output_weight()).sum().backward();
@@ -254,6 +263,7 @@ TEST_P(AdamWLayouts, StepsLikeOneProcess) {
       opt.step();
     }
     const auto layouts = named_parameter_layouts(*layer);
+    int64_t state = 0, params = 0;
     for (const auto& p : layer->named_parameters()) {
       const ParameterLayout& pl = layouts.at(p.key());
       const at::Tensor want =
@@ -261,13 +271,100 @@ TEST_P(AdamWLayouts, StepsLikeOneProcess) {
       EXPECT_TRUE(at::allclose(p.value().detach(), want, 1e-5, 1e-5))
           << p.key() << " on rank " << rank << ": max difference "
           << (p.value().detach() - want).abs().max().item<double>();
+      state += opt.state_of(p.value(), /*create=*/false)->exp_avg().numel();
+      params += p.value().numel();
+      if (rank == 0) rank0[p.key()] = p.value().detach().clone();
     }
+    // ZeRO-1 holds one torch.chunk of each replicated parameter's state: about 1/n of it.
+    const int64_t n = zero_axis.empty() ? 1 : mesh.size(zero_axis);
+    EXPECT_LE(state, params / n + 32) << "state elements on rank " << rank;
+    EXPECT_GE(state, params / n - 32) << "state elements on rank " << rank;
   });
   set_warning_handler(nullptr);
+  return rank0;
 }
+
+class AdamWLayouts : public ::testing::TestWithParam<test::MatrixLayout> {};
+
+// The state is each rank's piece of its parameter's: every layout steps like one process.
+TEST_P(AdamWLayouts, StepsLikeOneProcess) { steps_like_one_process(GetParam()); }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, AdamWLayouts, ::testing::ValuesIn(test::matrix_layouts()),
                          [](const auto& info) { return info.param.name; });
+
+const test::MatrixLayout& layout_named(const std::string& name) {
+  for (const auto& l : test::matrix_layouts()) {
+    if (l.name == name) return l;
+  }
+  throw std::runtime_error("no layout " + name);
+}
+
+// ZeRO-1: the state of parameters replicated over the data axis split over it (DP2; with TP,
+// the chunks of each TP piece; beside FSDP, the chunks of each FSDP shard; over an FSDP axis,
+// nothing left to split): the same parameters as one process, half the state.
+TEST(AdamWZeroLayouts, StepsLikeOneProcessWithItsShareOfTheState) {
+  steps_like_one_process(layout_named("DP2"), "data");
+  steps_like_one_process(layout_named("DP2xTP2"), "data");
+  steps_like_one_process(layout_named("DP2xFSDP2"), "data");
+}
+
+// A ZeRO-1 checkpoint holds the state whole, laid out as the parameters: resumed under ZeRO-1 on
+// DP2 the last step is the uninterrupted run's, bit for bit; loaded on one process (no ZeRO),
+// the last step is one process's.
+TEST(AdamWZeroLayouts, CheckpointsReshardToAnyLayout) {
+  test::TempDir dir("te_zero_ckpt");
+  const std::string ckpt = (dir.path() / "ckpt").string();
+  const auto uninterrupted = steps_like_one_process(layout_named("DP2"), "data", ckpt);
+  const auto ref = reference_params();
+  set_warning_handler([](std::string_view) {});
+  std::vector<std::map<std::string, at::Tensor>> resumed(2);
+  run_local_ranks(2, [&](int rank) {
+    DeviceMesh mesh({2}, {"data"});
+    MeshScope mesh_scope(mesh);
+    MeshResourceScope resource_scope(parse_mesh_resource("dp=data"));
+    manual_seed(5);  // other initial weights: the checkpoint must replace them
+    TransformerLayer layer = make_layer(false);
+    te::optim::AdamW opt(*layer, AdamWOptions(1e-2).eps(1).weight_decay(0.1),
+                         te::optim::default_no_decay, te::optim::ZeroSharding{mesh, "data"});
+    load_checkpoint(*layer, ckpt, {}, &opt);
+    const auto in = placements_for(*resolve_logical_axes({"batch", "seqlen", "hidden"}), mesh);
+    const DTensor x = DTensor::from_local(piece_of(global_input(), mesh, in, rank), mesh, in,
+                                          std::vector<int64_t>{4, 6, 16});
+    opt.zero_grad();
+    GradientBuckets buckets;
+    (layer(x).full_tensor() * output_weight()).sum().backward();
+    buckets.finish();
+    opt.step();
+    for (const auto& p : layer->named_parameters()) {
+      resumed[static_cast<std::size_t>(rank)][p.key()] = p.value().detach().clone();
+    }
+  });
+  set_warning_handler(nullptr);
+  for (const auto& [name, want] : uninterrupted) {
+    EXPECT_TRUE(at::equal(resumed[0].at(name), want)) << name << " on rank 0";
+    EXPECT_TRUE(at::equal(resumed[1].at(name), want)) << name << " on rank 1";
+  }
+  // One process, no ZeRO: the moments and masters read whole.
+  manual_seed(5);
+  TransformerLayer layer = make_layer(false);
+  te::optim::AdamW opt(*layer, AdamWOptions(1e-2).eps(1).weight_decay(0.1));
+  load_checkpoint(*layer, ckpt, {}, &opt);
+  opt.zero_grad();
+  (layer(global_input()) * output_weight()).sum().backward();
+  opt.step();
+  for (const auto& p : layer->named_parameters()) {
+    EXPECT_TRUE(at::allclose(p.value().detach(), ref.at(p.key()), 1e-5, 1e-5)) << p.key();
+  }
+}
+
+TEST(AdamWZeroLayouts, BadShardingIsNamed) {
+  manual_seed(21);
+  TransformerLayer layer = make_layer(false);
+  DeviceMesh mesh({1}, {"data"});
+  EXPECT_ERROR(te::optim::AdamW(*layer, AdamWOptions(), te::optim::default_no_decay,
+                                te::optim::ZeroSharding{mesh, "dp"}),
+               "AdamW: ZeroSharding axis 'dp' is not an axis of DeviceMesh(data=1)");
+}
 
 }  // namespace
 }  // namespace te::nn

@@ -1,8 +1,8 @@
-// The chat mask on real tokenizers (skipped where the model cache lacks them; the interop fixture
-// te_models, scripts/fetch_models.py, fills it): SmolLM2-135M-Instruct's GGUF with its own ChatML
-// template and llama.cpp's Llama 3 vocabulary with Llama 3's template. tokenize_chat itself holds
-// the pieces' tokens to the whole rendering's; here the masked runs must decode to each assistant
-// message's content and its end-of-turn token.
+// The chat mask on real tokenizers (CTest runs it after the interop fixture te_models,
+// scripts/fetch_models.py, fills the model cache; run alone on an empty cache it skips):
+// SmolLM2-135M-Instruct's GGUF with its own ChatML template and llama.cpp's Llama 3 vocabulary with
+// Llama 3's template. tokenize_chat itself holds the pieces' tokens to the whole rendering's; here
+// the masked runs must decode to each assistant message's content and its end-of-turn token.
 
 #include <gtest/gtest.h>
 

@@ -56,12 +56,20 @@ void check_label_tokens(const Batch& b, std::size_t index) {
            "their count");
 }
 
+std::optional<te::optim::ZeroSharding> zero_of(const TrainerOptions& o) {
+  if (o.zero_axis.empty()) return std::nullopt;
+  const DeviceMesh* mesh = current_mesh();
+  TE_CHECK(mesh != nullptr, "LmTrainer: TrainerOptions::zero_axis '", o.zero_axis,
+           "' without a mesh in scope; ZeRO splits the state over a mesh axis");
+  return te::optim::ZeroSharding{*mesh, o.zero_axis};
+}
+
 }  // namespace
 
 LmTrainer::LmTrainer(te::hf::CausalLM model, TrainerOptions options)
     : model_(std::move(model)),
       options_(std::move(options)),
-      optimizer_(*model_, options_.adamw, options_.no_decay),
+      optimizer_(*model_, options_.adamw, options_.no_decay, zero_of(options_)),
       schedule_(schedule_options(options_)) {
   TE_CHECK(options_.clip >= 0, "LmTrainer: clip ", options_.clip,
            " is negative; give the largest gradient norm, or 0 for none");

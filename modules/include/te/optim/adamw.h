@@ -22,6 +22,14 @@
 // its parameter (a parameter sharded over the data axis, FSDP, has its state sharded alike:
 // ZeRO-3), and the update being element-wise, every layout steps like one process.
 //
+// ZeRO-1 (ZeroSharding: Rajbhandari et al. 2020; torch's ZeroRedundancyOptimizer, Megatron-LM's
+// distributed optimizer): a parameter replicated over the data axis has its moments and master
+// split over that axis's ranks instead, each rank holding one torch.chunk of the parameter's
+// flattened local piece (balanced to an element, as Megatron splits its flat buffers); each
+// rank updates its chunk from the whole (all-reduced) gradient, and the updated chunks are
+// all-gathered into the parameter, in its dtype. State memory per rank falls by the axis size;
+// the parameters equal the unsharded step's.
+//
 // Example:
 //   te::optim::AdamW optimizer(*model, te::optim::AdamWOptions(3e-4).betas({0.9, 0.95})
 //                                          .weight_decay(0.1));  // norms and biases: none
@@ -36,9 +44,14 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
+
+#include "te/distributed/mesh.h"
+#include "te/distributed/placement.h"
 
 namespace te::optim {
 
@@ -78,6 +91,13 @@ using NoDecayRule = std::function<bool(const std::string& name, const std::vecto
 /// Kernels and embeddings are decayed.
 bool default_no_decay(const std::string& name, const std::vector<int64_t>& global_shape);
 
+/// ZeRO-1: the state of parameters replicated over mesh axis `axis` (the data axis) split over
+/// its ranks. A parameter sharded over `axis` (FSDP) keeps its state laid out as itself.
+struct ZeroSharding {
+  DeviceMesh mesh;
+  std::string axis;
+};
+
 class AdamW : public torch::optim::Optimizer {
  public:
   /// te::Error naming the option for a negative lr, eps or weight_decay, or a beta outside
@@ -87,8 +107,12 @@ class AdamW : public torch::optim::Optimizer {
                  AdamWOptions defaults = {});
   explicit AdamW(std::vector<at::Tensor> params, AdamWOptions defaults = {});
   /// Over `module`'s trainable parameters in weight_decay_groups(module, defaults, no_decay).
+  /// With `zero`, the state of each parameter replicated over zero->axis is split over that
+  /// axis (ZeRO-1); te::Error naming the axis when the mesh has none such, or a parameter laid
+  /// out on another mesh. step() is then collective over the axis.
   AdamW(const torch::nn::Module& module, const AdamWOptions& defaults,
-        const NoDecayRule& no_decay = default_no_decay);
+        const NoDecayRule& no_decay = default_no_decay,
+        std::optional<ZeroSharding> zero = std::nullopt);
 
   /// One update of every parameter that has a gradient (the closure, if any, is called first
   /// with gradients enabled, and its loss returned). te::Error naming the parameter for a sparse
@@ -100,10 +124,34 @@ class AdamW : public torch::optim::Optimizer {
   /// when `create` is set and it has none yet (nullptr otherwise). For checkpoints.
   AdamWParamState* state_of(const at::Tensor& param, bool create);
 
+  /// This rank's chunk of a ZeRO-split parameter's state, as the element range [offset, offset
+  /// + length) of the flattened parameter (its state tensors are that long and one-dimensional);
+  /// nullopt for a parameter whose state is laid out as itself.
+  struct Piece {
+    int64_t offset = 0, length = 0;
+  };
+  std::optional<Piece> state_piece(const at::Tensor& param) const;
+  /// A state tensor of ZeRO-split `param` (this rank's chunk) made whole and shaped as the
+  /// parameter: collective over the ZeRO axis. For checkpoints.
+  at::Tensor gather_state(const at::Tensor& param, const at::Tensor& chunk) const;
+
   /// torch::serialize archives would leave the masters' layout out: te::Error saying to use
   /// te::nn::save_checkpoint / load_checkpoint with this optimizer.
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
+
+ private:
+  struct Split {
+    Piece piece;
+    int64_t numel = 0;
+    std::vector<Placement> placements;  ///< of the flattened piece: Shard(0) on the ZeRO axis
+  };
+  void split_state(const torch::nn::Module& module, const ZeroSharding& zero);
+  /// The whole flattened parameter from every rank's updated chunk (collective).
+  at::Tensor gather(const Split& split, const at::Tensor& chunk) const;
+
+  std::optional<DeviceMesh> zero_mesh_;
+  std::map<const void*, Split> splits_;  ///< by the parameter's TensorImpl
 };
 
 /// `module`'s trainable parameters in two groups, each with `options`: those decayed (by

@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "te/hf/causal_lm.h"
@@ -39,6 +40,10 @@ struct TrainerOptions {
   double clip = 1.0;
   /// Which parameters stay out of weight decay.
   te::optim::NoDecayRule no_decay = te::optim::default_no_decay;
+  /// ZeRO-1: AdamW's state of the parameters replicated over this axis of the mesh in scope
+  /// (the data axis) split over its ranks (te::optim::ZeroSharding); empty: laid out as each
+  /// parameter.
+  std::string zero_axis;
 };
 
 /// What one step did, the same on every rank.
