@@ -54,6 +54,17 @@ bool GradScaler::unscale(torch::nn::Module& module) {
   return !found_inf_;
 }
 
+void GradScaler::restore(double scale, int64_t growth_tracker, int64_t skipped_steps) {
+  TE_CHECK(std::isfinite(scale) && scale > 0, "GradScaler::restore: scale ", scale,
+           " is not positive and finite");
+  TE_CHECK(growth_tracker >= 0 && skipped_steps >= 0, "GradScaler::restore: growth_tracker ",
+           growth_tracker, " and skipped_steps ", skipped_steps, " must not be negative");
+  scale_ = scale;
+  growth_tracker_ = growth_tracker;
+  skipped_ = skipped_steps;
+  unscaled_ = found_inf_ = false;
+}
+
 bool GradScaler::step(torch::optim::Optimizer& optimizer, torch::nn::Module& module) {
   if (!unscale(module)) {
     ++skipped_;

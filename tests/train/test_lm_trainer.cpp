@@ -7,6 +7,7 @@
 
 #include <ATen/ATen.h>
 
+#include <cmath>
 #include <mutex>
 #include <nlohmann/json.hpp>
 
@@ -86,6 +87,39 @@ TEST_F(LmTrainerTest, ASmallLlamaLearnsTheCorpus) {
   for (int64_t step = 1; step < 40; ++step) last = trainer.step({data.next()}, step).loss;
   EXPECT_LT(last, 0.5 * first) << "first " << first << ", last " << last;
   EXPECT_GT(trainer.optimizer().param_groups().size(), 1u);  // norms out of weight decay
+}
+
+// float16 weights train with dynamic loss scaling: a scale that overflows the gradients skips
+// its steps (the weights and the optimizer untouched, each counted) and is backed off until the
+// gradients are finite; then the model learns as in fp32.
+TEST_F(LmTrainerTest, Fp16SkipsOverflowingStepsAndLearns) {
+  te::nn::manual_seed(1);
+  te::hf::CausalLM model(tiny_llama());
+  model->to(at::kHalf);
+  te::train::TrainerOptions options = trainer_options(40);
+  options.loss_scaling.init_scale(std::pow(2.0, 80)).backoff_factor(std::pow(2.0, -16));
+  te::train::LmTrainer trainer(model, options);
+  ASSERT_NE(trainer.loss_scaler(), nullptr);
+  te::train::DataLoader data = loader(4);
+  const at::Tensor before = model->parameters()[0].detach().clone();
+  const te::train::StepStats first = trainer.step({data.next()}, 0);
+  EXPECT_TRUE(first.skipped);
+  EXPECT_EQ(first.loss_scale, std::pow(2.0, 80));
+  EXPECT_TRUE(at::equal(model->parameters()[0].detach(), before));
+  EXPECT_EQ(trainer.optimizer().state_of(model->parameters()[0], /*create=*/false), nullptr);
+  EXPECT_EQ(trainer.loss_scaler()->get_scale(), std::pow(2.0, 64));
+  double last = first.loss;
+  int64_t skipped = 1;
+  for (int64_t step = 1; step < 40; ++step) {
+    const te::train::StepStats s = trainer.step({data.next()}, step);
+    skipped += s.skipped ? 1 : 0;
+    last = s.loss;
+  }
+  EXPECT_EQ(trainer.loss_scaler()->skipped_steps(), skipped);
+  EXPECT_GE(skipped, 2);
+  EXPECT_LE(skipped, 6);
+  EXPECT_LT(last, 0.6 * first.loss) << "first " << first.loss << ", last " << last;
+  EXPECT_EQ(model->parameters()[0].scalar_type(), at::kHalf);
 }
 
 // The loss is the mean over label tokens: masking a token's label leaves it out.

@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
 
+#include <limits>
 #include <utility>
 
 #include "te/distributed.h"
@@ -73,6 +74,12 @@ LmTrainer::LmTrainer(te::hf::CausalLM model, TrainerOptions options)
       schedule_(schedule_options(options_)) {
   TE_CHECK(options_.clip >= 0, "LmTrainer: clip ", options_.clip,
            " is negative; give the largest gradient norm, or 0 for none");
+  for (const auto& p : model_->parameters()) {
+    if (p.scalar_type() == at::kHalf) {
+      scaler_.emplace(options_.loss_scaling);
+      break;
+    }
+  }
 }
 
 StepStats LmTrainer::step(const std::vector<Batch>& micro, int64_t step) {
@@ -96,15 +103,28 @@ StepStats LmTrainer::step(const std::vector<Batch>& micro, int64_t step) {
     GradientBuckets buckets;  // the data-parallel reduction once, after the last micro-batch
     for (const Batch& b : micro) {
       const at::Tensor l = loss_sum(model_, b) / static_cast<double>(stats.label_tokens);
-      l.backward();
+      (scaler_ ? scaler_->scale(l) : l).backward();
       loss += l.item<double>();
     }
     buckets.finish();
   }
   stats.loss = loss;
-  stats.grad_norm = options_.clip > 0 ? te::optim::clip_grad_norm(*model_, options_.clip)
-                                      : te::optim::grad_norm(*model_);
-  optimizer_.step();
+  if (scaler_) {
+    stats.loss_scale = scaler_->get_scale();
+    stats.skipped = !scaler_->unscale(*model_);  // the same answer on every rank
+  }
+  if (stats.skipped) {
+    stats.grad_norm = std::numeric_limits<double>::infinity();
+  } else {
+    stats.grad_norm = options_.clip > 0 ? te::optim::clip_grad_norm(*model_, options_.clip)
+                                        : te::optim::grad_norm(*model_);
+  }
+  if (scaler_) {
+    scaler_->step(optimizer_, *model_);  // skips when a gradient is not finite
+    scaler_->update();
+  } else {
+    optimizer_.step();
+  }
   return stats;
 }
 

@@ -52,6 +52,9 @@ class GradScaler {
   int64_t growth_tracker() const { return growth_tracker_; }
   /// Steps skipped for a non-finite gradient, since construction.
   int64_t skipped_steps() const { return skipped_; }
+  /// Puts back the scale, growth tracker and skipped-step count a checkpoint kept (between
+  /// steps): te::Error naming the value for a scale not positive and finite or a negative count.
+  void restore(double scale, int64_t growth_tracker, int64_t skipped_steps);
 
  private:
   GradScalerOptions options_;

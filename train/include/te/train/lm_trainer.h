@@ -4,8 +4,9 @@
 // loss of a global batch of micro-batches (the mean over every label token of the step, as if it
 // were one batch), one data-parallel reduction after the last micro-batch (te::GradientBuckets),
 // the whole gradient's norm and clipping (te::optim::clip_grad_norm), the learning rate of the
-// step's schedule (te::optim::LrSchedule), and te::optim::AdamW (fp32 masters for bf16 weights;
-// norms and biases out of weight decay). Every rank passes the same global micro-batches: each
+// step's schedule (te::optim::LrSchedule), and te::optim::AdamW (fp32 masters for bf16 and fp16
+// weights; norms and biases out of weight decay; ZeRO-1 on request), with dynamic loss scaling
+// for fp16 weights (te::optim::GradScaler). Every rank passes the same global micro-batches: each
 // takes its share by the rules' batch and seqlen axes, and the logits stay sharded over the
 // vocabulary (te::nn::functional::parallel_cross_entropy). tests/interop/check_train_steps.py
 // holds the step to transformers + torch.optim.AdamW; te-train (examples/train/) runs it.
@@ -25,6 +26,7 @@
 
 #include "te/hf/causal_lm.h"
 #include "te/optim/adamw.h"
+#include "te/optim/grad_scaler.h"
 #include "te/optim/lr_schedule.h"
 #include "te/train/loader.h"
 
@@ -44,6 +46,9 @@ struct TrainerOptions {
   /// (the data axis) split over its ranks (te::optim::ZeroSharding); empty: laid out as each
   /// parameter.
   std::string zero_axis;
+  /// Dynamic loss scaling (te::optim::GradScaler), used when the model's weights are float16:
+  /// a step whose gradient holds an inf or nan is skipped and counted, the scale backed off.
+  te::optim::GradScalerOptions loss_scaling;
 };
 
 /// What one step did, the same on every rank.
@@ -53,6 +58,10 @@ struct StepStats {
   double lr = 0;         ///< the learning rate the step ran at
   int64_t tokens = 0;    ///< input tokens of the global batch
   int64_t label_tokens = 0;
+  /// float16: the loss scale the step ran at, and whether it was skipped (a non-finite
+  /// gradient: the weights and optimizer state unchanged, the scale backed off).
+  double loss_scale = 0;
+  bool skipped = false;
 };
 
 class LmTrainer {
@@ -75,6 +84,8 @@ class LmTrainer {
 
   te::hf::CausalLM& model() { return model_; }
   te::optim::AdamW& optimizer() { return optimizer_; }
+  /// The loss scaler of a float16 model, else nullptr.
+  te::optim::GradScaler* loss_scaler() { return scaler_ ? &*scaler_ : nullptr; }
   const te::optim::LrSchedule& schedule() const { return schedule_; }
 
  private:
@@ -82,6 +93,7 @@ class LmTrainer {
   TrainerOptions options_;
   te::optim::AdamW optimizer_;
   te::optim::LrSchedule schedule_;
+  std::optional<te::optim::GradScaler> scaler_;
 };
 
 }  // namespace te::train
