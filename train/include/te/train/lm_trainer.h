@@ -22,6 +22,7 @@
 #include <optional>
 #include <vector>
 
+#include "te/fp8/recipe.h"
 #include "te/hf/causal_lm.h"
 #include "te/optim/adamw.h"
 #include "te/optim/lr_schedule.h"
@@ -39,6 +40,10 @@ struct TrainerOptions {
   double clip = 1.0;
   /// Which parameters stay out of weight decay.
   te::optim::NoDecayRule no_decay = te::optim::default_no_decay;
+  /// FP8 GEMMs: each step's forward and backward passes (all its micro-batches) run in one
+  /// te::Fp8Autocast of this recipe with the MeshResource in scope, as TE's fp8_autocast around a
+  /// training step; unset: the model's dtype. Evaluation stays in the model's dtype.
+  std::optional<te::fp8::Recipe> fp8;
 };
 
 /// What one step did, the same on every rank.
