@@ -39,6 +39,7 @@ struct Args {
   double beta1 = 0.9, beta2 = 0.95;
   double clip = 1.0;
   std::string dtype = "fp32";
+  std::string fp8 = "none";  // --fp8: none, or a te::fp8 recipe by name
   uint64_t seed = 0;
   // Layout and launch (te::program's --mesh, --mesh-resource, --rules; --nproc, --threads).
   te::program::LayoutArgs layout;
@@ -56,6 +57,7 @@ struct Args {
   std::string log_steps;
   std::string metrics_json;
   int64_t log_every = 10;
+  std::optional<double> peak_tflops;  // --peak-tflops: the run's peak, not measured
   bool quiet = false;
 };
 

@@ -91,7 +91,8 @@ void print_banner(const Args& a, const OpenedModel& m, const te::train::Data& da
   int64_t params = 0;
   for (const auto& p : m.model->parameters()) params += p.numel();
   std::cout << "te-train: " << (a.model.empty() ? a.config + " (random weights)" : a.model) << ", "
-            << params << " parameters on this rank, " << a.dtype << ", " << world_size
+            << params << " parameters on this rank, " << a.dtype
+            << (a.fp8 == "none" ? "" : ", fp8 " + a.fp8) << ", " << world_size
             << (world_size == 1 ? " rank" : " ranks") << "\n  data: " << a.data << " ("
             << data.train.num_units() << " blocks of " << a.seq_len << " tokens, "
             << data.train.steps_per_epoch() << " batches an epoch)"

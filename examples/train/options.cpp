@@ -11,6 +11,7 @@
 #include "args.h"
 #include "te/input_error.h"
 #include "te/optim/lr_schedule.h"
+#include "te/program/precision.h"
 #include "te/program/report.h"
 #include "te/sharding.h"
 
@@ -75,9 +76,12 @@ void add_training_options(CLI::App& app, Args& a) {
   app.add_option("--beta2", a.beta2, "AdamW's beta2")->capture_default_str();
   app.add_option("--clip", a.clip, "Largest gradient norm (0: no clipping)")->capture_default_str();
   app.add_option("--dtype", a.dtype,
-                 "fp32, or bf16 (bf16 weights and activations, fp32 master weights in AdamW)")
-      ->check(CLI::IsMember({"fp32", "bf16"}))
+                 "fp32, bf16 (bf16 weights and activations, fp32 master weights in AdamW), or "
+                 "fp16 (the same in float16, with dynamic loss scaling: a step whose gradient "
+                 "overflows is skipped, counted and the scale halved)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
       ->capture_default_str();
+  te::program::add_fp8_option(app, a.fp8);
   app.add_option("--seed", a.seed, "Seeds the data order and --config's random weights")
       ->capture_default_str();
 }
@@ -104,6 +108,13 @@ void add_output_options(CLI::App& app, Args& a) {
   app.add_option("--log-steps", a.log_steps, "CSV of every step (te-plot-losses plots it)");
   app.add_option("--metrics-json", a.metrics_json, "The run's figures as JSON");
   app.add_option("--log-every", a.log_every, "Print every N steps")->capture_default_str();
+  app.add_option("--peak-tflops", a.peak_tflops,
+                 "The peak TFLOP/s of the hardware the run uses (all ranks) that MFU divides by; "
+                 "without it, measured at the start: the best of a few dense 1024^3 and 2048^3 "
+                 "at::matmul in --dtype (or fp32, where faster) on each rank's threads, summed "
+                 "over the ranks. MFU = tokens/s x (6 N + 12 L H T) / peak, N the parameters "
+                 "that multiply in GEMMs (all but lookup-only embedding tables), L layers, H "
+                 "heads x head dim, T --seq-len (PaLM's appendix B)");
   app.add_flag("--quiet", a.quiet, "Print nothing but errors");
 }
 
@@ -169,6 +180,9 @@ void check_numbers(const Args& a) {
   if ((a.resume || a.save_every > 0) && a.save_dir.empty()) {
     throw te::InputError(std::string(a.resume ? "--resume" : "--save-every") + " needs --save DIR");
   }
+  if (a.peak_tflops && !(*a.peak_tflops > 0)) {
+    throw te::InputError("--peak-tflops " + std::to_string(*a.peak_tflops) + " is not positive");
+  }
   if (a.schedule == "wsd" && !a.decay_ratio) {
     throw te::InputError("--schedule wsd needs --decay-ratio (the decay's share of the steps)");
   }
@@ -199,7 +213,9 @@ int parse_args(int argc, char** argv, Args& a) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help
+    std::cerr << "te-train: " << e.what() << " (see te-train --help)\n";
+    return 2;
   }
   return -1;
 }

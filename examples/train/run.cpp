@@ -15,12 +15,14 @@
 #include <vector>
 
 #include "args.h"
+#include "mfu.h"
 #include "model.h"
 #include "te/distributed.h"
 #include "te/error.h"
 #include "te/hf/save.h"
 #include "te/input_error.h"
 #include "te/nn/checkpoint.h"
+#include "te/program/precision.h"
 #include "te/program/report.h"
 #include "te/train/data.h"
 #include "te/train/lm_trainer.h"
@@ -47,6 +49,7 @@ te::train::TrainerOptions trainer_options(const Args& a) {
                    .lr_min(a.lr_min);
   o.clip = a.clip;
   o.zero_axis = a.zero_axis;
+  o.fp8 = te::program::recipe_of(a.fp8);
   return o;
 }
 
@@ -86,6 +89,7 @@ nlohmann::json run_identity(const Args& a, const OpenedModel& m) {
   return {{"model_config", m.config.empty() ? sizes.dump() : m.config},
           {"schedule", schedule},
           {"dtype", a.dtype},
+          {"fp8", a.fp8},
           {"seq_len", a.seq_len},
           {"micro_batch", a.micro_batch},
           {"micro_batches", micro_batches_of(a)}};
@@ -96,6 +100,11 @@ void save(const Args& a, te::train::LmTrainer& trainer, const te::train::Data& d
   nlohmann::json extra = {{"te_train", identity},
                           {"step", steps_done},
                           {"data", nlohmann::json::parse(data.train.state_json())}};
+  if (const te::optim::GradScaler* scaler = trainer.loss_scaler()) {
+    extra["loss_scaler"] = {{"scale", scaler->get_scale()},
+                            {"growth_tracker", scaler->growth_tracker()},
+                            {"skipped_steps", scaler->skipped_steps()}};
+  }
   te::nn::save_checkpoint(*trainer.model(), a.save_dir, extra.dump(), &trainer.optimizer());
 }
 
@@ -110,17 +119,25 @@ int64_t resume(const Args& a, te::train::LmTrainer& trainer, te::train::Data& da
                          "' was not saved by te-train");
   }
   for (const auto& [key, value] : identity.items()) {
-    if (extra["te_train"].value(key, nlohmann::json()) != value) {
-      throw te::InputError("--resume: the checkpoint at '" + a.save_dir + "' was saved by a run " +
-                           "with another " + key + " (" +
-                           extra["te_train"].value(key, nlohmann::json()).dump() +
-                           ", this run: " + value.dump() + "); resume with the same model, " +
-                           "--dtype, --seq-len, --micro-batch, --global-batch-tokens and schedule "
-                           "(--steps, --warmup, --schedule, --decay-ratio, --lr, --lr-min)");
+    // Checkpoints from before --fp8 trained without it.
+    const nlohmann::json saved_default = key == "fp8" ? nlohmann::json("none") : nlohmann::json();
+    if (extra["te_train"].value(key, saved_default) != value) {
+      throw te::InputError(
+          "--resume: the checkpoint at '" + a.save_dir + "' was saved by a run with another " +
+          key + " (" + extra["te_train"].value(key, saved_default).dump() +
+          ", this run: " + value.dump() + "); resume with the same model, " +
+          "--dtype, --fp8, --seq-len, --micro-batch, --global-batch-tokens and schedule "
+          "(--steps, --warmup, --schedule, --decay-ratio, --lr, --lr-min)");
     }
   }
   te::nn::load_checkpoint(*trainer.model(), a.save_dir, {}, &trainer.optimizer());
   data.train.load_state_json(extra.at("data").dump());
+  if (te::optim::GradScaler* scaler = trainer.loss_scaler();
+      scaler && extra.contains("loss_scaler")) {
+    const nlohmann::json& l = extra["loss_scaler"];
+    scaler->restore(l.at("scale").get<double>(), l.at("growth_tracker").get<int64_t>(),
+                    l.at("skipped_steps").get<int64_t>());
+  }
   return extra.at("step").get<int64_t>();
 }
 
@@ -135,16 +152,21 @@ std::vector<te::train::Batch> eval_batches(const Args& a, te::train::Data& data)
 
 struct Totals {
   double seconds = 0, last_loss = 0, eval_loss = std::nan(""), first_eval_loss = std::nan("");
-  int64_t tokens = 0, steps = 0;
+  int64_t tokens = 0, steps = 0, skipped = 0;  // skipped: fp16 steps whose gradient overflowed
 };
 
 void report_step(const Args& a, int64_t step, const te::train::StepStats& s, double seconds,
-                 bool lead) {
+                 const Mfu& mfu, bool lead) {
   if (!lead || a.log_every <= 0) return;
-  if ((step + 1) % a.log_every != 0 && step + 1 != a.steps && step != 0) return;
+  if ((step + 1) % a.log_every != 0 && step + 1 != a.steps && step != 0 && !s.skipped) return;
+  const double tokens_per_second = static_cast<double>(s.tokens) / seconds;
   std::cout << "step " << step + 1 << "/" << a.steps << ": loss " << fmt("%.4f", s.loss)
             << " grad_norm " << fmt("%.3f", s.grad_norm) << " lr " << fmt("%.3e", s.lr) << " "
-            << fmt("%.0f", static_cast<double>(s.tokens) / seconds) << " tokens/s" << std::endl;
+            << fmt("%.0f", tokens_per_second) << " tokens/s mfu "
+            << fmt("%.2f%%", 100 * mfu.of(tokens_per_second))
+            << (s.skipped ? " skipped: gradient overflow at loss scale " + fmt("%g", s.loss_scale)
+                          : std::string())
+            << std::endl;
 }
 
 double evaluate(te::train::LmTrainer& trainer, const std::vector<te::train::Batch>& batches,
@@ -158,12 +180,13 @@ double evaluate(te::train::LmTrainer& trainer, const std::vector<te::train::Batc
 }
 
 Totals loop(const Args& a, te::train::LmTrainer& trainer, te::train::Data& data, int64_t start,
-            const nlohmann::json& identity, bool lead, int rank) {
+            const nlohmann::json& identity, const Mfu& mfu, bool lead, int rank) {
   Totals t;
   const std::vector<te::train::Batch> eval = eval_batches(a, data);
   if (!eval.empty()) t.first_eval_loss = t.eval_loss = evaluate(trainer, eval, start, lead);
-  te::program::StepLog log(rank == 0 ? a.log_steps : std::string(),
-                           {"step", "loss", "grad_norm", "lr", "tokens_per_second"});
+  te::program::StepLog log(
+      rank == 0 ? a.log_steps : std::string(),
+      {"step", "loss", "grad_norm", "lr", "tokens_per_second", "mfu", "peak_flops"});
   const int64_t micro = micro_batches_of(a);
   const int64_t stop = a.max_steps > 0 ? a.max_steps : a.steps;
   for (int64_t step = start; step < stop; ++step) {
@@ -177,8 +200,11 @@ Totals loop(const Args& a, te::train::LmTrainer& trainer, te::train::Data& data,
     t.tokens += s.tokens;
     t.last_loss = s.loss;
     ++t.steps;
-    report_step(a, step, s, seconds, lead);
-    log.add({step + 1, s.loss, s.grad_norm, s.lr, static_cast<double>(s.tokens) / seconds});
+    t.skipped += s.skipped ? 1 : 0;
+    report_step(a, step, s, seconds, mfu, lead);
+    const double tokens_per_second = static_cast<double>(s.tokens) / seconds;
+    log.add({step + 1, s.loss, s.grad_norm, s.lr, tokens_per_second, mfu.of(tokens_per_second),
+             mfu.peak_flops});
     const bool last = step + 1 == stop;
     if (!eval.empty() && (last || (a.eval_every > 0 && (step + 1) % a.eval_every == 0))) {
       t.eval_loss = evaluate(trainer, eval, step + 1, lead);
@@ -190,6 +216,39 @@ Totals loop(const Args& a, te::train::LmTrainer& trainer, te::train::Data& data,
   }
   log.finish();
   return t;
+}
+
+double tokens_per_second(const Totals& t) {
+  return t.seconds > 0 ? static_cast<double>(t.tokens) / t.seconds : 0;
+}
+
+void report_run(const Totals& t, const Mfu& mfu, bool lead) {
+  if (!lead) return;
+  std::cout << "done: " << t.steps << " steps in " << fmt("%.1f", t.seconds) << "s, "
+            << fmt("%.0f", tokens_per_second(t)) << " tokens/s, mfu "
+            << fmt("%.2f%%", 100 * mfu.of(tokens_per_second(t))) << std::endl;
+}
+
+void write_metrics(const Args& a, const Totals& t, const Mfu& mfu, int world_size) {
+  nlohmann::json j = {{"steps", a.steps},
+                      {"steps_run", t.steps},
+                      {"final_loss", t.last_loss},
+                      {"seconds", t.seconds},
+                      {"tokens_per_second", tokens_per_second(t)},
+                      {"mfu", mfu.of(tokens_per_second(t))},
+                      {"peak_flops", mfu.peak_flops},
+                      {"model_flops_per_token", mfu.flops_per_token},
+                      {"world_size", world_size},
+                      {"dtype", a.dtype},
+                      {"fp8", a.fp8},
+                      {"skipped_steps", t.skipped}};
+  if (!std::isnan(t.eval_loss)) {
+    j["eval"] = {{"loss_before", t.first_eval_loss},
+                 {"loss", t.eval_loss},
+                 {"perplexity_before", std::exp(t.first_eval_loss)},
+                 {"perplexity", std::exp(t.eval_loss)}};
+  }
+  te::program::write_json_atomically(j, a.metrics_json, "--metrics-json");
 }
 
 }  // namespace
@@ -211,7 +270,7 @@ int run(const Args& a, const te::program::Layout& layout, int rank, int world_si
   const te::program::LayoutScope scope(layout);
   OpenedModel m = reading_input([&] { return open_model(a); });
   te::train::Data data = reading_input([&] { return open_data(a, m, rank); });
-  if (a.dtype == "bf16") m.model->to(at::kBFloat16);
+  if (a.dtype != "fp32") m.model->to(a.dtype == "bf16" ? at::kBFloat16 : at::kHalf);
   te::train::LmTrainer trainer(m.model, trainer_options(a));
   const nlohmann::json identity = run_identity(a, m);
   int64_t start = 0;
@@ -225,11 +284,15 @@ int run(const Args& a, const te::program::Layout& layout, int rank, int world_si
     }
     if (lead) std::cout << "resumed " << a.save_dir << " after step " << start << std::endl;
   }
+  const Mfu mfu = make_mfu(a, *trainer.model());
   if (lead) {
     print_banner(a, m, data, world_size, micro_batches_of(a));
-    std::cout << "  layout: " << layout.description << std::endl;
+    std::cout << "  layout: " << layout.description << "\n  mfu against a peak of "
+              << fmt("%.3f", mfu.peak_flops / 1e12) << " TFLOP/s (" << mfu.peak_source << "), "
+              << fmt("%.4g", mfu.flops_per_token / 1e6) << " MFLOP a token (6 x " << mfu.gemm_params
+              << " GEMM parameters + 12 L H T)" << std::endl;
   }
-  const Totals t = loop(a, trainer, data, start, identity, lead, rank);
+  const Totals t = loop(a, trainer, data, start, identity, mfu, lead, rank);
   if (!a.save_dir.empty() && t.steps > 0) {
     save(a, trainer, data, identity, start + t.steps);
     if (lead) std::cout << "saved " << a.save_dir << std::endl;
@@ -242,27 +305,8 @@ int run(const Args& a, const te::program::Layout& layout, int rank, int world_si
     export_gguf(a, *trainer.model());
     if (lead) std::cout << "exported " << a.export_gguf << std::endl;
   }
-  const double tokens_per_second = t.seconds > 0 ? static_cast<double>(t.tokens) / t.seconds : 0;
-  if (lead) {
-    std::cout << "done: " << t.steps << " steps in " << fmt("%.1f", t.seconds) << "s, "
-              << fmt("%.0f", tokens_per_second) << " tokens/s" << std::endl;
-  }
-  if (rank == 0 && !a.metrics_json.empty()) {
-    nlohmann::json j = {{"steps", a.steps},
-                        {"steps_run", t.steps},
-                        {"final_loss", t.last_loss},
-                        {"seconds", t.seconds},
-                        {"tokens_per_second", tokens_per_second},
-                        {"world_size", world_size},
-                        {"dtype", a.dtype}};
-    if (!std::isnan(t.eval_loss)) {
-      j["eval"] = {{"loss_before", t.first_eval_loss},
-                   {"loss", t.eval_loss},
-                   {"perplexity_before", std::exp(t.first_eval_loss)},
-                   {"perplexity", std::exp(t.eval_loss)}};
-    }
-    te::program::write_json_atomically(j, a.metrics_json, "--metrics-json");
-  }
+  report_run(t, mfu, lead);
+  if (rank == 0 && !a.metrics_json.empty()) write_metrics(a, t, mfu, world_size);
   return 0;
 }
 

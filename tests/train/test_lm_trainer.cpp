@@ -120,6 +120,13 @@ TEST_F(LmTrainerTest, Fp16SkipsOverflowingStepsAndLearns) {
   EXPECT_LE(skipped, 6);
   EXPECT_LT(last, 0.6 * first.loss) << "first " << first.loss << ", last " << last;
   EXPECT_EQ(model->parameters()[0].scalar_type(), at::kHalf);
+  // What a checkpoint keeps of the scaler, put back.
+  trainer.loss_scaler()->restore(1024, 3, 7);
+  EXPECT_EQ(trainer.loss_scaler()->get_scale(), 1024);
+  EXPECT_EQ(trainer.loss_scaler()->growth_tracker(), 3);
+  EXPECT_EQ(trainer.loss_scaler()->skipped_steps(), 7);
+  EXPECT_ERROR(trainer.loss_scaler()->restore(0, 0, 0),
+               "GradScaler::restore: scale 0 is not positive and finite");
 }
 
 // The loss is the mean over label tokens: masking a token's label leaves it out.

@@ -6,10 +6,12 @@
 #include <torch/autograd.h>
 
 #include <limits>
+#include <optional>
 #include <utility>
 
 #include "te/distributed.h"
 #include "te/error.h"
+#include "te/fp8.h"
 #include "te/nn/functional.h"
 #include "te/optim/clip_grad.h"
 #include "te/sharding.h"
@@ -100,6 +102,8 @@ StepStats LmTrainer::step(const std::vector<Batch>& micro, int64_t step) {
   optimizer_.zero_grad();
   double loss = 0;
   {
+    std::optional<Fp8Autocast> fp8;  // its amax reductions after the buckets' (declared later)
+    if (options_.fp8) fp8.emplace(true, *options_.fp8, current_mesh_resource());
     GradientBuckets buckets;  // the data-parallel reduction once, after the last micro-batch
     for (const Batch& b : micro) {
       const at::Tensor l = loss_sum(model_, b) / static_cast<double>(stats.label_tokens);

@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "te/fp8/recipe.h"
 #include "te/hf/causal_lm.h"
 #include "te/optim/adamw.h"
 #include "te/optim/grad_scaler.h"
@@ -49,6 +50,10 @@ struct TrainerOptions {
   /// Dynamic loss scaling (te::optim::GradScaler), used when the model's weights are float16:
   /// a step whose gradient holds an inf or nan is skipped and counted, the scale backed off.
   te::optim::GradScalerOptions loss_scaling;
+  /// FP8 GEMMs: each step's forward and backward passes (all its micro-batches) run in one
+  /// te::Fp8Autocast of this recipe with the MeshResource in scope, as TE's fp8_autocast around a
+  /// training step; unset: the model's dtype. Evaluation stays in the model's dtype.
+  std::optional<te::fp8::Recipe> fp8;
 };
 
 /// What one step did, the same on every rank.
