@@ -35,7 +35,7 @@ bool low_precision(const at::Tensor& p) {
 // One parameter's update: torch 2.11's _single_tensor_adam with amsgrad off and decoupled
 // decay, op for op, on fp32 tensors (the master, or the fp32 parameter itself).
 void update(at::Tensor& weight, const at::Tensor& grad, AdamWParamState& st,
-            const AdamWOptions& o) {
+            const AdamWOptions& o, at::Tensor& scratch) {
   const auto [beta1, beta2] = o.betas();
   st.step(st.step() + 1);
   if (o.weight_decay() != 0) weight.mul_(1 - o.lr() * o.weight_decay());
@@ -46,7 +46,16 @@ void update(at::Tensor& weight, const at::Tensor& grad, AdamWParamState& st,
   const double bias_correction2 = 1 - std::pow(beta2, step);
   const double step_size = o.lr() / bias_correction1;
   const double bias_correction2_sqrt = std::pow(bias_correction2, 0.5);
-  const at::Tensor denom = (st.exp_avg_sq().sqrt() / bias_correction2_sqrt).add_(o.eps());
+  // (sqrt(v) / sqrt(bc2)) + eps, the same kernels as torch's out-of-place ops, written into one
+  // buffer for the step's parameters (two new tensors per parameter cost their page faults).
+  const at::Tensor& v = st.exp_avg_sq();
+  if (!scratch.defined() || scratch.scalar_type() != v.scalar_type() ||
+      scratch.numel() < v.numel()) {
+    scratch = at::empty({v.numel()}, v.options());
+  }
+  at::Tensor denom = scratch.narrow(0, 0, v.numel()).view(v.sizes());
+  at::sqrt_out(denom, v);
+  denom.div_(bias_correction2_sqrt).add_(o.eps());
   weight.addcdiv_(st.exp_avg(), denom, -step_size);
 }
 
@@ -168,6 +177,7 @@ at::Tensor AdamW::step(LossClosure closure) {
     loss = closure();
   }
   at::NoGradGuard no_grad;
+  at::Tensor scratch;  // the denominators, one parameter at a time
   for (std::size_t g = 0; g < param_groups_.size(); ++g) {
     // A group added later (add_param_group) was not checked by the constructor.
     const auto* options = dynamic_cast<const AdamWOptions*>(&param_groups_[g].options());
@@ -190,7 +200,7 @@ at::Tensor AdamW::step(LossClosure closure) {
       if (split == splits_.end()) {
         at::Tensor weight = master ? st.master() : p;
         // bf16 and fp16 widen to fp32 exactly.
-        update(weight, master ? grad.to(at::kFloat) : grad, st, o);
+        update(weight, master ? grad.to(at::kFloat) : grad, st, o, scratch);
         if (master) p.copy_(st.master());  // rounded to nearest, as TE's FusedAdam writes it
         continue;
       }
@@ -198,7 +208,7 @@ at::Tensor AdamW::step(LossClosure closure) {
       const Piece& piece = split->second.piece;
       const at::Tensor g = grad.reshape(-1).narrow(0, piece.offset, piece.length);
       at::Tensor weight = master ? st.master() : p.view(-1).narrow(0, piece.offset, piece.length);
-      update(weight, master ? g.to(at::kFloat) : g, st, o);
+      update(weight, master ? g.to(at::kFloat) : g, st, o, scratch);
       const at::Tensor chunk = master ? st.master().to(p.scalar_type()) : weight;
       p.view(-1).copy_(gather(split->second, chunk));
     }

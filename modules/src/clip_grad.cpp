@@ -55,8 +55,11 @@ double grad_norm(const torch::nn::Module& module, double norm_type) {
     }
     const at::Tensor& grad = item.value().grad();
     if (!grad.defined() || grad.numel() == 0) continue;
-    const at::Tensor a = grad.detach().abs().to(at::kDouble);
-    g.sum = inf ? at::maximum(g.sum, a.max()) : g.sum + a.pow(norm_type).sum();
+    // Each piece's norm in double (so a layout's pieces add up to one process's whole tensors
+    // to double rounding), the p-th powers summed: one vectorised norm over the widened copy.
+    const at::Tensor n =
+        at::linalg_vector_norm(grad.detach(), norm_type, c10::nullopt, false, at::kDouble);
+    g.sum = inf ? at::maximum(g.sum, n) : g.sum + n.pow(norm_type);
   }
   double total = 0;
   for (auto& [key, g] : groups) {

@@ -99,7 +99,9 @@ StepStats LmTrainer::step(const std::vector<Batch>& micro, int64_t step) {
   model_->train();
   stats.lr = options_.adamw.lr() * schedule_.factor(step);
   schedule_.apply(optimizer_, options_.adamw.lr(), step);
-  optimizer_.zero_grad();
+  // No gradients rather than zero ones (torch's zero_grad(set_to_none=True)): backward writes
+  // the first micro-batch's instead of adding it to zeros it had to fill.
+  for (auto& p : model_->parameters()) p.mutable_grad().reset();
   double loss = 0;
   {
     std::optional<Fp8Autocast> fp8;  // its amax reductions after the buckets' (declared later)

@@ -8,7 +8,8 @@
 // torchtitan distributed/utils.py clip_grad_norm_): a parameter Shard-ed over mesh dims has its
 // local sum of |g|^p summed over those dims, a Replicate-d one (data-parallel copies, the copies a
 // tensor-parallel layer keeps of its norms and biases) is counted once; one all-reduce per set of
-// mesh dims, so every rank gets the same norm and the same coefficient.
+// mesh dims, so every rank gets the same norm and the same coefficient. Each local piece's norm
+// is taken in double and the p-th powers summed.
 //
 // Example (after loss.backward() and, for data parallelism, GradientBuckets::finish()):
 //   const double norm = te::optim::clip_grad_norm(*model, /*max_norm=*/1.0);
