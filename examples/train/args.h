@@ -27,7 +27,8 @@ struct Args {
   int64_t steps = 0;
   int64_t max_steps = 0;  // stop after this step (0: --steps); the schedule spans --steps
   int64_t seq_len = 256;
-  int64_t micro_batch = 4;          // rows per micro-batch
+  bool pack = false;        // --pack: documents packed into rows (THD), each attending to itself
+  int64_t micro_batch = 4;  // rows per micro-batch
   int64_t global_batch_tokens = 0;  // 0: one micro-batch per step
   // Optimizer and schedule.
   double lr = 3e-4;

@@ -59,6 +59,7 @@ OpenedModel open_model(const Args& a) {
   if (!a.model.empty()) {
     te::hf::LoadOptions load;
     load.dequantize_gguf = true;  // trainable float32 weights
+    load.packed_sequences = a.pack;
     m.model = te::hf::load_causal_lm(a.model, load);
     const bool dir = fs::is_directory(a.model);
     m.tokenizer =
@@ -67,7 +68,8 @@ OpenedModel open_model(const Args& a) {
     read_defaults(a.model, m);
   } else {
     m.config = read_text(a.config, "--config");
-    const te::hf::CausalLMConfig config = te::hf::parse_causal_lm_config(m.config, a.config);
+    te::hf::CausalLMConfig config = te::hf::parse_causal_lm_config(m.config, a.config);
+    config.packed_sequences = a.pack;
     te::nn::manual_seed(a.seed);  // the same weights on every rank and every run
     m.model = te::hf::CausalLM(config);
     m.tokenizer = fs::is_directory(a.tokenizer) ? te::hf::Tokenizer::from_pretrained(a.tokenizer)

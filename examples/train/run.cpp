@@ -68,6 +68,7 @@ te::train::Data open_data(const Args& a, const OpenedModel& m, int rank) {
   spec.batches.seq_len = a.seq_len;
   spec.batches.batch_size = a.micro_batch;
   spec.batches.seed = a.seed;
+  spec.batches.packed = a.pack;
   const te::DeviceMesh* mesh = te::current_mesh();
   if (rank == 0) {
     te::train::Data data = te::train::open_data(spec, *m.tokenizer);
@@ -91,6 +92,7 @@ nlohmann::json run_identity(const Args& a, const OpenedModel& m) {
           {"dtype", a.dtype},
           {"fp8", a.fp8},
           {"seq_len", a.seq_len},
+          {"packed", a.pack},
           {"micro_batch", a.micro_batch},
           {"micro_batches", micro_batches_of(a)}};
 }
@@ -120,13 +122,15 @@ int64_t resume(const Args& a, te::train::LmTrainer& trainer, te::train::Data& da
   }
   for (const auto& [key, value] : identity.items()) {
     // Checkpoints from before --fp8 trained without it.
-    const nlohmann::json saved_default = key == "fp8" ? nlohmann::json("none") : nlohmann::json();
+    const nlohmann::json saved_default = key == "fp8"      ? nlohmann::json("none")
+                                         : key == "packed" ? nlohmann::json(false)
+                                                           : nlohmann::json();
     if (extra["te_train"].value(key, saved_default) != value) {
       throw te::InputError(
           "--resume: the checkpoint at '" + a.save_dir + "' was saved by a run with another " +
           key + " (" + extra["te_train"].value(key, saved_default).dump() +
           ", this run: " + value.dump() + "); resume with the same model, " +
-          "--dtype, --fp8, --seq-len, --micro-batch, --global-batch-tokens and schedule "
+          "--dtype, --fp8, --seq-len, --pack, --micro-batch, --global-batch-tokens and schedule "
           "(--steps, --warmup, --schedule, --decay-ratio, --lr, --lr-min)");
     }
   }

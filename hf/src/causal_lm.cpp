@@ -38,10 +38,12 @@ nn::TransformerLayerOptions layer_options(const CausalLMConfig& c, int64_t layer
   attention.attention()
       .num_gqa_groups(c.num_key_value_heads)
       .head_dim(c.head_dim)
-      .attn_mask_type(nn::AttnMaskType::kCausal)
+      .attn_mask_type(c.packed_sequences ? nn::AttnMaskType::kPaddingCausal
+                                         : nn::AttnMaskType::kCausal)
       .attention_dropout(c.attention_dropout)
       .scale_factor(c.attention_scale)
       .softcap(c.attn_logit_softcapping);
+  if (c.packed_sequences) attention.attention().qkv_format(nn::QkvFormat::kThd);
   o.post_block_layernorm(c.post_block_norms);
   // transformers' sliding window W: a query sees the W keys up to and including itself.
   TE_CHECK(layer >= 0 && layer < static_cast<int64_t>(c.layer_windows.size()),
@@ -173,14 +175,32 @@ T soft_capped(const T& logits, double cap) {
 
 // The forward: the whole sequences, or with a cache the step's new tokens (then the logits of
 // each sequence's last one).
+// Packed sequences (forward_packed): where each starts, the longest, each token's position.
+struct Packing {
+  at::Tensor cu_seqlens;
+  int64_t max_seqlen = 0;
+  at::Tensor positions;  // [1, tokens]
+};
+
 template <typename T>
-T run(CausalLMImpl& m, const T& ids, int64_t batch, int64_t seq, nn::InferenceParams* cache) {
+T run(CausalLMImpl& m, const T& ids, int64_t batch, int64_t seq, nn::InferenceParams* cache,
+      const Packing* packed = nullptr) {
   const CausalLMConfig& c = m.config;
-  // Positions: 0 ... seq-1, or with a cache each new token's place in its sequence.
-  const int64_t positions_needed = cache ? cache->max_seqlen_kv() : seq;
+  TE_CHECK(c.packed_sequences == (packed != nullptr), "CausalLM: a model built ",
+           c.packed_sequences ? "for packed sequences (CausalLMConfig::packed_sequences) takes "
+                                "them through forward_packed"
+                              : "for whole rows takes packed sequences only when built with "
+                                "CausalLMConfig::packed_sequences (LoadOptions::packed_sequences)");
+  // Positions: 0 ... seq-1, or with a cache each new token's place in its sequence, or each packed
+  // sequence's own.
+  const int64_t positions_needed = packed  ? packed->max_seqlen
+                                   : cache ? cache->max_seqlen_kv()
+                                           : seq;
   at::Tensor positions;
   if (m.position) {
-    if (cache) {
+    if (packed) {
+      positions = packed->positions;
+    } else if (cache) {
       positions = at::empty({1, seq}, at::kLong);
       const auto* cu = cache->cu_seqlens_q().data_ptr<int64_t>();
       const auto* pre = cache->pre_step_seqlens().data_ptr<int64_t>();
@@ -212,6 +232,12 @@ T run(CausalLMImpl& m, const T& ids, int64_t batch, int64_t seq, nn::InferencePa
         .rotary_attention_factor(c.rope_attention_factor);
   }
   args.inference_params(cache);
+  if (packed) {
+    args.cu_seqlens_q(packed->cu_seqlens)
+        .cu_seqlens_kv(packed->cu_seqlens)
+        .max_seqlen_q(packed->max_seqlen)
+        .max_seqlen_kv(packed->max_seqlen);
+  }
   if (m.sliding_rope) {
     sliding_args = args;
     sliding_args.rotary_pos_emb(m.sliding_rope->forward(positions_needed))
@@ -241,6 +267,41 @@ at::Tensor CausalLMImpl::forward(const at::Tensor& ids) {
 DTensor CausalLMImpl::forward(const DTensor& ids) {
   TE_CHECK(ids.dim() == 2, "CausalLM: ids must be [batch, seq], got ", ids.dim(), " dims");
   return run(*this, ids, ids.sizes()[0], ids.sizes()[1], nullptr);
+}
+
+namespace {
+
+// The packing of `cu_seqlens` over `tokens` (checked by the attention; here what RoPE and learned
+// positions need): its longest sequence and each token's position in its own.
+Packing packing_of(const at::Tensor& cu_seqlens, int64_t tokens) {
+  const at::Tensor cu = nn::functional::checked_cu_seqlens(cu_seqlens, "CausalLM::forward_packed",
+                                                           "cu_seqlens", tokens);
+  Packing p;
+  p.cu_seqlens = cu_seqlens;
+  p.positions = at::empty({1, tokens}, at::kLong);
+  const int64_t* c = cu.data_ptr<int64_t>();
+  int64_t* pos = p.positions.data_ptr<int64_t>();
+  for (int64_t i = 0; i + 1 < cu.size(0); ++i) {
+    p.max_seqlen = std::max(p.max_seqlen, c[i + 1] - c[i]);
+    for (int64_t t = c[i]; t < c[i + 1]; ++t) pos[t] = t - c[i];
+  }
+  return p;
+}
+
+}  // namespace
+
+at::Tensor CausalLMImpl::forward_packed(const at::Tensor& ids, const at::Tensor& cu_seqlens) {
+  TE_CHECK(ids.dim() == 2 && ids.size(0) == 1,
+           "CausalLM::forward_packed: ids must be [1, tokens], got ", ids.sizes());
+  const Packing p = packing_of(cu_seqlens, ids.size(1));
+  return run(*this, ids, 1, ids.size(1), nullptr, &p);
+}
+
+DTensor CausalLMImpl::forward_packed(const DTensor& ids, const at::Tensor& cu_seqlens) {
+  TE_CHECK(ids.dim() == 2 && ids.sizes()[0] == 1,
+           "CausalLM::forward_packed: ids must be [1, tokens], got ", ids.to_string());
+  const Packing p = packing_of(cu_seqlens, ids.sizes()[1]);
+  return run(*this, ids, 1, ids.sizes()[1], nullptr, &p);
 }
 
 DTensor CausalLMImpl::forward_on_mesh(const at::Tensor& ids) {

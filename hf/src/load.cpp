@@ -323,6 +323,7 @@ CausalLM load_causal_lm(const std::string& path_text, const LoadOptions& options
     config = read_causal_lm_config(path.string());
     source = detail::open_safetensors_dir(path.string());
   }
+  config.packed_sequences = options.packed_sequences;
   const detail::Family& family =
       detail::family_of(config, "load_causal_lm: '" + path.string() + "'");
   WeightMap map = family.weight_map(config);

@@ -111,6 +111,9 @@ class Train : public ::testing::Test {
 
 TEST_F(Train, ResumeInBf16IsBitForBit) { expect_resume_bit_for_bit("--dtype bf16"); }
 
+// Packed documents (THD rows): trains, and resumes bit for bit.
+TEST_F(Train, PackedResumesBitForBit) { expect_resume_bit_for_bit("--pack"); }
+
 // float16 weights with fp32 masters and dynamic loss scaling (its scale in the checkpoint).
 TEST_F(Train, ResumeInFp16IsBitForBit) { expect_resume_bit_for_bit("--dtype fp16"); }
 
@@ -235,6 +238,8 @@ TEST_F(Train, BadInputIsNamedAndLeavesTheCheckpoint) {
        "has done 2 steps, and this run stops at 2"},
       {"--nproc 3 --mesh data=2", "corpus.txt", "config.json",
        "--mesh data=2 has 2 ranks but the world has 3"},
+      {"--pack --nproc 2 --mesh data=2 --mesh-resource dp=data", "corpus.txt", "config.json",
+       "--pack: the layout (mesh data=2"},
       {"--zero-axis data", "corpus.txt", "config.json",
        "--zero-axis: 'data' is not an axis of the mesh (one process)"},
       {"--fp8 hybrid", "corpus.txt", "config.json", "--fp8: hybrid not in {none,delayed,"},

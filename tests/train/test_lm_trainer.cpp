@@ -61,7 +61,7 @@ class LmTrainerTest : public ::testing::Test {
     }
     te::test::write_file((dir_ / "corpus.txt").string(), text);
   }
-  te::train::DataLoader loader(int64_t batch) {
+  te::train::DataLoader loader(int64_t batch, bool packed = false, int64_t seq_len = 16) {
     te::train::TokenFileOptions tokens;
     tokens.eos_id = 0;
     tokens.progress = false;
@@ -70,9 +70,10 @@ class LmTrainerTest : public ::testing::Test {
     std::vector<int64_t> docs(static_cast<std::size_t>(file.num_documents()));
     for (std::size_t i = 0; i < docs.size(); ++i) docs[i] = static_cast<int64_t>(i);
     te::train::DataOptions o;
-    o.seq_len = 16;
+    o.seq_len = seq_len;
     o.batch_size = batch;
     o.seed = 3;
+    o.packed = packed;
     return te::train::DataLoader(file, docs, o);
   }
   te::test::TempDir dir_{"te_lm_trainer"};
@@ -249,6 +250,95 @@ TEST_F(LmTrainerTest, BadStepsAreNamed) {
   Batch packed = loader(2).next();
   packed.cu_seqlens.push_back(at::tensor({0, 16}, at::kInt));
   EXPECT_ERROR(trainer.step({packed}, 0), "LmTrainer: the batch holds packed rows (cu_seqlens)");
+}
+
+// Packed rows (documents back to back, cu_seqlens): on a model built for them the loss is each
+// document's alone, as the same weights give it on a model of whole rows run per document; a
+// step trains; TP2 and DP2 thread ranks equal one process; a model of whole rows refuses them.
+te::hf::CausalLMConfig packed_llama() {
+  te::hf::CausalLMConfig c = tiny_llama();
+  c.packed_sequences = true;
+  return c;
+}
+
+double per_document_loss(te::hf::CausalLM& plain, const Batch& b) {
+  torch::NoGradGuard no_grad;
+  double sum = 0;
+  for (int64_t r = 0; r < b.ids.size(0); ++r) {
+    const at::Tensor cu = b.cu_seqlens[static_cast<std::size_t>(r)].to(at::kLong);
+    for (int64_t i = 0; i + 1 < cu.size(0); ++i) {
+      const int64_t start = cu[i].item<int64_t>(), len = cu[i + 1].item<int64_t>() - start;
+      const at::Tensor logits = plain->forward(b.ids[r].narrow(0, start, len).unsqueeze(0))[0];
+      const at::Tensor labels = b.labels[r].narrow(0, start, len);
+      sum += at::cross_entropy_loss(logits, labels, {}, at::Reduction::Sum, -100).item<double>();
+    }
+  }
+  return sum / static_cast<double>(b.label_tokens);
+}
+
+TEST_F(LmTrainerTest, PackedRowsAreEachDocumentAlone) {
+  te::train::DataLoader data = loader(3, /*packed=*/true, /*seq_len=*/48);
+  const Batch b = data.next();
+  ASSERT_EQ(b.cu_seqlens.size(), 3u);
+  ASSERT_GT(b.cu_seqlens[0].size(0), 2);  // more than one document in a row
+  te::nn::manual_seed(1);
+  te::hf::CausalLM plain(tiny_llama());
+  te::nn::manual_seed(1);
+  te::train::LmTrainer trainer(te::hf::CausalLM(packed_llama()), trainer_options(20));
+  {
+    torch::NoGradGuard no_grad;
+    auto from = plain->named_parameters();
+    for (auto& p : trainer.model()->named_parameters()) p.value().copy_(from[p.key()]);
+  }
+  const double want = per_document_loss(plain, b);
+  EXPECT_NEAR(trainer.evaluate({b}), want, 1e-5 * want);
+  // Whole rows would attend across the documents: another loss.
+  Batch whole = b;
+  whole.cu_seqlens.clear();
+  EXPECT_GT(std::abs(te::train::LmTrainer(plain, trainer_options(20)).evaluate({whole}) - want),
+            1e-3);
+  EXPECT_ERROR(te::train::LmTrainer(plain, trainer_options(20)).evaluate({b}),
+               "the batch holds packed rows (cu_seqlens) and the model was built for whole rows");
+  EXPECT_ERROR(trainer.model()->forward(b.ids), "CausalLM: a model built for packed sequences");
+  const double first = trainer.step({b}, 0).loss;
+  double last = first;
+  for (int64_t s = 1; s < 20; ++s) last = trainer.step({data.next()}, s).loss;
+  EXPECT_LT(last, 0.7 * first);
+}
+
+TEST_F(LmTrainerParallel, PackedRowsOnTp2AreOneProcessAndDp2IsNamed) {
+  te::train::DataLoader data = loader(2, /*packed=*/true, /*seq_len=*/48);
+  std::vector<Batch> batches = {data.next(), data.next(), data.next()};
+  te::nn::manual_seed(1);
+  te::train::LmTrainer single(te::hf::CausalLM(packed_llama()), trainer_options(3));
+  std::vector<double> one;
+  for (int64_t s = 0; s < 3; ++s) one.push_back(single.step({batches[s]}, s).loss);
+  for (const std::string& axis : {"tp", "data"}) {
+    std::vector<double> losses;
+    te::run_local_ranks(2, [&](int rank) {
+      te::DeviceMesh mesh({2}, {axis});
+      te::MeshScope on_mesh(mesh);
+      te::MeshResourceScope roles(te::parse_mesh_resource(axis == "tp" ? "tp=tp" : "dp=data"));
+      te::AxisRulesScope rules(
+          te::extend_logical_axis_rules(te::parse_axis_rules(axis == "tp" ? "vocab=tp" : "")));
+      te::nn::manual_seed(1);
+      te::train::LmTrainer trainer(te::hf::CausalLM(packed_llama()), trainer_options(3));
+      if (axis == "data") {
+        EXPECT_ERROR(trainer.step({batches[0]}, 0),
+                     "LmTrainer: packed rows on a layout that splits the batch or the sequence "
+                     "over mesh axis 'data'");
+        return;
+      }
+      std::vector<double> mine;
+      for (int64_t s = 0; s < 3; ++s) mine.push_back(trainer.step({batches[s]}, s).loss);
+      if (rank == 0) losses = mine;
+    });
+    if (axis == "data") continue;
+    ASSERT_EQ(losses.size(), one.size()) << axis;
+    for (std::size_t s = 0; s < one.size(); ++s) {
+      EXPECT_NEAR(losses[s], one[s], 1e-6 * one[s]) << axis << " step " << s;
+    }
+  }
 }
 
 }  // namespace

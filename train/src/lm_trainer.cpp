@@ -22,16 +22,54 @@ namespace {
 
 namespace F = te::nn::functional;
 
+// The mean next-token loss of packed rows: the rows' sequences back to back as one THD batch
+// (each row's cu_seqlens shifted by the tokens before it), whole on every rank.
+at::Tensor packed_loss_sum(te::hf::CausalLM& model, const Batch& b,
+                           const F::CrossEntropyOptions& ce) {
+  TE_CHECK(model->config.packed_sequences,
+           "LmTrainer: the batch holds packed rows (cu_seqlens) and the model was built for "
+           "whole rows; build it with CausalLMConfig::packed_sequences "
+           "(te::hf::LoadOptions::packed_sequences)");
+  TE_CHECK(static_cast<int64_t>(b.cu_seqlens.size()) == b.ids.size(0),
+           "LmTrainer: ", b.cu_seqlens.size(), " cu_seqlens for ", b.ids.size(0), " packed rows");
+  const int64_t seq = b.ids.size(1);
+  std::vector<at::Tensor> starts;
+  for (std::size_t r = 0; r < b.cu_seqlens.size(); ++r) {
+    const at::Tensor cu = b.cu_seqlens[r].to(at::kLong);
+    TE_CHECK(cu.dim() == 1 && cu.size(0) >= 2 && cu[-1].item<int64_t>() == seq,
+             "LmTrainer: packed row ", r, "'s cu_seqlens do not end at its ", seq, " tokens");
+    starts.push_back((r == 0 ? cu : cu.slice(0, 1)) + static_cast<int64_t>(r) * seq);
+  }
+  const at::Tensor cu_seqlens = at::cat(starts).to(at::kInt);
+  const at::Tensor ids = b.ids.reshape({1, -1});
+  const at::Tensor labels = b.labels.reshape({1, -1});
+  const DeviceMesh* mesh = current_mesh();
+  if (mesh == nullptr) {
+    return F::parallel_cross_entropy(model->forward_packed(ids, cu_seqlens), labels, ce);
+  }
+  const auto rows = resolve_placements({axis::kBatch, axis::kSeqlen}, *mesh);
+  for (std::size_t m = 0; rows && m < rows->size(); ++m) {
+    TE_CHECK(!is_shard((*rows)[m]),
+             "LmTrainer: packed rows on a layout that splits the batch or "
+             "the sequence over mesh axis '",
+             mesh->axis_names()[m],
+             "' (data parallel, FSDP, sequence parallel): packed rows train on one process or "
+             "with tensor parallelism so far; build the data without packing for this layout");
+  }
+  const std::vector<Placement> whole(static_cast<std::size_t>(mesh->ndim()), Replicate{});
+  const DTensor logits = model->forward_packed(DTensor::distribute(ids, *mesh, whole), cu_seqlens);
+  return F::parallel_cross_entropy(logits, DTensor::distribute(labels, *mesh, whole), ce)
+      .to_local();
+}
+
 // The sum of the next-token losses of `b`'s label tokens, as a float32 scalar (every rank the
 // same on a mesh).
 at::Tensor loss_sum(te::hf::CausalLM& model, const Batch& b) {
-  TE_CHECK(b.cu_seqlens.empty(),
-           "LmTrainer: the batch holds packed rows (cu_seqlens); the model trains on "
-           "fixed-length rows so far: build the data without packing");
   F::CrossEntropyOptions ce;
   ce.reduce_loss = true;
   const double count = static_cast<double>(b.label_tokens);
   const DeviceMesh* mesh = current_mesh();
+  if (!b.cu_seqlens.empty()) return packed_loss_sum(model, b, ce) * count;
   if (mesh == nullptr)
     return F::parallel_cross_entropy(model->forward(b.ids), b.labels, ce) * count;
   const std::vector<Placement> whole(static_cast<std::size_t>(mesh->ndim()), Replicate{});

@@ -56,6 +56,13 @@ class CausalLMImpl : public torch::nn::Cloneable<CausalLMImpl>, public te::gen::
   DTensor forward(const DTensor& ids);
   /// The same ids on every rank: laid out by the rules' batch and seqlen axes, then forward.
   DTensor forward_on_mesh(const at::Tensor& ids);
+  /// A model built with config.packed_sequences: ids [1, tokens] holding sequences packed back to
+  /// back (TE's THD), sequence i tokens cu_seqlens[i] ... cu_seqlens[i + 1] - 1 (integer
+  /// [sequences + 1] from 0 to tokens) -> logits [1, tokens, vocab]: each sequence attends within
+  /// itself only and its positions start at 0, as if run alone. On a mesh the tokens stay whole
+  /// on every rank (heads may be sharded; the vocabulary of the logits is).
+  at::Tensor forward_packed(const at::Tensor& ids, const at::Tensor& cu_seqlens);
+  DTensor forward_packed(const DTensor& ids, const at::Tensor& cu_seqlens);
   /// One step of incremental decoding (eval mode): `ids` are the step's new tokens packed
   /// [tokens] in the order of `cache`'s pre_step (a prompt, a chunk of one, or one generated
   /// token per sequence); returns the logits of each sequence's last new token, [batch, vocab].

@@ -91,6 +91,10 @@ struct CausalLMConfig {
   double attn_logit_softcapping = 0.0;
   double final_logit_softcapping = 0.0;
   bool tie_word_embeddings = false;
+  /// te's choice, not a checkpoint's: the layers take packed sequences (TE's attn_input_format
+  /// "thd" with a padding_causal mask: each sequence attends within itself, RoPE restarting at
+  /// each), through CausalLM::forward_packed; forward and step are then refused.
+  bool packed_sequences = false;
   /// The embedding's padding row (pad_token_id; GGUF: tokenizer.ggml.padding_token_id): its
   /// lookup gradient is zero, as transformers' nn.Embedding(padding_idx=pad_token_id) trains it
   /// (a tied head still trains it). nullopt: none.

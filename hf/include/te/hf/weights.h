@@ -26,6 +26,9 @@ struct LoadOptions {
   /// (te/nn/block_weights.h); the model then serves inference only. true, or under a mesh: every
   /// weight dequantized to float32 on load, to train, save, shard or hold in FP8.
   bool dequantize_gguf = false;
+  /// load_causal_lm: build the model for packed sequences (CausalLMConfig::packed_sequences),
+  /// to train on packed rows.
+  bool packed_sequences = false;
 };
 
 /// Where each te parameter of a model comes from in a Hugging Face checkpoint: one or more

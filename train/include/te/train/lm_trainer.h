@@ -79,8 +79,11 @@ class LmTrainer {
   /// Optimizer step `step` (from 0) over the global micro-batches `micro` (gradient
   /// accumulation: one reduction, one update). te::Error for no micro-batch, a step past the
   /// schedule's, a micro-batch whose label_tokens is not the count of its labels other than
-  /// -100, a step without a label token, or packed rows (cu_seqlens: the model takes
-  /// fixed-length rows so far).
+  /// -100, a step without a label token, or packed rows (cu_seqlens) for a model not built
+  /// for them. Packed rows (a model built with CausalLMConfig::packed_sequences) run as one THD
+  /// batch, each document attending within itself with its own positions, on one process or
+  /// with tensor parallelism (which splits their heads); a layout that splits the batch or the
+  /// sequence (DP, FSDP, SP) is a te::Error for them so far.
   StepStats step(const std::vector<Batch>& micro, int64_t step);
 
   /// The mean next-token loss over the label tokens of `batches` (no gradient, in eval mode; the
