@@ -6,8 +6,10 @@
 
 #include <chrono>
 #include <cmath>
+#include <exception>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -53,6 +55,34 @@ te::train::TrainerOptions trainer_options(const Args& a) {
   return o;
 }
 
+// Waits for rank 0's `built` (run on a thread of its own) with every rank checking in once a
+// second (one small all-reduce of rank 0's state: running, done or failed), so that tokenizing a
+// large file outlasts no collective timeout, and a failure there stops every rank at once.
+void wait_for_rank0(const te::DeviceMesh& mesh, int rank, std::future<void>* built) {
+  std::vector<int64_t> dims(static_cast<std::size_t>(mesh.ndim()));
+  for (std::size_t d = 0; d < dims.size(); ++d) dims[d] = static_cast<int64_t>(d);
+  std::exception_ptr failed;
+  for (;;) {
+    double state = 0;  // 0 running, 1 done, 2 failed
+    if (rank == 0 && built->wait_for(std::chrono::seconds(1)) == std::future_status::ready) {
+      try {
+        built->get();
+        state = 1;
+      } catch (...) {
+        failed = std::current_exception();
+        state = 2;
+      }
+    }
+    const double all =
+        mesh.all_reduce(at::full({}, state, at::kDouble), te::ReduceOp::kMax, dims).item<double>();
+    if (all == 1) return;
+    if (all == 2) {
+      if (failed) std::rethrow_exception(failed);
+      throw te::InputError("rank 0 could not read the data (its error says why)");
+    }
+  }
+}
+
 // The data, tokenized by rank 0 first (one token file, written once) and then opened by every
 // other rank.
 te::train::Data open_data(const Args& a, const OpenedModel& m, int rank) {
@@ -70,12 +100,15 @@ te::train::Data open_data(const Args& a, const OpenedModel& m, int rank) {
   spec.batches.seed = a.seed;
   spec.batches.packed = a.pack;
   const te::DeviceMesh* mesh = te::current_mesh();
+  if (mesh == nullptr || mesh->size() == 1) return te::train::open_data(spec, *m.tokenizer);
+  std::optional<te::train::Data> data;
+  std::future<void> built;
   if (rank == 0) {
-    te::train::Data data = te::train::open_data(spec, *m.tokenizer);
-    if (mesh != nullptr) mesh->barrier();
-    return data;
+    built = std::async(std::launch::async,
+                       [&] { data.emplace(te::train::open_data(spec, *m.tokenizer)); });
   }
-  if (mesh != nullptr) mesh->barrier();
+  wait_for_rank0(*mesh, rank, &built);
+  if (rank == 0) return std::move(*data);
   return te::train::open_data(spec, *m.tokenizer);
 }
 

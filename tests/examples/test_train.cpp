@@ -193,6 +193,33 @@ TEST_F(TrainParallel, Dp2WithZeroIsOneProcessAndResumesBitForBit) {
   }
 }
 
+// Rank 0 tokenizes while the others wait: a file that takes longer than the collective timeout
+// (3 s here; about 4 s of tokenizing 26 MB) still trains, and bad data there stops every rank with
+// its reason.
+TEST_F(TrainParallel, TokenizingOnRank0OutlastsTheCollectiveTimeout) {
+  std::ifstream readme(std::string(TE_SOURCE_DIR) + "/README.md");
+  std::stringstream text;
+  text << readme.rdbuf();
+  {
+    std::ofstream big(dir_ / "big.txt");
+    while (big.tellp() < (26 << 20)) big << text.str();
+  }
+  std::ofstream(dir_ / "latin1.txt") << "ok\n\xff\xfe bad\n";
+  const std::string dp2 = "--nproc 2 --mesh data=2 --mesh-resource dp=data --steps 2 --warmup 1";
+  const auto run = [&](const std::string& data) {
+    return te::test::run_program(std::string("env TE_DIST_TIMEOUT_S=3 ") + TE_TRAIN_PATH,
+                                 args(dp2, data));
+  };
+  const Result ok = run("big.txt");
+  EXPECT_EQ(ok.status, 0) << ok.err;
+  const Result bad = run("latin1.txt");
+  EXPECT_EQ(bad.status, 2) << bad.err;
+  // te-run relays each rank's lines, prefixed, to its stdout.
+  EXPECT_NE(bad.out.find("latin1.txt:2: not UTF-8"), std::string::npos) << bad.out;
+  EXPECT_NE(bad.out.find("[rank 1] te-train: rank 0 could not read the data"), std::string::npos)
+      << bad.out;
+}
+
 // Bad input: exit 2, one line naming the culprit, a good checkpoint left as it was.
 TEST_F(Train, BadInputIsNamedAndLeavesTheCheckpoint) {
   const std::string ck = (dir_ / "ck").string();
