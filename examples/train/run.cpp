@@ -221,9 +221,11 @@ Totals loop(const Args& a, te::train::LmTrainer& trainer, te::train::Data& data,
   Totals t;
   const std::vector<te::train::Batch> eval = eval_batches(a, data);
   if (!eval.empty()) t.first_eval_loss = t.eval_loss = evaluate(trainer, eval, start, lead);
+  // A resumed run keeps the steps its file logged up to the checkpoint.
   te::program::StepLog log(
       rank == 0 ? a.log_steps : std::string(),
-      {"step", "loss", "grad_norm", "lr", "tokens_per_second", "mfu", "peak_flops"});
+      {"step", "loss", "grad_norm", "lr", "tokens_per_second", "mfu", "peak_flops"}, "--log-steps",
+      start);
   const int64_t micro = micro_batches_of(a);
   const int64_t stop = a.max_steps > 0 ? a.max_steps : a.steps;
   for (int64_t step = start; step < stop; ++step) {

@@ -106,10 +106,28 @@ class Train : public ::testing::Test {
     for (std::size_t i = 0; i < resumed.size(); ++i) EXPECT_EQ(resumed[i], whole[i + 5]);
     EXPECT_LT(loss_of(whole.back()), loss_of(whole.front()));
   }
+  std::string logged(const std::string& extra, const std::string& csv) {
+    return extra + " --log-steps " + (dir_ / csv).string();
+  }
   TempDir dir_{"te_train"};
 };
 
 TEST_F(Train, ResumeInBf16IsBitForBit) { expect_resume_bit_for_bit("--dtype bf16"); }
+
+// A run killed after its save at step 5 (here: stopped at 7, saved at 5) and resumed with the same
+// --log-steps file: the file holds steps 1-12 once each, as the uninterrupted run's.
+TEST_F(Train, ResumeKeepsTheStepLogUpToTheCheckpoint) {
+  const std::string ck = (dir_ / "ck").string();
+  ASSERT_EQ(te_train(args(logged("", "whole.csv"))).status, 0);
+  ASSERT_EQ(te_train(args(logged("--max-steps 5 --save " + ck, "log.csv"))).status, 0);
+  const std::string saved = (dir_ / "ck5").string();
+  std::filesystem::copy(ck, saved, std::filesystem::copy_options::recursive);
+  ASSERT_EQ(te_train(args(logged("--resume --max-steps 7 --save " + ck, "log.csv"))).status, 0);
+  std::filesystem::remove_all(ck);
+  std::filesystem::rename(saved, ck);  // the last good checkpoint: step 5
+  ASSERT_EQ(te_train(args(logged("--resume --save " + ck, "log.csv"))).status, 0);
+  EXPECT_EQ(steps_of(dir_ / "log.csv"), steps_of(dir_ / "whole.csv"));
+}
 
 // Packed documents (THD rows): trains, and resumes bit for bit.
 TEST_F(Train, PackedResumesBitForBit) { expect_resume_bit_for_bit("--pack"); }

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <sstream>
 #include <stdexcept>
@@ -89,15 +90,26 @@ void Progress::finish() {
 StepLog::Cell::Cell(double v) : text_(fmt("%.9g", v)) {}
 
 StepLog::StepLog(const std::string& path, std::vector<std::string> columns,
-                 const std::string& option)
+                 const std::string& option, int64_t carried_lines)
     : path_(path), columns_(std::move(columns)) {
   if (path_.empty()) return;
+  std::string header;
+  for (const auto& c : columns_) header += (header.empty() ? "" : ",") + c;
+  std::vector<std::string> carried;
+  if (carried_lines > 0) {
+    std::ifstream before(path_);
+    std::string line;
+    if (std::getline(before, line) && line == header) {
+      while (static_cast<int64_t>(carried.size()) < carried_lines && std::getline(before, line)) {
+        carried.push_back(line);
+      }
+    }
+  }
   tmp_ = path_ + ".tmp";
   out_.open(tmp_);
   if (!out_) throw te::InputError("cannot write " + option + " '" + path_ + "'");
-  std::string header;
-  for (const auto& c : columns_) header += (header.empty() ? "" : ",") + c;
   out_ << header << "\n";
+  for (const std::string& line : carried) out_ << line << "\n";
 }
 
 void StepLog::add(const std::vector<Cell>& values) {

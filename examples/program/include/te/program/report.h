@@ -71,8 +71,12 @@ class StepLog {
     std::string text_;
   };
 
+  /// With `carried_lines` > 0 (a resumed run that did that many steps before), the first that
+  /// many lines of an existing file at `path` with the same header are kept ahead of the new
+  /// ones, so a resumed run's log holds every step once (lines of steps past the checkpoint,
+  /// which run again, are dropped).
   StepLog(const std::string& path, std::vector<std::string> columns,
-          const std::string& option = "--log-steps");
+          const std::string& option = "--log-steps", int64_t carried_lines = 0);
   /// One line: a value per column, in the header's order.
   void add(const std::vector<Cell>& values);
   /// Closes the file and renames it into place.
