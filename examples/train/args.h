@@ -40,7 +40,8 @@ struct Args {
   double beta1 = 0.9, beta2 = 0.95;
   double clip = 1.0;
   std::string dtype = "fp32";
-  std::string fp8 = "none";  // --fp8: none, or a te::fp8 recipe by name
+  double loss_scale = 65536;  // --loss-scale: fp16's initial loss scale
+  std::string fp8 = "none";   // --fp8: none, or a te::fp8 recipe by name
   uint64_t seed = 0;
   // Layout and launch (te::program's --mesh, --mesh-resource, --rules; --nproc, --threads).
   te::program::LayoutArgs layout;

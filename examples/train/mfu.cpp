@@ -101,6 +101,8 @@ Mfu make_mfu(const Args& a, const te::hf::CausalLMImpl& model) {
     m.peak_source = "--peak-tflops";
     return m;
   }
+  // fp16: te's CPU GEMMs multiply float16 operands in fp32 (LibTorch 1.13 has no CPU fp16 GEMM;
+  // modules/src/matmul.cpp), so fp32's peak is the one they can reach.
   const at::ScalarType dtype = a.dtype == "bf16" ? at::kBFloat16 : at::kFloat;
   const auto begin = std::chrono::steady_clock::now();
   const auto [peak, fastest] = measured_peak(dtype);

@@ -96,9 +96,11 @@ void print_banner(const Args& a, const OpenedModel& m, const te::train::Data& da
             << params << " parameters on this rank, " << a.dtype
             << (a.fp8 == "none" ? "" : ", fp8 " + a.fp8) << ", " << world_size
             << (world_size == 1 ? " rank" : " ranks") << "\n  data: " << a.data << " ("
-            << data.train.num_units() << " blocks of " << a.seq_len << " tokens, "
-            << data.train.steps_per_epoch() << " batches an epoch)"
-            << (data.eval ? ", eval " + std::to_string(data.eval->num_units()) + " blocks" : "")
+            << data.train.num_units() << (a.pack ? " packed rows of " : " blocks of ") << a.seq_len
+            << " tokens, " << data.train.steps_per_epoch() << " batches an epoch)"
+            << (data.eval ? ", eval " + std::to_string(data.eval->num_units()) +
+                                (a.pack ? " rows" : " blocks")
+                          : "")
             << "\n  steps " << a.steps << ", " << micro_batches << " x " << a.micro_batch
             << " rows a step, lr " << te::program::fmt("%.3g", a.lr) << " (" << a.schedule
             << ", warmup " << a.warmup << "), clip " << a.clip << std::endl;

@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <iostream>
 #include <string>
@@ -85,6 +86,10 @@ void add_training_options(CLI::App& app, Args& a) {
                  "overflows is skipped, counted and the scale halved)")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
       ->capture_default_str();
+  app.add_option("--loss-scale", a.loss_scale,
+                 "fp16: the initial loss scale (torch.amp.GradScaler's init_scale); halved at "
+                 "each overflow, doubled after 2000 steps without one")
+      ->capture_default_str();
   te::program::add_fp8_option(app, a.fp8);
   app.add_option("--seed", a.seed, "Seeds the data order and --config's random weights")
       ->capture_default_str();
@@ -115,10 +120,12 @@ void add_output_options(CLI::App& app, Args& a) {
   app.add_option("--peak-tflops", a.peak_tflops,
                  "The peak TFLOP/s of the hardware the run uses (all ranks) that MFU divides by; "
                  "without it, measured at the start: the best of a few dense 1024^3 and 2048^3 "
-                 "at::matmul in --dtype (or fp32, where faster) on each rank's threads, summed "
+                 "at::matmul in bf16 (or fp32, where faster) for --dtype bf16, else fp32 (fp16 "
+                 "GEMMs multiply in fp32 on the CPU), on each rank's threads, summed "
                  "over the ranks. MFU = tokens/s x (6 N + 12 L H T) / peak, N the parameters "
                  "that multiply in GEMMs (all but lookup-only embedding tables), L layers, H "
-                 "heads x head dim, T --seq-len (PaLM's appendix B)");
+                 "heads x head dim, T --seq-len (PaLM's appendix B; with --pack the documents "
+                 "are shorter, so this counts attention's FLOPs high)");
   app.add_flag("--quiet", a.quiet, "Print nothing but errors");
 }
 
@@ -197,10 +204,11 @@ void check_numbers(const Args& a) {
 int parse_args(int argc, char** argv, Args& a) {
   CLI::App app{
       "te-train: train or fine-tune a decoder language model (Llama, Qwen, Mistral, Phi-3, "
-      "Gemma, GPT-2 families) with AdamW (fp32 master weights in bf16), a warmup + decay "
-      "schedule, global gradient clipping and accumulation, on one process or a mesh of "
-      "ranks; sharded checkpoints that resume bit for bit; export as Hugging Face files or, from a "
-      "GGUF model, as GGUF.",
+      "Gemma, GPT-2 families) with AdamW (fp32 master weights in bf16 and fp16, fp16 with "
+      "dynamic loss scaling; ZeRO-1 with --zero-axis), FP8 recipes (--fp8), a warmup + decay "
+      "schedule, global gradient clipping and accumulation, on fixed-length blocks or packed "
+      "documents (--pack), on one process or a mesh of ranks; sharded checkpoints that resume "
+      "bit for bit; export as Hugging Face files or, from a GGUF model, as GGUF.",
       "te-train"};
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // last wins
   add_model_and_data_options(app, a);
@@ -242,6 +250,10 @@ void check_schedule(const Args& a) {
     }
   }
   if (a.weight_decay < 0) throw te::InputError("--weight-decay is negative");
+  if (!(a.loss_scale > 0) || !std::isfinite(a.loss_scale)) {
+    throw te::InputError("--loss-scale " + std::to_string(a.loss_scale) +
+                         " is not positive and finite");
+  }
 }
 
 te::program::Layout check_args(const Args& a, int world_size) {

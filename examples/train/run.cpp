@@ -51,6 +51,7 @@ te::train::TrainerOptions trainer_options(const Args& a) {
                    .lr_min(a.lr_min);
   o.clip = a.clip;
   o.zero_axis = a.zero_axis;
+  o.loss_scaling.init_scale(a.loss_scale);
   o.fp8 = te::program::recipe_of(a.fp8);
   return o;
 }
@@ -169,13 +170,18 @@ int64_t resume(const Args& a, te::train::LmTrainer& trainer, te::train::Data& da
   }
   te::nn::load_checkpoint(*trainer.model(), a.save_dir, {}, &trainer.optimizer());
   data.train.load_state_json(extra.at("data").dump());
-  if (te::optim::GradScaler* scaler = trainer.loss_scaler();
-      scaler && extra.contains("loss_scaler")) {
-    const nlohmann::json& l = extra["loss_scaler"];
-    scaler->restore(l.at("scale").get<double>(), l.at("growth_tracker").get<int64_t>(),
-                    l.at("skipped_steps").get<int64_t>());
+  try {
+    if (te::optim::GradScaler* scaler = trainer.loss_scaler();
+        scaler && extra.contains("loss_scaler")) {
+      const nlohmann::json& l = extra["loss_scaler"];
+      scaler->restore(l.at("scale").get<double>(), l.at("growth_tracker").get<int64_t>(),
+                      l.at("skipped_steps").get<int64_t>());
+    }
+    return extra.at("step").get<int64_t>();
+  } catch (const nlohmann::json::exception& e) {
+    throw te::InputError("--resume: the checkpoint at '" + a.save_dir +
+                         "' has a malformed te-train record (" + e.what() + ")");
   }
-  return extra.at("step").get<int64_t>();
 }
 
 // The first --eval-batches batches of the evaluation data, in order.
@@ -189,7 +195,8 @@ std::vector<te::train::Batch> eval_batches(const Args& a, te::train::Data& data)
 
 struct Totals {
   double seconds = 0, last_loss = 0, eval_loss = std::nan(""), first_eval_loss = std::nan("");
-  int64_t tokens = 0, steps = 0, skipped = 0;  // skipped: fp16 steps whose gradient overflowed
+  // fp16 steps whose gradient overflowed: in this run, and since step 0 (the checkpoint's too).
+  int64_t tokens = 0, steps = 0, skipped = 0, skipped_total = 0;
 };
 
 void report_step(const Args& a, int64_t step, const te::train::StepStats& s, double seconds,
@@ -240,6 +247,9 @@ Totals loop(const Args& a, te::train::LmTrainer& trainer, te::train::Data& data,
     t.last_loss = s.loss;
     ++t.steps;
     t.skipped += s.skipped ? 1 : 0;
+    if (const te::optim::GradScaler* scaler = trainer.loss_scaler()) {
+      t.skipped_total = scaler->skipped_steps();
+    }
     report_step(a, step, s, seconds, mfu, lead);
     const double tokens_per_second = static_cast<double>(s.tokens) / seconds;
     log.add({step + 1, s.loss, s.grad_norm, s.lr, tokens_per_second, mfu.of(tokens_per_second),
@@ -280,7 +290,7 @@ void write_metrics(const Args& a, const Totals& t, const Mfu& mfu, int world_siz
                       {"world_size", world_size},
                       {"dtype", a.dtype},
                       {"fp8", a.fp8},
-                      {"skipped_steps", t.skipped}};
+                      {"skipped_steps", t.skipped_total}};
   if (!std::isnan(t.eval_loss)) {
     j["eval"] = {{"loss_before", t.first_eval_loss},
                  {"loss", t.eval_loss},

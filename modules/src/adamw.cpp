@@ -34,8 +34,8 @@ bool low_precision(const at::Tensor& p) {
 
 // One parameter's update: torch 2.11's _single_tensor_adam with amsgrad off and decoupled
 // decay, op for op, on fp32 tensors (the master, or the fp32 parameter itself).
-void update(at::Tensor& weight, const at::Tensor& grad, AdamWParamState& st,
-            const AdamWOptions& o, at::Tensor& scratch) {
+void update(at::Tensor& weight, const at::Tensor& grad, AdamWParamState& st, const AdamWOptions& o,
+            at::Tensor& scratch) {
   const auto [beta1, beta2] = o.betas();
   st.step(st.step() + 1);
   if (o.weight_decay() != 0) weight.mul_(1 - o.lr() * o.weight_decay());
@@ -50,7 +50,7 @@ void update(at::Tensor& weight, const at::Tensor& grad, AdamWParamState& st,
   // buffer for the step's parameters (two new tensors per parameter cost their page faults).
   const at::Tensor& v = st.exp_avg_sq();
   if (!scratch.defined() || scratch.scalar_type() != v.scalar_type() ||
-      scratch.numel() < v.numel()) {
+      scratch.device() != v.device() || scratch.numel() < v.numel()) {
     scratch = at::empty({v.numel()}, v.options());
   }
   at::Tensor denom = scratch.narrow(0, 0, v.numel()).view(v.sizes());

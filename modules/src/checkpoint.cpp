@@ -245,6 +245,7 @@ void save_checkpoint(const torch::nn::Module& module, const std::string& dir,
       world ? world->all_gather(mine_text) : std::vector<std::string>{mine_text};
   if (rank == 0) {
     index.world_size = n;
+    index.with_optimizer = optimizer != nullptr;
     for (const auto& [name, e] : entries) {
       format::TensorRecord& t = index.tensors[name];
       t.shape = e.global_shape;
@@ -326,8 +327,11 @@ void check_same_tensors(const format::Index& index, const std::map<std::string, 
   for (const auto& [name, t] : index.tensors) {
     has_optimizer_state = has_optimizer_state || name.rfind("optimizer.", 0) == 0;
   }
-  TE_CHECK(!with_optimizer || has_optimizer_state, "load_checkpoint: the checkpoint at '",
-           root.string(), "' holds no optimizer state (it was saved without the optimizer); ",
+  // Saved with an optimizer that had no state yet (every step so far skipped, e.g. fp16 overflow):
+  // it starts afresh.
+  TE_CHECK(!with_optimizer || has_optimizer_state || index.with_optimizer,
+           "load_checkpoint: the checkpoint at '", root.string(),
+           "' holds no optimizer state (it was saved without the optimizer); ",
            "load it without one");
   for (const auto& [name, e] : entries) {
     // A parameter that had no step when it was saved has no state: it starts afresh.

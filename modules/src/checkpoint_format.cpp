@@ -242,6 +242,10 @@ Index parse_index(std::string_view text, const std::string& path, const char* wh
   if (te.contains("world_size")) {
     out.world_size = f.integer(te["world_size"], "te.world_size", 1, 1 << 30);
   }
+  if (te.contains("optimizer")) {
+    if (!te["optimizer"].is_boolean()) f.fail("te.optimizer", "expected true or false");
+    out.with_optimizer = te["optimizer"].get<bool>();
+  }
   for (const auto& [name, v] : te["tensors"].items()) {
     const std::string field = "te.tensors." + quoted(name);
     if (!v.is_object()) f.fail(field, "expected an object, got " + brief(v));
@@ -306,6 +310,7 @@ std::string index_text(const Index& index) {
   }
   json te = {{"world_size", index.world_size}, {"tensors", tensors}};
   if (index.rng) te["rng"] = {{"seed", index.rng->first}, {"calls", index.rng->second}};
+  if (index.with_optimizer) te["optimizer"] = true;
   json out = {{"metadata", {{"total_size", total}, {"format", "te-cpp"}}},
               {"te", te},
               {"extra", json::parse(index.extra_json)}};

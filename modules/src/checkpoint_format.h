@@ -86,9 +86,11 @@ struct Index {
   std::map<std::string, TensorRecord> tensors;
   std::optional<std::pair<uint64_t, uint64_t>> rng;  ///< te::nn's RNG state: seed, calls
   std::string extra_json = "{}";                     ///< the caller's metadata, as JSON text
+  /// Saved with an optimizer (whose state may still be empty: no step had a gradient yet).
+  bool with_optimizer = false;
   bool operator==(const Index& o) const {
     return world_size == o.world_size && tensors == o.tensors && rng == o.rng &&
-           extra_json == o.extra_json;
+           extra_json == o.extra_json && with_optimizer == o.with_optimizer;
   }
 };
 

@@ -132,8 +132,15 @@ TEST_F(Train, ResumeKeepsTheStepLogUpToTheCheckpoint) {
 // Packed documents (THD rows): trains, and resumes bit for bit.
 TEST_F(Train, PackedResumesBitForBit) { expect_resume_bit_for_bit("--pack"); }
 
-// float16 weights with fp32 masters and dynamic loss scaling (its scale in the checkpoint).
-TEST_F(Train, ResumeInFp16IsBitForBit) { expect_resume_bit_for_bit("--dtype fp16"); }
+// float16 weights with fp32 masters and dynamic loss scaling: an initial scale of 2^24 overflows
+// the first six steps (skipped, the scale halved each time), so the resumed run must take the
+// scale from the checkpoint to skip what the uninterrupted run skipped.
+TEST_F(Train, ResumeInFp16IsBitForBit) {
+  expect_resume_bit_for_bit("--dtype fp16 --loss-scale 16777216");
+  const std::string m = (dir_ / "m.json").string();
+  ASSERT_EQ(te_train(args("--dtype fp16 --loss-scale 16777216 --metrics-json " + m)).status, 0);
+  EXPECT_GE(nlohmann::json::parse(std::ifstream(m))["skipped_steps"].get<int>(), 3);
+}
 
 // Every recipe of --fp8 trains the model as fp32 does: each step's loss within 1% of the fp32
 // run's for the FP8 recipes (measured: at most 0.26% in fp32, 0.5% in bf16) and 5% for NVFP4's
@@ -285,6 +292,7 @@ TEST_F(Train, BadInputIsNamedAndLeavesTheCheckpoint) {
        "--mesh data=2 has 2 ranks but the world has 3"},
       {"--pack --nproc 2 --mesh data=2 --mesh-resource dp=data", "corpus.txt", "config.json",
        "--pack: the layout (mesh data=2"},
+      {"--loss-scale 0", "corpus.txt", "config.json", "--loss-scale 0.000000 is not positive"},
       {"--zero-axis data", "corpus.txt", "config.json",
        "--zero-axis: 'data' is not an axis of the mesh (one process)"},
       {"--fp8 hybrid", "corpus.txt", "config.json", "--fp8: hybrid not in {none,delayed,"},

@@ -1,18 +1,22 @@
-"""te-train --export-gguf held to gguf-py and llama.cpp: random Llama models (one with Llama 3's RoPE
-factors in rope_freqs.weight, one with a tied head) written as llama.cpp's converter writes them
-(gguf_files.py, Q8_0), fine-tuned by te-train on a text of their vocabulary's pieces and exported:
+"""te-train --export-gguf held to gguf-py and llama.cpp: random models of each family te exports
+(CASES) written as llama.cpp's converter writes them (gguf_files.py, Q8_0): Llama ("llama"; one
+with Llama 3's RoPE factors in rope_freqs.weight, one with a tied head), Qwen2 ("qwen2": q/k/v
+biases, rows as in transformers), Gemma 2 and Gemma 3 ("gemma2", "gemma3": every norm weight
+stored plus one, Gemma 3's q/k norms among them; a tied head and no output.weight), their norm
+scales and biases moved off their initial values, fine-tuned by te-train on a text of their
+vocabulary's pieces and exported:
 
 - at a learning rate of 1e-12 the f32 export is the source file's weights as gguf-py dequantizes
-  them (within 1e-6: the names, shapes, the query/key row interleave and the tensors that are not
-  weights, RoPE factors, all written back as llama.cpp reads them), with every metadata key of
-  the source kept (general.file_type set to ALL_F32);
+  them (within 1e-6: the names, shapes, Llama's query/key row interleave, the norms plus one, the
+  biases and the tensors that are not weights, RoPE factors, all written back as llama.cpp reads
+  them), with every metadata key of the source kept (general.file_type set to ALL_F32);
 - at a learning rate of 3e-3 the f32 export differs from the source (the trained weights are
   written), and the f16, bf16 and q8_0 exports of the same run are its f32 weights converted
   exactly as gguf-py converts them (numpy's float16, ggml's bfloat16 rounding, and
   gguf.quants.quantize for Q8_0, which is ggml's reference quantizer bit for bit);
 - llama.cpp's llama-perplexity (scripts/llama-cpp.sh; skipped with a note where it cannot be
-  built) loads each export and computes a finite perplexity over the text, lower for the trained
-  f32 export than for the source file.
+  built) loads each export and computes a finite perplexity over the text's first 4 chunks (a run
+  that stops early is run again), lower for the trained f32 export than for the source file.
 
   python check_train_gguf.py TE_TRAIN WORKDIR
 """
@@ -30,20 +34,34 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType as Q
 import gguf_files
-from gguf_files import write_gguf
-from transformers import LlamaConfig, LlamaForCausalLM
+from gguf_files import write_gemma_gguf, write_gguf
+from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig,
+                          LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SIZES = dict(vocab_size=384, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, intermediate_size=128, max_position_embeddings=64,
              rms_norm_eps=1e-6, rope_parameters=dict(rope_type="default", rope_theta=10000.0))
+LLAMA = (LlamaConfig, LlamaForCausalLM, "llama")
+# Gemma's head_dim (256 by default) given; the config class's defaults otherwise (Gemma 2's soft
+# caps, Gemma 3's RoPE bases), which are what te and transformers read from a GGUF file.
+GEMMA = dict(head_dim=16, sliding_window=4)
+# (case, (config class, model class, llama.cpp architecture), config arguments over SIZES).
 CASES = [
-    ("llama", dict(tie_word_embeddings=False)),
-    ("llama-tied", dict(tie_word_embeddings=True)),
-    ("llama3-rope", dict(tie_word_embeddings=False,
-                         rope_parameters=dict(rope_type="llama3", rope_theta=10000.0, factor=8.0,
-                                              low_freq_factor=1.0, high_freq_factor=4.0,
-                                              original_max_position_embeddings=64))),
+    ("llama", LLAMA, dict(tie_word_embeddings=False)),
+    ("llama-tied", LLAMA, dict(tie_word_embeddings=True)),
+    ("llama3-rope", LLAMA, dict(tie_word_embeddings=False,
+                                rope_parameters=dict(rope_type="llama3", rope_theta=10000.0,
+                                                     factor=8.0, low_freq_factor=1.0,
+                                                     high_freq_factor=4.0,
+                                                     original_max_position_embeddings=64))),
+    # q/k/v biases, rows as in transformers (no permutation).
+    ("qwen2", (Qwen2Config, Qwen2ForCausalLM, "qwen2"), dict(tie_word_embeddings=False)),
+    # Norms stored plus one (Gemma 2's four per layer), a tied head and no output.weight, soft caps.
+    ("gemma2", (Gemma2Config, Gemma2ForCausalLM, "gemma2"), GEMMA),
+    # Gemma 3's q/k norms plus one as well; its own RoPE bases (1e6 global, 1e4 sliding).
+    ("gemma3", (Gemma3TextConfig, Gemma3ForCausalLM, "gemma3"),
+     dict(GEMMA, rope_parameters=None)),
 ]
 
 
@@ -102,6 +120,9 @@ def run(te_train, case_dir, lr, kind, out):
     return out
 
 
+CHUNKS = 4  # llama-perplexity's 16-token chunks of the text
+
+
 def llama_perplexity(path, text):
     """llama.cpp's perplexity over `text`, or None where llama-perplexity cannot be built."""
     built = subprocess.run(["bash", os.path.join(HERE, "../../scripts/llama-cpp.sh"),
@@ -112,29 +133,49 @@ def llama_perplexity(path, text):
         return None
     # The running estimate after each chunk, "[4]386.9575," on stdout. One thread: with two, half
     # the runs here stop after the thread pool starts (exit 0, nothing computed), gguf-py's own
-    # files too. --no-repack: the repacked Q8_0 kernels (AMX here) crash on those as well.
+    # files too. --no-repack: the repacked Q8_0 kernels (AMX here) crash on those as well. Even
+    # so a run now and then stops early (exit 0 after chunk 3, say): run it again until all
+    # CHUNKS are in, so that every perplexity compared is over the same text.
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    for _ in range(3):
+    for _ in range(5):
         p = subprocess.run([built.stdout.strip().splitlines()[-1], "-m", path, "-f", text, "-c",
-                            "16", "-b", "16", "--chunks", "4", "-t", "1", "--no-repack"],
+                            "16", "-b", "16", "--chunks", str(CHUNKS), "-t", "1", "--no-repack"],
                            capture_output=True, text=True, env=env)
         chunks = re.findall(r"\[(\d+)\]([0-9.eE+-]+|nan|inf)", p.stdout)
-        if p.returncode != 0 or chunks:
+        if p.returncode != 0 or len(chunks) == CHUNKS:
             break
-    if p.returncode != 0 or not chunks:
+    if p.returncode != 0 or len(chunks) != CHUNKS:
         raise AssertionError("llama-perplexity failed on %s (%d): %s" %
                              (path, p.returncode, (p.stdout + p.stderr)[-600:]))
     return float(chunks[-1][1])
 
 
-def check(te_train, workdir, name, extra):
+def source_model(classes, extra):
+    """The random model; beyond Llama, every norm scale and bias moved off its initial value (0 or
+    1), so that a norm's plus one and each bias are held to the source's own values."""
+    config_class, model_class, arch = classes
+    torch.manual_seed(0)
+    kwargs = {k: v for k, v in {**SIZES, **extra}.items() if v is not None}
+    model = model_class(config_class(**kwargs)).to(torch.float32).eval()
+    if arch != "llama":
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "norm" in name and name.endswith(".weight"):
+                    p.add_(0.2 * torch.randn_like(p))
+                elif name.endswith(".bias"):
+                    p.add_(0.1 * torch.randn_like(p))
+    return model
+
+
+def check(te_train, workdir, name, classes, extra):
     case_dir = os.path.join(workdir, name)
     shutil.rmtree(case_dir, ignore_errors=True)  # a token file of an earlier run's vocabulary
     os.makedirs(case_dir)
-    torch.manual_seed(0)
-    config = LlamaConfig(**{**SIZES, **extra})
-    write_gguf(LlamaForCausalLM(config).eval(), os.path.join(case_dir, "source.gguf"), Q.Q8_0,
-               Q.Q8_0)
+    model, arch = source_model(classes, extra), classes[2]
+    if arch.startswith("gemma"):
+        write_gemma_gguf(model, os.path.join(case_dir, "source.gguf"), Q.Q8_0, arch)
+    else:
+        write_gguf(model, os.path.join(case_dir, "source.gguf"), Q.Q8_0, Q.Q8_0)
     rng = random.Random(1)
     with open(os.path.join(case_dir, "text.txt"), "w") as f:
         for _ in range(80):
@@ -187,7 +228,7 @@ def main():
     te_train, workdir = sys.argv[1], sys.argv[2]
     os.makedirs(workdir, exist_ok=True)
     torch.set_num_threads(1)
-    failures = sum(not check(te_train, workdir, name, extra) for name, extra in CASES)
+    failures = sum(not check(te_train, workdir, *case) for case in CASES)
     print("%d of %d exports differ from gguf-py's encoding or fail llama.cpp's loader" %
           (failures, len(CASES)))
     return 1 if failures else 0

@@ -1,7 +1,7 @@
 """GGUF files as llama.cpp's convert_hf_to_gguf.py writes them (llama-cpp-python 0.3.36's vendored
-llama.cpp: conversion/llama.py LlamaModel, conversion/phi.py Phi3MiniModel, conversion/gemma.py
-Gemma2Model and Gemma3Model), written with gguf-py
-from a transformers model, for check_hf_models.py's GGUF cases:
+llama.cpp: conversion/llama.py LlamaModel, conversion/phi.py Phi3MiniModel, conversion/qwen.py
+Qwen2Model, conversion/gemma.py Gemma2Model and Gemma3Model), written with gguf-py
+from a transformers model, for check_hf_models.py's and check_train_gguf.py's GGUF cases:
 
 - Llama ("llama"): attn_q and attn_k rows permuted (LlamaModel.permute), Llama 3's RoPE scaling as
   rope_freqs.weight (generate_extra_tensors);
@@ -10,8 +10,12 @@ from a transformers model, for check_hf_models.py's GGUF cases:
   attention.sliding_window (0 for none), and LongRoPE's factors as rope_factors_long.weight /
   rope_factors_short.weight with rope.scaling.attn_factor sqrt(1 + ln(scale) / ln(original)),
   scale = max_position_embeddings / original;
+- Qwen2 ("qwen2"): rows as in transformers (no permutation), the q/k/v biases as attn_q.bias,
+  attn_k.bias and attn_v.bias (F32), TextModel.set_gguf_parameters' keys (context_length,
+  rope.freq_base; no vocab_size, no rope.dimension_count);
 - Gemma 2 and 3 ("gemma2", "gemma3"): every norm weight stored plus one, no output.weight (tied),
-  Gemma 2's soft caps, Gemma 3's global RoPE base, the sliding window.
+  Gemma 2's soft caps, Gemma 3's global and sliding RoPE bases (rope.freq_base,
+  rope.freq_base_swa), the sliding window.
 
 Each with a minimal SentencePiece ("llama") vocabulary, the 2-dim weights quantized (F16 where
 the blocks do not tile a row, as the converter falls back on gguf.QuantError) and the norms F32.
@@ -41,6 +45,11 @@ GGUF_NAMES = {
     "model.layers.N.mlp.gate_proj.weight": "blk.N.ffn_gate.weight",
     "model.layers.N.mlp.up_proj.weight": "blk.N.ffn_up.weight",
     "model.layers.N.mlp.down_proj.weight": "blk.N.ffn_down.weight",
+}
+QWEN2_NAMES = {
+    "model.layers.N.self_attn.q_proj.bias": "blk.N.attn_q.bias",
+    "model.layers.N.self_attn.k_proj.bias": "blk.N.attn_k.bias",
+    "model.layers.N.self_attn.v_proj.bias": "blk.N.attn_v.bias",
 }
 PHI3_NAMES = {
     "model.layers.N.self_attn.qkv_proj.weight": "blk.N.attn_qkv.weight",
@@ -104,6 +113,15 @@ def write_phi3_keys(w, c):
                                                                dtype=torch.float32).numpy())
 
 
+def write_qwen2_keys(w, c):
+    """Qwen2Model's set_gguf_parameters (TextModel's: no pooling without modules.json, no rope
+    scaling keys for the default RoPE, key/value lengths only where config.json has head_dim)."""
+    w.add_context_length(c.max_position_embeddings)
+    if c.to_dict().get("head_dim") is not None:
+        w.add_key_length(c.head_dim)
+        w.add_value_length(c.head_dim)
+
+
 def write_tokenizer(w, c):
     """A SentencePiece ("llama") vocabulary of vocab_size tokens: <unk>, <s>, </s> and plain
     pieces. transformers needs none of it to load the model, but the converter always writes
@@ -137,17 +155,19 @@ def writer(path, arch, c):
 
 
 def write_gguf(model, path, qtype, embd_qtype):
-    """model (a LlamaForCausalLM or Phi3ForCausalLM) as convert_hf_to_gguf.py writes it, with the
-    2-dim weights quantized to qtype (token_embd.weight to embd_qtype) and the norms in F32."""
+    """model (a LlamaForCausalLM, Phi3ForCausalLM or Qwen2ForCausalLM) as convert_hf_to_gguf.py
+    writes it, with the 2-dim weights quantized to qtype (token_embd.weight to embd_qtype) and the
+    norms and biases in F32."""
     c = model.config
-    phi3 = c.model_type == "phi3"
+    llama = c.model_type == "llama"  # the one whose query/key rows are permuted
     w = writer(path, c.model_type, c)
     w.add_rope_freq_base(c.rope_parameters["rope_theta"])
-    (write_phi3_keys if phi3 else write_llama_keys)(w, c)
+    {"llama": write_llama_keys, "phi3": write_phi3_keys, "qwen2": write_qwen2_keys}[
+        c.model_type](w, c)
     w.add_file_type(GGUF_FILE_TYPES[qtype])
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     write_tokenizer(w, c)
-    names = {**GGUF_NAMES, **PHI3_NAMES}
+    names = {**GGUF_NAMES, **PHI3_NAMES, **QWEN2_NAMES}
     for hf_name, p in model.state_dict().items():
         if hf_name == "lm_head.weight" and c.tie_word_embeddings:
             continue
@@ -155,9 +175,9 @@ def write_gguf(model, path, qtype, embd_qtype):
         name = (names["model.layers.N." + m[2]].replace(".N.", ".%s." % m[1]) if m
                 else names[hf_name])
         data = p.detach().to(torch.float32).numpy()
-        if not phi3 and name.endswith("attn_q.weight"):
+        if llama and name.endswith("attn_q.weight"):
             data = permute(data, c.num_attention_heads)
-        elif not phi3 and name.endswith("attn_k.weight"):
+        elif llama and name.endswith("attn_k.weight"):
             data = permute(data, c.num_key_value_heads)
         add_tensor(w, name, data, qtype, embd_qtype)
     close(w)
@@ -213,8 +233,9 @@ def write_gemma_gguf(model, path, qtype, arch):
     if arch == "gemma2":
         w.add_attn_logit_softcapping(c.attn_logit_softcapping)
         w.add_final_logit_softcapping(c.final_logit_softcapping)
-    else:
+    else:  # TextModel.set_gguf_parameters' global and sliding (swa) bases
         w.add_rope_freq_base(c.rope_parameters["full_attention"]["rope_theta"])
+        w.add_rope_freq_base_swa(c.rope_parameters["sliding_attention"]["rope_theta"])
     w.add_sliding_window(c.sliding_window)
     w.add_vocab_size(c.vocab_size)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)

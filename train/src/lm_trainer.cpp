@@ -7,6 +7,7 @@
 
 #include <limits>
 #include <optional>
+#include <string>
 #include <utility>
 
 #include "te/distributed.h"
@@ -35,9 +36,8 @@ at::Tensor packed_loss_sum(te::hf::CausalLM& model, const Batch& b,
   const int64_t seq = b.ids.size(1);
   std::vector<at::Tensor> starts;
   for (std::size_t r = 0; r < b.cu_seqlens.size(); ++r) {
-    const at::Tensor cu = b.cu_seqlens[r].to(at::kLong);
-    TE_CHECK(cu.dim() == 1 && cu.size(0) >= 2 && cu[-1].item<int64_t>() == seq,
-             "LmTrainer: packed row ", r, "'s cu_seqlens do not end at its ", seq, " tokens");
+    const at::Tensor cu = F::checked_cu_seqlens(
+        b.cu_seqlens[r], "LmTrainer", "packed row " + std::to_string(r) + "'s cu_seqlens", seq);
     starts.push_back((r == 0 ? cu : cu.slice(0, 1)) + static_cast<int64_t>(r) * seq);
   }
   const at::Tensor cu_seqlens = at::cat(starts).to(at::kInt);

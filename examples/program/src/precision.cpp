@@ -17,7 +17,8 @@ std::vector<std::string> fp8_choices() {
 
 void add_fp8_option(CLI::App& app, std::string& fp8) {
   app.add_option("--fp8", fp8, "FP8 GEMMs: none, or a recipe: " + te::fp8::recipe_summary())
-      ->check(CLI::IsMember(fp8_choices()));
+      ->check(CLI::IsMember(fp8_choices()))
+      ->capture_default_str();
 }
 
 std::optional<te::fp8::Recipe> recipe_of(const std::string& name) {

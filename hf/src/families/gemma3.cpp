@@ -9,7 +9,7 @@
 // (conversion/gemma.py Gemma3Model) writes the norms plus one; transformers 5.23.0 reads the file's
 // sizes, rope.freq_base and sliding_window over Gemma3TextConfig's defaults (integrations/ggml.py
 // GGUF_CONFIG_MAPPING["gemma3"]), so te-cpp does the same and refuses what transformers would
-// ignore there (a head soft cap, RoPE scaling).
+// ignore there (a head soft cap, RoPE scaling, a sliding base rope.freq_base_swa other than 1e4).
 
 #include "gemma_decoder.h"
 
@@ -50,6 +50,15 @@ void read_gguf_config(GgufKeys& k, CausalLMConfig& c) {
   c.attention_scale = 1.0 / 16;  // query_pre_attn_scalar's default 256: 256^-0.5
   if (!k.number("rope.freq_base")) c.rope_theta = 1e6;  // Gemma3TextConfig's global base
   c.sliding_rope_theta = 10000.0;                       // and its sliding one
+  // llama.cpp's converter writes the sliding base too (conversion/base.py
+  // TextModel.set_gguf_parameters: rope_parameters' sliding_attention, or config.json's
+  // rope_local_base_freq, as rope.freq_base_swa), which transformers' GGUF loader does not read.
+  if (const auto swa = k.number("rope.freq_base_swa"); swa && *swa != c.sliding_rope_theta) {
+    k.fail("rope.freq_base_swa",
+           std::to_string(*swa) + " is not Gemma3TextConfig's sliding base 10000, which "
+           "transformers' GGUF loader uses whatever the file says; te-cpp refuses the file "
+           "rather than differ");
+  }
   refuse_gguf_rope_scaling(k, c);
   if (const auto cap = k.number("final_logit_softcapping")) {
     k.fail("final_logit_softcapping",

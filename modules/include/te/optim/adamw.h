@@ -28,7 +28,9 @@
 // flattened local piece (balanced to an element, as Megatron splits its flat buffers); each
 // rank updates its chunk from the whole (all-reduced) gradient, and the updated chunks are
 // all-gathered into the parameter, in its dtype. State memory per rank falls by the axis size;
-// the parameters equal the unsharded step's.
+// the parameters equal the unsharded step's. Checkpoints hold the state whole (so they load on
+// any layout): save_checkpoint and load_checkpoint gather it for their duration, so their peak
+// is the unsplit state's.
 //
 // Example:
 //   te::optim::AdamW optimizer(*model, te::optim::AdamWOptions(3e-4).betas({0.9, 0.95})
