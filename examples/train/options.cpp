@@ -278,6 +278,13 @@ te::program::Layout check_args(const Args& a, int world_size) {
       throw te::InputError("--zero-axis: '" + a.zero_axis + "' is not an axis of the mesh (" +
                            layout.description + "); give the data axis of --mesh");
     }
+    // ZeRO splits state over the ranks that hold the same parameters with different data.
+    const std::optional<te::MeshResource>& r = layout.resource;
+    if (r && r->dp != a.zero_axis && r->fsdp != a.zero_axis) {
+      throw te::InputError("--zero-axis: '" + a.zero_axis +
+                           "' is not the data-parallel axis of --mesh-resource (dp or fsdp); "
+                           "ZeRO splits the optimizer state over the data-parallel ranks");
+    }
   }
   return layout;
 }

@@ -293,6 +293,8 @@ TEST_F(Train, BadInputIsNamedAndLeavesTheCheckpoint) {
       {"--pack --nproc 2 --mesh data=2 --mesh-resource dp=data", "corpus.txt", "config.json",
        "--pack: the layout (mesh data=2"},
       {"--loss-scale 0", "corpus.txt", "config.json", "--loss-scale 0.000000 is not positive"},
+      {"--nproc 2 --mesh model=2 --mesh-resource tp=model --zero-axis model", "corpus.txt",
+       "config.json", "--zero-axis: 'model' is not the data-parallel axis"},
       {"--zero-axis data", "corpus.txt", "config.json",
        "--zero-axis: 'data' is not an axis of the mesh (one process)"},
       {"--fp8 hybrid", "corpus.txt", "config.json", "--fp8: hybrid not in {none,delayed,"},

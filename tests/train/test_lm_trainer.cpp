@@ -261,8 +261,23 @@ te::hf::CausalLMConfig packed_llama() {
   return c;
 }
 
+// GPT-2: learned positions, which packing restarts at each document too.
+te::hf::CausalLMConfig tiny_gpt2(bool packed) {
+  const nlohmann::json j = {{"model_type", "gpt2"},
+                            {"architectures", {"GPT2LMHeadModel"}},
+                            {"vocab_size", tiny_llama_json()["vocab_size"]},
+                            {"n_embd", 32},
+                            {"n_layer", 2},
+                            {"n_head", 4},
+                            {"n_positions", 64}};
+  te::hf::CausalLMConfig c = te::hf::parse_causal_lm_config(j.dump(), "tiny_gpt2");
+  c.packed_sequences = packed;
+  return c;
+}
+
 double per_document_loss(te::hf::CausalLM& plain, const Batch& b) {
   torch::NoGradGuard no_grad;
+  plain->eval();  // as LmTrainer::evaluate runs (GPT-2's dropout off)
   double sum = 0;
   for (int64_t r = 0; r < b.ids.size(0); ++r) {
     const at::Tensor cu = b.cu_seqlens[static_cast<std::size_t>(r)].to(at::kLong);
@@ -281,6 +296,16 @@ TEST_F(LmTrainerTest, PackedRowsAreEachDocumentAlone) {
   const Batch b = data.next();
   ASSERT_EQ(b.cu_seqlens.size(), 3u);
   ASSERT_GT(b.cu_seqlens[0].size(0), 2);  // more than one document in a row
+  {  // GPT-2's learned positions: each document's from 0 as well.
+    te::nn::manual_seed(2);
+    te::hf::CausalLM plain(tiny_gpt2(false));
+    te::train::LmTrainer packed(te::hf::CausalLM(tiny_gpt2(true)), trainer_options(20));
+    torch::NoGradGuard no_grad;
+    auto from = plain->named_parameters();
+    for (auto& p : packed.model()->named_parameters()) p.value().copy_(from[p.key()]);
+    const double want = per_document_loss(plain, b);
+    EXPECT_NEAR(packed.evaluate({b}), want, 1e-5 * want);
+  }
   te::nn::manual_seed(1);
   te::hf::CausalLM plain(tiny_llama());
   te::nn::manual_seed(1);
