@@ -61,6 +61,7 @@ struct Args {
   int64_t log_every = 10;
   std::optional<double> peak_tflops;  // --peak-tflops: the run's peak, not measured
   bool quiet = false;
+  bool plan = false;  // --plan: print what a step needs on each rank and exit
 };
 
 /// Reads the command line into `args`: -1 to go on, else the exit status (--help 0, a malformed

@@ -127,6 +127,11 @@ void add_output_options(CLI::App& app, Args& a) {
                  "heads x head dim, T --seq-len (PaLM's appendix B; with --pack the documents "
                  "are shorter, so this counts attention's FLOPs high)");
   app.add_flag("--quiet", a.quiet, "Print nothing but errors");
+  app.add_flag("--plan", a.plan,
+               "Print what one step of this run needs on each rank (parameters, gradients, "
+               "optimizer state, activations, the step's peak; the collectives by phase and "
+               "axis), planned on meta tensors as te-explain --plan does, and exit (--data is "
+               "not read). A run reports its measured peak beside the plan's");
 }
 
 void check_model(const Args& a) {

@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <exception>
@@ -26,6 +27,7 @@
 #include "te/nn/checkpoint.h"
 #include "te/program/precision.h"
 #include "te/program/report.h"
+#include "te/runtime/meta.h"
 #include "te/train/data.h"
 #include "te/train/lm_trainer.h"
 
@@ -35,6 +37,10 @@ namespace {
 
 namespace fs = std::filesystem;
 using te::program::fmt;
+
+at::ScalarType dtype_of(const Args& a) {
+  return a.dtype == "bf16" ? at::kBFloat16 : a.dtype == "fp16" ? at::kHalf : at::kFloat;
+}
 
 int64_t micro_batches_of(const Args& a) {
   const int64_t tokens = a.micro_batch * a.seq_len;
@@ -197,6 +203,8 @@ struct Totals {
   double seconds = 0, last_loss = 0, eval_loss = std::nan(""), first_eval_loss = std::nan("");
   // fp16 steps whose gradient overflowed: in this run, and since step 0 (the checkpoint's too).
   int64_t tokens = 0, steps = 0, skipped = 0, skipped_total = 0;
+  // The most tensor bytes this rank held at once during a step (te::AllocationCounter).
+  int64_t peak_bytes = 0;
 };
 
 void report_step(const Args& a, int64_t step, const te::train::StepStats& s, double seconds,
@@ -224,7 +232,8 @@ double evaluate(te::train::LmTrainer& trainer, const std::vector<te::train::Batc
 }
 
 Totals loop(const Args& a, te::train::LmTrainer& trainer, te::train::Data& data, int64_t start,
-            const nlohmann::json& identity, const Mfu& mfu, bool lead, int rank) {
+            const nlohmann::json& identity, const Mfu& mfu, bool lead, int rank,
+            te::AllocationCounter& memory) {
   Totals t;
   const std::vector<te::train::Batch> eval = eval_batches(a, data);
   if (!eval.empty()) t.first_eval_loss = t.eval_loss = evaluate(trainer, eval, start, lead);
@@ -238,10 +247,12 @@ Totals loop(const Args& a, te::train::LmTrainer& trainer, te::train::Data& data,
   for (int64_t step = start; step < stop; ++step) {
     std::vector<te::train::Batch> batches;
     for (int64_t m = 0; m < micro; ++m) batches.push_back(data.train.next());
+    memory.reset_peak();
     const auto begin = std::chrono::steady_clock::now();
     const te::train::StepStats s = trainer.step(batches, step);
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+    t.peak_bytes = std::max(t.peak_bytes, memory.peak_bytes());
     t.seconds += seconds;
     t.tokens += s.tokens;
     t.last_loss = s.loss;
@@ -267,18 +278,64 @@ Totals loop(const Args& a, te::train::LmTrainer& trainer, te::train::Data& data,
   return t;
 }
 
+// What one step of this run needs on this rank, planned on meta tensors for its model, layout
+// and options (te::train::plan_lm_step): te-train --plan prints it, a run reports it beside
+// what it measured.
+te::nn::Plan plan_run(const Args& a, const te::program::Layout& layout,
+                      const te::hf::CausalLMConfig& config, int rank) {
+  te::nn::PlanStepOptions where;
+  if (layout.mesh) {
+    where.mesh_shape = layout.mesh->sizes;
+    where.mesh_axes = layout.mesh->names;
+  }
+  where.rank = rank;
+  te::train::LmStepShape shape;
+  shape.micro_batch = a.micro_batch;
+  shape.seq_len = a.seq_len;
+  shape.micro_batches = micro_batches_of(a);
+  shape.packed = a.pack;
+  return te::train::plan_lm_step(config, dtype_of(a), trainer_options(a), shape, where);
+}
+
+// The largest of each rank's `v`.
+int64_t max_over_ranks(int64_t v) {
+  const te::DeviceMesh* mesh = te::current_mesh();
+  if (mesh == nullptr || mesh->size() == 1) return v;
+  std::vector<int64_t> dims(static_cast<std::size_t>(mesh->ndim()));
+  for (std::size_t d = 0; d < dims.size(); ++d) dims[d] = static_cast<int64_t>(d);
+  const at::Tensor all =
+      mesh->all_reduce(at::full({}, static_cast<double>(v), at::kDouble), te::ReduceOp::kMax, dims);
+  return static_cast<int64_t>(all.item<double>());
+}
+
+// A step's tensor bytes on the fullest rank: measured, and planned (-1: no plan, and why).
+struct Memory {
+  int64_t peak_bytes = 0;
+  int64_t planned_bytes = -1;
+  std::string plan_error;
+};
+
 double tokens_per_second(const Totals& t) {
   return t.seconds > 0 ? static_cast<double>(t.tokens) / t.seconds : 0;
 }
 
-void report_run(const Totals& t, const Mfu& mfu, bool lead) {
+void report_run(const Totals& t, const Mfu& mfu, const Memory& memory, bool lead) {
   if (!lead) return;
   std::cout << "done: " << t.steps << " steps in " << fmt("%.1f", t.seconds) << "s, "
             << fmt("%.0f", tokens_per_second(t)) << " tokens/s, mfu "
-            << fmt("%.2f%%", 100 * mfu.of(tokens_per_second(t))) << std::endl;
+            << fmt("%.2f%%", 100 * mfu.of(tokens_per_second(t))) << "\n  memory: a step's peak "
+            << fmt("%.1f", static_cast<double>(memory.peak_bytes) / (1 << 20))
+            << " MiB of tensors on the fullest rank, "
+            << (memory.planned_bytes >= 0
+                    ? "planned " +
+                          fmt("%.1f", static_cast<double>(memory.planned_bytes) / (1 << 20)) +
+                          " MiB (--plan shows the parts)"
+                    : "no plan: " + memory.plan_error)
+            << std::endl;
 }
 
-void write_metrics(const Args& a, const Totals& t, const Mfu& mfu, int world_size) {
+void write_metrics(const Args& a, const Totals& t, const Mfu& mfu, const Memory& memory,
+                   int world_size) {
   nlohmann::json j = {{"steps", a.steps},
                       {"steps_run", t.steps},
                       {"final_loss", t.last_loss},
@@ -290,7 +347,9 @@ void write_metrics(const Args& a, const Totals& t, const Mfu& mfu, int world_siz
                       {"world_size", world_size},
                       {"dtype", a.dtype},
                       {"fp8", a.fp8},
-                      {"skipped_steps", t.skipped_total}};
+                      {"skipped_steps", t.skipped_total},
+                      {"peak_bytes", memory.peak_bytes},
+                      {"planned_peak_bytes", memory.planned_bytes}};
   if (!std::isnan(t.eval_loss)) {
     j["eval"] = {{"loss_before", t.first_eval_loss},
                  {"loss", t.eval_loss},
@@ -317,7 +376,24 @@ auto reading_input(F&& f) -> decltype(f()) {
 int run(const Args& a, const te::program::Layout& layout, int rank, int world_size) {
   const bool lead = rank == 0 && !a.quiet;
   const te::program::LayoutScope scope(layout);
+  te::AllocationCounter memory;  // this rank's tensors, from the model on
   OpenedModel m = reading_input([&] { return open_model(a); });
+  if (a.plan) {
+    const te::nn::Plan plan = plan_run(a, layout, m.model->config, rank);
+    if (rank == 0) {
+      std::cout << "te-train --plan: one step of " << micro_batches_of(a) << " micro-batch(es) of "
+                << a.micro_batch << " x " << a.seq_len << " tokens, " << a.dtype
+                << (a.fp8 == "none" ? "" : ", fp8 " + a.fp8) << ", " << layout.description << "\n"
+                << plan.table();
+    }
+    return 0;
+  }
+  Memory step_memory;
+  try {
+    step_memory.planned_bytes = plan_run(a, layout, m.model->config, rank).peak_bytes;
+  } catch (const std::exception& e) {  // a report, not the run: the reason is printed at the end
+    step_memory.plan_error = te::program::one_line(e.what());
+  }
   te::train::Data data = reading_input([&] { return open_data(a, m, rank); });
   if (a.dtype != "fp32") m.model->to(a.dtype == "bf16" ? at::kBFloat16 : at::kHalf);
   te::train::LmTrainer trainer(m.model, trainer_options(a));
@@ -341,7 +417,9 @@ int run(const Args& a, const te::program::Layout& layout, int rank, int world_si
               << fmt("%.4g", mfu.flops_per_token / 1e6) << " MFLOP a token (6 x " << mfu.gemm_params
               << " GEMM parameters + 12 L H T)" << std::endl;
   }
-  const Totals t = loop(a, trainer, data, start, identity, mfu, lead, rank);
+  const Totals t = loop(a, trainer, data, start, identity, mfu, lead, rank, memory);
+  step_memory.peak_bytes = max_over_ranks(t.peak_bytes);
+  step_memory.planned_bytes = max_over_ranks(step_memory.planned_bytes);
   if (!a.save_dir.empty() && t.steps > 0) {
     save(a, trainer, data, identity, start + t.steps);
     if (lead) std::cout << "saved " << a.save_dir << std::endl;
@@ -354,8 +432,8 @@ int run(const Args& a, const te::program::Layout& layout, int rank, int world_si
     export_gguf(a, *trainer.model());
     if (lead) std::cout << "exported " << a.export_gguf << std::endl;
   }
-  report_run(t, mfu, lead);
-  if (rank == 0 && !a.metrics_json.empty()) write_metrics(a, t, mfu, world_size);
+  report_run(t, mfu, step_memory, lead);
+  if (rank == 0 && !a.metrics_json.empty()) write_metrics(a, t, mfu, step_memory, world_size);
   return 0;
 }
 

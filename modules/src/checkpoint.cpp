@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <fcntl.h>
+#include <stdio.h>  // renameat2, RENAME_EXCHANGE
 #include <sys/stat.h>
 #include <torch/optim/adamw.h>
 #include <unistd.h>
@@ -211,6 +212,47 @@ void refuse_held_blocks(const torch::nn::Module& module, const char* what) {
   }
 }
 
+// Where a save that was killed between the two renames of publish()'s fallback left the last
+// good checkpoint: `<dir>.old`, with `<dir>` gone. Loading and saving look there.
+fs::path previous_of(const fs::path& target) { return target.string() + ".old"; }
+
+// Puts the complete checkpoint `tmp` at `target`, so that at every instant `target` is either
+// the previous checkpoint or this one, whenever the process is killed. Linux swaps the two
+// directories in one step (renameat2 RENAME_EXCHANGE; ext4, xfs, btrfs, tmpfs); on a file system
+// without it, `target` moves to `<target>.old` first and loading looks there while `target` is
+// missing (checkpoint_root).
+void publish(const fs::path& tmp, const fs::path& target) {
+  const fs::path old = previous_of(target);
+  std::error_code ec;
+  if (fs::exists(target)) {
+    if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) == 0) {
+      io::fsync_path(target.parent_path(), true);
+      fs::remove_all(tmp, ec);  // now the previous checkpoint
+      fs::remove_all(old, ec);
+      return;
+    }
+    const int err = errno;
+    TE_CHECK(err == EINVAL || err == ENOSYS || err == EOPNOTSUPP, "save_checkpoint: cannot put '",
+             tmp.string(), "' in place of '", target.string(), "': ", std::strerror(err),
+             "; the previous checkpoint is left as it was");
+    fs::remove_all(old, ec);
+    fs::rename(target, old);
+  }
+  fs::rename(tmp, target);
+  io::fsync_path(target.parent_path(), true);
+  fs::remove_all(old, ec);
+}
+
+// The directory a checkpoint named `dir` is read from: `dir`, or `<dir>.old` when a save was
+// killed while `dir` was moved aside (publish()'s fallback).
+fs::path checkpoint_root(const std::string& dir) {
+  fs::path root = fs::absolute(dir).lexically_normal();
+  if (root.filename().empty()) root = root.parent_path();
+  const fs::path old = previous_of(root);
+  if (!fs::exists(root / format::kIndexName) && fs::exists(old / format::kIndexName)) return old;
+  return root;
+}
+
 }  // namespace
 
 void save_checkpoint(const torch::nn::Module& module, const std::string& dir,
@@ -229,6 +271,12 @@ void save_checkpoint(const torch::nn::Module& module, const std::string& dir,
   const fs::path tmp = target.string() + ".saving";
   if (rank == 0) {
     std::error_code ec;
+    // A save killed between publish()'s two renames: the last good checkpoint goes back first.
+    if (!fs::exists(target) && fs::exists(previous_of(target) / format::kIndexName)) {
+      fs::rename(previous_of(target), target, ec);
+      TE_CHECK(!ec, "save_checkpoint: cannot move the previous checkpoint '",
+               previous_of(target).string(), "' back to '", target.string(), "': ", ec.message());
+    }
     fs::remove_all(tmp, ec);  // what a save that died left behind
     fs::create_directories(tmp, ec);
     TE_CHECK(!ec, "save_checkpoint: cannot create '", tmp.string(), "': ", ec.message());
@@ -265,13 +313,7 @@ void save_checkpoint(const torch::nn::Module& module, const std::string& dir,
   if (world) world->barrier();  // every rank's file is written and synced
   if (rank == 0) {
     io::fsync_path(tmp, true);
-    const fs::path old = target.string() + ".old";
-    std::error_code ec;
-    fs::remove_all(old, ec);
-    if (fs::exists(target)) fs::rename(target, old);
-    fs::rename(tmp, target);
-    io::fsync_path(target.parent_path(), true);
-    fs::remove_all(old, ec);
+    publish(tmp, target);
   }
   if (world) world->barrier();
 }
@@ -290,7 +332,7 @@ format::Index read_index(const fs::path& root, const char* what) {
 }  // namespace
 
 CheckpointInfo read_checkpoint_info(const std::string& dir) {
-  const fs::path root = fs::absolute(dir);
+  const fs::path root = checkpoint_root(dir);
   const format::Index index = read_index(root, "read_checkpoint_info");
   CheckpointInfo info;
   info.extra_json = index.extra_json;
@@ -385,7 +427,7 @@ std::string load_checkpoint(torch::nn::Module& module, const std::string& dir,
                             const CheckpointLoadOptions& options,
                             torch::optim::Optimizer* optimizer) {
   refuse_held_blocks(module, "load_checkpoint");
-  const fs::path root = fs::absolute(dir);
+  const fs::path root = checkpoint_root(dir);
   const format::Index index = read_index(root, "load_checkpoint");
   StepSlots steps;
   Scatters scatters;

@@ -4,6 +4,7 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <iomanip>
 #include <sstream>
@@ -28,13 +29,10 @@ void check(const PlanOptions& o) {
   TE_CHECK(o.layers() >= 1, "plan: layers must be at least 1, got ", o.layers());
   TE_CHECK(o.batch() >= 1 && o.seqlen() >= 1, "plan: batch and seqlen must be positive, got ",
            o.batch(), " and ", o.seqlen());
-  TE_CHECK(o.mesh_shape().size() == o.mesh_axes().size(), "plan: ", o.mesh_shape().size(),
-           " mesh dims but ", o.mesh_axes().size(), " axis names; give one name per dim");
   TE_CHECK(o.optimizer() == "adam" || o.optimizer() == "sgd", "plan: optimizer '", o.optimizer(),
            "' is not adam or sgd");
   TE_CHECK(o.dtype() == at::kFloat || o.dtype() == at::kBFloat16 || o.dtype() == at::kHalf,
            "plan: dtype ", c10::toString(o.dtype()), " is not float32, bfloat16 or float16");
-  TE_CHECK(o.bucket_bytes() >= 0, "plan: bucket_bytes must be 0 (no buckets) or positive");
   const QkvFormat format = o.layer().self_attention().attention().qkv_format();
   TE_CHECK(format == QkvFormat::kBshd, "plan: attn_input_format '", format,
            "': the planner runs [batch, seqlen, hidden] inputs");
@@ -57,36 +55,30 @@ void summarise(const std::string& phase, const std::vector<CommRecord>& records,
   }
 }
 
-// The stack on meta tensors: parameters from the initialisers, and every GEMM's FP8 state
-// (scales, amax histories) moved to meta too, as the data it scales.
-std::vector<TransformerLayer> build_stack(const PlanOptions& o) {
-  std::vector<TransformerLayer> layers;
-  MetaParameterScope meta;
-  for (int64_t i = 0; i < o.layers(); ++i) {
-    layers.emplace_back(o.layer());
-    if (o.dtype() != at::kFloat) layers.back()->to(o.dtype());
-    for (const auto& child : layers.back()->modules()) {
-      auto* sharded = dynamic_cast<ShardedModule*>(child.get());
-      if (sharded == nullptr) continue;
-      for (const ShardedModule::Fp8Gemm& gemm : sharded->fp8_gemms()) {
-        fp8::GemmMeta& m = *gemm.meta;
-        for (at::Tensor* t : {&m.fwd_scale, &m.fwd_scale_inv, &m.fwd_amax_history, &m.bwd_scale,
-                              &m.bwd_scale_inv, &m.bwd_amax_history}) {
-          if (t->defined()) *t = at::empty(t->sizes(), t->options().device(at::kMeta));
-        }
+// Every GEMM's FP8 state (scales, amax histories) of `module` moved to meta, as the data it
+// scales.
+void fp8_state_to_meta(torch::nn::Module& module) {
+  for (const auto& child : module.modules(/*include_self=*/true)) {
+    auto* sharded = dynamic_cast<ShardedModule*>(child.get());
+    if (sharded == nullptr) continue;
+    for (const ShardedModule::Fp8Gemm& gemm : sharded->fp8_gemms()) {
+      fp8::GemmMeta& m = *gemm.meta;
+      for (at::Tensor* t : {&m.fwd_scale, &m.fwd_scale_inv, &m.fwd_amax_history, &m.bwd_scale,
+                            &m.bwd_scale_inv, &m.bwd_amax_history}) {
+        if (t->defined()) *t = at::empty(t->sizes(), t->options().device(at::kMeta));
       }
     }
   }
-  return layers;
 }
 
 // The forward of the stack on this rank's piece of a [batch, seqlen, hidden] input laid out as
 // the layer's input constraint says (under FP8 autocast when asked; leaving it reduces amaxes).
-at::Tensor forward(const PlanOptions& o, const std::optional<DeviceMesh>& mesh,
-                   std::vector<TransformerLayer>& layers, const at::Tensor& global) {
+at::Tensor forward(const PlanOptions& o, std::vector<TransformerLayer>& layers,
+                   const at::Tensor& global) {
   std::optional<Fp8Autocast> autocast;
   if (o.fp8()) autocast.emplace(true, *o.fp8());
-  if (!mesh) {
+  const DeviceMesh* mesh = current_mesh();
+  if (mesh == nullptr) {
     at::Tensor x = global;
     for (TransformerLayer& layer : layers) x = layer(x);
     return x;
@@ -104,50 +96,61 @@ at::Tensor forward(const PlanOptions& o, const std::optional<DeviceMesh>& mesh,
 }
 
 // One rank's step, on meta tensors in the simulated world this thread is in: forward, then
-// backward with the data-parallel gradients summed in buckets (as te-encoder trains).
-void run_step(const PlanOptions& o, Plan& plan) {
+// backward with the data-parallel gradients summed in buckets, then the optimizer's step.
+void run_step(const PlanStepOptions& o, const PlannedStep& step, Plan& plan) {
   AllocationCounter counter(c10::DeviceType::Meta);
   std::optional<DeviceMesh> mesh;
   std::optional<MeshScope> mesh_scope;
-  if (!o.mesh_shape().empty()) {
-    mesh.emplace(o.mesh_shape(), o.mesh_axes());
+  if (!o.mesh_shape.empty()) {
+    mesh.emplace(o.mesh_shape, o.mesh_axes);
     mesh_scope.emplace(*mesh);
   }
-  std::vector<TransformerLayer> layers = build_stack(o);
+  std::vector<std::shared_ptr<torch::nn::Module>> modules;
+  {
+    MetaParameterScope meta;
+    modules = step.build();
+  }
   std::vector<at::Tensor> params;
-  for (const TransformerLayer& layer : layers) {
-    for (const at::Tensor& p : layer->parameters()) {
+  for (const auto& module : modules) {
+    fp8_state_to_meta(*module);
+    for (const at::Tensor& p : module->parameters()) {
       params.push_back(p);
       plan.parameters += p.numel();
       plan.parameter_bytes += bytes_of(p);
     }
-    for (const at::Tensor& b : layer->buffers()) plan.buffer_bytes += bytes_of(b);
+    for (const at::Tensor& b : module->buffers()) plan.buffer_bytes += bytes_of(b);
   }
-  plan.optimizer_bytes = o.optimizer() == "adam" ? 2 * plan.parameter_bytes : 0;
-
-  const at::Tensor global = at::empty({o.batch(), o.seqlen(), o.layer().hidden_size()},
-                                      at::TensorOptions().device(at::kMeta).dtype(o.dtype()));
   const int64_t base = counter.live_bytes();
   counter.reset_peak();
-  at::Tensor out;
-  {
+  std::optional<GradientBuckets> buckets;
+  if (o.bucket_bytes > 0 && mesh) buckets.emplace(o.bucket_bytes);
+  for (int64_t micro = 0; micro < step.micro_batches; ++micro) {
+    at::Tensor out;
+    {
+      CommTrace trace;
+      out = step.forward(micro);
+      const auto records = trace.records();
+      plan.forward.insert(plan.forward.end(), records.begin(), records.end());
+    }
+    if (micro == 0) plan.activation_bytes = counter.live_bytes() - base - bytes_of(out);
     CommTrace trace;
-    out = forward(o, mesh, layers, global);
-    plan.forward = trace.records();
-  }
-  plan.activation_bytes = counter.live_bytes() - base - bytes_of(out);
-  {
-    CommTrace trace;
-    std::optional<GradientBuckets> buckets;
-    if (o.bucket_bytes() > 0 && mesh) buckets.emplace(o.bucket_bytes());
     torch::autograd::backward({out}, {at::empty(out.sizes(), out.options())});
-    if (buckets) buckets->finish();
-    plan.backward = trace.records();
+    out = at::Tensor();
+    if (buckets && micro + 1 == step.micro_batches) buckets->finish();
+    const auto records = trace.records();
+    plan.backward.insert(plan.backward.end(), records.begin(), records.end());
   }
   for (const at::Tensor& p : params) plan.gradient_bytes += bytes_of(p.grad());
   plan.step_transient_bytes = counter.peak_bytes() - base;
-  plan.peak_bytes =
-      plan.parameter_bytes + plan.buffer_bytes + plan.optimizer_bytes + plan.step_transient_bytes;
+  if (step.optimizer_step) {
+    const int64_t before = counter.live_bytes();
+    counter.reset_peak();
+    CommTrace trace;
+    step.optimizer_step();
+    plan.optimizer = trace.records();
+    plan.optimizer_bytes = counter.live_bytes() - before;
+    plan.optimizer_step_bytes = counter.peak_bytes() - base - plan.optimizer_bytes;
+  }
 }
 
 std::string mib(int64_t bytes) {
@@ -161,27 +164,66 @@ std::string mib(int64_t bytes) {
 
 }  // namespace
 
-Plan plan(const PlanOptions& options) {
-  check(options);
+Plan plan_step(const PlanStepOptions& options, const PlannedStep& step) {
+  TE_CHECK(options.mesh_shape.size() == options.mesh_axes.size(),
+           "plan: ", options.mesh_shape.size(), " mesh dims but ", options.mesh_axes.size(),
+           " axis names; give one name per dim");
+  TE_CHECK(options.bucket_bytes >= 0, "plan: bucket_bytes must be 0 (no buckets) or positive");
+  TE_CHECK(step.build && step.forward, "plan_step: the PlannedStep needs build and forward");
+  TE_CHECK(step.micro_batches >= 1, "plan_step: micro_batches must be at least 1, got ",
+           step.micro_batches);
   ensure_meta_kernels();
   const auto start = std::chrono::steady_clock::now();
   Plan result;
-  result.mesh_shape = options.mesh_shape();
-  result.mesh_axes = options.mesh_axes();
-  for (int64_t s : options.mesh_shape()) {
+  result.mesh_shape = options.mesh_shape;
+  result.mesh_axes = options.mesh_axes;
+  for (int64_t s : options.mesh_shape) {
     TE_CHECK(s >= 1, "plan: mesh dim of size ", s, "; every dim needs at least one rank");
     result.world_size *= s;
   }
-  TE_CHECK(options.rank() >= 0 && options.rank() < result.world_size, "plan: rank ", options.rank(),
+  TE_CHECK(options.rank >= 0 && options.rank < result.world_size, "plan: rank ", options.rank,
            " is not one of the mesh's ", result.world_size, " ranks");
-  result.rank = options.rank();
+  result.rank = options.rank;
   // The caller's rules and MeshResource reach the step (the same thread), as in a real run.
-  run_simulated_rank(static_cast<int>(result.world_size), options.rank(),
-                     [&] { run_step(options, result); });
+  run_simulated_rank(static_cast<int>(result.world_size), options.rank,
+                     [&] { run_step(options, step, result); });
+  result.peak_bytes = result.parameter_bytes + result.buffer_bytes + result.optimizer_bytes +
+                      std::max(result.step_transient_bytes, result.optimizer_step_bytes);
   summarise("forward", result.forward, result.collectives);
   summarise("backward", result.backward, result.collectives);
+  summarise("optimizer", result.optimizer, result.collectives);
   result.planning_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return result;
+}
+
+Plan plan(const PlanOptions& options) {
+  check(options);
+  std::vector<TransformerLayer> layers;
+  at::Tensor global;
+  PlannedStep step;
+  step.build = [&] {
+    std::vector<std::shared_ptr<torch::nn::Module>> modules;
+    for (int64_t i = 0; i < options.layers(); ++i) {
+      layers.emplace_back(options.layer());
+      if (options.dtype() != at::kFloat) layers.back()->to(options.dtype());
+      modules.push_back(layers.back().ptr());
+    }
+    // The input a data loader hands the step: made before the step's bytes are counted.
+    global = at::empty({options.batch(), options.seqlen(), options.layer().hidden_size()},
+                       at::TensorOptions().device(at::kMeta).dtype(options.dtype()));
+    return modules;
+  };
+  step.forward = [&](int64_t) { return forward(options, layers, global); };
+  PlanStepOptions where;
+  where.mesh_shape = options.mesh_shape();
+  where.mesh_axes = options.mesh_axes();
+  where.rank = options.rank();
+  where.bucket_bytes = options.bucket_bytes();
+  Plan result = plan_step(where, step);
+  // The optimizer's state counted, not stepped: torch::optim::Adam's two moments.
+  result.optimizer_bytes = options.optimizer() == "adam" ? 2 * result.parameter_bytes : 0;
+  result.peak_bytes += result.optimizer_bytes;
   return result;
 }
 
@@ -206,11 +248,12 @@ std::string Plan::table() const {
   row("buffers (FP8 scales, amax histories)", buffer_bytes);
   row("activations kept for backward", activation_bytes);
   row("forward/backward peak (grads incl.)", step_transient_bytes);
+  if (optimizer_step_bytes > 0) row("optimizer step peak (grads incl.)", optimizer_step_bytes);
   row("step peak (all of the above)", peak_bytes);
   os << "collectives per step:\n";
   if (collectives.empty()) os << "  none\n";
   for (const PlannedCollectives& c : collectives) {
-    os << "  " << std::left << std::setw(9) << c.phase << std::setw(15) << to_string(c.kind)
+    os << "  " << std::left << std::setw(10) << c.phase << std::setw(15) << to_string(c.kind)
        << std::setw(12) << ("'" + c.mesh_axis + "'") << std::right << std::setw(6) << c.count
        << " x  " << std::setw(12) << mib(c.bytes) << " (" << c.bytes << " bytes)\n";
   }
@@ -232,6 +275,7 @@ std::string Plan::to_json() const {
                  {"buffer_bytes", buffer_bytes},
                  {"activation_bytes", activation_bytes},
                  {"step_transient_bytes", step_transient_bytes},
+                 {"optimizer_step_bytes", optimizer_step_bytes},
                  {"peak_bytes", peak_bytes}};
   j["collectives"] = nlohmann::json::array();
   for (const PlannedCollectives& c : collectives) {

@@ -3,7 +3,7 @@
 // DP2xTP2 and DP2 with ZeRO-1 ranks as processes through te-run), each equal to one process,
 // every FP8 recipe training as fp32 does, the outputs it writes (MFU among them), and every kind
 // of bad input, which exits 2 with one line naming the option or the file and leaves a good
-// checkpoint as it was.
+// checkpoint as it was; a run killed during a save resumes from the checkpoint before it.
 
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -11,12 +11,14 @@
 
 #include <atomic>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "../temp_dir.h"
@@ -129,6 +131,60 @@ TEST_F(Train, ResumeKeepsTheStepLogUpToTheCheckpoint) {
   EXPECT_EQ(steps_of(dir_ / "log.csv"), steps_of(dir_ / "whole.csv"));
 }
 
+// A kill during a save leaves the last good checkpoint: te-train saving after every step is killed
+// (SIGKILL) as a save begins, and again as a save's index is being written (the moment before the
+// new checkpoint is put in place); each time --resume continues from the checkpoint that was in
+// place and the steps after it are the uninterrupted run's, bit for bit.
+TEST_F(Train, AKillDuringASaveLeavesTheLastGoodCheckpoint) {
+  ASSERT_EQ(te_train(args(logged("", "whole.csv"))).status, 0);
+  const std::vector<std::string> whole = steps_of(dir_ / "whole.csv");
+  ASSERT_EQ(whole.size(), 12u);
+  const fs::path ck = dir_ / "ck", saving = dir_ / "ck.saving";
+  const std::string index = "model.safetensors.index.json";
+  for (const fs::path& cue : {saving, saving / index}) {
+    bool mid_save = false;  // the kill landed before the save was in place
+    for (int attempt = 0; attempt < 5 && !mid_save; ++attempt) {
+      fs::remove_all(ck);
+      fs::remove_all(saving);
+      const pid_t pid = ::fork();
+      ASSERT_GE(pid, 0);
+      if (pid == 0) {
+        const std::string cmd = std::string("exec ") + TE_TRAIN_PATH + " " +
+                                args("--save-every 1 --save " + ck.string()) +
+                                " >/dev/null 2>&1 </dev/null";
+        ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+        ::_exit(127);
+      }
+      // Past the first save (a checkpoint is in place), then at the cue of a later one.
+      int status = 0;
+      bool exited = false;
+      for (const fs::path& wait_for : {ck / index, cue}) {
+        while (!exited && !fs::exists(wait_for)) {
+          exited = ::waitpid(pid, &status, WNOHANG) == pid;
+          std::this_thread::yield();
+        }
+      }
+      if (!exited) {
+        ::kill(pid, SIGKILL);
+        ::waitpid(pid, &status, 0);
+      }
+      mid_save = WIFSIGNALED(status) && fs::exists(saving);
+    }
+    ASSERT_TRUE(mid_save) << cue << ": no kill landed during a save in 5 runs";
+    const fs::path rest = dir_ / "rest.csv";
+    fs::remove(rest);
+    const Result r =
+        te_train(args("--resume --save " + ck.string() + " --log-steps " + rest.string()));
+    ASSERT_EQ(r.status, 0) << cue << ": " << r.err;
+    const std::vector<std::string> resumed = steps_of(rest);
+    ASSERT_GE(resumed.size(), 1u) << cue;
+    ASSERT_LE(resumed.size(), 11u) << cue << ": resumed from before the first save";
+    for (std::size_t i = 0; i < resumed.size(); ++i) {
+      EXPECT_EQ(resumed[i], whole[whole.size() - resumed.size() + i]) << cue;
+    }
+  }
+}
+
 // Packed documents (THD rows): trains, and resumes bit for bit.
 TEST_F(Train, PackedResumesBitForBit) { expect_resume_bit_for_bit("--pack"); }
 
@@ -215,6 +271,30 @@ TEST_F(TrainParallel, Dp2WithZeroIsOneProcessAndResumesBitForBit) {
   ASSERT_EQ(one.size(), zero.size());
   for (std::size_t i = 0; i < one.size(); ++i) {
     EXPECT_NEAR(loss_of(zero[i]), loss_of(one[i]), 1e-6 * loss_of(one[i])) << "step " << i + 1;
+  }
+}
+
+// A step's measured peak (tensor bytes on the fullest rank) within 10% of the plan te-train
+// makes for the same run on meta tensors (te::train::plan_lm_step), on one process in fp32 and
+// bf16 with fp32 masters, and on DP2xTP2 with ZeRO-1; --plan prints the plan's parts.
+TEST_F(TrainParallel, PeakMemoryIsWithinTenPercentOfThePlan) {
+  const std::string dp2xtp2 =
+      "--nproc 4 --mesh data=2,model=2 --mesh-resource dp=data,tp=model --zero-axis data";
+  for (const std::string extra : {"", "--dtype bf16", dp2xtp2.c_str()}) {
+    const fs::path m = dir_ / "m.json";
+    const Result r = te_train(args(extra + " --steps 3 --warmup 1 --metrics-json " + m.string()));
+    ASSERT_EQ(r.status, 0) << extra << ": " << r.err;
+    const auto j = nlohmann::json::parse(std::ifstream(m));
+    const double peak = j["peak_bytes"].get<double>(), planned = j["planned_peak_bytes"];
+    EXPECT_GT(peak, 0) << extra;
+    EXPECT_NEAR(planned, peak, 0.10 * peak)
+        << extra << ": planned " << planned << " measured " << peak;
+  }
+  const Result plan = te_train(args(dp2xtp2 + " --plan"));
+  ASSERT_EQ(plan.status, 0) << plan.err;
+  for (const char* part : {"te-train --plan", "optimizer state", "optimizer step peak",
+                           "step peak (all of the above)", "all_gather", "'data'", "'model'"}) {
+    EXPECT_NE(plan.out.find(part), std::string::npos) << part << " in\n" << plan.out;
   }
 }
 

@@ -495,5 +495,30 @@ TEST(Checkpoint, ASaveReplacesThePreviousOneAtomically) {
   EXPECT_TRUE(at::equal(loaded->mlp->wi_kernel, second->mlp->wi_kernel));
 }
 
+// On a file system that cannot swap two directories in one step, a save moves the previous
+// checkpoint to "<dir>.old" before putting the new one in place: a save killed between the two
+// leaves "<dir>" missing. Loading reads "<dir>.old" then, and the next save puts it back first.
+TEST(Checkpoint, ASaveKilledWhileThePreviousWasMovedAsideLosesNothing) {
+  TempDir dir;
+  manual_seed(1);
+  TransformerLayer first(layer_options());
+  save_checkpoint(*first, dir / "ckpt", R"({"n": 1})");
+  fs::rename(dir / "ckpt", dir / "ckpt.old");
+  fs::create_directories(dir / "ckpt.saving");
+  std::ofstream(dir / "ckpt.saving/model.safetensors") << "torn";
+  EXPECT_EQ(json::parse(read_checkpoint_info((dir / "ckpt").string()).extra_json)["n"], 1);
+  TransformerLayer loaded(layer_options());
+  EXPECT_EQ(json::parse(load_checkpoint(*loaded, dir / "ckpt"))["n"], 1);
+  EXPECT_TRUE(at::equal(loaded->mlp->wi_kernel, first->mlp->wi_kernel));
+  // A save that fails before its new checkpoint is complete leaves the old one loadable.
+  TransformerLayer second(layer_options());
+  EXPECT_ERROR(save_checkpoint(*second, dir / "ckpt", "not json"), "extra is not JSON");
+  EXPECT_EQ(json::parse(load_checkpoint(*loaded, dir / "ckpt"))["n"], 1);
+  save_checkpoint(*second, dir / "ckpt", R"({"n": 2})");
+  EXPECT_FALSE(fs::exists(dir / "ckpt.old"));
+  EXPECT_FALSE(fs::exists(dir / "ckpt.saving"));
+  EXPECT_EQ(json::parse(load_checkpoint(*loaded, dir / "ckpt"))["n"], 2);
+}
+
 }  // namespace
 }  // namespace te::nn

@@ -262,6 +262,13 @@ TEST(Planner, RefusesOptionsItCannotPlanNamingThem) {
   set_warning_handler([](std::string_view) {});
   EXPECT_THROW(plan(PlanOptions(layer, 1, 4, 8).mesh_shape({8}).mesh_axes({"tp"})), te::Error);
   set_warning_handler(nullptr);
+  // plan_step: a step without its parts, or without a micro-batch.
+  EXPECT_ERROR(plan_step({}, PlannedStep{}), "the PlannedStep needs build and forward");
+  PlannedStep none;
+  none.build = [] { return std::vector<std::shared_ptr<torch::nn::Module>>{}; };
+  none.forward = [](int64_t) { return at::Tensor(); };
+  none.micro_batches = 0;
+  EXPECT_ERROR(plan_step({}, none), "micro_batches must be at least 1, got 0");
 }
 
 }  // namespace

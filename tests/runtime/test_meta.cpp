@@ -32,6 +32,10 @@ TEST(MetaKernels, TheOperatorsTheModulesCallRunOnMetaTensors) {
   EXPECT_EQ(x.index_select(1, meta({5}, at::kLong)).sizes(), (std::vector<int64_t>{2, 5, 8}));
   EXPECT_EQ(at::roll(x, {1}, {0}).sizes(), x.sizes());
   EXPECT_TRUE(at::relu(x).is_meta());
+  const at::Tensor table_grad =
+      at::embedding_dense_backward(x, meta({2, 3}, at::kLong), 11, -1, false);
+  EXPECT_EQ(table_grad.sizes(), (std::vector<int64_t>{11, 8}));
+  EXPECT_EQ(table_grad.scalar_type(), at::kBFloat16);
   ensure_meta_kernels();  // idempotent
 }
 
@@ -79,7 +83,8 @@ TEST(SimulatedWorld, CollectivesActAsIfEveryRankHeldThisRanksTensor) {
     EXPECT_EQ(trace.count(Collective::kAllGather, "model"), 1);
     EXPECT_EQ(trace.bytes(Collective::kAllGather, "model"), 32 * 4);
     // A sum over 64 data-parallel copies.
-    EXPECT_TRUE(at::equal(mesh.all_reduce(at::ones({3}), ReduceOp::kSum, {0}), at::full({3}, 64.0)));
+    EXPECT_TRUE(
+        at::equal(mesh.all_reduce(at::ones({3}), ReduceOp::kSum, {0}), at::full({3}, 64.0)));
   });
   EXPECT_EQ(world_size(), 1);  // the thread's world is back
   EXPECT_ERROR(run_simulated_rank(4, 4, [] {}), "rank 4 of 4 ranks");

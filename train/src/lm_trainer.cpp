@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
 
+#include <algorithm>
 #include <limits>
 #include <optional>
 #include <string>
@@ -193,6 +194,57 @@ double LmTrainer::evaluate(const std::vector<Batch>& batches) {
   model_->train(was_training);
   TE_CHECK(count > 0, "LmTrainer::evaluate: the evaluation batches hold no label token");
   return sum / static_cast<double>(count);
+}
+
+te::nn::Plan plan_lm_step(const te::hf::CausalLMConfig& config, at::ScalarType dtype,
+                          const TrainerOptions& options, const LmStepShape& shape,
+                          const te::nn::PlanStepOptions& where) {
+  TE_CHECK(shape.micro_batch >= 1 && shape.seq_len >= 1 && shape.micro_batches >= 1,
+           "plan_lm_step: micro_batch ", shape.micro_batch, ", seq_len ", shape.seq_len,
+           " and micro_batches ", shape.micro_batches, " must be positive");
+  std::optional<te::hf::CausalLM> model;
+  std::optional<te::optim::AdamW> optimizer;
+  std::vector<Batch> micro;
+  te::nn::PlannedStep step;
+  step.build = [&] {
+    te::hf::CausalLMConfig c = config;
+    c.packed_sequences = shape.packed;
+    model.emplace(c);
+    if (dtype != at::kFloat) (*model)->to(dtype);
+    return std::vector<std::shared_ptr<torch::nn::Module>>{model->ptr()};
+  };
+  step.micro_batches = shape.micro_batches;
+  step.forward = [&](int64_t m) {
+    if (micro.empty()) {  // the step's batches, all held while it runs
+      const auto ids = at::TensorOptions().device(at::kMeta).dtype(at::kLong);
+      for (int64_t i = 0; i < shape.micro_batches; ++i) {
+        Batch b;
+        b.ids = at::empty({shape.micro_batch, shape.seq_len}, ids);
+        b.labels = at::empty({shape.micro_batch, shape.seq_len}, ids);
+        b.position_ids = at::empty({shape.micro_batch, shape.seq_len}, ids);
+        b.label_tokens = shape.micro_batch * shape.seq_len;
+        for (int64_t r = 0; shape.packed && r < shape.micro_batch; ++r) {
+          b.cu_seqlens.push_back(at::tensor({int64_t{0}, shape.seq_len}, at::kInt));
+        }
+        micro.push_back(std::move(b));
+      }
+    }
+    std::optional<Fp8Autocast> fp8;
+    if (options.fp8) fp8.emplace(true, *options.fp8, current_mesh_resource());
+    const double tokens = static_cast<double>(micro[0].label_tokens * shape.micro_batches);
+    return loss_sum(*model, micro[static_cast<std::size_t>(m)]) / tokens;
+  };
+  step.optimizer_step = [&] {
+    optimizer.emplace(**model, options.adamw, options.no_decay, zero_of(options));
+    // clip_grad_norm's norm of each gradient over a float64 copy, one at a time.
+    int64_t largest = 0;
+    for (const auto& p : (*model)->parameters()) {
+      if (p.grad().defined()) largest = std::max(largest, p.grad().numel());
+    }
+    at::empty({largest}, at::TensorOptions().device(at::kMeta).dtype(at::kDouble));
+    optimizer->step();
+  };
+  return te::nn::plan_step(where, step);
 }
 
 }  // namespace te::train

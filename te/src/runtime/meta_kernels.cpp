@@ -50,7 +50,9 @@ std::vector<c10::IValue> arguments(const c10::OperatorHandle& op, Stack* stack) 
   return args;
 }
 
-at::Tensor optional_tensor(const c10::IValue& v) { return v.isNone() ? at::Tensor() : v.toTensor(); }
+at::Tensor optional_tensor(const c10::IValue& v) {
+  return v.isNone() ? at::Tensor() : v.toTensor();
+}
 
 void layer_norm(const c10::OperatorHandle& op, Stack* stack) {
   const auto args = arguments(op, stack);
@@ -97,8 +99,9 @@ void where(const c10::OperatorHandle& op, Stack* stack) {
 void abs(const c10::OperatorHandle& op, Stack* stack) {
   // Of a complex tensor, its real dtype (LibTorch's abs); otherwise the same dtype.
   const at::Tensor self = arguments(op, stack)[0].toTensor();
-  torch::jit::push(*stack, meta_like(self.sizes(), self.options().dtype(
-                                                       c10::toRealValueType(self.scalar_type()))));
+  torch::jit::push(
+      *stack,
+      meta_like(self.sizes(), self.options().dtype(c10::toRealValueType(self.scalar_type()))));
 }
 
 // A reduction of every element (max(), min()): a 0-dim tensor of the same dtype.
@@ -116,6 +119,17 @@ void index_select(const c10::OperatorHandle& op, Stack* stack) {
         index.numel();
   }
   torch::jit::push(*stack, meta_like(shape, self.options()));
+}
+
+// An int argument's value (1.13's int is 2.x's SymInt; a plan's are concrete).
+int64_t int_arg(const c10::IValue& v) { return v.isInt() ? v.toInt() : v.toSymInt().expect_int(); }
+
+// embedding_dense_backward(grad_output, indices, num_weights, ...): the table's gradient,
+// [num_weights, embedding dim] in grad_output's dtype.
+void embedding_dense_backward(const c10::OperatorHandle& op, Stack* stack) {
+  const auto args = arguments(op, stack);
+  const at::Tensor grad = args[0].toTensor();
+  torch::jit::push(*stack, meta_like({int_arg(args[2]), grad.size(-1)}, grad.options()));
 }
 
 at::Tensor m(std::vector<int64_t> sizes, at::ScalarType dtype = at::kFloat) {
@@ -140,8 +154,8 @@ torch::CppFunction boxed() {
 void register_missing() {
   // One library fragment for the lifetime of the process (LibTorch keeps a pointer to it); held
   // by a static, so leak checkers see it reachable.
-  static torch::Library* const lib = new torch::Library(
-      torch::Library::IMPL, "aten", c10::DispatchKey::Meta, __FILE__, __LINE__);
+  static torch::Library* const lib =
+      new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::Meta, __FILE__, __LINE__);
   const at::Tensor x = m({2, 3, 4});
   const at::Tensor w = m({4});
   if (!runs([&] { at::native_layer_norm(x, {4}, w, w, 1e-5); })) {
@@ -169,6 +183,9 @@ void register_missing() {
   if (!runs([&] { x.min(); })) lib->impl("min", boxed<&reduce_all>());
   if (!runs([&] { x.index_select(0, m({1}, at::kLong)); })) {
     lib->impl("index_select", boxed<&index_select>());
+  }
+  if (!runs([&] { at::embedding_dense_backward(x, m({2, 3}, at::kLong), 5, -1, false); })) {
+    lib->impl("embedding_dense_backward", boxed<&embedding_dense_backward>());
   }
 }
 

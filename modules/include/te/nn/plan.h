@@ -11,6 +11,8 @@
 #include <ATen/core/TensorBody.h>
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -50,7 +52,8 @@ struct PlanOptions {
 
 /// The collectives of one kind over one mesh axis in one phase of the step.
 struct PlannedCollectives {
-  std::string phase;  ///< "forward" or "backward" (backward includes the gradient buckets)
+  /// "forward", "backward" (the gradient buckets included) or "optimizer" (ZeRO's gathers)
+  std::string phase;
   Collective kind;
   std::string mesh_axis;
   int64_t count = 0;
@@ -69,17 +72,23 @@ struct Plan {
   int64_t optimizer_bytes = 0;
   /// The modules' buffers (each GEMM's FP8 scales and amax histories, kept with or without FP8).
   int64_t buffer_bytes = 0;
-  /// Live after the forward beyond the parameters: what it keeps for the backward.
+  /// Live after the (first micro-batch's) forward beyond the parameters: what it keeps for the
+  /// backward.
   int64_t activation_bytes = 0;
   /// The most bytes live at once in forward and backward beyond the parameters (the gradients
   /// made in backward included).
   int64_t step_transient_bytes = 0;
-  /// parameters + buffers + optimizer state + step_transient_bytes: what the step needs at its
-  /// peak.
+  /// The most bytes live at once in the optimizer's step beyond the parameters, buffers and
+  /// optimizer state (the gradients and the step's temporaries); 0 where the plan ran no
+  /// optimizer step (PlanOptions: the state is counted, not stepped).
+  int64_t optimizer_step_bytes = 0;
+  /// parameters + buffers + optimizer state + the larger of step_transient_bytes and
+  /// optimizer_step_bytes: what a step needs at its peak once the optimizer state exists.
   int64_t peak_bytes = 0;
   std::vector<PlannedCollectives> collectives;  ///< in first-seen order per phase
   std::vector<CommRecord> forward;              ///< every collective, in order
   std::vector<CommRecord> backward;
+  std::vector<CommRecord> optimizer;
   double planning_seconds = 0;
 
   /// Human-readable: the mesh, memory per rank, and the collectives by phase, kind and axis.
@@ -92,5 +101,37 @@ struct Plan {
 /// Throws te::Error for a layout the model does not admit (a dim its mesh axes do not divide
 /// where that is refused, an unknown axis), exactly as building and running it would.
 Plan plan(const PlanOptions& options);
+
+/// A training step of any model, for plan_step. Each part runs on meta tensors on the planned
+/// rank's thread, with the simulated mesh (and the caller's rules) in scope; what a part
+/// allocates is counted as the real step's allocations are (te::train::plan_lm_step plans
+/// te-train's step this way).
+struct PlannedStep {
+  /// Builds the model (inside a MetaParameterScope) and returns its modules; their FP8 GEMM
+  /// state is moved to meta after.
+  std::function<std::vector<std::shared_ptr<torch::nn::Module>>()> build;
+  /// The forward of micro-batch `micro` (inputs made here count as the step's): returns what
+  /// backward starts from, given a gradient of its shape.
+  std::function<at::Tensor(int64_t micro)> forward;
+  /// Micro-batches of the step, each forward then backward (gradient accumulation: the later
+  /// ones' gradients arrive beside the earlier ones'), the data-parallel buckets summed after
+  /// the last.
+  int64_t micro_batches = 1;
+  /// The optimizer's step after backward, over the built modules: what it leaves allocated is
+  /// the optimizer state. Unset: none is counted.
+  std::function<void()> optimizer_step;
+};
+
+/// Where and how a PlannedStep runs.
+struct PlanStepOptions {
+  std::vector<int64_t> mesh_shape;  ///< empty: one process
+  std::vector<std::string> mesh_axes;
+  int rank = 0;
+  /// Data-parallel gradients summed in GradientBuckets of this size after backward (0: none).
+  int64_t bucket_bytes = 25 * 1024 * 1024;
+};
+
+/// Plans one step of `step` for one rank: te::Error as building and running it would throw.
+Plan plan_step(const PlanStepOptions& options, const PlannedStep& step);
 
 }  // namespace te::nn

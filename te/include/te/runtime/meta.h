@@ -14,9 +14,9 @@ namespace te {
 
 /// Makes the ATen operators te-cpp's modules call runnable on meta tensors: LibTorch 1.13 has no
 /// meta kernel for some of them (native_layer_norm and its backward, where, abs, max,
-/// index_select, ...), and each one it lacks gets one here, computing output shapes and dtypes
-/// as the CPU kernel does. An operator that already runs on meta is left alone (LibTorch 2.x
-/// has most). Idempotent and thread-safe; te::nn::plan calls it.
+/// index_select, embedding_dense_backward, ...), and each one it lacks gets one here, computing
+/// output shapes and dtypes as the CPU kernel does. An operator that already runs on meta is left
+/// alone (LibTorch 2.x has most). Idempotent and thread-safe; te::nn::plan calls it.
 void ensure_meta_kernels();
 
 /// Counts the bytes this thread allocates on one device type (CPU or meta) while alive: the

@@ -26,6 +26,7 @@
 
 #include "te/fp8/recipe.h"
 #include "te/hf/causal_lm.h"
+#include "te/nn/plan.h"
 #include "te/optim/adamw.h"
 #include "te/optim/grad_scaler.h"
 #include "te/optim/lr_schedule.h"
@@ -103,5 +104,23 @@ class LmTrainer {
   te::optim::LrSchedule schedule_;
   std::optional<te::optim::GradScaler> scaler_;
 };
+
+/// The shape of one LmTrainer step, for plan_lm_step.
+struct LmStepShape {
+  int64_t micro_batch = 1;    ///< rows of a micro-batch
+  int64_t seq_len = 1;        ///< tokens of a row
+  int64_t micro_batches = 1;  ///< micro-batches of the step (all held at once)
+  bool packed = false;        ///< packed rows (each one document in the plan)
+};
+
+/// What one LmTrainer step over a CausalLM of `config` (weights in `dtype`) with `options` needs
+/// on rank `where.rank` of `where`'s mesh, under the rules and MeshResource in scope: the model,
+/// a micro-batch's loss, backward with the data-parallel reduction and te::optim::AdamW's step
+/// (fp32 masters, moments, ZeRO's split) run on meta tensors by te::nn::plan_step, so the bytes
+/// are the allocations of the real step (te-train reports both). Counted beside them: the
+/// clip's widened copy of the largest gradient; not counted: the fp16 loss scaler's checks.
+te::nn::Plan plan_lm_step(const te::hf::CausalLMConfig& config, at::ScalarType dtype,
+                          const TrainerOptions& options, const LmStepShape& shape,
+                          const te::nn::PlanStepOptions& where);
 
 }  // namespace te::train
