@@ -290,6 +290,15 @@ TEST_F(TrainParallel, PeakMemoryIsWithinTenPercentOfThePlan) {
     EXPECT_NEAR(planned, peak, 0.10 * peak)
         << extra << ": planned " << planned << " measured " << peak;
   }
+  // te-explain --plan of the same run (te-train splits the vocabulary over tp: --rules).
+  const Result explained = te::test::run_program(
+      TE_EXPLAIN_PATH, "--plan --json --config " + (dir_ / "config.json").string() +
+                           " --batch 4 --seqlen 32 --micro-batches 2 --dtype fp32 --mesh "
+                           "data=2,model=2 --mesh-resource dp=data,tp=model --rules vocab=model "
+                           "--extend --zero-axis data");
+  ASSERT_EQ(explained.status, 0) << explained.err;
+  EXPECT_EQ(nlohmann::json::parse(explained.out)["memory"]["peak_bytes"],
+            nlohmann::json::parse(std::ifstream(dir_ / "m.json"))["planned_peak_bytes"]);
   const Result plan = te_train(args(dp2xtp2 + " --plan"));
   ASSERT_EQ(plan.status, 0) << plan.err;
   for (const char* part : {"te-train --plan", "optimizer state", "optimizer step peak",

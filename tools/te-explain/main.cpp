@@ -161,7 +161,10 @@ int main(int argc, char** argv) {
       "  te-explain --plan --model llama-7b --mesh data=64,model=16 --mesh-resource "
       "dp=data,tp=model\n"
       "  te-explain --plan --model te-encoder --batch 64 --seqlen 32 --mesh data=2 \\\n"
-      "      --mesh-resource dp=data --dtype fp32 --json"};
+      "      --mesh-resource dp=data --dtype fp32 --json\n"
+      "With --config, te-train's step of a Hugging Face model (te-train --plan's figures):\n"
+      "  te-explain --plan --config SmolLM2-135M/config.json --batch 4 --seqlen 2048 \\\n"
+      "      --micro-batches 8 --mesh data=8 --mesh-resource dp=data --zero-axis data"};
   PlanArgs plan_args;
   std::vector<std::string> axes_args;
   std::string rules_text;

@@ -1,10 +1,14 @@
 #include "plan_command.h"
 
+#include <fstream>
 #include <iostream>
+#include <iterator>
 #include <optional>
 
 #include "te/fp8/recipe.h"
+#include "te/hf/config.h"
 #include "te/nn/plan.h"
+#include "te/train/lm_trainer.h"
 
 namespace {
 
@@ -43,6 +47,17 @@ void add_plan_options(CLI::App& app, PlanArgs& a) {
   app.add_option(
       "--model", a.model,
       "--plan: a preset shape (" + preset_names() + "); --layers/--hidden/... override its fields");
+  app.add_option("--config", a.config,
+                 "--plan: a Hugging Face config.json of a family te-cpp builds: plans te-train's "
+                 "step of that model instead (embedding, layers, head, loss, te::optim::AdamW "
+                 "with fp32 masters; te-train --plan's figures), --batch rows of --seqlen tokens "
+                 "a micro-batch; --model and the shape options do not apply. For te-train's "
+                 "layout under tp, add --rules vocab=AXIS --extend (te-train splits the "
+                 "vocabulary over the tensor-parallel axis)");
+  app.add_option("--micro-batches", a.micro_batches,
+                 "--plan --config: micro-batches of a step (gradient accumulation; default 1)");
+  app.add_option("--zero-axis", a.zero_axis,
+                 "--plan --config: ZeRO-1, AdamW's state split over this mesh axis");
   app.add_option("--layers", a.layers, "--plan: TransformerLayers in the stack");
   app.add_option("--hidden", a.hidden, "--plan: hidden size");
   app.add_option("--ffn", a.ffn, "--plan: MLP hidden size");
@@ -77,7 +92,65 @@ LayoutScopes::LayoutScopes(const std::string& rules_text, const std::string& res
   if (!rules.empty()) rules_scope.emplace(rules);
 }
 
+namespace {
+
+at::ScalarType dtype_of(const PlanArgs& a) {
+  return a.dtype == "fp32" ? at::kFloat : a.dtype == "fp16" ? at::kHalf : at::kBFloat16;
+}
+
+int print(const PlanArgs& a, const te::nn::Plan& plan, const std::string& what) {
+  if (a.json) {
+    std::cout << plan.to_json() << "\n";
+    return 0;
+  }
+  std::cout << what << ", batch " << a.batch << ", seqlen " << a.seqlen << ", " << a.dtype
+            << (a.fp8.empty() ? "" : ", FP8 " + a.fp8) << "\n"
+            << plan.table() << "planned in " << plan.planning_seconds << " s\n";
+  return 0;
+}
+
+// --config: te-train's step of a Hugging Face model (te::train::plan_lm_step).
+int run_config_plan(const PlanArgs& a) {
+  TE_CHECK(a.model == "custom" && a.layers == 0 && a.hidden == 0 && a.ffn == 0 && a.heads == 0,
+           "--plan: --config gives the model; drop --model, --layers, --hidden, --ffn and "
+           "--heads");
+  TE_CHECK(a.optimizer == "adam", "--plan --config plans te-train's AdamW; drop --optimizer ",
+           a.optimizer);
+  std::ifstream in(a.config);
+  TE_CHECK(in.good(), "--config: cannot read '", a.config, "'");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const te::hf::CausalLMConfig config = te::hf::parse_causal_lm_config(text, a.config);
+  te::train::TrainerOptions options;
+  options.zero_axis = a.zero_axis;
+  if (!a.fp8.empty()) options.fp8 = te::fp8::recipe_named(a.fp8);
+  te::train::LmStepShape shape;
+  shape.micro_batch = a.batch;
+  shape.seq_len = a.seqlen;
+  shape.micro_batches = a.micro_batches;
+  te::nn::PlanStepOptions where;
+  if (!a.mesh.empty()) {
+    const te::MeshShape mesh = te::parse_mesh_shape(a.mesh);
+    where.mesh_shape = mesh.sizes;
+    where.mesh_axes = mesh.names;
+  }
+  where.rank = a.rank;
+  const te::nn::Plan plan = te::train::plan_lm_step(config, dtype_of(a), options, shape, where);
+  return print(a, plan,
+               "te-train's step of " + a.config + " (" + config.model_type + ", " +
+                   std::to_string(config.num_hidden_layers) + " layers), " +
+                   std::to_string(a.micro_batches) + " micro-batch(es)" +
+                   (a.zero_axis.empty() ? "" : ", ZeRO-1 over '" + a.zero_axis + "'"));
+}
+
+}  // namespace
+
 int run_plan(const PlanArgs& a, const LayoutScopes& layout) {
+  TE_CHECK(a.mesh.empty() || layout.resource || layout.rules_scope,
+           "--plan with --mesh needs --rules or --mesh-resource to say how the model shards on "
+           "it, e.g. --mesh-resource dp=data,tp=model");
+  if (!a.config.empty()) return run_config_plan(a);
+  TE_CHECK(a.micro_batches == 1 && a.zero_axis.empty(),
+           "--plan: --micro-batches and --zero-axis plan te-train's step; give --config");
   PlanArgs args = a;
   if (args.model != "custom") {
     const Preset* preset = nullptr;
@@ -110,27 +183,14 @@ int run_plan(const PlanArgs& a, const LayoutScopes& layout) {
     const te::MeshShape mesh = te::parse_mesh_shape(args.mesh);
     options.mesh_shape(mesh.sizes).mesh_axes(mesh.names);
   }
-  options.dtype(args.dtype == "fp32"   ? at::kFloat
-                : args.dtype == "fp16" ? at::kHalf
-                                       : at::kBFloat16);
+  options.dtype(dtype_of(args));
   if (!args.fp8.empty()) options.fp8(te::fp8::recipe_named(args.fp8));
   options.optimizer(args.optimizer).rank(args.rank);
 
-  TE_CHECK(args.mesh.empty() || layout.resource || layout.rules_scope,
-           "--plan with --mesh needs --rules or --mesh-resource to say how the model shards on "
-           "it, e.g. --mesh-resource dp=data,tp=model");
-
-  const te::nn::Plan plan = te::nn::plan(options);
-  if (args.json) {
-    std::cout << plan.to_json() << "\n";
-    return 0;
-  }
-  std::cout << args.layers << " x TransformerLayer(hidden " << args.hidden << ", ffn " << args.ffn
-            << ", heads " << args.heads;
-  if (args.kv_heads > 0) std::cout << ", kv heads " << args.kv_heads;
-  std::cout << ", " << args.activation << ", " << args.norm << "), batch " << args.batch
-            << ", seqlen " << args.seqlen << ", " << args.dtype
-            << (args.fp8.empty() ? "" : ", FP8 " + args.fp8) << ", " << args.optimizer << "\n"
-            << plan.table() << "planned in " << plan.planning_seconds << " s\n";
-  return 0;
+  std::string what = std::to_string(args.layers) + " x TransformerLayer(hidden " +
+                     std::to_string(args.hidden) + ", ffn " + std::to_string(args.ffn) +
+                     ", heads " + std::to_string(args.heads);
+  if (args.kv_heads > 0) what += ", kv heads " + std::to_string(args.kv_heads);
+  what += ", " + args.activation + ", " + args.norm + "), " + args.optimizer;
+  return print(args, te::nn::plan(options), what);
 }

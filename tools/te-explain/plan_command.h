@@ -1,6 +1,7 @@
 #pragma once
 
-// te-explain --plan: one rank's memory and collectives of a training step (te::nn::plan).
+// te-explain --plan: one rank's memory and collectives of a training step (te::nn::plan, or
+// te::train::plan_lm_step for a Hugging Face config).
 
 #include <CLI/CLI.hpp>
 
@@ -24,6 +25,9 @@ struct LayoutScopes {
 struct PlanArgs {
   bool plan = false;
   std::string model = "custom";
+  std::string config;  // --config: a Hugging Face config.json, planned as te-train's step
+  int64_t micro_batches = 1;
+  std::string zero_axis;
   int64_t layers = 0, hidden = 0, ffn = 0, heads = 0, kv_heads = 0;
   std::string activation;
   std::string norm;
