@@ -181,15 +181,7 @@ at::Tensor EmbeddingImpl::attend(const at::Tensor& x) {
 }
 
 DTensor EmbeddingImpl::attend(const DTensor& x) {
-  // The table transposed, [features, rows], its placements following its dims.
-  const DTensor table = as_dtensor("embedding", embedding, x.mesh());
-  std::vector<Placement> transposed = table.placements();
-  for (Placement& p : transposed) {
-    if (auto* s = std::get_if<Shard>(&p)) s->dim = 1 - s->dim;
-  }
-  const DTensor kernel = DTensor::from_local(table.to_local().t(), x.mesh(), transposed,
-                                             std::vector<int64_t>{table.size(1), table.size(0)});
-  return functional::dense(x, kernel);
+  return functional::dense_transposed(x, as_dtensor("embedding", embedding, x.mesh()));
 }
 
 }  // namespace te::nn

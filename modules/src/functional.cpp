@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -26,10 +27,6 @@ namespace {
 using Placements = std::vector<Placement>;
 
 std::vector<int64_t> shape_of(const at::Tensor& t) { return {t.sizes().begin(), t.sizes().end()}; }
-
-}  // namespace
-
-namespace {
 
 using detail::mm_any;
 using detail::slow_cpu_gemm_dtype;
@@ -241,15 +238,25 @@ DensePlan plan_dense(const Placements& wanted, const DTensor& w, int64_t k) {
   return p;
 }
 
-}  // namespace
+// The kernel's local piece in the layout (wa) and gradient layout (wg) dense planned for it.
+using KernelLocal = std::function<at::Tensor(const Placements& wa, const Placements& wg)>;
 
-DTensor dense(const DTensor& x, const DTensor& w, const LogicalAxes& input_axes,
-              const std::shared_ptr<fp8::GemmMeta>& fp8) {
+// A 2-D tensor's placements with its dims swapped.
+Placements transposed(Placements p) {
+  for (Placement& q : p) {
+    if (auto* s = std::get_if<Shard>(&q)) s->dim = 1 - s->dim;
+  }
+  return p;
+}
+
+DTensor dense_with(const DTensor& x, const DTensor& w, const LogicalAxes& input_axes,
+                   const std::shared_ptr<fp8::GemmMeta>& fp8, const KernelLocal& kernel_local) {
   check_same_mesh(x, w, "dense");
   TE_CHECK(x.dim() >= 1 && w.dim() >= 2 && x.size(-1) == w.size(0), "dense: input ", x.to_string(),
            " and kernel ", w.to_string(), " do not contract");
   const int64_t k = x.dim() - 1;  // x's contracted dim
-  const std::size_t n = static_cast<std::size_t>(x.mesh().ndim());
+  const DeviceMesh& mesh = x.mesh();
+  const std::size_t n = static_cast<std::size_t>(mesh.ndim());
   const auto [xa, wa, out, xg, wg] = plan_dense(wanted_input_layout(x, input_axes), w, k);
   const at::Tensor x_local = x.redistribute(xa, xg).to_local();
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end() - 1);
@@ -263,7 +270,6 @@ DTensor dense(const DTensor& x, const DTensor& w, const LogicalAxes& input_axes,
     // quarter of fp32's bytes) and reduce-scatters the gradient back to the master's shard;
     // elsewhere the codes are used as held and the master's layout change (none forward) carries
     // the gradient, so data-parallel sums go through GradientBuckets as on the plain path.
-    const DeviceMesh& mesh = x.mesh();
     if (!gathers_kernel) {
       const at::Tensor master = w.redistribute(wa, wg).to_local();
       return DTensor::from_local(fp8::linear(x_local, master, fp8, &mesh), mesh, out, shape);
@@ -280,13 +286,32 @@ DTensor dense(const DTensor& x, const DTensor& w, const LogicalAxes& input_axes,
   if (gathers_kernel && !use_fp8) {
     // FSDP: the gathered kernel lives only for the matmul; backward gathers it again.
     return DTensor::from_local(
-        GatheredDense::apply(x_local, w.to_local(), gathered_kernel(w, wa, wg)), x.mesh(), out,
-        shape);
+        GatheredDense::apply(x_local, w.to_local(), gathered_kernel(w, wa, wg)), mesh, out, shape);
   }
-  const at::Tensor w_local = w.redistribute(wa, wg).to_local();
-  const DeviceMesh& mesh = x.mesh();
+  const at::Tensor w_local = kernel_local(wa, wg);
   return DTensor::from_local(dense(x_local, w_local, use_fp8 ? fp8 : nullptr, &mesh), mesh, out,
                              shape);
+}
+
+}  // namespace
+
+DTensor dense(const DTensor& x, const DTensor& w, const LogicalAxes& input_axes,
+              const std::shared_ptr<fp8::GemmMeta>& fp8) {
+  return dense_with(x, w, input_axes, fp8, [&](const Placements& wa, const Placements& wg) {
+    return w.redistribute(wa, wg).to_local();
+  });
+}
+
+DTensor dense_transposed(const DTensor& x, const DTensor& table) {
+  TE_CHECK(table.dim() == 2, "dense_transposed: the table ", table.to_string(),
+           " is not [rows, features]");
+  const DTensor kernel =
+      DTensor::from_local(table.to_local().t(), table.mesh(), transposed(table.placements()),
+                          std::vector<int64_t>{table.size(1), table.size(0)});
+  // The table's own layout change carries the gradient (to GradientBuckets, as a kernel's).
+  return dense_with(x, kernel, {}, nullptr, [&](const Placements& wa, const Placements& wg) {
+    return table.redistribute(transposed(wa), transposed(wg)).to_local().t();
+  });
 }
 
 DTensor add_bias(const DTensor& y_in, const DTensor& b) {

@@ -134,10 +134,12 @@ def llama_perplexity(path, text):
     # The running estimate after each chunk, "[4]386.9575," on stdout. One thread: with two, half
     # the runs here stop after the thread pool starts (exit 0, nothing computed), gguf-py's own
     # files too. --no-repack: the repacked Q8_0 kernels (AMX here) crash on those as well. Even
-    # so a run now and then stops early (exit 0 after chunk 3, say): run it again until all
-    # CHUNKS are in, so that every perplexity compared is over the same text.
+    # so a run often stops early (exit 0 after chunk 3, say; measured 2026-12-06: 2 runs in 5 on
+    # an idle machine, on every file, gguf-py's own among them, and 5 in a row on a loaded one;
+    # never under strace, so a race of llama.cpp's own): run it again until all CHUNKS are in,
+    # so that every perplexity compared is over the same text.
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    for _ in range(5):
+    for _ in range(30):
         p = subprocess.run([built.stdout.strip().splitlines()[-1], "-m", path, "-f", text, "-c",
                             "16", "-b", "16", "--chunks", str(CHUNKS), "-t", "1", "--no-repack"],
                            capture_output=True, text=True, env=env)

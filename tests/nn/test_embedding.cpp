@@ -87,6 +87,30 @@ TEST(Embedding, Fp8WeightsAreRefusedOnAShardedTable) {
   });
 }
 
+// A tied head's gradient (attend) waits for GradientBuckets with the lookup's: one all-reduce
+// over the data axis at finish(), for two micro-batches (attend's transposed kernel once
+// all-reduced its part at once, in every backward).
+TEST(Embedding, ATiedHeadsGradientWaitsForTheBuckets) {
+  te::run_local_ranks(2, [](int rank) {
+    DeviceMesh mesh({2}, {"data"});
+    MeshScope on(mesh);
+    AxisRulesScope rules(parse_axis_rules("batch=data,vocab=,embed="));
+    manual_seed(9);
+    Embedding embed(EmbeddingOptions(16, kFeatures));
+    const auto layout = placements_for(*resolve_logical_axes({"batch", "seqlen"}), mesh);
+    const DTensor ids = DTensor::from_local(piece_of(ids_of(16), mesh, layout, rank), mesh,
+                                            layout, std::vector<int64_t>{kBatch, kSeq});
+    CommTrace trace;
+    GradientBuckets buckets;
+    for (int micro = 0; micro < 2; ++micro) {
+      embed->attend(embed(ids)).to_local().sum().backward();
+    }
+    EXPECT_EQ(trace.count(Collective::kAllReduce), 0) << trace.table();
+    buckets.finish();
+    EXPECT_EQ(trace.count(Collective::kAllReduce), 1) << trace.table();
+  });
+}
+
 struct Layout {
   std::string name;
   std::vector<int64_t> shape;

@@ -55,6 +55,13 @@ at::Tensor dense(const at::Tensor& x, const at::Tensor& w,
 DTensor dense(const DTensor& x, const DTensor& w, const LogicalAxes& input_axes = {},
               const std::shared_ptr<fp8::GemmMeta>& fp8 = nullptr);
 
+/// x @ table^T for a [rows, features] table: the tied output head (Embedding::attend), dense
+/// with the table's transpose as the kernel. The table's own layout change carries its gradient,
+/// so a data-parallel table's partial sum waits for GradientBuckets as a Dense kernel's does (a
+/// kernel made by DTensor::from_local of the transpose would all-reduce it at once, in every
+/// micro-batch).
+DTensor dense_transposed(const DTensor& x, const DTensor& table);
+
 /// y + b with b broadcast over y's leading dims (b's dims are y's last b.dim() dims). A Partial y
 /// is reduced first (a bias is added once, not once per partial).
 DTensor add_bias(const DTensor& y, const DTensor& b);
