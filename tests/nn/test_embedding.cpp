@@ -98,8 +98,8 @@ TEST(Embedding, ATiedHeadsGradientWaitsForTheBuckets) {
     manual_seed(9);
     Embedding embed(EmbeddingOptions(16, kFeatures));
     const auto layout = placements_for(*resolve_logical_axes({"batch", "seqlen"}), mesh);
-    const DTensor ids = DTensor::from_local(piece_of(ids_of(16), mesh, layout, rank), mesh,
-                                            layout, std::vector<int64_t>{kBatch, kSeq});
+    const DTensor ids = DTensor::from_local(piece_of(ids_of(16), mesh, layout, rank), mesh, layout,
+                                            std::vector<int64_t>{kBatch, kSeq});
     CommTrace trace;
     GradientBuckets buckets;
     for (int micro = 0; micro < 2; ++micro) {
