@@ -14,6 +14,7 @@
 #include "te/distributed/mesh.h"
 #include "te/error.h"
 #include "te/nn/init.h"
+#include "te/nn/random.h"
 #include "te/runtime/meta.h"
 #include "te/sharding/context.h"
 
@@ -173,6 +174,12 @@ Plan plan_step(const PlanStepOptions& options, const PlannedStep& step) {
   TE_CHECK(step.micro_batches >= 1, "plan_step: micro_batches must be at least 1, got ",
            step.micro_batches);
   ensure_meta_kernels();
+  // The plan's dropouts draw nothing but count as calls of this thread's stream: the caller's
+  // stream is put back, so planning mid-run leaves its masks as they were.
+  struct KeepStream {
+    RngState saved = rng_state();
+    ~KeepStream() { set_rng_state(saved); }
+  } keep_stream;
   const auto start = std::chrono::steady_clock::now();
   Plan result;
   result.mesh_shape = options.mesh_shape;

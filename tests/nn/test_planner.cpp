@@ -246,6 +246,16 @@ TEST(Planner, PlansAMeshOfThousandsOfRanksInOneProcess) {
   EXPECT_NE(p.table().find("data=64 x model=16"), std::string::npos) << p.table();
 }
 
+// Planning counts its dropouts as calls of this thread's stream; the caller's stream is put back.
+TEST(Planner, LeavesTheCallersDropoutStreamAsItWas) {
+  TransformerLayerOptions layer(64, 128, 4);
+  layer.hidden_dropout(0.1);
+  set_rng_state({7, 5});
+  plan(PlanOptions(layer, 2, 4, 8));
+  EXPECT_EQ(rng_state().seed, 7u);
+  EXPECT_EQ(rng_state().calls, 5u);
+}
+
 TEST(Planner, RefusesOptionsItCannotPlanNamingThem) {
   const TransformerLayerOptions layer(64, 128, 4);
   EXPECT_ERROR(plan(PlanOptions(layer, 0, 4, 8)), "layers must be at least 1");
