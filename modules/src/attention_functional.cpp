@@ -1,5 +1,4 @@
-// functional::attention and what decides it: Transformer Engine's mask semantics (MaskSpec), the
-// padded-row rule, and the one call to at::scaled_dot_product_attention.
+// functional::attention: TE's mask semantics (MaskSpec), the padded-row rule, the one SDPA call.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -10,6 +9,7 @@
 #include <optional>
 #include <string>
 
+#include "attention_meta.h"
 #include "attention_piece.h"
 #include "matmul.h"
 #include "te/compat.h"
@@ -190,6 +190,7 @@ std::optional<SdpaCall> sdpa_call(const at::Tensor& q, const at::Tensor& k_in,
 }
 
 at::Tensor run_sdpa(const SdpaCall& c) {
+  if (c.q.is_meta()) return detail::meta_fused_attention(c.q, c.k, c.v);  // te::nn::plan
 #if TE_SDPA_HAS_GQA
   return at::scaled_dot_product_attention(c.q, c.k, c.v, c.bias, 0.0, c.causal, c.scale, c.gqa);
 #elif TE_TORCH_VERSION_AT_LEAST(2, 1)
