@@ -90,7 +90,7 @@ TEST(Embedding, Fp8WeightsAreRefusedOnAShardedTable) {
 // A tied head's gradient (attend) waits for GradientBuckets with the lookup's: one all-reduce
 // over the data axis at finish(), for two micro-batches (attend's transposed kernel once
 // all-reduced its part at once, in every backward).
-TEST(Embedding, ATiedHeadsGradientWaitsForTheBuckets) {
+TEST(EmbeddingParallel, ATiedHeadsGradientWaitsForTheBuckets) {
   te::run_local_ranks(2, [](int rank) {
     DeviceMesh mesh({2}, {"data"});
     MeshScope on(mesh);
