@@ -96,7 +96,7 @@ lines.append(
     "The torch::nn rows are other math, not a goal: LibTorch's modules are post-norm with exact "
     "(erf) gelu; te's layer is TE's pre-norm with the tanh-form gelu. The GeluTanhVsExact rows "
     "time that tanh form as te's MLP runs it (functional::activation \"gelu\": te's own CPU "
-    "kernel in fp32 and bf16, modules/src/gelu_tanh.cpp) against LibTorch's exact form on the "
+    "kernel in fp32 and bf16, modules/src/activation_cpu.cpp) against LibTorch's exact form on the "
     "MLP's [tokens, ffn] activation, forward and backward. LibTorch 1.13's own "
     "at::gelu(x, \"tanh\"), which te called before, took 1.42–1.57× (fp32) and 4.15–5.24× (bf16) "
     "the exact form's time on this machine (`bench_modules --benchmark_filter=GeluTanhVsExact`, "

@@ -3,11 +3,13 @@
 #include "te/optim/adamw.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <torch/autograd.h>
 
 #include <cmath>
 #include <map>
 #include <memory>
+#include <type_traits>
 #include <utility>
 
 #include "te/compat.h"
@@ -32,20 +34,128 @@ bool low_precision(const at::Tensor& p) {
   return p.scalar_type() == at::kBFloat16 || p.scalar_type() == at::kHalf;
 }
 
+// The step's scalars in fp32, as LibTorch's fp32 kernels take them.
+struct StepScalars {
+  bool decays;
+  float decay, w1, b2, c2, bc2_sqrt, eps, neg_step;
+};
+
+// update()'s ops in one pass over each element, in fp32, each rounded as LibTorch's vectorised
+// kernel rounds it (lerp's is a fused multiply-add; addcmul and addcdiv evaluate left to right,
+// uncontracted: this file is compiled with -ffp-contract=off), so that the step is the ops' to
+// the bit: read the weight, gradient and moments once and write them once, where the ops read
+// and wrote each up to eight times (a quarter of a bf16 SmolLM2 step's non-GEMM time). `low`:
+// the bf16 or fp16 parameter beside its master, written rounded to nearest (TE's FusedAdam's
+// copy), or null.
+#if defined(__GNUC__)
+#define TE_ADAM_INLINE __attribute__((always_inline)) inline
+#else
+#define TE_ADAM_INLINE inline
+#endif
+template <typename G, typename L>
+TE_ADAM_INLINE void fused_loop(float* w, float* m, float* v, const G* g, L* low, int64_t n,
+                               const StepScalars& s) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float gi = static_cast<float>(g[i]);
+    const float wi = s.decays ? w[i] * s.decay : w[i];
+    const float mi = std::fma(s.w1, gi - m[i], m[i]);  // lerp_(grad, 1 - beta1): weight < 1/2
+    const float vi = v[i] * s.b2 + s.c2 * gi * gi;     // mul_(beta2).addcmul_(g, g, 1 - beta2)
+    const float denom = std::sqrt(vi) / s.bc2_sqrt + s.eps;
+    const float wn = wi + s.neg_step * mi / denom;  // addcdiv_(m, denom, -step_size)
+    m[i] = mi;
+    v[i] = vi;
+    w[i] = wn;
+    if constexpr (!std::is_same_v<L, float>) low[i] = static_cast<L>(wn);
+  }
+}
+
+// The loops this CPU runs best: x86-64 builds also compile them for AVX2 + FMA and AVX-512
+// (function multiversioning; the baseline's fma is a library call).
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12 && defined(__x86_64__)
+#define TE_ADAM_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define TE_ADAM_CLONES
+#endif
+struct Moments {
+  float *w, *m, *v;
+};
+TE_ADAM_CLONES void loop_f32(Moments x, const float* g, int64_t n, const StepScalars& s) {
+  fused_loop(x.w, x.m, x.v, g, static_cast<float*>(nullptr), n, s);
+}
+TE_ADAM_CLONES void loop_bf16(Moments x, const at::BFloat16* g, at::BFloat16* low, int64_t n,
+                              const StepScalars& s) {
+  if (low == nullptr) return fused_loop(x.w, x.m, x.v, g, static_cast<float*>(nullptr), n, s);
+  fused_loop(x.w, x.m, x.v, g, low, n, s);
+}
+TE_ADAM_CLONES void loop_f16(Moments x, const at::Half* g, at::Half* low, int64_t n,
+                             const StepScalars& s) {
+  if (low == nullptr) return fused_loop(x.w, x.m, x.v, g, static_cast<float*>(nullptr), n, s);
+  fused_loop(x.w, x.m, x.v, g, low, n, s);
+}
+
+// The fused step where it applies: contiguous CPU fp32 weight and moments, a contiguous CPU
+// gradient of fp32, bf16 or fp16, 1 - beta1 below 1/2 (lerp's first form), and `low` (if
+// defined) a contiguous bf16 or fp16 tensor of the weight's size. False elsewhere (update()'s
+// ops then run).
+bool fused_update(at::Tensor& weight, const at::Tensor& grad, AdamWParamState& st,
+                  const StepScalars& s, double beta1, const at::Tensor& low) {
+  const at::Tensor &m = st.exp_avg(), &v = st.exp_avg_sq();
+  const auto cpu_float = [&](const at::Tensor& t) {
+    return t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous() &&
+           t.numel() == weight.numel();
+  };
+  const auto cpu_any = [&](const at::Tensor& t) {
+    const at::ScalarType type = t.scalar_type();
+    return t.device().is_cpu() && t.is_contiguous() && t.numel() == weight.numel() &&
+           (type == at::kFloat || type == at::kBFloat16 || type == at::kHalf);
+  };
+  if (!cpu_float(weight) || !cpu_float(m) || !cpu_float(v) || !cpu_any(grad) ||
+      (low.defined() && (!cpu_any(low) || low.scalar_type() == at::kFloat)) || 1 - beta1 >= 0.5) {
+    return false;
+  }
+  // The low-precision output matches the gradient's dtype (a bf16 parameter's master).
+  TE_CHECK(!low.defined() || low.scalar_type() == grad.scalar_type(), "AdamW: a ",
+           grad.scalar_type(), " gradient for a ", low.scalar_type(), " parameter");
+  const Moments x{weight.data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>()};
+  const at::ScalarType type = grad.scalar_type();
+  at::parallel_for(0, weight.numel(), int64_t{1} << 15, [&](int64_t first, int64_t last) {
+    const Moments here{x.w + first, x.m + first, x.v + first};
+    const int64_t n = last - first;
+    if (type == at::kFloat) {
+      loop_f32(here, grad.data_ptr<float>() + first, n, s);
+    } else if (type == at::kBFloat16) {
+      loop_bf16(here, grad.data_ptr<at::BFloat16>() + first,
+                low.defined() ? low.data_ptr<at::BFloat16>() + first : nullptr, n, s);
+    } else {
+      loop_f16(here, grad.data_ptr<at::Half>() + first,
+               low.defined() ? low.data_ptr<at::Half>() + first : nullptr, n, s);
+    }
+  });
+  return true;
+}
+
 // One parameter's update: torch 2.11's _single_tensor_adam with amsgrad off and decoupled
-// decay, op for op, on fp32 tensors (the master, or the fp32 parameter itself).
+// decay, op for op, on fp32 tensors (the master, or the fp32 parameter itself), fused into one
+// pass on the CPU (fused_update); `low` gets the result rounded where defined.
 void update(at::Tensor& weight, const at::Tensor& grad, AdamWParamState& st, const AdamWOptions& o,
-            at::Tensor& scratch) {
+            at::Tensor& scratch, const at::Tensor& low = {}) {
   const auto [beta1, beta2] = o.betas();
   st.step(st.step() + 1);
-  if (o.weight_decay() != 0) weight.mul_(1 - o.lr() * o.weight_decay());
-  st.exp_avg().lerp_(grad, 1 - beta1);
-  st.exp_avg_sq().mul_(beta2).addcmul_(grad, grad, 1 - beta2);
   const double step = static_cast<double>(st.step());
   const double bias_correction1 = 1 - std::pow(beta1, step);
   const double bias_correction2 = 1 - std::pow(beta2, step);
   const double step_size = o.lr() / bias_correction1;
   const double bias_correction2_sqrt = std::pow(bias_correction2, 0.5);
+  const StepScalars s{
+      o.weight_decay() != 0,         static_cast<float>(1 - o.lr() * o.weight_decay()),
+      static_cast<float>(1 - beta1), static_cast<float>(beta2),
+      static_cast<float>(1 - beta2), static_cast<float>(bias_correction2_sqrt),
+      static_cast<float>(o.eps()),   static_cast<float>(-step_size)};
+  if (fused_update(weight, grad, st, s, beta1, low)) return;
+  const at::Tensor g = grad.scalar_type() == weight.scalar_type() ? grad : grad.to(at::kFloat);
+  if (o.weight_decay() != 0) weight.mul_(1 - o.lr() * o.weight_decay());
+  st.exp_avg().lerp_(g, 1 - beta1);
+  st.exp_avg_sq().mul_(beta2).addcmul_(g, g, 1 - beta2);
   // (sqrt(v) / sqrt(bc2)) + eps, the same kernels as torch's out-of-place ops, written into one
   // buffer for the step's parameters (two new tensors per parameter cost their page faults).
   const at::Tensor& v = st.exp_avg_sq();
@@ -57,6 +167,7 @@ void update(at::Tensor& weight, const at::Tensor& grad, AdamWParamState& st, con
   at::sqrt_out(denom, v);
   denom.div_(bias_correction2_sqrt).add_(o.eps());
   weight.addcdiv_(st.exp_avg(), denom, -step_size);
+  if (low.defined()) low.copy_(weight);  // rounded to nearest, as TE's FusedAdam writes it
 }
 
 }  // namespace
@@ -199,16 +310,15 @@ at::Tensor AdamW::step(LossClosure closure) {
       const auto split = splits_.find(p.unsafeGetTensorImpl());
       if (split == splits_.end()) {
         at::Tensor weight = master ? st.master() : p;
-        // bf16 and fp16 widen to fp32 exactly.
-        update(weight, master ? grad.to(at::kFloat) : grad, st, o, scratch);
-        if (master) p.copy_(st.master());  // rounded to nearest, as TE's FusedAdam writes it
+        // (bf16 and fp16 gradients widen to fp32 exactly.)
+        update(weight, grad, st, o, scratch, master ? p : at::Tensor());
         continue;
       }
       // ZeRO-1: this rank's chunk from the whole gradient, then every rank's chunk gathered.
       const Piece& piece = split->second.piece;
       const at::Tensor g = grad.reshape(-1).narrow(0, piece.offset, piece.length);
       at::Tensor weight = master ? st.master() : p.view(-1).narrow(0, piece.offset, piece.length);
-      update(weight, master ? g.to(at::kFloat) : g, st, o, scratch);
+      update(weight, g, st, o, scratch);
       const at::Tensor chunk = master ? st.master().to(p.scalar_type()) : weight;
       p.view(-1).copy_(gather(split->second, chunk));
     }

@@ -27,15 +27,6 @@ at::Tensor effective_mask(const F::MaskSpec& spec, const at::Tensor& mask) {
   return spec.takes_mask() ? mask : at::Tensor();
 }
 
-bool fused_available(bool wanted) {
-#if TE_HAS_SDPA
-  return wanted;
-#else
-  (void)wanted;
-  return false;
-#endif
-}
-
 }  // namespace
 
 // ---- DotProductAttention ---------------------------------------------------------------------
@@ -301,7 +292,7 @@ F::AttentionCall attention_call(const DotProductAttentionImpl& self, const Arran
   call.softcap = self.options.softcap();
   call.dropout = self.options.attention_dropout();
   call.training = training;
-  call.fused = fused_available(self.options.fused());
+  call.fused = self.options.fused();
   auto piece = std::make_shared<F::detail::AttentionPiece>();
   piece->global_batch = batch;
   piece->batch_offset = a.batch_offset;
@@ -408,7 +399,7 @@ T cached_attention(const DotProductAttentionImpl& self, const T& query, const T&
   }
   call.scale = logit_scale(self.options);
   call.softcap = self.options.softcap();
-  call.fused = fused_available(self.options.fused());
+  call.fused = self.options.fused();
   auto piece = std::make_shared<F::detail::AttentionPiece>();
   piece->global_heads = a.q.size(2);
   piece->head_offset = a.head_offset;

@@ -1,4 +1,5 @@
-// functional::attention: TE's mask semantics (MaskSpec), the padded-row rule, the one SDPA call.
+// functional::attention: TE's mask semantics (MaskSpec), the padded-row rule, te's fused CPU kernel
+// (flash_attention.cpp) or the one SDPA call.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -11,6 +12,7 @@
 
 #include "attention_meta.h"
 #include "attention_piece.h"
+#include "flash_attention.h"
 #include "matmul.h"
 #include "te/compat.h"
 #include "te/error.h"
@@ -203,27 +205,6 @@ at::Tensor run_sdpa(const SdpaCall& c) {
 
 }  // namespace
 
-at::Tensor checked_cu_seqlens(const at::Tensor& cu_seqlens, const std::string& who,
-                              const std::string& name, int64_t tokens, bool tail_padding) {
-  TE_CHECK(cu_seqlens.defined(), who, ": ", name, " is missing");
-  TE_CHECK(cu_seqlens.dim() == 1 && cu_seqlens.size(0) >= 2 &&
-               !at::isFloatingType(cu_seqlens.scalar_type()) &&
-               cu_seqlens.scalar_type() != at::kBool,
-           who, ": ", name, " must be a 1-D integer tensor of [sequences + 1] >= 2 entries, got ",
-           cu_seqlens.sizes(), " ", cu_seqlens.scalar_type());
-  const at::Tensor cu = cu_seqlens.to(at::kCPU, at::kLong).contiguous();
-  const int64_t* c = cu.data_ptr<int64_t>();
-  const int64_t n = cu.size(0);
-  TE_CHECK(c[0] == 0, who, ": ", name, " starts at ", c[0], ", not 0");
-  for (int64_t i = 1; i < n; ++i) {
-    TE_CHECK(c[i] >= c[i - 1], who, ": ", name, " decreases at entry ", i, " (", c[i - 1], " -> ",
-             c[i], ")");
-  }
-  TE_CHECK(tail_padding ? c[n - 1] <= tokens : c[n - 1] == tokens, who, ": ", name, " ends at ",
-           c[n - 1], " but there are ", tail_padding ? "only " : "", tokens, " tokens");
-  return cu;
-}
-
 namespace {
 
 // Where each packed sequence is in one token dim: start and length per sequence.
@@ -391,6 +372,10 @@ at::Tensor packed_attention(const at::Tensor& q, const at::Tensor& k, const at::
 at::Tensor dense_attention(const at::Tensor& q, const at::Tensor& k_in, const at::Tensor& v_in,
                            const AttentionCall& call) {
   check_attention_inputs(q, k_in, v_in, call);
+  if (detail::flash_attention_takes(q, k_in, v_in, call)) {
+    const auto window = detail::key_window(call, q.size(1), k_in.size(1));
+    return detail::flash_attention(q, k_in, v_in, call.scale, window).first;
+  }
 #if TE_HAS_SDPA
   if (const auto c = sdpa_call(q, k_in, v_in, call)) {
     return zero_dead_rows(run_sdpa(*c), c->dead).transpose(1, 2);
@@ -475,6 +460,7 @@ AttentionPlan attention_plan(const at::Tensor& q_in, const at::Tensor& k_in, con
   }
   check_attention_inputs(q, k, v, call);
   AttentionPlan plan;
+  if (detail::flash_attention_takes(q, k, v, call)) return {"te_flash_cpu"};
 #if TE_HAS_SDPA
   if (const auto c = sdpa_call(q, k, v, call)) {
     plan.is_causal = c->causal;

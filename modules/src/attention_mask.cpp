@@ -236,4 +236,27 @@ void check_attention_bias(AttnBiasType bias_type, const at::Tensor& bias, const 
   }
 }
 
+// ---- packed sequences --------------------------------------------------------------------
+
+at::Tensor checked_cu_seqlens(const at::Tensor& cu_seqlens, const std::string& who,
+                              const std::string& name, int64_t tokens, bool tail_padding) {
+  TE_CHECK(cu_seqlens.defined(), who, ": ", name, " is missing");
+  TE_CHECK(cu_seqlens.dim() == 1 && cu_seqlens.size(0) >= 2 &&
+               !at::isFloatingType(cu_seqlens.scalar_type()) &&
+               cu_seqlens.scalar_type() != at::kBool,
+           who, ": ", name, " must be a 1-D integer tensor of [sequences + 1] >= 2 entries, got ",
+           cu_seqlens.sizes(), " ", cu_seqlens.scalar_type());
+  const at::Tensor cu = cu_seqlens.to(at::kCPU, at::kLong).contiguous();
+  const int64_t* c = cu.data_ptr<int64_t>();
+  const int64_t n = cu.size(0);
+  TE_CHECK(c[0] == 0, who, ": ", name, " starts at ", c[0], ", not 0");
+  for (int64_t i = 1; i < n; ++i) {
+    TE_CHECK(c[i] >= c[i - 1], who, ": ", name, " decreases at entry ", i, " (", c[i - 1], " -> ",
+             c[i], ")");
+  }
+  TE_CHECK(tail_padding ? c[n - 1] <= tokens : c[n - 1] == tokens, who, ": ", name, " ends at ",
+           c[n - 1], " but there are ", tail_padding ? "only " : "", tokens, " tokens");
+  return cu;
+}
+
 }  // namespace te::nn::functional

@@ -10,8 +10,8 @@
 #include <optional>
 #include <string>
 
+#include "activation_cpu.h"
 #include "cpu_gemm.h"
-#include "gelu_tanh.h"
 #include "matmul.h"
 #include "te/compat.h"
 #include "te/distributed/scopes.h"
@@ -379,13 +379,13 @@ at::Tensor activation(const at::Tensor& x, const std::string& name,
   }
   if (name == "gelu") {
     // The tanh form (jax.nn.gelu(approximate=True), TE's default): at::gelu(x, "tanh"), on CPU
-    // fp32 and bf16 through te's kernel (gelu_tanh.cpp says why).
+    // fp32 and bf16 through te's kernel (activation_cpu.cpp says why).
     return detail::gelu_tanh(x);
   }
   // The erf form (torch's default, BERT's and transformers' "gelu").
   if (name == "gelu_exact") return at::gelu(x);
   if (name == "relu") return at::relu(x);
-  if (name == "silu") return at::silu(x);
+  if (name == "silu") return detail::silu(x);  // te's kernel on CPU fp32 and bf16
   if (name == "quick_gelu") return x * at::sigmoid(1.702 * x);
   if (name == "squared_relu") return at::relu(x).pow(2);
   if (name == "sigmoid") return at::sigmoid(x);

@@ -61,8 +61,10 @@ for folder in ["docs", "examples", "tools", "modules", "gen", "hf", "encoder", "
             continue
         documents += [os.path.join(dirpath, f) for f in files if f.endswith(".md")]
 
+# (models/ is what the tests and scripts download or write, ignored by git: a document may name
+# a file a script makes there.)
 top = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)) and not d.startswith(".")
-             and d != "build" and not d.startswith("build-")) + [".ci"]
+             and d not in ("build", "models") and not d.startswith("build-")) + [".ci"]
 # Paths of other projects the documents cite (Transformer Engine's example folder).
 foreign = {"examples/jax/encoder"}
 

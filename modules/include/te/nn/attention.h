@@ -131,8 +131,10 @@ struct DotProductAttentionOptions {
   /// sink) or learnable (gains exp(softmax_offset[h]), a parameter of shape [heads] with logical
   /// axis "heads", initialised to zeros, as gpt-oss's sinks).
   TORCH_ARG(TeChoice<SoftmaxType>, softmax_type) = SoftmaxType::kVanilla;
-  /// Use at::scaled_dot_product_attention where this LibTorch has it (2.0+) and it computes the
-  /// same (vanilla softmax); same numbers.
+  /// Fused attention where it computes the same (vanilla softmax, no bias, no dropout in
+  /// training): te's own kernel on CPU tensors for the causal types, sliding windows and no mask
+  /// (it never holds the [seqlen_q, seqlen_kv] probabilities), at::scaled_dot_product_attention
+  /// elsewhere where this LibTorch has it (2.0+); the same numbers within rounding.
   TORCH_ARG(bool, fused) = true;
   /// TE's qkv_format: bshd ([batch, seqlen, heads, head_dim]; TE-PyTorch's default is sbhd),
   /// sbhd ([seqlen, batch, heads, head_dim]) or thd (packed sequences [tokens, heads, head_dim],
@@ -164,8 +166,9 @@ class DotProductAttentionImpl : public torch::nn::Cloneable<DotProductAttentionI
                      const at::Tensor& mask = {}, const AttentionArgs& args = {});
   DTensor forward(const DTensor& query, const DTensor& key, const DTensor& value,
                   const at::Tensor& mask = {}, const AttentionArgs& args = {});
-  /// The scaled-dot-product backend forward(query, key, value, mask, args) would run now
-  /// ("flash_attention", "cudnn_attention", "efficient_attention", "math"), or "unfused".
+  /// The backend forward(query, key, value, mask, args) would run now: "te_flash_cpu" (te's
+  /// fused CPU kernel), SDPA's ("flash_attention", "cudnn_attention", "efficient_attention",
+  /// "math"), or "unfused".
   std::string fused_backend(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                             const at::Tensor& mask = {}, const AttentionArgs& args = {}) const;
 

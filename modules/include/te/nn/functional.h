@@ -287,7 +287,8 @@ struct AttentionCall {
   /// Dropout on the probabilities (training, dropout > 0): te::nn's layout-invariant dropout.
   double dropout = 0.0;
   bool training = false;
-  /// Use at::scaled_dot_product_attention where it computes the same (vanilla softmax).
+  /// Fused where it computes the same (vanilla softmax): te's CPU kernel or
+  /// at::scaled_dot_product_attention (AttentionPlan::backend says which).
   bool fused = true;
   /// Set by DotProductAttention on a mesh (internal; leave it null): where this rank's q, k, v
   /// sit in the global tensors, so that dropout draws what one process draws, and the sharding
@@ -328,10 +329,13 @@ bool paged_attention_supported(const at::Tensor& q, const at::Tensor& k_pool);
 
 /// What attention() runs for a set of arguments.
 struct AttentionPlan {
-  /// The backend LibTorch's scaled_dot_product_attention chooses for the call attention() makes
+  /// "te_flash_cpu": te's fused CPU kernel (CPU or meta float32, bfloat16 or float16 tensors,
+  /// no mask tensor, bias, sink, soft cap or dropout in training: blocks of queries and keys
+  /// with a running softmax in float32, the probabilities never held whole). Otherwise the
+  /// backend LibTorch's scaled_dot_product_attention chooses for the call attention() makes
   /// ("flash_attention", "cudnn_attention", "efficient_attention", "math"), asked of
   /// at::_fused_sdp_choice with exactly that call's arguments; or "unfused" where attention()
-  /// computes without it (no SDPA in this LibTorch, `fused` off, dropout in training, or a
+  /// computes without either (no SDPA in this LibTorch, `fused` off, dropout in training, or a
   /// softmax with a sink).
   std::string backend;
   /// The causal mask goes to SDPA as its is_causal flag, with no mask tensor (the flash and

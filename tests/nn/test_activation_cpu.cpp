@@ -1,8 +1,8 @@
-// The tanh-form gelu (functional::activation "gelu", TE's default) runs te's own CPU kernel in
-// fp32 and bf16 (modules/src/gelu_tanh.cpp): its forward and its gradient against the exact
-// math in double and against at::gelu(x, "tanh") / at::gelu_backward(..., "tanh") computed in
-// fp32, over every bf16 value, random and edge values (0, -0, denormals, +-large, +-inf, NaN),
-// in bf16, fp16 and fp32, contiguous or not, and a double backward.
+// te's CPU activation kernels (modules/src/activation_cpu.cpp): the tanh-form gelu
+// (functional::activation "gelu", TE's default) and SiLU ("silu"), each forward and gradient
+// against the exact math in double and against LibTorch's in fp32, over every bf16 value, random
+// and edge values (0, -0, denormals, +-large, +-inf, NaN), in bf16, fp16 and fp32, contiguous or
+// not, and a double backward.
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -226,6 +226,78 @@ TEST(GeluTanh, DoubleBackwardIsAtGelus) {
     return torch::autograd::grad({dx.sum()}, {leaf})[0];
   };
   EXPECT_TRUE(at::allclose(second(x, te_gelu(x)), second(ref, at::gelu(ref, "tanh")), 1e-5, 1e-6));
+}
+
+// ---- SiLU ----------------------------------------------------------------------------------
+
+at::Tensor te_silu(const at::Tensor& x) { return F::activation(x, "silu"); }
+
+// x sigmoid(x) and its derivative sigmoid (1 + x (1 - sigmoid)) in double; `terms`: the sizes of
+// the derivative's two terms times |g| (where they cancel, near x = -1.28, the rounding of the
+// larger one is what remains).
+at::Tensor silu_double(const at::Tensor& x) {
+  const at::Tensor xd = x.to(at::kDouble);
+  return xd * at::sigmoid(xd);
+}
+at::Tensor silu_grad_double(const at::Tensor& g, const at::Tensor& x, bool terms = false) {
+  const at::Tensor xd = x.to(at::kDouble), s = at::sigmoid(xd);
+  if (terms) return g.to(at::kDouble).abs() * (s + (xd * s * (1 - s)).abs());
+  return g.to(at::kDouble) * (s + xd * s * (1 - s));
+}
+
+TEST(Silu, EveryBf16ValueIsTheExactMathRounded) {
+  const at::Tensor x = every_bf16();
+  const at::Tensor y = te_silu(x);
+  ASSERT_EQ(y.scalar_type(), at::kBFloat16);
+  // Below x = -87 the exact value is under FLT_MIN; the kernel gives -0 there.
+  EXPECT_TRUE(Near(x, y, silu_double(x), at::kBFloat16, 1.0, at::full({1}, 1e-35)));
+  // All but a few dozen of the 65536 are the exact value rounded to nearest (20 here: fp32's
+  // result next to a bf16 tie, rounded twice).
+  const at::Tensor rounded = silu_double(x).to(at::kBFloat16);
+  const at::Tensor same =
+      (y.view(at::kShort) == rounded.view(at::kShort)) | (y.isnan() & rounded.isnan());
+  EXPECT_LE(65536 - same.sum().item<int64_t>(), 40);
+}
+
+TEST(Silu, ForwardAndGradientInEachDtype) {
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
+    SCOPED_TRACE(c10::toString(dtype));
+    const at::Tensor x = samples(dtype);
+    const at::Tensor g = at::randn(x.sizes()).to(dtype);
+    const at::Tensor leaf = x.detach().clone().requires_grad_(true);
+    const at::Tensor y = te_silu(leaf);
+    y.backward(g);
+    const at::Tensor dx = leaf.grad();
+    ASSERT_EQ(dx.scalar_type(), dtype);
+    const double ulps = dtype == at::kFloat ? 4.0 : 1.0;
+    // exp's argument's rounding, |x|-fold in the tail, and below FLT_MIN zero.
+    const at::Tensor want = silu_double(x);
+    const at::Tensor tail = 0x1p-22 * (2 + x.to(at::kDouble).abs().nan_to_num(0, 0, 0).flatten()) *
+                                want.abs().flatten() +
+                            1e-35;
+    EXPECT_TRUE(Near(x, y.detach(), want, dtype, ulps, tail));
+    const at::Tensor terms = silu_grad_double(g, x, true).nan_to_num(0, 0, 0).flatten();
+    EXPECT_TRUE(Near(
+        x, dx, silu_grad_double(g, x), dtype, ulps,
+        0x1p-22 * (2 + x.to(at::kDouble).abs().nan_to_num(0, 0, 0).flatten()) * terms + 1e-35));
+    // LibTorch's, in fp32.
+    const at::Tensor xf = x.to(at::kFloat);
+    EXPECT_TRUE(Near(x, y.detach(), at::silu(xf).to(dtype), dtype, ulps, tail));
+  }
+}
+
+TEST(Silu, StridedInputsAndDoubleBackwardAreLibTorchs) {
+  const at::Tensor h = (at::randn({8, 2, 600}) * 4).to(at::kBFloat16);
+  const at::Tensor x = h.select(1, 1).slice(1, 0, 600, 2);
+  ASSERT_FALSE(x.is_contiguous());
+  EXPECT_TRUE(at::equal(te_silu(x), te_silu(x.contiguous())));
+  const at::Tensor a = (at::randn({64}) * 3).requires_grad_(true);
+  const at::Tensor ref = a.detach().clone().requires_grad_(true);
+  auto second = [](const at::Tensor& leaf, const at::Tensor& y) {
+    const at::Tensor dx = torch::autograd::grad({y.sum()}, {leaf}, {}, true, true)[0];
+    return torch::autograd::grad({dx.sum()}, {leaf})[0];
+  };
+  EXPECT_TRUE(at::allclose(second(a, te_silu(a)), second(ref, at::silu(ref)), 1e-5, 1e-6));
 }
 
 }  // namespace

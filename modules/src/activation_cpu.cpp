@@ -1,9 +1,11 @@
-#include "gelu_tanh.h"
+#include "activation_cpu.h"
 
-// Why a kernel of te's own: LibTorch 1.13's CPU at::gelu(x, "tanh") takes Sleef's tanh (4x the
-// time of the erf form's kernel in fp32), and in bf16 it runs every intermediate through bf16
-// (9x, and less exact: on 1010 of the 65536 bf16 inputs its output is further from the true
-// value than fp32 math rounded once). bench/RESULTS.md's GeluTanhVsExact rows time both forms.
+// te's CPU kernels for two activations, the tanh-form gelu and SiLU, in fp32 and bf16.
+//
+// Why a kernel of te's own for the tanh gelu: LibTorch 1.13's CPU at::gelu(x, "tanh") takes Sleef's
+// tanh (4x the time of the erf form's kernel in fp32), and in bf16 it runs every intermediate
+// through bf16 (9x, and less exact: on 1010 of the 65536 bf16 inputs its output is further from the
+// true value than fp32 math rounded once). bench/RESULTS.md's GeluTanhVsExact rows time both forms.
 //
 // The kernel computes in fp32 and rounds once, through the identity
 //   0.5 x (1 + tanh(u)) = x sigmoid(2u),  2u = 2 sqrt(2/pi) (x + 0.044715 x^3),
@@ -13,7 +15,12 @@
 // to nearest on all but a few of the 65536 inputs; against at::gelu on fp32 math the results
 // differ by a few fp32 ulps, except where at::gelu's 1 + tanh(u) (x < 0) or 1 - tanh(u)^2 (the
 // gradient) cancels and this form does not (|x| 2^-24 absolute or so).
-// tests/nn/test_gelu_tanh.cpp holds the bounds, for each instruction set (TE_GELU_ISA).
+//
+// SiLU (x sigmoid(x), Llama's and Qwen's MLP): LibTorch 1.13's bf16 at::silu and its backward
+// took 3x and 5x PyTorch 2.11's time in a bf16 SmolLM2 training step (144 against 35 ms); the
+// same sigmoid as above, sigmoid(x) = r or e r with e = exp(-|x|), d/dx = sigmoid + x e r^2.
+// tests/nn/test_activation_cpu.cpp holds the bounds, for each instruction set (TE_GELU_ISA, which
+// picks the set for both activations).
 
 #include <ATen/ATen.h>
 #include <ATen/TensorIterator.h>
@@ -28,6 +35,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "fast_exp.h"
 #include "te/error.h"
 
 namespace te::nn::functional::detail {
@@ -47,38 +55,6 @@ namespace {
 constexpr float kA = 1.5957691216057308f;    // 2 sqrt(2/pi)
 constexpr float kB = 0.07135481627260025f;   // 2 sqrt(2/pi) 0.044715
 constexpr float kB3 = 0.21406444881780076f;  // 3 kB
-constexpr float kExpLow = -87.33654475f;     // log(FLT_MIN): below it, exp counts as 0
-// 1.5 2^23 + 127: w / ln 2 + kShift rounds to the integer kShift + n, whose low mantissa bits hold
-// n + 127, 2^n's exponent field.
-constexpr float kShift = 12582912.f + 127.f;
-constexpr float kLog2e = 1.44269504088896341f;  // 1 / ln 2
-constexpr float kLn2Hi = 0.693359375f;          // ln 2 = kLn2Hi + kLn2Lo (Cephes' expf)
-constexpr float kLn2Lo = -2.12194440e-4f;
-
-// exp(v) for v <= 0, branch-free so that the loops vectorise; 0 below log(FLT_MIN) and for NaN.
-// Cephes' expf reduction, v = n ln 2 + r with |r| <= ln 2 / 2, and e^r = 1 + r + r^2 q(r), q of
-// degree 4 fitted for the least maximum relative error (4e-9, under fp32's rounding).
-TE_INLINE float exp_nonpositive(float v) {
-  const bool normal = std::isgreaterequal(v, kExpLow);  // (quiet compares if-convert)
-  const float w = normal ? v : 0.f;
-  const float t = w * kLog2e + kShift;
-  const float n = t - kShift;
-  const float r = (w - n * kLn2Hi) - n * kLn2Lo;
-  // (Estrin's scheme: a shorter dependency chain than Horner's)
-  const float r2 = r * r;
-  const float q0 = 1.66665211e-1f * r + 4.99999940e-1f;
-  const float q1 = 8.36871006e-3f * r + 4.16683890e-2f;
-  const float q = (1.38145999e-3f * r2 + q1) * r2 + q0;
-  const float er = q * r2 + r + 1.f;
-  uint32_t bits;
-  std::memcpy(&bits, &t, sizeof bits);
-  bits <<= 23;  // 2^n (n + 127 is in [1, 127])
-  float scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  const float value = er * scale;  // (computed either way: a select, not a branch)
-  return normal ? value : 0.f;
-}
-
 TE_INLINE float gelu_forward(float x) {
   const float z = x * (kA + kB * (x * x));
   const float e = exp_nonpositive(-std::fabs(z));
@@ -96,6 +72,41 @@ TE_INLINE float gelu_backward(float g, float x) {
   const float s = std::isgreaterequal(z, 0.f) ? r : er;
   return g * (s + (x * (er * r)) * (kA + kB3 * x2));
 }
+
+TE_INLINE float silu_forward(float x) {
+  const float e = exp_nonpositive(-std::fabs(x));
+  const float r = 1.f / (1.f + e);
+  return x * (std::isgreaterequal(x, 0.f) ? r : e * r);
+}
+
+TE_INLINE float silu_backward(float g, float x) {
+  const float e = exp_nonpositive(-std::fabs(x));
+  const float r = 1.f / (1.f + e);
+  const float s = std::isgreaterequal(x, 0.f) ? r : e * r;
+  return g * (s + x * (e * r * r));
+}
+
+// The activations, each with LibTorch's backward for what the kernels do not take.
+struct GeluTanhOp {
+  static TE_INLINE float forward(float x) { return gelu_forward(x); }
+  static TE_INLINE float backward(float g, float x) { return gelu_backward(g, x); }
+  static at::Tensor libtorch_forward(const at::Tensor& x) { return at::gelu(x, "tanh"); }
+  static at::Tensor libtorch_backward(const at::Tensor& g, const at::Tensor& x) {
+    return at::gelu_backward(g, x, "tanh");
+  }
+};
+struct SiluOp {
+  static TE_INLINE float forward(float x) { return silu_forward(x); }
+  static TE_INLINE float backward(float g, float x) { return silu_backward(g, x); }
+  static at::Tensor libtorch_forward(const at::Tensor& x) { return at::silu(x); }
+  static at::Tensor libtorch_backward(const at::Tensor& g, const at::Tensor& x) {
+    if (!at::GradMode::is_enabled()) return at::silu_backward(g, x);
+    // A backward that builds a graph: the composite form LibTorch's own silu takes then
+    // (silu_backward has no derivative in 1.13).
+    const at::Tensor s = at::sigmoid(x);
+    return g * s * (1 + x * (1 - s));
+  }
+};
 
 TE_INLINE float load(at::BFloat16 v) {
   const uint32_t bits = static_cast<uint32_t>(v.x) << 16;
@@ -117,16 +128,18 @@ TE_INLINE void store(at::BFloat16* out, float v) {
 // expanded gradient of a sum).
 constexpr int64_t kBlock = 256;
 
+template <typename Op>
 TE_INLINE void forward_loop(const float* __restrict x, float* __restrict y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] = gelu_forward(x[i]);
+  for (int64_t i = 0; i < n; ++i) y[i] = Op::forward(x[i]);
 }
+template <typename Op>
 TE_INLINE void backward_loop(const float* __restrict g, int64_t g_stride, const float* __restrict x,
                              float* __restrict dx, int64_t n) {
   if (g_stride == 0) {
     const float g0 = g[0];
-    for (int64_t i = 0; i < n; ++i) dx[i] = gelu_backward(g0, x[i]);
+    for (int64_t i = 0; i < n; ++i) dx[i] = Op::backward(g0, x[i]);
   } else {
-    for (int64_t i = 0; i < n; ++i) dx[i] = gelu_backward(g[i], x[i]);
+    for (int64_t i = 0; i < n; ++i) dx[i] = Op::backward(g[i], x[i]);
   }
 }
 TE_INLINE void widen(const at::BFloat16* in, float* out, int64_t n) {
@@ -135,15 +148,17 @@ TE_INLINE void widen(const at::BFloat16* in, float* out, int64_t n) {
 TE_INLINE void narrow(const float* in, at::BFloat16* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) store(out + i, in[i]);
 }
+template <typename Op>
 TE_INLINE void forward_loop(const at::BFloat16* x, at::BFloat16* y, int64_t n) {
   alignas(64) float in[kBlock], out[kBlock];
   for (int64_t b = 0; b < n; b += kBlock) {
     const int64_t m = std::min(kBlock, n - b);
     widen(x + b, in, m);
-    forward_loop(in, out, m);
+    forward_loop<Op>(in, out, m);
     narrow(out, y + b, m);
   }
 }
+template <typename Op>
 TE_INLINE void backward_loop(const at::BFloat16* g, int64_t g_stride, const at::BFloat16* x,
                              at::BFloat16* dx, int64_t n) {
   alignas(64) float gb[kBlock], xb[kBlock], out[kBlock];
@@ -155,7 +170,7 @@ TE_INLINE void backward_loop(const at::BFloat16* g, int64_t g_stride, const at::
       widen(g + b, gb, m);
     }
     widen(x + b, xb, m);
-    backward_loop(gb, g_stride, xb, out, m);
+    backward_loop<Op>(gb, g_stride, xb, out, m);
     narrow(out, dx + b, m);
   }
 }
@@ -179,36 +194,41 @@ struct Kernels {
   }
 };
 
-#define TE_GELU_KERNELS(suffix, attribute)                                                        \
+#define TE_ACTIVATION_KERNELS(suffix, attribute)                                                  \
+  template <typename Op>                                                                          \
   attribute void forward_f32_##suffix(const float* x, float* y, int64_t n) {                      \
-    forward_loop(x, y, n);                                                                        \
+    forward_loop<Op>(x, y, n);                                                                    \
   }                                                                                               \
+  template <typename Op>                                                                          \
   attribute void forward_bf16_##suffix(const at::BFloat16* x, at::BFloat16* y, int64_t n) {       \
-    forward_loop(x, y, n);                                                                        \
+    forward_loop<Op>(x, y, n);                                                                    \
   }                                                                                               \
+  template <typename Op>                                                                          \
   attribute void backward_f32_##suffix(const float* g, int64_t gs, const float* x, float* dx,     \
                                        int64_t n) {                                               \
-    backward_loop(g, gs, x, dx, n);                                                               \
+    backward_loop<Op>(g, gs, x, dx, n);                                                           \
   }                                                                                               \
+  template <typename Op>                                                                          \
   attribute void backward_bf16_##suffix(const at::BFloat16* g, int64_t gs, const at::BFloat16* x, \
                                         at::BFloat16* dx, int64_t n) {                            \
-    backward_loop(g, gs, x, dx, n);                                                               \
+    backward_loop<Op>(g, gs, x, dx, n);                                                           \
   }
-#define TE_GELU_SET(suffix, name)                                                               \
-  Kernels {                                                                                     \
-    forward_f32_##suffix, forward_bf16_##suffix, backward_f32_##suffix, backward_bf16_##suffix, \
-        name                                                                                    \
+#define TE_ACTIVATION_SET(suffix, name)                                             \
+  Kernels {                                                                         \
+    forward_f32_##suffix<Op>, forward_bf16_##suffix<Op>, backward_f32_##suffix<Op>, \
+        backward_bf16_##suffix<Op>, name                                            \
   }
 
-TE_GELU_KERNELS(base, )
+TE_ACTIVATION_KERNELS(base, )
 #if TE_GELU_X86
-TE_GELU_KERNELS(
+TE_ACTIVATION_KERNELS(
     avx512, __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,prefer-vector-width=512"))))
-TE_GELU_KERNELS(avx2, __attribute__((target("avx2,fma"))))
+TE_ACTIVATION_KERNELS(avx2, __attribute__((target("avx2,fma"))))
 #endif
 
-// The best set this CPU runs, or the one TE_GELU_ISA names (avx512, avx2, baseline: for tests
+// Op's best set this CPU runs, or the one TE_GELU_ISA names (avx512, avx2, baseline: for tests
 // and comparisons). Chosen once; read-only afterwards.
+template <typename Op>
 const Kernels& kernels() {
   static const Kernels chosen = [] {
     std::vector<Kernels> runnable;  // best first
@@ -216,13 +236,13 @@ const Kernels& kernels() {
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
-      runnable.push_back(TE_GELU_SET(avx512, "avx512"));
+      runnable.push_back(TE_ACTIVATION_SET(avx512, "avx512"));
     }
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-      runnable.push_back(TE_GELU_SET(avx2, "avx2"));
+      runnable.push_back(TE_ACTIVATION_SET(avx2, "avx2"));
     }
 #endif
-    runnable.push_back(TE_GELU_SET(base, "baseline"));
+    runnable.push_back(TE_ACTIVATION_SET(base, "baseline"));
     const char* wanted = std::getenv("TE_GELU_ISA");
     if (wanted == nullptr || *wanted == '\0') return runnable.front();
     std::string names;
@@ -230,7 +250,8 @@ const Kernels& kernels() {
       if (std::strcmp(k.isa, wanted) == 0) return k;
       names += names.empty() ? k.isa : std::string(", ") + k.isa;
     }
-    TE_FAIL("TE_GELU_ISA=", wanted, " is not an instruction set this CPU runs the tanh gelu with; ",
+    TE_FAIL("TE_GELU_ISA=", wanted,
+            " is not an instruction set this CPU runs te's activation kernels with; ",
             "use one of ", names, " or unset it");
   }();
   return chosen;
@@ -296,10 +317,9 @@ void with_type(const at::Tensor& x, const F& f) {
   }
 }
 
-at::Tensor fused_forward(const at::Tensor& x) {
+at::Tensor fused_forward(const Kernels& k, const at::Tensor& x) {
   at::Tensor y = at::empty_like(x);
   at::TensorIterator iter = at::TensorIteratorConfig().add_output(y).add_input(x).build();
-  const Kernels& k = kernels();
   with_type(x, [&](auto* type) {
     using T = std::remove_pointer_t<decltype(type)>;
     auto loop = [&](char** data, const int64_t* strides, int64_t n, int64_t rows) {
@@ -313,11 +333,10 @@ at::Tensor fused_forward(const at::Tensor& x) {
   return y;
 }
 
-at::Tensor fused_backward(const at::Tensor& g, const at::Tensor& x) {
+at::Tensor fused_backward(const Kernels& k, const at::Tensor& g, const at::Tensor& x) {
   at::Tensor dx = at::empty_like(x);
   at::TensorIterator iter =
       at::TensorIteratorConfig().add_output(dx).add_input(g).add_input(x).build();
-  const Kernels& k = kernels();
   with_type(x, [&](auto* type) {
     using T = std::remove_pointer_t<decltype(type)>;
     auto loop = [&](char** data, const int64_t* strides, int64_t n, int64_t rows) {
@@ -332,12 +351,13 @@ at::Tensor fused_backward(const at::Tensor& g, const at::Tensor& x) {
   return dx;
 }
 
-// at::gelu(x, "tanh")'s autograd: the input saved, nothing else.
-class GeluTanh : public torch::autograd::Function<GeluTanh> {
+// The activation's autograd as LibTorch's: the input saved, nothing else.
+template <typename Op>
+class Activation : public torch::autograd::Function<Activation<Op>> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x) {
     ctx->save_for_backward({x});
-    return fused_forward(x);
+    return fused_forward(kernels<Op>(), x);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
@@ -346,23 +366,28 @@ class GeluTanh : public torch::autograd::Function<GeluTanh> {
     // A backward that builds a graph (double backward) or an odd gradient: LibTorch's.
     if (at::GradMode::is_enabled() || g.scalar_type() != x.scalar_type() ||
         g.sizes() != x.sizes() || !g.device().is_cpu()) {
-      return {at::gelu_backward(g, x, "tanh")};
+      return {Op::libtorch_backward(g, x)};
     }
-    return {fused_backward(g, x)};
+    return {fused_backward(kernels<Op>(), g, x)};
   }
 };
 
+template <typename Op>
+at::Tensor run(const at::Tensor& x) {
+  if (!cpu_activation_fused(x)) return Op::libtorch_forward(x);
+  if (at::GradMode::is_enabled() && x.requires_grad()) return Activation<Op>::apply(x);
+  return fused_forward(kernels<Op>(), x);
+}
+
 }  // namespace
 
-bool gelu_tanh_fused(const at::Tensor& x) {
+bool cpu_activation_fused(const at::Tensor& x) {
   return x.device().is_cpu() && x.layout() == at::kStrided &&
          (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16);
 }
 
-at::Tensor gelu_tanh(const at::Tensor& x) {
-  if (!gelu_tanh_fused(x)) return at::gelu(x, "tanh");
-  if (at::GradMode::is_enabled() && x.requires_grad()) return GeluTanh::apply(x);
-  return fused_forward(x);
-}
+at::Tensor gelu_tanh(const at::Tensor& x) { return run<GeluTanhOp>(x); }
+
+at::Tensor silu(const at::Tensor& x) { return run<SiluOp>(x); }
 
 }  // namespace te::nn::functional::detail
