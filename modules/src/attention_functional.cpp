@@ -82,7 +82,7 @@ bool biased(const AttentionCall& call) { return call.bias_type != AttnBiasType::
 // no_grad); a piece of the heads (global_heads set) takes its share of the global heads' slopes.
 at::Tensor scaled_bias(const at::Tensor& q, const AttentionCall& call, int64_t sq, int64_t sk) {
   if (call.bias_type == AttnBiasType::kAlibi) {
-    at::Tensor slopes = call.alibi_slopes.detach();
+    at::Tensor slopes = call.alibi_slopes.defined() ? call.alibi_slopes.detach() : at::Tensor();
     if (!slopes.defined()) {
       const detail::AttentionPiece& piece = detail::piece_of(call);
       slopes = piece.global_heads

@@ -238,7 +238,10 @@ TEST(DotProductAttention, PaddedRowsStayZeroUnderFp8) {
 // and key/value heads repeated on the CPU (enable_gqa is taken only by CUDA's half/bf16 kernels).
 TEST(DotProductAttention, TheSdpaCallCarriesCausalAsAFlag) {
 #if TE_HAS_SDPA
-  const at::Tensor q = randn({2, 5, 4, 8}, 48), kv = randn({2, 5, 2, 8}, 49);
+  // float64: te's fused CPU kernel takes float32, bf16 and fp16 only, so these calls go to SDPA
+  // (with the flags a CUDA tensor's call carries).
+  const at::Tensor q = randn({2, 5, 4, 8}, 48).to(at::kDouble),
+                   kv = randn({2, 5, 2, 8}, 49).to(at::kDouble);
   const at::Tensor mask = padding_mask({5, 3}, 5, 5);
   using functional::mask_spec;
   const auto attention_plan = [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
