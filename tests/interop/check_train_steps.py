@@ -13,9 +13,12 @@ Held, every step's loss and gradient norm (before clipping):
 - te's float32 run on one process to PyTorch's float32 run: within 1e-5 relative;
 - te's float32 runs with 4 micro-batches, on FSDP2, TP2, DP2xTP2, DP2xTP2 with 2
   micro-batches and DP2xTP2 with ZeRO-1 (AdamW's state split over the data axis) to te's
-  one-process run: losses within 1e-6 relative, gradient norms within 1e-5
-  (measured 4e-7 and 4e-6: float32 sums of the micro-batches' or the halves' gradients in another
-  order, carried through 30 Adam steps);
+  one-process run: losses within 1e-6 relative, gradient norms within 3e-5
+  (measured 7e-7 and 1.2e-5: float32 sums of the micro-batches' or the halves' gradients in another
+  order, carried through 30 Adam steps at lr 5e-3, where they grow from ~1e-8 at the first
+  step; the largest is Qwen3's tied model on TP2, whose attention is bit for bit each head's
+  one-process result: its step-to-step spread moved from 6e-6 to 1.2e-5 when attention became
+  te's fused kernel, with no layout difference of its own);
 - the DP2xTP2 run's model exported by te::hf::save_causal_lm (config.json + model.safetensors),
   loaded by from_pretrained: its weights those PyTorch's run trained, within 1e-5;
 - te's bfloat16 run with fp32 master weights to PyTorch's bfloat16 run with fp32 masters (the
@@ -62,7 +65,7 @@ RUNS = [
     dict(name="one_bf16", dtype="bfloat16"),
 ]
 TOL = 1e-5
-LAYOUT_TOL = {"loss": 1e-6, "grad_norm": 1e-5}
+LAYOUT_TOL = {"loss": 1e-6, "grad_norm": 3e-5}
 BF16_TOL = 5e-3
 
 
