@@ -8,13 +8,13 @@
 
 #include <algorithm>
 #include <chrono>
-#include <numeric>
 #include <tuple>
 #include <utility>
 #include <vector>
 
 #include "te/distributed.h"
 #include "te/nn/sharded.h"
+#include "te/program/layout.h"
 #include "te/program/report.h"
 
 namespace train {
@@ -79,11 +79,7 @@ std::pair<double, at::ScalarType> measured_peak(at::ScalarType dtype) {
   }
   if (2.0 * 1024 * 1024 * 1024 / peak < 0.05) peak = std::max(peak, gemm_flops(2048, fastest, 2));
   if (mesh == nullptr) return {peak, fastest};
-  std::vector<int64_t> dims(static_cast<std::size_t>(mesh->ndim()));
-  std::iota(dims.begin(), dims.end(), 0);
-  const at::Tensor sum =
-      mesh->all_reduce(at::full({1}, peak, at::kDouble), te::ReduceOp::kSum, dims);
-  return {sum.item<double>(), fastest};
+  return {te::program::reduce_over_ranks(*mesh, peak, te::ReduceOp::kSum), fastest};
 }
 
 }  // namespace

@@ -55,8 +55,9 @@ void add_training_options(CLI::App& app, Args& a) {
   app.add_option("--seq-len", a.seq_len, "Tokens per row")->capture_default_str();
   app.add_flag("--pack", a.pack,
                "Pack whole documents into the rows (TE's THD: each document attends within "
-               "itself, its positions from 0; a document longer than a row is cut); one process "
-               "or tensor parallel so far. Without it a row is a block of the token stream");
+               "itself, its positions from 0; a document longer than a row is cut); on a mesh "
+               "the rows split over data-parallel/FSDP ranks, the heads over tensor-parallel "
+               "ones. Without it a row is a block of the token stream");
   app.add_option("--micro-batch", a.micro_batch, "Rows per micro-batch (forward and backward)")
       ->capture_default_str();
   app.add_option("--global-batch-tokens", a.global_batch_tokens,
@@ -271,10 +272,11 @@ te::program::Layout check_args(const Args& a, int world_size) {
       });
   // Each micro-batch's rows are split over the data-parallel ranks.
   te::program::check_global_batch(layout, a.micro_batch, "--micro-batch");
-  if (a.pack && layout.data_parallel > 1) {
+  if (a.pack && layout.splits_sequence) {
     throw te::InputError("--pack: the layout (" + layout.description +
-                         ") splits the batch over data-parallel ranks; packed rows train on one "
-                         "process or with tensor parallelism so far");
+                         ") splits each row's tokens over ranks (sequence or context parallel); "
+                         "packed rows split by rows (data parallel, FSDP) or heads (tensor "
+                         "parallel)");
   }
   if (!a.zero_axis.empty()) {
     const std::vector<std::string> axes =

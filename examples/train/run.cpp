@@ -25,6 +25,7 @@
 #include "te/hf/save.h"
 #include "te/input_error.h"
 #include "te/nn/checkpoint.h"
+#include "te/program/layout.h"
 #include "te/program/precision.h"
 #include "te/program/report.h"
 #include "te/runtime/meta.h"
@@ -66,8 +67,6 @@ te::train::TrainerOptions trainer_options(const Args& a) {
 // second (one small all-reduce of rank 0's state: running, done or failed), so that tokenizing a
 // large file outlasts no collective timeout, and a failure there stops every rank at once.
 void wait_for_rank0(const te::DeviceMesh& mesh, int rank, std::future<void>* built) {
-  std::vector<int64_t> dims(static_cast<std::size_t>(mesh.ndim()));
-  for (std::size_t d = 0; d < dims.size(); ++d) dims[d] = static_cast<int64_t>(d);
   std::exception_ptr failed;
   for (;;) {
     double state = 0;  // 0 running, 1 done, 2 failed
@@ -80,8 +79,7 @@ void wait_for_rank0(const te::DeviceMesh& mesh, int rank, std::future<void>* bui
         state = 2;
       }
     }
-    const double all =
-        mesh.all_reduce(at::full({}, state, at::kDouble), te::ReduceOp::kMax, dims).item<double>();
+    const double all = te::program::reduce_over_ranks(mesh, state, te::ReduceOp::kMax);
     if (all == 1) return;
     if (all == 2) {
       if (failed) std::rethrow_exception(failed);
@@ -301,11 +299,8 @@ te::nn::Plan plan_run(const Args& a, const te::program::Layout& layout,
 int64_t max_over_ranks(int64_t v) {
   const te::DeviceMesh* mesh = te::current_mesh();
   if (mesh == nullptr || mesh->size() == 1) return v;
-  std::vector<int64_t> dims(static_cast<std::size_t>(mesh->ndim()));
-  for (std::size_t d = 0; d < dims.size(); ++d) dims[d] = static_cast<int64_t>(d);
-  const at::Tensor all =
-      mesh->all_reduce(at::full({}, static_cast<double>(v), at::kDouble), te::ReduceOp::kMax, dims);
-  return static_cast<int64_t>(all.item<double>());
+  return static_cast<int64_t>(
+      te::program::reduce_over_ranks(*mesh, static_cast<double>(v), te::ReduceOp::kMax));
 }
 
 // A step's tensor bytes on the fullest rank: measured, and planned (-1: no plan, and why).

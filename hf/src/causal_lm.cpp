@@ -177,9 +177,9 @@ T soft_capped(const T& logits, double cap) {
 // each sequence's last one).
 // Packed sequences (forward_packed): where each starts, the longest, each token's position.
 struct Packing {
-  at::Tensor cu_seqlens;
-  int64_t max_seqlen = 0;
-  at::Tensor positions;  // [1, tokens]
+  at::Tensor cu_seqlens;  // [sequences + 1], or [rows, sequences + 1]
+  int64_t max_seqlen = 0, positions_needed = 0;
+  at::Tensor positions;  // [rows, tokens]
 };
 
 template <typename T>
@@ -193,7 +193,7 @@ T run(CausalLMImpl& m, const T& ids, int64_t batch, int64_t seq, nn::InferencePa
                                 "CausalLMConfig::packed_sequences (LoadOptions::packed_sequences)");
   // Positions: 0 ... seq-1, or with a cache each new token's place in its sequence, or each packed
   // sequence's own.
-  const int64_t positions_needed = packed  ? packed->max_seqlen
+  const int64_t positions_needed = packed  ? packed->positions_needed
                                    : cache ? cache->max_seqlen_kv()
                                            : seq;
   at::Tensor positions;
@@ -271,37 +271,56 @@ DTensor CausalLMImpl::forward(const DTensor& ids) {
 
 namespace {
 
-// The packing of `cu_seqlens` over `tokens` (checked by the attention; here what RoPE and learned
-// positions need): its longest sequence and each token's position in its own.
-Packing packing_of(const at::Tensor& cu_seqlens, int64_t tokens) {
-  const at::Tensor cu = nn::functional::checked_cu_seqlens(cu_seqlens, "CausalLM::forward_packed",
-                                                           "cu_seqlens", tokens);
+// The packing of `cu_seqlens` over `rows` of `tokens` (checked by the attention; here what RoPE
+// and learned positions need): its longest sequence, each token's position in its own (in its
+// slot: a row's padding after its last sequence counts on from that sequence's start).
+Packing packing_of(const at::Tensor& cu_seqlens, int64_t rows, int64_t tokens) {
+  const bool by_rows = cu_seqlens.defined() && cu_seqlens.dim() == 2;
+  TE_CHECK(by_rows ? cu_seqlens.size(0) == rows : rows == 1, "CausalLM::forward_packed: ids of ",
+           rows, " rows with cu_seqlens ",
+           cu_seqlens.defined() ? cu_seqlens.sizes() : at::IntArrayRef{},
+           ": give ids [1, tokens] with cu_seqlens [sequences + 1], or ids [rows, tokens] with "
+           "cu_seqlens [rows, sequences + 1]");
   Packing p;
   p.cu_seqlens = cu_seqlens;
-  p.positions = at::empty({1, tokens}, at::kLong);
-  const int64_t* c = cu.data_ptr<int64_t>();
+  p.positions = at::empty({rows, tokens}, at::kLong);
+  at::Tensor starts;  // each slot's start, the last entry the end of the tokens
+  if (by_rows) {
+    const nn::functional::PackedRows r = nn::functional::packed_rows(
+        cu_seqlens, {}, tokens, 0, rows, "CausalLM::forward_packed", "cu_seqlens");
+    starts = r.cu_seqlens_padded;
+    p.max_seqlen = r.max_seqlen;
+    p.positions_needed = r.longest_slot;
+  } else {
+    starts = nn::functional::checked_cu_seqlens(cu_seqlens, "CausalLM::forward_packed",
+                                                "cu_seqlens", tokens);
+  }
+  const int64_t* c = starts.data_ptr<int64_t>();
   int64_t* pos = p.positions.data_ptr<int64_t>();
-  for (int64_t i = 0; i + 1 < cu.size(0); ++i) {
-    p.max_seqlen = std::max(p.max_seqlen, c[i + 1] - c[i]);
+  for (int64_t i = 0; i + 1 < starts.size(0); ++i) {
+    if (!by_rows) p.max_seqlen = std::max(p.max_seqlen, c[i + 1] - c[i]);
     for (int64_t t = c[i]; t < c[i + 1]; ++t) pos[t] = t - c[i];
   }
+  if (!by_rows) p.positions_needed = p.max_seqlen;
   return p;
 }
 
 }  // namespace
 
 at::Tensor CausalLMImpl::forward_packed(const at::Tensor& ids, const at::Tensor& cu_seqlens) {
-  TE_CHECK(ids.dim() == 2 && ids.size(0) == 1,
-           "CausalLM::forward_packed: ids must be [1, tokens], got ", ids.sizes());
-  const Packing p = packing_of(cu_seqlens, ids.size(1));
-  return run(*this, ids, 1, ids.size(1), nullptr, &p);
+  TE_CHECK(ids.dim() == 2,
+           "CausalLM::forward_packed: ids must be [1, tokens] or [rows, tokens], got ",
+           ids.sizes());
+  const Packing p = packing_of(cu_seqlens, ids.size(0), ids.size(1));
+  return run(*this, ids, ids.size(0), ids.size(1), nullptr, &p);
 }
 
 DTensor CausalLMImpl::forward_packed(const DTensor& ids, const at::Tensor& cu_seqlens) {
-  TE_CHECK(ids.dim() == 2 && ids.sizes()[0] == 1,
-           "CausalLM::forward_packed: ids must be [1, tokens], got ", ids.to_string());
-  const Packing p = packing_of(cu_seqlens, ids.sizes()[1]);
-  return run(*this, ids, 1, ids.sizes()[1], nullptr, &p);
+  TE_CHECK(ids.dim() == 2,
+           "CausalLM::forward_packed: ids must be [1, tokens] or [rows, tokens], got ",
+           ids.to_string());
+  const Packing p = packing_of(cu_seqlens, ids.sizes()[0], ids.sizes()[1]);
+  return run(*this, ids, ids.sizes()[0], ids.sizes()[1], nullptr, &p);
 }
 
 DTensor CausalLMImpl::forward_on_mesh(const at::Tensor& ids) {

@@ -35,6 +35,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "cpu_loops.h"
 #include "fast_exp.h"
 #include "te/error.h"
 
@@ -108,21 +109,6 @@ struct SiluOp {
   }
 };
 
-TE_INLINE float load(at::BFloat16 v) {
-  const uint32_t bits = static_cast<uint32_t>(v.x) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
-
-// Round to nearest even, NaN to the canonical NaN: c10::BFloat16(float)'s rounding.
-TE_INLINE void store(at::BFloat16* out, float v) {
-  uint32_t bits;
-  std::memcpy(&bits, &v, sizeof bits);
-  const uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
-  out->x = v != v ? uint16_t{0x7FC0} : static_cast<uint16_t>(rounded);
-}
-
 // fp32 directly; bf16 through fp32 blocks on the stack (three loops that vectorise apiece run
 // faster than one that mixes the widths). g_stride 0: one gradient for every element (the
 // expanded gradient of a sum).
@@ -143,10 +129,10 @@ TE_INLINE void backward_loop(const float* __restrict g, int64_t g_stride, const 
   }
 }
 TE_INLINE void widen(const at::BFloat16* in, float* out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) out[i] = load(in[i]);
+  for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_float(in[i]);
 }
 TE_INLINE void narrow(const float* in, at::BFloat16* out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) store(out + i, in[i]);
+  for (int64_t i = 0; i < n; ++i) float_to_bf16(out + i, in[i]);
 }
 template <typename Op>
 TE_INLINE void forward_loop(const at::BFloat16* x, at::BFloat16* y, int64_t n) {
@@ -165,7 +151,7 @@ TE_INLINE void backward_loop(const at::BFloat16* g, int64_t g_stride, const at::
   for (int64_t b = 0; b < n; b += kBlock) {
     const int64_t m = std::min(kBlock, n - b);
     if (g_stride == 0) {
-      gb[0] = load(g[0]);
+      gb[0] = bf16_to_float(g[0]);
     } else {
       widen(g + b, gb, m);
     }
@@ -260,8 +246,8 @@ const Kernels& kernels() {
 constexpr int64_t kGrain = 16384;
 
 // The loops run under TensorIterator (strides, broadcasting and the output's layout as
-// at::gelu's), whose for_each LibTorch parallelises inside libtorch_cpu: LibTorch 1.13's
-// at::parallel_for is inline, and in code built without OpenMP (as te is) it runs one thread.
+// at::gelu's), whose for_each LibTorch parallelises inside libtorch_cpu (no te_parallel_sources
+// needed: te/runtime/parallel.h says why a file of te's own calling at::parallel_for does).
 // Each inner run of n elements whose strides are T's size (a gradient's may be 0: one value)
 // goes to the kernel as it is; any other is copied through blocks on the stack.
 template <typename T>

@@ -3,8 +3,9 @@
 #include "te/optim/adamw.h"
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
+#include <ATen/core/grad_mode.h>
 #include <torch/autograd.h>
+#include "te/runtime/parallel.h"
 
 #include <cmath>
 #include <map>

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "attention_detail.h"
+#include "attention_operands.h"
 #include "attention_piece.h"
 #include "constrain.h"
 #include "forward.h"
@@ -93,132 +94,36 @@ double logit_scale(const DotProductAttentionOptions& options) {
 
 namespace {
 
-// Where attention runs: q, k, v in the layout attention computes in, and this process's piece of
-// the global [batch, seqlen, heads, head_dim] (its batch rows and heads). On one device that is
-// everything.
-template <typename T>
-struct Arranged {
-  T q, k, v;
-  int64_t batch_offset = 0, head_offset = 0;
-};
+using detail::arrange;
+using detail::Arranged;
+using detail::in_layout_of;
+using detail::local;
+using detail::logits_constraint;
+using detail::logits_operand;
+using detail::swapped;
 
-Arranged<at::Tensor> arrange(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-  return {q, k, v};
-}
-
-// On a mesh attention is local to each (batch, head): whole sequences and head dims, batch and
-// heads sharded alike on q, k and v.
-Arranged<DTensor> arrange(const DTensor& query, const DTensor& key, const DTensor& value) {
-  auto whole = [](const DTensor& t) {
-    return replicated_where(t, [](const Placement& p, std::size_t) {
-      return is_partial(p) || is_shard(p, 1) || is_shard(p, 3);
-    });
-  };
-  const DTensor q = whole(query);
-  // Heads split over mesh axes must split whole query and key/value heads (GQA groups), the
-  // same on every rank; checked before any collective so every rank stops here alike.
-  const int64_t head_ranks = shard_parts(q, 2);
-  std::string head_axes;
-  for (int64_t m = 0; m < q.mesh().ndim(); ++m) {
-    if (is_shard(q.placements()[static_cast<std::size_t>(m)], 2)) {
-      head_axes += (head_axes.empty() ? "'" : ", '") +
-                   q.mesh().axis_names()[static_cast<std::size_t>(m)] + "'";
-    }
+// Packed sequences (a batch of one, or rows of them): F::attention checks them and the bias per
+// sequence; there is no mask.
+F::PackedSequences packed_sequences(const at::Tensor& mask, const AttentionArgs& args,
+                                    int64_t batch) {
+  TE_CHECK(!mask.defined(),
+           "DotProductAttention: qkv_format 'thd' takes no mask: "
+           "AttentionArgs' cu_seqlens_q and cu_seqlens_kv say where each sequence is");
+  const F::PackedSequences packed = {args.cu_seqlens_q(),        args.cu_seqlens_kv(),
+                                     args.cu_seqlens_q_padded(), args.cu_seqlens_kv_padded(),
+                                     args.max_seqlen_q(),        args.max_seqlen_kv()};
+  TE_CHECK(packed.cu_seqlens_q.defined() && packed.cu_seqlens_kv.defined(),
+           "DotProductAttention: qkv_format 'thd' needs AttentionArgs' cu_seqlens_q and "
+           "cu_seqlens_kv");
+  for (const at::Tensor& cu : {packed.cu_seqlens_q, packed.cu_seqlens_kv}) {
+    TE_CHECK(cu.dim() != 2 || cu.size(0) == batch, "DotProductAttention: cu_seqlens ", cu.sizes(),
+             " for ", batch, " rows of packed sequences: give [rows, sequences + 1]");
   }
-  TE_CHECK(q.size(2) % head_ranks == 0 && key.size(2) % head_ranks == 0,
-           "DotProductAttention: ", q.size(2), " query heads and ", key.size(2),
-           " key/value heads (num_gqa_groups) cannot be split evenly over the ", head_ranks,
-           " ranks of mesh axes ", head_axes,
-           " that shard the heads; use head counts that are "
-           "multiples of ",
-           head_ranks, " or shard the heads over fewer ranks");
-  const auto piece = local_chunks(q.sizes(), q.mesh(), q.placements(), q.mesh().rank());
-  return {q, whole(key).redistribute(q.placements()), whole(value).redistribute(q.placements()),
-          piece[0].offset, piece[2].offset};
-}
-
-// q, k, v in sbhd as bshd and back (dims 0 and 1 swapped); on a DTensor the shards follow.
-at::Tensor swapped(const at::Tensor& t) { return t.transpose(0, 1); }
-DTensor swapped(const DTensor& t) {
-  std::vector<Placement> p = t.placements();
-  for (Placement& x : p) {
-    if (is_shard(x, 0)) {
-      x = Shard{1};
-    } else if (is_shard(x, 1)) {
-      x = Shard{0};
-    }
-  }
-  std::vector<int64_t> shape = t.sizes();
-  std::swap(shape[0], shape[1]);
-  return DTensor::from_local(t.to_local().transpose(0, 1), t.mesh(), p, shape);
-}
-const at::Tensor& local(const at::Tensor& t) { return t; }
-at::Tensor local(const DTensor& t) { return t.to_local(); }
-
-// The attention output in q's layout.
-at::Tensor in_layout_of(const at::Tensor& out, const at::Tensor&) { return out; }
-DTensor in_layout_of(const at::Tensor& out, const DTensor& q) {
-  std::vector<int64_t> shape = q.sizes();
-  shape.back() = out.size(-1);  // v's head dim (head_dim_v)
-  return DTensor::from_local(out, q.mesh(), q.placements(), shape);
-}
-
-// A tensor the logits [batch, heads, seqlen_q, seqlen_kv] read (a mask, a bias, ALiBi's slopes,
-// the sink logits) as this rank's operand: `batch_dim` and `head_dim` are its dims that broadcast
-// against the logits' batch and heads (-1: none). On one device it is the tensor itself. On a
-// mesh, given whole (the same on every rank) or as a parameter's DTensor: where q splits its
-// batch (dim 0) or heads (dim 2) over a mesh axis, a full-size batch or head dim is split alike
-// (its gradient gathered back), and a dim of one or an absent one stays whole, its gradient a
-// partial sum over that axis (reduced): every rank gets the whole gradient one process computes.
-at::Tensor logits_operand(const at::Tensor& t, const at::Tensor&, int64_t, int64_t) { return t; }
-at::Tensor logits_operand(const DTensor& t, const DTensor& q, int64_t batch_dim, int64_t head_dim) {
-  std::vector<Placement> target, grads;
-  for (const Placement& p : q.placements()) {
-    const int64_t dim = is_shard(p, 0) ? batch_dim : is_shard(p, 2) ? head_dim : -2;
-    if (dim == -2) {
-      target.push_back(Replicate{});
-      grads.push_back(Replicate{});
-    } else if (dim >= 0 && t.size(dim) > 1) {
-      target.push_back(Shard{dim});
-      grads.push_back(Shard{dim});
-    } else {
-      target.push_back(Replicate{});
-      grads.push_back(Partial{});
-    }
-  }
-  return t.redistribute(target, grads).to_local();
-}
-at::Tensor logits_operand(const at::Tensor& t, const DTensor& q, int64_t batch_dim,
-                          int64_t head_dim) {
-  if (!t.defined()) return t;
-  const std::vector<Placement> whole(static_cast<std::size_t>(q.mesh().ndim()), Replicate{});
-  return logits_operand(DTensor::from_local(t, q.mesh(), whole, t.sizes().vec()), q, batch_dim,
-                        head_dim);
-}
-
-// The unfused path's constraint on the attention weights [batch, heads, sq, sk], which carry
-// q's batch and head shards. On one device it validates the constraint; the two sequence dims
-// stay unnamed, since one logical name may not shard two dims of a tensor.
-std::function<at::Tensor(const at::Tensor&)> logits_constraint(const at::Tensor&,
-                                                               const at::Tensor&) {
-  return [](const at::Tensor& logits) {
-    return with_sharding_constraint(logits,
-                                    {axis::kBatch, axis::kHeads, std::nullopt, std::nullopt});
-  };
-}
-std::function<at::Tensor(const at::Tensor&)> logits_constraint(const DTensor& q, const DTensor& k) {
-  std::vector<Placement> weights = q.placements();
-  for (Placement& p : weights) {
-    if (is_shard(p, 2)) p = Shard{1};
-  }
-  const std::vector<int64_t> shape = {q.size(0), q.size(2), q.size(1), k.size(1)};
-  const DeviceMesh mesh = q.mesh();
-  return [weights, shape, mesh](const at::Tensor& logits) {
-    return with_sharding_constraint(DTensor::from_local(logits, mesh, weights, shape),
-                                    {axis::kBatch, axis::kHeads, std::nullopt, std::nullopt})
-        .redistribute(weights)
-        .to_local();
-  };
+  TE_CHECK(packed.cu_seqlens_q.dim() != 2 || !args.alibi_slopes().defined() ||
+               args.alibi_slopes().dim() == 1,
+           "DotProductAttention: alibi_slopes ", args.alibi_slopes().sizes(),
+           " per sequence with rows of packed sequences; give [heads]");
+  return packed;
 }
 
 // What F::attention computes with on this rank: the options' and the args' terms, checked whole
@@ -244,16 +149,7 @@ F::AttentionCall attention_call(const DotProductAttentionImpl& self, const Arran
   F::AttentionCall call;
   call.spec = self.mask_spec;
   if (packed) {
-    // Packed sequences (a batch of one here): F::attention checks them and the bias per
-    // sequence; there is no mask.
-    TE_CHECK(!mask.defined(),
-             "DotProductAttention: qkv_format 'thd' takes no mask: "
-             "AttentionArgs' cu_seqlens_q and cu_seqlens_kv say where each sequence is");
-    call.packed = {args.cu_seqlens_q(),         args.cu_seqlens_kv(), args.cu_seqlens_q_padded(),
-                   args.cu_seqlens_kv_padded(), args.max_seqlen_q(),  args.max_seqlen_kv()};
-    TE_CHECK(call.packed.cu_seqlens_q.defined() && call.packed.cu_seqlens_kv.defined(),
-             "DotProductAttention: qkv_format 'thd' needs AttentionArgs' cu_seqlens_q and "
-             "cu_seqlens_kv");
+    call.packed = packed_sequences(mask, args, batch);
   } else {
     TE_CHECK(!args.cu_seqlens_q().defined() && !args.cu_seqlens_kv().defined() &&
                  !args.cu_seqlens_q_padded().defined() && !args.cu_seqlens_kv_padded().defined(),
@@ -302,13 +198,54 @@ F::AttentionCall attention_call(const DotProductAttentionImpl& self, const Arran
   return call;
 }
 
+// Rows of packed sequences (2-D cu_seqlens): this rank's rows as one packed batch of
+// [rows * tokens, heads, head_dim] and F::attention's call for it, each sequence drawing dropout
+// from its place among every row's.
+struct RowsCall {
+  F::AttentionCall call;
+  at::Tensor q, k, v;
+};
+template <typename T>
+RowsCall packed_rows_call(const Arranged<T>& a, const F::AttentionCall& call) {
+  const at::Tensor q = local(a.q), k = local(a.k), v = local(a.v);
+  const F::PackedSequences& s = call.packed;
+  const F::PackedRows pq =
+      F::packed_rows(s.cu_seqlens_q, s.cu_seqlens_q_padded, q.size(1), a.batch_offset, q.size(0),
+                     "DotProductAttention", "cu_seqlens_q");
+  const F::PackedRows pk =
+      F::packed_rows(s.cu_seqlens_kv, s.cu_seqlens_kv_padded, k.size(1), a.batch_offset, k.size(0),
+                     "DotProductAttention", "cu_seqlens_kv");
+  TE_CHECK(pq.sequences == pk.sequences, "DotProductAttention: cu_seqlens_q has ", pq.sequences + 1,
+           " entries a row but cu_seqlens_kv has ", pk.sequences + 1);
+  TE_CHECK((s.max_seqlen_q <= 0 || s.max_seqlen_q >= pq.max_seqlen) &&
+               (s.max_seqlen_kv <= 0 || s.max_seqlen_kv >= pk.max_seqlen),
+           "DotProductAttention: max_seqlen_q ", s.max_seqlen_q, " / max_seqlen_kv ",
+           s.max_seqlen_kv, " are shorter than the longest sequence of the rows (", pq.max_seqlen,
+           " / ", pk.max_seqlen, " tokens)");
+  RowsCall out{call, q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1)};
+  out.call.packed = {pq.cu_seqlens,        pk.cu_seqlens,  pq.cu_seqlens_padded,
+                     pk.cu_seqlens_padded, s.max_seqlen_q, s.max_seqlen_kv};
+  auto piece = std::make_shared<F::detail::AttentionPiece>(F::detail::piece_of(call));
+  piece->global_sequences = a.q.size(0) * pq.sequences;
+  piece->sequence_offset = a.batch_offset * pq.sequences;
+  piece->global_seqlen_q = s.max_seqlen_q > 0 ? s.max_seqlen_q : pq.max_seqlen;
+  piece->global_seqlen_kv = s.max_seqlen_kv > 0 ? s.max_seqlen_kv : pk.max_seqlen;
+  out.call.piece = std::move(piece);
+  return out;
+}
+
 // DotProductAttention's one forward, on [batch, seqlen, heads, head_dim] (packed sequences: a
-// batch of one, which F::attention takes as [tokens, heads, head_dim]).
+// batch of one, which F::attention takes as [tokens, heads, head_dim], or rows of them).
 template <typename T>
 T bshd_forward(const DotProductAttentionImpl& self, const T& query, const T& key, const T& value,
                const at::Tensor& mask, const AttentionArgs& args, bool training) {
   const Arranged<T> a = arrange(query, key, value);
   F::AttentionCall call = attention_call(self, a, mask, args, training);
+  if (call.packed.defined() && call.packed.cu_seqlens_q.dim() == 2) {
+    const RowsCall r = packed_rows_call(a, call);
+    const at::Tensor out = F::attention(r.q, r.k, r.v, r.call);
+    return in_layout_of(out.view({local(a.q).size(0), -1, out.size(1), out.size(2)}), a.q);
+  }
   if (call.packed.defined()) {
     return in_layout_of(
         F::attention(local(a.q).squeeze(0), local(a.k).squeeze(0), local(a.v).squeeze(0), call)
@@ -328,14 +265,32 @@ template <typename T>
 void check_format_dims(const DotProductAttentionImpl& self, const T& query, const T& key,
                        const T& value) {
   const QkvFormat format = self.options.qkv_format();
-  const int64_t dims = format == QkvFormat::kThd ? 3 : 4;
+  // thd: packed sequences, or rows of them (2-D cu_seqlens).
+  const int64_t dims = format == QkvFormat::kThd && query.dim() != 4 ? 3 : 4;
   TE_CHECK(query.dim() == dims && key.dim() == dims && value.dim() == dims,
            "DotProductAttention: q ", detail::shape_of(query), ", k ", detail::shape_of(key),
            ", v ", detail::shape_of(value), " are not ",
-           format == QkvFormat::kThd    ? "[tokens, heads, head_dim]"
+           format == QkvFormat::kThd    ? "[tokens, heads, head_dim] (or [rows, tokens, heads, "
+                                          "head_dim] with 2-D cu_seqlens)"
            : format == QkvFormat::kSbhd ? "[seqlen, batch, heads, head_dim]"
                                         : "[batch, seqlen, heads, head_dim]",
            " (qkv_format '", format, "')");
+}
+
+// thd's q is [tokens, heads, head_dim] with 1-D cu_seqlens, or [rows, tokens, heads, head_dim]
+// (rows of packed sequences) with 2-D ones.
+template <typename T>
+void check_packed_rows(const T& query, const AttentionArgs& args) {
+  const bool rows = query.dim() == 4;
+  for (const at::Tensor& cu : {args.cu_seqlens_q(), args.cu_seqlens_kv(),
+                               args.cu_seqlens_q_padded(), args.cu_seqlens_kv_padded()}) {
+    TE_CHECK(!cu.defined() || cu.dim() == (rows ? 2 : 1), "DotProductAttention: q ",
+             detail::shape_of(query), " with cu_seqlens ", cu.sizes(), ": ",
+             rows ? "rows of packed sequences [rows, tokens, heads, head_dim] take 2-D "
+                    "cu_seqlens [rows, sequences + 1]"
+                  : "packed sequences [tokens, heads, head_dim] take 1-D cu_seqlens [sequences + "
+                    "1] (2-D ones are for rows [rows, tokens, heads, head_dim])");
+  }
 }
 
 // Steps whose sequences bring at most this many new tokens attend with F::paged_attention.
@@ -353,6 +308,8 @@ T attention_forward(const DotProductAttentionImpl& self, const T& query, const T
         bshd_forward(self, swapped(query), swapped(key), swapped(value), mask, args, training));
   }
   if (format == QkvFormat::kThd) {
+    check_packed_rows(query, args);
+    if (query.dim() == 4) return bshd_forward(self, query, key, value, mask, args, training);
     return detail::tokens_only(bshd_forward(self, detail::batch_of_one(query),
                                             detail::batch_of_one(key), detail::batch_of_one(value),
                                             mask, args, training));
@@ -457,13 +414,19 @@ std::string DotProductAttentionImpl::fused_backend(const at::Tensor& query, cons
                                                    const AttentionArgs& args) const {
   const QkvFormat format = options.qkv_format();
   check_format_dims(*this, query, key, value);
+  if (format == QkvFormat::kThd) check_packed_rows(query, args);
   auto as_bshd = [format](const at::Tensor& t) {
-    return format == QkvFormat::kSbhd  ? swapped(t)
-           : format == QkvFormat::kThd ? detail::batch_of_one(t)
-                                       : t;
+    return format == QkvFormat::kSbhd                  ? swapped(t)
+           : format == QkvFormat::kThd && t.dim() == 3 ? detail::batch_of_one(t)
+                                                       : t;
   };
   const at::Tensor q = as_bshd(query), k = as_bshd(key), v = as_bshd(value);
-  const F::AttentionCall call = attention_call(*this, arrange(q, k, v), mask, args, is_training());
+  const Arranged<at::Tensor> a = arrange(q, k, v);
+  const F::AttentionCall call = attention_call(*this, a, mask, args, is_training());
+  if (call.packed.defined() && call.packed.cu_seqlens_q.dim() == 2) {
+    const RowsCall r = packed_rows_call(a, call);
+    return F::attention_plan(r.q, r.k, r.v, r.call).backend;
+  }
   if (call.packed.defined()) {
     return F::attention_plan(q.squeeze(0), k.squeeze(0), v.squeeze(0), call).backend;
   }

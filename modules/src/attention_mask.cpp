@@ -259,4 +259,47 @@ at::Tensor checked_cu_seqlens(const at::Tensor& cu_seqlens, const std::string& w
   return cu;
 }
 
+PackedRows packed_rows(const at::Tensor& cu_seqlens, const at::Tensor& cu_seqlens_padded,
+                       int64_t tokens, int64_t row_offset, int64_t rows, const std::string& who,
+                       const std::string& name) {
+  TE_CHECK(cu_seqlens.defined() && cu_seqlens.dim() == 2 && cu_seqlens.size(1) >= 2, who, ": ",
+           name, " for rows of packed sequences must be [rows, sequences + 1], got ",
+           cu_seqlens.defined() ? cu_seqlens.sizes() : at::IntArrayRef{});
+  const int64_t all_rows = cu_seqlens.size(0), n = cu_seqlens.size(1) - 1;
+  TE_CHECK(row_offset >= 0 && rows >= 0 && row_offset + rows <= all_rows, who, ": rows ",
+           row_offset, " ... ", row_offset + rows - 1, " of ", name, "'s ", all_rows);
+  const bool padded = cu_seqlens_padded.defined();
+  TE_CHECK(!padded || cu_seqlens_padded.sizes() == cu_seqlens.sizes(), who, ": ", name, "_padded ",
+           cu_seqlens_padded.defined() ? cu_seqlens_padded.sizes() : at::IntArrayRef{},
+           " is not the shape of ", name, " ", cu_seqlens.sizes());
+  PackedRows out;
+  out.sequences = n;
+  out.cu_seqlens = at::empty({rows * n + 1}, at::kLong);
+  out.cu_seqlens_padded = at::empty({rows * n + 1}, at::kLong);
+  int64_t* cu = out.cu_seqlens.data_ptr<int64_t>();
+  int64_t* start = out.cu_seqlens_padded.data_ptr<int64_t>();
+  cu[0] = 0;
+  for (int64_t r = 0; r < all_rows; ++r) {  // every row checked, every rank alike
+    const std::string row = name + " row " + std::to_string(r);
+    const at::Tensor c = checked_cu_seqlens(cu_seqlens[r], who, row, tokens, true);
+    const at::Tensor p = padded ? checked_cu_seqlens(cu_seqlens_padded[r], who,
+                                                     row + " (" + name + "_padded)", tokens, true)
+                                : c;
+    const int64_t *len = c.data_ptr<int64_t>(), *at = p.data_ptr<int64_t>();
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t length = len[j + 1] - len[j], slot = (j + 1 < n ? at[j + 1] : tokens) - at[j];
+      TE_CHECK(at[j + 1] - at[j] >= length, who, ": sequence ", j, " of ", row, " has ", length,
+               " tokens but only ", at[j + 1] - at[j], " slots in ", name, "_padded");
+      out.max_seqlen = std::max(out.max_seqlen, length);
+      out.longest_slot = std::max(out.longest_slot, slot);
+      const int64_t local = r - row_offset;
+      if (local < 0 || local >= rows) continue;
+      cu[local * n + j + 1] = cu[local * n + j] + length;
+      start[local * n + j] = local * tokens + at[j];
+    }
+  }
+  start[rows * n] = rows * tokens;
+  return out;
+}
+
 }  // namespace te::nn::functional

@@ -25,6 +25,10 @@ struct AttentionPiece {
   /// The global tensor's query and key lengths for dropout (0: the local ones), which a packed
   /// sequence is the top-left corner of.
   int64_t global_seqlen_q = 0, global_seqlen_kv = 0;
+  /// Rows of packed sequences split over ranks (functional::PackedRows): every row's sequences
+  /// (0: not split) and the first of this piece's, so each sequence draws dropout from its
+  /// global place, with global_seqlen_q/kv the longest of every row.
+  int64_t global_sequences = 0, sequence_offset = 0;
 };
 
 /// The call's piece, or the whole (every field 0) when it has none.

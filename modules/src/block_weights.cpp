@@ -1,7 +1,8 @@
 #include "te/nn/block_weights.h"
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
+#include <ATen/core/grad_mode.h>
+#include "te/runtime/parallel.h"
 
 #include <algorithm>
 #include <memory>

@@ -3,7 +3,7 @@
 #include "te/optim/clip_grad.h"
 
 #include <ATen/Dispatch.h>
-#include <ATen/Parallel.h>
+#include "te/runtime/parallel.h"
 
 #include <algorithm>
 #include <cmath>

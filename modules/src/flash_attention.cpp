@@ -12,8 +12,8 @@
 // fp16 inputs are widened once), as TE's fused kernels accumulate.
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include "te/runtime/parallel.h"
 
 #include <algorithm>
 #include <cmath>
@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "attention_piece.h"
+#include "cpu_loops.h"
 #include "fast_exp.h"
 #include "te/error.h"
 #include "te/nn/functional.h"
@@ -147,17 +148,7 @@ TE_FLASH_CLONES void ds_row(const float* p, float* dp, int64_t cols, float d) {
   for (int64_t c = 0; c < cols; ++c) dp[c] = p[c] * (dp[c] - d);
 }
 
-TE_FLASH_CLONES float dot(const float* a, const float* b, int64_t n) {
-  float part[16] = {};
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    for (int u = 0; u < 16; ++u) part[u] += a[i + u] * b[i + u];
-  }
-  float sum = 0.f;
-  for (; i < n; ++i) sum += a[i] * b[i];
-  for (const float p : part) sum += p;
-  return sum;
-}
+TE_FLASH_CLONES float dot(const float* a, const float* b, int64_t n) { return dot16(a, b, n); }
 
 // The shapes of one call, and where query row i's visible keys are.
 struct Geometry {

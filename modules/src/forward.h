@@ -18,6 +18,7 @@
 
 #include <ATen/Tensor.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -77,6 +78,13 @@ inline at::Tensor batch_of_one(const at::Tensor& t) { return t.unsqueeze(0); }
 DTensor batch_of_one(const DTensor& t);
 inline at::Tensor tokens_only(const at::Tensor& t) { return t.squeeze(0); }
 DTensor tokens_only(const DTensor& t);
+
+/// Rows of packed sequences (qkv_format "thd", [rows, tokens, ...] with 2-D cu_seqlens): fn on
+/// this rank's rows and the index of its first; the result in x's layout (its last dim fn's). A
+/// DTensor's rows may be split over mesh axes (data parallel), its tokens and last dim not.
+using RowsFn = std::function<at::Tensor(const at::Tensor& rows, int64_t row_offset)>;
+inline at::Tensor on_packed_rows(const at::Tensor& x, const RowsFn& fn) { return fn(x, 0); }
+DTensor on_packed_rows(const DTensor& x, const RowsFn& fn);
 
 inline std::string shape_of(const at::Tensor& x) {
   std::ostringstream os;

@@ -13,6 +13,7 @@
 #include "activation_cpu.h"
 #include "cpu_gemm.h"
 #include "matmul.h"
+#include "rms_norm_cpu.h"
 #include "te/compat.h"
 #include "te/distributed/scopes.h"
 #include "te/fp8.h"
@@ -331,8 +332,8 @@ DTensor add_bias(const DTensor& y_in, const DTensor& b) {
 
 at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& gamma, const at::Tensor& beta,
                       double epsilon, bool zero_centered_gamma, bool rms) {
-  const at::Tensor scale = zero_centered_gamma ? gamma + 1.0 : gamma;
   if (!rms) {
+    const at::Tensor scale = zero_centered_gamma ? gamma + 1.0 : gamma;
     // LibTorch's fused kernel (forward and backward in one pass each: the element-wise form
     // costs several passes and autograd nodes). Statistics in fp32 for narrower inputs, as TE.
     const int64_t h = x.size(-1);
@@ -343,16 +344,9 @@ at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& gamma, const at::Te
                           beta.defined() ? beta.to(at::kFloat) : beta, epsilon)
         .to(x.scalar_type());
   }
-  const at::Tensor xf = x.scalar_type() == at::kDouble ? x : x.to(at::kFloat);
-  const at::Tensor normed = xf * at::rsqrt(xf.pow(2).mean({-1}, /*keepdim=*/true) + epsilon);
-  // Llama's RMSNorm casts before the scale (transformers 5.23.0 models/llama/modeling_llama.py
-  // LlamaRMSNorm); the zero-centered one scales by 1 + gamma in fp32 and casts after, as
-  // Gemma's (models/gemma2/modeling_gemma2.py Gemma2RMSNorm) and TE's kernels do.
-  at::Tensor y = zero_centered_gamma
-                     ? (normed * (gamma.to(normed.scalar_type()) + 1.0)).to(x.scalar_type())
-                     : normed.to(x.scalar_type()) * scale;
-  if (beta.defined()) y = y + beta;
-  return y;
+  // Llama's RMSNorm casts before the scale, the zero-centered one (Gemma's, TE's) after it.
+  const at::Tensor y = detail::rms_norm(x, gamma, epsilon, zero_centered_gamma);
+  return beta.defined() ? y + beta : y;
 }
 
 DTensor layer_norm(const DTensor& x_in, const DTensor& gamma, const std::optional<DTensor>& beta,

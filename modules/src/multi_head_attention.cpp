@@ -55,6 +55,22 @@ DTensor tokens_only(const DTensor& t) {
   return DTensor::from_local(t.to_local().squeeze(0), t.mesh(), shifted(t.placements(), -1), shape);
 }
 
+DTensor on_packed_rows(const DTensor& x, const RowsFn& fn) {
+  const int64_t last = x.dim() - 1;
+  for (std::size_t m = 0; m < x.placements().size(); ++m) {
+    const Placement& p = x.placements()[m];
+    TE_CHECK(!is_partial(p) && !is_shard(p, 1) && !is_shard(p, last), "rows of packed sequences ",
+             x.to_string(), " are ", is_partial(p) ? "a partial sum" : "split on their tokens",
+             " over mesh axis '", x.mesh().axis_names()[m],
+             "': each sequence needs its tokens on one rank; split the rows (batch) instead");
+  }
+  const auto piece = local_chunks(x.sizes(), x.mesh(), x.placements(), x.mesh().rank());
+  const at::Tensor out = fn(x.to_local(), piece[0].offset);
+  std::vector<int64_t> shape = x.sizes();
+  shape.back() = out.size(-1);
+  return DTensor::from_local(out, x.mesh(), x.placements(), shape);
+}
+
 }  // namespace detail
 
 // ---- MultiHeadAttention ----------------------------------------------------------------------
@@ -273,6 +289,12 @@ void check_cache_step(const MultiHeadAttentionOptions& o, const InferenceParams&
            "brings s");
 }
 
+// qkv_format thd with 2-D cu_seqlens: x is rows of packed sequences [rows, tokens, hidden].
+bool packed_rows(const MultiHeadAttentionOptions& o, const AttentionArgs& args) {
+  return o.attention().qkv_format() == QkvFormat::kThd && args.cu_seqlens_q().defined() &&
+         args.cu_seqlens_q().dim() == 2;
+}
+
 // RoPE on the query and key (multi_head_attention.py L1150-1192 at d0067d0da); clears the
 // embedding from the args the attention gets.
 template <typename T>
@@ -285,7 +307,20 @@ void rotate_qk(const MultiHeadAttentionOptions& o, const InferenceParams* cache,
   }
   const at::Tensor freqs = args.rotary_pos_emb();
   const double factor = args.rotary_attention_factor();
-  if (o.attention().qkv_format() == QkvFormat::kThd || cache) {
+  if (packed_rows(o, args)) {  // positions restart at each sequence of each row
+    auto rotate = [&](const T& t, const at::Tensor& cu, const at::Tensor& padded,
+                      const char* name) {
+      return detail::on_packed_rows(t, [&](const at::Tensor& rows, int64_t offset) {
+        const F::PackedRows p = F::packed_rows(cu, padded, rows.size(1), offset, rows.size(0),
+                                               "MultiHeadAttention", name);
+        return F::apply_rotary_pos_emb(rows.flatten(0, 1), freqs, "thd", o.rotary_pos_interleaved(),
+                                       p.cu_seqlens_padded, {}, factor)
+            .reshape(rows.sizes());
+      });
+    };
+    q = rotate(q, args.cu_seqlens_q(), args.cu_seqlens_q_padded(), "cu_seqlens_q");
+    k = rotate(k, args.cu_seqlens_kv(), args.cu_seqlens_kv_padded(), "cu_seqlens_kv");
+  } else if (o.attention().qkv_format() == QkvFormat::kThd || cache) {
     // Positions restart at each sequence's (padded) start (L1156-1181), or with a cache go on
     // from each sequence's cached length (L1152-1153).
     const at::Tensor& cu_q = cache                                  ? cache->cu_seqlens_q()
@@ -318,14 +353,21 @@ std::pair<T, T> mha_forward(MultiHeadAttentionImpl& self, const T& x_in,
   detail::enter(self, "MultiHeadAttention", x_in);
   const MultiHeadAttentionOptions& o = self.options;
   const bool packed = o.attention().qkv_format() == QkvFormat::kThd;
+  const bool rows = packed_rows(o, args);
   if (packed && x_in.dim() == 2) {  // [tokens, hidden]: run as a batch of one
     const auto [y, ln] = mha_forward(self, detail::batch_of_one(x_in), memory, mask, args);
     return {detail::tokens_only(y), detail::tokens_only(ln)};
   }
-  TE_CHECK(x_in.dim() == 3 && x_in.size(2) == o.hidden_size() && (!packed || x_in.size(0) == 1),
-           "MultiHeadAttention: input ", detail::shape_of(x_in), " is not ",
-           packed ? "[tokens, " : "[batch, seqlen, ", o.hidden_size(), "]",
-           packed ? " (or [1, tokens, hidden]) for qkv_format 'thd'" : "");
+  TE_CHECK(
+      x_in.dim() == 3 && x_in.size(2) == o.hidden_size() && (!packed || rows || x_in.size(0) == 1),
+      "MultiHeadAttention: input ", detail::shape_of(x_in), " is not ",
+      packed ? "[tokens, " : "[batch, seqlen, ", o.hidden_size(), "]",
+      packed ? " (or [1, tokens, hidden]) for qkv_format 'thd'; rows of packed sequences "
+               "[rows, tokens, hidden] take 2-D cu_seqlens [rows, sequences + 1]"
+             : "");
+  TE_CHECK(!rows || args.cu_seqlens_q().size(0) == x_in.size(0),
+           "MultiHeadAttention: ", args.cu_seqlens_q().size(0), " rows of cu_seqlens_q for input ",
+           detail::shape_of(x_in), ": give one row [sequences + 1] for each input row");
   TE_CHECK(o.self_attention() != detail::has(memory), "MultiHeadAttention: ",
            o.self_attention() ? "self attention takes no memory; build it with "
                                 "self_attention(false) for cross attention"
@@ -363,7 +405,7 @@ std::pair<T, T> mha_forward(MultiHeadAttentionImpl& self, const T& x_in,
   if (cache) {
     attended = detail::cached_attention(*self.attention, q, k, v, attention_args);
     if (batch != 1) attended = F::unflatten(F::flatten(attended, 0), 0, batch, seqlen);
-  } else if (packed) {
+  } else if (packed && !rows) {
     attended =
         detail::batch_of_one(self.attention->forward(detail::tokens_only(q), detail::tokens_only(k),
                                                      detail::tokens_only(v), mask, attention_args));
@@ -411,8 +453,10 @@ std::vector<ShardedModule::Fp8Gemm> MultiHeadAttentionImpl::fp8_gemms() {
 }
 
 void MultiHeadAttentionImpl::forget_member(const std::string& name) {
-  for (auto [kernel_name, member] : {std::pair{"qkv_kernel", &qkv_kernel}, {"q_kernel", &q_kernel},
-                                     {"kv_kernel", &kv_kernel}, {"out_kernel", &out_kernel}}) {
+  for (auto [kernel_name, member] : {std::pair{"qkv_kernel", &qkv_kernel},
+                                     {"q_kernel", &q_kernel},
+                                     {"kv_kernel", &kv_kernel},
+                                     {"out_kernel", &out_kernel}}) {
     if (name == kernel_name) {
       *member = at::Tensor();
       return;

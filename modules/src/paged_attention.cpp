@@ -2,7 +2,7 @@
 // its sequence's keys and values through the page table, with vectorised inner loops.
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
+#include "te/runtime/parallel.h"
 
 #include <algorithm>
 #include <cmath>

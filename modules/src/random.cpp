@@ -1,7 +1,7 @@
 #include "te/nn/random.h"
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
+#include "te/runtime/parallel.h"
 
 #include <torch/csrc/autograd/custom_function.h>
 

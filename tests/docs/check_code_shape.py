@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """The shape of the sources (test docs.code_shape): no source file in te/, modules/, gen/, hf/,
 encoder/, serve/, train/, examples/ or tools/ over 500 lines, no function there over 80 lines, and
-no scope stack rolled by hand (a thread-local container of scopes outside te/scope_stack.h); tests,
+no scope stack rolled by hand (a thread-local container of scopes outside te/scope_stack.h), and
+no loop split with at::parallel_for / at::parallel_reduce in a file that does not include
+te/runtime/parallel.h (which stops the build of one not compiled with OpenMP, where the loop would
+run on one thread: cmake/TeParallel.cmake); tests,
 benchmarks and fuzz targets are exempt. Prints each offender as FILE:LINE: what, and with --counts
 the figures themselves; exits 1 when there is an offender.
 
@@ -155,12 +158,17 @@ def check(root, dirs):
                 stacks += 1
                 problems.append(f"{rel}:{text[:m.start()].count(chr(10)) + 1}: a scope stack "
                                 "rolled by hand; use te::ScopeStack (te/scope_stack.h)")
+        if re.search(r"\bat::parallel_(for|reduce)\b", strip(text)) and \
+                '#include "te/runtime/parallel.h"' not in text:
+            problems.append(f"{rel}:1: splits a loop with at::parallel_for without including "
+                            "te/runtime/parallel.h (and te_parallel_sources in CMake)")
     return problems, files, long_files, long_functions, stacks
 
 
 def self_test():
-    """The rule fails on each folder it holds: a file of 501 lines and a function of 81 lines
-    put in a scratch tree are each named; the same tree without them passes."""
+    """The rule fails on each folder it holds: a file of 501 lines, a function of 81 lines and a
+    loop split without te/runtime/parallel.h put in a scratch tree are each named; the same tree
+    without them passes."""
     import tempfile
     with tempfile.TemporaryDirectory() as root:
         for top in SOURCE_DIRS:
@@ -173,11 +181,15 @@ def self_test():
             body = "".join("  x += 1;\n" for _ in range(79))
             open(os.path.join(root, top, "src", "fn.cpp"), "w").write(
                 "int g(int x) {\n" + body + "}\n")
+            open(os.path.join(root, top, "src", "par.cpp"), "w").write(
+                "void h() {\n  at::parallel_for(0, 1, 1, [](int64_t, int64_t) {});\n}\n")
         problems = check(root, SOURCE_DIRS)[0]
         for top in SOURCE_DIRS:
-            for what in (f"{top}/src/long.cpp:501: 501 lines", f"{top}/src/fn.cpp:1: g is 81 lines"):
+            for what in (f"{top}/src/long.cpp:501: 501 lines", f"{top}/src/fn.cpp:1: g is 81 lines",
+                         f"{top}/src/par.cpp:1: splits a loop with at::parallel_for"):
                 assert any(p.startswith(what) for p in problems), (what, problems)
-    print(f"self-test: a 501-line file and an 81-line function are named in each of "
+    print(f"self-test: a 501-line file, an 81-line function and a loop split on one thread are "
+          f"named in each of "
           f"{', '.join(SOURCE_DIRS)}")
     return 0
 

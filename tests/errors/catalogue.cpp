@@ -543,6 +543,24 @@ std::vector<Case> cases() {
          dpa(q, q, q, {},
              AttentionArgs().cu_seqlens_q(at::tensor({0, 7})).cu_seqlens_kv(at::tensor({0, 6})));
        }},
+      {"modules", "rows of packed sequences with one row's cu_seqlens",
+       "rows of packed sequences [rows, tokens, heads, head_dim] take 2-D cu_seqlens",
+       [] {
+         DotProductAttention dpa(
+             DotProductAttentionOptions(4, 8).attn_mask_type("padding").qkv_format("thd"));
+         const at::Tensor q = at::zeros({2, 6, 4, 8});
+         dpa(q, q, q, {},
+             AttentionArgs().cu_seqlens_q(at::tensor({0, 6})).cu_seqlens_kv(at::tensor({0, 6})));
+       }},
+      {"modules", "a row of packed sequences that runs past its tokens",
+       "cu_seqlens_q row 1 ends at 7 but there are only 6 tokens",
+       [] {
+         DotProductAttention dpa(
+             DotProductAttentionOptions(4, 8).attn_mask_type("padding").qkv_format("thd"));
+         const at::Tensor q = at::zeros({2, 6, 4, 8});
+         const at::Tensor cu = at::tensor({0, 6, 0, 7}).view({2, 2});
+         dpa(q, q, q, {}, AttentionArgs().cu_seqlens_q(cu).cu_seqlens_kv(cu));
+       }},
       {"modules", "a bias tensor with packed sequences",
        "core_attention_bias_type 'post_scale_bias' is not supported with qkv_format 'thd'",
        [] {

@@ -274,6 +274,23 @@ TEST_F(TrainParallel, Dp2WithZeroIsOneProcessAndResumesBitForBit) {
   }
 }
 
+// Packed rows split over FSDP ranks (each rank its own rows, parameters gathered) train as one
+// process does.
+TEST_F(TrainParallel, PackedOnFsdp2IsOneProcess) {
+  ASSERT_EQ(te_train(args("--pack --log-steps " + (dir_ / "one.csv").string())).status, 0);
+  const Result r =
+      te_train(args("--pack --nproc 2 --mesh data=2 --mesh-resource fsdp=data "
+                    "--log-steps " +
+                    (dir_ / "fsdp.csv").string()));
+  ASSERT_EQ(r.status, 0) << r.err;
+  const std::vector<std::string> one = steps_of(dir_ / "one.csv");
+  const std::vector<std::string> fsdp = steps_of(dir_ / "fsdp.csv");
+  ASSERT_EQ(one.size(), fsdp.size());
+  for (std::size_t i = 0; i < one.size(); ++i) {
+    EXPECT_NEAR(loss_of(fsdp[i]), loss_of(one[i]), 1e-6 * loss_of(one[i])) << "step " << i + 1;
+  }
+}
+
 // A step's measured peak (tensor bytes on the fullest rank) within 10% of the plan te-train
 // makes for the same run on meta tensors (te::train::plan_lm_step), on one process in fp32 and
 // bf16 with fp32 masters, and on DP2xTP2 with ZeRO-1; --plan prints the plan's parts.
@@ -379,8 +396,9 @@ TEST_F(Train, BadInputIsNamedAndLeavesTheCheckpoint) {
        "has done 2 steps, and this run stops at 2"},
       {"--nproc 3 --mesh data=2", "corpus.txt", "config.json",
        "--mesh data=2 has 2 ranks but the world has 3"},
-      {"--pack --nproc 2 --mesh data=2 --mesh-resource dp=data", "corpus.txt", "config.json",
-       "--pack: the layout (mesh data=2"},
+      {"--pack --nproc 2 --mesh data=2 --rules seqlen=data", "corpus.txt", "config.json",
+       "--pack: the layout (mesh data=2, rules seqlen=data) splits each row's tokens over "
+       "ranks"},
       {"--loss-scale 0", "corpus.txt", "config.json", "--loss-scale 0.000000 is not positive"},
       {"--nproc 2 --mesh model=2 --mesh-resource tp=model --zero-axis model", "corpus.txt",
        "config.json", "--zero-axis: 'model' is not the data-parallel axis"},

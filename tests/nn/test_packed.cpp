@@ -425,7 +425,8 @@ TEST(PackedAttention, ReportsBadInput) {
       call(AttentionArgs(good).core_attention_bias_type("alibi").alibi_slopes(at::ones({3, 2}))),
       "alibi_slopes [3, 2] are not [heads 2] or [sequences 2, heads 2]");
   EXPECT_ERROR(dpa(randn({6, 2, 2, 4}, 1), t, t, {}, good),
-               "are not [tokens, heads, head_dim] (qkv_format 'thd')");
+               "are not [tokens, heads, head_dim] (or [rows, tokens, heads, head_dim] with 2-D "
+               "cu_seqlens) (qkv_format 'thd')");
   DotProductAttention bshd(DotProductAttentionOptions(2, 4).attn_mask_type("no_mask"));
   const at::Tensor b = randn({1, 6, 2, 4}, 42);
   EXPECT_ERROR(bshd(b, b, b, {}, good), "cu_seqlens are for qkv_format 'thd'");

@@ -411,39 +411,51 @@ TEST_F(LmTrainerTest, PackedRowsAreEachDocumentAlone) {
   EXPECT_LT(last, 0.7 * first);
 }
 
-TEST_F(LmTrainerParallel, PackedRowsOnTp2AreOneProcessAndDp2IsNamed) {
-  te::train::DataLoader data = loader(2, /*packed=*/true, /*seq_len=*/48);
+// Rows split over data-parallel or FSDP ranks: each rank attends over its own rows (the second
+// rank's from row 2 on, its sequences' RoPE and dropout places those of one process); TP splits
+// the heads; a sequence split over ranks is named.
+TEST_F(LmTrainerParallel, PackedRowsOnEveryLayoutAreOneProcess) {
+  te::train::DataLoader data = loader(4, /*packed=*/true, /*seq_len=*/48);
   std::vector<Batch> batches = {data.next(), data.next(), data.next()};
+  // Ragged rows: the last row of each batch with two of its documents as one.
+  for (Batch& b : batches) {
+    at::Tensor& cu = b.cu_seqlens.back();
+    ASSERT_GT(cu.size(0), 2);
+    cu = at::cat({cu.slice(0, 0, 1), cu.slice(0, 2)});
+  }
   te::nn::manual_seed(1);
   te::train::LmTrainer single(te::hf::CausalLM(packed_llama()), trainer_options(3));
   std::vector<double> one;
   for (int64_t s = 0; s < 3; ++s) one.push_back(single.step({batches[s]}, s).loss);
-  for (const std::string& axis : {"tp", "data"}) {
+  struct Layout {
+    std::string resource, rules;
+  };
+  for (const Layout& l : {Layout{"tp=x", "vocab=x"}, Layout{"dp=x", ""}, Layout{"fsdp=x", ""}}) {
     std::vector<double> losses;
     te::run_local_ranks(2, [&](int rank) {
-      te::DeviceMesh mesh({2}, {axis});
+      te::DeviceMesh mesh({2}, {"x"});
       te::MeshScope on_mesh(mesh);
-      te::MeshResourceScope roles(te::parse_mesh_resource(axis == "tp" ? "tp=tp" : "dp=data"));
-      te::AxisRulesScope rules(
-          te::extend_logical_axis_rules(te::parse_axis_rules(axis == "tp" ? "vocab=tp" : "")));
+      te::MeshResourceScope roles(te::parse_mesh_resource(l.resource));
+      te::AxisRulesScope rules(te::extend_logical_axis_rules(te::parse_axis_rules(l.rules)));
       te::nn::manual_seed(1);
       te::train::LmTrainer trainer(te::hf::CausalLM(packed_llama()), trainer_options(3));
-      if (axis == "data") {
-        EXPECT_ERROR(trainer.step({batches[0]}, 0),
-                     "LmTrainer: packed rows on a layout that splits the batch or the sequence "
-                     "over mesh axis 'data'");
-        return;
-      }
       std::vector<double> mine;
       for (int64_t s = 0; s < 3; ++s) mine.push_back(trainer.step({batches[s]}, s).loss);
       if (rank == 0) losses = mine;
     });
-    if (axis == "data") continue;
-    ASSERT_EQ(losses.size(), one.size()) << axis;
+    ASSERT_EQ(losses.size(), one.size()) << l.resource;
     for (std::size_t s = 0; s < one.size(); ++s) {
-      EXPECT_NEAR(losses[s], one[s], 1e-6 * one[s]) << axis << " step " << s;
+      EXPECT_NEAR(losses[s], one[s], 1e-6 * one[s]) << l.resource << " step " << s;
     }
   }
+  te::run_local_ranks(2, [&](int) {
+    te::DeviceMesh mesh({2}, {"x"});
+    te::MeshScope on_mesh(mesh);
+    te::AxisRulesScope rules(te::parse_axis_rules("seqlen=x"));
+    te::train::LmTrainer trainer(te::hf::CausalLM(packed_llama()), trainer_options(3));
+    EXPECT_ERROR(trainer.step({batches[0]}, 0),
+                 "LmTrainer: packed rows on a layout that splits the sequence over mesh axis 'x'");
+  });
 }
 
 }  // namespace

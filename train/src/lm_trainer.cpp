@@ -24,10 +24,9 @@ namespace {
 
 namespace F = te::nn::functional;
 
-// The mean next-token loss of packed rows: the rows' sequences back to back as one THD batch
-// (each row's cu_seqlens shifted by the tokens before it), whole on every rank.
-at::Tensor packed_loss_sum(te::hf::CausalLM& model, const Batch& b,
-                           const F::CrossEntropyOptions& ce) {
+// Packed rows' cu_seqlens as one [rows, sequences + 1] tensor (a row with fewer sequences
+// repeats its last entry: empty sequences).
+at::Tensor rows_cu_seqlens(te::hf::CausalLM& model, const Batch& b) {
   TE_CHECK(model->config.packed_sequences,
            "LmTrainer: the batch holds packed rows (cu_seqlens) and the model was built for "
            "whole rows; build it with CausalLMConfig::packed_sequences "
@@ -35,50 +34,47 @@ at::Tensor packed_loss_sum(te::hf::CausalLM& model, const Batch& b,
   TE_CHECK(static_cast<int64_t>(b.cu_seqlens.size()) == b.ids.size(0),
            "LmTrainer: ", b.cu_seqlens.size(), " cu_seqlens for ", b.ids.size(0), " packed rows");
   const int64_t seq = b.ids.size(1);
-  std::vector<at::Tensor> starts;
+  std::vector<at::Tensor> rows;
+  int64_t entries = 0;
   for (std::size_t r = 0; r < b.cu_seqlens.size(); ++r) {
-    const at::Tensor cu = F::checked_cu_seqlens(
-        b.cu_seqlens[r], "LmTrainer", "packed row " + std::to_string(r) + "'s cu_seqlens", seq);
-    starts.push_back((r == 0 ? cu : cu.slice(0, 1)) + static_cast<int64_t>(r) * seq);
+    rows.push_back(F::checked_cu_seqlens(b.cu_seqlens[r], "LmTrainer",
+                                         "packed row " + std::to_string(r) + "'s cu_seqlens", seq));
+    entries = std::max(entries, rows.back().size(0));
   }
-  const at::Tensor cu_seqlens = at::cat(starts).to(at::kInt);
-  const at::Tensor ids = b.ids.reshape({1, -1});
-  const at::Tensor labels = b.labels.reshape({1, -1});
-  const DeviceMesh* mesh = current_mesh();
-  if (mesh == nullptr) {
-    return F::parallel_cross_entropy(model->forward_packed(ids, cu_seqlens), labels, ce);
+  for (at::Tensor& cu : rows) {
+    cu = at::cat({cu, cu.slice(0, -1).expand({entries - cu.size(0)})});
   }
-  const auto rows = resolve_placements({axis::kBatch, axis::kSeqlen}, *mesh);
-  for (std::size_t m = 0; rows && m < rows->size(); ++m) {
-    TE_CHECK(!is_shard((*rows)[m]),
-             "LmTrainer: packed rows on a layout that splits the batch or "
-             "the sequence over mesh axis '",
-             mesh->axis_names()[m],
-             "' (data parallel, FSDP, sequence parallel): packed rows train on one process or "
-             "with tensor parallelism so far; build the data without packing for this layout");
-  }
-  const std::vector<Placement> whole(static_cast<std::size_t>(mesh->ndim()), Replicate{});
-  const DTensor logits = model->forward_packed(DTensor::distribute(ids, *mesh, whole), cu_seqlens);
-  return F::parallel_cross_entropy(logits, DTensor::distribute(labels, *mesh, whole), ce)
-      .to_local();
+  return at::stack(rows).to(at::kInt);
 }
 
 // The sum of the next-token losses of `b`'s label tokens, as a float32 scalar (every rank the
-// same on a mesh).
+// same on a mesh). Packed rows attend each sequence alone, a row's tokens whole on one rank.
 at::Tensor loss_sum(te::hf::CausalLM& model, const Batch& b) {
   F::CrossEntropyOptions ce;
   ce.reduce_loss = true;
   const double count = static_cast<double>(b.label_tokens);
+  const at::Tensor cu = b.cu_seqlens.empty() ? at::Tensor() : rows_cu_seqlens(model, b);
   const DeviceMesh* mesh = current_mesh();
-  if (!b.cu_seqlens.empty()) return packed_loss_sum(model, b, ce) * count;
-  if (mesh == nullptr)
-    return F::parallel_cross_entropy(model->forward(b.ids), b.labels, ce) * count;
+  if (mesh == nullptr) {
+    const at::Tensor logits =
+        cu.defined() ? model->forward_packed(b.ids, cu) : model->forward(b.ids);
+    return F::parallel_cross_entropy(logits, b.labels, ce) * count;
+  }
   const std::vector<Placement> whole(static_cast<std::size_t>(mesh->ndim()), Replicate{});
   auto laid_out = [&](const at::Tensor& t) {
     return with_sharding_constraint(DTensor::distribute(t, *mesh, whole),
                                     {axis::kBatch, axis::kSeqlen});
   };
-  const DTensor logits = model->forward(laid_out(b.ids));
+  const DTensor ids = laid_out(b.ids);
+  for (std::size_t m = 0; cu.defined() && m < ids.placements().size(); ++m) {
+    TE_CHECK(!is_shard(ids.placements()[m], 1),
+             "LmTrainer: packed rows on a layout that splits the sequence over mesh axis '",
+             mesh->axis_names()[m],
+             "' (sequence or context parallel): each packed sequence needs its tokens on one "
+             "rank; split the rows (data parallel, FSDP) or the heads (tensor parallel), or build "
+             "the data without packing for this layout");
+  }
+  const DTensor logits = cu.defined() ? model->forward_packed(ids, cu) : model->forward(ids);
   return F::parallel_cross_entropy(logits, laid_out(b.labels), ce).to_local() * count;
 }
 

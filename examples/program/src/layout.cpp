@@ -1,5 +1,6 @@
 #include "te/program/layout.h"
 
+#include <ATen/ATen.h>
 #include <CLI/CLI.hpp>
 #include <algorithm>
 
@@ -88,6 +89,9 @@ void measure_layout(const LayoutArgs& args, Layout& layout) {
     }
     layout.tensor_parallel = !(*spec)[1].empty();
   }
+  if (const auto spec = te::resolve_logical_axes({"batch", "seqlen"})) {
+    layout.splits_sequence = !(*spec)[1].empty();
+  }
   layout.description = "mesh " + layout.mesh->to_string();
   if (layout.resource) layout.description += ", mesh resource " + te::to_string(*layout.resource);
   if (!args.rules.empty()) layout.description += ", rules " + args.rules;
@@ -147,6 +151,12 @@ Layout make_layout(const LayoutArgs& args, int world_size, const DefaultRules& d
   extend_with_te_table(args, default_rules, layout);
   measure_layout(args, layout);
   return layout;
+}
+
+double reduce_over_ranks(const te::DeviceMesh& mesh, double v, te::ReduceOp op) {
+  std::vector<int64_t> dims(static_cast<std::size_t>(mesh.ndim()));
+  for (std::size_t d = 0; d < dims.size(); ++d) dims[d] = static_cast<int64_t>(d);
+  return mesh.all_reduce(at::full({}, v, at::kDouble), op, dims).item<double>();
 }
 
 void check_global_batch(const Layout& layout, int64_t global_batch, const std::string& option) {

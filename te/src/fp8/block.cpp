@@ -14,7 +14,8 @@
 //   changes no amax, so a short block is scaled by its own elements.
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
+#include <ATen/core/grad_mode.h>
+#include "te/runtime/parallel.h"
 
 #include <algorithm>
 #include <cmath>

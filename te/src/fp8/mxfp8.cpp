@@ -17,7 +17,8 @@
 // The E8M0 rules themselves are in te/kernels/fp8_cast.h.
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
+#include <ATen/core/grad_mode.h>
+#include "te/runtime/parallel.h"
 
 #include <algorithm>
 #include <sstream>

@@ -21,7 +21,8 @@
 // TE's kernels take bf16 input and round the transform to bf16; here every step is fp32.
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
+#include <ATen/core/grad_mode.h>
+#include "te/runtime/parallel.h"
 
 #include <algorithm>
 #include <array>

@@ -1,8 +1,9 @@
 // FP8 tensors: casts, amax and the GEMM, on CPU (the reference) and CUDA.
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
+#include <ATen/core/grad_mode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include "te/runtime/parallel.h"
 
 #include <algorithm>
 #include <cmath>

@@ -59,8 +59,11 @@ class CausalLMImpl : public torch::nn::Cloneable<CausalLMImpl>, public te::gen::
   /// A model built with config.packed_sequences: ids [1, tokens] holding sequences packed back to
   /// back (TE's THD), sequence i tokens cu_seqlens[i] ... cu_seqlens[i + 1] - 1 (integer
   /// [sequences + 1] from 0 to tokens) -> logits [1, tokens, vocab]: each sequence attends within
-  /// itself only and its positions start at 0, as if run alone. On a mesh the tokens stay whole
-  /// on every rank (heads may be sharded; the vocabulary of the logits is).
+  /// itself only and its positions start at 0, as if run alone. Or rows of packed sequences:
+  /// ids [rows, tokens] with cu_seqlens [rows, sequences + 1], each row packed alone (a row with
+  /// fewer sequences repeats its last entry; its tokens after the last sequence are padding)
+  /// -> logits [rows, tokens, vocab]. On a mesh a row's tokens stay whole on its rank: the rows
+  /// may be split (the rules' batch axes: data parallel, FSDP), the heads too, not the tokens.
   at::Tensor forward_packed(const at::Tensor& ids, const at::Tensor& cu_seqlens);
   DTensor forward_packed(const DTensor& ids, const at::Tensor& cu_seqlens);
   /// One step of incremental decoding (eval mode): `ids` are the step's new tokens packed

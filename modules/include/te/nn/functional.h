@@ -263,6 +263,26 @@ struct PackedSequences {
 at::Tensor checked_cu_seqlens(const at::Tensor& cu_seqlens, const std::string& who,
                               const std::string& name, int64_t tokens, bool tail_padding = false);
 
+/// Rows of packed sequences: [rows, tokens] where each row is its own packed batch (its
+/// sequences never cross into the next row), said by 2-D cu_seqlens [rows, sequences + 1] (a row
+/// with fewer sequences repeats its last entry: empty sequences) and optionally 2-D
+/// cu_seqlens_padded of the same shape; the tokens of a row after its last sequence are padding.
+/// It is what a data-parallel mesh splits by rows (each rank attends over its own rows).
+/// packed_rows() checks every row (te::Error naming `who`, `name` and the row) and returns rows
+/// row_offset ... row_offset + rows - 1 as one packed batch of rows * tokens tokens:
+struct PackedRows {
+  /// Sequence j of row r is at r * tokens + (padded or cu)[r][j]: `cu_seqlens` the cumulative
+  /// lengths, `cu_seqlens_padded` the starts (each sequence's slot reaching the next one's start,
+  /// the last slot of a row its end), both [rows * sequences + 1].
+  at::Tensor cu_seqlens, cu_seqlens_padded;
+  /// Over every row (not only the rows returned): the longest sequence, the longest slot (a
+  /// token's position in its slot is below it), and the sequences per row.
+  int64_t max_seqlen = 0, longest_slot = 0, sequences = 0;
+};
+PackedRows packed_rows(const at::Tensor& cu_seqlens, const at::Tensor& cu_seqlens_padded,
+                       int64_t tokens, int64_t row_offset, int64_t rows, const std::string& who,
+                       const std::string& name);
+
 /// What functional::attention computes with besides q, k and v.
 struct AttentionCall {
   /// Which keys each query sees (MaskSpec), and the types' bool mask (true = masked out): the

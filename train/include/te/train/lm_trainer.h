@@ -81,10 +81,10 @@ class LmTrainer {
   /// accumulation: one reduction, one update). te::Error for no micro-batch, a step past the
   /// schedule's, a micro-batch whose label_tokens is not the count of its labels other than
   /// -100, a step without a label token, or packed rows (cu_seqlens) for a model not built
-  /// for them. Packed rows (a model built with CausalLMConfig::packed_sequences) run as one THD
-  /// batch, each document attending within itself with its own positions, on one process or
-  /// with tensor parallelism (which splits their heads); a layout that splits the batch or the
-  /// sequence (DP, FSDP, SP) is a te::Error for them so far.
+  /// for them. Packed rows (a model built with CausalLMConfig::packed_sequences) run as rows of
+  /// THD batches (CausalLM::forward_packed), each document attending within itself with its own
+  /// positions; on a mesh the rows split as whole rows do (data parallel, FSDP) and the heads
+  /// under tensor parallelism; rules that split a row's tokens (seqlen) are a te::Error.
   StepStats step(const std::vector<Batch>& micro, int64_t step);
 
   /// The mean next-token loss over the label tokens of `batches` (no gradient, in eval mode; the

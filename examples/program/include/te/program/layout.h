@@ -39,6 +39,7 @@ struct Layout {
   std::string description;       // "one process", or "mesh data=2, mesh resource dp=data"
   int64_t data_parallel = 1;     // ranks the logical batch axis is split over
   bool tensor_parallel = false;  // the logical heads axis split over some mesh axis
+  bool splits_sequence = false;  // the logical seqlen axis (of batch, seqlen) split over one
 };
 
 /// The rules a program maps its own logical axes with when --mesh-resource is given without
@@ -52,6 +53,9 @@ using DefaultRules = std::function<te::AxisRules(const te::MeshResource& resourc
 /// with TE's table (none: TE's table alone, in effect); --extend-te-rules extends --rules so.
 Layout make_layout(const LayoutArgs& args, int world_size,
                    const DefaultRules& default_rules = nullptr);
+
+/// Every rank's `v` reduced by `op` over the whole mesh (a collective: every rank calls it).
+double reduce_over_ranks(const te::DeviceMesh& mesh, double v, te::ReduceOp op);
 
 /// te::InputError unless the layout's data-parallel size divides `global_batch` (`option`
 /// names it).
