@@ -275,7 +275,7 @@ std::unique_ptr<comm::Backend> one_rank_nccl(const std::string& key) {
   return comm::make_nccl_backend(setup);
 }
 
-// Every primitive and every dtype NCCL takes, on one-rank communicators; two of them at once on
+// Every primitive (send/recv to itself included) and every dtype NCCL takes, on one-rank communicators; two of them at once on
 // one GPU (a one-rank communicator's collectives are copies, so the results are the inputs).
 TEST(NcclGpu, EveryCollectiveAndDtypeOnTwoOneRankCommunicators) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA tensors here (LibTorch without CUDA, or no GPU)";
@@ -304,13 +304,16 @@ TEST(NcclGpu, EveryCollectiveAndDtypeOnTwoOneRankCommunicators) {
       EXPECT_STREQ(backend->all_to_all(t.view(at::kByte), exchanged, sizes, sizes),
                    "ncclSend/ncclRecv");
       EXPECT_TRUE(at::equal(exchanged.view(dtype), t)) << dtype;
+      at::Tensor passed = at::empty_like(t);
+      EXPECT_STREQ(backend->send_recv(t, 0, passed, 0, 1), "ncclSend/ncclRecv");
+      EXPECT_TRUE(at::equal(passed, t)) << dtype;
     }
     at::Tensor f = at::full({4}, 3.0, at::TensorOptions().device(gpu));
     backend->all_reduce(f, ReduceOp::kAvg);
     EXPECT_TRUE(at::equal(f.cpu(), at::full({4}, 3.0)));
     backend->barrier();
   }
-  std::cout << "nccl: 4 primitives x 8 dtypes on two one-rank communicators of cuda:0 ok"
+  std::cout << "nccl: 5 primitives x 8 dtypes on two one-rank communicators of cuda:0 ok"
             << std::endl;
 }
 

@@ -7,6 +7,7 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <iostream>
 #include <sstream>
 
@@ -422,6 +423,41 @@ TEST(MeshCollectives, AllGatherOverDimsAndBroadcast) {
     EXPECT_ERROR(mesh.broadcast("x", 4), "DeviceMesh::broadcast: root 4 is not a rank of");
     EXPECT_ERROR(mesh.all_gather("x", {2}), "has no dim 2 to gather over");
     EXPECT_ERROR(mesh.all_gather("x", {1, 1}), "all_gather over dim 1 twice");
+  });
+}
+
+// A ring step along one mesh dim (context parallelism's K/V pass): each rank gets the tensor of
+// the rank `shift` places back along that dim, for shifts forward, back, wrapping and none, in
+// any dtype; each step is one send_recv record of the bytes sent. Under TE_COMM_BACKEND=store
+// it runs on Backend::send_recv's default (an all-to-all with empty pieces).
+TEST(MeshCollectives, RingShiftPassesAlongEachRow) {
+  EXPECT_TRUE(at::equal(DeviceMesh({1}, {"x"}).ring_shift(at::ones({3}), 0, 1), at::ones({3})));
+  run_local_ranks(4, [](int rank) {
+    DeviceMesh line({4}, {"cp"});
+    CommTrace trace;
+    for (at::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kLong}) {
+      const at::Tensor mine = (at::arange(6, at::kFloat).view({2, 3}) + 10 * rank).to(dtype);
+      for (int64_t shift : {1, -1, 2, 5, 0}) {
+        const int64_t from = ((rank - shift) % 4 + 4) % 4;
+        const at::Tensor got = line.ring_shift(mine, 0, shift);
+        EXPECT_EQ(got.scalar_type(), dtype);
+        EXPECT_TRUE(at::equal(got, (at::arange(6, at::kFloat).view({2, 3}) + 10 * from).to(dtype)))
+            << "rank " << rank << " shift " << shift << " " << dtype;
+      }
+    }
+    // Five shifts of three dtypes, of which the shifts by 0 move nothing.
+    EXPECT_EQ(trace.count(Collective::kSendRecv, "cp"), 12);
+    EXPECT_EQ(trace.bytes(Collective::kSendRecv, "cp"), 4 * (6 * 4 + 6 * 2 + 6 * 8));
+    const bool gloo = std::getenv("TE_COMM_BACKEND") == nullptr;  // else the store's default
+    for (const CommRecord& r : trace.records()) {
+      EXPECT_EQ(r.primitive, gloo ? "send/recv" : "store_all_to_all");
+    }
+    DeviceMesh grid({2, 2}, {"data", "cp"});  // rank = 2 * data + cp
+    const at::Tensor got = grid.ring_shift(at::full({2}, rank, at::kInt), 1, 1);
+    EXPECT_TRUE(at::equal(got, at::full({2}, 2 * (rank / 2) + (rank % 2 + 1) % 2, at::kInt)));
+    const at::Tensor down = grid.ring_shift(at::full({1}, rank, at::kInt), 0, -1);
+    EXPECT_TRUE(at::equal(down, at::full({1}, (rank + 2) % 4, at::kInt)));
+    EXPECT_ERROR(grid.ring_shift(at::ones({1}), 2, 1), "has no dim 2 to pass a ring along");
   });
 }
 

@@ -278,4 +278,20 @@ at::Tensor all_to_all(const Group& g, const at::Tensor& local, int64_t from_dim,
   return out;
 }
 
+at::Tensor ring_shift(const Group& g, const at::Tensor& t, int64_t shift) {
+  check_same_call(g, describe("ring_shift(" + std::to_string(shift) + ")", t), t);
+  const int64_t step = ((shift % g.size) + g.size) % g.size;
+  if (g.size == 1 || step == 0) return t.clone();
+  Backend& backend = backend_for(g, t);
+  const int to = static_cast<int>((g.rank + step) % g.size);
+  const int from = static_cast<int>((g.rank - step + g.size) % g.size);
+  const at::Tensor in = as_bytes(t);
+  at::Tensor received = at::empty_like(in);
+  const char* primitive = run(g, "ring_shift", [&] {
+    return backend.send_recv(in, to, received, from, static_cast<int>(g.size));
+  });
+  CommTrace::record({Collective::kSendRecv, g.axis, bytes_of(t), primitive});
+  return from_bytes(received, t.scalar_type(), t.sizes());
+}
+
 }  // namespace te::detail

@@ -18,6 +18,8 @@ std::string to_string(Collective kind) {
       return "reduce_scatter";
     case Collective::kAllToAll:
       return "all_to_all";
+    case Collective::kSendRecv:
+      return "send_recv";
   }
   return "?";
 }

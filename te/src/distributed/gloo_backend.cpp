@@ -154,9 +154,25 @@ class GlooBackend final : public Backend {
     return "alltoall_base";
   }
 
+  // Both posted before either is waited on: a ring's ranks all send and receive at once.
+  const char* send_recv(const at::Tensor& send_any, int to, at::Tensor& recv, int from,
+                        int /*size*/) override {
+    std::vector<at::Tensor> out{host_of(send_any).contiguous()};
+    Host h(recv);
+    std::vector<at::Tensor> in{h.cpu};
+    auto sent = pg_->send(out, to, kPointToPointTag);
+    auto received = pg_->recv(in, from, kPointToPointTag);
+    sent->wait();
+    received->wait();
+    h.finish();
+    return "send/recv";
+  }
+
   void barrier() override { pg_->barrier()->wait(); }
 
  private:
+  static constexpr int kPointToPointTag = 0;
+
   void reduce_in_place(at::Tensor& t, ReduceOp op) {
     std::vector<at::Tensor> tensors{t};
     c10d::AllreduceOptions options;

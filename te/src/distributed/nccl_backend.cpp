@@ -267,6 +267,23 @@ class NcclBackend final : public Backend {
     return "ncclSend/ncclRecv";
   }
 
+  const char* send_recv(const at::Tensor& send, int to, at::Tensor& recv, int from,
+                        int /*size*/) override {
+    run("ncclSend/ncclRecv", [&](cudaStream_t s) {
+      ncclResult_t r = ncclGroupStart();
+      if (r != ncclSuccess) return r;
+      if (send.nbytes() > 0) {
+        r = ncclSend(send.data_ptr(), send.nbytes(), ncclUint8, to, comm_, s);
+      }
+      if ((r == ncclSuccess || r == ncclInProgress) && recv.nbytes() > 0) {
+        r = ncclRecv(recv.data_ptr(), recv.nbytes(), ncclUint8, from, comm_, s);
+      }
+      const ncclResult_t end = ncclGroupEnd();
+      return r != ncclSuccess && r != ncclInProgress ? r : end;
+    });
+    return "ncclSend/ncclRecv";
+  }
+
   void barrier() override {
     run("barrier", [&](cudaStream_t s) {
       return ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm_, s);

@@ -56,6 +56,13 @@ class Backend {
   virtual const char* all_to_all(const at::Tensor& in, at::Tensor& out,
                                  const std::vector<int64_t>& in_sizes,
                                  const std::vector<int64_t>& out_sizes) = 0;
+  /// Point to point, as one batched pair (TE's isend/irecv of a ring step): `send` goes to row
+  /// rank `to` while `recv` fills from row rank `from`; every rank of the row calls it at once
+  /// with its own pair (a permutation of the row, such as a ring shift), so no pair can wait
+  /// on another. The default carries it as an all-to-all whose other pieces are empty (any
+  /// backend gets it, `size` being the row's); Gloo and NCCL post a real send and receive.
+  virtual const char* send_recv(const at::Tensor& send, int to, at::Tensor& recv, int from,
+                                int size);
   virtual void barrier() = 0;
 };
 

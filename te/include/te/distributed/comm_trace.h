@@ -13,16 +13,17 @@ namespace detail {
 struct ThreadScopes;
 }
 
-enum class Collective { kAllGather, kAllReduce, kReduceScatter, kAllToAll };
-std::string to_string(Collective kind);  ///< "all_gather", "all_reduce", ...
+enum class Collective { kAllGather, kAllReduce, kReduceScatter, kAllToAll, kSendRecv };
+std::string to_string(Collective kind);  ///< "all_gather", "all_reduce", ..., "send_recv"
 
 struct CommRecord {
   Collective kind;
   std::string mesh_axis;
   /// The logical payload: all_gather, the gathered (full) tensor; all_reduce, the reduced tensor;
-  /// reduce_scatter, the full input; all_to_all, this rank's local input.
+  /// reduce_scatter, the full input; all_to_all, this rank's local input; send_recv (a ring
+  /// step of context parallelism), what this rank sent.
   int64_t bytes = 0;
-  /// The c10d call that carried it ("allreduce", "allgather", "alltoall_base").
+  /// The call that carried it ("allreduce", "allgather", "alltoall_base", "send/recv").
   std::string primitive;
 };
 

@@ -53,6 +53,12 @@ class DeviceMesh {
   /// and returns the result (a new tensor). Collective: every rank of the mesh calls it with the
   /// same dims, in the same order.
   at::Tensor all_reduce(const at::Tensor& t, ReduceOp op, const std::vector<int64_t>& dims) const;
+  /// One step of a ring along mesh dim `dim` (context parallelism's K/V pass): `t` goes to the
+  /// rank `shift` places on along that dim (wrapping), and what the rank `shift` places back
+  /// sent is returned (a new tensor of t's shape and dtype, which every rank of the row gives
+  /// alike). Collective over the row: every rank of it calls it with the same shift. Not
+  /// differentiable (a ring's backward passes gradients round itself).
+  at::Tensor ring_shift(const at::Tensor& t, int64_t dim, int64_t shift) const;
   /// Every rank's `mine` (bytes, any length), in rank order over the whole mesh (one process:
   /// just `mine`). Collective: every rank of the mesh calls it.
   std::vector<std::string> all_gather(const std::string& mine) const;
