@@ -50,6 +50,12 @@ struct Names<QkNormType> {
                                                         "L2Normalization", "none"};
 };
 
+template <>
+struct Names<CpCommType> {
+  static constexpr const char* option = "cp_comm_type";
+  static constexpr std::array<const char*, 3> values = {"p2p", "all_gather", "a2a"};
+};
+
 template <typename E>
 const char* name_of(E value) {
   const auto i = static_cast<std::size_t>(value);
@@ -75,17 +81,20 @@ template AttnBiasType parse_te_name<AttnBiasType>(std::string_view);
 template SoftmaxType parse_te_name<SoftmaxType>(std::string_view);
 template QkvFormat parse_te_name<QkvFormat>(std::string_view);
 template QkNormType parse_te_name<QkNormType>(std::string_view);
+template CpCommType parse_te_name<CpCommType>(std::string_view);
 
 const char* te_name(AttnMaskType value) { return name_of(value); }
 const char* te_name(AttnBiasType value) { return name_of(value); }
 const char* te_name(SoftmaxType value) { return name_of(value); }
 const char* te_name(QkvFormat value) { return name_of(value); }
 const char* te_name(QkNormType value) { return name_of(value); }
+const char* te_name(CpCommType value) { return name_of(value); }
 
 std::ostream& operator<<(std::ostream& s, AttnMaskType value) { return s << te_name(value); }
 std::ostream& operator<<(std::ostream& s, AttnBiasType value) { return s << te_name(value); }
 std::ostream& operator<<(std::ostream& s, SoftmaxType value) { return s << te_name(value); }
 std::ostream& operator<<(std::ostream& s, QkvFormat value) { return s << te_name(value); }
 std::ostream& operator<<(std::ostream& s, QkNormType value) { return s << te_name(value); }
+std::ostream& operator<<(std::ostream& s, CpCommType value) { return s << te_name(value); }
 
 }  // namespace te::nn

@@ -284,16 +284,7 @@ struct FlashAttention : public torch::autograd::Function<FlashAttention> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
                                const at::Tensor& v, double scale, int64_t offset, int64_t left,
                                int64_t right) {
-    const Geometry g = geometry(q, k, v, {offset, left, right});
-    const at::Tensor qf = widened(q), kf = widened(k), vf = widened(v);
-    at::Tensor out = at::empty({g.b, g.sq, g.h, g.dv}, qf.options());
-    const at::Tensor lse = at::empty({g.b, g.h, g.sq}, qf.options());
-    if (!q.is_meta() && out.numel() > 0) {  // (te::nn::plan: shapes and allocations only)
-      forward_kernel(g, static_cast<float>(scale), qf.data_ptr<float>(), kf.data_ptr<float>(),
-                     vf.data_ptr<float>(), out.data_ptr<float>(), lse.data_ptr<float>());
-    } else if (!q.is_meta()) {
-      lse.fill_(kNegInf);
-    }
+    auto [out, lse] = flash_forward(q, k, v, scale, {offset, left, right});
     out = out.to(q.scalar_type());
     ctx->save_for_backward({q, k, v, out, lse});
     ctx->saved_data["scale"] = scale;
@@ -305,35 +296,9 @@ struct FlashAttention : public torch::autograd::Function<FlashAttention> {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2];
     const std::vector<int64_t> w = ctx->saved_data["window"].toIntVector();
-    const Geometry g = geometry(q, k, v, {w[0], w[1], w[2]});
-    const at::Tensor qf = widened(q), kf = widened(k), vf = widened(v), of = widened(saved[3]);
-    const at::Tensor dof = grads[0].defined() ? widened(grads[0]) : at::zeros_like(of);
-    const at::Tensor dlse = grads[1].defined() ? widened(grads[1]) : at::Tensor();
-    const at::Tensor dq = at::zeros_like(qf);
-    at::Tensor dk = at::zeros({g.b, g.sk, g.h, g.d}, qf.options());
-    at::Tensor dv = at::zeros({g.b, g.sk, g.h, g.dv}, qf.options());
-    if (!q.is_meta() && dq.numel() > 0 && g.sk > 0) {
-      const float scale = static_cast<float>(ctx->saved_data["scale"].toDouble());
-      const Backward x{qf.data_ptr<float>(),
-                       kf.data_ptr<float>(),
-                       vf.data_ptr<float>(),
-                       of.data_ptr<float>(),
-                       dof.data_ptr<float>(),
-                       saved[4].data_ptr<float>(),
-                       dlse.defined() ? dlse.data_ptr<float>() : nullptr,
-                       dq.data_ptr<float>(),
-                       dk.data_ptr<float>(),
-                       dv.data_ptr<float>()};
-      at::parallel_for(0, g.b * g.h, 1, [&](int64_t first, int64_t last) {
-        std::vector<float> s(kBlockQ * kBackwardKeys), dp(kBlockQ * kBackwardKeys), delta(g.sq);
-        for (int64_t t = first; t < last; ++t)
-          backward_head(g, scale, x, t / g.h, t % g.h, s, dp, delta);
-      });
-    }
-    if (g.h != g.hkv) {  // each key/value head's gradient: the sum over its query heads
-      dk = dk.view({g.b, g.sk, g.hkv, g.h / g.hkv, g.d}).sum(3);
-      dv = dv.view({g.b, g.sk, g.hkv, g.h / g.hkv, g.dv}).sum(3);
-    }
+    const at::Tensor dout = grads[0].defined() ? grads[0] : at::zeros_like(saved[3]);
+    auto [dq, dk, dv] = flash_backward(q, k, v, saved[3], dout, saved[4], grads[1],
+                                       ctx->saved_data["scale"].toDouble(), {w[0], w[1], w[2]});
     return {dq.to(q.scalar_type()),
             dk.to(k.scalar_type()),
             dv.to(v.scalar_type()),
@@ -345,6 +310,57 @@ struct FlashAttention : public torch::autograd::Function<FlashAttention> {
 };
 
 }  // namespace
+
+std::pair<at::Tensor, at::Tensor> flash_forward(const at::Tensor& q, const at::Tensor& k,
+                                                const at::Tensor& v, double scale,
+                                                KeyWindow window) {
+  const Geometry g = geometry(q, k, v, window);
+  const at::Tensor qf = widened(q), kf = widened(k), vf = widened(v);
+  at::Tensor out = at::empty({g.b, g.sq, g.h, g.dv}, qf.options());
+  const at::Tensor lse = at::empty({g.b, g.h, g.sq}, qf.options());
+  if (!q.is_meta() && out.numel() > 0) {  // (te::nn::plan: shapes and allocations only)
+    forward_kernel(g, static_cast<float>(scale), qf.data_ptr<float>(), kf.data_ptr<float>(),
+                   vf.data_ptr<float>(), out.data_ptr<float>(), lse.data_ptr<float>());
+  } else if (!q.is_meta()) {
+    lse.fill_(kNegInf);
+  }
+  return {out, lse};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_backward(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+    const at::Tensor& dout, const at::Tensor& lse, const at::Tensor& dlse, double scale,
+    KeyWindow window) {
+  const Geometry g = geometry(q, k, v, window);
+  const at::Tensor qf = widened(q), kf = widened(k), vf = widened(v), of = widened(out);
+  const at::Tensor dof = widened(dout), lf = widened(lse);
+  const at::Tensor dlf = dlse.defined() ? widened(dlse) : at::Tensor();
+  const at::Tensor dq = at::zeros_like(qf);
+  at::Tensor dk = at::zeros({g.b, g.sk, g.h, g.d}, qf.options());
+  at::Tensor dv = at::zeros({g.b, g.sk, g.h, g.dv}, qf.options());
+  if (!q.is_meta() && dq.numel() > 0 && g.sk > 0) {
+    const Backward x{qf.data_ptr<float>(),
+                     kf.data_ptr<float>(),
+                     vf.data_ptr<float>(),
+                     of.data_ptr<float>(),
+                     dof.data_ptr<float>(),
+                     lf.data_ptr<float>(),
+                     dlf.defined() ? dlf.data_ptr<float>() : nullptr,
+                     dq.data_ptr<float>(),
+                     dk.data_ptr<float>(),
+                     dv.data_ptr<float>()};
+    const float s = static_cast<float>(scale);
+    at::parallel_for(0, g.b * g.h, 1, [&](int64_t first, int64_t last) {
+      std::vector<float> sb(kBlockQ * kBackwardKeys), dp(kBlockQ * kBackwardKeys), delta(g.sq);
+      for (int64_t t = first; t < last; ++t) backward_head(g, s, x, t / g.h, t % g.h, sb, dp, delta);
+    });
+  }
+  if (g.h != g.hkv) {  // each key/value head's gradient: the sum over its query heads
+    dk = dk.view({g.b, g.sk, g.hkv, g.h / g.hkv, g.d}).sum(3);
+    dv = dv.view({g.b, g.sk, g.hkv, g.h / g.hkv, g.dv}).sum(3);
+  }
+  return {dq, dk, dv};
+}
 
 bool flash_attention_takes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            const AttentionCall& call) {

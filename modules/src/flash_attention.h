@@ -5,6 +5,7 @@
 #include <ATen/Tensor.h>
 
 #include <cstdint>
+#include <tuple>
 #include <utility>
 
 namespace te::nn::functional {
@@ -40,5 +41,21 @@ KeyWindow key_window(const AttentionCall& call, int64_t sq, int64_t sk);
 std::pair<at::Tensor, at::Tensor> flash_attention(const at::Tensor& q, const at::Tensor& k,
                                                   const at::Tensor& v, double scale,
                                                   KeyWindow window);
+
+/// The forward kernel alone, outside autograd: the output [b, sq, h, dv] and the log-sum-exp
+/// [b, h, sq], both float32 (what flash_attention computes before rounding the output).
+std::pair<at::Tensor, at::Tensor> flash_forward(const at::Tensor& q, const at::Tensor& k,
+                                                const at::Tensor& v, double scale,
+                                                KeyWindow window);
+
+/// The backward kernel alone, outside autograd: dq [b, sq, h, d], dk [b, sk, hkv, d] and dv
+/// [b, sk, hkv, dv], float32, for the keys `k`, `v` given each query row's `out` and `lse` over
+/// every key it sees. When those are the merged result of several blocks of keys (a context
+/// parallel ring's steps, merged by log-sum-exp), this is that block's share of the gradients,
+/// and the shares sum to the whole's. `dlse` (the log-sum-exp's gradient) may be undefined.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_backward(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+    const at::Tensor& dout, const at::Tensor& lse, const at::Tensor& dlse, double scale,
+    KeyWindow window);
 
 }  // namespace te::nn::functional::detail

@@ -5,6 +5,7 @@
 #include "te/distributed.h"
 #include "te/nn/attention.h"
 #include "te/nn/checkpoint.h"
+#include "te/nn/context_parallel.h"
 #include "te/nn/dense.h"
 #include "te/nn/embedding.h"
 #include "te/nn/fp8_weights.h"

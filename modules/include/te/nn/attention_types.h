@@ -60,12 +60,21 @@ enum class QkNormType {
   kNone,             ///< "none" (TE: None), the default
 };
 
+/// TE's cp_comm_type: how context parallelism moves a sequence split over a cp mesh axis
+/// (functional::context_parallel_attention; docs/guide.md "Long sequences").
+enum class CpCommType {
+  kP2P,        ///< "p2p": K/V pass round a ring, one block computed while the next arrives
+  kAllGather,  ///< "all_gather": K/V gathered whole, each query chunk attends once (Llama 3's)
+  kA2A,        ///< "a2a": all-to-all to whole sequences over a share of the heads (Ulysses)
+};
+
 /// TE's spelling of `value`, e.g. "padding_causal".
 const char* te_name(AttnMaskType value);
 const char* te_name(AttnBiasType value);
 const char* te_name(SoftmaxType value);
 const char* te_name(QkvFormat value);
 const char* te_name(QkNormType value);
+const char* te_name(CpCommType value);
 
 /// The value TE spells `name` (case-sensitive, as TE's); te::Error naming the option, the
 /// given name and every valid one otherwise. E is one of the enums above.
@@ -95,6 +104,7 @@ std::ostream& operator<<(std::ostream& stream, AttnBiasType value);
 std::ostream& operator<<(std::ostream& stream, SoftmaxType value);
 std::ostream& operator<<(std::ostream& stream, QkvFormat value);
 std::ostream& operator<<(std::ostream& stream, QkNormType value);
+std::ostream& operator<<(std::ostream& stream, CpCommType value);
 template <typename E>
 std::ostream& operator<<(std::ostream& stream, TeChoice<E> choice) {
   return stream << choice.value();

@@ -1,0 +1,92 @@
+#pragma once
+
+// Context parallelism: attention over a sequence split over a mesh axis (TE's cp group), each
+// rank holding its share of the tokens of q, k and v, with TE's three ways of moving them
+// (cp_comm_type): "p2p" (K/V round a ring, TE's AttnFuncWithCPAndKVP2P), "all_gather" (K/V
+// gathered, TE's AttnFuncWithCPAndKVAllGather) and "a2a" (whole sequences over a share of the
+// heads, TE's AttnFuncWithCPAndQKVOA2A): transformer_engine/pytorch/attention/dot_product_attention/
+// context_parallel.py at d0067d0da (docs/research/te-context-parallel.md has the line numbers).
+//
+// The sequence layout (TE's load balancing, "DualChunkSwap"): a sequence of S tokens is cut into
+// 2·cp chunks of S/(2·cp); rank r holds chunks r and 2·cp-1-r, in that order, so under a causal
+// mask every rank has the same work. cp_shard gives a rank its piece of a whole tensor and
+// cp_unshard puts the pieces back; without load balancing rank r holds the contiguous chunk r.
+//
+// Example (every rank of a mesh {"cp": 4}):
+//   te::nn::functional::ContextParallel cp(mesh, "cp", "p2p");
+//   at::Tensor q_local = F::cp_shard(q, 1, cp.size(), cp.rank());  // and k, v
+//   at::Tensor out_local = F::context_parallel_attention(q_local, k_local, v_local, call, cp);
+
+#include <ATen/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "te/distributed/mesh.h"
+#include "te/nn/attention_types.h"
+
+namespace te::nn::functional {
+
+struct AttentionCall;
+
+/// Where a sequence is split and how attention moves it.
+class ContextParallel {
+ public:
+  /// The sequence split over mesh axis `axis` of `mesh`, moved as `comm_type` says;
+  /// `load_balanced`: the DualChunkSwap layout (TE's), else contiguous chunks. te::Error when the
+  /// mesh has no such axis.
+  ContextParallel(const DeviceMesh& mesh, const std::string& axis,
+                  TeChoice<CpCommType> comm_type = CpCommType::kP2P, bool load_balanced = true);
+
+  const DeviceMesh& mesh() const { return mesh_; }
+  const std::string& axis() const { return axis_; }
+  int64_t mesh_dim() const { return mesh_dim_; }
+  CpCommType comm_type() const { return comm_type_; }
+  bool load_balanced() const { return load_balanced_; }
+  /// The cp size (the axis' size) and this rank's index along it.
+  int64_t size() const;
+  int64_t rank() const;
+
+ private:
+  DeviceMesh mesh_;
+  std::string axis_;
+  int64_t mesh_dim_;
+  CpCommType comm_type_;
+  bool load_balanced_;
+};
+
+/// One rank's tokens of a sequence: global start, length, and where they sit in the rank's piece.
+struct CpChunk {
+  int64_t start, length, offset;
+};
+/// Rank `rank`'s chunks of a sequence of `seqlen` tokens split over `cp` ranks (two with load
+/// balancing, one without). te::Error when seqlen is not a multiple of 2·cp (cp without).
+std::vector<CpChunk> cp_chunks(int64_t seqlen, int64_t cp, int64_t rank, bool load_balanced = true);
+
+/// Rank `rank`'s piece of `whole` along `dim` (its cp_chunks, concatenated). Differentiable.
+at::Tensor cp_shard(const at::Tensor& whole, int64_t dim, int64_t cp, int64_t rank,
+                    bool load_balanced = true);
+/// The whole tensor from every rank's piece along `dim` concatenated in rank order (what an
+/// all-gather of the pieces gives). Differentiable.
+at::Tensor cp_unshard(const at::Tensor& rank_ordered, int64_t dim, int64_t cp,
+                      bool load_balanced = true);
+/// The inverse of cp_unshard: every rank's piece, in rank order, from the whole.
+at::Tensor cp_rank_order(const at::Tensor& whole, int64_t dim, int64_t cp,
+                         bool load_balanced = true);
+
+/// Attention (functional::attention's semantics) of this rank's local q [batch, seqlen/cp,
+/// heads, head_dim], k and v [batch, seqlen/cp, kv_heads, head_dim] — each holding this rank's
+/// tokens of the same sequence in cp's layout — over the whole sequence: the result is this
+/// rank's rows of the one-process output, and gradients reach every rank's q, k, v as one
+/// process's would. Collective over cp's mesh axis (every rank of it calls it alike).
+/// Takes no mask, the causal types (a diagonal shared by q and k) and, with "all_gather" and
+/// "a2a", sliding windows; GQA; no bias, dropout or packed sequences yet. "p2p" and
+/// "all_gather" run te's fused CPU kernel (float32, bfloat16, float16); "a2a" runs
+/// functional::attention on whole sequences and needs heads and kv_heads divisible by cp.
+/// Every refusal is a te::Error naming the option and what to do, as TE refuses it.
+at::Tensor context_parallel_attention(const at::Tensor& q, const at::Tensor& k,
+                                      const at::Tensor& v, const AttentionCall& call,
+                                      const ContextParallel& cp);
+
+}  // namespace te::nn::functional

@@ -1,0 +1,131 @@
+// Context parallel attention (te/nn/context_parallel.h). Each strategy is written in one form: a
+// rank's query chunks against blocks of keys at known global positions, where a block's keys are
+// visible to a chunk through te's fused kernel's KeyWindow (offset = the chunk's global start
+// minus the block's). p2p merges its per-step results by log-sum-exp (TE's
+// flash_attn_fwd_softmax_lse_correction and flash_attn_fwd_out_correction, context_parallel.py
+// L153-193 at d0067d0da, in float32 as TE-JAX's ring) and, in backward, passes K/V round the ring
+// again with their gradients' running sums travelling one hop behind, home after cp hops (TE's
+// backward, L2397-2810). all_gather attends each query chunk to the gathered keys in one call
+// and reduce-scatters their gradients (L3199-3233, L4052-4123); a2a is two DTensor all-to-alls
+// round functional::attention on whole sequences (L387-534).
+
+#include "te/nn/context_parallel.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <utility>
+
+#include "context_parallel_blocks.h"
+#include "te/distributed/dtensor.h"
+#include "te/error.h"
+#include "te/nn/functional.h"
+
+namespace te::nn::functional {
+
+ContextParallel::ContextParallel(const DeviceMesh& mesh, const std::string& axis,
+                                 TeChoice<CpCommType> comm_type, bool load_balanced)
+    : mesh_(mesh),
+      axis_(axis),
+      mesh_dim_(mesh.axis_index(axis)),
+      comm_type_(comm_type),
+      load_balanced_(load_balanced) {}
+
+int64_t ContextParallel::size() const { return mesh_.size(mesh_dim_); }
+int64_t ContextParallel::rank() const { return mesh_.coordinate(mesh_dim_); }
+
+std::vector<CpChunk> cp_chunks(int64_t seqlen, int64_t cp, int64_t rank, bool load_balanced) {
+  const int64_t parts = load_balanced ? 2 * cp : cp;
+  TE_CHECK(cp >= 1 && rank >= 0 && rank < cp, "cp_chunks: rank ", rank, " is not one of ", cp);
+  TE_CHECK(seqlen % parts == 0, "context parallelism over ", cp, " ranks",
+           load_balanced ? " (load balanced: 2·cp chunks)" : "", " splits a sequence into ", parts,
+           " equal chunks, but it has ", seqlen, " tokens; pad it to a multiple of ", parts);
+  const int64_t c = seqlen / parts;
+  if (!load_balanced) return {{rank * c, c, 0}};
+  return {{rank * c, c, 0}, {(2 * cp - 1 - rank) * c, c, c}};
+}
+
+namespace {
+
+// The chunk (of 2cp, or cp) that rank-ordered position p holds.
+at::Tensor chunk_ids(int64_t cp, bool load_balanced) {
+  if (!load_balanced) return at::arange(cp, at::kLong);
+  std::vector<int64_t> ids;
+  for (int64_t r = 0; r < cp; ++r) {
+    ids.push_back(r);
+    ids.push_back(2 * cp - 1 - r);
+  }
+  return at::tensor(ids, at::kLong);
+}
+
+// `t` with dim `dim` cut into `parts` chunks, reordered by `order` (index_select of chunks).
+at::Tensor reorder_chunks(const at::Tensor& t, int64_t dim, int64_t parts, const at::Tensor& order) {
+  TE_CHECK(t.size(dim) % parts == 0, "context parallelism: dim ", dim, " of ", t.sizes(),
+           " does not split into ", parts, " equal chunks");
+  std::vector<int64_t> shape(t.sizes().begin(), t.sizes().end());
+  std::vector<int64_t> split = shape;
+  split[static_cast<std::size_t>(dim)] = parts;
+  split.insert(split.begin() + dim + 1, t.size(dim) / parts);
+  return t.reshape(split).index_select(dim, order.to(t.device())).reshape(shape);
+}
+
+}  // namespace
+
+at::Tensor cp_shard(const at::Tensor& whole, int64_t dim, int64_t cp, int64_t rank,
+                    bool load_balanced) {
+  std::vector<at::Tensor> pieces;
+  for (const CpChunk& c : cp_chunks(whole.size(dim), cp, rank, load_balanced)) {
+    pieces.push_back(whole.narrow(dim, c.start, c.length));
+  }
+  return pieces.size() == 1 ? pieces[0].contiguous() : at::cat(pieces, dim);
+}
+
+at::Tensor cp_unshard(const at::Tensor& rank_ordered, int64_t dim, int64_t cp,
+                      bool load_balanced) {
+  const at::Tensor ids = chunk_ids(cp, load_balanced);
+  return reorder_chunks(rank_ordered, dim, ids.numel(), at::argsort(ids));
+}
+
+at::Tensor cp_rank_order(const at::Tensor& whole, int64_t dim, int64_t cp, bool load_balanced) {
+  const at::Tensor ids = chunk_ids(cp, load_balanced);
+  return reorder_chunks(whole, dim, ids.numel(), ids);
+}
+
+namespace {
+
+using detail::over_cp;
+
+// [b, s/cp, h, d] split over the sequence -> [b, s, h/cp, d] split over the heads, and back.
+at::Tensor sequence_to_heads(const at::Tensor& t, const ContextParallel& cp) {
+  const DTensor x = DTensor::from_local(t, cp.mesh(), over_cp(cp, Shard{1}));
+  return cp_unshard(x.redistribute(over_cp(cp, Shard{2})).to_local(), 1, cp.size(),
+                    cp.load_balanced());
+}
+at::Tensor heads_to_sequence(const at::Tensor& t, const ContextParallel& cp) {
+  const at::Tensor ranked = cp_rank_order(t, 1, cp.size(), cp.load_balanced());
+  return DTensor::from_local(ranked, cp.mesh(), over_cp(cp, Shard{2}))
+      .redistribute(over_cp(cp, Shard{1}))
+      .to_local();
+}
+
+}  // namespace
+
+at::Tensor context_parallel_attention(const at::Tensor& q, const at::Tensor& k,
+                                      const at::Tensor& v, const AttentionCall& call,
+                                      const ContextParallel& cp) {
+  detail::check_context_parallel(q, k, v, call, cp);
+  if (cp.size() == 1) return attention(q, k, v, call);
+  switch (cp.comm_type()) {
+    case CpCommType::kP2P:
+      return detail::ring_attention(q, k, v, call, cp);
+    case CpCommType::kAllGather:
+      return detail::gathered_kv_attention(q, k, v, call, cp);
+    case CpCommType::kA2A:
+      return heads_to_sequence(attention(sequence_to_heads(q, cp), sequence_to_heads(k, cp),
+                                         sequence_to_heads(v, cp), call),
+                               cp);
+  }
+  TE_FAIL("cp_comm_type ", static_cast<int>(cp.comm_type()), " is not one this build knows");
+}
+
+}  // namespace te::nn::functional

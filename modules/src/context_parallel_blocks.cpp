@@ -1,0 +1,297 @@
+// The block-wise context parallel strategies, "p2p" and "all_gather" (context_parallel.cpp says
+// how they relate to TE's), on te's fused CPU kernel's forward and backward primitives
+// (flash_attention.h), and the checks every strategy makes first.
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "context_parallel_blocks.h"
+#include "flash_attention.h"
+#include "te/distributed/dtensor.h"
+#include "te/distributed/scopes.h"
+#include "te/error.h"
+#include "te/nn/functional.h"
+
+namespace te::nn::functional::detail {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// What a strategy's backward needs besides the tensors.
+struct CpState : torch::CustomClassHolder {
+  CpState(const ContextParallel& c, double s, KeyWindow w) : cp(c), scale(s), window(w) {}
+  ContextParallel cp;
+  double scale;
+  KeyWindow window;  // the call's, for the whole sequence (offset 0)
+  ScopeCapture scopes = ScopeCapture::current();
+};
+
+c10::intrusive_ptr<CpState> state_of(AutogradContext* ctx) {
+  return c10::static_intrusive_pointer_cast<CpState>(ctx->saved_data["state"].toCapsule());
+}
+
+// The window query chunk `q` sees key chunk `k` through: the call's, moved by their distance.
+KeyWindow between(const KeyWindow& w, const CpChunk& q, const CpChunk& k) {
+  return {w.offset + q.start - k.start, w.left, w.right};
+}
+
+// Whether some query of chunk `q` sees some key of chunk `k`.
+bool sees(const KeyWindow& w, const CpChunk& q, const CpChunk& k) {
+  const KeyWindow b = between(w, q, k);
+  if (b.right >= 0 && b.offset + q.length - 1 + b.right < 0) return false;  // all keys after
+  if (b.left >= 0 && k.length - 1 < b.offset - b.left) return false;        // all keys before
+  return true;
+}
+
+at::Tensor rows(const at::Tensor& t, const CpChunk& c) { return t.narrow(1, c.offset, c.length); }
+at::Tensor lse_rows(const at::Tensor& lse, const CpChunk& c) {
+  return lse.narrow(2, c.offset, c.length);
+}
+
+// K and V as one buffer (one message a ring step, as TE's p2p_comm_buffers), and back.
+at::Tensor packed(const at::Tensor& k, const at::Tensor& v) {
+  return at::cat({k.reshape({-1}), v.reshape({-1})});
+}
+std::pair<at::Tensor, at::Tensor> unpacked(const at::Tensor& kv, const at::Tensor& k_like,
+                                           const at::Tensor& v_like) {
+  return {kv.narrow(0, 0, k_like.numel()).view(k_like.sizes()),
+          kv.narrow(0, k_like.numel(), v_like.numel()).view(v_like.sizes())};
+}
+
+// Partial results of one query chunk merged by their log-sum-exp (float32): lse = log Σ e^lse_j,
+// out = Σ e^(lse_j - lse) out_j; a row that sees no key keeps a zero output and lse -inf.
+std::pair<at::Tensor, at::Tensor> merged(const std::vector<std::pair<at::Tensor, at::Tensor>>& parts,
+                                         const at::Tensor& q_rows, int64_t dv) {
+  const at::TensorOptions f32 = q_rows.options().dtype(at::kFloat);
+  if (parts.empty()) {
+    return {at::zeros({q_rows.size(0), q_rows.size(1), q_rows.size(2), dv}, f32),
+            at::full({q_rows.size(0), q_rows.size(2), q_rows.size(1)},
+                     -std::numeric_limits<float>::infinity(), f32)};
+  }
+  std::vector<at::Tensor> lses;
+  for (const auto& p : parts) lses.push_back(p.second);
+  const at::Tensor lse = at::logsumexp(at::stack(lses), 0);
+  const at::Tensor finite = at::where(at::isinf(lse), at::zeros_like(lse), lse);
+  at::Tensor out = at::zeros_like(parts[0].first);
+  for (const auto& [o, l] : parts) {
+    out.add_(o * at::exp(l - finite).transpose(1, 2).unsqueeze(-1));  // [b, s, h, 1]
+  }
+  return {out, lse};
+}
+
+// ---- p2p --------------------------------------------------------------------------------------
+
+struct Ring : public torch::autograd::Function<Ring> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                               const at::Tensor& v, c10::intrusive_ptr<CpState> state) {
+    const ContextParallel& cp = state->cp;
+    const int64_t n = cp.size(), r = cp.rank(), s = q.size(1) * n;
+    const auto mine = cp_chunks(s, n, r, cp.load_balanced());
+    std::vector<std::vector<std::pair<at::Tensor, at::Tensor>>> parts(mine.size());
+    at::Tensor kv = packed(k, v);
+    for (int64_t i = 0; i < n; ++i) {
+      const at::Tensor next = i + 1 < n ? cp.mesh().ring_shift(kv, cp.mesh_dim(), 1) : at::Tensor();
+      const auto [kk, vv] = unpacked(kv, k, v);
+      const auto theirs = cp_chunks(s, n, (r - i + n) % n, cp.load_balanced());
+      for (std::size_t a = 0; a < mine.size(); ++a) {
+        for (const CpChunk& b : theirs) {
+          if (!sees(state->window, mine[a], b)) continue;
+          parts[a].push_back(flash_forward(rows(q, mine[a]), rows(kk, b), rows(vv, b),
+                                           state->scale, between(state->window, mine[a], b)));
+        }
+      }
+      kv = next;
+    }
+    std::vector<at::Tensor> outs, lses;
+    for (std::size_t a = 0; a < mine.size(); ++a) {
+      auto [o, l] = merged(parts[a], rows(q, mine[a]), v.size(3));
+      outs.push_back(o);
+      lses.push_back(l);
+    }
+    const at::Tensor out = at::cat(outs, 1).to(q.scalar_type());
+    ctx->save_for_backward({q, k, v, out, at::cat(lses, 2)});
+    ctx->saved_data["state"] = c10::IValue::make_capsule(state);
+    return {out};
+  }
+
+  // K/V pass round the ring again; the running sum of a block's dK/dV travels one hop behind
+  // it and reaches the block's owner after the last step.
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto s_ = state_of(ctx);
+    const ScopeLoan loan(s_->scopes);
+    const ContextParallel& cp = s_->cp;
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
+    const at::Tensor dout = grads[0].defined() ? grads[0] : at::zeros_like(out);
+    const int64_t n = cp.size(), r = cp.rank(), s = q.size(1) * n;
+    const auto mine = cp_chunks(s, n, r, cp.load_balanced());
+    at::Tensor dq = at::zeros(q.sizes(), q.options().dtype(at::kFloat));
+    const at::TensorOptions f32 = k.options().dtype(at::kFloat);
+    at::Tensor kv = packed(k, v), running;
+    for (int64_t i = 0; i < n; ++i) {
+      const at::Tensor next = i + 1 < n ? cp.mesh().ring_shift(kv, cp.mesh_dim(), 1) : at::Tensor();
+      const auto [kk, vv] = unpacked(kv, k, v);
+      at::Tensor dk = at::zeros(k.sizes(), f32), dv = at::zeros(v.sizes(), f32);
+      const auto theirs = cp_chunks(s, n, (r - i + n) % n, cp.load_balanced());
+      for (const CpChunk& a : mine) {
+        for (const CpChunk& b : theirs) {
+          if (!sees(s_->window, a, b)) continue;
+          auto [gq, gk, gv] =
+              flash_backward(rows(q, a), rows(kk, b), rows(vv, b), rows(out, a), rows(dout, a),
+                             lse_rows(lse, a), at::Tensor(), s_->scale, between(s_->window, a, b));
+          rows(dq, a).add_(gq);
+          rows(dk, b).add_(gk);
+          rows(dv, b).add_(gv);
+        }
+      }
+      const at::Tensor share = packed(dk, dv);
+      running = i == 0 ? share : running.add_(share);
+      running = cp.mesh().ring_shift(running, cp.mesh_dim(), 1);
+      kv = next;
+    }
+    const auto [dk, dv] = unpacked(running, k, v);
+    return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type()), at::Tensor()};
+  }
+};
+
+// ---- all_gather -------------------------------------------------------------------------------
+
+// Every rank's tokens of `t` along dim 1, in the sequence's own order.
+at::Tensor gathered(const at::Tensor& t, const ContextParallel& cp) {
+  const at::Tensor ranked = DTensor::from_local(t, cp.mesh(), over_cp(cp, Shard{1}))
+                                .redistribute(over_cp(cp, Replicate{}))
+                                .to_local();
+  return cp_unshard(ranked, 1, cp.size(), cp.load_balanced());
+}
+
+// Whole-sequence gradients summed over the ranks, each rank keeping its own tokens.
+at::Tensor scattered(const at::Tensor& whole, const ContextParallel& cp) {
+  const at::Tensor ranked = cp_rank_order(whole, 1, cp.size(), cp.load_balanced());
+  return DTensor::from_local(ranked, cp.mesh(), over_cp(cp, Partial{}))
+      .redistribute(over_cp(cp, Shard{1}))
+      .to_local();
+}
+
+struct GatheredKv : public torch::autograd::Function<GatheredKv> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                               const at::Tensor& v, c10::intrusive_ptr<CpState> state) {
+    const ContextParallel& cp = state->cp;
+    const at::Tensor kk = gathered(k, cp), vv = gathered(v, cp);
+    const CpChunk whole{0, kk.size(1), 0};
+    std::vector<at::Tensor> outs, lses;
+    for (const CpChunk& a : cp_chunks(kk.size(1), cp.size(), cp.rank(), cp.load_balanced())) {
+      auto [o, l] = flash_forward(rows(q, a), kk, vv, state->scale, between(state->window, a, whole));
+      outs.push_back(o);
+      lses.push_back(l);
+    }
+    const at::Tensor out = at::cat(outs, 1).to(q.scalar_type());
+    ctx->save_for_backward({q, k, v, out, at::cat(lses, 2)});  // K/V gathered again in backward
+    ctx->saved_data["state"] = c10::IValue::make_capsule(state);
+    return {out};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto s_ = state_of(ctx);
+    const ScopeLoan loan(s_->scopes);
+    const ContextParallel& cp = s_->cp;
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
+    const at::Tensor dout = grads[0].defined() ? grads[0] : at::zeros_like(out);
+    const at::Tensor kk = gathered(k, cp), vv = gathered(v, cp);
+    const CpChunk whole{0, kk.size(1), 0};
+    at::Tensor dq = at::zeros(q.sizes(), q.options().dtype(at::kFloat));
+    at::Tensor dk = at::zeros(kk.sizes(), dq.options()), dv = at::zeros(vv.sizes(), dq.options());
+    for (const CpChunk& a : cp_chunks(kk.size(1), cp.size(), cp.rank(), cp.load_balanced())) {
+      auto [gq, gk, gv] = flash_backward(rows(q, a), kk, vv, rows(out, a), rows(dout, a),
+                                         lse_rows(lse, a), at::Tensor(), s_->scale,
+                                         between(s_->window, a, whole));
+      rows(dq, a).add_(gq);
+      dk.add_(gk);
+      dv.add_(gv);
+    }
+    return {dq.to(q.scalar_type()), scattered(dk, cp).to(k.scalar_type()),
+            scattered(dv, cp).to(v.scalar_type()), at::Tensor()};
+  }
+};
+
+c10::intrusive_ptr<CpState> state_for(const at::Tensor& q, const AttentionCall& call,
+                                      const ContextParallel& cp) {
+  const int64_t s = q.size(1) * cp.size();
+  return c10::make_intrusive<CpState>(cp, call.scale, key_window(call, s, s));
+}
+
+}  // namespace
+
+std::vector<Placement> over_cp(const ContextParallel& cp, Placement p) {
+  std::vector<Placement> out(static_cast<std::size_t>(cp.mesh().ndim()), Replicate{});
+  out[static_cast<std::size_t>(cp.mesh_dim())] = p;
+  return out;
+}
+
+at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const AttentionCall& call, const ContextParallel& cp) {
+  return Ring::apply(q, k, v, state_for(q, call, cp))[0];
+}
+
+at::Tensor gathered_kv_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                 const AttentionCall& call, const ContextParallel& cp) {
+  return GatheredKv::apply(q, k, v, state_for(q, call, cp))[0];
+}
+
+void check_context_parallel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const AttentionCall& call, const ContextParallel& cp) {
+  const std::string who = std::string("context_parallel_attention (cp_comm_type '") +
+                          te_name(cp.comm_type()) + "' over mesh axis '" + cp.axis() + "')";
+  TE_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, who, ": q ", q.sizes(), ", k ",
+           k.sizes(), ", v ", v.sizes(), " are not [batch, seqlen/cp, heads, head_dim] (bshd)");
+  TE_CHECK(k.size(1) == q.size(1) && v.size(1) == q.size(1), who, ": q holds ", q.size(1),
+           " tokens but k ", k.size(1), " and v ", v.size(1),
+           "; context parallelism splits one sequence for q, k and v alike (self attention)");
+  TE_CHECK(!call.packed.defined(), who,
+           ": packed sequences (thd) are not taken with context parallelism yet; use bshd");
+  TE_CHECK(!call.piece, who, ": internal: an attention piece is set (not yet with cp)");
+  TE_CHECK(!call.spec.takes_mask(), who, ": attn_mask_type '", te_name(call.spec.type),
+           "' takes a mask, which TE refuses with context parallelism in bshd/sbhd "
+           "(backends.py L2169-2172 at d0067d0da); use no_mask or a causal type");
+  TE_CHECK(call.bias_type == AttnBiasType::kNoBias, who, ": core_attention_bias_type '",
+           te_name(call.bias_type), "' is not taken with context parallelism; use no_bias");
+  TE_CHECK(call.softcap == 0.0, who, ": a logit soft cap is not taken with context parallelism");
+  TE_CHECK(!(call.training && call.dropout > 0.0), who, ": attention dropout ", call.dropout,
+           " is not taken with context parallelism yet; set it to 0 or run without cp");
+  const bool window = call.spec.window_left >= 0 || (!call.spec.causal() && call.spec.window_right >= 0);
+  TE_CHECK(!(window && cp.comm_type() == CpCommType::kP2P), who, ": a sliding window (",
+           call.spec.window_left, ", ", call.spec.window_right,
+           ") is not taken by cp_comm_type 'p2p', as TE refuses it (context_parallel.py "
+           "L5057-5060 at d0067d0da); use 'all_gather' or 'a2a'");
+  TE_CHECK(cp.comm_type() == CpCommType::kA2A || call.softmax_type == SoftmaxType::kVanilla, who,
+           ": softmax_type '", te_name(call.softmax_type),
+           "' is taken with cp_comm_type 'a2a' only, as TE's (context_parallel.py L5062-5067)");
+  if (cp.load_balanced() && cp.size() > 1) {
+    TE_CHECK(q.size(1) % 2 == 0, who, ": each rank holds ", q.size(1),
+             " tokens, an odd number: the load-balanced layout gives each rank two equal chunks "
+             "(a sequence divisible by 2·cp = ", 2 * cp.size(), ")");
+  }
+  if (cp.comm_type() == CpCommType::kA2A) {
+    TE_CHECK(q.size(2) % cp.size() == 0 && k.size(2) % cp.size() == 0, who, ": ", q.size(2),
+             " query heads and ", k.size(2), " key/value heads must each divide by cp = ",
+             cp.size(), " (each rank attends over a share of the heads; TE asserts the same, "
+             "context_parallel.py L4246-4249)");
+    return;
+  }
+  const at::ScalarType t = q.scalar_type();
+  TE_CHECK((q.device().is_cpu() || q.is_meta()) &&
+               (t == at::kFloat || t == at::kBFloat16 || t == at::kHalf) &&
+               k.scalar_type() == t && v.scalar_type() == t,
+           who, ": runs te's fused CPU kernel, which takes float32, bfloat16 or float16 CPU "
+           "tensors of one dtype; got q ", t, " on ", q.device(), ", k ", k.scalar_type(), ", v ",
+           v.scalar_type(), " (use cp_comm_type 'a2a' for others)");
+}
+
+}  // namespace te::nn::functional::detail

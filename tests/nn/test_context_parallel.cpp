@@ -1,0 +1,200 @@
+// Context parallelism (te/nn/context_parallel.h): the sequence layout, and attention over a
+// sequence split over 2 and 4 thread ranks (alone and beside a data-parallel axis) with each
+// cp_comm_type, held to one process's unfused attention (TE's reference semantics): outputs and
+// the gradients of q, k and v; the traffic each strategy moves; and the bad input.
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "../expect_error.h"
+#include "nn_test_util.h"
+#include "te/nn.h"
+
+namespace te::nn {
+namespace {
+
+namespace F = functional;
+using test::Close;
+using test::leaf;
+using test::randn;
+
+TEST(ContextParallelLayout, DualChunkSwapAndBack) {
+  // cp = 2, 8 tokens: rank 0 holds chunks 0 and 3 (tokens 0 1 6 7), rank 1 chunks 1 and 2.
+  const at::Tensor whole = at::arange(8, at::kLong).view({1, 8});
+  EXPECT_TRUE(at::equal(F::cp_shard(whole, 1, 2, 0), at::tensor({0, 1, 6, 7}).view({1, 4})));
+  EXPECT_TRUE(at::equal(F::cp_shard(whole, 1, 2, 1), at::tensor({2, 3, 4, 5}).view({1, 4})));
+  EXPECT_TRUE(at::equal(F::cp_shard(whole, 1, 2, 1, false), at::tensor({4, 5, 6, 7}).view({1, 4})));
+  for (int64_t cp : {1, 2, 4}) {
+    for (bool balanced : {true, false}) {
+      const at::Tensor t = at::arange(48, at::kFloat).view({2, 24});
+      std::vector<at::Tensor> pieces;
+      for (int64_t r = 0; r < cp; ++r) pieces.push_back(F::cp_shard(t, 1, cp, r, balanced));
+      const at::Tensor ranked = at::cat(pieces, 1);
+      EXPECT_TRUE(at::equal(F::cp_unshard(ranked, 1, cp, balanced), t)) << cp << balanced;
+      EXPECT_TRUE(at::equal(F::cp_rank_order(t, 1, cp, balanced), ranked)) << cp << balanced;
+    }
+  }
+  const auto chunks = F::cp_chunks(16, 4, 1);
+  ASSERT_EQ(chunks.size(), 2u);
+  EXPECT_EQ(chunks[1].start, 12);  // chunk 2·4-1-1 = 6 of 2 tokens
+  EXPECT_ERROR(F::cp_shard(whole.narrow(1, 0, 6), 1, 2, 0),
+               "splits a sequence into 4 equal chunks, but it has 6 tokens; pad it to a "
+               "multiple of 4");
+}
+
+struct CpCase {
+  std::string name;
+  CpCommType type;
+  int64_t cp;
+  std::string mask;
+  int64_t left = -1, right = -1;  // a sliding window when left >= 0
+  int64_t kv_heads = 4;
+  bool data_parallel = false;  // a {data: 2, cp: cp} mesh, the batch split over data
+  bool load_balanced = true;
+};
+
+std::string case_name(const ::testing::TestParamInfo<CpCase>& info) { return info.param.name; }
+void PrintTo(const CpCase& c, std::ostream* os) { *os << c.name; }
+
+F::AttentionCall call_of(const CpCase& c, bool fused) {
+  F::AttentionCall call;
+  call.spec = c.left >= 0 ? F::mask_spec(c.mask, WindowSize{c.left, c.right})
+                          : F::mask_spec(c.mask);
+  call.scale = 0.35;
+  call.fused = fused;
+  return call;
+}
+
+class ContextParallelAttention : public ::testing::TestWithParam<CpCase> {};
+
+// Every rank's output and gradients are its rows of one process's (fp32, within 1e-5).
+TEST_P(ContextParallelAttention, IsOneProcess) {
+  const CpCase c = GetParam();
+  const int64_t batch = 2, seq = 16 * c.cp, heads = 4, d = 8;
+  const at::Tensor q0 = randn({batch, seq, heads, d}, 1), k0 = randn({batch, seq, c.kv_heads, d}, 2);
+  const at::Tensor v0 = randn({batch, seq, c.kv_heads, d}, 3), w = randn({batch, seq, heads, d}, 4);
+  at::Tensor q = leaf(q0), k = leaf(k0), v = leaf(v0);
+  const at::Tensor ref = F::attention(q, k, v, call_of(c, false));
+  (ref * w).sum().backward();
+  const int64_t world = c.cp * (c.data_parallel ? 2 : 1);
+  run_local_ranks(static_cast<int>(world), [&](int rank) {
+    const DeviceMesh mesh = c.data_parallel ? DeviceMesh({2, c.cp}, {"data", "cp"})
+                                            : DeviceMesh({c.cp}, {"cp"});
+    const F::ContextParallel cp(mesh, "cp", c.type, c.load_balanced);
+    const int64_t rows = c.data_parallel ? batch / 2 : batch;
+    const int64_t first = c.data_parallel ? mesh.coordinate("data") * rows : 0;
+    const auto mine = [&](const at::Tensor& t) {
+      return F::cp_shard(t.narrow(0, first, rows), 1, cp.size(), cp.rank(), c.load_balanced);
+    };
+    at::Tensor ql = leaf(mine(q0)), kl = leaf(mine(k0)), vl = leaf(mine(v0));
+    const at::Tensor out = F::context_parallel_attention(ql, kl, vl, call_of(c, true), cp);
+    (out * mine(w)).sum().backward();
+    EXPECT_TRUE(Close(out, mine(ref), 1e-5)) << "output, rank " << rank;
+    EXPECT_TRUE(Close(ql.grad(), mine(q.grad()), 1e-5)) << "dq, rank " << rank;
+    EXPECT_TRUE(Close(kl.grad(), mine(k.grad()), 1e-5)) << "dk, rank " << rank;
+    EXPECT_TRUE(Close(vl.grad(), mine(v.grad()), 1e-5)) << "dv, rank " << rank;
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Strategies, ContextParallelAttention,
+    ::testing::Values(CpCase{"p2p_cp2_causal", CpCommType::kP2P, 2, "causal"},
+                      CpCase{"p2p_cp4_causal", CpCommType::kP2P, 4, "causal"},
+                      CpCase{"p2p_cp2_no_mask_gqa", CpCommType::kP2P, 2, "no_mask", -1, -1, 2},
+                      CpCase{"p2p_cp4_causal_gqa_contiguous", CpCommType::kP2P, 4, "causal", -1,
+                             -1, 1, false, false},
+                      CpCase{"p2p_dp2_cp2_causal", CpCommType::kP2P, 2, "causal", -1, -1, 4, true},
+                      CpCase{"all_gather_cp2_causal", CpCommType::kAllGather, 2, "causal"},
+                      CpCase{"all_gather_cp4_window", CpCommType::kAllGather, 4, "causal", 5, 0},
+                      CpCase{"all_gather_cp2_both_sides", CpCommType::kAllGather, 2, "no_mask", 7,
+                             3, 2},
+                      CpCase{"all_gather_dp2_cp2_no_mask", CpCommType::kAllGather, 2, "no_mask",
+                             -1, -1, 4, true},
+                      CpCase{"a2a_cp2_causal_gqa", CpCommType::kA2A, 2, "causal", -1, -1, 2},
+                      CpCase{"a2a_cp4_window", CpCommType::kA2A, 4, "causal", 9, 0},
+                      CpCase{"a2a_dp2_cp2_no_mask", CpCommType::kA2A, 2, "no_mask", -1, -1, 4,
+                             true}),
+    case_name);
+
+// What each strategy moves over the cp axis for one forward and backward at cp = 4, and a bf16
+// ring within bf16's rounding of one process's.
+TEST(ContextParallel, TrafficPerStrategyAndBf16) {
+  const int64_t batch = 1, seq = 32, heads = 4, d = 8, cp = 4, local = seq / cp;
+  const at::Tensor q0 = randn({batch, seq, heads, d}, 5), w = randn({batch, seq, heads, d}, 6);
+  const int64_t kv_bytes = 2 * batch * local * heads * d * 4;  // K and V, fp32, one rank's
+  run_local_ranks(static_cast<int>(cp), [&](int) {
+    const DeviceMesh mesh({cp}, {"cp"});
+    for (CpCommType type : {CpCommType::kP2P, CpCommType::kAllGather, CpCommType::kA2A}) {
+      const F::ContextParallel c(mesh, "cp", type);
+      at::Tensor ql = leaf(F::cp_shard(q0, 1, cp, c.rank()));
+      CommTrace trace;
+      const at::Tensor out =
+          F::context_parallel_attention(ql, ql, ql, call_of({"", type, cp, "causal"}, true), c);
+      (out * F::cp_shard(w, 1, cp, c.rank())).sum().backward();
+      SCOPED_TRACE(te_name(type));
+      if (type == CpCommType::kP2P) {  // K/V on 3 hops each way, dK/dV (fp32) on 4
+        EXPECT_EQ(trace.count(Collective::kSendRecv), 3 + 3 + 4);
+        EXPECT_EQ(trace.bytes(Collective::kSendRecv), 3 * kv_bytes + 3 * kv_bytes + 4 * kv_bytes);
+        EXPECT_EQ(trace.total_count(), trace.count(Collective::kSendRecv));
+      } else if (type == CpCommType::kAllGather) {  // K, V gathered twice; dK, dV scattered
+        EXPECT_EQ(trace.count(Collective::kAllGather), 4);
+        EXPECT_EQ(trace.count(Collective::kReduceScatter), 2);
+        EXPECT_EQ(trace.bytes(Collective::kAllGather), 2 * cp * kv_bytes);
+      } else {  // q, k, v and the output there; their gradients back
+        EXPECT_EQ(trace.count(Collective::kAllToAll), 8);
+      }
+    }
+    const F::ContextParallel ring(mesh, "cp", "p2p");
+    const at::Tensor qb = F::cp_shard(q0, 1, cp, ring.rank()).to(at::kBFloat16);
+    const at::Tensor one =
+        F::attention(q0.to(at::kBFloat16), q0.to(at::kBFloat16), q0.to(at::kBFloat16),
+                     call_of({"", CpCommType::kP2P, cp, "causal"}, true));
+    const at::Tensor out = F::context_parallel_attention(
+        qb, qb, qb, call_of({"", CpCommType::kP2P, cp, "causal"}, true), ring);
+    EXPECT_EQ(out.scalar_type(), at::kBFloat16);
+    EXPECT_TRUE(Close(out.to(at::kFloat), F::cp_shard(one, 1, cp, ring.rank()).to(at::kFloat),
+                      1e-2));
+  });
+}
+
+TEST(ContextParallel, BadInputIsNamed) {
+  EXPECT_ERROR(F::ContextParallel(DeviceMesh({1}, {"cp"}), "cp", "ring"),
+               "cp_comm_type 'ring' is not one of p2p, all_gather, a2a");
+  EXPECT_ERROR(F::ContextParallel(DeviceMesh({1}, {"data"}), "cp", "p2p"),
+               "mesh axis 'cp' is not in");
+  run_local_ranks(2, [](int) {
+    const DeviceMesh mesh({2}, {"cp"});
+    const F::ContextParallel p2p(mesh, "cp", "p2p"), a2a(mesh, "cp", "a2a");
+    const at::Tensor q = randn({1, 4, 3, 8}, 1);
+    F::AttentionCall call = call_of({"", CpCommType::kP2P, 2, "causal", 3, 0}, true);
+    EXPECT_ERROR(F::context_parallel_attention(q, q, q, call, p2p),
+                 "a sliding window (3, 0) is not taken by cp_comm_type 'p2p'");
+    call = call_of({"", CpCommType::kP2P, 2, "causal"}, true);
+    EXPECT_ERROR(F::context_parallel_attention(q, q, q, call, a2a),
+                 "3 query heads and 3 key/value heads must each divide by cp = 2");
+    const at::Tensor odd = randn({1, 3, 4, 8}, 2);
+    EXPECT_ERROR(F::context_parallel_attention(odd, odd, odd, call, p2p),
+                 "each rank holds 3 tokens, an odd number");
+    EXPECT_ERROR(F::context_parallel_attention(q, q.narrow(1, 0, 2), q.narrow(1, 0, 2), call, p2p),
+                 "q holds 4 tokens but k 2 and v 2");
+    call.spec = F::mask_spec("padding_causal");
+    EXPECT_ERROR(F::context_parallel_attention(q, q, q, call, p2p),
+                 "attn_mask_type 'padding_causal' takes a mask, which TE refuses");
+    call = call_of({"", CpCommType::kP2P, 2, "causal"}, true);
+    call.dropout = 0.1;
+    call.training = true;
+    EXPECT_ERROR(F::context_parallel_attention(q, q, q, call, p2p),
+                 "attention dropout 0.1 is not taken with context parallelism yet");
+    call = call_of({"", CpCommType::kP2P, 2, "causal"}, true);
+    EXPECT_ERROR(F::context_parallel_attention(q.to(at::kDouble), q.to(at::kDouble),
+                                               q.to(at::kDouble), call, p2p),
+                 "runs te's fused CPU kernel, which takes float32, bfloat16 or float16");
+  });
+}
+
+}  // namespace
+}  // namespace te::nn
