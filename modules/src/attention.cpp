@@ -13,6 +13,7 @@
 #include "te/compat.h"
 #include "te/error.h"
 #include "te/fp8.h"
+#include "te/nn/context_parallel.h"
 #include "te/nn/functional.h"
 #include "te/nn/init.h"
 
@@ -234,13 +235,30 @@ RowsCall packed_rows_call(const Arranged<T>& a, const F::AttentionCall& call) {
   return out;
 }
 
+// Context parallelism: the sequence split over mesh dim a.cp_dim in contiguous chunks.
+at::Tensor cp_attention(const Arranged<at::Tensor>& a, const F::AttentionCall& call, CpCommType) {
+  return F::attention(a.q, a.k, a.v, call);  // one device: the whole sequence is here
+}
+at::Tensor cp_attention(const Arranged<DTensor>& a, F::AttentionCall call, CpCommType type) {
+  const DeviceMesh& mesh = a.q.mesh();
+  const std::string& axis = mesh.axis_names()[static_cast<std::size_t>(a.cp_dim)];
+  TE_CHECK(a.q.size(1) % mesh.size(a.cp_dim) == 0, "DotProductAttention: a sequence of ",
+           a.q.size(1), " tokens does not split evenly over the ", mesh.size(a.cp_dim),
+           " ranks of mesh axis '", axis, "' (context parallelism); pad it to a multiple");
+  call.piece = nullptr;  // (its dropout placement: dropout is refused under cp for now)
+  const F::ContextParallel cp(mesh, axis, type, /*load_balanced=*/false);
+  return F::context_parallel_attention(local(a.q), local(a.k), local(a.v), call, cp);
+}
+
 // DotProductAttention's one forward, on [batch, seqlen, heads, head_dim] (packed sequences: a
 // batch of one, which F::attention takes as [tokens, heads, head_dim], or rows of them).
 template <typename T>
 T bshd_forward(const DotProductAttentionImpl& self, const T& query, const T& key, const T& value,
                const at::Tensor& mask, const AttentionArgs& args, bool training) {
-  const Arranged<T> a = arrange(query, key, value);
+  const auto& cp_type = self.options.cp_comm_type();
+  const Arranged<T> a = arrange(query, key, value, cp_type.has_value());
   F::AttentionCall call = attention_call(self, a, mask, args, training);
+  if (a.cp_dim >= 0) return in_layout_of(cp_attention(a, call, *cp_type), a.q);
   if (call.packed.defined() && call.packed.cu_seqlens_q.dim() == 2) {
     const RowsCall r = packed_rows_call(a, call);
     const at::Tensor out = F::attention(r.q, r.k, r.v, r.call);

@@ -13,14 +13,42 @@
 
 namespace te::nn::detail {
 
-Arranged<at::Tensor> arrange(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+Arranged<at::Tensor> arrange(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                             bool) {
   return {q, k, v};
 }
 
-Arranged<DTensor> arrange(const DTensor& query, const DTensor& key, const DTensor& value) {
-  auto whole = [](const DTensor& t) {
-    return replicated_where(t, [](const Placement& p, std::size_t) {
-      return is_partial(p) || is_shard(p, 1) || is_shard(p, 3);
+namespace {
+
+// The one mesh dim that splits q's sequence (dim 1) under context parallelism.
+int64_t context_parallel_dim(const DTensor& query) {
+  std::vector<int64_t> dims;
+  std::string axes;
+  for (int64_t m = 0; m < query.mesh().ndim(); ++m) {
+    if (is_shard(query.placements()[static_cast<std::size_t>(m)], 1)) {
+      dims.push_back(m);
+      axes += (axes.empty() ? "'" : ", '") + query.mesh().axis_names()[static_cast<std::size_t>(m)] +
+              "'";
+    }
+  }
+  TE_CHECK(dims.size() == 1, "DotProductAttention: cp_comm_type is set, but q ",
+           query.to_string(), "'s sequence is split over ",
+           dims.empty() ? std::string("no mesh axis") : "mesh axes " + axes,
+           dims.empty() ? "; map the logical axis 'seqlen_cp' to a mesh axis in the rules (or "
+                          "MeshResource cp), or unset cp_comm_type"
+                        : "; context parallelism splits it over one");
+  return dims[0];
+}
+
+}  // namespace
+
+Arranged<DTensor> arrange(const DTensor& query, const DTensor& key, const DTensor& value,
+                          bool context_parallel) {
+  const int64_t cp_dim = context_parallel ? context_parallel_dim(query) : -1;
+  auto whole = [cp_dim](const DTensor& t) {
+    return replicated_where(t, [cp_dim](const Placement& p, std::size_t m) {
+      return is_partial(p) || (is_shard(p, 1) && static_cast<int64_t>(m) != cp_dim) ||
+             is_shard(p, 3);
     });
   };
   const DTensor q = whole(query);
@@ -42,8 +70,12 @@ Arranged<DTensor> arrange(const DTensor& query, const DTensor& key, const DTenso
            "multiples of ",
            head_ranks, " or shard the heads over fewer ranks");
   const auto piece = local_chunks(q.sizes(), q.mesh(), q.placements(), q.mesh().rank());
-  return {q, whole(key).redistribute(q.placements()), whole(value).redistribute(q.placements()),
-          piece[0].offset, piece[2].offset};
+  return {q,
+          whole(key).redistribute(q.placements()),
+          whole(value).redistribute(q.placements()),
+          piece[0].offset,
+          piece[2].offset,
+          cp_dim};
 }
 
 at::Tensor swapped(const at::Tensor& t) { return t.transpose(0, 1); }

@@ -246,7 +246,10 @@ std::tuple<T, T, T> project_qkv(MultiHeadAttentionImpl& self, const T& ln,
   // The projections take whole sequences (sequence parallel's gather, folded into their
   // matmuls on a mesh, so its backward is a reduce-scatter).
   const LogicalAxes whole = {axis::kBatch, axis::kSeqlen, axis::kHidden};
-  const LogicalAxes per_head = {axis::kBatch, axis::kSeqlen, axis::kHeads, std::nullopt};
+  // Under context parallelism attention keeps the sequence split over seqlen_cp's mesh axis.
+  const LogicalAxes per_head = {axis::kBatch,
+                                o.attention().cp_comm_type() ? axis::kSeqlenCp : axis::kSeqlen,
+                                axis::kHeads, std::nullopt};
   T q, k, v;
   if (self.qkv_fp8) {
     T qkv =

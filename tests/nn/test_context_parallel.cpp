@@ -198,3 +198,80 @@ TEST(ContextParallel, BadInputIsNamed) {
 
 }  // namespace
 }  // namespace te::nn
+
+namespace te::nn {
+namespace {
+
+// MultiHeadAttention (GQA, causal, RoPE) with its sequence split over a cp axis by TE's table
+// (MeshResource cp, which maps seqlen_cp) beside data- and tensor-parallel axes, and over four
+// ranks: outputs and the input's gradient equal one process's, for each cp_comm_type.
+TEST(ContextParallelLayers, MultiHeadAttentionOnCpLayoutsIsOneProcess) {
+  const at::Tensor x0 = test::randn({2, 16, 32}, 21), w = test::randn({2, 16, 32}, 22);
+  RotaryPositionEmbedding rope(RotaryPositionEmbeddingOptions(8));
+  const auto options = [](std::optional<CpCommType> type) {
+    auto o = MultiHeadAttentionOptions(32, 4);
+    o.attention().num_gqa_groups(2).attn_mask_type("causal");
+    if (type) o.attention().cp_comm_type(*type);
+    return o;
+  };
+  const AttentionArgs args = AttentionArgs().rotary_pos_emb(rope->forward(16));
+  manual_seed(23);
+  MultiHeadAttention one(options(std::nullopt));
+  at::Tensor x_ref = test::leaf(x0);
+  const at::Tensor want = one(x_ref, {}, {}, args);
+  (want * w).sum().backward();
+  struct Layout {
+    std::vector<int64_t> shape;
+    std::vector<std::string> names;
+    std::string resource;
+  };
+  for (const Layout& l : {Layout{{2}, {"cp"}, "cp=cp"}, Layout{{2, 2}, {"data", "cp"}, "dp=data,cp=cp"},
+                          Layout{{2, 2}, {"cp", "tp"}, "cp=cp,tp=tp"}, Layout{{4}, {"cp"}, "cp=cp"}}) {
+    for (CpCommType type : {CpCommType::kP2P, CpCommType::kAllGather, CpCommType::kA2A}) {
+      const int64_t cp = l.names[0] == "cp" ? l.shape[0] : l.shape[1];
+      const int64_t tp = l.names.size() == 2 && l.names[1] == "tp" ? 2 : 1;
+      if (type == CpCommType::kA2A && (2 / tp) % cp != 0) continue;  // a2a splits the kv heads
+      SCOPED_TRACE(::testing::Message() << l.resource << " " << te_name(type));
+      run_local_ranks(static_cast<int>(l.shape[0] * (l.shape.size() > 1 ? l.shape[1] : 1)),
+                      [&](int rank) {
+        DeviceMesh mesh(l.shape, l.names);
+        MeshScope scope(mesh);
+        MeshResourceScope resource(parse_mesh_resource(l.resource));
+        manual_seed(23);
+        MultiHeadAttention mha(options(type));
+        at::Tensor x = test::leaf(x0);
+        CommTrace trace;
+        const at::Tensor y =
+            mha(DTensor::distribute(x, mesh, std::vector<Placement>(l.shape.size(), Replicate{})),
+                std::nullopt, {}, args)
+                .full_tensor();
+        EXPECT_TRUE(Close(y, want, 1e-5)) << "rank " << rank;
+        (y * w).sum().backward();
+        EXPECT_TRUE(Close(x.grad(), x_ref.grad(), 1e-5)) << "dx, rank " << rank;
+        const Collective moves = type == CpCommType::kP2P         ? Collective::kSendRecv
+                                 : type == CpCommType::kAllGather ? Collective::kReduceScatter
+                                                                  : Collective::kAllToAll;
+        EXPECT_GT(trace.count(moves, "cp"), 0) << "attention ran without context parallelism";
+      });
+    }
+  }
+}
+
+TEST(ContextParallelLayers, CpCommTypeWithoutACpAxisIsNamed) {
+  run_local_ranks(2, [](int) {
+    DeviceMesh mesh({2}, {"data"});
+    MeshScope scope(mesh);
+    MeshResourceScope resource(parse_mesh_resource("dp=data"));
+    auto o = MultiHeadAttentionOptions(32, 4);
+    o.attention().cp_comm_type("p2p");
+    MultiHeadAttention mha(o);
+    EXPECT_ERROR(mha(DTensor::distribute(test::randn({2, 8, 32}, 1), mesh, {Replicate{}})),
+                 "cp_comm_type is set, but q DTensor");
+    EXPECT_ERROR(mha(DTensor::distribute(test::randn({2, 8, 32}, 1), mesh, {Replicate{}})),
+                 "map the logical axis 'seqlen_cp' to a mesh axis in the rules (or MeshResource "
+                 "cp), or unset cp_comm_type");
+  });
+}
+
+}  // namespace
+}  // namespace te::nn

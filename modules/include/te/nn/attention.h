@@ -143,6 +143,13 @@ struct DotProductAttentionOptions {
   /// bshd (x [batch, seqlen, hidden]) or thd (x [tokens, hidden] or [1, tokens, hidden], RoPE
   /// restarting at each sequence; self attention only).
   TORCH_ARG(TeChoice<QkvFormat>, qkv_format) = QkvFormat::kBshd;
+  /// Context parallelism (TE's cp_comm_type: p2p, all_gather or a2a; te/nn/context_parallel.h):
+  /// when set, q, k and v arrive with their sequence split over one mesh axis (the rules' or
+  /// MeshResource's for "seqlen_cp", within MultiHeadAttention) and attention runs over the
+  /// whole sequence without gathering it, each rank keeping its contiguous chunk (torch.chunk's,
+  /// a DTensor's Shard); unset, a split sequence is gathered first. A te::Error names a sequence
+  /// split over no axis, or over several, while it is set. bshd and sbhd.
+  TORCH_ARG(std::optional<TeChoice<CpCommType>>, cp_comm_type) = std::nullopt;
 };
 
 /// softmax(q k^T * scale + mask) v per head, with TE's masks (functional::MaskSpec). `mask` (for
