@@ -13,8 +13,7 @@
 
 namespace te::nn::detail {
 
-Arranged<at::Tensor> arrange(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                             bool) {
+Arranged<at::Tensor> arrange(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool) {
   return {q, k, v};
 }
 
@@ -27,12 +26,12 @@ int64_t context_parallel_dim(const DTensor& query) {
   for (int64_t m = 0; m < query.mesh().ndim(); ++m) {
     if (is_shard(query.placements()[static_cast<std::size_t>(m)], 1)) {
       dims.push_back(m);
-      axes += (axes.empty() ? "'" : ", '") + query.mesh().axis_names()[static_cast<std::size_t>(m)] +
-              "'";
+      axes += (axes.empty() ? "'" : ", '") +
+              query.mesh().axis_names()[static_cast<std::size_t>(m)] + "'";
     }
   }
-  TE_CHECK(dims.size() == 1, "DotProductAttention: cp_comm_type is set, but q ",
-           query.to_string(), "'s sequence is split over ",
+  TE_CHECK(dims.size() == 1, "DotProductAttention: cp_comm_type is set, but q ", query.to_string(),
+           "'s sequence is split over ",
            dims.empty() ? std::string("no mesh axis") : "mesh axes " + axes,
            dims.empty() ? "; map the logical axis 'seqlen_cp' to a mesh axis in the rules (or "
                           "MeshResource cp), or unset cp_comm_type"

@@ -59,7 +59,8 @@ at::Tensor chunk_ids(int64_t cp, bool load_balanced) {
 }
 
 // `t` with dim `dim` cut into `parts` chunks, reordered by `order` (index_select of chunks).
-at::Tensor reorder_chunks(const at::Tensor& t, int64_t dim, int64_t parts, const at::Tensor& order) {
+at::Tensor reorder_chunks(const at::Tensor& t, int64_t dim, int64_t parts,
+                          const at::Tensor& order) {
   TE_CHECK(t.size(dim) % parts == 0, "context parallelism: dim ", dim, " of ", t.sizes(),
            " does not split into ", parts, " equal chunks");
   std::vector<int64_t> shape(t.sizes().begin(), t.sizes().end());
@@ -80,8 +81,7 @@ at::Tensor cp_shard(const at::Tensor& whole, int64_t dim, int64_t cp, int64_t ra
   return pieces.size() == 1 ? pieces[0].contiguous() : at::cat(pieces, dim);
 }
 
-at::Tensor cp_unshard(const at::Tensor& rank_ordered, int64_t dim, int64_t cp,
-                      bool load_balanced) {
+at::Tensor cp_unshard(const at::Tensor& rank_ordered, int64_t dim, int64_t cp, bool load_balanced) {
   const at::Tensor ids = chunk_ids(cp, load_balanced);
   return reorder_chunks(rank_ordered, dim, ids.numel(), at::argsort(ids));
 }
@@ -110,9 +110,8 @@ at::Tensor heads_to_sequence(const at::Tensor& t, const ContextParallel& cp) {
 
 }  // namespace
 
-at::Tensor context_parallel_attention(const at::Tensor& q, const at::Tensor& k,
-                                      const at::Tensor& v, const AttentionCall& call,
-                                      const ContextParallel& cp) {
+at::Tensor context_parallel_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                      const AttentionCall& call, const ContextParallel& cp) {
   detail::check_context_parallel(q, k, v, call, cp);
   if (cp.size() == 1) return attention(q, k, v, call);
   switch (cp.comm_type()) {

@@ -67,8 +67,9 @@ std::pair<at::Tensor, at::Tensor> unpacked(const at::Tensor& kv, const at::Tenso
 
 // Partial results of one query chunk merged by their log-sum-exp (float32): lse = log Σ e^lse_j,
 // out = Σ e^(lse_j - lse) out_j; a row that sees no key keeps a zero output and lse -inf.
-std::pair<at::Tensor, at::Tensor> merged(const std::vector<std::pair<at::Tensor, at::Tensor>>& parts,
-                                         const at::Tensor& q_rows, int64_t dv) {
+std::pair<at::Tensor, at::Tensor> merged(
+    const std::vector<std::pair<at::Tensor, at::Tensor>>& parts, const at::Tensor& q_rows,
+    int64_t dv) {
   const at::TensorOptions f32 = q_rows.options().dtype(at::kFloat);
   if (parts.empty()) {
     return {at::zeros({q_rows.size(0), q_rows.size(1), q_rows.size(2), dv}, f32),
@@ -103,8 +104,8 @@ struct Ring : public torch::autograd::Function<Ring> {
       for (std::size_t a = 0; a < mine.size(); ++a) {
         for (const CpChunk& b : theirs) {
           if (!sees(state->window, mine[a], b)) continue;
-          parts[a].push_back(flash_forward(rows(q, mine[a]), rows(kk, b), rows(vv, b),
-                                           state->scale, between(state->window, mine[a], b)));
+          parts[a].push_back(flash_forward(rows(q, mine[a]), rows(kk, b), rows(vv, b), state->scale,
+                                           between(state->window, mine[a], b)));
         }
       }
       kv = next;
@@ -187,7 +188,8 @@ struct GatheredKv : public torch::autograd::Function<GatheredKv> {
     const CpChunk whole{0, kk.size(1), 0};
     std::vector<at::Tensor> outs, lses;
     for (const CpChunk& a : cp_chunks(kk.size(1), cp.size(), cp.rank(), cp.load_balanced())) {
-      auto [o, l] = flash_forward(rows(q, a), kk, vv, state->scale, between(state->window, a, whole));
+      auto [o, l] =
+          flash_forward(rows(q, a), kk, vv, state->scale, between(state->window, a, whole));
       outs.push_back(o);
       lses.push_back(l);
     }
@@ -209,9 +211,9 @@ struct GatheredKv : public torch::autograd::Function<GatheredKv> {
     at::Tensor dq = at::zeros(q.sizes(), q.options().dtype(at::kFloat));
     at::Tensor dk = at::zeros(kk.sizes(), dq.options()), dv = at::zeros(vv.sizes(), dq.options());
     for (const CpChunk& a : cp_chunks(kk.size(1), cp.size(), cp.rank(), cp.load_balanced())) {
-      auto [gq, gk, gv] = flash_backward(rows(q, a), kk, vv, rows(out, a), rows(dout, a),
-                                         lse_rows(lse, a), at::Tensor(), s_->scale,
-                                         between(s_->window, a, whole));
+      auto [gq, gk, gv] =
+          flash_backward(rows(q, a), kk, vv, rows(out, a), rows(dout, a), lse_rows(lse, a),
+                         at::Tensor(), s_->scale, between(s_->window, a, whole));
       rows(dq, a).add_(gq);
       dk.add_(gk);
       dv.add_(gv);
@@ -249,8 +251,8 @@ void check_context_parallel(const at::Tensor& q, const at::Tensor& k, const at::
                             const AttentionCall& call, const ContextParallel& cp) {
   const std::string who = std::string("context_parallel_attention (cp_comm_type '") +
                           te_name(cp.comm_type()) + "' over mesh axis '" + cp.axis() + "')";
-  TE_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, who, ": q ", q.sizes(), ", k ",
-           k.sizes(), ", v ", v.sizes(), " are not [batch, seqlen/cp, heads, head_dim] (bshd)");
+  TE_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, who, ": q ", q.sizes(), ", k ", k.sizes(),
+           ", v ", v.sizes(), " are not [batch, seqlen/cp, heads, head_dim] (bshd)");
   TE_CHECK(k.size(1) == q.size(1) && v.size(1) == q.size(1), who, ": q holds ", q.size(1),
            " tokens but k ", k.size(1), " and v ", v.size(1),
            "; context parallelism splits one sequence for q, k and v alike (self attention)");
@@ -265,7 +267,8 @@ void check_context_parallel(const at::Tensor& q, const at::Tensor& k, const at::
   TE_CHECK(call.softcap == 0.0, who, ": a logit soft cap is not taken with context parallelism");
   TE_CHECK(!(call.training && call.dropout > 0.0), who, ": attention dropout ", call.dropout,
            " is not taken with context parallelism yet; set it to 0 or run without cp");
-  const bool window = call.spec.window_left >= 0 || (!call.spec.causal() && call.spec.window_right >= 0);
+  const bool window =
+      call.spec.window_left >= 0 || (!call.spec.causal() && call.spec.window_right >= 0);
   TE_CHECK(!(window && cp.comm_type() == CpCommType::kP2P), who, ": a sliding window (",
            call.spec.window_left, ", ", call.spec.window_right,
            ") is not taken by cp_comm_type 'p2p', as TE refuses it (context_parallel.py "
@@ -276,22 +279,26 @@ void check_context_parallel(const at::Tensor& q, const at::Tensor& k, const at::
   if (cp.load_balanced() && cp.size() > 1) {
     TE_CHECK(q.size(1) % 2 == 0, who, ": each rank holds ", q.size(1),
              " tokens, an odd number: the load-balanced layout gives each rank two equal chunks "
-             "(a sequence divisible by 2·cp = ", 2 * cp.size(), ")");
+             "(a sequence divisible by 2·cp = ",
+             2 * cp.size(), ")");
   }
   if (cp.comm_type() == CpCommType::kA2A) {
     TE_CHECK(q.size(2) % cp.size() == 0 && k.size(2) % cp.size() == 0, who, ": ", q.size(2),
-             " query heads and ", k.size(2), " key/value heads must each divide by cp = ",
-             cp.size(), " (each rank attends over a share of the heads; TE asserts the same, "
+             " query heads and ", k.size(2),
+             " key/value heads must each divide by cp = ", cp.size(),
+             " (each rank attends over a share of the heads; TE asserts the same, "
              "context_parallel.py L4246-4249)");
     return;
   }
   const at::ScalarType t = q.scalar_type();
   TE_CHECK((q.device().is_cpu() || q.is_meta()) &&
-               (t == at::kFloat || t == at::kBFloat16 || t == at::kHalf) &&
-               k.scalar_type() == t && v.scalar_type() == t,
-           who, ": runs te's fused CPU kernel, which takes float32, bfloat16 or float16 CPU "
-           "tensors of one dtype; got q ", t, " on ", q.device(), ", k ", k.scalar_type(), ", v ",
-           v.scalar_type(), " (use cp_comm_type 'a2a' for others)");
+               (t == at::kFloat || t == at::kBFloat16 || t == at::kHalf) && k.scalar_type() == t &&
+               v.scalar_type() == t,
+           who,
+           ": runs te's fused CPU kernel, which takes float32, bfloat16 or float16 CPU "
+           "tensors of one dtype; got q ",
+           t, " on ", q.device(), ", k ", k.scalar_type(), ", v ", v.scalar_type(),
+           " (use cp_comm_type 'a2a' for others)");
 }
 
 }  // namespace te::nn::functional::detail

@@ -209,17 +209,21 @@ TEST(Redistribute, MixedPartialReduceOpsAreRefusedAsTorchRefusesThem) {
   run_local_ranks(4, [](int rank) {
     DeviceMesh mesh({2, 2}, {"a", "b"});
     const at::Tensor local = at::full({2}, static_cast<double>(2 * rank + 2));
-    EXPECT_ERROR(DTensor::from_local(local, mesh, {Partial{ReduceOp::kMax}, Partial{ReduceOp::kAvg}}),
-                 "DTensor::from_local: placements [Partial(max), Partial(avg)] mix Partial reduce "
-                 "ops (max, avg); only sum with avg commute");
-    EXPECT_ERROR(DTensor::from_local(local, mesh, {Partial{ReduceOp::kMin}, Partial{ReduceOp::kSum}}),
-                 "mix Partial reduce ops (min, sum)");
+    EXPECT_ERROR(
+        DTensor::from_local(local, mesh, {Partial{ReduceOp::kMax}, Partial{ReduceOp::kAvg}}),
+        "DTensor::from_local: placements [Partial(max), Partial(avg)] mix Partial reduce "
+        "ops (max, avg); only sum with avg commute");
+    EXPECT_ERROR(
+        DTensor::from_local(local, mesh, {Partial{ReduceOp::kMin}, Partial{ReduceOp::kSum}}),
+        "mix Partial reduce ops (min, sum)");
     // Sum with avg commute: either order gives the same value, and te gives it.
-    DTensor x = DTensor::from_local(local, mesh, {Partial{ReduceOp::kSum}, Partial{ReduceOp::kAvg}});
+    DTensor x =
+        DTensor::from_local(local, mesh, {Partial{ReduceOp::kSum}, Partial{ReduceOp::kAvg}});
     // Ranks hold 2, 4, 6, 8 at (a, b) = (0, 0), (0, 1), (1, 0), (1, 1): avg over b then sum over a
     // = 3 + 7 = 10 = sum over a then avg over b.
     EXPECT_TRUE(at::equal(x.full_tensor(), at::full({2}, 10.0)));
-    DTensor same = DTensor::from_local(local, mesh, {Partial{ReduceOp::kMax}, Partial{ReduceOp::kMax}});
+    DTensor same =
+        DTensor::from_local(local, mesh, {Partial{ReduceOp::kMax}, Partial{ReduceOp::kMax}});
     EXPECT_TRUE(at::equal(same.full_tensor(), at::full({2}, 8.0)));
   });
 }
@@ -409,8 +413,9 @@ TEST(MeshCollectives, AllGatherOverDimsAndBroadcast) {
     DeviceMesh mesh({2, 2}, {"data", "model"});  // rank = 2 * data + model
     const std::string mine = "r" + std::to_string(rank);
     const int data = rank / 2, model = rank % 2;
-    EXPECT_EQ(mesh.all_gather(mine, {0}),
-              (std::vector<std::string>{"r" + std::to_string(model), "r" + std::to_string(2 + model)}));
+    EXPECT_EQ(
+        mesh.all_gather(mine, {0}),
+        (std::vector<std::string>{"r" + std::to_string(model), "r" + std::to_string(2 + model)}));
     EXPECT_EQ(mesh.all_gather(mine, {1}),
               (std::vector<std::string>{"r" + std::to_string(2 * data),
                                         "r" + std::to_string(2 * data + 1)}));

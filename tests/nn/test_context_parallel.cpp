@@ -62,8 +62,8 @@ void PrintTo(const CpCase& c, std::ostream* os) { *os << c.name; }
 
 F::AttentionCall call_of(const CpCase& c, bool fused) {
   F::AttentionCall call;
-  call.spec = c.left >= 0 ? F::mask_spec(c.mask, WindowSize{c.left, c.right})
-                          : F::mask_spec(c.mask);
+  call.spec =
+      c.left >= 0 ? F::mask_spec(c.mask, WindowSize{c.left, c.right}) : F::mask_spec(c.mask);
   call.scale = 0.35;
   call.fused = fused;
   return call;
@@ -75,15 +75,16 @@ class ContextParallelAttention : public ::testing::TestWithParam<CpCase> {};
 TEST_P(ContextParallelAttention, IsOneProcess) {
   const CpCase c = GetParam();
   const int64_t batch = 2, seq = 16 * c.cp, heads = 4, d = 8;
-  const at::Tensor q0 = randn({batch, seq, heads, d}, 1), k0 = randn({batch, seq, c.kv_heads, d}, 2);
+  const at::Tensor q0 = randn({batch, seq, heads, d}, 1),
+                   k0 = randn({batch, seq, c.kv_heads, d}, 2);
   const at::Tensor v0 = randn({batch, seq, c.kv_heads, d}, 3), w = randn({batch, seq, heads, d}, 4);
   at::Tensor q = leaf(q0), k = leaf(k0), v = leaf(v0);
   const at::Tensor ref = F::attention(q, k, v, call_of(c, false));
   (ref * w).sum().backward();
   const int64_t world = c.cp * (c.data_parallel ? 2 : 1);
   run_local_ranks(static_cast<int>(world), [&](int rank) {
-    const DeviceMesh mesh = c.data_parallel ? DeviceMesh({2, c.cp}, {"data", "cp"})
-                                            : DeviceMesh({c.cp}, {"cp"});
+    const DeviceMesh mesh =
+        c.data_parallel ? DeviceMesh({2, c.cp}, {"data", "cp"}) : DeviceMesh({c.cp}, {"cp"});
     const F::ContextParallel cp(mesh, "cp", c.type, c.load_balanced);
     const int64_t rows = c.data_parallel ? batch / 2 : batch;
     const int64_t first = c.data_parallel ? mesh.coordinate("data") * rows : 0;
@@ -102,22 +103,20 @@ TEST_P(ContextParallelAttention, IsOneProcess) {
 
 INSTANTIATE_TEST_SUITE_P(
     Strategies, ContextParallelAttention,
-    ::testing::Values(CpCase{"p2p_cp2_causal", CpCommType::kP2P, 2, "causal"},
-                      CpCase{"p2p_cp4_causal", CpCommType::kP2P, 4, "causal"},
-                      CpCase{"p2p_cp2_no_mask_gqa", CpCommType::kP2P, 2, "no_mask", -1, -1, 2},
-                      CpCase{"p2p_cp4_causal_gqa_contiguous", CpCommType::kP2P, 4, "causal", -1,
-                             -1, 1, false, false},
-                      CpCase{"p2p_dp2_cp2_causal", CpCommType::kP2P, 2, "causal", -1, -1, 4, true},
-                      CpCase{"all_gather_cp2_causal", CpCommType::kAllGather, 2, "causal"},
-                      CpCase{"all_gather_cp4_window", CpCommType::kAllGather, 4, "causal", 5, 0},
-                      CpCase{"all_gather_cp2_both_sides", CpCommType::kAllGather, 2, "no_mask", 7,
-                             3, 2},
-                      CpCase{"all_gather_dp2_cp2_no_mask", CpCommType::kAllGather, 2, "no_mask",
-                             -1, -1, 4, true},
-                      CpCase{"a2a_cp2_causal_gqa", CpCommType::kA2A, 2, "causal", -1, -1, 2},
-                      CpCase{"a2a_cp4_window", CpCommType::kA2A, 4, "causal", 9, 0},
-                      CpCase{"a2a_dp2_cp2_no_mask", CpCommType::kA2A, 2, "no_mask", -1, -1, 4,
-                             true}),
+    ::testing::Values(
+        CpCase{"p2p_cp2_causal", CpCommType::kP2P, 2, "causal"},
+        CpCase{"p2p_cp4_causal", CpCommType::kP2P, 4, "causal"},
+        CpCase{"p2p_cp2_no_mask_gqa", CpCommType::kP2P, 2, "no_mask", -1, -1, 2},
+        CpCase{"p2p_cp4_causal_gqa_contiguous", CpCommType::kP2P, 4, "causal", -1, -1, 1, false,
+               false},
+        CpCase{"p2p_dp2_cp2_causal", CpCommType::kP2P, 2, "causal", -1, -1, 4, true},
+        CpCase{"all_gather_cp2_causal", CpCommType::kAllGather, 2, "causal"},
+        CpCase{"all_gather_cp4_window", CpCommType::kAllGather, 4, "causal", 5, 0},
+        CpCase{"all_gather_cp2_both_sides", CpCommType::kAllGather, 2, "no_mask", 7, 3, 2},
+        CpCase{"all_gather_dp2_cp2_no_mask", CpCommType::kAllGather, 2, "no_mask", -1, -1, 4, true},
+        CpCase{"a2a_cp2_causal_gqa", CpCommType::kA2A, 2, "causal", -1, -1, 2},
+        CpCase{"a2a_cp4_window", CpCommType::kA2A, 4, "causal", 9, 0},
+        CpCase{"a2a_dp2_cp2_no_mask", CpCommType::kA2A, 2, "no_mask", -1, -1, 4, true}),
     case_name);
 
 // What each strategy moves over the cp axis for one forward and backward at cp = 4, and a bf16
@@ -156,8 +155,8 @@ TEST(ContextParallel, TrafficPerStrategyAndBf16) {
     const at::Tensor out = F::context_parallel_attention(
         qb, qb, qb, call_of({"", CpCommType::kP2P, cp, "causal"}, true), ring);
     EXPECT_EQ(out.scalar_type(), at::kBFloat16);
-    EXPECT_TRUE(Close(out.to(at::kFloat), F::cp_shard(one, 1, cp, ring.rank()).to(at::kFloat),
-                      1e-2));
+    EXPECT_TRUE(
+        Close(out.to(at::kFloat), F::cp_shard(one, 1, cp, ring.rank()).to(at::kFloat), 1e-2));
   });
 }
 
@@ -225,34 +224,36 @@ TEST(ContextParallelLayers, MultiHeadAttentionOnCpLayoutsIsOneProcess) {
     std::vector<std::string> names;
     std::string resource;
   };
-  for (const Layout& l : {Layout{{2}, {"cp"}, "cp=cp"}, Layout{{2, 2}, {"data", "cp"}, "dp=data,cp=cp"},
-                          Layout{{2, 2}, {"cp", "tp"}, "cp=cp,tp=tp"}, Layout{{4}, {"cp"}, "cp=cp"}}) {
+  for (const Layout& l :
+       {Layout{{2}, {"cp"}, "cp=cp"}, Layout{{2, 2}, {"data", "cp"}, "dp=data,cp=cp"},
+        Layout{{2, 2}, {"cp", "tp"}, "cp=cp,tp=tp"}, Layout{{4}, {"cp"}, "cp=cp"}}) {
     for (CpCommType type : {CpCommType::kP2P, CpCommType::kAllGather, CpCommType::kA2A}) {
       const int64_t cp = l.names[0] == "cp" ? l.shape[0] : l.shape[1];
       const int64_t tp = l.names.size() == 2 && l.names[1] == "tp" ? 2 : 1;
       if (type == CpCommType::kA2A && (2 / tp) % cp != 0) continue;  // a2a splits the kv heads
       SCOPED_TRACE(::testing::Message() << l.resource << " " << te_name(type));
-      run_local_ranks(static_cast<int>(l.shape[0] * (l.shape.size() > 1 ? l.shape[1] : 1)),
-                      [&](int rank) {
-        DeviceMesh mesh(l.shape, l.names);
-        MeshScope scope(mesh);
-        MeshResourceScope resource(parse_mesh_resource(l.resource));
-        manual_seed(23);
-        MultiHeadAttention mha(options(type));
-        at::Tensor x = test::leaf(x0);
-        CommTrace trace;
-        const at::Tensor y =
-            mha(DTensor::distribute(x, mesh, std::vector<Placement>(l.shape.size(), Replicate{})),
-                std::nullopt, {}, args)
-                .full_tensor();
-        EXPECT_TRUE(Close(y, want, 1e-5)) << "rank " << rank;
-        (y * w).sum().backward();
-        EXPECT_TRUE(Close(x.grad(), x_ref.grad(), 1e-5)) << "dx, rank " << rank;
-        const Collective moves = type == CpCommType::kP2P         ? Collective::kSendRecv
-                                 : type == CpCommType::kAllGather ? Collective::kReduceScatter
-                                                                  : Collective::kAllToAll;
-        EXPECT_GT(trace.count(moves, "cp"), 0) << "attention ran without context parallelism";
-      });
+      run_local_ranks(
+          static_cast<int>(l.shape[0] * (l.shape.size() > 1 ? l.shape[1] : 1)), [&](int rank) {
+            DeviceMesh mesh(l.shape, l.names);
+            MeshScope scope(mesh);
+            MeshResourceScope resource(parse_mesh_resource(l.resource));
+            manual_seed(23);
+            MultiHeadAttention mha(options(type));
+            at::Tensor x = test::leaf(x0);
+            CommTrace trace;
+            const at::Tensor y =
+                mha(DTensor::distribute(x, mesh,
+                                        std::vector<Placement>(l.shape.size(), Replicate{})),
+                    std::nullopt, {}, args)
+                    .full_tensor();
+            EXPECT_TRUE(Close(y, want, 1e-5)) << "rank " << rank;
+            (y * w).sum().backward();
+            EXPECT_TRUE(Close(x.grad(), x_ref.grad(), 1e-5)) << "dx, rank " << rank;
+            const Collective moves = type == CpCommType::kP2P         ? Collective::kSendRecv
+                                     : type == CpCommType::kAllGather ? Collective::kReduceScatter
+                                                                      : Collective::kAllToAll;
+            EXPECT_GT(trace.count(moves, "cp"), 0) << "attention ran without context parallelism";
+          });
     }
   }
 }

@@ -4,8 +4,9 @@
 // rank holding its share of the tokens of q, k and v, with TE's three ways of moving them
 // (cp_comm_type): "p2p" (K/V round a ring, TE's AttnFuncWithCPAndKVP2P), "all_gather" (K/V
 // gathered, TE's AttnFuncWithCPAndKVAllGather) and "a2a" (whole sequences over a share of the
-// heads, TE's AttnFuncWithCPAndQKVOA2A): transformer_engine/pytorch/attention/dot_product_attention/
-// context_parallel.py at d0067d0da (docs/research/te-context-parallel.md has the line numbers).
+// heads, TE's AttnFuncWithCPAndQKVOA2A):
+// transformer_engine/pytorch/attention/dot_product_attention/ context_parallel.py at d0067d0da
+// (docs/research/te-context-parallel.md has the line numbers).
 //
 // The sequence layout (TE's load balancing, "DualChunkSwap"): a sequence of S tokens is cut into
 // 2·cp chunks of S/(2·cp); rank r holds chunks r and 2·cp-1-r, in that order, so under a causal
@@ -85,8 +86,7 @@ at::Tensor cp_rank_order(const at::Tensor& whole, int64_t dim, int64_t cp,
 /// "all_gather" run te's fused CPU kernel (float32, bfloat16, float16); "a2a" runs
 /// functional::attention on whole sequences and needs heads and kv_heads divisible by cp.
 /// Every refusal is a te::Error naming the option and what to do, as TE refuses it.
-at::Tensor context_parallel_attention(const at::Tensor& q, const at::Tensor& k,
-                                      const at::Tensor& v, const AttentionCall& call,
-                                      const ContextParallel& cp);
+at::Tensor context_parallel_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                      const AttentionCall& call, const ContextParallel& cp);
 
 }  // namespace te::nn::functional
