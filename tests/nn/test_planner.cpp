@@ -31,6 +31,7 @@ struct Layout {
   at::ScalarType dtype = at::kFloat;
   std::optional<fp8::Recipe> fp8 = std::nullopt;
   bool llama = false;  // GQA (2 key/value heads), swiglu, RMSNorm: a decoder's layer
+  std::optional<CpCommType> cp = std::nullopt;  // context parallelism over MeshResource cp
 };
 
 void PrintTo(const Layout& l, std::ostream* os) { *os << l.name; }
@@ -62,6 +63,13 @@ std::vector<Layout> layouts() {
     all.push_back(from_matrix(name, at::kFloat, std::nullopt, "_Llama"));
     all.back().llama = true;
   }
+  // Context parallelism: each cp_comm_type's traffic (ring steps, gathers, all-to-alls).
+  all.push_back({"CP2_p2p", {2}, {"cp"}, "cp=cp"});
+  all.back().cp = CpCommType::kP2P;
+  all.push_back({"DP2xCP2_all_gather", {2, 2}, {"data", "cp"}, "dp=data,cp=cp"});
+  all.back().cp = CpCommType::kAllGather;
+  all.push_back({"CP2xTP2_a2a", {2, 2}, {"cp", "model"}, "cp=cp,tp=model"});
+  all.back().cp = CpCommType::kA2A;
   return all;
 }
 
@@ -75,6 +83,10 @@ PlanOptions options_for(const Layout& l) {
     layer.mlp_activations({"swiglu"});
     layer.self_attention().attention().num_gqa_groups(2);
     layer.self_attention().layernorm().layernorm_type("rmsnorm");
+  }
+  if (l.cp) {  // (no dropout with context parallelism yet)
+    layer.self_attention().attention().cp_comm_type(*l.cp).attention_dropout(0.0);
+    layer.hidden_dropout(0.0).intermediate_dropout(0.0);
   }
   PlanOptions o(layer, kLayers, kBatch, kSeq);
   // Buckets small beside the model, as in real runs (25 MiB beside gigabytes): Gloo may free a

@@ -79,6 +79,10 @@ void add_plan_options(CLI::App& app, PlanArgs& a) {
       ->check(CLI::IsMember({"adam", "sgd"}));
   app.add_flag("--sequence-parallel", a.sequence_parallel,
                "--plan: sequence parallelism (with a tpsp MeshResource or seqlen_tp rules)");
+  app.add_option("--cp-comm-type", a.cp_comm_type,
+                 "--plan: context parallelism (p2p, all_gather or a2a): attention over a "
+                 "sequence split over the mesh axis the rules give seqlen_cp (MeshResource cp)")
+      ->check(CLI::IsMember({"p2p", "all_gather", "a2a"}));
   app.add_option("--rank", a.rank, "--plan: the rank to plan for (default 0)");
   app.add_flag("--json", a.json, "--plan: print JSON instead of a table");
 }
@@ -178,6 +182,11 @@ int run_plan(const PlanArgs& a, const LayoutScopes& layout) {
   layer.self_attention().enable_sequence_parallel(args.sequence_parallel);
   layer.self_attention().layernorm().layernorm_type(args.norm);
   layer.self_attention().attention().num_gqa_groups(args.kv_heads);
+  if (!args.cp_comm_type.empty()) {
+    layer.self_attention().attention().cp_comm_type(args.cp_comm_type);
+    layer.hidden_dropout(0.0).intermediate_dropout(0.0);  // (not yet with cp)
+    layer.self_attention().attention().attention_dropout(0.0);
+  }
   te::nn::PlanOptions options(layer, args.layers, args.batch, args.seqlen);
   if (!args.mesh.empty()) {
     const te::MeshShape mesh = te::parse_mesh_shape(args.mesh);
@@ -192,5 +201,6 @@ int run_plan(const PlanArgs& a, const LayoutScopes& layout) {
                      ", heads " + std::to_string(args.heads);
   if (args.kv_heads > 0) what += ", kv heads " + std::to_string(args.kv_heads);
   what += ", " + args.activation + ", " + args.norm + "), " + args.optimizer;
+  if (!args.cp_comm_type.empty()) what += ", cp_comm_type " + args.cp_comm_type;
   return print(args, te::nn::plan(options), what);
 }

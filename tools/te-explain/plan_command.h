@@ -37,6 +37,7 @@ struct PlanArgs {
   std::string fp8;
   std::string optimizer = "adam";
   bool sequence_parallel = false;
+  std::string cp_comm_type;  ///< context parallelism's strategy; empty: none
   int rank = 0;
   bool json = false;
 };
