@@ -17,9 +17,8 @@ void first_model() {
     te::AxisRulesScope rules(te::extend_logical_axis_rules(te::parse_axis_rules("embed=model")));
     te::nn::manual_seed(0);  // every layout initialises the same global weights
     te::nn::TransformerLayer layer(te::nn::TransformerLayerOptions(256, 1024, 8));
-    // distribute() takes the same whole tensor on every rank.
-    auto x = te::DTensor::distribute(at::linspace(-1, 1, 64 * 32 * 256).view({64, 32, 256}), mesh,
-                                     {te::Replicate()});
+    auto x = te::DTensor::distribute(  // the same whole tensor on every rank
+        at::linspace(-1, 1, 64 * 32 * 256).view({64, 32, 256}), mesh, {te::Replicate()});
     x = te::with_sharding_constraint(x, {"batch", "seqlen", "hidden"});
     te::DTensor y = layer(x);  // heads and MLP columns split over the two ranks
     y.full_tensor().sum().backward();

@@ -561,6 +561,72 @@ std::vector<Case> cases() {
          const at::Tensor cu = at::tensor({0, 6, 0, 7}).view({2, 2});
          dpa(q, q, q, {}, AttentionArgs().cu_seqlens_q(cu).cu_seqlens_kv(cu));
        }},
+      {"modules", "context parallelism with an unknown cp_comm_type",
+       "cp_comm_type 'ring' is not one of p2p, all_gather, a2a",
+       [] { DotProductAttentionOptions(4, 8).cp_comm_type("ring"); }},
+      {"modules", "a sliding window with cp_comm_type p2p",
+       "a sliding window (3, 0) is not taken by cp_comm_type 'p2p'",
+       on_ranks(2,
+                [](int) {
+                  const functional::ContextParallel cp(DeviceMesh({2}, {"cp"}), "cp", "p2p");
+                  functional::AttentionCall call;
+                  call.spec = functional::mask_spec("causal", WindowSize{3, 0});
+                  const at::Tensor q = at::zeros({1, 4, 2, 8});
+                  functional::context_parallel_attention(q, q, q, call, cp);
+                })},
+      {"modules", "a sequence that does not split into 2 x cp chunks (load balanced)",
+       "each rank holds 3 tokens, an odd number",
+       on_ranks(2,
+                [](int) {
+                  const functional::ContextParallel cp(DeviceMesh({2}, {"cp"}), "cp", "p2p");
+                  functional::AttentionCall call;
+                  call.spec = functional::mask_spec("causal");
+                  const at::Tensor q = at::zeros({1, 3, 2, 8});
+                  functional::context_parallel_attention(q, q, q, call, cp);
+                })},
+      {"modules", "heads not divisible by cp for cp_comm_type a2a",
+       "3 query heads and 3 key/value heads must each divide by cp = 2",
+       on_ranks(2,
+                [](int) {
+                  const functional::ContextParallel cp(DeviceMesh({2}, {"cp"}), "cp", "a2a");
+                  functional::AttentionCall call;
+                  const at::Tensor q = at::zeros({1, 4, 3, 8});
+                  functional::context_parallel_attention(q, q, q, call, cp);
+                })},
+      {"modules", "a padding mask under context parallelism",
+       "attn_mask_type 'padding_causal' takes a mask, which TE refuses with context parallelism",
+       on_ranks(2,
+                [](int) {
+                  const functional::ContextParallel cp(DeviceMesh({2}, {"cp"}), "cp",
+                                                       "all_gather");
+                  functional::AttentionCall call;
+                  call.spec = functional::mask_spec("padding_causal");
+                  const at::Tensor q = at::zeros({1, 4, 2, 8});
+                  functional::context_parallel_attention(q, q, q, call, cp);
+                })},
+      {"modules", "packed sequences (thd) under context parallelism",
+       "packed sequences (thd) are not taken with context parallelism yet",
+       on_ranks(2,
+                [](int) {
+                  const functional::ContextParallel cp(DeviceMesh({2}, {"cp"}), "cp", "p2p");
+                  functional::AttentionCall call;
+                  call.spec = functional::mask_spec("padding_causal");
+                  call.packed.cu_seqlens_q = call.packed.cu_seqlens_kv = at::tensor({0, 4});
+                  const at::Tensor q = at::zeros({1, 4, 2, 8});
+                  functional::context_parallel_attention(q, q, q, call, cp);
+                })},
+      {"modules", "cp_comm_type set while the rules map no mesh axis to seqlen_cp",
+       "map the logical axis 'seqlen_cp' to a mesh axis in the rules (or MeshResource cp)",
+       on_ranks(2,
+                [](int) {
+                  DeviceMesh mesh({2}, {"data"});
+                  MeshScope scope(mesh);
+                  AxisRulesScope rules(parse_axis_rules("batch=data"));
+                  auto o = MultiHeadAttentionOptions(32, 4);
+                  o.attention().cp_comm_type("p2p");
+                  MultiHeadAttention mha(o);
+                  mha(DTensor::distribute(at::zeros({2, 8, 32}), mesh, {Replicate{}}));
+                })},
       {"modules", "a bias tensor with packed sequences",
        "core_attention_bias_type 'post_scale_bias' is not supported with qkv_format 'thd'",
        [] {
