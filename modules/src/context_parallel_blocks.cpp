@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <future>
 #include <limits>
 #include <string>
 #include <utility>
@@ -49,6 +50,33 @@ bool sees(const KeyWindow& w, const CpChunk& q, const CpChunk& k) {
   if (b.left >= 0 && k.length - 1 < b.offset - b.left) return false;        // all keys before
   return true;
 }
+
+// The next ring step's exchange, in flight on a thread of its own while this step's blocks
+// compute (TE posts it before computing, context_parallel.py L1705-1715); the thread records
+// into the caller's CommTrace, and receives into a buffer allocated here (on the caller's
+// thread, whose allocations are its memory). get() waits for it (and rethrows its error).
+class InFlight {
+ public:
+  InFlight() = default;
+  InFlight(const ContextParallel& cp, at::Tensor t) {
+    const ScopeCapture scopes = ScopeCapture::current();
+    at::Tensor into = at::empty_like(t);
+    result_ = std::async(std::launch::async, [&cp, t = std::move(t), into, scopes] {
+      const ScopeLoan loan(scopes);
+      const at::NoGradGuard no_grad;  // (grad mode is per thread)
+      return cp.mesh().ring_shift(t, cp.mesh_dim(), 1, into);
+    });
+  }
+  InFlight(InFlight&&) = default;
+  InFlight& operator=(InFlight&&) = default;
+  ~InFlight() {
+    if (result_.valid()) result_.wait();  // never leave a send behind (an error path)
+  }
+  at::Tensor get() { return result_.valid() ? result_.get() : at::Tensor(); }
+
+ private:
+  std::future<at::Tensor> result_;
+};
 
 at::Tensor rows(const at::Tensor& t, const CpChunk& c) { return t.narrow(1, c.offset, c.length); }
 at::Tensor lse_rows(const at::Tensor& lse, const CpChunk& c) {
@@ -98,7 +126,7 @@ struct Ring : public torch::autograd::Function<Ring> {
     std::vector<std::vector<std::pair<at::Tensor, at::Tensor>>> parts(mine.size());
     at::Tensor kv = packed(k, v);
     for (int64_t i = 0; i < n; ++i) {
-      const at::Tensor next = i + 1 < n ? cp.mesh().ring_shift(kv, cp.mesh_dim(), 1) : at::Tensor();
+      InFlight next = i + 1 < n ? InFlight(cp, kv) : InFlight();
       const auto [kk, vv] = unpacked(kv, k, v);
       const auto theirs = cp_chunks(s, n, (r - i + n) % n, cp.load_balanced());
       for (std::size_t a = 0; a < mine.size(); ++a) {
@@ -108,7 +136,7 @@ struct Ring : public torch::autograd::Function<Ring> {
                                            between(state->window, mine[a], b)));
         }
       }
-      kv = next;
+      kv = next.get();
     }
     std::vector<at::Tensor> outs, lses;
     for (std::size_t a = 0; a < mine.size(); ++a) {
@@ -137,7 +165,7 @@ struct Ring : public torch::autograd::Function<Ring> {
     const at::TensorOptions f32 = k.options().dtype(at::kFloat);
     at::Tensor kv = packed(k, v), running;
     for (int64_t i = 0; i < n; ++i) {
-      const at::Tensor next = i + 1 < n ? cp.mesh().ring_shift(kv, cp.mesh_dim(), 1) : at::Tensor();
+      InFlight next = i + 1 < n ? InFlight(cp, kv) : InFlight();
       const auto [kk, vv] = unpacked(kv, k, v);
       at::Tensor dk = at::zeros(k.sizes(), f32), dv = at::zeros(v.sizes(), f32);
       const auto theirs = cp_chunks(s, n, (r - i + n) % n, cp.load_balanced());
@@ -154,8 +182,8 @@ struct Ring : public torch::autograd::Function<Ring> {
       }
       const at::Tensor share = packed(dk, dv);
       running = i == 0 ? share : running.add_(share);
+      kv = next.get();  // (one exchange at a time on the row: every rank posts them in one order)
       running = cp.mesh().ring_shift(running, cp.mesh_dim(), 1);
-      kv = next;
     }
     const auto [dk, dv] = unpacked(running, k, v);
     return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type()), at::Tensor()};

@@ -463,6 +463,12 @@ TEST(MeshCollectives, RingShiftPassesAlongEachRow) {
     const at::Tensor down = grid.ring_shift(at::full({1}, rank, at::kInt), 0, -1);
     EXPECT_TRUE(at::equal(down, at::full({1}, (rank + 2) % 4, at::kInt)));
     EXPECT_ERROR(grid.ring_shift(at::ones({1}), 2, 1), "has no dim 2 to pass a ring along");
+    at::Tensor into = at::empty({2}, at::kInt);
+    EXPECT_EQ(grid.ring_shift(at::full({2}, rank, at::kInt), 1, 1, into).data_ptr(),
+              into.data_ptr());
+    EXPECT_TRUE(at::equal(into, got));
+    EXPECT_ERROR(grid.ring_shift(at::ones({2}), 1, 1, at::empty({3})),
+                 "the buffer to receive into ([3]) must be contiguous and of the sent tensor's");
   });
 }
 

@@ -278,20 +278,26 @@ at::Tensor all_to_all(const Group& g, const at::Tensor& local, int64_t from_dim,
   return out;
 }
 
-at::Tensor ring_shift(const Group& g, const at::Tensor& t, int64_t shift) {
+at::Tensor ring_shift(const Group& g, const at::Tensor& t, int64_t shift, at::Tensor out) {
+  TE_CHECK(!out.defined() || (out.sizes() == t.sizes() && out.scalar_type() == t.scalar_type() &&
+                              out.device() == t.device() && out.is_contiguous()),
+           "ring_shift over mesh axis '", g.axis, "': the buffer to receive into (",
+           out.defined() ? out.sizes() : t.sizes(),
+           ") must be contiguous and of the sent tensor's shape, dtype and device (", t.sizes(),
+           ", ", t.scalar_type(), ")");
   check_same_call(g, describe("ring_shift(" + std::to_string(shift) + ")", t), t);
   const int64_t step = ((shift % g.size) + g.size) % g.size;
-  if (g.size == 1 || step == 0) return t.clone();
+  if (g.size == 1 || step == 0) return out.defined() ? out.copy_(t) : t.clone();
   Backend& backend = backend_for(g, t);
   const int to = static_cast<int>((g.rank + step) % g.size);
   const int from = static_cast<int>((g.rank - step + g.size) % g.size);
   const at::Tensor in = as_bytes(t);
-  at::Tensor received = at::empty_like(in);
+  at::Tensor received = out.defined() ? out.view({-1}).view(at::kByte) : at::empty_like(in);
   const char* primitive = run(g, "ring_shift", [&] {
     return backend.send_recv(in, to, received, from, static_cast<int>(g.size));
   });
   CommTrace::record({Collective::kSendRecv, g.axis, bytes_of(t), primitive});
-  return from_bytes(received, t.scalar_type(), t.sizes());
+  return out.defined() ? out : from_bytes(received, t.scalar_type(), t.sizes());
 }
 
 }  // namespace te::detail

@@ -247,7 +247,7 @@ at::Tensor reduce_scatter(const Group& g, const at::Tensor& t, ReduceOp op, int6
 at::Tensor all_to_all(const Group& g, const at::Tensor& local, int64_t from_dim, int64_t from_full,
                       int64_t to_dim);
 /// A ring step: `t` goes to row rank (rank + shift) mod size, and what row rank (rank - shift)
-/// mod size sent comes back (the same shape and dtype on every rank).
-at::Tensor ring_shift(const Group& g, const at::Tensor& t, int64_t shift);
+/// mod size sent comes back (the same shape and dtype on every rank), into `out` when defined.
+at::Tensor ring_shift(const Group& g, const at::Tensor& t, int64_t shift, at::Tensor out = {});
 
 }  // namespace te::detail

@@ -177,9 +177,11 @@ at::Tensor DeviceMesh::all_reduce(const at::Tensor& t, ReduceOp op,
   return detail::all_reduce(detail::group_over(*state_, dims), t, op);
 }
 
-at::Tensor DeviceMesh::ring_shift(const at::Tensor& t, int64_t dim, int64_t shift) const {
+at::Tensor DeviceMesh::ring_shift(const at::Tensor& t, int64_t dim, int64_t shift,
+                                  at::Tensor out) const {
   TE_CHECK(dim >= 0 && dim < ndim(), to_string(), " has no dim ", dim, " to pass a ring along");
-  return detail::ring_shift(state_->groups.at(static_cast<std::size_t>(dim)), t, shift);
+  return detail::ring_shift(state_->groups.at(static_cast<std::size_t>(dim)), t, shift,
+                            std::move(out));
 }
 
 namespace {

@@ -56,9 +56,12 @@ class DeviceMesh {
   /// One step of a ring along mesh dim `dim` (context parallelism's K/V pass): `t` goes to the
   /// rank `shift` places on along that dim (wrapping), and what the rank `shift` places back
   /// sent is returned (a new tensor of t's shape and dtype, which every rank of the row gives
-  /// alike). Collective over the row: every rank of it calls it with the same shift. Not
-  /// differentiable (a ring's backward passes gradients round itself).
-  at::Tensor ring_shift(const at::Tensor& t, int64_t dim, int64_t shift) const;
+  /// alike), or written into `out` (contiguous, t's shape and dtype: a buffer the caller
+  /// allocated, e.g. on the thread whose memory it accounts). Collective over the row: every
+  /// rank of it calls it with the same shift. Not differentiable (a ring's backward passes
+  /// gradients round itself).
+  at::Tensor ring_shift(const at::Tensor& t, int64_t dim, int64_t shift,
+                        at::Tensor out = {}) const;
   /// Every rank's `mine` (bytes, any length), in rank order over the whole mesh (one process:
   /// just `mine`). Collective: every rank of the mesh calls it.
   std::vector<std::string> all_gather(const std::string& mine) const;
