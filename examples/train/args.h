@@ -28,6 +28,7 @@ struct Args {
   int64_t max_steps = 0;  // stop after this step (0: --steps); the schedule spans --steps
   int64_t seq_len = 256;
   bool pack = false;        // --pack: documents packed into rows (THD), each attending to itself
+  std::string cp_comm_type;  // --cp-comm-type: context parallelism's strategy ("": none)
   int64_t micro_batch = 4;  // rows per micro-batch
   int64_t global_batch_tokens = 0;  // 0: one micro-batch per step
   // Optimizer and schedule.

@@ -58,6 +58,11 @@ void add_training_options(CLI::App& app, Args& a) {
                "itself, its positions from 0; a document longer than a row is cut); on a mesh "
                "the rows split over data-parallel/FSDP ranks, the heads over tensor-parallel "
                "ones. Without it a row is a block of the token stream");
+  app.add_option("--cp-comm-type", a.cp_comm_type,
+                 "Context parallelism (TE's cp_comm_type: p2p, all_gather or a2a): each layer's "
+                 "attention runs over rows whose tokens split over the mesh axis the rules give "
+                 "seqlen_cp (--mesh-resource cp=AXIS, or --rules seqlen_cp=AXIS); no --pack")
+      ->check(CLI::IsMember({"p2p", "all_gather", "a2a"}));
   app.add_option("--micro-batch", a.micro_batch, "Rows per micro-batch (forward and backward)")
       ->capture_default_str();
   app.add_option("--global-batch-tokens", a.global_batch_tokens,
@@ -277,6 +282,17 @@ te::program::Layout check_args(const Args& a, int world_size) {
                          ") splits each row's tokens over ranks (sequence or context parallel); "
                          "packed rows split by rows (data parallel, FSDP) or heads (tensor "
                          "parallel)");
+  }
+  if (!a.cp_comm_type.empty() && a.pack) {
+    throw te::InputError(
+        "--cp-comm-type: packed rows (--pack) are not taken with context parallelism yet; drop "
+        "one of them");
+  }
+  if (!a.cp_comm_type.empty() && !layout.context_parallel) {
+    throw te::InputError("--cp-comm-type " + a.cp_comm_type + ": the layout (" +
+                         layout.description +
+                         ") maps no mesh axis to seqlen_cp; give --mesh-resource cp=AXIS or "
+                         "--rules seqlen_cp=AXIS");
   }
   if (!a.zero_axis.empty()) {
     const std::vector<std::string> axes =

@@ -44,6 +44,7 @@ nn::TransformerLayerOptions layer_options(const CausalLMConfig& c, int64_t layer
       .scale_factor(c.attention_scale)
       .softcap(c.attn_logit_softcapping);
   if (c.packed_sequences) attention.attention().qkv_format(nn::QkvFormat::kThd);
+  if (c.cp_comm_type) attention.attention().cp_comm_type(*c.cp_comm_type);
   o.post_block_layernorm(c.post_block_norms);
   // transformers' sliding window W: a query sees the W keys up to and including itself.
   TE_CHECK(layer >= 0 && layer < static_cast<int64_t>(c.layer_windows.size()),

@@ -291,6 +291,25 @@ TEST_F(TrainParallel, PackedOnFsdp2IsOneProcess) {
   }
 }
 
+// Context parallelism: each row's tokens split over a cp axis (TE's table: MeshResource cp) in
+// every layer's attention, beside data parallelism; the losses are one process's.
+TEST_F(TrainParallel, ContextParallelIsOneProcess) {
+  ASSERT_EQ(te_train(args("--log-steps " + (dir_ / "one.csv").string())).status, 0);
+  const std::vector<std::string> one = steps_of(dir_ / "one.csv");
+  for (const std::string layout :
+       {"--cp-comm-type p2p --nproc 2 --mesh cp=2 --mesh-resource cp=cp",
+        "--cp-comm-type all_gather --nproc 4 --mesh data=2,cp=2 --mesh-resource dp=data,cp=cp"}) {
+    const Result r = te_train(args(layout + " --log-steps " + (dir_ / "cp.csv").string()));
+    ASSERT_EQ(r.status, 0) << layout << ": " << r.err;
+    const std::vector<std::string> cp = steps_of(dir_ / "cp.csv");
+    ASSERT_EQ(one.size(), cp.size()) << layout;
+    for (std::size_t i = 0; i < one.size(); ++i) {
+      EXPECT_NEAR(loss_of(cp[i]), loss_of(one[i]), 1e-6 * loss_of(one[i]))
+          << layout << ", step " << i + 1;
+    }
+  }
+}
+
 // A step's measured peak (tensor bytes on the fullest rank) within 10% of the plan te-train
 // makes for the same run on meta tensors (te::train::plan_lm_step), on one process in fp32 and
 // bf16 with fp32 masters, and on DP2xTP2 with ZeRO-1; --plan prints the plan's parts.
@@ -408,6 +427,13 @@ TEST_F(Train, BadInputIsNamedAndLeavesTheCheckpoint) {
       {"--resume --save " + ck + " --fp8 delayed", "corpus.txt", "config.json",
        "was saved by a run with another fp8 (\"none\", this run: \"delayed\")"},
       {"--peak-tflops 0", "corpus.txt", "config.json", "--peak-tflops 0.000000 is not positive"},
+      {"--cp-comm-type p2p --pack", "corpus.txt", "config.json",
+       "--cp-comm-type: packed rows (--pack) are not taken with context parallelism yet"},
+      {"--cp-comm-type ring", "corpus.txt", "config.json", "--cp-comm-type: ring not in"},
+      {"--cp-comm-type p2p --nproc 2 --mesh data=2 --mesh-resource dp=data", "corpus.txt",
+       "config.json",
+       "--cp-comm-type p2p: the layout (mesh data=2, mesh resource MeshResource(dp='data')) "
+       "maps no mesh axis to seqlen_cp"},
   };
   for (const Case& c : cases) {
     const Result r = te_train(args(c.extra, c.data, c.config));

@@ -89,8 +89,9 @@ void measure_layout(const LayoutArgs& args, Layout& layout) {
     }
     layout.tensor_parallel = !(*spec)[1].empty();
   }
-  if (const auto spec = te::resolve_logical_axes({"batch", "seqlen"})) {
+  if (const auto spec = te::resolve_logical_axes({"batch", "seqlen", "seqlen_cp"})) {
     layout.splits_sequence = !(*spec)[1].empty();
+    layout.context_parallel = !(*spec)[2].empty();
   }
   layout.description = "mesh " + layout.mesh->to_string();
   if (layout.resource) layout.description += ", mesh resource " + te::to_string(*layout.resource);

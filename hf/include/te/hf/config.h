@@ -15,6 +15,8 @@
 #include <string_view>
 #include <vector>
 
+#include "te/nn/attention_types.h"
+
 namespace te::hf {
 
 /// A decoder-only language model of a registered family (te/hf/families.h: the Llama family,
@@ -95,6 +97,9 @@ struct CausalLMConfig {
   /// "thd" with a padding_causal mask: each sequence attends within itself, RoPE restarting at
   /// each), through CausalLM::forward_packed; forward and step are then refused.
   bool packed_sequences = false;
+  /// te's choice: context parallelism in every layer's attention (TE's cp_comm_type; the
+  /// sequence splits over the mesh axis the rules give seqlen_cp: te/nn/context_parallel.h).
+  std::optional<nn::CpCommType> cp_comm_type;
   /// The embedding's padding row (pad_token_id; GGUF: tokenizer.ggml.padding_token_id): its
   /// lookup gradient is zero, as transformers' nn.Embedding(padding_idx=pad_token_id) trains it
   /// (a tied head still trains it). nullopt: none.

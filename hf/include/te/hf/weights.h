@@ -7,8 +7,11 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "te/nn/attention_types.h"
 
 namespace te::hf {
 
@@ -29,6 +32,8 @@ struct LoadOptions {
   /// load_causal_lm: build the model for packed sequences (CausalLMConfig::packed_sequences),
   /// to train on packed rows.
   bool packed_sequences = false;
+  /// load_causal_lm: context parallelism in every layer (CausalLMConfig::cp_comm_type).
+  std::optional<nn::CpCommType> cp_comm_type;
 };
 
 /// Where each te parameter of a model comes from in a Hugging Face checkpoint: one or more
