@@ -3,6 +3,7 @@
 // (flash_attention.h), and the checks every strategy makes first.
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <future>
@@ -115,6 +116,38 @@ std::pair<at::Tensor, at::Tensor> merged(
   return {out, lse};
 }
 
+// The forward's output from each query chunk's (out, lse), saved for backward with q, k, v.
+variable_list saved_result(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                           const at::Tensor& v,
+                           const std::vector<std::pair<at::Tensor, at::Tensor>>& chunks,
+                           c10::intrusive_ptr<CpState> state) {
+  std::vector<at::Tensor> outs, lses;
+  for (const auto& [o, l] : chunks) {
+    outs.push_back(o);
+    lses.push_back(l);
+  }
+  const at::Tensor out = at::cat(outs, 1).to(q.scalar_type());
+  ctx->save_for_backward({q, k, v, out, at::cat(lses, 2)});
+  ctx->saved_data["state"] = c10::IValue::make_capsule(std::move(state));
+  return {out};
+}
+
+// What a strategy's backward reads.
+struct Saved {
+  c10::intrusive_ptr<CpState> state;
+  at::Tensor q, k, v, out, lse, dout;
+};
+Saved saved_of(AutogradContext* ctx, const variable_list& grads) {
+  const auto t = ctx->get_saved_variables();
+  return {state_of(ctx),
+          t[0],
+          t[1],
+          t[2],
+          t[3],
+          t[4],
+          grads[0].defined() ? grads[0] : at::zeros_like(t[3])};
+}
+
 // ---- p2p --------------------------------------------------------------------------------------
 
 struct Ring : public torch::autograd::Function<Ring> {
@@ -138,27 +171,21 @@ struct Ring : public torch::autograd::Function<Ring> {
       }
       kv = next.get();
     }
-    std::vector<at::Tensor> outs, lses;
+    std::vector<std::pair<at::Tensor, at::Tensor>> chunks;
     for (std::size_t a = 0; a < mine.size(); ++a) {
-      auto [o, l] = merged(parts[a], rows(q, mine[a]), v.size(3));
-      outs.push_back(o);
-      lses.push_back(l);
+      chunks.push_back(merged(parts[a], rows(q, mine[a]), v.size(3)));
     }
-    const at::Tensor out = at::cat(outs, 1).to(q.scalar_type());
-    ctx->save_for_backward({q, k, v, out, at::cat(lses, 2)});
-    ctx->saved_data["state"] = c10::IValue::make_capsule(state);
-    return {out};
+    return saved_result(ctx, q, k, v, chunks, std::move(state));
   }
 
   // K/V pass round the ring again; the running sum of a block's dK/dV travels one hop behind
   // it and reaches the block's owner after the last step.
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto s_ = state_of(ctx);
-    const ScopeLoan loan(s_->scopes);
+    const Saved x = saved_of(ctx, grads);
+    const ScopeLoan loan(x.state->scopes);
+    const CpState* s_ = x.state.get();
     const ContextParallel& cp = s_->cp;
-    const auto saved = ctx->get_saved_variables();
-    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
-    const at::Tensor dout = grads[0].defined() ? grads[0] : at::zeros_like(out);
+    const at::Tensor &q = x.q, &k = x.k, &v = x.v, &out = x.out, &lse = x.lse, &dout = x.dout;
     const int64_t n = cp.size(), r = cp.rank(), s = q.size(1) * n;
     const auto mine = cp_chunks(s, n, r, cp.load_balanced());
     at::Tensor dq = at::zeros(q.sizes(), q.options().dtype(at::kFloat));
@@ -214,26 +241,20 @@ struct GatheredKv : public torch::autograd::Function<GatheredKv> {
     const ContextParallel& cp = state->cp;
     const at::Tensor kk = gathered(k, cp), vv = gathered(v, cp);
     const CpChunk whole{0, kk.size(1), 0};
-    std::vector<at::Tensor> outs, lses;
+    std::vector<std::pair<at::Tensor, at::Tensor>> chunks;
     for (const CpChunk& a : cp_chunks(kk.size(1), cp.size(), cp.rank(), cp.load_balanced())) {
-      auto [o, l] =
-          flash_forward(rows(q, a), kk, vv, state->scale, between(state->window, a, whole));
-      outs.push_back(o);
-      lses.push_back(l);
+      chunks.push_back(
+          flash_forward(rows(q, a), kk, vv, state->scale, between(state->window, a, whole)));
     }
-    const at::Tensor out = at::cat(outs, 1).to(q.scalar_type());
-    ctx->save_for_backward({q, k, v, out, at::cat(lses, 2)});  // K/V gathered again in backward
-    ctx->saved_data["state"] = c10::IValue::make_capsule(state);
-    return {out};
+    return saved_result(ctx, q, k, v, chunks, std::move(state));  // K/V gathered again later
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto s_ = state_of(ctx);
-    const ScopeLoan loan(s_->scopes);
+    const Saved x = saved_of(ctx, grads);
+    const ScopeLoan loan(x.state->scopes);
+    const CpState* s_ = x.state.get();
     const ContextParallel& cp = s_->cp;
-    const auto saved = ctx->get_saved_variables();
-    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
-    const at::Tensor dout = grads[0].defined() ? grads[0] : at::zeros_like(out);
+    const at::Tensor &q = x.q, &k = x.k, &v = x.v, &out = x.out, &lse = x.lse, &dout = x.dout;
     const at::Tensor kk = gathered(k, cp), vv = gathered(v, cp);
     const CpChunk whole{0, kk.size(1), 0};
     at::Tensor dq = at::zeros(q.sizes(), q.options().dtype(at::kFloat));
