@@ -325,6 +325,9 @@ void check_context_parallel(const at::Tensor& q, const at::Tensor& k, const at::
   TE_CHECK(cp.comm_type() == CpCommType::kA2A || call.softmax_type == SoftmaxType::kVanilla, who,
            ": softmax_type '", te_name(call.softmax_type),
            "' is taken with cp_comm_type 'a2a' only, as TE's (context_parallel.py L5062-5067)");
+  TE_CHECK(call.softmax_type != SoftmaxType::kLearnable, who,
+           ": softmax_type 'learnable' (sink logits per head, which a2a would split with the "
+           "heads) is not taken with context parallelism yet; use 'off-by-one' or 'vanilla'");
   if (cp.load_balanced() && cp.size() > 1) {
     TE_CHECK(q.size(1) % 2 == 0, who, ": each rank holds ", q.size(1),
              " tokens, an odd number: the load-balanced layout gives each rank two equal chunks "

@@ -291,14 +291,15 @@ TEST_F(TrainParallel, PackedOnFsdp2IsOneProcess) {
   }
 }
 
-// Context parallelism: each row's tokens split over a cp axis (TE's table: MeshResource cp) in
-// every layer's attention, beside data parallelism; the losses are one process's.
+// Context parallelism: each row's tokens split over a cp axis (TE's table from MeshResource cp,
+// or the user's rules) in every layer's attention, beside data parallelism; the losses are one
+// process's.
 TEST_F(TrainParallel, ContextParallelIsOneProcess) {
   ASSERT_EQ(te_train(args("--log-steps " + (dir_ / "one.csv").string())).status, 0);
   const std::vector<std::string> one = steps_of(dir_ / "one.csv");
   for (const std::string layout :
        {"--cp-comm-type p2p --nproc 2 --mesh cp=2 --mesh-resource cp=cp",
-        "--cp-comm-type all_gather --nproc 4 --mesh data=2,cp=2 --mesh-resource dp=data,cp=cp"}) {
+        "--cp-comm-type all_gather --nproc 4 --mesh data=2,cp=2 --rules batch=data,seqlen_cp=cp"}) {
     const Result r = te_train(args(layout + " --log-steps " + (dir_ / "cp.csv").string()));
     ASSERT_EQ(r.status, 0) << layout << ": " << r.err;
     const std::vector<std::string> cp = steps_of(dir_ / "cp.csv");

@@ -189,6 +189,12 @@ TEST(ContextParallel, BadInputIsNamed) {
     EXPECT_ERROR(F::context_parallel_attention(q, q, q, call, p2p),
                  "attention dropout 0.1 is not taken with context parallelism yet");
     call = call_of({"", CpCommType::kP2P, 2, "causal"}, true);
+    call.softmax_type = SoftmaxType::kLearnable;
+    call.softmax_offset = at::zeros({4});
+    const at::Tensor q4 = randn({1, 4, 4, 8}, 3);
+    EXPECT_ERROR(F::context_parallel_attention(q4, q4, q4, call, a2a),
+                 "softmax_type 'learnable' (sink logits per head, which a2a would split");
+    call = call_of({"", CpCommType::kP2P, 2, "causal"}, true);
     EXPECT_ERROR(F::context_parallel_attention(q.to(at::kDouble), q.to(at::kDouble),
                                                q.to(at::kDouble), call, p2p),
                  "runs te's fused CPU kernel, which takes float32, bfloat16 or float16");

@@ -89,9 +89,13 @@ void measure_layout(const LayoutArgs& args, Layout& layout) {
     }
     layout.tensor_parallel = !(*spec)[1].empty();
   }
-  if (const auto spec = te::resolve_logical_axes({"batch", "seqlen", "seqlen_cp"})) {
+  if (const auto spec = te::resolve_logical_axes({"batch", "seqlen"})) {
     layout.splits_sequence = !(*spec)[1].empty();
-    layout.context_parallel = !(*spec)[2].empty();
+  }
+  // Alone: attention's q/k/v name seqlen_cp where the activations name seqlen, and both may
+  // map to one mesh axis.
+  if (const auto spec = te::resolve_logical_axes({"seqlen_cp"})) {
+    layout.context_parallel = !(*spec)[0].empty();
   }
   layout.description = "mesh " + layout.mesh->to_string();
   if (layout.resource) layout.description += ", mesh resource " + te::to_string(*layout.resource);

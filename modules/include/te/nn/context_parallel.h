@@ -82,7 +82,8 @@ at::Tensor cp_rank_order(const at::Tensor& whole, int64_t dim, int64_t cp,
 /// rank's rows of the one-process output, and gradients reach every rank's q, k, v as one
 /// process's would. Collective over cp's mesh axis (every rank of it calls it alike).
 /// Takes no mask, the causal types (a diagonal shared by q and k) and, with "all_gather" and
-/// "a2a", sliding windows; GQA; no bias, dropout or packed sequences yet. "p2p" and
+/// "a2a", sliding windows (and there off-by-one sinks); GQA; no bias, dropout, learnable sinks
+/// or packed sequences yet. "p2p" and
 /// "all_gather" run te's fused CPU kernel (float32, bfloat16, float16); "a2a" runs
 /// functional::attention on whole sequences and needs heads and kv_heads divisible by cp.
 /// Every refusal is a te::Error naming the option and what to do, as TE refuses it.
