@@ -52,15 +52,15 @@ targets=(fuzz_sharding fuzz_cola fuzz_request fuzz_checkpoint fuzz_hf_config fuz
 headers=(te/include encoder/include serve/include gen/include serve/src/json_body.h
          modules/src/checkpoint_format.h hf/include hf/src/families/family.h
          hf/src/families/list.h hf/src/families/rope_decoder.h hf/src/json_fields.h
-         hf/src/gguf_io.h)  # a change rebuilds all
+         hf/src/gguf_io.h modules/include/te/nn/attention_types.h)  # a change rebuilds all
 for target in "${targets[@]}"; do
   read -r -a src <<<"$(echo ${sources[$target]})"
   if [ ! -x "$out/$target" ] || [ -n "$(find "${src[@]}" "${headers[@]}" -newer "$out/$target" \
        2>/dev/null | head -1)" ]; then
     read -r -a link <<<"${libs[$target]:-}"
-    clang++ "${flags[@]}" -Iencoder/include -Iserve/include -Imodules/src -Igen/include \
-      -Ihf/include -isystem /usr/include/torch/csrc/api/include "${src[@]}" "${link[@]}" \
-      -o "$out/$target"
+    clang++ "${flags[@]}" -Iencoder/include -Iserve/include -Imodules/include -Imodules/src \
+      -Igen/include -Ihf/include -isystem /usr/include/torch/csrc/api/include "${src[@]}" \
+      "${link[@]}" -o "$out/$target"
   fi
 done
 
