@@ -245,7 +245,6 @@ at::Tensor cp_attention(const Arranged<DTensor>& a, F::AttentionCall call, CpCom
   TE_CHECK(a.q.size(1) % mesh.size(a.cp_dim) == 0, "DotProductAttention: a sequence of ",
            a.q.size(1), " tokens does not split evenly over the ", mesh.size(a.cp_dim),
            " ranks of mesh axis '", axis, "' (context parallelism); pad it to a multiple");
-  call.piece = nullptr;  // (its dropout placement: dropout is refused under cp for now)
   const F::ContextParallel cp(mesh, axis, type, /*load_balanced=*/false);
   return F::context_parallel_attention(local(a.q), local(a.k), local(a.v), call, cp);
 }

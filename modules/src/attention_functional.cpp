@@ -203,10 +203,6 @@ at::Tensor run_sdpa(const SdpaCall& c) {
 }
 #endif
 
-}  // namespace
-
-namespace {
-
 // Where each packed sequence is in one token dim: start and length per sequence.
 struct Packing {
   std::vector<int64_t> start, length;
@@ -370,18 +366,13 @@ at::Tensor packed_attention(const at::Tensor& q, const at::Tensor& k, const at::
   return pieces.empty() ? at::zeros({0, q.size(1), v.size(2)}, q.options()) : at::cat(pieces, 0);
 }
 
-at::Tensor dense_attention(const at::Tensor& q, const at::Tensor& k_in, const at::Tensor& v_in,
-                           const AttentionCall& call) {
-  check_attention_inputs(q, k_in, v_in, call);
-  if (detail::flash_attention_takes(q, k_in, v_in, call)) {
-    const auto window = detail::key_window(call, q.size(1), k_in.size(1));
-    return detail::flash_attention(q, k_in, v_in, call.scale, window).first;
-  }
-#if TE_HAS_SDPA
-  if (const auto c = sdpa_call(q, k_in, v_in, call)) {
-    return zero_dead_rows(run_sdpa(*c), c->dead).transpose(1, 2);
-  }
-#endif
+}  // namespace
+
+std::pair<at::Tensor, at::Tensor> detail::unfused_attention(const at::Tensor& q,
+                                                            const at::Tensor& k_in,
+                                                            const at::Tensor& v_in,
+                                                            const AttentionCall& call,
+                                                            bool with_lse) {
   const int64_t heads = q.size(2), kv_heads = k_in.size(2), group = heads / kv_heads;
   const int64_t batch = q.size(0), sq = q.size(1), sk = k_in.size(1);
   const at::Tensor masked = masked_positions(call.mask, call.spec, sq, sk, q.options());
@@ -414,6 +405,7 @@ at::Tensor dense_attention(const at::Tensor& q, const at::Tensor& k_in, const at
     logits =
         at::cat({logits, offset.view({1, heads, 1, 1}).expand({logits.size(0), heads, sq, 1})}, -1);
   }
+  const at::Tensor lse = with_lse ? at::logsumexp(logits.to(at::kFloat), -1) : at::Tensor();
   at::Tensor probs = at::softmax(logits, -1, at::kFloat).to(q.scalar_type());
   if (has_sink(call)) probs = probs.narrow(-1, 0, sk);
   if (call.training && call.dropout > 0) {
@@ -421,15 +413,34 @@ at::Tensor dense_attention(const at::Tensor& q, const at::Tensor& k_in, const at
                                          piece.global_heads ? piece.global_heads : probs.size(1),
                                          piece.global_seqlen_q ? piece.global_seqlen_q : sq,
                                          piece.global_seqlen_kv ? piece.global_seqlen_kv : sk};
-    probs = functional::dropout(probs, call.dropout, true, global,
-                                {piece.batch_offset, piece.head_offset, 0, 0});
+    probs = functional::dropout(
+        probs, call.dropout, true, global,
+        {piece.batch_offset, piece.head_offset, piece.seqlen_q_offset, piece.seqlen_kv_offset});
   }
   const bool can_be_dead = masked.defined() && !plain_causal(call.spec, sq, sk);
   const at::Tensor v = v_in.transpose(1, 2).contiguous();  // [batch, kv_heads, sk, dv]
-  return zero_dead_rows(detail::mm_any(probs.reshape({batch, kv_heads, group * sq, sk}), v)
-                            .view({batch, heads, sq, v.size(3)}),
-                        can_be_dead ? dead_rows(masked) : at::Tensor())
-      .transpose(1, 2);
+  return {zero_dead_rows(detail::mm_any(probs.reshape({batch, kv_heads, group * sq, sk}), v)
+                             .view({batch, heads, sq, v.size(3)}),
+                         can_be_dead ? dead_rows(masked) : at::Tensor())
+              .transpose(1, 2),
+          lse};
+}
+
+namespace {
+
+at::Tensor dense_attention(const at::Tensor& q, const at::Tensor& k_in, const at::Tensor& v_in,
+                           const AttentionCall& call) {
+  check_attention_inputs(q, k_in, v_in, call);
+  if (detail::flash_attention_takes(q, k_in, v_in, call)) {
+    const auto window = detail::key_window(call, q.size(1), k_in.size(1));
+    return detail::flash_attention(q, k_in, v_in, call.scale, window).first;
+  }
+#if TE_HAS_SDPA
+  if (const auto c = sdpa_call(q, k_in, v_in, call)) {
+    return zero_dead_rows(run_sdpa(*c), c->dead).transpose(1, 2);
+  }
+#endif
+  return detail::unfused_attention(q, k_in, v_in, call, /*with_lse=*/false).first;
 }
 
 }  // namespace

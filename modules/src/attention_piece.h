@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <utility>
 
 #include "te/nn/functional.h"
 
@@ -25,11 +26,23 @@ struct AttentionPiece {
   /// The global tensor's query and key lengths for dropout (0: the local ones), which a packed
   /// sequence is the top-left corner of.
   int64_t global_seqlen_q = 0, global_seqlen_kv = 0;
+  /// Where this piece's queries and keys start in those (context parallelism's blocks).
+  int64_t seqlen_q_offset = 0, seqlen_kv_offset = 0;
   /// Rows of packed sequences split over ranks (functional::PackedRows): every row's sequences
   /// (0: not split) and the first of this piece's, so each sequence draws dropout from its
   /// global place, with global_seqlen_q/kv the longest of every row.
   int64_t global_sequences = 0, sequence_offset = 0;
 };
+
+/// attention(q, k, v, call) on [batch, seqlen, heads, head_dim] by the unfused path (logits,
+/// every mask, soft cap, sink, softmax, dropout and the product by v, each an ATen op:
+/// differentiable by autograd), with `with_lse` also each row's log-sum-exp of its scaled,
+/// masked logits, float32 [batch, heads, seqlen_q] (a masked row's is the masked value's, ~-1e10,
+/// not -inf): what merging partial results over blocks of keys needs (context parallelism's
+/// blocks with dropout). The inputs are not checked here (attention_functional.cpp).
+std::pair<at::Tensor, at::Tensor> unfused_attention(const at::Tensor& q, const at::Tensor& k,
+                                                    const at::Tensor& v, const AttentionCall& call,
+                                                    bool with_lse);
 
 /// The call's piece, or the whole (every field 0) when it has none.
 inline const AttentionPiece& piece_of(const AttentionCall& call) {

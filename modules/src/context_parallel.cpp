@@ -14,8 +14,10 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <string>
 #include <utility>
 
+#include "attention_piece.h"
 #include "context_parallel_blocks.h"
 #include "te/distributed/dtensor.h"
 #include "te/error.h"
@@ -108,7 +110,78 @@ at::Tensor heads_to_sequence(const at::Tensor& t, const ContextParallel& cp) {
       .to_local();
 }
 
+// a2a's call on whole sequences of this rank's share of the heads: dropout drawn at the share's
+// place among the global heads.
+AttentionCall heads_share(const at::Tensor& q, const AttentionCall& call,
+                          const ContextParallel& cp) {
+  AttentionCall c = call;
+  auto piece = std::make_shared<detail::AttentionPiece>(detail::piece_of(call));
+  if (piece->global_heads == 0) piece->global_heads = q.size(2);
+  piece->head_offset += cp.rank() * (q.size(2) / cp.size());
+  c.piece = std::move(piece);
+  return c;
+}
+
 }  // namespace
+
+namespace detail {
+
+void check_context_parallel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const AttentionCall& call, const ContextParallel& cp) {
+  const std::string who = std::string("context_parallel_attention (cp_comm_type '") +
+                          te_name(cp.comm_type()) + "' over mesh axis '" + cp.axis() + "')";
+  TE_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, who, ": q ", q.sizes(), ", k ", k.sizes(),
+           ", v ", v.sizes(), " are not [batch, seqlen/cp, heads, head_dim] (bshd)");
+  TE_CHECK(k.size(1) == q.size(1) && v.size(1) == q.size(1), who, ": q holds ", q.size(1),
+           " tokens but k ", k.size(1), " and v ", v.size(1),
+           "; context parallelism splits one sequence for q, k and v alike (self attention)");
+  TE_CHECK(!call.packed.defined(), who,
+           ": packed sequences (thd) are not taken with context parallelism yet; use bshd");
+  TE_CHECK(!piece_of(call).on_logits && piece_of(call).global_sequences == 0, who,
+           ": internal: a logits constraint or packed rows are set (not taken with cp)");
+  TE_CHECK(!call.spec.takes_mask(), who, ": attn_mask_type '", te_name(call.spec.type),
+           "' takes a mask, which TE refuses with context parallelism in bshd/sbhd "
+           "(backends.py L2169-2172 at d0067d0da); use no_mask or a causal type");
+  TE_CHECK(call.bias_type == AttnBiasType::kNoBias, who, ": core_attention_bias_type '",
+           te_name(call.bias_type), "' is not taken with context parallelism; use no_bias");
+  const bool window =
+      call.spec.window_left >= 0 || (!call.spec.causal() && call.spec.window_right >= 0);
+  TE_CHECK(!(window && cp.comm_type() == CpCommType::kP2P), who, ": a sliding window (",
+           call.spec.window_left, ", ", call.spec.window_right,
+           ") is not taken by cp_comm_type 'p2p', as TE refuses it (context_parallel.py "
+           "L5057-5060 at d0067d0da); use 'all_gather' or 'a2a'");
+  TE_CHECK(cp.comm_type() == CpCommType::kA2A || call.softmax_type == SoftmaxType::kVanilla, who,
+           ": softmax_type '", te_name(call.softmax_type),
+           "' is taken with cp_comm_type 'a2a' only, as TE's (context_parallel.py L5062-5067)");
+  TE_CHECK(call.softmax_type != SoftmaxType::kLearnable, who,
+           ": softmax_type 'learnable' (sink logits per head, which a2a would split with the "
+           "heads) is not taken with context parallelism yet; use 'off-by-one' or 'vanilla'");
+  if (cp.load_balanced() && cp.size() > 1) {
+    TE_CHECK(q.size(1) % 2 == 0, who, ": each rank holds ", q.size(1),
+             " tokens, an odd number: the load-balanced layout gives each rank two equal chunks "
+             "(a sequence divisible by 2·cp = ",
+             2 * cp.size(), ")");
+  }
+  if (cp.comm_type() == CpCommType::kA2A) {
+    TE_CHECK(q.size(2) % cp.size() == 0 && k.size(2) % cp.size() == 0, who, ": ", q.size(2),
+             " query heads and ", k.size(2),
+             " key/value heads must each divide by cp = ", cp.size(),
+             " (each rank attends over a share of the heads; TE asserts the same, "
+             "context_parallel.py L4246-4249)");
+    return;
+  }
+  const at::ScalarType t = q.scalar_type();
+  TE_CHECK((q.device().is_cpu() || q.is_meta()) &&
+               (t == at::kFloat || t == at::kBFloat16 || t == at::kHalf) && k.scalar_type() == t &&
+               v.scalar_type() == t,
+           who,
+           ": runs te's fused CPU kernel, which takes float32, bfloat16 or float16 CPU "
+           "tensors of one dtype; got q ",
+           t, " on ", q.device(), ", k ", k.scalar_type(), ", v ", v.scalar_type(),
+           " (use cp_comm_type 'a2a' for others)");
+}
+
+}  // namespace detail
 
 at::Tensor context_parallel_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                       const AttentionCall& call, const ContextParallel& cp) {
@@ -121,7 +194,7 @@ at::Tensor context_parallel_attention(const at::Tensor& q, const at::Tensor& k, 
       return detail::gathered_kv_attention(q, k, v, call, cp);
     case CpCommType::kA2A:
       return heads_to_sequence(attention(sequence_to_heads(q, cp), sequence_to_heads(k, cp),
-                                         sequence_to_heads(v, cp), call),
+                                         sequence_to_heads(v, cp), heads_share(q, call, cp)),
                                cp);
   }
   TE_FAIL("cp_comm_type ", static_cast<int>(cp.comm_type()), " is not one this build knows");

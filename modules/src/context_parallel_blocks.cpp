@@ -1,6 +1,7 @@
 // The block-wise context parallel strategies, "p2p" and "all_gather" (context_parallel.cpp says
 // how they relate to TE's), on te's fused CPU kernel's forward and backward primitives
-// (flash_attention.h), and the checks every strategy makes first.
+// (flash_attention.h); and, for what that kernel does not take (dropout in training, a soft cap,
+// `fused` off), the same blocks on the unfused path under autograd.
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
@@ -12,12 +13,14 @@
 #include <utility>
 #include <vector>
 
+#include "attention_piece.h"
 #include "context_parallel_blocks.h"
 #include "flash_attention.h"
 #include "te/distributed/dtensor.h"
 #include "te/distributed/scopes.h"
 #include "te/error.h"
 #include "te/nn/functional.h"
+#include "te/nn/random.h"
 
 namespace te::nn::functional::detail {
 
@@ -272,6 +275,155 @@ struct GatheredKv : public torch::autograd::Function<GatheredKv> {
   }
 };
 
+// ---- what the fused kernel does not take: dropout in training, a soft cap, `fused` off -------
+
+// The K/V blocks (packed) of ranks r, r-1, ..., r-(cp-1), the others received round the ring in
+// cp-1 steps, as p2p's forward passes them. The rank's own block is one of the outputs (a copy),
+// so that this node is in every rank's graph through the diagonal block, which every query
+// chunk sees: its backward's ring steps then run on every rank, also where no query saw a
+// received block. Backward returns each block's gradient to its owner: running sums travel back
+// one hop a step, each step adding the gradient of the block one hop further away.
+struct RingBlocks : public torch::autograd::Function<RingBlocks> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& kv,
+                               c10::intrusive_ptr<CpState> state) {
+    const ContextParallel& cp = state->cp;
+    variable_list blocks = {kv.clone()};
+    at::Tensor at_hand = kv;
+    for (int64_t i = 1; i < cp.size(); ++i) {
+      at_hand = cp.mesh().ring_shift(at_hand, cp.mesh_dim(), 1);
+      blocks.push_back(at_hand);
+    }
+    ctx->saved_data["state"] = c10::IValue::make_capsule(std::move(state));
+    ctx->saved_data["numel"] = kv.numel();
+    ctx->saved_data["dtype"] = static_cast<int64_t>(kv.scalar_type());
+    ctx->saved_data["device"] = kv.device();
+    return blocks;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const c10::intrusive_ptr<CpState> state = state_of(ctx);
+    const ScopeLoan loan(state->scopes);
+    const ContextParallel& cp = state->cp;
+    // (a block no query saw has no gradient: zeros travel in its place, every rank shifting)
+    at::Tensor running =
+        at::zeros({ctx->saved_data["numel"].toInt()},
+                  at::TensorOptions()
+                      .dtype(static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt()))
+                      .device(ctx->saved_data["device"].toDevice()));
+    for (int64_t i = cp.size() - 1; i >= 1; --i) {
+      const at::Tensor& g = grads[static_cast<std::size_t>(i)];
+      if (g.defined()) running = running.add(g);
+      running = cp.mesh().ring_shift(running.contiguous(), cp.mesh_dim(), -1);
+    }
+    if (grads[0].defined()) running.add_(grads[0]);
+    return {running, at::Tensor()};
+  }
+};
+
+// all_gather's K or V: every rank's tokens gathered, each rank's gradient of them a partial sum
+// (its queries' share), reduce-scattered back to the tokens' owners.
+struct GatheredTokens : public torch::autograd::Function<GatheredTokens> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& t,
+                               c10::intrusive_ptr<CpState> state) {
+    at::Tensor whole = gathered(t, state->cp);
+    ctx->saved_data["state"] = c10::IValue::make_capsule(std::move(state));
+    return {whole};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const c10::intrusive_ptr<CpState> state = state_of(ctx);
+    const ScopeLoan loan(state->scopes);
+    return {scattered(grads[0].contiguous(), state->cp), at::Tensor()};
+  }
+};
+
+// One query chunk's partial results over blocks of keys merged by log-sum-exp, differentiably
+// (the unfused path's lse is finite: a row that sees nothing in a block weighs ~e^-1e10).
+at::Tensor merged_rows(const std::vector<std::pair<at::Tensor, at::Tensor>>& parts,
+                       const at::Tensor& q_rows, int64_t dv) {
+  if (parts.empty())
+    return at::zeros({q_rows.size(0), q_rows.size(1), q_rows.size(2), dv}, q_rows.options());
+  if (parts.size() == 1) return parts[0].first;
+  std::vector<at::Tensor> lses;
+  for (const auto& p : parts) lses.push_back(p.second);
+  const at::Tensor lse = at::logsumexp(at::stack(lses), 0);
+  at::Tensor out;
+  for (const auto& [o, l] : parts) {
+    const at::Tensor term = o.to(at::kFloat) * at::exp(l - lse).transpose(1, 2).unsqueeze(-1);
+    out = out.defined() ? out + term : term;
+  }
+  return out.to(q_rows.scalar_type());
+}
+
+// The unfused path's call for query chunk `a` against key chunk `b` of a sequence of s tokens:
+// the call's mask made explicit for the pair, its dropout drawn at the pair's global place.
+AttentionCall pair_call(const AttentionCall& call, const CpState& state, const CpChunk& a,
+                        const CpChunk& b, int64_t s, const at::Tensor& q) {
+  AttentionCall c = call;
+  const KeyWindow w = between(state.window, a, b);
+  if (w.left >= 0 || w.right >= 0) {
+    // Key j is hidden from query i when d = j - i - offset < -left or > right: min(d + left, 0)
+    // - max(d - right, 0) is then nonzero (ops a meta tensor takes too: te::nn::plan).
+    const at::TensorOptions longs = q.options().dtype(at::kLong);
+    const at::Tensor d = at::arange(b.length, longs).view({1, -1}) -
+                         at::arange(a.length, longs).view({-1, 1}) - w.offset;
+    at::Tensor out_of_window = at::zeros({a.length, b.length}, longs);
+    if (w.left >= 0) out_of_window = out_of_window + (d + w.left).clamp_max(0);
+    if (w.right >= 0) out_of_window = out_of_window - (d - w.right).clamp_min(0);
+    const at::Tensor hidden = out_of_window.ne(0);
+    c.spec = MaskSpec{};
+    c.spec.type = AttnMaskType::kArbitrary;
+    c.mask = hidden.view({1, 1, a.length, b.length});
+  } else {
+    c.spec = MaskSpec{};
+  }
+  auto piece = std::make_shared<AttentionPiece>(piece_of(call));
+  piece->global_seqlen_q = s;
+  piece->global_seqlen_kv = s;
+  piece->seqlen_q_offset = a.start;
+  piece->seqlen_kv_offset = b.start;
+  c.piece = std::move(piece);
+  return c;
+}
+
+// p2p (`ring`) or all_gather by the unfused path under autograd: every block pair replays the
+// call's one dropout draw (the stream then advances by one, as one process's single call).
+at::Tensor unfused_blocks(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const AttentionCall& call, const c10::intrusive_ptr<CpState>& state,
+                          bool ring) {
+  const ContextParallel& cp = state->cp;
+  const int64_t n = cp.size(), r = cp.rank(), s = q.size(1) * n;
+  const auto mine = cp_chunks(s, n, r, cp.load_balanced());
+  // Each step's keys: (its K, its V, the chunks they hold).
+  std::vector<std::tuple<at::Tensor, at::Tensor, std::vector<CpChunk>>> steps;
+  if (ring) {
+    const variable_list blocks = RingBlocks::apply(packed(k, v), state);
+    for (int64_t i = 0; i < n; ++i) {
+      const auto [kk, vv] = unpacked(blocks[static_cast<std::size_t>(i)], k, v);
+      steps.emplace_back(kk, vv, cp_chunks(s, n, (r - i + n) % n, cp.load_balanced()));
+    }
+  } else {
+    steps.emplace_back(GatheredTokens::apply(k, state)[0], GatheredTokens::apply(v, state)[0],
+                       std::vector<CpChunk>{{0, s, 0}});
+  }
+  const bool draws = call.training && call.dropout > 0;
+  const RngState before = rng_state();
+  std::vector<at::Tensor> outs;
+  for (const CpChunk& a : mine) {
+    std::vector<std::pair<at::Tensor, at::Tensor>> parts;
+    for (const auto& [kk, vv, theirs] : steps) {
+      for (const CpChunk& b : theirs) {
+        if (!sees(state->window, a, b)) continue;
+        if (draws) set_rng_state(before);
+        parts.push_back(unfused_attention(rows(q, a), rows(kk, b), rows(vv, b),
+                                          pair_call(call, *state, a, b, s, q), true));
+      }
+    }
+    outs.push_back(merged_rows(parts, rows(q, a), v.size(3)));
+  }
+  if (draws) set_rng_state({before.seed, before.calls + 1});
+  return outs.size() == 1 ? outs[0] : at::cat(outs, 1);
+}
+
 c10::intrusive_ptr<CpState> state_for(const at::Tensor& q, const AttentionCall& call,
                                       const ContextParallel& cp) {
   const int64_t s = q.size(1) * cp.size();
@@ -288,69 +440,18 @@ std::vector<Placement> over_cp(const ContextParallel& cp, Placement p) {
 
 at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           const AttentionCall& call, const ContextParallel& cp) {
+  if (!flash_attention_takes(q, k, v, call)) {
+    return unfused_blocks(q, k, v, call, state_for(q, call, cp), /*ring=*/true);
+  }
   return Ring::apply(q, k, v, state_for(q, call, cp))[0];
 }
 
 at::Tensor gathered_kv_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                  const AttentionCall& call, const ContextParallel& cp) {
+  if (!flash_attention_takes(q, k, v, call)) {
+    return unfused_blocks(q, k, v, call, state_for(q, call, cp), /*ring=*/false);
+  }
   return GatheredKv::apply(q, k, v, state_for(q, call, cp))[0];
-}
-
-void check_context_parallel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            const AttentionCall& call, const ContextParallel& cp) {
-  const std::string who = std::string("context_parallel_attention (cp_comm_type '") +
-                          te_name(cp.comm_type()) + "' over mesh axis '" + cp.axis() + "')";
-  TE_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, who, ": q ", q.sizes(), ", k ", k.sizes(),
-           ", v ", v.sizes(), " are not [batch, seqlen/cp, heads, head_dim] (bshd)");
-  TE_CHECK(k.size(1) == q.size(1) && v.size(1) == q.size(1), who, ": q holds ", q.size(1),
-           " tokens but k ", k.size(1), " and v ", v.size(1),
-           "; context parallelism splits one sequence for q, k and v alike (self attention)");
-  TE_CHECK(!call.packed.defined(), who,
-           ": packed sequences (thd) are not taken with context parallelism yet; use bshd");
-  TE_CHECK(!call.piece, who, ": internal: an attention piece is set (not yet with cp)");
-  TE_CHECK(!call.spec.takes_mask(), who, ": attn_mask_type '", te_name(call.spec.type),
-           "' takes a mask, which TE refuses with context parallelism in bshd/sbhd "
-           "(backends.py L2169-2172 at d0067d0da); use no_mask or a causal type");
-  TE_CHECK(call.bias_type == AttnBiasType::kNoBias, who, ": core_attention_bias_type '",
-           te_name(call.bias_type), "' is not taken with context parallelism; use no_bias");
-  TE_CHECK(call.softcap == 0.0, who, ": a logit soft cap is not taken with context parallelism");
-  TE_CHECK(!(call.training && call.dropout > 0.0), who, ": attention dropout ", call.dropout,
-           " is not taken with context parallelism yet; set it to 0 or run without cp");
-  const bool window =
-      call.spec.window_left >= 0 || (!call.spec.causal() && call.spec.window_right >= 0);
-  TE_CHECK(!(window && cp.comm_type() == CpCommType::kP2P), who, ": a sliding window (",
-           call.spec.window_left, ", ", call.spec.window_right,
-           ") is not taken by cp_comm_type 'p2p', as TE refuses it (context_parallel.py "
-           "L5057-5060 at d0067d0da); use 'all_gather' or 'a2a'");
-  TE_CHECK(cp.comm_type() == CpCommType::kA2A || call.softmax_type == SoftmaxType::kVanilla, who,
-           ": softmax_type '", te_name(call.softmax_type),
-           "' is taken with cp_comm_type 'a2a' only, as TE's (context_parallel.py L5062-5067)");
-  TE_CHECK(call.softmax_type != SoftmaxType::kLearnable, who,
-           ": softmax_type 'learnable' (sink logits per head, which a2a would split with the "
-           "heads) is not taken with context parallelism yet; use 'off-by-one' or 'vanilla'");
-  if (cp.load_balanced() && cp.size() > 1) {
-    TE_CHECK(q.size(1) % 2 == 0, who, ": each rank holds ", q.size(1),
-             " tokens, an odd number: the load-balanced layout gives each rank two equal chunks "
-             "(a sequence divisible by 2·cp = ",
-             2 * cp.size(), ")");
-  }
-  if (cp.comm_type() == CpCommType::kA2A) {
-    TE_CHECK(q.size(2) % cp.size() == 0 && k.size(2) % cp.size() == 0, who, ": ", q.size(2),
-             " query heads and ", k.size(2),
-             " key/value heads must each divide by cp = ", cp.size(),
-             " (each rank attends over a share of the heads; TE asserts the same, "
-             "context_parallel.py L4246-4249)");
-    return;
-  }
-  const at::ScalarType t = q.scalar_type();
-  TE_CHECK((q.device().is_cpu() || q.is_meta()) &&
-               (t == at::kFloat || t == at::kBFloat16 || t == at::kHalf) && k.scalar_type() == t &&
-               v.scalar_type() == t,
-           who,
-           ": runs te's fused CPU kernel, which takes float32, bfloat16 or float16 CPU "
-           "tensors of one dtype; got q ",
-           t, " on ", q.device(), ", k ", k.scalar_type(), ", v ", v.scalar_type(),
-           " (use cp_comm_type 'a2a' for others)");
 }
 
 }  // namespace te::nn::functional::detail

@@ -1,7 +1,7 @@
 #pragma once
 
 // The block-wise strategies of context parallel attention (context_parallel_blocks.cpp), and
-// the checks every strategy makes first: internal to te::nn.
+// the checks every strategy makes first (context_parallel.cpp): internal to te::nn.
 
 #include <ATen/Tensor.h>
 
@@ -20,7 +20,8 @@ std::vector<Placement> over_cp(const ContextParallel& cp, Placement p);
 /// does not take yet).
 void check_context_parallel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const AttentionCall& call, const ContextParallel& cp);
-/// cp_comm_type "p2p": K/V round the ring, partial results merged by log-sum-exp.
+/// cp_comm_type "p2p": K/V round the ring, partial results merged by log-sum-exp (te's fused
+/// kernel; the unfused path, K/V received round the ring first, for what it does not take).
 at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           const AttentionCall& call, const ContextParallel& cp);
 /// cp_comm_type "all_gather": K/V gathered, each query chunk attending once.

@@ -16,6 +16,7 @@ struct MatrixLayout {
   std::vector<std::string> axes;
   std::string mesh_resource;
   bool sequence_parallel = false;
+  std::string cp_comm_type;  // context parallelism over MeshResource cp (empty: none)
 };
 
 // GoogleTest prints a parameter by its name.
@@ -33,6 +34,23 @@ inline const std::vector<MatrixLayout>& matrix_layouts() {
       // batch over the tuple (data, fsdp): TE's table maps it to both.
       {"DP2xFSDP2", {2, 2}, {"data", "fsdp"}, "dp=data,fsdp=fsdp"},
   };
+  return all;
+}
+
+// Context parallelism: CP2, DP2xCP2, TP2xCP2 and CP4 with each cp_comm_type (the sequence split
+// over MeshResource cp, which TE's table maps seqlen_cp to).
+inline const std::vector<MatrixLayout>& cp_matrix_layouts() {
+  static const std::vector<MatrixLayout> all = [] {
+    std::vector<MatrixLayout> made;
+    for (const char* type : {"p2p", "all_gather", "a2a"}) {
+      const std::string t = type;
+      made.push_back({"CP2_" + t, {2}, {"cp"}, "cp=cp", false, t});
+      made.push_back({"DP2xCP2_" + t, {2, 2}, {"data", "cp"}, "dp=data,cp=cp", false, t});
+      made.push_back({"TP2xCP2_" + t, {2, 2}, {"tp", "cp"}, "tp=tp,cp=cp", false, t});
+      made.push_back({"CP4_" + t, {4}, {"cp"}, "cp=cp", false, t});
+    }
+    return made;
+  }();
   return all;
 }
 

@@ -55,6 +55,7 @@ struct CpCase {
   int64_t kv_heads = 4;
   bool data_parallel = false;  // a {data: 2, cp: cp} mesh, the batch split over data
   bool load_balanced = true;
+  double dropout = 0, softcap = 0;  // the unfused blocks (what the fused kernel does not take)
 };
 
 std::string case_name(const ::testing::TestParamInfo<CpCase>& info) { return info.param.name; }
@@ -66,12 +67,17 @@ F::AttentionCall call_of(const CpCase& c, bool fused) {
       c.left >= 0 ? F::mask_spec(c.mask, WindowSize{c.left, c.right}) : F::mask_spec(c.mask);
   call.scale = 0.35;
   call.fused = fused;
+  call.dropout = c.dropout;
+  call.training = c.dropout > 0;
+  call.softcap = c.softcap;
   return call;
 }
 
 class ContextParallelAttention : public ::testing::TestWithParam<CpCase> {};
 
-// Every rank's output and gradients are its rows of one process's (fp32, within 1e-5).
+// Every rank's output and gradients are its rows of one process's (fp32, within 1e-5), dropout
+// included: every block draws its mask at its global place from the call's one stream call, and
+// the stream advances by one call, as one process's.
 TEST_P(ContextParallelAttention, IsOneProcess) {
   const CpCase c = GetParam();
   const int64_t batch = 2, seq = 16 * c.cp, heads = 4, d = 8;
@@ -79,7 +85,9 @@ TEST_P(ContextParallelAttention, IsOneProcess) {
                    k0 = randn({batch, seq, c.kv_heads, d}, 2);
   const at::Tensor v0 = randn({batch, seq, c.kv_heads, d}, 3), w = randn({batch, seq, heads, d}, 4);
   at::Tensor q = leaf(q0), k = leaf(k0), v = leaf(v0);
+  manual_seed(7);
   const at::Tensor ref = F::attention(q, k, v, call_of(c, false));
+  const RngState after = rng_state();
   (ref * w).sum().backward();
   const int64_t world = c.cp * (c.data_parallel ? 2 : 1);
   run_local_ranks(static_cast<int>(world), [&](int rank) {
@@ -92,7 +100,9 @@ TEST_P(ContextParallelAttention, IsOneProcess) {
       return F::cp_shard(t.narrow(0, first, rows), 1, cp.size(), cp.rank(), c.load_balanced);
     };
     at::Tensor ql = leaf(mine(q0)), kl = leaf(mine(k0)), vl = leaf(mine(v0));
+    manual_seed(7);
     const at::Tensor out = F::context_parallel_attention(ql, kl, vl, call_of(c, true), cp);
+    EXPECT_EQ(rng_state().calls, after.calls) << "rank " << rank;
     (out * mine(w)).sum().backward();
     EXPECT_TRUE(Close(out, mine(ref), 1e-5)) << "output, rank " << rank;
     EXPECT_TRUE(Close(ql.grad(), mine(q.grad()), 1e-5)) << "dq, rank " << rank;
@@ -116,7 +126,19 @@ INSTANTIATE_TEST_SUITE_P(
         CpCase{"all_gather_dp2_cp2_no_mask", CpCommType::kAllGather, 2, "no_mask", -1, -1, 4, true},
         CpCase{"a2a_cp2_causal_gqa", CpCommType::kA2A, 2, "causal", -1, -1, 2},
         CpCase{"a2a_cp4_window", CpCommType::kA2A, 4, "causal", 9, 0},
-        CpCase{"a2a_dp2_cp2_no_mask", CpCommType::kA2A, 2, "no_mask", -1, -1, 4, true}),
+        CpCase{"a2a_dp2_cp2_no_mask", CpCommType::kA2A, 2, "no_mask", -1, -1, 4, true},
+        CpCase{"p2p_cp2_causal_dropout", CpCommType::kP2P, 2, "causal", -1, -1, 4, false, true,
+               0.2},
+        CpCase{"p2p_cp4_causal_gqa_dropout_softcap", CpCommType::kP2P, 4, "causal", -1, -1, 2,
+               false, true, 0.3, 0.9},
+        CpCase{"p2p_cp2_no_mask_contiguous_dropout", CpCommType::kP2P, 2, "no_mask", -1, -1, 4,
+               false, false, 0.2},
+        CpCase{"all_gather_cp4_window_dropout", CpCommType::kAllGather, 4, "causal", 5, 0, 4, false,
+               true, 0.2},
+        CpCase{"all_gather_cp2_softcap", CpCommType::kAllGather, 2, "causal", -1, -1, 2, false,
+               true, 0, 0.7},
+        CpCase{"a2a_cp2_causal_gqa_dropout_softcap", CpCommType::kA2A, 2, "causal", -1, -1, 2,
+               false, true, 0.2, 0.8}),
     case_name);
 
 // What each strategy moves over the cp axis for one forward and backward at cp = 4, and a bf16
@@ -183,11 +205,6 @@ TEST(ContextParallel, BadInputIsNamed) {
     call.spec = F::mask_spec("padding_causal");
     EXPECT_ERROR(F::context_parallel_attention(q, q, q, call, p2p),
                  "attn_mask_type 'padding_causal' takes a mask, which TE refuses");
-    call = call_of({"", CpCommType::kP2P, 2, "causal"}, true);
-    call.dropout = 0.1;
-    call.training = true;
-    EXPECT_ERROR(F::context_parallel_attention(q, q, q, call, p2p),
-                 "attention dropout 0.1 is not taken with context parallelism yet");
     call = call_of({"", CpCommType::kP2P, 2, "causal"}, true);
     call.softmax_type = SoftmaxType::kLearnable;
     call.softmax_offset = at::zeros({4});

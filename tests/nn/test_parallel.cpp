@@ -3,6 +3,10 @@
 // over the tuple)} x {TE table from the MeshResource, user rules extended with TE's, custom axis
 // names in the kernels}, plus an uneven batch and sequence (3 x 5) on DP2, TP2+SP and DP2xTP2:
 // outputs and the gradients of the input and of every parameter equal one process within 1e-5.
+// Context parallelism: the attention kinds that take it (causal, GQA with RoPE, a soft-capped
+// sliding window where the strategy allows one, the decoder layer) x {CP2, DP2xCP2, TP2xCP2,
+// CP4} x {p2p, all_gather, a2a}, input split over seqlen_cp, TE's table only (the rule variants
+// test rule resolution, which the layouts above cover), with dropout, and bf16 on CP2.
 // Ranks are threads with their own Gloo groups. The modules with dropout run the matrix a second
 // time in training mode with rates 0.1-0.3: te's dropout draws each element's mask from its global
 // position, so every layout still matches.
@@ -28,6 +32,14 @@ using test::piece_of;
 
 using Layout = test::MatrixLayout;
 const std::vector<Layout>& layouts() { return test::matrix_layouts(); }
+const Layout& layout_named(const std::string& name) {
+  for (const auto* list : {&test::matrix_layouts(), &test::cp_matrix_layouts()}) {
+    for (const Layout& l : *list) {
+      if (l.name == name) return l;
+    }
+  }
+  throw std::runtime_error("no matrix layout " + name);
+}
 
 enum class Way { kTeTable, kExtendedRules, kCustomNames };
 enum class Kind {
@@ -47,6 +59,8 @@ enum class Kind {
   kParallel,      // parallel attention and MLP, L2 qk-norm, clamped_swiglu, drop path
   kSandwich,      // Gemma 2's layer: zero-centered RMSNorms before and after each block, a
                   // soft-capped causal window attention with RoPE, GeGLU
+  kMhaCpRope,     // context parallelism's cases: GQA, causal, RoPE (te's fused kernel)
+  kMhaCpWindow,   // GQA, a soft-capped causal sliding window (the unfused blocks)
 };
 
 // Rules mapping the custom kernel names onto the layout's mesh axes.
@@ -78,6 +92,10 @@ struct Shape {
   int64_t batch, seq;
 };
 Shape shape_of(bool uneven) { return uneven ? Shape{3, 5} : Shape{4, 6}; }
+// Context parallel layouts split the sequence into 2 or 4 equal chunks.
+Shape shape_of(bool uneven, const std::string& cp) {
+  return cp.empty() ? shape_of(uneven) : Shape{4, 8};
+}
 
 // RoPE frequencies for the 4-dim heads (base 100: angles that turn within 6 positions).
 at::Tensor rope(Shape sh, bool interleaved) {
@@ -106,7 +124,8 @@ struct Rates {
 };
 Rates rates(bool dropout) { return dropout ? Rates{0.1, 0.3, 0.2} : Rates{}; }
 
-Model make(Kind kind, bool sp, Way way, bool dropout, Shape sh) {
+// `cp`: the attention's cp_comm_type (empty: none).
+Model make(Kind kind, bool sp, Way way, bool dropout, Shape sh, const std::string& cp = "") {
   const Rates r = rates(dropout);
   const bool custom = way == Way::kCustomNames;
   const LogicalAxes act = {"batch", sp ? "seqlen_tp" : "seqlen", "hidden"};
@@ -157,7 +176,9 @@ Model make(Kind kind, bool sp, Way way, bool dropout, Shape sh) {
     case Kind::kMhaFused:
     case Kind::kMhaGqa:
     case Kind::kMhaWindow:
-    case Kind::kMhaArbitrary: {
+    case Kind::kMhaArbitrary:
+    case Kind::kMhaCpRope:
+    case Kind::kMhaCpWindow: {
       auto options = [&] {
         auto made = MultiHeadAttentionOptions(16, 4)
                         .enable_sequence_parallel(sp)
@@ -166,6 +187,7 @@ Model make(Kind kind, bool sp, Way way, bool dropout, Shape sh) {
                         .kv_kernel_axes({w_in, joined, w_out})
                         .out_kernel_axes({w_out, w_in});
         made.attention().attention_dropout(r.attention);
+        if (!cp.empty()) made.attention().cp_comm_type(cp);
         return made;
       }();
       at::Tensor mask;
@@ -189,6 +211,15 @@ Model make(Kind kind, bool sp, Way way, bool dropout, Shape sh) {
                    .view({1, 1, 1, sh.seq})
                    .ge(lk)
                    .logical_or(at::arange(sh.seq).view({1, 1, sh.seq, 1}).ge(lq));
+      } else if (kind == Kind::kMhaCpRope) {
+        options.attention().num_gqa_groups(2).attn_mask_type("causal");
+        args.rotary_pos_emb(rope(sh, false));
+      } else if (kind == Kind::kMhaCpWindow) {
+        options.attention()
+            .num_gqa_groups(2)
+            .attn_mask_type("causal")
+            .window_size(WindowSize{2, 0})
+            .softcap(0.8);
       } else if (kind == Kind::kMhaArbitrary) {
         options.attention().attn_mask_type("arbitrary").softmax_type("learnable");
         mask = test::seeded_integers({sh.batch, 4, sh.seq, sh.seq}, 34).remainder(3).eq(0);
@@ -246,6 +277,7 @@ Model make(Kind kind, bool sp, Way way, bool dropout, Shape sh) {
                           : kind == Kind::kSandwich ? "padding_causal"
                                                     : "padding")
           .attention_dropout(r.attention);
+      if (!cp.empty()) options.self_attention().attention().cp_comm_type(cp);
       TransformerLayer layer(options);
       // A norm scale other than one, so a residual taken before or after it differs.
       set_parameter_from_global(*layer->mlp->layernorm, "scale", at::linspace(0.5, 1.5, 16));
@@ -303,7 +335,7 @@ at::Tensor output_weight(Shape sh, int64_t width) {
 
 Reference reference(Kind kind, bool dropout, Shape sh, at::ScalarType dtype) {
   manual_seed(21);
-  Model m = make(kind, false, Way::kTeTable, dropout, sh);
+  Model m = make(kind, false, Way::kTeTable, dropout, sh);  // (cp: one process attends whole)
   m.module->to(dtype);
   at::Tensor x = global_input(sh).to(dtype).requires_grad_(true);
   at::Tensor y = m.forward(x);
@@ -351,9 +383,8 @@ class Equivalence : public ::testing::TestWithParam<Case> {};
 
 TEST_P(Equivalence, OutputsAndEveryGradientMatchOneProcess) {
   const Case& c = GetParam();
-  const Layout& layout = *std::find_if(layouts().begin(), layouts().end(),
-                                       [&](const Layout& l) { return l.name == c.layout; });
-  const Shape sh = shape_of(c.uneven);
+  const Layout& layout = layout_named(c.layout);
+  const Shape sh = shape_of(c.uneven, layout.cp_comm_type);
   const Reference ref = reference(c.kind, c.dropout, sh, c.dtype);
   const double tol = tolerance(c.dtype);
   set_warning_handler([](std::string_view) {});
@@ -371,10 +402,13 @@ TEST_P(Equivalence, OutputsAndEveryGradientMatchOneProcess) {
       rules.emplace(custom_rules(resource));
     }
     manual_seed(21);
-    Model m = make(c.kind, layout.sequence_parallel, c.way, c.dropout, sh);
+    Model m = make(c.kind, layout.sequence_parallel, c.way, c.dropout, sh, layout.cp_comm_type);
     m.module->to(c.dtype);
 
-    const LogicalAxes in_axes = {"batch", layout.sequence_parallel ? "seqlen_tp" : "seqlen",
+    const LogicalAxes in_axes = {"batch",
+                                 layout.sequence_parallel      ? "seqlen_tp"
+                                 : layout.cp_comm_type.empty() ? "seqlen"
+                                                               : "seqlen_cp",
                                  "hidden"};
     const auto in_placements = placements_for(*resolve_logical_axes(in_axes), mesh);
     at::Tensor x_local =
@@ -406,8 +440,10 @@ TEST_P(Equivalence, OutputsAndEveryGradientMatchOneProcess) {
       EXPECT_EQ(p.value().grad().scalar_type(), c.dtype) << p.key();
       EXPECT_TRUE(Near(p.value().grad(), want, tol)) << p.key() << " on rank " << rank;
     }
-    // Data parallel keeps whole weights; every other layout shards some.
-    EXPECT_EQ(any_sharded, layout.name != "DP2") << layout.name;
+    // Data and context parallel keep whole weights; tensor parallel and FSDP shard some.
+    EXPECT_EQ(any_sharded, layout.name.find("TP") != std::string::npos ||
+                               layout.name.find("FSDP") != std::string::npos)
+        << layout.name;
   });
   set_warning_handler(nullptr);
 }
@@ -441,6 +477,22 @@ std::vector<Case> all_cases() {
       }
     }
   }
+  // Context parallelism, TE's table: a sliding window where the strategy takes one (not p2p, as
+  // TE), GQA's 2 key/value heads with a2a where each rank keeps whole ones (CP2 alone).
+  for (const Layout& l : test::cp_matrix_layouts()) {
+    for (Kind kind : {Kind::kMhaFused, Kind::kMhaCpRope, Kind::kMhaCpWindow, Kind::kDecoder}) {
+      const bool gqa = kind == Kind::kMhaCpRope || kind == Kind::kMhaCpWindow;
+      if (kind == Kind::kMhaCpWindow && l.cp_comm_type == "p2p") continue;
+      if (gqa && l.cp_comm_type == "a2a" && l.name != "CP2_a2a" && l.name != "DP2xCP2_a2a") {
+        continue;
+      }
+      cases.push_back({kind, l.name, Way::kTeTable});
+      cases.push_back({kind, l.name, Way::kTeTable, true});
+      if (l.name.rfind("CP2_", 0) == 0 && (kind == Kind::kMhaFused || kind == Kind::kDecoder)) {
+        cases.push_back({kind, l.name, Way::kTeTable, false, false, at::kBFloat16});
+      }
+    }
+  }
   return cases;
 }
 
@@ -448,7 +500,8 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   static const char* kinds[] = {
       "DenseColumn",   "DenseRow",          "MlpGelu",          "MlpGated",
       "MhaFusedQkv",   "MhaGqaRope",        "MhaWindowAlibi",   "MhaArbitraryBiasSink",
-      "EncoderPostLn", "DecoderRopeQkNorm", "ParallelL2QkNorm", "SandwichSoftcap"};
+      "EncoderPostLn", "DecoderRopeQkNorm", "ParallelL2QkNorm", "SandwichSoftcap",
+      "MhaCpGqaRope",  "MhaCpWindowSoftcap"};
   static const char* ways[] = {"TeTable", "ExtendedRules", "CustomNames"};
   return std::string(kinds[static_cast<int>(info.param.kind)]) + "_" + info.param.layout + "_" +
          ways[static_cast<int>(info.param.way)] + (info.param.dropout ? "_Dropout" : "") +

@@ -84,10 +84,7 @@ PlanOptions options_for(const Layout& l) {
     layer.self_attention().attention().num_gqa_groups(2);
     layer.self_attention().layernorm().layernorm_type("rmsnorm");
   }
-  if (l.cp) {  // (no dropout with context parallelism yet)
-    layer.self_attention().attention().cp_comm_type(*l.cp).attention_dropout(0.0);
-    layer.hidden_dropout(0.0).intermediate_dropout(0.0);
-  }
+  if (l.cp) layer.self_attention().attention().cp_comm_type(*l.cp);
   PlanOptions o(layer, kLayers, kBatch, kSeq);
   // Buckets small beside the model, as in real runs (25 MiB beside gigabytes): Gloo may free a
   // bucket a moment after its all-reduce returns, and only a bucket's bytes may be live then.

@@ -82,10 +82,15 @@ at::Tensor cp_rank_order(const at::Tensor& whole, int64_t dim, int64_t cp,
 /// rank's rows of the one-process output, and gradients reach every rank's q, k, v as one
 /// process's would. Collective over cp's mesh axis (every rank of it calls it alike).
 /// Takes no mask, the causal types (a diagonal shared by q and k) and, with "all_gather" and
-/// "a2a", sliding windows (and there off-by-one sinks); GQA; no bias, dropout, learnable sinks
-/// or packed sequences yet. "p2p" and
-/// "all_gather" run te's fused CPU kernel (float32, bfloat16, float16); "a2a" runs
-/// functional::attention on whole sequences and needs heads and kv_heads divisible by cp.
+/// "a2a", sliding windows (and there off-by-one sinks); GQA; soft caps; dropout (each element's
+/// mask is one process's: every block draws it at its global place from the call's one stream
+/// call); no bias, learnable sinks or packed sequences yet. "p2p" and "all_gather" run te's fused
+/// CPU kernel (float32, bfloat16, float16), and what it does not take (dropout in training, a
+/// soft cap, `fused` off) the same blocks on the unfused path under autograd (probabilities held
+/// per block for backward; p2p then receives every block round the ring before computing); "a2a"
+/// runs functional::attention on whole sequences and needs heads and kv_heads divisible by cp.
+/// Under a layer on a mesh, dropout is drawn at the rank's place in the global batch and heads;
+/// called directly, q's batch and heads are taken as the whole.
 /// Every refusal is a te::Error naming the option and what to do, as TE refuses it.
 at::Tensor context_parallel_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                       const AttentionCall& call, const ContextParallel& cp);
