@@ -139,9 +139,11 @@ void check_context_parallel(const at::Tensor& q, const at::Tensor& k, const at::
            ": packed sequences (thd) are not taken with context parallelism yet; use bshd");
   TE_CHECK(!piece_of(call).on_logits && piece_of(call).global_sequences == 0, who,
            ": internal: a logits constraint or packed rows are set (not taken with cp)");
-  TE_CHECK(!call.spec.takes_mask(), who, ": attn_mask_type '", te_name(call.spec.type),
-           "' takes a mask, which TE refuses with context parallelism in bshd/sbhd "
-           "(backends.py L2169-2172 at d0067d0da); use no_mask or a causal type");
+  // TE refuses every mask with cp in bshd/sbhd (backends.py L2169-2172 at d0067d0da); te takes
+  // the padding types (one mask for every head, over the whole sequence), cut per block.
+  TE_CHECK(call.spec.type != AttnMaskType::kArbitrary, who,
+           ": attn_mask_type 'arbitrary' is not taken with context parallelism (TE takes no mask "
+           "with cp in bshd); use no_mask, a causal type or a padding type");
   TE_CHECK(call.bias_type == AttnBiasType::kNoBias, who, ": core_attention_bias_type '",
            te_name(call.bias_type), "' is not taken with context parallelism; use no_bias");
   const bool window =

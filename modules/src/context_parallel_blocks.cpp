@@ -355,12 +355,18 @@ at::Tensor merged_rows(const std::vector<std::pair<at::Tensor, at::Tensor>>& par
 }
 
 // The unfused path's call for query chunk `a` against key chunk `b` of a sequence of s tokens:
-// the call's mask made explicit for the pair, its dropout drawn at the pair's global place.
-AttentionCall pair_call(const AttentionCall& call, const CpState& state, const CpChunk& a,
-                        const CpChunk& b, int64_t s, const at::Tensor& q) {
+// the call's mask made explicit for the pair (`masked`, the whole sequence's hidden positions,
+// when the call has a padding mask), its dropout drawn at the pair's global place.
+AttentionCall pair_call(const AttentionCall& call, const CpState& state, const at::Tensor& masked,
+                        const CpChunk& a, const CpChunk& b, int64_t s, const at::Tensor& q) {
   AttentionCall c = call;
   const KeyWindow w = between(state.window, a, b);
-  if (w.left >= 0 || w.right >= 0) {
+  c.spec = MaskSpec{};
+  if (masked.defined()) {
+    c.spec.type = AttnMaskType::kArbitrary;
+    c.mask = masked.narrow(2, masked.size(2) == 1 ? 0 : a.start, masked.size(2) == 1 ? 1 : a.length)
+                 .narrow(3, b.start, b.length);
+  } else if (w.left >= 0 || w.right >= 0) {
     // Key j is hidden from query i when d = j - i - offset < -left or > right: min(d + left, 0)
     // - max(d - right, 0) is then nonzero (ops a meta tensor takes too: te::nn::plan).
     const at::TensorOptions longs = q.options().dtype(at::kLong);
@@ -369,12 +375,8 @@ AttentionCall pair_call(const AttentionCall& call, const CpState& state, const C
     at::Tensor out_of_window = at::zeros({a.length, b.length}, longs);
     if (w.left >= 0) out_of_window = out_of_window + (d + w.left).clamp_max(0);
     if (w.right >= 0) out_of_window = out_of_window - (d - w.right).clamp_min(0);
-    const at::Tensor hidden = out_of_window.ne(0);
-    c.spec = MaskSpec{};
     c.spec.type = AttnMaskType::kArbitrary;
-    c.mask = hidden.view({1, 1, a.length, b.length});
-  } else {
-    c.spec = MaskSpec{};
+    c.mask = out_of_window.ne(0).view({1, 1, a.length, b.length});
   }
   auto piece = std::make_shared<AttentionPiece>(piece_of(call));
   piece->global_seqlen_q = s;
@@ -405,6 +407,13 @@ at::Tensor unfused_blocks(const at::Tensor& q, const at::Tensor& k, const at::Te
     steps.emplace_back(GatheredTokens::apply(k, state)[0], GatheredTokens::apply(v, state)[0],
                        std::vector<CpChunk>{{0, s, 0}});
   }
+  // A padding mask: the whole sequence's hidden positions, cut per pair; a pair is skipped by
+  // the window unless the diagonal sits per sequence (padding_causal_bottom_right).
+  const at::Tensor masked = call.spec.takes_mask()
+                                ? masked_positions(call.mask, call.spec, s, s, q.options())
+                                : at::Tensor();
+  const KeyWindow skip =
+      call.spec.padding() && call.spec.bottom_right ? KeyWindow{} : state->window;
   const bool draws = call.training && call.dropout > 0;
   const RngState before = rng_state();
   std::vector<at::Tensor> outs;
@@ -412,10 +421,10 @@ at::Tensor unfused_blocks(const at::Tensor& q, const at::Tensor& k, const at::Te
     std::vector<std::pair<at::Tensor, at::Tensor>> parts;
     for (const auto& [kk, vv, theirs] : steps) {
       for (const CpChunk& b : theirs) {
-        if (!sees(state->window, a, b)) continue;
+        if (!sees(skip, a, b)) continue;
         if (draws) set_rng_state(before);
         parts.push_back(unfused_attention(rows(q, a), rows(kk, b), rows(vv, b),
-                                          pair_call(call, *state, a, b, s, q), true));
+                                          pair_call(call, *state, masked, a, b, s, q), true));
       }
     }
     outs.push_back(merged_rows(parts, rows(q, a), v.size(3)));

@@ -58,6 +58,14 @@ struct CpCase {
   double dropout = 0, softcap = 0;  // the unfused blocks (what the fused kernel does not take)
 };
 
+// A padding mask of the whole sequence as one process takes it, [batch, 1, seq, seq], true where
+// the key or the query is padding (rows of seq - 3 and seq - 6 tokens).
+at::Tensor padding_of(int64_t batch, int64_t seq) {
+  const at::Tensor len = at::tensor(std::vector<int64_t>{seq - 3, seq - 6}).narrow(0, 0, batch);
+  const at::Tensor pad = at::arange(seq).view({1, seq}).ge(len.view({-1, 1}));  // [batch, seq]
+  return pad.view({batch, 1, 1, seq}).logical_or(pad.view({batch, 1, seq, 1}));
+}
+
 std::string case_name(const ::testing::TestParamInfo<CpCase>& info) { return info.param.name; }
 void PrintTo(const CpCase& c, std::ostream* os) { *os << c.name; }
 
@@ -85,8 +93,12 @@ TEST_P(ContextParallelAttention, IsOneProcess) {
                    k0 = randn({batch, seq, c.kv_heads, d}, 2);
   const at::Tensor v0 = randn({batch, seq, c.kv_heads, d}, 3), w = randn({batch, seq, heads, d}, 4);
   at::Tensor q = leaf(q0), k = leaf(k0), v = leaf(v0);
+  const bool padded = F::mask_spec(c.mask).padding();
+  const at::Tensor mask = padded ? padding_of(batch, seq) : at::Tensor();
   manual_seed(7);
-  const at::Tensor ref = F::attention(q, k, v, call_of(c, false));
+  F::AttentionCall one = call_of(c, false);
+  one.mask = mask;
+  const at::Tensor ref = F::attention(q, k, v, one);
   const RngState after = rng_state();
   (ref * w).sum().backward();
   const int64_t world = c.cp * (c.data_parallel ? 2 : 1);
@@ -100,8 +112,10 @@ TEST_P(ContextParallelAttention, IsOneProcess) {
       return F::cp_shard(t.narrow(0, first, rows), 1, cp.size(), cp.rank(), c.load_balanced);
     };
     at::Tensor ql = leaf(mine(q0)), kl = leaf(mine(k0)), vl = leaf(mine(v0));
+    F::AttentionCall call = call_of(c, true);
+    if (padded) call.mask = mask.narrow(0, first, rows);  // the rank's rows, the whole sequence
     manual_seed(7);
-    const at::Tensor out = F::context_parallel_attention(ql, kl, vl, call_of(c, true), cp);
+    const at::Tensor out = F::context_parallel_attention(ql, kl, vl, call, cp);
     EXPECT_EQ(rng_state().calls, after.calls) << "rank " << rank;
     (out * mine(w)).sum().backward();
     EXPECT_TRUE(Close(out, mine(ref), 1e-5)) << "output, rank " << rank;
@@ -138,7 +152,17 @@ INSTANTIATE_TEST_SUITE_P(
         CpCase{"all_gather_cp2_softcap", CpCommType::kAllGather, 2, "causal", -1, -1, 2, false,
                true, 0, 0.7},
         CpCase{"a2a_cp2_causal_gqa_dropout_softcap", CpCommType::kA2A, 2, "causal", -1, -1, 2,
-               false, true, 0.2, 0.8}),
+               false, true, 0.2, 0.8},
+        CpCase{"p2p_cp2_padding_causal", CpCommType::kP2P, 2, "padding_causal"},
+        CpCase{"p2p_dp2_cp2_padding_bottom_right", CpCommType::kP2P, 2,
+               "padding_causal_bottom_right", -1, -1, 2, true},
+        CpCase{"p2p_cp2_padding_bottom_right_dropout", CpCommType::kP2P, 2,
+               "padding_causal_bottom_right", -1, -1, 2, false, true, 0.2},
+        CpCase{"p2p_cp4_padding", CpCommType::kP2P, 4, "padding", -1, -1, 4, false, false},
+        CpCase{"all_gather_cp4_padding_causal_window", CpCommType::kAllGather, 4,
+               "padding_causal", 6, 0, 2},
+        CpCase{"a2a_cp2_padding_causal_dropout", CpCommType::kA2A, 2, "padding_causal", -1, -1, 2,
+               false, true, 0.2}),
     case_name);
 
 // What each strategy moves over the cp axis for one forward and backward at cp = 4, and a bf16
@@ -202,9 +226,10 @@ TEST(ContextParallel, BadInputIsNamed) {
                  "each rank holds 3 tokens, an odd number");
     EXPECT_ERROR(F::context_parallel_attention(q, q.narrow(1, 0, 2), q.narrow(1, 0, 2), call, p2p),
                  "q holds 4 tokens but k 2 and v 2");
-    call.spec = F::mask_spec("padding_causal");
+    call.spec = F::mask_spec("arbitrary");
+    call.mask = at::zeros({1, 3, 8, 8}, at::kBool);
     EXPECT_ERROR(F::context_parallel_attention(q, q, q, call, p2p),
-                 "attn_mask_type 'padding_causal' takes a mask, which TE refuses");
+                 "attn_mask_type 'arbitrary' is not taken with context parallelism");
     call = call_of({"", CpCommType::kP2P, 2, "causal"}, true);
     call.softmax_type = SoftmaxType::kLearnable;
     call.softmax_offset = at::zeros({4});

@@ -3,8 +3,9 @@
 // over the tuple)} x {TE table from the MeshResource, user rules extended with TE's, custom axis
 // names in the kernels}, plus an uneven batch and sequence (3 x 5) on DP2, TP2+SP and DP2xTP2:
 // outputs and the gradients of the input and of every parameter equal one process within 1e-5.
-// Context parallelism: the attention kinds that take it (causal, GQA with RoPE, a soft-capped
-// sliding window where the strategy allows one, the decoder layer) x {CP2, DP2xCP2, TP2xCP2,
+// Context parallelism: the kinds whose attention takes it (causal, GQA with RoPE, a soft-capped
+// sliding window where the strategy allows one, padding masks, the encoder, decoder, parallel
+// and sandwich layers; not ALiBi, arbitrary masks or learnable sinks) x {CP2, DP2xCP2, TP2xCP2,
 // CP4} x {p2p, all_gather, a2a}, input split over seqlen_cp, TE's table only (the rule variants
 // test rule resolution, which the layouts above cover), with dropout, and bf16 on CP2.
 // Ranks are threads with their own Gloo groups. The modules with dropout run the matrix a second
@@ -480,9 +481,12 @@ std::vector<Case> all_cases() {
   // Context parallelism, TE's table: a sliding window where the strategy takes one (not p2p, as
   // TE), GQA's 2 key/value heads with a2a where each rank keeps whole ones (CP2 alone).
   for (const Layout& l : test::cp_matrix_layouts()) {
-    for (Kind kind : {Kind::kMhaFused, Kind::kMhaCpRope, Kind::kMhaCpWindow, Kind::kDecoder}) {
-      const bool gqa = kind == Kind::kMhaCpRope || kind == Kind::kMhaCpWindow;
-      if (kind == Kind::kMhaCpWindow && l.cp_comm_type == "p2p") continue;
+    for (Kind kind : {Kind::kMhaFused, Kind::kMhaCpRope, Kind::kMhaCpWindow, Kind::kMhaGqa,
+                      Kind::kEncoder, Kind::kDecoder, Kind::kParallel, Kind::kSandwich}) {
+      const bool gqa =
+          kind == Kind::kMhaCpRope || kind == Kind::kMhaCpWindow || kind == Kind::kMhaGqa;
+      const bool window = kind == Kind::kMhaCpWindow || kind == Kind::kSandwich;
+      if (window && l.cp_comm_type == "p2p") continue;
       if (gqa && l.cp_comm_type == "a2a" && l.name != "CP2_a2a" && l.name != "DP2xCP2_a2a") {
         continue;
       }
