@@ -28,7 +28,8 @@ void EncoderClassifierImpl::reset() {
   layer_options.self_attention()
       .attention()
       .attn_mask_type(te::nn::AttnMaskType::kPadding)
-      .attention_dropout(options.attention_dropout);
+      .attention_dropout(options.attention_dropout)
+      .cp_comm_type(options.cp_comm_type);
   layer = register_module("layer", te::nn::TransformerLayer(layer_options));
   // TE's DenseGeneral defaults (variance_scaling(1, fan_in, truncated_normal) kernels, zero
   // biases); the head is Flax's nn.Dense (lecun_normal: the same distribution).

@@ -106,6 +106,12 @@ void add_layout_options(CLI::App& app, Args& args) {
       "my_broadcast_axis replicated) extended with TE's table");
   app.add_flag("--sequence-parallel", args.sequence_parallel,
                "Sequence parallelism in the TransformerLayer (needs tpsp or a seqlen_tp rule)");
+  app.add_option("--cp-comm-type", args.cp_comm_type,
+                 "Context parallelism (TE's cp_comm_type: p2p, all_gather or a2a): the layer's "
+                 "attention runs over sentences whose tokens split over the mesh axis the rules "
+                 "give seqlen_cp (--mesh-resource cp=AXIS, or a seqlen_cp rule); --max-seq-len a "
+                 "multiple of its size")
+      ->check(CLI::IsMember({"p2p", "all_gather", "a2a"}));
   te::program::add_nproc_option(app, args.launch, "te-encoder");
 }
 
@@ -164,6 +170,7 @@ int parse_args(int argc, char** argv, Args& args) {
       "  te-encoder --nproc 2 --mesh data=2 --mesh-resource dp=data --batch-size 512 --epochs 5\n"
       "  te-encoder --nproc 4 --mesh data=2,model=2 --mesh-resource dp=data,tpsp=model \\\n"
       "             --batch-size 256 --max-seq-len 64 --epochs 5 --sequence-parallel\n"
+      "  te-encoder --nproc 2 --mesh cp=2 --mesh-resource cp=cp --cp-comm-type p2p\n"
       "  te-encoder --nproc 2 --mesh data=2 --mesh-resource fsdp=data --batch-size 512 --epochs 5\n"
       "  te-encoder --fp8 delayed --metrics-json metrics.json --log-steps steps.csv",
       "te-encoder"};
@@ -188,6 +195,12 @@ Layout check_args(const Args& args, int world_size) {
                      " is not a multiple of --heads " + std::to_string(args.heads));
   }
   Layout layout = make_layout(args, world_size);
+  if (!args.cp_comm_type.empty() && !layout.context_parallel) {
+    throw InputError("--cp-comm-type " + args.cp_comm_type + ": the layout (" +
+                     layout.description +
+                     ") maps no mesh axis to seqlen_cp; give --mesh-resource cp=AXIS or a "
+                     "seqlen_cp rule");
+  }
   if (args.quantized_weights && args.fp8 != "delayed" && args.fp8 != "current") {
     throw InputError(
         "--quantized-weights holds the kernels with a per-tensor FP8 recipe; "

@@ -30,6 +30,7 @@ struct Args {
   bool quantized_weights = false;
   te::program::LayoutArgs layout;  // --mesh, --mesh-resource, --rules, --extend-te-rules
   bool sequence_parallel = false;
+  std::string cp_comm_type;  // --cp-comm-type (empty: none)
   te::program::LaunchArgs launch;  // --nproc, --threads
   std::string metrics_json;
   std::string log_steps;

@@ -203,6 +203,9 @@ EncoderOptions model_options(const Args& args, const Layout& layout, int64_t voc
   options.intermediate_dropout = args.intermediate_dropout;
   options.mlp_activations = activations_of(args.mlp_activations, layout.tensor_parallel);
   options.sequence_parallel = args.sequence_parallel;
+  if (!args.cp_comm_type.empty()) {
+    options.cp_comm_type = te::nn::parse_te_name<te::nn::CpCommType>(args.cp_comm_type);
+  }
   return options;
 }
 
@@ -250,7 +253,9 @@ void print_banner(const Args& args, const Layout& layout, const Sets& sets,
             << args.mlp_hidden_size << " " << joined(options.mlp_activations) << ", " << args.heads
             << " heads, dropout " << options.hidden_dropout << "/" << options.attention_dropout
             << "/" << options.intermediate_dropout
-            << (args.sequence_parallel ? ", sequence parallel" : "") << ") -> Dense("
+            << (args.sequence_parallel ? ", sequence parallel" : "")
+            << (args.cp_comm_type.empty() ? "" : ", context parallel " + args.cp_comm_type)
+            << ") -> Dense("
             << args.hidden_size << ") x2 -> Dense(2); " << params << " parameters on rank 0\n"
             << "  layout: " << world_size << (world_size == 1 ? " rank, " : " ranks, ")
             << layout.description << ", data-parallel size " << layout.data_parallel << "\n"
@@ -397,6 +402,7 @@ nlohmann::json metrics_of(const Args& args, const Layout& layout, const RunSumma
                       {"mesh_resource", layout.resource ? te::to_string(*layout.resource) : ""},
                       {"rules", args.layout.rules},
                       {"sequence_parallel", args.sequence_parallel},
+                      {"cp_comm_type", args.cp_comm_type},
                       {"mlp_activations", activations},
                       {"intermediate_dropout", args.intermediate_dropout},
                       {"te_commit", kTeCommit},

@@ -77,6 +77,10 @@ TEST(Encoder, EveryLayoutMatchesOneProcessStepByStep) {
       {"dp2xtp2", "--nproc 4 --mesh data=2,model=2 --mesh-resource dp=data,tpsp=model"},
       {"dp2xtp2_sp",
        "--nproc 4 --mesh data=2,model=2 --mesh-resource dp=data,tpsp=model --sequence-parallel"},
+      // Context parallelism: the padding mask and attention dropout cut per block.
+      {"cp2_p2p", "--nproc 2 --mesh cp=2 --mesh-resource cp=cp --cp-comm-type p2p"},
+      {"dp2xcp2_all_gather",
+       "--nproc 4 --mesh data=2,cp=2 --mesh-resource dp=data,cp=cp --cp-comm-type all_gather"},
       {"tp2_rules",
        "--nproc 2 --mesh model=2 --rules "
        "'heads=model,hidden_tp=model,w_tp=model,my_tp_axis=model'"},
@@ -229,6 +233,7 @@ TEST(Encoder, HelpDescribesEveryOption) {
                           "--rules",
                           "--extend-te-rules",
                           "--sequence-parallel",
+                          "--cp-comm-type",
                           "--nproc",
                           "--metrics-json",
                           "--log-steps",
@@ -319,6 +324,12 @@ TEST(EncoderBadInput, RulesNameAMeshAxisTheMeshLacks) {
                   "(data=2) lacks");
   expect_rejected("--nproc 2 --mesh data=2 --mesh-resource dp=data,tp=model",
                   "--mesh-resource names mesh axis 'model'");
+}
+
+TEST(EncoderBadInput, CpCommTypeWithoutACpAxis) {
+  expect_rejected("--nproc 2 --mesh data=2 --mesh-resource dp=data --cp-comm-type p2p",
+                  "--cp-comm-type p2p: the layout (");
+  expect_rejected("--cp-comm-type ring", "--cp-comm-type: ring not in {p2p,all_gather,a2a}");
 }
 
 TEST(EncoderBadInput, MeshSizeDiffersFromWorldSize) {

@@ -31,6 +31,9 @@ struct EncoderOptions {
   double intermediate_dropout = 0.0;
   std::vector<std::string> mlp_activations = {"gelu"};
   bool sequence_parallel = false;
+  /// Context parallelism in the layer's attention (TE's cp_comm_type): its padding mask and
+  /// dropout are taken as one process's (te/nn/context_parallel.h).
+  std::optional<te::nn::CpCommType> cp_comm_type;
 };
 
 class EncoderClassifierImpl : public torch::nn::Cloneable<EncoderClassifierImpl> {
