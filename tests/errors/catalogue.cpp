@@ -593,14 +593,15 @@ std::vector<Case> cases() {
                   const at::Tensor q = at::zeros({1, 4, 3, 8});
                   functional::context_parallel_attention(q, q, q, call, cp);
                 })},
-      {"modules", "a padding mask under context parallelism",
-       "attn_mask_type 'padding_causal' takes a mask, which TE refuses with context parallelism",
+      {"modules", "an arbitrary mask under context parallelism",
+       "attn_mask_type 'arbitrary' is not taken with context parallelism",
        on_ranks(2,
                 [](int) {
                   const functional::ContextParallel cp(DeviceMesh({2}, {"cp"}), "cp",
                                                        "all_gather");
                   functional::AttentionCall call;
-                  call.spec = functional::mask_spec("padding_causal");
+                  call.spec = functional::mask_spec("arbitrary");
+                  call.mask = at::zeros({1, 2, 8, 8}, at::kBool);
                   const at::Tensor q = at::zeros({1, 4, 2, 8});
                   functional::context_parallel_attention(q, q, q, call, cp);
                 })},

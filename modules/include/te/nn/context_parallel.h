@@ -81,12 +81,14 @@ at::Tensor cp_rank_order(const at::Tensor& whole, int64_t dim, int64_t cp,
 /// tokens of the same sequence in cp's layout — over the whole sequence: the result is this
 /// rank's rows of the one-process output, and gradients reach every rank's q, k, v as one
 /// process's would. Collective over cp's mesh axis (every rank of it calls it alike).
-/// Takes no mask, the causal types (a diagonal shared by q and k) and, with "all_gather" and
-/// "a2a", sliding windows (and there off-by-one sinks); GQA; soft caps; dropout (each element's
+/// Takes no mask, the causal types (a diagonal shared by q and k), the padding types (call.mask
+/// over the whole sequence in its own order, [batch, 1, 1 | seqlen, seqlen], as one process
+/// takes it; cut per block) and, with "all_gather" and "a2a", sliding windows (and there
+/// off-by-one sinks); GQA; soft caps; dropout (each element's
 /// mask is one process's: every block draws it at its global place from the call's one stream
-/// call); no bias, learnable sinks or packed sequences yet. "p2p" and "all_gather" run te's fused
-/// CPU kernel (float32, bfloat16, float16), and what it does not take (dropout in training, a
-/// soft cap, `fused` off) the same blocks on the unfused path under autograd (probabilities held
+/// call); no arbitrary mask, bias, learnable sinks or packed sequences yet. "p2p" and
+/// "all_gather" run te's fused CPU kernel (float32, bfloat16, float16), and what it does not take
+/// (a padding mask, dropout in training, a soft cap, `fused` off) the same blocks on the unfused path under autograd (probabilities held
 /// per block for backward; p2p then receives every block round the ring before computing); "a2a"
 /// runs functional::attention on whole sequences and needs heads and kv_heads divisible by cp.
 /// Under a layer on a mesh, dropout is drawn at the rank's place in the global batch and heads;
