@@ -6,8 +6,10 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <ostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../expect_error.h"
@@ -58,14 +60,6 @@ struct CpCase {
   double dropout = 0, softcap = 0;  // the unfused blocks (what the fused kernel does not take)
 };
 
-// A padding mask of the whole sequence as one process takes it, [batch, 1, seq, seq], true where
-// the key or the query is padding (rows of seq - 3 and seq - 6 tokens).
-at::Tensor padding_of(int64_t batch, int64_t seq) {
-  const at::Tensor len = at::tensor(std::vector<int64_t>{seq - 3, seq - 6}).narrow(0, 0, batch);
-  const at::Tensor pad = at::arange(seq).view({1, seq}).ge(len.view({-1, 1}));  // [batch, seq]
-  return pad.view({batch, 1, 1, seq}).logical_or(pad.view({batch, 1, seq, 1}));
-}
-
 std::string case_name(const ::testing::TestParamInfo<CpCase>& info) { return info.param.name; }
 void PrintTo(const CpCase& c, std::ostream* os) { *os << c.name; }
 
@@ -94,7 +88,9 @@ TEST_P(ContextParallelAttention, IsOneProcess) {
   const at::Tensor v0 = randn({batch, seq, c.kv_heads, d}, 3), w = randn({batch, seq, heads, d}, 4);
   at::Tensor q = leaf(q0), k = leaf(k0), v = leaf(v0);
   const bool padded = F::mask_spec(c.mask).padding();
-  const at::Tensor mask = padded ? padding_of(batch, seq) : at::Tensor();
+  // Rows of seq - 3 and seq - 6 tokens, the whole sequence's mask as one process takes it.
+  const at::Tensor mask =
+      padded ? test::padding_mask({seq - 3, seq - 6}, {seq - 3, seq - 6}, seq, seq) : at::Tensor();
   manual_seed(7);
   F::AttentionCall one = call_of(c, false);
   one.mask = mask;
@@ -159,8 +155,8 @@ INSTANTIATE_TEST_SUITE_P(
         CpCase{"p2p_cp2_padding_bottom_right_dropout", CpCommType::kP2P, 2,
                "padding_causal_bottom_right", -1, -1, 2, false, true, 0.2},
         CpCase{"p2p_cp4_padding", CpCommType::kP2P, 4, "padding", -1, -1, 4, false, false},
-        CpCase{"all_gather_cp4_padding_causal_window", CpCommType::kAllGather, 4,
-               "padding_causal", 6, 0, 2},
+        CpCase{"all_gather_cp4_padding_causal_window", CpCommType::kAllGather, 4, "padding_causal",
+               6, 0, 2},
         CpCase{"a2a_cp2_padding_causal_dropout", CpCommType::kA2A, 2, "padding_causal", -1, -1, 2,
                false, true, 0.2}),
     case_name);
@@ -320,6 +316,82 @@ TEST(ContextParallelLayers, CpCommTypeWithoutACpAxisIsNamed) {
                  "map the logical axis 'seqlen_cp' to a mesh axis in the rules (or MeshResource "
                  "cp), or unset cp_comm_type");
   });
+}
+
+}  // namespace
+}  // namespace te::nn
+
+namespace te::nn {
+namespace {
+
+// Every FP8 recipe with the whole layer's activations split over the cp axis (rules
+// seqlen=cp,seqlen_cp=cp: the projections' GEMMs take each rank's tokens, attention the whole
+// sequence): MultiHeadAttention's output, input gradient and weight gradients equal one
+// process's under the same recipe (per-tensor amaxes reduced over the mesh; 128 tokens per rank,
+// so every shard boundary falls between blocks), within 2e-3 of each tensor's largest magnitude:
+// the room a few FP8 codes flipped by one-ulp differences take (the merged attention output
+// differs from one process's by fp32 rounding, and the output projection casts it; measured: up
+// to 3.2e-4 of the largest magnitude, in the layer norm's and kv kernel's gradients).
+TEST(ContextParallelLayers, EveryFp8RecipeOnCp2IsOneProcess) {
+  const std::vector<int64_t> shape = {1, 256, 128};
+  const at::Tensor x0 = randn(shape, 31), w = randn(shape, 32) * 0.1;
+  const auto build = [](std::optional<CpCommType> type) {
+    manual_seed(33);
+    auto o = MultiHeadAttentionOptions(128, 4);
+    o.attention().num_gqa_groups(2).attn_mask_type("causal").attention_dropout(0.0);
+    if (type) o.attention().cp_comm_type(*type);
+    return MultiHeadAttention(o);
+  };
+  fp8::NVFP4BlockScaling nvfp4;
+  nvfp4.disable_stochastic_rounding = true;  // (its draws are each rank's own)
+  const double flips = 2e-3;
+  const std::vector<fp8::Recipe> recipes = {
+      fp8::DelayedScaling{}, fp8::CurrentScaling{},
+      fp8::Float8BlockScaling{fp8::Format::kHybrid, false, 0.0f},
+      fp8::MXFP8BlockScaling{fp8::Format::kHybrid}, nvfp4};
+  for (const fp8::Recipe& recipe : recipes) {
+    const auto close = [flips](const at::Tensor& got,
+                               const at::Tensor& want) -> ::testing::AssertionResult {
+      const double top = want.abs().max().item<double>();
+      if (at::allclose(got, want, 1e-5, std::max(1e-6 * top, flips * top) + 1e-7)) {
+        return ::testing::AssertionSuccess();
+      }
+      return ::testing::AssertionFailure()
+             << "max err " << (got - want).abs().max().item<double>() << " of " << top;
+    };
+    MultiHeadAttention one = build(std::nullopt);
+    at::Tensor x_ref = leaf(x0);
+    at::Tensor want;
+    {
+      Fp8Autocast fp8(true, recipe);
+      want = one(x_ref);
+      (want * w).sum().backward();
+    }
+    for (CpCommType type : {CpCommType::kP2P, CpCommType::kA2A}) {
+      run_local_ranks(2, [&](int rank) {
+        DeviceMesh mesh({2}, {"cp"});
+        MeshScope scope(mesh);
+        AxisRulesScope rules(parse_axis_rules("seqlen=cp,seqlen_cp=cp"));
+        MultiHeadAttention mha = build(type);
+        const at::Tensor x = leaf(x0.narrow(1, rank * 128, 128));
+        at::Tensor y;
+        {
+          Fp8Autocast fp8(true, recipe);
+          y = mha(DTensor::from_local(x, mesh, {Shard{1}}, shape), std::nullopt).full_tensor();
+          (y * w).sum().backward();
+        }
+        const std::string where =
+            fp8::to_string(recipe) + " " + te_name(type) + ", rank " + std::to_string(rank);
+        EXPECT_TRUE(close(y, want.detach())) << "output, " << where;
+        EXPECT_TRUE(close(x.grad(), x_ref.grad().narrow(1, rank * 128, 128))) << "dx, " << where;
+        const auto theirs = one->named_parameters();
+        for (const auto& p : mha->named_parameters()) {
+          ASSERT_TRUE(p.value().grad().defined()) << p.key();
+          EXPECT_TRUE(close(p.value().grad(), theirs[p.key()].grad())) << p.key() << ", " << where;
+        }
+      });
+    }
+  }
 }
 
 }  // namespace
