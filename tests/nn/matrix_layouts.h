@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <ostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace te::test {
@@ -42,12 +43,13 @@ inline const std::vector<MatrixLayout>& matrix_layouts() {
 inline const std::vector<MatrixLayout>& cp_matrix_layouts() {
   static const std::vector<MatrixLayout> all = [] {
     std::vector<MatrixLayout> made;
-    for (const char* type : {"p2p", "all_gather", "a2a"}) {
-      const std::string t = type;
-      made.push_back({"CP2_" + t, {2}, {"cp"}, "cp=cp", false, t});
-      made.push_back({"DP2xCP2_" + t, {2, 2}, {"data", "cp"}, "dp=data,cp=cp", false, t});
-      made.push_back({"TP2xCP2_" + t, {2, 2}, {"tp", "cp"}, "tp=tp,cp=cp", false, t});
-      made.push_back({"CP4_" + t, {4}, {"cp"}, "cp=cp", false, t});
+    // (names without '_': tests/cmake/test_groups.cmake reads <kind>_<layout>_<rules>)
+    for (const auto& [type, name] : std::vector<std::pair<std::string, std::string>>{
+             {"p2p", "P2P"}, {"all_gather", "AllGather"}, {"a2a", "A2A"}}) {
+      made.push_back({"CP2" + name, {2}, {"cp"}, "cp=cp", false, type});
+      made.push_back({"DP2xCP2" + name, {2, 2}, {"data", "cp"}, "dp=data,cp=cp", false, type});
+      made.push_back({"TP2xCP2" + name, {2, 2}, {"tp", "cp"}, "tp=tp,cp=cp", false, type});
+      made.push_back({"CP4" + name, {4}, {"cp"}, "cp=cp", false, type});
     }
     return made;
   }();

@@ -487,12 +487,12 @@ std::vector<Case> all_cases() {
           kind == Kind::kMhaCpRope || kind == Kind::kMhaCpWindow || kind == Kind::kMhaGqa;
       const bool window = kind == Kind::kMhaCpWindow || kind == Kind::kSandwich;
       if (window && l.cp_comm_type == "p2p") continue;
-      if (gqa && l.cp_comm_type == "a2a" && l.name != "CP2_a2a" && l.name != "DP2xCP2_a2a") {
-        continue;
-      }
+      // (a2a splits the 2 key/value heads: over 2 ranks, and not beside tensor parallelism)
+      const bool cp2 = l.name.rfind("CP2", 0) == 0 || l.name.rfind("DP2xCP2", 0) == 0;
+      if (gqa && l.cp_comm_type == "a2a" && !cp2) continue;
       cases.push_back({kind, l.name, Way::kTeTable});
       cases.push_back({kind, l.name, Way::kTeTable, true});
-      if (l.name.rfind("CP2_", 0) == 0 && (kind == Kind::kMhaFused || kind == Kind::kDecoder)) {
+      if (l.name.rfind("CP2", 0) == 0 && (kind == Kind::kMhaFused || kind == Kind::kDecoder)) {
         cases.push_back({kind, l.name, Way::kTeTable, false, false, at::kBFloat16});
       }
     }
