@@ -32,6 +32,7 @@ namespace {
 struct Args {
   int64_t tokens = 16384, hidden = 64, heads = 4, ffn = 256;
   int reps = 3;
+  double attention_dropout = 0.0;  // > 0 (training): p2p and all_gather take the unfused blocks
 };
 
 struct Result {
@@ -43,7 +44,7 @@ te::nn::TransformerLayerOptions layer_options(const Args& a, std::optional<te::n
   auto o = te::nn::TransformerLayerOptions(a.hidden, a.ffn, a.heads)
                .hidden_dropout(0.0)
                .intermediate_dropout(0.0);
-  o.self_attention().attention().attention_dropout(0.0).attn_mask_type("causal");
+  o.self_attention().attention().attention_dropout(a.attention_dropout).attn_mask_type("causal");
   if (cp) o.self_attention().attention().cp_comm_type(*cp);
   return o;
 }
@@ -108,6 +109,9 @@ int main(int argc, char** argv) {
   app.add_option("--heads", a.heads, "attention heads (a2a needs a multiple of cp)");
   app.add_option("--ffn", a.ffn, "MLP hidden size");
   app.add_option("--reps", a.reps, "timed steps after one warm-up (the median is reported)");
+  app.add_option("--attention-dropout", a.attention_dropout,
+                 "attention dropout in training (p2p and all_gather then run the unfused "
+                 "blocks, whose probabilities backward keeps; one process the unfused path)");
   CLI11_PARSE(app, argc, argv);
   at::manual_seed(0);
   const Result base = one_process(a);

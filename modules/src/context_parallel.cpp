@@ -144,6 +144,9 @@ void check_context_parallel(const at::Tensor& q, const at::Tensor& k, const at::
   TE_CHECK(call.spec.type != AttnMaskType::kArbitrary, who,
            ": attn_mask_type 'arbitrary' is not taken with context parallelism (TE takes no mask "
            "with cp in bshd); use no_mask, a causal type or a padding type");
+  // The padding mask is the whole sequence's, as one process takes it.
+  check_attention_mask(call.mask, call.spec, q.size(0), q.size(2), q.size(1) * cp.size(),
+                       q.size(1) * cp.size());
   TE_CHECK(call.bias_type == AttnBiasType::kNoBias, who, ": core_attention_bias_type '",
            te_name(call.bias_type), "' is not taken with context parallelism; use no_bias");
   const bool window =

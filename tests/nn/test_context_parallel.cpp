@@ -226,6 +226,14 @@ TEST(ContextParallel, BadInputIsNamed) {
     call.mask = at::zeros({1, 3, 8, 8}, at::kBool);
     EXPECT_ERROR(F::context_parallel_attention(q, q, q, call, p2p),
                  "attn_mask_type 'arbitrary' is not taken with context parallelism");
+    // A padding mask is the whole sequence's (8 tokens), one for every head.
+    call.spec = F::mask_spec("padding_causal");
+    call.mask = at::zeros({1, 1, 4, 4}, at::kBool);
+    EXPECT_ERROR(F::context_parallel_attention(q, q, q, call, p2p),
+                 "does not broadcast to the logits [batch 1, heads 3, seqlen_q 8, seqlen_kv 8]");
+    call.mask = at::zeros({1, 3, 8, 8}, at::kBool);
+    EXPECT_ERROR(F::context_parallel_attention(q, q, q, call, p2p),
+                 "the padding mask of attn_mask_type 'padding_causal' has 3 heads");
     call = call_of({"", CpCommType::kP2P, 2, "causal"}, true);
     call.softmax_type = SoftmaxType::kLearnable;
     call.softmax_offset = at::zeros({4});
