@@ -14,6 +14,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <cmath>
 #include <string>
 #include <utility>
 
@@ -135,6 +136,12 @@ void check_context_parallel(const at::Tensor& q, const at::Tensor& k, const at::
   TE_CHECK(k.size(1) == q.size(1) && v.size(1) == q.size(1), who, ": q holds ", q.size(1),
            " tokens but k ", k.size(1), " and v ", v.size(1),
            "; context parallelism splits one sequence for q, k and v alike (self attention)");
+  TE_CHECK(q.size(0) == k.size(0) && k.size(0) == v.size(0) && q.size(3) == k.size(3) &&
+               k.size(2) == v.size(2) && k.size(2) > 0 && q.size(2) % k.size(2) == 0,
+           who, ": q ", q.sizes(), ", k ", k.sizes(), ", v ", v.sizes(),
+           " are not [b, s, h, d], [b, s, hkv, d], [b, s, hkv, dv] with h a multiple of hkv");
+  TE_CHECK(call.softcap >= 0 && std::isfinite(call.softcap), who, ": softcap ", call.softcap,
+           " must be a finite number >= 0 (0: none)");
   TE_CHECK(!call.packed.defined(), who,
            ": packed sequences (thd) are not taken with context parallelism yet; use bshd");
   TE_CHECK(!piece_of(call).on_logits && piece_of(call).global_sequences == 0, who,

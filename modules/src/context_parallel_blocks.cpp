@@ -1,7 +1,7 @@
 // The block-wise context parallel strategies, "p2p" and "all_gather" (context_parallel.cpp says
 // how they relate to TE's), on te's fused CPU kernel's forward and backward primitives
-// (flash_attention.h); and, for what that kernel does not take (dropout in training, a soft cap,
-// `fused` off), the same blocks on the unfused path under autograd.
+// (flash_attention.h); and, for what that kernel does not take (a padding mask, dropout in
+// training, a soft cap, `fused` off), the same blocks on the unfused path under autograd.
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
@@ -275,7 +275,7 @@ struct GatheredKv : public torch::autograd::Function<GatheredKv> {
   }
 };
 
-// ---- what the fused kernel does not take: dropout in training, a soft cap, `fused` off -------
+// ---- what the fused kernel does not take: padding masks, dropout, soft caps, `fused` off ------
 
 // The K/V blocks (packed) of ranks r, r-1, ..., r-(cp-1), the others received round the ring in
 // cp-1 steps, as p2p's forward passes them. The rank's own block is one of the outputs (a copy),
@@ -304,19 +304,19 @@ struct RingBlocks : public torch::autograd::Function<RingBlocks> {
     const c10::intrusive_ptr<CpState> state = state_of(ctx);
     const ScopeLoan loan(state->scopes);
     const ContextParallel& cp = state->cp;
-    // (a block no query saw has no gradient: zeros travel in its place, every rank shifting)
-    at::Tensor running =
-        at::zeros({ctx->saved_data["numel"].toInt()},
-                  at::TensorOptions()
-                      .dtype(static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt()))
-                      .device(ctx->saved_data["device"].toDevice()));
+    // The sums in float32, as the fused ring's (a block no query saw has no gradient: zeros
+    // travel in its place, every rank shifting).
+    at::Tensor running = at::zeros(
+        {ctx->saved_data["numel"].toInt()},
+        at::TensorOptions().dtype(at::kFloat).device(ctx->saved_data["device"].toDevice()));
     for (int64_t i = cp.size() - 1; i >= 1; --i) {
       const at::Tensor& g = grads[static_cast<std::size_t>(i)];
-      if (g.defined()) running = running.add(g);
-      running = cp.mesh().ring_shift(running.contiguous(), cp.mesh_dim(), -1);
+      if (g.defined()) running.add_(g);
+      running = cp.mesh().ring_shift(running, cp.mesh_dim(), -1);
     }
     if (grads[0].defined()) running.add_(grads[0]);
-    return {running, at::Tensor()};
+    return {running.to(static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt())),
+            at::Tensor()};
   }
 };
 
@@ -364,8 +364,7 @@ AttentionCall pair_call(const AttentionCall& call, const CpState& state, const a
   c.spec = MaskSpec{};
   if (masked.defined()) {
     c.spec.type = AttnMaskType::kArbitrary;
-    c.mask = masked.narrow(2, masked.size(2) == 1 ? 0 : a.start, masked.size(2) == 1 ? 1 : a.length)
-                 .narrow(3, b.start, b.length);
+    c.mask = masked.narrow(2, a.start, a.length).narrow(3, b.start, b.length);
   } else if (w.left >= 0 || w.right >= 0) {
     // Key j is hidden from query i when d = j - i - offset < -left or > right: min(d + left, 0)
     // - max(d - right, 0) is then nonzero (ops a meta tensor takes too: te::nn::plan).
@@ -409,9 +408,10 @@ at::Tensor unfused_blocks(const at::Tensor& q, const at::Tensor& k, const at::Te
   }
   // A padding mask: the whole sequence's hidden positions, cut per pair; a pair is skipped by
   // the window unless the diagonal sits per sequence (padding_causal_bottom_right).
-  const at::Tensor masked = call.spec.takes_mask()
-                                ? masked_positions(call.mask, call.spec, s, s, q.options())
-                                : at::Tensor();
+  at::Tensor masked = call.spec.takes_mask()
+                          ? masked_positions(call.mask, call.spec, s, s, q.options())
+                          : at::Tensor();
+  if (masked.defined()) masked = masked.expand({masked.size(0), masked.size(1), s, s});
   const KeyWindow skip =
       call.spec.padding() && call.spec.bottom_right ? KeyWindow{} : state->window;
   const bool draws = call.training && call.dropout > 0;

@@ -76,9 +76,9 @@ MultiHeadAttentionOptions cross_attention_options(const TransformerLayerOptions&
   MultiHeadAttentionOptions cross = options.self_attention();
   const LogicalAxes& qkv = cross.qkv_kernel_axes();
   cross.self_attention(false).q_kernel_axes({qkv[0], qkv[2]}).kv_kernel_axes(qkv);
-  // The memory is another sequence, with its own padding mask: under context parallelism the
-  // queries attend to it whole (TE refuses a padding mask with cp in bshd, backends.py
-  // L2169-2172 at d0067d0da), so cross attention takes no cp_comm_type.
+  // The memory is another sequence: context parallelism splits one sequence for q, k and v
+  // alike (self attention), so cross attention takes no cp_comm_type and its queries attend to
+  // the memory whole.
   cross.attention()
       .attn_mask_type(AttnMaskType::kPadding)
       .window_size(std::nullopt)

@@ -161,6 +161,26 @@ INSTANTIATE_TEST_SUITE_P(
                false, true, 0.2}),
     case_name);
 
+// A padding mask that broadcasts over the keys ([batch, 1, seqlen, 1]: whole query rows hidden)
+// is cut per block as one process broadcasts it.
+TEST(ContextParallel, APaddingMaskBroadcastOverTheKeys) {
+  const at::Tensor q0 = randn({1, 8, 2, 8}, 7), w = randn({1, 8, 2, 8}, 8);
+  const at::Tensor mask = at::arange(8).ge(6).view({1, 1, 8, 1});
+  F::AttentionCall call = call_of({"", CpCommType::kP2P, 2, "padding_causal"}, true);
+  call.mask = mask;
+  at::Tensor q = leaf(q0);
+  const at::Tensor ref = F::attention(q, q, q, call);
+  (ref * w).sum().backward();
+  run_local_ranks(2, [&](int rank) {
+    const F::ContextParallel cp(DeviceMesh({2}, {"cp"}), "cp", "p2p");
+    at::Tensor ql = leaf(F::cp_shard(q0, 1, 2, cp.rank()));
+    const at::Tensor out = F::context_parallel_attention(ql, ql, ql, call, cp);
+    (out * F::cp_shard(w, 1, 2, cp.rank())).sum().backward();
+    EXPECT_TRUE(Close(out, F::cp_shard(ref, 1, 2, cp.rank()), 1e-5)) << "rank " << rank;
+    EXPECT_TRUE(Close(ql.grad(), F::cp_shard(q.grad(), 1, 2, cp.rank()), 1e-5)) << rank;
+  });
+}
+
 // What each strategy moves over the cp axis for one forward and backward at cp = 4, and a bf16
 // ring within bf16's rounding of one process's.
 TEST(ContextParallel, TrafficPerStrategyAndBf16) {
@@ -226,6 +246,13 @@ TEST(ContextParallel, BadInputIsNamed) {
     call.mask = at::zeros({1, 3, 8, 8}, at::kBool);
     EXPECT_ERROR(F::context_parallel_attention(q, q, q, call, p2p),
                  "attn_mask_type 'arbitrary' is not taken with context parallelism");
+    call = call_of({"", CpCommType::kP2P, 2, "causal"}, true);
+    call.softcap = -1.0;
+    EXPECT_ERROR(F::context_parallel_attention(q, q, q, call, p2p),
+                 "softcap -1 must be a finite number >= 0");
+    call.softcap = 0.0;
+    EXPECT_ERROR(F::context_parallel_attention(q, q.narrow(3, 0, 4), q.narrow(3, 0, 4), call, p2p),
+                 "with h a multiple of hkv");
     // A padding mask is the whole sequence's (8 tokens), one for every head.
     call.spec = F::mask_spec("padding_causal");
     call.mask = at::zeros({1, 1, 4, 4}, at::kBool);

@@ -183,9 +183,8 @@ int run_plan(const PlanArgs& a, const LayoutScopes& layout) {
   layer.self_attention().layernorm().layernorm_type(args.norm);
   layer.self_attention().attention().num_gqa_groups(args.kv_heads);
   if (!args.cp_comm_type.empty()) {
+    // (with the layer's attention dropout, p2p and all_gather plan the unfused blocks)
     layer.self_attention().attention().cp_comm_type(args.cp_comm_type);
-    layer.hidden_dropout(0.0).intermediate_dropout(0.0);  // (not yet with cp)
-    layer.self_attention().attention().attention_dropout(0.0);
   }
   te::nn::PlanOptions options(layer, args.layers, args.batch, args.seqlen);
   if (!args.mesh.empty()) {
