@@ -238,13 +238,6 @@ Packing packing(const at::Tensor& cu_seqlens, const at::Tensor& padded, int64_t 
   return p;
 }
 
-// A padding type means, for one packed sequence alone, its causal part.
-AttnMaskType unpadded_type(AttnMaskType type) {
-  if (type == AttnMaskType::kPadding) return AttnMaskType::kNoMask;
-  if (type == AttnMaskType::kPaddingCausal) return AttnMaskType::kCausal;
-  return AttnMaskType::kCausalBottomRight;  // padding_causal_bottom_right
-}
-
 at::Tensor dense_attention(const at::Tensor& q, const at::Tensor& k_in, const at::Tensor& v_in,
                            const AttentionCall& call);
 
@@ -254,7 +247,7 @@ AttentionCall sequence_call(const AttentionCall& call, int64_t index, int64_t se
                             int64_t max_q, int64_t max_kv) {
   AttentionCall one = call;
   one.packed = {};
-  one.spec.type = unpadded_type(call.spec.type);
+  one.spec.type = detail::unpadded_type(call.spec.type);
   if (call.alibi_slopes.defined() && call.alibi_slopes.dim() == 2) {
     one.alibi_slopes = call.alibi_slopes.narrow(0, index, 1);
   }

@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 
+#include "attention_piece.h"
 #include "te/compat.h"
 #include "te/error.h"
 #include "te/nn/functional.h"
@@ -300,6 +301,12 @@ PackedRows packed_rows(const at::Tensor& cu_seqlens, const at::Tensor& cu_seqlen
   }
   start[rows * n] = rows * tokens;
   return out;
+}
+
+AttnMaskType detail::unpadded_type(AttnMaskType type) {
+  if (type == AttnMaskType::kPadding) return AttnMaskType::kNoMask;
+  if (type == AttnMaskType::kPaddingCausal) return AttnMaskType::kCausal;
+  return AttnMaskType::kCausalBottomRight;  // padding_causal_bottom_right
 }
 
 }  // namespace te::nn::functional

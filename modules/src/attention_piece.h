@@ -44,6 +44,11 @@ std::pair<at::Tensor, at::Tensor> unfused_attention(const at::Tensor& q, const a
                                                     const at::Tensor& v, const AttentionCall& call,
                                                     bool with_lse);
 
+/// A padding type's meaning for one packed sequence alone (a padding type's mask is its
+/// cu_seqlens): its causal part (padding: no_mask; padding_causal: causal;
+/// padding_causal_bottom_right: causal_bottom_right).
+AttnMaskType unpadded_type(AttnMaskType type);
+
 /// The call's piece, or the whole (every field 0) when it has none.
 inline const AttentionPiece& piece_of(const AttentionCall& call) {
   static const AttentionPiece kWhole;

@@ -14,7 +14,9 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <utility>
 
@@ -94,19 +96,139 @@ at::Tensor cp_rank_order(const at::Tensor& whole, int64_t dim, int64_t cp, bool 
   return reorder_chunks(whole, dim, ids.numel(), ids);
 }
 
+at::Tensor cp_packed_indices(const at::Tensor& cu_seqlens_padded, int64_t cp, int64_t rank) {
+  TE_CHECK(cp >= 1 && rank >= 0 && rank < cp, "cp_packed_indices: rank ", rank, " is not one of ",
+           cp);
+  const at::Tensor cu = checked_cu_seqlens(cu_seqlens_padded, "context parallelism",
+                                           "cu_seqlens_padded", std::numeric_limits<int64_t>::max(),
+                                           /*tail_padding=*/true);
+  const int64_t* pp = cu.data_ptr<int64_t>();
+  std::vector<at::Tensor> pieces;
+  for (int64_t i = 0; i + 1 < cu.size(0); ++i) {
+    const int64_t slot = pp[i + 1] - pp[i], c = slot / (2 * cp);
+    TE_CHECK(slot % (2 * cp) == 0, "context parallelism over ", cp,
+             " ranks cuts each packed sequence's slot into 2·cp = ", 2 * cp,
+             " chunks, but sequence ", i, " has a slot of ", slot, " tokens (cu_seqlens_padded[", i,
+             "..", i + 1, "]); pad each sequence to a multiple of ", 2 * cp,
+             " (TE's pad_thd_sequences_for_cp does)");
+    pieces.push_back(at::arange(pp[i] + rank * c, pp[i] + (rank + 1) * c, at::kLong));
+    pieces.push_back(
+        at::arange(pp[i] + (2 * cp - 1 - rank) * c, pp[i] + (2 * cp - rank) * c, at::kLong));
+  }
+  return pieces.empty() ? at::empty({0}, at::kLong) : at::cat(pieces);
+}
+
+namespace {
+
+int64_t packed_tokens(const at::Tensor& cu_seqlens_padded) {
+  return checked_cu_seqlens(cu_seqlens_padded, "context parallelism", "cu_seqlens_padded",
+                            std::numeric_limits<int64_t>::max(), /*tail_padding=*/true)
+      .data_ptr<int64_t>()[cu_seqlens_padded.numel() - 1];
+}
+
+// Every rank's indices, in rank order.
+at::Tensor packed_order(const at::Tensor& cu_seqlens_padded, int64_t cp) {
+  std::vector<at::Tensor> all;
+  for (int64_t r = 0; r < cp; ++r) all.push_back(cp_packed_indices(cu_seqlens_padded, cp, r));
+  return at::cat(all);
+}
+
+}  // namespace
+
+at::Tensor cp_shard_packed(const at::Tensor& whole, int64_t dim,
+                           const at::Tensor& cu_seqlens_padded, int64_t cp, int64_t rank) {
+  const int64_t tokens = packed_tokens(cu_seqlens_padded);
+  TE_CHECK(whole.size(dim) == tokens, "cp_shard_packed: dim ", dim, " of ", whole.sizes(),
+           " is not the whole packed tensor's ", tokens,
+           " tokens (cu_seqlens_padded's last entry)");
+  return whole.index_select(dim, cp_packed_indices(cu_seqlens_padded, cp, rank).to(whole.device()));
+}
+
+at::Tensor cp_unshard_packed(const at::Tensor& rank_ordered, int64_t dim,
+                             const at::Tensor& cu_seqlens_padded, int64_t cp) {
+  const int64_t tokens = packed_tokens(cu_seqlens_padded);
+  TE_CHECK(rank_ordered.size(dim) == tokens, "cp_unshard_packed: dim ", dim, " of ",
+           rank_ordered.sizes(), " is not every rank's tokens, ", tokens,
+           " (cu_seqlens_padded's last entry)");
+  return rank_ordered.index_select(
+      dim, at::argsort(packed_order(cu_seqlens_padded, cp)).to(rank_ordered.device()));
+}
+
+namespace detail {
+
+CpLayout::CpLayout(const ContextParallel& cp, int64_t local_tokens)
+    : cp_(cp.size()), tokens_(local_tokens * cp.size()), load_balanced_(cp.load_balanced()) {}
+
+CpLayout::CpLayout(const ContextParallel& cp, const PackedSequences& packed, int64_t local_tokens)
+    : cp_(cp.size()), tokens_(local_tokens * cp.size()), load_balanced_(true), packed_(true) {
+  const at::Tensor cu = checked_cu_seqlens(packed.cu_seqlens_q, "context parallelism",
+                                           "cu_seqlens_q", tokens_, /*tail_padding=*/true);
+  const at::Tensor slots =
+      packed.cu_seqlens_q_padded.defined()
+          ? checked_cu_seqlens(packed.cu_seqlens_q_padded, "context parallelism",
+                               "cu_seqlens_q_padded", tokens_, /*tail_padding=*/true)
+          : cu;
+  const int64_t *c = cu.data_ptr<int64_t>(), *pp = slots.data_ptr<int64_t>();
+  for (int64_t i = 0; i + 1 < cu.size(0); ++i) {
+    start_.push_back(pp[i]);
+    length_.push_back(c[i + 1] - c[i]);
+    slot_.push_back(pp[i + 1] - pp[i]);
+    longest_ = std::max(longest_, length_.back());
+  }
+  if (packed.max_seqlen_q > 0) longest_ = packed.max_seqlen_q;
+  order_ = packed_order(slots, cp_);
+  inverse_ = at::argsort(order_);
+}
+
+std::vector<CpChunk> CpLayout::chunks(int64_t rank) const {
+  if (!packed_) return cp_chunks(tokens_, cp_, rank, load_balanced_);
+  std::vector<CpChunk> out;
+  for (std::size_t i = 0; i < start_.size(); ++i) {
+    const int64_t c = slot_[i] / (2 * cp_), base = start_[i] / cp_;
+    for (const int64_t k : {rank, 2 * cp_ - 1 - rank}) {
+      const int64_t valid = std::clamp(length_[i] - k * c, int64_t{0}, c);
+      if (valid > 0) {
+        out.push_back({k * c, valid, base + (k == rank ? 0 : c), static_cast<int64_t>(i)});
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<CpChunk> CpLayout::sequences() const {
+  if (!packed_) return {{0, tokens_, 0}};
+  std::vector<CpChunk> out;
+  for (std::size_t i = 0; i < start_.size(); ++i) {
+    if (length_[i] > 0) out.push_back({0, length_[i], start_[i], static_cast<int64_t>(i)});
+  }
+  return out;
+}
+
+at::Tensor CpLayout::sequence_order(const at::Tensor& rank_ordered) const {
+  if (!packed_) return cp_unshard(rank_ordered, 1, cp_, load_balanced_);
+  return rank_ordered.index_select(1, inverse_.to(rank_ordered.device()));
+}
+
+at::Tensor CpLayout::rank_order(const at::Tensor& whole) const {
+  if (!packed_) return cp_rank_order(whole, 1, cp_, load_balanced_);
+  return whole.index_select(1, order_.to(whole.device()));
+}
+
+}  // namespace detail
+
 namespace {
 
 using detail::over_cp;
 
 // [b, s/cp, h, d] split over the sequence -> [b, s, h/cp, d] split over the heads, and back.
-at::Tensor sequence_to_heads(const at::Tensor& t, const ContextParallel& cp) {
+at::Tensor sequence_to_heads(const at::Tensor& t, const ContextParallel& cp,
+                             const detail::CpLayout& layout) {
   const DTensor x = DTensor::from_local(t, cp.mesh(), over_cp(cp, Shard{1}));
-  return cp_unshard(x.redistribute(over_cp(cp, Shard{2})).to_local(), 1, cp.size(),
-                    cp.load_balanced());
+  return layout.sequence_order(x.redistribute(over_cp(cp, Shard{2})).to_local());
 }
-at::Tensor heads_to_sequence(const at::Tensor& t, const ContextParallel& cp) {
-  const at::Tensor ranked = cp_rank_order(t, 1, cp.size(), cp.load_balanced());
-  return DTensor::from_local(ranked, cp.mesh(), over_cp(cp, Shard{2}))
+at::Tensor heads_to_sequence(const at::Tensor& t, const ContextParallel& cp,
+                             const detail::CpLayout& layout) {
+  return DTensor::from_local(layout.rank_order(t), cp.mesh(), over_cp(cp, Shard{2}))
       .redistribute(over_cp(cp, Shard{1}))
       .to_local();
 }
@@ -127,10 +249,66 @@ AttentionCall heads_share(const at::Tensor& q, const AttentionCall& call,
 
 namespace detail {
 
-void check_context_parallel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+namespace {
+
+// Packed sequences (thd) under cp, as TE takes them: one set of sequences for q, k and v, each
+// slot a multiple of 2·cp tokens, the local tensors every rank's share of the whole.
+void check_packed_cp(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                     const AttentionCall& call, const ContextParallel& cp, const std::string& who) {
+  TE_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, who, ": packed q ", q.sizes(), ", k ",
+           k.sizes(), ", v ", v.sizes(),
+           " are not [tokens/cp, heads, head_dim] (qkv_format thd; 2-D cu_seqlens, rows of "
+           "packed sequences, are not taken with context parallelism)");
+  TE_CHECK(call.spec.padding() && !call.mask.defined(), who, ": qkv_format 'thd' takes a padding ",
+           "mask type and no mask (cu_seqlens say where each sequence is), as TE's; got '",
+           call.spec.type, "'", call.mask.defined() ? " with a mask" : "");
+  const PackedSequences& p = call.packed;
+  const int64_t tokens = q.size(0) * cp.size();
+  auto same = [](const at::Tensor& a, const at::Tensor& b) {
+    return a.defined() == b.defined() &&
+           (!a.defined() ||
+            (a.sizes() == b.sizes() && a.to(at::kCPU, at::kLong).equal(b.to(at::kCPU, at::kLong))));
+  };
+  TE_CHECK(p.cu_seqlens_q.defined() && same(p.cu_seqlens_q, p.cu_seqlens_kv) &&
+               same(p.cu_seqlens_q_padded, p.cu_seqlens_kv_padded),
+           who,
+           ": cu_seqlens_q and cu_seqlens_kv (and their _padded) must be the same: context "
+           "parallelism splits one set of packed sequences for q, k and v (self attention)");
+  TE_CHECK(k.size(0) == q.size(0) && v.size(0) == q.size(0), who, ": q holds ", q.size(0),
+           " tokens but k ", k.size(0), " and v ", v.size(0), "; they are one set of sequences");
+  const at::Tensor& slots =
+      p.cu_seqlens_q_padded.defined() ? p.cu_seqlens_q_padded : p.cu_seqlens_q;
+  const char* slots_name =
+      p.cu_seqlens_q_padded.defined() ? "cu_seqlens_q_padded" : "cu_seqlens_q (no _padded given)";
+  const at::Tensor cu =
+      checked_cu_seqlens(slots, who, slots_name, std::numeric_limits<int64_t>::max(), true);
+  TE_CHECK(cu[-1].item<int64_t>() == tokens, who, ": each rank holds ", q.size(0),
+           " tokens, so the whole packed tensor has cp · ", q.size(0), " = ", tokens, ", but ",
+           slots_name, " ends at ", cu[-1].item<int64_t>(),
+           "; the slots must cover it (make the last sequence's slot reach the end)");
+  cp_packed_indices(slots, cp.size(), 0);  // each slot a multiple of 2·cp
+  const at::Tensor lengths = checked_cu_seqlens(p.cu_seqlens_q, who, "cu_seqlens_q", tokens,
+                                                /*tail_padding=*/true)
+                                 .diff();
+  const at::Tensor over = (cu.diff() < lengths).nonzero();
+  TE_CHECK(over.numel() == 0, who, ": sequence ", over.numel() ? over[0][0].item<int64_t>() : 0,
+           " of cu_seqlens_q is longer than its slot in cu_seqlens_q_padded");
+  TE_CHECK(p.max_seqlen_q <= 0 || p.max_seqlen_q >= lengths.max().item<int64_t>(), who,
+           ": max_seqlen_q ", p.max_seqlen_q, " is shorter than the longest sequence (",
+           lengths.max().item<int64_t>(), " tokens)");
+}
+
+}  // namespace
+
+void check_context_parallel(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
                             const AttentionCall& call, const ContextParallel& cp) {
   const std::string who = std::string("context_parallel_attention (cp_comm_type '") +
                           te_name(cp.comm_type()) + "' over mesh axis '" + cp.axis() + "')";
+  const bool packed = call.packed.defined();
+  if (packed) check_packed_cp(q_in, k_in, v_in, call, cp, who);
+  // Packed sequences: a batch of one.
+  const at::Tensor q = packed ? q_in.unsqueeze(0) : q_in, k = packed ? k_in.unsqueeze(0) : k_in,
+                   v = packed ? v_in.unsqueeze(0) : v_in;
   TE_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, who, ": q ", q.sizes(), ", k ", k.sizes(),
            ", v ", v.sizes(), " are not [batch, seqlen/cp, heads, head_dim] (bshd)");
   TE_CHECK(k.size(1) == q.size(1) && v.size(1) == q.size(1), who, ": q holds ", q.size(1),
@@ -142,8 +320,6 @@ void check_context_parallel(const at::Tensor& q, const at::Tensor& k, const at::
            " are not [b, s, h, d], [b, s, hkv, d], [b, s, hkv, dv] with h a multiple of hkv");
   TE_CHECK(call.softcap >= 0 && std::isfinite(call.softcap), who, ": softcap ", call.softcap,
            " must be a finite number >= 0 (0: none)");
-  TE_CHECK(!call.packed.defined(), who,
-           ": packed sequences (thd) are not taken with context parallelism yet; use bshd");
   TE_CHECK(!piece_of(call).on_logits && piece_of(call).global_sequences == 0, who,
            ": internal: a logits constraint or packed rows are set (not taken with cp)");
   // TE refuses every mask with cp in bshd/sbhd (backends.py L2169-2172 at d0067d0da); te takes
@@ -152,8 +328,10 @@ void check_context_parallel(const at::Tensor& q, const at::Tensor& k, const at::
            ": attn_mask_type 'arbitrary' is not taken with context parallelism (TE takes no mask "
            "with cp in bshd); use no_mask, a causal type or a padding type");
   // The padding mask is the whole sequence's, as one process takes it.
-  check_attention_mask(call.mask, call.spec, q.size(0), q.size(2), q.size(1) * cp.size(),
-                       q.size(1) * cp.size());
+  if (!packed) {
+    check_attention_mask(call.mask, call.spec, q.size(0), q.size(2), q.size(1) * cp.size(),
+                         q.size(1) * cp.size());
+  }
   TE_CHECK(call.bias_type == AttnBiasType::kNoBias, who, ": core_attention_bias_type '",
            te_name(call.bias_type), "' is not taken with context parallelism; use no_bias");
   const bool window =
@@ -168,7 +346,7 @@ void check_context_parallel(const at::Tensor& q, const at::Tensor& k, const at::
   TE_CHECK(call.softmax_type != SoftmaxType::kLearnable, who,
            ": softmax_type 'learnable' (sink logits per head, which a2a would split with the "
            "heads) is not taken with context parallelism yet; use 'off-by-one' or 'vanilla'");
-  if (cp.load_balanced() && cp.size() > 1) {
+  if (cp.load_balanced() && cp.size() > 1 && !packed) {
     TE_CHECK(q.size(1) % 2 == 0, who, ": each rank holds ", q.size(1),
              " tokens, an odd number: the load-balanced layout gives each rank two equal chunks "
              "(a sequence divisible by 2·cp = ",
@@ -199,17 +377,33 @@ at::Tensor context_parallel_attention(const at::Tensor& q, const at::Tensor& k, 
                                       const AttentionCall& call, const ContextParallel& cp) {
   detail::check_context_parallel(q, k, v, call, cp);
   if (cp.size() == 1) return attention(q, k, v, call);
+  // Packed sequences as a batch of one (the blocks' token dim is 1).
+  const bool packed = call.packed.defined();
+  const at::Tensor q4 = packed ? q.unsqueeze(0) : q, k4 = packed ? k.unsqueeze(0) : k,
+                   v4 = packed ? v.unsqueeze(0) : v;
+  const detail::CpLayout layout =
+      packed ? detail::CpLayout(cp, call.packed, q.size(0)) : detail::CpLayout(cp, q.size(1));
+  at::Tensor out;
   switch (cp.comm_type()) {
     case CpCommType::kP2P:
-      return detail::ring_attention(q, k, v, call, cp);
+      out = detail::ring_attention(q4, k4, v4, call, cp, layout);
+      break;
     case CpCommType::kAllGather:
-      return detail::gathered_kv_attention(q, k, v, call, cp);
-    case CpCommType::kA2A:
-      return heads_to_sequence(attention(sequence_to_heads(q, cp), sequence_to_heads(k, cp),
-                                         sequence_to_heads(v, cp), heads_share(q, call, cp)),
-                               cp);
+      out = detail::gathered_kv_attention(q4, k4, v4, call, cp, layout);
+      break;
+    case CpCommType::kA2A: {
+      auto whole = [&](const at::Tensor& t) {
+        const at::Tensor x = sequence_to_heads(t, cp, layout);
+        return packed ? x.squeeze(0) : x;
+      };
+      const at::Tensor o = attention(whole(q4), whole(k4), whole(v4), heads_share(q4, call, cp));
+      out = heads_to_sequence(packed ? o.unsqueeze(0) : o, cp, layout);
+      break;
+    }
   }
-  TE_FAIL("cp_comm_type ", static_cast<int>(cp.comm_type()), " is not one this build knows");
+  TE_CHECK(out.defined(), "cp_comm_type ", static_cast<int>(cp.comm_type()),
+           " is not one this build knows");
+  return packed ? out.squeeze(0) : out;
 }
 
 }  // namespace te::nn::functional

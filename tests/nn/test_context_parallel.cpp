@@ -161,6 +161,125 @@ INSTANTIATE_TEST_SUITE_P(
                false, true, 0.2}),
     case_name);
 
+// Packed sequences (thd) in TE's layout: each slot a multiple of 2·cp, rank r holding chunks r
+// and 2·cp-1-r of every sequence.
+TEST(ContextParallelLayout, PackedSequencesInTesLayout) {
+  // Slots of 8 and 4 tokens at cp = 2 (chunks of 2 and 1): rank 0 holds 0 1 6 7 | 8 11.
+  const at::Tensor slots = at::tensor({0, 8, 12}, at::kLong);
+  EXPECT_TRUE(at::equal(F::cp_packed_indices(slots, 2, 0), at::tensor({0, 1, 6, 7, 8, 11})));
+  EXPECT_TRUE(at::equal(F::cp_packed_indices(slots, 2, 1), at::tensor({2, 3, 4, 5, 9, 10})));
+  const at::Tensor t = at::arange(24, at::kFloat).view({12, 2});
+  const at::Tensor ranked =
+      at::cat({F::cp_shard_packed(t, 0, slots, 2, 0), F::cp_shard_packed(t, 0, slots, 2, 1)});
+  EXPECT_TRUE(at::equal(F::cp_unshard_packed(ranked, 0, slots, 2), t));
+  EXPECT_ERROR(F::cp_packed_indices(at::tensor({0, 8, 14}, at::kLong), 2, 0),
+               "sequence 1 has a slot of 6 tokens (cu_seqlens_padded[1..2]); pad each sequence "
+               "to a multiple of 4");
+  EXPECT_ERROR(F::cp_shard_packed(t.narrow(0, 0, 10), 0, slots, 2, 0),
+               "is not the whole packed tensor's 12 tokens");
+}
+
+struct PackedCase {
+  std::string name;
+  CpCommType type;
+  int64_t cp;
+  std::string mask;
+  std::vector<int64_t> lengths, slots;  // each sequence's tokens and slot
+  int64_t left = -1;                    // a sliding window when >= 0
+  double dropout = 0;
+  int64_t kv_heads = 2;
+};
+std::string packed_name(const ::testing::TestParamInfo<PackedCase>& info) {
+  return info.param.name;
+}
+void PrintTo(const PackedCase& c, std::ostream* os) { *os << c.name; }
+
+at::Tensor cumulative(const std::vector<int64_t>& sizes) {
+  std::vector<int64_t> cu = {0};
+  for (const int64_t n : sizes) cu.push_back(cu.back() + n);
+  return at::tensor(cu, at::kLong);
+}
+
+class ContextParallelPacked : public ::testing::TestWithParam<PackedCase> {};
+
+// Every rank's output and gradients are its tokens of one process's packed attention (each
+// sequence alone, the padding slots zeros), dropout included.
+TEST_P(ContextParallelPacked, IsOneProcess) {
+  const PackedCase c = GetParam();
+  const at::Tensor cu = cumulative(c.lengths), slots = cumulative(c.slots);
+  const int64_t tokens = slots[-1].item<int64_t>(), heads = 4, d = 8;
+  const at::Tensor q0 = randn({tokens, heads, d}, 11), k0 = randn({tokens, c.kv_heads, d}, 12);
+  const at::Tensor v0 = randn({tokens, c.kv_heads, d}, 13), w = randn({tokens, heads, d}, 14);
+  F::AttentionCall call;
+  call.spec = c.left >= 0 ? F::mask_spec(c.mask, WindowSize{c.left, 0}) : F::mask_spec(c.mask);
+  call.scale = 0.35;
+  call.dropout = c.dropout;
+  call.training = c.dropout > 0;
+  call.packed.cu_seqlens_q = call.packed.cu_seqlens_kv = cu;
+  call.packed.cu_seqlens_q_padded = call.packed.cu_seqlens_kv_padded = slots;
+  at::Tensor q = leaf(q0), k = leaf(k0), v = leaf(v0);
+  manual_seed(9);
+  const at::Tensor ref = F::attention(q, k, v, call);
+  const RngState after = rng_state();
+  (ref * w).sum().backward();
+  run_local_ranks(static_cast<int>(c.cp), [&](int rank) {
+    const F::ContextParallel cp(DeviceMesh({c.cp}, {"cp"}), "cp", c.type);
+    const auto mine = [&](const at::Tensor& t) {
+      return F::cp_shard_packed(t, 0, slots, c.cp, rank);
+    };
+    at::Tensor ql = leaf(mine(q0)), kl = leaf(mine(k0)), vl = leaf(mine(v0));
+    manual_seed(9);
+    const at::Tensor out = F::context_parallel_attention(ql, kl, vl, call, cp);
+    EXPECT_EQ(rng_state().calls, after.calls) << "rank " << rank;
+    (out * mine(w)).sum().backward();
+    EXPECT_TRUE(Close(out, mine(ref), 1e-5)) << "output, rank " << rank;
+    EXPECT_TRUE(Close(ql.grad(), mine(q.grad()), 1e-5)) << "dq, rank " << rank;
+    EXPECT_TRUE(Close(kl.grad(), mine(k.grad()), 1e-5)) << "dk, rank " << rank;
+    EXPECT_TRUE(Close(vl.grad(), mine(v.grad()), 1e-5)) << "dv, rank " << rank;
+  });
+}
+
+// Sequences of 13, 5, 8 and 1 tokens in slots of 16, 8, 8 and 4 (cp 2: chunks of 4, 2, 2, 1), and
+// of 13, 5, 16, 1 in 16, 8, 16, 8 (cp 4); the last case leaves rank 1 only padding.
+const std::vector<int64_t> kLengths2 = {13, 5, 8, 1}, kSlots2 = {16, 8, 8, 4},
+                           kLengths4 = {13, 5, 16, 1}, kSlots4 = {16, 8, 16, 8};
+INSTANTIATE_TEST_SUITE_P(
+    Strategies, ContextParallelPacked,
+    ::testing::Values(
+        PackedCase{"p2p_cp2_padding_causal", CpCommType::kP2P, 2, "padding_causal", kLengths2,
+                   kSlots2},
+        PackedCase{"p2p_cp4_padding", CpCommType::kP2P, 4, "padding", kLengths4, kSlots4},
+        PackedCase{"p2p_cp2_padding_causal_dropout", CpCommType::kP2P, 2, "padding_causal",
+                   kLengths2, kSlots2, -1, 0.2},
+        PackedCase{"p2p_cp4_bottom_right_dropout", CpCommType::kP2P, 4,
+                   "padding_causal_bottom_right", kLengths4, kSlots4, -1, 0.2},
+        PackedCase{"p2p_cp2_a_rank_of_padding_dropout",
+                   CpCommType::kP2P,
+                   2,
+                   "padding_causal",
+                   {1, 1},
+                   {8, 4},
+                   -1,
+                   0.2},
+        PackedCase{"all_gather_cp2_padding_causal", CpCommType::kAllGather, 2, "padding_causal",
+                   kLengths2, kSlots2},
+        PackedCase{"all_gather_cp4_window", CpCommType::kAllGather, 4, "padding_causal", kLengths4,
+                   kSlots4, 3},
+        PackedCase{"all_gather_cp2_window_dropout", CpCommType::kAllGather, 2, "padding_causal",
+                   kLengths2, kSlots2, 3, 0.2},
+        PackedCase{"all_gather_cp2_a_rank_of_padding",
+                   CpCommType::kAllGather,
+                   2,
+                   "padding",
+                   {1, 1},
+                   {8, 4},
+                   -1,
+                   0.2},
+        PackedCase{"a2a_cp2_padding_causal_dropout", CpCommType::kA2A, 2, "padding_causal",
+                   kLengths2, kSlots2, -1, 0.2},
+        PackedCase{"a2a_cp2_window", CpCommType::kA2A, 2, "padding_causal", kLengths2, kSlots2, 4}),
+    packed_name);
+
 // A padding mask that broadcasts over the keys ([batch, 1, seqlen, 1]: whole query rows hidden)
 // is cut per block as one process broadcasts it.
 TEST(ContextParallel, APaddingMaskBroadcastOverTheKeys) {
@@ -267,6 +386,35 @@ TEST(ContextParallel, BadInputIsNamed) {
     const at::Tensor q4 = randn({1, 4, 4, 8}, 3);
     EXPECT_ERROR(F::context_parallel_attention(q4, q4, q4, call, a2a),
                  "softmax_type 'learnable' (sink logits per head, which a2a would split");
+    // Packed sequences: TE's layout and one set of sequences.
+    const at::Tensor packed_q = randn({6, 4, 8}, 4);
+    F::AttentionCall packed = call_of({"", CpCommType::kP2P, 2, "padding_causal"}, true);
+    packed.packed.cu_seqlens_q = packed.packed.cu_seqlens_kv = at::tensor({0, 5, 9}, at::kLong);
+    packed.packed.cu_seqlens_q_padded = packed.packed.cu_seqlens_kv_padded =
+        at::tensor({0, 6, 12}, at::kLong);
+    EXPECT_ERROR(F::context_parallel_attention(packed_q, packed_q, packed_q, packed, p2p),
+                 "sequence 0 has a slot of 6 tokens (cu_seqlens_padded[0..1]); pad each sequence "
+                 "to a multiple of 4");
+    packed.packed.cu_seqlens_q_padded = packed.packed.cu_seqlens_kv_padded =
+        at::tensor({0, 8, 12}, at::kLong);
+    packed.packed.cu_seqlens_kv = at::tensor({0, 4, 9}, at::kLong);
+    EXPECT_ERROR(F::context_parallel_attention(packed_q, packed_q, packed_q, packed, p2p),
+                 "cu_seqlens_q and cu_seqlens_kv (and their _padded) must be the same");
+    packed.packed.cu_seqlens_kv = packed.packed.cu_seqlens_q;
+    EXPECT_ERROR(F::context_parallel_attention(packed_q.narrow(0, 0, 4), packed_q.narrow(0, 0, 4),
+                                               packed_q.narrow(0, 0, 4), packed, p2p),
+                 "each rank holds 4 tokens, so the whole packed tensor has cp · 4 = 8, but "
+                 "cu_seqlens_q_padded ends at 12");
+    packed.packed.cu_seqlens_q = packed.packed.cu_seqlens_kv = at::tensor({0, 5, 12}, at::kLong);
+    EXPECT_ERROR(F::context_parallel_attention(packed_q, packed_q, packed_q, packed, p2p),
+                 "sequence 1 of cu_seqlens_q is longer than its slot in cu_seqlens_q_padded");
+    packed.packed.cu_seqlens_q = packed.packed.cu_seqlens_kv = at::tensor({0, 5, 9}, at::kLong);
+    packed.spec = F::mask_spec("causal");
+    EXPECT_ERROR(F::context_parallel_attention(packed_q, packed_q, packed_q, packed, p2p),
+                 "qkv_format 'thd' takes a padding mask type and no mask");
+    packed.spec = F::mask_spec("padding_causal", WindowSize{2, 0});
+    EXPECT_ERROR(F::context_parallel_attention(packed_q, packed_q, packed_q, packed, p2p),
+                 "a sliding window (2, 0) is not taken by cp_comm_type 'p2p'");
     call = call_of({"", CpCommType::kP2P, 2, "causal"}, true);
     EXPECT_ERROR(F::context_parallel_attention(q.to(at::kDouble), q.to(at::kDouble),
                                                q.to(at::kDouble), call, p2p),

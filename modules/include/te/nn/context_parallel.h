@@ -12,6 +12,11 @@
 // 2·cp chunks of S/(2·cp); rank r holds chunks r and 2·cp-1-r, in that order, so under a causal
 // mask every rank has the same work. cp_shard gives a rank its piece of a whole tensor and
 // cp_unshard puts the pieces back; without load balancing rank r holds the contiguous chunk r.
+// Packed sequences (thd) always take TE's layout, sequence by sequence: each sequence's slot
+// (cu_seqlens_padded, a multiple of 2·cp tokens) is cut into 2·cp chunks, and rank r holds chunks
+// r and 2·cp-1-r of every sequence, in sequence order (TE's thd_get_partitioned_indices and
+// get_batch_on_this_cp_rank, context_parallel.py L5257-5350 at d0067d0da); cp_shard_packed and
+// cp_unshard_packed apply it. A sequence's valid tokens start its slot (the padding at its end).
 //
 // Example (every rank of a mesh {"cp": 4}):
 //   te::nn::functional::ContextParallel cp(mesh, "cp", "p2p");
@@ -57,9 +62,11 @@ class ContextParallel {
   bool load_balanced_;
 };
 
-/// One rank's tokens of a sequence: global start, length, and where they sit in the rank's piece.
+/// One rank's tokens of a sequence: global start, length, and where they sit in the rank's piece;
+/// `sequence`: which of the packed sequences (thd), 0 for a batch of whole ones.
 struct CpChunk {
   int64_t start, length, offset;
+  int64_t sequence = 0;
 };
 /// Rank `rank`'s chunks of a sequence of `seqlen` tokens split over `cp` ranks (two with load
 /// balancing, one without). te::Error when seqlen is not a multiple of 2·cp (cp without).
@@ -76,24 +83,42 @@ at::Tensor cp_unshard(const at::Tensor& rank_ordered, int64_t dim, int64_t cp,
 at::Tensor cp_rank_order(const at::Tensor& whole, int64_t dim, int64_t cp,
                          bool load_balanced = true);
 
+/// Packed sequences (thd) in TE's layout: the index in the whole packed tensor of each of rank
+/// `rank`'s tokens, in its order (int64 [tokens/cp]), for `cu_seqlens_padded` [sequences + 1]
+/// (the slots; their last entry is the whole tensor's token count). te::Error when a slot is not
+/// a multiple of 2·cp tokens (TE pads each sequence so: pad_thd_sequences_for_cp).
+at::Tensor cp_packed_indices(const at::Tensor& cu_seqlens_padded, int64_t cp, int64_t rank);
+/// Rank `rank`'s tokens of the whole packed `whole` along `dim` (TE's layout). Differentiable.
+at::Tensor cp_shard_packed(const at::Tensor& whole, int64_t dim,
+                           const at::Tensor& cu_seqlens_padded, int64_t cp, int64_t rank);
+/// The whole packed tensor from every rank's tokens along `dim` concatenated in rank order (what
+/// an all-gather of them gives). Differentiable.
+at::Tensor cp_unshard_packed(const at::Tensor& rank_ordered, int64_t dim,
+                             const at::Tensor& cu_seqlens_padded, int64_t cp);
+
 /// Attention (functional::attention's semantics) of this rank's local q [batch, seqlen/cp,
 /// heads, head_dim], k and v [batch, seqlen/cp, kv_heads, head_dim] — each holding this rank's
 /// tokens of the same sequence in cp's layout — over the whole sequence: the result is this
 /// rank's rows of the one-process output, and gradients reach every rank's q, k, v as one
 /// process's would. Collective over cp's mesh axis (every rank of it calls it alike).
+/// Packed sequences (qkv_format thd): q [tokens/cp, heads, head_dim], k and v alike, this rank's
+/// tokens in TE's layout (cp_shard_packed), with call.packed the whole's cu_seqlens_q/kv (one
+/// set: self attention) and cu_seqlens_q/kv_padded (the slots, multiples of 2·cp; absent: the
+/// sequences themselves, as TE's FusedAttention defaults them), as TE takes them: every
+/// strategy, each sequence attending alone; the padding slots' rows are zeros.
 /// Takes no mask, the causal types (a diagonal shared by q and k), the padding types (call.mask
 /// over the whole sequence in its own order, [batch, 1, 1 | seqlen, seqlen], as one process
 /// takes it; cut per block) and, with "all_gather" and "a2a", sliding windows (and there
 /// off-by-one sinks); GQA; soft caps; dropout (each element's
 /// mask is one process's: every block draws it at its global place from the call's one stream
-/// call); no arbitrary mask, bias, learnable sinks or packed sequences yet. "p2p" and
+/// call); no arbitrary mask, bias or learnable sinks yet. "p2p" and
 /// "all_gather" run te's fused CPU kernel (float32, bfloat16, float16), and what it does not take
-/// (a padding mask, dropout in training, a soft cap, `fused` off) the same blocks on the unfused path under autograd (probabilities held
-/// per block for backward; p2p then receives every block round the ring before computing); "a2a"
-/// runs functional::attention on whole sequences and needs heads and kv_heads divisible by cp.
-/// Under a layer on a mesh, dropout is drawn at the rank's place in the global batch and heads;
-/// called directly, q's batch and heads are taken as the whole.
-/// Every refusal is a te::Error naming the option and what to do, as TE refuses it.
+/// (a padding mask, dropout in training, a soft cap, `fused` off) the same blocks on the unfused
+/// path under autograd (probabilities held per block for backward; p2p then receives every block
+/// round the ring before computing); "a2a" runs functional::attention on whole sequences and needs
+/// heads and kv_heads divisible by cp. Under a layer on a mesh, dropout is drawn at the rank's
+/// place in the global batch and heads; called directly, q's batch and heads are taken as the
+/// whole. Every refusal is a te::Error naming the option and what to do, as TE refuses it.
 at::Tensor context_parallel_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                       const AttentionCall& call, const ContextParallel& cp);
 
