@@ -210,12 +210,13 @@ template <typename T>
 RowsCall packed_rows_call(const Arranged<T>& a, const F::AttentionCall& call) {
   const at::Tensor q = local(a.q), k = local(a.k), v = local(a.v);
   const F::PackedSequences& s = call.packed;
+  // A row's whole tokens (under context parallelism each rank holds a share of every row's).
   const F::PackedRows pq =
-      F::packed_rows(s.cu_seqlens_q, s.cu_seqlens_q_padded, q.size(1), a.batch_offset, q.size(0),
+      F::packed_rows(s.cu_seqlens_q, s.cu_seqlens_q_padded, a.q.size(1), a.batch_offset, q.size(0),
                      "DotProductAttention", "cu_seqlens_q");
   const F::PackedRows pk =
-      F::packed_rows(s.cu_seqlens_kv, s.cu_seqlens_kv_padded, k.size(1), a.batch_offset, k.size(0),
-                     "DotProductAttention", "cu_seqlens_kv");
+      F::packed_rows(s.cu_seqlens_kv, s.cu_seqlens_kv_padded, a.k.size(1), a.batch_offset,
+                     k.size(0), "DotProductAttention", "cu_seqlens_kv");
   TE_CHECK(pq.sequences == pk.sequences, "DotProductAttention: cu_seqlens_q has ", pq.sequences + 1,
            " entries a row but cu_seqlens_kv has ", pk.sequences + 1);
   TE_CHECK((s.max_seqlen_q <= 0 || s.max_seqlen_q >= pq.max_seqlen) &&
@@ -235,7 +236,8 @@ RowsCall packed_rows_call(const Arranged<T>& a, const F::AttentionCall& call) {
   return out;
 }
 
-// Context parallelism: the sequence split over mesh dim a.cp_dim in contiguous chunks.
+// Context parallelism: the sequence split over mesh dim a.cp_dim in contiguous chunks; packed
+// sequences (thd) in TE's layout, each rank holding its chunks of every sequence (of every row).
 at::Tensor cp_attention(const Arranged<at::Tensor>& a, const F::AttentionCall& call, CpCommType) {
   return F::attention(a.q, a.k, a.v, call);  // one device: the whole sequence is here
 }
@@ -246,6 +248,16 @@ at::Tensor cp_attention(const Arranged<DTensor>& a, F::AttentionCall call, CpCom
            a.q.size(1), " tokens does not split evenly over the ", mesh.size(a.cp_dim),
            " ranks of mesh axis '", axis, "' (context parallelism); pad it to a multiple");
   const F::ContextParallel cp(mesh, axis, type, /*load_balanced=*/false);
+  if (call.packed.defined() && call.packed.cu_seqlens_q.dim() == 2) {  // rows: one packed batch
+    const RowsCall r = packed_rows_call(a, call);
+    const at::Tensor out = F::context_parallel_attention(r.q, r.k, r.v, r.call, cp);
+    return out.view({local(a.q).size(0), -1, out.size(1), out.size(2)});
+  }
+  if (call.packed.defined()) {
+    return F::context_parallel_attention(local(a.q).squeeze(0), local(a.k).squeeze(0),
+                                         local(a.v).squeeze(0), call, cp)
+        .unsqueeze(0);
+  }
   return F::context_parallel_attention(local(a.q), local(a.k), local(a.v), call, cp);
 }
 
@@ -327,9 +339,11 @@ T attention_forward(const DotProductAttentionImpl& self, const T& query, const T
   if (format == QkvFormat::kThd) {
     check_packed_rows(query, args);
     if (query.dim() == 4) return bshd_forward(self, query, key, value, mask, args, training);
-    return detail::tokens_only(bshd_forward(self, detail::batch_of_one(query),
-                                            detail::batch_of_one(key), detail::batch_of_one(value),
-                                            mask, args, training));
+    const bool cp = self.options.cp_comm_type().has_value();  // (tokens in TE's cp layout)
+    return detail::tokens_only(
+        bshd_forward(self, detail::batch_of_one(query, cp), detail::batch_of_one(key, cp),
+                     detail::batch_of_one(value, cp), mask, args, training),
+        cp);
   }
   return bshd_forward(self, query, key, value, mask, args, training);
 }

@@ -46,8 +46,8 @@ struct Names<QkvFormat> {
 template <>
 struct Names<QkNormType> {
   static constexpr const char* option = "qk_norm_type";
-  static constexpr std::array<const char*, 4> values = {"RMSNorm", "LayerNorm",
-                                                        "L2Normalization", "none"};
+  static constexpr std::array<const char*, 4> values = {"RMSNorm", "LayerNorm", "L2Normalization",
+                                                        "none"};
 };
 
 template <>

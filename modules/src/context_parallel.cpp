@@ -320,8 +320,8 @@ void check_context_parallel(const at::Tensor& q_in, const at::Tensor& k_in, cons
            " are not [b, s, h, d], [b, s, hkv, d], [b, s, hkv, dv] with h a multiple of hkv");
   TE_CHECK(call.softcap >= 0 && std::isfinite(call.softcap), who, ": softcap ", call.softcap,
            " must be a finite number >= 0 (0: none)");
-  TE_CHECK(!piece_of(call).on_logits && piece_of(call).global_sequences == 0, who,
-           ": internal: a logits constraint or packed rows are set (not taken with cp)");
+  TE_CHECK(!piece_of(call).on_logits && (packed || piece_of(call).global_sequences == 0), who,
+           ": internal: a logits constraint, or packed rows without packed sequences, are set");
   // TE refuses every mask with cp in bshd/sbhd (backends.py L2169-2172 at d0067d0da); te takes
   // the padding types (one mask for every head, over the whole sequence), cut per block.
   TE_CHECK(call.spec.type != AttnMaskType::kArbitrary, who,

@@ -125,12 +125,18 @@ AttentionCall pair_call(const AttentionCall& call, const CpState& state, const a
   }
   auto piece = std::make_shared<AttentionPiece>(piece_of(call));
   const CpLayout& layout = state.layout;
+  // (packed rows split over ranks: every row's sequences, and where this rank's start)
+  const AttentionPiece& rows = piece_of(call);
   if (layout.packed()) {
-    piece->global_batch = layout.count();
-    piece->batch_offset = a.sequence;
+    piece->global_batch = rows.global_sequences ? rows.global_sequences : layout.count();
+    piece->batch_offset = rows.sequence_offset + a.sequence;
   }
-  piece->global_seqlen_q = layout.packed() ? layout.longest() : layout.tokens();
-  piece->global_seqlen_kv = piece->global_seqlen_q;
+  piece->global_seqlen_q = !layout.packed()        ? layout.tokens()
+                           : rows.global_sequences ? rows.global_seqlen_q
+                                                   : layout.longest();
+  piece->global_seqlen_kv = !layout.packed()        ? layout.tokens()
+                            : rows.global_sequences ? rows.global_seqlen_kv
+                                                    : layout.longest();
   piece->seqlen_q_offset = a.start;
   piece->seqlen_kv_offset = b.start;
   c.piece = std::move(piece);

@@ -42,9 +42,9 @@ void check_inputs(const at::Tensor& logits, const at::Tensor& target, int64_t vo
   const at::Tensor bad = (target != options.ignore_idx) & ((target < 0) | (target >= vocab));
   if (!bad.any().item<bool>()) return;
   const int64_t at = bad.reshape({-1}).nonzero()[0][0].item<int64_t>();
-  TE_FAIL("parallel_cross_entropy: target ", target.reshape({-1})[at].item<int64_t>(),
-          " (element ", at, ") is outside the vocabulary [0, ", vocab,
-          ") and is not ignore_idx (", options.ignore_idx, ")");
+  TE_FAIL("parallel_cross_entropy: target ", target.reshape({-1})[at].item<int64_t>(), " (element ",
+          at, ") is outside the vocabulary [0, ", vocab, ") and is not ignore_idx (",
+          options.ignore_idx, ")");
 }
 
 // Per-token losses (fp32, zero where ignored) from this rank's logits [..., columns].
@@ -57,7 +57,8 @@ at::Tensor token_losses(const at::Tensor& logits, const at::Tensor& target, cons
   const at::Tensor valid = target != options.ignore_idx;
   const at::Tensor here = valid & (target >= v.offset) & (target < v.offset + columns);
   const at::Tensor index = (target - v.offset).masked_fill(~here, 0).to(at::kLong);
-  const at::Tensor picked = v.sum(x.gather(-1, index.unsqueeze(-1)).squeeze(-1).masked_fill(~here, 0));
+  const at::Tensor picked =
+      v.sum(x.gather(-1, index.unsqueeze(-1)).squeeze(-1).masked_fill(~here, 0));
   at::Tensor loss = lse - picked;
   const double ls = options.label_smoothing;
   if (ls > 0) {
@@ -104,14 +105,13 @@ DTensor parallel_cross_entropy(const DTensor& logits_in, const DTensor& target_i
   const DTensor logits = logits_in.redistribute(use);
   const DTensor target = target_in.redistribute(tokens);
   check_inputs(logits.to_local(), target.to_local(), logits.size(last), options);
-  TE_CHECK(std::vector<int64_t>(logits.sizes().begin(), logits.sizes().end() - 1) ==
-               target.sizes(),
+  TE_CHECK(std::vector<int64_t>(logits.sizes().begin(), logits.sizes().end() - 1) == target.sizes(),
            "parallel_cross_entropy: logits ", logits.to_string(), " and targets ",
            target.to_string(), " disagree; give logits [..., vocab] for targets [...]");
   const std::vector<int64_t> token_shape = target.sizes();
   VocabShard v;
-  v.offset = local_chunks(logits.sizes(), mesh, use, mesh.rank())[static_cast<std::size_t>(last)]
-                 .offset;
+  v.offset =
+      local_chunks(logits.sizes(), mesh, use, mesh.rank())[static_cast<std::size_t>(last)].offset;
   v.vocab = logits.size(last);
   v.sum = [&](const at::Tensor& t) {
     return DTensor::from_local(t, mesh, partial, token_shape).redistribute(tokens).to_local();
@@ -128,9 +128,10 @@ DTensor parallel_cross_entropy(const DTensor& logits_in, const DTensor& target_i
     if (is_shard(tokens[m])) sums[m] = Partial{};
   }
   const std::vector<Placement> whole(n, Replicate{});
-  const at::Tensor total = DTensor::from_local(loss.to_local().sum(), mesh, sums, std::vector<int64_t>{})
-                               .redistribute(whole)
-                               .to_local();
+  const at::Tensor total =
+      DTensor::from_local(loss.to_local().sum(), mesh, sums, std::vector<int64_t>{})
+          .redistribute(whole)
+          .to_local();
   const at::Tensor count =
       DTensor::from_local((target.to_local() != options.ignore_idx).sum().to(at::kFloat), mesh,
                           sums, std::vector<int64_t>{})

@@ -352,7 +352,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_backward(
     const float s = static_cast<float>(scale);
     at::parallel_for(0, g.b * g.h, 1, [&](int64_t first, int64_t last) {
       std::vector<float> sb(kBlockQ * kBackwardKeys), dp(kBlockQ * kBackwardKeys), delta(g.sq);
-      for (int64_t t = first; t < last; ++t) backward_head(g, s, x, t / g.h, t % g.h, sb, dp, delta);
+      for (int64_t t = first; t < last; ++t)
+        backward_head(g, s, x, t / g.h, t % g.h, sb, dp, delta);
     });
   }
   if (g.h != g.hkv) {  // each key/value head's gradient: the sum over its query heads

@@ -72,19 +72,25 @@ inline void enter(const ShardedModule& module, const char* what, const at::Tenso
 inline void enter(const ShardedModule&, const char*, const DTensor&) {}
 
 /// Packed sequences (qkv_format "thd") as a batch of one and back: [tokens, ...] <->
-/// [1, tokens, ...]. On a DTensor the shards follow their dims; a split token dim (or a split
-/// batch of one) is a te::Error, as TE's thd has no such layout.
-inline at::Tensor batch_of_one(const at::Tensor& t) { return t.unsqueeze(0); }
-DTensor batch_of_one(const DTensor& t);
-inline at::Tensor tokens_only(const at::Tensor& t) { return t.squeeze(0); }
-DTensor tokens_only(const DTensor& t);
+/// [1, tokens, ...]. On a DTensor the shards follow their dims; a split token dim is a te::Error
+/// (as TE's thd has no such layout) unless `context_parallel` (the tokens split over one mesh
+/// axis in TE's thd layout, te/nn/context_parallel.h); a split batch of one always is.
+inline at::Tensor batch_of_one(const at::Tensor& t, bool = false) { return t.unsqueeze(0); }
+DTensor batch_of_one(const DTensor& t, bool context_parallel = false);
+inline at::Tensor tokens_only(const at::Tensor& t, bool = false) { return t.squeeze(0); }
+DTensor tokens_only(const DTensor& t, bool context_parallel = false);
 
 /// Rows of packed sequences (qkv_format "thd", [rows, tokens, ...] with 2-D cu_seqlens): fn on
-/// this rank's rows and the index of its first; the result in x's layout (its last dim fn's). A
-/// DTensor's rows may be split over mesh axes (data parallel), its tokens and last dim not.
-using RowsFn = std::function<at::Tensor(const at::Tensor& rows, int64_t row_offset)>;
-inline at::Tensor on_packed_rows(const at::Tensor& x, const RowsFn& fn) { return fn(x, 0); }
-DTensor on_packed_rows(const DTensor& x, const RowsFn& fn);
+/// this rank's rows, the index of its first, and the context parallel size and rank of its
+/// tokens; the result in x's layout (its last dim fn's). A DTensor's rows may be split over mesh
+/// axes (data parallel), its last dim not, its tokens over one mesh axis when
+/// `context_parallel` (each rank holding its chunks of every sequence, TE's thd layout).
+using RowsFn = std::function<at::Tensor(const at::Tensor& rows, int64_t row_offset, int64_t cp_size,
+                                        int64_t cp_rank)>;
+inline at::Tensor on_packed_rows(const at::Tensor& x, const RowsFn& fn, bool = false) {
+  return fn(x, 0, 1, 0);
+}
+DTensor on_packed_rows(const DTensor& x, const RowsFn& fn, bool context_parallel = false);
 
 inline std::string shape_of(const at::Tensor& x) {
   std::ostringstream os;

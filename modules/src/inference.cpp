@@ -24,8 +24,7 @@ int64_t for_each_weight(torch::nn::Module& root, const char* what, CheckFn check
     TE_CHECK(!sharded->is_sharded(), what, ": ", m->name(),
              " holds sharded parameters; gather_module first (FP8 weights serve on one process)");
     for (const auto& [name, held] : sharded->all_held_blocks()) {
-      TE_FAIL(what, ": '", name, "' of ", m->name(), " is held in GGUF ",
-              held.matrix->type_names(),
+      TE_FAIL(what, ": '", name, "' of ", m->name(), " is held in GGUF ", held.matrix->type_names(),
               " blocks; load the model with te::hf::LoadOptions::dequantize_gguf = true to hold "
               "its weights in FP8 instead");
     }

@@ -21,14 +21,18 @@ namespace F = functional;
 namespace detail {
 
 namespace {
-// `dim` of t holds the packed tokens, or (tokens_only's dim 0) the batch of one they are in.
-void check_whole_tokens(const DTensor& t, int64_t dim) {
+// `dim` of t holds the packed tokens, or (tokens_only's dim 0) the batch of one they are in;
+// under context parallelism the tokens may be split over one mesh axis.
+void check_whole_tokens(const DTensor& t, int64_t dim, bool context_parallel = false) {
+  int64_t splits = 0;
   for (std::size_t m = 0; m < t.placements().size(); ++m) {
+    if (is_shard(t.placements()[m], dim) && context_parallel && splits++ == 0) continue;
     TE_CHECK(!is_shard(t.placements()[m], dim), "qkv_format 'thd': the packed tokens ",
              t.to_string(), " are split over mesh axis '", t.mesh().axis_names()[m], "' (dim ", dim,
              ": each sequence needs all its keys on one rank): replicate the tokens and shard "
              "the heads, or give each rank its own packed batch (rules that shard 'batch' or "
-             "'seqlen' there split them)");
+             "'seqlen' there split them), or split them over one axis with cp_comm_type "
+             "(context parallelism)");
   }
 }
 std::vector<Placement> shifted(std::vector<Placement> p, int64_t by) {
@@ -39,33 +43,40 @@ std::vector<Placement> shifted(std::vector<Placement> p, int64_t by) {
 }
 }  // namespace
 
-DTensor batch_of_one(const DTensor& t) {
-  check_whole_tokens(t, 0);
+DTensor batch_of_one(const DTensor& t, bool context_parallel) {
+  check_whole_tokens(t, 0, context_parallel);
   std::vector<int64_t> shape = t.sizes();
   shape.insert(shape.begin(), 1);
   return DTensor::from_local(t.to_local().unsqueeze(0), t.mesh(), shifted(t.placements(), 1),
                              shape);
 }
 
-DTensor tokens_only(const DTensor& t) {
+DTensor tokens_only(const DTensor& t, bool context_parallel) {
   check_whole_tokens(t, 0);
-  check_whole_tokens(t, 1);
+  check_whole_tokens(t, 1, context_parallel);
   std::vector<int64_t> shape = t.sizes();
   shape.erase(shape.begin());
   return DTensor::from_local(t.to_local().squeeze(0), t.mesh(), shifted(t.placements(), -1), shape);
 }
 
-DTensor on_packed_rows(const DTensor& x, const RowsFn& fn) {
+DTensor on_packed_rows(const DTensor& x, const RowsFn& fn, bool context_parallel) {
   const int64_t last = x.dim() - 1;
+  int64_t cp_size = 1, cp_rank = 0;
   for (std::size_t m = 0; m < x.placements().size(); ++m) {
     const Placement& p = x.placements()[m];
+    const auto dim = static_cast<int64_t>(m);
+    if (is_shard(p, 1) && context_parallel && cp_size == 1) {
+      cp_size = x.mesh().size(dim);
+      cp_rank = x.mesh().coordinate(dim);
+      continue;
+    }
     TE_CHECK(!is_partial(p) && !is_shard(p, 1) && !is_shard(p, last), "rows of packed sequences ",
              x.to_string(), " are ", is_partial(p) ? "a partial sum" : "split on their tokens",
              " over mesh axis '", x.mesh().axis_names()[m],
              "': each sequence needs its tokens on one rank; split the rows (batch) instead");
   }
   const auto piece = local_chunks(x.sizes(), x.mesh(), x.placements(), x.mesh().rank());
-  const at::Tensor out = fn(x.to_local(), piece[0].offset);
+  const at::Tensor out = fn(x.to_local(), piece[0].offset, cp_size, cp_rank);
   std::vector<int64_t> shape = x.sizes();
   shape.back() = out.size(-1);
   return DTensor::from_local(out, x.mesh(), x.placements(), shape);
@@ -310,16 +321,27 @@ void rotate_qk(const MultiHeadAttentionOptions& o, const InferenceParams* cache,
   }
   const at::Tensor freqs = args.rotary_pos_emb();
   const double factor = args.rotary_attention_factor();
-  if (packed_rows(o, args)) {  // positions restart at each sequence of each row
-    auto rotate = [&](const T& t, const at::Tensor& cu, const at::Tensor& padded,
+  const bool packed = o.attention().qkv_format() == QkvFormat::kThd;
+  const bool cp = o.attention().cp_comm_type().has_value();
+  // Rows, or under context parallelism a batch of one as a row (its tokens TE's layout).
+  if (packed_rows(o, args) || (packed && cp && !cache)) {
+    auto rotate = [&](const T& t, const at::Tensor& cu_in, const at::Tensor& padded_in,
                       const char* name) {
-      return detail::on_packed_rows(t, [&](const at::Tensor& rows, int64_t offset) {
-        const F::PackedRows p = F::packed_rows(cu, padded, rows.size(1), offset, rows.size(0),
-                                               "MultiHeadAttention", name);
-        return F::apply_rotary_pos_emb(rows.flatten(0, 1), freqs, "thd", o.rotary_pos_interleaved(),
-                                       p.cu_seqlens_padded, {}, factor)
-            .reshape(rows.sizes());
-      });
+      const bool row = cu_in.defined() && cu_in.dim() == 1;
+      const at::Tensor cu = row ? cu_in.unsqueeze(0) : cu_in;
+      const at::Tensor padded = row && padded_in.defined() ? padded_in.unsqueeze(0) : padded_in;
+      // Positions restart at each sequence of each row (the tokens' global ones under cp).
+      return detail::on_packed_rows(
+          t,
+          [&](const at::Tensor& rows, int64_t offset, int64_t cp_size, int64_t cp_rank) {
+            const F::PackedRows p = F::packed_rows(cu, padded, rows.size(1) * cp_size, offset,
+                                                   rows.size(0), "MultiHeadAttention", name);
+            return F::apply_rotary_pos_emb(rows.flatten(0, 1), freqs, "thd",
+                                           o.rotary_pos_interleaved(), p.cu_seqlens_padded, {},
+                                           factor, cp_size, cp_rank)
+                .reshape(rows.sizes());
+          },
+          cp);
     };
     q = rotate(q, args.cu_seqlens_q(), args.cu_seqlens_q_padded(), "cu_seqlens_q");
     k = rotate(k, args.cu_seqlens_kv(), args.cu_seqlens_kv_padded(), "cu_seqlens_kv");
@@ -357,9 +379,10 @@ std::pair<T, T> mha_forward(MultiHeadAttentionImpl& self, const T& x_in,
   const MultiHeadAttentionOptions& o = self.options;
   const bool packed = o.attention().qkv_format() == QkvFormat::kThd;
   const bool rows = packed_rows(o, args);
+  const bool cp = o.attention().cp_comm_type().has_value();
   if (packed && x_in.dim() == 2) {  // [tokens, hidden]: run as a batch of one
-    const auto [y, ln] = mha_forward(self, detail::batch_of_one(x_in), memory, mask, args);
-    return {detail::tokens_only(y), detail::tokens_only(ln)};
+    const auto [y, ln] = mha_forward(self, detail::batch_of_one(x_in, cp), memory, mask, args);
+    return {detail::tokens_only(y, cp), detail::tokens_only(ln, cp)};
   }
   TE_CHECK(
       x_in.dim() == 3 && x_in.size(2) == o.hidden_size() && (!packed || rows || x_in.size(0) == 1),
@@ -409,9 +432,10 @@ std::pair<T, T> mha_forward(MultiHeadAttentionImpl& self, const T& x_in,
     attended = detail::cached_attention(*self.attention, q, k, v, attention_args);
     if (batch != 1) attended = F::unflatten(F::flatten(attended, 0), 0, batch, seqlen);
   } else if (packed && !rows) {
-    attended =
-        detail::batch_of_one(self.attention->forward(detail::tokens_only(q), detail::tokens_only(k),
-                                                     detail::tokens_only(v), mask, attention_args));
+    attended = detail::batch_of_one(
+        self.attention->forward(detail::tokens_only(q, cp), detail::tokens_only(k, cp),
+                                detail::tokens_only(v, cp), mask, attention_args),
+        cp);
   } else {
     attended = self.attention->forward(q, k, v, mask, attention_args);
   }

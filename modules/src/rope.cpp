@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "te/error.h"
+#include "te/nn/context_parallel.h"
 #include "te/nn/functional.h"
 
 namespace te::nn {
@@ -150,7 +151,7 @@ at::Tensor index_vector(const at::Tensor& t, const char* what) {
 
 RopeArgs check_rope(at::IntArrayRef sizes, const at::Tensor& freqs, const std::string& format,
                     const at::Tensor& cu_seqlens, const at::Tensor& start_positions,
-                    double attention_factor) {
+                    double attention_factor, int64_t cp_size = 1) {
   RopeArgs a;
   a.layout = rope_layout(format);
   TE_CHECK(std::isfinite(attention_factor) && attention_factor > 0,
@@ -171,7 +172,8 @@ RopeArgs check_rope(at::IntArrayRef sizes, const at::Tensor& freqs, const std::s
   int64_t longest = 0, sequences = 0;
   if (a.layout.packed) {
     TE_CHECK(cu_seqlens.defined(), "apply_rotary_pos_emb: tensor_format 'thd' needs cu_seqlens");
-    a.cu_seqlens = checked_cu_seqlens(cu_seqlens, "apply_rotary_pos_emb", "cu_seqlens", shape[0]);
+    a.cu_seqlens =
+        checked_cu_seqlens(cu_seqlens, "apply_rotary_pos_emb", "cu_seqlens", shape[0] * cp_size);
     const auto n = a.cu_seqlens.size(0);
     const int64_t* cu = a.cu_seqlens.data_ptr<int64_t>();
     for (int64_t i = 1; i < n; ++i) longest = std::max(longest, cu[i] - cu[i - 1]);
@@ -181,7 +183,7 @@ RopeArgs check_rope(at::IntArrayRef sizes, const at::Tensor& freqs, const std::s
              "apply_rotary_pos_emb: cu_seqlens is for tensor_format "
              "'thd'; ",
              format, " has whole sequences");
-    longest = shape[static_cast<std::size_t>(a.layout.seq_dim)];
+    longest = shape[static_cast<std::size_t>(a.layout.seq_dim)] * cp_size;
     sequences = shape[static_cast<std::size_t>(a.layout.batch_dim)];
   }
   // The last position used: the longest sequence's, or with start positions each sequence's
@@ -261,15 +263,47 @@ at::Tensor rotate_piece(const at::Tensor& t, const RopeArgs& a, bool interleaved
                 a.scale);
 }
 
+// A context parallel rank's tokens rotated by their global positions (TE's cp_size / cp_rank):
+// thd, each sequence's chunks r and 2·cp-1-r in its slot; bshd / sbhd, the load-balanced layout.
+at::Tensor rotate_cp_piece(const at::Tensor& t, const RopeArgs& a, bool interleaved, int64_t cp,
+                           int64_t rank) {
+  at::Tensor pos;
+  if (a.layout.packed) {
+    const at::Tensor idx = functional::cp_packed_indices(a.cu_seqlens, cp, rank);
+    const at::Tensor seq = at::searchsorted(a.cu_seqlens, idx, false, /*right=*/true) - 1;
+    pos = idx - a.cu_seqlens.index_select(0, seq);
+  } else {
+    std::vector<at::Tensor> runs;
+    const int64_t s = t.size(a.layout.seq_dim);
+    for (const functional::CpChunk& c : functional::cp_chunks(s * cp, cp, rank)) {
+      runs.push_back(at::arange(c.start, c.start + c.length, at::kLong));
+    }
+    pos = at::cat(runs);
+  }
+  const at::Tensor angles = a.freqs.to(t.device()).index_select(0, pos.to(t.device()));
+  const int64_t n = pos.size(0), d2 = a.d2;
+  return rotate(t,
+                a.layout.packed         ? angles.view({n, 1, d2})
+                : a.layout.seq_dim == 1 ? angles.view({1, n, 1, d2})
+                                        : angles.view({n, 1, 1, d2}),
+                d2, interleaved, a.scale);
+}
+
 }  // namespace
 
 at::Tensor apply_rotary_pos_emb(const at::Tensor& t, const at::Tensor& freqs,
                                 const std::string& tensor_format, bool interleaved,
                                 const at::Tensor& cu_seqlens, const at::Tensor& start_positions,
-                                double attention_factor) {
+                                double attention_factor, int64_t cp_size, int64_t cp_rank) {
   TE_CHECK(t.defined(), "apply_rotary_pos_emb: t is undefined");
-  const RopeArgs a =
-      check_rope(t.sizes(), freqs, tensor_format, cu_seqlens, start_positions, attention_factor);
+  TE_CHECK(cp_size >= 1 && cp_rank >= 0 && cp_rank < cp_size, "apply_rotary_pos_emb: cp_rank ",
+           cp_rank, " is not one of cp_size ", cp_size, " ranks");
+  TE_CHECK(cp_size == 1 || !start_positions.defined(),
+           "apply_rotary_pos_emb: start_positions with cp_size ", cp_size,
+           " is not supported, as TE's (rope.py L524-527 at d0067d0da)");
+  const RopeArgs a = check_rope(t.sizes(), freqs, tensor_format, cu_seqlens, start_positions,
+                                attention_factor, cp_size);
+  if (cp_size > 1) return rotate_cp_piece(t, a, interleaved, cp_size, cp_rank);
   return rotate_piece(t, a, interleaved, 0, 0);
 }
 

@@ -86,8 +86,7 @@ void ShardedModule::forget_member(const std::string& name) {
           "' (only kernels and embedding tables can be held in another form)");
 }
 
-void ShardedModule::hold_blocks(torch::nn::Module& self, const std::string& name,
-                                HeldBlocks held) {
+void ShardedModule::hold_blocks(torch::nn::Module& self, const std::string& name, HeldBlocks held) {
   const std::string what = "'" + name + "' of " + self.name();
   TE_CHECK(held.matrix != nullptr, "hold_blocks: no matrix for ", what);
   held.matrix->check(what);

@@ -147,8 +147,9 @@ T layer_forward(TransformerLayerImpl& self, const T& x_in, const at::Tensor& mas
   const MultiHeadAttentionOptions& attention = o.self_attention();
   if (attention.attention().qkv_format() == QkvFormat::kThd &&
       x_in.dim() == 2) {  // [tokens, hidden]: a batch of one
+    const bool cp = attention.attention().cp_comm_type().has_value();
     return detail::tokens_only(
-        layer_forward(self, detail::batch_of_one(x_in), mask, memory, memory_mask, args));
+        layer_forward(self, detail::batch_of_one(x_in, cp), mask, memory, memory_mask, args), cp);
   }
   const bool training = self.is_training();
   // TE's _bias_dropout_add (transformer.py L976-998 at d0067d0da): hidden dropout, then drop

@@ -29,6 +29,7 @@
 namespace te::nn {
 namespace {
 
+namespace F = functional;
 using test::piece_of;
 
 using Layout = test::MatrixLayout;
@@ -62,6 +63,8 @@ enum class Kind {
                   // soft-capped causal window attention with RoPE, GeGLU
   kMhaCpRope,     // context parallelism's cases: GQA, causal, RoPE (te's fused kernel)
   kMhaCpWindow,   // GQA, a soft-capped causal sliding window (the unfused blocks)
+  kMhaCpThd,      // rows of packed sequences (thd), GQA, padding_causal, RoPE per sequence: under
+                  // cp the tokens in TE's layout (each rank chunks r and 2·cp-1-r of each slot)
 };
 
 // Rules mapping the custom kernel names onto the layout's mesh axes.
@@ -96,6 +99,27 @@ Shape shape_of(bool uneven) { return uneven ? Shape{3, 5} : Shape{4, 6}; }
 // Context parallel layouts split the sequence into 2 or 4 equal chunks.
 Shape shape_of(bool uneven, const std::string& cp) {
   return cp.empty() ? shape_of(uneven) : Shape{4, 8};
+}
+
+// The thd kind's rows: sequences of (8, 5), (3, 8), (6, 1) and (8, 8) tokens in slots of 8 and 8.
+Shape thd_shape() { return {4, 16}; }
+const at::Tensor& thd_slots() {
+  static const at::Tensor slots = at::tensor(std::vector<int64_t>{0, 8, 16});
+  return slots;
+}
+AttentionArgs thd_args() {
+  const at::Tensor cu = at::tensor(std::vector<int64_t>{0, 8, 13, 0, 3, 11, 0, 6, 7, 0, 8, 16});
+  return AttentionArgs()
+      .cu_seqlens_q(cu.view({4, 3}))
+      .cu_seqlens_kv(cu.view({4, 3}))
+      .cu_seqlens_q_padded(thd_slots().repeat({4, 1}))
+      .cu_seqlens_kv_padded(thd_slots().repeat({4, 1}));
+}
+// The thd kind's tokens in every cp rank's order (each rank's TE-layout chunks), and back.
+at::Tensor thd_rank_order(const at::Tensor& t, int64_t cp) {
+  std::vector<at::Tensor> ranks;
+  for (int64_t r = 0; r < cp; ++r) ranks.push_back(F::cp_shard_packed(t, 1, thd_slots(), cp, r));
+  return at::cat(ranks, 1);
 }
 
 // RoPE frequencies for the 4-dim heads (base 100: angles that turn within 6 positions).
@@ -179,7 +203,8 @@ Model make(Kind kind, bool sp, Way way, bool dropout, Shape sh, const std::strin
     case Kind::kMhaWindow:
     case Kind::kMhaArbitrary:
     case Kind::kMhaCpRope:
-    case Kind::kMhaCpWindow: {
+    case Kind::kMhaCpWindow:
+    case Kind::kMhaCpThd: {
       auto options = [&] {
         auto made = MultiHeadAttentionOptions(16, 4)
                         .enable_sequence_parallel(sp)
@@ -215,6 +240,9 @@ Model make(Kind kind, bool sp, Way way, bool dropout, Shape sh, const std::strin
       } else if (kind == Kind::kMhaCpRope) {
         options.attention().num_gqa_groups(2).attn_mask_type("causal");
         args.rotary_pos_emb(rope(sh, false));
+      } else if (kind == Kind::kMhaCpThd) {
+        options.attention().num_gqa_groups(2).attn_mask_type("padding_causal").qkv_format("thd");
+        args = thd_args().rotary_pos_emb(rope(sh, false));
       } else if (kind == Kind::kMhaCpWindow) {
         options.attention()
             .num_gqa_groups(2)
@@ -385,8 +413,20 @@ class Equivalence : public ::testing::TestWithParam<Case> {};
 TEST_P(Equivalence, OutputsAndEveryGradientMatchOneProcess) {
   const Case& c = GetParam();
   const Layout& layout = layout_named(c.layout);
-  const Shape sh = shape_of(c.uneven, layout.cp_comm_type);
+  const Shape sh =
+      c.kind == Kind::kMhaCpThd ? thd_shape() : shape_of(c.uneven, layout.cp_comm_type);
   const Reference ref = reference(c.kind, c.dropout, sh, c.dtype);
+  // Packed sequences under cp: the tokens in every rank's order (identity without cp).
+  int64_t cp = 1;
+  for (std::size_t m = 0; m < layout.axes.size(); ++m) {
+    if (layout.axes[m] == "cp") cp = layout.shape[m];
+  }
+  const auto ranked = [&](const at::Tensor& t) {
+    return c.kind == Kind::kMhaCpThd && cp > 1 ? thd_rank_order(t, cp) : t;
+  };
+  const auto whole = [&](const at::Tensor& t) {
+    return c.kind == Kind::kMhaCpThd && cp > 1 ? F::cp_unshard_packed(t, 1, thd_slots(), cp) : t;
+  };
   const double tol = tolerance(c.dtype);
   set_warning_handler([](std::string_view) {});
   int64_t world = 1;
@@ -412,12 +452,12 @@ TEST_P(Equivalence, OutputsAndEveryGradientMatchOneProcess) {
                                                                : "seqlen_cp",
                                  "hidden"};
     const auto in_placements = placements_for(*resolve_logical_axes(in_axes), mesh);
-    at::Tensor x_local =
-        piece_of(global_input(sh).to(c.dtype), mesh, in_placements, rank).requires_grad_(true);
+    at::Tensor x_local = piece_of(ranked(global_input(sh)).to(c.dtype), mesh, in_placements, rank)
+                             .requires_grad_(true);
     DTensor x = DTensor::from_local(x_local, mesh, in_placements,
                                     std::vector<int64_t>{sh.batch, sh.seq, 16});
     DTensor y = m.forward_d(x);
-    at::Tensor y_full = y.full_tensor();
+    at::Tensor y_full = whole(y.full_tensor());
     ASSERT_EQ(y_full.scalar_type(), c.dtype);
     ASSERT_TRUE(Near(y_full, ref.y, tol)) << "rank " << rank;
     {
@@ -427,7 +467,7 @@ TEST_P(Equivalence, OutputsAndEveryGradientMatchOneProcess) {
       (y_full * output_weight(sh, y_full.size(-1)).to(c.dtype)).sum().backward();
       if (buckets) buckets->finish();
     }
-    EXPECT_TRUE(Near(x_local.grad(), piece_of(ref.x_grad, mesh, in_placements, rank), tol))
+    EXPECT_TRUE(Near(x_local.grad(), piece_of(ranked(ref.x_grad), mesh, in_placements, rank), tol))
         << "input gradient on rank " << rank;
 
     const auto param_layouts = named_parameter_layouts(*m.module);
@@ -481,10 +521,11 @@ std::vector<Case> all_cases() {
   // Context parallelism, TE's table: a sliding window where the strategy takes one (not p2p, as
   // TE), GQA's 2 key/value heads with a2a where each rank keeps whole ones (CP2 alone).
   for (const Layout& l : test::cp_matrix_layouts()) {
-    for (Kind kind : {Kind::kMhaFused, Kind::kMhaCpRope, Kind::kMhaCpWindow, Kind::kMhaGqa,
-                      Kind::kEncoder, Kind::kDecoder, Kind::kParallel, Kind::kSandwich}) {
-      const bool gqa =
-          kind == Kind::kMhaCpRope || kind == Kind::kMhaCpWindow || kind == Kind::kMhaGqa;
+    for (Kind kind :
+         {Kind::kMhaFused, Kind::kMhaCpRope, Kind::kMhaCpWindow, Kind::kMhaCpThd, Kind::kMhaGqa,
+          Kind::kEncoder, Kind::kDecoder, Kind::kParallel, Kind::kSandwich}) {
+      const bool gqa = kind == Kind::kMhaCpRope || kind == Kind::kMhaCpWindow ||
+                       kind == Kind::kMhaCpThd || kind == Kind::kMhaGqa;
       const bool window = kind == Kind::kMhaCpWindow || kind == Kind::kSandwich;
       if (window && l.cp_comm_type == "p2p") continue;
       // (a2a splits the 2 key/value heads: over 2 ranks, and not beside tensor parallelism)
@@ -502,10 +543,10 @@ std::vector<Case> all_cases() {
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   static const char* kinds[] = {
-      "DenseColumn",   "DenseRow",          "MlpGelu",          "MlpGated",
-      "MhaFusedQkv",   "MhaGqaRope",        "MhaWindowAlibi",   "MhaArbitraryBiasSink",
-      "EncoderPostLn", "DecoderRopeQkNorm", "ParallelL2QkNorm", "SandwichSoftcap",
-      "MhaCpGqaRope",  "MhaCpWindowSoftcap"};
+      "DenseColumn",   "DenseRow",           "MlpGelu",          "MlpGated",
+      "MhaFusedQkv",   "MhaGqaRope",         "MhaWindowAlibi",   "MhaArbitraryBiasSink",
+      "EncoderPostLn", "DecoderRopeQkNorm",  "ParallelL2QkNorm", "SandwichSoftcap",
+      "MhaCpGqaRope",  "MhaCpWindowSoftcap", "MhaCpThdRope"};
   static const char* ways[] = {"TeTable", "ExtendedRules", "CustomNames"};
   return std::string(kinds[static_cast<int>(info.param.kind)]) + "_" + info.param.layout + "_" +
          ways[static_cast<int>(info.param.way)] + (info.param.dropout ? "_Dropout" : "") +

@@ -63,6 +63,7 @@ class DenseImpl : public torch::nn::Cloneable<DenseImpl>, public ShardedModule {
   at::Tensor bias;
   /// The kernel GEMM's FP8 state (buffers fp8_{fwd,bwd}_{scale,scale_inv,amax_history}).
   std::shared_ptr<fp8::GemmMeta> fp8_meta;
+
  protected:
   void forget_member(const std::string& name) override;
 };

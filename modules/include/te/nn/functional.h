@@ -386,12 +386,18 @@ AttentionPlan attention_plan(const at::Tensor& q, const at::Tensor& k, const at:
 ///      start_positions[i] (decoding with a cache); undefined: at 0.
 ///   attention_factor: cos and sin multiplied by it (RotaryPositionEmbeddingOptions::
 ///      attention_factor: YaRN's, LongRoPE's); the passed-through dims are not scaled.
-/// Throws te::Error naming a bad format, shape, cu_seqlens, start_positions or factor.
+///   cp_size, cp_rank: t is context parallel rank cp_rank's tokens (TE's cp_size / cp_rank,
+///      rope.py L321-343, L394 at d0067d0da): under thd, each sequence's chunks r and 2·cp-1-r
+///      of its slot, with `cu_seqlens` the whole's slots (cu_seqlens_padded); under bshd / sbhd,
+///      chunks r and 2·cp-1-r of the sequence (te/nn/context_parallel.h's load-balanced layout).
+///      No start_positions then, as TE.
+/// Throws te::Error naming a bad format, shape, cu_seqlens, start_positions, factor or cp rank.
 at::Tensor apply_rotary_pos_emb(const at::Tensor& t, const at::Tensor& freqs,
                                 const std::string& tensor_format = "sbhd", bool interleaved = false,
                                 const at::Tensor& cu_seqlens = {},
                                 const at::Tensor& start_positions = {},
-                                double attention_factor = 1.0);
+                                double attention_factor = 1.0, int64_t cp_size = 1,
+                                int64_t cp_rank = 0);
 /// DTensor form: each rank rotates its piece by the global positions of its tokens, so a
 /// sequence-sharded t (sequence parallel) gives what one process gives; batch and heads may be
 /// sharded too (start_positions is the global [b]). A thd t's token dim must not be sharded.
