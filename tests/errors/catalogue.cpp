@@ -605,15 +605,18 @@ std::vector<Case> cases() {
                   const at::Tensor q = at::zeros({1, 4, 2, 8});
                   functional::context_parallel_attention(q, q, q, call, cp);
                 })},
-      {"modules", "packed sequences (thd) under context parallelism",
-       "packed sequences (thd) are not taken with context parallelism yet",
+      {"modules", "packed sequences (thd) under context parallelism in slots TE refuses",
+       "sequence 0 has a slot of 6 tokens (cu_seqlens_padded[0..1]); pad each sequence to a "
+       "multiple of 4",
        on_ranks(2,
                 [](int) {
                   const functional::ContextParallel cp(DeviceMesh({2}, {"cp"}), "cp", "p2p");
                   functional::AttentionCall call;
                   call.spec = functional::mask_spec("padding_causal");
-                  call.packed.cu_seqlens_q = call.packed.cu_seqlens_kv = at::tensor({0, 4});
-                  const at::Tensor q = at::zeros({1, 4, 2, 8});
+                  call.packed.cu_seqlens_q = call.packed.cu_seqlens_kv = at::tensor({0, 5, 8});
+                  call.packed.cu_seqlens_q_padded = call.packed.cu_seqlens_kv_padded =
+                      at::tensor({0, 6, 8});
+                  const at::Tensor q = at::zeros({4, 2, 8});
                   functional::context_parallel_attention(q, q, q, call, cp);
                 })},
       {"modules", "cp_comm_type set while the rules map no mesh axis to seqlen_cp",
