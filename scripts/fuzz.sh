@@ -4,7 +4,7 @@
 # starting from its seed corpus in fuzz/corpus/<target>/. Any crash or sanitizer report fails
 # the run; libFuzzer writes the input that caused it as crash-* in build-fuzz/.
 #
-#   bash scripts/fuzz.sh          # 30 s per target (CI: 20 s)
+#   bash scripts/fuzz.sh          # 30 s per target (CI: 10 s)
 #   bash scripts/fuzz.sh 600      # longer
 set -euo pipefail
 cd "$(dirname "$0")/.."
