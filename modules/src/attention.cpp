@@ -83,6 +83,10 @@ void DotProductAttentionImpl::pretty_print(std::ostream& stream) const {
     stream << ", softmax=" << options.softmax_type();
   }
   if (options.softcap() > 0) stream << ", softcap=" << options.softcap();
+  if (options.cp_comm_type()) {
+    stream << ", cp_comm_type=" << te_name(*options.cp_comm_type())
+           << (options.cp_load_balanced() ? " (load balanced)" : "");
+  }
   stream << ", dropout=" << options.attention_dropout() << ")";
 }
 
@@ -238,16 +242,18 @@ RowsCall packed_rows_call(const Arranged<T>& a, const F::AttentionCall& call) {
 
 // Context parallelism: the sequence split over mesh dim a.cp_dim in contiguous chunks; packed
 // sequences (thd) in TE's layout, each rank holding its chunks of every sequence (of every row).
-at::Tensor cp_attention(const Arranged<at::Tensor>& a, const F::AttentionCall& call, CpCommType) {
+at::Tensor cp_attention(const Arranged<at::Tensor>& a, const F::AttentionCall& call, CpCommType,
+                        bool) {
   return F::attention(a.q, a.k, a.v, call);  // one device: the whole sequence is here
 }
-at::Tensor cp_attention(const Arranged<DTensor>& a, F::AttentionCall call, CpCommType type) {
+at::Tensor cp_attention(const Arranged<DTensor>& a, F::AttentionCall call, CpCommType type,
+                        bool load_balanced) {
   const DeviceMesh& mesh = a.q.mesh();
   const std::string& axis = mesh.axis_names()[static_cast<std::size_t>(a.cp_dim)];
   TE_CHECK(a.q.size(1) % mesh.size(a.cp_dim) == 0, "DotProductAttention: a sequence of ",
            a.q.size(1), " tokens does not split evenly over the ", mesh.size(a.cp_dim),
            " ranks of mesh axis '", axis, "' (context parallelism); pad it to a multiple");
-  const F::ContextParallel cp(mesh, axis, type, /*load_balanced=*/false);
+  const F::ContextParallel cp(mesh, axis, type, load_balanced);
   if (call.packed.defined() && call.packed.cu_seqlens_q.dim() == 2) {  // rows: one packed batch
     const RowsCall r = packed_rows_call(a, call);
     const at::Tensor out = F::context_parallel_attention(r.q, r.k, r.v, r.call, cp);
@@ -269,7 +275,9 @@ T bshd_forward(const DotProductAttentionImpl& self, const T& query, const T& key
   const auto& cp_type = self.options.cp_comm_type();
   const Arranged<T> a = arrange(query, key, value, cp_type.has_value());
   F::AttentionCall call = attention_call(self, a, mask, args, training);
-  if (a.cp_dim >= 0) return in_layout_of(cp_attention(a, call, *cp_type), a.q);
+  if (a.cp_dim >= 0) {
+    return in_layout_of(cp_attention(a, call, *cp_type, self.options.cp_load_balanced()), a.q);
+  }
   if (call.packed.defined() && call.packed.cu_seqlens_q.dim() == 2) {
     const RowsCall r = packed_rows_call(a, call);
     const at::Tensor out = F::attention(r.q, r.k, r.v, r.call);

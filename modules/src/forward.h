@@ -80,9 +80,10 @@ DTensor batch_of_one(const DTensor& t, bool context_parallel = false);
 inline at::Tensor tokens_only(const at::Tensor& t, bool = false) { return t.squeeze(0); }
 DTensor tokens_only(const DTensor& t, bool context_parallel = false);
 
-/// Rows of packed sequences (qkv_format "thd", [rows, tokens, ...] with 2-D cu_seqlens): fn on
-/// this rank's rows, the index of its first, and the context parallel size and rank of its
-/// tokens; the result in x's layout (its last dim fn's). A DTensor's rows may be split over mesh
+/// Rows of packed sequences (qkv_format "thd", [rows, tokens, ...] with 2-D cu_seqlens; or
+/// bshd rows whose tokens are in the load-balanced cp order): fn on this rank's rows, the index
+/// of its first, and the context parallel size and rank of its tokens; the result in x's layout
+/// (its last dim fn's). A DTensor's rows may be split over mesh
 /// axes (data parallel), its last dim not, its tokens over one mesh axis when
 /// `context_parallel` (each rank holding its chunks of every sequence, TE's thd layout).
 using RowsFn = std::function<at::Tensor(const at::Tensor& rows, int64_t row_offset, int64_t cp_size,

@@ -362,6 +362,19 @@ void rotate_qk(const MultiHeadAttentionOptions& o, const InferenceParams* cache,
         detail::tokens_only(q), freqs, "thd", o.rotary_pos_interleaved(), cu_q, start, factor));
     k = detail::batch_of_one(F::apply_rotary_pos_emb(
         detail::tokens_only(k), freqs, "thd", o.rotary_pos_interleaved(), cu_kv, start, factor));
+  } else if (cp && o.attention().cp_load_balanced()) {
+    // Each rank's tokens (its chunks r and 2·cp-1-r) by their own positions.
+    auto rotate = [&](const T& t) {
+      return detail::on_packed_rows(
+          t,
+          [&](const at::Tensor& rows, int64_t, int64_t cp_size, int64_t cp_rank) {
+            return F::apply_rotary_pos_emb(rows, freqs, "bshd", o.rotary_pos_interleaved(), {},
+                                           {}, factor, cp_size, cp_rank);
+          },
+          true);
+    };
+    q = rotate(q);
+    k = rotate(k);
   } else {
     q = F::apply_rotary_pos_emb(q, freqs, "bshd", o.rotary_pos_interleaved(), {}, {}, factor);
     k = F::apply_rotary_pos_emb(k, freqs, "bshd", o.rotary_pos_interleaved(), {}, {}, factor);

@@ -18,6 +18,7 @@ struct MatrixLayout {
   std::string mesh_resource;
   bool sequence_parallel = false;
   std::string cp_comm_type;  // context parallelism over MeshResource cp (empty: none)
+  bool cp_load_balanced = false;  // the tokens in TE's load-balanced order (rank order)
 };
 
 // GoogleTest prints a parameter by its name.
@@ -39,7 +40,8 @@ inline const std::vector<MatrixLayout>& matrix_layouts() {
 }
 
 // Context parallelism: CP2, DP2xCP2, TP2xCP2 and CP4 with each cp_comm_type (the sequence split
-// over MeshResource cp, which TE's table maps seqlen_cp to).
+// over MeshResource cp, which TE's table maps seqlen_cp to), and CP4 (and DP2xCP2 with p2p) with
+// the sequence in TE's load-balanced order.
 inline const std::vector<MatrixLayout>& cp_matrix_layouts() {
   static const std::vector<MatrixLayout> all = [] {
     std::vector<MatrixLayout> made;
@@ -50,7 +52,12 @@ inline const std::vector<MatrixLayout>& cp_matrix_layouts() {
       made.push_back({"DP2xCP2" + name, {2, 2}, {"data", "cp"}, "dp=data,cp=cp", false, type});
       made.push_back({"TP2xCP2" + name, {2, 2}, {"tp", "cp"}, "tp=tp,cp=cp", false, type});
       made.push_back({"CP4" + name, {4}, {"cp"}, "cp=cp", false, type});
+      // The load-balanced order (attention kinds: a layer's hidden dropout draws at a token's
+      // place in the tensor it is given, here the rank order).
+      made.push_back({"CP4" + name + "Balanced", {4}, {"cp"}, "cp=cp", false, type, true});
     }
+    made.push_back(
+        {"DP2xCP2P2PBalanced", {2, 2}, {"data", "cp"}, "dp=data,cp=cp", false, "p2p", true});
     return made;
   }();
   return all;

@@ -150,7 +150,8 @@ struct Rates {
 Rates rates(bool dropout) { return dropout ? Rates{0.1, 0.3, 0.2} : Rates{}; }
 
 // `cp`: the attention's cp_comm_type (empty: none).
-Model make(Kind kind, bool sp, Way way, bool dropout, Shape sh, const std::string& cp = "") {
+Model make(Kind kind, bool sp, Way way, bool dropout, Shape sh, const std::string& cp = "",
+           bool balanced = false) {
   const Rates r = rates(dropout);
   const bool custom = way == Way::kCustomNames;
   const LogicalAxes act = {"batch", sp ? "seqlen_tp" : "seqlen", "hidden"};
@@ -213,7 +214,7 @@ Model make(Kind kind, bool sp, Way way, bool dropout, Shape sh, const std::strin
                         .kv_kernel_axes({w_in, joined, w_out})
                         .out_kernel_axes({w_out, w_in});
         made.attention().attention_dropout(r.attention);
-        if (!cp.empty()) made.attention().cp_comm_type(cp);
+        if (!cp.empty()) made.attention().cp_comm_type(cp).cp_load_balanced(balanced);
         return made;
       }();
       at::Tensor mask;
@@ -421,11 +422,14 @@ TEST_P(Equivalence, OutputsAndEveryGradientMatchOneProcess) {
   for (std::size_t m = 0; m < layout.axes.size(); ++m) {
     if (layout.axes[m] == "cp") cp = layout.shape[m];
   }
+  // (and the load-balanced layouts' tokens)
   const auto ranked = [&](const at::Tensor& t) {
-    return c.kind == Kind::kMhaCpThd && cp > 1 ? thd_rank_order(t, cp) : t;
+    if (c.kind == Kind::kMhaCpThd && cp > 1) return thd_rank_order(t, cp);
+    return layout.cp_load_balanced ? F::cp_rank_order(t, 1, cp) : t;
   };
   const auto whole = [&](const at::Tensor& t) {
-    return c.kind == Kind::kMhaCpThd && cp > 1 ? F::cp_unshard_packed(t, 1, thd_slots(), cp) : t;
+    if (c.kind == Kind::kMhaCpThd && cp > 1) return F::cp_unshard_packed(t, 1, thd_slots(), cp);
+    return layout.cp_load_balanced ? F::cp_unshard(t, 1, cp) : t;
   };
   const double tol = tolerance(c.dtype);
   set_warning_handler([](std::string_view) {});
@@ -443,7 +447,8 @@ TEST_P(Equivalence, OutputsAndEveryGradientMatchOneProcess) {
       rules.emplace(custom_rules(resource));
     }
     manual_seed(21);
-    Model m = make(c.kind, layout.sequence_parallel, c.way, c.dropout, sh, layout.cp_comm_type);
+    Model m = make(c.kind, layout.sequence_parallel, c.way, c.dropout, sh, layout.cp_comm_type,
+                   layout.cp_load_balanced);
     m.module->to(c.dtype);
 
     const LogicalAxes in_axes = {"batch",
@@ -528,6 +533,10 @@ std::vector<Case> all_cases() {
                        kind == Kind::kMhaCpThd || kind == Kind::kMhaGqa;
       const bool window = kind == Kind::kMhaCpWindow || kind == Kind::kSandwich;
       if (window && l.cp_comm_type == "p2p") continue;
+      // (the load-balanced order: attention kinds, whose dropout draws at each token's own place)
+      const bool attention_only = kind == Kind::kMhaFused || kind == Kind::kMhaCpRope ||
+                                  kind == Kind::kMhaCpWindow || kind == Kind::kMhaGqa;
+      if (l.cp_load_balanced && !attention_only) continue;
       // (a2a splits the 2 key/value heads: over 2 ranks, and not beside tensor parallelism)
       const bool cp2 = l.name.rfind("CP2", 0) == 0 || l.name.rfind("DP2xCP2", 0) == 0;
       if (gqa && l.cp_comm_type == "a2a" && !cp2) continue;

@@ -148,8 +148,16 @@ struct DotProductAttentionOptions {
   /// MeshResource's for "seqlen_cp", within MultiHeadAttention) and attention runs over the
   /// whole sequence without gathering it, each rank keeping its contiguous chunk (torch.chunk's,
   /// a DTensor's Shard); unset, a split sequence is gathered first. A te::Error names a sequence
-  /// split over no axis, or over several, while it is set. bshd and sbhd.
+  /// split over no axis, or over several, while it is set. bshd and sbhd; thd in TE's layout
+  /// (te/nn/context_parallel.h: the tokens given in every rank's order).
   TORCH_ARG(std::optional<TeChoice<CpCommType>>, cp_comm_type) = std::nullopt;
+  /// With cp_comm_type, bshd / sbhd: the sequence dim holds the tokens in TE's load-balanced
+  /// order (rank r's chunks r and 2·cp-1-r of 2·cp, concatenated in rank order:
+  /// functional::cp_rank_order; cp_unshard puts an output back), so that under a causal mask
+  /// every rank of the ring has the same work; a padding mask stays in the sequence's own order,
+  /// and MultiHeadAttention's RoPE rotates each token by its own position. false: contiguous
+  /// chunks, the tokens in their own order.
+  TORCH_ARG(bool, cp_load_balanced) = false;
 };
 
 /// softmax(q k^T * scale + mask) v per head, with TE's masks (functional::MaskSpec). `mask` (for
