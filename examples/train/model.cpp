@@ -60,8 +60,10 @@ OpenedModel open_model(const Args& a) {
     te::hf::LoadOptions load;
     load.dequantize_gguf = true;  // trainable float32 weights
     load.packed_sequences = a.pack;
-    if (!a.cp_comm_type.empty())
+    if (!a.cp_comm_type.empty()) {
       load.cp_comm_type = te::nn::parse_te_name<te::nn::CpCommType>(a.cp_comm_type);
+      load.cp_load_balanced = true;  // TE's order (LmTrainer orders each batch so)
+    }
     m.model = te::hf::load_causal_lm(a.model, load);
     const bool dir = fs::is_directory(a.model);
     m.tokenizer =
@@ -72,8 +74,10 @@ OpenedModel open_model(const Args& a) {
     m.config = read_text(a.config, "--config");
     te::hf::CausalLMConfig config = te::hf::parse_causal_lm_config(m.config, a.config);
     config.packed_sequences = a.pack;
-    if (!a.cp_comm_type.empty())
+    if (!a.cp_comm_type.empty()) {
       config.cp_comm_type = te::nn::parse_te_name<te::nn::CpCommType>(a.cp_comm_type);
+      config.cp_load_balanced = true;
+    }
     te::nn::manual_seed(a.seed);  // the same weights on every rank and every run
     m.model = te::hf::CausalLM(config);
     m.tokenizer = fs::is_directory(a.tokenizer) ? te::hf::Tokenizer::from_pretrained(a.tokenizer)

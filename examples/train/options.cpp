@@ -61,7 +61,9 @@ void add_training_options(CLI::App& app, Args& a) {
   app.add_option("--cp-comm-type", a.cp_comm_type,
                  "Context parallelism (TE's cp_comm_type: p2p, all_gather or a2a): each layer's "
                  "attention runs over rows whose tokens split over the mesh axis the rules give "
-                 "seqlen_cp (--mesh-resource cp=AXIS, or --rules seqlen_cp=AXIS); no --pack")
+                 "seqlen_cp (--mesh-resource cp=AXIS, or --rules seqlen_cp=AXIS), in TE's "
+                 "load-balanced order (each rank chunks r and 2*cp-1-r of a row: --seq-len a "
+                 "multiple of 2*cp); no --pack")
       ->check(CLI::IsMember({"p2p", "all_gather", "a2a"}));
   app.add_option("--micro-batch", a.micro_batch, "Rows per micro-batch (forward and backward)")
       ->capture_default_str();
@@ -293,6 +295,14 @@ te::program::Layout check_args(const Args& a, int world_size) {
                          layout.description +
                          ") maps no mesh axis to seqlen_cp; give --mesh-resource cp=AXIS or "
                          "--rules seqlen_cp=AXIS");
+  }
+  const int64_t chunks = 2 * layout.context_parallel_ranks;
+  if (!a.cp_comm_type.empty() && a.seq_len % chunks != 0) {
+    throw te::InputError("--seq-len " + std::to_string(a.seq_len) + ": context parallelism over " +
+                         std::to_string(layout.context_parallel_ranks) +
+                         " ranks cuts each row into 2*cp = " + std::to_string(chunks) +
+                         " chunks (TE's load-balanced order); give a multiple of " +
+                         std::to_string(chunks));
   }
   if (!a.zero_axis.empty()) {
     const std::vector<std::string> axes =

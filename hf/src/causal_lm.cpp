@@ -4,6 +4,7 @@
 
 #include "te/distributed.h"
 #include "te/error.h"
+#include "te/nn/context_parallel.h"
 #include "te/nn/functional.h"
 #include "te/nn/random.h"
 
@@ -44,7 +45,9 @@ nn::TransformerLayerOptions layer_options(const CausalLMConfig& c, int64_t layer
       .scale_factor(c.attention_scale)
       .softcap(c.attn_logit_softcapping);
   if (c.packed_sequences) attention.attention().qkv_format(nn::QkvFormat::kThd);
-  if (c.cp_comm_type) attention.attention().cp_comm_type(*c.cp_comm_type);
+  if (c.cp_comm_type) {
+    attention.attention().cp_comm_type(*c.cp_comm_type).cp_load_balanced(c.cp_load_balanced);
+  }
   o.post_block_layernorm(c.post_block_norms);
   // transformers' sliding window W: a query sees the W keys up to and including itself.
   TE_CHECK(layer >= 0 && layer < static_cast<int64_t>(c.layer_windows.size()),
@@ -211,6 +214,10 @@ T run(CausalLMImpl& m, const T& ids, int64_t batch, int64_t seq, nn::InferencePa
       }
     } else {
       positions = at::arange(seq, at::kLong).expand({batch, seq}).contiguous();
+      // The tokens in the load-balanced cp order: their positions so ordered.
+      const int64_t cp =
+          c.cp_comm_type && c.cp_load_balanced ? nn::functional::cp_size_in_scope() : 1;
+      if (cp > 1) positions = nn::functional::cp_rank_order(positions, 1, cp);
     }
   }
   T x = scaled_embeddings(m.embed(ids), c.embedding_multiplier);

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -25,6 +26,7 @@
 #include "te/distributed/dtensor.h"
 #include "te/error.h"
 #include "te/nn/functional.h"
+#include "te/sharding/context.h"
 
 namespace te::nn::functional {
 
@@ -94,6 +96,17 @@ at::Tensor cp_unshard(const at::Tensor& rank_ordered, int64_t dim, int64_t cp, b
 at::Tensor cp_rank_order(const at::Tensor& whole, int64_t dim, int64_t cp, bool load_balanced) {
   const at::Tensor ids = chunk_ids(cp, load_balanced);
   return reorder_chunks(whole, dim, ids.numel(), ids);
+}
+
+int64_t cp_size_in_scope() {
+  const DeviceMesh* mesh = current_mesh();
+  const std::optional<PartitionSpec> spec =
+      mesh ? resolve_logical_axes({axis::kSeqlenCp}) : std::nullopt;
+  int64_t ranks = 1;
+  if (spec) {
+    for (const std::string& name : (*spec)[0]) ranks *= mesh->size(mesh->axis_index(name));
+  }
+  return ranks;
 }
 
 at::Tensor cp_packed_indices(const at::Tensor& cu_seqlens_padded, int64_t cp, int64_t rank) {

@@ -368,8 +368,8 @@ void rotate_qk(const MultiHeadAttentionOptions& o, const InferenceParams* cache,
       return detail::on_packed_rows(
           t,
           [&](const at::Tensor& rows, int64_t, int64_t cp_size, int64_t cp_rank) {
-            return F::apply_rotary_pos_emb(rows, freqs, "bshd", o.rotary_pos_interleaved(), {},
-                                           {}, factor, cp_size, cp_rank);
+            return F::apply_rotary_pos_emb(rows, freqs, "bshd", o.rotary_pos_interleaved(), {}, {},
+                                           factor, cp_size, cp_rank);
           },
           true);
     };

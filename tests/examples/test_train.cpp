@@ -292,21 +292,41 @@ TEST_F(TrainParallel, PackedOnFsdp2IsOneProcess) {
 }
 
 // Context parallelism: each row's tokens split over a cp axis (TE's table from MeshResource cp,
-// or the user's rules) in every layer's attention, beside data parallelism; the losses are one
-// process's.
+// or the user's rules) in every layer's attention, beside data parallelism, in TE's
+// load-balanced order (ids, labels and GPT-2's learned positions alike); the losses are one
+// process's, for Llama (RoPE) and GPT-2 (learned positions).
 TEST_F(TrainParallel, ContextParallelIsOneProcess) {
-  ASSERT_EQ(te_train(args("--log-steps " + (dir_ / "one.csv").string())).status, 0);
-  const std::vector<std::string> one = steps_of(dir_ / "one.csv");
-  for (const std::string layout :
-       {"--cp-comm-type p2p --nproc 2 --mesh cp=2 --mesh-resource cp=cp",
-        "--cp-comm-type all_gather --nproc 4 --mesh data=2,cp=2 --rules batch=data,seqlen_cp=cp"}) {
-    const Result r = te_train(args(layout + " --log-steps " + (dir_ / "cp.csv").string()));
-    ASSERT_EQ(r.status, 0) << layout << ": " << r.err;
-    const std::vector<std::string> cp = steps_of(dir_ / "cp.csv");
-    ASSERT_EQ(one.size(), cp.size()) << layout;
-    for (std::size_t i = 0; i < one.size(); ++i) {
-      EXPECT_NEAR(loss_of(cp[i]), loss_of(one[i]), 1e-6 * loss_of(one[i]))
-          << layout << ", step " << i + 1;
+  const nlohmann::json gpt2 = {{"architectures", {"GPT2LMHeadModel"}},
+                               {"model_type", "gpt2"},
+                               {"vocab_size", 420},
+                               {"n_embd", 64},
+                               {"n_layer", 2},
+                               {"n_head", 4},
+                               {"n_positions", 64},
+                               {"embd_pdrop", 0.0},
+                               {"attn_pdrop", 0.0},
+                               {"resid_pdrop", 0.0},
+                               {"eos_token_id", 0}};
+  std::ofstream(dir_ / "gpt2.json") << gpt2.dump();
+  for (const std::string config : {"config.json", "gpt2.json"}) {
+    const Result base =
+        te_train(args("--log-steps " + (dir_ / "one.csv").string(), "corpus.txt", config));
+    ASSERT_EQ(base.status, 0) << config << ": " << base.err;
+    const std::vector<std::string> one = steps_of(dir_ / "one.csv");
+    for (const std::string layout :
+         {"--cp-comm-type p2p --nproc 2 --mesh cp=2 --mesh-resource cp=cp",
+          "--cp-comm-type all_gather --nproc 4 --mesh data=2,cp=2 --rules "
+          "batch=data,seqlen_cp=cp"}) {
+      if (config == "gpt2.json" && layout.find("p2p") == std::string::npos) continue;
+      const Result r = te_train(
+          args(layout + " --log-steps " + (dir_ / "cp.csv").string(), "corpus.txt", config));
+      ASSERT_EQ(r.status, 0) << config << ", " << layout << ": " << r.err;
+      const std::vector<std::string> cp = steps_of(dir_ / "cp.csv");
+      ASSERT_EQ(one.size(), cp.size()) << layout;
+      for (std::size_t i = 0; i < one.size(); ++i) {
+        EXPECT_NEAR(loss_of(cp[i]), loss_of(one[i]), 1e-6 * loss_of(one[i]))
+            << config << ", " << layout << ", step " << i + 1;
+      }
     }
   }
 }
@@ -420,6 +440,10 @@ TEST_F(Train, BadInputIsNamedAndLeavesTheCheckpoint) {
        "--pack: the layout (mesh data=2, rules seqlen=data) splits each row's tokens over "
        "ranks"},
       {"--loss-scale 0", "corpus.txt", "config.json", "--loss-scale 0.000000 is not positive"},
+      {"--cp-comm-type p2p --nproc 2 --mesh cp=2 --mesh-resource cp=cp --seq-len 34 "
+       "--global-batch-tokens 272",
+       "corpus.txt", "config.json",
+       "--seq-len 34: context parallelism over 2 ranks cuts each row into 2*cp = 4 chunks"},
       {"--nproc 2 --mesh model=2 --mesh-resource tp=model --zero-axis model", "corpus.txt",
        "config.json", "--zero-axis: 'model' is not the data-parallel axis"},
       {"--zero-axis data", "corpus.txt", "config.json",

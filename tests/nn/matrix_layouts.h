@@ -17,7 +17,7 @@ struct MatrixLayout {
   std::vector<std::string> axes;
   std::string mesh_resource;
   bool sequence_parallel = false;
-  std::string cp_comm_type;  // context parallelism over MeshResource cp (empty: none)
+  std::string cp_comm_type;       // context parallelism over MeshResource cp (empty: none)
   bool cp_load_balanced = false;  // the tokens in TE's load-balanced order (rank order)
 };
 

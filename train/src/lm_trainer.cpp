@@ -14,6 +14,7 @@
 #include "te/distributed.h"
 #include "te/error.h"
 #include "te/fp8.h"
+#include "te/nn/context_parallel.h"
 #include "te/nn/functional.h"
 #include "te/optim/clip_grad.h"
 #include "te/sharding.h"
@@ -61,9 +62,15 @@ at::Tensor loss_sum(te::hf::CausalLM& model, const Batch& b) {
     return F::parallel_cross_entropy(logits, b.labels, ce) * count;
   }
   const std::vector<Placement> whole(static_cast<std::size_t>(mesh->ndim()), Replicate{});
+  // The load-balanced cp order (CausalLMConfig::cp_load_balanced): ids and labels alike, so the
+  // loss, a sum over tokens, is the same.
+  const int64_t cp = model->config.cp_comm_type && model->config.cp_load_balanced && !cu.defined()
+                         ? F::cp_size_in_scope()
+                         : 1;
   auto laid_out = [&](const at::Tensor& t) {
-    return with_sharding_constraint(DTensor::distribute(t, *mesh, whole),
-                                    {axis::kBatch, axis::kSeqlen});
+    return with_sharding_constraint(
+        DTensor::distribute(cp > 1 ? F::cp_rank_order(t, 1, cp) : t, *mesh, whole),
+        {axis::kBatch, axis::kSeqlen});
   };
   const DTensor ids = laid_out(b.ids);
   for (std::size_t m = 0; cu.defined() && m < ids.placements().size(); ++m) {

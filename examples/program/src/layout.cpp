@@ -96,6 +96,11 @@ void measure_layout(const LayoutArgs& args, Layout& layout) {
   // map to one mesh axis.
   if (const auto spec = te::resolve_logical_axes({"seqlen_cp"})) {
     layout.context_parallel = !(*spec)[0].empty();
+    for (const auto& axis : (*spec)[0]) {
+      const auto it = std::find(layout.mesh->names.begin(), layout.mesh->names.end(), axis);
+      layout.context_parallel_ranks *=
+          layout.mesh->sizes[std::size_t(it - layout.mesh->names.begin())];
+    }
   }
   layout.description = "mesh " + layout.mesh->to_string();
   if (layout.resource) layout.description += ", mesh resource " + te::to_string(*layout.resource);

@@ -100,6 +100,11 @@ struct CausalLMConfig {
   /// te's choice: context parallelism in every layer's attention (TE's cp_comm_type; the
   /// sequence splits over the mesh axis the rules give seqlen_cp: te/nn/context_parallel.h).
   std::optional<nn::CpCommType> cp_comm_type;
+  /// te's choice: with cp_comm_type, the tokens in TE's load-balanced order (each cp rank's
+  /// chunks r and 2·cp-1-r, in rank order: functional::cp_rank_order of ids and labels alike),
+  /// so that causal attention gives every rank of the ring the same work; forward takes the ids
+  /// so ordered and gives logits in that order (learned positions follow it).
+  bool cp_load_balanced = false;
   /// The embedding's padding row (pad_token_id; GGUF: tokenizer.ggml.padding_token_id): its
   /// lookup gradient is zero, as transformers' nn.Embedding(padding_idx=pad_token_id) trains it
   /// (a tied head still trains it). nullopt: none.

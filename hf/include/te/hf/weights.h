@@ -32,8 +32,10 @@ struct LoadOptions {
   /// load_causal_lm: build the model for packed sequences (CausalLMConfig::packed_sequences),
   /// to train on packed rows.
   bool packed_sequences = false;
-  /// load_causal_lm: context parallelism in every layer (CausalLMConfig::cp_comm_type).
+  /// load_causal_lm: context parallelism in every layer (CausalLMConfig::cp_comm_type), and the
+  /// load-balanced order of the tokens (CausalLMConfig::cp_load_balanced).
   std::optional<nn::CpCommType> cp_comm_type;
+  bool cp_load_balanced = false;
 };
 
 /// Where each te parameter of a model comes from in a Hugging Face checkpoint: one or more

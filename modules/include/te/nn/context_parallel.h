@@ -83,6 +83,11 @@ at::Tensor cp_unshard(const at::Tensor& rank_ordered, int64_t dim, int64_t cp,
 at::Tensor cp_rank_order(const at::Tensor& whole, int64_t dim, int64_t cp,
                          bool load_balanced = true);
 
+/// The ranks the logical axis seqlen_cp is split over on the mesh in scope, by the rules in
+/// effect (or TE's table from MeshResource cp): the cp size a layer's attention sees. 1 with no
+/// mesh, or no mesh axis for seqlen_cp.
+int64_t cp_size_in_scope();
+
 /// Packed sequences (thd) in TE's layout: the index in the whole packed tensor of each of rank
 /// `rank`'s tokens, in its order (int64 [tokens/cp]), for `cu_seqlens_padded` [sequences + 1]
 /// (the slots; their last entry is the whole tensor's token count). te::Error when a slot is not

@@ -36,11 +36,12 @@ struct Layout {
   std::optional<te::MeshShape> mesh;
   std::optional<te::MeshResource> resource;
   std::optional<te::AxisRules> rules;
-  std::string description;        // "one process", or "mesh data=2, mesh resource dp=data"
-  int64_t data_parallel = 1;      // ranks the logical batch axis is split over
-  bool tensor_parallel = false;   // the logical heads axis split over some mesh axis
-  bool splits_sequence = false;   // the logical seqlen axis (of batch, seqlen) split over one
-  bool context_parallel = false;  // the logical seqlen_cp axis split over a mesh axis
+  std::string description;             // "one process", or "mesh data=2, mesh resource dp=data"
+  int64_t data_parallel = 1;           // ranks the logical batch axis is split over
+  bool tensor_parallel = false;        // the logical heads axis split over some mesh axis
+  bool splits_sequence = false;        // the logical seqlen axis (of batch, seqlen) split over one
+  bool context_parallel = false;       // the logical seqlen_cp axis split over a mesh axis
+  int64_t context_parallel_ranks = 1;  // ranks the logical seqlen_cp axis is split over
 };
 
 /// The rules a program maps its own logical axes with when --mesh-resource is given without
