@@ -3,7 +3,9 @@
 // cp_comm_type. Per rank: the peak bytes allocated during the step (te::AllocationCounter, on
 // the rank's thread; the layer's parameters and the input exist before it starts), and the step
 // time (the slowest rank's, median of --reps). The rules map both `seqlen` and `seqlen_cp` to
-// the cp axis, so every activation of the layer is split, not only attention's.
+// the cp axis, so every activation of the layer is split, not only attention's. p2p runs twice:
+// on contiguous chunks, where the causal ring's last rank has cp times the first's blocks, and
+// in TE's load-balanced order (cp_load_balanced), where every rank has the same work.
 //
 //   bench_context_parallel [--tokens 16384] [--hidden 64] [--heads 4] [--ffn 256] [--reps 3]
 //
@@ -40,12 +42,13 @@ struct Result {
   double ms = 0;
 };
 
-te::nn::TransformerLayerOptions layer_options(const Args& a, std::optional<te::nn::CpCommType> cp) {
+te::nn::TransformerLayerOptions layer_options(const Args& a, std::optional<te::nn::CpCommType> cp,
+                                              bool balanced = false) {
   auto o = te::nn::TransformerLayerOptions(a.hidden, a.ffn, a.heads)
                .hidden_dropout(0.0)
                .intermediate_dropout(0.0);
   o.self_attention().attention().attention_dropout(a.attention_dropout).attn_mask_type("causal");
-  if (cp) o.self_attention().attention().cp_comm_type(*cp);
+  if (cp) o.self_attention().attention().cp_comm_type(*cp).cp_load_balanced(balanced);
   return o;
 }
 
@@ -76,13 +79,14 @@ Result one_process(const Args& a) {
   return step(a, layer, [&] { return layer->forward(x).sum(); });
 }
 
-Result context_parallel(const Args& a, int64_t cp, te::nn::CpCommType type) {
+Result context_parallel(const Args& a, int64_t cp, te::nn::CpCommType type, bool balanced) {
   std::vector<Result> per_rank(static_cast<std::size_t>(cp));
   te::run_local_ranks(static_cast<int>(cp), [&](int rank) {
     te::DeviceMesh mesh({cp}, {"cp"});
     te::MeshScope scope(mesh);
     te::AxisRulesScope rules(te::parse_axis_rules("seqlen=cp,seqlen_cp=cp"));
-    te::nn::TransformerLayer layer(layer_options(a, type));
+    te::nn::TransformerLayer layer(layer_options(a, type, balanced));
+    // (random tokens: their order, contiguous or load balanced, does not change the work)
     const te::DTensor x =
         te::DTensor::distribute(at::randn({1, a.tokens, a.hidden}), mesh, {te::Shard{1}});
     x.to_local().requires_grad_();
@@ -120,16 +124,16 @@ int main(int argc, char** argv) {
   std::printf("|---|---|---:|---:|---:|---:|\n");
   std::printf("| one process | - | %.1f | 1.00 | %.0f | - |\n", base.peak / 1048576.0, base.ms);
   for (int64_t cp : {2, 4}) {
-    std::map<te::nn::CpCommType, Result> rows;
-    for (auto type :
-         {te::nn::CpCommType::kAllGather, te::nn::CpCommType::kP2P, te::nn::CpCommType::kA2A}) {
-      rows[type] = context_parallel(a, cp, type);
-    }
-    for (const auto& [type, r] : rows) {
+    const Result gathered = context_parallel(a, cp, te::nn::CpCommType::kAllGather, false);
+    const std::vector<std::pair<std::string, Result>> rows = {
+        {"all_gather", gathered},
+        {"p2p", context_parallel(a, cp, te::nn::CpCommType::kP2P, false)},
+        {"p2p, load balanced", context_parallel(a, cp, te::nn::CpCommType::kP2P, true)},
+        {"a2a", context_parallel(a, cp, te::nn::CpCommType::kA2A, false)}};
+    for (const auto& [name, r] : rows) {
       std::printf("| CP%lld | %s | %.1f | %.2f | %.0f | %.2f |\n", static_cast<long long>(cp),
-                  te::nn::te_name(type), r.peak / 1048576.0,
-                  static_cast<double>(r.peak) / base.peak, r.ms,
-                  r.ms / rows[te::nn::CpCommType::kAllGather].ms);
+                  name.c_str(), r.peak / 1048576.0, static_cast<double>(r.peak) / base.peak, r.ms,
+                  r.ms / gathered.ms);
     }
   }
   return 0;

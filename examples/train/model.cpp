@@ -62,7 +62,8 @@ OpenedModel open_model(const Args& a) {
     load.packed_sequences = a.pack;
     if (!a.cp_comm_type.empty()) {
       load.cp_comm_type = te::nn::parse_te_name<te::nn::CpCommType>(a.cp_comm_type);
-      load.cp_load_balanced = true;  // TE's order (LmTrainer orders each batch so)
+      // TE's order (LmTrainer orders each batch so), where it keeps the run one process's
+      load.cp_load_balanced = true;
     }
     m.model = te::hf::load_causal_lm(a.model, load);
     const bool dir = fs::is_directory(a.model);
@@ -76,7 +77,7 @@ OpenedModel open_model(const Args& a) {
     config.packed_sequences = a.pack;
     if (!a.cp_comm_type.empty()) {
       config.cp_comm_type = te::nn::parse_te_name<te::nn::CpCommType>(a.cp_comm_type);
-      config.cp_load_balanced = true;
+      config.cp_load_balanced = te::hf::cp_load_balance_is_exact(config);
     }
     te::nn::manual_seed(a.seed);  // the same weights on every rank and every run
     m.model = te::hf::CausalLM(config);

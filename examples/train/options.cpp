@@ -63,7 +63,8 @@ void add_training_options(CLI::App& app, Args& a) {
                  "attention runs over rows whose tokens split over the mesh axis the rules give "
                  "seqlen_cp (--mesh-resource cp=AXIS, or --rules seqlen_cp=AXIS), in TE's "
                  "load-balanced order (each rank chunks r and 2*cp-1-r of a row: --seq-len a "
-                 "multiple of 2*cp); no --pack")
+                 "multiple of 2*cp) unless the model has dropout outside attention (then "
+                 "contiguous chunks, which keep its masks one process's); no --pack")
       ->check(CLI::IsMember({"p2p", "all_gather", "a2a"}));
   app.add_option("--micro-batch", a.micro_batch, "Rows per micro-batch (forward and backward)")
       ->capture_default_str();

@@ -407,10 +407,17 @@ int run(const Args& a, const te::program::Layout& layout, int rank, int world_si
   const Mfu mfu = make_mfu(a, *trainer.model());
   if (lead) {
     print_banner(a, m, data, world_size, micro_batches_of(a));
-    std::cout << "  layout: " << layout.description << "\n  mfu against a peak of "
-              << fmt("%.3f", mfu.peak_flops / 1e12) << " TFLOP/s (" << mfu.peak_source << "), "
-              << fmt("%.4g", mfu.flops_per_token / 1e6) << " MFLOP a token (6 x " << mfu.gemm_params
-              << " GEMM parameters + 12 L H T)" << std::endl;
+    const te::hf::CausalLMConfig& c = trainer.model()->config;
+    std::cout << "  layout: " << layout.description
+              << (!c.cp_comm_type ? ""
+                  : c.cp_load_balanced
+                      ? " (context parallel, load-balanced order)"
+                      : " (context parallel, contiguous chunks: the model has dropout outside "
+                        "attention, which the load-balanced order would draw elsewhere)")
+              << "\n  mfu against a peak of " << fmt("%.3f", mfu.peak_flops / 1e12) << " TFLOP/s ("
+              << mfu.peak_source << "), " << fmt("%.4g", mfu.flops_per_token / 1e6)
+              << " MFLOP a token (6 x " << mfu.gemm_params << " GEMM parameters + 12 L H T)"
+              << std::endl;
   }
   const Totals t = loop(a, trainer, data, start, identity, mfu, lead, rank, memory);
   step_memory.peak_bytes = max_over_ranks(t.peak_bytes);

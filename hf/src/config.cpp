@@ -170,4 +170,8 @@ CausalLMConfig read_causal_lm_config(const std::string& dir) {
   return parse_causal_lm_config(text, path);
 }
 
+bool cp_load_balance_is_exact(const CausalLMConfig& config) {
+  return config.hidden_dropout == 0 && config.embedding_dropout == 0;
+}
+
 }  // namespace te::hf

@@ -325,7 +325,7 @@ CausalLM load_causal_lm(const std::string& path_text, const LoadOptions& options
   }
   config.packed_sequences = options.packed_sequences;
   config.cp_comm_type = options.cp_comm_type;
-  config.cp_load_balanced = options.cp_load_balanced;
+  config.cp_load_balanced = options.cp_load_balanced && cp_load_balance_is_exact(config);
   const detail::Family& family =
       detail::family_of(config, "load_causal_lm: '" + path.string() + "'");
   WeightMap map = family.weight_map(config);

@@ -60,6 +60,9 @@ void DotProductAttentionImpl::reset() {
            "DotProductAttention: qkv_format 'thd' needs a padding attn_mask_type (padding, "
            "padding_causal or padding_causal_bottom_right), as TE's; got '",
            options.attn_mask_type(), "'");
+  TE_CHECK(!options.cp_load_balanced() || options.cp_comm_type(),
+           "DotProductAttention: cp_load_balanced is set without cp_comm_type; it orders a "
+           "sequence split by context parallelism: set cp_comm_type too, or unset it");
   // TE's softmax_offset (dot_product_attention.py L772-783 at d0067d0da): zeros, one per head,
   // a parameter for "learnable" ("off-by-one" adds a constant zero, no parameter).
   if (options.softmax_type() == SoftmaxType::kLearnable) {

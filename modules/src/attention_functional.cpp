@@ -251,13 +251,8 @@ AttentionCall sequence_call(const AttentionCall& call, int64_t index, int64_t se
   if (call.alibi_slopes.defined() && call.alibi_slopes.dim() == 2) {
     one.alibi_slopes = call.alibi_slopes.narrow(0, index, 1);
   }
-  const detail::AttentionPiece& rows = detail::piece_of(call);
-  auto piece = std::make_shared<detail::AttentionPiece>(rows);
-  piece->global_batch = rows.global_sequences ? rows.global_sequences : sequences;
-  piece->batch_offset = rows.sequence_offset + index;
-  piece->global_seqlen_q = rows.global_sequences ? rows.global_seqlen_q : max_q;
-  piece->global_seqlen_kv = rows.global_sequences ? rows.global_seqlen_kv : max_kv;
-  one.piece = std::move(piece);
+  one.piece = std::make_shared<detail::AttentionPiece>(
+      detail::packed_sequence_piece(call, index, sequences, max_q, max_kv));
   return one;
 }
 

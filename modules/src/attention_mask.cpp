@@ -309,4 +309,16 @@ AttnMaskType detail::unpadded_type(AttnMaskType type) {
   return AttnMaskType::kCausalBottomRight;  // padding_causal_bottom_right
 }
 
+detail::AttentionPiece detail::packed_sequence_piece(const AttentionCall& call, int64_t index,
+                                                     int64_t sequences, int64_t max_q,
+                                                     int64_t max_kv) {
+  const AttentionPiece& rows = piece_of(call);
+  AttentionPiece piece = rows;
+  piece.global_batch = rows.global_sequences ? rows.global_sequences : sequences;
+  piece.batch_offset = rows.sequence_offset + index;
+  piece.global_seqlen_q = rows.global_sequences ? rows.global_seqlen_q : max_q;
+  piece.global_seqlen_kv = rows.global_sequences ? rows.global_seqlen_kv : max_kv;
+  return piece;
+}
+
 }  // namespace te::nn::functional

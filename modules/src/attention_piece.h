@@ -49,6 +49,12 @@ std::pair<at::Tensor, at::Tensor> unfused_attention(const at::Tensor& q, const a
 /// padding_causal_bottom_right: causal_bottom_right).
 AttnMaskType unpadded_type(AttnMaskType type);
 
+/// Packed sequence `index` of `sequences` alone: the call's piece with its dropout at row `index`
+/// of the padded global [sequences, heads, max_q, max_kv] (or, packed rows split over ranks, of
+/// every row's: AttentionPiece::global_sequences), the one place a packed sequence draws.
+AttentionPiece packed_sequence_piece(const AttentionCall& call, int64_t index, int64_t sequences,
+                                     int64_t max_q, int64_t max_kv);
+
 /// The call's piece, or the whole (every field 0) when it has none.
 inline const AttentionPiece& piece_of(const AttentionCall& call) {
   static const AttentionPiece kWhole;

@@ -186,9 +186,10 @@ CpLayout::CpLayout(const ContextParallel& cp, const PackedSequences& packed, int
     start_.push_back(pp[i]);
     length_.push_back(c[i + 1] - c[i]);
     slot_.push_back(pp[i + 1] - pp[i]);
-    longest_ = std::max(longest_, length_.back());
+    longest_q_ = std::max(longest_q_, length_.back());
   }
-  if (packed.max_seqlen_q > 0) longest_ = packed.max_seqlen_q;
+  longest_kv_ = packed.max_seqlen_kv > 0 ? packed.max_seqlen_kv : longest_q_;
+  if (packed.max_seqlen_q > 0) longest_q_ = packed.max_seqlen_q;
   order_ = packed_order(slots, cp_);
   inverse_ = at::argsort(order_);
 }
@@ -303,12 +304,17 @@ void check_packed_cp(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   const at::Tensor lengths = checked_cu_seqlens(p.cu_seqlens_q, who, "cu_seqlens_q", tokens,
                                                 /*tail_padding=*/true)
                                  .diff();
+  TE_CHECK(cu.size(0) == lengths.size(0) + 1, who, ": ", slots_name, " has ", cu.size(0),
+           " entries but cu_seqlens_q has ", lengths.size(0) + 1, ": both are [sequences + 1]");
   const at::Tensor over = (cu.diff() < lengths).nonzero();
   TE_CHECK(over.numel() == 0, who, ": sequence ", over.numel() ? over[0][0].item<int64_t>() : 0,
            " of cu_seqlens_q is longer than its slot in cu_seqlens_q_padded");
-  TE_CHECK(p.max_seqlen_q <= 0 || p.max_seqlen_q >= lengths.max().item<int64_t>(), who,
-           ": max_seqlen_q ", p.max_seqlen_q, " is shorter than the longest sequence (",
-           lengths.max().item<int64_t>(), " tokens)");
+  const int64_t longest = lengths.numel() ? lengths.max().item<int64_t>() : 0;
+  for (const auto& [name, given] : {std::pair<const char*, int64_t>{"max_seqlen_q", p.max_seqlen_q},
+                                    {"max_seqlen_kv", p.max_seqlen_kv}}) {
+    TE_CHECK(given <= 0 || given >= longest, who, ": ", name, " ", given,
+             " is shorter than the longest sequence (", longest, " tokens)");
+  }
 }
 
 }  // namespace

@@ -38,16 +38,17 @@ class CpLayout {
   /// Every rank's tokens along dim 1 in rank order -> the whole, and back. Differentiable.
   at::Tensor sequence_order(const at::Tensor& rank_ordered) const;
   at::Tensor rank_order(const at::Tensor& whole) const;
-  /// Packed: the sequences' count and the longest (or max_seqlen_q), where each draws dropout
-  /// (one process's [sequences, heads, longest, longest]).
+  /// Packed: the sequences' count and the longest (or max_seqlen_q / max_seqlen_kv), where each
+  /// draws dropout (one process's [sequences, heads, longest_q, longest_kv]).
   int64_t count() const { return static_cast<int64_t>(start_.size()); }
-  int64_t longest() const { return longest_; }
+  int64_t longest_q() const { return longest_q_; }
+  int64_t longest_kv() const { return longest_kv_; }
 
  private:
   int64_t cp_, tokens_;
   bool load_balanced_, packed_ = false;
   std::vector<int64_t> start_, length_, slot_;  // packed: per sequence
-  int64_t longest_ = 0;
+  int64_t longest_q_ = 0, longest_kv_ = 0;
   at::Tensor order_, inverse_;  // packed: the whole's index of each rank-ordered token, and back
 };
 

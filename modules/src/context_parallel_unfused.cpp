@@ -123,20 +123,12 @@ AttentionCall pair_call(const AttentionCall& call, const CpState& state, const a
     c.spec.type = AttnMaskType::kArbitrary;
     c.mask = out_of_window.ne(0).view({1, 1, a.length, b.length});
   }
-  auto piece = std::make_shared<AttentionPiece>(piece_of(call));
   const CpLayout& layout = state.layout;
-  // (packed rows split over ranks: every row's sequences, and where this rank's start)
-  const AttentionPiece& rows = piece_of(call);
-  if (layout.packed()) {
-    piece->global_batch = rows.global_sequences ? rows.global_sequences : layout.count();
-    piece->batch_offset = rows.sequence_offset + a.sequence;
-  }
-  piece->global_seqlen_q = !layout.packed()        ? layout.tokens()
-                           : rows.global_sequences ? rows.global_seqlen_q
-                                                   : layout.longest();
-  piece->global_seqlen_kv = !layout.packed()        ? layout.tokens()
-                            : rows.global_sequences ? rows.global_seqlen_kv
-                                                    : layout.longest();
+  auto piece = std::make_shared<AttentionPiece>(
+      layout.packed() ? packed_sequence_piece(call, a.sequence, layout.count(), layout.longest_q(),
+                                              layout.longest_kv())
+                      : piece_of(call));
+  if (!layout.packed()) piece->global_seqlen_q = piece->global_seqlen_kv = layout.tokens();
   piece->seqlen_q_offset = a.start;
   piece->seqlen_kv_offset = b.start;
   c.piece = std::move(piece);

@@ -83,7 +83,8 @@ MultiHeadAttentionOptions cross_attention_options(const TransformerLayerOptions&
       .attn_mask_type(AttnMaskType::kPadding)
       .window_size(std::nullopt)
       .bottom_right_diagonal(std::nullopt)
-      .cp_comm_type(std::nullopt);
+      .cp_comm_type(std::nullopt)
+      .cp_load_balanced(false);
   return cross;
 }
 

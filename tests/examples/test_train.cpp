@@ -294,7 +294,8 @@ TEST_F(TrainParallel, PackedOnFsdp2IsOneProcess) {
 // Context parallelism: each row's tokens split over a cp axis (TE's table from MeshResource cp,
 // or the user's rules) in every layer's attention, beside data parallelism, in TE's
 // load-balanced order (ids, labels and GPT-2's learned positions alike); the losses are one
-// process's, for Llama (RoPE) and GPT-2 (learned positions).
+// process's, for Llama (RoPE) and GPT-2 (learned positions), and for GPT-2 with its dropouts
+// (contiguous chunks then: the banner says so).
 TEST_F(TrainParallel, ContextParallelIsOneProcess) {
   const nlohmann::json gpt2 = {{"architectures", {"GPT2LMHeadModel"}},
                                {"model_type", "gpt2"},
@@ -308,7 +309,10 @@ TEST_F(TrainParallel, ContextParallelIsOneProcess) {
                                {"resid_pdrop", 0.0},
                                {"eos_token_id", 0}};
   std::ofstream(dir_ / "gpt2.json") << gpt2.dump();
-  for (const std::string config : {"config.json", "gpt2.json"}) {
+  nlohmann::json dropping = gpt2;
+  dropping["embd_pdrop"] = dropping["attn_pdrop"] = dropping["resid_pdrop"] = 0.1;
+  std::ofstream(dir_ / "gpt2_dropout.json") << dropping.dump();
+  for (const std::string config : {"config.json", "gpt2.json", "gpt2_dropout.json"}) {
     const Result base =
         te_train(args("--log-steps " + (dir_ / "one.csv").string(), "corpus.txt", config));
     ASSERT_EQ(base.status, 0) << config << ": " << base.err;
@@ -317,10 +321,17 @@ TEST_F(TrainParallel, ContextParallelIsOneProcess) {
          {"--cp-comm-type p2p --nproc 2 --mesh cp=2 --mesh-resource cp=cp",
           "--cp-comm-type all_gather --nproc 4 --mesh data=2,cp=2 --rules "
           "batch=data,seqlen_cp=cp"}) {
-      if (config == "gpt2.json" && layout.find("p2p") == std::string::npos) continue;
-      const Result r = te_train(
-          args(layout + " --log-steps " + (dir_ / "cp.csv").string(), "corpus.txt", config));
+      if (config != "config.json" && layout.find("p2p") == std::string::npos) continue;
+      // (with the banner: args' --quiet dropped)
+      std::string run =
+          args(layout + " --log-steps " + (dir_ / "cp.csv").string(), "corpus.txt", config);
+      run.erase(run.find(" --quiet"), 8);
+      const Result r = te_train(run);
       ASSERT_EQ(r.status, 0) << config << ", " << layout << ": " << r.err;
+      EXPECT_NE(r.out.find(config == "gpt2_dropout.json" ? "context parallel, contiguous chunks"
+                                                         : "context parallel, load-balanced order"),
+                std::string::npos)
+          << config << ": " << r.out;
       const std::vector<std::string> cp = steps_of(dir_ / "cp.csv");
       ASSERT_EQ(one.size(), cp.size()) << layout;
       for (std::size_t i = 0; i < one.size(); ++i) {

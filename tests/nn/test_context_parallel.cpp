@@ -188,6 +188,8 @@ struct PackedCase {
   int64_t left = -1;                    // a sliding window when >= 0
   double dropout = 0;
   int64_t kv_heads = 2;
+  bool padded = true;             // cu_seqlens_padded given (else the sequences are the slots)
+  int64_t max_q = 0, max_kv = 0;  // max_seqlen_q / max_seqlen_kv (where dropout draws)
 };
 std::string packed_name(const ::testing::TestParamInfo<PackedCase>& info) {
   return info.param.name;
@@ -216,7 +218,9 @@ TEST_P(ContextParallelPacked, IsOneProcess) {
   call.dropout = c.dropout;
   call.training = c.dropout > 0;
   call.packed.cu_seqlens_q = call.packed.cu_seqlens_kv = cu;
-  call.packed.cu_seqlens_q_padded = call.packed.cu_seqlens_kv_padded = slots;
+  if (c.padded) call.packed.cu_seqlens_q_padded = call.packed.cu_seqlens_kv_padded = slots;
+  call.packed.max_seqlen_q = c.max_q;
+  call.packed.max_seqlen_kv = c.max_kv;
   at::Tensor q = leaf(q0), k = leaf(k0), v = leaf(v0);
   manual_seed(9);
   const at::Tensor ref = F::attention(q, k, v, call);
@@ -277,7 +281,18 @@ INSTANTIATE_TEST_SUITE_P(
                    0.2},
         PackedCase{"a2a_cp2_padding_causal_dropout", CpCommType::kA2A, 2, "padding_causal",
                    kLengths2, kSlots2, -1, 0.2},
-        PackedCase{"a2a_cp2_window", CpCommType::kA2A, 2, "padding_causal", kLengths2, kSlots2, 4}),
+        PackedCase{"a2a_cp2_window", CpCommType::kA2A, 2, "padding_causal", kLengths2, kSlots2, 4},
+        // A rank of padding on the fused kernel and a2a; sequences their own slots (no
+        // cu_seqlens_padded); dropout drawn in a [sequences, heads, 20, 24] given by max_seqlen.
+        PackedCase{
+            "p2p_cp2_a_rank_of_padding", CpCommType::kP2P, 2, "padding_causal", {1, 1}, {8, 4}},
+        PackedCase{"a2a_cp2_a_rank_of_padding", CpCommType::kA2A, 2, "padding", {1, 1}, {8, 4}},
+        PackedCase{"p2p_cp2_no_slots", CpCommType::kP2P, 2, "padding_causal", kSlots2, kSlots2, -1,
+                   0, 2, false},
+        PackedCase{"all_gather_cp2_max_seqlens_dropout", CpCommType::kAllGather, 2,
+                   "padding_causal", kLengths2, kSlots2, -1, 0.2, 2, true, 20, 24},
+        PackedCase{"p2p_cp2_max_seqlens_dropout", CpCommType::kP2P, 2, "padding_causal", kLengths2,
+                   kSlots2, -1, 0.2, 2, true, 20, 24}),
     packed_name);
 
 // A padding mask that broadcasts over the keys ([batch, 1, seqlen, 1]: whole query rows hidden)
@@ -409,6 +424,16 @@ TEST(ContextParallel, BadInputIsNamed) {
     EXPECT_ERROR(F::context_parallel_attention(packed_q, packed_q, packed_q, packed, p2p),
                  "sequence 1 of cu_seqlens_q is longer than its slot in cu_seqlens_q_padded");
     packed.packed.cu_seqlens_q = packed.packed.cu_seqlens_kv = at::tensor({0, 5, 9}, at::kLong);
+    packed.packed.cu_seqlens_q_padded = packed.packed.cu_seqlens_kv_padded =
+        at::tensor({0, 12}, at::kLong);
+    EXPECT_ERROR(F::context_parallel_attention(packed_q, packed_q, packed_q, packed, p2p),
+                 "cu_seqlens_q_padded has 2 entries but cu_seqlens_q has 3");
+    packed.packed.cu_seqlens_q_padded = packed.packed.cu_seqlens_kv_padded =
+        at::tensor({0, 8, 12}, at::kLong);
+    packed.packed.max_seqlen_kv = 4;
+    EXPECT_ERROR(F::context_parallel_attention(packed_q, packed_q, packed_q, packed, p2p),
+                 "max_seqlen_kv 4 is shorter than the longest sequence (5 tokens)");
+    packed.packed.max_seqlen_kv = 0;
     packed.spec = F::mask_spec("causal");
     EXPECT_ERROR(F::context_parallel_attention(packed_q, packed_q, packed_q, packed, p2p),
                  "qkv_format 'thd' takes a padding mask type and no mask");
@@ -485,7 +510,67 @@ TEST(ContextParallelLayers, MultiHeadAttentionOnCpLayoutsIsOneProcess) {
   }
 }
 
+// Packed tokens [tokens, hidden] (1-D cu_seqlens) in TE's layout through MultiHeadAttention (GQA,
+// RoPE per sequence, attention dropout) and TransformerLayer on CP2 with each strategy: outputs
+// and the input's gradient equal one process's.
+TEST(ContextParallelLayers, PackedTokensThroughTheLayersAreOneProcess) {
+  const at::Tensor cu = cumulative(kLengths2), slots = cumulative(kSlots2);
+  const int64_t tokens = slots[-1].item<int64_t>();
+  const at::Tensor x0 = randn({tokens, 32}, 41), w = randn({tokens, 32}, 42);
+  RotaryPositionEmbedding rope(RotaryPositionEmbeddingOptions(8));
+  const AttentionArgs args = AttentionArgs()
+                                 .cu_seqlens_q(cu)
+                                 .cu_seqlens_kv(cu)
+                                 .cu_seqlens_q_padded(slots)
+                                 .cu_seqlens_kv_padded(slots)
+                                 .rotary_pos_emb(rope->forward(tokens));
+  const auto mha_options = [](std::optional<CpCommType> type) {
+    auto o = MultiHeadAttentionOptions(32, 4);
+    o.attention().num_gqa_groups(2).attn_mask_type("padding_causal").qkv_format("thd");
+    o.attention().attention_dropout(0.2);
+    if (type) o.attention().cp_comm_type(*type);
+    return o;
+  };
+  const auto layer_options = [](std::optional<CpCommType> type) {
+    auto o = TransformerLayerOptions(32, 64, 4).hidden_dropout(0.0).intermediate_dropout(0.0);
+    o.self_attention().attention().attn_mask_type("padding").qkv_format("thd");
+    if (type) o.self_attention().attention().cp_comm_type(*type);
+    return o;
+  };
+  for (const bool layer : {false, true}) {
+    const auto run = [&](std::optional<CpCommType> type, const auto& x) {
+      manual_seed(43);
+      if (layer) return TransformerLayer(layer_options(type))(x, {}, {}, {}, args);
+      return MultiHeadAttention(mha_options(type))(x, {}, {}, args);
+    };
+    at::Tensor x_ref = leaf(x0);
+    const at::Tensor want = run(std::nullopt, x_ref);
+    (want * w).sum().backward();
+    for (CpCommType type : {CpCommType::kP2P, CpCommType::kAllGather, CpCommType::kA2A}) {
+      SCOPED_TRACE(::testing::Message() << (layer ? "layer " : "mha ") << te_name(type));
+      run_local_ranks(2, [&](int rank) {
+        DeviceMesh mesh({2}, {"cp"});
+        MeshScope scope(mesh);
+        MeshResourceScope resource(parse_mesh_resource("cp=cp"));
+        const auto mine = [&](const at::Tensor& t) {
+          return F::cp_shard_packed(t, 0, slots, 2, rank);
+        };
+        at::Tensor x = leaf(mine(x0));
+        const DTensor y =
+            run(type, DTensor::from_local(x, mesh, {Shard{0}}, std::vector<int64_t>{tokens, 32}));
+        // (the whole output in rank order, back to the sequences' own)
+        const at::Tensor whole = F::cp_unshard_packed(y.full_tensor(), 0, slots, 2);
+        EXPECT_TRUE(Close(whole, want.detach(), 1e-5)) << "rank " << rank;
+        (whole * w).sum().backward();
+        EXPECT_TRUE(Close(x.grad(), mine(x_ref.grad()), 1e-5)) << "dx, rank " << rank;
+      });
+    }
+  }
+}
+
 TEST(ContextParallelLayers, CpCommTypeWithoutACpAxisIsNamed) {
+  EXPECT_ERROR(DotProductAttention(DotProductAttentionOptions(4, 8).cp_load_balanced(true)),
+               "cp_load_balanced is set without cp_comm_type");
   run_local_ranks(2, [](int) {
     DeviceMesh mesh({2}, {"data"});
     MeshScope scope(mesh);

@@ -52,9 +52,12 @@ class CausalLMImpl : public torch::nn::Cloneable<CausalLMImpl>, public te::gen::
 
   /// ids [batch, seq] (int64) -> logits [batch, seq, vocab], positions 0..seq-1.
   at::Tensor forward(const at::Tensor& ids);
-  /// On a mesh: ids laid out as (batch, seqlen); logits stay sharded over the vocabulary.
+  /// On a mesh: ids laid out as (batch, seqlen); logits stay sharded over the vocabulary. With
+  /// config.cp_load_balanced (and a cp axis), the ids' sequence dim is in the load-balanced cp
+  /// order (functional::cp_rank_order), and so are the logits' and the learned positions.
   DTensor forward(const DTensor& ids);
-  /// The same ids on every rank: laid out by the rules' batch and seqlen axes, then forward.
+  /// The same ids on every rank: laid out by the rules' batch and seqlen axes, then forward (in
+  /// the order forward(DTensor) says).
   DTensor forward_on_mesh(const at::Tensor& ids);
   /// A model built with config.packed_sequences: ids [1, tokens] holding sequences packed back to
   /// back (TE's THD), sequence i tokens cu_seqlens[i] ... cu_seqlens[i + 1] - 1 (integer

@@ -129,4 +129,9 @@ CausalLMConfig parse_causal_lm_config(std::string_view json_text, const std::str
 /// Reads `dir`/config.json (or `dir` itself when it names a file).
 CausalLMConfig read_causal_lm_config(const std::string& dir);
 
+/// Whether the load-balanced cp order (CausalLMConfig::cp_load_balanced) keeps training the
+/// model one process's: it has no dropout outside attention (hidden, embedding), which would
+/// draw at a token's place in the reordered tensor rather than its own.
+bool cp_load_balance_is_exact(const CausalLMConfig& config);
+
 }  // namespace te::hf

@@ -33,7 +33,9 @@ struct LoadOptions {
   /// to train on packed rows.
   bool packed_sequences = false;
   /// load_causal_lm: context parallelism in every layer (CausalLMConfig::cp_comm_type), and the
-  /// load-balanced order of the tokens (CausalLMConfig::cp_load_balanced).
+  /// load-balanced order of the tokens (CausalLMConfig::cp_load_balanced) where it keeps training
+  /// one process's (cp_load_balance_is_exact; contiguous chunks otherwise: read the loaded
+  /// config's cp_load_balanced for which).
   std::optional<nn::CpCommType> cp_comm_type;
   bool cp_load_balanced = false;
 };

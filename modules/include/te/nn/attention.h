@@ -155,8 +155,11 @@ struct DotProductAttentionOptions {
   /// order (rank r's chunks r and 2·cp-1-r of 2·cp, concatenated in rank order:
   /// functional::cp_rank_order; cp_unshard puts an output back), so that under a causal mask
   /// every rank of the ring has the same work; a padding mask stays in the sequence's own order,
-  /// and MultiHeadAttention's RoPE rotates each token by its own position. false: contiguous
-  /// chunks, the tokens in their own order.
+  /// and MultiHeadAttention's RoPE rotates each token by its own position (a decoder's cross
+  /// attention, which takes no cp, sees its queries in the order given: a memory mask over the
+  /// keys only, [batch, 1, 1, seqlen_kv], is the same in either order). Ops outside attention
+  /// that draw (hidden dropout) draw at a token's place in the tensor given. false: contiguous
+  /// chunks, the tokens in their own order. A te::Error without cp_comm_type.
   TORCH_ARG(bool, cp_load_balanced) = false;
 };
 
