@@ -114,6 +114,19 @@ Saved saved_of(AutogradContext* ctx, const variable_list& grads) {
           grads[0].defined() ? grads[0] : at::zeros_like(t[3])};
 }
 
+// Block pair (a, b)'s share of the gradients (over every key the rows of `a` see: x.out and x.lse
+// are the merged ones), added to dq's rows of a and dk's and dv's rows of b.
+void add_pair_grads(const Saved& x, const at::Tensor& kk, const at::Tensor& vv, const CpChunk& a,
+                    const CpChunk& b, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv) {
+  const CpState& s = *x.state;
+  auto [gq, gk, gv] =
+      flash_backward(rows(x.q, a), rows(kk, b), rows(vv, b), rows(x.out, a), rows(x.dout, a),
+                     lse_rows(x.lse, a), at::Tensor(), s.scale, between(s.window, a, b));
+  rows(dq, a).add_(gq);
+  rows(dk, b).add_(gk);
+  rows(dv, b).add_(gv);
+}
+
 // ---- p2p --------------------------------------------------------------------------------------
 
 struct Ring : public torch::autograd::Function<Ring> {
@@ -151,7 +164,7 @@ struct Ring : public torch::autograd::Function<Ring> {
     const ScopeLoan loan(x.state->scopes);
     const CpState* s_ = x.state.get();
     const ContextParallel& cp = s_->cp;
-    const at::Tensor &q = x.q, &k = x.k, &v = x.v, &out = x.out, &lse = x.lse, &dout = x.dout;
+    const at::Tensor &q = x.q, &k = x.k, &v = x.v;
     const int64_t n = cp.size(), r = cp.rank();
     const auto mine = s_->layout.chunks(r);
     at::Tensor dq = at::zeros(q.sizes(), q.options().dtype(at::kFloat));
@@ -164,13 +177,7 @@ struct Ring : public torch::autograd::Function<Ring> {
       const auto theirs = s_->layout.chunks((r - i + n) % n);
       for (const CpChunk& a : mine) {
         for (const CpChunk& b : theirs) {
-          if (!sees(s_->window, a, b)) continue;
-          auto [gq, gk, gv] =
-              flash_backward(rows(q, a), rows(kk, b), rows(vv, b), rows(out, a), rows(dout, a),
-                             lse_rows(lse, a), at::Tensor(), s_->scale, between(s_->window, a, b));
-          rows(dq, a).add_(gq);
-          rows(dk, b).add_(gk);
-          rows(dv, b).add_(gv);
+          if (sees(s_->window, a, b)) add_pair_grads(x, kk, vv, a, b, dq, dk, dv);
         }
       }
       const at::Tensor share = packed(dk, dv);
@@ -192,11 +199,13 @@ struct GatheredKv : public torch::autograd::Function<GatheredKv> {
     const auto mine = state->layout.chunks(state->cp.rank());
     std::vector<std::pair<at::Tensor, at::Tensor>> chunks;
     for (const CpChunk& a : mine) {
-      for (const CpChunk& b : state->layout.sequences()) {  // the chunk's sequence
-        if (b.sequence != a.sequence) continue;
-        chunks.push_back(flash_forward(rows(q, a), rows(kk, b), rows(vv, b), state->scale,
-                                       between(state->window, a, b)));
+      std::vector<std::pair<at::Tensor, at::Tensor>> parts;  // (its sequence's keys, whole)
+      for (const CpChunk& b : state->layout.sequences()) {
+        if (!sees(state->window, a, b)) continue;
+        parts.push_back(flash_forward(rows(q, a), rows(kk, b), rows(vv, b), state->scale,
+                                      between(state->window, a, b)));
       }
+      chunks.push_back(merged(parts, rows(q, a), v.size(3)));
     }
     return saved_result(ctx, q, k, v, mine, chunks, std::move(state));  // K/V gathered again
   }
@@ -205,19 +214,13 @@ struct GatheredKv : public torch::autograd::Function<GatheredKv> {
     const Saved x = saved_of(ctx, grads);
     const ScopeLoan loan(x.state->scopes);
     const CpState* s_ = x.state.get();
-    const at::Tensor &q = x.q, &k = x.k, &v = x.v, &out = x.out, &lse = x.lse, &dout = x.dout;
+    const at::Tensor &q = x.q, &k = x.k, &v = x.v;
     const at::Tensor kk = gathered(k, *s_), vv = gathered(v, *s_);
     at::Tensor dq = at::zeros(q.sizes(), q.options().dtype(at::kFloat));
     at::Tensor dk = at::zeros(kk.sizes(), dq.options()), dv = at::zeros(vv.sizes(), dq.options());
     for (const CpChunk& a : s_->layout.chunks(s_->cp.rank())) {
       for (const CpChunk& b : s_->layout.sequences()) {
-        if (b.sequence != a.sequence) continue;
-        auto [gq, gk, gv] =
-            flash_backward(rows(q, a), rows(kk, b), rows(vv, b), rows(out, a), rows(dout, a),
-                           lse_rows(lse, a), at::Tensor(), s_->scale, between(s_->window, a, b));
-        rows(dq, a).add_(gq);
-        rows(dk, b).add_(gk);
-        rows(dv, b).add_(gv);
+        if (sees(s_->window, a, b)) add_pair_grads(x, kk, vv, a, b, dq, dk, dv);
       }
     }
     return {dq.to(q.scalar_type()), scattered(dk, *s_).to(k.scalar_type()),

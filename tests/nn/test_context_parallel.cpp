@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -77,6 +78,31 @@ F::AttentionCall call_of(const CpCase& c, bool fused) {
 
 class ContextParallelAttention : public ::testing::TestWithParam<CpCase> {};
 
+// One process's q, k, v (their gradients after its backward), output and output weights.
+struct OneProcess {
+  at::Tensor q, k, v, out, w;
+};
+using Piece = std::function<at::Tensor(const at::Tensor&)>;
+
+// This rank's context parallel attention of its piece (`mine`) of one's q, k and v, backward
+// through its piece of the weights: the output and the gradients are its pieces of one's,
+// within 1e-5, and the stream advanced by one process's calls.
+void expect_rank_is_one_process(const OneProcess& one, const Piece& mine,
+                                const F::AttentionCall& call, const F::ContextParallel& cp,
+                                uint64_t seed, const RngState& after) {
+  at::Tensor ql = leaf(mine(one.q.detach())), kl = leaf(mine(one.k.detach())),
+             vl = leaf(mine(one.v.detach()));
+  manual_seed(seed);
+  const at::Tensor out = F::context_parallel_attention(ql, kl, vl, call, cp);
+  const int64_t rank = cp.rank();
+  EXPECT_EQ(rng_state().calls, after.calls) << "rank " << rank;
+  (out * mine(one.w)).sum().backward();
+  EXPECT_TRUE(Close(out, mine(one.out), 1e-5)) << "output, rank " << rank;
+  EXPECT_TRUE(Close(ql.grad(), mine(one.q.grad()), 1e-5)) << "dq, rank " << rank;
+  EXPECT_TRUE(Close(kl.grad(), mine(one.k.grad()), 1e-5)) << "dk, rank " << rank;
+  EXPECT_TRUE(Close(vl.grad(), mine(one.v.grad()), 1e-5)) << "dv, rank " << rank;
+}
+
 // Every rank's output and gradients are its rows of one process's (fp32, within 1e-5), dropout
 // included: every block draws its mask at its global place from the call's one stream call, and
 // the stream advances by one call, as one process's.
@@ -107,17 +133,9 @@ TEST_P(ContextParallelAttention, IsOneProcess) {
     const auto mine = [&](const at::Tensor& t) {
       return F::cp_shard(t.narrow(0, first, rows), 1, cp.size(), cp.rank(), c.load_balanced);
     };
-    at::Tensor ql = leaf(mine(q0)), kl = leaf(mine(k0)), vl = leaf(mine(v0));
     F::AttentionCall call = call_of(c, true);
     if (padded) call.mask = mask.narrow(0, first, rows);  // the rank's rows, the whole sequence
-    manual_seed(7);
-    const at::Tensor out = F::context_parallel_attention(ql, kl, vl, call, cp);
-    EXPECT_EQ(rng_state().calls, after.calls) << "rank " << rank;
-    (out * mine(w)).sum().backward();
-    EXPECT_TRUE(Close(out, mine(ref), 1e-5)) << "output, rank " << rank;
-    EXPECT_TRUE(Close(ql.grad(), mine(q.grad()), 1e-5)) << "dq, rank " << rank;
-    EXPECT_TRUE(Close(kl.grad(), mine(k.grad()), 1e-5)) << "dk, rank " << rank;
-    EXPECT_TRUE(Close(vl.grad(), mine(v.grad()), 1e-5)) << "dv, rank " << rank;
+    expect_rank_is_one_process({q, k, v, ref.detach(), w}, mine, call, cp, 7, after);
   });
 }
 
@@ -231,15 +249,7 @@ TEST_P(ContextParallelPacked, IsOneProcess) {
     const auto mine = [&](const at::Tensor& t) {
       return F::cp_shard_packed(t, 0, slots, c.cp, rank);
     };
-    at::Tensor ql = leaf(mine(q0)), kl = leaf(mine(k0)), vl = leaf(mine(v0));
-    manual_seed(9);
-    const at::Tensor out = F::context_parallel_attention(ql, kl, vl, call, cp);
-    EXPECT_EQ(rng_state().calls, after.calls) << "rank " << rank;
-    (out * mine(w)).sum().backward();
-    EXPECT_TRUE(Close(out, mine(ref), 1e-5)) << "output, rank " << rank;
-    EXPECT_TRUE(Close(ql.grad(), mine(q.grad()), 1e-5)) << "dq, rank " << rank;
-    EXPECT_TRUE(Close(kl.grad(), mine(k.grad()), 1e-5)) << "dk, rank " << rank;
-    EXPECT_TRUE(Close(vl.grad(), mine(v.grad()), 1e-5)) << "dv, rank " << rank;
+    expect_rank_is_one_process({q, k, v, ref.detach(), w}, mine, call, cp, 9, after);
   });
 }
 
