@@ -107,11 +107,11 @@ void add_layout_options(CLI::App& app, Args& args) {
   app.add_flag("--sequence-parallel", args.sequence_parallel,
                "Sequence parallelism in the TransformerLayer (needs tpsp or a seqlen_tp rule)");
   app.add_option("--cp-comm-type", args.cp_comm_type,
-                 "Context parallelism (TE's cp_comm_type: p2p, all_gather or a2a): the layer's "
-                 "attention runs over sentences whose tokens split over the mesh axis the rules "
-                 "give seqlen_cp (--mesh-resource cp=AXIS, or a seqlen_cp rule); --max-seq-len a "
-                 "multiple of its size")
-      ->check(CLI::IsMember({"p2p", "all_gather", "a2a"}));
+                 "Context parallelism (TE's cp_comm_type: p2p, all_gather, a2a or a2a+p2p): the "
+                 "layer's attention runs over sentences whose tokens split over the mesh axis the "
+                 "rules give seqlen_cp (--mesh-resource cp=AXIS, or a seqlen_cp rule; a2a+p2p: "
+                 "two axes, seqlen_cp=(RING,A2A)); --max-seq-len a multiple of their size")
+      ->check(CLI::IsMember(te::nn::te_names<te::nn::CpCommType>()));
   te::program::add_nproc_option(app, args.launch, "te-encoder");
 }
 
@@ -196,8 +196,7 @@ Layout check_args(const Args& args, int world_size) {
   }
   Layout layout = make_layout(args, world_size);
   if (!args.cp_comm_type.empty() && !layout.context_parallel) {
-    throw InputError("--cp-comm-type " + args.cp_comm_type + ": the layout (" +
-                     layout.description +
+    throw InputError("--cp-comm-type " + args.cp_comm_type + ": the layout (" + layout.description +
                      ") maps no mesh axis to seqlen_cp; give --mesh-resource cp=AXIS or a "
                      "seqlen_cp rule");
   }

@@ -11,6 +11,7 @@
 
 #include "args.h"
 #include "te/input_error.h"
+#include "te/nn/attention_types.h"
 #include "te/optim/lr_schedule.h"
 #include "te/program/precision.h"
 #include "te/program/report.h"
@@ -59,13 +60,14 @@ void add_training_options(CLI::App& app, Args& a) {
                "the rows split over data-parallel/FSDP ranks, the heads over tensor-parallel "
                "ones. Without it a row is a block of the token stream");
   app.add_option("--cp-comm-type", a.cp_comm_type,
-                 "Context parallelism (TE's cp_comm_type: p2p, all_gather or a2a): each layer's "
-                 "attention runs over rows whose tokens split over the mesh axis the rules give "
-                 "seqlen_cp (--mesh-resource cp=AXIS, or --rules seqlen_cp=AXIS), in TE's "
+                 "Context parallelism (TE's cp_comm_type: p2p, all_gather, a2a or a2a+p2p): each "
+                 "layer's attention runs over rows whose tokens split over the mesh axis the rules "
+                 "give seqlen_cp (--mesh-resource cp=AXIS, or --rules seqlen_cp=AXIS; a2a+p2p: "
+                 "two axes, --rules seqlen_cp=(RING,A2A)), in TE's "
                  "load-balanced order (each rank chunks r and 2*cp-1-r of a row: --seq-len a "
                  "multiple of 2*cp) unless the model has dropout outside attention (then "
                  "contiguous chunks, which keep its masks one process's); no --pack")
-      ->check(CLI::IsMember({"p2p", "all_gather", "a2a"}));
+      ->check(CLI::IsMember(te::nn::te_names<te::nn::CpCommType>()));
   app.add_option("--micro-batch", a.micro_batch, "Rows per micro-batch (forward and backward)")
       ->capture_default_str();
   app.add_option("--global-batch-tokens", a.global_batch_tokens,

@@ -243,7 +243,7 @@ RowsCall packed_rows_call(const Arranged<T>& a, const F::AttentionCall& call) {
   return out;
 }
 
-// Context parallelism: the sequence split over mesh dim a.cp_dim in contiguous chunks; packed
+// Context parallelism: the sequence split over mesh dims a.cp_dims in cp's chunks; packed
 // sequences (thd) in TE's layout, each rank holding its chunks of every sequence (of every row).
 at::Tensor cp_attention(const Arranged<at::Tensor>& a, const F::AttentionCall& call, CpCommType,
                         bool) {
@@ -252,11 +252,12 @@ at::Tensor cp_attention(const Arranged<at::Tensor>& a, const F::AttentionCall& c
 at::Tensor cp_attention(const Arranged<DTensor>& a, F::AttentionCall call, CpCommType type,
                         bool load_balanced) {
   const DeviceMesh& mesh = a.q.mesh();
-  const std::string& axis = mesh.axis_names()[static_cast<std::size_t>(a.cp_dim)];
-  TE_CHECK(a.q.size(1) % mesh.size(a.cp_dim) == 0, "DotProductAttention: a sequence of ",
-           a.q.size(1), " tokens does not split evenly over the ", mesh.size(a.cp_dim),
-           " ranks of mesh axis '", axis, "' (context parallelism); pad it to a multiple");
-  const F::ContextParallel cp(mesh, axis, type, load_balanced);
+  std::vector<std::string> axes;
+  for (int64_t d : a.cp_dims) axes.push_back(mesh.axis_names()[static_cast<std::size_t>(d)]);
+  const F::ContextParallel cp(mesh, axes, type, load_balanced);
+  TE_CHECK(a.q.size(1) % cp.size() == 0, "DotProductAttention: a sequence of ", a.q.size(1),
+           " tokens does not split evenly over the ", cp.size(), " ranks of mesh axis '", cp.axis(),
+           "' (context parallelism); pad it to a multiple");
   if (call.packed.defined() && call.packed.cu_seqlens_q.dim() == 2) {  // rows: one packed batch
     const RowsCall r = packed_rows_call(a, call);
     const at::Tensor out = F::context_parallel_attention(r.q, r.k, r.v, r.call, cp);
@@ -276,9 +277,10 @@ template <typename T>
 T bshd_forward(const DotProductAttentionImpl& self, const T& query, const T& key, const T& value,
                const at::Tensor& mask, const AttentionArgs& args, bool training) {
   const auto& cp_type = self.options.cp_comm_type();
-  const Arranged<T> a = arrange(query, key, value, cp_type.has_value());
+  const Arranged<T> a =
+      arrange(query, key, value, cp_type ? std::optional<CpCommType>(*cp_type) : std::nullopt);
   F::AttentionCall call = attention_call(self, a, mask, args, training);
-  if (a.cp_dim >= 0) {
+  if (!a.cp_dims.empty()) {
     return in_layout_of(cp_attention(a, call, *cp_type, self.options.cp_load_balanced()), a.q);
   }
   if (call.packed.defined() && call.packed.cu_seqlens_q.dim() == 2) {

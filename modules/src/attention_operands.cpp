@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -13,14 +14,16 @@
 
 namespace te::nn::detail {
 
-Arranged<at::Tensor> arrange(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool) {
+Arranged<at::Tensor> arrange(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                             std::optional<CpCommType>) {
   return {q, k, v};
 }
 
 namespace {
 
-// The one mesh dim that splits q's sequence (dim 1) under context parallelism.
-int64_t context_parallel_dim(const DTensor& query) {
+// The mesh dims that split q's sequence (dim 1) under context parallelism, major to minor: one,
+// or a2a+p2p's two (the ring's, the a2a's).
+std::vector<int64_t> context_parallel_dims(const DTensor& query, CpCommType type) {
   std::vector<int64_t> dims;
   std::string axes;
   for (int64_t m = 0; m < query.mesh().ndim(); ++m) {
@@ -30,24 +33,31 @@ int64_t context_parallel_dim(const DTensor& query) {
               query.mesh().axis_names()[static_cast<std::size_t>(m)] + "'";
     }
   }
-  TE_CHECK(dims.size() == 1, "DotProductAttention: cp_comm_type is set, but q ", query.to_string(),
-           "'s sequence is split over ",
+  const std::size_t want = type == CpCommType::kA2AP2P ? 2 : 1;
+  TE_CHECK(dims.size() == want, "DotProductAttention: cp_comm_type '", te_name(type),
+           "' is set, but q ", query.to_string(), "'s sequence is split over ",
            dims.empty() ? std::string("no mesh axis") : "mesh axes " + axes,
            dims.empty() ? "; map the logical axis 'seqlen_cp' to a mesh axis in the rules (or "
                           "MeshResource cp), or unset cp_comm_type"
-                        : "; context parallelism splits it over one");
-  return dims[0];
+           : want == 2  ? "; a2a+p2p splits it over two, the ring's and the a2a's (rules "
+                          "seqlen_cp=(ring,a2a), the mesh ordering them so)"
+           : dims.size() == 2 ? "; context parallelism splits it over one (or two with "
+                                "cp_comm_type a2a+p2p)"
+                              : "; context parallelism splits it over one");
+  return dims;
 }
 
 }  // namespace
 
 Arranged<DTensor> arrange(const DTensor& query, const DTensor& key, const DTensor& value,
-                          bool context_parallel) {
-  const int64_t cp_dim = context_parallel ? context_parallel_dim(query) : -1;
-  auto whole = [cp_dim](const DTensor& t) {
-    return replicated_where(t, [cp_dim](const Placement& p, std::size_t m) {
-      return is_partial(p) || (is_shard(p, 1) && static_cast<int64_t>(m) != cp_dim) ||
-             is_shard(p, 3);
+                          std::optional<CpCommType> context_parallel) {
+  const std::vector<int64_t> cp_dims =
+      context_parallel ? context_parallel_dims(query, *context_parallel) : std::vector<int64_t>{};
+  auto whole = [&cp_dims](const DTensor& t) {
+    return replicated_where(t, [&cp_dims](const Placement& p, std::size_t m) {
+      const bool cp =
+          std::find(cp_dims.begin(), cp_dims.end(), static_cast<int64_t>(m)) != cp_dims.end();
+      return is_partial(p) || (is_shard(p, 1) && !cp) || is_shard(p, 3);
     });
   };
   const DTensor q = whole(query);
@@ -74,7 +84,7 @@ Arranged<DTensor> arrange(const DTensor& query, const DTensor& key, const DTenso
           whole(value).redistribute(q.placements()),
           piece[0].offset,
           piece[2].offset,
-          cp_dim};
+          cp_dims};
 }
 
 at::Tensor swapped(const at::Tensor& t) { return t.transpose(0, 1); }

@@ -8,8 +8,11 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
+#include <vector>
 
 #include "te/distributed/dtensor.h"
+#include "te/nn/attention_types.h"
 
 namespace te::nn::detail {
 
@@ -19,17 +22,18 @@ template <typename T>
 struct Arranged {
   T q, k, v;
   int64_t batch_offset = 0, head_offset = 0;
-  /// Context parallelism: the mesh dim the sequence stays split over (-1: whole sequences).
-  int64_t cp_dim = -1;
+  /// Context parallelism: the mesh dims the sequence stays split over, major to minor (none:
+  /// whole sequences).
+  std::vector<int64_t> cp_dims;
 };
 /// On a mesh attention is local to each (batch, head): whole sequences and head dims, batch and
 /// heads sharded alike on q, k and v (a te::Error when the heads split unevenly). With
-/// `context_parallel` the sequence stays split over the one mesh axis that splits q's (a
-/// te::Error naming none or several).
+/// `context_parallel` the sequence stays split over the mesh axes that split q's: one, or two
+/// for a2a+p2p (a te::Error naming another count).
 Arranged<at::Tensor> arrange(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                             bool context_parallel = false);
+                             std::optional<CpCommType> context_parallel = std::nullopt);
 Arranged<DTensor> arrange(const DTensor& query, const DTensor& key, const DTensor& value,
-                          bool context_parallel = false);
+                          std::optional<CpCommType> context_parallel = std::nullopt);
 
 /// q, k, v in sbhd as bshd and back (dims 0 and 1 swapped); on a DTensor the shards follow.
 at::Tensor swapped(const at::Tensor& t);

@@ -53,7 +53,7 @@ struct Names<QkNormType> {
 template <>
 struct Names<CpCommType> {
   static constexpr const char* option = "cp_comm_type";
-  static constexpr std::array<const char*, 3> values = {"p2p", "all_gather", "a2a"};
+  static constexpr std::array<const char*, 4> values = {"p2p", "all_gather", "a2a", "a2a+p2p"};
 };
 
 template <typename E>
@@ -75,6 +75,18 @@ E parse_te_name(std::string_view name) {
   }
   TE_FAIL(Names<E>::option, " '", name, "' is not one of ", valid);
 }
+
+template <typename E>
+std::vector<std::string> te_names() {
+  return {Names<E>::values.begin(), Names<E>::values.end()};
+}
+
+template std::vector<std::string> te_names<AttnMaskType>();
+template std::vector<std::string> te_names<AttnBiasType>();
+template std::vector<std::string> te_names<SoftmaxType>();
+template std::vector<std::string> te_names<QkvFormat>();
+template std::vector<std::string> te_names<QkNormType>();
+template std::vector<std::string> te_names<CpCommType>();
 
 template AttnMaskType parse_te_name<AttnMaskType>(std::string_view);
 template AttnBiasType parse_te_name<AttnBiasType>(std::string_view);

@@ -32,14 +32,58 @@ namespace te::nn::functional {
 
 ContextParallel::ContextParallel(const DeviceMesh& mesh, const std::string& axis,
                                  TeChoice<CpCommType> comm_type, bool load_balanced)
-    : mesh_(mesh),
-      axis_(axis),
-      mesh_dim_(mesh.axis_index(axis)),
-      comm_type_(comm_type),
-      load_balanced_(load_balanced) {}
+    : ContextParallel(mesh, std::vector<std::string>{axis}, comm_type, load_balanced) {}
 
-int64_t ContextParallel::size() const { return mesh_.size(mesh_dim_); }
-int64_t ContextParallel::rank() const { return mesh_.coordinate(mesh_dim_); }
+ContextParallel::ContextParallel(const DeviceMesh& mesh, const std::vector<std::string>& axes,
+                                 TeChoice<CpCommType> comm_type, bool load_balanced)
+    : mesh_(mesh), axes_(axes), comm_type_(comm_type), load_balanced_(load_balanced) {
+  const std::size_t want = comm_type_ == CpCommType::kA2AP2P ? 2 : 1;
+  std::string names;
+  for (const std::string& a : axes_) names += (names.empty() ? "'" : ", '") + a + "'";
+  TE_CHECK(axes_.size() == want, "context parallelism (cp_comm_type '", te_name(comm_type_),
+           "') splits the sequence over ",
+           want == 2 ? "two mesh axes, the ring's (p2p) and the "
+                       "a2a's, major to minor"
+                     : "one mesh axis",
+           ", but was given ", axes_.size(), names.empty() ? "" : " (" + names + ")",
+           want == 2 ? "; map seqlen_cp to two axes, e.g. rules seqlen_cp=(ring,a2a)"
+                     : "; map seqlen_cp to one axis (a2a+p2p takes two)");
+  for (const std::string& a : axes_) mesh_dims_.push_back(mesh_.axis_index(a));
+  TE_CHECK(mesh_dims_.size() == 1 || mesh_dims_[0] < mesh_dims_[1],
+           "context parallelism (cp_comm_type 'a2a+p2p'): the ring's mesh axis '", axes_[0],
+           "' must come before the a2a's '", axes_[1],
+           "' in the mesh (the ring's rank is the major part of the cp rank, as TE's)");
+}
+
+std::string ContextParallel::axis() const {
+  return axes_.size() == 1 ? axes_[0] : axes_[0] + "+" + axes_[1];
+}
+
+int64_t ContextParallel::mesh_dim() const {
+  TE_CHECK(mesh_dims_.size() == 1, "context parallelism over mesh axes '", axis(),
+           "': internal: one axis' dim asked for");
+  return mesh_dims_[0];
+}
+
+int64_t ContextParallel::size() const {
+  int64_t n = 1;
+  for (int64_t d : mesh_dims_) n *= mesh_.size(d);
+  return n;
+}
+int64_t ContextParallel::rank() const {
+  int64_t r = 0;
+  for (int64_t d : mesh_dims_) r = r * mesh_.size(d) + mesh_.coordinate(d);
+  return r;
+}
+
+ContextParallel ContextParallel::a2a_part() const {
+  TE_CHECK(axes_.size() == 2, "context parallelism over '", axis(), "': internal: not a2a+p2p");
+  return ContextParallel(mesh_, axes_[1], CpCommType::kA2A, load_balanced_);
+}
+ContextParallel ContextParallel::ring_part() const {
+  TE_CHECK(axes_.size() == 2, "context parallelism over '", axis(), "': internal: not a2a+p2p");
+  return ContextParallel(mesh_, axes_[0], CpCommType::kP2P, load_balanced_);
+}
 
 std::vector<CpChunk> cp_chunks(int64_t seqlen, int64_t cp, int64_t rank, bool load_balanced) {
   const int64_t parts = load_balanced ? 2 * cp : cp;
@@ -261,137 +305,6 @@ AttentionCall heads_share(const at::Tensor& q, const AttentionCall& call,
 
 }  // namespace
 
-namespace detail {
-
-namespace {
-
-// Packed sequences (thd) under cp, as TE takes them: one set of sequences for q, k and v, each
-// slot a multiple of 2·cp tokens, the local tensors every rank's share of the whole.
-void check_packed_cp(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                     const AttentionCall& call, const ContextParallel& cp, const std::string& who) {
-  TE_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, who, ": packed q ", q.sizes(), ", k ",
-           k.sizes(), ", v ", v.sizes(),
-           " are not [tokens/cp, heads, head_dim] (qkv_format thd; 2-D cu_seqlens, rows of "
-           "packed sequences, are not taken with context parallelism)");
-  TE_CHECK(call.spec.padding() && !call.mask.defined(), who, ": qkv_format 'thd' takes a padding ",
-           "mask type and no mask (cu_seqlens say where each sequence is), as TE's; got '",
-           call.spec.type, "'", call.mask.defined() ? " with a mask" : "");
-  const PackedSequences& p = call.packed;
-  const int64_t tokens = q.size(0) * cp.size();
-  auto same = [](const at::Tensor& a, const at::Tensor& b) {
-    return a.defined() == b.defined() &&
-           (!a.defined() ||
-            (a.sizes() == b.sizes() && a.to(at::kCPU, at::kLong).equal(b.to(at::kCPU, at::kLong))));
-  };
-  TE_CHECK(p.cu_seqlens_q.defined() && same(p.cu_seqlens_q, p.cu_seqlens_kv) &&
-               same(p.cu_seqlens_q_padded, p.cu_seqlens_kv_padded),
-           who,
-           ": cu_seqlens_q and cu_seqlens_kv (and their _padded) must be the same: context "
-           "parallelism splits one set of packed sequences for q, k and v (self attention)");
-  TE_CHECK(k.size(0) == q.size(0) && v.size(0) == q.size(0), who, ": q holds ", q.size(0),
-           " tokens but k ", k.size(0), " and v ", v.size(0), "; they are one set of sequences");
-  const at::Tensor& slots =
-      p.cu_seqlens_q_padded.defined() ? p.cu_seqlens_q_padded : p.cu_seqlens_q;
-  const char* slots_name =
-      p.cu_seqlens_q_padded.defined() ? "cu_seqlens_q_padded" : "cu_seqlens_q (no _padded given)";
-  const at::Tensor cu =
-      checked_cu_seqlens(slots, who, slots_name, std::numeric_limits<int64_t>::max(), true);
-  TE_CHECK(cu[-1].item<int64_t>() == tokens, who, ": each rank holds ", q.size(0),
-           " tokens, so the whole packed tensor has cp · ", q.size(0), " = ", tokens, ", but ",
-           slots_name, " ends at ", cu[-1].item<int64_t>(),
-           "; the slots must cover it (make the last sequence's slot reach the end)");
-  cp_packed_indices(slots, cp.size(), 0);  // each slot a multiple of 2·cp
-  const at::Tensor lengths = checked_cu_seqlens(p.cu_seqlens_q, who, "cu_seqlens_q", tokens,
-                                                /*tail_padding=*/true)
-                                 .diff();
-  TE_CHECK(cu.size(0) == lengths.size(0) + 1, who, ": ", slots_name, " has ", cu.size(0),
-           " entries but cu_seqlens_q has ", lengths.size(0) + 1, ": both are [sequences + 1]");
-  const at::Tensor over = (cu.diff() < lengths).nonzero();
-  TE_CHECK(over.numel() == 0, who, ": sequence ", over.numel() ? over[0][0].item<int64_t>() : 0,
-           " of cu_seqlens_q is longer than its slot in cu_seqlens_q_padded");
-  const int64_t longest = lengths.numel() ? lengths.max().item<int64_t>() : 0;
-  for (const auto& [name, given] : {std::pair<const char*, int64_t>{"max_seqlen_q", p.max_seqlen_q},
-                                    {"max_seqlen_kv", p.max_seqlen_kv}}) {
-    TE_CHECK(given <= 0 || given >= longest, who, ": ", name, " ", given,
-             " is shorter than the longest sequence (", longest, " tokens)");
-  }
-}
-
-}  // namespace
-
-void check_context_parallel(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
-                            const AttentionCall& call, const ContextParallel& cp) {
-  const std::string who = std::string("context_parallel_attention (cp_comm_type '") +
-                          te_name(cp.comm_type()) + "' over mesh axis '" + cp.axis() + "')";
-  const bool packed = call.packed.defined();
-  if (packed) check_packed_cp(q_in, k_in, v_in, call, cp, who);
-  // Packed sequences: a batch of one.
-  const at::Tensor q = packed ? q_in.unsqueeze(0) : q_in, k = packed ? k_in.unsqueeze(0) : k_in,
-                   v = packed ? v_in.unsqueeze(0) : v_in;
-  TE_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, who, ": q ", q.sizes(), ", k ", k.sizes(),
-           ", v ", v.sizes(), " are not [batch, seqlen/cp, heads, head_dim] (bshd)");
-  TE_CHECK(k.size(1) == q.size(1) && v.size(1) == q.size(1), who, ": q holds ", q.size(1),
-           " tokens but k ", k.size(1), " and v ", v.size(1),
-           "; context parallelism splits one sequence for q, k and v alike (self attention)");
-  TE_CHECK(q.size(0) == k.size(0) && k.size(0) == v.size(0) && q.size(3) == k.size(3) &&
-               k.size(2) == v.size(2) && k.size(2) > 0 && q.size(2) % k.size(2) == 0,
-           who, ": q ", q.sizes(), ", k ", k.sizes(), ", v ", v.sizes(),
-           " are not [b, s, h, d], [b, s, hkv, d], [b, s, hkv, dv] with h a multiple of hkv");
-  TE_CHECK(call.softcap >= 0 && std::isfinite(call.softcap), who, ": softcap ", call.softcap,
-           " must be a finite number >= 0 (0: none)");
-  TE_CHECK(!piece_of(call).on_logits && (packed || piece_of(call).global_sequences == 0), who,
-           ": internal: a logits constraint, or packed rows without packed sequences, are set");
-  // TE refuses every mask with cp in bshd/sbhd (backends.py L2169-2172 at d0067d0da); te takes
-  // the padding types (one mask for every head, over the whole sequence), cut per block.
-  TE_CHECK(call.spec.type != AttnMaskType::kArbitrary, who,
-           ": attn_mask_type 'arbitrary' is not taken with context parallelism (TE takes no mask "
-           "with cp in bshd); use no_mask, a causal type or a padding type");
-  // The padding mask is the whole sequence's, as one process takes it.
-  if (!packed) {
-    check_attention_mask(call.mask, call.spec, q.size(0), q.size(2), q.size(1) * cp.size(),
-                         q.size(1) * cp.size());
-  }
-  TE_CHECK(call.bias_type == AttnBiasType::kNoBias, who, ": core_attention_bias_type '",
-           te_name(call.bias_type), "' is not taken with context parallelism; use no_bias");
-  const bool window =
-      call.spec.window_left >= 0 || (!call.spec.causal() && call.spec.window_right >= 0);
-  TE_CHECK(!(window && cp.comm_type() == CpCommType::kP2P), who, ": a sliding window (",
-           call.spec.window_left, ", ", call.spec.window_right,
-           ") is not taken by cp_comm_type 'p2p', as TE refuses it (context_parallel.py "
-           "L5057-5060 at d0067d0da); use 'all_gather' or 'a2a'");
-  TE_CHECK(cp.comm_type() == CpCommType::kA2A || call.softmax_type == SoftmaxType::kVanilla, who,
-           ": softmax_type '", te_name(call.softmax_type),
-           "' is taken with cp_comm_type 'a2a' only, as TE's (context_parallel.py L5062-5067)");
-  TE_CHECK(call.softmax_type != SoftmaxType::kLearnable, who,
-           ": softmax_type 'learnable' (sink logits per head, which a2a would split with the "
-           "heads) is not taken with context parallelism yet; use 'off-by-one' or 'vanilla'");
-  if (cp.load_balanced() && cp.size() > 1 && !packed) {
-    TE_CHECK(q.size(1) % 2 == 0, who, ": each rank holds ", q.size(1),
-             " tokens, an odd number: the load-balanced layout gives each rank two equal chunks "
-             "(a sequence divisible by 2·cp = ",
-             2 * cp.size(), ")");
-  }
-  if (cp.comm_type() == CpCommType::kA2A) {
-    TE_CHECK(q.size(2) % cp.size() == 0 && k.size(2) % cp.size() == 0, who, ": ", q.size(2),
-             " query heads and ", k.size(2),
-             " key/value heads must each divide by cp = ", cp.size(),
-             " (each rank attends over a share of the heads; TE asserts the same, "
-             "context_parallel.py L4246-4249)");
-    return;
-  }
-  const at::ScalarType t = q.scalar_type();
-  TE_CHECK((q.device().is_cpu() || q.is_meta()) &&
-               (t == at::kFloat || t == at::kBFloat16 || t == at::kHalf) && k.scalar_type() == t &&
-               v.scalar_type() == t,
-           who,
-           ": runs te's fused CPU kernel, which takes float32, bfloat16 or float16 CPU "
-           "tensors of one dtype; got q ",
-           t, " on ", q.device(), ", k ", k.scalar_type(), ", v ", v.scalar_type(),
-           " (use cp_comm_type 'a2a' for others)");
-}
-
-}  // namespace detail
-
 at::Tensor context_parallel_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                       const AttentionCall& call, const ContextParallel& cp) {
   detail::check_context_parallel(q, k, v, call, cp);
@@ -417,6 +330,35 @@ at::Tensor context_parallel_attention(const at::Tensor& q, const at::Tensor& k, 
       };
       const at::Tensor o = attention(whole(q4), whole(k4), whole(v4), heads_share(q4, call, cp));
       out = heads_to_sequence(packed ? o.unsqueeze(0) : o, cp, layout);
+      break;
+    }
+    case CpCommType::kA2AP2P: {
+      // TE's hierarchical cp (AttnFuncWithCPAndKVP2P with [a2a group, p2p group], L1407-1511):
+      // the a2a gathers each a2a group's tokens over a share of the heads; put in the group's
+      // sequence order they are ring rank p's piece of the whole in the ring's own layout (load
+      // balanced: chunks p and 2·P-1-p of 2·P, each the group's A chunks of 2·cp), which the
+      // ring attends and the a2a sends back.
+      // Packed sequences alike, sequence by sequence: the group's tokens of a sequence are its
+      // slot's ring chunks, a slot of slot/P in the group's thd layout (the order is the slots').
+      const ContextParallel group = cp.a2a_part(), ring = cp.ring_part();
+      std::optional<detail::CpLayout> group_layout;
+      if (packed) {
+        const PackedSequences& p = call.packed;
+        const at::Tensor slots =
+            (p.cu_seqlens_q_padded.defined() ? p.cu_seqlens_q_padded : p.cu_seqlens_q)
+                .to(at::kCPU, at::kLong)
+                .div(ring.size(), "floor");
+        group_layout.emplace(group, PackedSequences{slots, slots, slots, slots}, q.size(0));
+      } else {
+        group_layout.emplace(group, q.size(1));
+      }
+      auto longer = [&](const at::Tensor& t) {
+        const at::Tensor x = sequence_to_heads(t, group, *group_layout);
+        return packed ? x.squeeze(0) : x;
+      };
+      const at::Tensor o = context_parallel_attention(longer(q4), longer(k4), longer(v4),
+                                                      heads_share(q4, call, group), ring);
+      out = heads_to_sequence(packed ? o.unsqueeze(0) : o, group, *group_layout);
       break;
     }
   }

@@ -2,7 +2,7 @@
 
 // The block-wise strategies of context parallel attention (context_parallel_blocks.cpp; the
 // unfused path's blocks: context_parallel_unfused.cpp), the layout of every rank's tokens and
-// the checks every strategy makes first (context_parallel.cpp): internal to te::nn.
+// the checks every strategy makes first (context_parallel_checks.cpp): internal to te::nn.
 
 #include <ATen/Tensor.h>
 #include <torch/csrc/autograd/custom_function.h>

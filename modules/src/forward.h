@@ -73,8 +73,8 @@ inline void enter(const ShardedModule&, const char*, const DTensor&) {}
 
 /// Packed sequences (qkv_format "thd") as a batch of one and back: [tokens, ...] <->
 /// [1, tokens, ...]. On a DTensor the shards follow their dims; a split token dim is a te::Error
-/// (as TE's thd has no such layout) unless `context_parallel` (the tokens split over one mesh
-/// axis in TE's thd layout, te/nn/context_parallel.h); a split batch of one always is.
+/// (as TE's thd has no such layout) unless `context_parallel` (the tokens split over the cp
+/// mesh axes in TE's thd layout, te/nn/context_parallel.h); a split batch of one always is.
 inline at::Tensor batch_of_one(const at::Tensor& t, bool = false) { return t.unsqueeze(0); }
 DTensor batch_of_one(const DTensor& t, bool context_parallel = false);
 inline at::Tensor tokens_only(const at::Tensor& t, bool = false) { return t.squeeze(0); }
@@ -84,8 +84,9 @@ DTensor tokens_only(const DTensor& t, bool context_parallel = false);
 /// bshd rows whose tokens are in the load-balanced cp order): fn on this rank's rows, the index
 /// of its first, and the context parallel size and rank of its tokens; the result in x's layout
 /// (its last dim fn's). A DTensor's rows may be split over mesh
-/// axes (data parallel), its last dim not, its tokens over one mesh axis when
-/// `context_parallel` (each rank holding its chunks of every sequence, TE's thd layout).
+/// axes (data parallel), its last dim not, its tokens over the cp mesh axes when
+/// `context_parallel` (each rank holding its chunks of every sequence, TE's thd layout; two
+/// axes, a2a+p2p's, make one cp rank, major to minor).
 using RowsFn = std::function<at::Tensor(const at::Tensor& rows, int64_t row_offset, int64_t cp_size,
                                         int64_t cp_rank)>;
 inline at::Tensor on_packed_rows(const at::Tensor& x, const RowsFn& fn, bool = false) {

@@ -17,11 +17,10 @@ namespace detail {
 
 namespace {
 // `dim` of t holds the packed tokens, or (tokens_only's dim 0) the batch of one they are in;
-// under context parallelism the tokens may be split over one mesh axis.
+// under context parallelism the tokens may be split (over the cp axes: attention checks which).
 void check_whole_tokens(const DTensor& t, int64_t dim, bool context_parallel = false) {
-  int64_t splits = 0;
   for (std::size_t m = 0; m < t.placements().size(); ++m) {
-    if (is_shard(t.placements()[m], dim) && context_parallel && splits++ == 0) continue;
+    if (is_shard(t.placements()[m], dim) && context_parallel) continue;
     TE_CHECK(!is_shard(t.placements()[m], dim), "qkv_format 'thd': the packed tokens ",
              t.to_string(), " are split over mesh axis '", t.mesh().axis_names()[m], "' (dim ", dim,
              ": each sequence needs all its keys on one rank): replicate the tokens and shard "
@@ -60,9 +59,9 @@ DTensor on_packed_rows(const DTensor& x, const RowsFn& fn, bool context_parallel
   for (std::size_t m = 0; m < x.placements().size(); ++m) {
     const Placement& p = x.placements()[m];
     const auto dim = static_cast<int64_t>(m);
-    if (is_shard(p, 1) && context_parallel && cp_size == 1) {
-      cp_size = x.mesh().size(dim);
-      cp_rank = x.mesh().coordinate(dim);
+    if (is_shard(p, 1) && context_parallel) {  // (a2a+p2p: two axes, major to minor)
+      cp_rank = cp_rank * x.mesh().size(dim) + x.mesh().coordinate(dim);
+      cp_size *= x.mesh().size(dim);
       continue;
     }
     TE_CHECK(!is_partial(p) && !is_shard(p, 1) && !is_shard(p, last), "rows of packed sequences ",

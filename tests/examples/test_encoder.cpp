@@ -107,6 +107,8 @@ TEST(EncoderContextParallel, EveryCpLayoutMatchesOneProcessStepByStep) {
       {"cp2_p2p", "--nproc 2 --mesh cp=2 --mesh-resource cp=cp --cp-comm-type p2p"},
       {"dp2xcp2_all_gather",
        "--nproc 4 --mesh data=2,cp=2 --mesh-resource dp=data,cp=cp --cp-comm-type all_gather"},
+      {"cp2x2_a2a_p2p",
+       "--nproc 4 --mesh ring=2,a2a=2 --rules 'seqlen_cp=(ring,a2a)' --cp-comm-type a2a+p2p"},
   });
 }
 
@@ -340,7 +342,7 @@ TEST(EncoderBadInput, RulesNameAMeshAxisTheMeshLacks) {
 TEST(EncoderBadInput, CpCommTypeWithoutACpAxis) {
   expect_rejected("--nproc 2 --mesh data=2 --mesh-resource dp=data --cp-comm-type p2p",
                   "--cp-comm-type p2p: the layout (");
-  expect_rejected("--cp-comm-type ring", "--cp-comm-type: ring not in {p2p,all_gather,a2a}");
+  expect_rejected("--cp-comm-type ring", "--cp-comm-type: ring not in {p2p,all_gather,a2a,a2a+p2p}");
 }
 
 TEST(EncoderBadInput, MeshSizeDiffersFromWorldSize) {

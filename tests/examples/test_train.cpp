@@ -294,8 +294,8 @@ TEST_F(TrainParallel, PackedOnFsdp2IsOneProcess) {
 // Context parallelism: each row's tokens split over a cp axis (TE's table from MeshResource cp,
 // or the user's rules) in every layer's attention, beside data parallelism, in TE's
 // load-balanced order (ids, labels and GPT-2's learned positions alike); the losses are one
-// process's, for Llama (RoPE) and GPT-2 (learned positions), and for GPT-2 with its dropouts
-// (contiguous chunks then: the banner says so).
+// process's, for Llama (RoPE; also a2a+p2p over two axes) and GPT-2 (learned positions), and
+// for GPT-2 with its dropouts (contiguous chunks then: the banner says so).
 TEST_F(TrainParallel, ContextParallelIsOneProcess) {
   const nlohmann::json gpt2 = {{"architectures", {"GPT2LMHeadModel"}},
                                {"model_type", "gpt2"},
@@ -320,8 +320,12 @@ TEST_F(TrainParallel, ContextParallelIsOneProcess) {
     for (const std::string layout :
          {"--cp-comm-type p2p --nproc 2 --mesh cp=2 --mesh-resource cp=cp",
           "--cp-comm-type all_gather --nproc 4 --mesh data=2,cp=2 --rules "
-          "batch=data,seqlen_cp=cp"}) {
-      if (config != "config.json" && layout.find("p2p") == std::string::npos) continue;
+          "batch=data,seqlen_cp=cp",
+          "--cp-comm-type a2a+p2p --nproc 4 --mesh ring=2,a2a=2 --rules "
+          "'seqlen_cp=(ring,a2a)'"}) {
+      if (config != "config.json" && layout.find("--cp-comm-type p2p") == std::string::npos) {
+        continue;
+      }
       // (with the banner: args' --quiet dropped)
       std::string run =
           args(layout + " --log-steps " + (dir_ / "cp.csv").string(), "corpus.txt", config);

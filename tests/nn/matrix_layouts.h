@@ -19,6 +19,7 @@ struct MatrixLayout {
   bool sequence_parallel = false;
   std::string cp_comm_type;       // context parallelism over MeshResource cp (empty: none)
   bool cp_load_balanced = false;  // the tokens in TE's load-balanced order (rank order)
+  std::string rules;              // rules beside the MeshResource (a2a+p2p's two cp axes)
 };
 
 // GoogleTest prints a parameter by its name.
@@ -39,9 +40,9 @@ inline const std::vector<MatrixLayout>& matrix_layouts() {
   return all;
 }
 
-// Context parallelism: CP2, DP2xCP2, TP2xCP2 and CP4 with each cp_comm_type (the sequence split
-// over MeshResource cp, which TE's table maps seqlen_cp to), and CP4 (and DP2xCP2 with p2p) with
-// the sequence in TE's load-balanced order.
+// Context parallelism: CP2, DP2xCP2, TP2xCP2 and CP4 with p2p, all_gather and a2a (the sequence
+// split over MeshResource cp, which TE's table maps seqlen_cp to), and CP4 (and DP2xCP2 with p2p)
+// with the sequence in TE's load-balanced order; a2a+p2p over 2 x 2 ranks, in both orders.
 inline const std::vector<MatrixLayout>& cp_matrix_layouts() {
   static const std::vector<MatrixLayout> all = [] {
     std::vector<MatrixLayout> made;
@@ -58,6 +59,18 @@ inline const std::vector<MatrixLayout>& cp_matrix_layouts() {
     }
     made.push_back(
         {"DP2xCP2P2PBalanced", {2, 2}, {"data", "cp"}, "dp=data,cp=cp", false, "p2p", true});
+    // a2a+p2p: the sequence over a ring axis and an a2a axis (TE's table has one cp axis, so a
+    // rule names both), contiguous and load balanced.
+    for (const bool balanced : {false, true}) {
+      made.push_back({std::string("CP2x2A2AP2P") + (balanced ? "Balanced" : ""),
+                      {2, 2},
+                      {"ring", "a2a"},
+                      "",
+                      false,
+                      "a2a+p2p",
+                      balanced,
+                      "seqlen_cp=(ring,a2a)"});
+    }
     return made;
   }();
   return all;

@@ -10,6 +10,7 @@
 #include <optional>
 #include <ostream>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -59,7 +60,33 @@ struct CpCase {
   bool data_parallel = false;  // a {data: 2, cp: cp} mesh, the batch split over data
   bool load_balanced = true;
   double dropout = 0, softcap = 0;  // the unfused blocks (what the fused kernel does not take)
+  int64_t a2a_ways = 2;             // a2a+p2p: the a2a axis' size (the ring's: cp / a2a_ways)
 };
+
+// The mesh of cp ranks (a2a+p2p: {ring: cp / a2a_ways, a2a: a2a_ways}, the ring major; beside
+// a data axis of 2 when data_parallel) and its ContextParallel.
+DeviceMesh cp_mesh(CpCommType type, int64_t cp, int64_t a2a_ways, bool data_parallel) {
+  std::vector<int64_t> shape;
+  std::vector<std::string> names;
+  if (data_parallel) {
+    shape.push_back(2);
+    names.emplace_back("data");
+  }
+  if (type == CpCommType::kA2AP2P) {
+    shape.insert(shape.end(), {cp / a2a_ways, a2a_ways});
+    names.insert(names.end(), {"ring", "a2a"});
+  } else {
+    shape.push_back(cp);
+    names.emplace_back("cp");
+  }
+  return DeviceMesh(shape, names);
+}
+F::ContextParallel cp_over(const DeviceMesh& mesh, CpCommType type, bool load_balanced = true) {
+  if (type == CpCommType::kA2AP2P) {
+    return F::ContextParallel(mesh, std::vector<std::string>{"ring", "a2a"}, type, load_balanced);
+  }
+  return F::ContextParallel(mesh, "cp", type, load_balanced);
+}
 
 std::string case_name(const ::testing::TestParamInfo<CpCase>& info) { return info.param.name; }
 void PrintTo(const CpCase& c, std::ostream* os) { *os << c.name; }
@@ -125,9 +152,8 @@ TEST_P(ContextParallelAttention, IsOneProcess) {
   (ref * w).sum().backward();
   const int64_t world = c.cp * (c.data_parallel ? 2 : 1);
   run_local_ranks(static_cast<int>(world), [&](int rank) {
-    const DeviceMesh mesh =
-        c.data_parallel ? DeviceMesh({2, c.cp}, {"data", "cp"}) : DeviceMesh({c.cp}, {"cp"});
-    const F::ContextParallel cp(mesh, "cp", c.type, c.load_balanced);
+    const DeviceMesh mesh = cp_mesh(c.type, c.cp, c.a2a_ways, c.data_parallel);
+    const F::ContextParallel cp = cp_over(mesh, c.type, c.load_balanced);
     const int64_t rows = c.data_parallel ? batch / 2 : batch;
     const int64_t first = c.data_parallel ? mesh.coordinate("data") * rows : 0;
     const auto mine = [&](const at::Tensor& t) {
@@ -176,7 +202,19 @@ INSTANTIATE_TEST_SUITE_P(
         CpCase{"all_gather_cp4_padding_causal_window", CpCommType::kAllGather, 4, "padding_causal",
                6, 0, 2},
         CpCase{"a2a_cp2_padding_causal_dropout", CpCommType::kA2A, 2, "padding_causal", -1, -1, 2,
-               false, true, 0.2}),
+               false, true, 0.2},
+        // a2a+p2p: {ring 2, a2a 2}, {ring 2, a2a 4}, {ring 4, a2a 2}; GQA's 2 key/value heads
+        // over an a2a axis of 2; beside a data axis; dropout and a padding mask (the ring's
+        // unfused blocks); contiguous chunks.
+        CpCase{"a2a_p2p_cp4_causal_gqa", CpCommType::kA2AP2P, 4, "causal", -1, -1, 2},
+        CpCase{"a2a_p2p_cp8_causal_a2a4", CpCommType::kA2AP2P, 8, "causal", -1, -1, 4, false, true,
+               0, 0, 4},
+        CpCase{"a2a_p2p_cp8_no_mask_ring4", CpCommType::kA2AP2P, 8, "no_mask"},
+        CpCase{"a2a_p2p_dp2_cp4_causal", CpCommType::kA2AP2P, 4, "causal", -1, -1, 4, true},
+        CpCase{"a2a_p2p_cp4_padding_causal_dropout", CpCommType::kA2AP2P, 4, "padding_causal", -1,
+               -1, 2, false, true, 0.2},
+        CpCase{"a2a_p2p_cp4_causal_contiguous_softcap", CpCommType::kA2AP2P, 4, "causal", -1, -1, 4,
+               false, false, 0, 0.8}),
     case_name);
 
 // Packed sequences (thd) in TE's layout: each slot a multiple of 2·cp, rank r holding chunks r
@@ -245,7 +283,7 @@ TEST_P(ContextParallelPacked, IsOneProcess) {
   const RngState after = rng_state();
   (ref * w).sum().backward();
   run_local_ranks(static_cast<int>(c.cp), [&](int rank) {
-    const F::ContextParallel cp(DeviceMesh({c.cp}, {"cp"}), "cp", c.type);
+    const F::ContextParallel cp = cp_over(cp_mesh(c.type, c.cp, 2, false), c.type);
     const auto mine = [&](const at::Tensor& t) {
       return F::cp_shard_packed(t, 0, slots, c.cp, rank);
     };
@@ -302,7 +340,13 @@ INSTANTIATE_TEST_SUITE_P(
         PackedCase{"all_gather_cp2_max_seqlens_dropout", CpCommType::kAllGather, 2,
                    "padding_causal", kLengths2, kSlots2, -1, 0.2, 2, true, 20, 24},
         PackedCase{"p2p_cp2_max_seqlens_dropout", CpCommType::kP2P, 2, "padding_causal", kLengths2,
-                   kSlots2, -1, 0.2, 2, true, 20, 24}),
+                   kSlots2, -1, 0.2, 2, true, 20, 24},
+        // a2a+p2p over {ring 2, a2a 2}: each a2a group's tokens of a sequence are its ring
+        // chunks of the slot.
+        PackedCase{"a2a_p2p_cp4_padding_causal", CpCommType::kA2AP2P, 4, "padding_causal",
+                   kLengths4, kSlots4},
+        PackedCase{"a2a_p2p_cp4_padding_dropout", CpCommType::kA2AP2P, 4, "padding", kLengths4,
+                   kSlots4, -1, 0.2}),
     packed_name);
 
 // A padding mask that broadcasts over the keys ([batch, 1, seqlen, 1]: whole query rows hidden)
@@ -368,9 +412,35 @@ TEST(ContextParallel, TrafficPerStrategyAndBf16) {
 
 TEST(ContextParallel, BadInputIsNamed) {
   EXPECT_ERROR(F::ContextParallel(DeviceMesh({1}, {"cp"}), "cp", "ring"),
-               "cp_comm_type 'ring' is not one of p2p, all_gather, a2a");
+               "cp_comm_type 'ring' is not one of p2p, all_gather, a2a, a2a+p2p");
   EXPECT_ERROR(F::ContextParallel(DeviceMesh({1}, {"data"}), "cp", "p2p"),
                "mesh axis 'cp' is not in");
+  // a2a+p2p takes two axes, the ring's before the a2a's; the others one.
+  EXPECT_ERROR(F::ContextParallel(DeviceMesh({1}, {"cp"}), "cp", "a2a+p2p"),
+               "splits the sequence over two mesh axes, the ring's (p2p) and the a2a's, major to "
+               "minor, but was given 1 ('cp'); map seqlen_cp to two axes");
+  EXPECT_ERROR(
+      F::ContextParallel(DeviceMesh({1, 1}, {"a", "b"}), std::vector<std::string>{"a", "b"}, "p2p"),
+      "splits the sequence over one mesh axis, but was given 2 ('a', 'b')");
+  EXPECT_ERROR(F::ContextParallel(DeviceMesh({1, 1}, {"a2a", "ring"}),
+                                  std::vector<std::string>{"ring", "a2a"}, "a2a+p2p"),
+               "the ring's mesh axis 'ring' must come before the a2a's 'a2a' in the mesh");
+  run_local_ranks(4, [](int) {
+    const F::ContextParallel both =
+        cp_over(cp_mesh(CpCommType::kA2AP2P, 4, 2, false), CpCommType::kA2AP2P);
+    const at::Tensor q3 = randn({1, 4, 3, 8}, 1);
+    F::AttentionCall call = call_of({"", CpCommType::kA2AP2P, 4, "causal", 3, 0}, true);
+    EXPECT_ERROR(F::context_parallel_attention(q3, q3, q3, call, both),
+                 "a sliding window (3, 0) is not taken by cp_comm_type 'a2a+p2p'");
+    call = call_of({"", CpCommType::kA2AP2P, 4, "causal"}, true);
+    EXPECT_ERROR(F::context_parallel_attention(q3, q3, q3, call, both),
+                 "over mesh axes 'ring+a2a'): 3 query heads and 3 key/value heads must each divide "
+                 "by the a2a axis' size, 2");
+    call.softmax_type = SoftmaxType::kOffByOne;
+    const at::Tensor q4 = randn({1, 4, 4, 8}, 2);
+    EXPECT_ERROR(F::context_parallel_attention(q4, q4, q4, call, both),
+                 "softmax_type 'off-by-one' is taken with cp_comm_type 'a2a' only");
+  });
   run_local_ranks(2, [](int) {
     const DeviceMesh mesh({2}, {"cp"});
     const F::ContextParallel p2p(mesh, "cp", "p2p"), a2a(mesh, "cp", "a2a");
@@ -484,21 +554,29 @@ TEST(ContextParallelLayers, MultiHeadAttentionOnCpLayoutsIsOneProcess) {
   struct Layout {
     std::vector<int64_t> shape;
     std::vector<std::string> names;
-    std::string resource;
+    std::string resource, rules;
   };
+  // (a2a+p2p: the sequence over two axes, which a rule names; TE's table maps cp to one)
   for (const Layout& l :
        {Layout{{2}, {"cp"}, "cp=cp"}, Layout{{2, 2}, {"data", "cp"}, "dp=data,cp=cp"},
-        Layout{{2, 2}, {"cp", "tp"}, "cp=cp,tp=tp"}, Layout{{4}, {"cp"}, "cp=cp"}}) {
-    for (CpCommType type : {CpCommType::kP2P, CpCommType::kAllGather, CpCommType::kA2A}) {
+        Layout{{2, 2}, {"cp", "tp"}, "cp=cp,tp=tp"}, Layout{{4}, {"cp"}, "cp=cp"},
+        Layout{{2, 2}, {"ring", "a2a"}, "", "seqlen_cp=(ring,a2a)"}}) {
+    for (CpCommType type :
+         {CpCommType::kP2P, CpCommType::kAllGather, CpCommType::kA2A, CpCommType::kA2AP2P}) {
+      const bool hierarchical = type == CpCommType::kA2AP2P;
+      if (hierarchical != !l.rules.empty()) continue;
       const int64_t cp = l.names[0] == "cp" ? l.shape[0] : l.shape[1];
       const int64_t tp = l.names.size() == 2 && l.names[1] == "tp" ? 2 : 1;
       if (type == CpCommType::kA2A && (2 / tp) % cp != 0) continue;  // a2a splits the kv heads
-      SCOPED_TRACE(::testing::Message() << l.resource << " " << te_name(type));
+      SCOPED_TRACE(::testing::Message() << l.resource << l.rules << " " << te_name(type));
       run_local_ranks(
           static_cast<int>(l.shape[0] * (l.shape.size() > 1 ? l.shape[1] : 1)), [&](int rank) {
             DeviceMesh mesh(l.shape, l.names);
             MeshScope scope(mesh);
-            MeshResourceScope resource(parse_mesh_resource(l.resource));
+            MeshResourceScope resource(l.resource.empty() ? MeshResource{}
+                                                          : parse_mesh_resource(l.resource));
+            std::optional<AxisRulesScope> rules;
+            if (!l.rules.empty()) rules.emplace(parse_axis_rules(l.rules));
             manual_seed(23);
             MultiHeadAttention mha(options(type));
             at::Tensor x = test::leaf(x0);
@@ -511,6 +589,11 @@ TEST(ContextParallelLayers, MultiHeadAttentionOnCpLayoutsIsOneProcess) {
             EXPECT_TRUE(Close(y, want, 1e-5)) << "rank " << rank;
             (y * w).sum().backward();
             EXPECT_TRUE(Close(x.grad(), x_ref.grad(), 1e-5)) << "dx, rank " << rank;
+            if (hierarchical) {  // the a2a over its axis, the ring over the other
+              EXPECT_GT(trace.count(Collective::kAllToAll, "a2a"), 0);
+              EXPECT_GT(trace.count(Collective::kSendRecv, "ring"), 0);
+              return;
+            }
             const Collective moves = type == CpCommType::kP2P         ? Collective::kSendRecv
                                      : type == CpCommType::kAllGather ? Collective::kReduceScatter
                                                                       : Collective::kAllToAll;
@@ -589,10 +672,31 @@ TEST(ContextParallelLayers, CpCommTypeWithoutACpAxisIsNamed) {
     o.attention().cp_comm_type("p2p");
     MultiHeadAttention mha(o);
     EXPECT_ERROR(mha(DTensor::distribute(test::randn({2, 8, 32}, 1), mesh, {Replicate{}})),
-                 "cp_comm_type is set, but q DTensor");
+                 "cp_comm_type 'p2p' is set, but q DTensor");
     EXPECT_ERROR(mha(DTensor::distribute(test::randn({2, 8, 32}, 1), mesh, {Replicate{}})),
                  "map the logical axis 'seqlen_cp' to a mesh axis in the rules (or MeshResource "
                  "cp), or unset cp_comm_type");
+  });
+  // a2a+p2p takes the sequence over two axes, the others over one.
+  run_local_ranks(4, [](int) {
+    DeviceMesh mesh({2, 2}, {"ring", "a2a"});
+    MeshScope scope(mesh);
+    for (const auto& [type, rules, what] :
+         std::vector<std::tuple<const char*, const char*, const char*>>{
+             {"a2a+p2p", "seqlen_cp=ring",
+              "split over mesh axes 'ring'; a2a+p2p splits it over two, the ring's and the a2a's "
+              "(rules seqlen_cp=(ring,a2a)"},
+             {"p2p", "seqlen_cp=(ring,a2a)",
+              "split over mesh axes 'ring', 'a2a'; context parallelism splits it over one (or "
+              "two with cp_comm_type a2a+p2p)"}}) {
+      AxisRulesScope scope_rules(parse_axis_rules(rules));
+      auto o = MultiHeadAttentionOptions(32, 4);
+      o.attention().cp_comm_type(type);
+      MultiHeadAttention mha(o);
+      EXPECT_ERROR(
+          mha(DTensor::distribute(test::randn({2, 8, 32}, 1), mesh, {Replicate{}, Replicate{}})),
+          what);
+    }
   });
 }
 

@@ -420,7 +420,8 @@ TEST_P(Equivalence, OutputsAndEveryGradientMatchOneProcess) {
   // Packed sequences under cp: the tokens in every rank's order (identity without cp).
   int64_t cp = 1;
   for (std::size_t m = 0; m < layout.axes.size(); ++m) {
-    if (layout.axes[m] == "cp") cp = layout.shape[m];
+    const std::string& a = layout.axes[m];
+    if (a == "cp" || a == "ring" || a == "a2a") cp *= layout.shape[m];
   }
   // (and the load-balanced layouts' tokens)
   const auto ranked = [&](const at::Tensor& t) {
@@ -438,10 +439,13 @@ TEST_P(Equivalence, OutputsAndEveryGradientMatchOneProcess) {
   run_local_ranks(static_cast<int>(world), [&](int rank) {
     DeviceMesh mesh(layout.shape, layout.axes);
     MeshScope mesh_scope(mesh);
-    const MeshResource resource = parse_mesh_resource(layout.mesh_resource);
+    const MeshResource resource =
+        layout.mesh_resource.empty() ? MeshResource{} : parse_mesh_resource(layout.mesh_resource);
     MeshResourceScope resource_scope(resource);
     std::optional<AxisRulesScope> rules;
-    if (c.way == Way::kExtendedRules) {
+    if (!layout.rules.empty()) {
+      rules.emplace(parse_axis_rules(layout.rules));
+    } else if (c.way == Way::kExtendedRules) {
       rules.emplace(extend_logical_axis_rules(parse_axis_rules("vocab=,embed=")));
     } else if (c.way == Way::kCustomNames) {
       rules.emplace(custom_rules(resource));
@@ -523,8 +527,9 @@ std::vector<Case> all_cases() {
       }
     }
   }
-  // Context parallelism, TE's table: a sliding window where the strategy takes one (not p2p, as
-  // TE), GQA's 2 key/value heads with a2a where each rank keeps whole ones (CP2 alone).
+  // Context parallelism, TE's table (a2a+p2p: a rule for its two axes): a sliding window where
+  // the strategy takes one (not p2p or a2a+p2p, as TE), GQA's 2 key/value heads with a2a where
+  // each rank keeps whole ones (CP2 alone; a2a+p2p's a2a axis is 2).
   for (const Layout& l : test::cp_matrix_layouts()) {
     for (Kind kind :
          {Kind::kMhaFused, Kind::kMhaCpRope, Kind::kMhaCpWindow, Kind::kMhaCpThd, Kind::kMhaGqa,
@@ -532,7 +537,7 @@ std::vector<Case> all_cases() {
       const bool gqa = kind == Kind::kMhaCpRope || kind == Kind::kMhaCpWindow ||
                        kind == Kind::kMhaCpThd || kind == Kind::kMhaGqa;
       const bool window = kind == Kind::kMhaCpWindow || kind == Kind::kSandwich;
-      if (window && l.cp_comm_type == "p2p") continue;
+      if (window && (l.cp_comm_type == "p2p" || l.cp_comm_type == "a2a+p2p")) continue;
       // (the load-balanced order: attention kinds, whose dropout draws at each token's own place)
       const bool attention_only = kind == Kind::kMhaFused || kind == Kind::kMhaCpRope ||
                                   kind == Kind::kMhaCpWindow || kind == Kind::kMhaGqa;

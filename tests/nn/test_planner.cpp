@@ -32,6 +32,7 @@ struct Layout {
   std::optional<fp8::Recipe> fp8 = std::nullopt;
   bool llama = false;  // GQA (2 key/value heads), swiglu, RMSNorm: a decoder's layer
   std::optional<CpCommType> cp = std::nullopt;  // context parallelism over MeshResource cp
+  std::string rules = "";                       // (a2a+p2p: its two axes, by a rule)
 };
 
 void PrintTo(const Layout& l, std::ostream* os) { *os << l.name; }
@@ -70,6 +71,9 @@ std::vector<Layout> layouts() {
   all.back().cp = CpCommType::kAllGather;
   all.push_back({"CP2xTP2_a2a", {2, 2}, {"cp", "model"}, "cp=cp,tp=model"});
   all.back().cp = CpCommType::kA2A;
+  all.push_back({"CP2x2_a2a_p2p", {2, 2}, {"ring", "a2a"}, ""});
+  all.back().cp = CpCommType::kA2AP2P;
+  all.back().rules = "seqlen_cp=(ring,a2a)";
   return all;
 }
 
@@ -185,6 +189,8 @@ TEST_P(Planner, MatchesCommTraceAndMeasuredMemoryOfARealStep) {
   set_warning_handler([](std::string_view) {});
   std::optional<MeshResourceScope> resource;
   if (!l.mesh_resource.empty()) resource.emplace(parse_mesh_resource(l.mesh_resource));
+  std::optional<AxisRulesScope> rules;
+  if (!l.rules.empty()) rules.emplace(parse_axis_rules(l.rules));
   const PlanOptions o = options_for(l);
   int64_t world = 1;
   for (int64_t s : l.shape) world *= s;

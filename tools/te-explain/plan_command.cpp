@@ -7,6 +7,7 @@
 
 #include "te/fp8/recipe.h"
 #include "te/hf/config.h"
+#include "te/nn/attention_types.h"
 #include "te/nn/plan.h"
 #include "te/train/lm_trainer.h"
 
@@ -80,9 +81,10 @@ void add_plan_options(CLI::App& app, PlanArgs& a) {
   app.add_flag("--sequence-parallel", a.sequence_parallel,
                "--plan: sequence parallelism (with a tpsp MeshResource or seqlen_tp rules)");
   app.add_option("--cp-comm-type", a.cp_comm_type,
-                 "--plan: context parallelism (p2p, all_gather or a2a): attention over a "
-                 "sequence split over the mesh axis the rules give seqlen_cp (MeshResource cp)")
-      ->check(CLI::IsMember({"p2p", "all_gather", "a2a"}));
+                 "--plan: context parallelism (p2p, all_gather, a2a or a2a+p2p): attention over a "
+                 "sequence split over the mesh axis the rules give seqlen_cp (MeshResource cp; "
+                 "a2a+p2p: two axes, --rules seqlen_cp=(RING,A2A))")
+      ->check(CLI::IsMember(te::nn::te_names<te::nn::CpCommType>()));
   app.add_option("--rank", a.rank, "--plan: the rank to plan for (default 0)");
   app.add_flag("--json", a.json, "--plan: print JSON instead of a table");
 }

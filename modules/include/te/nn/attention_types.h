@@ -16,6 +16,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 namespace te::nn {
 
@@ -66,6 +67,7 @@ enum class CpCommType {
   kP2P,        ///< "p2p": K/V pass round a ring, one block computed while the next arrives
   kAllGather,  ///< "all_gather": K/V gathered whole, each query chunk attends once (Llama 3's)
   kA2A,        ///< "a2a": all-to-all to whole sequences over a share of the heads (Ulysses)
+  kA2AP2P,     ///< "a2a+p2p": a2a over one mesh axis, then p2p over another (hierarchical)
 };
 
 /// TE's spelling of `value`, e.g. "padding_causal".
@@ -80,6 +82,10 @@ const char* te_name(CpCommType value);
 /// given name and every valid one otherwise. E is one of the enums above.
 template <typename E>
 E parse_te_name(std::string_view name);
+
+/// TE's names of every value of E, in the enum's order (a command line's choices).
+template <typename E>
+std::vector<std::string> te_names();
 
 /// An option holding one of the enums above, given as the enum or as TE's name (parsed on the
 /// spot by parse_te_name). Converts to the enum: compare and switch on that.

@@ -1,12 +1,18 @@
 #pragma once
 
 // Context parallelism: attention over a sequence split over a mesh axis (TE's cp group), each
-// rank holding its share of the tokens of q, k and v, with TE's three ways of moving them
+// rank holding its share of the tokens of q, k and v, with TE's four ways of moving them
 // (cp_comm_type): "p2p" (K/V round a ring, TE's AttnFuncWithCPAndKVP2P), "all_gather" (K/V
-// gathered, TE's AttnFuncWithCPAndKVAllGather) and "a2a" (whole sequences over a share of the
-// heads, TE's AttnFuncWithCPAndQKVOA2A):
+// gathered, TE's AttnFuncWithCPAndKVAllGather), "a2a" (whole sequences over a share of the
+// heads, TE's AttnFuncWithCPAndQKVOA2A) and "a2a+p2p" (hierarchical: an a2a over one mesh axis
+// gives each rank of it a longer piece of the sequence over a share of the heads, which then
+// goes round a ring over a second axis; TE's AttnFuncWithCPAndKVP2P with a list of two groups):
 // transformer_engine/pytorch/attention/dot_product_attention/ context_parallel.py at d0067d0da
 // (docs/research/te-context-parallel.md has the line numbers).
+//
+// a2a+p2p splits the sequence over two mesh axes, the ring's major and the a2a's minor (rules
+// seqlen_cp=(ring,a2a), the mesh ordering ring before a2a): the cp size is their product and a
+// rank's cp rank ring_rank·a2a_size + a2a_rank, as TE's (multi_head_attention.py L702-707).
 //
 // The sequence layout (TE's load balancing, "DualChunkSwap"): a sequence of S tokens is cut into
 // 2·cp chunks of S/(2·cp); rank r holds chunks r and 2·cp-1-r, in that order, so under a causal
@@ -44,20 +50,30 @@ class ContextParallel {
   /// mesh has no such axis.
   ContextParallel(const DeviceMesh& mesh, const std::string& axis,
                   TeChoice<CpCommType> comm_type = CpCommType::kP2P, bool load_balanced = true);
+  /// The sequence split over mesh axes `axes`, major to minor: one axis, or for "a2a+p2p" two,
+  /// the ring's and the a2a's. te::Error naming an axis the mesh lacks, or another count.
+  ContextParallel(const DeviceMesh& mesh, const std::vector<std::string>& axes,
+                  TeChoice<CpCommType> comm_type, bool load_balanced = true);
 
   const DeviceMesh& mesh() const { return mesh_; }
-  const std::string& axis() const { return axis_; }
-  int64_t mesh_dim() const { return mesh_dim_; }
+  /// The mesh axis (a2a+p2p: "ring+a2a", the two joined, for messages) and its dim (one axis).
+  std::string axis() const;
+  int64_t mesh_dim() const;
+  const std::vector<std::string>& axes() const { return axes_; }
   CpCommType comm_type() const { return comm_type_; }
   bool load_balanced() const { return load_balanced_; }
-  /// The cp size (the axis' size) and this rank's index along it.
+  /// The cp size (the axes' sizes' product) and this rank's index among them (major to minor).
   int64_t size() const;
   int64_t rank() const;
+  /// a2a+p2p's two steps: the a2a over the minor axis, and the ring (p2p) over the major one,
+  /// each with this one's load balancing.
+  ContextParallel a2a_part() const;
+  ContextParallel ring_part() const;
 
  private:
   DeviceMesh mesh_;
-  std::string axis_;
-  int64_t mesh_dim_;
+  std::vector<std::string> axes_;
+  std::vector<int64_t> mesh_dims_;
   CpCommType comm_type_;
   bool load_balanced_;
 };
@@ -121,7 +137,9 @@ at::Tensor cp_unshard_packed(const at::Tensor& rank_ordered, int64_t dim,
 /// (a padding mask, dropout in training, a soft cap, `fused` off) the same blocks on the unfused
 /// path under autograd (probabilities held per block for backward; p2p then receives every block
 /// round the ring before computing); "a2a" runs functional::attention on whole sequences and needs
-/// heads and kv_heads divisible by cp. Under a layer on a mesh, dropout is drawn at the rank's
+/// heads and kv_heads divisible by cp; "a2a+p2p" is the a2a over its minor axis round "p2p"
+/// over its major one, and takes what both take (heads and kv_heads divisible by the a2a axis'
+/// size, no window). Under a layer on a mesh, dropout is drawn at the rank's
 /// place in the global batch and heads; called directly, q's batch and heads are taken as the
 /// whole. Every refusal is a te::Error naming the option and what to do, as TE refuses it.
 at::Tensor context_parallel_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
