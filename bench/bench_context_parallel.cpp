@@ -5,7 +5,8 @@
 // time (the slowest rank's, median of --reps). The rules map both `seqlen` and `seqlen_cp` to
 // the cp axis, so every activation of the layer is split, not only attention's. p2p runs twice:
 // on contiguous chunks, where the causal ring's last rank has cp times the first's blocks, and
-// in TE's load-balanced order (cp_load_balanced), where every rank has the same work.
+// in TE's load-balanced order (cp_load_balanced), where every rank has the same work; a2a+p2p
+// at CP4 as a ring of 2 over a2a groups of 2, load balanced.
 //
 //   bench_context_parallel [--tokens 16384] [--hidden 64] [--heads 4] [--ffn 256] [--reps 3]
 //
@@ -81,14 +82,19 @@ Result one_process(const Args& a) {
 
 Result context_parallel(const Args& a, int64_t cp, te::nn::CpCommType type, bool balanced) {
   std::vector<Result> per_rank(static_cast<std::size_t>(cp));
+  // (a2a+p2p: a ring of 2 over a2a groups of cp / 2)
+  const bool hierarchical = type == te::nn::CpCommType::kA2AP2P;
   te::run_local_ranks(static_cast<int>(cp), [&](int rank) {
-    te::DeviceMesh mesh({cp}, {"cp"});
+    te::DeviceMesh mesh = hierarchical ? te::DeviceMesh({2, cp / 2}, {"ring", "a2a"})
+                                       : te::DeviceMesh({cp}, {"cp"});
     te::MeshScope scope(mesh);
-    te::AxisRulesScope rules(te::parse_axis_rules("seqlen=cp,seqlen_cp=cp"));
+    te::AxisRulesScope rules(te::parse_axis_rules(
+        hierarchical ? "seqlen=(ring,a2a),seqlen_cp=(ring,a2a)" : "seqlen=cp,seqlen_cp=cp"));
     te::nn::TransformerLayer layer(layer_options(a, type, balanced));
     // (random tokens: their order, contiguous or load balanced, does not change the work)
-    const te::DTensor x =
-        te::DTensor::distribute(at::randn({1, a.tokens, a.hidden}), mesh, {te::Shard{1}});
+    const te::DTensor x = te::DTensor::distribute(
+        at::randn({1, a.tokens, a.hidden}), mesh,
+        std::vector<te::Placement>(hierarchical ? 2 : 1, te::Shard{1}));
     x.to_local().requires_grad_();
     per_rank[static_cast<std::size_t>(rank)] =
         step(a, layer, [&] { return layer->forward(x).to_local().sum(); });
@@ -125,11 +131,15 @@ int main(int argc, char** argv) {
   std::printf("| one process | - | %.1f | 1.00 | %.0f | - |\n", base.peak / 1048576.0, base.ms);
   for (int64_t cp : {2, 4}) {
     const Result gathered = context_parallel(a, cp, te::nn::CpCommType::kAllGather, false);
-    const std::vector<std::pair<std::string, Result>> rows = {
+    std::vector<std::pair<std::string, Result>> rows = {
         {"all_gather", gathered},
         {"p2p", context_parallel(a, cp, te::nn::CpCommType::kP2P, false)},
         {"p2p, load balanced", context_parallel(a, cp, te::nn::CpCommType::kP2P, true)},
         {"a2a", context_parallel(a, cp, te::nn::CpCommType::kA2A, false)}};
+    if (cp == 4) {
+      rows.push_back({"a2a+p2p (ring 2 x a2a 2), load balanced",
+                      context_parallel(a, cp, te::nn::CpCommType::kA2AP2P, true)});
+    }
     for (const auto& [name, r] : rows) {
       std::printf("| CP%lld | %s | %.1f | %.2f | %.0f | %.2f |\n", static_cast<long long>(cp),
                   name.c_str(), r.peak / 1048576.0, static_cast<double>(r.peak) / base.peak, r.ms,
