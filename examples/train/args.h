@@ -27,9 +27,10 @@ struct Args {
   int64_t steps = 0;
   int64_t max_steps = 0;  // stop after this step (0: --steps); the schedule spans --steps
   int64_t seq_len = 256;
-  bool pack = false;        // --pack: documents packed into rows (THD), each attending to itself
+  bool pack = false;         // --pack: documents packed into rows (THD), each attending to itself
+  int64_t pack_align = 0;    // --pack-align: each document's slot a multiple (0: 2·cp, or 1)
   std::string cp_comm_type;  // --cp-comm-type: context parallelism's strategy ("": none)
-  int64_t micro_batch = 4;  // rows per micro-batch
+  int64_t micro_batch = 4;   // rows per micro-batch
   int64_t global_batch_tokens = 0;  // 0: one micro-batch per step
   // Optimizer and schedule.
   double lr = 3e-4;
@@ -72,6 +73,10 @@ int parse_args(int argc, char** argv, Args& args);
 /// The checks that need no file and no rank (te::InputError naming the option); returns the
 /// layout for `world_size` ranks.
 te::program::Layout check_args(const Args& args, int world_size);
+
+/// --pack's slot multiple: --pack-align, or 2·cp under context parallelism over `cp_ranks`
+/// (TE's pad_thd_sequences_for_cp), else 1.
+int64_t pack_align_of(const Args& args, int64_t cp_ranks);
 
 /// The run on this rank, under the layout's mesh, MeshResource and rules: exit status.
 int run(const Args& args, const te::program::Layout& layout, int rank, int world_size);

@@ -86,6 +86,13 @@ OpenedModel open_model(const Args& a) {
     if (fs::is_directory(a.tokenizer)) read_defaults(a.tokenizer, m);
     if (m.eos_id < 0) m.eos_id = config_eos(m.config);
   }
+  if (a.pack && !a.cp_comm_type.empty() && !te::hf::cp_load_balance_is_exact(m.model->config)) {
+    throw te::InputError(
+        "--pack with --cp-comm-type: the model has dropout outside attention (on the embeddings "
+        "or the residuals), whose masks follow the tokens' places, and packed rows under "
+        "context parallelism are in TE's thd order, not the sequence's; set those dropouts to 0 "
+        "in its config, or drop --pack (whole rows keep contiguous chunks then)");
+  }
   if (m.eos_id < 0) {
     throw te::InputError(
         "the model names no EOS token (eos_token_id in config.json or "

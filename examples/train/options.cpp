@@ -58,7 +58,13 @@ void add_training_options(CLI::App& app, Args& a) {
                "Pack whole documents into the rows (TE's THD: each document attends within "
                "itself, its positions from 0; a document longer than a row is cut); on a mesh "
                "the rows split over data-parallel/FSDP ranks, the heads over tensor-parallel "
-               "ones. Without it a row is a block of the token stream");
+               "ones, a row's tokens over context-parallel ones. Without it a row is a block of "
+               "the token stream");
+  app.add_option("--pack-align", a.pack_align,
+                 "--pack: each document's slot in a row is a multiple of N tokens, padded after "
+                 "it (TE's pad_thd_sequences_for_cp); default 2*cp with --cp-comm-type (which "
+                 "needs a multiple of 2*cp), else 1. Give a run's N to another layout to train "
+                 "on the same rows (or resume its checkpoint)");
   app.add_option("--cp-comm-type", a.cp_comm_type,
                  "Context parallelism (TE's cp_comm_type: p2p, all_gather, a2a or a2a+p2p): each "
                  "layer's attention runs over rows whose tokens split over the mesh axis the rules "
@@ -66,7 +72,8 @@ void add_training_options(CLI::App& app, Args& a) {
                  "two axes, --rules seqlen_cp=(RING,A2A)), in TE's "
                  "load-balanced order (each rank chunks r and 2*cp-1-r of a row: --seq-len a "
                  "multiple of 2*cp) unless the model has dropout outside attention (then "
-                 "contiguous chunks, which keep its masks one process's); no --pack")
+                 "contiguous chunks, which keep its masks one process's); with --pack each "
+                 "row's documents in TE's thd layout (slots of --pack-align tokens)")
       ->check(CLI::IsMember(te::nn::te_names<te::nn::CpCommType>()));
   app.add_option("--micro-batch", a.micro_batch, "Rows per micro-batch (forward and backward)")
       ->capture_default_str();
@@ -272,6 +279,11 @@ void check_schedule(const Args& a) {
   }
 }
 
+int64_t pack_align_of(const Args& a, int64_t cp_ranks) {
+  if (a.pack_align != 0) return a.pack_align;
+  return a.cp_comm_type.empty() ? 1 : 2 * cp_ranks;
+}
+
 te::program::Layout check_args(const Args& a, int world_size) {
   check_model(a);
   check_numbers(a);
@@ -282,16 +294,31 @@ te::program::Layout check_args(const Args& a, int world_size) {
       });
   // Each micro-batch's rows are split over the data-parallel ranks.
   te::program::check_global_batch(layout, a.micro_batch, "--micro-batch");
-  if (a.pack && layout.splits_sequence) {
+  if (a.pack && layout.splits_sequence && a.cp_comm_type.empty()) {
     throw te::InputError("--pack: the layout (" + layout.description +
-                         ") splits each row's tokens over ranks (sequence or context parallel); "
-                         "packed rows split by rows (data parallel, FSDP) or heads (tensor "
-                         "parallel)");
+                         ") splits each row's tokens over ranks (sequence parallel); packed rows "
+                         "split by rows (data parallel, FSDP), heads (tensor parallel) or, with "
+                         "--cp-comm-type, tokens (context parallel)");
   }
-  if (!a.cp_comm_type.empty() && a.pack) {
+  if (a.pack_align != 0) {
+    if (!a.pack) throw te::InputError("--pack-align: it aligns --pack's documents; add --pack");
+    if (a.pack_align < 1) {
+      throw te::InputError("--pack-align " + std::to_string(a.pack_align) +
+                           ": give a slot multiple of 1 or more");
+    }
+  }
+  if (a.pack && !a.cp_comm_type.empty() &&
+      pack_align_of(a, layout.context_parallel_ranks) % (2 * layout.context_parallel_ranks) != 0) {
     throw te::InputError(
-        "--cp-comm-type: packed rows (--pack) are not taken with context parallelism yet; drop "
-        "one of them");
+        "--pack-align " + std::to_string(a.pack_align) + ": context parallelism over " +
+        std::to_string(layout.context_parallel_ranks) +
+        " ranks cuts each document's slot into 2*cp = " +
+        std::to_string(2 * layout.context_parallel_ranks) + " chunks; give a multiple of it");
+  }
+  if (a.pack && a.seq_len % pack_align_of(a, layout.context_parallel_ranks) != 0) {
+    throw te::InputError("--seq-len " + std::to_string(a.seq_len) + ": --pack's slots are " +
+                         std::to_string(pack_align_of(a, layout.context_parallel_ranks)) +
+                         " tokens apart (--pack-align), so a row must be a multiple of that");
   }
   if (!a.cp_comm_type.empty() && !layout.context_parallel) {
     throw te::InputError("--cp-comm-type " + a.cp_comm_type + ": the layout (" +

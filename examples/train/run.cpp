@@ -25,6 +25,7 @@
 #include "te/hf/save.h"
 #include "te/input_error.h"
 #include "te/nn/checkpoint.h"
+#include "te/nn/context_parallel.h"
 #include "te/program/layout.h"
 #include "te/program/precision.h"
 #include "te/program/report.h"
@@ -104,6 +105,8 @@ te::train::Data open_data(const Args& a, const OpenedModel& m, int rank) {
   spec.batches.batch_size = a.micro_batch;
   spec.batches.seed = a.seed;
   spec.batches.packed = a.pack;
+  spec.batches.pack_align =
+      pack_align_of(a, a.cp_comm_type.empty() ? 1 : te::nn::functional::cp_size_in_scope());
   const te::DeviceMesh* mesh = te::current_mesh();
   if (mesh == nullptr || mesh->size() == 1) return te::train::open_data(spec, *m.tokenizer);
   std::optional<te::train::Data> data;
@@ -410,6 +413,11 @@ int run(const Args& a, const te::program::Layout& layout, int rank, int world_si
     const te::hf::CausalLMConfig& c = trainer.model()->config;
     std::cout << "  layout: " << layout.description
               << (!c.cp_comm_type ? ""
+                  : a.pack ? " (context parallel, each row's documents in TE's thd layout, slots "
+                             "of " +
+                                 std::to_string(
+                                     pack_align_of(a, te::nn::functional::cp_size_in_scope())) +
+                                 " tokens)"
                   : c.cp_load_balanced
                       ? " (context parallel, load-balanced order)"
                       : " (context parallel, contiguous chunks: the model has dropout outside "

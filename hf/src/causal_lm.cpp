@@ -181,9 +181,10 @@ T soft_capped(const T& logits, double cap) {
 // each sequence's last one).
 // Packed sequences (forward_packed): where each starts, the longest, each token's position.
 struct Packing {
-  at::Tensor cu_seqlens;  // [sequences + 1], or [rows, sequences + 1]
+  at::Tensor cu_seqlens, cu_seqlens_padded;  // [sequences + 1], or [rows, sequences + 1]
   int64_t max_seqlen = 0, positions_needed = 0;
   at::Tensor positions;  // [rows, tokens]
+  at::Tensor slots;      // each row's slots [rows, sequences + 1] (rank-ordering the positions)
 };
 
 template <typename T>
@@ -204,6 +205,16 @@ T run(CausalLMImpl& m, const T& ids, int64_t batch, int64_t seq, nn::InferencePa
   if (m.position) {
     if (packed) {
       positions = packed->positions;
+      // Under cp each row's tokens are in TE's thd layout, in rank order: its positions too.
+      const int64_t cp = c.cp_comm_type ? nn::functional::cp_size_in_scope() : 1;
+      if (cp > 1) {
+        std::vector<at::Tensor> rows;
+        for (int64_t r = 0; r < positions.size(0); ++r) {
+          rows.push_back(
+              nn::functional::cp_rank_order_packed(positions[r], 0, packed->slots[r], cp));
+        }
+        positions = at::stack(rows);
+      }
     } else if (cache) {
       positions = at::empty({1, seq}, at::kLong);
       const auto* cu = cache->cu_seqlens_q().data_ptr<int64_t>();
@@ -245,6 +256,10 @@ T run(CausalLMImpl& m, const T& ids, int64_t batch, int64_t seq, nn::InferencePa
         .cu_seqlens_kv(packed->cu_seqlens)
         .max_seqlen_q(packed->max_seqlen)
         .max_seqlen_kv(packed->max_seqlen);
+    if (packed->cu_seqlens_padded.defined()) {
+      args.cu_seqlens_q_padded(packed->cu_seqlens_padded)
+          .cu_seqlens_kv_padded(packed->cu_seqlens_padded);
+    }
   }
   if (m.sliding_rope) {
     sliding_args = args;
@@ -282,52 +297,70 @@ namespace {
 // The packing of `cu_seqlens` over `rows` of `tokens` (checked by the attention; here what RoPE
 // and learned positions need): its longest sequence, each token's position in its own (in its
 // slot: a row's padding after its last sequence counts on from that sequence's start).
-Packing packing_of(const at::Tensor& cu_seqlens, int64_t rows, int64_t tokens) {
+Packing packing_of(const at::Tensor& cu_seqlens, const at::Tensor& cu_seqlens_padded, int64_t rows,
+                   int64_t tokens) {
   const bool by_rows = cu_seqlens.defined() && cu_seqlens.dim() == 2;
+  TE_CHECK(!cu_seqlens_padded.defined() ||
+               (cu_seqlens.defined() && cu_seqlens_padded.sizes() == cu_seqlens.sizes()),
+           "CausalLM::forward_packed: cu_seqlens_padded ", cu_seqlens_padded.sizes(),
+           " is not the shape of cu_seqlens ",
+           cu_seqlens.defined() ? cu_seqlens.sizes() : at::IntArrayRef{},
+           ": one slot per sequence");
   TE_CHECK(by_rows ? cu_seqlens.size(0) == rows : rows == 1, "CausalLM::forward_packed: ids of ",
            rows, " rows with cu_seqlens ",
            cu_seqlens.defined() ? cu_seqlens.sizes() : at::IntArrayRef{},
            ": give ids [1, tokens] with cu_seqlens [sequences + 1], or ids [rows, tokens] with "
            "cu_seqlens [rows, sequences + 1]");
+  namespace F = nn::functional;
   Packing p;
   p.cu_seqlens = cu_seqlens;
+  p.cu_seqlens_padded = cu_seqlens_padded;
   p.positions = at::empty({rows, tokens}, at::kLong);
   at::Tensor starts;  // each slot's start, the last entry the end of the tokens
   if (by_rows) {
-    const nn::functional::PackedRows r = nn::functional::packed_rows(
-        cu_seqlens, {}, tokens, 0, rows, "CausalLM::forward_packed", "cu_seqlens");
+    const F::PackedRows r = F::packed_rows(cu_seqlens, cu_seqlens_padded, tokens, 0, rows,
+                                           "CausalLM::forward_packed", "cu_seqlens");
     starts = r.cu_seqlens_padded;
     p.max_seqlen = r.max_seqlen;
     p.positions_needed = r.longest_slot;
   } else {
-    starts = nn::functional::checked_cu_seqlens(cu_seqlens, "CausalLM::forward_packed",
-                                                "cu_seqlens", tokens);
+    const char* who = "CausalLM::forward_packed";
+    starts = cu_seqlens_padded.defined()
+                 ? F::checked_cu_seqlens(cu_seqlens_padded, who, "cu_seqlens_padded", tokens)
+                 : F::checked_cu_seqlens(cu_seqlens, who, "cu_seqlens", tokens);
+    const at::Tensor lengths =
+        F::checked_cu_seqlens(cu_seqlens, who, "cu_seqlens", tokens, /*tail_padding=*/true).diff();
+    p.max_seqlen = lengths.numel() ? lengths.max().item<int64_t>() : 0;
+    const at::Tensor slot_lengths = starts.diff();
+    p.positions_needed = slot_lengths.numel() ? slot_lengths.max().item<int64_t>() : 0;
   }
   const int64_t* c = starts.data_ptr<int64_t>();
   int64_t* pos = p.positions.data_ptr<int64_t>();
   for (int64_t i = 0; i + 1 < starts.size(0); ++i) {
-    if (!by_rows) p.max_seqlen = std::max(p.max_seqlen, c[i + 1] - c[i]);
     for (int64_t t = c[i]; t < c[i + 1]; ++t) pos[t] = t - c[i];
   }
-  if (!by_rows) p.positions_needed = p.max_seqlen;
+  const at::Tensor& slots = cu_seqlens_padded.defined() ? cu_seqlens_padded : cu_seqlens;
+  p.slots = by_rows ? slots : slots.unsqueeze(0);
   return p;
 }
 
 }  // namespace
 
-at::Tensor CausalLMImpl::forward_packed(const at::Tensor& ids, const at::Tensor& cu_seqlens) {
+at::Tensor CausalLMImpl::forward_packed(const at::Tensor& ids, const at::Tensor& cu_seqlens,
+                                        const at::Tensor& cu_seqlens_padded) {
   TE_CHECK(ids.dim() == 2,
            "CausalLM::forward_packed: ids must be [1, tokens] or [rows, tokens], got ",
            ids.sizes());
-  const Packing p = packing_of(cu_seqlens, ids.size(0), ids.size(1));
+  const Packing p = packing_of(cu_seqlens, cu_seqlens_padded, ids.size(0), ids.size(1));
   return run(*this, ids, ids.size(0), ids.size(1), nullptr, &p);
 }
 
-DTensor CausalLMImpl::forward_packed(const DTensor& ids, const at::Tensor& cu_seqlens) {
+DTensor CausalLMImpl::forward_packed(const DTensor& ids, const at::Tensor& cu_seqlens,
+                                     const at::Tensor& cu_seqlens_padded) {
   TE_CHECK(ids.dim() == 2,
            "CausalLM::forward_packed: ids must be [1, tokens] or [rows, tokens], got ",
            ids.to_string());
-  const Packing p = packing_of(cu_seqlens, ids.sizes()[0], ids.sizes()[1]);
+  const Packing p = packing_of(cu_seqlens, cu_seqlens_padded, ids.sizes()[0], ids.sizes()[1]);
   return run(*this, ids, ids.sizes()[0], ids.sizes()[1], nullptr, &p);
 }
 

@@ -211,6 +211,15 @@ at::Tensor cp_unshard_packed(const at::Tensor& rank_ordered, int64_t dim,
       dim, at::argsort(packed_order(cu_seqlens_padded, cp)).to(rank_ordered.device()));
 }
 
+at::Tensor cp_rank_order_packed(const at::Tensor& whole, int64_t dim,
+                                const at::Tensor& cu_seqlens_padded, int64_t cp) {
+  const int64_t tokens = packed_tokens(cu_seqlens_padded);
+  TE_CHECK(whole.size(dim) == tokens, "cp_rank_order_packed: dim ", dim, " of ", whole.sizes(),
+           " is not the whole packed tensor's ", tokens,
+           " tokens (cu_seqlens_padded's last entry)");
+  return whole.index_select(dim, packed_order(cu_seqlens_padded, cp).to(whole.device()));
+}
+
 namespace detail {
 
 CpLayout::CpLayout(const ContextParallel& cp, int64_t local_tokens)

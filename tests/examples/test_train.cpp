@@ -346,6 +346,54 @@ TEST_F(TrainParallel, ContextParallelIsOneProcess) {
   }
 }
 
+// Packed documents under context parallelism: each row's documents in slots of --pack-align
+// (default 2*cp), in TE's thd layout over the cp ranks; the losses are those of one process
+// packing with the same alignment, for p2p and a2a+p2p.
+TEST_F(TrainParallel, PackedUnderContextParallelismIsOneProcess) {
+  const Result base =
+      te_train(args("--pack --pack-align 8 --log-steps " + (dir_ / "one.csv").string()));
+  ASSERT_EQ(base.status, 0) << base.err;
+  const std::vector<std::string> one = steps_of(dir_ / "one.csv");
+  for (const std::string layout :
+       {"--cp-comm-type p2p --nproc 2 --mesh cp=2 --mesh-resource cp=cp --pack-align 8",
+        "--cp-comm-type a2a+p2p --nproc 4 --mesh ring=2,a2a=2 --rules "
+        "'seqlen_cp=(ring,a2a)'"}) {
+    std::string run = args("--pack " + layout + " --log-steps " + (dir_ / "cp.csv").string());
+    run.erase(run.find(" --quiet"), 8);
+    const Result r = te_train(run);
+    ASSERT_EQ(r.status, 0) << layout << ": " << r.err;
+    EXPECT_NE(r.out.find("each row's documents in TE's thd layout, slots of 8 tokens"),
+              std::string::npos)
+        << r.out;
+    const std::vector<std::string> cp = steps_of(dir_ / "cp.csv");
+    ASSERT_EQ(one.size(), cp.size()) << layout;
+    for (std::size_t i = 0; i < one.size(); ++i) {
+      EXPECT_NEAR(loss_of(cp[i]), loss_of(one[i]), 1e-6 * loss_of(one[i]))
+          << layout << ", step " << i + 1;
+    }
+  }
+  // GPT-2's embedding and residual dropouts draw at the tokens' places: refused by name.
+  const nlohmann::json gpt2 = {{"architectures", {"GPT2LMHeadModel"}},
+                               {"model_type", "gpt2"},
+                               {"vocab_size", 420},
+                               {"n_embd", 64},
+                               {"n_layer", 2},
+                               {"n_head", 4},
+                               {"n_positions", 64},
+                               {"eos_token_id", 0}};
+  std::ofstream(dir_ / "gpt2_dropout.json") << gpt2.dump();
+  const Result bad =
+      te_train(args("--pack --cp-comm-type p2p --nproc 2 --mesh cp=2 "
+                    "--mesh-resource cp=cp",
+                    "corpus.txt", "gpt2_dropout.json"));
+  EXPECT_EQ(bad.status, 2) << bad.err;
+  // (te-run prints each rank's error on its output, the launcher's on its error stream)
+  EXPECT_NE(bad.out.find("[rank 0] te-train: --pack with --cp-comm-type: the model has dropout "
+                         "outside attention"),
+            std::string::npos)
+      << bad.out;
+}
+
 // A step's measured peak (tensor bytes on the fullest rank) within 10% of the plan te-train
 // makes for the same run on meta tensors (te::train::plan_lm_step), on one process in fp32 and
 // bf16 with fp32 masters, and on DP2xTP2 with ZeRO-1; --plan prints the plan's parts.
@@ -467,8 +515,17 @@ TEST_F(Train, BadInputIsNamedAndLeavesTheCheckpoint) {
       {"--resume --save " + ck + " --fp8 delayed", "corpus.txt", "config.json",
        "was saved by a run with another fp8 (\"none\", this run: \"delayed\")"},
       {"--peak-tflops 0", "corpus.txt", "config.json", "--peak-tflops 0.000000 is not positive"},
-      {"--cp-comm-type p2p --pack", "corpus.txt", "config.json",
-       "--cp-comm-type: packed rows (--pack) are not taken with context parallelism yet"},
+      {"--cp-comm-type p2p --nproc 2 --mesh cp=2 --mesh-resource cp=cp --pack --pack-align 6 "
+       "--seq-len 36 --global-batch-tokens 288",
+       "corpus.txt", "config.json",
+       "--pack-align 6: context parallelism over 2 ranks cuts each document's slot into 2*cp = 4 "
+       "chunks; give a multiple of it"},
+      {"--pack --pack-align 5", "corpus.txt", "config.json",
+       "--seq-len 32: --pack's slots are 5 tokens apart (--pack-align), so a row must be a "
+       "multiple of that"},
+      {"--pack-align 4", "corpus.txt", "config.json",
+       "--pack-align: it aligns --pack's documents; add --pack"},
+
       {"--cp-comm-type ring", "corpus.txt", "config.json", "--cp-comm-type: ring not in"},
       {"--cp-comm-type p2p --nproc 2 --mesh data=2 --mesh-resource dp=data", "corpus.txt",
        "config.json",

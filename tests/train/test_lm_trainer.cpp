@@ -63,7 +63,8 @@ class LmTrainerTest : public ::testing::Test {
     }
     te::test::write_file((dir_ / "corpus.txt").string(), text);
   }
-  te::train::DataLoader loader(int64_t batch, bool packed = false, int64_t seq_len = 16) {
+  te::train::DataLoader loader(int64_t batch, bool packed = false, int64_t seq_len = 16,
+                               int64_t pack_align = 1) {
     te::train::TokenFileOptions tokens;
     tokens.eos_id = 0;
     tokens.progress = false;
@@ -76,6 +77,7 @@ class LmTrainerTest : public ::testing::Test {
     o.batch_size = batch;
     o.seed = 3;
     o.packed = packed;
+    o.pack_align = pack_align;
     return te::train::DataLoader(file, docs, o);
   }
   te::test::TempDir dir_{"te_lm_trainer"};
@@ -342,14 +344,15 @@ te::hf::CausalLMConfig packed_llama() {
 }
 
 // GPT-2: learned positions, which packing restarts at each document too.
-te::hf::CausalLMConfig tiny_gpt2(bool packed) {
-  const nlohmann::json j = {{"model_type", "gpt2"},
-                            {"architectures", {"GPT2LMHeadModel"}},
-                            {"vocab_size", tiny_llama_json()["vocab_size"]},
-                            {"n_embd", 32},
-                            {"n_layer", 2},
-                            {"n_head", 4},
-                            {"n_positions", 64}};
+te::hf::CausalLMConfig tiny_gpt2(bool packed, bool dropout = true) {
+  nlohmann::json j = {{"model_type", "gpt2"},
+                      {"architectures", {"GPT2LMHeadModel"}},
+                      {"vocab_size", tiny_llama_json()["vocab_size"]},
+                      {"n_embd", 32},
+                      {"n_layer", 2},
+                      {"n_head", 4},
+                      {"n_positions", 64}};
+  if (!dropout) j["embd_pdrop"] = j["attn_pdrop"] = j["resid_pdrop"] = 0.0;
   te::hf::CausalLMConfig c = te::hf::parse_causal_lm_config(j.dump(), "tiny_gpt2");
   c.packed_sequences = packed;
   return c;
@@ -451,11 +454,65 @@ TEST_F(LmTrainerParallel, PackedRowsOnEveryLayoutAreOneProcess) {
   te::run_local_ranks(2, [&](int) {
     te::DeviceMesh mesh({2}, {"x"});
     te::MeshScope on_mesh(mesh);
-    te::AxisRulesScope rules(te::parse_axis_rules("seqlen=x"));
+    te::AxisRulesScope rules(te::parse_axis_rules("seqlen=x"));  // (no cp_comm_type)
     te::train::LmTrainer trainer(te::hf::CausalLM(packed_llama()), trainer_options(3));
     EXPECT_ERROR(trainer.step({batches[0]}, 0),
                  "LmTrainer: packed rows on a layout that splits the sequence over mesh axis 'x'");
   });
+}
+
+// Packed rows under context parallelism: slots of 8 tokens (pack_align, 2·cp for cp up to 4),
+// each row's tokens in TE's thd layout in rank order (ids and labels; GPT-2's learned positions
+// alike); the losses of three steps are one process's on the same rows, for Llama (RoPE) and
+// GPT-2, over p2p, all_gather beside data parallelism, and a2a+p2p.
+TEST_F(LmTrainerParallel, PackedRowsUnderContextParallelismAreOneProcess) {
+  te::train::DataLoader data = loader(4, /*packed=*/true, /*seq_len=*/48, /*pack_align=*/8);
+  std::vector<Batch> batches = {data.next(), data.next(), data.next()};
+  ASSERT_EQ(batches[0].cu_seqlens_padded.size(), 4u);
+  struct Layout {
+    std::vector<int64_t> shape;
+    std::vector<std::string> axes;
+    std::string resource, rules;
+    te::nn::CpCommType type;
+  };
+  for (const bool gpt2 : {false, true}) {
+    const auto config = [&](std::optional<te::nn::CpCommType> type) {
+      te::hf::CausalLMConfig c = gpt2 ? tiny_gpt2(true, false) : packed_llama();
+      c.cp_comm_type = type;
+      c.cp_load_balanced = type.has_value();
+      return c;
+    };
+    te::nn::manual_seed(1);
+    te::train::LmTrainer single(te::hf::CausalLM(config(std::nullopt)), trainer_options(3));
+    std::vector<double> one;
+    for (int64_t s = 0; s < 3; ++s) one.push_back(single.step({batches[s]}, s).loss);
+    for (const Layout& l :
+         {Layout{{2}, {"cp"}, "cp=cp", "", te::nn::CpCommType::kP2P},
+          Layout{{2, 2}, {"data", "cp"}, "dp=data,cp=cp", "", te::nn::CpCommType::kAllGather},
+          Layout{
+              {2, 2}, {"ring", "a2a"}, "", "seqlen_cp=(ring,a2a)", te::nn::CpCommType::kA2AP2P}}) {
+      if (gpt2 && l.type != te::nn::CpCommType::kP2P) continue;
+      std::vector<double> losses;
+      te::run_local_ranks(static_cast<int>(l.shape.size() == 2 ? 4 : 2), [&](int rank) {
+        te::DeviceMesh mesh(l.shape, l.axes);
+        te::MeshScope on_mesh(mesh);
+        te::MeshResourceScope roles(l.resource.empty() ? te::MeshResource{}
+                                                       : te::parse_mesh_resource(l.resource));
+        std::optional<te::AxisRulesScope> rules;
+        if (!l.rules.empty()) rules.emplace(te::parse_axis_rules(l.rules));
+        te::nn::manual_seed(1);
+        te::train::LmTrainer trainer(te::hf::CausalLM(config(l.type)), trainer_options(3));
+        std::vector<double> mine;
+        for (int64_t s = 0; s < 3; ++s) mine.push_back(trainer.step({batches[s]}, s).loss);
+        if (rank == 0) losses = mine;
+      });
+      ASSERT_EQ(losses.size(), one.size()) << te::nn::te_name(l.type);
+      for (std::size_t s = 0; s < one.size(); ++s) {
+        EXPECT_NEAR(losses[s], one[s], 1e-6 * one[s])
+            << (gpt2 ? "gpt2 " : "llama ") << te::nn::te_name(l.type) << " step " << s;
+      }
+    }
+  }
 }
 
 }  // namespace

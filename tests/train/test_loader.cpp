@@ -201,6 +201,82 @@ TEST_F(TrainData, PackedRowsNeverMixDocumentsAndRestartPositions) {
   EXPECT_GT(longest, 16);
 }
 
+// pack_align (context parallelism's 2·cp): each sequence's slot a multiple of it, its valid
+// tokens first (cu_seqlens the valid lengths' sums, TE's), the padding after it ids pad_id,
+// labels -100 and positions going on; the documents' tokens and labels those of rows without
+// alignment, in the same order; a data position of another alignment is refused.
+TEST_F(TrainData, PackedSlotsAlignedForContextParallelism) {
+  const TokenFile f = file();
+  DataOptions aligned = options(32, 2, true);
+  aligned.pack_align = 8;
+  aligned.shuffle = false;
+  DataOptions plain = aligned;
+  plain.pack_align = 1;
+  DataLoader a(f, all_documents(f), aligned), p(f, all_documents(f), plain);
+  std::vector<int64_t> tokens_a, labels_a, tokens_p, labels_p;
+  for (int64_t step = 0; step < a.steps_per_epoch(); ++step) {
+    const Batch b = a.batch({0, step});
+    ASSERT_EQ(b.cu_seqlens_padded.size(), 2u);
+    for (int64_t r = 0; r < 2; ++r) {
+      const at::Tensor cu = b.cu_seqlens[r].to(at::kLong),
+                       slots = b.cu_seqlens_padded[r].to(at::kLong);
+      ASSERT_EQ(cu.sizes(), slots.sizes());
+      EXPECT_EQ(slots[-1].item<int64_t>(), 32);
+      for (int64_t s = 0; s + 1 < cu.size(0); ++s) {
+        const int64_t start = slots[s].item<int64_t>(), slot = slots[s + 1].item<int64_t>() - start;
+        const int64_t len = cu[s + 1].item<int64_t>() - cu[s].item<int64_t>();
+        EXPECT_EQ(slot % 8, 0) << "row " << r << " seq " << s;
+        ASSERT_LE(len, slot);
+        EXPECT_GT(len + 8, slot);  // less than one multiple of padding
+        for (int64_t t = 0; t < slot; ++t) {
+          EXPECT_EQ(b.position_ids[r][start + t].item<int64_t>(), t);
+          if (t >= len) {
+            EXPECT_EQ(b.labels[r][start + t].item<int64_t>(), -100);
+            EXPECT_EQ(b.ids[r][start + t].item<int64_t>(), 0);
+          }
+        }
+        const bool row_padding =
+            s + 2 == cu.size(0) && b.labels[r].narrow(0, start, len).eq(-100).all().item<bool>();
+        for (int64_t t = 0; t < len && !row_padding; ++t) {
+          tokens_a.push_back(b.ids[r][start + t].item<int64_t>());
+          labels_a.push_back(b.labels[r][start + t].item<int64_t>());
+        }
+      }
+    }
+  }
+  for (int64_t step = 0; step < p.steps_per_epoch(); ++step) {
+    const Batch b = p.batch({0, step});
+    EXPECT_TRUE(b.cu_seqlens_padded.empty());
+    for (int64_t r = 0; r < 2; ++r) {
+      const at::Tensor labels = b.labels[r], ids = b.ids[r];
+      const at::Tensor cu = b.cu_seqlens[r].to(at::kLong);
+      for (int64_t s = 0; s + 1 < cu.size(0); ++s) {
+        const int64_t begin = cu[s].item<int64_t>(), end = cu[s + 1].item<int64_t>();
+        if (s + 2 == cu.size(0) && labels.slice(0, begin, end).eq(-100).all().item<bool>())
+          continue;
+        for (int64_t t = begin; t < end; ++t) {
+          tokens_p.push_back(ids[t].item<int64_t>());
+          labels_p.push_back(labels[t].item<int64_t>());
+        }
+      }
+    }
+  }
+  // (the aligned rows hold fewer documents each: compare what both epochs hold)
+  const std::size_t n = std::min(tokens_a.size(), tokens_p.size());
+  ASSERT_GT(n, 100u);
+  EXPECT_EQ(std::vector<int64_t>(tokens_a.begin(), tokens_a.begin() + n),
+            std::vector<int64_t>(tokens_p.begin(), tokens_p.begin() + n));
+  EXPECT_EQ(std::vector<int64_t>(labels_a.begin(), labels_a.begin() + n),
+            std::vector<int64_t>(labels_p.begin(), labels_p.begin() + n));
+  EXPECT_ERROR(p.load_state_json(a.state_json()),
+               "the data position was saved with pack_align 8, this run has 1");
+  DataOptions bad = aligned;
+  bad.seq_len = 36;
+  EXPECT_ERROR(DataLoader(f, all_documents(f), bad),
+               "pack_align 8: each packed sequence's slot is a multiple of it, and so must "
+               "seq_len 36 be");
+}
+
 TEST_F(TrainData, ResumingFromTheSavedPositionGivesTheSameBatches) {
   for (bool packed : {false, true}) {
     const TokenFile f = file();

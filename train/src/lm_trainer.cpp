@@ -25,21 +25,27 @@ namespace {
 
 namespace F = te::nn::functional;
 
-// Packed rows' cu_seqlens as one [rows, sequences + 1] tensor (a row with fewer sequences
-// repeats its last entry: empty sequences).
-at::Tensor rows_cu_seqlens(te::hf::CausalLM& model, const Batch& b) {
+// Packed rows' cu_seqlens (or cu_seqlens_padded, `name`) as one [rows, sequences + 1] tensor
+// (a row with fewer sequences repeats its last entry: empty sequences).
+at::Tensor rows_cu_seqlens(te::hf::CausalLM& model, const Batch& b,
+                           const std::vector<at::Tensor>& per_row, const std::string& name) {
   TE_CHECK(model->config.packed_sequences,
            "LmTrainer: the batch holds packed rows (cu_seqlens) and the model was built for "
            "whole rows; build it with CausalLMConfig::packed_sequences "
            "(te::hf::LoadOptions::packed_sequences)");
-  TE_CHECK(static_cast<int64_t>(b.cu_seqlens.size()) == b.ids.size(0),
-           "LmTrainer: ", b.cu_seqlens.size(), " cu_seqlens for ", b.ids.size(0), " packed rows");
+  TE_CHECK(static_cast<int64_t>(per_row.size()) == b.ids.size(0), "LmTrainer: ", per_row.size(),
+           " ", name, " for ", b.ids.size(0), " packed rows");
   const int64_t seq = b.ids.size(1);
   std::vector<at::Tensor> rows;
   int64_t entries = 0;
-  for (std::size_t r = 0; r < b.cu_seqlens.size(); ++r) {
-    rows.push_back(F::checked_cu_seqlens(b.cu_seqlens[r], "LmTrainer",
-                                         "packed row " + std::to_string(r) + "'s cu_seqlens", seq));
+  for (std::size_t r = 0; r < per_row.size(); ++r) {
+    rows.push_back(F::checked_cu_seqlens(per_row[r], "LmTrainer",
+                                         "packed row " + std::to_string(r) + "'s " + name, seq,
+                                         /*tail_padding=*/name == "cu_seqlens"));
+    TE_CHECK(
+        b.cu_seqlens_padded.empty() || b.cu_seqlens_padded[r].numel() == b.cu_seqlens[r].numel(),
+        "LmTrainer: packed row ", r, "'s cu_seqlens_padded has ", b.cu_seqlens_padded[r].numel(),
+        " entries but its cu_seqlens ", b.cu_seqlens[r].numel(), "; one slot per sequence");
     entries = std::max(entries, rows.back().size(0));
   }
   for (at::Tensor& cu : rows) {
@@ -54,35 +60,49 @@ at::Tensor loss_sum(te::hf::CausalLM& model, const Batch& b) {
   F::CrossEntropyOptions ce;
   ce.reduce_loss = true;
   const double count = static_cast<double>(b.label_tokens);
-  const at::Tensor cu = b.cu_seqlens.empty() ? at::Tensor() : rows_cu_seqlens(model, b);
+  const at::Tensor cu =
+      b.cu_seqlens.empty() ? at::Tensor() : rows_cu_seqlens(model, b, b.cu_seqlens, "cu_seqlens");
+  const at::Tensor slots =
+      b.cu_seqlens_padded.empty()
+          ? at::Tensor()
+          : rows_cu_seqlens(model, b, b.cu_seqlens_padded, "cu_seqlens_padded");
+  auto forward = [&](const auto& ids) {
+    return cu.defined() ? model->forward_packed(ids, cu, slots) : model->forward(ids);
+  };
   const DeviceMesh* mesh = current_mesh();
   if (mesh == nullptr) {
-    const at::Tensor logits =
-        cu.defined() ? model->forward_packed(b.ids, cu) : model->forward(b.ids);
-    return F::parallel_cross_entropy(logits, b.labels, ce) * count;
+    return F::parallel_cross_entropy(forward(b.ids), b.labels, ce) * count;
   }
   const std::vector<Placement> whole(static_cast<std::size_t>(mesh->ndim()), Replicate{});
-  // The load-balanced cp order (CausalLMConfig::cp_load_balanced): ids and labels alike, so the
-  // loss, a sum over tokens, is the same.
-  const int64_t cp = model->config.cp_comm_type && model->config.cp_load_balanced && !cu.defined()
-                         ? F::cp_size_in_scope()
-                         : 1;
+  // Context parallelism's order of the tokens, ids and labels alike (the loss, a sum over
+  // tokens, is the same): packed rows in TE's thd layout by their slots, whole rows in the
+  // load-balanced order (CausalLMConfig::cp_load_balanced) or contiguous chunks.
+  const int64_t cp = model->config.cp_comm_type ? F::cp_size_in_scope() : 1;
+  auto ranked = [&](const at::Tensor& t) {
+    if (cp == 1) return t;
+    if (!cu.defined()) return model->config.cp_load_balanced ? F::cp_rank_order(t, 1, cp) : t;
+    std::vector<at::Tensor> rows;
+    for (int64_t r = 0; r < t.size(0); ++r) {
+      rows.push_back(F::cp_rank_order_packed(t[r], 0, slots.defined() ? slots[r] : cu[r], cp));
+    }
+    return at::stack(rows);
+  };
   auto laid_out = [&](const at::Tensor& t) {
-    return with_sharding_constraint(
-        DTensor::distribute(cp > 1 ? F::cp_rank_order(t, 1, cp) : t, *mesh, whole),
-        {axis::kBatch, axis::kSeqlen});
+    return with_sharding_constraint(DTensor::distribute(ranked(t), *mesh, whole),
+                                    {axis::kBatch, axis::kSeqlen});
   };
   const DTensor ids = laid_out(b.ids);
-  for (std::size_t m = 0; cu.defined() && m < ids.placements().size(); ++m) {
+  for (std::size_t m = 0;
+       cu.defined() && !model->config.cp_comm_type && m < ids.placements().size(); ++m) {
     TE_CHECK(!is_shard(ids.placements()[m], 1),
              "LmTrainer: packed rows on a layout that splits the sequence over mesh axis '",
              mesh->axis_names()[m],
-             "' (sequence or context parallel): each packed sequence needs its tokens on one "
-             "rank; split the rows (data parallel, FSDP) or the heads (tensor parallel), or build "
-             "the data without packing for this layout");
+             "' (sequence parallel): each packed sequence needs its tokens on one rank; split "
+             "the rows (data parallel, FSDP), the heads (tensor parallel) or the tokens by "
+             "context parallelism (CausalLMConfig::cp_comm_type), or build the data without "
+             "packing for this layout");
   }
-  const DTensor logits = cu.defined() ? model->forward_packed(ids, cu) : model->forward(ids);
-  return F::parallel_cross_entropy(logits, laid_out(b.labels), ce).to_local() * count;
+  return F::parallel_cross_entropy(forward(ids), laid_out(b.labels), ce).to_local() * count;
 }
 
 const te::optim::LrScheduleOptions& schedule_options(const TrainerOptions& o) {

@@ -44,6 +44,9 @@ DataLoader::DataLoader(TokenFile file, std::vector<int64_t> documents, DataOptio
   for (int64_t d : documents_)
     TE_CHECK(d >= 0 && d < file_.num_documents(), file_.path(), ": document ", d,
              " is not one of its ", file_.num_documents());
+  TE_CHECK(o.pack_align >= 1 && o.seq_len % o.pack_align == 0, "pack_align ", o.pack_align,
+           ": each packed sequence's slot is a multiple of it, and so must seq_len ", o.seq_len,
+           " be; give te-train a --seq-len that is a multiple of --pack-align");
   if (o.packed) {
     pack_rows();
   } else {
@@ -71,6 +74,7 @@ void DataLoader::pack_rows() {
   const auto n = static_cast<int64_t>(documents_.size());
   const std::vector<int64_t> in_order =
       options_.shuffle ? shuffled(n, options_.seed ^ kPackingStream) : in_sequence(n);
+  const int64_t align = options_.pack_align;
   int64_t used = 0;
   row_starts_ = {0};
   auto close_row = [&] {
@@ -82,9 +86,10 @@ void DataLoader::pack_rows() {
     const int64_t d = documents_[i], end = offsets[d + 1];
     for (int64_t p = offsets[d]; p < end; p += S) {
       const int64_t q = std::min(p + S, end);
-      if (q - p > S - used) close_row();
+      const int64_t slot = (q - p + align - 1) / align * align;  // (S is a multiple of align)
+      if (slot > S - used) close_row();
       segments_.push_back({p, q, end});
-      used += q - p;
+      used += slot;
       if (used == S) close_row();
     }
   }
@@ -136,10 +141,19 @@ void DataLoader::fill_block(int64_t unit, int64_t* ids, int64_t* labels, int64_t
 }
 
 int64_t DataLoader::fill_row(int64_t unit, int64_t* ids, int64_t* labels, int64_t* positions,
-                             std::vector<int32_t>& cu) const {
-  const int64_t S = options_.seq_len;
+                             std::vector<int32_t>& cu, std::vector<int32_t>& slots) const {
+  const int64_t S = options_.seq_len, align = options_.pack_align;
   int64_t t = 0, longest = 0;
   cu.assign(1, 0);
+  slots.assign(1, 0);
+  // Padding from t to `end`, positions going on from `position`: nothing to learn.
+  auto pad = [&](int64_t end, int64_t position) {
+    for (; t < end; ++t, ++position) {
+      ids[t] = options_.pad_id;
+      labels[t] = kIgnore;
+      positions[t] = position;
+    }
+  };
   for (size_t k = row_starts_[unit]; k < row_starts_[unit + 1]; ++k) {
     const Segment& seg = segments_[k];
     for (int64_t p = seg.begin; p < seg.end; ++p, ++t) {
@@ -148,16 +162,15 @@ int64_t DataLoader::fill_row(int64_t unit, int64_t* ids, int64_t* labels, int64_
       positions[t] = p - seg.begin;
     }
     longest = std::max(longest, seg.end - seg.begin);
-    cu.push_back(static_cast<int32_t>(t));
+    cu.push_back(cu.back() + static_cast<int32_t>(seg.end - seg.begin));
+    pad((t + align - 1) / align * align, seg.end - seg.begin);  // the slot's end
+    slots.push_back(static_cast<int32_t>(t));
   }
-  if (t < S) {  // the padding: one more sequence, nothing to learn
+  if (t < S) {  // the row's padding: one more sequence, nothing to learn
     longest = std::max(longest, S - t);
-    for (int64_t p = 0; t < S; ++t, ++p) {
-      ids[t] = options_.pad_id;
-      labels[t] = kIgnore;
-      positions[t] = p;
-    }
-    cu.push_back(static_cast<int32_t>(S));
+    cu.push_back(cu.back() + static_cast<int32_t>(S - t));
+    pad(S, 0);
+    slots.push_back(static_cast<int32_t>(S));
   }
   return longest;
 }
@@ -172,7 +185,7 @@ Batch DataLoader::batch(const Position& position) {
   b.ids = at::empty({B, S}, at::kLong);
   b.labels = at::empty({B, S}, at::kLong);
   b.position_ids = at::empty({B, S}, at::kLong);
-  std::vector<int32_t> cu;
+  std::vector<int32_t> cu, slots;
   for (int64_t r = 0; r < B; ++r) {
     const int64_t unit = units[(position.step * options_.dp_size + options_.dp_rank) * B + r];
     int64_t* ids = b.ids.data_ptr<int64_t>() + r * S;
@@ -182,9 +195,12 @@ Batch DataLoader::batch(const Position& position) {
       fill_block(unit, ids, labels, positions);
       continue;
     }
-    b.max_seqlen.push_back(fill_row(unit, ids, labels, positions, cu));
-    b.cu_seqlens.push_back(
-        at::from_blob(cu.data(), {static_cast<int64_t>(cu.size())}, at::kInt).clone());
+    b.max_seqlen.push_back(fill_row(unit, ids, labels, positions, cu, slots));
+    auto tensor = [](std::vector<int32_t>& v) {
+      return at::from_blob(v.data(), {static_cast<int64_t>(v.size())}, at::kInt).clone();
+    };
+    b.cu_seqlens.push_back(tensor(cu));
+    if (options_.pack_align > 1) b.cu_seqlens_padded.push_back(tensor(slots));
   }
   b.label_tokens = b.labels.ne(kIgnore).sum().item<int64_t>();
   return b;

@@ -14,6 +14,7 @@ std::string DataLoader::state_json() const {
                             {"units", num_units()},
                             {"seq_len", options_.seq_len},
                             {"packed", options_.packed},
+                            {"pack_align", options_.pack_align},
                             {"global_batch", options_.batch_size * options_.dp_size}};
   return j.dump();
 }
@@ -37,6 +38,8 @@ void DataLoader::load_state_json(const std::string& text) {
   };
   same("seq_len", options_.seq_len);
   same("packed", options_.packed);
+  if (!j.contains("pack_align")) j["pack_align"] = 1;  // (saved before slots were aligned)
+  same("pack_align", options_.pack_align);
   same("global_batch", options_.batch_size * options_.dp_size);
   same("seed", options_.seed);
   same("units", num_units());

@@ -66,9 +66,16 @@ class CausalLMImpl : public torch::nn::Cloneable<CausalLMImpl>, public te::gen::
   /// ids [rows, tokens] with cu_seqlens [rows, sequences + 1], each row packed alone (a row with
   /// fewer sequences repeats its last entry; its tokens after the last sequence are padding)
   /// -> logits [rows, tokens, vocab]. On a mesh a row's tokens stay whole on its rank: the rows
-  /// may be split (the rules' batch axes: data parallel, FSDP), the heads too, not the tokens.
-  at::Tensor forward_packed(const at::Tensor& ids, const at::Tensor& cu_seqlens);
-  DTensor forward_packed(const DTensor& ids, const at::Tensor& cu_seqlens);
+  /// may be split (the rules' batch axes: data parallel, FSDP), the heads too, and the tokens
+  /// over the cp axes when config.cp_comm_type is set: then each row's tokens are in TE's thd
+  /// layout in rank order (functional::cp_rank_order_packed by its slots).
+  /// `cu_seqlens_padded` (optional, the shape of cu_seqlens): each sequence's slot, its valid
+  /// tokens first and padding after (TE's cu_seqlens_padded; context parallelism needs slots
+  /// of a multiple of 2·cp); positions count on through a slot's padding.
+  at::Tensor forward_packed(const at::Tensor& ids, const at::Tensor& cu_seqlens,
+                            const at::Tensor& cu_seqlens_padded = {});
+  DTensor forward_packed(const DTensor& ids, const at::Tensor& cu_seqlens,
+                         const at::Tensor& cu_seqlens_padded = {});
   /// One step of incremental decoding (eval mode): `ids` are the step's new tokens packed
   /// [tokens] in the order of `cache`'s pre_step (a prompt, a chunk of one, or one generated
   /// token per sequence); returns the logits of each sequence's last new token, [batch, vocab].

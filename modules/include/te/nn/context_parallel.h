@@ -116,6 +116,9 @@ at::Tensor cp_shard_packed(const at::Tensor& whole, int64_t dim,
 /// an all-gather of them gives). Differentiable.
 at::Tensor cp_unshard_packed(const at::Tensor& rank_ordered, int64_t dim,
                              const at::Tensor& cu_seqlens_padded, int64_t cp);
+/// The inverse of cp_unshard_packed: every rank's tokens, in rank order, from the whole.
+at::Tensor cp_rank_order_packed(const at::Tensor& whole, int64_t dim,
+                                const at::Tensor& cu_seqlens_padded, int64_t cp);
 
 /// Attention (functional::attention's semantics) of this rank's local q [batch, seqlen/cp,
 /// heads, head_dim], k and v [batch, seqlen/cp, kv_heads, head_dim] — each holding this rank's

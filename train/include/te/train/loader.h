@@ -9,7 +9,10 @@
 //     its own last sequence), position_ids restarting at 0 per sequence, labels only within a
 //     document. A document longer than S is cut into pieces of S (each its own sequence, whose
 //     last token is labelled with the document's next token); a document that does not fit in
-//     what is left of a row starts the next row.
+//     what is left of a row starts the next row. With pack_align > 1 each sequence takes a slot
+//     of a multiple of pack_align tokens (TE's pad_thd_sequences_for_cp: 2·cp under context
+//     parallelism), its padding after it (pad_id, labels -100, positions going on), and the
+//     row carries cu_seqlens_padded beside cu_seqlens.
 // Labels are -100 (ignored) where the next token is not a training target (the chat loss mask)
 // or there is none. The units (blocks or rows) are visited in a seeded order, reshuffled each
 // epoch; global batch g of an epoch is units [g·B·n, (g+1)·B·n) of that order (B rows per rank,
@@ -43,6 +46,8 @@ struct DataOptions {
   int64_t dp_size = 1;
   /// The id of a packed row's padding (its labels are -100 whatever it is).
   int64_t pad_id = 0;
+  /// Packed: each sequence's slot a multiple of this many tokens (seq_len a multiple of it).
+  int64_t pack_align = 1;
 };
 
 /// One rank's batch, on the CPU.
@@ -50,8 +55,9 @@ struct Batch {
   at::Tensor ids;           ///< [B, S] int64
   at::Tensor labels;        ///< [B, S] int64, -100 where ignored
   at::Tensor position_ids;  ///< [B, S] int64
-  /// Packed only: per row, int32 [sequences + 1] (TE's THD format), and its longest sequence.
-  std::vector<at::Tensor> cu_seqlens;
+  /// Packed only: per row, int32 [sequences + 1] (TE's THD format), and its longest sequence;
+  /// with pack_align > 1 also each row's slots (cu_seqlens_padded, int32 [sequences + 1]).
+  std::vector<at::Tensor> cu_seqlens, cu_seqlens_padded;
   std::vector<int64_t> max_seqlen;
   /// Labels that are not -100 (the loss's denominator, summed over accumulation steps).
   int64_t label_tokens = 0;
@@ -92,7 +98,8 @@ class DataLoader {
   Position position() const { return position_; }
   void seek(const Position& position);
 
-  /// {"epoch", "step", "seed", "units", "seq_len", "packed", "global_batch"}: te-train's
+  /// {"epoch", "step", "seed", "units", "seq_len", "packed", "pack_align", "global_batch"}:
+  /// te-train's
   /// checkpoint keeps it; load_state_json seeks to it, te::Error naming the field when the data
   /// or the options are not those it was saved with.
   std::string state_json() const;
@@ -106,7 +113,7 @@ class DataLoader {
   const std::vector<int64_t>& order(int64_t epoch);
   void fill_block(int64_t unit, int64_t* ids, int64_t* labels, int64_t* positions) const;
   int64_t fill_row(int64_t unit, int64_t* ids, int64_t* labels, int64_t* positions,
-                   std::vector<int32_t>& cu) const;
+                   std::vector<int32_t>& cu, std::vector<int32_t>& slots) const;
   int64_t label_at(int64_t next, int64_t document_end) const;
 
   TokenFile file_;
