@@ -280,6 +280,7 @@ void check_schedule(const Args& a) {
 }
 
 int64_t pack_align_of(const Args& a, int64_t cp_ranks) {
+  if (!a.pack) return 1;
   if (a.pack_align != 0) return a.pack_align;
   return a.cp_comm_type.empty() ? 1 : 2 * cp_ranks;
 }
@@ -300,6 +301,20 @@ te::program::Layout check_args(const Args& a, int world_size) {
                          "split by rows (data parallel, FSDP), heads (tensor parallel) or, with "
                          "--cp-comm-type, tokens (context parallel)");
   }
+  if (!a.cp_comm_type.empty() && !layout.context_parallel) {
+    throw te::InputError("--cp-comm-type " + a.cp_comm_type + ": the layout (" +
+                         layout.description +
+                         ") maps no mesh axis to seqlen_cp; give --mesh-resource cp=AXIS or "
+                         "--rules seqlen_cp=AXIS");
+  }
+  const int64_t chunks = 2 * layout.context_parallel_ranks;
+  if (!a.cp_comm_type.empty() && a.seq_len % chunks != 0) {
+    throw te::InputError("--seq-len " + std::to_string(a.seq_len) + ": context parallelism over " +
+                         std::to_string(layout.context_parallel_ranks) +
+                         " ranks cuts each row into 2*cp = " + std::to_string(chunks) +
+                         " chunks (TE's load-balanced order); give a multiple of " +
+                         std::to_string(chunks));
+  }
   if (a.pack_align != 0) {
     if (!a.pack) throw te::InputError("--pack-align: it aligns --pack's documents; add --pack");
     if (a.pack_align < 1) {
@@ -318,21 +333,9 @@ te::program::Layout check_args(const Args& a, int world_size) {
   if (a.pack && a.seq_len % pack_align_of(a, layout.context_parallel_ranks) != 0) {
     throw te::InputError("--seq-len " + std::to_string(a.seq_len) + ": --pack's slots are " +
                          std::to_string(pack_align_of(a, layout.context_parallel_ranks)) +
-                         " tokens apart (--pack-align), so a row must be a multiple of that");
-  }
-  if (!a.cp_comm_type.empty() && !layout.context_parallel) {
-    throw te::InputError("--cp-comm-type " + a.cp_comm_type + ": the layout (" +
-                         layout.description +
-                         ") maps no mesh axis to seqlen_cp; give --mesh-resource cp=AXIS or "
-                         "--rules seqlen_cp=AXIS");
-  }
-  const int64_t chunks = 2 * layout.context_parallel_ranks;
-  if (!a.cp_comm_type.empty() && a.seq_len % chunks != 0) {
-    throw te::InputError("--seq-len " + std::to_string(a.seq_len) + ": context parallelism over " +
-                         std::to_string(layout.context_parallel_ranks) +
-                         " ranks cuts each row into 2*cp = " + std::to_string(chunks) +
-                         " chunks (TE's load-balanced order); give a multiple of " +
-                         std::to_string(chunks));
+                         " tokens apart (--pack-align" +
+                         (a.pack_align == 0 ? ", by default 2*cp" : "") +
+                         "), so a row must be a multiple of that");
   }
   if (!a.zero_axis.empty()) {
     const std::vector<std::string> axes =

@@ -204,17 +204,7 @@ T run(CausalLMImpl& m, const T& ids, int64_t batch, int64_t seq, nn::InferencePa
   at::Tensor positions;
   if (m.position) {
     if (packed) {
-      positions = packed->positions;
-      // Under cp each row's tokens are in TE's thd layout, in rank order: its positions too.
-      const int64_t cp = c.cp_comm_type ? nn::functional::cp_size_in_scope() : 1;
-      if (cp > 1) {
-        std::vector<at::Tensor> rows;
-        for (int64_t r = 0; r < positions.size(0); ++r) {
-          rows.push_back(
-              nn::functional::cp_rank_order_packed(positions[r], 0, packed->slots[r], cp));
-        }
-        positions = at::stack(rows);
-      }
+      positions = cp_token_order(c, packed->positions, packed->slots);
     } else if (cache) {
       positions = at::empty({1, seq}, at::kLong);
       const auto* cu = cache->cu_seqlens_q().data_ptr<int64_t>();
@@ -224,11 +214,7 @@ T run(CausalLMImpl& m, const T& ids, int64_t batch, int64_t seq, nn::InferencePa
         for (int64_t t = cu[i]; t < cu[i + 1]; ++t) p[t] = pre[i] + t - cu[i];
       }
     } else {
-      positions = at::arange(seq, at::kLong).expand({batch, seq}).contiguous();
-      // The tokens in the load-balanced cp order: their positions so ordered.
-      const int64_t cp =
-          c.cp_comm_type && c.cp_load_balanced ? nn::functional::cp_size_in_scope() : 1;
-      if (cp > 1) positions = nn::functional::cp_rank_order(positions, 1, cp);
+      positions = cp_token_order(c, at::arange(seq, at::kLong).expand({batch, seq}).contiguous());
     }
   }
   T x = scaled_embeddings(m.embed(ids), c.embedding_multiplier);
@@ -281,6 +267,26 @@ T run(CausalLMImpl& m, const T& ids, int64_t batch, int64_t seq, nn::InferencePa
 }
 
 }  // namespace
+
+at::Tensor cp_token_order(const CausalLMConfig& config, const at::Tensor& rows,
+                          const at::Tensor& slots) {
+  namespace F = nn::functional;
+  const int64_t cp = config.cp_comm_type ? F::cp_size_in_scope() : 1;
+  if (cp == 1) return rows;
+  if (!slots.defined()) return config.cp_load_balanced ? F::cp_rank_order(rows, 1, cp) : rows;
+  TE_CHECK(rows.dim() == 2 && slots.dim() == 2 && slots.size(0) == rows.size(0),
+           "cp_token_order: rows ", rows.sizes(), " and slots ", slots.sizes(),
+           " are not [rows, tokens] and [rows, sequences + 1]");
+  TE_CHECK(cp_load_balance_is_exact(config),
+           "CausalLM: packed rows under context parallelism go in TE's thd order, and this model "
+           "has dropout outside attention (embeddings or residuals), whose masks would follow "
+           "the tokens there, not one process's; set those dropouts to 0, or train whole rows");
+  std::vector<at::Tensor> out;
+  for (int64_t r = 0; r < rows.size(0); ++r) {
+    out.push_back(F::cp_rank_order_packed(rows[r], 0, slots[r], cp));
+  }
+  return at::stack(out);
+}
 
 at::Tensor CausalLMImpl::forward(const at::Tensor& ids) {
   TE_CHECK(ids.dim() == 2, "CausalLM: ids must be [batch, seq], got ", ids.sizes());

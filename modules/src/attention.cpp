@@ -256,7 +256,8 @@ at::Tensor cp_attention(const Arranged<DTensor>& a, F::AttentionCall call, CpCom
   for (int64_t d : a.cp_dims) axes.push_back(mesh.axis_names()[static_cast<std::size_t>(d)]);
   const F::ContextParallel cp(mesh, axes, type, load_balanced);
   TE_CHECK(a.q.size(1) % cp.size() == 0, "DotProductAttention: a sequence of ", a.q.size(1),
-           " tokens does not split evenly over the ", cp.size(), " ranks of mesh axis '", cp.axis(),
+           " tokens does not split evenly over the ", cp.size(), " ranks of mesh ",
+           axes.size() == 1 ? "axis '" : "axes '", cp.axis(),
            "' (context parallelism); pad it to a multiple");
   if (call.packed.defined() && call.packed.cu_seqlens_q.dim() == 2) {  // rows: one packed batch
     const RowsCall r = packed_rows_call(a, call);

@@ -21,29 +21,18 @@ Arranged<at::Tensor> arrange(const at::Tensor& q, const at::Tensor& k, const at:
 
 namespace {
 
-// The mesh dims that split q's sequence (dim 1) under context parallelism, major to minor: one,
-// or a2a+p2p's two (the ring's, the a2a's).
+// The mesh dims that split q's sequence (dim 1) under context parallelism, major to minor (one,
+// or a2a+p2p's two: the ring's, the a2a's).
 std::vector<int64_t> context_parallel_dims(const DTensor& query, CpCommType type) {
   std::vector<int64_t> dims;
-  std::string axes;
   for (int64_t m = 0; m < query.mesh().ndim(); ++m) {
-    if (is_shard(query.placements()[static_cast<std::size_t>(m)], 1)) {
-      dims.push_back(m);
-      axes += (axes.empty() ? "'" : ", '") +
-              query.mesh().axis_names()[static_cast<std::size_t>(m)] + "'";
-    }
+    if (is_shard(query.placements()[static_cast<std::size_t>(m)], 1)) dims.push_back(m);
   }
-  const std::size_t want = type == CpCommType::kA2AP2P ? 2 : 1;
-  TE_CHECK(dims.size() == want, "DotProductAttention: cp_comm_type '", te_name(type),
-           "' is set, but q ", query.to_string(), "'s sequence is split over ",
-           dims.empty() ? std::string("no mesh axis") : "mesh axes " + axes,
-           dims.empty() ? "; map the logical axis 'seqlen_cp' to a mesh axis in the rules (or "
-                          "MeshResource cp), or unset cp_comm_type"
-           : want == 2  ? "; a2a+p2p splits it over two, the ring's and the a2a's (rules "
-                          "seqlen_cp=(ring,a2a), the mesh ordering them so)"
-           : dims.size() == 2 ? "; context parallelism splits it over one (or two with "
-                                "cp_comm_type a2a+p2p)"
-                              : "; context parallelism splits it over one");
+  // (how many axes a cp_comm_type takes is functional::ContextParallel's to say)
+  TE_CHECK(!dims.empty(), "DotProductAttention: cp_comm_type '", te_name(type), "' is set, but q ",
+           query.to_string(),
+           "'s sequence is split over no mesh axis; map the logical axis 'seqlen_cp' to a mesh "
+           "axis in the rules (or MeshResource cp), or unset cp_comm_type");
   return dims;
 }
 

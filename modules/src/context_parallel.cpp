@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <string>
@@ -49,6 +50,10 @@ ContextParallel::ContextParallel(const DeviceMesh& mesh, const std::vector<std::
            want == 2 ? "; map seqlen_cp to two axes, e.g. rules seqlen_cp=(ring,a2a)"
                      : "; map seqlen_cp to one axis (a2a+p2p takes two)");
   for (const std::string& a : axes_) mesh_dims_.push_back(mesh_.axis_index(a));
+  TE_CHECK(mesh_dims_.size() == 1 || mesh_dims_[0] != mesh_dims_[1],
+           "context parallelism (cp_comm_type 'a2a+p2p'): the ring and the a2a are both mesh "
+           "axis '",
+           axes_[0], "'; give two axes");
   TE_CHECK(mesh_dims_.size() == 1 || mesh_dims_[0] < mesh_dims_[1],
            "context parallelism (cp_comm_type 'a2a+p2p'): the ring's mesh axis '", axes_[0],
            "' must come before the a2a's '", axes_[1],
@@ -314,6 +319,29 @@ AttentionCall heads_share(const at::Tensor& q, const AttentionCall& call,
 
 }  // namespace
 
+namespace {
+
+using Attend = std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                        const AttentionCall&)>;
+
+// The a2a step round `attend`: this rank's tokens of q, k, v ([batch, tokens, heads, head_dim];
+// packed: a batch of one) laid out over `group` as `layout` says -> the group's tokens in their
+// sequence order over this rank's share of the heads, attended (dropout drawn at the share's
+// place among the heads; packed: as [tokens, heads, head_dim]), and back.
+at::Tensor over_head_shares(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const AttentionCall& call, const ContextParallel& group,
+                            const detail::CpLayout& layout, const Attend& attend) {
+  const bool packed = call.packed.defined();
+  auto longer = [&](const at::Tensor& t) {
+    const at::Tensor x = sequence_to_heads(t, group, layout);
+    return packed ? x.squeeze(0) : x;
+  };
+  const at::Tensor o = attend(longer(q), longer(k), longer(v), heads_share(q, call, group));
+  return heads_to_sequence(packed ? o.unsqueeze(0) : o, group, layout);
+}
+
+}  // namespace
+
 at::Tensor context_parallel_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                       const AttentionCall& call, const ContextParallel& cp) {
   detail::check_context_parallel(q, k, v, call, cp);
@@ -322,52 +350,43 @@ at::Tensor context_parallel_attention(const at::Tensor& q, const at::Tensor& k, 
   const bool packed = call.packed.defined();
   const at::Tensor q4 = packed ? q.unsqueeze(0) : q, k4 = packed ? k.unsqueeze(0) : k,
                    v4 = packed ? v.unsqueeze(0) : v;
-  const detail::CpLayout layout =
-      packed ? detail::CpLayout(cp, call.packed, q.size(0)) : detail::CpLayout(cp, q.size(1));
+  // Where every rank's tokens sit, over `over`'s ranks (a2a+p2p: its a2a group's, whose packed
+  // slots are the whole's over the ring's size; the order is the slots').
+  auto layout_over = [&](const ContextParallel& over, int64_t ring) {
+    if (!packed) return detail::CpLayout(over, q.size(1));
+    if (ring == 1) return detail::CpLayout(over, call.packed, q.size(0));
+    const PackedSequences& p = call.packed;
+    const at::Tensor slots =
+        (p.cu_seqlens_q_padded.defined() ? p.cu_seqlens_q_padded : p.cu_seqlens_q)
+            .to(at::kCPU, at::kLong)
+            .div(ring, "floor");
+    return detail::CpLayout(over, PackedSequences{slots, slots, slots, slots}, q.size(0));
+  };
   at::Tensor out;
   switch (cp.comm_type()) {
     case CpCommType::kP2P:
-      out = detail::ring_attention(q4, k4, v4, call, cp, layout);
+      out = detail::ring_attention(q4, k4, v4, call, cp, layout_over(cp, 1));
       break;
     case CpCommType::kAllGather:
-      out = detail::gathered_kv_attention(q4, k4, v4, call, cp, layout);
+      out = detail::gathered_kv_attention(q4, k4, v4, call, cp, layout_over(cp, 1));
       break;
-    case CpCommType::kA2A: {
-      auto whole = [&](const at::Tensor& t) {
-        const at::Tensor x = sequence_to_heads(t, cp, layout);
-        return packed ? x.squeeze(0) : x;
-      };
-      const at::Tensor o = attention(whole(q4), whole(k4), whole(v4), heads_share(q4, call, cp));
-      out = heads_to_sequence(packed ? o.unsqueeze(0) : o, cp, layout);
+    case CpCommType::kA2A:
+      out = over_head_shares(q4, k4, v4, call, cp, layout_over(cp, 1),
+                             [](const at::Tensor& a, const at::Tensor& b, const at::Tensor& c,
+                                const AttentionCall& share) { return attention(a, b, c, share); });
       break;
-    }
     case CpCommType::kA2AP2P: {
       // TE's hierarchical cp (AttnFuncWithCPAndKVP2P with [a2a group, p2p group], L1407-1511):
       // the a2a gathers each a2a group's tokens over a share of the heads; put in the group's
       // sequence order they are ring rank p's piece of the whole in the ring's own layout (load
-      // balanced: chunks p and 2·P-1-p of 2·P, each the group's A chunks of 2·cp), which the
-      // ring attends and the a2a sends back.
-      // Packed sequences alike, sequence by sequence: the group's tokens of a sequence are its
-      // slot's ring chunks, a slot of slot/P in the group's thd layout (the order is the slots').
+      // balanced: chunks p and 2·P-1-p of 2·P, each the group's A chunks of 2·cp; packed: each
+      // slot's ring chunks), which the ring attends and the a2a sends back.
       const ContextParallel group = cp.a2a_part(), ring = cp.ring_part();
-      std::optional<detail::CpLayout> group_layout;
-      if (packed) {
-        const PackedSequences& p = call.packed;
-        const at::Tensor slots =
-            (p.cu_seqlens_q_padded.defined() ? p.cu_seqlens_q_padded : p.cu_seqlens_q)
-                .to(at::kCPU, at::kLong)
-                .div(ring.size(), "floor");
-        group_layout.emplace(group, PackedSequences{slots, slots, slots, slots}, q.size(0));
-      } else {
-        group_layout.emplace(group, q.size(1));
-      }
-      auto longer = [&](const at::Tensor& t) {
-        const at::Tensor x = sequence_to_heads(t, group, *group_layout);
-        return packed ? x.squeeze(0) : x;
-      };
-      const at::Tensor o = context_parallel_attention(longer(q4), longer(k4), longer(v4),
-                                                      heads_share(q4, call, group), ring);
-      out = heads_to_sequence(packed ? o.unsqueeze(0) : o, group, *group_layout);
+      out = over_head_shares(q4, k4, v4, call, group, layout_over(group, ring.size()),
+                             [&](const at::Tensor& a, const at::Tensor& b, const at::Tensor& c,
+                                 const AttentionCall& share) {
+                               return context_parallel_attention(a, b, c, share, ring);
+                             });
       break;
     }
   }

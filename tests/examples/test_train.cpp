@@ -248,6 +248,20 @@ TEST_F(Train, WritesMetricsEvaluationAndHuggingFaceFiles) {
 
 class TrainParallel : public Train {};
 
+// A small GPT-2 config.json (learned positions), with its default dropouts (0.1) or none.
+nlohmann::json tiny_gpt2(bool dropout) {
+  nlohmann::json c = {{"architectures", {"GPT2LMHeadModel"}},
+                      {"model_type", "gpt2"},
+                      {"vocab_size", 420},
+                      {"n_embd", 64},
+                      {"n_layer", 2},
+                      {"n_head", 4},
+                      {"n_positions", 64},
+                      {"eos_token_id", 0}};
+  if (!dropout) c["embd_pdrop"] = c["attn_pdrop"] = c["resid_pdrop"] = 0.0;
+  return c;
+}
+
 // Ranks as processes through te-run.
 TEST_F(TrainParallel, Dp2xTp2IsOneProcessAndResumesBitForBit) {
   const std::string mesh = "--nproc 4 --mesh data=2,model=2 --mesh-resource dp=data,tp=model";
@@ -297,21 +311,8 @@ TEST_F(TrainParallel, PackedOnFsdp2IsOneProcess) {
 // process's, for Llama (RoPE; also a2a+p2p over two axes) and GPT-2 (learned positions), and
 // for GPT-2 with its dropouts (contiguous chunks then: the banner says so).
 TEST_F(TrainParallel, ContextParallelIsOneProcess) {
-  const nlohmann::json gpt2 = {{"architectures", {"GPT2LMHeadModel"}},
-                               {"model_type", "gpt2"},
-                               {"vocab_size", 420},
-                               {"n_embd", 64},
-                               {"n_layer", 2},
-                               {"n_head", 4},
-                               {"n_positions", 64},
-                               {"embd_pdrop", 0.0},
-                               {"attn_pdrop", 0.0},
-                               {"resid_pdrop", 0.0},
-                               {"eos_token_id", 0}};
-  std::ofstream(dir_ / "gpt2.json") << gpt2.dump();
-  nlohmann::json dropping = gpt2;
-  dropping["embd_pdrop"] = dropping["attn_pdrop"] = dropping["resid_pdrop"] = 0.1;
-  std::ofstream(dir_ / "gpt2_dropout.json") << dropping.dump();
+  std::ofstream(dir_ / "gpt2.json") << tiny_gpt2(/*dropout=*/false).dump();
+  std::ofstream(dir_ / "gpt2_dropout.json") << tiny_gpt2(/*dropout=*/true).dump();
   for (const std::string config : {"config.json", "gpt2.json", "gpt2_dropout.json"}) {
     const Result base =
         te_train(args("--log-steps " + (dir_ / "one.csv").string(), "corpus.txt", config));
@@ -373,15 +374,7 @@ TEST_F(TrainParallel, PackedUnderContextParallelismIsOneProcess) {
     }
   }
   // GPT-2's embedding and residual dropouts draw at the tokens' places: refused by name.
-  const nlohmann::json gpt2 = {{"architectures", {"GPT2LMHeadModel"}},
-                               {"model_type", "gpt2"},
-                               {"vocab_size", 420},
-                               {"n_embd", 64},
-                               {"n_layer", 2},
-                               {"n_head", 4},
-                               {"n_positions", 64},
-                               {"eos_token_id", 0}};
-  std::ofstream(dir_ / "gpt2_dropout.json") << gpt2.dump();
+  std::ofstream(dir_ / "gpt2_dropout.json") << tiny_gpt2(/*dropout=*/true).dump();
   const Result bad =
       te_train(args("--pack --cp-comm-type p2p --nproc 2 --mesh cp=2 "
                     "--mesh-resource cp=cp",

@@ -425,6 +425,9 @@ TEST(ContextParallel, BadInputIsNamed) {
   EXPECT_ERROR(F::ContextParallel(DeviceMesh({1, 1}, {"a2a", "ring"}),
                                   std::vector<std::string>{"ring", "a2a"}, "a2a+p2p"),
                "the ring's mesh axis 'ring' must come before the a2a's 'a2a' in the mesh");
+  EXPECT_ERROR(F::ContextParallel(DeviceMesh({1, 1}, {"a2a", "ring"}),
+                                  std::vector<std::string>{"ring", "ring"}, "a2a+p2p"),
+               "the ring and the a2a are both mesh axis 'ring'; give two axes");
   run_local_ranks(4, [](int) {
     const F::ContextParallel both =
         cp_over(cp_mesh(CpCommType::kA2AP2P, 4, 2, false), CpCommType::kA2AP2P);
@@ -684,11 +687,12 @@ TEST(ContextParallelLayers, CpCommTypeWithoutACpAxisIsNamed) {
     for (const auto& [type, rules, what] :
          std::vector<std::tuple<const char*, const char*, const char*>>{
              {"a2a+p2p", "seqlen_cp=ring",
-              "split over mesh axes 'ring'; a2a+p2p splits it over two, the ring's and the a2a's "
-              "(rules seqlen_cp=(ring,a2a)"},
+              "cp_comm_type 'a2a+p2p') splits the sequence over two mesh axes, the ring's (p2p) "
+              "and the a2a's, major to minor, but was given 1 ('ring'); map seqlen_cp to two "
+              "axes"},
              {"p2p", "seqlen_cp=(ring,a2a)",
-              "split over mesh axes 'ring', 'a2a'; context parallelism splits it over one (or "
-              "two with cp_comm_type a2a+p2p)"}}) {
+              "(cp_comm_type 'p2p') splits the sequence over one mesh axis, but was given 2 "
+              "('ring', 'a2a')"}}) {
       AxisRulesScope scope_rules(parse_axis_rules(rules));
       auto o = MultiHeadAttentionOptions(32, 4);
       o.attention().cp_comm_type(type);

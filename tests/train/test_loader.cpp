@@ -270,6 +270,13 @@ TEST_F(TrainData, PackedSlotsAlignedForContextParallelism) {
             std::vector<int64_t>(labels_p.begin(), labels_p.begin() + n));
   EXPECT_ERROR(p.load_state_json(a.state_json()),
                "the data position was saved with pack_align 8, this run has 1");
+  // Blocks have no slots: their position loads whatever alignment it was saved with.
+  DataOptions blocks = options(32, 2, false);
+  blocks.pack_align = 4;
+  const DataLoader saved(f, all_documents(f), blocks);
+  blocks.pack_align = 1;
+  DataLoader resumed(f, all_documents(f), blocks);
+  resumed.load_state_json(saved.state_json());
   DataOptions bad = aligned;
   bad.seq_len = 36;
   EXPECT_ERROR(DataLoader(f, all_documents(f), bad),

@@ -36,16 +36,15 @@ at::Tensor rows_cu_seqlens(te::hf::CausalLM& model, const Batch& b,
   TE_CHECK(static_cast<int64_t>(per_row.size()) == b.ids.size(0), "LmTrainer: ", per_row.size(),
            " ", name, " for ", b.ids.size(0), " packed rows");
   const int64_t seq = b.ids.size(1);
+  // cu_seqlens sum the valid lengths (a row's may end before its tokens do, when slots pad
+  // them); cu_seqlens_padded, the slots, reach the row's end.
+  const bool slots = &per_row == &b.cu_seqlens_padded;
   std::vector<at::Tensor> rows;
   int64_t entries = 0;
   for (std::size_t r = 0; r < per_row.size(); ++r) {
     rows.push_back(F::checked_cu_seqlens(per_row[r], "LmTrainer",
                                          "packed row " + std::to_string(r) + "'s " + name, seq,
-                                         /*tail_padding=*/name == "cu_seqlens"));
-    TE_CHECK(
-        b.cu_seqlens_padded.empty() || b.cu_seqlens_padded[r].numel() == b.cu_seqlens[r].numel(),
-        "LmTrainer: packed row ", r, "'s cu_seqlens_padded has ", b.cu_seqlens_padded[r].numel(),
-        " entries but its cu_seqlens ", b.cu_seqlens[r].numel(), "; one slot per sequence");
+                                         /*tail_padding=*/!slots));
     entries = std::max(entries, rows.back().size(0));
   }
   for (at::Tensor& cu : rows) {
@@ -60,6 +59,15 @@ at::Tensor loss_sum(te::hf::CausalLM& model, const Batch& b) {
   F::CrossEntropyOptions ce;
   ce.reduce_loss = true;
   const double count = static_cast<double>(b.label_tokens);
+  TE_CHECK(b.cu_seqlens_padded.empty() || b.cu_seqlens_padded.size() == b.cu_seqlens.size(),
+           "LmTrainer: the batch has cu_seqlens_padded for ", b.cu_seqlens_padded.size(),
+           " packed rows and cu_seqlens for ", b.cu_seqlens.size(),
+           "; give the slots of every packed row, or none");
+  for (std::size_t r = 0; r < b.cu_seqlens_padded.size(); ++r) {
+    TE_CHECK(b.cu_seqlens_padded[r].numel() == b.cu_seqlens[r].numel(), "LmTrainer: packed row ", r,
+             "'s cu_seqlens_padded has ", b.cu_seqlens_padded[r].numel(),
+             " entries but its cu_seqlens ", b.cu_seqlens[r].numel(), "; one slot per sequence");
+  }
   const at::Tensor cu =
       b.cu_seqlens.empty() ? at::Tensor() : rows_cu_seqlens(model, b, b.cu_seqlens, "cu_seqlens");
   const at::Tensor slots =
@@ -77,19 +85,11 @@ at::Tensor loss_sum(te::hf::CausalLM& model, const Batch& b) {
   // Context parallelism's order of the tokens, ids and labels alike (the loss, a sum over
   // tokens, is the same): packed rows in TE's thd layout by their slots, whole rows in the
   // load-balanced order (CausalLMConfig::cp_load_balanced) or contiguous chunks.
-  const int64_t cp = model->config.cp_comm_type ? F::cp_size_in_scope() : 1;
-  auto ranked = [&](const at::Tensor& t) {
-    if (cp == 1) return t;
-    if (!cu.defined()) return model->config.cp_load_balanced ? F::cp_rank_order(t, 1, cp) : t;
-    std::vector<at::Tensor> rows;
-    for (int64_t r = 0; r < t.size(0); ++r) {
-      rows.push_back(F::cp_rank_order_packed(t[r], 0, slots.defined() ? slots[r] : cu[r], cp));
-    }
-    return at::stack(rows);
-  };
   auto laid_out = [&](const at::Tensor& t) {
-    return with_sharding_constraint(DTensor::distribute(ranked(t), *mesh, whole),
-                                    {axis::kBatch, axis::kSeqlen});
+    return with_sharding_constraint(
+        DTensor::distribute(te::hf::cp_token_order(model->config, t, slots.defined() ? slots : cu),
+                            *mesh, whole),
+        {axis::kBatch, axis::kSeqlen});
   };
   const DTensor ids = laid_out(b.ids);
   for (std::size_t m = 0;

@@ -44,9 +44,9 @@ DataLoader::DataLoader(TokenFile file, std::vector<int64_t> documents, DataOptio
   for (int64_t d : documents_)
     TE_CHECK(d >= 0 && d < file_.num_documents(), file_.path(), ": document ", d,
              " is not one of its ", file_.num_documents());
-  TE_CHECK(o.pack_align >= 1 && o.seq_len % o.pack_align == 0, "pack_align ", o.pack_align,
-           ": each packed sequence's slot is a multiple of it, and so must seq_len ", o.seq_len,
-           " be; give te-train a --seq-len that is a multiple of --pack-align");
+  TE_CHECK(!o.packed || (o.pack_align >= 1 && o.seq_len % o.pack_align == 0), "pack_align ",
+           o.pack_align, ": each packed sequence's slot is a multiple of it, and so must seq_len ",
+           o.seq_len, " be");
   if (o.packed) {
     pack_rows();
   } else {

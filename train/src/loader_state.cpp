@@ -34,12 +34,17 @@ void DataLoader::load_state_json(const std::string& text) {
   auto same = [&](const char* name, const nlohmann::json& now) {
     TE_CHECK(field(name) == now, "the data position was saved with ", name, " ", field(name).dump(),
              ", this run has ", now.dump(), " (", file_.path(),
-             "); resume with the data and options of the checkpoint's run");
+             "); resume with the data and options of the checkpoint's run",
+             std::string(name) == "pack_align"
+                 ? " (te-train: --pack-align " + field(name).dump() + ")"
+                 : "");
   };
   same("seq_len", options_.seq_len);
   same("packed", options_.packed);
-  if (!j.contains("pack_align")) j["pack_align"] = 1;  // (saved before slots were aligned)
-  same("pack_align", options_.pack_align);
+  if (options_.packed) {  // (a position saved before slots were aligned: slots of 1)
+    if (!j.contains("pack_align")) j["pack_align"] = 1;
+    same("pack_align", options_.pack_align);
+  }
   same("global_batch", options_.batch_size * options_.dp_size);
   same("seed", options_.seed);
   same("units", num_units());

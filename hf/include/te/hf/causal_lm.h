@@ -111,6 +111,14 @@ class CausalLMImpl : public torch::nn::Cloneable<CausalLMImpl>, public te::gen::
 };
 TE_MODULE(CausalLM);
 
+/// Rows of tokens [rows, tokens] (ids, labels, positions) in the order a model of `config` takes
+/// them on the mesh in scope, where context parallelism splits them: packed rows (`slots`, each
+/// row's cu_seqlens_padded, or cu_seqlens without padding, [rows, sequences + 1]) in TE's thd
+/// layout, whole rows in the load-balanced order (config.cp_load_balanced) or as they are. The
+/// rows themselves without config.cp_comm_type or a cp axis.
+at::Tensor cp_token_order(const CausalLMConfig& config, const at::Tensor& rows,
+                          const at::Tensor& slots = {});
+
 /// The InferenceParams options of a KV cache for a model of `config` (its key/value heads and
 /// head dim); max_sequence_length 0: the config's max_position_embeddings. Set is_paged,
 /// page_size and total_num_pages on the result for a paged cache.
