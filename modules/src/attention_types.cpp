@@ -1,6 +1,7 @@
-// TE's spellings of the attention option values (te/nn/attention_types.h), one table per enum:
-// the names of transformer_engine/pytorch/attention/dot_product_attention/dot_product_attention.py
-// and multi_head_attention.py at d0067d0da.
+// TE's spellings of option values (te/nn/attention_types.h, and the router's score function of
+// te/nn/moe.h), one table per enum: the names of
+// transformer_engine/pytorch/attention/dot_product_attention/dot_product_attention.py,
+// multi_head_attention.py and router.py at d0067d0da.
 
 #include "te/nn/attention_types.h"
 
@@ -8,6 +9,7 @@
 #include <ostream>
 
 #include "te/error.h"
+#include "te/nn/moe.h"
 
 namespace te::nn {
 
@@ -56,6 +58,12 @@ struct Names<CpCommType> {
   static constexpr std::array<const char*, 4> values = {"p2p", "all_gather", "a2a", "a2a+p2p"};
 };
 
+template <>
+struct Names<ScoreFunction> {
+  static constexpr const char* option = "score_function";
+  static constexpr std::array<const char*, 3> values = {"softmax", "sigmoid", "sqrtsoftplus"};
+};
+
 template <typename E>
 const char* name_of(E value) {
   const auto i = static_cast<std::size_t>(value);
@@ -87,6 +95,7 @@ template std::vector<std::string> te_names<SoftmaxType>();
 template std::vector<std::string> te_names<QkvFormat>();
 template std::vector<std::string> te_names<QkNormType>();
 template std::vector<std::string> te_names<CpCommType>();
+template std::vector<std::string> te_names<ScoreFunction>();
 
 template AttnMaskType parse_te_name<AttnMaskType>(std::string_view);
 template AttnBiasType parse_te_name<AttnBiasType>(std::string_view);
@@ -94,6 +103,7 @@ template SoftmaxType parse_te_name<SoftmaxType>(std::string_view);
 template QkvFormat parse_te_name<QkvFormat>(std::string_view);
 template QkNormType parse_te_name<QkNormType>(std::string_view);
 template CpCommType parse_te_name<CpCommType>(std::string_view);
+template ScoreFunction parse_te_name<ScoreFunction>(std::string_view);
 
 const char* te_name(AttnMaskType value) { return name_of(value); }
 const char* te_name(AttnBiasType value) { return name_of(value); }
@@ -101,6 +111,7 @@ const char* te_name(SoftmaxType value) { return name_of(value); }
 const char* te_name(QkvFormat value) { return name_of(value); }
 const char* te_name(QkNormType value) { return name_of(value); }
 const char* te_name(CpCommType value) { return name_of(value); }
+const char* te_name(ScoreFunction value) { return name_of(value); }
 
 std::ostream& operator<<(std::ostream& s, AttnMaskType value) { return s << te_name(value); }
 std::ostream& operator<<(std::ostream& s, AttnBiasType value) { return s << te_name(value); }
@@ -108,5 +119,6 @@ std::ostream& operator<<(std::ostream& s, SoftmaxType value) { return s << te_na
 std::ostream& operator<<(std::ostream& s, QkvFormat value) { return s << te_name(value); }
 std::ostream& operator<<(std::ostream& s, QkNormType value) { return s << te_name(value); }
 std::ostream& operator<<(std::ostream& s, CpCommType value) { return s << te_name(value); }
+std::ostream& operator<<(std::ostream& s, ScoreFunction value) { return s << te_name(value); }
 
 }  // namespace te::nn

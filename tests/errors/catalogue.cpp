@@ -597,8 +597,7 @@ std::vector<Case> cases() {
        "attn_mask_type 'arbitrary' is not taken with context parallelism",
        on_ranks(2,
                 [](int) {
-                  const functional::ContextParallel cp(DeviceMesh({2}, {"cp"}), "cp",
-                                                       "all_gather");
+                  const functional::ContextParallel cp(DeviceMesh({2}, {"cp"}), "cp", "all_gather");
                   functional::AttentionCall call;
                   call.spec = functional::mask_spec("arbitrary");
                   call.mask = at::zeros({1, 2, 8, 8}, at::kBool);
@@ -705,6 +704,25 @@ std::vector<Case> cases() {
        }},
       {"modules", "a drop path rate outside [0, 1)", "drop_path_rate 1 is not in [0, 1)",
        [] { TransformerLayer(TransformerLayerOptions(16, 24, 4).drop_path_rate(1.0)); }},
+      {"mixture of experts", "a router asked for more experts than there are",
+       "topk 9 is not in [1, 8]",
+       [] {
+         functional::RouterOptions o;
+         o.topk = 9;
+         functional::topk_with_score_function(at::zeros({4, 8}), o);
+       }},
+      {"mixture of experts", "an expert bias with the softmax score function",
+       "expert_bias is used with score_function sigmoid or sqrtsoftplus",
+       [] {
+         functional::topk_with_score_function(at::zeros({4, 8}), {}, at::zeros({8}));
+       }},
+      {"mixture of experts", "experts' outputs that are not the permutation's rows",
+       "give [8, hidden]",
+       [] {
+         const at::Tensor x = at::zeros({4, 3});
+         const auto p = functional::moe_permute(x, at::ones({4, 2}, at::kBool));
+         functional::moe_unpermute(x, p);
+       }},
       {"distributed", "more ranks on a host than it has GPUs",
        "has LOCAL_RANK 2, but this host has 2 GPU(s)", [] { device_for_local_rank(2, 2); }},
       // ---- FP8 ----
