@@ -234,6 +234,63 @@ BENCHMARK(BM_GeluTanhVsExact)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 
+// GroupedLinear (one autograd node for every expert's GEMM) against the loop it replaces: each
+// expert's rows sliced, through its own kernel and bias (addmm), and the results concatenated
+// (nodes, a slice and a copy per expert). Rows are tokens x top-2 routed by a softmax router over
+// random logits (uneven groups); arguments: rows, hidden, ffn, bf16, backward, experts. The issue's
+// goal: the grouped form faster than the loop on many small experts.
+void BM_GroupedLinearVsLoop(benchmark::State& state) {
+  const Shape shape(state);
+  const int64_t experts = state.range(5);
+  at::manual_seed(0);
+  te::nn::functional::RouterOptions router;
+  router.topk = 2;
+  const at::Tensor map =
+      te::nn::functional::topk_with_score_function(at::randn({shape.tokens / 2, experts}), router)
+          .routing_map;
+  const at::Tensor counts = map.to(at::kLong).sum(0);
+  const std::vector<int64_t> splits(counts.data_ptr<int64_t>(),
+                                    counts.data_ptr<int64_t>() + experts);
+  te::nn::GroupedLinear grouped(te::nn::GroupedLinearOptions(experts, shape.hidden, shape.ffn));
+  grouped->to(shape.dtype);
+  {
+    torch::NoGradGuard no_grad;
+    grouped->bias.normal_();
+  }
+  // The loop's experts as separate parameters (TE-PyTorch's weight0..N, a ModuleList of
+  // Linear): slicing one stacked kernel would add a kernel-sized gradient per expert.
+  std::vector<at::Tensor> kernels, biases, loop_params;
+  for (int64_t g = 0; g < experts; ++g) {
+    kernels.push_back(grouped->kernel[g].detach().clone().requires_grad_(true));
+    biases.push_back(grouped->bias[g].detach().clone().requires_grad_(true));
+    loop_params.push_back(kernels.back());
+    loop_params.push_back(biases.back());
+  }
+  const at::Tensor x =
+      at::randn({shape.tokens, shape.hidden}).to(shape.dtype).requires_grad_(shape.backward);
+  const auto loop = [&](const at::Tensor& in) {
+    std::vector<at::Tensor> parts;
+    int64_t row = 0;
+    for (int64_t g = 0; g < experts; ++g) {
+      parts.push_back(at::addmm(biases[g], in.narrow(0, row, splits[g]), kernels[g]));
+      row += splits[g];
+    }
+    return at::cat(parts, 0);
+  };
+  compare(
+      state, shape, [&](const at::Tensor& in) { return grouped->forward(in, splits); },
+      params_of(*grouped), loop, loop_params, x, x, "loop", true);
+}
+BENCHMARK(BM_GroupedLinearVsLoop)
+    ->Apply([](benchmark::internal::Benchmark* b) {
+      for (int64_t experts : {8, 64, 256})
+        for (int64_t dtype : {0, 1}) b->Args({4096, 256, 512, dtype, 1, experts});
+      b->ArgNames({"rows", "hidden", "ffn", "bf16", "backward", "experts"});
+    })
+    ->Iterations(15)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
 // Google Benchmark fixes iterations per family: the small shape's cases and the large shape's
 // cases are registered separately so the large ones (1-6 s a call here) run 5 rounds, and
 // forward+backward only.

@@ -9,7 +9,7 @@
 #include <ostream>
 
 #include "te/error.h"
-#include "te/nn/moe.h"
+#include "te/nn/moe_types.h"
 
 namespace te::nn {
 
@@ -64,6 +64,12 @@ struct Names<ScoreFunction> {
   static constexpr std::array<const char*, 3> values = {"softmax", "sigmoid", "sqrtsoftplus"};
 };
 
+template <>
+struct Names<DropPolicy> {
+  static constexpr const char* option = "drop_policy";
+  static constexpr std::array<const char*, 2> values = {"probs", "position"};
+};
+
 template <typename E>
 const char* name_of(E value) {
   const auto i = static_cast<std::size_t>(value);
@@ -96,6 +102,7 @@ template std::vector<std::string> te_names<QkvFormat>();
 template std::vector<std::string> te_names<QkNormType>();
 template std::vector<std::string> te_names<CpCommType>();
 template std::vector<std::string> te_names<ScoreFunction>();
+template std::vector<std::string> te_names<DropPolicy>();
 
 template AttnMaskType parse_te_name<AttnMaskType>(std::string_view);
 template AttnBiasType parse_te_name<AttnBiasType>(std::string_view);
@@ -104,6 +111,7 @@ template QkvFormat parse_te_name<QkvFormat>(std::string_view);
 template QkNormType parse_te_name<QkNormType>(std::string_view);
 template CpCommType parse_te_name<CpCommType>(std::string_view);
 template ScoreFunction parse_te_name<ScoreFunction>(std::string_view);
+template DropPolicy parse_te_name<DropPolicy>(std::string_view);
 
 const char* te_name(AttnMaskType value) { return name_of(value); }
 const char* te_name(AttnBiasType value) { return name_of(value); }
@@ -112,6 +120,7 @@ const char* te_name(QkvFormat value) { return name_of(value); }
 const char* te_name(QkNormType value) { return name_of(value); }
 const char* te_name(CpCommType value) { return name_of(value); }
 const char* te_name(ScoreFunction value) { return name_of(value); }
+const char* te_name(DropPolicy value) { return name_of(value); }
 
 std::ostream& operator<<(std::ostream& s, AttnMaskType value) { return s << te_name(value); }
 std::ostream& operator<<(std::ostream& s, AttnBiasType value) { return s << te_name(value); }
@@ -120,5 +129,6 @@ std::ostream& operator<<(std::ostream& s, QkvFormat value) { return s << te_name
 std::ostream& operator<<(std::ostream& s, QkNormType value) { return s << te_name(value); }
 std::ostream& operator<<(std::ostream& s, CpCommType value) { return s << te_name(value); }
 std::ostream& operator<<(std::ostream& s, ScoreFunction value) { return s << te_name(value); }
+std::ostream& operator<<(std::ostream& s, DropPolicy value) { return s << te_name(value); }
 
 }  // namespace te::nn

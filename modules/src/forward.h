@@ -95,11 +95,19 @@ inline at::Tensor on_packed_rows(const at::Tensor& x, const RowsFn& fn, bool = f
 DTensor on_packed_rows(const DTensor& x, const RowsFn& fn, bool context_parallel = false);
 
 inline std::string shape_of(const at::Tensor& x) {
+  if (!x.defined()) return "undefined";
   std::ostringstream os;
   os << x.sizes();
   return os.str();
 }
 inline std::string shape_of(const DTensor& x) { return x.to_string(); }
+/// "Float [4, 8]" (or "undefined"): an operand in an error that names its dtype too.
+inline std::string dtype_and_shape(const at::Tensor& x) {
+  if (!x.defined()) return "undefined";
+  std::ostringstream os;
+  os << x.scalar_type() << " " << x.sizes();
+  return os.str();
+}
 
 /// x @ kernel (+ bias), with x constrained to `input_axes` and the product to `output_axes`
 /// (either may be empty: no constraint). The module's parameters are `<prefix>kernel` and

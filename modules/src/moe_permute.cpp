@@ -6,6 +6,7 @@
 
 #include <ATen/ATen.h>
 
+#include "forward.h"
 #include "te/error.h"
 #include "te/nn/moe.h"
 
@@ -13,9 +14,11 @@ namespace te::nn::functional {
 
 namespace {
 
+using te::nn::detail::dtype_and_shape;
+using te::nn::detail::shape_of;
+
 void check_tokens(const at::Tensor& tokens, const char* who) {
-  TE_CHECK(tokens.defined() && tokens.dim() == 2, who, ": tokens are ",
-           tokens.defined() ? c10::str(tokens.sizes()) : "undefined",
+  TE_CHECK(tokens.defined() && tokens.dim() == 2, who, ": tokens are ", shape_of(tokens),
            "; give [tokens, hidden] (flatten batch and sequence first)");
 }
 
@@ -24,8 +27,9 @@ std::vector<int64_t> to_vector(const at::Tensor& counts) {
   return {c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel()};
 }
 
-// The rows `source` (token of each routed row, grouped by expert) and `slot` of a mask map,
-// spread with padding rows (-1) so that each expert's rows are a multiple of `align`.
+// A Permutation from its rows' `source` (the token of each routed row, grouped by expert) and
+// `slot` (its place in the routing map), spread with padding rows (-1) so that each expert's
+// rows are a multiple of `align`.
 Permutation lay_out(at::Tensor source, at::Tensor slot, std::vector<int64_t> rows_per_expert,
                     int64_t num_tokens, int64_t slots_per_token, int64_t align) {
   Permutation p;
@@ -64,14 +68,12 @@ at::Tensor gather_rows(const at::Tensor& values, const at::Tensor& index) {
 Permutation permute_mask(const at::Tensor& tokens, const at::Tensor& routing_map, int64_t align,
                          const char* who) {
   check_tokens(tokens, who);
-  TE_CHECK(
-      routing_map.defined() && routing_map.dim() == 2 && routing_map.size(0) == tokens.size(0) &&
-          (routing_map.scalar_type() == at::kBool ||
-           at::isIntegralType(routing_map.scalar_type(), /*includeBool=*/false)),
-      who, ": routing_map is ",
-      routing_map.defined() ? c10::str(routing_map.scalar_type(), " ", routing_map.sizes())
-                            : std::string("undefined"),
-      "; give a bool or integer [", tokens.size(0), ", experts] map for tokens ", tokens.sizes());
+  TE_CHECK(routing_map.defined() && routing_map.dim() == 2 &&
+               routing_map.size(0) == tokens.size(0) &&
+               (routing_map.scalar_type() == at::kBool ||
+                at::isIntegralType(routing_map.scalar_type(), /*includeBool=*/false)),
+           who, ": routing_map is ", dtype_and_shape(routing_map), "; give a bool or integer [",
+           tokens.size(0), ", experts] map for tokens ", tokens.sizes());
   TE_CHECK(align >= 1, who, ": align ", align, " must be at least 1");
   const int64_t experts = routing_map.size(1);
   const at::Tensor by_expert = routing_map.ne(0).t().to(tokens.device());  // [experts, tokens]
@@ -93,10 +95,10 @@ Permutation moe_permute_with_probs(const at::Tensor& tokens, const at::Tensor& p
                                    const at::Tensor& routing_map, int64_t align) {
   Permutation p = permute_mask(tokens, routing_map, align, "moe_permute_with_probs");
   TE_CHECK(probs.defined() && probs.sizes() == routing_map.sizes() &&
-               at::isFloatingType(probs.scalar_type()),
-           "moe_permute_with_probs: probs are ",
-           probs.defined() ? c10::str(probs.sizes()) : std::string("undefined"),
-           "; give floating-point probabilities shaped as routing_map ", routing_map.sizes());
+               at::isFloatingType(probs.scalar_type()) && probs.device() == tokens.device(),
+           "moe_permute_with_probs: probs are ", shape_of(probs),
+           "; give floating-point probabilities shaped as routing_map ", routing_map.sizes(),
+           " on the tokens' device (", tokens.device(), ")");
   p.tokens = gather_rows(tokens, p.source);
   p.probs = gather_rows(probs.reshape({-1}), p.slot);
   return p;
@@ -109,11 +111,8 @@ Permutation moe_permute_indices(const at::Tensor& tokens, const at::Tensor& indi
   TE_CHECK(indices.defined() && (indices.dim() == 1 || indices.dim() == 2) &&
                indices.size(0) == tokens.size(0) &&
                at::isIntegralType(indices.scalar_type(), /*includeBool=*/false),
-           who, ": indices are ",
-           indices.defined() ? c10::str(indices.scalar_type(), " ", indices.sizes())
-                             : std::string("undefined"),
-           "; give integer expert indices [", tokens.size(0), ", topk] for tokens ",
-           tokens.sizes());
+           who, ": indices are ", dtype_and_shape(indices), "; give integer expert indices [",
+           tokens.size(0), ", topk] for tokens ", tokens.sizes());
   TE_CHECK(num_experts >= 1, who, ": num_experts ", num_experts, " must be positive");
   const int64_t topk = indices.dim() == 1 ? 1 : indices.size(1);
   const at::Tensor flat = indices.reshape({-1}).to(tokens.device(), at::kLong);
@@ -129,7 +128,7 @@ Permutation moe_permute_indices(const at::Tensor& tokens, const at::Tensor& indi
   at::Tensor experts, order;
   std::tie(experts, order) = at::sort(flat, /*stable=*/true, /*dim=*/0, /*descending=*/false);
   order = order.narrow(0, 0, rows).contiguous();
-  Permutation p = lay_out(at::floor_divide(order, topk), order,
+  Permutation p = lay_out(at::div(order, topk, "floor"), order,
                           to_vector(at::bincount(experts.narrow(0, 0, rows), {}, num_experts)),
                           tokens.size(0), topk, 1);
   p.tokens = tokens.index_select(0, p.source);
@@ -140,8 +139,8 @@ at::Tensor moe_unpermute(const at::Tensor& rows, const Permutation& map,
                          const at::Tensor& merging_probs) {
   TE_CHECK(rows.defined() && rows.dim() == 2 && map.source.defined() &&
                rows.size(0) == map.source.size(0),
-           "moe_unpermute: rows are ", rows.defined() ? c10::str(rows.sizes()) : "undefined",
-           "; give [", map.source.defined() ? map.source.size(0) : 0,
+           "moe_unpermute: rows are ", shape_of(rows), "; give [",
+           map.source.defined() ? map.source.size(0) : 0,
            ", hidden]: one per row of the Permutation, in its order");
   at::Tensor source = map.source, slot = map.slot, values = rows;
   const at::Tensor real = source.ge(0);

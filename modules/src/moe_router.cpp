@@ -6,9 +6,11 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
+#include "forward.h"
 #include "te/error.h"
 #include "te/nn/moe.h"
 
@@ -16,21 +18,42 @@ namespace te::nn::functional {
 
 namespace {
 
+using te::nn::detail::dtype_and_shape;
+using te::nn::detail::shape_of;
+
 at::ScalarType compute_type(const at::Tensor& logits) {
   return at::promote_types(logits.scalar_type(), at::kFloat);
+}
+
+void check_topk(int64_t topk, int64_t experts, const char* who) {
+  TE_CHECK(topk >= 1 && topk <= experts, who, ": topk ", topk, " is not in [1, ", experts,
+           "] (the experts)");
+}
+
+// Scores divided by their sum over the experts (+1e-20, TE's and Megatron's guard).
+at::Tensor normalised(const at::Tensor& scores) {
+  return scores / (scores.sum(-1, /*keepdim=*/true) + 1e-20);
+}
+
+// The switch loss's sum: Σ_e (Σ_t probs[t, e]) · counts[e] · experts · coeff / (topk · T²) for
+// probs [T, columns] (columns: experts, or sequences x experts) and counts [columns].
+at::Tensor switch_loss(const at::Tensor& probs, const at::Tensor& counts, int64_t experts,
+                       int64_t total_tokens, int64_t topk, double coeff) {
+  const double scale = static_cast<double>(experts) * coeff /
+                       (static_cast<double>(topk) * static_cast<double>(total_tokens) *
+                        static_cast<double>(total_tokens));
+  const at::ScalarType type = compute_type(probs);
+  return (probs.to(type).sum(0) * counts.detach().to(probs.device(), type)).sum() * scale;
 }
 
 // logits [..., experts] -> [tokens, experts] in the compute type, after the checks every
 // router entry point shares.
 at::Tensor router_rows(const at::Tensor& logits, int64_t topk, const char* who) {
   TE_CHECK(logits.defined() && logits.dim() >= 1 && at::isFloatingType(logits.scalar_type()), who,
-           ": logits are ", logits.defined() ? c10::toString(logits.scalar_type()) : "undefined",
-           logits.defined() ? " " + c10::str(logits.sizes()) : std::string(),
-           "; give floating-point logits [..., experts]");
+           ": logits are ", dtype_and_shape(logits), "; give floating-point logits [..., experts]");
   const int64_t experts = logits.size(-1);
   TE_CHECK(experts > 0, who, ": logits ", logits.sizes(), " have no experts");
-  TE_CHECK(topk >= 1 && topk <= experts, who, ": topk ", topk, " is not in [1, ", experts,
-           "] (the experts in logits ", logits.sizes(), ")");
+  check_topk(topk, experts, who);
   return logits.reshape({-1, experts}).to(compute_type(logits));
 }
 
@@ -112,12 +135,13 @@ Routing topk_with_score_function(const at::Tensor& logits, const RouterOptions& 
     const at::Tensor scores = bounded_scores(x, f);
     if (expert_bias.defined()) {
       // The bias steers the choice only: its gradient is none, the probabilities the scores'.
-      indices = std::get<1>(top(scores.detach() + expert_bias.detach().to(x.scalar_type()), o));
+      indices = std::get<1>(
+          top(scores.detach() + expert_bias.detach().to(x.device(), x.scalar_type()), o));
       probs = scores.gather(1, indices);
     } else {
       std::tie(probs, indices) = top(scores, o);
     }
-    if (o.topk > 1) probs = probs / (probs.sum(-1, /*keepdim=*/true) + 1e-20);
+    if (o.topk > 1) probs = normalised(probs);
   }
   if (o.scaling_factor != 0.0) probs = probs * o.scaling_factor;
   probs = probs.to(logits.scalar_type());
@@ -132,8 +156,7 @@ Routing compute_score_for_moe_aux_loss(const at::Tensor& logits, int64_t topk,
   if (score_function == ScoreFunction::kSoftmax) {
     scores = at::softmax(x, -1);
   } else {
-    scores = bounded_scores(x, score_function);
-    scores = scores / (scores.sum(-1, /*keepdim=*/true) + 1e-20);
+    scores = normalised(bounded_scores(x, score_function));
   }
   const at::Tensor indices = std::get<1>(at::topk(scores.detach(), topk, -1));
   return {scores.view(logits.sizes()), dense_map(x, indices).view(logits.sizes())};
@@ -142,56 +165,45 @@ Routing compute_score_for_moe_aux_loss(const at::Tensor& logits, int64_t topk,
 at::Tensor moe_aux_loss(const at::Tensor& probs, const at::Tensor& tokens_per_expert,
                         int64_t total_tokens, int64_t topk, double coeff) {
   TE_CHECK(probs.defined() && probs.dim() == 2 && at::isFloatingType(probs.scalar_type()),
-           "moe_aux_loss: probs are ", probs.defined() ? c10::str(probs.sizes()) : "undefined",
-           "; give floating-point [tokens, experts]");
+           "moe_aux_loss: probs are ", shape_of(probs), "; give floating-point [tokens, experts]");
   const int64_t experts = probs.size(1);
   TE_CHECK(tokens_per_expert.defined() && tokens_per_expert.dim() == 1 &&
                tokens_per_expert.size(0) == experts,
-           "moe_aux_loss: tokens_per_expert is ",
-           tokens_per_expert.defined() ? c10::str(tokens_per_expert.sizes()) : "undefined",
-           "; give [", experts, "] (one count per expert of probs ", probs.sizes(), ")");
+           "moe_aux_loss: tokens_per_expert is ", shape_of(tokens_per_expert), "; give [", experts,
+           "] (one count per expert of probs ", probs.sizes(), ")");
   TE_CHECK(total_tokens > 0, "moe_aux_loss: total_tokens ", total_tokens, " must be positive");
-  TE_CHECK(topk >= 1 && topk <= experts, "moe_aux_loss: topk ", topk, " is not in [1, ", experts,
-           "]");
-  const double scale = static_cast<double>(experts) * coeff /
-                       (static_cast<double>(topk) * static_cast<double>(total_tokens) *
-                        static_cast<double>(total_tokens));
-  const at::ScalarType type = compute_type(probs);
-  return (probs.to(type).sum(0) * tokens_per_expert.to(type)).sum() * scale;
+  check_topk(topk, experts, "moe_aux_loss");
+  return switch_loss(probs, tokens_per_expert, experts, total_tokens, topk, coeff);
 }
 
 at::Tensor moe_sequence_aux_loss(const at::Tensor& scores, const at::Tensor& routing_map,
                                  int64_t topk, double coeff) {
   TE_CHECK(scores.defined() && scores.dim() == 3 && routing_map.defined() &&
                routing_map.sizes() == scores.sizes(),
-           "moe_sequence_aux_loss: scores ",
-           scores.defined() ? c10::str(scores.sizes()) : "undefined", " and routing_map ",
-           routing_map.defined() ? c10::str(routing_map.sizes()) : "undefined",
-           " must both be [batch, seqlen, experts]");
+           "moe_sequence_aux_loss: scores ", shape_of(scores), " and routing_map ",
+           shape_of(routing_map), " must both be [batch, seqlen, experts]");
   const int64_t batch = scores.size(0), seqlen = scores.size(1), experts = scores.size(2);
   TE_CHECK(batch > 0 && seqlen > 0, "moe_sequence_aux_loss: scores ", scores.sizes(),
            " hold no token");
+  check_topk(topk, experts, "moe_sequence_aux_loss");
   // Each sequence's switch loss on its own counts: the sequences side by side as experts of one
   // [seqlen, batch * experts] problem (Megatron's reshape), then the mean over the batch.
   const at::Tensor counts = routing_map.to(at::kLong).sum(1).reshape({batch * experts});
   const at::Tensor wide = scores.transpose(0, 1).reshape({seqlen, batch * experts});
-  const at::ScalarType type = compute_type(scores);
-  const double scale = static_cast<double>(experts) * coeff /
-                       (static_cast<double>(topk) * static_cast<double>(seqlen) *
-                        static_cast<double>(seqlen) * static_cast<double>(batch));
-  TE_CHECK(topk >= 1 && topk <= experts, "moe_sequence_aux_loss: topk ", topk, " is not in [1, ",
-           experts, "]");
-  return (wide.to(type).sum(0) * counts.to(type)).sum() * scale;
+  return switch_loss(wide, counts, experts, seqlen, topk, coeff) / static_cast<double>(batch);
 }
 
 at::Tensor moe_z_loss(const at::Tensor& logits, double coeff, const at::Tensor& valid) {
   TE_CHECK(logits.defined() && logits.dim() >= 1 && at::isFloatingType(logits.scalar_type()),
-           "moe_z_loss: give floating-point logits [..., experts]");
+           "moe_z_loss: logits are ", shape_of(logits),
+           "; give floating-point logits [..., experts]");
   const at::Tensor z = at::logsumexp(logits.to(compute_type(logits)), -1).square();
-  if (!valid.defined()) return z.mean() * coeff;
-  TE_CHECK(valid.sizes() == z.sizes(), "moe_z_loss: valid ", valid.sizes(),
-           " is not the tokens' shape ", z.sizes(), " (logits ", logits.sizes(), ")");
-  const at::Tensor keep = valid.to(at::kBool).to(z.scalar_type());
+  at::Tensor keep = at::ones_like(z);
+  if (valid.defined()) {
+    TE_CHECK(valid.sizes() == z.sizes(), "moe_z_loss: valid ", valid.sizes(),
+             " is not the tokens' shape ", z.sizes(), " (logits ", logits.sizes(), ")");
+    keep = valid.to(z.device(), at::kBool).to(z.scalar_type());
+  }
   return (z * keep).sum() / keep.sum().clamp_min(1.0) * coeff;
 }
 
@@ -207,7 +219,7 @@ int64_t moe_expert_capacity(int64_t tokens, int64_t topk, int64_t experts, doubl
 }
 
 Routing moe_drop_tokens(const Routing& routing, int64_t topk, double capacity_factor,
-                        DropPolicy policy, bool pad_to_capacity) {
+                        TeChoice<DropPolicy> policy, bool pad_to_capacity) {
   const at::Tensor& probs = routing.probs;
   const at::Tensor& map = routing.routing_map;
   TE_CHECK(probs.defined() && probs.dim() == 2 && map.defined() && map.sizes() == probs.sizes(),
@@ -218,8 +230,9 @@ Routing moe_drop_tokens(const Routing& routing, int64_t topk, double capacity_fa
   if (capacity >= tokens) {
     keep = at::ones(probs.sizes(), map.options().dtype(at::kBool));
   } else if (policy == DropPolicy::kProbs) {
+    const at::Tensor routed = probs.detach() * map.to(probs.scalar_type());
     const at::Tensor best =
-        std::get<1>(at::topk(probs.detach(), capacity, 0, /*largest=*/true, /*sorted=*/false));
+        std::get<1>(at::topk(routed, capacity, 0, /*largest=*/true, /*sorted=*/false));
     keep = at::zeros(probs.sizes(), map.options().dtype(at::kBool)).scatter_(0, best, true);
   } else {
     // Each expert's routed tokens in token order, then (padding) the others in token order.

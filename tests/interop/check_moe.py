@@ -7,12 +7,16 @@ The references follow, in our own code, the semantics of
   topk_score_function_pytorch, compute_scores_for_aux_loss_pytorch, aux_loss_pytorch;
 - TE d0067d0da tests/pytorch/test_permutation.py: pytorch_permute_mask_map,
   pytorch_unpermute_mask_map, pytorch_permute_index_map, pytorch_unpermute_index_map;
-- Megatron-LM d98e8a64 megatron/core/transformer/moe/moe_utils.py z_loss_func and router.py
-  _apply_seq_aux_loss (the batch folded into the experts, divided by the batch size).
+- TE d0067d0da tests/pytorch/test_permutation.py pytorch_sort_chunks_by_index;
+- Megatron-LM d98e8a64 megatron/core/transformer/moe/moe_utils.py z_loss_func,
+  get_capacity and apply_router_token_dropping (drop_policy "probs"), and router.py
+  _apply_seq_aux_loss (sequence-first [seqlen, batch * experts], divided by the batch size; te's
+  tensors are batch-first, so the reference transposes them to Megatron's layout first).
 
   python check_moe.py CASES.json
 """
 
+import math
 import sys
 
 import torch
@@ -124,14 +128,39 @@ def permute_mask(c):
     rows = permuted * tensor(c["row_scale"])
     # pytorch_unpermute_mask_map with probs: rows times their probability, scatter-added back.
     merged = rows * permuted_probs.unsqueeze(-1)
-    y = torch.zeros_like(x).scatter_add(0, sorted_tokens.unsqueeze(1).expand(-1, x.shape[1]),
-                                        merged)
+    where = sorted_tokens.unsqueeze(1).expand(-1, x.shape[1])
+    y = torch.zeros_like(x).scatter_add(0, where, merged)
+    y_summed = torch.zeros_like(x).scatter_add(0, where, rows)
     torch.autograd.backward([y, permuted_probs], [tensor(c["dy"]), tensor(c["dpermuted_probs"])])
     return "permute with probs (mask map) and unpermute", {
         "permuted": rel_err(tensor(c["permuted"]), permuted.detach()),
         "permuted_probs": rel_err(tensor(c["permuted_probs"]), permuted_probs.detach()),
         "y": rel_err(tensor(c["y"]), y.detach()),
+        "y_summed": rel_err(tensor(c["y_summed"]), y_summed.detach()),
         "dx": rel_err(tensor(c["dx"]), x.grad), "dprobs": rel_err(tensor(c["dprobs"]), probs.grad)}
+
+
+def drop(c):
+    probs, routing_map = tensor(c["probs"]), tensor(c["routing_map"]).bool()
+    tokens, experts = probs.shape
+    capacity = math.ceil((tokens * c["topk"] / experts) * c["capacity_factor"])
+    keep = torch.ones_like(routing_map)
+    if capacity <= tokens:
+        best = torch.topk(probs, k=capacity, dim=0, sorted=False)[1]
+        keep = torch.zeros_like(probs).scatter(0, best, 1).bool()
+    kept_map = routing_map & keep
+    return "capacity %d of %d tokens, drop_policy probs" % (capacity, tokens), {
+        "kept_map": rel_err(tensor(c["kept_map"]), kept_map.double()),
+        "kept_probs": rel_err(tensor(c["kept_probs"]), probs * kept_map)}
+
+
+def sort_chunks(c):
+    x = tensor(c["x"]).requires_grad_(True)
+    chunks = torch.split(x, c["split_sizes"], dim=0)
+    y = torch.cat([chunks[i] for i in c["sorted_index"]], dim=0)
+    y.backward(tensor(c["dy"]))
+    return "sort chunks %s by %s" % (c["split_sizes"], c["sorted_index"]), {
+        "y": rel_err(tensor(c["y"]), y.detach()), "dx": rel_err(tensor(c["dx"]), x.grad)}
 
 
 def permute_index(c):
@@ -156,7 +185,8 @@ def permute_index(c):
 
 
 CHECKS = {"router": router, "aux_scores": aux_scores, "losses": losses,
-          "permute_mask": permute_mask, "permute_index": permute_index}
+          "permute_mask": permute_mask, "permute_index": permute_index, "drop": drop,
+          "sort_chunks": sort_chunks}
 
 
 def main(path):

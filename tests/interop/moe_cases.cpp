@@ -99,6 +99,7 @@ nlohmann::json permute_mask_case(uint64_t seed) {
   const F::Permutation p = F::moe_permute_with_probs(x, probs, r.routing_map);
   const at::Tensor scale = randn({p.tokens.size(0), 1}, seed + 3);
   const at::Tensor y = F::moe_unpermute(p.tokens * scale, p, probs);
+  const at::Tensor y_summed = F::moe_unpermute(p.tokens * scale, p);  // no merging weights
   const at::Tensor dpermuted_probs = randn({p.tokens.size(0)}, seed + 4);
   torch::autograd::backward({y, p.probs}, {dy, dpermuted_probs});
   return {{"kind", "permute_mask"},
@@ -111,8 +112,35 @@ nlohmann::json permute_mask_case(uint64_t seed) {
           {"permuted", as_json(p.tokens)},
           {"permuted_probs", as_json(p.probs)},
           {"y", as_json(y)},
+          {"y_summed", as_json(y_summed)},
           {"dx", as_json(x.grad())},
           {"dprobs", as_json(probs.grad())}};
+}
+
+// Capacity 6 of 16 tokens x top-2 over 4 experts (factor 0.75): the "probs" policy.
+nlohmann::json drop_case(uint64_t seed) {
+  F::RouterOptions o;
+  o.topk = 2;
+  const F::Routing r = F::topk_with_score_function(randn({16, 4}, seed), o);
+  const F::Routing kept = F::moe_drop_tokens(r, 2, 0.75, "probs");
+  return {{"kind", "drop"},
+          {"topk", 2},
+          {"capacity_factor", 0.75},
+          {"probs", as_json(r.probs)},
+          {"routing_map", as_json(r.routing_map)},
+          {"kept_probs", as_json(kept.probs)},
+          {"kept_map", as_json(kept.routing_map)}};
+}
+
+nlohmann::json sort_chunks_case(uint64_t seed) {
+  const std::vector<int64_t> splits = {2, 0, 3, 5}, order = {3, 1, 0, 2};
+  const at::Tensor x0 = randn({10, 3}, seed), dy = randn({10, 3}, seed + 1);
+  const at::Tensor x = x0.clone().requires_grad_(true);
+  const at::Tensor y = F::moe_sort_chunks_by_index(x, splits, order);
+  torch::autograd::backward({y}, {dy});
+  return {{"kind", "sort_chunks"},  {"split_sizes", splits}, {"sorted_index", order},
+          {"x", as_json(x0)},       {"dy", as_json(dy)},     {"y", as_json(y)},
+          {"dx", as_json(x.grad())}};
 }
 
 // Tokens through an index map (top-k expert ids), the last rows dropped when num_out_tokens says.
@@ -178,6 +206,8 @@ int main(int argc, char** argv) {
   cases.push_back(permute_mask_case(seed += 10));
   cases.push_back(permute_index_case(0, seed += 10));
   cases.push_back(permute_index_case(17, seed += 10));
+  cases.push_back(drop_case(seed += 10));
+  cases.push_back(sort_chunks_case(seed += 10));
   te::interop::write_cases("te_interop_moe", argv[1], cases);
   return 0;
 }

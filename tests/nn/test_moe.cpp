@@ -8,6 +8,10 @@
 
 #include "../expect_error.h"
 #include "nn_test_util.h"
+#include "te/fp8.h"
+#include "te/nn/dense.h"
+#include "te/nn/grouped_linear.h"
+#include "te/nn/init.h"
 #include "te/nn/moe.h"
 
 namespace te::nn {
@@ -50,16 +54,19 @@ TEST(MoeRouter, EachScoreFunctionRoutesTopkWithTesProbabilities) {
 }
 
 TEST(MoeRouter, ExpertBiasChoosesButDoesNotWeigh) {
-  const at::Tensor logits = test::randn({6, 4}, 2);
+  const at::Tensor logits = test::leaf(test::randn({6, 4}, 2));
   F::RouterOptions o;
   o.topk = 1;
   o.score_function = ScoreFunction::kSigmoid;
   o.scaling_factor = 2.5;
   // A large bias on expert 3 sends every token there; the weight is its own sigmoid, scaled.
-  const at::Tensor bias = at::tensor({0.0f, 0.0f, 0.0f, 100.0f});
+  const at::Tensor bias = test::leaf(at::tensor({0.0f, 0.0f, 0.0f, 100.0f}));
   const F::Routing r = F::topk_with_score_function(logits, o, bias);
   EXPECT_TRUE(r.routing_map.select(1, 3).all().item<bool>());
   EXPECT_TRUE(Close(r.probs.select(1, 3), at::sigmoid(logits.select(1, 3)) * 2.5));
+  r.probs.sum().backward();
+  EXPECT_TRUE(logits.grad().defined());
+  EXPECT_FALSE(bias.grad().defined());  // the bias steers, it is not learned by this loss
 }
 
 TEST(MoeRouter, GroupLimitedTopkStaysInTheBestGroups) {
@@ -125,13 +132,23 @@ TEST(MoeCapacity, DroppingKeepsTheCapacityByPolicy) {
   // Six tokens all routed to expert 0 (top-1 of 2 experts): capacity ceil(6/2 · 1.0) = 3.
   const at::Tensor p = at::tensor({0.9f, 0.6f, 0.8f, 0.7f, 0.95f, 0.5f});
   F::Routing r{at::stack({p, at::zeros_like(p)}, 1), at::stack({p.gt(0), p.lt(0)}, 1)};
-  const F::Routing by_probs = F::moe_drop_tokens(r, 1, 1.0, F::DropPolicy::kProbs);
+  const F::Routing by_probs = F::moe_drop_tokens(r, 1, 1.0, DropPolicy::kProbs);
   EXPECT_TRUE(by_probs.routing_map.select(1, 0).equal(mask({1, 0, 1, 0, 1, 0})));
   EXPECT_TRUE(Close(by_probs.probs.select(1, 0), p * by_probs.routing_map.select(1, 0)));
-  const F::Routing by_position = F::moe_drop_tokens(r, 1, 1.0, F::DropPolicy::kPosition);
+  const F::Routing by_position = F::moe_drop_tokens(r, 1, 1.0, DropPolicy::kPosition);
   EXPECT_TRUE(by_position.routing_map.select(1, 0).equal(mask({1, 1, 1, 0, 0, 0})));
+  // "probs" ranks the routed tokens only: dense scores (an aux-loss Routing) on expert 1 do not
+  // take its places from the tokens routed there.
+  const at::Tensor dense_scores = at::stack({p, at::full_like(p, 0.99f)}, 1);
+  const at::Tensor only_first = at::stack({p.lt(0.85), p.ge(0.85)}, 1);
+  const F::Routing scored =
+      F::moe_drop_tokens({dense_scores, only_first}, 1, 1.0, DropPolicy::kProbs);
+  // Expert 0 had 4 routed tokens for 3 places (token 5, the lowest, dropped); expert 1 keeps
+  // both of its own.
+  EXPECT_TRUE(
+      scored.routing_map.equal(at::stack({mask({0, 1, 1, 1, 0, 0}), mask({1, 0, 0, 0, 1, 0})}, 1)));
   // Padded: every expert takes exactly its capacity of rows (expert 1's with probability 0).
-  const F::Routing padded = F::moe_drop_tokens(r, 1, 1.0, F::DropPolicy::kPosition, true);
+  const F::Routing padded = F::moe_drop_tokens(r, 1, 1.0, DropPolicy::kPosition, true);
   EXPECT_TRUE(padded.routing_map.to(at::kLong).sum(0).equal(at::tensor({3, 3})));
   EXPECT_EQ(padded.probs.select(1, 1).abs().sum().item<float>(), 0.0f);
 }
@@ -163,24 +180,28 @@ TEST(MoePermute, MaskAndIndexMapsGroupByExpertAndUndo) {
 TEST(MoePermute, AlignmentPadsEachExpertWithZeroRows) {
   const at::Tensor x = test::randn({5, 3}, 9);
   const at::Tensor map = at::tensor({1, 0, 1, 1, 0, 0, 1, 1, 0, 0, 0, 1, 0, 0, 0}).view({5, 3});
-  const at::Tensor probs = at::rand({5, 3}) * map;
+  const at::Tensor probs = at::sigmoid(test::randn({5, 3}, 17)) * map;
   const F::Permutation p = F::moe_permute_with_probs(x, probs, map, 4);
   EXPECT_EQ(p.rows_per_expert, (std::vector<int64_t>{4, 4, 4}));  // 3, 1, 2 routed, each to 4
-  const at::Tensor pad = p.source.lt(0);
-  EXPECT_EQ(pad.sum().item<int64_t>(), 6);
-  EXPECT_EQ(p.tokens.index_select(0, pad.nonzero().squeeze(1)).abs().sum().item<float>(), 0.0f);
+  // Each block: the expert's tokens in token order, then its padding rows (zero, probability 0).
+  EXPECT_TRUE(p.source.equal(at::tensor({0, 1, 2, -1, 2, -1, -1, -1, 0, 3, -1, -1})));
+  const at::Tensor pad = p.source.lt(0).nonzero().squeeze(1);
+  EXPECT_EQ(p.tokens.index_select(0, pad).abs().sum().item<float>(), 0.0f);
+  EXPECT_EQ(p.probs.index_select(0, pad).abs().sum().item<float>(), 0.0f);
   EXPECT_TRUE(Close(F::moe_unpermute(p.tokens, p, probs), x * probs.sum(1, true)));
 }
 
 TEST(MoePermute, GradientsFlowThroughPermuteAndUnpermute) {
   const at::Tensor x = test::leaf(test::randn({4, 3}, 10));
-  const at::Tensor probs = test::leaf(at::softmax(test::randn({4, 2}, 11), -1));
-  const at::Tensor map = at::ones({4, 2}, at::kBool);
+  const at::Tensor map = at::tensor({1, 0, 1, 0, 1, 1, 0, 0, 1, 1, 1, 0}).view({4, 3});
+  const at::Tensor probs = test::leaf(at::sigmoid(test::randn({4, 3}, 11)) * map);
   const F::Permutation p = F::moe_permute(x, map);
-  const at::Tensor y = F::moe_unpermute(p.tokens * 3.0, p, probs);  // = 3 x Σ probs = 3 x
+  const at::Tensor y = F::moe_unpermute(p.tokens * 3.0, p, probs);  // 3 x Σ_routed probs
   torch::autograd::backward({y.sum()});
-  EXPECT_TRUE(Close(x.grad(), at::full({4, 3}, 3.0)));
-  EXPECT_TRUE(Close(probs.grad(), (3 * x.detach().sum(1, true)).expand({4, 2})));
+  const at::Tensor weight = (probs.detach() * map).sum(1, true);
+  EXPECT_TRUE(Close(y, 3 * x.detach() * weight));
+  EXPECT_TRUE(Close(x.grad(), (3 * weight).expand({4, 3})));
+  EXPECT_TRUE(Close(probs.grad(), 3 * x.detach().sum(1, true) * map));  // none where not routed
 }
 
 TEST(MoePermute, ChunksSortByIndex) {
@@ -227,6 +248,108 @@ TEST(Moe, BadInputIsNamed) {
   EXPECT_ERROR(F::moe_unpermute(p.tokens, p, at::rand({4, 3})), "give [4, 2]");
   EXPECT_ERROR(F::moe_sort_chunks_by_index(x, {1, 2}, {1, 0}), "sum to 3 rows; x has 4");
   EXPECT_ERROR(F::moe_sort_chunks_by_index(x, {1, 3}, {1, 1}), "not a permutation");
+}
+
+// ---- GroupedLinear ---------------------------------------------------------------------------
+
+// Each group's rows through its own kernel, one at a time (what GroupedLinear replaces).
+at::Tensor per_group(const at::Tensor& x, const at::Tensor& kernel, const at::Tensor& bias,
+                     const std::vector<int64_t>& splits) {
+  std::vector<at::Tensor> parts;
+  int64_t row = 0;
+  for (size_t g = 0; g < splits.size(); ++g) {
+    parts.push_back(at::matmul(x.narrow(0, row, splits[g]), kernel[g]) + bias[g]);
+    row += splits[g];
+  }
+  return at::cat(parts, 0);
+}
+
+TEST(GroupedLinear, EachGroupThroughItsKernelWithGradients) {
+  const std::vector<int64_t> splits = {3, 0, 5, 1};  // an expert that got no token
+  for (const auto dtype : {at::kFloat, at::kBFloat16}) {
+    SCOPED_TRACE(c10::toString(dtype));
+    manual_seed(1);
+    GroupedLinear experts(GroupedLinearOptions(4, 6, 5));
+    experts->to(dtype);
+    {
+      torch::NoGradGuard no_grad;
+      experts->bias.copy_(test::randn({4, 5}, 13));
+    }
+    const at::Tensor x0 = test::randn({9, 6}, 14).to(dtype), dy = test::randn({9, 5}, 15);
+    const at::Tensor x = test::leaf(x0), xr = test::leaf(x0);
+    const at::Tensor kr = test::leaf(experts->kernel), br = test::leaf(experts->bias);
+    const at::Tensor y = experts->forward(x, splits);
+    const at::Tensor want = per_group(xr, kr, br, splits);
+    const double tol = dtype == at::kFloat ? 1e-6 : 1e-2;
+    EXPECT_TRUE(Close(y.to(at::kFloat), want.to(at::kFloat), tol));
+    torch::autograd::backward({y}, {dy.to(dtype)});
+    torch::autograd::backward({want}, {dy.to(dtype)});
+    EXPECT_TRUE(Close(x.grad().to(at::kFloat), xr.grad().to(at::kFloat), tol));
+    EXPECT_TRUE(Close(experts->kernel.grad().to(at::kFloat), kr.grad().to(at::kFloat), tol));
+    EXPECT_TRUE(Close(experts->bias.grad().to(at::kFloat), br.grad().to(at::kFloat), tol));
+    EXPECT_EQ(experts->kernel.grad()[1].abs().sum().item<float>(), 0.0f);  // no rows, no grad
+  }
+}
+
+// Under every recipe, each group's GEMM is a Dense GEMM with its own FP8 state: the grouped
+// module equals one Dense per group (its kernel and bias copied) under the same recipe.
+TEST(GroupedLinear, EveryFp8RecipeScalesEachGroupOnItsOwn) {
+  const std::vector<int64_t> splits = {64, 32, 96};
+  fp8::NVFP4BlockScaling nvfp4;
+  nvfp4.disable_stochastic_rounding = true;
+  const std::vector<fp8::Recipe> recipes = {
+      fp8::DelayedScaling{}, fp8::CurrentScaling{},
+      fp8::Float8BlockScaling{fp8::Format::kHybrid, false, 0.0f},
+      fp8::MXFP8BlockScaling{fp8::Format::kHybrid}, nvfp4};
+  for (const fp8::Recipe& recipe : recipes) {
+    SCOPED_TRACE(fp8::to_string(recipe));
+    manual_seed(2);
+    GroupedLinear experts(GroupedLinearOptions(3, 128, 64));
+    std::vector<Dense> dense;
+    for (int64_t g = 0; g < 3; ++g) {
+      dense.push_back(Dense(DenseOptions(128, 64)));
+      torch::NoGradGuard no_grad;
+      dense.back()->kernel.copy_(experts->kernel[g]);
+    }
+    // The groups differ in scale, so one shared scaling would be visibly off.
+    const at::Tensor x0 =
+        test::randn({192, 128}, 16) *
+        at::repeat_interleave(at::tensor({1.0f, 30.0f, 0.01f}), at::tensor(splits)).unsqueeze(1);
+    const at::Tensor x = test::leaf(x0);
+    at::Tensor y, want;
+    std::vector<at::Tensor> parts, inputs;
+    {
+      Fp8Autocast fp8(true, recipe);
+      y = experts->forward(x, splits);
+      y.sum().backward();
+      int64_t row = 0;
+      for (int64_t g = 0; g < 3; ++g) {
+        inputs.push_back(test::leaf(x0.narrow(0, row, splits[g])));
+        parts.push_back(dense[g](inputs.back()));
+        parts.back().sum().backward();
+        row += splits[g];
+      }
+      want = at::cat(parts, 0);
+    }
+    EXPECT_TRUE(y.equal(want));
+    int64_t row = 0;
+    for (int64_t g = 0; g < 3; ++g) {
+      EXPECT_TRUE(x.grad().narrow(0, row, splits[g]).equal(inputs[g].grad())) << "group " << g;
+      EXPECT_TRUE(experts->kernel.grad()[g].equal(dense[g]->kernel.grad())) << "group " << g;
+      row += splits[g];
+    }
+  }
+}
+
+TEST(GroupedLinear, BadInputIsNamed) {
+  GroupedLinear experts(GroupedLinearOptions(3, 4, 5));
+  EXPECT_ERROR(experts->forward(at::rand({6, 4}), {1, 2}), "m_splits has 2 entries for 3 groups");
+  EXPECT_ERROR(experts->forward(at::rand({6, 4}), {1, 2, 2}), "sum to 5 rows; the input has 6");
+  EXPECT_ERROR(experts->forward(at::rand({6, 4}), {4, -1, 3}), "holds a negative count");
+  EXPECT_ERROR(experts->forward(at::rand({6, 3}), {1, 2, 3}), "does not end in in_features 4");
+  EXPECT_ERROR(experts->forward(at::rand({6, 4}).to(at::kDouble), {1, 2, 3}),
+               "one dtype and device");
+  EXPECT_ERROR(GroupedLinearImpl(GroupedLinearOptions(0, 4, 5)), "num_gemms (0)");
 }
 
 }  // namespace

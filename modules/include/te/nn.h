@@ -10,6 +10,7 @@
 #include "te/nn/embedding.h"
 #include "te/nn/fp8_weights.h"
 #include "te/nn/functional.h"
+#include "te/nn/grouped_linear.h"
 #include "te/nn/inference.h"
 #include "te/nn/init.h"
 #include "te/nn/mlp.h"

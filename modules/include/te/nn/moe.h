@@ -11,24 +11,11 @@
 #include <ATen/Tensor.h>
 
 #include <cstdint>
-#include <iosfwd>
 #include <string>
 #include <vector>
 
-#include "te/nn/attention_types.h"
-
-namespace te::nn {
-
-/// TE's score_function: how a router turns a token's logits over the experts into scores.
-enum class ScoreFunction {
-  kSoftmax,       ///< "softmax" (Mixtral, Qwen-MoE, OLMoE)
-  kSigmoid,       ///< "sigmoid" (DeepSeek-V3)
-  kSqrtSoftplus,  ///< "sqrtsoftplus": sqrt(softplus(x))
-};
-const char* te_name(ScoreFunction value);
-std::ostream& operator<<(std::ostream& stream, ScoreFunction value);
-
-}  // namespace te::nn
+#include "te/nn/attention_types.h"  // TeChoice
+#include "te/nn/moe_types.h"
 
 namespace te::nn::functional {
 
@@ -49,12 +36,13 @@ struct RouterOptions {
   TeChoice<ScoreFunction> score_function = ScoreFunction::kSoftmax;
 };
 
-/// A router's result for logits [..., experts].
+/// Weights over the experts and the map of where tokens go, [..., experts] each.
 struct Routing {
-  /// [..., experts] in the logits' dtype: each token's weight for the experts it goes to, zero
-  /// elsewhere. Differentiable in the logits.
+  /// Differentiable weights. From topk_with_score_function: each token's weight for the experts
+  /// it goes to (zero elsewhere), in the logits' dtype; from compute_score_for_moe_aux_loss: the
+  /// scores over every expert, float32.
   at::Tensor probs;
-  /// [..., experts] bool: true where the token goes to the expert (topk per token).
+  /// bool: true where the token goes to the expert (topk per token, until moe_drop_tokens).
   at::Tensor routing_map;
 };
 
@@ -79,27 +67,21 @@ Routing compute_score_for_moe_aux_loss(const at::Tensor& logits, int64_t topk,
 ///   Σ_e (Σ_t probs[t, e]) · tokens_per_expert[e] · experts · coeff / (topk · total_tokens²)
 /// for probs [tokens, experts] (a rank's tokens) and tokens_per_expert [experts] counted over
 /// the total_tokens the loss is taken over (this rank's, or the global batch's when the counts
-/// were summed over the ranks). A float32 scalar, differentiable in probs.
+/// were summed over the ranks). A scalar in float32 (float64 for float64 probs: TE returns the
+/// probabilities' dtype), differentiable in probs only (the counts pass no gradient).
 at::Tensor moe_aux_loss(const at::Tensor& probs, const at::Tensor& tokens_per_expert,
                         int64_t total_tokens, int64_t topk, double coeff);
 
 /// Megatron's sequence-level load-balancing loss: the switch loss of each sequence on its own
-/// tokens, averaged over the sequences. scores and routing_map are [batch, seqlen, experts].
+/// tokens, averaged over the sequences. scores and routing_map are [batch, seqlen, experts],
+/// te's batch-first layout (Megatron's tensors are sequence-first: transpose(0, 1) them).
 at::Tensor moe_sequence_aux_loss(const at::Tensor& scores, const at::Tensor& routing_map,
                                  int64_t topk, double coeff);
 
-/// Megatron's router z-loss (ST-MoE): mean over tokens of logsumexp(logits)², times coeff.
-/// float32 scalar; `valid` ([...], bool, optional) counts only the tokens where it is true.
+/// Megatron's router z-loss (ST-MoE): mean over tokens of logsumexp(logits)², times coeff, in
+/// float32 (float64 for float64 logits; Megatron keeps the logits' dtype). `valid` ([...],
+/// bool, optional) counts only the tokens where it is true; no token counted gives 0.
 at::Tensor moe_z_loss(const at::Tensor& logits, double coeff, const at::Tensor& valid = {});
-
-/// Which routed tokens an expert past its capacity drops (Megatron's drop_policy).
-enum class DropPolicy {
-  kProbs,  ///< "probs": each expert keeps its `capacity` highest-probability tokens
-  /// "position": each expert keeps its first `capacity` routed tokens in token order (Megatron
-  /// takes a top-k of the 0/1 map, which leaves the choice among ties to the kernel; this is
-  /// the deterministic reading of it)
-  kPosition,
-};
 
 /// Megatron's expert capacity: ceil(tokens · topk / experts · capacity_factor), at least
 /// min_capacity.
@@ -108,10 +90,12 @@ int64_t moe_expert_capacity(int64_t tokens, int64_t topk, int64_t experts, doubl
 
 /// Megatron's apply_router_token_dropping on a Routing ([tokens, experts]): each expert keeps
 /// at most moe_expert_capacity(...) tokens by `policy`; the dropped ones leave the map and their
-/// probability becomes zero. With pad_to_capacity every expert takes exactly `capacity` rows
-/// (the map becomes the kept slots, including tokens not routed there, whose probability is 0).
+/// probability becomes zero ("probs" ranks only the routed tokens' probabilities). With
+/// pad_to_capacity every expert takes min(capacity, tokens) rows (the map becomes the kept
+/// slots, including tokens not routed there, whose probability is 0).
 Routing moe_drop_tokens(const Routing& routing, int64_t topk, double capacity_factor,
-                        DropPolicy policy = DropPolicy::kProbs, bool pad_to_capacity = false);
+                        TeChoice<DropPolicy> policy = DropPolicy::kProbs,
+                        bool pad_to_capacity = false);
 
 /// Tokens grouped by expert: what moe_permute returns and moe_unpermute takes.
 struct Permutation {
@@ -126,7 +110,7 @@ struct Permutation {
   /// int64 [rows]: the row's place in the flattened routing map ([tokens, experts] for a mask
   /// map, [tokens, topk] for an index map): what merging probabilities are read at (-1: padding).
   at::Tensor slot;
-  /// int64 [experts]: the rows of each expert (with alignment: padded), in the tokens' order.
+  /// The rows of each expert's block of `tokens` (with alignment: padded), in expert order.
   std::vector<int64_t> rows_per_expert;
   int64_t num_tokens = 0;
   /// The routing map's width: experts (mask map) or topk (index map).
@@ -134,8 +118,10 @@ struct Permutation {
 };
 
 /// TE's moe_permute with a mask map: tokens [tokens, hidden], routing_map [tokens, experts]
-/// (bool or integer, nonzero = routed). `align` > 1 pads each expert's rows with zero rows to a
-/// multiple of it (TE's moe_permute_and_pad_with_probs; FP8 GEMMs want 16 or 32).
+/// (bool or integer, nonzero = routed); the rows are every routed pair (TE's num_out_tokens is
+/// the buffer size its kernel writes into: here always the routed count, plus padding). `align` > 1
+/// pads each expert's rows with zero rows to a multiple of it (TE's moe_permute_and_pad_with_probs;
+/// FP8 GEMMs want 16 or 32).
 Permutation moe_permute(const at::Tensor& tokens, const at::Tensor& routing_map, int64_t align = 1);
 
 /// TE's moe_permute with an index map: indices [tokens, topk] (or [tokens]) of the experts each
@@ -152,11 +138,13 @@ Permutation moe_permute_with_probs(const at::Tensor& tokens, const at::Tensor& p
 /// TE's moe_unpermute: rows [rows, hidden] (the experts' outputs, in `map`'s order) back to
 /// [tokens, hidden], each token's rows summed, each weighted by merging_probs at its slot when
 /// given ([tokens, experts] for a mask map, [tokens, topk] for an index map). Padding rows are
-/// dropped.
+/// dropped. (Without merging_probs TE's index map returns one row per slot, [tokens·topk,
+/// hidden], and takes top-1 only; here the rows are summed, which is the same for top-1.)
 at::Tensor moe_unpermute(const at::Tensor& rows, const Permutation& map,
                          const at::Tensor& merging_probs = {});
 
-/// TE's moe_sort_chunks_by_index: x [rows, ...] split into chunks of split_sizes rows (summing
+/// TE's moe_sort_chunks_by_index (its _with_probs form: call this on the probabilities too):
+/// x [rows, ...] split into chunks of split_sizes rows (summing
 /// to rows), put in the order sorted_index gives (a permutation of the chunks), as after an
 /// expert-parallel all-to-all (chunks by source rank) to group them by local expert.
 at::Tensor moe_sort_chunks_by_index(const at::Tensor& x, const std::vector<int64_t>& split_sizes,
