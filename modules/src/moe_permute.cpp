@@ -155,11 +155,12 @@ at::Tensor moe_unpermute(const at::Tensor& rows, const Permutation& map,
   if (merging_probs.defined()) {
     TE_CHECK(merging_probs.dim() == 2 && merging_probs.size(0) == map.num_tokens &&
                  merging_probs.size(1) == map.slots_per_token &&
-                 at::isFloatingType(merging_probs.scalar_type()),
-             "moe_unpermute: merging_probs are ", merging_probs.sizes(), "; give [", map.num_tokens,
-             ", ", map.slots_per_token,
-             "], floating point: the routing map's shape (experts for a mask map, topk for an "
-             "index map)");
+                 at::isFloatingType(merging_probs.scalar_type()) &&
+                 merging_probs.device() == rows.device(),
+             "moe_unpermute: merging_probs are ", merging_probs.sizes(), " on ",
+             merging_probs.device(), "; give [", map.num_tokens, ", ", map.slots_per_token,
+             "], floating point, on the rows' device (", rows.device(),
+             "): the routing map's shape (experts for a mask map, topk for an index map)");
     values = values * merging_probs.reshape({-1}).index_select(0, slot).to(type).unsqueeze(1);
   }
   return at::zeros({map.num_tokens, rows.size(1)}, values.options())
