@@ -34,7 +34,7 @@ struct GroupedGemm : torch::autograd::Function<GroupedGemm> {
       if (rows == 0) continue;
       at::Tensor out = y.narrow(0, row, rows);
       const at::Tensor in = x.narrow(0, row, rows);
-      if (bias.defined()) {
+      if (bias.numel() > 0) {
         at::addmm_out(out, bias[g], in, kernel[g]);
       } else {
         at::mm_out(out, in, kernel[g]);
@@ -43,7 +43,7 @@ struct GroupedGemm : torch::autograd::Function<GroupedGemm> {
     }
     ctx->save_for_backward({x, kernel});
     ctx->saved_data["splits"] = c10::IValue(splits);
-    ctx->saved_data["bias"] = bias.defined();
+    ctx->saved_data["bias"] = bias.numel() > 0;
     return y;
   }
 
@@ -108,7 +108,9 @@ at::Tensor grouped_dense(const at::Tensor& x, const at::Tensor& kernel,
            " FP8 states for ", groups, " groups; give one per group or none");
   const bool use_fp8 = !fp8.empty() && (fp8_enabled() || fp8_calibrating());
   if (!use_fp8) {
-    const at::Tensor b = bias.defined() ? bias.to(x.scalar_type()) : at::Tensor();
+    // No bias travels as an empty tensor: LibTorch 1.13's custom functions take no undefined
+    // input.
+    const at::Tensor b = bias.defined() ? bias.to(x.scalar_type()) : at::empty({0}, x.options());
     return GroupedGemm::apply(x.contiguous(), kernel, b, m_splits);
   }
   // Under a recipe, each group through dense with its own FP8 state (its own scales).

@@ -291,6 +291,23 @@ TEST(GroupedLinear, EachGroupThroughItsKernelWithGradients) {
   }
 }
 
+TEST(GroupedLinear, WithoutBiasesTheKernelsAloneWithGradients) {
+  const std::vector<int64_t> splits = {2, 4, 0};
+  manual_seed(2);
+  GroupedLinear experts(GroupedLinearOptions(3, 4, 5).use_bias(false));
+  EXPECT_FALSE(experts->bias.defined());
+  const at::Tensor x0 = test::randn({6, 4}, 3);
+  const at::Tensor x = test::leaf(x0), xr = test::leaf(x0), kr = test::leaf(experts->kernel);
+  const at::Tensor y = experts->forward(x, splits);
+  const at::Tensor want =
+      at::cat({at::matmul(xr.narrow(0, 0, 2), kr[0]), at::matmul(xr.narrow(0, 2, 4), kr[1])});
+  EXPECT_TRUE(Close(y, want, 1e-6));
+  y.sum().backward();
+  want.sum().backward();
+  EXPECT_TRUE(Close(x.grad(), xr.grad(), 1e-6));
+  EXPECT_TRUE(Close(experts->kernel.grad(), kr.grad(), 1e-6));
+}
+
 // Under every recipe, each group's GEMM is a Dense GEMM with its own FP8 state: the grouped
 // module equals one Dense per group (its kernel and bias copied) under the same recipe.
 TEST(GroupedLinear, EveryFp8RecipeScalesEachGroupOnItsOwn) {

@@ -15,6 +15,7 @@
 #include "te/nn/init.h"
 #include "te/nn/mlp.h"
 #include "te/nn/moe.h"
+#include "te/nn/moe_layer.h"
 #include "te/nn/plan.h"
 #include "te/nn/random.h"
 #include "te/nn/rope.h"

@@ -278,6 +278,44 @@ at::Tensor all_to_all(const Group& g, const at::Tensor& local, int64_t from_dim,
   return out;
 }
 
+at::Tensor all_to_all_rows(const Group& g, const at::Tensor& rows,
+                           const std::vector<int64_t>& send_rows,
+                           const std::vector<int64_t>& recv_rows) {
+  const auto n = static_cast<std::size_t>(g.size);
+  TE_CHECK(rows.dim() >= 1 && send_rows.size() == n && recv_rows.size() == n,
+           "all_to_all_rows over mesh axis '", g.axis, "': ", send_rows.size(), " send and ",
+           recv_rows.size(), " receive counts for a row of ", g.size,
+           " ranks; give one count per rank (rows ", rows.sizes(), ")");
+  int64_t sent = 0, received_rows = 0;
+  for (std::size_t s = 0; s < n; ++s) {
+    TE_CHECK(send_rows[s] >= 0 && recv_rows[s] >= 0, "all_to_all_rows over mesh axis '", g.axis,
+             "': negative count for row rank ", s);
+    sent += send_rows[s];
+    received_rows += recv_rows[s];
+  }
+  TE_CHECK(sent == rows.size(0), "all_to_all_rows over mesh axis '", g.axis, "': the send counts",
+           " add up to ", sent, " rows, but ", rows.size(0), " are given");
+  // Ranks exchange different row counts, so the call is described by its trailing shape only.
+  check_same_call(g, describe("all_to_all_rows", rows.narrow(0, 0, 0)), rows);
+  std::vector<int64_t> shape(rows.sizes().begin(), rows.sizes().end());
+  shape[0] = received_rows;
+  if (g.size == 1) return rows.clone();
+  const int64_t row_bytes =
+      numel_of({shape.begin() + 1, shape.end()}) * static_cast<int64_t>(rows.element_size());
+  Backend& backend = backend_for(g, rows);
+  const at::Tensor in = as_bytes(rows.contiguous());
+  std::vector<int64_t> in_sizes, out_sizes;
+  for (std::size_t s = 0; s < n; ++s) {
+    in_sizes.push_back(send_rows[s] * row_bytes);
+    out_sizes.push_back(recv_rows[s] * row_bytes);
+  }
+  at::Tensor received = at::empty({received_rows * row_bytes}, in.options());
+  const char* primitive = run(
+      g, "all_to_all_rows", [&] { return backend.all_to_all(in, received, in_sizes, out_sizes); });
+  CommTrace::record({Collective::kAllToAll, g.axis, bytes_of(rows), primitive});
+  return from_bytes(received, rows.scalar_type(), shape);
+}
+
 at::Tensor ring_shift(const Group& g, const at::Tensor& t, int64_t shift, at::Tensor out) {
   TE_CHECK(!out.defined() || (out.sizes() == t.sizes() && out.scalar_type() == t.scalar_type() &&
                               out.device() == t.device() && out.is_contiguous()),

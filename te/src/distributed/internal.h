@@ -246,6 +246,11 @@ at::Tensor reduce_scatter(const Group& g, const at::Tensor& t, ReduceOp op, int6
 /// `from_dim` and chunked on `to_dim`.
 at::Tensor all_to_all(const Group& g, const at::Tensor& local, int64_t from_dim, int64_t from_full,
                       int64_t to_dim);
+/// Rows [N, ...]: send_rows[s] of them to row rank s, recv_rows[s] from it (DeviceMesh::
+/// all_to_all_rows).
+at::Tensor all_to_all_rows(const Group& g, const at::Tensor& rows,
+                           const std::vector<int64_t>& send_rows,
+                           const std::vector<int64_t>& recv_rows);
 /// A ring step: `t` goes to row rank (rank + shift) mod size, and what row rank (rank - shift)
 /// mod size sent comes back (the same shape and dtype on every rank), into `out` when defined.
 at::Tensor ring_shift(const Group& g, const at::Tensor& t, int64_t shift, at::Tensor out = {});

@@ -184,6 +184,14 @@ at::Tensor DeviceMesh::ring_shift(const at::Tensor& t, int64_t dim, int64_t shif
                             std::move(out));
 }
 
+at::Tensor DeviceMesh::all_to_all_rows(const at::Tensor& rows, int64_t dim,
+                                       const std::vector<int64_t>& send_rows,
+                                       const std::vector<int64_t>& recv_rows) const {
+  TE_CHECK(dim >= 0 && dim < ndim(), to_string(), " has no dim ", dim, " to exchange rows along");
+  return detail::all_to_all_rows(state_->groups.at(static_cast<std::size_t>(dim)), rows, send_rows,
+                                 recv_rows);
+}
+
 namespace {
 
 // Every mesh dim, for the collectives over the whole mesh.
@@ -254,10 +262,9 @@ std::string DeviceMesh::broadcast(const std::string& bytes, int64_t root) const 
   const auto on = at::TensorOptions().device(bytes_device(*state_));
   const bool is_root = rank() == root;
   const int64_t length =
-      detail::all_reduce(g,
-                         at::full({1}, is_root ? static_cast<int64_t>(bytes.size()) : 0,
-                                  on.dtype(at::kLong)),
-                         ReduceOp::kSum)
+      detail::all_reduce(
+          g, at::full({1}, is_root ? static_cast<int64_t>(bytes.size()) : 0, on.dtype(at::kLong)),
+          ReduceOp::kSum)
           .cpu()
           .item<int64_t>();
   if (length == 0) return {};

@@ -199,12 +199,16 @@ AxisRules te_default_axis_rules(const MeshResource& r, const std::optional<MeshS
   auto axes = [](const std::optional<std::string>& a) { return a ? MeshAxes{*a} : MeshAxes{}; };
   const MeshAxes batch = axes(fsdp ? r.fsdp : r.dp);
   const MeshAxes tensor = axes(tpsp ? r.tpsp : r.tp);
-  return {
+  AxisRules table = {
       {axis::kBatch, batch},         {axis::kSeqlen, {}},    {axis::kSeqlenTp, axes(r.tpsp)},
       {axis::kSeqlenCp, axes(r.cp)}, {axis::kHeads, tensor}, {axis::kHidden, {}},
       {axis::kHiddenTp, tensor},     {axis::kJoined, {}},    {axis::kWNoShard, {}},
       {axis::kWFsdp, axes(r.fsdp)},  {axis::kWTp, tensor},   {axis::kWJoined, {}},
   };
+  // te's entry for a mixture of experts' expert dim (TE-JAX's MoE block reads ep_resource
+  // directly: jax/flax/moe.py at d0067d0da); absent without an ep role, so the table is TE's.
+  if (r.ep) table.push_back({axis::kExp, axes(r.ep)});
+  return table;
 }
 
 AxisRules te_default_axis_rules(const MeshResource& r) {

@@ -62,6 +62,15 @@ class DeviceMesh {
   /// gradients round itself).
   at::Tensor ring_shift(const at::Tensor& t, int64_t dim, int64_t shift,
                         at::Tensor out = {}) const;
+  /// A ragged all-to-all of rows along mesh dim `dim` (expert parallelism's token exchange):
+  /// `rows` [N, ...] holds send_rows[s] rows for row rank s, back to back in rank order, and
+  /// the result holds recv_rows[s] rows from row rank s, in rank order (the trailing dims and
+  /// dtype of `rows`). Every rank's send_rows[r] must be rank r's recv_rows of it: exchange the
+  /// counts first (an all_to_all_rows of the counts, one row each). Collective over the row;
+  /// not differentiable (its gradient is the same exchange with the counts swapped).
+  at::Tensor all_to_all_rows(const at::Tensor& rows, int64_t dim,
+                             const std::vector<int64_t>& send_rows,
+                             const std::vector<int64_t>& recv_rows) const;
   /// Every rank's `mine` (bytes, any length), in rank order over the whole mesh (one process:
   /// just `mine`). Collective: every rank of the mesh calls it.
   std::vector<std::string> all_gather(const std::string& mine) const;

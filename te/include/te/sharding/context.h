@@ -120,6 +120,10 @@ inline constexpr const char* kWNoShard = "w_no_shard";
 inline constexpr const char* kWFsdp = "w_fsdp";
 inline constexpr const char* kWTp = "w_tp";
 inline constexpr const char* kWJoined = "w_joined";
+/// The expert dim of a mixture of experts' kernels (TE-JAX's flax/moe.py name): TE's table
+/// gives it MeshResource::ep when that role is set (te's entry: TE-JAX's MoE block reads
+/// ep_resource itself).
+inline constexpr const char* kExp = "exp";
 /// Flax's names for an embedding table's dims (not in TE's table: give them rules, e.g.
 /// "vocab=model" for a vocabulary-parallel table).
 inline constexpr const char* kVocab = "vocab";
@@ -168,7 +172,9 @@ std::optional<MeshShape> current_mesh_shape();
 /// (transformer_engine/jax/sharding.py L79-L112): a role is *active* when it is set and its
 /// mesh axis has more than one device; batch->fsdp if fsdp is active, else dp; seqlen->{},
 /// seqlen_tp->tpsp, seqlen_cp->cp; heads, hidden_tp and w_tp->tpsp if tpsp is active, else tp;
-/// hidden->{}, joined->{}, w_no_shard->{}, w_fsdp->fsdp, w_joined->{}. Unset roles give {}.
+/// hidden->{}, joined->{}, w_no_shard->{}, w_fsdp->fsdp, w_joined->{}; and te's one addition,
+/// exp->ep, only when ep is set (TE-JAX's MoE block takes ep_resource from the MeshResource
+/// itself: jax/flax/moe.py). Unset roles give {}.
 /// (Before TE 2.8 batch was the (dp, fsdp) tuple.) With no shape (nullopt) every set role counts
 /// as active. Throws te::Error when tp and tpsp are both active (TE's
 /// `_validate_mesh_resource_configuration`, L54), or when fsdp, tp or tpsp names an axis `shape`

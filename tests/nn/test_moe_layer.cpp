@@ -1,0 +1,241 @@
+// LayerNormMoE (te/nn/moe_layer.h): on one process equal to the same math written out token by
+// token, and on every layout (data parallel, FSDP, tensor parallel within the experts, expert
+// parallel by all-to-all and on whole tokens, and their products) equal to one process in its
+// output, its auxiliary loss and every parameter's gradient.
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "../expect_error.h"
+#include "nn_test_util.h"
+#include "te/distributed.h"
+#include "te/nn/init.h"
+#include "te/nn/moe_layer.h"
+
+namespace te::nn {
+namespace {
+
+using test::Close;
+
+// With constraints as TransformerLayer gives them (`constrained`), or none: the input then stays
+// as it comes (whole on every rank here).
+LayerNormMoEOptions small_options(bool constrained = true) {
+  auto o = LayerNormMoEOptions(8, 6, 4)
+               .use_bias(true)
+               .router_bias(true)
+               .shared_expert_size(4)
+               .shared_expert_gate(true)
+               .aux_loss_coeff(0.01)
+               .z_loss_coeff(0.001);
+  o.layernorm().layernorm_type("rmsnorm");
+  o.router().topk = 2;
+  if (constrained) {
+    o.layernorm_input_axes({axis::kBatch, axis::kSeqlenTp, axis::kHidden})
+        .dot_1_input_axes({axis::kBatch, axis::kSeqlen, axis::kHidden})
+        .output_axes({axis::kBatch, axis::kSeqlenTp, axis::kHidden});
+  }
+  return o;
+}
+
+// Every parameter moved off its initial value (zero biases, unit norms), the same on each rank.
+void perturb(torch::nn::Module& m) {
+  torch::NoGradGuard no_grad;
+  int64_t i = 0;
+  for (auto& p : m.named_parameters()) {
+    at::Tensor whole = test::randn(p.value().sizes().vec(), 100 + i++) * 0.3;
+    p.value().copy_(whole);
+  }
+}
+
+TEST(MoeLayer, EachTokenGoesThroughItsTopkExpertsAndTheGatedSharedExpert) {
+  manual_seed(4);
+  LayerNormMoE moe(small_options());
+  perturb(*moe);
+  const at::Tensor x = test::randn({3, 5, 8}, 9);
+  const at::Tensor y = moe(x);
+  // The same written out token by token, as transformers' Qwen2-MoE block computes it.
+  const at::Tensor ln = moe->layernorm(x).reshape({-1, 8});
+  const at::Tensor logits = at::matmul(ln, moe->gate_kernel) + moe->gate_bias;
+  at::Tensor expected = at::zeros_like(ln);
+  for (int64_t t = 0; t < ln.size(0); ++t) {
+    const auto [top, idx] = at::topk(at::softmax(logits[t], -1), 2);
+    const at::Tensor w = top / top.sum();
+    for (int64_t k = 0; k < 2; ++k) {
+      const int64_t e = idx[k].item<int64_t>();
+      const at::Tensor h =
+          at::matmul(ln[t], moe->wi_kernel[e].reshape({8, 12})) + moe->wi_bias[e].reshape({12});
+      const at::Tensor act = at::silu(h.narrow(0, 0, 6)) * h.narrow(0, 6, 6);
+      expected[t] += w[k] * (at::matmul(act, moe->wo_kernel[e]) + moe->wo_bias[e]);
+    }
+    const at::Tensor sh = at::matmul(ln[t], moe->shared_wi_kernel.reshape({8, 8}));
+    const at::Tensor shared =
+        at::matmul(at::silu(sh.narrow(0, 0, 4)) * sh.narrow(0, 4, 4), moe->shared_wo_kernel);
+    expected[t] += at::sigmoid(at::matmul(ln[t], moe->shared_gate_kernel)) * shared;
+  }
+  EXPECT_TRUE(Close(y.reshape({-1, 8}), expected, 1e-5));
+}
+
+TEST(MoeLayer, TheAuxiliaryLossIsTheSwitchLossPlusTheZLoss) {
+  manual_seed(4);
+  LayerNormMoE moe(small_options());
+  perturb(*moe);
+  const at::Tensor x = test::randn({2, 6, 8}, 3);
+  const auto [y, aux] = moe->forward_with_aux_loss(x);
+  const at::Tensor ln = moe->layernorm(x).reshape({-1, 8});
+  const at::Tensor logits = at::matmul(ln, moe->gate_kernel) + moe->gate_bias;
+  const at::Tensor p = at::softmax(logits, -1);
+  const at::Tensor chosen = at::zeros_like(p).scatter_(1, std::get<1>(at::topk(p, 2)), 1.0);
+  const double t = 12, e = 4, k = 2;
+  const at::Tensor switch_loss = (p.sum(0) * chosen.sum(0)).sum() * (e * 0.01 / (k * t * t));
+  const at::Tensor z = at::logsumexp(logits, -1).pow(2).mean() * 0.001;
+  EXPECT_TRUE(Close(aux, switch_loss + z, 1e-5));
+}
+
+struct Layout {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<std::string> axes;
+  std::string resource;
+  bool constrained = true;
+};
+
+struct Result {
+  at::Tensor y, aux;
+  std::map<std::string, at::Tensor> grads;
+};
+
+Result run_whole(const at::Tensor& x, const at::Tensor& w) {
+  manual_seed(4);
+  LayerNormMoE moe(small_options());
+  perturb(*moe);
+  const at::Tensor xl = x.clone().requires_grad_(true);
+  auto [y, aux] = moe->forward_with_aux_loss(xl);
+  ((y * w).sum() + aux).backward();
+  Result r{y.detach(), aux.detach(), {}};
+  for (const auto& p : moe->named_parameters()) r.grads[p.key()] = p.value().grad();
+  r.grads["input"] = xl.grad();
+  return r;
+}
+
+void PrintTo(const Layout& layout, std::ostream* os) { *os << layout.name; }
+
+class MoeLayouts : public ::testing::TestWithParam<Layout> {};
+
+TEST_P(MoeLayouts, OutputAuxLossAndEveryGradientMatchOneProcess) {
+  const Layout& layout = GetParam();
+  const at::Tensor x = test::randn({4, 3, 8}, 21);
+  const at::Tensor w = test::randn({4, 3, 8}, 22);
+  const Result whole = run_whole(x, w);
+  int64_t ranks = 1;
+  for (int64_t s : layout.shape) ranks *= s;
+  std::mutex failures_mutex;
+  std::vector<std::string> failures;
+  run_local_ranks(static_cast<int>(ranks), [&](int rank) {
+    DeviceMesh mesh(layout.shape, layout.axes);
+    MeshScope on(mesh);
+    MeshResourceScope resource(parse_mesh_resource(layout.resource));
+    set_warning_handler([](std::string_view) {});
+    manual_seed(4);
+    LayerNormMoE moe(small_options(layout.constrained));
+    int64_t i = 0;
+    for (auto& p : moe->named_parameters()) {
+      // The one-process weights (perturb's), laid out as this rank holds them.
+      const at::Tensor global =
+          test::randn(named_parameter_layouts(*moe).at(p.key()).global_shape, 100 + i++) * 0.3;
+      set_parameter_from_global(*moe, p.key(), global);
+    }
+    const at::Tensor xl = x.clone().requires_grad_(true);
+    const DTensor dx =
+        DTensor::distribute(xl, mesh, std::vector<Placement>(layout.shape.size(), Replicate{}));
+    auto [y, aux] = moe->forward_with_aux_loss(dx);
+    const at::Tensor y_full = y.full_tensor();
+    const at::Tensor aux_full = aux.full_tensor();
+    ((y_full * w).sum() + aux_full).backward();
+    auto check = [&](const std::string& what, const at::Tensor& got, const at::Tensor& want) {
+      auto result = Close(got, want, 1e-5);
+      if (!result) {
+        std::lock_guard<std::mutex> lock(failures_mutex);
+        failures.push_back("rank " + std::to_string(rank) + " " + what + ": " + result.message());
+      }
+    };
+    check("output", y_full.detach(), whole.y);
+    check("aux loss", aux_full.detach(), whole.aux);
+    check("input gradient", xl.grad(), whole.grads.at("input"));
+    for (const auto& p : moe->named_parameters()) {
+      ASSERT_TRUE(p.value().grad().defined()) << p.key() << " has no gradient";
+      const ParameterLayout l = named_parameter_layouts(*moe).at(p.key());
+      const at::Tensor g =
+          l.mesh ? DTensor::from_local(p.value().grad(), *l.mesh, l.placements, l.global_shape)
+                       .full_tensor()
+                 : p.value().grad();
+      check(p.key() + " gradient", g, whole.grads.at(p.key()));
+    }
+    set_warning_handler(nullptr);
+  });
+  for (const std::string& f : failures) ADD_FAILURE() << f;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, MoeLayouts,
+    ::testing::Values(Layout{"DP2", {2}, {"data"}, "dp=data"},
+                      Layout{"FSDP2", {2}, {"data"}, "fsdp=data"},
+                      Layout{"TP2", {2}, {"model"}, "tp=model"},
+                      Layout{"EP2", {2}, {"data"}, "dp=data,ep=data"},
+                      Layout{"EP2WholeTokens", {2}, {"expert"}, "ep=expert"},
+                      Layout{"DP2xEP2", {2, 2}, {"data", "expert"}, "dp=data,ep=expert"},
+                      Layout{"EP2xTP2", {2, 2}, {"data", "model"}, "dp=data,ep=data,tp=model"},
+                      Layout{"SP2", {2}, {"model"}, "tpsp=model"},
+                      Layout{"FSDP2WholeTokens", {2}, {"data"}, "fsdp=data", false},
+                      Layout{"TP2WholeTokens", {2}, {"model"}, "tp=model", false}),
+    [](const ::testing::TestParamInfo<Layout>& info) { return info.param.name; });
+
+TEST(MoeLayer, BadInputIsNamed) {
+  auto topk = small_options();
+  topk.router().topk = 5;
+  EXPECT_ERROR(LayerNormMoE{topk}, "topk 5 is not in [1, 4]");
+  EXPECT_ERROR(LayerNormMoE(small_options().shared_expert_size(0)),
+               "shared_expert_gate needs a shared expert");
+  EXPECT_ERROR(LayerNormMoE(LayerNormMoEOptions(8, 6, 0)), "num_experts (0)");
+  EXPECT_ERROR(LayerNormMoE(small_options().aux_loss_coeff(-1)), "aux_loss_coeff (-1)");
+  // Experts that do not split over the ep axis, and experts split differently in wi and wo.
+  std::mutex m;
+  std::vector<std::string> errors;
+  run_local_ranks(3, [&](int) {
+    DeviceMesh mesh({3}, {"expert"});
+    MeshScope on(mesh);
+    AxisRulesScope rules(parse_axis_rules("exp=expert,w_fsdp=,w_joined=,w_tp=,w_no_shard="));
+    set_warning_handler([](std::string_view) {});
+    LayerNormMoE moe(LayerNormMoEOptions(8, 6, 3));  // 3 experts, 3 ranks: even
+    LayerNormMoE uneven(LayerNormMoEOptions(8, 6, 4));
+    LayerNormMoE mixed(
+        LayerNormMoEOptions(8, 6, 3).wo_kernel_axes({axis::kWNoShard, axis::kWTp, axis::kWFsdp}));
+    const DTensor x = DTensor::distribute(test::randn({2, 3, 8}, 1), mesh, {Replicate{}});
+    moe(x);
+    for (LayerNormMoE* bad : {&uneven, &mixed}) {
+      try {
+        (*bad)(x);
+        std::lock_guard<std::mutex> lock(m);
+        errors.push_back("no error");
+      } catch (const Error& e) {
+        std::lock_guard<std::mutex> lock(m);
+        errors.push_back(e.what());
+      }
+    }
+    set_warning_handler(nullptr);
+  });
+  ASSERT_EQ(errors.size(), 6u);
+  for (std::size_t i = 0; i < errors.size(); ++i) {
+    const char* want = errors[i].find("do not split evenly") != std::string::npos
+                           ? "4 experts do not split evenly over mesh axis 'expert' of 3 ranks"
+                           : "split mesh axis 'expert' differently";
+    EXPECT_NE(errors[i].find(want), std::string::npos) << errors[i];
+  }
+}
+
+}  // namespace
+}  // namespace te::nn
