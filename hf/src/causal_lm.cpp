@@ -49,6 +49,21 @@ nn::TransformerLayerOptions layer_options(const CausalLMConfig& c, int64_t layer
     attention.attention().cp_comm_type(*c.cp_comm_type).cp_load_balanced(c.cp_load_balanced);
   }
   o.post_block_layernorm(c.post_block_norms);
+  if (c.num_experts > 0 && layer < static_cast<int64_t>(c.layer_moe.size()) &&
+      c.layer_moe[static_cast<std::size_t>(layer)]) {
+    // transformers' sparse block (Qwen2MoeSparseMoeBlock, Qwen3MoeSparseMoeBlock,
+    // MixtralSparseMoeBlock at 5.23.0): softmax over the experts, its top k, renormalised over
+    // those when norm_topk_prob, which is the softmax of the top k logits (TE's use_pre_softmax
+    // false); else the top k of the softmax over all (use_pre_softmax true).
+    auto moe = nn::LayerNormMoEOptions(c.hidden_size, c.moe_intermediate_size, c.num_experts)
+                   .activations(c.mlp_activations)
+                   .use_bias(c.mlp_bias)
+                   .shared_expert_size(c.shared_expert_intermediate_size)
+                   .shared_expert_gate(c.shared_expert_intermediate_size > 0);
+    moe.router().topk = c.num_experts_per_tok;
+    moe.router().use_pre_softmax = !c.norm_topk_prob;
+    o.moe(moe);
+  }
   // transformers' sliding window W: a query sees the W keys up to and including itself.
   TE_CHECK(layer >= 0 && layer < static_cast<int64_t>(c.layer_windows.size()),
            "layer_options: ", "layer ", layer, " of a config with ", c.layer_windows.size(),

@@ -122,6 +122,19 @@ void check_causal_lm_config(const CausalLMConfig& c, const std::string& where) {
   if (!(std::isfinite(c.embedding_multiplier) && c.embedding_multiplier > 0)) {
     fail("embedding multiplier", "must be positive and finite");
   }
+  if (c.num_experts > 0) {
+    if (c.num_experts_per_tok < 1 || c.num_experts_per_tok > c.num_experts) {
+      fail("num_experts_per_tok", std::to_string(c.num_experts_per_tok) + " is not in [1, " +
+                                      std::to_string(c.num_experts) + "] (the experts)");
+    }
+    if (static_cast<int64_t>(c.layer_moe.size()) != c.num_hidden_layers) {
+      fail("mlp_only_layers", std::to_string(c.layer_moe.size()) + " sparse-layer flags for " +
+                                  std::to_string(c.num_hidden_layers) + " layers");
+    }
+    detail::check_model_sizes(
+        {{"num_experts", c.num_experts}, {"moe_intermediate_size", c.moe_intermediate_size}},
+        c.num_hidden_layers, where);
+  }
   if (static_cast<int64_t>(c.layer_windows.size()) != c.num_hidden_layers) {
     fail("layer_types", std::to_string(c.layer_windows.size()) + " windows for " +
                             std::to_string(c.num_hidden_layers) + " layers");

@@ -35,13 +35,15 @@ namespace {
 // The part of te tensor `t` (shape as the te parameter) that `s` describes, in the source's
 // own layout.
 at::Tensor source_part(const at::Tensor& t, const HfSource& s) {
-  at::Tensor part = s.slot_dim >= 0 ? t.select(s.slot_dim, s.slot) : t;
+  const at::Tensor entry = s.expert >= 0 ? t.select(0, s.expert) : t;
+  at::Tensor part = s.slot_dim >= 0 ? entry.select(s.slot_dim, s.slot) : entry;
   return s.transpose ? part.t() : part;
 }
 
 // The source's shape given the te parameter's.
 // The source's shape given the te parameter's (the whole tensor's, when narrowed).
 std::vector<int64_t> source_shape(std::vector<int64_t> shape, const HfSource& s) {
+  if (s.expert >= 0) shape.erase(shape.begin());
   if (s.slot_dim >= 0) shape.erase(shape.begin() + s.slot_dim);
   if (s.transpose) std::reverse(shape.begin(), shape.end());
   if (s.narrow_dim >= 0) shape[static_cast<std::size_t>(s.narrow_dim)] = s.narrow_total;
@@ -223,6 +225,7 @@ std::shared_ptr<const nn::BlockMatrix> blocks_of(const std::vector<HfSource>& so
   const int64_t rows = kernel ? shape.back() : shape[0];
   for (std::size_t i = 0; i < sources.size(); ++i) {
     const HfSource& s = sources[i];
+    if (s.expert >= 0) return nullptr;  // experts' kernels are dequantized
     // A kernel may take some of a fused tensor's rows (Phi-3's qkv_proj, gate_up_proj).
     const bool narrowed = s.narrow_dim >= 0;
     if (s.transpose != kernel || (narrowed && !(kernel && s.narrow_dim == 0)) ||
@@ -291,12 +294,18 @@ int64_t fill(torch::nn::Module& model, const WeightMap& map, TensorSource& sourc
     for (const HfSource& s : map.at(p.key())) {
       // The slot's part of this rank's box, in the source's coordinates.
       HfSource part = s;
+      std::vector<int64_t> lo = box.lo;
+      if (s.expert >= 0) {  // another rank's expert under expert parallelism
+        part.expert = s.expert - lo[0];
+        if (part.expert < 0 || part.expert >= local.size(0)) continue;
+        lo.erase(lo.begin());
+      }
       if (s.slot_dim >= 0) {
-        part.slot = s.slot - box.lo[static_cast<std::size_t>(s.slot_dim)];
-        if (part.slot < 0 || part.slot >= local.size(s.slot_dim)) continue;  // another rank's
+        part.slot = s.slot - lo[static_cast<std::size_t>(s.slot_dim)];
+        const int64_t slots = local.size(s.slot_dim + (s.expert >= 0 ? 1 : 0));
+        if (part.slot < 0 || part.slot >= slots) continue;  // another rank's
       }
       at::Tensor dst = source_part(local, part);
-      std::vector<int64_t> lo = box.lo;
       if (s.slot_dim >= 0) lo.erase(lo.begin() + s.slot_dim);
       if (s.transpose) std::reverse(lo.begin(), lo.end());
       if (s.narrow_dim >= 0) lo[static_cast<std::size_t>(s.narrow_dim)] += s.narrow_start;

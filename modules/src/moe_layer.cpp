@@ -154,7 +154,6 @@ struct ExpertsHere {
   std::optional<int64_t> ep_dim;        // the mesh dim that splits the experts
   bool exchange = false;                // the tokens are split over ep_dim too: all-to-all
   int64_t ep_size = 1, ep_rank = 0;
-  bool partial = false;  // each rank's output is a partial sum (tp, or ep on whole tokens)
   bool add_bias = true;  // this rank adds wo_bias (one rank of the tp dims)
   // The logits the losses read (whole gradients), when not those that route (partial ones).
   at::Tensor loss_logits;
@@ -190,89 +189,95 @@ std::vector<int64_t> block_sums(const std::vector<int64_t>& counts, int64_t per)
   return out;
 }
 
+// Expert parallelism over the mesh dim that splits the tokens too (Megatron's
+// MoEAlltoAllTokenDispatcher): rows grouped by expert go to the experts' ranks, counts first;
+// there they are grouped by local expert, run, and sent back.
+at::Tensor exchanged_experts(LayerNormMoEImpl& self, const ExpertsHere& here,
+                             const F::Permutation& perm) {
+  const int64_t experts = self.options.num_experts(), ep = here.ep_size;
+  const int64_t per = experts / ep, first = here.ep_rank * per;
+  const DeviceMesh& mesh = *here.mesh;
+  const std::vector<int64_t>& counts = perm.rows_per_expert;
+  const std::vector<int64_t> send = block_sums(counts, per);
+  const at::Tensor sent_counts = at::tensor(counts, at::kLong).view({experts, 1});
+  const at::Tensor got =
+      mesh.all_to_all_rows(sent_counts.to(perm.tokens.device()), *here.ep_dim,
+                           std::vector<int64_t>(ep, per), std::vector<int64_t>(ep, per))
+          .cpu()
+          .view({-1});
+  // from[s * per + e]: the rows source rank s sends this rank's local expert e.
+  const std::vector<int64_t> from(got.data_ptr<int64_t>(), got.data_ptr<int64_t>() + ep * per);
+  const std::vector<int64_t> recv = block_sums(from, per);
+  const at::Tensor received = exchange_rows(perm.tokens, mesh, *here.ep_dim, send, recv);
+  std::vector<int64_t> by_expert, m_splits(per, 0), sizes_by_expert, back_order;
+  for (int64_t e = 0; e < per; ++e) {
+    for (int64_t s = 0; s < ep; ++s) {
+      by_expert.push_back(s * per + e);
+      sizes_by_expert.push_back(from[s * per + e]);
+      m_splits[e] += from[s * per + e];
+    }
+  }
+  for (int64_t s = 0; s < ep; ++s) {
+    for (int64_t e = 0; e < per; ++e) back_order.push_back(e * ep + s);
+  }
+  const at::Tensor rows = F::moe_sort_chunks_by_index(received, from, by_expert);
+  const at::Tensor y = expert_mlp(self, here, rows, m_splits, first);
+  const at::Tensor back_local = F::moe_sort_chunks_by_index(y, sizes_by_expert, back_order);
+  return exchange_rows(back_local, mesh, *here.ep_dim, recv, send);
+}
+
+// The losses over the whole batch: the counts and the token count summed over the ranks that
+// split the tokens; each rank's terms of its own tokens (partial sums).
+at::Tensor aux_loss(LayerNormMoEImpl& self, const ExpertsHere& here, const at::Tensor& logits) {
+  const LayerNormMoEOptions& o = self.options;
+  at::Tensor aux = at::zeros({}, logits.options().dtype(at::kFloat));
+  if (o.aux_loss_coeff() <= 0 && o.z_loss_coeff() <= 0) return aux;
+  const bool split = here.mesh != nullptr && !here.token_dims.empty();
+  at::Tensor total = at::full({1}, logits.size(0), at::kLong);
+  if (split) {
+    total = here.mesh->all_reduce(total.to(logits.device()), ReduceOp::kSum, here.token_dims).cpu();
+  }
+  const int64_t all_tokens = total.item<int64_t>();
+  if (o.aux_loss_coeff() > 0) {
+    const F::Routing scores =
+        F::compute_score_for_moe_aux_loss(logits, o.router().topk, o.router().score_function);
+    at::Tensor per_expert = scores.routing_map.sum(0);
+    if (split) per_expert = here.mesh->all_reduce(per_expert, ReduceOp::kSum, here.token_dims);
+    aux = aux + F::moe_aux_loss(scores.probs, per_expert, all_tokens, o.router().topk,
+                                o.aux_loss_coeff());
+  }
+  if (o.z_loss_coeff() > 0 && logits.size(0) > 0) {
+    const double share = static_cast<double>(logits.size(0)) / static_cast<double>(all_tokens);
+    aux = aux + F::moe_z_loss(logits, o.z_loss_coeff()) * share;
+  }
+  return aux;
+}
+
 // The routed experts' output for this rank's tokens [T, hidden] and logits [T, experts], and
 // the auxiliary loss's share of them (zero scalar when off).
 std::pair<at::Tensor, at::Tensor> routed_experts(LayerNormMoEImpl& self, const ExpertsHere& here,
                                                  const at::Tensor& tokens,
                                                  const at::Tensor& routing_logits) {
   const LayerNormMoEOptions& o = self.options;
-  const int64_t experts = o.num_experts(), topk = o.router().topk;
   const F::Routing routing = F::topk_with_score_function(routing_logits, o.router());
   at::Tensor out;
-  if (!here.ep_dim) {
-    const F::Permutation perm = F::moe_permute(tokens, routing.routing_map);
-    out = F::moe_unpermute(expert_mlp(self, here, perm.tokens, perm.rows_per_expert, 0), perm,
-                           routing.probs);
-  } else if (!here.exchange) {
+  if (here.ep_dim && !here.exchange) {
     // Every rank routes the same tokens; each runs its own experts: partial sums.
-    const int64_t per = experts / here.ep_size, first = here.ep_rank * per;
+    const int64_t per = o.num_experts() / here.ep_size, first = here.ep_rank * per;
     const F::Permutation perm = F::moe_permute(tokens, routing.routing_map.narrow(1, first, per));
     out = F::moe_unpermute(expert_mlp(self, here, perm.tokens, perm.rows_per_expert, first), perm,
                            routing.probs.narrow(1, first, per));
   } else {
-    // Expert parallelism over the mesh dim that splits the tokens too (Megatron's
-    // MoEAlltoAllTokenDispatcher): rows grouped by expert go to the experts' ranks, counts
-    // first; there they are grouped by local expert, run, and sent back.
-    const int64_t per = experts / here.ep_size, first = here.ep_rank * per, ep = here.ep_size;
-    const DeviceMesh& mesh = *here.mesh;
     const F::Permutation perm = F::moe_permute(tokens, routing.routing_map);
-    const std::vector<int64_t>& counts = perm.rows_per_expert;
-    const std::vector<int64_t> send = block_sums(counts, per);
-    const at::Tensor sent_counts = at::tensor(counts, at::kLong).view({experts, 1});
-    const at::Tensor got =
-        mesh.all_to_all_rows(sent_counts.to(tokens.device()), *here.ep_dim,
-                             std::vector<int64_t>(ep, per), std::vector<int64_t>(ep, per))
-            .cpu()
-            .view({-1});
-    // got[s * per + e]: the rows source rank s sends this rank's local expert e.
-    std::vector<int64_t> from(got.data_ptr<int64_t>(), got.data_ptr<int64_t>() + ep * per);
-    const std::vector<int64_t> recv = block_sums(from, per);
-    const at::Tensor received = exchange_rows(perm.tokens, mesh, *here.ep_dim, send, recv);
-    std::vector<int64_t> by_expert, m_splits(per, 0), sizes_by_expert, back_order;
-    for (int64_t e = 0; e < per; ++e) {
-      for (int64_t s = 0; s < ep; ++s) {
-        by_expert.push_back(s * per + e);
-        sizes_by_expert.push_back(from[s * per + e]);
-        m_splits[e] += from[s * per + e];
-      }
-    }
-    for (int64_t s = 0; s < ep; ++s) {
-      for (int64_t e = 0; e < per; ++e) back_order.push_back(e * ep + s);
-    }
-    const at::Tensor rows = F::moe_sort_chunks_by_index(received, from, by_expert);
-    const at::Tensor y = expert_mlp(self, here, rows, m_splits, first);
-    const at::Tensor back_local = F::moe_sort_chunks_by_index(y, sizes_by_expert, back_order);
-    const at::Tensor back = exchange_rows(back_local, mesh, *here.ep_dim, recv, send);
-    out = F::moe_unpermute(back, perm, routing.probs);
+    const at::Tensor rows = here.ep_dim
+                                ? exchanged_experts(self, here, perm)
+                                : expert_mlp(self, here, perm.tokens, perm.rows_per_expert, 0);
+    out = F::moe_unpermute(rows, perm, routing.probs);
   }
-  // The losses over the whole batch: the counts and the token count summed over the ranks
-  // that split the tokens; each rank's terms of its own tokens (partial sums).
-  at::Tensor aux = at::zeros({}, tokens.options().dtype(at::kFloat));
-  if (o.aux_loss_coeff() > 0 || o.z_loss_coeff() > 0) {
-    const at::Tensor logits = here.loss_logits.defined()
-                                  ? here.loss_logits.reshape({-1, routing_logits.size(-1)})
-                                  : routing_logits;
-    at::Tensor total = at::full({1}, tokens.size(0), at::kLong);
-    if (here.mesh != nullptr && !here.token_dims.empty()) {
-      total =
-          here.mesh->all_reduce(total.to(tokens.device()), ReduceOp::kSum, here.token_dims).cpu();
-    }
-    const int64_t all_tokens = total.item<int64_t>();
-    if (o.aux_loss_coeff() > 0) {
-      const F::Routing scores =
-          F::compute_score_for_moe_aux_loss(logits, topk, o.router().score_function);
-      at::Tensor per_expert = scores.routing_map.sum(0);
-      if (here.mesh != nullptr && !here.token_dims.empty()) {
-        per_expert = here.mesh->all_reduce(per_expert, ReduceOp::kSum, here.token_dims);
-      }
-      aux = aux + F::moe_aux_loss(scores.probs, per_expert, all_tokens, topk, o.aux_loss_coeff());
-    }
-    if (o.z_loss_coeff() > 0 && tokens.size(0) > 0) {
-      const double share = static_cast<double>(tokens.size(0)) / static_cast<double>(all_tokens);
-      aux = aux + F::moe_z_loss(logits, o.z_loss_coeff()) * share;
-    }
-  }
-  return {out, aux};
+  const at::Tensor logits = here.loss_logits.defined()
+                                ? here.loss_logits.reshape({-1, routing_logits.size(-1)})
+                                : routing_logits;
+  return {out, aux_loss(self, here, logits)};
 }
 
 // a * sigmoid(gate), gate [..., 1].
@@ -307,60 +312,66 @@ std::pair<at::Tensor, at::Tensor> experts(LayerNormMoEImpl& self, const at::Tens
   return {out.view(x.sizes()), aux};
 }
 
-// The routed experts on a mesh: each parameter's piece by how its placements and the tokens'
-// meet on each mesh dim.
-std::pair<DTensor, DTensor> experts(LayerNormMoEImpl& self, const DTensor& x_in,
-                                    const DTensor& logits_in) {
+// How the experts' parameters and the tokens meet on each mesh dim: which dims split each
+// expert's mlp dim (tp), the experts (ep) and the tokens (split).
+struct MeshPlan {
+  std::vector<bool> tp, ep, split;
+};
+
+MeshPlan plan_experts(LayerNormMoEImpl& self, const DTensor& x_in, ExpertsHere& here) {
   const DeviceMesh& mesh = x_in.mesh();
   const auto n = static_cast<std::size_t>(mesh.ndim());
   const DTensor wi = self.as_dtensor("wi_kernel", self.wi_kernel, mesh);
   const DTensor wo = self.as_dtensor("wo_kernel", self.wo_kernel, mesh);
-  const int64_t last = x_in.dim() - 1;
-  // The mesh dims that split each expert's mlp dim: the tokens must be whole there.
-  std::vector<bool> tp(n, false), ep(n, false);
+  MeshPlan plan{std::vector<bool>(n), std::vector<bool>(n), std::vector<bool>(n)};
   for (std::size_t m = 0; m < n; ++m) {
     const Placement& pi = wi.placements()[m];
     const Placement& po = wo.placements()[m];
-    tp[m] = is_shard(pi) && std::get<Shard>(pi).dim == 3;
-    ep[m] = is_shard(pi) && std::get<Shard>(pi).dim == 0;
+    plan.tp[m] = is_shard(pi) && std::get<Shard>(pi).dim == 3;
+    plan.ep[m] = is_shard(pi) && std::get<Shard>(pi).dim == 0;
     const bool tp_o = is_shard(po) && std::get<Shard>(po).dim == 1;
     const bool ep_o = is_shard(po) && std::get<Shard>(po).dim == 0;
-    TE_CHECK(tp[m] == tp_o && ep[m] == ep_o, "LayerNormMoE: wi_kernel ", wi.to_string(),
+    TE_CHECK(plan.tp[m] == tp_o && plan.ep[m] == ep_o, "LayerNormMoE: wi_kernel ", wi.to_string(),
              " and wo_kernel ", wo.to_string(), " split mesh axis '", mesh.axis_names()[m],
              "' differently; give the experts' mlp axis (and exp) the same mesh axes in both "
              "(wi_kernel_axes, wo_kernel_axes)");
-  }
-  const DTensor x = replicated_where(x_in, [&](const Placement& p, std::size_t m) {
-    return is_partial(p) || tp[m] || (is_shard(p) && std::get<Shard>(p).dim == last);
-  });
-  const DTensor logits = replicated_where(logits_in, [&](const Placement& p, std::size_t m) {
-    return !(is_shard(p) && std::get<Shard>(p).dim < last && x.placements()[m] == p);
-  });
-  ExpertsHere here;
-  here.mesh = &mesh;
-  std::vector<bool> split(n, false);
-  for (std::size_t m = 0; m < n; ++m) {
-    split[m] = is_shard(x.placements()[m]);
-    if (split[m]) here.token_dims.push_back(static_cast<int64_t>(m));
-    if (ep[m]) {
+    // The tokens, whole over the hidden dim and where the experts' mlp dim is split.
+    const Placement& px = x_in.placements()[m];
+    plan.split[m] = is_shard(px) && std::get<Shard>(px).dim < x_in.dim() - 1 && !plan.tp[m];
+    if (plan.split[m]) here.token_dims.push_back(static_cast<int64_t>(m));
+    if (plan.ep[m]) {
       TE_CHECK(!here.ep_dim, "LayerNormMoE: the experts (", wi.to_string(),
                ") are split over two mesh axes; give the logical axis 'exp' one mesh axis");
       here.ep_dim = static_cast<int64_t>(m);
       here.ep_size = mesh.size(static_cast<int64_t>(m));
       here.ep_rank = mesh.coordinate(static_cast<int64_t>(m));
-      here.exchange = split[m];
-      here.partial = here.partial || !split[m];
+      here.exchange = plan.split[m];
       TE_CHECK(self.options.num_experts() % here.ep_size == 0,
                "LayerNormMoE: ", self.options.num_experts(),
                " experts do not split evenly over mesh axis '", mesh.axis_names()[m], "' of ",
                here.ep_size,
                " ranks; give the 'exp' axis a mesh axis whose size divides num_experts");
     }
-    if (tp[m]) {
-      here.partial = true;
-      here.add_bias = here.add_bias && mesh.coordinate(static_cast<int64_t>(m)) == 0;
-    }
+    if (plan.tp[m]) here.add_bias = here.add_bias && mesh.coordinate(static_cast<int64_t>(m)) == 0;
   }
+  return plan;
+}
+
+// The routed experts on a mesh: each parameter's piece by how its placements and the tokens'
+// meet on each mesh dim.
+std::pair<DTensor, DTensor> experts(LayerNormMoEImpl& self, const DTensor& x_in,
+                                    const DTensor& logits_in) {
+  const DeviceMesh& mesh = x_in.mesh();
+  const auto n = static_cast<std::size_t>(mesh.ndim());
+  ExpertsHere here;
+  here.mesh = &mesh;
+  const auto [tp, ep, split] = plan_experts(self, x_in, here);
+  const int64_t last = x_in.dim() - 1;
+  const DTensor x = replicated_where(
+      x_in, [&](const Placement& p, std::size_t m) { return !split[m] || !is_shard(p); });
+  const DTensor logits = replicated_where(logits_in, [&](const Placement& p, std::size_t m) {
+    return !(split[m] && is_shard(p) && std::get<Shard>(p).dim < last && x.placements()[m] == p);
+  });
   // Each parameter's piece: kept where its experts or mlp dim are split (ep, tp); gathered
   // elsewhere (FSDP's split, or whole), its gradient a partial sum where the tokens are split.
   const auto piece = [&](const char* name, const at::Tensor& local,

@@ -109,6 +109,18 @@ void TransformerLayerImpl::reset() {
     post_attention_layernorm = register_module("post_attention_layernorm", LayerNorm(norm));
     post_mlp_layernorm = register_module("post_mlp_layernorm", LayerNorm(norm));
   }
+  if (options.moe()) {
+    TE_CHECK(options.moe()->hidden_size() == options.hidden_size(), "TransformerLayer: moe's ",
+             "hidden_size ", options.moe()->hidden_size(), " differs from the layer's ",
+             options.hidden_size());
+    moe = register_module(
+        "moe", LayerNormMoE(LayerNormMoEOptions(*options.moe())
+                                .layernorm(norm)
+                                .layernorm_input_axes({axis::kBatch, seq, axis::kHidden})
+                                .dot_1_input_axes({axis::kBatch, axis::kSeqlen, axis::kHidden})
+                                .output_axes({axis::kBatch, seq, axis::kHidden})));
+    return;
+  }
   mlp = register_module(
       "mlp", LayerNormMLP(LayerNormMLPOptions(options.hidden_size(), options.mlp_hidden_size())
                               .layernorm(norm)
@@ -183,7 +195,8 @@ T layer_forward(TransformerLayerImpl& self, const T& x_in, const at::Tensor& mas
         self.cross_attention->forward_with_layernorm_output(h, memory, memory_mask, args);
     h = add(cross, post_ln_residual ? cross_ln : h, false);
   }
-  auto [mlp, mlp_ln] = self.mlp->forward_with_layernorm_output(h);
+  auto [mlp, mlp_ln] = self.moe ? self.moe->forward_with_layernorm_output(h)
+                                : self.mlp->forward_with_layernorm_output(h);
   mlp = post(self.post_mlp_layernorm, mlp);
   T out = o.parallel_attention_mlp() ? add(F::add(attn, mlp), h, true)
                                      : add(mlp, post_ln_residual ? mlp_ln : h, true);

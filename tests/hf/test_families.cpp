@@ -63,6 +63,11 @@ TEST(Families, EachFamilyReadsConfigsOfItsOwnArchitecture) {
     if (f.model_type == "gpt2") j = {{"model_type", "gpt2"}, {"architectures", {f.architecture}}};
     // Phi3Config's default pad_token_id, 32000, is no row of 64 tokens (refused by name).
     if (f.model_type == "phi3") j["pad_token_id"] = nullptr;
+    if (f.model_type == "mixtral") j.update({{"num_local_experts", 4}, {"num_experts_per_tok", 2}});
+    if (f.model_type == "qwen3_moe" || f.model_type == "qwen2_moe") {
+      j.update({{"num_experts", 4}, {"num_experts_per_tok", 2}, {"moe_intermediate_size", 8}});
+    }
+    if (f.model_type == "qwen2_moe") j["shared_expert_intermediate_size"] = 8;
     const CausalLMConfig c = parse_causal_lm_config(j.dump(), "config.json");
     EXPECT_EQ(c.model_type, f.model_type);
     EXPECT_FALSE(causal_lm_weight_map(c).empty()) << f.model_type;
@@ -72,6 +77,47 @@ TEST(Families, EachFamilyReadsConfigsOfItsOwnArchitecture) {
                      "\" is not one te-cpp builds for model_type '" + f.model_type + "' (" +
                      f.architecture + ")");
   }
+}
+
+// The experts' fields: which layers are sparse, the router's choice, and what is refused.
+TEST(Families, MixturesOfExpertsReadTheirExpertsFields) {
+  json j = {{"model_type", "qwen3_moe"}, {"vocab_size", 64},         {"hidden_size", 16},
+            {"intermediate_size", 24},   {"num_hidden_layers", 4},   {"num_attention_heads", 4},
+            {"num_local_experts", 8},    {"num_experts_per_tok", 2}, {"moe_intermediate_size", 8},
+            {"decoder_sparse_step", 2},  {"mlp_only_layers", {3}},   {"norm_topk_prob", true}};
+  const CausalLMConfig c = parse_causal_lm_config(j.dump(), "config.json");
+  EXPECT_EQ(c.num_experts, 8);  // transformers 5 writes Qwen3-MoE's count as num_local_experts
+  EXPECT_EQ(c.layer_moe, (std::vector<bool>{false, true, false, false}));
+  const auto sparse = layer_options(c, 1), dense = layer_options(c, 0);
+  ASSERT_TRUE(sparse.moe().has_value());
+  EXPECT_FALSE(dense.moe().has_value());
+  EXPECT_EQ(sparse.moe()->ffn_hidden_size(), 8);
+  EXPECT_FALSE(sparse.moe()->router().use_pre_softmax);  // renormalised: softmax of the top k
+  const WeightMap map = causal_lm_weight_map(c);
+  EXPECT_EQ(map.count("layers.1.moe.wi_kernel"), 1u);
+  EXPECT_EQ(map.at("layers.1.moe.wi_kernel").size(), 16u);  // gate and up of 8 experts
+  EXPECT_EQ(map.count("layers.0.mlp.wi_kernel"), 1u);
+  EXPECT_EQ(map.count("layers.1.mlp.wi_kernel"), 0u);
+  auto refused = [&](json change, const std::string& words) {
+    json bad = j;
+    bad.update(change);
+    EXPECT_ERROR(parse_causal_lm_config(bad.dump(), "config.json"), words);
+  };
+  refused({{"output_router_logits", true}},
+          "output_router_logits: adds the router's load-balancing loss");
+  refused({{"num_experts_per_tok", 9}}, "num_experts_per_tok: 9 experts per token of 8 experts");
+  refused({{"mlp_only_layers", {7}}}, "mlp_only_layers: entry 7 is not a layer index");
+  refused({{"num_experts", 4}}, "num_local_experts: differs from num_experts");
+  refused({{"decoder_sparse_step", 0}}, "decoder_sparse_step: must be positive");
+  json mixtral = {
+      {"model_type", "mixtral"}, {"vocab_size", 64},         {"hidden_size", 16},
+      {"intermediate_size", 24}, {"num_hidden_layers", 2},   {"num_attention_heads", 4},
+      {"num_local_experts", 4},  {"num_experts_per_tok", 2}, {"router_jitter_noise", 0.1}};
+  EXPECT_ERROR(parse_causal_lm_config(mixtral.dump(), "config.json"),
+               "router_jitter_noise: te-cpp's router adds no training-time noise");
+  mixtral.erase("num_local_experts");
+  EXPECT_ERROR(parse_causal_lm_config(mixtral.dump(), "config.json"),
+               "num_local_experts is missing");
 }
 
 // The README and the guide name every registered family (the guide by its model_type and, where

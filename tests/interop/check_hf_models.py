@@ -48,9 +48,10 @@ from interop_common import TOL, print_failure, rel_err, tensor
 from transformers import (AutoConfig, AutoModelForCausalLM, BertConfig, BertModel, GPT2Config,
                           GPT2LMHeadModel, GemmaConfig, GemmaForCausalLM, Gemma2Config,
                           Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig,
-                          LlamaForCausalLM, MistralConfig, MistralForCausalLM, Phi3Config,
-                          Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
-                          Qwen3ForCausalLM)
+                          LlamaForCausalLM, MistralConfig, MistralForCausalLM, MixtralConfig,
+                          MixtralForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen2Config,
+                          Qwen2ForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM, Qwen3Config,
+                          Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 from transformers.utils import is_accelerate_available
 
@@ -155,6 +156,56 @@ FAMILIES = [
      dict(head_dim=8, query_pre_attn_scalar=8, sliding_window=5, sliding_window_pattern=2,
           final_logit_softcapping=0.5, tie_word_embeddings=False, attention_bias=True)),
 ]
+
+# Mixtures of experts, held on one process and on the expert-parallel layouts too (ep2, dp2xep2,
+# ep2xtp2). 4 experts, 2 per token; the random router spreads these 24 tokens over all four;
+# transformers' eager experts (a loop over the hit experts) as the reference.
+MOE = dict(num_experts_per_tok=2, experts_implementation="eager")
+FAMILIES += [
+    # Renormalised top-2 (norm_topk_prob), every layer sparse.
+    ("qwen3-moe", Qwen3MoeConfig, Qwen3MoeForCausalLM,
+     dict(MOE, num_experts=4, moe_intermediate_size=16, norm_topk_prob=True,
+          tie_word_embeddings=False, **rope(10000.0))),
+    # The top-2 of the softmax as they are; layer 0 dense (mlp_only_layers); a shared expert of
+    # 24 with its sigmoid gate; q/k/v biases.
+    ("qwen2-moe-shared-dense-layer", Qwen2MoeConfig, Qwen2MoeForCausalLM,
+     dict(MOE, num_experts=4, moe_intermediate_size=16, shared_expert_intermediate_size=24,
+          norm_topk_prob=False, mlp_only_layers=[0], use_sliding_window=False,
+          tie_word_embeddings=False, **rope(10000.0))),
+    # Experts of intermediate_size (48), w1/w3/w2 under block_sparse_moe; a window of 4.
+    ("mixtral", MixtralConfig, MixtralForCausalLM,
+     dict(MOE, num_local_experts=4, sliding_window=4, tie_word_embeddings=False,
+          **rope(10000.0))),
+]
+
+
+def checkpoint_names(model, grads):
+    """The gradients under the names save_pretrained gives the tensors: transformers keeps each
+    sparse layer's experts fused in memory (mlp.experts.gate_up_proj [E, 2I, H], gate rows first,
+    and mlp.experts.down_proj [E, H, I]) and writes them per expert (Mixtral's as
+    block_sparse_moe.experts.N.w1/w3/w2, its router as block_sparse_moe.gate)."""
+    mixtral = model.config.model_type == "mixtral"
+    block = "block_sparse_moe." if mixtral else "mlp."
+    gate, up, down = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
+    out = {}
+    for name, g in grads.items():
+        head, sep, tail = name.partition("mlp.")
+        if not sep or not (tail.startswith("experts.") or tail == "gate.weight"):
+            out[name] = g
+        elif tail == "gate.weight":
+            out[head + block + "gate.weight"] = g
+        elif tail == "experts.gate_up_proj":
+            half = g.shape[1] // 2
+            for e in range(g.shape[0]):
+                out["%s%sexperts.%d.%s.weight" % (head, block, e, gate)] = g[e, :half]
+                out["%s%sexperts.%d.%s.weight" % (head, block, e, up)] = g[e, half:]
+        elif tail == "experts.down_proj":
+            for e in range(g.shape[0]):
+                out["%s%sexperts.%d.%s.weight" % (head, block, e, down)] = g[e]
+        else:
+            raise ValueError("unexpected expert parameter " + name)
+    return out
+
 
 # GPT-2 (GPT2LMHeadModel: learned positions, pre-LayerNorm, Conv1D weights, a tied head): (case,
 # config arguments beyond GPT2_SIZES); checked as the decoders above.
@@ -288,7 +339,7 @@ def reference(model, ids):
                                              ids[:, 1:].reshape(-1))
     loss.backward()
     grads = {name: p.grad.to(torch.float64) for name, p in model.named_parameters()}
-    return logits.detach().to(torch.float64), loss.item(), grads
+    return logits.detach().to(torch.float64), loss.item(), checkpoint_names(model, grads)
 
 
 def compare(what, mine, want, problems):

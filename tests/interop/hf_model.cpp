@@ -11,7 +11,9 @@
 // With --logits-only (a real pretrained model: check_smollm2.py, check_minilm.py), no backward:
 // each layout's logits (an encoder's normalized mean-pooled sentence embeddings) as raw float32
 // in OUT.json.<layout>.f32, and a causal LM's greedy next token of each prompt. --tp N: the
-// tensor-parallel size of the TP and DP2xTP layouts (the heads must split evenly).
+// tensor-parallel size of the TP and DP2xTP layouts (the heads must split evenly). A mixture
+// of experts adds the expert-parallel layouts ep2 (experts and batch over one axis: tokens by
+// all-to-all), dp2xep2 and ep2xtpN.
 // Those layouts load a GGUF file's weights as float32 (LoadOptions::dequantize_gguf); a GGUF
 // file adds the layout "one-blocks": loaded as by default on one process, its quantized weights
 // held in their blocks, with its logits only ("inference_only") and how many parameters are held
@@ -280,9 +282,21 @@ int main(int argc, char** argv) {
                                    {"tp" + n, {tp_size}, {"tp"}, tp},
                                    {"dp2xtp" + n, {2, tp_size}, {"data", "tp"}, dp_tp}};
     char magic[4] = {};
-    if (!is_encoder && std::ifstream(model, std::ios::binary).read(magic, 4) &&
-        std::string(magic, 4) == "GGUF") {
-      layouts.push_back({"one-blocks", {}, {}, {}, /*blocks=*/true});
+    const bool gguf = !is_encoder && std::ifstream(model, std::ios::binary).read(magic, 4) &&
+                      std::string(magic, 4) == "GGUF";
+    if (gguf) layouts.push_back({"one-blocks", {}, {}, {}, /*blocks=*/true});
+    if (!is_encoder && !gguf && te::hf::read_causal_lm_config(model).num_experts > 0) {
+      // A mixture of experts: expert parallel by all-to-all over the data axis (ep2), on whole
+      // tokens beside data parallelism (dp2xep2), and with tensor parallelism in each expert.
+      te::MeshResource ep, dp_ep, ep_tp;
+      ep.dp = ep.ep = "data";
+      dp_ep.dp = "data";
+      dp_ep.ep = "expert";
+      ep_tp.dp = ep_tp.ep = "data";
+      ep_tp.tp = "tp";
+      layouts.push_back({"ep2", {2}, {"data"}, ep});
+      layouts.push_back({"dp2xep2", {2, 2}, {"data", "expert"}, dp_ep});
+      layouts.push_back({"ep2xtp" + n, {2, tp_size}, {"data", "tp"}, ep_tp});
     }
     nlohmann::json out;
     for (const Layout& l : layouts) {

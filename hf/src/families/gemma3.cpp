@@ -55,9 +55,10 @@ void read_gguf_config(GgufKeys& k, CausalLMConfig& c) {
   // rope_local_base_freq, as rope.freq_base_swa), which transformers' GGUF loader does not read.
   if (const auto swa = k.number("rope.freq_base_swa"); swa && *swa != c.sliding_rope_theta) {
     k.fail("rope.freq_base_swa",
-           std::to_string(*swa) + " is not Gemma3TextConfig's sliding base 10000, which "
-           "transformers' GGUF loader uses whatever the file says; te-cpp refuses the file "
-           "rather than differ");
+           std::to_string(*swa) +
+               " is not Gemma3TextConfig's sliding base 10000, which "
+               "transformers' GGUF loader uses whatever the file says; te-cpp refuses the file "
+               "rather than differ");
   }
   refuse_gguf_rope_scaling(k, c);
   if (const auto cap = k.number("final_logit_softcapping")) {

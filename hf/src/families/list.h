@@ -4,8 +4,11 @@
 // this list with their own TE_HF_FAMILY.
 TE_HF_FAMILY(llama)
 TE_HF_FAMILY(mistral)
+TE_HF_FAMILY(mixtral)
 TE_HF_FAMILY(qwen2)
 TE_HF_FAMILY(qwen3)
+TE_HF_FAMILY(qwen2_moe)
+TE_HF_FAMILY(qwen3_moe)
 TE_HF_FAMILY(phi3)
 TE_HF_FAMILY(gemma)
 TE_HF_FAMILY(gemma2)

@@ -112,6 +112,20 @@ struct CausalLMConfig {
   /// Each layer's sliding window (keys at most this many positions back, the query's own
   /// included), or nullopt for full causal attention.
   std::vector<std::optional<int64_t>> layer_windows;
+  /// A mixture of experts (Qwen2-MoE, Qwen3-MoE, Mixtral): with num_experts > 0 the MLP of each
+  /// layer layer_moe marks is a te::nn::LayerNormMoE of num_experts experts of
+  /// moe_intermediate_size, num_experts_per_tok per token, chosen by the top softmax
+  /// probabilities, renormalised over the chosen ones when norm_topk_prob (Mixtral's always);
+  /// plus a shared expert of shared_expert_intermediate_size scaled by a sigmoid gate (Qwen2-MoE;
+  /// 0: none). The other layers keep the dense MLP of intermediate_size.
+  int64_t num_experts = 0;
+  int64_t num_experts_per_tok = 0;
+  int64_t moe_intermediate_size = 0;
+  bool norm_topk_prob = false;
+  int64_t shared_expert_intermediate_size = 0;
+  std::vector<bool> layer_moe;
+  /// The load-balancing loss's weight in transformers' training loss (router_aux_loss_coef).
+  double router_aux_loss_coef = 0.0;
   /// The dtype the weights were saved in ("float32", "bfloat16", ...; "" when not stated).
   std::string dtype;
 };

@@ -53,6 +53,10 @@ struct HfSource {
   /// holds the query, key and value slots of te's fused qkv_kernel). -1: the whole tensor.
   int64_t narrow_dim = -1;
   int64_t narrow_start = 0, narrow_length = 0, narrow_total = 0;
+  /// The entry of the te parameter's dim 0 this tensor fills (a mixture of experts' experts,
+  /// stacked first: "model.layers.0.mlp.experts.3.up_proj.weight" into wi_kernel[3]), or -1;
+  /// slot_dim and transpose then apply to that entry.
+  int64_t expert = -1;
 };
 /// A model's te parameter name -> the checkpoint tensors it is made of.
 using WeightMap = std::map<std::string, std::vector<HfSource>>;

@@ -13,6 +13,7 @@
 
 #include "te/nn/attention.h"
 #include "te/nn/mlp.h"
+#include "te/nn/moe_layer.h"
 
 namespace te::nn {
 
@@ -75,6 +76,10 @@ struct TransformerLayerOptions {
   TORCH_ARG(double, drop_path_rate) = 0.0;
   /// Biases on the MLP's two projections (Llama's mlp_bias); nullopt: the attention's use_bias.
   TORCH_ARG(std::optional<bool>, mlp_bias) = std::nullopt;
+  /// A mixture of experts in place of the MLP (module `moe`, a LayerNormMoE; `mlp` is then
+  /// null): its experts, router, activations, biases and shared expert as given; its norm is the
+  /// layer's and its constraints the MLP's (hidden_size must be the layer's).
+  TORCH_ARG(std::optional<LayerNormMoEOptions>, moe) = std::nullopt;
   /// MLP kernel logical axes: fc1 (hidden, activations, ffn) and fc2 (ffn, hidden).
   TORCH_ARG(LogicalAxes, mlp_kernel_axes_1) = axis::joined_in_kernel();
   TORCH_ARG(LogicalAxes, mlp_kernel_axes_2) = axis::out_kernel();
@@ -106,6 +111,8 @@ class TransformerLayerImpl : public torch::nn::Cloneable<TransformerLayerImpl>,
   MultiHeadAttention self_attention{nullptr};
   MultiHeadAttention cross_attention{nullptr};
   LayerNormMLP mlp{nullptr};
+  /// options.moe: the mixture of experts in the MLP's place (else null).
+  LayerNormMoE moe{nullptr};
   /// output_layernorm: the norm after the layer (else null).
   LayerNorm layernorm{nullptr};
   /// post_block_layernorm: the norms of the self attention's and the MLP's outputs (else null).

@@ -1,0 +1,35 @@
+// Mixtral: transformers' MixtralForCausalLM. Mistral's attention (sliding_window on every layer,
+// none when null or absent: MixtralConfig's default is None) with every MLP sparse:
+// num_local_experts experts of intermediate_size (w1 gate, w3 up, w2 down), the top
+// num_experts_per_tok of the softmax, always renormalised. te-cpp reads no GGUF file of it yet.
+
+#include "moe_decoder.h"
+
+namespace te::hf::detail {
+
+namespace {
+
+void read_config(Fields& f, CausalLMConfig& c) {
+  read_rope_decoder_config(f, c);
+  std::optional<int64_t> window;
+  if (f.has("sliding_window")) window = f.integer("sliding_window");
+  for (auto& w : c.layer_windows) w = window;
+  read_moe_config(f, c, {"num_local_experts", false, false});
+}
+
+WeightMap weight_map(const CausalLMConfig& c) {
+  return moe_decoder_weight_map(c, {"block_sparse_moe.", "w1", "w3", "w2"});
+}
+
+}  // namespace
+
+const Family& mixtral_family() {
+  static const Family kFamily = [] {
+    Family f = rope_decoder_family({"mixtral", "MixtralForCausalLM", "", "Mixtral"}, read_config);
+    f.weight_map = weight_map;
+    return f;
+  }();
+  return kFamily;
+}
+
+}  // namespace te::hf::detail

@@ -1,0 +1,117 @@
+// The mixture-of-experts decoders' config fields and weight map (moe_decoder.h), as
+// transformers 5.23.0 defines them: models/qwen2_moe, qwen3_moe and mixtral (configuration_*.py
+// for the fields and their defaults, modeling_*.py for the layers that are sparse).
+
+#include "moe_decoder.h"
+
+#include <algorithm>
+#include <string>
+
+namespace te::hf::detail {
+
+void read_moe_config(Fields& f, CausalLMConfig& c, const MoeFields& m) {
+  // Qwen3-MoE's config class maps num_experts to num_local_experts, and save_pretrained writes
+  // the latter; checkpoints on the Hub name the former.
+  const bool local = f.has("num_local_experts");
+  const bool named = f.has(m.experts);
+  if (!local && !named) f.integer(m.experts);  // missing: the error names the field
+  c.num_experts = named ? f.integer(m.experts) : f.integer("num_local_experts");
+  if (local && named && f.integer("num_local_experts") != c.num_experts) {
+    f.fail("num_local_experts", "differs from " + std::string(m.experts));
+  }
+  c.num_experts_per_tok = f.integer("num_experts_per_tok");
+  if (c.num_experts <= 0 || c.num_experts_per_tok <= 0 || c.num_experts_per_tok > c.num_experts) {
+    f.fail("num_experts_per_tok", std::to_string(c.num_experts_per_tok) + " experts per token of " +
+                                      std::to_string(c.num_experts) +
+                                      " experts; give 1 to the expert count");
+  }
+  c.layer_moe.assign(static_cast<std::size_t>(c.num_hidden_layers), true);
+  if (m.qwen) {
+    c.moe_intermediate_size = f.integer("moe_intermediate_size");
+    c.norm_topk_prob = f.boolean_or("norm_topk_prob", false);
+    const int64_t step = f.integer_or("decoder_sparse_step", 1);
+    if (step <= 0) f.fail("decoder_sparse_step", "must be positive");
+    std::vector<int64_t> dense;
+    if (f.has("mlp_only_layers")) {
+      const json& list = f.raw("mlp_only_layers");
+      if (!list.is_array()) f.fail("mlp_only_layers", "expected a list of layer indices");
+      for (const json& i : list) {
+        if (!i.is_number_integer() || i.get<int64_t>() < 0 ||
+            i.get<int64_t>() >= c.num_hidden_layers) {
+          f.fail("mlp_only_layers", "entry " + i.dump() + " is not a layer index");
+        }
+        dense.push_back(i.get<int64_t>());
+      }
+    }
+    for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+      c.layer_moe[static_cast<std::size_t>(i)] =
+          std::find(dense.begin(), dense.end(), i) == dense.end() && (i + 1) % step == 0;
+    }
+  } else {
+    c.moe_intermediate_size = c.intermediate_size;
+    c.norm_topk_prob = true;  // MixtralTopKRouter always renormalises
+    if (f.number_or("router_jitter_noise", 0.0) != 0.0) {
+      f.fail("router_jitter_noise", "te-cpp's router adds no training-time noise; give 0");
+    }
+  }
+  if (m.shared_expert) {
+    c.shared_expert_intermediate_size = f.integer("shared_expert_intermediate_size");
+  }
+  c.router_aux_loss_coef = f.number_or("router_aux_loss_coef", 0.001);
+  if (f.boolean_or("output_router_logits", false)) {
+    f.fail("output_router_logits",
+           "adds the router's load-balancing loss to transformers' training loss; te-cpp's "
+           "causal LM loss is the cross-entropy alone: give false");
+  }
+}
+
+namespace {
+
+// A checkpoint tensor [out, in] transposed into the te kernel's entry `expert` (or the whole
+// kernel, -1), into slot `slot` of its dim 1 when slot >= 0.
+HfSource kernel_source(const std::string& name, int64_t expert, int64_t slot = -1) {
+  HfSource s;
+  s.name = name;
+  s.expert = expert;
+  s.slot_dim = slot >= 0 ? 1 : -1;
+  s.slot = slot >= 0 ? slot : 0;
+  s.transpose = true;
+  return s;
+}
+
+}  // namespace
+
+WeightMap moe_decoder_weight_map(const CausalLMConfig& c, const MoeNames& n) {
+  WeightMap m = rope_decoder_weight_map(c);
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    if (!c.layer_moe.at(static_cast<std::size_t>(i))) continue;
+    const std::string te = "layers." + std::to_string(i) + ".";
+    const std::string hf = "model.layers." + std::to_string(i) + ".";
+    const std::string block = hf + n.block;
+    for (const char* dense : {"mlp.wi_kernel", "mlp.wo_kernel", "mlp.wi_bias", "mlp.wo_bias"}) {
+      m.erase(te + dense);
+    }
+    m[te + "moe.layernorm.scale"] = m.at(te + "mlp.layernorm.scale");
+    m.erase(te + "mlp.layernorm.scale");
+    m[te + "moe.gate_kernel"] = {kernel_source(block + "gate.weight", -1)};
+    auto& wi = m[te + "moe.wi_kernel"];
+    auto& wo = m[te + "moe.wo_kernel"];
+    for (int64_t e = 0; e < c.num_experts; ++e) {
+      const std::string expert = block + "experts." + std::to_string(e) + ".";
+      // Each expert's [hidden, 2, moe_intermediate] entry: gate in slot 0, up in slot 1.
+      wi.push_back(kernel_source(expert + n.gate + ".weight", e, 0));
+      wi.push_back(kernel_source(expert + n.up + ".weight", e, 1));
+      wo.push_back(kernel_source(expert + n.down + ".weight", e));
+    }
+    if (c.shared_expert_intermediate_size > 0) {
+      const std::string shared = block + "shared_expert.";
+      m[te + "moe.shared_wi_kernel"] = {kernel_source(shared + "gate_proj.weight", -1, 0),
+                                        kernel_source(shared + "up_proj.weight", -1, 1)};
+      m[te + "moe.shared_wo_kernel"] = {kernel_source(shared + "down_proj.weight", -1)};
+      m[te + "moe.shared_gate_kernel"] = {kernel_source(block + "shared_expert_gate.weight", -1)};
+    }
+  }
+  return m;
+}
+
+}  // namespace te::hf::detail

@@ -1,0 +1,44 @@
+#pragma once
+
+// The mixture-of-experts decoders on the Llama layout (Qwen2-MoE, Qwen3-MoE, Mixtral): the
+// shared decoder of rope_decoder.h whose MLPs (all, or those the config picks) are a router and
+// experts, and for Qwen2-MoE a gated shared expert (CausalLMConfig's num_experts ...).
+
+#include "rope_decoder.h"
+
+namespace te::hf::detail {
+
+/// How a family's config.json names its experts' fields.
+struct MoeFields {
+  /// The expert count's field: "num_experts" (Qwen; transformers 5 also writes Qwen3-MoE's as
+  /// "num_local_experts", which is read too) or "num_local_experts" (Mixtral).
+  const char* experts = "num_experts";
+  /// Qwen's moe_intermediate_size, decoder_sparse_step, mlp_only_layers and norm_topk_prob;
+  /// false: Mixtral's (every layer sparse, experts of intermediate_size, always renormalised).
+  bool qwen = true;
+  /// Qwen2-MoE's shared expert (shared_expert_intermediate_size) and its sigmoid gate.
+  bool shared_expert = false;
+};
+
+/// Reads the experts' fields (after read_rope_decoder_config): counts, sizes, which layers are
+/// sparse, the renormalisation; router_aux_loss_coef; output_router_logits must be false (the
+/// loss te-cpp computes is the cross-entropy alone) and Mixtral's router_jitter_noise 0 (no
+/// training-time noise on the router).
+void read_moe_config(Fields& f, CausalLMConfig& c, const MoeFields& fields);
+
+/// transformers' names of a sparse layer's tensors: the block ("mlp." or "block_sparse_moe.")
+/// holding gate.weight [experts, hidden] and experts.N.{gate, up, down}.weight (their names:
+/// "gate_proj"... or Mixtral's "w1", "w3", "w2"), and shared_expert.{gate,up,down}_proj and
+/// shared_expert_gate when the config has a shared expert.
+struct MoeNames {
+  const char* block = "mlp.";
+  const char* gate = "gate_proj";
+  const char* up = "up_proj";
+  const char* down = "down_proj";
+};
+
+/// rope_decoder_weight_map with each sparse layer's MLP replaced by its router and experts
+/// (te's layers.N.moe.*).
+WeightMap moe_decoder_weight_map(const CausalLMConfig& c, const MoeNames& names);
+
+}  // namespace te::hf::detail

@@ -1,0 +1,33 @@
+// Qwen2-MoE (Qwen1.5-MoE): transformers' Qwen2MoeForCausalLM. Qwen2's attention (q/k/v biases:
+// qkv_bias, true when absent) with sparse MLPs as Qwen3-MoE's plus a shared expert of
+// shared_expert_intermediate_size every token goes through, scaled by sigmoid(shared_expert_gate).
+// te-cpp reads no GGUF file of it yet.
+
+#include "moe_decoder.h"
+
+namespace te::hf::detail {
+
+namespace {
+
+void read_config(Fields& f, CausalLMConfig& c) {
+  read_rope_decoder_config(f, c);
+  c.qkv_bias = f.boolean_or("qkv_bias", true);
+  read_qwen_windows(f, c);
+  read_moe_config(f, c, {"num_experts", true, true});
+}
+
+WeightMap weight_map(const CausalLMConfig& c) { return moe_decoder_weight_map(c, {}); }
+
+}  // namespace
+
+const Family& qwen2_moe_family() {
+  static const Family kFamily = [] {
+    Family f =
+        rope_decoder_family({"qwen2_moe", "Qwen2MoeForCausalLM", "", "Qwen2-MoE"}, read_config);
+    f.weight_map = weight_map;
+    return f;
+  }();
+  return kFamily;
+}
+
+}  // namespace te::hf::detail
