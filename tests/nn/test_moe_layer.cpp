@@ -194,6 +194,28 @@ INSTANTIATE_TEST_SUITE_P(
                       Layout{"TP2WholeTokens", {2}, {"model"}, "tp=model", false}),
     [](const ::testing::TestParamInfo<Layout>& info) { return info.param.name; });
 
+// TE's table gives exp the ep role first: where ep shares tp's axis, the experts split there
+// (each rank whole experts) and the mlp dim stays whole; without ep, tp splits the mlp dim.
+TEST(MoeLayer, AnEpAxisSharedWithTpSplitsTheExperts) {
+  run_local_ranks(2, [](int) {
+    DeviceMesh mesh({2}, {"model"});
+    MeshScope on(mesh);
+    set_warning_handler([](std::string_view) {});
+    {
+      MeshResourceScope roles(parse_mesh_resource("tp=model,ep=model"));
+      LayerNormMoE moe(LayerNormMoEOptions(8, 6, 4));
+      EXPECT_EQ(moe->wi_kernel.sizes(), at::IntArrayRef({2, 8, 2, 6}));
+      EXPECT_EQ(moe->wo_kernel.sizes(), at::IntArrayRef({2, 6, 8}));
+    }
+    {
+      MeshResourceScope roles(parse_mesh_resource("tp=model"));
+      LayerNormMoE moe(LayerNormMoEOptions(8, 6, 4));
+      EXPECT_EQ(moe->wi_kernel.sizes(), at::IntArrayRef({4, 8, 2, 3}));
+    }
+    set_warning_handler(nullptr);
+  });
+}
+
 TEST(MoeLayer, BadInputIsNamed) {
   auto topk = small_options();
   topk.router().topk = 5;

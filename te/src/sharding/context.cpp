@@ -207,7 +207,9 @@ AxisRules te_default_axis_rules(const MeshResource& r, const std::optional<MeshS
   };
   // te's entry for a mixture of experts' expert dim (TE-JAX's MoE block reads ep_resource
   // directly: jax/flax/moe.py at d0067d0da); absent without an ep role, so the table is TE's.
-  if (r.ep) table.push_back({axis::kExp, axes(r.ep)});
+  // First: where ep shares a mesh axis with tp, an expert kernel's experts take it (each rank
+  // its experts, whole), not its mlp dim.
+  if (r.ep) table.insert(table.begin(), {axis::kExp, axes(r.ep)});
   return table;
 }
 

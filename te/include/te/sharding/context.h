@@ -173,8 +173,9 @@ std::optional<MeshShape> current_mesh_shape();
 /// mesh axis has more than one device; batch->fsdp if fsdp is active, else dp; seqlen->{},
 /// seqlen_tp->tpsp, seqlen_cp->cp; heads, hidden_tp and w_tp->tpsp if tpsp is active, else tp;
 /// hidden->{}, joined->{}, w_no_shard->{}, w_fsdp->fsdp, w_joined->{}; and te's one addition,
-/// exp->ep, only when ep is set (TE-JAX's MoE block takes ep_resource from the MeshResource
-/// itself: jax/flax/moe.py). Unset roles give {}.
+/// exp->ep, first and only when ep is set (TE-JAX's MoE block takes ep_resource from the
+/// MeshResource itself: jax/flax/moe.py; first, so that an expert kernel's experts take an axis
+/// ep shares with tp before its mlp dim does). Unset roles give {}.
 /// (Before TE 2.8 batch was the (dp, fsdp) tuple.) With no shape (nullopt) every set role counts
 /// as active. Throws te::Error when tp and tpsp are both active (TE's
 /// `_validate_mesh_resource_configuration`, L54), or when fsdp, tp or tpsp names an axis `shape`
