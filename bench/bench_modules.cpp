@@ -291,6 +291,68 @@ BENCHMARK(BM_GroupedLinearVsLoop)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 
+// LayerNormMoE (RMSNorm, softmax router, top-2 renormalised, SwiGLU experts as grouped GEMMs)
+// against the same math in plain LibTorch as transformers' eager experts compute it: each hit
+// expert's tokens gathered, through its own gate/up and down kernels (separate parameters, a
+// ModuleList's), weighted and index_add-ed back. Arguments: tokens, hidden, ffn (per expert),
+// bf16, backward, experts. The bar: forward+backward at most 1.1x the plain loop's time.
+void BM_MoELayerVsTorch(benchmark::State& state) {
+  const Shape shape(state);
+  const int64_t experts = state.range(5), h = shape.hidden, f = shape.ffn;
+  te::nn::manual_seed(0);
+  auto o = te::nn::LayerNormMoEOptions(h, f, experts);
+  o.layernorm().layernorm_type("rmsnorm");
+  o.router().topk = 2;
+  te::nn::LayerNormMoE moe(o);
+  moe->to(shape.dtype);
+  std::vector<at::Tensor> gate_up, down, loop_params;
+  const at::Tensor scale = moe->layernorm->scale.detach().clone().requires_grad_(true);
+  const at::Tensor router = moe->gate_kernel.detach().clone().requires_grad_(true);
+  loop_params = {scale, router};
+  for (int64_t e = 0; e < experts; ++e) {
+    gate_up.push_back(moe->wi_kernel[e].reshape({h, 2 * f}).detach().clone().requires_grad_(true));
+    down.push_back(moe->wo_kernel[e].detach().clone().requires_grad_(true));
+    loop_params.push_back(gate_up.back());
+    loop_params.push_back(down.back());
+  }
+  const double eps = o.layernorm().epsilon();
+  const auto loop = [&](const at::Tensor& in) {
+    const at::Tensor x = in.reshape({-1, h});
+    const at::Tensor xf = x.to(at::kFloat);
+    const at::Tensor ln = (xf * at::rsqrt(xf.pow(2).mean(-1, true) + eps)).to(x.scalar_type()) *
+                          scale;
+    const at::Tensor probs = at::softmax(at::matmul(ln, router).to(at::kFloat), -1);
+    auto [top, idx] = at::topk(probs, 2);
+    top = (top / top.sum(-1, true)).to(x.scalar_type());
+    at::Tensor out = at::zeros_like(ln);
+    const at::Tensor hit = at::one_hot(idx, experts).sum(1).sum(0).gt(0).nonzero().cpu();
+    for (int64_t i = 0; i < hit.size(0); ++i) {
+      const int64_t e = hit[i][0].item<int64_t>();
+      const auto where = at::where(idx.eq(e));
+      const at::Tensor& token = where[0];
+      const at::Tensor g = at::matmul(ln.index_select(0, token), gate_up[e]);
+      const at::Tensor act = at::silu(g.narrow(1, 0, f)) * g.narrow(1, f, f);
+      const at::Tensor y = at::matmul(act, down[e]) * top.index({where[0], where[1]}).unsqueeze(1);
+      out = out.index_add(0, token, y);
+    }
+    return out.view(in.sizes());
+  };
+  const at::Tensor x =
+      at::randn({shape.batch(), kSeq, h}).to(shape.dtype).requires_grad_(shape.backward);
+  compare(
+      state, shape, [&](const at::Tensor& in) { return moe->forward(in); }, params_of(*moe), loop,
+      loop_params, x, x, "torch_loop", true);
+}
+BENCHMARK(BM_MoELayerVsTorch)
+    ->Apply([](benchmark::internal::Benchmark* b) {
+      for (int64_t experts : {8, 64})
+        for (int64_t dtype : {0, 1}) b->Args({4096, 256, 512, dtype, 1, experts});
+      b->ArgNames({"tokens", "hidden", "ffn", "bf16", "backward", "experts"});
+    })
+    ->Iterations(10)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
 // Google Benchmark fixes iterations per family: the small shape's cases and the large shape's
 // cases are registered separately so the large ones (1-6 s a call here) run 5 rounds, and
 // forward+backward only.
