@@ -279,6 +279,56 @@ TEST_F(TrainParallel, Dp2xTp2IsOneProcessAndResumesBitForBit) {
   }
 }
 
+// A mixture of experts (Qwen3-MoE: 4 experts, 2 per token) trained expert parallel: EP2 (each
+// rank half the experts, its tokens sent to them by all-to-all) and EP2xTP2 give one process's
+// losses, and EP2 resumes bit for bit (each rank's checkpoint its experts).
+TEST_F(TrainParallel, AMixtureOfExpertsOnEp2AndEp2xTp2IsOneProcess) {
+  nlohmann::json moe = {{"architectures", {"Qwen3MoeForCausalLM"}},
+                        {"model_type", "qwen3_moe"},
+                        {"vocab_size", 420},
+                        {"hidden_size", 64},
+                        {"num_hidden_layers", 2},
+                        {"num_attention_heads", 4},
+                        {"num_key_value_heads", 2},
+                        {"intermediate_size", 128},
+                        {"moe_intermediate_size", 32},
+                        {"num_experts", 4},
+                        {"num_experts_per_tok", 2},
+                        {"norm_topk_prob", true},
+                        {"max_position_embeddings", 256},
+                        {"tie_word_embeddings", true},
+                        {"eos_token_id", 0}};
+  std::ofstream(dir_ / "moe.json") << moe.dump();
+  ASSERT_EQ(te_train(args(logged("", "one.csv"), "corpus.txt", "moe.json")).status, 0);
+  const Result ep_tp = te_train(args(logged("--nproc 4 --mesh data=2,model=2 --mesh-resource "
+                                            "dp=data,ep=data,tp=model",
+                                            "ep_tp.csv"),
+                                     "corpus.txt", "moe.json"));
+  ASSERT_EQ(ep_tp.status, 0) << ep_tp.err;
+  const std::string ep = "--nproc 2 --mesh data=2 --mesh-resource dp=data,ep=data";
+  const std::string ck = (dir_ / "ck").string();
+  ASSERT_EQ(te_train(args(logged(ep, "ep.csv"), "corpus.txt", "moe.json")).status, 0);
+  ASSERT_EQ(te_train(args(ep + " --max-steps 5 --save " + ck, "corpus.txt", "moe.json")).status, 0);
+  const Result rest =
+      te_train(args(logged(ep + " --resume --save " + ck, "rest.csv"), "corpus.txt", "moe.json"));
+  ASSERT_EQ(rest.status, 0) << rest.err;
+  const std::vector<std::string> one = steps_of(dir_ / "one.csv");
+  ASSERT_EQ(one.size(), 12u);
+  for (const char* csv : {"ep.csv", "ep_tp.csv"}) {
+    const std::vector<std::string> got = steps_of(dir_ / csv);
+    ASSERT_EQ(got.size(), one.size()) << csv;
+    for (std::size_t i = 0; i < one.size(); ++i) {
+      EXPECT_NEAR(loss_of(got[i]), loss_of(one[i]), 1e-6 * loss_of(one[i]))
+          << csv << " step " << i + 1;
+    }
+  }
+  const std::vector<std::string> whole = steps_of(dir_ / "ep.csv");
+  const std::vector<std::string> resumed = steps_of(dir_ / "rest.csv");
+  ASSERT_EQ(resumed.size(), 7u);
+  for (std::size_t i = 0; i < resumed.size(); ++i) EXPECT_EQ(resumed[i], whole[i + 5]);
+  EXPECT_LT(loss_of(one.back()), loss_of(one.front()));
+}
+
 // ZeRO-1 (AdamW's state split over the data axis): DP2's losses, and a resume bit for bit
 // through checkpoints that hold the state whole.
 TEST_F(TrainParallel, Dp2WithZeroIsOneProcessAndResumesBitForBit) {

@@ -115,7 +115,9 @@ void add_layout_options(CLI::App& app, LayoutArgs& args, const std::string& rule
                  "default with several ranks: data=N)");
   app.add_option("--mesh-resource", args.mesh_resource,
                  "Parallelism roles of the mesh axes (TE's MeshResource), e.g. dp=data,tpsp=model "
-                 "or fsdp=data (default with several ranks and no --mesh: dp=data)");
+                 "or fsdp=data; ep=AXIS splits a mixture of experts' experts over AXIS (tokens "
+                 "sent to them by all-to-all when the batch splits over it too: dp=data,ep=data) "
+                 "(default with several ranks and no --mesh: dp=data)");
   app.add_option("--rules", args.rules,
                  rules_help.empty()
                      ? "Logical axis rules, e.g. 'batch=data,heads=model'. Without them, a "
