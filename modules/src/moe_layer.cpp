@@ -87,10 +87,8 @@ void LayerNormMoEImpl::reset() {
                            {axis::kWFsdp, axis::kWNoShard});
     }
   }
-  gate_fp8 = register_fp8_gemm(*this, "gate_");
   shared_wi_fp8 = s > 0 ? register_fp8_gemm(*this, "shared_wi_") : nullptr;
   shared_wo_fp8 = s > 0 ? register_fp8_gemm(*this, "shared_wo_") : nullptr;
-  shared_gate_fp8 = o.shared_expert_gate() ? register_fp8_gemm(*this, "shared_gate_") : nullptr;
   wi_fp8.clear();
   wo_fp8.clear();
   for (int64_t i = 0; i < e; ++i) {
@@ -427,8 +425,10 @@ MoEOut<T> moe_forward(LayerNormMoEImpl& self, const T& input) {
   const LayerNormMoEOptions& o = self.options;
   const T ln = self.layernorm->forward(constrain(input, o.layernorm_input_axes()));
   const T x = constrain(ln, o.dot_1_input_axes());
+  // The router stays in high precision under an FP8 recipe (as Megatron's, a plain Linear): a
+  // quantized logit would move tokens between experts.
   const T logits =
-      detail::project(self, x, "gate_", self.gate_kernel, self.gate_bias, self.gate_fp8, {}, {});
+      detail::project(self, x, "gate_", self.gate_kernel, self.gate_bias, nullptr, {}, {});
   auto [out, aux] = experts(self, x, logits);
   if (self.shared_wi_kernel.defined()) {
     const T h = detail::project(self, x, "shared_wi_", self.shared_wi_kernel, at::Tensor(),
@@ -439,7 +439,7 @@ MoEOut<T> moe_forward(LayerNormMoEImpl& self, const T& input) {
                                self.shared_wo_fp8, {}, {});
     if (self.shared_gate_kernel.defined()) {
       shared = gated(shared, detail::project(self, x, "shared_gate_", self.shared_gate_kernel,
-                                             at::Tensor(), self.shared_gate_fp8, {}, {}));
+                                             at::Tensor(), nullptr, {}, {}));
     }
     out = F::add(shared, out);  // the experts' partial sums (tp, ep) into the shared layout
   }

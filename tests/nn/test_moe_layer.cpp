@@ -9,11 +9,13 @@
 
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 
 #include "../expect_error.h"
 #include "nn_test_util.h"
 #include "te/distributed.h"
+#include "te/fp8.h"
 #include "te/nn/init.h"
 #include "te/nn/moe_layer.h"
 
@@ -193,6 +195,47 @@ INSTANTIATE_TEST_SUITE_P(
                       Layout{"FSDP2WholeTokens", {2}, {"data"}, "fsdp=data", false},
                       Layout{"TP2WholeTokens", {2}, {"model"}, "tp=model", false}),
     [](const ::testing::TestParamInfo<Layout>& info) { return info.param.name; });
+
+// Under every recipe the experts' GEMMs run quantized, each expert on its own scaling state
+// (delayed scaling updates each expert's scales from its own amax), close to the high-precision
+// output; the router stays exact, so the same experts are chosen.
+TEST(MoeLayer, EveryFp8RecipeScalesEachExpertOnItsOwn) {
+  fp8::NVFP4BlockScaling nvfp4;
+  nvfp4.disable_stochastic_rounding = true;
+  const std::vector<std::pair<fp8::Recipe, double>> recipes = {
+      {fp8::DelayedScaling{}, 0.1},
+      {fp8::CurrentScaling{}, 0.1},
+      {fp8::Float8BlockScaling{fp8::Format::kHybrid, false, 0.0f}, 0.1},
+      {fp8::MXFP8BlockScaling{fp8::Format::kHybrid}, 0.1},
+      {nvfp4, 0.3}};
+  const at::Tensor x = test::randn({4, 32, 64}, 5);
+  for (const auto& [recipe, tol] : recipes) {
+    SCOPED_TRACE(fp8::to_string(recipe));
+    manual_seed(4);
+    auto o = LayerNormMoEOptions(64, 64, 4).shared_expert_size(64);
+    o.router().topk = 2;
+    LayerNormMoE moe(o);
+    const at::Tensor want = moe(x).detach();
+    at::Tensor y;
+    {
+      Fp8Autocast fp8(true, recipe);
+      y = moe(x);
+      y.sum().backward();
+    }
+    const double err = ((y - want).norm() / want.norm()).item<double>();
+    EXPECT_GT(err, 0.0);  // quantized
+    EXPECT_LT(err, tol);
+    EXPECT_TRUE(moe->wi_kernel.grad().isfinite().all().item<bool>());
+    if (std::holds_alternative<fp8::DelayedScaling>(recipe.settings())) {
+      // The update at the region's end: each expert's input scale from its own rows' amax.
+      std::vector<float> scale;
+      for (const auto& meta : moe->wi_fp8) scale.push_back(meta->fwd_scale[0].item<float>());
+      for (float v : scale) EXPECT_NE(v, 1.0f);
+      // The largest input row goes to two of the four experts: the others see smaller amaxes.
+      EXPECT_GT(std::set<float>(scale.begin(), scale.end()).size(), 1u);
+    }
+  }
+}
 
 // TE's table gives exp the ep role first: where ep shares tp's axis, the experts split there
 // (each rank whole experts) and the mlp dim stays whole; without ep, tp splits the mlp dim.

@@ -95,8 +95,10 @@ struct LayerNormMoEOptions {
 /// (gate_bias [experts]), wi_kernel [experts, hidden, slots, ffn], wo_kernel [experts, ffn,
 /// hidden] (wi_bias [experts, slots, ffn], wo_bias [experts, hidden]), shared_wi_kernel
 /// [hidden, slots, shared], shared_wo_kernel [shared, hidden], shared_gate_kernel [hidden, 1].
-/// Under an FP8 recipe every GEMM has its own scaling: the router's and shared expert's, and
-/// each expert's two (buffers wi_<e>_fp8_*, wo_<e>_fp8_*).
+/// Under an FP8 recipe each expert's two GEMMs have their own scaling (buffers wi_<e>_fp8_*,
+/// wo_<e>_fp8_*), as do the shared expert's; the router and the shared expert's gate stay in
+/// high precision (Megatron's router is a plain Linear: a quantized logit would move tokens
+/// between experts).
 class LayerNormMoEImpl : public torch::nn::Cloneable<LayerNormMoEImpl>, public ShardedModule {
  public:
   LayerNormMoEImpl(int64_t hidden_size, int64_t ffn_hidden_size, int64_t num_experts)
@@ -122,7 +124,7 @@ class LayerNormMoEImpl : public torch::nn::Cloneable<LayerNormMoEImpl>, public S
   LayerNorm layernorm{nullptr};
   at::Tensor gate_kernel, gate_bias, wi_kernel, wi_bias, wo_kernel, wo_bias;
   at::Tensor shared_wi_kernel, shared_wo_kernel, shared_gate_kernel;
-  std::shared_ptr<fp8::GemmMeta> gate_fp8, shared_wi_fp8, shared_wo_fp8, shared_gate_fp8;
+  std::shared_ptr<fp8::GemmMeta> shared_wi_fp8, shared_wo_fp8;
   /// Each expert's FP8 state, all experts' on every rank (an expert-parallel rank records only
   /// its own; the amax reduction over the mesh gives every rank the owner's).
   std::vector<std::shared_ptr<fp8::GemmMeta>> wi_fp8, wo_fp8;
