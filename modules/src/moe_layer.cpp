@@ -1,21 +1,19 @@
-// LayerNormMoE (te/nn/moe_layer.h): the router, the experts on this rank's tokens (sent to the
-// ranks holding their experts by all-to-all under expert parallelism), the shared expert.
+// LayerNormMoE (te/nn/moe_layer.h): the norm, the router, the routed experts (moe_experts.h) and
+// the shared expert.
 
 #include "te/nn/moe_layer.h"
 
 #include <ATen/ATen.h>
-#include <torch/csrc/autograd/custom_function.h>
 
 #include <numeric>
 #include <optional>
 #include <string>
 
 #include "forward.h"
+#include "moe_experts.h"
 #include "te/distributed/ops.h"
-#include "te/distributed/scopes.h"
 #include "te/error.h"
 #include "te/fp8.h"
-#include "te/nn/grouped_linear.h"
 #include "te/nn/init.h"
 #include "te/nn/random.h"
 
@@ -106,178 +104,6 @@ void LayerNormMoEImpl::pretty_print(std::ostream& stream) const {
 
 namespace {
 
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
-
-// One ragged exchange of rows along a mesh dim, and its reverse for the gradient.
-struct RowsExchange : torch::CustomClassHolder {
-  std::optional<DeviceMesh> mesh;
-  int64_t dim = 0;
-  std::vector<int64_t> send, recv;
-};
-
-struct AllToAllRows : torch::autograd::Function<AllToAllRows> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& rows,
-                            c10::intrusive_ptr<RowsExchange> x) {
-    ctx->saved_data["exchange"] = c10::IValue::make_capsule(x);
-    ctx->saved_data["scopes"] = ScopeCapture::current().to_ivalue();
-    return x->mesh->all_to_all_rows(rows, x->dim, x->send, x->recv);
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    auto x =
-        c10::static_intrusive_pointer_cast<RowsExchange>(ctx->saved_data["exchange"].toCapsule());
-    const ScopeLoan loan(ScopeCapture::from_ivalue(ctx->saved_data["scopes"]));
-    return {x->mesh->all_to_all_rows(grads[0].contiguous(), x->dim, x->recv, x->send),
-            at::Tensor()};
-  }
-};
-
-at::Tensor exchange_rows(const at::Tensor& rows, const DeviceMesh& mesh, int64_t dim,
-                         std::vector<int64_t> send, std::vector<int64_t> recv) {
-  auto x = c10::make_intrusive<RowsExchange>();
-  x->mesh = mesh;
-  x->dim = dim;
-  x->send = std::move(send);
-  x->recv = std::move(recv);
-  return AllToAllRows::apply(rows, x);
-}
-
-// How this rank's share of the experts runs: its pieces of their parameters, the mesh dims that
-// split the tokens, the experts (expert parallelism) and the experts' mlp dim (tensor
-// parallelism within each expert).
-struct ExpertsHere {
-  at::Tensor wi, wi_bias, wo, wo_bias;  // this rank's pieces
-  const DeviceMesh* mesh = nullptr;     // null: one process
-  std::vector<int64_t> token_dims;      // mesh dims that split the tokens
-  std::optional<int64_t> ep_dim;        // the mesh dim that splits the experts
-  bool exchange = false;                // the tokens are split over ep_dim too: all-to-all
-  int64_t ep_size = 1, ep_rank = 0;
-  bool add_bias = true;  // this rank adds wo_bias (one rank of the tp dims)
-  // The logits the losses read (whole gradients), when not those that route (partial ones).
-  at::Tensor loss_logits;
-};
-
-// The experts [first, first + wi.size(0)) on rows grouped by expert (m_splits each).
-at::Tensor expert_mlp(LayerNormMoEImpl& self, const ExpertsHere& here, const at::Tensor& rows,
-                      const std::vector<int64_t>& m_splits, int64_t first) {
-  const LayerNormMoEOptions& o = self.options;
-  const int64_t n = here.wi.size(0), h = here.wi.size(1), a = here.wi.size(2), f = here.wi.size(3);
-  const auto metas = [&](const std::vector<std::shared_ptr<fp8::GemmMeta>>& all) {
-    return std::vector<std::shared_ptr<fp8::GemmMeta>>(all.begin() + first,
-                                                       all.begin() + first + n);
-  };
-  const at::Tensor hid = F::grouped_dense(
-      rows, here.wi.reshape({n, h, a * f}), m_splits,
-      here.wi_bias.defined() ? here.wi_bias.reshape({n, a * f}) : at::Tensor(), metas(self.wi_fp8));
-  at::Tensor act =
-      F::mlp_activation(hid.view({rows.size(0), a, f}), o.activations(), o.activation_params());
-  act = F::dropout(act, o.intermediate_dropout_rate(), self.is_training());
-  // Under tensor parallelism one rank adds the bias to the partial sums; the others add zeros
-  // of it, so that every rank's gradient of it takes part in the reduction.
-  at::Tensor bias = here.wo_bias;
-  if (bias.defined() && !here.add_bias) bias = bias * 0;
-  return F::grouped_dense(act, here.wo, m_splits, bias, metas(self.wo_fp8));
-}
-
-// Sums of `counts` [experts] in blocks of `per` experts: the rows each rank gets.
-std::vector<int64_t> block_sums(const std::vector<int64_t>& counts, int64_t per) {
-  std::vector<int64_t> out(counts.size() / static_cast<std::size_t>(per), 0);
-  for (std::size_t i = 0; i < counts.size(); ++i)
-    out[i / static_cast<std::size_t>(per)] += counts[i];
-  return out;
-}
-
-// Expert parallelism over the mesh dim that splits the tokens too (Megatron's
-// MoEAlltoAllTokenDispatcher): rows grouped by expert go to the experts' ranks, counts first;
-// there they are grouped by local expert, run, and sent back.
-at::Tensor exchanged_experts(LayerNormMoEImpl& self, const ExpertsHere& here,
-                             const F::Permutation& perm) {
-  const int64_t experts = self.options.num_experts(), ep = here.ep_size;
-  const int64_t per = experts / ep, first = here.ep_rank * per;
-  const DeviceMesh& mesh = *here.mesh;
-  const std::vector<int64_t>& counts = perm.rows_per_expert;
-  const std::vector<int64_t> send = block_sums(counts, per);
-  const at::Tensor sent_counts = at::tensor(counts, at::kLong).view({experts, 1});
-  const at::Tensor got =
-      mesh.all_to_all_rows(sent_counts.to(perm.tokens.device()), *here.ep_dim,
-                           std::vector<int64_t>(ep, per), std::vector<int64_t>(ep, per))
-          .cpu()
-          .view({-1});
-  // from[s * per + e]: the rows source rank s sends this rank's local expert e.
-  const std::vector<int64_t> from(got.data_ptr<int64_t>(), got.data_ptr<int64_t>() + ep * per);
-  const std::vector<int64_t> recv = block_sums(from, per);
-  const at::Tensor received = exchange_rows(perm.tokens, mesh, *here.ep_dim, send, recv);
-  std::vector<int64_t> by_expert, m_splits(per, 0), sizes_by_expert, back_order;
-  for (int64_t e = 0; e < per; ++e) {
-    for (int64_t s = 0; s < ep; ++s) {
-      by_expert.push_back(s * per + e);
-      sizes_by_expert.push_back(from[s * per + e]);
-      m_splits[e] += from[s * per + e];
-    }
-  }
-  for (int64_t s = 0; s < ep; ++s) {
-    for (int64_t e = 0; e < per; ++e) back_order.push_back(e * ep + s);
-  }
-  const at::Tensor rows = F::moe_sort_chunks_by_index(received, from, by_expert);
-  const at::Tensor y = expert_mlp(self, here, rows, m_splits, first);
-  const at::Tensor back_local = F::moe_sort_chunks_by_index(y, sizes_by_expert, back_order);
-  return exchange_rows(back_local, mesh, *here.ep_dim, recv, send);
-}
-
-// The losses over the whole batch: the counts and the token count summed over the ranks that
-// split the tokens; each rank's terms of its own tokens (partial sums).
-at::Tensor aux_loss(LayerNormMoEImpl& self, const ExpertsHere& here, const at::Tensor& logits) {
-  const LayerNormMoEOptions& o = self.options;
-  at::Tensor aux = at::zeros({}, logits.options().dtype(at::kFloat));
-  if (o.aux_loss_coeff() <= 0 && o.z_loss_coeff() <= 0) return aux;
-  const bool split = here.mesh != nullptr && !here.token_dims.empty();
-  at::Tensor total = at::full({1}, logits.size(0), at::kLong);
-  if (split) {
-    total = here.mesh->all_reduce(total.to(logits.device()), ReduceOp::kSum, here.token_dims).cpu();
-  }
-  const int64_t all_tokens = total.item<int64_t>();
-  if (o.aux_loss_coeff() > 0) {
-    const F::Routing scores =
-        F::compute_score_for_moe_aux_loss(logits, o.router().topk, o.router().score_function);
-    at::Tensor per_expert = scores.routing_map.sum(0);
-    if (split) per_expert = here.mesh->all_reduce(per_expert, ReduceOp::kSum, here.token_dims);
-    aux = aux + F::moe_aux_loss(scores.probs, per_expert, all_tokens, o.router().topk,
-                                o.aux_loss_coeff());
-  }
-  if (o.z_loss_coeff() > 0 && logits.size(0) > 0) {
-    const double share = static_cast<double>(logits.size(0)) / static_cast<double>(all_tokens);
-    aux = aux + F::moe_z_loss(logits, o.z_loss_coeff()) * share;
-  }
-  return aux;
-}
-
-// The routed experts' output for this rank's tokens [T, hidden] and logits [T, experts], and
-// the auxiliary loss's share of them (zero scalar when off).
-std::pair<at::Tensor, at::Tensor> routed_experts(LayerNormMoEImpl& self, const ExpertsHere& here,
-                                                 const at::Tensor& tokens,
-                                                 const at::Tensor& routing_logits) {
-  const LayerNormMoEOptions& o = self.options;
-  const F::Routing routing = F::topk_with_score_function(routing_logits, o.router());
-  at::Tensor out;
-  if (here.ep_dim && !here.exchange) {
-    // Every rank routes the same tokens; each runs its own experts: partial sums.
-    const int64_t per = o.num_experts() / here.ep_size, first = here.ep_rank * per;
-    const F::Permutation perm = F::moe_permute(tokens, routing.routing_map.narrow(1, first, per));
-    out = F::moe_unpermute(expert_mlp(self, here, perm.tokens, perm.rows_per_expert, first), perm,
-                           routing.probs.narrow(1, first, per));
-  } else {
-    const F::Permutation perm = F::moe_permute(tokens, routing.routing_map);
-    const at::Tensor rows = here.ep_dim
-                                ? exchanged_experts(self, here, perm)
-                                : expert_mlp(self, here, perm.tokens, perm.rows_per_expert, 0);
-    out = F::moe_unpermute(rows, perm, routing.probs);
-  }
-  const at::Tensor logits = here.loss_logits.defined()
-                                ? here.loss_logits.reshape({-1, routing_logits.size(-1)})
-                                : routing_logits;
-  return {out, aux_loss(self, here, logits)};
-}
-
 // a * sigmoid(gate), gate [..., 1].
 at::Tensor gated(const at::Tensor& a, const at::Tensor& gate) { return a * at::sigmoid(gate); }
 DTensor gated(const DTensor& a_in, const DTensor& gate_in) {
@@ -296,123 +122,6 @@ DTensor gated(const DTensor& a_in, const DTensor& gate_in) {
                              a.sizes());
 }
 
-// The routed experts on one process.
-std::pair<at::Tensor, at::Tensor> experts(LayerNormMoEImpl& self, const at::Tensor& x,
-                                          const at::Tensor& logits) {
-  ExpertsHere here;
-  here.wi = self.wi_kernel;
-  here.wi_bias = self.wi_bias;
-  here.wo = self.wo_kernel;
-  here.wo_bias = self.wo_bias;
-  const int64_t hidden = x.size(-1);
-  auto [out, aux] =
-      routed_experts(self, here, x.reshape({-1, hidden}), logits.reshape({-1, logits.size(-1)}));
-  return {out.view(x.sizes()), aux};
-}
-
-// How the experts' parameters and the tokens meet on each mesh dim: which dims split each
-// expert's mlp dim (tp), the experts (ep) and the tokens (split).
-struct MeshPlan {
-  std::vector<bool> tp, ep, split;
-};
-
-MeshPlan plan_experts(LayerNormMoEImpl& self, const DTensor& x_in, ExpertsHere& here) {
-  const DeviceMesh& mesh = x_in.mesh();
-  const auto n = static_cast<std::size_t>(mesh.ndim());
-  const DTensor wi = self.as_dtensor("wi_kernel", self.wi_kernel, mesh);
-  const DTensor wo = self.as_dtensor("wo_kernel", self.wo_kernel, mesh);
-  MeshPlan plan{std::vector<bool>(n), std::vector<bool>(n), std::vector<bool>(n)};
-  for (std::size_t m = 0; m < n; ++m) {
-    const Placement& pi = wi.placements()[m];
-    const Placement& po = wo.placements()[m];
-    plan.tp[m] = is_shard(pi) && std::get<Shard>(pi).dim == 3;
-    plan.ep[m] = is_shard(pi) && std::get<Shard>(pi).dim == 0;
-    const bool tp_o = is_shard(po) && std::get<Shard>(po).dim == 1;
-    const bool ep_o = is_shard(po) && std::get<Shard>(po).dim == 0;
-    TE_CHECK(plan.tp[m] == tp_o && plan.ep[m] == ep_o, "LayerNormMoE: wi_kernel ", wi.to_string(),
-             " and wo_kernel ", wo.to_string(), " split mesh axis '", mesh.axis_names()[m],
-             "' differently; give the experts' mlp axis (and exp) the same mesh axes in both "
-             "(wi_kernel_axes, wo_kernel_axes)");
-    // The tokens, whole over the hidden dim and where the experts' mlp dim is split.
-    const Placement& px = x_in.placements()[m];
-    plan.split[m] = is_shard(px) && std::get<Shard>(px).dim < x_in.dim() - 1 && !plan.tp[m];
-    if (plan.split[m]) here.token_dims.push_back(static_cast<int64_t>(m));
-    if (plan.ep[m]) {
-      TE_CHECK(!here.ep_dim, "LayerNormMoE: the experts (", wi.to_string(),
-               ") are split over two mesh axes; give the logical axis 'exp' one mesh axis");
-      here.ep_dim = static_cast<int64_t>(m);
-      here.ep_size = mesh.size(static_cast<int64_t>(m));
-      here.ep_rank = mesh.coordinate(static_cast<int64_t>(m));
-      here.exchange = plan.split[m];
-      TE_CHECK(self.options.num_experts() % here.ep_size == 0,
-               "LayerNormMoE: ", self.options.num_experts(),
-               " experts do not split evenly over mesh axis '", mesh.axis_names()[m], "' of ",
-               here.ep_size,
-               " ranks; give the 'exp' axis a mesh axis whose size divides num_experts");
-    }
-    if (plan.tp[m]) here.add_bias = here.add_bias && mesh.coordinate(static_cast<int64_t>(m)) == 0;
-  }
-  return plan;
-}
-
-// The routed experts on a mesh: each parameter's piece by how its placements and the tokens'
-// meet on each mesh dim.
-std::pair<DTensor, DTensor> experts(LayerNormMoEImpl& self, const DTensor& x_in,
-                                    const DTensor& logits_in) {
-  const DeviceMesh& mesh = x_in.mesh();
-  const auto n = static_cast<std::size_t>(mesh.ndim());
-  ExpertsHere here;
-  here.mesh = &mesh;
-  const auto [tp, ep, split] = plan_experts(self, x_in, here);
-  const int64_t last = x_in.dim() - 1;
-  const DTensor x = replicated_where(
-      x_in, [&](const Placement& p, std::size_t m) { return !split[m] || !is_shard(p); });
-  const DTensor logits = replicated_where(logits_in, [&](const Placement& p, std::size_t m) {
-    return !(split[m] && is_shard(p) && std::get<Shard>(p).dim < last && x.placements()[m] == p);
-  });
-  // Each parameter's piece: kept where its experts or mlp dim are split (ep, tp); gathered
-  // elsewhere (FSDP's split, or whole), its gradient a partial sum where the tokens are split.
-  const auto piece = [&](const char* name, const at::Tensor& local,
-                         std::optional<int64_t> mlp_dim) {
-    if (!local.defined()) return at::Tensor();
-    const DTensor p = self.as_dtensor(name, local, mesh);
-    Placements use(n), grads(n);
-    for (std::size_t m = 0; m < n; ++m) {
-      const Placement& pp = p.placements()[m];
-      const bool keep = (ep[m] || (tp[m] && mlp_dim)) && is_shard(pp) &&
-                        (std::get<Shard>(pp).dim == 0 || std::get<Shard>(pp).dim == mlp_dim);
-      if (keep) {
-        use[m] = grads[m] = pp;
-      } else {
-        use[m] = Replicate{};
-        grads[m] = split[m] || (tp[m] && !mlp_dim) ? Placement(Partial{}) : Placement(Replicate{});
-      }
-    }
-    return p.redistribute(use, grads).to_local();
-  };
-  here.wi = piece("wi_kernel", self.wi_kernel, 3);
-  here.wo = piece("wo_kernel", self.wo_kernel, 1);
-  here.wi_bias = piece("wi_bias", self.wi_bias, 2);
-  here.wo_bias = piece("wo_bias", self.wo_bias, std::nullopt);
-  // Where each rank's output is a partial sum (tp, ep on whole tokens), so is the gradient each
-  // gets for its tokens and for the routing weights: summed over those mesh dims in backward.
-  // The losses read the logits whole on every rank, with whole gradients.
-  Placements placed(n), aux_placed(n), x_grads = x.placements(), l_grads = logits.placements();
-  for (std::size_t m = 0; m < n; ++m) {
-    const bool partial = tp[m] || (ep[m] && !split[m]);
-    placed[m] = partial ? Placement(Partial{}) : x.placements()[m];
-    aux_placed[m] = split[m] ? Placement(Partial{}) : Placement(Replicate{});
-    if (partial) x_grads[m] = l_grads[m] = Partial{};
-  }
-  const at::Tensor x_local = x.redistribute(x.placements(), x_grads).to_local();
-  const at::Tensor l_local = logits.redistribute(logits.placements(), l_grads).to_local();
-  here.loss_logits = logits.to_local();
-  auto [out, aux] = routed_experts(self, here, x_local.reshape({-1, x_local.size(-1)}),
-                                   l_local.reshape({-1, l_local.size(-1)}));
-  return {DTensor::from_local(out.view(x_local.sizes()), mesh, placed, x.sizes()),
-          DTensor::from_local(aux, mesh, aux_placed, std::vector<int64_t>{})};
-}
-
 template <typename T>
 struct MoEOut {
   T out, ln, aux;
@@ -429,7 +138,7 @@ MoEOut<T> moe_forward(LayerNormMoEImpl& self, const T& input) {
   // quantized logit would move tokens between experts.
   const T logits =
       detail::project(self, x, "gate_", self.gate_kernel, self.gate_bias, nullptr, {}, {});
-  auto [out, aux] = experts(self, x, logits);
+  auto [out, aux] = detail::moe_experts(self, x, logits);
   if (self.shared_wi_kernel.defined()) {
     const T h = detail::project(self, x, "shared_wi_", self.shared_wi_kernel, at::Tensor(),
                                 self.shared_wi_fp8, {}, {});

@@ -113,6 +113,11 @@ void TransformerLayerImpl::reset() {
     TE_CHECK(options.moe()->hidden_size() == options.hidden_size(), "TransformerLayer: moe's ",
              "hidden_size ", options.moe()->hidden_size(), " differs from the layer's ",
              options.hidden_size());
+    TE_CHECK(options.moe()->aux_loss_coeff() == 0 && options.moe()->z_loss_coeff() == 0,
+             "TransformerLayer: moe's aux_loss_coeff (", options.moe()->aux_loss_coeff(),
+             ") and z_loss_coeff (", options.moe()->z_loss_coeff(),
+             ") must be 0: the layer returns its output alone, so the loss would be dropped; "
+             "call the LayerNormMoE's forward_with_aux_loss to train with it");
     moe = register_module(
         "moe", LayerNormMoE(LayerNormMoEOptions(*options.moe())
                                 .layernorm(norm)

@@ -472,6 +472,51 @@ TEST(MeshCollectives, RingShiftPassesAlongEachRow) {
   });
 }
 
+// A ragged all-to-all of rows (expert parallelism's token exchange): rank r sends (r + s) % 3
+// rows to rank s, so some pieces are empty and rank 0 sends itself nothing; then one rank sends
+// no row at all and another receives none. Each round is one all_to_all record of the rows sent;
+// bad counts are named.
+TEST(MeshCollectives, AllToAllRowsCarriesRaggedRowsIncludingNone) {
+  EXPECT_TRUE(at::equal(DeviceMesh({1}, {"x"}).all_to_all_rows(at::ones({2, 3}), 0, {2}, {2}),
+                        at::ones({2, 3})));
+  run_local_ranks(3, [](int rank) {
+    DeviceMesh line({3}, {"ep"});
+    CommTrace trace;
+    // Row values name their sender and their place: 100 * sender + 10 * receiver + i.
+    auto rows_for = [](int64_t from, int64_t to, int64_t n) {
+      return (at::arange(n, at::kFloat) + 100 * from + 10 * to).unsqueeze(1).repeat({1, 2});
+    };
+    for (int round = 0; round < 20; ++round) {
+      const bool lopsided = round % 2 == 1;  // rank 1 sends nothing, rank 2 receives nothing
+      auto count = [&](int64_t from, int64_t to) -> int64_t {
+        if (lopsided) return from == 1 || to == 2 ? 0 : 2;
+        return (from + to) % 3;
+      };
+      std::vector<int64_t> send, recv;
+      std::vector<at::Tensor> mine, want;
+      for (int64_t s = 0; s < 3; ++s) {
+        send.push_back(count(rank, s));
+        recv.push_back(count(s, rank));
+        mine.push_back(rows_for(rank, s, send.back()));
+        want.push_back(rows_for(s, rank, recv.back()));
+      }
+      for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+        const at::Tensor got = line.all_to_all_rows(at::cat(mine).to(dtype), 0, send, recv);
+        EXPECT_EQ(got.scalar_type(), dtype);
+        EXPECT_TRUE(at::equal(got.to(at::kFloat), at::cat(want)))
+            << "rank " << rank << " round " << round;
+      }
+    }
+    EXPECT_EQ(trace.count(Collective::kAllToAll, "ep"), 40);
+    EXPECT_ERROR(line.all_to_all_rows(at::ones({2, 2}), 0, {1, 1}, {1, 1, 0}),
+                 "2 send and 3 receive counts for a row of 3 ranks");
+    EXPECT_ERROR(line.all_to_all_rows(at::ones({2, 2}), 0, {1, 0, 0}, {0, 0, 0}),
+                 "the send counts add up to 1 rows, but 2 are given");
+    EXPECT_ERROR(line.all_to_all_rows(at::ones({2, 2}), 1, {2, 0, 0}, {0, 0, 0}),
+                 "has no dim 1 to exchange rows along");
+  });
+}
+
 // An error of the communication backend itself is reported as such, at once, not blamed on peers
 // that are alive (Gloo in LibTorch 1.13 has no int16; that rejection stands for any backend
 // error). bf16 and fp16, which Gloo lacks too, travel as fp32 and come back exact.

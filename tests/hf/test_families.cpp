@@ -105,10 +105,26 @@ TEST(Families, MixturesOfExpertsReadTheirExpertsFields) {
   };
   refused({{"output_router_logits", true}},
           "output_router_logits: adds the router's load-balancing loss");
-  refused({{"num_experts_per_tok", 9}}, "num_experts_per_tok: 9 experts per token of 8 experts");
+  refused({{"num_experts_per_tok", 9}},
+          "num_experts_per_tok: 9 experts per token is not in [1, 8]");
   refused({{"mlp_only_layers", {7}}}, "mlp_only_layers: entry 7 is not a layer index");
   refused({{"num_experts", 4}}, "num_local_experts: differs from num_experts");
   refused({{"decoder_sparse_step", 0}}, "decoder_sparse_step: must be positive");
+  refused({{"num_local_experts", 0}}, "num_local_experts: 0 experts");
+  // Qwen3-MoE's window, when on, is on every layer (Qwen3's layer rules do not apply).
+  json windowed = j;
+  windowed.update({{"use_sliding_window", true}, {"sliding_window", 6}});
+  for (const auto& w : parse_causal_lm_config(windowed.dump(), "config.json").layer_windows) {
+    EXPECT_EQ(w, std::optional<int64_t>(6));
+  }
+  json qwen2 = {{"model_type", "qwen2_moe"},  {"vocab_size", 64},
+                {"hidden_size", 16},          {"intermediate_size", 24},
+                {"num_hidden_layers", 2},     {"num_attention_heads", 4},
+                {"num_experts", 4},           {"num_experts_per_tok", 2},
+                {"moe_intermediate_size", 8}, {"shared_expert_intermediate_size", 8},
+                {"use_sliding_window", true}};
+  EXPECT_ERROR(parse_causal_lm_config(qwen2.dump(), "config.json"),
+               "use_sliding_window: is true without layer_types");
   json mixtral = {
       {"model_type", "mixtral"}, {"vocab_size", 64},         {"hidden_size", 16},
       {"intermediate_size", 24}, {"num_hidden_layers", 2},   {"num_attention_heads", 4},

@@ -201,8 +201,9 @@ nlohmann::json run(const std::string& dir, bool is_encoder, const at::Tensor& id
     te::DeviceMesh mesh(l.shape, l.axes);
     te::MeshScope on_mesh(mesh);
     te::MeshResourceScope resource(l.resource);
-    te::AxisRulesScope rules(
-        te::extend_logical_axis_rules(te::parse_axis_rules("vocab=" + *l.resource.tp)));
+    // The vocabulary over the tensor-parallel axis, where the layout has one.
+    te::AxisRulesScope rules(te::extend_logical_axis_rules(
+        te::parse_axis_rules(l.resource.tp ? "vocab=" + *l.resource.tp : std::string())));
     nlohmann::json j = body(true);
     if (rank == 0) {
       std::lock_guard<std::mutex> lock(mutex);

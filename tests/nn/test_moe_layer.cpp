@@ -18,6 +18,7 @@
 #include "te/fp8.h"
 #include "te/nn/init.h"
 #include "te/nn/moe_layer.h"
+#include "te/nn/transformer.h"
 
 namespace te::nn {
 namespace {
@@ -267,6 +268,9 @@ TEST(MoeLayer, BadInputIsNamed) {
                "shared_expert_gate needs a shared expert");
   EXPECT_ERROR(LayerNormMoE(LayerNormMoEOptions(8, 6, 0)), "num_experts (0)");
   EXPECT_ERROR(LayerNormMoE(small_options().aux_loss_coeff(-1)), "aux_loss_coeff (-1)");
+  // A TransformerLayer returns its output alone: it refuses a loss it would drop.
+  EXPECT_ERROR(TransformerLayer(TransformerLayerOptions(8, 16, 2).moe(small_options())),
+               "moe's aux_loss_coeff (0.01) and z_loss_coeff (0.001) must be 0");
   // Experts that do not split over the ep axis, and experts split differently in wi and wo.
   std::mutex m;
   std::vector<std::string> errors;
@@ -281,6 +285,10 @@ TEST(MoeLayer, BadInputIsNamed) {
         LayerNormMoEOptions(8, 6, 3).wo_kernel_axes({axis::kWNoShard, axis::kWTp, axis::kWFsdp}));
     const DTensor x = DTensor::distribute(test::randn({2, 3, 8}, 1), mesh, {Replicate{}});
     moe(x);
+    {
+      Fp8Autocast fp8(true, fp8::CurrentScaling{});
+      EXPECT_ERROR(moe(x), "LayerNormMoE: FP8 recipes on a mesh of 3 ranks");
+    }
     for (LayerNormMoE* bad : {&uneven, &mixed}) {
       try {
         (*bad)(x);

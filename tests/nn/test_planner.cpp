@@ -271,6 +271,48 @@ TEST(Planner, LeavesTheCallersDropoutStreamAsItWas) {
   EXPECT_EQ(rng_state().calls, 5u);
 }
 
+// A mixture of experts on EP2 (experts and batch over one axis): meta tensors hold no values to
+// route by, so the plan routes as a balanced router would. Its collectives are a real step's,
+// one for one: per layer the counts' exchange, the rows out to the experts and back (whose
+// bytes are this rank's routed rows, tokens x topk, whatever the router chose); the bytes of the
+// return trip are the balanced share, which a real router only approaches.
+TEST(Planner, PlansAMixtureOfExpertsAsABalancedRouterSendsItsTokens) {
+  set_warning_handler([](std::string_view) {});
+  MeshResourceScope resource(parse_mesh_resource("dp=data,ep=data"));
+  Layout l{"EP2", {2}, {"data"}, "dp=data,ep=data"};
+  PlanOptions o = options_for(l);
+  auto moe = LayerNormMoEOptions(kHidden, kHidden, 4).activations({"silu", "linear"});
+  moe.router().topk = 2;
+  o.layer().moe(moe);
+  const Plan p = plan(PlanOptions(o).rank(0));
+  std::mutex mutex;
+  Measured m;
+  run_local_ranks(2, [&](int rank) {
+    Measured mine = measure(l, o);
+    std::lock_guard<std::mutex> lock(mutex);
+    if (rank == 0) m = std::move(mine);
+  });
+  set_warning_handler(nullptr);
+  const int64_t rows = kBatch / 2 * kSeq * 2;  // this rank's tokens, two experts each
+  std::vector<CommRecord> a2a, real;
+  for (const CommRecord& r : p.forward) {
+    if (r.kind == Collective::kAllToAll) a2a.push_back(r);
+  }
+  for (const CommRecord& r : m.forward) {
+    if (r.kind == Collective::kAllToAll) real.push_back(r);
+  }
+  ASSERT_EQ(a2a.size(), 3u * kLayers) << text(p.forward);
+  ASSERT_EQ(real.size(), a2a.size()) << text(m.forward);
+  for (std::size_t i = 0; i < a2a.size(); i += 3) {
+    EXPECT_EQ(a2a[i].bytes, 4 * 8);                   // the expert counts
+    EXPECT_EQ(a2a[i + 1].bytes, rows * kHidden * 4);  // every routed row, out
+    EXPECT_EQ(a2a[i + 2].bytes, rows * kHidden * 4);  // balanced: as many back
+    EXPECT_EQ(real[i].bytes, a2a[i].bytes);
+    EXPECT_EQ(real[i + 1].bytes, a2a[i + 1].bytes);
+  }
+  EXPECT_EQ(p.parameter_bytes, m.parameter_bytes);
+}
+
 TEST(Planner, RefusesOptionsItCannotPlanNamingThem) {
   const TransformerLayerOptions layer(64, 128, 4);
   EXPECT_ERROR(plan(PlanOptions(layer, 0, 4, 8)), "layers must be at least 1");

@@ -19,11 +19,15 @@ void read_moe_config(Fields& f, CausalLMConfig& c, const MoeFields& m) {
   if (local && named && f.integer("num_local_experts") != c.num_experts) {
     f.fail("num_local_experts", "differs from " + std::string(m.experts));
   }
+  if (c.num_experts <= 0) {
+    f.fail(named ? m.experts : "num_local_experts",
+           std::to_string(c.num_experts) + " experts; te-cpp builds a mixture of at least one");
+  }
   c.num_experts_per_tok = f.integer("num_experts_per_tok");
-  if (c.num_experts <= 0 || c.num_experts_per_tok <= 0 || c.num_experts_per_tok > c.num_experts) {
-    f.fail("num_experts_per_tok", std::to_string(c.num_experts_per_tok) + " experts per token of " +
-                                      std::to_string(c.num_experts) +
-                                      " experts; give 1 to the expert count");
+  if (c.num_experts_per_tok <= 0 || c.num_experts_per_tok > c.num_experts) {
+    f.fail("num_experts_per_tok", std::to_string(c.num_experts_per_tok) +
+                                      " experts per token is not in [1, " +
+                                      std::to_string(c.num_experts) + "] (the experts)");
   }
   c.layer_moe.assign(static_cast<std::size_t>(c.num_hidden_layers), true);
   if (m.qwen) {

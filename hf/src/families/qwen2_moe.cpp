@@ -12,6 +12,13 @@ namespace {
 void read_config(Fields& f, CausalLMConfig& c) {
   read_rope_decoder_config(f, c);
   c.qkv_bias = f.boolean_or("qkv_bias", true);
+  // Qwen2-MoE's default layer_types (every other layer below max_window_layers) is not Qwen2's
+  // rule; transformers writes layer_types into every config it saves, and te-cpp reads those.
+  if (f.boolean_or("use_sliding_window", false) && !f.has("layer_types")) {
+    f.fail("use_sliding_window",
+           "is true without layer_types; give the layers' types "
+           "(transformers writes them when it saves a config)");
+  }
   read_qwen_windows(f, c);
   read_moe_config(f, c, {"num_experts", true, true});
 }

@@ -1,8 +1,8 @@
-// Qwen3-MoE: transformers' Qwen3MoeForCausalLM. Qwen3's attention (q/k norms, optional biases,
-// Qwen's sliding windows) with sparse MLPs: num_experts experts of moe_intermediate_size, the top
-// num_experts_per_tok of the softmax, renormalised with norm_topk_prob; decoder_sparse_step and
-// mlp_only_layers pick the sparse layers (the others: a dense MLP of intermediate_size). te-cpp
-// reads no GGUF file of it yet.
+// Qwen3-MoE: transformers' Qwen3MoeForCausalLM. Qwen3's attention (q/k norms, optional biases;
+// use_sliding_window windows every layer) with sparse MLPs: num_experts experts of
+// moe_intermediate_size, the top num_experts_per_tok of the softmax, renormalised with
+// norm_topk_prob; decoder_sparse_step and mlp_only_layers pick the sparse layers (the others: a
+// dense MLP of intermediate_size). te-cpp reads no GGUF file of it yet.
 
 #include "moe_decoder.h"
 
@@ -15,7 +15,16 @@ void read_config(Fields& f, CausalLMConfig& c) {
   c.attention_bias = f.boolean_or("attention_bias", false);
   c.qkv_bias = c.attention_bias;
   c.qk_norm = true;
-  read_qwen_windows(f, c);
+  // Qwen3-MoE's window is on every layer when on (Qwen3MoeConfig keeps sliding_window only with
+  // use_sliding_window, 4096 when absent; Qwen3MoeAttention windows each layer by it:
+  // transformers 5.23.0), unlike Qwen3's layer_types / max_window_layers.
+  std::optional<int64_t> window = 4096;
+  if (f.contains("sliding_window")) {
+    window.reset();
+    if (f.has("sliding_window")) window = f.integer("sliding_window");
+  }
+  if (!f.boolean_or("use_sliding_window", false)) window.reset();
+  for (auto& w : c.layer_windows) w = window;
   read_moe_config(f, c, {"num_experts", true, false});
 }
 

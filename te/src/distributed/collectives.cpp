@@ -303,15 +303,33 @@ at::Tensor all_to_all_rows(const Group& g, const at::Tensor& rows,
   const int64_t row_bytes =
       numel_of({shape.begin() + 1, shape.end()}) * static_cast<int64_t>(rows.element_size());
   Backend& backend = backend_for(g, rows);
-  const at::Tensor in = as_bytes(rows.contiguous());
+  // Every piece carries kPad bytes beyond its rows, so that no buffer or piece is empty whatever
+  // the counts (a rank that sends or receives no row: Gloo's split sizes divide by a buffer's
+  // rows).
+  constexpr int64_t kPad = 8;
+  const at::Tensor bytes = as_bytes(rows);
+  const at::Tensor pad = at::zeros({kPad}, bytes.options());
+  std::vector<at::Tensor> pieces;
   std::vector<int64_t> in_sizes, out_sizes;
+  int64_t offset = 0;
   for (std::size_t s = 0; s < n; ++s) {
-    in_sizes.push_back(send_rows[s] * row_bytes);
-    out_sizes.push_back(recv_rows[s] * row_bytes);
+    pieces.push_back(bytes.narrow(0, offset, send_rows[s] * row_bytes));
+    pieces.push_back(pad);
+    offset += send_rows[s] * row_bytes;
+    in_sizes.push_back(send_rows[s] * row_bytes + kPad);
+    out_sizes.push_back(recv_rows[s] * row_bytes + kPad);
   }
-  at::Tensor received = at::empty({received_rows * row_bytes}, in.options());
+  const at::Tensor in = at::cat(pieces);
+  at::Tensor received = at::empty({received_rows * row_bytes + kPad * g.size}, in.options());
   const char* primitive = run(
       g, "all_to_all_rows", [&] { return backend.all_to_all(in, received, in_sizes, out_sizes); });
+  std::vector<at::Tensor> got;
+  offset = 0;
+  for (std::size_t s = 0; s < n; ++s) {
+    got.push_back(received.narrow(0, offset, recv_rows[s] * row_bytes));
+    offset += recv_rows[s] * row_bytes + kPad;
+  }
+  received = at::cat(got);
   CommTrace::record({Collective::kAllToAll, g.axis, bytes_of(rows), primitive});
   return from_bytes(received, rows.scalar_type(), shape);
 }

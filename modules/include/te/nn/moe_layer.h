@@ -125,8 +125,9 @@ class LayerNormMoEImpl : public torch::nn::Cloneable<LayerNormMoEImpl>, public S
   at::Tensor gate_kernel, gate_bias, wi_kernel, wi_bias, wo_kernel, wo_bias;
   at::Tensor shared_wi_kernel, shared_wo_kernel, shared_gate_kernel;
   std::shared_ptr<fp8::GemmMeta> shared_wi_fp8, shared_wo_fp8;
-  /// Each expert's FP8 state, all experts' on every rank (an expert-parallel rank records only
-  /// its own; the amax reduction over the mesh gives every rank the owner's).
+  /// Each expert's FP8 state, all experts' on every rank. FP8 runs on one process only for now:
+  /// on a mesh of several ranks the forward refuses an enabled recipe (each rank would reduce
+  /// the amaxes of the experts it ran, which differ from rank to rank).
   std::vector<std::shared_ptr<fp8::GemmMeta>> wi_fp8, wo_fp8;
 };
 TE_MODULE(LayerNormMoE);
