@@ -9,10 +9,7 @@ namespace te::hf::detail {
 namespace {
 
 void read_config(Fields& f, CausalLMConfig& c) {
-  read_rope_decoder_config(f, c);
-  c.attention_bias = f.boolean_or("attention_bias", false);
-  c.qkv_bias = c.attention_bias;
-  c.qk_norm = true;
+  read_qwen3_attention(f, c);
   read_qwen_windows(f, c);
 }
 

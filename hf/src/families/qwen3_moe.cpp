@@ -11,10 +11,7 @@ namespace te::hf::detail {
 namespace {
 
 void read_config(Fields& f, CausalLMConfig& c) {
-  read_rope_decoder_config(f, c);
-  c.attention_bias = f.boolean_or("attention_bias", false);
-  c.qkv_bias = c.attention_bias;
-  c.qk_norm = true;
+  read_qwen3_attention(f, c);
   // Qwen3-MoE's window is on every layer when on (Qwen3MoeConfig keeps sliding_window only with
   // use_sliding_window, 4096 when absent; Qwen3MoeAttention windows each layer by it:
   // transformers 5.23.0), unlike Qwen3's layer_types / max_window_layers.

@@ -55,6 +55,13 @@ void read_rope_decoder_config(Fields& f, CausalLMConfig& c, const DecoderDefault
   c.layer_windows.assign(static_cast<std::size_t>(c.num_hidden_layers), std::nullopt);
 }
 
+void read_qwen3_attention(Fields& f, CausalLMConfig& c) {
+  read_rope_decoder_config(f, c);
+  c.attention_bias = f.boolean_or("attention_bias", false);
+  c.qkv_bias = c.attention_bias;
+  c.qk_norm = true;
+}
+
 void read_qwen_windows(Fields& f, CausalLMConfig& c) {
   std::optional<int64_t> window;
   const bool absent = !f.contains("sliding_window");

@@ -32,6 +32,10 @@ struct DecoderDefaults {
 /// Every layer starts with no sliding window.
 void read_rope_decoder_config(Fields& f, CausalLMConfig& c, const DecoderDefaults& defaults = {});
 
+/// Qwen3's and Qwen3-MoE's attention: the shared fields, optional q/k/v/o biases
+/// (attention_bias), per-head q/k RMSNorms.
+void read_qwen3_attention(Fields& f, CausalLMConfig& c);
+
 /// Qwen2's and Qwen3's windows: only with use_sliding_window, on the layers layer_types names
 /// sliding_attention (or, without it, from max_window_layers on: 28 when absent), of
 /// sliding_window positions (4096 when absent, none when null).
