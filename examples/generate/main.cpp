@@ -223,9 +223,11 @@ void add_engine_options(CLI::App& app, Args& a) {
   app.add_option("--mesh", a.mesh,
                  "the mesh of the --nproc ranks (default model=N); a data axis (data=2,model=2) "
                  "gives each data-parallel group its own requests (one prompt: one group works)");
-  app.add_option("--mesh-resource", a.mesh_resource,
-                 "TE's MeshResource for the mesh axes (default tp=model, and dp=data when the mesh "
-                 "has a data axis)");
+  app.add_option(
+      "--mesh-resource", a.mesh_resource,
+      "TE's MeshResource for the mesh axes (default tp=model, and dp=data when the mesh "
+      "has a data axis); tp=model,ep=model splits a mixture of experts' experts over the "
+      "model axis (expert parallel) and its heads too");
   app.add_option("--rules", a.rules,
                  "logical axis rules over TE's (default vocab=model: the vocabulary sharded "
                  "with the heads)");

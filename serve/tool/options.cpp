@@ -171,7 +171,8 @@ void add_decoder_options(CLI::App& app, Args& args) {
       ->group(decoder);
   app.add_option("--mesh-resource", args.mesh_resource,
                  "TE's MeshResource for the mesh axes (default tp=model, and dp=data when the "
-                 "mesh has a data axis)")
+                 "mesh has a data axis); tp=model,ep=model splits a mixture of experts' experts "
+                 "over the model axis (expert parallel) and its heads too")
       ->group(decoder);
   app.add_option("--rules", args.rules,
                  "Logical axis rules over TE's (default vocab=model: the vocabulary sharded with "

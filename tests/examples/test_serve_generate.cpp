@@ -40,23 +40,32 @@ constexpr int64_t kContext = 2048;
 
 // A random Llama (4 layers, GQA) over printable ASCII: a byte-level BPE of single characters
 // (ids 0-94 for bytes 32-126, 'Ġ' standing for the space) and <|endoftext|> (95, the eos).
-// Large enough that a long stream takes seconds, small enough to load at once.
-void write_model(const fs::path& dir) {
+// Large enough that a long stream takes seconds, small enough to load at once. With `experts`,
+// a Qwen3-MoE of as many experts (2 per token) on the same attention.
+void write_model(const fs::path& dir, int64_t experts = 0) {
   fs::create_directories(dir);
-  const json config = {{"model_type", "llama"},
-                       {"architectures", {"LlamaForCausalLM"}},
-                       {"vocab_size", 96},
-                       {"hidden_size", 128},
-                       {"intermediate_size", 256},
-                       {"num_hidden_layers", 4},
-                       {"num_attention_heads", 4},
-                       {"num_key_value_heads", 2},
-                       {"max_position_embeddings", kContext},
-                       {"rms_norm_eps", 1e-5},
-                       {"hidden_act", "silu"},
-                       {"tie_word_embeddings", false},
-                       {"eos_token_id", 95},
-                       {"rope_theta", 10000.0}};
+  json config = {{"model_type", "llama"},
+                 {"architectures", {"LlamaForCausalLM"}},
+                 {"vocab_size", 96},
+                 {"hidden_size", 128},
+                 {"intermediate_size", 256},
+                 {"num_hidden_layers", 4},
+                 {"num_attention_heads", 4},
+                 {"num_key_value_heads", 2},
+                 {"max_position_embeddings", kContext},
+                 {"rms_norm_eps", 1e-5},
+                 {"hidden_act", "silu"},
+                 {"tie_word_embeddings", false},
+                 {"eos_token_id", 95},
+                 {"rope_theta", 10000.0}};
+  if (experts > 0) {
+    config.update({{"model_type", "qwen3_moe"},
+                   {"architectures", {"Qwen3MoeForCausalLM"}},
+                   {"num_experts", experts},
+                   {"num_experts_per_tok", 2},
+                   {"moe_intermediate_size", 64},
+                   {"norm_topk_prob", true}});
+  }
   std::ofstream(dir / "config.json") << config.dump();
   te::nn::manual_seed(5);
   te::hf::CausalLM model(te::hf::parse_causal_lm_config(config.dump(), "config.json"));
@@ -88,6 +97,7 @@ class ServeGenerate : public ::testing::Test {
   static void SetUpTestSuite() {
     dir_ = new te::test::TempDir("te_serve_generate");
     write_model(dir_->path() / "tiny-llama");
+    write_model(dir_->path() / "tiny-moe", 4);
   }
   static void TearDownTestSuite() { delete dir_; }
   static std::string model() { return (dir_->path() / "tiny-llama").string(); }
@@ -315,6 +325,38 @@ TEST_F(ServeGenerate, ConcurrentStreamsEachGiveTheTextOfTheRequestAlone) {
   EXPECT_EQ(metric(s, "te_serve_e2e_request_latency_seconds_count"),
             static_cast<double>(requests.size() + bodies.size()));
   EXPECT_EQ(s.stop(), 0) << s.log();
+}
+
+// A mixture of experts served expert parallel (--nproc 2, ep on the tensor-parallel axis: each
+// rank half the experts, the heads split too) gives one process's greedy texts, requests at once.
+TEST_F(ServeGenerate, AMixtureOfExpertsServedExpertParallelIsOneProcess) {
+  const std::string moe = (dir_->path() / "tiny-moe").string();
+  std::vector<json> requests;
+  for (int i = 0; i < 4; ++i) requests.push_back(request("Expert " + std::to_string(i), 20));
+  auto texts_on = [&](const Server& server) {
+    std::vector<std::string> texts(requests.size());
+    std::vector<std::thread> clients;
+    for (std::size_t i = 0; i < requests.size(); ++i) {
+      clients.emplace_back([&, i] {
+        auto res = post(server, "/v1/completions", requests[i]);
+        if (res && res->status == 200) {
+          texts[i] = json::parse(res->body)["choices"][0]["text"].get<std::string>();
+        }
+      });
+    }
+    for (auto& t : clients) t.join();
+    return texts;
+  };
+  Server one({"--model", moe, "--max-num-seqs", "4"});
+  ASSERT_GT(one.port(), 0) << one.log();
+  const std::vector<std::string> alone = texts_on(one);
+  EXPECT_EQ(alone[0].size(), 20u) << one.log();
+  EXPECT_EQ(one.stop(), 0) << one.log();
+  Server ep({"--model", moe, "--nproc", "2", "--mesh-resource", "tp=model,ep=model",
+             "--max-num-seqs", "4"});
+  ASSERT_GT(ep.port(), 0) << ep.log();
+  EXPECT_EQ(texts_on(ep), alone) << "EP2 (ep on the tp axis)";
+  EXPECT_EQ(ep.stop(), 0) << ep.log();
 }
 
 // Sends `r`, goes away once its sequence holds KV pages (a stream: once its first event has come),
