@@ -43,7 +43,10 @@ struct Args {
   double clip = 1.0;
   std::string dtype = "fp32";
   double loss_scale = 65536;  // --loss-scale: fp16's initial loss scale
-  std::string fp8 = "none";   // --fp8: none, or a te::fp8 recipe by name
+  // --router-aux-loss: the router's load-balancing loss weight (a mixture of experts); unset:
+  // the config's (router_aux_loss_coef when output_router_logits)
+  std::optional<double> router_aux_loss;
+  std::string fp8 = "none";  // --fp8: none, or a te::fp8 recipe by name
   uint64_t seed = 0;
   // Layout and launch (te::program's --mesh, --mesh-resource, --rules; --nproc, --threads).
   te::program::LayoutArgs layout;

@@ -93,6 +93,16 @@ OpenedModel open_model(const Args& a) {
         "context parallelism are in TE's thd order, not the sequence's; set those dropouts to 0 "
         "in its config, or drop --pack (whole rows keep contiguous chunks then)");
   }
+  if (a.router_aux_loss) {
+    te::hf::CausalLMConfig& c = m.model->config;  // read by each step's loss
+    if (c.num_experts == 0) {
+      throw te::InputError(
+          "--router-aux-loss: the model has no mixture-of-experts layer (num_experts), so no "
+          "router to balance; drop the option");
+    }
+    c.output_router_logits = *a.router_aux_loss > 0;
+    c.router_aux_loss_coef = *a.router_aux_loss;
+  }
   if (m.eos_id < 0) {
     throw te::InputError(
         "the model names no EOS token (eos_token_id in config.json or "

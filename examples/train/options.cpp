@@ -98,6 +98,11 @@ void add_training_options(CLI::App& app, Args& a) {
   app.add_option("--beta1", a.beta1, "AdamW's beta1")->capture_default_str();
   app.add_option("--beta2", a.beta2, "AdamW's beta2")->capture_default_str();
   app.add_option("--clip", a.clip, "Largest gradient norm (0: no clipping)")->capture_default_str();
+  app.add_option("--router-aux-loss", a.router_aux_loss,
+                 "A mixture of experts: add this weight times the routers' load-balancing loss "
+                 "over every sparse layer to the loss, as transformers' does with "
+                 "output_router_logits (0: the cross-entropy alone); default: the config's "
+                 "(router_aux_loss_coef when output_router_logits is true)");
   app.add_option("--dtype", a.dtype,
                  "fp32, bf16 (bf16 weights and activations, fp32 master weights in AdamW), or "
                  "fp16 (the same in float16, with dynamic loss scaling: a step whose gradient "
@@ -267,6 +272,10 @@ void check_schedule(const Args& a) {
     throw te::InputError("--warmup/--decay-ratio/--lr-min: " + te::program::one_line(e.what()));
   }
   if (a.clip < 0) throw te::InputError("--clip " + std::to_string(a.clip) + " is negative");
+  if (a.router_aux_loss && !(*a.router_aux_loss >= 0)) {
+    throw te::InputError("--router-aux-loss " + std::to_string(*a.router_aux_loss) +
+                         " is negative; give the load-balancing loss's weight, or 0 for none");
+  }
   for (const auto& [beta, option] : {std::pair{a.beta1, "--beta1"}, {a.beta2, "--beta2"}}) {
     if (!(beta >= 0 && beta < 1)) {
       throw te::InputError(std::string(option) + " " + std::to_string(beta) + " is outside [0, 1)");

@@ -214,6 +214,7 @@ void report_step(const Args& a, int64_t step, const te::train::StepStats& s, dou
   if ((step + 1) % a.log_every != 0 && step + 1 != a.steps && step != 0 && !s.skipped) return;
   const double tokens_per_second = static_cast<double>(s.tokens) / seconds;
   std::cout << "step " << step + 1 << "/" << a.steps << ": loss " << fmt("%.4f", s.loss)
+            << (s.router_loss != 0 ? " (router " + fmt("%.4f", s.router_loss) + ")" : "")
             << " grad_norm " << fmt("%.3f", s.grad_norm) << " lr " << fmt("%.3e", s.lr) << " "
             << fmt("%.0f", tokens_per_second) << " tokens/s mfu "
             << fmt("%.2f%%", 100 * mfu.of(tokens_per_second))

@@ -440,6 +440,14 @@ void check_step(const CausalLMImpl& m, int64_t dims, int64_t tokens,
 }
 }  // namespace
 
+at::Tensor router_aux_loss(const CausalLMConfig& config, const std::vector<nn::RouterLoad>& loads) {
+  if (!config.output_router_logits) return at::zeros({}, at::kFloat);
+  TE_CHECK(!loads.empty(), "router_aux_loss: the config counts the router's load-balancing loss ",
+           "(output_router_logits) but no layer's router load was recorded; run the forward "
+           "inside a te::nn::RouterLoadScope");
+  return nn::load_balancing_loss(loads) * config.router_aux_loss_coef;
+}
+
 nn::InferenceParamsOptions cache_options(const CausalLMConfig& c, int64_t max_batch_size,
                                          int64_t max_sequence_length) {
   const int64_t length = max_sequence_length ? max_sequence_length : c.max_position_embeddings;

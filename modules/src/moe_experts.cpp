@@ -217,11 +217,35 @@ at::Tensor aux_loss(LayerNormMoEImpl& self, const ExpertsHere& here, const at::T
   return aux;
 }
 
-// The routed experts' output for this rank's tokens [T, hidden] and logits [T, experts], and
-// the auxiliary loss's share of them (zero scalar when off).
-std::pair<at::Tensor, at::Tensor> routed_experts(LayerNormMoEImpl& self, const ExpertsHere& here,
-                                                 const at::Tensor& tokens,
-                                                 const at::Tensor& routing_logits) {
+// The router's load over this rank's tokens (logits [T, experts], whole gradients): the choices
+// and the token count summed over the ranks that split the tokens; the score sums this rank's
+// own (partial sums there).
+RouterLoad router_load(LayerNormMoEImpl& self, const ExpertsHere& here, const at::Tensor& logits) {
+  const F::RouterOptions& r = self.options.router();
+  const F::Routing scores = F::compute_score_for_moe_aux_loss(logits, r.topk, r.score_function);
+  RouterLoad load;
+  load.score_sums = scores.probs.sum(0);
+  at::Tensor counts =
+      at::cat({scores.routing_map.sum(0).to(load.score_sums.scalar_type()),
+               at::full({1}, static_cast<double>(logits.size(0)), load.score_sums.options())});
+  if (here.mesh != nullptr && !here.token_dims.empty()) {
+    counts = here.mesh->all_reduce(counts, ReduceOp::kSum, here.token_dims);
+  }
+  load.selected = counts.narrow(0, 0, counts.size(0) - 1);
+  load.tokens = counts[-1];
+  return load;
+}
+
+// What the routed experts give for this rank's tokens: the output, the auxiliary loss's share
+// (zero scalar when off), and the router's load when a RouterLoadScope records it.
+struct Routed {
+  at::Tensor out, aux;
+  std::optional<RouterLoad> load;
+};
+
+// The routed experts for this rank's tokens [T, hidden] and logits [T, experts].
+Routed routed_experts(LayerNormMoEImpl& self, const ExpertsHere& here, const at::Tensor& tokens,
+                      const at::Tensor& routing_logits) {
   const LayerNormMoEOptions& o = self.options;
   const F::Routing routing = F::topk_with_score_function(routing_logits, o.router());
   const bool planning = tokens.is_meta();  // te::nn::plan
@@ -250,7 +274,9 @@ std::pair<at::Tensor, at::Tensor> routed_experts(LayerNormMoEImpl& self, const E
   const at::Tensor logits = here.loss_logits.defined()
                                 ? here.loss_logits.reshape({-1, routing_logits.size(-1)})
                                 : routing_logits;
-  return {out, aux_loss(self, here, logits)};
+  Routed r{out, aux_loss(self, here, logits), std::nullopt};
+  if (RouterLoadScope::current() != nullptr && !planning) r.load = router_load(self, here, logits);
+  return r;
 }
 
 }  // namespace
@@ -264,9 +290,10 @@ std::pair<at::Tensor, at::Tensor> moe_experts(LayerNormMoEImpl& self, const at::
   here.wo = self.wo_kernel;
   here.wo_bias = self.wo_bias;
   const int64_t hidden = x.size(-1);
-  auto [out, aux] =
+  Routed r =
       routed_experts(self, here, x.reshape({-1, hidden}), logits.reshape({-1, logits.size(-1)}));
-  return {out.view(x.sizes()), aux};
+  if (r.load) RouterLoadScope::current()->record(std::move(*r.load));
+  return {r.out.view(x.sizes()), r.aux};
 }
 
 namespace {
@@ -389,10 +416,18 @@ std::pair<DTensor, DTensor> moe_experts(LayerNormMoEImpl& self, const DTensor& x
   const at::Tensor x_local = x.redistribute(x.placements(), x_grads).to_local();
   const at::Tensor l_local = logits.redistribute(logits.placements(), l_grads).to_local();
   here.loss_logits = logits.to_local();
-  auto [out, aux] = routed_experts(self, here, x_local.reshape({-1, x_local.size(-1)}),
-                                   l_local.reshape({-1, l_local.size(-1)}));
-  return {DTensor::from_local(out.view(x_local.sizes()), mesh, placed, x.sizes()),
-          DTensor::from_local(aux, mesh, aux_placed, std::vector<int64_t>{})};
+  Routed r = routed_experts(self, here, x_local.reshape({-1, x_local.size(-1)}),
+                            l_local.reshape({-1, l_local.size(-1)}));
+  if (r.load) {
+    // The whole batch's score sums on every rank, each rank's gradient its own tokens'.
+    RouterLoad& load = *r.load;
+    load.score_sums =
+        DTensor::from_local(load.score_sums, mesh, aux_placed, load.score_sums.sizes().vec())
+            .full_tensor();
+    RouterLoadScope::current()->record(std::move(load));
+  }
+  return {DTensor::from_local(r.out.view(x_local.sizes()), mesh, placed, x.sizes()),
+          DTensor::from_local(r.aux, mesh, aux_placed, std::vector<int64_t>{})};
 }
 
 }  // namespace te::nn::detail

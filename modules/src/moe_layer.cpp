@@ -16,6 +16,7 @@
 #include "te/fp8.h"
 #include "te/nn/init.h"
 #include "te/nn/random.h"
+#include "te/scope_stack.h"
 
 namespace te::nn {
 
@@ -177,6 +178,39 @@ std::pair<at::Tensor, at::Tensor> LayerNormMoEImpl::forward_with_aux_loss(const 
 std::pair<DTensor, DTensor> LayerNormMoEImpl::forward_with_aux_loss(const DTensor& input) {
   auto r = moe_forward(*this, input);
   return {r.out, r.aux};
+}
+
+namespace {
+
+// The RouterLoadScopes open on this thread (te/scope_stack.h).
+ScopeStack<RouterLoadScope*>& load_scopes() {
+  thread_local ScopeStack<RouterLoadScope*> stack;
+  return stack;
+}
+
+}  // namespace
+
+RouterLoadScope::RouterLoadScope() { load_scopes().push(this, this); }
+RouterLoadScope::~RouterLoadScope() { load_scopes().pop(this); }
+RouterLoadScope* RouterLoadScope::current() { return load_scopes().top_or(nullptr); }
+
+at::Tensor load_balancing_loss(const std::vector<RouterLoad>& loads) {
+  TE_CHECK(!loads.empty(),
+           "load_balancing_loss: no router load; run the model's forward inside the "
+           "RouterLoadScope (a model without a mixture-of-experts layer records none)");
+  const int64_t experts = loads.front().selected.numel();
+  at::Tensor selected, scores, tokens;
+  for (std::size_t l = 0; l < loads.size(); ++l) {
+    const RouterLoad& r = loads[l];
+    TE_CHECK(r.selected.numel() == experts && r.score_sums.numel() == experts,
+             "load_balancing_loss: router load ", l, " has ", r.selected.numel(),
+             " experts and load 0 has ", experts,
+             "; take the loss over layers of one expert count");
+    selected = l == 0 ? r.selected : selected + r.selected;
+    scores = l == 0 ? r.score_sums : scores + r.score_sums;
+    tokens = l == 0 ? r.tokens : tokens + r.tokens;
+  }
+  return (selected / tokens * (scores / tokens)).sum() * static_cast<double>(experts);
 }
 
 }  // namespace te::nn

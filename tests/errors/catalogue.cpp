@@ -726,15 +726,15 @@ std::vector<Case> cases() {
       {"mixture of experts", "a shared expert gate without a shared expert",
        "shared_expert_gate needs a shared expert (shared_expert_size > 0)",
        [] { LayerNormMoE moe(LayerNormMoEOptions(8, 6, 4).shared_expert_gate(true)); }},
-      {"mixture of experts", "a config asking transformers' loss to add the router's loss",
-       "output_router_logits: adds the router's load-balancing loss",
+      {"mixture of experts", "a load-balancing loss over no router load",
+       "load_balancing_loss: no router load; run the model's forward inside the RouterLoadScope",
+       [] { load_balancing_loss({}); }},
+      {"mixture of experts", "a router loss counted without the forward's router loads",
+       "output_router_logits) but no layer's router load was recorded",
        [] {
-         hf::parse_causal_lm_config(
-             R"({"model_type": "mixtral", "vocab_size": 64, "hidden_size": 16,
-                 "intermediate_size": 24, "num_hidden_layers": 2, "num_attention_heads": 4,
-                 "num_local_experts": 4, "num_experts_per_tok": 2,
-                 "output_router_logits": true})",
-             "config.json");
+         hf::CausalLMConfig c;
+         c.output_router_logits = true;
+         hf::router_aux_loss(c, {});
        }},
       {"distributed", "more ranks on a host than it has GPUs",
        "has LOCAL_RANK 2, but this host has 2 GPU(s)", [] { device_for_local_rank(2, 2); }},

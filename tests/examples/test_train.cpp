@@ -279,9 +279,10 @@ TEST_F(TrainParallel, Dp2xTp2IsOneProcessAndResumesBitForBit) {
   }
 }
 
-// A mixture of experts (Qwen3-MoE: 4 experts, 2 per token) trained expert parallel: EP2 (each
-// rank half the experts, its tokens sent to them by all-to-all) and EP2xTP2 give one process's
-// losses, and EP2 resumes bit for bit (each rank's checkpoint its experts).
+// A mixture of experts (Qwen3-MoE: 4 experts, 2 per token) trained expert parallel with the
+// routers' load-balancing loss (--router-aux-loss): EP2 (each rank half the experts, its tokens
+// sent to them by all-to-all) and EP2xTP2 give one process's losses, and EP2 resumes bit for bit
+// (each rank's checkpoint its experts).
 TEST_F(TrainParallel, AMixtureOfExpertsOnEp2AndEp2xTp2IsOneProcess) {
   nlohmann::json moe = {{"architectures", {"Qwen3MoeForCausalLM"}},
                         {"model_type", "qwen3_moe"},
@@ -299,13 +300,16 @@ TEST_F(TrainParallel, AMixtureOfExpertsOnEp2AndEp2xTp2IsOneProcess) {
                         {"tie_word_embeddings", true},
                         {"eos_token_id", 0}};
   std::ofstream(dir_ / "moe.json") << moe.dump();
-  ASSERT_EQ(te_train(args(logged("", "one.csv"), "corpus.txt", "moe.json")).status, 0);
+  const Result single =
+      te_train(args(logged("--router-aux-loss 0.05", "one.csv"), "corpus.txt", "moe.json"));
+  ASSERT_EQ(single.status, 0) << single.err;
   const Result ep_tp = te_train(args(logged("--nproc 4 --mesh data=2,model=2 --mesh-resource "
-                                            "dp=data,ep=data,tp=model",
+                                            "dp=data,ep=data,tp=model --router-aux-loss 0.05",
                                             "ep_tp.csv"),
                                      "corpus.txt", "moe.json"));
   ASSERT_EQ(ep_tp.status, 0) << ep_tp.err;
-  const std::string ep = "--nproc 2 --mesh data=2 --mesh-resource dp=data,ep=data";
+  const std::string ep =
+      "--nproc 2 --mesh data=2 --mesh-resource dp=data,ep=data --router-aux-loss 0.05";
   const std::string ck = (dir_ / "ck").string();
   ASSERT_EQ(te_train(args(logged(ep, "ep.csv"), "corpus.txt", "moe.json")).status, 0);
   ASSERT_EQ(te_train(args(ep + " --max-steps 5 --save " + ck, "corpus.txt", "moe.json")).status, 0);
@@ -327,6 +331,18 @@ TEST_F(TrainParallel, AMixtureOfExpertsOnEp2AndEp2xTp2IsOneProcess) {
   ASSERT_EQ(resumed.size(), 7u);
   for (std::size_t i = 0; i < resumed.size(); ++i) EXPECT_EQ(resumed[i], whole[i + 5]);
   EXPECT_LT(loss_of(one.back()), loss_of(one.front()));
+  // The router's loss is part of the loss: without it every step's is lower.
+  ASSERT_EQ(te_train(args(logged("", "plain.csv"), "corpus.txt", "moe.json")).status, 0);
+  EXPECT_LT(loss_of(steps_of(dir_ / "plain.csv").front()), loss_of(one.front()));
+  // Bad weights, and a model without experts, are named.
+  const Result negative = te_train(args("--router-aux-loss -1", "corpus.txt", "moe.json"));
+  EXPECT_NE(negative.status, 0);
+  EXPECT_NE(negative.err.find("--router-aux-loss -1"), std::string::npos) << negative.err;
+  const Result dense = te_train(args("--router-aux-loss 0.1"));
+  EXPECT_NE(dense.status, 0);
+  EXPECT_NE(dense.err.find("--router-aux-loss: the model has no mixture-of-experts layer"),
+            std::string::npos)
+      << dense.err;
 }
 
 // ZeRO-1 (AdamW's state split over the data axis): DP2's losses, and a resume bit for bit

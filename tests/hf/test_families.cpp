@@ -103,8 +103,12 @@ TEST(Families, MixturesOfExpertsReadTheirExpertsFields) {
     bad.update(change);
     EXPECT_ERROR(parse_causal_lm_config(bad.dump(), "config.json"), words);
   };
-  refused({{"output_router_logits", true}},
-          "output_router_logits: adds the router's load-balancing loss");
+  EXPECT_FALSE(c.output_router_logits);
+  json counted = j;
+  counted.update({{"output_router_logits", true}, {"router_aux_loss_coef", 0.25}});
+  const CausalLMConfig with_loss = parse_causal_lm_config(counted.dump(), "config.json");
+  EXPECT_TRUE(with_loss.output_router_logits);
+  EXPECT_EQ(with_loss.router_aux_loss_coef, 0.25);
   refused({{"num_experts_per_tok", 9}},
           "num_experts_per_tok: 9 experts per token is not in [1, 8]");
   refused({{"mlp_only_layers", {7}}}, "mlp_only_layers: entry 7 is not a layer index");

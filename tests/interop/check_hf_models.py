@@ -162,15 +162,20 @@ FAMILIES = [
 # transformers' eager experts (a loop over the hit experts) as the reference.
 MOE = dict(num_experts_per_tok=2, experts_implementation="eager")
 FAMILIES += [
-    # Renormalised top-2 (norm_topk_prob), every layer sparse.
+    # Renormalised top-2 (norm_topk_prob), every layer sparse; the loss counts the routers'
+    # load-balancing loss over both layers (output_router_logits), weighted up to show in every
+    # gradient.
     ("qwen3-moe", Qwen3MoeConfig, Qwen3MoeForCausalLM,
      dict(MOE, num_experts=4, moe_intermediate_size=16, norm_topk_prob=True,
+          output_router_logits=True, router_aux_loss_coef=0.5,
           tie_word_embeddings=False, **rope(10000.0))),
-    # The top-2 of the softmax as they are; layer 0 dense (mlp_only_layers); a shared expert of
-    # 24 with its sigmoid gate; q/k/v biases.
+    # The top-2 of the softmax as they are; layer 0 dense (mlp_only_layers: no router, so the
+    # load-balancing loss is layer 1's alone); a shared expert of 24 with its sigmoid gate; q/k/v
+    # biases.
     ("qwen2-moe-shared-dense-layer", Qwen2MoeConfig, Qwen2MoeForCausalLM,
      dict(MOE, num_experts=4, moe_intermediate_size=16, shared_expert_intermediate_size=24,
           norm_topk_prob=False, mlp_only_layers=[0], use_sliding_window=False,
+          output_router_logits=True, router_aux_loss_coef=0.3,
           tie_word_embeddings=False, **rope(10000.0))),
     # Experts of intermediate_size (48), w1/w3/w2 under block_sparse_moe; a window of 4.
     ("mixtral", MixtralConfig, MixtralForCausalLM,
@@ -331,12 +336,19 @@ def run_te(binary, folder, model_path=None, extra=()):
 
 
 def reference(model, ids):
-    """transformers' logits, mean next-token loss and parameter gradients, in float64."""
+    """transformers' logits, mean next-token loss and parameter gradients, in float64. A mixture
+    of experts with output_router_logits: transformers' own loss, the cross-entropy plus
+    router_aux_loss_coef times its load_balancing_loss_func."""
     model.eval()
     model.zero_grad()
-    logits = model(input_ids=ids).logits
-    loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
-                                             ids[:, 1:].reshape(-1))
+    if getattr(model.config, "output_router_logits", False):
+        out = model(input_ids=ids, labels=ids)
+        logits, loss = out.logits, out.loss
+        assert out.aux_loss is not None and out.aux_loss.item() > 0
+    else:
+        logits = model(input_ids=ids).logits
+        loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
+                                                 ids[:, 1:].reshape(-1))
     loss.backward()
     grads = {name: p.grad.to(torch.float64) for name, p in model.named_parameters()}
     return logits.detach().to(torch.float64), loss.item(), checkpoint_names(model, grads)
@@ -508,7 +520,10 @@ def main(binary, workdir):
             [(case, check_case, [GPT2Config, GPT2LMHeadModel, kwargs, GPT2_SIZES])
              for case, kwargs in GPT2] + \
             [(case, check_encoder_case, [kwargs]) for case, kwargs in ENCODERS]
+    only = [c for c in os.environ.get("CHECK_CASES", "").split(",") if c]  # a developer's subset
     for index, (case, check, args) in enumerate(cases):
+        if only and not any(c in case for c in only):
+            continue
         try:
             results = check(binary, workdir, index, case, *args)
         except RuntimeError as e:

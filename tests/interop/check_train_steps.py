@@ -9,6 +9,10 @@ transformers with torch.optim.AdamW (foreach=False, two groups: parameters of fe
 dimensions or named *bias without decay), LambdaLR with torchtitan's linear_warmup_stable_decay
 factor, torch.nn.utils.clip_grad_norm_ and the same batches.
 
+A Qwen3-MoE model (4 experts, 2 per token) trains the same way with transformers' MoE loss (the
+cross-entropy plus router_aux_loss_coef times the load-balancing loss over both layers'
+routers), on the runs below and expert parallel too: EP2, DP2xEP2 and EP2xTP2.
+
 Held, every step's loss and gradient norm (before clipping):
 - te's float32 run on one process to PyTorch's float32 run: within 1e-5 relative;
 - te's float32 runs with 4 micro-batches, on FSDP2, TP2, DP2xTP2, DP2xTP2 with 2
@@ -39,15 +43,29 @@ import sys
 
 import torch
 import transformers
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers import (LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM,
+                          Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 STEPS, BATCH, SEQ, VOCAB = 30, 4, 16, 128
 SIZES = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, intermediate_size=48, max_position_embeddings=64,
              rms_norm_eps=1e-6, attention_dropout=0.0, attn_implementation="eager")
+# Expert-parallel runs, for the mixture of experts beside the layouts every case runs.
+EP_RUNS = [
+    dict(name="ep2", mesh=[2], axes=["data"], mesh_resource="dp=data,ep=data"),
+    dict(name="dp2xep2", mesh=[2, 2], axes=["data", "expert"],
+         mesh_resource="dp=data,ep=expert"),
+    dict(name="ep2xtp2", mesh=[2, 2], axes=["data", "tp"], mesh_resource="dp=data,ep=data,tp=tp"),
+]
 CASES = [
-    ("llama", LlamaConfig, LlamaForCausalLM, dict(tie_word_embeddings=False)),
-    ("qwen3_tied", Qwen3Config, Qwen3ForCausalLM, dict(tie_word_embeddings=True, head_dim=8)),
+    ("llama", LlamaConfig, LlamaForCausalLM, dict(tie_word_embeddings=False), []),
+    ("qwen3_tied", Qwen3Config, Qwen3ForCausalLM, dict(tie_word_embeddings=True, head_dim=8), []),
+    # 4 experts of 24, 2 per token, renormalised; the loss counts the routers' load-balancing loss
+    # (output_router_logits, weighted 0.1), as transformers' own loss does.
+    ("qwen3_moe", Qwen3MoeConfig, Qwen3MoeForCausalLM,
+     dict(tie_word_embeddings=False, head_dim=8, num_experts=4, num_experts_per_tok=2,
+          moe_intermediate_size=24, norm_topk_prob=True, output_router_logits=True,
+          router_aux_loss_coef=0.1, experts_implementation="eager"), EP_RUNS),
 ]
 SPEC = dict(lr=5e-3, betas=[0.9, 0.95], eps=1e-8, weight_decay=0.1, warmup=5,
             decay_type="cosine", lr_min=0.1, clip=1.0)
@@ -90,8 +108,13 @@ def labels_of(rows):
     return labels
 
 
-def reference(case_dir, batches, bf16):
-    """PyTorch's run: losses and gradient norms per step, and the trained model."""
+def reference(case_dir, batches, bf16, micro_batches=1):
+    """PyTorch's run: losses and gradient norms per step, and the trained model. With
+    micro_batches, each step's rows split in order into that many micro-batches, each
+    micro-batch's summed losses over the step's label tokens backward in turn: the same as one
+    batch for the cross-entropy, but the load-balancing loss (not a sum over tokens) is each
+    micro-batch's, weighted by its label tokens, as te's LmTrainer and transformers' Trainer
+    take it."""
     model = transformers.AutoModelForCausalLM.from_pretrained(case_dir, dtype=torch.float32,
                                                               attn_implementation="eager")
     model.train()
@@ -110,13 +133,23 @@ def reference(case_dir, batches, bf16):
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda k: factor(k, STEPS, SPEC["warmup"], SPEC["lr_min"], SPEC["decay_type"]))
     losses, norms = [], []
+    router = getattr(model.config, "output_router_logits", False)
     for rows in batches:
         rows = torch.tensor(rows)
+        labels = labels_of(rows)
         model.zero_grad(set_to_none=True)
-        logits = model(input_ids=rows[:, :-1]).logits
-        loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, VOCAB),
-                                                 labels_of(rows).reshape(-1), ignore_index=-100)
-        loss.backward()
+        count = (labels != -100).sum()
+        loss = 0.0
+        for ids, marks in zip(rows[:, :-1].chunk(micro_batches), labels.chunk(micro_batches)):
+            out = model(input_ids=ids)
+            part = torch.nn.functional.cross_entropy(
+                out.logits.float().reshape(-1, VOCAB), marks.reshape(-1), ignore_index=-100,
+                reduction="sum")
+            if router:  # transformers' loss: plus the weighted load-balancing loss of every layer
+                part = part + model.config.router_aux_loss_coef * out.aux_loss * (marks != -100).sum()
+            part = part / count
+            part.backward()
+            loss += part.item()
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), SPEC["clip"])
         if bf16:
             for n, p in named:
@@ -127,7 +160,7 @@ def reference(case_dir, batches, bf16):
             with torch.no_grad():
                 for n, p in named:
                     p.copy_(masters[n])
-        losses.append(loss.item())
+        losses.append(loss)
         norms.append(norm.item())
     return {"loss": losses, "grad_norm": norms, "model": model}
 
@@ -136,7 +169,12 @@ def rel(a, b):
     return max(abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b))
 
 
-def make_case(workdir, name, config_class, model_class, extra):
+def runs_of(extra_runs):
+    """Every run of a case: RUNS with its own layouts before the bf16 run (the last)."""
+    return RUNS[:-1] + extra_runs + RUNS[-1:]
+
+
+def make_case(workdir, name, config_class, model_class, extra, extra_runs):
     torch.manual_seed(0)
     config = config_class(**SIZES, **extra)
     model = model_class(config).eval()
@@ -156,7 +194,7 @@ def make_case(workdir, name, config_class, model_class, extra):
     batches = torch.stack(rows, dim=-1).tolist()
     with open(os.path.join(case_dir, "run.json"), "w") as f:
         runs = [dict(r, export=os.path.join(case_dir, r["export"])) if "export" in r else r
-                for r in RUNS]
+                for r in runs_of(extra_runs)]
         json.dump(dict(SPEC, batches=batches, runs=runs), f)
     return case_dir, batches
 
@@ -169,12 +207,23 @@ def check(binary, workdir, case):
                     "--out", out], check=True)
     te = json.load(open(out))["runs"]
     want = reference(case_dir, batches, bf16=False)
+    router = "router_aux_loss_coef" in case[3]
     errors = {}
     for what in ("loss", "grad_norm"):
         errors["one/pytorch %s" % what] = (rel(te["one"][what], want[what]), TOL)
-        for run in RUNS[1:-1]:
+        for run in runs_of(case[-1])[1:-1]:
+            if router and run.get("micro_batches", 1) > 1:
+                continue  # not one batch's loss: held to PyTorch's accumulation below
             errors["%s/one %s" % (run["name"], what)] = (rel(te[run["name"]][what],
                                                              te["one"][what]), LAYOUT_TOL[what])
+    # The load-balancing loss taken per micro-batch: each accumulating run held to PyTorch's
+    # run with its micro-batches.
+    for run in runs_of(case[-1]):
+        if router and run.get("micro_batches", 1) > 1:
+            acc = reference(case_dir, batches, bf16=False, micro_batches=run["micro_batches"])
+            for what in ("loss", "grad_norm"):
+                errors["%s/pytorch %s" % (run["name"], what)] = (rel(te[run["name"]][what],
+                                                                     acc[what]), TOL)
     want_bf16 = reference(case_dir, batches, bf16=True)
     errors["one_bf16/pytorch_bf16 loss"] = (rel(te["one_bf16"]["loss"], want_bf16["loss"]),
                                             BF16_TOL)

@@ -112,11 +112,13 @@ struct Outputs {
   te::hf::WeightMap map;
 };
 
-// A causal LM's logits and next-token loss.
+// A causal LM's logits and next-token loss (with the router's load-balancing term where the
+// config counts it, as transformers' loss does).
 Outputs causal_lm(te::hf::CausalLM& model, const at::Tensor& ids, bool on_mesh) {
   Outputs o;
+  te::nn::RouterLoadScope loads;
   o.logits = on_mesh ? model->forward_on_mesh(ids).full_tensor() : model->forward(ids);
-  o.loss = next_token_loss(o.logits, ids);
+  o.loss = next_token_loss(o.logits, ids) + te::hf::router_aux_loss(model->config, loads.loads());
   o.map = te::hf::causal_lm_weight_map(model->config);
   return o;
 }

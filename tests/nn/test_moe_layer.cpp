@@ -99,6 +99,47 @@ TEST(MoeLayer, TheAuxiliaryLossIsTheSwitchLossPlusTheZLoss) {
   EXPECT_TRUE(Close(aux, switch_loss + z, 1e-5));
 }
 
+// transformers' load_balancing_loss_func over two layers' router logits taken as one batch:
+// experts · Σ_e (selections of e / all tokens) · (softmax mass of e / all tokens), where all
+// tokens counts each layer's once; not the sum of two per-layer losses.
+TEST(MoeLayer, TheLoadBalancingLossTakesEveryLayerAsOneBatch) {
+  manual_seed(3);
+  auto o = LayerNormMoEOptions(8, 6, 4);
+  o.router().topk = 2;
+  LayerNormMoE first(o), second(o);
+  const at::Tensor x = test::randn({2, 5, 8}, 31);
+  RouterLoadScope loads;
+  const at::Tensor h = first(x);
+  second(h);
+  ASSERT_EQ(loads.loads().size(), 2u);
+  at::Tensor chosen = at::zeros({4}), mass = at::zeros({4});
+  for (auto [layer, input] :
+       std::vector<std::pair<LayerNormMoE, at::Tensor>>{{first, x}, {second, h.detach()}}) {
+    const at::Tensor ln = layer->layernorm->forward(input).reshape({-1, 8});
+    const at::Tensor p = at::softmax(at::matmul(ln, layer->gate_kernel), -1);
+    chosen = chosen + at::zeros_like(p).scatter_(1, std::get<1>(at::topk(p, 2)), 1.0).sum(0);
+    mass = mass + p.sum(0);
+  }
+  const at::Tensor want = (chosen / 20 * (mass / 20)).sum() * 4;
+  const at::Tensor got = load_balancing_loss(loads.loads());
+  EXPECT_TRUE(Close(got, want, 1e-6));
+  // Differentiable in the routers' kernels (through the softmax mass).
+  got.backward();
+  EXPECT_GT(first->gate_kernel.grad().abs().sum().item<double>(), 0);
+  EXPECT_GT(second->gate_kernel.grad().abs().sum().item<double>(), 0);
+  // A scope records only while open, innermost first.
+  {
+    RouterLoadScope inner;
+    first(x);
+    EXPECT_EQ(inner.loads().size(), 1u);
+  }
+  EXPECT_EQ(loads.loads().size(), 2u);
+  EXPECT_ERROR(load_balancing_loss({}), "load_balancing_loss: no router load");
+  std::vector<RouterLoad> mixed = loads.loads();
+  mixed[1].selected = at::zeros({3});
+  EXPECT_ERROR(load_balancing_loss(mixed), "router load 1 has 3 experts and load 0 has 4");
+}
+
 struct Layout {
   std::string name;
   std::vector<int64_t> shape;
@@ -108,7 +149,7 @@ struct Layout {
 };
 
 struct Result {
-  at::Tensor y, aux;
+  at::Tensor y, aux, balance;  // balance: load_balancing_loss of the forward's router load
   std::map<std::string, at::Tensor> grads;
 };
 
@@ -117,9 +158,11 @@ Result run_whole(const at::Tensor& x, const at::Tensor& w) {
   LayerNormMoE moe(small_options());
   perturb(*moe);
   const at::Tensor xl = x.clone().requires_grad_(true);
+  RouterLoadScope loads;
   auto [y, aux] = moe->forward_with_aux_loss(xl);
-  ((y * w).sum() + aux).backward();
-  Result r{y.detach(), aux.detach(), {}};
+  const at::Tensor balance = load_balancing_loss(loads.loads());
+  ((y * w).sum() + aux + balance * 0.5).backward();
+  Result r{y.detach(), aux.detach(), balance.detach(), {}};
   for (const auto& p : moe->named_parameters()) r.grads[p.key()] = p.value().grad();
   r.grads["input"] = xl.grad();
   return r;
@@ -129,7 +172,7 @@ void PrintTo(const Layout& layout, std::ostream* os) { *os << layout.name; }
 
 class MoeLayouts : public ::testing::TestWithParam<Layout> {};
 
-TEST_P(MoeLayouts, OutputAuxLossAndEveryGradientMatchOneProcess) {
+TEST_P(MoeLayouts, OutputAuxLossLoadBalancingLossAndEveryGradientMatchOneProcess) {
   const Layout& layout = GetParam();
   const at::Tensor x = test::randn({4, 3, 8}, 21);
   const at::Tensor w = test::randn({4, 3, 8}, 22);
@@ -155,10 +198,13 @@ TEST_P(MoeLayouts, OutputAuxLossAndEveryGradientMatchOneProcess) {
     const at::Tensor xl = x.clone().requires_grad_(true);
     const DTensor dx =
         DTensor::distribute(xl, mesh, std::vector<Placement>(layout.shape.size(), Replicate{}));
+    RouterLoadScope loads;
     auto [y, aux] = moe->forward_with_aux_loss(dx);
     const at::Tensor y_full = y.full_tensor();
     const at::Tensor aux_full = aux.full_tensor();
-    ((y_full * w).sum() + aux_full).backward();
+    // The router load: the whole batch's on every rank, each rank's gradient its own tokens'.
+    const at::Tensor balance = load_balancing_loss(loads.loads());
+    ((y_full * w).sum() + aux_full + balance * 0.5).backward();
     auto check = [&](const std::string& what, const at::Tensor& got, const at::Tensor& want) {
       auto result = Close(got, want, 1e-5);
       if (!result) {
@@ -168,6 +214,7 @@ TEST_P(MoeLayouts, OutputAuxLossAndEveryGradientMatchOneProcess) {
     };
     check("output", y_full.detach(), whole.y);
     check("aux loss", aux_full.detach(), whole.aux);
+    check("load-balancing loss", balance.detach(), whole.balance);
     check("input gradient", xl.grad(), whole.grads.at("input"));
     for (const auto& p : moe->named_parameters()) {
       ASSERT_TRUE(p.value().grad().defined()) << p.key() << " has no gradient";

@@ -53,9 +53,10 @@ at::Tensor rows_cu_seqlens(te::hf::CausalLM& model, const Batch& b,
   return at::stack(rows).to(at::kInt);
 }
 
-// The sum of the next-token losses of `b`'s label tokens, as a float32 scalar (every rank the
-// same on a mesh). Packed rows attend each sequence alone, a row's tokens whole on one rank.
-at::Tensor loss_sum(te::hf::CausalLM& model, const Batch& b) {
+// The sum of the next-token cross-entropies of `b`'s label tokens, as a float32 scalar (every
+// rank the same on a mesh). Packed rows attend each sequence alone, a row's tokens whole on one
+// rank.
+at::Tensor cross_entropy_sum(te::hf::CausalLM& model, const Batch& b) {
   F::CrossEntropyOptions ce;
   ce.reduce_loss = true;
   const double count = static_cast<double>(b.label_tokens);
@@ -103,6 +104,18 @@ at::Tensor loss_sum(te::hf::CausalLM& model, const Batch& b) {
              "packing for this layout");
   }
   return F::parallel_cross_entropy(forward(ids), laid_out(b.labels), ce).to_local() * count;
+}
+
+// The sum of the training losses of `b`'s label tokens: cross_entropy_sum, plus, for a mixture
+// of experts whose config counts the router's load-balancing loss (output_router_logits), that
+// term (te::hf::router_aux_loss) per label token, whose sum `router` gets (else undefined).
+at::Tensor loss_sum(te::hf::CausalLM& model, const Batch& b, at::Tensor& router) {
+  if (!model->config.output_router_logits) return cross_entropy_sum(model, b);
+  te::nn::RouterLoadScope loads;
+  const at::Tensor ce = cross_entropy_sum(model, b);
+  router =
+      te::hf::router_aux_loss(model->config, loads.loads()) * static_cast<double>(b.label_tokens);
+  return ce + router;
 }
 
 const te::optim::LrScheduleOptions& schedule_options(const TrainerOptions& o) {
@@ -170,9 +183,13 @@ StepStats LmTrainer::step(const std::vector<Batch>& micro, int64_t step) {
     if (options_.fp8) fp8.emplace(true, *options_.fp8, current_mesh_resource());
     GradientBuckets buckets;  // the data-parallel reduction once, after the last micro-batch
     for (const Batch& b : micro) {
-      const at::Tensor l = loss_sum(model_, b) / static_cast<double>(stats.label_tokens);
+      at::Tensor router;
+      const at::Tensor l = loss_sum(model_, b, router) / static_cast<double>(stats.label_tokens);
       (scaler_ ? scaler_->scale(l) : l).backward();
       loss += l.item<double>();
+      if (router.defined()) {
+        stats.router_loss += router.item<double>() / static_cast<double>(stats.label_tokens);
+      }
     }
     buckets.finish();
   }
@@ -207,7 +224,7 @@ double LmTrainer::evaluate(const std::vector<Batch>& batches) {
     for (std::size_t i = 0; i < batches.size(); ++i) {
       check_label_tokens(batches[i], i);
       if (batches[i].label_tokens == 0) continue;
-      sum += loss_sum(model_, batches[i]).item<double>();
+      sum += cross_entropy_sum(model_, batches[i]).item<double>();
       count += batches[i].label_tokens;
     }
   } catch (...) {
@@ -255,7 +272,7 @@ te::nn::Plan plan_lm_step(const te::hf::CausalLMConfig& config, at::ScalarType d
     std::optional<Fp8Autocast> fp8;
     if (options.fp8) fp8.emplace(true, *options.fp8, current_mesh_resource());
     const double tokens = static_cast<double>(micro[0].label_tokens * shape.micro_batches);
-    return loss_sum(*model, micro[static_cast<std::size_t>(m)]) / tokens;
+    return cross_entropy_sum(*model, micro[static_cast<std::size_t>(m)]) / tokens;
   };
   step.optimizer_step = [&] {
     optimizer.emplace(**model, options.adamw, options.no_decay, zero_of(options));

@@ -62,11 +62,7 @@ void read_moe_config(Fields& f, CausalLMConfig& c, const MoeFields& m) {
     c.shared_expert_intermediate_size = f.integer("shared_expert_intermediate_size");
   }
   c.router_aux_loss_coef = f.number_or("router_aux_loss_coef", 0.001);
-  if (f.boolean_or("output_router_logits", false)) {
-    f.fail("output_router_logits",
-           "adds the router's load-balancing loss to transformers' training loss; te-cpp's "
-           "causal LM loss is the cross-entropy alone: give false");
-  }
+  c.output_router_logits = f.boolean_or("output_router_logits", false);
 }
 
 namespace {

@@ -21,8 +21,8 @@ struct MoeFields {
 };
 
 /// Reads the experts' fields (after read_rope_decoder_config): counts, sizes, which layers are
-/// sparse, the renormalisation; router_aux_loss_coef; output_router_logits must be false (the
-/// loss te-cpp computes is the cross-entropy alone) and Mixtral's router_jitter_noise 0 (no
+/// sparse, the renormalisation; router_aux_loss_coef and output_router_logits (whether the
+/// training loss adds it: te::hf::router_aux_loss); Mixtral's router_jitter_noise must be 0 (no
 /// training-time noise on the router).
 void read_moe_config(Fields& f, CausalLMConfig& c, const MoeFields& fields);
 

@@ -30,6 +30,7 @@
 #include "te/nn/dense.h"
 #include "te/nn/embedding.h"
 #include "te/nn/kv_cache.h"
+#include "te/nn/moe_layer.h"
 #include "te/nn/rope.h"
 #include "te/nn/sharded.h"
 #include "te/nn/transformer.h"
@@ -118,6 +119,21 @@ TE_MODULE(CausalLM);
 /// rows themselves without config.cp_comm_type or a cp axis.
 at::Tensor cp_token_order(const CausalLMConfig& config, const at::Tensor& rows,
                           const at::Tensor& slots = {});
+
+/// The router term transformers adds to a mixture of experts' training loss when
+/// config.output_router_logits (MoeCausalLMOutputWithPast's loss: the cross-entropy plus
+/// router_aux_loss_coef times load_balancing_loss_func over every sparse layer's router logits):
+/// router_aux_loss_coef · te::nn::load_balancing_loss(loads), `loads` from a
+/// te::nn::RouterLoadScope open around the forward. A zero scalar when output_router_logits is
+/// false; te::Error when it is true and `loads` holds no layer's (a forward outside the scope).
+///
+/// Example:
+///   te::nn::RouterLoadScope loads;
+///   at::Tensor logits = model->forward(ids);
+///   at::Tensor loss = next_token_loss(logits, ids) + router_aux_loss(model->config,
+///   loads.loads());
+at::Tensor router_aux_loss(const CausalLMConfig& config,
+                           const std::vector<te::nn::RouterLoad>& loads);
 
 /// The InferenceParams options of a KV cache for a model of `config` (its key/value heads and
 /// head dim); max_sequence_length 0: the config's max_position_embeddings. Set is_paged,

@@ -124,8 +124,10 @@ struct CausalLMConfig {
   bool norm_topk_prob = false;
   int64_t shared_expert_intermediate_size = 0;
   std::vector<bool> layer_moe;
-  /// The load-balancing loss's weight in transformers' training loss (router_aux_loss_coef).
+  /// The load-balancing loss's weight in transformers' training loss (router_aux_loss_coef),
+  /// and whether that loss counts it (output_router_logits): te::hf::router_aux_loss.
   double router_aux_loss_coef = 0.0;
+  bool output_router_logits = false;
   /// The dtype the weights were saved in ("float32", "bfloat16", ...; "" when not stated).
   std::string dtype;
 };

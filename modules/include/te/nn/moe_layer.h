@@ -132,4 +132,48 @@ class LayerNormMoEImpl : public torch::nn::Cloneable<LayerNormMoEImpl>, public S
 };
 TE_MODULE(LayerNormMoE);
 
+/// What one LayerNormMoE forward's router did over the whole batch, for a load-balancing loss
+/// taken over several layers at once (load_balancing_loss): per expert, the tokens whose top-k
+/// chose it (no gradient) and the sum over the tokens of its score
+/// (functional::compute_score_for_moe_aux_loss's: the softmax over every expert for a softmax
+/// router), and the token count; float32 (float64 logits: float64). On a mesh each is the whole
+/// batch's on every rank (summed over the axes that split the tokens), and the score sums'
+/// gradient reaches each rank's own tokens.
+struct RouterLoad {
+  at::Tensor selected;    ///< [experts]
+  at::Tensor score_sums;  ///< [experts]
+  at::Tensor tokens;      ///< []
+};
+
+/// While open on this thread, every LayerNormMoE forward (on one process or a mesh) appends its
+/// RouterLoad to the innermost RouterLoadScope, in call order: a model's layers in order.
+///
+/// Example (transformers' training loss of a MoE model with output_router_logits):
+///   te::nn::RouterLoadScope loads;
+///   at::Tensor logits = model->forward(ids);
+///   at::Tensor loss = cross_entropy(...) + coeff * te::nn::load_balancing_loss(loads.loads());
+class RouterLoadScope {
+ public:
+  RouterLoadScope();
+  ~RouterLoadScope();
+  RouterLoadScope(const RouterLoadScope&) = delete;
+  RouterLoadScope& operator=(const RouterLoadScope&) = delete;
+
+  const std::vector<RouterLoad>& loads() const { return loads_; }
+  /// Appends `load` (LayerNormMoE's forward calls this on the innermost open scope).
+  void record(RouterLoad load) { loads_.push_back(std::move(load)); }
+  /// The innermost scope open on this thread, or null.
+  static RouterLoadScope* current();
+
+ private:
+  std::vector<RouterLoad> loads_;
+};
+
+/// transformers' load_balancing_loss_func (models/qwen3_moe/modeling_qwen3_moe.py in 5.23.0, as
+/// Mixtral's, Qwen2-MoE's and OLMoE's) over the layers' loads taken as one batch, every layer's
+/// tokens counted once per layer:
+///   experts · Σ_e (Σ_l selected[l][e] / Σ_l tokens[l]) · (Σ_l score_sums[l][e] / Σ_l tokens[l])
+/// A scalar; te::Error for no load, or loads of different expert counts.
+at::Tensor load_balancing_loss(const std::vector<RouterLoad>& loads);
+
 }  // namespace te::nn

@@ -59,7 +59,13 @@ struct TrainerOptions {
 
 /// What one step did, the same on every rank.
 struct StepStats {
-  double loss = 0;       ///< mean next-token cross-entropy over the step's label tokens
+  /// The mean next-token cross-entropy over the step's label tokens, plus router_loss.
+  double loss = 0;
+  /// A mixture of experts whose config counts the router's load-balancing loss
+  /// (CausalLMConfig::output_router_logits, as transformers' loss does): router_aux_loss_coef
+  /// times each micro-batch's load-balancing loss over every sparse layer
+  /// (te::hf::router_aux_loss), weighted by its label tokens; else 0.
+  double router_loss = 0;
   double grad_norm = 0;  ///< the whole gradient's 2-norm, before clipping
   double lr = 0;         ///< the learning rate the step ran at
   int64_t tokens = 0;    ///< input tokens of the global batch
@@ -87,8 +93,9 @@ class LmTrainer {
   /// under tensor parallelism; rules that split a row's tokens (seqlen) are a te::Error.
   StepStats step(const std::vector<Batch>& micro, int64_t step);
 
-  /// The mean next-token loss over the label tokens of `batches` (no gradient, in eval mode; the
-  /// model's mode is restored after).
+  /// The mean next-token cross-entropy over the label tokens of `batches` (no gradient, in eval
+  /// mode; the model's mode is restored after; without the router's loss, so exp of it is the
+  /// perplexity).
   double evaluate(const std::vector<Batch>& batches);
 
   te::hf::CausalLM& model() { return model_; }
