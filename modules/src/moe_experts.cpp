@@ -78,11 +78,36 @@ struct ExpertsHere {
   bool add_bias = true;  // this rank adds wo_bias (one rank of the tp dims)
   // The logits the losses read (whole gradients), when not those that route (partial ones).
   at::Tensor loss_logits;
+  // With dropout: each local token's index among all tokens (int64), their count, and where
+  // this rank's columns of the experts' ffn dim start (tensor parallelism), so that a row's mask
+  // is one process's wherever the row runs (undefined without dropout).
+  at::Tensor token_ids;
+  int64_t all_tokens = 0, ffn_offset = 0;
 };
 
-// The experts [first, first + wi.size(0)) on rows grouped by expert (m_splits each).
+// Whether the experts' dropout draws in this forward.
+bool drops(const LayerNormMoEImpl& self) {
+  return self.is_training() && self.options.intermediate_dropout_rate() > 0;
+}
+
+// Each permuted row's index in the [all tokens · experts, ffn] tensor the experts' dropout draws
+// from, (global token) · experts + expert, for rows of experts first, first + 1, ... grouped as
+// `perm` holds them; undefined without dropout.
+at::Tensor row_ids(const LayerNormMoEImpl& self, const ExpertsHere& here,
+                   const F::Permutation& perm, int64_t first) {
+  if (!here.token_ids.defined()) return at::Tensor();
+  const auto ids = at::TensorOptions().dtype(at::kLong);
+  if (perm.tokens.is_meta()) return at::empty({perm.tokens.size(0)}, ids.device(at::kMeta));
+  const auto n = static_cast<int64_t>(perm.rows_per_expert.size());
+  const at::Tensor expert = at::repeat_interleave(at::arange(first, first + n, ids),
+                                                  at::tensor(perm.rows_per_expert, ids));
+  return here.token_ids.index_select(0, perm.source.cpu()) * self.options.num_experts() + expert;
+}
+
+// The experts [first, first + wi.size(0)) on rows grouped by expert (m_splits each), `ids` the
+// rows' row_ids.
 at::Tensor expert_mlp(LayerNormMoEImpl& self, const ExpertsHere& here, const at::Tensor& rows,
-                      const std::vector<int64_t>& m_splits, int64_t first) {
+                      const std::vector<int64_t>& m_splits, int64_t first, const at::Tensor& ids) {
   const LayerNormMoEOptions& o = self.options;
   const int64_t n = here.wi.size(0), h = here.wi.size(1), a = here.wi.size(2), f = here.wi.size(3);
   const auto metas = [&](const std::vector<std::shared_ptr<fp8::GemmMeta>>& all) {
@@ -94,7 +119,11 @@ at::Tensor expert_mlp(LayerNormMoEImpl& self, const ExpertsHere& here, const at:
       here.wi_bias.defined() ? here.wi_bias.reshape({n, a * f}) : at::Tensor(), metas(self.wi_fp8));
   at::Tensor act =
       F::mlp_activation(hid.view({rows.size(0), a, f}), o.activations(), o.activation_params());
-  act = F::dropout(act, o.intermediate_dropout_rate(), self.is_training());
+  if (ids.defined()) {
+    act = F::dropout_rows(act, o.intermediate_dropout_rate(), true,
+                          {here.all_tokens * o.num_experts(), o.ffn_hidden_size()}, ids,
+                          here.ffn_offset);
+  }
   // Under tensor parallelism one rank adds the bias to the partial sums; the others add zeros
   // of it, so that every rank's gradient of it takes part in the reduction.
   at::Tensor bias = here.wo_bias;
@@ -140,7 +169,7 @@ at::Tensor planned_unpermute(const at::Tensor& rows, const F::Permutation& p,
 // MoEAlltoAllTokenDispatcher): rows grouped by expert go to the experts' ranks, counts first;
 // there they are grouped by local expert, run, and sent back.
 at::Tensor exchanged_experts(LayerNormMoEImpl& self, const ExpertsHere& here,
-                             const F::Permutation& perm) {
+                             const F::Permutation& perm, const at::Tensor& perm_ids) {
   const int64_t experts = self.options.num_experts(), ep = here.ep_size;
   const int64_t per = experts / ep, first = here.ep_rank * per;
   const DeviceMesh& mesh = *here.mesh;
@@ -178,7 +207,14 @@ at::Tensor exchanged_experts(LayerNormMoEImpl& self, const ExpertsHere& here,
   // (Planning: the sorts move no bytes between ranks and keep the shape.)
   const at::Tensor rows =
       planning ? received : F::moe_sort_chunks_by_index(received, from, by_expert);
-  const at::Tensor y = expert_mlp(self, here, rows, m_splits, first);
+  // The rows' dropout ids travel with them.
+  at::Tensor ids;
+  if (perm_ids.defined()) {
+    ids = mesh.all_to_all_rows(perm_ids.view({-1, 1}).to(perm.tokens.device()), *here.ep_dim, send,
+                               recv);
+    ids = (planning ? ids : F::moe_sort_chunks_by_index(ids, from, by_expert)).view({-1});
+  }
+  const at::Tensor y = expert_mlp(self, here, rows, m_splits, first, ids);
   const at::Tensor back_local =
       planning ? y : F::moe_sort_chunks_by_index(y, sizes_by_expert, back_order);
   return exchange_rows(back_local, mesh, *here.ep_dim, recv, send);
@@ -262,13 +298,15 @@ Routed routed_experts(LayerNormMoEImpl& self, const ExpertsHere& here, const at:
     // Every rank routes the same tokens; each runs its own experts: partial sums.
     const int64_t per = o.num_experts() / here.ep_size, first = here.ep_rank * per;
     const F::Permutation perm = permute(first, per);
-    out = unpermute(expert_mlp(self, here, perm.tokens, perm.rows_per_expert, first), perm,
-                    routing.probs.narrow(1, first, per));
+    out = unpermute(expert_mlp(self, here, perm.tokens, perm.rows_per_expert, first,
+                               row_ids(self, here, perm, first)),
+                    perm, routing.probs.narrow(1, first, per));
   } else {
     const F::Permutation perm = permute(0, o.num_experts());
+    const at::Tensor ids = row_ids(self, here, perm, 0);
     const at::Tensor rows = here.ep_dim
-                                ? exchanged_experts(self, here, perm)
-                                : expert_mlp(self, here, perm.tokens, perm.rows_per_expert, 0);
+                                ? exchanged_experts(self, here, perm, ids)
+                                : expert_mlp(self, here, perm.tokens, perm.rows_per_expert, 0, ids);
     out = unpermute(rows, perm, routing.probs);
   }
   const at::Tensor logits = here.loss_logits.defined()
@@ -290,6 +328,10 @@ std::pair<at::Tensor, at::Tensor> moe_experts(LayerNormMoEImpl& self, const at::
   here.wo = self.wo_kernel;
   here.wo_bias = self.wo_bias;
   const int64_t hidden = x.size(-1);
+  if (drops(self)) {
+    here.all_tokens = x.numel() / hidden;
+    here.token_ids = at::arange(here.all_tokens, at::kLong);
+  }
   Routed r =
       routed_experts(self, here, x.reshape({-1, hidden}), logits.reshape({-1, logits.size(-1)}));
   if (r.load) RouterLoadScope::current()->record(std::move(*r.load));
@@ -403,6 +445,19 @@ std::pair<DTensor, DTensor> moe_experts(LayerNormMoEImpl& self, const DTensor& x
   here.wo = piece("wo_kernel", self.wo_kernel, 1);
   here.wi_bias = piece("wi_bias", self.wi_bias, 2);
   here.wo_bias = piece("wo_bias", self.wo_bias, std::nullopt);
+  if (drops(self)) {
+    // Each local token's index among the batch's: its place in the global [..., hidden] tensor.
+    const std::vector<int64_t> lead(x.sizes().begin(), x.sizes().end() - 1);
+    here.all_tokens = std::accumulate(lead.begin(), lead.end(), int64_t{1}, std::multiplies<>());
+    at::Tensor ids = at::arange(here.all_tokens, at::kLong).view(lead);
+    const auto chunks = local_chunks(x.sizes(), mesh, x.placements(), mesh.rank());
+    for (std::size_t d = 0; d < lead.size(); ++d) {
+      ids = ids.narrow(static_cast<int64_t>(d), chunks[d].offset, chunks[d].length);
+    }
+    here.token_ids = ids.reshape({-1});
+    const DTensor wi = self.as_dtensor("wi_kernel", self.wi_kernel, mesh);
+    here.ffn_offset = local_chunks(wi.sizes(), mesh, wi.placements(), mesh.rank())[3].offset;
+  }
   // Where each rank's output is a partial sum (tp, ep on whole tokens), so is the gradient each
   // gets for its tokens and for the routing weights: summed over those mesh dims in backward.
   // The losses read the logits whole on every rank, with whole gradients.

@@ -150,6 +150,53 @@ at::Tensor dropout(const at::Tensor& local, double p, bool training,
   return local * mask;
 }
 
+at::Tensor dropout_rows(const at::Tensor& local, double p, bool training,
+                        const std::vector<int64_t>& global_shape, const at::Tensor& row_ids,
+                        int64_t col_offset) {
+  TE_CHECK(p >= 0 && p < 1, "dropout_rows: probability ", p, " is not in [0, 1)");
+  if (!training || p == 0) return local;
+  TE_CHECK(local.dim() == 2 && global_shape.size() == 2, "dropout_rows: give rows [n, width] of a ",
+           "[rows, columns] tensor; got ", local.sizes(), " of ",
+           c10::ArrayRef<int64_t>(global_shape));
+  TE_CHECK(
+      row_ids.dim() == 1 && row_ids.size(0) == local.size(0) && row_ids.scalar_type() == at::kLong,
+      "dropout_rows: row_ids must be int64 [", local.size(0), "], one per row; got ",
+      row_ids.scalar_type(), " ", row_ids.sizes());
+  const int64_t width = local.size(1);
+  TE_CHECK(col_offset >= 0 && col_offset + width <= global_shape[1], "dropout_rows: columns ",
+           col_offset, " .. ", col_offset + width - 1, " lie outside the global ", global_shape[1]);
+  RngState& s = stream();
+  const uint64_t call = s.calls++;
+  if (local.numel() == 0) return local;
+  if (local.is_meta()) return local * at::empty(local.sizes(), local.options());
+  const at::Tensor ids = row_ids.cpu().contiguous();
+  const int64_t* id = ids.data_ptr<int64_t>();
+  const int64_t rows = local.size(0);
+  for (int64_t r = 0; r < rows; ++r) {
+    TE_CHECK(id[r] >= 0 && id[r] < global_shape[0], "dropout_rows: row id ", id[r],
+             " lies outside the global ", global_shape[0], " rows");
+  }
+  const uint32_t threshold = kernels::drop_threshold(p);
+  const float scale = static_cast<float>(1.0 / (1.0 - p));
+  const uint64_t seed = s.seed;
+  at::Tensor mask = at::empty(local.sizes(), local.options().dtype(at::kFloat).device(at::kCPU));
+  float* out = mask.data_ptr<float>();
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(width, 1));
+  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+    const int64_t lengths[2] = {1, width};
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t offsets[2] = {id[r], col_offset};
+      const kernels::GlobalBox box{global_shape.data(), offsets, lengths, 2};
+      kernels::dropout_multipliers(box, 0, 1, seed, call, threshold, scale, out + r * width);
+    }
+  });
+  // A CUDA or non-float tensor gets the host's mask copied over: the same values.
+  if (local.scalar_type() != at::kFloat || !local.device().is_cpu()) {
+    mask = mask.to(local.device(), local.scalar_type());
+  }
+  return local * mask;
+}
+
 DTensor dropout(const DTensor& x, double p, bool training) {
   TE_CHECK(p >= 0 && p < 1, "dropout: probability ", p, " is not in [0, 1)");
   if (!training || p == 0) return x;

@@ -76,4 +76,16 @@ inline const std::vector<MatrixLayout>& cp_matrix_layouts() {
   return all;
 }
 
+// Expert parallelism (the mixture-of-experts kinds): EP2 sharing the data axis (tokens to the
+// experts by all-to-all), DP2xEP2 (experts over their own axis, every token on both of its
+// ranks), EP2xTP2 (each expert's mlp dim split too).
+inline const std::vector<MatrixLayout>& ep_matrix_layouts() {
+  static const std::vector<MatrixLayout> all = {
+      {"EP2", {2}, {"data"}, "dp=data,ep=data"},
+      {"DP2xEP2", {2, 2}, {"data", "expert"}, "dp=data,ep=expert"},
+      {"EP2xTP2", {2, 2}, {"data", "tp"}, "dp=data,ep=data,tp=tp"},
+  };
+  return all;
+}
+
 }  // namespace te::test

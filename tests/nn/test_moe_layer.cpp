@@ -27,8 +27,9 @@ using test::Close;
 
 // With constraints as TransformerLayer gives them (`constrained`), or none: the input then stays
 // as it comes (whole on every rank here).
-LayerNormMoEOptions small_options(bool constrained = true) {
+LayerNormMoEOptions small_options(bool constrained = true, double dropout = 0) {
   auto o = LayerNormMoEOptions(8, 6, 4)
+               .intermediate_dropout_rate(dropout)
                .use_bias(true)
                .router_bias(true)
                .shared_expert_size(4)
@@ -153,9 +154,13 @@ struct Result {
   std::map<std::string, at::Tensor> grads;
 };
 
+// The layouts run with dropout on (the experts' rows and the shared expert's): each row's mask
+// follows its token and expert to whichever rank runs it.
+constexpr double kLayoutDropout = 0.25;
+
 Result run_whole(const at::Tensor& x, const at::Tensor& w) {
   manual_seed(4);
-  LayerNormMoE moe(small_options());
+  LayerNormMoE moe(small_options(true, kLayoutDropout));
   perturb(*moe);
   const at::Tensor xl = x.clone().requires_grad_(true);
   RouterLoadScope loads;
@@ -187,7 +192,7 @@ TEST_P(MoeLayouts, OutputAuxLossLoadBalancingLossAndEveryGradientMatchOneProcess
     MeshResourceScope resource(parse_mesh_resource(layout.resource));
     set_warning_handler([](std::string_view) {});
     manual_seed(4);
-    LayerNormMoE moe(small_options(layout.constrained));
+    LayerNormMoE moe(small_options(layout.constrained, kLayoutDropout));
     int64_t i = 0;
     for (auto& p : moe->named_parameters()) {
       // The one-process weights (perturb's), laid out as this rank holds them.

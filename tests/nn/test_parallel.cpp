@@ -8,6 +8,9 @@
 // and sandwich layers; not ALiBi, arbitrary masks or learnable sinks) x {CP2, DP2xCP2, TP2xCP2,
 // CP4} x {p2p, all_gather, a2a}, input split over seqlen_cp, TE's table only (the rule variants
 // test rule resolution, which the layouts above cover), with dropout, and bf16 on CP2.
+// Mixtures of experts (a LayerNormMoE block, and a causal layer with one as its MLP) on DP2, FSDP2,
+// TP2, TP2+SP, DP2xTP2 and expert parallel (EP2 by all-to-all, DP2xEP2, EP2xTP2), with dropout,
+// and in bf16 on the expert-parallel layouts.
 // Ranks are threads with their own Gloo groups. The modules with dropout run the matrix a second
 // time in training mode with rates 0.1-0.3: te's dropout draws each element's mask from its global
 // position, so every layout still matches.
@@ -35,7 +38,8 @@ using test::piece_of;
 using Layout = test::MatrixLayout;
 const std::vector<Layout>& layouts() { return test::matrix_layouts(); }
 const Layout& layout_named(const std::string& name) {
-  for (const auto* list : {&test::matrix_layouts(), &test::cp_matrix_layouts()}) {
+  for (const auto* list :
+       {&test::matrix_layouts(), &test::cp_matrix_layouts(), &test::ep_matrix_layouts()}) {
     for (const Layout& l : *list) {
       if (l.name == name) return l;
     }
@@ -65,6 +69,8 @@ enum class Kind {
   kMhaCpWindow,   // GQA, a soft-capped causal sliding window (the unfused blocks)
   kMhaCpThd,      // rows of packed sequences (thd), GQA, padding_causal, RoPE per sequence: under
                   // cp the tokens in TE's layout (each rank chunks r and 2·cp-1-r of each slot)
+  kMoe,           // LayerNormMoE: 4 experts, top 2, biases, a router bias, a gated shared expert
+  kMoeDecoder,    // a causal decoder layer whose MLP is that mixture of experts
 };
 
 // Rules mapping the custom kernel names onto the layout's mesh axes.
@@ -149,6 +155,34 @@ struct Rates {
 };
 Rates rates(bool dropout) { return dropout ? Rates{0.1, 0.3, 0.2} : Rates{}; }
 
+// The mixture-of-experts kinds (TE's table: the experts' dim on exp, the ep role).
+Model make_moe(Kind kind, bool sp, const Rates& r) {
+  const LogicalAxes act = {"batch", sp ? "seqlen_tp" : "seqlen", "hidden"};
+  auto moe = LayerNormMoEOptions(16, 12, 4)
+                 .activations({"silu", "linear"})
+                 .use_bias(true)
+                 .router_bias(true)
+                 .shared_expert_size(8)
+                 .shared_expert_gate(true)
+                 .intermediate_dropout_rate(r.intermediate);
+  moe.layernorm().layernorm_type("rmsnorm");
+  moe.router().topk = 2;
+  if (kind == Kind::kMoe) {
+    moe.layernorm_input_axes(act).dot_1_input_axes({"batch", "seqlen", "hidden"}).output_axes(act);
+    LayerNormMoE block(moe);
+    set_parameter_from_global(*block, "wo_bias", at::linspace(-1, 1, 64).view({4, 16}));
+    return {block.ptr(), [block](const at::Tensor& x) mutable { return block->forward(x); },
+            [block](const DTensor& x) mutable { return block->forward(x); }};
+  }
+  auto options = TransformerLayerOptions(16, 24, 4).moe(moe).hidden_dropout(r.hidden);
+  options.layer_type("encoder");
+  options.self_attention().enable_sequence_parallel(sp).layernorm().layernorm_type("rmsnorm");
+  options.self_attention().attention().attn_mask_type("causal").attention_dropout(r.attention);
+  TransformerLayer layer(options);
+  return {layer.ptr(), [layer](const at::Tensor& x) mutable { return layer(x); },
+          [layer](const DTensor& x) mutable { return layer(x); }};
+}
+
 // `cp`: the attention's cp_comm_type (empty: none).
 Model make(Kind kind, bool sp, Way way, bool dropout, Shape sh, const std::string& cp = "",
            bool balanced = false) {
@@ -162,6 +196,9 @@ Model make(Kind kind, bool sp, Way way, bool dropout, Shape sh, const std::strin
   const std::string joined = custom ? "act" : "w_joined";
   Model m;
   switch (kind) {
+    case Kind::kMoe:
+    case Kind::kMoeDecoder:
+      return make_moe(kind, sp, r);
     case Kind::kDenseColumn: {
       Dense d(DenseOptions(16, 12).kernel_axes({w_in, w_out}).bias_axes({w_out}).input_axes(whole));
       set_parameter_from_global(*d, "bias", at::linspace(-1, 1, 12));
@@ -490,9 +527,10 @@ TEST_P(Equivalence, OutputsAndEveryGradientMatchOneProcess) {
       EXPECT_EQ(p.value().grad().scalar_type(), c.dtype) << p.key();
       EXPECT_TRUE(Near(p.value().grad(), want, tol)) << p.key() << " on rank " << rank;
     }
-    // Data and context parallel keep whole weights; tensor parallel and FSDP shard some.
+    // Data and context parallel keep whole weights; tensor, expert parallel and FSDP shard some.
     EXPECT_EQ(any_sharded, layout.name.find("TP") != std::string::npos ||
-                               layout.name.find("FSDP") != std::string::npos)
+                               layout.name.find("FSDP") != std::string::npos ||
+                               layout.name.find("EP") != std::string::npos)
         << layout.name;
   });
   set_warning_handler(nullptr);
@@ -524,6 +562,19 @@ std::vector<Case> all_cases() {
         if (kind != Kind::kDenseColumn && kind != Kind::kDenseRow) {
           cases.push_back({kind, l.name, Way::kTeTable, true, true});
         }
+      }
+    }
+  }
+  // Mixtures of experts, TE's table: on the base layouts, and expert parallel (EP2 by all-to-all,
+  // DP2xEP2, EP2xTP2), with dropout and in bf16.
+  for (Kind kind : {Kind::kMoe, Kind::kMoeDecoder}) {
+    for (const std::string l :
+         {"DP2", "FSDP2", "TP2", "TP2SP", "DP2xTP2", "EP2", "DP2xEP2", "EP2xTP2"}) {
+      cases.push_back({kind, l, Way::kTeTable});
+      cases.push_back({kind, l, Way::kTeTable, true});
+      if (l.find("EP") != std::string::npos) {
+        cases.push_back({kind, l, Way::kTeTable, false, false, at::kBFloat16});
+        cases.push_back({kind, l, Way::kTeTable, true, false, at::kBFloat16});
       }
     }
   }
@@ -560,7 +611,8 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
       "DenseColumn",   "DenseRow",           "MlpGelu",          "MlpGated",
       "MhaFusedQkv",   "MhaGqaRope",         "MhaWindowAlibi",   "MhaArbitraryBiasSink",
       "EncoderPostLn", "DecoderRopeQkNorm",  "ParallelL2QkNorm", "SandwichSoftcap",
-      "MhaCpGqaRope",  "MhaCpWindowSoftcap", "MhaCpThdRope"};
+      "MhaCpGqaRope",  "MhaCpWindowSoftcap", "MhaCpThdRope",     "Moe",
+      "MoeDecoder"};
   static const char* ways[] = {"TeTable", "ExtendedRules", "CustomNames"};
   return std::string(kinds[static_cast<int>(info.param.kind)]) + "_" + info.param.layout + "_" +
          ways[static_cast<int>(info.param.way)] + (info.param.dropout ? "_Dropout" : "") +

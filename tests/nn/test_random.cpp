@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "../distributed/dist_test_util.h"
+#include "../expect_error.h"
 #include "nn_test_util.h"
 #include "te/nn.h"
 
@@ -60,6 +61,25 @@ TEST(Dropout, APieceIsTheSliceOfTheWholeMask) {
   const at::Tensor piece = x.narrow(0, 1, 3).narrow(1, 2, 2).narrow(3, 37, 101).contiguous();
   const at::Tensor y = F::dropout(piece, 0.2, true, {5, 4, 3, 160}, {1, 2, 0, 37});
   EXPECT_TRUE(at::equal(y, whole.narrow(0, 1, 3).narrow(1, 2, 2).narrow(3, 37, 101)));
+}
+
+// Rows gathered from anywhere in the global tensor (a mixture of experts' permuted rows) get the
+// global tensor's rows of the mask, whatever order they come in.
+TEST(Dropout, GatheredRowsGetTheirRowsOfTheWholeMask) {
+  const at::Tensor x = test::randn({12, 40}, 3);
+  manual_seed(7);
+  const at::Tensor whole = F::dropout(x, 0.3, true);
+  const at::Tensor ids = at::tensor(std::vector<int64_t>{9, 2, 2, 11, 0});
+  manual_seed(7);
+  const at::Tensor rows = x.index_select(0, ids).narrow(1, 15, 20).contiguous();
+  const at::Tensor y = F::dropout_rows(rows, 0.3, true, {12, 40}, ids, 15);
+  EXPECT_TRUE(at::equal(y, whole.index_select(0, ids).narrow(1, 15, 20)));
+  EXPECT_ERROR(F::dropout_rows(rows, 0.3, true, {12, 40}, ids.to(at::kInt), 15),
+               "dropout_rows: row_ids must be int64 [5], one per row");
+  EXPECT_ERROR(F::dropout_rows(rows, 0.3, true, {12, 40}, ids, 25),
+               "dropout_rows: columns 25 .. 44 lie outside the global 40");
+  EXPECT_ERROR(F::dropout_rows(rows, 0.3, true, {10, 40}, ids, 15),
+               "dropout_rows: row id 11 lies outside the global 10 rows");
 }
 
 TEST(Dropout, GradientIsTheSameMask) {

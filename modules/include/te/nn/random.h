@@ -43,6 +43,16 @@ at::Tensor dropout(const at::Tensor& x, double p, bool training);
 at::Tensor dropout(const at::Tensor& local, double p, bool training,
                    const std::vector<int64_t>& global_shape, const std::vector<int64_t>& offsets);
 
+/// Dropout of rows gathered from a global [rows, columns] tensor (`global_shape`): row i of
+/// `local` [n, width] is global row row_ids[i] (int64 [n]), its columns col_offset ..
+/// col_offset + width - 1; the values one process's dropout of the global tensor has there. For
+/// rows moved by a permutation or an all-to-all (a mixture of experts' rows: token · experts +
+/// expert), so that the mask follows the row wherever it runs. One call on the stream, as
+/// dropout's; every rank must make it (with n = 0 where it holds no row).
+at::Tensor dropout_rows(const at::Tensor& local, double p, bool training,
+                        const std::vector<int64_t>& global_shape, const at::Tensor& row_ids,
+                        int64_t col_offset);
+
 /// Dropout of a DTensor: each rank masks its own piece with its slice of the global mask, so the
 /// result equals one process's dropout of the full tensor on every layout. A Partial x keeps its
 /// placement: every partial summand gets the same (non-negative) mask, and
