@@ -443,8 +443,10 @@ void check_step(const CausalLMImpl& m, int64_t dims, int64_t tokens,
 at::Tensor router_aux_loss(const CausalLMConfig& config, const std::vector<nn::RouterLoad>& loads) {
   if (!config.output_router_logits) return at::zeros({}, at::kFloat);
   TE_CHECK(!loads.empty(), "router_aux_loss: the config counts the router's load-balancing loss ",
-           "(output_router_logits) but no layer's router load was recorded; run the forward "
-           "inside a te::nn::RouterLoadScope");
+           "(output_router_logits) but no layer's router load was recorded: the model has no "
+           "sparse layer (every layer in mlp_only_layers?), or the forward ran outside a "
+           "te::nn::RouterLoadScope; set output_router_logits false, or run the forward inside "
+           "one");
   return nn::load_balancing_loss(loads) * config.router_aux_loss_coef;
 }
 

@@ -138,7 +138,7 @@ class GatheredDense : public torch::autograd::Function<GatheredDense> {
 
 at::Tensor dense(const at::Tensor& x, const at::Tensor& w,
                  const std::shared_ptr<fp8::GemmMeta>& fp8, const DeviceMesh* mesh,
-                 const at::Tensor& bias) {
+                 const at::Tensor& bias, const std::vector<int64_t>* amax_dims) {
   auto with_bias = [&bias](const at::Tensor& y) { return bias.defined() ? y + bias : y; };
   if (fp8 != nullptr && fp8->frozen()) return with_bias(fp8::frozen_linear(x, *fp8));
   TE_CHECK(x.dim() >= 1 && w.dim() >= 2 && x.size(-1) == w.size(0), "dense: input ", x.sizes(),
@@ -148,7 +148,7 @@ at::Tensor dense(const at::Tensor& x, const at::Tensor& w,
   out_shape.insert(out_shape.end(), w.sizes().begin() + 1, w.sizes().end());
   const at::Tensor w2 = w.reshape({w.size(0), -1});
   if (fp8 != nullptr && (fp8_enabled() || fp8_calibrating())) {
-    return with_bias(fp8::linear(x, w2, fp8, mesh).reshape(out_shape));
+    return with_bias(fp8::linear(x, w2, fp8, mesh, nullptr, amax_dims).reshape(out_shape));
   }
   if (auto y = detail::onednn_linear(x, w2, bias)) return y->reshape(out_shape);
   if (!bias.defined()) return mm_any(x, w2).reshape(out_shape);

@@ -82,7 +82,8 @@ struct GroupedGemm : torch::autograd::Function<GroupedGemm> {
 
 at::Tensor grouped_dense(const at::Tensor& x, const at::Tensor& kernel,
                          const std::vector<int64_t>& m_splits, const at::Tensor& bias,
-                         const std::vector<std::shared_ptr<fp8::GemmMeta>>& fp8) {
+                         const std::vector<std::shared_ptr<fp8::GemmMeta>>& fp8,
+                         const DeviceMesh* mesh, const std::vector<int64_t>* amax_dims) {
   TE_CHECK(kernel.defined() && kernel.dim() == 3, "grouped_dense: kernel is ",
            te::nn::detail::shape_of(kernel), "; give [groups, in, out]");
   const int64_t groups = kernel.size(0), in = kernel.size(1), out = kernel.size(2);
@@ -117,9 +118,9 @@ at::Tensor grouped_dense(const at::Tensor& x, const at::Tensor& kernel,
   std::vector<at::Tensor> parts;
   int64_t row = 0;
   for (int64_t g = 0; g < groups; ++g) {
-    if (m_splits[g] == 0) continue;
-    parts.push_back(dense(x.narrow(0, row, m_splits[g]), kernel[g], fp8[g], nullptr,
-                          bias.defined() ? bias[g] : at::Tensor()));
+    if (m_splits[g] == 0 && mesh == nullptr) continue;
+    parts.push_back(dense(x.narrow(0, row, m_splits[g]), kernel[g], fp8[g], mesh,
+                          bias.defined() ? bias[g] : at::Tensor(), amax_dims));
     row += m_splits[g];
   }
   return parts.empty() ? at::zeros({0, out}, x.options()) : at::cat(parts, 0);

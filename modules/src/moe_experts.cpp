@@ -83,6 +83,9 @@ struct ExpertsHere {
   // is one process's wherever the row runs (undefined without dropout).
   at::Tensor token_ids;
   int64_t all_tokens = 0, ffn_offset = 0;
+  // The mesh dims the experts' FP8 amaxes reduce over: all but the expert-parallel one, whose
+  // ranks run other experts.
+  std::vector<int64_t> amax_dims;
 };
 
 // Whether the experts' dropout draws in this forward.
@@ -114,9 +117,11 @@ at::Tensor expert_mlp(LayerNormMoEImpl& self, const ExpertsHere& here, const at:
     return std::vector<std::shared_ptr<fp8::GemmMeta>>(all.begin() + first,
                                                        all.begin() + first + n);
   };
-  const at::Tensor hid = F::grouped_dense(
-      rows, here.wi.reshape({n, h, a * f}), m_splits,
-      here.wi_bias.defined() ? here.wi_bias.reshape({n, a * f}) : at::Tensor(), metas(self.wi_fp8));
+  const std::vector<int64_t>* amax_dims = here.mesh != nullptr ? &here.amax_dims : nullptr;
+  const at::Tensor hid =
+      F::grouped_dense(rows, here.wi.reshape({n, h, a * f}), m_splits,
+                       here.wi_bias.defined() ? here.wi_bias.reshape({n, a * f}) : at::Tensor(),
+                       metas(self.wi_fp8), here.mesh, amax_dims);
   at::Tensor act =
       F::mlp_activation(hid.view({rows.size(0), a, f}), o.activations(), o.activation_params());
   if (ids.defined()) {
@@ -128,7 +133,7 @@ at::Tensor expert_mlp(LayerNormMoEImpl& self, const ExpertsHere& here, const at:
   // of it, so that every rank's gradient of it takes part in the reduction.
   at::Tensor bias = here.wo_bias;
   if (bias.defined() && !here.add_bias) bias = bias * 0;
-  return F::grouped_dense(act, here.wo, m_splits, bias, metas(self.wo_fp8));
+  return F::grouped_dense(act, here.wo, m_splits, bias, metas(self.wo_fp8), here.mesh, amax_dims);
 }
 
 // Sums of `counts` [experts] in blocks of `per` experts: the rows each rank gets.
@@ -220,56 +225,50 @@ at::Tensor exchanged_experts(LayerNormMoEImpl& self, const ExpertsHere& here,
   return exchange_rows(back_local, mesh, *here.ep_dim, recv, send);
 }
 
-// The losses over the whole batch: the counts and the token count summed over the ranks that
-// split the tokens; each rank's terms of its own tokens (partial sums).
-at::Tensor aux_loss(LayerNormMoEImpl& self, const ExpertsHere& here, const at::Tensor& logits) {
+// The block's auxiliary loss (zero scalar when off) and, with `record`, the router's load, for
+// this rank's tokens (logits [T, experts], whole gradients): the router's scores once, then this
+// rank's choices per expert and its token count summed over the ranks that split the tokens in
+// one all-reduce; each rank's terms of its own tokens (partial sums there, as the load's score
+// sums).
+std::pair<at::Tensor, std::optional<RouterLoad>> router_losses(LayerNormMoEImpl& self,
+                                                               const ExpertsHere& here,
+                                                               const at::Tensor& logits,
+                                                               bool record) {
   const LayerNormMoEOptions& o = self.options;
   at::Tensor aux = at::zeros({}, logits.options().dtype(at::kFloat));
-  if (o.aux_loss_coeff() <= 0 && o.z_loss_coeff() <= 0) return aux;
-  const bool split = here.mesh != nullptr && !here.token_dims.empty();
-  at::Tensor total = at::full({1}, logits.size(0), at::kLong);
-  if (split) {
-    total = here.mesh->all_reduce(total.to(logits.device()), ReduceOp::kSum, here.token_dims);
-    // Planning (meta): every rank's share as this rank's.
-    if (total.is_meta()) {
-      int64_t ranks = 1;
-      for (int64_t m : here.token_dims) ranks *= here.mesh->size(m);
-      total = at::full({1}, logits.size(0) * ranks, at::kLong);
-    }
+  const bool switch_loss = o.aux_loss_coeff() > 0;
+  if (!switch_loss && o.z_loss_coeff() <= 0 && !record) return {aux, std::nullopt};
+  std::optional<F::Routing> scores;
+  if (switch_loss || record) {
+    scores = F::compute_score_for_moe_aux_loss(logits, o.router().topk, o.router().score_function);
   }
-  const int64_t all_tokens = total.cpu().item<int64_t>();
-  if (o.aux_loss_coeff() > 0) {
-    const F::Routing scores =
-        F::compute_score_for_moe_aux_loss(logits, o.router().topk, o.router().score_function);
-    at::Tensor per_expert = scores.routing_map.sum(0);
-    if (split) per_expert = here.mesh->all_reduce(per_expert, ReduceOp::kSum, here.token_dims);
-    aux = aux + F::moe_aux_loss(scores.probs, per_expert, all_tokens, o.router().topk,
+  // Counts in float64: exact well past any batch's tokens.
+  const auto exact = logits.options().dtype(at::kDouble);
+  at::Tensor counts = at::full({1}, static_cast<double>(logits.size(0)), exact);
+  if (scores) counts = at::cat({scores->routing_map.sum(0).to(at::kDouble), counts});
+  const bool split = here.mesh != nullptr && !here.token_dims.empty();
+  if (split) counts = here.mesh->all_reduce(counts, ReduceOp::kSum, here.token_dims);
+  int64_t all_tokens = logits.size(0);
+  if (counts.is_meta()) {  // planning: every rank's share as this rank's
+    for (int64_t m : here.token_dims) all_tokens *= split ? here.mesh->size(m) : 1;
+  } else {
+    all_tokens = static_cast<int64_t>(counts[-1].item<double>());
+  }
+  const at::Tensor per_expert = scores ? counts.narrow(0, 0, counts.size(0) - 1) : at::Tensor();
+  if (switch_loss) {
+    aux = aux + F::moe_aux_loss(scores->probs, per_expert, all_tokens, o.router().topk,
                                 o.aux_loss_coeff());
   }
   if (o.z_loss_coeff() > 0 && logits.size(0) > 0) {
     const double share = static_cast<double>(logits.size(0)) / static_cast<double>(all_tokens);
     aux = aux + F::moe_z_loss(logits, o.z_loss_coeff()) * share;
   }
-  return aux;
-}
-
-// The router's load over this rank's tokens (logits [T, experts], whole gradients): the choices
-// and the token count summed over the ranks that split the tokens; the score sums this rank's
-// own (partial sums there).
-RouterLoad router_load(LayerNormMoEImpl& self, const ExpertsHere& here, const at::Tensor& logits) {
-  const F::RouterOptions& r = self.options.router();
-  const F::Routing scores = F::compute_score_for_moe_aux_loss(logits, r.topk, r.score_function);
+  if (!record) return {aux, std::nullopt};
   RouterLoad load;
-  load.score_sums = scores.probs.sum(0);
-  at::Tensor counts =
-      at::cat({scores.routing_map.sum(0).to(load.score_sums.scalar_type()),
-               at::full({1}, static_cast<double>(logits.size(0)), load.score_sums.options())});
-  if (here.mesh != nullptr && !here.token_dims.empty()) {
-    counts = here.mesh->all_reduce(counts, ReduceOp::kSum, here.token_dims);
-  }
-  load.selected = counts.narrow(0, 0, counts.size(0) - 1);
-  load.tokens = counts[-1];
-  return load;
+  load.score_sums = scores->probs.sum(0);
+  load.selected = per_expert.to(load.score_sums.scalar_type());
+  load.tokens = counts[-1].to(load.score_sums.scalar_type());
+  return {aux, std::move(load)};
 }
 
 // What the routed experts give for this rank's tokens: the output, the auxiliary loss's share
@@ -312,9 +311,9 @@ Routed routed_experts(LayerNormMoEImpl& self, const ExpertsHere& here, const at:
   const at::Tensor logits = here.loss_logits.defined()
                                 ? here.loss_logits.reshape({-1, routing_logits.size(-1)})
                                 : routing_logits;
-  Routed r{out, aux_loss(self, here, logits), std::nullopt};
-  if (RouterLoadScope::current() != nullptr && !planning) r.load = router_load(self, here, logits);
-  return r;
+  auto [aux, load] =
+      router_losses(self, here, logits, RouterLoadScope::current() != nullptr && !planning);
+  return {out, aux, std::move(load)};
 }
 
 }  // namespace
@@ -407,14 +406,12 @@ std::pair<DTensor, DTensor> moe_experts(LayerNormMoEImpl& self, const DTensor& x
                                         const DTensor& logits_in) {
   const DeviceMesh& mesh = x_in.mesh();
   const auto n = static_cast<std::size_t>(mesh.ndim());
-  TE_CHECK(!(fp8_enabled() || fp8_calibrating()) || mesh.size() == 1,
-           "LayerNormMoE: FP8 recipes on a mesh of ", mesh.size(), " ranks (", mesh.to_string(),
-           ") are not supported yet: each rank's experts reduce the amaxes of the experts it ran, "
-           "which differ from rank to rank; run the layer outside the Fp8Autocast, or on one "
-           "process");
   ExpertsHere here;
   here.mesh = &mesh;
   const auto [tp, ep, split] = plan_experts(self, x_in, here);
+  for (int64_t m = 0; m < mesh.ndim(); ++m) {
+    if (!here.ep_dim || m != *here.ep_dim) here.amax_dims.push_back(m);
+  }
   const int64_t last = x_in.dim() - 1;
   const DTensor x = replicated_where(
       x_in, [&](const Placement& p, std::size_t m) { return !split[m] || !is_shard(p); });

@@ -210,6 +210,8 @@ at::Tensor load_balancing_loss(const std::vector<RouterLoad>& loads) {
     scores = l == 0 ? r.score_sums : scores + r.score_sums;
     tokens = l == 0 ? r.tokens : tokens + r.tokens;
   }
+  // No token at all: no load to balance (rather than 0 / 0).
+  if (tokens.item<double>() == 0) return at::zeros({}, scores.options());
   return (selected / tokens * (scores / tokens)).sum() * static_cast<double>(experts);
 }
 

@@ -109,6 +109,7 @@ TEST(Families, MixturesOfExpertsReadTheirExpertsFields) {
   const CausalLMConfig with_loss = parse_causal_lm_config(counted.dump(), "config.json");
   EXPECT_TRUE(with_loss.output_router_logits);
   EXPECT_EQ(with_loss.router_aux_loss_coef, 0.25);
+  refused({{"router_aux_loss_coef", -0.5}}, "router_aux_loss_coef: must be a finite number");
   refused({{"num_experts_per_tok", 9}},
           "num_experts_per_tok: 9 experts per token is not in [1, 8]");
   refused({{"mlp_only_layers", {7}}}, "mlp_only_layers: entry 7 is not a layer index");

@@ -537,6 +537,9 @@ def main(binary, workdir):
                                     ", ".join("%s %.2g" % kv for kv in errors.items())))
             for p in problems:
                 print("     %s" % p)
+    if only and total == 0:
+        print("CHECK_CASES=%s names no case" % ",".join(only))
+        return 1
     print("%d of %d case layouts differ from %s (tolerance %g)"
           % (failures, total, reference_name, TOL))
     return 1 if failures else 0

@@ -113,8 +113,9 @@ def reference(case_dir, batches, bf16, micro_batches=1):
     micro_batches, each step's rows split in order into that many micro-batches, each
     micro-batch's summed losses over the step's label tokens backward in turn: the same as one
     batch for the cross-entropy, but the load-balancing loss (not a sum over tokens) is each
-    micro-batch's, weighted by its label tokens, as te's LmTrainer and transformers' Trainer
-    take it."""
+    micro-batch's, weighted by its label tokens, as te's LmTrainer takes it (the micro-batches'
+    mean when their label tokens are equal, as Megatron scales each micro-batch's aux loss by
+    1 / num_microbatches: megatron/core/pipeline_parallel/schedules.py at d98e8a64dd)."""
     model = transformers.AutoModelForCausalLM.from_pretrained(case_dir, dtype=torch.float32,
                                                               attn_implementation="eager")
     model.train()
@@ -207,7 +208,7 @@ def check(binary, workdir, case):
                     "--out", out], check=True)
     te = json.load(open(out))["runs"]
     want = reference(case_dir, batches, bf16=False)
-    router = "router_aux_loss_coef" in case[3]
+    router = case[3].get("output_router_logits", False)
     errors = {}
     for what in ("loss", "grad_norm"):
         errors["one/pytorch %s" % what] = (rel(te["one"][what], want[what]), TOL)

@@ -275,7 +275,8 @@ TEST(Planner, LeavesTheCallersDropoutStreamAsItWas) {
 // route by, so the plan routes as a balanced router would. Its collectives are a real step's,
 // one for one: per layer the counts' exchange, the rows out to the experts and back (whose
 // bytes are this rank's routed rows, tokens x topk, whatever the router chose); the bytes of the
-// return trip are the balanced share, which a real router only approaches.
+// return trip are the balanced share, which a real router only approaches. (Without dropout:
+// with the experts' dropout on, each row's mask id travels with it, a fourth all-to-all.)
 TEST(Planner, PlansAMixtureOfExpertsAsABalancedRouterSendsItsTokens) {
   set_warning_handler([](std::string_view) {});
   MeshResourceScope resource(parse_mesh_resource("dp=data,ep=data"));

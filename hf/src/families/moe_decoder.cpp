@@ -5,6 +5,7 @@
 #include "moe_decoder.h"
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 
 namespace te::hf::detail {
@@ -62,6 +63,11 @@ void read_moe_config(Fields& f, CausalLMConfig& c, const MoeFields& m) {
     c.shared_expert_intermediate_size = f.integer("shared_expert_intermediate_size");
   }
   c.router_aux_loss_coef = f.number_or("router_aux_loss_coef", 0.001);
+  if (!(c.router_aux_loss_coef >= 0) || !std::isfinite(c.router_aux_loss_coef)) {
+    f.fail("router_aux_loss_coef",
+           "must be a finite number of at least 0 (the weight of the "
+           "router's load-balancing loss)");
+  }
   c.output_router_logits = f.boolean_or("output_router_logits", false);
 }
 

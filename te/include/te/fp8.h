@@ -311,8 +311,13 @@ struct KernelMoves {
 /// When `meta` holds its kernel (hold_kernel) and FP8 is enabled, `w` is the master piece (any
 /// shape; the gradient comes back in it): the GEMMs take the held codes, moved by `moves`
 /// (gathered again in backward rather than kept), and x is cast by the recipe alone.
+/// `amax_dims`: the dims of `mesh` a whole tensor's amax is reduced over; nullptr: every dim but
+/// the pipeline's. A mixture of experts' GEMMs leave out the expert-parallel dim, whose ranks
+/// run other experts; every rank of the remaining dims must make the same calls, a group of no
+/// rows included.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::shared_ptr<GemmMeta>& meta,
-                  const DeviceMesh* mesh = nullptr, const KernelMoves* moves = nullptr);
+                  const DeviceMesh* mesh = nullptr, const KernelMoves* moves = nullptr,
+                  const std::vector<int64_t>* amax_dims = nullptr);
 
 /// The state of one Fp8Autocast region (defined in autocast.cpp).
 struct Region;

@@ -113,7 +113,8 @@ class Fp8Linear : public torch::autograd::Function<Fp8Linear> {
 }  // namespace
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::shared_ptr<GemmMeta>& meta,
-                  const DeviceMesh* mesh, const KernelMoves* moves) {
+                  const DeviceMesh* mesh, const KernelMoves* moves,
+                  const std::vector<int64_t>* amax_dims) {
   const auto region = current_region();
   TE_CHECK(region && (region->enabled || region->calibrating),
            "fp8::linear runs inside an enabled te::Fp8Autocast (or a calibrating one); open one "
@@ -151,7 +152,14 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::shared_pt
   call.backward = region->backward;
   call.record = records(*meta);
   if (mesh == nullptr) mesh = current_mesh();
-  if (mesh != nullptr) {
+  if (mesh != nullptr && amax_dims != nullptr) {
+    for (const int64_t d : *amax_dims) {
+      TE_CHECK(d >= 0 && d < mesh->ndim(), "fp8::linear: amax dim ", d, " is not a dim of ",
+               mesh->to_string());
+      if (mesh->size(d) > 1) call.dims.push_back(d);
+    }
+    call.mesh = *mesh;
+  } else if (mesh != nullptr) {
     // Every mesh axis but the pipeline's: stages hold different layers.
     const auto resource = current_mesh_resource();
     const std::optional<std::string> pp = resource ? resource->pp : std::nullopt;

@@ -33,10 +33,12 @@ struct AttentionPiece;  // where a rank's operands sit in the global ones (inter
 /// calibrating one it records amaxes only. When `fp8` holds frozen FP8 weights (see
 /// freeze_fp8_weights), `w` is ignored (it may be undefined) and the FP8 kernel is used.
 /// `bias` (shaped like w's output dims), when given, is added in the GEMM where LibTorch can
-/// (addmm: one pass less over the output, forward and backward).
+/// (addmm: one pass less over the output, forward and backward). `amax_dims`: fp8::linear's (the
+/// mesh dims the amaxes reduce over; nullptr: all but the pipeline's).
 at::Tensor dense(const at::Tensor& x, const at::Tensor& w,
                  const std::shared_ptr<fp8::GemmMeta>& fp8 = nullptr,
-                 const DeviceMesh* mesh = nullptr, const at::Tensor& bias = {});
+                 const DeviceMesh* mesh = nullptr, const at::Tensor& bias = {},
+                 const std::vector<int64_t>* amax_dims = nullptr);
 
 /// DTensor form. Per mesh dim: x batch-sharded and w sharded -> w is gathered for use and its
 /// gradient reduce-scattered back (FSDP); w sharded on an output dim -> x replicated (its

@@ -26,10 +26,14 @@ namespace functional {
 /// which is what makes many small groups cheap: a loop of per-group dense calls pays an
 /// autograd node, a slice and a concatenation per group. With fp8 (one GemmMeta per group)
 /// inside an enabled or calibrating te::Fp8Autocast each group's GEMM runs under the recipe
-/// with its own scaling, as TE's per-GEMM quantizers.
+/// with its own scaling, as TE's per-GEMM quantizers. On a mesh (`mesh`, `amax_dims`: the dims
+/// the groups' amaxes reduce over, fp8::linear's) every group runs, one of no rows included, so
+/// that the ranks of those dims make the same reductions in the same order.
 at::Tensor grouped_dense(const at::Tensor& x, const at::Tensor& kernel,
                          const std::vector<int64_t>& m_splits, const at::Tensor& bias = {},
-                         const std::vector<std::shared_ptr<fp8::GemmMeta>>& fp8 = {});
+                         const std::vector<std::shared_ptr<fp8::GemmMeta>>& fp8 = {},
+                         const DeviceMesh* mesh = nullptr,
+                         const std::vector<int64_t>* amax_dims = nullptr);
 
 }  // namespace functional
 

@@ -125,9 +125,9 @@ class LayerNormMoEImpl : public torch::nn::Cloneable<LayerNormMoEImpl>, public S
   at::Tensor gate_kernel, gate_bias, wi_kernel, wi_bias, wo_kernel, wo_bias;
   at::Tensor shared_wi_kernel, shared_wo_kernel, shared_gate_kernel;
   std::shared_ptr<fp8::GemmMeta> shared_wi_fp8, shared_wo_fp8;
-  /// Each expert's FP8 state, all experts' on every rank. FP8 runs on one process only for now:
-  /// on a mesh of several ranks the forward refuses an enabled recipe (each rank would reduce
-  /// the amaxes of the experts it ran, which differ from rank to rank).
+  /// Each expert's FP8 state, all experts' on every rank. On a mesh each expert's amaxes reduce
+  /// over the ranks that hold it (every mesh dim but the expert-parallel one), each of which runs
+  /// every local expert's GEMMs, one of no rows included: the scales are one process's.
   std::vector<std::shared_ptr<fp8::GemmMeta>> wi_fp8, wo_fp8;
 };
 TE_MODULE(LayerNormMoE);

@@ -64,7 +64,8 @@ struct StepStats {
   /// A mixture of experts whose config counts the router's load-balancing loss
   /// (CausalLMConfig::output_router_logits, as transformers' loss does): router_aux_loss_coef
   /// times each micro-batch's load-balancing loss over every sparse layer
-  /// (te::hf::router_aux_loss), weighted by its label tokens; else 0.
+  /// (te::hf::router_aux_loss), weighted by its share of the step's label tokens (the
+  /// micro-batches' mean when they are equal, as Megatron averages them); else 0.
   double router_loss = 0;
   double grad_norm = 0;  ///< the whole gradient's 2-norm, before clipping
   double lr = 0;         ///< the learning rate the step ran at
