@@ -351,6 +351,8 @@ MeshPlan plan_experts(LayerNormMoEImpl& self, const DTensor& x_in, ExpertsHere& 
   const DTensor wi = self.as_dtensor("wi_kernel", self.wi_kernel, mesh);
   const DTensor wo = self.as_dtensor("wo_kernel", self.wo_kernel, mesh);
   MeshPlan plan{std::vector<bool>(n), std::vector<bool>(n), std::vector<bool>(n)};
+  // Where this rank's columns of the mlp dim start (the dropout's place for them).
+  here.ffn_offset = local_chunks(wi.sizes(), mesh, wi.placements(), mesh.rank())[3].offset;
   for (std::size_t m = 0; m < n; ++m) {
     const Placement& pi = wi.placements()[m];
     const Placement& po = wo.placements()[m];
@@ -452,8 +454,6 @@ std::pair<DTensor, DTensor> moe_experts(LayerNormMoEImpl& self, const DTensor& x
       ids = ids.narrow(static_cast<int64_t>(d), chunks[d].offset, chunks[d].length);
     }
     here.token_ids = ids.reshape({-1});
-    const DTensor wi = self.as_dtensor("wi_kernel", self.wi_kernel, mesh);
-    here.ffn_offset = local_chunks(wi.sizes(), mesh, wi.placements(), mesh.rank())[3].offset;
   }
   // Where each rank's output is a partial sum (tp, ep on whole tokens), so is the gradient each
   // gets for its tokens and for the routing weights: summed over those mesh dims in backward.

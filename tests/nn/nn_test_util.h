@@ -9,7 +9,19 @@
 #include <algorithm>
 #include <vector>
 
+#include "te/fp8/recipe.h"
+
 namespace te::nn::test {
+
+/// Every FP8 recipe at its defaults (block scaling on HYBRID without power-of-2 scales; NVFP4
+/// without stochastic rounding, whose draws are each rank's own), for the tests that hold each.
+inline std::vector<fp8::Recipe> every_fp8_recipe() {
+  fp8::NVFP4BlockScaling nvfp4;
+  nvfp4.disable_stochastic_rounding = true;
+  return {fp8::DelayedScaling{}, fp8::CurrentScaling{},
+          fp8::Float8BlockScaling{fp8::Format::kHybrid, false, 0.0f},
+          fp8::MXFP8BlockScaling{fp8::Format::kHybrid}, nvfp4};
+}
 
 /// Relative closeness for fp32: max |a - b| <= tol * max(1, max |b|).
 inline ::testing::AssertionResult Close(const at::Tensor& a, const at::Tensor& b,

@@ -728,14 +728,8 @@ TEST(ContextParallelLayers, EveryFp8RecipeOnCp2IsOneProcess) {
     if (type) o.attention().cp_comm_type(*type);
     return MultiHeadAttention(o);
   };
-  fp8::NVFP4BlockScaling nvfp4;
-  nvfp4.disable_stochastic_rounding = true;  // (its draws are each rank's own)
   const double flips = 2e-3;
-  const std::vector<fp8::Recipe> recipes = {
-      fp8::DelayedScaling{}, fp8::CurrentScaling{},
-      fp8::Float8BlockScaling{fp8::Format::kHybrid, false, 0.0f},
-      fp8::MXFP8BlockScaling{fp8::Format::kHybrid}, nvfp4};
-  for (const fp8::Recipe& recipe : recipes) {
+  for (const fp8::Recipe& recipe : test::every_fp8_recipe()) {
     const auto close = [flips](const at::Tensor& got,
                                const at::Tensor& want) -> ::testing::AssertionResult {
       const double top = want.abs().max().item<double>();

@@ -312,13 +312,7 @@ TEST(GroupedLinear, WithoutBiasesTheKernelsAloneWithGradients) {
 // module equals one Dense per group (its kernel and bias copied) under the same recipe.
 TEST(GroupedLinear, EveryFp8RecipeScalesEachGroupOnItsOwn) {
   const std::vector<int64_t> splits = {64, 32, 96};
-  fp8::NVFP4BlockScaling nvfp4;
-  nvfp4.disable_stochastic_rounding = true;
-  const std::vector<fp8::Recipe> recipes = {
-      fp8::DelayedScaling{}, fp8::CurrentScaling{},
-      fp8::Float8BlockScaling{fp8::Format::kHybrid, false, 0.0f},
-      fp8::MXFP8BlockScaling{fp8::Format::kHybrid}, nvfp4};
-  for (const fp8::Recipe& recipe : recipes) {
+  for (const fp8::Recipe& recipe : test::every_fp8_recipe()) {
     SCOPED_TRACE(fp8::to_string(recipe));
     manual_seed(2);
     GroupedLinear experts(GroupedLinearOptions(3, 128, 64));

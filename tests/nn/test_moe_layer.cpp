@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <functional>
 #include <map>
 #include <mutex>
 #include <set>
@@ -194,13 +195,24 @@ Result run_whole(const at::Tensor& x, const at::Tensor& w) {
 
 void PrintTo(const Layout& layout, std::ostream* os) { *os << layout.name; }
 
-class MoeLayouts : public ::testing::TestWithParam<Layout> {};
+// A parameter's gradient, whole: gathered from the mesh where the module holds it sharded.
+at::Tensor whole_grad(const torch::nn::Module& module, const std::string& name,
+                      const at::Tensor& parameter) {
+  const ParameterLayout l = named_parameter_layouts(module).at(name);
+  return l.mesh ? DTensor::from_local(parameter.grad(), *l.mesh, l.placements, l.global_shape)
+                      .full_tensor()
+                : parameter.grad();
+}
 
-TEST_P(MoeLayouts, OutputAuxLossLoadBalancingLossAndEveryGradientMatchOneProcess) {
-  const Layout& layout = GetParam();
-  const at::Tensor x = test::randn({4, 3, 8}, 21);
-  const at::Tensor w = test::randn({4, 3, 8}, 22);
-  const Result whole = run_whole(x, w);
+// check(what, got, want): records `what` unless got is within 1e-5 of want.
+using Check = std::function<void(const std::string&, const at::Tensor&, const at::Tensor&)>;
+
+// Runs body(mesh, resource, check) on `layout`'s thread ranks, each with the layout's mesh and
+// MeshResource in scope (warnings off); what check records is reported with its rank once the
+// ranks have joined.
+void on_layout(
+    const Layout& layout,
+    const std::function<void(const DeviceMesh&, const MeshResource&, const Check&)>& body) {
   int64_t ranks = 1;
   for (int64_t s : layout.shape) ranks *= s;
   std::mutex failures_mutex;
@@ -208,8 +220,30 @@ TEST_P(MoeLayouts, OutputAuxLossLoadBalancingLossAndEveryGradientMatchOneProcess
   run_local_ranks(static_cast<int>(ranks), [&](int rank) {
     DeviceMesh mesh(layout.shape, layout.axes);
     MeshScope on(mesh);
-    MeshResourceScope resource(parse_mesh_resource(layout.resource));
+    const MeshResource resource = parse_mesh_resource(layout.resource);
+    MeshResourceScope roles(resource);
     set_warning_handler([](std::string_view) {});
+    const Check check = [&](const std::string& what, const at::Tensor& got,
+                            const at::Tensor& want) {
+      if (auto result = Close(got, want, 1e-5); !result) {
+        std::lock_guard<std::mutex> lock(failures_mutex);
+        failures.push_back("rank " + std::to_string(rank) + " " + what + ": " + result.message());
+      }
+    };
+    body(mesh, resource, check);
+    set_warning_handler(nullptr);
+  });
+  for (const std::string& f : failures) ADD_FAILURE() << f;
+}
+
+class MoeLayouts : public ::testing::TestWithParam<Layout> {};
+
+TEST_P(MoeLayouts, OutputAuxLossLoadBalancingLossAndEveryGradientMatchOneProcess) {
+  const Layout& layout = GetParam();
+  const at::Tensor x = test::randn({4, 3, 8}, 21);
+  const at::Tensor w = test::randn({4, 3, 8}, 22);
+  const Result whole = run_whole(x, w);
+  on_layout(layout, [&](const DeviceMesh& mesh, const MeshResource&, const Check& check) {
     manual_seed(4);
     LayerNormMoE moe(small_options(layout.constrained, kLayoutDropout));
     int64_t i = 0;
@@ -229,29 +263,15 @@ TEST_P(MoeLayouts, OutputAuxLossLoadBalancingLossAndEveryGradientMatchOneProcess
     // The router load: the whole batch's on every rank, each rank's gradient its own tokens'.
     const at::Tensor balance = load_balancing_loss(loads.loads());
     ((y_full * w).sum() + aux_full + balance * 0.5).backward();
-    auto check = [&](const std::string& what, const at::Tensor& got, const at::Tensor& want) {
-      auto result = Close(got, want, 1e-5);
-      if (!result) {
-        std::lock_guard<std::mutex> lock(failures_mutex);
-        failures.push_back("rank " + std::to_string(rank) + " " + what + ": " + result.message());
-      }
-    };
     check("output", y_full.detach(), whole.y);
     check("aux loss", aux_full.detach(), whole.aux);
     check("load-balancing loss", balance.detach(), whole.balance);
     check("input gradient", xl.grad(), whole.grads.at("input"));
     for (const auto& p : moe->named_parameters()) {
       ASSERT_TRUE(p.value().grad().defined()) << p.key() << " has no gradient";
-      const ParameterLayout l = named_parameter_layouts(*moe).at(p.key());
-      const at::Tensor g =
-          l.mesh ? DTensor::from_local(p.value().grad(), *l.mesh, l.placements, l.global_shape)
-                       .full_tensor()
-                 : p.value().grad();
-      check(p.key() + " gradient", g, whole.grads.at(p.key()));
+      check(p.key() + " gradient", whole_grad(*moe, p.key(), p.value()), whole.grads.at(p.key()));
     }
-    set_warning_handler(nullptr);
   });
-  for (const std::string& f : failures) ADD_FAILURE() << f;
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -315,12 +335,6 @@ TEST(MoeLayer, EveryFp8RecipeScalesEachExpertOnItsOwn) {
 // one of no rows included, so the casts use one process's scales (delayed scaling's second step
 // those the first step's reduced amaxes gave).
 TEST(MoeLayer, EveryFp8RecipeOnExpertParallelLayoutsIsOneProcess) {
-  fp8::NVFP4BlockScaling nvfp4;
-  nvfp4.disable_stochastic_rounding = true;
-  const std::vector<fp8::Recipe> recipes = {
-      fp8::DelayedScaling{}, fp8::CurrentScaling{},
-      fp8::Float8BlockScaling{fp8::Format::kHybrid, false, 0.0f},
-      fp8::MXFP8BlockScaling{fp8::Format::kHybrid}, nvfp4};
   const std::vector<Layout> layouts = {
       {"DP2", {2}, {"data"}, "dp=data"},
       {"EP2", {2}, {"data"}, "dp=data,ep=data"},
@@ -336,7 +350,7 @@ TEST(MoeLayer, EveryFp8RecipeOnExpertParallelLayoutsIsOneProcess) {
   };
   const at::Tensor x = test::randn({4, 8, 64}, 5);
   const at::Tensor w = test::randn({4, 8, 64}, 6);
-  for (const fp8::Recipe& recipe : recipes) {
+  for (const fp8::Recipe& recipe : test::every_fp8_recipe()) {
     SCOPED_TRACE(fp8::to_string(recipe));
     manual_seed(4);
     LayerNormMoE whole(options());
@@ -351,47 +365,25 @@ TEST(MoeLayer, EveryFp8RecipeOnExpertParallelLayoutsIsOneProcess) {
     for (const auto& p : whole->named_parameters()) want_grads[p.key()] = p.value().grad();
     for (const Layout& layout : layouts) {
       SCOPED_TRACE(layout.name);
-      int64_t ranks = 1;
-      for (int64_t s : layout.shape) ranks *= s;
-      std::mutex failures_mutex;
-      std::vector<std::string> failures;
-      run_local_ranks(static_cast<int>(ranks), [&](int rank) {
-        DeviceMesh mesh(layout.shape, layout.axes);
-        MeshScope on(mesh);
-        const MeshResource resource = parse_mesh_resource(layout.resource);
-        MeshResourceScope roles(resource);
-        set_warning_handler([](std::string_view) {});
-        manual_seed(4);
-        LayerNormMoE moe(options());
-        at::Tensor y;
-        for (int step = 0; step < 2; ++step) {
-          moe->zero_grad();
-          Fp8Autocast fp8(true, recipe, resource);
-          const DTensor dx = DTensor::distribute(
-              x, mesh, std::vector<Placement>(layout.shape.size(), Replicate{}));
-          y = moe->forward(dx).full_tensor();
-          (y * w).sum().backward();
-        }
-        std::vector<std::string> wrong;
-        if (auto r = Close(y.detach(), want.detach(), 1e-5); !r)
-          wrong.push_back(std::string("output: ") + r.message());
-        const auto layouts_of = named_parameter_layouts(*moe);
-        for (const auto& p : moe->named_parameters()) {
-          const ParameterLayout& l = layouts_of.at(p.key());
-          const at::Tensor g =
-              l.mesh ? DTensor::from_local(p.value().grad(), *l.mesh, l.placements, l.global_shape)
-                           .full_tensor()
-                     : p.value().grad();
-          if (auto r = Close(g, want_grads.at(p.key()), 1e-5); !r) {
-            wrong.push_back(p.key() + " gradient: " + r.message());
-          }
-        }
-        set_warning_handler(nullptr);
-        std::lock_guard<std::mutex> lock(failures_mutex);
-        for (const std::string& f : wrong)
-          failures.push_back("rank " + std::to_string(rank) + " " + f);
-      });
-      for (const std::string& f : failures) ADD_FAILURE() << f;
+      on_layout(layout,
+                [&](const DeviceMesh& mesh, const MeshResource& resource, const Check& check) {
+                  manual_seed(4);
+                  LayerNormMoE moe(options());
+                  at::Tensor y;
+                  for (int step = 0; step < 2; ++step) {
+                    moe->zero_grad();
+                    Fp8Autocast fp8(true, recipe, resource);
+                    const DTensor dx = DTensor::distribute(
+                        x, mesh, std::vector<Placement>(layout.shape.size(), Replicate{}));
+                    y = moe->forward(dx).full_tensor();
+                    (y * w).sum().backward();
+                  }
+                  check("output", y.detach(), want.detach());
+                  for (const auto& p : moe->named_parameters()) {
+                    check(p.key() + " gradient", whole_grad(*moe, p.key(), p.value()),
+                          want_grads.at(p.key()));
+                  }
+                });
     }
   }
 }
