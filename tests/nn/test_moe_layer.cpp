@@ -342,7 +342,7 @@ TEST(MoeLayer, EveryFp8RecipeOnExpertParallelLayoutsIsOneProcess) {
       {"EP2xTP2", {2, 2}, {"data", "model"}, "dp=data,ep=data,tp=model"}};
   auto options = [] {
     // An mlp dim of 256: 128 on each tensor-parallel rank, whole 1x128 blocks (Float8BlockScaling
-    // casts each rank's piece in its own blocks, as TE does).
+    // casts each rank's piece in its own blocks: te's fp8::linear on the local piece).
     auto o =
         LayerNormMoEOptions(64, 256, 4).shared_expert_size(256).activations({"silu", "linear"});
     o.router().topk = 2;
