@@ -20,6 +20,7 @@ nn::TransformerLayerOptions layer_options(const CausalLMConfig& c, int64_t layer
   auto o = nn::TransformerLayerOptions(c.hidden_size, c.intermediate_size, c.num_attention_heads)
                .layer_type("encoder")
                .mlp_activations(c.mlp_activations)
+               .activation_params({c.swiglu_limit, c.swiglu_alpha, 1.0})
                .hidden_dropout(c.hidden_dropout)
                .intermediate_dropout(0)
                .mlp_bias(c.mlp_bias);
@@ -45,6 +46,7 @@ nn::TransformerLayerOptions layer_options(const CausalLMConfig& c, int64_t layer
       .scale_factor(c.attention_scale)
       .softcap(c.attn_logit_softcapping);
   if (c.packed_sequences) attention.attention().qkv_format(nn::QkvFormat::kThd);
+  if (c.attention_sinks) attention.attention().softmax_type(nn::SoftmaxType::kLearnable);
   if (c.cp_comm_type) {
     attention.attention().cp_comm_type(*c.cp_comm_type).cp_load_balanced(c.cp_load_balanced);
   }
@@ -52,12 +54,15 @@ nn::TransformerLayerOptions layer_options(const CausalLMConfig& c, int64_t layer
   if (c.num_experts > 0 && layer < static_cast<int64_t>(c.layer_moe.size()) &&
       c.layer_moe[static_cast<std::size_t>(layer)]) {
     // transformers' sparse block (Qwen2MoeSparseMoeBlock, Qwen3MoeSparseMoeBlock,
-    // MixtralSparseMoeBlock at 5.23.0): softmax over the experts, its top k, renormalised over
-    // those when norm_topk_prob, which is the softmax of the top k logits (TE's use_pre_softmax
-    // false); else the top k of the softmax over all (use_pre_softmax true).
+    // MixtralSparseMoeBlock, GptOssMLP at 5.23.0): softmax over the experts, its top k,
+    // renormalised over those when norm_topk_prob, which is the softmax of the top k logits (TE's
+    // use_pre_softmax false; GptOssTopKRouter's topk then softmax); else the top k of the softmax
+    // over all (use_pre_softmax true).
     auto moe = nn::LayerNormMoEOptions(c.hidden_size, c.moe_intermediate_size, c.num_experts)
                    .activations(c.mlp_activations)
+                   .activation_params({c.swiglu_limit, c.swiglu_alpha, 1.0})
                    .use_bias(c.mlp_bias)
+                   .router_bias(c.router_bias)
                    .shared_expert_size(c.shared_expert_intermediate_size)
                    .shared_expert_gate(c.shared_expert_intermediate_size > 0);
     moe.router().topk = c.num_experts_per_tok;

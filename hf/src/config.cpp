@@ -122,6 +122,10 @@ void check_causal_lm_config(const CausalLMConfig& c, const std::string& where) {
   if (!(std::isfinite(c.embedding_multiplier) && c.embedding_multiplier > 0)) {
     fail("embedding multiplier", "must be positive and finite");
   }
+  if (!(std::isfinite(c.swiglu_limit) && c.swiglu_limit > 0)) {
+    fail("swiglu_limit", "must be positive and finite");
+  }
+  if (!std::isfinite(c.swiglu_alpha)) fail("swiglu_alpha", "must be finite");
   if (c.num_experts > 0) {
     if (c.num_experts_per_tok < 1 || c.num_experts_per_tok > c.num_experts) {
       fail("num_experts_per_tok", std::to_string(c.num_experts_per_tok) + " is not in [1, " +

@@ -40,7 +40,6 @@ at::Tensor source_part(const at::Tensor& t, const HfSource& s) {
   return s.transpose ? part.t() : part;
 }
 
-// The source's shape given the te parameter's.
 // The source's shape given the te parameter's (the whole tensor's, when narrowed).
 std::vector<int64_t> source_shape(std::vector<int64_t> shape, const HfSource& s) {
   if (s.expert >= 0) shape.erase(shape.begin());
@@ -48,6 +47,11 @@ std::vector<int64_t> source_shape(std::vector<int64_t> shape, const HfSource& s)
   if (s.transpose) std::reverse(shape.begin(), shape.end());
   if (s.narrow_dim >= 0) shape[static_cast<std::size_t>(s.narrow_dim)] = s.narrow_total;
   return shape;
+}
+
+// The end (exclusive) of `length` entries of a narrowed source from its narrow_start.
+int64_t narrow_end(const HfSource& s, int64_t length) {
+  return s.narrow_start + (length - 1) * s.narrow_step + 1;
 }
 
 // A Hugging Face directory: model.safetensors, or the files of a sharded set's index.
@@ -134,7 +138,8 @@ std::map<std::string, at::Tensor> to_hf_tensors(const WeightMap& map,
         shape[static_cast<std::size_t>(s.narrow_dim)] = s.narrow_total;
         whole = at::zeros(shape, part.options());
       }
-      whole.narrow(s.narrow_dim, s.narrow_start, s.narrow_length).copy_(part);
+      whole.slice(s.narrow_dim, s.narrow_start, narrow_end(s, s.narrow_length), s.narrow_step)
+          .copy_(part);
     }
   }
   return out;
@@ -226,8 +231,10 @@ std::shared_ptr<const nn::BlockMatrix> blocks_of(const std::vector<HfSource>& so
   for (std::size_t i = 0; i < sources.size(); ++i) {
     const HfSource& s = sources[i];
     if (s.expert >= 0) return nullptr;  // experts' kernels are dequantized
-    // A kernel may take some of a fused tensor's rows (Phi-3's qkv_proj, gate_up_proj).
+    // A kernel may take some of a fused tensor's consecutive rows (Phi-3's qkv_proj,
+    // gate_up_proj).
     const bool narrowed = s.narrow_dim >= 0;
+    if (narrowed && s.narrow_step != 1) return nullptr;
     if (s.transpose != kernel || (narrowed && !(kernel && s.narrow_dim == 0)) ||
         s.slot_dim != (stacked ? 1 : -1) || (stacked && s.slot != static_cast<int64_t>(i))) {
       return nullptr;
@@ -308,10 +315,21 @@ int64_t fill(torch::nn::Module& model, const WeightMap& map, TensorSource& sourc
       at::Tensor dst = source_part(local, part);
       if (s.slot_dim >= 0) lo.erase(lo.begin() + s.slot_dim);
       if (s.transpose) std::reverse(lo.begin(), lo.end());
-      if (s.narrow_dim >= 0) lo[static_cast<std::size_t>(s.narrow_dim)] += s.narrow_start;
+      if (dst.numel() == 0) continue;
       std::vector<int64_t> hi = lo;
       for (std::size_t d = 0; d < hi.size(); ++d) hi[d] += dst.size(static_cast<int64_t>(d));
-      dst.copy_(source.read(s.name, lo, hi, &bytes_read));
+      if (s.narrow_dim < 0) {
+        dst.copy_(source.read(s.name, lo, hi, &bytes_read));
+        continue;
+      }
+      // The box's entries of the narrowed dim, narrow_step apart in the source: read the span
+      // that holds them, then take every narrow_step-th.
+      const auto d = static_cast<std::size_t>(s.narrow_dim);
+      part.narrow_start = s.narrow_start + lo[d] * s.narrow_step;
+      lo[d] = part.narrow_start;
+      hi[d] = narrow_end(part, dst.size(s.narrow_dim));
+      const at::Tensor span = source.read(s.name, lo, hi, &bytes_read);
+      dst.copy_(span.slice(s.narrow_dim, 0, span.size(s.narrow_dim), s.narrow_step));
     }
   }
   return bytes_read;

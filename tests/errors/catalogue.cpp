@@ -736,6 +736,20 @@ std::vector<Case> cases() {
          c.output_router_logits = true;
          hf::router_aux_loss(c, {});
        }},
+      {"mixture of experts", "a gpt-oss checkpoint with MXFP4 experts (OpenAI's published files)",
+       "quantization_config: te-cpp reads gpt-oss's experts in floating point, not MXFP4",
+       [] {
+         nlohmann::json j = {{"model_type", "gpt_oss"},
+                             {"vocab_size", 64},
+                             {"hidden_size", 16},
+                             {"intermediate_size", 8},
+                             {"num_hidden_layers", 2},
+                             {"num_attention_heads", 4},
+                             {"num_local_experts", 4},
+                             {"num_experts_per_tok", 2},
+                             {"quantization_config", {{"quant_method", "mxfp4"}}}};
+         hf::parse_causal_lm_config(j.dump(), "gpt-oss-20b/config.json");
+       }},
       {"distributed", "more ranks on a host than it has GPUs",
        "has LOCAL_RANK 2, but this host has 2 GPU(s)", [] { device_for_local_rank(2, 2); }},
       // ---- FP8 ----

@@ -4,6 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <ATen/ATen.h>
+
+#include <cmath>
 #include <fstream>
 #include <iterator>
 #include <nlohmann/json.hpp>
@@ -12,6 +15,7 @@
 #include "te/hf/causal_lm.h"
 #include "te/hf/config.h"
 #include "te/hf/families.h"
+#include "te/hf/weights.h"
 
 namespace te::hf {
 namespace {
@@ -63,7 +67,9 @@ TEST(Families, EachFamilyReadsConfigsOfItsOwnArchitecture) {
     if (f.model_type == "gpt2") j = {{"model_type", "gpt2"}, {"architectures", {f.architecture}}};
     // Phi3Config's default pad_token_id, 32000, is no row of 64 tokens (refused by name).
     if (f.model_type == "phi3") j["pad_token_id"] = nullptr;
-    if (f.model_type == "mixtral") j.update({{"num_local_experts", 4}, {"num_experts_per_tok", 2}});
+    if (f.model_type == "mixtral" || f.model_type == "gpt_oss") {
+      j.update({{"num_local_experts", 4}, {"num_experts_per_tok", 2}});
+    }
     if (f.model_type == "qwen3_moe" || f.model_type == "qwen2_moe") {
       j.update({{"num_experts", 4}, {"num_experts_per_tok", 2}, {"moe_intermediate_size", 8}});
     }
@@ -139,6 +145,88 @@ TEST(Families, MixturesOfExpertsReadTheirExpertsFields) {
   mixtral.erase("num_local_experts");
   EXPECT_ERROR(parse_causal_lm_config(mixtral.dump(), "config.json"),
                "num_local_experts is missing");
+}
+
+// gpt-oss: GptOssConfig's defaults where config.json is silent (transformers 5.23.0
+// models/gpt_oss/configuration_gpt_oss.py), its sinks, biases, clamped SwiGLU and router, its
+// fused experts' map (gate_up_proj's gate in the even columns, up in the odd ones), and what it
+// refuses.
+TEST(Families, GptOssTakesItsConfigClasssDefaultsAndItsFusedExperts) {
+  const json j = {{"model_type", "gpt_oss"},  {"vocab_size", 64},       {"hidden_size", 16},
+                  {"intermediate_size", 8},   {"num_hidden_layers", 3}, {"num_attention_heads", 4},
+                  {"num_key_value_heads", 2}, {"num_local_experts", 4}, {"num_experts_per_tok", 2},
+                  {"hidden_act", "gelu"}};  // GptOssExperts ignore it, so does te-cpp
+  auto parse = [](const json& config) {
+    return parse_causal_lm_config(config.dump(), "config.json");
+  };
+  const CausalLMConfig c = parse(j);
+  EXPECT_EQ(c.head_dim, 64);
+  EXPECT_EQ(c.max_position_embeddings, 131072);
+  EXPECT_EQ(c.rms_norm_eps, 1e-5);
+  EXPECT_EQ(c.layer_windows, (std::vector<std::optional<int64_t>>{128, std::nullopt, 128}));
+  EXPECT_TRUE(c.attention_sinks && c.attention_bias && c.qkv_bias && c.mlp_bias && c.router_bias);
+  EXPECT_TRUE(c.norm_topk_prob);
+  EXPECT_EQ(c.moe_intermediate_size, 8);
+  EXPECT_EQ(c.mlp_activations, (std::vector<std::string>{"clamped_silu", "clamped_linear"}));
+  EXPECT_EQ(c.swiglu_limit, 7.0);
+  EXPECT_EQ(c.swiglu_alpha, 1.702);
+  // The default RoPE is yarn, factor 32 over 4096 positions at base 150000, not truncated: the
+  // same as giving that object, and not what truncating gives.
+  EXPECT_EQ(c.rope_type, "yarn");
+  EXPECT_EQ(c.rope_theta, 150000.0);
+  EXPECT_EQ(c.rope_original_max_position_embeddings, 4096);
+  EXPECT_NEAR(c.rope_attention_factor, 0.1 * std::log(32.0) + 1, 1e-12);
+  json given = j;
+  given["rope_parameters"] = {{"rope_type", "yarn"},
+                              {"factor", 32.0},
+                              {"rope_theta", 150000.0},
+                              {"truncate", false},
+                              {"original_max_position_embeddings", 4096}};
+  EXPECT_EQ(parse(given).rope_freq_factors, c.rope_freq_factors);
+  given["rope_parameters"]["truncate"] = true;
+  EXPECT_NE(parse(given).rope_freq_factors, c.rope_freq_factors);
+  json null_head = j;
+  null_head["head_dim"] = nullptr;  // GptOssConfig: hidden_size / num_attention_heads
+  EXPECT_EQ(parse(null_head).head_dim, 4);
+
+  const WeightMap map = causal_lm_weight_map(c);
+  const auto& wi = map.at("layers.0.moe.wi_kernel");
+  ASSERT_EQ(wi.size(), 2u);
+  for (int64_t slot : {0, 1}) {
+    const HfSource& s = wi[static_cast<std::size_t>(slot)];
+    EXPECT_EQ(s.name, "model.layers.0.mlp.experts.gate_up_proj");
+    EXPECT_EQ(s.slot, slot);
+    EXPECT_EQ(s.narrow_start, slot);
+    EXPECT_EQ(s.narrow_step, 2);
+    EXPECT_FALSE(s.transpose);  // saved [experts, in, out], as te's
+  }
+  EXPECT_EQ(map.at("layers.2.self_attention.attention.softmax_offset").at(0).name,
+            "model.layers.2.self_attn.sinks");
+  EXPECT_EQ(map.at("layers.1.moe.gate_bias").at(0).name, "model.layers.1.mlp.router.bias");
+  // to_hf_tensors writes each slot back into its columns.
+  std::map<std::string, at::Tensor> whole;
+  for (const auto& [name, sources] : map) whole[name] = at::zeros({1});
+  whole["layers.0.moe.wi_kernel"] = at::randn({4, 16, 2, 8});
+  const at::Tensor fused = to_hf_tensors({{"layers.0.moe.wi_kernel", wi}}, whole).at(wi[0].name);
+  EXPECT_EQ(fused.sizes(), (std::vector<int64_t>{4, 16, 16}));
+  for (int64_t slot : {0, 1}) {
+    EXPECT_TRUE(
+        at::equal(fused.slice(2, slot, 16, 2), whole["layers.0.moe.wi_kernel"].select(2, slot)));
+  }
+
+  json bad = j;
+  bad["quantization_config"] = {{"quant_method", "mxfp4"}};
+  EXPECT_ERROR(parse(bad), "quantization_config: te-cpp reads gpt-oss's experts in floating point");
+  bad = j;
+  bad["sliding_window"] = nullptr;
+  EXPECT_ERROR(parse(bad), "sliding_window: is null; transformers' gpt-oss needs a window");
+  bad = j;
+  bad["layer_types"] = {"full_attention", "local", "full_attention"};
+  EXPECT_ERROR(parse(bad),
+               "layer_types: entry \"local\" is not full_attention or sliding_attention");
+  bad = j;
+  bad["swiglu_limit"] = 0;
+  EXPECT_ERROR(parse(bad), "swiglu_limit: must be positive and finite");
 }
 
 // The README and the guide name every registered family (the guide by its model_type and, where

@@ -11,6 +11,8 @@ transformers' two best logits over its steps, and a first difference is reported
 at that step (a tie below 1e-4 is named as one, and still fails).
 
   python check_generate_families.py TE_GENERATE WORKDIR
+
+CHECK_CASES=a,b runs those cases only.
 """
 
 import json
@@ -36,7 +38,8 @@ TIE = 1e-4
 CASES = ["llama", "llama-llama3-rope", "mistral", "qwen2-sliding", "qwen3", "llama-yarn-rope",
          "phi3", "phi3-longrope-short-partial", "gemma", "gemma2", "gemma3",
          "gemma3-pattern-untied-bias", "gpt2", "qwen3-moe", "qwen2-moe-shared-dense-layer",
-         "mixtral"]
+         "mixtral", "gpt-oss"]
+MIXTURES = {"qwen3-moe", "qwen2-moe-shared-dense-layer", "mixtral", "gpt-oss"}
 # The mixtures of experts also run expert parallel: experts split over the two ranks' axis
 # (which the attention's heads split too), each rank's experts on every token, partial sums.
 EXPERT_PARALLEL = ["--mesh-resource", "tp=model,ep=model"]
@@ -105,15 +108,20 @@ def main(binary, workdir):
     transformers.utils.logging.disable_progress_bar()
     transformers.utils.logging.set_verbosity_error()  # the random configs' token-id warnings
     failures = 0
+    only = [c for c in os.environ.get("CHECK_CASES", "").split(",") if c]  # a developer's subset
+    if only and not set(only) & set(CASES):
+        print("CHECK_CASES=%s names no case" % ",".join(only))
+        return 1
     for index, case in enumerate(CASES):
+        if only and case not in only:
+            continue
         try:
             model = model_for(case, 2000 + index)
             folder = os.path.join(workdir, case)
             model.save_pretrained(folder)
             write_tokenizer(folder)
             want, gaps = transformers_greedy(model)
-            runs = [(1, ()), (2, ())] + ([(2, EXPERT_PARALLEL)] if "moe" in case or
-                                           case == "mixtral" else [])
+            runs = [(1, ()), (2, ())] + ([(2, EXPERT_PARALLEL)] if case in MIXTURES else [])
             for nproc, extra in runs:
                 got = te_greedy(binary, folder, nproc, extra)
                 label = " ".join(["--nproc %d" % nproc, *extra])

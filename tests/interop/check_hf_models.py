@@ -47,7 +47,8 @@ from gguf_files import write_gemma_gguf, write_gguf
 from interop_common import TOL, print_failure, rel_err, tensor
 from transformers import (AutoConfig, AutoModelForCausalLM, BertConfig, BertModel, GPT2Config,
                           GPT2LMHeadModel, GemmaConfig, GemmaForCausalLM, Gemma2Config,
-                          Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig,
+                          Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig, GptOssConfig,
+                          GptOssForCausalLM, LlamaConfig,
                           LlamaForCausalLM, MistralConfig, MistralForCausalLM, MixtralConfig,
                           MixtralForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen2Config,
                           Qwen2ForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM, Qwen3Config,
@@ -181,6 +182,14 @@ FAMILIES += [
     ("mixtral", MixtralConfig, MixtralForCausalLM,
      dict(MOE, num_local_experts=4, sliding_window=4, tie_word_embeddings=False,
           **rope(10000.0))),
+    # gpt-oss: its config class's own RoPE (no rope_parameters given: yarn, factor 32 over 4096
+    # positions, base 150000, truncate false, which head_dim 8 tells from truncating), a window of
+    # 4 on layer 0, sinks, biases everywhere, the router's bias, the fused experts saved as they
+    # are; a SwiGLU limit of 0.1 clamps many of these small pre-activations (std about 0.15).
+    ("gpt-oss", GptOssConfig, GptOssForCausalLM,
+     dict(MOE, num_local_experts=4, head_dim=8, sliding_window=4, swiglu_limit=0.1,
+          swiglu_alpha=2.0, output_router_logits=True, router_aux_loss_coef=0.5,
+          tie_word_embeddings=False)),
 ]
 
 
@@ -188,7 +197,10 @@ def checkpoint_names(model, grads):
     """The gradients under the names save_pretrained gives the tensors: transformers keeps each
     sparse layer's experts fused in memory (mlp.experts.gate_up_proj [E, 2I, H], gate rows first,
     and mlp.experts.down_proj [E, H, I]) and writes them per expert (Mixtral's as
-    block_sparse_moe.experts.N.w1/w3/w2, its router as block_sparse_moe.gate)."""
+    block_sparse_moe.experts.N.w1/w3/w2, its router as block_sparse_moe.gate). gpt-oss's are
+    saved as they are in memory."""
+    if model.config.model_type == "gpt_oss":
+        return grads
     mixtral = model.config.model_type == "mixtral"
     block = "block_sparse_moe." if mixtral else "mlp."
     gate, up, down = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
@@ -279,7 +291,7 @@ def build(config_class, model_class, kwargs, seed, sizes=SIZES):
         for name, p in model.named_parameters():
             if "norm" in name.lower() and name.endswith(".weight"):
                 p.add_(0.2 * torch.randn_like(p))
-            elif name.endswith(".bias"):
+            elif name.endswith(".bias") or name.endswith("_bias") or name.endswith(".sinks"):
                 p.add_(0.1 * torch.randn_like(p))
     return model
 

@@ -17,37 +17,6 @@ double read_softcap(Fields& f, const std::string& key, double fallback) {
   return cap;
 }
 
-// layer_types, or the config class's default: sliding_attention where (i + 1) % pattern != 0
-// (Gemma2Config / Gemma3TextConfig.__post_init__); a sliding layer sees sliding_window keys
-// (4096 when absent).
-void read_windows(Fields& f, CausalLMConfig& c, int64_t pattern) {
-  std::optional<int64_t> window = 4096;
-  if (f.contains("sliding_window")) {
-    window.reset();
-    if (f.has("sliding_window")) window = f.integer("sliding_window");
-  }
-  std::vector<bool> sliding;
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) sliding.push_back((i + 1) % pattern != 0);
-  if (f.has("layer_types")) {
-    const json& types = f.raw("layer_types");
-    if (!types.is_array() || static_cast<int64_t>(types.size()) != c.num_hidden_layers) {
-      f.fail("layer_types", "expected a list of num_hidden_layers entries, got " + types.dump());
-    }
-    for (std::size_t i = 0; i < types.size(); ++i) {
-      if (types[i] != "full_attention" && types[i] != "sliding_attention") {
-        f.fail("layer_types",
-               "entry " + types[i].dump() + " is not full_attention or sliding_attention");
-      }
-      sliding[i] = types[i] == "sliding_attention";
-    }
-  }
-  for (std::size_t i = 0; i < sliding.size(); ++i) {
-    if (!sliding[i]) continue;
-    if (!window) f.fail("sliding_window", "is null but layer " + std::to_string(i) + " slides");
-    c.layer_windows[i] = window;
-  }
-}
-
 }  // namespace
 
 void read_gemma_common(Fields& f, CausalLMConfig& c) {
@@ -98,7 +67,7 @@ void read_gemma_config(Fields& f, CausalLMConfig& c, const GemmaDefaults& gemma)
   }
   c.final_logit_softcapping =
       read_softcap(f, "final_logit_softcapping", gemma.final_logit_softcapping);
-  read_windows(f, c, gemma.sliding_window_pattern);
+  read_alternating_windows(f, c, gemma.sliding_window_pattern, 4096);
 }
 
 void refuse_gguf_rope_scaling(GgufKeys& k, const CausalLMConfig& c) {

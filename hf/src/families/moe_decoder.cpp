@@ -85,7 +85,62 @@ HfSource kernel_source(const std::string& name, int64_t expert, int64_t slot = -
   return s;
 }
 
+// Layer `te`'s dense MLP entries of rope_decoder_weight_map taken out, its norm moved to the
+// sparse block's.
+void make_sparse(WeightMap& m, const std::string& te) {
+  for (const char* dense : {"mlp.wi_kernel", "mlp.wo_kernel", "mlp.wi_bias", "mlp.wo_bias"}) {
+    m.erase(te + dense);
+  }
+  m[te + "moe.layernorm.scale"] = m.at(te + "mlp.layernorm.scale");
+  m.erase(te + "mlp.layernorm.scale");
+}
+
+// Slot `slot` of te's stacked dim `dim` from a fused tensor whose dim `dim` holds the `slots`
+// slots of `length` entries each interleaved: entries slot, slot + slots, ... (gpt-oss's
+// gate_up_proj).
+HfSource interleaved_source(const std::string& name, int64_t dim, int64_t slot, int64_t slots,
+                            int64_t length) {
+  HfSource s;
+  s.name = name;
+  s.slot_dim = dim;
+  s.slot = slot;
+  s.narrow_dim = dim;
+  s.narrow_start = slot;
+  s.narrow_length = length;
+  s.narrow_total = slots * length;
+  s.narrow_step = slots;
+  return s;
+}
+
 }  // namespace
+
+WeightMap fused_experts_weight_map(const CausalLMConfig& c) {
+  WeightMap m = rope_decoder_weight_map(c);
+  const int64_t f = c.moe_intermediate_size;
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string te = "layers." + std::to_string(i) + ".";
+    const std::string hf = "model.layers." + std::to_string(i) + ".";
+    if (!c.layer_moe.at(static_cast<std::size_t>(i))) continue;
+    make_sparse(m, te);
+    const std::string router = hf + "mlp.router.", experts = hf + "mlp.experts.";
+    m[te + "moe.gate_kernel"] = {kernel_source(router + "weight", -1)};
+    if (c.router_bias) m[te + "moe.gate_bias"] = {{router + "bias"}};
+    // gate_up_proj [E, H, 2F] (in x out) into wi_kernel [E, H, 2, F]: gate from the even
+    // columns, up from the odd ones; its bias [E, 2F] into wi_bias [E, 2, F] likewise.
+    auto& wi = m[te + "moe.wi_kernel"];
+    for (int64_t slot : {0, 1})
+      wi.push_back(interleaved_source(experts + "gate_up_proj", 2, slot, 2, f));
+    m[te + "moe.wo_kernel"] = {{experts + "down_proj"}};  // [E, F, H], as te's
+    if (c.mlp_bias) {
+      auto& wi_bias = m[te + "moe.wi_bias"];
+      for (int64_t slot : {0, 1}) {
+        wi_bias.push_back(interleaved_source(experts + "gate_up_proj_bias", 1, slot, 2, f));
+      }
+      m[te + "moe.wo_bias"] = {{experts + "down_proj_bias"}};
+    }
+  }
+  return m;
+}
 
 WeightMap moe_decoder_weight_map(const CausalLMConfig& c, const MoeNames& n) {
   WeightMap m = rope_decoder_weight_map(c);
@@ -94,11 +149,7 @@ WeightMap moe_decoder_weight_map(const CausalLMConfig& c, const MoeNames& n) {
     const std::string te = "layers." + std::to_string(i) + ".";
     const std::string hf = "model.layers." + std::to_string(i) + ".";
     const std::string block = hf + n.block;
-    for (const char* dense : {"mlp.wi_kernel", "mlp.wo_kernel", "mlp.wi_bias", "mlp.wo_bias"}) {
-      m.erase(te + dense);
-    }
-    m[te + "moe.layernorm.scale"] = m.at(te + "mlp.layernorm.scale");
-    m.erase(te + "mlp.layernorm.scale");
+    make_sparse(m, te);
     m[te + "moe.gate_kernel"] = {kernel_source(block + "gate.weight", -1)};
     auto& wi = m[te + "moe.wi_kernel"];
     auto& wo = m[te + "moe.wo_kernel"];

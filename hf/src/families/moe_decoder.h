@@ -1,6 +1,6 @@
 #pragma once
 
-// The mixture-of-experts decoders on the Llama layout (Qwen2-MoE, Qwen3-MoE, Mixtral): the
+// The mixture-of-experts decoders on the Llama layout (Qwen2-MoE, Qwen3-MoE, Mixtral, gpt-oss): the
 // shared decoder of rope_decoder.h whose MLPs (all, or those the config picks) are a router and
 // experts, and for Qwen2-MoE a gated shared expert (CausalLMConfig's num_experts ...).
 
@@ -40,5 +40,12 @@ struct MoeNames {
 /// rope_decoder_weight_map with each sparse layer's MLP replaced by its router and experts
 /// (te's layers.N.moe.*).
 WeightMap moe_decoder_weight_map(const CausalLMConfig& c, const MoeNames& names);
+
+/// The same for experts saved fused, as gpt-oss's are (transformers 5.23.0
+/// models/gpt_oss/modeling_gpt_oss.py GptOssExperts, GptOssTopKRouter): mlp.router.{weight,
+/// bias}, mlp.experts.gate_up_proj [experts, hidden, 2 x intermediate] with the gate in the
+/// even columns and up in the odd ones, its bias [experts, 2 x intermediate] alike,
+/// mlp.experts.down_proj [experts, intermediate, hidden] and its bias [experts, hidden].
+WeightMap fused_experts_weight_map(const CausalLMConfig& c);
 
 }  // namespace te::hf::detail

@@ -27,15 +27,17 @@ void read_rope_decoder_config(Fields& f, CausalLMConfig& c, const DecoderDefault
       f.integer_or("max_position_embeddings", defaults.max_position_embeddings);
   c.rms_norm_eps = f.number_or("rms_norm_eps", defaults.rms_norm_eps);
   // The gated MLP act(x W_gate) * x W_up: silu (SwiGLU) or the tanh gelu (GeGLU, te's "gelu").
-  std::string act = f.string_or(defaults.activation_field, defaults.activation);
-  if (act == "gelu" && defaults.gelu_means_tanh) act = "gelu_pytorch_tanh";
-  if (act == "silu") {
-    c.mlp_activations = {"silu", "linear"};
-  } else if (act == "gelu_pytorch_tanh") {
-    c.mlp_activations = {"gelu", "linear"};
-  } else {
-    f.fail(defaults.activation_field,
-           "'" + act + "': te-cpp builds this family's gated MLP with silu or gelu_pytorch_tanh");
+  if (defaults.activation_field != nullptr) {
+    std::string act = f.string_or(defaults.activation_field, defaults.activation);
+    if (act == "gelu" && defaults.gelu_means_tanh) act = "gelu_pytorch_tanh";
+    if (act == "silu") {
+      c.mlp_activations = {"silu", "linear"};
+    } else if (act == "gelu_pytorch_tanh") {
+      c.mlp_activations = {"gelu", "linear"};
+    } else {
+      f.fail(defaults.activation_field,
+             "'" + act + "': te-cpp builds this family's gated MLP with silu or gelu_pytorch_tanh");
+    }
   }
   if (f.integer_or("pretraining_tp", 1) != 1) {
     f.fail("pretraining_tp", "slices the projections at training time only; te-cpp supports 1");
@@ -90,6 +92,35 @@ void read_qwen_windows(Fields& f, CausalLMConfig& c) {
   }
 }
 
+void read_alternating_windows(Fields& f, CausalLMConfig& c, int64_t pattern,
+                              int64_t default_window) {
+  std::optional<int64_t> window = default_window;
+  if (f.contains("sliding_window")) {
+    window.reset();
+    if (f.has("sliding_window")) window = f.integer("sliding_window");
+  }
+  std::vector<bool> sliding;
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) sliding.push_back((i + 1) % pattern != 0);
+  if (f.has("layer_types")) {
+    const json& types = f.raw("layer_types");
+    if (!types.is_array() || static_cast<int64_t>(types.size()) != c.num_hidden_layers) {
+      f.fail("layer_types", "expected a list of num_hidden_layers entries, got " + types.dump());
+    }
+    for (std::size_t i = 0; i < types.size(); ++i) {
+      if (types[i] != "full_attention" && types[i] != "sliding_attention") {
+        f.fail("layer_types",
+               "entry " + types[i].dump() + " is not full_attention or sliding_attention");
+      }
+      sliding[i] = types[i] == "sliding_attention";
+    }
+  }
+  for (std::size_t i = 0; i < sliding.size(); ++i) {
+    if (!sliding[i]) continue;
+    if (!window) f.fail("sliding_window", "is null but layer " + std::to_string(i) + " slides");
+    c.layer_windows[i] = window;
+  }
+}
+
 WeightMap rope_decoder_weight_map(const CausalLMConfig& c) {
   WeightMap m;
   auto whole = [&](const std::string& te, const std::string& hf) { m[te] = {{hf}}; };
@@ -116,6 +147,7 @@ WeightMap rope_decoder_weight_map(const CausalLMConfig& c) {
       pair(te + "self_attention.kv_bias", attn + "k_proj.bias", attn + "v_proj.bias", true);
     }
     if (c.attention_bias) whole(te + "self_attention.out_bias", attn + "o_proj.bias");
+    if (c.attention_sinks) whole(te + "self_attention.attention.softmax_offset", attn + "sinks");
     if (c.qk_norm) {
       whole(te + "self_attention.q_norm.scale", attn + "q_norm.weight");
       whole(te + "self_attention.k_norm.scale", attn + "k_norm.weight");

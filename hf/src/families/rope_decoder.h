@@ -15,7 +15,8 @@ namespace te::hf::detail {
 struct DecoderDefaults {
   int64_t max_position_embeddings = 0;  ///< 0: none
   double rms_norm_eps = 1e-6;
-  /// The field naming the gated MLP's activation (Gemma's hidden_activation).
+  /// The field naming the gated MLP's activation (Gemma's hidden_activation); nullptr: the
+  /// family's activation is fixed, the family sets it (gpt-oss, whose hidden_act is unused).
   const char* activation_field = "hidden_act";
   const char* activation = "silu";  ///< when that field is absent
   /// "gelu" there means the tanh form (GemmaConfig.__post_init__, transformers 5.23.0).
@@ -41,11 +42,18 @@ void read_qwen3_attention(Fields& f, CausalLMConfig& c);
 /// sliding_window positions (4096 when absent, none when null).
 void read_qwen_windows(Fields& f, CausalLMConfig& c);
 
+/// Windows on alternating layers (Gemma 2's and 3's, gpt-oss's): layer_types, or the config
+/// class's default, sliding_attention where (i + 1) % pattern != 0 (Gemma2Config /
+/// Gemma3TextConfig / GptOssConfig.__post_init__); a sliding layer sees sliding_window keys
+/// (default_window when absent); a null window with a sliding layer is refused.
+void read_alternating_windows(Fields& f, CausalLMConfig& c, int64_t pattern,
+                              int64_t default_window);
+
 /// transformers' names: model.embed_tokens, model.layers.N.{input_layernorm, self_attn.{q,k,v,o}
-/// _proj, q_norm, k_norm, post_attention_layernorm, mlp.{gate,up,down}_proj}, model.norm,
-/// lm_head; the biases and q/k norms the config has. With post_block_norms (Gemma 2, 3)
-/// post_attention_layernorm is the attention output's norm, pre_feedforward_layernorm the MLP's
-/// and post_feedforward_layernorm the MLP output's.
+/// _proj, q_norm, k_norm, sinks, post_attention_layernorm, mlp.{gate,up,down}_proj}, model.norm,
+/// lm_head; the biases, q/k norms and attention sinks the config has. With post_block_norms (Gemma
+/// 2, 3) post_attention_layernorm is the attention output's norm, pre_feedforward_layernorm the
+/// MLP's and post_feedforward_layernorm the MLP output's.
 WeightMap rope_decoder_weight_map(const CausalLMConfig& c);
 
 /// The RoPE tables older checkpoints keep (rotary_emb.inv_freq).

@@ -107,9 +107,8 @@ const json& per_layer_type_rope(const json& r, const Fields& f, CausalLMConfig& 
 }
 
 // One rope_parameters / rope_scaling object's fields into `p`; any other field refused.
-void read_object(Fields& f, const char* key, RopeParams& p, CausalLMConfig& c,
+void read_object(Fields& f, const char* key, const json& top, RopeParams& p, CausalLMConfig& c,
                  const RopeRules& rules) {
-  const json& top = f.raw(key);
   if (!top.is_object()) f.fail(key, "expected an object, got " + top.dump());
   const bool per_type = rules.per_layer_type && std::string(key) == "rope_parameters";
   const json& r = per_type ? per_layer_type_rope(top, f, c) : top;
@@ -324,8 +323,15 @@ void read_rope(Fields& f, CausalLMConfig& c, const RopeRules& rules) {
   RopeParams p;
   if (f.has("rope_theta")) p.theta = f.number_or("rope_theta", 0);
   if (f.has("partial_rotary_factor")) p.partial = f.number_or("partial_rotary_factor", 0);
+  bool given = false;
   for (const char* key : {"rope_parameters", "rope_scaling"}) {
-    if (f.has(key)) read_object(f, key, p, c, rules);
+    if (!f.has(key)) continue;
+    read_object(f, key, f.raw(key), p, c, rules);
+    given = true;
+  }
+  // Read as if given (its errors name rope_parameters, though the family supplied it).
+  if (!given && rules.default_parameters.is_object()) {
+    read_object(f, "rope_parameters", rules.default_parameters, p, c, rules);
   }
   c.rope_type = p.type.value_or("default");
   // Phi3Config.convert_rope_params_to_dict (transformers 5.23.0 configuration_phi3.py): the

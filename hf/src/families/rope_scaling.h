@@ -30,6 +30,9 @@ struct RopeRules {
   /// "sliding_attention": {...}}, Gemma 3's): the full-attention layers' RoPE is read as the
   /// RoPE, the sliding layers' base (default type only) into sliding_rope_theta.
   bool per_layer_type = false;
+  /// The RoPE object the config class assumes when config.json gives neither rope_parameters
+  /// nor rope_scaling (gpt-oss's yarn: GptOssConfig.__post_init__); null: default RoPE.
+  json default_parameters;
 };
 
 /// Sets c.rope_theta, rotary_dim, rope_type, rope_factor, rope_freq_factors,

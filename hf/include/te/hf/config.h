@@ -23,9 +23,10 @@ namespace te::hf {
 /// Llama, Mistral, Qwen2, Qwen3, Phi-3, with pre-RMSNorm layers, RoPE, grouped query attention, a
 /// SwiGLU MLP, an optional sliding window per layer, a tied or separate head; Gemma 1, 2 and 3 on
 /// the same decoder with 1 + weight RMSNorms, scaled embeddings, GeGLU, and for 2 and 3 norms after
-/// the blocks, soft caps and two RoPEs; and GPT-2, with learned positions, pre-LayerNorm layers
-/// with biases everywhere, a fused query/key/value projection, a gelu MLP, a tied head). The
-/// fields are what the families differ by.
+/// the blocks, soft caps and two RoPEs; the mixtures of experts Qwen2-MoE, Qwen3-MoE, Mixtral and
+/// gpt-oss (attention sinks, a clamped SwiGLU) on it too; and GPT-2, with learned positions,
+/// pre-LayerNorm layers with biases everywhere, a fused query/key/value projection, a gelu MLP, a
+/// tied head). The fields are what the families differ by.
 struct CausalLMConfig {
   std::string model_type;
   int64_t vocab_size = 0;
@@ -44,6 +45,9 @@ struct CausalLMConfig {
   /// The MLP's activation slots, as te::nn names them: SwiGLU {"silu", "linear"}, or one slot
   /// (GPT-2's gelu_new is "gelu", the tanh form).
   std::vector<std::string> mlp_activations = {"silu", "linear"};
+  /// gpt-oss's clamped SwiGLU ({"clamped_silu", "clamped_linear"}: TE's clamped_swiglu):
+  /// (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g), g = min(gate, limit).
+  double swiglu_limit = 7.0, swiglu_alpha = 1.702;
   /// Query, key and value from one projection (GPT-2's c_attn).
   bool fuse_qkv = false;
   /// Dropout on each block's output (GPT-2's resid_pdrop) and on the embeddings (embd_pdrop);
@@ -78,6 +82,9 @@ struct CausalLMConfig {
   bool mlp_bias = false;
   /// Per-head RMSNorm of queries and keys before RoPE (Qwen3, Gemma 3).
   bool qk_norm = false;
+  /// A learned sink logit per head in each attention's softmax, never masked, its weight dropped
+  /// after (gpt-oss's self_attn.sinks: TE's softmax_type "learnable").
+  bool attention_sinks = false;
   /// Every RMSNorm (the q/k norms too) scales by 1 + weight, its weights saved zero-centered
   /// (Gemma's RMSNorm: LayerNormOptions::zero_centered_gamma).
   bool zero_centered_norms = false;
@@ -112,16 +119,19 @@ struct CausalLMConfig {
   /// Each layer's sliding window (keys at most this many positions back, the query's own
   /// included), or nullopt for full causal attention.
   std::vector<std::optional<int64_t>> layer_windows;
-  /// A mixture of experts (Qwen2-MoE, Qwen3-MoE, Mixtral): with num_experts > 0 the MLP of each
-  /// layer layer_moe marks is a te::nn::LayerNormMoE of num_experts experts of
+  /// A mixture of experts (Qwen2-MoE, Qwen3-MoE, Mixtral, gpt-oss): with num_experts > 0 the MLP
+  /// of each layer layer_moe marks is a te::nn::LayerNormMoE of num_experts experts of
   /// moe_intermediate_size, num_experts_per_tok per token, chosen by the top softmax
-  /// probabilities, renormalised over the chosen ones when norm_topk_prob (Mixtral's always);
-  /// plus a shared expert of shared_expert_intermediate_size scaled by a sigmoid gate (Qwen2-MoE;
-  /// 0: none). The other layers keep the dense MLP of intermediate_size.
+  /// probabilities, renormalised over the chosen ones when norm_topk_prob (Mixtral's and
+  /// gpt-oss's always); the router's logits with a bias when router_bias (gpt-oss), the experts'
+  /// projections with biases when mlp_bias; plus a shared expert of
+  /// shared_expert_intermediate_size scaled by a sigmoid gate (Qwen2-MoE; 0: none). The other
+  /// layers keep the dense MLP of intermediate_size.
   int64_t num_experts = 0;
   int64_t num_experts_per_tok = 0;
   int64_t moe_intermediate_size = 0;
   bool norm_topk_prob = false;
+  bool router_bias = false;
   int64_t shared_expert_intermediate_size = 0;
   std::vector<bool> layer_moe;
   /// The load-balancing loss's weight in transformers' training loss (router_aux_loss_coef),

@@ -48,15 +48,18 @@ struct HfSource {
   int64_t slot_dim = -1;   ///< the te parameter's stacked dim, or -1
   int64_t slot = 0;        ///< which entry of it this tensor is
   bool transpose = false;  ///< the te parameter is this 2-D tensor transposed
-  /// A part of the checkpoint's tensor only: [narrow_start, narrow_start + narrow_length) of its
-  /// dim narrow_dim, whose whole extent is narrow_total (GPT-2's c_attn [hidden, 3 x hidden]
-  /// holds the query, key and value slots of te's fused qkv_kernel). -1: the whole tensor.
+  /// A part of the checkpoint's tensor only: narrow_length entries of its dim narrow_dim from
+  /// narrow_start, narrow_step apart, of a whole extent narrow_total (GPT-2's c_attn [hidden,
+  /// 3 x hidden] holds the query, key and value slots of te's fused qkv_kernel, step 1;
+  /// gpt-oss's gate_up_proj its gate in the even columns, up in the odd ones, step 2). -1: the
+  /// whole tensor.
   int64_t narrow_dim = -1;
   int64_t narrow_start = 0, narrow_length = 0, narrow_total = 0;
   /// The entry of the te parameter's dim 0 this tensor fills (a mixture of experts' experts,
   /// stacked first: "model.layers.0.mlp.experts.3.up_proj.weight" into wi_kernel[3]), or -1;
   /// slot_dim and transpose then apply to that entry.
   int64_t expert = -1;
+  int64_t narrow_step = 1;  ///< see narrow_dim
 };
 /// A model's te parameter name -> the checkpoint tensors it is made of.
 using WeightMap = std::map<std::string, std::vector<HfSource>>;
