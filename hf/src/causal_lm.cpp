@@ -47,6 +47,7 @@ nn::TransformerLayerOptions layer_options(const CausalLMConfig& c, int64_t layer
       .softcap(c.attn_logit_softcapping);
   if (c.packed_sequences) attention.attention().qkv_format(nn::QkvFormat::kThd);
   if (c.attention_sinks) attention.attention().softmax_type(nn::SoftmaxType::kLearnable);
+  attention.clip_qkv(c.clip_qkv);
   if (c.cp_comm_type) {
     attention.attention().cp_comm_type(*c.cp_comm_type).cp_load_balanced(c.cp_load_balanced);
   }
@@ -77,6 +78,7 @@ nn::TransformerLayerOptions layer_options(const CausalLMConfig& c, int64_t layer
   if (window) attention.attention().window_size(nn::WindowSize{*window - 1, 0});
   if (c.qk_norm) {
     attention.qk_norm_type(nn::QkNormType::kRMSNorm)
+        .qk_norm_over_heads(c.qk_norm_over_heads)
         .qk_norm_eps(c.rms_norm_eps)
         .qk_norm_before_rope(true)
         .qk_norm_zero_centered_gamma(c.zero_centered_norms);

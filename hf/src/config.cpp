@@ -126,6 +126,9 @@ void check_causal_lm_config(const CausalLMConfig& c, const std::string& where) {
     fail("swiglu_limit", "must be positive and finite");
   }
   if (!std::isfinite(c.swiglu_alpha)) fail("swiglu_alpha", "must be finite");
+  if (!(std::isfinite(c.clip_qkv) && c.clip_qkv >= 0)) {
+    fail("clip_qkv", "must be positive and finite (0 or null: none)");
+  }
   if (c.num_experts > 0) {
     if (c.num_experts_per_tok < 1 || c.num_experts_per_tok > c.num_experts) {
       fail("num_experts_per_tok", std::to_string(c.num_experts_per_tok) + " is not in [1, " +

@@ -57,6 +57,13 @@ void check_mha_options(const MultiHeadAttentionOptions& o, int64_t kv_heads) {
   TE_CHECK(format != QkvFormat::kThd || o.self_attention(),
            "MultiHeadAttention: qkv_format 'thd' is for self attention; cross attention takes "
            "bshd here");
+  TE_CHECK(!o.qk_norm_over_heads() || o.qk_norm_type() == QkNormType::kRMSNorm ||
+               o.qk_norm_type() == QkNormType::kLayerNorm,
+           "MultiHeadAttention: qk_norm_over_heads needs a qk_norm_type with a scale (RMSNorm or "
+           "LayerNorm), not ",
+           o.qk_norm_type());
+  TE_CHECK(std::isfinite(o.clip_qkv()) && o.clip_qkv() >= 0, "MultiHeadAttention: clip_qkv ",
+           o.clip_qkv(), " must be finite and at least 0 (0: no clipping)");
   TE_CHECK(format != QkvFormat::kThd || !o.enable_sequence_parallel(),
            "MultiHeadAttention: qkv_format 'thd' with enable_sequence_parallel is not supported "
            "(sequence parallel splits the packed tokens): shard the heads only");
@@ -119,12 +126,17 @@ void MultiHeadAttentionImpl::reset() {
       F::mask_spec(a.attn_mask_type(), a.window_size(), a.bottom_right_diagonal());
   const QkNormType qk_norm = options.qk_norm_type();
   if (qk_norm == QkNormType::kRMSNorm || qk_norm == QkNormType::kLayerNorm) {
-    const auto norm = LayerNormOptions(d)
-                          .layernorm_type(qk_norm == QkNormType::kRMSNorm ? "rmsnorm" : "layernorm")
-                          .epsilon(options.qk_norm_eps())
-                          .zero_centered_gamma(options.qk_norm_zero_centered_gamma());
-    q_norm = register_module("q_norm", LayerNorm(norm));
-    k_norm = register_module("k_norm", LayerNorm(norm));
+    const bool whole = options.qk_norm_over_heads();
+    const int64_t heads = a.num_attention_heads();
+    auto norm = [&](int64_t size) {
+      return LayerNorm(
+          LayerNormOptions(size)
+              .layernorm_type(qk_norm == QkNormType::kRMSNorm ? "rmsnorm" : "layernorm")
+              .epsilon(options.qk_norm_eps())
+              .zero_centered_gamma(options.qk_norm_zero_centered_gamma()));
+    };
+    q_norm = register_module("q_norm", norm(whole ? heads * d : d));
+    k_norm = register_module("k_norm", norm(whole ? kv_heads() * d : d));
   }
   if (options.input_layernorm()) {
     TE_CHECK(options.layernorm().hidden_size() == options.hidden_size(),
@@ -173,11 +185,29 @@ DTensor l2_normalize(const DTensor& x_in, double eps) {
   return F::elementwise(x, [eps](const at::Tensor& t) { return l2_normalize(t, eps); });
 }
 
-// TE's qk-norm on a query or key [batch, seqlen, heads, head_dim].
+// The query's and key's axes in attention: heads split, and the sequence under context
+// parallelism.
+LogicalAxes per_head_axes(const MultiHeadAttentionOptions& o) {
+  return {axis::kBatch, o.attention().cp_comm_type() ? axis::kSeqlenCp : axis::kSeqlen,
+          axis::kHeads, std::nullopt};
+}
+
+// TE's qk-norm on a query or key [batch, seqlen, heads, head_dim]; over all heads at once with
+// qk_norm_over_heads (the norm gathers split heads; the constraint splits them again).
 template <typename T>
 T qk_normalized(const MultiHeadAttentionImpl& self, LayerNorm norm, const T& t) {
-  if (self.options.qk_norm_type() == QkNormType::kNone) return t;
-  return norm ? norm->forward(t) : l2_normalize(t, self.options.qk_norm_eps());
+  const MultiHeadAttentionOptions& o = self.options;
+  if (o.qk_norm_type() == QkNormType::kNone) return t;
+  if (!norm) return l2_normalize(t, o.qk_norm_eps());
+  if (!o.qk_norm_over_heads()) return norm->forward(t);
+  const T normed = F::unflatten(norm->forward(F::flatten(t, 2)), 2, t.size(2), t.size(3));
+  return with_sharding_constraint(normed, per_head_axes(o));
+}
+
+// OLMo's clip_qkv: clamp(t, -clip, clip).
+at::Tensor clipped(const at::Tensor& t, double clip) { return t.clamp(-clip, clip); }
+DTensor clipped(const DTensor& t, double clip) {
+  return F::elementwise(t, [clip](const at::Tensor& x) { return clipped(x, clip); });
 }
 
 // The query, key and value [batch, seqlen, heads, head_dim] of a (normed) input: one fused
@@ -192,9 +222,7 @@ std::tuple<T, T, T> project_qkv(MultiHeadAttentionImpl& self, const T& ln,
   // matmuls on a mesh, so its backward is a reduce-scatter).
   const LogicalAxes whole = {axis::kBatch, axis::kSeqlen, axis::kHidden};
   // Under context parallelism attention keeps the sequence split over seqlen_cp's mesh axis.
-  const LogicalAxes per_head = {axis::kBatch,
-                                o.attention().cp_comm_type() ? axis::kSeqlenCp : axis::kSeqlen,
-                                axis::kHeads, std::nullopt};
+  const LogicalAxes per_head = per_head_axes(o);
   T q, k, v;
   if (self.qkv_fp8) {
     T qkv =
@@ -367,6 +395,11 @@ std::pair<T, T> mha_forward(MultiHeadAttentionImpl& self, const T& x_in,
   if (o.qk_norm_before_rope()) {
     q = qk_normalized(self, self.q_norm, q);
     k = qk_normalized(self, self.k_norm, k);
+  }
+  if (o.clip_qkv() > 0) {
+    q = clipped(q, o.clip_qkv());
+    k = clipped(k, o.clip_qkv());
+    v = clipped(v, o.clip_qkv());
   }
   AttentionArgs attention_args = args;
   rotate_qk(o, cache, q, k, attention_args);

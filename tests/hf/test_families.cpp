@@ -70,6 +70,7 @@ TEST(Families, EachFamilyReadsConfigsOfItsOwnArchitecture) {
     if (f.model_type == "mixtral" || f.model_type == "gpt_oss") {
       j.update({{"num_local_experts", 4}, {"num_experts_per_tok", 2}});
     }
+    if (f.model_type == "olmoe") j.update({{"num_experts", 4}, {"num_experts_per_tok", 2}});
     if (f.model_type == "qwen3_moe" || f.model_type == "qwen2_moe") {
       j.update({{"num_experts", 4}, {"num_experts_per_tok", 2}, {"moe_intermediate_size", 8}});
     }
@@ -227,6 +228,38 @@ TEST(Families, GptOssTakesItsConfigClasssDefaultsAndItsFusedExperts) {
   bad = j;
   bad["swiglu_limit"] = 0;
   EXPECT_ERROR(parse(bad), "swiglu_limit: must be positive and finite");
+}
+
+// OLMoE: OlmoeConfig's defaults (transformers 5.23.0 models/olmoe/configuration_olmoe.py), its
+// full-width q/k norms and clip_qkv, and what it refuses.
+TEST(Families, OlmoeNormsWholeQueriesAndKeysAndClips) {
+  json j = {{"model_type", "olmoe"},    {"vocab_size", 64},       {"hidden_size", 16},
+            {"intermediate_size", 8},   {"num_hidden_layers", 2}, {"num_attention_heads", 4},
+            {"num_key_value_heads", 2}, {"num_experts", 4},       {"num_experts_per_tok", 2},
+            {"clip_qkv", 8.0}};
+  auto parse = [](const json& config) {
+    return parse_causal_lm_config(config.dump(), "config.json");
+  };
+  const CausalLMConfig c = parse(j);
+  EXPECT_TRUE(c.qk_norm && c.qk_norm_over_heads);
+  EXPECT_EQ(c.clip_qkv, 8.0);
+  EXPECT_FALSE(c.norm_topk_prob);
+  EXPECT_EQ(c.moe_intermediate_size, 8);
+  EXPECT_EQ(c.router_aux_loss_coef, 0.01);
+  EXPECT_EQ(c.pad_token_id, 1);
+  EXPECT_EQ(c.rms_norm_eps, 1e-5);
+  EXPECT_EQ(c.layer_moe, (std::vector<bool>{true, true}));
+  const WeightMap map = causal_lm_weight_map(c);
+  EXPECT_EQ(map.at("layers.0.self_attention.q_norm.scale").at(0).name,
+            "model.layers.0.self_attn.q_norm.weight");
+  EXPECT_EQ(map.at("layers.1.moe.gate_kernel").at(0).name, "model.layers.1.mlp.gate.weight");
+  j["clip_qkv"] = nullptr;
+  EXPECT_EQ(parse(j).clip_qkv, 0.0);
+  j["clip_qkv"] = -1;
+  EXPECT_ERROR(parse(j), "clip_qkv: must be positive and finite, or null (none)");
+  j["clip_qkv"] = nullptr;
+  j["head_dim"] = 8;
+  EXPECT_ERROR(parse(j), "head_dim: 8 x 4 heads is not hidden_size 16, which OLMoE's q_norm takes");
 }
 
 // The README and the guide name every registered family (the guide by its model_type and, where

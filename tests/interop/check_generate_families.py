@@ -38,8 +38,8 @@ TIE = 1e-4
 CASES = ["llama", "llama-llama3-rope", "mistral", "qwen2-sliding", "qwen3", "llama-yarn-rope",
          "phi3", "phi3-longrope-short-partial", "gemma", "gemma2", "gemma3",
          "gemma3-pattern-untied-bias", "gpt2", "qwen3-moe", "qwen2-moe-shared-dense-layer",
-         "mixtral", "gpt-oss"]
-MIXTURES = {"qwen3-moe", "qwen2-moe-shared-dense-layer", "mixtral", "gpt-oss"}
+         "mixtral", "olmoe", "gpt-oss"]
+MIXTURES = {"qwen3-moe", "qwen2-moe-shared-dense-layer", "mixtral", "olmoe", "gpt-oss"}
 # The mixtures of experts also run expert parallel: experts split over the two ranks' axis
 # (which the attention's heads split too), each rank's experts on every token, partial sums.
 EXPERT_PARALLEL = ["--mesh-resource", "tp=model,ep=model"]

@@ -50,7 +50,8 @@ from transformers import (AutoConfig, AutoModelForCausalLM, BertConfig, BertMode
                           Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig, GptOssConfig,
                           GptOssForCausalLM, LlamaConfig,
                           LlamaForCausalLM, MistralConfig, MistralForCausalLM, MixtralConfig,
-                          MixtralForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen2Config,
+                          MixtralForCausalLM, OlmoeConfig, OlmoeForCausalLM, Phi3Config,
+                          Phi3ForCausalLM, Qwen2Config,
                           Qwen2ForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM, Qwen3Config,
                           Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
@@ -181,6 +182,13 @@ FAMILIES += [
     # Experts of intermediate_size (48), w1/w3/w2 under block_sparse_moe; a window of 4.
     ("mixtral", MixtralConfig, MixtralForCausalLM,
      dict(MOE, num_local_experts=4, sliding_window=4, tie_word_embeddings=False,
+          **rope(10000.0))),
+    # OLMoE: each token's whole query and key RMS-normed (across the heads, which tp2 splits),
+    # clip_qkv 0.5 clamping many of the normed queries and keys (RMS about 1) and some values,
+    # q/k/v/o biases, the top-2 of the softmax as they are; the router term in the loss.
+    ("olmoe", OlmoeConfig, OlmoeForCausalLM,
+     dict(MOE, num_experts=4, clip_qkv=0.5, attention_bias=True, norm_topk_prob=False,
+          output_router_logits=True, router_aux_loss_coef=0.2, tie_word_embeddings=False,
           **rope(10000.0))),
     # gpt-oss: its config class's own RoPE (no rope_parameters given: yarn, factor 32 over 4096
     # positions, base 150000, truncate false, which head_dim 8 tells from truncating), a window of

@@ -132,6 +132,50 @@ INSTANTIATE_TEST_SUITE_P(Types, QkNorm,
                            return info.param.type + (info.param.before_rope ? "BeforeRope" : "");
                          });
 
+// qk_norm_over_heads and clip_qkv (OLMoE's attention): each token's whole query (and whole key,
+// of the kv heads) RMS-normed, then queries, keys and values clamped, then RoPE and attention.
+TEST(QkNormOverHeads, NormalisesEachTokensHeadsTogetherThenClips) {
+  manual_seed(5);
+  MultiHeadAttention mha([&] {
+    auto made = MultiHeadAttentionOptions(16, 4)
+                    .fuse_qkv(false)
+                    .qk_norm_type("RMSNorm")
+                    .qk_norm_eps(1e-5)
+                    .qk_norm_before_rope(true)
+                    .qk_norm_over_heads(true)
+                    .clip_qkv(0.6);
+    made.attention().attn_mask_type("causal").num_gqa_groups(2);
+    return made;
+  }());
+  ASSERT_EQ(mha->q_norm->scale.sizes(), at::IntArrayRef({16}));  // heads x head_dim
+  ASSERT_EQ(mha->k_norm->scale.sizes(), at::IntArrayRef({8}));   // kv heads x head_dim
+  {
+    torch::NoGradGuard no_grad;
+    mha->q_norm->scale.copy_(randn({16}, 2));
+    mha->k_norm->scale.copy_(randn({8}, 3));
+  }
+  const at::Tensor x = randn({2, 5, 16}, 6);
+  RotaryPositionEmbedding rope(RotaryPositionEmbeddingOptions(4).rotary_base(50.0));
+  const at::Tensor freqs = rope->forward(5);
+  const at::Tensor ln = mha->layernorm(x);
+  const at::Tensor kv = at::matmul(ln, mha->kv_kernel.reshape({16, 16})).view({2, 5, 2, 8});
+  auto clip = [](const at::Tensor& t) { return t.clamp(-0.6, 0.6); };
+  at::Tensor q = clip(mha->q_norm(at::matmul(ln, mha->q_kernel)).view({2, 5, 4, 4}));
+  at::Tensor k = clip(mha->k_norm(kv.select(2, 0)).view({2, 5, 2, 4}));
+  const at::Tensor v = clip(kv.select(2, 1).view({2, 5, 2, 4}));
+  EXPECT_GT((q.abs() == 0.6).sum().item<int64_t>(), 0);  // the clip is active
+  q = F::apply_rotary_pos_emb(q, freqs, "bshd");
+  k = F::apply_rotary_pos_emb(k, freqs, "bshd");
+  const at::Tensor want = at::matmul(mha->attention(q, k, v).reshape({2, 5, 16}), mha->out_kernel);
+  EXPECT_TRUE(Close(mha(x, {}, {}, AttentionArgs().rotary_pos_emb(freqs)), want, 1e-5));
+  EXPECT_ERROR(MultiHeadAttention(MultiHeadAttentionOptions(16, 4)
+                                      .qk_norm_type("L2Normalization")
+                                      .qk_norm_over_heads(true)),
+               "qk_norm_over_heads needs a qk_norm_type with a scale (RMSNorm or LayerNorm)");
+  EXPECT_ERROR(MultiHeadAttention(MultiHeadAttentionOptions(16, 4).clip_qkv(-1)),
+               "clip_qkv -1 must be finite and at least 0");
+}
+
 TransformerLayerOptions layer_options() {
   return [&] {
     auto made = TransformerLayerOptions(16, 24, 4).hidden_dropout(0).intermediate_dropout(0);

@@ -15,6 +15,9 @@ void read_config(Fields& f, CausalLMConfig& c) {
   if (f.has("sliding_window")) window = f.integer("sliding_window");
   for (auto& w : c.layer_windows) w = window;
   read_moe_config(f, c, {"num_local_experts", false, false});
+  if (f.number_or("router_jitter_noise", 0.0) != 0.0) {
+    f.fail("router_jitter_noise", "te-cpp's router adds no training-time noise; give 0");
+  }
 }
 
 WeightMap weight_map(const CausalLMConfig& c) {

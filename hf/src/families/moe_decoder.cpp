@@ -54,15 +54,13 @@ void read_moe_config(Fields& f, CausalLMConfig& c, const MoeFields& m) {
     }
   } else {
     c.moe_intermediate_size = c.intermediate_size;
-    c.norm_topk_prob = true;  // MixtralTopKRouter always renormalises
-    if (f.number_or("router_jitter_noise", 0.0) != 0.0) {
-      f.fail("router_jitter_noise", "te-cpp's router adds no training-time noise; give 0");
-    }
+    // MixtralTopKRouter and GptOssTopKRouter always renormalise; OlmoeTopKRouter as told.
+    c.norm_topk_prob = !m.norm_topk_prob_field || f.boolean_or("norm_topk_prob", false);
   }
   if (m.shared_expert) {
     c.shared_expert_intermediate_size = f.integer("shared_expert_intermediate_size");
   }
-  c.router_aux_loss_coef = f.number_or("router_aux_loss_coef", 0.001);
+  c.router_aux_loss_coef = f.number_or("router_aux_loss_coef", m.aux_loss_coef);
   if (!(c.router_aux_loss_coef >= 0) || !std::isfinite(c.router_aux_loss_coef)) {
     f.fail("router_aux_loss_coef",
            "must be a finite number of at least 0 (the weight of the "

@@ -1,6 +1,7 @@
 #pragma once
 
-// The mixture-of-experts decoders on the Llama layout (Qwen2-MoE, Qwen3-MoE, Mixtral, gpt-oss): the
+// The mixture-of-experts decoders on the Llama layout (Qwen2-MoE, Qwen3-MoE, Mixtral, OLMoE,
+// gpt-oss): the
 // shared decoder of rope_decoder.h whose MLPs (all, or those the config picks) are a router and
 // experts, and for Qwen2-MoE a gated shared expert (CausalLMConfig's num_experts ...).
 
@@ -14,16 +15,20 @@ struct MoeFields {
   /// "num_local_experts", which is read too) or "num_local_experts" (Mixtral).
   const char* experts = "num_experts";
   /// Qwen's moe_intermediate_size, decoder_sparse_step, mlp_only_layers and norm_topk_prob;
-  /// false: Mixtral's (every layer sparse, experts of intermediate_size, always renormalised).
+  /// false: every layer sparse, experts of intermediate_size, renormalised as below.
   bool qwen = true;
   /// Qwen2-MoE's shared expert (shared_expert_intermediate_size) and its sigmoid gate.
   bool shared_expert = false;
+  /// Without qwen: the choice renormalised as norm_topk_prob says (OLMoE, false when absent),
+  /// else always (Mixtral's and gpt-oss's routers).
+  bool norm_topk_prob_field = false;
+  /// router_aux_loss_coef when absent (the config class's default).
+  double aux_loss_coef = 0.001;
 };
 
 /// Reads the experts' fields (after read_rope_decoder_config): counts, sizes, which layers are
 /// sparse, the renormalisation; router_aux_loss_coef and output_router_logits (whether the
-/// training loss adds it: te::hf::router_aux_loss); Mixtral's router_jitter_noise must be 0 (no
-/// training-time noise on the router).
+/// training loss adds it: te::hf::router_aux_loss).
 void read_moe_config(Fields& f, CausalLMConfig& c, const MoeFields& fields);
 
 /// transformers' names of a sparse layer's tensors: the block ("mlp." or "block_sparse_moe.")

@@ -23,10 +23,11 @@ namespace te::hf {
 /// Llama, Mistral, Qwen2, Qwen3, Phi-3, with pre-RMSNorm layers, RoPE, grouped query attention, a
 /// SwiGLU MLP, an optional sliding window per layer, a tied or separate head; Gemma 1, 2 and 3 on
 /// the same decoder with 1 + weight RMSNorms, scaled embeddings, GeGLU, and for 2 and 3 norms after
-/// the blocks, soft caps and two RoPEs; the mixtures of experts Qwen2-MoE, Qwen3-MoE, Mixtral and
-/// gpt-oss (attention sinks, a clamped SwiGLU) on it too; and GPT-2, with learned positions,
-/// pre-LayerNorm layers with biases everywhere, a fused query/key/value projection, a gelu MLP, a
-/// tied head). The fields are what the families differ by.
+/// the blocks, soft caps and two RoPEs; the mixtures of experts Qwen2-MoE, Qwen3-MoE, Mixtral,
+/// OLMoE (full-width q/k norms, clip_qkv) and gpt-oss (attention sinks, a clamped SwiGLU) on it
+/// too; and GPT-2, with learned positions, pre-LayerNorm layers with biases everywhere, a fused
+/// query/key/value projection, a gelu MLP, a tied head). The fields are what the families differ
+/// by.
 struct CausalLMConfig {
   std::string model_type;
   int64_t vocab_size = 0;
@@ -80,8 +81,13 @@ struct CausalLMConfig {
   bool attention_bias = false;
   bool qkv_bias = false;
   bool mlp_bias = false;
-  /// Per-head RMSNorm of queries and keys before RoPE (Qwen3, Gemma 3).
+  /// RMSNorm of queries and keys before RoPE: each head's (Qwen3, Gemma 3), or with
+  /// qk_norm_over_heads each token's over all its heads (OLMoE's full-width q_norm, k_norm).
   bool qk_norm = false;
+  bool qk_norm_over_heads = false;
+  /// > 0: queries, keys and values clamped to [-clip_qkv, clip_qkv] after the projections and
+  /// norms (OLMoE's clip_qkv); 0: none.
+  double clip_qkv = 0.0;
   /// A learned sink logit per head in each attention's softmax, never masked, its weight dropped
   /// after (gpt-oss's self_attn.sinks: TE's softmax_type "learnable").
   bool attention_sinks = false;
@@ -119,8 +125,8 @@ struct CausalLMConfig {
   /// Each layer's sliding window (keys at most this many positions back, the query's own
   /// included), or nullopt for full causal attention.
   std::vector<std::optional<int64_t>> layer_windows;
-  /// A mixture of experts (Qwen2-MoE, Qwen3-MoE, Mixtral, gpt-oss): with num_experts > 0 the MLP
-  /// of each layer layer_moe marks is a te::nn::LayerNormMoE of num_experts experts of
+  /// A mixture of experts (Qwen2-MoE, Qwen3-MoE, Mixtral, OLMoE, gpt-oss): with num_experts > 0 the
+  /// MLP of each layer layer_moe marks is a te::nn::LayerNormMoE of num_experts experts of
   /// moe_intermediate_size, num_experts_per_tok per token, chosen by the top softmax
   /// probabilities, renormalised over the chosen ones when norm_topk_prob (Mixtral's and
   /// gpt-oss's always); the router's logits with a bias when router_bias (gpt-oss), the experts'

@@ -264,6 +264,15 @@ struct MultiHeadAttentionOptions {
   /// models/gemma3/modeling_gemma3.py Gemma3RMSNorm).
   TORCH_ARG(bool, qk_norm_zero_centered_gamma) = false;
   TORCH_ARG(bool, qk_norm_before_rope) = false;
+  /// The RMSNorm / LayerNorm q/k norms take each token's query over all its heads at once (a
+  /// scale of heads x head_dim; the key's of kv heads x head_dim) instead of each head over
+  /// head_dim: OLMoE's and OLMo 2's full-width q_norm and k_norm (transformers 5.23.0
+  /// models/olmoe/modeling_olmoe.py OlmoeAttention). Not TE's. With heads split over a mesh the
+  /// query and key are gathered for the norm (an all-gather of each per layer), then split again.
+  TORCH_ARG(bool, qk_norm_over_heads) = false;
+  /// > 0: the query, key and value clamped to [-clip_qkv, clip_qkv] after the projections (and
+  /// the q/k norms when qk_norm_before_rope), before RoPE: OLMo's and OLMoE's clip_qkv. 0: none.
+  TORCH_ARG(double, clip_qkv) = 0.0;
   /// The rotary_pos_emb given to forward (AttentionArgs) rotates interleaved pairs (GPT-J) instead
   /// of halves (Llama); TE's rotary_pos_interleaved. Make the frequencies with the same choice
   /// (RotaryPositionEmbeddingOptions::interleaved).
