@@ -10,7 +10,9 @@
 
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <set>
+#include <utility>
 
 #include "families/family.h"
 #include "source.h"
@@ -26,19 +28,36 @@ constexpr const char* kRopeFreqs = "rope_freqs.weight";
 constexpr const char* kRopeShort = "rope_factors_short.weight";
 constexpr const char* kRopeLong = "rope_factors_long.weight";
 
+// A llama.cpp tensor's layer and the rest of its name ("blk.3.attn_q.weight": "3",
+// "attn_q.weight"); nullopt for a tensor outside the layers.
+std::optional<std::pair<std::string, std::string>> layer_part(const std::string& gguf) {
+  if (gguf.rfind("blk.", 0) != 0) return std::nullopt;
+  const std::size_t dot = gguf.find('.', 4);
+  if (dot == std::string::npos) return std::nullopt;
+  return std::make_pair(gguf.substr(4, dot - 4), gguf.substr(dot + 1));
+}
+
 // The Hugging Face name of a llama.cpp tensor in the family's names ("" when it has none).
 std::string to_hf(const GgufNames& names, const std::string& gguf) {
   for (const auto& [h, g] : names.global) {
     if (gguf == g) return h;
   }
-  if (gguf.rfind("blk.", 0) != 0) return "";
-  const std::size_t dot = gguf.find('.', 4);
-  if (dot == std::string::npos) return "";
-  const std::string layer = gguf.substr(4, dot - 4), rest = gguf.substr(dot + 1);
+  const auto part = layer_part(gguf);
+  if (!part) return "";
   for (const auto& [h, g] : names.layer) {
-    if (rest == g) return "model.layers." + layer + "." + h;
+    if (part->second == g) return "model.layers." + part->first + "." + h;
   }
   return "";
+}
+
+// The experts' entry of a llama.cpp tensor, nullptr when it is not one.
+const GgufExperts* experts_of(const GgufNames& names, const std::string& gguf) {
+  const auto part = layer_part(gguf);
+  if (!part) return nullptr;
+  for (const GgufExperts& e : names.experts) {
+    if (part->second == e.gguf) return &e;
+  }
+  return nullptr;
 }
 
 class GgufSource : public TensorSource {
@@ -52,11 +71,21 @@ class GgufSource : public TensorSource {
     for (const GgufTensor& t : file_.header().tensors) {
       // llama.cpp's RoPE frequency factors are the config's (gguf_config), not weights.
       if (t.name == kRopeFreqs || t.name == kRopeShort || t.name == kRopeLong) continue;
+      if (const GgufExperts* e = experts_of(*family.gguf, t.name)) {
+        TE_CHECK(t.shape.size() == 3, "gguf: '", t.name, "' in '", file_.path(), "' is ",
+                 at::IntArrayRef(t.shape), "; the experts' tensor is [experts, rows, cols]");
+        const std::string layer = "model.layers." + layer_part(t.name)->first + ".";
+        for (int64_t x = 0; x < t.shape[0]; ++x) {
+          add(layer + e->prefix + std::to_string(x) + e->suffix, {t.name, x});
+        }
+        continue;
+      }
       const std::string hf = to_hf(*family.gguf, t.name);
-      const std::string& key = hf.empty() ? t.name : hf;  // no counterpart: stays itself
-      const auto [it, added] = names_.emplace(key, t.name);
-      TE_CHECK(added, "gguf: '", file_.path(), "' has both '", it->second, "' and '", t.name,
-               "', which are the same tensor ('", key, "')");
+      const auto part = layer_part(t.name);
+      const std::string layer = part ? "model.layers." + part->first + "." : "";
+      const bool one_row = part && !hf.empty() && t.shape.size() == 1 &&
+                           family.gguf->one_row.count(hf.substr(layer.size()));
+      add(hf.empty() ? t.name : hf, {t.name, -1, one_row});  // no counterpart: stays itself
     }
   }
   std::vector<std::string> names() const override {
@@ -66,12 +95,30 @@ class GgufSource : public TensorSource {
   }
   bool contains(const std::string& name) const override { return names_.count(name) != 0; }
   std::vector<int64_t> shape(const std::string& name) override {
-    return file_.tensor(names_.at(name))->shape;
+    const Entry& e = names_.at(name);
+    std::vector<int64_t> s = file_.tensor(e.gguf)->shape;
+    if (e.expert >= 0) s.erase(s.begin());
+    if (e.one_row) s.insert(s.begin(), 1);
+    return s;
   }
   at::ScalarType dtype(const std::string&) override { return at::kFloat; }  // dequantized
   at::Tensor read(const std::string& name, const std::vector<int64_t>& lo,
                   const std::vector<int64_t>& hi, int64_t* bytes_read) override {
-    const std::string& g = names_.at(name);
+    const Entry& e = names_.at(name);
+    if (e.expert >= 0 || e.one_row) {
+      // An expert's [rows, cols] within [experts, rows, cols]; or [1, n] of a tensor [n].
+      std::vector<int64_t> l = lo, h = hi;
+      if (e.one_row) {  // the box of [1, n]: its dim 0 is the one row
+        l.erase(l.begin());
+        h.erase(h.begin());
+      } else {
+        l.insert(l.begin(), e.expert);
+        h.insert(h.begin(), e.expert + 1);
+      }
+      const at::Tensor t = file_.read(e.gguf, l, h, bytes_read);
+      return e.one_row ? t.unsqueeze(0) : t.squeeze(0);
+    }
+    const std::string& g = e.gguf;
     const bool q = g.find(".attn_q.") != std::string::npos;
     const bool k = g.find(".attn_k.") != std::string::npos;
     if (norms_plus_one_ && g.size() >= 11 && g.compare(g.size() - 11, 11, "norm.weight") == 0) {
@@ -95,10 +142,15 @@ class GgufSource : public TensorSource {
     return w.narrow(0, lo[0] - wlo[0], hi[0] - lo[0]).contiguous();
   }
   std::string where(const std::string& name) const override {
-    return "'" + names_.at(name) + "' in '" + file_.path() + "'";
+    const Entry& e = names_.at(name);
+    return "'" + e.gguf + "'" +
+           (e.expert >= 0 ? " (expert " + std::to_string(e.expert) + ")" : "") + " in '" +
+           file_.path() + "'";
   }
   std::shared_ptr<const nn::BlockMatrix> blocks(const std::string& name) override {
-    const std::string& g = names_.at(name);
+    const Entry& e = names_.at(name);
+    if (e.expert >= 0 || e.one_row) return nullptr;  // the experts' kernels are dequantized
+    const std::string& g = e.gguf;
     const GgufTensor* t = file_.tensor(g);
     if (t->shape.size() != 2 || !ggml::is_quantized(t->type)) return nullptr;
     auto m = std::make_shared<nn::BlockMatrix>();
@@ -132,8 +184,20 @@ class GgufSource : public TensorSource {
   }
 
  private:
+  // A Hugging Face tensor in the file: llama.cpp's tensor, the expert's entry of it (or -1),
+  // whether it is [1, n] held as [n].
+  struct Entry {
+    std::string gguf;
+    int64_t expert = -1;
+    bool one_row = false;
+  };
+  void add(const std::string& hf, const Entry& e) {
+    const auto [it, added] = names_.emplace(hf, e);
+    TE_CHECK(added, "gguf: '", file_.path(), "' has both '", it->second.gguf, "' and '", e.gguf,
+             "', which are the same tensor ('", hf, "')");
+  }
   GgufFile file_;
-  std::map<std::string, std::string> names_;  // Hugging Face name -> llama.cpp name
+  std::map<std::string, Entry> names_;  // Hugging Face name -> where in the file
   bool permute_ = false, norms_plus_one_ = false;
   int64_t heads_ = 0, kv_heads_ = 0;
 };

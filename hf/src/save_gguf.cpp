@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 
 #include <set>
+#include <utility>
 
 #include "families/family.h"
 #include "gguf_write.h"
@@ -19,21 +20,32 @@ namespace te::hf {
 
 namespace {
 
-// The llama.cpp name of a Hugging Face tensor in the family's names ("" when it has none).
-std::string to_gguf(const detail::GgufNames& names, const std::string& hf) {
+// The llama.cpp name of a Hugging Face tensor in the family's names ("" when it has none), and
+// for an expert's tensor its entry in the stacked one (else -1).
+std::pair<std::string, int64_t> to_gguf(const detail::GgufNames& names, const std::string& hf) {
   for (const auto& [h, g] : names.global) {
-    if (hf == h) return g;
+    if (hf == h) return {g, -1};
   }
   const std::string prefix = "model.layers.";
-  if (hf.rfind(prefix, 0) != 0) return "";
+  if (hf.rfind(prefix, 0) != 0) return {"", -1};
   const std::size_t dot = hf.find('.', prefix.size());
-  if (dot == std::string::npos) return "";
+  if (dot == std::string::npos) return {"", -1};
   const std::string layer = hf.substr(prefix.size(), dot - prefix.size());
   const std::string rest = hf.substr(dot + 1);
   for (const auto& [h, g] : names.layer) {
-    if (rest == h) return "blk." + layer + "." + g;
+    if (rest == h) return {"blk." + layer + "." + g, -1};
   }
-  return "";
+  for (const detail::GgufExperts& e : names.experts) {  // prefix, the expert's number, suffix
+    if (rest.size() <= e.prefix.size() + e.suffix.size() || rest.rfind(e.prefix, 0) != 0 ||
+        rest.compare(rest.size() - e.suffix.size(), e.suffix.size(), e.suffix) != 0) {
+      continue;
+    }
+    const std::string n =
+        rest.substr(e.prefix.size(), rest.size() - e.prefix.size() - e.suffix.size());
+    if (n.find_first_not_of("0123456789") != std::string::npos) continue;
+    return {"blk." + layer + "." + e.gguf, std::stoll(n)};
+  }
+  return {"", -1};
 }
 
 GgmlType type_of(const std::string& name) {
@@ -84,11 +96,25 @@ std::vector<detail::GgufOutTensor> gguf_tensors(const CausalLMImpl& model,
                                                 const std::string& source,
                                                 const detail::Family& family, GgmlType type) {
   std::map<std::string, at::Tensor> by_gguf;
+  std::map<std::string, std::map<int64_t, at::Tensor>> experts;  // stacked at the end
   for (auto& [hf, w] : to_hf_tensors(model.config, detail::whole_parameters(model, "save_gguf"))) {
-    const std::string g = to_gguf(*family.gguf, hf);
+    const auto [g, expert] = to_gguf(*family.gguf, hf);
     TE_CHECK(!g.empty(), "save_gguf: '", hf, "' has no llama.cpp name in the ",
              family.info.model_type, " family");
-    by_gguf[g] = to_llama_cpp(w, g, family, model.config);
+    if (expert >= 0) {
+      experts[g][expert] = w.to(at::kFloat);
+    } else {
+      by_gguf[g] = to_llama_cpp(w, g, family, model.config);
+    }
+  }
+  for (auto& [g, by_expert] : experts) {
+    std::vector<at::Tensor> stack;
+    for (auto& [e, w] : by_expert) {
+      TE_CHECK(e == static_cast<int64_t>(stack.size()), "internal: save_gguf: '", g,
+               "' lacks expert ", stack.size());
+      stack.push_back(w);
+    }
+    by_gguf[g] = at::stack(stack).contiguous();
   }
   GgufFile file(source);
   std::vector<detail::GgufOutTensor> out;
@@ -101,12 +127,18 @@ std::vector<detail::GgufOutTensor> gguf_tensors(const CausalLMImpl& model,
       std::vector<int64_t> lo(t.shape.size(), 0);
       o.values = file.read(t.name, lo, t.shape);
     } else {
-      o.values = it->second;
+      // As the source holds it: Qwen2-MoE's shared expert gate [1, n] may be [n] there.
+      int64_t numel = 1;
+      for (const int64_t d : t.shape) numel *= d;
+      o.values = it->second.numel() == numel ? it->second.reshape(t.shape) : it->second;
       written.insert(t.name);
     }
-    // 1-D tensors stay float32 (llama.cpp's converter keeps norms so), as do rows that are not
-    // whole Q8_0 blocks.
-    o.type = o.values.dim() < 2 ? GgmlType::kF32 : type;
+    // 1-D tensors and the routers stay float32 (llama.cpp's converter keeps norms so and forces
+    // FFN_GATE_INP to F32; llama-quantize leaves ffn_gate_inp.weight), rows that are not whole
+    // Q8_0 blocks go F16.
+    const bool router =
+        t.name.size() >= 19 && t.name.compare(t.name.size() - 19, 19, "ffn_gate_inp.weight") == 0;
+    o.type = o.values.dim() < 2 || router ? GgmlType::kF32 : type;
     if (o.type == GgmlType::kQ8_0 && o.values.size(-1) % 32 != 0) o.type = GgmlType::kF16;
     out.push_back(std::move(o));
   }

@@ -779,6 +779,23 @@ TEST(Gguf, AModelFileIsReadStrictly) {
   q8_file("token_embd.weight", 6, llama + u32("llama.vocab_size", 5)).write(path);
   EXPECT_ERROR(load_causal_lm(path.string()),
                "token_embd.weight is [3, 64] but the metadata says llama.vocab_size 5");
+  // A mixture of experts' counts (qwen3moe: llama.cpp's keys).
+  const std::string qwen3moe =
+      text("general.architecture", "qwen3moe") + u32("qwen3moe.embedding_length", 64) +
+      u32("qwen3moe.block_count", 1) + u32("qwen3moe.feed_forward_length", 32) +
+      u32("qwen3moe.attention.head_count", 2);
+  q8_file("token_embd.weight", 6, qwen3moe + u32("qwen3moe.expert_used_count", 2)).write(path);
+  EXPECT_ERROR(load_causal_lm(path.string()),
+               "qwen3moe.expert_count: is missing or not positive; a mixture of experts needs it");
+  q8_file("token_embd.weight", 7,
+          qwen3moe + u32("qwen3moe.expert_count", 2) + u32("qwen3moe.expert_used_count", 4))
+      .write(path);
+  EXPECT_ERROR(load_causal_lm(path.string()),
+               "qwen3moe.expert_used_count: 4 is more than the 2 experts");
+  q8_file("token_embd.weight", 7,
+          qwen3moe + u32("qwen3moe.expert_count", 2) + u32("qwen3moe.expert_used_count", 1))
+      .write(path);
+  EXPECT_ERROR(load_causal_lm(path.string()), "which a qwen3_moe model of its config has");
   // Everything the config implies but the tensors: the first one missing is named.
   q8_file("token_embd.weight", 5, llama).write(path);
   EXPECT_ERROR(load_causal_lm(path.string()), "lacks 'model.layers.0.self_attn.q_proj.weight'");
@@ -798,9 +815,9 @@ TEST(Gguf, AModelFileIsReadStrictly) {
   EXPECT_ERROR(load_causal_lm(path.string()),
                "gemma2.attn_logit_softcapping: 20.000000 is not Gemma2Config's 50.000000");
   // ... and a Gemma file's RoPE scaling, which transformers' GGUF loader does not read.
-  q8_file("token_embd.weight", 8,
-          gemma2 + text("gemma2.rope.scaling.type", "linear") +
-              f32("gemma2.rope.scaling.factor", 2))
+  q8_file(
+      "token_embd.weight", 8,
+      gemma2 + text("gemma2.rope.scaling.type", "linear") + f32("gemma2.rope.scaling.factor", 2))
       .write(path);
   EXPECT_ERROR(load_causal_lm(path.string()),
                "gemma2.rope.scaling.type: this file scales its RoPE ('linear'");
@@ -836,7 +853,10 @@ TEST(Gguf, AModelFileIsReadStrictly) {
     g4.bytes.clear();
     g4.str("tokenizer.ggml.tokens").put<uint32_t>(9).put<uint32_t>(8).put<uint64_t>(8);
     g4.str("<unk>").str("<bos>").str("a").str("b").str("ab").str("\xE2\x96\x81");
-    g4.str("\xE2\x96\x81" "a").str("<0x63>");
+    g4.str(
+          "\xE2\x96\x81"
+          "a")
+        .str("<0x63>");
     g4.str("tokenizer.ggml.merges").put<uint32_t>(9).put<uint32_t>(8).put<uint64_t>(2);
     g4.str("a b").str("\xE2\x96\x81 a");
     g4.str("tokenizer.ggml.add_bos_token").put<uint32_t>(7).put<uint8_t>(0);

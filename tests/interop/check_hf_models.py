@@ -285,6 +285,17 @@ GGUF_CASES = [
     # GGUF loader both leave off (full attention).
     ("phi3-gguf-q8_0", Phi3Config, Phi3ForCausalLM, Q.Q8_0, Q.Q8_0,
      dict(tie_word_embeddings=False, pad_token_id=0, sliding_window=4, **rope(10000.0))),
+    # Mixtures of experts as llama.cpp's converter stacks them (ffn_{gate,up,down}_exps, F32
+    # router ffn_gate_inp): Qwen3-MoE renormalising its top 2 (llama.cpp's qwen3moe graph does, and
+    # GGUF has no norm_topk_prob); Qwen2-MoE not, with its shared expert (ffn_*_shexp) and gate
+    # (ffn_gate_inp_shexp [H]). GGUF has no dense layers: every layer sparse.
+    ("qwen3-moe-gguf-q8_0", Qwen3MoeConfig, Qwen3MoeForCausalLM, Q.Q8_0, Q.Q8_0,
+     dict(MOE, num_experts=4, moe_intermediate_size=16, norm_topk_prob=True,
+          tie_word_embeddings=False, **rope(10000.0))),
+    ("qwen2-moe-gguf-q4_1", Qwen2MoeConfig, Qwen2MoeForCausalLM, Q.Q4_1, Q.Q8_0,
+     dict(MOE, num_experts=4, moe_intermediate_size=32, shared_expert_intermediate_size=24,
+          norm_topk_prob=False, use_sliding_window=False, tie_word_embeddings=False,
+          **rope(10000.0))),
     # LongRoPE as llama.cpp writes it: rope_factors_long/short.weight and rope.scaling.attn_factor
     # (SEQ 12 > 8: the long factors).
     ("phi3-gguf-q4_1-tied-longrope", Phi3Config, Phi3ForCausalLM, Q.Q4_1, Q.F32,
@@ -509,8 +520,8 @@ def check_gguf_case(binary, workdir, index, case, config_class, model_class, qty
                     kwargs):
     """As check_case, for a model written as WORKDIR/<case>/model.gguf and held to what
     transformers loads from that file; with RoPE scaling, which transformers' GGUF reader does not
-    take from the file (rope_freqs.weight, rope_factors_*.weight), the weights it loads from the
-    file in the model's own config."""
+    take from the file (rope_freqs.weight, rope_factors_*.weight), or experts, whose sizes it does
+    not read, the weights it loads from the file in the model's own config."""
     seed = 1000 + index
     model = build(config_class, model_class, kwargs, seed)
     folder = os.path.join(workdir, case)
@@ -521,7 +532,8 @@ def check_gguf_case(binary, workdir, index, case, config_class, model_class, qty
     with open(os.path.join(folder, "ids.json"), "w") as f:
         json.dump({"ids": ids.tolist()}, f)
     layouts = run_te(binary, folder, path)
-    if kwargs["rope_parameters"]["rope_type"] == "default":
+    # transformers' GGUF reader leaves the expert sizes at its config classes' defaults.
+    if kwargs["rope_parameters"]["rope_type"] == "default" and "num_experts" not in kwargs:
         want = from_gguf(folder, "model.gguf")
     else:
         want = gguf_weights_in(model_class, model.config, path)

@@ -2,7 +2,8 @@
 (CASES) written as llama.cpp's converter writes them (gguf_files.py, Q8_0): Llama ("llama"; one
 with Llama 3's RoPE factors in rope_freqs.weight, one with a tied head), Qwen2 ("qwen2": q/k/v
 biases, rows as in transformers), Gemma 2 and Gemma 3 ("gemma2", "gemma3": every norm weight
-stored plus one, Gemma 3's q/k norms among them; a tied head and no output.weight), their norm
+stored plus one, Gemma 3's q/k norms among them; a tied head and no output.weight), Qwen3-MoE
+("qwen3moe": the experts stacked, the router F32), their norm
 scales and biases moved off their initial values, fine-tuned by te-train on a text of their
 vocabulary's pieces and exported:
 
@@ -19,6 +20,8 @@ vocabulary's pieces and exported:
   that stops early is run again), lower for the trained f32 export than for the source file.
 
   python check_train_gguf.py TE_TRAIN WORKDIR
+
+CHECK_CASES=a,b runs those cases only.
 """
 
 import math
@@ -36,7 +39,8 @@ from gguf import GGMLQuantizationType as Q
 import gguf_files
 from gguf_files import write_gemma_gguf, write_gguf
 from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig,
-                          LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM)
+                          LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM,
+                          Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SIZES = dict(vocab_size=384, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -62,6 +66,11 @@ CASES = [
     # Gemma 3's q/k norms plus one as well; its own RoPE bases (1e6 global, 1e4 sliding).
     ("gemma3", (Gemma3TextConfig, Gemma3ForCausalLM, "gemma3"),
      dict(GEMMA, rope_parameters=None)),
+    # A mixture of experts: the experts stacked as ffn_{gate,up,down}_exps [experts, out, in], the
+    # router ffn_gate_inp kept F32 in every export, q/k norms.
+    ("qwen3-moe", (Qwen3MoeConfig, Qwen3MoeForCausalLM, "qwen3moe"),
+     dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, norm_topk_prob=True,
+          tie_word_embeddings=False)),
 ]
 
 
@@ -203,13 +212,13 @@ def check(te_train, workdir, name, classes, extra):
     for kind, encode in want.items():
         got = tensors(trained[kind])
 
-        def expected(v):  # 1-dim tensors stay f32; q8_0 rows not whole blocks are f16
-            if v.ndim < 2:
+        def expected(n, v):  # 1-dim tensors and routers stay f32; q8_0 rows not whole blocks f16
+            if v.ndim < 2 or n.endswith("ffn_gate_inp.weight"):
                 return v.tobytes()
             if kind == "q8_0" and v.shape[-1] % 32:
                 return v.astype(np.float16).tobytes()
             return encode(v)
-        bad = [n for n, (_, v, _) in f32.items() if got[n][2] != expected(v)]
+        bad = [n for n, (_, v, _) in f32.items() if got[n][2] != expected(n, v)]
         errors["%s bytes differ (tensors)" % kind] = float(len(bad))
     text = os.path.join(case_dir, "text.txt")
     ppl = {k: llama_perplexity(p, text) for k, p in trained.items()}
@@ -230,9 +239,14 @@ def main():
     te_train, workdir = sys.argv[1], sys.argv[2]
     os.makedirs(workdir, exist_ok=True)
     torch.set_num_threads(1)
-    failures = sum(not check(te_train, workdir, *case) for case in CASES)
+    only = [c for c in os.environ.get("CHECK_CASES", "").split(",") if c]  # a developer's subset
+    cases = [case for case in CASES if not only or case[0] in only]
+    if not cases:
+        print("CHECK_CASES=%s names no case" % ",".join(only))
+        return 1
+    failures = sum(not check(te_train, workdir, *case) for case in cases)
     print("%d of %d exports differ from gguf-py's encoding or fail llama.cpp's loader" %
-          (failures, len(CASES)))
+          (failures, len(cases)))
     return 1 if failures else 0
 
 

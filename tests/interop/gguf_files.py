@@ -13,6 +13,10 @@ from a transformers model, for check_hf_models.py's and check_train_gguf.py's GG
 - Qwen2 ("qwen2"): rows as in transformers (no permutation), the q/k/v biases as attn_q.bias,
   attn_k.bias and attn_v.bias (F32), TextModel.set_gguf_parameters' keys (context_length,
   rope.freq_base; no vocab_size, no rope.dimension_count);
+- Qwen3-MoE and Qwen2-MoE ("qwen3moe", "qwen2moe"): Qwen2's keys plus expert_count,
+  expert_used_count, expert_feed_forward_length (and expert_shared_feed_forward_length), the
+  router as ffn_gate_inp, the experts stacked as ffn_{gate,up,down}_exps [E, out, in], Qwen2-MoE's
+  shared expert as ffn_*_shexp with its gate ffn_gate_inp_shexp written [H];
 - Gemma 2 and 3 ("gemma2", "gemma3"): every norm weight stored plus one, no output.weight (tied),
   Gemma 2's soft caps, Gemma 3's global and sliding RoPE bases (rope.freq_base,
   rope.freq_base_swa), the sliding window.
@@ -50,6 +54,17 @@ QWEN2_NAMES = {
     "model.layers.N.self_attn.q_proj.bias": "blk.N.attn_q.bias",
     "model.layers.N.self_attn.k_proj.bias": "blk.N.attn_k.bias",
     "model.layers.N.self_attn.v_proj.bias": "blk.N.attn_v.bias",
+}
+# Qwen3's q/k norms and the Qwen MoE layouts' router and shared expert (conversion/qwen.py
+# Qwen2MoeModel, which Qwen3MoeModel inherits); the experts are written by write_experts.
+QWEN_MOE_NAMES = {
+    "model.layers.N.self_attn.q_norm.weight": "blk.N.attn_q_norm.weight",
+    "model.layers.N.self_attn.k_norm.weight": "blk.N.attn_k_norm.weight",
+    "model.layers.N.mlp.gate.weight": "blk.N.ffn_gate_inp.weight",
+    "model.layers.N.mlp.shared_expert.gate_proj.weight": "blk.N.ffn_gate_shexp.weight",
+    "model.layers.N.mlp.shared_expert.up_proj.weight": "blk.N.ffn_up_shexp.weight",
+    "model.layers.N.mlp.shared_expert.down_proj.weight": "blk.N.ffn_down_shexp.weight",
+    "model.layers.N.mlp.shared_expert_gate.weight": "blk.N.ffn_gate_inp_shexp.weight",
 }
 PHI3_NAMES = {
     "model.layers.N.self_attn.qkv_proj.weight": "blk.N.attn_qkv.weight",
@@ -122,6 +137,30 @@ def write_qwen2_keys(w, c):
         w.add_value_length(c.head_dim)
 
 
+def write_qwen_moe_keys(w, c):
+    """Qwen2MoeModel's set_gguf_parameters: Qwen2's keys, the expert counts and sizes (and the
+    shared expert's for Qwen2-MoE)."""
+    write_qwen2_keys(w, c)
+    w.add_expert_count(c.num_experts)
+    w.add_expert_used_count(c.num_experts_per_tok)
+    w.add_expert_feed_forward_length(c.moe_intermediate_size)
+    if getattr(c, "shared_expert_intermediate_size", 0):
+        w.add_expert_shared_feed_forward_length(c.shared_expert_intermediate_size)
+
+
+def write_experts(w, layer, name, p, qtype):
+    """transformers' fused experts of one layer as the converter stacks them: gate_up_proj
+    [E, 2F, H] (gate rows first) as ffn_gate_exps and ffn_up_exps [E, F, H], down_proj [E, H, F]
+    as ffn_down_exps."""
+    data = p.detach().to(torch.float32).numpy()
+    if name == "gate_up_proj":
+        half = data.shape[1] // 2
+        add_tensor(w, "blk.%s.ffn_gate_exps.weight" % layer, data[:, :half].copy(), qtype, qtype)
+        add_tensor(w, "blk.%s.ffn_up_exps.weight" % layer, data[:, half:].copy(), qtype, qtype)
+    else:
+        add_tensor(w, "blk.%s.ffn_down_exps.weight" % layer, data, qtype, qtype)
+
+
 def write_tokenizer(w, c):
     """A SentencePiece ("llama") vocabulary of vocab_size tokens: <unk>, <s>, </s> and plain
     pieces. transformers needs none of it to load the model, but the converter always writes
@@ -160,21 +199,27 @@ def write_gguf(model, path, qtype, embd_qtype):
     norms and biases in F32."""
     c = model.config
     llama = c.model_type == "llama"  # the one whose query/key rows are permuted
-    w = writer(path, c.model_type, c)
+    arch = {"qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe"}.get(c.model_type, c.model_type)
+    w = writer(path, arch, c)
     w.add_rope_freq_base(c.rope_parameters["rope_theta"])
-    {"llama": write_llama_keys, "phi3": write_phi3_keys, "qwen2": write_qwen2_keys}[
-        c.model_type](w, c)
+    {"llama": write_llama_keys, "phi3": write_phi3_keys, "qwen2": write_qwen2_keys,
+     "qwen3_moe": write_qwen_moe_keys, "qwen2_moe": write_qwen_moe_keys}[c.model_type](w, c)
     w.add_file_type(GGUF_FILE_TYPES[qtype])
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     write_tokenizer(w, c)
-    names = {**GGUF_NAMES, **PHI3_NAMES, **QWEN2_NAMES}
+    names = {**GGUF_NAMES, **PHI3_NAMES, **QWEN2_NAMES, **QWEN_MOE_NAMES}
     for hf_name, p in model.state_dict().items():
         if hf_name == "lm_head.weight" and c.tie_word_embeddings:
             continue
         m = re.fullmatch(r"model\.layers\.(\d+)\.(.*)", hf_name)
+        if m and m[2].startswith("mlp.experts."):
+            write_experts(w, m[1], m[2][len("mlp.experts."):], p, qtype)
+            continue
         name = (names["model.layers.N." + m[2]].replace(".N.", ".%s." % m[1]) if m
                 else names[hf_name])
         data = p.detach().to(torch.float32).numpy()
+        if name.endswith("ffn_gate_inp_shexp.weight"):
+            data = data.reshape(-1)  # [H], which transformers' GGUF reader takes (not [1, H])
         if llama and name.endswith("attn_q.weight"):
             data = permute(data, c.num_attention_heads)
         elif llama and name.endswith("attn_k.weight"):
@@ -184,9 +229,12 @@ def write_gguf(model, path, qtype, embd_qtype):
 
 
 def add_tensor(w, name, data, qtype, embd_qtype):
-    """data as the converter writes it: 1-dim tensors F32, token_embd.weight as embd_qtype, the
-    other 2-dim ones as qtype (F16 where its blocks do not tile a row)."""
-    kind = Q.F32 if data.ndim == 1 else embd_qtype if name == "token_embd.weight" else qtype
+    """data as the converter writes it: 1-dim tensors and routers F32, token_embd.weight as
+    embd_qtype, the other weights as qtype (F16 where its blocks do not tile a row)."""
+    # The routers stay F32 (the converter forces FFN_GATE_INP to it; llama-quantize skips it).
+    router = name.endswith("ffn_gate_inp.weight")
+    kind = Q.F32 if data.ndim == 1 or router else embd_qtype if name == "token_embd.weight" \
+        else qtype
     if kind != Q.F32 and data.shape[-1] % gguf.GGML_QUANT_SIZES[kind][0]:
         kind = Q.F16  # a row the blocks do not tile (ffn_down's intermediate_size 48)
     w.add_tensor(name, gguf.quants.quantize(data, kind), raw_dtype=kind)

@@ -19,10 +19,21 @@
 
 namespace te::hf::detail {
 
+/// A mixture of experts' stacked tensor: llama.cpp's blk.N.<gguf> [experts, rows, cols] holds
+/// Hugging Face's model.layers.N.<prefix><e><suffix> [rows, cols] of each expert e
+/// ("mlp.experts.", ".gate_proj.weight", "ffn_gate_exps.weight").
+struct GgufExperts {
+  std::string prefix, suffix, gguf;
+};
+
 /// A checkpoint tensor's Hugging Face name and its llama.cpp name in a GGUF file: whole names,
-/// and the parts after "model.layers.N." / "blk.N.".
+/// and the parts after "model.layers.N." / "blk.N."; the experts' stacked tensors; the layer
+/// tensors Hugging Face keeps as one row [1, n] that llama.cpp's converters wrote as [n] (Qwen2-
+/// MoE's shared_expert_gate.weight; the current converter keeps [1, n]: both are read).
 struct GgufNames {
   std::vector<std::pair<std::string, std::string>> global, layer;
+  std::vector<GgufExperts> experts;
+  std::set<std::string> one_row;
 };
 
 /// A GGUF file's metadata keys of the family's architecture ("gemma2." ...), as gguf_model.cpp

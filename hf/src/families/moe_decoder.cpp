@@ -169,4 +169,46 @@ WeightMap moe_decoder_weight_map(const CausalLMConfig& c, const MoeNames& n) {
   return m;
 }
 
+void read_moe_gguf(GgufKeys& k, CausalLMConfig& c, bool renormalise, bool shared) {
+  auto positive = [&](const std::string& key, std::optional<int64_t> v) {
+    if (!v || *v <= 0) k.fail(key, "is missing or not positive; a mixture of experts needs it");
+    return *v;
+  };
+  c.num_experts = positive("expert_count", k.integer("expert_count"));
+  c.num_experts_per_tok = positive("expert_used_count", k.integer("expert_used_count"));
+  if (c.num_experts_per_tok > c.num_experts) {
+    k.fail("expert_used_count", std::to_string(c.num_experts_per_tok) + " is more than the " +
+                                    std::to_string(c.num_experts) + " experts");
+  }
+  c.moe_intermediate_size = positive("expert_feed_forward_length",
+                                     k.integer("expert_feed_forward_length")
+                                         .value_or(c.intermediate_size / c.num_experts_per_tok));
+  if (shared) {
+    c.shared_expert_intermediate_size =
+        positive("expert_shared_feed_forward_length",
+                 k.integer("expert_shared_feed_forward_length").value_or(c.intermediate_size));
+  }
+  c.norm_topk_prob = renormalise;
+  c.layer_moe.assign(static_cast<std::size_t>(c.num_hidden_layers), true);
+  c.router_aux_loss_coef = 0.001;  // the config classes' default: GGUF keeps no training field
+}
+
+const GgufNames& qwen_moe_gguf() {
+  // Built on first use: kRopeDecoderGguf is another file's global.
+  static const GgufNames kNames = [] {
+    GgufNames n = kRopeDecoderGguf;
+    n.layer.push_back({"mlp.gate.weight", "ffn_gate_inp.weight"});
+    for (const char* p : {"gate", "up", "down"}) {
+      n.layer.push_back({std::string("mlp.shared_expert.") + p + "_proj.weight",
+                         std::string("ffn_") + p + "_shexp.weight"});
+      n.experts.push_back({"mlp.experts.", std::string(".") + p + "_proj.weight",
+                           std::string("ffn_") + p + "_exps.weight"});
+    }
+    n.layer.push_back({"mlp.shared_expert_gate.weight", "ffn_gate_inp_shexp.weight"});
+    n.one_row.insert("mlp.shared_expert_gate.weight");
+    return n;
+  }();
+  return kNames;
+}
+
 }  // namespace te::hf::detail

@@ -46,6 +46,20 @@ struct MoeNames {
 /// (te's layers.N.moe.*).
 WeightMap moe_decoder_weight_map(const CausalLMConfig& c, const MoeNames& names);
 
+/// llama.cpp's names of the Qwen MoE layouts (convert_hf_to_gguf.py's Qwen2MoeModel, which
+/// Qwen3MoeModel inherits): the rope decoder's, the router as ffn_gate_inp.weight, the experts
+/// stacked as ffn_{gate,up,down}_exps.weight [experts, out, in], Qwen2-MoE's shared expert as
+/// ffn_{gate,up,down}_shexp.weight and its gate as ffn_gate_inp_shexp.weight.
+const GgufNames& qwen_moe_gguf();
+
+/// A GGUF file's experts (llama.cpp's keys, src/llama-model.cpp and models/qwen*moe.cpp):
+/// expert_count, expert_used_count, expert_feed_forward_length (else feed_forward_length /
+/// experts used, as llama.cpp), with `shared` expert_shared_feed_forward_length (else
+/// feed_forward_length); every layer sparse (GGUF has no dense layer list). GGUF has no
+/// norm_topk_prob: llama.cpp's graph renormalises for qwen3moe and not for qwen2moe, which
+/// `renormalise` says.
+void read_moe_gguf(GgufKeys& k, CausalLMConfig& c, bool renormalise, bool shared);
+
 /// The same for experts saved fused, as gpt-oss's are (transformers 5.23.0
 /// models/gpt_oss/modeling_gpt_oss.py GptOssExperts, GptOssTopKRouter): mlp.router.{weight,
 /// bias}, mlp.experts.gate_up_proj [experts, hidden, 2 x intermediate] with the gate in the

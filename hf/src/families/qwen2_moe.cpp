@@ -1,7 +1,7 @@
 // Qwen2-MoE (Qwen1.5-MoE): transformers' Qwen2MoeForCausalLM. Qwen2's attention (q/k/v biases:
 // qkv_bias, true when absent) with sparse MLPs as Qwen3-MoE's plus a shared expert of
 // shared_expert_intermediate_size every token goes through, scaled by sigmoid(shared_expert_gate).
-// te-cpp reads no GGUF file of it yet.
+// From GGUF files too (llama.cpp's qwen2moe).
 
 #include "moe_decoder.h"
 
@@ -25,13 +25,19 @@ void read_config(Fields& f, CausalLMConfig& c) {
 
 WeightMap weight_map(const CausalLMConfig& c) { return moe_decoder_weight_map(c, {}); }
 
+void read_gguf_config(GgufKeys& k, CausalLMConfig& c) {
+  read_moe_gguf(k, c, /*renormalise=*/false, /*shared=*/true);
+}
+
 }  // namespace
 
 const Family& qwen2_moe_family() {
   static const Family kFamily = [] {
-    Family f =
-        rope_decoder_family({"qwen2_moe", "Qwen2MoeForCausalLM", "", "Qwen2-MoE"}, read_config);
+    Family f = rope_decoder_family({"qwen2_moe", "Qwen2MoeForCausalLM", "qwen2moe", "Qwen2-MoE"},
+                                   read_config);
     f.weight_map = weight_map;
+    f.gguf = &qwen_moe_gguf();
+    f.read_gguf_config = read_gguf_config;
     return f;
   }();
   return kFamily;

@@ -2,7 +2,7 @@
 // use_sliding_window windows every layer) with sparse MLPs: num_experts experts of
 // moe_intermediate_size, the top num_experts_per_tok of the softmax, renormalised with
 // norm_topk_prob; decoder_sparse_step and mlp_only_layers pick the sparse layers (the others: a
-// dense MLP of intermediate_size). te-cpp reads no GGUF file of it yet.
+// dense MLP of intermediate_size). From GGUF files too (llama.cpp's qwen3moe).
 
 #include "moe_decoder.h"
 
@@ -27,13 +27,19 @@ void read_config(Fields& f, CausalLMConfig& c) {
 
 WeightMap weight_map(const CausalLMConfig& c) { return moe_decoder_weight_map(c, {}); }
 
+void read_gguf_config(GgufKeys& k, CausalLMConfig& c) {
+  read_moe_gguf(k, c, /*renormalise=*/true, /*shared=*/false);
+}
+
 }  // namespace
 
 const Family& qwen3_moe_family() {
   static const Family kFamily = [] {
-    Family f =
-        rope_decoder_family({"qwen3_moe", "Qwen3MoeForCausalLM", "", "Qwen3-MoE"}, read_config);
+    Family f = rope_decoder_family({"qwen3_moe", "Qwen3MoeForCausalLM", "qwen3moe", "Qwen3-MoE"},
+                                   read_config);
     f.weight_map = weight_map;
+    f.gguf = &qwen_moe_gguf();
+    f.read_gguf_config = read_gguf_config;
     return f;
   }();
   return kFamily;
