@@ -357,7 +357,7 @@ void read_rope_freqs(GgufFile& file, ArchKeys& k, CausalLMConfig& c) {
 // The config a GGUF file's metadata (llama.cpp's keys) and tensors describe.
 CausalLMConfig gguf_config(GgufFile& file, const Family& family) {
   const std::string& path = file.path();
-  const std::string& arch = family.info.gguf_architecture;
+  const std::string arch = file.string("general.architecture").value_or("");
   ArchKeys keys(file, arch);
   CausalLMConfig c;
   c.model_type = family.info.model_type;
@@ -384,7 +384,7 @@ CausalLMConfig gguf_config(GgufFile& file, const Family& family) {
 GgufModel open_gguf_causal_lm(const std::string& path) {
   GgufFile file(path);
   const std::string arch = file.string("general.architecture").value_or("");
-  const Family* family = find_gguf_family(arch);
+  const Family* family = find_gguf_family(file.header());
   TE_CHECK(family != nullptr, "gguf: '", path, "': general.architecture '", arch,
            "' is not one te-cpp loads (", causal_lm_family_names(/*gguf=*/true), ")");
   GgufModel m;

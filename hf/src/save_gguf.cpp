@@ -156,7 +156,7 @@ void save_gguf(const CausalLMImpl& model, const std::string& source_gguf, const 
   const GgmlType t = type_of(type);
   const GgufHeader header = read_gguf_header(source_gguf);
   const std::string arch = header.string("general.architecture").value_or("");
-  const detail::Family* family = detail::find_gguf_family(arch);
+  const detail::Family* family = detail::find_gguf_family(header);
   TE_CHECK(family != nullptr && family->gguf != nullptr, "save_gguf: '", source_gguf,
            "': general.architecture '", arch, "' is not one te-cpp writes");
   detail::check_same_sizes(detail::open_gguf_causal_lm(source_gguf).config, model.config,

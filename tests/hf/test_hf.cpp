@@ -773,9 +773,10 @@ TEST(Gguf, AModelFileIsReadStrictly) {
                             u32("llama.attention.head_count", 2);
   q8_file("token_embd.weight", 1, text("general.architecture", "llama")).write(path);
   EXPECT_ERROR(load_causal_lm(path.string()), "metadata 'llama.embedding_length' is missing");
+  // A llama file with experts is Mixtral's (llama.cpp's converter writes it so).
   q8_file("token_embd.weight", 6, llama + u32("llama.expert_count", 8)).write(path);
   EXPECT_ERROR(load_causal_lm(path.string()),
-               "metadata 'llama.expert_count' is not a key te-cpp honours");
+               "llama.expert_used_count: is missing or not positive; a mixture of experts");
   q8_file("token_embd.weight", 6, llama + u32("llama.vocab_size", 5)).write(path);
   EXPECT_ERROR(load_causal_lm(path.string()),
                "token_embd.weight is [3, 64] but the metadata says llama.vocab_size 5");

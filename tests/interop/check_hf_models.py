@@ -292,6 +292,12 @@ GGUF_CASES = [
     ("qwen3-moe-gguf-q8_0", Qwen3MoeConfig, Qwen3MoeForCausalLM, Q.Q8_0, Q.Q8_0,
      dict(MOE, num_experts=4, moe_intermediate_size=16, norm_topk_prob=True,
           tie_word_embeddings=False, **rope(10000.0))),
+    # Mixtral as llama.cpp writes it: a "llama" file with llama.expert_count, q/k rows permuted,
+    # experts of feed_forward_length (48: ffn_down's rows go F16). transformers' GGUF reader
+    # cannot read it (its config is LlamaConfig): the reference is the file read by hand
+    # (mixtral_from_gguf).
+    ("mixtral-gguf-q8_0", MixtralConfig, MixtralForCausalLM, Q.Q8_0, Q.Q8_0,
+     dict(MOE, num_local_experts=4, tie_word_embeddings=False, **rope(10000.0))),
     ("qwen2-moe-gguf-q4_1", Qwen2MoeConfig, Qwen2MoeForCausalLM, Q.Q4_1, Q.Q8_0,
      dict(MOE, num_experts=4, moe_intermediate_size=32, shared_expert_intermediate_size=24,
           norm_topk_prob=False, use_sliding_window=False, tie_word_embeddings=False,
@@ -516,6 +522,38 @@ def gguf_weights_in(model_class, config, path):
     return model
 
 
+def mixtral_from_gguf(config, path):
+    """A MixtralForCausalLM of `config` holding a Mixtral GGUF file's weights as gguf-py
+    dequantizes them, query and key rows un-permuted, ffn_gate_exps and ffn_up_exps joined into
+    transformers' gate_up_proj (gate rows first)."""
+    import gguf
+    from gguf_files import GGUF_NAMES, QWEN_MOE_NAMES
+    to_hf = {g: h for h, g in {**GGUF_NAMES, **QWEN_MOE_NAMES}.items()}
+    state, parts = {}, {}
+    for t in gguf.GGUFReader(path).tensors:
+        shape = list(reversed([int(n) for n in t.shape]))
+        w = torch.from_numpy(gguf.quants.dequantize(t.data, t.tensor_type).reshape(shape).copy())
+        layer, rest = (t.name.split(".", 2)[1:] if t.name.startswith("blk.") else (None, t.name))
+        if rest in ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"):
+            parts[(layer, rest)] = w
+            continue
+        name = to_hf["blk.N." + rest if layer else rest].replace(".N.", ".%s." % layer)
+        if rest in ("attn_q.weight", "attn_k.weight"):  # permute's inverse: swap back
+            heads = config.num_attention_heads if rest == "attn_q.weight" else \
+                config.num_key_value_heads
+            w = w.reshape(heads, w.shape[0] // heads // 2, 2, *w.shape[1:]).transpose(1, 2) \
+                .reshape(w.shape)
+        state[name] = w
+    for layer in range(config.num_hidden_layers):
+        get = lambda n: parts[(str(layer), "ffn_%s_exps.weight" % n)]
+        prefix = "model.layers.%d.mlp.experts." % layer
+        state[prefix + "gate_up_proj"] = torch.cat([get("gate"), get("up")], dim=1)
+        state[prefix + "down_proj"] = get("down")
+    model = MixtralForCausalLM(config).to(torch.float32)
+    model.load_state_dict(state, strict=True)
+    return model
+
+
 def check_gguf_case(binary, workdir, index, case, config_class, model_class, qtype, embd_qtype,
                     kwargs):
     """As check_case, for a model written as WORKDIR/<case>/model.gguf and held to what
@@ -532,8 +570,11 @@ def check_gguf_case(binary, workdir, index, case, config_class, model_class, qty
     with open(os.path.join(folder, "ids.json"), "w") as f:
         json.dump({"ids": ids.tolist()}, f)
     layouts = run_te(binary, folder, path)
-    # transformers' GGUF reader leaves the expert sizes at its config classes' defaults.
-    if kwargs["rope_parameters"]["rope_type"] == "default" and "num_experts" not in kwargs:
+    # transformers' GGUF reader leaves the expert sizes at its config classes' defaults, and
+    # cannot read Mixtral's file.
+    if model_class is MixtralForCausalLM:
+        want = mixtral_from_gguf(model.config, path)
+    elif kwargs["rope_parameters"]["rope_type"] == "default" and "num_experts" not in kwargs:
         want = from_gguf(folder, "model.gguf")
     else:
         want = gguf_weights_in(model_class, model.config, path)

@@ -3,7 +3,7 @@
 with Llama 3's RoPE factors in rope_freqs.weight, one with a tied head), Qwen2 ("qwen2": q/k/v
 biases, rows as in transformers), Gemma 2 and Gemma 3 ("gemma2", "gemma3": every norm weight
 stored plus one, Gemma 3's q/k norms among them; a tied head and no output.weight), Qwen3-MoE
-("qwen3moe": the experts stacked, the router F32), their norm
+("qwen3moe": the experts stacked, the router F32) and Mixtral ("llama" with experts), their norm
 scales and biases moved off their initial values, fine-tuned by te-train on a text of their
 vocabulary's pieces and exported:
 
@@ -39,8 +39,8 @@ from gguf import GGMLQuantizationType as Q
 import gguf_files
 from gguf_files import write_gemma_gguf, write_gguf
 from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig,
-                          LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM,
-                          Qwen3MoeConfig, Qwen3MoeForCausalLM)
+                          LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM,
+                          Qwen2Config, Qwen2ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SIZES = dict(vocab_size=384, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -71,6 +71,9 @@ CASES = [
     ("qwen3-moe", (Qwen3MoeConfig, Qwen3MoeForCausalLM, "qwen3moe"),
      dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, norm_topk_prob=True,
           tie_word_embeddings=False)),
+    # Mixtral, which llama.cpp writes as "llama" with llama.expert_count (q/k rows permuted).
+    ("mixtral", (MixtralConfig, MixtralForCausalLM, "llama"),
+     dict(num_local_experts=4, num_experts_per_tok=2, tie_word_embeddings=False)),
 ]
 
 

@@ -17,6 +17,7 @@ from a transformers model, for check_hf_models.py's and check_train_gguf.py's GG
   expert_used_count, expert_feed_forward_length (and expert_shared_feed_forward_length), the
   router as ffn_gate_inp, the experts stacked as ffn_{gate,up,down}_exps [E, out, in], Qwen2-MoE's
   shared expert as ffn_*_shexp with its gate ffn_gate_inp_shexp written [H];
+- Mixtral ("llama" with llama.expert_count): Llama's, its experts stacked as Qwen's;
 - Gemma 2 and 3 ("gemma2", "gemma3"): every norm weight stored plus one, no output.weight (tied),
   Gemma 2's soft caps, Gemma 3's global and sliding RoPE bases (rope.freq_base,
   rope.freq_base_swa), the sliding window.
@@ -103,7 +104,8 @@ def llama3_rope_freqs(c):
 def write_llama_keys(w, c):
     """LlamaModel's set_gguf_parameters and extra tensors."""
     w.add_context_length(c.max_position_embeddings)
-    w.add_rope_dimension_count(c.head_dim)
+    # LlamaModel's hparams["head_dim"], else hidden_size / heads (MixtralConfig keeps None).
+    w.add_rope_dimension_count(c.head_dim or c.hidden_size // c.num_attention_heads)
     if c.rope_parameters.get("rope_type") == "llama3":
         w.add_tensor("rope_freqs.weight", llama3_rope_freqs(c))
     w.add_vocab_size(c.vocab_size)
@@ -146,6 +148,14 @@ def write_qwen_moe_keys(w, c):
     w.add_expert_feed_forward_length(c.moe_intermediate_size)
     if getattr(c, "shared_expert_intermediate_size", 0):
         w.add_expert_shared_feed_forward_length(c.shared_expert_intermediate_size)
+
+
+def write_mixtral_keys(w, c):
+    """LlamaModel's keys for a Mixtral (conversion/llama.py registers MixtralForCausalLM under
+    "llama"): Llama's, and the expert counts (the experts are of feed_forward_length)."""
+    write_llama_keys(w, c)
+    w.add_expert_count(c.num_local_experts)
+    w.add_expert_used_count(c.num_experts_per_tok)
 
 
 def write_experts(w, layer, name, p, qtype):
@@ -194,16 +204,18 @@ def writer(path, arch, c):
 
 
 def write_gguf(model, path, qtype, embd_qtype):
-    """model (a LlamaForCausalLM, Phi3ForCausalLM or Qwen2ForCausalLM) as convert_hf_to_gguf.py
+    """model (a Llama, Phi-3, Qwen2, Qwen3-MoE, Qwen2-MoE or Mixtral) as convert_hf_to_gguf.py
     writes it, with the 2-dim weights quantized to qtype (token_embd.weight to embd_qtype) and the
     norms and biases in F32."""
     c = model.config
-    llama = c.model_type == "llama"  # the one whose query/key rows are permuted
-    arch = {"qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe"}.get(c.model_type, c.model_type)
+    arch = {"qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "mixtral": "llama"}.get(
+        c.model_type, c.model_type)
+    llama = arch == "llama"  # whose query/key rows are permuted (Mixtral's too)
     w = writer(path, arch, c)
     w.add_rope_freq_base(c.rope_parameters["rope_theta"])
     {"llama": write_llama_keys, "phi3": write_phi3_keys, "qwen2": write_qwen2_keys,
-     "qwen3_moe": write_qwen_moe_keys, "qwen2_moe": write_qwen_moe_keys}[c.model_type](w, c)
+     "qwen3_moe": write_qwen_moe_keys, "qwen2_moe": write_qwen_moe_keys,
+     "mixtral": write_mixtral_keys}[c.model_type](w, c)
     w.add_file_type(GGUF_FILE_TYPES[qtype])
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     write_tokenizer(w, c)

@@ -15,6 +15,7 @@
 #include "../json_fields.h"
 #include "te/hf/config.h"
 #include "te/hf/families.h"
+#include "te/hf/gguf.h"
 #include "te/hf/weights.h"
 
 namespace te::hf::detail {
@@ -77,6 +78,9 @@ struct Family {
   /// The family's own part of a GGUF file's config, after the shared keys (sizes, RoPE, norm
   /// epsilon) and tensors are read; nullptr: none.
   void (*read_gguf_config)(GgufKeys& keys, CausalLMConfig& config) = nullptr;
+  /// Another family's GGUF architecture whose files with experts (`<arch>.expert_count`) are
+  /// this family's: llama.cpp's converter writes Mixtral as "llama". "" for none.
+  std::string gguf_experts_of;
 };
 
 /// The family of config.json's model_type, nullptr when none is registered.
@@ -84,8 +88,11 @@ const Family* find_family(const std::string& model_type);
 /// The family of a config te-cpp built (te::Error naming `where` and the registered families
 /// when its model_type is none of them: a config made by hand).
 const Family& family_of(const CausalLMConfig& config, const std::string& where);
-/// The family of a GGUF file's general.architecture, nullptr when none reads it.
-const Family* find_gguf_family(const std::string& architecture);
+/// The family of a GGUF file's general.architecture (of its variant with experts when
+/// `experts`: the file has `<arch>.expert_count`), nullptr when none reads it.
+const Family* find_gguf_family(const std::string& architecture, bool experts);
+/// find_gguf_family of a file's header.
+const Family* find_gguf_family(const GgufHeader& header);
 
 // Each family's definition (one file each), declared by list.h.
 #define TE_HF_FAMILY(name) const Family& name##_family();

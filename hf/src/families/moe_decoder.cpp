@@ -169,7 +169,7 @@ WeightMap moe_decoder_weight_map(const CausalLMConfig& c, const MoeNames& n) {
   return m;
 }
 
-void read_moe_gguf(GgufKeys& k, CausalLMConfig& c, bool renormalise, bool shared) {
+void read_moe_gguf(GgufKeys& k, CausalLMConfig& c, const MoeGguf& m) {
   auto positive = [&](const std::string& key, std::optional<int64_t> v) {
     if (!v || *v <= 0) k.fail(key, "is missing or not positive; a mixture of experts needs it");
     return *v;
@@ -180,17 +180,33 @@ void read_moe_gguf(GgufKeys& k, CausalLMConfig& c, bool renormalise, bool shared
     k.fail("expert_used_count", std::to_string(c.num_experts_per_tok) + " is more than the " +
                                     std::to_string(c.num_experts) + " experts");
   }
-  c.moe_intermediate_size = positive("expert_feed_forward_length",
-                                     k.integer("expert_feed_forward_length")
-                                         .value_or(c.intermediate_size / c.num_experts_per_tok));
-  if (shared) {
+  c.moe_intermediate_size =
+      m.ffn_length ? c.intermediate_size
+                   : positive("expert_feed_forward_length",
+                              k.integer("expert_feed_forward_length")
+                                  .value_or(c.intermediate_size / c.num_experts_per_tok));
+  if (m.shared) {
     c.shared_expert_intermediate_size =
         positive("expert_shared_feed_forward_length",
                  k.integer("expert_shared_feed_forward_length").value_or(c.intermediate_size));
   }
-  c.norm_topk_prob = renormalise;
+  c.norm_topk_prob = m.renormalise;
   c.layer_moe.assign(static_cast<std::size_t>(c.num_hidden_layers), true);
   c.router_aux_loss_coef = 0.001;  // the config classes' default: GGUF keeps no training field
+}
+
+const GgufNames& mixtral_gguf() {
+  static const GgufNames kNames = [] {
+    GgufNames n = kRopeDecoderGguf;
+    n.layer.push_back({"block_sparse_moe.gate.weight", "ffn_gate_inp.weight"});
+    for (const auto& [w, g] :
+         {std::pair<const char*, const char*>{"w1", "gate"}, {"w3", "up"}, {"w2", "down"}}) {
+      n.experts.push_back({"block_sparse_moe.experts.", std::string(".") + w + ".weight",
+                           std::string("ffn_") + g + "_exps.weight"});
+    }
+    return n;
+  }();
+  return kNames;
 }
 
 const GgufNames& qwen_moe_gguf() {

@@ -52,13 +52,27 @@ WeightMap moe_decoder_weight_map(const CausalLMConfig& c, const MoeNames& names)
 /// ffn_{gate,up,down}_shexp.weight and its gate as ffn_gate_inp_shexp.weight.
 const GgufNames& qwen_moe_gguf();
 
-/// A GGUF file's experts (llama.cpp's keys, src/llama-model.cpp and models/qwen*moe.cpp):
-/// expert_count, expert_used_count, expert_feed_forward_length (else feed_forward_length /
-/// experts used, as llama.cpp), with `shared` expert_shared_feed_forward_length (else
-/// feed_forward_length); every layer sparse (GGUF has no dense layer list). GGUF has no
-/// norm_topk_prob: llama.cpp's graph renormalises for qwen3moe and not for qwen2moe, which
-/// `renormalise` says.
-void read_moe_gguf(GgufKeys& k, CausalLMConfig& c, bool renormalise, bool shared);
+/// How a GGUF architecture keeps its experts (llama.cpp's src/models/*.cpp).
+struct MoeGguf {
+  /// llama.cpp's graph renormalises the chosen experts' weights (qwen3moe, Mixtral's llama) or
+  /// not (qwen2moe): GGUF has no norm_topk_prob.
+  bool renormalise = true;
+  /// A shared expert of expert_shared_feed_forward_length (else feed_forward_length).
+  bool shared = false;
+  /// The experts are of feed_forward_length (Mixtral's llama), not expert_feed_forward_length
+  /// (else feed_forward_length / experts used, as llama.cpp's qwen*moe).
+  bool ffn_length = false;
+};
+
+/// A GGUF file's experts (llama.cpp's keys, src/llama-model.cpp and models/qwen*moe.cpp,
+/// llama.cpp): expert_count, expert_used_count and the sizes `m` says; every layer sparse (GGUF
+/// has no dense layer list).
+void read_moe_gguf(GgufKeys& k, CausalLMConfig& c, const MoeGguf& m);
+
+/// llama.cpp's names of Mixtral, written as a "llama" file (convert_hf_to_gguf.py's LlamaModel):
+/// the rope decoder's, block_sparse_moe.gate as ffn_gate_inp.weight, the experts' w1, w3, w2
+/// stacked as ffn_{gate,up,down}_exps.weight.
+const GgufNames& mixtral_gguf();
 
 /// The same for experts saved fused, as gpt-oss's are (transformers 5.23.0
 /// models/gpt_oss/modeling_gpt_oss.py GptOssExperts, GptOssTopKRouter): mlp.router.{weight,

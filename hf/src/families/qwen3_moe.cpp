@@ -28,7 +28,7 @@ void read_config(Fields& f, CausalLMConfig& c) {
 WeightMap weight_map(const CausalLMConfig& c) { return moe_decoder_weight_map(c, {}); }
 
 void read_gguf_config(GgufKeys& k, CausalLMConfig& c) {
-  read_moe_gguf(k, c, /*renormalise=*/true, /*shared=*/false);
+  read_moe_gguf(k, c, {/*renormalise=*/true, /*shared=*/false});
 }
 
 }  // namespace

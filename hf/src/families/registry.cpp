@@ -35,12 +35,20 @@ const Family& family_of(const CausalLMConfig& config, const std::string& where) 
   return *f;
 }
 
-const Family* find_gguf_family(const std::string& architecture) {
+const Family* find_gguf_family(const std::string& architecture, bool experts) {
   if (architecture.empty()) return nullptr;
+  for (const Family* f : registered()) {
+    if (experts && f->gguf != nullptr && f->gguf_experts_of == architecture) return f;
+  }
   for (const Family* f : registered()) {
     if (f->gguf != nullptr && f->info.gguf_architecture == architecture) return f;
   }
   return nullptr;
+}
+
+const Family* find_gguf_family(const GgufHeader& header) {
+  const std::string arch = header.string("general.architecture").value_or("");
+  return find_gguf_family(arch, header.metadata.count(arch + ".expert_count") != 0);
 }
 
 }  // namespace detail
