@@ -8,6 +8,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <optional>
@@ -149,19 +150,21 @@ class GgufSource : public TensorSource {
   }
   std::shared_ptr<const nn::BlockMatrix> blocks(const std::string& name) override {
     const Entry& e = names_.at(name);
-    if (e.expert >= 0 || e.one_row) return nullptr;  // the experts' kernels are dequantized
+    if (e.one_row) return nullptr;
     const std::string& g = e.gguf;
     const GgufTensor* t = file_.tensor(g);
-    if (t->shape.size() != 2 || !ggml::is_quantized(t->type)) return nullptr;
+    const std::size_t dims = e.expert >= 0 ? 3 : 2;  // an expert's rows of [experts, rows, cols]
+    if (t->shape.size() != dims || !ggml::is_quantized(t->type)) return nullptr;
     auto m = std::make_shared<nn::BlockMatrix>();
     m->type = t->type;
-    m->rows = t->shape[0];
-    m->cols = t->shape[1];
+    m->rows = t->shape[dims - 2];
+    m->cols = t->shape[dims - 1];
     const std::shared_ptr<const unsigned char> map = file_.mapped();
     m->owner = map;
     const ggml::BlockShape b = ggml::block_shape(t->type, where(name));
     const int64_t row_bytes = m->cols / b.elements * b.bytes;
-    const unsigned char* base = map.get() + t->offset;
+    const unsigned char* base =
+        map.get() + t->offset + std::max<int64_t>(e.expert, 0) * m->rows * row_bytes;
     m->row_data.resize(static_cast<std::size_t>(m->rows));
     for (int64_t r = 0; r < m->rows; ++r) m->row_data[r] = base + r * row_bytes;
     const bool q = g.find(".attn_q.") != std::string::npos;

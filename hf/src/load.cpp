@@ -19,6 +19,7 @@
 #include "te/hf/causal_lm.h"
 #include "te/nn/embedding.h"
 #include "te/nn/init.h"
+#include "te/nn/moe_layer.h"
 #include "te/nn/safetensors.h"
 #include "te/nn/sharded.h"
 
@@ -259,6 +260,46 @@ std::shared_ptr<const nn::BlockMatrix> blocks_of(const std::vector<HfSource>& so
   return out;
 }
 
+// A mixture's stacked kernels [experts, in, out] or [experts, in, slots, out] held in blocks
+// when each expert's tensors [out, in] (one per slot) are: the rows expert by expert, slot by
+// slot (ShardedModule::HeldBlocks::experts). nullptr otherwise (the kernels are dequantized).
+std::shared_ptr<const nn::BlockMatrix> expert_blocks_of(const std::vector<HfSource>& sources_in,
+                                                        const std::vector<int64_t>& shape,
+                                                        TensorSource& source) {
+  if (shape.size() != 3 && shape.size() != 4) return nullptr;
+  const bool stacked = shape.size() == 4;
+  const int64_t experts = shape[0], slots = stacked ? shape[2] : 1;
+  std::vector<HfSource> sources = sources_in;
+  if (static_cast<int64_t>(sources.size()) != experts * slots) return nullptr;
+  std::sort(sources.begin(), sources.end(), [](const HfSource& a, const HfSource& b) {
+    return std::make_pair(a.expert, a.slot) < std::make_pair(b.expert, b.slot);
+  });
+  auto out = std::make_shared<nn::BlockMatrix>();
+  out->cols = shape[1];
+  std::vector<uint32_t> types;
+  for (std::size_t i = 0; i < sources.size(); ++i) {
+    const HfSource& s = sources[i];
+    const auto e = static_cast<int64_t>(i) / slots, slot = static_cast<int64_t>(i) % slots;
+    if (s.expert != e || !s.transpose || s.narrow_dim >= 0 || s.slot_dim != (stacked ? 1 : -1) ||
+        (stacked && s.slot != slot)) {
+      return nullptr;
+    }
+    const std::shared_ptr<const nn::BlockMatrix> m = source.blocks(s.name);
+    if (m == nullptr || m->cols != out->cols || m->rows != shape.back() || !m->row_types.empty()) {
+      return nullptr;
+    }
+    if (i == 0) out->type = m->type;
+    out->owner = m->owner;
+    out->row_data.insert(out->row_data.end(), m->row_data.begin(), m->row_data.end());
+    types.insert(types.end(), static_cast<std::size_t>(m->rows), m->type);
+  }
+  out->rows = static_cast<int64_t>(out->row_data.size());
+  if (std::any_of(types.begin(), types.end(), [&](uint32_t t) { return t != out->type; })) {
+    out->row_types = std::move(types);
+  }
+  return out;
+}
+
 }  // namespace
 
 int64_t hold_blocks(torch::nn::Module& model, const WeightMap& map, TensorSource& source) {
@@ -278,13 +319,24 @@ int64_t hold_blocks(torch::nn::Module& model, const WeightMap& map, TensorSource
     if (auto* e = dynamic_cast<nn::EmbeddingImpl*>(item.value().get())) {
       candidates.push_back({"embedding", e->embedding, false});
     }
+    int64_t experts = 0;  // a mixture's: its experts' and shared expert's kernels
+    if (auto* moe = dynamic_cast<nn::LayerNormMoEImpl*>(item.value().get())) {
+      experts = moe->options.num_experts();
+      candidates.push_back({"wi_kernel", moe->wi_kernel, true});
+      candidates.push_back({"wo_kernel", moe->wo_kernel, true});
+      candidates.push_back({"shared_wi_kernel", moe->shared_wi_kernel, true});
+      candidates.push_back({"shared_wo_kernel", moe->shared_wo_kernel, true});
+    }
     for (const Candidate& c : candidates) {
       const std::string full = item.key().empty() ? c.name : item.key() + "." + c.name;
       const auto sources = map.find(full);
       if (sources == map.end() || !c.parameter.defined()) continue;
-      const auto m = blocks_of(sources->second, c.parameter.sizes().vec(), c.kernel, source);
+      const bool stacked = experts > 0 && (c.name == "wi_kernel" || c.name == "wo_kernel");
+      const auto m = stacked
+                         ? expert_blocks_of(sources->second, c.parameter.sizes().vec(), source)
+                         : blocks_of(sources->second, c.parameter.sizes().vec(), c.kernel, source);
       if (m == nullptr) continue;
-      sharded->hold_blocks(*item.value(), c.name, {m, {}, c.kernel});
+      sharded->hold_blocks(*item.value(), c.name, {m, {}, c.kernel, stacked ? experts : 0});
       bytes += m->bytes();
     }
   }

@@ -145,6 +145,39 @@ at::Tensor block_linear(const at::Tensor& x, const BlockMatrix& w, const std::st
   return y.view(out_shape).to(x.scalar_type());
 }
 
+at::Tensor grouped_block_linear(const at::Tensor& x, const BlockMatrix& w, int64_t experts,
+                                const std::vector<int64_t>& m_splits, int64_t first,
+                                const at::Tensor& bias, const std::string& what) {
+  TE_CHECK(experts > 0 && w.rows % experts == 0, what, ": ", w.rows, " rows are not ", experts,
+           " experts' rows");
+  const int64_t out = w.rows / experts;
+  TE_CHECK(first >= 0 && first + static_cast<int64_t>(m_splits.size()) <= experts, what,
+           ": experts ", first, "..", first + static_cast<int64_t>(m_splits.size()) - 1, " of ",
+           experts);
+  std::vector<at::Tensor> parts;
+  int64_t start = 0;
+  for (std::size_t i = 0; i < m_splits.size(); ++i) {
+    const int64_t e = first + static_cast<int64_t>(i), m = m_splits[i];
+    if (m == 0) continue;
+    BlockMatrix one;  // expert e's rows: pointers into the same blocks
+    one.type = w.type;
+    one.rows = out;
+    one.cols = w.cols;
+    one.owner = w.owner;
+    one.row_data.assign(w.row_data.begin() + e * out, w.row_data.begin() + (e + 1) * out);
+    if (!w.row_types.empty()) {
+      one.row_types.assign(w.row_types.begin() + e * out, w.row_types.begin() + (e + 1) * out);
+    }
+    const at::Tensor y =
+        block_linear(x.narrow(0, start, m), one, what + " (expert " + std::to_string(e) + ")");
+    parts.push_back(bias.defined() ? y + bias[e] : y);
+    start += m;
+  }
+  TE_CHECK(start == x.size(0), what, ": m_splits sum to ", start, " rows of ", x.size(0));
+  if (parts.empty()) return at::zeros({0, out}, x.options());
+  return at::cat(parts);
+}
+
 at::Tensor block_rows(const BlockMatrix& w, const at::Tensor& ids, const std::string& what) {
   TE_CHECK(
       !at::isFloatingType(ids.scalar_type()) && !ids.is_complex() && ids.scalar_type() != at::kBool,

@@ -18,6 +18,7 @@
 #include "te/distributed/scopes.h"
 #include "te/error.h"
 #include "te/fp8.h"
+#include "te/nn/block_weights.h"
 #include "te/nn/grouped_linear.h"
 #include "te/nn/init.h"
 #include "te/nn/random.h"
@@ -107,21 +108,36 @@ at::Tensor row_ids(const LayerNormMoEImpl& self, const ExpertsHere& here,
   return here.token_ids.index_select(0, perm.source.cpu()) * self.options.num_experts() + expert;
 }
 
-// The experts [first, first + wi.size(0)) on rows grouped by expert (m_splits each), `ids` the
-// rows' row_ids.
+// The experts [first, first + m_splits.size()) on rows grouped by expert (m_splits each), `ids`
+// the rows' row_ids. Kernels held in GGUF blocks multiply from them.
 at::Tensor expert_mlp(LayerNormMoEImpl& self, const ExpertsHere& here, const at::Tensor& rows,
                       const std::vector<int64_t>& m_splits, int64_t first, const at::Tensor& ids) {
   const LayerNormMoEOptions& o = self.options;
-  const int64_t n = here.wi.size(0), h = here.wi.size(1), a = here.wi.size(2), f = here.wi.size(3);
+  const ShardedModule::HeldBlocks* held_wi = self.held_blocks("wi_kernel");
+  const ShardedModule::HeldBlocks* held_wo = self.held_blocks("wo_kernel");
+  TE_CHECK((held_wi == nullptr && held_wo == nullptr) || (here.mesh == nullptr && !ids.defined()),
+           "LayerNormMoE: the experts' kernels are held in GGUF blocks, which serve one process "
+           "in inference (no mesh, no dropout); load them dequantized to train or shard");
+  // This rank's pieces (tensor parallelism splits f), or the whole experts held in blocks.
+  const auto n = static_cast<int64_t>(m_splits.size());
+  const int64_t h = o.hidden_size(), f = here.wi.defined() ? here.wi.size(3) : o.ffn_hidden_size();
+  const auto a = static_cast<int64_t>(F::activation_slots(o.activations()).size());
   const auto metas = [&](const std::vector<std::shared_ptr<fp8::GemmMeta>>& all) {
     return std::vector<std::shared_ptr<fp8::GemmMeta>>(all.begin() + first,
                                                        all.begin() + first + n);
   };
   const std::vector<int64_t>* amax_dims = here.mesh != nullptr ? &here.amax_dims : nullptr;
   const at::Tensor hid =
-      F::grouped_dense(rows, here.wi.reshape({n, h, a * f}), m_splits,
-                       here.wi_bias.defined() ? here.wi_bias.reshape({n, a * f}) : at::Tensor(),
-                       metas(self.wi_fp8), here.mesh, amax_dims);
+      held_wi != nullptr
+          ? grouped_block_linear(rows, *held_wi->matrix, o.num_experts(), m_splits, first,
+                                 here.wi_bias.defined()
+                                     ? here.wi_bias.reshape({o.num_experts(), a * f})
+                                     : at::Tensor(),
+                                 "the kernel 'wi_kernel'")
+          : F::grouped_dense(
+                rows, here.wi.reshape({n, h, a * f}), m_splits,
+                here.wi_bias.defined() ? here.wi_bias.reshape({n, a * f}) : at::Tensor(),
+                metas(self.wi_fp8), here.mesh, amax_dims);
   at::Tensor act =
       F::mlp_activation(hid.view({rows.size(0), a, f}), o.activations(), o.activation_params());
   if (ids.defined()) {
@@ -133,6 +149,10 @@ at::Tensor expert_mlp(LayerNormMoEImpl& self, const ExpertsHere& here, const at:
   // of it, so that every rank's gradient of it takes part in the reduction.
   at::Tensor bias = here.wo_bias;
   if (bias.defined() && !here.add_bias) bias = bias * 0;
+  if (held_wo != nullptr) {
+    return grouped_block_linear(act, *held_wo->matrix, o.num_experts(), m_splits, first, bias,
+                                "the kernel 'wo_kernel'");
+  }
   return F::grouped_dense(act, here.wo, m_splits, bias, metas(self.wo_fp8), here.mesh, amax_dims);
 }
 

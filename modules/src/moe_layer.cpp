@@ -96,6 +96,20 @@ void LayerNormMoEImpl::reset() {
   }
 }
 
+void LayerNormMoEImpl::forget_member(const std::string& name) {
+  const std::pair<const char*, at::Tensor*> kernels[] = {{"wi_kernel", &wi_kernel},
+                                                         {"wo_kernel", &wo_kernel},
+                                                         {"shared_wi_kernel", &shared_wi_kernel},
+                                                         {"shared_wo_kernel", &shared_wo_kernel}};
+  for (const auto& [kernel_name, kernel] : kernels) {
+    if (name == kernel_name) {
+      *kernel = at::Tensor();
+      return;
+    }
+  }
+  ShardedModule::forget_member(name);
+}
+
 void LayerNormMoEImpl::pretty_print(std::ostream& stream) const {
   stream << "te::nn::LayerNormMoE(hidden_size=" << options.hidden_size()
          << ", ffn_hidden_size=" << options.ffn_hidden_size()
@@ -140,14 +154,14 @@ MoEOut<T> moe_forward(LayerNormMoEImpl& self, const T& input) {
   const T logits =
       detail::project(self, x, "gate_", self.gate_kernel, self.gate_bias, nullptr, {}, {});
   auto [out, aux] = detail::moe_experts(self, x, logits);
-  if (self.shared_wi_kernel.defined()) {
+  if (o.shared_expert_size() > 0) {  // (its kernels may be held in blocks, released)
     const T h = detail::project(self, x, "shared_wi_", self.shared_wi_kernel, at::Tensor(),
                                 self.shared_wi_fp8, {}, {});
     T act = F::mlp_activation(h, o.activations(), o.activation_params());
     act = F::dropout(act, o.intermediate_dropout_rate(), self.is_training());
     T shared = detail::project(self, act, "shared_wo_", self.shared_wo_kernel, at::Tensor(),
                                self.shared_wo_fp8, {}, {});
-    if (self.shared_gate_kernel.defined()) {
+    if (o.shared_expert_gate()) {
       shared = gated(shared, detail::project(self, x, "shared_gate_", self.shared_gate_kernel,
                                              at::Tensor(), nullptr, {}, {}));
     }

@@ -97,12 +97,16 @@ void ShardedModule::hold_blocks(torch::nn::Module& self, const std::string& name
            " is sharded on ", layout->second.mesh ? layout->second.mesh->to_string() : "",
            "; weights held in GGUF blocks serve on one process (load them dequantized to shard)");
   const std::vector<int64_t>& shape = layout->second.global_shape;
+  const std::size_t in = held.experts > 0 ? 1 : 0;  // the dim the matrix's columns are
   int64_t rest = 1;
-  for (std::size_t d = 1; d < shape.size(); ++d) rest *= shape[d];
-  const bool fits = shape.size() >= 2 &&
-                    (held.transposed ? held.matrix->cols == shape[0] && held.matrix->rows == rest
-                                     : shape.size() == 2 && held.matrix->rows == shape[0] &&
-                                           held.matrix->cols == shape[1]);
+  for (std::size_t d = in + 1; d < shape.size(); ++d) rest *= shape[d];
+  const bool fits = shape.size() >= in + 2 &&
+                    (held.experts > 0 ? held.transposed && shape[0] == held.experts &&
+                                            held.matrix->cols == shape[1] &&
+                                            held.matrix->rows == held.experts * rest
+                     : held.transposed ? held.matrix->cols == shape[0] && held.matrix->rows == rest
+                                       : shape.size() == 2 && held.matrix->rows == shape[0] &&
+                                             held.matrix->cols == shape[1]);
   TE_CHECK(fits, "hold_blocks: ", what, " is ", at::IntArrayRef(shape), " but the blocks hold a [",
            held.matrix->rows, ", ", held.matrix->cols, "] matrix",
            held.transposed ? " (the parameter transposed)" : "");

@@ -522,6 +522,14 @@ def gguf_weights_in(model_class, config, path):
     return model
 
 
+# The weights te holds in blocks from each MoE file on one process: per layer the query, key/
+# value and output kernels and the experts' gate/up kernels (wi_kernel), the experts' down
+# kernels (wo_kernel) where their rows are whole blocks (Qwen2-MoE's 32; F16 otherwise), Qwen2-
+# MoE's shared gate/up; the embedding and the head.
+HELD_IN_BLOCKS = {"qwen3-moe-gguf-q8_0": 2 * 4 + 2, "mixtral-gguf-q8_0": 2 * 4 + 2,
+                  "qwen2-moe-gguf-q4_1": 2 * 6 + 2}
+
+
 def mixtral_from_gguf(config, path):
     """A MixtralForCausalLM of `config` holding a Mixtral GGUF file's weights as gguf-py
     dequantizes them, query and key rows un-permuted, ffn_gate_exps and ffn_up_exps joined into
@@ -579,7 +587,12 @@ def check_gguf_case(binary, workdir, index, case, config_class, model_class, qty
     else:
         want = gguf_weights_in(model_class, model.config, path)
     logits, loss, grads = reference(want, ids)
-    return [(name, *check_layout(te, logits, loss, grads)) for name, te in layouts.items()]
+    results = [(name, *check_layout(te, logits, loss, grads)) for name, te in layouts.items()]
+    for name, _, problems in results:
+        held = layouts[name].get("held_blocks", 0)
+        if name == "one-blocks" and held < HELD_IN_BLOCKS.get(case, 0):
+            problems.append("%d weights held in blocks, not %d" % (held, HELD_IN_BLOCKS[case]))
+    return results
 
 
 def main(binary, workdir):

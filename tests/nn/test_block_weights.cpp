@@ -102,9 +102,9 @@ double rel_err(const at::Tensor& a, const at::Tensor& b) {
 }
 
 const std::vector<std::pair<Type, int64_t>> kTypes = {
-    {Type::kQ8_0, 96},   {Type::kQ4_0, 96},   {Type::kQ4_1, 96},  {Type::kQ5_0, 96},
-    {Type::kQ5_1, 96},   {Type::kIQ4_NL, 96}, {Type::kQ2_K, 512}, {Type::kQ3_K, 512},
-    {Type::kQ4_K, 512},  {Type::kQ5_K, 512},  {Type::kQ6_K, 512}, {Type::kIQ4_XS, 512}};
+    {Type::kQ8_0, 96},  {Type::kQ4_0, 96},   {Type::kQ4_1, 96},  {Type::kQ5_0, 96},
+    {Type::kQ5_1, 96},  {Type::kIQ4_NL, 96}, {Type::kQ2_K, 512}, {Type::kQ3_K, 512},
+    {Type::kQ4_K, 512}, {Type::kQ5_K, 512},  {Type::kQ6_K, 512}, {Type::kIQ4_XS, 512}};
 
 TEST(BlockWeights, ProductsEqualTheDequantizedFloat64OnesForEveryTypeAndRowCount) {
   c10::InferenceMode inference;
@@ -127,8 +127,8 @@ TEST(BlockWeights, ProductsEqualTheDequantizedFloat64OnesForEveryTypeAndRowCount
       const at::Tensor want = at::matmul(x.to(at::kDouble), w.t());
       const at::Tensor got = te::nn::block_linear(x, blocks->w, "w");
       ASSERT_EQ(got.sizes(), want.sizes());
-      EXPECT_LT(rel_err(got, want), 2e-6) << te::ggml::type_name(static_cast<uint32_t>(type))
-                                          << " with " << m << " rows";
+      EXPECT_LT(rel_err(got, want), 2e-6)
+          << te::ggml::type_name(static_cast<uint32_t>(type)) << " with " << m << " rows";
     }
     // Leading dims kept, and the input's dtype returned.
     const at::Tensor x3 = at::randn({2, 3, cols}).to(at::kBFloat16);
@@ -145,8 +145,9 @@ TEST(BlockWeights, AMatrixOfManyPanelsAndThreadsEqualsTheFloat64Product) {
   const at::Tensor w = decoded(blocks->w).to(at::kDouble);
   for (int64_t m : {1, 7, 40}) {
     const at::Tensor x = at::randn({m, 512});
-    EXPECT_LT(rel_err(te::nn::block_linear(x, blocks->w, "w"), at::matmul(x.to(at::kDouble), w.t())),
-              2e-6)
+    EXPECT_LT(
+        rel_err(te::nn::block_linear(x, blocks->w, "w"), at::matmul(x.to(at::kDouble), w.t())),
+        2e-6)
         << m << " rows";
   }
 }
@@ -186,6 +187,27 @@ TEST(BlockWeights, RowsOfDifferentTypesMultiplyAsTheirOwn) {
   EXPECT_ERROR(w.check("kv"), "kv: ggml type BF16 is not a quantized block type");
 }
 
+// A mixture's experts held in one matrix (each expert's rows after the last's): each group of
+// rows times its own expert's rows, plus that expert's bias; experts with no rows skipped.
+TEST(BlockWeights, GroupedProductsTakeEachGroupsExpertsRows) {
+  c10::InferenceMode inference;
+  const auto blocks = random_blocks(Type::kQ8_0, 4 * 6, 64, 7);  // 4 experts of 6 rows
+  const at::Tensor w = decoded(blocks->w).view({4, 6, 64});
+  const at::Tensor x = at::randn({7, 64}), bias = at::randn({4, 6});
+  const std::vector<int64_t> m_splits = {3, 0, 4};  // experts 1, 2, 3
+  const at::Tensor got =
+      te::nn::grouped_block_linear(x, blocks->w, 4, m_splits, 1, bias, "the experts' kernel");
+  const at::Tensor want = at::cat({at::matmul(x.narrow(0, 0, 3), w[1].t()) + bias[1],
+                                   at::matmul(x.narrow(0, 3, 4), w[3].t()) + bias[3]});
+  EXPECT_LT(rel_err(got, want), 2e-6);
+  EXPECT_ERROR(te::nn::grouped_block_linear(x, blocks->w, 5, m_splits, 1, {}, "experts"),
+               "experts: 24 rows are not 5 experts' rows");
+  EXPECT_ERROR(te::nn::grouped_block_linear(x, blocks->w, 4, m_splits, 2, {}, "experts"),
+               "experts: experts 2..4 of 4");
+  EXPECT_ERROR(te::nn::grouped_block_linear(x, blocks->w, 4, {3, 3}, 0, {}, "experts"),
+               "experts: m_splits sum to 6 rows of 7");
+}
+
 TEST(BlockWeights, LookupsDecodeTheRowsTheyGather) {
   const auto blocks = random_blocks(Type::kQ8_0, 10, 64, 5);
   const at::Tensor ids = at::tensor({3, 0, 9, 3, 3, 7}, at::kLong).view({2, 3});
@@ -195,7 +217,9 @@ TEST(BlockWeights, LookupsDecodeTheRowsTheyGather) {
                "table: id 10 is outside the table's 10 rows");
   EXPECT_ERROR(te::nn::block_rows(blocks->w, at::tensor({1.0f}), "table"),
                "table: ids must be integers");
-  EXPECT_ERROR(te::nn::block_rows(blocks->w, at::empty({2}, at::TensorOptions().dtype(at::kLong).device(at::kMeta)), "table"),
+  EXPECT_ERROR(te::nn::block_rows(
+                   blocks->w,
+                   at::empty({2}, at::TensorOptions().dtype(at::kLong).device(at::kMeta)), "table"),
                "table is held in GGUF blocks, which te-cpp reads on the CPU; the ids are on meta");
 }
 
@@ -225,16 +249,16 @@ TEST(BlockWeights, ModulesServeFromBlocksAndRefuseWhatNeedsFloat32) {
   const auto table = random_blocks(Type::kQ4_1, 20, 64, 12);
   te::nn::Dense dense(te::nn::DenseOptions(64, 48));
   te::nn::Embedding embed(20, 64);
-  EXPECT_ERROR(dense->hold_blocks(*dense, "kernel", {std::make_shared<te::nn::BlockMatrix>(
-                                                         table->w),
-                                                     {}, true}),
+  EXPECT_ERROR(dense->hold_blocks(*dense, "kernel",
+                                  {std::make_shared<te::nn::BlockMatrix>(table->w), {}, true}),
                "'kernel' of te::nn::DenseImpl is [64, 48] but the blocks hold a [20, 64] matrix");
   const int64_t before = te::nn::resident_bytes(*dense);
   // A bias cannot be held in another form: refused, and kept.
   EXPECT_ERROR(dense->release_parameter(*dense, "bias"),
                "this module keeps its parameter 'bias' (only kernels and embedding tables");
   EXPECT_TRUE(dense->bias.defined() && dense->named_parameters().contains("bias"));
-  dense->hold_blocks(*dense, "kernel", {std::make_shared<te::nn::BlockMatrix>(kernel->w), {}, true});
+  dense->hold_blocks(*dense, "kernel",
+                     {std::make_shared<te::nn::BlockMatrix>(kernel->w), {}, true});
   embed->hold_blocks(*embed, "embedding",
                      {std::make_shared<te::nn::BlockMatrix>(table->w), {}, false});
   // The modules' members let go of the float32 weights with the parameters.

@@ -47,6 +47,13 @@ struct BlockMatrix {
 /// weights to train), is not on the CPU, or does not contract.
 at::Tensor block_linear(const at::Tensor& x, const BlockMatrix& w, const std::string& what);
 
+/// A mixture's experts held in one matrix, each expert's rows after the last's (w.rows / experts
+/// each): x's rows grouped by expert (m_splits each, experts first, first + 1, ...) each times
+/// its expert's rows (block_linear), plus bias[e] [experts, out] when defined: [x rows, out].
+at::Tensor grouped_block_linear(const at::Tensor& x, const BlockMatrix& w, int64_t experts,
+                                const std::vector<int64_t>& m_splits, int64_t first,
+                                const at::Tensor& bias, const std::string& what);
+
 /// The rows of W at integer CPU `ids` (any shape), decoded: [ids' shape..., cols] float32. An id
 /// outside [0, rows), or ids on another device, is a te::Error naming it and `what`.
 at::Tensor block_rows(const BlockMatrix& w, const at::Tensor& ids, const std::string& what);

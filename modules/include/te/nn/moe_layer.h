@@ -129,6 +129,10 @@ class LayerNormMoEImpl : public torch::nn::Cloneable<LayerNormMoEImpl>, public S
   /// over the ranks that hold it (every mesh dim but the expert-parallel one), each of which runs
   /// every local expert's GEMMs, one of no rows included: the scales are one process's.
   std::vector<std::shared_ptr<fp8::GemmMeta>> wi_fp8, wo_fp8;
+
+ protected:
+  /// The experts' and the shared expert's kernels can be held in GGUF blocks (one process).
+  void forget_member(const std::string& name) override;
 };
 TE_MODULE(LayerNormMoE);
 

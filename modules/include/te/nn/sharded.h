@@ -83,6 +83,9 @@ class ShardedModule {
     std::shared_ptr<const BlockMatrix> matrix;
     std::vector<int64_t> shape;
     bool transposed = true;
+    /// > 0: the parameter is a mixture's stacked kernels [experts, in, out...] and the matrix
+    /// holds each expert's out rows, expert by expert (transposed).
+    int64_t experts = 0;
   };
   /// Holds parameter `name` of `self` as `held` and releases it (release_parameter). te::Error
   /// naming the parameter when the matrix's shape is not the parameter's, or the parameter is
