@@ -109,7 +109,7 @@ at::Tensor row_ids(const LayerNormMoEImpl& self, const ExpertsHere& here,
 }
 
 // The experts [first, first + m_splits.size()) on rows grouped by expert (m_splits each), `ids`
-// the rows' row_ids. Kernels held in GGUF blocks multiply from them.
+// the rows' row_ids: this rank's pieces (tensor parallelism splits f), or held in GGUF blocks.
 at::Tensor expert_mlp(LayerNormMoEImpl& self, const ExpertsHere& here, const at::Tensor& rows,
                       const std::vector<int64_t>& m_splits, int64_t first, const at::Tensor& ids) {
   const LayerNormMoEOptions& o = self.options;
@@ -118,7 +118,6 @@ at::Tensor expert_mlp(LayerNormMoEImpl& self, const ExpertsHere& here, const at:
   TE_CHECK((held_wi == nullptr && held_wo == nullptr) || (here.mesh == nullptr && !ids.defined()),
            "LayerNormMoE: the experts' kernels are held in GGUF blocks, which serve one process "
            "in inference (no mesh, no dropout); load them dequantized to train or shard");
-  // This rank's pieces (tensor parallelism splits f), or the whole experts held in blocks.
   const auto n = static_cast<int64_t>(m_splits.size());
   const int64_t h = o.hidden_size(), f = here.wi.defined() ? here.wi.size(3) : o.ffn_hidden_size();
   const auto a = static_cast<int64_t>(F::activation_slots(o.activations()).size());
@@ -127,17 +126,13 @@ at::Tensor expert_mlp(LayerNormMoEImpl& self, const ExpertsHere& here, const at:
                                                        all.begin() + first + n);
   };
   const std::vector<int64_t>* amax_dims = here.mesh != nullptr ? &here.amax_dims : nullptr;
+  const at::Tensor wi_bias =
+      here.wi_bias.defined() ? here.wi_bias.reshape({-1, a * f}) : at::Tensor();
   const at::Tensor hid =
-      held_wi != nullptr
-          ? grouped_block_linear(rows, *held_wi->matrix, o.num_experts(), m_splits, first,
-                                 here.wi_bias.defined()
-                                     ? here.wi_bias.reshape({o.num_experts(), a * f})
-                                     : at::Tensor(),
-                                 "the kernel 'wi_kernel'")
-          : F::grouped_dense(
-                rows, here.wi.reshape({n, h, a * f}), m_splits,
-                here.wi_bias.defined() ? here.wi_bias.reshape({n, a * f}) : at::Tensor(),
-                metas(self.wi_fp8), here.mesh, amax_dims);
+      held_wi != nullptr ? grouped_block_linear(rows, *held_wi->matrix, o.num_experts(), m_splits,
+                                                first, wi_bias, "the kernel 'wi_kernel'")
+                         : F::grouped_dense(rows, here.wi.reshape({n, h, a * f}), m_splits, wi_bias,
+                                            metas(self.wi_fp8), here.mesh, amax_dims);
   at::Tensor act =
       F::mlp_activation(hid.view({rows.size(0), a, f}), o.activations(), o.activation_params());
   if (ids.defined()) {
