@@ -207,6 +207,13 @@ class GgufSource : public TensorSource {
 
 }  // namespace
 
+// Here, not in registry.cpp, which reads no GGUF (the config fuzzer builds it alone).
+const Family* find_gguf_family(const GgufHeader& header) {
+  const std::string arch = header.string("general.architecture").value_or("");
+  // llama.cpp's own saver writes expert_count 0 into dense files.
+  return find_gguf_family(arch, header.integer(arch + ".expert_count").value_or(0) > 0);
+}
+
 bool is_gguf(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   char magic[4] = {};

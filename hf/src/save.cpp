@@ -109,6 +109,11 @@ void check_same_sizes(const CausalLMConfig& given, const CausalLMConfig& model,
   same("num_key_value_heads", given.num_key_value_heads, model.num_key_value_heads);
   same("intermediate_size", given.intermediate_size, model.intermediate_size);
   same("tie_word_embeddings", given.tie_word_embeddings ? 1 : 0, model.tie_word_embeddings ? 1 : 0);
+  same("num_experts", given.num_experts, model.num_experts);
+  same("num_experts_per_tok", given.num_experts_per_tok, model.num_experts_per_tok);
+  same("moe_intermediate_size", given.moe_intermediate_size, model.moe_intermediate_size);
+  same("shared_expert_intermediate_size", given.shared_expert_intermediate_size,
+       model.shared_expert_intermediate_size);
 }
 
 }  // namespace detail

@@ -127,18 +127,20 @@ std::vector<detail::GgufOutTensor> gguf_tensors(const CausalLMImpl& model,
       std::vector<int64_t> lo(t.shape.size(), 0);
       o.values = file.read(t.name, lo, t.shape);
     } else {
-      // As the source holds it: Qwen2-MoE's shared expert gate [1, n] may be [n] there.
-      int64_t numel = 1;
-      for (const int64_t d : t.shape) numel *= d;
-      o.values = it->second.numel() == numel ? it->second.reshape(t.shape) : it->second;
+      // As the source holds it: a row [1, n] (Qwen2-MoE's shared expert gate) may be [n] there.
+      const bool one_row = it->second.dim() == 2 && it->second.size(0) == 1 &&
+                           t.shape == std::vector<int64_t>{it->second.size(1)};
+      o.values = one_row ? it->second.reshape(t.shape) : it->second;
+      TE_CHECK(o.values.sizes().vec() == t.shape, "save_gguf: the model's '", t.name, "' is ",
+               o.values.sizes(), " but '", source, "' holds ", at::IntArrayRef(t.shape),
+               "; export a model loaded from that file");
       written.insert(t.name);
     }
-    // 1-D tensors and the routers stay float32 (llama.cpp's converter keeps norms so and forces
-    // FFN_GATE_INP to F32; llama-quantize leaves ffn_gate_inp.weight), rows that are not whole
-    // Q8_0 blocks go F16.
-    const bool router =
-        t.name.size() >= 19 && t.name.compare(t.name.size() - 19, 19, "ffn_gate_inp.weight") == 0;
-    o.type = o.values.dim() < 2 || router ? GgmlType::kF32 : type;
+    // 1-D tensors, single rows and the routers stay float32 (llama.cpp's converter keeps norms
+    // so and forces FFN_GATE_INP and FFN_GATE_INP_SHEXP to F32; llama-quantize leaves
+    // ffn_gate_inp.weight), rows that are not whole Q8_0 blocks go F16.
+    const bool router = t.name.find(".ffn_gate_inp") != std::string::npos;  // _shexp's too
+    o.type = o.values.dim() < 2 || o.values.size(0) == 1 || router ? GgmlType::kF32 : type;
     if (o.type == GgmlType::kQ8_0 && o.values.size(-1) % 32 != 0) o.type = GgmlType::kF16;
     out.push_back(std::move(o));
   }

@@ -773,7 +773,11 @@ TEST(Gguf, AModelFileIsReadStrictly) {
                             u32("llama.attention.head_count", 2);
   q8_file("token_embd.weight", 1, text("general.architecture", "llama")).write(path);
   EXPECT_ERROR(load_causal_lm(path.string()), "metadata 'llama.embedding_length' is missing");
-  // A llama file with experts is Mixtral's (llama.cpp's converter writes it so).
+  // A dense llama file may say it has 0 experts (llama.cpp's llama-model-saver writes so); one
+  // with experts is Mixtral's (llama.cpp's converter writes it so).
+  q8_file("token_embd.weight", 6, llama + u32("llama.expert_count", 0)).write(path);
+  EXPECT_ERROR(load_causal_lm(path.string()),
+               "lacks 'model.layers.0.self_attn.q_proj.weight', which a llama model");
   q8_file("token_embd.weight", 6, llama + u32("llama.expert_count", 8)).write(path);
   EXPECT_ERROR(load_causal_lm(path.string()),
                "llama.expert_used_count: is missing or not positive; a mixture of experts");

@@ -91,7 +91,7 @@ const Family& family_of(const CausalLMConfig& config, const std::string& where);
 /// The family of a GGUF file's general.architecture (of its variant with experts when
 /// `experts`: the file has `<arch>.expert_count`), nullptr when none reads it.
 const Family* find_gguf_family(const std::string& architecture, bool experts);
-/// find_gguf_family of a file's header.
+/// find_gguf_family of a file's header (defined in gguf_model.cpp).
 const Family* find_gguf_family(const GgufHeader& header);
 
 // Each family's definition (one file each), declared by list.h.

@@ -17,12 +17,23 @@ void read_config(Fields& f, CausalLMConfig& c) {
   c.mlp_bias = f.boolean_or("mlp_bias", false);
 }
 
+// A dense file may say expert_count 0 (llama.cpp's llama-model-saver writes it; with experts
+// the file is Mixtral's: Family::gguf_experts_of).
+void read_gguf_config(GgufKeys& k, CausalLMConfig&) {
+  for (const char* key : {"expert_count", "expert_used_count"}) {
+    if (k.integer(key).value_or(0) != 0) k.fail(key, "is not 0 in a dense Llama file");
+  }
+}
+
 }  // namespace
 
 const Family& llama_family() {
-  static const Family kFamily =
-      rope_decoder_family({"llama", "LlamaForCausalLM", "llama", "Llama (2, 3, SmolLM2)"},
-                          read_config, /*interleaved_qk=*/true);
+  static const Family kFamily = [] {
+    Family f = rope_decoder_family({"llama", "LlamaForCausalLM", "llama", "Llama (2, 3, SmolLM2)"},
+                                   read_config, /*interleaved_qk=*/true);
+    f.read_gguf_config = read_gguf_config;
+    return f;
+  }();
   return kFamily;
 }
 

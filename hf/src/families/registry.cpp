@@ -46,10 +46,6 @@ const Family* find_gguf_family(const std::string& architecture, bool experts) {
   return nullptr;
 }
 
-const Family* find_gguf_family(const GgufHeader& header) {
-  const std::string arch = header.string("general.architecture").value_or("");
-  return find_gguf_family(arch, header.metadata.count(arch + ".expert_count") != 0);
-}
 
 }  // namespace detail
 

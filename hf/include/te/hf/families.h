@@ -17,8 +17,8 @@ namespace te::hf {
 struct FamilyInfo {
   std::string model_type;    ///< config.json's model_type: "llama"
   std::string architecture;  ///< the class config.json's architectures names: "LlamaForCausalLM"
-  /// GGUF's general.architecture for the same model ("llama"); "" when te-cpp reads no GGUF file
-  /// of this family.
+  /// GGUF's general.architecture for the same model ("llama"); "" when the family has none of
+  /// its own (none te-cpp reads, or Mixtral's, which llama.cpp writes as "llama" with experts).
   std::string gguf_architecture;
   std::string title;  ///< the family as people name it: "Llama (2, 3, SmolLM2)"
 };
