@@ -261,38 +261,35 @@ std::shared_ptr<const nn::BlockMatrix> blocks_of(const std::vector<HfSource>& so
 }
 
 // A mixture's stacked kernels [experts, in, out] or [experts, in, slots, out] held in blocks
-// when each expert's tensors [out, in] (one per slot) are: the rows expert by expert, slot by
-// slot (ShardedModule::HeldBlocks::experts). nullptr otherwise (the kernels are dequantized).
-std::shared_ptr<const nn::BlockMatrix> expert_blocks_of(const std::vector<HfSource>& sources_in,
+// when each expert's entry is (blocks_of of its own tensors): the rows expert by expert
+// (ShardedModule::HeldBlocks::experts). nullptr otherwise (the kernels are dequantized).
+std::shared_ptr<const nn::BlockMatrix> expert_blocks_of(const std::vector<HfSource>& sources,
                                                         const std::vector<int64_t>& shape,
                                                         TensorSource& source) {
-  if (shape.size() != 3 && shape.size() != 4) return nullptr;
-  const bool stacked = shape.size() == 4;
-  const int64_t experts = shape[0], slots = stacked ? shape[2] : 1;
-  std::vector<HfSource> sources = sources_in;
-  if (static_cast<int64_t>(sources.size()) != experts * slots) return nullptr;
-  std::sort(sources.begin(), sources.end(), [](const HfSource& a, const HfSource& b) {
-    return std::make_pair(a.expert, a.slot) < std::make_pair(b.expert, b.slot);
-  });
+  if (shape.size() < 3) return nullptr;
+  const std::vector<int64_t> entry(shape.begin() + 1, shape.end());
   auto out = std::make_shared<nn::BlockMatrix>();
-  out->cols = shape[1];
   std::vector<uint32_t> types;
-  for (std::size_t i = 0; i < sources.size(); ++i) {
-    const HfSource& s = sources[i];
-    const auto e = static_cast<int64_t>(i) / slots, slot = static_cast<int64_t>(i) % slots;
-    if (s.expert != e || !s.transpose || s.narrow_dim >= 0 || s.slot_dim != (stacked ? 1 : -1) ||
-        (stacked && s.slot != slot)) {
-      return nullptr;
+  std::size_t used = 0;
+  for (int64_t e = 0; e < shape[0]; ++e) {
+    std::vector<HfSource> mine;
+    for (HfSource s : sources) {
+      if (s.expert != e) continue;
+      s.expert = -1;  // as a kernel of its own
+      mine.push_back(s);
     }
-    const std::shared_ptr<const nn::BlockMatrix> m = source.blocks(s.name);
-    if (m == nullptr || m->cols != out->cols || m->rows != shape.back() || !m->row_types.empty()) {
-      return nullptr;
+    used += mine.size();
+    const std::shared_ptr<const nn::BlockMatrix> m = blocks_of(mine, entry, true, source);
+    if (m == nullptr) return nullptr;
+    if (e == 0) {
+      out->type = m->type;
+      out->cols = m->cols;
     }
-    if (i == 0) out->type = m->type;
     out->owner = m->owner;
     out->row_data.insert(out->row_data.end(), m->row_data.begin(), m->row_data.end());
-    types.insert(types.end(), static_cast<std::size_t>(m->rows), m->type);
+    for (int64_t r = 0; r < m->rows; ++r) types.push_back(m->type_of(r));
   }
+  if (used != sources.size()) return nullptr;  // a source of no expert entry
   out->rows = static_cast<int64_t>(out->row_data.size());
   if (std::any_of(types.begin(), types.end(), [&](uint32_t t) { return t != out->type; })) {
     out->row_types = std::move(types);
@@ -370,18 +367,18 @@ int64_t fill(torch::nn::Module& model, const WeightMap& map, TensorSource& sourc
       if (dst.numel() == 0) continue;
       std::vector<int64_t> hi = lo;
       for (std::size_t d = 0; d < hi.size(); ++d) hi[d] += dst.size(static_cast<int64_t>(d));
-      if (s.narrow_dim < 0) {
-        dst.copy_(source.read(s.name, lo, hi, &bytes_read));
-        continue;
+      if (s.narrow_dim >= 0) {
+        // The box's entries of the narrowed dim, narrow_step apart in the source: the span that
+        // holds them, of which every narrow_step-th is taken.
+        const auto d = static_cast<std::size_t>(s.narrow_dim);
+        part.narrow_start = s.narrow_start + lo[d] * s.narrow_step;
+        lo[d] = part.narrow_start;
+        hi[d] = narrow_end(part, dst.size(s.narrow_dim));
       }
-      // The box's entries of the narrowed dim, narrow_step apart in the source: read the span
-      // that holds them, then take every narrow_step-th.
-      const auto d = static_cast<std::size_t>(s.narrow_dim);
-      part.narrow_start = s.narrow_start + lo[d] * s.narrow_step;
-      lo[d] = part.narrow_start;
-      hi[d] = narrow_end(part, dst.size(s.narrow_dim));
-      const at::Tensor span = source.read(s.name, lo, hi, &bytes_read);
-      dst.copy_(span.slice(s.narrow_dim, 0, span.size(s.narrow_dim), s.narrow_step));
+      at::Tensor got = source.read(s.name, lo, hi, &bytes_read);
+      if (s.narrow_step != 1)
+        got = got.slice(s.narrow_dim, 0, got.size(s.narrow_dim), s.narrow_step);
+      dst.copy_(got);
     }
   }
   return bytes_read;
