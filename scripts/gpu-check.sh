@@ -66,7 +66,7 @@ nvcc --version 2>/dev/null | tail -1
 # The targets the checks run, and the checks: name, timeout (s), command (relative to the bin dir).
 targets=(te_kernels_tests te_fp8_tests te_nn_tests te_distributed_tests bench_gemm_cuda bench_fp8
          bench_layer_gpu te-encoder)
-# The timeouts add up to 8 minutes and the encoder's (encoder_check) to 4.5 more: bounds for a
+# The timeouts add up to 8.5 minutes and the encoder's (encoder_check) to 4.5 more: bounds for a
 # hung run. On the H200 the whole check ran in about 100 s.
 checks=(
   "kernels|45|te_kernels_tests --gtest_filter=Fp8Cuda.*:Fp8Oracle.*:Philox.*"
@@ -75,6 +75,7 @@ checks=(
   "nccl|90|te_distributed_tests --gtest_filter=NcclGpu.*:CommBackendOption.*:NcclSupport.*:PeerStatus.*"
   "bench_gemm|60|bench_gemm_cuda 4096 8192"
   "bench_layer|75|bench_layer_gpu 2048 2"
+  "bench_grouped|30|bench_layer_gpu --grouped 64 64"
   "bench_fp8|30|bench_fp8 --benchmark_filter=Quantize|Memcpy --benchmark_min_time=0.05"
 )
 

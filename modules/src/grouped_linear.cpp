@@ -9,6 +9,9 @@
 #include <string>
 
 #include "forward.h"
+#ifdef TE_TORCH_CUDA
+#include "grouped_gemm_cuda.h"
+#endif
 #include "te/error.h"
 #include "te/nn/functional.h"
 #include "te/nn/init.h"
@@ -23,11 +26,29 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 // Every group's GEMM in one node: each writes its rows of one output (forward) and of dx, its
-// own dkernel[g] and dbias[g] (backward); a group of no rows contributes zeros.
+// own dkernel[g] and dbias[g] (backward); a group of no rows contributes zeros. On CUDA (fp32,
+// bf16, fp16 in a CUDA LibTorch build) the GEMMs of a pass are one cuBLAS grouped GEMM
+// (grouped_gemm_cuda.h); the biases are added per group as on the CPU.
 struct GroupedGemm : torch::autograd::Function<GroupedGemm> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& kernel,
                             const at::Tensor& bias, const std::vector<int64_t>& splits) {
     at::Tensor y = at::empty({x.size(0), kernel.size(2)}, x.options());
+    ctx->save_for_backward({x, kernel});
+    ctx->saved_data["splits"] = c10::IValue(splits);
+    ctx->saved_data["bias"] = bias.numel() > 0;
+#ifdef TE_TORCH_CUDA
+    if (te::nn::detail::grouped_gemm_on_cuda(x)) {
+      te::nn::detail::grouped_forward_cuda(x, kernel.contiguous(), splits, y);
+      if (bias.numel() > 0) {
+        int64_t row = 0;
+        for (size_t g = 0; g < splits.size(); ++g) {
+          if (splits[g] > 0) y.narrow(0, row, splits[g]).add_(bias[g]);
+          row += splits[g];
+        }
+      }
+      return y;
+    }
+#endif
     int64_t row = 0;
     for (size_t g = 0; g < splits.size(); ++g) {
       const int64_t rows = splits[g];
@@ -41,9 +62,6 @@ struct GroupedGemm : torch::autograd::Function<GroupedGemm> {
       }
       row += rows;
     }
-    ctx->save_for_backward({x, kernel});
-    ctx->saved_data["splits"] = c10::IValue(splits);
-    ctx->saved_data["bias"] = bias.numel() > 0;
     return y;
   }
 
@@ -55,9 +73,22 @@ struct GroupedGemm : torch::autograd::Function<GroupedGemm> {
     const bool with_bias = ctx->saved_data["bias"].toBool();
     const bool want_dx = ctx->needs_input_grad(0), want_dk = ctx->needs_input_grad(1);
     at::Tensor dx = want_dx ? at::empty_like(x) : at::Tensor();
-    at::Tensor dk = want_dk ? at::zeros_like(kernel) : at::Tensor();
+    at::Tensor dk = want_dk ? at::zeros(kernel.sizes(), kernel.options()) : at::Tensor();
     at::Tensor db =
         with_bias ? at::zeros({kernel.size(0), kernel.size(2)}, dy.options()) : at::Tensor();
+#ifdef TE_TORCH_CUDA
+    if (te::nn::detail::grouped_gemm_on_cuda(dy)) {
+      const at::Tensor k = kernel.contiguous();
+      if (want_dx) te::nn::detail::grouped_dgrad_cuda(dy, k, splits, dx);
+      if (want_dk) te::nn::detail::grouped_wgrad_cuda(x, dy, splits, dk);
+      int64_t row = 0;
+      for (size_t g = 0; g < splits.size() && with_bias; ++g) {
+        if (splits[g] > 0) db[g].copy_(dy.narrow(0, row, splits[g]).sum(0));
+        row += splits[g];
+      }
+      return {dx, dk, db, at::Tensor()};
+    }
+#endif
     int64_t row = 0;
     for (size_t g = 0; g < splits.size(); ++g) {
       const int64_t rows = splits[g];

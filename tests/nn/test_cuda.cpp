@@ -96,6 +96,30 @@ TEST(ModulesOnCuda, OutputsAndGradientsMatchTheCpu) {
       "TransformerLayer");
 }
 
+// GroupedLinear's GEMMs on the device, one cuBLAS grouped GEMM per pass (forward, dgrad,
+// wgrad): uneven groups and an empty one, with and without biases, fp32 (no TF32) and bf16.
+TEST(ModulesOnCuda, GroupedLinearsGroupedGemmMatchesTheCpu) {
+  if (!have_cuda()) GTEST_SKIP() << "no CUDA device (or this LibTorch has no CUDA)";
+  at::globalContext().setAllowTF32CuBLAS(false);
+  const std::vector<int64_t> splits = {7, 0, 33, 1, 19};
+  const auto forward = [&](GroupedLinearImpl& m, const at::Tensor& t) {
+    return m.forward(t, splits);
+  };
+  for (const bool bias : {true, false}) {
+    at::manual_seed(6);
+    GroupedLinear experts(GroupedLinearOptions(5, 48, 40).use_bias(bias));
+    if (bias) {
+      torch::NoGradGuard no_grad;
+      experts->bias.normal_();
+    }
+    expect_cuda_matches_cpu(experts, randn({60, 48}, 7), forward,
+                            bias ? "GroupedLinear" : "GroupedLinear without biases");
+    experts->to(at::kBFloat16);
+    expect_cuda_matches_cpu(experts, randn({60, 48}, 8).to(at::kBFloat16), forward,
+                            "GroupedLinear bf16", 3e-2);
+  }
+}
+
 TEST(ModulesOnCuda, FusedAttentionRunsCudnnAndMatchesTheUnfusedPath) {
   if (!have_cuda()) GTEST_SKIP() << "no CUDA device (or this LibTorch has no CUDA)";
 #if TE_HAS_CUDNN_SDPA
