@@ -58,6 +58,10 @@ Held make(te::ggml::Type type, int64_t rows, int64_t cols) {
   const auto [offset, count] = scales_of(type);
   for (int64_t i = 0; i < rows * (cols / b.elements); ++i) {
     unsigned char* block = p + i * b.bytes + offset;
+    if (type == te::ggml::Type::kMXFP4) {  // an E8M0 scale byte: d = 2^-7 (its half, 2^-8)
+      block[0] = 120;
+      continue;
+    }
     block[0] = 0x00, block[1] = 0x20;  // d = 2^-7 (half 0x2000)
     if (count == 2) block[2] = 0x00, block[3] = 0xA0;  // m or dmin = -2^-7
   }
@@ -176,6 +180,7 @@ TE_DECODE_BENCH(Q5_K);
 TE_DECODE_BENCH(Q6_K);
 TE_DECODE_BENCH(IQ4_NL);
 TE_DECODE_BENCH(IQ4_XS);
+TE_DECODE_BENCH(MXFP4);
 
 }  // namespace
 

@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "families/family.h"
+#include "families/rope_scaling.h"
 #include "source.h"
 #include "te/error.h"
 #include "te/hf/gguf.h"
@@ -73,8 +74,9 @@ class GgufSource : public TensorSource {
       // llama.cpp's RoPE frequency factors are the config's (gguf_config), not weights.
       if (t.name == kRopeFreqs || t.name == kRopeShort || t.name == kRopeLong) continue;
       if (const GgufExperts* e = experts_of(*family.gguf, t.name)) {
-        TE_CHECK(t.shape.size() == 3, "gguf: '", t.name, "' in '", file_.path(), "' is ",
-                 at::IntArrayRef(t.shape), "; the experts' tensor is [experts, rows, cols]");
+        TE_CHECK(t.shape.size() == 2 || t.shape.size() == 3, "gguf: '", t.name, "' in '",
+                 file_.path(), "' is ", at::IntArrayRef(t.shape),
+                 "; the experts' tensor is [experts, rows, cols] (a bias [experts, cols])");
         const std::string layer = "model.layers." + layer_part(t.name)->first + ".";
         for (int64_t x = 0; x < t.shape[0]; ++x) {
           add(layer + e->prefix + std::to_string(x) + e->suffix, {t.name, x});
@@ -289,20 +291,21 @@ void read_sizes(ArchKeys& k, CausalLMConfig& c) {
   c.max_position_embeddings = k.integer("context_length").value_or(0);
 }
 
-// The norm's epsilon and RoPE (base, rotary dims, linear scaling).
+// The norm's epsilon and RoPE (base, rotary dims, linear or YaRN scaling).
 void read_rope(ArchKeys& k, CausalLMConfig& c) {
   const std::string& path = k.file.path();
   c.rms_norm_eps = k.number("attention.layer_norm_rms_epsilon").value_or(1e-6);
   c.rope_theta = k.number("rope.freq_base").value_or(10000.0);
   c.rotary_dim = k.integer("rope.dimension_count").value_or(c.head_dim);
-  if (const auto type = k.string("rope.scaling.type"); type && *type != "none") {
-    TE_CHECK(*type == "linear", "gguf: '", path, "': ", k.a, "rope.scaling.type '", *type,
-             "' is not supported by te-cpp (none, linear)");
-    c.rope_type = "linear";
-    c.rope_factor = k.number("rope.scaling.factor").value_or(0.0);
-    TE_CHECK(c.rope_factor > 0, "gguf: '", path, "': linear RoPE scaling needs ", k.a,
-             "rope.scaling.factor");
-  }
+  const auto type = k.string("rope.scaling.type");
+  if (!type || *type == "none") return;
+  if (*type == "yarn") return read_gguf_yarn(k, path, c);
+  TE_CHECK(*type == "linear", "gguf: '", path, "': ", k.a, "rope.scaling.type '", *type,
+           "' is not supported by te-cpp (none, linear, yarn)");
+  c.rope_type = "linear";
+  c.rope_factor = k.number("rope.scaling.factor").value_or(0.0);
+  TE_CHECK(c.rope_factor > 0, "gguf: '", path, "': linear RoPE scaling needs ", k.a,
+           "rope.scaling.factor");
 }
 
 // What the tensors say: the vocabulary (checked against the metadata), tied embeddings, biases
@@ -341,7 +344,11 @@ std::vector<double> rope_factors(GgufFile& file, const CausalLMConfig& c, const 
 // and the original length (Phi3MiniModel.generate_extra_tensors and set_gguf_parameters, which
 // always write that length: read past without the long set).
 void read_rope_freqs(GgufFile& file, ArchKeys& k, CausalLMConfig& c) {
-  c.rope_freq_factors = rope_factors(file, c, kRopeFreqs);
+  if (std::vector<double> freqs = rope_factors(file, c, kRopeFreqs); !freqs.empty()) {
+    TE_CHECK(c.rope_type != "yarn", "gguf: '", file.path(), "': ", kRopeFreqs, " beside ", k.a,
+             "rope.scaling.type 'yarn' is not a RoPE te-cpp builds");
+    c.rope_freq_factors = std::move(freqs);
+  }
   const auto original = k.integer("rope.scaling.original_context_length");
   const auto attn_factor = k.number("rope.scaling.attn_factor");
   std::vector<double> long_set = rope_factors(file, c, kRopeLong);

@@ -404,7 +404,7 @@ CausalLM load_causal_lm(const std::string& path_text, const LoadOptions& options
   config.cp_load_balanced = options.cp_load_balanced && cp_load_balance_is_exact(config);
   const detail::Family& family =
       detail::family_of(config, "load_causal_lm: '" + path.string() + "'");
-  WeightMap map = family.weight_map(config);
+  WeightMap map = gguf ? detail::gguf_file_weight_map(family, config) : family.weight_map(config);
   // A checkpoint saved from the family's base model (GPT2Model: openai-community/gpt2's own)
   // names its tensors without the LM head class's prefix.
   std::string prefix = family.base_prefix;

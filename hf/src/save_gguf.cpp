@@ -97,7 +97,8 @@ std::vector<detail::GgufOutTensor> gguf_tensors(const CausalLMImpl& model,
                                                 const detail::Family& family, GgmlType type) {
   std::map<std::string, at::Tensor> by_gguf;
   std::map<std::string, std::map<int64_t, at::Tensor>> experts;  // stacked at the end
-  for (auto& [hf, w] : to_hf_tensors(model.config, detail::whole_parameters(model, "save_gguf"))) {
+  for (auto& [hf, w] : to_hf_tensors(detail::gguf_file_weight_map(family, model.config),
+                                     detail::whole_parameters(model, "save_gguf"))) {
     const auto [g, expert] = to_gguf(*family.gguf, hf);
     TE_CHECK(!g.empty(), "save_gguf: '", hf, "' has no llama.cpp name in the ",
              family.info.model_type, " family");
@@ -136,11 +137,14 @@ std::vector<detail::GgufOutTensor> gguf_tensors(const CausalLMImpl& model,
                "; export a model loaded from that file");
       written.insert(t.name);
     }
-    // 1-D tensors, single rows and the routers stay float32 (llama.cpp's converter keeps norms
-    // so and forces FFN_GATE_INP and FFN_GATE_INP_SHEXP to F32; llama-quantize leaves
+    // 1-D tensors, single rows, biases and the routers stay float32 (llama.cpp's converter keeps
+    // norms and whatever does not end in .weight so, gpt-oss's experts' biases [E, F] among them,
+    // and forces FFN_GATE_INP and FFN_GATE_INP_SHEXP to F32; llama-quantize leaves
     // ffn_gate_inp.weight), rows that are not whole Q8_0 blocks go F16.
     const bool router = t.name.find(".ffn_gate_inp") != std::string::npos;  // _shexp's too
-    o.type = o.values.dim() < 2 || o.values.size(0) == 1 || router ? GgmlType::kF32 : type;
+    const bool weight = t.name.size() > 7 && t.name.compare(t.name.size() - 7, 7, ".weight") == 0;
+    o.type =
+        o.values.dim() < 2 || o.values.size(0) == 1 || router || !weight ? GgmlType::kF32 : type;
     if (o.type == GgmlType::kQ8_0 && o.values.size(-1) % 32 != 0) o.type = GgmlType::kF16;
     out.push_back(std::move(o));
   }

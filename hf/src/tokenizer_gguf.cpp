@@ -53,6 +53,12 @@ const std::vector<PreSplit>& pre_splits() {
        false,
        true},
       {{"dbrx", "smaug-bpe"}, {kLlama3Split}},
+      // GPT-4o's (o200k) split: gpt-oss's and Llama 4's files (LLAMA_VOCAB_PRE_TYPE_GPT4O).
+      {{"gpt-4o", "llama4", "kanana2", "talkie"},
+       {R"([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+)"
+        R"((?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+)"
+        R"([\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3})"
+        R"(| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)"}},
       {{"qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "stablelm2"},
        {R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*)"
         R"(|\s*[\r\n]+|\s+(?!\S)|\s+)"}},

@@ -78,7 +78,7 @@ void BlockMatrix::check(const std::string& what) const {
   for (const uint32_t t : types) {
     TE_CHECK(ggml::is_quantized(t), what, ": ggml type ", ggml::type_name(t),
              " is not a quantized block type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K to Q6_K, "
-             "IQ4_NL, IQ4_XS)");
+             "IQ4_NL, IQ4_XS, MXFP4)");
     const ggml::BlockShape b = ggml::block_shape(t, what);
     TE_CHECK(rows >= 1 && cols >= 1 && cols % b.elements == 0, what, ": a [", rows, ", ", cols,
              "] matrix of ", ggml::type_name(t), " needs rows of whole blocks of ", b.elements);

@@ -767,6 +767,12 @@ TEST(Gguf, AModelFileIsReadStrictly) {
   EXPECT_ERROR(load_causal_lm(path.string()),
                "general.architecture 'gemma' is not one te-cpp loads (" +
                    causal_lm_family_names(/*gguf=*/true) + ")");
+  auto f32_key = [](const std::string& key, float value) {
+    GgufBytes g;
+    g.bytes.clear();
+    g.str(key).put<uint32_t>(6).put<float>(value);
+    return g.bytes;
+  };
   const std::string llama = text("general.architecture", "llama") +
                             u32("llama.embedding_length", 64) + u32("llama.block_count", 1) +
                             u32("llama.feed_forward_length", 32) +
@@ -801,6 +807,41 @@ TEST(Gguf, AModelFileIsReadStrictly) {
           qwen3moe + u32("qwen3moe.expert_count", 2) + u32("qwen3moe.expert_used_count", 1))
       .write(path);
   EXPECT_ERROR(load_causal_lm(path.string()), "which a qwen3_moe model of its config has");
+  // YaRN as llama.cpp's keys give it: a factor needed, a key of it te-cpp does not build named.
+  q8_file("token_embd.weight", 6, llama + text("llama.rope.scaling.type", "yarn")).write(path);
+  EXPECT_ERROR(load_causal_lm(path.string()),
+               "llama.rope.scaling.factor: is missing or not positive; yarn RoPE scaling needs it");
+  q8_file("token_embd.weight", 7,
+          llama + text("llama.rope.scaling.type", "yarn") + f32_key("llama.rope.scaling.factor", 4))
+      .write(path);
+  EXPECT_ERROR(load_causal_lm(path.string()),
+               "llama.rope.scaling.original_context_length: is missing or not positive, and so is "
+               "context_length");
+  q8_file("token_embd.weight", 9,
+          llama + text("llama.rope.scaling.type", "yarn") +
+              f32_key("llama.rope.scaling.factor", 4) +
+              u32("llama.rope.scaling.original_context_length", 32) +
+              f32_key("llama.rope.scaling.yarn_ext_factor", 0.5))
+      .write(path);
+  EXPECT_ERROR(load_causal_lm(path.string()),
+               "metadata 'llama.rope.scaling.yarn_ext_factor' is not a key te-cpp honours");
+  // OLMoE's q/k norms (llama.cpp requires them); gpt-oss's window on its even layers.
+  const std::string olmoe = text("general.architecture", "olmoe") +
+                            u32("olmoe.embedding_length", 64) + u32("olmoe.block_count", 1) +
+                            u32("olmoe.feed_forward_length", 32) +
+                            u32("olmoe.attention.head_count", 2);
+  q8_file("token_embd.weight", 5, olmoe).write(path);
+  EXPECT_ERROR(load_causal_lm(path.string()),
+               "olmoe.block_count: the layers have no attn_q_norm / attn_k_norm");
+  const std::string gpt_oss =
+      text("general.architecture", "gpt-oss") + u32("gpt-oss.embedding_length", 64) +
+      u32("gpt-oss.block_count", 1) + u32("gpt-oss.feed_forward_length", 32) +
+      u32("gpt-oss.attention.head_count", 2) + u32("gpt-oss.expert_count", 4) +
+      u32("gpt-oss.expert_used_count", 2) + u32("gpt-oss.expert_feed_forward_length", 32);
+  q8_file("token_embd.weight", 8, gpt_oss).write(path);
+  EXPECT_ERROR(load_causal_lm(path.string()),
+               "gpt-oss.attention.sliding_window: is missing or not positive; gpt-oss's even "
+               "layers slide");
   // Everything the config implies but the tensors: the first one missing is named.
   q8_file("token_embd.weight", 5, llama).write(path);
   EXPECT_ERROR(load_causal_lm(path.string()), "lacks 'model.layers.0.self_attn.q_proj.weight'");

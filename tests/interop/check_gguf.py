@@ -1,7 +1,8 @@
 """Holds te::hf's GGUF reader (te_interop_gguf) to gguf-py, ggml's own Python package: a file
 written by gguf-py's GGUFWriter with a tensor of every type te-cpp reads (F32, F16, BF16, Q8_0,
 Q4_0, Q4_1 quantized by gguf-py from random values; Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K,
-IQ4_NL and IQ4_XS as random blocks with finite scales: every bit pattern of their values), 1-, 2- and 3-dim, and metadata of every value kind. Each tensor, whole and one box of
+IQ4_NL and IQ4_XS as random blocks with finite scales: every bit pattern of their values; MXFP4
+the same, its E8M0 scale bytes from 0 and 1 (ggml's subnormal halves 2^-128, 2^-127) to 250), 1-, 2- and 3-dim, and metadata of every value kind. Each tensor, whole and one box of
 it, must equal gguf.quants.dequantize's values (float32: within 1e-6 relative), and every
 metadata value what was written.
 
@@ -30,6 +31,10 @@ def random_blocks(rng, qtype, rows, blocks):
     every bit pattern of the quantized values, scale bits and masks."""
     size = gguf.GGML_QUANT_SIZES[qtype][1]
     raw = rng.integers(0, 256, size=(rows, blocks, size), dtype=np.uint8)
+    if qtype == Q.MXFP4:  # E8M0 scales: the subnormal halves, the middle, near the top
+        scales = np.array([0, 1, 2, 3] + list(range(96, 160)) + [200, 250], dtype=np.uint8)
+        raw[..., 0] = scales[np.arange(rows * blocks) % len(scales)].reshape(rows, blocks)
+        return raw.reshape(rows, blocks * size)
     at, n = SCALES[qtype]
     raw[..., at:at + 2 * n] = rng.uniform(0.001, 0.1, size=(rows, blocks, n)).astype(
         np.float16).view(np.uint8)
@@ -53,9 +58,9 @@ def write_file(path):
                          (Q.Q4_1, (4, 96)), (Q.Q4_K, (4, 768)), (Q.Q6_K, (3, 768)),
                          (Q.Q5_0, (4, 96)), (Q.Q5_1, (3, 64)), (Q.IQ4_NL, (2, 128)),
                          (Q.Q2_K, (3, 512)), (Q.Q3_K, (3, 768)), (Q.Q5_K, (2, 512)),
-                         (Q.IQ4_XS, (3, 512))]:
+                         (Q.IQ4_XS, (3, 512)), (Q.MXFP4, (5, 32 * 52))]:
         name = "%s.%s" % (qtype.name, "x".join(map(str, shape)))
-        if qtype in SCALES:
+        if qtype in SCALES or qtype == Q.MXFP4:
             rows = int(np.prod(shape[:-1]))
             raw = random_blocks(rng, qtype, rows, shape[-1] // gguf.GGML_QUANT_SIZES[qtype][0])
         else:
@@ -75,7 +80,12 @@ def write_file(path):
     return written, meta
 
 
-def err(mine, want):
+def err(mine, want, qtype):
+    """The largest difference over the largest value (over 1 at least); MXFP4's values, whose
+    scales span 2^-128 to 2^122, each over itself."""
+    if qtype == Q.MXFP4:
+        want = want.astype(np.float64)  # (1e-300 is 0 in float32)
+        return float((np.abs(mine - want) / np.maximum(np.abs(want), 1e-300)).max())
     return float(np.abs(mine - want).max()) / max(1.0, float(np.abs(want).max()))
 
 
@@ -96,8 +106,9 @@ def main(binary, workdir):
         whole = np.array(t["whole"]["values"], dtype=np.float64).reshape(t["whole"]["shape"])
         box = np.array(t["box"]["values"], dtype=np.float64).reshape(t["box"]["shape"])
         index = tuple(slice(a, b) for a, b in zip(t["lo"], t["hi"]))
-        e = {"whole": err(whole, want),
-             "box %s" % ",".join("%d:%d" % b for b in zip(t["lo"], t["hi"])): err(box, want[index])}
+        e = {"whole": err(whole, want, qtype),
+             "box %s" % ",".join("%d:%d" % b for b in zip(t["lo"], t["hi"])):
+                 err(box, want[index], qtype)}
         bad = t["type"] != int(qtype) or not all(v <= TOL for v in e.values())
         failures += bad
         print("%s %s (%s): %s" % ("FAIL" if bad else "ok  ", name, qtype.name,

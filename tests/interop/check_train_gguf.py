@@ -3,7 +3,9 @@
 with Llama 3's RoPE factors in rope_freqs.weight, one with a tied head), Qwen2 ("qwen2": q/k/v
 biases, rows as in transformers), Gemma 2 and Gemma 3 ("gemma2", "gemma3": every norm weight
 stored plus one, Gemma 3's q/k norms among them; a tied head and no output.weight), Qwen3-MoE
-("qwen3moe": the experts stacked, the router F32) and Mixtral ("llama" with experts), their norm
+("qwen3moe": the experts stacked, the router F32), Mixtral ("llama" with experts), OLMoE
+("olmoe": q/k norms over each token's whole query and key) and gpt-oss ("gpt-oss": its experts
+MXFP4 in the source, their biases, sinks, YaRN), their norm
 scales and biases moved off their initial values, fine-tuned by te-train on a text of their
 vocabulary's pieces and exported:
 
@@ -39,8 +41,8 @@ from gguf import GGMLQuantizationType as Q
 import gguf_files
 from gguf_files import write_gemma_gguf, write_gguf
 from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig,
-                          LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM,
-                          Qwen2Config, Qwen2ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
+                          GptOssConfig, GptOssForCausalLM, LlamaConfig, LlamaForCausalLM,
+                          MixtralConfig, MixtralForCausalLM, OlmoeConfig, OlmoeForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SIZES = dict(vocab_size=384, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -74,6 +76,18 @@ CASES = [
     # Mixtral, which llama.cpp writes as "llama" with llama.expert_count (q/k rows permuted).
     ("mixtral", (MixtralConfig, MixtralForCausalLM, "llama"),
      dict(num_local_experts=4, num_experts_per_tok=2, tie_word_embeddings=False)),
+    # OLMoE: llama.cpp sizes attn_k_norm by embedding_length (every head a key/value head) and
+    # never renormalises the top 2; OlmoeModel's norm epsilon 1e-5.
+    ("olmoe", (OlmoeConfig, OlmoeForCausalLM, "olmoe"),
+     dict(num_experts=4, num_experts_per_tok=2, norm_topk_prob=False, num_key_value_heads=4,
+          rms_norm_eps=1e-5, tie_word_embeddings=False)),
+    # gpt-oss with its experts in MXFP4 (as GptOssModel repacks OpenAI's); exported as the rest.
+    ("gpt-oss", (GptOssConfig, GptOssForCausalLM, "gpt-oss"),
+     dict(num_local_experts=4, num_experts_per_tok=2, head_dim=16, sliding_window=4,
+          tie_word_embeddings=False, experts_qtype=Q.MXFP4,
+          rope_parameters=dict(rope_type="yarn", rope_theta=150000.0, factor=32.0,
+                               beta_fast=32.0, beta_slow=1.0, truncate=True,
+                               original_max_position_embeddings=4096))),
 ]
 
 
@@ -169,7 +183,8 @@ def source_model(classes, extra):
     1), so that a norm's plus one and each bias are held to the source's own values."""
     config_class, model_class, arch = classes
     torch.manual_seed(0)
-    kwargs = {k: v for k, v in {**SIZES, **extra}.items() if v is not None}
+    kwargs = {k: v for k, v in {**SIZES, **extra}.items()
+              if v is not None and k != "experts_qtype"}
     model = model_class(config_class(**kwargs)).to(torch.float32).eval()
     if arch != "llama":
         with torch.no_grad():
@@ -189,7 +204,8 @@ def check(te_train, workdir, name, classes, extra):
     if arch.startswith("gemma"):
         write_gemma_gguf(model, os.path.join(case_dir, "source.gguf"), Q.Q8_0, arch)
     else:
-        write_gguf(model, os.path.join(case_dir, "source.gguf"), Q.Q8_0, Q.Q8_0)
+        write_gguf(model, os.path.join(case_dir, "source.gguf"), Q.Q8_0, Q.Q8_0,
+                   extra.get("experts_qtype"))
     rng = random.Random(1)
     with open(os.path.join(case_dir, "text.txt"), "w") as f:
         for _ in range(80):
@@ -215,8 +231,9 @@ def check(te_train, workdir, name, classes, extra):
     for kind, encode in want.items():
         got = tensors(trained[kind])
 
-        def expected(n, v):  # 1-dim tensors and routers stay f32; q8_0 rows not whole blocks f16
-            if v.ndim < 2 or n.endswith("ffn_gate_inp.weight"):
+        def expected(n, v):  # 1-dim tensors, biases and routers stay f32; q8_0 rows not whole
+            # blocks f16
+            if v.ndim < 2 or n.endswith("ffn_gate_inp.weight") or not n.endswith(".weight"):
                 return v.tobytes()
             if kind == "q8_0" and v.shape[-1] % 32:
                 return v.astype(np.float16).tobytes()

@@ -18,6 +18,19 @@ from a transformers model, for check_hf_models.py's and check_train_gguf.py's GG
   router as ffn_gate_inp, the experts stacked as ffn_{gate,up,down}_exps [E, out, in], Qwen2-MoE's
   shared expert as ffn_*_shexp with its gate ffn_gate_inp_shexp written [H];
 - Mixtral ("llama" with llama.expert_count): Llama's, its experts stacked as Qwen's;
+- OLMoE ("olmoe", conversion/olmo.py OlmoeModel): Qwen2's keys, the expert counts (experts of
+  feed_forward_length), the q/k norms of each token's whole query and key, the experts as Qwen's
+  (OlmoeModel also writes attention.layer_norm_rms_epsilon 1e-5 whatever the config says: the
+  cases give 1e-5, and this writes the config's);
+- gpt-oss ("gpt-oss", conversion/gpt_oss.py GptOssModel): rows as transformers' (no
+  permutation), TextModel's keys (key/value lengths, the expert counts, YaRN's
+  rope.scaling.{type,factor,original_context_length,yarn_beta_fast,yarn_beta_slow}), the window,
+  expert_feed_forward_length; post_attention_layernorm as post_attention_norm, the sinks as
+  attn_sinks.weight, the router with its bias as ffn_gate_inp, the fused experts transposed and
+  split (gate_up_proj's even columns the gate, odd ones up) into ffn_{gate,up,down}_exps with
+  their biases ([E, F], F32 as every tensor not ending in .weight); OpenAI's MXFP4 experts are
+  repacked as ggml's MXFP4, which `experts_qtype` MXFP4 stands for here (the floats quantized by
+  gguf-py's MXFP4 quantizer);
 - Gemma 2 and 3 ("gemma2", "gemma3"): every norm weight stored plus one, no output.weight (tied),
   Gemma 2's soft caps, Gemma 3's global and sliding RoPE bases (rope.freq_base,
   rope.freq_base_swa), the sliding window.
@@ -158,6 +171,68 @@ def write_mixtral_keys(w, c):
     w.add_expert_used_count(c.num_experts_per_tok)
 
 
+def write_olmoe_keys(w, c):
+    """OlmoeModel's keys: TextModel's (Qwen2's here) and the expert counts; its experts are of
+    feed_forward_length."""
+    write_qwen2_keys(w, c)
+    w.add_expert_count(c.num_experts)
+    w.add_expert_used_count(c.num_experts_per_tok)
+
+
+GPT_OSS_NAMES = {
+    "model.layers.N.self_attn.q_proj.bias": "blk.N.attn_q.bias",
+    "model.layers.N.self_attn.k_proj.bias": "blk.N.attn_k.bias",
+    "model.layers.N.self_attn.v_proj.bias": "blk.N.attn_v.bias",
+    "model.layers.N.self_attn.o_proj.bias": "blk.N.attn_output.bias",
+    "model.layers.N.self_attn.sinks": "blk.N.attn_sinks.weight",
+    "model.layers.N.post_attention_layernorm.weight": "blk.N.post_attention_norm.weight",
+    "model.layers.N.mlp.router.weight": "blk.N.ffn_gate_inp.weight",
+    "model.layers.N.mlp.router.bias": "blk.N.ffn_gate_inp.bias",
+}
+
+
+def write_gpt_oss_keys(w, c):
+    """GptOssModel's keys: TextModel's (YaRN's with the betas rope_parameters holds) and the
+    window and expert size."""
+    r = c.rope_parameters
+    w.add_context_length(c.max_position_embeddings)
+    w.add_key_length(c.head_dim)
+    w.add_value_length(c.head_dim)
+    w.add_expert_count(c.num_local_experts)
+    w.add_expert_used_count(c.num_experts_per_tok)
+    if r.get("rope_type") == "yarn":
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(r["factor"])
+        w.add_rope_scaling_orig_ctx_len(r["original_max_position_embeddings"])
+        if r.get("beta_fast") is not None:
+            w.add_rope_scaling_yarn_beta_fast(r["beta_fast"])
+        if r.get("beta_slow") is not None:
+            w.add_rope_scaling_yarn_beta_slow(r["beta_slow"])
+    w.add_sliding_window(c.sliding_window)
+    w.add_expert_feed_forward_length(c.intermediate_size)
+
+
+def write_gpt_oss_experts(w, layer, name, p, qtype):
+    """gpt-oss's fused experts as GptOssModel.modify_tensors splits them: gate_up_proj
+    [E, H, 2F] transposed, its even rows ffn_gate_exps and odd ones ffn_up_exps [E, F, H];
+    down_proj [E, F, H] transposed as ffn_down_exps [E, H, F]; the biases alike."""
+    data = p.detach().to(torch.float32)
+    blk = "blk.%s." % layer
+    if name == "gate_up_proj":
+        data = data.transpose(-1, -2)
+        add_tensor(w, blk + "ffn_gate_exps.weight", data[:, ::2].contiguous().numpy(), qtype, qtype)
+        add_tensor(w, blk + "ffn_up_exps.weight", data[:, 1::2].contiguous().numpy(), qtype, qtype)
+    elif name == "gate_up_proj_bias":
+        add_tensor(w, blk + "ffn_gate_exps.bias", data[..., ::2].contiguous().numpy(), qtype, qtype)
+        add_tensor(w, blk + "ffn_up_exps.bias", data[..., 1::2].contiguous().numpy(), qtype, qtype)
+    elif name == "down_proj":
+        add_tensor(w, blk + "ffn_down_exps.weight", data.transpose(-1, -2).contiguous().numpy(),
+                   qtype, qtype)
+    else:
+        assert name == "down_proj_bias", name
+        add_tensor(w, blk + "ffn_down_exps.bias", data.numpy(), qtype, qtype)
+
+
 def write_experts(w, layer, name, p, qtype):
     """transformers' fused experts of one layer as the converter stacks them: gate_up_proj
     [E, 2F, H] (gate rows first) as ffn_gate_exps and ffn_up_exps [E, F, H], down_proj [E, H, F]
@@ -203,29 +278,33 @@ def writer(path, arch, c):
     return w
 
 
-def write_gguf(model, path, qtype, embd_qtype):
-    """model (a Llama, Phi-3, Qwen2, Qwen3-MoE, Qwen2-MoE or Mixtral) as convert_hf_to_gguf.py
-    writes it, with the 2-dim weights quantized to qtype (token_embd.weight to embd_qtype) and the
-    norms and biases in F32."""
+def write_gguf(model, path, qtype, embd_qtype, experts_qtype=None):
+    """model (a Llama, Phi-3, Qwen2, Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE or gpt-oss) as
+    convert_hf_to_gguf.py writes it, with the 2-dim weights quantized to qtype (token_embd.weight
+    to embd_qtype, the experts to experts_qtype when given) and the norms and biases in F32."""
     c = model.config
-    arch = {"qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "mixtral": "llama"}.get(
-        c.model_type, c.model_type)
+    arch = {"qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "mixtral": "llama",
+            "gpt_oss": "gpt-oss"}.get(c.model_type, c.model_type)
     llama = arch == "llama"  # whose query/key rows are permuted (Mixtral's too)
     w = writer(path, arch, c)
     w.add_rope_freq_base(c.rope_parameters["rope_theta"])
     {"llama": write_llama_keys, "phi3": write_phi3_keys, "qwen2": write_qwen2_keys,
      "qwen3_moe": write_qwen_moe_keys, "qwen2_moe": write_qwen_moe_keys,
-     "mixtral": write_mixtral_keys}[c.model_type](w, c)
+     "mixtral": write_mixtral_keys, "olmoe": write_olmoe_keys,
+     "gpt_oss": write_gpt_oss_keys}[c.model_type](w, c)
     w.add_file_type(GGUF_FILE_TYPES[qtype])
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     write_tokenizer(w, c)
     names = {**GGUF_NAMES, **PHI3_NAMES, **QWEN2_NAMES, **QWEN_MOE_NAMES}
+    if c.model_type == "gpt_oss":
+        names.update(GPT_OSS_NAMES)
     for hf_name, p in model.state_dict().items():
         if hf_name == "lm_head.weight" and c.tie_word_embeddings:
             continue
         m = re.fullmatch(r"model\.layers\.(\d+)\.(.*)", hf_name)
         if m and m[2].startswith("mlp.experts."):
-            write_experts(w, m[1], m[2][len("mlp.experts."):], p, qtype)
+            write = write_gpt_oss_experts if c.model_type == "gpt_oss" else write_experts
+            write(w, m[1], m[2][len("mlp.experts."):], p, experts_qtype or qtype)
             continue
         name = (names["model.layers.N." + m[2]].replace(".N.", ".%s." % m[1]) if m
                 else names[hf_name])
@@ -241,12 +320,13 @@ def write_gguf(model, path, qtype, embd_qtype):
 
 
 def add_tensor(w, name, data, qtype, embd_qtype):
-    """data as the converter writes it: 1-dim tensors and routers F32, token_embd.weight as
-    embd_qtype, the other weights as qtype (F16 where its blocks do not tile a row)."""
+    """data as the converter writes it: 1-dim tensors, routers and whatever does not end in
+    .weight F32, token_embd.weight as embd_qtype, the other weights as qtype (F16 where its
+    blocks do not tile a row)."""
     # The routers stay F32 (the converter forces FFN_GATE_INP to it; llama-quantize skips it).
     router = name.endswith("ffn_gate_inp.weight")
-    kind = Q.F32 if data.ndim == 1 or router else embd_qtype if name == "token_embd.weight" \
-        else qtype
+    kind = Q.F32 if data.ndim == 1 or router or not name.endswith(".weight") \
+        else embd_qtype if name == "token_embd.weight" else qtype
     if kind != Q.F32 and data.shape[-1] % gguf.GGML_QUANT_SIZES[kind][0]:
         kind = Q.F16  # a row the blocks do not tile (ffn_down's intermediate_size 48)
     w.add_tensor(name, gguf.quants.quantize(data, kind), raw_dtype=kind)

@@ -69,10 +69,15 @@ std::shared_ptr<Blocks> random_blocks(Type type, int64_t rows, int64_t cols, uin
     case Type::kQ6_K:
       halves = {208};
       break;
+    case Type::kMXFP4:  // an E8M0 scale byte, set below
+      break;
     default:
       ADD_FAILURE() << "not a quantized type";
   }
   for (int64_t k = 0; k < rows * (cols / b.elements); ++k) {
+    if (type == Type::kMXFP4) {  // scales 2^-10 to 2^-7 (levels up to 12: values up to 0.1)
+      out->bytes[static_cast<std::size_t>(k * b.bytes)] = static_cast<unsigned char>(117 + g() % 4);
+    }
     for (int64_t at : halves) {
       const uint16_t h = half_near(g, 0.01f);
       std::memcpy(&out->bytes[static_cast<std::size_t>(k * b.bytes + at)], &h, 2);
@@ -104,7 +109,8 @@ double rel_err(const at::Tensor& a, const at::Tensor& b) {
 const std::vector<std::pair<Type, int64_t>> kTypes = {
     {Type::kQ8_0, 96},  {Type::kQ4_0, 96},   {Type::kQ4_1, 96},  {Type::kQ5_0, 96},
     {Type::kQ5_1, 96},  {Type::kIQ4_NL, 96}, {Type::kQ2_K, 512}, {Type::kQ3_K, 512},
-    {Type::kQ4_K, 512}, {Type::kQ5_K, 512},  {Type::kQ6_K, 512}, {Type::kIQ4_XS, 512}};
+    {Type::kQ4_K, 512}, {Type::kQ5_K, 512},  {Type::kQ6_K, 512}, {Type::kIQ4_XS, 512},
+    {Type::kMXFP4, 96}};
 
 TEST(BlockWeights, ProductsEqualTheDequantizedFloat64OnesForEveryTypeAndRowCount) {
   c10::InferenceMode inference;

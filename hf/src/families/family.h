@@ -20,9 +20,9 @@
 
 namespace te::hf::detail {
 
-/// A mixture of experts' stacked tensor: llama.cpp's blk.N.<gguf> [experts, rows, cols] holds
-/// Hugging Face's model.layers.N.<prefix><e><suffix> [rows, cols] of each expert e
-/// ("mlp.experts.", ".gate_proj.weight", "ffn_gate_exps.weight").
+/// A mixture of experts' stacked tensor: llama.cpp's blk.N.<gguf> [experts, rows, cols] (a bias
+/// [experts, cols]) holds Hugging Face's model.layers.N.<prefix><e><suffix> [rows, cols] ([cols])
+/// of each expert e ("mlp.experts.", ".gate_proj.weight", "ffn_gate_exps.weight").
 struct GgufExperts {
   std::string prefix, suffix, gguf;
 };
@@ -81,7 +81,16 @@ struct Family {
   /// Another family's GGUF architecture whose files with experts (`<arch>.expert_count`) are
   /// this family's: llama.cpp's converter writes Mixtral as "llama". "" for none.
   std::string gguf_experts_of;
+  /// The weight map over a GGUF file's tensors (named as `gguf` names them) where llama.cpp
+  /// keeps them in another layout than the checkpoint's: gpt-oss's fused experts split expert by
+  /// expert. nullptr: weight_map's.
+  WeightMap (*gguf_weight_map)(const CausalLMConfig& config) = nullptr;
 };
+
+/// The weight map of a GGUF file of `family` (gguf_weight_map, else weight_map).
+inline WeightMap gguf_file_weight_map(const Family& family, const CausalLMConfig& config) {
+  return (family.gguf_weight_map ? family.gguf_weight_map : family.weight_map)(config);
+}
 
 /// The family of config.json's model_type, nullptr when none is registered.
 const Family* find_family(const std::string& model_type);

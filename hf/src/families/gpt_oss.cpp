@@ -6,7 +6,8 @@
 // num_experts_per_tok of the router's biased logits, and a clamped SwiGLU,
 // (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g), g = min(gate, limit). The experts are
 // saved fused (fused_experts_weight_map). The checkpoints OpenAI publishes hold MXFP4 experts
-// (quantization_config): te-cpp refuses them and loads a dequantized (bf16) copy.
+// (quantization_config): te-cpp refuses them and loads a dequantized (bf16) copy, or llama.cpp's
+// GGUF file of them ("gpt-oss"), whose MXFP4 experts it holds in their blocks.
 
 #include "moe_decoder.h"
 
@@ -53,12 +54,40 @@ void read_config(Fields& f, CausalLMConfig& c) {
   c.mlp_bias = true;
 }
 
+// llama.cpp's gpt-oss (conversion/gpt_oss.py GptOssModel; src/models/openai-moe.cpp at
+// llama-cpp-python 0.3.36's vendored llama.cpp 0c1e570): q/k/v/o biases, sinks, the softmax of the
+// router's top k (SOFTMAX_WEIGHT: the softmax renormalised over the chosen), the experts'
+// biases, llama-graph.cpp's LLM_FFN_SWIGLU_OAI_MOE with its constants alpha 1.702 and limit 7
+// (the file keeps neither), windows of attention.sliding_window on the even layers
+// (load_swa_pattern(ml, 2) without a pattern key), YaRN from the rope.scaling keys.
+void read_gguf_config(GgufKeys& k, CausalLMConfig& c) {
+  read_moe_gguf(k, c, {/*renormalise=*/true, /*shared=*/false});
+  c.router_aux_loss_coef = 0.9;  // GptOssConfig's
+  c.router_bias = true;
+  c.mlp_bias = true;
+  c.attention_sinks = true;
+  c.mlp_activations = {"clamped_silu", "clamped_linear"};
+  c.swiglu_limit = 7.0;
+  c.swiglu_alpha = 1.702;
+  const auto window = k.integer("attention.sliding_window");
+  if (!window || *window <= 0) {
+    k.fail("attention.sliding_window", "is missing or not positive; gpt-oss's even layers slide");
+  }
+  for (int64_t i = 0; i < c.num_hidden_layers; i += 2) {
+    c.layer_windows[static_cast<std::size_t>(i)] = *window;
+  }
+}
+
 }  // namespace
 
 const Family& gpt_oss_family() {
   static const Family kFamily = [] {
-    Family f = rope_decoder_family({"gpt_oss", "GptOssForCausalLM", "", "gpt-oss"}, read_config);
+    Family f =
+        rope_decoder_family({"gpt_oss", "GptOssForCausalLM", "gpt-oss", "gpt-oss"}, read_config);
     f.weight_map = fused_experts_weight_map;
+    f.gguf = &fused_experts_gguf();
+    f.gguf_weight_map = fused_experts_gguf_weight_map;
+    f.read_gguf_config = read_gguf_config;
     // Fields transformers' GptOssConfig reads and never uses (hidden_act), or stores unread from
     // the published config.json (experts_per_token, initial_context_length).
     f.metadata = {"hidden_act", "experts_per_token", "initial_context_length"};

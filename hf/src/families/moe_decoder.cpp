@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace te::hf::detail {
 
@@ -140,6 +142,62 @@ WeightMap fused_experts_weight_map(const CausalLMConfig& c) {
   return m;
 }
 
+WeightMap fused_experts_gguf_weight_map(const CausalLMConfig& c) {
+  WeightMap m = fused_experts_weight_map(c);
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    if (!c.layer_moe.at(static_cast<std::size_t>(i))) continue;
+    const std::string te = "layers." + std::to_string(i) + ".";
+    std::vector<HfSource> wi, wo, wi_bias, wo_bias;
+    for (int64_t e = 0; e < c.num_experts; ++e) {
+      const std::string expert =
+          "model.layers." + std::to_string(i) + ".mlp.experts." + std::to_string(e) + ".";
+      // [out, in] rows (held in their blocks where they are quantized), the gate in slot 0.
+      wi.push_back(kernel_source(expert + "gate_proj.weight", e, 0));
+      wi.push_back(kernel_source(expert + "up_proj.weight", e, 1));
+      wo.push_back(kernel_source(expert + "down_proj.weight", e));
+      for (const auto& [name, slot] : {std::pair{"gate_proj.bias", 0}, {"up_proj.bias", 1}}) {
+        HfSource b;  // [F] into wi_bias[e] ([2, F]) at its slot
+        b.name = expert + name;
+        b.expert = e;
+        b.slot_dim = 0;
+        b.slot = slot;
+        wi_bias.push_back(b);
+      }
+      HfSource b;
+      b.name = expert + "down_proj.bias";
+      b.expert = e;
+      wo_bias.push_back(b);
+    }
+    m[te + "moe.wi_kernel"] = std::move(wi);
+    m[te + "moe.wo_kernel"] = std::move(wo);
+    if (c.mlp_bias) {
+      m[te + "moe.wi_bias"] = std::move(wi_bias);
+      m[te + "moe.wo_bias"] = std::move(wo_bias);
+    }
+  }
+  return m;
+}
+
+const GgufNames& fused_experts_gguf() {
+  static const GgufNames kNames = [] {
+    GgufNames n = kRopeDecoderGguf;
+    for (auto& [hf, gguf] : n.layer) {  // GPT_OSS has ATTN_POST_NORM where Llama has FFN_NORM
+      if (hf == "post_attention_layernorm.weight") gguf = "post_attention_norm.weight";
+    }
+    n.layer.push_back({"self_attn.sinks", "attn_sinks.weight"});
+    n.layer.push_back({"mlp.router.weight", "ffn_gate_inp.weight"});
+    n.layer.push_back({"mlp.router.bias", "ffn_gate_inp.bias"});
+    for (const std::string p : {"gate", "up", "down"}) {
+      for (const std::string kind : {"weight", "bias"}) {
+        n.experts.push_back(
+            {"mlp.experts.", "." + p + "_proj." + kind, "ffn_" + p + "_exps." + kind});
+      }
+    }
+    return n;
+  }();
+  return kNames;
+}
+
 WeightMap moe_decoder_weight_map(const CausalLMConfig& c, const MoeNames& n) {
   WeightMap m = rope_decoder_weight_map(c);
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
@@ -209,7 +267,7 @@ const GgufNames& mixtral_gguf() {
   return kNames;
 }
 
-const GgufNames& qwen_moe_gguf() {
+const GgufNames& experts_gguf() {
   // Built on first use: kRopeDecoderGguf is another file's global.
   static const GgufNames kNames = [] {
     GgufNames n = kRopeDecoderGguf;

@@ -46,11 +46,12 @@ struct MoeNames {
 /// (te's layers.N.moe.*).
 WeightMap moe_decoder_weight_map(const CausalLMConfig& c, const MoeNames& names);
 
-/// llama.cpp's names of the Qwen MoE layouts (convert_hf_to_gguf.py's Qwen2MoeModel, which
-/// Qwen3MoeModel inherits): the rope decoder's, the router as ffn_gate_inp.weight, the experts
-/// stacked as ffn_{gate,up,down}_exps.weight [experts, out, in], Qwen2-MoE's shared expert as
-/// ffn_{gate,up,down}_shexp.weight and its gate as ffn_gate_inp_shexp.weight.
-const GgufNames& qwen_moe_gguf();
+/// llama.cpp's names of the layouts saved expert by expert (convert_hf_to_gguf.py's Qwen2MoeModel,
+/// which Qwen3MoeModel inherits, and OlmoeModel, a copy of it): the rope decoder's, the router as
+/// ffn_gate_inp.weight, the experts stacked as ffn_{gate,up,down}_exps.weight [experts, out, in],
+/// Qwen2-MoE's shared expert as ffn_{gate,up,down}_shexp.weight and its gate as
+/// ffn_gate_inp_shexp.weight.
+const GgufNames& experts_gguf();
 
 /// How a GGUF architecture keeps its experts (llama.cpp's src/models/*.cpp).
 struct MoeGguf {
@@ -80,5 +81,18 @@ const GgufNames& mixtral_gguf();
 /// even columns and up in the odd ones, its bias [experts, 2 x intermediate] alike,
 /// mlp.experts.down_proj [experts, intermediate, hidden] and its bias [experts, hidden].
 WeightMap fused_experts_weight_map(const CausalLMConfig& c);
+
+/// The same model over llama.cpp's layout of a gpt-oss file (conversion/gpt_oss.py
+/// GptOssModel): each expert's gate, up and down rows [out, in] and biases as
+/// model.layers.N.mlp.experts.E.{gate,up,down}_proj.{weight,bias}, which fused_experts_gguf()
+/// names ffn_{gate,up,down}_exps.{weight,bias} [experts, ...], so that quantized experts can be
+/// held in their blocks.
+WeightMap fused_experts_gguf_weight_map(const CausalLMConfig& c);
+
+/// llama.cpp's names of a gpt-oss file (gguf-py MODEL_ARCH.GPT_OSS's tensors): the rope
+/// decoder's with post_attention_layernorm as post_attention_norm, self_attn.sinks as
+/// attn_sinks.weight, the router mlp.router.{weight,bias} as ffn_gate_inp.{weight,bias}, and the
+/// experts of fused_experts_gguf_weight_map.
+const GgufNames& fused_experts_gguf();
 
 }  // namespace te::hf::detail

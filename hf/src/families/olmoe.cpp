@@ -4,7 +4,7 @@
 // queries, keys and values after them, and every MLP sparse: num_experts experts of
 // intermediate_size, the top num_experts_per_tok of the softmax, renormalised when
 // norm_topk_prob. Saved per expert (mlp.experts.N.*_proj, router mlp.gate), as Qwen2-MoE's.
-// te-cpp reads no GGUF file of it.
+// From GGUF files too (llama.cpp's olmoe).
 
 #include <cmath>
 
@@ -46,12 +46,36 @@ void read_config(Fields& f, CausalLMConfig& c) {
 
 WeightMap weight_map(const CausalLMConfig& c) { return moe_decoder_weight_map(c, {}); }
 
+// llama.cpp's olmoe (conversion/olmo.py OlmoeModel, a TextModel: q/k rows as transformers'; its
+// graph in src/models/olmoe.cpp at llama-cpp-python 0.3.36's vendored llama.cpp 0c1e570): the q/k
+// norms over each token's whole query and key, no clip, experts of feed_forward_length, the chosen
+// weights never renormalised (build_moe_ffn's norm_w false, as OLMoE-1B-7B's norm_topk_prob).
+void read_gguf_config(GgufKeys& k, CausalLMConfig& c) {
+  if (c.head_dim * c.num_attention_heads != c.hidden_size) {
+    k.fail("attention.key_length",
+           std::to_string(c.head_dim) + " x " + std::to_string(c.num_attention_heads) +
+               " heads is not embedding_length " + std::to_string(c.hidden_size) +
+               ", which OLMoE's q_norm takes");
+  }
+  if (!c.qk_norm) {
+    k.fail("block_count", "the layers have no attn_q_norm / attn_k_norm, which OLMoE's have");
+  }
+  c.qk_norm_over_heads = true;
+  MoeGguf m;
+  m.renormalise = false;
+  m.ffn_length = true;
+  read_moe_gguf(k, c, m);
+  c.router_aux_loss_coef = 0.01;  // OlmoeConfig's
+}
+
 }  // namespace
 
 const Family& olmoe_family() {
   static const Family kFamily = [] {
-    Family f = rope_decoder_family({"olmoe", "OlmoeForCausalLM", "", "OLMoE"}, read_config);
+    Family f = rope_decoder_family({"olmoe", "OlmoeForCausalLM", "olmoe", "OLMoE"}, read_config);
     f.weight_map = weight_map;
+    f.gguf = &experts_gguf();
+    f.read_gguf_config = read_gguf_config;
     return f;
   }();
   return kFamily;

@@ -36,7 +36,7 @@ const Family& qwen2_moe_family() {
     Family f = rope_decoder_family({"qwen2_moe", "Qwen2MoeForCausalLM", "qwen2moe", "Qwen2-MoE"},
                                    read_config);
     f.weight_map = weight_map;
-    f.gguf = &qwen_moe_gguf();
+    f.gguf = &experts_gguf();
     f.read_gguf_config = read_gguf_config;
     return f;
   }();

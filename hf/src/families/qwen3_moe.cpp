@@ -38,7 +38,7 @@ const Family& qwen3_moe_family() {
     Family f = rope_decoder_family({"qwen3_moe", "Qwen3MoeForCausalLM", "qwen3moe", "Qwen3-MoE"},
                                    read_config);
     f.weight_map = weight_map;
-    f.gguf = &qwen_moe_gguf();
+    f.gguf = &experts_gguf();
     f.read_gguf_config = read_gguf_config;
     return f;
   }();

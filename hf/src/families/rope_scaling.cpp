@@ -319,6 +319,29 @@ void read_scaling(const Fields& f, CausalLMConfig& c, const RopeParams& p, const
 
 }  // namespace
 
+void read_gguf_yarn(GgufKeys& keys, const std::string& path, CausalLMConfig& c) {
+  RopeParams p;
+  p.factor = keys.number("rope.scaling.factor");
+  if (!p.factor || !(*p.factor > 0)) {
+    keys.fail("rope.scaling.factor", "is missing or not positive; yarn RoPE scaling needs it");
+  }
+  // llama.cpp: n_ctx_orig_yarn, else the training context.
+  const int64_t original =
+      keys.integer("rope.scaling.original_context_length").value_or(c.max_position_embeddings);
+  if (original <= 0) {
+    keys.fail("rope.scaling.original_context_length",
+              "is missing or not positive, and so is context_length; yarn RoPE scaling needs the "
+              "original context");
+  }
+  p.original = static_cast<double>(original);
+  p.beta_fast = keys.number("rope.scaling.yarn_beta_fast");
+  p.beta_slow = keys.number("rope.scaling.yarn_beta_slow");
+  p.truncate = true;
+  c.rope_type = "yarn";
+  static const json kNone = json::object();
+  yarn_scaling(Fields(kNone, path, "", "gguf"), c, p, {});
+}
+
 void read_rope(Fields& f, CausalLMConfig& c, const RopeRules& rules) {
   RopeParams p;
   if (f.has("rope_theta")) p.theta = f.number_or("rope_theta", 0);

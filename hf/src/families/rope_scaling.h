@@ -42,4 +42,11 @@ struct RopeRules {
 /// and in the object must agree.
 void read_rope(Fields& f, CausalLMConfig& c, const RopeRules& rules = {});
 
+/// YaRN as a GGUF file gives it (`keys`' rope.scaling.factor, original_context_length,
+/// yarn_beta_fast and yarn_beta_slow; the architecture's other YaRN keys are left unread, so the
+/// file is refused with them), as llama.cpp computes it: ggml.c ggml_rope_yarn_corr_dims always
+/// floors and ceils the correction range (transformers' truncate true), whatever the checkpoint
+/// it was converted from said. c.rope_theta, c.rotary_dim and c.max_position_embeddings first.
+void read_gguf_yarn(GgufKeys& keys, const std::string& path, CausalLMConfig& c);
+
 }  // namespace te::hf::detail

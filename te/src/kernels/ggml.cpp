@@ -78,6 +78,8 @@ TE_GGML_INLINE void for_type(uint32_t type, F&& f) {
       return f(std::integral_constant<Type, Type::kIQ4_NL>{});
     case Type::kIQ4_XS:
       return f(std::integral_constant<Type, Type::kIQ4_XS>{});
+    case Type::kMXFP4:
+      return f(std::integral_constant<Type, Type::kMXFP4>{});
   }
 }
 
@@ -165,10 +167,12 @@ BlockShape block_shape(uint32_t type, const std::string& where) {
       return {32, 18};
     case Type::kIQ4_XS:
       return {kQK, 136};
+    case Type::kMXFP4:
+      return {32, 17};
   }
   TE_FAIL("gguf: ", where, " has ggml type ", type,
           ", which te-cpp does not read (it reads F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, "
-          "Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS)");
+          "Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4)");
 }
 
 std::string type_name(uint32_t type) {
@@ -203,6 +207,8 @@ std::string type_name(uint32_t type) {
       return "IQ4_NL";
     case Type::kIQ4_XS:
       return "IQ4_XS";
+    case Type::kMXFP4:
+      return "MXFP4";
   }
   return "type " + std::to_string(type);
 }
@@ -225,6 +231,7 @@ bool is_quantized(uint32_t type) {
     case Type::kQ6_K:
     case Type::kIQ4_NL:
     case Type::kIQ4_XS:
+    case Type::kMXFP4:
       return true;
   }
   return false;

@@ -58,6 +58,7 @@ constexpr int64_t kBytes = T == Type::kQ8_0     ? 34
                            : T == Type::kQ4_K   ? 144
                            : T == Type::kQ5_K   ? 176
                            : T == Type::kQ6_K   ? 210
+                           : T == Type::kMXFP4  ? 17
                                                 : 136;  // IQ4_XS
 // Whether a value is d * q + m, or d * q - m (kMin), else d * q.
 template <Type T>
@@ -77,6 +78,12 @@ TE_AVX512_INLINE __m128i bits(__m128i v, int shift, int mask) {
 // IQ4_NL's and IQ4_XS's levels at 16 nibbles (ggml_blocks.h kIq4Values).
 TE_AVX512_INLINE __m128i iq4_levels(__m128i nibbles) {
   const __m128i levels = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blocks::kIq4Values));
+  return _mm_shuffle_epi8(levels, nibbles);
+}
+
+// MXFP4's levels at 16 nibbles (ggml_blocks.h kMxfp4Values).
+TE_AVX512_INLINE __m128i mxfp4_levels(__m128i nibbles) {
+  const __m128i levels = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blocks::kMxfp4Values));
   return _mm_shuffle_epi8(levels, nibbles);
 }
 
@@ -116,9 +123,16 @@ TE_AVX512_INLINE void groups_small(const unsigned char* p, float d, float m, Sin
   sink(0, lo, hi, d, m);
 }
 
-// The 32-value types: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL (layouts in ggml_blocks.h decode_32).
+// The 32-value types: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4 (layouts in ggml_blocks.h
+// decode_32).
 template <Type T, typename Sink>
 TE_AVX512_INLINE void groups_32(const float* table, const unsigned char* p, Sink& sink) {
+  if constexpr (T == Type::kMXFP4) {
+    const __m128i v = load16(p + 1);
+    sink(0, mxfp4_levels(bits(v, 0, 0x0F)), mxfp4_levels(bits(v, 4, 0x0F)), blocks::e8m0_half(p[0]),
+         0.0f);
+    return;
+  }
   const float d = f16_at(table, p);
   const float m = kOffset<T> ? f16_at(table, p + 2) : 0.0f;
   if constexpr (T == Type::kQ8_0) {

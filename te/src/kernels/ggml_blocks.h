@@ -27,6 +27,19 @@ constexpr int64_t kQK = 256;  // the K-quants' super-block
 constexpr int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                    1,    13,   25,  38,  53,  69,  89,  113};
 
+// MXFP4's 16 levels: E2M1's values doubled (ggml-common.h kvalues_mxfp4; gguf-py MXFP4.kvalues),
+// the block's scale halved to match (e8m0_half).
+constexpr int8_t kMxfp4Values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+// An E8M0 scale 2^(e - 127), halved: ggml-impl.h ggml_e8m0_to_fp32_half (gguf-py
+// MXFP4.e8m0_to_fp32_half), e < 2 the subnormals 2^-128 and 2^-127.
+inline float e8m0_half(unsigned char e) {
+  const uint32_t bits = e < 2 ? 0x00200000u << e : static_cast<uint32_t>(e - 1) << 23;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
 inline float half_bits_to_float(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
   const uint32_t exp = (h >> 10) & 0x1F, man = h & 0x3FF;
@@ -87,7 +100,7 @@ TE_GGML_INLINE void decode_float(const float* table, const unsigned char* p, flo
   }
 }
 
-// The 32-value types: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL.
+// The 32-value types: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4.
 template <Type T>
 TE_GGML_INLINE void decode_32(const float* table, const unsigned char* p, float* out) {
   switch (T) {
@@ -116,8 +129,8 @@ TE_GGML_INLINE void decode_32(const float* table, const unsigned char* p, float*
       const float m = T == Type::kQ5_1 ? f16_at(table, p + 2) : 0.0f;
       const unsigned char* h = p + (T == Type::kQ5_1 ? 4 : 2);
       const unsigned char* qs = h + 4;
-      const uint32_t qh = static_cast<uint32_t>(h[0] | h[1] << 8 | h[2] << 16) |
-                          static_cast<uint32_t>(h[3]) << 24;
+      const uint32_t qh =
+          static_cast<uint32_t>(h[0] | h[1] << 8 | h[2] << 16) | static_cast<uint32_t>(h[3]) << 24;
       // Two loops (low nibbles, then high ones), each of which vectorises whole.
       int q[32];
       for (int j = 0; j < 16; ++j) q[j] = qs[j] & 0x0F;
@@ -137,6 +150,15 @@ TE_GGML_INLINE void decode_32(const float* table, const unsigned char* p, float*
       const float d = f16_at(table, p);
       for (int j = 0; j < 16; ++j) out[j] = d * static_cast<float>(kIq4Values[p[2 + j] & 0x0F]);
       for (int j = 0; j < 16; ++j) out[j + 16] = d * static_cast<float>(kIq4Values[p[2 + j] >> 4]);
+      return;
+    }
+    case Type::kMXFP4: {
+      // An E8M0 scale byte, 16 bytes of nibbles (low ones values 0-15) indexing MXFP4's levels.
+      const float d = e8m0_half(p[0]);
+      for (int j = 0; j < 16; ++j) out[j] = d * static_cast<float>(kMxfp4Values[p[1 + j] & 0x0F]);
+      for (int j = 0; j < 16; ++j) {
+        out[j + 16] = d * static_cast<float>(kMxfp4Values[p[1 + j] >> 4]);
+      }
       return;
     }
     default:

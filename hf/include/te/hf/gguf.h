@@ -2,8 +2,8 @@
 
 // GGUF files (llama.cpp's format, versions 2 and 3): the metadata key/values, the tensor table,
 // and any box of a tensor read with only the bytes of its blocks and dequantized to float32:
-// F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS
-// (the block layouts of ggml, as gguf-py's
+// F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS,
+// MXFP4 (the block layouts of ggml, as gguf-py's
 // quants.py dequantizes them; tests/interop/check_gguf.py holds te-cpp to it). The parser takes
 // untrusted files: every count, length and offset is checked against the file's size, and a
 // damaged or hostile file ends in a te::Error naming the file and the field (fuzz/fuzz_gguf.cpp).

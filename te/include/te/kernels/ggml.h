@@ -12,7 +12,8 @@
 namespace te::ggml {
 
 /// ggml's tensor types that te-cpp reads (their ggml numbers): every type of llama.cpp's
-/// standard quantization mixes (Q2_K to Q8_0, IQ4_NL, IQ4_XS) and the float ones.
+/// standard quantization mixes (Q2_K to Q8_0, IQ4_NL, IQ4_XS), MXFP4 (OCP's microscaling FP4, in
+/// which llama.cpp's converter keeps gpt-oss's experts) and the float ones.
 enum class Type : uint32_t {
   kF32 = 0,
   kF16 = 1,
@@ -29,6 +30,7 @@ enum class Type : uint32_t {
   kIQ4_NL = 20,
   kIQ4_XS = 23,
   kBF16 = 30,
+  kMXFP4 = 39,
 };
 
 /// A type's block: `elements` values stored in `bytes` bytes (1 and 4 for F32).
