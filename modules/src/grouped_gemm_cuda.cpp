@@ -4,14 +4,17 @@
 // C^T [n, m] = op(B)^T @ op(A)^T, so each product is handed over as (B, A) with m and n swapped;
 // a row-major matrix stored [r, c] is a column-major [c, r] of leading dimension c. Each product
 // is its own group of one (the groups' row counts differ); the pointer arrays go to the device
-// in one copy, the shapes stay on the host, as cublasGemmGroupedBatchedEx takes them.
+// in one asynchronous copy from pinned memory (LibTorch's host allocator keeps the buffer until
+// the copy is done), the shapes stay on the host, as cublasGemmGroupedBatchedEx takes them.
 
 #include "grouped_gemm_cuda.h"
 
 #include <ATen/Context.h>
 #include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <cublas_v2.h>
 
+#include <cstdint>
 #include <limits>
 #include <string>
 
@@ -48,15 +51,40 @@ int as_int(int64_t v, const char* what) {
   return static_cast<int>(v);
 }
 
-// Every product in one cublasGemmGroupedBatchedEx on LibTorch's current stream.
-void run(const std::vector<Product>& products, const at::Tensor& like) {
-  if (products.empty()) return;
+#if defined(CUBLAS_VERSION) && CUBLAS_VERSION >= 120500
+constexpr bool kGrouped = true;
+#else
+constexpr bool kGrouped = false;  // cublasGemmGroupedBatchedEx came with cuBLAS 12.5
+#endif
+
+// Whether cuBLAS takes `p` as a matrix of leading dimension `ld`: 16-byte aligned, rows of a
+// multiple of 16 bytes (what its tensor-core kernels read in; anything else is looped).
+bool aligned(const void* p, int64_t ld, int64_t element) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0 && (ld * element) % 16 == 0;
+}
+
+// Every product in one cublasGemmGroupedBatchedEx on the device's current stream; false (nothing
+// done) where cuBLAS cannot take them all.
+bool run(const std::vector<Product>& products, const at::Tensor& like) {
+  if (products.empty()) return true;
+  if (!kGrouped) return false;
+  const int64_t element = like.element_size();
+  for (const Product& g : products) {
+    if (g.m == 0 || g.n == 0 || g.k == 0) return false;
+    if (!aligned(g.a, g.trans_a ? g.m : g.k, element) ||
+        !aligned(g.b, g.trans_b ? g.k : g.n, element) || !aligned(g.c, g.n, element)) {
+      return false;
+    }
+  }
+#if defined(CUBLAS_VERSION) && CUBLAS_VERSION >= 120500
+  const c10::cuda::CUDAGuard guard(like.device());  // the handle and stream of its device
   const int count = static_cast<int>(products.size());
   std::vector<cublasOperation_t> op_first(count), op_second(count);
   std::vector<int> m(count), n(count), k(count), ld_first(count), ld_second(count), ld_c(count);
   const std::vector<int> one(count, 1);
   const std::vector<float> alpha(count, 1.0f), beta(count, 0.0f);
-  at::Tensor pointers = at::empty({3 * static_cast<int64_t>(count)}, at::kLong);
+  at::Tensor pointers = at::empty({3 * static_cast<int64_t>(count)},
+                                  at::TensorOptions().dtype(at::kLong).pinned_memory(true));
   int64_t* p = pointers.data_ptr<int64_t>();
   for (int i = 0; i < count; ++i) {
     const Product& g = products[static_cast<std::size_t>(i)];
@@ -73,7 +101,7 @@ void run(const std::vector<Product>& products, const at::Tensor& like) {
     p[count + i] = reinterpret_cast<int64_t>(g.a);
     p[2 * count + i] = reinterpret_cast<int64_t>(g.c);
   }
-  const at::Tensor on_device = pointers.to(like.device());
+  const at::Tensor on_device = pointers.to(like.device(), /*non_blocking=*/true);
   const auto* arrays = reinterpret_cast<void* const*>(on_device.data_ptr<int64_t>());
   const cudaDataType_t type = cuda_type(like.scalar_type());
   // fp32 as at::mm computes it: TF32 tensor cores where LibTorch allows them for cuBLAS.
@@ -89,6 +117,8 @@ void run(const std::vector<Product>& products, const at::Tensor& like) {
   TE_CHECK(status == CUBLAS_STATUS_SUCCESS, "grouped_dense: cublasGemmGroupedBatchedEx returned ",
            "cuBLAS status ", static_cast<int>(status), " for ", count, " GEMMs of ",
            like.scalar_type());
+#endif
+  return true;
 }
 
 char* bytes(const at::Tensor& t) { return static_cast<char*>(t.data_ptr()); }
@@ -100,7 +130,7 @@ bool grouped_gemm_on_cuda(const at::Tensor& x) {
   return x.is_cuda() && (t == at::kFloat || t == at::kBFloat16 || t == at::kHalf);
 }
 
-void grouped_forward_cuda(const at::Tensor& x, const at::Tensor& kernel,
+bool grouped_forward_cuda(const at::Tensor& x, const at::Tensor& kernel,
                           const std::vector<int64_t>& splits, const at::Tensor& y) {
   const int64_t in = kernel.size(1), out = kernel.size(2), size = x.element_size();
   std::vector<Product> products;
@@ -112,10 +142,10 @@ void grouped_forward_cuda(const at::Tensor& x, const at::Tensor& kernel,
     }
     row += splits[g];
   }
-  run(products, x);
+  return run(products, x);
 }
 
-void grouped_dgrad_cuda(const at::Tensor& dy, const at::Tensor& kernel,
+bool grouped_dgrad_cuda(const at::Tensor& dy, const at::Tensor& kernel,
                         const std::vector<int64_t>& splits, const at::Tensor& dx) {
   const int64_t in = kernel.size(1), out = kernel.size(2), size = dy.element_size();
   std::vector<Product> products;
@@ -127,10 +157,10 @@ void grouped_dgrad_cuda(const at::Tensor& dy, const at::Tensor& kernel,
     }
     row += splits[g];
   }
-  run(products, dy);
+  return run(products, dy);
 }
 
-void grouped_wgrad_cuda(const at::Tensor& x, const at::Tensor& dy,
+bool grouped_wgrad_cuda(const at::Tensor& x, const at::Tensor& dy,
                         const std::vector<int64_t>& splits, const at::Tensor& dkernel) {
   const int64_t in = x.size(1), out = dy.size(1), size = x.element_size();
   std::vector<Product> products;
@@ -142,7 +172,7 @@ void grouped_wgrad_cuda(const at::Tensor& x, const at::Tensor& dy,
     }
     row += splits[g];
   }
-  run(products, x);
+  return run(products, x);
 }
 
 }  // namespace te::nn::detail

@@ -27,8 +27,9 @@ using torch::autograd::variable_list;
 
 // Every group's GEMM in one node: each writes its rows of one output (forward) and of dx, its
 // own dkernel[g] and dbias[g] (backward); a group of no rows contributes zeros. On CUDA (fp32,
-// bf16, fp16 in a CUDA LibTorch build) the GEMMs of a pass are one cuBLAS grouped GEMM
-// (grouped_gemm_cuda.h); the biases are added per group as on the CPU.
+// bf16, fp16 in a CUDA LibTorch build) the GEMMs of a pass are one cuBLAS grouped GEMM where
+// cuBLAS takes them (grouped_gemm_cuda.h), else the loop below; the biases go per group either
+// way.
 struct GroupedGemm : torch::autograd::Function<GroupedGemm> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& kernel,
                             const at::Tensor& bias, const std::vector<int64_t>& splits) {
@@ -37,8 +38,8 @@ struct GroupedGemm : torch::autograd::Function<GroupedGemm> {
     ctx->saved_data["splits"] = c10::IValue(splits);
     ctx->saved_data["bias"] = bias.numel() > 0;
 #ifdef TE_TORCH_CUDA
-    if (te::nn::detail::grouped_gemm_on_cuda(x)) {
-      te::nn::detail::grouped_forward_cuda(x, kernel.contiguous(), splits, y);
+    if (te::nn::detail::grouped_gemm_on_cuda(x) &&
+        te::nn::detail::grouped_forward_cuda(x, kernel.contiguous(), splits, y)) {
       if (bias.numel() > 0) {
         int64_t row = 0;
         for (size_t g = 0; g < splits.size(); ++g) {
@@ -76,17 +77,13 @@ struct GroupedGemm : torch::autograd::Function<GroupedGemm> {
     at::Tensor dk = want_dk ? at::zeros(kernel.sizes(), kernel.options()) : at::Tensor();
     at::Tensor db =
         with_bias ? at::zeros({kernel.size(0), kernel.size(2)}, dy.options()) : at::Tensor();
+    // Each gradient the grouped GEMM took is done; the loop makes the rest.
+    bool dx_done = !want_dx, dk_done = !want_dk;
 #ifdef TE_TORCH_CUDA
     if (te::nn::detail::grouped_gemm_on_cuda(dy)) {
       const at::Tensor k = kernel.contiguous();
-      if (want_dx) te::nn::detail::grouped_dgrad_cuda(dy, k, splits, dx);
-      if (want_dk) te::nn::detail::grouped_wgrad_cuda(x, dy, splits, dk);
-      int64_t row = 0;
-      for (size_t g = 0; g < splits.size() && with_bias; ++g) {
-        if (splits[g] > 0) db[g].copy_(dy.narrow(0, row, splits[g]).sum(0));
-        row += splits[g];
-      }
-      return {dx, dk, db, at::Tensor()};
+      dx_done = dx_done || te::nn::detail::grouped_dgrad_cuda(dy, k, splits, dx);
+      dk_done = dk_done || te::nn::detail::grouped_wgrad_cuda(x, dy, splits, dk);
     }
 #endif
     int64_t row = 0;
@@ -94,11 +91,11 @@ struct GroupedGemm : torch::autograd::Function<GroupedGemm> {
       const int64_t rows = splits[g];
       if (rows == 0) continue;
       const at::Tensor d = dy.narrow(0, row, rows);
-      if (want_dx) {
+      if (!dx_done) {
         at::Tensor out = dx.narrow(0, row, rows);
         at::mm_out(out, d, kernel[g].t());
       }
-      if (want_dk) {
+      if (!dk_done) {
         at::Tensor out = dk[g];
         at::mm_out(out, x.narrow(0, row, rows).t(), d);
       }

@@ -97,7 +97,8 @@ TEST(ModulesOnCuda, OutputsAndGradientsMatchTheCpu) {
 }
 
 // GroupedLinear's GEMMs on the device, one cuBLAS grouped GEMM per pass (forward, dgrad,
-// wgrad): uneven groups and an empty one, with and without biases, fp32 (no TF32) and bf16.
+// wgrad): uneven groups and an empty one, with and without biases, fp32 (no TF32) and bf16; and
+// sizes whose rows are not 16-byte multiples (47 -> 33), which the per-group loop takes.
 TEST(ModulesOnCuda, GroupedLinearsGroupedGemmMatchesTheCpu) {
   if (!have_cuda()) GTEST_SKIP() << "no CUDA device (or this LibTorch has no CUDA)";
   at::globalContext().setAllowTF32CuBLAS(false);
@@ -105,18 +106,21 @@ TEST(ModulesOnCuda, GroupedLinearsGroupedGemmMatchesTheCpu) {
   const auto forward = [&](GroupedLinearImpl& m, const at::Tensor& t) {
     return m.forward(t, splits);
   };
-  for (const bool bias : {true, false}) {
-    at::manual_seed(6);
-    GroupedLinear experts(GroupedLinearOptions(5, 48, 40).use_bias(bias));
-    if (bias) {
-      torch::NoGradGuard no_grad;
-      experts->bias.normal_();
+  for (const auto& [in, out] : {std::pair<int64_t, int64_t>{48, 40}, {47, 33}}) {
+    for (const bool bias : {true, false}) {
+      at::manual_seed(6);
+      GroupedLinear experts(GroupedLinearOptions(5, in, out).use_bias(bias));
+      if (bias) {
+        torch::NoGradGuard no_grad;
+        experts->bias.normal_();
+      }
+      const std::string name = "GroupedLinear " + std::to_string(in) + " -> " +
+                               std::to_string(out) + (bias ? "" : " without biases");
+      expect_cuda_matches_cpu(experts, randn({60, in}, 7), forward, name);
+      experts->to(at::kBFloat16);
+      expect_cuda_matches_cpu(experts, randn({60, in}, 8).to(at::kBFloat16), forward,
+                              name + " bf16", 3e-2);
     }
-    expect_cuda_matches_cpu(experts, randn({60, 48}, 7), forward,
-                            bias ? "GroupedLinear" : "GroupedLinear without biases");
-    experts->to(at::kBFloat16);
-    expect_cuda_matches_cpu(experts, randn({60, 48}, 8).to(at::kBFloat16), forward,
-                            "GroupedLinear bf16", 3e-2);
   }
 }
 
