@@ -74,9 +74,10 @@ class GgufSource : public TensorSource {
       // llama.cpp's RoPE frequency factors are the config's (gguf_config), not weights.
       if (t.name == kRopeFreqs || t.name == kRopeShort || t.name == kRopeLong) continue;
       if (const GgufExperts* e = experts_of(*family.gguf, t.name)) {
-        TE_CHECK(t.shape.size() == 2 || t.shape.size() == 3, "gguf: '", t.name, "' in '",
-                 file_.path(), "' is ", at::IntArrayRef(t.shape),
-                 "; the experts' tensor is [experts, rows, cols] (a bias [experts, cols])");
+        const bool bias = t.name.size() > 5 && t.name.compare(t.name.size() - 5, 5, ".bias") == 0;
+        TE_CHECK(t.shape.size() == (bias ? 2u : 3u), "gguf: '", t.name, "' in '", file_.path(),
+                 "' is ", at::IntArrayRef(t.shape), "; the experts' ",
+                 bias ? "bias is [experts, cols]" : "tensor is [experts, rows, cols]");
         const std::string layer = "model.layers." + layer_part(t.name)->first + ".";
         for (int64_t x = 0; x < t.shape[0]; ++x) {
           add(layer + e->prefix + std::to_string(x) + e->suffix, {t.name, x});

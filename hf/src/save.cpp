@@ -114,6 +114,49 @@ void check_same_sizes(const CausalLMConfig& given, const CausalLMConfig& model,
   same("moe_intermediate_size", given.moe_intermediate_size, model.moe_intermediate_size);
   same("shared_expert_intermediate_size", given.shared_expert_intermediate_size,
        model.shared_expert_intermediate_size);
+  // What the layers compute: a file saved with `given` would be read as computing that.
+  auto differ = [&](const char* field, const std::string& a, const std::string& b) {
+    TE_CHECK(a == b, where, " says ", field, " ", a, " but the model computes ", b,
+             "; its readers would run another model: give the config the model was built from");
+  };
+  auto text = [](double v) { return c10::str(v); };
+  auto list = [&](const std::vector<double>& v) {
+    std::string s;
+    for (const double x : v) s += (s.empty() ? "" : ",") + text(static_cast<float>(x));
+    return "[" + s + "]";
+  };
+  auto windows = [](const CausalLMConfig& c) {
+    std::string s;
+    for (const auto& w : c.layer_windows)
+      s += (s.empty() ? "" : ",") + (w ? std::to_string(*w) : "-");
+    return "[" + s + "]";
+  };
+  differ("rope_type", given.rope_type, model.rope_type);
+  differ("rope_theta", text(given.rope_theta), text(model.rope_theta));
+  differ("the RoPE frequency factors", list(given.rope_freq_factors),
+         list(model.rope_freq_factors));
+  differ("the RoPE attention factor", text(static_cast<float>(given.rope_attention_factor)),
+         text(static_cast<float>(model.rope_attention_factor)));
+  differ("the layers' windows", windows(given), windows(model));
+  std::string a_act, m_act;
+  for (const auto& a : given.mlp_activations) a_act += a + " ";
+  for (const auto& a : model.mlp_activations) m_act += a + " ";
+  differ("the MLP activations", a_act, m_act);
+  if (model.mlp_activations.size() > 0 && model.mlp_activations[0].rfind("clamped", 0) == 0) {
+    differ("swiglu_limit", text(given.swiglu_limit), text(model.swiglu_limit));
+    differ("swiglu_alpha", text(given.swiglu_alpha), text(model.swiglu_alpha));
+  }
+  auto flag = [&](const char* field, bool a, bool b) {
+    differ(field, a ? "true" : "false", b ? "true" : "false");
+  };
+  flag("attention sinks", given.attention_sinks, model.attention_sinks);
+  flag("qk_norm", given.qk_norm, model.qk_norm);
+  flag("q/k norms over the heads", given.qk_norm_over_heads, model.qk_norm_over_heads);
+  differ("clip_qkv", text(given.clip_qkv), text(model.clip_qkv));
+  if (model.num_experts > 0) {
+    flag("norm_topk_prob", given.norm_topk_prob, model.norm_topk_prob);
+    flag("the router's bias", given.router_bias, model.router_bias);
+  }
 }
 
 }  // namespace detail

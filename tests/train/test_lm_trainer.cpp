@@ -293,6 +293,12 @@ TEST_F(LmTrainerTest, ASavedModelLoadsBack) {
   EXPECT_ERROR(te::hf::save_causal_lm(*trainer.model(), out, tied.dump()),
                "save_causal_lm: the config for '" + out +
                    "' says tie_word_embeddings 1 but the model has 0");
+  // Sizes alike, but layers that compute otherwise: the file would be read as another model.
+  nlohmann::json other_rope = j;
+  other_rope["rope_theta"] = 500000.0;
+  EXPECT_ERROR(te::hf::save_causal_lm(*trainer.model(), out, other_rope.dump()),
+               "' says rope_theta 500000 but the model computes 10000; its readers would run "
+               "another model");
   te::hf::save_causal_lm(*trainer.model(), out, j.dump());
   te::hf::CausalLM loaded = te::hf::load_causal_lm(out);
   const auto want = trainer.model()->named_parameters();

@@ -15,6 +15,15 @@ namespace te::hf::detail {
 
 namespace {
 
+// What every gpt-oss layer is, whatever the file: learned sinks, the clamped SwiGLU of biased
+// experts, the router's bias (GptOssAttention, GptOssExperts, GptOssTopKRouter).
+void set_gpt_oss_layers(CausalLMConfig& c) {
+  c.attention_sinks = true;
+  c.mlp_activations = {"clamped_silu", "clamped_linear"};
+  c.router_bias = true;
+  c.mlp_bias = true;
+}
+
 // GptOssConfig.__post_init__'s rope_parameters when config.json has none.
 const json& default_rope() {
   static const json kYarn = {{"rope_type", "yarn"}, {"factor", 32.0},
@@ -37,12 +46,11 @@ void read_config(Fields& f, CausalLMConfig& c) {
   defaults.rope.theta = 150000;
   defaults.rope.default_parameters = default_rope();
   read_rope_decoder_config(f, c, defaults);
-  c.mlp_activations = {"clamped_silu", "clamped_linear"};
+  set_gpt_oss_layers(c);
   c.swiglu_limit = f.number_or("swiglu_limit", 7.0);
   c.swiglu_alpha = f.number_or("swiglu_alpha", 1.702);
   c.attention_bias = f.boolean_or("attention_bias", true);
   c.qkv_bias = c.attention_bias;
-  c.attention_sinks = true;
   // transformers builds both masks whatever the layers are, and a null window cannot make one
   // (masking_utils.create_sliding_window_causal_mask): refused even with no sliding layer.
   if (f.contains("sliding_window") && !f.has("sliding_window")) {
@@ -50,8 +58,6 @@ void read_config(Fields& f, CausalLMConfig& c) {
   }
   read_alternating_windows(f, c, 2, 128);
   read_moe_config(f, c, {"num_local_experts", false, false});
-  c.router_bias = true;
-  c.mlp_bias = true;
 }
 
 // llama.cpp's gpt-oss (conversion/gpt_oss.py GptOssModel; src/models/openai-moe.cpp at
@@ -61,12 +67,10 @@ void read_config(Fields& f, CausalLMConfig& c) {
 // (the file keeps neither), windows of attention.sliding_window on the even layers
 // (load_swa_pattern(ml, 2) without a pattern key), YaRN from the rope.scaling keys.
 void read_gguf_config(GgufKeys& k, CausalLMConfig& c) {
-  read_moe_gguf(k, c, {/*renormalise=*/true, /*shared=*/false});
-  c.router_aux_loss_coef = 0.9;  // GptOssConfig's
-  c.router_bias = true;
-  c.mlp_bias = true;
-  c.attention_sinks = true;
-  c.mlp_activations = {"clamped_silu", "clamped_linear"};
+  MoeGguf m;
+  m.ffn_length_required = true;
+  read_moe_gguf(k, c, m);  // router_aux_loss_coef 0.001, GptOssConfig's too
+  set_gpt_oss_layers(c);
   c.swiglu_limit = 7.0;
   c.swiglu_alpha = 1.702;
   const auto window = k.integer("attention.sliding_window");

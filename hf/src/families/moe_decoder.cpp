@@ -238,11 +238,14 @@ void read_moe_gguf(GgufKeys& k, CausalLMConfig& c, const MoeGguf& m) {
     k.fail("expert_used_count", std::to_string(c.num_experts_per_tok) + " is more than the " +
                                     std::to_string(c.num_experts) + " experts");
   }
+  const auto expert_length = k.integer("expert_feed_forward_length");
+  if (m.ffn_length_required && !expert_length) {
+    k.fail("expert_feed_forward_length", "is missing; this architecture's experts need it");
+  }
   c.moe_intermediate_size =
       m.ffn_length ? c.intermediate_size
                    : positive("expert_feed_forward_length",
-                              k.integer("expert_feed_forward_length")
-                                  .value_or(c.intermediate_size / c.num_experts_per_tok));
+                              expert_length.value_or(c.intermediate_size / c.num_experts_per_tok));
   if (m.shared) {
     c.shared_expert_intermediate_size =
         positive("expert_shared_feed_forward_length",

@@ -63,6 +63,8 @@ struct MoeGguf {
   /// The experts are of feed_forward_length (Mixtral's llama), not expert_feed_forward_length
   /// (else feed_forward_length / experts used, as llama.cpp's qwen*moe).
   bool ffn_length = false;
+  /// expert_feed_forward_length must be given (gpt-oss: llama.cpp reads it without a default).
+  bool ffn_length_required = false;
 };
 
 /// A GGUF file's experts (llama.cpp's keys, src/llama-model.cpp and models/qwen*moe.cpp,
