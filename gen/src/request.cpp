@@ -38,12 +38,13 @@ std::optional<BadField> prompt_problem(const std::vector<int64_t>& prompt, const
   if (auto outside = outside_vocabulary(prompt, l.vocab_size, "prompt", "prompt")) return outside;
   const auto length = static_cast<int64_t>(prompt.size());
   if (length < l.max_sequence_length) return std::nullopt;
-  if (l.context.empty()) {
-    return bad("prompt", "the prompt has ", length, " tokens; max_sequence_length ",
-               l.max_sequence_length, " leaves no room to generate");
-  }
-  return bad("prompt", "the prompt is ", length, " tokens; ", l.context, " holds ",
-             l.max_sequence_length, ", prompt and generated tokens together");
+  BadField b = l.context.empty()
+                   ? bad("prompt", "the prompt has ", length, " tokens; max_sequence_length ",
+                         l.max_sequence_length, " leaves no room to generate")
+                   : bad("prompt", "the prompt is ", length, " tokens; ", l.context, " holds ",
+                         l.max_sequence_length, ", prompt and generated tokens together");
+  b.code = "context_length_exceeded";
+  return b;
 }
 
 }  // namespace
@@ -55,10 +56,12 @@ std::optional<BadField> request_problem(const std::vector<int64_t>& prompt,
   if (o.max_tokens < 1) return bad(max_tokens, max_tokens, " ", o.max_tokens, " must be >= 1");
   const int64_t room = l.max_sequence_length - static_cast<int64_t>(prompt.size());
   if (l.max_tokens_within_context && o.max_tokens > room) {
-    return bad(max_tokens, "\"", max_tokens, "\" is ", o.max_tokens, " but the prompt's ",
-               prompt.size(), " tokens leave ", room, " of ",
-               l.context.empty() ? "max_sequence_length" : l.context, " of ",
-               l.max_sequence_length);
+    BadField b =
+        bad(max_tokens, "\"", max_tokens, "\" is ", o.max_tokens, " but the prompt's ",
+            prompt.size(), " tokens leave ", room, " of ",
+            l.context.empty() ? "max_sequence_length" : l.context, " of ", l.max_sequence_length);
+    b.code = "context_length_exceeded";
+    return b;
   }
   if (o.top_logprobs < 0 || o.top_logprobs > kMaxTopLogprobs) {
     return bad("top_logprobs", "top_logprobs ", o.top_logprobs, " must be in [0, ", kMaxTopLogprobs,

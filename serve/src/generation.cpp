@@ -160,7 +160,8 @@ te::gen::GenerateOptions Generator::generate_options(const CompletionRequest& r,
   limits.max_tokens_field = r.max_tokens_field;
   if (const auto bad = te::gen::request_problem(ids, o, limits)) {
     throw HttpError(400, bad->message,
-                    bad->field == "prompt" && r.chat ? std::string("messages") : bad->field);
+                    bad->field == "prompt" && r.chat ? std::string("messages") : bad->field,
+                    bad->code);
   }
   if (!r.ignore_eos) {  // the model's own, after the check (the request's are checked)
     o.stop_token_ids.insert(o.stop_token_ids.end(), defaults_.eos_token_ids.begin(),

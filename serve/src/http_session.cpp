@@ -141,11 +141,25 @@ void Session::dispatch() {
   exchange_->session = weak_from_this();
   exchange_->io = &server_.io;
   watch();
-  const auto route = server_.routes.find({head_only_ ? "GET" : request.method, request.path});
+  const std::string method = head_only_ ? "GET" : request.method;
+  auto route = server_.routes.find({method, request.path});
+  if (route == server_.routes.end()) {  // the longest "/prefix/*" with a path below it
+    std::size_t longest = 0;
+    for (auto r = server_.routes.begin(); r != server_.routes.end(); ++r) {
+      const std::string& p = r->first.second;
+      const bool prefix = p.size() >= 2 && p.compare(p.size() - 2, 2, "/*") == 0;
+      if (r->first.first != method || !prefix || p.size() <= longest) continue;
+      const std::size_t stem = p.size() - 1;  // through the '/'
+      if (request.path.size() > stem && request.path.compare(0, stem, p, 0, stem) == 0) {
+        route = r;
+        longest = p.size();
+      }
+    }
+  }
   if (route == server_.routes.end()) {
     fail(exchange_, 404,
          "no endpoint " + request.method + " " + request.path + "; use " +
-             server_.options.endpoints + ", GET /healthz or GET /metrics");
+             server_.options.endpoints + ", GET /health or GET /metrics");
     return;
   }
   auto run = [handler = route->second.handler, request = std::move(request),

@@ -21,6 +21,9 @@ EmbeddingsRequest decode_embeddings(std::string_view body, std::size_t max_input
                              "\" is not a field of an embeddings request (input, "
                              "model, encoding_format, dimensions, user)");
   }
+  if (const auto m = doc.find("model"); m != doc.end() && !m->is_null()) {
+    r.model = utf8_string(*m, "model");
+  }
   const auto input = doc.find("input");
   if (input == doc.end()) {
     throw HttpError(400, "the body has no \"input\"; send {\"input\": \"...\"} or a list");

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "te/runtime/runtime.h"
 #include "te/serve/generation.h"
 #include "te/serve/openai.h"
 #include "te/serve/service.h"
@@ -55,14 +56,20 @@ json logprobs_json(const CompletionRequest& r, const std::vector<TokenInfo>& tok
   return l;
 }
 
+// OpenAI's usage; no prompt token comes from a cache yet (cached_tokens 0).
 json usage(const GenerationStream& s) {
   return {{"prompt_tokens", s.prompt_tokens()},
           {"completion_tokens", s.completion_tokens()},
-          {"total_tokens", s.prompt_tokens() + s.completion_tokens()}};
+          {"total_tokens", s.prompt_tokens() + s.completion_tokens()},
+          {"prompt_tokens_details", {{"cached_tokens", 0}}}};
 }
 
 json envelope(const GenerationStream& s, const std::string& model, const char* object) {
-  return {{"id", s.id()}, {"object", object}, {"created", s.created()}, {"model", model}};
+  return {{"id", s.id()},
+          {"object", object},
+          {"created", s.created()},
+          {"model", model},
+          {"system_fingerprint", system_fingerprint()}};
 }
 
 }  // namespace
@@ -110,15 +117,33 @@ std::string encode_event(const GenerationStream& s, const std::string& model, co
   return "data: " + dump(out) + "\n\n";
 }
 
-std::string openai_error_body(int status, const std::string& message, const std::string& param) {
+std::string openai_error_body(int status, const std::string& message, const std::string& param,
+                              const std::string& code) {
   const char* type = status == 503   ? "service_unavailable"
                      : status >= 500 ? "server_error"
+                     : status == 404 ? "not_found_error"
                                      : "invalid_request_error";
   return dump({{"error",
                 {{"message", message},
                  {"type", type},
                  {"param", param.empty() ? json(nullptr) : json(param)},
-                 {"code", nullptr}}}});
+                 {"code", code.empty() ? json(nullptr) : json(code)}}}});
+}
+
+std::string openai_error_body(const HttpError& e) {
+  return openai_error_body(e.status, e.what(), e.param, e.code);
+}
+
+const std::string& system_fingerprint() {
+  static const std::string kFingerprint = [] {
+    std::string info = te::build_info();  // "te-cpp <version>\n..."
+    info = info.substr(0, info.find('\n'));
+    for (char& c : info) {
+      if (c == ' ') c = '-';
+    }
+    return info;
+  }();
+  return kFingerprint;
 }
 
 std::string encode_embeddings(const Embeddings& e, bool base64, const std::string& model) {
@@ -156,7 +181,15 @@ std::string SseEvents::next(const GenerationStream& stream, const std::string& m
   if (piece.text.empty() && piece.tokens.empty() && piece.finish_reason.empty() && !first_) {
     return out;  // a held-back character: nothing more to send yet
   }
-  out += encode_event(stream, model, piece, first_);
+  if (!piece.finish_reason.empty() && (!piece.text.empty() || !piece.tokens.empty())) {
+    Piece last = piece;  // its text and tokens first, the finish_reason in an event of its own
+    last.finish_reason.clear();
+    out += encode_event(stream, model, last, first_);
+    first_ = false;
+  }
+  Piece finish;
+  if (!piece.finish_reason.empty()) finish.finish_reason = piece.finish_reason;
+  out += encode_event(stream, model, piece.finish_reason.empty() ? piece : finish, first_);
   first_ = false;
   if (!piece.finish_reason.empty()) {
     if (stream.request().include_usage) out += encode_event(stream, model, piece, false, true);

@@ -53,20 +53,21 @@ std::function<void()> event_reader(std::shared_ptr<GenerationStream> stream, std
 }
 
 // OpenAI's error object for a request that failed before its stream began.
-http::Response error_response(int status, const std::string& message, const std::string& param) {
+http::Response error_response(const HttpError& e) {
   http::Response res;
-  res.status = status;
-  res.body = openai_error_body(status, message, param);
-  if (status == 503) res.headers.emplace_back("Retry-After", "1");
+  res.status = e.status;
+  res.body = openai_error_body(e);
+  if (e.status == 503) res.headers.emplace_back("Retry-After", "1");
   return res;
 }
 
-http::Handler completions(Generator& generator, bool chat) {
-  return [&generator, chat](const http::Request& req, http::Reply reply) {
+http::Handler completions(Generator& generator, bool chat, const ModelNames& models) {
+  return [&generator, chat, models](const http::Request& req, http::Reply reply) {
     try {
       const CompletionRequest r = decode_completion(req.body, chat);
+      models.check(r.model);
       std::shared_ptr<GenerationStream> stream = generator.submit(r);
-      const std::string model = generator.model_name();  // the one that answers
+      const std::string model = models.primary();  // the one that answers
       // A client that goes cancels its request (its pages are freed at the next step) and stops
       // the stream's listening (which holds this reply: the two would hold each other).
       reply.on_gone([stream] {
@@ -77,29 +78,26 @@ http::Handler completions(Generator& generator, bool chat) {
           r.stream ? event_reader(stream, model, reply) : whole_reader(stream, model, reply);
       stream->listen([reply, read]() mutable { reply.post(read); });
     } catch (const HttpError& e) {
-      reply.send(error_response(e.status, e.what(), e.param));
+      reply.send(error_response(e));
     } catch (const std::exception& e) {
-      reply.send(error_response(500, std::string("generation failed: ") + e.what(), ""));
+      reply.send(error_response(HttpError(500, std::string("generation failed: ") + e.what())));
     }
   };
 }
 
 }  // namespace
 
-void add_generation_routes(http::Server& server, Generator& generator) {
-  server.route("POST", "/v1/completions", completions(generator, false));
-  server.route("POST", "/v1/chat/completions", completions(generator, true));
+void add_generation_routes(http::Server& server, Generator& generator, const ModelNames& models) {
+  server.route("POST", "/v1/completions", completions(generator, false, models));
+  server.route("POST", "/v1/chat/completions", completions(generator, true, models));
 }
 
 GenerationServer::GenerationServer(Generator& generator, Metrics& metrics,
                                    const ServerConfig& config)
     : generator_(generator),
       config_(config),
-      server_(make_server(config, metrics, "POST /v1/completions, POST /v1/chat/completions",
-                          [](int status, const std::string& message) {
-                            return openai_error_body(status, message, "");
-                          })) {
-  add_generation_routes(*server_, generator);
+      server_(make_server(config, metrics, "POST /v1/completions, POST /v1/chat/completions")) {
+  add_generation_routes(*server_, generator, config.models);
 }
 
 bool GenerationServer::start(const std::string& limits) {
@@ -107,6 +105,9 @@ bool GenerationServer::start(const std::string& limits) {
   if (port < 0) return false;
   std::cout << "te-serve: listening on http://" << config_.host << ":" << port
             << " (POST /v1/completions, POST /v1/chat/completions; " << limits << ")" << std::endl;
+  std::cout << "te-serve: serving the model as '" << config_.models.primary() << "'"
+            << (config_.models.names.size() > 1 ? " (and its other --served-model-name)" : "")
+            << std::endl;
   thread_ = std::thread([this] { server_->run(); });
   waiter_ = std::make_unique<SignalWaiter>([this] {
     generator_.drain();

@@ -19,11 +19,11 @@ http::Response answer(Metrics& metrics, const char* what,
     r.body = body_of();
   } catch (const HttpError& e) {
     r.status = e.status;
-    r.body = error_body(e.what());
+    r.body = openai_error_body(e);
     if (e.status == 503) r.headers.emplace_back("Retry-After", "1");
   } catch (const std::exception& e) {
     r.status = 500;
-    r.body = error_body(std::string(what) + " failed: " + e.what());
+    r.body = openai_error_body(500, std::string(what) + " failed: " + e.what(), "");
   }
   metrics.latency(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   return r;
@@ -54,16 +54,17 @@ Embeddings embed(const te::hf::SentenceEmbedder& embedder,
 
 void add_embeddings_routes(http::Server& server, Batcher<Embeddings>& batcher, Metrics& metrics,
                            std::size_t max_inputs, const te::hf::SentenceEmbedder& embedder,
-                           std::string model_name) {
-  server.route(
-      "POST", "/v1/embeddings",
-      [&, max_inputs, model = std::move(model_name)](const http::Request& req, http::Reply reply) {
-        reply.send(answer(metrics, "embedding", [&] {
-          EmbeddingsRequest r = decode_embeddings(req.body, max_inputs, embedder.dimensions());
-          auto a = batcher.submit(std::move(r.input));
-          return encode_embeddings(a.get(), r.base64, model);
-        }));
-      });
+                           const ModelNames& models) {
+  server.route("POST", "/v1/embeddings",
+               [&, max_inputs, models](const http::Request& req, http::Reply reply) {
+                 reply.send(answer(metrics, "embedding", [&] {
+                   EmbeddingsRequest r =
+                       decode_embeddings(req.body, max_inputs, embedder.dimensions());
+                   models.check(r.model);
+                   auto a = batcher.submit(std::move(r.input));
+                   return encode_embeddings(a.get(), r.base64, models.primary());
+                 }));
+               });
 }
 
 }  // namespace te::serve

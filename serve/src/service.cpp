@@ -57,11 +57,6 @@ Embeddings Embeddings::slice(std::size_t first, std::size_t last) const {
   return e;
 }
 
-// A message may quote the request's own bytes (a path, a field), which need not be UTF-8.
-std::string error_body(const std::string& message) {
-  return json{{"error", message}}.dump(-1, ' ', false, json::error_handler_t::replace);
-}
-
 // ---- the classifier ----------------------------------------------------------------------------
 
 namespace {

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "te/serve/server.h"
 
@@ -36,6 +37,7 @@ struct Args {
   bool dequantize_gguf = false;
   int nproc = 1;
   std::string mesh, mesh_resource, rules;
+  std::vector<std::string> served_model_names;
 };
 
 /// The options of every mode on `app`, bound to `args`.

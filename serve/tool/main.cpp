@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -140,7 +141,7 @@ int run_embedder(const Args& args, std::chrono::steady_clock::time_point start,
       args.fp8_weights ? "fp8" : "fp32", mib(te::nn::resident_bytes(*embedder.encoder())),
       mib(te::serve::resident_bytes()), mib(te::serve::resident_bytes() - resident_before));
   std::fflush(stdout);
-  return serve_sentences(args, nullptr, &embedder, name_of(args.model_dir));
+  return serve_sentences(args, nullptr, &embedder);
 }
 
 // --load: a te-encoder checkpoint's classifier behind POST /v1/classify, or --eval, --export-fp8.
@@ -164,10 +165,10 @@ int run_classifier(const Args& args, std::chrono::steady_clock::time_point start
     return 0;
   }
   if (!args.eval_tsv.empty()) return evaluate(classifier, args.eval_tsv, args.max_batch);
-  return serve_sentences(args, &classifier, nullptr, "");
+  return serve_sentences(args, &classifier, nullptr);
 }
 
-int run(const Args& args, const CLI::App& app) {
+int run(Args& args, const CLI::App& app) {
   const auto start = std::chrono::steady_clock::now();
   const int64_t resident_before = te::serve::resident_bytes();
   const bool decoder = !args.model_dir.empty() && is_decoder(args.model_dir);
@@ -176,7 +177,14 @@ int run(const Args& args, const CLI::App& app) {
     std::cerr << "te-serve: error: " << misuse << std::endl;
     return 2;
   }
-  if (decoder) return serve_generation(args, name_of(args.model_dir));
+  // The names the model answers to: --served-model-name, else its file or folder's name.
+  te::serve::ModelNames& models = args.server.models;
+  models.given = !args.served_model_names.empty();
+  models.names = models.given ? args.served_model_names
+                              : std::vector<std::string>{name_of(
+                                    args.model_dir.empty() ? args.load_dir : args.model_dir)};
+  models.created = static_cast<int64_t>(std::time(nullptr));
+  if (decoder) return serve_generation(args);
   if (!args.model_dir.empty()) return run_embedder(args, start, resident_before);
   return run_classifier(args, start, resident_before);
 }
@@ -208,7 +216,8 @@ int main(int argc, char** argv) {
       "    tools: 400. A sampling field left out takes the model's default (its\n"
       "    generation_config.json or GGUF general.sampling.* keys), else llama.cpp's\n"
       "    (temperature 0.8, top_k 40, top_p 0.95, min_p 0.05); te-serve prints them at start.\n"
-      "  GET /healthz, GET /metrics (Prometheus text)\n"
+      "  GET /v1/models, GET /v1/models/NAME: OpenAI's model list (--served-model-name's names)\n"
+      "  GET /health (or /healthz), GET /metrics (Prometheus text)\n"
       "Classify and embeddings requests are batched dynamically; generation requests are decoded\n"
       "together with continuous batching over a paged KV cache. SIGTERM stops taking requests,\n"
       "finishes in-flight ones (generation: within --drain-timeout) and exits 0."};

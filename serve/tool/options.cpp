@@ -36,6 +36,12 @@ void add_model_and_batching(CLI::App& app, Args& args) {
                                    "/v1/completions and /v1/chat/completions");
   load->excludes(model);
   model->excludes(load);
+  app.add_option("--served-model-name", args.served_model_names,
+                 "The names the model answers to (one or more): responses carry the first, GET "
+                 "/v1/models lists them, and a request naming another model is answered 404 "
+                 "model_not_found. Default: the --model / --load file or folder name, and any "
+                 "requested name is answered")
+      ->expected(1, -1);
   app.add_option("--host", args.server.host, "Address to listen on")->capture_default_str();
   app.add_option("--port", args.server.port, "Port (0: any free port, printed at start)")
       ->capture_default_str()

@@ -17,7 +17,7 @@ namespace te_serve {
 namespace serve = te::serve;
 
 int serve_sentences(const Args& args, const serve::Classifier* classifier,
-                    const te::hf::SentenceEmbedder* embedder, const std::string& model_name) {
+                    const te::hf::SentenceEmbedder* embedder) {
   serve::Metrics metrics;
   metrics.set_gauge("te_serve_weight_bytes", "Bytes of the model's parameters and buffers.",
                     static_cast<double>(classifier ? classifier->weight_bytes()
@@ -37,9 +37,8 @@ int serve_sentences(const Args& args, const serve::Classifier* classifier,
   // One batcher, for the one model this server holds.
   std::optional<serve::Batcher<serve::Classification>> classify;
   std::optional<serve::Batcher<serve::Embeddings>> embeddings;
-  auto server = serve::make_server(
-      args.server, metrics, classifier ? "POST /v1/classify" : "POST /v1/embeddings",
-      [](int, const std::string& message) { return serve::error_body(message); });
+  auto server = serve::make_server(args.server, metrics,
+                                   classifier ? "POST /v1/classify" : "POST /v1/embeddings");
   if (classifier) {
     classify.emplace(
         [classifier](const std::vector<std::string>& s) { return classifier->classify(s); },
@@ -50,7 +49,7 @@ int serve_sentences(const Args& args, const serve::Classifier* classifier,
         [embedder](const std::vector<std::string>& s) { return serve::embed(*embedder, s); },
         options, metrics);
     serve::add_embeddings_routes(*server, *embeddings, metrics, max_sentences, *embedder,
-                                 model_name);
+                                 args.server.models);
   }
   const int port = serve::bind_or_report(*server);
   if (port < 0) return 2;
@@ -137,14 +136,14 @@ int lead(const Args& args, te::hf::CausalLM model, const te::hf::Tokenizer& toke
 
 }  // namespace
 
-int serve_generation(const Args& args, const std::string& model_name) {
+int serve_generation(const Args& args) {
   const auto start = std::chrono::steady_clock::now();
   const bool gguf = std::filesystem::is_regular_file(args.model_dir);
   const te::hf::Tokenizer tokenizer = gguf ? te::hf::Tokenizer::from_file(args.model_dir)
                                            : te::hf::Tokenizer::from_pretrained(args.model_dir);
   const te::hf::GenerationDefaults defaults = te::hf::read_generation_defaults(args.model_dir);
   serve::GeneratorOptions options;
-  options.model_name = model_name;
+  options.model_name = args.server.models.primary();
   options.max_waiting = args.max_queue;
   te::gen::EngineOptions& e = options.engine;
   e.max_num_seqs = args.max_num_seqs;

@@ -11,13 +11,13 @@
 
 namespace te_serve {
 
-/// Serves `classifier` (POST /v1/classify) or `embedder` (POST /v1/embeddings, `model_name` in
-/// its responses) until SIGTERM has drained it; the exit code.
+/// Serves `classifier` (POST /v1/classify) or `embedder` (POST /v1/embeddings, under
+/// args.server.models' names) until SIGTERM has drained it; the exit code.
 int serve_sentences(const Args& args, const te::serve::Classifier* classifier,
-                    const te::hf::SentenceEmbedder* embedder, const std::string& model_name);
+                    const te::hf::SentenceEmbedder* embedder);
 
-/// Loads the decoder of --model (on --nproc ranks) and serves its completions until SIGTERM;
-/// the exit code.
-int serve_generation(const Args& args, const std::string& model_name);
+/// Loads the decoder of --model (on --nproc ranks) and serves its completions under
+/// args.server.models' names until SIGTERM; the exit code.
+int serve_generation(const Args& args);
 
 }  // namespace te_serve

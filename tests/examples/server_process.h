@@ -97,14 +97,29 @@ class Server {
   std::string log_;
 };
 
-/// `r` is an answer with `status` and a JSON {"error": ...} that contains `words`.
+/// `r` is an answer with `status` and OpenAI's error object {"error": {"message", "type", "param",
+/// "code"}} whose message contains `words`.
 inline void expect_error(const httplib::Result& r, int status, const std::string& words) {
   ASSERT_TRUE(r) << "no response (" << httplib::to_string(r.error()) << ")";
   EXPECT_EQ(r->status, status) << r->body;
   const nlohmann::json body = nlohmann::json::parse(r->body, nullptr, false);
-  ASSERT_TRUE(body.is_object() && body.contains("error")) << r->body;
-  EXPECT_NE(body["error"].get<std::string>().find(words), std::string::npos)
-      << "error " << body["error"] << " should name: " << words;
+  ASSERT_TRUE(body.is_object() && body.contains("error") && body["error"].is_object() &&
+              body["error"]["message"].is_string() && body["error"]["type"].is_string() &&
+              body["error"].contains("param") && body["error"].contains("code"))
+      << "not OpenAI's error object: " << r->body;
+  EXPECT_NE(body["error"]["message"].get<std::string>().find(words), std::string::npos)
+      << "error " << body["error"]["message"] << " should name: " << words;
+}
+
+/// expect_error, and OpenAI's "param" is `param` (null when "").
+inline void expect_openai_error(const httplib::Result& r, int status, const std::string& param,
+                                const std::string& words) {
+  expect_error(r, status, words);
+  if (!r) return;
+  const nlohmann::json body = nlohmann::json::parse(r->body, nullptr, false);
+  if (!body.is_object() || !body.contains("error") || !body["error"].is_object()) return;
+  EXPECT_EQ(body["error"]["param"], param.empty() ? nlohmann::json(nullptr) : nlohmann::json(param))
+      << r->body;
 }
 
 /// The value of the Prometheus sample `line` (e.g. `te_serve_connections_open`) in `metrics`,

@@ -34,6 +34,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
+using te::test::expect_openai_error;
 using te::test::Server;
 
 constexpr int64_t kContext = 2048;
@@ -173,17 +174,6 @@ double settled_metric(const Server& s, const std::string& name, double want, int
     value = metric(s, name);
   }
   return value;
-}
-
-void expect_openai_error(const httplib::Result& r, int status, const std::string& param,
-                         const std::string& words) {
-  ASSERT_TRUE(r) << "no response (" << httplib::to_string(r.error()) << ")";
-  EXPECT_EQ(r->status, status) << r->body;
-  const json body = json::parse(r->body, nullptr, false);
-  ASSERT_TRUE(body.is_object() && body.contains("error") && body["error"].is_object()) << r->body;
-  EXPECT_EQ(body["error"]["param"], param.empty() ? json(nullptr) : json(param)) << r->body;
-  EXPECT_NE(body["error"]["message"].get<std::string>().find(words), std::string::npos)
-      << "error " << body["error"]["message"] << " should name: " << words;
 }
 
 // A raw connection that sends `body` to `path` and reads until `bytes` have come back.
@@ -634,6 +624,87 @@ TEST_F(ServeGenerate, StopStringsEndTheTextBeforeThemAndChatStreamsAsOpenAiDoes)
     EXPECT_EQ(events[i]["model"], "tiny-llama");
   }
   EXPECT_EQ(events.back()["usage"]["completion_tokens"], 5);
+  EXPECT_EQ(s.stop(), 0) << s.log();
+}
+
+// What OpenAI clients call first and read last: the model list and each model under every
+// --served-model-name, /health, a request for another model answered 404 model_not_found, the
+// finish_reason in a last event of its own with an empty delta, system_fingerprint and
+// usage.prompt_tokens_details in every response, a context overflow's code.
+TEST_F(ServeGenerate, ModelsHealthAndTheFieldsClientsReadAreOpenAis) {
+  Server s({"--model", model(), "--served-model-name", "tiny", "org/tiny-alias",
+            "--max-sequence-length", "64"});
+  ASSERT_GT(s.port(), 0) << s.log();
+  httplib::Client c = s.client();
+  auto list = c.Get("/v1/models");
+  ASSERT_TRUE(list && list->status == 200);
+  const json models = json::parse(list->body);
+  EXPECT_EQ(models["object"], "list");
+  ASSERT_EQ(models["data"].size(), 2u) << list->body;
+  EXPECT_EQ(models["data"][0]["id"], "tiny");
+  EXPECT_EQ(models["data"][1]["id"], "org/tiny-alias");
+  for (const json& m : models["data"]) {
+    EXPECT_EQ(m["object"], "model");
+    EXPECT_EQ(m["owned_by"], "te-cpp");
+    EXPECT_GT(m["created"].get<int64_t>(), 1700000000);
+  }
+  for (const char* path :
+       {"/v1/models/tiny", "/v1/models/org/tiny-alias", "/v1/models/org%2Ftiny-alias"}) {
+    auto one = c.Get(path);
+    ASSERT_TRUE(one && one->status == 200) << path;
+    EXPECT_EQ(json::parse(one->body)["object"], "model") << path;
+  }
+  expect_openai_error(c.Get("/v1/models/gpt-4"), 404, "model", "the model 'gpt-4' does not exist");
+  auto health = c.Get("/health");
+  ASSERT_TRUE(health && health->status == 200);
+  EXPECT_EQ(json::parse(health->body)["status"], "ok");
+  // Another model is refused (OpenAI's and vLLM's 404 model_not_found); an alias answers, and
+  // every response names the first.
+  auto other = post(s, "/v1/completions", {{"prompt", "a"}, {"model", "gpt-4"}});
+  expect_openai_error(other, 404, "model", "this server serves 'tiny', 'org/tiny-alias'");
+  EXPECT_EQ(json::parse(other->body)["error"]["code"], "model_not_found");
+  EXPECT_EQ(json::parse(other->body)["error"]["type"], "not_found_error");
+  auto whole = post(s, "/v1/completions",
+                    {{"prompt", "Hi"}, {"model", "org/tiny-alias"}, {"max_tokens", 3}});
+  ASSERT_TRUE(whole && whole->status == 200) << (whole ? whole->body : "");
+  const json w = json::parse(whole->body);
+  EXPECT_EQ(w["model"], "tiny");
+  EXPECT_EQ(w["system_fingerprint"].get<std::string>().rfind("te-cpp-", 0), 0u) << w;
+  EXPECT_EQ(w["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  // A stream's last token comes before its finish_reason, which has an event of its own with an
+  // empty delta (chat) or text (completions).
+  for (const bool chat : {true, false}) {
+    json r = {{"max_tokens", 4}, {"ignore_eos", true}, {"temperature", 0}};
+    if (chat) {
+      r["messages"] = {{{"role", "user"}, {"content", "hi"}}};
+    } else {
+      r["prompt"] = "Hi";
+    }
+    const char* path = chat ? "/v1/chat/completions" : "/v1/completions";
+    auto one = post(s, path, r);  // the same greedy text, whole
+    ASSERT_TRUE(one && one->status == 200);
+    const json answer = json::parse(one->body)["choices"][0];
+    const std::string want = chat ? answer["message"]["content"] : answer["text"];
+    r["stream"] = true;
+    auto res = post(s, path, r);
+    ASSERT_TRUE(res && res->status == 200);
+    const std::vector<json> events = events_of(res->body);
+    ASSERT_GE(events.size(), 2u);
+    const json& last = events.back()["choices"][0];
+    EXPECT_EQ(last["finish_reason"], "length") << events.back();
+    if (chat) {
+      EXPECT_EQ(last["delta"], json::object()) << events.back();
+    } else {
+      EXPECT_EQ(last["text"], "") << events.back();
+    }
+    EXPECT_TRUE(events[events.size() - 2]["choices"][0]["finish_reason"].is_null());
+    EXPECT_EQ(text_of(events).first, want) << res->body;
+    for (const json& e : events) EXPECT_EQ(e["system_fingerprint"], w["system_fingerprint"]);
+  }
+  // A prompt the context cannot hold: OpenAI's context_length_exceeded.
+  auto long_prompt = post(s, "/v1/completions", {{"prompt", std::string(80, 'a')}});
+  expect_openai_error(long_prompt, 400, "prompt", "the prompt is 80 tokens");
+  EXPECT_EQ(json::parse(long_prompt->body)["error"]["code"], "context_length_exceeded");
   EXPECT_EQ(s.stop(), 0) << s.log();
 }
 

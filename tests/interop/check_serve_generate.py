@@ -11,7 +11,11 @@ te-generate, on the real SmolLM2-135M-Instruct (Q4_1 GGUF from PyPI's llm-smollm
   3. te-serve --nproc 6 --mesh data=2,model=3 (DP2 x TP3: the requests spread over two
      data-parallel groups of three tensor-parallel ranks, each group decoding its own with its
      own cache, every token sent back to rank 0 over the data axis) gives them as well;
-  4. the client sees refusals as BadRequestError (n=2) and SIGTERM stops the server with exit 0.
+  4. the client sees refusals as BadRequestError (n=2) and SIGTERM stops the server with exit 0;
+  5. client.models.list() and client.models.retrieve() see the --served-model-name aliases, a
+     request for another model is NotFoundError with code model_not_found, and the streams are
+     read as a strict client reads them: no content taken from the event that carries the
+     finish_reason (OpenAI's and llama-server's last event has an empty delta).
 
   python check_serve_generate.py TE_SERVE WORKDIR --generate TE_GENERATE [--cache DIR]
 """
@@ -78,9 +82,10 @@ def ask(client, kind, text, options, stream):
                                                     **kwargs):
             if chunk.usage is not None:
                 usage = chunk.usage.prompt_tokens
-            for c in chunk.choices:
-                parts.append(c.delta.content or "")
-                finish = c.finish_reason or finish
+            for c in chunk.choices:  # a strict client: the finish_reason ends the content
+                finish = finish or c.finish_reason
+                if finish is None:
+                    parts.append(c.delta.content or "")
         return "".join(parts), finish, usage
     kwargs = dict(model="smollm2", prompt=text, **options)
     if not stream:
@@ -92,8 +97,9 @@ def ask(client, kind, text, options, stream):
         if chunk.usage is not None:
             usage = chunk.usage.prompt_tokens
         for c in chunk.choices:
-            parts.append(c.text)
-            finish = c.finish_reason or finish
+            finish = finish or c.finish_reason
+            if finish is None:
+                parts.append(c.text)
     return "".join(parts), finish, usage
 
 
@@ -110,7 +116,8 @@ def main(te_serve, workdir, te_gen, cache):
         print("%s %s" % ("ok  " if ok else "FAIL", what))
 
     for label, extra, together in (
-            ("one process", [], False), ("--nproc 3", ["--nproc", "3"], True),
+            ("one process", ["--served-model-name", "smollm2", "smollm2-q4_1"], False),
+            ("--nproc 3", ["--nproc", "3"], True),
             ("DP2 x TP3", ["--nproc", "6", "--mesh", "data=2,model=3"], True)):
         server, port = start(te_serve, model, *extra)
         try:
@@ -128,6 +135,17 @@ def main(te_serve, workdir, te_gen, cache):
                                  text[:24], len(got), finish, prompt_tokens,
                                  "" if ok else "\n  te-serve:    %r\n  te-generate: %r (%d)" % (
                                      got, w["text"], w["prompt_tokens"])))
+            if label == "one process":
+                ids = [m.id for m in client.models.list().data]
+                report(ids == ["smollm2", "smollm2-q4_1"] and
+                       client.models.retrieve("smollm2-q4_1").id == "smollm2-q4_1",
+                       "%s: models.list() %s, models.retrieve() of the alias" % (label, ids))
+                try:
+                    client.completions.create(model="gpt-4", prompt="x", max_tokens=1)
+                    report(False, "%s: another model was not refused" % label)
+                except openai.NotFoundError as e:
+                    report((e.body or {}).get("code") == "model_not_found",
+                           "%s: model gpt-4 refused with 404: %s" % (label, e.message))
             try:
                 client.completions.create(model="smollm2", prompt="x", n=2)
                 report(False, "%s: n=2 was not refused" % label)

@@ -46,6 +46,9 @@ struct SamplingOptions {
 struct BadField {
   std::string field;
   std::string message;
+  /// "context_length_exceeded" when the prompt, or the prompt and max_tokens, do not fit the
+  /// context (OpenAI's error code for it); else "".
+  std::string code = "";
 };
 
 /// The first field of `options` out of its range (named `who`.field in the message), or none.

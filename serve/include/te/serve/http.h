@@ -104,7 +104,9 @@ class Server {
   /// never block and take microseconds, such as a health check: answered even while every
   /// worker waits).
   enum class Run { kWorker, kInline };
-  /// Before bind(): `method` `path` (exact) is answered by `handler`.
+  /// Before bind(): `method` `path` is answered by `handler`: that path exactly, or, for a path
+  /// ending in "/*" ("/v1/models/*"), every path below it (the handler reads request.path); an
+  /// exact route wins, then the longest such prefix.
   void route(const std::string& method, const std::string& path, Handler handler,
              Run run = Run::kWorker);
   /// Listens on host:port; returns the port. te::Error naming --host/--port when it cannot.

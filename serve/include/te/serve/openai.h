@@ -27,6 +27,7 @@ struct TokenInfo;
 struct EmbeddingsRequest {
   std::vector<std::string> input;
   bool base64 = false;  ///< encoding_format "base64" (default "float")
+  std::string model;    ///< "" when not given
 };
 /// {"input": "..." | ["...", ...], "model"?, "encoding_format"?: "float" | "base64",
 /// "dimensions"?, "user"?}. HttpError 400 for a body that is not UTF-8 or not JSON, an input
@@ -94,13 +95,24 @@ std::string encode_response(const GenerationStream& stream, const std::string& m
 /// SseEvents puts them in order.
 std::string encode_event(const GenerationStream& stream, const std::string& model,
                          const Piece& piece, bool first, bool usage_only = false);
-/// OpenAI's error object: {"error": {"message", "type", "param", "code"}}.
-std::string openai_error_body(int status, const std::string& message, const std::string& param);
+/// OpenAI's error object: {"error": {"message", "type", "param", "code"}}, the type by the status
+/// (invalid_request_error, not_found_error for 404, server_error, service_unavailable), code
+/// null when "".
+std::string openai_error_body(int status, const std::string& message, const std::string& param,
+                              const std::string& code = "");
+/// The same for an HttpError.
+std::string openai_error_body(const HttpError& e);
+
+/// te-serve's system_fingerprint ("te-cpp-<version>"): which build answered, in every
+/// completion.
+const std::string& system_fingerprint();
 
 /// The events of one streaming response, in OpenAI's order: a chat stream opens with the
 /// assistant role alone (whatever the first piece holds: pieces may carry several tokens when the
-/// client reads late); each piece is one event; after the last piece (finish_reason set) come the
-/// usage event when stream_options.include_usage asked for it and "data: [DONE]".
+/// client reads late); each piece is one event; the finish_reason comes in an event of its own
+/// with an empty delta (text ""), as OpenAI's and llama-server's streams end, so a client that
+/// stops reading content at finish_reason has every token; then the usage event when
+/// stream_options.include_usage asked for it and "data: [DONE]".
 class SseEvents {
  public:
   /// The bytes to write for `piece` of `stream`: "" while nothing is final yet (a character held

@@ -15,10 +15,15 @@ namespace te::serve {
 
 /// A request the server answers with an HTTP error: the status and a sentence naming the problem.
 struct HttpError : std::runtime_error {
-  HttpError(int status_, const std::string& message, std::string param_ = "")
-      : std::runtime_error(message), status(status_), param(std::move(param_)) {}
+  HttpError(int status_, const std::string& message, std::string param_ = "",
+            std::string code_ = "")
+      : std::runtime_error(message),
+        status(status_),
+        param(std::move(param_)),
+        code(std::move(code_)) {}
   int status;
   std::string param;  ///< the request field at fault, when one is (OpenAI's error "param")
+  std::string code;   ///< OpenAI's error "code" ("model_not_found", ...), "" for null
 };
 
 /// True when `text` is well-formed UTF-8 (no overlong forms, surrogates or code points past

@@ -27,11 +27,11 @@ namespace te::serve {
 void add_classify_routes(http::Server& server, Batcher<Classification>& batcher, Metrics& metrics,
                          std::size_t max_sentences);
 
-/// POST /v1/embeddings of `embedder` (whose name the responses give as their "model"): at most
-/// `max_inputs` texts a request.
+/// POST /v1/embeddings of `embedder` (the responses' "model" the first of `models`; a request
+/// naming another is refused as ModelNames::check says): at most `max_inputs` texts a request.
 void add_embeddings_routes(http::Server& server, Batcher<Embeddings>& batcher, Metrics& metrics,
                            std::size_t max_inputs, const te::hf::SentenceEmbedder& embedder,
-                           std::string model_name);
+                           const ModelNames& models);
 /// One model call of the embeddings batcher: `sentences` embedded by `embedder`.
 Embeddings embed(const te::hf::SentenceEmbedder& embedder,
                  const std::vector<std::string>& sentences);
@@ -40,7 +40,9 @@ Embeddings embed(const te::hf::SentenceEmbedder& embedder,
 /// a request submits it; from then on the generator's scheduler tells the connection when output
 /// is waiting (GenerationStream::listen), which reads and writes it on the connection's thread; a
 /// client that goes cancels its request.
-void add_generation_routes(http::Server& server, Generator& generator);
+/// The responses' "model" is the first of `models`; a request naming another is refused as
+/// ModelNames::check says.
+void add_generation_routes(http::Server& server, Generator& generator, const ModelNames& models);
 
 /// The HTTP side of a generation server, on its own thread, with the drain SIGTERM starts: new
 /// requests are refused (503), running streams get `config.drain_timeout_s` to finish and the

@@ -1,9 +1,9 @@
 #pragma once
 
 // What every kind of te-serve server shares: the HTTP server with its connections and deadlines
-// from the command line, GET /healthz and GET /metrics, binding with the reason printed when the
-// port cannot be had, and the wait for SIGTERM/SIGINT that starts a drain. The route sets that a
-// model kind enables are routes.h's.
+// from the command line, GET /health (and /healthz), GET /metrics and GET /v1/models, binding with
+// the reason printed when the port cannot be had, and the wait for SIGTERM/SIGINT that starts a
+// drain. The route sets that a model kind enables are routes.h's.
 
 #include <atomic>
 #include <cstddef>
@@ -12,14 +12,33 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "te/serve/http.h"
 #include "te/serve/metrics.h"
+#include "te/serve/request.h"
 
 namespace te::serve {
 
+/// The names the served model answers to (--served-model-name, vLLM's option: one or more
+/// aliases; else the model's file or folder name). Responses carry the first; GET /v1/models lists
+/// them all. With names given, a request whose "model" is none of them is answered 404
+/// model_not_found, as OpenAI and vLLM answer; without, any name is answered, as llama-server
+/// does.
+struct ModelNames {
+  std::vector<std::string> names;  ///< at least one
+  bool given = false;              ///< from --served-model-name
+  int64_t created = 0;             ///< when the server started (Unix seconds)
+  const std::string& primary() const { return names.front(); }
+  bool serves(const std::string& name) const;
+  /// HttpError 404 model_not_found (param "model") naming `requested` and the names.
+  HttpError not_found(const std::string& requested) const;
+  /// Throws not_found when names were given and `requested` is not empty and none of them.
+  void check(const std::string& requested) const;
+};
+
 /// Where the server listens, its connection limits and its deadlines (te-serve's "Connections"
-/// options).
+/// options), and the model's names.
 struct ServerConfig {
   std::string host = "127.0.0.1";
   int port = 8080;  ///< 0: any free port
@@ -30,14 +49,16 @@ struct ServerConfig {
          write_timeout_s = 30;
   /// On SIGTERM, seconds in-flight requests and running streams get to finish.
   double drain_timeout_s = 30;
+  ModelNames models;
 };
 
-/// An HTTP server with `config`'s connections and deadlines, answering GET /healthz (on the event
-/// loop, while every worker waits) and GET /metrics (`metrics`, with the resident memory); an
-/// error the server answers itself has the body `error_of` writes, and a 404 names `endpoints`.
-std::unique_ptr<http::Server> make_server(
-    const ServerConfig& config, Metrics& metrics, const std::string& endpoints,
-    std::function<std::string(int status, const std::string& message)> error_of);
+/// An HTTP server with `config`'s connections and deadlines, answering GET /health and GET
+/// /healthz (on the event loop, while every worker waits), GET /metrics (`metrics`, with the
+/// resident memory), GET /v1/models and GET /v1/models/{name} (OpenAI's model objects of
+/// config.models, owned_by "te-cpp"; 404 model_not_found for another name); every error the server
+/// answers itself is OpenAI's error object, and a 404 names `endpoints`.
+std::unique_ptr<http::Server> make_server(const ServerConfig& config, Metrics& metrics,
+                                          const std::string& endpoints);
 
 /// Listens on --host/--port: the port, or -1 once "te-serve: error: ..." says why it cannot.
 int bind_or_report(http::Server& server);

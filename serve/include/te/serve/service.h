@@ -84,7 +84,5 @@ class Classifier {
 
 /// The body of a successful classify response.
 std::string encode_classification(const Classification& c);
-/// {"error": message}
-std::string error_body(const std::string& message);
 
 }  // namespace te::serve
