@@ -130,49 +130,63 @@ bool grouped_gemm_on_cuda(const at::Tensor& x) {
   return x.is_cuda() && (t == at::kFloat || t == at::kBFloat16 || t == at::kHalf);
 }
 
-bool grouped_forward_cuda(const at::Tensor& x, const at::Tensor& kernel,
-                          const std::vector<int64_t>& splits, const at::Tensor& y) {
-  const int64_t in = kernel.size(1), out = kernel.size(2), size = x.element_size();
+// The product of each group with rows (`make(g, first row, rows)`), run as one.
+template <typename Make>
+bool run_groups(const std::vector<int64_t>& splits, const at::Tensor& like, Make make) {
   std::vector<Product> products;
   int64_t row = 0;
   for (std::size_t g = 0; g < splits.size(); ++g) {
-    if (splits[g] > 0) {
-      products.push_back({bytes(x) + row * in * size, bytes(kernel) + g * in * out * size,
-                          bytes(y) + row * out * size, splits[g], out, in, false, false});
-    }
+    if (splits[g] > 0) products.push_back(make(static_cast<int64_t>(g), row, splits[g]));
     row += splits[g];
   }
-  return run(products, x);
+  return run(products, like);
+}
+
+bool grouped_forward_cuda(const at::Tensor& x, const at::Tensor& kernel,
+                          const std::vector<int64_t>& splits, const at::Tensor& y) {
+  const int64_t in = kernel.size(1), out = kernel.size(2), size = x.element_size();
+  return run_groups(splits, x, [&](int64_t g, int64_t row, int64_t rows) {
+    return Product{bytes(x) + row * in * size,
+                   bytes(kernel) + g * in * out * size,
+                   bytes(y) + row * out * size,
+                   rows,
+                   out,
+                   in,
+                   false,
+                   false};
+  });
 }
 
 bool grouped_dgrad_cuda(const at::Tensor& dy, const at::Tensor& kernel,
                         const std::vector<int64_t>& splits, const at::Tensor& dx) {
   const int64_t in = kernel.size(1), out = kernel.size(2), size = dy.element_size();
-  std::vector<Product> products;
-  int64_t row = 0;
-  for (std::size_t g = 0; g < splits.size(); ++g) {
-    if (splits[g] > 0) {  // dy_g [rows, out] @ (kernel[g] stored [in, out])^T
-      products.push_back({bytes(dy) + row * out * size, bytes(kernel) + g * in * out * size,
-                          bytes(dx) + row * in * size, splits[g], in, out, false, true});
-    }
-    row += splits[g];
-  }
-  return run(products, dy);
+  return run_groups(splits, dy, [&](int64_t g, int64_t row, int64_t rows) {
+    // dy_g [rows, out] @ (kernel[g] stored [in, out])^T
+    return Product{bytes(dy) + row * out * size,
+                   bytes(kernel) + g * in * out * size,
+                   bytes(dx) + row * in * size,
+                   rows,
+                   in,
+                   out,
+                   false,
+                   true};
+  });
 }
 
 bool grouped_wgrad_cuda(const at::Tensor& x, const at::Tensor& dy,
                         const std::vector<int64_t>& splits, const at::Tensor& dkernel) {
   const int64_t in = x.size(1), out = dy.size(1), size = x.element_size();
-  std::vector<Product> products;
-  int64_t row = 0;
-  for (std::size_t g = 0; g < splits.size(); ++g) {
-    if (splits[g] > 0) {  // (x_g stored [rows, in])^T @ dy_g [rows, out]
-      products.push_back({bytes(x) + row * in * size, bytes(dy) + row * out * size,
-                          bytes(dkernel) + g * in * out * size, in, out, splits[g], true, false});
-    }
-    row += splits[g];
-  }
-  return run(products, x);
+  return run_groups(splits, x, [&](int64_t g, int64_t row, int64_t rows) {
+    // (x_g stored [rows, in])^T @ dy_g [rows, out]
+    return Product{bytes(x) + row * in * size,
+                   bytes(dy) + row * out * size,
+                   bytes(dkernel) + g * in * out * size,
+                   in,
+                   out,
+                   rows,
+                   true,
+                   false};
+  });
 }
 
 }  // namespace te::nn::detail
