@@ -131,8 +131,19 @@ void check_same_sizes(const CausalLMConfig& given, const CausalLMConfig& model,
       s += (s.empty() ? "" : ",") + (w ? std::to_string(*w) : "-");
     return "[" + s + "]";
   };
+  differ("model_type", given.model_type, model.model_type);
+  same("head_dim", given.head_dim, model.head_dim);
+  same("the rotary dims", given.rotary_dim, model.rotary_dim);
+  differ("rms_norm_eps", text(given.rms_norm_eps), text(model.rms_norm_eps));
   differ("rope_type", given.rope_type, model.rope_type);
   differ("rope_theta", text(given.rope_theta), text(model.rope_theta));
+  differ("the sliding layers' rope_theta", text(given.sliding_rope_theta),
+         text(model.sliding_rope_theta));
+  differ("the RoPE scaling factor", text(given.rope_factor), text(model.rope_factor));
+  differ("LongRoPE's long factors", list(given.rope_long_freq_factors),
+         list(model.rope_long_freq_factors));
+  same("the RoPE's original context", given.rope_original_max_position_embeddings,
+       model.rope_original_max_position_embeddings);
   differ("the RoPE frequency factors", list(given.rope_freq_factors),
          list(model.rope_freq_factors));
   differ("the RoPE attention factor", text(static_cast<float>(given.rope_attention_factor)),
@@ -150,6 +161,15 @@ void check_same_sizes(const CausalLMConfig& given, const CausalLMConfig& model,
     differ(field, a ? "true" : "false", b ? "true" : "false");
   };
   flag("attention sinks", given.attention_sinks, model.attention_sinks);
+  differ("the attention scale", text(given.attention_scale), text(model.attention_scale));
+  differ("attn_logit_softcapping", text(given.attn_logit_softcapping),
+         text(model.attn_logit_softcapping));
+  differ("final_logit_softcapping", text(given.final_logit_softcapping),
+         text(model.final_logit_softcapping));
+  differ("embedding_multiplier", text(given.embedding_multiplier),
+         text(model.embedding_multiplier));
+  flag("zero-centered norms", given.zero_centered_norms, model.zero_centered_norms);
+  flag("post-block norms", given.post_block_norms, model.post_block_norms);
   flag("qk_norm", given.qk_norm, model.qk_norm);
   flag("q/k norms over the heads", given.qk_norm_over_heads, model.qk_norm_over_heads);
   differ("clip_qkv", text(given.clip_qkv), text(model.clip_qkv));

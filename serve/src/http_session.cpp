@@ -156,6 +156,8 @@ void Session::dispatch() {
       }
     }
   }
+  // Requests are counted by route: "/v1/models/*", not each name asked for.
+  if (route != server_.routes.end()) path_ = route->first.second;
   if (route == server_.routes.end()) {
     fail(exchange_, 404,
          "no endpoint " + request.method + " " + request.path + "; use " +

@@ -101,7 +101,7 @@ std::string encode_event(const GenerationStream& s, const std::string& model, co
   } else {
     json choice = {
         {"index", 0},
-        {"logprobs", logprobs_json(r, piece.tokens)},
+        {"logprobs", piece.tokens.empty() ? json(nullptr) : logprobs_json(r, piece.tokens)},
         {"finish_reason", piece.finish_reason.empty() ? json(nullptr) : json(piece.finish_reason)}};
     if (r.chat) {
       json delta = json::object();
@@ -121,7 +121,6 @@ std::string openai_error_body(int status, const std::string& message, const std:
                               const std::string& code) {
   const char* type = status == 503   ? "service_unavailable"
                      : status >= 500 ? "server_error"
-                     : status == 404 ? "not_found_error"
                                      : "invalid_request_error";
   return dump({{"error",
                 {{"message", message},

@@ -72,6 +72,7 @@ std::unique_ptr<http::Server> make_server(const ServerConfig& config, Metrics& m
     return openai_error_body(status, message, "");
   };
   o.endpoints = endpoints + ", GET /v1/models";
+  system_fingerprint();  // built now, not on the event loop at the first response
   o.metrics = &metrics;
   auto server = std::make_unique<http::Server>(std::move(o));
   for (const char* path : {"/health", "/healthz"}) {  // llama-server's and vLLM's name, and ours

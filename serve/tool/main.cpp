@@ -178,6 +178,13 @@ int run(Args& args, const CLI::App& app) {
     return 2;
   }
   // The names the model answers to: --served-model-name, else its file or folder's name.
+  for (const std::string& n : args.served_model_names) {
+    if (n.empty()) {
+      std::cerr << "te-serve: error: --served-model-name: an empty name; give each a name"
+                << std::endl;
+      return 2;
+    }
+  }
   te::serve::ModelNames& models = args.server.models;
   models.given = !args.served_model_names.empty();
   models.names = models.given ? args.served_model_names

@@ -663,7 +663,7 @@ TEST_F(ServeGenerate, ModelsHealthAndTheFieldsClientsReadAreOpenAis) {
   auto other = post(s, "/v1/completions", {{"prompt", "a"}, {"model", "gpt-4"}});
   expect_openai_error(other, 404, "model", "this server serves 'tiny', 'org/tiny-alias'");
   EXPECT_EQ(json::parse(other->body)["error"]["code"], "model_not_found");
-  EXPECT_EQ(json::parse(other->body)["error"]["type"], "not_found_error");
+  EXPECT_EQ(json::parse(other->body)["error"]["type"], "invalid_request_error");
   auto whole = post(s, "/v1/completions",
                     {{"prompt", "Hi"}, {"model", "org/tiny-alias"}, {"max_tokens", 3}});
   ASSERT_TRUE(whole && whole->status == 200) << (whole ? whole->body : "");

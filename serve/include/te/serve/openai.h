@@ -96,8 +96,8 @@ std::string encode_response(const GenerationStream& stream, const std::string& m
 std::string encode_event(const GenerationStream& stream, const std::string& model,
                          const Piece& piece, bool first, bool usage_only = false);
 /// OpenAI's error object: {"error": {"message", "type", "param", "code"}}, the type by the status
-/// (invalid_request_error, not_found_error for 404, server_error, service_unavailable), code
-/// null when "".
+/// (invalid_request_error, as OpenAI's 404 model_not_found has it; server_error,
+/// service_unavailable), code null when "".
 std::string openai_error_body(int status, const std::string& message, const std::string& param,
                               const std::string& code = "");
 /// The same for an HttpError.
