@@ -114,7 +114,15 @@ void check_same_sizes(const CausalLMConfig& given, const CausalLMConfig& model,
   same("moe_intermediate_size", given.moe_intermediate_size, model.moe_intermediate_size);
   same("shared_expert_intermediate_size", given.shared_expert_intermediate_size,
        model.shared_expert_intermediate_size);
-  // What the layers compute: a file saved with `given` would be read as computing that.
+  check_same_layers(given, model, where);
+}
+
+void check_same_layers(const CausalLMConfig& given, const CausalLMConfig& model,
+                       const std::string& where) {
+  auto same = [&](const char* field, int64_t a, int64_t b) {
+    TE_CHECK(a == b, where, " says ", field, " ", a, " but the model has ", b,
+             "; give the model's own");
+  };
   auto differ = [&](const char* field, const std::string& a, const std::string& b) {
     TE_CHECK(a == b, where, " says ", field, " ", a, " but the model computes ", b,
              "; its readers would run another model: give the config the model was built from");

@@ -21,11 +21,14 @@ std::map<std::string, at::Tensor> whole_parameters(const CausalLMImpl& model, co
 void on_rank_zero(const std::function<void()>& write);
 
 /// te::Error naming `where` and the field when `given` describes another model than `model`:
-/// other sizes, or layers that compute otherwise (RoPE, windows, norms, biases, sinks, the
-/// activations and the experts' routing), which a file written with `given` would make its
-/// readers run (a gpt-oss trained from a GGUF file, whose YaRN is truncated, saved with its Hugging
-/// Face config.json, which says not).
+/// other sizes, or (check_same_layers) layers that compute otherwise.
 void check_same_sizes(const CausalLMConfig& given, const CausalLMConfig& model,
                       const std::string& where);
+/// te::Error naming `where` and the field when `given`'s layers compute otherwise than `model`'s
+/// (RoPE, windows, norms, scales, sinks, the activations and the experts' routing), which a file
+/// written with `given` would make its readers run: a gpt-oss trained from a GGUF file, whose YaRN
+/// is truncated, saved with its Hugging Face config.json, which says not.
+void check_same_layers(const CausalLMConfig& given, const CausalLMConfig& model,
+                       const std::string& where);
 
 }  // namespace te::hf::detail
